@@ -1,0 +1,72 @@
+"""Errors a kernel author sees.
+
+`TegulaError` is the base of every error the compiler raises on bad input. Errors that come
+from a traced kernel carry the user's source location (file, line, source text), so the
+message points at the line of the kernel that caused it rather than at compiler internals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tegula.layout.errors import LayoutError
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """Where in the user's kernel source an op was written."""
+
+    filename: str
+    lineno: int
+    line: str = ""
+    function: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.filename}:{self.lineno}"
+        if self.function:
+            where += f" in {self.function}"
+        if self.line:
+            where += f"\n    {self.line.strip()}"
+        return where
+
+
+class TegulaError(Exception):
+    """A kernel, or its inputs, cannot be compiled or run as written.
+
+    `loc` (and optionally `other_loc`) say which line(s) of the user's kernel are involved.
+    """
+
+    def __init__(self, message: str, loc: SourceLocation | None = None,
+                 other_loc: SourceLocation | None = None):
+        self.message = message
+        self.loc = loc
+        self.other_loc = other_loc
+        text = message
+        if loc is not None:
+            text += f"\n  at {loc}"
+        if other_loc is not None:
+            text += f"\n  and at {other_loc}"
+        super().__init__(text)
+
+
+class TraceError(TegulaError):
+    """The kernel body used the language wrongly (shapes, dtypes, ranks, arguments)."""
+
+
+class SynthesisError(TegulaError):
+    """No layout or instruction assignment satisfies the kernel's constraints."""
+
+
+class ResourceError(TegulaError):
+    """The kernel needs more of a resource (shared memory, registers, threads) than the target has."""
+
+
+class CompileError(TegulaError):
+    """The CUDA compiler rejected the generated source (a tegula bug: please report it)."""
+
+
+class LaunchError(TegulaError):
+    """The arguments given at launch do not match the kernel's signature."""
+
+
+__all__ = ["SourceLocation", "TegulaError", "TraceError", "SynthesisError", "ResourceError",
+           "CompileError", "LaunchError", "LayoutError"]
