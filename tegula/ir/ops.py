@@ -1,0 +1,176 @@
+"""Tile IR operations and the traced kernel that holds them.
+
+Every op records the user's source line (`loc`) so that synthesis and lowering can blame
+the right line. Ops that produce a new register tile name it in `out`; ops that update a
+tile in place (`Copy` into a destination, `Gemm` into an accumulator, `Fill`) name the
+tile they write. Synthesis fills in `instr` (the catalogue instruction chosen for a
+data-moving op) and any parameters it decided (e.g. a copy's vector width).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tegula.dtypes import DType
+from tegula.errors import SourceLocation
+from tegula.ir.scalar import LoopIndex, ScalarLike
+from tegula.ir.values import GlobalArg, RegisterTile, SharedAlloc, Tile
+
+
+@dataclass(eq=False)
+class Op:
+    """Base of tile IR ops. `choices` is where synthesis records its decisions."""
+
+    loc: SourceLocation | None = field(default=None, kw_only=True)
+    choices: dict = field(default_factory=dict, kw_only=True)
+
+
+@dataclass(eq=False)
+class Copy(Op):
+    """`tg.copy(src, dst)`: dst[i] = src[i] for every in-bounds i (any pair of scopes).
+    Out-of-bounds source elements read as `fill`."""
+
+    src: Tile
+    dst: Tile
+    fill: float = 0.0
+
+
+@dataclass(eq=False)
+class Gemm(Op):
+    """`tg.gemm(c, a, b)`: c[m, n] += sum_k a[m, k] * b[n, k]. a: (M, K), b: (N, K),
+    c: (M, N) register tile; a and b in shared memory or registers, in any major order."""
+
+    c: RegisterTile
+    a: Tile
+    b: Tile
+
+
+@dataclass(eq=False)
+class Fill(Op):
+    """Set every element of a register tile to `value`."""
+
+    dst: RegisterTile
+    value: float
+
+
+@dataclass(eq=False)
+class Elementwise(Op):
+    """`out = op(*inputs)` element by element, with size-1 dims broadcast. `op` is a name
+    from thread IR's VALUE_UNARY_OPS / VALUE_BINARY_OPS, or "where" (three inputs), or
+    "cast" (one input, to out.dtype). Scalar (Python number) inputs are in `scalars`,
+    keyed by input position."""
+
+    op: str
+    inputs: list[Tile]
+    out: RegisterTile
+    scalars: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Reduce(Op):
+    """`out = reduce(x, axis)` with `kind` in sum/max/min; out keeps the axis with extent 1."""
+
+    x: RegisterTile
+    axis: int
+    kind: str
+    out: RegisterTile
+
+
+@dataclass(eq=False)
+class Rearrange(Op):
+    """`out = x` with a different register layout (an explicit layout conversion)."""
+
+    x: RegisterTile
+    out: RegisterTile
+
+
+@dataclass(eq=False)
+class AtomicAdd(Op):
+    """`dst[i] += src[i]` atomically on a global tile."""
+
+    src: RegisterTile
+    dst: Tile
+
+
+@dataclass(eq=False)
+class ForLoop(Op):
+    """`for var in range(start, stop, step)` at run time. With `stages > 1` the loop is
+    software-pipelined: copies into multi-stage shared buffers are issued `stages - 1`
+    iterations ahead (tg.pipeline)."""
+
+    var: LoopIndex
+    start: ScalarLike
+    stop: ScalarLike
+    step: int
+    body: list[Op]
+    stages: int = 1
+
+
+@dataclass(eq=False)
+class IfThen(Op):
+    """`tg.if_(cond)`: run `then` when the block-uniform condition holds."""
+
+    cond: Any
+    then: list[Op]
+    otherwise: list[Op] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class TracedKernel:
+    """A kernel after tracing: its signature, the tiles it made, and its op list."""
+
+    name: str
+    threads: int
+    args: list[GlobalArg]
+    scalar_args: list[str]
+    constexprs: dict
+    body: list[Op]
+    shared_allocs: list[SharedAlloc] = field(default_factory=list)
+    register_tiles: list[RegisterTile] = field(default_factory=list)
+    loc: SourceLocation | None = None
+
+
+def walk_ops(ops: list[Op]):
+    """Every op, depth first, loop and branch bodies included."""
+    for op in ops:
+        yield op
+        if isinstance(op, ForLoop):
+            yield from walk_ops(op.body)
+        elif isinstance(op, IfThen):
+            yield from walk_ops(op.then)
+            yield from walk_ops(op.otherwise)
+
+
+def tiles_read(op: Op) -> list[Tile]:
+    """The tiles an op reads."""
+    if isinstance(op, Copy):
+        return [op.src]
+    if isinstance(op, Gemm):
+        return [op.a, op.b, op.c]
+    if isinstance(op, Elementwise):
+        return list(op.inputs)
+    if isinstance(op, (Reduce, Rearrange)):
+        return [op.x]
+    if isinstance(op, AtomicAdd):
+        return [op.src]
+    return []
+
+
+def tiles_written(op: Op) -> list[Tile]:
+    """The tiles an op writes."""
+    if isinstance(op, Copy):
+        return [op.dst]
+    if isinstance(op, Gemm):
+        return [op.c]
+    if isinstance(op, Fill):
+        return [op.dst]
+    if isinstance(op, (Elementwise, Reduce, Rearrange)):
+        return [op.out]
+    if isinstance(op, AtomicAdd):
+        return [op.dst]
+    return []
+
+
+__all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Rearrange", "AtomicAdd",
+           "ForLoop", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
+           "DType"]

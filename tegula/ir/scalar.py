@@ -1,0 +1,142 @@
+"""Scalar expressions of tile IR: block indices, loop variables, tensor extents, arithmetic.
+
+A traced kernel computes tile origins and loop bounds from these (`m * BM`, `cdiv(K, BK)`).
+They are uniform across the threads of a block; lowering turns them into thread-IR index
+expressions. Python ints mix in freely and fold.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+class Scalar:
+    """A block-uniform integer. Operators build expressions and fold constants."""
+
+    def __add__(self, o): return scalar_op("+", self, o)
+    def __radd__(self, o): return scalar_op("+", o, self)
+    def __sub__(self, o): return scalar_op("-", self, o)
+    def __rsub__(self, o): return scalar_op("-", o, self)
+    def __mul__(self, o): return scalar_op("*", self, o)
+    def __rmul__(self, o): return scalar_op("*", o, self)
+    def __floordiv__(self, o): return scalar_op("//", self, o)
+    def __rfloordiv__(self, o): return scalar_op("//", o, self)
+    def __mod__(self, o): return scalar_op("%", self, o)
+    def __rmod__(self, o): return scalar_op("%", o, self)
+
+    def __bool__(self) -> bool:
+        # Python control flow on a runtime value would silently pick one branch at trace time.
+        from tegula.errors import TraceError
+        raise TraceError(f"the value {self} is only known when the kernel runs, so Python "
+                         f"`if`/`while`/`and` cannot branch on it; use tg.if_ or tg.where")
+
+    def __index__(self) -> int:
+        from tegula.errors import TraceError
+        raise TraceError(f"the value {self} is only known when the kernel runs and cannot be "
+                         f"used where Python needs an int (a tile shape, range(), a list index)")
+
+
+@dataclass(frozen=True, eq=False)
+class ScalarConst(Scalar):
+    value: int
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockIndex(Scalar):
+    """`tg.block_id(axis)`: the block's index along grid axis 0, 1 or 2."""
+
+    axis: int
+
+    def __str__(self) -> str:
+        return f"block_id({self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class LoopIndex(Scalar):
+    """The induction variable of a `tg.range` / `tg.pipeline` loop."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class TensorExtent(Scalar):
+    """Extent `dim` of global tensor argument `tensor` (known at launch)."""
+
+    tensor: str
+    dim: int
+
+    def __str__(self) -> str:
+        return f"{self.tensor}.shape[{self.dim}]"
+
+
+@dataclass(frozen=True, eq=False)
+class ScalarArg(Scalar):
+    """A scalar (int) kernel argument."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class ScalarBinOp(Scalar):
+    op: str
+    lhs: Scalar
+    rhs: Scalar
+
+    def __str__(self) -> str:
+        return f"({self.lhs} {self.op} {self.rhs})"
+
+
+ScalarLike = Union[Scalar, int]
+
+_FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+         "//": lambda a, b: a // b, "%": lambda a, b: a % b}
+
+
+def as_scalar(x: ScalarLike) -> Scalar:
+    if isinstance(x, Scalar):
+        return x
+    if isinstance(x, bool) or not isinstance(x, int):
+        from tegula.errors import TraceError
+        raise TraceError(f"expected an integer or a kernel scalar, got {x!r}")
+    return ScalarConst(x)
+
+
+def scalar_op(op: str, lhs: ScalarLike, rhs: ScalarLike) -> Scalar:
+    """`lhs op rhs`, folded when both sides are constants or one side is an identity."""
+    a, b = as_scalar(lhs), as_scalar(rhs)
+    if isinstance(a, ScalarConst) and isinstance(b, ScalarConst):
+        return ScalarConst(_FOLD[op](a.value, b.value))
+    if op in ("+", "-") and isinstance(b, ScalarConst) and b.value == 0:
+        return a
+    if op == "+" and isinstance(a, ScalarConst) and a.value == 0:
+        return b
+    if op in ("*", "//") and isinstance(b, ScalarConst) and b.value == 1:
+        return a
+    if op == "*" and isinstance(a, ScalarConst) and a.value == 1:
+        return b
+    if op == "*" and any(isinstance(s, ScalarConst) and s.value == 0 for s in (a, b)):
+        return ScalarConst(0)
+    return ScalarBinOp(op, a, b)
+
+
+def cdiv(a: ScalarLike, b: ScalarLike):
+    """Ceiling division; plain ints give an int so it works on the host side too."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return (as_scalar(a) + (as_scalar(b) - 1)) // b
+
+
+def constant_value(x: ScalarLike) -> int | None:
+    """The int value of `x` if it is a compile-time constant, else None."""
+    if isinstance(x, int):
+        return x
+    return x.value if isinstance(x, ScalarConst) else None

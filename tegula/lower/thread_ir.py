@@ -1,0 +1,508 @@
+"""Thread IR: what one thread of a block does, as a small imperative program.
+
+Lowering (`tegula.lower`) turns typed tile IR into this; two consumers read it and must
+agree: the CUDA emitter (`tegula.codegen`) prints it, and the emulator (`tegula.emulate`)
+executes it with numpy for all threads of a block at once.
+
+The vocabulary is deliberately small:
+
+* **Index expressions** (`Expr`): integer/boolean scalars that may differ per thread —
+  built from constants, named variables (the thread index, block indices, loop variables,
+  kernel scalar parameters such as a global tensor's extents and strides) and arithmetic.
+  They are addresses, loop bounds and predicates.
+* **Register arrays** (`RegArray`): per-thread arrays of one element type with a fixed
+  size. `Reg(array, index)` names one element; the index must be a compile-time constant
+  after loop unrolling (an `Expr` of constants and variables of unrolled loops), so CUDA
+  keeps the array in registers.
+* **Value expressions** (`Value`): element arithmetic over registers for elementwise ops.
+* **Statements**: memory instructions (vector loads/stores, cp.async, ldmatrix), matrix
+  instructions (mma), warp shuffles, barriers, loops and branches. Each memory statement
+  moves `count` consecutive elements between consecutive registers and consecutive memory
+  addresses: the vector width is explicit, so "is this a 16-byte load?" is a field, not an
+  analysis.
+
+Variable names used by lowering:
+  `tid`                  thread index in the block (0 … threads-1)
+  `bid_x`, `bid_y`, `bid_z` block indices
+  `{tensor}_shape{i}`, `{tensor}_stride{i}`  a global tensor parameter's extents/strides (elements)
+  loop variables         whatever `For.var` names
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from tegula.dtypes import DType
+
+# --------------------------------------------------------------------------------------
+# Index expressions
+# --------------------------------------------------------------------------------------
+
+#: Binary operators of index expressions, with their C spelling. `//` and `%` are C's
+#: truncating division on non-negative operands (lowering only divides non-negative values).
+INDEX_BINARY_OPS = {
+    "+": "+", "-": "-", "*": "*", "//": "/", "%": "%",
+    "<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!=",
+    "and": "&&", "or": "||", "&": "&", "|": "|", "^": "^", "<<": "<<", ">>": ">>",
+    "min": "min", "max": "max",
+}
+
+
+class Expr:
+    """An integer or boolean scalar per thread. Use the operators; they fold constants."""
+
+    def __add__(self, o): return _bin("+", self, o)
+    def __radd__(self, o): return _bin("+", o, self)
+    def __sub__(self, o): return _bin("-", self, o)
+    def __rsub__(self, o): return _bin("-", o, self)
+    def __mul__(self, o): return _bin("*", self, o)
+    def __rmul__(self, o): return _bin("*", o, self)
+    def __floordiv__(self, o): return _bin("//", self, o)
+    def __mod__(self, o): return _bin("%", self, o)
+    def __xor__(self, o): return _bin("^", self, o)
+    def __and__(self, o): return _bin("&", self, o)
+    def __lshift__(self, o): return _bin("<<", self, o)
+    def __rshift__(self, o): return _bin(">>", self, o)
+    def lt(self, o): return _bin("<", self, o)
+    def le(self, o): return _bin("<=", self, o)
+    def ge(self, o): return _bin(">=", self, o)
+    def eq(self, o): return _bin("==", self, o)
+    def logical_and(self, o): return _bin("and", self, o)
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: int
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=True)
+class BinOp(Expr):
+    op: str
+    lhs: Expr
+    rhs: Expr
+
+    def __str__(self) -> str:
+        if self.op in ("min", "max"):
+            return f"{self.op}({self.lhs}, {self.rhs})"
+        return f"({self.lhs} {self.op} {self.rhs})"
+
+
+@dataclass(frozen=True, eq=True)
+class Select(Expr):
+    """`cond ? if_true : if_false` on index values."""
+
+    cond: Expr
+    if_true: Expr
+    if_false: Expr
+
+    def __str__(self) -> str:
+        return f"({self.cond} ? {self.if_true} : {self.if_false})"
+
+
+ExprLike = Union[Expr, int]
+
+TID = Var("tid")
+BLOCK_IDS = (Var("bid_x"), Var("bid_y"), Var("bid_z"))
+
+_FOLD = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "^": lambda a, b: a ^ b,
+    "&": lambda a, b: a & b, "|": lambda a, b: a | b, "<<": lambda a, b: a << b,
+    ">>": lambda a, b: a >> b, "min": min, "max": max,
+    "<": lambda a, b: int(a < b), "<=": lambda a, b: int(a <= b), ">": lambda a, b: int(a > b),
+    ">=": lambda a, b: int(a >= b), "==": lambda a, b: int(a == b), "!=": lambda a, b: int(a != b),
+    "and": lambda a, b: int(bool(a) and bool(b)), "or": lambda a, b: int(bool(a) or bool(b)),
+}
+
+
+def as_expr(x: ExprLike) -> Expr:
+    """Wrap a Python int as a `Const`; pass expressions through."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"index expressions are built from ints and Exprs, not {x!r}")
+    return Const(x)
+
+
+def _bin(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
+    """Build `lhs op rhs`, folding constants and the identities lowering produces most."""
+    a, b = as_expr(lhs), as_expr(rhs)
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(_FOLD[op](a.value, b.value))
+    if op == "+":
+        if a == Const(0):
+            return b
+        if b == Const(0):
+            return a
+    if op == "-" and b == Const(0):
+        return a
+    if op == "*":
+        if Const(0) in (a, b):
+            return Const(0)
+        if a == Const(1):
+            return b
+        if b == Const(1):
+            return a
+    if op in ("//",) and b == Const(1):
+        return a
+    if op == "%" and b == Const(1):
+        return Const(0)
+    if op == "and":
+        if a == Const(1):
+            return b
+        if b == Const(1):
+            return a
+    return BinOp(op, a, b)
+
+
+def index_min(a: ExprLike, b: ExprLike) -> Expr:
+    return _bin("min", a, b)
+
+
+def index_max(a: ExprLike, b: ExprLike) -> Expr:
+    return _bin("max", a, b)
+
+
+def all_of(conds: list[Expr]) -> Expr | None:
+    """The conjunction of predicates, or None when there are none (always true)."""
+    result: Expr | None = None
+    for c in conds:
+        result = c if result is None else _bin("and", result, c)
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# Registers and value expressions
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RegArray:
+    """A per-thread register array: `dtype name[size];` in CUDA."""
+
+    name: str
+    dtype: DType
+    size: int
+
+
+@dataclass(frozen=True)
+class Reg:
+    """Element `index` of a register array (index constant after unrolling)."""
+
+    array: RegArray
+    index: Expr
+
+    def __str__(self) -> str:
+        return f"{self.array.name}[{self.index}]"
+
+
+class Value:
+    """An element-valued expression for elementwise computation. `dtype` is its type."""
+
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class RegRead(Value):
+    reg: Reg
+
+    @property
+    def dtype(self) -> DType:
+        return self.reg.array.dtype
+
+
+@dataclass(frozen=True)
+class Literal(Value):
+    value: float
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class IndexValue(Value):
+    """An index expression used as a value (e.g. a coordinate, to mask out-of-range elements)."""
+
+    expr: Expr
+    dtype: DType
+
+
+#: Unary ops on values: neg, abs, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh,
+#: sigmoid, not. Binary ops: add, sub, mul, div, max, min, pow, and, or, xor,
+#: lt, le, gt, ge, eq, ne (comparisons have dtype bool).
+VALUE_UNARY_OPS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
+                   "tanh", "sigmoid", "not")
+VALUE_BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow", "and", "or", "xor",
+                    "lt", "le", "gt", "ge", "eq", "ne")
+
+
+@dataclass(frozen=True)
+class Unary(Value):
+    op: str
+    x: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Binary(Value):
+    op: str
+    x: Value
+    y: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Cast(Value):
+    """Convert to `dtype` with round-to-nearest-even (floats) or C semantics (ints)."""
+
+    x: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Where(Value):
+    cond: Value
+    if_true: Value
+    if_false: Value
+    dtype: DType
+
+
+# --------------------------------------------------------------------------------------
+# Statements
+# --------------------------------------------------------------------------------------
+
+class Stmt:
+    """One thread-IR statement."""
+
+
+@dataclass
+class Comment(Stmt):
+    """Says which tile op the following statements implement (kept in the CUDA source)."""
+
+    text: str
+
+
+@dataclass
+class Assign(Stmt):
+    """`dst = value` for one register element."""
+
+    dst: Reg
+    value: Value
+
+
+@dataclass
+class GlobalLoad(Stmt):
+    """Load `count` consecutive elements of global tensor `tensor` starting at element
+    `index` into registers `dst … dst+count-1`, as one vector access of count*elem bytes.
+    Where `pred` is false the registers get `fill` instead (no memory access)."""
+
+    dst: Reg
+    tensor: str
+    index: Expr
+    count: int
+    pred: Expr | None = None
+    fill: float = 0.0
+
+
+@dataclass
+class GlobalStore(Stmt):
+    """Store registers `src … src+count-1` to `tensor[index … index+count-1]` where `pred`."""
+
+    tensor: str
+    index: Expr
+    src: Reg
+    count: int
+    pred: Expr | None = None
+
+
+@dataclass
+class GlobalAtomicAdd(Stmt):
+    """`tensor[index] += src` atomically (one element) where `pred`."""
+
+    tensor: str
+    index: Expr
+    src: Reg
+    pred: Expr | None = None
+
+
+@dataclass
+class SharedLoad(Stmt):
+    """Load `count` consecutive elements of shared buffer `buffer` at element `offset`."""
+
+    dst: Reg
+    buffer: str
+    offset: Expr
+    count: int
+    pred: Expr | None = None
+
+
+@dataclass
+class SharedStore(Stmt):
+    """Store `count` consecutive registers to shared buffer `buffer` at element `offset`."""
+
+    buffer: str
+    offset: Expr
+    src: Reg
+    count: int
+    pred: Expr | None = None
+
+
+@dataclass
+class CpAsync(Stmt):
+    """`cp.async` of `count` elements (4, 8 or 16 bytes) from global to shared memory.
+    Where `pred` is false the shared bytes are zero-filled (src-size 0)."""
+
+    buffer: str
+    offset: Expr
+    tensor: str
+    index: Expr
+    count: int
+    pred: Expr | None = None
+
+
+@dataclass
+class CpAsyncCommit(Stmt):
+    """Close the current group of cp.async operations."""
+
+
+@dataclass
+class CpAsyncWait(Stmt):
+    """Wait until at most `pending` groups of cp.async are still in flight."""
+
+    pending: int
+
+
+@dataclass
+class LdMatrix(Stmt):
+    """`ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16`.
+
+    Each lane supplies the element offset (into `buffer`) of one 8-element row:
+    lanes 0-7 address matrix 0, 8-15 matrix 1, 16-23 matrix 2, 24-31 matrix 3 (only
+    the first 8*num lanes' addresses are used). Each lane receives 2*num 16-bit elements
+    into `dst … dst+2*num-1`, matrix j's pair in elements 2j, 2j+1.
+    """
+
+    dst: Reg
+    num: int
+    trans: bool
+    buffer: str
+    offset: Expr
+
+
+@dataclass
+class Mma(Stmt):
+    """One warp-wide matrix instruction, named by its catalogue entry (e.g.
+    "mma.m16n8k16.f32.f16.f16.f32"). The register lists are in the PTX fragment order of
+    that instruction: d and c hold the accumulator fragment, a and b the operands."""
+
+    instr: str
+    d: list[Reg]
+    a: list[Reg]
+    b: list[Reg]
+    c: list[Reg]
+
+
+@dataclass
+class Shuffle(Stmt):
+    """Warp shuffle of one 32-bit-or-narrower element: `dst = src` of lane
+    (mode "xor": lane ^ arg, "idx": arg, "down": lane + arg, "up": lane - arg)."""
+
+    dst: Reg
+    src: Reg
+    mode: str
+    arg: Expr
+
+
+@dataclass
+class Barrier(Stmt):
+    """`__syncthreads()`."""
+
+
+@dataclass
+class For(Stmt):
+    """`for (var = start; var < stop; var += step) body`. `unroll` loops have constant
+    bounds and may index registers with `var`; others must not."""
+
+    var: Var
+    start: Expr
+    stop: Expr
+    step: int
+    body: list[Stmt]
+    unroll: bool = False
+
+
+@dataclass
+class If(Stmt):
+    cond: Expr
+    then: list[Stmt]
+    otherwise: list[Stmt] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorParam:
+    """A global tensor argument: a pointer plus `rank` extents and strides (in elements),
+    which the body reads as `{name}_shape{i}` / `{name}_stride{i}`. `static_shape` /
+    `static_strides` hold the entries known when compiling (None where only known at launch);
+    `divisibility` the known divisor of each runtime entry (for vector alignment)."""
+
+    name: str
+    dtype: DType
+    rank: int
+    writes: bool = False
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    name: str
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class SharedBuffer:
+    """A region of the block's dynamic shared memory, `size` elements at `byte_offset`."""
+
+    name: str
+    dtype: DType
+    size: int
+    byte_offset: int
+
+
+@dataclass
+class ThreadKernel:
+    """A whole lowered kernel: what every thread of a block of `threads` runs."""
+
+    name: str
+    threads: int
+    params: list[TensorParam | ScalarParam]
+    registers: list[RegArray]
+    shared: list[SharedBuffer]
+    body: list[Stmt]
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of dynamic shared memory the kernel needs."""
+        return max((b.byte_offset + int(b.size * b.dtype.bits // 8) for b in self.shared),
+                   default=0)
+
+
+def walk(stmts: list[Stmt]):
+    """Every statement in `stmts`, depth first, loop and branch bodies included."""
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from walk(s.body)
+        elif isinstance(s, If):
+            yield from walk(s.then)
+            yield from walk(s.otherwise)
