@@ -5,3 +5,4 @@ This package imports nothing else from tegula.
 from __future__ import annotations
 
 from tegula.layout.errors import LayoutError
+from tegula.layout.linear import LinearLayout
