@@ -6,3 +6,11 @@ from __future__ import annotations
 
 from tegula.layout.errors import LayoutError
 from tegula.layout.linear import LinearLayout
+from tegula.layout.cute import Layout
+from tegula.layout.algebra import (
+    append, blocked_product, can_complement, can_compose, can_divide, can_invert, can_product,
+    coalesce, complement, composition, filter_layout, flat_divide, flat_product, left_inverse,
+    logical_divide, logical_product, make_layout, make_layout_tv, make_ordered_layout,
+    max_common_layout, max_common_vector, prepend, raked_product, right_inverse, select,
+    tile_to_shape, tiled_divide, tiled_product, zipped_divide, zipped_product,
+)
