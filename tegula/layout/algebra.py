@@ -192,7 +192,8 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
             # Nothing left to place; track the stride only to print what CuTe prints.
             rest_stride = it.ceil_div(rest_stride, s)
             continue
-        if rest_stride % s == 0:
+        jumps = it.known_divides(s, rest_stride)  # None: undecidable for symbolic extents
+        if jumps:
             rest_stride = rest_stride // s
             continue
         if s % rest_stride == 0:
@@ -217,6 +218,9 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
             rest_shape = 1
             rest_stride = it.ceil_div(rest_stride, s)
             continue
+        if jumps is None:
+            raise LayoutError(f"cannot decide whether the extent {s} divides the stride "
+                              f"{rest_stride} of the right operand (symbolic facts too weak)")
         raise _Inadmissible(
             f"stride divisibility: {rest_shape} steps of stride {rest_stride} cross a mode "
             f"of extent {s}, and neither {rest_stride} nor {s} divides the other")

@@ -15,6 +15,7 @@ import numbers
 from functools import reduce
 from typing import Any, Callable, Iterator
 
+from tegula.layout import symbolic
 from tegula.layout.errors import LayoutError
 
 IntTuple = Any  # a leaf or a (nested) tuple of leaves
@@ -147,7 +148,14 @@ def gcd(a: Any, b: Any) -> Any:
     """
     if is_static(a) and is_static(b):
         return math.gcd(a, b)
-    raise LayoutError(f"gcd({a}, {b}) needs static extents")
+    return symbolic.sym_gcd(a, b)  # decided by the facts, or a LayoutError saying what is unknown
+
+
+def known_divides(d: Any, x: Any) -> bool | None:
+    """Three-valued `x % d == 0`: None when symbolic facts cannot decide it (never raises)."""
+    if is_static(d) and is_static(x):
+        return x % d == 0
+    return symbolic.divides(d, x)
 
 
 def lcm(a: Any, b: Any) -> Any:
@@ -215,7 +223,9 @@ def ceil_div(a: Any, b: Any) -> Any:
             out.append(ceil_div(e, rest))
             rest = ceil_div(rest, product(e))
         return tuple(out)
-    return (a + b - 1) // b
+    if is_static(a) and is_static(b):
+        return (a + b - 1) // b
+    return symbolic.sym_ceil_div(a, b)  # exact cases only: a symbolic ceiling is no polynomial
 
 
 def shape_div(a: IntTuple, b: Any) -> IntTuple:
@@ -234,6 +244,8 @@ def shape_div(a: IntTuple, b: Any) -> IntTuple:
         return tuple(out)
     if is_tuple(b):
         return shape_div(a, product(b))
+    if not (is_static(a) and is_static(b)):
+        return symbolic.sym_shape_div(a, b)  # asks both tests without letting one raise
     if a % b == 0:
         return a // b
     if b % a == 0:

@@ -254,8 +254,8 @@ class Sym:
             terms = {m: c // n for m, c in rest.items()}
             terms[()] = self._const() // n
             return Sym._make(terms, self._facts)
-        raise self._undecidable(f"{self} // {n} exactly (whether {_sym_part_str(self)} "
-                                f"is divisible by {n})")
+        raise self._undecidable(f"{_paren(self)} // {n} exactly (whether "
+                                f"{_sym_part_str(self)} is divisible by {n})")
 
     def __rfloordiv__(self, other: Any) -> IntLike:
         if not isinstance(other, int) or isinstance(other, bool):
@@ -432,6 +432,12 @@ def _rdiv_const(n: int, s: Sym) -> int:
     raise s._undecidable(f"{n} // {s}")
 
 
+def _paren(x: IntLike) -> str:
+    """x for use as an operand in a message: a sum gets parentheses."""
+    text = str(x)
+    return f"({text})" if isinstance(x, Sym) and len(x._terms) > 1 else text
+
+
 def _sym_part_str(p: Sym) -> str:
     rest = p._nonconst()
     return _format(Sym(rest, p._facts)) if rest else "0"
@@ -567,6 +573,36 @@ def sym_gcd(a: IntLike, b: IntLike) -> IntLike:
     raise _carrier(a, b)._undecidable(f"gcd({a}, {b})")
 
 
+def sym_ceil_div(a: IntLike, b: IntLike) -> IntLike:
+    """ceil(a / b) for positive b where the facts determine it as a polynomial.
+
+    Exact when b divides a; 1 when 0 < a <= b. A ceiling of a non-multiple has no
+    polynomial form (it is the partial last tile of a predicated loop), so it is refused.
+    """
+    if divides(b, a) is True:
+        return a // b
+    if _decide_pos(a) and _decide_nonneg(b - a):
+        return 1
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        return -(-a // b)
+    raise _carrier(a, b)._undecidable(f"ceil_div({a}, {b}) exactly (whether {b} divides {a})")
+
+
+def sym_shape_div(a: IntLike, b: IntLike) -> IntLike:
+    """CuTe's shape_div on leaves: a / b when b divides a, 1 when a divides b.
+
+    Each test is asked so that an undecidable one does not hide a decided one:
+    shape_div(1, M) is 1 although `1 % M` is unknown.
+    """
+    if divides(b, a) is True:
+        return a // b
+    if divides(a, b) is True:
+        return 1
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        raise LayoutError(f"shape_div({a}, {b}): neither divides the other")
+    raise _carrier(a, b)._undecidable(f"whether {b} divides {a} or {a} divides {b}")
+
+
 def sym_min(*xs: IntLike) -> IntLike:
     """min that succeeds when one argument is provably <= all others (ties allowed)."""
     return _extreme(xs, want_min=True)
@@ -602,5 +638,6 @@ def _carrier(*xs: IntLike) -> Sym:
 
 
 __all__ = ["Sym", "SymbolFacts", "sym", "is_symbolic", "is_static", "divisibility",
-           "symbols_of", "substitute", "known_equal", "divides", "sym_gcd", "sym_min",
+           "symbols_of", "substitute", "known_equal", "divides", "sym_gcd", "sym_ceil_div",
+           "sym_shape_div", "sym_min",
            "sym_max"]
