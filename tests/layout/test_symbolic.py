@@ -8,6 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tegula.layout.algebra import (can_compose, coalesce, complement, composition,
+                                   logical_divide, max_common_vector, right_inverse,
+                                   zipped_divide)
+from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
 from tegula.layout.symbolic import (Sym, divides, divisibility, is_static, is_symbolic,
                                     known_equal, substitute, sym, sym_gcd, sym_max, sym_min,
@@ -202,3 +206,79 @@ def test_decisions_are_sound(p, q, n):
     d = divisibility(p)
     for values in ASSIGNMENTS:
         assert (_ev(p, values) % d == 0) if d else _ev(p, values) == 0
+
+
+# ---- the CuTe algebra on symbolic layouts ---------------------------------------------------
+
+
+
+def _at(layout, values):
+    """The static layout a symbolic one becomes at concrete symbol values."""
+    return Layout(substitute(layout.shape, values), substitute(layout.stride, values))
+
+
+ROW_MAJOR = Layout((M, K), (K, 1))
+
+
+def test_row_major_global_layout_prints_and_evaluates():
+    assert str(ROW_MAJOR) == "(M,K):(K,1)"
+    assert ROW_MAJOR(3, 5) == 3 * K + 5
+    assert str(ROW_MAJOR((3, 5))) == "3*K + 5"
+    assert ROW_MAJOR.size == M * K
+    assert Layout.parse("(M,K):(K,1)", {"M": M, "K": K}) == ROW_MAJOR
+    assert hash(Layout((M, K), (K, 1))) == hash(ROW_MAJOR)
+    assert ROW_MAJOR != Layout((16, K), (K, 1))
+    assert coalesce(ROW_MAJOR) == ROW_MAJOR  # K*M == K is not provable: no merge
+
+
+def test_tiling_a_row_major_tensor_by_a_static_tiler():
+    tile = composition(ROW_MAJOR, (Layout(16, 1), Layout(64, 1)))
+    assert str(tile) == "(16,64):(K,1)"
+    # A 16-row slab composed with a column-major 16x64 tiler gives the same tile.
+    slab = Layout((16, K), (K, 1))
+    assert composition(slab, Layout((16, 64), (1, 16))) == tile
+    for values in ({"M": 32, "K": 64}, {"M": 16, "K": 128}):
+        static = composition(_at(slab, values), Layout((16, 64), (1, 16)))
+        assert static == _at(tile, values)
+
+
+def test_zipped_divide_with_divisibility_facts():
+    rows, cols = sym("R", multiple_of=16), sym("C", multiple_of=64)
+    gmem = Layout((rows, cols), (cols, 1))
+    tiled = zipped_divide(gmem, (16, 64))
+    assert str(tiled) == "((16,64),(R//16,C//64)):((C,1),(16*C,64))"
+    values = {"R": 48, "C": 128}
+    assert _at(tiled, values) == zipped_divide(_at(gmem, values), (16, 64))
+
+
+def test_undecidable_tilings_raise_clear_errors():
+    # Whether a 16x64 column-major tiler fits depends on M >= 16.
+    with pytest.raises(LayoutError, match="M < 16"):
+        composition(ROW_MAJOR, Layout((16, 64), (1, 16)))
+    assert "M < 16" in can_compose(ROW_MAJOR, Layout((16, 64), (1, 16)))
+    # A partial last tile (M not a multiple of 16) has no polynomial extent.
+    with pytest.raises(LayoutError, match="16 divides M"):
+        logical_divide(ROW_MAJOR, (16, 64))
+    with pytest.raises(LayoutError, match="64 divides K"):
+        logical_divide(Layout((16, K), (K, 1)), (16, 64))
+    with pytest.raises(LayoutError, match="16 divides M\\*K"):
+        complement(Layout(16, 1), M * K)
+
+
+def test_max_common_vector_with_symbolic_row_stride():
+    # Two 8-element rows, K apart: contiguous only if K == 8, which is not known.
+    assert max_common_vector(Layout((8, 2), (1, K)), Layout(16)) == 8
+    wide = sym("W", multiple_of=16)
+    assert max_common_vector(Layout((8, 2), (1, wide)), Layout(16)) == 8
+    assert max_common_vector(Layout((8, 2), (1, 8)), Layout(16)) == 16
+    # A 16x64 tile of a row-major tensor against a row-major shared tile: one row of 64.
+    assert max_common_vector(Layout((16, 64), (K, 1)), Layout((16, 64), (64, 1))) == 64
+    assert max_common_vector(ROW_MAJOR, ROW_MAJOR) == M * K
+
+
+def test_right_inverse_of_a_symbolic_layout():
+    inv = right_inverse(ROW_MAJOR)
+    assert str(inv) == "(K,M):(M,1)"
+    values = {"M": 3, "K": 16}
+    static, static_inv = _at(ROW_MAJOR, values), _at(inv, values)
+    assert all(static(static_inv(i)) == i for i in range(48))
