@@ -134,7 +134,7 @@ def test_broadcast_lanes_are_free():
     assert bank_conflicts(s, d, 4, vec_elems=1) == oracle_wavefronts(s, d, 4, 1)[0]
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(24))
 def test_random_layouts_match_oracle(seed):
     rng = random.Random(seed)
     nb = rng.choice([8, 9, 10])

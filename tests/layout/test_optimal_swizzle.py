@@ -1,0 +1,185 @@
+"""optimal_swizzle: never beaten by any shared layout of an exhaustive / sampled family,
+and conflict-free on the classic cases."""
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from itertools import product
+
+import pytest
+
+from tegula.layout import f2
+from tegula.layout.banks import bank_conflicts
+from tegula.layout.errors import LayoutError
+from tegula.layout.linear import LinearLayout
+from tegula.layout.optimal_swizzle import optimal_swizzle, swizzle_cost
+
+try:
+    from tests.layout.test_banks import (make_dist, make_shared, oracle_wavefronts,
+                                         rand_invertible, rand_permutation_cols)
+except ImportError:  # pytest puts this folder on sys.path when tests/ is no package
+    from test_banks import (make_dist, make_shared, oracle_wavefronts, rand_invertible,
+                            rand_permutation_cols)
+
+
+@lru_cache(maxsize=None)
+def all_invertible(nbits: int) -> tuple[tuple[int, ...], ...]:
+    """Every invertible nbits x nbits matrix (as columns): each column outside the span of
+    the previous ones."""
+    out = [()]
+    for _ in range(nbits):
+        nxt = []
+        for cols in out:
+            span = {0}
+            for c in cols:
+                span |= {x ^ c for x in span}
+            nxt.extend(cols + (c,) for c in range(1, 1 << nbits) if c not in span)
+        out = nxt
+    return tuple(out)
+
+
+def best_in_family(family, outs, reader, writer, eb, **kw):
+    return min(swizzle_cost(make_shared(list(c), outs), reader, writer, eb, **kw).key for c in family)
+
+
+def rand_dist(nb, lane, warp, rng, outs, zero=False):
+    reg = nb - lane - warp
+    cols = rand_invertible(nb, rng) if rng.random() < 0.6 else rand_permutation_cols(nb, rng)
+    if zero:
+        cols[rng.randrange(nb)] = 0
+    return make_dist(cols, reg, lane, warp, outs)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_tiny_exhaustive(seed):
+    # 16 elements, 4 lanes, 4 registers; a 2-bank x 2-byte "wavefront" makes conflicts bite
+    rng = random.Random(seed)
+    outs = [("col", 4), ("row", 4)]
+    reader = rand_dist(4, 2, 0, rng, outs)
+    writer = rand_dist(4, 2, 0, rng, outs)
+    eb = [1, 2][seed % 2]
+    kw = dict(banks=2, bank_bytes=2)
+    got = swizzle_cost(optimal_swizzle(reader, writer, eb, **kw), reader, writer, eb, **kw).key
+    assert got == best_in_family(all_invertible(4), outs, reader, writer, eb, **kw)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sampled_family_never_better(seed):
+    # 256 elements, 8 lanes, 8 banks of 4 bytes: random writers/readers, 400 random layouts
+    rng = random.Random(100 + seed)
+    outs = [("col", 16), ("row", 16)]
+    reader = rand_dist(8, 3, rng.randrange(2), rng, outs, zero=seed % 4 == 0)
+    writer = rand_dist(8, 3, rng.randrange(2), rng, outs)
+    if seed % 3 == 0:  # give them a common register direction
+        w = writer.bases_packed("register")[0]
+        reader = LinearLayout.from_packed(
+            {"register": [w] + list(reader.bases_packed("register"))[1:],
+             "lane": reader.bases_packed("lane"), "warp": reader.bases_packed("warp")}, outs)
+        if reader.rank() < 8:
+            return
+    if reader.rank() < 8:
+        return
+    kw = dict(banks=8, bank_bytes=4)
+    for eb in (1, 2, 4):
+        opt = optimal_swizzle(reader, writer, eb, **kw)
+        got = swizzle_cost(opt, reader, writer, eb, **kw)
+        family = [rand_invertible(8, rng) for _ in range(80)]
+        family += [rand_permutation_cols(8, rng) for _ in range(40)]
+        assert got.key <= best_in_family(family, outs, reader, writer, eb, **kw), (seed, eb)
+        # the F2 cost agrees with the enumeration oracle
+        v = got.vec_elems
+        assert set(oracle_wavefronts(opt, reader, eb, v, 8, 4)) == {got.read_wavefronts}
+        assert set(oracle_wavefronts(opt, writer, eb, v, 8, 4)) == {got.write_wavefronts}
+
+
+def xor_swizzles(nbits, row_lo, lo=0):
+    """Layouts ``offset -> tensor`` that XOR each row bit (``>= row_lo``) into any subset of
+    the bits ``lo .. row_lo-1`` (the XOR swizzles of a row-major tile, CuTe's included)."""
+    base = [1 << i for i in range(nbits)]
+    choices = []
+    for i in range(row_lo, nbits):
+        choices.append([m << lo for m in range(1 << (row_lo - lo))])
+    for masks in product(*choices):
+        cols = list(base)
+        for i, m in zip(range(row_lo, nbits), masks):
+            cols[i] = (1 << i) | m
+        yield cols
+
+
+def mma_a_fp16(outs):
+    """mma.m16n8k16 A fragment of a 16x16 fp16 tile (paper Prop. 9.2): col bits 0..3 are
+    flat bits 0..3, row bits 0..3 are flat bits 4..7."""
+    c = lambda i: 1 << i
+    r = lambda i: 1 << (4 + i)
+    return LinearLayout.from_packed(
+        {"register": [c(0), r(3), c(3)], "lane": [c(1), c(2), r(0), r(1), r(2)], "warp": []},
+        outs)
+
+
+def row_major_16b(outs):
+    """Row-major writer: 8 contiguous fp16 per thread, two threads per 16-element row."""
+    c = lambda i: 1 << i
+    r = lambda i: 1 << (4 + i)
+    return LinearLayout.from_packed(
+        {"register": [c(0), c(1), c(2)], "lane": [c(3), r(0), r(1), r(2), r(3)], "warp": []},
+        outs)
+
+
+def test_mma_fragment_via_row_major_write_is_conflict_free():
+    outs = [("col", 16), ("row", 16)]
+    reader, writer = mma_a_fp16(outs), row_major_16b(outs)
+    s = optimal_swizzle(reader, writer, 2)
+    cost = swizzle_cost(s, reader, writer, 2)
+    assert cost.vec_elems == 2  # only col bit 0 is in registers on both sides
+    assert cost.read_wavefronts == cost.write_wavefronts == cost.ideal_wavefronts == 1
+    # the plain row-major layout is NOT conflict free for this reader
+    plain = make_shared([1 << i for i in range(8)], outs)
+    assert bank_conflicts(plain, reader, 2, vec_elems=2) > 1
+    # and it beats every XOR swizzle of the row-major layout
+    best = min(swizzle_cost(make_shared(c, outs), reader, writer, 2).key
+               for c in xor_swizzles(8, 4, lo=1))
+    assert cost.key <= best
+
+
+def test_wide_tile_mma_read_16b_write():
+    # 16 x 64 fp16 tile, 4 warps writing 16-byte row chunks, an mma-like reader
+    outs = [("col", 64), ("row", 16)]
+    c = lambda i: 1 << i
+    r = lambda i: 1 << (6 + i)
+    writer = LinearLayout.from_packed(
+        {"register": [c(0), c(1), c(2)], "lane": [c(3), c(4), c(5), r(0), r(1)],
+         "warp": [r(2), r(3)]}, outs)
+    reader = LinearLayout.from_packed(
+        {"register": [c(0), r(3), c(3)], "lane": [c(1), c(2), r(0), r(1), r(2)],
+         "warp": [c(4), c(5)]}, outs)
+    s = optimal_swizzle(reader, writer, 2)
+    cost = swizzle_cost(s, reader, writer, 2)
+    assert cost.vec_elems == 2
+    assert cost.read_wavefronts == cost.write_wavefronts == 1
+    assert set(oracle_wavefronts(s, reader, 2, 2)) == {1}
+    assert set(oracle_wavefronts(s, writer, 2, 2)) == {1}
+
+
+def test_transpose_fp32_full_vectors():
+    # writer: rows in registers (4 x fp32 = 16 B), reader: the transposed assignment
+    outs = [("col", 32), ("row", 32)]
+    c = lambda i: 1 << i
+    r = lambda i: 1 << (5 + i)
+    writer = LinearLayout.from_packed(
+        {"register": [c(0), c(1), r(3), r(4)], "lane": [c(2), c(3), c(4), r(0), r(1)],
+         "warp": [r(2)]}, outs)
+    reader = LinearLayout.from_packed(
+        {"register": [c(0), c(1), c(2), c(3)], "lane": [r(0), r(1), r(2), r(3), r(4)],
+         "warp": [c(4)]}, outs)
+    s = optimal_swizzle(reader, writer, 4)
+    cost = swizzle_cost(s, reader, writer, 4)
+    assert cost.vec_elems == 4
+    assert cost.read_wavefronts == cost.write_wavefronts == 4  # the ideal for 16 B
+
+
+def test_not_surjective_is_rejected():
+    outs = [("col", 4), ("row", 4)]
+    full = make_dist([1, 2, 4, 8], 2, 2, 0, outs)
+    part = make_dist([1, 2, 4, 0], 2, 2, 0, outs)
+    with pytest.raises(LayoutError, match="does not cover"):
+        optimal_swizzle(part, full, 2)
