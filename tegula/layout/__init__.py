@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tegula.layout.errors import LayoutError
 from tegula.layout.linear import LinearLayout
+from tegula.layout.cute_bridge import linear_from_cute, linear_from_cute_tv, linear_to_cute
 from tegula.layout.cute import Layout
 from tegula.layout.algebra import (
     append, blocked_product, can_complement, can_compose, can_divide, can_invert, can_product,

@@ -141,8 +141,11 @@ class LinearLayout:
 
     @staticmethod
     def strided_1d(size: int, stride: int, in_dim: str, out_dim: str) -> LinearLayout:
-        """``i -> i * stride`` over ``size`` indices (stride a power of two)."""
+        """``i -> i * stride`` over ``size`` indices (stride a power of two, or 0 for a
+        broadcast)."""
         n = f2.log2_exact(size, f"strided size for {in_dim!r}")
+        if stride == 0:
+            return LinearLayout.zeros_1d(size, in_dim, out_dim)
         f2.log2_exact(stride, f"stride for {in_dim!r}")
         return LinearLayout.from_packed(
             {in_dim: [stride << i for i in range(n)]}, [(out_dim, size * stride)])
@@ -168,6 +171,12 @@ class LinearLayout:
         from tegula.layout.cute_bridge import linear_from_cute
 
         return linear_from_cute(layout, in_dims=in_dims, out_dims=out_dims)
+
+    def to_cute(self):
+        """See :func:`tegula.layout.cute_bridge.linear_to_cute`."""
+        from tegula.layout.cute_bridge import linear_to_cute
+
+        return linear_to_cute(self)
 
     # ---------------------------------------------------------------- shape queries
 
@@ -391,7 +400,9 @@ class LinearLayout:
     def is_invertible(self) -> bool:
         return self.total_in_bits == self.total_out_bits and self.is_surjective()
 
-    def _solve_columns(self, targets: Sequence[int], prefer: Sequence[int | None], why: str):
+    def _solve_columns(
+        self, targets: Sequence[int], prefer: Sequence[int | None], why: str
+    ) -> list[int]:
         """Solve ``self·x_k = targets[k]`` for every k with the free-variable policy of
         :func:`tegula.layout.f2.min_weight_solution`; LayoutError if one has no solution."""
         e = f2.eliminate(self.matrix())
@@ -405,7 +416,9 @@ class LinearLayout:
             out.append(x)
         return out
 
-    def _split_flat(self, cols: Sequence[int], dims: Sequence[tuple[str, int]]):
+    @staticmethod
+    def _split_flat(cols: Sequence[int], dims: Sequence[tuple[str, int]]) -> dict[str, list[int]]:
+        """Cut a flat column list into consecutive runs, one per ``(name, nbits)``."""
         out, k = {}, 0
         for n, nb in dims:
             out[n] = list(cols[k:k + nb])
@@ -608,6 +621,17 @@ class LinearLayout:
                 break
             k += 1
         return 1 << k
+
+    def is_distributed(self) -> bool:
+        """Paper Def. 4.10: surjective, every column has at most one set bit, and no two
+        nonzero columns repeat (a permutation matrix with zero columns interleaved)."""
+        nonzero = [c for c in self.matrix() if c]
+        return (all(f2.is_pow2(c) for c in nonzero) and len(set(nonzero)) == len(nonzero)
+                and self.is_surjective())
+
+    def is_memory_layout(self) -> bool:
+        """Paper Def. 4.14: invertible, and every column has one or two set bits."""
+        return self.is_invertible() and all(1 <= f2.popcount(c) <= 2 for c in self.matrix())
 
     def is_identity(self) -> bool:
         """Whether in dims equal out dims (names, sizes, order) and every bit maps to itself."""

@@ -20,7 +20,7 @@ def span_brute(cols):
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(cols_st)
 def test_rank_and_kernel(cols):
     e = f2.eliminate(cols)
@@ -39,7 +39,7 @@ def test_rank_and_kernel(cols):
             assert q == p or not (vec >> q) & 1
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(cols_st, st.integers(0, (1 << NBITS) - 1))
 def test_solve_and_min_weight(cols, b):
     e = f2.eliminate(cols)
@@ -53,7 +53,7 @@ def test_solve_and_min_weight(cols, b):
         assert f2.reduce_min_int(x, e.kernel) == min(sols)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(cols_st, cols_st)
 def test_intersection_and_complement(u, v):
     got = f2.intersection(u, v)
