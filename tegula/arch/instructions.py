@@ -1,0 +1,304 @@
+"""Instruction catalogue entries: frozen dataclasses describing one PTX instruction each.
+
+Every entry carries what the three consumers need:
+
+* **synthesis / cost model**: `min_cc` (and `available_on(target)`), operand dtypes,
+  alignment, `timing(target)` -> (issue cycles, latency cycles);
+* **the emulator**: operand thread-value layouts as CuTe `Layout`s (`tegula.layout.Layout`,
+  (thread, value) -> flat index into the operand tile, colexicographic), from which it
+  derives the instruction's semantics;
+* **the code generator**: the PTX text, via `format_asm`.
+
+How the code generator emits an entry (`format_asm`)
+----------------------------------------------------
+Each entry has a `template` — the PTX instruction with named operand groups in braces,
+e.g. ``"ld.global.v4.b32 {d}, [{addr}];"`` — and `operands`, one `AsmOperand` per group
+(name, direction, register count, inline-asm constraint letter). The code generator calls
+
+    instr.format_asm(d=["r0", "r1", "r2", "r3"], addr=["(const void*)p"])
+
+with one C++ expression per 32-bit (or 16/64-bit, per the constraint) register of each
+group, and gets a complete statement::
+
+    asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];\\n" : "=r"(r0), ... : "l"(...) : "memory");
+
+Groups of more than one register print as ``{%i, %j, ...}``; single registers print as
+``%i``. Outputs are numbered before inputs, in `operands` order. Constraint letters are
+GCC/NVCC's: ``r`` = 32-bit (uint32_t lvalue), ``h`` = 16-bit (unsigned short), ``l`` =
+64-bit (a generic pointer for global addresses), ``f`` = float. Shared-memory addresses
+are 32-bit shared-window addresses (``(unsigned)__cvta_generic_to_shared(ptr)``).
+
+Predication: `format_asm(..., pred="cond")` wraps the instruction as
+``{ .reg .pred p; setp.ne.b32 p, %k, 0; @p <instr> }`` with `cond` as an extra "r" input;
+output registers become read-write ("+r") so the values the generated code placed in them
+beforehand (the fill value) survive where the predicate is false. `cp.async` instead
+zero-fills through its src-size operand (`format_asm(..., pred=...)` does that for you).
+
+Register packing of values: operands narrower than 32 bits are packed into .b32 registers,
+element 0 in the low half (`values_per_reg`); the value order of a TV layout is the
+element order across the register list (register 0 low, register 0 high, register 1 low…).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tegula.dtypes import DType
+from tegula.errors import TegulaError
+from tegula.layout import Layout
+
+
+@dataclass(frozen=True)
+class AsmOperand:
+    """One operand group of an inline-asm statement.
+
+    `direction` is "out" or "in"; `count` the number of registers in the group;
+    `constraint` the inline-asm letter (r, h, l, f); `name` the placeholder in `template`.
+    """
+
+    name: str
+    direction: str
+    count: int
+    constraint: str
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """Fields common to every catalogue entry.
+
+    `name` is the catalogue key (what thread IR statements name); `kind` the family
+    ("mma", "ld.global", "st.global", "ld.shared", "st.shared", "cp.async", "ldmatrix",
+    "stmatrix", "shfl", "cp.async.commit", "cp.async.wait"); `ptx` the PTX mnemonic with all
+    modifiers; `issue_cycles` / `latency_cycles` are default timing numbers (see
+    `timing`); `source` says where the numbers come from.
+    """
+
+    name: str
+    kind: str
+    ptx: str
+    template: str
+    operands: tuple[AsmOperand, ...]
+    min_cc: int = 80
+    issue_cycles: float = 1.0
+    latency_cycles: float = 1.0
+    align_bytes: int = 1
+    clobbers_memory: bool = False
+    source: str = ""
+
+    def available_on(self, target) -> bool:
+        """True when `target` (a `Target`) supports the instruction."""
+        return target.cc >= self.min_cc
+
+    def timing(self, target) -> tuple[float, float]:
+        """(issue cycles per warp instruction on one SM sub-partition, latency cycles)."""
+        return float(self.issue_cycles), float(self.latency_cycles)
+
+    # ------------------------------------------------------------------ code generation
+
+    def format_asm(self, pred: str | None = None, **groups: Sequence[str] | str) -> str:
+        """A complete `asm volatile(...)` statement with C++ operand expressions filled in.
+
+        `groups` maps each operand group name to its register expressions (a string is
+        taken as a one-register group). See the module docstring for the conventions.
+        """
+        outs: list[str] = []
+        ins: list[str] = []
+        placeholders: dict[str, str] = {}
+        ordered = [o for o in self.operands if o.direction == "out"] + \
+                  [o for o in self.operands if o.direction == "in"]
+        index = 0
+        for op in ordered:
+            exprs = groups.get(op.name)
+            if exprs is None:
+                raise TegulaError(f"{self.name}: operand group {op.name!r} missing")
+            exprs = [exprs] if isinstance(exprs, str) else list(exprs)
+            if len(exprs) != op.count:
+                raise TegulaError(f"{self.name}: operand group {op.name!r} needs {op.count} "
+                                  f"register(s), got {len(exprs)}")
+            nums = [f"%{index + i}" for i in range(op.count)]
+            index += op.count
+            placeholders[op.name] = nums[0] if op.count == 1 else "{" + ", ".join(nums) + "}"
+            if op.direction == "out":
+                mode = "+" if pred is not None else "="
+                outs += [f'"{mode}{op.constraint}"({e})' for e in exprs]
+            else:
+                ins += [f'"{op.constraint}"({e})' for e in exprs]
+        extra = set(groups) - {o.name for o in self.operands}
+        if extra:
+            raise TegulaError(f"{self.name}: unknown operand group(s) {sorted(extra)}")
+        text = self.template.format(**placeholders)
+        if pred is not None:
+            ins.append(f'"r"((int)({pred}))')
+            text = ("{ .reg .pred p; setp.ne.b32 p, %" + str(index) + ", 0; @p " + text + " }")
+        clob = ' : "memory"' if self.clobbers_memory else ""
+        return (f'asm volatile("{text}\\n" : {", ".join(outs)} : {", ".join(ins)}{clob});')
+
+
+def tv_table(layout: Layout, threads: int = 32) -> np.ndarray:
+    """A TV layout as an int64 array [threads, values] of flat tile indices."""
+    flat = np.asarray(layout.all_offsets(), dtype=np.int64)
+    values = flat.size // threads
+    # all_offsets enumerates the flat (t, v) index t + threads*v, so v is the slow axis.
+    table = flat.reshape(values, threads).T.copy()
+    table.setflags(write=False)
+    return table
+
+
+@dataclass(frozen=True)
+class MmaInstr(Instruction):
+    """A warp-wide `mma.sync.aligned` D = A·Bᵀ + C on an (M, N, K) tile.
+
+    TV layouts (32 lanes, values in PTX register element order) -> flat index into:
+      `a_tv`: A as (M, K), index m + M*k;   `b_tv`: B as (N, K), index n + N*k;
+      `c_tv`: C and D as (M, N), index m + M*n.
+    `operand_class` selects the target's tensor throughput ("f16" or "8bit").
+    """
+
+    shape_mnk: tuple[int, int, int] = (16, 8, 16)
+    a_dtype: DType | None = None
+    b_dtype: DType | None = None
+    c_dtype: DType | None = None
+    a_tv: Layout | None = None
+    b_tv: Layout | None = None
+    c_tv: Layout | None = None
+    operand_class: str = "f16"
+
+    @property
+    def d_dtype(self) -> DType:
+        return self.c_dtype
+
+    @property
+    def a_values(self) -> int:
+        return self.a_tv.size // 32
+
+    @property
+    def b_values(self) -> int:
+        return self.b_tv.size // 32
+
+    @property
+    def c_values(self) -> int:
+        return self.c_tv.size // 32
+
+    def values_per_reg(self, which: str) -> int:
+        """How many values of operand `which` ("a", "b", "c", "d") share a .b32 register."""
+        dt = {"a": self.a_dtype, "b": self.b_dtype, "c": self.c_dtype, "d": self.c_dtype}[which]
+        return 32 // dt.bits
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(a, b, c) TV layouts as int64 [32, values] arrays (cached)."""
+        cached = _TABLE_CACHE.get(self.name)
+        if cached is None:
+            cached = (tv_table(self.a_tv), tv_table(self.b_tv), tv_table(self.c_tv))
+            _TABLE_CACHE[self.name] = cached
+        return cached
+
+    @property
+    def flops(self) -> int:
+        m, n, k = self.shape_mnk
+        return 2 * m * n * k
+
+    def timing(self, target) -> tuple[float, float]:
+        """Issue cycles = M*N*K FMAs at a quarter of the SM's tensor rate (one tensor core
+        per sub-partition); latency is the measured number stored in the entry."""
+        rate = target.tensor_rate(self.operand_class) / 4
+        m, n, k = self.shape_mnk
+        issue = m * n * k / rate if rate else float("inf")
+        return issue, float(self.latency_cycles)
+
+
+_TABLE_CACHE: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+@dataclass(frozen=True)
+class MemInstr(Instruction):
+    """A per-thread vector load or store of `nbytes` bytes (ld/st .global/.shared), or one
+    `cp.async` of `nbytes` bytes. `space` is "global" or "shared" ("global->shared" for
+    cp.async); addresses must be aligned to `align_bytes` (= the access size).
+    `cache` is "ca"/"cg" for cp.async."""
+
+    space: str = "global"
+    nbytes: int = 4
+    cache: str = ""
+
+    @property
+    def regs(self) -> int:
+        """Number of .b32 registers the access moves (1 for 1- and 2-byte accesses)."""
+        return max(1, self.nbytes // 4)
+
+
+@dataclass(frozen=True)
+class MatrixInstr(Instruction):
+    """`ldmatrix` / `stmatrix` `.m8n8.x{num}[.trans].shared.b16`.
+
+    `tv`: (32 lanes, 2*num values) -> flat index into `num` 8x8 matrices of b16,
+    index = row + 8*col + 64*matrix, where *row* is the row a lane addressed (the 16
+    contiguous bytes at one lane's address) and *col* the element within it. Value 2j+v of
+    a lane belongs to matrix j (register j of the instruction, element v of it).
+    Addresses: lane 8j + r supplies the address of row r of matrix j, for lanes
+    0 … 8*num-1 (`address_lanes`); each address must be 16-byte aligned.
+    """
+
+    num: int = 1
+    trans: bool = False
+    tv: Layout | None = None
+
+    @property
+    def address_lanes(self) -> int:
+        return 8 * self.num
+
+    def table(self) -> np.ndarray:
+        key = self.name
+        cached = _MATRIX_CACHE.get(key)
+        if cached is None:
+            cached = tv_table(self.tv)
+            _MATRIX_CACHE[key] = cached
+        return cached
+
+
+_MATRIX_CACHE: dict[str, np.ndarray] = {}
+
+
+@dataclass(frozen=True)
+class ShuffleInstr(Instruction):
+    """`shfl.sync.{mode}.b32` with the full member mask. `mode` is the PTX mode
+    (bfly, idx, down, up) and `ir_mode` the thread-IR spelling (xor, idx, down, up);
+    `clamp` the c operand (0x1f for bfly/idx/down, 0 for up: whole-warp segments)."""
+
+    mode: str = "bfly"
+    ir_mode: str = "xor"
+    clamp: int = 0x1F
+
+    def source_lane(self, lane: np.ndarray, arg) -> np.ndarray:
+        """The lane each lane reads (its own lane where the source is out of range)."""
+        lane = np.asarray(lane, dtype=np.int64)
+        if self.mode == "bfly":
+            src = lane ^ arg
+        elif self.mode == "idx":
+            src = np.broadcast_to(np.asarray(arg, dtype=np.int64) & 31, lane.shape)
+        elif self.mode == "down":
+            src = lane + arg
+        else:
+            src = lane - arg
+        return np.where((src >= 0) & (src < 32), src, lane)
+
+
+def template_groups(template: str) -> set[str]:
+    """The operand group names a template refers to (for consistency checks)."""
+    return set(re.findall(r"\{(\w+)\}", template))
+
+
+PTX_TYPE: Mapping[str, str] = {
+    "f32": "f32", "f16": "f16", "bf16": "bf16", "f8e4m3": "e4m3", "f8e5m2": "e5m2",
+    "i8": "s8", "u8": "u8", "i32": "s32",
+}
+
+
+def ptx_type(dtype: DType) -> str:
+    """The PTX spelling of an element type (f16, bf16, e4m3, s8, s32, ...)."""
+    try:
+        return PTX_TYPE[dtype.name]
+    except KeyError:
+        raise TegulaError(f"{dtype} has no PTX matrix-operand spelling") from None

@@ -1,0 +1,149 @@
+"""Memory and data-movement entries: vector ld/st, cp.async, ldmatrix/stmatrix, shuffles.
+
+Vector accesses move 1, 2, 4, 8 or 16 bytes per thread and must be aligned to their size
+(the hardware faults on a misaligned vector access). PTX forms used:
+
+    bytes  load                      store                      registers
+    1      ld.{sp}.u8    (r)         st.{sp}.u8    (r)          1 x 32-bit, low byte
+    2      ld.{sp}.b16   (h)         st.{sp}.b16   (h)          1 x 16-bit
+    4      ld.{sp}.b32               st.{sp}.b32                1
+    8      ld.{sp}.v2.b32            st.{sp}.v2.b32             2
+    16     ld.{sp}.v4.b32            st.{sp}.v4.b32             4
+
+`cp.async.ca.shared.global` copies 4, 8 or 16 bytes (through L1), `cp.async.cg` only 16
+(bypassing L1); both take a src-size operand, and bytes past src-size are zero-filled,
+which is how predicated-off copies are written (src-size 0). Addresses (both sides)
+must be aligned to the copy size.
+
+ldmatrix (cc >= 75) / stmatrix (cc >= 90) `.m8n8.x{1,2,4}[.trans].shared.b16`: lane
+8j + r addresses row r (16 contiguous, 16-byte-aligned bytes) of matrix j. Without
+.trans, lane t holds elements (row t/4, cols 2(t%4), 2(t%4)+1) of each matrix; with
+.trans, (rows 2(t%4), 2(t%4)+1, col t/4) — i.e. the matrix is transposed on the way.
+
+Timing numbers (approximate, cycles): shared-memory loads ~23-30 latency and ldmatrix ~30
+(Abdelkhalik et al. HPEC 2022, A100; Luo et al. 2024, H800); global loads: ~ 470 (DRAM
+miss) on A100, ~ 200-260 L2 hit; issue is one cycle per *ideal wavefront* of the shared
+pipe (128 B/clk/SM) — bank conflicts add wavefronts, the emulator counts them.
+"""
+from __future__ import annotations
+
+from tegula.arch.instructions import AsmOperand, MatrixInstr, MemInstr, ShuffleInstr
+from tegula.layout import Layout
+
+_MEM_SOURCE = ("PTX ISA ld/st/cp.async; latency: Abdelkhalik et al. HPEC 2022, "
+               "Luo et al. 2024 (approximate)")
+
+# bytes -> (type suffix, registers, constraint)
+_VEC_FORMS = {1: ("u8", 1, "r"), 2: ("b16", 1, "h"), 4: ("b32", 1, "r"),
+              8: ("v2.b32", 2, "r"), 16: ("v4.b32", 4, "r")}
+VECTOR_BYTES = tuple(_VEC_FORMS)
+
+
+def _access(op: str, space: str, nbytes: int) -> MemInstr:
+    """One ld/st entry: `op` is "ld" or "st", `space` "global" or "shared"."""
+    suffix, regs, con = _VEC_FORMS[nbytes]
+    ptx = f"{op}.{space}.{suffix}"
+    addr_con = "l" if space == "global" else "r"
+    if op == "ld":
+        operands = (AsmOperand("d", "out", regs, con), AsmOperand("addr", "in", 1, addr_con))
+        template = ptx + " {d}, [{addr}];"
+    else:
+        operands = (AsmOperand("addr", "in", 1, addr_con), AsmOperand("s", "in", regs, con))
+        template = ptx + " [{addr}], {s};"
+    latency = 470.0 if space == "global" else 25.0
+    return MemInstr(
+        name=ptx, kind=f"{op}.{space}", ptx=ptx, template=template, operands=operands,
+        min_cc=50, issue_cycles=1.0, latency_cycles=latency, align_bytes=nbytes,
+        clobbers_memory=True, source=_MEM_SOURCE, space=space, nbytes=nbytes)
+
+
+def _cp_async(cache: str, nbytes: int) -> MemInstr:
+    ptx = f"cp.async.{cache}.shared.global"
+    operands = (AsmOperand("dst", "in", 1, "r"), AsmOperand("src", "in", 1, "l"),
+                AsmOperand("src_size", "in", 1, "r"))
+    return MemInstr(
+        name=f"{ptx}.{nbytes}", kind="cp.async", ptx=ptx,
+        template=ptx + " [{dst}], [{src}], " + str(nbytes) + ", {src_size};",
+        operands=operands, min_cc=80, issue_cycles=1.0, latency_cycles=470.0,
+        align_bytes=nbytes, clobbers_memory=True, source=_MEM_SOURCE,
+        space="global->shared", nbytes=nbytes, cache=cache)
+
+
+def cp_async_asm(instr: MemInstr, dst: str, src: str, pred: str | None = None) -> str:
+    """The asm statement of a cp.async entry; where `pred` is false the shared bytes are
+    zero-filled (src-size 0) and the global address is not read."""
+    size = str(instr.nbytes) if pred is None else f"(({pred}) ? {instr.nbytes} : 0)"
+    return instr.format_asm(dst=dst, src=src, src_size=size)
+
+
+CP_ASYNC_COMMIT = MemInstr(
+    name="cp.async.commit_group", kind="cp.async.commit", ptx="cp.async.commit_group",
+    template="cp.async.commit_group;", operands=(), min_cc=80, clobbers_memory=True,
+    source=_MEM_SOURCE, space="", nbytes=0)
+
+
+def cp_async_wait(pending: int) -> MemInstr:
+    """`cp.async.wait_group N` (N = groups allowed to stay in flight)."""
+    return MemInstr(
+        name=f"cp.async.wait_group.{pending}", kind="cp.async.wait",
+        ptx="cp.async.wait_group", template=f"cp.async.wait_group {pending};", operands=(),
+        min_cc=80, clobbers_memory=True, source=_MEM_SOURCE, space="", nbytes=0)
+
+
+# ---------------------------------------------------------------- ldmatrix / stmatrix
+
+def matrix_tv(num: int, trans: bool) -> Layout:
+    """(32 lanes, 2*num values) -> row + 8*col + 64*matrix for ldmatrix/stmatrix."""
+    if trans:
+        # row = 2*(t%4) + v, col = t//4
+        return Layout(((4, 8), (2, num)), ((2, 8), (1, 64)))
+    # row = t//4, col = 2*(t%4) + v
+    return Layout(((4, 8), (2, num)), ((16, 1), (8, 64)))
+
+
+def _matrix(op: str, num: int, trans: bool) -> MatrixInstr:
+    t = ".trans" if trans else ""
+    ptx = f"{op}.sync.aligned.m8n8.x{num}{t}.shared.b16"
+    if op == "ldmatrix":
+        operands = (AsmOperand("d", "out", num, "r"), AsmOperand("addr", "in", 1, "r"))
+        template = ptx + " {d}, [{addr}];"
+        min_cc, latency = 75, 30.0
+    else:
+        operands = (AsmOperand("addr", "in", 1, "r"), AsmOperand("s", "in", num, "r"))
+        template = ptx + " [{addr}], {s};"
+        min_cc, latency = 90, 25.0
+    return MatrixInstr(
+        name=f"{op}.x{num}{t}", kind=op, ptx=ptx, template=template, operands=operands,
+        min_cc=min_cc, issue_cycles=float(num), latency_cycles=latency, align_bytes=16,
+        clobbers_memory=True, source=_MEM_SOURCE, num=num, trans=trans,
+        tv=matrix_tv(num, trans))
+
+
+# ---------------------------------------------------------------- shuffles
+
+_SHFL_MODES = (("bfly", "xor", 0x1F), ("idx", "idx", 0x1F), ("down", "down", 0x1F),
+               ("up", "up", 0x0))
+
+
+def _shuffle(mode: str, ir_mode: str, clamp: int) -> ShuffleInstr:
+    ptx = f"shfl.sync.{mode}.b32"
+    operands = (AsmOperand("d", "out", 1, "r"), AsmOperand("a", "in", 1, "r"),
+                AsmOperand("b", "in", 1, "r"))
+    return ShuffleInstr(
+        name=ptx, kind="shfl", ptx=ptx,
+        template=ptx + " {d}, {a}, {b}, " + hex(clamp) + ", 0xffffffff;",
+        operands=operands, min_cc=70, issue_cycles=1.0, latency_cycles=23.0,
+        source="PTX ISA shfl.sync; latency ~23 cycles (Abdelkhalik et al. 2022)",
+        mode=mode, ir_mode=ir_mode, clamp=clamp)
+
+
+MEMORY_INSTRUCTIONS: tuple[MemInstr, ...] = tuple(
+    _access(op, space, n) for space in ("global", "shared") for op in ("ld", "st")
+    for n in VECTOR_BYTES
+) + tuple(_cp_async("ca", n) for n in (4, 8, 16)) + (_cp_async("cg", 16), CP_ASYNC_COMMIT)
+
+MATRIX_INSTRUCTIONS: tuple[MatrixInstr, ...] = tuple(
+    _matrix(op, num, trans) for op in ("ldmatrix", "stmatrix") for num in (1, 2, 4)
+    for trans in (False, True))
+
+SHUFFLE_INSTRUCTIONS: tuple[ShuffleInstr, ...] = tuple(_shuffle(*m) for m in _SHFL_MODES)
