@@ -40,7 +40,8 @@ def _size_bits(layout: Any) -> int:
     size = getattr(layout, "size", None)
     size = size() if callable(size) else size
     if not isinstance(size, (int, np.integer)):
-        raise LayoutError(f"{layout} has the symbolic size {size}; an F2 layout needs concrete sizes")
+        raise LayoutError(f"{layout} has the symbolic size {size}; an F2 layout needs "
+                          "concrete sizes")
     if not f2.is_pow2(int(size)):
         raise LayoutError(f"{layout} has size {size}, not a power of two, so it is not an F2 "
                           "linear layout (use the CuTe algebra for it)")
@@ -119,7 +120,9 @@ def _leaf_product(x: Any) -> int:
     return int(x)
 
 
-def linear_from_cute(layout: Any, in_dims: DimSpec = None, out_dims: DimSpec = None) -> LinearLayout:
+def linear_from_cute(
+    layout: Any, in_dims: DimSpec = None, out_dims: DimSpec = None
+) -> LinearLayout:
     """The F2 linear layout of a CuTe layout (plain or swizzled), or LayoutError.
 
     ``in_dims`` (default: one dim ``dim<k>`` per top-level mode) split the domain index
@@ -132,7 +135,8 @@ def linear_from_cute(layout: Any, in_dims: DimSpec = None, out_dims: DimSpec = N
     if cols is None:
         cols = _evaluated_columns(layout, nbits)
     if any(c < 0 for c in cols):
-        raise LayoutError(f"{layout} has negative strides; F2 linear layouts need non-negative ones")
+        raise LayoutError(f"{layout} has negative strides; F2 linear layouts need "
+                          "non-negative ones")
     reach = 0
     for c in cols:
         reach |= c

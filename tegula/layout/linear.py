@@ -353,7 +353,8 @@ class LinearLayout:
         bases = {}
         for n, _ in self._ins:
             bases[n] = [
-                f2.mat_vec(ocols, self._embed_outs(c, outer, True, "compose")) for c in self._bases[n]]
+                f2.mat_vec(ocols, self._embed_outs(c, outer, True, "compose"))
+                for c in self._bases[n]]
         return LinearLayout.from_packed(bases, list(outer.out_dims.items()))
 
     def __mul__(self, other: LinearLayout) -> LinearLayout:
@@ -440,7 +441,8 @@ class LinearLayout:
                 f"< {self.total_out_bits} output bits")
         n = self.total_out_bits
         cols = self._solve_columns([1 << j for j in range(n)], [None] * n, "pseudo_inverse")
-        return LinearLayout.from_packed(self._split_flat(cols, self._outs), list(self.in_dims.items()))
+        return LinearLayout.from_packed(
+            self._split_flat(cols, self._outs), list(self.in_dims.items()))
 
     def invert(self) -> LinearLayout:
         """The inverse of a bijective layout (out dims become in dims)."""
@@ -471,7 +473,8 @@ class LinearLayout:
                 prefer.append(1 << (other.in_flat_offset(n) + i)
                               if has and i < len(other._bases[n]) else None)
         cols = other._solve_columns(targets, prefer, f"invert_and_compose of {self!r}")
-        return LinearLayout.from_packed(self._split_flat(cols, self._ins), list(other.in_dims.items()))
+        return LinearLayout.from_packed(
+            self._split_flat(cols, self._ins), list(other.in_dims.items()))
 
     def divide_left(self, divisor: LinearLayout) -> LinearLayout | None:
         """The ``C`` with ``divisor * C == self``, or None (paper Def. 4.4 and §5.3).
@@ -546,7 +549,8 @@ class LinearLayout:
         if sum(nb for _, nb in dims) != self.total_in_bits:
             raise LayoutError(
                 f"reshape_ins to {list(new_in_dims)}: total size must stay {self.total_in_size}")
-        return LinearLayout.from_packed(self._split_flat(self.matrix(), dims), list(self.out_dims.items()))
+        return LinearLayout.from_packed(
+            self._split_flat(self.matrix(), dims), list(self.out_dims.items()))
 
     def reshape_outs(self, new_out_dims: DimList) -> LinearLayout:
         """Re-split the flattened output into new dims (same total size); bases unchanged."""
@@ -560,13 +564,16 @@ class LinearLayout:
     def transpose_ins(self, order: Sequence[str]) -> LinearLayout:
         """Reorder the in dims (a permutation of their names)."""
         if sorted(order) != sorted(self.in_dim_names):
-            raise LayoutError(f"transpose_ins order {list(order)} is not a permutation of {self.in_dim_names}")
-        return LinearLayout.from_packed({n: self._bases[n] for n in order}, list(self.out_dims.items()))
+            raise LayoutError(f"transpose_ins order {list(order)} is not a permutation of "
+                              f"{self.in_dim_names}")
+        return LinearLayout.from_packed(
+            {n: self._bases[n] for n in order}, list(self.out_dims.items()))
 
     def transpose_outs(self, order: Sequence[str]) -> LinearLayout:
         """Reorder the out dims (a permutation of their names); bases are repacked."""
         if sorted(order) != sorted(self.out_dim_names):
-            raise LayoutError(f"transpose_outs order {list(order)} is not a permutation of {self.out_dim_names}")
+            raise LayoutError(f"transpose_outs order {list(order)} is not a permutation of "
+                              f"{self.out_dim_names}")
         outs = dict(self._outs)
         target = LinearLayout.from_packed({}, [(n, 1 << outs[n]) for n in order])
         bases = {n: [self._embed_outs(c, target, False, "transpose_outs") for c in self._bases[n]]
