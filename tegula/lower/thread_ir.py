@@ -291,6 +291,16 @@ class Comment(Stmt):
 
 
 @dataclass
+class Let(Stmt):
+    """`const int var = value;` — a per-thread integer computed once (a thread's
+    coordinate base, a loop-invariant address) and read later as `Var(var.name)`.
+    A name is bound once per kernel (lowering keeps names unique)."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass
 class Assign(Stmt):
     """`dst = value` for one register element."""
 
