@@ -153,7 +153,7 @@ def gcd(a: Any, b: Any) -> Any:
 
 def known_divides(d: Any, x: Any) -> bool | None:
     """Three-valued `x % d == 0`: None when symbolic facts cannot decide it (never raises)."""
-    if is_static(d) and is_static(x):
+    if (type(d) is int and type(x) is int) or (is_static(d) and is_static(x)):
         return x % d == 0
     return symbolic.divides(d, x)
 
