@@ -15,3 +15,5 @@ from tegula.layout.algebra import (
     max_common_layout, max_common_vector, prepend, raked_product, right_inverse, select,
     tile_to_shape, tiled_divide, tiled_product, zipped_divide, zipped_product,
 )
+from tegula.layout.swizzle import ComposedLayout, Swizzle, make_swizzled_layout
+from tegula.layout.symbolic import Sym, sym
