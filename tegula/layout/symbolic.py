@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Mapping, Union
 
 from tegula.layout.errors import LayoutError
 
@@ -73,7 +73,8 @@ def sym(name: str, multiple_of: int = 1, at_least: int = 1) -> Sym:
     return Sym({((name, 1),): multiple_of}, {name: facts})
 
 
-def _merge_facts(a: Mapping[str, SymbolFacts], b: Mapping[str, SymbolFacts]) -> dict[str, SymbolFacts]:
+def _merge_facts(a: Mapping[str, SymbolFacts],
+                 b: Mapping[str, SymbolFacts]) -> dict[str, SymbolFacts]:
     """Union of two fact tables; the same name with different facts is a user error."""
     out = dict(a)
     for name, facts in b.items():

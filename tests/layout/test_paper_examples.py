@@ -132,7 +132,7 @@ def test_tl_fig6_tv_layout_b():
     assert _tile_coord(27, 4) == (3, 6)
 
 
-# ---- TL §5.2 / Appendix C: m = (mf) ∘ f⁻¹ with free strides d1, d2 --------------------------
+# ---- TL §5.2 / Appendix C: m = (mf) ∘ f⁻¹ with free strides d1, d2 ----------------------
 
 
 def test_tl_shared_memory_constraint_derivation():
