@@ -1,4 +1,36 @@
-"""tegula: a tile-level GPU kernel language whose compiler synthesizes every layout."""
+"""tegula: a tile-level GPU kernel language whose compiler synthesizes every layout.
+
+    import tegula as tg
+    from tegula import f16, f32
+
+    @tg.kernel(threads=128)
+    def kernel(a: tg.Tensor[f16], ..., BM: tg.constexpr = 128): ...
+
+`tg.sum`, `tg.max`, `tg.min`, `tg.abs` and `tg.range` are the language's reductions,
+element-wise absolute value and run-time loop; they shadow Python's builtins only inside
+the `tg` namespace.
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from tegula.dtypes import (DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, i4, i8, i32, u4,
+                           u8)
+from tegula.errors import TegulaError, TraceError
+from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, constexpr, copy,
+                         cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
+                         log2, maximum, minimum, ne, pipeline, rearrange, reduce, register,
+                         rsqrt, shared, sigmoid, sin, sqrt, tanh, where, zeros)
+from tegula.lang import abs_ as abs  # noqa: A001 — tg.abs, by design
+from tegula.lang import reduce_max as max  # noqa: A001
+from tegula.lang import reduce_min as min  # noqa: A001
+from tegula.lang import reduce_sum as sum  # noqa: A001
+from tegula.lang import runtime_range as range  # noqa: A001
+
+__all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8", "u8", "i32",
+           "i4", "u4", "bool_", "TegulaError", "TraceError", "Kernel", "kernel", "Tensor",
+           "constexpr", "block_id", "cdiv", "shared", "register", "zeros", "full", "fill",
+           "copy", "load", "gemm", "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
+           "abs", "tanh", "sigmoid", "sin", "cos", "maximum", "minimum", "where", "reduce",
+           "sum", "max", "min", "rearrange", "atomic_add", "range", "pipeline", "if_",
+           "else_", "eq", "ne"]

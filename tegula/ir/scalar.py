@@ -23,6 +23,13 @@ class Scalar:
     def __rfloordiv__(self, o): return scalar_op("//", o, self)
     def __mod__(self, o): return scalar_op("%", self, o)
     def __rmod__(self, o): return scalar_op("%", o, self)
+    # Ordering comparisons build a `Condition` (for `tg.if_`). `==`/`!=` are deliberately
+    # not overloaded: Scalars are compared by identity in dicts and lists; use
+    # `Condition("==", a, b)` (tg.eq / tg.ne in the language) for equality tests.
+    def __lt__(self, o): return compare("<", self, o)
+    def __le__(self, o): return compare("<=", self, o)
+    def __gt__(self, o): return compare(">", self, o)
+    def __ge__(self, o): return compare(">=", self, o)
 
     def __bool__(self) -> bool:
         # Python control flow on a runtime value would silently pick one branch at trace time.
@@ -126,6 +133,53 @@ def scalar_op(op: str, lhs: ScalarLike, rhs: ScalarLike) -> Scalar:
     if op == "*" and any(isinstance(s, ScalarConst) and s.value == 0 for s in (a, b)):
         return ScalarConst(0)
     return ScalarBinOp(op, a, b)
+
+
+@dataclass(frozen=True, eq=False)
+class Condition:
+    """A block-uniform boolean: `lhs op rhs` with op in < <= > >= == != (Scalar operands),
+    or `and` / `or` of two Conditions, or `not` of one (`rhs` is None). Built by comparing
+    Scalars (`k < n`), combined with `&`, `|`, `~`; `tg.if_` branches on it."""
+
+    op: str
+    lhs: object
+    rhs: object = None
+
+    def __and__(self, o): return Condition("and", self, _as_condition(o))
+    def __rand__(self, o): return Condition("and", _as_condition(o), self)
+    def __or__(self, o): return Condition("or", self, _as_condition(o))
+    def __ror__(self, o): return Condition("or", _as_condition(o), self)
+    def __invert__(self): return Condition("not", self)
+
+    def __bool__(self) -> bool:
+        from tegula.errors import TraceError
+        raise TraceError(f"the condition {self} is only known when the kernel runs, so Python "
+                         f"`if`/`and`/`or`/`not` cannot use it; combine conditions with & | ~ "
+                         f"and branch with tg.if_")
+
+    def __str__(self) -> str:
+        if self.op == "not":
+            return f"!{self.lhs}"
+        return f"({self.lhs} {self.op} {self.rhs})"
+
+
+COMPARISONS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+               ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def _as_condition(x) -> Condition:
+    if isinstance(x, Condition):
+        return x
+    from tegula.errors import TraceError
+    raise TraceError(f"expected a condition (a comparison of kernel scalars), got {x!r}")
+
+
+def compare(op: str, lhs: ScalarLike, rhs: ScalarLike):
+    """`lhs op rhs` as a Condition; a plain bool when both sides are constants."""
+    a, b = as_scalar(lhs), as_scalar(rhs)
+    if isinstance(a, ScalarConst) and isinstance(b, ScalarConst):
+        return COMPARISONS[op](a.value, b.value)
+    return Condition(op, a, b)
 
 
 def cdiv(a: ScalarLike, b: ScalarLike):

@@ -1,1 +1,31 @@
+"""The user-facing kernel language: `@tg.kernel`, tile handles, ops, run-time control flow.
 
+A kernel body is plain Python run once at trace time on symbolic values; each language call
+records a tile IR op (tegula.ir). The pieces, one job per file:
+
+* `kernel`      — `@kernel`, `Tensor[...]` / `constexpr` annotations, the tracing driver;
+* `trace`       — the tracing context (op-list stack, names, the user's source lines);
+* `tensors`     — handles: global tensors and views, shared buffers, register tiles;
+* `elementwise` — operators, math functions, `where`, casts, `assign`;
+* `ops`         — making tiles, `copy`, `load`, `gemm`, reductions, `rearrange`, atomics;
+* `control`     — `range`, `pipeline`, `if_`, `else_`.
+"""
+from __future__ import annotations
+
+from tegula.ir.scalar import cdiv
+from tegula.lang.control import else_, eq, if_, ne, pipeline, runtime_range
+from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maximum, minimum,
+                                     rsqrt, sigmoid, sin, sqrt, tanh, where)
+from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
+from tegula.lang.ops import (atomic_add, block_id, copy, fill, full, gemm, load, rearrange,
+                             reduce, reduce_max, reduce_min, reduce_sum, register, shared, zeros)
+from tegula.lang.tensors import (GlobalTensor, GlobalView, RegisterValue, SharedBuffer,
+                                 SharedView)
+
+__all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id", "cdiv",
+           "shared", "register", "zeros", "full", "fill", "copy", "load", "gemm", "cast",
+           "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "sin",
+           "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
+           "reduce_min", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
+           "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",
+           "RegisterValue"]

@@ -1,0 +1,144 @@
+"""Run-time control flow: `tg.range`, `tg.pipeline`, `tg.if_` / `tg.else_`.
+
+Python control flow in a kernel body runs at trace time (it unrolls and specializes). These
+are the run-time forms: a loop yields its symbolic index exactly once, and the ops traced
+while the body runs become the recorded `ForLoop`'s body; `with tg.if_(k < n):` records an
+`IfThen` around the ops of its block.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from tegula.errors import TraceError
+from tegula.ir.ops import ForLoop, IfThen
+from tegula.ir.scalar import Condition, LoopIndex, Scalar, compare
+from tegula.lang.tensors import TileHandle, index_value
+from tegula.lang.trace import TraceContext, current, fail, user_location
+
+
+class RuntimeLoop:
+    """The iterable `tg.range` / `tg.pipeline` return; iterating it records a ForLoop."""
+
+    def __init__(self, label: str, start: Any, stop: Any, step: Any, stages: Any):
+        self.label = label
+        self.start = index_value(start, label, "the loop start")
+        self.stop = index_value(stop, label, "the loop stop")
+        if isinstance(step, Scalar) or isinstance(step, bool) or not isinstance(step, int):
+            raise fail(label, f"the step must be a Python int known at trace time, got {step!r}")
+        if step == 0:
+            raise fail(label, "the step must not be zero")
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise fail(label, f"stages must be a positive integer, got {stages!r}")
+        self.step, self.stages = step, stages
+        self.loc = user_location()
+
+    def __iter__(self) -> Iterator[LoopIndex]:
+        ctx = current(self.label)
+        var = LoopIndex(ctx.fresh_name("i"))
+        loop = ForLoop(var=var, start=self.start, stop=self.stop, step=self.step, body=[],
+                       stages=self.stages, loc=self.loc)
+        ctx.emit(loop)
+        ctx.open_block(loop.body)
+        return _trace_body_once(ctx, loop, self.label)
+
+
+def _trace_body_once(ctx: TraceContext, loop: ForLoop, label: str) -> Iterator[LoopIndex]:
+    """Yield the loop index once; the user's body runs between the yield and the resume."""
+    resumed = False
+    try:
+        yield loop.var
+        resumed = True
+    finally:
+        if resumed:
+            ctx.close_block(loop.body)
+        elif ctx.innermost_block is loop.body:
+            # Closed without finishing: the body did `break`/`return` (or raised, in which
+            # case the driver reports that exception instead of this one).
+            ctx.close_block(loop.body)
+            ctx.deferred_error = ctx.deferred_error or TraceError(
+                f"{label}: `break` or `return` inside a run-time loop is not supported (the "
+                f"body is traced once; use tg.if_ to guard work instead)", loop.loc)
+
+
+def runtime_range(start: Any, stop: Any = None, step: int = 1) -> RuntimeLoop:
+    """A run-time loop `for k in tg.range(n)` / `tg.range(start, stop, step)`: the body is
+    traced once with a symbolic index. Exported as `tg.range`; Python's `range` unrolls."""
+    if stop is None:
+        start, stop = 0, start
+    return RuntimeLoop("tg.range", start, stop, step, 1)
+
+
+def pipeline(start: Any, stop: Any = None, step: int = 1, *, stages: int = 2) -> RuntimeLoop:
+    """A software-pipelined run-time loop: copies into multi-stage shared buffers are
+    issued `stages - 1` iterations ahead (`for k in tg.pipeline(n, stages=3)`)."""
+    if stop is None:
+        start, stop = 0, start
+    return RuntimeLoop("tg.pipeline", start, stop, step, stages)
+
+
+class _Branch:
+    """The context manager behind `tg.if_` / `tg.else_`: traces its block into `ops`."""
+
+    def __init__(self, ctx: TraceContext, ops: list):
+        self.ctx, self.ops = ctx, ops
+
+    def __enter__(self) -> None:
+        self.ctx.open_block(self.ops)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.ctx.close_block(self.ops)
+        elif self.ctx.innermost_block is self.ops:
+            self.ctx.close_block(self.ops)
+        return False
+
+
+def if_(cond: Any) -> _Branch:
+    """`with tg.if_(k < n): …` runs the block only when the block-uniform condition holds."""
+    label = "tg.if_"
+    ctx = current(label)
+    if isinstance(cond, bool):
+        raise fail(label, f"the condition is {cond} at trace time; use a Python `if` instead")
+    if isinstance(cond, TileHandle):
+        raise fail(label, "the condition is a tile (one value per element); use tg.where to "
+                          "choose per element, or reduce it first")
+    if isinstance(cond, Scalar):
+        raise fail(label, f"the condition must be a comparison such as {cond} > 0, got {cond}")
+    if not isinstance(cond, Condition):
+        raise fail(label, f"the condition must compare kernel scalars (e.g. k < n), got "
+                          f"{cond!r}")
+    op = ctx.emit(IfThen(cond=cond, then=[]))
+    return _Branch(ctx, op.then)
+
+
+def else_() -> _Branch:
+    """`with tg.else_(): …` right after a `with tg.if_(…):` block: its other branch."""
+    label = "tg.else_"
+    ctx = current(label)
+    block = ctx.innermost_block
+    last = block[-1] if block else None
+    if not isinstance(last, IfThen) or last.otherwise:
+        raise fail(label, "tg.else_ must directly follow a `with tg.if_(...):` block")
+    return _Branch(ctx, last.otherwise)
+
+
+def _equality(op: str, a: Any, b: Any):
+    if isinstance(a, TileHandle) or isinstance(b, TileHandle):
+        from tegula.lang.elementwise import binary
+        return binary("eq" if op == "==" else "ne", a, b)
+    label = "tg.eq" if op == "==" else "tg.ne"
+    return compare(op, index_value(a, label, "operand"), index_value(b, label, "operand"))
+
+
+def eq(a: Any, b: Any):
+    """`a == b`: a Condition for kernel scalars (Scalar `==` is identity, on purpose), an
+    element-wise bool tile for register tiles."""
+    return _equality("==", a, b)
+
+
+def ne(a: Any, b: Any):
+    """`a != b`: a Condition for kernel scalars, an element-wise bool tile for tiles."""
+    return _equality("!=", a, b)
+
+
+__all__ = ["RuntimeLoop", "runtime_range", "pipeline", "if_", "else_", "eq", "ne"]

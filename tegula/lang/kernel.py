@@ -1,0 +1,277 @@
+"""`@tg.kernel`: the kernel object, its signature, and the tracing driver.
+
+A kernel's parameters are annotated with what they are at run time:
+
+* `tg.Tensor[f16]` (rank 2) or `tg.Tensor[f16, 3]` — a global tensor; inside the body it is
+  a `GlobalTensor` handle whose extents are symbolic (`a.shape[1]` is `TensorExtent`);
+* `int` — a block-uniform integer argument (`ScalarArg`);
+* `tg.constexpr` — a Python value fixed at trace time (its default, or `trace(BM=64)`).
+
+`kernel.trace(**constexprs)` runs the body once on those symbolic values and returns the
+`TracedKernel`, cached per constexpr values. Launching (`kernel[grid](...)`) is the job
+of `tegula.runtime`; this module only forwards to it.
+"""
+from __future__ import annotations
+
+import inspect
+import linecache
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tegula.dtypes import DType
+from tegula.errors import SourceLocation, TegulaError, TraceError
+from tegula.ir.ops import TracedKernel
+from tegula.ir.scalar import ScalarArg, TensorExtent
+from tegula.ir.values import GlobalArg
+from tegula.lang.tensors import GlobalTensor, whole_tensor_tile
+from tegula.lang.trace import (TraceContext, innermost_frame_is_machinery, pop_context,
+                               push_context, traceback_location, user_location)
+
+_NO_DEFAULT = inspect.Parameter.empty
+
+
+class constexpr:  # noqa: N801 — spelled like a type because it is used as an annotation
+    """Annotation for a parameter whose Python value is fixed at trace time
+    (`BM: tg.constexpr = 128`). Each distinct set of values is traced separately."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What `tg.Tensor[dtype, rank]` evaluates to: the type of a global tensor parameter."""
+
+    dtype: DType
+    rank: int = 2
+
+    def __repr__(self) -> str:
+        return f"tg.Tensor[{self.dtype}, {self.rank}]"
+
+
+class Tensor:
+    """Annotation for a global tensor parameter: `tg.Tensor[f16]` (rank 2) or
+    `tg.Tensor[f16, 3]`."""
+
+    def __class_getitem__(cls, params: Any) -> TensorSpec:
+        items = params if isinstance(params, tuple) else (params,)
+        if not 1 <= len(items) <= 2 or not isinstance(items[0], DType):
+            raise TraceError(f"tg.Tensor takes an element type and optionally a rank, as in "
+                             f"tg.Tensor[f16] or tg.Tensor[f16, 3]; got tg.Tensor{list(items)}",
+                             user_location())
+        rank = items[1] if len(items) == 2 else 2
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 8:
+            raise TraceError(f"the rank in tg.Tensor[{items[0]}, {rank!r}] must be an integer "
+                             f"from 1 to 8", user_location())
+        return TensorSpec(items[0], rank)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter: `kind` is "tensor", "scalar" or "constexpr"."""
+
+    name: str
+    kind: str
+    spec: TensorSpec | None = None
+    default: Any = _NO_DEFAULT
+
+
+def _definition_location(fn: Callable) -> SourceLocation:
+    code = fn.__code__
+    line = linecache.getline(code.co_filename, code.co_firstlineno)
+    return SourceLocation(code.co_filename, code.co_firstlineno, line.strip(), code.co_name)
+
+
+def _evaluate_annotation(fn: Callable, name: str, annotation: Any, loc: SourceLocation) -> Any:
+    """String annotations (`from __future__ import annotations`) evaluated in the kernel's
+    module and closure."""
+    if not isinstance(annotation, str):
+        return annotation
+    namespace = dict(fn.__globals__)
+    namespace.update(inspect.getclosurevars(fn).nonlocals)
+    try:
+        return eval(annotation, namespace)  # noqa: S307 — the user's own annotation text
+    except TegulaError:
+        raise
+    except Exception as e:
+        raise TraceError(f"kernel {fn.__name__}: cannot evaluate the annotation "
+                         f"{annotation!r} of parameter {name!r} ({type(e).__name__}: {e}); "
+                         f"import the names it uses at module level", loc) from None
+
+
+def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation) -> Param:
+    where = f"kernel {fn.__name__}, parameter {p.name!r}"
+    if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        raise TraceError(f"{where}: *args and **kwargs are not supported in kernel signatures",
+                         loc)
+    ann = _evaluate_annotation(fn, p.name, p.annotation, loc)
+    if ann is constexpr:
+        return Param(p.name, "constexpr", default=p.default)
+    if isinstance(ann, TensorSpec):
+        kind, spec = "tensor", ann
+    elif ann is int:
+        kind, spec = "scalar", None
+    elif ann is Tensor:
+        raise TraceError(f"{where}: tg.Tensor needs its element type, e.g. tg.Tensor[f16]", loc)
+    elif ann is _NO_DEFAULT:
+        raise TraceError(f"{where} has no annotation; annotate it as tg.Tensor[dtype], int or "
+                         f"tg.constexpr", loc)
+    else:
+        hint = " (float arguments are not supported; make it a tg.constexpr)" \
+            if ann is float else ""
+        raise TraceError(f"{where}: unsupported annotation {ann!r}; use tg.Tensor[dtype], int "
+                         f"or tg.constexpr{hint}", loc)
+    if p.default is not _NO_DEFAULT:
+        raise TraceError(f"{where}: only tg.constexpr parameters can have default values", loc)
+    return Param(p.name, kind, spec)
+
+
+def _cache_key(values: dict) -> tuple:
+    def hashable(v: Any) -> Any:
+        try:
+            hash(v)
+            return v
+        except TypeError:
+            return repr(v)
+    return tuple((k, hashable(v)) for k, v in sorted(values.items()))
+
+
+class Kernel:
+    """A kernel function plus its signature; `trace()` turns it into tile IR."""
+
+    def __init__(self, fn: Callable, threads: int):
+        if isinstance(threads, bool) or not isinstance(threads, int) or \
+                not 32 <= threads <= 1024 or threads % 32:
+            raise TraceError(f"@tg.kernel(threads={threads!r}): threads must be a multiple of "
+                             f"32 from 32 to 1024", _definition_location(fn))
+        self.fn = fn
+        self.threads = threads
+        self.name = fn.__name__
+        self.loc = _definition_location(fn)
+        self.params = [_classify(fn, p, self.loc)
+                       for p in inspect.signature(fn).parameters.values()]
+        self._traces: dict[tuple, TracedKernel] = {}
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    @property
+    def constexpr_names(self) -> list[str]:
+        return [p.name for p in self.params if p.kind == "constexpr"]
+
+    def constexpr_values(self, overrides: dict) -> dict:
+        """Every constexpr's value: `overrides`, else the signature default."""
+        known = self.constexpr_names
+        for name in overrides:
+            if name not in known:
+                what = "a run-time parameter" if any(p.name == name for p in self.params) \
+                    else "not a parameter"
+                raise TraceError(f"kernel {self.name}: {name!r} is {what}, not a constexpr; "
+                                 f"the constexprs are {', '.join(known) or '(none)'}",
+                                 user_location())
+        values = {}
+        for p in self.params:
+            if p.kind != "constexpr":
+                continue
+            value = overrides.get(p.name, p.default)
+            if value is _NO_DEFAULT:
+                raise TraceError(f"kernel {self.name}: constexpr {p.name!r} has no default; "
+                                 f"pass it, e.g. trace({p.name}=...)", user_location())
+            values[p.name] = value
+        return values
+
+    def trace(self, **constexprs: Any) -> TracedKernel:
+        """The tile IR of this kernel for these constexpr values (cached: the same object
+        is returned for the same values, so passes that mutate it should copy it or use
+        `trace_fresh`)."""
+        values = self.constexpr_values(constexprs)
+        key = _cache_key(values)
+        if key not in self._traces:
+            self._traces[key] = self._run_trace(values)
+        return self._traces[key]
+
+    def trace_fresh(self, **constexprs: Any) -> TracedKernel:
+        """Like `trace`, but always re-runs the body and returns a new, uncached object."""
+        return self._run_trace(self.constexpr_values(constexprs))
+
+    def _run_trace(self, values: dict) -> TracedKernel:
+        ctx = TraceContext(self.name)
+        arguments, tensor_args, scalar_args = {}, [], []
+        for p in self.params:
+            if p.kind == "tensor":
+                arg = GlobalArg(p.name, p.spec.dtype, p.spec.rank)
+                extents = tuple(TensorExtent(p.name, d) for d in range(arg.rank))
+                arguments[p.name] = GlobalTensor(arg, whole_tensor_tile(arg, extents, self.loc))
+                tensor_args.append(arg)
+            elif p.kind == "scalar":
+                arguments[p.name] = ScalarArg(p.name)
+                scalar_args.append(p.name)
+            else:
+                arguments[p.name] = values[p.name]
+        result = self._call_body(ctx, arguments)
+        if ctx.deferred_error is not None:
+            raise ctx.deferred_error
+        if result is not None:
+            raise TraceError(f"kernel {self.name} returned {result!r}; a kernel body writes its "
+                             f"results with tg.copy and returns nothing", self.loc)
+        traced = TracedKernel(name=self.name, threads=self.threads, args=tensor_args,
+                              scalar_args=scalar_args, constexprs=dict(values), body=ctx.body,
+                              shared_allocs=ctx.shared_allocs,
+                              register_tiles=ctx.register_tiles, loc=self.loc)
+        from tegula.ir.verify import verify
+        verify(traced)  # a failure here is a tegula bug: the language built bad IR
+        return traced
+
+    def _call_body(self, ctx: TraceContext, arguments: dict) -> Any:
+        """Run the user's function with the context active; point errors at user lines."""
+        push_context(ctx)
+        try:
+            return self.fn(**arguments)
+        except TegulaError as e:
+            if e.loc is not None:
+                raise
+            located = type(e)(e.message, traceback_location(e.__traceback__), e.other_loc)
+            raise located from None
+        except Exception as e:
+            if not innermost_frame_is_machinery(e.__traceback__):
+                raise  # the user's own Python error, with the user's own traceback
+            raise TraceError(f"internal error while tracing kernel {self.name}: "
+                             f"{type(e).__name__}: {e} (a tegula bug; please report it)",
+                             traceback_location(e.__traceback__)) from e
+        finally:
+            pop_context(ctx)
+
+    def __getitem__(self, grid: Any) -> Launcher:
+        """`kernel[grid](*args)`: launch on `grid` blocks (through `tegula.runtime`)."""
+        return Launcher(self, grid)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TegulaError(f"kernel {self.name} is launched with a grid: "
+                          f"{self.name}[grid](...), or traced with {self.name}.trace(...)")
+
+    def __repr__(self) -> str:
+        return f"<tegula kernel {self.name} threads={self.threads}>"
+
+
+class Launcher:
+    """`kernel[grid]`: calling it hands the kernel, the grid and the arguments to
+    `tegula.runtime.launch(kernel, grid, *args, **kwargs)`."""
+
+    def __init__(self, kernel: Kernel, grid: Any):
+        self.kernel = kernel
+        self.grid = grid
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            from tegula.runtime import launch
+        except ImportError:
+            raise TegulaError("launching a kernel needs tegula.runtime.launch, which this "
+                              "installation does not provide yet; kernel.trace(...) works "
+                              "without it") from None
+        return launch(self.kernel, self.grid, *args, **kwargs)
+
+
+def kernel(fn: Callable | None = None, *, threads: int = 128) -> Any:
+    """`@tg.kernel(threads=128)` (or bare `@tg.kernel`): make a `Kernel` of a function."""
+    if fn is not None:
+        return Kernel(fn, threads)
+    return lambda f: Kernel(f, threads)
+
+
+__all__ = ["kernel", "Kernel", "Launcher", "Tensor", "TensorSpec", "constexpr", "Param"]
