@@ -134,6 +134,9 @@ class BankReport:
 
     ``instructions`` lists every access of one thread (for warp 0; other warps access
     translates of the same pattern). All instructions cost ``wavefronts`` (linearity).
+    ``aligned`` is False when some lane or warp offset has a bit below the vector width:
+    those threads then see their vector's slots XOR-permuted (same aligned block, so the
+    wavefront count is unchanged, but codegen needs register selects to pack it).
     """
 
     elem_bytes: int
@@ -142,6 +145,7 @@ class BankReport:
     wavefronts: int
     ideal_wavefronts: int
     instructions: tuple[Instruction, ...]
+    aligned: bool = True
 
     @property
     def vec_bytes(self) -> int:
@@ -226,7 +230,10 @@ def bank_report(shared: LinearLayout, distributed: LinearLayout, elem_bytes: int
     c = conflict_log2(t_lane[:pbits], v, elem_bytes, banks, bank_bytes)
     wf = phases << c
     instrs = tuple(Instruction(regs, base, wf) for base, regs in _vector_slots(t_reg, v))
-    return BankReport(elem_bytes, 1 << v, phases, wf, phases, instrs)
+    # Lane/warp offsets with vector bits set permute the slots of their vector (see doc).
+    t_warp = to_offsets(solver, dim_cols(distributed, "warp"), "bank_conflicts")
+    aligned = all(o & ((1 << v) - 1) == 0 for o in t_lane + t_warp)
+    return BankReport(elem_bytes, 1 << v, phases, wf, phases, instrs, aligned)
 
 
 def bank_conflicts(shared: LinearLayout, distributed: LinearLayout, elem_bytes: int, *,
