@@ -17,3 +17,7 @@ from tegula.layout.algebra import (
 )
 from tegula.layout.swizzle import ComposedLayout, Swizzle, make_swizzled_layout
 from tegula.layout.symbolic import Sym, sym
+from tegula.layout.render import (
+    render_bank_text, render_text, render_tv_text, svg_layout, svg_mma_atom, svg_shared_layout,
+    svg_tv_layout,
+)

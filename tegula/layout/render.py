@@ -5,6 +5,7 @@ People read layouts as pictures, so every layout kind renders (DESIGN.md, "Layou
 - `render_text(layout)`: a plain layout as an aligned grid of offsets.
 - `render_tv_text(tv, tile_shape)`: a thread-value layout as the tile it covers, each cell
   labelled with every `T#V#` that lands on it.
+- `render_bank_text(layout, tile_shape, elem_bytes)`: the shared-memory bank of each cell.
 - `svg_layout`, `svg_tv_layout`, `svg_shared_layout`, `svg_mma_atom`: the same as SVG
   (plain text, no LaTeX, no dependency beyond the standard library).
 
@@ -35,7 +36,7 @@ from xml.sax.saxutils import escape
 from tegula.layout.errors import LayoutError
 
 __all__ = [
-    "render_text", "render_tv_text", "svg_layout", "svg_tv_layout", "svg_shared_layout",
+    "render_text", "render_tv_text", "render_bank_text", "svg_layout", "svg_tv_layout", "svg_shared_layout",
     "svg_mma_atom", "default_tile_shape", "tv_cells", "thread_color", "bank_color",
 ]
 
@@ -199,6 +200,21 @@ def render_text(layout: Any, tile_shape: Any = None) -> str:
     grid, group = _plain_cells(layout, tile_shape)
     labels = [[str(x) for x in row] for row in grid]
     return f"{layout}\n{_text_grid(labels, group)}"
+
+
+def render_bank_text(layout: Any, tile_shape: Any, elem_bytes: int, banks: int = 32,
+                     bank_bytes: int = 4) -> str:
+    """The bank of every cell of a (possibly swizzled) shared layout:
+    offset*elem_bytes // bank_bytes % banks, laid out like `render_text`."""
+    grid, group = _plain_cells(layout, tile_shape)
+    labels = [[str(_bank(x, elem_bytes, banks, bank_bytes)) for x in row] for row in grid]
+    head = f"banks of {layout} ({elem_bytes}-byte elements, {banks} banks x {bank_bytes} B)"
+    return f"{head}\n{_text_grid(labels, group)}"
+
+
+def _bank(offset: int, elem_bytes: int, banks: int, bank_bytes: int) -> int:
+    """Bank holding the first byte of the element at `offset`."""
+    return offset * elem_bytes // bank_bytes % banks
 
 
 def render_tv_text(tv: Any, tile_shape: Any = None) -> str:
@@ -420,7 +436,7 @@ def svg_shared_layout(layout: Any, tile_shape: Any, elem_bytes: int, banks: int 
     _axes(svg, x0, y0, cw, ch, rows, cols)
     for i, row in enumerate(grid):
         for j, off in enumerate(row):
-            bank = off * elem_bytes // bank_bytes % banks
+            bank = _bank(off, elem_bytes, banks, bank_bytes)
             x, y = x0 + j * cw, y0 + i * ch
             svg.rect(x, y, cw, ch, bank_color(bank, banks),
                      tip=f"({i},{j}) -> offset {off}, bank {bank}")

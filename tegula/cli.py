@@ -1,0 +1,340 @@
+"""The `tegula` command line.
+
+Each subcommand is one entry of `COMMANDS`: a name, a one-line help, a function that adds
+its arguments and a function that runs it (returning the exit status). Later work adds
+`explain`, `compile` and `bench` by appending entries; `main` needs no change.
+
+Errors a user can cause (a layout that does not parse, a tile that does not fit) print one
+line, `tegula: error: ...`, and exit with status 2 -- never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tegula.layout.errors import LayoutError
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed as one line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: how to declare its arguments and how to run it."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# --------------------------------------------------------------------------- argument parsing
+
+def parse_tile(text: str) -> tuple[int, ...]:
+    """`16x8`, `16,8` or `128` -> a tile shape tuple."""
+    parts = text.lower().replace(",", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"--tile {text!r}: expected MxN, e.g. 16x8") from None
+    if not 1 <= len(dims) <= 2 or min(dims) <= 0:
+        raise UsageError(f"--tile {text!r}: expected one or two positive extents, e.g. 16x8")
+    return dims
+
+
+def parse_swizzle(text: str) -> tuple[int, int, int]:
+    """`3,3,3` (CuTe Swizzle<B,M,S>) -> (bits, base, shift)."""
+    try:
+        b, m, s = (int(p) for p in text.split(","))
+    except ValueError:
+        raise UsageError(f"--swizzle {text!r}: expected B,M,S, e.g. 3,3,3") from None
+    return b, m, s
+
+
+def parse_layout(spec: str) -> Any:
+    """A CuTe-notation layout, or a one-line UsageError saying why it is not one."""
+    from tegula.layout.cute import Layout
+
+    try:
+        return Layout.parse(spec)
+    except (LayoutError, ValueError, TypeError, IndexError, KeyError, SyntaxError) as err:
+        why = str(err)
+        # The parser's own messages already name the text; do not say it twice.
+        raise UsageError(why if why.startswith("cannot parse") else
+                         f"cannot parse layout {spec!r}: {why}") from None
+
+
+def _swizzled(layout: Any, bits_base_shift: tuple[int, int, int]) -> Any:
+    """Swizzle<B,M,S> composed with a layout (CuTe's ComposedLayout(sw, 0, layout))."""
+    from tegula.layout.swizzle import ComposedLayout, Swizzle
+
+    try:
+        return ComposedLayout(Swizzle(*bits_base_shift), 0, layout)
+    except (LayoutError, ValueError) as err:
+        raise UsageError(f"--swizzle {','.join(map(str, bits_base_shift))}: {err}") from None
+
+
+def _write(path: str, text: str) -> None:
+    """Write a file, creating its directory."""
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+# --------------------------------------------------------------------------- tegula layout
+
+def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help='a layout in CuTe notation, e.g. "((2,4),(2,2)):((8,1),(4,16))"')
+    p.add_argument("--tv", action="store_true",
+                   help="read it as a thread-value layout (thread, value) -> tile index")
+    p.add_argument("--tile", type=str, default=None,
+                   help="tile shape MxN (for --tv: the tile the layout indexes; default: "
+                        "a square-ish factorization of cosize)")
+    p.add_argument("--svg", metavar="FILE", default=None, help="also write an SVG picture")
+    p.add_argument("--swizzle", metavar="B,M,S", default=None,
+                   help="compose CuTe Swizzle<B,M,S> with the layout (a shared layout)")
+    p.add_argument("--elem-bytes", type=int, default=None,
+                   help="element size in bytes: show the shared-memory banks (default 2 "
+                        "with --swizzle)")
+    p.add_argument("--bank-bytes", type=int, default=4, help="bytes per bank (default 4)")
+    p.add_argument("--banks", type=int, default=32, help="number of banks (default 32)")
+
+
+def describe(layout: Any) -> str:
+    """`layout: S:D` plus its size, cosize, rank and depth."""
+    return (f"layout: {layout}\n"
+            f"size {layout.size}, cosize {layout.cosize}, rank {layout.rank}, "
+            f"depth {layout.depth}")
+
+
+def _plain_tile(layout: Any, tile: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The tile a shared (bank) picture is drawn on: --tile, else the rank-2 shape."""
+    if tile is not None:
+        return tile
+    if layout.rank == 2:
+        return (layout[0].size, layout[1].size)
+    return (layout.size,) if layout.rank == 1 else (layout[0].size, layout.size // layout[0].size)
+
+
+def _run_layout(args: argparse.Namespace) -> int:
+    layout = parse_layout(args.spec)
+    tile = parse_tile(args.tile) if args.tile else None
+    print(describe(layout))
+    if args.tv:
+        picture = _show_tv(layout, tile, args)
+    elif args.swizzle or args.elem_bytes is not None:
+        picture = _show_shared(layout, tile, args)
+    else:
+        picture = _show_plain(layout, tile, args)
+    if args.svg:
+        _write(args.svg, picture())
+        print(f"wrote {args.svg}")
+    return 0
+
+
+# Each _show_* prints the text picture and returns a thunk for the SVG, so the SVG is only
+# built when --svg asks for it (a 128x128 tile is a large document).
+
+def _show_tv(layout: Any, tile: tuple[int, ...] | None,
+             args: argparse.Namespace) -> Callable[[], str]:
+    from tegula.layout import render
+
+    print(render.render_tv_text(layout, tile))
+    return lambda: render.svg_tv_layout(layout, tile)
+
+
+def _show_plain(layout: Any, tile: tuple[int, ...] | None,
+                args: argparse.Namespace) -> Callable[[], str]:
+    from tegula.layout import render
+
+    print(render.render_text(layout, tile))
+    return lambda: render.svg_layout(layout, tile)
+
+
+def _show_shared(layout: Any, tile: tuple[int, ...] | None,
+                 args: argparse.Namespace) -> Callable[[], str]:
+    """A shared layout (swizzled with --swizzle): offsets and banks (--elem-bytes, default 2)."""
+    from tegula.layout import render
+
+    shared = _swizzled(layout, parse_swizzle(args.swizzle)) if args.swizzle else layout
+    elem = 2 if args.elem_bytes is None else args.elem_bytes
+    for flag, value in (("--elem-bytes", elem), ("--banks", args.banks),
+                        ("--bank-bytes", args.bank_bytes)):
+        if value <= 0:
+            raise UsageError(f"{flag} {value}: must be positive")
+    tile = _plain_tile(layout, tile)
+    print(render.render_text(shared, tile))
+    print(render.render_bank_text(shared, tile, elem, args.banks, args.bank_bytes))
+    return lambda: render.svg_shared_layout(shared, tile, elem, args.banks, args.bank_bytes)
+
+
+# --------------------------------------------------------------------------- tegula demo
+
+def _add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="DIR", default="tegula-demo",
+                   help="where to write the SVG pictures (default ./tegula-demo/)")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    for part in (_demo_cute, _demo_mma, _demo_swizzle):
+        part(args.out)
+        print()
+    _optional("F2 linear layout", _demo_f2)
+    print(f"pictures written to {os.path.abspath(args.out)}/")
+    return 0
+
+
+def _optional(what: str, part: Callable[[], None]) -> None:
+    """Run a demo part that depends on a module that may not exist yet; say so if not."""
+    try:
+        part()
+    except ImportError as err:
+        print(f"({what}: skipped, {err})")
+
+
+def _heading(text: str) -> None:
+    print(f"== {text}")
+
+
+def _save(out: str, name: str, svg: str) -> None:
+    path = os.path.join(out, name)
+    _write(path, svg)
+    print(f"   -> {path}")
+
+
+# mma.sync.m16n8k16 f16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16") as CuTe
+# TV layouts. Lane l = 4*groupID + threadID_in_group is thread mode (4, 8); tiles are
+# A (M,K) = (16,16), B (N,K) = (8,16), C (M,N) = (16,8), indexed colexicographically.
+MMA_M16N8K16_A = "((4,8),(2,2,2)):((32,1),(16,8,128))"
+MMA_M16N8K16_B = "((4,8),(2,2)):((16,1),(8,64))"
+MMA_M16N8K16_C = "((4,8),(2,2)):((32,1),(16,8))"
+
+
+def ptx_m16n8k16_c(lane: int, i: int) -> tuple[int, int]:
+    """(row, col) of accumulator c_i of `lane`, as the PTX ISA fragment table states it."""
+    return lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2
+
+
+def _demo_cute(out: str) -> None:
+    from tegula.layout import render
+
+    layout = parse_layout("((2,4),(2,2)):((8,1),(4,16))")
+    _heading("a CuTe layout: cell (row, col) holds layout(row + 8*col)")
+    print(describe(layout))
+    print(render.render_text(layout))
+    _save(out, "layout.svg", render.svg_layout(layout))
+
+
+def _demo_mma(out: str) -> None:
+    from tegula.layout import render
+
+    a, b, c = (parse_layout(x) for x in (MMA_M16N8K16_A, MMA_M16N8K16_B, MMA_M16N8K16_C))
+    ok = all(c(t + 32 * v) == row + 16 * col for t in range(32) for v in range(4)
+             for row, col in [ptx_m16n8k16_c(t, v)])
+    _heading("mma.sync.m16n8k16 accumulator fragment C as a TV layout (thread, value) -> (m, n)")
+    print(f"matches the PTX ISA fragment table: {'yes' if ok else 'NO'}")
+    print(render.render_tv_text(c, (16, 8)))
+    _save(out, "mma_m16n8k16_c.svg", render.svg_tv_layout(c, (16, 8),
+                                                          title=f"mma m16n8k16 C: {c}"))
+    _save(out, "mma_m16n8k16.svg", render.svg_mma_atom(
+        a, b, c, (16, 8, 16), title="mma.sync.aligned.m16n8k16 (f16 A/B, f32 C)"))
+
+
+def _demo_swizzle(out: str) -> None:
+    from tegula.layout import render
+    from tegula.layout.cute import Layout
+
+    plain = Layout((64, 64), (64, 1))
+    tile = _swizzled(plain, (3, 3, 3))
+    _heading("a 64x64 f16 shared tile, row-major, swizzled with Sw<3,3,3>")
+    print(f"layout: {tile}")
+    print("16-byte chunk of element (row, 8*chunk), first 8 rows (swizzle permutes chunks):")
+    chunks = [[tile(r + 64 * 8 * c) % 64 // 8 for c in range(8)] for r in range(8)]
+    print("\n".join("  " + " ".join(str(x) for x in row) for row in chunks))
+    _optional("bank conflicts", lambda: _print_conflicts(plain, tile))
+    _save(out, "shared_64x64_f16_sw333.svg",
+          render.svg_shared_layout(tile, (64, 64), 2, title=f"64x64 f16 shared tile: {tile}"))
+
+
+# Two ways one warp reads a 64x64 f16 tile (index = row + 64*col): along a row (lane t
+# holds columns 2t, 2t+1 of row 0) and down a column of 16-byte chunks (lane t holds
+# row t, columns 0..7: the ldmatrix pattern that row-major tiles serve 8-way conflicted).
+READERS_64X64 = (("row read, 4 B per lane", "(32,2):(128,64)"),
+                 ("column read, 16 B per lane", "(32,8):(1,64)"))
+
+
+def _print_conflicts(plain: Any, swizzled: Any) -> None:
+    """Wavefronts per warp-wide access, unswizzled vs swizzled, for both readers."""
+    from tegula.layout.banks import bank_report
+    from tegula.layout.cute_bridge import linear_from_cute, linear_from_cute_tv
+
+    dims = [("dim0", 64), ("dim1", 64)]
+    shared = {name: linear_from_cute(x, dims, [("offset", 64 * 64)]).invert()
+              for name, x in (("row-major", plain), ("Sw<3,3,3>", swizzled))}
+    print("bank conflicts (shared wavefronts per warp instruction; ideal in brackets):")
+    for what, spec in READERS_64X64:
+        reader = linear_from_cute_tv(parse_layout(spec), (64, 64))
+        cells = []
+        for name, s in shared.items():
+            rep = bank_report(s, reader, 2)
+            cells.append(f"{name} {rep.wavefronts} [{rep.ideal_wavefronts}]"
+                         f" = {rep.conflict_factor}-way")
+        print(f"  {what:28s} {spec:16s} " + ", ".join(cells))
+
+
+def _demo_f2() -> None:
+    """A CuTe layout and the C fragment as F2 linear layouts (basis vector per index bit)."""
+    from tegula.layout.cute_bridge import linear_from_cute_tv
+    from tegula.layout.linear import LinearLayout
+
+    layout = parse_layout("((2,4),(2,2)):((8,1),(4,16))")
+    _heading(f"F2: LinearLayout.from_cute({layout}): the image of each index bit")
+    print(LinearLayout.from_cute(layout))
+    print()
+    c = parse_layout(MMA_M16N8K16_C)
+    _heading(f"F2: the mma C fragment {c} as register/lane/warp -> (dim0=m, dim1=n)")
+    print(linear_from_cute_tv(c, (16, 8)))
+
+
+# --------------------------------------------------------------------------- main
+
+COMMANDS: list[Command] = [
+    Command("layout", "print and draw a CuTe layout", _add_layout_arguments, _run_layout),
+    Command("demo", "print and draw a few layouts (CuTe, MMA fragments, swizzle, F2)",
+            _add_demo_arguments, _run_demo),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subparser per entry of COMMANDS."""
+    parser = argparse.ArgumentParser(
+        prog="tegula", description="tegula: a tile-level GPU kernel language and compiler")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tegula` script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (UsageError, LayoutError) as err:
+        print(f"tegula: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
