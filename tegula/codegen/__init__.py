@@ -1,1 +1,15 @@
+"""Code generation: thread IR → CUDA C++ source with inline PTX.
 
+`emit_cuda(kernel, target)` prints a `ThreadKernel` as one self-contained
+`extern "C" __global__` function; `param_list(kernel)` describes its parameters (the
+runtime packs launch arguments from the same list). See `cuda.py`, `expr.py`, `ptx.py`.
+"""
+from __future__ import annotations
+
+from tegula.codegen.cuda import emit_cuda, target_sm
+from tegula.codegen.expr import CodegenError, element_bits, element_value, storage_type
+from tegula.codegen.params import ParamSpec, param_list
+from tegula.codegen.ptx import MMA_NAMES, MmaSpec, mma_spec
+
+__all__ = ["emit_cuda", "param_list", "ParamSpec", "CodegenError", "MMA_NAMES", "MmaSpec",
+           "mma_spec", "storage_type", "element_bits", "element_value", "target_sm"]

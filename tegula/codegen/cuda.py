@@ -1,0 +1,505 @@
+"""Thread IR → one CUDA C++ `extern "C" __global__` function with inline PTX.
+
+The printed kernel is self-contained (no `#include`): element types are stored as raw bits
+(`expr.py`), conversions/atomics/matrix instructions are PTX helpers (`ptx.py`), and the
+parameter list comes from `params.param_list`, which the runtime also packs from.
+
+Memory statements move `count` consecutive elements as *one* access of count*elem bytes:
+16 bytes through `tg_v4` (a 16-byte-aligned struct of four words), 8 through `tg_v2`, and
+4/2/1 bytes through plain scalar types — plain C accesses, so the compiler sees them as
+loads and stores (`ld.global.nc` for read-only tensors, `LDG.E.128` in SASS) and the 32-bit
+words are packed/unpacked to registers with shifts that compile to nothing or `PRMT`.
+cp.async, ldmatrix, mma, shuffles and atomics are inline PTX; shared addresses for them
+come from one `__cvta_generic_to_shared` of the dynamic shared memory base.
+"""
+from __future__ import annotations
+
+import re
+
+from tegula.dtypes import DType
+from tegula.lower.thread_ir import (
+    Assign, Barrier, Comment, Const, CpAsync, CpAsyncCommit, CpAsyncWait, Expr, For,
+    GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix, Mma, Reg, SharedBuffer,
+    SharedLoad, SharedStore, Shuffle, Stmt, TensorParam, ThreadKernel,
+)
+
+from tegula.codegen.expr import (
+    CodegenError, ValuePrinter, element_bits, index_c, storage_type,
+)
+from tegula.codegen.params import param_list
+from tegula.codegen.ptx import VECTOR_TYPES, mma_spec, prelude
+
+_INDENT = "  "
+#: Access width in bits -> (C type of the access, its 32-bit word fields).
+_ACCESS = {8: ("unsigned char", None), 16: ("unsigned short", None), 32: ("unsigned", None),
+           64: ("tg_v2", ("x", "y")), 128: ("tg_v4", ("x", "y", "z", "w"))}
+_SHUFFLE = {"xor": ("bfly", "0x1f"), "idx": ("idx", "0x1f"), "down": ("down", "0x1f"),
+            "up": ("up", "0x0")}
+
+
+#: Names the generated function defines itself or C++ reserves (the common ones).
+_RESERVED = frozenset(
+    "tid bid_x bid_y bid_z smem smem_saddr threadIdx blockIdx blockDim gridDim int float "
+    "double char short long unsigned signed bool void const for if else while do return "
+    "break continue switch case default struct union class template typename auto static "
+    "extern inline asm volatile register sizeof true false min max".split())
+
+
+def target_sm(target: str) -> int:
+    """The SM version number of a target name: "sm_90a" -> 90."""
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", target)
+    if match is None:
+        raise CodegenError(f"unknown target {target!r} (expected like 'sm_80' or 'sm_90a')")
+    return int(match.group(1))
+
+
+def emit_cuda(kernel: ThreadKernel, target: str = "sm_90a") -> str:
+    """CUDA C++ source of `kernel`: one `extern "C" __global__` function named `kernel.name`."""
+    return _Emitter(kernel, target).emit()
+
+
+def _bits_expr(c: str, dtype: DType) -> str:
+    """An element's storage bits as an `unsigned` (for packing words)."""
+    if dtype.name == "f32":
+        return f"__float_as_uint({c})"
+    if dtype.bits == 4:
+        return f"((unsigned){c} & 15u)"
+    if dtype.bits == 8:
+        return f"(unsigned)(unsigned char){c}"
+    return f"(unsigned){c}"
+
+
+def _from_bits(word: str, dtype: DType, shift: int) -> str:
+    """Element `dtype` whose bits start at bit `shift` of `unsigned` expression `word`."""
+    src = f"({word} >> {shift})" if shift else word
+    if dtype.name == "f32":
+        return f"__uint_as_float({word})"
+    if dtype.name == "i32":
+        return f"(int){word}"
+    if dtype.name == "bool":
+        return f"((({src}) & 0xffu) != 0u)"
+    if dtype.bits == 4:
+        return f"(unsigned char)({src} & 15u)"
+    return f"({storage_type(dtype)}){src}"
+
+
+class _Emitter:
+    """Prints one ThreadKernel; collects which PTX helpers the body uses."""
+
+    def __init__(self, kernel: ThreadKernel, target: str):
+        self.kernel = kernel
+        self.sm = target_sm(target)
+        self.target = target
+        self.used: set[str] = set()
+        self.lines: list[str] = []
+        self.depth = 1
+        self.tensors = {p.name: p for p in kernel.params if isinstance(p, TensorParam)}
+        self.buffers = {b.name: b for b in kernel.shared}
+        self.values = ValuePrinter(self.reg, index_c, self.used)
+        self.temp_count = 0
+
+    # ---- the whole function ----------------------------------------------------------
+
+    def check_names(self) -> None:
+        """Every parameter, register array and buffer needs a distinct, usable C name."""
+        names = [spec.name for spec in param_list(self.kernel)]
+        names += [r.name for r in self.kernel.registers] + [b.name for b in self.kernel.shared]
+        names += [f"{b.name}_saddr" for b in self.kernel.shared]
+        seen: set[str] = set(_RESERVED)
+        for n in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) or n.startswith("tg_"):
+                raise CodegenError(f"{n!r} is not a usable C name (the tg_ prefix is the "
+                                   f"emitter's)")
+            if n in seen:
+                raise CodegenError(f"the name {n!r} is used twice (or is reserved) in "
+                                   f"kernel {self.kernel.name}")
+            seen.add(n)
+
+    def emit(self) -> str:
+        self.check_names()
+        for s in self.kernel.body:
+            self.stmt(s)
+        body = "\n".join(self.lines)
+        params = ",\n    ".join(p.declaration for p in param_list(self.kernel))
+        head = [f"// Generated by tegula from thread IR kernel `{self.kernel.name}` "
+                f"for {self.target}.",
+                "// Self-contained: f16/bf16 are held as unsigned short bits, f8 and 4-bit as",
+                "// unsigned char; arithmetic is in float/int and rounds with cvt.rn.",
+                VECTOR_TYPES]
+        helpers = prelude(self.used)
+        if helpers:
+            head.append(helpers)
+        head.append(f'extern "C" __global__ void __launch_bounds__({self.kernel.threads})\n'
+                    f"{self.kernel.name}(\n    {params})\n{{")
+        return "\n".join(head + self.declarations(body) + [body, "}", ""])
+
+    def declarations(self, body: str) -> list[str]:
+        """Index variables, shared-memory views and register arrays the body refers to."""
+        def used(name: str) -> bool:
+            return re.search(rf"\b{re.escape(name)}\b", body) is not None
+
+        out = []
+        for name, init in (("tid", "(int)threadIdx.x"), ("bid_x", "(int)blockIdx.x"),
+                           ("bid_y", "(int)blockIdx.y"), ("bid_z", "(int)blockIdx.z")):
+            if used(name):
+                out.append(f"{_INDENT}const int {name} = {init};")
+        if self.kernel.shared:
+            out.append(f"{_INDENT}extern __shared__ __align__(128) unsigned char smem[];")
+            if any(used(f"{b.name}_saddr") for b in self.kernel.shared):
+                out.append(f"{_INDENT}// shared-window address of smem, for cp.async/ldmatrix")
+                out.append(f"{_INDENT}const unsigned smem_saddr = "
+                           f"(unsigned)__cvta_generic_to_shared(smem);")
+            for b in self.kernel.shared:
+                t = storage_type(b.dtype)
+                if used(b.name):
+                    out.append(f"{_INDENT}{t}* const {b.name} = "
+                               f"reinterpret_cast<{t}*>(smem + {b.byte_offset});"
+                               f"  // {b.size} x {b.dtype}")
+                if used(f"{b.name}_saddr"):
+                    out.append(f"{_INDENT}const unsigned {b.name}_saddr = "
+                               f"smem_saddr + {b.byte_offset}u;")
+        for r in self.kernel.registers:
+            out.append(f"{_INDENT}{storage_type(r.dtype)} {r.name}[{r.size}];  // {r.dtype}")
+        return out
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        self.lines.append(_INDENT * self.depth + text)
+
+    def temp(self, stem: str) -> str:
+        """A fresh local name (the `tg_` prefix is reserved for the emitter)."""
+        self.temp_count += 1
+        return f"tg_{stem}{self.temp_count}"
+
+    def reg(self, r: Reg, offset: int = 0) -> str:
+        """C lvalue of register element `r` + offset, bounds-checked where constant."""
+        index = r.index + offset if offset else r.index
+        if isinstance(index, Const) and not 0 <= index.value < r.array.size:
+            raise CodegenError(f"register {r.array.name}[{index.value}] is outside its "
+                               f"{r.array.size} elements")
+        return f"{r.array.name}[{index_c(index)}]"
+
+    def block(self, stmts: list[Stmt]) -> None:
+        self.depth += 1
+        for s in stmts:
+            self.stmt(s)
+        self.depth -= 1
+
+    def global_address(self, tensor: str, index: Expr) -> tuple[str, DType]:
+        """C pointer expression to element `index` of a tensor parameter, and its dtype."""
+        p = self.tensors.get(tensor)
+        if p is None:
+            raise CodegenError(f"statement names tensor {tensor!r}, which is no parameter")
+        if p.dtype.bits == 4:  # two elements per byte, element 0 in the low nibble
+            return f"({tensor} + (({index_c(index)}) >> 1))", p.dtype
+        return f"({tensor} + ({index_c(index)}))", p.dtype
+
+    def shared_buffer(self, name: str) -> SharedBuffer:
+        b = self.buffers.get(name)
+        if b is None:
+            raise CodegenError(f"statement names shared buffer {name!r}, which is not declared")
+        return b
+
+    def shared_saddr(self, b: SharedBuffer, offset: Expr) -> str:
+        """32-bit shared-window address of element `offset` of buffer `b`."""
+        scale = b.dtype.bits / 8
+        off = index_c(offset)
+        if scale == 0.5:
+            return f"{b.name}_saddr + (unsigned)(({off}) >> 1)"
+        return f"{b.name}_saddr + (unsigned)({off}) * {int(scale)}u"
+
+    # ---- statements ------------------------------------------------------------------
+
+    def stmt(self, s: Stmt) -> None:
+        handler = getattr(self, f"_{type(s).__name__}", None)
+        if handler is None:
+            raise CodegenError(f"the CUDA emitter has no rule for {type(s).__name__}")
+        handler(s)
+
+    def _Comment(self, s: Comment) -> None:
+        for text in s.text.splitlines() or [""]:
+            self.line(f"// tile op: {text}")
+
+    def _Assign(self, s: Assign) -> None:
+        self.line(f"{self.reg(s.dst)} = {self.values.store(s.value, s.dst.array.dtype)};")
+
+    def _Barrier(self, s: Barrier) -> None:
+        self.line("__syncthreads();")
+
+    def _For(self, s: For) -> None:
+        if s.unroll:
+            self.line("#pragma unroll")
+        v = s.var.name
+        self.line(f"for (int {v} = {index_c(s.start)}; {v} < {index_c(s.stop)}; {v} += {s.step}) {{")
+        self.block(s.body)
+        self.line("}")
+
+    def _If(self, s: If) -> None:
+        self.line(f"if ({index_c(s.cond)}) {{")
+        self.block(s.then)
+        if s.otherwise:
+            self.line("} else {")
+            self.block(s.otherwise)
+        self.line("}")
+
+    # ---- vector loads and stores -----------------------------------------------------
+
+    def vector_load(self, dst: Reg, count: int, dtype: DType, ptr: str, const: bool,
+                    pred: Expr | None, fill: float, what: str) -> None:
+        """`count` elements at `ptr` (typed storage pointer) into dst… as one access."""
+        self.check_dtype(dst, dtype, what)
+        bits = count * dtype.bits
+        if bits not in _ACCESS:
+            raise CodegenError(f"{what}: {count} x {dtype} is {bits} bits, not one access "
+                               f"of 1, 2, 4, 8 or 16 bytes")
+        ctype, fields = _ACCESS[bits]
+        qual = "const " if const else ""
+        fill_bits = element_bits(fill, dtype)
+        if count == 1 and dtype.bits >= 8:  # a scalar access straight into the register
+            src = f"*{ptr}"
+            if pred is None:
+                self.line(f"{self.reg(dst)} = {src};  // {what}")
+            else:
+                fill_c = _from_bits(f"{fill_bits}u", dtype, 0)
+                self.line(f"{self.reg(dst)} = ({index_c(pred)}) ? {src} : {fill_c};  // {what}")
+            return
+        tmp = self.temp("ld")
+        access = f"*reinterpret_cast<{qual}{ctype}*>({ptr})"
+        self.line(f"{{  // {what}: {count} x {dtype}, one {bits // 8}-byte access")
+        self.depth += 1
+        if pred is None:
+            self.line(f"const {ctype} {tmp} = {access};")
+        else:
+            word_fill = self.fill_word(fill_bits, dtype, min(bits, 32))
+            init = f"{{{', '.join([word_fill] * len(fields))}}}" if fields else word_fill
+            self.line(f"{ctype} {tmp} = {init};")
+            self.line(f"if ({index_c(pred)}) {tmp} = {access};")
+        words = [f"{tmp}.{f}" for f in fields] if fields else [f"(unsigned){tmp}"]
+        per_word = min(bits, 32) // dtype.bits
+        for i in range(count):
+            word = words[i // per_word]
+            self.line(f"{self.reg(dst, i)} = {_from_bits(word, dtype, (i % per_word) * dtype.bits)};")
+        self.depth -= 1
+        self.line("}")
+
+    @staticmethod
+    def fill_word(fill_bits: int, dtype: DType, word_bits: int) -> str:
+        value = 0
+        for i in range(word_bits // dtype.bits):
+            value |= fill_bits << (i * dtype.bits)
+        return f"0x{value:x}u"
+
+    def pack_words(self, src: Reg, count: int, dtype: DType) -> list[str]:
+        """Unsigned word expressions holding registers src… (at most 32 bits each)."""
+        bits = count * dtype.bits
+        per_word = min(bits, 32) // dtype.bits
+        words = []
+        for w in range(count // per_word):
+            parts = []
+            for j in range(per_word):
+                e = _bits_expr(self.reg(src, w * per_word + j), dtype)
+                parts.append(f"({e} << {j * dtype.bits})" if j else e)
+            words.append(" | ".join(parts) if len(parts) == 1 else f"({' | '.join(parts)})")
+        return words
+
+    def vector_store(self, src: Reg, count: int, dtype: DType, ptr: str,
+                     pred: Expr | None, what: str) -> None:
+        self.check_dtype(src, dtype, what)
+        bits = count * dtype.bits
+        if bits not in _ACCESS:
+            raise CodegenError(f"{what}: {count} x {dtype} is {bits} bits, not one access "
+                               f"of 1, 2, 4, 8 or 16 bytes")
+        ctype, fields = _ACCESS[bits]
+        guard = f"if ({index_c(pred)}) " if pred is not None else ""
+        if count == 1 and dtype.bits >= 8:
+            self.line(f"{guard}*{ptr} = {self.reg(src)};  // {what}")
+            return
+        words = self.pack_words(src, count, dtype)
+        value = f"{ctype}{{{', '.join(words)}}}" if fields else f"({ctype}){words[0]}"
+        self.line(f"// {what}: {count} x {dtype}, one {bits // 8}-byte access")
+        self.line(f"{guard}*reinterpret_cast<{ctype}*>({ptr}) = {value};")
+
+    @staticmethod
+    def check_dtype(r: Reg, dtype: DType, what: str) -> None:
+        if r.array.dtype.bits != dtype.bits:
+            raise CodegenError(f"{what}: register array {r.array.name} holds {r.array.dtype} "
+                               f"but the memory holds {dtype}")
+
+    def _GlobalLoad(self, s: GlobalLoad) -> None:
+        ptr, dtype = self.global_address(s.tensor, s.index)
+        const = not self.tensors[s.tensor].writes
+        self.vector_load(s.dst, s.count, dtype, ptr, const, s.pred, s.fill,
+                         f"load {s.tensor}")
+
+    def _GlobalStore(self, s: GlobalStore) -> None:
+        ptr, dtype = self.global_address(s.tensor, s.index)
+        if not self.tensors[s.tensor].writes:
+            raise CodegenError(f"store to tensor {s.tensor!r}, whose parameter is read-only "
+                               f"(TensorParam.writes is False)")
+        self.vector_store(s.src, s.count, dtype, ptr, s.pred, f"store {s.tensor}")
+
+    def _SharedLoad(self, s: SharedLoad) -> None:
+        b = self.shared_buffer(s.buffer)
+        ptr = self.shared_pointer(b, s.offset)
+        self.vector_load(s.dst, s.count, b.dtype, ptr, True, s.pred, 0.0, f"load {b.name}")
+
+    def _SharedStore(self, s: SharedStore) -> None:
+        b = self.shared_buffer(s.buffer)
+        ptr = self.shared_pointer(b, s.offset)
+        self.vector_store(s.src, s.count, b.dtype, ptr, s.pred, f"store {b.name}")
+
+    @staticmethod
+    def shared_pointer(b: SharedBuffer, offset: Expr) -> str:
+        if b.dtype.bits == 4:
+            return f"({b.name} + (({index_c(offset)}) >> 1))"
+        return f"({b.name} + ({index_c(offset)}))"
+
+    def _GlobalAtomicAdd(self, s: GlobalAtomicAdd) -> None:
+        ptr, dtype = self.global_address(s.tensor, s.index)
+        helper = {"f32": "tg_red_add_f32", "i32": "tg_red_add_s32", "f16": "tg_red_add_f16",
+                  "bf16": "tg_red_add_bf16"}.get(dtype.name)
+        if helper is None:
+            raise CodegenError(f"no atomic add for {dtype} (tensor {s.tensor})")
+        self.check_dtype(s.src, dtype, f"atomic add {s.tensor}")
+        self.used.add(helper)
+        guard = f"if ({index_c(s.pred)}) " if s.pred is not None else ""
+        self.line(f"{guard}{helper}({ptr}, {self.reg(s.src)});")
+
+    # ---- asynchronous copies, ldmatrix, mma, shuffles --------------------------------
+
+    def _CpAsync(self, s: CpAsync) -> None:
+        b = self.shared_buffer(s.buffer)
+        ptr, dtype = self.global_address(s.tensor, s.index)
+        nbytes = s.count * dtype.bits // 8
+        if nbytes not in (4, 8, 16) or dtype.bits != b.dtype.bits:
+            raise CodegenError(f"cp.async of {s.count} x {dtype} into {b.name} ({b.dtype}): "
+                               f"needs 4, 8 or 16 bytes of one element width")
+        # .cg (bypass L1) exists only for 16-byte copies; smaller ones must use .ca.
+        cache = "cg" if nbytes == 16 else "ca"
+        saddr = self.shared_saddr(b, s.offset)
+        if s.pred is None:
+            self.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes};\\n" '
+                      f':: "r"({saddr}), "l"({ptr}) : "memory");')
+            return
+        # src-size 0 zero-fills the destination without reading; the source pointer then
+        # falls back to the tensor base so no out-of-range address is ever formed.
+        pred = index_c(s.pred)
+        self.line("{")
+        self.depth += 1
+        self.line(f"const bool tg_p = {pred};")
+        self.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes}, %2;\\n" '
+                  f':: "r"({saddr}), "l"(tg_p ? {ptr} : {s.tensor}), '
+                  f'"r"(tg_p ? {nbytes} : 0) : "memory");')
+        self.depth -= 1
+        self.line("}")
+
+    def _CpAsyncCommit(self, s: CpAsyncCommit) -> None:
+        self.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
+
+    def _CpAsyncWait(self, s: CpAsyncWait) -> None:
+        self.line(f'asm volatile("cp.async.wait_group %0;\\n" :: "n"({int(s.pending)}) : "memory");')
+
+    def _LdMatrix(self, s: LdMatrix) -> None:
+        if s.num not in (1, 2, 4):
+            raise CodegenError(f"ldmatrix .x{s.num}: only x1, x2 and x4 exist")
+        b = self.shared_buffer(s.buffer)
+        if b.dtype.bits not in (8, 16) or s.dst.array.dtype.bits != b.dtype.bits:
+            raise CodegenError(f"ldmatrix from {b.name} ({b.dtype}) into "
+                               f"{s.dst.array.name} ({s.dst.array.dtype}): needs 16-bit "
+                               f"(or paired 8-bit) elements on both sides")
+        trans = ".trans" if s.trans else ""
+        words = [self.temp("lm") for _ in range(s.num)]
+        outs = ", ".join(f'"=r"({w})' for w in words)
+        operands = ", ".join(f"%{i}" for i in range(s.num))
+        self.line("{")
+        self.depth += 1
+        self.line(f"unsigned {', '.join(words)};")
+        self.line(f'asm volatile("ldmatrix.sync.aligned.m8n8.x{s.num}{trans}.shared.b16 '
+                  f'{{{operands}}}, [%{s.num}];\\n" : {outs} : '
+                  f'"r"({self.shared_saddr(b, s.offset)}) : "memory");')
+        per_word = 32 // b.dtype.bits
+        self.unpack(words, [Reg(s.dst.array, s.dst.index + i)
+                            for i in range(per_word * s.num)], b.dtype)
+        self.depth -= 1
+        self.line("}")
+
+    def unpack(self, words: list[str], dst: list[Reg], dtype: DType) -> None:
+        """Split 32-bit words into the registers `dst`, in order (low bits first)."""
+        per_word = 32 // dtype.bits
+        for w, word in enumerate(words):
+            for j in range(per_word):
+                self.line(f"{self.reg(dst[w * per_word + j])} = "
+                          f"{_from_bits(word, dtype, j * dtype.bits)};")
+
+    def _Mma(self, s: Mma) -> None:
+        spec = mma_spec(s.instr)
+        if spec.min_sm > self.sm:
+            raise CodegenError(f"{s.instr} needs sm_{spec.min_sm}, the target is {self.target}")
+        for operand, regs in (("a", s.a), ("b", s.b), ("c", s.c), ("d", s.d)):
+            if len(regs) != spec.elements(operand):
+                raise CodegenError(f"{s.instr}: operand {operand} has {len(regs)} registers, "
+                                   f"the instruction takes {spec.elements(operand)} per lane")
+        self.line("{")
+        self.depth += 1
+        outs, d_words = self.mma_outputs(s.d, spec)
+        ins = [f'"r"({w})' for w in self.mma_inputs(s.a) + self.mma_inputs(s.b)]
+        ins += self.mma_accumulator_inputs(s.c)
+        groups, i = [], 0
+        for count in (len(outs), spec.words("a"), spec.words("b"), len(ins) - spec.words("a")
+                      - spec.words("b")):
+            groups.append("{" + ", ".join(f"%{j}" for j in range(i, i + count)) + "}")
+            i += count
+        self.line(f'asm("{spec.ptx} {", ".join(groups)};\\n"')
+        self.line(f"    : {', '.join(outs)}")
+        self.line(f"    : {', '.join(ins)});")
+        if d_words:
+            self.unpack(d_words, s.d, s.d[0].array.dtype)
+        self.depth -= 1
+        self.line("}")
+
+    def mma_inputs(self, regs: list[Reg]) -> list[str]:
+        """Operand registers packed into 32-bit words (consecutive Regs pair up)."""
+        dtype = regs[0].array.dtype
+        per_word = 32 // dtype.bits
+        words = []
+        for w in range(len(regs) // per_word):
+            parts = [_bits_expr(self.reg(r), dtype) for r in regs[w * per_word:(w + 1) * per_word]]
+            parts = [p if j == 0 else f"({p} << {j * dtype.bits})" for j, p in enumerate(parts)]
+            words.append(parts[0] if len(parts) == 1 else f"({' | '.join(parts)})")
+        return words
+
+    def mma_accumulator_inputs(self, regs: list[Reg]) -> list[str]:
+        dtype = regs[0].array.dtype
+        if dtype.bits == 32:
+            kind = "f" if dtype.name == "f32" else "r"
+            return [f'"{kind}"({self.reg(r)})' for r in regs]
+        return [f'"r"({w})' for w in self.mma_inputs(regs)]
+
+    def mma_outputs(self, regs: list[Reg], spec) -> tuple[list[str], list[str]]:
+        """Output constraints; 16-bit accumulators go through temporaries to unpack after."""
+        dtype = regs[0].array.dtype
+        if dtype.bits == 32:
+            kind = "f" if dtype.name == "f32" else "r"
+            return [f'"={kind}"({self.reg(r)})' for r in regs], []
+        words = [self.temp("mma_d") for _ in range(spec.words("d"))]
+        self.line(f"unsigned {', '.join(words)};")
+        return [f'"=r"({w})' for w in words], words
+
+    def _Shuffle(self, s: Shuffle) -> None:
+        if s.mode not in _SHUFFLE:
+            raise CodegenError(f"unknown shuffle mode {s.mode!r}")
+        dtype = s.src.array.dtype
+        if dtype.bits > 32 or s.dst.array.dtype.bits != dtype.bits:
+            raise CodegenError(f"shuffle of {dtype} into {s.dst.array.dtype}")
+        op, clamp = _SHUFFLE[s.mode]
+        w = self.temp("sh")
+        self.line("{")
+        self.depth += 1
+        self.line(f"unsigned {w};")
+        self.line(f'asm volatile("shfl.sync.{op}.b32 %0, %1, %2, {clamp}, 0xffffffff;\\n" '
+                  f': "=r"({w}) : "r"({_bits_expr(self.reg(s.src), dtype)}), '
+                  f'"r"((int)({index_c(s.arg)})));')
+        self.line(f"{self.reg(s.dst)} = {_from_bits(w, dtype, 0)};")
+        self.depth -= 1
+        self.line("}")

@@ -1,0 +1,349 @@
+"""C spelling of thread-IR index expressions, element values and element types.
+
+Element types are spelled without any CUDA header (`cuda_fp16.h`, `cuda_bf16.h` and
+`cuda_fp8.h` are not built into NVRTC 13 — the `nvidia-cuda-nvrtc` wheel ships none of
+them — so relying on them would tie every compile to a toolkit install). Instead:
+
+* every register and memory element has a *storage* type — the raw bits: `float`, `int`,
+  `unsigned short` for f16/bf16, `unsigned char` for the f8s and for packed 4-bit values
+  (one nibble per register, in the low bits), `signed char` for i8, `bool`;
+* element arithmetic happens in a *compute* type — `float` for every float type, `int` for
+  every integer type, `bool` — and results are rounded back to the element type with PTX
+  `cvt.rn` (round to nearest even), exactly like the emulator's "compute in f32 and round
+  on every write" rule. For + - * / of f16/bf16 operands one f32 operation followed by one
+  rounding gives the correctly rounded result, so nothing is lost by this.
+
+Math functions use CUDA's accurate single-precision library (`expf`, `logf`, `tanhf`,
+`sqrtf` with IEEE rounding, …: a few ulp at most), not the `__expf` intrinsics whose error
+grows with |x|. Lowering that wants the fast path can express it (e.g. `exp2` of a
+pre-scaled value; `exp2f` is one `ex2.approx` plus range handling).
+
+Index width: extents are `int` kernel parameters and strides `long long`, so any index
+that multiplies a coordinate by a stride is computed in 64 bits by C's usual conversions
+(tensors over 2^31 elements address correctly), while coordinates, bounds checks and
+shared-memory offsets stay in fast 32-bit arithmetic.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Callable
+
+import numpy as np
+
+from tegula.dtypes import DType
+from tegula.dtypes import i32 as _INDEX_DTYPE  # an IndexValue converts like an i32 value
+from tegula.errors import TegulaError
+from tegula.lower.thread_ir import (
+    BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, Reg, RegRead, Select, Unary,
+    Value, Var, Where,
+)
+
+
+class CodegenError(TegulaError):
+    """The thread IR asks for something the CUDA emitter cannot print (a lowering bug)."""
+
+
+# --------------------------------------------------------------------------------------
+# Element types
+# --------------------------------------------------------------------------------------
+
+def storage_type(dtype: DType) -> str:
+    """The C type holding one element's bits in registers and memory."""
+    if dtype.name == "f32":
+        return "float"
+    if dtype.name == "i32":
+        return "int"
+    if dtype.name == "bool":
+        return "bool"
+    if dtype.name == "i8":
+        return "signed char"
+    if dtype.bits == 16:
+        return "unsigned short"
+    if dtype.bits in (8, 4):
+        return "unsigned char"
+    raise CodegenError(f"no C storage type for element type {dtype}")
+
+
+def compute_type(dtype: DType) -> str:
+    """The C type element arithmetic is done in."""
+    if dtype.name == "bool":
+        return "bool"
+    return "float" if dtype.is_float else "int"
+
+
+#: Helper functions (defined in `ptx.PRELUDE_HELPERS`) converting storage bits to compute
+#: values and back, per float type narrower than 32 bits.
+_TO_FLOAT = {"f16": "tg_f16_to_f32", "bf16": "tg_bf16_to_f32",
+             "f8e4m3": "tg_e4m3_to_f32", "f8e5m2": "tg_e5m2_to_f32"}
+_FROM_FLOAT = {"f16": "tg_f32_to_f16", "bf16": "tg_f32_to_bf16",
+               "f8e4m3": "tg_f32_to_e4m3", "f8e5m2": "tg_f32_to_e5m2"}
+
+
+def to_compute(c: str, dtype: DType, used: set[str]) -> str:
+    """C expression of the compute value of storage expression `c` (records helpers used)."""
+    if dtype.name in _TO_FLOAT:
+        used.add(_TO_FLOAT[dtype.name])
+        return f"{_TO_FLOAT[dtype.name]}({c})"
+    if dtype.name == "i4":
+        return f"((((int)({c}) & 15) ^ 8) - 8)"
+    if dtype.name == "u4":
+        return f"((int)({c}) & 15)"
+    if dtype.name in ("i8", "u8"):
+        return f"(int)({c})"
+    return c
+
+
+def from_compute(c: str, dtype: DType, used: set[str]) -> str:
+    """C expression of the storage bits of compute expression `c` (rounding to nearest even)."""
+    if dtype.name in _FROM_FLOAT:
+        used.add(_FROM_FLOAT[dtype.name])
+        return f"{_FROM_FLOAT[dtype.name]}({c})"
+    if dtype.name in ("i4", "u4"):
+        return f"(unsigned char)((int)({c}) & 15)"
+    if dtype.name == "f32":
+        return c
+    return f"({storage_type(dtype)})({c})"
+
+
+def round_compute(c: str, dtype: DType, used: set[str]) -> str:
+    """`c` (a compute value) rounded to what `dtype` can hold, still as a compute value."""
+    if dtype.name in ("f32", "i32", "bool"):
+        return c
+    return to_compute(from_compute(c, dtype, used), dtype, used)
+
+
+# --------------------------------------------------------------------------------------
+# Bit patterns of constants (fills and literals), computed on the host
+# --------------------------------------------------------------------------------------
+
+def _fp8_decode(code: int, exp_bits: int, man_bits: int, fn: bool) -> float:
+    """Value of an 8-bit float code (fn: the e4m3 'finite' flavour without infinities)."""
+    bias = (1 << (exp_bits - 1)) - 1
+    sign = -1.0 if code & 0x80 else 1.0
+    e = (code >> man_bits) & ((1 << exp_bits) - 1)
+    m = code & ((1 << man_bits) - 1)
+    top = (1 << exp_bits) - 1
+    if fn and e == top and m == (1 << man_bits) - 1:
+        return math.nan
+    if not fn and e == top:
+        return sign * math.inf if m == 0 else math.nan
+    if e == 0:
+        return sign * math.ldexp(m, 1 - bias - man_bits)
+    return sign * math.ldexp(m + (1 << man_bits), e - bias - man_bits)
+
+
+def _fp8_encode(value: float, exp_bits: int, man_bits: int, fn: bool) -> int:
+    """Round to nearest even, saturating to the largest finite value (`cvt.rn.satfinite`)."""
+    if math.isnan(value):
+        return 0x7F
+    max_code = 0x7E if fn else 0x7B
+    sign = 0x80 if math.copysign(1.0, value) < 0 else 0
+    a = abs(value)
+    if a >= _fp8_decode(max_code, exp_bits, man_bits, fn):
+        return sign | max_code
+    best, best_err = 0, math.inf
+    for code in range(max_code + 1):
+        err = abs(_fp8_decode(code, exp_bits, man_bits, fn) - a)
+        if err < best_err or (err == best_err and code % 2 == 0):
+            best, best_err = code, err
+    return sign | best
+
+
+def element_bits(value: float, dtype: DType) -> int:
+    """The storage bit pattern of `value` rounded (to nearest even) to `dtype`."""
+    if dtype.name == "f32":
+        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    if dtype.name == "f16":
+        return int(np.array(value, dtype=np.float16).view(np.uint16))
+    if dtype.name == "bf16":
+        bits = struct.unpack("<I", struct.pack("<f", float(value)))[0]
+        if math.isnan(value):
+            return 0x7FC0
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16) & 0xFFFF
+    if dtype.name == "f8e4m3":
+        return _fp8_encode(value, 4, 3, fn=True)
+    if dtype.name == "f8e5m2":
+        return _fp8_encode(value, 5, 2, fn=False)
+    if dtype.name == "bool":
+        return 1 if value else 0
+    return int(value) & ((1 << dtype.bits) - 1)
+
+
+def element_value(value: float, dtype: DType) -> float:
+    """`value` rounded to `dtype` (as the kernel would hold it)."""
+    bits = element_bits(value, dtype)
+    if dtype.name == "f32":
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    if dtype.name == "f16":
+        return float(np.array(bits, dtype=np.uint16).view(np.float16))
+    if dtype.name == "bf16":
+        return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+    if dtype.name == "f8e4m3":
+        return _fp8_decode(bits, 4, 3, fn=True)
+    if dtype.name == "f8e5m2":
+        return _fp8_decode(bits, 5, 2, fn=False)
+    if dtype.is_signed and bits >= 1 << (dtype.bits - 1):
+        return bits - (1 << dtype.bits)
+    return bits
+
+
+def float_literal(value: float) -> str:
+    """An exact C `float` literal (hex-bits form for non-finite values)."""
+    if math.isnan(value):
+        return "__int_as_float(0x7fffffff)"
+    if math.isinf(value):
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    as_f32 = struct.unpack("<f", struct.pack("<f", value))[0]
+    text = repr(as_f32)
+    if "e" not in text and "." not in text and "inf" not in text:
+        text += ".0"
+    return f"{text}f"
+
+
+# --------------------------------------------------------------------------------------
+# Index expressions
+# --------------------------------------------------------------------------------------
+
+#: C precedence levels (smaller binds tighter) of the index operators.
+_PREC = {"*": 5, "//": 5, "%": 5, "+": 6, "-": 6, "<<": 7, ">>": 7, "<": 9, "<=": 9, ">": 9,
+         ">=": 9, "==": 10, "!=": 10, "&": 11, "^": 12, "|": 13, "and": 14, "or": 15}
+_C_OP = {"//": "/", "and": "&&", "or": "||"}
+
+
+def index_c(e: Expr, rename: Callable[[str], str] | None = None) -> str:
+    """C source of an index expression, parenthesized by C precedence (not fully)."""
+    return _index(e, rename or (lambda n: n))[0]
+
+
+def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
+    """(C text, precedence level of its outermost operator)."""
+    if isinstance(e, Const):
+        v = e.value
+        text = f"{v}LL" if abs(v) >= 2**31 else str(v)
+        return (f"({text})", 0) if v < 0 else (text, 0)
+    if isinstance(e, Var):
+        return rename(e.name), 0
+    if isinstance(e, BinOp):
+        if e.op in ("min", "max"):
+            return (f"{e.op}({_index(e.lhs, rename)[0]}, {_index(e.rhs, rename)[0]})", 0)
+        prec = _PREC[e.op]
+        lhs, lp = _index(e.lhs, rename)
+        rhs, rp = _index(e.rhs, rename)
+        # Left-associative: a left operand of equal level needs no parentheses, a right one does.
+        if lp > prec:
+            lhs = f"({lhs})"
+        if rp >= prec and rp != 0:
+            rhs = f"({rhs})"
+        return f"{lhs} {_C_OP.get(e.op, e.op)} {rhs}", prec
+    if isinstance(e, Select):
+        c = _index(e.cond, rename)[0]
+        t = _index(e.if_true, rename)[0]
+        f = _index(e.if_false, rename)[0]
+        return f"({c} ? {t} : {f})", 0
+    raise CodegenError(f"not an index expression: {e!r}")
+
+
+# --------------------------------------------------------------------------------------
+# Element values
+# --------------------------------------------------------------------------------------
+
+_FLOAT_UNARY = {"exp": "expf({})", "exp2": "exp2f({})", "log": "logf({})", "log2": "log2f({})",
+                "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "sin": "sinf({})",
+                "cos": "cosf({})", "tanh": "tanhf({})", "abs": "fabsf({})",
+                "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "neg": "(-{})"}
+_INT_UNARY = {"abs": "abs({})", "neg": "(-{})", "not": "(~{})"}
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_BOOL_LOGIC = {"and": "&&", "or": "||", "xor": "!="}
+_INT_LOGIC = {"and": "&", "or": "|", "xor": "^"}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+class ValuePrinter:
+    """Prints `Value` trees as C compute expressions; `reg_c` spells a register element."""
+
+    def __init__(self, reg_c: Callable[[Reg], str], index_c_fn: Callable[[Expr], str],
+                 used: set[str]):
+        self.reg_c = reg_c
+        self.index_c = index_c_fn
+        self.used = used
+
+    def store(self, v: Value, dtype: DType) -> str:
+        """C expression of the storage bits of `v` converted to `dtype` (for an Assign)."""
+        if isinstance(v, Cast) and v.dtype == dtype:
+            v = _Retyped(v.x, dtype)
+        return from_compute(self.compute(v, rounded=False), dtype, self.used)
+
+    def compute(self, v: Value, rounded: bool = True) -> str:
+        """C compute-type expression of `v`; `rounded=False` when the consumer rounds."""
+        if isinstance(v, _Retyped):
+            return self._convert(self.compute(v.x), v.x.dtype, v.dtype)
+        if isinstance(v, RegRead):
+            return to_compute(self.reg_c(v.reg), v.dtype, self.used)
+        if isinstance(v, Literal):
+            return self._literal(v)
+        if isinstance(v, IndexValue):
+            return self._convert(f"({self.index_c(v.expr)})", _INDEX_DTYPE, v.dtype)
+        if isinstance(v, Cast):
+            text = self._convert(self.compute(v.x), v.x.dtype, v.dtype)
+        elif isinstance(v, Unary):
+            text = self._unary(v)
+        elif isinstance(v, Binary):
+            text = self._binary(v)
+        elif isinstance(v, Where):
+            return (f"({self.compute(v.cond)} ? {self.compute(v.if_true)} : "
+                    f"{self.compute(v.if_false)})")
+        else:
+            raise CodegenError(f"not an element value: {v!r}")
+        return round_compute(text, v.dtype, self.used) if rounded else text
+
+    def _literal(self, v: Literal) -> str:
+        if v.dtype.name == "bool":
+            return "true" if v.value else "false"
+        if v.dtype.is_float:
+            return float_literal(element_value(v.value, v.dtype))
+        return str(int(element_value(v.value, v.dtype)))
+
+    def _convert(self, c: str, src: DType, dst: DType) -> str:
+        """Convert a compute value of `src` to the compute type of `dst` (C semantics)."""
+        s, d = compute_type(src), compute_type(dst)
+        if d == "bool":
+            return c if s == "bool" else f"({c} != 0)"
+        if s == d:
+            return c
+        return f"({d})({c})"
+
+    def _unary(self, v: Unary) -> str:
+        x = self.compute(v.x)
+        if v.op == "not" and compute_type(v.x.dtype) == "bool":
+            return f"(!{x})"
+        table = _FLOAT_UNARY if compute_type(v.dtype) == "float" else _INT_UNARY
+        if v.op not in table:
+            raise CodegenError(f"unary op {v.op!r} is not defined for {v.dtype}")
+        return table[v.op].format(x)
+
+    def _binary(self, v: Binary) -> str:
+        x, y = self.compute(v.x), self.compute(v.y)
+        is_float = compute_type(v.x.dtype) == "float" or compute_type(v.y.dtype) == "float"
+        if v.op in _ARITH:
+            return f"({x} {_ARITH[v.op]} {y})"
+        if v.op in _COMPARE:
+            return f"({x} {_COMPARE[v.op]} {y})"
+        if v.op in ("max", "min"):
+            return f"f{v.op}f({x}, {y})" if is_float else f"{v.op}({x}, {y})"
+        if v.op == "pow":
+            return f"powf({x}, {y})"
+        if v.op in ("and", "or", "xor"):
+            table = _BOOL_LOGIC if compute_type(v.dtype) == "bool" else _INT_LOGIC
+            return f"({x} {table[v.op]} {y})"
+        raise CodegenError(f"binary op {v.op!r} is not defined")
+
+
+class _Retyped(Value):
+    """Internal: `x` converted to `dtype` without rounding (the consumer rounds)."""
+
+    def __init__(self, x: Value, dtype: DType):
+        self.x = x
+        self.dtype = dtype
+

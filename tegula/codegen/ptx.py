@@ -1,0 +1,250 @@
+"""Inline-PTX pieces of generated kernels: helper device functions and matrix instructions.
+
+The generated source includes no header at all (see `expr.py` for why), so every
+conversion, atomic and matrix instruction is spelled here in PTX. Helpers are emitted only
+when the kernel uses them (`prelude(used)`), so a plain copy kernel stays short.
+
+Matrix instructions are keyed by the thread IR's `Mma.instr` name
+(`"mma.m16n8k16.f32.f16.f16.f32"`: shape, then the d, a, b, c types). `mma_spec` parses a
+name and checks it against `MMA_TYPES`; its operand word counts follow from the shape
+(a lane of the 32 holds M*K/32 elements of A, N*K/32 of B, M*N/32 of C and D, packed into
+32-bit registers), so any catalogue entry of the `mma.sync.aligned.*.row.col` family is
+printable without a per-entry table. `MMA_NAMES` lists the entries known to compile.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tegula.codegen.expr import CodegenError
+
+# --------------------------------------------------------------------------------------
+# Helper device functions
+# --------------------------------------------------------------------------------------
+
+#: name -> (C source, helpers it calls). Conversions round to nearest even; the f8 ones
+#: saturate to the largest finite value (like `cvt.rn.satfinite`). Hardware f8 conversions
+#: exist from sm_89; older targets get an exact software version.
+_HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tg_f16_to_f32": ("""\
+__device__ __forceinline__ float tg_f16_to_f32(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}""", ()),
+    "tg_f32_to_f16": ("""\
+__device__ __forceinline__ unsigned short tg_f32_to_f16(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}""", ()),
+    "tg_bf16_to_f32": ("""\
+__device__ __forceinline__ float tg_bf16_to_f32(unsigned short h) {
+  return __uint_as_float(((unsigned)h) << 16);  // bf16 is the top half of an f32
+}""", ()),
+    "tg_f32_to_bf16": ("""\
+__device__ __forceinline__ unsigned short tg_f32_to_bf16(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}""", ()),
+    "tg_fp8_sw": ("""\
+// Exact software f8 conversions for targets without cvt.*.e4m3x2/e5m2x2 (before sm_89).
+__device__ __forceinline__ unsigned char tg_f32_to_fp8_sw(float x, int man_bits, int bias,
+                                                          float max_finite, unsigned max_code) {
+  const unsigned sign = (__float_as_uint(x) >> 24) & 0x80u;
+  const float a = fabsf(x);
+  if (a != a) return 0x7f;                               // NaN
+  if (a >= max_finite) return sign | max_code;           // saturate (infinities included)
+  const int emin = 1 - bias;
+  int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 127; // binade of a (f32 normal range)
+  if (e < emin) e = emin;                                 // subnormals share one quantum
+  const float q = rintf(ldexpf(a, man_bits - e));         // round to nearest even
+  return sign | (((unsigned)(e - emin) << man_bits) + (unsigned)q);  // carry bumps the exponent
+}
+__device__ __forceinline__ float tg_fp8_to_f32_sw(unsigned char c, int man_bits, int bias,
+                                                  bool finite_only) {
+  const unsigned mag = c & 0x7fu, e = mag >> man_bits, m = mag & ((1u << man_bits) - 1);
+  float v;
+  if (finite_only && mag == 0x7fu) v = __int_as_float(0x7fffffff);
+  else if (!finite_only && e == (0x7fu >> man_bits)) v = m ? __int_as_float(0x7fffffff)
+                                                           : __int_as_float(0x7f800000);
+  else if (e == 0) v = ldexpf((float)m, 1 - bias - man_bits);
+  else v = ldexpf((float)(m + (1u << man_bits)), (int)e - bias - man_bits);
+  return (c & 0x80u) ? -v : v;
+}""", ()),
+    "tg_f32_to_e4m3": ("""\
+__device__ __forceinline__ unsigned char tg_f32_to_e4m3(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short p;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p) : "f"(0.0f), "f"(f));
+  return (unsigned char)(p & 0xff);  // the second source lands in the low byte
+#else
+  return tg_f32_to_fp8_sw(f, 3, 7, 448.0f, 0x7eu);
+#endif
+}""", ("tg_fp8_sw",)),
+    "tg_f32_to_e5m2": ("""\
+__device__ __forceinline__ unsigned char tg_f32_to_e5m2(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short p;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(p) : "f"(0.0f), "f"(f));
+  return (unsigned char)(p & 0xff);
+#else
+  return tg_f32_to_fp8_sw(f, 2, 15, 57344.0f, 0x7bu);
+#endif
+}""", ("tg_fp8_sw",)),
+    "tg_e4m3_to_f32": ("""\
+__device__ __forceinline__ float tg_e4m3_to_f32(unsigned char c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)c));
+  return tg_f16_to_f32((unsigned short)(h2 & 0xffffu));  // exact: f16 holds every e4m3
+#else
+  return tg_fp8_to_f32_sw(c, 3, 7, true);
+#endif
+}""", ("tg_fp8_sw", "tg_f16_to_f32")),
+    "tg_e5m2_to_f32": ("""\
+__device__ __forceinline__ float tg_e5m2_to_f32(unsigned char c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned h2;
+  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)c));
+  return tg_f16_to_f32((unsigned short)(h2 & 0xffffu));
+#else
+  return tg_fp8_to_f32_sw(c, 2, 15, false);
+#endif
+}""", ("tg_fp8_sw", "tg_f16_to_f32")),
+    # Atomic adds whose result is unused: `red` (fire-and-forget) rather than `atom`.
+    "tg_red_add_f32": ("""\
+__device__ __forceinline__ void tg_red_add_f32(float* p, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory");
+}""", ()),
+    "tg_red_add_s32": ("""\
+__device__ __forceinline__ void tg_red_add_s32(int* p, int v) {
+  asm volatile("red.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}""", ()),
+    "tg_red_add_f16": ("""\
+__device__ __forceinline__ void tg_red_add_f16(unsigned short* p, unsigned short v) {
+  asm volatile("red.global.add.noftz.f16 [%0], %1;" :: "l"(p), "h"(v) : "memory");
+}""", ()),
+    "tg_red_add_bf16": ("""\
+__device__ __forceinline__ void tg_red_add_bf16(unsigned short* p, unsigned short v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.bf16 [%0], %1;" :: "l"(p), "h"(v) : "memory");
+#else
+  // No bf16 atomic before sm_90: compare-and-swap the aligned 32-bit word holding it.
+  unsigned* word = reinterpret_cast<unsigned*>(reinterpret_cast<unsigned long long>(p) & ~3ull);
+  const unsigned shift = (reinterpret_cast<unsigned long long>(p) & 2ull) ? 16u : 0u;
+  unsigned old = *word, assumed;
+  do {
+    assumed = old;
+    const unsigned short sum = tg_f32_to_bf16(
+        tg_bf16_to_f32((unsigned short)(assumed >> shift)) + tg_bf16_to_f32(v));
+    old = atomicCAS(word, assumed, (assumed & ~(0xffffu << shift)) | ((unsigned)sum << shift));
+  } while (old != assumed);
+#endif
+}""", ("tg_f32_to_bf16", "tg_bf16_to_f32")),
+}
+
+#: Vector types for 8- and 16-byte accesses (defined here because no header is included).
+VECTOR_TYPES = """\
+struct __align__(8) tg_v2 { unsigned x, y; };         // one 8-byte access
+struct __align__(16) tg_v4 { unsigned x, y, z, w; };  // one 16-byte access"""
+
+
+def prelude(used: set[str]) -> str:
+    """The helper definitions `used` needs (dependencies first), in a stable order."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        for dep in _HELPERS[name][1]:
+            visit(dep)
+        order.append(name)
+
+    for name in _HELPERS:  # dict order: a fixed, readable order
+        if name in used:
+            visit(name)
+    return "\n".join(_HELPERS[n][0] for n in order)
+
+
+# --------------------------------------------------------------------------------------
+# Matrix instructions
+# --------------------------------------------------------------------------------------
+
+#: Accepted spellings of operand types in instruction names -> PTX type.
+_TYPE_ALIASES = {"f16": "f16", "bf16": "bf16", "tf32": "tf32", "f32": "f32", "s32": "s32",
+                 "i32": "s32", "s8": "s8", "i8": "s8", "u8": "u8", "e4m3": "e4m3",
+                 "f8e4m3": "e4m3", "e5m2": "e5m2", "f8e5m2": "e5m2"}
+_BITS = {"f16": 16, "bf16": 16, "tf32": 32, "f32": 32, "s32": 32, "s8": 8, "u8": 8,
+         "e4m3": 8, "e5m2": 8}
+
+#: (M, N, K) -> {(d, a/b family, c): minimum SM version}. a and b may mix signedness
+#: (s8/u8) and f8 flavours (e4m3/e5m2), checked separately.
+MMA_TYPES: dict[tuple[int, int, int], dict[tuple[str, str, str], int]] = {
+    (16, 8, 8): {("f32", "f16", "f32"): 80, ("f16", "f16", "f16"): 80,
+                 ("f32", "bf16", "f32"): 80, ("f32", "tf32", "f32"): 80},
+    (16, 8, 16): {("f32", "f16", "f32"): 80, ("f16", "f16", "f16"): 80,
+                  ("f32", "bf16", "f32"): 80, ("s32", "i8", "s32"): 80},
+    (16, 8, 32): {("s32", "i8", "s32"): 80, ("f32", "f8", "f32"): 89},
+}
+_FAMILY = {"f16": "f16", "bf16": "bf16", "tf32": "tf32", "s8": "i8", "u8": "i8",
+           "e4m3": "f8", "e5m2": "f8"}
+
+_NAME_RE = re.compile(r"^(?:mma\.)?(?:sync\.aligned\.)?m(\d+)n(\d+)k(\d+)(?:\.row\.col)?"
+                      r"\.(\w+)\.(\w+)\.(\w+)\.(\w+)$")
+
+
+@dataclass(frozen=True)
+class MmaSpec:
+    """A parsed `mma.sync` instruction: shape, PTX types and operand word counts per lane."""
+
+    m: int
+    n: int
+    k: int
+    d: str
+    a: str
+    b: str
+    c: str
+    min_sm: int
+
+    @property
+    def ptx(self) -> str:
+        return (f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col."
+                f"{self.d}.{self.a}.{self.b}.{self.c}")
+
+    def words(self, operand: str) -> int:
+        """32-bit registers per lane of operand "a", "b", "c" or "d"."""
+        rows_cols = {"a": self.m * self.k, "b": self.n * self.k,
+                     "c": self.m * self.n, "d": self.m * self.n}[operand]
+        return rows_cols * _BITS[getattr(self, operand)] // (32 * 32)
+
+    def elements(self, operand: str) -> int:
+        """Elements per lane of an operand."""
+        return {"a": self.m * self.k, "b": self.n * self.k,
+                "c": self.m * self.n, "d": self.m * self.n}[operand] // 32
+
+
+def mma_spec(name: str) -> MmaSpec:
+    """Parse and check an instruction name; `CodegenError` if the emitter cannot print it."""
+    match = _NAME_RE.match(name)
+    if match is None:
+        raise CodegenError(f"cannot parse matrix instruction name {name!r} "
+                           f"(expected like 'mma.m16n8k16.f32.f16.f16.f32')")
+    m, n, k = (int(g) for g in match.groups()[:3])
+    try:
+        d, a, b, c = (_TYPE_ALIASES[t] for t in match.groups()[3:])
+    except KeyError as e:
+        raise CodegenError(f"{name}: unknown operand type {e.args[0]!r}") from None
+    fam_a, fam_b = _FAMILY.get(a), _FAMILY.get(b)
+    shapes = MMA_TYPES.get((m, n, k), {})
+    min_sm = shapes.get((d, fam_a or "?", c)) if fam_a == fam_b else None
+    if min_sm is None or (fam_a in ("f16", "bf16", "tf32") and a != b):
+        raise CodegenError(f"{name}: no mma.sync m{m}n{n}k{k} with types "
+                           f"d={d} a={a} b={b} c={c} in the emitter's table")
+    return MmaSpec(m, n, k, d, a, b, c, min_sm)
+
+
+#: Every instruction name the emitter prints (for the catalogue cross-check test).
+MMA_NAMES: tuple[str, ...] = tuple(
+    f"mma.m{m}n{n}k{k}.{d}.{a}.{b}.{c}"
+    for (m, n, k), table in MMA_TYPES.items()
+    for (d, fam, c) in table
+    for a, b in ({"i8": [("s8", "s8"), ("u8", "u8"), ("s8", "u8"), ("u8", "s8")],
+                  "f8": [("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"),
+                         ("e5m2", "e4m3")]}.get(fam, [(fam, fam)]))
+)

@@ -1,0 +1,180 @@
+"""CUDA C++ source → cubin, with NVRTC in-process or an `nvcc -cubin` subprocess.
+
+NVRTC (through `cuda.bindings.nvrtc`) needs no GPU and no toolkit install — the
+`nvidia-cuda-nvrtc` wheel is enough, because generated sources include no headers. When
+NVRTC cannot be loaded, `nvcc` (found through `$CUDA_HOME`, `$PATH` or /usr/local/cuda)
+is used instead. `$TEGULA_COMPILER=nvrtc|nvcc` forces one. Both produce SASS for exactly
+the requested target (`sm_90a` as `-gencode=arch=compute_90a,code=sm_90a`): tegula ships
+and caches cubins, never PTX, so nothing is JIT-compiled by the driver at load time.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from tegula.errors import CompileError
+
+#: Options every compile gets (both compilers understand them). No fast-math: division,
+#: sqrt and denormals stay IEEE, which is what the emulator assumes.
+DEFAULT_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """One available compiler: `kind` ("nvrtc" or "nvcc"), a version string for cache keys,
+    and, for nvcc, the executable."""
+
+    kind: str
+    version: str
+    path: str = ""
+
+
+def _check_target(target: str) -> str:
+    match = re.fullmatch(r"sm_(\d+[a-z]?)", target)
+    if match is None:
+        raise ValueError(f"target must look like 'sm_80' or 'sm_90a', not {target!r}")
+    return match.group(1)
+
+
+@functools.lru_cache(maxsize=None)
+def _nvrtc():
+    """The NVRTC bindings module, or None when they (or libnvrtc) cannot be loaded."""
+    try:
+        from cuda.bindings import nvrtc
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None
+        return nvrtc
+    except Exception:  # ImportError, or the shared library failed to load
+        return None
+
+
+def find_nvcc() -> str | None:
+    """Path of an nvcc executable, or None."""
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.access(default, os.X_OK) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(path: str) -> str:
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    match = re.search(r"V(\d+\.\d+\.\d+)", out.stdout)
+    return match.group(1) if match else out.stdout.strip().splitlines()[-1:][0]
+
+
+def available_compilers() -> list[Compiler]:
+    """The compilers usable here, preferred first (NVRTC, then nvcc)."""
+    found = []
+    nvrtc = _nvrtc()
+    if nvrtc is not None:
+        _, major, minor = nvrtc.nvrtcVersion()
+        found.append(Compiler("nvrtc", f"nvrtc-{major}.{minor}"))
+    nvcc = find_nvcc()
+    if nvcc is not None:
+        found.append(Compiler("nvcc", f"nvcc-{_nvcc_version(nvcc)}", nvcc))
+    return found
+
+
+def default_compiler() -> Compiler:
+    """The compiler `compile_cuda` uses: `$TEGULA_COMPILER` if set, else the first available."""
+    compilers = available_compilers()
+    wanted = os.environ.get("TEGULA_COMPILER")
+    if wanted:
+        compilers = [c for c in compilers if c.kind == wanted]
+    if not compilers:
+        why = f" named by TEGULA_COMPILER={wanted}" if wanted else ""
+        raise CompileError(
+            f"no CUDA compiler{why} found: install NVRTC (`pip install cuda-bindings "
+            f"nvidia-cuda-nvrtc`) or put nvcc on PATH / set CUDA_HOME")
+    return compilers[0]
+
+
+def compile_cuda(source: str, name: str, target: str = "sm_90a",
+                 options: tuple[str, ...] = (), compiler: Compiler | None = None) -> bytes:
+    """Compile `source` (defining kernel `name`) to a cubin for `target`.
+
+    Raises `CompileError` carrying the compiler's log and the source lines it points at.
+    """
+    _check_target(target)
+    compiler = compiler or default_compiler()
+    opts = DEFAULT_OPTIONS + tuple(options)
+    if compiler.kind == "nvrtc":
+        return _compile_nvrtc(source, name, target, opts)
+    return _compile_nvcc(source, name, target, opts, compiler.path)
+
+
+def _compile_nvrtc(source: str, name: str, target: str, options: tuple[str, ...]) -> bytes:
+    nvrtc = _nvrtc()
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    if err != ok:
+        raise CompileError(f"nvrtcCreateProgram failed: {err}")
+    try:
+        args = [f"--gpu-architecture={target}".encode()] + [o.encode() for o in options]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(args), args)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        log_text = log.rstrip(b"\x00 ").decode(errors="replace")
+        if result != ok:
+            raise compile_error("NVRTC", target, log_text, source)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        if err != ok or size == 0:
+            raise CompileError(f"NVRTC produced no cubin for {target} ({err}); log:\n{log_text}")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        if err != ok:
+            raise CompileError(f"nvrtcGetCUBIN failed: {err}")
+        return bytes(cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def nvcc_arch_flag(target: str) -> str:
+    """`-gencode=arch=compute_90a,code=sm_90a` for "sm_90a": SASS only, no PTX embedded."""
+    version = _check_target(target)
+    return f"-gencode=arch=compute_{version},code=sm_{version}"
+
+
+def _compile_nvcc(source: str, name: str, target: str, options: tuple[str, ...],
+                  nvcc: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="tegula-nvcc-") as tmp:
+        src = os.path.join(tmp, f"{name}.cu")
+        out = os.path.join(tmp, f"{name}.cubin")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [nvcc, "-cubin", nvcc_arch_flag(target), *options, "-o", out, src]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            log = (proc.stdout + proc.stderr).replace(src, f"{name}.cu")
+            raise compile_error("nvcc", target, log, source)
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def compile_error(compiler: str, target: str, log: str, source: str) -> CompileError:
+    """A CompileError quoting the log and, for each line the log names, that source line."""
+    lines = source.splitlines()
+    quoted: list[str] = []
+    error_lines = {int(m) for m in re.findall(r"\((\d+)\): (?:catastrophic )?error", log)}
+    for num in sorted(error_lines):
+        if 1 <= num <= len(lines):
+            for i in range(max(1, num - 2), min(len(lines), num + 2) + 1):
+                mark = ">>" if i == num else "  "
+                quoted.append(f"{mark} {i:5d} | {lines[i - 1]}")
+            quoted.append("   ...")
+    text = f"{compiler} rejected the generated source for {target}:\n{log.strip()}"
+    if quoted:
+        text += "\n\nsource lines the log points at:\n" + "\n".join(quoted)
+    return CompileError(text)
