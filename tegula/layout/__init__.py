@@ -21,3 +21,6 @@ from tegula.layout.render import (
     render_bank_text, render_text, render_tv_text, svg_layout, svg_mma_atom, svg_shared_layout,
     svg_tv_layout,
 )
+from tegula.layout.banks import BankReport, bank_conflicts, bank_report
+from tegula.layout.optimal_swizzle import SwizzleCost, cute_swizzle_for, optimal_swizzle, swizzle_cost
+from tegula.layout.conversion import ConversionPlan, plan_conversion, simulate_conversion

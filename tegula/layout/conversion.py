@@ -109,6 +109,7 @@ class _Spaces:
     lane: int
     warp: int
     x: list[int]
+    ker: list[int] = field(default_factory=list)  # in-warp src inputs holding nothing new
 
     def split_src(self, y: int) -> tuple[int, int, int]:
         """A flat src input -> (register, lane, warp)."""
@@ -128,7 +129,7 @@ def _conversion_map(src: LinearLayout, dst: LinearLayout) -> _Spaces:
         raise LayoutError(
             f"plan_conversion: src has {1 << len(sl)} lanes x {1 << len(sw)} warps but dst "
             f"{1 << len(dl)} x {1 << len(dw)}; a conversion keeps the thread block")
-    sp = _Spaces(len(sr), len(dr), len(sl), len(sw), [])
+    sp = _Spaces(len(sr), len(dr), len(sl), len(sw), [], f2.nullspace(sr + sl))
     regs = f2.eliminate(sr)
     in_warp = f2.eliminate(sr + sl)
     every = f2.eliminate(sr + sl + sw)
@@ -191,28 +192,38 @@ def _essential_registers(dr: list[int]) -> tuple[list[int], tuple[tuple[int, int
 
 
 def _choose_phi(sp: _Spaces, rest: list[int]) -> list[int] | None:
-    """φ(lane bit j) as a dst register mask over ``rest`` (greedy, module doc)."""
+    """φ(lane bit j) as a dst register mask over ``rest`` (greedy, module doc).
+
+    When src replicates data inside the warp (``sp.ker``), lane bit j of X may also be
+    moved by a kernel vector (another holder of the same elements); the chosen move is
+    written back into ``sp.x``, which stays a valid conversion map.
+    """
     lane_mask = ((1 << sp.lane) - 1) << sp.sreg
     chosen_lanes: list[int] = []
     chosen_full: list[int] = []
     phi = []
+    kers = [f2.mat_vec(sp.ker, i) for i in range(1 << min(len(sp.ker), 4))]
     for j in range(sp.lane):
         best = None
         for m in range(1 << len(rest)):
             reg = f2.mat_vec(rest, m)
-            xk = f2.mat_vec(sp.x, sp.dst_flat(reg, 1 << j, 0))
-            lanes, full = chosen_lanes + [xk & lane_mask], chosen_full + [xk]
-            rl, rf = f2.rank(lanes), f2.rank(full)
-            if rl != rf:
-                continue  # two receivers would read one sender wanting different words
-            grows = rl > f2.rank(chosen_lanes)
-            if best is None or (grows and not best[0]):
-                best = (grows, reg, xk)
-            if grows:
+            for n in kers:
+                xk = f2.mat_vec(sp.x, sp.dst_flat(reg, 1 << j, 0)) ^ n
+                lanes, full = chosen_lanes + [xk & lane_mask], chosen_full + [xk]
+                rl, rf = f2.rank(lanes), f2.rank(full)
+                if rl != rf:
+                    continue  # two receivers would read one sender wanting different words
+                grows = rl > f2.rank(chosen_lanes)
+                if best is None or (grows and not best[0]):
+                    best = (grows, reg, xk, n)
+                if grows:
+                    break
+            if best is not None and best[0]:
                 break
         if best is None:
             return None
         phi.append(best[1])
+        sp.x[sp.dreg + j] ^= best[3]
         chosen_lanes.append(best[2] & lane_mask)
         chosen_full.append(best[2])
     return phi

@@ -206,3 +206,52 @@ def optimal_swizzle(reader: LinearLayout, writer: LinearLayout, elem_bytes: int,
         if best is None or key < best[0]:
             best = (key, shared)
     return best[1]
+
+
+# ----------------------------------------------------------------------------------------
+# Reporting a result in CuTe's vocabulary.
+
+
+def _swizzle_cols(bits: int, base: int, shift: int, d: int) -> list[int]:
+    """Columns of CuTe's ``Swizzle<bits, base, shift>`` (shift > 0) on ``d`` offset bits:
+    source bit ``base + shift + i`` also flips target bit ``base + i``."""
+    cols = [1 << i for i in range(d)]
+    for i in range(bits):
+        cols[base + shift + i] |= 1 << (base + i)
+    return cols
+
+
+def cute_swizzle_for(shared: LinearLayout):
+    """``(Swizzle(B, M, S), base)`` with ``S⁻¹(coord) == swizzle(base(coord))``, or None.
+
+    ``base`` is a LinearLayout tensor -> ``offset`` whose columns are distinct powers of
+    two: a plain, unswizzled strided layout of the tile's bits (CuTe shape ``(2,2,..)``
+    with power-of-two strides). The search tries the identity first, then every
+    ``Swizzle<B,M,S>`` with ``S >= B >= 1`` that fits the offset bits, fewest bits first.
+    None means the layout is not a single CuTe swizzle of a strided layout.
+    """
+    from tegula.layout.swizzle import Swizzle
+
+    d = shared.total_in_bits
+    solver = shared_solver(shared)
+    inv = [solver.solve(1 << j) for j in range(d)]  # tensor bit j -> offset vector
+    for bits in range(0, d // 2 + 1):
+        for shift in ([0] if bits == 0 else range(bits, d - bits + 1)):
+            for base in range(0, d - bits - shift + 1 if bits else 1):
+                z = _swizzle_cols(bits, base, shift, d)
+                perm = [f2.mat_vec(z, c) for c in inv]  # Z is an involution: Z·M
+                if all(f2.is_pow2(c) for c in perm):
+                    cols = dict(zip(shared.out_dim_names, _split(perm, shared)))
+                    lay = LinearLayout.from_packed(cols, [("offset", 1 << d)])
+                    return Swizzle(bits, base, shift), lay
+    return None
+
+
+def _split(cols: list[int], shared: LinearLayout) -> list[list[int]]:
+    """Columns over the flattened tensor bits, grouped per out dim of ``shared``."""
+    out, k = [], 0
+    for name in shared.out_dim_names:
+        nb = shared.out_dim_bits(name)
+        out.append(cols[k:k + nb])
+        k += nb
+    return out

@@ -188,3 +188,30 @@ def test_values_shape_checked():
     plan = plan_conversion(src, src)
     with pytest.raises(LayoutError, match="shape"):
         simulate_conversion(plan, src, src, np.zeros((1, 32, 4)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_surjective_with_broadcast(seed):
+    """Random invertible layouts with some registers replicated or lanes broadcast."""
+    rng = random.Random(5000 + seed)
+    nw = rng.randrange(0, 3)
+
+    def rand_layout():
+        cols = rand_inv(8, rng)
+        r, l, w = cols[:3 - nw], cols[3 - nw:8 - nw], cols[8 - nw:]
+        for _ in range(rng.randrange(3)):
+            if rng.random() < 0.5:
+                r = r + [rng.choice([0, rng.randrange(256)])]
+            else:  # lane j broadcasts, its direction moves into the registers
+                j = rng.randrange(len(l))
+                r, l = r + [l[j]], l[:j] + [0] + l[j + 1:]
+        return dist(r, l, w)
+
+    src, dst = rand_layout(), rand_layout()
+    if seed % 2:  # keep the data within each warp
+        nr = src.in_dim_bits("register")
+        mixed = remix(list(src.bases_packed("register")) + list(src.bases_packed("lane")), rng)
+        dst = dist(mixed[:nr], mixed[nr:], list(src.bases_packed("warp")))
+    plan = check(src, dst, eb=rng.choice([1, 2, 4]))
+    if seed % 2:
+        assert plan.kind in ("registers", "shuffle")

@@ -183,3 +183,38 @@ def test_not_surjective_is_rejected():
     part = make_dist([1, 2, 4, 0], 2, 2, 0, outs)
     with pytest.raises(LayoutError, match="does not cover"):
         optimal_swizzle(part, full, 2)
+
+
+def _check_cute(shared):
+    from tegula.layout.optimal_swizzle import cute_swizzle_for
+
+    found = cute_swizzle_for(shared)
+    if found is None:
+        return None
+    swz, base = found
+    names = shared.out_dim_names
+    for o in range(shared.total_in_size):
+        coord = shared.apply({"offset": o})
+        assert swz(base.apply_flat(base.pack_in(coord))) == o
+    return swz
+
+
+def test_cute_swizzle_report():
+    outs = [("col", 16), ("row", 16)]
+    s = optimal_swizzle(mma_a_fp16(outs), row_major_16b(outs), 2)
+    swz = _check_cute(s)
+    assert swz is not None and swz.bits >= 1
+    # a plain row-major layout is the identity swizzle
+    assert _check_cute(make_shared([1 << i for i in range(8)], outs)).bits == 0
+    # a classic Sw<3,3,3>-style layout of an 8 x 64 fp16 tile is recognized
+    outs2 = [("col", 64), ("row", 8)]
+    cols = [1 << i for i in range(9)]
+    for i in range(3):
+        cols[6 + i] |= 1 << (3 + i)
+    swz = _check_cute(make_shared(cols, outs2))
+    assert (swz.bits, swz.base, swz.shift) == (3, 3, 3)
+    # an XOR of two unrelated high bits into one low bit is no single CuTe swizzle
+    cols = [1 << i for i in range(8)]
+    cols[5] |= 1
+    cols[7] |= 1
+    assert _check_cute(make_shared(cols, outs)) is None
