@@ -91,6 +91,7 @@ def _write(path: str, text: str) -> None:
 # --------------------------------------------------------------------------- tegula layout
 
 def _add_layout_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `tegula layout`."""
     p.add_argument("spec", help='a layout in CuTe notation, e.g. "((2,4),(2,2)):((8,1),(4,16))"')
     p.add_argument("--tv", action="store_true",
                    help="read it as a thread-value layout (thread, value) -> tile index")
@@ -124,6 +125,7 @@ def _plain_tile(layout: Any, tile: tuple[int, ...] | None) -> tuple[int, ...]:
 
 
 def _run_layout(args: argparse.Namespace) -> int:
+    """`tegula layout SPEC`: describe the layout, print its grid, optionally write an SVG."""
     layout = parse_layout(args.spec)
     tile = parse_tile(args.tile) if args.tile else None
     print(describe(layout))
@@ -178,11 +180,13 @@ def _show_shared(layout: Any, tile: tuple[int, ...] | None,
 # --------------------------------------------------------------------------- tegula demo
 
 def _add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `tegula demo`."""
     p.add_argument("--out", metavar="DIR", default="tegula-demo",
                    help="where to write the SVG pictures (default ./tegula-demo/)")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    """Print the demo layouts and write their pictures under --out."""
     os.makedirs(args.out, exist_ok=True)
     for part in (_demo_cute, _demo_mma, _demo_swizzle):
         part(args.out)
@@ -201,10 +205,12 @@ def _optional(what: str, part: Callable[[], None]) -> None:
 
 
 def _heading(text: str) -> None:
+    """A section title of the demo output."""
     print(f"== {text}")
 
 
 def _save(out: str, name: str, svg: str) -> None:
+    """Write one demo picture and say where."""
     path = os.path.join(out, name)
     _write(path, svg)
     print(f"   -> {path}")
@@ -333,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except (UsageError, LayoutError) as err:
         print(f"tegula: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an --svg / --out path that cannot be written
+        print(f"tegula: error: {err.strerror or err}: {err.filename or ''}", file=sys.stderr)
         return 2
 
 

@@ -74,6 +74,13 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv):
     assert "Traceback" not in err
 
 
+def test_unwritable_svg_path_is_one_line(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(capsys, "layout", "4:1", "--svg", str(blocker / "x.svg"))
+    assert code == 2 and err.startswith("tegula: error: ") and err.count("\n") == 1
+
+
 def test_parse_helpers():
     assert parse_tile("16x8") == (16, 8) and parse_tile("16,8") == (16, 8)
     assert parse_tile("128") == (128,)
