@@ -139,6 +139,14 @@ def coalesce(layout: Layout, profile: IntTuple | None = None) -> Layout:
         modes = [coalesce(layout[i], profile[i]) if i < len(profile) else layout[i]
                  for i in range(layout.rank)]
         return make_layout(*modes)
+    cached = layout.memo.get("coalesce")
+    if cached is None:
+        cached = layout.memo["coalesce"] = _coalesce_flat(layout)
+    return cached
+
+
+def _coalesce_flat(layout: Layout) -> Layout:
+    """Full coalesce (see `coalesce`): one pass over the leaves, merging where possible."""
     shapes: list = []
     strides: list = []
     for s, d in zip(layout.flat_shape, layout.flat_stride):
@@ -171,8 +179,8 @@ def filter_layout(layout: Layout) -> Layout:
 # --------------------------------------------------------------------------- composition
 
 
-def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
-                  rest_stride: Any) -> tuple[IntTuple, IntTuple]:
+def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any, rest_stride: Any,
+                  digits_used: list) -> tuple[IntTuple, IntTuple]:
     """Compose a flat lhs with one integral mode `rest_shape:rest_stride` of the rhs.
 
     The rhs mode takes `rest_shape` steps of `rest_stride` through the 1-D index space of
@@ -180,6 +188,9 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
     (the mode extent divides the step), or lands `extent/step` times in it before moving
     on (the step divides the extent), or stays inside it for all remaining steps. Any
     other situation has no layout as its result.
+
+    `digits_used[j]` accumulates the largest coordinate this mode reaches in lhs mode j,
+    so the caller can check that the rhs modes together never carry between lhs modes.
     """
     if _known_equal(rest_stride, 0):
         return rest_shape, rest_stride
@@ -187,7 +198,7 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
         raise _Inadmissible(f"the right operand has the negative stride {rest_stride}")
     out_shapes: list = []
     out_strides: list = []
-    for s, d in zip(lhs_shapes[:-1], lhs_strides[:-1]):
+    for j, (s, d) in enumerate(zip(lhs_shapes[:-1], lhs_strides[:-1])):
         if _known_equal(rest_shape, 1):
             # Nothing left to place; track the stride only to print what CuTe prints.
             rest_stride = it.ceil_div(rest_stride, s)
@@ -207,23 +218,20 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
                 placed = steps_in_mode
             else:
                 placed = rest_shape
-            out_shapes.append(placed)
-            out_strides.append(rest_stride * d)
-            rest_shape = rest_shape // placed
-            rest_stride = 1
-            continue
-        if (rest_shape - 1) * rest_stride < s:
-            out_shapes.append(rest_shape)
-            out_strides.append(rest_stride * d)
-            rest_shape = 1
-            rest_stride = it.ceil_div(rest_stride, s)
-            continue
-        if jumps is None:
+        elif (rest_shape - 1) * rest_stride < s:
+            placed = rest_shape
+        elif jumps is None:
             raise LayoutError(f"cannot decide whether the extent {s} divides the stride "
                               f"{rest_stride} of the right operand (symbolic facts too weak)")
-        raise _Inadmissible(
-            f"stride divisibility: {rest_shape} steps of stride {rest_stride} cross a mode "
-            f"of extent {s}, and neither {rest_stride} nor {s} divides the other")
+        else:
+            raise _Inadmissible(
+                f"stride divisibility: {rest_shape} steps of stride {rest_stride} cross a mode "
+                f"of extent {s}, and neither {rest_stride} nor {s} divides the other")
+        out_shapes.append(placed)
+        out_strides.append(rest_stride * d)
+        digits_used[j] = digits_used[j] + (placed - 1) * rest_stride
+        rest_shape = rest_shape // placed
+        rest_stride = it.ceil_div(rest_stride, s)
     if not out_shapes:
         return rest_shape, rest_stride * lhs_strides[-1]
     if not _known_equal(rest_shape, 1):
@@ -235,13 +243,13 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any,
 
 
 def _compose_shape(lhs_shapes: tuple, lhs_strides: tuple, rhs_shape: IntTuple,
-                   rhs_stride: IntTuple) -> tuple[IntTuple, IntTuple]:
+                   rhs_stride: IntTuple, digits_used: list) -> tuple[IntTuple, IntTuple]:
     """Composition distributes over the modes of the rhs: compose each leaf separately."""
     if it.is_tuple(rhs_shape):
-        parts = [_compose_shape(lhs_shapes, lhs_strides, s, d)
+        parts = [_compose_shape(lhs_shapes, lhs_strides, s, d, digits_used)
                  for s, d in zip(rhs_shape, rhs_stride)]
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
-    return _compose_leaf(lhs_shapes, lhs_strides, rhs_shape, rhs_stride)
+    return _compose_leaf(lhs_shapes, lhs_strides, rhs_shape, rhs_stride, digits_used)
 
 
 def _compose(lhs: Layout, rhs: Tiler) -> Layout:
@@ -256,14 +264,26 @@ def _compose(lhs: Layout, rhs: Tiler) -> Layout:
     flat = coalesce(lhs)
     shapes = flat.shape if it.is_tuple(flat.shape) else (flat.shape,)
     strides = flat.stride if it.is_tuple(flat.stride) else (flat.stride,)
-    return Layout(*_compose_shape(shapes, strides, rhs.shape, rhs.stride))
+    digits_used = [0] * len(shapes)
+    result = Layout(*_compose_shape(shapes, strides, rhs.shape, rhs.stride, digits_used))
+    # Distributing over the rhs modes is only right if their coordinates in each lhs mode
+    # add up without carrying into the next mode (a carry would move to another stride).
+    for s, used in zip(shapes[:-1], digits_used):
+        if not used < s:
+            raise _Inadmissible(
+                f"the modes of the right operand overlap inside a mode of extent {s} of the "
+                f"coalesced left operand {flat} (their coordinates there add up to {used}), "
+                "so the composition does not distribute over them")
+    return result
 
 
 def composition(lhs: Layout, rhs: Tiler) -> Layout:
     """The layout `R = lhs ∘ rhs`, with `R(c) = lhs(rhs(c))` for every coordinate c of rhs.
 
     The result has the shape of `rhs` (refined where a step of rhs splits across modes of
-    lhs). Indices of lhs past its size extend its last mode, as in CuTe.
+    lhs). Where `rhs` reaches past `size(lhs)`, lhs is extended along the last mode of
+    `coalesce(lhs)`, as in CuTe (this can differ from evaluating `lhs` itself past its end
+    when lhs ends in size-1 or mergeable modes).
 
     With a tuple tiler, mode i of lhs is composed with tiler element i and the modes of
     lhs that the tiler does not reach are dropped (CuTe C++ behaviour); `None` keeps a mode.

@@ -24,26 +24,35 @@ from tegula.layout.inttuple import IntTuple
 class Layout:
     """A CuTe layout `shape:stride`; strides default to compact column-major."""
 
-    __slots__ = ("_shape", "_stride", "_flat_shape", "_flat_stride", "_hash", "_offsets")
+    __slots__ = ("_shape", "_stride", "_flat_shape", "_flat_stride", "_hash", "_offsets",
+                 "memo")
 
     def __init__(self, shape: IntTuple, stride: IntTuple | None = None):
-        shape = it.normalize(shape)
-        stride = it.prefix_product(shape) if stride is None else it.normalize(stride)
-        if not it.congruent(shape, stride):
-            raise LayoutError(f"shape {it.to_str(shape)} and stride {it.to_str(stride)} "
-                              "are not congruent (they must have the same nesting)")
-        for extent in it.iter_leaves(shape):
+        if stride is None:
+            shape = it.normalize(shape)
+            stride = it.prefix_product(shape)
+        flat_shape: list = []
+        flat_stride: list = []
+        try:
+            shape, stride = _normalize_pair(shape, stride, flat_shape, flat_stride)
+        except _Incongruent:
+            raise LayoutError(f"shape {it.to_str(it.normalize(shape))} and stride "
+                              f"{it.to_str(it.normalize(stride))} are not congruent "
+                              "(they must have the same nesting)") from None
+        for extent in flat_shape:
             # Only concrete extents can be checked here; symbols carry their own facts.
-            if it.is_static(extent) and extent < 1:
+            if type(extent) is int and extent < 1:
                 raise LayoutError(f"shape {it.to_str(shape)} has the extent {extent}; "
                                   "extents must be at least 1")
         self._shape = shape
         self._stride = stride
         # Evaluation walks the leaves, so keep them flat once rather than recursing per call.
-        self._flat_shape = it.flatten(shape)
-        self._flat_stride = it.flatten(stride)
+        self._flat_shape = tuple(flat_shape)
+        self._flat_stride = tuple(flat_stride)
         self._hash: int | None = None
         self._offsets: np.ndarray | None = None
+        # Results of pure functions of this (immutable) layout, e.g. its coalesced form.
+        self.memo: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ construction
 
@@ -225,6 +234,30 @@ class Layout:
 
     def __repr__(self) -> str:
         return f"Layout.parse('{self}')"
+
+
+class _Incongruent(Exception):
+    """Internal signal of `_normalize_pair`: shape and stride nest differently."""
+
+
+def _normalize_pair(shape: Any, stride: Any, flat_shape: list, flat_stride: list) -> tuple:
+    """Normalize a shape and a stride together (see `inttuple.normalize`), checking that
+    they are congruent and collecting their leaves, in one walk."""
+    if type(shape) is int and type(stride) is int:
+        flat_shape.append(shape)
+        flat_stride.append(stride)
+        return shape, stride
+    if isinstance(shape, (tuple, list)):
+        if not isinstance(stride, (tuple, list)) or len(stride) != len(shape):
+            raise _Incongruent
+        pairs = [_normalize_pair(s, d, flat_shape, flat_stride) for s, d in zip(shape, stride)]
+        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    if isinstance(stride, (tuple, list)):
+        raise _Incongruent
+    shape, stride = it.normalize(shape), it.normalize(stride)
+    flat_shape.append(shape)
+    flat_stride.append(stride)
+    return shape, stride
 
 
 def _structurally_equal(a: IntTuple, b: IntTuple) -> bool:

@@ -223,7 +223,7 @@ def ceil_div(a: Any, b: Any) -> Any:
             out.append(ceil_div(e, rest))
             rest = ceil_div(rest, product(e))
         return tuple(out)
-    if is_static(a) and is_static(b):
+    if (type(a) is int and type(b) is int) or (is_static(a) and is_static(b)):
         return (a + b - 1) // b
     return symbolic.sym_ceil_div(a, b)  # exact cases only: a symbolic ceiling is no polynomial
 
