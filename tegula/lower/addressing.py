@@ -1,0 +1,185 @@
+"""Address arithmetic: from tile coordinates to thread-IR index expressions.
+
+A register tile's TV layout `L` gives, for thread `tid` and register `v`, the tile's
+flat index `L(tid, v) = L_thread(tid) + L_value(v)` (a CuTe layout's value is the sum of
+its modes' values), and the flat index splits into per-dim coordinates colexicographically.
+`ThreadCoords` computes each thread's part once (as `Let` statements) when the value part
+never carries into another digit — true for every layout synthesis builds, and checked —
+so an element's coordinate is `base_d + constant`.
+
+Global tiles turn coordinates into element indices of their tensor (origin + steps, times
+the tensor's strides, with stride 1 along the contiguous dim known at compile time) and
+bounds predicates; shared tiles into element offsets within their buffer through the
+synthesized (possibly swizzled) layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, ScalarConst,
+                              TensorExtent)
+from tegula.ir.values import GlobalTile, SharedTile
+from tegula.layout.cute import Layout
+from tegula.layout.swizzle import ComposedLayout
+from tegula.lower.thread_ir import (BLOCK_IDS, TID, Const, Expr, Let, Var, all_of, as_expr)
+
+
+def scalar_expr(x) -> Expr:
+    """The thread-IR expression of a block-uniform tile-IR scalar."""
+    if isinstance(x, int):
+        return Const(x)
+    if isinstance(x, ScalarConst):
+        return Const(x.value)
+    if isinstance(x, BlockIndex):
+        return BLOCK_IDS[x.axis]
+    if isinstance(x, LoopIndex):
+        return Var(x.name)
+    if isinstance(x, TensorExtent):
+        return Var(f"{x.tensor}_shape{x.dim}")
+    if isinstance(x, ScalarArg):
+        return Var(x.name)
+    if isinstance(x, ScalarBinOp):
+        lhs, rhs = scalar_expr(x.lhs), scalar_expr(x.rhs)
+        return {"+": lhs + rhs, "-": lhs - rhs, "*": lhs * rhs, "//": lhs // rhs,
+                "%": lhs % rhs}[x.op]
+    raise TypeError(f"not a kernel scalar: {x!r}")
+
+
+def condition_expr(cond) -> Expr:
+    """The thread-IR predicate of a block-uniform tile-IR `Condition`."""
+    from tegula.ir.scalar import Condition
+    from tegula.lower.thread_ir import BinOp
+    if not isinstance(cond, Condition):
+        raise TypeError(f"not a kernel condition: {cond!r}")
+    if cond.op == "not":
+        return BinOp("==", condition_expr(cond.lhs), Const(0))
+    if cond.op in ("and", "or"):
+        return BinOp(cond.op, condition_expr(cond.lhs), condition_expr(cond.rhs))
+    return BinOp(cond.op, scalar_expr(cond.lhs), scalar_expr(cond.rhs))
+
+
+def split_index(flat: Expr | int, shape: tuple) -> list:
+    """Colexicographic coordinates of a flat tile index."""
+    coords = []
+    for d, extent in enumerate(shape):
+        coords.append(flat % extent if d < len(shape) - 1 else flat)
+        flat = flat // extent
+    return coords
+
+
+class ThreadCoords:
+    """Per-thread coordinate bases of TV layouts, bound once with `Let` and reused.
+
+    `coords(tv, shape, v)` gives the tile coordinate (one Expr per dim) of register v.
+    """
+
+    def __init__(self) -> None:
+        self.prologue: list = []
+        self._bases: dict = {}
+
+    def _base(self, tv: Layout, shape: tuple, thread: Expr) -> list | None:
+        """Let-bound per-dim bases of the thread part, or None if values carry."""
+        key = (str(tv), tuple(shape), str(thread))
+        if key not in self._bases:
+            self._bases[key] = self._make_base(tv, shape, thread) if _carry_free(tv, shape) else None
+        return self._bases[key]
+
+    def _make_base(self, tv: Layout, shape: tuple, thread: Expr) -> list:
+        thread_flat = tv[0](thread)
+        names = []
+        for d, coord in enumerate(split_index(thread_flat, shape)):
+            var = Var(f"c{len(self._bases)}_{d}")
+            self.prologue.append(Let(var, as_expr(coord)))
+            names.append(var)
+        return names
+
+    def coords(self, tv: Layout, shape: tuple, value: int | Expr, thread: Expr = TID) -> list:
+        """Tile coordinate of register `value` of `thread` under `tv`."""
+        if isinstance(value, int) and thread is TID:
+            base = self._base(tv, shape, thread)
+            if base is not None:
+                offsets = split_index(int(tv[1](value)), shape)
+                return [b + o for b, o in zip(base, offsets)]
+        return split_index(as_expr(tv[0](thread)) + as_expr(tv[1](value)), shape)
+
+
+def _carry_free(tv: Layout, shape: tuple) -> bool:
+    """True if coords(thread part + value part) == coords(thread part) + coords(value part)
+    for every thread and value (so per-dim bases can be added)."""
+    threads = tv[0].all_offsets()
+    values = tv[1].all_offsets()
+    total = threads[:, None] + values[None, :]
+    for extent_index in range(len(shape)):
+        a = _coord(total, shape, extent_index)
+        b = _coord(threads, shape, extent_index)[:, None] + _coord(values, shape, extent_index)[None, :]
+        if not np.array_equal(a, b):
+            return False
+    return True
+
+
+def _coord(flat: np.ndarray, shape: tuple, dim: int) -> np.ndarray:
+    for extent in shape[:dim]:
+        flat = flat // extent
+    return flat % shape[dim] if dim < len(shape) - 1 else flat
+
+
+# --------------------------------------------------------------------------------------
+# Global memory
+# --------------------------------------------------------------------------------------
+
+def global_address(view: GlobalTile, coords: list, contiguous_dim: int | None) -> tuple[Expr, Expr | None]:
+    """(element index into the tensor, in-bounds predicate) of a tile coordinate."""
+    tensor_coords = [scalar_expr(o) for o in view.origin]
+    for k, dim in enumerate(view.dims):
+        tensor_coords[dim.tensor_dim] = tensor_coords[dim.tensor_dim] + as_expr(coords[k]) * scalar_expr(dim.step)
+    name = view.arg.name
+    index: Expr = Const(0)
+    bounds = []
+    for d, c in enumerate(tensor_coords):
+        stride = Const(1) if d == contiguous_dim else Var(f"{name}_stride{d}")
+        index = index + c * stride
+        bounds.append(c.lt(Var(f"{name}_shape{d}")))
+    return index, all_of(bounds)
+
+
+# --------------------------------------------------------------------------------------
+# Shared memory
+# --------------------------------------------------------------------------------------
+
+def alloc_coords(tile: SharedTile, coords: list) -> list:
+    """Buffer coordinates of a (possibly transposed) shared tile view's coordinate."""
+    if not tile.permutation:
+        return list(coords)
+    result = [None] * len(coords)
+    for k, alloc_dim in enumerate(tile.permutation):
+        result[alloc_dim] = coords[k]
+    return result
+
+
+def shared_offset(tile: SharedTile, coords: list) -> Expr:
+    """Element offset within the buffer of a shared tile view's coordinate (stage included)."""
+    layout = tile.alloc.layout
+    inner = layout.inner if isinstance(layout, ComposedLayout) else layout
+    buffer_coords = alloc_coords(tile, coords)
+    offset: Expr = Const(0)
+    for c, stride in zip(buffer_coords, inner.flat_stride):
+        offset = offset + as_expr(c) * stride
+    if isinstance(layout, ComposedLayout):
+        swizzle = layout.outer
+        offset = offset ^ ((offset & swizzle.yyy_mask) >> swizzle.shift)
+    stage_elems = int(np.prod(tile.alloc.shape))
+    if tile.alloc.stages > 1:
+        offset = offset + (scalar_expr(tile.stage) % tile.alloc.stages) * stage_elems
+    return offset
+
+
+def replica_predicate(tv: Layout, thread: Expr = TID) -> Expr | None:
+    """True for exactly one thread of each group holding the same elements: the one whose
+    coordinate is 0 along every stride-0 (broadcast) sub-mode of the thread mode."""
+    conds = []
+    prefix = 1
+    for extent, stride in zip(tv[0].flat_shape, tv[0].flat_stride):
+        if stride == 0 and extent > 1:
+            conds.append(((thread // prefix) % extent).eq(0))
+        prefix *= extent
+    return all_of(conds)

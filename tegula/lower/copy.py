@@ -1,0 +1,192 @@
+"""Lowering `tg.copy` between every pair of scopes.
+
+Each copy was given a distribution of its elements over threads (a register tile's own
+TV layout, or a coalesced partition for copies that do not involve registers) and vector
+widths by synthesis; lowering walks the registers in vector-sized steps and emits one
+memory instruction per step with its address and bounds predicate. Threads that hold
+copies of the same elements (broadcast layouts) are predicated off for writes, so every
+memory location has exactly one writer.
+"""
+from __future__ import annotations
+
+from tegula.errors import SynthesisError
+from tegula.ir.ops import Copy
+from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
+from tegula.lower.addressing import global_address, replica_predicate, shared_offset
+from tegula.lower.context import LoweringContext, reg
+from tegula.lower.thread_ir import (Assign, Comment, CpAsync, CpAsyncCommit, GlobalLoad,
+                                    GlobalStore, LdMatrix, RegRead, SharedLoad, SharedStore,
+                                    TID, all_of)
+from tegula.layout.tv import distinct_values, match_values, tv_table
+
+
+def _where(loc) -> str:
+    return f" (line {loc.lineno})" if loc is not None else ""
+
+
+def lower_copy(ctx: LoweringContext, op: Copy) -> list:
+    """Thread IR for one copy."""
+    src, dst = op.src, op.dst
+    header = [Comment(f"copy {describe(src)} -> {describe(dst)}{_where(op.loc)}: "
+                      f"{op.choices.get('instr', 'mov')}, {op.choices.get('vector', 1)}-element vectors")]
+    if isinstance(src, GlobalTile) and isinstance(dst, RegisterTile):
+        return header + _global_to_registers(ctx, op)
+    if isinstance(src, RegisterTile) and isinstance(dst, GlobalTile):
+        return header + _registers_to_global(ctx, op)
+    if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
+        return header + _global_to_shared(ctx, op)
+    if isinstance(src, SharedTile) and isinstance(dst, RegisterTile):
+        return header + load_shared_to_registers(ctx, src, dst.layout, ctx.regs_of(dst),
+                                                 op.choices["src_shared"])
+    if isinstance(src, RegisterTile) and isinstance(dst, SharedTile):
+        return header + _registers_to_shared(ctx, op)
+    if isinstance(src, SharedTile) and isinstance(dst, GlobalTile):
+        return header + _shared_to_global(ctx, op)
+    if isinstance(src, RegisterTile) and isinstance(dst, RegisterTile):
+        return header + copy_registers(ctx, src, dst)
+    raise SynthesisError(f"copy from {describe(src)} to {describe(dst)} is not supported",
+                         loc=op.loc)
+
+
+def _contiguous_dim(ctx: LoweringContext, view: GlobalTile) -> int | None:
+    return ctx.facts[view.arg.name].contiguous_dim
+
+
+def _vector_starts(tv, width: int, skip_repeats: bool) -> list[int]:
+    """First register of each vector; with skip_repeats, vectors whose elements an
+    earlier register of the same thread already holds are left out (written once)."""
+    values = tv[1].size
+    if not skip_repeats:
+        return list(range(0, values, width))
+    keep = set(distinct_values(tv))
+    return [v for v in range(0, values, width) if v in keep]
+
+
+def _global_to_registers(ctx: LoweringContext, op: Copy) -> list:
+    view, tile = op.src, op.dst
+    tv, width = tile.layout, op.choices["vector"]
+    array = ctx.regs_of(tile)
+    out = []
+    for v in _vector_starts(tv, width, skip_repeats=False):
+        coords = ctx.coords.coords(tv, tile.shape, v)
+        index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
+        out.append(GlobalLoad(reg(array, v), view.arg.name, index, width, pred, op.fill))
+    return out
+
+
+def _registers_to_global(ctx: LoweringContext, op: Copy) -> list:
+    tile, view = op.src, op.dst
+    tv, width = tile.layout, op.choices["vector"]
+    array = ctx.regs_of(tile)
+    owner = replica_predicate(tv)
+    out = []
+    for v in _vector_starts(tv, width, skip_repeats=True):
+        coords = ctx.coords.coords(tv, tile.shape, v)
+        index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
+        out.append(GlobalStore(view.arg.name, index, reg(array, v), width,
+                               all_of([p for p in (pred, owner) if p is not None])))
+    return out
+
+
+def _global_to_shared(ctx: LoweringContext, op: Copy) -> list:
+    view, tile = op.src, op.dst
+    tv = op.choices["tv"]
+    width = min(op.choices["vector"], op.choices["dst_shared"].vector)
+    buffer = ctx.buffer_of(tile.alloc)
+    owner = replica_predicate(tv)
+    out = []
+    staged = None
+    if op.choices["instr"] != "cp.async":
+        staged = ctx.temp_regs(f"stage_{tile.alloc.name}", tile.dtype, tv[1].size)
+    for v in _vector_starts(tv, width, skip_repeats=True):
+        coords = ctx.coords.coords(tv, tile.shape, v)
+        index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
+        offset = shared_offset(tile, coords)
+        if staged is None:
+            out.append(CpAsync(buffer.name, offset, view.arg.name, index, width,
+                               all_of([p for p in (pred, owner) if p is not None])))
+        else:
+            out.append(GlobalLoad(reg(staged, v), view.arg.name, index, width, pred, op.fill))
+            out.append(SharedStore(buffer.name, offset, reg(staged, v), width, owner))
+    if staged is None:
+        out.append(CpAsyncCommit())
+    return out
+
+
+def _registers_to_shared(ctx: LoweringContext, op: Copy) -> list:
+    tile, dst = op.src, op.dst
+    tv = tile.layout
+    width = op.choices["dst_shared"].vector
+    array = ctx.regs_of(tile)
+    buffer = ctx.buffer_of(dst.alloc)
+    owner = replica_predicate(tv)
+    out = []
+    for v in _vector_starts(tv, width, skip_repeats=True):
+        coords = ctx.coords.coords(tv, tile.shape, v)
+        out.append(SharedStore(buffer.name, shared_offset(dst, coords), reg(array, v), width, owner))
+    return out
+
+
+def _shared_to_global(ctx: LoweringContext, op: Copy) -> list:
+    tile, view = op.src, op.dst
+    tv = op.choices["tv"]
+    width = min(op.choices["vector"], op.choices["src_shared"].vector)
+    buffer = ctx.buffer_of(tile.alloc)
+    staged = ctx.temp_regs(f"stage_{tile.alloc.name}", tile.dtype, tv[1].size)
+    owner = replica_predicate(tv)
+    out = []
+    for v in _vector_starts(tv, width, skip_repeats=True):
+        coords = ctx.coords.coords(tv, tile.shape, v)
+        index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
+        out.append(SharedLoad(reg(staged, v), buffer.name, shared_offset(tile, coords), width))
+        out.append(GlobalStore(view.arg.name, index, reg(staged, v), width,
+                               all_of([p for p in (pred, owner) if p is not None])))
+    return out
+
+
+def load_shared_to_registers(ctx: LoweringContext, tile: SharedTile, tv, array, plan,
+                             values: list[int] | None = None) -> list:
+    """Load the registers `values` (default all) of a register layout `tv` from a shared
+    tile, with the planned instruction (ldmatrix groups or vector loads)."""
+    buffer = ctx.buffer_of(tile.alloc)
+    wanted = range(tv[1].size) if values is None else values
+    out = []
+    if plan.instr == "ldmatrix":
+        group = plan.vector
+        for g in sorted({v // group for v in wanted}):
+            offset = shared_offset(tile, _ldmatrix_row_coords(ctx, tv, tile.shape, g * group, plan))
+            out.append(LdMatrix(reg(array, g * group), plan.ldmatrix_num, plan.trans,
+                                buffer.name, offset))
+        return out
+    width = plan.vector
+    for v in sorted({v - v % width for v in wanted}):
+        coords = ctx.coords.coords(tv, tile.shape, v)
+        out.append(SharedLoad(reg(array, v), buffer.name, shared_offset(tile, coords), width))
+    return out
+
+
+def _ldmatrix_row_coords(ctx: LoweringContext, tv, shape: tuple, first_value: int, plan) -> list:
+    """Tile coordinate of the first element of the row this lane addresses for one
+    ldmatrix: lane 8j + r gives row r of matrix j, whose first element is held (after the
+    load) by the lane and register the PTX ISA's ldmatrix fragment table names (the same
+    table the catalogue's TV layout encodes; tests/lower checks the two agree)."""
+    lane = TID % 32
+    matrix, row = lane // 8, lane % 8
+    if plan.trans:
+        holder_lane, holder_value = row // 2, matrix * 2 + row % 2
+    else:
+        holder_lane, holder_value = row * 4, matrix * 2
+    thread = (TID // 32) * 32 + holder_lane
+    return ctx.coords.coords(tv, shape, holder_value + first_value, thread=thread)
+
+
+def copy_registers(ctx: LoweringContext, src: RegisterTile, dst: RegisterTile) -> list:
+    """dst = src register by register (layouts agree: synthesis checked or converted)."""
+    dst_table = tv_table(dst.layout)
+    sources = match_values(src.layout, dst_table)
+    if sources is None:
+        raise SynthesisError(f"internal: {describe(src)} and {describe(dst)} disagree in layout")
+    src_regs, dst_regs = ctx.regs_of(src), ctx.regs_of(dst)
+    return [Assign(reg(dst_regs, v), RegRead(reg(src_regs, int(s))))
+            for v, s in enumerate(sources)]
+

@@ -1,0 +1,185 @@
+"""Lowering a synthesized kernel to thread IR.
+
+Ops lower one by one (`lower.copy`, `lower.compute`, `lower.gemm`); this driver adds what
+no single op can decide: the kernel signature, barriers between shared-memory writers and
+readers, and loops — plain ones, and software-pipelined ones (`tg.pipeline`), where the
+copies into multi-stage shared buffers run `stages - 1` iterations ahead of the rest:
+
+    prologue:  issue the copies for iterations start … start+S-2, one cp.async group each
+    loop k:    wait until iteration k's group has landed; barrier
+               issue the copies for iteration k+S-1 into stage (k+S-1) % S; commit
+               the rest of the body for iteration k
+
+The barrier at the top of iteration k also guarantees every thread finished iteration
+k-1, whose stage the new copies overwrite. Copies past the end are predicated off by
+their bounds (cp.async zero-fills), so no stage is read that was not written.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tegula.dtypes import i32
+from tegula.errors import SynthesisError
+from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
+                           Rearrange, Reduce, TracedKernel)
+from tegula.ir.values import GlobalTile, SharedTile
+from tegula.lower.addressing import condition_expr, scalar_expr
+from tegula.lower.compute import (lower_atomic_add, lower_elementwise, lower_fill,
+                                  lower_rearrange, lower_reduce)
+from tegula.lower.context import LoweringContext
+from tegula.lower.copy import lower_copy
+from tegula.lower.gemm import lower_gemm
+from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAsyncWait, Expr,
+                                    For, If, Reg, ScalarParam, Stmt, TensorParam, ThreadKernel,
+                                    Value, Var, _bin)
+
+_LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
+          Reduce: lower_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add}
+
+
+class SharedSync:
+    """Tracks shared buffers written/read since the last barrier, and whether cp.async
+    copies are in flight, to place the fewest barriers that keep every access ordered."""
+
+    def __init__(self) -> None:
+        self.written: set[int] = set()
+        self.read: set[int] = set()
+        self.async_pending = False
+
+    def before(self, op: Op) -> list:
+        reads, writes = shared_accesses(op)
+        if (reads & self.written) or (writes & (self.read | self.written)):
+            return self.barrier()
+        return []
+
+    def after(self, op: Op) -> None:
+        reads, writes = shared_accesses(op)
+        self.read |= reads
+        self.written |= writes
+        if isinstance(op, Copy) and op.choices.get("instr") == "cp.async":
+            self.async_pending = True
+
+    def barrier(self) -> list:
+        stmts = [CpAsyncWait(0)] if self.async_pending else []
+        self.written.clear()
+        self.read.clear()
+        self.async_pending = False
+        return stmts + [Barrier()]
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.written or self.read or self.async_pending)
+
+
+def shared_accesses(op: Op) -> tuple[set, set]:
+    """(alloc ids read, alloc ids written) by one op, loop bodies not included."""
+    reads, writes = set(), set()
+    if isinstance(op, Copy):
+        if isinstance(op.src, SharedTile):
+            reads.add(op.src.alloc.id)
+        if isinstance(op.dst, SharedTile):
+            writes.add(op.dst.alloc.id)
+    elif isinstance(op, Gemm):
+        reads |= {t.alloc.id for t in (op.a, op.b) if isinstance(t, SharedTile)}
+    return reads, writes
+
+
+class KernelLowering:
+    def __init__(self, kernel: TracedKernel, ctx: LoweringContext):
+        self.kernel = kernel
+        self.ctx = ctx
+
+    def ops(self, ops: list[Op], sync: SharedSync) -> list:
+        stmts: list = []
+        for op in ops:
+            if isinstance(op, ForLoop):
+                stmts += self.loop(op, sync)
+            elif isinstance(op, IfThen):
+                stmts += self.branch(op, sync)
+            else:
+                stmts += sync.before(op)
+                stmts += _LOWER[type(op)](self.ctx, op)
+                sync.after(op)
+        return stmts
+
+    def branch(self, op: IfThen, sync: SharedSync) -> list:
+        pre = sync.barrier() if sync.dirty else []
+        then_sync, else_sync = SharedSync(), SharedSync()
+        then = self.ops(op.then, then_sync)
+        otherwise = self.ops(op.otherwise, else_sync)
+        for inner, body in ((then_sync, then), (else_sync, otherwise)):
+            if inner.dirty:
+                body += inner.barrier()
+        return pre + [If(condition_expr(op.cond), then, otherwise)]
+
+    def loop(self, op: ForLoop, sync: SharedSync) -> list:
+        pre = sync.barrier() if sync.dirty else []
+        producers = pipelined_producers(op)
+        if op.stages > 1 and producers:
+            return pre + self.pipelined_loop(op, producers)
+        inner = SharedSync()
+        body = self.ops(op.body, inner)
+        if inner.dirty:
+            body += inner.barrier()
+        return pre + [For(Var(op.var.name), scalar_expr(op.start), scalar_expr(op.stop),
+                          op.step, body)]
+
+    def pipelined_loop(self, op: ForLoop, producers: list[Copy]) -> list:
+        if op.step != 1:
+            raise SynthesisError("tg.pipeline needs a step of 1", loc=op.loc)
+        stages, k = op.stages, Var(op.var.name)
+        start, stop = scalar_expr(op.start), scalar_expr(op.stop)
+        issue = [s for p in producers for s in lower_copy(self.ctx, p)
+                 if not isinstance(s, CpAsyncCommit)] + [CpAsyncCommit()]
+        prologue: list = [Comment(f"pipeline prologue: {stages - 1} stages in flight")]
+        for s in range(stages - 1):
+            prologue += substitute(issue, {k.name: start + s})
+        rest = [o for o in op.body if not any(o is p for p in producers)]
+        inner = SharedSync()
+        body = [CpAsyncWait(stages - 2), Barrier()]
+        body += substitute(issue, {k.name: k + (stages - 1)})
+        body += self.ops(rest, inner)
+        epilogue = [CpAsyncWait(0), Barrier()]
+        return prologue + [For(k, start, stop, 1, body)] + epilogue
+
+
+def pipelined_producers(op: ForLoop) -> list[Copy]:
+    """The body's cp.async copies into multi-stage buffers: they run ahead."""
+    return [o for o in op.body if isinstance(o, Copy) and isinstance(o.dst, SharedTile)
+            and isinstance(o.src, GlobalTile) and o.dst.alloc.stages > 1
+            and o.choices.get("instr") == "cp.async"]
+
+
+def substitute(node, mapping: dict):
+    """A copy of thread IR with variables replaced by expressions (`mapping`: name -> Expr);
+    index expressions are rebuilt through their operators so constants fold again."""
+    if isinstance(node, list):
+        return [substitute(s, mapping) for s in node]
+    if isinstance(node, Var):
+        return mapping.get(node.name, node)
+    if isinstance(node, BinOp):
+        return _bin(node.op, substitute(node.lhs, mapping), substitute(node.rhs, mapping))
+    if isinstance(node, (Stmt, Expr, Value, Reg)):
+        return dataclasses.replace(node, **{f.name: substitute(getattr(node, f.name), mapping)
+                                            for f in dataclasses.fields(node) if f.init})
+    return node
+
+
+def _tensor_written(kernel: TracedKernel, name: str) -> bool:
+    from tegula.ir.ops import tiles_written, walk_ops
+    return any(isinstance(t, GlobalTile) and t.arg.name == name
+               for op in walk_ops(kernel.body) for t in tiles_written(op))
+
+
+def lower(result) -> ThreadKernel:
+    """Thread IR for a `SynthesisResult` (a kernel whose layouts are all decided)."""
+    kernel = result.kernel
+    ctx = LoweringContext(kernel.threads, result.facts, result.shared_offsets, result.shared_bytes)
+    sync = SharedSync()
+    body = KernelLowering(kernel, ctx).ops(kernel.body, sync)
+    params = [TensorParam(a.name, a.dtype, a.rank, _tensor_written(kernel, a.name))
+              for a in kernel.args]
+    params += [ScalarParam(name, i32) for name in kernel.scalar_args]
+    return ThreadKernel(kernel.name, kernel.threads, params, ctx.registers, ctx.shared,
+                        ctx.coords.prologue + body)
+

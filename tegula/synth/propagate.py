@@ -1,0 +1,241 @@
+"""Thread-value layout propagation (Hexcute Algorithm 1, with its gaps closed).
+
+Every register tile needs one TV layout. Anchors fix some of them: gemm accumulators and
+register operands get the tiled MMA fragment layouts (chosen in `synth.gemm`), and a tile
+loaded from or stored to global memory, when nothing else decides it, gets the coalesced
+partition of that global tile. Constraints then carry layouts along the ops in both
+directions until nothing changes:
+
+* elementwise / cast / register-to-register copy: all full-shape operands share the
+  output's layout; a broadcast operand (size-1 dims) gets the output's layout projected
+  onto its shape;
+* reduce: the output is the input's layout projected along the reduced axis.
+
+Unlike Hexcute, which drops constraints whose variables are already fixed, every
+constraint is *checked* once all its layouts are known (`check_constraints`); a violated
+one becomes an explicit `Rearrange` (a layout conversion) in front of the op, unless both
+layouts were pinned by the user, which is reported with both source lines.
+
+The visit order is the op order of the kernel, and anchors are taken in op order, so the
+result does not depend on dictionary or set iteration order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tegula.errors import SynthesisError
+from tegula.ir.ops import (Copy, Elementwise, Gemm, Op, Rearrange, Reduce, TracedKernel,
+                           walk_ops)
+from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
+from tegula.layout.cute import Layout
+from tegula.layout.tv import match_values, projected_tv, tile_size, tile_strides, tv_table
+
+
+@dataclass
+class LayoutState:
+    """The layouts decided so far, by tile id, and why each was decided (for `explain`)."""
+
+    layouts: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
+
+    def get(self, tile: Tile) -> Layout | None:
+        return self.layouts.get(tile.id)
+
+    def set(self, tile: Tile, layout: Layout, reason: str) -> bool:
+        """Record a layout for `tile`; returns True if it was new."""
+        if tile.id in self.layouts:
+            return False
+        self.layouts[tile.id] = layout
+        self.reasons[tile.id] = reason
+        return True
+
+
+def broadcast_layout(out_layout: Layout, out_shape: tuple, in_shape: tuple) -> Layout:
+    """The layout a broadcast operand of `in_shape` needs so each thread holds, in the same
+    register positions, the elements the output's registers are computed from."""
+    layout = out_layout
+    for axis, (o, i) in enumerate(zip(out_shape, in_shape)):
+        if i == 1 and o != 1:
+            layout = projected_tv(layout, tuple(1 if d < axis and in_shape[d] == 1 else s
+                                                for d, s in enumerate(out_shape)), axis)
+    return layout
+
+
+def _full_shape_operands(op: Elementwise) -> list[Tile]:
+    return [t for t in op.inputs if tuple(t.shape) == tuple(op.out.shape)]
+
+
+def _propagate_elementwise(op: Elementwise, state: LayoutState) -> bool:
+    changed = False
+    out_layout = state.get(op.out)
+    if out_layout is None:
+        for t in _full_shape_operands(op):
+            if isinstance(t, RegisterTile) and state.get(t) is not None:
+                changed |= state.set(op.out, state.get(t), f"same as {t.name} ({op.op})")
+                out_layout = state.get(op.out)
+                break
+    if out_layout is None:
+        return changed
+    for t in op.inputs:
+        if not isinstance(t, RegisterTile) or state.get(t) is not None:
+            continue
+        if tuple(t.shape) == tuple(op.out.shape):
+            changed |= state.set(t, out_layout, f"same as {op.out.name} ({op.op})")
+        else:
+            changed |= state.set(t, broadcast_layout(out_layout, op.out.shape, t.shape),
+                                 f"broadcast into {op.out.name}")
+    return changed
+
+
+def propagate_once(ops: list[Op], state: LayoutState) -> bool:
+    """One sweep over all ops applying every constraint that can fix a new layout."""
+    changed = False
+    for op in walk_ops(ops):
+        if isinstance(op, Elementwise):
+            changed |= _propagate_elementwise(op, state)
+        elif isinstance(op, Reduce):
+            x_layout = state.get(op.x)
+            if x_layout is not None and state.get(op.out) is None:
+                changed |= state.set(op.out, projected_tv(x_layout, op.x.shape, op.axis),
+                                     f"reduction of {op.x.name} along axis {op.axis}")
+        elif isinstance(op, Copy) and isinstance(op.src, RegisterTile) \
+                and isinstance(op.dst, RegisterTile):
+            src, dst = state.get(op.src), state.get(op.dst)
+            if src is not None and dst is None:
+                changed |= state.set(op.dst, src, f"copied from {op.src.name}")
+            elif dst is not None and src is None:
+                changed |= state.set(op.src, dst, f"copied into {op.dst.name}")
+    return changed
+
+
+def propagate(ops: list[Op], state: LayoutState) -> None:
+    """Apply constraints until no layout changes (each sweep fixes at least one more)."""
+    while propagate_once(ops, state):
+        pass
+
+
+def first_undecided_global_copy(ops: list[Op], state: LayoutState):
+    """The first copy (in program order) between global memory and a register tile whose
+    layout is still open: the next anchor."""
+    for op in walk_ops(ops):
+        if isinstance(op, Copy):
+            for reg, other in ((op.dst, op.src), (op.src, op.dst)):
+                if isinstance(reg, RegisterTile) and isinstance(other, GlobalTile) \
+                        and state.get(reg) is None:
+                    return op, reg, other
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Constraint checking
+# --------------------------------------------------------------------------------------
+
+def layouts_agree(holder: Layout, holder_shape: tuple, user: Layout, user_shape: tuple) -> bool:
+    """True if every thread holds, somewhere in its registers of `holder`, each element its
+    registers of `user` need (with size-1 dims of holder_shape broadcast)."""
+    user_table = tv_table(user)
+    if user_table.shape[0] != tv_table(holder).shape[0]:
+        return False
+    wanted = _project_indices(user_table, user_shape, holder_shape)
+    return match_values(holder, wanted) is not None
+
+
+def _project_indices(flat: np.ndarray, from_shape: tuple, to_shape: tuple) -> np.ndarray:
+    """Map flat indices of a `from_shape` tile to a `to_shape` tile that broadcasts
+    (extent 1) along some dims."""
+    result = np.zeros_like(flat)
+    to_strides = tile_strides(to_shape)
+    rest = flat
+    for d, extent in enumerate(from_shape):
+        coord = rest % extent
+        rest = rest // extent
+        if to_shape[d] != 1:
+            result = result + coord * to_strides[d]
+    return result
+
+
+def operand_constraints(op: Op) -> list[tuple[Tile, Tile]]:
+    """(holder, user) pairs an op requires to agree: the holder's layout must supply the
+    user's elements."""
+    if isinstance(op, Elementwise):
+        return [(t, op.out) for t in op.inputs if isinstance(t, RegisterTile)]
+    if isinstance(op, Copy) and isinstance(op.src, RegisterTile) and isinstance(op.dst, RegisterTile):
+        return [(op.src, op.dst)]
+    if isinstance(op, Reduce):
+        return [(op.out, op.x)]  # the output must hold each input row's result
+    return []
+
+
+def describe_conflict(op: Op, holder: Tile, user: Tile, state: LayoutState) -> str:
+    return (f"{type(op).__name__.lower()} needs {describe(holder)} laid out like "
+            f"{describe(user)}, but they have the layouts {state.get(holder)} "
+            f"({state.reasons.get(holder.id)}) and {state.get(user)} "
+            f"({state.reasons.get(user.id)})")
+
+
+def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearrange]:
+    """Check every constraint whose layouts are all known; where one fails, convert the
+    holder into a fresh tile with the layout the op needs (a `Rearrange` in front of it).
+
+    Returns the conversions inserted. Pinned-against-pinned conflicts are errors.
+    """
+    inserted: list[Rearrange] = []
+
+    def rewrite(ops: list[Op]) -> list[Op]:
+        result: list[Op] = []
+        for op in ops:
+            for attr in ("body", "then", "otherwise"):
+                if hasattr(op, attr) and isinstance(getattr(op, attr), list):
+                    setattr(op, attr, rewrite(getattr(op, attr)))
+            for holder, user in operand_constraints(op):
+                h, u = state.get(holder), state.get(user)
+                if h is None or u is None or layouts_agree(h, holder.shape, u, user.shape):
+                    continue
+                conversion = _conversion_for(op, holder, user, state, kernel)
+                inserted.append(conversion)
+                result.append(conversion)
+            result.append(op)
+        return result
+
+    kernel.body = rewrite(kernel.body)
+    return inserted
+
+
+def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
+                    kernel: TracedKernel) -> Rearrange:
+    if getattr(holder, "pinned", False) and getattr(user, "pinned", False):
+        raise SynthesisError("the layouts you pinned disagree: " +
+                             describe_conflict(op, holder, user, state),
+                             loc=op.loc, other_loc=holder.loc)
+    if isinstance(op, Reduce):
+        raise SynthesisError("internal: a reduction's output layout was fixed elsewhere: " +
+                             describe_conflict(op, holder, user, state), loc=op.loc)
+    needed = state.get(user)
+    if tuple(holder.shape) != tuple(user.shape):
+        needed = broadcast_layout(needed, user.shape, holder.shape)
+    converted = RegisterTile(holder.dtype, tuple(holder.shape), f"{holder.name}_cvt", op.loc)
+    state.set(converted, needed, f"converted from {holder.name} for {type(op).__name__}")
+    kernel.register_tiles.append(converted)
+    _replace_operand(op, holder, converted)
+    return Rearrange(holder, converted, loc=op.loc)
+
+
+def _replace_operand(op: Op, old: Tile, new: Tile) -> None:
+    if isinstance(op, Elementwise):
+        op.inputs = [new if t is old else t for t in op.inputs]
+    elif isinstance(op, Copy) and op.src is old:
+        op.src = new
+
+
+def default_layout_for_unused(tile: RegisterTile, threads: int) -> Layout:
+    """A layout for a register tile nothing constrains (e.g. filled and never read):
+    spread its elements over the threads in order."""
+    size = tile_size(tuple(tile.shape))
+    if size >= threads and size % threads == 0:
+        return Layout((threads, size // threads), (1, threads))
+    if threads % size == 0:
+        return Layout(((size, threads // size), 1), ((1, 0), 0))
+    raise SynthesisError(f"cannot spread {describe(tile)} ({size} elements) over {threads} "
+                         f"threads evenly", loc=tile.loc)

@@ -1,0 +1,252 @@
+"""Shared-memory layout synthesis: one layout per buffer that serves every access well.
+
+A shared buffer is written by some copies and read by others (and by gemms' operand
+loads); each access has a fixed distribution of elements over threads (a TV table). For
+every candidate layout — each alloc dim as the contiguous one, times the CuTe swizzles
+`Sw<B, M, S>` that permute 16-byte chunks (M = log2 of elements per 16 bytes) — every
+access is planned as the instruction it would get under that layout (`ldmatrix` where the
+16-bit rows line up, else the widest aligned vector load/store) and costed by issue slots
+plus shared-memory wavefronts, counted by enumerating the actual byte addresses of every
+warp instruction. The cheapest candidate wins; ties go to the smaller swizzle, so an
+access pattern that is conflict-free unswizzled stays unswizzled.
+
+Enumeration rather than the F2 optimal-swizzle construction keeps non-power-of-two tiles
+first class; both agree on power-of-two tiles (tests/synth compare them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from tegula.arch.catalogue import get_instruction, mma_for
+from tegula.errors import SynthesisError
+from tegula.ir.values import SharedAlloc
+from tegula.layout.cute import Layout
+from tegula.layout.swizzle import ComposedLayout, Swizzle, make_swizzled_layout
+
+BANKS, BANK_BYTES = 32, 4
+
+
+def wavefronts(byte_addresses: np.ndarray, access_bytes: int) -> int:
+    """Shared-memory wavefronts for warp instructions whose lanes access `access_bytes`
+    at `byte_addresses` (instructions × lanes; -1 marks an inactive lane).
+
+    Lanes are served in phases of 128/access_bytes lanes (all 32 for ≤ 4 bytes); within a
+    phase, each bank serves one distinct 4-byte word per wavefront, and lanes touching the
+    same word share it.
+    """
+    addresses = np.atleast_2d(byte_addresses)
+    per_phase = max(1, min(32, 128 // max(access_bytes, 4)))
+    words_per_access = max(1, access_bytes // BANK_BYTES)
+    total = 0
+    for instr in addresses:
+        for start in range(0, len(instr), per_phase):
+            phase = instr[start:start + per_phase]
+            phase = phase[phase >= 0]
+            if len(phase) == 0:
+                continue
+            words = (phase[:, None] // BANK_BYTES + np.arange(words_per_access)[None, :]).ravel()
+            words = np.unique(words)
+            total += int(np.bincount(words % BANKS, minlength=BANKS).max())
+    return total
+
+
+def ldmatrix_holder(matrix: int, row: int, col: int, trans: bool) -> tuple[int, int]:
+    """Which lane and which of its registers receive element `col` of row `row` (the 16
+    bytes one lane addresses) of matrix `matrix` under `ldmatrix.x4[.trans]` — read off
+    the catalogue's TV layout of the instruction, so synthesis and the emulator share
+    one definition of what ldmatrix does."""
+    return _ldmatrix_holders(trans)[(matrix, row, col)]
+
+
+@lru_cache(maxsize=2)
+def _ldmatrix_holders(trans: bool) -> dict:
+    instr = get_instruction("ldmatrix.x4.trans" if trans else "ldmatrix.x4")
+    table = instr.table()  # [lane, value] -> row + 8*col + 64*matrix
+    holders = {}
+    for lane in range(table.shape[0]):
+        for value in range(table.shape[1]):
+            index = int(table[lane, value])
+            holders[(index // 64, index % 8, (index // 8) % 8)] = (lane, value)
+    return holders
+
+
+@dataclass(frozen=True)
+class SharedAccess:
+    """One op's access to a shared buffer: `coords[t, v]` is the buffer coordinate (rank
+    entries) that thread t moves in register v; `write` says which direction; `vector`
+    fixes the vector width (for copy partitions), or 0 to let the layout decide;
+    `ldmatrix` allows ldmatrix for 16-bit register reads. `op_name` is for reports."""
+
+    coords: np.ndarray
+    write: bool
+    elem_bytes: int
+    vector: int = 0
+    ldmatrix: bool = False
+    op_name: str = ""
+    repeats: int = 1
+
+
+@dataclass(frozen=True)
+class AccessPlan:
+    """The instruction an access gets under a layout, and its cost per execution."""
+
+    instr: str            # "ldmatrix", "ld.shared", "st.shared"
+    vector: int           # elements per lane per instruction (ldmatrix: 2*num)
+    ldmatrix_num: int     # 4/2/1 for ldmatrix, else 0
+    trans: bool
+    instructions: int     # warp instructions per block
+    wavefronts: int       # shared-memory wavefronts per block
+    ideal_wavefronts: int
+
+    @property
+    def conflicts(self) -> int:
+        return self.wavefronts - self.ideal_wavefronts
+
+    def cost(self) -> int:
+        return self.instructions + self.wavefronts
+
+
+def _vector_width(offsets: np.ndarray, elem_bytes: int, cap: int) -> int:
+    """Widest power-of-two run of consecutive registers at consecutive, aligned offsets."""
+    width = max(1, min(cap, 16 // elem_bytes))
+    values = offsets.shape[1]
+    while width > 1:
+        if values % width == 0:
+            grouped = offsets.reshape(offsets.shape[0], values // width, width)
+            if (np.all(grouped == grouped[:, :, :1] + np.arange(width)) and
+                    np.all(grouped[:, :, 0] % width == 0)):
+                return width
+        width //= 2
+    return 1
+
+
+def _plan_vector_access(access: SharedAccess, offsets: np.ndarray) -> AccessPlan:
+    eb = access.elem_bytes
+    cap = access.vector if access.vector else 16 // eb
+    width = _vector_width(offsets, eb, cap)
+    threads, values = offsets.shape
+    starts = offsets[:, ::width] * eb                      # threads × instructions
+    warps = threads // 32
+    per_warp = starts.reshape(warps, 32, -1).transpose(0, 2, 1).reshape(-1, 32)
+    waves = wavefronts(per_warp, width * eb)
+    ideal = per_warp.shape[0] * max(1, (32 * width * eb + 127) // 128)
+    return AccessPlan("st.shared" if access.write else "ld.shared", width, 0, False,
+                      per_warp.shape[0], waves, ideal)
+
+
+def _plan_ldmatrix(access: SharedAccess, offsets: np.ndarray) -> AccessPlan | None:
+    """Plan the access as ldmatrix (x4, else x2, x1) if some variant's rows line up."""
+    threads, values = offsets.shape
+    if access.elem_bytes != 2 or threads % 32:
+        return None
+    warps = offsets.reshape(threads // 32, 32, values)
+    for num in (4, 2, 1):
+        group = 2 * num
+        if values % group:
+            continue
+        for trans in (False, True):
+            rows = _ldmatrix_row_addresses(warps, num, trans)
+            if rows is None:
+                continue
+            instr_rows = rows.reshape(-1, 8 * num)  # one row per (warp, group): lanes' addresses
+            waves = sum(wavefronts(instr_rows[:, 8 * j:8 * j + 8] * 2, 16) for j in range(num))
+            count = instr_rows.shape[0]
+            return AccessPlan("ldmatrix", group, num, trans, count, waves, count * num)
+    return None
+
+
+def _ldmatrix_row_addresses(warps: np.ndarray, num: int, trans: bool) -> np.ndarray | None:
+    """Row start offsets (warps × groups × 8*num lanes) if every 8-element row each lane
+    would address is contiguous and 16-byte aligned, else None."""
+    n_warps, _, values = warps.shape
+    group = 2 * num
+    result = np.empty((n_warps, values // group, 8 * num), dtype=np.int64)
+    cols = np.arange(8)
+    for g in range(values // group):
+        for j in range(num):
+            for r in range(8):
+                holders = [ldmatrix_holder(j, r, c, trans) for c in cols]
+                row = np.stack([warps[:, lane, g * group + v] for lane, v in holders], axis=1)
+                if not np.all(row == row[:, :1] + cols) or np.any(row[:, 0] % 8):
+                    return None
+                result[:, g, 8 * j + r] = row[:, 0]
+    return result
+
+
+def plan_access(access: SharedAccess, offsets: np.ndarray) -> AccessPlan:
+    """The best instruction for an access given the buffer offsets of its elements."""
+    if access.ldmatrix and not access.write:
+        plan = _plan_ldmatrix(access, offsets)
+        if plan is not None:
+            return plan
+    return _plan_vector_access(access, offsets)
+
+
+def base_layout(shape: tuple, contiguous_dim: int) -> Layout:
+    """Compact layout of `shape` with `contiguous_dim` fastest, the others in order."""
+    order = [contiguous_dim] + [d for d in range(len(shape)) if d != contiguous_dim]
+    strides = [0] * len(shape)
+    running = 1
+    for d in order:
+        strides[d] = running
+        running *= shape[d]
+    return Layout(tuple(shape), tuple(strides))
+
+
+def evaluate_offsets(layout, coords: np.ndarray) -> np.ndarray:
+    """Element offsets of buffer coordinates `coords[..., rank]` under a (swizzled) layout."""
+    inner = layout.inner if isinstance(layout, ComposedLayout) else layout
+    offsets = np.zeros(coords.shape[:-1], dtype=np.int64)
+    for d, stride in enumerate(inner.flat_stride):
+        offsets += coords[..., d] * stride
+    if isinstance(layout, ComposedLayout):
+        offsets = layout.outer(layout.offset + offsets)
+    return offsets
+
+
+def candidate_layouts(shape: tuple, elem_bytes: int) -> list:
+    """Every (contiguous dim, swizzle) candidate for a buffer, smallest swizzle first."""
+    stage_elems = int(np.prod(shape))
+    chunk_bits = max(0, (16 // elem_bytes).bit_length() - 1)
+    candidates = []
+    for contig in range(len(shape)):
+        base = base_layout(shape, contig)
+        candidates.append(base)
+        for bits in (1, 2, 3):
+            for shift in range(max(bits, 1), 8):
+                period = 1 << (bits + chunk_bits + shift)
+                if stage_elems % period == 0:
+                    candidates.append(make_swizzled_layout(Swizzle(bits, chunk_bits, shift), base))
+    return candidates
+
+
+@dataclass
+class SharedLayoutChoice:
+    layout: object
+    plans: list
+    cost: int
+    candidates_tried: int
+
+
+def synthesize_shared_layout(alloc: SharedAlloc, accesses: list[SharedAccess]) -> SharedLayoutChoice:
+    """Choose the buffer's layout minimizing the summed cost of all its accesses."""
+    if alloc.pinned and alloc.layout is not None:
+        candidates = [alloc.layout]
+    else:
+        candidates = candidate_layouts(tuple(alloc.shape), _elem_bytes(alloc))
+    best: SharedLayoutChoice | None = None
+    for candidate in candidates:
+        plans = [plan_access(a, evaluate_offsets(candidate, a.coords)) for a in accesses]
+        cost = sum(p.cost() * a.repeats for p, a in zip(plans, accesses))
+        if best is None or cost < best.cost:
+            best = SharedLayoutChoice(candidate, plans, cost, len(candidates))
+    if best is None:
+        raise SynthesisError(f"no layout for shared buffer {alloc.name}", loc=alloc.loc)
+    return best
+
+
+def _elem_bytes(alloc: SharedAlloc) -> int:
+    return max(1, alloc.dtype.bits // 8)

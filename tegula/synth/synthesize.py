@@ -1,0 +1,247 @@
+"""The synthesis driver: a traced kernel in, every layout and instruction decided out.
+
+Steps, in order (each one module's job):
+1. gemm anchors — MMA instruction + warp grid, fixing accumulator and operand layouts
+   (`synth.gemm`);
+2. propagation to a fixpoint; then, while register tiles are still open, the first copy
+   between global memory and an open tile anchors it with a coalesced partition, and
+   propagation resumes (`synth.propagate`, `synth.tv`);
+3. every constraint checked; violated ones get an explicit conversion;
+4. copies get their partition and vector width against global memory (`synth.copies`);
+5. each shared buffer gets the layout and swizzle that minimize the cost of all its
+   accesses, which also decides ldmatrix vs vector loads (`synth.shared`).
+
+Decisions land on the IR: register tiles' `layout`, shared allocs' `layout`, and each op's
+`choices` dict; `SynthesisResult` keeps the reasons for `explain`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tegula.arch.targets import Target
+from tegula.errors import ResourceError, SynthesisError
+from tegula.ir.ops import Copy, Gemm, TracedKernel, walk_ops
+from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
+from tegula.synth.copies import global_access_vector, global_vector_limit
+from tegula.synth.gemm import plan_gemm
+from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
+                                    first_undecided_global_copy, insert_conversions, propagate)
+from tegula.synth.shared import SharedAccess, synthesize_shared_layout
+from tegula.layout.tv import coalesced_tv, tv_coords
+
+
+@dataclass
+class SynthesisResult:
+    """A synthesized kernel and the record of why each decision was made."""
+
+    kernel: TracedKernel
+    target: Target
+    facts: dict
+    reasons: dict = field(default_factory=dict)
+    conversions: list = field(default_factory=list)
+    shared_choices: dict = field(default_factory=dict)
+    shared_offsets: dict = field(default_factory=dict)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of shared memory the kernel's own buffers take (before scratch)."""
+        end = 0
+        for alloc in self.kernel.shared_allocs:
+            end = max(end, self.shared_offsets[alloc.id] + alloc_bytes(alloc))
+        return end
+
+
+def alloc_bytes(alloc) -> int:
+    return int(np.prod(alloc.shape)) * alloc.stages * alloc.dtype.bits // 8
+
+
+def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisResult:
+    """Decide every layout and instruction of `kernel` for `target` under `facts`
+    (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input."""
+    _check_static_shapes(kernel)
+    state = LayoutState()
+    for tile in _register_tiles(kernel):
+        if tile.pinned and tile.layout is not None:
+            state.set(tile, tile.layout, "pinned by the kernel")
+    _anchor_gemms(kernel, state, target)
+    propagate(kernel.body, state)
+    _anchor_global_copies(kernel, state, facts)
+    for tile in _register_tiles(kernel):
+        if state.get(tile) is None:
+            state.set(tile, default_layout_for_unused(tile, kernel.threads),
+                      "no op constrains it: elements spread over threads in order")
+            propagate(kernel.body, state)
+    result = SynthesisResult(kernel, target, facts, reasons=state.reasons)
+    result.conversions = insert_conversions(kernel, state)
+    for tile in _register_tiles(kernel):
+        tile.layout = state.get(tile)
+    _plan_global_copies(kernel, facts, target)
+    _synthesize_shared(kernel, result)
+    _check_shared_budget(result)
+    return result
+
+
+def _register_tiles(kernel: TracedKernel) -> list[RegisterTile]:
+    """Every register tile the kernel touches, in first-use order, each once."""
+    seen: dict[int, RegisterTile] = {}
+    for tile in kernel.register_tiles:
+        seen.setdefault(tile.id, tile)
+    from tegula.ir.ops import tiles_read, tiles_written
+    for op in walk_ops(kernel.body):
+        for tile in tiles_written(op) + tiles_read(op):
+            if isinstance(tile, RegisterTile):
+                seen.setdefault(tile.id, tile)
+    return list(seen.values())
+
+
+def _check_static_shapes(kernel: TracedKernel) -> None:
+    for tile in _register_tiles(kernel):
+        if not all(isinstance(s, int) for s in tile.shape):
+            raise SynthesisError(f"register tile {describe(tile)} needs a shape known at "
+                                 f"compile time (use constexpr tile sizes)", loc=tile.loc)
+
+
+def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> None:
+    for op in walk_ops(kernel.body):
+        if not isinstance(op, Gemm):
+            continue
+        plan = plan_gemm(op, kernel.threads, target)
+        op.choices["plan"] = plan
+        why = f"accumulator of {plan.describe()}"
+        if not state.set(op.c, plan.c_tv, why) and not _same_function(state.get(op.c), plan.c_tv):
+            raise SynthesisError(f"gemm: the accumulator {describe(op.c)} already has the layout "
+                                 f"{state.get(op.c)} ({state.reasons.get(op.c.id)}), but "
+                                 f"{plan.describe()} needs {plan.c_tv}", loc=op.loc)
+        for operand, tv, role in ((op.a, plan.a_tv, "A"), (op.b, plan.b_tv, "B")):
+            if isinstance(operand, RegisterTile):
+                state.set(operand, tv, f"{role} operand of {plan.atom.name}")
+
+
+def _same_function(a, b) -> bool:
+    return a is not None and np.array_equal(a.all_offsets(), b.all_offsets())
+
+
+def _anchor_global_copies(kernel: TracedKernel, state: LayoutState, facts: dict) -> None:
+    """While a register tile moved to/from global memory has no layout, give the first
+    such tile the coalesced partition of its global tile, and propagate."""
+    while True:
+        found = first_undecided_global_copy(kernel.body, state)
+        if found is None:
+            return
+        op, reg, view = found
+        dim, width = global_vector_limit(view, facts)
+        if dim is None:
+            dim, width = len(view.shape) - 1, 1
+        width = _fitting_width(tuple(reg.shape), dim, width, kernel.threads)
+        tv = coalesced_tv(tuple(reg.shape), dim, width, kernel.threads)
+        state.set(reg, tv, f"coalesced {width}-element vectors along dim {dim} of "
+                           f"{view.arg.name} (anchor: copy at line "
+                           f"{op.loc.lineno if op.loc else '?'})")
+        propagate(kernel.body, state)
+
+
+def _fitting_width(shape: tuple, dim: int, width: int, threads: int) -> int:
+    """Shrink the vector until the tile splits into whole vectors that spread evenly."""
+    total = int(np.prod(shape))
+    while width > 1 and (shape[dim] % width or
+                         (total // width >= threads and (total // width) % threads) or
+                         (total // width < threads and threads % (total // width))):
+        width //= 2
+    return width
+
+
+def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> None:
+    """Partition and vector width for every copy that touches global memory."""
+    for op in walk_ops(kernel.body):
+        if not isinstance(op, Copy):
+            continue
+        view = op.src if isinstance(op.src, GlobalTile) else op.dst
+        other = op.dst if view is op.src else op.src
+        if not isinstance(view, GlobalTile):
+            continue
+        if isinstance(other, RegisterTile):
+            dim, width = global_access_vector(view, other.layout, facts)
+            op.choices.update(tv=other.layout, vector=width, dim=dim,
+                              instr="ld.global" if view is op.src else "st.global")
+            continue
+        dim, width = global_vector_limit(view, facts)
+        if dim is None:
+            dim, width = len(view.shape) - 1, 1
+        width = _fitting_width(tuple(view.shape), dim, width, kernel.threads)
+        op.choices.update(tv=coalesced_tv(tuple(view.shape), dim, width, kernel.threads),
+                          vector=width, dim=dim)
+        bytes_ = width * view.dtype.bits // 8
+        async_ok = view is op.src and target.cc >= 80 and bytes_ in (4, 8, 16)
+        op.choices["instr"] = "cp.async" if async_ok else (
+            "ld.global+st.shared" if view is op.src else "ld.shared+st.global")
+
+
+def _alloc_coords(tile: SharedTile, tv) -> np.ndarray:
+    """Buffer coordinates (threads × values × rank) of a shared tile view's elements."""
+    coords = tv_coords(tv, tuple(tile.shape))
+    if tile.permutation:
+        inverse = np.argsort(tile.permutation)
+        coords = coords[..., inverse]
+    return coords
+
+
+def _shared_accesses(kernel: TracedKernel) -> dict:
+    """Every access to each shared buffer, by alloc id: (op, role, SharedAccess)."""
+    accesses: dict = {a.id: [] for a in kernel.shared_allocs}
+    for op in walk_ops(kernel.body):
+        if isinstance(op, Copy):
+            for tile, write in ((op.src, False), (op.dst, True)):
+                if not isinstance(tile, SharedTile):
+                    continue
+                other = op.dst if write else op.src
+                tv = other.layout if isinstance(other, RegisterTile) else op.choices.get("tv")
+                if tv is None:
+                    raise SynthesisError(f"copy between two shared tiles is not supported yet "
+                                         f"({describe(op.src)} -> {describe(op.dst)})", loc=op.loc)
+                vector = op.choices.get("vector", 0) if not isinstance(other, RegisterTile) else 0
+                access = SharedAccess(_alloc_coords(tile, tv), write, _bytes(tile), vector,
+                                      ldmatrix=isinstance(other, RegisterTile),
+                                      op_name=f"copy line {op.loc.lineno if op.loc else '?'}")
+                accesses[tile.alloc.id].append((op, "dst" if write else "src", access))
+        elif isinstance(op, Gemm):
+            plan = op.choices["plan"]
+            for tile, tv, role in ((op.a, plan.a_tv, "a"), (op.b, plan.b_tv, "b")):
+                if isinstance(tile, SharedTile):
+                    access = SharedAccess(_alloc_coords(tile, tv), False, _bytes(tile),
+                                          ldmatrix=True, op_name=f"gemm {role.upper()} operand")
+                    accesses[tile.alloc.id].append((op, role, access))
+    return accesses
+
+
+def _bytes(tile) -> int:
+    return max(1, tile.dtype.bits // 8)
+
+
+def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
+    offset = 0
+    all_accesses = _shared_accesses(kernel)
+    for alloc in kernel.shared_allocs:
+        entries = all_accesses[alloc.id]
+        if entries:
+            choice = synthesize_shared_layout(alloc, [a for _, _, a in entries])
+            alloc.layout = choice.layout
+            result.shared_choices[alloc.id] = choice
+            for (op, role, _), plan in zip(entries, choice.plans):
+                op.choices[f"{role}_shared"] = plan
+        elif alloc.layout is None:
+            from tegula.synth.shared import base_layout
+            alloc.layout = base_layout(tuple(alloc.shape), len(alloc.shape) - 1)
+        result.shared_offsets[alloc.id] = offset
+        offset += -(-alloc_bytes(alloc) // 128) * 128
+
+
+def _check_shared_budget(result: SynthesisResult) -> None:
+    limit = result.target.smem_per_block_max
+    if result.shared_bytes > limit:
+        allocs = ", ".join(f"{a.name} {alloc_bytes(a)} B" for a in result.kernel.shared_allocs)
+        biggest = max(result.kernel.shared_allocs, key=alloc_bytes)
+        raise ResourceError(f"the kernel's shared buffers need {result.shared_bytes} bytes "
+                            f"({allocs}), more than the {limit} bytes a block may use on "
+                            f"{result.target.name}", loc=biggest.loc)
