@@ -155,7 +155,8 @@ def element_bits(value: float, dtype: DType) -> int:
     if dtype.name == "f32":
         return struct.unpack("<I", struct.pack("<f", float(value)))[0]
     if dtype.name == "f16":
-        return int(np.array(value, dtype=np.float16).view(np.uint16))
+        with np.errstate(over="ignore"):  # out of range rounds to inf, as cvt.rn does
+            return int(np.array(value, dtype=np.float16).view(np.uint16))
     if dtype.name == "bf16":
         bits = struct.unpack("<I", struct.pack("<f", float(value)))[0]
         if math.isnan(value):

@@ -178,3 +178,41 @@ def compile_error(compiler: str, target: str, log: str, source: str) -> CompileE
     if quoted:
         text += "\n\nsource lines the log points at:\n" + "\n".join(quoted)
     return CompileError(text)
+
+
+def find_cuobjdump() -> str | None:
+    """Path of cuobjdump (toolkit, PATH, or the `nvidia-cuda-cuobjdump` wheel), or None."""
+    nvcc = find_nvcc()
+    candidates = [os.path.join(os.path.dirname(os.path.realpath(nvcc)), "cuobjdump")] if nvcc else []
+    candidates.append(shutil.which("cuobjdump") or "")
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+        for root in nvidia.__path__:
+            candidates += [os.path.join(root, sub, "bin", "cuobjdump") for sub in ("cu13", "cu12")]
+            candidates.append(os.path.join(root, "cuda_cuobjdump", "bin", "cuobjdump"))
+    except ImportError:
+        pass
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def disassemble(cubin: bytes) -> str | None:
+    """The SASS of a cubin as cuobjdump prints it, or None when cuobjdump is unavailable."""
+    tool = find_cuobjdump()
+    if tool is None:
+        return None
+    # cuobjdump runs nvdisasm, which the wheels install beside it but not on PATH.
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(tool) + os.pathsep + env.get("PATH", "")
+    if shutil.which("nvdisasm", path=env["PATH"]) is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        proc = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=False, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {proc.stderr.strip()}")
+    return proc.stdout

@@ -1,0 +1,164 @@
+"""The CUDA emitter's text, names, parameter list and error reports (no compiler needed)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tegula.codegen import CodegenError, MMA_NAMES, emit_cuda, mma_spec, param_list
+from tegula.codegen.expr import element_bits, element_value, float_literal, index_c
+from tegula.codegen.samples import ALL_SAMPLES, mma_ldmatrix, vector_copy
+from tegula.dtypes import bf16, f16, f32, f8e4m3, f8e5m2, i8
+from tegula.lower.thread_ir import (
+    TID, BinOp, Const, GlobalLoad, GlobalStore, Mma, Reg, RegArray, ScalarParam, Select,
+    SharedBuffer, TensorParam, ThreadKernel, Var,
+)
+
+
+def test_index_printing_follows_c_precedence():
+    a, b, c = Var("a"), Var("b"), Var("c")
+    assert index_c((a + b) * c) == "(a + b) * c"
+    assert index_c(a + b * c) == "a + b * c"
+    assert index_c(a - (b - c)) == "a - (b - c)"
+    assert index_c((a - b) - c) == "a - b - c"
+    assert index_c(a // (b * c)) == "a / (b * c)"
+    assert index_c((a % 8).lt(b).logical_and(c.ge(0))) == "a % 8 < b && c >= 0"
+    assert index_c(BinOp("min", a, b + 1)) == "min(a, b + 1)"
+    assert index_c(Select(a.lt(b), a, Const(-1))) == "(a < b ? a : (-1))"
+    assert index_c(Const(1 << 40)) == f"{1 << 40}LL"
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, -2.5, 3.14159, 1e-6, 65504.0, 1e5, -0.0])
+def test_f16_bits_match_numpy(value):
+    with np.errstate(over="ignore"):
+        expected = int(np.array(value, np.float16).view(np.uint16))
+    assert element_bits(value, f16) == expected
+
+
+def test_special_bit_patterns():
+    assert element_bits(1.0, bf16) == 0x3F80
+    assert element_bits(1.0 + 2**-8, bf16) == 0x3F80  # tie rounds to even
+    assert element_bits(1.0 + 3 * 2**-9, bf16) == 0x3F81
+    assert element_bits(1.0, f8e4m3) == 0x38
+    assert element_bits(448.0, f8e4m3) == 0x7E
+    assert element_bits(1e9, f8e4m3) == 0x7E  # satfinite
+    assert element_bits(-math.inf, f8e4m3) == 0xFE
+    assert element_bits(1.0, f8e5m2) == 0x3C
+    assert element_bits(2**-9, f8e4m3) == 0x01  # smallest subnormal
+    assert element_bits(-1, i8) == 0xFF
+    assert element_value(0.1, f16) == float(np.float16(0.1))
+    assert float_literal(-math.inf) == "__int_as_float(0xff800000)"
+    assert float_literal(2.0) == "2.0f"
+
+
+def test_param_list_is_the_declared_signature():
+    kernel = ThreadKernel("k", 32, [TensorParam("x", f16, 2), ScalarParam("alpha", f32),
+                                    ScalarParam("n", i8), TensorParam("y", f32, 1, writes=True)],
+                          [], [], [])
+    specs = param_list(kernel)
+    assert [s.name for s in specs] == ["x", "x_shape0", "x_shape1", "x_stride0", "x_stride1",
+                                       "alpha", "n", "y", "y_shape0", "y_stride0"]
+    assert [s.fmt for s in specs] == ["Q", "i", "i", "q", "q", "f", "i", "Q", "i", "q"]
+    src = emit_cuda(kernel)
+    for s in specs:
+        assert s.declaration in src
+    assert "const unsigned short* __restrict__ x" in src
+    assert "float* y" in src
+
+
+def test_source_shape():
+    src = emit_cuda(vector_copy(f16, 8, threads=128))
+    assert src.count('extern "C" __global__') == 1
+    assert "__launch_bounds__(128)" in src
+    assert "#include" not in src
+    assert "// tile op: copy(x, y)" in src
+    assert "one 16-byte access" in src
+    src = emit_cuda(mma_ldmatrix())
+    assert "extern __shared__ __align__(128) unsigned char smem[];" in src
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
+
+
+def test_unrolled_loops_get_pragma():
+    src = emit_cuda(ALL_SAMPLES["shared_transpose"]())
+    assert "#pragma unroll\n" in src
+    assert "__syncthreads();" in src
+
+
+def test_mma_names_parse():
+    assert len(MMA_NAMES) >= 10
+    for name in MMA_NAMES:
+        spec = mma_spec(name)
+        assert spec.ptx.startswith("mma.sync.aligned.m16n8k")
+    spec = mma_spec("mma.m16n8k16.f32.f16.f16.f32")
+    assert (spec.words("a"), spec.words("b"), spec.words("c")) == (4, 2, 4)
+    assert mma_spec("mma.m16n8k16.f16.f16.f16.f16").words("d") == 2
+    assert mma_spec("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32").min_sm == 89
+    with pytest.raises(CodegenError, match="no mma.sync"):
+        mma_spec("mma.m16n8k16.f32.bf16.f16.f32")
+
+
+def _one_stmt_kernel(stmt, regs, params=None, shared=()):
+    params = params or [TensorParam("x", f16, 1), TensorParam("y", f16, 1, writes=True)]
+    return ThreadKernel("k", 32, params, regs, list(shared), [stmt])
+
+
+def test_errors_name_the_problem():
+    r = RegArray("r", f16, 4)
+    with pytest.raises(CodegenError, match="outside its 4 elements"):
+        emit_cuda(_one_stmt_kernel(GlobalLoad(Reg(r, Const(0)), "x", TID, 8), [r]))
+    with pytest.raises(CodegenError, match="not one access"):
+        emit_cuda(_one_stmt_kernel(GlobalLoad(Reg(r, Const(0)), "x", TID, 3), [r]))
+    with pytest.raises(CodegenError, match="read-only"):
+        emit_cuda(_one_stmt_kernel(GlobalStore("x", TID, Reg(r, Const(0)), 4), [r]))
+    with pytest.raises(CodegenError, match="no parameter"):
+        emit_cuda(_one_stmt_kernel(GlobalLoad(Reg(r, Const(0)), "z", TID, 4), [r]))
+    dup = RegArray("x", f16, 4)
+    with pytest.raises(CodegenError, match="used twice"):
+        emit_cuda(_one_stmt_kernel(GlobalLoad(Reg(dup, Const(0)), "x", TID, 4), [dup]))
+    wide = RegArray("w", f32, 4)
+    with pytest.raises(CodegenError, match="holds f32"):
+        emit_cuda(_one_stmt_kernel(GlobalLoad(Reg(wide, Const(0)), "x", TID, 4), [wide]))
+
+
+def test_mma_target_and_operand_checks():
+    a, b, c = RegArray("a", f8e4m3, 16), RegArray("b", f8e4m3, 8), RegArray("c", f32, 4)
+    regs = lambda arr: [Reg(arr, Const(i)) for i in range(arr.size)]  # noqa: E731
+    mma = Mma("mma.m16n8k32.f32.e4m3.e4m3.f32", regs(c), regs(a), regs(b), regs(c))
+    kernel = _one_stmt_kernel(mma, [a, b, c])
+    assert "e4m3.e4m3.f32" in emit_cuda(kernel, "sm_90a")
+    with pytest.raises(CodegenError, match="needs sm_89"):
+        emit_cuda(kernel, "sm_80")
+    bad = Mma("mma.m16n8k16.f32.f16.f16.f32", regs(c), regs(c), regs(c), regs(c))
+    with pytest.raises(CodegenError, match="operand a has 4 registers"):
+        emit_cuda(_one_stmt_kernel(bad, [c]))
+
+
+def test_unknown_target():
+    with pytest.raises(CodegenError, match="unknown target"):
+        emit_cuda(vector_copy(), "gfx90a")
+
+
+def test_catalogue_entries_have_emitters():
+    """Every mma entry of the instruction catalogue (tegula.arch), once it exists, prints."""
+    arch = pytest.importorskip("tegula.arch")
+    names = set()
+    for mod_name in ("catalogue", "catalog", "instructions"):
+        mod = getattr(arch, mod_name, None)
+        if mod is None:
+            try:
+                mod = __import__(f"tegula.arch.{mod_name}", fromlist=["x"])
+            except ImportError:
+                continue
+        for value in vars(mod).values():
+            entries = value.values() if isinstance(value, dict) else (
+                value if isinstance(value, (list, tuple)) else ())
+            for e in entries:
+                name = getattr(e, "name", e if isinstance(e, str) else None)
+                if isinstance(name, str) and name.startswith("mma."):
+                    names.add(name)
+    if not names:
+        pytest.skip("the instruction catalogue has no mma entries yet")
+    for name in sorted(names):
+        mma_spec(name)
