@@ -176,6 +176,10 @@ def filter_layout(layout: Layout) -> Layout:
     return coalesce(Layout(tuple(s for s, _ in kept), tuple(d for _, d in kept)))
 
 
+# CuTe's name for it; the module never needs the builtin `filter`.
+filter = filter_layout  # noqa: A001
+
+
 # --------------------------------------------------------------------------- composition
 
 

@@ -133,6 +133,10 @@ class Layout:
             raise LayoutError(f"mode {i} asked of the rank-1 layout {self}")
         return self
 
+    # Modes are reached with `modes()` or `layout[i]`; iterating a layout directly would be
+    # ambiguous (modes? offsets?), so it is refused.
+    __iter__ = None
+
     def modes(self) -> list[Layout]:
         """The top-level modes, in order."""
         return [self[i] for i in range(self.rank)]

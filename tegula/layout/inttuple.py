@@ -301,5 +301,5 @@ def idx2crd(index: Any, shape: IntTuple) -> IntTuple:
 
 
 def crd2crd(coord: IntTuple, src_shape: IntTuple, dst_shape: IntTuple) -> IntTuple:
-    """Re-express a coordinate of `src_shape` as the coordinate of `dst_shape` with the same index."""
+    """The coordinate of `dst_shape` that has the same colexicographic index as `coord`."""
     return idx2crd(crd2idx(coord, src_shape), dst_shape)

@@ -2,7 +2,6 @@
 property-based checks of every operation's defining equation on random layouts."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -63,6 +62,22 @@ def test_coalesce_by_mode_keeps_rank():
     layout = P("((2,4),(3,5)):((1,2),(8,24))")
     assert coalesce(layout, (1, 1)) == P("(8,15):(1,8)")
     assert coalesce(layout, (1,)) == P("(8,(3,5)):(1,(8,24))")
+
+
+def test_filter_is_cutes_name_too():
+    from tegula.layout import algebra
+    assert algebra.filter is filter_layout
+
+
+def test_errors_of_divides_and_products_name_the_operands():
+    with pytest.raises(LayoutError) as err:
+        logical_divide(P("(6,4):(1,10)"), P("4:4"))
+    assert "logical_divide((6,4):(1,10), 4:4)" in str(err.value)
+    with pytest.raises(LayoutError) as err:
+        blocked_product(P("(2,2):(1,1)"), P("2:1"))
+    assert "blocked_product((2,2):(1,1), 2:1)" in str(err.value) and "injective" in str(err.value)
+    with pytest.raises(LayoutError, match="too|modes"):
+        logical_divide(P("8:1"), (2, 2))
 
 
 def test_filter_removes_broadcast_and_unit_modes():

@@ -125,6 +125,11 @@ def test_rank1_layout_is_its_own_mode():
         layout[1]
 
 
+def test_layout_is_not_iterable():
+    with pytest.raises(TypeError):
+        list(P("(2,3):(1,2)"))
+
+
 def test_evaluation_past_the_end_extends_last_mode():
     layout = P("(2,3):(1,10)")
     assert layout(6) == 30 and layout(7) == 31
