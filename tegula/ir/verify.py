@@ -60,7 +60,7 @@ class _Verifier:
 
     # -- scalars --------------------------------------------------------------------------
     def check_scalar(self, x, op: Op) -> None:
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
+        if isinstance(x, int) and not isinstance(x, bool):
             return
         if isinstance(x, ScalarBinOp):
             self.check_scalar(x.lhs, op)
@@ -134,9 +134,9 @@ class _Verifier:
                 self.check_loop(op)
                 continue
             if isinstance(op, IfThen):
-                self.check_scalar(op.cond, op)
                 if not isinstance(op.cond, Condition):
                     raise self.fail(op, f"condition {op.cond!r} is not a Condition")
+                self.check_scalar(op.cond, op)
                 self.check_block(op.then)
                 self.check_block(op.otherwise)
                 continue

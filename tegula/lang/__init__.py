@@ -9,6 +9,14 @@ records a tile IR op (tegula.ir). The pieces, one job per file:
 * `elementwise` — operators, math functions, `where`, casts, `assign`;
 * `ops`         — making tiles, `copy`, `load`, `gemm`, reductions, `rearrange`, atomics;
 * `control`     — `range`, `pipeline`, `if_`, `else_`.
+
+Updating a value across iterations of a run-time loop: the body is traced once, so
+`acc = acc * alpha` only rebinds a Python name to a new tile. Write into the carried tile
+instead — `acc += x` / `acc *= alpha` (in-place element-wise ops), `acc.assign(expr)` (a
+register-to-register copy), `tg.gemm(acc, …)`, `tg.copy(src, acc)` or `tg.fill(acc, v)`.
+
+Launching: `kernel[grid](*args)` forwards to `tegula.runtime.launch(kernel, grid, *args,
+**kwargs)`; the language itself only traces.
 """
 from __future__ import annotations
 

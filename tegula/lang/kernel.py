@@ -25,7 +25,7 @@ from tegula.ir.scalar import ScalarArg, TensorExtent
 from tegula.ir.values import GlobalArg
 from tegula.lang.tensors import GlobalTensor, whole_tensor_tile
 from tegula.lang.trace import (TraceContext, innermost_frame_is_machinery, pop_context,
-                               push_context, traceback_location, user_location)
+                               push_context, traceback_location, user_frame, user_location)
 
 _NO_DEFAULT = inspect.Parameter.empty
 
@@ -79,12 +79,14 @@ def _definition_location(fn: Callable) -> SourceLocation:
     return SourceLocation(code.co_filename, code.co_firstlineno, line.strip(), code.co_name)
 
 
-def _evaluate_annotation(fn: Callable, name: str, annotation: Any, loc: SourceLocation) -> Any:
+def _evaluate_annotation(fn: Callable, name: str, annotation: Any, loc: SourceLocation,
+                         scope: dict) -> Any:
     """String annotations (`from __future__ import annotations`) evaluated in the kernel's
-    module and closure."""
+    module, the scope that applied the decorator, and the function's closure."""
     if not isinstance(annotation, str):
         return annotation
     namespace = dict(fn.__globals__)
+    namespace.update(scope)
     namespace.update(inspect.getclosurevars(fn).nonlocals)
     try:
         return eval(annotation, namespace)  # noqa: S307 — the user's own annotation text
@@ -93,15 +95,16 @@ def _evaluate_annotation(fn: Callable, name: str, annotation: Any, loc: SourceLo
     except Exception as e:
         raise TraceError(f"kernel {fn.__name__}: cannot evaluate the annotation "
                          f"{annotation!r} of parameter {name!r} ({type(e).__name__}: {e}); "
-                         f"import the names it uses at module level", loc) from None
+                         f"make the names it uses visible where the kernel is defined",
+                         loc) from None
 
 
-def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation) -> Param:
+def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation, scope: dict) -> Param:
     where = f"kernel {fn.__name__}, parameter {p.name!r}"
     if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
         raise TraceError(f"{where}: *args and **kwargs are not supported in kernel signatures",
                          loc)
-    ann = _evaluate_annotation(fn, p.name, p.annotation, loc)
+    ann = _evaluate_annotation(fn, p.name, p.annotation, loc, scope)
     if ann is constexpr:
         return Param(p.name, "constexpr", default=p.default)
     if isinstance(ann, TensorSpec):
@@ -145,7 +148,12 @@ class Kernel:
         self.threads = threads
         self.name = fn.__name__
         self.loc = _definition_location(fn)
-        self.params = [_classify(fn, p, self.loc)
+        # The decorating scope's locals: string annotations may name them (a kernel
+        # defined inside a function, with `from __future__ import annotations`).
+        frame = user_frame()
+        scope = dict(frame.f_locals) if frame is not None else {}
+        del frame
+        self.params = [_classify(fn, p, self.loc, scope)
                        for p in inspect.signature(fn).parameters.values()]
         self._traces: dict[tuple, TracedKernel] = {}
         self.__doc__ = fn.__doc__

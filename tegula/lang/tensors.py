@@ -166,8 +166,8 @@ class GlobalView(TileHandle):
             if isinstance(item, slice):
                 if item.step not in (None, 1):
                     raise fail(op, "slices of a global view cannot have a step")
-                start = 0 if item.start is None else index_value(item.start, op, "a slice start")
-                stop = dim.extent if item.stop is None else index_value(item.stop, op, "a slice stop")
+                start = 0 if item.start is None else index_value(item.start, op, "a start")
+                stop = dim.extent if item.stop is None else index_value(item.stop, op, "a stop")
                 origin[td] = origin[td] + start * dim.step
                 dims.append(ViewDim(td, stop - start, dim.step))
                 continue

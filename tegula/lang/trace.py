@@ -34,11 +34,17 @@ def _location_of(frame: FrameType, lineno: int | None = None) -> SourceLocation:
     return SourceLocation(code.co_filename, lineno, line.strip(), code.co_name)
 
 
-def user_location() -> SourceLocation | None:
-    """The innermost caller outside the tracing machinery: the user's line."""
+def user_frame() -> FrameType | None:
+    """The innermost caller outside the tracing machinery."""
     frame = sys._getframe(1)
     while frame is not None and _is_machinery(frame.f_code.co_filename):
         frame = frame.f_back
+    return frame
+
+
+def user_location() -> SourceLocation | None:
+    """The innermost caller outside the tracing machinery: the user's line."""
+    frame = user_frame()
     return _location_of(frame) if frame is not None else None
 
 
