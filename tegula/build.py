@@ -1,0 +1,145 @@
+"""From a `@tg.kernel` to thread IR (and CUDA): the compiler's one entry point.
+
+`build(kernel, constexprs, facts, target)` traces the kernel, synthesizes its layouts and
+instructions, and lowers it to thread IR; the result is cached on the kernel per
+(constexprs, facts, target). The emulator (`tg.emulate`), the GPU runtime, `explain` and
+the `tegula compile` command all start here, so every path compiles the same way.
+
+This module sits above the pipeline modules (like `tegula.cli`) and may import them all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tegula.arch.targets import Target, get_target
+from tegula.errors import LaunchError, SynthesisError
+from tegula.ir.ops import TracedKernel
+from tegula.layout.errors import LayoutError
+from tegula.lower.lower import lower
+from tegula.lower.thread_ir import ThreadKernel
+from tegula.synth.facts import TensorFacts
+from tegula.synth.synthesize import SynthesisResult, synthesize
+
+DEFAULT_TARGET = "sm_90a"
+
+
+@dataclass
+class Build:
+    """One compiled configuration of a kernel: its tile IR (with every decision recorded),
+    the synthesis record, and the thread IR."""
+
+    kernel: Any
+    constexprs: dict
+    facts: dict
+    target: Target
+    traced: TracedKernel
+    synthesis: SynthesisResult
+    thread_kernel: ThreadKernel
+    _cuda: dict = field(default_factory=dict)
+
+    def cuda_source(self) -> str:
+        """The CUDA C++ source of this build (generated once)."""
+        if "source" not in self._cuda:
+            from tegula.codegen.cuda import emit_cuda
+            self._cuda["source"] = emit_cuda(self.thread_kernel, self.target.sm)
+        return self._cuda["source"]
+
+    def explain(self) -> str:
+        from tegula.explain import explain_build
+        return explain_build(self)
+
+
+def _facts_key(facts: dict) -> tuple:
+    return tuple(sorted((name, f.key()) for name, f in facts.items()))
+
+
+def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
+          target: str | Target = DEFAULT_TARGET) -> Build:
+    """Compile `kernel` for these constexprs, argument facts and target (cached)."""
+    target = get_target(target)
+    values = kernel.constexpr_values(constexprs or {})
+    if facts is None:
+        facts = {p.name: TensorFacts.assume_row_major(p.spec.rank)
+                 for p in kernel.params if p.kind == "tensor"}
+    key = (tuple(sorted((k, repr(v)) for k, v in values.items())), _facts_key(facts), target.name)
+    cache = kernel.__dict__.setdefault("_builds", {})
+    if key not in cache:
+        traced = kernel.trace_fresh(**values)
+        try:
+            result = synthesize(traced, target, facts)
+            thread_kernel = lower(result)
+        except LayoutError as e:
+            # A layout the algebra refuses is a synthesis failure of this kernel.
+            raise SynthesisError(f"kernel {kernel.name}: {e}", loc=kernel.loc) from e
+        cache[key] = Build(kernel, values, facts, target, traced, result, thread_kernel)
+    return cache[key]
+
+
+def split_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
+    """(tensors by name, scalars by name, constexprs) from a call's arguments: positional
+    arguments fill the run-time parameters in order; keywords may name any parameter."""
+    runtime = [p for p in kernel.params if p.kind in ("tensor", "scalar")]
+    if len(args) > len(runtime):
+        raise LaunchError(f"kernel {kernel.name} takes {len(runtime)} run-time arguments "
+                          f"({', '.join(p.name for p in runtime)}), got {len(args)}")
+    bound = {p.name: a for p, a in zip(runtime, args)}
+    constexprs = {}
+    for name, value in kwargs.items():
+        param = next((p for p in kernel.params if p.name == name), None)
+        if param is None:
+            raise LaunchError(f"kernel {kernel.name} has no parameter {name!r}")
+        if param.kind == "constexpr":
+            constexprs[name] = value
+        elif name in bound:
+            raise LaunchError(f"kernel {kernel.name}: {name!r} given twice")
+        else:
+            bound[name] = value
+    missing = [p.name for p in runtime if p.name not in bound]
+    if missing:
+        raise LaunchError(f"kernel {kernel.name}: missing argument(s) {', '.join(missing)}")
+    tensors = {p.name: bound[p.name] for p in runtime if p.kind == "tensor"}
+    scalars = {p.name: bound[p.name] for p in runtime if p.kind == "scalar"}
+    return tensors, scalars, constexprs
+
+
+def normalize_grid(grid) -> tuple[int, int, int]:
+    """A grid as three positive ints (a callable grid gets the kernel's constexprs later)."""
+    if isinstance(grid, int):
+        grid = (grid,)
+    try:
+        dims = tuple(int(g) for g in grid)
+    except TypeError:
+        raise LaunchError(f"a grid is an int or a tuple of up to three ints, got {grid!r}") from None
+    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
+        raise LaunchError(f"a grid is one to three positive extents, got {grid!r}")
+    return dims + (1,) * (3 - len(dims))
+
+
+def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_races: bool = True,
+            **kwargs):
+    """Run `kernel` on the CPU: numpy arrays in, results written into them in place.
+
+    `tg.emulate(gemm, (2, 3), a, b, c, BM=64)` traces, synthesizes and lowers the kernel
+    exactly as for the GPU, then executes the thread IR for every block with numpy.
+    Returns the emulator's report (instructions, bytes moved, bank conflicts).
+    """
+    import numpy as np
+
+    from tegula.emulate import run_thread_kernel
+
+    tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
+    facts = {}
+    for name, array in tensors.items():
+        if not isinstance(array, np.ndarray):
+            raise LaunchError(f"tg.emulate: argument {name!r} must be a numpy array, got "
+                              f"{type(array).__name__}")
+        param = next(p for p in kernel.params if p.name == name)
+        if array.ndim != param.spec.rank:
+            raise LaunchError(f"tg.emulate: argument {name!r} has rank {array.ndim}, but the "
+                              f"kernel declares tg.Tensor[{param.spec.dtype}, {param.spec.rank}]")
+        strides = tuple(s // array.itemsize for s in array.strides)
+        facts[name] = TensorFacts.of(array.shape, strides, 0, param.spec.dtype.bits / 8)
+    result = build(kernel, constexprs, facts, target)
+    return run_thread_kernel(result.thread_kernel, normalize_grid(grid), tensors, scalars,
+                             check_races=check_races)
