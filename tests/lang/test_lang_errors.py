@@ -258,3 +258,31 @@ def test_user_python_errors_keep_their_own_type():
         raise KeyError("mine")
     with pytest.raises(KeyError, match="mine"):
         kernel2(body).trace()
+
+
+def test_internal_failures_are_reported_at_the_users_line(monkeypatch):
+    import tegula.lang.ops as lang_ops
+
+    # A failure raised inside tegula's own frames (calling None) stands in for a bug.
+    monkeypatch.setattr(lang_ops, "same_shape", None)
+
+    def body(x, y, z):
+        tg.copy(x.tile((8, 8), (0, 0)), tg.shared((8, 8), f16))  # @internal
+    text = expect(kernel2(body), "@internal", "internal error", "TypeError")
+    assert "tegula bug" in text
+
+
+def test_kernels_without_string_annotations():
+    namespace: dict = {}
+    exec("import tegula as tg\n"
+         "from tegula import f16, f32\n"
+         "@tg.kernel(threads=32)\n"
+         "def k(x: tg.Tensor[f16, 1], n: int, B: tg.constexpr = 16):\n"
+         "    tg.copy(tg.load(x.tile((B,), (n,))), x.tile((B,), (0,)))\n", namespace)
+    t = namespace["k"].trace(B=8)
+    assert t.args[0].rank == 1 and t.scalar_args == ["n"]
+    assert t.body[0].dst.shape == (8,)
+    with pytest.raises(tg.TraceError, match="rank"):
+        tg.Tensor[f16, 0]
+    with pytest.raises(tg.TraceError, match="element type"):
+        tg.Tensor["f16"]
