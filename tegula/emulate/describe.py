@@ -1,0 +1,54 @@
+"""One-line descriptions of thread-IR statements, for error messages and reports."""
+from __future__ import annotations
+
+from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
+                                    For, GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix,
+                                    Mma, Reg, SharedLoad, SharedStore, Shuffle, Stmt)
+
+
+def _regs(r: Reg, count: int) -> str:
+    return f"{r.array.name}[{r.index}]" + (f"..+{count}" if count > 1 else "")
+
+
+def _pred(p) -> str:
+    return "" if p is None else f" if {p}"
+
+
+def describe(s: Stmt) -> str:
+    """A short readable form of one statement (bodies of loops/branches elided)."""
+    if isinstance(s, GlobalLoad):
+        return f"GlobalLoad {_regs(s.dst, s.count)} <- {s.tensor}[{s.index}] x{s.count}{_pred(s.pred)}"
+    if isinstance(s, GlobalStore):
+        return f"GlobalStore {s.tensor}[{s.index}] x{s.count} <- {_regs(s.src, s.count)}{_pred(s.pred)}"
+    if isinstance(s, GlobalAtomicAdd):
+        return f"GlobalAtomicAdd {s.tensor}[{s.index}] += {_regs(s.src, 1)}{_pred(s.pred)}"
+    if isinstance(s, SharedLoad):
+        return f"SharedLoad {_regs(s.dst, s.count)} <- {s.buffer}[{s.offset}] x{s.count}{_pred(s.pred)}"
+    if isinstance(s, SharedStore):
+        return f"SharedStore {s.buffer}[{s.offset}] x{s.count} <- {_regs(s.src, s.count)}{_pred(s.pred)}"
+    if isinstance(s, CpAsync):
+        return (f"CpAsync {s.buffer}[{s.offset}] <- {s.tensor}[{s.index}] x{s.count}"
+                f"{_pred(s.pred)}")
+    if isinstance(s, CpAsyncCommit):
+        return "CpAsyncCommit"
+    if isinstance(s, CpAsyncWait):
+        return f"CpAsyncWait {s.pending}"
+    if isinstance(s, LdMatrix):
+        t = ".trans" if s.trans else ""
+        return f"LdMatrix.x{s.num}{t} {_regs(s.dst, 2 * s.num)} <- {s.buffer}[{s.offset}]"
+    if isinstance(s, Mma):
+        return f"Mma {s.instr} d={_regs(s.d[0], len(s.d))} a={_regs(s.a[0], len(s.a))} " \
+               f"b={_regs(s.b[0], len(s.b))} c={_regs(s.c[0], len(s.c))}"
+    if isinstance(s, Shuffle):
+        return f"Shuffle.{s.mode}({s.arg}) {_regs(s.dst, 1)} <- {_regs(s.src, 1)}"
+    if isinstance(s, Assign):
+        return f"Assign {_regs(s.dst, 1)} = {type(s.value).__name__}"
+    if isinstance(s, Barrier):
+        return "Barrier"
+    if isinstance(s, For):
+        return f"For {s.var} in [{s.start}, {s.stop}) step {s.step}"
+    if isinstance(s, If):
+        return f"If {s.cond}"
+    if isinstance(s, Comment):
+        return f"// {s.text}"
+    return type(s).__name__

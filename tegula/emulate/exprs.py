@@ -1,0 +1,239 @@
+"""Compile thread-IR index expressions and value expressions into numpy closures.
+
+Each `Expr` is compiled once into a Python closure over the environment dict (`env`:
+variable name -> Python int for block-uniform values, or an int64 array [threads] for
+per-thread values such as `tid`). Uniform subexpressions therefore stay Python ints and
+cost almost nothing; only thread-dependent ones touch numpy. Division and remainder are
+numpy/Python floor semantics, which equal C's on the non-negative operands lowering
+produces (thread_ir.INDEX_BINARY_OPS).
+
+Each `Value` compiles to a closure over the block state returning an array [threads] (or a
+numpy scalar) in the storage type of its dtype, rounded to that type (see `values.py`):
+float ops of 16-bit and 8-bit types are computed in float32 and rounded per operation,
+which equals correctly rounded 16-bit arithmetic for + - * / sqrt.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import numpy as np
+
+from tegula.dtypes import DType, bool_
+from tegula.emulate.errors import EmulationError
+from tegula.emulate.values import round_to, storage_dtype
+from tegula.lower.thread_ir import (BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, RegRead,
+                                    Select, Unary, Value, Var, Where)
+
+Env = dict
+
+
+def _logical(fn):
+    def op(a, b):
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return fn(a, b)
+        return int(bool(fn(bool(a), bool(b))))
+    return op
+
+
+def _minmax(py, npf):
+    def op(a, b):
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return npf(a, b)
+        return py(a, b)
+    return op
+
+
+_INDEX_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
+    "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+    ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
+    "and": _logical(np.logical_and), "or": _logical(np.logical_or),
+    "&": operator.and_, "|": operator.or_, "^": operator.xor,
+    "<<": operator.lshift, ">>": operator.rshift,
+    "min": _minmax(min, np.minimum), "max": _minmax(max, np.maximum),
+}
+
+
+def compile_expr(e: Expr) -> Callable[[Env], Any]:
+    """A closure evaluating `e` in an environment (Python int or int64/bool array)."""
+    if isinstance(e, Const):
+        v = e.value
+        return lambda env: v
+    if isinstance(e, Var):
+        name = e.name
+
+        def var(env):
+            try:
+                return env[name]
+            except KeyError:
+                raise EmulationError(f"unbound variable {name!r} in an index expression") from None
+        return var
+    if isinstance(e, BinOp):
+        fn = _INDEX_OPS.get(e.op)
+        if fn is None:
+            raise EmulationError(f"unknown index operator {e.op!r}")
+        lhs, rhs = compile_expr(e.lhs), compile_expr(e.rhs)
+        if isinstance(e.rhs, Const):
+            c = e.rhs.value
+            return lambda env: fn(lhs(env), c)
+        return lambda env: fn(lhs(env), rhs(env))
+    if isinstance(e, Select):
+        cond, a, b = compile_expr(e.cond), compile_expr(e.if_true), compile_expr(e.if_false)
+
+        def select(env):
+            c = cond(env)
+            if isinstance(c, np.ndarray):
+                return np.where(c, a(env), b(env))
+            return a(env) if c else b(env)
+        return select
+    if isinstance(e, int) and not isinstance(e, bool):
+        return lambda env: e
+    raise EmulationError(f"not an index expression: {e!r}")
+
+
+# ---------------------------------------------------------------------- values
+
+_CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+        "eq": np.equal, "ne": np.not_equal}
+
+
+def _c_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """C integer division (truncation toward zero); division by zero gives -1 (like PTX)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        safe = np.where(y == 0, 1, y)
+        q = np.abs(x) // np.abs(safe)
+        q = np.where((x < 0) != (safe < 0), -q, q)
+    return np.where(y == 0, -1, q)
+
+
+def _float_binary(op: str, x, y):
+    xf = np.asarray(x, dtype=np.float32)
+    yf = np.asarray(y, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        if op == "add":
+            return xf + yf
+        if op == "sub":
+            return xf - yf
+        if op == "mul":
+            return xf * yf
+        if op == "div":
+            return xf / yf
+        if op == "max":
+            return np.fmax(xf, yf)  # fmaxf: a NaN operand yields the other one
+        if op == "min":
+            return np.fmin(xf, yf)
+        if op == "pow":
+            return np.power(xf, yf)
+    raise EmulationError(f"operator {op!r} is not defined on floats")
+
+
+def _int_binary(op: str, x, y, dt: DType):
+    if dt == bool_ or (np.asarray(x).dtype == np.bool_ and op in ("and", "or", "xor")):
+        xb, yb = np.asarray(x, dtype=bool), np.asarray(y, dtype=bool)
+        fn = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(op)
+        if fn is None:
+            raise EmulationError(f"operator {op!r} is not defined on bool")
+        return fn(xb, yb)
+    xi, yi = np.asarray(x).astype(np.int64), np.asarray(y).astype(np.int64)
+    if op == "add":
+        return xi + yi
+    if op == "sub":
+        return xi - yi
+    if op == "mul":
+        return xi * yi
+    if op == "div":
+        return _c_div(xi, yi)
+    if op == "max":
+        return np.maximum(xi, yi)
+    if op == "min":
+        return np.minimum(xi, yi)
+    if op == "and":
+        return xi & yi
+    if op == "or":
+        return xi | yi
+    if op == "xor":
+        return xi ^ yi
+    if op == "pow":
+        return xi ** yi
+    raise EmulationError(f"operator {op!r} is not defined on integers")
+
+
+def _unary(op: str, x, dt: DType):
+    if op == "not":
+        a = np.asarray(x)
+        return np.logical_not(a) if a.dtype == np.bool_ or dt == bool_ else ~a.astype(np.int64)
+    if op in ("neg", "abs") and not dt.is_float:
+        a = np.asarray(x).astype(np.int64)
+        return -a if op == "neg" else np.abs(a)
+    f = np.asarray(x, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        if op == "neg":
+            return -f
+        if op == "abs":
+            return np.abs(f)
+        if op == "exp":
+            return np.exp(f)
+        if op == "exp2":
+            return np.exp2(f)
+        if op == "log":
+            return np.log(f)
+        if op == "log2":
+            return np.log2(f)
+        if op == "sqrt":
+            return np.sqrt(f)
+        if op == "rsqrt":
+            return np.float32(1) / np.sqrt(f)
+        if op == "sin":
+            return np.sin(f)
+        if op == "cos":
+            return np.cos(f)
+        if op == "tanh":
+            return np.tanh(f)
+        if op == "sigmoid":
+            return np.float32(1) / (np.float32(1) + np.exp(-f))
+    raise EmulationError(f"unknown unary operator {op!r}")
+
+
+def compile_value(v: Value, reg_index: Callable) -> Callable[[Any], Any]:
+    """A closure over the block state evaluating `v` (see module docstring).
+
+    `reg_index(reg, count)` returns a closure `state -> (array, column)` for a register.
+    """
+    if isinstance(v, RegRead):
+        locate = reg_index(v.reg, 1)
+
+        def read(state):
+            arr, col = locate(state)
+            return arr[:, col]
+        return read
+    if isinstance(v, Literal):
+        const = round_to(np.asarray(v.value), v.dtype)[()]
+        return lambda state: const
+    if isinstance(v, IndexValue):
+        expr, dt = compile_expr(v.expr), v.dtype
+        return lambda state: round_to(np.asarray(expr(state.env)), dt)
+    if isinstance(v, Cast):
+        x, dt = compile_value(v.x, reg_index), v.dtype
+        return lambda state: round_to(x(state), dt)
+    if isinstance(v, Unary):
+        x, op, dt = compile_value(v.x, reg_index), v.op, v.dtype
+        return lambda state: round_to(_unary(op, x(state), dt), dt)
+    if isinstance(v, Binary):
+        x, y, op, dt = compile_value(v.x, reg_index), compile_value(v.y, reg_index), v.op, v.dtype
+        if op in _CMP:
+            cmp = _CMP[op]
+            return lambda state: cmp(x(state), y(state))
+        if dt.is_float:
+            return lambda state: round_to(_float_binary(op, x(state), y(state)), dt)
+        return lambda state: round_to(_int_binary(op, x(state), y(state), dt), dt)
+    if isinstance(v, Where):
+        c, a, b = (compile_value(v.cond, reg_index), compile_value(v.if_true, reg_index),
+                   compile_value(v.if_false, reg_index))
+        dt = v.dtype
+        return lambda state: round_to(np.where(np.asarray(c(state), dtype=bool), a(state), b(state)), dt)
+    raise EmulationError(f"not a value expression: {v!r}")
+
+
+def zeros_like_dtype(n: int, dt: DType) -> np.ndarray:
+    return np.zeros(n, dtype=storage_dtype(dt))

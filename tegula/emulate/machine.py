@@ -1,0 +1,258 @@
+"""The thread-IR interpreter: every block in turn, all threads of a block at once.
+
+`run_thread_kernel(kernel, grid, tensors, scalars)` binds the tensors (numpy arrays; the
+kernel's `{t}_shape{i}` / `{t}_stride{i}` variables come from their shapes and element
+strides), then runs each block (x fastest): registers are numpy arrays [threads, size],
+index expressions evaluate to Python ints when block-uniform and int64 arrays [threads]
+otherwise, and the statement list is compiled once into closures (`compile_block`) so
+per-statement overhead is a Python call plus a few numpy operations.
+
+Control flow: `For` bounds must be block-uniform (checked); `If` with a per-thread
+condition runs its branches under an active mask (statements only affect active threads);
+a `Barrier` reached with some threads inactive is an error (deadlock/UB on the GPU).
+Warp-collective statements (mma, ldmatrix, shuffles) need whole warps active.
+Errors are `EmulationError`s naming the statement, tensor/buffer, block and loop iteration.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+import numpy as np
+
+from tegula.dtypes import DType
+from tegula.emulate.describe import describe
+from tegula.emulate.errors import EmulationError
+from tegula.emulate.exprs import compile_expr, compile_value
+from tegula.emulate.memory import GlobalTensor, SharedMemory
+from tegula.emulate.ops import (Ctx, compile_atomic, compile_cp_async, compile_global,
+                                compile_ldmatrix, compile_mma, compile_shared, compile_shuffle)
+from tegula.emulate.state import BlockState, RegFile, uniform_int, write_regs
+from tegula.emulate.stats import EmulationReport, OpStats
+from tegula.emulate.values import round_to
+from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
+                                    For, GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix,
+                                    Mma, ScalarParam, SharedLoad, SharedStore, Shuffle, Stmt,
+                                    TensorParam, ThreadKernel)
+
+Run = Callable[[BlockState], None]
+
+
+class Compiler:
+    """Turns a statement list into closures, with one `OpStats` per statement."""
+
+    def __init__(self, kernel: ThreadKernel):
+        self.kernel = kernel
+        self.regfile = RegFile(kernel.registers)
+        tensor_dtypes = {p.name: p.dtype for p in kernel.params if isinstance(p, TensorParam)}
+        self.ctx = Ctx(self.regfile, tensor_dtypes, {b.name: b for b in kernel.shared})
+        self.stmt_stats: list[tuple[str, str, OpStats]] = []  # (kind, description, stats)
+
+    def block(self, stmts: list[Stmt]) -> Run:
+        fns = [self.stmt(s) for s in stmts]
+        fns = [f for f in fns if f is not None]
+        if len(fns) == 1:
+            return fns[0]
+
+        def run(state: BlockState) -> None:
+            for f in fns:
+                f(state)
+        return run
+
+    def stmt(self, s: Stmt) -> Run | None:
+        kind = type(s).__name__
+        what = describe(s)
+        st = OpStats()
+        self.stmt_stats.append((kind, what, st))
+        handler = getattr(self, f"_{kind}", None)
+        if handler is not None:
+            return handler(s, st, what)
+        if isinstance(s, (GlobalLoad, GlobalStore)):
+            return compile_global(s, self.ctx, st, what)
+        if isinstance(s, (SharedLoad, SharedStore)):
+            return compile_shared(s, self.ctx, st, what)
+        compilers = {GlobalAtomicAdd: compile_atomic, CpAsync: compile_cp_async,
+                     LdMatrix: compile_ldmatrix, Mma: compile_mma, Shuffle: compile_shuffle}
+        for cls, fn in compilers.items():
+            if isinstance(s, cls):
+                return fn(s, self.ctx, st, what)
+        raise EmulationError(f"the emulator does not know the statement {what}")
+
+    # ------------------------------------------------------------------ simple statements
+
+    def _Comment(self, s: Comment, st: OpStats, what: str) -> Run:
+        text = s.text
+
+        def run(state: BlockState) -> None:
+            state.comment = text
+        return run
+
+    def _Assign(self, s: Assign, st: OpStats, what: str) -> Run:
+        locate = self.regfile.locator(s.dst, 1, what)
+        value = compile_value(s.value, lambda reg, n: self.regfile.locator(reg, n, what))
+        dt = s.dst.array.dtype
+
+        def run(state: BlockState) -> None:
+            v = round_to(value(state), dt)
+            arr, col = locate(state)
+            write_regs(state, arr, col, 1, v)
+            st.count += state.active_warps()
+        return run
+
+    def _Barrier(self, s: Barrier, st: OpStats, what: str) -> Run:
+        def run(state: BlockState) -> None:
+            if not state.full:
+                off = int(np.count_nonzero(~state.mask))
+                raise EmulationError(f"{what}: barrier under divergent control flow "
+                                     f"({off} of {state.threads} threads do not reach it)")
+            state.smem.barrier()
+            st.count += state.warps
+        return run
+
+    def _CpAsyncCommit(self, s: CpAsyncCommit, st: OpStats, what: str) -> Run:
+        def run(state: BlockState) -> None:
+            state.smem.commit(state.mask)
+            st.count += state.active_warps()
+        return run
+
+    def _CpAsyncWait(self, s: CpAsyncWait, st: OpStats, what: str) -> Run:
+        pending = s.pending
+
+        def run(state: BlockState) -> None:
+            state.smem.wait(state.mask, pending)
+            st.count += state.active_warps()
+        return run
+
+    # ------------------------------------------------------------------ control flow
+
+    def _Let(self, s, st: OpStats, what: str) -> Run:
+        """Bind a per-thread integer (an array over the block's threads) to a name."""
+        value, name = compile_expr(s.value), s.var.name
+
+        def run(state: BlockState) -> None:
+            state.env[name] = value(state.env)
+        return run
+
+    def _For(self, s: For, st: OpStats, what: str) -> Run:
+        start, stop = compile_expr(s.start), compile_expr(s.stop)
+        step, var = s.step, s.var.name
+        if step <= 0:
+            raise EmulationError(f"{what}: loop step must be positive")
+        body = self.block(s.body)
+
+        def run(state: BlockState) -> None:
+            lo = uniform_int(start(state.env), state, f"{what}: start")
+            hi = uniform_int(stop(state.env), state, f"{what}: stop")
+            env = state.env
+            saved = env.get(var)
+            frame = [var, lo]
+            state.loops.append(frame)
+            for i in range(lo, hi, step):
+                env[var] = i
+                frame[1] = i
+                body(state)
+            state.loops.pop()
+            if saved is None:
+                env.pop(var, None)
+            else:
+                env[var] = saved
+        return run
+
+    def _If(self, s: If, st: OpStats, what: str) -> Run:
+        cond = compile_expr(s.cond)
+        then = self.block(s.then)
+        other = self.block(s.otherwise) if s.otherwise else None
+
+        def run(state: BlockState) -> None:
+            c = cond(state.env)
+            if not isinstance(c, np.ndarray):
+                if c:
+                    then(state)
+                elif other is not None:
+                    other(state)
+                return
+            c = np.broadcast_to(c.astype(bool), (state.threads,))
+            mask, full = state.mask, state.full
+            for branch, sel in ((then, c), (other, ~c)):
+                if branch is None:
+                    continue
+                m = mask & sel
+                if not m.any():
+                    continue
+                state.mask, state.full = m, bool(m.all())
+                try:
+                    branch(state)
+                finally:
+                    state.mask, state.full = mask, full
+        return run
+
+
+def _bind(kernel: ThreadKernel, tensors: Mapping[str, np.ndarray],
+          scalars: Mapping[str, object]) -> tuple[dict, dict[str, GlobalTensor]]:
+    """The base environment (extents, strides, scalars) and the bound tensors."""
+    env: dict = {}
+    bound: dict[str, GlobalTensor] = {}
+    names = set()
+    for p in kernel.params:
+        names.add(p.name)
+        if isinstance(p, TensorParam):
+            if p.name not in tensors:
+                raise EmulationError(f"kernel {kernel.name}: tensor {p.name!r} not given")
+            t = GlobalTensor(p.name, p.dtype, tensors[p.name])
+            if t.array.ndim != p.rank:
+                raise EmulationError(f"tensor {p.name!r} has rank {t.array.ndim}, the kernel "
+                                     f"expects {p.rank}")
+            for i, (ext, stride) in enumerate(zip(t.shape, t.strides)):
+                env[f"{p.name}_shape{i}"] = int(ext)
+                env[f"{p.name}_stride{i}"] = int(stride)
+            bound[p.name] = t
+        elif isinstance(p, ScalarParam):
+            if p.name not in scalars:
+                raise EmulationError(f"kernel {kernel.name}: scalar {p.name!r} not given")
+            v = scalars[p.name]
+            env[p.name] = int(v) if p.dtype.is_int else v
+    extra = (set(tensors) | set(scalars)) - names
+    if extra:
+        raise EmulationError(f"kernel {kernel.name} has no parameter(s) {sorted(extra)}")
+    return env, bound
+
+
+def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
+                      tensors: Mapping[str, np.ndarray], scalars: Mapping[str, object] | None = None,
+                      *, check_races: bool = True) -> EmulationReport:
+    """Execute `kernel` on the CPU over `grid` (1-3 block counts); tensors are updated in
+    place. Returns the statistics; raises `EmulationError` on a bug in the thread IR."""
+    t0 = time.perf_counter()
+    grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
+    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
+        raise EmulationError(f"grid must be 1 to 3 non-negative block counts, got {grid}")
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    base_env, bound = _bind(kernel, tensors, scalars or {})
+    comp = Compiler(kernel)
+    body = comp.block(kernel.body)
+    report = EmulationReport(kernel=kernel.name, grid=tuple(grid), threads=kernel.threads,
+                             shared_bytes=kernel.shared_bytes)
+    tid = np.arange(kernel.threads, dtype=np.int64)
+    for bz in range(gz):
+        for by in range(gy):
+            for bx in range(gx):
+                env = dict(base_env)
+                env.update(tid=tid, bid_x=bx, bid_y=by, bid_z=bz)
+                smem = SharedMemory(kernel.shared_bytes, kernel.shared, kernel.threads, check_races)
+                state = BlockState(kernel.threads, env, comp.regfile.allocate(kernel.threads),
+                                   smem, bound, (bx, by, bz))
+                try:
+                    body(state)
+                except EmulationError as e:
+                    raise EmulationError(f"{e.message}\n  at {state.where()}") from None
+                report.blocks += 1
+    for i, (kind, what, st) in enumerate(comp.stmt_stats):
+        if st.count:
+            report.by_stmt[i] = (what, st)
+            report.by_kind.setdefault(kind, OpStats()).add(st.count, st.bytes, st.wavefronts,
+                                                           st.ideal_wavefronts)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+__all__ = ["run_thread_kernel", "Compiler", "DType"]

@@ -1,0 +1,316 @@
+"""Global tensors, the block's shared memory with race checking, and bank-conflict counting.
+
+Global tensors
+--------------
+Each kernel tensor parameter is bound to a numpy array. The kernel addresses it by element
+offset from its first element (offset = sum(coord_i * stride_i), strides in elements as the
+kernel reads them from `{t}_stride{i}`), so the emulator views the array's memory as a flat
+1-D array starting at its first element (negative strides are rejected). Element types
+numpy lacks may be passed either as float32 values (bf16, f8: rounded to the type on load)
+or as their raw bit patterns (uint16 for bf16, uint8 for f8). Packed 4-bit tensors are uint8
+arrays of bytes, two elements per byte (element 0 in the low nibble); their logical last
+extent is twice the array's.
+
+Shared memory and races
+-----------------------
+One uint8 buffer per block. With race checking on, every byte remembers, for the current
+*epoch* (the statements between two barriers): which thread last wrote it, and the range of
+threads that read it; and, for bytes written by `cp.async`, the issuing thread and its group.
+A different thread touching a byte written (or, for writes, read) in the same epoch is a
+race. `cp.async` copies complete at issue (the model), but their bytes count as *in flight*
+until the issuing thread's `cp.async.wait_group` has retired their group; reading them
+before, or from another thread without a barrier after that wait, is a race, as is
+overwriting them while in flight. Several threads writing the same byte within *one*
+statement (replicated values) is not reported.
+
+Bank conflicts
+--------------
+Model (as `tegula.layout.banks`): 32 banks of 4 bytes; a warp instruction moving V bytes
+per lane is served in phases of min(32, 128/V) consecutive lanes (all 32 lanes for
+V <= 4, half-warps for 8 B, quarter-warps for 16 B); a phase costs, over banks, the max
+number of *distinct* 4-byte words it touches in that bank (same word = broadcast). The
+ideal is one wavefront per phase with an active lane; conflicts = wavefronts - ideal.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tegula.dtypes import DType, bf16, f8e4m3, f8e5m2
+from tegula.emulate.errors import EmulationError
+from tegula.emulate.values import bits_dtype, from_bits, round_to, storage_dtype, to_bits
+from tegula.lower.thread_ir import SharedBuffer
+
+_NEVER = np.iinfo(np.int64).max
+
+
+class GlobalTensor:
+    """A kernel tensor parameter bound to a numpy array (see module docstring)."""
+
+    def __init__(self, name: str, dtype: DType, array: np.ndarray):
+        if not isinstance(array, np.ndarray):
+            raise EmulationError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
+        self.name, self.dtype, self.array = name, dtype, array
+        self.bits = self._check_dtype(array)
+        item = array.itemsize
+        if any(s < 0 for s in array.strides):
+            raise EmulationError(f"tensor {name!r}: negative strides are not supported")
+        if any(s % item for s in array.strides):
+            raise EmulationError(f"tensor {name!r}: strides not a multiple of the element size")
+        strides = [s // item for s in array.strides]
+        extent = 0 if array.size == 0 else 1 + sum((n - 1) * s for n, s in zip(array.shape, strides))
+        self.flat = np.lib.stride_tricks.as_strided(array, shape=(extent,), strides=(item,))
+        # Offsets inside [0, extent) that are not elements of a strided view are holes.
+        self.valid: np.ndarray | None = None
+        if extent != array.size:
+            valid = np.zeros(extent, dtype=bool)
+            idx = np.zeros(1, dtype=np.int64)
+            for n, s in zip(array.shape, strides):
+                idx = (idx[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).ravel()
+            valid[idx] = True
+            self.valid = valid
+        self.packed = dtype.is_packed
+        scale = 2 if self.packed else 1
+        self.size = extent * scale
+        self.shape = tuple(array.shape[:-1]) + ((array.shape[-1] * scale,) if array.ndim else ())
+        self.strides = tuple(s * scale for s in strides)
+        if self.packed and array.ndim and strides[-1] != 1 and array.shape[-1] > 1:
+            raise EmulationError(f"packed tensor {name!r} must be contiguous in its last dim")
+
+    def _check_dtype(self, array: np.ndarray) -> bool:
+        """True when the array holds bit patterns rather than values."""
+        dt = self.dtype
+        if dt.is_packed:
+            if array.dtype != np.uint8:
+                raise EmulationError(f"tensor {self.name!r} ({dt}) must be a uint8 array of packed nibbles")
+            return True
+        if dt in (bf16, f8e4m3, f8e5m2):
+            if array.dtype == bits_dtype(dt):
+                return True
+            if array.dtype == np.float32:
+                return False
+            raise EmulationError(f"tensor {self.name!r} is {dt}: pass float32 values or "
+                                 f"{bits_dtype(dt)} bit patterns, not {array.dtype}")
+        if array.dtype != storage_dtype(dt):
+            raise EmulationError(f"tensor {self.name!r} is {dt} but the array is {array.dtype}")
+        return False
+
+    def check(self, offs: np.ndarray, what: str) -> None:
+        """Raise unless every element offset in `offs` is an element of the tensor."""
+        if offs.size == 0:
+            return
+        lo, hi = int(offs.min()), int(offs.max())
+        bad = lo < 0 or hi >= self.size
+        if not bad and self.valid is not None:
+            bad = not bool(self.valid[(offs // 2) if self.packed else offs].all())
+        if bad:
+            flat = offs.ravel()
+            wrong = flat[(flat < 0) | (flat >= self.size)]
+            example = int(wrong[0]) if wrong.size else int(flat[0])
+            raise EmulationError(
+                f"{what}: out-of-bounds access to tensor {self.name!r} (shape {self.shape}, "
+                f"{self.size} elements): element offset {example} (range {lo}..{hi})")
+
+    def load(self, offs: np.ndarray) -> np.ndarray:
+        """Storage values at element offsets (any shape; offsets already checked)."""
+        if self.packed:
+            byte = self.flat[offs // 2]
+            return ((byte >> ((offs % 2) * 4).astype(np.uint8)) & 0xF).astype(np.uint8)
+        raw = self.flat[offs]
+        if self.bits:
+            return from_bits(raw, self.dtype)
+        return round_to(raw, self.dtype)
+
+    def store(self, offs: np.ndarray, values: np.ndarray) -> None:
+        """Write storage values at element offsets."""
+        if self.packed:
+            for col in range(offs.shape[-1]):  # read-modify-write one nibble column at a time
+                o, v = offs[..., col], values[..., col].astype(np.uint8) & 0xF
+                shift = ((o % 2) * 4).astype(np.uint8)
+                byte = self.flat[o // 2]
+                self.flat[o // 2] = (byte & ~(np.uint8(0xF) << shift)) | (v << shift)
+            return
+        self.flat[offs] = to_bits(values, self.dtype) if self.bits else values
+
+    def atomic_add(self, offs: np.ndarray, values: np.ndarray) -> None:
+        """tensor[offs] += values, duplicates accumulated (as atomics would), rounded."""
+        if self.bits or self.packed:
+            raise EmulationError(f"atomic_add on tensor {self.name!r} of type {self.dtype} "
+                                 "is not supported by the emulator")
+        offs, values = offs.ravel(), values.ravel()
+        if self.dtype in (bf16, f8e4m3, f8e5m2):
+            for o, v in zip(offs.tolist(), values.tolist()):  # round after every add
+                self.flat[o] = round_to(np.float32(self.flat[o]) + np.float32(v), self.dtype)
+            return
+        np.add.at(self.flat, offs, values.astype(self.flat.dtype))
+
+
+class SharedMemory:
+    """A block's shared memory (bytes) with the race model of the module docstring."""
+
+    def __init__(self, nbytes: int, buffers: list[SharedBuffer], threads: int, check_races: bool):
+        self.buf = np.zeros(nbytes, dtype=np.uint8)
+        self.buffers = sorted(buffers, key=lambda b: b.byte_offset)
+        self.check_races = check_races
+        self.epoch = 0
+        self.threads = threads
+        if check_races:
+            self.w_tid = np.full(nbytes, -1, dtype=np.int32)
+            self.w_epoch = np.full(nbytes, -1, dtype=np.int64)
+            self.r_epoch = np.full(nbytes, -1, dtype=np.int64)
+            self.r_min = np.zeros(nbytes, dtype=np.int32)
+            self.r_max = np.zeros(nbytes, dtype=np.int32)
+            self.ca_tid = np.full(nbytes, -1, dtype=np.int32)
+            self.ca_grp = np.zeros(nbytes, dtype=np.int64)
+            self.committed = np.zeros(threads, dtype=np.int64)
+            self.completed = np.zeros(threads, dtype=np.int64)
+            self.done_epoch = np.full((threads, 8), _NEVER, dtype=np.int64)
+
+    # ------------------------------------------------------------------ helpers
+
+    def buffer_at(self, byte: int) -> str:
+        """Name of the buffer holding `byte` (for messages)."""
+        for b in self.buffers:
+            if b.byte_offset <= byte < b.byte_offset + b.size * b.dtype.bits // 8:
+                return f"{b.name!r} (element {(byte - b.byte_offset) * 8 // b.dtype.bits})"
+        return "<no buffer>"
+
+    def _race(self, what: str, kind: str, mask: np.ndarray, addrs: np.ndarray,
+              tids: np.ndarray, other: np.ndarray, detail: str) -> None:
+        i = int(np.flatnonzero(mask.ravel())[0])
+        a, t, o = int(addrs.ravel()[i]), int(tids.ravel()[i]), int(other.ravel()[i])
+        raise EmulationError(
+            f"{what}: shared-memory race ({kind}) on byte {a} of buffer {self.buffer_at(a)}: "
+            f"thread {t} vs thread {o} {detail}")
+
+    def _async_hazard(self, addrs: np.ndarray, tids: np.ndarray):
+        """(in-flight mask, not-yet-visible-to-others mask, owner) for cp.async bytes."""
+        owner = self.ca_tid[addrs]
+        has = owner >= 0
+        if not has.any():
+            return None
+        grp = self.ca_grp[addrs]
+        ow = np.where(has, owner, 0)
+        g = np.minimum(grp, self.done_epoch.shape[1] - 1)
+        done = np.where(has & (grp < self.done_epoch.shape[1]), self.done_epoch[ow, g], _NEVER)
+        inflight = has & (done == _NEVER)
+        unseen = has & ~inflight & (owner != tids) & (done >= self.epoch)
+        return inflight, unseen, owner
+
+    # ------------------------------------------------------------------ accesses
+
+    def read(self, addrs: np.ndarray, tids: np.ndarray, what: str) -> np.ndarray:
+        """Bytes at `addrs` ([n, nbytes] byte addresses) read by threads `tids` ([n])."""
+        if self.check_races and addrs.size:
+            t = np.broadcast_to(tids[:, None], addrs.shape)
+            e = self.epoch
+            raw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != t)
+            if raw.any():
+                self._race(what, "read after write", raw, addrs, t, self.w_tid[addrs],
+                           "wrote it with no barrier in between")
+            hz = self._async_hazard(addrs, t)
+            if hz is not None:
+                inflight, unseen, owner = hz
+                if inflight.any():
+                    self._race(what, "cp.async not waited for", inflight, addrs, t, owner,
+                               "issued a cp.async to it whose group has not been waited for "
+                               "(missing cp.async.wait_group)")
+                if unseen.any():
+                    self._race(what, "cp.async without barrier", unseen, addrs, t, owner,
+                               "waited for its cp.async but no barrier followed")
+            flat, ft = addrs.ravel(), t.ravel()
+            stale = flat[self.r_epoch[flat] != e]
+            self.r_min[stale] = np.iinfo(np.int32).max
+            self.r_max[stale] = -1
+            self.r_epoch[flat] = e
+            np.minimum.at(self.r_min, flat, ft.astype(np.int32))
+            np.maximum.at(self.r_max, flat, ft.astype(np.int32))
+        return self.buf[addrs]
+
+    def write(self, addrs: np.ndarray, data: np.ndarray, tids: np.ndarray, what: str,
+              async_group: np.ndarray | None = None) -> None:
+        """Write bytes `data` ([n, nbytes]) at `addrs` by threads `tids`; `async_group` (per
+        thread) marks a cp.async write."""
+        if self.check_races and addrs.size:
+            t = np.broadcast_to(tids[:, None], addrs.shape)
+            e = self.epoch
+            waw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != t)
+            if waw.any():
+                self._race(what, "write after write", waw, addrs, t, self.w_tid[addrs],
+                           "wrote it with no barrier in between")
+            war = (self.r_epoch[addrs] == e) & ~((self.r_min[addrs] == t) & (self.r_max[addrs] == t))
+            if war.any():
+                other = np.where(self.r_min[addrs] != t, self.r_min[addrs], self.r_max[addrs])
+                self._race(what, "write after read", war, addrs, t, other,
+                           "read it with no barrier in between")
+            hz = self._async_hazard(addrs, t)
+            if hz is not None:
+                inflight, unseen, owner = hz
+                if inflight.any():
+                    self._race(what, "overwrite of an in-flight cp.async", inflight, addrs, t,
+                               owner, "has a cp.async to it that was not waited for")
+                if unseen.any():
+                    self._race(what, "cp.async without barrier", unseen, addrs, t, owner,
+                               "waited for its cp.async but no barrier followed")
+            if async_group is None:
+                self.w_tid[addrs] = t
+                self.w_epoch[addrs] = e
+                self.ca_tid[addrs] = -1
+            else:
+                self.ca_tid[addrs] = t
+                self.ca_grp[addrs] = np.broadcast_to(async_group[:, None], addrs.shape)
+                self.w_epoch[addrs] = -1
+        self.buf[addrs] = data
+
+    # ------------------------------------------------------------------ protocol
+
+    def barrier(self) -> None:
+        self.epoch += 1
+
+    def open_group(self, tids: np.ndarray) -> np.ndarray:
+        """The group index new cp.async of threads `tids` join (their uncommitted group)."""
+        return self.committed[tids] if self.check_races else np.zeros(len(tids), dtype=np.int64)
+
+    def commit(self, active: np.ndarray) -> None:
+        if self.check_races:
+            self.committed[active] += 1
+
+    def wait(self, active: np.ndarray, pending: int) -> None:
+        """cp.async.wait_group `pending` by the threads in `active` (bool [threads])."""
+        if not self.check_races:
+            return
+        limit = np.where(active, np.maximum(self.committed - pending, self.completed), self.completed)
+        need = int(limit.max())
+        if need > self.done_epoch.shape[1]:
+            grow = np.full((self.threads, max(need, 2 * self.done_epoch.shape[1])), _NEVER,
+                           dtype=np.int64)
+            grow[:, : self.done_epoch.shape[1]] = self.done_epoch
+            self.done_epoch = grow
+        lo = int(self.completed.min())
+        for g in range(lo, need):
+            newly = (g < limit) & (self.done_epoch[:, g] == _NEVER)
+            self.done_epoch[newly, g] = self.epoch
+        self.completed = limit
+
+
+def bank_wavefronts(addrs: np.ndarray, active: np.ndarray, nbytes: int,
+                    banks: int = 32, bank_bytes: int = 4) -> tuple[int, int]:
+    """(wavefronts, ideal) of warp accesses: `addrs` int [warps, 32] byte addresses of
+    `nbytes`-byte accesses, `active` bool [warps, 32]. See the module docstring."""
+    warps = addrs.shape[0]
+    phase_lanes = 32 if nbytes <= bank_bytes else max(1, (banks * bank_bytes) // nbytes)
+    nphase = 32 // phase_lanes
+    words_per = max(1, nbytes // bank_bytes)
+    lane = np.arange(32)
+    group = (np.arange(warps)[:, None] * nphase + lane[None, :] // phase_lanes)  # [W, 32]
+    words = addrs[..., None] // bank_bytes + np.arange(words_per)  # [W, 32, wp]
+    sel = active
+    g = np.broadcast_to(group[..., None], words.shape)[sel]
+    w = words[sel]
+    if w.size == 0:
+        return 0, 0
+    key = np.unique(g.astype(np.int64) << 32 | w.astype(np.int64))
+    gu, wu = key >> 32, key & 0xFFFFFFFF
+    counts = np.bincount(gu * banks + wu % banks, minlength=warps * nphase * banks)
+    per_phase = counts.reshape(warps * nphase, banks).max(axis=1)
+    ideal = int(np.count_nonzero(per_phase))
+    return int(per_phase.sum()), ideal
