@@ -49,7 +49,7 @@ def _cases() -> list[Case]:
     _, copy_tv = make_layout_tv(Layout((32, 4), (4, 1)), Layout((1, 8)))  # 128 thr x 8
     smem = Layout((128, 32), (32, 1))                    # K-major shared tile of A
     gmem = Layout((128, 32), (4096, 1))                  # its global source, K = 4096
-    deep = Layout(((2, 2), (2, 4), (4, 8), 2), ((1, 2), (4, 8), (32, 128), 1024))
+    deep = (((2, 2), (2, 4), (4, 8), 2), ((1, 2), (4, 8), (32, 128), 1024))
     sw = Swizzle(3, 3, 3)
     rows, cols = sym("M"), sym("K", multiple_of=8)
     symbolic_gmem = Layout((rows, cols), (cols, 1))
@@ -63,8 +63,10 @@ def _cases() -> list[Case]:
              lambda: right_inverse(MMA_C_TV)),
         Case("left_inverse 128x128", "inverting a tile layout (shared-memory side)",
              lambda: left_inverse(tile_128)),
-        Case("coalesce depth-2", "normalizing a composed layout",
-             lambda: coalesce(deep)),
+        # A fresh Layout each time: coalesce is memoized per instance, and synthesis
+        # coalesces layouts it has just built.
+        Case("coalesce depth-2 (fresh)", "normalizing a just-composed layout",
+             lambda: coalesce(Layout(*deep))),
         Case("logical_divide 128x128/(16,8)", "tiling a C tile by the mma instruction",
              lambda: logical_divide(tile_128, (16, 8))),
         Case("zipped_divide smem/(8,8)", "ldmatrix 8x8 blocks of a shared tile",
