@@ -79,6 +79,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
         tile.layout = state.get(tile)
     _plan_global_copies(kernel, facts, target)
     _synthesize_shared(kernel, result)
+    _settle_async_copies(kernel)
     _check_shared_budget(result)
     return result
 
@@ -178,6 +179,17 @@ def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> No
             "ld.global+st.shared" if view is op.src else "ld.shared+st.global")
 
 
+def _settle_async_copies(kernel: TracedKernel) -> None:
+    """cp.async moves 4, 8 or 16 bytes per lane. A copy planned as cp.async from the global
+    side alone may have its vector narrowed by the shared layout chosen afterwards (a
+    transposed reader wants the other order); below 4 bytes it is staged through registers."""
+    for op in walk_ops(kernel.body):
+        if isinstance(op, Copy) and op.choices.get("instr") == "cp.async":
+            width = min(op.choices["vector"], op.choices["dst_shared"].vector)
+            if width * op.dst.dtype.bits // 8 not in (4, 8, 16):
+                op.choices["instr"] = "ld.global+st.shared"
+
+
 def _alloc_coords(tile: SharedTile, tv) -> np.ndarray:
     """Buffer coordinates (threads × values × rank) of a shared tile view's elements."""
     coords = tv_coords(tv, tuple(tile.shape))
@@ -195,7 +207,7 @@ def _shared_accesses(kernel: TracedKernel) -> dict:
             for tile, write in ((op.src, False), (op.dst, True)):
                 if not isinstance(tile, SharedTile):
                     continue
-                other = op.dst if write else op.src
+                other = op.src if write else op.dst  # the side that is not `tile`
                 tv = other.layout if isinstance(other, RegisterTile) else op.choices.get("tv")
                 if tv is None:
                     raise SynthesisError(f"copy between two shared tiles is not supported yet "
