@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from tegula.codegen.cuda import emit_cuda, target_sm
 from tegula.codegen.expr import CodegenError, element_bits, element_value, storage_type
-from tegula.codegen.params import ParamSpec, param_list
+from tegula.codegen.params import (
+    ParamSpec, global_access_bytes, param_list, vectorized_tensors,
+)
 from tegula.codegen.ptx import MMA_NAMES, MmaSpec, mma_spec
 
 __all__ = ["emit_cuda", "param_list", "ParamSpec", "CodegenError", "MMA_NAMES", "MmaSpec",
-           "mma_spec", "storage_type", "element_bits", "element_value", "target_sm"]
+           "mma_spec", "global_access_bytes", "vectorized_tensors", "storage_type", "element_bits", "element_value", "target_sm"]

@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tegula.dtypes import DType
-from tegula.lower.thread_ir import ScalarParam, TensorParam, ThreadKernel
+from tegula.lower.thread_ir import (
+    CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore, ScalarParam, TensorParam, ThreadKernel,
+    walk,
+)
 
 from tegula.codegen.expr import storage_type
 
@@ -73,3 +76,33 @@ def param_list(kernel: ThreadKernel) -> list[ParamSpec]:
         else:
             raise TypeError(f"unknown kernel parameter {p!r}")
     return specs
+
+
+def global_access_bytes(kernel: ThreadKernel) -> dict[str, int]:
+    """Per tensor parameter, the widest single access the kernel makes to it (bytes).
+
+    A tensor's base pointer must be aligned to at least this for the vector accesses to be
+    legal (whether every access is aligned also depends on the extents and strides: those
+    are the specialization facts the runtime reports)."""
+    widest = {p.name: 0 for p in kernel.params if isinstance(p, TensorParam)}
+    dtypes = {p.name: p.dtype for p in kernel.params if isinstance(p, TensorParam)}
+    for s in walk(kernel.body):
+        if isinstance(s, (GlobalLoad, GlobalStore, CpAsync)):
+            count = s.count
+        elif isinstance(s, GlobalAtomicAdd):
+            count = 1
+        else:
+            continue
+        if s.tensor in widest:
+            nbytes = max(1, count * dtypes[s.tensor].bits // 8)
+            widest[s.tensor] = max(widest[s.tensor], nbytes)
+    return widest
+
+
+def vectorized_tensors(kernel: ThreadKernel) -> set[str]:
+    """Tensors accessed with more than one element per instruction somewhere."""
+    out = set()
+    for s in walk(kernel.body):
+        if isinstance(s, (GlobalLoad, GlobalStore, CpAsync)) and s.count > 1:
+            out.add(s.tensor)
+    return out

@@ -1,1 +1,26 @@
+"""Runtime: compile generated CUDA to cubins (NVRTC or nvcc), cache them on disk, load and
+launch them on torch tensors.
 
+    ck = compile_kernel(thread_kernel)          # emit + compile (disk-cached) + wrap
+    ck.launch(grid, (x, y))                     # or ck[grid](x, y); current torch stream
+
+`compile_cuda` is the bare source → cubin step; `specialization_key(args)` reports the
+divisibility facts of arguments for specialized compiles.
+"""
+from __future__ import annotations
+
+from tegula.runtime.args import (
+    ArgumentPlan, TensorRequirement, default_requirements, divisibility, specialization_key,
+    tensor_view,
+)
+from tegula.runtime.cache import DiskCache, cache_key, default_cache_dir
+from tegula.runtime.compiler import (
+    Compiler, available_compilers, compile_cuda, default_compiler, disassemble,
+)
+from tegula.runtime.launcher import CompiledKernel, compile_kernel, default_target, param_layout
+
+__all__ = ["compile_kernel", "CompiledKernel", "compile_cuda", "specialization_key",
+           "DiskCache", "cache_key", "default_cache_dir", "Compiler", "available_compilers",
+           "default_compiler", "disassemble", "TensorRequirement", "ArgumentPlan",
+           "default_requirements", "divisibility", "tensor_view", "default_target",
+           "param_layout"]

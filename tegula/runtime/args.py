@@ -1,0 +1,210 @@
+"""Launch arguments: reading tensors (torch or `__cuda_array_interface__`), checking them
+against the kernel's signature, flattening them into the parameter values of
+`tegula.codegen.param_list`, and their divisibility facts for specialization.
+
+The checks run on every launch, so they are written as a precomputed plan of small
+per-argument steps, with a fast path for `torch.Tensor` (attribute reads only).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tegula.dtypes import DType
+from tegula.errors import LaunchError
+from tegula.lower.thread_ir import ScalarParam, TensorParam, ThreadKernel
+
+from tegula.codegen import element_value, global_access_bytes, vectorized_tensors
+
+_INT32_MAX = 2**31 - 1
+
+#: tegula dtype name -> (torch dtype name, numpy typestr of __cuda_array_interface__).
+_TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "i32": "int32",
+                "i8": "int8", "u8": "uint8", "bool": "bool", "i4": "uint8", "u4": "uint8"}
+_TYPESTR = {"f32": "<f4", "f16": "<f2", "i32": "<i4", "i8": "|i1", "u8": "|u1", "bool": "|b1",
+            "i4": "|u1", "u4": "|u1"}
+
+
+@dataclass(frozen=True)
+class TensorRequirement:
+    """What a launch needs of one tensor argument.
+
+    `align`: bytes the data pointer must be a multiple of (default: the widest access the
+    kernel makes to the tensor). `unit_stride_dim`: a dimension whose stride must be 1
+    (default: the last one for tensors the kernel accesses with vectors, else none).
+    """
+
+    align: int = 1
+    unit_stride_dim: int | None = None
+
+
+def default_requirements(kernel: ThreadKernel) -> dict[str, TensorRequirement]:
+    widest = global_access_bytes(kernel)
+    vectored = vectorized_tensors(kernel)
+    return {p.name: TensorRequirement(max(1, widest.get(p.name, 1)),
+                                      p.rank - 1 if p.name in vectored and p.rank else None)
+            for p in kernel.params if isinstance(p, TensorParam)}
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """The facts of a tensor argument the launcher needs."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    dtype_name: str           # torch-style name ("float16") or typestr ("<f2")
+    device: int               # CUDA device index, or -1 when not on a CUDA device
+
+
+def tensor_view(arg: Any) -> TensorView | None:
+    """Read a tensor argument (torch.Tensor, `__cuda_array_interface__`, or DLPack through
+    torch), or None when `arg` is not a tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(arg, torch.Tensor):
+        dev = arg.device
+        return TensorView(arg.data_ptr(), tuple(arg.shape), tuple(arg.stride()),
+                          str(arg.dtype)[6:], dev.index if dev.type == "cuda" else -1)
+    cai = getattr(arg, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape = tuple(cai["shape"])
+        itemsize = int(cai["typestr"][2:])
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            strides, acc = [], 1
+            for extent in reversed(shape):
+                strides.insert(0, acc)
+                acc *= extent
+        else:
+            strides = [s // itemsize for s in strides]
+        return TensorView(int(cai["data"][0]), shape, tuple(strides), cai["typestr"], -2)
+    if hasattr(arg, "__dlpack__") and torch is not None:
+        return tensor_view(torch.from_dlpack(arg))
+    return None
+
+
+def _expected_dtype_names(dtype: DType) -> tuple[str, ...]:
+    names = [_TORCH_NAMES.get(dtype.name, dtype.name)]
+    if dtype.name in _TYPESTR:
+        names.append(_TYPESTR[dtype.name])
+    if dtype.bits == 4:
+        names.append("int8")
+    return tuple(names)
+
+
+class ArgumentPlan:
+    """Checks one kernel's launch arguments and flattens them to parameter values."""
+
+    def __init__(self, kernel: ThreadKernel,
+                 requirements: dict[str, TensorRequirement] | None = None):
+        self.kernel_name = kernel.name
+        self.params = list(kernel.params)
+        reqs = default_requirements(kernel)
+        reqs.update(requirements or {})
+        self.requirements = reqs
+        self.expected = {p.name: _expected_dtype_names(p.dtype)
+                         for p in self.params if isinstance(p, TensorParam)}
+
+    def flatten(self, args: Sequence[Any]) -> tuple[list, int]:
+        """(parameter values in `param_list` order, the tensors' CUDA device)."""
+        if len(args) != len(self.params):
+            names = ", ".join(p.name for p in self.params)
+            raise LaunchError(f"{self.kernel_name} takes {len(self.params)} arguments "
+                              f"({names}), got {len(args)}")
+        values: list = []
+        device = None
+        for p, arg in zip(self.params, args):
+            if isinstance(p, TensorParam):
+                dev = self._tensor(p, arg, values)
+                if dev >= 0:
+                    if device is not None and dev != device:
+                        raise LaunchError(f"argument {p.name!r} is on cuda:{dev}, earlier "
+                                          f"tensors on cuda:{device}")
+                    device = dev
+            else:
+                values.append(self._scalar(p, arg))
+        return values, (device if device is not None else -1)
+
+    def _tensor(self, p: TensorParam, arg: Any, values: list) -> int:
+        view = tensor_view(arg)
+        if view is None:
+            raise LaunchError(f"argument {p.name!r} must be a tensor ({p.dtype}, rank "
+                              f"{p.rank}), got {type(arg).__name__}")
+        if view.device == -1:
+            raise LaunchError(f"argument {p.name!r} is not on a CUDA device")
+        if view.dtype_name not in self.expected[p.name]:
+            raise LaunchError(f"argument {p.name!r} has dtype {view.dtype_name}, the kernel "
+                              f"takes {p.dtype} ({self.expected[p.name][0]})")
+        shape, strides = view.shape, view.strides
+        if len(shape) != p.rank:
+            raise LaunchError(f"argument {p.name!r} has rank {len(shape)}, the kernel takes "
+                              f"rank {p.rank}")
+        if p.dtype.bits == 4 and shape:  # bytes hold two elements: count elements
+            shape = shape[:-1] + (shape[-1] * 2,)
+            strides = tuple(s * 2 for s in strides[:-1]) + strides[-1:]
+        req = self.requirements[p.name]
+        if view.ptr % req.align:
+            raise LaunchError(f"argument {p.name!r}: data pointer 0x{view.ptr:x} is not "
+                              f"{req.align}-byte aligned, which the kernel's vector accesses need")
+        d = req.unit_stride_dim
+        if d is not None and shape[d] > 1 and strides[d] != 1:
+            raise LaunchError(f"argument {p.name!r}: dimension {d} must have stride 1 (the "
+                              f"kernel reads it with vectors), got strides {strides}; pass "
+                              f".contiguous()")
+        if any(e > _INT32_MAX for e in shape):
+            raise LaunchError(f"argument {p.name!r}: extents {shape} exceed 2^31-1")
+        values.append(view.ptr)
+        values.extend(shape)
+        values.extend(strides)
+        return view.device
+
+    def _scalar(self, p: ScalarParam, arg: Any):
+        if p.dtype.is_float:
+            if not isinstance(arg, (int, float)) or isinstance(arg, bool):
+                raise LaunchError(f"argument {p.name!r} must be a number ({p.dtype}), got "
+                                  f"{type(arg).__name__}")
+            return element_value(float(arg), p.dtype) if p.dtype.bits < 32 else float(arg)
+        if not isinstance(arg, int) and not (p.dtype.name == "bool" and isinstance(arg, bool)):
+            raise LaunchError(f"argument {p.name!r} must be an int ({p.dtype}), got "
+                              f"{type(arg).__name__}")
+        if not -2**31 <= int(arg) <= _INT32_MAX:
+            raise LaunchError(f"argument {p.name!r} = {arg} does not fit in 32 bits")
+        return int(arg)
+
+
+# --------------------------------------------------------------------------------------
+# Specialization facts
+# --------------------------------------------------------------------------------------
+
+def divisibility(x: int, cap: int = 16) -> int:
+    """The largest power of two ≤ `cap` dividing `x` (0 counts as divisible by `cap`)."""
+    d = cap
+    while d > 1 and x % d:
+        d //= 2
+    return d
+
+
+def specialization_key(args: Sequence[Any]) -> tuple:
+    """Divisibility facts of launch arguments, for compiling a specialized variant.
+
+    Per tensor: ("tensor", pointer alignment in bytes (≤16), per-dimension extent
+    divisibility (≤16 elements), per-dimension stride divisibility, which dimensions have
+    stride 1). Per int: ("int", divisibility (≤16), whether it equals 1). Per float:
+    ("float",). Equal keys mean a kernel specialized for one argument list is valid for
+    the other (as far as alignment and vector widths go).
+    """
+    key = []
+    for arg in args:
+        view = tensor_view(arg)
+        if view is not None:
+            key.append(("tensor", divisibility(view.ptr),
+                        tuple(divisibility(e) for e in view.shape),
+                        tuple(divisibility(s) for s in view.strides),
+                        tuple(i for i, s in enumerate(view.strides) if s == 1)))
+        elif isinstance(arg, bool) or not isinstance(arg, int):
+            key.append(("float",) if isinstance(arg, float) else (type(arg).__name__,))
+        else:
+            key.append(("int", divisibility(arg), arg == 1))
+    return tuple(key)

@@ -1,0 +1,180 @@
+"""Compile a ThreadKernel (through the caches) and launch it on torch tensors.
+
+`compile_kernel(kernel)` emits CUDA, compiles (or finds the cubin in the disk cache) and
+returns a `CompiledKernel`; the same kernel compiled again in one process returns the same
+object. `CompiledKernel.launch(grid, args)` (or `ck[grid](*args)`) checks the arguments,
+packs them and calls `cuLaunchKernel` on the caller's current torch stream.
+
+Host overhead is kept small by doing everything possible once: the parameter byte layout
+is a precompiled `struct.Struct` writing into one fixed ctypes buffer, whose per-parameter
+addresses are a fixed `void*[]` handed to the driver by address; the CUfunction and stream
+handle objects are cached. Packing is guarded by a lock because the buffer is shared (the
+driver copies the parameter values during the cuLaunchKernel call, so the buffer may be
+reused as soon as it returns).
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+import threading
+from typing import Any, Sequence
+
+from tegula.errors import LaunchError
+from tegula.lower.thread_ir import ThreadKernel
+
+from tegula.codegen import emit_cuda, param_list
+from tegula.codegen.params import ParamSpec
+from tegula.runtime import driver as drv
+from tegula.runtime.args import ArgumentPlan, TensorRequirement
+from tegula.runtime.cache import DiskCache, cache_key
+from tegula.runtime.compiler import compile_cuda, default_compiler
+
+
+def param_layout(params: list[ParamSpec]) -> tuple[struct.Struct, list[int]]:
+    """The packed byte layout of the parameter values: a Struct and each value's offset
+    (every value aligned to its own size, as the kernel's parameter space lays them out)."""
+    fmt, offsets, offset = "<", [], 0
+    for p in params:
+        pad = (-offset) % p.size
+        fmt += "x" * pad
+        offset += pad
+        offsets.append(offset)
+        fmt += p.fmt
+        offset += p.size
+    return struct.Struct(fmt), offsets
+
+
+class CompiledKernel:
+    """A compiled kernel with its signature; loads lazily on the first launch per device."""
+
+    def __init__(self, kernel: ThreadKernel, cubin: bytes, source: str, target: str,
+                 requirements: dict[str, TensorRequirement] | None = None, key: str = ""):
+        self.kernel = kernel
+        self.name = kernel.name
+        self.cubin = cubin
+        self.source = source
+        self.target = target
+        self.key = key
+        self.threads = kernel.threads
+        self.shared_bytes = kernel.shared_bytes
+        self.params = param_list(kernel)
+        self.plan = ArgumentPlan(kernel, requirements)
+        self._struct, offsets = param_layout(self.params)
+        self._buffer = ctypes.create_string_buffer(max(1, self._struct.size))
+        base = ctypes.addressof(self._buffer)
+        self._pointers = (ctypes.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
+        self._params_addr = ctypes.addressof(self._pointers)
+        self._library: drv.LoadedLibrary | None = None
+        self._functions: dict[int, Any] = {}
+        self._streams: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"CompiledKernel({self.name}, {self.target}, threads={self.threads}, "
+                f"shared={self.shared_bytes} B)")
+
+    def pack(self, values: Sequence) -> bytes:
+        """The parameter bytes for `values` (what `launch` hands the driver; for tests)."""
+        return self._struct.pack(*values)
+
+    def function(self, device: int):
+        """The CUfunction on `device`, loading the cubin on first use."""
+        fn = self._functions.get(device)
+        if fn is None:
+            if self._library is None:
+                self._library = drv.LoadedLibrary(self.cubin, self.name, self.shared_bytes)
+            fn = self._library.function(device)
+            self._functions[device] = fn
+        return fn
+
+    def launch(self, grid: int | Sequence[int], args: Sequence[Any], stream: Any = None) -> None:
+        """Run the kernel on a grid of blocks with `args` (tensors and numbers, in signature
+        order) on `stream` (default: torch's current stream of the tensors' device)."""
+        values, device = self.plan.flatten(args)
+        if device < 0:
+            device = drv.current_device()
+        gx, gy, gz = _grid(grid)
+        if gx == 0 or gy == 0 or gz == 0:
+            return  # an empty grid (empty tensors): nothing to do
+        fn = self._functions.get(device) or self.function(device)
+        handle = _stream_handle(stream, device)
+        cu_stream = self._streams.get(handle)
+        if cu_stream is None:
+            cu_stream = self._streams[handle] = drv.cuda_driver().CUstream(handle)
+        driver = drv.cuda_driver()
+        with self._lock:
+            self._struct.pack_into(self._buffer, 0, *values)
+            err = driver.cuLaunchKernel(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes,
+                                        cu_stream, self._params_addr, 0)
+        if err[0] != driver.CUresult.CUDA_SUCCESS:
+            drv.check(err, f"cuLaunchKernel({self.name}, grid={grid})")
+
+    def __getitem__(self, grid):
+        """`kernel[grid](*args)`: launch on the current stream."""
+        return lambda *args: self.launch(grid, args)
+
+
+def _grid(grid: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = (grid,) if isinstance(grid, int) else tuple(grid)
+    if not 1 <= len(dims) <= 3 or any(not isinstance(d, int) or d < 0 for d in dims):
+        raise LaunchError(f"grid must be 1 to 3 non-negative ints, got {grid!r}")
+    return (tuple(dims) + (1, 1))[:3]
+
+
+def _stream_handle(stream: Any, device: int) -> int:
+    """A raw CUstream handle: given, or torch's current stream on `device`, or 0."""
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if raw is not None:
+                return raw(device)
+            return torch.cuda.current_stream(device).cuda_stream
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    if hasattr(stream, "cuda_stream"):
+        return int(stream.cuda_stream)
+    raise LaunchError(f"stream must be an int handle or a CUDA stream object, got {stream!r}")
+
+
+# --------------------------------------------------------------------------------------
+# Compilation through the caches
+# --------------------------------------------------------------------------------------
+
+_LOADED: dict[tuple, CompiledKernel] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+def default_target() -> str:
+    """The current GPU's target ("sm_90a" on Hopper), or "sm_90a" without a usable GPU."""
+    try:
+        major, minor = drv.compute_capability(drv.current_device())
+    except Exception:
+        return "sm_90a"
+    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+
+
+def compile_kernel(kernel: ThreadKernel, target: str | None = None,
+                   options: tuple[str, ...] = (),
+                   requirements: dict[str, TensorRequirement] | None = None,
+                   cache: DiskCache | None = None) -> CompiledKernel:
+    """Emit, compile (disk-cached) and wrap `kernel`; one object per distinct compile."""
+    target = target or default_target()
+    source = emit_cuda(kernel, target)
+    compiler = default_compiler()
+    key = cache_key(source, options, compiler.version, target)
+    mem_key = (key, tuple(sorted((requirements or {}).items())))
+    with _LOADED_LOCK:
+        found = _LOADED.get(mem_key)
+    if found is not None:
+        return found
+    disk = cache if cache is not None else DiskCache()
+    cubin = disk.get_or_build(
+        key, lambda: compile_cuda(source, kernel.name, target, tuple(options), compiler))
+    compiled = CompiledKernel(kernel, cubin, source, target, requirements, key)
+    with _LOADED_LOCK:
+        return _LOADED.setdefault(mem_key, compiled)
