@@ -13,6 +13,7 @@ the question behind every constraint check (gemm operands, broadcasting, reducti
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,37 +58,35 @@ def tv_coords(tv: Layout, shape: tuple) -> np.ndarray:
 def coalesced_tv(shape: tuple, contiguous_dim: int, vector: int, threads: int) -> Layout:
     """The copy partition that makes a warp's accesses to a tile coalesced.
 
-    The tile is cut into chunks of `vector` consecutive elements along `contiguous_dim`;
-    consecutive threads take consecutive chunks (chunks along the contiguous dim first,
-    then along the other dims in order), and each thread repeats that `chunks / threads`
-    times. When there are fewer chunks than threads the extra threads hold copies
-    (a stride-0 thread mode), which lowering predicates off for stores.
+    The tile is cut into chunks of `vector` consecutive elements along `contiguous_dim`.
+    Threads are laid over the chunk grid greedily, contiguous dim first: as many threads
+    along each dim as divide both its chunk count and the threads left (so any extents
+    work, not only powers of two), and each thread repeats over the rest. Consecutive
+    threads take consecutive chunks, so a warp reads whole runs of memory. Threads left
+    over once every dim is covered hold copies (a stride-0 thread mode), which lowering
+    predicates off for writes.
     """
     contig = shape[contiguous_dim]
     if contig % vector:
         raise LayoutError(f"a tile of shape {shape} cannot be cut into vectors of {vector} "
-                             f"elements along dim {contiguous_dim}")
+                          f"elements along dim {contiguous_dim}")
     strides = tile_strides(shape)
-    # Chunk space: (chunk along contiguous dim, then the other dims), colexicographic.
-    chunk_shape = (contig // vector,) + tuple(s for d, s in enumerate(shape) if d != contiguous_dim)
-    chunk_stride = (vector * strides[contiguous_dim],) + tuple(
-        strides[d] for d in range(len(shape)) if d != contiguous_dim)
-    chunks = tile_size(chunk_shape)
-    chunk_layout = Layout(chunk_shape, chunk_stride)
-    element = Layout(vector, strides[contiguous_dim])
-    if chunks >= threads:
-        if chunks % threads:
-            raise LayoutError(f"{chunks} chunks of a {shape} tile do not divide evenly among "
-                                 f"{threads} threads")
-        split = composition(chunk_layout, Layout((threads, chunks // threads)))
-        thread_mode, repeat_mode = split[0], split[1]
-        return Layout((thread_mode.shape, (element.shape, repeat_mode.shape)),
-                      (thread_mode.stride, (element.stride, repeat_mode.stride)))
-    if threads % chunks:
-        raise LayoutError(f"{threads} threads cannot share {chunks} chunks of a {shape} tile "
-                             f"evenly")
-    thread_mode = Layout((chunk_shape, threads // chunks), (chunk_stride, 0))
-    return Layout((thread_mode.shape, element.shape), (thread_mode.stride, element.stride))
+    dims = [contiguous_dim] + [d for d in range(len(shape)) if d != contiguous_dim]
+    chunk_counts = [contig // vector] + [shape[d] for d in dims[1:]]
+    chunk_strides = [vector * strides[contiguous_dim]] + [strides[d] for d in dims[1:]]
+    left = threads
+    thread_shape, thread_stride, repeat_shape, repeat_stride = [], [], [], []
+    for count, stride in zip(chunk_counts, chunk_strides):
+        along = math.gcd(count, left)
+        left //= along
+        thread_shape.append(along)
+        thread_stride.append(stride)
+        repeat_shape.append(count // along)
+        repeat_stride.append(stride * along)
+    thread_shape.append(left)   # replicas: extra threads hold copies
+    thread_stride.append(0)
+    return Layout((tuple(thread_shape), (vector, tuple(repeat_shape))),
+                  (tuple(thread_stride), (strides[contiguous_dim], tuple(repeat_stride))))
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
     _plan_global_copies(kernel, facts, target)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel)
+    _check_packed_accesses(kernel)
     _check_shared_budget(result)
     return result
 
@@ -144,11 +145,8 @@ def _anchor_global_copies(kernel: TracedKernel, state: LayoutState, facts: dict)
 
 
 def _fitting_width(shape: tuple, dim: int, width: int, threads: int) -> int:
-    """Shrink the vector until the tile splits into whole vectors that spread evenly."""
-    total = int(np.prod(shape))
-    while width > 1 and (shape[dim] % width or
-                         (total // width >= threads and (total // width) % threads) or
-                         (total // width < threads and threads % (total // width))):
+    """Shrink the vector until the tile's extent along `dim` is whole vectors."""
+    while width > 1 and shape[dim] % width:
         width //= 2
     return width
 
@@ -188,6 +186,23 @@ def _settle_async_copies(kernel: TracedKernel) -> None:
             width = min(op.choices["vector"], op.choices["dst_shared"].vector)
             if width * op.dst.dtype.bits // 8 not in (4, 8, 16):
                 op.choices["instr"] = "ld.global+st.shared"
+
+
+def _check_packed_accesses(kernel: TracedKernel) -> None:
+    """Memory is addressed in bytes, so a 4-bit tile moves in vectors of an even number of
+    elements; a copy whose layouts leave single nibbles (a transpose of packed data) would
+    need nibble shuffles in registers, which the compiler does not generate."""
+    for op in walk_ops(kernel.body):
+        if not isinstance(op, Copy) or not op.src.dtype.is_packed:
+            continue
+        widths = [op.choices[k] if k == "vector" else op.choices[k].vector
+                  for k in ("vector", "src_shared", "dst_shared") if k in op.choices]
+        odd = [w for w in widths if w % 2]
+        if odd:
+            raise SynthesisError(f"copy {describe(op.src)} -> {describe(op.dst)}: {op.src.dtype} "
+                                 f"elements are stored two per byte, but the layouts give "
+                                 f"{odd[0]}-element accesses; keep both sides of a packed copy "
+                                 f"in the same (contiguous) order", loc=op.loc)
 
 
 def _alloc_coords(tile: SharedTile, tv) -> np.ndarray:

@@ -1,0 +1,110 @@
+"""Lowering: address arithmetic, ldmatrix row addresses, barriers and pipelines."""
+from __future__ import annotations
+
+import numpy as np
+
+import tegula as tg
+from tegula import f16, f32
+from tegula.arch.catalogue import get_instruction
+from tegula.build import build
+from tegula.layout.cute import Layout
+from tegula.layout.tv import coalesced_tv, tv_coords
+from tegula.lower.addressing import ThreadCoords, split_index
+from tegula.lower.lower import substitute
+from tegula.lower.thread_ir import (Barrier, CpAsync, CpAsyncCommit, CpAsyncWait, For,
+                                    GlobalLoad, LdMatrix, Var, walk)
+
+
+def _eval(expr, tid: np.ndarray, env: dict | None = None) -> np.ndarray:
+    """Evaluate an index expression for every thread (a tiny reference interpreter)."""
+    from tegula.emulate.exprs import compile_expr
+    scope = {"tid": tid}
+    scope.update(env or {})
+    return np.broadcast_to(np.asarray(compile_expr(expr)(scope)), tid.shape)
+
+
+def test_thread_coords_match_the_layout_for_every_thread_and_register():
+    tv = coalesced_tv((32, 40), 1, 4, 64)
+    coords = ThreadCoords()
+    table = tv_coords(tv, (32, 40))
+    tid = np.arange(64)
+    env = {}
+    for v in range(tv[1].size):
+        exprs = coords.coords(tv, (32, 40), v)
+        for let in coords.prologue:
+            env[let.var.name] = _eval(let.value, tid, env)
+        got = np.stack([_eval(e, tid, env) for e in exprs], axis=-1)
+        assert np.array_equal(got, table[:, v])
+
+
+def test_split_index_is_colexicographic():
+    assert split_index(7 + 5 * 3, (5, 4)) == [7 % 5, (7 + 15) // 5]
+
+
+def test_ldmatrix_row_holders_agree_with_the_catalogue_table():
+    """Lowering computes each lane's ldmatrix row address from the PTX fragment formulas;
+    the catalogue encodes the same instruction as a TV table. They must agree."""
+    for trans in (False, True):
+        table = get_instruction("ldmatrix.x4.trans" if trans else "ldmatrix.x4").table()
+        for lane in range(32):
+            matrix, row = lane // 8, lane % 8
+            holder_lane = row // 2 if trans else row * 4
+            holder_value = matrix * 2 + (row % 2 if trans else 0)
+            # The holder receives element 0 of that row of that matrix.
+            assert table[holder_lane, holder_value] == row + 64 * matrix
+
+
+def _design_gemm():
+    @tg.kernel(threads=128)
+    def gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
+             BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32,
+             STAGES: tg.constexpr = 3):
+        m, n = tg.block_id(0), tg.block_id(1)
+        ga = a.tile((BM, BK), (m, None))
+        gb = b.tile((BN, BK), (n, None))
+        acc = tg.zeros((BM, BN), f32)
+        sa = tg.shared((BM, BK), f16, stages=STAGES)
+        sb = tg.shared((BN, BK), f16, stages=STAGES)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+        tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
+    return gemm
+
+
+def test_pipelined_loop_issues_stages_minus_one_groups_ahead():
+    kernel = build(_design_gemm()).thread_kernel
+    top = kernel.body
+    loop = next(s for s in top if isinstance(s, For))
+    prologue = top[:top.index(loop)]
+    assert sum(isinstance(s, CpAsyncCommit) for s in prologue) == 2  # STAGES - 1
+    body = loop.body
+    assert isinstance(body[0], CpAsyncWait) and body[0].pending == 1
+    assert isinstance(body[1], Barrier)
+    # The copies issued inside the loop run STAGES-1 iterations ahead.
+    issued = [s for s in body if isinstance(s, CpAsync)]
+    assert issued and all("i0" in str(s.index) for s in issued)
+    assert any(isinstance(s, LdMatrix) for s in walk(body))
+
+
+def test_copies_of_f16_tiles_are_16_byte_vectors():
+    kernel = build(_design_gemm()).thread_kernel
+    copies = [s for s in walk(kernel.body) if isinstance(s, CpAsync)]
+    assert copies and all(s.count == 8 for s in copies)
+
+
+def test_substitute_replaces_variables_and_folds_constants():
+    k = Var("k")
+    load = GlobalLoad(dst=None, tensor="a", index=k * 32 + 5, count=1)
+    shifted = substitute([load], {"k": k + 2})[0]
+    assert str(shifted.index) == str((k + 2) * 32 + 5)
+    fixed = substitute([load], {"k": Var("k") * 0 + 3})[0]
+    assert str(fixed.index) == "101"
+
+
+def test_layouts_without_carry_get_let_bound_bases():
+    tv = Layout(((4, 8), (2, 2)), ((32, 1), (16, 8)))
+    coords = ThreadCoords()
+    coords.coords(tv, (16, 8), 3)
+    assert len(coords.prologue) == 2  # one Let per tile dim
