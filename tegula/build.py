@@ -139,7 +139,67 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
             raise LaunchError(f"tg.emulate: argument {name!r} has rank {array.ndim}, but the "
                               f"kernel declares tg.Tensor[{param.spec.dtype}, {param.spec.rank}]")
         strides = tuple(s // array.itemsize for s in array.strides)
-        facts[name] = TensorFacts.of(array.shape, strides, 0, param.spec.dtype.bits / 8)
+        shape = tuple(array.shape)
+        if param.spec.dtype.is_packed:
+            # Bytes of two 4-bit elements: the kernel sees twice the elements along the
+            # last dim and strides counted in elements, and its facts must say so.
+            shape = shape[:-1] + (2 * shape[-1],)
+            strides = tuple(2 * s if d < len(strides) - 1 else s for d, s in enumerate(strides))
+        facts[name] = TensorFacts.of(shape, strides, 0, param.spec.dtype.bits / 8)
     result = build(kernel, constexprs, facts, target)
     return run_thread_kernel(result.thread_kernel, normalize_grid(grid), tensors, scalars,
                              check_races=check_races)
+
+
+def _launch_facts(kernel, tensors: dict) -> dict:
+    """Specialization facts of the launch's tensors (pointer alignment, unit strides,
+    divisibility of extents and strides), read through the runtime's tensor views."""
+    from tegula.runtime.args import tensor_view
+
+    facts = {}
+    for p in kernel.params:
+        if p.kind != "tensor":
+            continue
+        view = tensor_view(tensors[p.name])
+        if view is None:
+            raise LaunchError(f"kernel {kernel.name}: argument {p.name!r} must be a CUDA tensor "
+                              f"(torch, __cuda_array_interface__ or DLPack), got "
+                              f"{type(tensors[p.name]).__name__}")
+        if len(view.shape) != p.spec.rank:
+            raise LaunchError(f"kernel {kernel.name}: argument {p.name!r} has rank "
+                              f"{len(view.shape)}, but the kernel declares "
+                              f"tg.Tensor[{p.spec.dtype}, {p.spec.rank}]")
+        facts[p.name] = TensorFacts.of(view.shape, view.strides, view.ptr, p.spec.dtype.bits / 8)
+    return facts
+
+
+def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
+    """The runtime's `CompiledKernel` for one specialization (cached on the kernel)."""
+    from tegula.runtime import compile_kernel
+
+    target = get_target(target)
+    key = (tuple(sorted((k, repr(v)) for k, v in constexprs.items())), _facts_key(facts),
+           target.name)
+    cache = kernel.__dict__.setdefault("_compiled", {})
+    found = cache.get(key)
+    if found is None:
+        result = build(kernel, constexprs, facts, target)
+        found = cache[key] = compile_kernel(result.thread_kernel, target.sm)
+    return found
+
+
+def launch(kernel, grid, *args, target: str | Target | None = None, stream=None, **kwargs):
+    """`kernel[grid](*args)`: compile for the arguments' facts (cached) and launch on the
+    current torch stream. A callable grid receives the constexpr values."""
+    from tegula.runtime import default_target
+
+    tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
+    values = kernel.constexpr_values(constexprs)
+    facts = _launch_facts(kernel, tensors)
+    ck = compiled(kernel, values, facts, target or default_target())
+    if callable(grid):
+        grid = grid(values)
+    ordered = [tensors[p.name] for p in kernel.params if p.kind == "tensor"]
+    ordered += [scalars[p.name] for p in kernel.params if p.kind == "scalar"]
+    ck.launch(normalize_grid(grid), ordered, stream)
+    return ck
