@@ -259,19 +259,14 @@ class Kernel:
 
 class Launcher:
     """`kernel[grid]`: calling it hands the kernel, the grid and the arguments to
-    `tegula.runtime.launch(kernel, grid, *args, **kwargs)`."""
+    `tegula.build.launch(kernel, grid, *args, **kwargs)` (compile, cache, launch)."""
 
     def __init__(self, kernel: Kernel, grid: Any):
         self.kernel = kernel
         self.grid = grid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            from tegula.runtime import launch
-        except ImportError:
-            raise TegulaError("launching a kernel needs tegula.runtime.launch, which this "
-                              "installation does not provide yet; kernel.trace(...) works "
-                              "without it") from None
+        from tegula.build import launch  # the compile path sits above the language
         return launch(self.kernel, self.grid, *args, **kwargs)
 
 
