@@ -283,7 +283,7 @@ class Sym:
     def __rmod__(self, other: Any) -> IntLike:
         if not isinstance(other, int) or isinstance(other, bool):
             return NotImplemented
-        if other == 0:
+        if other == 0 and _provably_nonzero(self):
             return 0
         if other > 0 and _decide_pos(self - other):
             return other  # 0 < other < self
@@ -426,9 +426,17 @@ def _compare(big: Any, small: Any, strict: bool, text: str) -> bool:
     raise _merged(a, b)._undecidable(text)
 
 
+def _provably_nonzero(p: IntLike) -> bool:
+    """True when p != 0 holds for every admissible assignment (never raises)."""
+    try:
+        return not _decide_zero(p, "")
+    except LayoutError:
+        return False
+
+
 def _rdiv_const(n: int, s: Sym) -> int:
     """n // s for an integer n: decidable when 0 <= n < s (result 0)."""
-    if n == 0 or (n > 0 and _decide_pos(s - n)):
+    if (n == 0 and _provably_nonzero(s)) or (n > 0 and _decide_pos(s - n)):
         return 0
     raise s._undecidable(f"{n} // {s}")
 
