@@ -20,7 +20,8 @@ e.g. ``"ld.global.v4.b32 {d}, [{addr}];"`` — and `operands`, one `AsmOperand` 
 with one C++ expression per 32-bit (or 16/64-bit, per the constraint) register of each
 group, and gets a complete statement::
 
-    asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];\\n" : "=r"(r0), ... : "l"(...) : "memory");
+    asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];\\n"
+                 : "=r"(r0), ... : "l"(...) : "memory");
 
 Groups of more than one register print as ``{%i, %j, ...}``; single registers print as
 ``%i``. Outputs are numbered before inputs, in `operands` order. Constraint letters are

@@ -69,7 +69,8 @@ class Target:
     @property
     def gencode(self) -> str:
         """The nvcc `-gencode` flag for this target (explicit form, as DESIGN.md asks)."""
-        return f"-gencode=arch=compute_{self.cc}{self.arch_suffix},code=sm_{self.cc}{self.arch_suffix}"
+        arch = f"{self.cc}{self.arch_suffix}"
+        return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
     @property
     def warps_per_sm_max(self) -> int:

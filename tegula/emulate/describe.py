@@ -17,15 +17,19 @@ def _pred(p) -> str:
 def describe(s: Stmt) -> str:
     """A short readable form of one statement (bodies of loops/branches elided)."""
     if isinstance(s, GlobalLoad):
-        return f"GlobalLoad {_regs(s.dst, s.count)} <- {s.tensor}[{s.index}] x{s.count}{_pred(s.pred)}"
+        return (f"GlobalLoad {_regs(s.dst, s.count)} <- {s.tensor}[{s.index}] x{s.count}"
+                f"{_pred(s.pred)}")
     if isinstance(s, GlobalStore):
-        return f"GlobalStore {s.tensor}[{s.index}] x{s.count} <- {_regs(s.src, s.count)}{_pred(s.pred)}"
+        return (f"GlobalStore {s.tensor}[{s.index}] x{s.count} <- {_regs(s.src, s.count)}"
+                f"{_pred(s.pred)}")
     if isinstance(s, GlobalAtomicAdd):
         return f"GlobalAtomicAdd {s.tensor}[{s.index}] += {_regs(s.src, 1)}{_pred(s.pred)}"
     if isinstance(s, SharedLoad):
-        return f"SharedLoad {_regs(s.dst, s.count)} <- {s.buffer}[{s.offset}] x{s.count}{_pred(s.pred)}"
+        return (f"SharedLoad {_regs(s.dst, s.count)} <- {s.buffer}[{s.offset}] x{s.count}"
+                f"{_pred(s.pred)}")
     if isinstance(s, SharedStore):
-        return f"SharedStore {s.buffer}[{s.offset}] x{s.count} <- {_regs(s.src, s.count)}{_pred(s.pred)}"
+        return (f"SharedStore {s.buffer}[{s.offset}] x{s.count} <- {_regs(s.src, s.count)}"
+                f"{_pred(s.pred)}")
     if isinstance(s, CpAsync):
         return (f"CpAsync {s.buffer}[{s.offset}] <- {s.tensor}[{s.index}] x{s.count}"
                 f"{_pred(s.pred)}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from tegula.dtypes import DType, bool_
 from tegula.emulate.errors import EmulationError
-from tegula.emulate.values import round_to, storage_dtype
+from tegula.emulate.values import round_to
 from tegula.lower.thread_ir import (BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, RegRead,
                                     Select, Unary, Value, Var, Where)
 
@@ -231,9 +231,8 @@ def compile_value(v: Value, reg_index: Callable) -> Callable[[Any], Any]:
         c, a, b = (compile_value(v.cond, reg_index), compile_value(v.if_true, reg_index),
                    compile_value(v.if_false, reg_index))
         dt = v.dtype
-        return lambda state: round_to(np.where(np.asarray(c(state), dtype=bool), a(state), b(state)), dt)
+        def where(state):
+            return round_to(np.where(np.asarray(c(state), dtype=bool), a(state), b(state)), dt)
+        return where
     raise EmulationError(f"not a value expression: {v!r}")
 
-
-def zeros_like_dtype(n: int, dt: DType) -> np.ndarray:
-    return np.zeros(n, dtype=storage_dtype(dt))

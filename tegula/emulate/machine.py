@@ -20,7 +20,6 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from tegula.dtypes import DType
 from tegula.emulate.describe import describe
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr, compile_value
@@ -218,7 +217,8 @@ def _bind(kernel: ThreadKernel, tensors: Mapping[str, np.ndarray],
 
 
 def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
-                      tensors: Mapping[str, np.ndarray], scalars: Mapping[str, object] | None = None,
+                      tensors: Mapping[str, np.ndarray],
+                      scalars: Mapping[str, object] | None = None,
                       *, check_races: bool = True) -> EmulationReport:
     """Execute `kernel` on the CPU over `grid` (1-3 block counts); tensors are updated in
     place. Returns the statistics; raises `EmulationError` on a bug in the thread IR."""
@@ -238,7 +238,8 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
             for bx in range(gx):
                 env = dict(base_env)
                 env.update(tid=tid, bid_x=bx, bid_y=by, bid_z=bz)
-                smem = SharedMemory(kernel.shared_bytes, kernel.shared, kernel.threads, check_races)
+                smem = SharedMemory(kernel.shared_bytes, kernel.shared, kernel.threads,
+                                    check_races)
                 state = BlockState(kernel.threads, env, comp.regfile.allocate(kernel.threads),
                                    smem, bound, (bx, by, bz))
                 try:
@@ -255,4 +256,4 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
     return report
 
 
-__all__ = ["run_thread_kernel", "Compiler", "DType"]
+__all__ = ["run_thread_kernel", "Compiler"]

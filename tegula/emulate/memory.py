@@ -13,7 +13,7 @@ extent is twice the array's.
 
 Shared memory and races
 -----------------------
-One uint8 buffer per block. With race checking on, every byte remembers, for the current
+One uint8 buffer per block, initially all 0xFF bytes (NaN / -1: unwritten data shows). With race checking on, every byte remembers, for the current
 *epoch* (the statements between two barriers): which thread last wrote it, and the range of
 threads that read it; and, for bytes written by `cp.async`, the issuing thread and its group.
 A different thread touching a byte written (or, for writes, read) in the same epoch is a
@@ -48,7 +48,8 @@ class GlobalTensor:
 
     def __init__(self, name: str, dtype: DType, array: np.ndarray):
         if not isinstance(array, np.ndarray):
-            raise EmulationError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
+            raise EmulationError(f"tensor {name!r}: expected a numpy array, "
+                                 f"got {type(array).__name__}")
         self.name, self.dtype, self.array = name, dtype, array
         self.bits = self._check_dtype(array)
         item = array.itemsize
@@ -57,7 +58,8 @@ class GlobalTensor:
         if any(s % item for s in array.strides):
             raise EmulationError(f"tensor {name!r}: strides not a multiple of the element size")
         strides = [s // item for s in array.strides]
-        extent = 0 if array.size == 0 else 1 + sum((n - 1) * s for n, s in zip(array.shape, strides))
+        extent = 0 if array.size == 0 else \
+            1 + sum((n - 1) * s for n, s in zip(array.shape, strides))
         self.flat = np.lib.stride_tricks.as_strided(array, shape=(extent,), strides=(item,))
         # Offsets inside [0, extent) that are not elements of a strided view are holes.
         self.valid: np.ndarray | None = None
@@ -81,7 +83,8 @@ class GlobalTensor:
         dt = self.dtype
         if dt.is_packed:
             if array.dtype != np.uint8:
-                raise EmulationError(f"tensor {self.name!r} ({dt}) must be a uint8 array of packed nibbles")
+                raise EmulationError(f"tensor {self.name!r} ({dt}) must be a uint8 array of "
+                                     "packed nibbles")
             return True
         if dt in (bf16, f8e4m3, f8e5m2):
             if array.dtype == bits_dtype(dt):
@@ -148,7 +151,9 @@ class SharedMemory:
     """A block's shared memory (bytes) with the race model of the module docstring."""
 
     def __init__(self, nbytes: int, buffers: list[SharedBuffer], threads: int, check_races: bool):
-        self.buf = np.zeros(nbytes, dtype=np.uint8)
+        # All-ones bytes read as NaN in every float type (and -1 as ints), so a kernel that
+        # reads shared memory it never wrote shows it in its results.
+        self.buf = np.full(nbytes, 0xFF, dtype=np.uint8)
         self.buffers = sorted(buffers, key=lambda b: b.byte_offset)
         self.check_races = check_races
         self.epoch = 0
@@ -237,7 +242,8 @@ class SharedMemory:
             if waw.any():
                 self._race(what, "write after write", waw, addrs, t, self.w_tid[addrs],
                            "wrote it with no barrier in between")
-            war = (self.r_epoch[addrs] == e) & ~((self.r_min[addrs] == t) & (self.r_max[addrs] == t))
+            only_t = (self.r_min[addrs] == t) & (self.r_max[addrs] == t)
+            war = (self.r_epoch[addrs] == e) & ~only_t
             if war.any():
                 other = np.where(self.r_min[addrs] != t, self.r_min[addrs], self.r_max[addrs])
                 self._race(what, "write after read", war, addrs, t, other,
@@ -278,7 +284,8 @@ class SharedMemory:
         """cp.async.wait_group `pending` by the threads in `active` (bool [threads])."""
         if not self.check_races:
             return
-        limit = np.where(active, np.maximum(self.committed - pending, self.completed), self.completed)
+        retired = np.maximum(self.committed - pending, self.completed)
+        limit = np.where(active, retired, self.completed)
         need = int(limit.max())
         if need > self.done_epoch.shape[1]:
             grow = np.full((self.threads, max(need, 2 * self.done_epoch.shape[1])), _NEVER,
@@ -292,10 +299,33 @@ class SharedMemory:
         self.completed = limit
 
 
+_BANK_CACHE: dict[bytes, tuple[int, int]] = {}
+
+
 def bank_wavefronts(addrs: np.ndarray, active: np.ndarray, nbytes: int,
                     banks: int = 32, bank_bytes: int = 4) -> tuple[int, int]:
     """(wavefronts, ideal) of warp accesses: `addrs` int [warps, 32] byte addresses of
     `nbytes`-byte accesses, `active` bool [warps, 32]. See the module docstring."""
+    # Loops repeat the same pattern shifted by whole bank rows (stages, k offsets), and
+    # shifting every address by a multiple of banks*bank_bytes changes no bank or word
+    # distinctness: cache on the pattern relative to its first full row.
+    row = banks * bank_bytes
+    addrs = np.asarray(addrs, dtype=np.int64)
+    base = (int(addrs.min()) // row) * row if addrs.size else 0
+    key = b"".join((np.int64(nbytes * 1000 + banks).tobytes(),
+                    np.int64(bank_bytes).tobytes(),
+                    np.ascontiguousarray(addrs - base).tobytes(),
+                    np.ascontiguousarray(active).tobytes()))
+    hit = _BANK_CACHE.get(key)
+    if hit is None:
+        if len(_BANK_CACHE) > 8192:
+            _BANK_CACHE.clear()
+        hit = _BANK_CACHE[key] = _bank_wavefronts(addrs - base, active, nbytes, banks, bank_bytes)
+    return hit
+
+
+def _bank_wavefronts(addrs: np.ndarray, active: np.ndarray, nbytes: int,
+                     banks: int, bank_bytes: int) -> tuple[int, int]:
     warps = addrs.shape[0]
     phase_lanes = 32 if nbytes <= bank_bytes else max(1, (banks * bank_bytes) // nbytes)
     nphase = 32 // phase_lanes

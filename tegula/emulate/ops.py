@@ -16,8 +16,8 @@ from tegula.emulate.memory import bank_wavefronts
 from tegula.emulate.state import BlockState, RegFile, lanes_doing, per_thread, write_regs
 from tegula.emulate.stats import OpStats
 from tegula.emulate.values import bits_dtype, from_bits, round_to, to_bits
-from tegula.lower.thread_ir import (CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore, LdMatrix,
-                                    Mma, SharedBuffer, SharedLoad, SharedStore, Shuffle)
+from tegula.lower.thread_ir import (Const, CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore,
+                                    LdMatrix, Mma, SharedBuffer, SharedLoad, SharedStore, Shuffle)
 
 VECTOR_BYTES = (1, 2, 4, 8, 16)
 Run = Callable[[BlockState], None]
@@ -263,13 +263,35 @@ def compile_ldmatrix(s: LdMatrix, ctx: Ctx, st: OpStats, what: str) -> Run:
     return run
 
 
-def _gather(locs, state: BlockState, lanes: np.ndarray) -> np.ndarray:
-    """Values of a register list (one locator per value) for `lanes`: [len(lanes), n]."""
-    cols = []
-    for loc in locs:
+def _reg_list(regs, ctx: Ctx, what: str) -> tuple:
+    """Locators for a register list: ("slice", locator, n) when the registers are
+    consecutive constant-indexed elements of one array (the usual fragment), else
+    ("list", [locator per register])."""
+    first = regs[0]
+    if all(isinstance(r.index, Const) and r.array == first.array for r in regs) and \
+            [r.index.value for r in regs] == list(range(first.index.value,
+                                                        first.index.value + len(regs))):
+        return ("slice", ctx.regfile.locator(first, len(regs), what), len(regs))
+    return ("list", [ctx.regfile.locator(r, 1, what) for r in regs])
+
+
+def _gather(locs: tuple, state: BlockState, lanes: np.ndarray) -> np.ndarray:
+    """Values of a register list for `lanes`: [len(lanes), n]."""
+    if locs[0] == "slice":
+        arr, c = locs[1](state)
+        return arr[lanes, c:c + locs[2]]
+    return np.stack([arr[lanes, c] for arr, c in (loc(state) for loc in locs[1])], axis=1)
+
+
+def _scatter(locs: tuple, state: BlockState, lanes: np.ndarray, vals: np.ndarray) -> None:
+    """Write [len(lanes), n] values into a register list."""
+    if locs[0] == "slice":
+        arr, c = locs[1](state)
+        arr[lanes, c:c + locs[2]] = vals
+        return
+    for v, loc in enumerate(locs[1]):
         arr, c = loc(state)
-        cols.append(arr[lanes, c])
-    return np.stack(cols, axis=1)
+        arr[lanes, c] = vals[:, v]
 
 
 def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
@@ -286,10 +308,8 @@ def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
                                  f"{s.instr} takes {nv} values per lane")
         for r in regs:
             _check_dtype(r.array.dtype, dt, f"{what} operand {label}")
-    la = [ctx.regfile.locator(r, 1, what) for r in s.a]
-    lb = [ctx.regfile.locator(r, 1, what) for r in s.b]
-    lc = [ctx.regfile.locator(r, 1, what) for r in s.c]
-    ld = [ctx.regfile.locator(r, 1, what) for r in s.d]
+    la, lb = _reg_list(s.a, ctx, what), _reg_list(s.b, ctx, what)
+    lc, ld = _reg_list(s.c, ctx, what), _reg_list(s.d, ctx, what)
     is_int = not instr.c_dtype.is_float
     work = np.int64 if is_int else np.float64
     cdt = instr.c_dtype
@@ -308,10 +328,7 @@ def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
         d = np.einsum("wkm,wkn->wnm", a.reshape(nw, k, m), b.reshape(nw, k, n)) \
             + c.reshape(nw, n, m)
         vals = d.reshape(nw, m * n)[:, tc]  # [W, 32, Vc]
-        vals = round_to(vals.reshape(nw * 32, -1), cdt)
-        for v, loc in enumerate(ld):
-            arr, col = loc(state)
-            arr[lanes, col] = vals[:, v]
+        _scatter(ld, state, lanes, round_to(vals.reshape(nw * 32, -1), cdt))
         st.add(nw)
     return run
 

@@ -6,7 +6,7 @@ import pytest
 
 from tegula import arch
 from tegula.arch import get_mma, get_target, ldmatrix, mma_for, tv_table
-from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i8, i32, u8
+from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i8, i32
 from tegula.errors import TegulaError
 
 

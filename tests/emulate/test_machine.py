@@ -7,12 +7,13 @@ import random
 import numpy as np
 import pytest
 
-from tegula.dtypes import f16, f32, i32
+from tegula.dtypes import f32, i32
 from tegula.emulate import EmulationError, bank_wavefronts, run_thread_kernel
-from tegula.lower.thread_ir import (TID, Assign, Barrier, Binary, BLOCK_IDS, Comment, Const, CpAsync,
-                                    CpAsyncCommit, CpAsyncWait, For, GlobalLoad, GlobalStore, If,
-                                    IndexValue, Literal, Reg, RegArray, RegRead, SharedBuffer,
-                                    SharedLoad, SharedStore, TensorParam, ThreadKernel, Var, all_of)
+from tegula.lower.thread_ir import (TID, Assign, Barrier, Binary, BLOCK_IDS, Comment, Const,
+                                    CpAsync, CpAsyncCommit, CpAsyncWait, For, GlobalLoad,
+                                    GlobalStore, If, IndexValue, Literal, Reg, RegArray, RegRead,
+                                    SharedBuffer, SharedLoad, SharedStore, TensorParam,
+                                    ThreadKernel, Var, all_of)
 
 BX, BY, _ = BLOCK_IDS
 RNG = np.random.default_rng(7)
@@ -82,8 +83,8 @@ def transpose_kernel(barrier: bool = True, pad: int = 17) -> ThreadKernel:
     body += [SharedLoad(Reg(v, Const(0)), "t", c * pad + r, 1),
              GlobalStore("y", orow * Var("y_stride0") + ocol, Reg(v, Const(0)), 1,
                          pred=all_of([orow.lt(Var("y_shape0")), ocol.lt(Var("y_shape1"))]))]
-    return ThreadKernel("transpose", 256, [TensorParam("x", f32, 2), TensorParam("y", f32, 2, True)],
-                        [v], [buf], body)
+    params = [TensorParam("x", f32, 2), TensorParam("y", f32, 2, True)]
+    return ThreadKernel("transpose", 256, params, [v], [buf], body)
 
 
 @pytest.mark.parametrize("pad,ways,store_ways", [(17, 2, 2), (16, 8, 1), (18, 1, 2)])
@@ -186,7 +187,8 @@ def test_cp_async_pipeline(tiles):
 def test_missing_cp_async_wait_is_a_race():
     x = RNG.standard_normal((32, 128)).astype(np.float32)
     with pytest.raises(EmulationError, match="not waited for"):
-        run_thread_kernel(pipeline_kernel(wait=False), 1, {"x": x, "y": np.zeros((32, 32), np.float32)})
+        run_thread_kernel(pipeline_kernel(wait=False), 1,
+                          {"x": x, "y": np.zeros((32, 32), np.float32)})
 
 
 def test_missing_barrier_after_wait_is_a_race():
