@@ -74,7 +74,10 @@ class GlobalTensor:
         scale = 2 if self.packed else 1
         self.size = extent * scale
         self.shape = tuple(array.shape[:-1]) + ((array.shape[-1] * scale,) if array.ndim else ())
-        self.strides = tuple(s * scale for s in strides)
+        # In elements: a packed row's nibbles are consecutive (last stride 1), the other
+        # strides count twice their bytes.
+        self.strides = tuple(s * scale if d < len(strides) - 1 else s
+                             for d, s in enumerate(strides))
         if self.packed and array.ndim and strides[-1] != 1 and array.shape[-1] > 1:
             raise EmulationError(f"packed tensor {name!r} must be contiguous in its last dim")
 

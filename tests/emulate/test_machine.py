@@ -298,3 +298,24 @@ def test_bank_model_matches_layout_banks(seed):
         lane_off[lane] = o
     got, _ = bank_wavefronts((lane_off * 4)[None, :], np.ones((1, 32), bool), vec * 4)
     assert got == want
+
+
+def test_packed_int4_copy():
+    """u4 tensors are uint8 arrays of nibble pairs; 8 nibbles (4 bytes) per thread."""
+    from tegula.dtypes import u4
+
+    r = RegArray("q", u4, 8)
+    col = TID * 8
+    k = ThreadKernel("copy_u4", 32, [TensorParam("x", u4, 2), TensorParam("y", u4, 2, True)],
+                     [r], [SharedBuffer("s", u4, 3 * 256, 0)],
+                     [For(Var("i"), Const(0), Var("x_shape0"), 1, [
+                         GlobalLoad(Reg(r, Const(0)), "x", Var("i") * Var("x_stride0") + col, 8,
+                                    pred=col.lt(Var("x_shape1"))),
+                         SharedStore("s", Var("i") * 256 + col, Reg(r, Const(0)), 8),
+                         SharedLoad(Reg(r, Const(0)), "s", Var("i") * 256 + col, 8),
+                         GlobalStore("y", Var("i") * Var("y_stride0") + col, Reg(r, Const(0)), 8,
+                                     pred=col.lt(Var("y_shape1")))])])
+    x = RNG.integers(0, 256, (3, 100), dtype=np.uint8)
+    y = np.zeros_like(x)
+    run_thread_kernel(k, 1, {"x": x, "y": y})
+    assert np.array_equal(x, y)
