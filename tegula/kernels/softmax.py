@@ -1,0 +1,60 @@
+"""Row softmax: `y[i, :] = exp(x[i, :] - max_i) / sum_i exp(x[i, :] - max_i)`.
+
+Each block owns BM whole rows: one (BM, BN) register tile with BN ≥ the row length, read
+with out-of-range elements filled with -inf (so they neither win the max nor add to the
+sum). The max and the sum reduce along the row inside threads, across lanes by shuffles
+and across warps through shared memory, as the synthesized layout requires.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.common import dtype_of_array, launch_emulated, poisoned
+
+SOFTMAX_DTYPES = (f32, f16, bf16)
+MAX_ROW = 16384  # one register tile per row block: BN * BM / threads f32 values per thread
+
+
+@lru_cache(maxsize=None)
+def softmax_kernel(dtype: DType) -> tg.Kernel:
+    """Softmax along the rows of an (M, N) tensor of `dtype` (N ≤ BN), computed in f32."""
+
+    @tg.kernel(threads=128)
+    def softmax(x: tg.Tensor[dtype], y: tg.Tensor[dtype],
+                BM: tg.constexpr = 4, BN: tg.constexpr = 512):
+        m = tg.block_id(0)
+        rows = tg.load(x.tile((BM, BN), (m, 0)), fill=-float("inf")).to(f32)
+        e = tg.exp(rows - tg.max(rows, 1))
+        tg.copy((e / tg.sum(e, 1)).to(dtype), y.tile((BM, BN), (m, 0)))
+
+    return softmax
+
+
+def softmax_config(shape: tuple[int, int], BM: int | None = None,
+                   BN: int | None = None) -> tuple[tuple[int], dict]:
+    """(grid, constexprs) for an (M, N) softmax: BN is the row length rounded up to a
+    power of two (at least 128), BM keeps the tile near 2048 elements (16 per thread)."""
+    m, n = shape
+    if n > MAX_ROW:
+        raise ValueError(f"softmax rows of {n} elements exceed the one-tile limit {MAX_ROW}")
+    BN = BN or max(128, 1 << (n - 1).bit_length())
+    BM = BM or max(1, 2048 // BN)
+    return (tg.cdiv(m, BM),), dict(BM=BM, BN=BN)
+
+
+def softmax_emulated(x: np.ndarray, dtype: DType | None = None, **tiles: int) -> np.ndarray:
+    """Softmax over the last dim of `x` (any rank) by the emulated kernel."""
+    dtype = dtype or dtype_of_array(x)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    y = poisoned(rows.shape, dtype)
+    grid, constexprs = softmax_config(rows.shape, **tiles)
+    launch_emulated(softmax_kernel(dtype), grid, rows, y, **constexprs)
+    return y.reshape(x.shape)
+
+
+__all__ = ["softmax_kernel", "softmax_config", "softmax_emulated", "SOFTMAX_DTYPES"]
