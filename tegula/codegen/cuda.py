@@ -19,7 +19,7 @@ import re
 from tegula.dtypes import DType
 from tegula.lower.thread_ir import (
     Assign, Barrier, Comment, Const, CpAsync, CpAsyncCommit, CpAsyncWait, Expr, For,
-    GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix, Mma, Reg, SharedBuffer,
+    GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix, Let, Mma, Reg, SharedBuffer,
     SharedLoad, SharedStore, Shuffle, Stmt, TensorParam, ThreadKernel,
 )
 
@@ -226,6 +226,10 @@ class _Emitter:
 
     def _Barrier(self, s: Barrier) -> None:
         self.line("__syncthreads();")
+
+    def _Let(self, s: Let) -> None:
+        # Per-thread index values (coordinate bases) are small and non-negative: int.
+        self.line(f"const int {s.var.name} = {index_c(s.value)};")
 
     def _For(self, s: For) -> None:
         if s.unroll:

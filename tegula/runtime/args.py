@@ -106,6 +106,7 @@ class ArgumentPlan:
         self.requirements = reqs
         self.expected = {p.name: _expected_dtype_names(p.dtype)
                          for p in self.params if isinstance(p, TensorParam)}
+        self._torch_dtypes: dict[str, tuple] = {}  # resolved on first torch argument
 
     def flatten(self, args: Sequence[Any]) -> tuple[list, int]:
         """(parameter values in `param_list` order, the tensors' CUDA device)."""
@@ -128,6 +129,20 @@ class ArgumentPlan:
         return values, (device if device is not None else -1)
 
     def _tensor(self, p: TensorParam, arg: Any, values: list) -> int:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(arg, torch.Tensor):
+            # Fast path: attribute reads only, dtype compared by identity.
+            dtypes = self._torch_dtypes.get(p.name)
+            if dtypes is None:
+                dtypes = self._torch_dtypes[p.name] = tuple(
+                    getattr(torch, n) for n in self.expected[p.name] if hasattr(torch, n))
+            if not arg.is_cuda:
+                raise LaunchError(f"argument {p.name!r} is on {arg.device}, not a CUDA device")
+            if arg.dtype not in dtypes:
+                raise LaunchError(f"argument {p.name!r} has dtype {arg.dtype}, the kernel "
+                                  f"takes {p.dtype} (torch.{self.expected[p.name][0]})")
+            self._append(p, arg.data_ptr(), arg.shape, arg.stride(), values)
+            return arg.get_device()
         view = tensor_view(arg)
         if view is None:
             raise LaunchError(f"argument {p.name!r} must be a tensor ({p.dtype}, rank "
@@ -137,28 +152,33 @@ class ArgumentPlan:
         if view.dtype_name not in self.expected[p.name]:
             raise LaunchError(f"argument {p.name!r} has dtype {view.dtype_name}, the kernel "
                               f"takes {p.dtype} ({self.expected[p.name][0]})")
-        shape, strides = view.shape, view.strides
+        self._append(p, view.ptr, view.shape, view.strides, values)
+        return view.device
+
+    def _append(self, p: TensorParam, ptr: int, shape: Sequence[int], strides: Sequence[int],
+                values: list) -> None:
+        """Check rank, alignment, unit stride and extents; append pointer, extents, strides."""
         if len(shape) != p.rank:
             raise LaunchError(f"argument {p.name!r} has rank {len(shape)}, the kernel takes "
                               f"rank {p.rank}")
         if p.dtype.bits == 4 and shape:  # bytes hold two elements: count elements
-            shape = shape[:-1] + (shape[-1] * 2,)
-            strides = tuple(s * 2 for s in strides[:-1]) + strides[-1:]
+            shape = tuple(shape[:-1]) + (shape[-1] * 2,)
+            strides = tuple(s * 2 for s in strides[:-1]) + tuple(strides[-1:])
         req = self.requirements[p.name]
-        if view.ptr % req.align:
-            raise LaunchError(f"argument {p.name!r}: data pointer 0x{view.ptr:x} is not "
+        if ptr % req.align:
+            raise LaunchError(f"argument {p.name!r}: data pointer 0x{ptr:x} is not "
                               f"{req.align}-byte aligned, which the kernel's vector accesses need")
         d = req.unit_stride_dim
         if d is not None and shape[d] > 1 and strides[d] != 1:
             raise LaunchError(f"argument {p.name!r}: dimension {d} must have stride 1 (the "
-                              f"kernel reads it with vectors), got strides {strides}; pass "
-                              f".contiguous()")
-        if any(e > _INT32_MAX for e in shape):
-            raise LaunchError(f"argument {p.name!r}: extents {shape} exceed 2^31-1")
-        values.append(view.ptr)
+                              f"kernel reads it with vectors), got strides {tuple(strides)}; "
+                              f"pass .contiguous()")
+        for e in shape:
+            if e > _INT32_MAX:
+                raise LaunchError(f"argument {p.name!r}: extents {tuple(shape)} exceed 2^31-1")
+        values.append(ptr)
         values.extend(shape)
         values.extend(strides)
-        return view.device
 
     def _scalar(self, p: ScalarParam, arg: Any):
         if p.dtype.is_float:

@@ -97,7 +97,9 @@ class CompiledKernel:
         gx, gy, gz = _grid(grid)
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid (empty tensors): nothing to do
-        fn = self._functions.get(device) or self.function(device)
+        fn = self._functions.get(device)
+        if fn is None:
+            fn = self.function(device)
         handle = _stream_handle(stream, device)
         cu_stream = self._streams.get(handle)
         if cu_stream is None:

@@ -162,3 +162,14 @@ def test_catalogue_entries_have_emitters():
         pytest.skip("the instruction catalogue has no mma entries yet")
     for name in sorted(names):
         mma_spec(name)
+
+
+def test_let_binds_a_thread_constant():
+    from tegula.lower.thread_ir import Let
+    r = RegArray("r", f16, 8)
+    base = Var("row_base")
+    kernel = ThreadKernel("k", 32, [TensorParam("x", f16, 1)], [r], [],
+                          [Let(base, TID * 8), GlobalLoad(Reg(r, Const(0)), "x", base, 8)])
+    src = emit_cuda(kernel)
+    assert "const int row_base = tid * 8;" in src
+    assert "(x + (row_base))" in src

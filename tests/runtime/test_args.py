@@ -117,3 +117,12 @@ def test_compiled_kernel_without_gpu_packs(tmp_path):
     blob = ck.pack(values)
     assert len(blob) == ck._struct.size == 48
     assert ck[(1,)] is not None
+
+
+def test_torch_arguments_are_checked():
+    torch = pytest.importorskip("torch")
+    plan = ArgumentPlan(vector_copy(f16, 8))
+    x = torch.zeros(64, dtype=torch.float16)
+    with pytest.raises(LaunchError, match="argument 'x' is on cpu, not a CUDA device"):
+        plan.flatten([x, x])
+    assert specialization_key([x[1:]])[0][1] == 2  # an f16 view one element in
