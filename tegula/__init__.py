@@ -34,3 +34,6 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "abs", "tanh", "sigmoid", "sin", "cos", "maximum", "minimum", "where", "reduce",
            "sum", "max", "min", "rearrange", "atomic_add", "range", "pipeline", "if_",
            "else_", "eq", "ne"]
+
+from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str
+__all__.append("explain")

@@ -1,0 +1,258 @@
+"""`tegula explain`: what the compiler decided for a kernel, and why, and what it costs.
+
+For one build (`tegula.build.Build`) the report lists
+
+* every tensor — global arguments with the facts they were specialized on, shared
+  buffers with their synthesized (swizzled) layout in CuTe notation and how it was
+  chosen, register tiles with their thread-value layout and the reason synthesis gave;
+* the layout conversions synthesis inserted;
+* every op with the instructions it issues: catalogue instruction, vector width, bytes
+  per thread and per warp instruction (Hexcute Table III), warp instructions per block,
+  shared-memory wavefronts against the conflict-free ideal;
+* resources: shared memory per block (the kernel's buffers plus lowering's scratch) and
+  an *estimate* of registers per thread;
+* the analytical cost model's prediction (`tegula.synth.cost`).
+
+`explain(kernel, **constexprs)` (exported as `tegula.explain`) builds and explains in one
+call; `write_svgs(build, folder)` draws every register tile's TV layout and every shared
+buffer coloured by bank. This module sits above the pipeline (like `tegula.build`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tegula.ir.ops import ForLoop, IfThen, Op, walk_ops
+from tegula.ir.printer import op_text
+from tegula.ir.values import GlobalTile, RegisterTile, describe
+from tegula.synth.cost import (REGISTER_OVERHEAD, CountedUse, estimate, instruction_uses,
+                               loop_label, register_words)
+
+
+def explain(kernel: Any, grid: Any = None, shapes: dict | None = None,
+            target: str | None = None, **constexprs: Any) -> str:
+    """Build `kernel` with these constexprs (default facts: row-major tensors) and explain
+    it; `grid` and `shapes` (tensor name -> shape) add a whole-grid time prediction."""
+    from tegula.build import DEFAULT_TARGET, build
+
+    result = build(kernel, constexprs, target=target or DEFAULT_TARGET)
+    return explain_build(result, grid=grid, shapes=shapes)
+
+
+def explain_build(build: Any, grid: Any = None, shapes: dict | None = None,
+                  scalars: dict | None = None) -> str:
+    """The whole report for one build (see the module docstring)."""
+    sections = [_header(build), _tensors(build), _conversions(build), _ops(build),
+                _resources(build), _prediction(build, grid, shapes, scalars)]
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _where(loc) -> str:
+    return f"line {loc.lineno}" if loc is not None else "-"
+
+
+def _header(build: Any) -> str:
+    k = build.traced
+    consts = ", ".join(f"{name}={value!r}" for name, value in k.constexprs.items())
+    return (f"kernel {k.name} ({consts}) for {build.target}\n"
+            f"{k.threads} threads per block ({k.threads // 32} warps)")
+
+
+# --------------------------------------------------------------------------- tensors
+
+def _tensors(build: Any) -> str:
+    lines = ["== tensors"]
+    for arg in build.traced.args:
+        facts = build.facts.get(arg.name)
+        lines.append(f"  {arg.name}: global tensor<{arg.dtype}, rank {arg.rank}>"
+                     f"{'  ' + _facts_text(facts) if facts is not None else ''}")
+    for alloc in build.traced.shared_allocs:
+        lines += _shared_lines(build, alloc)
+    for tile in _register_tiles(build):
+        values = tile.layout[1].size if tile.layout is not None else 0
+        lines.append(f"  {describe(tile)} ({_where(tile.loc)}): {values} values per thread")
+        lines.append(f"      layout {tile.layout}" + ("  (pinned)" if tile.pinned else ""))
+        why = build.synthesis.reasons.get(tile.id, "pinned by the kernel" if tile.pinned else "?")
+        lines.append(f"      because: {why}")
+    return "\n".join(lines)
+
+
+def _facts_text(facts: Any) -> str:
+    """The facts a global tensor was specialized on, in words."""
+    parts = []
+    contiguous = getattr(facts, "contiguous_dim", None)
+    if contiguous is not None:
+        parts.append(f"dim {contiguous} contiguous")
+    align = getattr(facts, "align_bytes", None)
+    if align:
+        parts.append(f"{align}-byte aligned")
+    divisors = getattr(facts, "extent_divisors", None)
+    if divisors:
+        parts.append("extents divisible by " + "x".join(str(d) for d in divisors))
+    return ", ".join(parts)
+
+
+def _shared_lines(build: Any, alloc: Any) -> list[str]:
+    from tegula.synth.synthesize import alloc_bytes
+
+    dims = "x".join(str(s) for s in alloc.shape)
+    offset = build.synthesis.shared_offsets.get(alloc.id, 0)
+    lines = [f"  %{alloc.name}: shared<{dims}, {alloc.dtype}> x{alloc.stages} stages "
+             f"({_where(alloc.loc)}): {alloc_bytes(alloc)} B at byte {offset}",
+             f"      layout {alloc.layout}" + ("  (pinned)" if alloc.pinned else "")]
+    choice = build.synthesis.shared_choices.get(alloc.id)
+    if alloc.pinned:
+        why = "pinned by the kernel"
+    elif choice is None:
+        why = "no op accesses it: compact, last dim contiguous"
+    else:
+        why = (f"the cheapest of {choice.candidates_tried} candidate layouts (contiguous dim "
+               f"x swizzle) for its accesses, cost {choice.cost} (issue slots + wavefronts)")
+    lines.append(f"      because: {why}")
+    return lines
+
+
+def _register_tiles(build: Any) -> list[RegisterTile]:
+    """Register tiles in declaration order, then any that ops introduced (conversions)."""
+    seen: dict[int, RegisterTile] = {t.id: t for t in build.traced.register_tiles}
+    for op in walk_ops(build.traced.body):
+        for tile in _op_tiles(op):
+            if isinstance(tile, RegisterTile):
+                seen.setdefault(tile.id, tile)
+    return list(seen.values())
+
+
+def _op_tiles(op: Op) -> list:
+    from tegula.ir.ops import tiles_read, tiles_written
+    return tiles_written(op) + tiles_read(op)
+
+
+def _conversions(build: Any) -> str:
+    conversions = build.synthesis.conversions
+    if not conversions:
+        return "== layout conversions: none (every op found its operands in the layout it needs)"
+    lines = ["== layout conversions inserted by synthesis"]
+    for op in conversions:
+        lines.append(f"  {_where(op.loc)}: %{op.x.name} {op.x.layout}\n"
+                     f"      -> %{op.out.name} {op.out.layout} (through shared memory)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- ops
+
+_HEAD = (f"      {'path':<8} {'instruction':<30} {'vec':>4} {'B/thr':>6} {'B/warp':>7} "
+         f"{'instrs':>7} {'wavefronts':>11} {'conflicts':>9}")
+
+
+def _ops(build: Any) -> str:
+    uses = instruction_uses(build.traced, build.target)
+    by_op: dict[int, list[CountedUse]] = {}
+    for counted in uses:
+        by_op.setdefault(id(counted.op), []).append(counted)
+    lines = ["== ops (instrs and wavefronts per block, per execution of the op)"]
+    _op_lines(build.traced.body, by_op, lines, depth=1)
+    return "\n".join(lines)
+
+
+def _op_lines(ops: list[Op], by_op: dict, lines: list[str], depth: int) -> None:
+    pad = "  " * depth
+    for op in ops:
+        if isinstance(op, ForLoop):
+            kind = f"pipeline, {op.stages} stages" if op.stages > 1 else "range"
+            lines.append(f"{pad}for ({kind}) {loop_label(op)}")
+            _op_lines(op.body, by_op, lines, depth + 1)
+            continue
+        if isinstance(op, IfThen):
+            lines.append(f"{pad}if {op.cond} ({_where(op.loc)})")
+            _op_lines(op.then, by_op, lines, depth + 1)
+            if op.otherwise:
+                lines.append(f"{pad}else")
+                _op_lines(op.otherwise, by_op, lines, depth + 1)
+            continue
+        lines.append(f"{pad}{_where(op.loc)}: {op_text(op)}{_op_note(op)}")
+        counted = by_op.get(id(op), [])
+        if counted:
+            lines.append(_HEAD)
+            lines += [_use_line(c.use) for c in counted]
+
+
+def _op_note(op: Op) -> str:
+    """A short note on the decision behind an op (gemm plan, copy partition)."""
+    plan = op.choices.get("plan")
+    if plan is not None:
+        return f"\n      {plan.describe()}"
+    if "tv" in op.choices and isinstance(getattr(op, "src", None), GlobalTile) \
+            and not isinstance(getattr(op, "dst", None), RegisterTile):
+        return (f"\n      partition {op.choices['tv']}, {op.choices.get('vector', 1)}-element "
+                f"vectors along tile dim {op.choices.get('dim')}")
+    return ""
+
+
+def _use_line(u: Any) -> str:
+    moved = u.thread_bytes > 0
+    waves = f"{u.wavefronts}/{u.ideal_wavefronts}" if u.ideal_wavefronts else "-"
+    conflicts = str(u.conflicts) if u.ideal_wavefronts else "-"
+    return (f"      {u.role:<8} {u.instr:<30} {u.vector if u.vector else '-':>4} "
+            f"{u.thread_bytes if moved else '-':>6} {u.warp_bytes if moved else '-':>7} "
+            f"{u.warp_instructions:>7} {waves:>11} {conflicts:>9}")
+
+
+# --------------------------------------------------------------------------- resources
+
+def _resources(build: Any) -> str:
+    tk = build.thread_kernel
+    own = build.synthesis.shared_bytes
+    total = tk.shared_bytes
+    lines = ["== resources per block",
+             f"  shared memory: {total} B = {own} B of kernel buffers + {total - own} B of "
+             f"scratch (conversions, reductions); the target allows "
+             f"{build.target.smem_per_block_max} B"]
+    words = register_words(tk)
+    arrays = ", ".join(f"{a.name}[{a.size}] {a.dtype}" for a in tk.registers)
+    lines.append(f"  registers per thread: ~{words + REGISTER_OVERHEAD} (an estimate: "
+                 f"{words} words of register arrays + ~{REGISTER_OVERHEAD} for addresses, "
+                 f"indices and predicates; liveness ignored, so an upper bound)")
+    if arrays:
+        lines.append(f"      arrays: {arrays}")
+    return "\n".join(lines)
+
+
+def _prediction(build: Any, grid: Any, shapes: dict | None, scalars: dict | None) -> str:
+    cost = estimate(build, grid, shapes, scalars)
+    return "== predicted time (analytical model, tegula.synth.cost)\n" + str(cost)
+
+
+# --------------------------------------------------------------------------- pictures
+
+def write_svgs(build: Any, folder: str) -> list[str]:
+    """Draw each register tile's TV layout and each shared buffer's layout coloured by
+    bank into `folder`; returns the paths written."""
+    from tegula.layout import render
+
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for tile in _register_tiles(build):
+        if tile.layout is None or len(tile.shape) > 2:
+            continue
+        svg = render.svg_tv_layout(tile.layout, tuple(tile.shape),
+                                   title=f"{describe(tile)}: {tile.layout}")
+        paths.append(_save(folder, f"register_{tile.name}.svg", svg))
+    for alloc in build.traced.shared_allocs:
+        if alloc.layout is None or len(alloc.shape) > 2:
+            continue
+        elem = max(1, alloc.dtype.bits // 8)
+        svg = render.svg_shared_layout(alloc.layout, tuple(alloc.shape), elem,
+                                       build.target.banks, build.target.bank_bytes,
+                                       title=f"%{alloc.name} ({alloc.dtype}): {alloc.layout}")
+        paths.append(_save(folder, f"shared_{alloc.name}.svg", svg))
+    return paths
+
+
+def _save(folder: str, name: str, text: str) -> str:
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+__all__ = ["explain", "explain_build", "write_svgs"]

@@ -1,0 +1,562 @@
+"""The analytical cost model: what a synthesized kernel issues, and how long it should take.
+
+Two layers, both read off the *typed tile IR* (every op's `choices`, every tile's layout),
+so synthesis and the autotuner can use them before lowering:
+
+1. `instruction_uses(kernel, target)`: for every op, the instructions it issues per block
+   and per execution (`InstrUse`: catalogue instruction, vector width, bytes per thread
+   and per warp, warp instructions, shared-memory wavefronts vs the ideal, global bytes),
+   tagged with the runtime loops around it. This is `tegula explain`'s table (Hexcute
+   Table III's "bytes per instruction").
+2. `estimate(build, grid, shapes)`: a roofline over those counts (TileLang §4.2) with
+   Hexcute §VI's issue cycles per instruction. Per block, on an SM shared with the other
+   blocks resident with it (`blocks_per_sm`, from threads / shared memory / registers):
+
+   * tensor  = MMA warp instructions × issue cycles (catalogue `timing`, one tensor core
+     per SM sub-partition) / 4 sub-partitions;
+   * shared  = shared-memory wavefronts (one per clock per SM: 128 B/clk);
+   * issue   = all warp instructions / 4 schedulers (one instruction per clock each);
+   * dram    = global bytes / (the block's share of DRAM bandwidth when every SM runs
+     `blocks_per_sm` such blocks: bandwidth / (SMs × blocks_per_sm)).
+
+   block cycles = blocks_per_sm × max(tensor, shared, issue), or dram if larger, plus one
+   global-load latency (the pipeline fill, which nothing overlaps). The whole grid takes
+   waves × block cycles, waves = ⌈blocks / (SMs × blocks_per_sm)⌉. When the tensors'
+   shapes are known, DRAM traffic for the grid is capped by their footprint (each byte
+   read from DRAM once, re-reads hit L2) — the usual GEMM case, where per-block global
+   bytes overstate DRAM traffic by the reuse factor.
+
+Assumptions, said plainly: resources overlap perfectly (a roofline: no dependency stalls
+beyond the fill latency); L2 bandwidth, instruction-cache and launch overheads are not
+modelled; boundary tiles are counted as full tiles; both branches of a `tg.if_` count;
+ALU work (elementwise, address arithmetic) only counts toward issue slots, roughly.
+It ranks candidates and sanity-checks speeds; it does not predict to the microsecond.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
+from tegula.arch.targets import Target
+from tegula.errors import TegulaError
+from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
+                           Rearrange, Reduce, TracedKernel, walk_ops)
+from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, ScalarConst,
+                              TensorExtent)
+from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
+from tegula.layout.tv import tv_table
+
+#: Registers a thread needs beyond its register tiles: addresses, loop counters,
+#: predicates, thread coordinates. A round guess, not a measurement.
+REGISTER_OVERHEAD = 24
+#: SM sub-partitions (schedulers / tensor cores) per SM on sm_80 … sm_90.
+SUBPARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class InstrUse:
+    """One kind of instruction an op issues, per block and per execution of the op.
+
+    `role` is the data path in Hexcute's notation (G2S global→shared, S2R, R2S, G2R, R2G,
+    S2G, MMA, CVT for layout conversions, ALU); `instr` the catalogue name (or "alu" /
+    "shfl" for arithmetic and shuffles); `vector` elements per thread per instruction;
+    `thread_bytes` bytes one thread moves per instruction (0 when nothing is moved);
+    `pipe` which unit it occupies ("global", "shared", "tensor", "alu")."""
+
+    role: str
+    instr: str
+    vector: int
+    thread_bytes: int
+    warp_instructions: int
+    pipe: str
+    wavefronts: int = 0
+    ideal_wavefronts: int = 0
+    global_bytes: int = 0
+    issue_cycles: float = 1.0
+    flops: int = 0
+
+    @property
+    def warp_bytes(self) -> int:
+        """Bytes one warp instruction moves (32 lanes × thread bytes)."""
+        return 32 * self.thread_bytes
+
+    @property
+    def conflicts(self) -> int:
+        """Shared-memory wavefronts beyond the conflict-free ideal."""
+        return self.wavefronts - self.ideal_wavefronts
+
+
+@dataclass(frozen=True)
+class CountedUse:
+    """An `InstrUse` of `op`, inside the runtime loops `loops` (outermost first)."""
+
+    op: Op
+    use: InstrUse
+    loops: tuple = ()
+
+
+# --------------------------------------------------------------------------- instruction uses
+
+def _elem_bytes(tile) -> int:
+    return max(1, tile.dtype.bits // 8)
+
+
+def _elements(tile) -> int:
+    return int(np.prod(tile.shape))
+
+
+def _warps(kernel: TracedKernel) -> int:
+    return max(1, kernel.threads // 32)
+
+
+def _shared_use(role: str, plan, elem_bytes: int) -> InstrUse:
+    """The use of a shared-memory AccessPlan (ldmatrix or a vector ld/st.shared)."""
+    if plan.instr == "ldmatrix":
+        instr = ldmatrix(plan.ldmatrix_num, plan.trans)
+        return InstrUse(role, instr.name, plan.vector, plan.vector * elem_bytes,
+                        plan.instructions, "shared", plan.wavefronts, plan.ideal_wavefronts,
+                        issue_cycles=instr.issue_cycles)
+    nbytes = plan.vector * elem_bytes
+    op = "st" if plan.instr == "st.shared" else "ld"
+    instr = vector_access(op, "shared", nbytes)
+    return InstrUse(role, instr.name, plan.vector, nbytes, plan.instructions, "shared",
+                    plan.wavefronts, plan.ideal_wavefronts)
+
+
+def _global_use(role: str, load: bool, tile: GlobalTile, vector: int,
+                warp_instructions: int) -> InstrUse:
+    nbytes = vector * _elem_bytes(tile)
+    instr = vector_access("ld" if load else "st", "global", nbytes)
+    return InstrUse(role, instr.name, vector, nbytes, warp_instructions, "global",
+                    global_bytes=_elements(tile) * _elem_bytes(tile))
+
+
+def _register_instructions(tile: RegisterTile, vector: int, warps: int) -> int:
+    """Warp instructions to move a register tile `vector` elements at a time."""
+    values = tile.layout[1].size if tile.layout is not None else 1
+    return max(1, values // max(1, vector)) * warps
+
+
+def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]:
+    src, dst, ch = op.src, op.dst, op.choices
+    warps = _warps(kernel)
+    vector = ch.get("vector", 1)
+    if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
+        plan = ch.get("dst_shared")
+        if ch.get("instr") == "cp.async":
+            width = min(vector, plan.vector) if plan else vector
+            instr = cp_async(width * _elem_bytes(src))
+            count = plan.instructions if plan else _elements(src) // width // 32
+            return [InstrUse("G2S", instr.name, width, width * _elem_bytes(src), count,
+                             "global", plan.wavefronts if plan else 0,
+                             plan.ideal_wavefronts if plan else 0,
+                             global_bytes=_elements(src) * _elem_bytes(src))]
+        count = _elements(src) // max(1, vector) // 32
+        uses = [_global_use("G2R", True, src, vector, count)]
+        return uses + ([_shared_use("R2S", plan, _elem_bytes(dst))] if plan else [])
+    if isinstance(src, SharedTile) and isinstance(dst, GlobalTile):
+        plan = ch.get("src_shared")
+        count = _elements(dst) // max(1, vector) // 32
+        uses = [_shared_use("S2R", plan, _elem_bytes(src))] if plan else []
+        return uses + [_global_use("R2G", False, dst, vector, count)]
+    if isinstance(src, GlobalTile) and isinstance(dst, RegisterTile):
+        return [_global_use("G2R", True, src, vector, _register_instructions(dst, vector, warps))]
+    if isinstance(src, RegisterTile) and isinstance(dst, GlobalTile):
+        return [_global_use("R2G", False, dst, vector, _register_instructions(src, vector, warps))]
+    if isinstance(src, SharedTile) and "src_shared" in ch:
+        return [_shared_use("S2R", ch["src_shared"], _elem_bytes(src))]
+    if isinstance(dst, SharedTile) and "dst_shared" in ch:
+        return [_shared_use("R2S", ch["dst_shared"], _elem_bytes(dst))]
+    if isinstance(src, RegisterTile) and isinstance(dst, RegisterTile):
+        return [InstrUse("R2R", "mov", 1, 0, _register_instructions(dst, 1, warps), "alu")]
+    return []
+
+
+def _gemm_uses(op: Gemm, kernel: TracedKernel, target: Target) -> list[InstrUse]:
+    plan = op.choices["plan"]
+    rm, rn, rk = plan.repeats
+    count = rm * rn * rk * plan.grid.wm * plan.grid.wn
+    issue, _ = plan.atom.timing(target)
+    uses = []
+    for role, tile in (("a", op.a), ("b", op.b)):
+        if isinstance(tile, SharedTile) and f"{role}_shared" in op.choices:
+            uses.append(_shared_use(f"S2R ({role.upper()})", op.choices[f"{role}_shared"],
+                                    _elem_bytes(tile)))
+    uses.append(InstrUse("MMA", plan.atom.name, 0, 0, count, "tensor", issue_cycles=issue,
+                         flops=count * plan.atom.flops))
+    return uses
+
+
+def _values(tile: RegisterTile) -> int:
+    return tile.layout[1].size if tile.layout is not None else max(1, _elements(tile) // 128)
+
+
+def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
+    """Per-thread combines, then butterfly shuffles across the lanes that share a row
+    (counted from how many threads hold each output element: log2 of that, ≤ 5)."""
+    warps = _warps(kernel)
+    alu = InstrUse("ALU", "alu", 1, 0, _values(op.x) * warps, "alu")
+    if op.out.layout is None:
+        return [alu]
+    table = tv_table(op.out.layout)
+    holders = np.unique(table[:, 0], return_counts=True)[1].max()
+    rounds = min(5, int(math.log2(max(1, holders))))
+    shuffles = rounds * _values(op.out) * warps
+    return [alu] + ([InstrUse("ALU", "shfl.sync.bfly.b32", 1, 4, shuffles, "alu")]
+                    if shuffles else [])
+
+
+def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:
+    """A conversion through a shared scratch tile, one element per instruction (how
+    lowering does it today); wavefronts taken as ideal (not analysed)."""
+    warps = _warps(kernel)
+    eb = _elem_bytes(op.x)
+    stores, loads = _values(op.x) * warps, _values(op.out) * warps
+    st, ld = vector_access("st", "shared", eb), vector_access("ld", "shared", eb)
+    return [InstrUse("CVT", st.name, 1, eb, stores, "shared", stores, stores),
+            InstrUse("CVT", ld.name, 1, eb, loads, "shared", loads, loads)]
+
+
+def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
+    """The instructions `op` issues per block and per execution (empty for loops and
+    branches, whose bodies are counted op by op)."""
+    if isinstance(op, Copy):
+        return _copy_uses(op, kernel, target)
+    if isinstance(op, Gemm):
+        return _gemm_uses(op, kernel, target)
+    if isinstance(op, Reduce):
+        return _reduce_uses(op, kernel)
+    if isinstance(op, Rearrange):
+        return _conversion_uses(op, kernel)
+    if isinstance(op, (Elementwise, Fill)):
+        out = op.out if isinstance(op, Elementwise) else op.dst
+        return [InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")]
+    if isinstance(op, AtomicAdd):
+        eb = _elem_bytes(op.src)
+        instr = "red.global.add" if isinstance(op.dst, GlobalTile) else "red.shared.add"
+        return [InstrUse("R2G", instr, 1, eb, _values(op.src) * _warps(kernel), "global",
+                         global_bytes=_elements(op.dst) * eb)]
+    return []
+
+
+def instruction_uses(kernel: TracedKernel, target: Target) -> list[CountedUse]:
+    """Every op's instruction uses, in program order, with the loops around it."""
+    found: list[CountedUse] = []
+
+    def visit(ops: list[Op], loops: tuple) -> None:
+        for op in ops:
+            if isinstance(op, ForLoop):
+                visit(op.body, loops + (op,))
+            elif isinstance(op, IfThen):
+                visit(op.then, loops)
+                visit(op.otherwise, loops)
+            else:
+                found.extend(CountedUse(op, use, loops) for use in op_uses(op, kernel, target))
+
+    visit(kernel.body, ())
+    return found
+
+
+# --------------------------------------------------------------------------- trip counts
+
+class _Unknown(Exception):
+    """A scalar the caller gave no value for (a tensor extent, a scalar argument)."""
+
+
+@dataclass(frozen=True)
+class ProblemSize:
+    """What the model may know about one launch: tensor shapes by argument name, scalar
+    arguments by name, and the block whose loop bounds are being evaluated."""
+
+    shapes: dict = field(default_factory=dict)
+    scalars: dict = field(default_factory=dict)
+    block: tuple = (0, 0, 0)
+
+    def value(self, x) -> int:
+        """The int value of a tile-IR scalar; `_Unknown` when it needs a missing input."""
+        if isinstance(x, int):
+            return x
+        if isinstance(x, ScalarConst):
+            return x.value
+        if isinstance(x, BlockIndex):
+            return self.block[x.axis]
+        if isinstance(x, TensorExtent):
+            if x.tensor not in self.shapes:
+                raise _Unknown(str(x))
+            return int(self.shapes[x.tensor][x.dim])
+        if isinstance(x, ScalarArg):
+            if x.name not in self.scalars:
+                raise _Unknown(x.name)
+            return int(self.scalars[x.name])
+        if isinstance(x, ScalarBinOp):
+            a, b = self.value(x.lhs), self.value(x.rhs)
+            return {"+": a + b, "-": a - b, "*": a * b,
+                    "//": a // b if b else 0, "%": a % b if b else 0}[x.op]
+        raise _Unknown(str(x))  # a LoopIndex: an inner bound depending on an outer loop
+
+
+def _mentions_block(x) -> bool:
+    if isinstance(x, BlockIndex):
+        return True
+    if isinstance(x, ScalarBinOp):
+        return _mentions_block(x.lhs) or _mentions_block(x.rhs)
+    return False
+
+
+def trip_count(loop: ForLoop, size: ProblemSize) -> int:
+    """Iterations of a runtime loop for this problem size (and block)."""
+    start, stop = size.value(loop.start), size.value(loop.stop)
+    return max(0, -(-(stop - start) // loop.step))
+
+
+def loop_label(loop: ForLoop) -> str:
+    """How reports name a loop: its line and bounds."""
+    line = f"line {loop.loc.lineno}" if loop.loc else "a loop"
+    return f"{line}: {loop.var} in [{loop.start}, {loop.stop}) step {loop.step}"
+
+
+def _blocks(grid: tuple) -> list[tuple]:
+    """Every block index of `grid`, or an even sample of 4096 of them (for loops whose
+    bounds depend on the block, e.g. causal attention)."""
+    gx, gy, gz = (tuple(grid) + (1, 1, 1))[:3]
+    total = gx * gy * gz
+    step = max(1, total // 4096)
+    return [(i % gx, (i // gx) % gy, i // (gx * gy)) for i in range(0, total, step)]
+
+
+def loop_weights(uses: list[CountedUse], size: ProblemSize,
+                 grid: tuple | None) -> tuple[dict, list[str]]:
+    """How many times per block (averaged over the grid's blocks where bounds depend on
+    the block) each loop nest runs its body; unresolved loops count once and are named."""
+    weights: dict = {}
+    unresolved: list[str] = []
+    for nest in dict.fromkeys(u.loops for u in uses):
+        depends = any(_mentions_block(x) for loop in nest for x in (loop.start, loop.stop))
+        blocks = _blocks(grid) if depends and grid else [size.block]
+        total = 0
+        for block in blocks:
+            here = ProblemSize(size.shapes, size.scalars, block)
+            product = 1
+            for loop in nest:
+                try:
+                    product *= trip_count(loop, here)
+                except _Unknown:
+                    label = loop_label(loop)
+                    if label not in unresolved:
+                        unresolved.append(label)
+            total += product
+        weights[nest] = total / len(blocks)
+    return weights, unresolved
+
+
+# --------------------------------------------------------------------------- resources
+
+def register_words(thread_kernel) -> int:
+    """32-bit registers a thread's register arrays take (narrow types packed)."""
+    return sum(-(-a.size * a.dtype.bits // 32) for a in thread_kernel.registers)
+
+
+def register_words_from_tiles(kernel: TracedKernel) -> int:
+    """The same from the tile IR, before lowering: register tiles plus gemm operand
+    fragments (which lowering loads into temporaries)."""
+    words = 0
+    for tile in kernel.register_tiles:
+        if tile.layout is not None:
+            words += -(-tile.layout[1].size * tile.dtype.bits // 32)
+    for op in walk_ops(kernel.body):
+        if isinstance(op, Gemm) and "plan" in op.choices:
+            plan = op.choices["plan"]
+            for tile, tv in ((op.a, plan.a_tv), (op.b, plan.b_tv)):
+                if isinstance(tile, SharedTile):
+                    words += -(-tv[1].size * tile.dtype.bits // 32)
+    return words
+
+
+def occupancy(target: Target, threads: int, shared_bytes: int,
+              registers: int) -> tuple[int, str]:
+    """(blocks resident per SM, what limits it) from threads, shared memory, registers."""
+    limits = {"the blocks-per-SM limit": target.max_blocks_per_sm,
+              "threads per SM": target.max_threads_per_sm // threads}
+    if shared_bytes:
+        limits["shared memory"] = target.smem_per_sm // shared_bytes
+    regs = min(registers, target.regs_per_thread_max)
+    if regs:
+        limits["registers"] = target.regs_per_sm // (regs * threads)
+    name = min(limits, key=lambda k: limits[k])
+    return limits[name], name
+
+
+# --------------------------------------------------------------------------- the estimate
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """The model's numbers for one build (see the module docstring for the model).
+
+    Per-block counts are per block for the whole kernel (runtime loops multiplied out
+    where the problem size is known, else counted once: `unresolved_loops`). Cycle
+    figures are SM clock cycles; `*_cycles` of resources are the block's demand at full
+    SM rates, `block_cycles` the block's time on an SM it shares with
+    `blocks_per_sm - 1` others. Grid figures are None without a grid."""
+
+    target: str
+    clock_ghz: float
+    threads: int
+    shared_bytes: int
+    registers: int
+    blocks_per_sm: int
+    occupancy_limit: str
+    global_bytes: float
+    flops: float
+    mma_instructions: float
+    warp_instructions: float
+    shared_wavefronts: float
+    ideal_wavefronts: float
+    tensor_cycles: float
+    shared_cycles: float
+    issue_cycles: float
+    dram_cycles: float
+    latency_cycles: float
+    block_cycles: float
+    bound: str
+    grid: tuple | None = None
+    blocks: int = 0
+    waves: int = 0
+    dram_bytes: float = 0.0
+    grid_cycles: float | None = None
+    unresolved_loops: tuple = ()
+    notes: tuple = ()
+
+    @property
+    def block_seconds(self) -> float:
+        return self.block_cycles / (self.clock_ghz * 1e9)
+
+    @property
+    def seconds(self) -> float | None:
+        """Predicted time of the whole grid (None without a grid)."""
+        return None if self.grid_cycles is None else self.grid_cycles / (self.clock_ghz * 1e9)
+
+    @property
+    def tflops(self) -> float | None:
+        """Predicted tensor throughput of the grid (None without a grid or MMAs)."""
+        if not self.seconds or not self.flops:
+            return None
+        return self.flops * self.blocks / self.seconds / 1e12
+
+    def __str__(self) -> str:
+        lines = [f"cost model ({self.target}, {self.clock_ghz} GHz): per block",
+                 f"  global {self.global_bytes:,.0f} B, {self.mma_instructions:,.0f} MMA, "
+                 f"{self.shared_wavefronts:,.0f} shared wavefronts (ideal "
+                 f"{self.ideal_wavefronts:,.0f}), {self.warp_instructions:,.0f} warp instrs",
+                 f"  cycles at full SM rates: tensor {self.tensor_cycles:,.0f}, shared "
+                 f"{self.shared_cycles:,.0f}, issue {self.issue_cycles:,.0f}; DRAM share "
+                 f"{self.dram_cycles:,.0f}; fill latency {self.latency_cycles:,.0f}",
+                 f"  {self.blocks_per_sm} block(s)/SM (limited by {self.occupancy_limit}); "
+                 f"block time {self.block_cycles:,.0f} cycles = "
+                 f"{self.block_seconds * 1e6:.2f} us, {self.bound}-bound"]
+        if self.grid_cycles is not None:
+            rate = f", {self.tflops:.1f} TFLOP/s" if self.tflops else ""
+            lines.append(f"  grid {self.grid}: {self.blocks} blocks in {self.waves} wave(s), "
+                         f"DRAM {self.dram_bytes / 1e6:.2f} MB -> {self.seconds * 1e6:.2f} us"
+                         f"{rate}")
+        if self.unresolved_loops:
+            lines.append("  runtime loops counted once (give tensor shapes for totals): " +
+                         "; ".join(self.unresolved_loops))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _footprint(kernel: TracedKernel, shapes: dict) -> float | None:
+    """Bytes of every global tensor the kernel touches (None if a shape is unknown)."""
+    total = 0.0
+    for arg in kernel.args:
+        if arg.name not in shapes:
+            return None
+        total += float(np.prod(shapes[arg.name])) * max(1, arg.dtype.bits // 8)
+    return total
+
+
+def estimate(build, grid=None, shapes: dict | None = None,
+             scalars: dict | None = None) -> CostEstimate:
+    """The cost model's estimate for `build` (a `tegula.build.Build`, or anything with
+    `.traced`, `.target` and optionally `.thread_kernel`/`.synthesis`), launched on `grid`
+    (int or tuple, optional) with tensor `shapes` and `scalars` by argument name."""
+    kernel, target = build.traced, build.target
+    if grid is not None:
+        grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
+    uses = instruction_uses(kernel, target)
+    size = ProblemSize(dict(shapes or {}), dict(scalars or {}))
+    weights, unresolved = loop_weights(uses, size, grid)
+    totals = _totals(uses, weights)
+    thread_kernel = getattr(build, "thread_kernel", None)
+    if thread_kernel is not None:
+        words, smem = register_words(thread_kernel), thread_kernel.shared_bytes
+    else:
+        words, smem = register_words_from_tiles(kernel), build.synthesis.shared_bytes
+    registers = words + REGISTER_OVERHEAD
+    bps, limit = occupancy(target, kernel.threads, smem, registers)
+    notes = []
+    if registers > target.regs_per_thread_max:
+        notes.append(f"~{registers} registers/thread exceeds {target.regs_per_thread_max}: "
+                     f"the sum ignores liveness, but spills are possible")
+    if _footprint(kernel, size.shapes) is None:
+        notes.append("without every tensor's shape, each block's global bytes count as DRAM "
+                     "traffic (no L2 reuse): an upper bound on memory time")
+    if bps == 0:
+        notes.append(f"a block does not fit on an SM ({limit}); counted as 1 per SM")
+        bps = 1
+    return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
+                    tuple(unresolved), tuple(notes))
+
+
+def _totals(uses: list[CountedUse], weights: dict) -> dict:
+    """Per-block sums of the quantities the model uses."""
+    t = dict(global_bytes=0.0, flops=0.0, mma=0.0, instrs=0.0, waves=0.0, ideal=0.0,
+             tensor=0.0)
+    for counted in uses:
+        u, w = counted.use, weights[counted.loops]
+        t["global_bytes"] += u.global_bytes * w
+        t["flops"] += u.flops * w
+        t["instrs"] += u.warp_instructions * w
+        t["waves"] += u.wavefronts * w
+        t["ideal"] += u.ideal_wavefronts * w
+        if u.pipe == "tensor":
+            t["mma"] += u.warp_instructions * w
+            t["tensor"] += u.warp_instructions * u.issue_cycles * w
+    return t
+
+
+def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str,
+             registers: int, smem: int, grid, size: ProblemSize, unresolved: tuple,
+             notes: tuple) -> CostEstimate:
+    dram_per_clk = target.dram_gbps / target.clock_ghz  # bytes per SM clock, whole GPU
+    blocks = int(np.prod(grid)) if grid is not None else 0
+    dram_bytes = t["global_bytes"]
+    footprint = _footprint(kernel, size.shapes)
+    if blocks and footprint is not None and not unresolved:
+        # Each byte comes from DRAM once; the blocks' re-reads of it hit L2.
+        dram_bytes = min(dram_bytes, footprint / blocks)
+    tensor = t["tensor"] / SUBPARTITIONS
+    shared = t["waves"]
+    issue = t["instrs"] / SUBPARTITIONS
+    dram = dram_bytes * target.sm_count * bps / dram_per_clk
+    latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
+    resources = {"tensor": bps * tensor, "shared-memory": bps * shared,
+                 "issue": bps * issue, "DRAM": dram}
+    bound = max(resources, key=lambda k: resources[k])
+    block_cycles = resources[bound] + latency
+    fields = dict(target=target.name, clock_ghz=target.clock_ghz, threads=kernel.threads,
+                  shared_bytes=smem, registers=registers, blocks_per_sm=bps,
+                  occupancy_limit=limit, global_bytes=t["global_bytes"], flops=t["flops"],
+                  mma_instructions=t["mma"], warp_instructions=t["instrs"],
+                  shared_wavefronts=t["waves"], ideal_wavefronts=t["ideal"],
+                  tensor_cycles=tensor, shared_cycles=shared, issue_cycles=issue,
+                  dram_cycles=dram, latency_cycles=latency, block_cycles=block_cycles,
+                  bound=bound, unresolved_loops=unresolved, notes=notes)
+    if grid is None:
+        return CostEstimate(**fields)
+    waves = -(-blocks // (target.sm_count * bps))
+    return CostEstimate(**fields, grid=grid, blocks=blocks, waves=waves,
+                        dram_bytes=dram_bytes * blocks, grid_cycles=waves * block_cycles)
