@@ -56,23 +56,28 @@ def _facts_key(facts: dict) -> tuple:
 
 def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
           target: str | Target = DEFAULT_TARGET) -> Build:
-    """Compile `kernel` for these constexprs, argument facts and target (cached)."""
+    """Compile `kernel` for these constexprs, argument facts and target (cached).
+    `constexprs` may hold `threads` (the block size override)."""
     target = get_target(target)
-    values = kernel.constexpr_values(constexprs or {})
+    constexprs = dict(constexprs or {})
+    threads = kernel.check_threads(constexprs.pop("threads", None))
+    values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank)
                  for p in kernel.params if p.kind == "tensor"}
-    key = (tuple(sorted((k, repr(v)) for k, v in values.items())), _facts_key(facts), target.name)
+    key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, _facts_key(facts),
+           target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
-        traced = kernel.trace_fresh(**values)
+        traced = kernel.trace_fresh(threads, **values)
         try:
             result = synthesize(traced, target, facts)
             thread_kernel = lower(result)
         except LayoutError as e:
             # A layout the algebra refuses is a synthesis failure of this kernel.
             raise SynthesisError(f"kernel {kernel.name}: {e}", loc=kernel.loc) from e
-        cache[key] = Build(kernel, values, facts, target, traced, result, thread_kernel)
+        cache[key] = Build(kernel, dict(values, threads=threads), facts, target, traced, result,
+                           thread_kernel)
     return cache[key]
 
 
@@ -86,6 +91,9 @@ def split_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
     bound = {p.name: a for p, a in zip(runtime, args)}
     constexprs = {}
     for name, value in kwargs.items():
+        if name == "threads":  # the block-size override travels with the constexprs
+            constexprs[name] = value
+            continue
         param = next((p for p in kernel.params if p.name == name), None)
         if param is None:
             raise LaunchError(f"kernel {kernel.name} has no parameter {name!r}")
@@ -194,9 +202,10 @@ def launch(kernel, grid, *args, target: str | Target | None = None, stream=None,
     from tegula.runtime import default_target
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
+    threads = constexprs.pop("threads", None)
     values = kernel.constexpr_values(constexprs)
     facts = _launch_facts(kernel, tensors)
-    ck = compiled(kernel, values, facts, target or default_target())
+    ck = compiled(kernel, dict(values, threads=threads), facts, target or default_target())
     if callable(grid):
         grid = grid(values)
     ordered = [tensors[p.name] for p in kernel.params if p.kind == "tensor"]

@@ -184,21 +184,33 @@ class Kernel:
             values[p.name] = value
         return values
 
-    def trace(self, **constexprs: Any) -> TracedKernel:
+    def trace(self, threads: int | None = None, **constexprs: Any) -> TracedKernel:
         """The tile IR of this kernel for these constexpr values (cached: the same object
         is returned for the same values, so passes that mutate it should copy it or use
-        `trace_fresh`)."""
+        `trace_fresh`). `threads` overrides the decorator's block size (like Triton's
+        num_warps), so one kernel can be tuned over 4 and 8 warps."""
         values = self.constexpr_values(constexprs)
-        key = _cache_key(values)
+        threads = self.check_threads(threads)
+        key = (_cache_key(values), threads)
         if key not in self._traces:
-            self._traces[key] = self._run_trace(values)
+            self._traces[key] = self._run_trace(values, threads)
         return self._traces[key]
 
-    def trace_fresh(self, **constexprs: Any) -> TracedKernel:
+    def trace_fresh(self, threads: int | None = None, **constexprs: Any) -> TracedKernel:
         """Like `trace`, but always re-runs the body and returns a new, uncached object."""
-        return self._run_trace(self.constexpr_values(constexprs))
+        return self._run_trace(self.constexpr_values(constexprs), self.check_threads(threads))
 
-    def _run_trace(self, values: dict) -> TracedKernel:
+    def check_threads(self, threads: int | None) -> int:
+        """The block size to trace with: the override if given (validated), else the default."""
+        if threads is None:
+            return self.threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or \
+                not 32 <= threads <= 1024 or threads % 32:
+            raise TraceError(f"kernel {self.name}: threads={threads!r} must be a multiple of 32 "
+                             f"from 32 to 1024", user_location())
+        return threads
+
+    def _run_trace(self, values: dict, threads: int) -> TracedKernel:
         ctx = TraceContext(self.name)
         arguments, tensor_args, scalar_args = {}, [], []
         for p in self.params:
@@ -218,7 +230,7 @@ class Kernel:
         if result is not None:
             raise TraceError(f"kernel {self.name} returned {result!r}; a kernel body writes its "
                              f"results with tg.copy and returns nothing", self.loc)
-        traced = TracedKernel(name=self.name, threads=self.threads, args=tensor_args,
+        traced = TracedKernel(name=self.name, threads=threads, args=tensor_args,
                               scalar_args=scalar_args, constexprs=dict(values), body=ctx.body,
                               shared_allocs=ctx.shared_allocs,
                               register_tiles=ctx.register_tiles, loc=self.loc)
