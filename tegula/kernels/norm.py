@@ -1,0 +1,66 @@
+"""RMSNorm: `y[i, :] = x[i, :] / sqrt(mean(x[i, :]²) + eps) * w`.
+
+Each block owns BM whole rows (BN ≥ the row length N; out-of-range elements load as 0 and
+add nothing to the sum of squares). The weight is loaded once per block as a (1, BN) tile
+that broadcasts over the rows; synthesis gives it the row layout projected from x's.
+N is a constexpr: the mean divides by it, and norms run at a handful of hidden sizes.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.common import dtype_of_array, launch_emulated, poisoned
+from tegula.kernels.softmax import MAX_ROW
+
+RMS_NORM_DTYPES = (f32, f16, bf16)
+
+
+@lru_cache(maxsize=None)
+def rms_norm_kernel(dtype: DType) -> tg.Kernel:
+    """RMSNorm of the rows of an (M, N) tensor with a (1, N) weight, computed in f32."""
+
+    @tg.kernel(threads=128)
+    def rms_norm(x: tg.Tensor[dtype], w: tg.Tensor[dtype], y: tg.Tensor[dtype],
+                 N: tg.constexpr, EPS: tg.constexpr = 1e-6,
+                 BM: tg.constexpr = 4, BN: tg.constexpr = 512):
+        m = tg.block_id(0)
+        rows = tg.load(x.tile((BM, BN), (m, 0))).to(f32)
+        weight = tg.load(w.tile((1, BN), (0, 0))).to(f32)
+        scale = tg.rsqrt(tg.sum(rows * rows, 1) * (1.0 / N) + EPS)
+        tg.copy((rows * scale * weight).to(dtype), y.tile((BM, BN), (m, 0)))
+
+    return rms_norm
+
+
+def rms_norm_config(shape: tuple[int, int], eps: float = 1e-6, BM: int | None = None,
+                    BN: int | None = None) -> tuple[tuple[int], dict]:
+    """(grid, constexprs) for an (M, N) RMSNorm: BN is N rounded up to a power of two
+    (at least 128), BM keeps the tile near 2048 elements (16 per thread)."""
+    m, n = shape
+    if n > MAX_ROW:
+        raise ValueError(f"RMSNorm rows of {n} elements exceed the one-tile limit {MAX_ROW}")
+    BN = BN or max(128, 1 << (n - 1).bit_length())
+    BM = BM or max(1, 2048 // BN)
+    return (tg.cdiv(m, BM),), dict(N=n, EPS=float(eps), BM=BM, BN=BN)
+
+
+def rms_norm_emulated(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6,
+                      dtype: DType | None = None, **tiles: int) -> np.ndarray:
+    """RMSNorm over the last dim of `x` (any rank) with `weight` of shape (N,), emulated."""
+    dtype = dtype or dtype_of_array(x)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    if weight.shape != (rows.shape[1],):
+        raise ValueError(f"weight must have shape ({rows.shape[1]},), got {weight.shape}")
+    y = poisoned(rows.shape, dtype)
+    grid, constexprs = rms_norm_config(rows.shape, eps, **tiles)
+    launch_emulated(rms_norm_kernel(dtype), grid, rows, np.ascontiguousarray(weight)[None, :],
+                    y, **constexprs)
+    return y.reshape(x.shape)
+
+
+__all__ = ["rms_norm_kernel", "rms_norm_config", "rms_norm_emulated", "RMS_NORM_DTYPES"]
