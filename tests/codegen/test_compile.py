@@ -12,7 +12,10 @@ from tegula.codegen.samples import (
     warp_sum_of_squares,
 )
 from tegula.dtypes import bf16, f16, f32, f8e4m3, f8e5m2, i8, i32, u8
-from tegula.lower.thread_ir import TID, Const, GlobalStore, Mma, Reg, RegArray, TensorParam, ThreadKernel
+from tegula.lower.thread_ir import (
+    TID, Const, GlobalLoad, GlobalStore, LdMatrix, Mma, Reg, RegArray, SharedBuffer, Shuffle,
+    TensorParam, ThreadKernel,
+)
 from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
 
 COMPILERS = available_compilers()
@@ -113,3 +116,34 @@ def test_every_mma_in_the_table_compiles(target):
     kernel = _all_mma_kernel(names)
     sass = _sass(kernel, target)
     assert len(re.findall(r"\b[HIQ]MMA\.", sass)) >= len(names)
+
+
+def _ldmatrix_shuffle_kernel() -> ThreadKernel:
+    """Every ldmatrix shape (x1/x2/x4, plain and .trans) and shuffle mode, stored out."""
+    buf = SharedBuffer("s", f16, 32 * 8 * 4, 0)
+    regs = RegArray("m", f16, 8)
+    f = RegArray("f", f32, 2)
+    body = []  # every result goes to its own address, so none is dead code
+    for num in (1, 2, 4):
+        for trans in (False, True):
+            slot = 2 * num + trans
+            body.append(LdMatrix(Reg(regs, Const(0)), num, trans, "s", TID * 8))
+            body.append(GlobalStore("out", TID * 8 + slot * 256, Reg(regs, Const(0)), 8))
+    body.append(GlobalLoad(Reg(f, Const(0)), "x", TID, 1))
+    for slot, (mode, arg) in enumerate((("xor", 1), ("idx", 0), ("down", 2), ("up", 3))):
+        body.append(Shuffle(Reg(f, Const(1)), Reg(f, Const(0)), mode, Const(arg)))
+        body.append(GlobalStore("y", TID + slot * 32, Reg(f, Const(1)), 1))
+    return ThreadKernel("tg_ldsm_shfl", 32, [TensorParam("out", f16, 1, writes=True),
+                                             TensorParam("x", f32, 1),
+                                             TensorParam("y", f32, 1, writes=True)],
+                        [regs, f], [buf], body)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_ldmatrix_and_shuffle_form(target):
+    sass = _sass(_ldmatrix_shuffle_kernel(), target)
+    for form in ("LDSM.16.M88 ", "LDSM.16.M88.2", "LDSM.16.M88.4", "LDSM.16.MT88 ",
+                 "LDSM.16.MT88.2", "LDSM.16.MT88.4"):
+        assert form in sass, form
+    for mode in ("SHFL.BFLY", "SHFL.IDX", "SHFL.DOWN", "SHFL.UP"):
+        assert mode in sass, mode
