@@ -102,6 +102,8 @@ class _Emitter:
 
     def check_names(self) -> None:
         """Every parameter, register array and buffer needs a distinct, usable C name."""
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.kernel.name):
+            raise CodegenError(f"kernel name {self.kernel.name!r} is not a C identifier")
         names = [spec.name for spec in param_list(self.kernel)]
         names += [r.name for r in self.kernel.registers] + [b.name for b in self.kernel.shared]
         names += [f"{b.name}_saddr" for b in self.kernel.shared]
