@@ -22,3 +22,35 @@ def gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
         tg.copy(gb[:, :, k], sb[k])
         tg.gemm(acc, sa[k], sb[k])              # acc += sa @ sb.T
     tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
+
+
+def main() -> None:
+    """Emulate this kernel and the library's other GEMM dataflows on odd shapes."""
+    import numpy as np
+
+    from tegula.build import emulate
+    from tegula.dtypes import i8
+    from tegula.kernels.common import random_input
+    from tegula.kernels.gemm import gemm_emulated
+
+    rng = np.random.default_rng(0)
+    a, b = random_input(rng, (97, 72), f16), random_input(rng, (130, 72), f16)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    # One f16 ulp of the result plus the worst f32 accumulation error over K = 72.
+    bound = 2.0 ** -10 * np.abs(ref) + 72 * 2.0 ** -24 * (np.abs(a) @ np.abs(b).T)
+    c = np.full((97, 130), np.nan, np.float16)
+    emulate(gemm, (2, 3), a, b, c, BM=64, BN=64, BK=32)
+    assert np.all(np.abs(c - ref) <= bound)
+    print(f"DESIGN gemm (f16, shared pipeline):  max error {np.abs(c - ref).max():.3g}")
+    c = gemm_emulated(a, b, shared=False)
+    assert np.all(np.abs(c - ref) <= bound)
+    print(f"register-only gemm (f16):            max error {np.abs(c - ref).max():.3g}")
+    a, b = random_input(rng, (97, 72), i8), random_input(rng, (130, 72), i8)
+    exact = a.astype(np.int64) @ b.astype(np.int64).T
+    for shared in (True, False):
+        assert np.array_equal(gemm_emulated(a, b, shared=shared), exact)
+    print("i8 gemm -> i32 (both dataflows):    exact")
+
+
+if __name__ == "__main__":
+    main()
