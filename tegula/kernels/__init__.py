@@ -1,1 +1,24 @@
+"""The kernel library, written in tegula.
 
+One module per kernel family; each holds the `@tg.kernel` (built per element type by a
+cached factory, since a tensor annotation fixes its dtype), a `*_config` function that
+chooses the grid and constexprs for a problem (the one place a numpy or torch entry point
+needs), and a numpy entry point running the kernel on the CPU emulator:
+
+* `copy`: `copy_emulated`, `transpose_emulated` (through shared memory)
+* `elementwise`: `silu_mul_emulated` (SiLU(x)·y)
+* `softmax`: `softmax_emulated` (row softmax)
+* `norm`: `rms_norm_emulated` (RMSNorm)
+* `gemm`: `gemm_emulated` (c = a @ b.T; shared-memory pipeline or register-only; f16/bf16
+  with f32 accumulation, i8 with i32 output)
+"""
+from __future__ import annotations
+
+from tegula.kernels.copy import copy_emulated, transpose_emulated
+from tegula.kernels.elementwise import silu_mul_emulated
+from tegula.kernels.gemm import gemm_emulated
+from tegula.kernels.norm import rms_norm_emulated
+from tegula.kernels.softmax import softmax_emulated
+
+__all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_emulated",
+           "rms_norm_emulated", "gemm_emulated"]
