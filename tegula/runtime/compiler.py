@@ -124,15 +124,20 @@ def _compile_nvrtc(source: str, name: str, target: str, options: tuple[str, ...]
         args = [f"--gpu-architecture={target}".encode()] + [o.encode() for o in options]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(args), args)
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        log_text = log.rstrip(b"\x00 ").decode(errors="replace")
+        log_text = ""
+        if size > 1:
+            # NVRTC writes into the buffer it is given. `b" " * 1` is CPython's interned
+            # one-byte object, so an empty log (size 1: the NUL) would overwrite every b" "
+            # of the process (print's spaces became NULs); only ask for non-empty logs.
+            log = bytes(size)
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            log_text = log.rstrip(b"\x00 ").decode(errors="replace")
         if result != ok:
             raise compile_error("NVRTC", target, log_text, source)
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         if err != ok or size == 0:
             raise CompileError(f"NVRTC produced no cubin for {target} ({err}); log:\n{log_text}")
-        cubin = b" " * size
+        cubin = bytes(size)  # a fresh object (size > 1): NVRTC writes into it
         (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
         if err != ok:
             raise CompileError(f"nvrtcGetCUBIN failed: {err}")
