@@ -24,7 +24,7 @@ group, and gets a complete statement::
                  : "=r"(r0), ... : "l"(...) : "memory");
 
 Groups of more than one register print as ``{%i, %j, ...}``; single registers print as
-``%i``. Outputs are numbered before inputs, in `operands` order. Constraint letters are
+``%i``, or ``{%i}`` where the operand is a PTX vector (`AsmOperand.vector`). Outputs are numbered before inputs, in `operands` order. Constraint letters are
 GCC/NVCC's: ``r`` = 32-bit (uint32_t lvalue), ``h`` = 16-bit (unsigned short), ``l`` =
 64-bit (a generic pointer for global addresses), ``f`` = float. Shared-memory addresses
 are 32-bit shared-window addresses (``(unsigned)__cvta_generic_to_shared(ptr)``).
@@ -58,12 +58,16 @@ class AsmOperand:
 
     `direction` is "out" or "in"; `count` the number of registers in the group;
     `constraint` the inline-asm letter (r, h, l, f); `name` the placeholder in `template`.
+    `vector`: the PTX operand is a vector expression, braced even with one register
+    (mma's operands, ldmatrix's destination and stmatrix's source: `{%0}`, which ptxas
+    requires; a bare `%0` there is "Vector expected").
     """
 
     name: str
     direction: str
     count: int
     constraint: str
+    vector: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,8 @@ class Instruction:
                                   f"register(s), got {len(exprs)}")
             nums = [f"%{index + i}" for i in range(op.count)]
             index += op.count
-            placeholders[op.name] = nums[0] if op.count == 1 else "{" + ", ".join(nums) + "}"
+            braced = op.count > 1 or op.vector
+            placeholders[op.name] = "{" + ", ".join(nums) + "}" if braced else nums[0]
             if op.direction == "out":
                 mode = "+" if pred is not None else "="
                 outs += [f'"{mode}{op.constraint}"({e})' for e in exprs]

@@ -105,11 +105,13 @@ def _matrix(op: str, num: int, trans: bool) -> MatrixInstr:
     t = ".trans" if trans else ""
     ptx = f"{op}.sync.aligned.m8n8.x{num}{t}.shared.b16"
     if op == "ldmatrix":
-        operands = (AsmOperand("d", "out", num, "r"), AsmOperand("addr", "in", 1, "r"))
+        operands = (AsmOperand("d", "out", num, "r", vector=True),  # .x1 too: {%0}
+                    AsmOperand("addr", "in", 1, "r"))
         template = ptx + " {d}, [{addr}];"
         min_cc, latency = 75, 30.0
     else:
-        operands = (AsmOperand("addr", "in", 1, "r"), AsmOperand("s", "in", num, "r"))
+        operands = (AsmOperand("addr", "in", 1, "r"),
+                    AsmOperand("s", "in", num, "r", vector=True))
         template = ptx + " [{addr}], {s};"
         min_cc, latency = 90, 25.0
     return MatrixInstr(

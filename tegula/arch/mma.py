@@ -65,11 +65,11 @@ def _mma(k: int, a: DType, b: DType, c: DType, min_cc: int) -> MmaInstr:
     acc_con = "f" if c == f32 else "r"
     a_regs = a_tv.size // 32 * bits // 32
     b_regs = b_tv.size // 32 * bits // 32
-    operands = (
-        AsmOperand("d", "out", acc_regs, acc_con),
-        AsmOperand("a", "in", a_regs, "r"),
-        AsmOperand("b", "in", b_regs, "r"),
-        AsmOperand("c", "in", acc_regs, acc_con),
+    operands = (  # all vector operands: m16n8k8's one-register B is still `{%i}`
+        AsmOperand("d", "out", acc_regs, acc_con, vector=True),
+        AsmOperand("a", "in", a_regs, "r", vector=True),
+        AsmOperand("b", "in", b_regs, "r", vector=True),
+        AsmOperand("c", "in", acc_regs, acc_con, vector=True),
     )
     return MmaInstr(
         name=f"mma.m16n8k{k}.{types}", kind="mma", ptx=ptx,
