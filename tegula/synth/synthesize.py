@@ -29,7 +29,8 @@ from tegula.synth.gemm import plan_gemm
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.shared import SharedAccess, synthesize_shared_layout
-from tegula.layout.tv import coalesced_tv, tv_coords
+from tegula.layout.cute import Layout
+from tegula.layout.tv import coalesced_tv, match_values, tv_coords, tv_table
 
 
 @dataclass
@@ -64,7 +65,8 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
     state = LayoutState()
     for tile in _register_tiles(kernel):
         if tile.pinned and tile.layout is not None:
-            state.set(tile, tile.layout, "pinned by the kernel")
+            _check_pinned_layout(tile, kernel.threads)
+            state.set(tile, tile.layout, f"pinned by the kernel{_at_line(tile.loc)}")
     _anchor_gemms(kernel, state, target)
     propagate(kernel.body, state)
     _anchor_global_copies(kernel, state, facts)
@@ -105,6 +107,30 @@ def _check_static_shapes(kernel: TracedKernel) -> None:
                                  f"compile time (use constexpr tile sizes)", loc=tile.loc)
 
 
+def _at_line(loc) -> str:
+    return f" at line {loc.lineno}" if loc is not None else ""
+
+
+def _check_pinned_layout(tile: RegisterTile, threads: int) -> None:
+    """A pinned TV layout must be (thread, value) -> tile index with one thread mode entry
+    per thread of the block, and cover the tile exactly (no element missing or outside):
+    no instruction can serve anything else, so say so at the line that pinned it."""
+    layout, size = tile.layout, int(np.prod(tile.shape))
+    where = f"the layout {layout} pinned for {describe(tile)}"
+    if not isinstance(layout, Layout) or layout.rank != 2:
+        raise SynthesisError(f"{where} is not a thread-value layout: it needs two modes, "
+                             f"(thread, value) -> tile index", loc=tile.loc)
+    if layout[0].size != threads:
+        raise SynthesisError(f"{where} distributes the tile over {layout[0].size} threads, but "
+                             f"the kernel runs {threads} threads per block", loc=tile.loc)
+    image = np.unique(layout.all_offsets())
+    if image.min() < 0 or image.max() >= size or len(image) != size:
+        raise SynthesisError(f"{where} must map (thread, value) onto the {size} elements of the "
+                             f"tile, but it covers {np.count_nonzero(image < size)} of them"
+                             f"{' and reaches index ' + str(int(image.max())) if image.max() >= size else ''}",
+                             loc=tile.loc)
+
+
 def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> None:
     for op in walk_ops(kernel.body):
         if not isinstance(op, Gemm):
@@ -115,10 +141,25 @@ def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> N
         if not state.set(op.c, plan.c_tv, why) and not _same_function(state.get(op.c), plan.c_tv):
             raise SynthesisError(f"gemm: the accumulator {describe(op.c)} already has the layout "
                                  f"{state.get(op.c)} ({state.reasons.get(op.c.id)}), but "
-                                 f"{plan.describe()} needs {plan.c_tv}", loc=op.loc)
+                                 f"{plan.describe()} needs {plan.c_tv}", loc=op.loc,
+                                 other_loc=op.c.loc)
         for operand, tv, role in ((op.a, plan.a_tv, "A"), (op.b, plan.b_tv, "B")):
-            if isinstance(operand, RegisterTile):
-                state.set(operand, tv, f"{role} operand of {plan.atom.name}")
+            if isinstance(operand, RegisterTile) and \
+                    not state.set(operand, tv, f"{role} operand of {plan.atom.name}"):
+                _check_register_operand(op, operand, tv, role, plan, state)
+
+
+def _check_register_operand(op: Gemm, operand: RegisterTile, tv: Layout, role: str, plan,
+                            state: LayoutState) -> None:
+    """A register operand whose layout was decided before this gemm (pinned, or by an
+    earlier gemm) must hold, in each thread, the fragment elements the MMA reads."""
+    have = state.get(operand)
+    if match_values(have, tv_table(tv)) is None:
+        raise SynthesisError(f"gemm: operand {role.lower()} {describe(operand)} has the layout "
+                             f"{have} ({state.reasons.get(operand.id)}), but {plan.describe()} "
+                             f"reads its {role} operand in the layout {tv}; the threads do not "
+                             f"hold the elements the MMA needs (drop the pinned layout, or "
+                             f"convert with tg.rearrange)", loc=op.loc, other_loc=operand.loc)
 
 
 def _same_function(a, b) -> bool:
@@ -267,8 +308,11 @@ def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
 def _check_shared_budget(result: SynthesisResult) -> None:
     limit = result.target.smem_per_block_max
     if result.shared_bytes > limit:
-        allocs = ", ".join(f"{a.name} {alloc_bytes(a)} B" for a in result.kernel.shared_allocs)
+        allocs = ", ".join(f"%{a.name}: shared<{'x'.join(map(str, a.shape))}, {a.dtype}> "
+                           f"x{a.stages} stages = {alloc_bytes(a)} B"
+                           for a in result.kernel.shared_allocs)
         biggest = max(result.kernel.shared_allocs, key=alloc_bytes)
         raise ResourceError(f"the kernel's shared buffers need {result.shared_bytes} bytes "
                             f"({allocs}), more than the {limit} bytes a block may use on "
-                            f"{result.target.name}", loc=biggest.loc)
+                            f"{result.target.name}; use smaller tiles or fewer stages",
+                            loc=biggest.loc)
