@@ -180,6 +180,10 @@ def compile_shared(s: SharedLoad | SharedStore, ctx: Ctx, st: OpStats, what: str
         baddr = _shared_addrs(state, buf, offs[lanes], count, nbytes, what)
         addrs = baddr[:, None] + bytes_ar
         if load:
+            if pred is not None:  # predicated off: the registers get 0, as the emitter writes
+                skip = state.mask & ~do
+                if skip.any():
+                    arr[skip, col:col + count] = 0
             data = state.smem.read(addrs, lanes, what)
             arr[lanes, col:col + count] = bytes_to_values(data, dt, count)
         else:
