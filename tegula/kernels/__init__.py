@@ -22,3 +22,10 @@ from tegula.kernels.softmax import softmax_emulated
 
 __all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_emulated",
            "rms_norm_emulated", "gemm_emulated"]
+
+# Torch-facing, autotuned entry points (tegula/kernels/api.py). `copy` and `softmax` shadow
+# the submodule attributes of the same names; `from tegula.kernels.copy import ...` still
+# finds the modules.
+from tegula.kernels.api import copy, matmul, rms_norm, softmax  # noqa: E402
+
+__all__ += ["matmul", "rms_norm", "softmax", "copy"]

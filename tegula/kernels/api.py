@@ -1,0 +1,381 @@
+"""Torch-facing entry points of the kernel library: `matmul`, `rms_norm`, `softmax`, `copy`.
+
+    import tegula.kernels as tk
+    c = tk.matmul(a, b)              # a (M, K), b (K, N), f16/bf16 -> (M, N)
+    y = tk.rms_norm(x, w, 1e-6)      # x (..., N), w (N,)
+    p = tk.softmax(x)                # along the last dim
+    z = tk.copy(x)
+
+Each call checks its inputs (a clear TypeError/ValueError naming the argument, before any
+compilation), allocates the output (or writes `out=`), picks a configuration with the
+autotuner (`tegula.runtime.autotune`: the first call in each shape bucket times a few
+candidates on the real arguments; later calls and later processes reuse the winner), and
+launches on the current torch stream. torch is imported lazily: this module imports
+without it.
+
+GEMM operand layout: the kernel computes `a @ bt.T` with `bt` (N, K). When `b` is the
+transpose of a K-major (N, K) tensor — `x @ w.T` with an `nn.Linear` weight `w` — `b.T`
+is passed as a free view. A row-major (K, N) `b` is N-major for the kernel: the autotuner
+compares passing it as is (the kernel specializes on the strides) with copying `b.T` to a
+K-major tensor first, a transpose costing 2·K·N·itemsize bytes of traffic per call
+(≈ 40 µs at 4096×4096 f16 on an H100, small next to a large GEMM, dominant at decode
+sizes), and the timings include that copy. Keep weights as (N, K) to avoid the question.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Sequence
+
+from tegula.dtypes import DType, bf16, f16, f32, i8, i32, u8
+from tegula.runtime.autotune import Autotuner, Config
+
+# torch dtype name (str(torch.float16)[6:]) -> tegula dtype, per entry point.
+_FLOATS = {"float16": f16, "bfloat16": bf16, "float32": f32}
+_GEMM_DTYPES = {"float16": f16, "bfloat16": bf16}
+_COPY_DTYPES = {**_FLOATS, "int8": i8, "uint8": u8, "int32": i32}
+
+# One tuner per entry point: winners are cached per (shape bucket, dtype, GPU name).
+TUNERS: dict[str, Autotuner] = {name: Autotuner(name)
+                                for name in ("matmul", "rms_norm", "softmax", "copy")}
+
+# Rows longer than this do not fit one register tile (see tegula.kernels.softmax.MAX_ROW).
+_MAX_ROW = 16384
+
+
+def _torch():
+    import torch
+    return torch
+
+
+# --------------------------------------------------------------------------------------
+# Argument checks: type, rank and dtype first, then shapes, then the device, so that a
+# mistake is named the same way on any machine (and testable without a GPU).
+# --------------------------------------------------------------------------------------
+
+def _check_tensor(fn: str, name: str, x: Any, dtypes: dict[str, DType],
+                  ndim: int | None = None, min_ndim: int = 0) -> DType:
+    """The tegula dtype of tensor argument `name` of `fn`, after checking its type and rank."""
+    torch = _torch()
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"tegula.kernels.{fn}: {name} must be a torch.Tensor, got "
+                        f"{type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"tegula.kernels.{fn}: {name} must be {ndim}-D, got shape "
+                         f"{tuple(x.shape)}")
+    if x.dim() < min_ndim:
+        raise ValueError(f"tegula.kernels.{fn}: {name} must have at least {min_ndim} "
+                         f"dimension(s), got shape {tuple(x.shape)}")
+    dtype = dtypes.get(str(x.dtype)[6:])
+    if dtype is None:
+        allowed = ", ".join(f"torch.{n}" for n in dtypes)
+        raise TypeError(f"tegula.kernels.{fn}: {name} has dtype {x.dtype}; supported: {allowed}")
+    return dtype
+
+
+def _check_same_dtype(fn: str, tensors: dict[str, Any]) -> None:
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+        raise TypeError(f"tegula.kernels.{fn}: arguments must share one dtype ({listed}); "
+                        f"convert with .to(...)")
+
+
+def _check_cuda(fn: str, tensors: dict[str, Any]) -> None:
+    """Every tensor on one CUDA device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    for name, dev in devices.items():
+        if dev.type != "cuda":
+            raise ValueError(f"tegula.kernels.{fn}: {name} is on {dev}; tegula kernels run on "
+                             f"a CUDA device (move it with .cuda())")
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{n}: {d}" for n, d in devices.items())
+        raise ValueError(f"tegula.kernels.{fn}: arguments are on different devices ({listed})")
+
+
+def _check_out(fn: str, out: Any, shape: tuple, like: Any) -> None:
+    """`out=` must be a contiguous tensor of the result's shape, dtype and device."""
+    torch = _torch()
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"tegula.kernels.{fn}: out must be a torch.Tensor, got "
+                        f"{type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype:
+        raise ValueError(f"tegula.kernels.{fn}: out must have shape {tuple(shape)} and dtype "
+                         f"{like.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if out.device != like.device:
+        raise ValueError(f"tegula.kernels.{fn}: out is on {out.device}, inputs on {like.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"tegula.kernels.{fn}: out must be contiguous")
+
+
+# --------------------------------------------------------------------------------------
+# Launching one configuration
+# --------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return _torch().cuda.get_device_name(index)
+
+
+def _launch(kernel, grid: tuple, args: Sequence[Any], constexprs: dict,
+            threads: int | None) -> None:
+    """`kernel[grid](*args, **constexprs)` with the block-size override when set (a tegula
+    without the override reports the unknown parameter, and the tuner skips the config)."""
+    from tegula.build import launch
+
+    extra = {} if threads is None or threads == kernel.threads else {"threads": threads}
+    launch(kernel, grid, *args, **constexprs, **extra)
+
+
+def _tune_and_run(tuner_name: str, device_index: int, configs: Sequence[dict],
+                  dims: Sequence[int], extra: str, run: Callable[[Config], None]) -> Config:
+    """Pick the best of `configs` (cached per bucket of `dims`), then launch it once."""
+    torch = _torch()
+    with torch.cuda.device(device_index):
+        best = TUNERS[tuner_name].select(configs, dims, run, extra=extra,
+                                         device_name=_device_name(device_index),
+                                         rank=None, top_k=_top_k())
+        run(best)
+    return best
+
+
+def _top_k() -> int | None:
+    """`$TEGULA_AUTOTUNE_TOPK`: measure only the first k candidates (a quick-tuning knob)."""
+    value = os.environ.get("TEGULA_AUTOTUNE_TOPK", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _pow2_at_least(n: int, floor: int) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+# --------------------------------------------------------------------------------------
+# matmul
+# --------------------------------------------------------------------------------------
+
+def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
+    """GEMM configurations worth timing for an (M, N, K) bucket. `kernel` picks the
+    dataflow ("shared": multi-stage shared-memory pipeline; "registers": global ->
+    registers -> MMA, for decode shapes whose few rows leave little to stage); the larger
+    tiles take 256 threads, so a thread's accumulators stay at 64 f32 registers."""
+    big = [dict(BM=128, BN=128, BK=32, STAGES=4),
+           dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+           dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
+           dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
+           dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
+           dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
+    small = [dict(BM=64, BN=128, BK=64, STAGES=4),
+             dict(BM=32, BN=128, BK=64, STAGES=4),
+             dict(BM=64, BN=64, BK=64, STAGES=4),
+             dict(kernel="registers", BM=64, BN=64, BK=32)]
+    mb = _pow2_at_least(m, 1)
+    if mb <= 64:
+        chosen = small
+    elif mb <= 256:
+        chosen = small[:1] + big[:3]
+    else:
+        chosen = big
+    return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
+
+
+def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
+    """`a @ b` for a (M, K) and b (K, N) CUDA tensors of f16 or bf16, accumulated in f32
+    and returned in the inputs' dtype as a new (M, N) tensor (or written into `out`).
+
+    See the module docstring for how `b`'s memory layout costs (free for `w.T` of a
+    K-major (N, K) `w`)."""
+    dtype = _check_tensor("matmul", "a", a, _GEMM_DTYPES, ndim=2)
+    _check_tensor("matmul", "b", b, _GEMM_DTYPES, ndim=2)
+    _check_same_dtype("matmul", {"a": a, "b": b})
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"tegula.kernels.matmul: inner dimensions differ: a is {tuple(a.shape)}"
+                         f", b is {tuple(b.shape)} (a's columns must equal b's rows)")
+    _check_cuda("matmul", {"a": a, "b": b})
+    torch = _torch()
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    else:
+        _check_out("matmul", out, (m, n), a)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    if a.stride(1) != 1:
+        a = a.contiguous()  # the kernel reads a's rows with vectors
+    bt = b.T
+    layouts = ["view"] if bt.stride(1) == 1 else (["view", "copy"] if bt.stride(0) == 1
+                                                  else ["copy"])
+    configs = [dict(c, B=layout) for layout in layouts for c in gemm_candidates(m, n, k)]
+
+    def run(config: Config) -> None:
+        values = config.kwargs
+        which, b_layout = values.pop("kernel"), values.pop("B")
+        kernel = _gemm_kernel(dtype, which)
+        operand = bt if b_layout == "view" else bt.contiguous()
+        grid = (-(-m // values["BM"]), -(-n // values["BN"]))
+        _launch(kernel, grid, (a, operand, out), values, config.threads)
+
+    _tune_and_run("matmul", a.device.index, configs, (m, n, k),
+                  f"{dtype}/{'+'.join(layouts)}", run)
+    return out
+
+
+def _gemm_kernel(dtype: DType, which: str):
+    from tegula.kernels.gemm import gemm_kernel, gemm_registers_kernel
+    return gemm_registers_kernel(dtype) if which == "registers" else gemm_kernel(dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Row kernels: rms_norm and softmax
+# --------------------------------------------------------------------------------------
+
+def row_candidates(n: int) -> list[dict]:
+    """(BM, BN, threads) for kernels that keep BM whole rows of length ≤ BN in registers:
+    BN is the row length rounded up to a power of two (≥ 128); BM and threads vary so
+    each thread holds 8 to 64 values (enough bytes in flight, no spills), or the fewest
+    possible when a row is longer than that allows."""
+    bn = _pow2_at_least(n, 128)
+    options = [dict(BM=bm, BN=bn, threads=t) for t in (128, 256) for bm in (1, 2, 4, 8, 16)]
+    per_thread = {id(c): c["BM"] * bn // c["threads"] for c in options}
+    fitting = [c for c in options if 8 <= per_thread[id(c)] <= 64]
+    # At most five (each costs a compile): those nearest 32 values per thread first.
+    fitting.sort(key=lambda c: (abs(per_thread[id(c)].bit_length() - 6), c["threads"]))
+    fitting = fitting[:5]
+    if not any(c["threads"] == 128 for c in fitting):
+        # Always offer the kernels' declared block size (128): it runs without the
+        # threads override, so the tuner has a fallback when the 256-thread ones fail.
+        declared = [c for c in options if c["threads"] == 128]
+        fitting.append(min(declared, key=lambda c: per_thread[id(c)]))
+    # threads=128 first: the untuned default (TEGULA_AUTOTUNE=0) is the declared size.
+    fitting.sort(key=lambda c: c["threads"] != 128)
+    return [dict(c, threads=None) if c["threads"] == 128 else c for c in fitting]
+
+
+def _rows_view(fn: str, x: Any) -> Any:
+    """x as a (rows, N) tensor with unit stride along N (a view when possible)."""
+    n = x.shape[-1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows = x.reshape(-1, n)
+    if rows.shape[1] > _MAX_ROW:
+        raise ValueError(f"tegula.kernels.{fn}: rows of {n} elements exceed the one-tile "
+                         f"limit {_MAX_ROW}")
+    return rows
+
+
+def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
+    """RMSNorm over the last dim: `x / sqrt(mean(x², -1) + eps) * weight`, computed in f32.
+    `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); N ≤ 16384."""
+    dtype = _check_tensor("rms_norm", "x", x, _FLOATS, min_ndim=1)
+    _check_tensor("rms_norm", "weight", weight, _FLOATS, ndim=1)
+    _check_same_dtype("rms_norm", {"x": x, "weight": weight})
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"tegula.kernels.rms_norm: weight has {weight.shape[0]} elements, x's "
+                         f"last dim has {x.shape[-1]}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"tegula.kernels.rms_norm: eps must be a non-negative number, got "
+                         f"{eps!r}")
+    _check_cuda("rms_norm", {"x": x, "weight": weight})
+    out = _row_output("rms_norm", x, out)
+    if x.numel() == 0:
+        return out
+    rows, y = _rows_view("rms_norm", x), out.view(-1, x.shape[-1])
+    w2 = weight.contiguous().view(1, -1)
+    from tegula.kernels.norm import rms_norm_kernel
+    kernel = rms_norm_kernel(dtype)
+    m, n = rows.shape
+
+    def run(config: Config) -> None:
+        values = dict(config.kwargs, N=n, EPS=float(eps))
+        _launch(kernel, (-(-m // values["BM"]),), (rows, w2, y), values, config.threads)
+
+    _tune_and_run("rms_norm", x.device.index, row_candidates(n), (m, n), str(dtype), run)
+    return out
+
+
+def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
+    """Softmax along the last dim (`dim` must name it), computed in f32 and returned in
+    `x`'s dtype (f32, f16 or bf16); rows of up to 16384 elements."""
+    dtype = _check_tensor("softmax", "x", x, _FLOATS, min_ndim=1)
+    if dim not in (-1, x.dim() - 1):
+        raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
+                         f"got dim={dim}; move the dim last with .transpose() / .movedim()")
+    _check_cuda("softmax", {"x": x})
+    out = _row_output("softmax", x, out)
+    if x.numel() == 0:
+        return out
+    rows, y = _rows_view("softmax", x), out.view(-1, x.shape[-1])
+    from tegula.kernels.softmax import softmax_kernel
+    kernel = softmax_kernel(dtype)
+    m, n = rows.shape
+
+    def run(config: Config) -> None:
+        values = config.kwargs
+        _launch(kernel, (-(-m // values["BM"]),), (rows, y), values, config.threads)
+
+    _tune_and_run("softmax", x.device.index, row_candidates(n), (m, n), str(dtype), run)
+    return out
+
+
+def _row_output(fn: str, x: Any, out: Any) -> Any:
+    if out is None:
+        return _torch().empty(x.shape, dtype=x.dtype, device=x.device)
+    _check_out(fn, out, tuple(x.shape), x)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# copy
+# --------------------------------------------------------------------------------------
+
+def copy_candidates(m: int, n: int) -> list[dict]:
+    """(BM, BN) tiles for a 2-D copy: 16 to 64 elements per thread of 128, narrowed to the
+    bucket so a thin tensor does not launch mostly-masked tiles."""
+    tiles = [(32, 64), (16, 128), (32, 128), (16, 256), (64, 128), (32, 256)]
+    mb, nb = _pow2_at_least(m, 1), _pow2_at_least(n, 1)
+    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(16, mb) and bn <= max(64, nb)]
+    return [dict(BM=bm, BN=bn) for bm, bn in (fitting or tiles[:1])]
+
+
+def _copy_shape(x: Any) -> tuple[int, int]:
+    """A 2-D shape for copying contiguous `x` element by element: 4096 columns (or the
+    largest power of two ≥ 64 dividing the size), else x's last dim, so any rank and any
+    thin shape becomes a tensor wide enough for full tiles."""
+    total = x.numel()
+    for cols in (4096, 2048, 1024, 512, 256, 128, 64):
+        if total % cols == 0:
+            return total // cols, cols
+    last = x.shape[-1] if x.dim() else 1
+    return total // last, last
+
+
+def copy(x: Any, *, out: Any = None) -> Any:
+    """A copy of `x` (f32, f16, bf16, i8, u8 or i32; any shape) as a new contiguous tensor,
+    or written into contiguous `out`. A non-contiguous `x` is first made contiguous by
+    torch (so its copy costs two passes)."""
+    dtype = _check_tensor("copy", "x", x, _COPY_DTYPES)
+    _check_cuda("copy", {"x": x})
+    if out is None:
+        out = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        _check_out("copy", out, tuple(x.shape), x)
+    if x.numel() == 0:
+        return out
+    src = x if x.is_contiguous() else x.contiguous()
+    m, n = _copy_shape(src)
+    src2, dst2 = src.view(m, n), out.view(m, n)
+    from tegula.kernels.copy import copy_kernel
+    kernel = copy_kernel(dtype)
+
+    def run(config: Config) -> None:
+        values = config.kwargs
+        grid = (-(-m // values["BM"]), -(-n // values["BN"]))
+        _launch(kernel, grid, (src2, dst2), values, config.threads)
+
+    _tune_and_run("copy", x.device.index, copy_candidates(m, n), (m, n), str(dtype), run)
+    return out
+
+
+__all__ = ["matmul", "rms_norm", "softmax", "copy", "gemm_candidates", "row_candidates",
+           "copy_candidates", "TUNERS"]

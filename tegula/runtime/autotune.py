@@ -1,0 +1,378 @@
+"""Autotuning: time a few configurations of a kernel on the real arguments, keep the fastest.
+
+    tuner = Autotuner("matmul")
+    config = tuner.select(configs, dims=(M, N, K), run=lambda cfg: launch(cfg), extra="f16")
+
+A configuration (`Config`) is a dict of constexprs plus an optional `threads` override, as
+in `{"BM": 128, "BN": 256, "BK": 32, "STAGES": 3, "threads": 256}`. `select` runs each
+candidate once (which compiles it: a candidate that fails to compile, to launch or to fit
+the GPU's resources is skipped and the reason recorded), times the survivors with `timer`
+(default: CUDA events, warm-up then the median of several runs), and returns the fastest.
+
+Winners are cached per (kernel name, shape bucket, extra key, GPU name), where the shape
+bucket rounds every dimension up to a power of two: shapes in one bucket share tile
+choices, so a model's many slightly different shapes tune once. The cache lives in memory
+and on disk (`<tegula cache dir>/autotune/<name>.json`, written atomically and merged with
+what other processes wrote), so a later process reuses the winner without measuring. A
+cached winner that is no longer among the candidates (the code changed) is re-tuned.
+
+`TEGULA_AUTOTUNE=0` turns measuring off: the first candidate (after ranking) is used, and
+nothing is read from or written to the disk cache — for debugging a kernel, not for speed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from tegula.runtime.cache import default_cache_dir
+
+#: A timer takes a callable that launches the candidate once and returns seconds per launch.
+Timer = Callable[[Callable[[], None]], float]
+#: A ranker predicts a candidate's seconds (lower first); None when it cannot say.
+Ranker = Callable[["Config"], "float | None"]
+
+_FORMAT = 1  # bump when the on-disk record's meaning changes
+
+
+@dataclass(frozen=True)
+class Config:
+    """One candidate: constexpr values and an optional thread-count override."""
+
+    constexprs: tuple[tuple[str, Any], ...]
+    threads: int | None = None
+
+    @staticmethod
+    def of(spec: Config | Mapping[str, Any]) -> Config:
+        """A Config from a dict like `{"BM": 128, "threads": 256}` (or a Config)."""
+        if isinstance(spec, Config):
+            return spec
+        values = dict(spec)
+        threads = values.pop("threads", None)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+            raise TypeError(f"a config's threads must be an int, got {threads!r}")
+        return Config(tuple(sorted(values.items())), threads)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The constexprs as keyword arguments."""
+        return dict(self.constexprs)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict form (`threads` included when set): what the disk cache stores."""
+        d = dict(self.constexprs)
+        if self.threads is not None:
+            d["threads"] = self.threads
+        return d
+
+    @property
+    def key(self) -> str:
+        """A stable, readable name, e.g. "BK=32,BM=128,BN=256,STAGES=3,threads=256"."""
+        return ",".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                        for k, v in sorted(self.as_dict().items()))
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclass
+class Trial:
+    """One candidate's outcome: seconds per launch, or why it was skipped."""
+
+    config: Config
+    seconds: float | None = None
+    error: str | None = None
+    predicted: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"config": self.config.as_dict(), "seconds": self.seconds, "error": self.error,
+                "predicted": self.predicted}
+
+
+@dataclass
+class TuneRecord:
+    """The outcome of tuning one key: the winner, every trial, and where it came from
+    ("measured" in this process, "disk" from an earlier one, "default" when tuning is off
+    or only one candidate exists)."""
+
+    key: str
+    best: Config
+    trials: list[Trial] = field(default_factory=list)
+    source: str = "measured"
+    when: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"best": self.best.as_dict(), "trials": [t.as_json() for t in self.trials],
+                "when": self.when, "format": _FORMAT}
+
+
+class AutotuneError(RuntimeError):
+    """No candidate ran: raised with every candidate's reason."""
+
+
+def next_power_of_two(x: int) -> int:
+    """The smallest power of two ≥ x (0 stays 0: empty dims are their own bucket)."""
+    x = int(x)
+    return 0 if x <= 0 else 1 << (x - 1).bit_length()
+
+
+def shape_bucket(dims: Iterable[int]) -> tuple[int, ...]:
+    """Every dimension rounded up to a power of two."""
+    return tuple(next_power_of_two(d) for d in dims)
+
+
+def tuning_enabled() -> bool:
+    """False when `$TEGULA_AUTOTUNE` is 0/false/off/no."""
+    return os.environ.get("TEGULA_AUTOTUNE", "1").strip().lower() not in ("0", "false", "off",
+                                                                         "no")
+
+
+def cuda_event_timer(warmup: int = 2, reps: int = 7, max_seconds: float = 0.2) -> Timer:
+    """A timer with torch CUDA events on the current stream: `warmup` launches, then the
+    median of up to `reps` single-launch timings (fewer when a launch is slow, so one
+    candidate costs at most about `max_seconds`)."""
+
+    def timer(fn: Callable[[], None]) -> float:
+        import torch
+
+        for _ in range(warmup):
+            fn()
+        first_start, first_end = torch.cuda.Event(enable_timing=True), \
+            torch.cuda.Event(enable_timing=True)
+        first_start.record()
+        fn()
+        first_end.record()
+        torch.cuda.synchronize()
+        samples = [first_start.elapsed_time(first_end) / 1e3]
+        count = min(reps - 1, int(max_seconds / max(samples[0], 1e-7)))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(max(0, count))]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        samples += [s.elapsed_time(e) / 1e3 for s, e in events]
+        return statistics.median(samples)
+
+    return timer
+
+
+def describe_error(e: BaseException) -> str:
+    """One line naming an exception: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".strip()
+
+
+class Autotuner:
+    """Chooses among configurations of one kernel; see the module docstring.
+
+    `timer` measures seconds per launch (default `cuda_event_timer()`; tests pass a fake);
+    `cache_dir` is where `autotune/<name>.json` lives (default: the tegula cache dir);
+    `persist=False` keeps winners in memory only.
+    """
+
+    def __init__(self, name: str, *, timer: Timer | None = None,
+                 cache_dir: str | os.PathLike | None = None, persist: bool = True):
+        self.name = name
+        self.timer = timer
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.persist = persist
+        self.records: dict[str, TuneRecord] = {}
+        self._disk: dict[str, Any] | None = None  # loaded lazily, once
+        self._lock = threading.RLock()
+
+    # -- keys and the disk file ------------------------------------------------------------
+
+    def key(self, dims: Sequence[int], extra: str = "", device_name: str = "") -> str:
+        """The cache key: "<bucket dims>|<extra>|<GPU name>"."""
+        bucket = "x".join(str(d) for d in shape_bucket(dims))
+        return f"{bucket}|{extra}|{device_name}"
+
+    @property
+    def path(self) -> Path:
+        """The JSON file holding this kernel's winners."""
+        root = self.cache_dir if self.cache_dir is not None else default_cache_dir()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
+        return root / "autotune" / f"{safe}.json"
+
+    def _load_disk(self) -> dict[str, Any]:
+        if self._disk is None:
+            self._disk = _read_json(self.path)
+        return self._disk
+
+    def _store(self, record: TuneRecord) -> None:
+        """Merge `record` into the disk file (re-read first: other processes write it too)."""
+        if not self.persist:
+            return
+        try:
+            merged = _read_json(self.path)
+            merged[record.key] = record.as_json()
+            _write_json_atomic(self.path, merged)
+            self._disk = merged
+        except OSError:
+            pass  # an unwritable cache must not stop a launch; the winner stays in memory
+
+    # -- selection -------------------------------------------------------------------------
+
+    def cached(self, key: str, candidates: Sequence[Config]) -> TuneRecord | None:
+        """The winner recorded for `key`, if it is still one of `candidates`."""
+        with self._lock:
+            record = self.records.get(key)
+            if record is not None and record.best in candidates:
+                return record
+            if not (self.persist and tuning_enabled()):
+                return None
+            entry = self._load_disk().get(key)
+            if not isinstance(entry, dict) or entry.get("format") != _FORMAT:
+                return None
+            try:
+                best = Config.of(entry["best"])
+            except (KeyError, TypeError, AttributeError):
+                return None
+            if best not in candidates:
+                return None
+            record = TuneRecord(key, best, [], "disk", str(entry.get("when", "")))
+            self.records[key] = record
+            return record
+
+    def select(self, configs: Sequence[Config | Mapping[str, Any]], dims: Sequence[int],
+               run: Callable[[Config], Any], *, extra: str = "", device_name: str = "",
+               rank: Ranker | None = None, top_k: int | None = None) -> Config:
+        """The best of `configs` for a problem of size `dims`.
+
+        `run(config)` launches the kernel once with that configuration on the real
+        arguments (compiling it on first use); it must only write outputs the caller owns.
+        `rank` (e.g. the cost model) orders the candidates, and `top_k` keeps only the best
+        ranked ones. Raises `AutotuneError` when no candidate runs.
+        """
+        candidates = _unique(Config.of(c) for c in configs)
+        if not candidates:
+            raise ValueError(f"autotune {self.name}: no candidate configurations")
+        key = self.key(dims, extra, device_name)
+        found = self.cached(key, candidates)
+        if found is not None:
+            return found.best
+        with self._lock:
+            found = self.cached(key, candidates)  # another thread may have tuned it
+            if found is not None:
+                return found.best
+            trials = _ranked(candidates, rank, top_k)
+            if len(trials) == 1 or not tuning_enabled():
+                # Nothing to compare: use the first (best ranked) candidate unmeasured.
+                record = TuneRecord(key, trials[0].config, trials, "default", _now())
+                self.records[key] = record
+                return record.best
+            record = self._measure(key, trials, run)
+            self.records[key] = record
+            self._store(record)
+            return record.best
+
+    def _measure(self, key: str, trials: list[Trial], run: Callable[[Config], Any]) -> TuneRecord:
+        """Time every trial; a failure is recorded on the trial and the next one runs."""
+        timer = self.timer or cuda_event_timer()
+        for trial in trials:
+            try:
+                run(trial.config)  # compiles, and surfaces launch/resource errors untimed
+                trial.seconds = float(timer(lambda c=trial.config: run(c)))
+                if not math.isfinite(trial.seconds) or trial.seconds <= 0:
+                    raise ValueError(f"the timer returned {trial.seconds!r}")
+            except Exception as e:  # noqa: BLE001 — any failure skips this candidate only
+                trial.seconds, trial.error = None, describe_error(e)
+        timed = [t for t in trials if t.seconds is not None]
+        if not timed:
+            reasons = "; ".join(f"[{t.config}] {t.error}" for t in trials)
+            raise AutotuneError(f"autotune {self.name} ({key}): no candidate ran: {reasons}")
+        best = min(timed, key=lambda t: t.seconds)  # first of equals: ranking breaks ties
+        return TuneRecord(key, best.config, trials, "measured", _now())
+
+    def report(self, key: str | None = None) -> str:
+        """A short text report of one key's trials (default: every key tuned here)."""
+        keys = [key] if key is not None else sorted(self.records)
+        lines = []
+        for k in keys:
+            record = self.records.get(k)
+            if record is None:
+                continue
+            lines.append(f"{self.name} [{k}] -> {record.best} ({record.source})")
+            for t in record.trials:
+                what = f"{t.seconds * 1e6:10.1f} us" if t.seconds is not None else \
+                    f"skipped: {t.error}"
+                lines.append(f"    {t.config}: {what}")
+        return "\n".join(lines)
+
+    def clear(self, disk: bool = False) -> None:
+        """Forget the winners in memory (and, with `disk=True`, this kernel's file)."""
+        with self._lock:
+            self.records.clear()
+            self._disk = None
+            if disk:
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+
+
+def _unique(configs: Iterable[Config]) -> list[Config]:
+    """Candidates in order, duplicates dropped (a duplicate would be timed twice)."""
+    seen: dict[Config, None] = {}
+    for c in configs:
+        seen.setdefault(c, None)
+    return list(seen)
+
+
+def _ranked(candidates: list[Config], rank: Ranker | None, top_k: int | None) -> list[Trial]:
+    """Trials ordered by `rank` (stable; unranked candidates keep their place after the
+    ranked ones), cut to `top_k`. A ranker that fails leaves that candidate unranked."""
+    trials = [Trial(c) for c in candidates]
+    if rank is not None:
+        for t in trials:
+            try:
+                t.predicted = rank(t.config)
+            except Exception:  # noqa: BLE001 — a model that cannot judge just doesn't order
+                t.predicted = None
+        trials.sort(key=lambda t: (t.predicted is None, t.predicted or 0.0))
+    if top_k is not None and top_k > 0:
+        trials = trials[:top_k]
+    return trials
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, or {} when it is absent or unreadable (a corrupt cache is
+    a cache miss, never an error)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write through a temporary file and `os.replace`, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+__all__ = ["Config", "Trial", "TuneRecord", "Autotuner", "AutotuneError", "shape_bucket",
+           "next_power_of_two", "cuda_event_timer", "tuning_enabled", "describe_error"]
