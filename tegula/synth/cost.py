@@ -41,11 +41,9 @@ import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
 from tegula.arch.targets import Target
-from tegula.errors import TegulaError
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
                            Rearrange, Reduce, TracedKernel, walk_ops)
-from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, ScalarConst,
-                              TensorExtent)
+from tegula.ir.scalar import BlockIndex, ScalarArg, ScalarBinOp, ScalarConst, TensorExtent
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 from tegula.layout.tv import tv_table
 
