@@ -125,10 +125,10 @@ def _check_pinned_layout(tile: RegisterTile, threads: int) -> None:
                              f"the kernel runs {threads} threads per block", loc=tile.loc)
     image = np.unique(layout.all_offsets())
     if image.min() < 0 or image.max() >= size or len(image) != size:
+        outside = f" and reaches index {int(image.max())}" if image.max() >= size else ""
         raise SynthesisError(f"{where} must map (thread, value) onto the {size} elements of the "
                              f"tile, but it covers {np.count_nonzero(image < size)} of them"
-                             f"{' and reaches index ' + str(int(image.max())) if image.max() >= size else ''}",
-                             loc=tile.loc)
+                             f"{outside}", loc=tile.loc)
 
 
 def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> None:
