@@ -230,8 +230,10 @@ class _Emitter:
         self.line("__syncthreads();")
 
     def _Let(self, s: Let) -> None:
-        # Per-thread index values (coordinate bases) are small and non-negative: int.
-        self.line(f"const int {s.var.name} = {index_c(s.value)};")
+        # Coordinate bases are small: int. Wide values involve strides: 64-bit, like the
+        # emitter's other stride arithmetic.
+        ctype = "long long" if s.wide else "int"
+        self.line(f"const {ctype} {s.var.name} = {index_c(s.value)};")
 
     def _For(self, s: For) -> None:
         if s.unroll:

@@ -4,9 +4,10 @@
 runtime packs launch arguments from the same list, so the two can never disagree.
 
 Per `TensorParam` (in signature order): the pointer, then `rank` extents (`int`, named
-`{t}_shape{i}`), then `rank` strides in elements (`long long`, named `{t}_stride{i}`: a
-stride times a coordinate is then computed in 64 bits, so tensors over 2^31 elements
-address correctly; extents stay 32-bit so bounds checks are cheap). Per `ScalarParam`:
+`{t}_shape{i}`), then `rank` strides in elements (named `{t}_stride{i}`): `long long` when the
+tensor's offsets may exceed 2^31 (a stride times a coordinate is then computed in 64 bits),
+`int` when the kernel was specialized on offsets that fit (`TensorParam.index_bits == 32`),
+which keeps address arithmetic in single 32-bit registers; extents are always `int`. Per `ScalarParam`:
 one value; float types travel as `float` (the host rounds the value to the scalar's dtype
 first), integer and bool types as `int` — no 16-bit parameters, so the packing is simple.
 """
@@ -65,9 +66,11 @@ def param_list(kernel: ThreadKernel) -> list[ParamSpec]:
             for i in range(p.rank):
                 specs.append(ParamSpec(f"{p.name}_shape{i}", "int", "shape", p.name,
                                        p.dtype, "i", 4, i))
+            wide = p.index_bits > 32
             for i in range(p.rank):
-                specs.append(ParamSpec(f"{p.name}_stride{i}", "long long", "stride", p.name,
-                                       p.dtype, "q", 8, i))
+                specs.append(ParamSpec(f"{p.name}_stride{i}", "long long" if wide else "int",
+                                       "stride", p.name, p.dtype, "q" if wide else "i",
+                                       8 if wide else 4, i))
         elif isinstance(p, ScalarParam):
             if p.dtype.is_float:
                 specs.append(ParamSpec(p.name, "float", "scalar", p.name, p.dtype, "f", 4))

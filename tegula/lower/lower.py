@@ -29,6 +29,7 @@ from tegula.lower.compute import (lower_atomic_add, lower_elementwise, lower_fil
 from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
 from tegula.lower.gemm import lower_gemm
+from tegula.lower.hoist import hoist_loop_invariants
 from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAsyncWait, Expr,
                                     For, If, Reg, ScalarParam, Stmt, TensorParam, ThreadKernel,
                                     Value, Var, _bin)
@@ -177,9 +178,12 @@ def lower(result) -> ThreadKernel:
     ctx = LoweringContext(kernel.threads, result.facts, result.shared_offsets, result.shared_bytes)
     sync = SharedSync()
     body = KernelLowering(kernel, ctx).ops(kernel.body, sync)
-    params = [TensorParam(a.name, a.dtype, a.rank, _tensor_written(kernel, a.name))
+    params = [TensorParam(a.name, a.dtype, a.rank, _tensor_written(kernel, a.name),
+                          result.facts[a.name].index_bits)
               for a in kernel.args]
     params += [ScalarParam(name, i32) for name in kernel.scalar_args]
-    return ThreadKernel(kernel.name, kernel.threads, params, ctx.registers, ctx.shared,
-                        ctx.coords.prologue + body)
+    wide = {f"{p.name}_stride{d}" for p in params
+            if isinstance(p, TensorParam) and p.index_bits > 32 for d in range(p.rank)}
+    body = hoist_loop_invariants(ctx.coords.prologue + body, wide)
+    return ThreadKernel(kernel.name, kernel.threads, params, ctx.registers, ctx.shared, body)
 

@@ -294,10 +294,12 @@ class Comment(Stmt):
 class Let(Stmt):
     """`const int var = value;` — a per-thread integer computed once (a thread's
     coordinate base, a loop-invariant address) and read later as `Var(var.name)`.
-    A name is bound once per kernel (lowering keeps names unique)."""
+    A name is bound once per kernel (lowering keeps names unique). `wide` values may exceed
+    32 bits (they involve a tensor stride) and are 64-bit in CUDA."""
 
     var: Var
     value: Expr
+    wide: bool = False
 
 
 @dataclass
@@ -463,14 +465,14 @@ class If(Stmt):
 @dataclass(frozen=True)
 class TensorParam:
     """A global tensor argument: a pointer plus `rank` extents and strides (in elements),
-    which the body reads as `{name}_shape{i}` / `{name}_stride{i}`. `static_shape` /
-    `static_strides` hold the entries known when compiling (None where only known at launch);
-    `divisibility` the known divisor of each runtime entry (for vector alignment)."""
+    which the body reads as `{name}_shape{i}` / `{name}_stride{i}`. `writes` says whether the
+    kernel writes it; `index_bits` whether its element offsets need 64-bit arithmetic."""
 
     name: str
     dtype: DType
     rank: int
     writes: bool = False
+    index_bits: int = 64  # 32 when every element offset of the tensor fits in an int
 
 
 @dataclass(frozen=True)

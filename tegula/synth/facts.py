@@ -28,7 +28,9 @@ class TensorFacts:
 
     `contiguous_dim` is the dim whose stride is 1 (None if none is); `extent_divisors[d]`
     and `stride_divisors[d]` are the largest powers of two ≤ 16 dividing extent/stride d;
-    `align_bytes` the largest power of two ≤ 16 dividing the data pointer's address.
+    `align_bytes` the largest power of two ≤ 16 dividing the data pointer's address;
+    `index_bits` is 32 when every element offset fits in an int (so address arithmetic can
+    stay 32-bit, as in Triton), else 64.
     """
 
     rank: int
@@ -36,6 +38,7 @@ class TensorFacts:
     extent_divisors: tuple
     stride_divisors: tuple
     align_bytes: int
+    index_bits: int = 32
 
     @staticmethod
     def of(shape: tuple, strides: tuple, address: int, elem_bytes: float) -> "TensorFacts":
@@ -45,21 +48,24 @@ class TensorFacts:
             if strides[d] == 1:
                 contiguous = d
                 break
+        span = sum((s - 1) * abs(d) for s, d in zip(shape, strides) if s > 0)
         return TensorFacts(
             rank=len(shape),
             contiguous_dim=contiguous,
             extent_divisors=tuple(power_of_two_divisor(s) for s in shape),
             stride_divisors=tuple(power_of_two_divisor(s) for s in strides),
             align_bytes=power_of_two_divisor(address),
+            index_bits=32 if span < 2**31 - 1 else 64,
         )
 
     @staticmethod
-    def assume_row_major(rank: int) -> "TensorFacts":
-        """The facts of a contiguous, 16-byte aligned, nicely sized row-major tensor —
-        what `tegula explain`/`tegula compile` assume when no arguments are given."""
+    def assume_row_major(rank: int, index_bits: int = 32) -> "TensorFacts":
+        """The facts of a contiguous, 16-byte aligned, nicely sized row-major tensor (with
+        offsets under 2^31 unless told otherwise) — what `tegula explain`/`tegula compile`
+        assume when no arguments are given."""
         return TensorFacts(rank, rank - 1, (MAX_DIVISOR,) * rank, (MAX_DIVISOR,) * rank,
-                           MAX_DIVISOR)
+                           MAX_DIVISOR, index_bits)
 
     def key(self) -> tuple:
         return (self.rank, self.contiguous_dim, self.extent_divisors, self.stride_divisors,
-                self.align_bytes)
+                self.align_bytes, self.index_bits)
