@@ -21,7 +21,8 @@ def check_close(out: np.ndarray, ref: np.ndarray, dtype) -> None:
     ulp = max(2.0 ** -dtype.mantissa_bits, 1e-6)
     err = np.abs(out.astype(np.float64) - ref)
     bound = 1e-6 + ulp * np.abs(ref)
-    assert np.all(err <= bound), f"max error {err.max()} (worst at {np.unravel_index(np.argmax(err - bound), err.shape)})"
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), f"max error {err.max()} (worst excess at {worst})"
 
 
 @pytest.mark.parametrize("dtype", SILU_MUL_DTYPES, ids=str)
