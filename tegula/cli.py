@@ -323,9 +323,12 @@ def _demo_gemm() -> bool:
     import numpy as np
 
     from tegula.build import build, emulate
-    from tegula.demo_kernels import gemm
+    from tegula.dtypes import f16
     from tegula.explain import explain_build
+    from tegula.kernels.gemm import gemm_kernel
     from tegula.synth.facts import TensorFacts
+
+    gemm = gemm_kernel(f16)  # the library's DESIGN.md GEMM (shared-memory pipeline)
 
     m, n, k = DEMO_GEMM_SHAPE
     rng = np.random.default_rng(0)
@@ -418,8 +421,14 @@ def load_kernel(spec: str) -> Any:
     kernels = {k: v for k, v in vars(module).items() if isinstance(v, Kernel)}
     if not name and len(kernels) == 1:
         return next(iter(kernels.values()))
+    if not kernels:
+        raise UsageError(f"{path} defines no @tg.kernel at module level (explain imports the "
+                         f"file and looks for module-level kernels)")
     if name not in kernels:
-        known = ", ".join(sorted(kernels)) or "none"
+        known = ", ".join(sorted(kernels))
+        if not name:
+            raise UsageError(f"{path} defines several kernels ({known}); name one as "
+                             f"{path}:KERNEL")
         raise UsageError(f"{path} has no kernel {name!r} (its @tg.kernel functions: {known})")
     return kernels[name]
 

@@ -45,7 +45,7 @@ from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, If
                            Rearrange, Reduce, TracedKernel, walk_ops)
 from tegula.ir.scalar import BlockIndex, ScalarArg, ScalarBinOp, ScalarConst, TensorExtent
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
-from tegula.layout.tv import tv_table
+from tegula.layout.tv import distinct_values, tv_table
 
 #: Registers a thread needs beyond its register tiles: addresses, loop counters,
 #: predicates, thread coordinates. A round guess, not a measurement.
@@ -193,16 +193,17 @@ def _values(tile: RegisterTile) -> int:
 
 
 def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
-    """Per-thread combines, then butterfly shuffles across the lanes that share a row
-    (counted from how many threads hold each output element: log2 of that, ≤ 5)."""
+    """Per-thread combines, then butterfly shuffles across the lanes of a warp that share
+    an output element: log2(lanes holding it) rounds per distinct output register. (The
+    cross-warp step through shared memory is small and not counted.)"""
     warps = _warps(kernel)
     alu = InstrUse("ALU", "alu", 1, 0, _values(op.x) * warps, "alu")
     if op.out.layout is None:
         return [alu]
     table = tv_table(op.out.layout)
-    holders = np.unique(table[:, 0], return_counts=True)[1].max()
-    rounds = min(5, int(math.log2(max(1, holders))))
-    shuffles = rounds * _values(op.out) * warps
+    distinct = distinct_values(op.out.layout)
+    lanes = max(np.unique(table[:32, v], return_counts=True)[1].max() for v in distinct)
+    shuffles = int(math.log2(lanes)) * len(distinct) * warps
     return [alu] + ([InstrUse("ALU", "shfl.sync.bfly.b32", 1, 4, shuffles, "alu")]
                     if shuffles else [])
 

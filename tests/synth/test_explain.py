@@ -11,11 +11,13 @@ import pytest
 import tegula as tg
 from tegula.build import build
 from tegula.cli import load_kernel, main, parse_define, parse_shape, UsageError
-from tegula.demo_kernels import gemm
+from tegula.dtypes import f16
 from tegula.ir.ops import Gemm, walk_ops
+from tegula.kernels.gemm import gemm_kernel
 from tegula.synth.cost import estimate, instruction_uses
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gemm.py")
+gemm = gemm_kernel(f16)
 SQUARE = {"a": (4096, 4096), "b": (4096, 4096), "c": (4096, 4096)}
 
 
