@@ -118,15 +118,39 @@ def _fill_repeats(array, tv) -> list:
 
 
 def lower_rearrange(ctx: LoweringContext, op: Rearrange) -> list:
-    """A layout conversion through shared memory: every thread stores the elements it
-    holds at their tile index, then loads the elements its new layout needs."""
+    """A layout conversion by the mechanism synthesis chose (see `synth.convert`)."""
+    choice = op.choices.get("conversion")
+    kind = choice.kind if choice is not None else "shared"
+    header = Comment(f"convert {describe(op.x)} -> {describe(op.out)}: "
+                     f"{choice.describe() if choice is not None else 'shared-memory round trip'}")
+    src_regs, dst_regs = ctx.regs_of(op.x), ctx.regs_of(op.out)
+    if kind == "registers":
+        return [header] + [Assign(reg(dst_regs, r), RegRead(reg(src_regs, int(s))))
+                           for r, s in enumerate(choice.register_map)]
+    if kind == "shuffle":
+        lane = TID % 32
+        stmts: list = [header]
+        for step in choice.steps:
+            source = Const(step.base)
+            for b, column in enumerate(step.columns):
+                if column:
+                    source = source ^ (((lane >> b) & 1) * column)
+            stmts.append(Shuffle(reg(dst_regs, step.receive), reg(src_regs, step.send), "idx",
+                                 source))
+        return stmts + [Assign(reg(dst_regs, r), RegRead(reg(dst_regs, frm)))
+                        for r, frm in choice.copies]
+    return [header] + _convert_through_shared(ctx, op)
+
+
+def _convert_through_shared(ctx: LoweringContext, op: Rearrange) -> list:
+    """Every thread stores the elements it holds at their tile index, then loads the
+    elements its new layout needs (works for any pair of layouts)."""
     src, dst = op.x, op.out
     size = int(np.prod(src.shape))
     scratch = ctx.scratch(f"convert_{dst.name}", src.dtype, size)
     src_regs, dst_regs = ctx.regs_of(src), ctx.regs_of(dst)
     owner = replica_predicate(src.layout)
-    stmts: list = [Comment(f"convert {describe(src)} {src.layout} -> {dst.layout} via shared memory"),
-                   Barrier()]
+    stmts: list = [Barrier()]
     for v in distinct_values(src.layout):
         stmts.append(SharedStore(scratch.name, _flat(ctx, src, v), reg(src_regs, v), 1, owner))
     stmts.append(Barrier())

@@ -22,8 +22,9 @@ import numpy as np
 
 from tegula.arch.targets import Target
 from tegula.errors import ResourceError, SynthesisError
-from tegula.ir.ops import Copy, Gemm, TracedKernel, walk_ops
+from tegula.ir.ops import Copy, Gemm, Rearrange, TracedKernel, walk_ops
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
+from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import global_access_vector, global_vector_limit
 from tegula.synth.gemm import plan_gemm
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
@@ -79,6 +80,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
     result.conversions = insert_conversions(kernel, state)
     for tile in _register_tiles(kernel):
         tile.layout = state.get(tile)
+    _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel)
@@ -190,6 +192,14 @@ def _fitting_width(shape: tuple, dim: int, width: int, threads: int) -> int:
     while width > 1 and shape[dim] % width:
         width //= 2
     return width
+
+
+def _plan_conversions(kernel: TracedKernel) -> None:
+    """Each layout conversion's mechanism, from the F2 conversion planner."""
+    for op in walk_ops(kernel.body):
+        if isinstance(op, Rearrange):
+            op.choices["conversion"] = choose_conversion(
+                op.x.layout, op.out.layout, tuple(op.x.shape), max(1, op.x.dtype.bits // 8))
 
 
 def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> None:
