@@ -42,12 +42,13 @@ class ConversionChoice:
     copies: tuple = ()
 
     def describe(self) -> str:
-        names = {"registers": "register renaming", "shuffle": "warp shuffles",
-                 "shared": "shared-memory round trip"}
+        if self.kind == "shared":
+            return "shared-memory round trip (store, barrier, load)"
+        names = {"registers": "register renaming", "shuffle": "warp shuffles"}
         return f"{names[self.kind]} ({self.instructions} instructions per thread)"
 
 
-SHARED = ConversionChoice("shared", -1)
+SHARED = ConversionChoice("shared", 0)
 
 
 def _is_pow2(n: int) -> bool:
