@@ -133,8 +133,12 @@ def _conversions(build: Any) -> str:
         return "== layout conversions: none (every op found its operands in the layout it needs)"
     lines = ["== layout conversions inserted by synthesis"]
     for op in conversions:
+        choice = op.choices.get("conversion")
+        how = "shared-memory round trip (one st.shared and one ld.shared per element)"
+        if getattr(choice, "kind", "shared") != "shared":
+            how = choice.describe()
         lines.append(f"  {_where(op.loc)}: %{op.x.name} {op.x.layout}\n"
-                     f"      -> %{op.out.name} {op.out.layout} (through shared memory)")
+                     f"      -> %{op.out.name} {op.out.layout}\n      by {how}")
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, If
 from tegula.ir.scalar import BlockIndex, ScalarArg, ScalarBinOp, ScalarConst, TensorExtent
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 from tegula.layout.tv import distinct_values, tv_table
+from tegula.synth.shared import wavefronts
 
 #: Registers a thread needs beyond its register tiles: addresses, loop counters,
 #: predicates, thread coordinates. A round guess, not a measurement.
@@ -209,14 +210,33 @@ def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
 
 
 def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:
-    """A conversion through a shared scratch tile, one element per instruction (how
-    lowering does it today); wavefronts taken as ideal (not analysed)."""
+    """A layout conversion as synthesis planned it (`choices["conversion"]`): register
+    moves, warp shuffles, or (the default) a round trip through a shared scratch tile, one
+    element per instruction (as lowering emits it), with its bank conflicts counted."""
     warps = _warps(kernel)
     eb = _elem_bytes(op.x)
-    stores, loads = _values(op.x) * warps, _values(op.out) * warps
+    choice = op.choices.get("conversion")
+    kind = getattr(choice, "kind", "shared")
+    if kind == "registers":
+        return [InstrUse("CVT", "mov", 1, 0, _values(op.out) * warps, "alu")]
+    if kind == "shuffle":
+        return [InstrUse("CVT", "shfl.sync.idx.b32", 1, 4, choice.instructions * warps, "alu")]
     st, ld = vector_access("st", "shared", eb), vector_access("ld", "shared", eb)
-    return [InstrUse("CVT", st.name, 1, eb, stores, "shared", stores, stores),
-            InstrUse("CVT", ld.name, 1, eb, loads, "shared", loads, loads)]
+    uses = []
+    for instr, tile, values in ((st, op.x, distinct_values(op.x.layout)),
+                                (ld, op.out, range(_values(op.out)))):
+        waves, ideal = _scratch_wavefronts(tile.layout, eb, list(values))
+        uses.append(InstrUse("CVT", instr.name, 1, eb, len(values) * warps, "shared",
+                             waves, ideal))
+    return uses
+
+
+def _scratch_wavefronts(tv, elem_bytes: int, values: list) -> tuple[int, int]:
+    """Wavefronts of one-element accesses to a compact scratch tile (element i at byte
+    i * elem_bytes) by the registers `values` of a TV layout, and the ideal count."""
+    table = tv_table(tv)[:, values] * elem_bytes           # threads x values: byte addresses
+    per_warp = table.reshape(-1, 32, len(values)).transpose(0, 2, 1).reshape(-1, 32)
+    return wavefronts(per_warp, elem_bytes), per_warp.shape[0]
 
 
 def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:

@@ -140,3 +140,22 @@ def test_demo_runs_the_gemm_and_passes(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "the DESIGN.md GEMM" in out and "emulated 97x130x72" in out
     assert ": PASS" in out and "FAIL" not in out
+
+
+def test_conversions_are_reported_with_their_bank_conflicts():
+    """A pinned-layout clash resolved by a shared-memory conversion: the report names it,
+    and the scratch store of a column-strided layout is counted 32-way conflicted."""
+    from tegula import f32
+    from tegula.layout.cute import Layout
+
+    @tg.kernel(threads=128)
+    def k(a: tg.Tensor[f32], c: tg.Tensor[f32]):
+        x = tg.load(a.tile((64, 64), (0, 0)), layout=Layout((128, 32), (1, 128)))
+        y = tg.load(a.tile((64, 64), (0, 0)), layout=Layout((128, 32), (32, 1)))
+        tg.copy(x + y, c.tile((64, 64), (0, 0)))
+
+    text = build(k).explain()
+    assert "-> %r1_cvt (128,32):(1,128)" in text
+    rows = [line.split() for line in text.splitlines()]
+    store = next(r for r in rows if r[:2] == ["CVT", "st.shared.b32"])
+    assert store[-2:] == ["4096/128", "3968"]
