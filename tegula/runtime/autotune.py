@@ -186,6 +186,7 @@ class Autotuner:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.persist = persist
         self.records: dict[str, TuneRecord] = {}
+        self.last: TuneRecord | None = None  # the record of the latest `select` (reports)
         self._disk: dict[str, Any] | None = None  # loaded lazily, once
         self._lock = threading.RLock()
 
@@ -258,22 +259,25 @@ class Autotuner:
             raise ValueError(f"autotune {self.name}: no candidate configurations")
         key = self.key(dims, extra, device_name)
         found = self.cached(key, candidates)
-        if found is not None:
-            return found.best
-        with self._lock:
-            found = self.cached(key, candidates)  # another thread may have tuned it
-            if found is not None:
-                return found.best
-            trials = _ranked(candidates, rank, top_k)
-            if len(trials) == 1 or not tuning_enabled():
-                # Nothing to compare: use the first (best ranked) candidate unmeasured.
-                record = TuneRecord(key, trials[0].config, trials, "default", _now())
-                self.records[key] = record
-                return record.best
+        if found is None:
+            with self._lock:
+                found = self.cached(key, candidates)  # another thread may have tuned it
+                if found is None:
+                    found = self._tune(key, candidates, run, rank, top_k)
+        self.last = found
+        return found.best
+
+    def _tune(self, key: str, candidates: list[Config], run: Callable[[Config], Any],
+              rank: Ranker | None, top_k: int | None) -> TuneRecord:
+        trials = _ranked(candidates, rank, top_k)
+        if len(trials) == 1 or not tuning_enabled():
+            # Nothing to compare: use the first (best ranked) candidate unmeasured.
+            record = TuneRecord(key, trials[0].config, trials, "default", _now())
+        else:
             record = self._measure(key, trials, run)
-            self.records[key] = record
             self._store(record)
-            return record.best
+        self.records[key] = record
+        return record
 
     def _measure(self, key: str, trials: list[Trial], run: Callable[[Config], Any]) -> TuneRecord:
         """Time every trial; a failure is recorded on the trial and the next one runs."""
