@@ -184,12 +184,28 @@ def _op_note(op: Op) -> str:
     """A short note on the decision behind an op (gemm plan, copy partition)."""
     plan = op.choices.get("plan")
     if plan is not None:
-        return f"\n      {plan.describe()}"
+        note = f"\n      {plan.describe()}"
+        others = getattr(plan, "candidates", ())[1:4]  # the runners-up, where synthesis kept them
+        for candidate in others:
+            parts = candidate if isinstance(candidate, tuple) else (candidate,)
+            note += "\n        over: " + ", ".join(_candidate_part(x) for x in parts)
+        return note
     if "tv" in op.choices and isinstance(getattr(op, "src", None), GlobalTile) \
             and not isinstance(getattr(op, "dst", None), RegisterTile):
         return (f"\n      partition {op.choices['tv']}, {op.choices.get('vector', 1)}-element "
                 f"vectors along tile dim {op.choices.get('dim')}")
     return ""
+
+
+def _candidate_part(x: Any) -> str:
+    """One field of a gemm plan candidate (instruction, warp grid, score) in words."""
+    if hasattr(x, "name"):
+        return x.name
+    if hasattr(x, "wm") and hasattr(x, "wn"):
+        return f"{x.wm}x{x.wn} warp grid"
+    if isinstance(x, (int, float)):
+        return f"score {x:g}"
+    return str(x)
 
 
 def _use_line(u: Any) -> str:
