@@ -454,6 +454,63 @@ def _run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- tegula compile
+
+def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `tegula compile`."""
+    p.add_argument("kernel", metavar="FILE.py:KERNEL",
+                   help="a Python file and the @tg.kernel in it, e.g. examples/gemm.py:gemm")
+    p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a constexpr (or threads=N), e.g. -D BM=64 (repeatable)")
+    p.add_argument("--target", default="sm_90a", help="sm_80, sm_89, sm_90a (default sm_90a)")
+    p.add_argument("--out", default=".", metavar="DIR",
+                   help="where to write KERNEL.cu, KERNEL.cubin and KERNEL.explain.txt")
+
+
+def _run_compile(args: argparse.Namespace) -> int:
+    """`tegula compile FILE.py:KERNEL`: ahead of time, no GPU needed. Argument types come
+    from the annotations; tensors are assumed contiguous, 16-byte aligned, with sizes
+    divisible by 16 and offsets that fit in 32 bits (the facts a launch would check)."""
+    from tegula.build import build
+    from tegula.errors import TegulaError
+    from tegula.explain import explain_build
+    from tegula.runtime.compiler import compile_cuda
+
+    constexprs = dict(parse_define(d) for d in args.defines)
+    kernel = load_kernel(args.kernel)
+    try:
+        result = build(kernel, constexprs, target=args.target)
+        source = result.cuda_source()
+        cubin = compile_cuda(source, result.thread_kernel.name, result.target.sm)
+        explanation = explain_build(result)
+    except TegulaError as err:
+        raise UsageError(str(err)) from None
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, kernel.name)
+    _write(stem + ".cu", source)
+    with open(stem + ".cubin", "wb") as f:
+        f.write(cubin)
+    _write(stem + ".explain.txt", explanation)
+    for suffix in (".cu", ".cubin", ".explain.txt"):
+        print(f"wrote {stem}{suffix}")
+    return 0
+
+
+# --------------------------------------------------------------------------- tegula bench
+
+def _add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `tegula bench` (the rest go to the suite)."""
+    p.add_argument("suite", help="layout, gemm, norm, softmax or copy")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the suite (see --help)")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    """`tegula bench SUITE ...`: the same as `python -m tegula.bench SUITE ...`."""
+    from tegula.bench.__main__ import main as bench_main
+
+    return bench_main([args.suite, *args.rest]) or 0
+
+
 # --------------------------------------------------------------------------- main
 
 COMMANDS: list[Command] = [
@@ -462,6 +519,10 @@ COMMANDS: list[Command] = [
             "explain and emulate the DESIGN GEMM", _add_demo_arguments, _run_demo),
     Command("explain", "compile a kernel and print its layouts, instructions, bank "
             "conflicts, resources and predicted time", _add_explain_arguments, _run_explain),
+    Command("compile", "compile a kernel ahead of time (no GPU): write its .cu, .cubin and "
+            "explanation", _add_compile_arguments, _run_compile),
+    Command("bench", "run a benchmark suite (on a GPU for kernels)", _add_bench_arguments,
+            _run_bench),
 ]
 
 

@@ -125,3 +125,24 @@ def test_mma_constants_agree_with_the_arch_catalogue():
     assert parse_layout(MMA_M16N8K16_A) == mma.A_16x16_B16
     assert parse_layout(MMA_M16N8K16_B) == mma.B_8x16_B16
     assert parse_layout(MMA_M16N8K16_C) == mma.C_16x8
+
+
+def test_compile_writes_source_cubin_and_explanation_without_a_gpu(capsys, tmp_path):
+    from tegula.runtime.compiler import available_compilers
+
+    if not available_compilers():
+        pytest.skip("no CUDA compiler (NVRTC or nvcc) installed")
+    gemm = os.path.join(os.path.dirname(__file__), "..", "examples", "gemm.py")
+    assert main(["compile", f"{gemm}:gemm", "--out", str(tmp_path), "-D", "BM=64",
+                 "--target", "sm_80"]) == 0
+    source = (tmp_path / "gemm.cu").read_text()
+    assert 'extern "C" __global__' in source and "mma.sync.aligned.m16n8k16" in source
+    cubin = (tmp_path / "gemm.cubin").read_bytes()
+    assert cubin[:4] == b"\x7fELF"  # a cubin is an ELF image, never PTX text
+    assert "BM=64" in (tmp_path / "gemm.explain.txt").read_text()
+
+
+def test_compile_of_a_missing_kernel_is_one_line(capsys, tmp_path):
+    gemm = os.path.join(os.path.dirname(__file__), "..", "examples", "gemm.py")
+    assert main(["compile", f"{gemm}:nope", "--out", str(tmp_path)]) == 2
+    assert "no kernel 'nope'" in capsys.readouterr().err
