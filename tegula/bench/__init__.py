@@ -17,9 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-# Suite name -> module defining `main(argv) -> int`. Later suites: gemm, norm, softmax, copy.
+# Suite name -> module defining `main(argv) -> int`.
 SUITES: dict[str, str] = {
     "layout": "tegula.bench.layout",
+    "gemm": "tegula.bench.gemm",        # GPU suites: tegula vs torch and Triton
+    "norm": "tegula.bench.norm",
+    "softmax": "tegula.bench.softmax",
+    "copy": "tegula.bench.copy",
 }
 
 RESULTS_DIR = Path("benchmarks") / "results"

@@ -252,16 +252,17 @@ def row_candidates(n: int) -> list[dict]:
     return [dict(c, threads=None) if c["threads"] == 128 else c for c in fitting]
 
 
-def _rows_view(fn: str, x: Any) -> Any:
+def _check_row_length(fn: str, x: Any) -> None:
+    if x.shape[-1] > _MAX_ROW:
+        raise ValueError(f"tegula.kernels.{fn}: rows of {x.shape[-1]} elements exceed the "
+                         f"one-tile limit {_MAX_ROW}")
+
+
+def _rows_view(x: Any) -> Any:
     """x as a (rows, N) tensor with unit stride along N (a view when possible)."""
-    n = x.shape[-1]
     if x.stride(-1) != 1:
         x = x.contiguous()
-    rows = x.reshape(-1, n)
-    if rows.shape[1] > _MAX_ROW:
-        raise ValueError(f"tegula.kernels.{fn}: rows of {n} elements exceed the one-tile "
-                         f"limit {_MAX_ROW}")
-    return rows
+    return x.reshape(-1, x.shape[-1])
 
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
@@ -276,11 +277,12 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"tegula.kernels.rms_norm: eps must be a non-negative number, got "
                          f"{eps!r}")
+    _check_row_length("rms_norm", x)
     _check_cuda("rms_norm", {"x": x, "weight": weight})
     out = _row_output("rms_norm", x, out)
     if x.numel() == 0:
         return out
-    rows, y = _rows_view("rms_norm", x), out.view(-1, x.shape[-1])
+    rows, y = _rows_view(x), out.view(-1, x.shape[-1])
     w2 = weight.contiguous().view(1, -1)
     from tegula.kernels.norm import rms_norm_kernel
     kernel = rms_norm_kernel(dtype)
@@ -301,11 +303,12 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
                          f"got dim={dim}; move the dim last with .transpose() / .movedim()")
+    _check_row_length("softmax", x)
     _check_cuda("softmax", {"x": x})
     out = _row_output("softmax", x, out)
     if x.numel() == 0:
         return out
-    rows, y = _rows_view("softmax", x), out.view(-1, x.shape[-1])
+    rows, y = _rows_view(x), out.view(-1, x.shape[-1])
     from tegula.kernels.softmax import softmax_kernel
     kernel = softmax_kernel(dtype)
     m, n = rows.shape

@@ -1,0 +1,102 @@
+"""The torch entry points' argument checks and configuration lists (no GPU needed).
+
+Every check on type, rank, dtype and shape runs before the device check, so CPU tensors
+exercise them all; a well-formed CPU tensor then fails on its device.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tegula.kernels as tk  # noqa: E402
+from tegula.kernels.api import (_copy_shape, copy_candidates, gemm_candidates,  # noqa: E402
+                                row_candidates)
+
+F16 = torch.float16
+
+
+def test_entry_points_are_exported():
+    assert all(callable(f) for f in (tk.matmul, tk.rms_norm, tk.softmax, tk.copy))
+    from tegula.kernels.copy import copy_kernel  # the submodule stays importable
+    assert callable(copy_kernel)
+
+
+def test_matmul_names_each_mistake():
+    a, b = torch.randn(8, 16, dtype=F16), torch.randn(16, 4, dtype=F16)
+    with pytest.raises(ValueError, match="cuda|CUDA"):
+        tk.matmul(a, b)
+    with pytest.raises(TypeError, match="a has dtype torch.float32"):
+        tk.matmul(a.float(), b)
+    with pytest.raises(TypeError, match="share one dtype"):
+        tk.matmul(a, b.bfloat16())
+    with pytest.raises(ValueError, match="inner dimensions"):
+        tk.matmul(a, torch.randn(15, 4, dtype=F16))
+    with pytest.raises(ValueError, match="2-D"):
+        tk.matmul(a[0], b)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        tk.matmul(a.numpy(), b)
+
+
+def test_rms_norm_names_each_mistake():
+    x, w = torch.randn(4, 64, dtype=F16), torch.randn(64, dtype=F16)
+    with pytest.raises(ValueError, match="cuda|CUDA"):
+        tk.rms_norm(x, w)
+    with pytest.raises(ValueError, match="weight has 63 elements"):
+        tk.rms_norm(x, w[:63])
+    with pytest.raises(TypeError, match="share one dtype"):
+        tk.rms_norm(x, w.float())
+    with pytest.raises(TypeError, match="int32"):
+        tk.rms_norm(x.int(), w)
+    with pytest.raises(ValueError, match="eps"):
+        tk.rms_norm(x, w, -1.0)
+    with pytest.raises(ValueError, match="1-D"):
+        tk.rms_norm(x, w[None, :])
+    with pytest.raises(ValueError, match="one-tile limit"):
+        tk.rms_norm(torch.randn(1, 20000, dtype=F16), torch.randn(20000, dtype=F16))
+
+
+def test_softmax_and_copy_name_each_mistake():
+    x = torch.randn(4, 64, dtype=F16)
+    with pytest.raises(ValueError, match="cuda|CUDA"):
+        tk.softmax(x)
+    with pytest.raises(ValueError, match="last dim"):
+        tk.softmax(x, dim=0)
+    with pytest.raises(TypeError, match="float64"):
+        tk.softmax(x.double())
+    with pytest.raises(ValueError, match="one-tile limit"):
+        tk.softmax(torch.randn(2, 16385, dtype=F16))
+    with pytest.raises(ValueError, match="cuda|CUDA"):
+        tk.copy(x)
+    with pytest.raises(TypeError, match="complex"):
+        tk.copy(torch.randn(4, 4, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("dims", [(16, 4096, 4096), (128, 4096, 14336), (4096, 4096, 4096),
+                                  (8192, 14336, 4096)])
+def test_gemm_candidates_fit_the_problem(dims):
+    configs = gemm_candidates(*dims)
+    assert 1 <= len(configs) <= 6
+    assert all(c["kernel"] in ("shared", "registers") for c in configs)
+    # Accumulators per thread stay at or under 128 f32 registers.
+    assert all(c["BM"] * c["BN"] // c.get("threads", 128) <= 128 for c in configs)
+    if dims[0] <= 64:
+        assert all(c["BM"] <= 64 for c in configs)
+
+
+@pytest.mark.parametrize("n", [1, 100, 128, 1000, 4096, 5120, 8192, 16384])
+def test_row_candidates_hold_whole_rows(n):
+    configs = row_candidates(n)
+    assert 1 <= len(configs) <= 6
+    assert all(c["BN"] >= n and c["BN"] & (c["BN"] - 1) == 0 for c in configs)
+    assert configs[0]["threads"] is None  # the declared block size comes first
+    assert len({tuple(sorted(c.items(), key=str)) for c in configs}) == len(configs)
+
+
+def test_copy_candidates_and_shapes():
+    assert copy_candidates(1, 100) == [{"BM": 16, "BN": 128}]
+    assert len(copy_candidates(8192, 8192)) == 6
+    assert _copy_shape(torch.empty(8191, 3001)) == (8191, 3001)
+    assert _copy_shape(torch.empty(1 << 20)) == (256, 4096)
+    assert _copy_shape(torch.empty(3, 64)) == (3, 64)
+    assert _copy_shape(torch.empty(())) == (1, 1)
