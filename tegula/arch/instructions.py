@@ -278,12 +278,16 @@ class ShuffleInstr(Instruction):
     clamp: int = 0x1F
 
     def source_lane(self, lane: np.ndarray, arg) -> np.ndarray:
-        """The lane each lane reads (its own lane where the source is out of range)."""
+        """The lane each lane reads (its own lane where the source is out of range).
+
+        Every mode uses only the low five bits of the lane argument (PTX: `bval = b[4:0]`;
+        seen on an H200: bfly with 33 reads lane ^ 1, not the own lane)."""
         lane = np.asarray(lane, dtype=np.int64)
+        arg = np.asarray(arg, dtype=np.int64) & 31
         if self.mode == "bfly":
             src = lane ^ arg
         elif self.mode == "idx":
-            src = np.broadcast_to(np.asarray(arg, dtype=np.int64) & 31, lane.shape)
+            src = np.broadcast_to(arg, lane.shape)
         elif self.mode == "down":
             src = lane + arg
         else:
