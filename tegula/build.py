@@ -177,7 +177,13 @@ def _launch_facts(kernel, tensors: dict) -> dict:
             raise LaunchError(f"kernel {kernel.name}: argument {p.name!r} has rank "
                               f"{len(view.shape)}, but the kernel declares "
                               f"tg.Tensor[{p.spec.dtype}, {p.spec.rank}]")
-        facts[p.name] = TensorFacts.of(view.shape, view.strides, view.ptr, p.spec.dtype.bits / 8)
+        shape, strides = tuple(view.shape), tuple(view.strides)
+        if p.spec.dtype.is_packed and shape:
+            # Bytes of two 4-bit elements: facts count elements along the last dim (twice
+            # the bytes; other strides doubled), as emulate() and the launcher's packing do.
+            shape = shape[:-1] + (2 * shape[-1],)
+            strides = tuple(2 * s if d < len(strides) - 1 else s for d, s in enumerate(strides))
+        facts[p.name] = TensorFacts.of(shape, strides, view.ptr, p.spec.dtype.bits / 8)
     return facts
 
 
