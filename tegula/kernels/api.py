@@ -127,16 +127,33 @@ def _launch(kernel, grid: tuple, args: Sequence[Any], constexprs: dict,
     launch(kernel, grid, *args, **constexprs, **extra)
 
 
-def _tune_and_run(tuner_name: str, device_index: int, configs: Sequence[dict],
+def _tune_and_run(tuner_name: str, device_index: int, configs: tuple[Config, ...],
                   dims: Sequence[int], extra: str, run: Callable[[Config], None]) -> Config:
-    """Pick the best of `configs` (cached per bucket of `dims`), then launch it once."""
-    torch = _torch()
-    with torch.cuda.device(device_index):
-        best = TUNERS[tuner_name].select(configs, dims, run, extra=extra,
-                                         device_name=_device_name(device_index),
-                                         rank=None, top_k=_top_k())
-        run(best)
+    """Pick the best of `configs` (cached per bucket of `dims`), then launch it once.
+    The launch needs no device context (it runs on the tensors' device); only tuning
+    does, for its CUDA events."""
+    tuner, gpu = TUNERS[tuner_name], _device_name(device_index)
+    best = tuner.lookup(configs, dims, extra=extra, device_name=gpu)
+    if best is None:
+        with _torch().cuda.device(device_index):
+            best = tuner.select(configs, dims, run, extra=extra, device_name=gpu, rank=None,
+                                top_k=_top_k())
+    run(best)
     return best
+
+
+@functools.lru_cache(maxsize=None)
+def _configs(family: str, *bucket: Any) -> tuple[Config, ...]:
+    """The candidates of a family for one shape bucket, built once (a launch only looks
+    them up): "gemm" (M, N, K, b layouts), "row" (N,), "copy" (M, N)."""
+    if family == "gemm":
+        *dims, layouts = bucket
+        specs = [dict(c, B=layout) for layout in layouts for c in gemm_candidates(*dims)]
+    elif family == "row":
+        specs = row_candidates(*bucket)
+    else:
+        specs = copy_candidates(*bucket)
+    return tuple(Config.of(s) for s in specs)
 
 
 def _top_k() -> int | None:
@@ -206,7 +223,8 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
     bt = b.T
     layouts = ["view"] if bt.stride(1) == 1 else (["view", "copy"] if bt.stride(0) == 1
                                                   else ["copy"])
-    configs = [dict(c, B=layout) for layout in layouts for c in gemm_candidates(m, n, k)]
+    configs = _configs("gemm", _pow2_at_least(m, 1), _pow2_at_least(n, 1),
+                       _pow2_at_least(k, 1), tuple(layouts))
 
     def run(config: Config) -> None:
         values = config.kwargs
@@ -292,7 +310,8 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
         values = dict(config.kwargs, N=n, EPS=float(eps))
         _launch(kernel, (-(-m // values["BM"]),), (rows, w2, y), values, config.threads)
 
-    _tune_and_run("rms_norm", x.device.index, row_candidates(n), (m, n), str(dtype), run)
+    _tune_and_run("rms_norm", x.device.index, _configs("row", _pow2_at_least(n, 1)), (m, n),
+                  str(dtype), run)
     return out
 
 
@@ -317,7 +336,8 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
         values = config.kwargs
         _launch(kernel, (-(-m // values["BM"]),), (rows, y), values, config.threads)
 
-    _tune_and_run("softmax", x.device.index, row_candidates(n), (m, n), str(dtype), run)
+    _tune_and_run("softmax", x.device.index, _configs("row", _pow2_at_least(n, 1)), (m, n),
+                  str(dtype), run)
     return out
 
 
@@ -376,7 +396,9 @@ def copy(x: Any, *, out: Any = None) -> Any:
         grid = (-(-m // values["BM"]), -(-n // values["BN"]))
         _launch(kernel, grid, (src2, dst2), values, config.threads)
 
-    _tune_and_run("copy", x.device.index, copy_candidates(m, n), (m, n), str(dtype), run)
+    _tune_and_run("copy", x.device.index,
+                  _configs("copy", _pow2_at_least(m, 1), _pow2_at_least(n, 1)), (m, n),
+                  str(dtype), run)
     return out
 
 

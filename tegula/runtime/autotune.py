@@ -194,7 +194,7 @@ class Autotuner:
 
     def key(self, dims: Sequence[int], extra: str = "", device_name: str = "") -> str:
         """The cache key: "<bucket dims>|<extra>|<GPU name>"."""
-        bucket = "x".join(str(d) for d in shape_bucket(dims))
+        bucket = "x".join([str(next_power_of_two(d)) for d in dims])
         return f"{bucket}|{extra}|{device_name}"
 
     @property
@@ -243,6 +243,17 @@ class Autotuner:
             record = TuneRecord(key, best, [], "disk", str(entry.get("when", "")))
             self.records[key] = record
             return record
+
+    def lookup(self, configs: Sequence[Config], dims: Sequence[int], *, extra: str = "",
+               device_name: str = "") -> Config | None:
+        """The winner already chosen in this process for this key, if it is among
+        `configs` (Config objects); None otherwise. The per-launch fast path: no disk, no
+        lock, no normalization of the candidates."""
+        record = self.records.get(self.key(dims, extra, device_name))
+        if record is None or record.best not in configs:
+            return None
+        self.last = record
+        return record.best
 
     def select(self, configs: Sequence[Config | Mapping[str, Any]], dims: Sequence[int],
                run: Callable[[Config], Any], *, extra: str = "", device_name: str = "",

@@ -212,3 +212,14 @@ def test_buckets_round_up_to_powers_of_two():
     assert [next_power_of_two(x) for x in (0, 1, 2, 3, 4, 5, 4096, 4097, 11008)] == \
         [0, 1, 2, 4, 4, 8, 4096, 8192, 16384]
     assert shape_bucket((16, 11008, 14336)) == (16, 16384, 16384)
+
+
+def test_lookup_is_memory_only_and_checks_the_candidates(tmp_path):
+    fake = FakeGPU(dict(zip(keys(*CONFIGS), (3e-3, 1e-3, 2e-3))))
+    configs = tuple(Config.of(c) for c in CONFIGS)
+    tuner = tuner_with(tmp_path, fake)
+    assert tuner.lookup(configs, (64,)) is None             # nothing tuned yet
+    tuner.select(configs, (64,), fake.run)
+    assert tuner.lookup(configs, (60,)) == configs[1]       # same bucket
+    assert tuner.lookup(configs[::2], (64,)) is None        # winner no longer offered
+    assert tuner_with(tmp_path, fake).lookup(configs, (64,)) is None  # disk not consulted
