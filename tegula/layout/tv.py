@@ -146,6 +146,21 @@ def projected_tv(tv: Layout, shape: tuple, axis: int) -> Layout:
     return composition(projection, tv)
 
 
+def project_flat_indices(flat: np.ndarray, from_shape: tuple, to_shape: tuple) -> np.ndarray:
+    """Flat indices into a `to_shape` tile that broadcasts (extent 1) along some dims, of
+    the elements at flat indices `flat` of a `from_shape` tile: the element a broadcast
+    operand supplies, or the row a reduction folds an element into."""
+    result = np.zeros_like(flat)
+    to_strides = tile_strides(to_shape)
+    rest = flat
+    for d, extent in enumerate(from_shape):
+        coord = rest % extent
+        rest = rest // extent
+        if to_shape[d] != 1:
+            result = result + coord * to_strides[d]
+    return result
+
+
 def match_values(holder: Layout, wanted: np.ndarray) -> np.ndarray | None:
     """For each column j of `wanted` (threads × n flat indices), the register v of the
     `holder` TV layout such that every thread t holds `wanted[t, j]` in register v.

@@ -18,7 +18,8 @@ from tegula.dtypes import DType, bool_
 from tegula.errors import SynthesisError
 from tegula.ir.ops import AtomicAdd, Elementwise, Fill, Rearrange, Reduce
 from tegula.ir.values import GlobalTile, RegisterTile, describe
-from tegula.layout.tv import distinct_values, match_values, tile_strides, tv_table
+from tegula.layout.tv import (distinct_values, match_values, project_flat_indices,
+                              tile_strides, tv_table)
 from tegula.lower.addressing import global_address, replica_predicate, split_index
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (Assign, Barrier, Binary, Cast, Comment, Const,
@@ -37,23 +38,9 @@ def lower_fill(ctx: LoweringContext, op: Fill) -> list:
         Assign(reg(array, v), value) for v in range(array.size)]
 
 
-def _projected_flat(flat: np.ndarray, from_shape: tuple, to_shape: tuple) -> np.ndarray:
-    """Flat indices of a tile of `to_shape` (size-1 dims broadcast) for elements of a
-    tile of `from_shape`."""
-    result = np.zeros_like(flat)
-    strides = tile_strides(to_shape)
-    rest = flat
-    for d, extent in enumerate(from_shape):
-        coord = rest % extent
-        rest = rest // extent
-        if to_shape[d] != 1:
-            result = result + coord * strides[d]
-    return result
-
-
 def operand_registers(ctx: LoweringContext, tile: RegisterTile, out: RegisterTile) -> np.ndarray:
     """For each register of `out`, the register of `tile` holding its (projected) element."""
-    wanted = _projected_flat(tv_table(out.layout), tuple(out.shape), tuple(tile.shape))
+    wanted = project_flat_indices(tv_table(out.layout), tuple(out.shape), tuple(tile.shape))
     found = match_values(tile.layout, wanted)
     if found is None:
         raise SynthesisError(f"internal: {describe(tile)} does not hold the elements "
@@ -221,7 +208,7 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
     stmts: list = [Comment(f"{op.kind} of {describe(x)} along axis {op.axis} -> {describe(out)}")]
     # 1. Inside each thread: fold every input register into the output register of its row.
     out_table = tv_table(out.layout)
-    row_of_register = _projected_flat(tv_table(x.layout), tuple(x.shape), tuple(out.shape))
+    row_of_register = project_flat_indices(tv_table(x.layout), tuple(x.shape), tuple(out.shape))
     targets = match_values(out.layout, row_of_register)
     rows = distinct_values(out.layout)
     for v in rows:

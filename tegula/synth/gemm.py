@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tegula.arch.catalogue import get_instruction, mma_for
+from tegula.arch.catalogue import mma_for
 from tegula.arch.targets import Target
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Gemm

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tegula.errors import SynthesisError
-from tegula.ir.ops import (Copy, Elementwise, Gemm, Op, Rearrange, Reduce, TracedKernel,
+from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, TracedKernel,
                            walk_ops)
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
-from tegula.layout.tv import match_values, projected_tv, tile_size, tile_strides, tv_table
+from tegula.layout.tv import (match_values, project_flat_indices, projected_tv, tile_size,
+                              tv_table)
 
 
 @dataclass
@@ -138,22 +137,8 @@ def layouts_agree(holder: Layout, holder_shape: tuple, user: Layout, user_shape:
     user_table = tv_table(user)
     if user_table.shape[0] != tv_table(holder).shape[0]:
         return False
-    wanted = _project_indices(user_table, user_shape, holder_shape)
+    wanted = project_flat_indices(user_table, user_shape, holder_shape)
     return match_values(holder, wanted) is not None
-
-
-def _project_indices(flat: np.ndarray, from_shape: tuple, to_shape: tuple) -> np.ndarray:
-    """Map flat indices of a `from_shape` tile to a `to_shape` tile that broadcasts
-    (extent 1) along some dims."""
-    result = np.zeros_like(flat)
-    to_strides = tile_strides(to_shape)
-    rest = flat
-    for d, extent in enumerate(from_shape):
-        coord = rest % extent
-        rest = rest // extent
-        if to_shape[d] != 1:
-            result = result + coord * to_strides[d]
-    return result
 
 
 def operand_constraints(op: Op) -> list[tuple[Tile, Tile]]:

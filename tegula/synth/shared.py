@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tegula.arch.catalogue import get_instruction, mma_for
+from tegula.arch.catalogue import get_instruction
 from tegula.errors import SynthesisError
 from tegula.ir.values import SharedAlloc
 from tegula.layout.cute import Layout

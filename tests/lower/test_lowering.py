@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import tegula as tg
-from tegula import f16, f32
+from tegula import f16
 from tegula.arch.catalogue import get_instruction
 from tegula.build import build
+from tegula.kernels.gemm import gemm_kernel
 from tegula.layout.cute import Layout
 from tegula.layout.tv import coalesced_tv, tv_coords
 from tegula.lower.addressing import ThreadCoords, split_index
@@ -55,26 +55,12 @@ def test_ldmatrix_row_holders_agree_with_the_catalogue_table():
 
 
 def _design_gemm():
-    @tg.kernel(threads=128)
-    def gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
-             BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32,
-             STAGES: tg.constexpr = 3):
-        m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), f32)
-        sa = tg.shared((BM, BK), f16, stages=STAGES)
-        sb = tg.shared((BN, BK), f16, stages=STAGES)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
-        tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
-    return gemm
+    """The DESIGN.md GEMM (the library's pipelined f16 kernel) with 64x64x32 tiles."""
+    return gemm_kernel(f16)
 
 
 def test_pipelined_loop_issues_stages_minus_one_groups_ahead():
-    kernel = build(_design_gemm()).thread_kernel
+    kernel = build(_design_gemm(), dict(BM=64, BN=64, BK=32)).thread_kernel
     top = kernel.body
     loop = next(s for s in top if isinstance(s, For))
     prologue = top[:top.index(loop)]
@@ -89,7 +75,7 @@ def test_pipelined_loop_issues_stages_minus_one_groups_ahead():
 
 
 def test_copies_of_f16_tiles_are_16_byte_vectors():
-    kernel = build(_design_gemm()).thread_kernel
+    kernel = build(_design_gemm(), dict(BM=64, BN=64, BK=32)).thread_kernel
     copies = [s for s in walk(kernel.body) if isinstance(s, CpAsync)]
     assert copies and all(s.count == 8 for s in copies)
 
