@@ -1,0 +1,96 @@
+"""Shared by the GPU tests: moving exactly-typed data between numpy and torch by bit
+patterns, poisoning outputs, launching thread-IR and raw kernels.
+
+Arrays on the host are in the emulator's storage types (`tegula.emulate.storage_dtype`:
+bf16 and f8 held in float32, already rounded to the type), so the same array feeds the
+emulator and, through its bit patterns, the GPU; results come back as bit patterns, which
+compare exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tegula.dtypes import DType
+from tegula.emulate.values import bits_dtype, from_bits, to_bits
+
+#: tegula dtype name -> torch dtype name (packed 4-bit types travel as bytes).
+TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
+               "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "i32": "int32",
+               "i8": "int8", "u8": "uint8", "i4": "uint8", "u4": "uint8"}
+_SIGNED = {1: np.int8, 2: np.int16, 4: np.int32}
+
+
+def torch_dtype(dtype: DType):
+    import torch
+    return getattr(torch, TORCH_NAMES[dtype.name])
+
+
+def to_device(values: np.ndarray, dtype: DType):
+    """A CUDA tensor of `dtype` holding exactly `values` (storage values; packed 4-bit
+    arrays are their bytes)."""
+    import torch
+    bits = values if dtype.is_packed else to_bits(np.asarray(values), dtype)
+    bits = np.ascontiguousarray(bits)
+    signed = bits.view(_SIGNED[bits.dtype.itemsize])
+    t = torch.from_numpy(signed.copy())
+    t = t.view(torch_dtype(dtype))
+    return t.cuda()
+
+
+def bits_of(t, dtype: DType) -> np.ndarray:
+    """The bit patterns of a CUDA tensor of `dtype` (unsigned numpy array)."""
+    import torch
+    width = max(1, dtype.bits // 8)
+    signed = {1: torch.int8, 2: torch.int16, 4: torch.int32}[width]
+    host = t.detach().contiguous().view(signed).cpu().numpy()
+    return host.view(bits_dtype(dtype) if not dtype.is_packed else np.uint8)
+
+
+def values_of(t, dtype: DType) -> np.ndarray:
+    """A CUDA tensor's elements as storage values."""
+    return from_bits(bits_of(t, dtype), dtype)
+
+
+def poison(t):
+    """Fill a tensor so an unwritten element cannot pass: NaN for floats, 0xA5 bytes else."""
+    import torch
+    if t.dtype.is_floating_point and t.element_size() > 1:
+        return t.fill_(float("nan"))
+    # f8 (NaN as 0x7f/0xff is a value the kernels never produce from finite data) and ints
+    raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32)
+    raw.fill_(0x7F if t.dtype.is_floating_point else (0xA5 if t.element_size() == 1
+                                                        else 0x5A5A5A5A))
+    return t
+
+
+def storage_bits(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """Bit patterns of host storage values (packed arrays are already bytes)."""
+    return values if dtype.is_packed else to_bits(np.asarray(values), dtype)
+
+
+def launch(kernel, grid, *tensors) -> None:
+    """Compile a ThreadKernel (disk-cached) and launch it, then synchronize and check."""
+    import torch
+
+    from tegula.runtime import compile_kernel
+    compile_kernel(kernel)[grid](*tensors)
+    torch.cuda.synchronize()
+
+
+def launch_raw(raw, grid, *tensors) -> None:
+    """Compile a `hwcheck.RawKernel` for the current GPU and launch it."""
+    import torch
+
+    from tegula.runtime import compile_cuda, default_target
+    from tegula.runtime.launcher import CompiledKernel
+    target = default_target()
+    cubin = compile_cuda(raw.source, raw.name, target)
+    CompiledKernel(raw.signature, cubin, raw.source, target).launch(grid, tensors)
+    torch.cuda.synchronize()
+
+
+def device_cc() -> int:
+    """Compute capability of the current GPU as an int (90 for sm_90)."""
+    import torch
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
