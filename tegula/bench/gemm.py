@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
              "tegula: tegula.kernels.matmul as users call it (autotuned on its first call per "
              "shape bucket, before timing); cuBLAS: torch.matmul; all with L2 flushed, median",
              "b is " + ("the transpose of a K-major (N, K) tensor" if args.b_major == "k"
-                        else "row-major (K, N)")]
+                        else "row-major (K, N)")] + gpu.autotune_notes("matmul")
     groups = {"large": lambda r: "large" in r.get("tags", ()),
               "decode": lambda r: "decode" in r.get("tags", ()), "all": lambda r: True}
     return gpu.finish("gemm", torch, args, records, skipped, impls, peers, "tflops", notes,

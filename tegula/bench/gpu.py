@@ -489,6 +489,20 @@ def autotune_records(name: str) -> dict[str, Any]:
     return {key: dict(r.as_json(), source=r.source) for key, r in TUNERS[name].records.items()}
 
 
+def autotune_notes(name: str) -> list[str]:
+    """One line per distinct reason tegula's tuner skipped candidates (the JSON has all)."""
+    from tegula.kernels.api import TUNERS
+    reasons: dict[str, list[str]] = {}
+    total = 0
+    for record in TUNERS[name].records.values():
+        total += len(record.trials)
+        for trial in record.trials:
+            if trial.error:
+                reasons.setdefault(trial.error[:200], []).append(str(trial.config))
+    lines = [f"autotune {name}: {len(v)} skipped like [{v[0]}]: {k}" for k, v in reasons.items()]
+    return lines or ([f"autotune {name}: all {total} candidates ran"] if total else [])
+
+
 def memory_suite_main(suite: str, doc: str, argv: list[str] | None,
                       shapes: list[tuple[int, int]], quick: list[tuple[int, int]],
                       make_case: Callable[..., Case], tuner: str, torch_label: str) -> int:
@@ -520,7 +534,7 @@ def memory_suite_main(suite: str, doc: str, argv: list[str] | None,
              f"tegula: tegula.kernels.{tuner} as users call it (autotuned on its first call "
              f"per shape bucket, before timing); torch: {torch_label}; L2 flushed, median",
              "TB/s counts the fewest bytes read + written; tegula/copy is the fraction of the "
-             "device-to-device copy bandwidth measured in this run"]
+             "device-to-device copy bandwidth measured in this run"] + autotune_notes(tuner)
     labels = {"torch": "torch", "tegula": "tegula", "triton": "Triton"}
     return finish(suite, torch, args, records, skipped, impls, impls[1:], "tbps", notes,
                   {"autotune": autotune_records(tuner)}, copy_bw, None,
@@ -531,4 +545,5 @@ __all__ = ["add_common_options", "parse_shapes", "load_torch", "load_triton", "B
            "time_ms", "copy_bandwidth", "Impl", "Case", "rel_error", "measure_case",
            "run_cases", "geomean", "summary_table", "gpu_info", "slug", "write_record", "plot",
            "finish", "no_gpu", "memory_suite_main", "tuned_note", "autotune_records",
+           "autotune_notes",
            "FLOAT_TOLERANCE", "TORCH_DTYPES"]

@@ -222,3 +222,20 @@ def test_a_suite_runs_end_to_end_on_a_fake_gpu(suite, shapes, tmp_path, monkeypa
         assert "CUDA device" in case["results"]["tegula"]["error"]
     if suite != "gemm":
         assert record["copy_bandwidth_tbps"] == pytest.approx(3.0)
+
+
+def test_autotune_notes_name_each_skip_reason(monkeypatch):
+    from tegula.kernels import api
+    from tegula.runtime.autotune import Autotuner
+
+    tuner = Autotuner("copy", timer=lambda fn: (fn(), 1e-3)[1], persist=False)
+    monkeypatch.setitem(api.TUNERS, "copy", tuner)
+    assert gpu.autotune_notes("copy") == []
+
+    def run(config):
+        if config.threads == 256:
+            raise RuntimeError("kernel copy has no parameter 'threads'")
+
+    tuner.select([{"BM": 1}, {"BM": 2, "threads": 256}, {"BM": 4, "threads": 256}], (64,), run)
+    (line,) = gpu.autotune_notes("copy")
+    assert "2 skipped" in line and "no parameter 'threads'" in line
