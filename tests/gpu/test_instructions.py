@@ -1,6 +1,6 @@
 """Every instruction of the catalogue, checked on the GPU.
 
-Each micro-kernel (`tegula.arch.hwcheck`) maps registers to memory by the catalogue's own
+Each micro-kernel (`tests/gpu/hwcheck.py`) maps registers to memory by the catalogue's own
 TV layouts, so a wrong entry computes the wrong thing here. Thread-IR micro-kernels also
 run on the emulator, which must agree with the GPU bit for bit; raw kernels print the
 catalogue's PTX templates (`format_asm`) themselves. Inputs are random (never zeros);
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tegula.arch import MMA_INSTRUCTIONS, catalogue, get_mma, get_target, hwcheck as hw
+from tegula.arch import MMA_INSTRUCTIONS, catalogue, get_mma, get_target
 from tegula.dtypes import dtype_from_name, f16, i32
 from tegula.emulate import round_to, run_thread_kernel
 from tegula.emulate.exprs import compile_expr
@@ -28,6 +28,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
+import hwcheck as hw  # noqa: E402  (test support beside this file)
 from gpu_helpers import (bits_of, device_cc, launch, launch_raw, poison,  # noqa: E402
                          storage_bits, to_device, torch_dtype)
 
