@@ -100,3 +100,62 @@ def test_copy_candidates_and_shapes():
     assert _copy_shape(torch.empty(1 << 20)) == (256, 4096)
     assert _copy_shape(torch.empty(3, 64)) == (3, 64)
     assert _copy_shape(torch.empty(())) == (1, 1)
+
+
+# --------------------------------------------------------------------------------------
+# On a GPU (`pytest -m gpu`): each entry point against torch on odd shapes, random data,
+# outputs poisoned with NaN first.
+# --------------------------------------------------------------------------------------
+
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+def _rel(out, ref) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("m,n,k", [(97, 130, 72), (16, 256, 512), (1000, 1030, 520)])
+@pytest.mark.parametrize("b_major", ["k", "n"])
+def test_matmul_matches_torch(dtype, tol, m, n, k, b_major):
+    _cuda()
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, k, device="cuda", dtype=dtype).T if b_major == "k" else \
+        torch.randn(k, n, device="cuda", dtype=dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    tk.matmul(a, b, out=out)
+    assert _rel(out, a.double() @ b.double()) < tol
+    assert _rel(tk.matmul(a, b), a.double() @ b.double()) < tol  # tuned winner reused
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3),
+                                       (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("shape", [(37, 300), (3, 5, 4096), (130, 16384)])
+def test_row_kernels_match_torch(dtype, tol, shape):
+    _cuda()
+    x = torch.randn(*shape, device="cuda", dtype=dtype) * 3
+    w = torch.rand(shape[-1], device="cuda", dtype=dtype) + 0.5
+    out = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+    xd = x.double()
+    ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    assert _rel(tk.rms_norm(x, w, 1e-5, out=out), ref) < tol
+    out.fill_(float("nan"))
+    assert _rel(tk.softmax(x, out=out), torch.softmax(xd, -1)) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("shape", [(8191, 3001), (1 << 20,), (3, 5, 7), ()])
+def test_copy_is_exact(dtype, shape):
+    _cuda()
+    if dtype.is_floating_point:
+        x = torch.randn(*shape, device="cuda", dtype=dtype)
+    else:
+        x = torch.randint(-128, 128, shape, device="cuda", dtype=dtype)
+    y = tk.copy(x)
+    assert y.shape == x.shape and torch.equal(y, x)
+    assert torch.equal(tk.copy(x.T if x.dim() == 2 else x), x.T if x.dim() == 2 else x)
