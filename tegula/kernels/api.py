@@ -173,25 +173,30 @@ def _pow2_at_least(n: int, floor: int) -> int:
 def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
     """GEMM configurations worth timing for an (M, N, K) bucket. `kernel` picks the
     dataflow ("shared": multi-stage shared-memory pipeline; "registers": global ->
-    registers -> MMA, for decode shapes whose few rows leave little to stage); the larger
-    tiles take 256 threads, so a thread's accumulators stay at 64 f32 registers."""
-    big = [dict(BM=128, BN=128, BK=32, STAGES=4),
-           dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
-           dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
-           dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
-           dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
-           dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
-    small = [dict(BM=64, BN=128, BK=64, STAGES=4),
-             dict(BM=32, BN=128, BK=64, STAGES=4),
-             dict(BM=64, BN=64, BK=64, STAGES=4),
-             dict(kernel="registers", BM=64, BN=64, BK=32)]
-    mb = _pow2_at_least(m, 1)
-    if mb <= 64:
-        chosen = small
-    elif mb <= 256:
-        chosen = small[:1] + big[:3]
+    registers -> MMA). Large tiles take 256 threads, keeping accumulators at ≤ 128 f32
+    registers a thread. Decode shapes (few rows) get narrow tiles: with M = 16 a
+    128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
+    narrower N tiles trade reuse, which few rows cannot use anyway, for blocks."""
+    registers = dict(kernel="registers", BM=64, BN=64, BK=32)
+    if _pow2_at_least(m, 1) <= 16:
+        chosen = [dict(BM=16, BN=32, BK=128, STAGES=4), dict(BM=16, BN=64, BK=64, STAGES=4),
+                  dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
+                  registers]
+    elif _pow2_at_least(m, 1) <= 64:
+        chosen = [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
+                  dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
+                  registers]
+    elif _pow2_at_least(m, 1) <= 256:
+        chosen = [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
+                  dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+                  dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
     else:
-        chosen = big
+        chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
+                  dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+                  dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
+                  dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
+                  dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
+                  dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
     return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
 
 
