@@ -189,7 +189,7 @@ def _launch_facts(kernel, tensors: dict) -> dict:
 
 def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
     """The runtime's `CompiledKernel` for one specialization (cached on the kernel)."""
-    from tegula.runtime import compile_kernel
+    from tegula.runtime import TensorRequirement, compile_kernel
 
     target = get_target(target)
     key = (tuple(sorted((k, repr(v)) for k, v in constexprs.items())), _facts_key(facts),
@@ -198,7 +198,12 @@ def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
     found = cache.get(key)
     if found is None:
         result = build(kernel, constexprs, facts, target)
-        found = cache[key] = compile_kernel(result.thread_kernel, target.sm)
+        # The variant was specialized on these facts, so the launch must hold them: the
+        # contiguous dim and pointer alignment come from the facts, not from a default.
+        requirements = {name: TensorRequirement(f.align_bytes, f.contiguous_dim)
+                        for name, f in facts.items()}
+        found = cache[key] = compile_kernel(result.thread_kernel, target.sm,
+                                            requirements=requirements)
     return found
 
 
