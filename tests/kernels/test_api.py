@@ -153,7 +153,7 @@ def test_row_kernels_match_torch(dtype, tol, shape):
 def test_copy_is_exact(dtype, shape):
     _cuda()
     if dtype.is_floating_point:
-        x = torch.randn(*shape, device="cuda", dtype=dtype)
+        x = torch.randn(shape, device="cuda", dtype=dtype)
     else:
         x = torch.randint(-128, 128, shape, device="cuda", dtype=dtype)
     y = tk.copy(x)
