@@ -118,28 +118,28 @@ def _device_name(index: int) -> str:
 
 
 def _launch(kernel, grid: tuple, args: Sequence[Any], constexprs: dict,
-            threads: int | None) -> None:
+            threads: int | None) -> Any:
     """`kernel[grid](*args, **constexprs)` with the block-size override when set (a tegula
     without the override reports the unknown parameter, and the tuner skips the config)."""
     from tegula.build import launch
 
     extra = {} if threads is None or threads == kernel.threads else {"threads": threads}
-    launch(kernel, grid, *args, **constexprs, **extra)
+    return launch(kernel, grid, *args, **constexprs, **extra)
 
 
 def _tune_and_run(tuner_name: str, device_index: int, configs: tuple[Config, ...],
-                  dims: Sequence[int], extra: str, run: Callable[[Config], None]) -> Config:
-    """Pick the best of `configs` (cached per bucket of `dims`), then launch it once.
-    The launch needs no device context (it runs on the tensors' device); only tuning
-    does, for its CUDA events."""
+                  dims: Sequence[int], extra: str, run: Callable[[Config], Any]) -> Any:
+    """Pick the best of `configs` (cached per bucket of `dims`), then launch it once;
+    returns what `run` returned for it (the CompiledKernel that ran). The launch needs no
+    device context (it runs on the tensors' device); only tuning does, for its CUDA
+    events."""
     tuner, gpu = TUNERS[tuner_name], _device_name(device_index)
     best = tuner.lookup(configs, dims, extra=extra, device_name=gpu)
     if best is None:
         with _torch().cuda.device(device_index):
             best = tuner.select(configs, dims, run, extra=extra, device_name=gpu, rank=None,
                                 top_k=_top_k())
-    run(best)
-    return best
+    return run(best)
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,6 +160,30 @@ def _top_k() -> int | None:
     """`$TEGULA_AUTOTUNE_TOPK`: measure only the first k candidates (a quick-tuning knob)."""
     value = os.environ.get("TEGULA_AUTOTUNE_TOPK", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+# Host overhead per call decides small problems (a 4096x4096 RMSNorm runs in ~17 us on an
+# H200), so after the first call for a given argument signature an entry point replays
+# the chosen launch directly: allocate, view, `CompiledKernel.launch`. The signature holds
+# everything the first call's checks and choices depended on (shapes, strides, dtypes,
+# devices, pointer alignment classes, scalar options), so a replay makes the same choices.
+_REPLAYS: dict = {}
+
+
+def _signature(name: str, tensors: Sequence[Any], *options: Any) -> tuple | None:
+    """The replay key of a call, or None when an argument is not a tensor (the full path
+    then reports the mistake)."""
+    try:
+        return (name, options) + tuple((t.shape, t.stride(), t.dtype, t.device,
+                                        t.data_ptr() & 15) for t in tensors)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _remember(signature: tuple, replay: Callable[..., Any]) -> None:
+    if len(_REPLAYS) > 4096:  # many distinct shapes: start over rather than grow forever
+        _REPLAYS.clear()
+    _REPLAYS[signature] = replay
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
@@ -206,6 +230,10 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
 
     See the module docstring for how `b`'s memory layout costs (free for `w.T` of a
     K-major (N, K) `w`)."""
+    signature = _signature("matmul", (a, b)) if out is None else None
+    replay = _REPLAYS.get(signature)
+    if replay is not None:
+        return replay(a, b)
     dtype = _check_tensor("matmul", "a", a, _GEMM_DTYPES, ndim=2)
     _check_tensor("matmul", "b", b, _GEMM_DTYPES, ndim=2)
     _check_same_dtype("matmul", {"a": a, "b": b})
@@ -223,7 +251,8 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
         return out
     if k == 0:
         return out.zero_()
-    if a.stride(1) != 1:
+    a_contiguous = a.stride(1) == 1
+    if not a_contiguous:
         a = a.contiguous()  # the kernel reads a's rows with vectors
     bt = b.T
     layouts = ["view"] if bt.stride(1) == 1 else (["view", "copy"] if bt.stride(0) == 1
@@ -231,16 +260,23 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
     configs = _configs("gemm", _pow2_at_least(m, 1), _pow2_at_least(n, 1),
                        _pow2_at_least(k, 1), tuple(layouts))
 
-    def run(config: Config) -> None:
+    def run(config: Config) -> Any:
         values = config.kwargs
         which, b_layout = values.pop("kernel"), values.pop("B")
         kernel = _gemm_kernel(dtype, which)
         operand = bt if b_layout == "view" else bt.contiguous()
-        grid = (-(-m // values["BM"]), -(-n // values["BN"]))
-        _launch(kernel, grid, (a, operand, out), values, config.threads)
+        grid = (-(-m // values["BM"]), -(-n // values["BN"]), 1)
+        return _launch(kernel, grid, (a, operand, out), values, config.threads), grid, b_layout
 
-    _tune_and_run("matmul", a.device.index, configs, (m, n, k),
-                  f"{dtype}/{'+'.join(layouts)}", run)
+    ck, grid, b_layout = _tune_and_run("matmul", a.device.index, configs, (m, n, k),
+                                       f"{dtype}/{'+'.join(layouts)}", run)
+    if signature is not None and a_contiguous:
+        def replay_matmul(a: Any, b: Any) -> Any:
+            c = _torch().empty((m, n), dtype=a.dtype, device=a.device)
+            operand = b.T if b_layout == "view" else b.T.contiguous()
+            ck.launch(grid, (a, operand, c))
+            return c
+        _remember(signature, replay_matmul)
     return out
 
 
@@ -291,6 +327,10 @@ def _rows_view(x: Any) -> Any:
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     """RMSNorm over the last dim: `x / sqrt(mean(x², -1) + eps) * weight`, computed in f32.
     `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); N ≤ 16384."""
+    signature = _signature("rms_norm", (x, weight), eps) if out is None else None
+    replay = _REPLAYS.get(signature)
+    if replay is not None:
+        return replay(x, weight)
     dtype = _check_tensor("rms_norm", "x", x, _FLOATS, min_ndim=1)
     _check_tensor("rms_norm", "weight", weight, _FLOATS, ndim=1)
     _check_same_dtype("rms_norm", {"x": x, "weight": weight})
@@ -311,18 +351,31 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     kernel = rms_norm_kernel(dtype)
     m, n = rows.shape
 
-    def run(config: Config) -> None:
+    def run(config: Config) -> Any:
         values = dict(config.kwargs, N=n, EPS=float(eps))
-        _launch(kernel, (-(-m // values["BM"]),), (rows, w2, y), values, config.threads)
+        grid = (-(-m // values["BM"]),)
+        ck = _launch(kernel, grid, (rows, w2, y), values, config.threads)
+        return ck, grid
 
-    _tune_and_run("rms_norm", x.device.index, _configs("row", _pow2_at_least(n, 1)), (m, n),
-                  str(dtype), run)
+    ck, grid = _tune_and_run("rms_norm", x.device.index, _configs("row", _pow2_at_least(n, 1)),
+                             (m, n), str(dtype), run)
+    if signature is not None:
+        def replay_rms_norm(x: Any, weight: Any) -> Any:
+            y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
+            ck.launch(grid, (_rows_view(x), weight.contiguous().view(1, -1),
+                             y_full.view(-1, n)))
+            return y_full
+        _remember(signature, replay_rms_norm)
     return out
 
 
 def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     """Softmax along the last dim (`dim` must name it), computed in f32 and returned in
     `x`'s dtype (f32, f16 or bf16); rows of up to 16384 elements."""
+    signature = _signature("softmax", (x,), dim) if out is None else None
+    replay = _REPLAYS.get(signature)
+    if replay is not None:
+        return replay(x)
     dtype = _check_tensor("softmax", "x", x, _FLOATS, min_ndim=1)
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
@@ -337,12 +390,19 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     kernel = softmax_kernel(dtype)
     m, n = rows.shape
 
-    def run(config: Config) -> None:
+    def run(config: Config) -> Any:
         values = config.kwargs
-        _launch(kernel, (-(-m // values["BM"]),), (rows, y), values, config.threads)
+        grid = (-(-m // values["BM"]),)
+        return _launch(kernel, grid, (rows, y), values, config.threads), grid
 
-    _tune_and_run("softmax", x.device.index, _configs("row", _pow2_at_least(n, 1)), (m, n),
-                  str(dtype), run)
+    ck, grid = _tune_and_run("softmax", x.device.index, _configs("row", _pow2_at_least(n, 1)),
+                             (m, n), str(dtype), run)
+    if signature is not None:
+        def replay_softmax(x: Any) -> Any:
+            y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
+            ck.launch(grid, (_rows_view(x), y_full.view(-1, n)))
+            return y_full
+        _remember(signature, replay_softmax)
     return out
 
 
@@ -382,6 +442,10 @@ def copy(x: Any, *, out: Any = None) -> Any:
     """A copy of `x` (f32, f16, bf16, i8, u8 or i32; any shape) as a new contiguous tensor,
     or written into contiguous `out`. A non-contiguous `x` is first made contiguous by
     torch (so its copy costs two passes)."""
+    signature = _signature("copy", (x,)) if out is None else None
+    replay = _REPLAYS.get(signature)
+    if replay is not None:
+        return replay(x)
     dtype = _check_tensor("copy", "x", x, _COPY_DTYPES)
     _check_cuda("copy", {"x": x})
     if out is None:
@@ -396,14 +460,20 @@ def copy(x: Any, *, out: Any = None) -> Any:
     from tegula.kernels.copy import copy_kernel
     kernel = copy_kernel(dtype)
 
-    def run(config: Config) -> None:
+    def run(config: Config) -> Any:
         values = config.kwargs
-        grid = (-(-m // values["BM"]), -(-n // values["BN"]))
-        _launch(kernel, grid, (src2, dst2), values, config.threads)
+        grid = (-(-m // values["BM"]), -(-n // values["BN"]), 1)
+        return _launch(kernel, grid, (src2, dst2), values, config.threads), grid
 
-    _tune_and_run("copy", x.device.index,
-                  _configs("copy", _pow2_at_least(m, 1), _pow2_at_least(n, 1)), (m, n),
-                  str(dtype), run)
+    ck, grid = _tune_and_run("copy", x.device.index,
+                             _configs("copy", _pow2_at_least(m, 1), _pow2_at_least(n, 1)),
+                             (m, n), str(dtype), run)
+    if signature is not None and x.is_contiguous():
+        def replay_copy(x: Any) -> Any:
+            y = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
+            ck.launch(grid, (x.view(m, n), y.view(m, n)))
+            return y
+        _remember(signature, replay_copy)
     return out
 
 
