@@ -55,16 +55,21 @@ def tv_coords(tv: Layout, shape: tuple) -> np.ndarray:
     return np.stack(coords, axis=-1)
 
 
-def coalesced_tv(shape: tuple, contiguous_dim: int, vector: int, threads: int) -> Layout:
+def coalesced_tv(shape: tuple, contiguous_dim: int, vector: int, threads: int,
+                 contiguous_threads: int | None = None) -> Layout:
     """The copy partition that makes a warp's accesses to a tile coalesced.
 
     The tile is cut into chunks of `vector` consecutive elements along `contiguous_dim`.
     Threads are laid over the chunk grid greedily, contiguous dim first: as many threads
     along each dim as divide both its chunk count and the threads left (so any extents
     work, not only powers of two), and each thread repeats over the rest. Consecutive
-    threads take consecutive chunks, so a warp reads whole runs of memory. Threads left
-    over once every dim is covered hold copies (a stride-0 thread mode), which lowering
-    predicates off for writes.
+    threads take consecutive chunks, so a warp reads whole runs of memory.
+
+    `contiguous_threads` caps the first pass along the contiguous dim (32 keeps a row
+    within one warp, so a reduction along it needs only shuffles); threads the other dims
+    cannot take then go back to the contiguous dim (outer warps). Threads left over once
+    every dim is covered hold copies (a stride-0 thread mode), which lowering predicates
+    off for writes.
     """
     contig = shape[contiguous_dim]
     if contig % vector:
@@ -72,21 +77,26 @@ def coalesced_tv(shape: tuple, contiguous_dim: int, vector: int, threads: int) -
                           f"elements along dim {contiguous_dim}")
     strides = tile_strides(shape)
     dims = [contiguous_dim] + [d for d in range(len(shape)) if d != contiguous_dim]
-    chunk_counts = [contig // vector] + [shape[d] for d in dims[1:]]
-    chunk_strides = [vector * strides[contiguous_dim]] + [strides[d] for d in dims[1:]]
+    counts = [contig // vector] + [shape[d] for d in dims[1:]]
+    unit = [vector * strides[contiguous_dim]] + [strides[d] for d in dims[1:]]
+    taken = [1] * len(dims)                   # threads laid along each dim so far
+    thread_shape, thread_stride = [], []
     left = threads
-    thread_shape, thread_stride, repeat_shape, repeat_stride = [], [], [], []
-    for count, stride in zip(chunk_counts, chunk_strides):
-        along = math.gcd(count, left)
-        left //= along
-        thread_shape.append(along)
-        thread_stride.append(stride)
-        repeat_shape.append(count // along)
-        repeat_stride.append(stride * along)
+    caps = [contiguous_threads or threads] + [threads] * (len(dims) - 1)
+    for pass_caps in (caps, [threads] * len(dims)):
+        for i, cap in enumerate(pass_caps):
+            along = math.gcd(counts[i] // taken[i], min(left, cap))
+            if along > 1:
+                thread_shape.append(along)
+                thread_stride.append(unit[i] * taken[i])
+                taken[i] *= along
+                left //= along
     thread_shape.append(left)   # replicas: extra threads hold copies
     thread_stride.append(0)
-    return Layout((tuple(thread_shape), (vector, tuple(repeat_shape))),
-                  (tuple(thread_stride), (strides[contiguous_dim], tuple(repeat_stride))))
+    repeat_shape = tuple(c // t for c, t in zip(counts, taken))
+    repeat_stride = tuple(u * t for u, t in zip(unit, taken))
+    return Layout((tuple(thread_shape), (vector, repeat_shape)),
+                  (tuple(thread_stride), (strides[contiguous_dim], repeat_stride)))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from tegula.arch.targets import Target
 from tegula.errors import ResourceError, SynthesisError
-from tegula.ir.ops import Copy, Gemm, Rearrange, TracedKernel, walk_ops
+from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import global_access_vector, global_vector_limit
@@ -180,11 +180,21 @@ def _anchor_global_copies(kernel: TracedKernel, state: LayoutState, facts: dict)
         if dim is None:
             dim, width = len(view.shape) - 1, 1
         width = _fitting_width(tuple(reg.shape), dim, width, kernel.threads)
-        tv = coalesced_tv(tuple(reg.shape), dim, width, kernel.threads)
+        # A tile reduced along its contiguous dim keeps each row inside a warp, so the
+        # reduction needs shuffles only (no shared-memory round trip between warps).
+        reduced = _reduced_along(kernel, tuple(reg.shape), dim)
+        tv = coalesced_tv(tuple(reg.shape), dim, width, kernel.threads,
+                          contiguous_threads=32 if reduced else None)
         state.set(reg, tv, f"coalesced {width}-element vectors along dim {dim} of "
-                           f"{view.arg.name} (anchor: copy at line "
-                           f"{op.loc.lineno if op.loc else '?'})")
+                           f"{view.arg.name}{', rows within a warp' if reduced else ''} "
+                           f"(anchor: copy at line {op.loc.lineno if op.loc else '?'})")
         propagate(kernel.body, state)
+
+
+def _reduced_along(kernel: TracedKernel, shape: tuple, dim: int) -> bool:
+    """True if the kernel reduces a tile of this shape along `dim`."""
+    return any(isinstance(op, Reduce) and op.axis == dim and tuple(op.x.shape) == shape
+               for op in walk_ops(kernel.body))
 
 
 def _fitting_width(shape: tuple, dim: int, width: int, threads: int) -> int:
