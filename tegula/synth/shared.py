@@ -35,22 +35,28 @@ def wavefronts(byte_addresses: np.ndarray, access_bytes: int) -> int:
 
     Lanes are served in phases of 128/access_bytes lanes (all 32 for ≤ 4 bytes); within a
     phase, each bank serves one distinct 4-byte word per wavefront, and lanes touching the
-    same word share it.
+    same word share it. Computed for all phases at once: sort each phase's words, keep the
+    first of each run of equal words, count them per bank, take the busiest bank.
     """
-    addresses = np.atleast_2d(byte_addresses)
+    addresses = np.atleast_2d(np.asarray(byte_addresses, dtype=np.int64))
     per_phase = max(1, min(32, 128 // max(access_bytes, 4)))
     words_per_access = max(1, access_bytes // BANK_BYTES)
-    total = 0
-    for instr in addresses:
-        for start in range(0, len(instr), per_phase):
-            phase = instr[start:start + per_phase]
-            phase = phase[phase >= 0]
-            if len(phase) == 0:
-                continue
-            words = (phase[:, None] // BANK_BYTES + np.arange(words_per_access)[None, :]).ravel()
-            words = np.unique(words)
-            total += int(np.bincount(words % BANKS, minlength=BANKS).max())
-    return total
+    lanes = addresses.shape[1]
+    pad = (-lanes) % per_phase
+    if pad:
+        addresses = np.pad(addresses, ((0, 0), (0, pad)), constant_values=-1)
+    phases = addresses.reshape(-1, per_phase)                     # one row per phase
+    active = phases >= 0
+    words = phases[:, :, None] // BANK_BYTES + np.arange(words_per_access)
+    words = np.where(active[:, :, None], words, -1).reshape(len(phases), -1)
+    words.sort(axis=1)
+    first = np.ones_like(words, dtype=bool)
+    first[:, 1:] = words[:, 1:] != words[:, :-1]
+    counted = first & (words >= 0)
+    rows = np.broadcast_to(np.arange(len(phases))[:, None], words.shape)
+    per_bank = np.zeros((len(phases), BANKS), dtype=np.int64)
+    np.add.at(per_bank, (rows[counted], words[counted] % BANKS), 1)
+    return int(per_bank.max(axis=1).sum())
 
 
 def ldmatrix_holder(matrix: int, row: int, col: int, trans: bool) -> tuple[int, int]:
@@ -163,17 +169,25 @@ def _ldmatrix_row_addresses(warps: np.ndarray, num: int, trans: bool) -> np.ndar
     would address is contiguous and 16-byte aligned, else None."""
     n_warps, _, values = warps.shape
     group = 2 * num
-    result = np.empty((n_warps, values // group, 8 * num), dtype=np.int64)
-    cols = np.arange(8)
-    for g in range(values // group):
-        for j in range(num):
-            for r in range(8):
-                holders = [ldmatrix_holder(j, r, c, trans) for c in cols]
-                row = np.stack([warps[:, lane, g * group + v] for lane, v in holders], axis=1)
-                if not np.all(row == row[:, :1] + cols) or np.any(row[:, 0] % 8):
-                    return None
-                result[:, g, 8 * j + r] = row[:, 0]
-    return result
+    lane_index, value_index = _ldmatrix_gather(num, trans)      # (num, 8 rows, 8 cols)
+    groups = np.arange(values // group)[:, None, None, None] * group
+    rows = warps[:, lane_index[None], groups + value_index[None]]  # (warps, G, num, 8, 8)
+    if not np.array_equal(rows, rows[..., :1] + np.arange(8)) or np.any(rows[..., 0] % 8):
+        return None
+    return rows[..., 0].reshape(n_warps, values // group, 8 * num)
+
+
+@lru_cache(maxsize=8)
+def _ldmatrix_gather(num: int, trans: bool) -> tuple[np.ndarray, np.ndarray]:
+    """For matrix j, row r, column c of an ldmatrix.x{num}: the lane and the register
+    (within the group) that receive it."""
+    lane = np.empty((num, 8, 8), dtype=np.int64)
+    value = np.empty((num, 8, 8), dtype=np.int64)
+    for j in range(num):
+        for r in range(8):
+            for c in range(8):
+                lane[j, r, c], value[j, r, c] = ldmatrix_holder(j, r, c, trans)
+    return lane, value
 
 
 def plan_access(access: SharedAccess, offsets: np.ndarray) -> AccessPlan:
