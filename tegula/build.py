@@ -237,9 +237,15 @@ def launch(kernel, grid, *args, target: str | Target | None = None, stream=None,
     key = _fast_key(args, kwargs, target)
     hit = fast.get(key) if key is not None else None
     if hit is not None:
-        ck, order, values = hit
-        ck.launch(normalize_grid(grid(values) if callable(grid) else grid),
-                  [args[i] for i in order], stream)
+        ck, order, values, template, slots, device = hit
+        grid = normalize_grid(grid(values) if callable(grid) else grid)
+        if template is None:
+            ck.launch(grid, [args[i] for i in order], stream)
+        else:  # same shapes, strides, dtypes as a checked launch: only the pointers change
+            flat = list(template)
+            for slot, i in slots:
+                flat[slot] = args[i].data_ptr()
+            ck.launch_values(grid, flat, device, stream)
         return ck
     from tegula.runtime import default_target
 
@@ -251,8 +257,14 @@ def launch(kernel, grid, *args, target: str | Target | None = None, stream=None,
     names = [p.name for p in kernel.params if p.kind == "tensor"]
     names += [p.name for p in kernel.params if p.kind == "scalar"]
     ordered = [tensors.get(n, scalars.get(n)) for n in names]
-    ck.launch(normalize_grid(grid(values) if callable(grid) else grid), ordered, stream)
+    flat, device = ck.plan.flatten(ordered)
+    ck.launch_values(normalize_grid(grid(values) if callable(grid) else grid), flat, device,
+                     stream)
     runtime = [p.name for p in kernel.params if p.kind in ("tensor", "scalar")]
     if key is not None and len(args) == len(runtime):  # every run-time argument positional
-        fast[key] = (ck, [runtime.index(n) for n in names], values)
+        order = [runtime.index(n) for n in names]
+        pointer_slots = ck.pointer_slots()
+        template = tuple(flat) if pointer_slots is not None else None
+        slots = list(zip(pointer_slots, order)) if pointer_slots is not None else None
+        fast[key] = (ck, order, values, template, slots, device)
     return ck

@@ -92,14 +92,18 @@ class CompiledKernel:
         """Run the kernel on a grid of blocks with `args` (tensors and numbers, in signature
         order) on `stream` (default: torch's current stream of the tensors' device)."""
         values, device = self.plan.flatten(args)
+        self.launch_values(grid, values, device, stream)
+
+    def launch_values(self, grid: int | Sequence[int], values: Sequence, device: int,
+                      stream: Any = None) -> None:
+        """Launch with parameter values already checked and flattened (`plan.flatten`'s
+        output, or a copy of it with new data pointers: the launch fast path)."""
         if device < 0:
             device = drv.current_device()
         gx, gy, gz = _grid(grid)
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid (empty tensors): nothing to do
-        fn = self._functions.get(device)
-        if fn is None:
-            fn = self.function(device)
+        fn = self._functions.get(device) or self.function(device)
         handle = _stream_handle(stream, device)
         cu_stream = self._streams.get(handle)
         if cu_stream is None:
@@ -111,6 +115,18 @@ class CompiledKernel:
                                         cu_stream, self._params_addr, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             drv.check(err, f"cuLaunchKernel({self.name}, grid={grid})")
+
+    def pointer_slots(self) -> list[int] | None:
+        """Where each tensor's data pointer sits in the flattened values (tensor params in
+        order), or None if the kernel also takes scalars (whose values must be re-checked
+        on every launch)."""
+        slots = []
+        for i, spec in enumerate(self.params):
+            if spec.kind == "scalar":
+                return None
+            if spec.kind == "pointer":
+                slots.append(i)
+        return slots
 
     def __getitem__(self, grid):
         """`kernel[grid](*args)`: launch on the current stream."""
