@@ -135,3 +135,30 @@ class LoadedLibrary:
             cuda_driver().cuLibraryUnload(self.library)
         except Exception:
             pass  # interpreter shutdown: the driver may already be gone
+
+
+@functools.lru_cache(maxsize=None)
+def raw_launcher():
+    """`cuLaunchKernel` from libcuda through ctypes, or None where it cannot be loaded.
+
+    The same driver function cuda-bindings wraps, called with raw handles: the wrapper
+    converts its argument objects on every call (several microseconds), which is most of
+    a cached kernel's launch overhead. Handles come from cuda-bindings objects once
+    (`int(CUfunction)`, `int(CUstream)`)."""
+    import ctypes
+    import ctypes.util
+
+    for name in ("libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        fn = lib.cuLaunchKernel
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                       ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        return fn
+    return None

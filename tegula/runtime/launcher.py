@@ -68,6 +68,7 @@ class CompiledKernel:
         self._library: drv.LoadedLibrary | None = None
         self._functions: dict[int, Any] = {}
         self._streams: dict[int, Any] = {}
+        self._raw_functions: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -105,6 +106,19 @@ class CompiledKernel:
             return  # an empty grid (empty tensors): nothing to do
         fn = self._functions.get(device) or self.function(device)
         handle = _stream_handle(stream, device)
+        raw = drv.raw_launcher()
+        if raw is not None:
+            raw_fn = self._raw_functions.get(device)
+            if raw_fn is None:
+                raw_fn = self._raw_functions[device] = int(fn)
+            with self._lock:
+                self._struct.pack_into(self._buffer, 0, *values)
+                code = raw(raw_fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, handle,
+                           self._params_addr, None)
+            if code != 0:
+                driver = drv.cuda_driver()
+                drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, grid={grid})")
+            return
         cu_stream = self._streams.get(handle)
         if cu_stream is None:
             cu_stream = self._streams[handle] = drv.cuda_driver().CUstream(handle)
