@@ -218,7 +218,7 @@ def _fast_key(args: tuple, kwargs: dict, target) -> tuple | None:
     for a in args:
         data_ptr = getattr(a, "data_ptr", None)
         if data_ptr is not None:
-            parts.append((data_ptr() & 15, a.shape, a.stride(), a.dtype, a.device))
+            parts.append((data_ptr() & 15, a.shape, a.stride(), a.dtype, a.get_device()))
         elif isinstance(a, (int, float)):
             parts.append(type(a))
         else:

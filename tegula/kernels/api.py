@@ -174,7 +174,7 @@ def _signature(name: str, tensors: Sequence[Any], *options: Any) -> tuple | None
     """The replay key of a call, or None when an argument is not a tensor (the full path
     then reports the mistake)."""
     try:
-        return (name, options) + tuple((t.shape, t.stride(), t.dtype, t.device,
+        return (name, options) + tuple((t.shape, t.stride(), t.dtype, t.get_device(),
                                         t.data_ptr() & 15) for t in tensors)
     except (AttributeError, TypeError):
         return None
