@@ -382,11 +382,14 @@ def slug(text: str) -> str:
 
 def write_record(suite: str, gpu: dict[str, Any], payload: dict[str, Any],
                  out_dir: str | None) -> Path:
-    """`<out>/<suite>-<gpu>-<date>.json` with the machine, GPU and payload."""
+    """`<out>/<suite>-<dtype>-<gpu>-<date>.json` with the machine, GPU and payload (the
+    dtype is in the name so runs of one suite in several dtypes do not overwrite)."""
     day = _dt.date.today().isoformat()
     directory = Path(out_dir) if out_dir is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{suite}-{slug(gpu['name'])}-{day}.json"
+    dtype = payload.get("dtype")
+    label = f"{suite}-{dtype}" if dtype else suite
+    path = directory / f"{label}-{slug(gpu['name'])}-{day}.json"
     record = {"suite": suite, "date": day, "gpu": gpu, "machine": machine_info(), **payload}
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     return path
