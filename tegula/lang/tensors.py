@@ -73,11 +73,10 @@ def index_value(x: Any, op: str, what: str):
 
 # -- handle base ----------------------------------------------------------------------------
 class TileHandle:
-    """What every handle shares: the IR tile behind it, its shape and element type."""
+    """What every handle shares: the IR tile behind it (each subclass's `ir` property),
+    its shape and element type."""
 
-    @property
-    def ir(self) -> Tile:
-        raise NotImplementedError
+    ir: Tile  # provided by every subclass as a property
 
     @property
     def shape(self) -> tuple:

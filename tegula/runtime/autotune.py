@@ -25,14 +25,13 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tegula.runtime.cache import default_cache_dir
+from tegula.runtime.cache import default_cache_dir, write_atomic
 
 #: A timer takes a callable that launches the candidate once and returns seconds per launch.
 Timer = Callable[[Callable[[], None]], float]
@@ -374,19 +373,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write through a temporary file and `os.replace`, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write the JSON so readers never see half a file (the disk cache's atomic write)."""
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
 
 
 __all__ = ["Config", "Trial", "TuneRecord", "Autotuner", "AutotuneError", "shape_bucket",

@@ -69,21 +69,9 @@ class DiskCache:
         return payload
 
     def put(self, key: str, payload: bytes) -> None:
-        """Store atomically: temporary file in the same directory, then `os.replace`."""
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
-                f.write(payload)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        """Store atomically (temporary file in the same directory, then `os.replace`)."""
+        header = _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
+        write_atomic(self.path(key), header + payload)
 
     def get_or_build(self, key: str, build: Callable[[], bytes]) -> bytes:
         """The cached payload for `key`, building (and storing) it on a miss."""
@@ -98,6 +86,23 @@ class DiskCache:
         except OSError:
             pass  # an unwritable cache must not stop compilation
         return payload
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` through a temporary file in the same directory and `os.replace`, so a
+    reader (another process too) sees the old file or the whole new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:16]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def _unwrap(data: bytes) -> bytes | None:
