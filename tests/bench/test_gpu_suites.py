@@ -213,7 +213,7 @@ def test_a_suite_runs_end_to_end_on_a_fake_gpu(suite, shapes, tmp_path, monkeypa
     printed = capsys.readouterr().out
     assert "tegula/torch" in printed or "tegula/cuBLAS" in printed
     assert "ERROR" in printed and "geomean" in printed.splitlines()[-1]
-    (path,) = tmp_path.glob(f"{suite}-fake-gpu-*.json")
+    (path,) = tmp_path.glob(f"{suite}-*fake-gpu-*.json")
     record = json.loads(path.read_text())
     assert record["gpu"]["name"] == "Fake GPU"
     assert len(record["cases"]) == len(shapes.split(","))
