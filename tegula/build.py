@@ -113,7 +113,8 @@ def split_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
 
 def normalize_grid(grid) -> tuple[int, int, int]:
     """A grid as three positive ints (a callable grid gets the kernel's constexprs later)."""
-    if type(grid) is tuple and len(grid) == 3 and all(type(g) is int and g > 0 for g in grid):
+    if type(grid) is tuple and len(grid) == 3 and all(type(g) is int and g > 0 for g in grid) \
+            and grid[1] <= 65535 and grid[2] <= 65535 and grid[0] < 2**31:
         return grid  # the common case, checked cheaply (launch overhead)
     if isinstance(grid, int):
         grid = (grid,)
@@ -123,7 +124,11 @@ def normalize_grid(grid) -> tuple[int, int, int]:
         raise LaunchError(f"a grid is an int or a tuple of up to three ints, got {grid!r}") from None
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise LaunchError(f"a grid is one to three positive extents, got {grid!r}")
-    return dims + (1,) * (3 - len(dims))
+    dims = dims + (1,) * (3 - len(dims))
+    if dims[0] >= 2**31 or dims[1] > 65535 or dims[2] > 65535:
+        raise LaunchError(f"grid {dims} exceeds CUDA's limits (x < 2^31, y and z <= 65535); "
+                          f"put the largest extent on axis 0")
+    return dims
 
 
 def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_races: bool = True,

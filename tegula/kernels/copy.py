@@ -26,7 +26,9 @@ def copy_kernel(dtype: DType) -> tg.Kernel:
     @tg.kernel(threads=128)
     def copy(x: tg.Tensor[dtype], y: tg.Tensor[dtype],
              BM: tg.constexpr = 32, BN: tg.constexpr = 64):
-        m, n = tg.block_id(0), tg.block_id(1)
+        # Column tiles on grid axis 0: blocks scheduled one after another read neighbouring
+        # memory of a row-major tensor (rows-first cost ~6% of DRAM bandwidth on an H200).
+        n, m = tg.block_id(0), tg.block_id(1)
         tile = tg.load(x.tile((BM, BN), (m, n)))
         tg.copy(tile, y.tile((BM, BN), (m, n)))
 
@@ -51,9 +53,10 @@ def transpose_kernel(dtype: DType) -> tg.Kernel:
 
 def copy_config(shape: tuple[int, int], dtype: DType, BM: int = 32,
                 BN: int = 64) -> tuple[tuple[int, int], dict]:
-    """(grid, constexprs) for copying an (M, N) tensor: one block per (BM, BN) tile."""
+    """(grid, constexprs) for copying an (M, N) tensor: one block per (BM, BN) tile,
+    column tiles along grid axis 0."""
     m, n = shape
-    return (tg.cdiv(m, BM), tg.cdiv(n, BN)), dict(BM=BM, BN=BN)
+    return (tg.cdiv(n, BN), tg.cdiv(m, BM)), dict(BM=BM, BN=BN)
 
 
 def transpose_config(shape: tuple[int, int], dtype: DType, BM: int = 32,
