@@ -37,3 +37,9 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str
 __all__.append("explain")
+
+# `tegula.emulate` is also a subpackage, and Python binds a submodule onto its package the
+# first time it is imported: import it now, so the name below stays the function.
+import tegula.emulate as _emulate_package  # noqa: E402,F401
+from tegula.build import emulate  # noqa: E402 — tg.emulate(kernel, grid, *arrays, **constexprs)
+__all__.append("emulate")

@@ -120,7 +120,7 @@ def normalize_grid(grid) -> tuple[int, int, int]:
         grid = (grid,)
     try:
         dims = tuple(int(g) for g in grid)
-    except TypeError:
+    except (TypeError, ValueError):
         raise LaunchError(f"a grid is an int or a tuple of up to three ints, got {grid!r}") from None
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise LaunchError(f"a grid is one to three positive extents, got {grid!r}")
