@@ -420,22 +420,24 @@ def _row_output(fn: str, x: Any, out: Any) -> Any:
 def copy_candidates(m: int, n: int) -> list[dict]:
     """(BM, BN) tiles for a 2-D copy: 16 to 64 elements per thread of 128, narrowed to the
     bucket so a thin tensor does not launch mostly-masked tiles."""
-    tiles = [(32, 64), (16, 128), (32, 128), (16, 256), (64, 128), (32, 256)]
+    tiles = [(32, 64), (16, 128), (32, 128), (16, 256), (64, 128), (32, 256), (1, 2048),
+             (1, 4096)]
     mb, nb = _pow2_at_least(m, 1), _pow2_at_least(n, 1)
-    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(16, mb) and bn <= max(64, nb)]
+    fitting = [(bm, bn) for bm, bn in tiles if (bm <= max(16, mb) or bm == 1)
+               and bn <= max(64, nb)]
     return [dict(BM=bm, BN=bn) for bm, bn in (fitting or tiles[:1])]
 
 
 def _copy_shape(x: Any) -> tuple[int, int]:
     """A 2-D shape for copying contiguous `x` element by element: 4096 columns (or the
-    largest power of two ≥ 64 dividing the size), else x's last dim, so any rank and any
-    thin shape becomes a tensor wide enough for full tiles."""
+    largest power of two ≥ 64 dividing the size), else one long row — whose vectors stay
+    16 bytes wide except the last, split at the end — so any rank and any size becomes a
+    tensor wide enough for full tiles."""
     total = x.numel()
     for cols in (4096, 2048, 1024, 512, 256, 128, 64):
         if total % cols == 0:
             return total // cols, cols
-    last = x.shape[-1] if x.dim() else 1
-    return total // last, last
+    return 1, total
 
 
 def copy(x: Any, *, out: Any = None) -> Any:

@@ -15,8 +15,8 @@ from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.lower.addressing import global_address, replica_predicate, shared_offset
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (Assign, Comment, CpAsync, CpAsyncCommit, GlobalLoad,
-                                    GlobalStore, LdMatrix, RegRead, SharedLoad, SharedStore,
-                                    TID, all_of)
+                                    GlobalStore, If, LdMatrix, RegRead, SharedLoad,
+                                    SharedStore, TID, all_of)
 from tegula.layout.tv import distinct_values, match_values, tv_table
 
 
@@ -62,6 +62,28 @@ def _vector_starts(tv, width: int, skip_repeats: bool) -> list[int]:
     return [v for v in range(0, values, width) if v in keep]
 
 
+def _edge_split(view: GlobalTile, coords: list, contiguous: int | None, width: int,
+                tail: bool, dim: int | None, vector, element) -> list:
+    """The statements for one vector access of `width` elements at tile coordinate `coords`.
+
+    Without a possible tail: `vector(index, in_bounds)`. With one (the extent along the
+    contiguous dim is not a multiple of the vector): the whole vector where its last
+    element is in bounds, else element by element, each with its own predicate —
+    `element(e, index, in_bounds)` — so only the vector straddling the edge is split."""
+    index, pred = global_address(view, coords, contiguous)
+    if not tail or dim is None or width == 1:
+        return [vector(index, pred)]
+    last = list(coords)
+    last[dim] = last[dim] + (width - 1)
+    _, whole = global_address(view, last, contiguous)
+    elements = []
+    for e in range(width):
+        shifted = list(coords)
+        shifted[dim] = shifted[dim] + e
+        elements.append(element(e, *global_address(view, shifted, contiguous)))
+    return [If(whole, [vector(index, None)], elements)]
+
+
 def _global_to_registers(ctx: LoweringContext, op: Copy) -> list:
     view, tile = op.src, op.dst
     tv, width = tile.layout, op.choices["vector"]
@@ -69,8 +91,13 @@ def _global_to_registers(ctx: LoweringContext, op: Copy) -> list:
     out = []
     for v in _vector_starts(tv, width, skip_repeats=False):
         coords = ctx.coords.coords(tv, tile.shape, v)
-        index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
-        out.append(GlobalLoad(reg(array, v), view.arg.name, index, width, pred, op.fill))
+        out += _edge_split(
+            view, coords, _contiguous_dim(ctx, view), width, op.choices.get("tail", False),
+            op.choices.get("dim"),
+            lambda index, pred, v=v: GlobalLoad(reg(array, v), view.arg.name, index, width,
+                                                pred, op.fill),
+            lambda e, index, pred, v=v: GlobalLoad(reg(array, v + e), view.arg.name, index, 1,
+                                                   pred, op.fill))
     return out
 
 
@@ -82,9 +109,13 @@ def _registers_to_global(ctx: LoweringContext, op: Copy) -> list:
     out = []
     for v in _vector_starts(tv, width, skip_repeats=True):
         coords = ctx.coords.coords(tv, tile.shape, v)
-        index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
-        out.append(GlobalStore(view.arg.name, index, reg(array, v), width,
-                               all_of([p for p in (pred, owner) if p is not None])))
+        out += _edge_split(
+            view, coords, _contiguous_dim(ctx, view), width, op.choices.get("tail", False),
+            op.choices.get("dim"),
+            lambda index, pred, v=v: GlobalStore(view.arg.name, index, reg(array, v), width,
+                                                 all_of([p for p in (pred, owner) if p is not None])),
+            lambda e, index, pred, v=v: GlobalStore(view.arg.name, index, reg(array, v + e), 1,
+                                                    all_of([p for p in (pred, owner) if p is not None])))
     return out
 
 

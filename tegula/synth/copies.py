@@ -58,9 +58,12 @@ def contiguous_tile_dim(view: GlobalTile, facts: TensorFacts) -> int | None:
     return None
 
 
-def global_vector_limit(view: GlobalTile, facts: dict) -> tuple[int | None, int]:
+def global_vector_limit(view: GlobalTile, facts: dict,
+                        allow_tail: bool = False) -> tuple[int | None, int]:
     """(tile dim, largest vector in elements) that the tensor's facts allow for `view`,
-    before looking at how registers are distributed."""
+    before looking at how registers are distributed. With `allow_tail` the extent along
+    the contiguous dim need not be a multiple of the vector: lowering then splits the one
+    vector that straddles the edge into predicated elements (see `needs_tail`)."""
     tensor_facts = facts[view.arg.name]
     k = contiguous_tile_dim(view, tensor_facts)
     bits = view.arg.dtype.bits
@@ -69,7 +72,9 @@ def global_vector_limit(view: GlobalTile, facts: dict) -> tuple[int | None, int]
     c = tensor_facts.contiguous_dim
     limit = 128 // bits
     limit = min(limit, tensor_facts.align_bytes * 8 // bits)
-    divisors = [tensor_facts.extent_divisors[c], scalar_divisor(view.origin[c], facts)]
+    divisors = [scalar_divisor(view.origin[c], facts)]
+    if not allow_tail:
+        divisors.append(tensor_facts.extent_divisors[c])
     divisors += [tensor_facts.stride_divisors[d] for d in range(tensor_facts.rank) if d != c]
     divisors += [scalar_divisor(dim.step, facts) for j, dim in enumerate(view.dims)
                  if j != k and dim.tensor_dim == c]
@@ -98,9 +103,18 @@ def register_run_length(tv: Layout, shape: tuple, dim: int, cap: int) -> int:
     return 1
 
 
+def needs_tail(view: GlobalTile, facts: dict, width: int) -> bool:
+    """True if vectors of `width` along the contiguous dim may straddle the tensor's edge
+    (its extent is not known to be a multiple of `width`)."""
+    tensor_facts = facts[view.arg.name]
+    c = tensor_facts.contiguous_dim
+    return width > 1 and c is not None and tensor_facts.extent_divisors[c] % width != 0
+
+
 def global_access_vector(view: GlobalTile, tv: Layout, facts: dict) -> tuple[int | None, int]:
-    """(tile dim, vector width) for moving a register tile with layout `tv` to/from `view`."""
-    k, limit = global_vector_limit(view, facts)
+    """(tile dim, vector width) for moving a register tile with layout `tv` to/from `view`
+    (vectors may straddle the edge: check `needs_tail`)."""
+    k, limit = global_vector_limit(view, facts, allow_tail=True)
     if k is None:
         return None, 1
     return k, register_run_length(tv, tuple(view.shape), k, limit)

@@ -53,7 +53,9 @@ class TensorFacts:
             rank=len(shape),
             contiguous_dim=contiguous,
             extent_divisors=tuple(power_of_two_divisor(s) for s in shape),
-            stride_divisors=tuple(power_of_two_divisor(s) for s in strides),
+            # A dim of extent 1 is never stepped along, so its stride cannot misalign.
+            stride_divisors=tuple(MAX_DIVISOR if n == 1 else power_of_two_divisor(s)
+                                  for n, s in zip(shape, strides)),
             align_bytes=power_of_two_divisor(address),
             index_bits=32 if span < 2**31 - 1 else 64,
         )

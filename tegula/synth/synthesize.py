@@ -25,7 +25,7 @@ from tegula.errors import ResourceError, SynthesisError
 from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.convert import choose_conversion
-from tegula.synth.copies import global_access_vector, global_vector_limit
+from tegula.synth.copies import global_access_vector, global_vector_limit, needs_tail
 from tegula.synth.gemm import plan_gemm
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
@@ -176,7 +176,7 @@ def _anchor_global_copies(kernel: TracedKernel, state: LayoutState, facts: dict)
         if found is None:
             return
         op, reg, view = found
-        dim, width = global_vector_limit(view, facts)
+        dim, width = global_vector_limit(view, facts, allow_tail=True)
         if dim is None:
             dim, width = len(view.shape) - 1, 1
         width = _fitting_width(tuple(reg.shape), dim, width, kernel.threads)
@@ -224,6 +224,7 @@ def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> No
         if isinstance(other, RegisterTile):
             dim, width = global_access_vector(view, other.layout, facts)
             op.choices.update(tv=other.layout, vector=width, dim=dim,
+                              tail=needs_tail(view, facts, width),
                               instr="ld.global" if view is op.src else "st.global")
             continue
         dim, width = global_vector_limit(view, facts)

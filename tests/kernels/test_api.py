@@ -95,8 +95,9 @@ def test_row_candidates_hold_whole_rows(n):
 
 def test_copy_candidates_and_shapes():
     assert copy_candidates(1, 100) == [{"BM": 16, "BN": 128}]
-    assert len(copy_candidates(8192, 8192)) == 6
-    assert _copy_shape(torch.empty(8191, 3001)) == (8191, 3001)
+    assert len(copy_candidates(8192, 8192)) == 8
+    assert {"BM": 1, "BN": 4096} in copy_candidates(1, 24581191)  # one long row
+    assert _copy_shape(torch.empty(8191, 3001)) == (1, 8191 * 3001)
     assert _copy_shape(torch.empty(1 << 20)) == (256, 4096)
     assert _copy_shape(torch.empty(3, 64)) == (3, 64)
     assert _copy_shape(torch.empty(())) == (1, 1)

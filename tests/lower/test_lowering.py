@@ -94,3 +94,40 @@ def test_layouts_without_carry_get_let_bound_bases():
     coords = ThreadCoords()
     coords.coords(tv, (16, 8), 3)
     assert len(coords.prologue) == 2  # one Let per tile dim
+
+
+def _flat_copy_kernel():
+    import tegula as tg
+
+    @tg.kernel(threads=64)
+    def flat_copy(x: tg.Tensor[f16], y: tg.Tensor[f16], BN: tg.constexpr = 1024):
+        n = tg.block_id(0)
+        tg.copy(tg.load(x.tile((1, BN), (0, n))), y.tile((1, BN), (0, n)))
+    return flat_copy
+
+
+def test_vectors_straddling_an_odd_edge_are_split_element_by_element():
+    """A row whose length is no multiple of 8 still moves in 16-byte vectors; only the
+    vector that crosses the end is split into predicated elements."""
+    import numpy as np
+
+    from tegula.build import emulate
+    from tegula.lower.thread_ir import If
+
+    kernel = _flat_copy_kernel()
+    for length in (1000, 1003, 2049, 7):
+        x = np.random.default_rng(length).standard_normal((1, length)).astype(np.float16)
+        y = np.full_like(x, np.nan)
+        emulate(kernel, (-(-length // 1024),), x, y)
+        assert np.array_equal(x, y)
+    facts_kernel = build(kernel, {}, _odd_facts()).thread_kernel
+    loads = [s for s in walk(facts_kernel.body) if isinstance(s, GlobalLoad)]
+    assert {s.count for s in loads} == {8, 1}        # vector body, element tail
+    assert any(isinstance(s, If) for s in walk(facts_kernel.body))
+
+
+def _odd_facts():
+    from tegula.synth.facts import TensorFacts
+    odd = TensorFacts(rank=2, contiguous_dim=1, extent_divisors=(1, 1), stride_divisors=(16, 1),
+                      align_bytes=16)
+    return {"x": odd, "y": odd}
