@@ -108,13 +108,15 @@ def needs_tail(view: GlobalTile, facts: dict, width: int) -> bool:
     (its extent is not known to be a multiple of `width`)."""
     tensor_facts = facts[view.arg.name]
     c = tensor_facts.contiguous_dim
-    return width > 1 and c is not None and tensor_facts.extent_divisors[c] % width != 0
+    return (width > 1 and c is not None and view.arg.dtype.bits >= 8
+            and tensor_facts.extent_divisors[c] % width != 0)
 
 
 def global_access_vector(view: GlobalTile, tv: Layout, facts: dict) -> tuple[int | None, int]:
     """(tile dim, vector width) for moving a register tile with layout `tv` to/from `view`
     (vectors may straddle the edge: check `needs_tail`)."""
-    k, limit = global_vector_limit(view, facts, allow_tail=True)
+    # Packed 4-bit elements cannot be moved one by one (half a byte), so no tails for them.
+    k, limit = global_vector_limit(view, facts, allow_tail=view.arg.dtype.bits >= 8)
     if k is None:
         return None, 1
     return k, register_run_length(tv, tuple(view.shape), k, limit)

@@ -176,7 +176,7 @@ def _anchor_global_copies(kernel: TracedKernel, state: LayoutState, facts: dict)
         if found is None:
             return
         op, reg, view = found
-        dim, width = global_vector_limit(view, facts, allow_tail=True)
+        dim, width = global_vector_limit(view, facts, allow_tail=view.arg.dtype.bits >= 8)
         if dim is None:
             dim, width = len(view.shape) - 1, 1
         width = _fitting_width(tuple(reg.shape), dim, width, kernel.threads)
