@@ -204,10 +204,3 @@ def distinct_values(tv: Layout) -> list[int]:
             keep.append(v)
     return keep
 
-
-def values_per_thread(tv: Layout) -> int:
-    return tv[1].size
-
-
-def thread_count(tv: Layout) -> int:
-    return tv[0].size

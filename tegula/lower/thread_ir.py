@@ -166,14 +166,6 @@ def _bin(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
     return BinOp(op, a, b)
 
 
-def index_min(a: ExprLike, b: ExprLike) -> Expr:
-    return _bin("min", a, b)
-
-
-def index_max(a: ExprLike, b: ExprLike) -> Expr:
-    return _bin("max", a, b)
-
-
 def all_of(conds: list[Expr]) -> Expr | None:
     """The conjunction of predicates, or None when there are none (always true)."""
     result: Expr | None = None
