@@ -151,6 +151,8 @@ def _configs(family: str, *bucket: Any) -> tuple[Config, ...]:
         specs = [dict(c, B=layout) for layout in layouts for c in gemm_candidates(*dims)]
     elif family == "row":
         specs = row_candidates(*bucket)
+    elif family == "looped":
+        specs = looped_candidates(*bucket)
     else:
         specs = copy_candidates(*bucket)
     return tuple(Config.of(s) for s in specs)
@@ -311,6 +313,15 @@ def row_candidates(n: int) -> list[dict]:
     return [dict(c, threads=None) if c["threads"] == 128 else c for c in fitting]
 
 
+def looped_candidates(n: int) -> list[dict]:
+    """Chunk sizes for the looped softmax (rows of any length): 1024 to 4096 elements a
+    chunk, one or two rows a block."""
+    options = [dict(BM=1, BN=1024), dict(BM=1, BN=2048), dict(BM=2, BN=2048),
+               dict(BM=1, BN=4096, threads=256)]
+    return [dict(c, kernel="looped", threads=c.get("threads")) for c in options
+            if c["BN"] <= max(1024, n)]
+
+
 def _check_row_length(fn: str, x: Any) -> None:
     if x.shape[-1] > _MAX_ROW:
         raise ValueError(f"tegula.kernels.{fn}: rows of {x.shape[-1]} elements exceed the "
@@ -371,7 +382,8 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
 
 def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     """Softmax along the last dim (`dim` must name it), computed in f32 and returned in
-    `x`'s dtype (f32, f16 or bf16); rows of up to 16384 elements."""
+    `x`'s dtype (f32, f16 or bf16); rows of any length (rows longer than one register
+    tile, 16384 elements, run through the chunked online-softmax kernel)."""
     signature = _signature("softmax", (x,), dim) if out is None else None
     replay = _REPLAYS.get(signature)
     if replay is not None:
@@ -380,23 +392,25 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
                          f"got dim={dim}; move the dim last with .transpose() / .movedim()")
-    _check_row_length("softmax", x)
     _check_cuda("softmax", {"x": x})
     out = _row_output("softmax", x, out)
     if x.numel() == 0:
         return out
     rows, y = _rows_view(x), out.view(-1, x.shape[-1])
-    from tegula.kernels.softmax import softmax_kernel
-    kernel = softmax_kernel(dtype)
+    from tegula.kernels.softmax import softmax_kernel, softmax_looped_kernel
     m, n = rows.shape
+    bucket = _pow2_at_least(n, 1)
+    configs = _configs("row", bucket) if n <= _MAX_ROW else ()
+    configs += _configs("looped", bucket) if n > 2048 else ()
 
     def run(config: Config) -> Any:
         values = config.kwargs
+        looped = values.pop("kernel", "tile") == "looped"
+        kernel = softmax_looped_kernel(dtype) if looped else softmax_kernel(dtype)
         grid = (-(-m // values["BM"]),)
         return _launch(kernel, grid, (rows, y), values, config.threads), grid
 
-    ck, grid = _tune_and_run("softmax", x.device.index, _configs("row", _pow2_at_least(n, 1)),
-                             (m, n), str(dtype), run)
+    ck, grid = _tune_and_run("softmax", x.device.index, configs, (m, n), str(dtype), run)
     if signature is not None:
         def replay_softmax(x: Any) -> Any:
             y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)

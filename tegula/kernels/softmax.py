@@ -35,6 +35,35 @@ def softmax_kernel(dtype: DType) -> tg.Kernel:
     return softmax
 
 
+@lru_cache(maxsize=None)
+def softmax_looped_kernel(dtype: DType) -> tg.Kernel:
+    """Softmax of rows of any length, BN elements at a time (the online softmax): a first
+    pass keeps a running max and a running sum rescaled whenever the max grows, a second
+    pass writes exp(x - max) / sum. Reads x twice, but no row is too long and no thread
+    idles on padding beyond the last chunk."""
+    inf = float("inf")
+
+    @tg.kernel(threads=128)
+    def softmax_looped(x: tg.Tensor[dtype], y: tg.Tensor[dtype],
+                       BM: tg.constexpr = 1, BN: tg.constexpr = 1024):
+        m = tg.block_id(0)
+        xs = x.tile((BM, BN), (m, None))                   # (BM, BN, chunks)
+        ys = y.tile((BM, BN), (m, None))
+        run_max = tg.full((BM, 1), -inf, f32)
+        run_sum = tg.zeros((BM, 1), f32)
+        for k in tg.range(xs.shape[2]):
+            chunk = tg.load(xs[:, :, k], fill=-inf).to(f32)
+            new_max = tg.maximum(run_max, tg.max(chunk, 1))
+            run_sum.assign(run_sum * tg.exp(run_max - new_max) +
+                           tg.sum(tg.exp(chunk - new_max), 1))
+            run_max.assign(new_max)
+        for k in tg.range(xs.shape[2]):
+            chunk = tg.load(xs[:, :, k], fill=-inf).to(f32)
+            tg.copy((tg.exp(chunk - run_max) / run_sum).to(dtype), ys[:, :, k])
+
+    return softmax_looped
+
+
 def softmax_config(shape: tuple[int, int], BM: int | None = None,
                    BN: int | None = None) -> tuple[tuple[int], dict]:
     """(grid, constexprs) for an (M, N) softmax: BN is the row length rounded up to a
@@ -47,14 +76,22 @@ def softmax_config(shape: tuple[int, int], BM: int | None = None,
     return (tg.cdiv(m, BM),), dict(BM=BM, BN=BN)
 
 
-def softmax_emulated(x: np.ndarray, dtype: DType | None = None, **tiles: int) -> np.ndarray:
-    """Softmax over the last dim of `x` (any rank) by the emulated kernel."""
+def softmax_emulated(x: np.ndarray, dtype: DType | None = None, looped: bool = False,
+                     **tiles: int) -> np.ndarray:
+    """Softmax over the last dim of `x` (any rank) by the emulated kernel (`looped`: the
+    chunked kernel, for rows of any length; tiles default to BM=1, BN=1024)."""
     dtype = dtype or dtype_of_array(x)
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
     y = poisoned(rows.shape, dtype)
-    grid, constexprs = softmax_config(rows.shape, **tiles)
-    launch_emulated(softmax_kernel(dtype), grid, rows, y, **constexprs)
+    if looped:
+        constexprs = {"BM": 1, "BN": 1024, **tiles}
+        grid = (tg.cdiv(rows.shape[0], constexprs["BM"]),)
+        launch_emulated(softmax_looped_kernel(dtype), grid, rows, y, **constexprs)
+    else:
+        grid, constexprs = softmax_config(rows.shape, **tiles)
+        launch_emulated(softmax_kernel(dtype), grid, rows, y, **constexprs)
     return y.reshape(x.shape)
 
 
-__all__ = ["softmax_kernel", "softmax_config", "softmax_emulated", "SOFTMAX_DTYPES"]
+__all__ = ["softmax_kernel", "softmax_looped_kernel", "softmax_config", "softmax_emulated",
+           "SOFTMAX_DTYPES"]

@@ -13,7 +13,7 @@ from tegula.kernels.copy import TRANSPOSE_DTYPES, copy_kernel, transpose_kernel
 from tegula.kernels.elementwise import SILU_MUL_DTYPES, silu_mul_kernel
 from tegula.kernels.gemm import GEMM_DTYPES, gemm_kernel, gemm_registers_kernel
 from tegula.kernels.norm import RMS_NORM_DTYPES, rms_norm_kernel
-from tegula.kernels.softmax import SOFTMAX_DTYPES, softmax_kernel
+from tegula.kernels.softmax import SOFTMAX_DTYPES, softmax_kernel, softmax_looped_kernel
 from tegula.runtime.compiler import available_compilers, compile_cuda
 
 pytestmark = pytest.mark.skipif(not available_compilers(),
@@ -27,6 +27,7 @@ def library() -> list:
     cases += [(f"transpose-{d}", transpose_kernel(d), {}) for d in TRANSPOSE_DTYPES]
     cases += [(f"silu_mul-{d}", silu_mul_kernel(d), {}) for d in SILU_MUL_DTYPES]
     cases += [(f"softmax-{d}", softmax_kernel(d), {}) for d in SOFTMAX_DTYPES]
+    cases += [(f"softmax_looped-{d}", softmax_looped_kernel(d), {}) for d in SOFTMAX_DTYPES]
     cases += [(f"rms_norm-{d}", rms_norm_kernel(d), dict(N=4096)) for d in RMS_NORM_DTYPES]
     small = dict(BM=64, BN=64)
     cases += [(f"gemm-{d}", gemm_kernel(d), small) for d in GEMM_DTYPES]

@@ -44,3 +44,15 @@ def test_softmax_with_one_row_per_block_spanning_all_warps():
     out = softmax_emulated(x, BM=1)
     assert out.shape == x.shape
     check_close(out, reference(x), f16)
+
+
+@pytest.mark.parametrize("dtype", SOFTMAX_DTYPES, ids=str)
+@pytest.mark.parametrize("shape,tiles,seed", [
+    ((5, 3000), {}, 11),                         # three chunks, the last one ragged
+    ((3, 20000), {"BM": 2, "BN": 2048}, 12),      # rows past the one-tile limit
+    ((37, 100), {"BM": 4, "BN": 256}, 13),        # one chunk, ragged rows and columns
+])
+def test_looped_softmax_matches_numpy_on_rows_of_any_length(dtype, shape, tiles, seed):
+    x = random_input(np.random.default_rng(seed), shape, dtype, 3.0)
+    y = softmax_emulated(x, dtype, looped=True, **tiles)
+    check_close(y, reference(x), dtype)
