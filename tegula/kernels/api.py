@@ -314,18 +314,12 @@ def row_candidates(n: int) -> list[dict]:
 
 
 def looped_candidates(n: int) -> list[dict]:
-    """Chunk sizes for the looped softmax (rows of any length): 1024 to 4096 elements a
-    chunk, one or two rows a block."""
+    """Chunk sizes for the looped row kernels (softmax, RMSNorm; rows of any length): 1024
+    to 4096 elements a chunk, one or two rows a block."""
     options = [dict(BM=1, BN=1024), dict(BM=1, BN=2048), dict(BM=2, BN=2048),
                dict(BM=1, BN=4096, threads=256)]
     return [dict(c, kernel="looped", threads=c.get("threads")) for c in options
             if c["BN"] <= max(1024, n)]
-
-
-def _check_row_length(fn: str, x: Any) -> None:
-    if x.shape[-1] > _MAX_ROW:
-        raise ValueError(f"tegula.kernels.{fn}: rows of {x.shape[-1]} elements exceed the "
-                         f"one-tile limit {_MAX_ROW}")
 
 
 def _rows_view(x: Any) -> Any:
@@ -337,7 +331,8 @@ def _rows_view(x: Any) -> Any:
 
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     """RMSNorm over the last dim: `x / sqrt(mean(x², -1) + eps) * weight`, computed in f32.
-    `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); N ≤ 16384."""
+    `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); any N (rows longer
+    than one register tile, 16384 elements, run through the chunked kernel)."""
     signature = _signature("rms_norm", (x, weight), eps) if out is None else None
     replay = _REPLAYS.get(signature)
     if replay is not None:
@@ -351,25 +346,27 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"tegula.kernels.rms_norm: eps must be a non-negative number, got "
                          f"{eps!r}")
-    _check_row_length("rms_norm", x)
     _check_cuda("rms_norm", {"x": x, "weight": weight})
     out = _row_output("rms_norm", x, out)
     if x.numel() == 0:
         return out
     rows, y = _rows_view(x), out.view(-1, x.shape[-1])
     w2 = weight.contiguous().view(1, -1)
-    from tegula.kernels.norm import rms_norm_kernel
-    kernel = rms_norm_kernel(dtype)
+    from tegula.kernels.norm import rms_norm_kernel, rms_norm_looped_kernel
     m, n = rows.shape
+    bucket = _pow2_at_least(n, 1)
+    configs = _configs("row", bucket) if n <= _MAX_ROW else ()
+    configs += _configs("looped", bucket) if n > 2048 else ()
 
     def run(config: Config) -> Any:
         values = dict(config.kwargs, N=n, EPS=float(eps))
+        looped = values.pop("kernel", "tile") == "looped"
+        kernel = rms_norm_looped_kernel(dtype) if looped else rms_norm_kernel(dtype)
         grid = (-(-m // values["BM"]),)
         ck = _launch(kernel, grid, (rows, w2, y), values, config.threads)
         return ck, grid
 
-    ck, grid = _tune_and_run("rms_norm", x.device.index, _configs("row", _pow2_at_least(n, 1)),
-                             (m, n), str(dtype), run)
+    ck, grid = _tune_and_run("rms_norm", x.device.index, configs, (m, n), str(dtype), run)
     if signature is not None:
         def replay_rms_norm(x: Any, weight: Any) -> Any:
             y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)

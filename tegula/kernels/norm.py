@@ -37,6 +37,32 @@ def rms_norm_kernel(dtype: DType) -> tg.Kernel:
     return rms_norm
 
 
+@lru_cache(maxsize=None)
+def rms_norm_looped_kernel(dtype: DType) -> tg.Kernel:
+    """RMSNorm of rows of any length, BN elements at a time: a first pass sums the
+    squares chunk by chunk, a second scales each chunk by the weight."""
+
+    @tg.kernel(threads=128)
+    def rms_norm_looped(x: tg.Tensor[dtype], w: tg.Tensor[dtype], y: tg.Tensor[dtype],
+                        N: tg.constexpr, EPS: tg.constexpr = 1e-6,
+                        BM: tg.constexpr = 1, BN: tg.constexpr = 2048):
+        m = tg.block_id(0)
+        xs = x.tile((BM, BN), (m, None))                   # (BM, BN, chunks)
+        ws = w.tile((1, BN), (0, None))
+        ys = y.tile((BM, BN), (m, None))
+        sum_sq = tg.zeros((BM, 1), f32)
+        for k in tg.range(xs.shape[2]):
+            chunk = tg.load(xs[:, :, k]).to(f32)
+            sum_sq += tg.sum(chunk * chunk, 1)
+        scale = tg.rsqrt(sum_sq * (1.0 / N) + EPS)
+        for k in tg.range(xs.shape[2]):
+            chunk = tg.load(xs[:, :, k]).to(f32)
+            weight = tg.load(ws[:, :, k]).to(f32)
+            tg.copy((chunk * scale * weight).to(dtype), ys[:, :, k])
+
+    return rms_norm_looped
+
+
 def rms_norm_config(shape: tuple[int, int], eps: float = 1e-6, BM: int | None = None,
                     BN: int | None = None) -> tuple[tuple[int], dict]:
     """(grid, constexprs) for an (M, N) RMSNorm: BN is N rounded up to a power of two
@@ -50,17 +76,25 @@ def rms_norm_config(shape: tuple[int, int], eps: float = 1e-6, BM: int | None = 
 
 
 def rms_norm_emulated(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6,
-                      dtype: DType | None = None, **tiles: int) -> np.ndarray:
-    """RMSNorm over the last dim of `x` (any rank) with `weight` of shape (N,), emulated."""
+                      dtype: DType | None = None, looped: bool = False,
+                      **tiles: int) -> np.ndarray:
+    """RMSNorm over the last dim of `x` (any rank) with `weight` of shape (N,), emulated
+    (`looped`: the chunked kernel, for rows of any length; tiles default to BM=1, BN=2048)."""
     dtype = dtype or dtype_of_array(x)
     rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
     if weight.shape != (rows.shape[1],):
         raise ValueError(f"weight must have shape ({rows.shape[1]},), got {weight.shape}")
     y = poisoned(rows.shape, dtype)
-    grid, constexprs = rms_norm_config(rows.shape, eps, **tiles)
-    launch_emulated(rms_norm_kernel(dtype), grid, rows, np.ascontiguousarray(weight)[None, :],
-                    y, **constexprs)
+    if looped:
+        constexprs = dict(N=rows.shape[1], EPS=float(eps), **{"BM": 1, "BN": 2048, **tiles})
+        grid = (-(-rows.shape[0] // constexprs["BM"]),)
+        kernel = rms_norm_looped_kernel(dtype)
+    else:
+        grid, constexprs = rms_norm_config(rows.shape, eps, **tiles)
+        kernel = rms_norm_kernel(dtype)
+    launch_emulated(kernel, grid, rows, np.ascontiguousarray(weight)[None, :], y, **constexprs)
     return y.reshape(x.shape)
 
 
-__all__ = ["rms_norm_kernel", "rms_norm_config", "rms_norm_emulated", "RMS_NORM_DTYPES"]
+__all__ = ["rms_norm_kernel", "rms_norm_looped_kernel", "rms_norm_config", "rms_norm_emulated",
+           "RMS_NORM_DTYPES"]

@@ -12,7 +12,7 @@ from tegula.dtypes import ALL_DTYPES
 from tegula.kernels.copy import TRANSPOSE_DTYPES, copy_kernel, transpose_kernel
 from tegula.kernels.elementwise import SILU_MUL_DTYPES, silu_mul_kernel
 from tegula.kernels.gemm import GEMM_DTYPES, gemm_kernel, gemm_registers_kernel
-from tegula.kernels.norm import RMS_NORM_DTYPES, rms_norm_kernel
+from tegula.kernels.norm import RMS_NORM_DTYPES, rms_norm_kernel, rms_norm_looped_kernel
 from tegula.kernels.softmax import SOFTMAX_DTYPES, softmax_kernel, softmax_looped_kernel
 from tegula.runtime.compiler import available_compilers, compile_cuda
 
@@ -29,6 +29,8 @@ def library() -> list:
     cases += [(f"softmax-{d}", softmax_kernel(d), {}) for d in SOFTMAX_DTYPES]
     cases += [(f"softmax_looped-{d}", softmax_looped_kernel(d), {}) for d in SOFTMAX_DTYPES]
     cases += [(f"rms_norm-{d}", rms_norm_kernel(d), dict(N=4096)) for d in RMS_NORM_DTYPES]
+    cases += [(f"rms_norm_looped-{d}", rms_norm_looped_kernel(d), dict(N=20000))
+              for d in RMS_NORM_DTYPES]
     small = dict(BM=64, BN=64)
     cases += [(f"gemm-{d}", gemm_kernel(d), small) for d in GEMM_DTYPES]
     cases += [(f"gemm_registers-{d}", gemm_registers_kernel(d), small) for d in GEMM_DTYPES]

@@ -44,3 +44,17 @@ def test_rms_norm_one_row_per_block_and_rank_3():
     out = rms_norm_emulated(x, w, 1e-6, bf16, BM=1)
     assert out.shape == x.shape
     check_close(out, reference(x, w, 1e-6), bf16)
+
+
+@pytest.mark.parametrize("dtype", RMS_NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("shape,tiles,seed", [
+    ((5, 3000), {}, 21),                          # two chunks, the last one ragged
+    ((3, 20000), {"BM": 2, "BN": 4096}, 22),      # rows past the one-tile limit
+    ((37, 100), {"BM": 4, "BN": 256}, 23),        # one chunk, ragged rows and columns
+])
+def test_looped_rms_norm_matches_numpy_on_rows_of_any_length(dtype, shape, tiles, seed):
+    rng = np.random.default_rng(seed)
+    x = random_input(rng, shape, dtype, 2.0)
+    w = random_input(rng, (shape[1],), dtype, 1.0)
+    out = rms_norm_emulated(x, w, 1e-5, dtype, looped=True, **tiles)
+    check_close(out, reference(x, w, 1e-5), dtype)
