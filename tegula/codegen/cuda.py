@@ -83,6 +83,16 @@ def _from_bits(word: str, dtype: DType, shift: int) -> str:
     return f"({storage_type(dtype)}){src}"
 
 
+def _access(count: int, dtype: DType, what: str) -> tuple[int, str, tuple]:
+    """(bits, C type, fields) of one vector access of `count` elements of `dtype`."""
+    bits = count * dtype.bits
+    if bits not in _ACCESS:
+        raise CodegenError(f"{what}: {count} x {dtype} is {bits} bits, not one access "
+                           f"of 1, 2, 4, 8 or 16 bytes")
+    ctype, fields = _ACCESS[bits]
+    return bits, ctype, fields
+
+
 class _Emitter:
     """Prints one ThreadKernel; collects which PTX helpers the body uses."""
 
@@ -257,11 +267,7 @@ class _Emitter:
                     pred: Expr | None, fill: float, what: str) -> None:
         """`count` elements at `ptr` (typed storage pointer) into dst… as one access."""
         self.check_dtype(dst, dtype, what)
-        bits = count * dtype.bits
-        if bits not in _ACCESS:
-            raise CodegenError(f"{what}: {count} x {dtype} is {bits} bits, not one access "
-                               f"of 1, 2, 4, 8 or 16 bytes")
-        ctype, fields = _ACCESS[bits]
+        bits, ctype, fields = _access(count, dtype, what)
         qual = "const " if const else ""
         fill_bits = element_bits(fill, dtype)
         if count == 1 and dtype.bits >= 8:  # a scalar access straight into the register
@@ -314,11 +320,7 @@ class _Emitter:
     def vector_store(self, src: Reg, count: int, dtype: DType, ptr: str,
                      pred: Expr | None, what: str) -> None:
         self.check_dtype(src, dtype, what)
-        bits = count * dtype.bits
-        if bits not in _ACCESS:
-            raise CodegenError(f"{what}: {count} x {dtype} is {bits} bits, not one access "
-                               f"of 1, 2, 4, 8 or 16 bytes")
-        ctype, fields = _ACCESS[bits]
+        bits, ctype, fields = _access(count, dtype, what)
         guard = f"if ({index_c(pred)}) " if pred is not None else ""
         if count == 1 and dtype.bits >= 8:
             self.line(f"{guard}*{ptr} = {self.reg(src)};  // {what}")

@@ -169,7 +169,7 @@ def lower_atomic_add(ctx: LoweringContext, op: AtomicAdd) -> list:
         coords = ctx.coords.coords(src.layout, tuple(src.shape), v)
         index, pred = global_address(op.dst, coords, contiguous)
         stmts.append(GlobalAtomicAdd(op.dst.arg.name, index, reg(array, v),
-                                     all_of([p for p in (pred, owner) if p is not None])))
+                                     all_of([pred, owner])))
     return stmts
 
 

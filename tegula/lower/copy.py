@@ -113,9 +113,9 @@ def _registers_to_global(ctx: LoweringContext, op: Copy) -> list:
             view, coords, _contiguous_dim(ctx, view), width, op.choices.get("tail", False),
             op.choices.get("dim"),
             lambda index, pred, v=v: GlobalStore(view.arg.name, index, reg(array, v), width,
-                                                 all_of([p for p in (pred, owner) if p is not None])),
+                                                 all_of([pred, owner])),
             lambda e, index, pred, v=v: GlobalStore(view.arg.name, index, reg(array, v + e), 1,
-                                                    all_of([p for p in (pred, owner) if p is not None])))
+                                                    all_of([pred, owner])))
     return out
 
 
@@ -135,7 +135,7 @@ def _global_to_shared(ctx: LoweringContext, op: Copy) -> list:
         offset = shared_offset(tile, coords)
         if staged is None:
             out.append(CpAsync(buffer.name, offset, view.arg.name, index, width,
-                               all_of([p for p in (pred, owner) if p is not None])))
+                               all_of([pred, owner])))
         else:
             out.append(GlobalLoad(reg(staged, v), view.arg.name, index, width, pred, op.fill))
             out.append(SharedStore(buffer.name, offset, reg(staged, v), width, owner))
@@ -171,7 +171,7 @@ def _shared_to_global(ctx: LoweringContext, op: Copy) -> list:
         index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
         out.append(SharedLoad(reg(staged, v), buffer.name, shared_offset(tile, coords), width))
         out.append(GlobalStore(view.arg.name, index, reg(staged, v), width,
-                               all_of([p for p in (pred, owner) if p is not None])))
+                               all_of([pred, owner])))
     return out
 
 

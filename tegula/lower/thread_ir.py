@@ -166,11 +166,13 @@ def _bin(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
     return BinOp(op, a, b)
 
 
-def all_of(conds: list[Expr]) -> Expr | None:
-    """The conjunction of predicates, or None when there are none (always true)."""
+def all_of(conds: list[Expr | None]) -> Expr | None:
+    """The conjunction of predicates (None entries mean "always true" and are skipped),
+    or None when no predicate is left."""
     result: Expr | None = None
     for c in conds:
-        result = c if result is None else _bin("and", result, c)
+        if c is not None:
+            result = c if result is None else _bin("and", result, c)
     return result
 
 
