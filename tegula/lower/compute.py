@@ -62,12 +62,8 @@ def _value_expr(op: Elementwise, operands: list, out_dtype: DType):
 
 def lower_elementwise(ctx: LoweringContext, op: Elementwise) -> list:
     out_regs = ctx.regs_of(op.out)
-    sources = []
-    for position, tile in enumerate(op.inputs):
-        if position in op.scalars:
-            sources.append(None)
-        else:
-            sources.append((ctx.regs_of(tile), operand_registers(ctx, tile, op.out)))
+    # op.inputs holds the tile operands only; op.scalars the numbers, by operand position.
+    sources = [(ctx.regs_of(tile), operand_registers(ctx, tile, op.out)) for tile in op.inputs]
     n_inputs = len(op.inputs) + len(op.scalars)
     stmts: list = [Comment(f"{op.op} -> {describe(op.out)}")]
     compute_type = _compute_dtype(op)

@@ -131,3 +131,21 @@ def _odd_facts():
     odd = TensorFacts(rank=2, contiguous_dim=1, extent_divisors=(1, 1), stride_divisors=(16, 1),
                       align_bytes=16)
     return {"x": odd, "y": odd}
+
+
+def test_numbers_before_tiles_are_lowered_in_operand_order():
+    """`1.0 / t` and `2.0 - t`: the number is the first operand, the tile the second."""
+    import tegula as tg
+    from tegula import f32
+
+    @tg.kernel(threads=32)
+    def number_first(x: tg.Tensor[f32], y: tg.Tensor[f32], z: tg.Tensor[f32]):
+        t = tg.load(x.tile((8, 32), (0, 0)))
+        tg.copy(1.0 / t, y.tile((8, 32), (0, 0)))
+        tg.copy(2.0 - t, z.tile((8, 32), (0, 0)))
+
+    x = np.random.default_rng(3).uniform(0.5, 4.0, (8, 32)).astype(np.float32)
+    y, z = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    tg.emulate(number_first, (1,), x, y, z)
+    assert np.array_equal(y, np.float32(1) / x)
+    assert np.array_equal(z, np.float32(2) - x)
