@@ -214,45 +214,64 @@ def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
     return found
 
 
-def _fast_key(args: tuple, kwargs: dict, target) -> tuple | None:
-    """A cheap key that determines a launch's specialization: per torch tensor its pointer's
-    alignment class, shape, strides and dtype (everything the facts are computed from),
-    per other argument its type, plus the keywords and target. None for arguments the
-    fast path does not read (non-torch tensor objects)."""
-    parts = []
+def _fast_key(args: tuple, kwargs: dict, target) -> tuple[tuple, list] | None:
+    """A cheap key that determines a launch's specialization, and the arguments' data
+    pointers (read once, for the key's alignment class and for the launch). Per torch
+    tensor: pointer alignment class, shape, strides, dtype and device (everything the facts
+    are computed from); per number: its type; plus the keywords and target. None for
+    arguments the fast path does not read (non-torch tensor objects)."""
+    parts, pointers = [], []
     for a in args:
         data_ptr = getattr(a, "data_ptr", None)
-        if data_ptr is not None:
-            parts.append((data_ptr() & 15, a.shape, a.stride(), a.dtype, a.get_device()))
-        elif isinstance(a, (int, float)):
+        if data_ptr is None:
+            if not isinstance(a, (int, float)):
+                return None
             parts.append(type(a))
-        else:
-            return None
-    return (tuple(parts), tuple(kwargs.items()), target)
+            pointers.append(None)
+            continue
+        ptr = data_ptr()
+        parts.append((ptr & 15, a.shape, a.stride(), a.dtype, a.get_device()))
+        pointers.append(ptr)
+    return (tuple(parts), tuple(kwargs.items()), target), pointers
+
+
+_GRIDS: dict = {}  # grid as given -> three positive ints (normalize_grid, memoized)
+
+
+def _normalized(grid) -> tuple[int, int, int]:
+    """`normalize_grid` through a small memo (hashable grids only): launches repeat grids."""
+    try:
+        found = _GRIDS.get(grid)
+    except TypeError:  # a list: not hashable
+        return normalize_grid(grid)
+    if found is None:
+        found = normalize_grid(grid)
+        if len(_GRIDS) > 4096:
+            _GRIDS.clear()
+        _GRIDS[grid] = found
+    return found
 
 
 def launch(kernel, grid, *args, target: str | Target | None = None, stream=None, **kwargs):
     """`kernel[grid](*args)`: compile for the arguments' facts (cached) and launch on the
-    current torch stream. A callable grid receives the constexpr values.
+    current torch stream (or `stream`). A callable grid receives the constexpr values."""
+    return launch_arguments(kernel, grid, args, kwargs, target, stream)
+
+
+def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None):
+    """`launch` with the arguments as a tuple and a dict (what `kernel[grid]` calls).
 
     Host overhead matters for small kernels, so a launch whose arguments look like an
     earlier launch's (same alignment classes, shapes, strides, dtypes, keywords) goes
     straight to the compiled kernel; only a new specialization takes the full path."""
     fast = kernel.__dict__.setdefault("_fast_launch", {})
-    key = _fast_key(args, kwargs, target)
-    hit = fast.get(key) if key is not None else None
+    keyed = _fast_key(args, kwargs, target)
+    hit = fast.get(keyed[0]) if keyed is not None else None
     if hit is not None:
-        ck, order, values, template, slots, device = hit
-        grid = normalize_grid(grid(values) if callable(grid) else grid)
-        if template is None:
-            ck.launch(grid, [args[i] for i in order], stream)
-        else:  # same shapes, strides, dtypes as a checked launch: only the pointers change
-            flat = list(template)
-            for slot, i in slots:
-                flat[slot] = args[i].data_ptr()
-            ck.launch_values(grid, flat, device, stream)
-        return ck
-    from tegula.runtime import default_target
+        grid3 = _normalized(grid(hit.constexprs) if callable(grid) else grid)
+        hit(grid3, args, keyed[1], stream)
+        return hit.kernel
+    from tegula.runtime import PreparedLaunch, default_target
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
     threads = constexprs.pop("threads", None)
@@ -263,13 +282,9 @@ def launch(kernel, grid, *args, target: str | Target | None = None, stream=None,
     names += [p.name for p in kernel.params if p.kind == "scalar"]
     ordered = [tensors.get(n, scalars.get(n)) for n in names]
     flat, device = ck.plan.flatten(ordered)
-    ck.launch_values(normalize_grid(grid(values) if callable(grid) else grid), flat, device,
-                     stream)
+    ck.launch_values(_normalized(grid(values) if callable(grid) else grid), flat, device, stream)
     runtime = [p.name for p in kernel.params if p.kind in ("tensor", "scalar")]
-    if key is not None and len(args) == len(runtime):  # every run-time argument positional
-        order = [runtime.index(n) for n in names]
-        pointer_slots = ck.pointer_slots()
-        template = tuple(flat) if pointer_slots is not None else None
-        slots = list(zip(pointer_slots, order)) if pointer_slots is not None else None
-        fast[key] = (ck, order, values, template, slots, device)
+    if keyed is not None and len(args) == len(runtime):  # every run-time argument positional
+        arg_index = {name: i for i, name in enumerate(runtime)}
+        fast[keyed[0]] = PreparedLaunch(ck, arg_index, flat, device, values)
     return ck

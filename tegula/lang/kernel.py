@@ -271,15 +271,30 @@ class Kernel:
 
 class Launcher:
     """`kernel[grid]`: calling it hands the kernel, the grid and the arguments to
-    `tegula.build.launch(kernel, grid, *args, **kwargs)` (compile, cache, launch)."""
+    `tegula.build.launch_arguments` (compile, cache, launch; `stream=` and `target=`
+    keywords go to the launch, every other keyword is a constexpr)."""
 
     def __init__(self, kernel: Kernel, grid: Any):
         self.kernel = kernel
         self.grid = grid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from tegula.build import launch  # the compile path sits above the language
-        return launch(self.kernel, self.grid, *args, **kwargs)
+        launch = _LAUNCH[0] if _LAUNCH else _import_launch()
+        if "stream" in kwargs or "target" in kwargs:
+            stream, target = kwargs.pop("stream", None), kwargs.pop("target", None)
+            return launch(self.kernel, self.grid, args, kwargs, target, stream)
+        return launch(self.kernel, self.grid, args, kwargs)
+
+
+_LAUNCH: list = []  # [tegula.build.launch_arguments], imported on the first launch
+
+
+def _import_launch():
+    # The compile path sits above the language, so it is imported late; once, because an
+    # import statement per launch costs about a microsecond of host time.
+    from tegula.build import launch_arguments
+    _LAUNCH.append(launch_arguments)
+    return launch_arguments
 
 
 def kernel(fn: Callable | None = None, *, threads: int = 128) -> Any:

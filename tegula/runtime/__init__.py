@@ -17,10 +17,12 @@ from tegula.runtime.cache import DiskCache, cache_key, default_cache_dir
 from tegula.runtime.compiler import (
     Compiler, available_compilers, compile_cuda, default_compiler, disassemble,
 )
-from tegula.runtime.launcher import CompiledKernel, compile_kernel, default_target, param_layout
+from tegula.runtime.launcher import (
+    CompiledKernel, PreparedLaunch, compile_kernel, default_target, param_layout,
+)
 
 __all__ = ["compile_kernel", "CompiledKernel", "compile_cuda", "specialization_key",
            "DiskCache", "cache_key", "default_cache_dir", "Compiler", "available_compilers",
            "default_compiler", "disassemble", "TensorRequirement", "ArgumentPlan",
            "default_requirements", "divisibility", "tensor_view", "default_target",
-           "param_layout"]
+           "param_layout", "PreparedLaunch"]

@@ -125,7 +125,7 @@ class ArgumentPlan:
                                           f"tensors on cuda:{device}")
                     device = dev
             else:
-                values.append(self._scalar(p, arg))
+                values.append(self.check_scalar(p, arg))
         return values, (device if device is not None else -1)
 
     def _tensor(self, p: TensorParam, arg: Any, values: list) -> int:
@@ -180,7 +180,8 @@ class ArgumentPlan:
         values.extend(shape)
         values.extend(strides)
 
-    def _scalar(self, p: ScalarParam, arg: Any):
+    def check_scalar(self, p: ScalarParam, arg: Any):
+        """The parameter value of scalar `p` for `arg` (float rounded to p's dtype), checked."""
         if p.dtype.is_float:
             if not isinstance(arg, (int, float)) or isinstance(arg, bool):
                 raise LaunchError(f"argument {p.name!r} must be a number ({p.dtype}), got "

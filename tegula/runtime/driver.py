@@ -144,7 +144,13 @@ def raw_launcher():
     The same driver function cuda-bindings wraps, called with raw handles: the wrapper
     converts its argument objects on every call (several microseconds), which is most of
     a cached kernel's launch overhead. Handles come from cuda-bindings objects once
-    (`int(CUfunction)`, `int(CUstream)`)."""
+    (`int(CUfunction)`, `int(CUstream)`).
+
+    Callers pass the three handles and the parameter array as `ctypes.c_void_p` objects
+    and every other argument as an int below 2^31: the function has no `argtypes`, because
+    converting eleven arguments through declared types costs about a microsecond per launch
+    (ctypes then passes a Python int as a C int, which matches the driver's unsigned ints
+    for these values on the 64-bit ABIs CUDA supports)."""
     import ctypes
     import ctypes.util
 
@@ -157,8 +163,5 @@ def raw_launcher():
             continue
         fn = lib.cuLaunchKernel
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                       ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         return fn
     return None

@@ -64,11 +64,13 @@ class CompiledKernel:
         self._buffer = ctypes.create_string_buffer(max(1, self._struct.size))
         base = ctypes.addressof(self._buffer)
         self._pointers = (ctypes.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
-        self._params_addr = ctypes.addressof(self._pointers)
+        self._params_addr = ctypes.c_void_p(ctypes.addressof(self._pointers))
         self._library: drv.LoadedLibrary | None = None
         self._functions: dict[int, Any] = {}
-        self._streams: dict[int, Any] = {}
-        self._raw_functions: dict[int, int] = {}
+        # Handles as the raw launcher takes them (ctypes.c_void_p), per device / stream.
+        self._raw_functions: dict[int, ctypes.c_void_p] = {}
+        self._streams: dict[int, ctypes.c_void_p] = {}
+        self._cu_streams: dict[int, Any] = {}  # cuda-bindings CUstream objects (fallback)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -104,43 +106,38 @@ class CompiledKernel:
         gx, gy, gz = _grid(grid)
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid (empty tensors): nothing to do
-        fn = self._functions.get(device) or self.function(device)
-        handle = _stream_handle(stream, device)
-        raw = drv.raw_launcher()
+        self.launch_raw(gx, gy, gz, values, device, _stream_handle(stream, device))
+
+    def launch_raw(self, gx: int, gy: int, gz: int, values: Sequence, device: int,
+                   handle: int) -> None:
+        """The driver call: a positive grid, checked values, a device ≥ 0, a raw stream."""
+        raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
         if raw is not None:
-            raw_fn = self._raw_functions.get(device)
-            if raw_fn is None:
-                raw_fn = self._raw_functions[device] = int(fn)
+            fn = self._raw_functions.get(device)
+            if fn is None:
+                fn = self._raw_functions[device] = ctypes.c_void_p(int(self.function(device)))
+            stream = self._streams.get(handle)
+            if stream is None:
+                stream = self._streams[handle] = ctypes.c_void_p(handle)
             with self._lock:
                 self._struct.pack_into(self._buffer, 0, *values)
-                code = raw(raw_fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, handle,
+                code = raw(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, stream,
                            self._params_addr, None)
             if code != 0:
                 driver = drv.cuda_driver()
-                drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, grid={grid})")
+                drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, "
+                          f"grid={(gx, gy, gz)})")
             return
-        cu_stream = self._streams.get(handle)
-        if cu_stream is None:
-            cu_stream = self._streams[handle] = drv.cuda_driver().CUstream(handle)
         driver = drv.cuda_driver()
+        cu_stream = self._cu_streams.get(handle)
+        if cu_stream is None:
+            cu_stream = self._cu_streams[handle] = driver.CUstream(handle)
         with self._lock:
             self._struct.pack_into(self._buffer, 0, *values)
-            err = driver.cuLaunchKernel(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes,
-                                        cu_stream, self._params_addr, 0)
+            err = driver.cuLaunchKernel(self.function(device), gx, gy, gz, self.threads, 1, 1,
+                                        self.shared_bytes, cu_stream, self._params_addr.value, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
-            drv.check(err, f"cuLaunchKernel({self.name}, grid={grid})")
-
-    def pointer_slots(self) -> list[int] | None:
-        """Where each tensor's data pointer sits in the flattened values (tensor params in
-        order), or None if the kernel also takes scalars (whose values must be re-checked
-        on every launch)."""
-        slots = []
-        for i, spec in enumerate(self.params):
-            if spec.kind == "scalar":
-                return None
-            if spec.kind == "pointer":
-                slots.append(i)
-        return slots
+            drv.check(err, f"cuLaunchKernel({self.name}, grid={(gx, gy, gz)})")
 
     def __getitem__(self, grid):
         """`kernel[grid](*args)`: launch on the current stream."""
@@ -154,16 +151,57 @@ def _grid(grid: int | Sequence[int]) -> tuple[int, int, int]:
     return (tuple(dims) + (1, 1))[:3]
 
 
+_RAW_LAUNCH: list = []  # [cuLaunchKernel through ctypes, or None], filled on first use
+
+
+def _load_raw_launcher():
+    _RAW_LAUNCH.append(drv.raw_launcher())
+    return _RAW_LAUNCH[0]
+
+
+class PreparedLaunch:
+    """A launch whose arguments were checked once, replayed for later arguments with the
+    same key (shapes, strides, dtypes, devices and pointer alignment classes: everything
+    the checks read except the data pointers and the numbers' values).
+
+    Calling it rebuilds the parameter values from the checked ones, changing only the
+    data pointers and re-checking the scalars (a float rounded to its dtype, an int's
+    32-bit range), and calls the driver: no argument plan, no facts, no dict of names.
+    """
+
+    __slots__ = ("kernel", "template", "pointers", "scalars", "device", "constexprs")
+
+    def __init__(self, kernel: CompiledKernel, arg_index: dict[str, int], values: list,
+                 device: int, constexprs: dict):
+        self.kernel = kernel
+        self.template = list(values)
+        self.device = device  # -1: no tensor arguments, the current device at each launch
+        self.constexprs = constexprs
+        self.pointers = [(slot, arg_index[spec.source])
+                         for slot, spec in enumerate(kernel.params) if spec.kind == "pointer"]
+        by_name = {p.name: p for p in kernel.plan.params}
+        self.scalars = [(slot, arg_index[spec.source], by_name[spec.source])
+                        for slot, spec in enumerate(kernel.params) if spec.kind == "scalar"]
+
+    def __call__(self, grid: tuple[int, int, int], args: Sequence[Any],
+                 pointers: Sequence[int | None], stream: Any = None) -> None:
+        """Launch on a normalized `grid` with `args` (positional, as first checked) whose
+        data pointers the caller has read already (`pointers[i]` for `args[i]`)."""
+        values = self.template.copy()
+        for slot, i in self.pointers:
+            values[slot] = pointers[i]
+        for slot, i, param in self.scalars:
+            values[slot] = self.kernel.plan.check_scalar(param, args[i])
+        device = self.device if self.device >= 0 else drv.current_device()
+        self.kernel.launch_raw(grid[0], grid[1], grid[2], values, device,
+                               _stream_handle(stream, device))
+
+
 def _stream_handle(stream: Any, device: int) -> int:
     """A raw CUstream handle: given, or torch's current stream on `device`, or 0."""
     if stream is None:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            if raw is not None:
-                return raw(device)
-            return torch.cuda.current_stream(device).cuda_stream
-        return 0
+        current = _CURRENT_STREAM[0] if _CURRENT_STREAM else _find_current_stream()
+        return current(device) if current is not None else 0
     if isinstance(stream, int):
         return stream
     if hasattr(stream, "__cuda_stream__"):
@@ -171,6 +209,23 @@ def _stream_handle(stream: Any, device: int) -> int:
     if hasattr(stream, "cuda_stream"):
         return int(stream.cuda_stream)
     raise LaunchError(f"stream must be an int handle or a CUDA stream object, got {stream!r}")
+
+
+_CURRENT_STREAM: list = []  # [device -> torch's current raw stream], once torch is imported
+
+
+def _find_current_stream():
+    """torch's current-stream lookup (device -> raw handle), or None before torch is
+    imported (then launches go to the legacy default stream, 0)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        def raw(device: int) -> int:
+            return torch.cuda.current_stream(device).cuda_stream
+    _CURRENT_STREAM.append(raw)
+    return raw
 
 
 # --------------------------------------------------------------------------------------
