@@ -10,6 +10,7 @@ with tegula's ratio to cuBLAS and Triton; the target is ≥ 0.5× cuBLAS (geomea
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 from tegula.bench import gpu
@@ -82,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(f"{m}x{n}x{k}",
               lambda s=(m, n, k): make_case(torch, s, args.dtype, args.b_major, triton_kernels))
              for m, n, k in shapes]
-    records, skipped = gpu.run_cases(cases, budget)
+    records, skipped = gpu.run_cases(cases, budget,
+                                     timer=functools.partial(gpu.time_ms, flush=args.flush))
     impls = ["tegula", "torch"] + (["triton"] if triton_kernels is not None else [])
     peers = impls[1:]
     notes = [triton_note,
              "tegula: tegula.kernels.matmul as users call it (autotuned on its first call per "
-             "shape bucket, before timing); cuBLAS: torch.matmul; all with L2 flushed, median",
+             "shape bucket, before timing); cuBLAS: torch.matmul; median, L2 flushed before each "
+             f"run ({args.flush}: {gpu.FLUSH_NOTE[args.flush]})",
              "b is " + ("the transpose of a K-major (N, K) tensor" if args.b_major == "k"
                         else "row-major (K, N)")] + gpu.autotune_notes("matmul")
     groups = {"large": lambda r: "large" in r.get("tags", ()),

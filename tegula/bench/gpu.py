@@ -7,8 +7,10 @@ Method (`.library/device/METHOD.md`, DESIGN.md "Tests and benchmarks"):
   once per shape, before it is timed; its output is poisoned with NaN first where the
   implementation takes `out=`, so an unwritten element cannot pass. A wrong result is
   reported "WRONG" and not timed, an exception "ERROR" (with its message in the JSON);
-* timing is `triton.testing.do_bench` (warm-up, L2 flushed before every run, median), or,
-  without triton, the same scheme with CUDA events;
+* timing is do_bench's scheme with CUDA events (warm-up, L2 emptied before every run,
+  median); L2 is emptied by reading a 256 MB buffer (`--flush clean`, the default) or by
+  zeroing it as do_bench does (`--flush dirty`, which also charges each run for writing
+  back the flush's dirty lines; see FLUSH_MODES);
 * the floor is counted per shape (FLOPs, fewest bytes read + written) and the memory-bound
   kernels are also reported as a fraction of the copy bandwidth measured in the same run.
 
@@ -45,6 +47,9 @@ def add_common_options(parser: argparse.ArgumentParser, dtypes: Sequence[str],
     parser.add_argument("--max-seconds", type=float, default=420.0,
                         help="stop adding shapes after this many seconds (default 420)")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton kernels")
+    parser.add_argument("--flush", choices=FLUSH_MODES, default="clean",
+                        help="how L2 is emptied before each timed run: read a 256 MB buffer "
+                             "(clean, default) or zero it like triton's do_bench (dirty)")
     parser.add_argument("--no-write", action="store_true", help="print only: no JSON, no PNG")
 
 
@@ -103,27 +108,33 @@ class Budget:
 # Timing
 # --------------------------------------------------------------------------------------
 
-def time_ms(fn: Callable[[], Any], warmup_ms: float = 25.0, rep_ms: float = 100.0) -> float:
-    """Median milliseconds of `fn` with the L2 cache flushed before each run."""
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        return _events_ms(fn, warmup_ms, rep_ms)
-    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+# How L2 is emptied before each timed run. "clean" reads a 256 MB buffer: L2 then holds
+# only clean lines of it, so the timed kernel starts cold and owes DRAM nothing. "dirty"
+# zeroes the buffer, as triton.testing.do_bench does: L2 is left full of dirty lines that
+# the timed kernel's own traffic must write back first — about 50 MB on an H200, which
+# costs a 32 MB-in, 32 MB-out kernel 13-15% of its bandwidth, whoever wrote it
+# (benchmarks/experiments/l2_flush.py), and large problems nothing measurable.
+FLUSH_MODES = ("clean", "dirty")
+FLUSH_NOTE = {"clean": "a 256 MB buffer read", "dirty": "a 256 MB buffer zeroed, as do_bench"}
+_FLUSH_BYTES = 256 * 1024 * 1024
 
 
-def _events_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
-    """do_bench's scheme with torch CUDA events: estimate, warm up, then time each run
-    after zeroing a 256 MB buffer (larger than any L2 of today), median."""
+def time_ms(fn: Callable[[], Any], warmup_ms: float = 25.0, rep_ms: float = 100.0,
+            flush: str = "clean") -> float:
+    """Median milliseconds of `fn`, with L2 flushed (`flush`, see FLUSH_MODES) before each
+    run: do_bench's scheme (estimate, warm up, then one CUDA-event pair per run)."""
     import torch
 
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    if flush not in FLUSH_MODES:
+        raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
+    buffer = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    empty_l2 = buffer.max if flush == "clean" else buffer.zero_
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
-        flush.zero_()
+        empty_l2()
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -132,7 +143,7 @@ def _events_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
         fn()
     samples = []
     for _ in range(max(5, int(rep_ms / estimate))):
-        flush.zero_()
+        empty_l2()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -142,14 +153,14 @@ def _events_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in samples)
 
 
-def copy_bandwidth(torch: Any, gib: float = 1.0) -> float:
+def copy_bandwidth(torch: Any, gib: float = 1.0, flush: str = "clean") -> float:
     """Device-to-device copy bandwidth in bytes/s: a `gib` GiB tensor copied by torch,
     counting bytes read plus bytes written (the ceiling memory-bound kernels aim at)."""
     n = int(gib * 2**30) // 4
     src = torch.randn(n, device="cuda", dtype=torch.float32)
     copy_once = functools.partial(torch.empty_like(src).copy_, src)
     del src
-    ms = time_ms(copy_once)
+    ms = time_ms(copy_once, flush=flush)
     del copy_once  # frees both buffers before the suite's shapes
     torch.cuda.empty_cache()
     return 2 * n * 4 / (ms * 1e-3)
@@ -184,6 +195,9 @@ class Case:
     tol: float
     impls: list[Impl] = field(default_factory=list)
     tags: tuple[str, ...] = ()
+    # A device-to-device copy of the same bytes (torch's clone of the input), timed with
+    # the implementations: the bandwidth a memory-bound kernel of this size can reach.
+    same_size_copy: Callable[[], Any] | None = None
 
 
 def rel_error(out: Any, ref: Any) -> float:
@@ -226,6 +240,14 @@ def measure_case(case: Case, log: Callable[[str], None] = print,
         record["results"][impl.name] = entry = _measure_impl(case, impl, ref, timer)
         log(f"  {case.label:>22} {impl.name:<8} {_describe(entry)}")
     del ref
+    if case.same_size_copy is not None:
+        try:
+            ms = timer(case.same_size_copy)
+            record["same_size_copy_tbps"] = case.bytes / (ms * 1e-3) / 1e12
+            log(f"  {case.label:>22} {'copy':<8} {ms * 1e3:10.1f} us  "
+                f"{record['same_size_copy_tbps']:.2f} TB/s  (same bytes, torch clone)")
+        except Exception as e:  # noqa: BLE001 — the yardstick is optional
+            log(f"  {case.label}: same-size copy failed ({type(e).__name__}: {e})")
     torch.cuda.empty_cache()
     return record
 
@@ -326,8 +348,11 @@ def summary_table(records: list[dict], impls: Sequence[str], peers: Sequence[str
     memory-bound suites, to the copy bandwidth; geomeans last) and the geomeans."""
     unit = "TFLOP/s" if metric == "tflops" else "TB/s"
     headers = ["shape"] + [f"{label_of(i)} {unit}" for i in impls]
+    same_size = any("same_size_copy_tbps" in r for r in records)
     if copy_tbps:
         headers.append("tegula/copy")
+    if same_size:
+        headers.append("tegula/same-size copy")
     headers += [f"tegula/{label_of(p)}" for p in peers] + ["tegula config"]
     rows = []
     for r in records:
@@ -335,6 +360,8 @@ def summary_table(records: list[dict], impls: Sequence[str], peers: Sequence[str
         if copy_tbps:
             t = rate(r, "tegula", "tbps")
             row.append(f"{t / copy_tbps:.0%}" if t else "-")
+        if same_size:
+            row.append(f"{_same_size_fraction(r):.0%}" if _same_size_fraction(r) else "-")
         row += [_fmt_ratio(ratio(r, "tegula", p, metric)) for p in peers]
         row.append(r.get("results", {}).get("tegula", {}).get("config", ""))
         rows.append(row)
@@ -346,14 +373,25 @@ def summary_table(records: list[dict], impls: Sequence[str], peers: Sequence[str
         if copy_tbps:
             g["tegula/copy"] = geomean([(rate(r, "tegula", "tbps") or 0) / copy_tbps
                                         for r in chosen])
+        if same_size:
+            g["tegula/same-size copy"] = geomean([_same_size_fraction(r) for r in chosen])
         geomeans[name] = g
         ran = sum(1 for r in chosen if rate(r, "tegula", metric))
         row = [f"geomean ({name}, {ran}/{len(chosen)} ran)"] + [""] * len(impls)
         if copy_tbps:
             row.append(f"{g['tegula/copy']:.0%}" if g["tegula/copy"] else "-")
+        if same_size:
+            same = g["tegula/same-size copy"]
+            row.append(f"{same:.0%}" if same else "-")
         row += [_fmt_ratio(g[f"tegula/{p}"]) for p in peers] + [""]
         rows.append(row)
     return format_table(headers, rows), geomeans
+
+
+def _same_size_fraction(record: dict) -> float | None:
+    """tegula's bandwidth over the same-size copy's, for one case (None if either is missing)."""
+    t, c = rate(record, "tegula", "tbps"), record.get("same_size_copy_tbps")
+    return t / c if t and c else None
 
 
 def _fmt_ratio(x: float | None) -> str:
@@ -442,7 +480,8 @@ def finish(suite: str, torch: Any, args: argparse.Namespace, records: list[dict]
     gpu = gpu_info(torch)
     lines = []
     if not args.no_write:
-        payload = {"dtype": args.dtype, "quick": args.quick, "impls": list(impls),
+        payload = {"dtype": args.dtype, "quick": args.quick, "flush": args.flush,
+                   "impls": list(impls),
                    "copy_bandwidth_tbps": copy_tbps, "geomeans": geomeans,
                    "skipped_for_time": skipped, "notes": notes, "cases": records, **extra}
         path = write_record(suite, gpu, payload, args.out)
@@ -524,20 +563,22 @@ def memory_suite_main(suite: str, doc: str, argv: list[str] | None,
     triton_kernels, triton_note = load_triton(args.no_triton)
     print(f"{suite} ({args.dtype}) on {torch.cuda.get_device_name()}; {triton_note}")
     try:
-        copy_bw = copy_bandwidth(torch)
+        copy_bw = copy_bandwidth(torch, flush=args.flush)
         print(f"device-to-device copy (torch, 1 GiB, read + write): {copy_bw / 1e12:.2f} TB/s")
     except Exception as e:  # noqa: BLE001 — report the kernels even without the ceiling
         copy_bw = None
         print(f"copy bandwidth not measured: {type(e).__name__}: {e}")
     cases = [(f"{m}x{n}", lambda s=(m, n): make_case(torch, s, args.dtype, triton_kernels))
              for m, n in chosen]
-    records, skipped = run_cases(cases, budget)
+    records, skipped = run_cases(cases, budget, timer=functools.partial(time_ms, flush=args.flush))
     impls = ["tegula", "torch"] + (["triton"] if triton_kernels is not None else [])
     notes = [triton_note,
              f"tegula: tegula.kernels.{tuner} as users call it (autotuned on its first call "
-             f"per shape bucket, before timing); torch: {torch_label}; L2 flushed, median",
+             f"per shape bucket, before timing); torch: {torch_label}; median, L2 flushed "
+             f"before each run ({args.flush}: {FLUSH_NOTE[args.flush]})",
              "TB/s counts the fewest bytes read + written; tegula/copy is the fraction of the "
-             "device-to-device copy bandwidth measured in this run"] + autotune_notes(tuner)
+             "device-to-device copy bandwidth measured in this run (1 GiB); tegula/same-size "
+             "copy the fraction of a torch clone of the same input, timed alongside"] + autotune_notes(tuner)
     labels = {"torch": "torch", "tegula": "tegula", "triton": "Triton"}
     return finish(suite, torch, args, records, skipped, impls, impls[1:], "tbps", notes,
                   {"autotune": autotune_records(tuner)}, copy_bw, None,
@@ -545,7 +586,7 @@ def memory_suite_main(suite: str, doc: str, argv: list[str] | None,
 
 
 __all__ = ["add_common_options", "parse_shapes", "load_torch", "load_triton", "Budget",
-           "time_ms", "copy_bandwidth", "Impl", "Case", "rel_error", "measure_case",
+           "time_ms", "copy_bandwidth", "FLUSH_MODES", "FLUSH_NOTE", "Impl", "Case", "rel_error", "measure_case",
            "run_cases", "geomean", "summary_table", "gpu_info", "slug", "write_record", "plot",
            "finish", "no_gpu", "memory_suite_main", "tuned_note", "autotune_records",
            "autotune_notes",

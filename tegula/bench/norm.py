@@ -41,7 +41,8 @@ def make_case(torch: Any, shape: tuple[int, int], dtype: str, triton_kernels: An
         impls.append(gpu.Impl("triton", lambda: triton_kernels.rms_norm(x, w, EPS)))
     return gpu.Case(label=f"{m}x{n}", dims=shape, flops=0.0,
                     bytes=float((2 * m * n + n) * x.element_size()), reference=reference,
-                    tol=gpu.FLOAT_TOLERANCE[dtype], impls=impls)
+                    tol=gpu.FLOAT_TOLERANCE[dtype], impls=impls,
+                    same_size_copy=x.clone)
 
 
 def main(argv: list[str] | None = None) -> int:

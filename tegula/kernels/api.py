@@ -182,6 +182,20 @@ def _signature(name: str, tensors: Sequence[Any], *options: Any) -> tuple | None
         return None
 
 
+def _replayer(ck: Any, grid: tuple, args: Sequence[Any]) -> Callable[[Sequence[int]], None]:
+    """A launch of `ck` that reuses the values checked for `args` and takes only new data
+    pointers (one per tensor argument, in order): valid for tensors with the same shapes,
+    strides, dtypes and device, which the replay signature guarantees."""
+    from tegula.build import normalize_grid
+    from tegula.runtime import PreparedLaunch
+
+    flat, device = ck.plan.flatten(args)
+    positions = {p.name: i for i, p in enumerate(ck.plan.params)}
+    prepared = PreparedLaunch(ck, positions, flat, device, {})
+    grid3 = normalize_grid(grid)
+    return lambda pointers: prepared(grid3, (), pointers)
+
+
 def _remember(signature: tuple, replay: Callable[..., Any]) -> None:
     if len(_REPLAYS) > 4096:  # many distinct shapes: start over rather than grow forever
         _REPLAYS.clear()
@@ -273,10 +287,12 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
     ck, grid, b_layout = _tune_and_run("matmul", a.device.index, configs, (m, n, k),
                                        f"{dtype}/{'+'.join(layouts)}", run)
     if signature is not None and a_contiguous:
+        launch = _replayer(ck, grid, (a, bt if b_layout == "view" else bt.contiguous(), out))
+
         def replay_matmul(a: Any, b: Any) -> Any:
             c = _torch().empty((m, n), dtype=a.dtype, device=a.device)
-            operand = b.T if b_layout == "view" else b.T.contiguous()
-            ck.launch(grid, (a, operand, c))
+            operand = b if b_layout == "view" else b.T.contiguous()  # b.T's pointer is b's
+            launch((a.data_ptr(), operand.data_ptr(), c.data_ptr()))
             return c
         _remember(signature, replay_matmul)
     return out
@@ -291,18 +307,33 @@ def _gemm_kernel(dtype: DType, which: str):
 # Row kernels: rms_norm and softmax
 # --------------------------------------------------------------------------------------
 
+def _row_bucket(n: int) -> int:
+    """Row lengths tuned together: powers of two up to 2048, then multiples of 1024 (so
+    a 3000-element row may use a 3072-wide tile, which a 3500-element row may not)."""
+    return _pow2_at_least(n, 1) if n <= 2048 else -(-n // 1024) * 1024
+
+
 def row_candidates(n: int) -> list[dict]:
     """(BM, BN, threads) for kernels that keep BM whole rows of length ≤ BN in registers:
-    BN is the row length rounded up to a power of two (≥ 128); BM and threads vary so
-    each thread holds 8 to 64 values (enough bytes in flight, no spills), or the fewest
-    possible when a row is longer than that allows."""
+    BN is the row length rounded up to a power of two (≥ 128), or for rows well short of
+    one, to whole vectors per thread (3000 → 3072); BM and threads vary so each thread
+    holds 8 to 64 values (enough bytes in flight, no spills), or the fewest possible when
+    a row is longer than that allows."""
     bn = _pow2_at_least(n, 128)
     options = [dict(BM=bm, BN=bn, threads=t) for t in (128, 256) for bm in (1, 2, 4, 8, 16)]
+    # Long rows: 512 or 1024 threads on one or two rows keep 16 to 32 values per thread
+    # (fewer registers, more blocks resident) where 256 threads would hold 64.
+    options += [dict(BM=bm, BN=bn, threads=t) for t in (512, 1024) for bm in (1, 2)]
     per_thread = {id(c): c["BM"] * bn // c["threads"] for c in options}
+    # Rows well short of a power of two (3000 of 4096) leave a quarter of the threads
+    # idle: also try BN = the row rounded up to whole 8-element vectors per thread.
+    tight = [dict(BM=1, BN=-(-n // (8 * t)) * 8 * t, threads=t) for t in (128, 256, 512)]
+    tight = [c for c in tight if c["BN"] < bn and 8 <= c["BN"] // c["threads"] <= 64]
+    per_thread.update({id(c): c["BN"] // c["threads"] for c in tight})
     fitting = [c for c in options if 8 <= per_thread[id(c)] <= 64]
-    # At most five (each costs a compile): those nearest 32 values per thread first.
+    # At most six (each costs a compile): those nearest 32 values per thread first.
     fitting.sort(key=lambda c: (abs(per_thread[id(c)].bit_length() - 6), c["threads"]))
-    fitting = fitting[:5]
+    fitting = fitting[:4] + tight[:2]
     if not any(c["threads"] == 128 for c in fitting):
         # Always offer the kernels' declared block size (128): it runs without the
         # threads override, so the tuner has a fallback when the 256-thread ones fail.
@@ -320,6 +351,12 @@ def looped_candidates(n: int) -> list[dict]:
                dict(BM=1, BN=4096, threads=256)]
     return [dict(c, kernel="looped", threads=c.get("threads")) for c in options
             if c["BN"] <= max(1024, n)]
+
+
+def _views_of(derived: Sequence[Any], originals: Sequence[Any]) -> bool:
+    """Whether each derived tensor is a view starting at its original's first element (the
+    replay then passes the original's pointer; a reshape that had to copy is not)."""
+    return all(d.data_ptr() == o.data_ptr() for d, o in zip(derived, originals))
 
 
 def _rows_view(x: Any) -> Any:
@@ -354,9 +391,9 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     w2 = weight.contiguous().view(1, -1)
     from tegula.kernels.norm import rms_norm_kernel, rms_norm_looped_kernel
     m, n = rows.shape
-    bucket = _pow2_at_least(n, 1)
+    bucket = _row_bucket(n)
     configs = _configs("row", bucket) if n <= _MAX_ROW else ()
-    configs += _configs("looped", bucket) if n > 2048 else ()
+    configs += _configs("looped", _pow2_at_least(n, 1)) if n > 2048 else ()
 
     def run(config: Config) -> Any:
         values = dict(config.kwargs, N=n, EPS=float(eps))
@@ -366,12 +403,14 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
         ck = _launch(kernel, grid, (rows, w2, y), values, config.threads)
         return ck, grid
 
-    ck, grid = _tune_and_run("rms_norm", x.device.index, configs, (m, n), str(dtype), run)
-    if signature is not None:
+    ck, grid = _tune_and_run("rms_norm", x.device.index, configs, (m, n),
+                             f"{dtype}/rows<={bucket}", run)
+    if signature is not None and _views_of((rows, w2), (x, weight)):
+        launch = _replayer(ck, grid, (rows, w2, y))
+
         def replay_rms_norm(x: Any, weight: Any) -> Any:
             y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
-            ck.launch(grid, (_rows_view(x), weight.contiguous().view(1, -1),
-                             y_full.view(-1, n)))
+            launch((x.data_ptr(), weight.data_ptr(), y_full.data_ptr()))
             return y_full
         _remember(signature, replay_rms_norm)
     return out
@@ -396,9 +435,9 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     rows, y = _rows_view(x), out.view(-1, x.shape[-1])
     from tegula.kernels.softmax import softmax_kernel, softmax_looped_kernel
     m, n = rows.shape
-    bucket = _pow2_at_least(n, 1)
+    bucket = _row_bucket(n)
     configs = _configs("row", bucket) if n <= _MAX_ROW else ()
-    configs += _configs("looped", bucket) if n > 2048 else ()
+    configs += _configs("looped", _pow2_at_least(n, 1)) if n > 2048 else ()
 
     def run(config: Config) -> Any:
         values = config.kwargs
@@ -407,11 +446,14 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
         grid = (-(-m // values["BM"]),)
         return _launch(kernel, grid, (rows, y), values, config.threads), grid
 
-    ck, grid = _tune_and_run("softmax", x.device.index, configs, (m, n), str(dtype), run)
-    if signature is not None:
+    ck, grid = _tune_and_run("softmax", x.device.index, configs, (m, n),
+                             f"{dtype}/rows<={bucket}", run)
+    if signature is not None and _views_of((rows,), (x,)):
+        launch = _replayer(ck, grid, (rows, y))
+
         def replay_softmax(x: Any) -> Any:
             y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
-            ck.launch(grid, (_rows_view(x), y_full.view(-1, n)))
+            launch((x.data_ptr(), y_full.data_ptr()))
             return y_full
         _remember(signature, replay_softmax)
     return out
@@ -482,9 +524,11 @@ def copy(x: Any, *, out: Any = None) -> Any:
                              _configs("copy", _pow2_at_least(m, 1), _pow2_at_least(n, 1)),
                              (m, n), str(dtype), run)
     if signature is not None and x.is_contiguous():
+        launch = _replayer(ck, grid, (src2, dst2))
+
         def replay_copy(x: Any) -> Any:
             y = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
-            ck.launch(grid, (x.view(m, n), y.view(m, n)))
+            launch((x.data_ptr(), y.data_ptr()))
             return y
         _remember(signature, replay_copy)
     return out

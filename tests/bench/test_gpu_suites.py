@@ -143,6 +143,19 @@ def test_summary_table_fraction_of_copy_bandwidth():
     assert "80%" in table and "0.80x" in table
 
 
+def test_same_size_copy_is_timed_unchecked_and_reported_as_a_fraction():
+    torch = pytest.importorskip("torch")
+    case = _cpu_case(torch)
+    case.impls = case.impls[:1]
+    case.same_size_copy = copy = lambda: torch.zeros(1)  # a yardstick: timed, never checked
+    record = gpu.measure_case(case, log=lambda line: None,
+                              timer=lambda fn: 0.02 if fn is copy else 0.01)
+    assert record["same_size_copy_tbps"] == pytest.approx(2 * 64 * 32 * 4 / 2e-5 / 1e12)
+    table, geomeans = gpu.summary_table([record], ["tegula"], [], "tbps", copy_tbps=1.0)
+    assert geomeans["all"]["tegula/same-size copy"] == pytest.approx(2.0)
+    assert "tegula/same-size copy" in table.splitlines()[0] and "200%" in table
+
+
 def test_record_file_is_named_by_suite_gpu_and_date(tmp_path):
     path = gpu.write_record("gemm", {"name": "NVIDIA H100 80GB HBM3"}, {"cases": []},
                             str(tmp_path))
@@ -207,15 +220,16 @@ def test_a_suite_runs_end_to_end_on_a_fake_gpu(suite, shapes, tmp_path, monkeypa
     ERROR: its entry points refuse CPU tensors)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(gpu, "load_torch", lambda name: (_FakeTorch(torch), None))
-    monkeypatch.setattr(gpu, "time_ms", lambda fn: (fn(), 0.05)[1])
-    monkeypatch.setattr(gpu, "copy_bandwidth", lambda torch: 3.0e12)  # 1 GiB is slow on a CPU
+    monkeypatch.setattr(gpu, "time_ms", lambda fn, flush: (fn(), 0.05)[1])
+    monkeypatch.setattr(gpu, "copy_bandwidth",  # 1 GiB is slow on a CPU
+                        lambda torch, flush: 3.0e12)
     assert bench_main([suite, "--shapes", shapes, "--no-triton", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "tegula/torch" in printed or "tegula/cuBLAS" in printed
     assert "ERROR" in printed and "geomean" in printed.splitlines()[-1]
     (path,) = tmp_path.glob(f"{suite}-*fake-gpu-*.json")
     record = json.loads(path.read_text())
-    assert record["gpu"]["name"] == "Fake GPU"
+    assert record["gpu"]["name"] == "Fake GPU" and record["flush"] == "clean"
     assert len(record["cases"]) == len(shapes.split(","))
     for case in record["cases"]:
         assert case["results"]["torch"]["status"] == "ok"

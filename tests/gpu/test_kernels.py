@@ -158,16 +158,35 @@ def test_silu_mul_matches_torch(rng, dtype, shape):
 @pytest.mark.parametrize("shape", ROW_SHAPES + [(2, 16384), (9, 129)])
 @pytest.mark.parametrize("dtype", [f32, f16, bf16], ids=str)
 def test_softmax_matches_torch(rng, dtype, shape):
-    from tegula.kernels.softmax import softmax_config, softmax_kernel
+    from tegula.kernels.softmax import softmax_config
+    _check_softmax(dtype, shape, *softmax_config(shape))
+
+
+# Rows well short of a power of two, on tiles of whole vectors per thread (the tuner's
+# "tight" candidates), with 128 to 512 threads.
+TIGHT_ROWS = [((37, 3000), dict(BM=1, BN=3072), 128), ((5, 5000), dict(BM=1, BN=6144), 256),
+              ((9, 5120), dict(BM=1, BN=5120), 128), ((3, 16000), dict(BM=1, BN=16384), 512)]
+
+
+@pytest.mark.parametrize("shape,constexprs,threads", TIGHT_ROWS)
+@pytest.mark.parametrize("dtype", [f32, f16], ids=str)
+def test_row_kernels_on_tight_tiles_match_torch(rng, dtype, shape, constexprs, threads):
+    grid = (shape[0],)
+    _check_softmax(dtype, shape, grid, dict(constexprs, threads=threads))
+    _check_rms_norm(dtype, shape, grid, dict(constexprs, threads=threads, N=shape[1],
+                                             EPS=1e-6))
+
+
+def _check_softmax(dtype, shape, grid, constexprs):
+    from tegula.kernels.softmax import softmax_kernel
     x = torch.randn(shape, device="cuda").mul(3).to(torch_dtype(dtype))
     y = _empty(shape, dtype)
-    grid, constexprs = softmax_config(shape)
     softmax_kernel(dtype)[grid](x, y, **constexprs)
     torch.cuda.synchronize()
     ref = torch.softmax(x.double(), dim=1)
     err = (y.double() - ref).abs()
-    # f32 max/exp/sum/divide: relative ~2^-20 on large entries, a few 1e-7 absolute on
-    # the tiniest (exp of large negatives); then one rounding to the output type.
+    # f32 max/exp2/sum/reciprocal: relative ~2^-20 on large entries, a few 1e-7 absolute
+    # on the tiniest (exp of large negatives); then one rounding to the output type.
     rtol = 2 * max(_ulp_rtol(dtype), 2.0 ** -20)
     assert not torch.isnan(y).any(), "unwritten (poisoned) elements remain"
     assert bool((err <= 1e-7 + rtol * ref).all()), f"max error {err.max().item():.3g}"
@@ -181,13 +200,17 @@ def test_softmax_matches_torch(rng, dtype, shape):
 @pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("dtype", [f32, f16, bf16], ids=str)
 def test_rms_norm_matches_torch(rng, dtype, shape):
-    norm = pytest.importorskip("tegula.kernels.norm")
-    eps = 1e-6
+    from tegula.kernels.norm import rms_norm_config
+    _check_rms_norm(dtype, shape, *rms_norm_config(shape, 1e-6))
+
+
+def _check_rms_norm(dtype, shape, grid, constexprs):
+    from tegula.kernels.norm import rms_norm_kernel
+    eps = constexprs["EPS"]
     x = torch.randn(shape, device="cuda").mul(2).to(torch_dtype(dtype))
     w = torch.randn(1, shape[1], device="cuda").to(torch_dtype(dtype))
     y = _empty(shape, dtype)
-    grid, constexprs = norm.rms_norm_config(shape, eps)
-    norm.rms_norm_kernel(dtype)[grid](x, w, y, **constexprs)
+    rms_norm_kernel(dtype)[grid](x, w, y, **constexprs)
     torch.cuda.synchronize()
     xd, wd = x.double(), w.double()
     ref = xd * torch.rsqrt((xd * xd).mean(1, keepdim=True) + eps) * wd
