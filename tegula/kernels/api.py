@@ -216,20 +216,28 @@ def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
     registers -> MMA). Large tiles take 256 threads, keeping accumulators at ≤ 128 f32
     registers a thread. Decode shapes (few rows) get narrow tiles: with M = 16 a
     128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
-    narrower N tiles trade reuse, which few rows cannot use anyway, for blocks."""
+    narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
+    long K, splitting it (SPLIT partial sums, then a reduction) multiplies the blocks
+    again (128×4096 in 64×128 tiles is 64 blocks; split 4 ways, 256)."""
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
     if _pow2_at_least(m, 1) <= 16:
         chosen = [dict(BM=16, BN=32, BK=128, STAGES=4), dict(BM=16, BN=64, BK=64, STAGES=4),
                   dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
                   registers]
+        split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4)]
     elif _pow2_at_least(m, 1) <= 64:
         chosen = [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
                   dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
                   registers]
+        split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2)]
     elif _pow2_at_least(m, 1) <= 256:
         chosen = [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
                   dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
+        split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
+                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
     else:
         chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
@@ -237,6 +245,9 @@ def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
                   dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
                   dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
                   dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
+        split = []
+    # Split K only where each split still has a few k-tiles to pipeline.
+    chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
     return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
 
 
@@ -278,29 +289,60 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
 
     def run(config: Config) -> Any:
         values = config.kwargs
-        which, b_layout = values.pop("kernel"), values.pop("B")
-        kernel = _gemm_kernel(dtype, which)
+        b_layout = values.pop("B")
         operand = bt if b_layout == "view" else bt.contiguous()
-        grid = (-(-m // values["BM"]), -(-n // values["BN"]), 1)
-        return _launch(kernel, grid, (a, operand, out), values, config.threads), grid, b_layout
+        return _gemm_launches(dtype, values, config.threads, a, operand, out), b_layout
 
-    ck, grid, b_layout = _tune_and_run("matmul", a.device.index, configs, (m, n, k),
-                                       f"{dtype}/{'+'.join(layouts)}", run)
+    plan, b_layout = _tune_and_run("matmul", a.device.index, configs, (m, n, k),
+                                   f"{dtype}/{'+'.join(layouts)}", run)
     if signature is not None and a_contiguous:
-        launch = _replayer(ck, grid, (a, bt if b_layout == "view" else bt.contiguous(), out))
+        launches = [(_replayer(ck, grid, args), roles) for ck, grid, args, roles in plan]
+        workspace = next((args[roles.index("partial")] for _, _, args, roles in plan
+                          if "partial" in roles), None)
+        partial_shape = tuple(workspace.shape) if workspace is not None else None
 
         def replay_matmul(a: Any, b: Any) -> Any:
-            c = _torch().empty((m, n), dtype=a.dtype, device=a.device)
+            torch = _torch()
+            c = torch.empty((m, n), dtype=a.dtype, device=a.device)
             operand = b if b_layout == "view" else b.T.contiguous()  # b.T's pointer is b's
-            launch((a.data_ptr(), operand.data_ptr(), c.data_ptr()))
+            pointers = {"a": a.data_ptr(), "b": operand.data_ptr(), "c": c.data_ptr()}
+            if partial_shape is not None:
+                partial = torch.empty(partial_shape, dtype=workspace.dtype, device=a.device)
+                pointers["partial"] = partial.data_ptr()
+            for launch, roles in launches:
+                launch(tuple(pointers[r] for r in roles))
             return c
         _remember(signature, replay_matmul)
     return out
 
 
-def _gemm_kernel(dtype: DType, which: str):
-    from tegula.kernels.gemm import gemm_kernel, gemm_registers_kernel
-    return gemm_registers_kernel(dtype) if which == "registers" else gemm_kernel(dtype)
+def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: Any,
+                   out: Any) -> list[tuple]:
+    """Launch one GEMM configuration (`values`: tiles, "kernel", optional "SPLIT") on
+    a (M, K), bt (N, K) into out (M, N); returns each launch as (compiled kernel, grid,
+    arguments, their roles), which is what a replay repeats. A split-K configuration is
+    two launches through an f32 workspace: the split GEMM, then the reduction."""
+    from tegula.kernels import gemm
+
+    (m, _), n = a.shape, out.shape[1]
+    which, split = values.pop("kernel"), values.pop("SPLIT", 1)
+    bm, bn = values["BM"], values["BN"]
+    if split == 1:
+        kernel = gemm.gemm_registers_kernel(dtype) if which == "registers" \
+            else gemm.gemm_kernel(dtype)
+        grid = (-(-m // bm), -(-n // bn), 1)
+        ck = _launch(kernel, grid, (a, bt, out), values, threads)
+        return [(ck, grid, (a, bt, out), ("a", "b", "c"))]
+    rows = gemm.split_k_rows(m, bm)
+    partial = _torch().empty((split * rows, n), dtype=_torch().float32, device=a.device)
+    grid = (-(-m // bm), -(-n // bn), split)
+    ck = _launch(gemm.gemm_split_k_kernel(dtype), grid, (a, bt, partial),
+                 dict(values, SPLIT=split), threads)
+    reduce_grid = gemm.split_k_reduce_grid(m, n)
+    reduce_ck = _launch(gemm.split_k_reduce_kernel(dtype), reduce_grid, (partial, out),
+                        dict(ROWS=rows, SPLIT=split), None)
+    return [(ck, grid, (a, bt, partial), ("a", "b", "partial")),
+            (reduce_ck, reduce_grid, (partial, out), ("partial", "c"))]
 
 
 # --------------------------------------------------------------------------------------

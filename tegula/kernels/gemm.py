@@ -79,6 +79,62 @@ def gemm_registers_kernel(dtype: DType) -> tg.Kernel:
     return gemm_registers
 
 
+@lru_cache(maxsize=None)
+def gemm_split_k_kernel(dtype: DType) -> tg.Kernel:
+    """The shared-memory GEMM with K split SPLIT ways (grid axis 2): block (m, n, s)
+    accumulates k-tiles [s·per, (s+1)·per) and stores its f32 (or i32) partial sum into
+    rows s·Mt·BM + m·BM … of `partial` ((SPLIT·Mt·BM, N), Mt = cdiv(M, BM)), for
+    `split_k_reduce_kernel` to add up. For few-row GEMMs whose (M/BM)·(N/BN) tiles cannot
+    fill the GPU (128×4096 in 64×128 tiles is 64 blocks for 132 SMs); summing partials
+    in a fixed order keeps results deterministic, unlike atomics."""
+    acc_t = accumulator_type(dtype)
+
+    @tg.kernel(threads=128)
+    def gemm_split_k(a: tg.Tensor[dtype], b: tg.Tensor[dtype], partial: tg.Tensor[acc_t],
+                     BM: tg.constexpr = 64, BN: tg.constexpr = 128, BK: tg.constexpr = 64,
+                     STAGES: tg.constexpr = 4, SPLIT: tg.constexpr = 2):
+        m, n, s = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        ga = a.tile((BM, BK), (m, None))
+        gb = b.tile((BN, BK), (n, None))
+        per = tg.cdiv(ga.shape[2], SPLIT)           # k-tiles per split (the last may run
+        acc = tg.zeros((BM, BN), acc_t)             # past K: those tiles load as zeros)
+        sa = tg.shared((BM, BK), dtype, stages=STAGES)
+        sb = tg.shared((BN, BK), dtype, stages=STAGES)
+        for k in tg.pipeline(s * per, s * per + per, stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+        m_tiles = tg.cdiv(a.shape[0], BM)
+        tg.copy(acc, partial.tile((BM, BN), (s * m_tiles + m, n)))
+
+    return gemm_split_k
+
+
+@lru_cache(maxsize=None)
+def split_k_reduce_kernel(dtype: DType) -> tg.Kernel:
+    """c = the sum of `gemm_split_k_kernel`'s SPLIT partials, in split order, rounded to
+    c's type once. `partial` is (SPLIT·Mt·BM, N) with Mt·BM ≥ M rows per split."""
+    acc_t, out_t = accumulator_type(dtype), output_type(dtype)
+
+    @tg.kernel(threads=128)
+    def split_k_reduce(partial: tg.Tensor[acc_t], c: tg.Tensor[out_t],
+                       ROWS: tg.constexpr, SPLIT: tg.constexpr = 2,
+                       BM: tg.constexpr = 16, BN: tg.constexpr = 256):
+        m, n = tg.block_id(0), tg.block_id(1)
+        row_tiles = ROWS // BM                      # tiles per split (BM divides ROWS)
+        total = tg.load(partial.tile((BM, BN), (m, n)))
+        for s in range(1, SPLIT):
+            total += tg.load(partial.tile((BM, BN), (s * row_tiles + m, n)))
+        tg.copy(total.to(out_t), c.tile((BM, BN), (m, n)))
+
+    return split_k_reduce
+
+
+def split_k_rows(m: int, bm: int) -> int:
+    """Rows of `partial` per split: M rounded up to whole BM tiles."""
+    return tg.cdiv(m, bm) * bm
+
+
 def gemm_config(m: int, n: int, k: int, dtype: DType, shared: bool = True,
                 **tiles: int) -> tuple[tuple[int, int], dict]:
     """(grid, constexprs) for an (M, N, K) GEMM: one block per (BM, BN) tile of c.
@@ -92,18 +148,36 @@ def gemm_config(m: int, n: int, k: int, dtype: DType, shared: bool = True,
 
 
 def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
-                  shared: bool = True, **tiles: int) -> np.ndarray:
-    """`a @ b.T` by the emulated kernel (`shared=False`: the register-only dataflow)."""
+                  shared: bool = True, split: int = 1, **tiles: int) -> np.ndarray:
+    """`a @ b.T` by the emulated kernel (`shared=False`: the register-only dataflow;
+    `split` > 1: K split that many ways, then the partials reduced)."""
     dtype = dtype or dtype_of_array(a)
     (m, k), (n, k2) = a.shape, b.shape
     if k != k2:
         raise ValueError(f"gemm needs a (M, K) and b (N, K), got {a.shape} and {b.shape}")
     c = poisoned((m, n), output_type(dtype))
+    if split > 1:
+        constexprs = dict(BM=64, BN=128, BK=64 if dtype != i8 else 128, STAGES=4, **tiles)
+        rows = split_k_rows(m, constexprs["BM"])
+        partial = poisoned((split * rows, n), accumulator_type(dtype))
+        grid = (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"]), split)
+        launch_emulated(gemm_split_k_kernel(dtype), grid, a, b, partial, SPLIT=split,
+                        **constexprs)
+        launch_emulated(split_k_reduce_kernel(dtype), split_k_reduce_grid(m, n),
+                        partial, c, ROWS=rows, SPLIT=split)
+        return c
     grid, constexprs = gemm_config(m, n, k, dtype, shared, **tiles)
     kernel = gemm_kernel(dtype) if shared else gemm_registers_kernel(dtype)
     launch_emulated(kernel, grid, a, b, c, **constexprs)
     return c
 
 
-__all__ = ["gemm_kernel", "gemm_registers_kernel", "gemm_config", "gemm_emulated",
+def split_k_reduce_grid(m: int, n: int, bm: int = 16, bn: int = 256) -> tuple[int, int]:
+    """The reduce kernel's grid for an (M, N) result in its default (BM, BN) tiles."""
+    return tg.cdiv(m, bm), tg.cdiv(n, bn)
+
+
+__all__ = ["gemm_kernel", "gemm_registers_kernel", "gemm_split_k_kernel",
+           "split_k_reduce_kernel", "split_k_rows", "split_k_reduce_grid", "gemm_config",
+           "gemm_emulated",
            "accumulator_type", "output_type", "GEMM_DTYPES"]

@@ -76,8 +76,12 @@ def test_softmax_and_copy_name_each_mistake():
                                   (8192, 14336, 4096)])
 def test_gemm_candidates_fit_the_problem(dims):
     configs = gemm_candidates(*dims)
-    assert 1 <= len(configs) <= 6
+    assert 1 <= len(configs) <= 7
     assert all(c["kernel"] in ("shared", "registers") for c in configs)
+    # K is split only for few rows, and only where each split keeps 8 or more k-tiles.
+    splits = [c for c in configs if c.get("SPLIT", 1) > 1]
+    assert all(dims[2] // c["BK"] // c["SPLIT"] >= 8 for c in splits)
+    assert bool(splits) == (dims[0] <= 256)
     # Accumulators per thread stay at or under 128 f32 registers.
     assert all(c["BM"] * c["BN"] // c.get("threads", 128) <= 128 for c in configs)
     if dims[0] <= 64:
@@ -212,3 +216,24 @@ def test_replayed_calls_read_their_own_arguments(layout):
         assert _rel(tk.matmul(a, b), a.double() @ b.double()) < 2e-3, f"matmul, call {call}"
         assert _rel(tk.matmul(a, b.T.contiguous().T), a.double() @ b.double()) < 2e-3
     assert shape == tuple(x.shape)
+
+
+@pytest.mark.gpu
+def test_split_k_matmul_and_its_replays(monkeypatch):
+    """The entry point with only a split-K configuration to choose: the first call tunes
+    and runs it (two launches through a workspace), later calls replay both launches
+    with a fresh workspace; every call checked on fresh data."""
+    _cuda()
+    import tegula.kernels.api as api
+    from tegula.runtime.autotune import Config
+
+    split = (Config.of(dict(kernel="shared", B="view", BM=64, BN=128, BK=64, STAGES=4,
+                            SPLIT=3)),)
+    monkeypatch.setattr(api, "_configs", lambda family, *bucket: split)
+    monkeypatch.setattr(api, "_REPLAYS", {})
+    for call in range(3):
+        a = torch.randn(100, 1500, device="cuda", dtype=torch.float16)
+        w = torch.randn(300, 1500, device="cuda", dtype=torch.float16)
+        c = tk.matmul(a, w.T)
+        assert _rel(c, a.double() @ w.double().T) < 2e-3, f"call {call}"
+    assert len(api._REPLAYS) == 1

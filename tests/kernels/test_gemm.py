@@ -61,3 +61,12 @@ def test_gemm_smaller_than_one_tile(shared):
     """Every row, column and k-step is a boundary: 5x7x40 inside one 64x64 tile."""
     a, b = operands(40 + shared, 5, 7, 40, f16)
     check_gemm(gemm_emulated(a, b, f16, shared=shared, BM=64, BN=64), a, b, f16)
+
+
+@pytest.mark.parametrize("dtype", GEMM_DTYPES, ids=str)
+@pytest.mark.parametrize("m,n,k,split", [(70, 130, 300, 2), (16, 128, 512, 4), (5, 200, 130, 3)])
+def test_split_k_gemm_sums_every_k_tile_once(dtype, m, n, k, split):
+    """K split 2-4 ways, including splits whose last k-tiles fall past K (130 = 3 tiles
+    of 64 split 3 ways leaves one split a single partial tile)."""
+    a, b = operands(40 + split + GEMM_DTYPES.index(dtype), m, n, k, dtype)
+    check_gemm(gemm_emulated(a, b, dtype, split=split), a, b, dtype)
