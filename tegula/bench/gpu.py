@@ -460,8 +460,11 @@ def plot(path: Path, title: str, records: list[dict], impls: Sequence[str], metr
     ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(labels))])
     ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("TFLOP/s" if metric == "tflops" else "TB/s (read + write)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
+    # Legend in a row above the bars: memory-bound bars reach the ceiling line, so a
+    # legend inside the axes would hide the last shapes.
+    ax.legend(fontsize=8, ncol=len(impls) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              frameon=False)
+    ax.set_title(title, pad=22)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
