@@ -245,6 +245,9 @@ def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
                   dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
                   dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
                   dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
+        if m * n <= 1024 * 1024:  # 64 blocks of 128×128 leave half an H100 idle:
+            chosen = [c for c in chosen if c["BM"] * c["BN"] <= 128 * 128]  # smaller tiles
+            chosen += [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4)]
         split = []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]

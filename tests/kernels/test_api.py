@@ -73,7 +73,7 @@ def test_softmax_and_copy_name_each_mistake():
 
 
 @pytest.mark.parametrize("dims", [(16, 4096, 4096), (128, 4096, 14336), (4096, 4096, 4096),
-                                  (8192, 14336, 4096)])
+                                  (8192, 14336, 4096), (1024, 1024, 1024)])
 def test_gemm_candidates_fit_the_problem(dims):
     configs = gemm_candidates(*dims)
     assert 1 <= len(configs) <= 7
