@@ -20,6 +20,11 @@ CONFIGS = [
     dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
     dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
     dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
+    dict(BM=128, BN=128, BK=64, STAGES=3),
+    dict(BM=128, BN=128, BK=32, STAGES=6),
+    dict(BM=128, BN=128, BK=32, STAGES=3),
+    dict(BM=128, BN=64, BK=64, STAGES=4),
+    dict(BM=256, BN=128, BK=32, STAGES=4, threads=256),
 ]
 
 
