@@ -285,6 +285,6 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     ck.launch_values(_normalized(grid(values) if callable(grid) else grid), flat, device, stream)
     runtime = [p.name for p in kernel.params if p.kind in ("tensor", "scalar")]
     if keyed is not None and len(args) == len(runtime):  # every run-time argument positional
-        arg_index = {name: i for i, name in enumerate(runtime)}
-        fast[keyed[0]] = PreparedLaunch(ck, arg_index, flat, device, values)
+        arg_index = {name: i for i, name in enumerate(runtime)}  # positions as the user passes
+        fast[keyed[0]] = PreparedLaunch(ck, flat, device, values, arg_index)
     return ck

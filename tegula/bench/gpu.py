@@ -125,10 +125,11 @@ def time_ms(fn: Callable[[], Any], warmup_ms: float = 25.0, rep_ms: float = 100.
     run: do_bench's scheme (estimate, warm up, then one CUDA-event pair per run)."""
     import torch
 
+    from tegula.runtime.autotune import l2_emptier
+
     if flush not in FLUSH_MODES:
         raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
-    buffer = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    empty_l2 = buffer.max if flush == "clean" else buffer.zero_
+    empty_l2 = l2_emptier(torch, flush, _FLUSH_BYTES)
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

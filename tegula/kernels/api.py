@@ -189,9 +189,7 @@ def _replayer(ck: Any, grid: tuple, args: Sequence[Any]) -> Callable[[Sequence[i
     from tegula.build import normalize_grid
     from tegula.runtime import PreparedLaunch
 
-    flat, device = ck.plan.flatten(args)
-    positions = {p.name: i for i, p in enumerate(ck.plan.params)}
-    prepared = PreparedLaunch(ck, positions, flat, device, {})
+    prepared = PreparedLaunch(ck, *ck.plan.flatten(args))
     grid3 = normalize_grid(grid)
     return lambda pointers: prepared(grid3, (), pointers)
 

@@ -147,7 +147,7 @@ def cuda_event_timer(warmup: int = 2, reps: int = 7, max_seconds: float = 0.2,
     def timer(fn: Callable[[], None]) -> float:
         import torch
 
-        empty_l2 = _l2_emptier(torch) if flush_l2 else (lambda: None)
+        empty_l2 = l2_emptier(torch) if flush_l2 else (lambda: None)
         for _ in range(warmup):
             fn()
         samples: list[float] = []
@@ -167,15 +167,23 @@ def cuda_event_timer(warmup: int = 2, reps: int = 7, max_seconds: float = 0.2,
     return timer
 
 
-def _l2_emptier(torch: Any) -> Callable[[], Any]:
-    """A function that fills L2 with clean lines of a scratch buffer (a read of twice the
-    L2 size), or does nothing where the buffer cannot be had (memory nearly full)."""
+def l2_emptier(torch: Any, mode: str = "clean",
+               nbytes: int | None = None) -> Callable[[], Any]:
+    """A function that empties L2 of useful lines before a timed run, by touching a scratch
+    buffer of `nbytes` (default twice the L2 size): "clean" reads it, so L2 holds only
+    clean lines afterwards; "dirty" zeroes it, as triton.testing.do_bench does, leaving
+    L2 full of dirty lines the next kernel must write back first. Where the buffer cannot
+    be had (memory nearly full) it does nothing."""
+    if mode not in ("clean", "dirty"):
+        raise ValueError(f"L2 emptying mode must be 'clean' or 'dirty', got {mode!r}")
     try:
-        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        buffer = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
-    except (RuntimeError, AttributeError):
+        if nbytes is None:
+            device = torch.cuda.current_device()
+            nbytes = max(2 * torch.cuda.get_device_properties(device).L2_cache_size, 1 << 20)
+        buffer = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+    except (RuntimeError, AttributeError, AssertionError):  # no GPU, or out of memory
         return lambda: None
-    return buffer.max
+    return buffer.max if mode == "clean" else buffer.zero_
 
 
 def describe_error(e: BaseException) -> str:

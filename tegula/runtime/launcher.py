@@ -171,12 +171,17 @@ class PreparedLaunch:
 
     __slots__ = ("kernel", "template", "pointers", "scalars", "device", "constexprs")
 
-    def __init__(self, kernel: CompiledKernel, arg_index: dict[str, int], values: list,
-                 device: int, constexprs: dict):
+    def __init__(self, kernel: CompiledKernel, values: list, device: int,
+                 constexprs: dict | None = None, arg_index: dict[str, int] | None = None):
+        """`values`: `kernel.plan.flatten`'s output for the checked arguments; `arg_index`:
+        each parameter's position among the arguments later calls pass (default: the
+        kernel's signature order)."""
+        if arg_index is None:
+            arg_index = {p.name: i for i, p in enumerate(kernel.plan.params)}
         self.kernel = kernel
         self.template = list(values)
         self.device = device  # -1: no tensor arguments, the current device at each launch
-        self.constexprs = constexprs
+        self.constexprs = constexprs or {}
         self.pointers = [(slot, arg_index[spec.source])
                          for slot, spec in enumerate(kernel.params) if spec.kind == "pointer"]
         by_name = {p.name: p for p in kernel.plan.params}

@@ -223,3 +223,12 @@ def test_lookup_is_memory_only_and_checks_the_candidates(tmp_path):
     assert tuner.lookup(configs, (60,)) == configs[1]       # same bucket
     assert tuner.lookup(configs[::2], (64,)) is None        # winner no longer offered
     assert tuner_with(tmp_path, fake).lookup(configs, (64,)) is None  # disk not consulted
+
+
+def test_l2_emptier_names_bad_modes_and_does_nothing_without_a_gpu():
+    from tegula.runtime.autotune import l2_emptier
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="'clean' or 'dirty'"):
+        l2_emptier(torch, "flush")
+    if not torch.cuda.is_available():
+        assert l2_emptier(torch)() is None
