@@ -13,8 +13,11 @@ Winners are cached per (kernel name, shape bucket, extra key, GPU name), where t
 bucket rounds every dimension up to a power of two: shapes in one bucket share tile
 choices, so a model's many slightly different shapes tune once. The cache lives in memory
 and on disk (`<tegula cache dir>/autotune/<name>.json`, written atomically and merged with
-what other processes wrote), so a later process reuses the winner without measuring. A
-cached winner that is no longer among the candidates (the code changed) is re-tuned.
+what other processes wrote, through the cubin cache's `PrivateDir`: private directories,
+no symlinks followed), so a later process reuses the winner without measuring. A cached
+winner that is no longer among the candidates (the code changed) is re-tuned. The file is
+read distrustfully: a record of any other form (wrong types, unknown format, deep
+nesting, an unreadable or oversized file) is dropped — a cache miss, never an error.
 
 `TEGULA_AUTOTUNE=0` turns measuring off: the first candidate (after ranking) is used, and
 nothing is read from or written to the disk cache — for debugging a kernel, not for speed.
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tegula.runtime.cache import default_cache_dir, write_atomic
+from tegula.runtime.cache import PrivateDir, default_cache_dir
 
 #: A timer takes a callable that launches the candidate once and returns seconds per launch.
 Timer = Callable[[Callable[[], None]], float]
@@ -219,15 +222,22 @@ class Autotuner:
         return f"{bucket}|{extra}|{device_name}"
 
     @property
+    def _root(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+    @property
+    def _file_name(self) -> str:
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.name)
+        return f"{safe or '_'}.json"
+
+    @property
     def path(self) -> Path:
         """The JSON file holding this kernel's winners."""
-        root = self.cache_dir if self.cache_dir is not None else default_cache_dir()
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
-        return root / "autotune" / f"{safe}.json"
+        return self._root / "autotune" / self._file_name
 
     def _load_disk(self) -> dict[str, Any]:
         if self._disk is None:
-            self._disk = _read_json(self.path)
+            self._disk = _read_records(self._root, self._file_name)
         return self._disk
 
     def _store(self, record: TuneRecord) -> None:
@@ -235,11 +245,12 @@ class Autotuner:
         if not self.persist:
             return
         try:
-            merged = _read_json(self.path)
+            merged = _read_records(self._root, self._file_name)
             merged[record.key] = record.as_json()
-            _write_json_atomic(self.path, merged)
+            data = json.dumps(merged, indent=1, sort_keys=True).encode("utf-8")
+            PrivateDir(self._root).write("autotune", self._file_name, data=data)
             self._disk = merged
-        except OSError:
+        except (OSError, ValueError):
             pass  # an unwritable cache must not stop a launch; the winner stays in memory
 
     # -- selection -------------------------------------------------------------------------
@@ -252,16 +263,13 @@ class Autotuner:
                 return record
             if not (self.persist and tuning_enabled()):
                 return None
-            entry = self._load_disk().get(key)
-            if not isinstance(entry, dict) or entry.get("format") != _FORMAT:
+            entry = self._load_disk().get(key)  # well-formed records only (_read_records)
+            if entry is None:
                 return None
-            try:
-                best = Config.of(entry["best"])
-            except (KeyError, TypeError, AttributeError):
-                return None
+            best = Config.of(entry["best"])
             if best not in candidates:
                 return None
-            record = TuneRecord(key, best, [], "disk", str(entry.get("when", "")))
+            record = TuneRecord(key, best, [], "disk", entry["when"])
             self.records[key] = record
             return record
 
@@ -350,10 +358,7 @@ class Autotuner:
             self.records.clear()
             self._disk = None
             if disk:
-                try:
-                    self.path.unlink()
-                except FileNotFoundError:
-                    pass
+                PrivateDir(self._root).remove("autotune", self._file_name)
 
 
 def _unique(configs: Iterable[Config]) -> list[Config]:
@@ -384,19 +389,65 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or {} when it is absent or unreadable (a corrupt cache is
-    a cache miss, never an error)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+#: A tuning file larger than this is not read (a few hundred records take ~100 KB).
+_MAX_FILE_BYTES = 8 << 20
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _read_records(root: Path, file_name: str) -> dict[str, dict[str, Any]]:
+    """The well-formed records of `root/autotune/file_name` by key; {} when the file is
+    absent, refused, oversized or not JSON. A malformed record of any kind (deep nesting
+    included) is dropped: a cache miss, never an error (the file is written by any
+    process of this user, and edited by hand)."""
+    data = PrivateDir(root).read("autotune", file_name, limit=_MAX_FILE_BYTES)
+    if data is None:
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        loaded = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return {}
+    if not isinstance(loaded, dict):
+        return {}
+    records = {}
+    for key, entry in loaded.items():
+        record = _well_formed(entry)
+        if record is not None:
+            records[key] = record
+    return records
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write the JSON so readers never see half a file (the disk cache's atomic write)."""
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
+def _config_dict(value: Any) -> dict[str, Any] | None:
+    """`value` when it is a config's dict form (`Config.as_dict`), else None."""
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, _SCALARS) for k, v in value.items()):
+        return None
+    threads = value.get("threads")
+    if threads is not None and (type(threads) is not int or threads <= 0):
+        return None
+    return value
+
+
+def _well_formed(entry: Any) -> dict[str, Any] | None:
+    """A record as `TuneRecord.as_json` writes it, rebuilt from checked fields only, or
+    None. Trials are informational: malformed ones are dropped, not the record."""
+    if not isinstance(entry, dict) or type(entry.get("format")) is not int or \
+            entry["format"] != _FORMAT:
+        return None
+    best = _config_dict(entry.get("best"))
+    when = entry.get("when", "")
+    if best is None or not isinstance(when, str):
+        return None
+    trials = entry.get("trials")
+    trials = [t for t in trials if _well_formed_trial(t)] if isinstance(trials, list) else []
+    return {"best": best, "trials": trials, "when": when, "format": _FORMAT}
+
+
+def _well_formed_trial(trial: Any) -> bool:
+    number = (int, float, type(None))
+    return (isinstance(trial, dict) and _config_dict(trial.get("config")) is not None
+            and isinstance(trial.get("seconds"), number)
+            and isinstance(trial.get("error"), (str, type(None)))
+            and isinstance(trial.get("predicted"), number))
 
 
 __all__ = ["Config", "Trial", "TuneRecord", "Autotuner", "AutotuneError", "shape_bucket",

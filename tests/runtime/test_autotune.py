@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tegula.runtime.autotune import (AutotuneError, Autotuner, Config, next_power_of_two,
                                      shape_bucket)
@@ -232,3 +234,100 @@ def test_l2_emptier_names_bad_modes_and_does_nothing_without_a_gpu():
         l2_emptier(torch, "flush")
     if not torch.cuda.is_available():
         assert l2_emptier(torch)() is None
+
+
+# --------------------------------------------------------------------------------------
+# Malformed records on disk are cache misses
+# --------------------------------------------------------------------------------------
+
+GOOD = {"best": {"BM": 128, "BN": 128}, "trials": [], "when": "", "format": 1}
+
+
+def _disk_file(tmp_path, text: str | bytes):
+    path = tmp_path / "autotune" / "gemm.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def _tunes_from_scratch(tmp_path) -> None:
+    """A tuner that finds nothing usable measures, picks the fastest and stores it."""
+    fake = FakeGPU(dict(zip(keys(*CONFIGS), (3e-3, 1e-3, 2e-3))))
+    assert tuner_with(tmp_path, fake).select(CONFIGS, (64,), fake.run) == Config.of(CONFIGS[1])
+    assert fake.timed, "a malformed record was taken for a winner"
+    stored = json.loads((tmp_path / "autotune" / "gemm.json").read_text())
+    assert stored["64||"]["best"] == {"BM": 128, "BN": 128}
+
+
+@pytest.mark.parametrize("record", [
+    dict(GOOD, format=True),                       # True == 1 in Python, not in the format
+    dict(GOOD, format=2),
+    dict(GOOD, best=[["BM", 128]]),
+    dict(GOOD, best={"BM": {"nested": 1}}),
+    dict(GOOD, best={"BM": 128, "threads": "256"}),
+    dict(GOOD, best={"BM": 128, "threads": True}),
+    dict(GOOD, best={"BM": 128, "threads": -1}),
+    dict(GOOD, when=["not", "a", "string"]),
+    {k: v for k, v in GOOD.items() if k != "best"},
+    [GOOD], "string", 7, None,
+])
+def test_a_malformed_record_is_a_miss(tmp_path, record):
+    _disk_file(tmp_path, json.dumps({"64||": record}))
+    _tunes_from_scratch(tmp_path)
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,                                    # RecursionError
+    '{"64||": ' + '{"a": ' * 50_000 + "1" + "}" * 50_001,             # deep inside a record
+    '{"64||": {"best": {"BM": ' + "9" * 5000 + "}, \"format\": 1}}",  # int too long to parse
+    b'{"64||": "\xff\xfe"}',                                          # not UTF-8
+    "[1, 2, 3]", "null", "",
+])
+def test_a_malformed_file_is_a_miss(tmp_path, text):
+    _disk_file(tmp_path, text)
+    _tunes_from_scratch(tmp_path)
+
+
+def test_a_record_with_bad_trials_keeps_its_winner(tmp_path):
+    _disk_file(tmp_path, json.dumps({"64||": dict(GOOD, trials=[{"config": [[[]]]}, 5])}))
+    fake = FakeGPU(dict(zip(keys(*CONFIGS), (3e-3, 1e-3, 2e-3))))
+    assert tuner_with(tmp_path, fake).select(CONFIGS, (64,), fake.run) == Config.of(CONFIGS[1])
+    assert not fake.timed and not fake.runs
+
+
+def test_an_oversized_or_symlinked_file_is_not_read(tmp_path):
+    outside = tmp_path / "planted.json"
+    outside.write_text(json.dumps({"64||": dict(GOOD, best={"BM": 64, "BN": 64})}))
+    (tmp_path / "autotune").mkdir()
+    (tmp_path / "autotune" / "gemm.json").symlink_to(outside)
+    with pytest.warns(Warning, match="symbolic link"):
+        _tunes_from_scratch(tmp_path)
+    assert json.loads(outside.read_text())["64||"]["best"] == {"BM": 64, "BN": 64}
+    _disk_file(tmp_path, json.dumps({"64||": GOOD, "pad": "x" * (9 << 20)}))
+    _tunes_from_scratch(tmp_path)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+RECORDISH = st.fixed_dictionaries(
+    {}, optional={"best": JSON | st.dictionaries(st.sampled_from(["BM", "BN", "threads"]), JSON),
+                  "format": st.sampled_from([1, 1.0, True, "1"]) | JSON,
+                  "when": JSON, "trials": JSON})
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(JSON, st.dictionaries(st.just("64||"), JSON | RECORDISH)))
+def test_arbitrary_json_never_escapes_as_an_error(tmp_path, data):
+    _disk_file(tmp_path, json.dumps(data))
+    fake = FakeGPU(dict(zip(keys(*CONFIGS), (3e-3, 1e-3, 2e-3))))
+    tuner = tuner_with(tmp_path, fake)
+    best = tuner.select(CONFIGS, (64,), fake.run)
+    # Either a well-formed record naming an offered candidate, or measured afresh.
+    assert best in [Config.of(c) for c in CONFIGS]
+    if fake.timed:
+        assert best == Config.of(CONFIGS[1])
+    else:
+        assert isinstance(data["64||"]["best"], dict) and data["64||"]["format"] == 1
