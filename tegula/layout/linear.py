@@ -481,46 +481,81 @@ class LinearLayout:
 
         Label-wise: the first bits of each in dim of ``self`` must be exactly ``divisor``'s
         bases (landing in the low bits of each out dim), and the remaining bases must leave
-        those low bits zero; ``C`` gets the remaining bases with the low bits dropped. Dims
-        of ``C`` that end up size 1 are kept only when ``divisor`` lacks them.
+        those low bits zero; ``C`` gets the remaining bases with the low bits dropped.
+        As in Triton, ``C`` has exactly ``self``'s in and out dims, in ``self``'s order
+        (size 1 where ``divisor`` takes the whole dim), which makes it unique. None also
+        when ``divisor`` has a dim ``self`` lacks or orders its dims differently.
         """
-        for n, nb in divisor._outs:
-            if nb and (n not in self._shift or self._out_bits(n) < nb):
-                return None
-        for n, nb in divisor._ins:
-            if nb and (n not in self._bases or len(self._bases[n]) < nb):
-                return None
-        dout = dict(divisor._outs)
-        low = 0
-        for n, nb in dout.items():
-            if n in self._shift:
-                low |= ((1 << nb) - 1) << self._shift[n]
-        outs = [(n, nb - dout.get(n, 0)) for n, nb in self._outs]
-        outs = [(n, nb) for n, nb in outs if nb or n not in dout]
+        return self._divide(divisor, divisor_is_low=True)
+
+    def divide_right(self, divisor: LinearLayout) -> LinearLayout | None:
+        """The ``C`` with ``C * divisor == self``, or None (Triton's ``divideRight``).
+
+        The mirror of :meth:`divide_left`: ``divisor`` must be the LAST bits of each in dim
+        of ``self`` and land in the HIGH bits of each out dim, and the first bits must leave
+        those high bits zero. ``C`` has exactly ``self``'s in and out dims.
+        """
+        return self._divide(divisor, divisor_is_low=False)
+
+    def _divide(self, divisor: LinearLayout, divisor_is_low: bool) -> LinearLayout | None:
+        """Shared body of the two divisions: read the candidate ``C`` off ``self`` (the
+        in dim bits and out dim bits that ``divisor`` does not take), then accept it only
+        if multiplying back gives ``self`` exactly, which checks every condition at once."""
+        in_b, out_b = dict(divisor._ins), dict(divisor._outs)
+        if any(n not in self._bases for n in in_b) or any(n not in self._shift for n in out_b):
+            return None
+        if any(self._in_bits(n) < nb for n, nb in in_b.items()) or \
+                any(self._out_bits(n) < nb for n, nb in out_b.items()):
+            return None
+        outs = [(n, nb - out_b.get(n, 0)) for n, nb in self._outs]
         shift, s = {}, 0
         for n, nb in outs:
             shift[n] = s
             s += nb
+
+        def keep_c_part(col: int) -> int:
+            y = 0
+            for n, nb in outs:
+                skip = out_b.get(n, 0) if divisor_is_low else 0  # C's bits sit above B's
+                y |= ((col >> (self._shift[n] + skip)) & ((1 << nb) - 1)) << shift[n]
+            return y
+
         bases = {}
         for n, nb in self._ins:
             cols = self._bases[n]
-            k = len(divisor._bases.get(n, ()))
-            for i in range(k):
-                want = divisor._embed_outs(divisor._bases[n][i], self, False, "divide_left")
-                if cols[i] != want:
+            k = in_b.get(n, 0)
+            mine = cols[k:] if divisor_is_low else cols[:nb - k]
+            bases[n] = [keep_c_part(c) for c in mine]
+        c = LinearLayout.from_packed(bases, [(n, 1 << nb) for n, nb in outs])
+        product = divisor * c if divisor_is_low else c * divisor
+        return c if product == self else None
+
+    def quotient(self, dims: Iterable[str]) -> LinearLayout | None:
+        """The layout on the other dims when ``self`` is the identity on ``dims``, else None.
+
+        Triton's ``quotient``: each name in ``dims`` must be both an in dim and an out dim
+        of the same size, ``self`` must map it to itself bit for bit, map it to nothing
+        else, and map no other in dim into it. Then ``self`` is
+        ``identity(dims) x rest`` and the result is ``rest`` (the sublayout without
+        ``dims``). A name that is not a dim of ``self`` gives None.
+        """
+        dims = list(dims)
+        chosen = set(dims)
+        for n in dims:
+            if n not in self._bases or n not in self._shift or \
+                    self._in_bits(n) != self._out_bits(n):
+                return None
+        for n, _ in self._ins:
+            for i, col in enumerate(self._bases[n]):
+                inside = sum(((col >> self._shift[o]) & ((1 << nb) - 1)) << self._shift[o]
+                             for o, nb in self._outs if o in chosen)
+                if n in chosen:
+                    if col != 1 << (self._shift[n] + i):  # itself, and nothing outside
+                        return None
+                elif inside:
                     return None
-            rest = []
-            for c in cols[k:]:
-                if c & low:
-                    return None
-                y = 0
-                for on, onb in self._outs:
-                    v = (c >> (self._shift[on] + dout.get(on, 0)))
-                    y |= (v & ((1 << (onb - dout.get(on, 0))) - 1)) << shift.get(on, 0)
-                rest.append(y)
-            if rest or n not in divisor._bases:
-                bases[n] = rest
-        return LinearLayout.from_packed(bases, [(n, 1 << nb) for n, nb in outs])
+        return self.sublayout([n for n, _ in self._ins if n not in chosen],
+                              [n for n, _ in self._outs if n not in chosen])
 
     # ---------------------------------------------------------------- restructuring
 
@@ -581,14 +616,23 @@ class LinearLayout:
         return LinearLayout.from_packed(bases, list(target.out_dims.items()))
 
     def flatten_ins(self, name: str | None = None) -> LinearLayout:
-        """All in dims as one (named ``name``, default the first in dim's name)."""
-        name = name or (self.in_dim_names[0] if self._ins else "flat")
-        return self.reshape_ins([(name, self.total_in_size)])
+        """All in dims as one (named ``name``, default the first in dim's name).
+
+        A layout without in dims is returned unchanged: there is nothing to flatten, and
+        inventing a dim would change which inputs it takes (Triton does the same).
+        """
+        if not self._ins:
+            return self
+        return self.reshape_ins([(name or self.in_dim_names[0], self.total_in_size)])
 
     def flatten_outs(self, name: str | None = None) -> LinearLayout:
-        """All out dims as one (named ``name``, default the first out dim's name)."""
-        name = name or (self.out_dim_names[0] if self._outs else "flat")
-        return self.reshape_outs([(name, self.total_out_size)])
+        """All out dims as one (named ``name``, default the first out dim's name).
+
+        A layout without out dims is returned unchanged (see :meth:`flatten_ins`).
+        """
+        if not self._outs:
+            return self
+        return self.reshape_outs([(name or self.out_dim_names[0], self.total_out_size)])
 
     def remove_zero_bases(self, in_dim: str) -> LinearLayout:
         """Drop the broadcast bits of ``in_dim`` (the in dim shrinks)."""
@@ -615,18 +659,31 @@ class LinearLayout:
         return out
 
     def num_consecutive(self, in_dim: str) -> int:
-        """Contiguity (§5.1): the largest ``2^k`` such that bits ``0..k-1`` of ``in_dim``
-        map to flattened output bits ``1, 2, 4, ...`` — so indices ``0..2^k-1`` of
-        ``in_dim`` land on consecutive flattened outputs. 1 means no vectorization.
+        """Contiguity (§5.1, Triton's ``getNumConsecutiveInOut``): the largest ``2^k``
+        such that EVERY aligned run of ``2^k`` consecutive indices of ``in_dim`` (whatever
+        the other inputs) lands on ``2^k`` consecutive flattened outputs, in order. That is
+        what a vector access of ``2^k`` elements needs. 1 means no vectorization.
 
-        "Consecutive" is along the flattened output with the FIRST out dim most minor;
-        :meth:`transpose_outs` first if the contiguous tensor dim is another one.
+        Bits ``0..k-1`` of ``in_dim`` must map to flattened outputs ``1, 2, 4, ...``, and
+        every other basis (higher bits of ``in_dim``, all bits of the other in dims) must
+        leave output bits ``0..k-1`` alone: ``L(x + j) = L(x) XOR j`` equals
+        ``L(x) + j`` only when ``L(x)`` has those bits clear.
+
+        "Consecutive" is along the flattened output with the FIRST out dim most minor
+        (Triton only looks at the first out dim); :meth:`transpose_outs` first if the
+        contiguous tensor dim is another one.
         """
+        cols = self.bases_packed(in_dim)
         k = 0
-        for c in self.bases_packed(in_dim):
-            if c != 1 << k:
-                break
+        while k < len(cols) and cols[k] == 1 << k:
             k += 1
+        others = 0
+        for n, _ in self._ins:
+            for i, c in enumerate(self._bases[n]):
+                if n != in_dim or i >= k:
+                    others |= c
+        while k and others & ((1 << k) - 1):
+            k -= 1
         return 1 << k
 
     def is_distributed(self) -> bool:
