@@ -1,0 +1,182 @@
+"""The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul`,
+`rms_norm`, `softmax` and `copy`.
+
+    import tegula.kernels.torch_ops            # registers the ops (needs torch)
+    y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
+
+    @torch.compile(fullgraph=True)             # traced without a graph break
+    def block(x, w): return torch.ops.tegula.softmax(torch.ops.tegula.rms_norm(x, w, 1e-6))
+
+The plain functions in `tegula.kernels` (`tk.rms_norm`, ...) stay as they are for code that
+is not compiled; these ops wrap them, so a CUDA call runs the same checks, autotuner and
+cached launches. What the ops add is what torch's compiler and checks need:
+
+* a schema (`tegula::rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor`);
+* a fake (meta) implementation giving the result's shape and dtype after the same
+  argument checks as the CUDA path (dtype, rank, matching shapes), so tracing reports a
+  bad call where the model makes it; the device check stays with the real call;
+* a CPU implementation that runs the same kernels in tegula's numpy emulator — slow, for
+  tests and for developing without a GPU (`torch.library.opcheck` runs end to end on CPU).
+
+Autograd: none of these ops has a backward kernel, and none registers a formula, so
+`backward()` through them raises torch's error instead of producing a gradient. They are
+forward-only (inference, or code that detaches around them).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tegula.dtypes import DType
+from tegula.kernels import api
+from tegula.runtime.torch_op import from_numpy, to_numpy
+
+# Rows longer than one register tile run through the looped (chunked) kernels.
+_MAX_ROW = api._MAX_ROW
+
+
+# ---------------------------------------------------------------------------- shared checks
+# One function per op: check the arguments as the CUDA entry point does (its own helpers,
+# so the messages are the same) and return the tegula dtype and the result's shape.
+
+def _matmul_checked(a: Tensor, b: Tensor) -> tuple[DType, tuple[int, int]]:
+    dtype = api._check_tensor("matmul", "a", a, api._GEMM_DTYPES, ndim=2)
+    api._check_tensor("matmul", "b", b, api._GEMM_DTYPES, ndim=2)
+    api._check_same_dtype("matmul", {"a": a, "b": b})
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"tegula.kernels.matmul: inner dimensions differ: a is {tuple(a.shape)}"
+                         f", b is {tuple(b.shape)} (a's columns must equal b's rows)")
+    return dtype, (a.shape[0], b.shape[1])
+
+
+def _rms_norm_checked(x: Tensor, weight: Tensor, eps: float) -> DType:
+    dtype = api._check_tensor("rms_norm", "x", x, api._FLOATS, min_ndim=1)
+    api._check_tensor("rms_norm", "weight", weight, api._FLOATS, ndim=1)
+    api._check_same_dtype("rms_norm", {"x": x, "weight": weight})
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"tegula.kernels.rms_norm: weight has {weight.shape[0]} elements, x's "
+                         f"last dim has {x.shape[-1]}")
+    if not eps >= 0:
+        raise ValueError(f"tegula.kernels.rms_norm: eps must be a non-negative number, got "
+                         f"{eps!r}")
+    return dtype
+
+
+def _softmax_checked(x: Tensor, dim: int) -> DType:
+    dtype = api._check_tensor("softmax", "x", x, api._FLOATS, min_ndim=1)
+    if dim not in (-1, x.dim() - 1):
+        raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
+                         f"got dim={dim}; move the dim last with .transpose() / .movedim()")
+    return dtype
+
+
+def _copy_checked(x: Tensor) -> DType:
+    return api._check_tensor("copy", "x", x, api._COPY_DTYPES)
+
+
+# ---------------------------------------------------------------------------- the ops (CUDA)
+
+@torch.library.custom_op("tegula::matmul", mutates_args=(), device_types="cuda")
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """`a @ b` (a (M, K), b (K, N), f16/bf16, f32 accumulation): `tegula.kernels.matmul`."""
+    return api.matmul(a, b)
+
+
+@torch.library.custom_op("tegula::rms_norm", mutates_args=(), device_types="cuda")
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMSNorm over the last dim: `tegula.kernels.rms_norm`."""
+    return api.rms_norm(x, weight, eps)
+
+
+@torch.library.custom_op("tegula::softmax", mutates_args=(), device_types="cuda")
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Softmax along the last dim: `tegula.kernels.softmax`."""
+    return api.softmax(x, dim)
+
+
+@torch.library.custom_op("tegula::copy", mutates_args=(), device_types="cuda")
+def copy(x: Tensor) -> Tensor:
+    """A contiguous copy of `x`: `tegula.kernels.copy`."""
+    return api.copy(x)
+
+
+# ---------------------------------------------------------------------------- fake (meta)
+
+@matmul.register_fake
+def _matmul_fake(a: Tensor, b: Tensor) -> Tensor:
+    _, shape = _matmul_checked(a, b)
+    return a.new_empty(shape)
+
+
+@rms_norm.register_fake
+def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    _rms_norm_checked(x, weight, eps)
+    return x.new_empty(x.shape)
+
+
+@softmax.register_fake
+def _softmax_fake(x: Tensor, dim: int = -1) -> Tensor:
+    _softmax_checked(x, dim)
+    return x.new_empty(x.shape)
+
+
+@copy.register_fake
+def _copy_fake(x: Tensor) -> Tensor:
+    _copy_checked(x)
+    return x.new_empty(x.shape)  # contiguous, whatever x's strides: as the CUDA path
+
+
+# ---------------------------------------------------------------------------- CPU: emulator
+
+# Small tiles keep the emulator quick; the result does not depend on them.
+_EMULATED_GEMM_TILES = dict(BM=64, BN=64, BK=32, STAGES=2)
+
+
+@matmul.register_kernel("cpu")
+def _matmul_cpu(a: Tensor, b: Tensor) -> Tensor:
+    from tegula.kernels.gemm import gemm_emulated
+
+    dtype, (m, n) = _matmul_checked(a, b)
+    if m == 0 or n == 0 or a.shape[1] == 0:
+        return a.new_zeros((m, n))  # an empty sum is zero (as the CUDA path returns)
+    c = gemm_emulated(to_numpy(a, dtype), to_numpy(b.T, dtype), dtype, **_EMULATED_GEMM_TILES)
+    return from_numpy(c, dtype)
+
+
+@rms_norm.register_kernel("cpu")
+def _rms_norm_cpu(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    from tegula.kernels.norm import rms_norm_emulated
+
+    dtype = _rms_norm_checked(x, weight, eps)
+    if x.numel() == 0:
+        return x.new_empty(x.shape)
+    y = rms_norm_emulated(to_numpy(x, dtype), to_numpy(weight, dtype), eps, dtype,
+                          looped=x.shape[-1] > _MAX_ROW)
+    return from_numpy(y, dtype)
+
+
+@softmax.register_kernel("cpu")
+def _softmax_cpu(x: Tensor, dim: int = -1) -> Tensor:
+    from tegula.kernels.softmax import softmax_emulated
+
+    dtype = _softmax_checked(x, dim)
+    if x.numel() == 0:
+        return x.new_empty(x.shape)
+    y = softmax_emulated(to_numpy(x, dtype), dtype, looped=x.shape[-1] > _MAX_ROW)
+    return from_numpy(y, dtype)
+
+
+@copy.register_kernel("cpu")
+def _copy_cpu(x: Tensor) -> Tensor:
+    from tegula.kernels.copy import copy_emulated
+
+    dtype = _copy_checked(x)
+    if x.numel() == 0:
+        return x.new_empty(x.shape)
+    rows = to_numpy(x, dtype).reshape(-1, x.shape[-1] if x.dim() else 1)
+    return from_numpy(copy_emulated(rows, dtype), dtype).reshape(x.shape)
+
+
+OPS = {"matmul": matmul, "rms_norm": rms_norm, "softmax": softmax, "copy": copy}
+
+__all__ = ["matmul", "rms_norm", "softmax", "copy", "OPS"]

@@ -1,0 +1,264 @@
+"""torch custom ops: the library's `torch.ops.tegula.*` and `tg.torch_op` for user kernels.
+
+On CPU (CI) the ops run the real kernels in the emulator, so registration, schemas, fake
+implementations, `torch.library.opcheck` and `torch.compile(fullgraph=True)` are checked
+end to end; fake CUDA tensors check the fake implementations for the CUDA device. The
+CUDA runs (opcheck, compile with inductor, CUDA-graph capture) are marked `gpu`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tegula as tg  # noqa: E402
+from tegula import f16, f32  # noqa: E402
+from tegula.errors import TegulaError  # noqa: E402
+from tegula.kernels import torch_ops  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+
+def _random(shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def _ulps(dtype) -> float:
+    return {torch.float32: 2.0 ** -21, torch.float16: 2.0 ** -10,
+            torch.bfloat16: 2.0 ** -7}[dtype]
+
+
+# ------------------------------------------------------------------------- the library ops
+
+def test_every_entry_point_is_a_registered_op_with_its_schema():
+    schemas = {name: str(getattr(torch.ops.tegula, name).default._schema)
+               for name in torch_ops.OPS}
+    assert schemas["matmul"] == "tegula::matmul(Tensor a, Tensor b) -> Tensor"
+    assert schemas["rms_norm"].startswith("tegula::rms_norm(Tensor x, Tensor weight, float eps=")
+    assert schemas["softmax"] == "tegula::softmax(Tensor x, SymInt dim=-1) -> Tensor"
+    assert schemas["copy"] == "tegula::copy(Tensor x) -> Tensor"
+    assert set(torch_ops.OPS) == set(tg.kernels.api.__all__[:4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_row_ops_on_cpu_run_the_emulated_kernels(dtype):
+    x, w = _random((5, 300), dtype, 1, 3.0), _random((300,), dtype, 2)
+    x[0, 7] = float("-inf")  # a masked logit: probability exactly 0
+    p = torch.ops.tegula.softmax(x)
+    ref = torch.softmax(x.double(), -1)
+    assert p.dtype == dtype and p.shape == x.shape and p[0, 7] == 0
+    assert torch.all((p.double() - ref).abs() <= 1e-7 + 2 * _ulps(dtype) * ref)
+    x[0, 7] = 1.0
+    y = torch.ops.tegula.rms_norm(x, w, 1e-5)
+    xd = x.double()
+    ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    assert y.dtype == dtype
+    assert torch.all((y.double() - ref).abs() <= 1e-6 + 2 * _ulps(dtype) * ref.abs())
+
+
+def test_matmul_and_copy_on_cpu():
+    a, b = _random((37, 40), torch.float16, 3), _random((40, 70), torch.float16, 4)
+    c = torch.ops.tegula.matmul(a, b)
+    ref = a.double() @ b.double()
+    bound = _ulps(torch.float16) * ref.abs() + 40 * 2.0 ** -24 * (a.double().abs() @ b.double().abs())
+    assert c.shape == (37, 70) and torch.all((c.double() - ref).abs() <= bound)
+    x = _random((3, 5, 7), torch.bfloat16, 5).transpose(0, 2)  # non-contiguous
+    z = torch.ops.tegula.copy(x)
+    assert z.is_contiguous() and torch.equal(z, x)
+    assert torch.equal(torch.ops.tegula.matmul(a[:, :0], b[:0]), torch.zeros(37, 70, dtype=a.dtype))
+
+
+@pytest.mark.parametrize("name, args", [
+    ("matmul", lambda: (_random((33, 24), torch.float16), _random((24, 20), torch.float16))),
+    ("rms_norm", lambda: (_random((6, 130)), _random((130,)), 1e-6)),
+    ("softmax", lambda: (_random((2, 3, 70), torch.float16),)),
+    ("copy", lambda: (_random((9, 33), torch.float16),)),
+])
+def test_opcheck_passes_on_cpu(name, args):
+    # schema, fake tensor, autograd registration and AOT dispatch checks, on the CPU
+    # implementation (the emulator) against the fake one.
+    torch.library.opcheck(getattr(torch.ops.tegula, name).default, args())
+
+
+def test_fake_implementations_give_cuda_shapes_and_report_bad_calls():
+    with FakeTensorMode():
+        a = torch.empty(100, 64, dtype=torch.float16, device="cuda")
+        b = torch.empty(64, 30, dtype=torch.float16, device="cuda")
+        c = torch.ops.tegula.matmul(a, b)
+        assert (c.shape, c.dtype, c.device.type) == ((100, 30), torch.float16, "cuda")
+        x = torch.empty(2, 3, 500, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(500, dtype=torch.bfloat16, device="cuda")
+        assert torch.ops.tegula.rms_norm(x, w, 1e-6).shape == (2, 3, 500)
+        assert torch.ops.tegula.softmax(x).dtype == torch.bfloat16
+        assert torch.ops.tegula.copy(x.transpose(0, 2)).is_contiguous()
+        with pytest.raises(TypeError, match="matmul: b has dtype torch.float32"):
+            torch.ops.tegula.matmul(a, b.float())
+        with pytest.raises(ValueError, match="inner dimensions differ"):
+            torch.ops.tegula.matmul(a, a)
+        with pytest.raises(ValueError, match="weight has 64 elements"):
+            torch.ops.tegula.rms_norm(x, torch.empty(64, dtype=x.dtype, device="cuda"), 1e-6)
+        with pytest.raises(ValueError, match="only the last dim"):
+            torch.ops.tegula.softmax(x, 0)
+
+
+def test_compile_fullgraph_traces_a_model_without_graph_breaks():
+    def block(x, w, proj):
+        h = torch.ops.tegula.rms_norm(x, w, 1e-6)
+        return torch.ops.tegula.softmax(torch.ops.tegula.matmul(h, proj)) * 2
+
+    x, w = _random((16, 64), torch.float16, 6), _random((64,), torch.float16, 7)
+    proj = _random((64, 48), torch.float16, 8, 0.2)
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(block, fullgraph=True, backend=recording_backend)
+    assert torch.equal(compiled(x, w, proj), block(x, w, proj))
+    code = graphs[0].code
+    for op in ("rms_norm", "matmul", "softmax"):
+        assert f"torch.ops.tegula.{op}" in code
+    assert torch._dynamo.explain(block)(x, w, proj).graph_break_count == 0
+    aot = torch.compile(block, fullgraph=True, backend="aot_eager")
+    assert torch.equal(aot(x, w, proj), block(x, w, proj))
+
+
+def test_ops_are_forward_only():
+    x = _random((4, 64)).requires_grad_()
+    y = torch.ops.tegula.softmax(x)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        y.sum().backward()
+
+
+# ------------------------------------------------------------------------- tg.torch_op
+
+@tg.kernel(threads=64)
+def scale_add(x: tg.Tensor[f32], y: tg.Tensor[f32], out: tg.Tensor[f32],
+              ALPHA: tg.constexpr = 2.0, BM: tg.constexpr = 8, BN: tg.constexpr = 32):
+    m, n = tg.block_id(0), tg.block_id(1)
+    a = tg.load(x.tile((BM, BN), (m, n)))
+    b = tg.load(y.tile((BM, BN), (m, n)))
+    tg.copy(a * ALPHA + b, out.tile((BM, BN), (m, n)))
+
+
+@tg.kernel(threads=64)
+def row_stats(x: tg.Tensor[f16], rows: int, total: tg.Tensor[f32], peak: tg.Tensor[f32],
+              BN: tg.constexpr = 64):
+    # One block per row: the row's sum and max (rows past `rows` write nothing).
+    r = tg.block_id(0)
+    with tg.if_(r < rows):
+        t = tg.load(x.tile((1, BN), (r, 0)), fill=0.0).to(f32)
+        tg.copy(tg.sum(t, 1), total.tile((1, 1), (r, 0)))
+        tg.copy(tg.max(t, 1), peak.tile((1, 1), (r, 0)))
+
+
+def _grid_2d(x, y):
+    return (tg.cdiv(x.shape[0], 8), tg.cdiv(x.shape[1], 32))
+
+
+_scale_add_op = tg.torch_op(scale_add, out={"out": "x"}, grid=_grid_2d,
+                            name="tegula_test::scale_add", constexprs={"ALPHA": 3.0})
+
+
+def test_torch_op_schema_and_cpu_result():
+    assert str(_scale_add_op._opoverload._schema) == \
+        "tegula_test::scale_add(Tensor x, Tensor y) -> Tensor"
+    x, y = _random((37, 100), seed=1), _random((37, 100), seed=2)
+    z = torch.ops.tegula_test.scale_add(x, y)
+    assert torch.allclose(z, 3.0 * x + y, rtol=2 ** -22, atol=0)
+
+
+def test_torch_op_scalars_two_outputs_and_shape_functions():
+    op = tg.torch_op(row_stats, out={"total": lambda x, rows: (x.shape[0], 1),
+                                     "peak": lambda x, rows: (x.shape[0], 1)},
+                     grid=lambda x, rows: (x.shape[0],), name="tegula_test::row_stats")
+    assert str(op._opoverload._schema) == \
+        "tegula_test::row_stats(Tensor x, SymInt rows) -> (Tensor, Tensor)"
+    x = _random((5, 50), torch.float16, 3)
+    total, peak = op(x, 5)
+    assert total.dtype == peak.dtype == torch.float32
+    assert torch.allclose(total[:, 0], x.float().sum(1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(peak[:, 0], x.float().amax(1))
+    torch.library.opcheck(op, (x, 5))
+
+
+def test_torch_op_fake_opcheck_and_compile():
+    x, y = _random((20, 70), seed=3), _random((20, 70), seed=4)
+    torch.library.opcheck(_scale_add_op, (x, y))
+    f = torch.compile(lambda x, y: _scale_add_op(x, y).relu(), fullgraph=True,
+                      backend="aot_eager")
+    assert torch.equal(f(x, y), (3.0 * x + y).relu())
+    with FakeTensorMode():
+        fx = torch.empty(1000, 4096, device="cuda")
+        out = _scale_add_op(fx, fx)
+        assert (out.shape, out.device.type) == ((1000, 4096), "cuda")
+
+
+def test_torch_op_reports_mistakes_clearly():
+    with pytest.raises(TegulaError, match="out names 'z', which is not a tensor parameter"):
+        tg.torch_op(scale_add, out={"z": "x"}, grid=(1,))
+    with pytest.raises(TegulaError, match="is not a tensor input"):
+        tg.torch_op(scale_add, out={"out": "w"}, grid=(1,))
+    with pytest.raises(TegulaError, match="'BK' is not a parameter"):
+        tg.torch_op(scale_add, out={"out": "x"}, grid=(1,), constexprs={"BK": 3})
+    with pytest.raises(TegulaError, match="namespace::op"):
+        tg.torch_op(scale_add, out={"out": "x"}, grid=(1,), name="no_namespace")
+    with pytest.raises(TegulaError, match="already registered"):
+        tg.torch_op(scale_add, out={"out": "x"}, grid=(1,), name="tegula_test::scale_add")
+    with pytest.raises(TegulaError, match=r"y must be a 2-D torch.float32 tensor .* got 2-D "
+                                          r"torch.float16"):
+        _scale_add_op(_random((4, 4)), _random((4, 4), torch.float16))
+    bad_rank = tg.torch_op(scale_add, out={"out": lambda x, y: (x.numel(),)}, grid=(1,),
+                           name="tegula_test::scale_add_bad_rank")
+    with pytest.raises(TegulaError, match=r"gave shape \(16,\), but the kernel declares .*rank 2"):
+        bad_rank(_random((4, 4)), _random((4, 4)))
+
+
+# ------------------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, args", [
+    ("matmul", lambda: (_random((300, 200), torch.float16), _random((200, 130), torch.float16))),
+    ("rms_norm", lambda: (_random((6, 1000), torch.bfloat16), _random((1000,), torch.bfloat16),
+                          1e-6)),
+    ("softmax", lambda: (_random((7, 3000), torch.float16, scale=3.0),)),
+    ("copy", lambda: (_random((9, 333), torch.float16),)),
+])
+def test_opcheck_on_cuda(name, args):
+    cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args())
+    torch.library.opcheck(getattr(torch.ops.tegula, name).default, cuda_args)
+
+
+@pytest.mark.gpu
+def test_compiled_model_and_cuda_graph_on_gpu():
+    x = _random((64, 512), torch.float16, 1).cuda()
+    w = _random((512,), torch.float16, 2).cuda()
+    proj = _random((512, 256), torch.float16, 3, 0.05).cuda()
+
+    def block(x):
+        return torch.ops.tegula.softmax(torch.ops.tegula.matmul(
+            torch.ops.tegula.rms_norm(x, w, 1e-6), proj))
+
+    ref = torch.softmax((torch.nn.functional.rms_norm(x.float(), (512,), w.float(), 1e-6)
+                         @ proj.float()), -1)
+    eager = block(x)  # also tunes every op outside the capture below
+    compiled = torch.compile(block, fullgraph=True)(x)
+    for y in (eager, compiled):
+        assert torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-3)
+    graph = torch.cuda.CUDAGraph()
+    static_x = x.clone()
+    with torch.cuda.graph(graph):
+        static_y = block(static_x)
+    static_x.copy_(_random((64, 512), torch.float16, 9).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, block(static_x))
+
+
+@pytest.mark.gpu
+def test_torch_op_on_cuda():
+    x, y = _random((37, 100), seed=1).cuda(), _random((37, 100), seed=2).cuda()
+    assert torch.allclose(_scale_add_op(x, y), 3.0 * x + y, rtol=2 ** -22, atol=0)
+    torch.library.opcheck(_scale_add_op, (x, y))
