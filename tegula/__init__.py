@@ -43,3 +43,14 @@ __all__.append("explain")
 import tegula.emulate as _emulate_package  # noqa: E402,F401
 from tegula.build import emulate  # noqa: E402 — tg.emulate(kernel, grid, *arrays, **constexprs)
 __all__.append("emulate")
+
+
+def torch_op(kernel, *, out, grid, name=None, constexprs=None):
+    """`tg.torch_op(kernel, out={"y": "x"}, grid=...)`: the kernel as a torch custom op
+    (schema, CUDA launch, fake implementation, emulated CPU implementation); see
+    `tegula.runtime.torch_op`. Imported on first use, so `import tegula` needs no torch."""
+    from tegula.runtime.torch_op import torch_op as make_op
+    return make_op(kernel, out=out, grid=grid, name=name, constexprs=constexprs)
+
+
+__all__.append("torch_op")
