@@ -332,7 +332,11 @@ class ValuePrinter:
         if v.op in _COMPARE:
             return f"({x} {_COMPARE[v.op]} {y})"
         if v.op in ("max", "min"):
-            return f"f{v.op}f({x}, {y})" if is_float else f"{v.op}({x}, {y})"
+            if not is_float:
+                return f"{v.op}({x}, {y})"
+            # fmaxf/fminf drop a NaN operand; tegula propagates it, as torch does.
+            self.used.add(f"tg_{v.op}_nan")
+            return f"tg_{v.op}_nan({x}, {y})"
         if v.op == "pow":
             return f"powf({x}, {y})"
         if v.op in ("and", "or", "xor"):

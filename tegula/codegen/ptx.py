@@ -26,6 +26,16 @@ from tegula.codegen.expr import CodegenError
 #: saturate to the largest finite value (like `cvt.rn.satfinite`). Hardware f8 conversions
 #: exist from sm_89; older targets get an exact software version.
 _HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # max/min where a NaN operand gives NaN (torch.maximum semantics; fmaxf drops it):
+    # PTX max.NaN / min.NaN, one instruction from sm_80.
+    "tg_max_nan": ("""\
+__device__ __forceinline__ float tg_max_nan(float a, float b) {
+  float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}""", ()),
+    "tg_min_nan": ("""\
+__device__ __forceinline__ float tg_min_nan(float a, float b) {
+  float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}""", ()),
     "tg_f16_to_f32": ("""\
 __device__ __forceinline__ float tg_f16_to_f32(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;

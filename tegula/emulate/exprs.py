@@ -120,9 +120,9 @@ def _float_binary(op: str, x, y):
         if op == "div":
             return xf / yf
         if op == "max":
-            return np.fmax(xf, yf)  # fmaxf: a NaN operand yields the other one
+            return np.maximum(xf, yf)  # a NaN operand gives NaN (torch; PTX max.NaN)
         if op == "min":
-            return np.fmin(xf, yf)
+            return np.minimum(xf, yf)
         if op == "pow":
             return np.power(xf, yf)
     raise EmulationError(f"operator {op!r} is not defined on floats")

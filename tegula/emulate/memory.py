@@ -21,7 +21,9 @@ race. `cp.async` copies complete at issue (the model), but their bytes count as 
 until the issuing thread's `cp.async.wait_group` has retired their group; reading them
 before, or from another thread without a barrier after that wait, is a race, as is
 overwriting them while in flight. Several threads writing the same byte within *one*
-statement (replicated values) is not reported.
+statement is a race too (a replicated value must have exactly one writer: on the GPU the
+writes land in an unspecified order, and a cp.async replica with src-size 0 writes zeros).
+The same holds for global stores (`several_writers`).
 
 Bank conflicts
 --------------
@@ -150,6 +152,28 @@ class GlobalTensor:
         np.add.at(self.flat, offs, values.astype(self.flat.dtype))
 
 
+def several_writers(addrs: np.ndarray, tids: np.ndarray) -> np.ndarray | None:
+    """Mask over `addrs` of locations that another thread also writes in the same
+    instruction (`tids` broadcast like `addrs`), or None when each has one writer."""
+    flat, owners = addrs.ravel(), tids.ravel()
+    order = np.argsort(flat, kind="stable")
+    a, t = flat[order], owners[order]
+    clash = (a[1:] == a[:-1]) & (t[1:] != t[:-1])
+    if not clash.any():
+        return None
+    mask = np.zeros(flat.size, dtype=bool)
+    mask[order[1:][clash]] = True
+    return mask.reshape(addrs.shape)
+
+
+def _other_writer(addrs: np.ndarray, tids: np.ndarray, clash: np.ndarray) -> np.ndarray:
+    """For each location, a thread other than its own writing it (for messages)."""
+    first = int(np.flatnonzero(clash.ravel())[0])
+    a, t = addrs.ravel(), tids.ravel()
+    other = t[(a == a[first]) & (t != t[first])][0]
+    return np.full(addrs.shape, other)
+
+
 class SharedMemory:
     """A block's shared memory (bytes) with the race model of the module docstring."""
 
@@ -240,6 +264,10 @@ class SharedMemory:
         thread) marks a cp.async write."""
         if self.check_races and addrs.size:
             t = np.broadcast_to(tids[:, None], addrs.shape)
+            clash = several_writers(addrs, t)
+            if clash is not None:
+                self._race(what, "several writers in one instruction", clash, addrs, t,
+                           _other_writer(addrs, t, clash), "writes it in the same instruction")
             e = self.epoch
             waw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != t)
             if waw.any():

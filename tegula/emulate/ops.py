@@ -12,7 +12,7 @@ from tegula.arch.instructions import MmaInstr
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
-from tegula.emulate.memory import bank_wavefronts
+from tegula.emulate.memory import bank_wavefronts, several_writers
 from tegula.emulate.state import BlockState, RegFile, lanes_doing, per_thread, write_regs
 from tegula.emulate.stats import OpStats
 from tegula.emulate.values import bits_dtype, from_bits, round_to, to_bits
@@ -123,9 +123,24 @@ def compile_global(s: GlobalLoad | GlobalStore, ctx: Ctx, st: OpStats, what: str
                     arr[skip, col:col + count] = fill
             arr[lanes, col:col + count] = t.load(offs)
         else:
+            if state.smem.check_races:
+                _one_writer_each(offs, lanes, name, what)
             t.store(offs, arr[lanes, col:col + count])
         st.add(state.active_warps(), len(lanes) * bits)
     return run
+
+
+def _one_writer_each(offs: np.ndarray, lanes: np.ndarray, tensor: str, what: str) -> None:
+    """Raise if two threads store to one element of `tensor` in the same instruction."""
+    tids = np.broadcast_to(lanes[:, None], offs.shape)
+    clash = several_writers(offs, tids)
+    if clash is not None:
+        i = int(np.flatnonzero(clash.ravel())[0])
+        element = int(offs.ravel()[i])
+        writers = np.unique(tids.ravel()[offs.ravel() == element])
+        raise EmulationError(f"{what}: several writers in one instruction: threads "
+                             f"{', '.join(map(str, writers[:4]))} all store element {element} "
+                             f"of tensor {tensor!r} (replicas must be predicated off)")
 
 
 def compile_atomic(s: GlobalAtomicAdd, ctx: Ctx, st: OpStats, what: str) -> Run:

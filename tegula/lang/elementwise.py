@@ -67,8 +67,20 @@ def _number(x: Any, dtype: DType, op: str):
     if dtype.is_int or dtype == bool_:
         if not float(x).is_integer():
             raise fail(op, f"the number {x} is not an integer but the tile type is {dtype}")
+        low, high = _int_range(dtype)
+        if not low <= int(x) <= high:
+            raise fail(op, f"the number {x} does not fit the tile type {dtype} "
+                           f"({low}..{high}); convert the tile with .to() first")
         return int(x)
-    return float(x)
+    return float(x)  # rounded to the tile's type where it is used (f16: 1e30 -> inf)
+
+
+def _int_range(dtype: DType) -> tuple[int, int]:
+    if dtype == bool_:
+        return 0, 1
+    if dtype.is_signed:
+        return -(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1
+    return 0, (1 << dtype.bits) - 1
 
 
 def broadcast_shape(tiles: list[Tile], op: str) -> tuple[int, ...]:

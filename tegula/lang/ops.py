@@ -109,6 +109,7 @@ def copy(src: Any, dst: Any, fill: float = 0.0) -> None:
                        f"{describe(d)}; convert the source with .to({d.dtype}) first")
     if not isinstance(fill, numbers.Real):
         raise fail(op, f"fill must be a Python number, got {fill!r}")
+    fill = _number(fill, d.dtype, op)  # an integer tile needs an integral fill in range
     require_written(s, op)
     ctx.emit(Copy(src=s, dst=d, fill=float(fill)))
     if isinstance(d, RegisterTile):

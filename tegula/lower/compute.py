@@ -66,12 +66,12 @@ def lower_elementwise(ctx: LoweringContext, op: Elementwise) -> list:
     sources = [(ctx.regs_of(tile), operand_registers(ctx, tile, op.out)) for tile in op.inputs]
     n_inputs = len(op.inputs) + len(op.scalars)
     stmts: list = [Comment(f"{op.op} -> {describe(op.out)}")]
-    compute_type = _compute_dtype(op)
+    number_type = _number_dtype(op)
     for v in distinct_values(op.out.layout):
         operands, tiles = [], iter(sources)
         for position in range(n_inputs):
             if position in op.scalars:
-                operands.append(Literal(float(op.scalars[position]), compute_type))
+                operands.append(Literal(float(op.scalars[position]), number_type))
             else:
                 array, registers = next(tiles)
                 operands.append(RegRead(reg(array, int(registers[v]))))
@@ -79,11 +79,12 @@ def lower_elementwise(ctx: LoweringContext, op: Elementwise) -> list:
     return stmts + _fill_repeats(out_regs, op.out.layout)
 
 
-def _compute_dtype(op: Elementwise) -> DType:
-    for tile in op.inputs:
-        if tile is not None:
-            return tile.dtype
-    return op.out.dtype
+def _number_dtype(op: Elementwise) -> DType:
+    """The type a Python number operand takes: that of the op's value operands. For
+    `where` those are the two values (the result's type), not the bool condition."""
+    if op.op == "where":
+        return op.out.dtype
+    return op.inputs[0].dtype
 
 
 def _fill_repeats(array, tv) -> list:

@@ -9,13 +9,16 @@ memory location has exactly one writer.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.lower.addressing import global_address, replica_predicate, shared_offset
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (Assign, Comment, CpAsync, CpAsyncCommit, GlobalLoad,
-                                    GlobalStore, If, LdMatrix, RegRead, SharedLoad,
+                                    GlobalStore, If, LdMatrix, Literal, RegRead, SharedLoad,
                                     SharedStore, TID, all_of)
 from tegula.layout.tv import distinct_values, match_values, tv_table
 
@@ -126,22 +129,47 @@ def _global_to_shared(ctx: LoweringContext, op: Copy) -> list:
     buffer = ctx.buffer_of(tile.alloc)
     owner = replica_predicate(tv)
     out = []
-    staged = None
+    staged = fill = None
     if op.choices["instr"] != "cp.async":
         staged = ctx.temp_regs(f"stage_{tile.alloc.name}", tile.dtype, tv[1].size)
+    elif not _is_plain_zero(op.fill):
+        fill = ctx.temp_regs(f"fill_{tile.alloc.name}", tile.dtype, width)
     for v in _vector_starts(tv, width, skip_repeats=True):
         coords = ctx.coords.coords(tv, tile.shape, v)
         index, pred = global_address(view, coords, _contiguous_dim(ctx, view))
         offset = shared_offset(tile, coords)
         if staged is None:
-            out.append(CpAsync(buffer.name, offset, view.arg.name, index, width,
-                               all_of([pred, owner])))
+            # A replica thread must not issue at all: a cp.async with a false predicate
+            # still writes (zeros) and would race with the owner's copy.
+            cp = CpAsync(buffer.name, offset, view.arg.name, index, width, pred)
+            out += _only_if(owner, _with_fill(cp, fill, op.fill))
         else:
             out.append(GlobalLoad(reg(staged, v), view.arg.name, index, width, pred, op.fill))
             out.append(SharedStore(buffer.name, offset, reg(staged, v), width, owner))
     if staged is None:
         out.append(CpAsyncCommit())
     return out
+
+
+def _only_if(cond, stmts: list) -> list:
+    return stmts if cond is None else [If(cond, stmts)]
+
+
+def _with_fill(cp: CpAsync, fill_regs, fill: float) -> list:
+    """`cp`, where out-of-bounds vectors get the copy's fill. cp.async can only zero-fill
+    (src-size 0), so for any other fill (-0.0 and NaN included) an out-of-bounds vector
+    is an ordinary shared store of the fill value instead (`fill_regs` holds it)."""
+    if fill_regs is None or cp.pred is None:
+        return [cp]
+    set_fill = [Assign(reg(fill_regs, e), Literal(fill, fill_regs.dtype))
+                for e in range(cp.count)]
+    return [If(cp.pred, [dataclasses.replace(cp, pred=None)],
+               set_fill + [SharedStore(cp.buffer, cp.offset, reg(fill_regs, 0), cp.count)])]
+
+
+def _is_plain_zero(value: float) -> bool:
+    """True for +0 (the bits cp.async's zero-fill writes), false for -0.0 and NaN."""
+    return value == 0 and math.copysign(1.0, value) > 0
 
 
 def _registers_to_shared(ctx: LoweringContext, op: Copy) -> list:
