@@ -40,7 +40,9 @@ class Scalar:
     def __index__(self) -> int:
         from tegula.errors import TraceError
         raise TraceError(f"the value {self} is only known when the kernel runs and cannot be "
-                         f"used where Python needs an int (a tile shape, range(), a list index)")
+                         f"used where Python needs an int (a tile shape, range(), a list "
+                         f"index); to loop over it, write `for k in tg.range(...)` (or "
+                         f"tg.pipeline) instead of Python's range()")
 
 
 @dataclass(frozen=True, eq=False)

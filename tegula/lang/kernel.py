@@ -126,6 +126,26 @@ def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation, scope: di
     return Param(p.name, kind, spec)
 
 
+def _call_site() -> SourceLocation | None:
+    """The innermost caller outside tegula's compiler: the user's launch, `tg.emulate`,
+    `trace` or `explain` call (constexprs are checked deep inside the build, which is not
+    where the user can fix them). The kernel library counts as a user."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    library = os.path.join(package, "kernels") + os.sep
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(package) or filename.startswith(library):
+            return SourceLocation(filename, frame.f_lineno,
+                                  linecache.getline(filename, frame.f_lineno).strip(),
+                                  frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
 def _cache_key(values: dict) -> tuple:
     def hashable(v: Any) -> Any:
         try:
@@ -172,7 +192,7 @@ class Kernel:
                     else "not a parameter"
                 raise TraceError(f"kernel {self.name}: {name!r} is {what}, not a constexpr; "
                                  f"the constexprs are {', '.join(known) or '(none)'}",
-                                 user_location())
+                                 _call_site())
         values = {}
         for p in self.params:
             if p.kind != "constexpr":
@@ -180,7 +200,9 @@ class Kernel:
             value = overrides.get(p.name, p.default)
             if value is _NO_DEFAULT:
                 raise TraceError(f"kernel {self.name}: constexpr {p.name!r} has no default; "
-                                 f"pass it, e.g. trace({p.name}=...)", user_location())
+                                 f"pass it as a keyword, e.g. {self.name}[grid](..., "
+                                 f"{p.name}=...) or tg.emulate({self.name}, grid, ..., "
+                                 f"{p.name}=...)", _call_site())
             values[p.name] = value
         return values
 
