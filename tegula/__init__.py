@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 from tegula.dtypes import (DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, i4, i8, i32, u4,
                            u8)
 from tegula.errors import TegulaError, TraceError
+from tegula.lang import arange, argmax, argmin, indices
 from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, constexpr, copy,
                          cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
                          log2, maximum, minimum, ne, pipeline, rearrange, reduce, register,
@@ -32,7 +33,8 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "constexpr", "block_id", "cdiv", "shared", "register", "zeros", "full", "fill",
            "copy", "load", "gemm", "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
            "abs", "tanh", "sigmoid", "sin", "cos", "maximum", "minimum", "where", "reduce",
-           "sum", "max", "min", "rearrange", "atomic_add", "range", "pipeline", "if_",
+           "sum", "max", "min", "argmax", "argmin", "arange", "indices", "rearrange",
+           "atomic_add", "range", "pipeline", "if_",
            "else_", "eq", "ne"]
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str

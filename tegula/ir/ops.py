@@ -57,8 +57,9 @@ class Fill(Op):
 class Elementwise(Op):
     """`out = op(*inputs)` element by element, with size-1 dims broadcast. `op` is a name
     from thread IR's VALUE_UNARY_OPS / VALUE_BINARY_OPS, or "where" (three inputs), or
-    "cast" (one input, to out.dtype). Scalar (Python number) inputs are in `scalars`,
-    keyed by input position."""
+    "cast" (one input, to out.dtype). Scalar inputs — Python numbers, or block-uniform
+    kernel scalars (`tegula.ir.scalar.Scalar`, converted to the operands' type) — are in
+    `scalars`, keyed by input position."""
 
     op: str
     inputs: list[Tile]
@@ -68,11 +69,34 @@ class Elementwise(Op):
 
 @dataclass(eq=False)
 class Reduce(Op):
-    """`out = reduce(x, axis)` with `kind` in sum/max/min; out keeps the axis with extent 1."""
+    """`out = reduce(x, axis)` with `kind` in sum/max/min/argmax/argmin; out keeps the axis
+    with extent 1. argmax/argmin give i32 positions along `axis` (0 … extent-1): the first
+    maximum (minimum), a NaN counting as larger (smaller) than everything, as in torch."""
 
     x: RegisterTile
     axis: int
     kind: str
+    out: RegisterTile
+
+
+@dataclass(eq=False)
+class Indices(Op):
+    """`out[i] = i[axis] + offset` for every element of register tile `out` (i32): the
+    coordinate of each element along one axis (`tg.arange`, `tg.indices`). `offset` is an
+    int or a block-uniform kernel scalar (e.g. the block's origin)."""
+
+    out: RegisterTile
+    axis: int
+    offset: ScalarLike = 0
+
+
+@dataclass(eq=False)
+class Reshape(Op):
+    """`out = x` with size-1 dims inserted or removed (`t[None, :]`, `t[:, 0]` of a size-1
+    dim, rank promotion for broadcasting). The elements keep their order, so both tiles
+    share one TV layout: `out` holds a copy of `x`'s registers."""
+
+    x: RegisterTile
     out: RegisterTile
 
 
@@ -149,7 +173,7 @@ def tiles_read(op: Op) -> list[Tile]:
         return [op.a, op.b, op.c]
     if isinstance(op, Elementwise):
         return list(op.inputs)
-    if isinstance(op, (Reduce, Rearrange)):
+    if isinstance(op, (Reduce, Rearrange, Reshape)):
         return [op.x]
     if isinstance(op, AtomicAdd):
         return [op.src]
@@ -164,13 +188,14 @@ def tiles_written(op: Op) -> list[Tile]:
         return [op.c]
     if isinstance(op, Fill):
         return [op.dst]
-    if isinstance(op, (Elementwise, Reduce, Rearrange)):
+    if isinstance(op, (Elementwise, Reduce, Rearrange, Reshape, Indices)):
         return [op.out]
     if isinstance(op, AtomicAdd):
         return [op.dst]
     return []
 
 
-__all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Rearrange", "AtomicAdd",
+__all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Indices", "Reshape",
+           "Rearrange", "AtomicAdd",
            "ForLoop", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
            "DType"]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
-                           Rearrange, Reduce, TracedKernel, tiles_read, tiles_written)
+from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
+                           Op, Rearrange, Reduce, Reshape, TracedKernel, tiles_read,
+                           tiles_written)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedAlloc, Tile, ViewDim, describe
 
 _INDENT = "  "
@@ -91,6 +92,11 @@ def op_text(op: Op) -> str:
         return f"{_operand(op.out)} = reduce.{op.kind} {_operand(op.x)}, axis={op.axis}"
     if isinstance(op, Rearrange):
         return f"{_operand(op.out)} = rearrange {_operand(op.x)}"
+    if isinstance(op, Reshape):
+        return f"{_operand(op.out)} = reshape {_operand(op.x)}"
+    if isinstance(op, Indices):
+        offset = f" + {op.offset}" if not (isinstance(op.offset, int) and op.offset == 0) else ""
+        return f"{_operand(op.out)} = indices axis={op.axis}{offset}"
     if isinstance(op, AtomicAdd):
         return f"atomic_add {_operand(op.src)} -> {_operand(op.dst)}"
     return f"<{type(op).__name__}>"

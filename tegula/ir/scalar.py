@@ -10,26 +10,34 @@ from dataclasses import dataclass
 from typing import Union
 
 
+def _with_tile(o) -> bool:
+    """True for a language tile handle (it sets `__tegula_tile__`): a scalar combined with
+    a tile leaves the operator to the tile (`n < cols`, `m * BM + tg.arange(BM)`), which
+    builds an element-wise op; ir cannot import the language, hence the marker."""
+    return getattr(o, "__tegula_tile__", False)
+
+
 class Scalar:
     """A block-uniform integer. Operators build expressions and fold constants."""
 
-    def __add__(self, o): return scalar_op("+", self, o)
+    def __add__(self, o): return NotImplemented if _with_tile(o) else scalar_op("+", self, o)
     def __radd__(self, o): return scalar_op("+", o, self)
-    def __sub__(self, o): return scalar_op("-", self, o)
+    def __sub__(self, o): return NotImplemented if _with_tile(o) else scalar_op("-", self, o)
     def __rsub__(self, o): return scalar_op("-", o, self)
-    def __mul__(self, o): return scalar_op("*", self, o)
+    def __mul__(self, o): return NotImplemented if _with_tile(o) else scalar_op("*", self, o)
     def __rmul__(self, o): return scalar_op("*", o, self)
-    def __floordiv__(self, o): return scalar_op("//", self, o)
+    def __floordiv__(self, o):
+        return NotImplemented if _with_tile(o) else scalar_op("//", self, o)
     def __rfloordiv__(self, o): return scalar_op("//", o, self)
-    def __mod__(self, o): return scalar_op("%", self, o)
+    def __mod__(self, o): return NotImplemented if _with_tile(o) else scalar_op("%", self, o)
     def __rmod__(self, o): return scalar_op("%", o, self)
     # Ordering comparisons build a `Condition` (for `tg.if_`). `==`/`!=` are deliberately
     # not overloaded: Scalars are compared by identity in dicts and lists; use
     # `Condition("==", a, b)` (tg.eq / tg.ne in the language) for equality tests.
-    def __lt__(self, o): return compare("<", self, o)
-    def __le__(self, o): return compare("<=", self, o)
-    def __gt__(self, o): return compare(">", self, o)
-    def __ge__(self, o): return compare(">=", self, o)
+    def __lt__(self, o): return NotImplemented if _with_tile(o) else compare("<", self, o)
+    def __le__(self, o): return NotImplemented if _with_tile(o) else compare("<=", self, o)
+    def __gt__(self, o): return NotImplemented if _with_tile(o) else compare(">", self, o)
+    def __ge__(self, o): return NotImplemented if _with_tile(o) else compare(">=", self, o)
 
     def __bool__(self) -> bool:
         # Python control flow on a runtime value would silently pick one branch at trace time.

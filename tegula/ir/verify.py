@@ -15,10 +15,11 @@ for IR that passes build or rewrite (synthesis inserting conversions, pipelining
 """
 from __future__ import annotations
 
-from tegula.dtypes import bool_
+from tegula.dtypes import bool_, i32
 from tegula.errors import TegulaError
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
-                           Rearrange, Reduce, TracedKernel, tiles_read, tiles_written)
+from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
+                           Op, Rearrange, Reduce, Reshape, TracedKernel, tiles_read,
+                           tiles_written)
 from tegula.ir.scalar import (Condition, LoopIndex, Scalar, ScalarArg, ScalarBinOp,
                               TensorExtent, constant_value)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, Tile, describe
@@ -31,6 +32,7 @@ BINARY_OPS = frozenset(("add", "sub", "mul", "div", "max", "min", "pow", "and", 
                         "lt", "le", "gt", "ge", "eq", "ne"))
 COMPARISON_OPS = frozenset(("lt", "le", "gt", "ge", "eq", "ne"))
 REDUCE_KINDS = frozenset(("sum", "max", "min"))
+ARG_REDUCE_KINDS = frozenset(("argmax", "argmin"))  # i32 positions along the axis
 
 
 def _equal_extent(a, b) -> bool:
@@ -209,15 +211,33 @@ def _check_elementwise(v: _Verifier, op: Elementwise) -> None:
             raise v.fail(op, f"{describe(t)} does not broadcast to {describe(op.out)}")
     if op.op in COMPARISON_OPS and op.out.dtype != bool_:
         raise v.fail(op, f"comparison {op.op} must produce a bool tile")
+    for value in op.scalars.values():
+        if isinstance(value, Scalar):
+            v.check_scalar(value, op)
 
 
 def _check_reduce(v: _Verifier, op: Reduce) -> None:
-    if op.kind not in REDUCE_KINDS or not 0 <= op.axis < op.x.rank:
+    if op.kind not in REDUCE_KINDS | ARG_REDUCE_KINDS or not 0 <= op.axis < op.x.rank:
         raise v.fail(op, f"reduce kind {op.kind!r} / axis {op.axis} invalid for "
                          f"{describe(op.x)}")
     expected = tuple(1 if d == op.axis else e for d, e in enumerate(op.x.shape))
-    if tuple(op.out.shape) != expected or op.out.dtype != op.x.dtype:
-        raise v.fail(op, f"result {describe(op.out)} should have shape {expected}")
+    dtype = i32 if op.kind in ARG_REDUCE_KINDS else op.x.dtype
+    if tuple(op.out.shape) != expected or op.out.dtype != dtype:
+        raise v.fail(op, f"result {describe(op.out)} should have shape {expected} and "
+                         f"type {dtype}")
+
+
+def _check_indices(v: _Verifier, op: Indices) -> None:
+    if op.out.dtype != i32 or not 0 <= op.axis < op.out.rank:
+        raise v.fail(op, f"{describe(op.out)} must be an i32 tile with an axis {op.axis}")
+    v.check_scalar(op.offset, op)
+
+
+def _check_reshape(v: _Verifier, op: Reshape) -> None:
+    kept = [e for e in op.x.shape if e != 1], [e for e in op.out.shape if e != 1]
+    if kept[0] != kept[1] or op.x.dtype != op.out.dtype:
+        raise v.fail(op, f"{describe(op.x)} -> {describe(op.out)} changes more than size-1 "
+                         f"dims, or the dtype")
 
 
 def _check_rearrange(v: _Verifier, op: Rearrange) -> None:
@@ -234,7 +254,8 @@ def _check_atomic_add(v: _Verifier, op: AtomicAdd) -> None:
 
 _OP_CHECKS = {Copy: _check_copy, Gemm: _check_gemm, Fill: _check_fill,
               Elementwise: _check_elementwise, Reduce: _check_reduce,
-              Rearrange: _check_rearrange, AtomicAdd: _check_atomic_add}
+              Rearrange: _check_rearrange, AtomicAdd: _check_atomic_add,
+              Indices: _check_indices, Reshape: _check_reshape}
 
 
 def verify(traced: TracedKernel) -> None:

@@ -8,6 +8,7 @@ records a tile IR op (tegula.ir). The pieces, one job per file:
 * `tensors`     — handles: global tensors and views, shared buffers, register tiles;
 * `elementwise` — operators, math functions, `where`, casts, `assign`;
 * `ops`         — making tiles, `copy`, `load`, `gemm`, reductions, `rearrange`, atomics;
+* `indexing`    — coordinates (`arange`, `indices`), `t[None, :]`, rank promotion;
 * `control`     — `range`, `pipeline`, `if_`, `else_`.
 
 Updating a value across iterations of a run-time loop: the body is traced once, so
@@ -25,8 +26,10 @@ from tegula.lang.control import else_, eq, if_, ne, pipeline, runtime_range
 from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maximum, minimum,
                                      rsqrt, sigmoid, sin, sqrt, tanh, where)
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
-from tegula.lang.ops import (atomic_add, block_id, copy, fill, full, gemm, load, rearrange,
-                             reduce, reduce_max, reduce_min, reduce_sum, register, shared, zeros)
+from tegula.lang.indexing import arange, indices
+from tegula.lang.ops import (argmax, argmin, atomic_add, block_id, copy, fill, full, gemm, load,
+                             rearrange, reduce, reduce_max, reduce_min, reduce_sum, register,
+                             shared, zeros)
 from tegula.lang.tensors import (GlobalTensor, GlobalView, RegisterValue, SharedBuffer,
                                  SharedView)
 
@@ -34,6 +37,6 @@ __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id", 
            "shared", "register", "zeros", "full", "fill", "copy", "load", "gemm", "cast",
            "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "sin",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
-           "reduce_min", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
+           "reduce_min", "argmax", "argmin", "arange", "indices", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
            "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",
            "RegisterValue"]

@@ -2,8 +2,10 @@
 
 Each call records one `Elementwise` op. Results are new register tiles unless an op writes
 in place (`acc += x`). Operands are register tiles of one element type, or Python numbers
-(which take the tiles' type and go into the op's `scalars`, keyed by operand position);
-size-1 dims broadcast against the other operands, as in numpy, but ranks must match.
+and block-uniform kernel scalars (`tg.block_id`, loop indices, extents, int parameters),
+which take the tiles' type and go into the op's `scalars`, keyed by operand position.
+Shapes broadcast as in numpy: a lower-rank tile gets size-1 dims prepended (a `Reshape`,
+see `lang.indexing`), then size-1 dims broadcast against the other operands.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from tegula.dtypes import DType, bool_
 from tegula.ir.ops import Copy, Elementwise, Fill
 from tegula.ir.scalar import Condition, Scalar
 from tegula.ir.values import RegisterTile, Tile, describe
+from tegula.lang.indexing import promote_ranks
 from tegula.lang.tensors import (RegisterValue, TileHandle, new_register_tile, same_shape,
                                  shape_text)
 from tegula.lang.trace import current, fail
@@ -43,8 +46,9 @@ def register_operand(x: Any, op: str, what: str = "operand") -> RegisterTile:
         raise fail(op, f"{what} {describe(x.ir)} is in {x.ir.scope} memory; element-wise "
                        f"ops work on register tiles — load it first with tg.load(...)")
     if isinstance(x, (Scalar, Condition)):
-        raise fail(op, f"{what} {x} is a block-uniform kernel scalar; mixing kernel scalars "
-                       f"into tile arithmetic is not supported")
+        raise fail(op, f"{what} {x} is a block-uniform kernel scalar, not a register tile "
+                       f"(kernel scalars combine with tiles through operators, e.g. "
+                       f"cols < n or m * BM + tg.arange(BM))")
     raise fail(op, f"{what} must be a register tile, got {type(x).__name__} {x!r}")
 
 
@@ -57,6 +61,11 @@ def require_written(tile: Tile, op: str) -> None:
 
 def _number(x: Any, dtype: DType, op: str):
     """A Python number operand converted for a tile of `dtype`."""
+    if isinstance(x, Scalar):
+        if dtype == bool_:
+            raise fail(op, f"the kernel scalar {x} is an integer and cannot be combined with "
+                           f"bool tiles")
+        return x  # converted to the tiles' type when the kernel runs
     if isinstance(x, bool):
         if dtype != bool_:
             raise fail(op, f"the Python bool {x} can only be combined with bool tiles, not "
@@ -84,17 +93,20 @@ def _int_range(dtype: DType) -> tuple[int, int]:
 
 
 def broadcast_shape(tiles: list[Tile], op: str) -> tuple[int, ...]:
-    """The common shape of `tiles`, broadcasting size-1 dims; TraceError if none exists."""
-    ranks = {t.rank for t in tiles}
-    listing = " and ".join(describe(t) for t in tiles)
-    if len(ranks) != 1:
-        raise fail(op, f"operands {listing} have different ranks; element-wise operands "
-                       f"must have the same rank (reduce keeps the reduced dim as size 1)")
+    """The common shape of `tiles` under numpy's rules (lower ranks get size-1 dims in
+    front, then size-1 dims broadcast); TraceError if none exists."""
+    rank = max(t.rank for t in tiles)
+    padded = [(1,) * (rank - t.rank) + tuple(t.shape) for t in tiles]
     shape = []
-    for extents in zip(*(t.shape for t in tiles)):
+    for extents in zip(*padded):
         sizes = {e for e in extents if e != 1}
         if len(sizes) > 1:
-            raise fail(op, f"shapes of {listing} do not broadcast: each dim must be equal or 1")
+            listing = " and ".join(describe(t) for t in tiles)
+            aligned = "" if len({t.rank for t in tiles}) == 1 else (
+                " (as in numpy, a lower-rank tile lines up with the trailing dims: " +
+                " and ".join(shape_text(p) for p in padded) + "; use t[:, None] for a column)")
+            raise fail(op, f"shapes of {listing} do not broadcast: each dim must be equal "
+                           f"or 1{aligned}")
         shape.append(sizes.pop() if sizes else 1)
     return tuple(shape)
 
@@ -122,6 +134,10 @@ def emit_elementwise(op: str, operands: list, out_dtype: DType,
     for t in tiles:
         require_written(t, label)
     shape = broadcast_shape(tiles, label)
+    if any(t.rank != len(shape) for t in tiles):
+        promoted = iter(promote_ranks(tiles, len(shape), label))
+        operands = [next(promoted) if isinstance(o, Tile) else o for o in operands]
+        tiles = [o for o in operands if isinstance(o, Tile)]
     if out is None:
         out = new_register_tile(shape, out_dtype)
     elif not same_shape(out.shape, shape) or out.dtype != out_dtype:
@@ -154,8 +170,10 @@ def binary(op: str, a: Any, b: Any, out: RegisterValue | None = None) -> Registe
 
 
 def _is_tile_like(x: Any) -> bool:
-    return isinstance(x, (TileHandle, Tile, Scalar, Condition)) or not (
-        isinstance(x, numbers.Real))
+    """Tiles (and anything that is neither a number nor a kernel scalar, so that
+    `register_operand` explains what it is)."""
+    return isinstance(x, (TileHandle, Tile, Condition)) or not (
+        isinstance(x, (numbers.Real, Scalar)))
 
 
 def unary(op: str, x: Any) -> RegisterValue:

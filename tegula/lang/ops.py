@@ -19,7 +19,7 @@ from tegula.lang.tensors import (RegisterValue, SharedBuffer, as_tile, new_regis
                                  same_shape, static_shape)
 from tegula.lang.trace import current, fail, user_location
 
-REDUCE_KINDS = ("sum", "max", "min")
+REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin")
 
 
 def _dtype(dtype: Any, op: str) -> DType:
@@ -189,15 +189,16 @@ def gemm(c: Any, a: Any, b: Any) -> None:
 
 # -- reductions and layout conversion -------------------------------------------------------
 def reduce(x: Any, axis: int, kind: str) -> RegisterValue:
-    """Reduce register tile `x` along `axis` with `kind` (sum, max, min); the result keeps
-    the axis with extent 1 so it broadcasts back against `x`."""
+    """Reduce register tile `x` along `axis` with `kind` (sum, max, min, argmax, argmin);
+    the result keeps the axis with extent 1 so it broadcasts back against `x`. argmax and
+    argmin give i32 positions along the axis within the tile (see `argmax`)."""
     op = f"tg.{kind}" if kind in REDUCE_KINDS else "tg.reduce"
     ctx = current(op)
     if kind not in REDUCE_KINDS:
         raise fail(op, f"kind must be one of {', '.join(REDUCE_KINDS)}, got {kind!r}")
     if isinstance(axis, RegisterValue) or not isinstance(axis, int) or isinstance(axis, bool):
         hint = " (for the element-wise maximum of two tiles use tg.maximum)" \
-            if kind in ("max", "min") else ""
+            if kind in ("max", "min", "argmax", "argmin") else ""
         raise fail(op, f"axis must be an integer, got {axis!r}{hint}")
     tile = register_operand(x, op)
     if not -tile.rank <= axis < tile.rank:
@@ -207,7 +208,7 @@ def reduce(x: Any, axis: int, kind: str) -> RegisterValue:
     require_written(tile, op)
     axis %= tile.rank
     shape = tuple(1 if d == axis else e for d, e in enumerate(tile.shape))
-    out = new_register_tile(shape, tile.dtype)
+    out = new_register_tile(shape, i32 if kind.startswith("arg") else tile.dtype)
     ctx.emit(Reduce(x=tile, axis=axis, kind=kind, out=out))
     ctx.mark_written(out)
     return RegisterValue(out)
@@ -228,6 +229,20 @@ def reduce_min(x: Any, axis: int) -> RegisterValue:
     return reduce(x, axis, "min")
 
 
+def argmax(x: Any, axis: int) -> RegisterValue:
+    """i32 position along `axis` (0 … extent-1, within the tile; kept with extent 1) of the
+    largest element: the first one on ties, the first NaN if there is one (as torch and
+    numpy). Out-of-bounds elements of a loaded tile hold its `fill`: load with
+    `fill=-float("inf")` so that they never win."""
+    return reduce(x, axis, "argmax")
+
+
+def argmin(x: Any, axis: int) -> RegisterValue:
+    """i32 position along `axis` of the smallest element: the first one on ties, the first
+    NaN if there is one (as torch and numpy). Load with `fill=float("inf")`."""
+    return reduce(x, axis, "argmin")
+
+
 def rearrange(x: Any, layout: Any = None) -> RegisterValue:
     """`x` redistributed over the threads (an explicit layout conversion); `layout` pins
     the new tile's layout, otherwise synthesis picks the one its users want."""
@@ -243,4 +258,4 @@ def rearrange(x: Any, layout: Any = None) -> RegisterValue:
 
 __all__ = ["block_id", "shared", "register", "full", "zeros", "fill", "copy", "load",
            "atomic_add", "gemm", "reduce", "reduce_sum", "reduce_max", "reduce_min",
-           "rearrange"]
+           "argmax", "argmin", "rearrange"]

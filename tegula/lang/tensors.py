@@ -77,6 +77,8 @@ class TileHandle:
     its shape and element type."""
 
     ir: Tile  # provided by every subclass as a property
+    # Kernel scalars leave their operators to tiles (`n < cols`): see ir.scalar._with_tile.
+    __tegula_tile__ = True
 
     @property
     def shape(self) -> tuple:
@@ -386,10 +388,11 @@ class RegisterValue(TileHandle):
 
     __hash__ = object.__hash__
 
-    def __getitem__(self, index: Any):
-        raise fail("register[...]", f"{describe(self.ir)} cannot be indexed: register tiles "
-                                    f"are used whole (reduce with tg.sum/tg.max, or slice a "
-                                    f"global/shared view before loading)")
+    def __getitem__(self, index: Any) -> RegisterValue:
+        """`t[None, :]` / `t[:, None]` (a new size-1 dim), `t[:, 0]` (drop a size-1 dim);
+        register tiles cannot be sliced or indexed element by element."""
+        from tegula.lang.indexing import index_register
+        return index_register(self, index)
 
     @property
     def T(self):

@@ -16,15 +16,17 @@ import numpy as np
 
 from tegula.dtypes import DType, bool_
 from tegula.errors import SynthesisError
-from tegula.ir.ops import AtomicAdd, Elementwise, Fill, Rearrange, Reduce
+from tegula.ir.ops import AtomicAdd, Elementwise, Fill, Indices, Rearrange, Reduce, Reshape
+from tegula.ir.scalar import Scalar
 from tegula.ir.values import GlobalTile, RegisterTile, describe
 from tegula.layout.tv import (distinct_values, match_values, project_flat_indices,
                               tile_strides, tv_table)
-from tegula.lower.addressing import global_address, replica_predicate, split_index
+from tegula.lower.addressing import (global_address, replica_predicate, scalar_expr,
+                                     split_index)
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (Assign, Barrier, Binary, Cast, Comment, Const,
                                     GlobalAtomicAdd, IndexValue, Literal, RegRead, SharedLoad,
-                                    SharedStore, Shuffle, TID, Unary, Where, all_of)
+                                    SharedStore, Shuffle, TID, Unary, Where, all_of, as_expr)
 
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 _REDUCE_OP = {"sum": "add", "max": "max", "min": "min"}
@@ -71,7 +73,7 @@ def lower_elementwise(ctx: LoweringContext, op: Elementwise) -> list:
         operands, tiles = [], iter(sources)
         for position in range(n_inputs):
             if position in op.scalars:
-                operands.append(Literal(float(op.scalars[position]), number_type))
+                operands.append(_scalar_operand(op.scalars[position], number_type))
             else:
                 array, registers = next(tiles)
                 operands.append(RegRead(reg(array, int(registers[v]))))
@@ -85,6 +87,39 @@ def _number_dtype(op: Elementwise) -> DType:
     if op.op == "where":
         return op.out.dtype
     return op.inputs[0].dtype
+
+
+def _scalar_operand(value, dtype: DType):
+    """A number operand as a literal; a kernel scalar (block index, loop index, extent, int
+    parameter) as its index expression converted to `dtype` when the kernel runs."""
+    if isinstance(value, Scalar):
+        return IndexValue(scalar_expr(value), dtype)
+    return Literal(float(value), dtype)
+
+
+def lower_indices(ctx: LoweringContext, op: Indices) -> list:
+    """Each register gets its element's coordinate along the axis (from the thread's
+    coordinate base, see `ThreadCoords`) plus the offset."""
+    out = op.out
+    out_regs = ctx.regs_of(out)
+    offset = scalar_expr(op.offset)
+    stmts: list = [Comment(f"indices along axis {op.axis} + {op.offset} -> {describe(out)}")]
+    for v in distinct_values(out.layout):
+        coord = ctx.coords.coords(out.layout, tuple(out.shape), v)[op.axis]
+        stmts.append(Assign(reg(out_regs, v), IndexValue(as_expr(coord) + offset, out.dtype)))
+    return stmts + _fill_repeats(out_regs, out.layout)
+
+
+def lower_reshape(ctx: LoweringContext, op: Reshape) -> list:
+    """Size-1 dims inserted or removed keep every element's flat index, so each register
+    of the result copies the register of `x` holding the same element."""
+    found = match_values(op.x.layout, tv_table(op.out.layout))
+    if found is None:
+        raise SynthesisError(f"internal: reshape {describe(op.x)} -> {describe(op.out)} with "
+                             f"layouts {op.x.layout} vs {op.out.layout}", loc=op.loc)
+    src, dst = ctx.regs_of(op.x), ctx.regs_of(op.out)
+    return [Comment(f"reshape {describe(op.x)} -> {describe(op.out)}")] + [
+        Assign(reg(dst, v), RegRead(reg(src, int(found[v])))) for v in range(dst.size)]
 
 
 def _fill_repeats(array, tv) -> list:
@@ -291,4 +326,5 @@ def _span(vectors: list[int]) -> list[int]:
 
 
 __all__ = ["lower_fill", "lower_elementwise", "lower_rearrange", "lower_atomic_add",
+           "lower_indices", "lower_reshape",
            "lower_reduce", "reduction_thread_bits", "IndexValue", "split_index"]

@@ -20,12 +20,13 @@ import dataclasses
 
 from tegula.dtypes import i32
 from tegula.errors import SynthesisError
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
-                           Rearrange, Reduce, TracedKernel)
+from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
+                           Op, Rearrange, Reduce, Reshape, TracedKernel)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
+from tegula.lower.arg_reduce import lower_any_reduce
 from tegula.lower.compute import (lower_atomic_add, lower_elementwise, lower_fill,
-                                  lower_rearrange, lower_reduce)
+                                  lower_indices, lower_rearrange, lower_reshape)
 from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
 from tegula.lower.gemm import lower_gemm
@@ -35,7 +36,8 @@ from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAs
                                     Value, Var, _bin)
 
 _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
-          Reduce: lower_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add}
+          Reduce: lower_any_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add,
+          Indices: lower_indices, Reshape: lower_reshape}
 
 
 class SharedSync:

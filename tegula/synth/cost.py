@@ -41,8 +41,8 @@ import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
 from tegula.arch.targets import Target
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Op,
-                           Rearrange, Reduce, TracedKernel, walk_ops)
+from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
+                           Op, Rearrange, Reduce, TracedKernel, walk_ops)
 from tegula.ir.scalar import BlockIndex, ScalarArg, ScalarBinOp, ScalarConst, TensorExtent
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 from tegula.layout.tv import distinct_values, tv_table
@@ -250,8 +250,8 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         return _reduce_uses(op, kernel)
     if isinstance(op, Rearrange):
         return _conversion_uses(op, kernel)
-    if isinstance(op, (Elementwise, Fill)):
-        out = op.out if isinstance(op, Elementwise) else op.dst
+    if isinstance(op, (Elementwise, Fill, Indices)):
+        out = op.dst if isinstance(op, Fill) else op.out
         return [InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")]
     if isinstance(op, AtomicAdd):
         eb = _elem_bytes(op.src)

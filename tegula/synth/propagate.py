@@ -9,7 +9,9 @@ directions until nothing changes:
 * elementwise / cast / register-to-register copy: all full-shape operands share the
   output's layout; a broadcast operand (size-1 dims) gets the output's layout projected
   onto its shape;
-* reduce: the output is the input's layout projected along the reduced axis.
+* reduce: the output is the input's layout projected along the reduced axis;
+* reshape (size-1 dims inserted or removed): both tiles share one layout (their elements
+  keep their flat indices); `indices` has no operand and takes the layout its users want.
 
 Unlike Hexcute, which drops constraints whose variables are already fixed, every
 constraint is *checked* once all its layouts are known (`check_constraints`); a violated
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tegula.errors import SynthesisError
-from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, TracedKernel,
+from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, Reshape, TracedKernel,
                            walk_ops)
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
@@ -106,6 +108,12 @@ def propagate_once(ops: list[Op], state: LayoutState) -> bool:
                 changed |= state.set(op.dst, src, f"copied from {op.src.name}")
             elif dst is not None and src is None:
                 changed |= state.set(op.src, dst, f"copied into {op.dst.name}")
+        elif isinstance(op, Reshape):
+            x, out = state.get(op.x), state.get(op.out)
+            if x is not None and out is None:
+                changed |= state.set(op.out, x, f"reshaped from {op.x.name}")
+            elif out is not None and x is None:
+                changed |= state.set(op.x, out, f"reshaped into {op.out.name}")
     return changed
 
 
@@ -148,6 +156,8 @@ def operand_constraints(op: Op) -> list[tuple[Tile, Tile]]:
         return [(t, op.out) for t in op.inputs if isinstance(t, RegisterTile)]
     if isinstance(op, Copy) and isinstance(op.src, RegisterTile) and isinstance(op.dst, RegisterTile):
         return [(op.src, op.dst)]
+    if isinstance(op, Reshape):
+        return [(op.x, op.out)]
     if isinstance(op, Reduce):
         return [(op.out, op.x)]  # the output must hold each input row's result
     return []
@@ -176,7 +186,8 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
                     setattr(op, attr, rewrite(getattr(op, attr)))
             for holder, user in operand_constraints(op):
                 h, u = state.get(holder), state.get(user)
-                if h is None or u is None or layouts_agree(h, holder.shape, u, user.shape):
+                if h is None or u is None or \
+                        layouts_agree(h, _holder_shape(op, holder, user), u, user.shape):
                     continue
                 conversion = _conversion_for(op, holder, user, state, kernel)
                 inserted.append(conversion)
@@ -198,7 +209,7 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
         raise SynthesisError("internal: a reduction's output layout was fixed elsewhere: " +
                              describe_conflict(op, holder, user, state), loc=op.loc)
     needed = state.get(user)
-    if tuple(holder.shape) != tuple(user.shape):
+    if tuple(_holder_shape(op, holder, user)) != tuple(user.shape):
         needed = broadcast_layout(needed, user.shape, holder.shape)
     converted = RegisterTile(holder.dtype, tuple(holder.shape), f"{holder.name}_cvt", op.loc)
     state.set(converted, needed, f"converted from {holder.name} for {type(op).__name__}")
@@ -207,11 +218,20 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
     return Rearrange(holder, converted, loc=op.loc)
 
 
+def _holder_shape(op: Op, holder: Tile, user: Tile) -> tuple:
+    """The shape to read the holder's flat indices in when matching them to the user's: a
+    reshape's input holds the user's elements at the same flat indices (size-1 dims only
+    move), so it is read in the user's shape; every other holder in its own."""
+    return tuple(user.shape) if isinstance(op, Reshape) else tuple(holder.shape)
+
+
 def _replace_operand(op: Op, old: Tile, new: Tile) -> None:
     if isinstance(op, Elementwise):
         op.inputs = [new if t is old else t for t in op.inputs]
     elif isinstance(op, Copy) and op.src is old:
         op.src = new
+    elif isinstance(op, Reshape) and op.x is old:
+        op.x = new
 
 
 def default_layout_for_unused(tile: RegisterTile, threads: int) -> Layout:

@@ -1,0 +1,117 @@
+"""Tile coordinates (tg.arange, tg.indices), kernel scalars in tile arithmetic, 1-D/2-D
+broadcasting (t[None, :], t[:, None], rank promotion, t[:, 0]) and tg.argmax/tg.argmin in
+the emulator, every element checked against numpy: ragged shapes, tiles smaller than the
+thread count, thread counts that are not powers of two where no reduction crosses threads,
+NaN/±inf and ties for the arg reductions."""
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.build import build
+from tegula.dtypes import bf16, f16, f32, i8, i32
+from tegula.errors import TegulaError
+from tegula.lower.thread_ir import Barrier, SharedStore, Shuffle, walk
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from index_kernels import (arg_case, arg_kernel, broadcast_case, causal_mask_case,  # noqa: E402
+                           indices_case)
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def run(case) -> None:
+    """Emulate one case and compare every output element exactly with its reference."""
+    kernel, grid, inputs, outputs, constexprs, refs = case
+    tg.emulate(kernel, grid, *inputs, *outputs, **constexprs)
+    arrays = [o for o in outputs if isinstance(o, np.ndarray)]
+    for got, ref in zip(arrays, refs):
+        assert got.shape == ref.shape
+        bad = ~((got == ref) | (np.isnan(got) & np.isnan(ref)) if got.dtype.kind == "f"
+                else got == ref)
+        assert not bad.any(), f"{np.count_nonzero(bad)} of {got.size} differ, first at " \
+                              f"{np.argwhere(bad)[0]}: {got[bad][:5]} vs {ref[bad][:5]}"
+
+
+# (shape, threads, BM, BN): ragged edges, a tile smaller than the thread count (4x8 = 32
+# elements over 128 threads), non-power-of-two thread counts (96, 160).
+MASK_CASES = [((50, 70), 128, 16, 64), ((7, 5), 128, 4, 8), ((33, 130), 96, 16, 32),
+              ((64, 64), 32, 16, 64), ((9, 40), 160, 8, 16)]
+
+
+@pytest.mark.parametrize("shape,threads,BM,BN", MASK_CASES)
+def test_causal_mask_from_arange_offsets_and_kernel_scalars(rng, shape, threads, BM, BN):
+    run(causal_mask_case(rng, shape, threads, BM, BN))
+
+
+@pytest.mark.parametrize("shape,threads,BM,BN", MASK_CASES)
+def test_indices_along_both_axes_with_offsets_and_an_int_parameter(rng, shape, threads, BM,
+                                                                   BN):
+    run(indices_case(rng, shape, threads, BM, BN))
+
+
+@pytest.mark.parametrize("shape,threads,BM,BN", [((50, 70), 128, 16, 128), ((5, 3), 128, 8, 4),
+                                                 ((37, 100), 64, 8, 128)])
+def test_one_dim_tiles_broadcast_against_two_dim_ones(rng, shape, threads, BM, BN):
+    run(broadcast_case(rng, shape, threads, BM, BN))
+
+
+ARG_CASES = [  # (shape, threads, BM, BN)
+    ((16, 64), 128, 16, 64),    # one block
+    ((50, 70), 128, 16, 32),    # ragged edges: the fill must never win
+    ((5, 7), 128, 2, 8),        # 16 elements over 128 threads
+    ((40, 96), 256, 32, 32),    # 8 warps: the cross-warp step through shared memory
+    ((24, 33), 32, 8, 16),      # one warp
+]
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("shape,threads,BM,BN", ARG_CASES)
+def test_argmax_argmin_f32_with_nan_inf_and_ties(rng, kind, axis, shape, threads, BM, BN):
+    run(arg_case(rng, shape, kind, axis, f32, threads, BM, BN))
+
+
+@pytest.mark.parametrize("dtype", [f16, bf16, i32, i8], ids=str)
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+def test_argmax_argmin_other_types(rng, dtype, kind):
+    for axis in (0, 1):
+        run(arg_case(rng, (37, 45), kind, axis, dtype, 128, 16, 32))
+
+
+def test_nan_is_the_maximum_and_the_minimum_first_one_wins(rng):
+    """Rows of exact patterns: all NaN, NaN after the maximum, all -inf, all equal."""
+    rows = np.array([[np.nan] * 8,
+                     [1, 9, 2, np.nan, 9, np.nan, 0, 0],
+                     [-np.inf] * 8,
+                     [2.5] * 8,
+                     [np.inf, 3, np.inf, -np.inf, 0, 0, 0, -np.inf]], np.float32)
+    for kind in ("argmax", "argmin"):
+        out = np.full((5, 1), -1, np.int32)
+        tg.emulate(arg_kernel(kind, 1, f32, 32), (1, 1), rows, out, BM=8, BN=8)
+        expected = {"argmax": [0, 3, 0, 0, 0], "argmin": [0, 3, 0, 0, 3]}[kind]
+        assert out.ravel().tolist() == expected, kind
+
+
+def test_arg_reductions_use_shuffles_and_shared_memory_across_warps():
+    """The three levels are really exercised by the cases above: 256 threads reducing a
+    32x32 tile along axis 0 shuffles across lanes and merges across warps in shared
+    memory; along axis 1 the rows stay within a warp."""
+    across = build(arg_kernel("argmax", 0, f32, 256), dict(BM=32, BN=32)).thread_kernel
+    stmts = list(walk(across.body))
+    assert any(isinstance(s, Shuffle) for s in stmts)
+    assert any(isinstance(s, SharedStore) for s in stmts)
+    assert any(isinstance(s, Barrier) for s in stmts)
+
+
+def test_argmax_with_a_thread_count_that_is_not_a_power_of_two_is_a_clear_error():
+    with pytest.raises(TegulaError, match="power-of-two thread count"):
+        build(arg_kernel("argmax", 1, f32, 96), dict(BM=16, BN=32))
