@@ -1,9 +1,14 @@
 """The CuTe layout algebra: coalesce, composition, complement, inverses, divides, products.
 
 Semantics follow CuTe (see the CuTe "Layout algebra" documentation). Where CuTe's C++
-and Python implementations differ, or where the C++ code accepts operands on which the
-result is not the mathematical composition, this module follows the mathematics: every
-operation either returns the exact result or raises `LayoutError`.
+and Python implementations differ, this module follows C++ (e.g. composition reads past
+the end of its left operand along `coalesce_x`, not pycute's `coalesce`); where the C++
+code accepts operands on which the result is not the mathematical composition, it
+follows the mathematics: every operation either returns the exact result or raises
+`LayoutError`. Negative strides follow CuTe's convention `L(-i) == -L(i)`; they are
+accepted where all of a layout's non-zero strides share a sign. Swizzled layouts
+(`ComposedLayout`) are accepted by composition and the inverses; the other operations
+refuse them with a `LayoutError`.
 
 Admissibility is explicit. `can_compose`, `can_complement`, `can_divide`, `can_product`
 and `can_invert` return `None` when the operation is admissible and otherwise a sentence
@@ -22,6 +27,7 @@ from tegula.layout import inttuple as it
 from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
 from tegula.layout.inttuple import IntTuple
+from tegula.layout.swizzle import ComposedLayout, Swizzle
 
 Tiler = Any  # Layout | leaf | None | tuple of Tiler
 
@@ -32,7 +38,7 @@ class _Inadmissible(Exception):
 
 def _describe(operand: Any) -> str:
     """A tiler or layout in CuTe notation, for error messages."""
-    if isinstance(operand, Layout):
+    if isinstance(operand, (Layout, ComposedLayout)):
         return str(operand)
     if operand is None:
         return "_"
@@ -75,11 +81,23 @@ def _known_equal(a: Any, b: Any) -> bool:
         return False
 
 
+def _require_plain(operation: str, *operands: Any) -> None:
+    """Refuse a swizzled (composed) layout where only plain layouts have a meaning."""
+    for o in operands:
+        if isinstance(o, ComposedLayout):
+            raise LayoutError(
+                f"{operation} takes plain layouts, not the swizzled layout {o}: only "
+                "composition, the divides (through composition), left_inverse and "
+                f"right_inverse accept one; apply {operation} to its inner layout {o.inner}")
+
+
 # --------------------------------------------------------------------------- building
 
 
 def make_layout(*modes: Layout) -> Layout:
     """Concatenate layouts as the top-level modes of a new layout: `(A,B):(dA,dB)`."""
+    for m in modes:
+        _require_plain("make_layout", m)
     return Layout(tuple(m.shape for m in modes), tuple(m.stride for m in modes))
 
 
@@ -135,6 +153,7 @@ def coalesce(layout: Layout, profile: IntTuple | None = None) -> Layout:
     tuple `profile`, each top-level mode is coalesced separately (recursively following
     the profile), which keeps the rank.
     """
+    _require_plain("coalesce", layout)
     if profile is not None and it.is_tuple(profile):
         modes = [coalesce(layout[i], profile[i]) if i < len(profile) else layout[i]
                  for i in range(layout.rank)]
@@ -145,11 +164,20 @@ def coalesce(layout: Layout, profile: IntTuple | None = None) -> Layout:
     return cached
 
 
-def _coalesce_flat(layout: Layout) -> Layout:
-    """Full coalesce (see `coalesce`): one pass over the leaves, merging where possible."""
+def _coalesce_flat(layout: Layout, keep_trailing_unit: bool = False) -> Layout:
+    """Full coalesce (see `coalesce`): one pass over the leaves, merging where possible.
+
+    With `keep_trailing_unit` (CuTe C++'s `coalesce_x`), a trailing size-1 leaf is kept
+    as the last mode (with a stand-in extent of 2, merged like any other mode) so that
+    its stride survives: the result then equals `layout` at EVERY index, past the end
+    included, which is what composition needs when it reads past the end.
+    """
+    leaves = list(zip(layout.flat_shape, layout.flat_stride))
+    if keep_trailing_unit and leaves and _known_equal(leaves[-1][0], 1):
+        leaves[-1] = (2, leaves[-1][1])
     shapes: list = []
     strides: list = []
-    for s, d in zip(layout.flat_shape, layout.flat_stride):
+    for s, d in leaves:
         if _known_equal(s, 1):
             continue
         if shapes and _known_equal(shapes[-1] * strides[-1], d):
@@ -169,6 +197,7 @@ def filter_layout(layout: Layout) -> Layout:
 
     It has the same image as `layout` and is injective if the image is hit once.
     """
+    _require_plain("filter", layout)
     kept = [(s, d) for s, d in zip(layout.flat_shape, layout.flat_stride)
             if not _known_equal(d, 0) and not _known_equal(s, 1)]
     if not kept:
@@ -198,8 +227,6 @@ def _compose_leaf(lhs_shapes: tuple, lhs_strides: tuple, rest_shape: Any, rest_s
     """
     if _known_equal(rest_stride, 0):
         return rest_shape, rest_stride
-    if rest_stride < 0:
-        raise _Inadmissible(f"the right operand has the negative stride {rest_stride}")
     out_shapes: list = []
     out_strides: list = []
     for j, (s, d) in enumerate(zip(lhs_shapes[:-1], lhs_strides[:-1])):
@@ -256,16 +283,33 @@ def _compose_shape(lhs_shapes: tuple, lhs_strides: tuple, rhs_shape: IntTuple,
     return _compose_leaf(lhs_shapes, lhs_strides, rhs_shape, rhs_stride, digits_used)
 
 
-def _compose(lhs: Layout, rhs: Tiler) -> Layout:
+def _compose(lhs: Layout | ComposedLayout, rhs: Tiler) -> Layout | ComposedLayout:
     """Composition without the error wrapping (see `composition`)."""
+    if isinstance(lhs, ComposedLayout):
+        # (f o off o A) o B == f o off o (A o B): the swizzle stays outermost.
+        return ComposedLayout(lhs.outer, lhs.offset, _compose(lhs.inner, rhs))
     if rhs is None:
         return lhs
+    if isinstance(rhs, ComposedLayout):
+        # A o (f o off o B) has no plain form in general (A's carries do not commute with
+        # a swizzle's XOR), so it stays a composed function, exactly R(c) = A(rhs(c)).
+        return ComposedLayout(lhs, 0, rhs)
     if it.is_tuple(rhs):
         if len(rhs) > lhs.rank:
             raise _Inadmissible(f"the tiler has {len(rhs)} modes but the layout only {lhs.rank}")
+        if any(isinstance(t, ComposedLayout) for t in rhs):
+            raise _Inadmissible("a swizzled (composed) layout cannot be one mode of a tiler: "
+                                "the result would not be a layout of modes")
         return make_layout(*(_compose(lhs[i], t) for i, t in enumerate(rhs)))
     rhs = _as_layout(rhs)
-    flat = coalesce(lhs)
+    negate = _uniform_sign_is_negative(rhs)
+    if negate:
+        # lhs(-x) == -lhs(x) (CuTe's truncating convention), so R == -(lhs o |rhs|).
+        rhs = Layout(rhs.shape, _negated(rhs.stride))
+    # CuTe C++ extends lhs past its end along coalesce_x(lhs) (see `composition`).
+    flat = lhs.memo.get("coalesce_x")
+    if flat is None:
+        flat = lhs.memo["coalesce_x"] = _coalesce_flat(lhs, keep_trailing_unit=True)
     shapes = flat.shape if it.is_tuple(flat.shape) else (flat.shape,)
     strides = flat.stride if it.is_tuple(flat.stride) else (flat.stride,)
     digits_used = [0] * len(shapes)
@@ -278,20 +322,55 @@ def _compose(lhs: Layout, rhs: Tiler) -> Layout:
                 f"the modes of the right operand overlap inside a mode of extent {s} of the "
                 f"coalesced left operand {flat} (their coordinates there add up to {used}), "
                 "so the composition does not distribute over them")
-    return result
+    return Layout(result.shape, _negated(result.stride)) if negate else result
 
 
-def composition(lhs: Layout, rhs: Tiler) -> Layout:
+def _negated(stride: IntTuple) -> IntTuple:
+    """Every leaf of a stride int-tuple negated."""
+    if it.is_tuple(stride):
+        return tuple(_negated(d) for d in stride)
+    return -stride
+
+
+def _uniform_sign_is_negative(layout: Layout) -> bool:
+    """True when the moving strides are all negative, False when none is; a layout that
+    mixes signs is refused (its modes' contributions would not add without carries)."""
+    signs = set()
+    for d in layout.flat_stride:
+        try:
+            if d < 0:
+                signs.add(-1)
+            elif not _known_equal(d, 0):
+                signs.add(1)
+        except LayoutError:  # an undecidable symbolic stride counts as positive
+            signs.add(1)
+    if len(signs) == 2:
+        raise _Inadmissible(
+            f"{layout} mixes negative and positive strides; tegula supports negative "
+            "strides only when all of a layout's non-zero strides are negative (CuTe's "
+            "tests do the same), since mixed signs do not distribute")
+    return signs == {-1}
+
+
+def composition(lhs: Layout | ComposedLayout, rhs: Tiler) -> Layout | ComposedLayout:
     """The layout `R = lhs ∘ rhs`, with `R(c) = lhs(rhs(c))` for every coordinate c of rhs.
 
     The result has the shape of `rhs` (refined where a step of rhs splits across modes of
-    lhs). Where `rhs` reaches past `size(lhs)`, lhs is extended along the last mode of
-    `coalesce(lhs)`, as in CuTe (this can differ from evaluating `lhs` itself past its end
-    when lhs ends in size-1 or mergeable modes).
+    lhs). Where `rhs` reaches past `size(lhs)`, lhs is extended as CuTe C++ does, along
+    the last mode of its `coalesce_x`: `coalesce(lhs)`, except that a trailing size-1
+    mode keeps its stride (so `(4,3,1):(3,1,0) o 24:1` extends with stride 0). Then
+    `R(c) == lhs(rhs(c))` holds past the end of lhs too, evaluating lhs as `Layout`
+    does (the last mode extends).
 
     With a tuple tiler, mode i of lhs is composed with tiler element i and the modes of
     lhs that the tiler does not reach are dropped (CuTe C++ behaviour); `None` keeps a mode.
     An integer tiler `n` means `n:1`: the first n elements of lhs, reshaped.
+
+    Negative strides: lhs may have any; a layout rhs may have negative strides when all of
+    its non-zero strides are negative (evaluation follows CuTe's `L(-i) == -L(i)`).
+    Swizzled (`ComposedLayout`) operands: `(f o A) o B` is `f o (A o B)`, and `A o S` for a
+    composed `S` is the composed function `A o S` (CuTe folds some of these into one
+    swizzle; the function is the same).
 
     Admissible when, at every mode of lhs that a step of rhs crosses, the step divides
     the mode extent or the extent divides the step (see `can_compose`).
@@ -372,30 +451,60 @@ def _prefix(shapes: list) -> list:
     return list(it.prefix_product(tuple(shapes)))
 
 
-def right_inverse(layout: Layout) -> Layout:
+def right_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
     """The largest `R` with `layout(R(i)) == i` for every `0 <= i < size(R)`.
 
     `R` follows the offsets 0, 1, 2, ... as long as `layout` reaches them contiguously:
     it chains the modes of stride 1, then of stride equal to the span so far, and so on.
     Always admissible; the result is `1:0` when `layout` does not reach offset 1.
+
+    Negative strides: the chain is followed on `|stride|` (as CuTe does) and stops before
+    a mode whose sign differs from the first chained mode's; a negative chain gives `R`
+    negative strides (`layout` is then evaluated at negative indices, `L(-i) == -L(i)`).
+    A swizzled `S o A` (offset 0, `S` a `Swizzle`) gives `R = A⁻¹ o S` on the longest
+    prefix `[0, n)` of offsets that `S` maps into `A⁻¹`'s range.
     """
+    if isinstance(layout, ComposedLayout):
+        return _checked("right_inverse", lambda: _swizzled_right_inverse(layout), layout)
     shapes, strides, order = _sorted_modes(layout)
     index_strides = _prefix(shapes)
     out_shapes: list = []
     out_strides: list = []
     reached = 1
+    sign = 0
     for k in order:
-        if _known_equal(strides[k], reached):
-            out_shapes.append(shapes[k])
-            out_strides.append(index_strides[k])
-            reached = shapes[k] * strides[k]
+        magnitude, mode_sign = _magnitude_and_sign(strides[k])
+        if not _known_equal(magnitude, reached):
+            continue
+        if sign and mode_sign != sign:
+            break
+        sign = mode_sign
+        out_shapes.append(shapes[k])
+        out_strides.append(mode_sign * index_strides[k])
+        reached = shapes[k] * magnitude
     if not out_shapes:
         return Layout(1, 0)
     return coalesce(Layout(tuple(out_shapes), tuple(out_strides)))
 
 
-def _left_inverse(layout: Layout) -> Layout:
+def _magnitude_and_sign(stride: Any) -> tuple[Any, int]:
+    """`(|stride|, sign)`; an undecidable symbolic stride counts as positive."""
+    try:
+        if stride < 0:
+            return -stride, -1
+    except LayoutError:
+        pass
+    return stride, 1
+
+
+def _left_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
     """Left inverse without the error wrapping (see `left_inverse`)."""
+    if isinstance(layout, ComposedLayout):
+        return _swizzled_left_inverse(layout)
+    if _uniform_sign_is_negative(layout):
+        # L == -|L| at every index, so L⁻¹(y) == |L|⁻¹(-y) == (-|L|⁻¹)(y).
+        inverse = _left_inverse(Layout(layout.shape, _negated(layout.stride)))
+        return Layout(inverse.shape, _negated(inverse.stride))
     shapes, strides, order = _sorted_modes(layout)
     index_strides = _prefix(shapes)
     moving = [k for k in order if not _known_equal(strides[k], 0)]
@@ -419,12 +528,48 @@ def _left_inverse(layout: Layout) -> Layout:
     return coalesce(Layout(tuple(out_shapes), tuple(out_strides)))
 
 
-def left_inverse(layout: Layout) -> Layout:
+def _swizzle_parts(layout: ComposedLayout, operation: str) -> tuple[Swizzle, Any, Layout]:
+    """`(swizzle, offset, inner)` of a swizzled layout `S o off o A`, or why it has none."""
+    if not isinstance(layout.outer, Swizzle) or not isinstance(layout.inner, Layout):
+        raise _Inadmissible(f"{operation} of a composed layout needs a Swizzle outside and a "
+                            f"plain layout inside; {layout} has {layout.outer!r} and "
+                            f"{layout.inner!r}")
+    return layout.outer, layout.offset, layout.inner
+
+
+def _swizzled_left_inverse(layout: ComposedLayout) -> ComposedLayout:
+    """`(S o off o A)⁻¹ = A⁻¹ o (-off) o S`: a swizzle is an involution. The result's
+    domain is the composed layout's codomain `[0, cosize)`."""
+    swizzle, offset, inner = _swizzle_parts(layout, "left_inverse")
+    inverse = _left_inverse(inner)
+    codomain = ComposedLayout(swizzle, 0, Layout(layout.cosize))
+    return ComposedLayout(inverse, -offset, codomain)
+
+
+def _swizzled_right_inverse(layout: ComposedLayout) -> Layout | ComposedLayout:
+    """`A⁻¹ o S` on the longest prefix of offsets that `S` keeps inside `A⁻¹`'s range."""
+    swizzle, offset, inner = _swizzle_parts(layout, "right_inverse")
+    if not _known_equal(offset, 0):
+        raise _Inadmissible(f"right_inverse of {layout} needs the offset 0, not {offset}")
+    inverse = right_inverse(inner)
+    n = inverse.size
+    # S permutes aligned blocks of its period, so prefixes that are such blocks (or lie
+    # below the bits S reads) are closed; search the largest closed prefix.
+    while n > 1 and not all(swizzle(i) < n for i in range(n)):
+        n = 1 << ((n - 1).bit_length() - 1)
+    if n <= 1:
+        return Layout(1, 0)
+    return ComposedLayout(inverse, 0, ComposedLayout(swizzle, 0, Layout(n)))
+
+
+def left_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
     """A layout `L⁻¹` with `L⁻¹(layout(i)) == i` for every i when `layout` is injective.
 
     Stride-0 modes are ignored, which makes it a quasi-inverse in general:
     `layout(L⁻¹(layout(i))) == layout(i)`. Admissible when the non-zero strides, sorted,
-    each divide the next and their modes do not overlap.
+    each divide the next and their modes do not overlap. Negative strides are admissible
+    when all non-zero strides are negative (the inverse then has negative strides too).
+    A swizzled `S o off o A` gives the composed `A⁻¹ o (-off) o S` over `[0, cosize)`.
     """
     return _checked("left_inverse", lambda: _left_inverse(layout), layout)
 

@@ -153,7 +153,9 @@ class Layout:
         """Offset of a coordinate: `L(i)` for a 1-D index, `L((m,n))` or `L(m, n)`.
 
         A 1-D index is read colexicographically; an index past the end extends the last
-        mode (CuTe semantics, relied on by composition).
+        mode (CuTe semantics, relied on by composition). A negative 1-D index follows
+        CuTe C++'s truncating division, so `L(-i) == -L(i)` (layouts with negative strides
+        and their inverses produce such indices).
         """
         if len(coord) == 1:
             coord = coord[0]
@@ -166,6 +168,8 @@ class Layout:
         shapes, strides = self._flat_shape, self._flat_stride
         if not shapes:
             return 0
+        if type(index) is int and index < 0:
+            return -self._index_to_offset(-index)
         offset = 0
         for s, d in zip(shapes[:-1], strides[:-1]):
             offset = offset + (index % s) * d
@@ -175,7 +179,8 @@ class Layout:
     def offsets_of(self, indices: np.ndarray) -> np.ndarray:
         """Vectorized `L(i)` for an integer array of 1-D indices (static layouts only)."""
         self._require_static("vectorized evaluation")
-        index = np.asarray(indices, dtype=np.int64)
+        signed = np.asarray(indices, dtype=np.int64)
+        index = np.abs(signed)  # negative indices: L(-i) == -L(i), as in `__call__`
         offset = np.zeros_like(index)
         shapes, strides = self._flat_shape, self._flat_stride
         if not shapes:
@@ -183,7 +188,7 @@ class Layout:
         for s, d in zip(shapes[:-1], strides[:-1]):
             offset += (index % s) * d
             index = index // s
-        return offset + index * strides[-1]
+        return np.sign(signed + (signed == 0)) * (offset + index * strides[-1])
 
     def all_offsets(self) -> np.ndarray:
         """`[L(0), L(1), ..., L(size-1)]` as a read-only int64 array, computed once.

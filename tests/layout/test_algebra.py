@@ -37,10 +37,9 @@ def same_function(a: Layout, b: Layout) -> bool:
 
 
 def composed_offsets(a: Layout, b: Layout) -> list[int]:
-    """`a(b(i))` for every i; where b(i) leaves a's domain, a is extended as coalesced
-    (the documented semantics of composition past the end of its left operand)."""
-    flat = coalesce(a)
-    return [a(int(j)) if j < a.size else flat(int(j)) for j in b.all_offsets()]
+    """`a(b(i))` for every i, past a's end included: composition extends a as CuTe C++
+    does (coalesce_x), which is exactly `Layout`'s own evaluation past the end."""
+    return [a(int(j)) for j in b.all_offsets()]
 
 
 # ------------------------------------------------------------------ worked examples
@@ -131,7 +130,9 @@ def test_inadmissible_composition_names_both_operands():
     # A step that stays inside one mode is fine even when nothing divides.
     assert composition(P("(6,4):(1,10)"), P("2:4")) == P("2:4")
     assert can_compose(P("(4,2):(1,4)"), (2, 2, 2)) is not None
-    assert can_compose(P("8:1"), P("4:-1")) is not None
+    # negative strides compose when they all agree in sign; mixed signs do not distribute
+    assert composition(P("8:1"), P("4:-1")) == P("4:-1")
+    assert "mixes negative and positive" in can_compose(P("8:1"), P("(2,2):(1,-2)"))
 
 
 @pytest.mark.parametrize("layout, cotarget, result", [
