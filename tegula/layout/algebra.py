@@ -7,8 +7,8 @@ code accepts operands on which the result is not the mathematical composition, i
 follows the mathematics: every operation either returns the exact result or raises
 `LayoutError`. Negative strides follow CuTe's convention `L(-i) == -L(i)`; they are
 accepted where all of a layout's non-zero strides share a sign. Swizzled layouts
-(`ComposedLayout`) are accepted by composition and the inverses; the other operations
-refuse them with a `LayoutError`.
+(`ComposedLayout`) are accepted by composition, logical_divide and the inverses; the
+other operations refuse them with a `LayoutError`.
 
 Admissibility is explicit. `can_compose`, `can_complement`, `can_divide`, `can_product`
 and `can_invert` return `None` when the operation is admissible and otherwise a sentence
@@ -87,8 +87,8 @@ def _require_plain(operation: str, *operands: Any) -> None:
         if isinstance(o, ComposedLayout):
             raise LayoutError(
                 f"{operation} takes plain layouts, not the swizzled layout {o}: only "
-                "composition, the divides (through composition), left_inverse and "
-                f"right_inverse accept one; apply {operation} to its inner layout {o.inner}")
+                "composition, logical_divide, left_inverse and right_inverse accept one; "
+                f"apply {operation} to its inner layout {o.inner}")
 
 
 # --------------------------------------------------------------------------- building
@@ -388,6 +388,7 @@ def can_compose(lhs: Layout, rhs: Tiler) -> str | None:
 
 def _complement(layout: Layout, cotarget: IntTuple) -> Layout:
     """Complement without the error wrapping (see `complement`)."""
+    _require_plain("complement", layout)
     filtered = filter_layout(layout)
     if _known_equal(filtered.stride, 0):
         return coalesce(Layout(cotarget))
@@ -601,7 +602,10 @@ def _logical_divide(layout: Layout, tiler: Tiler) -> Layout:
         return make_layout(*(_logical_divide(layout[i], tiler[i]) if i < len(tiler)
                              else layout[i] for i in range(layout.rank)))
     tile = _as_layout(tiler)
-    rest = _complement(tile, coalesce(layout).shape)
+    domain = layout
+    while isinstance(domain, ComposedLayout):  # a swizzled layout divides through its domain
+        domain = domain.inner
+    rest = _complement(tile, coalesce(domain).shape)
     return _compose(layout, make_layout(tile, rest))
 
 
@@ -622,6 +626,7 @@ def can_divide(layout: Layout, tiler: Tiler) -> str | None:
 
 def _unzip_by(layout: Layout, tiler: Tiler) -> tuple[Layout, Layout]:
     """Gather the (tile, rest) pairs that a divide or product left at the tiler's leaves."""
+    _require_plain("a zipped, tiled or flat divide or product", layout)
     if not it.is_tuple(tiler):
         return layout[0], layout[1]
     tiles: list[Layout] = []

@@ -432,3 +432,18 @@ def test_symbolic_composition_and_divide():
     assert composition(gmem, (16, 32)) == Layout((16, 32), (K, 1))
     assert coalesce(Layout((4, K), (1, 4))) == Layout(4 * K, 1)
     assert str(composition(Layout(K, 2), 8)) == "8:2"
+
+
+def test_swizzled_operands_outside_composition_are_layout_errors():
+    """Regression: a ComposedLayout reached attribute lookups deep in the algebra
+    (AttributeError / TypeError); now each operation either supports it exactly or
+    says which operation refused which layout."""
+    from tegula.layout import ComposedLayout, Swizzle, complement, logical_product, zipped_divide
+    sw = ComposedLayout(Swizzle(2, 0, 3), 0, P("(8,8):(8,1)"))
+    divided = logical_divide(sw, P("4:1"))
+    assert all(divided(i) == sw(i) for i in range(64))  # the divide is a reshaping
+    for op, call in [("complement", lambda: complement(sw)), ("coalesce", lambda: coalesce(sw)),
+                     ("complement", lambda: logical_product(sw, P("2:1"))),
+                     ("zipped", lambda: zipped_divide(sw, P("4:1")))]:
+        with pytest.raises(LayoutError, match=op):
+            call()
