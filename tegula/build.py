@@ -10,7 +10,7 @@ This module sits above the pipeline modules (like `tegula.cli`) and may import t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from tegula.arch.targets import Target, get_target
 from tegula.errors import LaunchError, SynthesisError
@@ -112,18 +112,20 @@ def split_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
 
 
 def normalize_grid(grid) -> tuple[int, int, int]:
-    """A grid as three positive ints (a callable grid gets the kernel's constexprs later)."""
+    """A grid as three non-negative ints (a callable grid gets the kernel's constexprs
+    later). A zero extent is an empty grid — `cdiv(0, BM)` blocks for an empty tensor —
+    which launches nothing. Extents must be ints (numpy integers too): a float is refused
+    rather than truncated, since `M / BM` where `cdiv(M, BM)` was meant drops blocks."""
     if type(grid) is tuple and len(grid) == 3 and all(type(g) is int and g > 0 for g in grid) \
             and grid[1] <= 65535 and grid[2] <= 65535 and grid[0] < 2**31:
         return grid  # the common case, checked cheaply (launch overhead)
-    if isinstance(grid, int):
-        grid = (grid,)
-    try:
-        dims = tuple(int(g) for g in grid)
-    except (TypeError, ValueError):
-        raise LaunchError(f"a grid is an int or a tuple of up to three ints, got {grid!r}") from None
-    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise LaunchError(f"a grid is one to three positive extents, got {grid!r}")
+    dims = (grid,) if _is_int(grid) else grid
+    if not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
+        raise LaunchError(f"a grid is an int or a tuple of up to three ints (block counts, "
+                          f"e.g. tg.cdiv(M, BM)), got {grid!r}")
+    dims = tuple(int(d) for d in dims)
+    if not 1 <= len(dims) <= 3 or any(d < 0 for d in dims):
+        raise LaunchError(f"a grid is one to three non-negative block counts, got {grid!r}")
     dims = dims + (1,) * (3 - len(dims))
     if dims[0] >= 2**31 or dims[1] > 65535 or dims[2] > 65535:
         raise LaunchError(f"grid {dims} exceeds CUDA's limits (x < 2^31, y and z <= 65535); "
@@ -131,20 +133,36 @@ def normalize_grid(grid) -> tuple[int, int, int]:
     return dims
 
 
+def _is_int(x) -> bool:
+    """An int or numpy integer, not a bool (nor a float with an integral value)."""
+    return isinstance(x, int) and not isinstance(x, bool) or \
+        type(x).__module__ == "numpy" and hasattr(x, "dtype") and x.dtype.kind in "iu"
+
+
 def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_races: bool = True,
-            **kwargs):
+            check_coverage: bool | Iterable[str] = True, **kwargs):
     """Run `kernel` on the CPU: numpy arrays in, results written into them in place.
 
     `tg.emulate(gemm, (2, 3), a, b, c, BM=64)` traces, synthesizes and lowers the kernel
     exactly as for the GPU, then executes the thread IR for every block with numpy.
     Returns the emulator's report (instructions, bytes moved, bank conflicts).
+
+    `check_coverage` (default on): every output — a tensor the kernel stores to or adds
+    to atomically — must have each element written by some block, else `EmulationError`
+    names the tensor, the count and a few coordinates (a grid too small for the output is
+    found here, not by a test that happens to start from zeros). Write-only outputs are
+    poisoned (NaN / 0xA5 bytes) before the run; tensors the kernel also reads are left
+    as given. `check_coverage=False` turns this off for a kernel that writes part of an
+    output on purpose (the array is then neither poisoned nor checked); a list of names
+    checks only those outputs.
     """
     import numpy as np
 
     from tegula.emulate import run_thread_kernel
+    from tegula.emulate.coverage import check_written, poison, tensor_roles
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
-    facts = {}
+    facts, shapes = {}, {}
     for name, array in tensors.items():
         if not isinstance(array, np.ndarray):
             raise LaunchError(f"tg.emulate: argument {name!r} must be a numpy array, got "
@@ -161,17 +179,120 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
             shape = shape[:-1] + (2 * shape[-1],)
             strides = tuple(2 * s if d < len(strides) - 1 else s for d, s in enumerate(strides))
         facts[name] = TensorFacts.of(shape, strides, 0, param.spec.dtype.bits / 8)
+        shapes[name] = shape
+    grid3 = normalize_grid(grid)
     result = build(kernel, constexprs, facts, target)
-    return run_thread_kernel(result.thread_kernel, normalize_grid(grid), tensors, scalars,
-                             check_races=check_races)
+    check_contractions(kernel, result.traced, shapes)
+    written, read = tensor_roles(result.thread_kernel)
+    checked = _coverage_names(kernel, check_coverage, written)
+    poisoned = {name for name in checked if name not in read}
+    for name in poisoned:
+        poison(tensors[name])
+    report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
+                               check_races=check_races, track_writes=checked)
+    check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)
+    return report
 
 
-def _launch_facts(kernel, tensors: dict) -> dict:
+def _coverage_names(kernel, check_coverage, written: set[str]) -> list[str]:
+    """The outputs whose coverage `emulate` checks (see its docstring)."""
+    if check_coverage is True:
+        return sorted(written)
+    if check_coverage is False or check_coverage is None:
+        return []
+    names = [check_coverage] if isinstance(check_coverage, str) else list(check_coverage)
+    tensors = {p.name for p in kernel.params if p.kind == "tensor"}
+    for name in names:
+        if name not in tensors:
+            raise LaunchError(f"tg.emulate({kernel.name}): check_coverage names {name!r}, "
+                              f"which is not a tensor parameter")
+        if name not in written:
+            raise LaunchError(f"tg.emulate({kernel.name}): check_coverage names {name!r}, "
+                              f"which the kernel never writes")
+    return sorted(set(names))
+
+
+# --------------------------------------------------------------------------------------
+# Extents a kernel assumes equal
+# --------------------------------------------------------------------------------------
+# A tile view masks what lies past its tensor's extent, so a `tg.gemm` whose operands come
+# from two tensors with different K extents would compute anyway — zeros standing in for
+# the shorter operand's missing columns, or the longer one's extra columns ignored. The
+# contraction says the kernel assumes them equal; the launch checks it.
+
+@dataclass(frozen=True)
+class Contraction:
+    """A `tg.gemm` at `loc` contracting tensor `a[0]`'s dim `a[1]` with `b[0]`'s `b[1]`."""
+
+    loc: Any
+    a: tuple[str, int]
+    b: tuple[str, int]
+
+
+def contractions(traced: TracedKernel) -> list[Contraction]:
+    """The gemms whose two operands are both loaded from global tensors (directly into
+    registers, or through a copy into shared memory), with the tensor dim each one's K
+    dimension (operand dim 1: c += a @ b.T) runs along."""
+    from tegula.ir.ops import Copy, Gemm, walk_ops
+    from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
+
+    sources: dict[tuple, set] = {}  # ("reg", tile id) / ("shared", alloc id) -> sources
+    for op in walk_ops(traced.body):
+        if isinstance(op, Copy) and isinstance(op.src, GlobalTile):
+            if isinstance(op.dst, RegisterTile):
+                sources.setdefault(("reg", op.dst.id), set()).add((op.src, ()))
+            elif isinstance(op.dst, SharedTile):
+                sources.setdefault(("shared", op.dst.alloc.id), set()).add(
+                    (op.src, tuple(op.dst.permutation)))
+
+    def tensor_dim(tile, dim: int) -> tuple[str, int] | None:
+        """The (tensor, dim) that operand dim `dim` of `tile` was loaded along."""
+        if isinstance(tile, GlobalTile):
+            return tile.arg.name, tile.dims[dim].tensor_dim
+        if isinstance(tile, RegisterTile):
+            found = sources.get(("reg", tile.id), set())
+        elif isinstance(tile, SharedTile):
+            dim = tile.permutation[dim] if tile.permutation else dim  # alloc dim
+            found = sources.get(("shared", tile.alloc.id), set())
+        else:
+            return None
+        dims = set()
+        for src, permutation in found:
+            src_dim = permutation.index(dim) if permutation else dim
+            if src_dim >= len(src.dims):
+                return None
+            dims.add((src.arg.name, src.dims[src_dim].tensor_dim))
+        return dims.pop() if len(dims) == 1 else None  # several sources: not one tensor
+
+    found = []
+    for op in walk_ops(traced.body):
+        if isinstance(op, Gemm):
+            a, b = tensor_dim(op.a, 1), tensor_dim(op.b, 1)
+            if a is not None and b is not None and a != b:
+                found.append(Contraction(op.loc, a, b))
+    return found
+
+
+def check_contractions(kernel, traced: TracedKernel, shapes: dict) -> None:
+    """Raise `LaunchError` where a gemm contracts two tensor dims of unequal extents
+    (`shapes`: each tensor's logical shape at this launch)."""
+    for c in contractions(traced):
+        (ta, da), (tb, db) = c.a, c.b
+        ka, kb = shapes[ta][da], shapes[tb][db]
+        if ka != kb:
+            raise LaunchError(
+                f"kernel {kernel.name}: tg.gemm contracts {ta}'s dim {da} (extent {ka}) with "
+                f"{tb}'s dim {db} (extent {kb}), which must be equal: {ta} has shape "
+                f"{tuple(shapes[ta])}, {tb} has shape {tuple(shapes[tb])}", c.loc)
+
+
+def _launch_facts(kernel, tensors: dict) -> tuple[dict, dict]:
     """Specialization facts of the launch's tensors (pointer alignment, unit strides,
-    divisibility of extents and strides), read through the runtime's tensor views."""
+    divisibility of extents and strides), read through the runtime's tensor views, and
+    the tensors' logical shapes."""
     from tegula.runtime.args import tensor_view
 
-    facts = {}
+    facts, shapes = {}, {}
     for p in kernel.params:
         if p.kind != "tensor":
             continue
@@ -191,7 +312,8 @@ def _launch_facts(kernel, tensors: dict) -> dict:
             shape = shape[:-1] + (2 * shape[-1],)
             strides = tuple(2 * s if d < len(strides) - 1 else s for d, s in enumerate(strides))
         facts[p.name] = TensorFacts.of(shape, strides, view.ptr, p.spec.dtype.bits / 8)
-    return facts
+        shapes[p.name] = shape
+    return facts, shapes
 
 
 def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
@@ -269,20 +391,25 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     hit = fast.get(keyed[0]) if keyed is not None else None
     if hit is not None:
         grid3 = _normalized(grid(hit.constexprs) if callable(grid) else grid)
-        hit(grid3, args, keyed[1], stream)
+        if 0 not in grid3:  # an empty grid (empty tensors) launches nothing
+            hit(grid3, args, keyed[1], stream)
         return hit.kernel
     from tegula.runtime import PreparedLaunch, default_target
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
     threads = constexprs.pop("threads", None)
     values = kernel.constexpr_values(constexprs)
-    facts = _launch_facts(kernel, tensors)
-    ck = compiled(kernel, dict(values, threads=threads), facts, target or default_target())
+    grid3 = _normalized(grid(values) if callable(grid) else grid)  # a bad grid: before compiling
+    facts, shapes = _launch_facts(kernel, tensors)
+    target = target or default_target()
+    check_contractions(kernel, build(kernel, dict(values, threads=threads), facts, target).traced,
+                       shapes)
+    ck = compiled(kernel, dict(values, threads=threads), facts, target)
     names = [p.name for p in kernel.params if p.kind == "tensor"]
     names += [p.name for p in kernel.params if p.kind == "scalar"]
     ordered = [tensors.get(n, scalars.get(n)) for n in names]
     flat, device = ck.plan.flatten(ordered)
-    ck.launch_values(_normalized(grid(values) if callable(grid) else grid), flat, device, stream)
+    ck.launch_values(grid3, flat, device, stream)
     runtime = [p.name for p in kernel.params if p.kind in ("tensor", "scalar")]
     if keyed is not None and len(args) == len(runtime):  # every run-time argument positional
         arg_index = {name: i for i, name in enumerate(runtime)}  # positions as the user passes

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import tegula as tg
-from tegula import f32
-from tegula.build import build, normalize_grid, split_arguments
+from tegula import f16, f32, i8
+from tegula.build import build, contractions, normalize_grid, split_arguments
+from tegula.emulate import EmulationError
 from tegula.errors import LaunchError
 
 
@@ -53,12 +54,136 @@ def test_emulate_checks_ranks():
 
 
 @pytest.mark.parametrize("grid,expected", [(3, (3, 1, 1)), ((2, 5), (2, 5, 1)),
-                                           ((1, 2, 3), (1, 2, 3))])
+                                           ((1, 2, 3), (1, 2, 3)), ([4, np.int64(2)], (4, 2, 1)),
+                                           (0, (0, 1, 1)), ((2, 0), (2, 0, 1))])
 def test_grids_normalize_to_three_extents(grid, expected):
-    assert normalize_grid(grid) == expected
+    assert normalize_grid(grid) == expected  # a zero extent: an empty grid, no blocks
 
 
-@pytest.mark.parametrize("grid", [0, (1, 70000), (2, 0), "x"])
-def test_bad_grids_are_launch_errors(grid):
-    with pytest.raises(LaunchError):
+@pytest.mark.parametrize("grid,message", [
+    ((1, 70000), "exceeds CUDA's limits"), ("x", "tuple of up to three ints"),
+    (2.0, "tuple of up to three ints"), ((37 / 16, 2), "tuple of up to three ints"),
+    (np.float32(3), "tuple of up to three ints"), ((True, 1), "tuple of up to three ints"),
+    (None, "tuple of up to three ints"), ((1, -1), "non-negative"), ((), "one to three"),
+    ((1, 2, 3, 4), "one to three")])
+def test_bad_grids_are_launch_errors(grid, message):
+    with pytest.raises(LaunchError, match=message):
         normalize_grid(grid)
+
+
+def test_a_float_grid_is_refused_at_launch_before_compiling():
+    torch = pytest.importorskip("torch")
+    x, y = torch.ones((37, 32)), torch.ones((37, 32))
+    with pytest.raises(LaunchError, match=r"got \(2.3125,\)"):
+        scale[(37 / 16,)](x, y, 1)
+    with pytest.raises(LaunchError, match="got 2.0"):
+        tg.emulate(scale, 2.0, x.numpy(), y.numpy(), 1)
+
+
+# --------------------------------------------------------------------------------------
+# Empty inputs, and outputs no block wrote
+# --------------------------------------------------------------------------------------
+
+def test_an_empty_grid_on_empty_tensors_runs_no_block():
+    x, y = np.zeros((0, 32), np.float32), np.zeros((0, 32), np.float32)
+    assert tg.emulate(scale, (tg.cdiv(0, 16),), x, y, 1).blocks == 0
+
+
+def test_a_grid_too_small_for_the_output_is_an_error():
+    x = np.random.default_rng(1).standard_normal((37, 32)).astype(np.float32)
+    y = np.zeros_like(x)
+    with pytest.raises(EmulationError) as info:
+        tg.emulate(scale, (2,), x, y, 1)          # 2 blocks of 16 rows: rows 32..36 unwritten
+    message = str(info.value)
+    assert "output 'y' (shape (37, 32)): 160 of 1184 elements written by no block" in message
+    assert "(32, 0), (32, 1)" in message and "check_coverage=False" in message
+    assert np.array_equal(y[:32], x[:32] * 2) and np.isnan(y[32:]).all()  # poisoned
+
+
+def test_coverage_can_be_turned_off_for_kernels_that_write_a_subset():
+    x = np.random.default_rng(2).standard_normal((37, 32)).astype(np.float32)
+    y = np.full_like(x, -1.0)
+    tg.emulate(scale, (2,), x, y, 1, check_coverage=False)
+    assert np.array_equal(y[:32], x[:32] * 2) and (y[32:] == -1.0).all()  # not poisoned
+    with pytest.raises(EmulationError, match="'y'"):
+        tg.emulate(scale, (2,), x, y, 1, check_coverage=["y"])
+    with pytest.raises(LaunchError, match="never writes"):
+        tg.emulate(scale, (3,), x, y, 1, check_coverage=["x"])
+
+
+def test_written_nans_count_as_written():
+    x = np.random.default_rng(3).standard_normal((37, 32)).astype(np.float32)
+    x[::3, ::5] = np.nan
+    y = np.zeros_like(x)
+    tg.emulate(scale, (3,), x, y, 1)
+    assert np.array_equal(y, x * 2, equal_nan=True)
+
+
+@tg.kernel(threads=32)
+def accumulate(x: tg.Tensor[f32], y: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    tile = y.tile((8, 16), (m, 0))
+    tg.copy(tg.load(tile) + tg.load(x.tile((8, 16), (m, 0))), tile)
+
+
+@tg.kernel(threads=32)
+def add_into(x: tg.Tensor[f32], y: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    tg.atomic_add(tg.load(x.tile((8, 16), (m, 0))), y.tile((8, 16), (m, 0)))
+
+
+@pytest.mark.parametrize("kernel", [accumulate, add_into])
+def test_read_modify_write_outputs_are_checked_but_never_poisoned(kernel):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((20, 16)).astype(np.float32)
+    y = rng.standard_normal((20, 16)).astype(np.float32)
+    before = y.copy()
+    with pytest.raises(EmulationError, match=r"'y' \(shape \(20, 16\)\): 64 of 320"):
+        tg.emulate(kernel, (2,), x, y)            # rows 16..19 unwritten
+    assert np.array_equal(y[16:], before[16:])    # the input part is intact
+    np.testing.assert_allclose(y[:16], before[:16] + x[:16], rtol=1e-6)
+
+
+@tg.kernel(threads=64)
+def copy_i8(x: tg.Tensor[i8], y: tg.Tensor[i8]):
+    m = tg.block_id(0)
+    tg.copy(tg.load(x.tile((16, 32), (m, 0))), y.tile((16, 32), (m, 0)))
+
+
+def test_an_integer_output_equal_to_the_poison_counts_as_written():
+    x = np.full((20, 32), -91, np.int8)          # 0xA5: the poison byte itself
+    x[::2] = np.random.default_rng(5).integers(-128, 128, (10, 32), dtype=np.int8)
+    y = np.zeros_like(x)
+    tg.emulate(copy_i8, (2,), x, y)
+    assert np.array_equal(y, x)
+
+
+# --------------------------------------------------------------------------------------
+# Extents the kernel assumes equal: a gemm's K
+# --------------------------------------------------------------------------------------
+
+def test_gemm_contractions_are_found_in_the_traced_kernel():
+    from tegula.kernels.gemm import gemm_kernel, gemm_registers_kernel
+    for kernel in (gemm_kernel(f16), gemm_registers_kernel(f16)):
+        found = contractions(kernel.trace(BM=64, BN=64, BK=32))
+        assert [(c.a, c.b) for c in found] == [(("a", 1), ("b", 1))]
+        assert "tg.gemm" in found[0].loc.line
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_k_that_differs_between_a_and_b_is_a_launch_error(shared):
+    from tegula.kernels.gemm import gemm_kernel, gemm_registers_kernel
+    kernel = gemm_kernel(f16) if shared else gemm_registers_kernel(f16)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((64, 96)).astype(np.float16)
+    b = rng.standard_normal((64, 64)).astype(np.float16)
+    c = np.zeros((64, 64), np.float16)
+    expected = (r"tg.gemm contracts a's dim 1 \(extent 96\) with b's dim 1 \(extent 64\), "
+                r"which must be equal: a has shape \(64, 96\), b has shape \(64, 64\)")
+    with pytest.raises(LaunchError, match=expected) as info:
+        tg.emulate(kernel, (1, 1), a, b, c, BM=64, BN=64, BK=32)
+    assert "tg.gemm" in info.value.loc.line
+    torch = pytest.importorskip("torch")
+    with pytest.raises(LaunchError, match=expected):  # checked before compiling (no GPU here)
+        kernel[(1, 1)](torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c),
+                       BM=64, BN=64, BK=32)

@@ -16,7 +16,7 @@ Errors are `EmulationError`s naming the statement, tensor/buffer, block and loop
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -219,15 +219,20 @@ def _bind(kernel: ThreadKernel, tensors: Mapping[str, np.ndarray],
 def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                       tensors: Mapping[str, np.ndarray],
                       scalars: Mapping[str, object] | None = None,
-                      *, check_races: bool = True) -> EmulationReport:
+                      *, check_races: bool = True,
+                      track_writes: Iterable[str] = ()) -> EmulationReport:
     """Execute `kernel` on the CPU over `grid` (1-3 block counts); tensors are updated in
-    place. Returns the statistics; raises `EmulationError` on a bug in the thread IR."""
+    place. Returns the statistics; raises `EmulationError` on a bug in the thread IR.
+    For the tensors named in `track_writes`, `report.written[name]` is a boolean mask over
+    their element offsets of those any block stored to (for `tegula.emulate.coverage`)."""
     t0 = time.perf_counter()
     grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
         raise EmulationError(f"grid must be 1 to 3 non-negative block counts, got {grid}")
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     base_env, bound = _bind(kernel, tensors, scalars or {})
+    for name in track_writes:
+        bound[name].track_writes()
     comp = Compiler(kernel)
     body = comp.block(kernel.body)
     report = EmulationReport(kernel=kernel.name, grid=tuple(grid), threads=kernel.threads,
@@ -252,6 +257,7 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
             report.by_stmt[i] = (what, st)
             report.by_kind.setdefault(kind, OpStats()).add(st.count, st.bytes, st.wavefronts,
                                                            st.ideal_wavefronts)
+    report.written = {name: bound[name].written for name in track_writes}
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -75,6 +75,8 @@ class GlobalTensor:
         self.packed = dtype.is_packed
         scale = 2 if self.packed else 1
         self.size = extent * scale
+        # Element offsets stored to (`track_writes`), for tg.emulate's coverage check.
+        self.written: np.ndarray | None = None
         self.shape = tuple(array.shape[:-1]) + ((array.shape[-1] * scale,) if array.ndim else ())
         # In elements: a packed row's nibbles are consecutive (last stride 1), the other
         # strides count twice their bytes.
@@ -128,8 +130,14 @@ class GlobalTensor:
             return from_bits(raw, self.dtype)
         return round_to(raw, self.dtype)
 
+    def track_writes(self) -> None:
+        """From now on, remember which element offsets are stored to (`written`)."""
+        self.written = np.zeros(self.size, dtype=bool)
+
     def store(self, offs: np.ndarray, values: np.ndarray) -> None:
         """Write storage values at element offsets."""
+        if self.written is not None:
+            self.written[offs] = True
         if self.packed:
             for col in range(offs.shape[-1]):  # read-modify-write one nibble column at a time
                 o, v = offs[..., col], values[..., col].astype(np.uint8) & 0xF
@@ -145,6 +153,8 @@ class GlobalTensor:
             raise EmulationError(f"atomic_add on tensor {self.name!r} of type {self.dtype} "
                                  "is not supported by the emulator")
         offs, values = offs.ravel(), values.ravel()
+        if self.written is not None:
+            self.written[offs] = True
         if self.dtype in (bf16, f8e4m3, f8e5m2):
             for o, v in zip(offs.tolist(), values.tolist()):  # round after every add
                 self.flat[o] = round_to(np.float32(self.flat[o]) + np.float32(v), self.dtype)

@@ -47,6 +47,8 @@ class EmulationReport:
     shared_bytes: int = 0
     by_kind: dict[str, OpStats] = field(default_factory=dict)
     by_stmt: dict[int, tuple[str, OpStats]] = field(default_factory=dict)
+    #: Per tensor whose writes were tracked: which element offsets some block stored to.
+    written: dict = field(default_factory=dict)
 
     def kind(self, name: str) -> OpStats:
         """Totals of one statement kind (zeros when it never ran)."""

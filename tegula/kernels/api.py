@@ -422,7 +422,8 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     _check_same_dtype("rms_norm", {"x": x, "weight": weight})
     if weight.shape[0] != x.shape[-1]:
         raise ValueError(f"tegula.kernels.rms_norm: weight has {weight.shape[0]} elements, x's "
-                         f"last dim has {x.shape[-1]}")
+                         f"last dim has {x.shape[-1]} (x has shape {tuple(x.shape)}, weight "
+                         f"{tuple(weight.shape)})")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"tegula.kernels.rms_norm: eps must be a non-negative number, got "
                          f"{eps!r}")

@@ -8,22 +8,55 @@ from __future__ import annotations
 
 import numpy as np
 
-from tegula.dtypes import DType, f16, f32, i4, i8, i32, u4, u8
+from tegula.dtypes import DType, f16, f32, i8, i32, u8
 
 _BY_NUMPY = {np.dtype(np.float32): f32, np.dtype(np.float16): f16, np.dtype(np.int8): i8,
              np.dtype(np.uint8): u8, np.dtype(np.int32): i32}
 
-# Integer poison: a value a correct kernel writes only by coincidence (-0x5A..., 0xA5...).
-_INT_POISON = {8: 0xA5, 32: 0x5A5A5A5A}
 
-
-def dtype_of_array(x: np.ndarray) -> DType:
+def dtype_of_array(x: np.ndarray, fn: str = "", name: str = "") -> DType:
     """The tegula dtype a numpy array holds (float32 means f32: bf16/f8 data, which the
-    emulator keeps in float32, must be named explicitly)."""
+    emulator keeps in float32, must be named explicitly). `fn`/`name`: the entry point and
+    argument, for the message."""
     try:
         return _BY_NUMPY[x.dtype]
     except KeyError:
-        raise TypeError(f"no tegula dtype for numpy {x.dtype}; pass dtype=") from None
+        where = f"tegula.kernels.{fn}: {name} has " if fn else ""
+        raise TypeError(f"{where}no tegula dtype for numpy {x.dtype}; pass dtype= or "
+                        f"convert the array") from None
+
+
+# --------------------------------------------------------------------------------------
+# Argument checks of the numpy entry points: a clear error naming the entry point, the
+# argument and its shape, before anything is traced.
+# --------------------------------------------------------------------------------------
+
+def check_array(fn: str, name: str, x: object, ndim: int | None = None,
+                min_ndim: int = 0) -> np.ndarray:
+    """`x` after checking it is a numpy array of rank `ndim` (or at least `min_ndim`)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"tegula.kernels.{fn}: {name} must be a numpy array, got "
+                        f"{type(x).__name__}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"tegula.kernels.{fn}: {name} must be {ndim}-D, got shape {x.shape}")
+    if x.ndim < min_ndim:
+        raise ValueError(f"tegula.kernels.{fn}: {name} must have at least {min_ndim} "
+                         f"dimension(s), got shape {x.shape}")
+    return x
+
+
+def check_same_dtype(fn: str, **arrays: np.ndarray) -> None:
+    """Every array of one numpy dtype (the kernel takes one element type for all)."""
+    if len({a.dtype for a in arrays.values()}) > 1:
+        listed = ", ".join(f"{n}: {a.dtype} {a.shape}" for n, a in arrays.items())
+        raise TypeError(f"tegula.kernels.{fn}: arguments must share one dtype ({listed})")
+
+
+def rows_of(x: np.ndarray) -> np.ndarray:
+    """`x` as a contiguous (rows, last dim) array; exact for empty arrays too (where
+    `reshape(-1, 0)` cannot infer the rows)."""
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    return np.ascontiguousarray(x.reshape(rows, x.shape[-1]))
 
 
 def storage_of(dtype: DType) -> np.dtype:
@@ -33,12 +66,12 @@ def storage_of(dtype: DType) -> np.dtype:
 
 
 def poisoned(shape: tuple, dtype: DType) -> np.ndarray:
-    """A fresh array for an output of `dtype`, filled with poison (see module docstring)."""
-    store = storage_of(dtype)
-    if dtype.is_float:
-        return np.full(shape, np.nan, dtype=store)
-    bits = 8 if dtype in (i4, u4) else store.itemsize * 8
-    return np.full(shape, _INT_POISON[bits], dtype=np.uint64).astype(store)
+    """A fresh array for an output of `dtype`, filled with poison (see module docstring;
+    the same poison `tg.emulate` puts in write-only outputs)."""
+    from tegula.emulate.coverage import poison
+    array = np.empty(shape, dtype=storage_of(dtype))
+    poison(array)
+    return array
 
 
 def logical_shape(x: np.ndarray, dtype: DType) -> tuple:
@@ -70,4 +103,4 @@ def launch_emulated(kernel, grid: tuple, *arrays: np.ndarray, **constexprs):
 
 
 __all__ = ["dtype_of_array", "storage_of", "poisoned", "logical_shape", "random_input",
-           "launch_emulated"]
+           "launch_emulated", "check_array", "check_same_dtype", "rows_of"]

@@ -16,7 +16,8 @@ import numpy as np
 
 import tegula as tg
 from tegula.dtypes import ALL_DTYPES, DType
-from tegula.kernels.common import dtype_of_array, launch_emulated, logical_shape, poisoned
+from tegula.kernels.common import (check_array, dtype_of_array, launch_emulated, logical_shape,
+                                   poisoned)
 
 
 @lru_cache(maxsize=None)
@@ -67,8 +68,9 @@ def transpose_config(shape: tuple[int, int], dtype: DType, BM: int = 32,
 
 
 def copy_emulated(x: np.ndarray, dtype: DType | None = None, **tiles: int) -> np.ndarray:
-    """`x` copied by the emulated kernel (bf16/f8 arrays are float32; pass `dtype`)."""
-    dtype = dtype or dtype_of_array(x)
+    """`x` (2-D) copied by the emulated kernel (bf16/f8 arrays are float32; pass `dtype`)."""
+    dtype = dtype or dtype_of_array(check_array("copy_emulated", "x", x, ndim=2),
+                                    "copy_emulated", "x")
     y = poisoned(x.shape, dtype)
     grid, constexprs = copy_config(logical_shape(x, dtype), dtype, **tiles)
     launch_emulated(copy_kernel(dtype), grid, x, y, **constexprs)
@@ -77,8 +79,9 @@ def copy_emulated(x: np.ndarray, dtype: DType | None = None, **tiles: int) -> np
 
 def transpose_emulated(x: np.ndarray, dtype: DType | None = None, **tiles: int) -> np.ndarray:
     """`x.T` (a new contiguous array) computed by the emulated kernel (not for packed
-    4-bit types: see TRANSPOSE_DTYPES)."""
-    dtype = dtype or dtype_of_array(x)
+    4-bit types: see TRANSPOSE_DTYPES); `x` is 2-D."""
+    dtype = dtype or dtype_of_array(check_array("transpose_emulated", "x", x, ndim=2),
+                                    "transpose_emulated", "x")
     y = poisoned((x.shape[1], x.shape[0]), dtype)
     grid, constexprs = transpose_config(logical_shape(x, dtype), dtype, **tiles)
     launch_emulated(transpose_kernel(dtype), grid, x, y, **constexprs)

@@ -12,7 +12,8 @@ import numpy as np
 import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16
-from tegula.kernels.common import dtype_of_array, launch_emulated, poisoned
+from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
+                                   launch_emulated, poisoned, rows_of)
 
 SILU_MUL_DTYPES = (f32, f16, bf16)
 
@@ -42,12 +43,18 @@ def silu_mul_config(shape: tuple[int, int], BM: int = 16,
 def silu_mul_emulated(x: np.ndarray, y: np.ndarray, dtype: DType | None = None,
                       **tiles: int) -> np.ndarray:
     """SiLU(x) * y by the emulated kernel; any shape (flattened to rows of the last dim)."""
-    dtype = dtype or dtype_of_array(x)
+    fn = "silu_mul_emulated"
+    check_array(fn, "x", x)
+    check_array(fn, "y", y)
+    check_same_dtype(fn, x=x, y=y)
+    dtype = dtype or dtype_of_array(x, fn, "x")
     if x.shape != y.shape:
-        raise ValueError(f"silu_mul needs equal shapes, got {x.shape} and {y.shape}")
-    rows = (x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
-    x2, y2 = np.ascontiguousarray(rows), np.ascontiguousarray(y.reshape(rows.shape))
+        raise ValueError(f"tegula.kernels.{fn}: x and y must have one shape, got x of shape "
+                         f"{x.shape} and y of shape {y.shape}")
+    x2, y2 = (rows_of(x), rows_of(y)) if x.ndim else (x.reshape(1, 1), y.reshape(1, 1))
     out = poisoned(x2.shape, dtype)
+    if out.size == 0:
+        return out.reshape(x.shape)
     grid, constexprs = silu_mul_config(x2.shape, **tiles)
     launch_emulated(silu_mul_kernel(dtype), grid, x2, y2, out, **constexprs)
     return out.reshape(x.shape)

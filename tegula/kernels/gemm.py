@@ -21,7 +21,8 @@ import numpy as np
 import tegula as tg
 from tegula import f32, i32
 from tegula.dtypes import DType, bf16, f16, i8
-from tegula.kernels.common import dtype_of_array, launch_emulated, poisoned
+from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
+                                   launch_emulated, poisoned)
 
 GEMM_DTYPES = (f16, bf16, i8)
 
@@ -151,10 +152,15 @@ def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
                   shared: bool = True, split: int = 1, **tiles: int) -> np.ndarray:
     """`a @ b.T` by the emulated kernel (`shared=False`: the register-only dataflow;
     `split` > 1: K split that many ways, then the partials reduced)."""
-    dtype = dtype or dtype_of_array(a)
+    fn = "gemm_emulated"
+    check_array(fn, "a", a, ndim=2)
+    check_array(fn, "b", b, ndim=2)
+    check_same_dtype(fn, a=a, b=b)
+    dtype = dtype or dtype_of_array(a, fn, "a")
     (m, k), (n, k2) = a.shape, b.shape
     if k != k2:
-        raise ValueError(f"gemm needs a (M, K) and b (N, K), got {a.shape} and {b.shape}")
+        raise ValueError(f"tegula.kernels.{fn}: a is (M, K) and b is (N, K) with one K, got "
+                         f"a of shape {a.shape} and b of shape {b.shape}")
     c = poisoned((m, n), output_type(dtype))
     if split > 1:
         constexprs = dict(BM=64, BN=128, BK=64 if dtype != i8 else 128, STAGES=4, **tiles)

@@ -14,7 +14,8 @@ import numpy as np
 import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16
-from tegula.kernels.common import dtype_of_array, launch_emulated, poisoned
+from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
+                                   launch_emulated, poisoned, rows_of)
 from tegula.kernels.softmax import MAX_ROW
 
 RMS_NORM_DTYPES = (f32, f16, bf16)
@@ -80,11 +81,18 @@ def rms_norm_emulated(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6,
                       **tiles: int) -> np.ndarray:
     """RMSNorm over the last dim of `x` (any rank) with `weight` of shape (N,), emulated
     (`looped`: the chunked kernel, for rows of any length; tiles default to BM=1, BN=2048)."""
-    dtype = dtype or dtype_of_array(x)
-    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
-    if weight.shape != (rows.shape[1],):
-        raise ValueError(f"weight must have shape ({rows.shape[1]},), got {weight.shape}")
+    fn = "rms_norm_emulated"
+    check_array(fn, "x", x, min_ndim=1)
+    check_array(fn, "weight", weight, ndim=1)
+    check_same_dtype(fn, x=x, weight=weight)
+    dtype = dtype or dtype_of_array(x, fn, "x")
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"tegula.kernels.{fn}: weight must have shape ({x.shape[-1]},) "
+                         f"for x of shape {x.shape}, got {weight.shape}")
+    rows = rows_of(x)
     y = poisoned(rows.shape, dtype)
+    if y.size == 0:
+        return y.reshape(x.shape)  # no rows, or rows of no elements
     if looped:
         constexprs = dict(N=rows.shape[1], EPS=float(eps), **{"BM": 1, "BN": 2048, **tiles})
         grid = (-(-rows.shape[0] // constexprs["BM"]),)

@@ -22,7 +22,8 @@ import numpy as np
 import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16
-from tegula.kernels.common import dtype_of_array, launch_emulated, poisoned
+from tegula.kernels.common import (check_array, dtype_of_array, launch_emulated, poisoned,
+                                   rows_of)
 
 SOFTMAX_DTYPES = (f32, f16, bf16)
 LOG2E = 1.4426950408889634  # exp(d) = exp2(d * LOG2E)
@@ -90,9 +91,12 @@ def softmax_emulated(x: np.ndarray, dtype: DType | None = None, looped: bool = F
                      **tiles: int) -> np.ndarray:
     """Softmax over the last dim of `x` (any rank) by the emulated kernel (`looped`: the
     chunked kernel, for rows of any length; tiles default to BM=1, BN=1024)."""
-    dtype = dtype or dtype_of_array(x)
-    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    fn = "softmax_emulated"
+    dtype = dtype or dtype_of_array(check_array(fn, "x", x, min_ndim=1), fn, "x")
+    rows = rows_of(x)
     y = poisoned(rows.shape, dtype)
+    if y.size == 0:
+        return y.reshape(x.shape)  # no rows, or rows of no elements
     if looped:
         constexprs = {"BM": 1, "BN": 1024, **tiles}
         grid = (tg.cdiv(rows.shape[0], constexprs["BM"]),)

@@ -236,3 +236,98 @@ def test_split_k_matmul_and_its_replays(monkeypatch):
         c = tk.matmul(a, w.T)
         assert _rel(c, a.double() @ w.double().T) < 2e-3, f"call {call}"
     assert len(api._REPLAYS) == 1
+
+
+# --------------------------------------------------------------------------------------
+# Edge inputs: empty tensors give empty results, bad shapes are named (numpy entry points
+# on the CPU; the torch ones on the GPU)
+# --------------------------------------------------------------------------------------
+
+def _np_inputs(shape, dtype="float32", seed=0):
+    import numpy as np
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype) + 0.5
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (0, 0), (2, 0, 4), (3, 0)])
+def test_numpy_row_entry_points_on_empty_inputs(shape):
+    from tegula.kernels import rms_norm_emulated, silu_mul_emulated, softmax_emulated
+    x, y = _np_inputs(shape), _np_inputs(shape, seed=1)
+    w = _np_inputs(shape[-1:])
+    for looped in (False, True):
+        for out in (softmax_emulated(x, looped=looped), rms_norm_emulated(x, w, looped=looped)):
+            assert out.shape == shape and out.dtype == x.dtype
+    assert silu_mul_emulated(x, y).shape == shape
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (0, 0)])
+def test_numpy_copies_of_empty_arrays(shape):
+    from tegula.kernels import copy_emulated, transpose_emulated
+    x = _np_inputs(shape)
+    assert copy_emulated(x).shape == shape and transpose_emulated(x).shape == shape[::-1]
+
+
+@pytest.mark.parametrize("m,n,k", [(0, 8, 16), (4, 0, 16), (0, 0, 0), (4, 8, 0), (33, 17, 0)])
+@pytest.mark.parametrize("variant", [dict(), dict(shared=False), dict(split=2)])
+def test_numpy_gemm_on_empty_inputs(m, n, k, variant):
+    """An empty M or N gives an empty result; an empty K gives zeros (the empty sum)."""
+    import numpy as np
+    from tegula.kernels import gemm_emulated
+    c = gemm_emulated(_np_inputs((m, k), "float16"), _np_inputs((n, k), "float16", 1),
+                      **variant)
+    assert c.shape == (m, n) and c.dtype == np.float16
+    assert np.array_equal(c, np.zeros((m, n), np.float16))
+
+
+def test_numpy_entry_points_name_each_mistake():
+    import numpy as np
+    from tegula.kernels import (copy_emulated, gemm_emulated, rms_norm_emulated,
+                                silu_mul_emulated, softmax_emulated, transpose_emulated)
+    cube, a = _np_inputs((2, 3, 4)), _np_inputs((5, 8), "float16")
+    for fn in (copy_emulated, transpose_emulated):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: x must be 2-D, got shape "
+                                             r"\(2, 3, 4\)"):
+            fn(cube)
+    with pytest.raises(ValueError, match=r"gemm_emulated: a must be 2-D, got shape \(2, 3, 4\)"):
+        gemm_emulated(cube.astype(np.float16), a)
+    with pytest.raises(ValueError, match=r"one K, got a of shape \(5, 8\) and b of shape "
+                                         r"\(6, 7\)"):
+        gemm_emulated(a, _np_inputs((6, 7), "float16"))
+    with pytest.raises(TypeError, match=r"share one dtype \(a: float16 \(5, 8\), b: float32"):
+        gemm_emulated(a, _np_inputs((6, 8)))
+    with pytest.raises(ValueError, match=r"weight must have shape \(4,\) for x of shape"):
+        rms_norm_emulated(cube, _np_inputs((3,)))
+    with pytest.raises(ValueError, match="weight must be 1-D"):
+        rms_norm_emulated(cube, _np_inputs((1, 4)))
+    with pytest.raises(ValueError, match=r"x and y must have one shape"):
+        silu_mul_emulated(cube, cube.transpose(0, 2, 1))
+    with pytest.raises(TypeError, match="softmax_emulated: x must be a numpy array, got list"):
+        softmax_emulated([[1.0, 2.0]])
+    with pytest.raises(TypeError, match="copy_emulated: x has no tegula dtype for numpy "
+                                        "float64"):
+        copy_emulated(np.zeros((2, 2)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(0, 64), (3, 0), (2, 0, 5)])
+def test_torch_entry_points_on_empty_tensors(shape):
+    _cuda()
+    x = torch.randn(shape, device="cuda", dtype=F16)
+    w = torch.randn(shape[-1], device="cuda", dtype=F16)
+    for out in (tk.rms_norm(x, w), tk.softmax(x), tk.copy(x)):
+        assert out.shape == x.shape and out.dtype == x.dtype
+    for m, n, k in [(0, 8, 16), (4, 0, 16), (4, 8, 0)]:
+        c = tk.matmul(torch.randn(m, k, device="cuda", dtype=F16),
+                      torch.randn(k, n, device="cuda", dtype=F16))
+        assert c.shape == (m, n) and torch.equal(c, torch.zeros_like(c))
+
+
+@pytest.mark.gpu
+def test_a_kernel_launched_on_empty_tensors_with_an_empty_grid_does_nothing():
+    _cuda()
+    import tegula as tg
+    from tegula.kernels.copy import copy_kernel
+    from tegula.dtypes import f32
+    x, y = torch.empty((0, 64), device="cuda"), torch.empty((0, 64), device="cuda")
+    for _ in range(2):  # the full path, then the replayed fast path
+        copy_kernel(f32)[(tg.cdiv(64, 64), tg.cdiv(0, 32))](x, y)
+    torch.cuda.synchronize()
