@@ -128,6 +128,11 @@ def _run_layout(args: argparse.Namespace) -> int:
     """`tegula layout SPEC`: describe the layout, print its grid, optionally write an SVG."""
     layout = parse_layout(args.spec)
     tile = parse_tile(args.tile) if args.tile else None
+    if args.tv and (args.swizzle or args.elem_bytes is not None):
+        flag = "--swizzle" if args.swizzle else "--elem-bytes"
+        raise UsageError(f"{flag} describes a shared-memory layout (offsets into banks); "
+                         f"--tv reads the layout as (thread, value) -> tile coordinate, which "
+                         f"has no banks. Drop --tv to draw a swizzled shared layout")
     print(describe(layout))
     if args.tv:
         picture = _show_tv(layout, tile, args)
@@ -149,6 +154,12 @@ def _show_tv(layout: Any, tile: tuple[int, ...] | None,
     from tegula.layout import render
 
     print(render.render_tv_text(layout, tile))
+    (rows, cols), cells = render.tv_cells(layout, tile)
+    if len(cells) < rows * cols:
+        print(f"note: the layout covers {len(cells)} of the {rows * cols} cells of the "
+              f"{rows}x{cols} tile ('.' marks the rest); a TV layout of a whole tile maps "
+              f"threads x values onto every cell (e.g. the mma C fragment "
+              f"{MMA_M16N8K16_C} --tile 16x8)")
     return lambda: render.svg_tv_layout(layout, tile)
 
 
@@ -318,7 +329,7 @@ DEMO_GEMM_TILES = {"BM": 64, "BN": 64, "BK": 32}
 
 
 def _demo_gemm() -> bool:
-    """Explain the DESIGN GEMM, run it in the emulator at an odd shape, check it against
+    """Explain the README's GEMM, run it in the emulator at an odd shape, check it against
     numpy; True when it matches."""
     import numpy as np
 
@@ -328,7 +339,7 @@ def _demo_gemm() -> bool:
     from tegula.kernels.gemm import gemm_kernel
     from tegula.synth.facts import TensorFacts
 
-    gemm = gemm_kernel(f16)  # the library's DESIGN.md GEMM (shared-memory pipeline)
+    gemm = gemm_kernel(f16)  # the library's copy of the README's GEMM (shared pipeline)
 
     m, n, k = DEMO_GEMM_SHAPE
     rng = np.random.default_rng(0)
@@ -340,7 +351,8 @@ def _demo_gemm() -> bool:
     # The facts the emulator will specialize on (odd M and N: narrower vectors for c).
     facts = {name: TensorFacts.of(x.shape, tuple(s // x.itemsize for s in x.strides), 0, 2)
              for name, x in arrays.items()}
-    _heading(f"the DESIGN.md GEMM with {DEMO_GEMM_TILES}: what the compiler decided")
+    _heading(f"the README's GEMM (examples/gemm.py) with {DEMO_GEMM_TILES}: what the "
+             f"compiler decided")
     print(explain_build(build(gemm, DEMO_GEMM_TILES, facts), grid=grid,
                         shapes={name: x.shape for name, x in arrays.items()}))
     report = emulate(gemm, grid, a, b, c, **DEMO_GEMM_TILES)
@@ -371,8 +383,11 @@ def _add_explain_arguments(p: argparse.ArgumentParser) -> None:
                    help="a tensor argument's shape, e.g. --shape a=4096x4096 (repeatable); "
                         "gives the model loop trip counts and the DRAM footprint")
     p.add_argument("--svg", metavar="DIR", default=None,
-                   help="draw every register tile's TV layout and every shared buffer "
-                        "(coloured by bank) into DIR")
+                   help="draw the kernel's layouts on one page, DIR/KERNEL.svg: each "
+                        "distinct register TV layout and each shared buffer (coloured by bank)")
+    p.add_argument("--svg-only", metavar="NAMES", default=None,
+                   help="with --svg: draw only these tiles, e.g. r0,s1 (names as explain "
+                        "prints them)")
 
 
 def parse_define(text: str) -> tuple[str, Any]:
@@ -400,8 +415,10 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name.strip(), shape
 
 
-def load_kernel(spec: str) -> Any:
-    """Import FILE.py by path and return its kernel KERNEL (or its only kernel)."""
+def load_kernel(spec: str, command: str = "explain") -> tuple[str, Any]:
+    """Import FILE.py by path and return (the name it has there, the kernel) for KERNEL, or
+    for its only kernel. The name is the module-level variable, which for a kernel made by
+    a factory (`gemm_f16 = gemm_kernel(f16)`) differs from the inner function's name."""
     import importlib.util
 
     from tegula.lang.kernel import Kernel
@@ -409,7 +426,7 @@ def load_kernel(spec: str) -> Any:
     path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
     if not os.path.isfile(path):
         raise UsageError(f"{spec!r}: no file {path!r} (expected FILE.py:KERNEL)")
-    module_name = "_tegula_explain_" + os.path.splitext(os.path.basename(path))[0]
+    module_name = f"_tegula_{command}_" + os.path.splitext(os.path.basename(path))[0]
     loader = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
@@ -420,17 +437,19 @@ def load_kernel(spec: str) -> Any:
         sys.path.pop(0)
     kernels = {k: v for k, v in vars(module).items() if isinstance(v, Kernel)}
     if not name and len(kernels) == 1:
-        return next(iter(kernels.values()))
+        return next(iter(kernels.items()))
     if not kernels:
-        raise UsageError(f"{path} defines no @tg.kernel at module level (explain imports the "
-                         f"file and looks for module-level kernels)")
+        raise UsageError(f"{path} defines no @tg.kernel at module level ({command} imports "
+                         f"the file and looks for module-level kernels; for a kernel made by a "
+                         f"factory, assign one at module level, e.g. gemm_f16 = "
+                         f"gemm_kernel(f16))")
     if name not in kernels:
         known = ", ".join(sorted(kernels))
         if not name:
             raise UsageError(f"{path} defines several kernels ({known}); name one as "
                              f"{path}:KERNEL")
         raise UsageError(f"{path} has no kernel {name!r} (its @tg.kernel functions: {known})")
-    return kernels[name]
+    return name, kernels[name]
 
 
 def _run_explain(args: argparse.Namespace) -> int:
@@ -442,14 +461,21 @@ def _run_explain(args: argparse.Namespace) -> int:
     constexprs = dict(parse_define(d) for d in args.defines)
     shapes = dict(parse_shape(s) for s in args.shapes)
     grid = parse_tile(args.grid) if args.grid else None
-    kernel = load_kernel(args.kernel)
+    if args.svg_only and not args.svg:
+        raise UsageError("--svg-only selects what --svg draws; give --svg DIR too")
+    _, kernel = load_kernel(args.kernel, "explain")
     try:
         result = build(kernel, constexprs, target=args.target)
         print(explain_build(result, grid=grid, shapes=shapes), end="")
     except TegulaError as err:
         raise UsageError(str(err)) from None
     if args.svg:
-        for path in write_svgs(result, args.svg):
+        only = [n.strip() for n in args.svg_only.split(",")] if args.svg_only else None
+        written = write_svgs(result, args.svg, only)
+        if not written:
+            raise UsageError(f"--svg-only {args.svg_only}: no register tile or shared buffer "
+                             f"of {kernel.name} has these names")
+        for path in written:
             print(f"wrote {path}")
     return 0
 
@@ -464,7 +490,8 @@ def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
                    help="set a constexpr (or threads=N), e.g. -D BM=64 (repeatable)")
     p.add_argument("--target", default="sm_90a", help="sm_80, sm_89, sm_90a (default sm_90a)")
     p.add_argument("--out", default=".", metavar="DIR",
-                   help="where to write KERNEL.cu, KERNEL.cubin and KERNEL.explain.txt")
+                   help="where to write KERNEL.cu, KERNEL.cubin and KERNEL.explain.txt "
+                        "(KERNEL as named in FILE.py:KERNEL)")
 
 
 def _run_compile(args: argparse.Namespace) -> int:
@@ -477,7 +504,7 @@ def _run_compile(args: argparse.Namespace) -> int:
     from tegula.runtime.compiler import compile_cuda
 
     constexprs = dict(parse_define(d) for d in args.defines)
-    kernel = load_kernel(args.kernel)
+    name, kernel = load_kernel(args.kernel, "compile")
     try:
         result = build(kernel, constexprs, target=args.target)
         source = result.cuda_source()
@@ -486,7 +513,7 @@ def _run_compile(args: argparse.Namespace) -> int:
     except TegulaError as err:
         raise UsageError(str(err)) from None
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, kernel.name)
+    stem = os.path.join(args.out, name)  # the file's name for it: factory variants differ
     _write(stem + ".cu", source)
     with open(stem + ".cubin", "wb") as f:
         f.write(cubin)
@@ -511,18 +538,36 @@ def _run_bench(args: argparse.Namespace) -> int:
     return bench_main([args.suite, *args.rest]) or 0
 
 
+# --------------------------------------------------------------------------- tegula doctor
+
+def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
+    """`tegula doctor` takes no arguments."""
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    """Print what is installed and which of emulate / compile / launch works here; the
+    status is 0 when the emulator works (the rest may legitimately be missing)."""
+    from tegula.doctor import diagnose, report, verdicts
+
+    found = diagnose()
+    print(report(found), end="")
+    return 0 if verdicts(found)[0][1] else 1
+
+
 # --------------------------------------------------------------------------- main
 
 COMMANDS: list[Command] = [
     Command("layout", "print and draw a CuTe layout", _add_layout_arguments, _run_layout),
     Command("demo", "print and draw a few layouts (CuTe, MMA fragments, swizzle, F2), then "
-            "explain and emulate the DESIGN GEMM", _add_demo_arguments, _run_demo),
+            "explain and emulate the README's GEMM", _add_demo_arguments, _run_demo),
     Command("explain", "compile a kernel and print its layouts, instructions, bank "
             "conflicts, resources and predicted time", _add_explain_arguments, _run_explain),
     Command("compile", "compile a kernel ahead of time (no GPU): write its .cu, .cubin and "
             "explanation", _add_compile_arguments, _run_compile),
     Command("bench", "run a benchmark suite (on a GPU for kernels)", _add_bench_arguments,
             _run_bench),
+    Command("doctor", "show what is installed and which of emulate / compile / launch works "
+            "here, with the fix for each that does not", _add_doctor_arguments, _run_doctor),
 ]
 
 

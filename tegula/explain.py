@@ -14,8 +14,9 @@ For one build (`tegula.build.Build`) the report lists
 * the analytical cost model's prediction (`tegula.synth.cost`).
 
 `explain(kernel, **constexprs)` (exported as `tegula.explain`) builds and explains in one
-call; `write_svgs(build, folder)` draws every register tile's TV layout and every shared
-buffer coloured by bank. This module sits above the pipeline (like `tegula.build`).
+call; `write_svgs(build, folder)` draws each distinct register TV layout and each shared
+buffer coloured by bank, on one page. This module sits above the pipeline (like
+`tegula.build`).
 """
 from __future__ import annotations
 
@@ -244,28 +245,58 @@ def _prediction(build: Any, grid: Any, shapes: dict | None, scalars: dict | None
 
 # --------------------------------------------------------------------------- pictures
 
-def write_svgs(build: Any, folder: str) -> list[str]:
-    """Draw each register tile's TV layout and each shared buffer's layout coloured by
-    bank into `folder`; returns the paths written."""
+def write_svgs(build: Any, folder: str, only: list[str] | None = None) -> list[str]:
+    """Draw the kernel's layouts onto one SVG page, `folder/KERNEL.svg`: each distinct
+    register TV layout and each shared buffer coloured by bank, once (tiles sharing a layout
+    and shape share a picture, titled with all their names); `only` restricts it to the
+    named tiles (`r0`, `s1`, ...). Returns the paths written (one, or none when nothing
+    matched)."""
+    pictures = _pictures(build, only)
+    if not pictures:
+        return []
+    os.makedirs(folder, exist_ok=True)
+    return [_save(folder, f"{build.traced.name}.svg", _stack(pictures))]
+
+
+def _pictures(build: Any, only: list[str] | None) -> list[str]:
+    """The SVG documents of the page, deduplicated by (kind, layout, shape)."""
     from tegula.layout import render
 
-    os.makedirs(folder, exist_ok=True)
-    paths = []
+    wanted = None if only is None else {name.lstrip("%") for name in only}
+    groups: dict[tuple, list[str]] = {}
+    drawers: dict[tuple, Any] = {}
     for tile in _register_tiles(build):
-        if tile.layout is None or len(tile.shape) > 2:
+        if tile.layout is None or len(tile.shape) > 2 or \
+                (wanted is not None and tile.name not in wanted):
             continue
-        svg = render.svg_tv_layout(tile.layout, tuple(tile.shape),
-                                   title=f"{describe(tile)}: {tile.layout}")
-        paths.append(_save(folder, f"register_{tile.name}.svg", svg))
+        key = ("register", str(tile.layout), tuple(tile.shape))
+        groups.setdefault(key, []).append(describe(tile))
+        drawers[key] = lambda title, t=tile: render.svg_tv_layout(
+            t.layout, tuple(t.shape), title=f"{title}: {t.layout}")
     for alloc in build.traced.shared_allocs:
-        if alloc.layout is None or len(alloc.shape) > 2:
+        if alloc.layout is None or len(alloc.shape) > 2 or \
+                (wanted is not None and alloc.name not in wanted):
             continue
-        elem = max(1, alloc.dtype.bits // 8)
-        svg = render.svg_shared_layout(alloc.layout, tuple(alloc.shape), elem,
-                                       build.target.banks, build.target.bank_bytes,
-                                       title=f"%{alloc.name} ({alloc.dtype}): {alloc.layout}")
-        paths.append(_save(folder, f"shared_{alloc.name}.svg", svg))
-    return paths
+        key = ("shared", str(alloc.layout), tuple(alloc.shape), str(alloc.dtype))
+        groups.setdefault(key, []).append(f"%{alloc.name}")
+        drawers[key] = lambda title, a=alloc: render.svg_shared_layout(
+            a.layout, tuple(a.shape), max(1, a.dtype.bits // 8), build.target.banks,
+            build.target.bank_bytes, title=f"{title} ({a.dtype}): {a.layout}")
+    return [drawers[key](", ".join(names)) for key, names in groups.items()]
+
+
+def _stack(pictures: list[str]) -> str:
+    """SVG documents stacked top to bottom in one document (nested <svg> elements)."""
+    import re
+
+    parts, y, width = [], 0.0, 0.0
+    for svg in pictures:
+        head = re.match(r'<svg [^>]*width="([\d.]+)" height="([\d.]+)"', svg)
+        w, h = float(head.group(1)), float(head.group(2))
+        parts.append(svg.replace("<svg ", f'<svg x="0" y="{y:g}" ', 1))
+        y, width = y + h + 10, max(width, w)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:g}" height="{y:g}" '
+            f'viewBox="0 0 {width:g} {y:g}">\n' + "\n".join(parts) + "\n</svg>\n")
 
 
 def _save(folder: str, name: str, text: str) -> str:

@@ -146,3 +146,156 @@ def test_compile_of_a_missing_kernel_is_one_line(capsys, tmp_path):
     gemm = os.path.join(os.path.dirname(__file__), "..", "examples", "gemm.py")
     assert main(["compile", f"{gemm}:nope", "--out", str(tmp_path)]) == 2
     assert "no kernel 'nope'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 14
+
+def test_layout_tv_says_when_the_layout_leaves_most_of_the_tile_empty(capsys):
+    code, out, _ = run(capsys, "layout", "((2,4),(2,2)):((8,1),(4,16))", "--tv", "--tile", "16x8")
+    assert code == 0 and "covers 32 of the 128 cells of the 16x8 tile" in out
+    code, out, _ = run(capsys, "layout", MMA_M16N8K16_C, "--tv", "--tile", "16x8")
+    assert code == 0 and "covers" not in out  # the README's example: a whole TV layout
+
+
+@pytest.mark.parametrize("flag", [["--swizzle", "3,3,3"], ["--elem-bytes", "2"]])
+def test_layout_tv_refuses_shared_memory_options(capsys, flag):
+    code, out, err = run(capsys, "layout", MMA_M16N8K16_C, "--tv", *flag)
+    assert code == 2 and out == ""
+    assert err.startswith(f"tegula: error: {flag[0]} describes a shared-memory layout")
+
+
+def test_bench_layout_writes_to_a_user_results_directory(capsys, tmp_path, monkeypatch):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    monkeypatch.setenv("TEGULA_RESULTS_DIR", str(tmp_path / "results"))
+    assert main(["bench", "layout", "--min-time", "0.001", "--repeat", "1"]) == 0
+    assert list(checkout.iterdir()) == []  # nothing written into the current directory
+    (path,) = (tmp_path / "results").glob("layout-*.json")
+    assert f"wrote {path}" in capsys.readouterr().out
+    monkeypatch.delenv("TEGULA_RESULTS_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    from tegula.bench import user_results_dir
+    assert user_results_dir() == tmp_path / "xdg" / "tegula" / "results"
+
+
+def test_explain_svg_only_draws_what_was_asked(capsys, tmp_path):
+    gemm = os.path.join(os.path.dirname(__file__), "..", "examples", "gemm.py")
+    code, out, _ = run(capsys, "explain", f"{gemm}:gemm", "-D", "BM=64", "-D", "BN=64",
+                       "--svg", str(tmp_path), "--svg-only", "s0")
+    assert code == 0 and sorted(os.listdir(tmp_path)) == ["gemm.svg"]
+    page = ET.parse(tmp_path / "gemm.svg").getroot()
+    (drawing,) = page.findall("{http://www.w3.org/2000/svg}svg")
+    assert "".join(drawing.itertext()).strip().startswith("%s0 (f16)")
+    code, _, err = run(capsys, "explain", f"{gemm}:gemm", "--svg", str(tmp_path),
+                       "--svg-only", "nope")
+    assert code == 2 and "no register tile or shared buffer of gemm" in err
+
+
+FACTORY = '''
+import tegula as tg
+from tegula import f16, f32
+
+
+def scale_kernel(dtype):
+    @tg.kernel(threads=64)
+    def scale(x: tg.Tensor[dtype], y: tg.Tensor[dtype], BN: tg.constexpr = 64):
+        t = tg.load(x.tile((1, BN), (tg.block_id(0), 0)))
+        tg.copy(t * 2.0, y.tile((1, BN), (tg.block_id(0), 0)))
+    return scale
+
+
+scale_f16 = scale_kernel(f16)
+scale_f32 = scale_kernel(f32)
+'''
+
+
+def test_compile_names_factory_variants_after_the_files_names(capsys, tmp_path):
+    from tegula.runtime.compiler import available_compilers
+
+    if not available_compilers():
+        pytest.skip("no CUDA compiler (NVRTC or nvcc) installed")
+    source = tmp_path / "factory.py"
+    source.write_text(FACTORY)
+    for variant in ("scale_f16", "scale_f32"):
+        assert main(["compile", f"{source}:{variant}", "--out", str(tmp_path / "out"),
+                     "--target", "sm_80"]) == 0
+    written = sorted(os.listdir(tmp_path / "out"))
+    assert written == sorted(f"{v}{s}" for v in ("scale_f16", "scale_f32")
+                             for s in (".cu", ".cubin", ".explain.txt"))
+    assert "f16" in (tmp_path / "out" / "scale_f16.explain.txt").read_text()
+    assert "f32" in (tmp_path / "out" / "scale_f32.explain.txt").read_text()
+
+
+def test_compile_messages_name_compile(capsys, tmp_path):
+    source = tmp_path / "only_factory.py"
+    source.write_text(FACTORY.split("scale_f16 =")[0])
+    code, _, err = run(capsys, "compile", str(source), "--out", str(tmp_path))
+    assert code == 2 and "compile imports the file" in err and "explain" not in err
+    assert "gemm_f16 = gemm_kernel(f16)" in err
+
+
+# --------------------------------------------------------------------------- tegula doctor
+
+def test_doctor_reports_this_machine(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TEGULA_CACHE_DIR", str(tmp_path / "cache"))
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0
+    for name in ("python", "numpy", "torch", "cuda-bindings", "NVRTC", "nvcc", "driver",
+                 "cache", "emulator"):
+        assert any(line[4:].startswith(name) for line in out.splitlines()), name
+    assert "emulate  yes" in out
+    assert f"{tmp_path / 'cache'} (not created yet" in out
+    from tegula.runtime.compiler import available_compilers
+    if any(c.kind == "nvrtc" for c in available_compilers()):
+        assert "test compile (sm_80): ok" in out and "compile  yes" in out
+    try:
+        import torch
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if not gpu:
+        (launch,) = [line for line in out.splitlines() if line.strip().startswith("launch")]
+        assert "NO" in launch and "fix:" in launch
+
+
+def test_doctor_shows_the_cache_directory_and_refuses_an_unsafe_one(capsys, tmp_path,
+                                                                    monkeypatch):
+    from tegula.doctor import probe_cache
+
+    cache = tmp_path / "cache"
+    (cache / "cubin").mkdir(parents=True)
+    (cache / "cubin" / "x.cubin").write_bytes(b"0" * 2048)
+    cache.chmod(0o700)
+    monkeypatch.setenv("TEGULA_CACHE_DIR", str(cache))
+    found = probe_cache()
+    assert found.ok and "mode 0700, 1 files, 2.0 KB" in found.detail
+    assert f"uid {os.getuid()}" in found.detail
+    cache.chmod(0o777)
+    found = probe_cache()
+    assert not found.ok and "writable by group or others" in found.detail
+    assert "TEGULA_CACHE_DIR" in found.fix
+
+
+def test_doctor_verdicts_give_a_fix_for_each_missing_piece():
+    from tegula.doctor import Finding, diagnose, report, verdicts
+
+    def missing(name, fix):
+        return lambda: Finding(name, False, "not installed", fix)
+
+    def present(name):
+        return lambda: Finding(name, True, "1.0")
+
+    def broken():
+        raise RuntimeError("boom")
+
+    found = diagnose([present("numpy"), present("emulator"), missing("NVRTC", "pip nvrtc"),
+                      missing("nvcc", "install nvcc"), present("cuda-bindings"),
+                      missing("driver", "get a GPU"), present("torch"), broken])
+    assert found["broken"].detail == "probe failed: RuntimeError: boom"
+    (emulate, compile_, launch) = verdicts(found)
+    assert emulate[1] and not compile_[1] and not launch[1]
+    assert "pip nvrtc" in compile_[2] and "install nvcc" in compile_[2]
+    assert "get a GPU" in launch[2] and "a compiler" in launch[2]
+    text = report(found)
+    assert "compile  NO   fix: NVRTC: pip nvrtc" in text

@@ -1,10 +1,11 @@
 """Benchmarks: `python -m tegula.bench SUITE` measures one suite, prints a table, writes JSON.
 
-Benchmarks are not tests (DESIGN.md, "Tests and benchmarks"). Each suite is a module with
-a `main(argv: list[str]) -> int`; `SUITES` maps a suite name to that module, so adding a
-suite is one line here. The helpers below are shared by all suites: machine information
+Benchmarks are not tests (docs/design.md, "Tests and benchmarks"). Each suite is a module
+with a `main(argv: list[str]) -> int`; `SUITES` maps a suite name to that module, so adding
+a suite is one line here. The helpers below are shared by all suites: machine information
 for the JSON record, a fixed-width table printer, and the result writer
-(`benchmarks/results/<suite>-<date>.json`).
+(`<out>/<suite>-<date>.json`: the GPU suites default to `benchmarks/results/`, the project's
+record; the CPU layout suite to `user_results_dir()`, outside any checkout).
 """
 from __future__ import annotations
 
@@ -88,6 +89,19 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def user_results_dir() -> Path:
+    """Where a CPU suite run by a user writes its JSON unless `--out` says otherwise:
+    `$TEGULA_RESULTS_DIR`, else `$XDG_DATA_HOME/tegula/results` (default
+    `~/.local/share/tegula/results`) -- never into the current directory, which is often
+    a checkout of tegula itself."""
+    env = os.environ.get("TEGULA_RESULTS_DIR")
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                           "share")
+    return Path(data) / "tegula" / "results"
+
+
 def write_result(suite: str, payload: dict[str, Any], out_dir: Path | str | None = None,
                  date: str | None = None) -> Path:
     """Write `payload` (plus suite, date, machine) to `<out_dir>/<suite>-<date>.json`."""
@@ -100,4 +114,5 @@ def write_result(suite: str, payload: dict[str, Any], out_dir: Path | str | None
     return path
 
 
-__all__ = ["SUITES", "RESULTS_DIR", "machine_info", "format_table", "write_result"]
+__all__ = ["SUITES", "RESULTS_DIR", "machine_info", "format_table", "write_result",
+           "user_results_dir"]

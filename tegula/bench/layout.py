@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tegula.bench import format_table, write_result
+from tegula.bench import format_table, user_results_dir, write_result
 from tegula.layout.algebra import (coalesce, composition, left_inverse, logical_divide,
                                    make_layout_tv, max_common_vector, right_inverse,
                                    zipped_divide)
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds each timed batch must last (default 0.2)")
     parser.add_argument("--repeat", type=int, default=3, help="batches per case (best kept)")
     parser.add_argument("--out", default=None,
-                        help="directory for the JSON result (default benchmarks/results)")
+                        help="directory for the JSON result (default $TEGULA_RESULTS_DIR, "
+                             "else ~/.local/share/tegula/results)")
     parser.add_argument("--no-write", action="store_true", help="print only, write no JSON")
     args = parser.parse_args(argv)
     results = run(args.min_time, args.repeat)
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(("operation", "ops/s", "us/op", "stands for"), rows))
     if not args.no_write:
         path = write_result("layout", {"min_time": args.min_time, "repeat": args.repeat,
-                                       "results": results}, args.out)
+                                       "results": results},
+                            args.out if args.out is not None else user_results_dir())
         print(f"\nwrote {path}")
     return 0
 

@@ -100,10 +100,14 @@ def test_cli_explain_a_kernel_file(capsys, tmp_path):
     assert code == 0
     assert "kernel gemm (BM=64, BN=64, BK=32, STAGES=3)" in out
     assert "grid (64, 64): 4096 blocks" in out
-    svgs = sorted(p for p in os.listdir(tmp_path) if p.endswith(".svg"))
-    assert svgs == ["register_r0.svg", "register_r1.svg", "shared_s0.svg", "shared_s1.svg"]
-    for name in svgs:
-        ET.parse(tmp_path / name)
+    # One page per kernel, each distinct layout drawn once: the accumulator r0 and its f16
+    # copy r1 share one TV layout, the shared buffers %s0 and %s1 one swizzled layout.
+    assert sorted(os.listdir(tmp_path)) == ["gemm.svg"]
+    page = ET.parse(tmp_path / "gemm.svg").getroot()
+    drawings = page.findall("{http://www.w3.org/2000/svg}svg")
+    titles = ["".join(d.itertext()) for d in drawings]
+    assert len(drawings) == 2
+    assert "%r0" in titles[0] and "%r1" in titles[0] and "%s0, %s1" in titles[1]
 
 
 def test_cli_explain_errors_are_one_line(capsys, tmp_path):
@@ -132,13 +136,15 @@ def test_cli_parsers():
         parse_define("64")
     with pytest.raises(UsageError):
         parse_shape("a=0x4")
-    assert load_kernel(f"{EXAMPLE}:gemm").name == "gemm"
+    name, kernel = load_kernel(f"{EXAMPLE}:gemm")
+    assert name == kernel.name == "gemm"
 
 
 def test_demo_runs_the_gemm_and_passes(capsys, tmp_path):
     assert main(["demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "the DESIGN.md GEMM" in out and "emulated 97x130x72" in out
+    assert "the README's GEMM" in out and "emulated 97x130x72" in out
+    assert "DESIGN" not in out  # every reference resolves inside the repository
     assert ": PASS" in out and "FAIL" not in out
 
 
