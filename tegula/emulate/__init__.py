@@ -7,6 +7,8 @@
 * `round_to`, `to_bits`, `from_bits`: the dtype rounding the emulator applies
   (`tegula.emulate.values`).
 * `bank_wavefronts`: the shared-memory bank model (`tegula.emulate.memory`).
+* `tegula.emulate.coverage`: which outputs a kernel writes, poisoning, and the check that
+  every output element was written by some block (what `tg.emulate` runs by default).
 
 Imports `tegula.lower` (thread IR), `tegula.arch`, `tegula.layout`, dtypes and errors.
 """

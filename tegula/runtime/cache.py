@@ -105,7 +105,8 @@ class PrivateDir:
         self.root = Path(root)
 
     def _refuse(self, where: str, why: str) -> None:
-        _warn_once(f"tegula cache: {where} {why}; compiling without the cache there")
+        _warn_once(f"tegula cache: {where} {why}; compiling without the cache there (make "
+                   f"it a directory of yours with mode 700, or set TEGULA_CACHE_DIR to one)")
 
     def _open_root(self, create: bool) -> int | None:
         """A descriptor of the root directory, checked; None when absent or refused."""
