@@ -284,9 +284,9 @@ class ValuePrinter:
             return to_compute(self.reg_c(v.reg), v.dtype, self.used)
         if isinstance(v, Literal):
             return self._literal(v)
-        if isinstance(v, IndexValue):
-            return self._convert(f"({self.index_c(v.expr)})", _INDEX_DTYPE, v.dtype)
-        if isinstance(v, Cast):
+        if isinstance(v, IndexValue):  # rounded to its type like any value (2049 in f16)
+            text = self._convert(f"({self.index_c(v.expr)})", _INDEX_DTYPE, v.dtype)
+        elif isinstance(v, Cast):
             text = self._convert(self.compute(v.x), v.x.dtype, v.dtype)
         elif isinstance(v, Unary):
             text = self._unary(v)

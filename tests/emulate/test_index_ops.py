@@ -16,6 +16,7 @@ import tegula as tg
 from tegula.build import build
 from tegula.dtypes import bf16, f16, f32, i8, i32
 from tegula.errors import TegulaError
+from tegula.layout.cute import Layout
 from tegula.lower.thread_ir import Barrier, SharedStore, Shuffle, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -115,3 +116,28 @@ def test_arg_reductions_use_shuffles_and_shared_memory_across_warps():
 def test_argmax_with_a_thread_count_that_is_not_a_power_of_two_is_a_clear_error():
     with pytest.raises(TegulaError, match="power-of-two thread count"):
         build(arg_kernel("argmax", 1, f32, 96), dict(BM=16, BN=32))
+
+
+@tg.kernel(threads=32)
+def pinned_then_reshaped_into_a_gemm_operand(a: tg.Tensor[f16, 3], b: tg.Tensor[f16],
+                                             c: tg.Tensor[f32]):
+    x = tg.register((16, 1, 16), f16, layout=Layout((32, 8), (1, 32)))
+    tg.copy(a.tile((16, 1, 16), (0, 0, 0)), x)
+    sb = tg.shared((8, 16), f16)
+    tg.copy(b.tile((8, 16), (0, 0)), sb)
+    acc = tg.zeros((16, 8), f32)
+    tg.gemm(acc, x[:, 0, :], sb)      # the MMA fixes the reshaped tile's layout
+    tg.copy(acc, c.tile((16, 8), (0, 0)))
+
+
+def test_a_reshape_between_two_fixed_layouts_gets_a_conversion(rng):
+    """The pinned (16, 1, 16) tile and the MMA's A fragment disagree: synthesis converts
+    the reshape's input into the fragment layout, and the product is exact."""
+    a = rng.integers(-3, 4, (16, 1, 16)).astype(np.float16)
+    b = rng.integers(-3, 4, (8, 16)).astype(np.float16)
+    c = np.full((16, 8), np.nan, np.float32)
+    tg.emulate(pinned_then_reshaped_into_a_gemm_operand, (1,), a, b, c)
+    assert np.array_equal(c, a[:, 0, :].astype(np.float32) @ b.astype(np.float32).T)
+    body = build(pinned_then_reshaped_into_a_gemm_operand, {}).synthesis.kernel.body
+    kinds = [type(op).__name__ for op in body]
+    assert kinds.index("Rearrange") == kinds.index("Reshape") - 1
