@@ -1,0 +1,57 @@
+"""tegula.fuzz: a differential fuzzer for the compiler.
+
+It draws random tile programs (`generate`: element-wise chains over every operator, math
+function and type, `where` with tiles and numbers, casts, reductions on either axis,
+copies between every pair of scopes with and without `fill`, ragged shapes, tiles smaller
+than the block, thread counts that are not powers of two, loops whose state is updated in
+place and by rebinding), writes each as kernel source (`source`), runs it in the emulator
+on random data with NaN and infinities, and compares every output element with an
+independent numpy model of the program (`reference`, on `numerics`: rounding written
+from the formats' definitions, error bounds for math functions and reductions). Failures
+shrink to a minimal kernel (`shrink`). `python -m tegula.fuzz --minutes N` is the long
+mode; tests/fuzz runs a seeded sample in CI and tests/gpu/test_fuzz_gpu.py compares the
+GPU with the emulator on the same programs.
+
+Like `tegula.cli`, this package sits above the compiler and uses it only through the
+public language (`tegula.lang`) and `tg.emulate` (`tegula.build`).
+"""
+from __future__ import annotations
+
+import random
+
+from tegula.fuzz.generate import Generator, Switches
+from tegula.fuzz.program import Program
+from tegula.fuzz.reference import Features
+from tegula.fuzz.runner import Tally, Verdict, data_seed, run_program
+
+
+def make_program(seed: int, index: int, switches: Switches | None = None) -> Program:
+    """Program `index` of the run with `seed` (each drawn from its own random stream, so
+    one program can be regenerated alone)."""
+    rng = random.Random(f"tegula.fuzz {seed} {index}")
+    return Generator(rng, switches).program(f"python -m tegula.fuzz --seed {seed} "
+                                            f"--program {index}")
+
+
+def fuzz_program(program: Program, seed: int, index: int,
+                 features: Features | None = None) -> Verdict:
+    """Run `program` on the inputs of program `index` of the run with `seed`."""
+    return run_program(program, data_seed(seed, index), features)
+
+
+def fuzz(seed: int, count: int, switches: Switches | None = None,
+         features: Features | None = None) -> tuple[Tally, list]:
+    """Run programs 0..count-1 of `seed`: the tally and the failures
+    [(index, program, verdict)]."""
+    tally, failures = Tally(), []
+    for index in range(count):
+        program = make_program(seed, index, switches)
+        verdict = fuzz_program(program, seed, index, features)
+        tally.add(verdict)
+        if verdict.failed:
+            failures.append((index, program, verdict))
+    return tally, failures
+
+
+__all__ = ["make_program", "fuzz_program", "fuzz", "Generator", "Switches", "Features",
+           "Program", "Verdict", "Tally"]

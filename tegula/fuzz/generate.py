@@ -1,0 +1,418 @@
+"""Random fuzz programs (`tegula.fuzz.program`), with switches for language features.
+
+`Generator(rng, switches).program(label)` draws one program: a thread count (powers of two,
+and others when `npot_threads` is on), a tile (any of 1..64 per dim, products up to
+`max_tile`; non-powers of two with `npot_tiles`), tensors that do not divide into tiles,
+1-3 inputs loaded along a random route between scopes, a chain of element-wise ops
+(every operator and math function, comparisons, `where` with tiles and numbers, casts
+between every type), reductions on either axis, in-place updates, loops with carried
+values, and 1-3 outputs stored along a random route.
+
+A switch that is off keeps the generator away from a construct (a known bug being
+fixed elsewhere), so the seeded CI run stays green while the rest is tested.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+
+from tegula.fuzz import numerics as nx
+from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, Assign,
+                                 Binary, Cast, Full, InPlace, Load, Loop, Num, Program,
+                                 Reduce, Scope, Store, TensorDecl, TileType, Unary, Where,
+                                 broadcast, check)
+
+DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i8", "u8")
+_DTYPE_WEIGHTS = (6, 3, 3, 1, 1, 3, 2, 2)
+POW2_THREADS = (32, 64, 128, 256)
+NPOT_THREADS = (96, 160, 192)
+POW2_DIMS = (1, 2, 4, 8, 16, 32, 64)
+NPOT_DIMS = (3, 5, 6, 12, 24, 48)
+FLOAT_NUMBERS = (0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.5, 3.0, 0.1, 1e-3, 100.0, -7.75, 1e30,
+                 float("inf"), -float("inf"), float("nan"), 448.0, 65504.0)
+INT_NUMBERS = {"i32": (0, 1, -1, 2, 3, 7, -5, 100, 2**31 - 1, -2**31),
+               "i8": (0, 1, -1, 3, -7, 127, -128), "u8": (0, 1, 2, 3, 7, 128, 255)}
+DIVISORS = {"i32": (2, 3, 7, -5, 1000), "i8": (2, 3, -7, 100), "u8": (2, 3, 7, 200)}
+FLOAT_FILLS = (None, 0.0, -0.0, 1.5, -1.0, 3.0, float("inf"), -float("inf"), float("nan"))
+INT_FILLS = {"i32": (None, 0, 1, -1, 7), "i8": (None, 0, 1, -1, 7), "u8": (None, 0, 1, 7)}
+
+
+@dataclass
+class Switches:
+    """Which constructs the generator may use. Defaults: everything."""
+
+    npot_threads: bool = True       # 96, 160, 192 threads
+    npot_tiles: bool = True         # tile dims 3, 5, 6, 12, 24, 48
+    small_tile_shared: bool = True  # global->shared copies of tiles smaller than the block
+    shared_fill: bool = True        # global->shared copies with a fill other than 0
+    where_numbers: bool = True      # tg.where(cond, tile, number)
+    loop_rebind: bool = True        # loop state rebound with `=` (acc = acc * a + x)
+    loops: bool = True
+    pipelines: bool = True          # tg.pipeline loops with staged shared buffers
+    transposed: bool = True         # loads through a transposed shared view
+    shared_to_shared: bool = True   # shared->shared copies
+    nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
+    max_tile: int = 2048            # largest BM * BN
+
+    @classmethod
+    def parse(cls, text: str) -> Switches:
+        """'-loop_rebind,-pipelines,max_tile=256' style overrides of the defaults."""
+        s = cls()
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            if "=" in item:
+                name, value = item.split("=", 1)
+                setattr(s, name, int(value))
+            else:
+                on = not item.startswith("-")
+                name = item.lstrip("+-")
+                if name not in {f.name for f in fields(cls)}:
+                    raise ValueError(f"unknown fuzz switch {name!r}")
+                setattr(s, name, on)
+        return s
+
+
+class Generator:
+    def __init__(self, rng: random.Random, switches: Switches | None = None):
+        self.rng = rng
+        self.sw = switches or Switches()
+
+    # -- the frame ------------------------------------------------------------------------
+    def program(self, label: str = "") -> Program:
+        """One random program that passes `check` (drawn again until one does)."""
+        for _ in range(100):
+            program = self._draw(label)
+            try:
+                check(program)
+            except Exception:  # noqa: BLE001 — a draw the rules refuse: draw again
+                continue
+            return program
+        raise RuntimeError("the fuzz generator could not draw a valid program")
+
+    def _draw(self, label: str) -> Program:
+        r = self.rng
+        threads = r.choice(POW2_THREADS + (NPOT_THREADS if self.sw.npot_threads else ()))
+        def dim() -> int:  # non-powers of two now and then: most programs should run
+            npot = self.sw.npot_tiles and r.random() < 0.15
+            return r.choice(NPOT_DIMS if npot else POW2_DIMS)
+        while True:
+            bm, bn = dim(), dim()
+            if bm * bn <= self.sw.max_tile:
+                break
+        gm, gn = r.randint(1, 3), r.randint(1, 3)
+        m = r.randint((gm - 1) * bm + 1, gm * bm)
+        n = r.randint((gn - 1) * bn + 1, gn * bn)
+        self.threads, self.bm, self.bn = threads, bm, bn
+        self.tensors: list[TensorDecl] = []
+        self.names = 0
+        self.loops = 0
+        body: list = []
+        scope = Scope()
+        for _ in range(r.randint(1, 3)):
+            self.load_input(body, scope)
+        for _ in range(r.randint(2, 10)):
+            self.step(body, scope, in_loop=None)
+        self.stores(body, scope)
+        return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label)
+
+    def fresh(self) -> str:
+        self.names += 1
+        return f"v{self.names}"
+
+    def small_tile(self) -> bool:
+        return self.bm * self.bn < self.threads
+
+    def shared_ok(self) -> bool:
+        """May a global->shared copy be drawn for this tile?"""
+        return self.sw.small_tile_shared or not self.small_tile()
+
+    # -- loads and stores -----------------------------------------------------------------
+    def load_input(self, body: list, scope: Scope) -> str:
+        r = self.rng
+        dtype = r.choices(DTYPES, _DTYPE_WEIGHTS)[0]
+        routes = ["load", "copy", "via_register"]
+        if self.shared_ok():
+            routes += ["shared", "shared"] + (["transposed"] if self.sw.transposed else [])
+            if self.sw.shared_to_shared and r.random() < 0.2:
+                routes.append("shared2")
+        route = r.choice(routes)
+        name = f"x{len(self.tensors)}"
+        self.tensors.append(TensorDecl(name, dtype, "in_t" if route == "transposed" else "in"))
+        out = self.fresh()
+        body.append(Load(out, name, route, self.fill(dtype, route)))
+        scope.define(out, TileType(dtype, (True, True)))
+        return out
+
+    def fill(self, dtype: str, route: str) -> Num | None:
+        choices = FLOAT_FILLS if nx.is_float(dtype) else INT_FILLS[dtype]
+        if route in ("shared", "shared2", "transposed") and not self.sw.shared_fill:
+            choices = (None, 0.0) if nx.is_float(dtype) else (None, 0)
+        value = self.rng.choice(choices)
+        return None if value is None else Num(value)
+
+    def stores(self, body: list, scope: Scope) -> None:
+        r = self.rng
+        candidates = [n for n in reversed(list(scope.types)) if not n.startswith("x")]
+        count = min(len(candidates), r.randint(1, 3))
+        chosen = candidates[:1] + r.sample(candidates[1:], max(0, count - 1))
+        for name in chosen:
+            t = scope.types[name]
+            if t.dtype == nx.BOOL:
+                cast_to = r.choice(("i32", "u8", "f32", "f16"))
+                out = self.fresh()
+                body.append(Cast(out, name, cast_to))
+                scope.define(out, TileType(cast_to, t.shape))
+                name, t = out, scope.types[out]
+            tensor = f"o{sum(1 for d in self.tensors if d.kind == 'out')}"
+            self.tensors.append(TensorDecl(tensor, t.dtype, "out", shape=t.shape))
+            body.append(Store(tensor, name, r.choice(("copy", "shared", "shared_reg"))))
+
+    # -- statements -----------------------------------------------------------------------
+    def pick(self, scope: Scope, pred=lambda t: True, recent: float = 0.6) -> str | None:
+        names = [n for n, t in scope.types.items() if pred(t)]
+        if not names:
+            return None
+        if self.rng.random() < recent:
+            return self.rng.choice(names[-3:])
+        return self.rng.choice(names)
+
+    def number(self, dtype: str) -> Num:
+        if nx.is_float(dtype):
+            return Num(self.rng.choice(FLOAT_NUMBERS))
+        if dtype == nx.BOOL:
+            return Num(self.rng.choice((True, False)))
+        return Num(self.rng.choice(INT_NUMBERS[dtype]))
+
+    def step(self, body: list, scope: Scope, in_loop: Loop | None) -> None:
+        kinds = ["unary", "binary", "binary", "compare", "where", "cast", "reduce", "inplace",
+                 "assign", "full", "logic", "load"]
+        if in_loop is None and self.sw.loops and self.loops < 2:
+            kinds.append("loop")
+        kind = self.rng.choice(kinds)
+        getattr(self, f"draw_{kind}")(body, scope, in_loop)
+
+    def define(self, body: list, scope: Scope, stmt, dtype: str, shape) -> str:
+        body.append(stmt)
+        scope.define(stmt.out, TileType(dtype, shape))
+        return stmt.out
+
+    def draw_load(self, body, scope, in_loop) -> None:
+        if in_loop is None:
+            self.load_input(body, scope)
+
+    def draw_full(self, body, scope, in_loop) -> None:
+        r = self.rng
+        dtype = r.choices(DTYPES, _DTYPE_WEIGHTS)[0]
+        shape = (r.random() < 0.7, r.random() < 0.7)
+        self.define(body, scope, Full(self.fresh(), shape, dtype, self.number(dtype)), dtype,
+                    shape)
+
+    def draw_unary(self, body, scope, in_loop) -> None:
+        x = self.pick(scope)
+        t = scope.types[x]
+        if nx.is_float(t.dtype):
+            ops = FLOAT_UNARY + ("neg", "abs")
+        elif t.dtype == nx.BOOL:
+            ops = ("not",)
+        else:
+            ops = ("neg", "abs", "not")
+        self.define(body, scope, Unary(self.fresh(), self.rng.choice(ops), x), t.dtype, t.shape)
+
+    def _second_operand(self, scope, dtype: str, op: str, number_p: float = 0.35):
+        """A tile of `dtype` (any shape: operands broadcast) or a number."""
+        if op == "div" and nx.is_int(dtype):
+            return Num(self.rng.choice(DIVISORS[dtype]))
+        other = self.pick(scope, lambda t: t.dtype == dtype, recent=0.3)
+        if other is None or self.rng.random() < number_p:
+            return self.number(dtype)
+        return other
+
+    def draw_binary(self, body, scope, in_loop) -> None:
+        a = self.pick(scope, lambda t: t.dtype != nx.BOOL)
+        if a is None:
+            return
+        t = scope.types[a]
+        if nx.is_float(t.dtype):
+            ops = ARITHMETIC
+        else:
+            ops = ("add", "sub", "mul", "div", "max", "min", "and", "or", "xor")
+        op = self.rng.choice(ops)
+        b = self._second_operand(scope, t.dtype, op)
+        if isinstance(b, Num) and op != "div" and self.rng.random() < 0.3:
+            a, b = b, a  # a number on the left: 2.0 - x, 1.0 / x
+        self._emit_binary(body, scope, op, a, b)
+
+    def _emit_binary(self, body, scope, op, a, b, out: str | None = None) -> str:
+        ta = scope.types[a] if isinstance(a, str) else None
+        tb = scope.types[b] if isinstance(b, str) else None
+        tiles = [t for t in (ta, tb) if t is not None]
+        shape = tiles[0].shape if len(tiles) == 1 else broadcast(tiles[0].shape, tiles[1].shape)
+        dtype = nx.BOOL if op in COMPARISONS else tiles[0].dtype
+        return self.define(body, scope, Binary(out or self.fresh(), op, a, b), dtype, shape)
+
+    def draw_compare(self, body, scope, in_loop) -> None:
+        a = self.pick(scope, lambda t: t.dtype != nx.BOOL)
+        if a is None:
+            return
+        op = self.rng.choice(COMPARISONS)
+        b = self._second_operand(scope, scope.types[a].dtype, op, number_p=0.5)
+        self._emit_binary(body, scope, op, a, b)
+
+    def draw_logic(self, body, scope, in_loop) -> None:
+        a = self.pick(scope, lambda t: t.dtype == nx.BOOL)
+        if a is None:
+            return self.draw_compare(body, scope, in_loop)
+        op = self.rng.choice(("and", "or", "xor"))
+        b = self.pick(scope, lambda t: t.dtype == nx.BOOL, recent=0.3)
+        self._emit_binary(body, scope, op, a, b if b != a else Num(True))
+
+    def draw_where(self, body, scope, in_loop) -> None:
+        cond = self.pick(scope, lambda t: t.dtype == nx.BOOL)
+        if cond is None:
+            return self.draw_compare(body, scope, in_loop)
+        a = self.pick(scope, lambda t: t.dtype != nx.BOOL, recent=0.5)
+        if a is None:
+            return
+        dtype = scope.types[a].dtype
+        b = self._second_operand(scope, dtype, "where",
+                                 number_p=0.5 if self.sw.where_numbers else 0.0)
+        if isinstance(b, Num) and self.rng.random() < 0.5:
+            a, b = b, a
+        ct = scope.types[cond]
+        shape = ct.shape
+        for x in (a, b):
+            if isinstance(x, str):
+                shape = broadcast(shape, scope.types[x].shape)
+        self.define(body, scope, Where(self.fresh(), cond, a, b), dtype, shape)
+
+    def draw_cast(self, body, scope, in_loop) -> None:
+        x = self.pick(scope)
+        t = scope.types[x]
+        dtype = self.rng.choice([d for d in DTYPES if d != t.dtype])
+        self.define(body, scope, Cast(self.fresh(), x, dtype), dtype, t.shape)
+
+    def draw_reduce(self, body, scope, in_loop) -> None:
+        x = self.pick(scope, lambda t: t.dtype != nx.BOOL)
+        if x is None:
+            return
+        t = scope.types[x]
+        axis = self.rng.choice((0, 1))
+        shape = (False, t.shape[1]) if axis == 0 else (t.shape[0], False)
+        kind = self.rng.choice(("sum", "max", "min"))
+        self.define(body, scope, Reduce(self.fresh(), kind, x, axis), t.dtype, shape)
+
+    def _writable(self, scope):
+        return lambda t: t.dtype != nx.BOOL
+
+    def draw_inplace(self, body, scope, in_loop) -> None:
+        target = self.pick(scope, lambda t: t.dtype != nx.BOOL)
+        if target is None or len(scope.shared_with[target]) > 1 or target.startswith("x"):
+            return
+        t = scope.types[target]
+        op = self.rng.choice(("add", "sub", "mul", "div"))
+        x = self._second_operand(scope, t.dtype, op)
+        if isinstance(x, str) and broadcast(scope.types[x].shape, t.shape) != t.shape:
+            x = self.number(t.dtype) if op != "div" or nx.is_float(t.dtype) else x
+        if isinstance(x, str) and broadcast(scope.types[x].shape, t.shape) != t.shape:
+            return
+        body.append(InPlace(target, op, x))
+
+    def draw_assign(self, body, scope, in_loop) -> None:
+        target = self.pick(scope, lambda t: t.dtype != nx.BOOL)
+        if target is None or len(scope.shared_with[target]) > 1:
+            return
+        t = scope.types[target]
+        x = self.pick(scope, lambda u: (u.dtype, u.shape) == (t.dtype, t.shape), recent=0.3)
+        if x is None or x == target or self.rng.random() < 0.3:
+            x = self.number(t.dtype)
+        body.append(Assign(target, x))
+
+    # -- loops ----------------------------------------------------------------------------
+    def draw_loop(self, body, scope, in_loop) -> None:
+        r = self.rng
+        self.loops += 1
+        loop_id = self.loops
+        axis = r.choice((0, 1))
+        tile = self.bn if axis == 1 else self.bm
+        trips = r.randint(1, 3)
+        extent = r.randint((trips - 1) * tile + 1, trips * tile)
+        dtype = r.choices(DTYPES, _DTYPE_WEIGHTS)[0]
+        name = f"k{loop_id}"
+        self.tensors.append(TensorDecl(name, dtype, f"loop{axis}", extent))
+        stages = 2 if self.sw.pipelines and self.shared_ok() and r.random() < 0.25 else 1
+        carried = self._carried(body, scope)
+        inner = scope.copy()
+        loop_body: list = []
+        route = "shared" if stages > 1 else r.choice(
+            ["load", "copy"] + (["shared"] if self.shared_ok() else []))
+        tile_name = self.fresh()
+        loop_body.append(Load(tile_name, name, route, self.fill(dtype, route), loop_id))
+        inner.define(tile_name, TileType(dtype, (True, True)))
+        probe = Loop(loop_id, name, axis, (), stages)
+        for _ in range(r.randint(0, 3)):
+            self.step(loop_body, inner, probe)
+        for c in carried:
+            self._update(loop_body, inner, c, tile_name)
+        body.append(Loop(loop_id, name, axis, tuple(loop_body), stages))
+
+    def _carried(self, body, scope) -> list[str]:
+        """1-2 names the loop will carry: existing tiles or fresh accumulators."""
+        r = self.rng
+        carried = []
+        for _ in range(r.randint(1, 2)):
+            existing = self.pick(scope, lambda t: t.dtype != nx.BOOL, recent=0.5)
+            if existing and not existing.startswith("x") and existing not in carried and \
+                    len(scope.shared_with[existing]) == 1 and r.random() < 0.5:
+                carried.append(existing)
+                continue
+            dtype = r.choices(DTYPES, _DTYPE_WEIGHTS)[0]
+            shape = r.choice(((True, True), (True, False), (False, True)))
+            value = Num(0.0 if nx.is_float(dtype) else 0) if r.random() < 0.5 else \
+                self.number(dtype)
+            carried.append(self.define(body, scope, Full(self.fresh(), shape, dtype, value),
+                                       dtype, shape))
+        return carried
+
+    def _update(self, body, scope, c: str, source: str) -> None:
+        """Fold `source` (cast and reduced to fit) into the carried tile `c`."""
+        r = self.rng
+        t = scope.types[c]
+        w = source
+        if scope.types[w].dtype != t.dtype:
+            w = self.define(body, scope, Cast(self.fresh(), w, t.dtype), t.dtype,
+                            scope.types[w].shape)
+        for axis in (0, 1):
+            if scope.types[w].shape[axis] and not t.shape[axis]:
+                shape = (False, scope.types[w].shape[1]) if axis == 0 else \
+                    (scope.types[w].shape[0], False)
+                w = self.define(body, scope, Reduce(self.fresh(), r.choice(("sum", "max", "min")),
+                                                    w, axis), t.dtype, shape)
+        styles = ["inplace", "assign"] + (["rebind", "rebind_alias"] if self.sw.loop_rebind else [])
+        style = r.choice(styles)
+        op = r.choice(("add", "max", "min", "scaled") if nx.is_float(t.dtype)
+                      else ("add", "max", "min", "xor"))
+        if style == "inplace" and op in ("add", "scaled"):
+            if op == "scaled":
+                body.append(InPlace(c, "mul", Num(0.5)))
+            body.append(InPlace(c, "add", w))
+            return
+        if style == "inplace":
+            style = "assign"
+        if op == "scaled":
+            scaled = self._emit_binary(body, scope, "mul", c, Num(0.5),
+                                       out=c if style == "rebind" else None)
+            op, first = "add", scaled
+        else:
+            first = c
+        out = c if style == "rebind" else None
+        value = self._emit_binary(body, scope, op, first, w, out=out)
+        if style == "assign":
+            body.append(Assign(c, value))
+        elif style == "rebind_alias":
+            body.append(Alias(c, value))
+            scope.alias(c, value)
+
+    def draw_nothing(self, body, scope, in_loop) -> None:
+        return None
+
+
+__all__ = ["Generator", "Switches", "DTYPES"]

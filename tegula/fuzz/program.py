@@ -1,0 +1,433 @@
+"""A fuzz program: a small description of a tile kernel, from which the kernel's source
+text (`source`) and its numpy reference (`tegula.fuzz.reference`) are both built.
+
+Every kernel has the same frame: a 2-D grid of (BM, BN) tiles over (M, N) tensors, block
+(m, n) loading tile (m, n) of its inputs and storing tile (m, n) of its outputs. The body
+is a list of statements over named register tiles; each tile has a shape of (BM or 1,
+BN or 1) — a reduction keeps its axis with extent 1 — and an element type. Loops walk a
+further tensor tile by tile along one axis (`tg.range` or `tg.pipeline`).
+
+`check(program)` type-checks a description (the generator's rules, which are stricter
+than the language's: no in-place update of a tile with two names, for instance), so the
+shrinker can discard a simplification that would produce a program outside them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Union
+
+from tegula.fuzz.numerics import BOOL, is_float, is_int
+
+
+@dataclass(frozen=True)
+class Num:
+    """A Python number operand (or fill value), written into the source as a literal."""
+
+    value: float | int | bool
+
+    def text(self) -> str:
+        v = self.value
+        if isinstance(v, bool) or isinstance(v, int):
+            return repr(v)
+        if v != v:
+            return 'float("nan")'
+        if v in (float("inf"), -float("inf")):
+            return ('-' if v < 0 else '') + 'float("inf")'
+        return repr(float(v))
+
+
+Operand = Union[str, Num]
+
+
+@dataclass(frozen=True)
+class Load:
+    """`out` = tile (m, n) of `tensor` (or the loop's current tile), along `route`."""
+
+    out: str
+    tensor: str
+    route: str = "load"
+    fill: Num | None = None
+    loop: int | None = None
+
+
+@dataclass(frozen=True)
+class Full:
+    out: str
+    shape: tuple[bool, bool]  # (full rows?, full columns?)
+    dtype: str
+    value: Num
+
+
+@dataclass(frozen=True)
+class Unary:
+    out: str
+    op: str
+    x: str
+
+
+@dataclass(frozen=True)
+class Binary:
+    out: str
+    op: str
+    a: Operand
+    b: Operand
+
+
+@dataclass(frozen=True)
+class Where:
+    out: str
+    cond: str
+    a: Operand
+    b: Operand
+
+
+@dataclass(frozen=True)
+class Cast:
+    out: str
+    x: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Reduce:
+    out: str
+    kind: str
+    x: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """`target op= x` (op in add sub mul div): writes the tile `target` names."""
+
+    target: str
+    op: str
+    x: Operand
+
+
+@dataclass(frozen=True)
+class Assign:
+    """`target.assign(x)`: overwrite the tile `target` names."""
+
+    target: str
+    x: Operand
+
+
+@dataclass(frozen=True)
+class Alias:
+    """`target = src`: Python rebinding (used at the end of loop bodies)."""
+
+    target: str
+    src: str
+
+
+@dataclass(frozen=True)
+class Loop:
+    """`for i in tg.range(...)` over the tiles of `tensor` along `axis` (1: the tiles
+    (m, i); 0: the tiles (i, n)); `stages` > 1 makes it a `tg.pipeline`."""
+
+    id: int
+    tensor: str
+    axis: int
+    body: tuple
+    stages: int = 1
+
+
+@dataclass(frozen=True)
+class Store:
+    tensor: str
+    x: str
+    route: str = "copy"
+
+
+Stmt = Union[Load, Full, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
+             Store]
+
+LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
+STORE_ROUTES = ("copy", "shared", "shared_reg")
+FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
+               "sigmoid")
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+ARITHMETIC = ("add", "sub", "mul", "div", "max", "min", "pow")
+LOGIC = ("and", "or", "xor")
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """A kernel tensor. `kind` says how its extents follow from the program's: "in" (M, N),
+    "in_t" (N, M: read transposed), "loop1" (M, extent: walked along columns), "loop0"
+    (extent, N), "out" (one tile of `shape` per block: M or one row per block, N or one
+    column per block)."""
+
+    name: str
+    dtype: str
+    kind: str
+    extent: int = 0
+    shape: tuple = (True, True)
+
+
+@dataclass(frozen=True)
+class Program:
+    threads: int
+    BM: int
+    BN: int
+    M: int
+    N: int
+    tensors: tuple  # TensorDecl, inputs and outputs
+    body: tuple
+    label: str = ""  # how to regenerate it (seed and index)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (-(-self.M // self.BM), -(-self.N // self.BN))
+
+    def tensor(self, name: str) -> TensorDecl:
+        return next(t for t in self.tensors if t.name == name)
+
+    def extents(self, t: TensorDecl) -> tuple[int, int]:
+        """(rows, cols) of tensor `t` in this program."""
+        gm, gn = self.grid
+        return {"in": (self.M, self.N), "in_t": (self.N, self.M),
+                "loop1": (self.M, t.extent), "loop0": (t.extent, self.N),
+                "out": (self.M if t.shape[0] else gm, self.N if t.shape[1] else gn)}[t.kind]
+
+    def with_body(self, body) -> Program:
+        return replace(self, body=tuple(body))
+
+
+class Invalid(Exception):
+    """The description breaks the generator's typing rules."""
+
+
+@dataclass
+class TileType:
+    dtype: str
+    shape: tuple[bool, bool]  # (spans BM rows?, spans BN columns?)
+
+
+def broadcast(a: tuple[bool, bool], b: tuple[bool, bool]) -> tuple[bool, bool]:
+    return (a[0] or b[0], a[1] or b[1])
+
+
+@dataclass
+class Scope:
+    """Names visible at a point of the program, their types, and which names share a tile
+    (an in-place write through one would change the other, which the model does not
+    follow, so the rules forbid it)."""
+
+    types: dict = field(default_factory=dict)
+    shared_with: dict = field(default_factory=dict)  # name -> set of names on its tile
+    every_type: dict = field(default_factory=dict)  # every name ever defined, loops included
+
+    def define(self, name: str, t: TileType) -> None:
+        self._unshare(name)
+        self.types[name] = self.every_type[name] = t
+        self.shared_with[name] = {name}
+
+    def alias(self, target: str, src: str) -> None:
+        self._unshare(target)
+        self.types[target] = self.every_type[target] = self.types[src]
+        group = self.shared_with[src]
+        group.add(target)
+        self.shared_with[target] = group
+
+    def _unshare(self, name: str) -> None:
+        group = self.shared_with.get(name)
+        if group is not None:
+            group.discard(name)
+
+    def copy(self) -> Scope:
+        groups: dict = {}
+        shared = {}
+        for name, g in self.shared_with.items():
+            shared[name] = groups.setdefault(id(g), set(g))
+        return Scope(dict(self.types), shared, self.every_type)
+
+
+def _operand_type(scope: Scope, x: Operand) -> TileType | None:
+    if isinstance(x, Num):
+        return None
+    if x not in scope.types:
+        raise Invalid(f"{x} is not defined here")
+    return scope.types[x]
+
+
+def _value_dtype(scope: Scope, a: Operand, b: Operand) -> tuple[str, tuple[bool, bool]]:
+    ta, tb = _operand_type(scope, a), _operand_type(scope, b)
+    tiles = [t for t in (ta, tb) if t is not None]
+    if not tiles:
+        raise Invalid("no tile operand")
+    if len({t.dtype for t in tiles}) != 1:
+        raise Invalid("operand types differ")
+    shape = tiles[0].shape
+    for t in tiles[1:]:
+        shape = broadcast(shape, t.shape)
+    return tiles[0].dtype, shape
+
+
+def check(program: Program) -> dict:
+    """Raise `Invalid` unless `program` follows the generator's rules; else return the
+    type (`TileType`) of every name it defines."""
+    names = {t.name for t in program.tensors}
+    if len(names) != len(program.tensors):
+        raise Invalid("duplicate tensor")
+    if not any(isinstance(s, Store) for s in program.body):
+        raise Invalid("no output")
+    scope = Scope()
+    _check_block(program, program.body, scope, loop=None, outputs=set())
+    return scope.every_type
+
+
+def _check_block(program: Program, body, scope: Scope, loop: Loop | None, outputs: set):
+    for s in body:
+        _check_stmt(program, s, scope, loop, outputs)
+
+
+def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None:  # noqa: C901
+    decl = {t.name: t for t in program.tensors}
+    if isinstance(s, Load):
+        if s.loop is not None:
+            if loop is None or loop.id != s.loop or s.tensor != loop.tensor:
+                raise Invalid("a loop load outside its loop")
+        elif s.tensor not in decl or decl[s.tensor].kind != (
+                "in_t" if s.route == "transposed" else "in"):
+            raise Invalid("unknown tensor, or one of the wrong kind")
+        if s.route == "transposed" and s.loop is not None:
+            raise Invalid("transposed loads are not generated inside loops")
+        dtype = decl[s.tensor].dtype
+        if s.fill is not None and is_int(dtype) and not isinstance(s.fill.value, int):
+            raise Invalid("an integer fill must be an int")
+        scope.define(s.out, TileType(dtype, (True, True)))
+    elif isinstance(s, Full):
+        scope.define(s.out, TileType(s.dtype, s.shape))
+    elif isinstance(s, Unary):
+        t = _operand_type(scope, s.x)
+        if s.op in FLOAT_UNARY and not is_float(t.dtype):
+            raise Invalid("math on a non-float")
+        if s.op == "not" and is_float(t.dtype):
+            raise Invalid("~ on floats")
+        if s.op in ("neg", "abs") and t.dtype == BOOL:
+            raise Invalid("arithmetic on bool")
+        scope.define(s.out, TileType(t.dtype, t.shape))
+    elif isinstance(s, Binary):
+        dtype, shape = _value_dtype(scope, s.a, s.b)
+        _check_binary(s.op, dtype, s.a, s.b)
+        scope.define(s.out, TileType(BOOL if s.op in COMPARISONS else dtype, shape))
+    elif isinstance(s, Where):
+        c = _operand_type(scope, s.cond)
+        if c.dtype != BOOL:
+            raise Invalid("condition not bool")
+        dtype, shape = _value_dtype(scope, s.a, s.b)
+        scope.define(s.out, TileType(dtype, broadcast(shape, c.shape)))
+    elif isinstance(s, Cast):
+        t = _operand_type(scope, s.x)
+        if t.dtype == s.dtype:
+            raise Invalid("a no-op cast (it would return the same tile)")
+        if s.dtype == BOOL:
+            raise Invalid("casts to bool are not generated")
+        scope.define(s.out, TileType(s.dtype, t.shape))
+    elif isinstance(s, Reduce):
+        t = _operand_type(scope, s.x)
+        if t.dtype == BOOL:
+            raise Invalid("reducing bool")
+        shape = (False, t.shape[1]) if s.axis == 0 else (t.shape[0], False)
+        scope.define(s.out, TileType(t.dtype, shape))
+    elif isinstance(s, (InPlace, Assign)):
+        target = _operand_type(scope, s.target)
+        if len(scope.shared_with[s.target]) > 1:
+            raise Invalid("in-place write to a tile with two names")
+        if isinstance(s, InPlace):
+            dtype, shape = _value_dtype(scope, s.target, s.x)
+            _check_binary(s.op, dtype, s.target, s.x)
+            if s.op not in ("add", "sub", "mul", "div"):
+                raise Invalid("no such in-place operator")
+        else:
+            value = _operand_type(scope, s.x)
+            dtype, shape = (target.dtype, target.shape) if value is None else \
+                (value.dtype, value.shape)
+        if dtype != target.dtype or shape != target.shape:
+            raise Invalid("in-place result does not fit the target")
+        if isinstance(s.x, Num) and is_int(target.dtype) and not isinstance(s.x.value, int):
+            raise Invalid("a non-integer number for an integer tile")
+    elif isinstance(s, Alias):
+        _operand_type(scope, s.src)
+        if s.target in scope.types:
+            old, new = scope.types[s.target], scope.types[s.src]
+            if (old.dtype, old.shape) != (new.dtype, new.shape):
+                raise Invalid("a rebinding that changes shape or type")
+        scope.alias(s.target, s.src)
+    elif isinstance(s, Loop):
+        _check_loop(program, s, scope, loop, outputs)
+    elif isinstance(s, Store):
+        t = _operand_type(scope, s.x)
+        if s.tensor not in decl or s.tensor in outputs:
+            raise Invalid("unknown or twice-written output")
+        if t.dtype == BOOL or decl[s.tensor].dtype != t.dtype or \
+                decl[s.tensor].kind != "out" or decl[s.tensor].shape != t.shape:
+            raise Invalid("output type or shape")
+        if loop is not None:
+            raise Invalid("stores inside loops are not generated")
+        outputs.add(s.tensor)
+    else:
+        raise Invalid(f"unknown statement {s!r}")
+
+
+def _check_binary(op: str, dtype: str, a: Operand, b: Operand) -> None:
+    if op in LOGIC and is_float(dtype):
+        raise Invalid("bitwise op on floats")
+    if op in ARITHMETIC and dtype == BOOL:
+        raise Invalid("arithmetic on bool")
+    if op == "pow" and not is_float(dtype):
+        raise Invalid("pow on integers")
+    for x in (a, b):
+        if isinstance(x, Num) and is_int(dtype) and not isinstance(x.value, int):
+            raise Invalid("a non-integer number for an integer tile")
+        if isinstance(x, Num) and dtype == BOOL and not isinstance(x.value, bool):
+            raise Invalid("a number for a bool tile")
+    if op == "div" and is_int(dtype) and (not isinstance(b, Num) or b.value in (0, -1)):
+        raise Invalid("integer division needs a number divisor other than 0 and -1")
+
+
+def _check_loop(program: Program, s: Loop, scope: Scope, loop, outputs: set) -> None:
+    if loop is not None:
+        raise Invalid("nested loops are not generated")
+    loop_tensor = next((t for t in program.tensors if t.name == s.tensor), None)
+    if loop_tensor is None or loop_tensor.kind != f"loop{s.axis}" or loop_tensor.extent < 1:
+        raise Invalid("unknown loop tensor")
+    inner = scope.copy()
+    _check_block(program, s.body, inner, s, outputs)
+    for name, t in inner.types.items():
+        if name in scope.types:
+            old = scope.types[name]
+            if (old.dtype, old.shape) != (t.dtype, t.shape):
+                raise Invalid("a loop-carried name changes shape or type")
+    # Names made in the body are not used after the loop; carried names keep their type.
+    for name in scope.types:
+        scope.shared_with[name] = {name}
+
+
+def defined_names(body) -> list[str]:
+    """Every name a statement list (loops included) defines, in order."""
+    out = []
+    for s in body:
+        if isinstance(s, Loop):
+            out += defined_names(s.body)
+        elif hasattr(s, "out"):
+            out.append(s.out)
+    return out
+
+
+def used_names(s) -> set[str]:
+    """Names a statement reads (a loop: everything its body reads)."""
+    if isinstance(s, Loop):
+        return set().union(*(used_names(b) for b in s.body)) if s.body else set()
+    fields = {Unary: ("x",), Binary: ("a", "b"), Where: ("cond", "a", "b"), Cast: ("x",),
+              Reduce: ("x",), InPlace: ("target", "x"), Assign: ("target", "x"),
+              Alias: ("src",), Store: ("x",)}.get(type(s), ())
+    return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
+
+
+__all__ = ["Num", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+           "Assign", "Alias", "Loop", "Store", "Program", "TensorDecl", "Invalid", "check",
+           "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
+           "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

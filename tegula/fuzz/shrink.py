@@ -1,0 +1,186 @@
+"""Shrinking a failing fuzz program to a minimal one that fails the same way.
+
+Greedy: try each simplification — drop a statement (with everything that depends on it),
+replace a tile operand by a number, take the plain route for a load or store, drop a fill,
+run a loop once, shrink the tensors and the tile, lower the thread count, turn a type into
+f32 — keep it if the program is still valid and still fails with the same verdict
+(status and reason), and repeat until nothing helps or the budget runs out.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, Iterator
+
+from tegula.fuzz.program import (Alias, Assign, Binary, InPlace, Invalid, Load, Loop, Num,
+                                 Program, Store, Where, check, defined_names, used_names)
+from tegula.fuzz.runner import Verdict
+
+
+def _paths(body, prefix=()) -> Iterator[tuple]:
+    """Index paths of every statement, innermost and last first."""
+    for i in reversed(range(len(body))):
+        s = body[i]
+        if isinstance(s, Loop):
+            yield from _paths(s.body, prefix + (i,))
+        yield prefix + (i,)
+
+
+def _remove(body: tuple, path: tuple) -> tuple:
+    if len(path) == 1:
+        return body[:path[0]] + body[path[0] + 1:]
+    loop = body[path[0]]
+    return body[:path[0]] + (replace(loop, body=_remove(loop.body, path[1:])),) + \
+        body[path[0] + 1:]
+
+
+def _replace_at(body: tuple, path: tuple, new) -> tuple:
+    if len(path) == 1:
+        return body[:path[0]] + (new,) + body[path[0] + 1:]
+    loop = body[path[0]]
+    return body[:path[0]] + (replace(loop, body=_replace_at(loop.body, path[1:], new)),) + \
+        body[path[0] + 1:]
+
+
+def _at(body: tuple, path: tuple):
+    s = body[path[0]]
+    return s if len(path) == 1 else _at(s.body, path[1:])
+
+
+def _without_dependents(body: tuple, name: str) -> tuple:
+    """`body` minus every statement reading `name` (transitively)."""
+    dead = {name}
+    out = []
+    for s in body:
+        if isinstance(s, Loop):
+            inner = _without_dependents_list(s.body, dead)
+            out.append(replace(s, body=tuple(inner)))
+            continue
+        if used_names(s) & dead:
+            if hasattr(s, "out"):
+                dead.add(s.out)
+            continue
+        out.append(s)
+    return tuple(out)
+
+
+def _without_dependents_list(body, dead: set) -> list:
+    out = []
+    for s in body:
+        if used_names(s) & dead:
+            if hasattr(s, "out"):
+                dead.add(s.out)
+            continue
+        out.append(s)
+    return out
+
+
+def candidates(p: Program) -> Iterator[Program]:
+    """Simpler variants of `p`, roughly most helpful first (many are invalid)."""
+    # Fewer statements.
+    for path in _paths(p.body):
+        s = _at(p.body, path)
+        body = _remove(p.body, path)
+        yield p.with_body(body)
+        out = getattr(s, "out", None)
+        if out is not None:
+            yield p.with_body(_without_dependents(body, out))
+    # Simpler statements.
+    for path in _paths(p.body):
+        s = _at(p.body, path)
+        for simpler in _simpler(s):
+            yield p.with_body(_replace_at(p.body, path, simpler))
+    # Smaller problems.
+    yield from _smaller(p)
+    # Fewer tensors (those no statement names any more).
+    used = _tensor_names(p.body)
+    if len(used) < len(p.tensors):
+        yield replace(p, tensors=tuple(t for t in p.tensors if t.name in used))
+
+
+def _tensor_names(body) -> set:
+    names = set()
+    for s in body:
+        if isinstance(s, Loop):
+            names.add(s.tensor)
+            names |= _tensor_names(s.body)
+        elif isinstance(s, (Load, Store)):
+            names.add(s.tensor)
+    return names
+
+
+def _simpler(s) -> Iterator:
+    if isinstance(s, Load):
+        if s.route not in ("load", "transposed"):
+            yield replace(s, route="load")
+        if s.fill is not None:
+            yield replace(s, fill=None)
+    if isinstance(s, Store) and s.route != "copy":
+        yield replace(s, route="copy")
+    if isinstance(s, Loop) and s.stages > 1:
+        yield replace(s, stages=1)
+    if isinstance(s, Binary):
+        for field in ("a", "b"):
+            if isinstance(getattr(s, field), str):
+                yield replace(s, **{field: Num(1.0)})
+                yield replace(s, **{field: Num(1)})
+    if isinstance(s, Where):
+        for field in ("a", "b"):
+            if isinstance(getattr(s, field), str):
+                yield replace(s, **{field: Num(0.0)})
+                yield replace(s, **{field: Num(0)})
+    if isinstance(s, (InPlace, Assign)) and isinstance(s.x, str):
+        yield replace(s, x=Num(1.0))
+        yield replace(s, x=Num(1))
+
+
+def _smaller(p: Program) -> Iterator[Program]:
+    for m, n in ((p.BM, p.N), (p.M, p.BN), (1, p.N), (p.M, 1), (p.BM - 1, p.N),
+                 (p.M, p.BN - 1)):
+        if 1 <= m and 1 <= n and (m, n) != (p.M, p.N) and m <= p.M and n <= p.N:
+            yield replace(p, M=m, N=n)
+    for t in p.tensors:
+        if t.kind.startswith("loop") and t.extent > 1:
+            tile = p.BN if t.kind == "loop1" else p.BM
+            for extent in (1, min(tile, t.extent - 1)):
+                yield _retensor(p, t, replace(t, extent=extent))
+    for threads in (32, 64, 128):
+        if threads < p.threads:
+            yield replace(p, threads=threads)
+    for bm, bn in ((p.BM // 2, p.BN), (p.BM, p.BN // 2)):
+        if bm >= 1 and bn >= 1:
+            yield replace(p, BM=bm, BN=bn, M=min(p.M, bm * 3), N=min(p.N, bn * 3))
+    for t in p.tensors:
+        if t.dtype != "f32":
+            yield _retensor(p, t, replace(t, dtype="f32"))
+
+
+def _retensor(p: Program, old, new) -> Program:
+    return replace(p, tensors=tuple(new if t is old else t for t in p.tensors))
+
+
+def shrink(program: Program, run: Callable[[Program], Verdict], target: Verdict,
+           budget_s: float = 60.0, max_runs: int = 400) -> tuple[Program, Verdict, int]:
+    """The smallest program found that `run` still judges like `target` (same status and
+    reason), with its verdict and the number of runs spent."""
+    best, verdict, runs = program, target, 0
+    deadline = time.monotonic() + budget_s
+    improved = True
+    while improved and runs < max_runs and time.monotonic() < deadline:
+        improved = False
+        for candidate in candidates(best):
+            if runs >= max_runs or time.monotonic() >= deadline:
+                break
+            try:
+                check(candidate)
+            except Invalid:
+                continue
+            runs += 1
+            v = run(candidate)
+            if v.status == target.status and v.reason == target.reason:
+                best, verdict, improved = candidate, v, True
+                break
+    return best, verdict, runs
+
+
+__all__ = ["shrink", "candidates"]

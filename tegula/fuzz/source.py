@@ -1,0 +1,226 @@
+"""A fuzz program as the source text of a `@tg.kernel` (what a failure prints) and the
+kernel object made by executing that text."""
+from __future__ import annotations
+
+import linecache
+
+from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Full, InPlace, Load, Loop,
+                                 Num, Program, Reduce, Store, Unary, Where, check)
+
+KERNEL_NAME = "fuzz_kernel"
+_OPERATOR = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "and": "&",
+             "or": "|", "xor": "^", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+             "eq": "==", "ne": "!="}
+_FUNCTION = {"max": "tg.maximum", "min": "tg.minimum"}
+_DTYPE = {"bool": "tg.bool_"}
+
+
+def _dtype(name: str) -> str:
+    return _DTYPE.get(name, name)
+
+
+def _operand(x) -> str:
+    """An operand's text; negative numbers in parentheses (`-2.0 ** x` is `-(2.0 ** x)`)."""
+    if not isinstance(x, Num):
+        return x
+    text = x.text()
+    return f"({text})" if text.startswith("-") else text
+
+
+def _shape(shape: tuple[bool, bool]) -> str:
+    return f"({'BM' if shape[0] else '1'}, {'BN' if shape[1] else '1'})"
+
+
+def _fill(fill: Num | None) -> str:
+    return "" if fill is None else f", fill={fill.text()}"
+
+
+class _Writer:
+    def __init__(self, program: Program):
+        self.program = program
+        self.lines: list[str] = []
+        self.indent = 1
+        self.shapes: dict[str, tuple[bool, bool]] = {}
+        self.buffers = 0
+        self.loop_start = 0  # where a pipeline's staged buffers go (before its loop)
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.indent + line)
+
+    def fresh_buffer(self) -> str:
+        self.buffers += 1
+        return f"s{self.buffers}"
+
+    def shape_of(self, x) -> tuple[bool, bool]:
+        return self.shapes.get(x, (True, True)) if isinstance(x, str) else (False, False)
+
+
+def kernel_source(program: Program) -> str:
+    """The kernel's source: imports, the decorated function, and a comment saying how to
+    launch it (grid and tensor extents)."""
+    w = _Writer(program)
+    types = check(program)
+    w.shapes = {name: t.shape for name, t in types.items()}
+    used = _used_tensors(program.body)
+    tensors = [t for t in program.tensors if t.name in used]
+    params = [f"{t.name}: tg.Tensor[{t.dtype}]" for t in tensors]
+    params += [f"BM: tg.constexpr = {program.BM}", f"BN: tg.constexpr = {program.BN}"]
+    header = [
+        "import tegula as tg",
+        "from tegula import f32, f16, bf16, f8e4m3, f8e5m2, i32, i8, u8",
+        "",
+        f"# {program.label}".rstrip(),
+        f"# grid {program.grid}; " + ", ".join(
+            f"{t.name}: {t.dtype}{list(program.extents(t))}" for t in tensors),
+        f"@tg.kernel(threads={program.threads})",
+        f"def {KERNEL_NAME}(" + ", ".join(params) + "):",
+    ]
+    w.emit("m, n = tg.block_id(0), tg.block_id(1)")
+    for s in program.body:
+        _statement(w, s, types)
+    return "\n".join(header + w.lines) + "\n"
+
+
+def _used_tensors(body) -> set[str]:
+    used = set()
+    for s in body:
+        if isinstance(s, Loop):
+            used.add(s.tensor)
+            used |= _used_tensors(s.body)
+        elif isinstance(s, (Load, Store)):
+            used.add(s.tensor)
+    return used
+
+
+def _view(program: Program, s: Load) -> str:
+    if s.loop is not None:
+        return f"g{s.loop}[:, :, i{s.loop}]"
+    if s.route == "transposed":
+        return f"{s.tensor}.tile((BN, BM), (n, m))"
+    return f"{s.tensor}.tile((BM, BN), (m, n))"
+
+
+def _load(w: _Writer, s: Load, dtype: str, loop: Loop | None) -> None:
+    view, fill, dt = _view(w.program, s), _fill(s.fill), _dtype(dtype)
+    if s.route == "load":
+        w.emit(f"{s.out} = tg.load({view}{fill})")
+    elif s.route == "copy":
+        w.emit(f"{s.out} = tg.register((BM, BN), {dt})")
+        w.emit(f"tg.copy({view}, {s.out}{fill})")
+    elif s.route in ("shared", "shared2"):
+        buf = w.fresh_buffer()
+        if loop is not None and loop.stages > 1:
+            # A pipeline's buffers have a stage per iteration in flight, made before the loop.
+            w.lines.insert(w.loop_start, "    " * (w.indent - 1) +
+                           f"{buf} = tg.shared((BM, BN), {dt}, stages={loop.stages})")
+            target = f"{buf}[i{loop.id}]"
+        else:
+            w.emit(f"{buf} = tg.shared((BM, BN), {dt})")
+            target = buf
+        w.emit(f"tg.copy({view}, {target}{fill})")
+        if s.route == "shared2":
+            second = w.fresh_buffer()
+            w.emit(f"{second} = tg.shared((BM, BN), {dt})")
+            w.emit(f"tg.copy({target}, {second})")
+            target = second
+        w.emit(f"{s.out} = tg.load({target})")
+    elif s.route == "via_register":
+        buf = w.fresh_buffer()
+        w.emit(f"{s.out} = tg.load({view}{fill})")
+        w.emit(f"{buf} = tg.shared((BM, BN), {dt})")
+        w.emit(f"tg.copy({s.out}, {buf})")
+        w.emit(f"{s.out} = tg.load({buf})")
+    elif s.route == "transposed":
+        buf = w.fresh_buffer()
+        w.emit(f"{buf} = tg.shared((BN, BM), {dt})")
+        w.emit(f"tg.copy({view}, {buf}{fill})")
+        w.emit(f"{s.out} = tg.load({buf}.T)")
+    else:
+        raise ValueError(f"unknown load route {s.route!r}")
+
+
+def _store(w: _Writer, s: Store, dtype: str) -> None:
+    shape = _shape(w.shape_of(s.x))
+    view = f"{s.tensor}.tile({shape}, (m, n))"
+    if s.route == "copy":
+        w.emit(f"tg.copy({s.x}, {view})")
+        return
+    buf = w.fresh_buffer()
+    w.emit(f"{buf} = tg.shared({shape}, {_dtype(dtype)})")
+    w.emit(f"tg.copy({s.x}, {buf})")
+    if s.route == "shared":
+        w.emit(f"tg.copy({buf}, {view})")
+    else:
+        w.emit(f"tg.copy(tg.load({buf}), {view})")
+
+
+def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  # noqa: C901
+    if isinstance(s, Load):
+        _load(w, s, w.program.tensor(s.tensor).dtype, loop)
+    elif isinstance(s, Full):
+        w.emit(f"{s.out} = tg.full({_shape(s.shape)}, {s.value.text()}, {_dtype(s.dtype)})")
+    elif isinstance(s, Unary):
+        if s.op == "neg":
+            w.emit(f"{s.out} = -{s.x}")
+        elif s.op == "not":
+            w.emit(f"{s.out} = ~{s.x}")
+        else:
+            w.emit(f"{s.out} = tg.{s.op}({s.x})")
+    elif isinstance(s, Binary):
+        a, b = _operand(s.a), _operand(s.b)
+        if s.op in _FUNCTION:
+            w.emit(f"{s.out} = {_FUNCTION[s.op]}({a}, {b})")
+        else:
+            w.emit(f"{s.out} = {a} {_OPERATOR[s.op]} {b}")
+    elif isinstance(s, Where):
+        w.emit(f"{s.out} = tg.where({s.cond}, {_operand(s.a)}, {_operand(s.b)})")
+    elif isinstance(s, Cast):
+        w.emit(f"{s.out} = {s.x}.to({_dtype(s.dtype)})")
+    elif isinstance(s, Reduce):
+        w.emit(f"{s.out} = tg.{s.kind}({s.x}, {s.axis})")
+    elif isinstance(s, InPlace):
+        w.emit(f"{s.target} {_OPERATOR[s.op]}= {_operand(s.x)}")
+    elif isinstance(s, Assign):
+        w.emit(f"{s.target}.assign({_operand(s.x)})")
+    elif isinstance(s, Alias):
+        w.emit(f"{s.target} = {s.src}")
+    elif isinstance(s, Loop):
+        coord = "(m, None)" if s.axis == 1 else "(None, n)"
+        w.emit(f"g{s.id} = {s.tensor}.tile((BM, BN), {coord})")
+        w.loop_start = len(w.lines)
+        loop_fn = "tg.range" if s.stages == 1 else "tg.pipeline"
+        extra = "" if s.stages == 1 else f", stages={s.stages}"
+        w.emit(f"for i{s.id} in {loop_fn}(g{s.id}.shape[2]{extra}):")
+        w.indent += 1
+        for b in s.body:
+            _statement(w, b, types, s)
+        if not s.body:
+            w.emit("pass")
+        w.indent -= 1
+    elif isinstance(s, Store):
+        _store(w, s, w.program.tensor(s.tensor).dtype)
+    else:
+        raise ValueError(f"unknown statement {s!r}")
+
+
+_COUNTER = [0]
+
+
+def make_kernel(source: str):
+    """Execute kernel source text and return its kernel. The text is registered with
+    linecache under a unique file name, so tegula's errors quote the offending line."""
+    _COUNTER[0] += 1
+    filename = f"<tegula.fuzz kernel {_COUNTER[0]}>"
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    namespace: dict = {"__name__": f"tegula_fuzz_{_COUNTER[0]}"}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 — our own generated text
+    return namespace[KERNEL_NAME], filename
+
+
+def forget_kernel(filename: str) -> None:
+    """Drop a kernel's source from linecache (long runs make tens of thousands)."""
+    linecache.cache.pop(filename, None)
+
+
+__all__ = ["kernel_source", "make_kernel", "forget_kernel", "KERNEL_NAME"]
