@@ -12,8 +12,9 @@ from typing import Any, Iterator
 from tegula.errors import TraceError
 from tegula.ir.ops import ForLoop, IfThen
 from tegula.ir.scalar import Condition, LoopIndex, Scalar, compare
+from tegula.lang.carry import BlockEntry, carry_out
 from tegula.lang.tensors import TileHandle, index_value
-from tegula.lang.trace import TraceContext, current, fail, user_location
+from tegula.lang.trace import Scope, TraceContext, current, fail, user_location
 
 
 class RuntimeLoop:
@@ -38,26 +39,31 @@ class RuntimeLoop:
         loop = ForLoop(var=var, start=self.start, stop=self.stop, step=self.step, body=[],
                        stages=self.stages, loc=self.loc)
         ctx.emit(loop)
-        ctx.open_block(loop.body)
-        return _trace_body_once(ctx, loop, self.label)
+        entry = BlockEntry.capture(ctx)  # the locals of the frame running the `for`
+        scope = ctx.open_block(loop.body, self.label, self.loc)
+        return _trace_body_once(ctx, loop, self.label, entry, scope)
 
 
-def _trace_body_once(ctx: TraceContext, loop: ForLoop, label: str) -> Iterator[LoopIndex]:
-    """Yield the loop index once; the user's body runs between the yield and the resume."""
+def _trace_body_once(ctx: TraceContext, loop: ForLoop, label: str, entry: BlockEntry,
+                     scope: Scope) -> Iterator[LoopIndex]:
+    """Yield the loop index once; the user's body runs between the yield and the resume.
+    Names the body rebound are then carried to the next iteration (tegula.lang.carry)."""
     resumed = False
     try:
         yield loop.var
         resumed = True
     finally:
-        if resumed:
-            ctx.close_block(loop.body)
-        elif ctx.innermost_block is loop.body:
+        if not resumed and ctx.innermost_block is loop.body:
             # Closed without finishing: the body did `break`/`return` (or raised, in which
             # case the driver reports that exception instead of this one).
+            entry.frame = None
             ctx.close_block(loop.body)
             ctx.deferred_error = ctx.deferred_error or TraceError(
                 f"{label}: `break` or `return` inside a run-time loop is not supported (the "
                 f"body is traced once; use tg.if_ to guard work instead)", loop.loc)
+    retarget = carry_out(ctx, entry, scope, loop, loop.body)
+    ctx.close_block(loop.body)
+    retarget()
 
 
 def runtime_range(start: Any, stop: Any = None, step: int = 1) -> RuntimeLoop:
@@ -77,18 +83,30 @@ def pipeline(start: Any, stop: Any = None, step: int = 1, *, stages: int = 2) ->
 
 
 class _Branch:
-    """The context manager behind `tg.if_` / `tg.else_`: traces its block into `ops`."""
+    """The context manager behind `tg.if_` / `tg.else_`: traces its block into `ops` (the
+    `then` or `otherwise` list of `op`); names it rebinds are carried out of it."""
 
-    def __init__(self, ctx: TraceContext, ops: list):
-        self.ctx, self.ops = ctx, ops
+    def __init__(self, ctx: TraceContext, op: IfThen, ops: list, label: str):
+        self.ctx, self.op, self.ops, self.label = ctx, op, ops, label
+        self.entry: BlockEntry | None = None
+        self.scope: Scope | None = None
 
     def __enter__(self) -> None:
-        self.ctx.open_block(self.ops)
+        self.entry = BlockEntry.capture(self.ctx)
+        self.scope = self.ctx.open_block(self.ops, self.label, self.op.loc)
+        if self.label == "tg.if_":
+            self.ctx.branch_scopes[id(self.op)] = self.scope
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
+            then_scope = self.ctx.branch_scopes.get(id(self.op)) \
+                if self.label == "tg.else_" else None
+            retarget = carry_out(self.ctx, self.entry, self.scope, self.op, self.ops,
+                                 then_scope)
             self.ctx.close_block(self.ops)
+            retarget()
         elif self.ctx.innermost_block is self.ops:
+            self.entry.frame = None
             self.ctx.close_block(self.ops)
         return False
 
@@ -108,7 +126,7 @@ def if_(cond: Any) -> _Branch:
         raise fail(label, f"the condition must compare kernel scalars (e.g. k < n), got "
                           f"{cond!r}")
     op = ctx.emit(IfThen(cond=cond, then=[]))
-    return _Branch(ctx, op.then)
+    return _Branch(ctx, op, op.then, label)
 
 
 def else_() -> _Branch:
@@ -119,7 +137,7 @@ def else_() -> _Branch:
     last = block[-1] if block else None
     if not isinstance(last, IfThen) or last.otherwise:
         raise fail(label, "tg.else_ must directly follow a `with tg.if_(...):` block")
-    return _Branch(ctx, last.otherwise)
+    return _Branch(ctx, last, last.otherwise, label)
 
 
 def _equality(op: str, a: Any, b: Any):

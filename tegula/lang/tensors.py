@@ -320,10 +320,25 @@ class RegisterValue(TileHandle):
 
     def __init__(self, tile: RegisterTile):
         self._tile = tile
+        self._expired: str | None = None
 
     @property
     def ir(self) -> RegisterTile:
+        if self._expired is not None:
+            raise fail("a register tile", self._expired)
         return self._tile
+
+    # Run-time control flow re-points handles (tegula.lang.carry): after a loop, the
+    # handle a rebound name holds refers to the tile that carries the name's value.
+    def _retarget(self, tile: RegisterTile) -> None:
+        self._tile = tile
+
+    def _expire(self, message: str) -> None:
+        """Make every later use of this handle a TraceError saying `message`."""
+        self._expired = message
+
+    def __repr__(self) -> str:
+        return describe(self._tile)
 
     def to(self, dtype: DType) -> RegisterValue:
         """This tile converted to `dtype` (a new tile; the same tile if already `dtype`)."""

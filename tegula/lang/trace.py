@@ -11,11 +11,12 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 
 from tegula.errors import SourceLocation, TraceError
 from tegula.ir.ops import Op
-from tegula.ir.values import RegisterTile, SharedAlloc, Tile
+from tegula.ir.values import RegisterTile, SharedAlloc, Tile, describe
 
 # Frames in these folders are tegula's tracing machinery, never the user's kernel; a
 # kernel written inside the package (tegula/kernels) still counts as user code.
@@ -67,6 +68,44 @@ def innermost_frame_is_machinery(tb: TracebackType | None) -> bool:
     return last is not None and _is_machinery(last.tb_frame.f_code.co_filename)
 
 
+@dataclass(eq=False)
+class Scope:
+    """The kernel body, or one block of run-time control flow being traced (a loop body, a
+    `tg.if_` / `tg.else_` branch). A register tile made inside a block belongs to it: once
+    the block is closed the tile holds a value only on the paths that ran the block (none,
+    for a loop that runs zero times), so reading it is an error (`check_readable`)."""
+
+    op: str                     # "tg.range", "tg.pipeline", "tg.if_", "tg.else_", "kernel"
+    loc: SourceLocation | None
+    parent: Scope | None
+    closed: bool = False
+    # Tiles this block carries values into (see tegula.lang.carry), by id.
+    carried: set = field(default_factory=set)
+
+    def within(self, other: Scope) -> bool:
+        """True if this block is `other` or is nested inside it."""
+        scope: Scope | None = self
+        while scope is not None:
+            if scope is other:
+                return True
+            scope = scope.parent
+        return False
+
+    @property
+    def is_loop(self) -> bool:
+        return self.op in ("tg.range", "tg.pipeline")
+
+    @property
+    def what(self) -> str:
+        """`the tg.range loop`, `the tg.if_ block`: how messages name the block."""
+        return f"the {self.op} {'loop' if self.is_loop else 'block'}"
+
+    @property
+    def where(self) -> str:
+        """`the tg.range loop at line 12`: the block and its line, for messages."""
+        return f"{self.what} at line {self.loc.lineno}" if self.loc else self.what
+
+
 class TraceContext:
     """Everything recorded while one kernel body is being traced."""
 
@@ -77,6 +116,9 @@ class TraceContext:
         self.shared_allocs: list[SharedAlloc] = []
         self.register_tiles: list[RegisterTile] = []
         self._written: set[int] = set()     # ids of register tiles some op has written
+        self.scope = Scope("kernel", None, None)   # the innermost open block
+        self._tile_scopes: dict[int, Scope] = {}            # register tile id -> its block
+        self.branch_scopes: dict[int, Scope] = {}           # id(IfThen) -> its tg.if_ block
         self.block_indices: dict = {}        # grid axis -> its BlockIndex (one object each)
         self._counters: dict[str, int] = {}
         # An error noticed where it cannot be raised (a generator being closed by `break`);
@@ -91,14 +133,33 @@ class TraceContext:
         self._blocks[-1].append(op)
         return op
 
-    def open_block(self, ops: list[Op]) -> None:
+    def open_block(self, ops: list[Op], op: str = "block",
+                   loc: SourceLocation | None = None) -> Scope:
+        """Trace the following ops into `ops`, the body of a block of `op` (see `Scope`)."""
         self._blocks.append(ops)
+        self.scope = Scope(op, loc, self.scope)
+        return self.scope
 
     def close_block(self, ops: list[Op]) -> None:
         if self._blocks[-1] is not ops:
             raise TraceError("a tg.range / tg.if_ block was closed out of order (did a loop "
                              "body `break` or `return`?)", user_location())
         self._blocks.pop()
+        self.scope.closed = True
+        self.scope = self.scope.parent
+
+    def emit_before(self, anchor: Op, op: Op) -> Op:
+        """Insert `op` just before `anchor` (an op of an enclosing open block): how a block
+        initializes the tiles it carries values in before it starts."""
+        if op.loc is None:
+            op.loc = anchor.loc
+        for block in reversed(self._blocks):
+            for at in range(len(block) - 1, -1, -1):
+                if block[at] is anchor:
+                    block.insert(at, op)
+                    return op
+        raise TraceError(f"tegula bug: {type(anchor).__name__} is in no open block",
+                         anchor.loc)
 
     @property
     def innermost_block(self) -> list[Op]:
@@ -115,16 +176,50 @@ class TraceContext:
         self._counters[prefix] = n + 1
         return f"{prefix}{n}"
 
-    def add_register_tile(self, tile: RegisterTile) -> RegisterTile:
+    def add_register_tile(self, tile: RegisterTile, scope: Scope | None = None) -> RegisterTile:
+        """Register `tile`, made in the innermost open block (or in `scope`)."""
         self.register_tiles.append(tile)
+        self._tile_scopes[tile.id] = scope or self.scope
         return tile
+
+    def scope_of(self, tile: Tile) -> Scope | None:
+        """The block a register tile was made in (None for tiles made outside tracing)."""
+        return self._tile_scopes.get(tile.id)
+
+    def move_to_scope(self, tile: Tile, scope: Scope) -> None:
+        self._tile_scopes[tile.id] = scope
+
+    def check_readable(self, tile: Tile, op: str) -> None:
+        """A register tile made inside a block that has been closed has no value on the
+        paths that skipped the block: reading it is a TraceError naming both lines."""
+        scope = self._tile_scopes.get(tile.id)
+        if scope is None or not scope.closed:
+            return
+        while scope.parent is not None and scope.parent.closed:
+            scope = scope.parent  # name the outermost closed block: the one the read is past
+        name = handle_name_of(tile)
+        made = f" (made at line {tile.loc.lineno})" if tile.loc else ""
+        if not scope.is_loop:
+            why = ("it has a value only when that branch ran. Define it before the block "
+                   "(or in both tg.if_ and tg.else_) and rebind or update it inside")
+        else:
+            why = ("it has no value if the loop runs zero times. Define it before the loop "
+                   "(e.g. with tg.zeros) and rebind or update it inside, so it is carried "
+                   "out of the loop")
+        raise fail(op, f"{name}{describe(tile)}{made} was computed inside "
+                       f"{scope.where} and is read after that block ended; {why}")
 
     def add_shared_alloc(self, alloc: SharedAlloc) -> SharedAlloc:
         self.shared_allocs.append(alloc)
         return alloc
 
     def mark_written(self, tile: Tile) -> None:
+        """`tile` was wholly written by the op just emitted. A tile of a closed block that
+        is overwritten like this holds a value from here on: it now belongs here."""
         self._written.add(tile.id)
+        scope = self._tile_scopes.get(tile.id)
+        if scope is not None and scope.closed:
+            self._tile_scopes[tile.id] = self.scope
 
     def is_written(self, tile: Tile) -> bool:
         return tile.id in self._written
@@ -149,6 +244,18 @@ def push_context(ctx: TraceContext) -> None:
 def pop_context(ctx: TraceContext) -> None:
     if _active and _active[-1] is ctx:
         _active.pop()
+
+
+def handle_name_of(tile: Tile) -> str:
+    """The name of a local of the user's current frame holding a handle of `tile`, quoted
+    and followed by a space (so an error can name the variable), else ""."""
+    frame = user_frame()
+    if frame is None:
+        return ""
+    for name, value in list(frame.f_locals.items()):
+        if getattr(value, "_tile", None) is tile:
+            return f"`{name}` "
+    return ""
 
 
 def fail(op: str, message: str) -> TraceError:

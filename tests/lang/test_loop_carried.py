@@ -1,0 +1,196 @@
+"""Loop state written the way Triton and JAX users write it: a register tile defined before
+a `tg.range` / `tg.pipeline` and rebound with `=` inside it is carried to the next
+iteration, and holds the last iteration's value after the loop (emulator against numpy on
+random data, every element checked; ragged shapes, tiles smaller than the thread count)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula import f16, f32
+
+INF = float("inf")
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    """Random non-zero f32 data (no element is 0, so a dropped update shows)."""
+    x = np.random.default_rng(seed).uniform(0.25, 1.0, shape)
+    return (x * np.random.default_rng(seed + 1).choice([-1.0, 1.0], shape)).astype(np.float32)
+
+
+def poisoned(*shape: int) -> np.ndarray:
+    """An output no kernel wrote yet: NaN everywhere, so an unwritten element fails."""
+    return np.full(shape, np.nan, np.float32)
+
+
+def chunks(x: np.ndarray, bn: int, fill: float = 0.0) -> list[np.ndarray]:
+    """The column chunks of `x` a kernel tiling it by `bn` sees (the last one padded)."""
+    n = x.shape[1]
+    padded = np.full((x.shape[0], -(-n // bn) * bn), fill, np.float64)
+    padded[:, :n] = x
+    return [padded[:, j:j + bn] for j in range(0, padded.shape[1], bn)]
+
+
+# -- accumulation: acc = acc + x, acc = acc * alpha + x, run = max(run, max(t)) ----------
+@tg.kernel(threads=64)
+def chunk_sum(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8,
+              BN: tg.constexpr = 16):
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.zeros((BM, BN), f32)
+    for k in tg.range(xs.shape[2]):
+        acc = acc + tg.load(xs[:, :, k])
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+@tg.kernel(threads=64)
+def chunk_axpy(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8,
+               BN: tg.constexpr = 16, ALPHA: tg.constexpr = 0.75):
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.full((BM, BN), 0.5, f32)
+    for k in tg.range(xs.shape[2]):
+        acc = acc * ALPHA + tg.load(xs[:, :, k])
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+@tg.kernel(threads=64)
+def running_max(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8,
+                BN: tg.constexpr = 16):
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    run = tg.full((BM, 1), -INF, f32)
+    for k in tg.range(xs.shape[2]):
+        run = tg.maximum(run, tg.max(tg.load(xs[:, :, k], fill=-INF), 1))
+    tg.copy(run, y.tile((BM, 1), (m, 0)))
+
+
+SHAPES = [  # (M, N, BM, BN, threads): ragged edges; a 4x8 tile over 64 threads; 96 threads
+    (13, 70, 8, 16, 64), (5, 9, 4, 8, 64), (33, 100, 16, 32, 96)]
+
+
+@pytest.mark.parametrize("M,N,BM,BN,threads", SHAPES)
+def test_acc_plus_equals_numpy(M, N, BM, BN, threads):
+    x, y = rand(M, N), poisoned(M, BN)
+    tg.emulate(chunk_sum, (tg.cdiv(M, BM),), x, y, BM=BM, BN=BN, threads=threads)
+    np.testing.assert_allclose(y, sum(chunks(x, BN)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("M,N,BM,BN,threads", SHAPES)
+def test_acc_times_alpha_plus_b_equals_numpy(M, N, BM, BN, threads):
+    x, y = rand(M, N, seed=3), poisoned(M, BN)
+    tg.emulate(chunk_axpy, (tg.cdiv(M, BM),), x, y, BM=BM, BN=BN, threads=threads)
+    want = np.full((M, BN), 0.5)
+    for part in chunks(x, BN):
+        want = want * 0.75 + part
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("M,N,BM,BN", [(13, 70, 8, 16), (6, 40, 4, 8)])
+def test_running_max_equals_numpy(M, N, BM, BN):
+    x, y = rand(M, N, seed=5), poisoned(M, 1)
+    tg.emulate(running_max, (tg.cdiv(M, BM),), x, y, BM=BM, BN=BN)
+    np.testing.assert_array_equal(y[:, 0], x.max(axis=1))
+
+
+# -- online softmax, written as a Triton user writes it --------------------------------------
+@tg.kernel(threads=64)
+def softmax_weighted_sum(s: tg.Tensor[f32], v: tg.Tensor[f32], out: tg.Tensor[f32],
+                         BM: tg.constexpr = 4, BN: tg.constexpr = 32):
+    """Per row: sum_j softmax(s)_j * v_j, the row max and the softmax denominator."""
+    m = tg.block_id(0)
+    ss, vs = s.tile((BM, BN), (m, None)), v.tile((BM, BN), (m, None))
+    m_i = tg.full((BM, 1), -INF, f32)
+    l_i = tg.zeros((BM, 1), f32)
+    acc = tg.zeros((BM, 1), f32)
+    for k in tg.range(ss.shape[2]):
+        t = tg.load(ss[:, :, k], fill=-INF)
+        w = tg.load(vs[:, :, k])
+        m_new = tg.maximum(m_i, tg.max(t, 1))
+        alpha = tg.exp(m_i - m_new)
+        p = tg.exp(t - m_new)
+        l_i = l_i * alpha + tg.sum(p, 1)
+        acc = acc * alpha + tg.sum(p * w, 1)
+        m_i = m_new
+    tg.copy(acc / l_i, out.tile((BM, 1), (m, 0)))
+    tg.copy(m_i, out.tile((BM, 1), (m, 1)))
+    tg.copy(l_i, out.tile((BM, 1), (m, 2)))
+
+
+def softmax_reference(s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    s64 = s.astype(np.float64)
+    mx = s64.max(axis=1, keepdims=True)
+    e = np.exp(s64 - mx)
+    return np.concatenate([(e * v).sum(1, keepdims=True) / e.sum(1, keepdims=True), mx,
+                           e.sum(1, keepdims=True)], axis=1)
+
+
+@pytest.mark.parametrize("M,N,BM,BN", [(11, 75, 4, 32), (3, 200, 2, 16)])
+def test_online_softmax_equals_numpy(M, N, BM, BN):
+    s = rand(M, N, seed=7) * 4.0
+    s[0, N - 1] = 9.0   # the row max arrives in the last, ragged chunk: rescaling must work
+    v = rand(M, N, seed=9)
+    out = poisoned(M, 3)
+    with np.errstate(invalid="ignore"):   # rows past M compute -inf - -inf; never stored
+        tg.emulate(softmax_weighted_sum, (tg.cdiv(M, BM),), s, v, out, BM=BM, BN=BN)
+    np.testing.assert_allclose(out, softmax_reference(s, v), rtol=2e-5, atol=1e-6)
+
+
+@tg.kernel(threads=128)
+def attention(q: tg.Tensor[f16], k: tg.Tensor[f16], vt: tg.Tensor[f16], o: tg.Tensor[f32],
+              BM: tg.constexpr = 16, BN: tg.constexpr = 32, D: tg.constexpr = 32):
+    """o = softmax(q @ k.T) @ v, one BM-row block per program (flash-attention's loop)."""
+    m = tg.block_id(0)
+    sq = tg.shared((BM, D), f16)
+    tg.copy(q.tile((BM, D), (m, 0)), sq)
+    ks, vs = k.tile((BN, D), (None, 0)), vt.tile((D, BN), (0, None))
+    sk, sv = tg.shared((BN, D), f16), tg.shared((D, BN), f16)
+    m_i = tg.full((BM, 1), -INF, f32)
+    l_i = tg.zeros((BM, 1), f32)
+    acc = tg.zeros((BM, D), f32)
+    for j in tg.range(ks.shape[2]):
+        tg.copy(ks[:, :, j], sk)
+        tg.copy(vs[:, :, j], sv)
+        s = tg.zeros((BM, BN), f32)
+        tg.gemm(s, sq, sk)
+        m_new = tg.maximum(m_i, tg.max(s, 1))
+        alpha = tg.exp(m_i - m_new)
+        p = tg.exp(s - m_new)
+        l_i = l_i * alpha + tg.sum(p, 1)
+        acc = acc * alpha
+        tg.gemm(acc, p.to(f16), sv)
+        m_i = m_new
+    tg.copy(acc / l_i, o.tile((BM, D), (m, 0)))
+
+
+def attention_inputs(M: int, N: int, D: int):
+    q = (rand(M, D, seed=11) * 0.5).astype(np.float16)
+    k = (rand(N, D, seed=12) * 0.5).astype(np.float16)
+    v = rand(N, D, seed=13).astype(np.float16)
+    s = q.astype(np.float64) @ k.astype(np.float64).T
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    return q, k, np.ascontiguousarray(v.T), want
+
+
+def test_online_softmax_attention_with_gemms_equals_numpy():
+    M, N, D = 40, 96, 32      # M ragged against BM=16; three key blocks of 32
+    q, k, vt, want = attention_inputs(M, N, D)
+    o = poisoned(M, D)
+    tg.emulate(attention, (tg.cdiv(M, 16),), q, k, vt, o)
+    # p is rounded to f16 before the second gemm, as in every flash-attention kernel.
+    np.testing.assert_allclose(o, want, rtol=1e-2, atol=2e-3)
+
+
+def test_attention_cuda_compiles_for_sm_80_with_the_carried_state():
+    from tegula.build import build
+    from tegula.runtime.compiler import available_compilers, compile_cuda
+    result = build(attention, target="sm_80")
+    loop = next(op for op in result.traced.body if type(op).__name__ == "ForLoop")
+    carried = [op for op in loop.body[-3:] if type(op).__name__ == "Copy"]
+    assert len(carried) == 3   # l_i, acc and m_i flow to the next iteration
+    source = result.cuda_source()
+    if not available_compilers():
+        pytest.skip("no CUDA compiler (NVRTC or nvcc) to compile the generated source")
+    assert compile_cuda(source, attention.name, "sm_80")
