@@ -1,4 +1,4 @@
-"""The GEMM of DESIGN.md: a shared-memory pipelined f16 GEMM with f32 accumulation.
+"""The README's GEMM (docs/design.md): a shared-memory pipelined f16 GEMM with f32 accumulation.
 
 c = a @ b.T, with a (M, K) and b (N, K) both K-major. Every layout, swizzle and
 instruction is synthesized: run `tegula explain examples/gemm.py:gemm` to see them.
@@ -41,7 +41,7 @@ def main() -> None:
     c = np.full((97, 130), np.nan, np.float16)
     emulate(gemm, (2, 3), a, b, c, BM=64, BN=64, BK=32)
     assert np.all(np.abs(c - ref) <= bound)
-    print(f"DESIGN gemm (f16, shared pipeline):  max error {np.abs(c - ref).max():.3g}")
+    print(f"README gemm (f16, shared pipeline):  max error {np.abs(c - ref).max():.3g}")
     c = gemm_emulated(a, b, shared=False)
     assert np.all(np.abs(c - ref) <= bound)
     print(f"register-only gemm (f16):            max error {np.abs(c - ref).max():.3g}")
