@@ -1,4 +1,5 @@
-"""The README's GEMM (docs/design.md): a shared-memory pipelined f16 GEMM with f32 accumulation.
+"""The README's GEMM (see docs/design.md): a shared-memory pipelined f16 GEMM with f32
+accumulation.
 
 c = a @ b.T, with a (M, K) and b (N, K) both K-major. Every layout, swizzle and
 instruction is synthesized: run `tegula explain examples/gemm.py:gemm` to see them.
