@@ -15,8 +15,9 @@ directions until nothing changes:
 
 Unlike Hexcute, which drops constraints whose variables are already fixed, every
 constraint is *checked* once all its layouts are known (`check_constraints`); a violated
-one becomes an explicit `Rearrange` (a layout conversion) in front of the op, unless both
-layouts were pinned by the user, which is reported with both source lines.
+one becomes an explicit `Rearrange` (a layout conversion) in front of the op — after it,
+for a reduction whose output layout was fixed elsewhere — unless both layouts were pinned
+by the user, which is reported with both source lines.
 
 The visit order is the op order of the kernel, and anchors are taken in op order, so the
 result does not depend on dictionary or set iteration order.
@@ -184,15 +185,21 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
             for attr in ("body", "then", "otherwise"):
                 if hasattr(op, attr) and isinstance(getattr(op, attr), list):
                     setattr(op, attr, rewrite(getattr(op, attr)))
+            after: list[Rearrange] = []
             for holder, user in operand_constraints(op):
                 h, u = state.get(holder), state.get(user)
                 if h is None or u is None or \
                         layouts_agree(h, _holder_shape(op, holder, user), u, user.shape):
                     continue
+                if isinstance(op, Reduce):
+                    after.append(_reduce_then_convert(op, state, kernel))
+                    continue
                 conversion = _conversion_for(op, holder, user, state, kernel)
                 inserted.append(conversion)
                 result.append(conversion)
             result.append(op)
+            inserted.extend(after)
+            result.extend(after)
         return result
 
     kernel.body = rewrite(kernel.body)
@@ -205,9 +212,6 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
         raise SynthesisError("the layouts you pinned disagree: " +
                              describe_conflict(op, holder, user, state),
                              loc=op.loc, other_loc=holder.loc)
-    if isinstance(op, Reduce):
-        raise SynthesisError("internal: a reduction's output layout was fixed elsewhere: " +
-                             describe_conflict(op, holder, user, state), loc=op.loc)
     needed = state.get(user)
     if tuple(_holder_shape(op, holder, user)) != tuple(user.shape):
         needed = broadcast_layout(needed, user.shape, holder.shape)
@@ -216,6 +220,21 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
     kernel.register_tiles.append(converted)
     _replace_operand(op, holder, converted)
     return Rearrange(holder, converted, loc=op.loc)
+
+
+def _reduce_then_convert(op: Reduce, state: LayoutState, kernel: TracedKernel) -> Rearrange:
+    """A reduction whose output layout was fixed elsewhere (e.g. `rowsum += tg.sum(t, 1)`
+    with `rowsum` laid out like a gemm accumulator's rows and `t` read from shared memory)
+    reduces into a fresh tile laid out as its input's projection, which a `Rearrange`
+    after the op converts into the output's layout."""
+    target = op.out
+    reduced = RegisterTile(target.dtype, tuple(target.shape), f"{target.name}_red", op.loc)
+    state.set(reduced, projected_tv(state.get(op.x), op.x.shape, op.axis),
+              f"reduction of {op.x.name} along axis {op.axis}, then converted into "
+              f"{target.name}'s layout ({state.reasons.get(target.id)})")
+    kernel.register_tiles.append(reduced)
+    op.out = reduced
+    return Rearrange(reduced, target, loc=op.loc)
 
 
 def _holder_shape(op: Op, holder: Tile, user: Tile) -> tuple:
