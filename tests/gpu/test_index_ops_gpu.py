@@ -1,0 +1,90 @@
+"""On the GPU: tile coordinates, broadcasts, kernel scalars in tile arithmetic and
+argmax/argmin give the emulator's bytes exactly, and the arg reductions agree with
+torch.argmax/argmin (NaN counted as the maximum and the minimum, first index on ties) on
+the same data."""
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.dtypes import bf16, f16, f32, i8, i32
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emulate"))
+from gpu_helpers import bits_of, poison, storage_bits, to_device, torch_dtype  # noqa: E402
+from index_kernels import (arg_case, broadcast_case, causal_mask_case,  # noqa: E402
+                           indices_case)
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def run_both(case):
+    """Emulate the case and launch it on the GPU on the same inputs: (host inputs, device
+    inputs, [(emulator bits, GPU bits)] per output, grid, constexprs)."""
+    kernel, grid, inputs, outputs, constexprs, refs = case
+    values = inputs + outputs
+    tensors = [p for p in kernel.params if p.kind in ("tensor", "scalar")]
+    device_args, pairs = [], []
+    for param, value in zip(tensors, values):
+        if param.kind == "scalar":
+            device_args.append(value)
+            continue
+        dt = param.spec.dtype
+        tensor = to_device(value, dt)
+        if any(value is o for o in outputs):
+            poison(tensor)
+            pairs.append((value, tensor, dt))
+        device_args.append(tensor)
+    tg.emulate(kernel, grid, *values, **constexprs)
+    kernel[grid](*device_args, **constexprs)
+    torch.cuda.synchronize()
+    for (host, tensor, dt), ref in zip(pairs, refs):
+        assert np.array_equal(host, ref)   # (no output of these cases is NaN)
+        assert np.array_equal(storage_bits(host, dt), bits_of(tensor, dt))
+    return device_args
+
+
+@pytest.mark.parametrize("shape,threads,BM,BN", [((50, 70), 128, 16, 64), ((7, 5), 128, 4, 8),
+                                                 ((33, 130), 96, 16, 32)])
+def test_masks_and_coordinates_match_the_emulator(rng, shape, threads, BM, BN):
+    run_both(causal_mask_case(rng, shape, threads, BM, BN))
+    run_both(indices_case(rng, shape, threads, BM, BN))
+
+
+def test_broadcasts_match_the_emulator(rng):
+    run_both(broadcast_case(rng, (37, 100), 64, 8, 128))
+
+
+@pytest.mark.parametrize("dtype", [f32, f16, bf16, i8], ids=str)
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("shape,threads,BM,BN", [((50, 70), 128, 16, 32),
+                                                 ((40, 96), 256, 32, 32), ((5, 7), 128, 2, 8)])
+def test_arg_reductions_match_torch_and_the_emulator(rng, dtype, kind, axis, shape, threads,
+                                                     BM, BN):
+    case = arg_case(rng, shape, kind, axis, dtype, threads, BM, BN)
+    x_dev, out_dev = run_both(case)
+    fn = getattr(torch, kind)
+    x_dev = x_dev if dtype != i8 else x_dev.to(torch.int32)
+    grid = case[1]
+    if axis == 1:
+        expected = torch.stack([fn(x_dev[:, n * BN:(n + 1) * BN], dim=1) + n * BN
+                                for n in range(grid[1])], dim=1)
+    else:
+        expected = torch.stack([fn(x_dev[m * BM:(m + 1) * BM], dim=0) + m * BM
+                                for m in range(grid[0])], dim=0)
+    assert torch.equal(out_dev.to(torch.int64), expected.to(torch.int64))
+    assert torch_dtype(i32) == out_dev.dtype
