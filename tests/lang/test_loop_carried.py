@@ -194,3 +194,212 @@ def test_attention_cuda_compiles_for_sm_80_with_the_carried_state():
     if not available_compilers():
         pytest.skip("no CUDA compiler (NVRTC or nvcc) to compile the generated source")
     assert compile_cuda(source, attention.name, "sm_80")
+
+
+# -- zero-trip loops, nested loops, tg.pipeline, in-place updates mixed in --------------------
+@tg.kernel(threads=64)
+def stepped(x: tg.Tensor[f32], y: tg.Tensor[f32], start: int, stop: int,
+            BM: tg.constexpr = 8, BN: tg.constexpr = 16):
+    """acc over chunks start..stop-1 of x's row block (none when stop <= start)."""
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.load(xs[:, :, 0])
+    for k in tg.range(start, stop):
+        acc = acc * 0.5 + tg.load(xs[:, :, k])
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("start,stop", [(1, 4), (2, 2), (3, 1), (0, 1)])
+def test_zero_trip_loops_keep_the_value_from_before(start, stop):
+    M, N, BM, BN = 13, 64, 8, 16
+    x, y = rand(M, N, seed=21), poisoned(M, BN)
+    tg.emulate(stepped, (tg.cdiv(M, BM),), x, y, start, stop)
+    parts = chunks(x, BN)
+    want = parts[0]
+    for k in range(start, stop):
+        want = want * 0.5 + parts[k]
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+
+
+@tg.kernel(threads=64)
+def nested(x: tg.Tensor[f32], y: tg.Tensor[f32], outer: int, BM: tg.constexpr = 4,
+           BN: tg.constexpr = 8, INNER: tg.constexpr = 3):
+    """total = sum_i 0.5^(outer-1-i) * (sum_j 2 * chunk(i*INNER+j)): a carried tile made in
+    the outer body (part), and an outer carried tile (total) rebound in both loops."""
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    total = tg.zeros((BM, BN), f32)
+    for i in tg.range(outer):
+        total = total * 0.5
+        part = tg.zeros((BM, BN), f32)
+        for j in tg.range(INNER):
+            t = tg.load(xs[:, :, i * INNER + j])
+            part = part + t
+            total = total + t
+        total = total + part
+    tg.copy(total, y.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("outer", [0, 1, 3])
+def test_nested_loops_carry_both_levels(outer):
+    M, BM, BN, INNER = 6, 4, 8, 3
+    x, y = rand(M, BN * INNER * 3, seed=31), poisoned(M, BN)
+    tg.emulate(nested, (tg.cdiv(M, BM),), x, y, outer)
+    parts = chunks(x, BN)
+    want = np.zeros((M, BN))
+    for i in range(outer):
+        want = want * 0.5 + 2 * sum(parts[i * INNER:(i + 1) * INNER])
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@tg.kernel(threads=128)
+def decayed_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                 BM: tg.constexpr = 32, BN: tg.constexpr = 32, BK: tg.constexpr = 16,
+                 STAGES: tg.constexpr = 3):
+    """c = sum_k 0.5^(K/BK-1-k) a_k @ b_k.T through multi-stage shared buffers."""
+    m, n = tg.block_id(0), tg.block_id(1)
+    ga, gb = a.tile((BM, BK), (m, None)), b.tile((BN, BK), (n, None))
+    sa = tg.shared((BM, BK), f16, stages=STAGES)
+    sb = tg.shared((BN, BK), f16, stages=STAGES)
+    acc = tg.zeros((BM, BN), f32)
+    for k in tg.pipeline(ga.shape[2], stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        acc = acc * 0.5
+        tg.gemm(acc, sa[k], sb[k])
+    tg.copy(acc, c.tile((BM, BN), (m, n)))
+
+
+def test_pipeline_with_shared_stages_carries_a_rebound_accumulator():
+    M, N, K, BK = 40, 48, 80, 16   # ragged M and N; 5 k-steps through 3 stages
+    a = rand(M, K, seed=41).astype(np.float16)
+    b = rand(N, K, seed=42).astype(np.float16)
+    c = poisoned(M, N)
+    tg.emulate(decayed_gemm, (tg.cdiv(M, 32), tg.cdiv(N, 32)), a, b, c)
+    want = np.zeros((M, N))
+    for k in range(0, K, BK):
+        want = want * 0.5 + a[:, k:k + BK].astype(np.float64) @ b[:, k:k + BK].astype(
+            np.float64).T
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4)
+
+
+@tg.kernel(threads=64)
+def mixed(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8, BN: tg.constexpr = 16):
+    """In-place updates (+=, *=, .assign, tg.copy into the tile) mixed with rebinding."""
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.full((BM, BN), 1.0, f32)
+    inplace = tg.zeros((BM, BN), f32)
+    for k in tg.range(xs.shape[2]):
+        t = tg.load(xs[:, :, k])
+        acc += t              # writes the carried tile
+        acc = acc * 0.5       # rebinding: the next iteration must see it
+        acc *= 2.0
+        acc = acc - 0.25
+        inplace.assign(inplace * 0.5 + t)
+        acc += inplace
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+def test_rebinding_mixed_with_in_place_updates():
+    M, N = 13, 70
+    x, y = rand(M, N, seed=51), poisoned(M, 16)
+    tg.emulate(mixed, (tg.cdiv(M, 8),), x, y)
+    acc, inplace = np.ones((M, 16)), np.zeros((M, 16))
+    for t in chunks(x, 16):
+        acc = ((acc + t) * 0.5) * 2.0 - 0.25
+        inplace = inplace * 0.5 + t
+        acc = acc + inplace
+    np.testing.assert_allclose(y, acc, rtol=1e-5, atol=1e-5)
+
+
+# -- branches, containers, helpers -------------------------------------------------------------
+@tg.kernel(threads=64)
+def branchy(x: tg.Tensor[f32], y: tg.Tensor[f32], limit: int, BM: tg.constexpr = 8,
+            BN: tg.constexpr = 16):
+    """Rebinding inside tg.if_ / tg.else_ in a loop, and a value defined in both branches."""
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.zeros((BM, BN), f32)
+    for k in tg.range(xs.shape[2]):
+        t = tg.load(xs[:, :, k])
+        with tg.if_(k < limit):
+            acc = acc + t
+            step = t * 2.0
+        with tg.else_():
+            acc = acc - t * 0.5
+            step = t * 3.0
+        acc = acc + step
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("limit", [0, 2, 9])
+def test_rebinding_inside_if_and_else_in_a_loop(limit):
+    M, N = 13, 80
+    x, y = rand(M, N, seed=61), poisoned(M, 16)
+    tg.emulate(branchy, (tg.cdiv(M, 8),), x, y, limit)
+    acc = np.zeros((M, 16))
+    for k, t in enumerate(chunks(x, 16)):
+        acc = acc + t + 2 * t if k < limit else acc - 0.5 * t + 3 * t
+    np.testing.assert_allclose(y, acc, rtol=1e-5, atol=1e-5)
+
+
+@tg.kernel(threads=64)
+def containers(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 4,
+               BN: tg.constexpr = 8, PARTS: tg.constexpr = 3):
+    """A list of accumulators updated by an unrolled Python loop, a dict, a tuple."""
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    accs = [tg.zeros((BM, BN), f32) for _ in range(PARTS)]
+    named = {"lo": tg.full((BM, BN), INF, f32), "hi": tg.full((BM, BN), -INF, f32)}
+    pair = (tg.zeros((BM, BN), f32), tg.full((BM, BN), 1.0, f32))
+    for k in tg.range(xs.shape[2]):
+        t = tg.load(xs[:, :, k])
+        for j in range(PARTS):
+            accs[j] = accs[j] * 0.5 + t * (j + 1)
+        named["lo"] = tg.minimum(named["lo"], t)
+        named["hi"] = tg.maximum(named["hi"], t)
+        pair = (pair[0] + t, pair[1] * 0.5)
+    out = accs[0] + accs[1] * 10.0 + accs[2] * 100.0 + named["lo"] * 1000.0 + named["hi"]
+    tg.copy(out + pair[0] * pair[1], y.tile((BM, BN), (m, 0)))
+
+
+def test_lists_dicts_and_tuples_of_tiles_are_carried():
+    M, N = 6, 36
+    x, y = rand(M, N, seed=71), poisoned(M, 8)
+    tg.emulate(containers, (tg.cdiv(M, 4),), x, y)
+    parts = chunks(x, 8)   # the last chunk is 4 wide, padded with zeros as the loads are
+    accs, lo, hi, s, scale = [np.zeros((M, 8)) for _ in range(3)], np.inf, -np.inf, 0.0, 1.0
+    for t in parts:
+        accs = [a * 0.5 + t * (j + 1) for j, a in enumerate(accs)]
+        lo, hi, s, scale = np.minimum(lo, t), np.maximum(hi, t), s + t, scale * 0.5
+    want = accs[0] + accs[1] * 10 + accs[2] * 100 + lo * 1000 + hi + s * scale
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+def accumulate(acc, xs, scale):
+    """A helper with its own loop: its parameter is carried, the caller's tile is not."""
+    for k in tg.range(xs.shape[2]):
+        acc = acc * scale + tg.load(xs[:, :, k])
+    return acc
+
+
+@tg.kernel(threads=64)
+def helper_loops(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8,
+                 BN: tg.constexpr = 16):
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    start = tg.full((BM, BN), 2.0, f32)
+    halves = accumulate(start, xs, 0.5)
+    start = accumulate(start, xs, 1.0)      # `start` itself must still be 2.0 here
+    tg.copy(halves + start * 3.0, y.tile((BM, BN), (m, 0)))
+
+
+def test_a_helper_rebinding_its_parameter_leaves_the_callers_tile_alone():
+    M, N = 13, 70
+    x, y = rand(M, N, seed=81), poisoned(M, 16)
+    tg.emulate(helper_loops, (tg.cdiv(M, 8),), x, y)
+    halves, ones = np.full((M, 16), 2.0), np.full((M, 16), 2.0)
+    for t in chunks(x, 16):
+        halves, ones = halves * 0.5 + t, ones + t
+    np.testing.assert_allclose(y, halves + 3 * ones, rtol=1e-5, atol=1e-5)
