@@ -2,8 +2,8 @@
 
 A leaf module (like `tegula.errors`): every layer — the language, the instruction catalogue,
 lowering, code generation and the emulator — needs to know an element type's width and its
-C spelling, and DESIGN.md's import rules forbid `arch` and `codegen` from reaching into `ir`,
-so the types live here, below all of them.
+C spelling, and the import rules of docs/design.md forbid `arch` and `codegen` from reaching
+into `ir`, so the types live here, below all of them.
 
 Packed 4-bit types (`i4`, `u4`) are storage types: two elements share a byte, element 0 in
 the low nibble. They can be copied and unpacked, not computed on directly.

@@ -68,7 +68,7 @@ class Target:
 
     @property
     def gencode(self) -> str:
-        """The nvcc `-gencode` flag for this target (explicit form, as DESIGN.md asks)."""
+        """The nvcc `-gencode` flag for this target (explicit form, as docs/design.md asks)."""
         arch = f"{self.cc}{self.arch_suffix}"
         return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 

@@ -1,7 +1,7 @@
 """What the GPU suites (gemm, norm, softmax, copy) share: options, timing, checking, the
 device-to-device copy ceiling, the ratio table, and the JSON + PNG record.
 
-Method (`.library/device/METHOD.md`, DESIGN.md "Tests and benchmarks"):
+Method (docs/design.md, "Tests and benchmarks"; measurements in docs/performance.md):
 * fresh random inputs per shape (never zeros), made on the GPU;
 * every implementation's result is checked against a higher-precision torch reference,
   once per shape, before it is timed; its output is poisoned with NaN first where the

@@ -2,7 +2,7 @@
 
 Two dataflows, both with every layout and instruction synthesized:
 
-* `gemm_kernel` — the shared-memory pipeline of DESIGN.md: each k-step's A and B tiles are
+* `gemm_kernel` — the shared-memory pipeline of the README: each k-step's A and B tiles are
   copied into multi-stage shared buffers (cp.async, STAGES - 1 steps ahead) and fed to the
   tensor cores from there (ldmatrix where the layout allows).
 * `gemm_registers_kernel` — no shared memory: each k-step's tiles are loaded from global

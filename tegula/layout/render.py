@@ -1,6 +1,6 @@
 """Pictures of layouts: text grids and SVG.
 
-People read layouts as pictures, so every layout kind renders (DESIGN.md, "Layouts"):
+People read layouts as pictures, so every layout kind renders (docs/design.md, "Layouts"):
 
 - `render_text(layout)`: a plain layout as an aligned grid of offsets.
 - `render_tv_text(tv, tile_shape)`: a thread-value layout as the tile it covers, each cell
