@@ -59,6 +59,9 @@ class EvalOptions:
     wall_seconds: float = 180.0
     explain: bool = False
     keep_dir: str | None = None   # keep the job's files there (for audit) instead of deleting
+    #: Tests of the runtime defenses only: skip the static check so that cheats it would
+    #: reject reach the candidate process (where they must still fail).
+    static_check: bool = True
 
 
 @dataclass
@@ -115,7 +118,7 @@ def evaluate_source(task: Task, source: str, options: EvalOptions | None = None)
     options = options or EvalOptions()
     task_modules = tuple({task.name, *(
         [os.path.splitext(os.path.basename(task.path))[0]] if task.path else [])})
-    findings = check_source(source, task_modules)
+    findings = check_source(source, task_modules) if options.static_check else []
     if findings:
         return Verdict(False, "static", f"the static check rejects the candidate:\n"
                                         f"{format_findings(findings)}")

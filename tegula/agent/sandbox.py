@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import threading
 import traceback
 from typing import Any
@@ -74,6 +75,8 @@ def serve(conn: Any, job_dir: str, cpu_seconds: int, memory_bytes: int,
     os.dup2(log, 1)
     os.dup2(log, 2)
     _set_limits(cpu_seconds, memory_bytes if not use_gpu else 0)
+    guarded = _snapshot_guarded()
+    _forbid_threads()
     state: dict = {"gpu": use_gpu}
     while True:
         try:
@@ -87,7 +90,46 @@ def serve(conn: Any, job_dir: str, cpu_seconds: int, memory_bytes: int,
             reply = HANDLERS[command](state, message)
         except BaseException as err:  # the candidate's failure, whatever it is, is reported
             reply = {"ok": False, "error": _describe(err)}
+        patched = [name for name, (owner, attr, value) in guarded.items()
+                   if getattr(owner, attr, None) is not value]
+        if patched:
+            reply = {"ok": False, "error": f"the candidate patched {', '.join(patched)} "
+                                           f"(timers, synchronization or the harness)"}
         conn.send_bytes(json.dumps(reply).encode())
+
+
+def _snapshot_guarded() -> dict:
+    """The callables a candidate could patch to fake a time or a result: timers, device
+    synchronization, this harness's own checks, numpy's file writer."""
+    import time
+
+    import torch
+
+    from tegula.agent import timing
+
+    owners = {"time": time, "torch.cuda": torch.cuda, "numpy": np, "timing": timing,
+              "sandbox": sys.modules[__name__], "threading.Thread": threading.Thread}
+    names = {"time": ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic"),
+             "torch.cuda": ("synchronize", "Event"), "numpy": ("save", "load"),
+             "timing": ("time_trials", "_CLOCK", "_SYNC"),
+             "sandbox": ("_check_output", "_save_all", "make_audit", "_overlaps"),
+             "threading.Thread": ("start",)}
+    return {f"{owner}.{attr}": (owners[owner], attr, getattr(owners[owner], attr))
+            for owner, attrs in names.items() for attr in attrs}
+
+
+def _forbid_threads() -> None:
+    """Threads escape the torch audit (dispatch modes are per thread) and can finish work
+    after forward returns: starting one is an error in the candidate's process."""
+    import _thread
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the candidate started a thread: threads are not allowed")
+
+    _thread.start_new_thread = refuse
+    threading._start_new_thread = refuse  # what threading.Thread.start calls
+    if hasattr(threading, "_start_joinable_thread"):  # Python 3.13+
+        threading._start_joinable_thread = refuse
 
 
 def _set_limits(cpu_seconds: int, memory_bytes: int) -> None:

@@ -210,9 +210,10 @@ class _Checker(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name, line = node.attr, node.lineno
         is_self = isinstance(node.value, ast.Name) and node.value.id == "self"
-        if name.startswith("__") and name.endswith("__") and name != "__init__":
+        dunder = name.startswith("__") and name.endswith("__")
+        if dunder and name != "__init__":
             self.add(line, "dynamic", f"uses the attribute {name}: introspection is not allowed")
-        elif name.startswith("_") and not is_self:
+        elif name.startswith("_") and not dunder and not is_self:
             self.add(line, "dynamic", f"uses the private attribute .{name}")
         if "stream" in name.lower():
             self.add(line, "stream", f"uses .{name}: streams are not allowed (work on another "

@@ -22,6 +22,17 @@ from typing import Any
 
 _CLOCK = time.perf_counter_ns  # bound at import: a later patch of time.* changes nothing
 
+
+def _bind_sync() -> Any:
+    try:
+        import torch
+        return torch.cuda.synchronize
+    except ImportError:
+        return None
+
+
+_SYNC = _bind_sync()  # likewise for the device-wide synchronization
+
 # Peak numbers by device-name fragment (bytes/s, dense f16 flop/s). Deliberately the
 # generous side of each part (wgmma peak, not mma.sync), so an honest kernel is never
 # flagged; an unknown device gets the largest of them.
@@ -38,14 +49,14 @@ def time_trials(model: Any, input_sets: list, torch: Any) -> tuple[list[float], 
         raise ValueError("timing needs a warm-up input set and at least one timed set")
     flush = l2_emptier(torch)
     model(*input_sets[0])
-    torch.cuda.synchronize()
+    _SYNC()
     times, outputs = [], []
     for inputs in input_sets[1:]:
         flush()
-        torch.cuda.synchronize()
+        _SYNC()
         start = _CLOCK()
         out = model(*inputs)
-        torch.cuda.synchronize()
+        _SYNC()
         times.append((_CLOCK() - start) * 1e-9)
         outputs.append(out)
     return times, outputs
