@@ -278,6 +278,7 @@ def _refuse_rebound_values(entry: BlockEntry, after: dict, scope: Scope) -> None
         if not _is_value(old) or new is old or isinstance(new, LoopIndex) or \
                 _same_number(old, new):
             continue
+        kind = "loop" if scope.is_loop else "block"
         if not scope.is_loop:
             how = ("it cannot depend on a run-time condition. Choose per element with "
                    "tg.where, or keep the value in a register tile defined before the block")
@@ -286,10 +287,10 @@ def _refuse_rebound_values(entry: BlockEntry, after: dict, scope: Scope) -> None
                    "loop index instead (e.g. `off = start + k * BK`), or keep the value in a "
                    "register tile defined before the loop")
         raise TraceError(
-            f"{scope.op}: `{label}` is rebound inside {scope.where} (it was "
-            f"{_show(old)} before the block and is {_show(new)} after it): the body is "
+            f"{scope.op}: `{label}` is rebound inside {scope.where} (it was {_show(old)} "
+            f"before the {kind} and is {_show(new)} at the end of its body): the body is "
             f"traced once, so as a kernel scalar or Python value {how}. If `{label}` is "
-            f"only a temporary inside the block, give it a name not used before it",
+            f"only a temporary inside the {kind}, give it a name not used before it",
             scope.loc)
 
 

@@ -41,6 +41,7 @@ class RuntimeLoop:
         ctx.emit(loop)
         entry = BlockEntry.capture(ctx)  # the locals of the frame running the `for`
         scope = ctx.open_block(loop.body, self.label, self.loc)
+        ctx.loop_scopes[id(var)] = scope
         return _trace_body_once(ctx, loop, self.label, entry, scope)
 
 

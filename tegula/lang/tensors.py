@@ -325,7 +325,7 @@ class RegisterValue(TileHandle):
     @property
     def ir(self) -> RegisterTile:
         if self._expired is not None:
-            raise fail("a register tile", self._expired)
+            raise TraceError(self._expired, user_location())
         return self._tile
 
     # Run-time control flow re-points handles (tegula.lang.carry): after a loop, the

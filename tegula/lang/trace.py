@@ -11,11 +11,12 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from types import FrameType, TracebackType
 
 from tegula.errors import SourceLocation, TraceError
 from tegula.ir.ops import Op
+from tegula.ir.scalar import LoopIndex
 from tegula.ir.values import RegisterTile, SharedAlloc, Tile, describe
 
 # Frames in these folders are tegula's tracing machinery, never the user's kernel; a
@@ -119,6 +120,7 @@ class TraceContext:
         self.scope = Scope("kernel", None, None)   # the innermost open block
         self._tile_scopes: dict[int, Scope] = {}            # register tile id -> its block
         self.branch_scopes: dict[int, Scope] = {}           # id(IfThen) -> its tg.if_ block
+        self.loop_scopes: dict[int, Scope] = {}             # id(LoopIndex) -> its loop body
         self.block_indices: dict = {}        # grid axis -> its BlockIndex (one object each)
         self._counters: dict[str, int] = {}
         # An error noticed where it cannot be raised (a generator being closed by `break`);
@@ -130,8 +132,23 @@ class TraceContext:
         """Append `op` to the innermost open block, stamping the user's line on it."""
         if op.loc is None:
             op.loc = user_location()
+        self._refuse_ended_loop_indices(op)
         self._blocks[-1].append(op)
         return op
+
+    def _refuse_ended_loop_indices(self, op: Op) -> None:
+        """A loop index (and any value computed from it) exists only inside its loop."""
+        for index in _loop_indices(op):
+            scope = self.loop_scopes.get(id(index))
+            if scope is not None and scope.closed:
+                frame = user_frame()
+                names = [n for n, v in frame.f_locals.items() if v is index] if frame else []
+                name = f"`{names[0]}` ({index})" if names else f"`{index}`"
+                raise TraceError(
+                    f"{name}, the index of {scope.where}, is used after that loop ended; a "
+                    f"loop index, and every value computed from it, exists only inside its "
+                    f"loop. Compute what is needed after the loop from the loop bounds",
+                    op.loc)
 
     def open_block(self, ops: list[Op], op: str = "block",
                    loc: SourceLocation | None = None) -> Scope:
@@ -223,6 +240,21 @@ class TraceContext:
 
     def is_written(self, tile: Tile) -> bool:
         return tile.id in self._written
+
+
+def _loop_indices(value, depth: int = 0):
+    """The loop indices an op (or a scalar, tile or view in it) refers to; nested op
+    lists (loop and branch bodies) are not entered."""
+    if isinstance(value, LoopIndex):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if not isinstance(item, Op):
+                yield from _loop_indices(item, depth)
+    elif is_dataclass(value) and not isinstance(value, type) and depth < 8:
+        for f in fields(value):
+            if f.name not in ("loc", "choices", "layout", "alloc", "arg"):
+                yield from _loop_indices(getattr(value, f.name), depth + 1)
 
 
 _active: list[TraceContext] = []
