@@ -215,6 +215,13 @@ def _rebound_tiles(ctx: TraceContext, entry: BlockEntry, after: dict, scope: Sco
 
 def _check_same_type(label: str, old: RegisterTile, new: RegisterTile, scope: Scope) -> None:
     if same_shape(old.shape, new.shape) and old.dtype == new.dtype:
+        if old.pinned and new.pinned and old.layout != new.layout:
+            raise TraceError(
+                f"{scope.op}: `{label}` is carried through {scope.where} in the layout "
+                f"{old.layout} pinned for {describe(old)}{_line(old)}, but is rebound to "
+                f"{describe(new)}, pinned to {new.layout}; a carried tile has one layout. "
+                f"Pin the same layout, or leave one unpinned (the compiler then converts)",
+                new.loc or scope.loc, old.loc)
         return
     if old.dtype != new.dtype and same_shape(old.shape, new.shape):
         change = f"element type {old.dtype} to {new.dtype} (convert with .to({old.dtype}))"

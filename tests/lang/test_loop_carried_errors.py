@@ -216,3 +216,50 @@ def test_a_loop_index_is_refused_after_its_loop():
             pass
     expect(index_after, "# @index-use", f"tg.range loop at line {line_of('# @index-loop')}",
            "is used after that loop ended", "exists only inside its loop")
+
+
+def test_a_carried_tile_keeps_one_pinned_layout():
+    from tegula.layout import Layout
+    col, row = Layout((128, 32), (1, 128)), Layout((128, 32), (32, 1))
+
+    @tg.kernel(threads=128)
+    def k(a: tg.Tensor[f32], c: tg.Tensor[f32]):
+        xs = a.tile((64, 64), (0, None))
+        acc = tg.zeros((64, 64), f32, layout=col)  # @pin-old
+        for j in tg.range(xs.shape[2]):  # @pin-loop
+            acc = tg.rearrange(acc + tg.load(xs[:, :, j]), layout=row)  # @pin-new
+        tg.copy(acc, c.tile((64, 64), (0, 0)))
+
+    with pytest.raises(tg.TraceError) as info:
+        k.trace()
+    text = str(info.value)
+    assert info.value.loc.lineno == line_of("# @pin-new")
+    assert info.value.other_loc.lineno == line_of("# @pin-old")
+    for word in ("`acc`", "(128,32):(1,128)", "(128,32):(32,1)", "one layout",
+                 f"tg.range loop at line {line_of('# @pin-loop')}"):
+        assert word in text, (word, text)
+
+
+def test_a_rebinding_in_another_layout_is_converted():
+    """One side pinned: the carried value is converted, and the answer is right."""
+    from tegula.build import build
+    from tegula.layout import Layout
+
+    @tg.kernel(threads=128)
+    def k(a: tg.Tensor[f32], c: tg.Tensor[f32]):
+        xs = a.tile((64, 64), (0, None))
+        acc = tg.full((64, 64), 0.5, f32, layout=Layout((128, 32), (1, 128)))
+        for j in tg.range(xs.shape[2]):
+            acc = acc * 0.5 + tg.load(xs[:, :, j], layout=Layout((128, 32), (32, 1)))
+        tg.copy(acc, c.tile((64, 64), (0, 0)))
+
+    assert build(k).synthesis.conversions
+    a = np.random.default_rng(5).uniform(0.5, 1.0, (64, 150)).astype(np.float32)
+    c = np.full((64, 64), np.nan, np.float32)
+    tg.emulate(k, (1,), a, c)
+    want = np.full((64, 64), 0.5)
+    for j in range(3):
+        part = np.zeros((64, 64))
+        part[:, :min(64, 150 - 64 * j)] = a[:, 64 * j:64 * j + 64]
+        want = want * 0.5 + part
+    np.testing.assert_allclose(c, want, rtol=1e-6)
