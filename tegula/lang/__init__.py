@@ -9,12 +9,14 @@ records a tile IR op (tegula.ir). The pieces, one job per file:
 * `elementwise` — operators, math functions, `where`, casts, `assign`;
 * `ops`         — making tiles, `copy`, `load`, `gemm`, reductions, `rearrange`, atomics;
 * `indexing`    — coordinates (`arange`, `indices`), `t[None, :]`, rank promotion;
-* `control`     — `range`, `pipeline`, `if_`, `else_`.
+* `control`     — `range`, `pipeline`, `if_`, `else_`;
+* `carry`       — names rebound inside those blocks: carried values, and the errors.
 
-Updating a value across iterations of a run-time loop: the body is traced once, so
-`acc = acc * alpha` only rebinds a Python name to a new tile. Write into the carried tile
-instead — `acc += x` / `acc *= alpha` (in-place element-wise ops), `acc.assign(expr)` (a
-register-to-register copy), `tg.gemm(acc, …)`, `tg.copy(src, acc)` or `tg.fill(acc, v)`.
+Updating a value across iterations of a run-time loop: the body is traced once, yet both
+ways of writing an update work. In-place ops write the tile (`acc += x`, `acc.assign(e)`,
+`tg.gemm(acc, …)`, `tg.copy(src, acc)`, `tg.fill(acc, v)`), and a name rebound with `=`
+(`acc = acc * alpha + x`) is carried to the next iteration and out of the loop by
+`carry` (also through `tg.if_` / `tg.else_` blocks).
 
 Launching: `kernel[grid](*args)` forwards to `tegula.runtime.launch(kernel, grid, *args,
 **kwargs)`; the language itself only traces.

@@ -3,7 +3,9 @@
 Python control flow in a kernel body runs at trace time (it unrolls and specializes). These
 are the run-time forms: a loop yields its symbolic index exactly once, and the ops traced
 while the body runs become the recorded `ForLoop`'s body; `with tg.if_(k < n):` records an
-`IfThen` around the ops of its block.
+`IfThen` around the ops of its block. Each block snapshots the locals of the user's frame
+when it opens and, when it closes, carries the register tiles rebound inside it
+(tegula.lang.carry).
 """
 from __future__ import annotations
 

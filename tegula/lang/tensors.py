@@ -315,8 +315,9 @@ def new_register_tile(shape: tuple, dtype: DType, layout: Any = None) -> Registe
 
 class RegisterValue(TileHandle):
     """A register tile. Arithmetic makes new tiles (`y = x * tg.sigmoid(x)`); in-place
-    operators (`acc += p`) and `acc.assign(expr)` write this tile, which is how a value
-    carried across `tg.range` iterations is updated."""
+    operators (`acc += p`) and `acc.assign(expr)` write this tile. Both carry a value
+    across `tg.range` iterations: a name rebound with `=` in a loop is carried by
+    re-pointing the handle it ends up holding (tegula.lang.carry)."""
 
     def __init__(self, tile: RegisterTile):
         self._tile = tile
