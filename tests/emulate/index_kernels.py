@@ -147,3 +147,21 @@ def arg_case(rng, shape, kind, axis, dtype, threads, BM, BN):
             ref[m] = getattr(np, kind)(block, axis=0) + m * BM
     return arg_kernel(kind, axis, dtype, threads), grid, [x], [poisoned(out_shape, i32)], \
         dict(BM=BM, BN=BN), [ref]
+
+
+@tg.kernel(threads=128)
+def looped_argmax(x: tg.Tensor[f32], out: tg.Tensor[i32], BM: tg.constexpr = 4,
+                  BN: tg.constexpr = 64):
+    """argmax of rows of any length, chunk by chunk: each chunk's tg.argmax plus the loop
+    index's origin, kept where the chunk's maximum beats the running one (a NaN beats any
+    number, and the first NaN stays)."""
+    m = tg.block_id(0)
+    best_val = tg.full((BM, 1), -float("inf"), f32)
+    best_idx = tg.zeros((BM, 1), i32)
+    for j in tg.range(tg.cdiv(x.shape[1], BN)):
+        t = tg.load(x.tile((BM, BN), (m, j)), fill=-float("inf"))
+        v = tg.max(t, 1)
+        better = (v > best_val) | ((v != v) & (best_val == best_val))
+        best_idx = tg.where(better, tg.argmax(t, 1) + j * BN, best_idx)
+        best_val = tg.where(better, v, best_val)
+    tg.copy(best_idx, out.tile((BM, 1), (m, 0)))

@@ -21,7 +21,7 @@ from tegula.lower.thread_ir import Barrier, SharedStore, Shuffle, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from index_kernels import (arg_case, arg_kernel, broadcast_case, causal_mask_case,  # noqa: E402
-                           indices_case)
+                           indices_case, looped_argmax, special_values)
 
 
 @pytest.fixture
@@ -100,6 +100,16 @@ def test_nan_is_the_maximum_and_the_minimum_first_one_wins(rng):
         tg.emulate(arg_kernel(kind, 1, f32, 32), (1, 1), rows, out, BM=8, BN=8)
         expected = {"argmax": [0, 3, 0, 0, 0], "argmin": [0, 3, 0, 0, 3]}[kind]
         assert out.ravel().tolist() == expected, kind
+
+
+@pytest.mark.parametrize("shape", [(10, 300), (3, 64), (9, 1000)])
+def test_argmax_of_long_rows_chunk_by_chunk_with_the_loop_index_as_offset(rng, shape):
+    x = special_values(rng, shape, f32)
+    x[0] = -np.inf                            # a row of only -inf: position 0
+    x[1, 5:] = np.nan                         # NaNs in every chunk: the first one
+    out = np.full((shape[0], 1), -1, np.int32)
+    tg.emulate(looped_argmax, (tg.cdiv(shape[0], 4),), x, out)
+    assert out[:, 0].tolist() == np.argmax(x, axis=1).tolist()
 
 
 def test_arg_reductions_use_shuffles_and_shared_memory_across_warps():

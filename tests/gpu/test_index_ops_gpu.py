@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emulate"))
 from gpu_helpers import bits_of, poison, storage_bits, to_device, torch_dtype  # noqa: E402
 from index_kernels import (arg_case, broadcast_case, causal_mask_case,  # noqa: E402
-                           indices_case)
+                           indices_case, looped_argmax, special_values)
 
 
 @pytest.fixture
@@ -88,3 +88,13 @@ def test_arg_reductions_match_torch_and_the_emulator(rng, dtype, kind, axis, sha
                                 for m in range(grid[0])], dim=0)
     assert torch.equal(out_dev.to(torch.int64), expected.to(torch.int64))
     assert torch_dtype(i32) == out_dev.dtype
+
+
+def test_looped_argmax_matches_torch(rng):
+    x = special_values(rng, (9, 1000), f32)
+    x[1, 5:] = np.nan
+    out = torch.full((9, 1), -1, dtype=torch.int32, device="cuda")
+    x_dev = to_device(x, f32)
+    looped_argmax[(tg.cdiv(9, 4),)](x_dev, out)
+    torch.cuda.synchronize()
+    assert torch.equal(out[:, 0].long(), torch.argmax(x_dev, dim=1))
