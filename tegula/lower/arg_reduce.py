@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tegula.dtypes import bool_, i32
+from tegula.errors import SynthesisError
 from tegula.ir.ops import Reduce
 from tegula.ir.values import describe
 from tegula.layout.tv import distinct_values, match_values, project_flat_indices, tv_table
@@ -33,10 +34,17 @@ ARG_KINDS = ("argmax", "argmin")
 
 
 def lower_any_reduce(ctx: LoweringContext, op: Reduce) -> list:
-    """Every `Reduce`: arg reductions here, sum/max/min in `lower.compute`."""
-    if op.kind in ARG_KINDS:
-        return lower_arg_reduce(ctx, op)
-    return lower_reduce(ctx, op)
+    """Every `Reduce`: arg reductions here, sum/max/min in `lower.compute`. An error that
+    names no line (a thread count the reduction cannot use) gets the reduction's."""
+    try:
+        if op.kind in ARG_KINDS:
+            return lower_arg_reduce(ctx, op)
+        return lower_reduce(ctx, op)
+    except SynthesisError as error:
+        if error.loc is not None or op.loc is None:
+            raise
+        raise SynthesisError(f"tg.{op.kind} of {describe(op.x)} along axis {op.axis}: "
+                             f"{error.message}", loc=op.loc) from None
 
 
 class _Pairs:

@@ -123,9 +123,19 @@ def test_arg_reductions_use_shuffles_and_shared_memory_across_warps():
     assert any(isinstance(s, Barrier) for s in stmts)
 
 
-def test_argmax_with_a_thread_count_that_is_not_a_power_of_two_is_a_clear_error():
-    with pytest.raises(TegulaError, match="power-of-two thread count"):
-        build(arg_kernel("argmax", 1, f32, 96), dict(BM=16, BN=32))
+@pytest.mark.parametrize("kind", ["argmax", "max"])
+def test_a_reduction_over_a_thread_count_that_is_not_a_power_of_two_names_the_line(kind):
+    kernel = arg_kernel("argmax", 1, f32, 96)
+    if kind == "max":
+        @tg.kernel(threads=96)
+        def kernel(x: tg.Tensor[f32], out: tg.Tensor[f32], BM: tg.constexpr = 16,
+                   BN: tg.constexpr = 32):
+            t = tg.load(x.tile((BM, BN), (0, 0)))
+            tg.copy(tg.max(t, 1), out.tile((BM, 1), (0, 0)))
+    with pytest.raises(TegulaError, match="power-of-two thread count") as info:
+        build(kernel, dict(BM=16, BN=32))
+    assert f"tg.{kind} of" in str(info.value) and info.value.loc is not None
+    assert ("tg.argmax(t, axis)" if kind == "argmax" else "tg.max(t, 1)") in info.value.loc.line
 
 
 @tg.kernel(threads=32)
