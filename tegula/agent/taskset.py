@@ -13,6 +13,7 @@ rms, rtol): tight enough that computing an f32 task in f16 fails (f16 rounds at 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from tegula.agent.tasks import Task, task_from_source
 
@@ -205,8 +206,9 @@ def task_names() -> list[str]:
     return [spec.name for spec in SPECS]
 
 
+@lru_cache(maxsize=None)
 def builtin_task(name: str) -> Task:
-    """The built-in task called `name`."""
+    """The built-in task called `name` (one Task object per name: it caches its modules)."""
     spec = _BY_NAME[name]
     return task_from_source(spec.name, task_source(spec))
 
