@@ -61,7 +61,8 @@ def test_matmul_and_copy_on_cpu():
     a, b = _random((37, 40), torch.float16, 3), _random((40, 70), torch.float16, 4)
     c = torch.ops.tegula.matmul(a, b)
     ref = a.double() @ b.double()
-    bound = _ulps(torch.float16) * ref.abs() + 40 * 2.0 ** -24 * (a.double().abs() @ b.double().abs())
+    bound = _ulps(torch.float16) * ref.abs() + \
+        40 * 2.0 ** -24 * (a.double().abs() @ b.double().abs())
     assert c.shape == (37, 70) and torch.all((c.double() - ref).abs() <= bound)
     x = _random((3, 5, 7), torch.bfloat16, 5).transpose(0, 2)  # non-contiguous
     z = torch.ops.tegula.copy(x)
@@ -125,11 +126,50 @@ def test_compile_fullgraph_traces_a_model_without_graph_breaks():
     assert torch.equal(aot(x, w, proj), block(x, w, proj))
 
 
-def test_ops_are_forward_only():
-    x = _random((4, 64)).requires_grad_()
-    y = torch.ops.tegula.softmax(x)
-    with pytest.raises(RuntimeError, match="no autograd formula"):
-        y.sum().backward()
+def _grads(fn, *inputs, upstream):
+    leaves = [t.detach().clone().requires_grad_(t.dtype.is_floating_point) for t in inputs]
+    fn(*leaves).backward(upstream)
+    return [t.grad for t in leaves]
+
+
+def test_row_op_gradients_match_torch_autograd():
+    x, w = _random((6, 130), seed=11, scale=2.0), _random((130,), seed=12)
+    g = _random((6, 130), seed=13)
+    got = _grads(lambda x: torch.ops.tegula.softmax(x), x, upstream=g)
+    want = _grads(lambda x: torch.softmax(x, -1), x.double(), upstream=g.double())
+    assert torch.allclose(got[0].double(), want[0], rtol=1e-5, atol=1e-6)
+    got = _grads(lambda x, w: torch.ops.tegula.rms_norm(x, w, 1e-5), x, w, upstream=g)
+    want = _grads(lambda x, w: torch.nn.functional.rms_norm(x, (130,), w, 1e-5),
+                  x.double(), w.double(), upstream=g.double())
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32
+        assert torch.allclose(a.double(), b, rtol=1e-4, atol=1e-5)
+    got = _grads(lambda x: torch.ops.tegula.copy(x), x.T, upstream=g.T)
+    assert torch.equal(got[0], g.T)
+
+
+def test_matmul_gradients_match_torch_autograd():
+    a, b = _random((20, 36), torch.float16, 14), _random((36, 24), torch.float16, 15)
+    g = _random((20, 24), torch.float16, 16)
+    got = _grads(lambda a, b: torch.ops.tegula.matmul(a, b), a, b, upstream=g)
+    gd, ad, bd = g.double(), a.double(), b.double()
+    for grad, want, magnitude, k in ((got[0], gd @ bd.T, gd.abs() @ bd.abs().T, 24),
+                                     (got[1], ad.T @ gd, ad.abs().T @ gd.abs(), 20)):
+        # f32 accumulation over k terms, then one f16 rounding (half an ulp, 2^-11).
+        bound = 2.0 ** -11 * want.abs() + k * 2.0 ** -24 * magnitude + 1e-7
+        assert grad.dtype == torch.float16 and torch.all((grad.double() - want).abs() <= bound)
+
+
+def test_a_compiled_training_step_differentiates_through_the_ops():
+    def loss_fn(x, w):
+        return torch.ops.tegula.softmax(torch.ops.tegula.rms_norm(x, w, 1e-6)).pow(2).sum()
+
+    x, w = _random((8, 64), seed=17), _random((64,), seed=18)
+    eager = _grads(loss_fn, x, w, upstream=torch.tensor(1.0))
+    compiled = _grads(torch.compile(loss_fn, fullgraph=True, backend="aot_eager"), x, w,
+                      upstream=torch.tensor(1.0))
+    for a, b in zip(eager, compiled):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 # ------------------------------------------------------------------------- tg.torch_op

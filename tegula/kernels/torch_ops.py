@@ -18,9 +18,11 @@ cached launches. What the ops add is what torch's compiler and checks need:
 * a CPU implementation that runs the same kernels in tegula's numpy emulator — slow, for
   tests and for developing without a GPU (`torch.library.opcheck` runs end to end on CPU).
 
-Autograd: none of these ops has a backward kernel, and none registers a formula, so
-`backward()` through them raises torch's error instead of producing a gradient. They are
-forward-only (inference, or code that detaches around them).
+Autograd: each op registers its backward as a formula in torch ops (there are no tegula
+backward kernels yet): matmul's two gradients are `torch.ops.tegula.matmul` calls (f32
+accumulation, rounded to the inputs' dtype, as torch's own half-precision matmul), the
+row ops' gradients are computed in f32 from the saved output (softmax) or inputs
+(RMSNorm) and rounded to the input's dtype, and copy passes its gradient through.
 """
 from __future__ import annotations
 
@@ -175,6 +177,62 @@ def _copy_cpu(x: Tensor) -> Tensor:
         return x.new_empty(x.shape)
     rows = to_numpy(x, dtype).reshape(-1, x.shape[-1] if x.dim() else 1)
     return from_numpy(copy_emulated(rows, dtype), dtype).reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------- autograd
+# Backward formulas in torch ops, each checked against torch's own autograd in
+# tests/test_torch_ops.py. `ctx.needs_input_grad` skips gradients nobody asked for.
+
+def _matmul_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _matmul_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_a = matmul(grad, b.T) if ctx.needs_input_grad[0] else None   # (M, N) @ (N, K)
+    grad_b = matmul(a.T, grad) if ctx.needs_input_grad[1] else None   # (K, M) @ (M, N)
+    return grad_a, grad_b
+
+
+def _rms_norm_setup(ctx, inputs, output) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_backward(ctx, grad):
+    """y = x r w with r = (mean(x²) + eps)^-1/2: dx = r (g w - x r² mean(g w x)),
+    dw = the sum over rows of g x r."""
+    x, weight = ctx.saved_tensors
+    xf, gf, wf = x.float(), grad.float(), weight.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    gw = gf * wf
+    grad_x = r * (gw - xf * r.pow(2) * (gw * xf).mean(-1, keepdim=True))
+    grad_w = (gf * xf * r).reshape(-1, x.shape[-1]).sum(0)
+    return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
+            grad_w.to(weight.dtype) if ctx.needs_input_grad[1] else None, None)
+
+
+def _softmax_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, grad):
+    """dx = y (g - sum(g y)) along the row."""
+    (y,) = ctx.saved_tensors
+    yf, gf = y.float(), grad.float()
+    return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype), None
+
+
+def _copy_backward(ctx, grad):
+    return grad
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+copy.register_autograd(_copy_backward)
 
 
 OPS = {"matmul": matmul, "rms_norm": rms_norm, "softmax": softmax, "copy": copy}
