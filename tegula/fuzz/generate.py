@@ -90,8 +90,12 @@ class Generator:
 
     def _draw(self, label: str) -> Program:
         r = self.rng
-        threads = r.choice(POW2_THREADS + (NPOT_THREADS if self.sw.npot_threads else ()))
-        def dim() -> int:  # non-powers of two now and then: most programs should run
+        # Thread counts and tile dims that are not powers of two now and then: they are
+        # mostly refused (cleanly) where threads share out elements, so most programs
+        # use powers of two and run.
+        npot_threads = self.sw.npot_threads and r.random() < 0.15
+        threads = r.choice(NPOT_THREADS if npot_threads else POW2_THREADS)
+        def dim() -> int:
             npot = self.sw.npot_tiles and r.random() < 0.15
             return r.choice(NPOT_DIMS if npot else POW2_DIMS)
         while True:

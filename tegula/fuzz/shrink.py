@@ -12,8 +12,8 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from tegula.fuzz.program import (Alias, Assign, Binary, InPlace, Invalid, Load, Loop, Num,
-                                 Program, Store, Where, check, defined_names, used_names)
+from tegula.fuzz.program import (Assign, Binary, InPlace, Invalid, Load, Loop, Num, Program,
+                                 Store, Where, check, used_names)
 from tegula.fuzz.runner import Verdict
 
 
@@ -85,6 +85,8 @@ def candidates(p: Program) -> Iterator[Program]:
         out = getattr(s, "out", None)
         if out is not None:
             yield p.with_body(_without_dependents(body, out))
+    # Outputs of something earlier (so what fed the old one can go).
+    yield from _earlier_outputs(p)
     # Simpler statements.
     for path in _paths(p.body):
         s = _at(p.body, path)
@@ -96,6 +98,24 @@ def candidates(p: Program) -> Iterator[Program]:
     used = _tensor_names(p.body)
     if len(used) < len(p.tensors):
         yield replace(p, tensors=tuple(t for t in p.tensors if t.name in used))
+
+
+def _earlier_outputs(p: Program) -> Iterator[Program]:
+    try:
+        types = check(p)
+    except Invalid:
+        return
+    for i, s in enumerate(p.body):
+        if not isinstance(s, Store):
+            continue
+        for earlier in p.body[:i]:
+            name = getattr(earlier, "out", None)
+            if name is None or name == s.x or types[name].dtype == "bool":
+                continue
+            decl = p.tensor(s.tensor)
+            new_decl = replace(decl, dtype=types[name].dtype, shape=types[name].shape)
+            body = p.body[:i] + (replace(s, x=name),) + p.body[i + 1:]
+            yield _retensor(p, decl, new_decl).with_body(body)
 
 
 def _tensor_names(body) -> set:
@@ -159,6 +179,31 @@ def _retensor(p: Program, old, new) -> Program:
     return replace(p, tensors=tuple(new if t is old else t for t in p.tensors))
 
 
+def _statements(body) -> list:
+    out = []
+    for s in body:
+        out.append(s)
+        if isinstance(s, Loop):
+            out += _statements(s.body)
+    return out
+
+
+def cost(p: Program) -> tuple:
+    """What the shrinker minimizes, most important first; every accepted step lowers it,
+    so shrinking ends."""
+    stmts = _statements(p.body)
+    position = {getattr(s, "out", None): i for i, s in enumerate(stmts)}
+    stored = sum(position.get(s.x, 0) for s in stmts if isinstance(s, Store))
+    tile_operands = sum(len(used_names(s)) for s in stmts if not isinstance(s, Loop))
+    fancy = sum((getattr(s, "route", "load") not in ("load", "copy", "transposed"))
+                + (getattr(s, "fill", None) is not None) + (getattr(s, "stages", 1) > 1)
+                for s in stmts)
+    elements = p.M * p.N + sum(t.extent for t in p.tensors)
+    non_f32 = sum(t.dtype != "f32" for t in p.tensors)
+    return (len(stmts), stored, tile_operands, fancy, len(p.tensors), elements,
+            p.BM * p.BN, p.threads, non_f32)
+
+
 def shrink(program: Program, run: Callable[[Program], Verdict], target: Verdict,
            budget_s: float = 60.0, max_runs: int = 400) -> tuple[Program, Verdict, int]:
     """The smallest program found that `run` still judges like `target` (same status and
@@ -171,6 +216,8 @@ def shrink(program: Program, run: Callable[[Program], Verdict], target: Verdict,
         for candidate in candidates(best):
             if runs >= max_runs or time.monotonic() >= deadline:
                 break
+            if cost(candidate) >= cost(best):
+                continue
             try:
                 check(candidate)
             except Invalid:
