@@ -91,12 +91,13 @@ class _Branch:
 
     def __init__(self, ctx: TraceContext, op: IfThen, ops: list, label: str):
         self.ctx, self.op, self.ops, self.label = ctx, op, ops, label
+        self.loc = op.loc if label == "tg.if_" else user_location()
         self.entry: BlockEntry | None = None
         self.scope: Scope | None = None
 
     def __enter__(self) -> None:
         self.entry = BlockEntry.capture(self.ctx)
-        self.scope = self.ctx.open_block(self.ops, self.label, self.op.loc)
+        self.scope = self.ctx.open_block(self.ops, self.label, self.loc)
         if self.label == "tg.if_":
             self.ctx.branch_scopes[id(self.op)] = self.scope
 

@@ -251,7 +251,7 @@ def _loop_indices(value, depth: int = 0):
         for item in value:
             if not isinstance(item, Op):
                 yield from _loop_indices(item, depth)
-    elif is_dataclass(value) and not isinstance(value, type) and depth < 8:
+    elif is_dataclass(value) and not isinstance(value, type) and depth < 200:
         for f in fields(value):
             if f.name not in ("loc", "choices", "layout", "alloc", "arg"):
                 yield from _loop_indices(getattr(value, f.name), depth + 1)

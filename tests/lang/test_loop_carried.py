@@ -403,3 +403,39 @@ def test_a_helper_rebinding_its_parameter_leaves_the_callers_tile_alone():
     for t in chunks(x, 16):
         halves, ones = halves * 0.5 + t, ones + t
     np.testing.assert_allclose(y, halves + 3 * ones, rtol=1e-5, atol=1e-5)
+
+
+def step(acc, t):
+    return acc * 0.5 + t
+
+
+def rebind_locally(acc, t):
+    acc = acc + t   # rebinds the helper's own name only: the caller's acc is unchanged
+    return None
+
+
+@tg.kernel(threads=64)
+def helper_in_body(x: tg.Tensor[f32], y: tg.Tensor[f32], limit: int, BM: tg.constexpr = 8,
+                   BN: tg.constexpr = 16):
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.full((BM, BN), 1.0, f32)
+    for k in tg.range(xs.shape[2]):
+        t = tg.load(xs[:, :, k])
+        acc = step(acc, t)
+        rebind_locally(acc, t * 100.0)
+        with tg.if_(k < limit):       # no else: acc keeps its value where k >= limit
+            acc = acc * 2.0
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+def test_helpers_called_from_the_body_and_an_if_without_else(limit):
+    M, N = 13, 70
+    x, y = rand(M, N, seed=91), poisoned(M, 16)
+    tg.emulate(helper_in_body, (tg.cdiv(M, 8),), x, y, limit)
+    acc = np.ones((M, 16))
+    for k, t in enumerate(chunks(x, 16)):
+        acc = acc * 0.5 + t
+        acc = acc * 2.0 if k < limit else acc
+    np.testing.assert_allclose(y, acc, rtol=1e-5, atol=1e-5)
