@@ -31,8 +31,8 @@ from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, Reshape, Tr
                            walk_ops)
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
-from tegula.layout.tv import (match_values, project_flat_indices, projected_tv, tile_size,
-                              tv_table)
+from tegula.layout.tv import (coalesced_tv, match_values, project_flat_indices, projected_tv,
+                              tile_size, tv_table)
 
 
 @dataclass
@@ -261,5 +261,6 @@ def default_layout_for_unused(tile: RegisterTile, threads: int) -> Layout:
         return Layout((threads, size // threads), (1, threads))
     if threads % size == 0:
         return Layout(((size, threads // size), 1), ((1, 0), 0))
-    raise SynthesisError(f"cannot spread {describe(tile)} ({size} elements) over {threads} "
-                         f"threads evenly", loc=tile.loc)
+    # Sizes that neither divide nor are divided by the thread count (a 5-element tg.arange
+    # over 128 threads): the coalesced partition takes any extents, replicating as needed.
+    return coalesced_tv(tuple(tile.shape), len(tile.shape) - 1, 1, threads)

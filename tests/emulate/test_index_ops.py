@@ -161,3 +161,19 @@ def test_a_reshape_between_two_fixed_layouts_gets_a_conversion(rng):
     body = build(pinned_then_reshaped_into_a_gemm_operand, {}).synthesis.kernel.body
     kinds = [type(op).__name__ for op in body]
     assert kinds.index("Rearrange") == kinds.index("Reshape") - 1
+
+
+@tg.kernel(threads=128)
+def row_sums_of_coordinates(out: tg.Tensor[f32], BM: tg.constexpr = 3, BN: tg.constexpr = 5):
+    unused = tg.arange(BN)                              # constrained by nothing at all
+    grid = tg.indices((BM, BN), 0) * 10 + tg.indices((BM, BN), 1)
+    tg.copy(tg.sum(grid.to(f32), 1), out.tile((BM, 1), (0, 0)))
+
+
+def test_coordinate_tiles_nothing_constrains_get_a_layout_of_any_size():
+    """Tiles of 5 and 15 elements over 128 threads with no anchor (only a reduction of
+    them is stored) take the coalesced partition instead of failing to "spread evenly"."""
+    out = np.full((3, 1), np.nan, np.float32)
+    tg.emulate(row_sums_of_coordinates, (1,), out)
+    r, c = np.indices((3, 5))
+    assert np.array_equal(out[:, 0], (r * 10 + c).sum(axis=1).astype(np.float32))
