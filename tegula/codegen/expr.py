@@ -254,6 +254,8 @@ _FLOAT_UNARY = {"exp": "expf({})", "exp2": "exp2f({})", "log": "logf({})", "log2
                 "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "sin": "sinf({})",
                 "cos": "cosf({})", "tanh": "tanhf({})", "abs": "fabsf({})",
                 "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "neg": "(-{})"}
+#: Float -> integer conversions saturate to the integer type (the emulator's rule).
+_NARROW_INT_RANGE = {"i8": (-128, 127), "u8": (0, 255)}
 _INT_UNARY = {"abs": "abs({})", "neg": "(-{})", "not": "(~{})"}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _BOOL_LOGIC = {"and": "&&", "or": "||", "xor": "!="}
@@ -313,6 +315,11 @@ class ValuePrinter:
             return c if s == "bool" else f"({c} != 0)"
         if s == d:
             return c
+        if s == "float" and dst.name in _NARROW_INT_RANGE:
+            # (int) is cvt.rzi.s32.f32 (saturating, NaN -> 0); storing it in 8 bits would
+            # then wrap (300.0 -> 44), so clamp to the type first, as the emulator does.
+            low, high = _NARROW_INT_RANGE[dst.name]
+            return f"max({low}, min({high}, (int)({c})))"
         return f"({d})({c})"
 
     def _unary(self, v: Unary) -> str:
