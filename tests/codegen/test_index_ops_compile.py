@@ -16,7 +16,7 @@ from tegula.runtime.compiler import available_compilers, compile_cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emulate"))
 from index_kernels import (arg_kernel, broadcast_kernel, causal_mask_kernel,  # noqa: E402
-                           indices_kernel, looped_argmax)
+                           indices_kernel, looped_argmax, scalar_operands)
 
 pytestmark = pytest.mark.skipif(not available_compilers(),
                                 reason="no CUDA compiler (NVRTC or nvcc) installed")
@@ -27,7 +27,8 @@ def kernels():
              ("causal_mask_96_threads", causal_mask_kernel(96), dict(BM=16, BN=32)),
              ("indices", indices_kernel(128), {}),
              ("broadcast", broadcast_kernel(128), {}),
-             ("looped_argmax", looped_argmax, {})]
+             ("looped_argmax", looped_argmax, {}),
+             ("scalar_operands", scalar_operands, {})]
     # Every type's compare-and-select, both axes (lanes only / lanes and warps), both kinds.
     for kind, axis, dtype in (("argmax", 0, f32), ("argmin", 1, f16), ("argmin", 0, bf16),
                               ("argmax", 1, i8)):

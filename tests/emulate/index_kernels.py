@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import tegula as tg
-from tegula.dtypes import DType, f32, i32
+from tegula.dtypes import DType, f32, i8, i32
 from tegula.emulate.values import round_to
 from tegula.kernels.common import poisoned
 
@@ -165,3 +165,25 @@ def looped_argmax(x: tg.Tensor[f32], out: tg.Tensor[i32], BM: tg.constexpr = 4,
         best_idx = tg.where(better, tg.argmax(t, 1) + j * BN, best_idx)
         best_val = tg.where(better, v, best_val)
     tg.copy(best_idx, out.tile((BM, 1), (m, 0)))
+
+
+@tg.kernel(threads=64)
+def scalar_operands(x: tg.Tensor[f32], y: tg.Tensor[f32], z: tg.Tensor[i8], n: int,
+                    BM: tg.constexpr = 8, BN: tg.constexpr = 16):
+    """Kernel scalars as a tg.where value, a tg.maximum operand, an in-place operand, and
+    in i8 arithmetic (converted to i8, products wrap as in C)."""
+    m = tg.block_id(0)
+    t = tg.load(x.tile((BM, BN), (m, 0)))
+    u = tg.maximum(tg.where(t > 0, t, n), m)
+    u += n
+    tg.copy(u, y.tile((BM, BN), (m, 0)))
+    tg.copy(tg.indices((BM, BN), 1).to(i8) * n, z.tile((BM, BN), (m, 0)))
+
+
+def scalar_operands_case(rng, rows: int, n: int):
+    x = rng.standard_normal((rows, 16)).astype(np.float32)
+    block = (np.arange(rows) // 8)[:, None]
+    ref_y = (np.maximum(np.where(x > 0, x, np.float32(n)), block) + n).astype(np.float32)
+    ref_z = (np.indices((rows, 16))[1] * n).astype(np.int64).astype(np.int8)
+    outs = [poisoned((rows, 16), f32), poisoned((rows, 16), i8), n]
+    return scalar_operands, (tg.cdiv(rows, 8),), [x], outs, {}, [ref_y, ref_z]

@@ -21,7 +21,8 @@ from tegula.lower.thread_ir import Barrier, SharedStore, Shuffle, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from index_kernels import (arg_case, arg_kernel, broadcast_case, causal_mask_case,  # noqa: E402
-                           indices_case, looped_argmax, special_values)
+                           indices_case, looped_argmax, scalar_operands_case,
+                           special_values)
 
 
 @pytest.fixture
@@ -57,6 +58,11 @@ def test_causal_mask_from_arange_offsets_and_kernel_scalars(rng, shape, threads,
 def test_indices_along_both_axes_with_offsets_and_an_int_parameter(rng, shape, threads, BM,
                                                                    BN):
     run(indices_case(rng, shape, threads, BM, BN))
+
+
+@pytest.mark.parametrize("rows,n", [(20, 37), (8, -5), (3, 200)])
+def test_kernel_scalars_as_where_values_maximum_and_in_place_operands(rng, rows, n):
+    run(scalar_operands_case(rng, rows, n))
 
 
 @pytest.mark.parametrize("shape,threads,BM,BN", [((50, 70), 128, 16, 128), ((5, 3), 128, 8, 4),

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emulate"))
 from gpu_helpers import bits_of, poison, storage_bits, to_device, torch_dtype  # noqa: E402
 from index_kernels import (arg_case, broadcast_case, causal_mask_case,  # noqa: E402
-                           indices_case, looped_argmax, special_values)
+                           indices_case, looped_argmax, scalar_operands_case,
+                           special_values)
 
 
 @pytest.fixture
@@ -64,8 +65,9 @@ def test_masks_and_coordinates_match_the_emulator(rng, shape, threads, BM, BN):
     run_both(indices_case(rng, shape, threads, BM, BN))
 
 
-def test_broadcasts_match_the_emulator(rng):
+def test_broadcasts_and_scalar_operands_match_the_emulator(rng):
     run_both(broadcast_case(rng, (37, 100), 64, 8, 128))
+    run_both(scalar_operands_case(rng, 20, 37))
 
 
 @pytest.mark.parametrize("dtype", [f32, f16, bf16, i8], ids=str)
