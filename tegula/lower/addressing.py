@@ -177,9 +177,29 @@ def replica_predicate(tv: Layout, thread: Expr = TID) -> Expr | None:
     """True for exactly one thread of each group holding the same elements: the one whose
     coordinate is 0 along every stride-0 (broadcast) sub-mode of the thread mode."""
     conds = []
+    owners = np.ones(tv[0].size, dtype=bool)
+    tids = np.arange(tv[0].size)
     prefix = 1
     for extent, stride in zip(tv[0].flat_shape, tv[0].flat_stride):
         if stride == 0 and extent > 1:
             conds.append(((thread // prefix) % extent).eq(0))
+            owners &= (tids // prefix) % extent == 0
         prefix *= extent
+    _check_one_writer(tv, owners)
     return all_of(conds)
+
+
+def _check_one_writer(tv: Layout, owners: np.ndarray) -> None:
+    """The owners must hold every element exactly once between them: a layout that
+    replicates data other than through stride-0 thread modes would otherwise be written
+    twice (a race) or not at all. Loud rather than silently wrong."""
+    from tegula.errors import SynthesisError
+    from tegula.layout.tv import tv_table
+    table = tv_table(tv)
+    held = [np.unique(row) for row in table[owners]]
+    written = np.concatenate(held) if held else np.zeros(0, dtype=np.int64)
+    if len(np.unique(written)) != len(written) or \
+            not np.array_equal(np.unique(written), np.unique(table)):
+        raise SynthesisError(f"internal: the thread-value layout {tv} replicates elements in "
+                             f"a way the replica predicate cannot single out (each element "
+                             f"needs exactly one writer)")

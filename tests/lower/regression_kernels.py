@@ -176,6 +176,14 @@ def atomic_kernel(dtype: DType, tile: tuple, threads: int):
     return atomic
 
 
+def same_values(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal element for element, NaN equal to NaN, and -0.0 told apart from +0.0."""
+    if got.dtype.kind != "f":
+        return np.array_equal(got, want)
+    return np.array_equal(got, want, equal_nan=True) and \
+        np.array_equal(np.signbit(got), np.signbit(want))
+
+
 def padded(x: np.ndarray, shape: tuple, fill, dtype: DType) -> np.ndarray:
     """x placed top-left in an array of `shape`, the rest `fill` rounded to the type."""
     out = np.full(shape, round_to(np.asarray(fill), dtype)[()], dtype=x.dtype)

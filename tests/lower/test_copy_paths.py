@@ -22,7 +22,8 @@ from tegula.emulate.errors import EmulationError
 from tegula.kernels.common import poisoned, random_input
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from regression_kernels import atomic_kernel, copy_paths_kernel, fills_for, padded  # noqa: E402
+from regression_kernels import (atomic_kernel, copy_paths_kernel, fills_for, padded,  # noqa: E402
+                                same_values)
 
 # (tile, threads): tiles of fewer elements (or vectors) than threads, odd tiles, a thread
 # count that is not a power of two.
@@ -54,7 +55,7 @@ def test_every_copy_path_of_a_small_ragged_tile(dtype, tile, threads):
     x, outs, _ = _run_copy_paths(dtype, tile, threads, fill, extent)
     want = padded(x, outs[0].shape, fill, dtype)
     for name, got in zip(("via shared", "via registers", "via both", "via load"), outs):
-        assert np.array_equal(got, want, equal_nan=dtype.is_float), f"{name}: {got} vs {want}"
+        assert same_values(got, want), f"{name}: {got} vs {want}"
 
 
 @pytest.mark.parametrize("dtype", (f32, f16, i32, i8, u8), ids=str)
@@ -68,7 +69,7 @@ def test_every_fill_value_on_the_cp_async_and_register_paths(dtype):
             kinds |= {k for k in report.by_kind if report.by_kind[k].count}
             want = padded(x, outs[0].shape, fill, dtype)
             for got in outs:
-                assert np.array_equal(got, want, equal_nan=dtype.is_float), (fill, tile)
+                assert same_values(got, want), (fill, tile)
     assert "CpAsync" in kinds  # the path of item 4 was exercised
 
 
@@ -115,3 +116,35 @@ def test_the_emulator_reports_two_writers_of_one_location():
     kernel = ThreadKernel("k", 32, [TensorParam("y", f32, 1, writes=True)], [r], [], body)
     with pytest.raises(EmulationError, match="several writers"):
         run_thread_kernel(kernel, (1, 1, 1), {"y": np.zeros(4, np.float32)}, {})
+
+
+@pytest.mark.parametrize("dtype,fill", [(f32, -float("inf")), (f16, 2.5), (i8, -5)], ids=str)
+def test_pipelined_multi_stage_copies_take_the_fill(dtype, fill):
+    """cp.async copies issued stages-1 iterations ahead (prologue and loop) honour a
+    non-zero fill too: the column sums of x, padded with the fill to whole 8x16 tiles."""
+    acc_t = tg.i32 if dtype == i8 else f32
+
+    @tg.kernel(threads=64)
+    def column_sums(x: tg.Tensor[dtype], out: tg.Tensor[acc_t]):
+        gx = x.tile((8, 16), (None, 0))                 # (8, 16, rows/8)
+        s = tg.shared((8, 16), dtype, stages=3)
+        acc = tg.zeros((8, 16), acc_t)
+        for k in tg.pipeline(gx.shape[2], stages=3):
+            tg.copy(gx[:, :, k], s[k], fill=fill)
+            acc += tg.load(s[k]).to(acc_t)
+        tg.copy(tg.sum(acc, 0), out.tile((1, 16), (0, 0)))
+
+    rng = _seed(dtype, fill)
+    x = random_input(rng, (37, 12), dtype, 2.0)
+    if dtype == i8:
+        x = (x // 16).astype(np.int8)  # keep sums in range
+    out = poisoned((1, 16), acc_t)
+    report = tg.emulate(column_sums, (1,), x, out)
+    full = padded(x, (40, 16), fill, dtype).astype(np.float64)
+    want = full.sum(0, keepdims=True)
+    assert report.kind("CpAsync").count
+    if dtype == i8:
+        assert np.array_equal(out, want.astype(np.int32))
+    else:
+        assert np.allclose(out, want, rtol=1e-5, atol=1e-5) and \
+            np.array_equal(np.isinf(out), np.isinf(want))

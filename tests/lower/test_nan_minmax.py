@@ -39,7 +39,7 @@ def test_nan_propagates_through_max_and_min(dtype, shape, threads):
     want = minmax_reference(x, y)
     for name in NAMES:
         assert np.array_equal(arrays[name], want[name], equal_nan=True), name
-    if threads > 32:  # these shapes reduce across lanes and across warps
+    if shape == (16, 128):  # 256 threads: column reductions cross lanes and warps
         assert report.kind("Shuffle").count and report.kind("SharedStore").count
 
 
