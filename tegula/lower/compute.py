@@ -246,7 +246,9 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
     for v in rows:
         stmts.append(Assign(reg(out_regs, v), Literal(_identity(op.kind, dtype), dtype)))
     first_of = {out_table[:, v].tobytes(): v for v in reversed(rows)}
-    for xv in range(x_regs.size):
+    # Only registers holding an element no earlier register of the thread holds: a layout
+    # that repeats an element in one thread (a broadcast value mode) must count it once.
+    for xv in distinct_values(x.layout):
         target = first_of[out_table[:, int(targets[xv])].tobytes()]
         value = _as(RegRead(reg(x_regs, xv)), dtype)
         stmts.append(Assign(reg(out_regs, target),
