@@ -72,7 +72,8 @@ def _summarize(out: np.ndarray, ref: np.ndarray, error: np.ndarray, what: str,
         return Comparison(True, "", max_error)
     wrong = int(np.count_nonzero(error > 1.0))
     index, got, want, _ = worst[0]
-    kind = "differs" if exact else "exceeds the tolerance"
+    kind = ("differ" if exact else "exceed the tolerance") if wrong > 1 else (
+        "differs" if exact else "exceeds the tolerance")
     return Comparison(False, f"{what}: {wrong} of {error.size} elements {kind} (worst at "
                              f"{list(index)}: got {got!r}, expected {want!r}; max normalized "
                              f"error {max_error:.3g})", max_error, worst)

@@ -11,7 +11,8 @@ it), so the outputs land in the torch tensors exactly as a GPU launch would leav
 This module is the only part of `tegula.agent` a candidate may import.
 
 Every launch is recorded in `LAUNCHES` (kernel, grid, constexprs, shapes) so the evaluator
-can explain the kernels a candidate ran (`tegula explain`'s analysis as profiling summary).
+can explain the kernels a candidate ran (`tegula explain`'s analysis as profiling summary);
+with `DRY_RUN` set, launches are only recorded (the harness's "explain at the GPU size").
 """
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from typing import Any
 #: Launches of this process, oldest first (the evaluator's harness reads and clears it).
 LAUNCHES: list["LaunchRecord"] = []
 MAX_RECORDED = 64
+#: When set (by the evaluator's harness only), launches are recorded but not run: how the
+#: harness learns which kernels a forward call launches at the GPU size, to explain them,
+#: on a machine that could not emulate that size in reasonable time.
+DRY_RUN = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ def launch(kernel: Any, grid: Any, *args: Any, **constexprs: Any) -> Any:
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
     _record(kernel, grid, args, constexprs)
+    if DRY_RUN:
+        return None
     if tensors and all(t.is_cuda for t in tensors):
         return kernel[grid](*args, **constexprs)
     if any(t.is_cuda for t in tensors):

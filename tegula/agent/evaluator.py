@@ -172,10 +172,15 @@ class _Session:
         if self.gpu and self.options.timing_trials > 0:
             verdict.timing = self._timing()
         if self.options.explain:
-            reply = self._ask({"cmd": "explain"}, "explain")
+            reply = self._ask({"cmd": "explain", "inputs": self._real_shapes()}, "explain")
             verdict.profile = reply.get("text", "")
             verdict.predicted_seconds = reply.get("predicted_seconds")
         return verdict
+
+    def _real_shapes(self) -> list[dict]:
+        """The inputs at the "real" size as shapes and dtypes (for the explain summary)."""
+        return [{"shape": list(shape), "dtype": dtype} if shape is not None else {"json": dtype}
+                for shape, dtype in self.task.input_specs("real")]
 
     def _distributions(self) -> list[str]:
         dists = self.task.distributions

@@ -143,12 +143,16 @@ def _set_limits(cpu_seconds: int, memory_bytes: int) -> None:
 
 
 def _describe(err: BaseException) -> str:
-    """An exception as the last frames of its traceback (the candidate's lines show)."""
+    """An exception as its message first, then the candidate's own frames (the library's
+    frames say nothing the model can act on; tegula errors already name the line)."""
     if isinstance(err, MemoryError):
         return "MemoryError: the candidate ran out of its memory limit"
-    lines = traceback.format_exception(type(err), err, err.__traceback__)
-    text = "".join(lines[-6:]).strip()
-    return text[-3000:]
+    message = f"{type(err).__name__}: {err}".strip()
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if f.filename.endswith("candidate.py")]
+    where = "".join(f"\n  candidate.py line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
+                    for f in frames[-4:])
+    return (message[:2500] + where)[:3000]
 
 
 # --------------------------------------------------------------------------- commands
@@ -240,11 +244,23 @@ def _time(state: dict, message: dict) -> dict:
 
 
 def _explain(state: dict, message: dict) -> dict:
-    """`tegula explain` of the kernels the candidate launched (the profiling summary)."""
-    from tegula.agent.device import LAUNCHES
+    """`tegula explain` of the kernels one forward call launches at the given input
+    shapes (the GPU size: launches are recorded, not run, so no data is needed)."""
+    import torch
+
+    from tegula.agent import device
     from tegula.agent.profile import explain_launches
 
-    text, seconds = explain_launches(LAUNCHES, message.get("max_chars", 6000))
+    inputs = [torch.empty(v["shape"], dtype=getattr(torch, v["dtype"])) if "shape" in v
+              else v["json"] for v in message["inputs"]]
+    device.LAUNCHES.clear()
+    device.DRY_RUN = True
+    try:
+        with torch.no_grad():
+            state["model"](*inputs)
+    finally:
+        device.DRY_RUN = False
+    text, seconds = explain_launches(device.LAUNCHES, message.get("max_chars", 6000))
     return {"ok": True, "text": text, "predicted_seconds": seconds}
 
 

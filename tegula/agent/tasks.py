@@ -52,6 +52,7 @@ class Task:
     tolerance: tuple | None = None
     distributions: tuple = DISTRIBUTIONS
     _modules: dict = field(default_factory=dict, repr=False)
+    _specs: dict = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------------- the task's module
     def module(self, size: str = "small") -> types.ModuleType:
@@ -95,6 +96,19 @@ class Task:
         inputs = list(self.module(size).get_inputs())
         generator = torch.Generator().manual_seed(seed ^ 0x5EED)
         return [_distributed(x, distribution, generator) for x in inputs]
+
+    def input_specs(self, size: str) -> list[tuple]:
+        """(shape, dtype name) per tensor input at `size` — (None, value) for the rest —
+        generated once and kept (the real size's data is large; its shapes are not)."""
+        import torch
+
+        key = f"specs:{size}"
+        if key not in self._specs:
+            self._specs[key] = [
+                (tuple(x.shape), str(x.dtype).removeprefix("torch."))
+                if isinstance(x, torch.Tensor) else (None, x)
+                for x in self.make_inputs(size, 0, "normal")]
+        return self._specs[key]
 
     def tolerance_for(self, dtype_name: str) -> tuple[float, float]:
         """(atol relative to rms(reference), rtol) for an output of this dtype."""
