@@ -554,6 +554,22 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0 if verdicts(found)[0][1] else 1
 
 
+# --------------------------------------------------------------------------- tegula agent
+
+def _add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `tegula agent` (its own sub-grammar lives in tegula.agent.cli)."""
+    from tegula.agent.cli import add_arguments
+
+    add_arguments(p)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    """`tegula agent ...`: the loop, `evaluate` or `tasks` (tegula.agent.cli)."""
+    from tegula.agent.cli import run
+
+    return run(args)
+
+
 # --------------------------------------------------------------------------- main
 
 COMMANDS: list[Command] = [
@@ -566,6 +582,9 @@ COMMANDS: list[Command] = [
             "explanation", _add_compile_arguments, _run_compile),
     Command("bench", "run a benchmark suite (on a GPU for kernels)", _add_bench_arguments,
             _run_bench),
+    Command("agent", "write, check and optimize a kernel with a model (tegula.agent); "
+            "`tegula agent evaluate TASK CANDIDATE.py` judges a candidate",
+            _add_agent_arguments, _run_agent),
     Command("doctor", "show what is installed and which of emulate / compile / launch works "
             "here, with the fix for each that does not", _add_doctor_arguments, _run_doctor),
 ]
