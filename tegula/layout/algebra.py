@@ -27,7 +27,7 @@ from tegula.layout import inttuple as it
 from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
 from tegula.layout.inttuple import IntTuple
-from tegula.layout.swizzle import ComposedLayout, Swizzle
+from tegula.layout.swizzle import ComposedLayout, swizzled_left_inverse, swizzled_right_inverse
 
 Tiler = Any  # Layout | leaf | None | tuple of Tiler
 
@@ -466,7 +466,7 @@ def right_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
     prefix `[0, n)` of offsets that `S` maps into `A⁻¹`'s range.
     """
     if isinstance(layout, ComposedLayout):
-        return _checked("right_inverse", lambda: _swizzled_right_inverse(layout), layout)
+        return _checked("right_inverse", lambda: swizzled_right_inverse(layout), layout)
     shapes, strides, order = _sorted_modes(layout)
     index_strides = _prefix(shapes)
     out_shapes: list = []
@@ -501,7 +501,7 @@ def _magnitude_and_sign(stride: Any) -> tuple[Any, int]:
 def _left_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
     """Left inverse without the error wrapping (see `left_inverse`)."""
     if isinstance(layout, ComposedLayout):
-        return _swizzled_left_inverse(layout)
+        return swizzled_left_inverse(layout)
     if _uniform_sign_is_negative(layout):
         # L == -|L| at every index, so L⁻¹(y) == |L|⁻¹(-y) == (-|L|⁻¹)(y).
         inverse = _left_inverse(Layout(layout.shape, _negated(layout.stride)))
@@ -527,40 +527,6 @@ def _left_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
     out_shapes.append(shapes[moving[-1]])
     out_strides.append(index_strides[moving[-1]])
     return coalesce(Layout(tuple(out_shapes), tuple(out_strides)))
-
-
-def _swizzle_parts(layout: ComposedLayout, operation: str) -> tuple[Swizzle, Any, Layout]:
-    """`(swizzle, offset, inner)` of a swizzled layout `S o off o A`, or why it has none."""
-    if not isinstance(layout.outer, Swizzle) or not isinstance(layout.inner, Layout):
-        raise _Inadmissible(f"{operation} of a composed layout needs a Swizzle outside and a "
-                            f"plain layout inside; {layout} has {layout.outer!r} and "
-                            f"{layout.inner!r}")
-    return layout.outer, layout.offset, layout.inner
-
-
-def _swizzled_left_inverse(layout: ComposedLayout) -> ComposedLayout:
-    """`(S o off o A)⁻¹ = A⁻¹ o (-off) o S`: a swizzle is an involution. The result's
-    domain is the composed layout's codomain `[0, cosize)`."""
-    swizzle, offset, inner = _swizzle_parts(layout, "left_inverse")
-    inverse = _left_inverse(inner)
-    codomain = ComposedLayout(swizzle, 0, Layout(layout.cosize))
-    return ComposedLayout(inverse, -offset, codomain)
-
-
-def _swizzled_right_inverse(layout: ComposedLayout) -> Layout | ComposedLayout:
-    """`A⁻¹ o S` on the longest prefix of offsets that `S` keeps inside `A⁻¹`'s range."""
-    swizzle, offset, inner = _swizzle_parts(layout, "right_inverse")
-    if not _known_equal(offset, 0):
-        raise _Inadmissible(f"right_inverse of {layout} needs the offset 0, not {offset}")
-    inverse = right_inverse(inner)
-    n = inverse.size
-    # S permutes aligned blocks of its period, so prefixes that are such blocks (or lie
-    # below the bits S reads) are closed; search the largest closed prefix.
-    while n > 1 and not all(swizzle(i) < n for i in range(n)):
-        n = 1 << ((n - 1).bit_length() - 1)
-    if n <= 1:
-        return Layout(1, 0)
-    return ComposedLayout(inverse, 0, ComposedLayout(swizzle, 0, Layout(n)))
 
 
 def left_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:

@@ -58,6 +58,18 @@ def log2_bytes(n: int, what: str) -> int:
     return n.bit_length() - 1
 
 
+def log2_elem_bits(elem_bytes: float, what: str = "elem_bytes") -> int:
+    """log2 of an element's size in BITS; sub-byte types are given as a fraction of a
+    byte (0.5 for 4-bit data, 0.25 for 2-bit), so ``elem_bytes * 8`` must be a power of
+    two number of bits."""
+    bits = elem_bytes * 8 if isinstance(elem_bytes, (int, float)) else None
+    if isinstance(elem_bytes, bool) or bits is None or bits != int(bits) or \
+            not f2.is_pow2(int(bits)):
+        raise LayoutError(f"{what} must be a power of two number of bytes (a fraction such "
+                          f"as 0.5 for sub-byte types), got {elem_bytes!r}")
+    return int(bits).bit_length() - 1
+
+
 def dim_cols(layout: LinearLayout, name: str) -> list[int]:
     """Packed basis vectors of in dim ``name`` (an absent dim is a size-1 dim: no bits)."""
     return list(layout.bases_packed(name)) if name in layout.in_dims else []
@@ -162,22 +174,27 @@ class BankReport:
         return self.wavefronts * len(self.instructions)
 
 
-def phase_lane_bits(lane_bits: int, vec_bytes: int, banks: int, bank_bytes: int) -> int:
-    """Lane bits of one phase: ``min(lanes, banks*bank_bytes / V)`` consecutive lanes."""
-    wave = banks * bank_bytes
-    if vec_bytes >= wave:
+def phase_lane_bits(lane_bits: int, vec_bytes: float, banks: int, bank_bytes: int) -> int:
+    """Lane bits of one phase: ``min(lanes, banks*bank_bytes / V)`` consecutive lanes.
+
+    ``vec_bytes`` may be a fraction of a byte (a sub-byte vector)."""
+    wave_bits = banks * bank_bytes * 8
+    vec_bits = int(vec_bytes * 8)
+    if vec_bits >= wave_bits:
         return 0
-    return min(lane_bits, (wave // vec_bytes).bit_length() - 1)
+    return min(lane_bits, (wave_bits // vec_bits).bit_length() - 1)
 
 
-def conflict_log2(lane_offsets: list[int], vec_bits: int, elem_bytes: int, banks: int,
+def conflict_log2(lane_offsets: list[int], vec_bits: int, elem_bytes: float, banks: int,
                   bank_bytes: int) -> int:
     """``c = dim(π(Q) ∩ R)``: log2 of the distinct words per touched bank in one phase.
 
-    ``lane_offsets`` are the offsets ``T(lane_j)`` of the phase's lane bits.
+    ``lane_offsets`` are the offsets ``T(lane_j)`` of the phase's lane bits. Addresses are
+    taken in bits, so sub-byte elements (``elem_bytes`` 0.5, ...) work the same way: a
+    vector narrower than a word still occupies its word's bank.
     """
-    e = log2_bytes(elem_bytes, "elem_bytes")
-    wb = log2_bytes(bank_bytes, "bank_bytes")
+    e = log2_elem_bits(elem_bytes)
+    wb = log2_bytes(bank_bytes, "bank_bytes") + 3
     bb = log2_bytes(banks, "banks")
     q = [1 << i for i in range(vec_bits + e)] + [o << e for o in lane_offsets]
     words = f2.span_basis(v >> wb for v in q if v >> wb)

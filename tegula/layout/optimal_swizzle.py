@@ -1,17 +1,18 @@
 """Optimal shared-memory swizzle for a write by one distributed layout and a read by another.
 
 Paper §5.4 / §9.2, in our own formulation. The shared layout ``S`` (offset -> tensor) is
-chosen as an ordered basis of the tensor space, read in four consecutive groups of offset
-bits:
+chosen as an ordered basis of the tensor space, read in consecutive groups of offset bits:
 
-    [ Vec | Lo-extra | Bank | Row ]
-      v     w - v      ...    s = d - log2(elements per wavefront)
+    [ Vec | Ext | Lo-extra | Bank | Row ]
 
-* ``Vec`` (offset bits ``0..v-1``): a basis of ``span(writer_reg) ∩ span(reader_reg)``,
-  so both sides move ``2^v`` consecutive offsets per instruction. ``v`` is the largest
-  possible, capped at 16 bytes — maximal vectorization comes first.
-* ``Lo`` = ``Vec`` + extra bits up to one bank word (``w`` = bits of a 4-byte word, when
-  the vector is narrower than a word). Elements of one word never conflict.
+* ``Vec``: a basis of ``span(writer_reg) ∩ span(reader_reg)``, so both sides move
+  ``2^v`` consecutive offsets per instruction (capped at 16 bytes).
+* ``Ext``: more directions of ONE side's registers, so that side alone moves wider
+  vectors (a writer holding 16-byte rows while the reader holds single elements of a
+  column: the common vector is one element, yet the writer can still store 16 bytes per
+  instruction). Each side's vector is the run of offsets ``0, 1, ...`` its registers hold.
+* ``Lo`` = ``Vec + Ext`` + extra bits up to one bank word: elements of one word never
+  conflict.
 * ``Row``: the offset bits above one 128-byte wavefront. Two lanes of one phase conflict
   exactly when their addresses differ by a nonzero element of ``Row`` modulo ``Lo``.
 * ``Bank``: whatever completes the basis.
@@ -21,17 +22,17 @@ With ``U_X = Lo + span(lane bases of one phase of side X)``, side X pays
 Working modulo ``Lo``, the Row space ``H`` of dimension ``s`` must avoid ``U_A`` and
 ``U_B`` as much as possible. Lemma 9.5 says the best is ``dim(H ∩ U_X) >= s - (n - dim
 U_X)`` for each side (``n`` the dimension modulo ``Lo``), and the construction below
-reaches BOTH bounds at once, so it is optimal for any cost increasing in the two conflict
-degrees:
+reaches BOTH bounds at once:
 
     I = U_A ∩ U_B;  E, F extend I to U_A, U_B (|E| <= |F| after naming);
     C completes U_A + U_B to the whole space;
     H = first s of  C,  G = {e_i ^ f_i},  F beyond |E|,  I beyond Lo,  E.
 
-``C`` and ``G`` touch neither side, the rest of ``F`` only the larger side, and only then
-both. When the vector is narrower than a word, the extra ``Lo`` bits are free; they are
-chosen by trying the few structured candidates (common lane directions first, then one
-side's) and keeping the cheapest — each candidate is scored with the bank model itself.
+The choices the lemma leaves open — how far to extend one side's vector (``Ext``,
+which also changes that side's phase size) and the extra ``Lo`` bits of a narrow vector
+— are few; each candidate is built and scored with the bank model itself, and the
+cheapest kept (see :class:`SwizzleCost` for the order). Element sizes may be sub-byte
+(``elem_bytes=0.5`` for 4-bit data): addresses are modelled in bits.
 """
 from __future__ import annotations
 
@@ -40,61 +41,86 @@ from itertools import combinations
 
 from tegula.layout import f2
 from tegula.layout.banks import (MAX_VECTOR_BYTES, align_outs, conflict_log2, dim_cols,
-                                 leading_units_in_span, log2_bytes, phase_lane_bits,
-                                 shared_solver, to_offsets)
+                                 leading_units_in_span, log2_bytes, log2_elem_bits,
+                                 phase_lane_bits, shared_solver, to_offsets)
 from tegula.layout.errors import LayoutError
 from tegula.layout.linear import LinearLayout
 
 
 @dataclass(frozen=True)
 class SwizzleCost:
-    """How good a shared layout is for a (writer, reader) pair.
+    """How good a shared layout is for a (writer, reader) pair, per warp.
 
-    ``vec_elems``: the common vector (both sides move that many consecutive offsets per
-    instruction, capped at 16 bytes). Wavefronts are per instruction at that vector.
+    Each side accesses shared memory with its own widest vector: ``read_vec_elems`` /
+    ``write_vec_elems`` consecutive offsets held by one thread's registers (capped at
+    16 bytes); ``*_instructions`` is how many such accesses one thread makes, and
+    ``*_wavefronts`` what one access instruction costs the warp (``*_ideal`` without
+    bank conflicts).
     """
 
-    vec_elems: int
+    read_vec_elems: int
+    write_vec_elems: int
     read_wavefronts: int
     write_wavefronts: int
-    ideal_wavefronts: int
+    read_ideal: int
+    write_ideal: int
+    read_instructions: int
+    write_instructions: int
+
+    @property
+    def vec_elems(self) -> int:
+        """The common vector: both sides move this many consecutive offsets at once."""
+        return min(self.read_vec_elems, self.write_vec_elems)
+
+    @property
+    def ideal_wavefronts(self) -> int:
+        """The conflict-free cost of one instruction (the larger side's when they differ)."""
+        return max(self.read_ideal, self.write_ideal)
+
+    @property
+    def total_wavefronts(self) -> int:
+        """Wavefronts of all of one warp's reads and writes."""
+        return (self.read_instructions * self.read_wavefronts
+                + self.write_instructions * self.write_wavefronts)
 
     @property
     def key(self) -> tuple[int, int]:
-        """Sort key, smaller is better: vector width first, then read + write wavefronts."""
-        return (-self.vec_elems, self.read_wavefronts + self.write_wavefronts)
+        """Sort key, smaller is better: fewest access instructions first (maximal
+        vectorization), then fewest wavefronts in total."""
+        return (self.read_instructions + self.write_instructions, self.total_wavefronts)
 
 
-def _vec_cap_bits(elem_bytes: int) -> int:
-    e = log2_bytes(elem_bytes, "elem_bytes")
-    return max(0, (MAX_VECTOR_BYTES >> e).bit_length() - 1) if elem_bytes <= MAX_VECTOR_BYTES else 0
+def _vec_cap_bits(elem_log2_bits: int) -> int:
+    """Offset bits of the widest vector (16 bytes) of elements of ``2^e`` bits."""
+    return max(0, (MAX_VECTOR_BYTES * 8).bit_length() - 1 - elem_log2_bits)
 
 
-def _side_wavefronts(lane_offs: list[int], v: int, elem_bytes: int, banks: int,
-                     bank_bytes: int) -> tuple[int, int]:
-    """(wavefronts, ideal) per instruction of one side, from its lane offsets."""
+def _side_cost(regs: list[int], lanes: list[int], cap: int, elem_bytes: float,
+               banks: int, bank_bytes: int) -> tuple[int, int, int, int]:
+    """(vector bits, wavefronts, ideal, instructions) of one side, from its offsets."""
+    v = leading_units_in_span(regs, cap)
     vbytes = (1 << v) * elem_bytes
-    pbits = phase_lane_bits(len(lane_offs), vbytes, banks, bank_bytes)
-    phases = 1 << (len(lane_offs) - pbits)
-    return phases << conflict_log2(lane_offs[:pbits], v, elem_bytes, banks, bank_bytes), phases
+    pbits = phase_lane_bits(len(lanes), vbytes, banks, bank_bytes)
+    phases = 1 << (len(lanes) - pbits)
+    wavefronts = phases << conflict_log2(lanes[:pbits], v, elem_bytes, banks, bank_bytes)
+    return v, wavefronts, phases, 1 << (f2.rank(regs) - v)
 
 
 def swizzle_cost(shared: LinearLayout, reader: LinearLayout, writer: LinearLayout,
-                 elem_bytes: int, *, banks: int = 32, bank_bytes: int = 4) -> SwizzleCost:
-    """Score ``shared`` for a write by ``writer`` and a read by ``reader``."""
+                 elem_bytes: float, *, banks: int = 32, bank_bytes: int = 4) -> SwizzleCost:
+    """Score ``shared`` for a write by ``writer`` and a read by ``reader``, each side
+    using its own widest vector. ``elem_bytes`` may be a fraction (0.5 for 4-bit)."""
     reader = align_outs(reader, shared, "swizzle_cost")
     writer = align_outs(writer, shared, "swizzle_cost")
     solver = shared_solver(shared)
-    cap = _vec_cap_bits(elem_bytes)
+    cap = _vec_cap_bits(log2_elem_bits(elem_bytes))
     sides = []
     for lay in (reader, writer):
         regs = to_offsets(solver, dim_cols(lay, "register"), "swizzle_cost")
         lanes = to_offsets(solver, dim_cols(lay, "lane"), "swizzle_cost")
-        sides.append((leading_units_in_span(regs, cap), lanes))
-    v = min(s[0] for s in sides)
-    (rw, ideal), (ww, _) = (_side_wavefronts(s[1], v, elem_bytes, banks, bank_bytes)
-                            for s in sides)
-    return SwizzleCost(1 << v, rw, ww, ideal)
+        sides.append(_side_cost(regs, lanes, cap, elem_bytes, banks, bank_bytes))
+    (rv, rw, ri, rn), (wv, ww, wi, wn) = sides
+    return SwizzleCost(1 << rv, 1 << wv, rw, ww, ri, wi, rn, wn)
 
 
 # ----------------------------------------------------------------------------------------
@@ -125,27 +151,62 @@ def _vector_basis(reg_a: list[int], reg_b: list[int], cap: int) -> list[int]:
     return basis[:cap]
 
 
-def _row_space(lo: list[int], ua: list[int], ub: list[int], d: int, s: int) -> list[int]:
-    """The ``s`` Row vectors: C, then G, then the larger side's rest, then shared ones."""
-    ua_star, ub_star = lo + ua, lo + ub
-    inter = _extend(lo, f2.intersection(ua_star, ub_star))  # I beyond Lo
-    i_full = lo + inter
-    e = _extend(i_full, ua)
-    f = _extend(i_full, ub)
+def _one_sided_extensions(vec: list[int], regs: list[int], room: int) -> list[list[int]]:
+    """Ways to widen ONE side's vector past the common ``vec``: up to ``room`` more
+    directions of that side's register span, as ordered lists (longest first).
+
+    The pool is a basis of ``span(regs)`` beyond ``vec`` plus the pairwise sums of its
+    members, so the lower-dimensional choices are not all aligned with register bits.
+    """
+    basis = _extend(vec, regs)
+    pool = basis + [x ^ y for x, y in combinations(basis, 2)]
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for t in range(min(room, len(basis)), 0, -1):
+        for combo in combinations(pool, t):
+            if f2.rank(vec + list(combo)) != len(vec) + t:
+                continue
+            span = tuple(sorted(f2.span_basis(vec + list(combo))))
+            if (t, span) not in seen:
+                seen.add((t, span))
+                out.append(list(combo))
+    return out
+
+
+def _row_space(lo: list[int], lo_a: list[int], lo_b: list[int], ua: list[int],
+               ub: list[int], d: int, s: int) -> list[int]:
+    """The ``s`` Row vectors: C, then G, then the larger side's rest, then shared ones.
+
+    Side X's conflicts are ``dim(Row ∩ U_X)`` with ``U_X`` = its OWN low bits ``lo_x``
+    (its vector, or a word if wider) plus its phase lanes; the sides are compared modulo
+    the smaller of the two low spaces (inside both). All low bits ``lo`` are a direction
+    Row must never take, so the preference order is walked keeping only vectors
+    independent of ``lo`` and of those already taken.
+    """
+    ua_star, ub_star = lo_a + ua, lo_b + ub
+    base = lo_a if len(lo_a) <= len(lo_b) else lo_b
+    inter = _extend(base, f2.intersection(ua_star, ub_star))  # I beyond the common low
+    i_full = base + inter
+    e = _extend(i_full, ua_star)
+    f = _extend(i_full, ub_star)
     if len(e) > len(f):
         e, f = f, e
     g = [x ^ y for x, y in zip(e, f)]
     c = f2.complement(ua_star + ub_star, d)
-    order = c + g + f[len(e):] + inter + e
-    return order[:s]
+    rows: list[int] = []
+    for v in c + g + f[len(e):] + inter + e + f2.complement(lo, d):
+        if len(rows) == s:
+            break
+        if f2.rank(lo + rows + [v]) == len(lo) + len(rows) + 1:
+            rows.append(v)
+    return rows
 
 
-def _build(vec: list[int], extra: list[int], ua: list[int], ub: list[int], d: int,
-           wave_bits: int) -> list[int]:
-    """Offset columns ``Vec | extra | Bank | Row`` for one choice of the extra Lo bits."""
-    lo = vec + extra
+def _build(lo: list[int], lo_a: list[int], lo_b: list[int], ua: list[int], ub: list[int],
+           d: int, wave_bits: int) -> list[int]:
+    """Offset columns ``Lo | Bank | Row`` for one choice of the low bits."""
     s = max(0, d - max(wave_bits, len(lo)))
-    rows = _row_space(lo, ua, ub, d, s)
+    rows = _row_space(lo, lo_a, lo_b, ua, ub, d, s)
     bank = f2.complement(lo + rows, d)
     return lo + bank + rows
 
@@ -167,14 +228,24 @@ def _extra_candidates(vec: list[int], ua: list[int], ub: list[int], d: int,
     return out or [[]]
 
 
-def optimal_swizzle(reader: LinearLayout, writer: LinearLayout, elem_bytes: int, *,
+def _phase_lanes(layout: LinearLayout, vec_bits: int, elem_bytes: float, banks: int,
+                 bank_bytes: int) -> list[int]:
+    """The nonzero lane bases of one phase of ``layout`` at a vector of ``vec_bits``."""
+    lanes = dim_cols(layout, "lane")
+    pbits = phase_lane_bits(len(lanes), (1 << vec_bits) * elem_bytes, banks, bank_bytes)
+    return [x for x in lanes[:pbits] if x]
+
+
+def optimal_swizzle(reader: LinearLayout, writer: LinearLayout, elem_bytes: float, *,
                     banks: int = 32, bank_bytes: int = 4) -> LinearLayout:
-    """A shared layout (``offset`` -> tensor) with maximal common vectorization and then
-    minimal read + write bank conflicts for ``writer`` storing and ``reader`` loading.
+    """A shared layout (``offset`` -> tensor) with the fewest access instructions (each
+    side at its widest vector, common or one-sided) and then the fewest bank-conflict
+    wavefronts, for ``writer`` storing and ``reader`` loading.
 
     Both are distributed layouts (register, lane, warp -> tensor) of the same tensor; the
-    result uses ``reader``'s out dims. See the module doc for the construction and why it
-    is optimal.
+    result uses ``reader``'s out dims. ``elem_bytes`` may be a fraction of a byte (0.5
+    for 4-bit data). See the module doc for the construction; the tests check it against
+    exhaustive enumeration of every shared layout of small tensors.
     """
     writer = align_outs(writer, reader, "optimal_swizzle")
     d = reader.total_out_bits
@@ -183,28 +254,34 @@ def optimal_swizzle(reader: LinearLayout, writer: LinearLayout, elem_bytes: int,
             raise LayoutError(
                 f"optimal_swizzle: the {name} layout does not cover the whole tensor "
                 f"(rank {lay.rank()} < {d}), so shared memory would hold unknown values")
-    e = log2_bytes(elem_bytes, "elem_bytes")
-    wave_bits = max(0, (banks * bank_bytes).bit_length() - 1 - e)
-    word_bits = max(0, log2_bytes(bank_bytes, "bank_bytes") - e)
-    vec = _vector_basis(dim_cols(reader, "register"), dim_cols(writer, "register"),
-                        _vec_cap_bits(elem_bytes))
-    v = len(vec)
-    vbytes = (1 << v) * elem_bytes
-    sides = []
-    for lay in (reader, writer):
-        lanes = dim_cols(lay, "lane")
-        pbits = phase_lane_bits(len(lanes), vbytes, banks, bank_bytes)
-        sides.append([x for x in lanes[:pbits] if x])
-    ua, ub = sides
-    k = min(max(word_bits, v), d) - v
+    e = log2_elem_bits(elem_bytes)
+    wave_bits = max(0, (banks * bank_bytes * 8).bit_length() - 1 - e)
+    word_bits = max(0, log2_bytes(bank_bytes, "bank_bytes") + 3 - e)
+    cap = _vec_cap_bits(e)
+    regs = (dim_cols(reader, "register"), dim_cols(writer, "register"))
+    vec = _vector_basis(regs[0], regs[1], cap)
+    # (low bits, reader vector bits, writer vector bits): the common vector alone, or
+    # widened on one side.
+    lows = [(vec, len(vec), len(vec))]
+    for side in (0, 1):
+        for ext in _one_sided_extensions(vec, regs[side], cap - len(vec)):
+            widths = [len(vec), len(vec)]
+            widths[side] += len(ext)
+            lows.append((vec + ext, widths[0], widths[1]))
     best = None
-    for extra in _extra_candidates(vec, ua, ub, d, k):
-        cols = _build(vec, extra, ua, ub, d, wave_bits)
-        shared = LinearLayout.from_packed({"offset": cols}, list(reader.out_dims.items()))
-        key = swizzle_cost(shared, reader, writer, elem_bytes, banks=banks,
-                           bank_bytes=bank_bytes).key
-        if best is None or key < best[0]:
-            best = (key, shared)
+    for low, rv, wv in lows:
+        ua = _phase_lanes(reader, rv, elem_bytes, banks, bank_bytes)
+        ub = _phase_lanes(writer, wv, elem_bytes, banks, bank_bytes)
+        k = min(max(word_bits, len(low)), d) - len(low)
+        for extra in _extra_candidates(low, ua, ub, d, k):
+            lo = low + extra  # each side's own low bits: its vector, or a word if wider
+            cols = _build(lo, lo[:max(word_bits, rv)], lo[:max(word_bits, wv)], ua, ub, d,
+                          wave_bits)
+            shared = LinearLayout.from_packed({"offset": cols}, list(reader.out_dims.items()))
+            key = swizzle_cost(shared, reader, writer, elem_bytes, banks=banks,
+                               bank_bytes=bank_bytes).key
+            if best is None or key < best[0]:
+                best = (key, shared)
     return best[1]
 
 

@@ -229,4 +229,48 @@ def swizzle_for_row_bytes(row_bytes: int, element_bytes: int) -> Swizzle:
     return Swizzle(bits, base, 3)
 
 
-__all__ = ["Swizzle", "ComposedLayout", "make_swizzled_layout", "swizzle_for_row_bytes"]
+def _swizzle_parts(layout: ComposedLayout, operation: str) -> tuple:
+    """`(swizzle, offset, inner)` of a swizzled layout `S o off o A`, or why it has none."""
+    from tegula.layout.algebra import _Inadmissible
+    from tegula.layout.cute import Layout
+
+    if not isinstance(layout.outer, Swizzle) or not isinstance(layout.inner, Layout):
+        raise _Inadmissible(f"{operation} of a composed layout needs a Swizzle outside and a "
+                            f"plain layout inside; {layout} has {layout.outer!r} and "
+                            f"{layout.inner!r}")
+    return layout.outer, layout.offset, layout.inner
+
+
+def swizzled_left_inverse(layout: ComposedLayout) -> ComposedLayout:
+    """`(S o off o A)⁻¹ = A⁻¹ o (-off) o S` (a swizzle is an involution), for
+    `algebra.left_inverse`. The result's domain is the codomain `[0, cosize)`."""
+    from tegula.layout.algebra import _left_inverse
+    from tegula.layout.cute import Layout
+
+    swizzle, offset, inner = _swizzle_parts(layout, "left_inverse")
+    codomain = ComposedLayout(swizzle, 0, Layout(layout.cosize))
+    return ComposedLayout(_left_inverse(inner), -offset, codomain)
+
+
+def swizzled_right_inverse(layout: ComposedLayout) -> Any:
+    """`A⁻¹ o S` on the longest prefix of offsets that `S` keeps inside the range of
+    `A`'s right inverse, for `algebra.right_inverse`."""
+    from tegula.layout.algebra import _Inadmissible, right_inverse
+    from tegula.layout.cute import Layout
+
+    swizzle, offset, inner = _swizzle_parts(layout, "right_inverse")
+    if not _same(offset, 0):
+        raise _Inadmissible(f"right_inverse of {layout} needs the offset 0, not {offset}")
+    inverse = right_inverse(inner)
+    n = inverse.size
+    # S permutes aligned blocks of its period, so prefixes that are such blocks (or lie
+    # below the bits S reads) are closed; search the largest closed prefix.
+    while n > 1 and not all(swizzle(i) < n for i in range(n)):
+        n = 1 << ((n - 1).bit_length() - 1)
+    if n <= 1:
+        return Layout(1, 0)
+    return ComposedLayout(inverse, 0, ComposedLayout(swizzle, 0, Layout(n)))
+
+
+__all__ = ["Swizzle", "ComposedLayout", "make_swizzled_layout", "swizzle_for_row_bytes",
+           "swizzled_left_inverse", "swizzled_right_inverse"]

@@ -71,8 +71,9 @@ def oracle_wavefronts(shared, dist, elem_bytes, vec, banks=32, bank_bytes=4) -> 
     groups: dict[int, set[int]] = {}
     for r in range(regs):
         groups.setdefault(off(0, r) // vec, set()).add(r)
-    vbytes = vec * elem_bytes
-    per_phase = max(1, min(lanes, banks * bank_bytes // vbytes))
+    # addresses in bits, so sub-byte elements (elem_bytes 0.5, ...) are modelled too
+    elem_bits, word_bits = int(elem_bytes * 8), bank_bytes * 8
+    per_phase = max(1, min(lanes, banks * word_bits // (vec * elem_bits)))
     out = []
     for g, rs in sorted(groups.items()):
         total = 0
@@ -83,8 +84,8 @@ def oracle_wavefronts(shared, dist, elem_bytes, vec, banks=32, bank_bytes=4) -> 
                 # the group is one aligned contiguous vector in every lane (linearity)
                 assert len(offs) == vec and min(offs) % vec == 0 and max(offs) - min(offs) == vec - 1
                 for o in offs:
-                    for b in range(o * elem_bytes, (o + 1) * elem_bytes):
-                        w = b // bank_bytes
+                    for b in range(o * elem_bits, (o + 1) * elem_bits):
+                        w = b // word_bits
                         by_bank.setdefault(w % banks, set()).add(w)
             total += max(len(ws) for ws in by_bank.values())
         out.append(total)

@@ -15,11 +15,11 @@ from tegula.layout.linear import LinearLayout
 from tegula.layout.optimal_swizzle import optimal_swizzle, swizzle_cost
 
 try:
-    from tests.layout.test_banks import (make_dist, make_shared, oracle_wavefronts,
+    from tests.layout.test_banks import (ROWCOL32, make_dist, make_shared, oracle_wavefronts,
                                          rand_invertible, rand_permutation_cols)
 except ImportError:  # pytest puts this folder on sys.path when tests/ is no package
-    from test_banks import (make_dist, make_shared, oracle_wavefronts, rand_invertible,
-                            rand_permutation_cols)
+    from test_banks import (ROWCOL32, make_dist, make_shared, oracle_wavefronts,
+                            rand_invertible, rand_permutation_cols)
 
 
 @lru_cache(maxsize=None)
@@ -50,6 +50,59 @@ def rand_dist(nb, lane, warp, rng, outs, zero=False):
     return make_dist(cols, reg, lane, warp, outs)
 
 
+@lru_cache(maxsize=None)
+def _family_inverses() -> tuple:
+    """For EVERY shared layout of a 16-element tensor (each invertible 4x4 matrix S), the
+    columns of S⁻¹ (tensor bit -> offset), computed once for all the exhaustive tests."""
+    out = []
+    for cols in all_invertible(4):
+        e = f2.eliminate(cols)
+        out.append(tuple(e.solve(1 << j) for j in range(4)))
+    return tuple(out)
+
+
+def exhaustive_best(outs, reader, writer, eb, **kw):
+    """The best key over every shared layout of a 16-element tensor (20160 of them).
+
+    Same per-side cost as `swizzle_cost` (its `_side_cost`), with each layout's inverse
+    precomputed instead of re-eliminated per call: 20160 calls would take seconds."""
+    from tegula.layout.banks import dim_cols, log2_elem_bits
+    from tegula.layout.optimal_swizzle import SwizzleCost, _side_cost, _vec_cap_bits
+
+    assert reader.out_dim_names == writer.out_dim_names == [n for n, _ in outs]
+    cap = _vec_cap_bits(log2_elem_bits(eb))
+    sides = [(dim_cols(lay, "register"), dim_cols(lay, "lane")) for lay in (reader, writer)]
+    best = None
+    for inv in _family_inverses():
+        costs = [_side_cost([f2.mat_vec(inv, c) for c in regs],
+                            [f2.mat_vec(inv, c) for c in lanes], cap, eb, kw["banks"],
+                            kw["bank_bytes"]) for regs, lanes in sides]
+        (rv, rw, ri, rn), (wv, ww, wi, wn) = costs
+        key = SwizzleCost(1 << rv, 1 << wv, rw, ww, ri, wi, rn, wn).key
+        best = key if best is None or key < best else best
+    return best
+
+
+def test_exhaustive_shortcut_agrees_with_swizzle_cost():
+    """The shortcut's key for a layout is swizzle_cost's key (checked on a sample)."""
+    from tegula.layout.banks import dim_cols, log2_elem_bits
+    from tegula.layout.optimal_swizzle import SwizzleCost, _side_cost, _vec_cap_bits
+    rng = random.Random(7)
+    outs = [("col", 4), ("row", 4)]
+    for eb in (0.5, 2):
+        reader, writer = rand_dist(4, 2, 0, rng, outs), rand_dist(4, 2, 0, rng, outs)
+        for i in rng.sample(range(len(all_invertible(4))), 200):
+            inv = _family_inverses()[i]
+            costs = [_side_cost([f2.mat_vec(inv, c) for c in dim_cols(lay, "register")],
+                                [f2.mat_vec(inv, c) for c in dim_cols(lay, "lane")],
+                                _vec_cap_bits(log2_elem_bits(eb)), eb, 2, 2)
+                     for lay in (reader, writer)]
+            (rv, rw, ri, rn), (wv, ww, wi, wn) = costs
+            shared = make_shared(list(all_invertible(4)[i]), outs)
+            assert SwizzleCost(1 << rv, 1 << wv, rw, ww, ri, wi, rn, wn) == \
+                swizzle_cost(shared, reader, writer, eb, banks=2, bank_bytes=2)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_tiny_exhaustive(seed):
     # 16 elements, 4 lanes, 4 registers; a 2-bank x 2-byte "wavefront" makes conflicts bite
@@ -60,7 +113,44 @@ def test_tiny_exhaustive(seed):
     eb = [1, 2][seed % 2]
     kw = dict(banks=2, bank_bytes=2)
     got = swizzle_cost(optimal_swizzle(reader, writer, eb, **kw), reader, writer, eb, **kw).key
-    assert got == best_in_family(all_invertible(4), outs, reader, writer, eb, **kw)
+    assert got == exhaustive_best(outs, reader, writer, eb, **kw)
+
+
+# One side holds a contiguous run in its registers, the other holds single elements along
+# another direction (or none): only one side can vectorize. Written as (register, lane)
+# columns over the 4 bits of a 4x4 tensor (col bits 1, 2; row bits 4, 8).
+ONE_SIDED = [
+    # vectorized side: 4 contiguous cols in registers; other side: a column in registers
+    ([1, 2], [4, 8], [4, 8], [1, 2]),
+    # ... other side: no registers at all, lanes along rows first
+    ([1, 2], [4, 8], [], [4, 8, 1, 2]),
+    # ... other side: one register down a column, lanes mixing both dims
+    ([1, 2], [8, 4], [8], [1, 4, 2]),
+    # two contiguous elements vs a transposed pair
+    ([1], [2, 4, 8], [4], [8, 1, 2]),
+    # a run of 8 elements vs single elements
+    ([1, 2, 4], [8], [8], [1, 2, 4]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, eb, vectorized", [
+    (0, 1, "writer"), (1, 1, "reader"), (1, 2, "writer"), (2, 1, "reader"),
+    (2, 0.5, "writer"), (3, 0.5, "reader"), (4, 2, "writer"), (4, 0.5, "reader"),
+])
+def test_one_sided_vectorization_exhaustive(case, eb, vectorized):
+    """Never beaten by ANY shared layout of the tensor, including sub-byte elements
+    (0.5 bytes: 4-bit data), whichever side is the one that vectorizes."""
+    vreg, vlane, oreg, olane = ONE_SIDED[case]
+    outs = [("col", 4), ("row", 4)]
+    vec_side = make_dist(vreg + vlane, len(vreg), len(vlane), 0, outs)
+    other = make_dist(oreg + olane, len(oreg), len(olane), 0, outs)
+    reader, writer = (other, vec_side) if vectorized == "writer" else (vec_side, other)
+    kw = dict(banks=2, bank_bytes=2)
+    got = swizzle_cost(optimal_swizzle(reader, writer, eb, **kw), reader, writer, eb, **kw)
+    assert got.key == exhaustive_best(outs, reader, writer, eb, **kw)
+    # some side does use the longest run (fewest instructions comes first)
+    assert max(got.read_vec_elems, got.write_vec_elems) == min(1 << len(vreg), int(16 / eb))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -86,10 +176,11 @@ def test_sampled_family_never_better(seed):
         family = [rand_invertible(8, rng) for _ in range(80)]
         family += [rand_permutation_cols(8, rng) for _ in range(40)]
         assert got.key <= best_in_family(family, outs, reader, writer, eb, **kw), (seed, eb)
-        # the F2 cost agrees with the enumeration oracle
-        v = got.vec_elems
-        assert set(oracle_wavefronts(opt, reader, eb, v, 8, 4)) == {got.read_wavefronts}
-        assert set(oracle_wavefronts(opt, writer, eb, v, 8, 4)) == {got.write_wavefronts}
+        # the F2 cost agrees with the enumeration oracle, each side at its own vector
+        assert set(oracle_wavefronts(opt, reader, eb, got.read_vec_elems, 8, 4)) == \
+            {got.read_wavefronts}
+        assert set(oracle_wavefronts(opt, writer, eb, got.write_vec_elems, 8, 4)) == \
+            {got.write_wavefronts}
 
 
 def xor_swizzles(nbits, row_lo, lo=0):
@@ -131,7 +222,9 @@ def test_mma_fragment_via_row_major_write_is_conflict_free():
     s = optimal_swizzle(reader, writer, 2)
     cost = swizzle_cost(s, reader, writer, 2)
     assert cost.vec_elems == 2  # only col bit 0 is in registers on both sides
-    assert cost.read_wavefronts == cost.write_wavefronts == cost.ideal_wavefronts == 1
+    # ... but one side still moves 16 bytes (8 elements) per instruction
+    assert max(cost.read_vec_elems, cost.write_vec_elems) == 8
+    assert cost.read_wavefronts == cost.read_ideal and cost.write_wavefronts == cost.write_ideal
     # the plain row-major layout is NOT conflict free for this reader
     plain = make_shared([1 << i for i in range(8)], outs)
     assert bank_conflicts(plain, reader, 2, vec_elems=2) > 1
@@ -154,10 +247,10 @@ def test_wide_tile_mma_read_16b_write():
          "warp": [c(4), c(5)]}, outs)
     s = optimal_swizzle(reader, writer, 2)
     cost = swizzle_cost(s, reader, writer, 2)
-    assert cost.vec_elems == 2
-    assert cost.read_wavefronts == cost.write_wavefronts == 1
-    assert set(oracle_wavefronts(s, reader, 2, 2)) == {1}
-    assert set(oracle_wavefronts(s, writer, 2, 2)) == {1}
+    assert cost.vec_elems == 2 and max(cost.read_vec_elems, cost.write_vec_elems) == 8
+    assert cost.read_wavefronts == cost.read_ideal and cost.write_wavefronts == cost.write_ideal
+    assert set(oracle_wavefronts(s, reader, 2, cost.read_vec_elems)) == {cost.read_ideal}
+    assert set(oracle_wavefronts(s, writer, 2, cost.write_vec_elems)) == {cost.write_ideal}
 
 
 def test_transpose_fp32_full_vectors():
@@ -175,6 +268,63 @@ def test_transpose_fp32_full_vectors():
     cost = swizzle_cost(s, reader, writer, 4)
     assert cost.vec_elems == 4
     assert cost.read_wavefronts == cost.write_wavefronts == 4  # the ideal for 16 B
+
+
+def test_one_sided_16_byte_writes_32x32_f32():
+    """Regression (issue 8): the writer holds 16-byte row vectors, the reader single
+    elements down a column. The old construction kept only the common (1-element)
+    vector in the low offset bits, so the writer's 16-byte stores cost 16 wavefronts
+    per warp; 4 (the minimum for 512 bytes) with conflict-free reads exists."""
+    c = lambda i: 1 << i  # noqa: E731
+    r = lambda i: 1 << (5 + i)  # noqa: E731
+    writer = LinearLayout.from_packed(
+        {"register": [c(0), c(1)], "lane": [r(0), r(3), c(3), r(4), c(4)],
+         "warp": [r(2), r(1), c(2)]}, ROWCOL32)
+    reader = LinearLayout.from_packed(
+        {"register": [r(0), r(1)], "lane": [r(4), r(2), c(4), c(0), c(1)],
+         "warp": [r(3), c(3), c(2)]}, ROWCOL32)
+    cost = swizzle_cost(optimal_swizzle(reader, writer, 4), reader, writer, 4)
+    # one side 4-wide (the reader's 4 registers down a column may take the vector just as
+    # well: same instructions, same wavefronts), and no conflicts on either side
+    assert cost.key == (5, 8)
+    assert cost.read_wavefronts == cost.read_ideal and cost.write_wavefronts == cost.write_ideal
+    # with one element per reader thread, only the writer can vectorize: it must
+    reader = LinearLayout.from_packed(
+        {"register": [], "lane": [r(4), r(2), c(4), c(0), c(1)],
+         "warp": [r(3), c(3), c(2), r(0), r(1)]}, ROWCOL32)
+    s = optimal_swizzle(reader, writer, 4)
+    cost = swizzle_cost(s, reader, writer, 4)
+    assert cost.write_vec_elems == 4 and cost.read_vec_elems == 1
+    assert cost.write_wavefronts == 4 and cost.read_wavefronts == 1
+    assert set(oracle_wavefronts(s, writer, 4, 4)) == {4}
+    assert set(oracle_wavefronts(s, reader, 4, 1)) == {1}
+
+
+def test_4_bit_elements_vectorize_and_avoid_conflicts():
+    """Sub-byte data (elem_bytes=0.5): a 64x64 tile of 4-bit values, written as 16-byte
+    (32-element) row chunks and read through another register assignment; both sides
+    at their full vector width, conflict-free."""
+    outs = [("col", 64), ("row", 64)]
+    c = lambda i: 1 << i  # noqa: E731
+    r = lambda i: 1 << (6 + i)  # noqa: E731
+    writer = LinearLayout.from_packed(
+        {"register": [c(0), c(1), c(2), c(3), c(4), r(5)], "lane": [c(5), r(0), r(1), r(2),
+                                                                   r(3)],
+         "warp": [r(4)]}, outs)
+    reader = LinearLayout.from_packed(
+        {"register": [c(0), c(1), c(2), r(3), r(4), r(5)], "lane": [r(0), r(1), r(2), c(3),
+                                                                   c(4)],
+         "warp": [c(5)]}, outs)
+    s = optimal_swizzle(reader, writer, 0.5)
+    cost = swizzle_cost(s, reader, writer, 0.5)
+    # both hold cols 0-7 and row bit 5 in registers: a common 16-element vector, which
+    # one side widens to 32 elements (16 bytes)
+    assert cost.vec_elems == 16 and max(cost.write_vec_elems, cost.read_vec_elems) == 32
+    assert cost.write_wavefronts == cost.write_ideal
+    assert cost.read_wavefronts == cost.read_ideal
+    assert set(oracle_wavefronts(s, writer, 0.5, cost.write_vec_elems)) == \
+        {cost.write_wavefronts}
+    assert set(oracle_wavefronts(s, reader, 0.5, cost.read_vec_elems)) == {cost.read_wavefronts}
 
 
 def test_not_surjective_is_rejected():
