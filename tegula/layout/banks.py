@@ -219,16 +219,23 @@ def _vector_slots(t_reg: list[int], vec_bits: int) -> list[tuple[int, tuple[int,
     return [(base, tuple(regs)) for base, regs in sorted(groups.items())]
 
 
-def bank_report(shared: LinearLayout, distributed: LinearLayout, elem_bytes: int, *,
+def vector_cap_bits(elem_bytes: float) -> int:
+    """Offset bits of the widest vector (16 bytes) of elements of ``elem_bytes`` bytes
+    (a fraction for sub-byte types)."""
+    return max(0, (MAX_VECTOR_BYTES * 8).bit_length() - 1 - log2_elem_bits(elem_bytes))
+
+
+def bank_report(shared: LinearLayout, distributed: LinearLayout, elem_bytes: float, *,
                 vec_elems: int | None = None, banks: int = 32,
                 bank_bytes: int = 4) -> BankReport:
-    """The full per-instruction breakdown of :func:`bank_conflicts` (see module doc)."""
-    e = log2_bytes(elem_bytes, "elem_bytes")
+    """The full per-instruction breakdown of :func:`bank_conflicts` (see module doc).
+
+    ``elem_bytes`` may be a fraction of a byte for sub-byte types (0.5 for 4-bit)."""
+    cap = vector_cap_bits(elem_bytes)
     distributed = align_outs(distributed, shared, "bank_conflicts")
     solver = shared_solver(shared)
     t_reg = to_offsets(solver, dim_cols(distributed, "register"), "bank_conflicts")
     t_lane = to_offsets(solver, dim_cols(distributed, "lane"), "bank_conflicts")
-    cap = max(0, (MAX_VECTOR_BYTES >> e).bit_length() - 1) if elem_bytes <= MAX_VECTOR_BYTES else 0
     best = leading_units_in_span(t_reg, cap)
     if vec_elems is None:
         v = best
@@ -253,7 +260,7 @@ def bank_report(shared: LinearLayout, distributed: LinearLayout, elem_bytes: int
     return BankReport(elem_bytes, 1 << v, phases, wf, phases, instrs, aligned)
 
 
-def bank_conflicts(shared: LinearLayout, distributed: LinearLayout, elem_bytes: int, *,
+def bank_conflicts(shared: LinearLayout, distributed: LinearLayout, elem_bytes: float, *,
                    vec_elems: int | None = None, banks: int = 32, bank_bytes: int = 4) -> int:
     """Wavefronts one warp needs per shared-memory access instruction (paper §9.2).
 

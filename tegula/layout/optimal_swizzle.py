@@ -42,7 +42,8 @@ from itertools import combinations
 from tegula.layout import f2
 from tegula.layout.banks import (MAX_VECTOR_BYTES, align_outs, conflict_log2, dim_cols,
                                  leading_units_in_span, log2_bytes, log2_elem_bits,
-                                 phase_lane_bits, shared_solver, to_offsets)
+                                 phase_lane_bits, shared_solver, to_offsets,
+                                 vector_cap_bits)
 from tegula.layout.errors import LayoutError
 from tegula.layout.linear import LinearLayout
 
@@ -90,11 +91,6 @@ class SwizzleCost:
         return (self.read_instructions + self.write_instructions, self.total_wavefronts)
 
 
-def _vec_cap_bits(elem_log2_bits: int) -> int:
-    """Offset bits of the widest vector (16 bytes) of elements of ``2^e`` bits."""
-    return max(0, (MAX_VECTOR_BYTES * 8).bit_length() - 1 - elem_log2_bits)
-
-
 def _side_cost(regs: list[int], lanes: list[int], cap: int, elem_bytes: float,
                banks: int, bank_bytes: int) -> tuple[int, int, int, int]:
     """(vector bits, wavefronts, ideal, instructions) of one side, from its offsets."""
@@ -113,7 +109,7 @@ def swizzle_cost(shared: LinearLayout, reader: LinearLayout, writer: LinearLayou
     reader = align_outs(reader, shared, "swizzle_cost")
     writer = align_outs(writer, shared, "swizzle_cost")
     solver = shared_solver(shared)
-    cap = _vec_cap_bits(log2_elem_bits(elem_bytes))
+    cap = vector_cap_bits(elem_bytes)
     sides = []
     for lay in (reader, writer):
         regs = to_offsets(solver, dim_cols(lay, "register"), "swizzle_cost")
@@ -257,7 +253,7 @@ def optimal_swizzle(reader: LinearLayout, writer: LinearLayout, elem_bytes: floa
     e = log2_elem_bits(elem_bytes)
     wave_bits = max(0, (banks * bank_bytes * 8).bit_length() - 1 - e)
     word_bits = max(0, log2_bytes(bank_bytes, "bank_bytes") + 3 - e)
-    cap = _vec_cap_bits(e)
+    cap = vector_cap_bits(elem_bytes)
     regs = (dim_cols(reader, "register"), dim_cols(writer, "register"))
     vec = _vector_basis(regs[0], regs[1], cap)
     # (low bits, reader vector bits, writer vector bits): the common vector alone, or

@@ -66,11 +66,11 @@ def exhaustive_best(outs, reader, writer, eb, **kw):
 
     Same per-side cost as `swizzle_cost` (its `_side_cost`), with each layout's inverse
     precomputed instead of re-eliminated per call: 20160 calls would take seconds."""
-    from tegula.layout.banks import dim_cols, log2_elem_bits
-    from tegula.layout.optimal_swizzle import SwizzleCost, _side_cost, _vec_cap_bits
+    from tegula.layout.banks import dim_cols, vector_cap_bits
+    from tegula.layout.optimal_swizzle import SwizzleCost, _side_cost
 
     assert reader.out_dim_names == writer.out_dim_names == [n for n, _ in outs]
-    cap = _vec_cap_bits(log2_elem_bits(eb))
+    cap = vector_cap_bits(eb)
     sides = [(dim_cols(lay, "register"), dim_cols(lay, "lane")) for lay in (reader, writer)]
     best = None
     for inv in _family_inverses():
@@ -85,8 +85,8 @@ def exhaustive_best(outs, reader, writer, eb, **kw):
 
 def test_exhaustive_shortcut_agrees_with_swizzle_cost():
     """The shortcut's key for a layout is swizzle_cost's key (checked on a sample)."""
-    from tegula.layout.banks import dim_cols, log2_elem_bits
-    from tegula.layout.optimal_swizzle import SwizzleCost, _side_cost, _vec_cap_bits
+    from tegula.layout.banks import dim_cols, vector_cap_bits
+    from tegula.layout.optimal_swizzle import SwizzleCost, _side_cost
     rng = random.Random(7)
     outs = [("col", 4), ("row", 4)]
     for eb in (0.5, 2):
@@ -95,7 +95,7 @@ def test_exhaustive_shortcut_agrees_with_swizzle_cost():
             inv = _family_inverses()[i]
             costs = [_side_cost([f2.mat_vec(inv, c) for c in dim_cols(lay, "register")],
                                 [f2.mat_vec(inv, c) for c in dim_cols(lay, "lane")],
-                                _vec_cap_bits(log2_elem_bits(eb)), eb, 2, 2)
+                                vector_cap_bits(eb), eb, 2, 2)
                      for lay in (reader, writer)]
             (rv, rw, ri, rn), (wv, ww, wi, wn) = costs
             shared = make_shared(list(all_invertible(4)[i]), outs)
