@@ -1,22 +1,15 @@
 """Shared pieces of the agent tests: the fork server is started once per session (its
-~3-10 s start is paid once; every candidate after that is a fork)."""
+start, importing torch and torch._dynamo, is paid once; every candidate after that is a
+fork)."""
 from __future__ import annotations
-
-import os
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CANDIDATES = os.path.join(HERE, "candidates")
-REPLAYS = os.path.join(HERE, "replays")
 
-
-def candidate_path(name: str) -> str:
-    return os.path.join(CANDIDATES, name)
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def fork_server():
+    """Started by the first agent test, so its preload overlaps the tests that need no
+    candidate process (the static check, the task set)."""
     from tegula.agent.forkserver import ForkServer
 
     return ForkServer.shared()
