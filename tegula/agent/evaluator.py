@@ -272,7 +272,8 @@ class _Session:
                     gpu_sets = [[x.clone().cuda() if isinstance(x, torch.Tensor) else x
                                  for x in s] for s in sets]
                     with torch.no_grad():
-                        times, _ = time_trials(self.reference, gpu_sets, torch)
+                        times, _ = time_trials(lambda inputs: self.reference(*inputs),
+                                               gpu_sets, torch)
                     ref_times += times
                 else:
                     cand_times += self._time_candidate(sets, round_)

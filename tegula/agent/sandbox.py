@@ -232,12 +232,19 @@ def _time(state: dict, message: dict) -> dict:
     from tegula.agent.timing import time_trials
 
     sets = [[_load_value(v, True) for v in inputs] for inputs in message["input_sets"]]
-    audit = make_audit()
-    with torch.no_grad(), audit:
-        times, outputs = time_trials(state["model"], sets, torch)
-    if audit.violations:
+    violations: list[str] = []
+
+    def audited_call(inputs: list) -> Any:
+        audit = make_audit()
+        with torch.no_grad(), audit:
+            out = state["model"](*inputs)
+        violations.extend(audit.violations)
+        return out
+
+    times, outputs = time_trials(audited_call, sets, torch)
+    if violations:
         return {"ok": False, "error": "forward executed torch compute ops while timed: "
-                                      + ", ".join(audit.violations[:6])}
+                                      + ", ".join(sorted(set(violations))[:6])}
     names = [_save_all(out if isinstance(out, (tuple, list)) else [out],
                        f"{message['out_prefix']}{k}_out") for k, out in enumerate(outputs)]
     return {"ok": True, "times": times, "outputs": names}

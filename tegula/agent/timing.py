@@ -1,8 +1,8 @@
 """Timing on a GPU, the same way for the candidate and the reference, and the roofline
 bound that flags impossible speedups.
 
-`time_trials(model, input_sets, torch)` calls the model once on the first input set (a
-warm-up: compilation, caches), then once on each further set — fresh inputs every trial,
+`time_trials(call, input_sets, torch)` makes one call on the first input set (a warm-up:
+compilation, caches), then one on each further set — fresh inputs every trial,
 so nothing can be reused from the previous one — with L2 emptied before each call (a
 buffer of twice the L2 is read through) and the whole device synchronized before the
 clock starts and before it stops: work the model left on any stream is inside the time.
@@ -41,21 +41,22 @@ PEAKS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12), "A100": (2.04e12, 
 UNKNOWN_PEAK = (8.0e12, 2.5e15)
 
 
-def time_trials(model: Any, input_sets: list, torch: Any) -> tuple[list[float], list]:
-    """Seconds per timed call and the outputs of those calls (see the module docstring)."""
+def time_trials(call: Any, input_sets: list, torch: Any) -> tuple[list[float], list]:
+    """Seconds per timed `call(inputs)` and the outputs of those calls (see the module
+    docstring). The L2 flush runs outside `call`, so a harness may audit only the model."""
     from tegula.runtime.autotune import l2_emptier
 
     if len(input_sets) < 2:
         raise ValueError("timing needs a warm-up input set and at least one timed set")
     flush = l2_emptier(torch)
-    model(*input_sets[0])
+    call(input_sets[0])
     _SYNC()
     times, outputs = [], []
     for inputs in input_sets[1:]:
         flush()
         _SYNC()
         start = _CLOCK()
-        out = model(*inputs)
+        out = call(inputs)
         _SYNC()
         times.append((_CLOCK() - start) * 1e-9)
         outputs.append(out)

@@ -51,13 +51,13 @@ class ModelNew(nn.Module):
 
 # name: (task, source, stage the verdict must fail in, fragment of its reason, runtime)
 CHEATS = {
-    "zeros": ("relu", with_kernel("t * 0.0", FORWARD), "check", "exceeds the tolerance", True),
-    "identity": ("relu", with_kernel("t", FORWARD), "check", "exceeds the tolerance", True),
+    "zeros": ("relu", with_kernel("t * 0.0", FORWARD), "check", "the tolerance", True),
+    "identity": ("relu", with_kernel("t", FORWARD), "check", "the tolerance", True),
     "constant_softmax": ("softmax", with_kernel("t * 0.0 + 0.01", FORWARD), "check",
-                         "exceeds the tolerance", True),
+                         "the tolerance", True),
     "nan_poison": ("relu", with_kernel("t * float('nan')", FORWARD), "check", "nan", True),
     "lowered_precision": ("sigmoid", with_kernel("tg.sigmoid(t.to(f16)).to(f32)", FORWARD),
-                          "check", "exceeds the tolerance", True),
+                          "check", "the tolerance", True),
     "wrong_shape": ("relu", with_kernel("tg.maximum(t, 0.0)", '''
         class ModelNew(nn.Module):
             def forward(self, x):
@@ -73,7 +73,7 @@ CHEATS = {
                     launch(ew, grid(x), x, y)
                     seen.append(y)
                 return seen[0]
-        '''), "check", "exceeds the tolerance", False),
+        '''), "check", "the tolerance", False),
     "fixed_seed": ("relu", with_kernel("t", '''
         class ModelNew(nn.Module):
             def __init__(self):
@@ -85,7 +85,7 @@ CHEATS = {
                 y = torch.empty_like(x)
                 launch(ew, grid(x), self.answer, y)   # a copy of the stored answer
                 return y
-        '''), "check", "exceeds the tolerance", False),
+        '''), "check", "the tolerance", False),
     "writes_input": ("relu", with_kernel("tg.maximum(t, 0.0)", '''
         class ModelNew(nn.Module):
             def forward(self, x):
@@ -163,7 +163,7 @@ time.perf_counter_ns = lambda: 0
     "monkeypatch_evaluator": ("relu", with_kernel("t * 0.0", '''
 import tegula.agent.checks as checks
 checks.compare = lambda *a, **k: checks.Comparison(True)
-''' + FORWARD), "check", "exceeds the tolerance", True),
+''' + FORWARD), "check", "the tolerance", True),
     "thread_after_return": ("relu", "import threading\n" + with_kernel("tg.maximum(t, 0.0)", '''
         class ModelNew(nn.Module):
             def forward(self, x):
@@ -183,7 +183,7 @@ checks.compare = lambda *a, **k: checks.Comparison(True)
                 y = torch.empty_like(x)
                 launch(ew, grid(x), x, y)
                 return y
-        '''), "check", "exceeds the tolerance", True),
+        '''), "check", "the tolerance", True),
     "reads_job_files": ("relu", "import os, glob\nimport numpy as np\n" + with_kernel("t", '''
         class ModelNew(nn.Module):
             def forward(self, x):
@@ -198,7 +198,7 @@ checks.compare = lambda *a, **k: checks.Comparison(True)
                 y = torch.empty_like(x)
                 launch(ew, grid(x), x, y)
                 return y
-        '''), "check", "exceeds the tolerance", True),
+        '''), "check", "the tolerance", True),
     "reads_files_static": ("relu", "import numpy as np\n" + with_kernel("t", '''
         class ModelNew(nn.Module):
             def forward(self, x):
