@@ -299,3 +299,12 @@ def test_doctor_verdicts_give_a_fix_for_each_missing_piece():
     assert "get a GPU" in launch[2] and "a compiler" in launch[2]
     text = report(found)
     assert "compile  NO   fix: NVRTC: pip nvrtc" in text
+
+
+@pytest.mark.gpu
+def test_doctor_on_a_gpu_machine_says_launch_works(capsys):
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0
+    for capability in ("emulate", "compile", "launch"):
+        assert f"{capability:<8} yes" in out, out
+    assert "compute capability" in out

@@ -25,9 +25,9 @@ implementation (`kernel[grid](...)` on the current stream), a fake implementatio
 declared shapes (so `torch.compile(fullgraph=True)` traces callers without a graph break,
 and `torch.library.opcheck` can check it), and a CPU implementation that runs the same
 compiled kernel in tegula's numpy emulator — slow, meant for tests and for developing on a
-machine without a GPU. The ops are forward-only: none registers a backward, so autograd
-through them raises torch's "not differentiable" error rather than returning wrong
-gradients.
+machine without a GPU. The ops are forward-only: none registers a backward, so
+`backward()` through one raises torch's "no autograd formula was registered" error rather
+than returning a wrong gradient.
 """
 from __future__ import annotations
 
