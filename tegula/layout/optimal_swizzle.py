@@ -147,26 +147,43 @@ def _vector_basis(reg_a: list[int], reg_b: list[int], cap: int) -> list[int]:
     return basis[:cap]
 
 
-def _one_sided_extensions(vec: list[int], regs: list[int], room: int) -> list[list[int]]:
-    """Ways to widen ONE side's vector past the common ``vec``: up to ``room`` more
-    directions of that side's register span, as ordered lists (longest first).
+def _one_sided_extensions(vec: list[int], regs: list[int], room: int,
+                          other_lanes: list[int]) -> list[list[int]]:
+    """Ways to widen ONE side's vector past the common ``vec`` by as many directions of
+    that side's register span as fit (``room``): a longer vector always means fewer
+    instructions, so only the longest widenings are candidates.
 
-    The pool is a basis of ``span(regs)`` beyond ``vec`` plus the pairwise sums of its
-    members, so the lower-dimensional choices are not all aligned with register bits.
+    When all of the span fits there is one; when the 16-byte cap cuts it, the subspaces
+    of the cut size are drawn from a basis and its pairwise sums (a bounded sample, so the
+    lower bits need not align with register bits).
+
+    Directions the OTHER side's phase lanes also move come first: the lowest ones can
+    share the other side's bank word, and a lane that stays inside a word is free.
     """
-    basis = _extend(vec, regs)
+    shared_dirs = f2.intersection(vec + regs, vec + other_lanes)
+    basis = _extend(vec, shared_dirs + regs)
+    t = min(room, len(basis))
+    if t <= 0:
+        return []
+    if t == len(basis):
+        return [basis]
     pool = basis + [x ^ y for x, y in combinations(basis, 2)]
     out: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
-    for t in range(min(room, len(basis)), 0, -1):
-        for combo in combinations(pool, t):
-            if f2.rank(vec + list(combo)) != len(vec) + t:
-                continue
-            span = tuple(sorted(f2.span_basis(vec + list(combo))))
-            if (t, span) not in seen:
-                seen.add((t, span))
-                out.append(list(combo))
+    for combo in combinations(pool, t):
+        if f2.rank(vec + list(combo)) != len(vec) + t:
+            continue
+        span = tuple(sorted(f2.span_basis(vec + list(combo))))
+        if span not in seen:
+            seen.add(span)
+            out.append(list(combo))
+            if len(out) == _MAX_WIDENINGS:
+                break
     return out
+
+
+#: Bound on the capped widenings tried per side (each is built and scored).
+_MAX_WIDENINGS = 8
 
 
 def _row_space(lo: list[int], lo_a: list[int], lo_b: list[int], ua: list[int],
@@ -259,8 +276,10 @@ def optimal_swizzle(reader: LinearLayout, writer: LinearLayout, elem_bytes: floa
     # (low bits, reader vector bits, writer vector bits): the common vector alone, or
     # widened on one side.
     lows = [(vec, len(vec), len(vec))]
+    at_common = [_phase_lanes(lay, len(vec), elem_bytes, banks, bank_bytes)
+                 for lay in (reader, writer)]
     for side in (0, 1):
-        for ext in _one_sided_extensions(vec, regs[side], cap - len(vec)):
+        for ext in _one_sided_extensions(vec, regs[side], cap - len(vec), at_common[1 - side]):
             widths = [len(vec), len(vec)]
             widths[side] += len(ext)
             lows.append((vec + ext, widths[0], widths[1]))

@@ -368,3 +368,22 @@ def test_cute_swizzle_report():
     cols[5] |= 1
     cols[7] |= 1
     assert _check_cute(make_shared(cols, outs)) is None
+
+
+def test_widened_vector_puts_the_other_sides_lane_in_the_shared_word():
+    """Regression (found by local search): the reader's 8-element vector fills the
+    offsets below a wavefront; which of its directions sits in the bank WORD matters to
+    the scalar writer, whose lane along that direction then stays inside a word. The
+    widening used the reader's register order and left the writer 2-way conflicted."""
+    outs = [("col", 8), ("row", 8)]
+    reader = LinearLayout({"register": [(0, 1), (1, 0), (4, 0)],
+                           "lane": [(0, 2), (2, 0), (0, 4)], "warp": []}, outs)
+    writer = LinearLayout({"register": [], "lane": [(2, 6), (4, 6), (0, 7), (5, 4)],
+                           "warp": [(2, 4), (0, 6)]}, outs)
+    kw = dict(banks=4, bank_bytes=4)
+    s = optimal_swizzle(reader, writer, 2, **kw)
+    cost = swizzle_cost(s, reader, writer, 2, **kw)
+    assert cost.read_vec_elems == 8 and cost.write_vec_elems == 1
+    assert cost.read_wavefronts == cost.read_ideal == 8
+    assert cost.write_wavefronts == cost.write_ideal == 2
+    assert set(oracle_wavefronts(s, writer, 2, 1, 4, 4)) == {2}
