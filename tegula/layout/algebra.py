@@ -544,11 +544,12 @@ def left_inverse(layout: Layout | ComposedLayout) -> Layout | ComposedLayout:
 def can_invert(layout: Layout, side: str = "left") -> str | None:
     """`None` if the `side` ("left" or "right") inverse of `layout` is admissible, else why not.
 
-    A right inverse always exists (possibly trivial, `1:0`); use `right_inverse(L).size`
-    to see how much of the codomain it covers.
+    A right inverse of a plain layout always exists (possibly trivial, `1:0`); use
+    `right_inverse(L).size` to see how much of the codomain it covers. A swizzled layout
+    with an offset or a non-swizzle outer function has none.
     """
     if side == "right":
-        return None
+        return _reason(lambda: right_inverse(layout))
     if side != "left":
         raise LayoutError(f"can_invert: side must be 'left' or 'right', got {side!r}")
     return _reason(lambda: _left_inverse(layout))
@@ -580,7 +581,8 @@ def logical_divide(layout: Layout, tiler: Tiler) -> Layout:
 
     For a layout tiler `T` this is `layout ∘ (T, complement(T, size(layout)))`, a rank-2
     layout whose mode 0 is `layout ∘ T`. A tuple tiler divides mode by mode and keeps the
-    modes it does not reach. Admissible when the complement and the composition are.
+    modes it does not reach. Admissible when the complement and the composition are. A
+    swizzled `S o A` divides through its domain: the result is `S o (A ∘ (T, rest))`.
     """
     return _checked("logical_divide", lambda: _logical_divide(layout, tiler), layout, tiler)
 
