@@ -114,3 +114,19 @@ def test_references_resolve_inside_the_repository(path):
 
 if __name__ == "__main__":  # the GPU test's fresh process: python tests/test_docs.py DIR
     print("\n".join(run_tutorial(sys.argv[1], gpu=True)))
+
+
+def test_readme_layout_examples_run_and_the_tv_example_is_a_tv_layout(capsys, tmp_path,
+                                                                        monkeypatch):
+    from tegula.cli import main as tegula_main
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        commands = re.findall(r"`(tegula layout [^`]+)`", f.read())
+    assert any("--tv" in c for c in commands) and any("--swizzle" in c for c in commands)
+    monkeypatch.chdir(tmp_path)  # an --svg example writes where it is run
+    for command in commands:
+        argv = [a for a in shlex.split(command)[2:] if a not in ("[--svg", "out.svg]")]
+        assert tegula_main(["layout", *argv]) == 0, command
+        out = capsys.readouterr().out
+        if "--tv" in argv:  # a whole TV layout: every cell of the tile covered
+            assert "T0V0" in out and "covers" not in out and " . " not in out, command
