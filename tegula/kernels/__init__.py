@@ -11,6 +11,10 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
 * `norm`: `rms_norm_emulated` (RMSNorm)
 * `gemm`: `gemm_emulated` (c = a @ b.T; shared-memory pipeline or register-only; f16/bf16
   with f32 accumulation, i8 with i32 output)
+
+The torch entry points (`api`: `matmul`, `rms_norm`, `softmax`, `copy`) are re-exported
+below; `import tegula.kernels.torch_ops` (needs torch) registers them as the custom ops
+`torch.ops.tegula.*` for `torch.compile`.
 """
 from __future__ import annotations
 
