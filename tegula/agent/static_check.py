@@ -56,6 +56,8 @@ BANNED_TORCH = {  # resolved call/attribute prefixes, with the reason
     "torch.overrides": "torch function overrides", "torch.autograd": "autograd hooks",
     "torch.multiprocessing": "processes", "torch.distributed": "processes",
 }
+FILE_METHODS = {"tofile", "fromfile", "dump", "dumps", "write_text", "write_bytes",
+                "read_text", "read_bytes"}
 ALLOWED_TORCH_CALLS = {"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.Size",
                        "torch.no_grad", "torch.device", "numpy.empty", "torch.nn.Parameter"}
 ALLOWED_METHODS = {"size", "dim", "numel", "stride", "contiguous", "view", "reshape",
@@ -215,6 +217,8 @@ class _Checker(ast.NodeVisitor):
             self.add(line, "dynamic", f"uses the attribute {name}: introspection is not allowed")
         elif name.startswith("_") and not dunder and not is_self:
             self.add(line, "dynamic", f"uses the private attribute .{name}")
+        if name in FILE_METHODS:
+            self.add(line, "banned", f"uses .{name}: writing or reading files is not allowed")
         if "stream" in name.lower():
             self.add(line, "stream", f"uses .{name}: streams are not allowed (work on another "
                                      f"stream escapes the timing)")

@@ -86,6 +86,7 @@ class ModelNew(nn.Module):
     ("return torch.load('/tmp/y.pt')", "banned", "reading files"),
     ("return torch.compile(lambda t: t)(x)", "banned", "torch.compile"),
     ("launch(k, (1,), x, x, stream=0)\nreturn x", "stream", "stream="),
+    ("x.tofile('/tmp/leak')\nreturn x", "banned", "files"),
 ])
 def test_each_rule_fires(snippet, rule, fragment):
     extra = "import numpy as np\nCACHE = []\n"
