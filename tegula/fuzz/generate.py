@@ -18,9 +18,9 @@ from dataclasses import dataclass, fields
 
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, Assign,
-                                 Binary, Cast, Full, InPlace, Load, Loop, Num, Program,
-                                 Reduce, Scope, Store, TensorDecl, TileType, Unary, Where,
-                                 broadcast, check)
+                                 Binary, Cast, Extent, Full, Indices, InPlace, Load, Loop, Num,
+                                 Program, Reduce, Scope, Store, TensorDecl, TileType, Unary,
+                                 Where, broadcast, check)
 
 DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i8", "u8")
 _DTYPE_WEIGHTS = (6, 3, 3, 1, 1, 3, 2, 2)
@@ -51,6 +51,8 @@ class Switches:
     pipelines: bool = True          # tg.pipeline loops with staged shared buffers
     transposed: bool = True         # loads through a transposed shared view
     shared_to_shared: bool = True   # shared->shared copies
+    indices: bool = True            # tg.indices tiles and kernel scalars (x.shape[1]) in math
+    arg_reductions: bool = True     # tg.argmax / tg.argmin
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
     max_tile: int = 2048            # largest BM * BN
 
@@ -188,7 +190,7 @@ class Generator:
 
     def step(self, body: list, scope: Scope, in_loop: Loop | None) -> None:
         kinds = ["unary", "binary", "binary", "compare", "where", "cast", "reduce", "inplace",
-                 "assign", "full", "logic", "load"]
+                 "assign", "full", "logic", "load"] + (["indices"] if self.sw.indices else [])
         if in_loop is None and self.sw.loops and self.loops < 2:
             kinds.append("loop")
         kind = self.rng.choice(kinds)
@@ -210,6 +212,14 @@ class Generator:
         self.define(body, scope, Full(self.fresh(), shape, dtype, self.number(dtype)), dtype,
                     shape)
 
+    def draw_indices(self, body, scope, in_loop) -> None:
+        r = self.rng
+        axis = r.choice((0, 1))
+        shape = (True, True) if r.random() < 0.6 else ((True, False) if axis == 0
+                                                        else (False, True))
+        self.define(body, scope, Indices(self.fresh(), shape, axis, r.random() < 0.5), "i32",
+                    shape)
+
     def draw_unary(self, body, scope, in_loop) -> None:
         x = self.pick(scope)
         t = scope.types[x]
@@ -226,6 +236,10 @@ class Generator:
         if op == "div" and nx.is_int(dtype):
             return Num(self.rng.choice(DIVISORS[dtype]))
         other = self.pick(scope, lambda t: t.dtype == dtype, recent=0.3)
+        if dtype == "i32" and self.sw.indices and op != "div" and self.rng.random() < 0.25:
+            inputs = [t.name for t in self.tensors if t.kind == "in"]
+            if inputs:  # a kernel scalar: the masking idiom `cols < x.shape[1]`
+                return Extent(self.rng.choice(inputs), self.rng.choice((0, 1)))
         if other is None or self.rng.random() < number_p:
             return self.number(dtype)
         return other
@@ -301,8 +315,10 @@ class Generator:
         t = scope.types[x]
         axis = self.rng.choice((0, 1))
         shape = (False, t.shape[1]) if axis == 0 else (t.shape[0], False)
-        kind = self.rng.choice(("sum", "max", "min"))
-        self.define(body, scope, Reduce(self.fresh(), kind, x, axis), t.dtype, shape)
+        kinds = ("sum", "max", "min") + (("argmax", "argmin") if self.sw.arg_reductions else ())
+        kind = self.rng.choice(kinds)
+        dtype = "i32" if kind.startswith("arg") else t.dtype
+        self.define(body, scope, Reduce(self.fresh(), kind, x, axis), dtype, shape)
 
     def _writable(self, scope):
         return lambda t: t.dtype != nx.BOOL

@@ -36,7 +36,18 @@ class Num:
         return repr(float(v))
 
 
-Operand = Union[str, Num]
+@dataclass(frozen=True)
+class Extent:
+    """A kernel scalar operand: extent `dim` of tensor `tensor` (`x0.shape[1]`)."""
+
+    tensor: str
+    dim: int
+
+    def text(self) -> str:
+        return f"{self.tensor}.shape[{self.dim}]"
+
+
+Operand = Union[str, Num, Extent]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,17 @@ class Full:
     shape: tuple[bool, bool]  # (full rows?, full columns?)
     dtype: str
     value: Num
+
+
+@dataclass(frozen=True)
+class Indices:
+    """`tg.indices(shape, axis, offset)`: each element's coordinate along `axis`, plus
+    the block's origin along it when `block_offset` (`m * BM` or `n * BN`)."""
+
+    out: str
+    shape: tuple[bool, bool]
+    axis: int
+    block_offset: bool
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,7 @@ class Store:
     route: str = "copy"
 
 
-Stmt = Union[Load, Full, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
+Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
              Store]
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
@@ -245,7 +267,7 @@ class Scope:
 
 
 def _operand_type(scope: Scope, x: Operand) -> TileType | None:
-    if isinstance(x, Num):
+    if isinstance(x, (Num, Extent)):
         return None
     if x not in scope.types:
         raise Invalid(f"{x} is not defined here")
@@ -300,6 +322,10 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         scope.define(s.out, TileType(dtype, (True, True)))
     elif isinstance(s, Full):
         scope.define(s.out, TileType(s.dtype, s.shape))
+    elif isinstance(s, Indices):
+        if not s.shape[s.axis]:
+            raise Invalid("indices along a size-1 dim")
+        scope.define(s.out, TileType("i32", s.shape))
     elif isinstance(s, Unary):
         t = _operand_type(scope, s.x)
         if s.op in FLOAT_UNARY and not is_float(t.dtype):
@@ -310,6 +336,9 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
             raise Invalid("arithmetic on bool")
         scope.define(s.out, TileType(t.dtype, t.shape))
     elif isinstance(s, Binary):
+        for x in (s.a, s.b):
+            if isinstance(x, Extent) and (x.tensor not in decl or decl[x.tensor].kind != "in"):
+                raise Invalid("an extent of a tensor that is not an input")
         dtype, shape = _value_dtype(scope, s.a, s.b)
         _check_binary(s.op, dtype, s.a, s.b)
         scope.define(s.out, TileType(BOOL if s.op in COMPARISONS else dtype, shape))
@@ -331,7 +360,7 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         if t.dtype == BOOL:
             raise Invalid("reducing bool")
         shape = (False, t.shape[1]) if s.axis == 0 else (t.shape[0], False)
-        scope.define(s.out, TileType(t.dtype, shape))
+        scope.define(s.out, TileType("i32" if s.kind.startswith("arg") else t.dtype, shape))
     elif isinstance(s, (InPlace, Assign)):
         target = _operand_type(scope, s.target)
         if len(scope.shared_with[s.target]) > 1:
@@ -380,6 +409,8 @@ def _check_binary(op: str, dtype: str, a: Operand, b: Operand) -> None:
     if op == "pow" and not is_float(dtype):
         raise Invalid("pow on integers")
     for x in (a, b):
+        if isinstance(x, Extent) and dtype != "i32":
+            raise Invalid("kernel scalars are generated only with i32 tiles")
         if isinstance(x, Num) and is_int(dtype) and not isinstance(x.value, int):
             raise Invalid("a non-integer number for an integer tile")
         if isinstance(x, Num) and dtype == BOOL and not isinstance(x.value, bool):
@@ -427,7 +458,7 @@ def used_names(s) -> set[str]:
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
-__all__ = ["Num", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+__all__ = ["Num", "Extent", "Indices", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
            "Assign", "Alias", "Loop", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tegula.fuzz import numerics as nx
-from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Cast, Full, InPlace,
-                                 Load, Loop, Num, Program, Reduce, Store, Unary, Where)
+from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Cast, Extent, Full,
+                                 InPlace, Indices, Load, Loop, Num, Program, Reduce, Store,
+                                 Unary, Where)
 
 MATH_ULPS = {"exp": 4, "exp2": 4, "log": 4, "log2": 4, "sqrt": 0, "rsqrt": 4, "sin": 4,
              "cos": 4, "tanh": 4, "sigmoid": 6}
@@ -86,6 +87,9 @@ class Model:
     def operand(self, x, dtype: str | None = None) -> Value:
         if isinstance(x, Num):
             return _number(x, dtype)
+        if isinstance(x, Extent):
+            extent = self.p.extents(self.p.tensor(x.tensor))[x.dim]
+            return Value.exact("i32", np.array(extent).reshape(1, 1, 1, 1))
         return self.env[x]
 
     def statement(self, s) -> None:  # noqa: C901 — one case per statement kind
@@ -97,6 +101,8 @@ class Model:
             h, w = (self.p.BM if s.shape[0] else 1), (self.p.BN if s.shape[1] else 1)
             gm, gn = self.p.grid
             self.env[s.out] = Value.exact(dtype, np.full((gm, gn, h, w), v))
+        elif isinstance(s, Indices):
+            self.env[s.out] = self.indices(s)
         elif isinstance(s, Unary):
             self.env[s.out] = self.unary(s.op, self.env[s.x])
         elif isinstance(s, Binary):
@@ -156,6 +162,17 @@ class Model:
         else:
             tiles = _tiles(data, p.BM, p.BN, fill_value, gm, gn)
         return Value.exact(decl.dtype, np.array(tiles))
+
+    def indices(self, s: Indices) -> Value:
+        p = self.p
+        gm, gn = p.grid
+        h, w = (p.BM if s.shape[0] else 1), (p.BN if s.shape[1] else 1)
+        tile = p.BM if s.axis == 0 else p.BN
+        coord = np.arange(tile).reshape((1, 1, tile, 1) if s.axis == 0 else (1, 1, 1, tile))
+        if s.block_offset:
+            block = np.arange(gm if s.axis == 0 else gn) * tile
+            coord = coord + block.reshape((-1, 1, 1, 1) if s.axis == 0 else (1, -1, 1, 1))
+        return Value.exact("i32", np.broadcast_to(coord, (gm, gn, h, w)).copy())
 
     def _loop(self, loop_id: int) -> Loop:
         def find(body):
@@ -305,6 +322,8 @@ class Model:
     def reduce(self, kind: str, a: Value, axis: int) -> Value:
         ax = 2 + axis
         wild = np.any(a.wild, axis=ax, keepdims=True)
+        if kind.startswith("arg"):
+            return _arg_reduce(kind, a, ax, wild)
         if nx.is_int(a.dtype):
             fn = {"sum": np.sum, "max": np.max, "min": np.min}[kind]
             v = nx.wrap_int(fn(a.val, axis=ax, keepdims=True), a.dtype)
@@ -368,6 +387,27 @@ class _quiet_all_nan:
 
     def __exit__(self, *exc):
         return self._w.__exit__(*exc)
+
+
+def _arg_reduce(kind: str, a: Value, ax: int, wild) -> Value:
+    """Position of the first largest (smallest) element along `ax`, or of the first NaN
+    (torch's rule); wild where another element is within the error bounds of the winner."""
+    x = a.val.astype(np.float64) if nx.is_int(a.dtype) else a.val
+    key = x if kind == "argmax" else -x
+    nan = np.isnan(key)
+    with np.errstate(invalid="ignore"):
+        best = np.argmax(np.where(nan, -np.inf, key), axis=ax)
+        first_nan = np.argmax(nan, axis=ax)
+        pos = np.where(np.any(nan, axis=ax), first_nan, best)
+        pos = np.expand_dims(pos, ax)
+        err = np.broadcast_to(a.err, x.shape)
+        top = np.take_along_axis(key, pos, ax)
+        top_err = np.take_along_axis(err, pos, ax)
+        index = np.arange(x.shape[ax]).reshape([-1 if d == ax else 1 for d in range(4)])
+        close = (index != pos) & ((err + top_err) > 0) & (key >= top - (err + top_err))
+        wild = wild | np.any(close & ~nan, axis=ax, keepdims=True) & ~np.any(nan, axis=ax,
+                                                                          keepdims=True)
+    return Value("i32", pos.astype(np.int64), np.zeros(pos.shape), wild)
 
 
 def _lowest_bit(x: np.ndarray) -> np.ndarray:

@@ -91,8 +91,8 @@ def classify_error(e: BaseException) -> Verdict:
 
 def tensor_order(program: Program) -> list:
     """The kernel's tensor parameters, in signature order (what `kernel_source` emits)."""
-    from tegula.fuzz.source import _used_tensors
-    used = _used_tensors(program.body)
+    from tegula.fuzz.source import used_tensors
+    used = used_tensors(program.body)
     return [t for t in program.tensors if t.name in used]
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 from tegula.fuzz.program import (Assign, Binary, InPlace, Invalid, Load, Loop, Num, Program,
                                  Store, Where, check, used_names)
 from tegula.fuzz.runner import Verdict
+from tegula.fuzz.source import used_tensors
 
 
 def _paths(body, prefix=()) -> Iterator[tuple]:
@@ -95,7 +96,7 @@ def candidates(p: Program) -> Iterator[Program]:
     # Smaller problems.
     yield from _smaller(p)
     # Fewer tensors (those no statement names any more).
-    used = _tensor_names(p.body)
+    used = used_tensors(p.body)
     if len(used) < len(p.tensors):
         yield replace(p, tensors=tuple(t for t in p.tensors if t.name in used))
 
@@ -116,17 +117,6 @@ def _earlier_outputs(p: Program) -> Iterator[Program]:
             new_decl = replace(decl, dtype=types[name].dtype, shape=types[name].shape)
             body = p.body[:i] + (replace(s, x=name),) + p.body[i + 1:]
             yield _retensor(p, decl, new_decl).with_body(body)
-
-
-def _tensor_names(body) -> set:
-    names = set()
-    for s in body:
-        if isinstance(s, Loop):
-            names.add(s.tensor)
-            names |= _tensor_names(s.body)
-        elif isinstance(s, (Load, Store)):
-            names.add(s.tensor)
-    return names
 
 
 def _simpler(s) -> Iterator:

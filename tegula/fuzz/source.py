@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import linecache
 
-from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Full, InPlace, Load, Loop,
-                                 Num, Program, Reduce, Store, Unary, Where, check)
+from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Extent, Full, InPlace, Indices,
+                                 Load, Loop, Num, Program, Reduce, Store, Unary, Where, check)
 
 KERNEL_NAME = "fuzz_kernel"
 _OPERATOR = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "and": "&",
@@ -21,6 +21,8 @@ def _dtype(name: str) -> str:
 
 def _operand(x) -> str:
     """An operand's text; negative numbers in parentheses (`-2.0 ** x` is `-(2.0 ** x)`)."""
+    if isinstance(x, Extent):
+        return x.text()
     if not isinstance(x, Num):
         return x
     text = x.text()
@@ -61,7 +63,7 @@ def kernel_source(program: Program) -> str:
     w = _Writer(program)
     types = check(program)
     w.shapes = {name: t.shape for name, t in types.items()}
-    used = _used_tensors(program.body)
+    used = used_tensors(program.body)
     tensors = [t for t in program.tensors if t.name in used]
     params = [f"{t.name}: tg.Tensor[{t.dtype}]" for t in tensors]
     params += [f"BM: tg.constexpr = {program.BM}", f"BN: tg.constexpr = {program.BN}"]
@@ -81,14 +83,16 @@ def kernel_source(program: Program) -> str:
     return "\n".join(header + w.lines) + "\n"
 
 
-def _used_tensors(body) -> set[str]:
+def used_tensors(body) -> set[str]:
     used = set()
     for s in body:
         if isinstance(s, Loop):
             used.add(s.tensor)
-            used |= _used_tensors(s.body)
+            used |= used_tensors(s.body)
         elif isinstance(s, (Load, Store)):
             used.add(s.tensor)
+        elif isinstance(s, Binary):
+            used |= {x.tensor for x in (s.a, s.b) if isinstance(x, Extent)}
     return used
 
 
@@ -159,6 +163,10 @@ def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  #
         _load(w, s, w.program.tensor(s.tensor).dtype, loop)
     elif isinstance(s, Full):
         w.emit(f"{s.out} = tg.full({_shape(s.shape)}, {s.value.text()}, {_dtype(s.dtype)})")
+    elif isinstance(s, Indices):
+        offset = ("" if not s.block_offset else
+                  ", m * BM" if s.axis == 0 else ", n * BN")
+        w.emit(f"{s.out} = tg.indices({_shape(s.shape)}, {s.axis}{offset})")
     elif isinstance(s, Unary):
         if s.op == "neg":
             w.emit(f"{s.out} = -{s.x}")
@@ -223,4 +231,4 @@ def forget_kernel(filename: str) -> None:
     linecache.cache.pop(filename, None)
 
 
-__all__ = ["kernel_source", "make_kernel", "forget_kernel", "KERNEL_NAME"]
+__all__ = ["kernel_source", "make_kernel", "forget_kernel", "used_tensors", "KERNEL_NAME"]
