@@ -11,7 +11,7 @@ import pytest
 
 import tegula as tg
 from tegula.build import build
-from tegula.dtypes import bf16, f16, f32, i8
+from tegula.dtypes import bf16, f8e4m3, f16, f32, i8
 from tegula.runtime.compiler import available_compilers, compile_cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "emulate"))
@@ -31,7 +31,7 @@ def kernels():
              ("scalar_operands", scalar_operands, {})]
     # Every type's compare-and-select, both axes (lanes only / lanes and warps), both kinds.
     for kind, axis, dtype in (("argmax", 0, f32), ("argmin", 1, f16), ("argmin", 0, bf16),
-                              ("argmax", 1, i8)):
+                              ("argmax", 1, i8), ("argmax", 0, f8e4m3)):
         cases.append((f"{kind}-{dtype}-axis{axis}", arg_kernel(kind, axis, dtype, 256),
                       dict(BM=32, BN=32)))
     return cases

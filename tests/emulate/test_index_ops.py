@@ -14,7 +14,7 @@ import pytest
 
 import tegula as tg
 from tegula.build import build
-from tegula.dtypes import bf16, f16, f32, i8, i32
+from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i8, i32, u8
 from tegula.errors import TegulaError
 from tegula.layout.cute import Layout
 from tegula.lower.thread_ir import Barrier, SharedStore, Shuffle, walk
@@ -87,7 +87,7 @@ def test_argmax_argmin_f32_with_nan_inf_and_ties(rng, kind, axis, shape, threads
     run(arg_case(rng, shape, kind, axis, f32, threads, BM, BN))
 
 
-@pytest.mark.parametrize("dtype", [f16, bf16, i32, i8], ids=str)
+@pytest.mark.parametrize("dtype", [f16, bf16, f8e4m3, f8e5m2, i32, i8, u8], ids=str)
 @pytest.mark.parametrize("kind", ["argmax", "argmin"])
 def test_argmax_argmin_other_types(rng, dtype, kind):
     for axis in (0, 1):
