@@ -157,7 +157,8 @@ class _Session:
 
     # ----------------------------------------------------------------- the protocol
     def run(self) -> Verdict:
-        self.reference = self.task.model(self.size, self.init_seed)
+        self.reference = _task_call("building Model", self.task.model, self.size,
+                                    self.init_seed)
         if self.gpu and hasattr(self.reference, "cuda"):
             self.reference = self.reference.cuda()
         self._start_candidate()
@@ -189,7 +190,8 @@ class _Session:
     def _trial(self, k: int) -> float:
         """One correctness trial; returns its max normalized error."""
         distribution = self.task.distributions[k % len(self.task.distributions)]
-        inputs = self.task.make_inputs(self.size, self.base_seed + 1000 * (k + 1), distribution)
+        inputs = _task_call("get_inputs", self.task.make_inputs, self.size,
+                            self.base_seed + 1000 * (k + 1), distribution)
         described = self._write_values(inputs, f"trial{k}_in")
         out_prefix = os.path.join(self.job, f"trial{k}_")
         reference_first = k % 2 == 0
@@ -217,7 +219,7 @@ class _Session:
         clones = [x.clone().to(self.device) if isinstance(x, torch.Tensor) else x
                   for x in inputs]
         with torch.no_grad():
-            out = self.reference(*clones)
+            out = _task_call("reference forward", self.reference, *clones)
         outs = out if isinstance(out, (tuple, list)) else [out]
         arrays = [_to_numpy(t) for t in outs]
         for j, array in enumerate(arrays):
@@ -330,7 +332,8 @@ class _Session:
             listener.close()
         peer.setblocking(True)
         self.conn = Connection(peer.detach())
-        init = self._write_values(self.task.init_inputs(self.size, self.init_seed), "init")
+        init = self._write_values(_task_call("get_init_inputs", self.task.init_inputs,
+                                             self.size, self.init_seed), "init")
         reply = self._ask({"cmd": "load", "candidate": self.candidate_path, "init": init,
                            "init_seed": self.init_seed}, "load")
         if not reply.get("ok"):
@@ -422,6 +425,17 @@ class _Session:
             shutil.copytree(self.job, self.options.keep_dir, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("sock"))
         shutil.rmtree(self.job, ignore_errors=True)
+
+
+def _task_call(what: str, fn: Any, *args: Any) -> Any:
+    """Run the task's own code; its failure is the task's (stage "task"), not a crash."""
+    try:
+        return fn(*args)
+    except _Failure:
+        raise
+    except Exception as err:  # the task file's error, whatever it is, names the task
+        raise _Failure("task", f"the task's {what} failed: {type(err).__name__}: "
+                               f"{err}") from None
 
 
 def _to_numpy(value: Any) -> np.ndarray:

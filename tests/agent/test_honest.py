@@ -70,3 +70,22 @@ def get_init_inputs():
     verdict = evaluate(task, os.path.join(CANDIDATES, "relu_ok.py"), EvalOptions(gpu=False))
     assert not verdict.ok and verdict.stage == "task"
     assert "degenerate reference" in verdict.reason and "all zero" in verdict.reason
+
+
+def test_failing_reference_is_a_task_error(fork_server):
+    from tegula.agent.tasks import task_from_source
+
+    task = task_from_source("broken_task", """
+import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return x @ torch.ones(3, 3)
+def get_inputs():
+    return [torch.randn(8, 8)]
+def get_init_inputs():
+    return []
+""")
+    verdict = evaluate(task, os.path.join(CANDIDATES, "relu_ok.py"), EvalOptions(gpu=False))
+    assert not verdict.ok and verdict.stage == "task"
+    assert "the task's reference forward failed: RuntimeError" in verdict.reason
