@@ -439,3 +439,21 @@ def test_helpers_called_from_the_body_and_an_if_without_else(limit):
         acc = acc * 0.5 + t
         acc = acc * 2.0 if k < limit else acc
     np.testing.assert_allclose(y, acc, rtol=1e-5, atol=1e-5)
+
+
+@tg.kernel(threads=64)
+def reused_name(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8,
+                BN: tg.constexpr = 16):
+    """A name declared before the loop but only written inside it (a reused temporary)."""
+    m = tg.block_id(0)
+    xs, ys = x.tile((BM, BN), (m, None)), y.tile((BM, BN), (m, None))
+    t = tg.register((BM, BN), f32)       # never written before the loop
+    for k in tg.range(xs.shape[2]):
+        t = tg.load(xs[:, :, k]) * 3.0
+        tg.copy(t, ys[:, :, k])
+
+
+def test_a_name_first_written_inside_the_loop_needs_no_value_before_it():
+    x, y = rand(13, 70, seed=95), poisoned(13, 70)
+    tg.emulate(reused_name, (tg.cdiv(13, 8),), x, y)
+    np.testing.assert_allclose(y, x * 3.0, rtol=1e-6)
