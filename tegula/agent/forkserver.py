@@ -32,9 +32,13 @@ class ForkServer:
     _lock = threading.Lock()
 
     def __init__(self) -> None:
+        # CUDA does not survive a fork once the driver is initialized: the server must
+        # never initialize it (the children do). torch's NVML-based availability check
+        # answers torch.cuda.is_available() without initializing the driver.
+        env = {**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         self.process = subprocess.Popen(
             [sys.executable, "-c", "from tegula.agent.forkserver import main; main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
         atexit.register(self.stop)
 
     @classmethod
