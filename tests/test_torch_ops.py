@@ -199,6 +199,27 @@ def row_stats(x: tg.Tensor[f16], rows: int, total: tg.Tensor[f32], peak: tg.Tens
         tg.copy(tg.max(t, 1), peak.tile((1, 1), (r, 0)))
 
 
+@tg.kernel(threads=64)
+def dequantize(q: tg.Tensor[tg.i8], scale: tg.Tensor[tg.bf16], out: tg.Tensor[tg.bf16],
+               BN: tg.constexpr = 64):
+    # One row per block: out = q * scale (the scale one value per column).
+    r = tg.block_id(0)
+    values = tg.load(q.tile((1, BN), (r, 0))).to(f32)
+    factors = tg.load(scale.tile((1, BN), (0, 0))).to(f32)
+    tg.copy((values * factors).to(tg.bf16), out.tile((1, BN), (r, 0)))
+
+
+def test_torch_op_with_int8_and_bf16_tensors_on_cpu():
+    op = tg.torch_op(dequantize, out={"out": lambda q, scale: tuple(q.shape)},
+                     grid=lambda q, scale: (q.shape[0],), name="tegula_test::dequantize")
+    q = torch.randint(-128, 128, (7, 50), dtype=torch.int8)
+    scale = _random((1, 50), torch.bfloat16, 21)
+    out = op(q, scale)
+    assert out.dtype == torch.bfloat16
+    # One bf16 rounding of an exact f32 product: the same as torch's own.
+    assert torch.equal(out, (q.float() * scale.float()).to(torch.bfloat16))
+
+
 def _grid_2d(x, y):
     return (tg.cdiv(x.shape[0], 8), tg.cdiv(x.shape[1], 32))
 

@@ -40,11 +40,10 @@ import numpy as np
 
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
+# tegula dtype name -> torch dtype name (the runtime's own table, so one place says it).
+from tegula.runtime.args import _TORCH_NAMES
 
 DEFAULT_NAMESPACE = "tegula_user"
-
-# tegula dtype name -> torch dtype name (the runtime's own table, so one place says it).
-from tegula.runtime.args import _TORCH_NAMES  # noqa: E402
 
 
 def torch_dtype(dtype: DType) -> Any:
@@ -85,7 +84,12 @@ def poisoned_output(shape: tuple, dtype: DType) -> np.ndarray:
     from tegula.emulate.values import storage_dtype
 
     store = storage_dtype(dtype)
-    fill = np.nan if dtype.is_float else np.iinfo(store).max
+    if dtype.is_float:
+        fill = np.nan
+    elif store.kind in "iu":
+        fill = np.iinfo(store).max
+    else:
+        fill = True  # bool: nothing is unlikely; the emulator's coverage check still tells
     return np.full(shape, fill, dtype=store)
 
 
