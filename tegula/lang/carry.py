@@ -14,7 +14,8 @@ it is *carried*:
   every iteration starts from the last one's value. The handle the name holds afterwards
   is re-pointed at C: after a loop it holds the last iteration's value (the value before
   the loop when the loop runs zero times), after a `tg.if_` the new value where the
-  condition held and the old one elsewhere. The old tile keeps its value.
+  condition held and the old one elsewhere. A loop never writes the old tile, so other
+  names holding it keep the value from before the loop.
 * a `tg.else_` branch carries into the tile its `tg.if_` branch left, so after the pair
   the name holds whichever branch ran.
 

@@ -54,12 +54,8 @@ def register_operand(x: Any, op: str, what: str = "operand") -> RegisterTile:
 
 def require_written(tile: Tile, op: str) -> None:
     """Reading a register tile nothing has written would read garbage registers; so would
-    reading, after a loop or branch, a tile made only inside it (`check_readable`)."""
-    if isinstance(tile, RegisterTile) and not current(op).is_written(tile):
-        raise fail(op, f"{describe(tile)} is read before anything wrote it; initialize it "
-                       f"(tg.zeros / tg.full / tg.fill) or write it with tg.copy first")
-    if isinstance(tile, RegisterTile):
-        current(op).check_readable(tile, op)
+    reading, after a loop or branch, a tile made only inside it (`require_readable`)."""
+    current(op).require_readable(tile, op)
 
 
 def _number(x: Any, dtype: DType, op: str):

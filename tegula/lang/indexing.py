@@ -66,6 +66,7 @@ def reshaped(tile: RegisterTile, shape: tuple, op: str) -> RegisterTile:
         raise fail(op, f"cannot reshape {describe(tile)} to {shape_text(shape)}: only dims of "
                        f"extent 1 can be inserted or removed")
     ctx = current(op)
+    ctx.require_readable(tile, op)
     out = new_register_tile(tuple(shape), tile.dtype)
     ctx.emit(Reshape(x=tile, out=out))
     ctx.mark_written(out)

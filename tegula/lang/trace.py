@@ -206,6 +206,16 @@ class TraceContext:
     def move_to_scope(self, tile: Tile, scope: Scope) -> None:
         self._tile_scopes[tile.id] = scope
 
+    def require_readable(self, tile: Tile, op: str) -> None:
+        """What every op reading a register tile checks: some op wrote it (else it holds
+        garbage registers), and not only inside a block that has ended."""
+        if not isinstance(tile, RegisterTile):
+            return
+        if tile.id not in self._written:
+            raise fail(op, f"{describe(tile)} is read before anything wrote it; initialize "
+                           f"it (tg.zeros / tg.full / tg.fill) or write it with tg.copy first")
+        self.check_readable(tile, op)
+
     def check_readable(self, tile: Tile, op: str) -> None:
         """A register tile made inside a block that has been closed has no value on the
         paths that skipped the block: reading it is a TraceError naming both lines."""

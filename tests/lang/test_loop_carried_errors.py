@@ -72,6 +72,12 @@ def test_a_tile_made_only_inside_a_loop_is_refused_after_it():
             acc += u  # @inner-use
     expect(nested, "# @inner-use", "`u`", "tg.range loop at line")
 
+    def indexed(x, y, n):
+        for k in tg.range(n):
+            r = tg.max(chunk(x, k), 1)
+        tg.copy(r[:, 0][:, None], y.tile((8, 1), (0, 0)))  # @indexed
+    expect(indexed, "# @indexed", "`r`", "read after that block ended")
+
 
 def test_a_tile_made_only_inside_a_branch_is_refused_after_it():
     def after_if(x, y, n):
