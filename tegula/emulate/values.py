@@ -99,12 +99,13 @@ def _f8_decode(codes: np.ndarray, dt: DType) -> np.ndarray:
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """uint16 bf16 bit patterns of float values (RNE on the float32 pattern)."""
+    shape = np.shape(x)  # ascontiguousarray makes a 0-d array 1-d: keep the caller's shape
     f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     bits = f.view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
     nan = np.isnan(f)
     rounded = np.where(nan, (bits >> 16) | 0x40, rounded)  # keep sign, force quiet NaN
-    return rounded.astype(np.uint16)
+    return rounded.astype(np.uint16).reshape(shape)
 
 
 def _bf16_from_bits(bits: np.ndarray) -> np.ndarray:
