@@ -456,7 +456,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     """`tegula explain FILE.py:KERNEL`: build it and print what the compiler decided."""
     from tegula.build import build
     from tegula.errors import TegulaError
-    from tegula.explain import explain_build, write_svgs
+    from tegula.explain import explain_build, tile_names, write_svgs
 
     constexprs = dict(parse_define(d) for d in args.defines)
     shapes = dict(parse_shape(s) for s in args.shapes)
@@ -470,13 +470,18 @@ def _run_explain(args: argparse.Namespace) -> int:
     except TegulaError as err:
         raise UsageError(str(err)) from None
     if args.svg:
-        only = [n.strip() for n in args.svg_only.split(",")] if args.svg_only else None
+        only = [n.strip().lstrip("%") for n in args.svg_only.split(",")] \
+            if args.svg_only else None
+        unknown = sorted(set(only or ()) - set(tile_names(result)))
+        if unknown:
+            raise UsageError(f"--svg-only: {kernel.name} has no register tile or shared "
+                             f"buffer named {', '.join(unknown)} (it has "
+                             f"{', '.join(tile_names(result))})")
         written = write_svgs(result, args.svg, only)
-        if not written:
-            raise UsageError(f"--svg-only {args.svg_only}: no register tile or shared buffer "
-                             f"of {kernel.name} has these names")
         for path in written:
             print(f"wrote {path}")
+        if not written:
+            print("nothing to draw (pictures are drawn for tiles of rank 1 or 2)")
     return 0
 
 

@@ -258,6 +258,12 @@ def write_svgs(build: Any, folder: str, only: list[str] | None = None) -> list[s
     return [_save(folder, f"{build.traced.name}.svg", _stack(pictures))]
 
 
+def tile_names(build: Any) -> list[str]:
+    """The names `write_svgs(only=...)` accepts: register tiles, then shared buffers."""
+    return [t.name for t in _register_tiles(build)] + \
+        [a.name for a in build.traced.shared_allocs]
+
+
 def _pictures(build: Any, only: list[str] | None) -> list[str]:
     """The SVG documents of the page, deduplicated by (kind, layout, shape)."""
     from tegula.layout import render
@@ -306,4 +312,4 @@ def _save(folder: str, name: str, text: str) -> str:
     return path
 
 
-__all__ = ["explain", "explain_build", "write_svgs"]
+__all__ = ["explain", "explain_build", "write_svgs", "tile_names"]

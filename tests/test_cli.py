@@ -188,8 +188,9 @@ def test_explain_svg_only_draws_what_was_asked(capsys, tmp_path):
     (drawing,) = page.findall("{http://www.w3.org/2000/svg}svg")
     assert "".join(drawing.itertext()).strip().startswith("%s0 (f16)")
     code, _, err = run(capsys, "explain", f"{gemm}:gemm", "--svg", str(tmp_path),
-                       "--svg-only", "nope")
-    assert code == 2 and "no register tile or shared buffer of gemm" in err
+                       "--svg-only", "s0,nope")
+    assert code == 2 and "gemm has no register tile or shared buffer named nope" in err
+    assert "(it has r0, r1, s0, s1)" in err
 
 
 FACTORY = '''
