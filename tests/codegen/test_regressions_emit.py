@@ -66,12 +66,28 @@ def test_replicas_do_not_issue_cp_async_and_fills_are_stored():
     assert all(lines[i + 1].strip() == "} else {" and "0xff800000" in lines[i + 2] for i in asm)
 
 
+def test_small_tile_gemm_copies_only_from_owners():
+    """Issue 8 item 5: 16x32 f16 tiles are 64 cp.async vectors for 128 threads."""
+    from tegula.kernels.gemm import gemm_kernel
+    src = _source(gemm_kernel(f16), BM=16, BN=64, BK=32, threads=128)
+    lines = src.splitlines()
+    # a's 16x32 tile has replicas (2 threads per vector), b's 64x32 tile none
+    a_copies = [i for i, line in enumerate(lines) if "tile op: copy %a" in line]
+    b_copies = [i for i, line in enumerate(lines) if "tile op: copy %b" in line]
+    assert len(a_copies) == 3  # two in the pipeline prologue, one in the loop
+    assert all(lines[i + 1].strip() == "if (tid / 64 % 2 == 0) {" for i in a_copies)
+    assert all(not lines[i + 1].strip().startswith("if (tid") for i in b_copies)
+
+
 @needs_compiler
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("which", ("masked", "minmax", "copy_paths"))
+@pytest.mark.parametrize("which", ("masked", "minmax", "copy_paths", "gemm_small"))
 def test_the_regression_kernels_compile(which, target):
-    kernel = {"masked": masked, "minmax": minmax_kernel(f16, (16, 128), 256),
-              "copy_paths": copy_paths_kernel(f32, (8, 8), 32, -float("inf"))}[which]
-    thread_kernel = build(kernel, {}, target=target).thread_kernel
+    from tegula.kernels.gemm import gemm_kernel
+    kernel, constexprs = {
+        "masked": (masked, {}), "minmax": (minmax_kernel(f16, (16, 128), 256), {}),
+        "copy_paths": (copy_paths_kernel(f32, (8, 8), 32, -float("inf")), {}),
+        "gemm_small": (gemm_kernel(f16), dict(BM=16, BN=64, BK=32, threads=128))}[which]
+    thread_kernel = build(kernel, constexprs, target=target).thread_kernel
     cubin = compile_cuda(emit_cuda(thread_kernel, target), thread_kernel.name, target)
     assert cubin[:4] == b"\x7fELF"
