@@ -9,6 +9,7 @@ This module sits above the pipeline modules (like `tegula.cli`) and may import t
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -120,6 +121,8 @@ def normalize_grid(grid) -> tuple[int, int, int]:
             and grid[1] <= 65535 and grid[2] <= 65535 and grid[0] < 2**31:
         return grid  # the common case, checked cheaply (launch overhead)
     dims = (grid,) if _is_int(grid) else grid
+    if type(dims).__module__ == "numpy" and getattr(dims, "ndim", None) == 1:
+        dims = tuple(dims)  # a numpy array of block counts: its elements are checked below
     if not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
         raise LaunchError(f"a grid is an int or a tuple of up to three ints (block counts, "
                           f"e.g. tg.cdiv(M, BM)), got {grid!r}")
@@ -135,8 +138,7 @@ def normalize_grid(grid) -> tuple[int, int, int]:
 
 def _is_int(x) -> bool:
     """An int or numpy integer, not a bool (nor a float with an integral value)."""
-    return isinstance(x, int) and not isinstance(x, bool) or \
-        type(x).__module__ == "numpy" and hasattr(x, "dtype") and x.dtype.kind in "iu"
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_races: bool = True,
@@ -182,10 +184,14 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
         shapes[name] = shape
     grid3 = normalize_grid(grid)
     result = build(kernel, constexprs, facts, target)
-    check_contractions(kernel, result.traced, shapes)
+    check_extents(kernel, result.traced, shapes)
     written, read = tensor_roles(result.thread_kernel)
     checked = _coverage_names(kernel, check_coverage, written)
-    poisoned = {name for name in checked if name not in read}
+    # Poison only what no other argument can see: an output passed as a view of an input
+    # (an in-place kernel with separate parameters) is the input's memory too.
+    poisoned = {name for name in checked if name not in read and not any(
+        other != name and np.may_share_memory(tensors[name], array)
+        for other, array in tensors.items())}
     for name in poisoned:
         poison(tensors[name])
     report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
@@ -212,78 +218,15 @@ def _coverage_names(kernel, check_coverage, written: set[str]) -> list[str]:
     return sorted(set(names))
 
 
-# --------------------------------------------------------------------------------------
-# Extents a kernel assumes equal
-# --------------------------------------------------------------------------------------
-# A tile view masks what lies past its tensor's extent, so a `tg.gemm` whose operands come
-# from two tensors with different K extents would compute anyway — zeros standing in for
-# the shorter operand's missing columns, or the longer one's extra columns ignored. The
-# contraction says the kernel assumes them equal; the launch checks it.
+def check_extents(kernel, traced: TracedKernel, shapes: dict) -> None:
+    """Raise `LaunchError` where these tensor shapes break an extent equality the kernel
+    assumes (a gemm's K, tensors read at the same coordinates and combined element by
+    element: `tegula.ir.extents`)."""
+    from tegula.ir.extents import mismatch
 
-@dataclass(frozen=True)
-class Contraction:
-    """A `tg.gemm` at `loc` contracting tensor `a[0]`'s dim `a[1]` with `b[0]`'s `b[1]`."""
-
-    loc: Any
-    a: tuple[str, int]
-    b: tuple[str, int]
-
-
-def contractions(traced: TracedKernel) -> list[Contraction]:
-    """The gemms whose two operands are both loaded from global tensors (directly into
-    registers, or through a copy into shared memory), with the tensor dim each one's K
-    dimension (operand dim 1: c += a @ b.T) runs along."""
-    from tegula.ir.ops import Copy, Gemm, walk_ops
-    from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
-
-    sources: dict[tuple, set] = {}  # ("reg", tile id) / ("shared", alloc id) -> sources
-    for op in walk_ops(traced.body):
-        if isinstance(op, Copy) and isinstance(op.src, GlobalTile):
-            if isinstance(op.dst, RegisterTile):
-                sources.setdefault(("reg", op.dst.id), set()).add((op.src, ()))
-            elif isinstance(op.dst, SharedTile):
-                sources.setdefault(("shared", op.dst.alloc.id), set()).add(
-                    (op.src, tuple(op.dst.permutation)))
-
-    def tensor_dim(tile, dim: int) -> tuple[str, int] | None:
-        """The (tensor, dim) that operand dim `dim` of `tile` was loaded along."""
-        if isinstance(tile, GlobalTile):
-            return tile.arg.name, tile.dims[dim].tensor_dim
-        if isinstance(tile, RegisterTile):
-            found = sources.get(("reg", tile.id), set())
-        elif isinstance(tile, SharedTile):
-            dim = tile.permutation[dim] if tile.permutation else dim  # alloc dim
-            found = sources.get(("shared", tile.alloc.id), set())
-        else:
-            return None
-        dims = set()
-        for src, permutation in found:
-            src_dim = permutation.index(dim) if permutation else dim
-            if src_dim >= len(src.dims):
-                return None
-            dims.add((src.arg.name, src.dims[src_dim].tensor_dim))
-        return dims.pop() if len(dims) == 1 else None  # several sources: not one tensor
-
-    found = []
-    for op in walk_ops(traced.body):
-        if isinstance(op, Gemm):
-            a, b = tensor_dim(op.a, 1), tensor_dim(op.b, 1)
-            if a is not None and b is not None and a != b:
-                found.append(Contraction(op.loc, a, b))
-    return found
-
-
-def check_contractions(kernel, traced: TracedKernel, shapes: dict) -> None:
-    """Raise `LaunchError` where a gemm contracts two tensor dims of unequal extents
-    (`shapes`: each tensor's logical shape at this launch)."""
-    for c in contractions(traced):
-        (ta, da), (tb, db) = c.a, c.b
-        ka, kb = shapes[ta][da], shapes[tb][db]
-        if ka != kb:
-            raise LaunchError(
-                f"kernel {kernel.name}: tg.gemm contracts {ta}'s dim {da} (extent {ka}) with "
-                f"{tb}'s dim {db} (extent {kb}), which must be equal: {ta} has shape "
-                f"{tuple(shapes[ta])}, {tb} has shape {tuple(shapes[tb])}", c.loc)
+    found = mismatch(kernel.name, traced, shapes)
+    if found is not None:
+        raise LaunchError(*found)
 
 
 def _launch_facts(kernel, tensors: dict) -> tuple[dict, dict]:
@@ -402,7 +345,7 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     grid3 = _normalized(grid(values) if callable(grid) else grid)  # a bad grid: before compiling
     facts, shapes = _launch_facts(kernel, tensors)
     target = target or default_target()
-    check_contractions(kernel, build(kernel, dict(values, threads=threads), facts, target).traced,
+    check_extents(kernel, build(kernel, dict(values, threads=threads), facts, target).traced,
                        shapes)
     ck = compiled(kernel, dict(values, threads=threads), facts, target)
     names = [p.name for p in kernel.params if p.kind == "tensor"]

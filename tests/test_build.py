@@ -6,7 +6,7 @@ import pytest
 
 import tegula as tg
 from tegula import f16, f32, i8
-from tegula.build import build, contractions, normalize_grid, split_arguments
+from tegula.build import build, normalize_grid, split_arguments
 from tegula.emulate import EmulationError
 from tegula.errors import LaunchError
 
@@ -54,6 +54,7 @@ def test_emulate_checks_ranks():
 
 
 @pytest.mark.parametrize("grid,expected", [(3, (3, 1, 1)), ((2, 5), (2, 5, 1)),
+                                           (np.array([3, 2]), (3, 2, 1)),
                                            ((1, 2, 3), (1, 2, 3)), ([4, np.int64(2)], (4, 2, 1)),
                                            (0, (0, 1, 1)), ((2, 0), (2, 0, 1))])
 def test_grids_normalize_to_three_extents(grid, expected):
@@ -64,6 +65,7 @@ def test_grids_normalize_to_three_extents(grid, expected):
     ((1, 70000), "exceeds CUDA's limits"), ("x", "tuple of up to three ints"),
     (2.0, "tuple of up to three ints"), ((37 / 16, 2), "tuple of up to three ints"),
     (np.float32(3), "tuple of up to three ints"), ((True, 1), "tuple of up to three ints"),
+    (np.array([2.0, 1.0]), "tuple of up to three ints"),
     (None, "tuple of up to three ints"), ((1, -1), "non-negative"), ((), "one to three"),
     ((1, 2, 3, 4), "one to three")])
 def test_bad_grids_are_launch_errors(grid, message):
@@ -109,6 +111,16 @@ def test_coverage_can_be_turned_off_for_kernels_that_write_a_subset():
         tg.emulate(scale, (2,), x, y, 1, check_coverage=["y"])
     with pytest.raises(LaunchError, match="never writes"):
         tg.emulate(scale, (3,), x, y, 1, check_coverage=["x"])
+
+
+def test_an_output_sharing_memory_with_an_input_is_not_poisoned():
+    x = np.random.default_rng(8).standard_normal((37, 32)).astype(np.float32)
+    before = x.copy()
+    tg.emulate(scale, (3,), x, x, 1)              # in place: y is x
+    assert np.array_equal(x, before * 2)
+    with pytest.raises(EmulationError, match="'y'"):
+        tg.emulate(scale, (2,), x, x, 1)          # still checked, but x's rows 32.. intact
+    assert np.array_equal(x[32:], before[32:] * 2)
 
 
 def test_written_nans_count_as_written():
@@ -159,15 +171,30 @@ def test_an_integer_output_equal_to_the_poison_counts_as_written():
 
 
 # --------------------------------------------------------------------------------------
-# Extents the kernel assumes equal: a gemm's K
+# Extents the kernel assumes equal: a gemm's K, tensors combined at the same coordinates
 # --------------------------------------------------------------------------------------
 
-def test_gemm_contractions_are_found_in_the_traced_kernel():
-    from tegula.kernels.gemm import gemm_kernel, gemm_registers_kernel
-    for kernel in (gemm_kernel(f16), gemm_registers_kernel(f16)):
-        found = contractions(kernel.trace(BM=64, BN=64, BK=32))
-        assert [(c.a, c.b) for c in found] == [(("a", 1), ("b", 1))]
-        assert "tg.gemm" in found[0].loc.line
+def _assumed(kernel, **constexprs):
+    from tegula.ir.extents import assumptions
+    return sorted((a.what, a.a, a.b) for a in assumptions(kernel.trace(**constexprs)))
+
+
+def test_the_library_kernels_assume_what_their_entry_points_check():
+    from tegula.kernels.elementwise import silu_mul_kernel
+    from tegula.kernels.gemm import gemm_kernel, gemm_registers_kernel, gemm_split_k_kernel
+    from tegula.kernels.norm import rms_norm_kernel, rms_norm_looped_kernel
+    from tegula.kernels.softmax import softmax_kernel
+    for kernel in (gemm_kernel(f16), gemm_registers_kernel(f16), gemm_split_k_kernel(f16)):
+        assert _assumed(kernel) == [("tg.gemm", ("a", 1), ("b", 1))]
+    assert ("tg.mul", ("x", 1), ("y", 1)) in _assumed(silu_mul_kernel(f32))
+    assert ("tg.mul", ("x", 0), ("y", 0)) in _assumed(silu_mul_kernel(f32))
+    for kernel in (rms_norm_kernel(f32), rms_norm_looped_kernel(f32)):
+        assert _assumed(kernel, N=64) == [("tg.mul", ("w", 1), ("x", 1))]  # w is (1, N)
+    assert _assumed(softmax_kernel(f32)) == [] and _assumed(scale) == []
+
+
+GEMM_MISMATCH = (r"tg.gemm contracts a's dim 1 \(extent 96\) with b's dim 1 \(extent 64\), "
+                 r"which must be equal: a has shape \(64, 96\), b has shape \(64, 64\)")
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -178,12 +205,40 @@ def test_a_k_that_differs_between_a_and_b_is_a_launch_error(shared):
     a = rng.standard_normal((64, 96)).astype(np.float16)
     b = rng.standard_normal((64, 64)).astype(np.float16)
     c = np.zeros((64, 64), np.float16)
-    expected = (r"tg.gemm contracts a's dim 1 \(extent 96\) with b's dim 1 \(extent 64\), "
-                r"which must be equal: a has shape \(64, 96\), b has shape \(64, 64\)")
-    with pytest.raises(LaunchError, match=expected) as info:
+    with pytest.raises(LaunchError, match=GEMM_MISMATCH) as info:
         tg.emulate(kernel, (1, 1), a, b, c, BM=64, BN=64, BK=32)
     assert "tg.gemm" in info.value.loc.line
     torch = pytest.importorskip("torch")
-    with pytest.raises(LaunchError, match=expected):  # checked before compiling (no GPU here)
+    with pytest.raises(LaunchError, match=GEMM_MISMATCH):  # before compiling (no GPU here)
         kernel[(1, 1)](torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c),
                        BM=64, BN=64, BK=32)
+    tg.emulate(kernel, (1, 1), a[:, :64], b, c, BM=64, BN=64, BK=32)  # a view of the part
+    np.testing.assert_allclose(c, (a[:, :64].astype(np.float32) @ b.T.astype(np.float32)),
+                               rtol=2e-3, atol=2e-2)
+
+
+@tg.kernel(threads=64)
+def add(x: tg.Tensor[f32], y: tg.Tensor[f32], bias: tg.Tensor[f32], out: tg.Tensor[f32]):
+    m, n = tg.block_id(0), tg.block_id(1)
+    total = tg.load(x.tile((8, 32), (m, n))) + tg.load(y.tile((8, 32), (m, n)))
+    tg.copy(total + tg.load(bias.tile((1, 32), (0, n))), out.tile((8, 32), (m, n)))
+
+
+@pytest.mark.parametrize("y_shape,bias_shape,message", [
+    ((20, 40), (1, 50), r"tg.add combines element by element bias's dim 1 \(extent 50\) with "
+                        r"x's dim 1 \(extent 40\)"),
+    ((20, 39), (1, 40), r"x's dim 1 \(extent 40\) with y's dim 1 \(extent 39\)"),
+    ((21, 40), (1, 40), r"x's dim 0 \(extent 20\) with y's dim 0 \(extent 21\)"),
+])
+def test_tensors_combined_at_the_same_coordinates_must_agree(y_shape, bias_shape, message):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((20, 40)).astype(np.float32)
+    y = rng.standard_normal(y_shape).astype(np.float32)
+    bias = rng.standard_normal(bias_shape).astype(np.float32)
+    out = np.zeros((20, 40), np.float32)
+    with pytest.raises(LaunchError, match=message):
+        tg.emulate(add, (3, 2), x, y, bias, out)
+    y, bias = y[:20, :40], bias[:, :40]            # views of the parts meant
+    if y.shape == (20, 40) and bias.shape == (1, 40):
+        tg.emulate(add, (3, 2), x, y, bias, out)
+        assert np.array_equal(out, x + y + bias)
