@@ -250,7 +250,7 @@ class Autotuner:
             data = json.dumps(merged, indent=1, sort_keys=True).encode("utf-8")
             PrivateDir(self._root).write("autotune", self._file_name, data=data)
             self._disk = merged
-        except (OSError, ValueError):
+        except (OSError, ValueError, TypeError):
             pass  # an unwritable cache must not stop a launch; the winner stays in memory
 
     # -- selection -------------------------------------------------------------------------

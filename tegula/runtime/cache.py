@@ -115,13 +115,13 @@ class PrivateDir:
                          "(no O_NOFOLLOW / dir_fd)")
             return None
         created = False
-        if create and not self.root.exists():
+        if create:
             try:
                 self.root.parent.mkdir(parents=True, exist_ok=True)
                 os.mkdir(self.root, 0o700)
                 created = True
             except FileExistsError:
-                pass  # another process made it: it is checked like any other
+                pass  # made earlier, or by another process: checked like any other
             except OSError:
                 return None  # unwritable: no caching, as before (no warning needed)
         try:
