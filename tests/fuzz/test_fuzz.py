@@ -13,8 +13,8 @@ from tegula.errors import SynthesisError, TraceError
 from tegula.fuzz import fuzz, fuzz_program, make_program
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.generate import Switches
-from tegula.fuzz.program import (Alias, Binary, Load, Loop, Num, Program, Store, TensorDecl,
-                                 Unary, check)
+from tegula.fuzz.program import (Alias, Binary, Extent, Load, Loop, Num, Program, Reduce,
+                                 Store, TensorDecl, Unary, check)
 from tegula.fuzz.runner import (Verdict, check_outputs, classify_error, program_inputs,
                                 run_emulator)
 from tegula.fuzz.shrink import shrink
@@ -22,11 +22,8 @@ from tegula.fuzz.source import kernel_source
 
 CI_SEED = 20261124
 CI_PROGRAMS = 220  # about 20 s on one core of the CI machine
-#: Everything the fuzzer knows is on; a switch goes off here only with a named bug:
-#: shared_fill — a global->shared copy of a 16- or 8-bit tile with a non-zero fill at a
-#: ragged edge crashes the emulator (IndexError in write_regs; the fill registers of the
-#: cp.async path): `python -m tegula.fuzz --seed 20261124 --program 0`.
-CI_SWITCHES = Switches(shared_fill=False)
+#: Everything the fuzzer knows is on; a switch goes off here only with a named bug.
+CI_SWITCHES = Switches()
 
 
 def _failure_report(failures) -> str:
@@ -84,6 +81,10 @@ def test_generated_programs_cover_the_language():
                 routes.add(s.route)
             if isinstance(s, (Unary, Binary)):
                 ops.add(s.op)
+            if isinstance(s, Reduce):
+                ops.add(s.kind)
+            if isinstance(s, Binary) and any(isinstance(x, Extent) for x in (s.a, s.b)):
+                kinds.add("kernel scalar")
             if isinstance(s, Loop):
                 kinds.add("pipeline" if s.stages > 1 else "range")
                 walk(s.body)
@@ -91,14 +92,16 @@ def test_generated_programs_cover_the_language():
         p = make_program(11, index)
         dtypes |= {t.dtype for t in p.tensors}
         walk(p.body)
-    assert kinds >= {"Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
-                     "Assign", "Alias", "Loop", "Store", "range", "pipeline"}
+    assert kinds >= {"Load", "Full", "Indices", "Unary", "Binary", "Where", "Cast", "Reduce",
+                     "InPlace", "Assign", "Alias", "Loop", "Store", "range", "pipeline",
+                     "kernel scalar"}
     assert routes >= {"load", "copy", "shared", "shared2", "via_register", "transposed",
                       "shared_reg"}
     assert dtypes == set(nx.FLOAT_TYPES) | set(nx.INT_TYPES)
     assert ops >= {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                    "sigmoid", "neg", "abs", "not", "add", "sub", "mul", "div", "max", "min",
-                   "pow", "and", "or", "xor", "lt", "le", "gt", "ge", "eq", "ne"}
+                   "pow", "and", "or", "xor", "lt", "le", "gt", "ge", "eq", "ne", "sum",
+                   "argmax", "argmin"}
 
 
 # -- the reference's numbers ----------------------------------------------------------------

@@ -34,7 +34,7 @@ from gpu_helpers import poison, to_device, torch_dtype, values_of  # noqa: E402
 
 SEED = 4242
 PROGRAMS = 150
-SWITCHES = Switches(shared_fill=False)  # as tests/fuzz's CI run (see its note)
+SWITCHES = Switches()  # everything, as tests/fuzz's CI run
 
 
 def _integer_only(program) -> bool:
