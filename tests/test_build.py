@@ -242,3 +242,14 @@ def test_tensors_combined_at_the_same_coordinates_must_agree(y_shape, bias_shape
     if y.shape == (20, 40) and bias.shape == (1, 40):
         tg.emulate(add, (3, 2), x, y, bias, out)
         assert np.array_equal(out, x + y + bias)
+
+
+def test_coverage_counts_packed_elements():
+    from tegula.dtypes import i4
+    from tegula.kernels.copy import copy_kernel
+    x = np.random.default_rng(9).integers(0, 256, (20, 16), dtype=np.uint8)  # 20 x 32 nibbles
+    y = np.zeros_like(x)
+    with pytest.raises(EmulationError, match=r"'y' \(shape \(20, 32\)\): 128 of 640"):
+        tg.emulate(copy_kernel(i4), (1, 1), x, y, BM=16, BN=32)
+    tg.emulate(copy_kernel(i4), (1, 2), x, y, BM=16, BN=32)
+    assert np.array_equal(y, x)

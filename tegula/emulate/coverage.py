@@ -61,8 +61,8 @@ def element_offsets(array: np.ndarray, dtype: DType) -> np.ndarray:
     packed 4-bit arrays hold two elements per byte along the last dim)."""
     strides = [s // array.itemsize for s in array.strides]
     shape = list(array.shape)
-    if dtype.is_packed and shape:
-        strides = [2 * s for s in strides[:-1]] + [1]
+    if dtype.is_packed and shape:  # as GlobalTensor counts them: two nibbles a byte
+        strides = [2 * s for s in strides[:-1]] + strides[-1:]
         shape[-1] *= 2
     offsets = np.zeros(shape, dtype=np.int64)
     for dim, (extent, stride) in enumerate(zip(shape, strides)):
