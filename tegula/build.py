@@ -194,6 +194,10 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
         for other, array in tensors.items())}
     for name in poisoned:
         poison(tensors[name])
+    from tegula.lower.thread_ir import ScalarParam
+    from tegula.runtime.args import scalar_value
+    scalars = {p.name: scalar_value(p, scalars[p.name]) for p in result.thread_kernel.params
+               if isinstance(p, ScalarParam) and p.name in scalars}  # as a launch checks them
     report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
                                check_races=check_races, track_writes=checked)
     check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)

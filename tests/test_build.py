@@ -253,3 +253,11 @@ def test_coverage_counts_packed_elements():
         tg.emulate(copy_kernel(i4), (1, 1), x, y, BM=16, BN=32)
     tg.emulate(copy_kernel(i4), (1, 2), x, y, BM=16, BN=32)
     assert np.array_equal(y, x)
+
+
+@pytest.mark.parametrize("factor", [2.7, True, "2", None])
+def test_scalars_are_checked_as_a_launch_checks_them(factor):
+    x, y = np.ones((16, 32), np.float32), np.zeros((16, 32), np.float32)
+    with pytest.raises(LaunchError, match="argument 'factor' must be an int"):
+        tg.emulate(scale, (1,), x, y, factor)
+    tg.emulate(scale, (1,), x, y, np.int64(3))    # numpy integers are ints

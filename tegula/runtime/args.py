@@ -7,9 +7,12 @@ per-argument steps, with a fast path for `torch.Tensor` (attribute reads only).
 """
 from __future__ import annotations
 
+import numbers
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import numpy as np
 
 from tegula.dtypes import DType
 from tegula.errors import LaunchError
@@ -182,17 +185,24 @@ class ArgumentPlan:
 
     def check_scalar(self, p: ScalarParam, arg: Any):
         """The parameter value of scalar `p` for `arg` (float rounded to p's dtype), checked."""
-        if p.dtype.is_float:
-            if not isinstance(arg, (int, float)) or isinstance(arg, bool):
-                raise LaunchError(f"argument {p.name!r} must be a number ({p.dtype}), got "
-                                  f"{type(arg).__name__}")
-            return element_value(float(arg), p.dtype) if p.dtype.bits < 32 else float(arg)
-        if not isinstance(arg, int) and not (p.dtype.name == "bool" and isinstance(arg, bool)):
-            raise LaunchError(f"argument {p.name!r} must be an int ({p.dtype}), got "
+        return scalar_value(p, arg)
+
+
+def scalar_value(p: ScalarParam, arg: Any):
+    """The value of scalar parameter `p` for `arg`: a float rounded to p's dtype, or an
+    int (numpy integers too) in 32-bit range — never a float truncated to an int."""
+    if p.dtype.is_float:
+        if not isinstance(arg, numbers.Real) or isinstance(arg, (bool, np.bool_)):
+            raise LaunchError(f"argument {p.name!r} must be a number ({p.dtype}), got "
                               f"{type(arg).__name__}")
-        if not -2**31 <= int(arg) <= _INT32_MAX:
-            raise LaunchError(f"argument {p.name!r} = {arg} does not fit in 32 bits")
-        return int(arg)
+        return element_value(float(arg), p.dtype) if p.dtype.bits < 32 else float(arg)
+    if type(arg) is not int and (isinstance(arg, bool) and p.dtype.name != "bool" or
+                                 not isinstance(arg, numbers.Integral)):
+        raise LaunchError(f"argument {p.name!r} must be an int ({p.dtype}), got "
+                          f"{type(arg).__name__} {arg!r}")
+    if not -2**31 <= int(arg) <= _INT32_MAX:
+        raise LaunchError(f"argument {p.name!r} = {arg} does not fit in 32 bits")
+    return int(arg)
 
 
 # --------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 
 from tegula.codegen import param_list
@@ -95,6 +96,22 @@ def test_float_scalars_are_rounded_to_their_dtype():
     kernel = ThreadKernel("k", 32, [ScalarParam("s", bf16), ScalarParam("n", f32)], [], [], [])
     values, _ = ArgumentPlan(kernel).flatten([1.0 + 2**-9, 0.1])
     assert values == [1.0, 0.1]
+
+
+@pytest.mark.parametrize("value,accepted", [
+    (7, 7), (np.int64(-3), -3), (np.uint8(200), 200),
+    (2.7, None), (np.float32(2.0), None), (True, None), ("3", None), (2**31, None)])
+def test_int_scalars_take_ints_only(value, accepted):
+    """A float is refused rather than truncated; numpy integers are ints."""
+    from tegula.dtypes import i32
+    from tegula.lower.thread_ir import ScalarParam, ThreadKernel
+    plan = ArgumentPlan(ThreadKernel("k", 32, [ScalarParam("n", i32)], [], [], []))
+    if accepted is None:
+        with pytest.raises(LaunchError, match="argument 'n'"):
+            plan.flatten([value])
+    else:
+        values, _ = plan.flatten([value])
+        assert values == [accepted] and type(values[0]) is int
 
 
 def test_divisibility_and_specialization_key():
