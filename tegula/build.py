@@ -162,8 +162,37 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
 
     from tegula.emulate import run_thread_kernel
     from tegula.emulate.coverage import check_written, poison, tensor_roles
+    from tegula.lower.thread_ir import ScalarParam
+    from tegula.runtime.args import scalar_value
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
+    facts, shapes = _array_facts(kernel, tensors)
+    grid3 = normalize_grid(grid)
+    result = build(kernel, constexprs, facts, target)
+    check_extents(kernel, result.traced, shapes)
+    scalars = {p.name: scalar_value(p, scalars[p.name]) for p in result.thread_kernel.params
+               if isinstance(p, ScalarParam) and p.name in scalars}  # as a launch checks them
+    # Every argument is checked: from here on the arrays may be changed.
+    written, read = tensor_roles(result.thread_kernel)
+    checked = _coverage_names(kernel, check_coverage, written)
+    # Poison only what no other argument can see: an output passed as a view of an input
+    # (an in-place kernel with separate parameters) is the input's memory too.
+    poisoned = {name for name in checked if name not in read and not any(
+        other != name and np.may_share_memory(tensors[name], array)
+        for other, array in tensors.items())}
+    for name in poisoned:
+        poison(tensors[name])
+    report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
+                               check_races=check_races, track_writes=checked)
+    check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)
+    return report
+
+
+def _array_facts(kernel, tensors: dict) -> tuple[dict, dict]:
+    """Facts and logical shapes of `tg.emulate`'s numpy arrays, checked against the
+    kernel's signature."""
+    import numpy as np
+
     facts, shapes = {}, {}
     for name, array in tensors.items():
         if not isinstance(array, np.ndarray):
@@ -182,26 +211,7 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
             strides = tuple(2 * s if d < len(strides) - 1 else s for d, s in enumerate(strides))
         facts[name] = TensorFacts.of(shape, strides, 0, param.spec.dtype.bits / 8)
         shapes[name] = shape
-    grid3 = normalize_grid(grid)
-    result = build(kernel, constexprs, facts, target)
-    check_extents(kernel, result.traced, shapes)
-    written, read = tensor_roles(result.thread_kernel)
-    checked = _coverage_names(kernel, check_coverage, written)
-    # Poison only what no other argument can see: an output passed as a view of an input
-    # (an in-place kernel with separate parameters) is the input's memory too.
-    poisoned = {name for name in checked if name not in read and not any(
-        other != name and np.may_share_memory(tensors[name], array)
-        for other, array in tensors.items())}
-    for name in poisoned:
-        poison(tensors[name])
-    from tegula.lower.thread_ir import ScalarParam
-    from tegula.runtime.args import scalar_value
-    scalars = {p.name: scalar_value(p, scalars[p.name]) for p in result.thread_kernel.params
-               if isinstance(p, ScalarParam) and p.name in scalars}  # as a launch checks them
-    report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
-                               check_races=check_races, track_writes=checked)
-    check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)
-    return report
+    return facts, shapes
 
 
 def _coverage_names(kernel, check_coverage, written: set[str]) -> list[str]:

@@ -260,4 +260,5 @@ def test_scalars_are_checked_as_a_launch_checks_them(factor):
     x, y = np.ones((16, 32), np.float32), np.zeros((16, 32), np.float32)
     with pytest.raises(LaunchError, match="argument 'factor' must be an int"):
         tg.emulate(scale, (1,), x, y, factor)
+    assert (y == 0).all()  # refused before the output was poisoned
     tg.emulate(scale, (1,), x, y, np.int64(3))    # numpy integers are ints
