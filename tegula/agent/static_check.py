@@ -56,6 +56,13 @@ BANNED_TORCH = {  # resolved call/attribute prefixes, with the reason
     "torch.overrides": "torch function overrides", "torch.autograd": "autograd hooks",
     "torch.multiprocessing": "processes", "torch.distributed": "processes",
 }
+# torch/numpy names a candidate may use as values (not call): types and dtypes.
+ALLOWED_VALUES = {f"torch.{t}" for t in ("float32", "float16", "bfloat16", "float64", "int32",
+                                         "int64", "int8", "uint8", "bool", "float", "half",
+                                         "Tensor", "Size", "dtype", "device", "nn.Module",
+                                         "nn.Parameter")} | {
+    f"numpy.{t}" for t in ("float32", "float16", "float64", "int32", "int64", "int8", "uint8",
+                           "bool_", "ndarray", "dtype")}
 FILE_METHODS = {"tofile", "fromfile", "dump", "dumps", "write_text", "write_bytes",
                 "read_text", "read_bytes"}
 ALLOWED_TORCH_CALLS = {"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.Size",
@@ -93,6 +100,8 @@ def check_source(source: str, task_modules: tuple[str, ...] = ()) -> list[Findin
     except SyntaxError as err:
         return [Finding(err.lineno or 0, "syntax", f"syntax error: {err.msg}")]
     checker = _Checker(set(task_modules))
+    checker.parents = {child: node for node in ast.walk(tree)
+                       for child in ast.iter_child_nodes(node)}
     checker.collect_definitions(tree)
     checker.visit(tree)
     if not checker.has_model_new:
@@ -115,6 +124,7 @@ class _Checker(ast.NodeVisitor):
         self.in_kernel = False
         self.in_function = False
         self.has_model_new = False
+        self.parents: dict = {}
 
     def add(self, line: int, rule: str, message: str) -> None:
         self.findings.append(Finding(line, rule, message))
@@ -190,6 +200,12 @@ class _Checker(ast.NodeVisitor):
         target = node.func if isinstance(node, ast.Call) else node
         return (self.resolve(target) or "") in ("tegula.kernel", "tegula.lang.kernel")
 
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        saved = self.restricted
+        self.restricted = True  # a lambda made in __init__ runs later, as forward would
+        self.generic_visit(node)
+        self.restricted = saved
+
     def visit_Try(self, node: ast.Try) -> None:
         self.add(node.lineno, "try", "try/except is not allowed: a failing kernel must fail "
                                      "(a fallback to the reference would hide it)")
@@ -208,6 +224,26 @@ class _Checker(ast.NodeVisitor):
         if node.id in BANNED_NAMES:
             self.add(node.lineno, "dynamic", f"uses {node.id}: dynamic code and file access "
                                              f"are not allowed in a candidate")
+        self._check_value_use(node)
+
+    def _check_value_use(self, node: ast.expr) -> None:
+        """A torch/numpy function or module used as a value (kept in a list, bound to a
+        name, passed along) could later be called where no rule sees it: only types and
+        dtypes may be used that way; functions may only be called."""
+        resolved = self.resolve(node)
+        if resolved is None or resolved.split(".")[0] not in ("torch", "numpy"):
+            return
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return  # part of a longer chain: the whole chain is judged
+        if isinstance(parent, ast.Call) and parent.func is node:
+            return  # a call: judged by the call rules
+        if isinstance(parent, (ast.Import, ast.ImportFrom, ast.alias)):
+            return
+        if resolved not in ALLOWED_VALUES:
+            self.add(node.lineno, "value", f"uses {resolved} as a value: torch and numpy "
+                                           f"functions may only be called (where allowed), "
+                                           f"not stored or passed around")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name, line = node.attr, node.lineno
@@ -222,6 +258,7 @@ class _Checker(ast.NodeVisitor):
         if "stream" in name.lower():
             self.add(line, "stream", f"uses .{name}: streams are not allowed (work on another "
                                      f"stream escapes the timing)")
+        self._check_value_use(node)
         resolved = self.resolve(node)
         if resolved:
             for prefix, why in BANNED_TORCH.items():
@@ -266,6 +303,10 @@ class _Checker(ast.NodeVisitor):
                 self._check_target(element)
             return
         line = getattr(target, "lineno", 0)
+        if isinstance(target, ast.Attribute) and target.attr in ("forward", "__call__"):
+            self.add(line, "patch", f"assigns {ast.unparse(target)}: forward must be the "
+                                    f"method ModelNew defines")
+            return
         if isinstance(target, ast.Attribute):
             base = target.value
             if not (isinstance(base, ast.Name) and base.id == "self"):

@@ -117,7 +117,7 @@ CHEATS = {
         class ModelNew(nn.Module):
             def forward(self, x):
                 return OPS[0](x)
-        '''), "run", "aten.relu", False),
+        '''), "run", "aten.relu", True),
     "reference_module": ("relu", with_kernel("t", '''
         class ModelNew(nn.Module):
             def __init__(self):
@@ -214,6 +214,22 @@ checks.compare = lambda *a, **k: checks.Comparison(True)
             def forward(self, x):
                 return getattr(torch, "re" + "lu")(x)
         '''), "static", "getattr", False),
+    "numpy_through_a_table": ("relu", "import numpy as np\n" + with_kernel("t", '''
+        OPS = [np.maximum, torch.from_numpy]   # called where no call rule looks
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return OPS[1](OPS[0](x, 0.0))
+        '''), "static", "as a value", False),
+    "forward_replaced_in_init": ("relu", "import numpy as np\n" + with_kernel("t", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.forward = lambda x: torch.from_numpy(np.maximum(x.numpy(), 0.0))
+
+            def forward(self, x):
+                return x
+        '''), "static", "forward must be the method", False),
     "infinite_loop": ("relu", with_kernel("t", '''
         class ModelNew(nn.Module):
             def forward(self, x):
@@ -248,8 +264,7 @@ def test_cheat_is_rejected(name, fork_server):
     assert fragment.lower() in verdict.reason.lower(), verdict.summary()
 
 
-@pytest.mark.parametrize("name", ["torch_operator", "reference_via_table", "fixed_seed",
-                                  "replayed_outputs"])
+@pytest.mark.parametrize("name", ["torch_operator", "fixed_seed", "replayed_outputs"])
 def test_runtime_cheats_also_pass_the_static_check(name):
     """These cheats are invisible to the source reading: the runtime must catch them (the
     test above does), and this pins that the static check indeed lets them through."""

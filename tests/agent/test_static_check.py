@@ -87,6 +87,9 @@ class ModelNew(nn.Module):
     ("return torch.compile(lambda t: t)(x)", "banned", "torch.compile"),
     ("launch(k, (1,), x, x, stream=0)\nreturn x", "stream", "stream="),
     ("x.tofile('/tmp/leak')\nreturn x", "banned", "files"),
+    ("f = torch.relu\nreturn f(x)", "value", "torch.relu as a value"),
+    ("g = np\nreturn x", "value", "numpy as a value"),
+    ("h = lambda t: t.exp()\nreturn x", "compute", ".exp("),
 ])
 def test_each_rule_fires(snippet, rule, fragment):
     extra = "import numpy as np\nCACHE = []\n"
