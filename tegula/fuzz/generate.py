@@ -157,7 +157,7 @@ class Generator:
 
     def stores(self, body: list, scope: Scope) -> None:
         r = self.rng
-        candidates = [n for n in reversed(list(scope.types)) if not n.startswith("x")]
+        candidates = list(reversed(list(scope.types)))  # the latest first
         count = min(len(candidates), r.randint(1, 3))
         chosen = candidates[:1] + r.sample(candidates[1:], max(0, count - 1))
         for name in chosen:
@@ -320,12 +320,9 @@ class Generator:
         dtype = "i32" if kind.startswith("arg") else t.dtype
         self.define(body, scope, Reduce(self.fresh(), kind, x, axis), dtype, shape)
 
-    def _writable(self, scope):
-        return lambda t: t.dtype != nx.BOOL
-
     def draw_inplace(self, body, scope, in_loop) -> None:
         target = self.pick(scope, lambda t: t.dtype != nx.BOOL)
-        if target is None or len(scope.shared_with[target]) > 1 or target.startswith("x"):
+        if target is None or len(scope.shared_with[target]) > 1:
             return
         t = scope.types[target]
         op = self.rng.choice(("add", "sub", "mul", "div"))
@@ -380,7 +377,7 @@ class Generator:
         carried = []
         for _ in range(r.randint(1, 2)):
             existing = self.pick(scope, lambda t: t.dtype != nx.BOOL, recent=0.5)
-            if existing and not existing.startswith("x") and existing not in carried and \
+            if existing and existing not in carried and \
                     len(scope.shared_with[existing]) == 1 and r.random() < 0.5:
                 carried.append(existing)
                 continue
@@ -430,9 +427,6 @@ class Generator:
         elif style == "rebind_alias":
             body.append(Alias(c, value))
             scope.alias(c, value)
-
-    def draw_nothing(self, body, scope, in_loop) -> None:
-        return None
 
 
 __all__ = ["Generator", "Switches", "DTYPES"]

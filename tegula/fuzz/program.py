@@ -308,18 +308,7 @@ def _check_block(program: Program, body, scope: Scope, loop: Loop | None, output
 def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None:  # noqa: C901
     decl = {t.name: t for t in program.tensors}
     if isinstance(s, Load):
-        if s.loop is not None:
-            if loop is None or loop.id != s.loop or s.tensor != loop.tensor:
-                raise Invalid("a loop load outside its loop")
-        elif s.tensor not in decl or decl[s.tensor].kind != (
-                "in_t" if s.route == "transposed" else "in"):
-            raise Invalid("unknown tensor, or one of the wrong kind")
-        if s.route == "transposed" and s.loop is not None:
-            raise Invalid("transposed loads are not generated inside loops")
-        dtype = decl[s.tensor].dtype
-        if s.fill is not None and is_int(dtype) and not isinstance(s.fill.value, int):
-            raise Invalid("an integer fill must be an int")
-        scope.define(s.out, TileType(dtype, (True, True)))
+        _check_load(s, decl, scope, loop)
     elif isinstance(s, Full):
         scope.define(s.out, TileType(s.dtype, s.shape))
     elif isinstance(s, Indices):
@@ -362,22 +351,7 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         shape = (False, t.shape[1]) if s.axis == 0 else (t.shape[0], False)
         scope.define(s.out, TileType("i32" if s.kind.startswith("arg") else t.dtype, shape))
     elif isinstance(s, (InPlace, Assign)):
-        target = _operand_type(scope, s.target)
-        if len(scope.shared_with[s.target]) > 1:
-            raise Invalid("in-place write to a tile with two names")
-        if isinstance(s, InPlace):
-            dtype, shape = _value_dtype(scope, s.target, s.x)
-            _check_binary(s.op, dtype, s.target, s.x)
-            if s.op not in ("add", "sub", "mul", "div"):
-                raise Invalid("no such in-place operator")
-        else:
-            value = _operand_type(scope, s.x)
-            dtype, shape = (target.dtype, target.shape) if value is None else \
-                (value.dtype, value.shape)
-        if dtype != target.dtype or shape != target.shape:
-            raise Invalid("in-place result does not fit the target")
-        if isinstance(s.x, Num) and is_int(target.dtype) and not isinstance(s.x.value, int):
-            raise Invalid("a non-integer number for an integer tile")
+        _check_update(s, scope)
     elif isinstance(s, Alias):
         _operand_type(scope, s.src)
         if s.target in scope.types:
@@ -399,6 +373,41 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         outputs.add(s.tensor)
     else:
         raise Invalid(f"unknown statement {s!r}")
+
+
+def _check_load(s: Load, decl: dict, scope: Scope, loop) -> None:
+    if s.loop is not None:
+        if loop is None or loop.id != s.loop or s.tensor != loop.tensor:
+            raise Invalid("a loop load outside its loop")
+    elif s.tensor not in decl or decl[s.tensor].kind != (
+            "in_t" if s.route == "transposed" else "in"):
+        raise Invalid("unknown tensor, or one of the wrong kind")
+    if s.route == "transposed" and s.loop is not None:
+        raise Invalid("transposed loads are not generated inside loops")
+    dtype = decl[s.tensor].dtype
+    if s.fill is not None and is_int(dtype) and not isinstance(s.fill.value, int):
+        raise Invalid("an integer fill must be an int")
+    scope.define(s.out, TileType(dtype, (True, True)))
+
+
+def _check_update(s, scope: Scope) -> None:
+    """An in-place operator or `.assign`."""
+    target = _operand_type(scope, s.target)
+    if len(scope.shared_with[s.target]) > 1:
+        raise Invalid("in-place write to a tile with two names")
+    if isinstance(s, InPlace):
+        dtype, shape = _value_dtype(scope, s.target, s.x)
+        _check_binary(s.op, dtype, s.target, s.x)
+        if s.op not in ("add", "sub", "mul", "div"):
+            raise Invalid("no such in-place operator")
+    else:
+        value = _operand_type(scope, s.x)
+        dtype, shape = (target.dtype, target.shape) if value is None else \
+            (value.dtype, value.shape)
+    if dtype != target.dtype or shape != target.shape:
+        raise Invalid("in-place result does not fit the target")
+    if isinstance(s.x, Num) and is_int(target.dtype) and not isinstance(s.x.value, int):
+        raise Invalid("a non-integer number for an integer tile")
 
 
 def _check_binary(op: str, dtype: str, a: Operand, b: Operand) -> None:
