@@ -99,3 +99,19 @@ def test_failed_run_reports_and_keeps_no_best(tmp_path, fork_server):
                        AgentConfig(repair_rounds=0), progress=lambda line: None)
     assert not result.ok and result.best is None and "no correct kernel" in result.reason
     assert not (tmp_path / "best.py").exists()
+
+
+def test_prompts_carry_the_task_the_rules_and_the_menu():
+    from tegula.agent.prompts import MENUS, generate_prompt, optimize_prompt
+    from tegula.agent.tasks import CATEGORIES
+
+    assert set(MENUS) == set(CATEGORIES)
+    task = builtin_task("softmax")
+    system, user = generate_prompt(task)
+    assert "torch.softmax(x, dim=1)" in user["content"] and "{'M': 13, 'N': 100}" in user["content"]
+    assert "no torch or numpy computation outside kernels" in system["content"]
+    assert "def relu_kernel" in system["content"]
+    without = optimize_prompt(task, "a\nb\n", 1, 3, "Time: ?", [], None)[1]["content"]
+    with_profile = optimize_prompt(task, "a\nb\n", 2, 3, "Time: ?", ["x"], "REPORT")[1]["content"]
+    assert "Profiling summary" not in without and "REPORT" in with_profile
+    assert "1 | a" in without and "Tried so far: x" in with_profile
