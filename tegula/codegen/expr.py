@@ -200,7 +200,28 @@ def float_literal(value: float) -> str:
     text = repr(as_f32)
     if "e" not in text and "." not in text and "inf" not in text:
         text += ".0"
-    return f"{text}f"
+    # Parenthesized when negative, so that no operator printed before it can absorb the
+    # sign (`-` applied to "-2.5f" would print the decrement "--2.5f").
+    return f"({text}f)" if text.startswith("-") else f"{text}f"
+
+
+def int_literal(value: int) -> str:
+    """An exact C `int` literal of `value` (every integer element type computes in `int`).
+
+    A C integer literal is unsigned-looking text whose type is the first of int, long, long
+    long that holds it: `-2147483648` is unary minus applied to the *long* 2147483648, so
+    `max(x, -2147483648)` with an int `x` matches several overloads (NVRTC rejects it) and
+    in arithmetic it would widen the expression to 64 bits. INT_MIN is therefore spelled
+    `(-2147483647 - 1)`, an int, and negative literals are parenthesized (no "--7").
+    i4, i8, u4, u8 and i32 values all fit an int, so this prints each of them exactly.
+    """
+    value = int(value)
+    if not -2**31 <= value < 2**31:
+        raise CodegenError(f"integer literal {value} does not fit the int that integer "
+                           "elements compute in")
+    if value == -2**31:
+        return "(-2147483647 - 1)"
+    return f"({value})" if value < 0 else str(value)
 
 
 # --------------------------------------------------------------------------------------
@@ -306,7 +327,7 @@ class ValuePrinter:
             return "true" if v.value else "false"
         if v.dtype.is_float:
             return float_literal(element_value(v.value, v.dtype))
-        return str(int(element_value(v.value, v.dtype)))
+        return int_literal(element_value(v.value, v.dtype))
 
     def _convert(self, c: str, src: DType, dst: DType) -> str:
         """Convert a compute value of `src` to the compute type of `dst` (C semantics)."""
@@ -335,6 +356,10 @@ class ValuePrinter:
         x, y = self.compute(v.x), self.compute(v.y)
         is_float = compute_type(v.x.dtype) == "float" or compute_type(v.y.dtype) == "float"
         if v.op in _ARITH:
+            if not is_float and v.op != "div" and compute_type(v.dtype) == "int":
+                # Wrap around like the emulator: signed overflow is undefined in C, so
+                # i32 + - * go through unsigned arithmetic (two's complement on the GPU).
+                return f"(int)((unsigned)({x}) {_ARITH[v.op]} (unsigned)({y}))"
             return f"({x} {_ARITH[v.op]} {y})"
         if v.op in _COMPARE:
             return f"({x} {_COMPARE[v.op]} {y})"

@@ -66,6 +66,17 @@ def test_replicas_do_not_issue_cp_async_and_fills_are_stored():
     assert all(lines[i + 1].strip() == "} else {" and "0xff800000" in lines[i + 2] for i in asm)
 
 
+def test_integer_arithmetic_wraps_instead_of_overflowing():
+    """The emulator wraps i32 + - * (two's complement); C's signed overflow is undefined,
+    so the emitter computes them in unsigned arithmetic."""
+    from regression_kernels import numbers_kernel
+    from tegula.dtypes import i32
+    src = _source(numbers_kernel(i32, ("add_right", "sub_left", "mul_right"), (2**31 - 1,)))
+    for op in "+-*":
+        assert re.search(rf"\(int\)\(\(unsigned\)\([^()]*\) \{op} \(unsigned\)\(", src), op
+    assert not re.search(r"r0\[\d\] [-+*] 2147483647", src)
+
+
 def test_small_tile_gemm_copies_only_from_owners():
     """Issue 8 item 5: 16x32 f16 tiles are 64 cp.async vectors for 128 threads."""
     from tegula.kernels.gemm import gemm_kernel
@@ -81,10 +92,18 @@ def test_small_tile_gemm_copies_only_from_owners():
 
 @needs_compiler
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("which", ("masked", "minmax", "copy_paths", "gemm_small"))
+@pytest.mark.parametrize("which", ("masked", "minmax", "copy_paths", "gemm_small",
+                                   "numbers_i32", "numbers_bf16", "numbers_f8e4m3"))
 def test_the_regression_kernels_compile(which, target):
+    from regression_kernels import number_expressions, numbers_for, numbers_kernel
+    from tegula.dtypes import bf16, f8e4m3, i32
     from tegula.kernels.gemm import gemm_kernel
-    kernel, constexprs = {
+    numbers = {f"numbers_{t}": (numbers_kernel(t, forms, numbers_for(t)[:2]), {})
+               for t, forms in ((i32, tuple(number_expressions(i32))),  # INT_MIN literals
+                                (bf16, tuple(number_expressions(bf16))),  # -inf, inf
+                                # f8 on sm_80 is software conversion: keep it small
+                                (f8e4m3, ("where_false", "max_left", "cmp_lt", "full")))}
+    kernel, constexprs = {**numbers,
         "masked": (masked, {}), "minmax": (minmax_kernel(f16, (16, 128), 256), {}),
         "copy_paths": (copy_paths_kernel(f32, (8, 8), 32, -float("inf")), {}),
         "gemm_small": (gemm_kernel(f16), dict(BM=16, BN=64, BK=32, threads=128))}[which]
