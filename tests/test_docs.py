@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -30,7 +31,11 @@ def run_tutorial(folder: str, gpu: bool) -> list[str]:
     parts = blocks(TUTORIAL)
     with open(os.path.join(folder, "my_kernels.py"), "w", encoding="utf-8") as f:
         f.write("".join(code for lang, info, code in parts if info == "my_kernels.py"))
-    namespace: dict = {"__name__": "__tutorial__"}
+    # A real module in sys.modules: torch.compile imports the module of every global it
+    # reads, so a bare namespace dict with an invented __name__ breaks dynamo.
+    module = types.ModuleType("tegula_tutorial_blocks")
+    sys.modules[module.__name__] = module
+    namespace = module.__dict__
     done, cwd = [], os.getcwd()
     sys.path.insert(0, folder)
     os.chdir(folder)
@@ -54,6 +59,7 @@ def run_tutorial(folder: str, gpu: bool) -> list[str]:
         os.chdir(cwd)
         sys.path.remove(folder)
         sys.modules.pop("my_kernels", None)
+        sys.modules.pop(module.__name__, None)
     return done
 
 
