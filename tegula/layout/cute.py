@@ -168,7 +168,7 @@ class Layout:
         shapes, strides = self._flat_shape, self._flat_stride
         if not shapes:
             return 0
-        if type(index) is int and index < 0:
+        if isinstance(index, (int, np.integer)) and index < 0:
             return -self._index_to_offset(-index)
         offset = 0
         for s, d in zip(shapes[:-1], strides[:-1]):
