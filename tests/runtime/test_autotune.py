@@ -331,3 +331,18 @@ def test_arbitrary_json_never_escapes_as_an_error(tmp_path, data):
         assert best == Config.of(CONFIGS[1])
     else:
         assert isinstance(data["64||"]["best"], dict) and data["64||"]["format"] == 1
+
+
+def test_the_tuning_file_lives_in_private_directories(tmp_path):
+    import os
+    import stat
+    fake = FakeGPU(dict(zip(keys(*CONFIGS), (3e-3, 1e-3, 2e-3))))
+    old = os.umask(0)
+    try:
+        Autotuner("gemm", timer=fake.timer, cache_dir=tmp_path / "c").select(
+            CONFIGS, (64,), fake.run)
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "c", tmp_path / "c" / "autotune"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "c" / "autotune" / "gemm.json").stat().st_mode) == 0o600
