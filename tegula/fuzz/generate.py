@@ -18,9 +18,11 @@ from dataclasses import dataclass, fields
 
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, Assign,
-                                 Binary, Cast, Extent, Full, Indices, InPlace, Load, Loop, Num,
+                                 Binary, Cast, Extent, Full, Gemm, Indices, InPlace, Load, Loop,
+                                 Num,
                                  Program, Reduce, Scope, Store, TensorDecl, TileType, Unary,
                                  Where, broadcast, check)
+from tegula.fuzz.program import GEMM_ACCUMULATOR
 
 DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i8", "u8")
 _DTYPE_WEIGHTS = (6, 3, 3, 1, 1, 3, 2, 2)
@@ -53,6 +55,7 @@ class Switches:
     shared_to_shared: bool = True   # shared->shared copies
     indices: bool = True            # tg.indices tiles and kernel scalars (x.shape[1]) in math
     arg_reductions: bool = True     # tg.argmax / tg.argmin
+    gemm: bool = True               # tg.gemm on one K tile (shared or register operands)
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
     max_tile: int = 2048            # largest BM * BN
 
@@ -193,6 +196,8 @@ class Generator:
                  "assign", "full", "logic", "load"] + (["indices"] if self.sw.indices else [])
         if in_loop is None and self.sw.loops and self.loops < 2:
             kinds.append("loop")
+        if in_loop is None and self.sw.gemm:
+            kinds.append("gemm")
         kind = self.rng.choice(kinds)
         getattr(self, f"draw_{kind}")(body, scope, in_loop)
 
@@ -342,6 +347,28 @@ class Generator:
         if x is None or x == target or self.rng.random() < 0.3:
             x = self.number(t.dtype)
         body.append(Assign(target, x))
+
+    def draw_gemm(self, body, scope, in_loop) -> None:
+        r = self.rng
+        fits = self.bm % 16 == 0 and self.bn % 8 == 0 and \
+            self.bm * self.bn >= 128 * (self.threads // 32)  # an MMA fragment per warp
+        if not fits and r.random() < 0.9:  # mostly tiles an MMA can cover; some refusals
+            return
+        dtype = r.choice(tuple(GEMM_ACCUMULATOR))
+        acc_dtype = GEMM_ACCUMULATOR[dtype]
+        acc = self.pick(scope, lambda t: (t.dtype, t.shape) == (acc_dtype, (True, True)))
+        if acc is None or len(scope.shared_with[acc]) > 1 or r.random() < 0.4:
+            acc = self.define(body, scope, Full(self.fresh(), (True, True), acc_dtype,
+                                                Num(0.0 if acc_dtype == "f32" else 0)),
+                              acc_dtype, (True, True))
+        bk = 32 if dtype == "i8" else r.choice((16, 32))  # i8 MMAs take K in 32s
+        extent = r.randint(bk - 15, bk)
+        names = []
+        for kind in ("gemm_a", "gemm_b"):
+            names.append(f"g{kind[-1]}{len(self.tensors)}")
+            self.tensors.append(TensorDecl(names[-1], dtype, kind, extent))
+        route = "shared" if self.shared_ok() and r.random() < 0.7 else "register"
+        body.append(Gemm(acc, names[0], names[1], bk, route))
 
     # -- loops ----------------------------------------------------------------------------
     def draw_loop(self, body, scope, in_loop) -> None:

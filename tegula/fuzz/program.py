@@ -156,6 +156,18 @@ class Loop:
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """`tg.gemm(acc, a, b)`: acc (BM, BN) += tile (m, 0) of `a` (M x K) @ tile (n, 0) of
+    `b` (N x K).T, K padded to `bk`, operands through shared memory or registers."""
+
+    acc: str
+    a: str
+    b: str
+    bk: int
+    route: str = "shared"
+
+
+@dataclass(frozen=True)
 class Store:
     tensor: str
     x: str
@@ -163,7 +175,7 @@ class Store:
 
 
 Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
-             Store]
+             Gemm, Store]
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
 STORE_ROUTES = ("copy", "shared", "shared_reg")
@@ -210,6 +222,7 @@ class Program:
         """(rows, cols) of tensor `t` in this program."""
         gm, gn = self.grid
         return {"in": (self.M, self.N), "in_t": (self.N, self.M),
+                "gemm_a": (self.M, t.extent), "gemm_b": (self.N, t.extent),
                 "loop1": (self.M, t.extent), "loop0": (t.extent, self.N),
                 "out": (self.M if t.shape[0] else gm, self.N if t.shape[1] else gn)}[t.kind]
 
@@ -361,6 +374,8 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         scope.alias(s.target, s.src)
     elif isinstance(s, Loop):
         _check_loop(program, s, scope, loop, outputs)
+    elif isinstance(s, Gemm):
+        _check_gemm(s, decl, scope)
     elif isinstance(s, Store):
         t = _operand_type(scope, s.x)
         if s.tensor not in decl or s.tensor in outputs:
@@ -408,6 +423,22 @@ def _check_update(s, scope: Scope) -> None:
         raise Invalid("in-place result does not fit the target")
     if isinstance(s.x, Num) and is_int(target.dtype) and not isinstance(s.x.value, int):
         raise Invalid("a non-integer number for an integer tile")
+
+
+GEMM_ACCUMULATOR = {"f16": "f32", "bf16": "f32", "f8e4m3": "f32", "i8": "i32"}
+
+
+def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
+    a, b = decl.get(s.a), decl.get(s.b)
+    if a is None or b is None or (a.kind, b.kind) != ("gemm_a", "gemm_b"):
+        raise Invalid("gemm operands must be gemm tensors")
+    if a.dtype != b.dtype or a.dtype not in GEMM_ACCUMULATOR or a.extent != b.extent or \
+            not 0 < a.extent <= s.bk:
+        raise Invalid("gemm operand types or extents")
+    acc = _operand_type(scope, s.acc)
+    if (acc.dtype, acc.shape) != (GEMM_ACCUMULATOR[a.dtype], (True, True)) or \
+            len(scope.shared_with[s.acc]) > 1:
+        raise Invalid("gemm accumulator")
 
 
 def _check_binary(op: str, dtype: str, a: Operand, b: Operand) -> None:
@@ -461,13 +492,13 @@ def used_names(s) -> set[str]:
     """Names a statement reads (a loop: everything its body reads)."""
     if isinstance(s, Loop):
         return set().union(*(used_names(b) for b in s.body)) if s.body else set()
-    fields = {Unary: ("x",), Binary: ("a", "b"), Where: ("cond", "a", "b"), Cast: ("x",),
+    fields = {Gemm: ("acc",), Unary: ("x",), Binary: ("a", "b"), Where: ("cond", "a", "b"), Cast: ("x",),
               Reduce: ("x",), InPlace: ("target", "x"), Assign: ("target", "x"),
               Alias: ("src",), Store: ("x",)}.get(type(s), ())
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
-__all__ = ["Num", "Extent", "Indices", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+__all__ = ["Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
            "Assign", "Alias", "Loop", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tegula.fuzz import numerics as nx
-from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Cast, Extent, Full,
+from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Cast, Extent, Full, Gemm,
                                  InPlace, Indices, Load, Loop, Num, Program, Reduce, Store,
                                  Unary, Where)
 
@@ -125,6 +125,8 @@ class Model:
             self.env[s.target] = self.env[s.src]
         elif isinstance(s, Loop):
             self.loop(s)
+        elif isinstance(s, Gemm):
+            self.env[s.acc] = self.gemm(s)
         elif isinstance(s, Store):
             self.outputs[s.tensor] = self.env[s.x]
         else:
@@ -173,6 +175,23 @@ class Model:
             block = np.arange(gm if s.axis == 0 else gn) * tile
             coord = coord + block.reshape((-1, 1, 1, 1) if s.axis == 0 else (1, -1, 1, 1))
         return Value.exact("i32", np.broadcast_to(coord, (gm, gn, h, w)).copy())
+
+    def gemm(self, s: Gemm) -> Value:
+        """acc + a @ b.T, summed in any order (tensor cores fix none), in acc's type."""
+        p, acc = self.p, self.env[s.acc]
+        gm, gn = p.grid
+        a = _tiles(self.inputs[s.a], p.BM, s.bk, 0, gm, 1)             # (gm, 1, BM, BK)
+        b = _tiles(self.inputs[s.b], p.BN, s.bk, 0, gn, 1).transpose(1, 0, 2, 3)
+        with np.errstate(all="ignore"):
+            products = a[:, :, :, None, :].astype(np.float64) * b[:, :, None, :, :]
+        terms = np.concatenate([products, acc.val[..., None].astype(np.float64)], axis=4)
+        if nx.is_int(acc.dtype):
+            total = nx.wrap_int(np.sum(terms.astype(np.int64), axis=4), acc.dtype)
+            return Value(acc.dtype, total, np.zeros(total.shape), acc.wild.copy())
+        err = np.concatenate([np.zeros(products.shape), acc.err[..., None]], axis=4)
+        summed = self.float_sum(Value(acc.dtype, terms, err, np.zeros(terms.shape, bool)), 4,
+                                acc.wild[..., None], mma=True)
+        return Value(acc.dtype, summed.val[..., 0], summed.err[..., 0], summed.wild[..., 0])
 
     def _loop(self, loop_id: int) -> Loop:
         def find(body):
@@ -346,8 +365,9 @@ class Model:
         e = np.where(has_nan, 0.0, e)
         return Value(a.dtype, v, e, wild)
 
-    def float_sum(self, a: Value, ax: int, wild) -> Value:
-        """A sum in any order, each partial sum rounded to the tile's type."""
+    def float_sum(self, a: Value, ax: int, wild, mma: bool = False) -> Value:
+        """A sum in any order, each partial sum rounded to the tile's type (`mma`: tensor
+        cores, whose internal rounding is not specified, get twice the bound)."""
         fmt = nx.FLOATS[a.dtype]
         x, ex = a.val, a.err
         n = x.shape[ax]
@@ -364,7 +384,7 @@ class Model:
             # common power of two and the sum of magnitudes fits the mantissa.
             grain = np.min(np.where(xf != 0, _lowest_bit(xf), np.inf), axis=ax, keepdims=True)
             exact = (magnitude <= grain * 2.0 ** (fmt.mantissa_bits + 1)) | (magnitude == 0)
-            rounding = (n - 1) * fmt.unit_roundoff * magnitude
+            rounding = (n - 1) * fmt.unit_roundoff * magnitude * (2 if mma else 1)
             e = np.sum(np.where(finite, ex, 0), axis=ax, keepdims=True) + \
                 np.where(exact, 0.0, rounding)
             if self.loose and n > 1:

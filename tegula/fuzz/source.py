@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import linecache
 
-from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Extent, Full, InPlace, Indices,
+from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Extent, Full, Gemm, InPlace,
+                                 Indices,
                                  Load, Loop, Num, Program, Reduce, Store, Unary, Where, check)
 
 KERNEL_NAME = "fuzz_kernel"
@@ -93,6 +94,8 @@ def used_tensors(body) -> set[str]:
             used.add(s.tensor)
         elif isinstance(s, Binary):
             used |= {x.tensor for x in (s.a, s.b) if isinstance(x, Extent)}
+        elif isinstance(s, Gemm):
+            used |= {s.a, s.b}
     return used
 
 
@@ -158,6 +161,21 @@ def _store(w: _Writer, s: Store, dtype: str) -> None:
         w.emit(f"tg.copy(tg.load({buf}), {view})")
 
 
+def _gemm(w: _Writer, s: Gemm) -> None:
+    dt = _dtype(w.program.tensor(s.a).dtype)
+    operands = []
+    for tensor, rows, coord in ((s.a, "BM", "m"), (s.b, "BN", "n")):
+        view = f"{tensor}.tile(({rows}, {s.bk}), ({coord}, 0))"
+        if s.route == "register":
+            operands.append(f"tg.load({view})")
+            continue
+        buf = w.fresh_buffer()
+        w.emit(f"{buf} = tg.shared(({rows}, {s.bk}), {dt})")
+        w.emit(f"tg.copy({view}, {buf})")
+        operands.append(buf)
+    w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
+
+
 def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  # noqa: C901
     if isinstance(s, Load):
         _load(w, s, w.program.tensor(s.tensor).dtype, loop)
@@ -207,6 +225,8 @@ def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  #
         w.indent -= 1
     elif isinstance(s, Store):
         _store(w, s, w.program.tensor(s.tensor).dtype)
+    elif isinstance(s, Gemm):
+        _gemm(w, s)
     else:
         raise ValueError(f"unknown statement {s!r}")
 

@@ -94,7 +94,7 @@ def test_generated_programs_cover_the_language():
         walk(p.body)
     assert kinds >= {"Load", "Full", "Indices", "Unary", "Binary", "Where", "Cast", "Reduce",
                      "InPlace", "Assign", "Alias", "Loop", "Store", "range", "pipeline",
-                     "kernel scalar"}
+                     "kernel scalar", "Gemm"}
     assert routes >= {"load", "copy", "shared", "shared2", "via_register", "transposed",
                       "shared_reg"}
     assert dtypes == set(nx.FLOAT_TYPES) | set(nx.INT_TYPES)
