@@ -28,12 +28,14 @@ local to it; `TraceContext.check_readable` refuses reads of them after it ends.
 """
 from __future__ import annotations
 
+import linecache
 import numbers
+import re
 from dataclasses import dataclass, fields
 from types import FrameType
 from typing import Any, Callable
 
-from tegula.errors import TraceError
+from tegula.errors import SourceLocation, TraceError
 from tegula.ir.ops import Copy, Op
 from tegula.ir.scalar import Condition, LoopIndex, Scalar
 from tegula.ir.values import RegisterTile, describe
@@ -179,7 +181,7 @@ def _rebound_tiles(ctx: TraceContext, entry: BlockEntry, after: dict, scope: Sco
                 f"{scope.op}: `{label}` held the register tile {describe(old)} before "
                 f"{scope.where} and is rebound to {_kind(value)} inside it; a name carried "
                 f"through a run-time block must stay a register tile of the same shape and "
-                f"type (use another name for the new value)", scope.loc)
+                f"type (use another name for the new value)", *_at(label, scope))
         new = value._tile
         _check_same_type(label, old, new, scope)
         made = ctx.scope_of(new)
@@ -188,7 +190,7 @@ def _rebound_tiles(ctx: TraceContext, entry: BlockEntry, after: dict, scope: Sco
                 f"{scope.op}: `{label}` is rebound inside {scope.where} to "
                 f"{describe(new)}, a tile made before the block"
                 f"{_line(new)}, so two names would share one run-time variable. Copy the "
-                f"value instead: {label}.assign(...) writes `{label}`'s own tile", scope.loc)
+                f"value instead: {label}.assign(...) writes `{label}`'s own tile", *_at(label, scope))
         group = groups.get(old.id)
         if group is None:
             groups[old.id] = _Carry([label], old, [entry.values[label]], value, new)
@@ -197,7 +199,7 @@ def _rebound_tiles(ctx: TraceContext, entry: BlockEntry, after: dict, scope: Sco
                 f"{scope.op}: `{group.labels[0]}` and `{label}` hold the same tile "
                 f"{describe(old)} before {scope.where} and are rebound to different tiles "
                 f"inside it; give each its own tile before the block (e.g. "
-                f"`{label} = tg.zeros(...)`)", scope.loc)
+                f"`{label} = tg.zeros(...)`)", *_at(label, scope))
         else:
             group.labels.append(label)
             group.old_handles.append(entry.values[label])
@@ -210,7 +212,7 @@ def _rebound_tiles(ctx: TraceContext, entry: BlockEntry, after: dict, scope: Sco
                 f"carried through {scope.where} and both end it bound to {describe(group.new)}; "
                 f"each carried name needs its own tile: write "
                 f"`{group.labels[0]}.assign({other.labels[0]})` instead of "
-                f"`{group.labels[0]} = {other.labels[0]}`", scope.loc)
+                f"`{group.labels[0]} = {other.labels[0]}`", *_at(group.labels[0], scope))
     return list(groups.values())
 
 
@@ -252,7 +254,7 @@ def _refuse_aliases(entry: BlockEntry, after: dict, carries: list, scope: Scope)
                     f"the body is traced once, so its reads of `{label}` could not be told "
                     f"apart from reads of the carried `{name}`. Give `{name}` a tile of its "
                     f"own before the loop (e.g. `{name} = tg.zeros(shape, dtype)` then "
-                    f"`{name}.assign({label})`)", scope.loc)
+                    f"`{name}.assign({label})`)", *_at(name, scope))
 
 
 def _expire_inner_aliases(entry: BlockEntry, after: dict, carries: list,
@@ -299,7 +301,39 @@ def _refuse_rebound_values(entry: BlockEntry, after: dict, scope: Scope) -> None
             f"before the {kind} and is {_show(new)} at the end of its body): the body is "
             f"traced once, so as a kernel scalar or Python value {how}. If `{label}` is "
             f"only a temporary inside the {kind}, give it a name not used before it",
-            scope.loc)
+            *_at(label, scope))
+
+
+_ASSIGNMENT = re.compile(r"(?<![=!<>])(?:[-+*/%@&|^]|//|\*\*|<<|>>)?=(?!=)")
+
+
+def _at(label: str, scope: Scope) -> tuple:
+    """(loc, other_loc) of an error about rebinding `label`: its line, and the block's."""
+    loc = _rebinding_loc(label, scope)
+    return (loc, scope.loc) if loc is not scope.loc else (loc, None)
+
+
+def _rebinding_loc(label: str, scope: Scope) -> SourceLocation | None:
+    """The line of the block's body that (first) assigns `label`'s name, found in the
+    source by indentation; else the block's own line. Only an error's location uses it."""
+    loc = scope.loc
+    if loc is None or not loc.filename:
+        return loc
+    name = re.compile(rf"\b{re.escape(label.split('[')[0])}\b")
+    header = linecache.getline(loc.filename, loc.lineno)
+    indent = len(header) - len(header.lstrip())
+    lineno = loc.lineno + 1
+    while True:
+        line = linecache.getline(loc.filename, lineno)
+        if not line:
+            return loc
+        if line.strip() and not line.strip().startswith("#"):
+            if len(line) - len(line.lstrip()) <= indent:
+                return loc
+            assignment = _ASSIGNMENT.search(line.split("#")[0])
+            if assignment and name.search(line[:assignment.start()]):
+                return SourceLocation(loc.filename, lineno, line.strip(), loc.function)
+        lineno += 1
 
 
 def _is_value(x: Any) -> bool:

@@ -17,9 +17,9 @@ def line_of(marker: str) -> int:
     raise AssertionError(marker)
 
 
-def expect(body, marker: str, *words: str) -> str:
-    """Tracing a kernel running `body(x, y, n)` fails at the line marked `marker` with
-    all `words` in the message."""
+def expect(body, marker: str, *words: str, also: str | None = None) -> str:
+    """Tracing a kernel running `body(x, y, n)` fails at the line marked `marker` (and
+    names the line marked `also` second) with all `words` in the message."""
     @tg.kernel(threads=64)
     def k(x: tg.Tensor[f32], y: tg.Tensor[f32], n: int):
         body(x, y, n)
@@ -29,6 +29,8 @@ def expect(body, marker: str, *words: str) -> str:
     text = str(info.value)
     assert f"{__file__}:{line_of(marker)}" in text, text
     assert info.value.loc.lineno == line_of(marker)
+    if also is not None:
+        assert info.value.other_loc.lineno == line_of(also), text
     for w in words:
         assert w in text, (w, text)
     assert "internal" not in text
@@ -113,36 +115,37 @@ def test_kernel_scalars_and_python_values_are_not_carried():
         off = 0
         for k in tg.range(n):  # @int
             tg.copy(chunk(x, off), y.tile((8, 16), (0, 0)))
-            off = off + 1
-    expect(python_int, "# @int", "`off`", "was 0 before the loop and is 1 at the end of its body",
-           "not carried from one iteration to the next", "loop index")
+            off = off + 1  # @int-rebind
+    expect(python_int, "# @int-rebind", "`off`", "was 0 before the loop and is 1 at the end of its body",
+           "not carried from one iteration to the next", "loop index", also="# @int")
 
     def kernel_scalar(x, y, n):
         off = tg.block_id(0) * 2
         for k in tg.range(n):  # @scalar
             tg.copy(chunk(x, off), y.tile((8, 16), (0, 0)))
-            off = off + 1
-    expect(kernel_scalar, "# @scalar", "`off`", "kernel scalar (block_id(0) * 2)",
-           "give it a name not used before it")
+            off = off + 1  # @scalar-rebind
+    expect(kernel_scalar, "# @scalar-rebind", "`off`", "kernel scalar (block_id(0) * 2)",
+           "give it a name not used before it", also="# @scalar")
 
     def flag(x, y, n):
         first = True
         for k in tg.range(n):  # @flag
-            first = False
-    expect(flag, "# @flag", "`first`", "True", "False")
+            first = False  # @flag-rebind
+    expect(flag, "# @flag-rebind", "`first`", "True", "False", also="# @flag")
 
     def number_to_tile(x, y, n):
         acc = 0.0
         for k in tg.range(n):  # @number
-            acc = acc + chunk(x, k)
-    expect(number_to_tile, "# @number", "`acc`", "0.0", "register tile",
-           "register tile defined before the loop")
+            acc = acc + chunk(x, k)  # @number-rebind
+    expect(number_to_tile, "# @number-rebind", "`acc`", "0.0", "register tile",
+           "register tile defined before the loop", also="# @number")
 
     def in_branch(x, y, n):
         count = 0
         with tg.if_(n > 2):  # @branch
-            count += 1
-    expect(in_branch, "# @branch", "`count`", "run-time condition", "tg.where")
+            count += 1  # @branch-rebind
+    expect(in_branch, "# @branch-rebind", "`count`", "run-time condition", "tg.where",
+           also="# @branch")
 
 
 def test_rebinding_that_would_alias_two_names_is_refused():
@@ -150,37 +153,40 @@ def test_rebinding_that_would_alias_two_names_is_refused():
         acc = tg.zeros((8, 16), f32)
         first = chunk(x, 0)
         for k in tg.range(n):  # @before
-            acc = first
-    expect(made_before, "# @before", "`acc`", "a tile made before the block",
-           "acc.assign(...)")
+            acc = first  # @before-rebind
+    expect(made_before, "# @before-rebind", "`acc`", "a tile made before the block",
+           "acc.assign(...)", also="# @before")
 
     def shared_before(x, y, n):
         a = b = tg.zeros((8, 16), f32)
         for k in tg.range(n):  # @shared
             a = a + chunk(x, k)
-            b = b + 1.0
-    expect(shared_before, "# @shared", "`a` and `b` hold the same tile", "its own tile")
+            b = b + 1.0  # @shared-rebind
+    expect(shared_before, "# @shared-rebind", "`a` and `b` hold the same tile",
+           "its own tile", also="# @shared")
 
     def shared_after(x, y, n):
         a, b = tg.zeros((8, 16), f32), tg.zeros((8, 16), f32)
         for k in tg.range(n):  # @after
             a = a + chunk(x, k)
-            b = a
-    expect(shared_after, "# @after", "both end it bound to", "b.assign(a)")
+            b = a  # @after-rebind
+    expect(shared_after, "# @after-rebind", "both end it bound to", "b.assign(a)",
+           also="# @after")
 
     def read_alias(x, y, n):
         bias = chunk(x, 0)
         acc = bias
         for k in tg.range(n):  # @alias
-            acc = acc + bias
-    expect(read_alias, "# @alias", "`bias` and `acc` hold the same tile", "told apart",
-           "acc.assign(bias)")
+            acc = acc + bias  # @alias-rebind
+    expect(read_alias, "# @alias-rebind", "`bias` and `acc` hold the same tile", "told apart",
+           "acc.assign(bias)", also="# @alias")
 
     def not_a_tile(x, y, n):
         acc = tg.zeros((8, 16), f32)
         for k in tg.range(n):  # @none
-            acc = None
-    expect(not_a_tile, "# @none", "`acc`", "NoneType None", "must stay a register tile")
+            acc = None  # @none-rebind
+    expect(not_a_tile, "# @none-rebind", "`acc`", "NoneType None", "must stay a register tile",
+           also="# @none")
 
 
 def test_a_value_from_before_the_rebinding_is_refused_after_the_loop():
