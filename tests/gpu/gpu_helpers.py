@@ -68,6 +68,47 @@ def storage_bits(values: np.ndarray, dtype: DType) -> np.ndarray:
     return values if dtype.is_packed else to_bits(np.asarray(values), dtype)
 
 
+#: How many ulps (of the magnitude the caller names) one contracted multiply-add may move
+#: an f32 result away from the emulator's: the emulator rounds the product (1/2 ulp), the
+#: fused and unfused sums then round apart (1 ulp), and one more rounding of the two
+#: diverged values (1 ulp) — 2.5, so 3. Callers with longer chains after the fused
+#: operation add one per further add/sub.
+FMA_ULPS = 3
+
+
+def assert_matches_emulator(emulated: np.ndarray, gpu, dtype: DType, fma_scale=None,
+                            ulps: float = FMA_ULPS, what: str = "output") -> None:
+    """The one comparison of a GPU result with the emulator's for the same inputs.
+
+    Bit-exact, except where the caller passes `fma_scale`: the CUDA may contract an f32
+    `a * b + c` into one FMA (NVRTC's default `--fmad=true`, as in nvcc and Triton; see
+    docs/compiler.md), which rounds once where the emulator rounds the product and the sum
+    separately. Then finite f32 elements may differ by `ulps` ulps of `fma_scale` (per
+    element or one number: a bound on the magnitudes of the products and partial sums —
+    not of the result, which cancellation can make arbitrarily small); NaN and ±inf must
+    still be where the emulator has them. Only f32 contracts: 16- and 8-bit floats are
+    rounded through `cvt` after every operation, so they stay bit-exact, like integers.
+    """
+    want, got = storage_bits(emulated, dtype), bits_of(gpu, dtype)
+    if fma_scale is None or dtype.name != "f32":
+        bad = want != got
+        assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} elements differ "
+                               f"from the emulator, first at {np.argwhere(bad)[0].tolist()}: "
+                               f"GPU bits {got[bad][0]:#x}, emulator {want[bad][0]:#x}")
+        return
+    e = want.view(np.float32).astype(np.float64)
+    g = got.view(np.float32).astype(np.float64)
+    finite = np.isfinite(e) & np.isfinite(g)
+    scale = np.broadcast_to(np.abs(np.asarray(fma_scale, dtype=np.float32)), e.shape)
+    allowed = ulps * np.spacing(scale).astype(np.float64)
+    bad = np.where(finite, np.abs(g - e) > allowed, want != got)
+    bad &= ~(np.isnan(e) & np.isnan(g))  # any NaN payload
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} f32 elements differ from "
+                           f"the emulator by more than {ulps} ulps of their FMA scale, first at "
+                           f"{np.argwhere(bad)[0].tolist()}: GPU {g[bad][0]!r}, emulator "
+                           f"{e[bad][0]!r}, allowed {allowed[bad][0]!r}")
+
+
 def launch(kernel, grid, *tensors) -> None:
     """Compile a ThreadKernel (disk-cached) and launch it, then synchronize and check."""
     import torch
