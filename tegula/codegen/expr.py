@@ -371,6 +371,10 @@ class ValuePrinter:
             return f"tg_{v.op}_nan({x}, {y})"
         if v.op == "pow":
             return f"powf({x}, {y})"
+        if v.op in ("floordiv", "mod") and not is_float:
+            # Floor semantics with defined results for 0 and -1 divisors (tegula/codegen/ptx.py)
+            self.used.add(f"tg_{v.op}")
+            return f"tg_{v.op}({x}, {y})"
         if v.op in ("and", "or", "xor"):
             table = _BOOL_LOGIC if compute_type(v.dtype) == "bool" else _INT_LOGIC
             return f"({x} {table[v.op]} {y})"

@@ -36,6 +36,24 @@ __device__ __forceinline__ float tg_max_nan(float a, float b) {
 __device__ __forceinline__ float tg_min_nan(float a, float b) {
   float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
 }""", ()),
+    # Integer // and % with floor semantics (torch.floor_divide / torch.remainder, as the
+    # emulator): C's / and % truncate. C leaves x / 0 and INT_MIN / -1 undefined, so both
+    # are defined here as the emulator computes them: x // 0 == -1, x % 0 == x (keeping
+    # x == (x // y) * y + x % y), INT_MIN // -1 wraps to INT_MIN.
+    "tg_floordiv": ("""\
+__device__ __forceinline__ int tg_floordiv(int a, int b) {
+  if (b == 0) return -1;
+  if (b == -1) return (int)(0u - (unsigned)a);
+  int q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}""", ()),
+    "tg_mod": ("""\
+__device__ __forceinline__ int tg_mod(int a, int b) {
+  if (b == 0) return a;
+  if (b == -1) return 0;
+  int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}""", ()),
     "tg_f16_to_f32": ("""\
 __device__ __forceinline__ float tg_f16_to_f32(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;

@@ -107,6 +107,21 @@ def _c_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(y == 0, -1, q)
 
 
+def _floor_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Integer `//`: floor division (torch.floor_divide, Python); `x // 0` is -1 (as `/`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.floor_divide(x, np.where(y == 0, 1, y))
+    return np.where(y == 0, -1, q)
+
+
+def _floor_mod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Integer `%`: the remainder with the divisor's sign (torch.remainder, Python), so that
+    x == (x // y) * y + x % y; `x % 0` is x (which keeps that identity with x // 0 == -1)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.remainder(x, np.where(y == 0, 1, y))
+    return np.where(y == 0, x, r)
+
+
 def _float_binary(op: str, x, y):
     xf = np.asarray(x, dtype=np.float32)
     yf = np.asarray(y, dtype=np.float32)
@@ -144,6 +159,10 @@ def _int_binary(op: str, x, y, dt: DType):
         return xi * yi
     if op == "div":
         return _c_div(xi, yi)
+    if op == "floordiv":
+        return _floor_div(xi, yi)
+    if op == "mod":
+        return _floor_mod(xi, yi)
     if op == "max":
         return np.maximum(xi, yi)
     if op == "min":

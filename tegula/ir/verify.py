@@ -29,7 +29,7 @@ from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, Tile, describ
 UNARY_OPS = frozenset(("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin",
                        "cos", "tanh", "sigmoid", "not", "cast"))
 BINARY_OPS = frozenset(("add", "sub", "mul", "div", "max", "min", "pow", "and", "or", "xor",
-                        "lt", "le", "gt", "ge", "eq", "ne"))
+                        "lt", "le", "gt", "ge", "eq", "ne", "floordiv", "mod"))
 COMPARISON_OPS = frozenset(("lt", "le", "gt", "ge", "eq", "ne"))
 REDUCE_KINDS = frozenset(("sum", "max", "min"))
 ARG_REDUCE_KINDS = frozenset(("argmax", "argmin"))  # i32 positions along the axis

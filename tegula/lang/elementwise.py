@@ -24,10 +24,15 @@ from tegula.lang.trace import current, fail
 FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid")
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 BITWISE = ("and", "or", "xor")
-ARITHMETIC = ("add", "sub", "mul", "div", "max", "min", "pow")
+ARITHMETIC = ("add", "sub", "mul", "div", "max", "min", "pow", "floordiv", "mod")
+#: Integer-only: floor semantics as torch.floor_divide / torch.remainder (and Python):
+#: -7 // 2 == -4, -7 % 2 == 1, 7 % -2 == -1. A zero divisor in a tile gives x // 0 == -1
+#: and x % 0 == x (torch raises on the CPU; C leaves it undefined); a number 0 is refused.
+FLOOR_DIVISION = ("floordiv", "mod")
 
 # How errors spell each op: the operator the user wrote, or the tg function.
 _SPELLING = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "and": "&",
+             "floordiv": "//", "mod": "%",
              "or": "|", "xor": "^", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==",
              "ne": "!=", "max": "tg.maximum", "min": "tg.minimum", "neg": "unary -",
              "abs": "abs", "not": "~"}
@@ -150,7 +155,8 @@ def emit_elementwise(op: str, operands: list, out_dtype: DType,
 
 # -- the ops --------------------------------------------------------------------------------
 def binary(op: str, a: Any, b: Any, out: RegisterValue | None = None) -> RegisterValue:
-    """`a op b` for op in add sub mul div pow max min and or xor lt le gt ge eq ne."""
+    """`a op b` for op in add sub mul div floordiv mod pow max min and or xor lt le gt ge
+    eq ne."""
     label = spelling(op)
     tiles = [register_operand(x, label) for x in (a, b) if _is_tile_like(x)]
     if not tiles:
@@ -162,8 +168,13 @@ def binary(op: str, a: Any, b: Any, out: RegisterValue | None = None) -> Registe
         raise fail(label, "arithmetic on bool tiles is not defined; use & | ^ or tg.where")
     if op == "pow" and not dtype.is_float:
         raise fail(label, f"** needs floating-point tiles, not {dtype}")
+    if op in FLOOR_DIVISION and dtype.is_float:
+        raise fail(label, f"{label} is defined on integer tiles only, not {dtype} (for "
+                          f"floats use / and compare, or convert with .to(tg.i32) first)")
     operands = [register_operand(x, label) if _is_tile_like(x) else _number(x, dtype, label)
                 for x in (a, b)]
+    if op in FLOOR_DIVISION and isinstance(operands[1], int) and operands[1] == 0:
+        raise fail(label, f"the divisor is the number 0 (integer {label} by zero)")
     out_dtype = bool_ if op in COMPARISONS else dtype
     return emit_elementwise(op, operands, out_dtype, out.ir if out is not None else None, label)
 

@@ -371,6 +371,10 @@ class RegisterValue(TileHandle):
     def __rmul__(self, o): return self._bin("mul", o, True)
     def __truediv__(self, o): return self._bin("div", o)
     def __rtruediv__(self, o): return self._bin("div", o, True)
+    def __floordiv__(self, o): return self._bin("floordiv", o)
+    def __rfloordiv__(self, o): return self._bin("floordiv", o, True)
+    def __mod__(self, o): return self._bin("mod", o)
+    def __rmod__(self, o): return self._bin("mod", o, True)
     def __pow__(self, o): return self._bin("pow", o)
     def __rpow__(self, o): return self._bin("pow", o, True)
     def __and__(self, o): return self._bin("and", o)
@@ -389,6 +393,8 @@ class RegisterValue(TileHandle):
     def __isub__(self, o): return self._inplace("sub", o)
     def __imul__(self, o): return self._inplace("mul", o)
     def __itruediv__(self, o): return self._inplace("div", o)
+    def __ifloordiv__(self, o): return self._inplace("floordiv", o)
+    def __imod__(self, o): return self._inplace("mod", o)
 
     def __neg__(self):
         from tegula.lang.elementwise import unary
