@@ -355,6 +355,11 @@ class ValuePrinter:
     def _binary(self, v: Binary) -> str:
         x, y = self.compute(v.x), self.compute(v.y)
         is_float = compute_type(v.x.dtype) == "float" or compute_type(v.y.dtype) == "float"
+        if v.op == "div" and not is_float and compute_type(v.dtype) == "int":
+            # C's x / 0 and INT_MIN / -1 are undefined: the helper gives the emulator's -1
+            # and INT_MIN (two's complement wrap) instead of whatever the compiler assumes.
+            self.used.add("tg_div")
+            return f"tg_div({x}, {y})"
         if v.op in _ARITH:
             if not is_float and v.op != "div" and compute_type(v.dtype) == "int":
                 # Wrap around like the emulator: signed overflow is undefined in C, so

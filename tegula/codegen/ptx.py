@@ -36,10 +36,16 @@ __device__ __forceinline__ float tg_max_nan(float a, float b) {
 __device__ __forceinline__ float tg_min_nan(float a, float b) {
   float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
 }""", ()),
-    # Integer // and % with floor semantics (torch.floor_divide / torch.remainder, as the
-    # emulator): C's / and % truncate. C leaves x / 0 and INT_MIN / -1 undefined, so both
-    # are defined here as the emulator computes them: x // 0 == -1, x % 0 == x (keeping
-    # x == (x // y) * y + x % y), INT_MIN // -1 wraps to INT_MIN.
+    # Integer / (truncating, as C) and // and % with floor semantics (torch.floor_divide /
+    # torch.remainder, as the emulator). C leaves x / 0 and INT_MIN / -1 undefined, so both
+    # are defined here as the emulator computes them: x / 0 == x // 0 == -1, x % 0 == x
+    # (keeping x == (x // y) * y + x % y), INT_MIN / -1 and INT_MIN // -1 wrap to INT_MIN.
+    "tg_div": ("""\
+__device__ __forceinline__ int tg_div(int a, int b) {
+  if (b == 0) return -1;
+  if (b == -1) return (int)(0u - (unsigned)a);
+  return a / b;
+}""", ()),
     "tg_floordiv": ("""\
 __device__ __forceinline__ int tg_floordiv(int a, int b) {
   if (b == 0) return -1;

@@ -4,7 +4,8 @@ tests (against the emulator).
 Semantics are torch's floor_divide / remainder (and Python's): -7 // 2 == -4,
 -7 % 2 == 1, 7 % -2 == -1. A zero divisor in a tile gives x // 0 == -1 and x % 0 == x
 (torch raises on the CPU; C leaves it undefined); results wrap to the type
-(INT_MIN // -1 == INT_MIN, as torch and numpy give).
+(INT_MIN // -1 == INT_MIN, as torch and numpy give). `/` on integer tiles truncates, as in
+C, with the same x / 0 == -1 and wrap.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tegula.dtypes import DType, i8, i32, u8
 #: The forms, in the order the kernel stacks them: tile//tile, tile%tile, tile op number,
 #: number op tile, tile op kernel scalar, kernel scalar op tile, in place, and a mask.
 FORMS = ("a // b", "a % b", "a // k", "a % k", "k // b", "k % b", "a // s", "a % s",
-         "s // b", "s % b", "c //= b; c %= k", "where(col % 2 == 0, a, b)")
+         "s // b", "s % b", "c //= b; c %= k", "where(col % 2 == 0, a, b)", "a / b")
 
 
 @lru_cache(maxsize=None)
@@ -36,7 +37,7 @@ def division_kernel(dtype: DType, number: int, threads: int):
         c %= number
         col = tg.indices((BM, BN), 1, offset=n * BN)
         results = (a // b, a % b, a // number, a % number, number // b, number % b,
-                   a // s, a % s, s // b, s % b, c, tg.where(col % 2 == 0, a, b))
+                   a // s, a % s, s // b, s % b, c, tg.where(col % 2 == 0, a, b), a / b)
         for i, r in enumerate(results):
             tg.copy(r, out.tile((BM, BN), (i * GM + m, n)))
 
@@ -47,6 +48,14 @@ def floor_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """torch.floor_divide in int64, with x // 0 == -1."""
     import torch
     q = torch.floor_divide(torch.from_numpy(a), torch.from_numpy(np.where(b == 0, 1, b)))
+    return np.where(b == 0, -1, q.numpy())
+
+
+def trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer `/`: C's truncating division (torch rounding_mode="trunc"), x / 0 == -1."""
+    import torch
+    q = torch.div(torch.from_numpy(a), torch.from_numpy(np.where(b == 0, 1, b)),
+                  rounding_mode="trunc")
     return np.where(b == 0, -1, q.numpy())
 
 
@@ -71,7 +80,7 @@ def division_reference(x: np.ndarray, y: np.ndarray, number: int, s: int, dtype:
              floor_div(k, b), floor_mod(k, b), floor_div(a, sv), floor_mod(a, sv),
              floor_div(sv, b), floor_mod(sv, b),
              floor_mod(floor_div(a, b).astype(np.dtype(dtype.numpy_name)).astype(np.int64), k),
-             np.where(col % 2 == 0, a, b))
+             np.where(col % 2 == 0, a, b), trunc_div(a, b))
     return np.concatenate(forms).astype(np.dtype(dtype.numpy_name))
 
 

@@ -5,6 +5,7 @@ type. Float tiles and a literal zero divisor are TraceErrors at the user's line;
 compiles (its helpers are checked against the emulator on the GPU in tests/gpu)."""
 from __future__ import annotations
 
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -41,17 +42,19 @@ def test_negative_and_zero_divisors_by_hand():
     """The rules written out (independent of torch): floor, divisor's sign, 0 and -1."""
     @tg.kernel(threads=32)
     def divide(x: tg.Tensor[i32, 1], y: tg.Tensor[i32, 1], q: tg.Tensor[i32, 1],
-               r: tg.Tensor[i32, 1]):
+               r: tg.Tensor[i32, 1], t: tg.Tensor[i32, 1]):
         a, b = tg.load(x.tile((8,), (0,))), tg.load(y.tile((8,), (0,)))
         tg.copy(a // b, q.tile((8,), (0,)))
         tg.copy(a % b, r.tile((8,), (0,)))
+        tg.copy(a / b, t.tile((8,), (0,)))
 
     x = np.array([-7, 7, -7, 7, 5, -5, -2**31, -2**31], np.int32)
     y = np.array([2, -2, -2, 2, 0, 0, -1, 1], np.int32)
-    q, r = np.zeros(8, np.int32), np.zeros(8, np.int32)
-    tg.emulate(divide, (1,), x, y, q, r)
+    q, r, t = np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
+    tg.emulate(divide, (1,), x, y, q, r, t)
     assert q.tolist() == [-4, -4, 3, 3, -1, -1, -2**31, -2**31]
     assert r.tolist() == [1, -1, -1, 1, 5, -5, 0, 0]
+    assert t.tolist() == [-3, -3, 3, 3, -1, -1, -2**31, -2**31]  # `/` truncates, as C
 
 
 def _kernel(dtype, body):
@@ -82,5 +85,8 @@ def test_division_kernels_compile(dtype, number, s):
     case = division_case(np.random.default_rng(0), dtype, number, s, (5, 7), 32, 4, 8)
     kernel, constexprs = case[0], case[6]
     source = build(kernel, constexprs, target="sm_90a").cuda_source()
-    assert "tg_floordiv(" in source and "tg_mod(" in source
+    # C's / and % by 0 or of INT_MIN by -1 are undefined: every division goes to a helper
+    assert "tg_floordiv(" in source and "tg_mod(" in source and "tg_div(" in source
+    values = re.findall(r"^\s*r\d+\[\d+\] = ([^;]*);", source, re.M)
+    assert values and not [v for v in values if re.search(r"[/%]", v)]
     assert compile_cuda(source, kernel.name, "sm_90a")[:4] == b"\x7fELF"
