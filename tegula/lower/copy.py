@@ -47,6 +47,8 @@ def lower_copy(ctx: LoweringContext, op: Copy) -> list:
         return header + _shared_to_global(ctx, op)
     if isinstance(src, RegisterTile) and isinstance(dst, RegisterTile):
         return header + copy_registers(ctx, src, dst)
+    if isinstance(src, SharedTile) and isinstance(dst, SharedTile):
+        return header + _shared_to_shared(ctx, op)
     raise SynthesisError(f"copy from {describe(src)} to {describe(dst)} is not supported",
                          loc=op.loc)
 
@@ -200,6 +202,24 @@ def _shared_to_global(ctx: LoweringContext, op: Copy) -> list:
         out.append(SharedLoad(reg(staged, v), buffer.name, shared_offset(tile, coords), width))
         out.append(GlobalStore(view.arg.name, index, reg(staged, v), width,
                                all_of([pred, owner])))
+    return out
+
+
+def _shared_to_shared(ctx: LoweringContext, op: Copy) -> list:
+    """Through registers, in the partition synthesis chose; replicas do not store."""
+    src, dst = op.src, op.dst
+    tv = op.choices["tv"]
+    width = min(op.choices["vector"], op.choices["src_shared"].vector,
+                op.choices["dst_shared"].vector)
+    staged = ctx.temp_regs(f"stage_{dst.alloc.name}", src.dtype, tv[1].size)
+    src_buffer, dst_buffer = ctx.buffer_of(src.alloc), ctx.buffer_of(dst.alloc)
+    owner = replica_predicate(tv)
+    out = []
+    for v in _vector_starts(tv, width, skip_repeats=True):
+        coords = ctx.coords.coords(tv, src.shape, v)
+        out.append(SharedLoad(reg(staged, v), src_buffer.name, shared_offset(src, coords), width))
+        out.append(SharedStore(dst_buffer.name, shared_offset(dst, coords), reg(staged, v),
+                               width, owner))
     return out
 
 

@@ -82,6 +82,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
         tile.layout = state.get(tile)
     _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
+    _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel)
     _check_packed_accesses(kernel)
@@ -237,6 +238,19 @@ def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> No
         async_ok = view is op.src and target.cc >= 80 and bytes_ in (4, 8, 16)
         op.choices["instr"] = "cp.async" if async_ok else (
             "ld.global+st.shared" if view is op.src else "ld.shared+st.global")
+
+
+def _plan_shared_copies(kernel: TracedKernel) -> None:
+    """A copy between two shared tiles goes through registers: a coalesced partition with
+    16-byte vectors along the source view's last dim where the extent allows (each side's
+    shared layout may narrow its own accesses; lowering takes the narrower)."""
+    for op in walk_ops(kernel.body):
+        if isinstance(op, Copy) and isinstance(op.src, SharedTile) \
+                and isinstance(op.dst, SharedTile):
+            shape, dim = tuple(op.src.shape), len(op.src.shape) - 1
+            width = _fitting_width(shape, dim, max(1, 128 // op.src.dtype.bits), kernel.threads)
+            op.choices.update(tv=coalesced_tv(shape, dim, width, kernel.threads), vector=width,
+                              dim=dim, instr="ld.shared+st.shared")
 
 
 def _settle_async_copies(kernel: TracedKernel) -> None:

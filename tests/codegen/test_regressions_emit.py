@@ -93,7 +93,8 @@ def test_small_tile_gemm_copies_only_from_owners():
 @needs_compiler
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("which", ("masked", "minmax", "copy_paths", "gemm_small",
-                                   "numbers_i32", "numbers_bf16", "numbers_f8e4m3"))
+                                   "numbers_i32", "numbers_bf16", "numbers_f8e4m3",
+                                   "shared_to_shared"))
 def test_the_regression_kernels_compile(which, target):
     from regression_kernels import number_expressions, numbers_for, numbers_kernel
     from tegula.dtypes import bf16, f8e4m3, i32
@@ -103,6 +104,8 @@ def test_the_regression_kernels_compile(which, target):
                                 (bf16, tuple(number_expressions(bf16))),  # -inf, inf
                                 # f8 on sm_80 is software conversion: keep it small
                                 (f8e4m3, ("where_false", "max_left", "cmp_lt", "full")))}
+    from regression_kernels import shared_to_shared_kernel
+    numbers["shared_to_shared"] = (shared_to_shared_kernel(f16, (16, 32), 128, True), {})
     kernel, constexprs = {**numbers,
         "masked": (masked, {}), "minmax": (minmax_kernel(f16, (16, 128), 256), {}),
         "copy_paths": (copy_paths_kernel(f32, (8, 8), 32, -float("inf")), {}),

@@ -30,7 +30,7 @@ from gpu_helpers import poison, to_device, torch_dtype, values_of  # noqa: E402
 from regression_kernels import (ALL_TYPES, atomic_kernel, copy_paths_kernel,  # noqa: E402
                                 fills_for, minmax_kernel, minmax_reference, nan_inputs,
                                 number_expressions, number_reference, numbers_for,
-                                numbers_kernel, padded)
+                                numbers_kernel, padded, shared_to_shared_kernel)
 from tegula.kernels.common import random_input  # noqa: E402
 
 
@@ -96,6 +96,17 @@ def test_copy_paths_of_small_tiles_with_fills(dtype, tile, threads):
             want = padded(x, full, fill, dtype)
             for out in outs:
                 assert np.array_equal(values_of(out, dtype), want, equal_nan=dtype.is_float)
+
+
+@pytest.mark.parametrize("transpose", (False, True))
+@pytest.mark.parametrize("tile,threads", [((16, 32), 128), ((8, 8), 32), ((3, 5), 64)], ids=str)
+@pytest.mark.parametrize("dtype", (f32, f16, i8), ids=str)
+def test_shared_to_shared_copies(dtype, tile, threads, transpose):
+    x = random_input(_rng(dtype, tile, transpose), tile, dtype, 3.0)
+    y = _empty(tile[::-1] if transpose else tile, dtype)
+    shared_to_shared_kernel(dtype, tile, threads, transpose)[(1,)](to_device(x, dtype), y)
+    torch.cuda.synchronize()
+    assert np.array_equal(values_of(y, dtype), x.T if transpose else x)
 
 
 @pytest.mark.parametrize("tile,threads", [((8, 8), 32), ((1, 4), 128), ((3, 5), 64)], ids=str)

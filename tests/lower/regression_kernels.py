@@ -163,6 +163,27 @@ def copy_paths_kernel(dtype: DType, tile: tuple, threads: int, fill: float):
 
 
 @lru_cache(maxsize=None)
+def shared_to_shared_kernel(dtype: DType, tile: tuple, threads: int, transpose: bool):
+    """x -> shared -> shared (optionally into a transposed view) -> y (y is x or x.T)."""
+    rows, cols = tile
+
+    @tg.kernel(threads=threads)
+    def shared_to_shared(x: tg.Tensor[dtype], y: tg.Tensor[dtype]):
+        first = tg.shared((rows, cols), dtype)
+        tg.copy(x.tile((rows, cols), (0, 0)), first)
+        if transpose:
+            second = tg.shared((cols, rows), dtype)
+            tg.copy(first, second.T)                      # shared -> shared
+            tg.copy(tg.load(second), y.tile((cols, rows), (0, 0)))
+        else:
+            second = tg.shared((rows, cols), dtype)
+            tg.copy(first, second)                        # shared -> shared
+            tg.copy(tg.load(second), y.tile((rows, cols), (0, 0)))
+
+    return shared_to_shared
+
+
+@lru_cache(maxsize=None)
 def atomic_kernel(dtype: DType, tile: tuple, threads: int):
     """acc += x tile by tile through tg.atomic_add from a register tile (replicated when
     the tile is smaller than the block)."""

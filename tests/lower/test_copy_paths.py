@@ -23,7 +23,7 @@ from tegula.kernels.common import poisoned, random_input
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from regression_kernels import (atomic_kernel, copy_paths_kernel, fills_for, padded,  # noqa: E402
-                                same_values)
+                                same_values, shared_to_shared_kernel)
 
 # (tile, threads): tiles of fewer elements (or vectors) than threads, odd tiles, a thread
 # count that is not a power of two.
@@ -148,3 +148,16 @@ def test_pipelined_multi_stage_copies_take_the_fill(dtype, fill):
     else:
         assert np.allclose(out, want, rtol=1e-5, atol=1e-5) and \
             np.array_equal(np.isinf(out), np.isinf(want))
+
+
+@pytest.mark.parametrize("transpose", (False, True), ids=("same", "transposed"))
+@pytest.mark.parametrize("tile,threads", [((16, 32), 128), ((8, 8), 32), ((3, 5), 64),
+                                          ((64, 64), 256)], ids=str)
+@pytest.mark.parametrize("dtype", (f32, f16, i8), ids=str)
+def test_shared_to_shared_copies(dtype, tile, threads, transpose):
+    """Copies between two shared tiles (the README promises every pair of scopes but
+    global-global; this one was a SynthesisError), through registers, replicas silent."""
+    x = random_input(_seed(dtype, tile, threads, transpose), tile, dtype, 3.0)
+    y = poisoned(tile[::-1] if transpose else tile, dtype)
+    tg.emulate(shared_to_shared_kernel(dtype, tile, threads, transpose), (1,), x, y)
+    assert same_values(y, x.T if transpose else x)
