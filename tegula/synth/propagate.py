@@ -31,6 +31,7 @@ from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, Reshape, Tr
                            walk_ops)
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
+from tegula.layout.errors import LayoutError
 from tegula.layout.tv import (coalesced_tv, match_values, project_flat_indices, projected_tv,
                               tile_size, tv_table)
 
@@ -100,8 +101,10 @@ def propagate_once(ops: list[Op], state: LayoutState) -> bool:
         elif isinstance(op, Reduce):
             x_layout = state.get(op.x)
             if x_layout is not None and state.get(op.out) is None:
-                changed |= state.set(op.out, projected_tv(x_layout, op.x.shape, op.axis),
-                                     f"reduction of {op.x.name} along axis {op.axis}")
+                out_layout = reduction_layout(x_layout, op.x.shape, op.axis)
+                if out_layout is not None:  # else converted at the check (_reduced_layout)
+                    changed |= state.set(op.out, out_layout,
+                                         f"reduction of {op.x.name} along axis {op.axis}")
         elif isinstance(op, Copy) and isinstance(op.src, RegisterTile) \
                 and isinstance(op.dst, RegisterTile):
             src, dst = state.get(op.src), state.get(op.dst)
@@ -192,7 +195,10 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
                         layouts_agree(h, _holder_shape(op, holder, user), u, user.shape):
                     continue
                 if isinstance(op, Reduce):
-                    after.append(_reduce_then_convert(op, state, kernel))
+                    before, conversion = _reduce_then_convert(op, state, kernel)
+                    inserted.extend(before)
+                    result.extend(before)
+                    after.append(conversion)
                     continue
                 conversion = _conversion_for(op, holder, user, state, kernel)
                 inserted.append(conversion)
@@ -222,19 +228,50 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
     return Rearrange(holder, converted, loc=op.loc)
 
 
-def _reduce_then_convert(op: Reduce, state: LayoutState, kernel: TracedKernel) -> Rearrange:
+def _reduce_then_convert(op: Reduce, state: LayoutState,
+                         kernel: TracedKernel) -> tuple[list[Rearrange], Rearrange]:
     """A reduction whose output layout was fixed elsewhere (e.g. `rowsum += tg.sum(t, 1)`
     with `rowsum` laid out like a gemm accumulator's rows and `t` read from shared memory)
     reduces into a fresh tile laid out as its input's projection, which a `Rearrange`
-    after the op converts into the output's layout."""
+    after the op converts into the output's layout. Returns (conversions to put before the
+    op, the conversion after it)."""
     target = op.out
     reduced = RegisterTile(target.dtype, tuple(target.shape), f"{target.name}_red", op.loc)
-    state.set(reduced, projected_tv(state.get(op.x), op.x.shape, op.axis),
+    layout, before = _reduced_layout(op, state, kernel)
+    state.set(reduced, layout,
               f"reduction of {op.x.name} along axis {op.axis}, then converted into "
               f"{target.name}'s layout ({state.reasons.get(target.id)})")
     kernel.register_tiles.append(reduced)
     op.out = reduced
-    return Rearrange(reduced, target, loc=op.loc)
+    return before, Rearrange(reduced, target, loc=op.loc)
+
+
+def reduction_layout(x_layout: Layout, shape: tuple, axis: int) -> Layout | None:
+    """The output layout a reduction of a tile laid out as `x_layout` gets (the input's
+    projection along `axis`), or None where the projection is not a CuTe layout (e.g. a
+    tile spread over threads in flat order, whose registers cross rows irregularly)."""
+    try:
+        return projected_tv(x_layout, shape, axis)
+    except LayoutError:
+        return None
+
+
+def _reduced_layout(op: Reduce, state: LayoutState,
+                    kernel: TracedKernel) -> tuple[Layout, list[Rearrange]]:
+    """The reduction output layout for `op`; where the input's layout has no projection,
+    the input is first converted (in place of op.x) into a coalesced partition, which
+    always has one."""
+    layout = reduction_layout(state.get(op.x), op.x.shape, op.axis)
+    if layout is not None:
+        return layout, []
+    shape = tuple(op.x.shape)
+    converted = RegisterTile(op.x.dtype, shape, f"{op.x.name}_cvt", op.loc)
+    state.set(converted, coalesced_tv(shape, len(shape) - 1, 1, kernel.threads),
+              f"converted from {op.x.name} so that its reduction has a layout")
+    kernel.register_tiles.append(converted)
+    before = Rearrange(op.x, converted, loc=op.loc)
+    op.x = converted
+    return projected_tv(state.get(converted), shape, op.axis), [before]
 
 
 def _holder_shape(op: Op, holder: Tile, user: Tile) -> tuple:

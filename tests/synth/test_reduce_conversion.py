@@ -67,3 +67,30 @@ def test_reduction_into_a_layout_fixed_by_a_gemm(kind, axis, threads):
     assert np.array_equal(out, want, equal_nan=True)  # integer data: every sum is exact
     traced = build(kernel, {}).traced
     assert any(isinstance(op, Rearrange) for op in walk_ops(traced.body))
+
+
+@pytest.mark.parametrize("axis", (0, 1))
+@pytest.mark.parametrize("shape,threads", [((48, 8), 128), ((24, 16), 128), ((12, 8), 32)],
+                         ids=str)
+def test_reduction_of_a_tile_whose_layout_has_no_projection(shape, threads, axis):
+    """A tile nothing else lays out (read from shared memory) is spread over the threads in
+    flat order; for 48x8 on 128 threads its registers cross rows irregularly and have no
+    projected CuTe layout (the fuzzer found `composition(...) is not admissible`). The
+    reduction converts its input into a coalesced partition first."""
+    rows, cols = shape
+    out_shape = (rows, 1) if axis == 1 else (1, cols)
+
+    @tg.kernel(threads=threads)
+    def reduce_loaded(x: tg.Tensor[f32], out: tg.Tensor[f32], total: tg.Tensor[f32]):
+        s = tg.shared((rows, cols), f32)
+        tg.copy(x.tile((rows, cols), (0, 0)), s)
+        t = tg.load(s)
+        tg.copy(tg.max(t, axis), out.tile(out_shape, (0, 0)))
+        tg.copy(tg.sum(t * 2.0, axis), total.tile(out_shape, (0, 0)))
+
+    rng = np.random.default_rng(rows * cols + axis)
+    x = rng.integers(-50, 50, shape).astype(np.float32)
+    out, total = poisoned(out_shape, f32), poisoned(out_shape, f32)
+    tg.emulate(reduce_loaded, (1,), x, out, total)
+    assert np.array_equal(out, x.max(axis, keepdims=True))
+    assert np.array_equal(total, (2 * x).sum(axis, keepdims=True))
