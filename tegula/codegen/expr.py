@@ -277,7 +277,9 @@ _FLOAT_UNARY = {"exp": "expf({})", "exp2": "exp2f({})", "log": "logf({})", "log2
                 "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "neg": "(-{})"}
 #: Float -> integer conversions saturate to the integer type (the emulator's rule).
 _NARROW_INT_RANGE = {"i8": (-128, 127), "u8": (0, 255)}
-_INT_UNARY = {"abs": "abs({})", "neg": "(-{})", "not": "(~{})"}
+#: Integer - and abs wrap like the emulator (-INT_MIN == INT_MIN): C's signed negation of
+#: INT_MIN is undefined (a compiler may then fold `-x < 0` to `x > 0`), so through unsigned.
+_INT_UNARY = {"abs": "tg_abs_int({})", "neg": "(int)(0u - (unsigned)({}))", "not": "(~{})"}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _BOOL_LOGIC = {"and": "&&", "or": "||", "xor": "!="}
 _INT_LOGIC = {"and": "&", "or": "|", "xor": "^"}
@@ -350,6 +352,8 @@ class ValuePrinter:
         table = _FLOAT_UNARY if compute_type(v.dtype) == "float" else _INT_UNARY
         if v.op not in table:
             raise CodegenError(f"unary op {v.op!r} is not defined for {v.dtype}")
+        if table is _INT_UNARY and v.op == "abs":
+            self.used.add("tg_abs_int")
         return table[v.op].format(x)
 
     def _binary(self, v: Binary) -> str:

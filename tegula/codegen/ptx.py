@@ -40,6 +40,10 @@ __device__ __forceinline__ float tg_min_nan(float a, float b) {
     # torch.remainder, as the emulator). C leaves x / 0 and INT_MIN / -1 undefined, so both
     # are defined here as the emulator computes them: x / 0 == x // 0 == -1, x % 0 == x
     # (keeping x == (x // y) * y + x % y), INT_MIN / -1 and INT_MIN // -1 wrap to INT_MIN.
+    "tg_abs_int": ("""\
+__device__ __forceinline__ int tg_abs_int(int a) {
+  return a < 0 ? (int)(0u - (unsigned)a) : a;
+}""", ()),
     "tg_div": ("""\
 __device__ __forceinline__ int tg_div(int a, int b) {
   if (b == 0) return -1;

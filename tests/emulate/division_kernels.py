@@ -111,3 +111,31 @@ def division_case(rng, dtype, number, s, shape, threads, BM, BN):
                              padded)
     return (division_kernel(dtype, number, threads), (gm, gn), x, y, out, (s, gm),
             dict(BM=BM, BN=BN), ref)
+
+
+# -- unary - and abs wrap too (-INT_MIN == INT_MIN; C's signed negation would be undefined) --
+@lru_cache(maxsize=None)
+def negation_kernel(dtype: DType):
+    """neg, abs and `-x < 0` (which a compiler exploiting C's undefined -INT_MIN could fold to
+    `x > 0`) of a 1-D tile of 8, stacked in that order in `out`."""
+    @tg.kernel(threads=32)
+    def negation(x: tg.Tensor[dtype, 1], out: tg.Tensor[dtype, 1]):
+        a = tg.load(x.tile((8,), (0,)))
+        tg.copy(-a, out.tile((8,), (0,)))
+        tg.copy(abs(a), out.tile((8,), (1,)))
+        tg.copy(tg.where(-a < 0, a, a * 0), out.tile((8,), (2,)))
+
+    return negation
+
+
+def negation_inputs(dtype: DType) -> np.ndarray:
+    info = np.iinfo(np.dtype(dtype.numpy_name))
+    return np.array([info.min, info.min + 1, -5, -1, 0, 1, 7, info.max],
+                    np.dtype(dtype.numpy_name))
+
+
+def negation_reference(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """By two's complement in int64, then wrapped to the type."""
+    wide = x.astype(np.int64)
+    neg = (-wide).astype(np.dtype(dtype.numpy_name)).astype(np.int64)
+    return np.concatenate([neg, np.abs(wide), np.where(neg < 0, wide, 0)]).astype(x.dtype)

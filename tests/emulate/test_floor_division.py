@@ -15,11 +15,12 @@ import pytest
 
 import tegula as tg
 from tegula.build import build
-from tegula.dtypes import f16, f32, i32
+from tegula.dtypes import f16, f32, i8, i32
 from tegula.runtime.compiler import available_compilers, compile_cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from division_kernels import CASES, CONFIGS, FORMS, division_case  # noqa: E402
+from division_kernels import (CASES, CONFIGS, FORMS, division_case, negation_inputs,  # noqa: E402
+                              negation_kernel, negation_reference)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -68,7 +69,8 @@ def _kernel(dtype, body):
 def test_float_floor_division_is_a_clear_error(dtype):
     with pytest.raises(tg.TraceError, match=r"// is defined on integer tiles only.*" + str(dtype)):
         _kernel(dtype, lambda t, y: t // 2).trace()
-    with pytest.raises(tg.TraceError, match=rf"% is defined on integer tiles only.*{dtype}") as info:
+    only_ints = rf"% is defined on integer tiles only.*{dtype}"
+    with pytest.raises(tg.TraceError, match=only_ints) as info:
         _kernel(dtype, lambda t, y: 3 % t).trace()
     assert "3 % t" in info.value.loc.line  # the user's line
 
@@ -90,3 +92,20 @@ def test_division_kernels_compile(dtype, number, s):
     values = re.findall(r"^\s*r\d+\[\d+\] = ([^;]*);", source, re.M)
     assert values and not [v for v in values if re.search(r"[/%]", v)]
     assert compile_cuda(source, kernel.name, "sm_90a")[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("dtype", (i32, i8), ids=str)
+def test_negation_and_abs_wrap(dtype):
+    """-INT_MIN == INT_MIN (and -(-128) == -128 in i8): the emulator wraps, and the CUDA
+    negates through unsigned arithmetic, since C's signed -INT_MIN is undefined."""
+    x = negation_inputs(dtype)
+    out = np.zeros(24, x.dtype)
+    kernel = negation_kernel(dtype)
+    tg.emulate(kernel, (1,), x, out)
+    assert out.tolist() == negation_reference(x, dtype).tolist()
+    assert out[0] == x[0] and out[8] == x[0]  # the type's minimum is its own negation
+    source = build(kernel, {}, target="sm_90a").cuda_source()
+    values = re.findall(r"^\s*r\d+\[\d+\] = ([^;]*);", source, re.M)
+    assert not [v for v in values if re.search(r"(?<![\w)])-\s*\(?r\d", v)], values
+    if available_compilers():
+        assert compile_cuda(source, kernel.name, "sm_90a")[:4] == b"\x7fELF"
