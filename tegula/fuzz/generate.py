@@ -34,7 +34,7 @@ FLOAT_NUMBERS = (0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.5, 3.0, 0.1, 1e-3, 100.0, -7
                  float("inf"), -float("inf"), float("nan"), 448.0, 65504.0)
 INT_NUMBERS = {"i32": (0, 1, -1, 2, 3, 7, -5, 100, 2**31 - 1, -2**31),
                "i8": (0, 1, -1, 3, -7, 127, -128), "u8": (0, 1, 2, 3, 7, 128, 255)}
-DIVISORS = {"i32": (2, 3, 7, -5, 1000), "i8": (2, 3, -7, 100), "u8": (2, 3, 7, 200)}
+DIVISORS = {"i32": (2, 3, 7, -5, -1, 1000), "i8": (2, 3, -7, -1, 100), "u8": (2, 3, 7, 200)}
 FLOAT_FILLS = (None, 0.0, -0.0, 1.5, -1.0, 3.0, float("inf"), -float("inf"), float("nan"))
 INT_FILLS = {"i32": (None, 0, 1, -1, 7), "i8": (None, 0, 1, -1, 7), "u8": (None, 0, 1, 7)}
 
@@ -56,6 +56,7 @@ class Switches:
     indices: bool = True            # tg.indices tiles and kernel scalars (x.shape[1]) in math
     arg_reductions: bool = True     # tg.argmax / tg.argmin
     gemm: bool = True               # tg.gemm on one K tile (shared or register operands)
+    floor_division: bool = True     # integer // and %
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
     max_tile: int = 2048            # largest BM * BN
 
@@ -238,8 +239,8 @@ class Generator:
 
     def _second_operand(self, scope, dtype: str, op: str, number_p: float = 0.35):
         """A tile of `dtype` (any shape: operands broadcast) or a number."""
-        if op == "div" and nx.is_int(dtype):
-            return Num(self.rng.choice(DIVISORS[dtype]))
+        if op in ("div", "floordiv", "mod") and nx.is_int(dtype) and self.rng.random() < 0.5:
+            return Num(self.rng.choice(DIVISORS[dtype]))  # else any tile: 0 and -1 included
         other = self.pick(scope, lambda t: t.dtype == dtype, recent=0.3)
         if dtype == "i32" and self.sw.indices and op != "div" and self.rng.random() < 0.25:
             inputs = [t.name for t in self.tensors if t.kind == "in"]
@@ -257,7 +258,8 @@ class Generator:
         if nx.is_float(t.dtype):
             ops = ARITHMETIC
         else:
-            ops = ("add", "sub", "mul", "div", "max", "min", "and", "or", "xor")
+            ops = ("add", "sub", "mul", "div", "max", "min", "and", "or", "xor") + \
+                (("floordiv", "mod") if self.sw.floor_division else ())
         op = self.rng.choice(ops)
         b = self._second_operand(scope, t.dtype, op)
         if isinstance(b, Num) and op != "div" and self.rng.random() < 0.3:

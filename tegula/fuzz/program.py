@@ -184,6 +184,7 @@ FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 ARITHMETIC = ("add", "sub", "mul", "div", "max", "min", "pow")
 LOGIC = ("and", "or", "xor")
+INT_DIVISION = ("floordiv", "mod")  # integer // and % (torch floor semantics)
 
 
 @dataclass(frozen=True)
@@ -444,7 +445,7 @@ def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
 def _check_binary(op: str, dtype: str, a: Operand, b: Operand) -> None:
     if op in LOGIC and is_float(dtype):
         raise Invalid("bitwise op on floats")
-    if op in ARITHMETIC and dtype == BOOL:
+    if (op in ARITHMETIC or op in INT_DIVISION) and dtype == BOOL:
         raise Invalid("arithmetic on bool")
     if op == "pow" and not is_float(dtype):
         raise Invalid("pow on integers")
@@ -455,8 +456,10 @@ def _check_binary(op: str, dtype: str, a: Operand, b: Operand) -> None:
             raise Invalid("a non-integer number for an integer tile")
         if isinstance(x, Num) and dtype == BOOL and not isinstance(x.value, bool):
             raise Invalid("a number for a bool tile")
-    if op == "div" and is_int(dtype) and (not isinstance(b, Num) or b.value in (0, -1)):
-        raise Invalid("integer division needs a number divisor other than 0 and -1")
+    if op in INT_DIVISION and not is_int(dtype):
+        raise Invalid("// and % are integer ops")
+    if op in ("div",) + INT_DIVISION and is_int(dtype) and isinstance(b, Num) and b.value == 0:
+        raise Invalid("a literal 0 divisor")
 
 
 def _check_loop(program: Program, s: Loop, scope: Scope, loop, outputs: set) -> None:

@@ -452,9 +452,14 @@ def _int_binary(op: str, x, y):
         return x - y
     if op == "mul":
         return x * y
-    if op == "div":  # C: truncate toward zero (divisors are never 0 or -1)
-        q = np.abs(x) // np.abs(y)
-        return np.where((x < 0) != (y < 0), -q, q)
+    safe = np.where(y == 0, 1, y)  # tegula defines x / 0 and x // 0 as -1, x % 0 as x
+    if op == "div":  # C: truncate toward zero
+        q = np.abs(x) // np.abs(safe)
+        return np.where(y == 0, -1, np.where((x < 0) != (safe < 0), -q, q))
+    if op == "floordiv":  # floor, as Python and torch.floor_divide
+        return np.where(y == 0, -1, x // safe)
+    if op == "mod":  # the divisor's sign, as Python and torch.remainder
+        return np.where(y == 0, x, x % safe)
     if op == "max":
         return np.maximum(x, y)
     if op == "min":

@@ -9,7 +9,8 @@ from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Extent, Full, Gemm
                                  Load, Loop, Num, Program, Reduce, Store, Unary, Where, check)
 
 KERNEL_NAME = "fuzz_kernel"
-_OPERATOR = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "and": "&",
+_OPERATOR = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+             "pow": "**", "and": "&",
              "or": "|", "xor": "^", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
              "eq": "==", "ne": "!="}
 _FUNCTION = {"max": "tg.maximum", "min": "tg.minimum"}

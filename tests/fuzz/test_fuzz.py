@@ -101,7 +101,7 @@ def test_generated_programs_cover_the_language():
     assert ops >= {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                    "sigmoid", "neg", "abs", "not", "add", "sub", "mul", "div", "max", "min",
                    "pow", "and", "or", "xor", "lt", "le", "gt", "ge", "eq", "ne", "sum",
-                   "argmax", "argmin"}
+                   "argmax", "argmin", "floordiv", "mod"}
 
 
 # -- the reference's numbers ----------------------------------------------------------------
