@@ -3,6 +3,9 @@ reductions: the IR they record, and a clear TraceError at the user's line for ev
 misuse."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 import tegula as tg
@@ -12,13 +15,12 @@ from tegula.ir.printer import format_kernel
 from tegula.ir.scalar import Scalar
 from tegula.ir.verify import verify
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from source_lines import marked_line  # noqa: E402
+
 
 def line_of(marker: str) -> int:
-    with open(__file__) as f:
-        for n, line in enumerate(f, 1):
-            if marker in line and "line_of(" not in line and "expect(" not in line:
-                return n
-    raise AssertionError(marker)
+    return marked_line(__file__, marker)
 
 
 def expect(body, marker: str, *words: str) -> None:

@@ -1,18 +1,20 @@
 """Every misuse of the language is a TraceError naming the op and the user's line."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 import tegula as tg
 from tegula import f16, f32, i8, i32
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from source_lines import marked_line  # noqa: E402
+
 
 def line_of(marker: str) -> int:
-    with open(__file__) as f:
-        for n, line in enumerate(f, 1):
-            if marker in line and "line_of(" not in line and "expect(" not in line:
-                return n
-    raise AssertionError(marker)
+    return marked_line(__file__, marker)
 
 
 def expect(kernel, marker: str, *words: str, **constexprs) -> str:
