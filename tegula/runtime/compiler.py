@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from tegula.errors import CompileError
 
 #: Options every compile gets (both compilers understand them). No fast-math: division,
-#: sqrt and denormals stay IEEE, which is what the emulator assumes.
+#: sqrt and denormals stay IEEE, as the emulator computes them. Multiply-add contraction
+#: stays on (both compilers' default, as in Triton): an f32 `a * b + c` may round once
+#: where the emulator rounds twice (docs/compiler.md, "Floats on the GPU and in the emulator").
 DEFAULT_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
 
