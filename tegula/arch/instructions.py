@@ -103,6 +103,30 @@ class Instruction:
 
     # ------------------------------------------------------------------ code generation
 
+    def asm_order(self) -> list[AsmOperand]:
+        """Operand groups in inline-asm numbering order: outputs, then inputs."""
+        return [o for o in self.operands if o.direction == "out"] + \
+               [o for o in self.operands if o.direction == "in"]
+
+    def asm_text(self) -> str:
+        """The PTX statement with operands numbered %0, %1, … in `asm_order` (the string
+        inside `asm("…")`, without the trailing newline escape)."""
+        placeholders: dict[str, str] = {}
+        index = 0
+        for op in self.asm_order():
+            nums = [f"%{index + i}" for i in range(op.count)]
+            index += op.count
+            braced = op.count > 1 or op.vector
+            placeholders[op.name] = "{" + ", ".join(nums) + "}" if braced else nums[0]
+        return self.template.format(**placeholders)
+
+    def registers(self, group: str) -> int:
+        """How many registers the asm operand group `group` takes."""
+        for op in self.operands:
+            if op.name == group:
+                return op.count
+        raise TegulaError(f"{self.name}: no operand group {group!r}")
+
     def format_asm(self, pred: str | None = None, **groups: Sequence[str] | str) -> str:
         """A complete `asm volatile(...)` statement with C++ operand expressions filled in.
 
@@ -111,11 +135,7 @@ class Instruction:
         """
         outs: list[str] = []
         ins: list[str] = []
-        placeholders: dict[str, str] = {}
-        ordered = [o for o in self.operands if o.direction == "out"] + \
-                  [o for o in self.operands if o.direction == "in"]
-        index = 0
-        for op in ordered:
+        for op in self.asm_order():
             exprs = groups.get(op.name)
             if exprs is None:
                 raise TegulaError(f"{self.name}: operand group {op.name!r} missing")
@@ -123,10 +143,6 @@ class Instruction:
             if len(exprs) != op.count:
                 raise TegulaError(f"{self.name}: operand group {op.name!r} needs {op.count} "
                                   f"register(s), got {len(exprs)}")
-            nums = [f"%{index + i}" for i in range(op.count)]
-            index += op.count
-            braced = op.count > 1 or op.vector
-            placeholders[op.name] = "{" + ", ".join(nums) + "}" if braced else nums[0]
             if op.direction == "out":
                 mode = "+" if pred is not None else "="
                 outs += [f'"{mode}{op.constraint}"({e})' for e in exprs]
@@ -135,8 +151,9 @@ class Instruction:
         extra = set(groups) - {o.name for o in self.operands}
         if extra:
             raise TegulaError(f"{self.name}: unknown operand group(s) {sorted(extra)}")
-        text = self.template.format(**placeholders)
+        text = self.asm_text()
         if pred is not None:
+            index = sum(o.count for o in self.operands)
             ins.append(f'"r"((int)({pred}))')
             text = ("{ .reg .pred p; setp.ne.b32 p, %" + str(index) + ", 0; @p " + text + " }")
         clob = ' : "memory"' if self.clobbers_memory else ""
@@ -187,6 +204,11 @@ class MmaInstr(Instruction):
     @property
     def c_values(self) -> int:
         return self.c_tv.size // 32
+
+    def values(self, which: str) -> int:
+        """Values of operand `which` ("a", "b", "c", "d") one lane holds."""
+        return {"a": self.a_values, "b": self.b_values, "c": self.c_values,
+                "d": self.c_values}[which]
 
     def values_per_reg(self, which: str) -> int:
         """How many values of operand `which` ("a", "b", "c", "d") share a .b32 register."""

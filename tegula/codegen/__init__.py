@@ -11,7 +11,7 @@ from tegula.codegen.expr import CodegenError, element_bits, element_value, stora
 from tegula.codegen.params import (
     ParamSpec, global_access_bytes, param_list, vectorized_tensors,
 )
-from tegula.codegen.ptx import MMA_NAMES, MmaSpec, mma_spec
+from tegula.codegen.ptx import mma_instr
 
-__all__ = ["emit_cuda", "param_list", "ParamSpec", "CodegenError", "MMA_NAMES", "MmaSpec",
-           "mma_spec", "global_access_bytes", "vectorized_tensors", "storage_type", "element_bits", "element_value", "target_sm"]
+__all__ = ["emit_cuda", "param_list", "ParamSpec", "CodegenError", "mma_instr",
+           "global_access_bytes", "vectorized_tensors", "storage_type", "element_bits", "element_value", "target_sm"]

@@ -27,7 +27,7 @@ from tegula.codegen.expr import (
     CodegenError, ValuePrinter, element_bits, index_c, storage_type,
 )
 from tegula.codegen.params import param_list
-from tegula.codegen.ptx import VECTOR_TYPES, mma_spec, prelude
+from tegula.codegen.ptx import VECTOR_TYPES, mma_instr, prelude
 
 _INDENT = "  "
 #: Access width in bits -> (C type of the access, its 32-bit word fields).
@@ -443,24 +443,23 @@ class _Emitter:
                           f"{_from_bits(word, dtype, j * dtype.bits)};")
 
     def _Mma(self, s: Mma) -> None:
-        spec = mma_spec(s.instr)
-        if spec.min_sm > self.sm:
-            raise CodegenError(f"{s.instr} needs sm_{spec.min_sm}, the target is {self.target}")
+        instr = mma_instr(s.instr)  # the catalogue entry: PTX text, counts, minimum SM
+        if instr.min_cc > self.sm:
+            raise CodegenError(f"{s.instr} needs sm_{instr.min_cc}, the target is {self.target}")
         for operand, regs in (("a", s.a), ("b", s.b), ("c", s.c), ("d", s.d)):
-            if len(regs) != spec.elements(operand):
+            if len(regs) != instr.values(operand):
                 raise CodegenError(f"{s.instr}: operand {operand} has {len(regs)} registers, "
-                                   f"the instruction takes {spec.elements(operand)} per lane")
+                                   f"the instruction takes {instr.values(operand)} per lane")
         self.line("{")
         self.depth += 1
-        outs, d_words = self.mma_outputs(s.d, spec)
+        outs, d_words = self.mma_outputs(s.d, instr)
         ins = [f'"r"({w})' for w in self.mma_inputs(s.a) + self.mma_inputs(s.b)]
         ins += self.mma_accumulator_inputs(s.c)
-        groups, i = [], 0
-        for count in (len(outs), spec.words("a"), spec.words("b"), len(ins) - spec.words("a")
-                      - spec.words("b")):
-            groups.append("{" + ", ".join(f"%{j}" for j in range(i, i + count)) + "}")
-            i += count
-        self.line(f'asm("{spec.ptx} {", ".join(groups)};\\n"')
+        packed = len(ins) - instr.registers("a") - instr.registers("b")
+        if (len(outs), packed) != (instr.registers("d"), instr.registers("c")):
+            raise CodegenError(f"{s.instr}: accumulator registers of {s.c[0].array.dtype} do "
+                               f"not pack into the instruction's {instr.registers('c')}")
+        self.line(f'asm("{instr.asm_text()}\\n"')
         self.line(f"    : {', '.join(outs)}")
         self.line(f"    : {', '.join(ins)});")
         if d_words:
@@ -486,13 +485,13 @@ class _Emitter:
             return [f'"{kind}"({self.reg(r)})' for r in regs]
         return [f'"r"({w})' for w in self.mma_inputs(regs)]
 
-    def mma_outputs(self, regs: list[Reg], spec) -> tuple[list[str], list[str]]:
+    def mma_outputs(self, regs: list[Reg], instr) -> tuple[list[str], list[str]]:
         """Output constraints; 16-bit accumulators go through temporaries to unpack after."""
         dtype = regs[0].array.dtype
         if dtype.bits == 32:
             kind = "f" if dtype.name == "f32" else "r"
             return [f'"={kind}"({self.reg(r)})' for r in regs], []
-        words = [self.temp("mma_d") for _ in range(spec.words("d"))]
+        words = [self.temp("mma_d") for _ in range(instr.registers("d"))]
         self.line(f"unsigned {', '.join(words)};")
         return [f'"=r"({w})' for w in words], words
 

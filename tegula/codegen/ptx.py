@@ -5,17 +5,17 @@ conversion, atomic and matrix instruction is spelled here in PTX. Helpers are em
 when the kernel uses them (`prelude(used)`), so a plain copy kernel stays short.
 
 Matrix instructions are keyed by the thread IR's `Mma.instr` name
-(`"mma.m16n8k16.f32.f16.f16.f32"`: shape, then the d, a, b, c types). `mma_spec` parses a
-name and checks it against `MMA_TYPES`; its operand word counts follow from the shape
-(a lane of the 32 holds M*K/32 elements of A, N*K/32 of B, M*N/32 of C and D, packed into
-32-bit registers), so any catalogue entry of the `mma.sync.aligned.*.row.col` family is
-printable without a per-entry table. `MMA_NAMES` lists the entries known to compile.
+(`"mma.m16n8k16.f32.f16.f16.f32"`: shape, then the d, a, b, c types), which is the key of
+an entry of the instruction catalogue (`tegula.arch`); `mma_instr` finds it, and the
+emitter prints the entry's own PTX template and register counts — there is no second table
+of MMA shapes and types here.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from tegula.arch.instructions import PTX_TYPE, MmaInstr
+from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.codegen.expr import CodegenError
 
 # --------------------------------------------------------------------------------------
@@ -204,85 +204,31 @@ def prelude(used: set[str]) -> str:
 # Matrix instructions
 # --------------------------------------------------------------------------------------
 
-#: Accepted spellings of operand types in instruction names -> PTX type.
-_TYPE_ALIASES = {"f16": "f16", "bf16": "bf16", "tf32": "tf32", "f32": "f32", "s32": "s32",
-                 "i32": "s32", "s8": "s8", "i8": "s8", "u8": "u8", "e4m3": "e4m3",
-                 "f8e4m3": "e4m3", "e5m2": "e5m2", "f8e5m2": "e5m2"}
-_BITS = {"f16": 16, "bf16": 16, "tf32": 32, "f32": 32, "s32": 32, "s8": 8, "u8": 8,
-         "e4m3": 8, "e5m2": 8}
-
-#: (M, N, K) -> {(d, a/b family, c): minimum SM version}. a and b may mix signedness
-#: (s8/u8) and f8 flavours (e4m3/e5m2), checked separately.
-MMA_TYPES: dict[tuple[int, int, int], dict[tuple[str, str, str], int]] = {
-    (16, 8, 8): {("f32", "f16", "f32"): 80, ("f16", "f16", "f16"): 80,
-                 ("f32", "bf16", "f32"): 80, ("f32", "tf32", "f32"): 80},
-    (16, 8, 16): {("f32", "f16", "f32"): 80, ("f16", "f16", "f16"): 80,
-                  ("f32", "bf16", "f32"): 80, ("s32", "i8", "s32"): 80},
-    (16, 8, 32): {("s32", "i8", "s32"): 80, ("f32", "f8", "f32"): 89},
-}
-_FAMILY = {"f16": "f16", "bf16": "bf16", "tf32": "tf32", "s8": "i8", "u8": "i8",
-           "e4m3": "f8", "e5m2": "f8"}
+#: Accepted spellings of operand types in instruction names: the PTX ones and tegula's
+#: dtype names (i8, f8e4m3, ...), both mapped to the PTX spelling the catalogue keys use.
+_TYPE_SPELLINGS = {**{ptx: ptx for ptx in PTX_TYPE.values()}, **PTX_TYPE}
 
 _NAME_RE = re.compile(r"^(?:mma\.)?(?:sync\.aligned\.)?m(\d+)n(\d+)k(\d+)(?:\.row\.col)?"
                       r"\.(\w+)\.(\w+)\.(\w+)\.(\w+)$")
 
 
-@dataclass(frozen=True)
-class MmaSpec:
-    """A parsed `mma.sync` instruction: shape, PTX types and operand word counts per lane."""
-
-    m: int
-    n: int
-    k: int
-    d: str
-    a: str
-    b: str
-    c: str
-    min_sm: int
-
-    @property
-    def ptx(self) -> str:
-        return (f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col."
-                f"{self.d}.{self.a}.{self.b}.{self.c}")
-
-    def words(self, operand: str) -> int:
-        """32-bit registers per lane of operand "a", "b", "c" or "d"."""
-        rows_cols = {"a": self.m * self.k, "b": self.n * self.k,
-                     "c": self.m * self.n, "d": self.m * self.n}[operand]
-        return rows_cols * _BITS[getattr(self, operand)] // (32 * 32)
-
-    def elements(self, operand: str) -> int:
-        """Elements per lane of an operand."""
-        return {"a": self.m * self.k, "b": self.n * self.k,
-                "c": self.m * self.n, "d": self.m * self.n}[operand] // 32
-
-
-def mma_spec(name: str) -> MmaSpec:
-    """Parse and check an instruction name; `CodegenError` if the emitter cannot print it."""
+def mma_instr(name: str) -> MmaInstr:
+    """The catalogue entry an `Mma` statement names (also accepted: the full PTX spelling
+    and tegula dtype names); `CodegenError` if the name is not an MMA of the catalogue.
+    Everything the emitter prints for it (PTX text, register counts, minimum SM) comes
+    from this entry."""
     match = _NAME_RE.match(name)
     if match is None:
         raise CodegenError(f"cannot parse matrix instruction name {name!r} "
                            f"(expected like 'mma.m16n8k16.f32.f16.f16.f32')")
     m, n, k = (int(g) for g in match.groups()[:3])
     try:
-        d, a, b, c = (_TYPE_ALIASES[t] for t in match.groups()[3:])
+        d, a, b, c = (_TYPE_SPELLINGS[t] for t in match.groups()[3:])
     except KeyError as e:
         raise CodegenError(f"{name}: unknown operand type {e.args[0]!r}") from None
-    fam_a, fam_b = _FAMILY.get(a), _FAMILY.get(b)
-    shapes = MMA_TYPES.get((m, n, k), {})
-    min_sm = shapes.get((d, fam_a or "?", c)) if fam_a == fam_b else None
-    if min_sm is None or (fam_a in ("f16", "bf16", "tf32") and a != b):
+    key = f"mma.m{m}n{n}k{k}.{d}.{a}.{b}.{c}"
+    found = next((i for i in MMA_INSTRUCTIONS if i.name == key), None)
+    if found is None:
         raise CodegenError(f"{name}: no mma.sync m{m}n{n}k{k} with types "
-                           f"d={d} a={a} b={b} c={c} in the emitter's table")
-    return MmaSpec(m, n, k, d, a, b, c, min_sm)
-
-
-#: Every instruction name the emitter prints (for the catalogue cross-check test).
-MMA_NAMES: tuple[str, ...] = tuple(
-    f"mma.m{m}n{n}k{k}.{d}.{a}.{b}.{c}"
-    for (m, n, k), table in MMA_TYPES.items()
-    for (d, fam, c) in table
-    for a, b in ({"i8": [("s8", "s8"), ("u8", "u8"), ("s8", "u8"), ("u8", "s8")],
-                  "f8": [("e4m3", "e4m3"), ("e5m2", "e5m2"), ("e4m3", "e5m2"),
-                         ("e5m2", "e4m3")]}.get(fam, [(fam, fam)]))
-)
+                           f"d={d} a={a} b={b} c={c} in the instruction catalogue")
+    return found

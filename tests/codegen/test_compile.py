@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from tegula.codegen import MMA_NAMES, emit_cuda, mma_spec
+from tegula.arch import MMA_INSTRUCTIONS
+from tegula.codegen import emit_cuda, mma_instr
 from tegula.codegen.samples import (
     ALL_SAMPLES, cp_async_pipeline, mma_ldmatrix, shared_transpose, vector_copy,
     warp_sum_of_squares,
@@ -90,17 +91,13 @@ def test_sass_transpose_barrier(target):
     _no_local_memory(sass)
 
 
-_REG_TYPE = {"f16": f16, "bf16": bf16, "tf32": f32, "f32": f32, "s32": i32, "s8": i8,
-             "u8": u8, "e4m3": f8e4m3, "e5m2": f8e5m2}
-
-
 def _all_mma_kernel(names: list[str]) -> ThreadKernel:
     """One warp issuing every named mma once (operands uninitialized: compile-only)."""
     regs, body, params = [], [], []
     for n, name in enumerate(names):
-        spec = mma_spec(name)
-        arrays = {op: RegArray(f"{op}{n}", _REG_TYPE[getattr(spec, op)], spec.elements(op))
-                  for op in "abcd"}
+        instr = mma_instr(name)
+        dtypes = {"a": instr.a_dtype, "b": instr.b_dtype, "c": instr.c_dtype, "d": instr.d_dtype}
+        arrays = {op: RegArray(f"{op}{n}", dtypes[op], instr.values(op)) for op in "abcd"}
         regs += arrays.values()
         operands = {op: [Reg(arr, Const(i)) for i in range(arr.size)] for op, arr in arrays.items()}
         body.append(Mma(name, **operands))
@@ -111,8 +108,8 @@ def _all_mma_kernel(names: list[str]) -> ThreadKernel:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_every_mma_in_the_table_compiles(target):
-    names = [n for n in MMA_NAMES if mma_spec(n).min_sm <= int(target[3:5])]
+def test_every_mma_of_the_catalogue_compiles(target):
+    names = [i.name for i in MMA_INSTRUCTIONS if i.min_cc <= int(target[3:5])]
     kernel = _all_mma_kernel(names)
     sass = _sass(kernel, target)
     assert len(re.findall(r"\b[HIQ]MMA\.", sass)) >= len(names)

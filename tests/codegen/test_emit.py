@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tegula.codegen import CodegenError, MMA_NAMES, emit_cuda, mma_spec, param_list
+from tegula.codegen import CodegenError, emit_cuda, mma_instr, param_list
 from tegula.codegen.expr import element_bits, element_value, float_literal, index_c
 from tegula.codegen.samples import ALL_SAMPLES, mma_ldmatrix, vector_copy
 from tegula.dtypes import bf16, f16, f32, f8e4m3, f8e5m2, i8
@@ -86,17 +86,31 @@ def test_unrolled_loops_get_pragma():
     assert "__syncthreads();" in src
 
 
-def test_mma_names_parse():
-    assert len(MMA_NAMES) >= 10
-    for name in MMA_NAMES:
-        spec = mma_spec(name)
-        assert spec.ptx.startswith("mma.sync.aligned.m16n8k")
-    spec = mma_spec("mma.m16n8k16.f32.f16.f16.f32")
-    assert (spec.words("a"), spec.words("b"), spec.words("c")) == (4, 2, 4)
-    assert mma_spec("mma.m16n8k16.f16.f16.f16.f16").words("d") == 2
-    assert mma_spec("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32").min_sm == 89
-    with pytest.raises(CodegenError, match="no mma.sync"):
-        mma_spec("mma.m16n8k16.f32.bf16.f16.f32")
+def test_mma_names_resolve_to_catalogue_entries():
+    """The emitter has no MMA table of its own: every spelling resolves to the entry."""
+    from tegula.arch import MMA_INSTRUCTIONS, get_mma
+    for entry in MMA_INSTRUCTIONS:
+        assert mma_instr(entry.name) is entry
+    instr = mma_instr("mma.m16n8k16.f32.f16.f16.f32")
+    assert [instr.registers(g) for g in "abcd"] == [4, 2, 4, 4]
+    assert mma_instr("mma.m16n8k16.f16.f16.f16.f16").registers("d") == 2
+    assert mma_instr("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32") is \
+        get_mma("mma.m16n8k32.f32.e4m3.e4m3.f32")
+    assert mma_instr("mma.m16n8k32.i32.i8.u8.i32").min_cc == 80  # dtype-name spelling
+    with pytest.raises(CodegenError, match="no mma.sync .* in the instruction catalogue"):
+        mma_instr("mma.m16n8k16.f32.bf16.f16.f32")
+    with pytest.raises(CodegenError, match="unknown operand type 'tf32'"):
+        mma_instr("mma.m16n8k8.f32.tf32.tf32.f32")
+
+
+def test_mma_asm_is_the_catalogue_template():
+    """The printed mma statement is the entry's PTX template, operands numbered in order."""
+    from tegula.codegen.samples import mma_ldmatrix
+    src = emit_cuda(mma_ldmatrix(), "sm_80")
+    text = mma_instr("mma.m16n8k16.f32.f16.f16.f32").asm_text()
+    assert text == ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                    "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};")
+    assert f'asm("{text}\\n"' in src
 
 
 def _one_stmt_kernel(stmt, regs, params=None, shared=()):
@@ -142,16 +156,14 @@ def test_unknown_target():
 
 def test_catalogue_entries_have_emitters():
     """Every entry of the instruction catalogue (tegula.arch) has a printing rule here:
-    mma names parse to the catalogue's own PTX; the other families map to statements."""
+    mma entries print their own template; the other families map to statements."""
     catalogue = pytest.importorskip("tegula.arch.catalogue")
     printed_kinds = {"ld.global", "st.global", "ld.shared", "st.shared", "cp.async",
                      "cp.async.commit", "cp.async.wait", "ldmatrix", "shfl"}
     no_statement_yet = {"stmatrix"}  # thread IR has no StMatrix statement to print
     for instr in catalogue.ALL_INSTRUCTIONS:
         if instr.kind == "mma":
-            spec = mma_spec(instr.name)
-            assert spec.ptx == instr.ptx, instr.name
-            assert spec.min_sm >= instr.min_cc or spec.min_sm == 80, instr.name
+            assert mma_instr(instr.name) is instr
         else:
             assert instr.kind in printed_kinds | no_statement_yet, instr.name
 
