@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import re
 
+from tegula.arch.catalogue import shuffle as shuffle_entry
 from tegula.dtypes import DType
+from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
     Assign, Barrier, Comment, Const, CpAsync, CpAsyncCommit, CpAsyncWait, Expr, For,
     GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix, Let, Mma, Reg, SharedBuffer,
@@ -33,8 +35,6 @@ _INDENT = "  "
 #: Access width in bits -> (C type of the access, its 32-bit word fields).
 _ACCESS = {8: ("unsigned char", None), 16: ("unsigned short", None), 32: ("unsigned", None),
            64: ("tg_v2", ("x", "y")), 128: ("tg_v4", ("x", "y", "z", "w"))}
-_SHUFFLE = {"xor": ("bfly", "0x1f"), "idx": ("idx", "0x1f"), "down": ("down", "0x1f"),
-            "up": ("up", "0x0")}
 
 
 #: Names the generated function defines itself or C++ reserves (the common ones).
@@ -496,19 +496,19 @@ class _Emitter:
         return [f'"=r"({w})' for w in words], words
 
     def _Shuffle(self, s: Shuffle) -> None:
-        if s.mode not in _SHUFFLE:
-            raise CodegenError(f"unknown shuffle mode {s.mode!r}")
+        try:
+            instr = shuffle_entry(s.mode)  # the catalogue entry: PTX mode, clamp, operands
+        except TegulaError:
+            raise CodegenError(f"unknown shuffle mode {s.mode!r}") from None
         dtype = s.src.array.dtype
         if dtype.bits > 32 or s.dst.array.dtype.bits != dtype.bits:
             raise CodegenError(f"shuffle of {dtype} into {s.dst.array.dtype}")
-        op, clamp = _SHUFFLE[s.mode]
         w = self.temp("sh")
         self.line("{")
         self.depth += 1
         self.line(f"unsigned {w};")
-        self.line(f'asm volatile("shfl.sync.{op}.b32 %0, %1, %2, {clamp}, 0xffffffff;\\n" '
-                  f': "=r"({w}) : "r"({_bits_expr(self.reg(s.src), dtype)}), '
-                  f'"r"((int)({index_c(s.arg)})));')
+        self.line(instr.format_asm(d=w, a=_bits_expr(self.reg(s.src), dtype),
+                                   b=f"(int)({index_c(s.arg)})"))
         self.line(f"{self.reg(s.dst)} = {_from_bits(w, dtype, 0)};")
         self.depth -= 1
         self.line("}")

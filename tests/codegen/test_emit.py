@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from tegula.codegen.samples import ALL_SAMPLES, mma_ldmatrix, vector_copy
 from tegula.dtypes import bf16, f16, f32, f8e4m3, f8e5m2, i8
 from tegula.lower.thread_ir import (
     TID, BinOp, Const, GlobalLoad, GlobalStore, Mma, Reg, RegArray, ScalarParam, Select,
-    SharedBuffer, TensorParam, ThreadKernel, Var,
+    SharedBuffer, Shuffle, TensorParam, ThreadKernel, Var,
 )
 
 
@@ -116,6 +117,24 @@ def test_mma_asm_is_the_catalogue_template():
 def _one_stmt_kernel(stmt, regs, params=None, shared=()):
     params = params or [TensorParam("x", f16, 1), TensorParam("y", f16, 1, writes=True)]
     return ThreadKernel("k", 32, params, regs, list(shared), [stmt])
+
+
+def test_shuffles_print_the_catalogue_entry():
+    """Each thread-IR shuffle mode prints its catalogue entry's asm (PTX mode, clamp)."""
+    from tegula.arch import shuffle
+    r = RegArray("r", f32, 2)
+    for mode, ptx_mode, clamp in (("xor", "bfly", "0x1f"), ("idx", "idx", "0x1f"),
+                                  ("down", "down", "0x1f"), ("up", "up", "0x0")):
+        src = emit_cuda(_one_stmt_kernel(Shuffle(Reg(r, Const(1)), Reg(r, Const(0)), mode,
+                                                 Const(3)), [r]))
+        line = next(x.strip() for x in src.splitlines() if "shfl.sync" in x)
+        assert f"shfl.sync.{ptx_mode}.b32 %0, %1, %2, {clamp}, 0xffffffff;" in line
+        temp = re.search(r'"=r"\((\w+)\)', line).group(1)
+        assert line == shuffle(mode).format_asm(d=temp, a="__float_as_uint(r[0])",
+                                                b="(int)(3)"), line
+    with pytest.raises(CodegenError, match="unknown shuffle mode 'sideways'"):
+        emit_cuda(_one_stmt_kernel(Shuffle(Reg(r, Const(1)), Reg(r, Const(0)), "sideways",
+                                           Const(3)), [r]))
 
 
 def test_errors_name_the_problem():
