@@ -2,7 +2,8 @@
 
 * `get_target(name)` -> `Target` ("sm_80", "sm_89", "sm_90a", "h200"; aliases "a100", "h100").
 * `catalogue(target)` -> entries available on a target; `get_instruction(name)`,
-  `get_mma(name)`, `mma_for(a, b, acc, target)` (best first), `vector_access(op, space,
+  `get_mma(name)`, `mma_for(a, b, acc, target)` (best first), `mma_accumulators(a, b)`
+  (what `tg.gemm` may accumulate in), `vector_access(op, space,
   nbytes)`, `cp_async(nbytes)`, `ldmatrix(num, trans)`, `stmatrix(num, trans)`,
   `shuffle(mode)`.
 * Entries are frozen dataclasses (`MmaInstr`, `MemInstr`, `MatrixInstr`, `ShuffleInstr`)
@@ -14,7 +15,8 @@ Imports only `tegula.layout`, `tegula.dtypes` and `tegula.errors`.
 from __future__ import annotations
 
 from tegula.arch.catalogue import (ALL_INSTRUCTIONS, catalogue, cp_async, get_instruction,
-                                   get_mma, ldmatrix, mma_for, shuffle, stmatrix, vector_access)
+                                   get_mma, ldmatrix, mma_accumulators, mma_for, shuffle,
+                                   stmatrix, vector_access)
 from tegula.arch.instructions import (AsmOperand, Instruction, MatrixInstr, MemInstr, MmaInstr,
                                       ShuffleInstr, ptx_type, tv_table)
 from tegula.arch.memory import CP_ASYNC_COMMIT, cp_async_asm, cp_async_wait, matrix_tv
@@ -23,7 +25,7 @@ from tegula.arch.targets import SM80, SM89, SM90A, TARGETS, Target, get_target, 
 
 __all__ = [
     "ALL_INSTRUCTIONS", "catalogue", "cp_async", "get_instruction", "get_mma", "ldmatrix",
-    "mma_for", "shuffle", "stmatrix", "vector_access", "AsmOperand", "Instruction",
+    "mma_accumulators", "mma_for", "shuffle", "stmatrix", "vector_access", "AsmOperand", "Instruction",
     "MatrixInstr", "MemInstr", "MmaInstr", "ShuffleInstr", "ptx_type", "tv_table",
     "CP_ASYNC_COMMIT", "cp_async_asm", "cp_async_wait", "matrix_tv", "MMA_INSTRUCTIONS",
     "SM80", "SM89", "SM90A", "TARGETS", "Target", "get_target", "target_for_cc",

@@ -75,6 +75,20 @@ def mma_for(a_dtype: DType, b_dtype: DType, acc_dtype: DType,
     return sorted(found, key=key)
 
 
+def mma_accumulators(a_dtype: DType, b_dtype: DType,
+                     target: str | Target | None = None) -> tuple[DType, ...]:
+    """Accumulator types the MMA entries offer for operands (a, b), in catalogue order,
+    on `target` (any target when None); () when no entry multiplies them. The language's
+    `tg.gemm` type check reads this, so a new MMA entry is a new multipliable type."""
+    t = get_target(target) if target is not None else None
+    found: list[DType] = []
+    for i in MMA_INSTRUCTIONS:
+        if i.a_dtype == a_dtype and i.b_dtype == b_dtype and i.c_dtype not in found \
+                and (t is None or i.available_on(t)):
+            found.append(i.c_dtype)
+    return tuple(found)
+
+
 def vector_access(op: str, space: str, nbytes: int) -> MemInstr:
     """The ld/st entry moving `nbytes` (1, 2, 4, 8, 16) per thread; `op` "ld" or "st",
     `space` "global" or "shared"."""

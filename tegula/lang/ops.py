@@ -9,7 +9,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from tegula.dtypes import DType, bool_, f16, f32, i32
+from tegula.arch.catalogue import mma_accumulators
+from tegula.dtypes import DType, bool_, i32
 from tegula.ir.ops import AtomicAdd, Copy, Fill, Gemm, Rearrange, Reduce
 from tegula.ir.scalar import BlockIndex
 from tegula.ir.values import (GlobalTile, RegisterTile, SharedAlloc, Tile, describe,
@@ -145,16 +146,6 @@ def atomic_add(src: Any, dst: Any) -> None:
 
 
 # -- gemm -----------------------------------------------------------------------------------
-def _gemm_acc_types(a: DType, b: DType) -> tuple[DType, ...] | None:
-    """Accumulator types the tensor cores offer for operand types (a, b); None: no MMA."""
-    if a.name.startswith("f8") and b.name.startswith("f8"):
-        return (f32,)
-    if a != b:
-        return None
-    return {"f16": (f32, f16), "bf16": (f32,), "f32": (f32,), "i8": (i32,),
-            "u8": (i32,)}.get(a.name)
-
-
 def gemm(c: Any, a: Any, b: Any) -> None:
     """`c += a @ b.T`: c (M, N) register accumulator, a (M, K) and b (N, K) in shared
     memory or registers (use `.T` on a shared tile for the other major order)."""
@@ -173,8 +164,10 @@ def gemm(c: Any, a: Any, b: Any) -> None:
     if k != k2 or (cm, cn) != (m, n):
         raise fail(op, f"shapes do not fit c[M, N] += a[M, K] @ b[N, K].T: c {describe(acc)}, "
                        f"a {describe(ta)}, b {describe(tb)}")
-    allowed = _gemm_acc_types(ta.dtype, tb.dtype)
-    if allowed is None:
+    # The catalogue's MMA entries (any target) say which types multiply; whether the
+    # kernel's target has one is synthesis's check, which names the target.
+    allowed = mma_accumulators(ta.dtype, tb.dtype)
+    if not allowed:
         raise fail(op, f"no matrix instruction multiplies {ta.dtype} by {tb.dtype} "
                        f"(a {describe(ta)}, b {describe(tb)}); convert with .to() first")
     if acc.dtype not in allowed:

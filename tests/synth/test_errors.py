@@ -8,7 +8,7 @@ import re
 import pytest
 
 import tegula as tg
-from tegula import bf16, f16, f32, i8
+from tegula import bf16, f8e4m3, f16, f32, i8
 from tegula.build import build
 from tegula.errors import ResourceError, SynthesisError, TegulaError, TraceError
 from tegula.layout.cute import Layout
@@ -28,11 +28,12 @@ def line_of(marker: str) -> int:
 
 
 def expect(kernel, error: type, marker: str, *words: str, also: tuple = (),
-           **constexprs) -> str:
-    """Building `kernel` raises `error` at the line marked `marker` (file:line in the
-    message), mentions the lines marked in `also`, and contains every word in `words`."""
+           target: str = "sm_90a", **constexprs) -> str:
+    """Building `kernel` for `target` raises `error` at the line marked `marker` (file:line
+    in the message), mentions the lines marked in `also`, and contains every word in
+    `words`."""
     with pytest.raises(TegulaError) as info:
-        build(kernel, constexprs)
+        build(kernel, constexprs, target=target)
     assert isinstance(info.value, error), (type(info.value), str(info.value))
     text = str(info.value)
     assert f"{__file__}:{line_of(marker)}" in text, text
@@ -133,14 +134,27 @@ def test_gemm_accumulator_of_wrong_type():
 
 
 def test_gemm_types_no_mma_instruction_takes():
+    """f32 x f32: no catalogue entry multiplies it on any target, so tracing refuses it."""
     @tg.kernel(threads=128)
     def k(a: tg.Tensor[f32], b: tg.Tensor[f32]):
         acc = tg.zeros((64, 64), f32)
         ra = tg.load(a.tile((64, 32), (0, 0)))
         rb = tg.load(b.tile((64, 32), (0, 0)))
         tg.gemm(acc, ra, rb)  # @gemm-f32
-    expect(k, SynthesisError, "@gemm-f32", "gemm", "no MMA instruction", "f32 by f32",
-           "sm_90a", "register<64x32, f32>", "register<64x64, f32>")
+    expect(k, TraceError, "@gemm-f32", "tg.gemm", "no matrix instruction multiplies f32 by f32",
+           "register<64x32, f32>")
+
+
+def test_gemm_types_no_mma_on_the_target():
+    """f8 x f8: catalogue entries exist from sm_89; building for sm_80 names the target."""
+    @tg.kernel(threads=128)
+    def k(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3]):
+        acc = tg.zeros((64, 64), f32)
+        ra = tg.load(a.tile((64, 32), (0, 0)))
+        rb = tg.load(b.tile((64, 32), (0, 0)))
+        tg.gemm(acc, ra, rb)  # @gemm-f8
+    expect(k, SynthesisError, "@gemm-f8", "gemm", "no MMA instruction", "f8e4m3 by f8e4m3",
+           "sm_80", "register<64x32, f8e4m3>", "register<64x64, f32>", target="sm_80")
 
 
 def test_gemm_tiles_no_mma_fits():
