@@ -109,6 +109,14 @@ def cp_async(nbytes: int, cache: str | None = None) -> MemInstr:
     return _BY_NAME[name]  # type: ignore[return-value]
 
 
+def cp_async_sizes(target: str | Target | None = None) -> tuple[int, ...]:
+    """Bytes per lane a cp.async entry copies (available on `target`; any when None),
+    ascending: what synthesis may plan as cp.async and what the emulator accepts."""
+    t = get_target(target) if target is not None else None
+    return tuple(sorted({i.nbytes for i in MEMORY_INSTRUCTIONS if i.kind == "cp.async"
+                         and (t is None or i.available_on(t))}))
+
+
 def ldmatrix(num: int, trans: bool = False) -> MatrixInstr:
     """The ldmatrix .x{num} entry (num 1, 2, 4)."""
     return get_instruction(f"ldmatrix.x{num}{'.trans' if trans else ''}")  # type: ignore

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from tegula.arch.catalogue import cp_async, cp_async_sizes
 from tegula.arch.catalogue import shuffle as shuffle_entry
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
@@ -382,11 +383,11 @@ class _Emitter:
         b = self.shared_buffer(s.buffer)
         ptr, dtype = self.global_address(s.tensor, s.index)
         nbytes = s.count * dtype.bits // 8
-        if nbytes not in (4, 8, 16) or dtype.bits != b.dtype.bits:
+        if nbytes not in cp_async_sizes() or dtype.bits != b.dtype.bits:
             raise CodegenError(f"cp.async of {s.count} x {dtype} into {b.name} ({b.dtype}): "
                                f"needs 4, 8 or 16 bytes of one element width")
-        # .cg (bypass L1) exists only for 16-byte copies; smaller ones must use .ca.
-        cache = "cg" if nbytes == 16 else "ca"
+        # The catalogue's choice: .cg (bypass L1) for 16-byte copies, .ca for smaller ones.
+        cache = cp_async(nbytes).cache
         saddr = self.shared_saddr(b, s.offset)
         if s.pred is None:
             self.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes};\\n" '

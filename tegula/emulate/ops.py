@@ -6,8 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from tegula.arch import cp_async as cp_async_entry
-from tegula.arch import get_mma, ldmatrix, shuffle
+from tegula.arch import cp_async_sizes, get_mma, ldmatrix, shuffle
+from tegula.arch.memory import VECTOR_BYTES  # the ld/st widths the catalogue has
 from tegula.arch.instructions import MmaInstr
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
@@ -19,7 +19,6 @@ from tegula.emulate.values import bits_dtype, from_bits, round_to, to_bits
 from tegula.lower.thread_ir import (Const, CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore,
                                     LdMatrix, Mma, SharedBuffer, SharedLoad, SharedStore, Shuffle)
 
-VECTOR_BYTES = (1, 2, 4, 8, 16)
 Run = Callable[[BlockState], None]
 
 
@@ -215,8 +214,7 @@ def compile_cp_async(s: CpAsync, ctx: Ctx, st: OpStats, what: str) -> Run:
     dt = ctx.tensor(s.tensor, what)
     buf = ctx.buffer(s.buffer, what)
     _check_dtype(buf.dtype, dt, what)
-    nbytes = vector_bytes(dt, s.count, what, allowed=(4, 8, 16))
-    cp_async_entry(nbytes)  # the catalogue has it (ca: 4/8/16, cg: 16)
+    nbytes = vector_bytes(dt, s.count, what, allowed=cp_async_sizes())
     offset, index = compile_expr(s.offset), compile_expr(s.index)
     pred = compile_expr(s.pred) if s.pred is not None else None
     count, name = s.count, s.tensor

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tegula.arch.catalogue import cp_async_sizes
 from tegula.arch.targets import Target
 from tegula.errors import ResourceError, SynthesisError
 from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
@@ -84,7 +85,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
     _plan_global_copies(kernel, facts, target)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
-    _settle_async_copies(kernel)
+    _settle_async_copies(kernel, target)
     _check_packed_accesses(kernel)
     _check_shared_budget(result)
     return result
@@ -235,7 +236,7 @@ def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> No
         op.choices.update(tv=coalesced_tv(tuple(view.shape), dim, width, kernel.threads),
                           vector=width, dim=dim)
         bytes_ = width * view.dtype.bits // 8
-        async_ok = view is op.src and target.cc >= 80 and bytes_ in (4, 8, 16)
+        async_ok = view is op.src and bytes_ in cp_async_sizes(target)
         op.choices["instr"] = "cp.async" if async_ok else (
             "ld.global+st.shared" if view is op.src else "ld.shared+st.global")
 
@@ -253,14 +254,14 @@ def _plan_shared_copies(kernel: TracedKernel) -> None:
                               dim=dim, instr="ld.shared+st.shared")
 
 
-def _settle_async_copies(kernel: TracedKernel) -> None:
-    """cp.async moves 4, 8 or 16 bytes per lane. A copy planned as cp.async from the global
+def _settle_async_copies(kernel: TracedKernel, target: Target) -> None:
+    """cp.async moves 4, 8 or 16 bytes per lane (`arch.cp_async_sizes`). A copy planned as cp.async from the global
     side alone may have its vector narrowed by the shared layout chosen afterwards (a
     transposed reader wants the other order); below 4 bytes it is staged through registers."""
     for op in walk_ops(kernel.body):
         if isinstance(op, Copy) and op.choices.get("instr") == "cp.async":
             width = min(op.choices["vector"], op.choices["dst_shared"].vector)
-            if width * op.dst.dtype.bits // 8 not in (4, 8, 16):
+            if width * op.dst.dtype.bits // 8 not in cp_async_sizes(target):
                 op.choices["instr"] = "ld.global+st.shared"
 
 

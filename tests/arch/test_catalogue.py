@@ -177,3 +177,14 @@ def test_tv_table_orientation():
 def test_describe_mma_svg():
     svg = arch.describe_mma("mma.m16n8k16.f32.f16.f16.f32")
     assert svg.startswith("<svg") and "T0V0" in svg
+
+
+def test_cp_async_sizes_are_the_entries():
+    """Synthesis, the emulator and the emitter ask `cp_async_sizes` which cp.async widths
+    exist; the answer is read off the entries (.ca 4/8/16, .cg 16), and the entry for a
+    width is the one the emitter prints (.cg for 16 bytes, .ca below)."""
+    from tegula.arch import cp_async, cp_async_sizes
+    for target in ("sm_80", "sm_89", "sm_90a", None):
+        assert cp_async_sizes(target) == (4, 8, 16)
+    assert [cp_async(n).cache for n in (4, 8, 16)] == ["ca", "ca", "cg"]
+    assert all(cp_async(n).nbytes == n == cp_async(n).align_bytes for n in (4, 8, 16))
