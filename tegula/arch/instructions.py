@@ -228,6 +228,26 @@ class MmaInstr(Instruction):
         m, n, k = self.shape_mnk
         return 2 * m * n * k
 
+    def execute(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """What the instruction computes (the emulator's semantics of the entry): the
+        per-lane fragments of W warps (a [W, 32, a_values], b and c likewise, in the
+        caller's working type, float64 or int64) placed through the TV layouts, and D's
+        fragments [W, 32, c_values] = A·Bᵀ + C read back through `c_tv`. The caller
+        rounds D to the accumulator type."""
+        m, n, k = self.shape_mnk
+        ta, tb, tc = self.tables()
+        nw = a.shape[0]
+        full_a = np.zeros((nw, m * k), dtype=a.dtype)
+        full_b = np.zeros((nw, n * k), dtype=b.dtype)
+        full_c = np.zeros((nw, m * n), dtype=c.dtype)
+        full_a[:, ta.ravel()] = a.reshape(nw, -1)
+        full_b[:, tb.ravel()] = b.reshape(nw, -1)
+        full_c[:, tc.ravel()] = c.reshape(nw, -1)
+        # index m + M*k -> [w, k, m]; n + N*k -> [w, k, n]; C: m + M*n -> [w, n, m]
+        d = np.einsum("wkm,wkn->wnm", full_a.reshape(nw, k, m), full_b.reshape(nw, k, n)) \
+            + full_c.reshape(nw, n, m)
+        return d.reshape(nw, m * n)[:, tc]
+
     def timing(self, target) -> tuple[float, float]:
         """Issue cycles = M*N*K FMAs at a quarter of the SM's tensor rate (one tensor core
         per sub-partition); latency is the measured number stored in the entry."""
@@ -276,6 +296,14 @@ class MatrixInstr(Instruction):
     @property
     def address_lanes(self) -> int:
         return 8 * self.num
+
+    def load(self, rows: np.ndarray) -> np.ndarray:
+        """What an ldmatrix delivers (the emulator's semantics of the entry): the 16-bit
+        elements of the rows the lanes addressed, rows[w, j, r, c] = column c of row r of
+        matrix j in warp w, -> each lane's registers [W, 32, 2*num] through `tv`."""
+        w = rows.shape[0]
+        mats = rows.transpose(0, 1, 3, 2).reshape(w, 64 * self.num)  # [w, r + 8c + 64j]
+        return mats[:, self.table()]
 
     def table(self) -> np.ndarray:
         key = self.name

@@ -246,9 +246,9 @@ def compile_cp_async(s: CpAsync, ctx: Ctx, st: OpStats, what: str) -> Run:
 # ---------------------------------------------------------------------- warp collectives
 
 def compile_ldmatrix(s: LdMatrix, ctx: Ctx, st: OpStats, what: str) -> Run:
-    """ldmatrix: lanes 8j+r address row r of matrix j; values follow the catalogue TV."""
+    """ldmatrix: lanes 8j+r address row r of matrix j; the entry's `load` says which
+    lane gets which element."""
     instr = ldmatrix(s.num, s.trans)
-    table = instr.table()  # [32, 2*num] -> row + 8*col + 64*matrix
     dt = s.dst.array.dtype
     if dt.bits != 16:
         raise EmulationError(f"{what}: ldmatrix delivers 16-bit elements, the destination "
@@ -267,8 +267,7 @@ def compile_ldmatrix(s: LdMatrix, ctx: Ctx, st: OpStats, what: str) -> Run:
         tids = (warps[:, None] * 32 + np.arange(8 * num)).ravel()
         rows = state.smem.read(baddr[:, None] + bytes_ar, tids, what)  # [W*8num, 16]
         rows = np.ascontiguousarray(rows).view(np.uint16).reshape(len(warps), num, 8, 8)
-        mats = rows.transpose(0, 1, 3, 2).reshape(len(warps), 64 * num)  # [w, r + 8c + 64j]
-        vals = from_bits(mats[:, table], dt)  # [W, 32, 2num]
+        vals = from_bits(instr.load(rows), dt)  # [W, 32, 2num], the entry's semantics
         lanes = (warps[:, None] * 32 + np.arange(32)).ravel()
         arr[lanes, col:col + 2 * num] = vals.reshape(-1, 2 * num)
         full = np.zeros((state.warps, 32), dtype=np.int64)
@@ -312,10 +311,9 @@ def _scatter(locs: tuple, state: BlockState, lanes: np.ndarray, vals: np.ndarray
 
 
 def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
-    """mma.sync: gather A, B, C through the catalogue TV layouts, D = A·Bᵀ + C."""
+    """mma.sync: the lanes' A, B, C fragments go through the catalogue entry's `execute`
+    (D = A·Bᵀ + C through its TV layouts), rounded to the accumulator type."""
     instr: MmaInstr = get_mma(s.instr)
-    m, n, k = instr.shape_mnk
-    ta, tb, tc = instr.tables()
     for regs, dt, nv, label in ((s.a, instr.a_dtype, instr.a_values, "a"),
                                 (s.b, instr.b_dtype, instr.b_values, "b"),
                                 (s.c, instr.c_dtype, instr.c_values, "c"),
@@ -335,16 +333,9 @@ def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
         warps = state.full_warps(what)
         nw = len(warps)
         lanes = (warps[:, None] * 32 + np.arange(32)).ravel()
-        a = np.zeros((nw, m * k), dtype=work)
-        b = np.zeros((nw, n * k), dtype=work)
-        c = np.zeros((nw, m * n), dtype=work)
-        a[:, ta.ravel()] = _gather(la, state, lanes).astype(work).reshape(nw, -1)
-        b[:, tb.ravel()] = _gather(lb, state, lanes).astype(work).reshape(nw, -1)
-        c[:, tc.ravel()] = _gather(lc, state, lanes).astype(work).reshape(nw, -1)
-        # index m + M*k -> [w, k, m]; n + N*k -> [w, k, n]; C: m + M*n -> [w, n, m]
-        d = np.einsum("wkm,wkn->wnm", a.reshape(nw, k, m), b.reshape(nw, k, n)) \
-            + c.reshape(nw, n, m)
-        vals = d.reshape(nw, m * n)[:, tc]  # [W, 32, Vc]
+        a, b, c = (_gather(loc, state, lanes).astype(work).reshape(nw, 32, -1)
+                   for loc in (la, lb, lc))
+        vals = instr.execute(a, b, c)  # [W, 32, Vc], the entry's semantics
         _scatter(ld, state, lanes, round_to(vals.reshape(nw * 32, -1), cdt))
         st.add(nw)
     return run

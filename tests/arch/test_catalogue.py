@@ -188,3 +188,46 @@ def test_cp_async_sizes_are_the_entries():
         assert cp_async_sizes(target) == (4, 8, 16)
     assert [cp_async(n).cache for n in (4, 8, 16)] == ["ca", "ca", "cg"]
     assert all(cp_async(n).nbytes == n == cp_async(n).align_bytes for n in (4, 8, 16))
+
+
+def test_mma_execute_is_the_ptx_fragment_semantics():
+    """`MmaInstr.execute` (what the emulator runs) against the PTX ISA's m16n8k16 fragment
+    formulas written out independently: groupID g = lane >> 2, tig t = lane % 4."""
+    import numpy as np
+
+    from tegula.arch import get_mma
+    rng = np.random.default_rng(5)
+    A, B, C = rng.normal(size=(16, 16)), rng.normal(size=(8, 16)), rng.normal(size=(16, 8))
+    a = np.zeros((1, 32, 8)); b = np.zeros((1, 32, 4)); c = np.zeros((1, 32, 4))
+    want = np.zeros((1, 32, 4))
+    D = A @ B.T + C
+    for lane in range(32):
+        g, t = lane >> 2, lane % 4
+        for i in range(8):
+            a[0, lane, i] = A[g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)]
+        for i in range(4):
+            b[0, lane, i] = B[g, 2 * t + i % 2 + 8 * (i // 2)]
+            c[0, lane, i] = C[g + 8 * (i // 2), 2 * t + i % 2]
+            want[0, lane, i] = D[g + 8 * (i // 2), 2 * t + i % 2]
+    got = get_mma("mma.m16n8k16.f32.f16.f16.f32").execute(a, b, c)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_ldmatrix_load_is_the_ptx_fragment_semantics():
+    """`MatrixInstr.load` against the PTX ISA: without .trans lane t gets (row t/4, cols
+    2(t%4), 2(t%4)+1) of each matrix; with .trans (rows 2(t%4), 2(t%4)+1, col t/4)."""
+    import numpy as np
+
+    from tegula.arch import ldmatrix
+    rng = np.random.default_rng(6)
+    for num in (1, 2, 4):
+        rows = rng.integers(0, 2 ** 16, size=(2, num, 8, 8), dtype=np.uint16)
+        for trans in (False, True):
+            got = ldmatrix(num, trans).load(rows)
+            for w in range(2):
+                for lane in range(32):
+                    for j in range(num):
+                        for v in range(2):
+                            r, col = (2 * (lane % 4) + v, lane // 4) if trans else \
+                                (lane // 4, 2 * (lane % 4) + v)
+                            assert got[w, lane, 2 * j + v] == rows[w, j, r, col]
