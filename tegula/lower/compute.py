@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tegula.dtypes import DType, bool_
+from tegula.dtypes import DType, bool_, f32
 from tegula.errors import SynthesisError
 from tegula.ir.ops import AtomicAdd, Elementwise, Fill, Indices, Rearrange, Reduce, Reshape
 from tegula.ir.scalar import Scalar
@@ -236,7 +236,13 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
     x, out = op.x, op.out
     x_regs, out_regs = ctx.regs_of(x), ctx.regs_of(out)
     combine = _REDUCE_OP[op.kind]
-    dtype = out.dtype
+    # Sums of 16- and 8-bit floats accumulate in f32 and round once at the end (as torch
+    # and Triton do): summed in f16 or f8 every partial sum rounds, and f8e4m3 saturates
+    # at 448, so the result would depend on the order of the lanes and warps.
+    dtype = f32 if op.kind == "sum" and out.dtype.is_float and out.dtype.bits < 32 \
+        else out.dtype
+    acc_regs = out_regs if dtype == out.dtype else \
+        ctx.temp_regs(f"{out.name}_sum", dtype, out.layout[1].size)
     stmts: list = [Comment(f"{op.kind} of {describe(x)} along axis {op.axis} -> {describe(out)}")]
     # 1. Inside each thread: fold every input register into the output register of its row.
     out_table = tv_table(out.layout)
@@ -244,27 +250,30 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
     targets = match_values(out.layout, row_of_register)
     rows = distinct_values(out.layout)
     for v in rows:
-        stmts.append(Assign(reg(out_regs, v), Literal(_identity(op.kind, dtype), dtype)))
+        stmts.append(Assign(reg(acc_regs, v), Literal(_identity(op.kind, dtype), dtype)))
     first_of = {out_table[:, v].tobytes(): v for v in reversed(rows)}
     # Only registers holding an element no earlier register of the thread holds: a layout
     # that repeats an element in one thread (a broadcast value mode) must count it once.
     for xv in distinct_values(x.layout):
         target = first_of[out_table[:, int(targets[xv])].tobytes()]
         value = _as(RegRead(reg(x_regs, xv)), dtype)
-        stmts.append(Assign(reg(out_regs, target),
-                            Binary(combine, RegRead(reg(out_regs, target)), value, dtype)))
+        stmts.append(Assign(reg(acc_regs, target),
+                            Binary(combine, RegRead(reg(acc_regs, target)), value, dtype)))
     bits = reduction_thread_bits(x.layout, out.layout, ctx.threads)
     # 2. Across lanes of a warp: butterfly shuffles.
     for b in (b for b in bits if b < 5):
         tmp = ctx.temp_regs("shfl", dtype, 1)
         for v in rows:
-            stmts.append(Shuffle(reg(tmp, 0), reg(out_regs, v), "xor", Const(1 << b)))
-            stmts.append(Assign(reg(out_regs, v), Binary(combine, RegRead(reg(out_regs, v)),
+            stmts.append(Shuffle(reg(tmp, 0), reg(acc_regs, v), "xor", Const(1 << b)))
+            stmts.append(Assign(reg(acc_regs, v), Binary(combine, RegRead(reg(acc_regs, v)),
                                                          RegRead(reg(tmp, 0)), dtype)))
     # 3. Across warps: one scratch row per warp, then each thread combines its group's rows.
     warp_bits = [b - 5 for b in bits if b >= 5]
     if warp_bits:
-        stmts += _reduce_across_warps(ctx, op, rows, warp_bits, combine)
+        stmts += _reduce_across_warps(ctx, op, rows, warp_bits, combine, acc_regs)
+    if acc_regs is not out_regs:
+        stmts += [Assign(reg(out_regs, v), Cast(RegRead(reg(acc_regs, v)), out.dtype))
+                  for v in rows]
     return stmts + _fill_repeats(out_regs, out.layout)
 
 
@@ -273,12 +282,14 @@ def _as(value, dtype: DType):
 
 
 def _reduce_across_warps(ctx: LoweringContext, op: Reduce, rows: list[int], warp_bits: list[int],
-                         combine: str) -> list:
+                         combine: str, acc_regs) -> list:
+    """Combine the warps' partial rows through shared scratch; `acc_regs` holds them (in
+    the reduction's accumulation type)."""
     out = op.out
-    out_regs = ctx.regs_of(out)
+    out_regs, dtype = acc_regs, acc_regs.dtype
     warps = ctx.threads // 32
     row_count = int(np.prod(out.shape))
-    scratch = ctx.scratch(f"reduce_{out.name}", out.dtype, warps * row_count)
+    scratch = ctx.scratch(f"reduce_{out.name}", dtype, warps * row_count)
     warp = TID // 32
     stmts: list = [Barrier()]
     owner = _lane_owner(out.layout)
@@ -286,7 +297,7 @@ def _reduce_across_warps(ctx: LoweringContext, op: Reduce, rows: list[int], warp
         stmts.append(SharedStore(scratch.name, warp * row_count + _flat(ctx, out, v),
                                  reg(out_regs, v), 1, owner))
     stmts.append(Barrier())
-    tmp = ctx.temp_regs("partial", out.dtype, 1)
+    tmp = ctx.temp_regs("partial", dtype, 1)
     masks = _span([1 << b for b in warp_bits])
     for v in rows:
         for mask in masks:
@@ -295,7 +306,7 @@ def _reduce_across_warps(ctx: LoweringContext, op: Reduce, rows: list[int], warp
             stmts.append(SharedLoad(reg(tmp, 0), scratch.name,
                                     (warp ^ mask) * row_count + _flat(ctx, out, v), 1))
             stmts.append(Assign(reg(out_regs, v), Binary(combine, RegRead(reg(out_regs, v)),
-                                                         RegRead(reg(tmp, 0)), out.dtype)))
+                                                         RegRead(reg(tmp, 0)), dtype)))
     stmts.append(Barrier())
     return stmts
 
