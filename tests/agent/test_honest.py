@@ -89,3 +89,14 @@ def get_init_inputs():
     verdict = evaluate(task, os.path.join(CANDIDATES, "relu_ok.py"), EvalOptions(gpu=False))
     assert not verdict.ok and verdict.stage == "task"
     assert "the task's reference forward failed: RuntimeError" in verdict.reason
+
+
+def test_the_prompt_example_is_the_honest_relu_candidate():
+    # The model is shown this example as a correct answer; it is the relu candidate the
+    # evaluator passes above (after its docstring), so the example cannot drift into one
+    # that fails.
+    from tegula.agent.prompts import EXAMPLE
+
+    with open(os.path.join(CANDIDATES, "relu_ok.py")) as f:
+        source = f.read()
+    assert source.split("\n", 1)[1] == EXAMPLE
