@@ -24,6 +24,8 @@ The vocabulary is deliberately small:
 Variable names used by lowering:
   `tid`                  thread index in the block (0 … threads-1)
   `bid_x`, `bid_y`, `bid_z` block indices
+
+Asynchronous operations, mbarriers, TMA, wgmma and warp roles are in `lower/async_ir.py`.
   `{tensor}_shape{i}`, `{tensor}_stride{i}`  a global tensor parameter's extents/strides (elements)
   loop variables         whatever `For.var` names
 """
@@ -496,12 +498,17 @@ class ThreadKernel:
     registers: list[RegArray]
     shared: list[SharedBuffer]
     body: list[Stmt]
+    #: mbarrier arrays (`async_ir.MBarrierArray`), placed in dynamic shared memory too.
+    mbarriers: list = field(default_factory=list)
+    #: Thread-block cluster dimensions (launched with `cuLaunchKernelEx` when not 1×1×1).
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
     @property
     def shared_bytes(self) -> int:
         """Bytes of dynamic shared memory the kernel needs."""
-        return max((b.byte_offset + int(b.size * b.dtype.bits // 8) for b in self.shared),
-                   default=0)
+        ends = [b.byte_offset + int(b.size * b.dtype.bits // 8) for b in self.shared]
+        ends += [m.end for m in self.mbarriers]
+        return max(ends, default=0)
 
 
 def walk(stmts: list[Stmt]):
@@ -513,3 +520,6 @@ def walk(stmts: list[Stmt]):
         elif isinstance(s, If):
             yield from walk(s.then)
             yield from walk(s.otherwise)
+        elif hasattr(s, "roles"):  # async_ir.Roles: each role's body
+            for role in s.roles:
+                yield from walk(role.body)
