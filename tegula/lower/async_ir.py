@@ -77,7 +77,12 @@ class TensorMapParam:
     have stride 1 — the runtime checks); `box` is the box extent per tensor-map dim in
     elements; `swizzle` the shared-memory swizzle in bytes (0, 32, 64, 128). Out-of-bounds
     elements are filled with zero. The runtime encodes one map per distinct
-    (pointer, shape, strides, box, swizzle) and caches it."""
+    (pointer, shape, strides, box, swizzle) and caches it.
+
+    Listed in `ThreadKernel.params` (after the `TensorParam` named `tensor`, which stays a
+    parameter too: its extents and strides are what the runtime encodes from, and what
+    index expressions read). `codegen.param_list` gives it one 128-byte, 64-byte-aligned
+    parameter (`ParamSpec.kind == "tensormap"`) at its place in the list."""
 
     name: str
     tensor: str
