@@ -10,12 +10,17 @@ tensor's offsets may exceed 2^31 (a stride times a coordinate is then computed i
 which keeps address arithmetic in single 32-bit registers; extents are always `int`. Per `ScalarParam`:
 one value; float types travel as `float` (the host rounds the value to the scalar's dtype
 first), integer and bool types as `int` — no 16-bit parameters, so the packing is simple.
+Per `TensorMapParam` (`lower/async_ir.py`, a TMA tensor map): one 128-byte
+`const __grid_constant__ tg_tensor_map` (the emitter's stand-in for `CUtensorMap`: NVRTC
+has no <cuda.h>) at a 64-byte-aligned offset (`ParamSpec.align`); the runtime packs the
+encoded map's 128 bytes there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tegula.dtypes import DType
+from tegula.lower.async_ir import TensorMapParam
 from tegula.lower.thread_ir import (
     CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore, ScalarParam, TensorParam, ThreadKernel,
     walk,
@@ -28,10 +33,11 @@ from tegula.codegen.expr import storage_type
 class ParamSpec:
     """One C parameter of a generated kernel.
 
-    `kind` is "pointer", "shape", "stride" or "scalar"; `source` names the TensorParam or
-    ScalarParam it comes from and `axis` the dimension (shape/stride only). `fmt` is the
-    `struct` format character of its bytes ("Q" pointer, "i" int, "q" long long,
-    "f" float) and `size` its byte count.
+    `kind` is "pointer", "shape", "stride", "scalar" or "tensormap"; `source` names the
+    TensorParam or ScalarParam it comes from (a tensor map: the tensor it encodes) and
+    `axis` the dimension (shape/stride only). `fmt` is the `struct` format of its bytes
+    ("Q" pointer, "i" int, "q" long long, "f" float, "128s" tensor map) and `size` its
+    byte count; `align` its alignment in the parameter buffer (0: its size).
     """
 
     name: str
@@ -42,11 +48,28 @@ class ParamSpec:
     fmt: str
     size: int
     axis: int = -1
+    align: int = 0
+
+    @property
+    def alignment(self) -> int:
+        """Byte alignment of the parameter's offset in the kernel's parameter buffer."""
+        return self.align or self.size
 
     @property
     def declaration(self) -> str:
         """`type name` as written in the kernel's parameter list."""
         return f"{self.c_type} {self.name}"
+
+
+#: A `CUtensorMap` is 128 opaque bytes, 64-byte aligned (cuda.h's CU_TENSOR_MAP_NUM_QWORDS).
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN = 64
+#: Its C parameter type: passed by value and read in place by TMA (the kernel takes its
+#: generic address), hence `__grid_constant__`, which also forbids copying it.
+TENSOR_MAP_TYPE = "const __grid_constant__ tg_tensor_map"
+#: The struct the generated source declares for it (no header is included).
+TENSOR_MAP_STRUCT = ("struct __align__(64) tg_tensor_map { unsigned long long opaque[16]; };"
+                     "  // CUtensorMap")
 
 
 def tensor_pointer_type(p: TensorParam) -> str:
@@ -71,6 +94,10 @@ def param_list(kernel: ThreadKernel) -> list[ParamSpec]:
                 specs.append(ParamSpec(f"{p.name}_stride{i}", "long long" if wide else "int",
                                        "stride", p.name, p.dtype, "q" if wide else "i",
                                        8 if wide else 4, i))
+        elif isinstance(p, TensorMapParam):
+            specs.append(ParamSpec(p.name, TENSOR_MAP_TYPE, "tensormap", p.tensor, p.dtype,
+                                   f"{TENSOR_MAP_BYTES}s", TENSOR_MAP_BYTES,
+                                   align=TENSOR_MAP_ALIGN))
         elif isinstance(p, ScalarParam):
             if p.dtype.is_float:
                 specs.append(ParamSpec(p.name, "float", "scalar", p.name, p.dtype, "f", 4))

@@ -33,10 +33,11 @@ from tegula.runtime.compiler import compile_cuda, default_compiler
 
 def param_layout(params: list[ParamSpec]) -> tuple[struct.Struct, list[int]]:
     """The packed byte layout of the parameter values: a Struct and each value's offset
-    (every value aligned to its own size, as the kernel's parameter space lays them out)."""
+    (every value aligned to its `alignment` — its own size, 64 bytes for a tensor map — as
+    the kernel's parameter space lays them out)."""
     fmt, offsets, offset = "<", [], 0
     for p in params:
-        pad = (-offset) % p.size
+        pad = (-offset) % p.alignment
         fmt += "x" * pad
         offset += pad
         offsets.append(offset)
