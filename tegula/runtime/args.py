@@ -16,9 +16,11 @@ import numpy as np
 
 from tegula.dtypes import DType
 from tegula.errors import LaunchError
+from tegula.lower.async_ir import TensorMapParam
 from tegula.lower.thread_ir import ScalarParam, TensorParam, ThreadKernel
 
 from tegula.codegen import element_value, global_access_bytes, vectorized_tensors
+from tegula.runtime.tensor_map import TENSOR_MAPS, TensorMapCache
 
 _INT32_MAX = 2**31 - 1
 
@@ -97,13 +99,26 @@ def _expected_dtype_names(dtype: DType) -> tuple[str, ...]:
     return tuple(names)
 
 
+#: The parameter value of a tensor map whose tensor is empty (TMA cannot describe a zero
+#: extent). Harmless for the empty grid such a launch usually has; the launcher refuses to
+#: run a non-empty grid with it (`CompiledKernel.launch_raw`).
+EMPTY_TENSOR_MAP = bytes(128)
+
+
 class ArgumentPlan:
-    """Checks one kernel's launch arguments and flattens them to parameter values."""
+    """Checks one kernel's launch arguments and flattens them to parameter values.
+
+    The arguments are the kernel's `TensorParam`s and `ScalarParam`s in order (`params`).
+    A `TensorMapParam` is not an argument: its value (the encoded `CUtensorMap`) is derived
+    from its tensor's pointer, extents and strides and inserted at its slot."""
 
     def __init__(self, kernel: ThreadKernel,
-                 requirements: dict[str, TensorRequirement] | None = None):
+                 requirements: dict[str, TensorRequirement] | None = None,
+                 tensor_maps: TensorMapCache = TENSOR_MAPS):
         self.kernel_name = kernel.name
-        self.params = list(kernel.params)
+        self.params = [p for p in kernel.params if not isinstance(p, TensorMapParam)]
+        self.map_cache = tensor_maps
+        self.map_slots = _map_slots(kernel)
         reqs = default_requirements(kernel)
         reqs.update(requirements or {})
         self.requirements = reqs
@@ -129,7 +144,27 @@ class ArgumentPlan:
                     device = dev
             else:
                 values.append(self.check_scalar(p, arg))
+        if self.map_slots:
+            self._insert_tensor_maps(values)
         return values, (device if device is not None else -1)
+
+    def _insert_tensor_maps(self, values: list) -> None:
+        """Insert each tensor map's value at its slot, read from its tensor's flattened
+        pointer, extents and strides (read from `values` before any insertion moves them)."""
+        maps = []
+        for slot, tmap, start, rank in self.map_slots:
+            shape = tuple(values[start + 1:start + 1 + rank])
+            strides = tuple(values[start + 1 + rank:start + 1 + 2 * rank])
+            maps.append((slot, self.tensor_map(tmap, values[start], shape, strides)))
+        for slot, value in maps:  # ascending slots: each lands where param_list has it
+            values.insert(slot, value)
+
+    def tensor_map(self, tmap: TensorMapParam, ptr: int, shape: tuple, strides: tuple):
+        """The 128-byte value of `tmap` for its tensor at `ptr` (cached encoding)."""
+        if 0 in shape:
+            return EMPTY_TENSOR_MAP
+        return self.map_cache.get(ptr, tmap.dtype, shape, strides, tmap.dims, tmap.box,
+                                  tmap.swizzle, name=f"{tmap.tensor} ({tmap.name})")
 
     def _tensor(self, p: TensorParam, arg: Any, values: list) -> int:
         torch = sys.modules.get("torch")
@@ -186,6 +221,31 @@ class ArgumentPlan:
     def check_scalar(self, p: ScalarParam, arg: Any):
         """The parameter value of scalar `p` for `arg` (float rounded to p's dtype), checked."""
         return scalar_value(p, arg)
+
+
+def _map_slots(kernel: ThreadKernel) -> list[tuple[int, TensorMapParam, int, int]]:
+    """Per tensor map, in slot order: (its slot in `param_list` order, the map, the slot of
+    its tensor's pointer among the argument values without maps, the tensor's rank)."""
+    tensors = {p.name: p for p in kernel.params if isinstance(p, TensorParam)}
+    starts, out, position, maps_before = {}, [], 0, 0
+    for p in kernel.params:
+        if isinstance(p, TensorParam):
+            starts[p.name] = position - maps_before
+            position += 1 + 2 * p.rank
+        elif isinstance(p, ScalarParam):
+            position += 1
+        elif isinstance(p, TensorMapParam):
+            tensor = tensors.get(p.tensor)
+            if tensor is None or p.tensor not in starts:
+                raise LaunchError(f"{kernel.name}: tensor map {p.name!r} encodes {p.tensor!r}, "
+                                  f"which is not a tensor parameter listed before it")
+            if tensor.dtype != p.dtype:
+                raise LaunchError(f"{kernel.name}: tensor map {p.name!r} is {p.dtype}, its "
+                                  f"tensor {p.tensor!r} is {tensor.dtype}")
+            out.append((position, p, starts[p.tensor], tensor.rank))
+            position += 1
+            maps_before += 1
+    return out
 
 
 def scalar_value(p: ScalarParam, arg: Any):

@@ -26,7 +26,7 @@ from tegula.lower.thread_ir import ThreadKernel
 from tegula.codegen import emit_cuda, param_list
 from tegula.codegen.params import ParamSpec
 from tegula.runtime import driver as drv
-from tegula.runtime.args import ArgumentPlan, TensorRequirement
+from tegula.runtime.args import EMPTY_TENSOR_MAP, ArgumentPlan, TensorRequirement
 from tegula.runtime.cache import DiskCache, cache_key
 from tegula.runtime.compiler import compile_cuda, default_compiler
 
@@ -61,9 +61,15 @@ class CompiledKernel:
         self.shared_bytes = kernel.shared_bytes
         self.params = param_list(kernel)
         self.plan = ArgumentPlan(kernel, requirements)
+        self.cluster = _checked_cluster(kernel)
         self._struct, offsets = param_layout(self.params)
-        self._buffer = ctypes.create_string_buffer(max(1, self._struct.size))
-        base = ctypes.addressof(self._buffer)
+        # The buffer starts on a 64-byte boundary: a tensor map's 128 bytes are read from
+        # a 64-byte-aligned host address (CUtensorMap is declared alignas(64)).
+        self._buffer = ctypes.create_string_buffer(max(1, self._struct.size) + 64)
+        self._start = -ctypes.addressof(self._buffer) % 64
+        base = ctypes.addressof(self._buffer) + self._start
+        self._map_slots = [slot for slot, *_ in self.plan.map_slots]
+        self._cluster_configs: dict = {}  # (grid, stream) -> cuda-bindings CUlaunchConfig
         self._pointers = (ctypes.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
         self._params_addr = ctypes.c_void_p(ctypes.addressof(self._pointers))
         self._library: drv.LoadedLibrary | None = None
@@ -102,16 +108,21 @@ class CompiledKernel:
                       stream: Any = None) -> None:
         """Launch with parameter values already checked and flattened (`plan.flatten`'s
         output, or a copy of it with new data pointers: the launch fast path)."""
-        if device < 0:
-            device = drv.current_device()
         gx, gy, gz = _grid(grid)
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid (empty tensors): nothing to do
+        if device < 0:
+            device = drv.current_device()
         self.launch_raw(gx, gy, gz, values, device, _stream_handle(stream, device))
 
     def launch_raw(self, gx: int, gy: int, gz: int, values: Sequence, device: int,
                    handle: int) -> None:
         """The driver call: a positive grid, checked values, a device ≥ 0, a raw stream."""
+        if self._map_slots:
+            self._check_tensor_maps(values)
+        if self.cluster != (1, 1, 1):
+            self._launch_cluster(gx, gy, gz, values, device, handle)
+            return
         raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
         if raw is not None:
             fn = self._raw_functions.get(device)
@@ -121,7 +132,7 @@ class CompiledKernel:
             if stream is None:
                 stream = self._streams[handle] = ctypes.c_void_p(handle)
             with self._lock:
-                self._struct.pack_into(self._buffer, 0, *values)
+                self._struct.pack_into(self._buffer, self._start, *values)
                 code = raw(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, stream,
                            self._params_addr, None)
             if code != 0:
@@ -134,15 +145,84 @@ class CompiledKernel:
         if cu_stream is None:
             cu_stream = self._cu_streams[handle] = driver.CUstream(handle)
         with self._lock:
-            self._struct.pack_into(self._buffer, 0, *values)
+            self._struct.pack_into(self._buffer, self._start, *values)
             err = driver.cuLaunchKernel(self.function(device), gx, gy, gz, self.threads, 1, 1,
                                         self.shared_bytes, cu_stream, self._params_addr.value, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             drv.check(err, f"cuLaunchKernel({self.name}, grid={(gx, gy, gz)})")
 
+    def _check_tensor_maps(self, values: Sequence) -> None:
+        for slot in self._map_slots:
+            if values[slot] is EMPTY_TENSOR_MAP:
+                tmap = self.plan.map_slots[self._map_slots.index(slot)][1]
+                raise LaunchError(f"{self.name}: tensor {tmap.tensor!r} is empty, and its TMA "
+                                  f"tensor map {tmap.name!r} cannot describe a zero extent; "
+                                  f"a kernel reading it must not be launched on a non-empty "
+                                  f"grid")
+
+    def _launch_cluster(self, gx: int, gy: int, gz: int, values: Sequence, device: int,
+                        handle: int) -> None:
+        """`cuLaunchKernelEx` with the cluster-dimension attribute (through cuda-bindings;
+        the launch configuration object is built once per grid and stream)."""
+        cx, cy, cz = self.cluster
+        if gx % cx or gy % cy or gz % cz:
+            raise LaunchError(f"{self.name}: grid {(gx, gy, gz)} is not a multiple of the "
+                              f"kernel's cluster {self.cluster} in every dimension")
+        driver = drv.cuda_driver()
+        config = self._cluster_configs.get((gx, gy, gz, handle))
+        if config is None:
+            if len(self._cluster_configs) > 256:
+                self._cluster_configs.clear()
+            config = self._cluster_configs[(gx, gy, gz, handle)] = cluster_launch_config(
+                driver, (gx, gy, gz), self.threads, self.shared_bytes, handle, self.cluster)
+        function = self.function(device)
+        with self._lock:
+            self._struct.pack_into(self._buffer, self._start, *values)
+            err = driver.cuLaunchKernelEx(config, function, self._params_addr.value, 0)
+        if err[0] != driver.CUresult.CUDA_SUCCESS:
+            drv.check(err, f"cuLaunchKernelEx({self.name}, grid={(gx, gy, gz)}, "
+                           f"cluster={self.cluster})")
+
     def __getitem__(self, grid):
         """`kernel[grid](*args)`: launch on the current stream."""
         return lambda *args: self.launch(grid, args)
+
+
+#: Blocks per cluster every cluster-capable GPU supports (more needs the non-portable
+#: cluster-size attribute, which tegula does not set).
+MAX_PORTABLE_CLUSTER = 8
+
+
+def _checked_cluster(kernel: ThreadKernel) -> tuple[int, int, int]:
+    """The kernel's cluster dimensions, refused with a clear error unless three positive
+    ints of at most `MAX_PORTABLE_CLUSTER` blocks in all."""
+    cluster = tuple(kernel.cluster)
+    if len(cluster) != 3 or any(not isinstance(c, int) or c < 1 for c in cluster):
+        raise LaunchError(f"kernel {kernel.name}: cluster must be three positive ints, got "
+                          f"{kernel.cluster!r}")
+    if cluster[0] * cluster[1] * cluster[2] > MAX_PORTABLE_CLUSTER:
+        raise LaunchError(f"kernel {kernel.name}: cluster {cluster} has "
+                          f"{cluster[0] * cluster[1] * cluster[2]} blocks; at most "
+                          f"{MAX_PORTABLE_CLUSTER} are portable")
+    return cluster
+
+
+def cluster_launch_config(driver, grid: tuple[int, int, int], threads: int, shared_bytes: int,
+                          stream: int, cluster: tuple[int, int, int]):
+    """The `CUlaunchConfig` of a cluster launch: grid and block, dynamic shared memory,
+    stream, and one attribute, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION."""
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = \
+        cluster
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = shared_bytes
+    config.hStream = driver.CUstream(stream)
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    return config
 
 
 def _grid(grid: int | Sequence[int]) -> tuple[int, int, int]:
@@ -167,10 +247,11 @@ class PreparedLaunch:
 
     Calling it rebuilds the parameter values from the checked ones, changing only the
     data pointers and re-checking the scalars (a float rounded to its dtype, an int's
-    32-bit range), and calls the driver: no argument plan, no facts, no dict of names.
+    32-bit range), and the tensor maps of the new pointers (a cache hit when a pointer was
+    seen before), and calls the driver: no argument plan, no facts, no dict of names.
     """
 
-    __slots__ = ("kernel", "template", "pointers", "scalars", "device", "constexprs")
+    __slots__ = ("kernel", "template", "pointers", "scalars", "maps", "device", "constexprs")
 
     def __init__(self, kernel: CompiledKernel, values: list, device: int,
                  constexprs: dict | None = None, arg_index: dict[str, int] | None = None):
@@ -188,6 +269,16 @@ class PreparedLaunch:
         by_name = {p.name: p for p in kernel.plan.params}
         self.scalars = [(slot, arg_index[spec.source], by_name[spec.source])
                         for slot, spec in enumerate(kernel.params) if spec.kind == "scalar"]
+        # Per tensor map: its slot, its tensor's argument, the map, and the tensor's
+        # extents and strides (fixed for this prepared launch; only the pointer varies).
+        pointer_slots = {spec.source: slot for slot, spec in enumerate(kernel.params)
+                         if spec.kind == "pointer"}
+        self.maps = []
+        for slot, tmap, _, rank in kernel.plan.map_slots:
+            start = pointer_slots[tmap.tensor] + 1
+            self.maps.append((slot, arg_index[tmap.tensor], tmap,
+                              tuple(self.template[start:start + rank]),
+                              tuple(self.template[start + rank:start + 2 * rank])))
 
     def __call__(self, grid: tuple[int, int, int], args: Sequence[Any],
                  pointers: Sequence[int | None], stream: Any = None) -> None:
@@ -198,6 +289,8 @@ class PreparedLaunch:
             values[slot] = pointers[i]
         for slot, i, param in self.scalars:
             values[slot] = self.kernel.plan.check_scalar(param, args[i])
+        for slot, i, tmap, shape, strides in self.maps:
+            values[slot] = self.kernel.plan.tensor_map(tmap, pointers[i], shape, strides)
         device = self.device if self.device >= 0 else drv.current_device()
         self.kernel.launch_raw(grid[0], grid[1], grid[2], values, device,
                                _stream_handle(stream, device))
