@@ -124,6 +124,13 @@ def encode_tensor_map(ptr: int, dtype: DType, shape: Sequence[int], strides: Seq
     with `cuTensorMapEncodeTiled`; see the module docstring for the fixed choices)."""
     extents, byte_strides = tensor_map_fields(name, ptr, dtype, shape, strides, dims, box,
                                               swizzle)
+    return driver_encode(ptr, dtype, extents, byte_strides, box, swizzle, name)
+
+
+def driver_encode(ptr: int, dtype: DType, extents: Sequence[int], byte_strides: Sequence[int],
+                  box: Sequence[int], swizzle: int, name: str = "tensor") -> bytes:
+    """`cuTensorMapEncodeTiled` on fields in tensor-map order, unchecked (tests compare the
+    driver's verdicts with `tensor_map_fields`'); its 128 bytes."""
     from tegula.runtime.driver import check, cuda_driver
     driver = cuda_driver()
     data_type = getattr(driver.CUtensorMapDataType,
@@ -137,7 +144,7 @@ def encode_tensor_map(ptr: int, dtype: DType, shape: Sequence[int], strides: Seq
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_mode,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-        f"cuTensorMapEncodeTiled({name}, shape {tuple(shape)}, box {tuple(box)}, "
+        f"cuTensorMapEncodeTiled({name}, extents {tuple(extents)}, box {tuple(box)}, "
         f"swizzle {swizzle})")
     return ctypes.string_at(tensor_map.getPtr(), TENSOR_MAP_BYTES)
 
