@@ -15,6 +15,7 @@ from tegula.lower.addressing import ThreadCoords
 from tegula.lower.thread_ir import Const, Reg, RegArray, SharedBuffer
 
 SHARED_ALIGN = 128
+MBARRIER_BYTES = 8
 
 
 class LoweringContext:
@@ -29,6 +30,12 @@ class LoweringContext:
         self._shared_offsets = shared_offsets
         self._shared_end = shared_end
         self._names: set[str] = set()
+        # The asynchronous (sm_90a) path: mbarrier arrays, the tensor maps TMA copies read
+        # (keyed by tensor, dims, box, swizzle), and statements that run once at kernel
+        # start (mbarrier inits), before the body.
+        self.mbarriers: list = []
+        self.tensor_maps: dict = {}
+        self.setup: list = []
 
     def unique(self, base: str) -> str:
         """`base`, or `base_2`, `base_3`, … — the first name not yet handed out."""
@@ -71,6 +78,16 @@ class LoweringContext:
         self._shared_end = offset + int(size * dtype.bits // 8)
         self.shared.append(buffer)
         return buffer
+
+
+    def mbarrier_array(self, base: str, count: int):
+        """`count` mbarriers (8 bytes each, 8-byte aligned) after all other shared memory."""
+        from tegula.lower.async_ir import MBarrierArray
+        offset = -(-self._shared_end // MBARRIER_BYTES) * MBARRIER_BYTES
+        array = MBarrierArray(self.unique(base), count, offset)
+        self._shared_end = array.end
+        self.mbarriers.append(array)
+        return array
 
 
 def reg(array: RegArray, index: int) -> Reg:

@@ -5,6 +5,7 @@ those layouts register `va + Va * (rp + RP * rq)` is value `va` of the atom inst
 repeat (rp, rq) — (m, k) for A, (n, k) for B, (m, n) for C. Operands already in registers
 are read where their own layout holds those elements (`match_values`); shared operands
 are loaded one k-step at a time with the planned instruction (ldmatrix or vector loads).
+A gemm planned on wgmma (sm_90a) lowers in `lower/hopper.py` instead.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tegula.ir.values import RegisterTile, SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.copy import load_shared_to_registers
+from tegula.lower.hopper import is_wgmma, lower_wgmma_gemm
 from tegula.lower.thread_ir import Comment, Mma
 
 
@@ -35,6 +37,8 @@ def _registers_for(ctx: LoweringContext, tile, plan_tv, name: str, op: Gemm):
 
 
 def lower_gemm(ctx: LoweringContext, op: Gemm) -> list:
+    if is_wgmma(op):
+        return lower_wgmma_gemm(ctx, op)
     plan = op.choices["plan"]
     atom = plan.atom
     rm_count, rn_count, rk_count = plan.repeats

@@ -31,6 +31,7 @@ from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
 from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
+from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
 from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAsyncWait, Expr,
                                     For, If, Reg, ScalarParam, Stmt, TensorParam, ThreadKernel,
                                     Value, Var, _bin)
@@ -117,6 +118,8 @@ class KernelLowering:
 
     def loop(self, op: ForLoop, sync: SharedSync) -> list:
         pre = sync.barrier() if sync.dirty else []
+        if op.stages > 1 and tma_producers(op):  # sm_90a: TMA + mbarrier ring
+            return pre + lower_tma_pipeline(self, op, tma_producers(op))
         producers = pipelined_producers(op)
         if op.stages > 1 and producers:
             return pre + self.pipelined_loop(op, producers)
@@ -158,6 +161,8 @@ def substitute(node, mapping: dict):
     index expressions are rebuilt through their operators so constants fold again."""
     if isinstance(node, list):
         return [substitute(s, mapping) for s in node]
+    if isinstance(node, tuple):  # e.g. a LoadScalar's coordinates
+        return tuple(substitute(s, mapping) for s in node)
     if isinstance(node, Var):
         return mapping.get(node.name, node)
     if isinstance(node, BinOp):
@@ -186,6 +191,8 @@ def lower(result) -> ThreadKernel:
     params += [ScalarParam(name, i32) for name in kernel.scalar_args]
     wide = {f"{p.name}_stride{d}" for p in params
             if isinstance(p, TensorParam) and p.index_bits > 32 for d in range(p.rank)}
+    params, body = finish_async(kernel, ctx, params, body)
     body = hoist_loop_invariants(ctx.coords.prologue + body, wide)
-    return ThreadKernel(kernel.name, kernel.threads, params, ctx.registers, ctx.shared, body)
+    return ThreadKernel(kernel.name, kernel.threads, params, ctx.registers, ctx.shared, body,
+                        mbarriers=ctx.mbarriers)
 

@@ -7,10 +7,16 @@ hold `w` consecutive elements along it. Aligned: the data pointer, every other s
 and the tile origin along that dim must be multiples of `w`. And since a vector is
 predicated as a whole, the extent along that dim must be a multiple of `w` too (so a
 boundary vector is wholly in or out). The facts come from `synth.facts`.
+
+On sm_90a a copy into a wgmma operand buffer that a `tg.pipeline` runs ahead may instead be
+one TMA box per stage (`plan_tma_copy`): the facts must prove what `cuTensorMapEncodeTiled`
+requires (contiguous dim walked by the tile's last dim, 16-byte aligned base and strides,
+box extents at most 256), and the fill must be +0, the only one TMA writes.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -120,3 +126,71 @@ def global_access_vector(view: GlobalTile, tv: Layout, facts: dict) -> tuple[int
     if k is None:
         return None, 1
     return k, register_run_length(tv, tuple(view.shape), k, limit)
+
+
+# --------------------------------------------------------------------------------------
+# TMA (sm_90a): one thread copies a whole box global -> shared, zero-filling past the edge
+# --------------------------------------------------------------------------------------
+
+TMA_MAX_BOX = 256
+TMA_ALIGN_BYTES = 16
+TMA_MAX_RANK = 5
+
+
+@dataclass(frozen=True)
+class TmaPlan:
+    """A copy global -> shared done by TMA: the tensor map's dims (tensor dims, innermost
+    = the contiguous one first), the box extent per map dim (the shared tile's extents
+    along the dims the view walks, 1 elsewhere), the swizzle in bytes of the destination
+    buffer, and `box_bytes` (what the copy completes on its mbarrier, out-of-bounds
+    elements included)."""
+
+    dims: tuple
+    box: tuple
+    swizzle: int
+    box_bytes: int
+
+
+def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
+    """(TmaPlan, "") if the copy global -> shared `op` can be one TMA box per stage under
+    the specialization facts, else (None, why not). The destination buffer holds the
+    tile row-major (its last dim contiguous) under `swizzle`, which is how TMA writes a
+    box whose first map dim is the tensor's contiguous dim."""
+    view, tile = op.src, op.dst
+    name = view.arg.name
+    tensor_facts = facts[name]
+    eb = view.dtype.bits // 8
+    if not (isinstance(op.fill, (int, float)) and op.fill == 0
+            and math.copysign(1.0, op.fill) > 0):
+        return None, f"its fill {op.fill!r} is not +0 (TMA fills out-of-bounds elements with zeros)"
+    if view.dtype.bits % 8:
+        return None, f"{view.dtype} elements are narrower than a byte"
+    if tile.permutation and tuple(tile.permutation) != tuple(range(len(tile.shape))):
+        return None, "the destination is a transposed view of its buffer"
+    if tensor_facts.rank > TMA_MAX_RANK:
+        return None, f"{name} has rank {tensor_facts.rank} (TMA: at most {TMA_MAX_RANK})"
+    c = tensor_facts.contiguous_dim
+    if c is None:
+        return None, f"{name} has no contiguous dim"
+    walked = [dim.tensor_dim for dim in view.dims]
+    if any(dim.step != 1 for dim in view.dims) or len(set(walked)) != len(walked):
+        return None, f"the view of {name} steps over elements or repeats a dim"
+    if walked[-1] != c:
+        return None, (f"the destination's contiguous (last) dim walks dim {walked[-1]} of "
+                      f"{name}, not its contiguous dim {c}")
+    if tensor_facts.align_bytes < TMA_ALIGN_BYTES:
+        return None, f"{name}'s data pointer is only known {tensor_facts.align_bytes}-byte aligned"
+    for d in range(tensor_facts.rank):
+        if d != c and (tensor_facts.stride_divisors[d] * eb) % TMA_ALIGN_BYTES:
+            return None, (f"{name}'s stride along dim {d} is not known to be a multiple of "
+                          f"{TMA_ALIGN_BYTES} bytes")
+    if any(not isinstance(x, int) or x > TMA_MAX_BOX for x in tile.shape):
+        return None, f"a box extent of {tuple(tile.shape)} exceeds {TMA_MAX_BOX}"
+    # Map dims: the contiguous dim first, then the view's other dims from the shared tile's
+    # fastest to slowest, then the dims the view does not walk (box extent 1).
+    order = list(reversed(walked)) + [d for d in reversed(range(tensor_facts.rank))
+                                      if d not in walked]
+    extent_of = {dim.tensor_dim: dim.extent for dim in view.dims}
+    box = tuple(extent_of.get(d, 1) for d in order)
+    box_bytes = int(np.prod(box)) * eb
+    return TmaPlan(tuple(order), box, swizzle, box_bytes), ""

@@ -16,16 +16,26 @@ scores are kept on the plan for `explain`.
 
 The plan fixes three TV layouts: the accumulator's, and the layouts in which A and B
 must reach the MMA (tiled from the instruction's fragment layouts).
+
+On sm_90a a gemm whose operands are both shared tiles that wgmma can read (16-bit types,
+K-major, `BK * 2` bytes a swizzle span of 32, 64 or 128 bytes) and whose C tile splits
+into 64 x N wgmma fragments over whole warpgroups runs on `wgmma` instead (`plan_wgmma`):
+the same search over warpgroup grids, the accumulator the instruction's D fragment tiled
+over them, and the operand buffers pinned to the canonical swizzled layout
+(`tegula.arch.smem_matrix`). When it does not fit, the plan says why (`wgmma_skipped`,
+shown by `tegula explain`) and the mma.sync search above runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tegula.arch.catalogue import mma_for
 from tegula.arch.targets import Target
-from tegula.errors import SynthesisError
+from tegula.dtypes import bf16, f16
+from tegula.errors import SynthesisError, TegulaError
 from tegula.ir.ops import Gemm
-from tegula.ir.values import describe
+from tegula.ir.values import SharedTile, describe
 from tegula.layout.cute import Layout
 from tegula.layout.tv import WarpGrid, mma_tiled_tv
 
@@ -42,11 +52,14 @@ class GemmPlan:
     b_tv: Layout
     repeats: tuple  # (RM, RN, RK)
     candidates: tuple = ()  # (instruction, warp grid, score) of every candidate, best first
+    #: On a wgmma target: why this gemm does not use wgmma ("" when not considered).
+    wgmma_skipped: str = ""
 
     def describe(self) -> str:
         rm, rn, rk = self.repeats
-        return (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warp grid, "
+        text = (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warp grid, "
                 f"{rm}x{rn}x{rk} MMAs per warp per gemm")
+        return text + (f"; wgmma not used: {self.wgmma_skipped}" if self.wgmma_skipped else "")
 
 
 def warp_grids(warps: int) -> list[WarpGrid]:
@@ -69,7 +82,18 @@ def candidate_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tu
     return (max(tensor, shared), shared)
 
 
-def plan_gemm(op: Gemm, threads: int, target: Target) -> GemmPlan:
+def plan_gemm(op: Gemm, threads: int, target: Target):
+    """How `op` runs: a `WgmmaPlan` where the target has wgmma and the gemm fits it, else
+    the cheapest (mma.sync, warp grid) `GemmPlan`, with the TV layouts they imply."""
+    if not has_wgmma(target):
+        return plan_mma_sync(op, threads, target)
+    plan, reason = plan_wgmma(op, threads, target)
+    if plan is not None:
+        return plan
+    return dataclasses.replace(plan_mma_sync(op, threads, target), wgmma_skipped=reason)
+
+
+def plan_mma_sync(op: Gemm, threads: int, target: Target) -> GemmPlan:
     """The cheapest (MMA, warp grid) for `op`, with the TV layouts they imply."""
     (bm, bn), (am, ak), (bn2, bk) = op.c.shape, op.a.shape, op.b.shape
     atoms = mma_for(op.a.dtype, op.b.dtype, op.c.dtype, target)
@@ -107,3 +131,167 @@ def plan_gemm(op: Gemm, threads: int, target: Target) -> GemmPlan:
         b_tv=mma_tiled_tv(atom.b_tv, (n, k), (bn2, bk), grid, "b"),
         repeats=(bm // (m * grid.wm), bn // (n * grid.wn), ak // k),
         candidates=tuple((c[3].name, c[4], round(c[0][0], 1)) for c in scored))
+
+
+# --------------------------------------------------------------------------------------
+# wgmma (sm_90a): warpgroup-wide, operands read from shared memory through descriptors
+# --------------------------------------------------------------------------------------
+
+WARPGROUP = 128
+WGMMA_M = 64
+WGMMA_K_BYTES = 32            # one wgmma reads 32 bytes of K (k16 for 16-bit types)
+WGMMA_MAX_N = 256
+SWIZZLE_SPANS = (128, 64, 32)  # bytes; the canonical buffer's K row is exactly one span
+WGMMA_OPERAND_TYPES = (f16, bf16)
+
+
+@dataclass(frozen=True)
+class WgmmaPlan:
+    """How one `tg.gemm` runs on wgmma: the instruction `atom` (64 x n x 16), the warpgroup
+    grid (`grid.wm` warpgroups along M, `grid.wn` along N; warpgroup index
+    `tid // 128 = i_m + wm * i_n`), the accumulator layout `c_tv` (the atom's D fragment
+    tiled like mma.sync's: warpgroup (i_m, i_n) at repeat (rm, rn) holds rows
+    64 * (i_m + wm * rm) … and columns n * (i_n + wn * rn) …), the repeats per warpgroup
+    (RM, RN, RK = K / 16), and each operand buffer's swizzle (bytes) — the buffer holds the
+    canonical K-major layout (`operand_layout`)."""
+
+    atom: object
+    grid: WarpGrid
+    c_tv: Layout
+    repeats: tuple
+    swizzle_a: int
+    swizzle_b: int
+    candidates: tuple = ()
+    a_tv = None  # operands are read from shared memory by the instruction itself
+    b_tv = None
+
+    def describe(self) -> str:
+        rm, rn, rk = self.repeats
+        return (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warpgroup grid, "
+                f"{rm}x{rn}x{rk} wgmmas per warpgroup per gemm; A and B read from shared "
+                f"memory through descriptors ({self.swizzle_a} B / {self.swizzle_b} B swizzle)")
+
+
+def has_wgmma(target: Target) -> bool:
+    """wgmma exists on the architecture-specific sm_90a (and later "a" targets)."""
+    return target.cc >= 90 and target.arch_suffix == "a"
+
+
+def operand_swizzle(tile, k: int) -> tuple[int, str]:
+    """(swizzle bytes, "") for a shared operand whose K row of `k` elements is exactly one
+    swizzle span — the canonical buffer is then a plain row-major tile under the swizzle —
+    or (0, why not)."""
+    row_bytes = k * tile.dtype.bits // 8
+    if row_bytes not in SWIZZLE_SPANS:
+        return 0, (f"{describe(tile)} has {row_bytes}-byte K rows; the canonical wgmma buffer "
+                   f"is built for rows of exactly one swizzle span ({', '.join(map(str, SWIZZLE_SPANS))} "
+                   f"bytes: BK = 64, 32 or 16 for 16-bit types)")
+    return row_bytes, ""
+
+
+def operand_layout(rows: int, k: int, dtype, swizzle: int):
+    """The canonical K-major wgmma operand buffer (rows, k) for a K row of one swizzle span:
+    `tegula.arch.smem_matrix.canonical_smem_layout` with its single column block written as
+    the flat row-major layout (rows, k):(k, 1) under the element swizzle — the same offsets
+    (tests/synth/test_hopper_decision.py checks), in the flat form that shared-memory
+    addressing (`lower/addressing.shared_offset`) evaluates per dim."""
+    from tegula.arch.smem_matrix import element_swizzle
+    from tegula.layout.swizzle import make_swizzled_layout
+    return make_swizzled_layout(element_swizzle(swizzle, dtype), Layout((rows, k), (k, 1)))
+
+
+def is_transposed(tile: SharedTile) -> bool:
+    """True if the shared tile view permutes its buffer's dims."""
+    return bool(tile.permutation) and tuple(tile.permutation) != tuple(range(len(tile.shape)))
+
+
+def _wgmma_operand_problem(op: Gemm, threads: int) -> str:
+    """Why the operands/threads of `op` cannot go to wgmma ("" when they can)."""
+    for role, tile in (("A", op.a), ("B", op.b)):
+        if not isinstance(tile, SharedTile):
+            return f"operand {role} {describe(tile)} is not a shared tile"
+        if is_transposed(tile):
+            return f"operand {role} {describe(tile)} is a transposed view (wgmma here reads K-major buffers)"
+        if tuple(tile.shape) != tuple(tile.alloc.shape):
+            return f"operand {role} {describe(tile)} is part of its buffer"
+        if tile.alloc.pinned:
+            return f"operand {role}'s buffer has a pinned layout"
+        if tile.dtype not in WGMMA_OPERAND_TYPES:
+            return f"operand {role} is {tile.dtype} (wgmma from shared memory here: f16, bf16)"
+    if op.c.pinned:
+        return f"the accumulator {describe(op.c)} has a pinned layout"
+    if threads % WARPGROUP:
+        return f"{threads} threads are not whole warpgroups of {WARPGROUP}"
+    return ""
+
+
+def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None, str]:
+    """(the cheapest wgmma plan, "") for `op`, or (None, why wgmma does not fit)."""
+    problem = _wgmma_operand_problem(op, threads)
+    if problem:
+        return None, problem
+    (bm, bn), (_, bk) = op.c.shape, op.a.shape
+    swizzles = []
+    for tile in (op.a, op.b):
+        swizzle, problem = operand_swizzle(tile, bk)
+        if problem:
+            return None, problem
+        swizzles.append(swizzle)
+    k_step = WGMMA_K_BYTES * 8 // op.a.dtype.bits
+    scored, reasons = [], []
+    for grid in warp_grids(threads // WARPGROUP):
+        if bm % (WGMMA_M * grid.wm) or bn % (8 * grid.wn):
+            continue
+        for n in _wgmma_widths(bn // grid.wn):
+            atom = _wgmma_entry(op, n)
+            if atom is None:
+                reasons.append(f"no wgmma with N={n} for {op.a.dtype} x {op.b.dtype} -> {op.c.dtype}")
+                continue
+            score = _wgmma_score(atom, grid, (bm, bn, bk), target)
+            scored.append((score, -n, -grid.wm, atom, grid))
+    if not scored:
+        why = "; ".join(reasons[:1]) or (
+            f"the {bm}x{bn} C tile does not split into 64xN (N a multiple of 8) fragments "
+            f"over {threads // WARPGROUP} warpgroup(s)")
+        return None, why
+    scored.sort(key=lambda c: c[:3])
+    _, _, _, atom, grid = scored[0]
+    n = _atom_n(atom)
+    c_tv = mma_tiled_tv(atom.acc_tv, (WGMMA_M, n), (bm, bn), grid, "c")
+    repeats = (bm // (WGMMA_M * grid.wm), bn // (n * grid.wn), bk // k_step)
+    return WgmmaPlan(atom, grid, c_tv, repeats, swizzles[0], swizzles[1],
+                     tuple((c[3].name, c[4], round(c[0][0], 1)) for c in scored)), ""
+
+
+def _wgmma_widths(n_per_group: int) -> list[int]:
+    """wgmma N extents (multiples of 8, at most 256) that tile `n_per_group` columns."""
+    return [n for n in range(8, WGMMA_MAX_N + 1, 8) if n_per_group % n == 0]
+
+
+def _atom_n(atom) -> int:
+    return atom.n
+
+
+def _wgmma_entry(op: Gemm, n: int):
+    """The catalogue's wgmma for these types and N, or None."""
+    from tegula.arch.wgmma import wgmma_for
+    try:
+        return wgmma_for(op.a.dtype, op.b.dtype, op.c.dtype, n)
+    except TegulaError:
+        return None
+
+
+def _wgmma_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tuple:
+    """(block cycles per gemm call: max of tensor-core and shared-memory time, shared
+    cycles), as `candidate_score` for mma.sync: every wgmma occupies the SM's four tensor
+    cores for its issue cycles, and each warpgroup streams its A rows and B rows from
+    shared memory once per call."""
+    bm, bn, bk = tile_mnk
+    wgmmas = (bm // atom.m) * (bn // atom.n) * (bk // atom.k)
+    issue, _ = atom.timing(target)
+    tensor = wgmmas * issue
+    groups = grid.wm * grid.wn
+    operand_bytes = groups * bk * ((bm // grid.wm) * atom.a_dtype.bits +
+                                   (bn // grid.wn) * atom.b_dtype.bits) / 8
+    shared = operand_bytes / 128
+    return (max(tensor, shared), shared)

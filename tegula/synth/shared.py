@@ -245,9 +245,14 @@ class SharedLayoutChoice:
     candidates_tried: int
 
 
-def synthesize_shared_layout(alloc: SharedAlloc, accesses: list[SharedAccess]) -> SharedLayoutChoice:
-    """Choose the buffer's layout minimizing the summed cost of all its accesses."""
-    if alloc.pinned and alloc.layout is not None:
+def synthesize_shared_layout(alloc: SharedAlloc, accesses: list[SharedAccess],
+                             fixed=None) -> SharedLayoutChoice:
+    """Choose the buffer's layout minimizing the summed cost of all its accesses; with
+    `fixed` (a layout an instruction requires, e.g. wgmma's canonical operand buffer) only
+    plan the accesses under it."""
+    if fixed is not None:
+        candidates = [fixed]
+    elif alloc.pinned and alloc.layout is not None:
         candidates = [alloc.layout]
     else:
         candidates = candidate_layouts(tuple(alloc.shape), _elem_bytes(alloc))

@@ -26,8 +26,9 @@ from tegula.errors import ResourceError, SynthesisError
 from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.convert import choose_conversion
-from tegula.synth.copies import global_access_vector, global_vector_limit, needs_tail
-from tegula.synth.gemm import plan_gemm
+from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
+                                 plan_tma_copy)
+from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.shared import SharedAccess, synthesize_shared_layout
@@ -83,6 +84,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
         tile.layout = state.get(tile)
     _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
+    _plan_tma_copies(kernel, facts)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)
@@ -295,7 +297,7 @@ def _shared_accesses(kernel: TracedKernel) -> dict:
     """Every access to each shared buffer, by alloc id: (op, role, SharedAccess)."""
     accesses: dict = {a.id: [] for a in kernel.shared_allocs}
     for op in walk_ops(kernel.body):
-        if isinstance(op, Copy):
+        if isinstance(op, Copy) and op.choices.get("instr") != "tma":  # TMA: no threads
             for tile, write in ((op.src, False), (op.dst, True)):
                 if not isinstance(tile, SharedTile):
                     continue
@@ -309,7 +311,7 @@ def _shared_accesses(kernel: TracedKernel) -> dict:
                                       ldmatrix=isinstance(other, RegisterTile),
                                       op_name=f"copy line {op.loc.lineno if op.loc else '?'}")
                 accesses[tile.alloc.id].append((op, "dst" if write else "src", access))
-        elif isinstance(op, Gemm):
+        elif isinstance(op, Gemm) and not isinstance(op.choices["plan"], WgmmaPlan):
             plan = op.choices["plan"]
             for tile, tv, role in ((op.a, plan.a_tv, "a"), (op.b, plan.b_tv, "b")):
                 if isinstance(tile, SharedTile):
@@ -326,10 +328,18 @@ def _bytes(tile) -> int:
 def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
     offset = 0
     all_accesses = _shared_accesses(kernel)
+    wgmma_layouts = wgmma_operand_layouts(kernel)
     for alloc in kernel.shared_allocs:
         entries = all_accesses[alloc.id]
+        fixed = wgmma_layouts.get(alloc.id)
+        if fixed is not None:
+            # wgmma reads the buffer through descriptors, which only describe the canonical
+            # layout; TMA writes it that way too, and other accesses are planned under it.
+            # The swizzle works on absolute addresses: start on a swizzle atom.
+            alloc.layout = fixed
+            offset = -(-offset // WGMMA_BUFFER_ALIGN) * WGMMA_BUFFER_ALIGN
         if entries:
-            choice = synthesize_shared_layout(alloc, [a for _, _, a in entries])
+            choice = synthesize_shared_layout(alloc, [a for _, _, a in entries], fixed)
             alloc.layout = choice.layout
             result.shared_choices[alloc.id] = choice
             for (op, role, _), plan in zip(entries, choice.plans):
@@ -339,6 +349,77 @@ def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
             alloc.layout = base_layout(tuple(alloc.shape), len(alloc.shape) - 1)
         result.shared_offsets[alloc.id] = offset
         offset += -(-alloc_bytes(alloc) // 128) * 128
+
+
+#: Alignment of wgmma operand buffers: the largest swizzle atom (1024 bytes for 128-byte
+#: swizzle), so a buffer's stages and rows line up with the hardware's XOR pattern.
+WGMMA_BUFFER_ALIGN = 1024
+
+
+def wgmma_operand_layouts(kernel: TracedKernel) -> dict:
+    """alloc id -> the canonical layout wgmma reads it in, for every wgmma operand buffer
+    (one buffer read by two wgmma gemms gets the same layout: the K row decides it)."""
+    layouts = {}
+    for op in walk_ops(kernel.body):
+        plan = op.choices.get("plan") if isinstance(op, Gemm) else None
+        if isinstance(plan, WgmmaPlan):
+            for tile, swizzle in ((op.a, plan.swizzle_a), (op.b, plan.swizzle_b)):
+                rows, k = tile.alloc.shape
+                layouts[tile.alloc.id] = operand_layout(rows, k, tile.dtype, swizzle)
+    return layouts
+
+
+def _plan_tma_copies(kernel: TracedKernel, facts: dict) -> None:
+    """Copies a `tg.pipeline` runs ahead into wgmma operand buffers become TMA boxes, with
+    an mbarrier ring (`lower/hopper.py`), when every such copy of the loop qualifies (one
+    mechanism per loop); otherwise they stay cp.async/ld+st, and lowering fences them for
+    wgmma's async proxy. Each copy records why it is not TMA (`tma_skipped`)."""
+    wgmma_buffers = wgmma_operand_layouts(kernel)
+    for loop, depth in _loops_with_depth(kernel.body):
+        producers = [o for o in loop.body if isinstance(o, Copy)
+                     and isinstance(o.src, GlobalTile) and isinstance(o.dst, SharedTile)
+                     and o.dst.alloc.stages > 1]
+        if loop.stages < 2 or not producers:
+            continue
+        plans, problem = [], ""
+        for op in producers:
+            layout = wgmma_buffers.get(op.dst.alloc.id)
+            if layout is None:
+                problem = f"{describe(op.dst)} is not a wgmma operand buffer"
+                plan = None
+            else:
+                plan, problem = plan_tma_copy(op, facts, _swizzle_bytes(op.dst))
+            if problem:
+                break
+            plans.append(plan)
+        if not problem and depth > 0:
+            problem = ("the pipeline is inside another run-time loop (mbarrier phases across "
+                       "its runs are not tracked yet)")
+        if not problem and loop.step != 1:
+            problem = "the pipeline's step is not 1"
+        for op in producers:
+            if problem:
+                if op.dst.alloc.id in wgmma_buffers:
+                    op.choices["tma_skipped"] = problem
+            else:
+                op.choices.update(instr="tma", tma=plans[producers.index(op)])
+
+
+def _loops_with_depth(ops: list, depth: int = 0):
+    """Every run-time loop with the number of run-time loops around it."""
+    from tegula.ir.ops import ForLoop, IfThen
+    for op in ops:
+        if isinstance(op, ForLoop):
+            yield op, depth
+            yield from _loops_with_depth(op.body, depth + 1)
+        elif isinstance(op, IfThen):
+            yield from _loops_with_depth(op.then, depth)
+            yield from _loops_with_depth(op.otherwise, depth)
+
+
+def _swizzle_bytes(tile) -> int:
+    """The swizzle mode in bytes of a canonical wgmma buffer (its K row's bytes)."""
+    return tile.alloc.shape[-1] * tile.dtype.bits // 8
 
 
 def _check_shared_budget(result: SynthesisResult) -> None:

@@ -1,0 +1,223 @@
+"""Lowering the sm_90a GEMM path: wgmma gemms and TMA + mbarrier pipelines.
+
+Synthesis decided, per `tg.gemm`, a `WgmmaPlan` (instruction, warpgroup grid, canonical
+swizzled operand buffers), and per `tg.pipeline` loop whether the copies it runs ahead are
+TMA boxes (`choices["instr"] == "tma"`, with a `TmaPlan`). This module turns those into the
+asynchronous thread IR of `lower/async_ir.py`:
+
+**A wgmma gemm** (`lower_wgmma_gemm`): `WgmmaFence`; for each k16 step and each M/N repeat
+of the warpgroup one `Wgmma` whose descriptors point at the warpgroup's rows of the stage
+(`SmemDesc` element offset = stage + first row * K + k offset: the canonical buffer is
+row-major under the swizzle, and a K step inside the swizzle span advances the start
+address, the hardware swizzling absolute addresses); `WgmmaCommit`; `WgmmaWait(0)`. So the
+accumulator is complete when the gemm's statements end, and the operand stage may be
+overwritten once every warpgroup has passed them.
+
+**A TMA pipeline** (`TmaPipeline`), single role (every thread computes; thread 0 also
+issues the copies), `S` stages, iterations `start … stop-1`:
+
+    kernel start:  thread 0: init full[0..S-1] (count 1); fence.mbarrier_init; barrier
+    prologue:      thread 0: for j < S-1 with start+j < stop: expect_tx(full[(start+j)%S],
+                   box bytes of one stage) and the TMA boxes of iteration start+j
+    loop k:        barrier          (everyone finished iteration k-1, so its stage is free)
+                   thread 0, if k+S-1 < stop: expect_tx + TMA boxes of iteration k+S-1
+                   wait full[k%S] with parity ((k - start) // S) % 2
+                   the rest of the body (the wgmma gemm …)
+
+Stage `k % S` is the same convention as every other access of a multi-stage buffer
+(`addressing.shared_offset`), and the j-th use of stage s completes the barrier's j-th
+phase: between start and k there are (k - start) // S earlier iterations with the same
+stage, hence the parity. Only iterations that exist are issued, so no copy is in flight
+when the loop ends; boxes past the tensor's edge (the last K step, ragged M/N) are
+zero-filled by TMA and still count their full bytes.
+
+**Generic writes read by wgmma** (cp.async or ld/st copies into a wgmma buffer, when TMA was
+not possible): wgmma reads through the async proxy, so every barrier of such a kernel is
+preceded by `fence.proxy.async` (`fence_generic_writes`): each thread's own shared writes
+become visible to the async proxy before the barrier that orders them before the wgmma.
+"""
+from __future__ import annotations
+
+from tegula.errors import SynthesisError
+from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops
+from tegula.ir.values import SharedTile, describe
+from tegula.layout.tv import match_values, tv_table
+from tegula.lower.addressing import scalar_expr
+from tegula.lower.async_ir import (FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
+                                   MBarrierInit, MBarrierWait, SmemDesc, TensorMapParam,
+                                   TmaLoad, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+from tegula.lower.context import LoweringContext, reg
+from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, Stmt, Var,
+                                    all_of)
+
+WARPGROUP = 128
+
+
+def is_wgmma(op) -> bool:
+    """True for a gemm synthesis planned on wgmma."""
+    from tegula.synth.gemm import WgmmaPlan
+    return isinstance(op, Gemm) and isinstance(op.choices.get("plan"), WgmmaPlan)
+
+
+# --------------------------------------------------------------------------------------
+# wgmma gemm
+# --------------------------------------------------------------------------------------
+
+
+def operand_desc(ctx: LoweringContext, tile: SharedTile, first_row: Expr, k_offset: int,
+                 swizzle: int) -> SmemDesc:
+    """The descriptor of the 64 (A) or n (B) rows from `first_row`, K elements from
+    `k_offset`, of the stage of `tile` (canonical buffer: row-major rows of one swizzle
+    span). Leading/stride byte offsets from the arch's one definition of the canonical
+    buffer (`smem_matrix.operand_descriptor`); the start is an element offset."""
+    from tegula.arch.smem_matrix import operand_descriptor
+    rows, k = tile.alloc.shape
+    fields = operand_descriptor(rows, k, tile.dtype, swizzle, base=0)
+    stage = Const(0)
+    if tile.alloc.stages > 1:
+        stage = (scalar_expr(tile.stage) % tile.alloc.stages) * (rows * k)
+    offset = stage + first_row * k + k_offset
+    return SmemDesc(ctx.buffer_of(tile.alloc).name, offset, fields.leading_bytes,
+                    fields.stride_bytes, swizzle)
+
+
+def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm) -> list:
+    """Thread IR of one gemm on wgmma (see the module docstring)."""
+    plan = op.choices["plan"]
+    atom, grid = plan.atom, plan.grid
+    rm_count, rn_count, rk_count = plan.repeats
+    c_regs = ctx.regs_of(op.c)
+    c_map = match_values(op.c.layout, tv_table(plan.c_tv))
+    if c_map is None:
+        raise SynthesisError(f"gemm: the accumulator {describe(op.c)} is not in the layout of "
+                             f"{plan.describe()}", loc=op.loc)
+    group = TID // WARPGROUP
+    group_m, group_n = group % grid.wm, group // grid.wm
+    values = atom.acc_tv[1].size
+    stmts: list = [Comment(f"gemm {describe(op.c)} += {describe(op.a)} @ {describe(op.b)}^T: "
+                           f"{plan.describe()}"), WgmmaFence()]
+    for rk in range(rk_count):
+        for rm in range(rm_count):
+            a = operand_desc(ctx, op.a, (group_m + grid.wm * rm) * atom.m, rk * atom.k,
+                             plan.swizzle_a)
+            for rn in range(rn_count):
+                b = operand_desc(ctx, op.b, (group_n + grid.wn * rn) * atom.n, rk * atom.k,
+                                 plan.swizzle_b)
+                first = values * (rm + rm_count * rn)
+                d = [reg(c_regs, c_map[first + x]) for x in range(values)]
+                stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(1)))
+    return stmts + [WgmmaCommit(), WgmmaWait(0)]
+
+
+# --------------------------------------------------------------------------------------
+# TMA + mbarrier pipeline
+# --------------------------------------------------------------------------------------
+
+
+def tma_producers(loop: ForLoop) -> list[Copy]:
+    """The loop's copies synthesis made TMA boxes (all of its run-ahead copies, or none)."""
+    return [o for o in loop.body if isinstance(o, Copy) and o.choices.get("instr") == "tma"]
+
+
+def tensor_map(ctx: LoweringContext, op: Copy) -> TensorMapParam:
+    """The tensor map of a TMA copy's source (one per tensor, box and swizzle)."""
+    plan = op.choices["tma"]
+    view = op.src
+    key = (view.arg.name, plan.dims, plan.box, plan.swizzle)
+    found = ctx.tensor_maps.get(key)
+    if found is None:
+        found = TensorMapParam(ctx.unique(f"{view.arg.name}_tmap"), view.arg.name, view.dtype,
+                               plan.dims, plan.box, plan.swizzle)
+        ctx.tensor_maps[key] = found
+    return found
+
+
+def tma_issue(ctx: LoweringContext, producers: list[Copy], barrier: str, slot: Expr,
+              iteration: Expr, loop_var: str) -> list[Stmt]:
+    """Thread 0's statements for one stage: expect the stage's bytes on `barrier[slot]`,
+    then one TMA box per copy, for loop iteration `iteration`."""
+    from tegula.lower.lower import substitute
+    total = sum(p.choices["tma"].box_bytes for p in producers)
+    stmts: list[Stmt] = [MBarrierArrive(barrier, slot, tx_bytes=total)]
+    for p in producers:
+        tmap = tensor_map(ctx, p)
+        origin = [scalar_expr(o) for o in p.src.origin]
+        coords = substitute([origin[d] for d in tmap.dims], {loop_var: iteration})
+        rows, k = p.dst.alloc.shape
+        offset = slot * (rows * k)
+        stmts.append(TmaLoad(ctx.buffer_of(p.dst.alloc).name, offset, tmap.name, coords,
+                             barrier, slot))
+    return stmts
+
+
+def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stmt]:
+    """A `tg.pipeline` whose run-ahead copies are TMA boxes (module docstring)."""
+    ctx = lowering.ctx
+    stages, k = op.stages, Var(op.var.name)
+    start, stop = scalar_expr(op.start), scalar_expr(op.stop)
+    full = ctx.mbarrier_array("full", stages)
+    ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
+                     + [FenceBarrierInit()]), Barrier()]
+    issuer = TID.eq(0)
+    prologue: list[Stmt] = [Comment(f"pipeline prologue: TMA for {stages - 1} stages, "
+                                    f"mbarrier ring {full.name}[{stages}]")]
+    for j in range(stages - 1):
+        iteration = start + j
+        prologue.append(If(all_of([issuer, iteration.lt(stop)]),
+                           tma_issue(ctx, producers, full.name, iteration % stages, iteration,
+                                     k.name)))
+    ahead = k + (stages - 1)
+    body: list[Stmt] = [
+        Barrier(),  # every thread is done with iteration k-1: its stage may be refilled
+        If(all_of([issuer, ahead.lt(stop)]),
+           tma_issue(ctx, producers, full.name, ahead % stages, ahead, k.name)),
+        MBarrierWait(full.name, k % stages, ((k - start) // stages) % 2),
+    ]
+    from tegula.lower.lower import SharedSync
+    inner = SharedSync()
+    rest = [o for o in op.body if not any(o is p for p in producers)]
+    body += lowering.ops(rest, inner)
+    epilogue = inner.barrier() if inner.dirty else []
+    return prologue + [For(k, start, stop, 1, body)] + epilogue
+
+
+# --------------------------------------------------------------------------------------
+# Generic-proxy writes read by wgmma
+# --------------------------------------------------------------------------------------
+
+
+def needs_proxy_fence(kernel) -> bool:
+    """True if some wgmma operand buffer is written by threads (not TMA)."""
+    wgmma_buffers = {t.alloc.id for op in walk_ops(kernel.body) if is_wgmma(op)
+                     for t in (op.a, op.b)}
+    return any(isinstance(op, Copy) and isinstance(op.dst, SharedTile)
+               and op.dst.alloc.id in wgmma_buffers and op.choices.get("instr") != "tma"
+               for op in walk_ops(kernel.body))
+
+
+def fence_generic_writes(stmts: list) -> list:
+    """`stmts` with `fence.proxy.async` before every block barrier (recursively)."""
+    out: list = []
+    for s in stmts:
+        if isinstance(s, Barrier):
+            out.append(FenceProxyAsync())
+        elif isinstance(s, For):
+            s = For(s.var, s.start, s.stop, s.step, fence_generic_writes(s.body), s.unroll)
+        elif isinstance(s, If):
+            s = If(s.cond, fence_generic_writes(s.then), fence_generic_writes(s.otherwise))
+        out.append(s)
+    return out
+
+
+def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tuple[list, list]:
+    """The kernel's parameters with each TMA tensor map after its tensor, and its body with
+    the kernel-start setup (mbarrier inits) first and proxy fences where generic writes
+    feed wgmma."""
+    maps = list(ctx.tensor_maps.values())
+    with_maps: list = []
+    for p in params:
+        with_maps.append(p)
+        with_maps += [m for m in maps if m.tensor == p.name]
+    if needs_proxy_fence(kernel):
+        body = fence_generic_writes(body)
+    return with_maps, ctx.setup + body
