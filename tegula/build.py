@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from tegula.arch.targets import Target, get_target
-from tegula.errors import LaunchError, SynthesisError
+from tegula.errors import LaunchError, SynthesisError, TegulaError
 from tegula.ir.ops import TracedKernel
 from tegula.layout.errors import LayoutError
 from tegula.lower.lower import lower
@@ -142,7 +142,8 @@ def _is_int(x) -> bool:
 
 
 def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_races: bool = True,
-            check_coverage: bool | Iterable[str] = True, **kwargs):
+            check_coverage: bool | Iterable[str] = True, num_sms: int | None = None,
+            **kwargs):
     """Run `kernel` on the CPU: numpy arrays in, results written into them in place.
 
     `tg.emulate(gemm, (2, 3), a, b, c, BM=64)` traces, synthesizes and lowers the kernel
@@ -157,6 +158,9 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     as given. `check_coverage=False` turns this off for a kernel that writes part of an
     output on purpose (the array is then neither poisoned nor checked); a list of names
     checks only those outputs.
+
+    `num_sms` is what `tg.num_sms()` reads in the kernel: by default the target's SM count
+    (132 for sm_90a), or any positive int to emulate another variant of the device.
     """
     import numpy as np
 
@@ -170,6 +174,11 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     grid3 = normalize_grid(grid)
     result = build(kernel, constexprs, facts, target)
     check_extents(kernel, result.traced, shapes)
+    if num_sms is None:
+        num_sms = result.target.sm_count
+    elif not _is_int(num_sms) or num_sms < 1:
+        raise TegulaError(f"tg.emulate({kernel.name}, ...): num_sms must be a positive int "
+                          f"(the emulated device's SM count), got {num_sms!r}")
     scalars = {p.name: scalar_value(p, scalars[p.name]) for p in result.thread_kernel.params
                if isinstance(p, ScalarParam) and p.name in scalars}  # as a launch checks them
     # Every argument is checked: from here on the arrays may be changed.
@@ -183,7 +192,8 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     for name in poisoned:
         poison(tensors[name])
     report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
-                               check_races=check_races, track_writes=checked)
+                               check_races=check_races, track_writes=checked,
+                               num_sms=int(num_sms))
     check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)
     return report
 

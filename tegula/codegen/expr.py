@@ -35,8 +35,8 @@ from tegula.dtypes import DType
 from tegula.dtypes import i32 as _INDEX_DTYPE  # an IndexValue converts like an i32 value
 from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
-    BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, Reg, RegRead, Select, Unary,
-    Value, Var, Where,
+    BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, LoadScalar, Reg, RegRead, Select,
+    Unary, Value, Var, Where,
 )
 
 
@@ -232,6 +232,14 @@ def int_literal(value: int) -> str:
 _PREC = {"*": 5, "//": 5, "%": 5, "+": 6, "-": 6, "<<": 7, ">>": 7, "<": 9, "<=": 9, ">": 9,
          ">=": 9, "==": 10, "!=": 10, "&": 11, "^": 12, "|": 13, "and": 14, "or": 15}
 _C_OP = {"//": "/", "and": "&&", "or": "||"}
+#: Index operators printed as calls of `codegen/ptx.py` helpers (the emitter defines the
+#: helpers an index text names: `index_helpers`).
+_FLOOR_HELPERS = {"floordiv": "tg_floordiv", "mod": "tg_mod"}
+
+
+def index_helpers(text: str) -> set[str]:
+    """The helpers of `_FLOOR_HELPERS` that generated C text calls."""
+    return {h for h in _FLOOR_HELPERS.values() if f"{h}(" in text}
 
 
 def index_c(e: Expr, rename: Callable[[str], str] | None = None) -> str:
@@ -250,6 +258,9 @@ def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
     if isinstance(e, BinOp):
         if e.op in ("min", "max"):
             return (f"{e.op}({_index(e.lhs, rename)[0]}, {_index(e.rhs, rename)[0]})", 0)
+        if e.op in _FLOOR_HELPERS:  # the user's scalar `//` / `%`: floor semantics
+            return (f"{_FLOOR_HELPERS[e.op]}({_index(e.lhs, rename)[0]}, "
+                    f"{_index(e.rhs, rename)[0]})", 0)
         prec = _PREC[e.op]
         lhs, lp = _index(e.lhs, rename)
         rhs, rp = _index(e.rhs, rename)
@@ -259,6 +270,11 @@ def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
         if rp >= prec and rp != 0:
             rhs = f"({rhs})"
         return f"{lhs} {_C_OP.get(e.op, e.op)} {rhs}", prec
+    if isinstance(e, LoadScalar):
+        # Each coordinate times the tensor's stride parameter; read as an int (i8/u8 too).
+        terms = [f"({_index(c, rename)[0]}) * {rename(f'{e.tensor}_stride{d}')}"
+                 for d, c in enumerate(e.coords)]
+        return f"((int){e.tensor}[{' + '.join(terms) or '0'}])", 0
     if isinstance(e, Select):
         c = _index(e.cond, rename)[0]
         t = _index(e.if_true, rename)[0]

@@ -22,10 +22,17 @@ import numpy as np
 from tegula.dtypes import DType, bool_
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.values import round_to
-from tegula.lower.thread_ir import (BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, RegRead,
-                                    Select, Unary, Value, Var, Where)
+from tegula.lower.thread_ir import (BinOp, Binary, Cast, Const, Expr, IndexValue, Literal,
+                                    LoadScalar, RegRead, Select, Unary, Value, Var, Where,
+                                    floor_div, floor_mod)
 
 Env = dict
+
+
+def tensor_key(name: str) -> str:
+    """The environment key under which the machine binds tensor `name`'s `GlobalTensor`
+    (for `LoadScalar`); not a C identifier, so it cannot meet a variable's name."""
+    return f"@tensor:{name}"
 
 
 def _logical(fn):
@@ -44,7 +51,19 @@ def _minmax(py, npf):
     return op
 
 
+def _floor_index_op(scalar_fn, array_fn):
+    """A user-level `//` / `%` (index ops `floordiv` / `mod`): floor semantics with the
+    zero-divisor rule, on ints or per-thread arrays."""
+    def op(a, b):
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return array_fn(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        return scalar_fn(int(a), int(b))
+    return op
+
+
 _INDEX_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "floordiv": _floor_index_op(floor_div, lambda a, b: _floor_div(a, b)),
+    "mod": _floor_index_op(floor_mod, lambda a, b: _floor_mod(a, b)),
     "+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
     "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt,
     ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
@@ -87,9 +106,36 @@ def compile_expr(e: Expr) -> Callable[[Env], Any]:
                 return np.where(c, a(env), b(env))
             return a(env) if c else b(env)
         return select
+    if isinstance(e, LoadScalar):
+        return _compile_load(e)
     if isinstance(e, int) and not isinstance(e, bool):
         return lambda env: e
     raise EmulationError(f"not an index expression: {e!r}")
+
+
+def _compile_load(e: LoadScalar) -> Callable[[Env], Any]:
+    """A scalar read from a global tensor, every coordinate checked against its extent
+    (out of bounds is an error naming the tensor, the coordinate and the shape)."""
+    coords = [compile_expr(c) for c in e.coords]
+    key, name = tensor_key(e.tensor), e.tensor
+
+    def load(env):
+        tensor = env.get(key)
+        if tensor is None:
+            raise EmulationError(f"scalar load from {name!r}, which is not a tensor "
+                                 f"argument of the kernel")
+        at = [c(env) for c in coords]
+        for d, (c, extent) in enumerate(zip(at, tensor.array.shape)):
+            bad = np.any((np.asarray(c) < 0) | (np.asarray(c) >= extent))
+            if bad:
+                shown = [int(np.asarray(x).flat[0]) if np.ndim(x) == 0 else x for x in at]
+                raise EmulationError(f"scalar load {name}{shown} is out of bounds: dim {d} "
+                                     f"of {name} has extent {extent} (shape "
+                                     f"{tuple(tensor.array.shape)})")
+        if any(isinstance(c, np.ndarray) for c in at):
+            return tensor.array[tuple(np.asarray(c, dtype=np.int64) for c in at)].astype(np.int64)
+        return int(tensor.array[tuple(int(c) for c in at)])
+    return load
 
 
 # ---------------------------------------------------------------------- values

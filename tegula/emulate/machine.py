@@ -22,7 +22,7 @@ import numpy as np
 
 from tegula.emulate.describe import describe
 from tegula.emulate.errors import EmulationError
-from tegula.emulate.exprs import compile_expr, compile_value
+from tegula.emulate.exprs import compile_expr, compile_value, tensor_key
 from tegula.emulate.memory import GlobalTensor, SharedMemory
 from tegula.emulate.ops import (Ctx, compile_atomic, compile_cp_async, compile_global,
                                 compile_ldmatrix, compile_mma, compile_shared, compile_shuffle)
@@ -205,6 +205,7 @@ def _bind(kernel: ThreadKernel, tensors: Mapping[str, np.ndarray],
                 env[f"{p.name}_shape{i}"] = int(ext)
                 env[f"{p.name}_stride{i}"] = int(stride)
             bound[p.name] = t
+            env[tensor_key(p.name)] = t  # for scalar loads (`offsets[e]`)
         elif isinstance(p, ScalarParam):
             if p.name not in scalars:
                 raise EmulationError(f"kernel {kernel.name}: scalar {p.name!r} not given")
@@ -220,17 +221,20 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                       tensors: Mapping[str, np.ndarray],
                       scalars: Mapping[str, object] | None = None,
                       *, check_races: bool = True,
-                      track_writes: Iterable[str] = ()) -> EmulationReport:
+                      track_writes: Iterable[str] = (),
+                      num_sms: int = 132) -> EmulationReport:
     """Execute `kernel` on the CPU over `grid` (1-3 block counts); tensors are updated in
     place. Returns the statistics; raises `EmulationError` on a bug in the thread IR.
     For the tensors named in `track_writes`, `report.written[name]` is a boolean mask over
-    their element offsets of those any block stored to (for `tegula.emulate.coverage`)."""
+    their element offsets of those any block stored to (for `tegula.emulate.coverage`).
+    `num_sms` is what `tg.num_sms()` reads (the SM count of the emulated device)."""
     t0 = time.perf_counter()
     grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
         raise EmulationError(f"grid must be 1 to 3 non-negative block counts, got {grid}")
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     base_env, bound = _bind(kernel, tensors, scalars or {})
+    base_env.update(tg_grid_x=gx, tg_grid_y=gy, tg_grid_z=gz, tg_num_sms=int(num_sms))
     for name in track_writes:
         bound[name].track_writes()
     comp = Compiler(kernel)

@@ -1,13 +1,19 @@
-"""Scalar expressions of tile IR: block indices, loop variables, tensor extents, arithmetic.
+"""Scalar expressions of tile IR: block indices, grid sizes, loop variables, tensor extents,
+elements loaded from global memory, arithmetic.
 
-A traced kernel computes tile origins and loop bounds from these (`m * BM`, `cdiv(K, BK)`).
-They are uniform across the threads of a block; lowering turns them into thread-IR index
-expressions. Python ints mix in freely and fold.
+A traced kernel computes tile origins and loop bounds from these (`m * BM`, `cdiv(K, BK)`,
+`tg.minimum(tiles - first, G)`). They are uniform across the threads of a block; lowering
+turns them into thread-IR index expressions. Python ints mix in freely and fold.
+
+Integer `//` and `%` have floor semantics (Python's and torch's, as on tiles), with
+`x // 0 == -1` and `x % 0 == x` at run time; a literal zero divisor is a TraceError.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Union
+
+from tegula.dtypes import DType
 
 
 def _with_tile(o) -> bool:
@@ -72,6 +78,38 @@ class BlockIndex(Scalar):
 
 
 @dataclass(frozen=True, eq=False)
+class GridSize(Scalar):
+    """`tg.num_programs(axis)`: the number of blocks launched along grid axis 0, 1 or 2."""
+
+    axis: int
+
+    def __str__(self) -> str:
+        return f"num_programs({self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class SMCount(Scalar):
+    """`tg.num_sms()`: the number of streaming multiprocessors of the device running the
+    kernel (read at run time, so one compiled kernel serves every variant of a GPU)."""
+
+    def __str__(self) -> str:
+        return "num_sms()"
+
+
+@dataclass(frozen=True, eq=False)
+class ScalarLoad(Scalar):
+    """`offsets[e]`: one element of integer global tensor `tensor` at tensor coordinate
+    `coords` (one Scalar per dim), loaded by every thread at run time."""
+
+    tensor: str
+    coords: tuple
+    dtype: DType
+
+    def __str__(self) -> str:
+        return f"{self.tensor}[{', '.join(str(c) for c in self.coords)}]"
+
+
+@dataclass(frozen=True, eq=False)
 class LoopIndex(Scalar):
     """The induction variable of a `tg.range` / `tg.pipeline` loop."""
 
@@ -109,13 +147,15 @@ class ScalarBinOp(Scalar):
     rhs: Scalar
 
     def __str__(self) -> str:
+        if self.op in ("min", "max"):
+            return f"{self.op}({self.lhs}, {self.rhs})"
         return f"({self.lhs} {self.op} {self.rhs})"
 
 
 ScalarLike = Union[Scalar, int]
 
 _FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-         "//": lambda a, b: a // b, "%": lambda a, b: a % b}
+         "//": lambda a, b: a // b, "%": lambda a, b: a % b, "min": min, "max": max}
 
 
 def as_scalar(x: ScalarLike) -> Scalar:
@@ -130,6 +170,9 @@ def as_scalar(x: ScalarLike) -> Scalar:
 def scalar_op(op: str, lhs: ScalarLike, rhs: ScalarLike) -> Scalar:
     """`lhs op rhs`, folded when both sides are constants or one side is an identity."""
     a, b = as_scalar(lhs), as_scalar(rhs)
+    if op in ("//", "%") and isinstance(b, ScalarConst) and b.value == 0:
+        from tegula.errors import TraceError
+        raise TraceError(f"the kernel scalar expression {a} {op} 0 divides by a literal zero")
     if isinstance(a, ScalarConst) and isinstance(b, ScalarConst):
         return ScalarConst(_FOLD[op](a.value, b.value))
     if op in ("+", "-") and isinstance(b, ScalarConst) and b.value == 0:

@@ -21,7 +21,7 @@ from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, If
                            Op, Rearrange, Reduce, Reshape, TracedKernel, tiles_read,
                            tiles_written)
 from tegula.ir.scalar import (Condition, LoopIndex, Scalar, ScalarArg, ScalarBinOp,
-                              TensorExtent, constant_value)
+                              ScalarLoad, TensorExtent, constant_value)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, Tile, describe
 
 # Element-wise op names and their operand counts (thread IR's VALUE_UNARY_OPS and
@@ -81,6 +81,12 @@ class _Verifier:
         elif isinstance(x, ScalarArg):
             if x.name not in self.traced.scalar_args:
                 raise self.fail(op, f"{x} is not a scalar argument of the kernel")
+        elif isinstance(x, ScalarLoad):
+            arg = self.arg_names.get(x.tensor)
+            if arg is None or len(x.coords) != arg.rank:
+                raise self.fail(op, f"{x} does not index every dim of a tensor argument")
+            for c in x.coords:
+                self.check_scalar(c, op)
         elif not isinstance(x, Scalar):
             raise self.fail(op, f"{x!r} is not a kernel scalar")
 

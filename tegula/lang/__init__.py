@@ -9,6 +9,7 @@ records a tile IR op (tegula.ir). The pieces, one job per file:
 * `elementwise` — operators, math functions, `where`, casts, `assign`;
 * `ops`         — making tiles, `copy`, `load`, `gemm`, reductions, `rearrange`, atomics;
 * `indexing`    — coordinates (`arange`, `indices`), `t[None, :]`, rank promotion;
+* `scalars`     — grid sizes, the SM count, scalar `min`/`max`, scalar loads (`offsets[e]`);
 * `control`     — `range`, `pipeline`, `if_`, `else_`;
 * `carry`       — names rebound inside those blocks: carried values, and the errors.
 
@@ -29,13 +30,15 @@ from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maxi
                                      rsqrt, sigmoid, sin, sqrt, tanh, where)
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
 from tegula.lang.indexing import arange, indices
+from tegula.lang.scalars import num_programs, num_sms
 from tegula.lang.ops import (argmax, argmin, atomic_add, block_id, copy, fill, full, gemm, load,
                              rearrange, reduce, reduce_max, reduce_min, reduce_sum, register,
                              shared, zeros)
 from tegula.lang.tensors import (GlobalTensor, GlobalView, RegisterValue, SharedBuffer,
                                  SharedView)
 
-__all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id", "cdiv",
+__all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
+           "num_programs", "num_sms", "cdiv",
            "shared", "register", "zeros", "full", "fill", "copy", "load", "gemm", "cast",
            "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "sin",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",

@@ -26,34 +26,56 @@ class RuntimeLoop:
         self.label = label
         self.start = index_value(start, label, "the loop start")
         self.stop = index_value(stop, label, "the loop stop")
-        if isinstance(step, Scalar) or isinstance(step, bool) or not isinstance(step, int):
-            raise fail(label, f"the step must be a Python int known at trace time, got {step!r}")
-        if step == 0:
+        if isinstance(step, Scalar) and label != "tg.range":
+            raise fail(label, f"the step must be a Python int known at trace time, got {step} "
+                              f"(a run-time step is for tg.range)")
+        if not isinstance(step, Scalar) and (isinstance(step, bool) or
+                                             not isinstance(step, int)):
+            raise fail(label, f"the step must be an int or a kernel scalar, got {step!r}")
+        if not isinstance(step, Scalar) and step == 0:
             raise fail(label, "the step must not be zero")
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
             raise fail(label, f"stages must be a positive integer, got {stages!r}")
         self.step, self.stages = step, stages
         self.loc = user_location()
 
-    def __iter__(self) -> Iterator[LoopIndex]:
+    def __iter__(self) -> Iterator[Scalar]:
         ctx = current(self.label)
         var = LoopIndex(ctx.fresh_name("i"))
-        loop = ForLoop(var=var, start=self.start, stop=self.stop, step=self.step, body=[],
+        if isinstance(self.step, Scalar):
+            # A run-time step: count iterations j = 0 … trips-1 and give the body
+            # start + j * step (so lowering, pipelining and the cost model keep loops of
+            # constant step).
+            start, stop, step = 0, _trip_count(self.start, self.stop, self.step), 1
+            index = self.start + var * self.step
+        else:
+            start, stop, step, index = self.start, self.stop, self.step, var
+        loop = ForLoop(var=var, start=start, stop=stop, step=step, body=[],
                        stages=self.stages, loc=self.loc)
         ctx.emit(loop)
         entry = BlockEntry.capture(ctx)  # the locals of the frame running the `for`
         scope = ctx.open_block(loop.body, self.label, self.loc)
         ctx.loop_scopes[id(var)] = scope
-        return _trace_body_once(ctx, loop, self.label, entry, scope)
+        return _trace_body_once(ctx, loop, index, self.label, entry, scope)
 
 
-def _trace_body_once(ctx: TraceContext, loop: ForLoop, label: str, entry: BlockEntry,
-                     scope: Scope) -> Iterator[LoopIndex]:
+def _trip_count(start: Scalar | int, stop: Scalar | int, step: Scalar) -> Scalar:
+    """Iterations of `range(start, stop, step)` for a run-time step, as Python counts them:
+    ceil((stop - start) / step) when positive, else 0 — for either sign of the step —
+    and 0 for a zero step (which Python refuses; at run time there is no one to tell)."""
+    from tegula.lang.scalars import scalar_extremum
+    trips = scalar_extremum("max", 0, 0 - (start - stop) // step)  # ceil by floor division
+    nonzero = scalar_extremum("min", 1, scalar_extremum("max", step, 0 - step))  # 0 or 1
+    return trips * nonzero
+
+
+def _trace_body_once(ctx: TraceContext, loop: ForLoop, index: Scalar, label: str,
+                     entry: BlockEntry, scope: Scope) -> Iterator[Scalar]:
     """Yield the loop index once; the user's body runs between the yield and the resume.
     Names the body rebound are then carried to the next iteration (tegula.lang.carry)."""
     resumed = False
     try:
-        yield loop.var
+        yield index
         resumed = True
     finally:
         if not resumed and ctx.innermost_block is loop.body:
@@ -69,9 +91,11 @@ def _trace_body_once(ctx: TraceContext, loop: ForLoop, label: str, entry: BlockE
     retarget()
 
 
-def runtime_range(start: Any, stop: Any = None, step: int = 1) -> RuntimeLoop:
+def runtime_range(start: Any, stop: Any = None, step: Any = 1) -> RuntimeLoop:
     """A run-time loop `for k in tg.range(n)` / `tg.range(start, stop, step)`: the body is
-    traced once with a symbolic index. Exported as `tg.range`; Python's `range` unrolls."""
+    traced once with a symbolic index. Exported as `tg.range`; Python's `range` unrolls.
+    Start, stop and step may be kernel scalars (a persistent loop: `tg.range(
+    tg.block_id(0), tiles, tg.num_programs(0))`); a run-time step of 0 runs no iteration."""
     if stop is None:
         start, stop = 0, start
     return RuntimeLoop("tg.range", start, stop, step, 1)

@@ -15,6 +15,7 @@ from typing import Any
 from tegula.dtypes import DType, bool_
 from tegula.ir.ops import Copy, Elementwise, Fill
 from tegula.ir.scalar import Condition, Scalar
+from tegula.lang.scalars import scalar_extremum
 from tegula.ir.values import RegisterTile, Tile, describe
 from tegula.lang.indexing import promote_ranks
 from tegula.lang.tensors import (RegisterValue, TileHandle, new_register_tile, same_shape,
@@ -275,12 +276,18 @@ abs_ = _unary_function("abs")
 
 
 def maximum(a: Any, b: Any) -> RegisterValue:
-    """Element-wise maximum of two tiles (or a tile and a number)."""
+    """Element-wise maximum of two tiles (or a tile and a number); of two kernel scalars
+    (or a scalar and an int), the scalar maximum (tegula.lang.scalars)."""
+    if not _is_tile_like(a) and not _is_tile_like(b):
+        return scalar_extremum("max", a, b)
     return binary("max", a, b)
 
 
 def minimum(a: Any, b: Any) -> RegisterValue:
-    """Element-wise minimum of two tiles (or a tile and a number)."""
+    """Element-wise minimum of two tiles (or a tile and a number); of two kernel scalars
+    (or a scalar and an int), the scalar minimum."""
+    if not _is_tile_like(a) and not _is_tile_like(b):
+        return scalar_extremum("min", a, b)
     return binary("min", a, b)
 
 

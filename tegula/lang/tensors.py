@@ -178,9 +178,9 @@ class GlobalView(TileHandle):
                 raise fail(op, f"index {k} is outside dim of extent {dim.extent} of "
                                f"{describe(self.ir)}")
             origin[td] = origin[td] + k * dim.step
-        if not dims:
-            raise fail(op, f"indexing every dim of {describe(self.ir)} leaves no tile; "
-                           f"keep at least one dim with ':'")
+        if not dims:  # every dim indexed: one element, loaded as a kernel scalar
+            from tegula.lang.scalars import scalar_load
+            return scalar_load(self, origin)
         return self._derive(origin, dims)
 
     def _expand_index(self, index: Any, op: str) -> list:

@@ -122,6 +122,8 @@ class TraceContext:
         self.branch_scopes: dict[int, Scope] = {}           # id(IfThen) -> its tg.if_ block
         self.loop_scopes: dict[int, Scope] = {}             # id(LoopIndex) -> its loop body
         self.block_indices: dict = {}        # grid axis -> its BlockIndex (one object each)
+        self.grid_sizes: dict = {}           # grid axis -> its GridSize (tg.num_programs)
+        self.sm_count = None                 # the SMCount of tg.num_sms(), once made
         self._counters: dict[str, int] = {}
         # An error noticed where it cannot be raised (a generator being closed by `break`);
         # the driver raises it when the body returns.

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, ScalarConst,
-                              TensorExtent)
+from tegula.ir.scalar import (BlockIndex, GridSize, LoopIndex, ScalarArg, ScalarBinOp,
+                              ScalarConst, ScalarLoad, SMCount, TensorExtent)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.layout.cute import Layout
 from tegula.layout.swizzle import ComposedLayout
-from tegula.lower.thread_ir import (BLOCK_IDS, TID, Const, Expr, Let, Var, all_of, as_expr)
+from tegula.lower.thread_ir import (BLOCK_IDS, GRID_SIZES, NUM_SMS, TID, Const, Expr, Let,
+                                    LoadScalar, Var, _bin, all_of, as_expr)
+
+#: A kernel scalar's operator -> its index operator. The user's `//` and `%` may see
+#: negative or zero operands, so they keep floor semantics (`floordiv`, `mod`) instead of
+#: the C division lowering uses on its own non-negative values.
+_SCALAR_OPS = {"+": "+", "-": "-", "*": "*", "//": "floordiv", "%": "mod",
+               "min": "min", "max": "max"}
 
 
 def scalar_expr(x) -> Expr:
@@ -32,6 +39,10 @@ def scalar_expr(x) -> Expr:
         return Const(x.value)
     if isinstance(x, BlockIndex):
         return BLOCK_IDS[x.axis]
+    if isinstance(x, GridSize):
+        return GRID_SIZES[x.axis]
+    if isinstance(x, SMCount):
+        return NUM_SMS
     if isinstance(x, LoopIndex):
         return Var(x.name)
     if isinstance(x, TensorExtent):
@@ -39,10 +50,15 @@ def scalar_expr(x) -> Expr:
     if isinstance(x, ScalarArg):
         return Var(x.name)
     if isinstance(x, ScalarBinOp):
-        lhs, rhs = scalar_expr(x.lhs), scalar_expr(x.rhs)
-        return {"+": lhs + rhs, "-": lhs - rhs, "*": lhs * rhs, "//": lhs // rhs,
-                "%": lhs % rhs}[x.op]
+        return _bin(_SCALAR_OPS[x.op], scalar_expr(x.lhs), scalar_expr(x.rhs))
+    if isinstance(x, ScalarLoad):
+        return scalar_load_expr(x)
     raise TypeError(f"not a kernel scalar: {x!r}")
+
+
+def scalar_load_expr(x: ScalarLoad) -> Expr:
+    """`tensor[coords]` as an index expression (thread_ir.LoadScalar)."""
+    return LoadScalar(x.tensor, tuple(scalar_expr(c) for c in x.coords), x.dtype)
 
 
 def condition_expr(cond) -> Expr:

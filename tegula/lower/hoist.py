@@ -17,18 +17,26 @@ from __future__ import annotations
 import dataclasses
 from itertools import count
 
-from tegula.lower.thread_ir import (BinOp, Const, Expr, For, If, Let, Reg, Select, Stmt, Value,
-                                    Var, _bin)
+from tegula.lower.thread_ir import (BinOp, Const, Expr, For, If, Let, LoadScalar, Reg, Select,
+                                    Stmt, Value, Var, _bin)
+
+
+#: What `variables` reports for a load from memory (LoadScalar): never in a Let's or an
+#: expression's invariant part, since an address valid only inside a loop or branch (or
+#: memory written in the loop) must not be read before it.
+MEMORY = "<memory>"
 
 
 def variables(expr: Expr) -> set[str]:
-    """Names of the variables an index expression reads."""
+    """Names of the variables an index expression reads (`MEMORY` for a load)."""
     if isinstance(expr, Var):
         return {expr.name}
     if isinstance(expr, BinOp):
         return variables(expr.lhs) | variables(expr.rhs)
     if isinstance(expr, Select):
         return variables(expr.cond) | variables(expr.if_true) | variables(expr.if_false)
+    if isinstance(expr, LoadScalar):
+        return {MEMORY}.union(*(variables(c) for c in expr.coords))
     return set()
 
 
@@ -71,7 +79,7 @@ class LoopHoister:
 
     def loop(self, loop: For) -> list[Stmt]:
         inner = self.body(loop.body)  # inside out: inner loops first
-        variant = {loop.var.name} | _bound_inside(inner)
+        variant = {loop.var.name, MEMORY} | _bound_inside(inner)
         hoisted: list[Let] = []
         kept: list[Stmt] = []
         for s in inner:
@@ -82,7 +90,7 @@ class LoopHoister:
                 kept.append(s)
         # Variables of hoisted Lets are defined outside now, so expressions using them may
         # become invariant; recompute what varies.
-        variant = {loop.var.name} | _bound_inside(kept)
+        variant = {loop.var.name, MEMORY} | _bound_inside(kept)
         new_body = [self._rewrite(s, variant, hoisted) for s in kept]
         return hoisted + [dataclasses.replace(loop, body=new_body)]
 

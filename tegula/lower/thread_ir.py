@@ -24,6 +24,7 @@ The vocabulary is deliberately small:
 Variable names used by lowering:
   `tid`                  thread index in the block (0 … threads-1)
   `bid_x`, `bid_y`, `bid_z` block indices
+  `tg_grid_x`, `tg_grid_y`, `tg_grid_z` the grid's block counts; `tg_num_sms` the SM count
 
 Asynchronous operations, mbarriers, TMA, wgmma and warp roles are in `lower/async_ir.py`.
   `{tensor}_shape{i}`, `{tensor}_stride{i}`  a global tensor parameter's extents/strides (elements)
@@ -41,12 +42,15 @@ from tegula.dtypes import DType
 # --------------------------------------------------------------------------------------
 
 #: Binary operators of index expressions, with their C spelling. `//` and `%` are C's
-#: truncating division on non-negative operands (lowering only divides non-negative values).
+#: truncating division on non-negative operands (lowering only divides non-negative values
+#: of its own making). `floordiv` and `mod` are the user's kernel-scalar `//` and `%`, whose
+#: operands may be negative or zero: floor semantics as on tiles (`x // 0 == -1`,
+#: `x % 0 == x`), the helpers `tg_floordiv` / `tg_mod` in CUDA.
 INDEX_BINARY_OPS = {
     "+": "+", "-": "-", "*": "*", "//": "/", "%": "%",
     "<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!=",
     "and": "&&", "or": "||", "&": "&", "|": "|", "^": "^", "<<": "<<", ">>": ">>",
-    "min": "min", "max": "max",
+    "min": "min", "max": "max", "floordiv": "tg_floordiv", "mod": "tg_mod",
 }
 
 
@@ -95,7 +99,7 @@ class BinOp(Expr):
     rhs: Expr
 
     def __str__(self) -> str:
-        if self.op in ("min", "max"):
+        if self.op in ("min", "max", "floordiv", "mod"):
             return f"{self.op}({self.lhs}, {self.rhs})"
         return f"({self.lhs} {self.op} {self.rhs})"
 
@@ -112,12 +116,44 @@ class Select(Expr):
         return f"({self.cond} ? {self.if_true} : {self.if_false})"
 
 
+@dataclass(frozen=True, eq=True)
+class LoadScalar(Expr):
+    """The element at coordinate `coords` (one Expr per dim) of integer global tensor
+    `tensor`, read by every thread where the expression is evaluated (a kernel scalar
+    loaded from memory: MoE offsets, variable lengths). Its address is
+    `sum(coords[d] * {tensor}_stride{d})`; the emulator checks each coordinate against the
+    extent. Never hoisted out of a loop or branch: the address may only be valid inside."""
+
+    tensor: str
+    coords: tuple
+    dtype: DType
+
+    def __str__(self) -> str:
+        return f"{self.tensor}[{', '.join(str(c) for c in self.coords)}]"
+
+
 ExprLike = Union[Expr, int]
 
 TID = Var("tid")
 BLOCK_IDS = (Var("bid_x"), Var("bid_y"), Var("bid_z"))
+#: The grid's block counts (CUDA `gridDim`) and the device's SM count, read at run time.
+#: (`tg_` names: user parameters cannot take them, the emitter refuses the prefix.)
+GRID_SIZES = (Var("tg_grid_x"), Var("tg_grid_y"), Var("tg_grid_z"))
+NUM_SMS = Var("tg_num_sms")
+
+
+def floor_div(a: int, b: int) -> int:
+    """The index operator `floordiv` on ints (floor division; `a // 0 == -1`)."""
+    return -1 if b == 0 else a // b
+
+
+def floor_mod(a: int, b: int) -> int:
+    """The index operator `mod` on ints (divisor's sign; `a % 0 == a`)."""
+    return a if b == 0 else a % b
+
 
 _FOLD = {
+    "floordiv": floor_div, "mod": floor_mod,
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
     "//": lambda a, b: a // b, "%": lambda a, b: a % b, "^": lambda a, b: a ^ b,
     "&": lambda a, b: a & b, "|": lambda a, b: a | b, "<<": lambda a, b: a << b,

@@ -312,9 +312,11 @@ class ProblemSize:
             return int(self.scalars[x.name])
         if isinstance(x, ScalarBinOp):
             a, b = self.value(x.lhs), self.value(x.rhs)
-            return {"+": a + b, "-": a - b, "*": a * b,
-                    "//": a // b if b else 0, "%": a % b if b else 0}[x.op]
-        raise _Unknown(str(x))  # a LoopIndex: an inner bound depending on an outer loop
+            return {"+": a + b, "-": a - b, "*": a * b, "min": min(a, b), "max": max(a, b),
+                    "//": a // b if b else -1, "%": a % b if b else a}[x.op]
+        # A LoopIndex (an inner bound depending on an outer loop), a grid size, the SM
+        # count or a value loaded from memory: not known to the model.
+        raise _Unknown(str(x))
 
 
 def _mentions_block(x) -> bool:

@@ -162,8 +162,8 @@ def test_control_flow_misuse():
             pass
     expect(kernel2(static_cond), "@if-static", "tg.if_", "Python `if`")
 
-    def bad_step(x, y, z):
-        for _ in tg.range(0, 8, tg.block_id(0)):  # @step
+    def bad_step(x, y, z):  # a kernel scalar is a valid step of tg.range, a float is not
+        for _ in tg.range(0, 8, 1.5):  # @step
             pass
     expect(kernel2(bad_step), "@step", "tg.range", "step")
 
