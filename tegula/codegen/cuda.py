@@ -11,6 +11,8 @@ loads and stores (`ld.global.nc` for read-only tensors, `LDG.E.128` in SASS) and
 words are packed/unpacked to registers with shifts that compile to nothing or `PRMT`.
 cp.async, ldmatrix, mma, shuffles and atomics are inline PTX; shared addresses for them
 come from one `__cvta_generic_to_shared` of the dynamic shared memory base.
+The asynchronous statements (mbarriers, TMA, wgmma, warp roles: `lower/async_ir.py`) are
+printed by `async_stmts.py`, a base class of the emitter.
 """
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ from tegula.lower.thread_ir import (
     SharedLoad, SharedStore, Shuffle, Stmt, TensorParam, ThreadKernel,
 )
 
+from tegula.codegen.async_stmts import AsyncStatements, tensor_maps, uses_async
 from tegula.codegen.expr import (
     CodegenError, ValuePrinter, element_bits, index_c, index_helpers, storage_type,
 )
-from tegula.codegen.params import param_list
+from tegula.codegen.params import TENSOR_MAP_STRUCT, param_list
 from tegula.codegen.ptx import VECTOR_TYPES, mma_instr, prelude
 
 _INDENT = "  "
@@ -94,7 +97,7 @@ def _access(count: int, dtype: DType, what: str) -> tuple[int, str, tuple]:
     return bits, ctype, fields
 
 
-class _Emitter:
+class _Emitter(AsyncStatements):
     """Prints one ThreadKernel; collects which PTX helpers the body uses."""
 
     def __init__(self, kernel: ThreadKernel, target: str):
@@ -108,6 +111,7 @@ class _Emitter:
         self.buffers = {b.name: b for b in kernel.shared}
         self.values = ValuePrinter(self.reg, index_c, self.used)
         self.temp_count = 0
+        self.sets_registers = False  # a role has max_registers (set by _Roles)
 
     # ---- the whole function ----------------------------------------------------------
 
@@ -118,6 +122,7 @@ class _Emitter:
         names = [spec.name for spec in param_list(self.kernel)]
         names += [r.name for r in self.kernel.registers] + [b.name for b in self.kernel.shared]
         names += [f"{b.name}_saddr" for b in self.kernel.shared]
+        names += [m.name + suffix for m in self.kernel.mbarriers for suffix in ("", "_saddr")]
         seen: set[str] = set(_RESERVED)
         for n in names:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) or n.startswith("tg_"):
@@ -140,12 +145,22 @@ class _Emitter:
                 "// Self-contained: f16/bf16 are held as unsigned short bits, f8 and 4-bit as",
                 "// unsigned char; arithmetic is in float/int and rounds with cvt.rn.",
                 VECTOR_TYPES]
+        if tensor_maps(self.kernel):
+            head.append(TENSOR_MAP_STRUCT)
         helpers = prelude(self.used)
         if helpers:
             head.append(helpers)
-        head.append(f'extern "C" __global__ void __launch_bounds__({self.kernel.threads})\n'
+        head.append(f'extern "C" __global__ void __launch_bounds__({self.launch_bounds()})\n'
                     f"{self.kernel.name}(\n    {params})\n{{")
         return "\n".join(head + self.declarations(body) + [body, "}", ""])
+
+    def launch_bounds(self) -> str:
+        """`threads`, or `threads, 1` when a role sets its register budget (`setmaxnreg`
+        adjusts from what ptxas allocated; one block per SM makes that the block's even
+        share of the register file, which `set_max_registers` compares against)."""
+        if self.sets_registers:
+            return f"{self.kernel.threads}, 1"
+        return str(self.kernel.threads)
 
     def declarations(self, body: str) -> list[str]:
         """Index variables, shared-memory views and register arrays the body refers to."""
@@ -161,9 +176,12 @@ class _Emitter:
                 out.append(f"{_INDENT}const int {name} = {init};")
         if used("tg_num_sms"):  # tg.num_sms(): PTX's SM-identifier count, read at run time
             out.append(f'{_INDENT}int tg_num_sms; asm("mov.u32 %0, %%nsmid;" : "=r"(tg_num_sms));')
-        if self.kernel.shared:
-            out.append(f"{_INDENT}extern __shared__ __align__(128) unsigned char smem[];")
-            if any(used(f"{b.name}_saddr") for b in self.kernel.shared):
+        mbarriers = self.kernel.mbarriers
+        if self.kernel.shared or mbarriers:
+            # 128-byte swizzle (TMA boxes, wgmma operands) addresses 1024-byte atoms.
+            align = 1024 if uses_async(self.kernel) else 128
+            out.append(f"{_INDENT}extern __shared__ __align__({align}) unsigned char smem[];")
+            if any(used(f"{b.name}_saddr") for b in self.kernel.shared + mbarriers):
                 out.append(f"{_INDENT}// shared-window address of smem, for cp.async/ldmatrix")
                 out.append(f"{_INDENT}const unsigned smem_saddr = "
                            f"(unsigned)__cvta_generic_to_shared(smem);")
@@ -176,6 +194,13 @@ class _Emitter:
                 if used(f"{b.name}_saddr"):
                     out.append(f"{_INDENT}const unsigned {b.name}_saddr = "
                                f"smem_saddr + {b.byte_offset}u;")
+            for m in mbarriers:
+                if m.byte_offset % 8:
+                    raise CodegenError(f"mbarrier array {m.name} at byte {m.byte_offset} of "
+                                       f"shared memory: mbarriers are 8-byte aligned")
+                if used(f"{m.name}_saddr"):
+                    out.append(f"{_INDENT}const unsigned {m.name}_saddr = "
+                               f"smem_saddr + {m.byte_offset}u;  // {m.count} mbarriers")
         for r in self.kernel.registers:
             out.append(f"{_INDENT}{storage_type(r.dtype)} {r.name}[{r.size}];  // {r.dtype}")
         return out

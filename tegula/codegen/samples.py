@@ -4,10 +4,18 @@ Each function returns a `ThreadKernel` that exercises one family of statements, 
 way lowering would write it (explicit vector widths, predicates, fragment orders). They
 are deliberately small, and each has a numpy reference in its docstring so GPU tests can
 check every element.
+
+`ALL_SAMPLES` compile for every target; `HOPPER_SAMPLES` use the asynchronous statements
+(`lower/async_ir.py`: TMA, mbarriers, wgmma, warp roles) and compile for sm_90a only.
 """
 from __future__ import annotations
 
 from tegula.dtypes import DType, bf16, bool_, f16, f32, f8e4m3, i32
+from tegula.lower.async_ir import (
+    BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync, MBarrierArray, MBarrierArrive,
+    MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles, SmemDesc, TensorMapParam, TmaLoad,
+    TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
+)
 from tegula.lower.thread_ir import (
     TID, Assign, Barrier, Binary, BLOCK_IDS, Cast, Comment, Const, CpAsync, CpAsyncCommit,
     CpAsyncWait, For, GlobalAtomicAdd, GlobalLoad, GlobalStore, If, IndexValue, LdMatrix,
@@ -227,3 +235,134 @@ def elementwise_zoo(threads: int = 128) -> ThreadKernel:
 ALL_SAMPLES = {"vector_copy": vector_copy, "shared_transpose": shared_transpose,
                "cp_async_pipeline": cp_async_pipeline, "mma_ldmatrix": mma_ldmatrix,
                "warp_sum_of_squares": warp_sum_of_squares, "elementwise_zoo": elementwise_zoo}
+
+
+# --------------------------------------------------------------------------------------
+# Hopper: TMA, mbarriers, wgmma, warp roles (sm_90a)
+# --------------------------------------------------------------------------------------
+
+def tma_round_trip(rows: int = 64, cols: int = 32, threads: int = 128) -> ThreadKernel:
+    """`y = x + 1` for 2-D f32 tensors of any shape (x and y of one shape, rows contiguous),
+    through shared memory with TMA both ways: one thread arms an mbarrier with the box's
+    bytes and issues the load (128-byte swizzle; out-of-bounds elements arrive as zeros),
+    every thread waits on the barrier's phase 0, adds 1 to its elements in place (generic
+    proxy: the position in the swizzled box does not matter for an elementwise op), fences
+    the writes to the async proxy and one thread stores the box back (TMA does not write
+    out-of-bounds elements) and waits for the bulk group. Grid: (cdiv(C, cols), cdiv(R, rows)).
+    """
+    box = rows * cols
+    per_thread = box // threads // 4             # 16-byte vectors per thread
+    tile = SharedBuffer("tile", f32, box, 0)
+    bar = MBarrierArray("bar", 1, box * 4)
+    v, j, e = RegArray("v", f32, 4), Var("j"), Var("e")
+    one_thread = TID.eq(0)
+    coords = [BID_X * cols, BID_Y * rows]          # tensor-map order: column, then row
+    offset = (j * threads + TID) * 4
+    body = [Comment("init the mbarrier (one arrival: the producer's expect-tx)"),
+            MBarrierInit("bar", Const(0), 1, pred=one_thread), FenceBarrierInit(), Barrier(),
+            Comment("copy(x box, tile) by TMA"),
+            MBarrierArrive("bar", Const(0), pred=one_thread, tx_bytes=box * 4),
+            TmaLoad("tile", Const(0), "x_map", coords, "bar", Const(0), pred=one_thread),
+            MBarrierWait("bar", Const(0), parity=Const(0)),
+            Comment("tile += 1"),
+            For(j, Const(0), Const(per_thread), 1, [
+                SharedLoad(Reg(v, Const(0)), "tile", offset, 4),
+                For(e, Const(0), Const(4), 1, [
+                    Assign(Reg(v, e), Binary("add", RegRead(Reg(v, e)), Literal(1.0, f32),
+                                             f32))], unroll=True),
+                SharedStore("tile", offset, Reg(v, Const(0)), 4)], unroll=True),
+            FenceProxyAsync(), Barrier(),
+            Comment("copy(tile, y box) by TMA"),
+            TmaStore("y_map", coords, "tile", Const(0), pred=one_thread),
+            BulkCommit(), BulkWait(0, read_only=True)]
+    return ThreadKernel(
+        name="tg_tma_round_trip_f32", threads=threads,
+        params=[TensorParam("x", f32, 2),
+                TensorMapParam("x_map", "x", f32, dims=(1, 0), box=(cols, rows), swizzle=128),
+                TensorParam("y", f32, 2, writes=True),
+                TensorMapParam("y_map", "y", f32, dims=(1, 0), box=(cols, rows), swizzle=128)],
+        registers=[v], shared=[tile], body=body, mbarriers=[bar])
+
+
+def warp_specialized_gemm(block_n: int = 64, stages: int = 2) -> ThreadKernel:
+    """`c = a @ b.T` (a: (M, K) f16, b: (N, K) f16, both rows contiguous; c: (M, N) f32) for
+    any M, N, K, one 64 x `block_n` tile of c per block, with a producer warpgroup (TMA into
+    a ring of `stages` 128-byte-swizzled buffers, one thread issuing) and a consumer
+    warpgroup (`wgmma.m64n{block_n}k16` from shared-memory descriptors, accumulating in
+    registers) that meet at two mbarriers per stage: `full[s]` (one arrival with the
+    stage's transaction bytes, completed by TMA) and `empty[s]` (128 consumer arrivals
+    after the stage's wgmmas retired). Phase parity is `(kt // stages) % 2`; the producer
+    waits on `empty` with the opposite parity, which a fresh barrier passes at once.
+    Out-of-bounds elements of a box arrive as zeros (K need not divide 64); the epilogue
+    stores c directly from the accumulator fragment, predicated on the tensor's extent.
+    256 threads; grid (cdiv(N, block_n), cdiv(M, 64)).
+    """
+    bk = 64                                      # 64 f16 = 128 bytes: one swizzle span
+    a_elems, b_elems = 64 * bk, block_n * bk
+    sa = SharedBuffer("sa", f16, stages * a_elems, 0)
+    sb = SharedBuffer("sb", f16, stages * b_elems, stages * a_elems * 2)
+    bars_at = sb.byte_offset + stages * b_elems * 2
+    full = MBarrierArray("full", stages, bars_at)
+    empty = MBarrierArray("empty", stages, full.end)
+    acc = RegArray("acc", f32, block_n // 2)
+    kt, j, i, v = Var("kt"), Var("j"), Var("i"), Var("v")
+    stage, parity = kt % stages, (kt // stages) % 2
+    k_tiles = (Var("a_shape1") + (bk - 1)) // bk
+    issuer = TID.eq(128)
+    stage_bytes = (a_elems + b_elems) * 2
+
+    producer = [For(kt, Const(0), k_tiles, 1, [
+        MBarrierWait("empty", stage, parity=parity ^ 1),
+        MBarrierArrive("full", stage, pred=issuer, tx_bytes=stage_bytes),
+        TmaLoad("sa", stage * a_elems, "a_map", [kt * bk, BID_Y * 64], "full", stage,
+                pred=issuer),
+        TmaLoad("sb", stage * b_elems, "b_map", [kt * bk, BID_X * block_n], "full", stage,
+                pred=issuer)])]
+
+    def desc(buffer: str, elems: int) -> SmemDesc:
+        # k-step j of the stage: +16 elements (32 bytes) inside the 128-byte swizzle span;
+        # 8-row core-matrix groups are 1024 bytes apart.
+        return SmemDesc(buffer, stage * elems + j * 16, leading_bytes=16, stride_bytes=1024,
+                        swizzle=128)
+
+    fragment = [Reg(acc, Const(x)) for x in range(block_n // 2)]
+    consumer = [For(kt, Const(0), k_tiles, 1, [
+        MBarrierWait("full", stage, parity=parity),
+        WgmmaFence(),
+        For(j, Const(0), Const(bk // 16), 1, [
+            Wgmma(f"wgmma.m64n{block_n}k16.f32.f16.f16", d=fragment, a=desc("sa", a_elems),
+                  b=desc("sb", b_elems), scale_d=Const(0).lt(kt * (bk // 16) + j))],
+            unroll=True),
+        WgmmaCommit(), WgmmaWait(0),
+        MBarrierArrive("empty", stage)])]
+    # The accumulator fragment of warp w, lane l: value v is c[16w + l/4 + 8((v/2)%2),
+    # 2(l%4) + v%2 + 8(v/4)] (PTX ISA, wgmma D fragment; tests check it against acc_tv).
+    row = BID_Y * 64 + (TID // 32) * 16 + (TID % 32) // 4 + ((v // 2) % 2) * 8
+    col = BID_X * block_n + (TID % 4) * 2 + v % 2 + (v // 4) * 8
+    # K == 0 leaves no k-step to clear the accumulators: start them at zero.
+    consumer = [For(i, Const(0), Const(block_n // 2), 1,
+                    [Assign(Reg(acc, i), Literal(0.0, f32))], unroll=True)] + consumer + [
+        NamedBarrier(1, 128),
+        For(v, Const(0), Const(block_n // 2), 1, [
+            GlobalStore("c", row * Var("c_stride0") + col * Var("c_stride1"), Reg(acc, v), 1,
+                        pred=all_of([row.lt(Var("c_shape0")), col.lt(Var("c_shape1"))]))],
+            unroll=True)]
+    init = [MBarrierInit("full", Const(s), 1, pred=TID.eq(0)) for s in range(stages)]
+    init += [MBarrierInit("empty", Const(s), 128, pred=TID.eq(0)) for s in range(stages)]
+    body = [Comment("init the stage barriers"), *init, FenceBarrierInit(), Barrier(),
+            Roles([Role("consumer", TID.lt(128), consumer, max_registers=232,
+                        loc="warp_specialized_gemm: consumer warpgroup"),
+                   Role("producer", TID.ge(128), producer, max_registers=40,
+                        loc="warp_specialized_gemm: producer warpgroup")])]
+    maps = dict(dims=(1, 0), swizzle=128)
+    return ThreadKernel(
+        name=f"tg_ws_gemm_f16_64x{block_n}", threads=256,
+        params=[TensorParam("a", f16, 2), TensorMapParam("a_map", "a", f16, box=(bk, 64), **maps),
+                TensorParam("b", f16, 2),
+                TensorMapParam("b_map", "b", f16, box=(bk, block_n), **maps),
+                TensorParam("c", f32, 2, writes=True)],
+        registers=[acc], shared=[sa, sb], body=body, mbarriers=[full, empty])
+
+
+HOPPER_SAMPLES = {"tma_round_trip": tma_round_trip,
+                  "warp_specialized_gemm": warp_specialized_gemm}

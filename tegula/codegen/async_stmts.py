@@ -1,0 +1,323 @@
+"""CUDA for the asynchronous thread IR (`lower/async_ir.py`): mbarriers, TMA, bulk groups,
+proxy fences, wgmma with shared-memory descriptors, named barriers and warp roles.
+
+Every PTX instruction is printed by its `tegula.arch` catalogue entry (`format_asm`); this
+module only decides the C around it — which thread issues it, the wait loop around
+`mbarrier.try_wait`, the run-time part of a wgmma descriptor, the branches of `Roles` —
+and checks what would otherwise compile into a kernel that hangs or reads the wrong bytes:
+a statement the target lacks (`CodegenError` naming the statement and the target), a
+barrier index past its array, a swizzled buffer that is not aligned to its swizzle atom, a
+`__syncthreads` inside a role.
+
+Shared addresses are 32-bit shared-window addresses: `smem_saddr` (one
+`__cvta_generic_to_shared` of the dynamic shared memory base, which is declared
+`__align__(1024)` in kernels using these statements, as 128-byte swizzle needs) plus the
+buffer's or mbarrier array's byte offset.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tegula.arch import tma as tma_entries
+from tegula.arch import wgmma as wgmma_entries
+from tegula.arch.smem_matrix import SWIZZLE_MODES, encode_descriptor, swizzle_atom_bytes
+from tegula.arch.tma import check_tma_box, get_async
+from tegula.errors import TegulaError
+from tegula.lower.async_ir import (
+    ASYNC_STATEMENTS, BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
+    MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, Roles, SmemDesc, TensorMapParam,
+    TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
+)
+from tegula.lower.thread_ir import Barrier, Const, Expr, Reg, ThreadKernel, walk
+
+from tegula.codegen.expr import CodegenError, index_c
+
+
+def uses_async(kernel: ThreadKernel) -> bool:
+    """Whether `kernel` has mbarriers or any asynchronous statement (then the dynamic shared
+    memory base is aligned to 1024 bytes and the sm_90 checks apply)."""
+    return bool(kernel.mbarriers) or any(isinstance(s, ASYNC_STATEMENTS)
+                                         for s in walk(kernel.body))
+
+
+def tensor_maps(kernel: ThreadKernel) -> dict[str, TensorMapParam]:
+    return {p.name: p for p in kernel.params if isinstance(p, TensorMapParam)}
+
+
+def _statement_name(s) -> str:
+    return type(s).__name__
+
+
+class AsyncStatements:
+    """Print rules for the `async_ir` statements; a base of the CUDA emitter (`cuda.py`),
+    which provides `kernel`, `target`, `line`, `block`, `reg`, `shared_buffer`,
+    `shared_saddr` and `temp`."""
+
+    # ---- targets and entries ---------------------------------------------------------
+
+    def entry(self, name: str, stmt):
+        """The catalogue entry `name` (`tegula.arch.tma.get_async`: mbarriers, TMA, bulk
+        groups, fences, named barriers, setmaxnreg, wgmma ordering) for statement `stmt`,
+        checked against the target."""
+        try:
+            instr = get_async(name)
+        except TegulaError as e:
+            raise CodegenError(f"{_statement_name(stmt)}: {e}") from None
+        return self.require(instr, stmt)
+
+    def require(self, instr, stmt):
+        """`instr` if the target has it (the entry's own `available_on`: wgmma and
+        setmaxnreg need the arch-specific sm_90a); else a `CodegenError` naming the
+        statement, the instruction and the target."""
+        target = SimpleNamespace(cc=self.sm, arch_suffix="a" if self.target.endswith("a")
+                                 else "")
+        if not instr.available_on(target):
+            raise CodegenError(
+                f"{_statement_name(stmt)} ({instr.ptx}) cannot be compiled for "
+                f"{self.target} (kernel {self.kernel.name}): TMA, mbarriers, bulk groups "
+                f"and proxy fences need sm_90, wgmma and setmaxnreg sm_90a")
+        return instr
+
+    # ---- addresses -------------------------------------------------------------------
+
+    def mbarrier(self, name: str, index: Expr, stmt) -> str:
+        """32-bit shared address of mbarrier `name[index]`."""
+        arrays = {m.name: m for m in self.kernel.mbarriers}
+        array: MBarrierArray | None = arrays.get(name)
+        if array is None:
+            raise CodegenError(f"{_statement_name(stmt)} names mbarrier array {name!r}, which "
+                               f"is not in kernel {self.kernel.name}'s mbarriers")
+        if isinstance(index, Const) and not 0 <= index.value < array.count:
+            raise CodegenError(f"{_statement_name(stmt)}: mbarrier {name}[{index.value}] is "
+                               f"outside its {array.count} barriers")
+        if isinstance(index, Const):
+            return f"{name}_saddr + {8 * index.value}u" if index.value else f"{name}_saddr"
+        return f"{name}_saddr + (unsigned)({index_c(index)}) * 8u"
+
+    def tensor_map(self, name: str, stmt) -> TensorMapParam:
+        tmap = tensor_maps(self.kernel).get(name)
+        if tmap is None:
+            raise CodegenError(f"{_statement_name(stmt)} names tensor map {name!r}, which is "
+                               f"no TensorMapParam of kernel {self.kernel.name}")
+        return tmap
+
+    def swizzled_buffer(self, buffer: str, swizzle: int, dtype, stmt):
+        """The shared buffer an async-proxy access with `swizzle` reads or writes, checked:
+        element type, and (swizzled) a base aligned to the 8-row swizzle atom, since the
+        hardware swizzles absolute shared addresses."""
+        b = self.shared_buffer(buffer)
+        if swizzle not in SWIZZLE_MODES:
+            raise CodegenError(f"{_statement_name(stmt)}: swizzle {swizzle} bytes is not one "
+                               f"of {SWIZZLE_MODES}")
+        if dtype is not None and b.dtype.bits != dtype.bits:
+            raise CodegenError(f"{_statement_name(stmt)}: shared buffer {b.name} holds "
+                               f"{b.dtype}, the operation moves {dtype}")
+        atom = swizzle_atom_bytes(swizzle)
+        if b.byte_offset % atom:
+            raise CodegenError(f"{_statement_name(stmt)}: shared buffer {b.name} starts at byte "
+                               f"{b.byte_offset}, not a multiple of {atom} (the "
+                               f"{swizzle or 'un'}-swizzled atom the hardware addresses)")
+        return b
+
+    def guarded(self, pred: Expr | None, text: str) -> None:
+        self.line(text if pred is None else f"if ({index_c(pred)}) {text}")
+
+    # ---- mbarriers -------------------------------------------------------------------
+
+    def _MBarrierInit(self, s: MBarrierInit) -> None:
+        if not 1 <= s.count < (1 << 20):
+            raise CodegenError(f"MBarrierInit: arrival count {s.count} of {s.barrier} is "
+                               f"outside 1 .. 2^20-1")
+        self.guarded(s.pred, self.entry("mbarrier.init", s).format_asm(
+            bar=self.mbarrier(s.barrier, s.index, s), count=f"{s.count}u"))
+
+    def _FenceBarrierInit(self, s: FenceBarrierInit) -> None:
+        self.line(self.entry("fence.mbarrier_init.release.cluster", s).format_asm())
+
+    def _MBarrierArrive(self, s: MBarrierArrive) -> None:
+        bar = self.mbarrier(s.barrier, s.index, s)
+        if not 0 <= s.tx_bytes < (1 << 20):
+            raise CodegenError(f"MBarrierArrive: expect-tx of {s.tx_bytes} bytes on "
+                               f"{s.barrier} is outside 0 .. 2^20-1")
+        if s.tx_bytes:
+            text = self.entry("mbarrier.arrive.expect_tx", s).format_asm(
+                bar=bar, tx=f"{s.tx_bytes}u")
+        else:
+            text = self.entry("mbarrier.arrive", s).format_asm(bar=bar)
+        self.guarded(s.pred, text)
+
+    def _MBarrierWait(self, s: MBarrierWait) -> None:
+        # The entry's PTX retries try_wait until the phase has completed.
+        self.line(f"// wait: phase of {s.barrier}[{index_c(s.index)}] with parity "
+                  f"{index_c(s.parity)}")
+        self.line(self.entry("mbarrier.try_wait.parity", s).format_asm(
+            bar=self.mbarrier(s.barrier, s.index, s),
+            parity=f"(unsigned)({index_c(s.parity)})"))
+
+    # ---- TMA and bulk groups ---------------------------------------------------------
+
+    def tma_operands(self, s: TmaLoad | TmaStore) -> tuple[TensorMapParam, dict[str, object]]:
+        """The tensor map a TMA statement names and its asm operands: the buffer's shared
+        address (the box checked against the map: rank, element type, swizzle atom, the
+        entry's box rules), the map's generic address, the coordinates."""
+        tmap = self.tensor_map(s.tensor_map, s)
+        what = f"{_statement_name(s)} {s.tensor_map} <-> {s.buffer}"
+        if len(s.coords) != len(tmap.dims) or len(tmap.box) != len(tmap.dims):
+            raise CodegenError(f"{what}: {len(s.coords)} coordinates and a box of rank "
+                               f"{len(tmap.box)} for a rank-{len(tmap.dims)} tensor map")
+        b = self.swizzled_buffer(s.buffer, tmap.swizzle, tmap.dtype, s)
+        start = b.byte_offset
+        if isinstance(s.offset, Const):  # a run-time offset is lowering's to keep aligned
+            start += s.offset.value * b.dtype.bits // 8
+        try:
+            check_tma_box(tmap.box, tmap.dtype, tmap.swizzle, start)
+        except TegulaError as e:
+            raise CodegenError(f"{what}: {e}") from None
+        return tmap, {"tmap": f"reinterpret_cast<unsigned long long>(&{tmap.name})",
+                      "coords": [f"(int)({index_c(c)})" for c in s.coords],
+                      "smem": self.shared_saddr(b, s.offset)}
+
+    def _TmaLoad(self, s: TmaLoad) -> None:
+        tmap, ops = self.tma_operands(s)
+        if s.multicast:
+            raise CodegenError(f"TmaLoad {s.tensor_map} -> {s.buffer}: cluster multicast "
+                               f"(mask {s.multicast:#x}) is not emitted yet")
+        instr = self.require(tma_entries.tma_load(len(tmap.dims)), s)
+        self.guarded(s.pred, instr.format_asm(
+            dst=ops["smem"], tmap=ops["tmap"], coords=ops["coords"],
+            bar=self.mbarrier(s.barrier, s.barrier_index, s)))
+
+    def _TmaStore(self, s: TmaStore) -> None:
+        tmap, ops = self.tma_operands(s)
+        instr = self.require(tma_entries.tma_store(len(tmap.dims)), s)
+        self.guarded(s.pred, instr.format_asm(tmap=ops["tmap"], coords=ops["coords"],
+                                              src=ops["smem"]))
+
+    def _BulkCommit(self, s: BulkCommit) -> None:
+        self.line(self.entry("cp.async.bulk.commit_group", s).format_asm())
+
+    def _BulkWait(self, s: BulkWait) -> None:
+        read = ".read" if s.read_only else ""
+        self.line(self.entry(f"cp.async.bulk.wait_group{read}.{s.pending}", s).format_asm())
+
+    def _FenceProxyAsync(self, s: FenceProxyAsync) -> None:
+        self.line(self.entry("fence.proxy.async.shared::cta", s).format_asm())
+
+    # ---- wgmma -----------------------------------------------------------------------
+
+    def descriptor(self, desc: SmemDesc, dtype, s: Wgmma) -> str:
+        """The 64-bit matrix descriptor as a C expression: the catalogue's encoding of every
+        field but the start address (a compile-time constant), or-ed with the start
+        address's field, (shared address >> 4) & 0x3FFF, computed at run time."""
+        b = self.swizzled_buffer(desc.buffer, desc.swizzle, dtype, s)
+        try:
+            const = encode_descriptor(0, desc.leading_bytes, desc.stride_bytes, desc.swizzle)
+        except TegulaError as e:
+            raise CodegenError(f"Wgmma {s.instr}: descriptor of {desc.buffer}: {e}") from None
+        if isinstance(desc.offset, Const):
+            start = b.byte_offset + desc.offset.value * b.dtype.bits // 8
+            lines = swizzle_atom_bytes(desc.swizzle) // 128 if desc.swizzle else 1
+            if start % 16 or (start // 128) % lines:
+                raise CodegenError(
+                    f"Wgmma {s.instr}: operand in {desc.buffer} starts at shared byte {start}, "
+                    f"which is not 16-byte aligned inside the first 128-byte line of its "
+                    f"{desc.swizzle}-byte swizzle atom (that needs the descriptor's base "
+                    f"offset, which tegula does not use)")
+        saddr = self.shared_saddr(b, desc.offset)
+        return f"(0x{const:016x}ull | (unsigned long long)((({saddr}) >> 4) & 0x3FFFu))"
+
+    def _WgmmaFence(self, s: WgmmaFence) -> None:
+        self.line(self.entry("wgmma.fence", s).format_asm())
+
+    def _WgmmaCommit(self, s: WgmmaCommit) -> None:
+        self.line(self.entry("wgmma.commit_group", s).format_asm())
+
+    def _WgmmaWait(self, s: WgmmaWait) -> None:
+        self.line(self.entry(f"wgmma.wait_group.{s.pending}", s).format_asm())
+
+    def _Wgmma(self, s: Wgmma) -> None:
+        try:
+            instr = wgmma_entries.get_wgmma(s.instr)
+        except TegulaError as e:
+            raise CodegenError(f"Wgmma: {e}") from None
+        self.require(instr, s)
+        if isinstance(s.a, SmemDesc):
+            a: str | list[str] = self.descriptor(s.a, instr.a_dtype, s)
+        else:
+            a = self.wgmma_registers(s, list(s.a), instr.a_dtype, instr.a_values, "A")
+        d = self.wgmma_registers(s, s.d, instr.acc_dtype, instr.acc_values, "accumulator")
+        try:
+            text = instr.format_asm(d=d, a=a, b=self.descriptor(s.b, instr.b_dtype, s),
+                                    scale_d=index_c(s.scale_d), trans_a=s.trans_a,
+                                    trans_b=s.trans_b)
+        except TegulaError as e:
+            raise CodegenError(f"Wgmma: {e}") from None
+        self.line(text)
+
+    def wgmma_registers(self, s: Wgmma, regs: list[Reg], dtype, values: int,
+                        what: str) -> list[str]:
+        """One C expression per 32-bit asm operand of a fragment: the register itself for
+        32-bit types (an lvalue: accumulators are read-write), packed pairs otherwise
+        (A operands only: packed accumulators would need unpacking after the asm)."""
+        if len(regs) != values:
+            raise CodegenError(f"Wgmma {s.instr}: {len(regs)} {what} registers, the "
+                               f"instruction takes {values} values per thread")
+        for r in regs:
+            if r.array.dtype != dtype:
+                raise CodegenError(f"Wgmma {s.instr}: {what} register {r.array.name} holds "
+                                   f"{r.array.dtype}, the instruction needs {dtype}")
+        if dtype.bits == 32:
+            return [self.reg(r) for r in regs]
+        if what != "A":
+            raise CodegenError(f"Wgmma {s.instr}: {dtype} accumulators are not emitted yet "
+                               f"(f32 are)")
+        return self.mma_inputs(regs)  # packed into 32-bit words, element 0 low
+
+    # ---- thread groups ---------------------------------------------------------------
+
+    def _NamedBarrier(self, s: NamedBarrier) -> None:
+        if not 1 <= s.id <= 15:
+            raise CodegenError(f"NamedBarrier id {s.id}: ids are 1 to 15 (0 is "
+                               f"__syncthreads)")
+        if s.threads <= 0 or s.threads % 32 or s.threads > self.kernel.threads:
+            raise CodegenError(f"NamedBarrier {s.id}: {s.threads} threads is not a positive "
+                               f"multiple of 32 up to the block's {self.kernel.threads}")
+        self.line(self.entry("bar.sync", s).format_asm(id=str(s.id), threads=str(s.threads)))
+
+    def _Roles(self, s: Roles) -> None:
+        if not s.roles:
+            raise CodegenError("Roles with no role")
+        for i, role in enumerate(s.roles):
+            for inner in walk(role.body):
+                if isinstance(inner, Barrier):
+                    raise CodegenError(
+                        f"role {role.name!r} ({role.loc or 'no source line'}) contains a "
+                        f"__syncthreads (Barrier): the other roles never reach it, so the "
+                        f"block would hang; roles meet at mbarriers and named barriers")
+            keyword = "if" if i == 0 else "} else if"
+            self.line(f"{keyword} ({index_c(role.cond)}) {{  // role {role.name}"
+                      + (f": {role.loc}" if role.loc else ""))
+            if role.max_registers is not None:
+                self.depth += 1
+                self.line(self.set_max_registers(role, s))
+                self.depth -= 1
+            self.block(role.body)
+        self.line("}")
+
+    def set_max_registers(self, role, s: Roles) -> str:
+        """`setmaxnreg.inc` when the role asks for more than the block's even share of the
+        register file (what `__launch_bounds__(threads, 1)` lets ptxas allocate), `.dec`
+        otherwise."""
+        self.sets_registers = True  # launch bounds (threads, 1): see `register_share`
+        try:
+            instr = tma_entries.setmaxnreg(role.max_registers,
+                                           increase=role.max_registers > self.register_share())
+        except TegulaError as e:
+            raise CodegenError(f"role {role.name!r} ({role.loc or 'no source line'}): "
+                               f"{e}") from None
+        return self.require(instr, s).format_asm()
+
+    def register_share(self) -> int:
+        """Registers per thread of one block alone on an SM (65536 / threads, a multiple
+        of 8, at most 255): what ptxas allocates at most under `__launch_bounds__(threads, 1)`."""
+        return min(255, 65536 // self.kernel.threads) // 8 * 8
