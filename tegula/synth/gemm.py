@@ -256,20 +256,17 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
         return None, why
     scored.sort(key=lambda c: c[:3])
     _, _, _, atom, grid = scored[0]
-    n = _atom_n(atom)
+    n = atom.n
     c_tv = mma_tiled_tv(atom.acc_tv, (WGMMA_M, n), (bm, bn), grid, "c")
     repeats = (bm // (WGMMA_M * grid.wm), bn // (n * grid.wn), bk // k_step)
     return WgmmaPlan(atom, grid, c_tv, repeats, swizzles[0], swizzles[1],
-                     tuple((c[3].name, c[4], round(c[0][0], 1)) for c in scored)), ""
+                     tuple((c[3].name, f"{c[4].wm}x{c[4].wn} warpgroup grid",
+                            round(c[0][0], 1)) for c in scored)), ""
 
 
 def _wgmma_widths(n_per_group: int) -> list[int]:
     """wgmma N extents (multiples of 8, at most 256) that tile `n_per_group` columns."""
     return [n for n in range(8, WGMMA_MAX_N + 1, 8) if n_per_group % n == 0]
-
-
-def _atom_n(atom) -> int:
-    return atom.n
 
 
 def _wgmma_entry(op: Gemm, n: int):

@@ -47,6 +47,8 @@ class SynthesisResult:
     conversions: list = field(default_factory=list)
     shared_choices: dict = field(default_factory=dict)
     shared_offsets: dict = field(default_factory=dict)
+    #: Why a shared buffer has the layout it has, where an instruction decided (wgmma).
+    shared_reasons: dict = field(default_factory=dict)
 
     @property
     def shared_bytes(self) -> int:
@@ -338,6 +340,10 @@ def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
             # The swizzle works on absolute addresses: start on a swizzle atom.
             alloc.layout = fixed
             offset = -(-offset // WGMMA_BUFFER_ALIGN) * WGMMA_BUFFER_ALIGN
+            result.shared_reasons[alloc.id] = (
+                f"wgmma operand: the canonical K-major buffer its descriptors (and TMA boxes) "
+                f"address, {_swizzle_bytes_of(alloc)} B swizzle on rows of one swizzle span, "
+                f"aligned to {WGMMA_BUFFER_ALIGN} B")
         if entries:
             choice = synthesize_shared_layout(alloc, [a for _, _, a in entries], fixed)
             alloc.layout = choice.layout
@@ -419,7 +425,11 @@ def _loops_with_depth(ops: list, depth: int = 0):
 
 def _swizzle_bytes(tile) -> int:
     """The swizzle mode in bytes of a canonical wgmma buffer (its K row's bytes)."""
-    return tile.alloc.shape[-1] * tile.dtype.bits // 8
+    return _swizzle_bytes_of(tile.alloc)
+
+
+def _swizzle_bytes_of(alloc) -> int:
+    return alloc.shape[-1] * alloc.dtype.bits // 8
 
 
 def _check_shared_budget(result: SynthesisResult) -> None:

@@ -196,6 +196,18 @@ def test_waits_follow_the_ring_phases(two_warpgroups):
         assert issuing == []                     # only thread 0 issues
 
 
+def test_a_stage_is_refilled_only_after_a_block_barrier(two_warpgroups):
+    """The refill of stage (k-1) % S overwrites what every warpgroup's wgmmas of iteration
+    k-1 read: a block barrier must separate them (the emulator runs the warpgroups of one
+    role in lockstep, so only this structural check can see the barrier missing)."""
+    loop = next(s for s in two_warpgroups.thread_kernel.body if isinstance(s, For))
+    first_issue = next(i for i, s in enumerate(loop.body)
+                       if isinstance(s, If) and any(isinstance(t, TmaLoad) for t in s.then))
+    last_wait = max(i for i, s in enumerate(loop.body) if isinstance(s, WgmmaWait))
+    assert any(isinstance(s, Barrier) for s in loop.body[:first_issue])
+    assert last_wait > first_issue       # the wgmmas of this iteration come after the refill
+
+
 def test_last_iterations_issue_no_copy_past_the_loop(two_warpgroups):
     """K = 288 is 9 k-tiles: iterations 7 and 8 must not issue iterations 9 and 10 (a copy
     still in flight when the block exits)."""

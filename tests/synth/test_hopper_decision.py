@@ -179,3 +179,21 @@ def test_a_copy_with_a_nonzero_fill_is_not_tma():
     copies = copies_of(build(filled_gemm, {}, None, "sm_90a"))
     assert all(op.choices["instr"] != "tma" for op in copies)
     assert "fill 1.0 is not +0" in copies[0].choices["tma_skipped"]
+
+
+def test_explain_shows_the_hopper_decisions():
+    text = build(readme_gemm, dict(BM=128, BN=128, BK=32), None, "sm_90a").explain()
+    assert "wgmma.m64n128k16.f32.f16.f16 on a 1x1 warpgroup grid, 2x1x2 wgmmas" in text
+    assert "over: wgmma.m64n64k16.f32.f16.f16, 1x1 warpgroup grid" in text
+    assert text.count("TMA box 32x128") == 2 and "64 B swizzle, 8192 B per stage" in text
+    assert "TMA boxes into an mbarrier ring of 3" in text
+    assert text.count("because: wgmma operand: the canonical K-major buffer") == 2
+    assert "G2S      tma.load.2d" in text
+
+
+def test_explain_says_why_wgmma_or_tma_is_not_used():
+    text = build(readme_gemm, dict(BM=32, BN=64), None, "sm_90a").explain()
+    assert "wgmma not used: the 32x64 C tile does not split into 64xN" in text
+    facts = facts_with(a=dict(stride_divisors=(4, 16)))
+    text = build(readme_gemm, dict(BM=64, BN=64), facts, "sm_90a").explain()
+    assert "TMA not used: a's stride along dim 0 is not known" in text
