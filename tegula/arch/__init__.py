@@ -6,7 +6,14 @@
   (what `tg.gemm` may accumulate in), `vector_access(op, space,
   nbytes)`, `cp_async(nbytes)`, `cp_async_sizes(target)`, `ldmatrix(num, trans)`, `stmatrix(num, trans)`,
   `shuffle(mode)`.
-* Entries are frozen dataclasses (`MmaInstr`, `MemInstr`, `MatrixInstr`, `ShuffleInstr`)
+* Hopper: `get_wgmma(name)`, `wgmma_for(a, b, acc, n)` (`tegula.arch.wgmma`); TMA boxes,
+  mbarriers, bulk groups, fences, named barriers, setmaxnreg (`tegula.arch.tma`:
+  `tma_box_addresses`, `tma_box_copy`, `get_async`, `bulk_wait`, `wgmma_wait`,
+  `setmaxnreg`); shared-memory swizzle and wgmma descriptors, one definition for all
+  (`tegula.arch.smem_matrix`: `swizzle_bytes_address`, `encode_descriptor`,
+  `descriptor_element_addresses`, `canonical_smem_layout`, `operand_descriptor`).
+* Entries are frozen dataclasses (`MmaInstr`, `MemInstr`, `MatrixInstr`, `ShuffleInstr`,
+  `WgmmaInstr`, `AsyncInstr`)
   carrying operand TV layouts (`tegula.layout.Layout`), alignment, timing, and the PTX
   text through `format_asm(...)` (see `tegula.arch.instructions`).
 
@@ -22,7 +29,14 @@ from tegula.arch.instructions import (AsmOperand, Instruction, MatrixInstr, MemI
                                       ShuffleInstr, ptx_type, tv_table)
 from tegula.arch.memory import CP_ASYNC_COMMIT, cp_async_asm, cp_async_wait, matrix_tv
 from tegula.arch.mma import MMA_INSTRUCTIONS
+from tegula.arch.smem_matrix import (MatrixDescriptor, canonical_smem_layout,
+                                     decode_descriptor, descriptor_element_addresses,
+                                     encode_descriptor, operand_descriptor,
+                                     swizzle_bytes_address)
 from tegula.arch.targets import SM80, SM89, SM90A, TARGETS, Target, get_target, target_for_cc
+from tegula.arch.tma import (ASYNC_INSTRUCTIONS, AsyncInstr, bulk_wait, get_async, setmaxnreg,
+                             tma_box_addresses, tma_box_copy, tma_load, tma_store, wgmma_wait)
+from tegula.arch.wgmma import WGMMA_INSTRUCTIONS, WgmmaInstr, get_wgmma, wgmma_for
 
 __all__ = [
     "ALL_INSTRUCTIONS", "catalogue", "cp_async", "cp_async_sizes", "get_instruction", "get_mma", "ldmatrix",
@@ -30,7 +44,11 @@ __all__ = [
     "MatrixInstr", "MemInstr", "MmaInstr", "ShuffleInstr", "ptx_type", "tv_table",
     "CP_ASYNC_COMMIT", "cp_async_asm", "cp_async_wait", "matrix_tv", "MMA_INSTRUCTIONS",
     "SM80", "SM89", "SM90A", "TARGETS", "Target", "get_target", "target_for_cc",
-    "describe_mma",
+    "describe_mma", "MatrixDescriptor", "canonical_smem_layout", "decode_descriptor",
+    "descriptor_element_addresses", "encode_descriptor", "operand_descriptor",
+    "swizzle_bytes_address", "ASYNC_INSTRUCTIONS", "AsyncInstr", "bulk_wait", "get_async",
+    "setmaxnreg", "tma_box_addresses", "tma_box_copy", "tma_load", "tma_store", "wgmma_wait",
+    "WGMMA_INSTRUCTIONS", "WgmmaInstr", "get_wgmma", "wgmma_for",
 ]
 
 

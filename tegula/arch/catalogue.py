@@ -9,7 +9,14 @@ Names are the catalogue keys thread IR uses:
 * ``cp.async.cg.shared.global.16``, ``cp.async.ca.shared.global.4`` …,
   ``cp.async.commit_group``; ``cp.async.wait_group.N`` via `cp_async_wait(N)`;
 * ``ldmatrix.x4``, ``ldmatrix.x2.trans``, ``stmatrix.x1`` …;
-* ``shfl.sync.bfly.b32``, ``shfl.sync.idx.b32``, ``shfl.sync.down.b32``, ``shfl.sync.up.b32``.
+* ``shfl.sync.bfly.b32``, ``shfl.sync.idx.b32``, ``shfl.sync.down.b32``, ``shfl.sync.up.b32``;
+* Hopper (`tegula.arch.wgmma`, `tegula.arch.tma`): ``wgmma.m64n128k16.f32.f16.f16`` …;
+  ``tma.load.2d``, ``tma.load.2d.multicast``, ``tma.store.2d``, ``cp.async.bulk.commit_group``,
+  ``cp.async.bulk.wait_group[.read].N``, ``mbarrier.init``, ``mbarrier.arrive``,
+  ``mbarrier.arrive.expect_tx``, ``mbarrier.try_wait.parity``,
+  ``fence.proxy.async.shared::cta``, ``fence.mbarrier_init.release.cluster``,
+  ``wgmma.fence``, ``wgmma.commit_group``, ``wgmma.wait_group.N``, ``bar.sync``,
+  ``bar.arrive``, ``setmaxnreg.{inc,dec}.N``, ``elect.sync``.
 """
 from __future__ import annotations
 
@@ -20,24 +27,31 @@ from tegula.arch.instructions import Instruction, MatrixInstr, MemInstr, MmaInst
 from tegula.arch.memory import (MATRIX_INSTRUCTIONS, MEMORY_INSTRUCTIONS, SHUFFLE_INSTRUCTIONS,
                                 cp_async_wait)
 from tegula.arch.mma import MMA_INSTRUCTIONS
+from tegula.arch.tma import ASYNC_INSTRUCTIONS, get_async
+from tegula.arch.wgmma import WGMMA_INSTRUCTIONS
 from tegula.arch.targets import Target, get_target
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
 
 ALL_INSTRUCTIONS: tuple[Instruction, ...] = (
-    MMA_INSTRUCTIONS + MEMORY_INSTRUCTIONS + MATRIX_INSTRUCTIONS + SHUFFLE_INSTRUCTIONS)
+    MMA_INSTRUCTIONS + MEMORY_INSTRUCTIONS + MATRIX_INSTRUCTIONS + SHUFFLE_INSTRUCTIONS
+    + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS)
 
 _BY_NAME: Mapping[str, Instruction] = MappingProxyType({i.name: i for i in ALL_INSTRUCTIONS})
 _SHUFFLE_BY_IR_MODE = {s.ir_mode: s for s in SHUFFLE_INSTRUCTIONS}
 
 
 def get_instruction(name: str) -> Instruction:
-    """The entry called `name` (also accepts ``cp.async.wait_group.N``)."""
+    """The entry called `name` (also accepts ``cp.async.wait_group.N`` and the
+    parametrised Hopper names of `tegula.arch.tma.get_async`)."""
     found = _BY_NAME.get(name)
     if found is not None:
         return found
     if name.startswith("cp.async.wait_group."):
         return cp_async_wait(int(name.rsplit(".", 1)[1]))
+    if name.rpartition(".")[2].isdigit() and name.startswith(
+            ("cp.async.bulk.wait_group", "wgmma.wait_group", "setmaxnreg")):
+        return get_async(name)
     raise TegulaError(f"no instruction {name!r} in the catalogue")
 
 

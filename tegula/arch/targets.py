@@ -21,6 +21,12 @@ that; L40S 512 f16 (362 TFLOPS), fp8/int8 1024; H100 SXM's *wgmma* peak is 2048 
 FMA/clk/SM (989 TFLOPS) but `mma.sync` measures at roughly half to two thirds of it
 (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024), so
 the table models mma.sync on sm_90a at 1024 (f16) / 2048 (8-bit).
+
+`wgmma_fma_per_clk_sm` is the dense rate of Hopper's warpgroup MMA (sm_90a only): the H100
+whitepaper's peaks at the 1.83 GHz tensor boost clock and 132 SMs give 989.4 TFLOPS f16 /
+(2 * 132 * 1.83e9) = 2048 f16 FMA/clk/SM and 1979 TFLOPS fp8 -> 4096 (NVIDIA H100 Tensor
+Core GPU Architecture whitepaper, Table 2 "per SM" rows: 1024 f16 FMA/clk/SM on A100,
+2048 on H100).
 """
 from __future__ import annotations
 
@@ -60,6 +66,9 @@ class Target:
     #: Dense mma.sync multiply-accumulates per clock per SM, keyed by operand class
     #: ("f16" for f16/bf16, "8bit" for s8/u8/e4m3/e5m2).
     tensor_fma_per_clk_sm: Mapping[str, int] = field(default_factory=dict)
+    #: Dense wgmma multiply-accumulates per clock per SM (sm_90a), same keys; empty where
+    #: the architecture has no wgmma.
+    wgmma_fma_per_clk_sm: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def sm(self) -> str:
@@ -79,6 +88,10 @@ class Target:
     def tensor_rate(self, operand_class: str) -> int:
         """Dense FMA per clock per SM for an operand class ("f16" or "8bit"); 0 if none."""
         return int(self.tensor_fma_per_clk_sm.get(operand_class, 0))
+
+    def wgmma_rate(self, operand_class: str) -> int:
+        """Dense wgmma FMA per clock per SM for an operand class; 0 without wgmma."""
+        return int(self.wgmma_fma_per_clk_sm.get(operand_class, 0))
 
     def __str__(self) -> str:
         return f"{self.name} ({self.device}, cc {self.cc}{self.arch_suffix}, {self.sm_count} SMs)"
@@ -106,12 +119,14 @@ SM90A = Target(
     smem_per_block_max=232448, smem_per_sm=233472,
     l2_bytes=50 * 1024 * 1024, dram_gbps=3350.0, clock_ghz=1.83, arch_suffix="a",
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
+    wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096),
 )
 H200 = Target(
     name="h200", cc=90, device="H200-SXM-141GB", sm_count=132,
     smem_per_block_max=232448, smem_per_sm=233472,
     l2_bytes=50 * 1024 * 1024, dram_gbps=4800.0, clock_ghz=1.83, arch_suffix="a",
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
+    wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096),
 )
 
 TARGETS: Mapping[str, Target] = MappingProxyType(

@@ -1,0 +1,297 @@
+"""Hopper's asynchronous data movement and ordering: TMA boxes and the catalogue entries of
+TMA copies, bulk groups, mbarriers, proxy fences, wgmma ordering, named barriers,
+`setmaxnreg` and `elect.sync` (all `sm_90`; `setmaxnreg` `sm_90a`).
+
+Where a TMA box lands (`tma_box_addresses`): the box (extents in tensor-map dim order,
+dim 0 innermost) is written densely, dim 0 fastest, from the shared byte address `base`,
+and then the swizzle mode permutes 16-byte chunks of the *absolute* byte addresses
+(`tegula.arch.smem_matrix.swizzle_bytes_address` — the same function wgmma descriptors
+read through). Rules, each refused with a TegulaError naming it:
+
+* the inner box extent in bytes is a multiple of 16 (cuTensorMapEncodeTiled);
+* with a swizzle, the inner box extent in bytes equals the swizzle span (the hardware
+  allows fewer; tegula does not model that case, so does not emit it);
+* `base` is 128-byte aligned, and aligned to the swizzle atom (1024 bytes for 128 B);
+* every box extent is in 1 .. 256, rank 1 .. 5.
+
+`tma_box_copy` is the load's numpy semantics (elements outside the tensor read as zero);
+`tma_store_box` the store's (elements outside are not written). The emulator and the GPU
+tests share them.
+
+PTX forms (PTX ISA "cp.async.bulk.tensor", "mbarrier", "fence.proxy", "wgmma.fence",
+"bar.sync", "setmaxnreg", "elect.sync"); shared addresses are 32-bit shared-window
+addresses ("r"), the tensor map a 64-bit generic address of the `__grid_constant__`
+parameter ("l"), coordinates int32 ("r"), element coordinates in tensor-map dim order:
+
+    cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
+        [dst], [tmap, {c0, c1}], [bar];             (load; .multicast::cluster adds a 16-bit CTA mask)
+    cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [tmap, {c0, c1}], [src];   (store)
+    cp.async.bulk.commit_group;  cp.async.bulk.wait_group[.read] N;
+    mbarrier.init.shared::cta.b64 [bar], count;
+    mbarrier.arrive[.expect_tx].shared::cta.b64 _, [bar][, tx_bytes];
+    mbarrier.try_wait.parity.shared::cta.b64 P, [bar], parity;   (in a retry loop whose
+        labels carry `%=`, unique per asm statement)
+    fence.proxy.async.shared::cta;  fence.mbarrier_init.release.cluster;
+    wgmma.fence.sync.aligned;  wgmma.commit_group.sync.aligned;  wgmma.wait_group.sync.aligned N;
+    bar.sync id, threads;  bar.arrive id, threads;
+    setmaxnreg.{inc,dec}.sync.aligned.u32 N;
+    elect.sync _|P, 0xffffffff;
+
+Timing numbers are approximate (issue 1 cycle per instruction; a TMA load's latency that of
+a global load, ~ 500 cycles; an mbarrier poll ~ 20 cycles): the cost model ranks with them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Sequence
+
+import numpy as np
+
+from tegula.arch.instructions import AsmOperand, Instruction
+from tegula.arch.smem_matrix import (  # noqa: F401  (re-exported: one definition)
+    SWIZZLE_MODES, swizzle_atom_bytes, swizzle_bytes_address)
+from tegula.dtypes import DType
+from tegula.errors import TegulaError
+
+_SOURCE = ("PTX ISA cp.async.bulk.tensor / mbarrier / fence.proxy / bar / setmaxnreg; "
+           "timing approximate (Luo et al. 2024)")
+
+MAX_RANK = 5
+MAX_BOX = 256
+#: A TMA box's shared destination must be this aligned (more with a swizzle).
+TMA_SMEM_ALIGN = 128
+
+
+# --------------------------------------------------------------------------------------
+# Where a box lands, and what it holds
+# --------------------------------------------------------------------------------------
+
+
+def check_tma_box(box: Sequence[int], dtype: DType, swizzle: int, base: int) -> None:
+    """Raise a TegulaError naming the rule a TMA box of `dtype` elements with swizzle
+    `swizzle`, written at shared byte address `base`, breaks (see module doc)."""
+    box = tuple(int(b) for b in box)
+    what = f"TMA box {box} of {dtype} with {swizzle}-byte swizzle at shared byte {base:#x}"
+    if not 1 <= len(box) <= MAX_RANK or any(not 1 <= b <= MAX_BOX for b in box):
+        raise TegulaError(f"{what}: a box has 1 to {MAX_RANK} dims of 1 to {MAX_BOX} elements")
+    if swizzle not in SWIZZLE_MODES:
+        raise TegulaError(f"{what}: swizzle must be one of {SWIZZLE_MODES}")
+    inner = box[0] * dtype.bits // 8
+    if (box[0] * dtype.bits) % 128:
+        raise TegulaError(f"{what}: the inner box extent ({box[0]} elements) must be a multiple "
+                          "of 16 bytes")
+    if swizzle and inner != swizzle:
+        raise TegulaError(f"{what}: the inner box extent is {inner} bytes; with a swizzle it "
+                          f"must equal the swizzle span ({swizzle} bytes) — choose the "
+                          "swizzle mode equal to the inner extent in bytes (32, 64, 128)")
+    align = max(TMA_SMEM_ALIGN, swizzle_atom_bytes(swizzle))
+    if base % align:
+        raise TegulaError(f"{what}: the shared destination must be {align}-byte aligned "
+                          "(128 bytes for TMA, the swizzle atom for a swizzled box)")
+
+
+def tma_box_addresses(box: Sequence[int], dtype: DType, swizzle: int, base: int) -> np.ndarray:
+    """The shared byte address of every element of a TMA box, as an int64 array of shape
+    `reversed(box)` (numpy order: the last axis is tensor-map dim 0, the innermost)."""
+    check_tma_box(box, dtype, swizzle, base)
+    shape = tuple(reversed([int(b) for b in box]))
+    dense = base + np.arange(prod(shape), dtype=np.int64).reshape(shape) * (dtype.bits // 8)
+    return swizzle_bytes_address(dense, swizzle)
+
+
+def _box_window(shape: Sequence[int], coords: Sequence[int], box: Sequence[int]):
+    """(in-tensor slices of the global view, matching slices of the box), numpy order."""
+    if len(coords) != len(box) or len(box) != len(shape):
+        raise TegulaError(f"TMA copy: {len(coords)} coordinates and a box of rank {len(box)} "
+                          f"for a tensor of rank {len(shape)}")
+    g_slices, b_slices = [], []
+    for extent, c, b in zip(reversed(list(shape)), reversed(list(coords)), reversed(list(box))):
+        lo, hi = max(int(c), 0), min(int(c) + int(b), int(extent))
+        if hi <= lo:
+            return None
+        g_slices.append(slice(lo, hi))
+        b_slices.append(slice(lo - int(c), hi - int(c)))
+    return tuple(g_slices), tuple(b_slices)
+
+
+def tma_box_copy(global_view: np.ndarray, coords: Sequence[int],
+                 box: Sequence[int]) -> np.ndarray:
+    """The box a TMA load reads: `global_view` is the tensor in numpy order (its last axis is
+    tensor-map dim 0), `coords` / `box` in tensor-map order (dim 0 first; coordinates may be
+    negative or past the end). Returns an array of shape `reversed(box)`, zero where the box
+    lies outside the tensor (the hardware's zero fill; the bytes still count as
+    transferred)."""
+    g = np.asarray(global_view)
+    out = np.zeros(tuple(reversed([int(b) for b in box])), dtype=g.dtype)
+    window = _box_window(g.shape[::-1], coords, box)
+    if window is not None:
+        out[window[1]] = g[window[0]]
+    return out
+
+
+def tma_store_box(global_view: np.ndarray, coords: Sequence[int], data: np.ndarray) -> None:
+    """A TMA store: writes `data` (shape `reversed(box)`) into `global_view` at `coords`
+    (tensor-map order), skipping elements outside the tensor."""
+    box = data.shape[::-1]
+    window = _box_window(global_view.shape[::-1], coords, box)
+    if window is not None:
+        global_view[window[0]] = data[window[1]]
+
+
+# --------------------------------------------------------------------------------------
+# Catalogue entries
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AsyncInstr(Instruction):
+    """An asynchronous-copy, barrier, fence or register-budget instruction (Hopper).
+
+    `kind` is the family ("tma.load", "tma.store", "bulk.commit", "bulk.wait",
+    "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx", "mbarrier.wait",
+    "fence.proxy_async", "fence.mbarrier_init", "wgmma.fence", "wgmma.commit",
+    "wgmma.wait", "bar.named", "setmaxnreg", "elect"); `pipe` the unit that executes it
+    ("tma", "sync", "alu"); `rank` the tensor rank of a TMA copy (0 otherwise)."""
+
+    pipe: str = "sync"
+    rank: int = 0
+    multicast: bool = False
+
+    def available_on(self, target) -> bool:
+        if self.kind == "setmaxnreg" and target.arch_suffix != "a":
+            return False  # setmaxnreg is sm_90a-specific
+        return target.cc >= self.min_cc
+
+
+def _entry(name: str, kind: str, template: str, operands: tuple[AsmOperand, ...] = (),
+           pipe: str = "sync", latency: float = 1.0, min_cc: int = 90, ptx: str = "",
+           **extra) -> AsyncInstr:
+    ptx = ptx or template.split(" ", 1)[0].rstrip(";")
+    return AsyncInstr(name=name, kind=kind, ptx=ptx, template=template, operands=operands,
+                      min_cc=min_cc, issue_cycles=1.0, latency_cycles=latency,
+                      clobbers_memory=True, source=_SOURCE, pipe=pipe, **extra)
+
+
+def _in(name: str, constraint: str = "r", count: int = 1, vector: bool = False) -> AsmOperand:
+    return AsmOperand(name, "in", count, constraint, vector)
+
+
+def _tma_load(rank: int, multicast: bool) -> AsyncInstr:
+    mc = ".multicast::cluster" if multicast else ""
+    ptx = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+           + mc)
+    operands = (_in("dst"), _in("tmap", "l"), _in("coords", count=rank, vector=True),
+                _in("bar")) + ((_in("mask", "h"),) if multicast else ())
+    tail = ", {mask};" if multicast else ";"
+    return _entry(f"tma.load.{rank}d" + (".multicast" if multicast else ""), "tma.load",
+                  ptx + " [{dst}], [{tmap}, {coords}], [{bar}]" + tail, operands, pipe="tma",
+                  latency=500.0, rank=rank, multicast=multicast)
+
+
+def _tma_store(rank: int) -> AsyncInstr:
+    ptx = f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group"
+    operands = (_in("tmap", "l"), _in("coords", count=rank, vector=True), _in("src"))
+    return _entry(f"tma.store.{rank}d", "tma.store", ptx + " [{tmap}, {coords}], [{src}];",
+                  operands, pipe="tma", latency=500.0, rank=rank)
+
+
+#: try_wait in a retry loop; `%=` makes the labels unique per asm statement.
+_WAIT_LOOP = ("{{ .reg .pred P; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 P, [{bar}], "
+              "{parity}; @P bra DONE_%=; bra WAIT_%=; DONE_%=: }}")
+
+ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
+    *[_tma_load(r, False) for r in range(1, MAX_RANK + 1)],
+    *[_tma_load(r, True) for r in range(1, MAX_RANK + 1)],
+    *[_tma_store(r) for r in range(1, MAX_RANK + 1)],
+    _entry("cp.async.bulk.commit_group", "bulk.commit", "cp.async.bulk.commit_group;"),
+    _entry("mbarrier.init", "mbarrier.init", "mbarrier.init.shared::cta.b64 [{bar}], {count};",
+           (_in("bar"), _in("count"))),
+    _entry("mbarrier.arrive", "mbarrier.arrive", "mbarrier.arrive.shared::cta.b64 _, [{bar}];",
+           (_in("bar"),), latency=20.0),
+    _entry("mbarrier.arrive.expect_tx", "mbarrier.arrive_tx",
+           "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {tx};",
+           (_in("bar"), _in("tx")), latency=20.0),
+    _entry("mbarrier.try_wait.parity", "mbarrier.wait", _WAIT_LOOP,
+           (_in("bar"), _in("parity")), latency=20.0,
+           ptx="mbarrier.try_wait.parity.shared::cta.b64"),
+    _entry("fence.proxy.async.shared::cta", "fence.proxy_async",
+           "fence.proxy.async.shared::cta;"),
+    _entry("fence.mbarrier_init.release.cluster", "fence.mbarrier_init",
+           "fence.mbarrier_init.release.cluster;"),
+    _entry("wgmma.fence", "wgmma.fence", "wgmma.fence.sync.aligned;", pipe="tensor"),
+    _entry("wgmma.commit_group", "wgmma.commit", "wgmma.commit_group.sync.aligned;",
+           pipe="tensor"),
+    _entry("bar.sync", "bar.named", "bar.sync {id}, {threads};", (_in("id"), _in("threads")),
+           latency=20.0, min_cc=70),
+    _entry("bar.arrive", "bar.named", "bar.arrive {id}, {threads};",
+           (_in("id"), _in("threads")), min_cc=70),
+    _entry("elect.sync", "elect",
+           "{{ .reg .pred P; elect.sync _|P, 0xffffffff; selp.u32 {d}, 1, 0, P; }}",
+           (AsmOperand("d", "out", 1, "r"),), pipe="alu", ptx="elect.sync"),
+)
+_ASYNC_BY_NAME = {i.name: i for i in ASYNC_INSTRUCTIONS}
+
+
+def bulk_wait(pending: int, read: bool = False) -> AsyncInstr:
+    """`cp.async.bulk.wait_group[.read] N`: at most `pending` bulk groups stay in flight
+    (`read`: only until their shared-memory reads are done)."""
+    if not isinstance(pending, int) or not 0 <= pending <= 63:
+        raise TegulaError(f"cp.async.bulk.wait_group: pending {pending!r} must be 0..63")
+    r = ".read" if read else ""
+    return _entry(f"cp.async.bulk.wait_group{r}.{pending}", "bulk.wait",
+                  f"cp.async.bulk.wait_group{r} {pending};", latency=500.0)
+
+
+def wgmma_wait(pending: int) -> AsyncInstr:
+    """`wgmma.wait_group.sync.aligned N`: at most `pending` wgmma groups stay in flight."""
+    if not isinstance(pending, int) or not 0 <= pending <= 7:
+        raise TegulaError(f"wgmma.wait_group: pending {pending!r} must be 0..7")
+    return _entry(f"wgmma.wait_group.{pending}", "wgmma.wait",
+                  f"wgmma.wait_group.sync.aligned {pending};", pipe="tensor")
+
+
+def setmaxnreg(registers: int, increase: bool) -> AsyncInstr:
+    """`setmaxnreg.{inc,dec}.sync.aligned.u32 N` (sm_90a): the warpgroup's per-thread
+    register budget becomes N (a multiple of 8 in 24..256)."""
+    if not isinstance(registers, int) or registers % 8 or not 24 <= registers <= 256:
+        raise TegulaError(f"setmaxnreg: {registers!r} registers must be a multiple of 8 in "
+                          "24..256")
+    op = "inc" if increase else "dec"
+    return _entry(f"setmaxnreg.{op}.{registers}", "setmaxnreg",
+                  f"setmaxnreg.{op}.sync.aligned.u32 {registers};", pipe="alu")
+
+
+def tma_load(rank: int, multicast: bool = False) -> AsyncInstr:
+    """The TMA load entry of tensor rank `rank` (1..5)."""
+    return get_async(f"tma.load.{rank}d" + (".multicast" if multicast else ""))
+
+
+def tma_store(rank: int) -> AsyncInstr:
+    """The TMA store entry of tensor rank `rank` (1..5)."""
+    return get_async(f"tma.store.{rank}d")
+
+
+def get_async(name: str) -> AsyncInstr:
+    """The entry called `name` (also ``cp.async.bulk.wait_group[.read].N``,
+    ``wgmma.wait_group.N``, ``setmaxnreg.{inc,dec}.N``)."""
+    found = _ASYNC_BY_NAME.get(name)
+    if found is not None:
+        return found
+    head, _, last = name.rpartition(".")
+    if last.isdigit():
+        if head in ("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read"):
+            return bulk_wait(int(last), head.endswith(".read"))
+        if head == "wgmma.wait_group":
+            return wgmma_wait(int(last))
+        if head in ("setmaxnreg.inc", "setmaxnreg.dec"):
+            return setmaxnreg(int(last), head.endswith("inc"))
+    raise TegulaError(f"no asynchronous instruction {name!r} in the catalogue")
+
+
+__all__ = [
+    "MAX_RANK", "MAX_BOX", "TMA_SMEM_ALIGN", "check_tma_box", "tma_box_addresses",
+    "tma_box_copy", "tma_store_box", "AsyncInstr", "ASYNC_INSTRUCTIONS", "bulk_wait",
+    "wgmma_wait", "setmaxnreg", "tma_load", "tma_store", "get_async",
+    "swizzle_bytes_address", "swizzle_atom_bytes", "SWIZZLE_MODES",
+]
