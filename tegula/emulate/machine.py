@@ -20,6 +20,8 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from tegula.emulate.async_ops import ASYNC_COMPILERS
+from tegula.emulate.async_state import AsyncState
 from tegula.emulate.describe import describe
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr, compile_value, tensor_key
@@ -27,12 +29,14 @@ from tegula.emulate.memory import GlobalTensor, SharedMemory
 from tegula.emulate.ops import (Ctx, compile_atomic, compile_cp_async, compile_global,
                                 compile_ldmatrix, compile_mma, compile_shared, compile_shuffle)
 from tegula.emulate.state import BlockState, RegFile, uniform_int, write_regs
+from tegula.emulate.roles import compile_roles
 from tegula.emulate.stats import EmulationReport, OpStats
 from tegula.emulate.values import round_to
 from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
                                     For, GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix,
                                     Mma, ScalarParam, SharedLoad, SharedStore, Shuffle, Stmt,
-                                    TensorParam, ThreadKernel)
+                                    TensorParam, ThreadKernel, walk)
+from tegula.lower.async_ir import ASYNC_STATEMENTS, Roles, TensorMapParam, Wgmma
 
 Run = Callable[[BlockState], None]
 
@@ -45,7 +49,15 @@ class Compiler:
         self.regfile = RegFile(kernel.registers)
         tensor_dtypes = {p.name: p.dtype for p in kernel.params if isinstance(p, TensorParam)}
         self.ctx = Ctx(self.regfile, tensor_dtypes, {b.name: b for b in kernel.shared})
+        self.ctx.tensor_maps = {p.name: p for p in kernel.params if isinstance(p, TensorMapParam)}
         self.stmt_stats: list[tuple[str, str, OpStats]] = []  # (kind, description, stats)
+        # Kernels without asynchronous statements run exactly as before (no AsyncState).
+        stmts = list(walk(kernel.body))
+        self.is_async = bool(kernel.mbarriers) or any(isinstance(s, ASYNC_STATEMENTS)
+                                                      for s in stmts)
+        self.regfile.wgmma_arrays = frozenset(
+            r.array.name for s in stmts if isinstance(s, Wgmma)
+            for r in s.d + (s.a if isinstance(s.a, list) else []))
 
     def block(self, stmts: list[Stmt]) -> Run:
         fns = [self.stmt(s) for s in stmts]
@@ -70,6 +82,10 @@ class Compiler:
             return compile_global(s, self.ctx, st, what)
         if isinstance(s, (SharedLoad, SharedStore)):
             return compile_shared(s, self.ctx, st, what)
+        if type(s) in ASYNC_COMPILERS:
+            return ASYNC_COMPILERS[type(s)](s, self.ctx, st, what)
+        if isinstance(s, Roles):
+            return compile_roles(s, self.block, st, what)
         compilers = {GlobalAtomicAdd: compile_atomic, CpAsync: compile_cp_async,
                      LdMatrix: compile_ldmatrix, Mma: compile_mma, Shuffle: compile_shuffle}
         for cls, fn in compilers.items():
@@ -100,11 +116,16 @@ class Compiler:
 
     def _Barrier(self, s: Barrier, st: OpStats, what: str) -> Run:
         def run(state: BlockState) -> None:
+            if state.task is not None:
+                raise EmulationError(f"{what}: __syncthreads inside {state.task.label()}: "
+                                     "roles meet only at mbarriers and named barriers")
             if not state.full:
                 off = int(np.count_nonzero(~state.mask))
                 raise EmulationError(f"{what}: barrier under divergent control flow "
                                      f"({off} of {state.threads} threads do not reach it)")
             state.smem.barrier()
+            if state.asyncs is not None:
+                state.asyncs.share_observations(state.tid)
             st.count += state.warps
         return run
 
@@ -251,8 +272,16 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                                     check_races)
                 state = BlockState(kernel.threads, env, comp.regfile.allocate(kernel.threads),
                                    smem, bound, (bx, by, bz))
+                if comp.is_async:
+                    state.asyncs = smem.async_ = AsyncState(
+                        kernel.mbarriers, kernel.threads, kernel.shared_bytes, check_races,
+                        {a.name: a.size for a in comp.regfile.arrays.values()})
                 try:
                     body(state)
+                    unfinished = state.asyncs and state.asyncs.unfinished()
+                    if unfinished:
+                        raise EmulationError(f"the block ends with asynchronous work "
+                                             f"outstanding: {unfinished}")
                 except EmulationError as e:
                     raise EmulationError(f"{e.message}\n  at {state.where()}") from None
                 report.blocks += 1

@@ -195,6 +195,9 @@ class SharedMemory:
         self.check_races = check_races
         self.epoch = 0
         self.threads = threads
+        # The block's `async_state.AsyncState` when the kernel has asynchronous statements:
+        # it checks generic accesses against TMA copies, wgmma and TMA-store reads.
+        self.async_ = None
         if check_races:
             self.w_tid = np.full(nbytes, -1, dtype=np.int32)
             self.w_epoch = np.full(nbytes, -1, dtype=np.int64)
@@ -259,6 +262,8 @@ class SharedMemory:
                 if unseen.any():
                     self._race(what, "cp.async without barrier", unseen, addrs, t, owner,
                                "waited for its cp.async but no barrier followed")
+            if self.async_ is not None:
+                self.async_.generic_read(addrs, t, what, self.buffer_at)
             flat, ft = addrs.ravel(), t.ravel()
             stale = flat[self.r_epoch[flat] != e]
             self.r_min[stale] = np.iinfo(np.int32).max
@@ -298,6 +303,8 @@ class SharedMemory:
                 if unseen.any():
                     self._race(what, "cp.async without barrier", unseen, addrs, t, owner,
                                "waited for its cp.async but no barrier followed")
+            if self.async_ is not None:
+                self.async_.generic_write(addrs, t, what, self.buffer_at)
             if async_group is None:
                 self.w_tid[addrs] = t
                 self.w_epoch[addrs] = e
@@ -306,6 +313,27 @@ class SharedMemory:
                 self.ca_tid[addrs] = t
                 self.ca_grp[addrs] = np.broadcast_to(async_group[:, None], addrs.shape)
                 self.w_epoch[addrs] = -1
+        self.buf[addrs] = data
+
+    def write_async_proxy(self, addrs: np.ndarray, data: np.ndarray, tid: int, what: str) -> None:
+        """A TMA load writes `data` at `addrs` for thread `tid` (its issuer). Generic
+        accesses by other threads since the last barrier or completed mbarrier phase race
+        with it; its own in-flight tracking is `AsyncState.tma_write`'s."""
+        if self.check_races and addrs.size:
+            e = self.epoch
+            war = (self.r_epoch[addrs] == e) & ~((self.r_min[addrs] == tid)
+                                                 & (self.r_max[addrs] == tid))
+            t = np.full(addrs.shape, tid)
+            if war.any():
+                other = np.where(self.r_min[addrs] != tid, self.r_min[addrs], self.r_max[addrs])
+                self._race(what, "TMA write after read", war, addrs, t, other,
+                           "read it with no barrier or mbarrier phase in between")
+            waw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != tid)
+            if waw.any():
+                self._race(what, "TMA write after write", waw, addrs, t, self.w_tid[addrs],
+                           "wrote it with no barrier or mbarrier phase in between")
+            self.w_epoch[addrs] = -1
+            self.ca_tid[addrs] = -1
         self.buf[addrs] = data
 
     # ------------------------------------------------------------------ protocol

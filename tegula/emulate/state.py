@@ -17,11 +17,14 @@ class BlockState:
 
     `mask` is the active-thread mask (bool [threads]); `full` says it is all True (the
     fast path). `loops` is the stack of (loop variable, current value) and `comment` the
-    last thread-IR `Comment` seen — both only for error messages.
+    last thread-IR `Comment` seen — both only for error messages. `asyncs` is the block's
+    `async_state.AsyncState` (None for kernels without asynchronous statements); `task`
+    the `roles.RoleTask` this state runs (None outside `Roles`): each role has its own
+    state (`for_role`) sharing registers, memory and `asyncs` with the block's.
     """
 
     __slots__ = ("env", "regs", "mask", "full", "smem", "threads", "warps", "tid", "tensors",
-                 "loops", "comment", "bid", "lane", "padded")
+                 "loops", "comment", "bid", "lane", "padded", "asyncs", "task")
 
     def __init__(self, threads: int, env: dict, regs: dict[str, np.ndarray], smem: SharedMemory,
                  tensors: dict[str, GlobalTensor], bid: tuple[int, int, int]):
@@ -39,10 +42,24 @@ class BlockState:
         self.loops: list[list[Any]] = []
         self.comment = ""
         self.bid = bid
+        self.asyncs = None
+        self.task = None
+
+    def for_role(self, mask: np.ndarray) -> "BlockState":
+        """A state for one role: the threads of `mask`, its own variables and loop stack,
+        the block's registers, memory and asynchronous state."""
+        role = BlockState(self.threads, dict(self.env), self.regs, self.smem, self.tensors,
+                          self.bid)
+        role.mask, role.full = mask, bool(mask.all())
+        role.loops = [list(frame) for frame in self.loops]
+        role.comment, role.asyncs = self.comment, self.asyncs
+        return role
 
     def where(self) -> str:
         """Where execution is, for error messages."""
         parts = [f"block {self.bid}"]
+        if self.task is not None:
+            parts.append(self.task.label())
         if self.loops:
             parts.append(", ".join(f"{n}={v}" for n, v in self.loops))
         if self.comment:
@@ -116,6 +133,10 @@ class RegFile:
         self.arrays: dict[str, RegArray] = {}
         for r in declared:
             self.add(r)
+        # Register arrays some wgmma writes asynchronously (`async_ir.Wgmma.d`) or reads as
+        # its A fragment: accesses to them by other statements are checked (busy
+        # accumulators, the wgmma.fence rule). Set before statements are compiled.
+        self.wgmma_arrays: frozenset[str] = frozenset()
 
     def add(self, array: RegArray) -> None:
         old = self.arrays.get(array.name)
@@ -134,9 +155,25 @@ class RegFile:
             regs[name] = np.full((threads, a.size), fill, dtype=st)
         return regs
 
-    def locator(self, reg: Reg, count: int, what: str) -> Callable[[BlockState], tuple]:
+    def locator(self, reg: Reg, count: int, what: str,
+                checked: bool = True) -> Callable[[BlockState], tuple]:
         """A closure `state -> (array [threads, size], first column)` for `count`
-        consecutive registers starting at `reg` (index checked in range, block-uniform)."""
+        consecutive registers starting at `reg` (index checked in range, block-uniform).
+        Registers of a wgmma fragment array are checked against in-flight wgmmas unless
+        `checked` is False (the wgmma's own access)."""
+        plain = self._locator(reg, count, what)
+        name = reg.array.name
+        if not checked or name not in self.wgmma_arrays:
+            return plain
+
+        def locate_checked(state: BlockState):
+            arr, col = plain(state)
+            if state.asyncs is not None:
+                state.asyncs.touch_regs(name, col, count, state.mask, what)
+            return arr, col
+        return locate_checked
+
+    def _locator(self, reg: Reg, count: int, what: str) -> Callable[[BlockState], tuple]:
         self.add(reg.array)
         name, size = reg.array.name, reg.array.size
         if isinstance(reg.index, Const):
