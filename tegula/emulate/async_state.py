@@ -32,6 +32,23 @@ import numpy as np
 from tegula.emulate.errors import EmulationError
 
 
+def check_shared_layout(kernel) -> None:
+    """mbarriers are 8-byte aligned and share no byte with a buffer or another array."""
+    regions = [(b.byte_offset, b.byte_offset + b.size * b.dtype.bits // 8, f"buffer {b.name!r}")
+               for b in kernel.shared]
+    for m in kernel.mbarriers:
+        if m.byte_offset % 8 or m.count < 1:
+            raise EmulationError(f"kernel {kernel.name}: mbarrier array {m.name!r} at byte "
+                                 f"{m.byte_offset} (count {m.count}) is not 8-byte aligned "
+                                 "or empty")
+        regions.append((m.byte_offset, m.end, f"mbarrier array {m.name!r}"))
+    regions.sort()
+    for (lo, hi, name), (lo2, _, name2) in zip(regions, regions[1:]):
+        if lo2 < hi and (name.startswith("mbarrier") or name2.startswith("mbarrier")):
+            raise EmulationError(f"kernel {kernel.name}: {name} (bytes {lo}..{hi}) overlaps "
+                                 f"{name2} (from byte {lo2})")
+
+
 # ---------------------------------------------------------------------- mbarriers
 
 @dataclass
@@ -357,4 +374,4 @@ class AsyncState:
         return None
 
 
-__all__ = ["AsyncState", "MBarrier", "WgmmaRecord", "NamedBarrierState"]
+__all__ = ["check_shared_layout", "AsyncState", "MBarrier", "WgmmaRecord", "NamedBarrierState"]

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from tegula.emulate.async_ops import ASYNC_COMPILERS
-from tegula.emulate.async_state import AsyncState
+from tegula.emulate.async_state import AsyncState, check_shared_layout
 from tegula.emulate.describe import describe
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr, compile_value, tensor_key
@@ -55,6 +55,8 @@ class Compiler:
         stmts = list(walk(kernel.body))
         self.is_async = bool(kernel.mbarriers) or any(isinstance(s, ASYNC_STATEMENTS)
                                                       for s in stmts)
+        if self.is_async:
+            check_shared_layout(kernel)
         self.regfile.wgmma_arrays = frozenset(
             r.array.name for s in stmts if isinstance(s, Wgmma)
             for r in s.d + (s.a if isinstance(s.a, list) else []))

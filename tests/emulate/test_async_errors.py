@@ -217,3 +217,11 @@ def test_deadlock_threads_do_not_linger():
     _gemm_error(kernel)
     assert threading.active_count() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("tegula-role")]
+
+
+def test_mbarriers_overlapping_a_buffer_are_refused():
+    kernel = gemm_kernel()
+    full = kernel.mbarriers[0]
+    kernel.mbarriers[0] = type(full)(full.name, full.count, full.byte_offset - 8)
+    msg = _gemm_error(kernel)
+    assert "mbarrier array 'full'" in msg and "overlaps" in msg and "'sb'" in msg
