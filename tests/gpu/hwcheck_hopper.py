@@ -230,7 +230,7 @@ def raw_mbarrier_kernel() -> hw.RawKernel:
     phase), waiting in between on barrier `empty` (warp 0's 32 arrivals) for warp 0 to have
     read the first value; warp 0 waits on `full` with parity 0, then 1. out[lane] (warp 0)
     = x[0] + 1000 * x[1] as warp 0 read them (a wrong parity reads a stale or
-    unwritten value, or hangs — the test has a timeout)."""
+    unwritten value, or hangs)."""
     body = [*_ALIGN,
             "volatile int* const data = reinterpret_cast<volatile int*>(sbuf);",
             "const unsigned full = base + 64u, empty = base + 72u;",
@@ -271,7 +271,7 @@ def raw_misc_kernel() -> hw.RawKernel:
             get_async("elect.sync").format_asm(d="elected"),
             "if (lane < 32) { img[lane] = x[lane] * 3; "
             + _asm("bar.arrive", id="1u", threads="64u") + " }",
-            "else { " + _asm("bar.sync", id="1u", threads="64u")
+            "else if (lane < 64) { " + _asm("bar.sync", id="1u", threads="64u")
             + " out[lane - 32] = img[lane - 32] + (int)elected; }",
             "__syncthreads();",
             "img[64 + lane] = x[lane];",
