@@ -102,7 +102,10 @@ def _shared_lines(build: Any, alloc: Any) -> list[str]:
              f"({_where(alloc.loc)}): {alloc_bytes(alloc)} B at byte {offset}",
              f"      layout {alloc.layout}" + ("  (pinned)" if alloc.pinned else "")]
     choice = build.synthesis.shared_choices.get(alloc.id)
-    if alloc.pinned:
+    decided = getattr(build.synthesis, "shared_reasons", {}).get(alloc.id)
+    if decided:
+        why = decided
+    elif alloc.pinned:
         why = "pinned by the kernel"
     elif choice is None:
         why = "no op accesses it: compact, last dim contiguous"
@@ -164,6 +167,9 @@ def _op_lines(ops: list[Op], by_op: dict, lines: list[str], depth: int) -> None:
     for op in ops:
         if isinstance(op, ForLoop):
             kind = f"pipeline, {op.stages} stages" if op.stages > 1 else "range"
+            if any(o.choices.get("instr") == "tma" for o in op.body):
+                kind += (f"; TMA boxes into an mbarrier ring of {op.stages} (thread 0 "
+                         f"expects the bytes and issues, every thread waits on the phase)")
             lines.append(f"{pad}for ({kind}) {loop_label(op)}")
             _op_lines(op.body, by_op, lines, depth + 1)
             continue
@@ -191,11 +197,18 @@ def _op_note(op: Op) -> str:
             parts = candidate if isinstance(candidate, tuple) else (candidate,)
             note += "\n        over: " + ", ".join(_candidate_part(x) for x in parts)
         return note
+    if op.choices.get("instr") == "tma":
+        box = op.choices["tma"]
+        return (f"\n      TMA box {'x'.join(map(str, box.box))} of {op.src.arg.name} (tensor-map "
+                f"dims {box.dims}), {box.swizzle} B swizzle, {box.box_bytes} B per stage, "
+                f"zero fill past the edge")
+    note = (f"\n      TMA not used: {op.choices['tma_skipped']}"
+            if op.choices.get("tma_skipped") else "")
     if "tv" in op.choices and isinstance(getattr(op, "src", None), GlobalTile) \
             and not isinstance(getattr(op, "dst", None), RegisterTile):
-        return (f"\n      partition {op.choices['tv']}, {op.choices.get('vector', 1)}-element "
-                f"vectors along tile dim {op.choices.get('dim')}")
-    return ""
+        return note + (f"\n      partition {op.choices['tv']}, {op.choices.get('vector', 1)}-"
+                       f"element vectors along tile dim {op.choices.get('dim')}")
+    return note
 
 
 def _candidate_part(x: Any) -> str:

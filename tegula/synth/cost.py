@@ -143,6 +143,11 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
     src, dst, ch = op.src, op.dst, op.choices
     warps = _warps(kernel)
     vector = ch.get("vector", 1)
+    if isinstance(src, GlobalTile) and isinstance(dst, SharedTile) and ch.get("instr") == "tma":
+        # One thread issues one box; the tensor memory accelerator moves it (pipe "global").
+        box = ch["tma"]
+        return [InstrUse("G2S", f"tma.load.{len(box.box)}d", 0, 0, 1, "global",
+                         global_bytes=box.box_bytes)]
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
         plan = ch.get("dst_shared")
         if ch.get("instr") == "cp.async":
@@ -391,7 +396,7 @@ def register_words_from_tiles(kernel: TracedKernel) -> int:
         if isinstance(op, Gemm) and "plan" in op.choices:
             plan = op.choices["plan"]
             for tile, tv in ((op.a, plan.a_tv), (op.b, plan.b_tv)):
-                if isinstance(tile, SharedTile):
+                if isinstance(tile, SharedTile) and tv is not None:  # wgmma: no fragments
                     words += -(-tv[1].size * tile.dtype.bits // 32)
     return words
 
