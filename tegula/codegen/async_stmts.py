@@ -227,13 +227,44 @@ class AsyncStatements:
         return f"(0x{const:016x}ull | (unsigned long long)((({saddr}) >> 4) & 0x3FFFu))"
 
     def _WgmmaFence(self, s: WgmmaFence) -> None:
-        self.line(self.entry("wgmma.fence", s).format_asm())
+        instr = self.entry("wgmma.fence", s)
+        self.fence_accumulators("finish writing the accumulators before wgmma.fence")
+        self.line(instr.format_asm())
 
     def _WgmmaCommit(self, s: WgmmaCommit) -> None:
         self.line(self.entry("wgmma.commit_group", s).format_asm())
 
     def _WgmmaWait(self, s: WgmmaWait) -> None:
         self.line(self.entry(f"wgmma.wait_group.{s.pending}", s).format_asm())
+        self.fence_accumulators("no accumulator access moves above the wait")
+
+    def fence_accumulators(self, why: str) -> None:
+        """An empty asm reading and writing every wgmma accumulator register (CUTLASS's
+        `warpgroup_fence_operand`). The wgmma asm writes them, but *when* they hold the
+        result is decided by `wgmma.wait_group`, which names no register: without this,
+        the C compiler may move a read of an accumulator above the wait, or a write (the
+        next tile's zeroing) below `wgmma.fence` — reading or clobbering registers an
+        in-flight wgmma still owns (undefined in PTX)."""
+        arrays = self.accumulator_arrays()
+        if not arrays:
+            return
+        self.line(f"// {why} (operand fence)")
+        for array in arrays:
+            constraint = "f" if array.dtype.name == "f32" else "r"
+            regs = [f'"+{constraint}"({array.name}[{i}])' for i in range(array.size)]
+            for start in range(0, len(regs), 64):
+                self.line(f'asm volatile("" : {", ".join(regs[start:start + 64])} :: "memory");')
+
+    def accumulator_arrays(self) -> list:
+        """The register arrays any `Wgmma` of the kernel accumulates into (computed once)."""
+        if getattr(self, "_accumulator_arrays", None) is None:
+            found = []
+            for st in walk(self.kernel.body):
+                for r in st.d if isinstance(st, Wgmma) else ():
+                    if r.array not in found:
+                        found.append(r.array)
+            self._accumulator_arrays = found
+        return self._accumulator_arrays
 
     def _Wgmma(self, s: Wgmma) -> None:
         try:
