@@ -19,7 +19,8 @@ FILES = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py"))
 DEFINES = {"layer_norm": ["-D", "N=300"], "rms_norm": ["-D", "N=300"]}
 # Small problem sizes for the examples whose main takes them (each still has ragged edges).
 SMALL = {"layer_norm.py": dict(m=9, n=200), "softmax.py": dict(m=9, n=200),
-         "rms_norm.py": dict(m=9, n=200), "gemm_epilogue.py": dict(m=70, n=72, k=40)}
+         "rms_norm.py": dict(m=9, n=200), "gemm_epilogue.py": dict(m=70, n=72, k=40),
+         "persistent_gemm.py": dict(m=70, n=97, k=40, num_sms=5)}
 
 
 def _load(name: str):

@@ -152,6 +152,18 @@ class ScalarBinOp(Scalar):
         return f"({self.lhs} {self.op} {self.rhs})"
 
 
+@dataclass(frozen=True, eq=False)
+class SteppedIndex(ScalarBinOp):
+    """What the body of `tg.range(start, stop, step)` with a run-time `step` sees as its
+    index: `start + i * step` for the loop's counter `i` (0, 1, …). Lowered like any
+    `ScalarBinOp`; a distinct type so the language knows it is a loop index."""
+
+
+def is_loop_index(x) -> bool:
+    """True for what a run-time loop yields (a LoopIndex, or a SteppedIndex)."""
+    return isinstance(x, (LoopIndex, SteppedIndex))
+
+
 ScalarLike = Union[Scalar, int]
 
 _FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,

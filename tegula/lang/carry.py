@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from tegula.errors import SourceLocation, TraceError
 from tegula.ir.ops import Copy, Op
-from tegula.ir.scalar import Condition, LoopIndex, Scalar
+from tegula.ir.scalar import Condition, Scalar, is_loop_index
 from tegula.ir.values import RegisterTile, describe
 from tegula.lang.tensors import RegisterValue, same_shape
 from tegula.lang.trace import Scope, TraceContext, user_frame
@@ -285,7 +285,7 @@ def _refuse_rebound_values(entry: BlockEntry, after: dict, scope: Scope) -> None
         if "[" in label or isinstance(old, RegisterValue) or label not in after:
             continue
         new = after[label]
-        if not _is_value(old) or new is old or isinstance(new, LoopIndex) or \
+        if not _is_value(old) or new is old or is_loop_index(new) or \
                 _same_number(old, new):
             continue
         kind = "loop" if scope.is_loop else "block"

@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 from tegula.errors import TraceError
 from tegula.ir.ops import ForLoop, IfThen
-from tegula.ir.scalar import Condition, LoopIndex, Scalar, compare
+from tegula.ir.scalar import (Condition, GridSize, LoopIndex, Scalar, SMCount, SteppedIndex,
+                              as_scalar, compare)
 from tegula.lang.carry import BlockEntry, carry_out
 from tegula.lang.tensors import TileHandle, index_value
 from tegula.lang.trace import Scope, TraceContext, current, fail, user_location
@@ -47,7 +48,7 @@ class RuntimeLoop:
             # start + j * step (so lowering, pipelining and the cost model keep loops of
             # constant step).
             start, stop, step = 0, _trip_count(self.start, self.stop, self.step), 1
-            index = self.start + var * self.step
+            index = SteppedIndex("+", as_scalar(self.start), var * self.step)
         else:
             start, stop, step, index = self.start, self.stop, self.step, var
         loop = ForLoop(var=var, start=start, stop=stop, step=step, body=[],
@@ -65,6 +66,8 @@ def _trip_count(start: Scalar | int, stop: Scalar | int, step: Scalar) -> Scalar
     and 0 for a zero step (which Python refuses; at run time there is no one to tell)."""
     from tegula.lang.scalars import scalar_extremum
     trips = scalar_extremum("max", 0, 0 - (start - stop) // step)  # ceil by floor division
+    if isinstance(step, (GridSize, SMCount)):  # at least 1 whenever the kernel runs
+        return trips
     nonzero = scalar_extremum("min", 1, scalar_extremum("max", step, 0 - step))  # 0 or 1
     return trips * nonzero
 

@@ -8,7 +8,8 @@ The vocabulary is deliberately small:
 
 * **Index expressions** (`Expr`): integer/boolean scalars that may differ per thread —
   built from constants, named variables (the thread index, block indices, loop variables,
-  kernel scalar parameters such as a global tensor's extents and strides) and arithmetic.
+  kernel scalar parameters such as a global tensor's extents and strides), arithmetic, and
+  `LoadScalar` (an element of an integer tensor: a kernel scalar loaded from memory).
   They are addresses, loop bounds and predicates.
 * **Register arrays** (`RegArray`): per-thread arrays of one element type with a fixed
   size. `Reg(array, index)` names one element; the index must be a compile-time constant

@@ -271,3 +271,19 @@ def test_runtime_step_index_cannot_escape_its_loop():
     with pytest.raises(TraceError) as info:
         escape.trace()
     assert info.value.loc.lineno == marked_line(__file__, "@escape")
+
+
+@tg.kernel(threads=32)
+def reused_name(x: tg.Tensor[f32], y: tg.Tensor[f32], s: int):
+    """`t` names a kernel scalar before the loop and the loop's index inside it (as with a
+    constant step, rebinding a name by `for` is not a carried value)."""
+    t = tg.block_id(0)
+    for t in tg.range(t, 8, s):
+        tg.copy(tg.load(x.tile((1, W), (t, 0))) * 3.0, y.tile((1, W), (t, 0)))
+
+
+def test_a_runtime_step_loop_may_reuse_a_name_for_its_index():
+    x = RNG.standard_normal((8, W)).astype(np.float32)
+    y = np.empty_like(x)
+    tg.emulate(reused_name, (1,), x, y, 1)
+    np.testing.assert_array_equal(y, x * 3)
