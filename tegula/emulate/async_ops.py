@@ -398,13 +398,16 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
         read_a, a_regs = None, _wgmma_regs(s.a, instr.a_values, instr.a_dtype, "a", ctx, what)
     read_b = _desc_reader(s.b, n, k, instr.b_dtype, s.trans_b, ctx, what)
     scale_d = compile_expr(s.scale_d)
-    busy_cols: dict[str, list[int]] = {}
-    for r in s.d:
-        busy_cols.setdefault(r.array.name, [])
     acc_dt = instr.acc_dtype
 
     def fragment(locs, lanes, state):
-        return np.stack([loc(state)[0][lanes, loc(state)[1]] for _, loc in locs], axis=1)
+        """The registers' values for `lanes` ([128, values]) and where they live."""
+        found = [loc(state) for _, loc in locs]
+        arr = found[0][0]
+        cols = [c for _, c in found]
+        if all(f[0] is arr for f in found):  # one array (the usual fragment): one gather
+            return arr[np.ix_(lanes, cols)], found
+        return np.stack([f[0][lanes, f[1]] for f in found], axis=1), found
 
     def run(state: BlockState) -> None:
         a = state.asyncs
@@ -415,14 +418,16 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
                 raise EmulationError(
                     f"{what}: warpgroup {g} issues a wgmma after its accumulator or A "
                     "registers were accessed with no wgmma.fence (WgmmaFence) in between")
+            d_vals, d_where = fragment(d_regs, lanes, state)
             d_flat = np.zeros(m * n, dtype=np.float64)
-            d_flat[acc_table.ravel()] = fragment(d_regs, lanes, state).astype(np.float64).ravel()
+            d_flat[acc_table.ravel()] = d_vals.astype(np.float64).ravel()
             d = d_flat.reshape(n, m).T
             if read_a is not None:
                 a_vals, a_addrs = read_a(state, lanes)
             else:
                 a_flat = np.zeros(m * k, dtype=np.float64)
-                a_flat[a_table.ravel()] = fragment(a_regs, lanes, state).astype(np.float64).ravel()
+                a_flat[a_table.ravel()] = fragment(a_regs, lanes, state)[0].astype(
+                    np.float64).ravel()
                 a_vals, a_addrs = a_flat.reshape(k, m).T, np.zeros((0, 1), dtype=np.int64)
             b_vals, b_addrs = read_b(state, lanes)
             addrs = np.concatenate([a_addrs.ravel(), b_addrs.ravel()])
@@ -431,10 +436,10 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
                              written=True)
             out = instr.execute(d if scale else None, a_vals, b_vals, scale)
             vals = round_to(out.T.ravel()[acc_table], acc_dt)  # [128, values]
-            for v, (name, loc) in enumerate(d_regs):
-                arr, col = loc(state)
+            for v, (arr, col) in enumerate(d_where):
                 arr[lanes, col] = vals[:, v]
-            a.wgmma_issued(g, what, lanes, [(name, loc(state)[1]) for name, loc in d_regs],
+            a.wgmma_issued(g, what, lanes, [(name, col) for (name, _), (_, col)
+                                            in zip(d_regs, d_where)],
                            addrs if state.smem.check_races else np.zeros(0, dtype=np.int64))
             st.add(4, int(addrs.size))
     return run

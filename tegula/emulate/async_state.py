@@ -287,10 +287,16 @@ class AsyncState:
 
     # ------------------------------------------------------------------ groups
 
+    def _count_readers(self, addrs: np.ndarray, step: int) -> None:
+        """readers[a] += step for each occurrence of a in `addrs` (np.add.at, faster)."""
+        if addrs.size:
+            self.readers += step * np.bincount(addrs, minlength=len(self.readers)).astype(
+                np.int32)
+
     def bulk_store_issued(self, lane: int, addrs: np.ndarray) -> None:
         """A TMA store by thread `lane` reads `addrs` until its group is waited for."""
         flat = addrs.ravel()
-        np.add.at(self.readers, flat, 1)
+        self._count_readers(flat, 1)
         self.bulk_open.setdefault(lane, []).append(flat)
 
     def bulk_commit(self, lanes: np.ndarray) -> None:
@@ -303,7 +309,7 @@ class AsyncState:
             groups = self.bulk_committed.get(t, [])
             while len(groups) > pending:
                 for flat in groups.pop(0):
-                    np.subtract.at(self.readers, flat, 1)
+                    self._count_readers(flat, -1)
 
     def wgmma_issued(self, group: int, what: str, lanes: np.ndarray,
                      regs: list[tuple[str, int]], smem: np.ndarray) -> None:
@@ -322,7 +328,7 @@ class AsyncState:
             self.reg_busy[name][np.ix_(lanes, cs)] += 1
             self.reg_owner[name] = what
             busy.append((name, np.array(cs)))
-        np.add.at(self.readers, smem, 1)
+        self._count_readers(smem, 1)
         self.wg_open[group].append(WgmmaRecord(what, busy, lanes, smem))
 
     def touch_regs(self, name: str, col: int, count: int, mask: np.ndarray, what: str) -> None:
@@ -358,7 +364,7 @@ class AsyncState:
         for r in records:
             for name, cols in r.regs:
                 self.reg_busy[name][np.ix_(r.lanes, cols)] -= 1
-            np.subtract.at(self.readers, r.smem, 1)
+            self._count_readers(r.smem, -1)
 
     def unfinished(self) -> str | None:
         """At the end of a block: what asynchronous work no wait retired, if any."""
