@@ -3,47 +3,35 @@
 `compile_kernel(kernel)` emits CUDA, compiles (or finds the cubin in the disk cache) and
 returns a `CompiledKernel`; the same kernel compiled again in one process returns the same
 object. `CompiledKernel.launch(grid, args)` (or `ck[grid](*args)`) checks the arguments,
-packs them and calls `cuLaunchKernel` on the caller's current torch stream.
+packs them and calls `cuLaunchKernel` on the caller's current torch stream; a kernel with
+a thread-block cluster goes through `cuLaunchKernelEx` with the cluster attribute.
 
-Host overhead is kept small by doing everything possible once: the parameter byte layout
-is a precompiled `struct.Struct` writing into one fixed ctypes buffer, whose per-parameter
-addresses are a fixed `void*[]` handed to the driver by address; the CUfunction and stream
-handle objects are cached. Packing is guarded by a lock because the buffer is shared (the
-driver copies the parameter values during the cuLaunchKernel call, so the buffer may be
-reused as soon as it returns).
+Host overhead is kept small by doing everything possible once. Parameter values live in a
+preallocated `ParamBuffer` (`packing.py`) handed to the driver by address; the CUfunction
+and stream handle objects are cached. A `PreparedLaunch` (the replay of a checked launch)
+owns its own buffer with the extents and strides already written, so a replay packs only
+the data pointers (and scalars and tensor maps, if any) and calls the driver.
 """
 from __future__ import annotations
 
 import ctypes
-import struct
 import sys
 import threading
+from operator import itemgetter
 from typing import Any, Sequence
 
 from tegula.errors import LaunchError
 from tegula.lower.thread_ir import ThreadKernel
 
 from tegula.codegen import emit_cuda, param_list
-from tegula.codegen.params import ParamSpec
 from tegula.runtime import driver as drv
 from tegula.runtime.args import EMPTY_TENSOR_MAP, ArgumentPlan, TensorRequirement
 from tegula.runtime.cache import DiskCache, cache_key
 from tegula.runtime.compiler import compile_cuda, default_compiler
+from tegula.runtime.packing import ParamBuffer, param_layout
 
-
-def param_layout(params: list[ParamSpec]) -> tuple[struct.Struct, list[int]]:
-    """The packed byte layout of the parameter values: a Struct and each value's offset
-    (every value aligned to its `alignment` — its own size, 64 bytes for a tensor map — as
-    the kernel's parameter space lays them out)."""
-    fmt, offsets, offset = "<", [], 0
-    for p in params:
-        pad = (-offset) % p.alignment
-        fmt += "x" * pad
-        offset += pad
-        offsets.append(offset)
-        fmt += p.fmt
-        offset += p.size
-    return struct.Struct(fmt), offsets
+__all__ = ["CompiledKernel", "PreparedLaunch", "compile_kernel", "default_target",
+           "param_layout"]
 
 
 class CompiledKernel:
@@ -62,23 +50,15 @@ class CompiledKernel:
         self.params = param_list(kernel)
         self.plan = ArgumentPlan(kernel, requirements)
         self.cluster = _checked_cluster(kernel)
-        self._struct, offsets = param_layout(self.params)
-        # The buffer starts on a 64-byte boundary: a tensor map's 128 bytes are read from
-        # a 64-byte-aligned host address (CUtensorMap is declared alignas(64)).
-        self._buffer = ctypes.create_string_buffer(max(1, self._struct.size) + 64)
-        self._start = -ctypes.addressof(self._buffer) % 64
-        base = ctypes.addressof(self._buffer) + self._start
+        self._args = ParamBuffer(self.params)  # what `launch` packs (shared: locked)
         self._map_slots = [slot for slot, *_ in self.plan.map_slots]
         self._cluster_configs: dict = {}  # (grid, stream) -> cuda-bindings CUlaunchConfig
-        self._pointers = (ctypes.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
-        self._params_addr = ctypes.c_void_p(ctypes.addressof(self._pointers))
         self._library: drv.LoadedLibrary | None = None
         self._functions: dict[int, Any] = {}
         # Handles as the raw launcher takes them (ctypes.c_void_p), per device / stream.
         self._raw_functions: dict[int, ctypes.c_void_p] = {}
         self._streams: dict[int, ctypes.c_void_p] = {}
         self._cu_streams: dict[int, Any] = {}  # cuda-bindings CUstream objects (fallback)
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (f"CompiledKernel({self.name}, {self.target}, threads={self.threads}, "
@@ -86,7 +66,7 @@ class CompiledKernel:
 
     def pack(self, values: Sequence) -> bytes:
         """The parameter bytes for `values` (what `launch` hands the driver; for tests)."""
-        return self._struct.pack(*values)
+        return self._args.struct.pack(*values)
 
     def function(self, device: int):
         """The CUfunction on `device`, loading the cubin on first use."""
@@ -107,7 +87,7 @@ class CompiledKernel:
     def launch_values(self, grid: int | Sequence[int], values: Sequence, device: int,
                       stream: Any = None) -> None:
         """Launch with parameter values already checked and flattened (`plan.flatten`'s
-        output, or a copy of it with new data pointers: the launch fast path)."""
+        output, or a copy of it with new data pointers)."""
         gx, gy, gz = _grid(grid)
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid (empty tensors): nothing to do
@@ -117,51 +97,62 @@ class CompiledKernel:
 
     def launch_raw(self, gx: int, gy: int, gz: int, values: Sequence, device: int,
                    handle: int) -> None:
-        """The driver call: a positive grid, checked values, a device ≥ 0, a raw stream."""
+        """Pack `values` (param_list order) and launch: a positive grid, checked values, a
+        device ≥ 0, a raw stream handle."""
         if self._map_slots:
-            self._check_tensor_maps(values)
+            self.check_tensor_maps([values[slot] for slot in self._map_slots])
+        args = self._args
+        with args.lock:
+            args.pack(values)
+            self.send(gx, gy, gz, device, handle, args.address)
+
+    def send(self, gx: int, gy: int, gz: int, device: int, handle: int,
+             params: ctypes.c_void_p) -> None:
+        """The driver call, on parameters already packed (`params`: a `ParamBuffer`'s
+        address, whose lock the caller holds until this returns)."""
         if self.cluster != (1, 1, 1):
-            self._launch_cluster(gx, gy, gz, values, device, handle)
+            self._launch_cluster(gx, gy, gz, device, handle, params)
             return
         raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
-        if raw is not None:
-            fn = self._raw_functions.get(device)
-            if fn is None:
-                fn = self._raw_functions[device] = ctypes.c_void_p(int(self.function(device)))
-            stream = self._streams.get(handle)
-            if stream is None:
-                stream = self._streams[handle] = ctypes.c_void_p(handle)
-            with self._lock:
-                self._struct.pack_into(self._buffer, self._start, *values)
-                code = raw(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, stream,
-                           self._params_addr, None)
-            if code != 0:
-                driver = drv.cuda_driver()
-                drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, "
-                          f"grid={(gx, gy, gz)})")
+        if raw is None:
+            self._launch_bindings(gx, gy, gz, device, handle, params)
             return
+        fn = self._raw_functions.get(device)
+        if fn is None:
+            fn = self._raw_functions[device] = ctypes.c_void_p(int(self.function(device)))
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._streams[handle] = ctypes.c_void_p(handle)
+        code = raw(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, stream, params, None)
+        if code != 0:
+            driver = drv.cuda_driver()
+            drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, "
+                      f"grid={(gx, gy, gz)})")
+
+    def _launch_bindings(self, gx: int, gy: int, gz: int, device: int, handle: int,
+                         params: ctypes.c_void_p) -> None:
+        """`cuLaunchKernel` through cuda-bindings (where libcuda cannot be opened by ctypes)."""
         driver = drv.cuda_driver()
         cu_stream = self._cu_streams.get(handle)
         if cu_stream is None:
             cu_stream = self._cu_streams[handle] = driver.CUstream(handle)
-        with self._lock:
-            self._struct.pack_into(self._buffer, self._start, *values)
-            err = driver.cuLaunchKernel(self.function(device), gx, gy, gz, self.threads, 1, 1,
-                                        self.shared_bytes, cu_stream, self._params_addr.value, 0)
+        err = driver.cuLaunchKernel(self.function(device), gx, gy, gz, self.threads, 1, 1,
+                                    self.shared_bytes, cu_stream, params.value, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             drv.check(err, f"cuLaunchKernel({self.name}, grid={(gx, gy, gz)})")
 
-    def _check_tensor_maps(self, values: Sequence) -> None:
-        for slot in self._map_slots:
-            if values[slot] is EMPTY_TENSOR_MAP:
-                tmap = self.plan.map_slots[self._map_slots.index(slot)][1]
+    def check_tensor_maps(self, maps: Sequence) -> None:
+        """Refuse to run with the placeholder map of an empty tensor (`maps`: the values of
+        the tensor-map slots, in slot order)."""
+        for (_, tmap, _, _), value in zip(self.plan.map_slots, maps):
+            if value is EMPTY_TENSOR_MAP:
                 raise LaunchError(f"{self.name}: tensor {tmap.tensor!r} is empty, and its TMA "
                                   f"tensor map {tmap.name!r} cannot describe a zero extent; "
                                   f"a kernel reading it must not be launched on a non-empty "
                                   f"grid")
 
-    def _launch_cluster(self, gx: int, gy: int, gz: int, values: Sequence, device: int,
-                        handle: int) -> None:
+    def _launch_cluster(self, gx: int, gy: int, gz: int, device: int, handle: int,
+                        params: ctypes.c_void_p) -> None:
         """`cuLaunchKernelEx` with the cluster-dimension attribute (through cuda-bindings;
         the launch configuration object is built once per grid and stream)."""
         cx, cy, cz = self.cluster
@@ -175,10 +166,7 @@ class CompiledKernel:
                 self._cluster_configs.clear()
             config = self._cluster_configs[(gx, gy, gz, handle)] = cluster_launch_config(
                 driver, (gx, gy, gz), self.threads, self.shared_bytes, handle, self.cluster)
-        function = self.function(device)
-        with self._lock:
-            self._struct.pack_into(self._buffer, self._start, *values)
-            err = driver.cuLaunchKernelEx(config, function, self._params_addr.value, 0)
+        err = driver.cuLaunchKernelEx(config, self.function(device), params.value, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             drv.check(err, f"cuLaunchKernelEx({self.name}, grid={(gx, gy, gz)}, "
                            f"cluster={self.cluster})")
@@ -245,13 +233,15 @@ class PreparedLaunch:
     same key (shapes, strides, dtypes, devices and pointer alignment classes: everything
     the checks read except the data pointers and the numbers' values).
 
-    Calling it rebuilds the parameter values from the checked ones, changing only the
-    data pointers and re-checking the scalars (a float rounded to its dtype, an int's
-    32-bit range), and the tensor maps of the new pointers (a cache hit when a pointer was
-    seen before), and calls the driver: no argument plan, no facts, no dict of names.
+    It owns a `ParamBuffer` whose tail (extents, strides) was packed once; the values a
+    replay changes sit first. Calling it packs the new data pointers, re-checks the
+    scalars (a float rounded to its dtype, an int's 32-bit range), takes the tensor maps
+    of the new pointers (a cache hit when a pointer was seen before) and calls the
+    driver: no argument plan, no facts, no dict of names, no list of every value.
     """
 
-    __slots__ = ("kernel", "template", "pointers", "scalars", "maps", "device", "constexprs")
+    __slots__ = ("kernel", "device", "constexprs", "buffer", "take_pointers", "scalars",
+                 "maps", "slots")
 
     def __init__(self, kernel: CompiledKernel, values: list, device: int,
                  constexprs: dict | None = None, arg_index: dict[str, int] | None = None):
@@ -261,39 +251,60 @@ class PreparedLaunch:
         if arg_index is None:
             arg_index = {p.name: i for i, p in enumerate(kernel.plan.params)}
         self.kernel = kernel
-        self.template = list(values)
         self.device = device  # -1: no tensor arguments, the current device at each launch
         self.constexprs = constexprs or {}
-        self.pointers = [(slot, arg_index[spec.source])
-                         for slot, spec in enumerate(kernel.params) if spec.kind == "pointer"]
+        specs = kernel.params
+        pointers = [(slot, arg_index[spec.source])
+                    for slot, spec in enumerate(specs) if spec.kind == "pointer"]
         by_name = {p.name: p for p in kernel.plan.params}
-        self.scalars = [(slot, arg_index[spec.source], by_name[spec.source])
-                        for slot, spec in enumerate(kernel.params) if spec.kind == "scalar"]
-        # Per tensor map: its slot, its tensor's argument, the map, and the tensor's
-        # extents and strides (fixed for this prepared launch; only the pointer varies).
-        pointer_slots = {spec.source: slot for slot, spec in enumerate(kernel.params)
+        self.scalars = [(arg_index[spec.source], by_name[spec.source])
+                        for spec in specs if spec.kind == "scalar"]
+        # Per tensor map: its tensor's argument, the map, and the tensor's extents and
+        # strides (fixed for this prepared launch; only the pointer varies).
+        pointer_slots = {spec.source: slot for slot, spec in enumerate(specs)
                          if spec.kind == "pointer"}
         self.maps = []
-        for slot, tmap, _, rank in kernel.plan.map_slots:
+        for _, tmap, _, rank in kernel.plan.map_slots:
             start = pointer_slots[tmap.tensor] + 1
-            self.maps.append((slot, arg_index[tmap.tensor], tmap,
-                              tuple(self.template[start:start + rank]),
-                              tuple(self.template[start + rank:start + 2 * rank])))
+            self.maps.append((arg_index[tmap.tensor], tmap, tuple(values[start:start + rank]),
+                              tuple(values[start + rank:start + 2 * rank])))
+        # Buffer order: pointers, scalars, maps (rewritten per launch), then the rest.
+        changing = ([slot for slot, _ in pointers]
+                    + [slot for slot, spec in enumerate(specs) if spec.kind == "scalar"]
+                    + [slot for slot, *_ in kernel.plan.map_slots])
+        fixed = [slot for slot in range(len(specs)) if slot not in set(changing)]
+        self.slots = changing
+        self.buffer = ParamBuffer(specs, changing + fixed, len(changing))
+        self.buffer.pack([values[slot] for slot in changing + fixed])
+        indices = [i for _, i in pointers]
+        self.take_pointers = (itemgetter(*indices) if len(indices) > 1 else
+                              (lambda p, i=indices[0]: (p[i],)) if indices else
+                              (lambda p: ()))
 
     def __call__(self, grid: tuple[int, int, int], args: Sequence[Any],
                  pointers: Sequence[int | None], stream: Any = None) -> None:
         """Launch on a normalized `grid` with `args` (positional, as first checked) whose
         data pointers the caller has read already (`pointers[i]` for `args[i]`)."""
-        values = self.template.copy()
-        for slot, i in self.pointers:
-            values[slot] = pointers[i]
-        for slot, i, param in self.scalars:
-            values[slot] = self.kernel.plan.check_scalar(param, args[i])
-        for slot, i, tmap, shape, strides in self.maps:
-            values[slot] = self.kernel.plan.tensor_map(tmap, pointers[i], shape, strides)
+        changing = self.take_pointers(pointers)
+        if self.scalars or self.maps:
+            changing = self._with_scalars_and_maps(changing, args, pointers)
         device = self.device if self.device >= 0 else drv.current_device()
-        self.kernel.launch_raw(grid[0], grid[1], grid[2], values, device,
-                               _stream_handle(stream, device))
+        handle = _stream_handle(stream, device)
+        buffer = self.buffer
+        with buffer.lock:
+            buffer.prefix.pack_into(buffer.buffer, buffer.start, *changing)
+            self.kernel.send(grid[0], grid[1], grid[2], device, handle, buffer.address)
+
+    def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
+                               pointers: Sequence[int | None]) -> list:
+        plan = self.kernel.plan
+        values = list(pointer_values)
+        values += [plan.check_scalar(param, args[i]) for i, param in self.scalars]
+        maps = [plan.tensor_map(tmap, pointers[i], shape, strides)
+                for i, tmap, shape, strides in self.maps]
+        if maps:
+            self.kernel.check_tensor_maps(maps)
+        return values + maps
 
 
 def _stream_handle(stream: Any, device: int) -> int:

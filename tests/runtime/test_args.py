@@ -132,7 +132,7 @@ def test_compiled_kernel_without_gpu_packs(tmp_path):
     ck = CompiledKernel(kernel, b"\x7fELF", "source", "sm_90a")
     values, _ = ck.plan.flatten([FakeCudaArray((16,), "<f4"), FakeCudaArray((16,), "<f4")])
     blob = ck.pack(values)
-    assert len(blob) == ck._struct.size == 48
+    assert len(blob) == ck._args.struct.size == 48
     assert ck[(1,)] is not None
 
 

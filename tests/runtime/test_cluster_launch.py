@@ -76,7 +76,7 @@ def test_cluster_launch_uses_launch_kernel_ex_with_the_cluster_attribute(recorde
     assert attribute.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     dims = attribute.value.clusterDim
     assert (dims.x, dims.y, dims.z) == (2, 1, 1)
-    assert int(function) == 0x1234 and params == ck._params_addr.value
+    assert int(function) == 0x1234 and params == ck._args.address.value
 
 
 def test_grid_must_be_a_multiple_of_the_cluster(recorded, monkeypatch):

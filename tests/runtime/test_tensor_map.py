@@ -3,7 +3,7 @@ tensor, the bounded encode cache, and a TensorMapParam flattened and packed as 1
 a 64-byte-aligned address (the driver's encode is replaced by a recording fake)."""
 from __future__ import annotations
 
-import ctypes
+import struct
 
 import pytest
 
@@ -166,25 +166,29 @@ def test_packing_puts_each_map_128_bytes_at_a_64_byte_aligned_address():
     ck = compiled(tma_kernel(), encoder)
     plan, args = plan_and_args(encoder)
     values, _ = ck.plan.flatten(args)
-    ck._struct.pack_into(ck._buffer, ck._start, *values)  # what launch_raw does
-    specs = param_list(tma_kernel())
-    for slot, spec in enumerate(specs):
-        address = ck._pointers[slot]
-        if spec.kind == "tensormap":
-            assert address % 64 == 0
-            assert ctypes.string_at(address, 128) == values[slot]
-        else:
-            raw = ctypes.string_at(address, spec.size)
-            assert raw == ck._struct.__class__("<" + spec.fmt).pack(values[slot])
+    ck._args.pack(values)  # what launch_raw does
+    # ... and what a prepared launch has in its own buffer (another order: changing first).
+    prepared = PreparedLaunch(ck, values, device=0)
+    for buffer in (ck._args, prepared.buffer):
+        for slot, spec in enumerate(param_list(tma_kernel())):
+            if spec.kind == "tensormap":
+                assert buffer.pointers[slot] % 64 == 0
+            assert buffer.value_bytes(slot, spec.size) == struct.pack("<" + spec.fmt,
+                                                                       values[slot])
 
 
 def test_prepared_launch_reencodes_only_new_pointers(monkeypatch):
     encoder = RecordingEncoder()
     ck = compiled(tma_kernel(), encoder)
     _, args = plan_and_args(encoder)
-    launched = []
-    monkeypatch.setattr(ck, "launch_raw",
-                        lambda gx, gy, gz, values, device, handle: launched.append(list(values)))
+    launched = []  # the parameter values each launch hands the driver, by name
+
+    def send(gx, gy, gz, device, handle, params):
+        assert params is prepared.buffer.address
+        launched.append({spec.name: prepared.buffer.value_bytes(slot, spec.size)
+                         for slot, spec in enumerate(ck.params)})
+
+    monkeypatch.setattr(ck, "send", send)
     values, _ = ck.plan.flatten(args)
     prepared = PreparedLaunch(ck, values, device=0)
     assert len(encoder.calls) == 2
@@ -192,11 +196,16 @@ def test_prepared_launch_reencodes_only_new_pointers(monkeypatch):
     assert len(encoder.calls) == 2  # same pointers: cache hits
     prepared((1, 1, 1), args, [BASE + 0x100000, None, BASE + 0x10000], stream=0)
     assert len(encoder.calls) == 3 and encoder.calls[-1][0] == BASE + 0x100000
-    specs = [s.name for s in param_list(tma_kernel())]
-    last = dict(zip(specs, launched[-1]))
-    assert last["x"] == BASE + 0x100000
+    last = launched[-1]
+    assert last["x"] == struct.pack("<Q", BASE + 0x100000)
+    assert last["y"] == struct.pack("<Q", BASE + 0x10000)
     assert last["x_map"] == (3).to_bytes(8, "little") * 16
     assert last["y_map"] == (2).to_bytes(8, "little") * 16
+    assert last["alpha"] == struct.pack("<f", 2.5) and last["x_shape1"] == struct.pack("<i", 72)
+    args[1] = "2.5"  # a scalar is re-checked on each replay
+    with pytest.raises(LaunchError, match="alpha"):
+        prepared((1, 1, 1), args, [BASE, None, BASE + 0x10000], stream=0)
+    args[1] = 2.5
     with pytest.raises(LaunchError, match=r"'x \(x_map\)'.*16-byte aligned"):
         prepared((1, 1, 1), args, [BASE + 0x100008, None, BASE + 0x10000], stream=0)
 
