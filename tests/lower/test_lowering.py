@@ -55,12 +55,13 @@ def test_ldmatrix_row_holders_agree_with_the_catalogue_table():
 
 
 def _design_gemm():
-    """The DESIGN.md GEMM (the library's pipelined f16 kernel) with 64x64x32 tiles."""
+    """The DESIGN.md GEMM (the library's pipelined f16 kernel) with 64x64x32 tiles, built
+    for sm_80 below: the cp.async pipeline (sm_90a's TMA ring: test_hopper_lowering.py)."""
     return gemm_kernel(f16)
 
 
 def test_pipelined_loop_issues_stages_minus_one_groups_ahead():
-    kernel = build(_design_gemm(), dict(BM=64, BN=64, BK=32)).thread_kernel
+    kernel = build(_design_gemm(), dict(BM=64, BN=64, BK=32), None, "sm_80").thread_kernel
     top = kernel.body
     loop = next(s for s in top if isinstance(s, For))
     prologue = top[:top.index(loop)]
@@ -75,7 +76,7 @@ def test_pipelined_loop_issues_stages_minus_one_groups_ahead():
 
 
 def test_copies_of_f16_tiles_are_16_byte_vectors():
-    kernel = build(_design_gemm(), dict(BM=64, BN=64, BK=32)).thread_kernel
+    kernel = build(_design_gemm(), dict(BM=64, BN=64, BK=32), None, "sm_80").thread_kernel
     copies = [s for s in walk(kernel.body) if isinstance(s, CpAsync)]
     assert copies and all(s.count == 8 for s in copies)
 

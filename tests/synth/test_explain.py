@@ -23,7 +23,8 @@ SQUARE = {"a": (4096, 4096), "b": (4096, 4096), "c": (4096, 4096)}
 
 @pytest.fixture(scope="module")
 def gemm128():
-    return build(gemm, {"BM": 128, "BN": 128, "BK": 32})
+    # The mma.sync path (sm_90a plans wgmma: tests/synth/test_hopper_decision.py).
+    return build(gemm, {"BM": 128, "BN": 128, "BK": 32}, None, "sm_80")
 
 
 def test_report_states_layouts_instructions_and_resources(gemm128):
@@ -45,7 +46,7 @@ def test_report_states_layouts_instructions_and_resources(gemm128):
 
 
 def test_tg_explain_builds_and_explains():
-    text = tg.explain(gemm, BM=64, BN=64)
+    text = tg.explain(gemm, target="sm_80", BM=64, BN=64)
     assert "kernel gemm (BM=64, BN=64, BK=32, STAGES=3)" in text
     assert "2x4x2 MMAs per warp per gemm" in text
 
@@ -70,9 +71,10 @@ def test_model_numbers_follow_from_the_counts(gemm128):
     assert cost.tensor_cycles == cost.mma_instructions * issue / 4
     assert cost.flops == 2 * 128 * 128 * 4096
     assert cost.bound == "tensor"                                  # L2 reuse: not DRAM-bound
-    assert cost.waves == -(-1024 // (132 * cost.blocks_per_sm))
+    target = gemm128.target
+    assert cost.waves == -(-1024 // (target.sm_count * cost.blocks_per_sm))
     # Never faster than the target's mma.sync peak.
-    peak = 2 * 1024 * 132 * 1.83e9
+    peak = 2 * target.tensor_rate("f16") * target.sm_count * target.clock_ghz * 1e9
     assert cost.flops * cost.blocks / cost.seconds <= peak
     assert "TFLOP/s" in str(cost)
 
