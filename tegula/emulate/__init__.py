@@ -3,7 +3,11 @@
 * `run_thread_kernel(kernel, grid, tensors, scalars, check_races=True)` -> `EmulationReport`
   (tensors are numpy arrays, updated in place; see `tegula.emulate.machine`).
 * `EmulationError`: out-of-bounds / misaligned accesses, shared-memory races, missing
-  cp.async waits or barriers, divergent barriers — compiler bugs caught on the CPU.
+  cp.async waits or barriers, divergent barriers — compiler bugs caught on the CPU; for
+  asynchronous thread IR (`lower/async_ir.py`: warp roles, mbarriers, TMA, wgmma) also
+  deadlocks (every role blocked, each role's line and wait listed), reads of TMA data or
+  wgmma accumulators before their wait, and missing proxy fences (`emulate/roles.py`,
+  `async_state.py`, `async_ops.py`; docs/compiler.md "Emulating asynchronous code").
 * `round_to`, `to_bits`, `from_bits`: the dtype rounding the emulator applies
   (`tegula.emulate.values`).
 * `bank_wavefronts`: the shared-memory bank model (`tegula.emulate.memory`).

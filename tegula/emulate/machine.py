@@ -12,6 +12,10 @@ condition runs its branches under an active mask (statements only affect active 
 a `Barrier` reached with some threads inactive is an error (deadlock/UB on the GPU).
 Warp-collective statements (mma, ldmatrix, shuffles) need whole warps active.
 Errors are `EmulationError`s naming the statement, tensor/buffer, block and loop iteration.
+
+Asynchronous statements (`lower/async_ir.py`) compile in `async_ops.py` against the block's
+`AsyncState` (created only for kernels that have them, so other kernels run as before);
+`Roles` runs its roles as coroutines (`roles.py`).
 """
 from __future__ import annotations
 
