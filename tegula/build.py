@@ -308,8 +308,12 @@ def _fast_key(args: tuple, kwargs: dict, target) -> tuple[tuple, list] | None:
     pointers (read once, for the key's alignment class and for the launch). Per torch
     tensor: pointer alignment class, shape, strides, dtype and device (everything the facts
     are computed from); per number: its type; plus the keywords and target. None for
-    arguments the fast path does not read (non-torch tensor objects)."""
-    parts, pointers = [], []
+    arguments the fast path does not read (non-torch tensor objects).
+
+    The key is one flat tuple (no tuple per tensor: it is built and hashed on every
+    launch); it parses one way only, since a number's part is a type object, which equals
+    none of a tensor's five parts."""
+    parts, pointers = [target, tuple(kwargs.items())], []
     for a in args:
         data_ptr = getattr(a, "data_ptr", None)
         if data_ptr is None:
@@ -319,10 +323,13 @@ def _fast_key(args: tuple, kwargs: dict, target) -> tuple[tuple, list] | None:
             pointers.append(None)
             continue
         ptr = data_ptr()
-        parts.append((ptr & 15, a.shape, a.stride(), a.dtype, a.get_device()))
+        parts += (ptr & 15, a.shape, a.stride(), a.dtype, a.get_device())
         pointers.append(ptr)
-    return (tuple(parts), tuple(kwargs.items()), target), pointers
+    return tuple(parts), pointers
 
+
+#: Prepared launches kept per kernel (each holds a small parameter buffer).
+_MAX_PREPARED = 4096
 
 _GRIDS: dict = {}  # grid as given -> three positive ints (normalize_grid, memoized)
 
@@ -353,7 +360,9 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     Host overhead matters for small kernels, so a launch whose arguments look like an
     earlier launch's (same alignment classes, shapes, strides, dtypes, keywords) goes
     straight to the compiled kernel; only a new specialization takes the full path."""
-    fast = kernel.__dict__.setdefault("_fast_launch", {})
+    fast = kernel.__dict__.get("_fast_launch")
+    if fast is None:
+        fast = kernel.__dict__["_fast_launch"] = {}
     keyed = _fast_key(args, kwargs, target)
     hit = fast.get(keyed[0]) if keyed is not None else None
     if hit is not None:
@@ -380,5 +389,7 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     runtime = [p.name for p in kernel.params if p.kind in ("tensor", "scalar")]
     if keyed is not None and len(args) == len(runtime):  # every run-time argument positional
         arg_index = {name: i for i, name in enumerate(runtime)}  # positions as the user passes
+        if len(fast) >= _MAX_PREPARED:  # many distinct shapes: start over, not grow forever
+            fast.clear()
         fast[keyed[0]] = PreparedLaunch(ck, flat, device, values, arg_index)
     return ck
