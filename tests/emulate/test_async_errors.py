@@ -225,3 +225,13 @@ def test_mbarriers_overlapping_a_buffer_are_refused():
     kernel.mbarriers[0] = type(full)(full.name, full.count, full.byte_offset - 8)
     msg = _gemm_error(kernel)
     assert "mbarrier array 'full'" in msg and "overlaps" in msg and "'sb'" in msg
+
+
+def test_releasing_a_stage_a_wgmma_group_still_reads_is_reported():
+    """wait_group 1 keeps the last group in flight, so the stage it reads may not be
+    released yet: the producer's next copy into it is reported."""
+    kernel = gemm_kernel(64, 2)
+    body = loop_body(role_body(kernel, "consumer"))
+    body[body.index(next(s for s in body if isinstance(s, WgmmaWait)))] = WgmmaWait(1)
+    msg = _gemm_error(kernel)
+    assert "TmaLoad" in msg and "while a wgmma or TMA store still reads it" in msg

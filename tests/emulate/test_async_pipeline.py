@@ -120,3 +120,25 @@ def test_box_dump_reads_the_catalogue_swizzle():
     e = np.arange(4096)
     for swizzle, formula in ((128, e ^ (((e >> 5) & 7) << 2)), (64, e ^ (((e >> 5) & 3) << 2))):
         assert np.array_equal(swizzle_bytes_address(e * 4, swizzle), formula * 4)
+
+
+def test_consumer_keeping_one_wgmma_group_in_flight_is_right():
+    """CUTLASS's consumer: wait_group 1, so a stage is released one iteration late (once
+    the group reading it retired); the emulator must accept it and get it right."""
+    from tegula.lower.async_ir import MBarrierArrive, WgmmaWait
+    from tegula.lower.thread_ir import If
+
+    from async_kernels import loop_body, role_body
+    stages = 3
+    kernel = gemm_kernel(64, stages)
+    consumer = role_body(kernel, "consumer")
+    body = loop_body(consumer)
+    kt = Var("kt")
+    body[body.index(next(s for s in body if isinstance(s, WgmmaWait)))] = WgmmaWait(1)
+    body[body.index(next(s for s in body if isinstance(s, MBarrierArrive)))] = If(
+        Const(0).lt(kt), [MBarrierArrive("empty", (kt + (stages - 1)) % stages)])
+    loop = next(s for s in consumer if isinstance(s, For) and s.var == kt)
+    consumer.insert(consumer.index(loop) + 1, WgmmaWait(0))
+    a, b, c = gemm_inputs(100, 64, 500, seed=11)
+    run_gemm(kernel, a, b, c)
+    _assert_gemm(c, a, b)
