@@ -92,8 +92,9 @@ class AsyncState:
     """Everything asynchronous about one block (see the module docstring)."""
 
     def __init__(self, mbarrier_arrays, threads: int, smem_bytes: int, check_races: bool,
-                 reg_sizes: dict[str, int]):
+                 reg_sizes: dict[str, int], role_order: str = "listed"):
         self.threads = threads
+        self.role_order = role_order  # which role the scheduler starts first (roles.py)
         self.reg_sizes = reg_sizes
         self.check = check_races
         self.arrays = {m.name: m for m in mbarrier_arrays}

@@ -249,12 +249,17 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                       scalars: Mapping[str, object] | None = None,
                       *, check_races: bool = True,
                       track_writes: Iterable[str] = (),
-                      num_sms: int = 132) -> EmulationReport:
+                      num_sms: int = 132, role_order: str = "listed") -> EmulationReport:
     """Execute `kernel` on the CPU over `grid` (1-3 block counts); tensors are updated in
     place. Returns the statistics; raises `EmulationError` on a bug in the thread IR.
     For the tensors named in `track_writes`, `report.written[name]` is a boolean mask over
     their element offsets of those any block stored to (for `tegula.emulate.coverage`).
-    `num_sms` is what `tg.num_sms()` reads (the SM count of the emulated device)."""
+    `num_sms` is what `tg.num_sms()` reads (the SM count of the emulated device).
+    `role_order` ("listed" or "reversed") is the order in which the roles of a `Roles`
+    statement first get to run: each runs until it blocks, so the two orders are two
+    different interleavings (a correct kernel is right under both)."""
+    if role_order not in ("listed", "reversed"):
+        raise EmulationError(f"role_order must be 'listed' or 'reversed', not {role_order!r}")
     t0 = time.perf_counter()
     grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
@@ -281,7 +286,7 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                 if comp.is_async:
                     state.asyncs = smem.async_ = AsyncState(
                         kernel.mbarriers, kernel.threads, kernel.shared_bytes, check_races,
-                        {a.name: a.size for a in comp.regfile.arrays.values()})
+                        {a.name: a.size for a in comp.regfile.arrays.values()}, role_order)
                 try:
                     body(state)
                     unfinished = state.asyncs and state.asyncs.unfinished()

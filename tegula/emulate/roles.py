@@ -188,6 +188,8 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
             _check_uniform(mask, state.threads, f"{what}: role {name!r}")
             role_state = state.for_role(mask)
             role_state.task = scheduler.add(name, loc, body, role_state)
+        if state.asyncs.role_order == "reversed":
+            scheduler.tasks.reverse()
         st.add(state.active_warps())
         scheduler.run(lambda: f"block {state.bid}")
     return run

@@ -81,10 +81,13 @@ def gemm_inputs(m: int, n: int, k: int, seed: int = 0):
     return a, b, c
 
 
-def run_gemm(kernel: ThreadKernel, a, b, c, block_n: int = 64):
+def run_gemm(kernel: ThreadKernel, a, b, c, block_n: int = 64, role_order: str = "listed"):
+    """Run the warp-specialized GEMM sample; the sample lists its consumer role first, so
+    `role_order="reversed"` lets the producer run first."""
     m, n = c.shape
     grid = (-(-n // block_n), -(-m // 64))
-    return run_with_deadline(lambda: run_thread_kernel(kernel, grid, {"a": a, "b": b, "c": c}))
+    return run_with_deadline(lambda: run_thread_kernel(kernel, grid, {"a": a, "b": b, "c": c},
+                                                       role_order=role_order))
 
 
 def gemm_reference(a, b):

@@ -32,15 +32,16 @@ def _assert_gemm(c, a, b):
     assert (err <= bound).all(), f"max error {err.max()} (bound {bound[err > bound].min()})"
 
 
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
 @pytest.mark.parametrize("m, n, k, block_n, stages", [
     (97, 130, 200, 64, 2),     # nothing divides: edge boxes zero-filled in M, N and K
     (64, 64, 64, 64, 2),       # one tile, one k-step
     (70, 200, 72, 128, 3),     # k-tiles fewer than stages
     (33, 40, 330, 64, 3),      # more k-tiles than stages: the ring wraps, parities flip
 ])
-def test_warp_specialized_gemm_matches_numpy(m, n, k, block_n, stages):
+def test_warp_specialized_gemm_matches_numpy(m, n, k, block_n, stages, role_order):
     a, b, c = gemm_inputs(m, n, k, seed=m + n + k)
-    report = run_gemm(gemm_kernel(block_n, stages), a, b, c, block_n)
+    report = run_gemm(gemm_kernel(block_n, stages), a, b, c, block_n, role_order)
     _assert_gemm(c, a, b)
     blocks = -(-m // 64) * -(-n // block_n)
     k_tiles = -(-k // 64)
@@ -122,7 +123,8 @@ def test_box_dump_reads_the_catalogue_swizzle():
         assert np.array_equal(swizzle_bytes_address(e * 4, swizzle), formula * 4)
 
 
-def test_consumer_keeping_one_wgmma_group_in_flight_is_right():
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_consumer_keeping_one_wgmma_group_in_flight_is_right(role_order):
     """CUTLASS's consumer: wait_group 1, so a stage is released one iteration late (once
     the group reading it retired); the emulator must accept it and get it right."""
     from tegula.lower.async_ir import MBarrierArrive, WgmmaWait
@@ -140,5 +142,5 @@ def test_consumer_keeping_one_wgmma_group_in_flight_is_right():
     loop = next(s for s in consumer if isinstance(s, For) and s.var == kt)
     consumer.insert(consumer.index(loop) + 1, WgmmaWait(0))
     a, b, c = gemm_inputs(100, 64, 500, seed=11)
-    run_gemm(kernel, a, b, c)
+    run_gemm(kernel, a, b, c, role_order=role_order)
     _assert_gemm(c, a, b)
