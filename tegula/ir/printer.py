@@ -55,7 +55,8 @@ def global_view_text(t: GlobalTile) -> str:
     """`view a origin (…) dims (extent@dim*step, …)` — a global view's address map."""
     origin = ", ".join(str(o) for o in t.origin)
     dims = ", ".join(_view_dim(d) for d in t.dims)
-    return f"view {t.arg.name} origin ({origin}) dims ({dims})"
+    limits = "".join(f" d{d}<{upper}" for d, upper in t.limits)
+    return f"view {t.arg.name} origin ({origin}) dims ({dims}){limits and ' limits' + limits}"
 
 
 def _alloc_decl(a: SharedAlloc) -> str:

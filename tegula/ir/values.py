@@ -76,6 +76,10 @@ class GlobalTile(Tile):
     arg: GlobalArg = None  # type: ignore[assignment]
     origin: tuple = ()      # one ScalarLike per tensor dim
     dims: tuple = ()        # one ViewDim per tile dim
+    #: (tensor dim, exclusive upper bound in tensor coordinates) per dim a slice with a stop
+    #: narrowed (`a[start:end, :]`): elements at or past it are out of bounds like those
+    #: past the tensor's extent, in every view derived from this one (tiles included).
+    limits: tuple = ()
 
     scope: ClassVar[str] = "global"
 

@@ -134,6 +134,10 @@ class _Verifier:
             self.check_scalar(d.step, op)
         for o in t.origin:
             self.check_scalar(o, op)
+        for d, upper in t.limits:
+            if not 0 <= d < arg.rank:
+                raise self.fail(op, f"{describe(t)} limits tensor dim {d}")
+            self.check_scalar(upper, op)
 
     # -- ops ------------------------------------------------------------------------------
     def check_block(self, ops: list[Op]) -> None:

@@ -123,12 +123,22 @@ class GlobalView(TileHandle):
     def ir(self) -> GlobalTile:
         return self._tile
 
-    def _derive(self, origin: list, dims: list) -> GlobalView:
+    def _derive(self, origin: list, dims: list, limits: tuple | None = None) -> GlobalView:
         arg = self._tile.arg
         tile = GlobalTile(dtype=arg.dtype, shape=tuple(d.extent for d in dims),
                           name=current("a global view").fresh_name(f"{arg.name}."),
-                          loc=user_location(), arg=arg, origin=tuple(origin), dims=tuple(dims))
+                          loc=user_location(), arg=arg, origin=tuple(origin), dims=tuple(dims),
+                          limits=self._tile.limits if limits is None else limits)
         return GlobalView(tile)
+
+    def _narrowed(self, limits: tuple, tensor_dim: int, bound: Any) -> tuple:
+        """`limits` with tensor dim `tensor_dim` also bounded by `bound` (exclusive)."""
+        from tegula.lang.scalars import scalar_extremum
+        old = dict(limits)
+        if tensor_dim in old:
+            bound = scalar_extremum("min", old[tensor_dim], bound)
+        old[tensor_dim] = bound
+        return tuple(sorted(old.items()))
 
     def tile(self, tile_shape: Any, coord: Any = None) -> GlobalView:
         """Cut the view into tiles of `tile_shape`. Per dim, `coord` is a tile index (the
@@ -161,7 +171,7 @@ class GlobalView(TileHandle):
         op = "view[...]"
         items = self._expand_index(index, op)
         origin = list(self._tile.origin)
-        dims = []
+        dims, limits = [], self._tile.limits
         for dim, item in zip(self._tile.dims, items):
             td = dim.tensor_dim
             if isinstance(item, slice):
@@ -169,6 +179,10 @@ class GlobalView(TileHandle):
                     raise fail(op, "slices of a global view cannot have a step")
                 start = 0 if item.start is None else index_value(item.start, op, "a start")
                 stop = dim.extent if item.stop is None else index_value(item.stop, op, "a stop")
+                if item.stop is not None:
+                    # Tiles cut from this view may reach past `stop` (a partial last
+                    # tile): those elements must be out of bounds, as past the tensor's end.
+                    limits = self._narrowed(limits, td, origin[td] + stop * dim.step)
                 origin[td] = origin[td] + start * dim.step
                 dims.append(ViewDim(td, stop - start, dim.step))
                 continue
@@ -181,7 +195,7 @@ class GlobalView(TileHandle):
         if not dims:  # every dim indexed: one element, loaded as a kernel scalar
             from tegula.lang.scalars import scalar_load
             return scalar_load(self, origin)
-        return self._derive(origin, dims)
+        return self._derive(origin, dims, limits)
 
     def _expand_index(self, index: Any, op: str) -> list:
         items = list(index) if isinstance(index, tuple) else [index]

@@ -155,6 +155,8 @@ def global_address(view: GlobalTile, coords: list, contiguous_dim: int | None) -
         stride = Const(1) if d == contiguous_dim else Var(f"{name}_stride{d}")
         index = index + c * stride
         bounds.append(c.lt(Var(f"{name}_shape{d}")))
+    for d, upper in view.limits:  # where a slice narrowed the view (`a[start:end]`)
+        bounds.append(tensor_coords[d].lt(scalar_expr(upper)))
     return index, all_of(bounds)
 
 

@@ -79,6 +79,9 @@ def global_vector_limit(view: GlobalTile, facts: dict,
     limit = 128 // bits
     limit = min(limit, tensor_facts.align_bytes * 8 // bits)
     divisors = [scalar_divisor(view.origin[c], facts)]
+    # A slice's bound along the contiguous dim (`a[:, :n]`) must not cut a vector: the
+    # vector's predicate is its first element's.
+    divisors += [scalar_divisor(upper, facts) for d, upper in view.limits if d == c]
     if not allow_tail:
         divisors.append(tensor_facts.extent_divisors[c])
     divisors += [tensor_facts.stride_divisors[d] for d in range(tensor_facts.rank) if d != c]
@@ -165,6 +168,9 @@ def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
         return None, f"its fill {op.fill!r} is not +0 (TMA fills out-of-bounds elements with zeros)"
     if view.dtype.bits % 8:
         return None, f"{view.dtype} elements are narrower than a byte"
+    if view.limits:
+        return None, (f"the view of {name} is narrowed by a slice (TMA bounds a box only at "
+                      f"the tensor's extents)")
     if tile.permutation and tuple(tile.permutation) != tuple(range(len(tile.shape))):
         return None, "the destination is a transposed view of its buffer"
     if tensor_facts.rank > TMA_MAX_RANK:

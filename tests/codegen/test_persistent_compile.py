@@ -1,4 +1,4 @@
-"""The CUDA of the persistent-kernel scalars compiles with NVRTC for sm_80 and sm_90a — the
+"""The CUDA of the persistent-kernel scalars (and of sliced views) compiles with NVRTC for sm_80 and sm_90a — the
 emulator tests in tests/lang/test_persistent_scalars.py prove the same thread IR right — and
 prints what the emulator computes: the user's scalar `//` and `%` through the floor helpers
 (C's `/` truncates: -7 / 2 == -3 where the emulator and Python give -4), the grid size from
@@ -17,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lang"))
 from test_persistent_scalars import (gather_rows, grid_sizes, grid_stride_rows,  # noqa: E402
                                      persistent_pipeline, scalar_ops, segments, visit)
 
+from test_sliced_views import copy_col_slice, copy_row_slice, gemm_first_k  # noqa: E402
+
 KERNELS = [grid_stride_rows, grid_sizes, visit, persistent_pipeline, scalar_ops, segments,
-           gather_rows]
+           gather_rows, copy_row_slice, copy_col_slice, gemm_first_k]
 
 
 @pytest.mark.skipif(not available_compilers(), reason="no CUDA compiler (NVRTC or nvcc)")

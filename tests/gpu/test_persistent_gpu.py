@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "tests" / "lang"))
 from gpu_helpers import assert_matches_emulator, poison, to_device  # noqa: E402
 from test_persistent_scalars import (W, gather_rows, grid_sizes, grid_stride_rows,  # noqa: E402
                                      scalar_ops, segments, visit)
+from test_sliced_views import copy_col_slice, copy_row_slice  # noqa: E402
 
 RNG = np.random.default_rng(90)
 
@@ -100,6 +101,25 @@ def test_scalar_loads_match_the_emulator():
     gather_rows[(1,)](to_device(x, f32), torch.from_numpy(index).cuda(), y)
     torch.cuda.synchronize()
     assert_matches_emulator(emulated, y, f32)
+
+
+@pytest.mark.parametrize("n", [3, 9])
+def test_row_and_column_slices_bound_tiles_as_in_the_emulator(n):
+    x = RNG.standard_normal((12, 32)).astype(np.float32)
+    emulated = np.full_like(x, 9.0)
+    tg.emulate(copy_row_slice, (1,), x, emulated, n, check_coverage=False)
+    y = torch.full((12, 32), 9.0, device="cuda")
+    copy_row_slice[(1,)](to_device(x, f32), y, n)
+    torch.cuda.synchronize()
+    assert_matches_emulator(emulated, y, f32)
+    for lo, hi in ((0, 5), (3, 13)):
+        x = RNG.standard_normal((4, 20)).astype(np.float32)
+        emulated = np.full_like(x, 9.0)
+        tg.emulate(copy_col_slice, (1,), x, emulated, lo=lo, hi=hi, check_coverage=False)
+        y = torch.full((4, 20), 9.0, device="cuda")
+        copy_col_slice[(1,)](to_device(x, f32), y, lo=lo, hi=hi)
+        torch.cuda.synchronize()
+        assert_matches_emulator(emulated, y, f32)
 
 
 @pytest.mark.parametrize("m,n,k,blocks", [(97, 130, 72, None), (1000, 777, 264, None),
