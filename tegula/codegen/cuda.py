@@ -9,8 +9,10 @@ Memory statements move `count` consecutive elements as *one* access of count*ele
 4/2/1 bytes through plain scalar types — plain C accesses, so the compiler sees them as
 loads and stores (`ld.global.nc` for read-only tensors, `LDG.E.128` in SASS) and the 32-bit
 words are packed/unpacked to registers with shifts that compile to nothing or `PRMT`.
-cp.async, ldmatrix, mma, shuffles and atomics are inline PTX; shared addresses for them
-come from one `__cvta_generic_to_shared` of the dynamic shared memory base.
+cp.async, ldmatrix, mma, shuffles and atomics are inline PTX — all but the atomics printed
+by their `tegula.arch` catalogue entry's `format_asm`, so the PTX text lives once; shared
+addresses for them come from one `__cvta_generic_to_shared` of the dynamic shared memory
+base.
 The asynchronous statements (mbarriers, TMA, wgmma, warp roles: `lower/async_ir.py`) are
 printed by `async_stmts.py`, a base class of the emitter.
 """
@@ -19,7 +21,9 @@ from __future__ import annotations
 import re
 
 from tegula.arch.catalogue import cp_async, cp_async_sizes
+from tegula.arch.catalogue import ldmatrix as ldmatrix_entry
 from tegula.arch.catalogue import shuffle as shuffle_entry
+from tegula.arch.memory import CP_ASYNC_COMMIT, cp_async_asm, cp_async_wait
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
@@ -417,29 +421,25 @@ class _Emitter(AsyncStatements):
             raise CodegenError(f"cp.async of {s.count} x {dtype} into {b.name} ({b.dtype}): "
                                f"needs 4, 8 or 16 bytes of one element width")
         # The catalogue's choice: .cg (bypass L1) for 16-byte copies, .ca for smaller ones.
-        cache = cp_async(nbytes).cache
+        instr = cp_async(nbytes)
         saddr = self.shared_saddr(b, s.offset)
         if s.pred is None:
-            self.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes};\\n" '
-                      f':: "r"({saddr}), "l"({ptr}) : "memory");')
+            self.line(cp_async_asm(instr, saddr, ptr))
             return
         # src-size 0 zero-fills the destination without reading; the source pointer then
         # falls back to the tensor base so no out-of-range address is ever formed.
-        pred = index_c(s.pred)
         self.line("{")
         self.depth += 1
-        self.line(f"const bool tg_p = {pred};")
-        self.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes}, %2;\\n" '
-                  f':: "r"({saddr}), "l"(tg_p ? {ptr} : {s.tensor}), '
-                  f'"r"(tg_p ? {nbytes} : 0) : "memory");')
+        self.line(f"const bool tg_p = {index_c(s.pred)};")
+        self.line(cp_async_asm(instr, saddr, f"tg_p ? {ptr} : {s.tensor}", pred="tg_p"))
         self.depth -= 1
         self.line("}")
 
     def _CpAsyncCommit(self, s: CpAsyncCommit) -> None:
-        self.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
+        self.line(CP_ASYNC_COMMIT.format_asm())
 
     def _CpAsyncWait(self, s: CpAsyncWait) -> None:
-        self.line(f'asm volatile("cp.async.wait_group %0;\\n" :: "n"({int(s.pending)}) : "memory");')
+        self.line(cp_async_wait(int(s.pending)).format_asm())
 
     def _LdMatrix(self, s: LdMatrix) -> None:
         if s.num not in (1, 2, 4):
@@ -449,16 +449,12 @@ class _Emitter(AsyncStatements):
             raise CodegenError(f"ldmatrix from {b.name} ({b.dtype}) into "
                                f"{s.dst.array.name} ({s.dst.array.dtype}): needs 16-bit "
                                f"(or paired 8-bit) elements on both sides")
-        trans = ".trans" if s.trans else ""
         words = [self.temp("lm") for _ in range(s.num)]
-        outs = ", ".join(f'"=r"({w})' for w in words)
-        operands = ", ".join(f"%{i}" for i in range(s.num))
         self.line("{")
         self.depth += 1
         self.line(f"unsigned {', '.join(words)};")
-        self.line(f'asm volatile("ldmatrix.sync.aligned.m8n8.x{s.num}{trans}.shared.b16 '
-                  f'{{{operands}}}, [%{s.num}];\\n" : {outs} : '
-                  f'"r"({self.shared_saddr(b, s.offset)}) : "memory");')
+        self.line(ldmatrix_entry(s.num, s.trans).format_asm(
+            d=words, addr=self.shared_saddr(b, s.offset)))
         per_word = 32 // b.dtype.bits
         self.unpack(words, [Reg(s.dst.array, s.dst.index + i)
                             for i in range(per_word * s.num)], b.dtype)
@@ -483,16 +479,12 @@ class _Emitter(AsyncStatements):
                                    f"the instruction takes {instr.values(operand)} per lane")
         self.line("{")
         self.depth += 1
-        outs, d_words = self.mma_outputs(s.d, instr)
-        ins = [f'"r"({w})' for w in self.mma_inputs(s.a) + self.mma_inputs(s.b)]
-        ins += self.mma_accumulator_inputs(s.c)
-        packed = len(ins) - instr.registers("a") - instr.registers("b")
-        if (len(outs), packed) != (instr.registers("d"), instr.registers("c")):
+        d, d_words = self.mma_outputs(s.d, instr)
+        c = self.mma_accumulator_inputs(s.c)
+        if (len(d), len(c)) != (instr.registers("d"), instr.registers("c")):
             raise CodegenError(f"{s.instr}: accumulator registers of {s.c[0].array.dtype} do "
                                f"not pack into the instruction's {instr.registers('c')}")
-        self.line(f'asm("{instr.asm_text()}\\n"')
-        self.line(f"    : {', '.join(outs)}")
-        self.line(f"    : {', '.join(ins)});")
+        self.line(instr.format_asm(d=d, a=self.mma_inputs(s.a), b=self.mma_inputs(s.b), c=c))
         if d_words:
             self.unpack(d_words, s.d, s.d[0].array.dtype)
         self.depth -= 1
@@ -510,21 +502,18 @@ class _Emitter(AsyncStatements):
         return words
 
     def mma_accumulator_inputs(self, regs: list[Reg]) -> list[str]:
-        dtype = regs[0].array.dtype
-        if dtype.bits == 32:
-            kind = "f" if dtype.name == "f32" else "r"
-            return [f'"{kind}"({self.reg(r)})' for r in regs]
-        return [f'"r"({w})' for w in self.mma_inputs(regs)]
+        """C's expressions: 32-bit registers themselves, 16-bit ones packed in pairs."""
+        if regs[0].array.dtype.bits == 32:
+            return [self.reg(r) for r in regs]
+        return self.mma_inputs(regs)
 
     def mma_outputs(self, regs: list[Reg], instr) -> tuple[list[str], list[str]]:
-        """Output constraints; 16-bit accumulators go through temporaries to unpack after."""
-        dtype = regs[0].array.dtype
-        if dtype.bits == 32:
-            kind = "f" if dtype.name == "f32" else "r"
-            return [f'"={kind}"({self.reg(r)})' for r in regs], []
+        """D's lvalues; 16-bit accumulators go through temporaries to unpack after."""
+        if regs[0].array.dtype.bits == 32:
+            return [self.reg(r) for r in regs], []
         words = [self.temp("mma_d") for _ in range(instr.registers("d"))]
         self.line(f"unsigned {', '.join(words)};")
-        return [f'"=r"({w})' for w in words], words
+        return words, words
 
     def _Shuffle(self, s: Shuffle) -> None:
         try:

@@ -111,7 +111,24 @@ def test_mma_asm_is_the_catalogue_template():
     text = mma_instr("mma.m16n8k16.f32.f16.f16.f32").asm_text()
     assert text == ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
                     "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};")
-    assert f'asm("{text}\\n"' in src
+    assert f'asm volatile("{text}\\n"' in src
+
+
+def test_cp_async_and_ldmatrix_print_their_entries():
+    """cp.async (predicated: src-size 0 and the tensor base where off), its commit/wait and
+    ldmatrix are the entries' own format_asm, not a second copy of their PTX."""
+    from tegula.arch import CP_ASYNC_COMMIT, cp_async, cp_async_asm, cp_async_wait, ldmatrix
+    from tegula.codegen.samples import cp_async_pipeline, mma_ldmatrix
+    src = emit_cuda(cp_async_pipeline(), "sm_80")
+    assert CP_ASYNC_COMMIT.format_asm() in src and cp_async_wait(1).format_asm() in src
+    copy = cp_async_asm(cp_async(16), "stage0_saddr + (unsigned)((tid + j * 128) / 8 * 64 + "
+                        "(tid + j * 128) % 8 * 8) * 2u", "tg_p ? (x + ((tid + j * 128) / 8 * "
+                        "x_stride0 + (tid + j * 128) % 8 * 8 * x_stride1)) : x", pred="tg_p")
+    assert copy in src
+    src = emit_cuda(mma_ldmatrix(), "sm_80")
+    assert ldmatrix(4).format_asm(d=["tg_lm3", "tg_lm4", "tg_lm5", "tg_lm6"],
+                                  addr="sa_saddr + (unsigned)(tid % 16 * 16 + tid / 16 * 8) * 2u"
+                                  ) in src
 
 
 def _one_stmt_kernel(stmt, regs, params=None, shared=()):

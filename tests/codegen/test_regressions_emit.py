@@ -60,8 +60,9 @@ def test_replicas_do_not_issue_cp_async_and_fills_are_stored():
     asm = [i for i, line in enumerate(lines) if re.search(r"cp\.async\.c[ag]\.shared", line)]
     assert asm
     # every cp.async sits under the owner test (tid / 16 % 2 == 0 for 16 chunks, 32 threads)
-    # and has no src-size operand: out-of-bounds vectors take the fill-store branch.
-    assert all(", %2" not in lines[i] for i in asm)
+    # and copies all 16 bytes (src-size the constant 16, never a zero-filling condition):
+    # out-of-bounds vectors take the fill-store branch.
+    assert all(lines[i].endswith('"r"(16) : "memory");') for i in asm)
     assert all(lines[i - 2].strip() == "if (tid / 16 % 2 == 0) {" for i in asm)
     assert all(lines[i + 1].strip() == "} else {" and "0xff800000" in lines[i + 2] for i in asm)
 
