@@ -50,6 +50,7 @@ class CompiledKernel:
         self.params = param_list(kernel)
         self.plan = ArgumentPlan(kernel, requirements)
         self.cluster = _checked_cluster(kernel)
+        self._clustered = self.cluster != (1, 1, 1)
         self._args = ParamBuffer(self.params)  # what `launch` packs (shared: locked)
         self._map_slots = [slot for slot, *_ in self.plan.map_slots]
         self._cluster_configs: dict = {}  # (grid, stream) -> cuda-bindings CUlaunchConfig
@@ -110,7 +111,7 @@ class CompiledKernel:
              params: ctypes.c_void_p) -> None:
         """The driver call, on parameters already packed (`params`: a `ParamBuffer`'s
         address, whose lock the caller holds until this returns)."""
-        if self.cluster != (1, 1, 1):
+        if self._clustered:
             self._launch_cluster(gx, gy, gz, device, handle, params)
             return
         raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
@@ -289,7 +290,10 @@ class PreparedLaunch:
         if self.scalars or self.maps:
             changing = self._with_scalars_and_maps(changing, args, pointers)
         device = self.device if self.device >= 0 else drv.current_device()
-        handle = _stream_handle(stream, device)
+        if stream is None and _CURRENT_STREAM:  # the common case, without a call
+            handle = _CURRENT_STREAM[0](device)
+        else:
+            handle = _stream_handle(stream, device)
         buffer = self.buffer
         with buffer.lock:
             buffer.prefix.pack_into(buffer.buffer, buffer.start, *changing)
