@@ -179,13 +179,20 @@ class AsyncStatements:
 
     def _TmaLoad(self, s: TmaLoad) -> None:
         tmap, ops = self.tma_operands(s)
+        ops = {"dst": ops["smem"], "tmap": ops["tmap"], "coords": ops["coords"],
+               "bar": self.mbarrier(s.barrier, s.barrier_index, s)}
         if s.multicast:
-            raise CodegenError(f"TmaLoad {s.tensor_map} -> {s.buffer}: cluster multicast "
-                               f"(mask {s.multicast:#x}) is not emitted yet")
-        instr = self.require(tma_entries.tma_load(len(tmap.dims)), s)
-        self.guarded(s.pred, instr.format_asm(
-            dst=ops["smem"], tmap=ops["tmap"], coords=ops["coords"],
-            bar=self.mbarrier(s.barrier, s.barrier_index, s)))
+            # The box lands at the same offset of every CTA in the mask, each completing
+            # the transaction bytes on its own barrier at the same offset.
+            ctas = self.kernel.cluster[0] * self.kernel.cluster[1] * self.kernel.cluster[2]
+            if not 0 < s.multicast < (1 << ctas):
+                raise CodegenError(
+                    f"TmaLoad {s.tensor_map} -> {s.buffer}: multicast mask {s.multicast:#x} "
+                    f"names CTAs outside the kernel's cluster of {ctas} "
+                    f"{self.kernel.cluster}")
+            ops["mask"] = f"(unsigned short){s.multicast:#x}"
+        instr = self.require(tma_entries.tma_load(len(tmap.dims), bool(s.multicast)), s)
+        self.guarded(s.pred, instr.format_asm(**ops))
 
     def _TmaStore(self, s: TmaStore) -> None:
         tmap, ops = self.tma_operands(s)

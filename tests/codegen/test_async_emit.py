@@ -112,6 +112,18 @@ def test_statement_refused_for_sm80(key):
     assert "sm_80" in message and f"kernel k_{key.replace('.', '_')}" in message
 
 
+@needs_compiler
+def test_tma_multicast_load_compiles_for_a_cluster():
+    kernel = _kernel(TmaLoad("tile", Const(0), "x_map", COORDS, "bar", Const(0), pred=ONE,
+                             multicast=0b11), name="k_multicast")
+    kernel.cluster = (2, 1, 1)
+    source = emit_cuda(kernel, "sm_90a")
+    assert ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" in source
+    assert '"h"((unsigned short)0x3)' in source
+    sass = _sass(kernel)
+    assert "UTMALDG.2D.MULTICAST" in sass
+
+
 def test_named_barrier_alone_compiles_for_sm80():
     # bar.sync with an id is older than Hopper: a kernel with only that is fine on sm_80.
     source = emit_cuda(_kernel(NamedBarrier(3, 64)), "sm_80")
@@ -285,8 +297,9 @@ def test_tma_errors():
              "'y_map'", "TensorMapParam")
     _refused(_kernel(TmaLoad("tile", Const(0), "x_map", [Const(0)], "bar", Const(0))),
              "1 coordinates", "rank-2")
+    # Multicast to CTAs the cluster does not have (a 1x1x1 cluster has only CTA 0).
     _refused(_kernel(TmaLoad("tile", Const(0), "x_map", COORDS, "bar", Const(0),
-                             multicast=3)), "multicast")
+                             multicast=3)), "multicast mask 0x3", "(1, 1, 1)")
     # A box landing off its 1024-byte swizzle atom would be read back permuted.
     _refused(_kernel(TmaStore("x_map", COORDS, "tile", Const(64))), "TmaStore", "aligned")
     misaligned = _kernel(TmaLoad("tile", Const(0), "x_map", COORDS, "bar", Const(0)))
