@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -126,6 +127,24 @@ def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation, scope: di
     return Param(p.name, kind, spec)
 
 
+#: Names the compiler gives its own values in the thread IR, the emulator's environment and
+#: the CUDA source: the thread and block indices, loop counters (i0, i1, …), register
+#: arrays (r0, …), shared buffers (s0, …, and their `_saddr` addresses), coordinate bases
+#: (c0_0, …), hoisted sums (inv0, …), tensor extents and strides (x_shape0, x_stride1),
+#: and the emitter's `tg_` prefix. A parameter with one of these names would be silently
+#: shadowed (a scalar `tid` read the thread index in the emulator), so it is refused.
+_COMPILER_NAMES = re.compile(r"tid|bid_[xyz]|smem|tg_\w*|[irs]\d+|c\d+_\d+|inv\d+|"
+                             r"\w+_saddr|\w+_(shape|stride)\d+")
+
+
+def _check_name(fn: Callable, name: str, loc: SourceLocation) -> None:
+    if _COMPILER_NAMES.fullmatch(name):
+        raise TraceError(f"kernel {fn.__name__}, parameter {name!r}: the compiler names its "
+                         f"own values like this (thread and block indices, loop counters "
+                         f"i0…, registers r0…, shared buffers s0…, tensor extents "
+                         f"x_shape0…, the tg_ prefix); rename the parameter", loc)
+
+
 def _call_site() -> SourceLocation | None:
     """The innermost caller outside tegula's compiler: the user's launch, `tg.emulate`,
     `trace` or `explain` call (constexprs are checked deep inside the build, which is not
@@ -175,6 +194,9 @@ class Kernel:
         del frame
         self.params = [_classify(fn, p, self.loc, scope)
                        for p in inspect.signature(fn).parameters.values()]
+        for p in self.params:
+            if p.kind != "constexpr":  # constexprs never reach the thread IR
+                _check_name(fn, p.name, self.loc)
         self._traces: dict[tuple, TracedKernel] = {}
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn

@@ -288,3 +288,23 @@ def test_kernels_without_string_annotations():
         tg.Tensor[f16, 0]
     with pytest.raises(tg.TraceError, match="element type"):
         tg.Tensor["f16"]
+
+
+@pytest.mark.parametrize("name", ["tid", "bid_x", "i0", "r3", "s1", "c0_1", "inv2",
+                                  "x_shape0", "y_stride1", "tg_grid_x", "s0_saddr"])
+def test_parameter_names_the_compiler_uses_are_refused(name):
+    """A scalar parameter named `tid` was silently the thread index in the emulator (the
+    machine binds `tid` after the arguments), one named `i0` was shadowed by the first
+    loop counter in CUDA; every name the compiler gives its own values is refused."""
+    namespace = {"tg": tg, "f32": f32}
+    exec(f"def k(x: tg.Tensor[f32], {name}: int):\n    pass\n", namespace)
+    with pytest.raises(tg.TraceError, match=f"parameter '{name}': the compiler names"):
+        tg.kernel(threads=32)(namespace["k"])
+
+
+def test_ordinary_parameter_names_are_kept():
+    namespace = {"tg": tg, "f32": f32}
+    exec("def k(x: tg.Tensor[f32], n: int, x1: tg.Tensor[f32], shape0: int, rows: int, "
+         "i: int, s: int):\n    pass\n", namespace)
+    assert [p.name for p in tg.kernel(threads=32)(namespace["k"]).params] == \
+        ["x", "n", "x1", "shape0", "rows", "i", "s"]
