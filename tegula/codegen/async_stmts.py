@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
+
 from tegula.arch import tma as tma_entries
 from tegula.arch import wgmma as wgmma_entries
 from tegula.arch.smem_matrix import SWIZZLE_MODES, encode_descriptor, swizzle_atom_bytes
@@ -28,7 +30,9 @@ from tegula.lower.async_ir import (
     MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, Roles, SmemDesc, TensorMapParam,
     TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
-from tegula.lower.thread_ir import Barrier, Const, Expr, Reg, ThreadKernel, walk
+from tegula.lower.thread_ir import (
+    _FOLD, Barrier, BinOp, Const, Expr, Reg, ThreadKernel, Var, walk,
+)
 
 from tegula.codegen.expr import CodegenError, index_c
 
@@ -46,6 +50,23 @@ def tensor_maps(kernel: ThreadKernel) -> dict[str, TensorMapParam]:
 
 def _statement_name(s) -> str:
     return type(s).__name__
+
+
+def _thread_values(e: Expr, tid: np.ndarray) -> np.ndarray | None:
+    """The value of index expression `e` for every thread index in `tid` (numpy), or None
+    when it reads anything but `tid` and constants."""
+    if isinstance(e, Const):
+        return np.full(tid.shape, e.value, dtype=np.int64)
+    if isinstance(e, Var):
+        return tid if e.name == "tid" else None
+    if isinstance(e, BinOp) and e.op in _FOLD:
+        lhs, rhs = _thread_values(e.lhs, tid), _thread_values(e.rhs, tid)
+        if lhs is None or rhs is None:
+            return None
+        if e.op in ("//", "%") and not np.all(rhs > 0):
+            return None
+        return np.vectorize(_FOLD[e.op], otypes=[np.int64])(lhs, rhs)
+    return None
 
 
 class AsyncStatements:
@@ -325,6 +346,7 @@ class AsyncStatements:
     def _Roles(self, s: Roles) -> None:
         if not s.roles:
             raise CodegenError("Roles with no role")
+        self.check_warpgroup_roles(s)
         for i, role in enumerate(s.roles):
             for inner in walk(role.body):
                 if isinstance(inner, Barrier):
@@ -341,6 +363,38 @@ class AsyncStatements:
                 self.depth -= 1
             self.block(role.body)
         self.line("}")
+
+    def check_warpgroup_roles(self, s: Roles) -> None:
+        """A role that sets its register budget or issues wgmmas runs warpgroup-collective
+        `.sync.aligned` instructions, so it must hold whole warpgroups (128 consecutive
+        threads from a multiple of 128); a split warpgroup is undefined behaviour on the
+        GPU (a hang or garbage), so it is refused here where the conditions depend on
+        `tid` alone (each thread runs the first role whose condition holds)."""
+        tid = np.arange(self.kernel.threads)
+        taken = np.zeros(self.kernel.threads, dtype=bool)
+        for role in s.roles:
+            cond = _thread_values(role.cond, tid)
+            if cond is None:
+                return  # depends on more than tid: lowering's to keep uniform
+            mine = cond.astype(bool) & ~taken
+            taken |= mine
+            collective = role.max_registers is not None or any(
+                isinstance(x, (Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait))
+                for x in walk(role.body))
+            if not collective:
+                continue
+            groups = np.zeros(-(-self.kernel.threads // 128) * 128, dtype=bool)
+            groups[:self.kernel.threads] = mine
+            groups = groups.reshape(-1, 128)
+            split = np.flatnonzero(groups.any(axis=1) & ~groups.all(axis=1))
+            if split.size:
+                g = int(split[0])
+                raise CodegenError(
+                    f"role {role.name!r} ({role.loc or 'no source line'}) holds "
+                    f"{int(groups[g].sum())} of the 128 threads of warpgroup {g} (threads "
+                    f"{128 * g}..{128 * g + 127}; condition {index_c(role.cond)}), but its "
+                    f"setmaxnreg/wgmma are warpgroup-collective: a role must hold whole "
+                    f"warpgroups")
 
     def set_max_registers(self, role, s: Roles) -> str:
         """`setmaxnreg.inc` when the role asks for more than the block's even share of the

@@ -281,6 +281,24 @@ def test_syncthreads_inside_a_role_is_refused():
              "role 'producer'", "gemm.py:12", "__syncthreads")
 
 
+def test_collective_role_must_hold_whole_warpgroups():
+    # setmaxnreg and wgmma are warpgroup-collective: a role splitting warpgroup 0 would
+    # hang or compute garbage on the GPU.
+    _refused(_kernel(Roles([Role("consumer", TID.lt(64), [], max_registers=232, loc="k.py:7"),
+                            Role("producer", TID.ge(64), [])]), threads=256),
+             "role 'consumer'", "k.py:7", "64 of the 128 threads of warpgroup 0")
+    d = [Reg(ACC, Const(i)) for i in range(32)]
+    wgmma_role = Roles([Role("p", TID.lt(128), []),
+                        Role("c", TID.ge(0), [WgmmaFence(), Wgmma(WGMMA, d, DESC, DESC,
+                                                                  Const(1))])])
+    _refused(_kernel(wgmma_role, threads=192), "role 'c'", "64 of the 128 threads of "
+             "warpgroup 1")
+    # Whole warpgroups, and a non-collective role split any way, are fine.
+    emit_cuda(_kernel(Roles([Role("a", (TID // 128).eq(1), [], max_registers=232),
+                             Role("b", TID.lt(32), []), Role("c", TID.ge(0), [])]),
+                      threads=256))
+
+
 def test_mbarrier_errors():
     _refused(_kernel(MBarrierArrive("bar", Const(2))), "bar[2]", "2 barriers")
     _refused(_kernel(MBarrierArrive("nope", Const(0))), "'nope'", "mbarriers")
