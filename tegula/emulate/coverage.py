@@ -26,7 +26,7 @@ import numpy as np
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
 from tegula.lower.thread_ir import (CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore,
-                                    TensorParam, ThreadKernel, walk)
+                                    TensorParam, ThreadKernel, scalar_loaded_tensors, walk)
 
 # Integer poison: a value a correct kernel writes only by coincidence.
 _INT_POISON = 0xA5A5A5A5A5A5A5A5
@@ -44,6 +44,7 @@ def tensor_roles(kernel: ThreadKernel) -> tuple[set[str], set[str]]:
             read.add(stmt.tensor)  # an atomic add reads what is there
         elif isinstance(stmt, (GlobalLoad, CpAsync)):
             read.add(stmt.tensor)
+    read |= scalar_loaded_tensors(kernel.body)  # `offsets[e]` in any index expression
     return written, read
 
 

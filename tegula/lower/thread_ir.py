@@ -548,6 +548,27 @@ class ThreadKernel:
         return max(ends, default=0)
 
 
+def scalar_loaded_tensors(node) -> set[str]:
+    """Names of the tensors any `LoadScalar` in `node` (statements, expressions, lists of
+    them, loop and branch bodies included) reads."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, LoadScalar):
+            found.add(x.tensor)
+            stack.extend(x.coords)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, (Stmt, Expr, Value, Reg)) and hasattr(x, "__dataclass_fields__"):
+            stack.extend(getattr(x, f) for f in x.__dataclass_fields__)
+        elif hasattr(x, "roles"):  # async_ir.Roles
+            stack.extend(x.roles)
+        elif hasattr(x, "body") and isinstance(getattr(x, "body"), list):
+            stack.append(x.body)
+    return found
+
+
 def walk(stmts: list[Stmt]):
     """Every statement in `stmts`, depth first, loop and branch bodies included."""
     for s in stmts:

@@ -287,3 +287,25 @@ def test_a_runtime_step_loop_may_reuse_a_name_for_its_index():
     y = np.empty_like(x)
     tg.emulate(reused_name, (1,), x, y, 1)
     np.testing.assert_array_equal(y, x * 3)
+
+
+@tg.kernel(threads=32)
+def count_then_read(counts: tg.Tensor[i32, 1], y: tg.Tensor[f32]):
+    """Writes counts[1:] (counts[0] + 1) and reads counts[0] as a scalar: a tensor both
+    written and scalar-loaded is an input too, which tg.emulate must not poison before
+    the run (it poisoned outputs that only tile loads read)."""
+    base = counts[0]
+    tg.copy(tg.zeros((8,), i32) + (base + 1), counts[1:9].tile((8,), (0,)))
+    tg.copy(tg.zeros((1, W), f32) + base, y.tile((1, W), (0, 0)))
+
+
+def test_a_scalar_loaded_output_is_not_poisoned_before_the_run():
+    from tegula.build import build
+    from tegula.emulate.coverage import tensor_roles
+    written, read = tensor_roles(build(count_then_read, {}).thread_kernel)
+    assert "counts" in written and "counts" in read
+    counts = np.array([41, 0, 0, 0, 0, 0, 0, 0, 0], np.int32)
+    y = np.empty((1, W), np.float32)
+    tg.emulate(count_then_read, (1,), counts, y, check_coverage=["y"])
+    np.testing.assert_array_equal(counts, [41] + [42] * 8)
+    np.testing.assert_array_equal(y, np.full((1, W), 41, np.float32))
