@@ -115,6 +115,19 @@ class AsyncStatements:
             return f"{name}_saddr + {8 * index.value}u" if index.value else f"{name}_saddr"
         return f"{name}_saddr + (unsigned)({index_c(index)}) * 8u"
 
+    def check_mbarrier_placement(self, m: MBarrierArray) -> None:
+        """mbarriers are 8-byte aligned and live for the whole kernel, so they may share no
+        byte with a data buffer (a store there would corrupt a barrier's phase silently)."""
+        if m.byte_offset % 8:
+            raise CodegenError(f"mbarrier array {m.name} at byte {m.byte_offset} of shared "
+                               f"memory: mbarriers are 8-byte aligned")
+        for b in self.kernel.shared:
+            end = b.byte_offset + b.size * b.dtype.bits // 8
+            if m.byte_offset < end and b.byte_offset < m.end:
+                raise CodegenError(f"mbarrier array {m.name} (bytes {m.byte_offset}.."
+                                   f"{m.end - 1}) overlaps shared buffer {b.name} (bytes "
+                                   f"{b.byte_offset}..{end - 1})")
+
     def tensor_map(self, name: str, stmt) -> TensorMapParam:
         tmap = tensor_maps(self.kernel).get(name)
         if tmap is None:
@@ -300,6 +313,10 @@ class AsyncStatements:
         except TegulaError as e:
             raise CodegenError(f"Wgmma: {e}") from None
         self.require(instr, s)
+        if self.kernel.threads % 128:
+            raise CodegenError(f"Wgmma {s.instr} in kernel {self.kernel.name} of "
+                               f"{self.kernel.threads} threads: wgmma runs on whole "
+                               f"warpgroups of 128 threads")
         if isinstance(s.a, SmemDesc):
             a: str | list[str] = self.descriptor(s.a, instr.a_dtype, s)
         else:

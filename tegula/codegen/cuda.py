@@ -199,9 +199,7 @@ class _Emitter(AsyncStatements):
                     out.append(f"{_INDENT}const unsigned {b.name}_saddr = "
                                f"smem_saddr + {b.byte_offset}u;")
             for m in mbarriers:
-                if m.byte_offset % 8:
-                    raise CodegenError(f"mbarrier array {m.name} at byte {m.byte_offset} of "
-                                       f"shared memory: mbarriers are 8-byte aligned")
+                self.check_mbarrier_placement(m)
                 if used(f"{m.name}_saddr"):
                     out.append(f"{_INDENT}const unsigned {m.name}_saddr = "
                                f"smem_saddr + {m.byte_offset}u;  // {m.count} mbarriers")

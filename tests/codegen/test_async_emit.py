@@ -308,6 +308,8 @@ def test_mbarrier_errors():
     kernel.mbarriers = [MBarrierArray("bar", 1, 8196)]
     kernel.body = [MBarrierArrive("bar", Const(0))]
     _refused(kernel, "8196", "8-byte aligned")
+    kernel.mbarriers = [MBarrierArray("bar", 2, 8184)]  # its first barrier is the tile's end
+    _refused(kernel, "bar (bytes 8184..8199) overlaps shared buffer tile (bytes 0..8191)")
 
 
 def test_tma_errors():
@@ -331,6 +333,8 @@ def test_wgmma_errors():
     wrong = RegArray("acc16", f16, 32)
     _refused(_kernel(Wgmma(WGMMA, [Reg(wrong, Const(i)) for i in range(32)], DESC, DESC,
                            Const(1))), "acc16", "f16", "f32")
+    _refused(_kernel(Wgmma(WGMMA, d, DESC, DESC, Const(1)), threads=96), "96 threads",
+             "warpgroups of 128")
     _refused(_kernel(Wgmma("wgmma.m64n65k16.f32.f16.f16", d, DESC, DESC, Const(1))),
              "m64n65k16")
     off_line = SmemDesc("tile", Const(64), 16, 1024, 128)  # byte 128: the second line
