@@ -1,13 +1,16 @@
 """CUDA for the asynchronous thread IR (`lower/async_ir.py`): mbarriers, TMA, bulk groups,
 proxy fences, wgmma with shared-memory descriptors, named barriers and warp roles.
 
-Every PTX instruction is printed by its `tegula.arch` catalogue entry (`format_asm`); this
-module only decides the C around it — which thread issues it, the wait loop around
-`mbarrier.try_wait`, the run-time part of a wgmma descriptor, the branches of `Roles` —
-and checks what would otherwise compile into a kernel that hangs or reads the wrong bytes:
-a statement the target lacks (`CodegenError` naming the statement and the target), a
-barrier index past its array, a swizzled buffer that is not aligned to its swizzle atom, a
-`__syncthreads` inside a role.
+Every PTX instruction is printed by its `tegula.arch` catalogue entry (`format_asm`; the
+`mbarrier.try_wait` retry loop is part of that entry's PTX); this module only decides the
+C around it — which thread issues it, the run-time part of a wgmma descriptor, the
+operand fences that pin wgmma accumulators between `wgmma.fence` and `wgmma.wait_group`,
+the branches of `Roles` — and refuses with a `CodegenError` what would otherwise compile
+into a kernel that hangs or reads the wrong bytes: a statement the target lacks (naming
+the statement and the target), a `__syncthreads` inside a role, a warpgroup-collective
+role that splits a warpgroup, a barrier index past its array or an mbarrier overlapping
+a buffer, a swizzled buffer off its swizzle atom, a TMA box or descriptor the entries'
+rules refuse.
 
 Shared addresses are 32-bit shared-window addresses: `smem_saddr` (one
 `__cvta_generic_to_shared` of the dynamic shared memory base, which is declared
@@ -39,7 +42,7 @@ from tegula.codegen.expr import CodegenError, index_c
 
 def uses_async(kernel: ThreadKernel) -> bool:
     """Whether `kernel` has mbarriers or any asynchronous statement (then the dynamic shared
-    memory base is aligned to 1024 bytes and the sm_90 checks apply)."""
+    memory base is aligned to 1024 bytes)."""
     return bool(kernel.mbarriers) or any(isinstance(s, ASYNC_STATEMENTS)
                                          for s in walk(kernel.body))
 
