@@ -24,12 +24,21 @@ wgmma matrix descriptor (PTX ISA "Matrix Descriptor Format", sm_90a; CUTLASS
     bits 16-29  leading byte offset (LBO) >> 4   bits 49-51  base offset
     bits 62-63  layout: 0 = interleave (no swizzle), 1 = 128 B, 2 = 64 B, 3 = 32 B
 
-K-major operands (the only ones modelled here; every wgmma type allows them). The operand
-is `rows` (M of A, or N of B) x K elements; "core matrices" are 8 rows x 16 bytes. For row r
-and byte kb = k * element_bytes of a row, the address *before* the swizzle is
+K-major operands (every wgmma type allows them). The operand is `rows` (M of A, or N of
+B) x K elements; "core matrices" are 8 rows x 16 bytes. For row r and byte
+kb = k * element_bytes of a row, the address *before* the swizzle is
 
     interleave:  start + (r // 8) * SBO + (r % 8) * 16 + (kb // 16) * LBO + kb % 16
     swizzle S:   start + (r // 8) * SBO + (r % 8) * S  + kb          (kb < S; LBO unused)
+
+MN-major operands (imm-trans 1, 16-bit types; CUTLASS `make_gmma_desc<Major::MN>`'s
+canonical forms): MN is contiguous, span = max(S, 16) bytes of MN per K row,
+
+    interleave:  start + (r // 8) * SBO + (r % 8) * eb + (k % 8) * 16 + (k // 8) * LBO
+    swizzle S:   start + (r // W) * LBO + (r % W) * eb + (k % 8) * S  + (k // 8) * SBO
+                 (W = S / eb elements of MN per span)
+
+(LBO and SBO swap roles between the two, as CUTLASS's descriptor builder does.)
 
 and the hardware reads `swizzle_bytes_address(that, S)`. Successive k-steps inside one
 swizzle atom advance `start` by their byte offset (CUTLASS's practice: +32 bytes per k16 step
@@ -37,11 +46,12 @@ of 16-bit operands); with the XOR on absolute addresses this reads exactly what 
 A start address whose line bits (bits [7, 7 + log2(S/16))) are not zero would need the
 descriptor's base offset, which is not modelled: it is refused with a TegulaError.
 
-The canonical buffer (`canonical_smem_layout`): the operand tile stored as column blocks of
-W = max(S, 16) / element_bytes elements of K; inside a block, row r at r * W elements
-(W * element_bytes bytes per row: a swizzle span, or one 16-byte core-matrix row); blocks
-follow each other every rows * W elements. It is what TMA writes with a box of
-(W, rows) elements per block, and what wgmma reads through `operand_descriptor`.
+The canonical buffer (`canonical_smem_layout`): the operand tile stored as blocks of
+W = max(S, 16) / element_bytes elements of its contiguous dimension (K, or MN when
+MN-major); inside a block, line i of the other dimension at i * W elements (a swizzle
+span, or 16 bytes, per line); blocks follow each other every rows * W (K-major) or k * W
+(MN-major) elements. It is what TMA writes with a box of (W, rows) — (W, k) MN-major —
+elements per block, and what wgmma reads through `operand_descriptor`.
 """
 from __future__ import annotations
 
@@ -163,23 +173,27 @@ def descriptor_element_addresses(desc: MatrixDescriptor | int, rows: int, k: int
                                  dtype: DType, k_major: bool = True) -> np.ndarray:
     """Byte address wgmma reads for element (row, k) of an operand of `rows` x `k` elements
     of `dtype` described by `desc` (fields or the 64-bit value): an int64 array (rows, k).
+    `k_major` False: the operand is MN-major (imm-trans 1; 16-bit types only).
 
-    `rows` is a multiple of 8 (M = 64 for A, N for B); `k * element_bytes` a multiple of 16
-    and, with a swizzle, at most the swizzle span (one wgmma reads 32 bytes of K)."""
+    `rows` is a multiple of 8 (M = 64 for A, N for B). K-major: `k * element_bytes` a
+    multiple of 16 and, with a swizzle, at most the swizzle span (one wgmma reads 32 bytes
+    of K). MN-major: `k` a multiple of 8."""
     if not isinstance(desc, MatrixDescriptor):
         desc = decode_descriptor(desc)
-    if not k_major:
-        raise TegulaError("wgmma descriptor addressing: MN-major (transposed) operands are "
-                          "not modelled yet; store the operand K-major (trans 0)")
     if desc.base_offset:
         raise TegulaError(f"wgmma descriptor: base offset {desc.base_offset} is not modelled; "
                           "start swizzled operands on a swizzle atom (base offset 0)")
     eb = dtype.bits // 8
-    if dtype.bits % 8 or rows % 8 or rows <= 0 or k <= 0 or (k * eb) % 16:
-        raise TegulaError(f"wgmma operand of {rows} x {k} {dtype}: rows must be a multiple of 8 "
-                          "and a K row a multiple of 16 bytes")
+    if k_major:
+        shape_ok = dtype.bits % 8 == 0 and (k * eb) % 16 == 0
+        rule = "rows a multiple of 8 and a K row a multiple of 16 bytes"
+    else:
+        shape_ok = dtype.bits == 16 and k % 8 == 0
+        rule = "16-bit elements, rows and K multiples of 8 (MN-major)"
+    if not shape_ok or rows <= 0 or rows % 8 or k <= 0:
+        raise TegulaError(f"wgmma operand of {rows} x {k} {dtype}: needs {rule}")
     swz = desc.swizzle
-    if swz and k * eb > swz:
+    if k_major and swz and k * eb > swz:
         raise TegulaError(f"wgmma operand: {k * eb} bytes of K exceed the {swz}-byte swizzle span "
                           "of its descriptor")
     line_bits = _SWIZZLE_BITS[swz]
@@ -188,57 +202,79 @@ def descriptor_element_addresses(desc: MatrixDescriptor | int, rows: int, k: int
                           f"first 128-byte line of a {swizzle_atom_bytes(swz)}-byte swizzle atom "
                           "(that needs the base offset, not modelled)")
     r = np.arange(rows, dtype=np.int64)[:, None]
-    kb = np.arange(k, dtype=np.int64)[None, :] * eb
-    addr = desc.start_address + (r // 8) * desc.stride_bytes
-    if swz:
-        addr = addr + (r % 8) * swz + kb
-    else:
-        addr = addr + (r % 8) * 16 + (kb // 16) * desc.leading_bytes + kb % 16
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    if k_major:  # rows of core matrices along MN; K contiguous
+        kb = kk * eb
+        addr = desc.start_address + (r // 8) * desc.stride_bytes
+        if swz:
+            addr = addr + (r % 8) * swz + kb
+        else:
+            addr = addr + (r % 8) * 16 + (kb // 16) * desc.leading_bytes + kb % 16
+    else:  # MN contiguous: a span (or 16 bytes) of MN per K row, K rows 8 to a group
+        span = max(swz, 16) // eb
+        row_bytes = max(swz, 16)
+        mn_block = desc.leading_bytes if swz else desc.stride_bytes
+        k_group = desc.stride_bytes if swz else desc.leading_bytes
+        addr = (desc.start_address + (r // span) * mn_block + (r % span) * eb
+                + (kk % 8) * row_bytes + (kk // 8) * k_group)
     return swizzle_bytes_address(addr, swz)
 
 
 # --------------------------------------------------------------------------------------
-# The canonical K-major operand buffer
+# The canonical operand buffer
 # --------------------------------------------------------------------------------------
 
 
 def _block_elems(dtype: DType, swizzle: int) -> int:
-    """W: elements of K per column block (a swizzle span, or a 16-byte core-matrix row)."""
+    """W: elements per block along the contiguous dimension (K for K-major, MN for
+    MN-major): a swizzle span, or 16 bytes."""
     _check_swizzle(swizzle, "canonical shared layout")
     return max(swizzle, 16) * 8 // dtype.bits
 
 
-def _check_canonical(rows: int, k: int, dtype: DType, swizzle: int) -> int:
+def _check_canonical(rows: int, k: int, dtype: DType, swizzle: int, k_major: bool) -> int:
     w = _block_elems(dtype, swizzle)
-    if rows <= 0 or rows % 8 or k <= 0 or k % w:
+    if k_major and (rows <= 0 or rows % 8 or k <= 0 or k % w):
         raise TegulaError(f"canonical wgmma buffer of {rows} x {k} {dtype} with {swizzle}-byte "
                           f"swizzle: rows must be a multiple of 8 and K a multiple of {w}")
+    if not k_major and (dtype.bits != 16 or rows <= 0 or rows % w or k <= 0 or k % 8):
+        raise TegulaError(f"canonical MN-major wgmma buffer of {rows} x {k} {dtype} with "
+                          f"{swizzle}-byte swizzle: 16-bit elements, rows a multiple of {w} "
+                          "and K a multiple of 8")
     return w
 
 
-def canonical_smem_layout(rows: int, k: int, dtype: DType,
-                          swizzle: int) -> ComposedLayout | Layout:
-    """The buffer holding a `rows` x `k` K-major operand as TMA writes it and wgmma reads it:
+def canonical_smem_layout(rows: int, k: int, dtype: DType, swizzle: int,
+                          k_major: bool = True) -> ComposedLayout | Layout:
+    """The buffer holding a `rows` x `k` operand as TMA writes it and wgmma reads it:
     (row, k) -> element offset (colexicographic domain (rows, k)), composed with the
-    swizzle on element offsets. Valid for a buffer starting on a swizzle atom."""
-    w = _check_canonical(rows, k, dtype, swizzle)
-    plain = Layout((rows, (w, k // w)), (w, (1, rows * w)))
+    swizzle on element offsets. Valid for a buffer starting on a swizzle atom.
+    K-major: blocks of W K-elements, row r at r*W inside one, blocks rows*W apart.
+    MN-major: blocks of W MN-elements, K row kk at kk*W inside one, blocks k*W apart."""
+    w = _check_canonical(rows, k, dtype, swizzle, k_major)
+    if k_major:
+        plain = Layout((rows, (w, k // w)), (w, (1, rows * w)))
+    else:
+        plain = Layout(((w, rows // w), k), ((1, k * w), w))
     if not swizzle:
         return plain
     return make_swizzled_layout(element_swizzle(swizzle, dtype), plain)
 
 
 def canonical_byte_addresses(rows: int, k: int, dtype: DType, swizzle: int,
-                             base: int) -> np.ndarray:
+                             base: int, k_major: bool = True) -> np.ndarray:
     """Byte address of every (row, k) of the canonical buffer at byte address `base` (which
     must be swizzle-atom aligned): int64 (rows, k). The same addresses as
     `canonical_smem_layout`, computed on bytes."""
-    w = _check_canonical(rows, k, dtype, swizzle)
+    w = _check_canonical(rows, k, dtype, swizzle, k_major)
     _check_aligned(base, swizzle, "canonical wgmma buffer")
     eb = dtype.bits // 8
     r = np.arange(rows, dtype=np.int64)[:, None]
     kk = np.arange(k, dtype=np.int64)[None, :]
-    plain = base + ((kk // w) * rows * w + r * w + kk % w) * eb
+    if k_major:
+        plain = base + ((kk // w) * rows * w + r * w + kk % w) * eb
+    else:
+        plain = base + ((r // w) * k * w + kk * w + r % w) * eb
     return swizzle_bytes_address(plain, swizzle)
 
 
@@ -250,16 +286,25 @@ def _check_aligned(base: int, swizzle: int, what: str) -> None:
 
 
 def operand_descriptor(rows: int, k: int, dtype: DType, swizzle: int, base: int,
-                       k_offset: int = 0) -> MatrixDescriptor:
+                       k_offset: int = 0, k_major: bool = True) -> MatrixDescriptor:
     """Descriptor fields for the wgmma k-step starting at element `k_offset` of the canonical
     buffer (`rows` x `k`, at byte address `base`). `k_offset` is a multiple of the
-    instruction's K (32 bytes of elements)."""
-    w = _check_canonical(rows, k, dtype, swizzle)
+    instruction's K (32 bytes of elements). MN-major (CUTLASS's canonical forms): with a
+    swizzle LBO steps between MN blocks and SBO between groups of 8 K rows; without,
+    the other way round."""
+    w = _check_canonical(rows, k, dtype, swizzle, k_major)
     _check_aligned(base, swizzle, "wgmma operand buffer")
     eb = dtype.bits // 8
     if k_offset % (32 // eb) or not 0 <= k_offset < k:
         raise TegulaError(f"wgmma k-step offset {k_offset} must be a multiple of {32 // eb} "
                           f"in [0, {k})")
+    if not k_major:
+        row_bytes = max(swizzle, 16)
+        start = base + k_offset * row_bytes
+        if swizzle:
+            return MatrixDescriptor(start, leading_bytes=k * row_bytes,
+                                    stride_bytes=8 * row_bytes, swizzle=swizzle)
+        return MatrixDescriptor(start, leading_bytes=128, stride_bytes=k * 16, swizzle=0)
     block_start = base + (k_offset // w) * rows * w * eb
     if swizzle:
         return MatrixDescriptor(block_start + (k_offset % w) * eb, leading_bytes=16,

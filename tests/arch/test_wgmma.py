@@ -236,17 +236,64 @@ def test_layout_descriptor_and_tma_box_agree(swizzle, dtype, rows):
         assert np.array_equal(smem[read], matrix[:, s * k_instr:(s + 1) * k_instr])
 
 
+def _isa_mn_major(desc: MatrixDescriptor, rows: int, k: int) -> np.ndarray:
+    """16-bit MN-major addresses from CUTLASS's canonical forms written out (in 16-byte
+    units T = 8 elements): INTERLEAVE ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)),
+    B32/64/128 ((T,W,m),(8,k)):((1,T,LBO),(W*T,SBO)) with W = swizzle / 16."""
+    out = np.zeros((rows, k), dtype=np.int64)
+    for r in range(rows):
+        for kk in range(k):
+            if desc.swizzle == 0:
+                a = (desc.start_address + (r // 8) * desc.stride_bytes + (r % 8) * 2
+                     + (kk % 8) * 16 + (kk // 8) * desc.leading_bytes)
+            else:
+                w = desc.swizzle // 2  # elements per span
+                a = (desc.start_address + (r // w) * desc.leading_bytes + (r % w) * 2
+                     + (kk % 8) * desc.swizzle + (kk // 8) * desc.stride_bytes)
+            out[r, kk] = _isa_swizzle(np.int64(a), desc.swizzle)
+    return out
+
+
+@pytest.mark.parametrize("swizzle", SWIZZLES)
+def test_mn_major_layout_descriptor_and_tma_box_agree(swizzle):
+    """MN-major (transposed, 16-bit) operands: the canonical buffer, the addresses each
+    k-step's descriptor reads (also against CUTLASS's forms written out), and the TMA boxes
+    (inner dim along MN) that fill it agree; a matrix written by boxes reads back."""
+    w = max(swizzle, 16) // 2
+    rows, k, base = 2 * max(w, 64), 48, 2048
+    addr = canonical_byte_addresses(rows, k, f16, swizzle, base, k_major=False)
+    assert sorted(addr.ravel()) == list(range(base, base + rows * k * 2, 2))
+    layout = canonical_smem_layout(rows, k, f16, swizzle, k_major=False)
+    from_layout = np.array([[layout((r, kk)) for kk in range(k)] for r in range(rows)])
+    assert np.array_equal(base + from_layout * 2, addr)
+    rng = np.random.default_rng(swizzle)
+    matrix = rng.integers(1, 250, size=(rows, k))
+    smem = np.zeros(base + rows * k * 2, dtype=np.int64)
+    for blk in range(rows // w):  # global memory holds the operand transposed: (k, rows)
+        written = tma_box_addresses((w, k), f16, swizzle, base + blk * k * w * 2)
+        assert np.array_equal(written, addr[blk * w:(blk + 1) * w, :].T)
+        smem[written] = tma_box_copy(matrix.T, (blk * w, 0), (w, k))
+    for s in range(k // 16):
+        desc = operand_descriptor(rows, k, f16, swizzle, base, 16 * s, k_major=False)
+        read = descriptor_element_addresses(desc, rows, 16, f16, k_major=False)
+        assert np.array_equal(read, addr[:, 16 * s:16 * s + 16]), f"k-step {s}"
+        assert np.array_equal(read, _isa_mn_major(desc, rows, 16))
+        assert np.array_equal(smem[read], matrix[:, 16 * s:16 * s + 16])
+
+
 def test_descriptor_addressing_refuses_what_it_does_not_model():
     desc = MatrixDescriptor(0, 16, 1024, 128)
     with pytest.raises(TegulaError, match="MN-major"):
-        descriptor_element_addresses(desc, 64, 16, f16, k_major=False)
+        descriptor_element_addresses(desc, 64, 32, f8e4m3, k_major=False)
+    with pytest.raises(TegulaError, match="rows a multiple of 64 and K a multiple of 8"):
+        canonical_smem_layout(32, 16, f16, 128, k_major=False)
     with pytest.raises(TegulaError, match="base offset"):
         descriptor_element_addresses(MatrixDescriptor(0, 16, 1024, 128, 1), 64, 16, f16)
     with pytest.raises(TegulaError, match="first 128-byte line"):
         descriptor_element_addresses(MatrixDescriptor(128, 16, 1024, 128), 64, 16, f16)
     with pytest.raises(TegulaError, match="exceed the 32-byte swizzle"):
         descriptor_element_addresses(MatrixDescriptor(0, 16, 256, 32), 64, 32, f16)
-    with pytest.raises(TegulaError, match="multiple of 8"):
+    with pytest.raises(TegulaError, match="rows a multiple of 8"):
         descriptor_element_addresses(desc, 60, 16, f16)
     with pytest.raises(TegulaError, match="aligned to the 1024-byte swizzle atom"):
         operand_descriptor(64, 64, f16, 128, 512)

@@ -56,24 +56,28 @@ def _asm(name: str, **groups) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def wgmma_k_total(instr: WgmmaInstr, swizzle: int) -> int:
+def wgmma_k_total(instr: WgmmaInstr, swizzle: int, mn_major: bool = False) -> int:
     """K of the test: two column blocks of the canonical buffer, or two k-steps, whichever
-    is more, so descriptors advance both inside a swizzle atom and across blocks."""
+    is more, so descriptors advance both inside a swizzle atom and across blocks (MN-major:
+    two k-steps, each two groups of 8 K rows)."""
+    if mn_major:
+        return 2 * instr.k
     block = max(swizzle, 16) * 8 // instr.a_dtype.bits
     return 2 * max(block, instr.k)
 
 
 def wgmma_image(instr: WgmmaInstr, swizzle: int, a_bits: np.ndarray,
-                b_bits: np.ndarray) -> np.ndarray:
+                b_bits: np.ndarray, mn_major: bool = False) -> np.ndarray:
     """The shared-memory image (int32 words) holding A (64, K) and B (N, K) bit patterns at
-    their canonical addresses: A at byte 0, B right after."""
+    their canonical addresses (MN-major buffers when `mn_major`): A at byte 0, B after."""
     k_total = a_bits.shape[1]
     eb = instr.a_dtype.bits // 8
     a_bytes = 64 * k_total * eb
     image = np.zeros(a_bytes + instr.n * k_total * eb, dtype=np.uint8)
     for bits, rows, start, dt in ((a_bits, 64, 0, instr.a_dtype),
                                   (b_bits, instr.n, a_bytes, instr.b_dtype)):
-        addr = canonical_byte_addresses(rows, k_total, dt, swizzle, start)
+        addr = canonical_byte_addresses(rows, k_total, dt, swizzle, start,
+                                        k_major=not mn_major)
         raw = np.ascontiguousarray(bits.astype(f"<u{eb}")).view(np.uint8).reshape(rows, k_total, eb)
         for byte in range(eb):
             image[addr + byte] = raw[:, :, byte]
@@ -110,13 +114,15 @@ def a_fragment_words(instr: WgmmaInstr, a_bits: np.ndarray) -> np.ndarray:
     return np.concatenate(words, axis=1)
 
 
-def raw_wgmma_kernel(name: str, swizzle: int, a_from_regs: bool = False) -> hw.RawKernel:
-    """D = C·scale + A·Bᵀ over `wgmma_k_total` K by one warpgroup (see module doc).
+def raw_wgmma_kernel(name: str, swizzle: int, a_from_regs: bool = False,
+                     mn_major: bool = False) -> hw.RawKernel:
+    """D = C·scale + A·Bᵀ over `wgmma_k_total` K by one warpgroup (see module doc); with
+    `mn_major` the shared operands are MN-major (imm-trans 1) buffers.
 
     Parameters: img (words of `wgmma_image`), afrag (128, steps*a_regs) words (read only
     with `a_from_regs`), c (128, acc_regs) words, out (128, acc_regs) words, scale (int)."""
     instr = get_wgmma(name)
-    k_total = wgmma_k_total(instr, swizzle)
+    k_total = wgmma_k_total(instr, swizzle, mn_major)
     steps = k_total // instr.k
     eb = instr.a_dtype.bits // 8
     a_bytes = 64 * k_total * eb
@@ -137,23 +143,26 @@ def raw_wgmma_kernel(name: str, swizzle: int, a_from_regs: bool = False) -> hw.R
             "const unsigned long long sa = (unsigned long long)(base >> 4);",
             _asm("wgmma.fence")]
     for s in range(steps):
-        da = operand_descriptor(64, k_total, instr.a_dtype, swizzle, 0, s * instr.k).encode()
+        da = operand_descriptor(64, k_total, instr.a_dtype, swizzle, 0, s * instr.k,
+                                k_major=not mn_major).encode()
         db = operand_descriptor(instr.n, k_total, instr.b_dtype, swizzle, a_bytes,
-                                s * instr.k).encode()
+                                s * instr.k, k_major=not mn_major).encode()
         scale = "scale" if s == 0 else "1"
         if a_from_regs:
             a = [f"(unsigned)afrag[lane * afrag_stride0 + {s * instr.a_regs + r}]"
                  for r in range(instr.a_regs)]
         else:
             a = f"({da:#x}ull + sa)"
-        body.append(instr.format_asm(d=d, a=a, b=f"({db:#x}ull + sa)", scale_d=scale))
+        t = int(mn_major)
+        body.append(instr.format_asm(d=d, a=a, b=f"({db:#x}ull + sa)", scale_d=scale,
+                                     trans_a=0 if a_from_regs else t, trans_b=t))
     body += [_asm("wgmma.commit_group"), wgmma_wait(0).format_asm(),
              f"for (int i = 0; i < {regs}; ++i) out[lane * out_stride0 + i] = {store};"]
     params = [TensorParam("img", i32, 1), TensorParam("afrag", i32, 2),
               TensorParam("c", i32, 2), TensorParam("out", i32, 2, writes=True),
               ScalarParam("scale", i32)]
     smem = [SharedBuffer("img", i32, (words * 4 + _ALIGN_SLACK) // 4, 0)]
-    tag = "rs" if a_from_regs else "ss"
+    tag = ("rs" if a_from_regs else "ss") + ("_mn" if mn_major else "")
     return hw._raw(f"raw_{name.replace('.', '_')}_{tag}_sw{swizzle}", WARPGROUP, params, body,
                    smem)
 
@@ -298,6 +307,8 @@ def every_raw_hopper_kernel() -> list[hw.RawKernel]:
     kernels += [raw_wgmma_kernel(name, 128, regs) for regs in (False, True)
                 for name in ("wgmma.m64n128k16.f32.bf16.bf16", "wgmma.m64n64k16.f16.f16.f16",
                              "wgmma.m64n32k32.f32.e4m3.e5m2")]
+    kernels += [raw_wgmma_kernel("wgmma.m64n64k16.f32.f16.f16", sw, regs, mn_major=True)
+                for sw in (0, 128) for regs in (False, True)]
     from tegula.dtypes import f16
     kernels += [raw_tma_kernel(f16, (64, 8), 128), raw_tma_kernel(f16, (8, 16), 0),
                 raw_mbarrier_kernel(), raw_misc_kernel()]

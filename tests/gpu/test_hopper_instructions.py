@@ -1,8 +1,8 @@
 """The Hopper catalogue entries (`tegula.arch.wgmma`, `tegula.arch.tma`) on hardware, through
 their own `format_asm` text (builders: `tests/gpu/hwcheck_hopper.py`).
 
-* wgmma m64n{8,64,128,256} f16 and bf16 (and f16-accumulating, fp8 and A-from-register
-  forms) from a hand-filled buffer in every swizzle mode, against the entry's `execute`
+* wgmma m64n{8,64,128,256} f16 and bf16 (and f16-accumulating, fp8, A-from-register and
+  MN-major forms) from a hand-filled buffer in every swizzle mode, against the entry's `execute`
   (bit-exact on small integers, within f32 rounding on random data) — so the fragments,
   the descriptor encoding and the swizzle model are all checked;
 * a 2-D TMA load with out-of-bounds zero fill in every swizzle mode, landing exactly where
@@ -51,10 +51,10 @@ def _need_sm90a():
         pytest.skip("Hopper instructions need sm_90a")
 
 
-def _inputs(rng, instr, swizzle: int, kind: str):
+def _inputs(rng, instr, swizzle: int, kind: str, mn_major: bool = False):
     """A (64, K), B (N, K), C (64, N) values: small integers ("exact": every sum exact in the
     accumulator) or normal random values, in the operand / accumulator types."""
-    k = hh.wgmma_k_total(instr, swizzle)
+    k = hh.wgmma_k_total(instr, swizzle, mn_major)
     out = []
     for dt, shape in ((instr.a_dtype, (64, k)), (instr.b_dtype, (instr.n, k)),
                       (instr.acc_dtype, (64, instr.n))):
@@ -65,17 +65,19 @@ def _inputs(rng, instr, swizzle: int, kind: str):
     return out
 
 
-def _run_wgmma(rng, name: str, swizzle: int, kind: str, scale: int, regs: bool):
+def _run_wgmma(rng, name: str, swizzle: int, kind: str, scale: int, regs: bool,
+               mn_major: bool = False):
     instr = get_wgmma(name)
-    a, b, c = _inputs(rng, instr, swizzle, kind)
+    a, b, c = _inputs(rng, instr, swizzle, kind, mn_major)
     a_bits, b_bits = storage_bits(a, instr.a_dtype), storage_bits(b, instr.b_dtype)
-    image = hh.wgmma_image(instr, swizzle, a_bits, b_bits)
+    image = hh.wgmma_image(instr, swizzle, a_bits, b_bits, mn_major)
     frag = hh.a_fragment_words(instr, a_bits) if regs else np.zeros((128, 4), np.uint32)
     c_words = hh.acc_words(instr, storage_bits(c, instr.acc_dtype).astype(np.uint64))
     timg, tfrag, tc = (to_device(x.astype(np.uint32).view(np.int32), i32)
                        for x in (image.view(np.uint32), frag, c_words))
     tout = poison(torch.empty_like(tc))
-    launch_raw(hh.raw_wgmma_kernel(name, swizzle, regs), 1, timg, tfrag, tc, tout, scale)
+    launch_raw(hh.raw_wgmma_kernel(name, swizzle, regs, mn_major), 1, timg, tfrag, tc, tout,
+               scale)
     got_bits = hh.acc_matrix(instr, bits_of(tout, i32).astype(np.uint32))
     want = hh.expected_wgmma(instr, a, b, c, scale)
     if kind == "exact":
@@ -111,6 +113,16 @@ def test_wgmma_more_types_and_scale_d_zero(rng, name, swizzle):
 def test_wgmma_with_a_from_registers(rng, name):
     _run_wgmma(rng, name, 128, "exact", scale=1, regs=True)
     _run_wgmma(rng, name, 64, "random", scale=1, regs=True)
+
+
+@pytest.mark.parametrize("swizzle", SWIZZLES)
+@pytest.mark.parametrize("name", ["wgmma.m64n64k16.f32.f16.f16", "wgmma.m64n128k16.f32.bf16.bf16",
+                                  "wgmma.m64n256k16.f16.f16.f16"])
+def test_wgmma_mn_major_operands(rng, name, swizzle):
+    """imm-trans 1: both operands MN-major (A from shared), then B alone (A from registers),
+    read through `descriptor_element_addresses(k_major=False)`'s model."""
+    _run_wgmma(rng, name, swizzle, "exact", scale=1, regs=False, mn_major=True)
+    _run_wgmma(rng, name, swizzle, "exact", scale=1, regs=True, mn_major=True)
 
 
 @pytest.mark.parametrize("dtype,box,swizzle", [
