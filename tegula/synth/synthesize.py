@@ -16,6 +16,7 @@ Decisions land on the IR: register tiles' `layout`, shared allocs' `layout`, and
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,7 @@ from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
                                  plan_tma_copy)
-from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm
+from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm, plan_mma_sync
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.shared import SharedAccess, synthesize_shared_layout
@@ -140,10 +141,10 @@ def _check_pinned_layout(tile: RegisterTile, threads: int) -> None:
 
 
 def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> None:
-    for op in walk_ops(kernel.body):
-        if not isinstance(op, Gemm):
-            continue
-        plan = plan_gemm(op, kernel.threads, target)
+    gemms = [op for op in walk_ops(kernel.body) if isinstance(op, Gemm)]
+    plans = _agreeing_plans(gemms, kernel.threads, target)
+    for op in gemms:
+        plan = plans[id(op)]
         op.choices["plan"] = plan
         why = f"accumulator of {plan.describe()}"
         if not state.set(op.c, plan.c_tv, why) and not _same_function(state.get(op.c), plan.c_tv):
@@ -155,6 +156,26 @@ def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> N
             if isinstance(operand, RegisterTile) and \
                     not state.set(operand, tv, f"{role} operand of {plan.atom.name}"):
                 _check_register_operand(op, operand, tv, role, plan, state)
+
+
+def _agreeing_plans(gemms: list, threads: int, target: Target) -> dict:
+    """Each gemm's plan (by id), such that gemms updating one accumulator agree on its
+    layout: if one of them cannot run on wgmma, they all take mma.sync (whose plans agree
+    whenever the tiles do, as before wgmma existed)."""
+    plans = {id(op): plan_gemm(op, threads, target) for op in gemms}
+    for op in gemms:
+        sharing = [g for g in gemms if g.c.id == op.c.id]
+        kinds = {isinstance(plans[id(g)], WgmmaPlan) for g in sharing}
+        c_layouts = {str(plans[id(g)].c_tv) for g in sharing}
+        if isinstance(plans[id(op)], WgmmaPlan) and (len(kinds) > 1 or len(c_layouts) > 1):
+            other = next(g for g in sharing if g is not op and
+                         str(plans[id(g)].c_tv) != str(plans[id(op)].c_tv))
+            why = (f"the accumulator is also updated by the gemm at line "
+                   f"{other.loc.lineno if other.loc else '?'}, which runs on "
+                   f"{plans[id(other)].atom.name}")
+            plans[id(op)] = dataclasses.replace(plan_mma_sync(op, threads, target),
+                                                wgmma_skipped=why)
+    return plans
 
 
 def _check_register_operand(op: Gemm, operand: RegisterTile, tv: Layout, role: str, plan,

@@ -197,3 +197,34 @@ def test_explain_says_why_wgmma_or_tma_is_not_used():
     facts = facts_with(a=dict(stride_divisors=(4, 16)))
     text = build(readme_gemm, dict(BM=64, BN=64), facts, "sm_90a").explain()
     assert "TMA not used: a's stride along dim 0 is not known" in text
+
+
+@tg.kernel(threads=128)
+def mixed_gemms(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32]):
+    """One accumulator updated by a gemm wgmma can run (shared operands) and by one it
+    cannot (A in registers): both must agree on the accumulator's layout."""
+    acc = tg.zeros((64, 64), f32)
+    sa = tg.shared((64, 16), f16)
+    sb = tg.shared((64, 16), f16)
+    tg.copy(a.tile((64, 16), (0, 0)), sa)
+    tg.copy(b.tile((64, 16), (0, 0)), sb)
+    tg.gemm(acc, sa, sb)
+    ra = tg.load(a.tile((64, 16), (0, 1)))
+    tg.gemm(acc, ra, sb)
+    tg.copy(acc, c.tile((64, 64), (0, 0)))
+
+
+def test_gemms_sharing_an_accumulator_agree_on_mma_sync_when_one_cannot_use_wgmma():
+    result = build(mixed_gemms, {}, None, "sm_90a")
+    plans = [op.choices["plan"] for op in walk_ops(result.traced.body) if isinstance(op, Gemm)]
+    assert all(isinstance(p, GemmPlan) for p in plans)
+    assert "the accumulator is also updated by the gemm at line" in plans[0].wgmma_skipped
+    rng = np.random.default_rng(7)
+    from tegula.kernels.common import poisoned, random_input
+    a, b = random_input(rng, (64, 32), f16), random_input(rng, (64, 32), f16)
+    c = poisoned((64, 64), f32)
+    tg.emulate(mixed_gemms, (1, 1), a, b, c, target="sm_90a")
+    af, bf = a.astype(np.float64), b[:, :16].astype(np.float64)
+    ref = af[:, :16] @ bf.T + af[:, 16:] @ bf.T
+    bound = 64 * 2.0 ** -24 * (np.abs(af[:, :16]) @ np.abs(bf).T + np.abs(af[:, 16:]) @ np.abs(bf).T)
+    assert np.all(np.abs(c - ref) <= bound)
