@@ -80,6 +80,9 @@ def _run_wgmma(rng, name: str, swizzle: int, kind: str, scale: int, regs: bool,
                scale)
     got_bits = hh.acc_matrix(instr, bits_of(tout, i32).astype(np.uint32))
     want = hh.expected_wgmma(instr, a, b, c, scale)
+    ref = (torch.from_numpy(a.astype(np.float64)) @ torch.from_numpy(b.astype(np.float64)).T
+           + scale * torch.from_numpy(c.astype(np.float64))).numpy()
+    assert np.allclose(want, ref, rtol=2.0 ** -10, atol=0, equal_nan=True)  # entry vs torch
     if kind == "exact":
         assert np.array_equal(got_bits, storage_bits(want, instr.acc_dtype).astype(np.uint64)), \
             f"{name} swizzle {swizzle}: D differs from A·Bᵀ + C"
