@@ -35,7 +35,9 @@ class EmulationReport:
     """The result of `run_thread_kernel`: per statement kind and per statement totals.
 
     `by_kind` maps a kind ("GlobalLoad", "SharedStore", "CpAsync", "LdMatrix", "Mma",
-    "Shuffle", "Barrier", "Assign", …) to its `OpStats`; `by_stmt` maps a statement's
+    "Shuffle", "Barrier", "Assign", and the asynchronous ones: "TmaLoad"/"TmaStore" with
+    their box bytes, zero-filled parts included, "Wgmma" with the shared bytes its
+    descriptors read, "MBarrierWait", …) to its `OpStats`; `by_stmt` maps a statement's
     position in a depth-first walk of the kernel body to (description, `OpStats`).
     """
 

@@ -144,3 +144,18 @@ def test_consumer_keeping_one_wgmma_group_in_flight_is_right(role_order):
     a, b, c = gemm_inputs(100, 64, 500, seed=11)
     run_gemm(kernel, a, b, c, role_order=role_order)
     _assert_gemm(c, a, b)
+
+
+def test_tma_stores_count_for_output_coverage():
+    """What a TMA store writes is recorded for tg.emulate's coverage check — only the
+    elements inside the tensor (the box's edge parts are skipped)."""
+    x = np.random.default_rng(2).standard_normal((70, 45)).astype(np.float32)
+    y = np.full(x.shape, np.nan, dtype=np.float32)
+    report = run_with_deadline(lambda: run_thread_kernel(
+        round_trip_kernel(), (2, 2), {"x": x, "y": y}, track_writes=["y"]))
+    assert report.written["y"].all()
+    y = np.full(x.shape, np.nan, dtype=np.float32)
+    report = run_with_deadline(lambda: run_thread_kernel(
+        round_trip_kernel(), (1, 1), {"x": x, "y": y}, track_writes=["y"]))
+    written = report.written["y"].reshape(x.shape)
+    assert written[:64, :32].all() and written.sum() == 64 * 32
