@@ -72,3 +72,14 @@ def test_roles_must_take_whole_warpgroups():
     kernel.body[0].roles[0].cond = TID.ge(96)
     with pytest.raises(EmulationError, match="takes 32 of the 128 threads of warpgroup 0"):
         _run(kernel)
+
+
+def test_handoff_kernel_compiles_for_sm_90a():
+    """The GPU test (tests/gpu/test_async_emulator_gpu.py) runs this kernel on hardware;
+    here it must at least be valid CUDA for sm_90a (NVRTC, no GPU needed)."""
+    from tegula.codegen import emit_cuda
+    from tegula.runtime.compiler import available_compilers, compile_cuda
+    if not available_compilers():
+        pytest.skip("no CUDA compiler installed")
+    kernel = _handoff_kernel()
+    assert compile_cuda(emit_cuda(kernel, "sm_90a"), kernel.name, "sm_90a")
