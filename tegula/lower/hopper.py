@@ -11,7 +11,8 @@ of the warpgroup one `Wgmma` whose descriptors point at the warpgroup's rows of 
 row-major under the swizzle, and a K step inside the swizzle span advances the start
 address, the hardware swizzling absolute addresses); `WgmmaCommit`; `WgmmaWait(0)`. So the
 accumulator is complete when the gemm's statements end, and the operand stage may be
-overwritten once every warpgroup has passed them.
+overwritten once every warpgroup has passed them — except in a TMA pipeline whose body is
+just the gemm, which keeps one group in flight (below).
 
 **A TMA pipeline** (`TmaPipeline`), single role (every thread computes; thread 0 also
 issues the copies), `S` stages, iterations `start … stop-1`:
@@ -19,10 +20,16 @@ issues the copies), `S` stages, iterations `start … stop-1`:
     kernel start:  thread 0: init full[0..S-1] (count 1); fence.mbarrier_init; barrier
     prologue:      thread 0: for j < S-1 with start+j < stop: expect_tx(full[(start+j)%S],
                    box bytes of one stage) and the TMA boxes of iteration start+j
-    loop k:        barrier          (everyone finished iteration k-1, so its stage is free)
+    loop k:        wait full[k%S] with parity ((k - start) // S) % 2
+                   the gemm's wgmmas; commit; wait_group 1 (iteration k-1's retire)
+                   barrier          (every warpgroup is done with iteration k-1's stage)
                    thread 0, if k+S-1 < stop: expect_tx + TMA boxes of iteration k+S-1
-                   wait full[k%S] with parity ((k - start) // S) % 2
-                   the rest of the body (the wgmma gemm …)
+                   into stage (k+S-1) % S = (k-1) % S
+    after:         wait_group 0 (the accumulator is complete), barrier
+
+When the body holds more than the one gemm (other ops might read its accumulator), the
+gemm waits for its own wgmmas (wait_group 0) and the barrier + refill come first in the
+iteration instead.
 
 Stage `k % S` is the same convention as every other access of a multi-stage buffer
 (`addressing.shared_offset`), and the j-th use of stage s completes the barrier's j-th
@@ -81,8 +88,9 @@ def operand_desc(ctx: LoweringContext, tile: SharedTile, first_row: Expr, k_offs
                     fields.stride_bytes, swizzle)
 
 
-def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm) -> list:
-    """Thread IR of one gemm on wgmma (see the module docstring)."""
+def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0) -> list:
+    """Thread IR of one gemm on wgmma (see the module docstring); `pending` wgmma groups
+    may stay in flight after it (1 only inside a TMA pipeline that proved it safe)."""
     plan = op.choices["plan"]
     atom, grid = plan.atom, plan.grid
     rm_count, rn_count, rk_count = plan.repeats
@@ -106,7 +114,7 @@ def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm) -> list:
                 first = values * (rm + rm_count * rn)
                 d = [reg(c_regs, c_map[first + x]) for x in range(values)]
                 stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(1)))
-    return stmts + [WgmmaCommit(), WgmmaWait(0)]
+    return stmts + [WgmmaCommit(), WgmmaWait(pending)]
 
 
 # --------------------------------------------------------------------------------------
@@ -167,18 +175,31 @@ def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stm
                            tma_issue(ctx, producers, full.name, iteration % stages, iteration,
                                      k.name)))
     ahead = k + (stages - 1)
-    body: list[Stmt] = [
-        Barrier(),  # every thread is done with iteration k-1: its stage may be refilled
-        If(all_of([issuer, ahead.lt(stop)]),
-           tma_issue(ctx, producers, full.name, ahead % stages, ahead, k.name)),
-        MBarrierWait(full.name, k % stages, ((k - start) // stages) % 2),
-    ]
+    # Refill stage (k-1) % S with iteration k+S-1, once every thread is done with
+    # iteration k-1 (the barrier; its wgmmas retired by each warpgroup's wait before it).
+    refill = [Barrier(), If(all_of([issuer, ahead.lt(stop)]),
+                            tma_issue(ctx, producers, full.name, ahead % stages, ahead, k.name))]
+    wait = MBarrierWait(full.name, k % stages, ((k - start) // stages) % 2)
+    rest = [o for o in op.body if not any(o is p for p in producers)]
+    if _one_gemm_in_flight(op, rest):
+        # wait_group 1 after this iteration's wgmmas retires iteration k-1's, which read
+        # stage (k-1) % S, the one refilled next; iteration k's keep running across the
+        # barrier and the next wait. Only this gemm touches its accumulator in the loop,
+        # and wait_group 0 after the loop completes it before anything reads it.
+        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1)
+        loop = For(k, start, stop, 1, [wait] + gemm + refill)
+        return prologue + [loop, WgmmaWait(0), Barrier()]
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
-    rest = [o for o in op.body if not any(o is p for p in producers)]
-    body += lowering.ops(rest, inner)
+    body = refill + [wait] + lowering.ops(rest, inner)
     epilogue = inner.barrier() if inner.dirty else []
     return prologue + [For(k, start, stop, 1, body)] + epilogue
+
+
+def _one_gemm_in_flight(loop: ForLoop, rest: list) -> bool:
+    """True if the loop body besides its TMA copies is one wgmma gemm (nothing else reads
+    its accumulator or the stages inside the loop), so a wgmma group may stay in flight."""
+    return len(rest) == 1 and is_wgmma(rest[0])
 
 
 # --------------------------------------------------------------------------------------

@@ -51,6 +51,14 @@ def test_readme_gemm_on_sm90a_is_right_where_shapes_do_not_divide_the_tiles(dtyp
 
 
 @pytest.mark.parametrize("dtype", [f16, bf16], ids=str)
+def test_long_k_reuses_every_stage_of_the_ring(dtype):
+    """K = 328 is 11 k-tiles of 32 (the last partial) through a 3-stage ring: each stage
+    and each mbarrier phase is used several times, with one wgmma group in flight."""
+    a, b, c = run(dtype, 130, 72, 328, "sm_90a", seed=96, BM=64, BN=64)
+    check_gemm(c, a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", [f16, bf16], ids=str)
 def test_sm80_still_uses_mma_sync_and_gives_the_same_result(dtype):
     tiles = dict(BM=64, BN=64)
     kinds = statements(dtype, "sm_80", **tiles)
@@ -70,7 +78,9 @@ def test_other_tiles_warpgroups_and_swizzles(tiles, threads):
     build_ = build(readme_gemm, dict(tiles, threads=threads), None, "sm_90a")
     plan = next(op for op in walk_ops(build_.traced.body) if isinstance(op, Gemm)).choices["plan"]
     assert plan.atom.name.startswith("wgmma.")
-    a, b, c = run(f16, 130, 150, 100, "sm_90a", seed=92, threads=threads, **tiles)
+    # K = 264: a row is 528 bytes (TMA proven), 5 or 17 k-tiles: every stage is reused
+    assert TmaLoad in {type(s) for s in walk(build_.thread_kernel.body)}
+    a, b, c = run(f16, 130, 150, 264, "sm_90a", seed=92, threads=threads, **tiles)
     check_gemm(c, a, b, f16)
 
 
@@ -170,3 +180,37 @@ def test_readme_gemm_on_the_gpu_against_torch(dtype, m, n, k, config, target):
     bound = 2.0 ** -dtype.mantissa_bits * ref.abs() + k * 2.0 ** -23 * scale + 2.0 ** -24
     assert not torch.isnan(c).any(), "unwritten (poisoned) elements remain"
     assert bool((err <= bound).all()), f"max error {err.max().item():.3g}"
+
+
+@tg.kernel(threads=128)
+def gemm_and_count(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
+                   steps: tg.Tensor[tg.f32]):
+    """A TMA pipeline whose body does more than the gemm (a per-iteration count): the
+    wgmmas are waited for inside each iteration and the refill comes first."""
+    m, n = tg.block_id(0), tg.block_id(1)
+    ga = a.tile((64, 32), (m, None))
+    gb = b.tile((64, 32), (n, None))
+    acc = tg.zeros((64, 64), tg.f32)
+    count = tg.zeros((64, 64), tg.f32)
+    sa = tg.shared((64, 32), f16, stages=3)
+    sb = tg.shared((64, 32), f16, stages=3)
+    for k in tg.pipeline(ga.shape[2], stages=3):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        tg.gemm(acc, sa[k], sb[k])
+        count = count + 1.0
+    tg.copy(acc.to(f16), c.tile((64, 64), (m, n)))
+    tg.copy(count, steps.tile((64, 64), (m, n)))
+
+
+def test_a_pipeline_body_with_more_than_the_gemm_waits_inside_each_iteration():
+    tk = build(gemm_and_count, {}, None, "sm_90a").thread_kernel
+    from tegula.lower.async_ir import WgmmaWait
+    assert {s.pending for s in walk(tk.body) if isinstance(s, WgmmaWait)} == {0}
+    assert TmaLoad in {type(s) for s in walk(tk.body)}
+    rng = np.random.default_rng(97)
+    a, b = random_input(rng, (100, 232), f16), random_input(rng, (70, 232), f16)
+    c, steps = poisoned((100, 70), f16), poisoned((100, 70), tg.f32)
+    tg.emulate(gemm_and_count, (2, 2), a, b, c, steps, target="sm_90a")
+    check_gemm(c, a, b, f16)
+    assert np.all(steps == 8)                       # ceil(232 / 32) iterations

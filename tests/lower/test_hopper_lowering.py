@@ -196,16 +196,22 @@ def test_waits_follow_the_ring_phases(two_warpgroups):
         assert issuing == []                     # only thread 0 issues
 
 
-def test_a_stage_is_refilled_only_after_a_block_barrier(two_warpgroups):
-    """The refill of stage (k-1) % S overwrites what every warpgroup's wgmmas of iteration
-    k-1 read: a block barrier must separate them (the emulator runs the warpgroups of one
-    role in lockstep, so only this structural check can see the barrier missing)."""
-    loop = next(s for s in two_warpgroups.thread_kernel.body if isinstance(s, For))
-    first_issue = next(i for i, s in enumerate(loop.body)
+def test_a_stage_is_refilled_only_after_its_wgmmas_retired_and_a_block_barrier(two_warpgroups):
+    """Iteration k refills stage (k-1) % S, which iteration k-1's wgmmas read: each
+    warpgroup's wait_group 1 after this iteration's wgmmas retires those, and a block
+    barrier orders every warpgroup's wait before thread 0's copy (the emulator runs the
+    warpgroups of one role in lockstep, so only this structural check sees a missing
+    barrier). After the loop, wait_group 0 completes the accumulator."""
+    top = two_warpgroups.thread_kernel.body
+    loop = next(s for s in top if isinstance(s, For))
+    body = loop.body
+    first_issue = next(i for i, s in enumerate(body)
                        if isinstance(s, If) and any(isinstance(t, TmaLoad) for t in s.then))
-    last_wait = max(i for i, s in enumerate(loop.body) if isinstance(s, WgmmaWait))
-    assert any(isinstance(s, Barrier) for s in loop.body[:first_issue])
-    assert last_wait > first_issue       # the wgmmas of this iteration come after the refill
+    waits = [i for i, s in enumerate(body) if isinstance(s, WgmmaWait)]
+    assert waits and all(body[i].pending <= 1 for i in waits)
+    assert any(isinstance(s, Barrier) for s in body[max(waits):first_issue])
+    after = top[top.index(loop) + 1:]
+    assert isinstance(after[0], WgmmaWait) and after[0].pending == 0
 
 
 def test_last_iterations_issue_no_copy_past_the_loop(two_warpgroups):
