@@ -139,8 +139,13 @@ def driver_encode(ptr: int, dtype: DType, extents: Sequence[int], byte_strides: 
                            "CU_TENSOR_MAP_SWIZZLE_NONE" if swizzle == 0
                            else f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")
     tensor_map = check(driver.cuTensorMapEncodeTiled(
-        data_type, len(extents), ptr, list(extents), list(byte_strides),
-        [int(b) for b in box], [1] * len(extents),
+        # The bindings take the driver's sized integer types, not Python ints (a bare int
+        # is "Cannot convert int to cuuint32_t" at run time; found on the H100).
+        data_type, driver.cuuint32_t(len(extents)), ptr,
+        [driver.cuuint64_t(int(e)) for e in extents],
+        [driver.cuuint64_t(int(s)) for s in byte_strides],
+        [driver.cuuint32_t(int(b)) for b in box],
+        [driver.cuuint32_t(1) for _ in extents],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_mode,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
