@@ -432,6 +432,7 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
             b_vals, b_addrs = read_b(state, lanes)
             addrs = np.concatenate([a_addrs.ravel(), b_addrs.ravel()])
             if state.smem.check_races:
+                state.smem.check_async_read(addrs, what)
                 a.async_read(addrs, np.int64(lanes[0]), what, state.smem.buffer_at,
                              written=True)
             out = instr.execute(d if scale else None, a_vals, b_vals, scale)

@@ -315,6 +315,31 @@ class SharedMemory:
                 self.w_epoch[addrs] = -1
         self.buf[addrs] = data
 
+    def check_async_read(self, addrs: np.ndarray, what: str) -> None:
+        """A wgmma reads `addrs` for a whole warpgroup: every generic write to them (a
+        store, a cp.async) must be ordered before by a barrier, whichever thread made it."""
+        if not self.check_races or not addrs.size:
+            return
+        raw = self.w_epoch[addrs] == self.epoch
+        if raw.any():
+            a = int(addrs.ravel()[int(np.flatnonzero(raw.ravel())[0])])
+            raise EmulationError(
+                f"{what}: shared-memory race (asynchronous read after write) on byte {a} of "
+                f"buffer {self.buffer_at(a)}: thread {int(self.w_tid[a])} wrote it with no "
+                "barrier before this wgmma reads it")
+        hz = self._async_hazard(addrs, np.full(addrs.shape, -1))
+        if hz is not None:
+            inflight, unseen, owner = hz
+            for bad, why in ((inflight, "whose group has not been waited for (missing "
+                                        "cp.async.wait_group)"),
+                             (unseen, "waited for, but no barrier followed the wait")):
+                if bad.any():
+                    i = int(np.flatnonzero(bad.ravel())[0])
+                    a = int(addrs.ravel()[i])
+                    raise EmulationError(
+                        f"{what}: reads byte {a} of buffer {self.buffer_at(a)}, written by a "
+                        f"cp.async of thread {int(owner.ravel()[i])} {why}")
+
     def write_async_proxy(self, addrs: np.ndarray, data: np.ndarray, tid: int, what: str) -> None:
         """A TMA load writes `data` at `addrs` for thread `tid` (its issuer). Generic
         accesses by other threads since the last barrier or completed mbarrier phase race

@@ -36,7 +36,8 @@ def _fragment_coords(v: Var, t=TID):
 
 
 def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
-            wgmma_fence: bool = True, wgmma_threads: int | None = None) -> ThreadKernel:
+            wgmma_fence: bool = True, wgmma_threads: int | None = None,
+            barrier: bool = True) -> ThreadKernel:
     """c (M x N, M <= 64) = a (M x K) @ b (N x K)^T, one block. B lands in the canonical
     unswizzled K-major buffer: element (r, k) at the byte `canonical_byte_addresses` says."""
     a_regs, acc, bv = RegArray("a", f16, 8), RegArray("acc", f32, N // 2), RegArray("bv", f16, 1)
@@ -67,8 +68,8 @@ def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
     store_c = For(v, Const(0), Const(N // 2), 1, [
         GlobalStore("c", out_row * Var("c_stride0") + out_col, Reg(acc, v), 1,
                     pred=all_of([out_row.lt(Var("c_shape0")), TID.lt(128)]))], unroll=True)
-    body = [load_a, store_b] + ([FenceProxyAsync()] if fence else []) + [Barrier()] + mma + \
-        [store_c]
+    body = [load_a, store_b] + ([FenceProxyAsync()] if fence else []) + \
+        ([Barrier()] if barrier else []) + mma + [store_c]
     return ThreadKernel("wgmma_regs", threads,
                         [TensorParam("a", f16, 2), TensorParam("b", f16, 2),
                          TensorParam("c", f32, 2, writes=True)],
@@ -116,6 +117,14 @@ def test_generic_writes_read_by_wgmma_need_the_proxy_fence():
     a, b, c = _inputs()
     with pytest.raises(EmulationError, match="no fence.proxy.async after the write"):
         _run(_kernel(fence=False), a, b, c)
+
+
+def test_generic_writes_read_by_wgmma_need_a_barrier():
+    """Each thread fenced its own stores, but the warpgroup reads all of them: without a
+    barrier after the stores, other threads' writes may not have happened yet."""
+    a, b, c = _inputs()
+    with pytest.raises(EmulationError, match="wrote it with no barrier before this wgmma"):
+        _run(_kernel(barrier=False), a, b, c)
 
 
 def test_reading_the_accumulator_before_the_wait_is_reported():
