@@ -17,8 +17,8 @@ scores are kept on the plan for `explain`.
 The plan fixes three TV layouts: the accumulator's, and the layouts in which A and B
 must reach the MMA (tiled from the instruction's fragment layouts).
 
-On sm_90a a gemm whose operands are both shared tiles that wgmma can read (16-bit types,
-K-major, `BK * 2` bytes a swizzle span of 32, 64 or 128 bytes) and whose C tile splits
+On sm_90a a gemm whose operands are both shared tiles that wgmma can read (f16, bf16 or
+8-bit floats, K-major, a K row of 32, 64 or 128 bytes: one swizzle span) and whose C tile splits
 into 64 x N wgmma fragments over whole warpgroups runs on `wgmma` instead (`plan_wgmma`):
 the same search over warpgroup grids, the accumulator the instruction's D fragment tiled
 over them, and the operand buffers pinned to the canonical swizzled layout
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from tegula.arch.catalogue import mma_for
 from tegula.arch.targets import Target
-from tegula.dtypes import bf16, f16
+from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16
 from tegula.errors import SynthesisError, TegulaError
 from tegula.ir.ops import Gemm
 from tegula.ir.values import SharedTile, describe
@@ -142,7 +142,7 @@ WGMMA_M = 64
 WGMMA_K_BYTES = 32            # one wgmma reads 32 bytes of K (k16 for 16-bit types)
 WGMMA_MAX_N = 256
 SWIZZLE_SPANS = (128, 64, 32)  # bytes; the canonical buffer's K row is exactly one span
-WGMMA_OPERAND_TYPES = (f16, bf16)
+WGMMA_OPERAND_TYPES = (f16, bf16, f8e4m3, f8e5m2)  # i8/u8: no wgmma entry yet
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def operand_swizzle(tile, k: int) -> tuple[int, str]:
     if row_bytes not in SWIZZLE_SPANS:
         return 0, (f"{describe(tile)} has {row_bytes}-byte K rows; the canonical wgmma buffer "
                    f"is built for rows of exactly one swizzle span ({', '.join(map(str, SWIZZLE_SPANS))} "
-                   f"bytes: BK = 64, 32 or 16 for 16-bit types)")
+                   f"bytes: BK = 64, 32 or 16 for 16-bit types, 128, 64 or 32 for 8-bit)")
     return row_bytes, ""
 
 
@@ -217,7 +217,8 @@ def _wgmma_operand_problem(op: Gemm, threads: int) -> str:
         if tile.alloc.pinned:
             return f"operand {role}'s buffer has a pinned layout"
         if tile.dtype not in WGMMA_OPERAND_TYPES:
-            return f"operand {role} is {tile.dtype} (wgmma from shared memory here: f16, bf16)"
+            return (f"operand {role} is {tile.dtype} (wgmma from shared memory here: "
+                    f"{', '.join(map(str, WGMMA_OPERAND_TYPES))})")
     if op.c.pinned:
         return f"the accumulator {describe(op.c)} has a pinned layout"
     if threads % WARPGROUP:

@@ -214,3 +214,44 @@ def test_a_pipeline_body_with_more_than_the_gemm_waits_inside_each_iteration():
     tg.emulate(gemm_and_count, (2, 2), a, b, c, steps, target="sm_90a")
     check_gemm(c, a, b, f16)
     assert np.all(steps == 8)                       # ceil(232 / 32) iterations
+
+
+def f8_gemm(a_t, b_t):
+    """The README kernel's text for 8-bit float operands (64-byte K rows, BK = 64)."""
+    @tg.kernel(threads=128)
+    def gemm_f8(a: tg.Tensor[a_t], b: tg.Tensor[b_t], c: tg.Tensor[tg.f32],
+                BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 64,
+                STAGES: tg.constexpr = 3):
+        m, n = tg.block_id(0), tg.block_id(1)
+        ga = a.tile((BM, BK), (m, None))
+        gb = b.tile((BN, BK), (n, None))
+        acc = tg.zeros((BM, BN), tg.f32)
+        sa = tg.shared((BM, BK), a_t, stages=STAGES)
+        sb = tg.shared((BN, BK), b_t, stages=STAGES)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+        tg.copy(acc, c.tile((BM, BN), (m, n)))
+    return gemm_f8
+
+
+@pytest.mark.parametrize("a_t,b_t", [(tg.f8e4m3, tg.f8e4m3), (tg.f8e4m3, tg.f8e5m2),
+                                     (tg.f8e5m2, tg.f8e5m2)], ids=str)
+def test_f8_gemm_runs_on_k32_wgmma_and_matches_the_sm89_mma(a_t, b_t):
+    kernel = f8_gemm(a_t, b_t)
+    tk = build(kernel, {}, None, "sm_90a").thread_kernel
+    assert {s.instr for s in walk(tk.body) if isinstance(s, Wgmma)} == {
+        f"wgmma.m64n64k32.f32.{a_t.name.replace('f8', '')}.{b_t.name.replace('f8', '')}"}
+    assert TmaLoad in {type(s) for s in walk(tk.body)}
+    rng = np.random.default_rng(98)
+    a, b = random_input(rng, (130, 208), a_t), random_input(rng, (70, 208), b_t)
+    results = []
+    for target in ("sm_90a", "sm_89"):
+        c = poisoned((130, 70), tg.f32)
+        tg.emulate(kernel, (3, 2), a, b, c, target=target)
+        results.append(c)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    bound = 208 * 2.0 ** -24 * (np.abs(af) @ np.abs(bf).T)
+    assert np.all(np.abs(results[0] - af @ bf.T) <= bound)
+    assert np.array_equal(results[0], results[1])   # both round after every k32 step
