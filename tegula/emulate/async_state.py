@@ -96,7 +96,6 @@ class AsyncState:
         self.threads = threads
         self.role_order = role_order  # which role the scheduler starts first (roles.py)
         self.reg_sizes = reg_sizes
-        self.check = check_races
         self.arrays = {m.name: m for m in mbarrier_arrays}
         self.base: dict[str, int] = {}
         self.bars: list[MBarrier] = []
