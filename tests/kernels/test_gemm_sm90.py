@@ -275,3 +275,28 @@ def test_sm90a_gemm_compiles_to_hgmma_and_utmaldg_without_spills(config):
                "WARPGROUP.DEPBAR.LE"):
         assert op in sass, op
     assert not re.search(r"\b(LDL|STL)\b", sass), "accumulators fell back to local memory"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", ["sm_90a", "sm_89"])
+@pytest.mark.parametrize("m,n,k", [(130, 70, 208), (256, 128, 512), (1, 64, 64)])
+@pytest.mark.parametrize("a_t,b_t", [(tg.f8e4m3, tg.f8e4m3), (tg.f8e4m3, tg.f8e5m2)], ids=str)
+def test_f8_gemm_on_the_gpu_against_the_emulator(a_t, b_t, m, n, k, target):
+    """8-bit operands on an H100 (k32 wgmma for sm_90a, mma.sync for sm_89) against the
+    emulator's result within the f32 accumulation bound; outputs poisoned (NaN) first."""
+    torch = _gpu_ready(90)
+    kernel = f8_gemm(a_t, b_t)
+    rng = np.random.default_rng(m + n + k)
+    a, b = random_input(rng, (m, k), a_t), random_input(rng, (n, k), b_t)
+    expected = poisoned((m, n), tg.f32)
+    tg.emulate(kernel, (tg.cdiv(m, 64), tg.cdiv(n, 64)), a, b, expected, target=target)
+    tdt = {tg.f8e4m3: torch.float8_e4m3fn, tg.f8e5m2: torch.float8_e5m2}
+    ga = torch.from_numpy(np.asarray(a, np.float32)).cuda().to(tdt[a_t])
+    gb = torch.from_numpy(np.asarray(b, np.float32)).cuda().to(tdt[b_t])
+    c = torch.full((m, n), float("nan"), device="cuda")
+    kernel[(tg.cdiv(m, 64), tg.cdiv(n, 64))](ga, gb, c, target=target)
+    torch.cuda.synchronize()
+    got = c.cpu().numpy()
+    bound = k * 2.0 ** -23 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
+    assert not np.isnan(got).any(), "unwritten (poisoned) elements remain"
+    assert np.all(np.abs(got - expected) <= bound + 2.0 ** -24)
