@@ -133,7 +133,7 @@ def compile_mbarrier_wait(s: MBarrierWait, ctx: Ctx, st: OpStats, what: str) -> 
         block_until(state, Wait(lambda: bar.phase % 2 != p,
                                 lambda: f"{what} [{s.barrier}[{idx}] parity {p}]: "
                                         f"{bar.describe()}"))
-        a.observe(gid, lanes)
+        a.observe(gid, lanes, what)
         st.add(state.active_warps())
     return run
 

@@ -124,6 +124,8 @@ class AsyncState:
         # Which threads may use each barrier: its initializer, and whoever met it at a
         # barrier since (a completed phase of the barrier itself does not count).
         self.init_visible = np.zeros((max(1, len(self.bars)), threads), dtype=bool)
+        # The barrier's completed-phase count at each thread's last successful wait.
+        self.waited_at = np.full((max(1, len(self.bars)), threads), -1, dtype=np.int64)
         self.clock = 0
 
     # ------------------------------------------------------------------ mbarriers
@@ -145,6 +147,7 @@ class AsyncState:
         bar.tx = bar.phase = 0
         bar.init_tid, bar.fenced = tid, False
         self.observed[gid] = 0
+        self.waited_at[gid] = -1
         self.init_visible[gid] = False
         self.init_visible[gid, tid] = True
 
@@ -341,8 +344,21 @@ class AsyncState:
     def fence_proxy(self, lanes: np.ndarray) -> None:
         self.fence_seq[lanes] = self.tick()
 
-    def observe(self, gid: int, lanes: np.ndarray) -> None:
-        self.observed[gid, lanes] = self.bars[gid].phase
+    def observe(self, gid: int, lanes: np.ndarray, what: str) -> None:
+        """Threads `lanes` passed a wait on barrier `gid`. Each wait of a thread must see a
+        phase its previous wait did not: passing again at the same phase count means the
+        parity it waited for belongs to a phase it already consumed (the parity tracking
+        fell a round behind), and on the GPU it would read the stage's old data."""
+        phase = self.bars[gid].phase
+        again = self.waited_at[gid, lanes] == phase
+        if again.any():
+            t = int(lanes[again][0])
+            raise EmulationError(
+                f"{what}: thread {t} passes its wait on mbarrier {self.bars[gid].name} at the "
+                f"same phase ({phase} completed) as its previous wait: the parity it waits "
+                "for is that of a phase it already observed (a round behind?)")
+        self.waited_at[gid, lanes] = phase
+        self.observed[gid, lanes] = phase
 
     def share_observations(self, lanes: np.ndarray) -> None:
         """Threads that met at a barrier know what each of them observed."""

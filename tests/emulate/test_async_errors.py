@@ -229,3 +229,18 @@ def test_releasing_a_stage_a_wgmma_group_still_reads_is_reported():
     body[body.index(next(s for s in body if isinstance(s, WgmmaWait)))] = WgmmaWait(1)
     msg = _gemm_error(kernel)
     assert "TmaLoad" in msg and "while a wgmma or TMA store still reads it" in msg
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_parity_a_round_behind_is_reported(role_order):
+    """A consumer that always waits for parity 0 passes its second-round wait at once when
+    the barrier still shows the first round's completion: on the GPU it would read the
+    stage's old data. Whichever role runs first, this is reported: the producer cannot
+    refill the stage before the consumer frees it."""
+    kernel = gemm_kernel()
+    wait = next(s for s in loop_body(role_body(kernel, "consumer"))
+                if isinstance(s, MBarrierWait))
+    wait.parity = Const(0)
+    msg = _gemm_error(kernel, role_order=role_order)
+    assert "passes its wait on mbarrier full[0] at the same phase (1 completed) as its " \
+        "previous wait" in msg and "role 'consumer'" in msg
