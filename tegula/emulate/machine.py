@@ -265,6 +265,10 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
         raise EmulationError(f"grid must be 1 to 3 non-negative block counts, got {grid}")
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    if any(g % c for g, c in zip((gx, gy, gz), kernel.cluster)):
+        raise EmulationError(f"kernel {kernel.name}: grid {(gx, gy, gz)} is not a multiple of "
+                             f"its cluster dimensions {tuple(kernel.cluster)} (a launch with "
+                             "clusters needs whole clusters)")
     base_env, bound = _bind(kernel, tensors, scalars or {})
     base_env.update(tg_grid_x=gx, tg_grid_y=gy, tg_grid_z=gz, tg_num_sms=int(num_sms))
     for name in track_writes:

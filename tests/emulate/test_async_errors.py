@@ -244,3 +244,15 @@ def test_parity_a_round_behind_is_reported(role_order):
     msg = _gemm_error(kernel, role_order=role_order)
     assert "passes its wait on mbarrier full[0] at the same phase (1 completed) as its " \
         "previous wait" in msg and "role 'consumer'" in msg
+
+
+def test_grid_of_partial_clusters_is_refused():
+    kernel = round_trip_kernel()
+    kernel.cluster = (2, 1, 1)
+    x = np.ones((70, 45), dtype=np.float32)
+    with pytest.raises(EmulationError, match=r"grid \(3, 2, 1\) is not a multiple of its "
+                                             r"cluster dimensions \(2, 1, 1\)"):
+        run_thread_kernel(kernel, (3, 2), {"x": x, "y": np.zeros_like(x)})
+    y = np.zeros_like(x)
+    run_with_deadline(lambda: run_thread_kernel(kernel, (2, 2), {"x": x, "y": y}))
+    assert np.array_equal(y, x + 1)
