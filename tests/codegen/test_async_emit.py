@@ -343,6 +343,11 @@ def test_wgmma_errors():
     _refused(_kernel(Wgmma(WGMMA, d, bad_field, DESC, Const(1))), "leading byte offset")
 
 
+def test_group_wait_counts_out_of_range():
+    _refused(_kernel(BulkWait(64)), "BulkWait", "0..63")
+    _refused(_kernel(WgmmaWait(8)), "WgmmaWait", "0..7")
+
+
 def test_thread_group_errors():
     _refused(_kernel(NamedBarrier(0, 128)), "id 0")
     _refused(_kernel(NamedBarrier(1, 48)), "48 threads")
