@@ -45,6 +45,7 @@ become visible to the async proxy before the barrier that orders them before the
 """
 from __future__ import annotations
 
+from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops
 from tegula.ir.values import SharedTile, describe
@@ -57,13 +58,11 @@ from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, Stmt, Var,
                                     all_of)
 
-WARPGROUP = 128
-
 
 def is_wgmma(op) -> bool:
-    """True for a gemm synthesis planned on wgmma."""
-    from tegula.synth.gemm import WgmmaPlan
-    return isinstance(op, Gemm) and isinstance(op.choices.get("plan"), WgmmaPlan)
+    """True for a gemm synthesis planned on wgmma (lowering reads the plan's fields, and
+    does not import synthesis: `kind` says which plan it is)."""
+    return isinstance(op, Gemm) and getattr(op.choices.get("plan"), "kind", "") == "wgmma"
 
 
 # --------------------------------------------------------------------------------------
@@ -181,7 +180,7 @@ def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stm
                             tma_issue(ctx, producers, full.name, ahead % stages, ahead, k.name))]
     wait = MBarrierWait(full.name, k % stages, ((k - start) // stages) % 2)
     rest = [o for o in op.body if not any(o is p for p in producers)]
-    if _one_gemm_in_flight(op, rest):
+    if _one_gemm_in_flight(rest):
         # wait_group 1 after this iteration's wgmmas retires iteration k-1's, which read
         # stage (k-1) % S, the one refilled next; iteration k's keep running across the
         # barrier and the next wait. Only this gemm touches its accumulator in the loop,
@@ -196,7 +195,7 @@ def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stm
     return prologue + [For(k, start, stop, 1, body)] + epilogue
 
 
-def _one_gemm_in_flight(loop: ForLoop, rest: list) -> bool:
+def _one_gemm_in_flight(rest: list) -> bool:
     """True if the loop body besides its TMA copies is one wgmma gemm (nothing else reads
     its accumulator or the stages inside the loop), so a wgmma group may stay in flight."""
     return len(rest) == 1 and is_wgmma(rest[0])

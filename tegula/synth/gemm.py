@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from tegula.arch.catalogue import mma_for
 from tegula.arch.targets import Target
+from tegula.arch.wgmma import WARPGROUP
 from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16
 from tegula.errors import SynthesisError, TegulaError
 from tegula.ir.ops import Gemm
@@ -54,6 +55,7 @@ class GemmPlan:
     candidates: tuple = ()  # (instruction, warp grid, score) of every candidate, best first
     #: On a wgmma target: why this gemm does not use wgmma ("" when not considered).
     wgmma_skipped: str = ""
+    kind = "mma.sync"
 
     def describe(self) -> str:
         rm, rn, rk = self.repeats
@@ -137,7 +139,6 @@ def plan_mma_sync(op: Gemm, threads: int, target: Target) -> GemmPlan:
 # wgmma (sm_90a): warpgroup-wide, operands read from shared memory through descriptors
 # --------------------------------------------------------------------------------------
 
-WARPGROUP = 128
 WGMMA_M = 64
 WGMMA_K_BYTES = 32            # one wgmma reads 32 bytes of K (k16 for 16-bit types)
 WGMMA_MAX_N = 256
@@ -164,6 +165,7 @@ class WgmmaPlan:
     candidates: tuple = ()
     a_tv = None  # operands are read from shared memory by the instruction itself
     b_tv = None
+    kind = "wgmma"  # what lowering dispatches on (`lower/hopper.py: is_wgmma`)
 
     def describe(self) -> str:
         rm, rn, rk = self.repeats
