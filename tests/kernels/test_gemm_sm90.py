@@ -164,7 +164,7 @@ def test_readme_gemm_on_the_gpu_against_torch(dtype, m, n, k, config, target):
     from tegula.build import build as build_for
     kernel = KERNELS[dtype]
     tdtype = torch.float16 if dtype == f16 else torch.bfloat16
-    source = build_for(kernel, dict(config), None, target).cuda_source
+    source = build_for(kernel, dict(config), None, target).cuda_source()
     assert ("wgmma.mma_async" in source and "cp.async.bulk.tensor" in source) == \
         (target == "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
