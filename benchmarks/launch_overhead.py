@@ -10,7 +10,8 @@ warm-up, so the loop is bound by the host; prints microseconds per call for
 `kernel[grid](...)` and for the torch entry points.
 
 `--stubbed`: tegula's own share of a replayed launch, on any machine. The kernel is
-compiled for real (NVRTC) and its first launch takes the full path, but the driver call,
+compiled for real (NVRTC) and its first launch takes the full path, but the driver call
+(a C function with cuLaunchKernel's signature, called through ctypes like the real one),
 the function handle and torch's current-stream lookup are stubs, and the replays pass CPU
 torch tensors (same attribute reads as CUDA ones). What remains is exactly the Python
 that a GPU launch runs before `cuLaunchKernel`; `--profile` prints where it goes.
@@ -80,6 +81,36 @@ class _FakeCudaTensor:
         return 0
 
 
+_STUB_SOURCE = """
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shared, void *stream, void **params, void **extra)
+{ return (params == 0 || extra != 0) ? 1 : 0; }
+"""
+
+
+def _c_stub_launcher():
+    """A C function with cuLaunchKernel's signature that returns success, loaded through
+    ctypes like the real one (so the ctypes call's own cost is measured), or a Python
+    stand-in where no C compiler is found."""
+    import ctypes
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return lambda *args: 0
+    folder = tempfile.mkdtemp(prefix="tegula-stub-")
+    source, library = os.path.join(folder, "stub.c"), os.path.join(folder, "libstub.so")
+    with open(source, "w") as f:
+        f.write(_STUB_SOURCE)
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", source, "-o", library], check=True)
+    fn = ctypes.CDLL(library).cuLaunchKernel
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def stubbed(calls: int = 200_000, profile: bool = False) -> float:
     """Microseconds of host time per replayed `kernel[grid](x, y)` with the driver stubbed."""
     import torch
@@ -87,7 +118,8 @@ def stubbed(calls: int = 200_000, profile: bool = False) -> float:
     from tegula import build
     from tegula.runtime import launcher
 
-    launcher._RAW_LAUNCH[:] = [lambda *args: 0]         # cuLaunchKernel
+    launcher._RAW_LAUNCH[:] = [_c_stub_launcher()]      # cuLaunchKernel
+    launcher._C_LAUNCH[:] = []  # derived from the stub: the C launcher unless turned off
     launcher._CURRENT_STREAM[:] = [lambda device: 0]    # torch's current raw stream
     launcher.CompiledKernel.function = lambda self, device: 0
     launcher.drv.current_device = lambda: 0
@@ -127,8 +159,10 @@ def stubbed(calls: int = 200_000, profile: bool = False) -> float:
 
 if __name__ == "__main__":
     if "--stubbed" in sys.argv:
+        from tegula.runtime import fastcall, launcher
         us = stubbed(profile="--profile" in sys.argv)
+        how = "C launcher" if launcher._C_LAUNCH[0] else f"ctypes ({fastcall.unavailable})"
         print(f"replayed kernel[grid](x, y), driver stubbed: {us:.2f} us of host time per call "
-              f"(best of 100 runs of 2000)")
+              f"(best of 100 runs of 2000; {how})")
     else:
         main()

@@ -56,7 +56,8 @@ class CompiledKernel:
         self._cluster_configs: dict = {}  # (grid, stream) -> cuda-bindings CUlaunchConfig
         self._library: drv.LoadedLibrary | None = None
         self._functions: dict[int, Any] = {}
-        # Handles as the raw launcher takes them (ctypes.c_void_p), per device / stream.
+        self._function_handles: dict[int, int] = {}  # CUfunction as an int, per device
+        # Handles as the ctypes launcher takes them (ctypes.c_void_p), per device / stream.
         self._raw_functions: dict[int, ctypes.c_void_p] = {}
         self._streams: dict[int, ctypes.c_void_p] = {}
         self._cu_streams: dict[int, Any] = {}  # cuda-bindings CUstream objects (fallback)
@@ -105,30 +106,46 @@ class CompiledKernel:
         args = self._args
         with args.lock:
             args.pack(values)
-            self.send(gx, gy, gz, device, handle, args.address)
+            self.send(gx, gy, gz, device, handle, args)
 
     def send(self, gx: int, gy: int, gz: int, device: int, handle: int,
-             params: ctypes.c_void_p) -> None:
-        """The driver call, on parameters already packed (`params`: a `ParamBuffer`'s
-        address, whose lock the caller holds until this returns)."""
+             params: ParamBuffer) -> None:
+        """The driver call, on parameters already packed in `params` (whose lock the
+        caller holds until this returns): `cuLaunchKernel` through the C extension
+        (`fastcall.py`), else through ctypes, else through cuda-bindings; a cluster
+        kernel through `cuLaunchKernelEx`."""
         if self._clustered:
-            self._launch_cluster(gx, gy, gz, device, handle, params)
+            self._launch_cluster(gx, gy, gz, device, handle, params.address)
             return
+        fast = _C_LAUNCH[0] if _C_LAUNCH else _load_c_launcher()
+        if fast is not None:
+            fn = self._function_handles.get(device)
+            if fn is None:
+                fn = self._function_handles[device] = int(self.function(device))
+            code = fast(fn, gx, gy, gz, self.threads, self.shared_bytes, handle,
+                        params.address_value)
+        else:
+            code = self._launch_ctypes(gx, gy, gz, device, handle, params.address)
+        if code != 0:
+            driver = drv.cuda_driver()
+            drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, "
+                      f"grid={(gx, gy, gz)})")
+
+    def _launch_ctypes(self, gx: int, gy: int, gz: int, device: int, handle: int,
+                       params: ctypes.c_void_p) -> int:
+        """`cuLaunchKernel` as a ctypes foreign call (handles wrapped once, cached), or
+        through cuda-bindings where libcuda cannot be opened; the CUresult."""
         raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
         if raw is None:
             self._launch_bindings(gx, gy, gz, device, handle, params)
-            return
+            return 0
         fn = self._raw_functions.get(device)
         if fn is None:
             fn = self._raw_functions[device] = ctypes.c_void_p(int(self.function(device)))
         stream = self._streams.get(handle)
         if stream is None:
             stream = self._streams[handle] = ctypes.c_void_p(handle)
-        code = raw(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, stream, params, None)
-        if code != 0:
-            driver = drv.cuda_driver()
-            drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, "
-                      f"grid={(gx, gy, gz)})")
+        return raw(fn, gx, gy, gz, self.threads, 1, 1, self.shared_bytes, stream, params, None)
 
     def _launch_bindings(self, gx: int, gy: int, gz: int, device: int, handle: int,
                          params: ctypes.c_void_p) -> None:
@@ -229,6 +246,19 @@ def _load_raw_launcher():
     return _RAW_LAUNCH[0]
 
 
+_C_LAUNCH: list = []  # [fastcall.c_launcher of that cuLaunchKernel, or None], on first use
+
+
+def _load_c_launcher():
+    raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
+    fast = None
+    if isinstance(raw, ctypes._CFuncPtr):  # a C function (not a test's Python stand-in)
+        from tegula.runtime.fastcall import c_launcher
+        fast = c_launcher(ctypes.cast(raw, ctypes.c_void_p).value)
+    _C_LAUNCH.append(fast)
+    return fast
+
+
 class PreparedLaunch:
     """A launch whose arguments were checked once, replayed for later arguments with the
     same key (shapes, strides, dtypes, devices and pointer alignment classes: everything
@@ -297,7 +327,7 @@ class PreparedLaunch:
         buffer = self.buffer
         with buffer.lock:
             buffer.prefix.pack_into(buffer.buffer, buffer.start, *changing)
-            self.kernel.send(grid[0], grid[1], grid[2], device, handle, buffer.address)
+            self.kernel.send(grid[0], grid[1], grid[2], device, handle, buffer)
 
     def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
                                pointers: Sequence[int | None]) -> list:

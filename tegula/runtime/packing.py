@@ -60,6 +60,7 @@ class ParamBuffer:
             addresses[slot] = base + offsets[position]
         self.pointers = (ctypes.c_void_p * max(1, len(specs)))(*addresses)
         self.address = ctypes.c_void_p(ctypes.addressof(self.pointers))
+        self.address_value = ctypes.addressof(self.pointers)  # the same, as an int
         self.lock = threading.Lock()
 
     def pack(self, values: Sequence) -> None:

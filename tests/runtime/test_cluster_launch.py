@@ -39,6 +39,7 @@ def recorded(monkeypatch):
                                     if not n.startswith("__")})
     fake.cuLaunchKernelEx = launch_ex
     monkeypatch.setattr(launcher.drv, "cuda_driver", lambda: fake)
+    monkeypatch.setattr(launcher, "_C_LAUNCH", [None])  # the ctypes path, stubbed below
     monkeypatch.setattr(launcher, "_RAW_LAUNCH",
                         [lambda *a: calls.append(("plain",) + a) or 0])
     monkeypatch.setattr(launcher, "_stream_handle", lambda stream, device: 0)

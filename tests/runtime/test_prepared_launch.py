@@ -52,7 +52,7 @@ class Recorder:
         self.ck, self.launches = ck, []
 
     def __call__(self, gx, gy, gz, device, handle, params):
-        pointers = (launcher.ctypes.c_void_p * len(self.ck.params)).from_address(params.value)
+        pointers = (launcher.ctypes.c_void_p * len(self.ck.params)).from_address(params.address_value)
         self.launches.append(((gx, gy, gz), device, handle,
                               [launcher.ctypes.string_at(pointers[slot], spec.size)
                                for slot, spec in enumerate(self.ck.params)]))

@@ -184,7 +184,7 @@ def test_prepared_launch_reencodes_only_new_pointers(monkeypatch):
     launched = []  # the parameter values each launch hands the driver, by name
 
     def send(gx, gy, gz, device, handle, params):
-        assert params is prepared.buffer.address
+        assert params is prepared.buffer
         launched.append({spec.name: prepared.buffer.value_bytes(slot, spec.size)
                          for slot, spec in enumerate(ck.params)})
 
