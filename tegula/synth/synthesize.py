@@ -424,12 +424,29 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict) -> None:
                        "its runs are not tracked yet)")
         if not problem and loop.step != 1:
             problem = "the pipeline's step is not 1"
+        if not problem:
+            problem = _other_stage_read(loop, {op.dst.alloc.id for op in producers})
         for op in producers:
             if problem:
                 if op.dst.alloc.id in wgmma_buffers:
                     op.choices["tma_skipped"] = problem
             else:
                 op.choices.update(instr="tma", tma=plans[producers.index(op)])
+
+
+def _other_stage_read(loop, allocs: set) -> str:
+    """Why the mbarrier ring cannot serve the loop's reads of its TMA buffers ("" if it
+    can): the ring makes stage k ready at iteration k and refills the previous one, so
+    every read must be of stage k (the loop index itself)."""
+    from tegula.ir.ops import tiles_read
+    from tegula.ir.scalar import LoopIndex
+    for op in walk_ops(loop.body):
+        for tile in tiles_read(op):
+            if isinstance(tile, SharedTile) and tile.alloc.id in allocs and not (
+                    isinstance(tile.stage, LoopIndex) and tile.stage.name == loop.var.name):
+                return (f"{describe(tile)} is read at a stage other than the pipeline's "
+                        f"index {loop.var.name} (line {op.loc.lineno if op.loc else '?'})")
+    return ""
 
 
 def _loops_with_depth(ops: list, depth: int = 0):

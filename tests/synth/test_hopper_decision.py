@@ -228,3 +228,21 @@ def test_gemms_sharing_an_accumulator_agree_on_mma_sync_when_one_cannot_use_wgmm
     ref = af[:, :16] @ bf.T + af[:, 16:] @ bf.T
     bound = 64 * 2.0 ** -24 * (np.abs(af[:, :16]) @ np.abs(bf).T + np.abs(af[:, 16:]) @ np.abs(bf).T)
     assert np.all(np.abs(c - ref) <= bound)
+
+
+@tg.kernel(threads=128)
+def previous_stage_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32]):
+    acc = tg.zeros((64, 64), f32)
+    sa = tg.shared((64, 32), f16, stages=3)
+    sb = tg.shared((64, 32), f16, stages=3)
+    for k in tg.pipeline(tg.cdiv(a.shape[1], 32), stages=3):
+        tg.copy(a.tile((64, 32), (0, k)), sa[k])
+        tg.copy(b.tile((64, 32), (0, k)), sb[k])
+        tg.gemm(acc, sa[k + 2], sb[k])
+    tg.copy(acc, c.tile((64, 64), (0, 0)))
+
+
+def test_a_read_of_another_stage_keeps_the_copies_off_the_mbarrier_ring():
+    copies = copies_of(build(previous_stage_gemm, {}, None, "sm_90a"))
+    assert all(op.choices["instr"] != "tma" for op in copies)
+    assert "is read at a stage other than the pipeline's index" in copies[0].choices["tma_skipped"]
