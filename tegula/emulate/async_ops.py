@@ -65,6 +65,18 @@ def warpgroups(state: BlockState, what: str) -> np.ndarray:
     return np.flatnonzero(anyg)
 
 
+def _warpgroup_uniform(value, lanes: np.ndarray, threads: int, what: str) -> int:
+    """An evaluated expression's value on a warpgroup's `lanes`, which must all agree (one
+    wgmma operand per warpgroup; different warpgroups may address different tiles)."""
+    if not isinstance(value, np.ndarray):
+        return int(value)
+    vals = per_thread(value, threads)[lanes]
+    if (vals != vals[0]).any():
+        raise EmulationError(f"{what}: differs between the threads of one warpgroup "
+                             f"({int(vals.min())}..{int(vals.max())})")
+    return int(vals[0])
+
+
 def phase_completed(state: BlockState) -> None:
     """A completed mbarrier phase orders what its arrivals did before what its waiters do
     next; the block-wide race model can only say that by starting a new epoch."""
@@ -366,9 +378,8 @@ def _desc_reader(desc: SmemDesc, rows: int, k: int, dtype, trans: int, ctx: Ctx,
     end = buf.byte_offset + buf.size * eb
 
     def read(state: BlockState, lanes: np.ndarray):
-        v = offset(state.env)
-        off = uniform_int(v[lanes] if isinstance(v, np.ndarray) and v.ndim else v, state,
-                          f"{what}: descriptor offset")
+        off = _warpgroup_uniform(offset(state.env), lanes, state.threads,
+                                 f"{what}: descriptor offset")
         fields = MatrixDescriptor(buf.byte_offset + off * eb, desc.leading_bytes,
                                   desc.stride_bytes, desc.swizzle)
         try:
@@ -411,9 +422,10 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
 
     def run(state: BlockState) -> None:
         a = state.asyncs
-        scale = uniform_int(scale_d(state.env), state, f"{what}: scale-d")
+        scale_value = scale_d(state.env)
         for g in warpgroups(state, what).tolist():
             lanes = np.arange(g * WARPGROUP, (g + 1) * WARPGROUP)
+            scale = _warpgroup_uniform(scale_value, lanes, state.threads, f"{what}: scale-d")
             if a.wg_needs_fence[g]:
                 raise EmulationError(
                     f"{what}: warpgroup {g} issues a wgmma after its accumulator or A "

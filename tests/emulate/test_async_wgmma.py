@@ -15,7 +15,8 @@ from tegula.arch.wgmma import get_wgmma
 from tegula.dtypes import f16, f32
 from tegula.emulate import EmulationError, run_thread_kernel
 from tegula.emulate.exprs import compile_expr
-from tegula.lower.async_ir import FenceProxyAsync, SmemDesc, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
+from tegula.lower.async_ir import (FenceProxyAsync, Role, Roles, SmemDesc, Wgmma, WgmmaCommit,
+                                   WgmmaFence, WgmmaWait)
 from tegula.lower.thread_ir import (TID, Barrier, Const, For, GlobalLoad, GlobalStore, Reg,
                                     If, RegArray, SharedBuffer, SharedStore, TensorParam,
                                     ThreadKernel, Var, all_of)
@@ -146,3 +147,52 @@ def test_wgmma_needs_whole_warpgroups():
     with pytest.raises(EmulationError, match="warpgroup 0 executes a warpgroup-collective "
                                              "instruction with only 64 of its 128 threads"):
         _run(_kernel(wgmma_threads=64), a, b, c)
+
+
+def _two_group_kernel() -> ThreadKernel:
+    """Two warpgroups in a role (a third one idle, so the role's mask is not the whole
+    block): warpgroup g multiplies A by its own B_g = b[g*N:(g+1)*N] (stored as two
+    canonical blocks; its descriptor offset depends on the thread index) into columns
+    g*N … of c. A is the same for both."""
+    threads = 384
+    a_regs, acc, bv = RegArray("a", f16, 8), RegArray("acc", f32, N // 2), RegArray("bv", f16, 1)
+    sb = SharedBuffer("sb", f16, 2 * N * K, 0)
+    desc = operand_descriptor(N, K, f16, 0, 0)
+    v, group = Var("v"), TID // 128
+    row, col = _fragment_coords(v)
+    load_a = For(v, Const(0), Const(8), 1, [
+        GlobalLoad(Reg(a_regs, v), "a", row * Var("a_stride0") + col, 1,
+                   pred=row.lt(Var("a_shape0")))], unroll=True)
+    # Thread t stores element t of each B_g (N x K = 256 elements) into block g.
+    br, bk = TID // K, TID % K
+    store_b = [s for g in range(2) for s in (
+        GlobalLoad(Reg(bv, Const(0)), "b", (g * N + br) * Var("b_stride0") + bk, 1),
+        SharedStore("sb", g * N * K + (bk // 8) * N * 8 + br * 8 + bk % 8, Reg(bv, Const(0)),
+                    1))]
+    mma = [WgmmaFence(),
+           Wgmma(INSTR.name, d=[Reg(acc, Const(x)) for x in range(N // 2)],
+                 a=[Reg(a_regs, Const(x)) for x in range(8)],
+                 b=SmemDesc("sb", group * N * K, desc.leading_bytes, desc.stride_bytes, 0),
+                 scale_d=Const(0)), WgmmaCommit(), WgmmaWait(0)]
+    out_row, out_col = _fragment_coords(v)
+    store_c = For(v, Const(0), Const(N // 2), 1, [
+        GlobalStore("c", out_row * Var("c_stride0") + group * N + out_col, Reg(acc, v), 1,
+                    pred=out_row.lt(Var("c_shape0")))], unroll=True)
+    body = [load_a, If(TID.lt(256), store_b), FenceProxyAsync(), Barrier(),
+            Roles([Role("consumers", TID.lt(256), [*mma, store_c]),
+                   Role("idle", TID.ge(256), [])])]
+    return ThreadKernel("wgmma_two_groups", threads,
+                        [TensorParam("a", f16, 2), TensorParam("b", f16, 2),
+                         TensorParam("c", f32, 2, writes=True)],
+                        [a_regs, acc, bv], [sb], body)
+
+
+def test_two_warpgroups_address_their_own_operands():
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((40, K)).astype(np.float16)
+    b = rng.standard_normal((2 * N, K)).astype(np.float16)
+    c = np.full((40, 2 * N), np.nan, dtype=np.float32)
+    report = _run(_two_group_kernel(), a, b, c)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.allclose(c, ref, rtol=1e-6, atol=1e-6) and not np.isnan(c).any()
+    assert report.kind("Wgmma").count == 8
