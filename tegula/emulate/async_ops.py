@@ -190,6 +190,9 @@ def _tensor_map(ctx: Ctx, name: str, what: str):
     tm = ctx.tensor_maps.get(name)
     if tm is None:
         raise EmulationError(f"{what}: no tensor map parameter {name!r}")
+    if len(tm.dims) != len(tm.box):
+        raise EmulationError(f"{what}: tensor map {name!r} has {len(tm.dims)} dims but a box "
+                             f"of rank {len(tm.box)}")
     return tm
 
 

@@ -256,3 +256,12 @@ def test_grid_of_partial_clusters_is_refused():
     y = np.zeros_like(x)
     run_with_deadline(lambda: run_thread_kernel(kernel, (2, 2), {"x": x, "y": y}))
     assert np.array_equal(y, x + 1)
+
+
+def test_tensor_map_whose_box_rank_differs_from_its_dims_is_refused():
+    kernel = round_trip_kernel()
+    i = next(i for i, p in enumerate(kernel.params) if p.name == "x_map")
+    m = kernel.params[i]
+    kernel.params[i] = type(m)(m.name, m.tensor, m.dtype, dims=(1, 0), box=(32, 64, 1),
+                               swizzle=m.swizzle)
+    assert "tensor map 'x_map' has 2 dims but a box of rank 3" in _round_trip_error(kernel)
