@@ -62,12 +62,11 @@ def test_box_addresses_dense_without_swizzle_and_a_permutation_with():
     for swizzle, inner in ((32, 16), (64, 32), (128, 64)):
         addr = tma_box_addresses((inner, 13), f16, swizzle, 2048)
         assert sorted(addr.ravel()) == list(range(2048, 2048 + 13 * inner * 2, 2))
-        row = addr[9]  # line 9 of a 128 B swizzle: chunks XOR (9 % 8) within its span
-        lines = swizzle // 16 if swizzle < 128 else 8
-        line_bits = ((2048 + 9 * swizzle) >> 7) & (lines - 1) if swizzle < 128 else 1
-        chunks = (row - row.min()) // 16
-        assert sorted(set(chunks)) == list(range(swizzle // 16))
-        assert chunks[0] == 0 ^ line_bits
+        for i, row in enumerate(addr):  # 16-byte chunks move only within their own row
+            lo = 2048 + i * swizzle
+            assert lo <= row.min() and row.max() < lo + swizzle
+            assert np.array_equal(np.diff(row.reshape(-1, 8), axis=1), np.full((swizzle // 16, 7), 2))
+        assert not np.array_equal(addr.ravel(), 2048 + 2 * np.arange(13 * inner))  # swizzled
 
 
 @pytest.mark.parametrize("box,dtype,swizzle,base,match", [
