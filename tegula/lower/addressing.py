@@ -50,10 +50,32 @@ def scalar_expr(x) -> Expr:
     if isinstance(x, ScalarArg):
         return Var(x.name)
     if isinstance(x, ScalarBinOp):
-        return _bin(_SCALAR_OPS[x.op], scalar_expr(x.lhs), scalar_expr(x.rhs))
+        op = _SCALAR_OPS[x.op]
+        if op in ("floordiv", "mod") and _non_negative(x.lhs) and _positive_constant(x.rhs):
+            op = x.op  # floor == C's truncation here: keep C's `/` (`cdiv(K, BK)`)
+        return _bin(op, scalar_expr(x.lhs), scalar_expr(x.rhs))
     if isinstance(x, ScalarLoad):
         return scalar_load_expr(x)
     raise TypeError(f"not a kernel scalar: {x!r}")
+
+
+def _positive_constant(x) -> bool:
+    value = x.value if isinstance(x, ScalarConst) else x
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _non_negative(x) -> bool:
+    """True if the kernel scalar `x` is known to be >= 0 whenever the kernel runs."""
+    if isinstance(x, (int, ScalarConst)):
+        return (x.value if isinstance(x, ScalarConst) else x) >= 0
+    if isinstance(x, (BlockIndex, GridSize, SMCount, TensorExtent)):
+        return True
+    if isinstance(x, ScalarBinOp) and x.op in ("+", "*", "min", "max"):
+        both = _non_negative(x.lhs) and _non_negative(x.rhs)
+        return both or (x.op == "max" and (_non_negative(x.lhs) or _non_negative(x.rhs)))
+    if isinstance(x, ScalarBinOp) and x.op in ("//", "%"):
+        return _non_negative(x.lhs) and _positive_constant(x.rhs)
+    return False  # an int argument, a loop index, a loaded value, a difference
 
 
 def scalar_load_expr(x: ScalarLoad) -> Expr:

@@ -44,3 +44,16 @@ def test_grid_size_sm_count_and_scalar_loads_are_read_at_run_time():
         assert text in source
     loads = build(gather_rows, {}).cuda_source()
     assert "((int)index[(1) * index_stride0 + (i0) * index_stride1])" in loads
+
+
+def test_division_of_known_non_negative_scalars_stays_c_division():
+    """cdiv(K, BK) of a tensor extent by a positive constant: floor and C's truncation
+    agree, so the README GEMM's loop bounds keep plain `/` (no helper call)."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "examples" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("gemm_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = build(module.gemm, {}, target="sm_80").cuda_source()
+    assert "(a_shape1 + 31) / 32" in source
+    assert "tg_floordiv" not in source and "tg_mod" not in source
