@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tegula as tg
 from tegula.dtypes import f32, i8, i32
@@ -309,3 +311,12 @@ def test_a_scalar_loaded_output_is_not_poisoned_before_the_run():
     tg.emulate(count_then_read, (1,), counts, y, check_coverage=["y"])
     np.testing.assert_array_equal(counts, [41] + [42] * 8)
     np.testing.assert_array_equal(y, np.full((1, W), 41, np.float32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-50, 50), st.integers(-50, 50), st.integers(-9, 9).filter(bool))
+def test_trip_count_formula_counts_like_python_range(start, stop, step):
+    """The formula the run-time step is traced with, folded on Python ints (the kernel
+    computes the same expression with floor division; emulator cases above)."""
+    from tegula.lang.control import _trip_count
+    assert _trip_count(start, stop, step) == len(range(start, stop, step))
