@@ -320,3 +320,24 @@ def test_trip_count_formula_counts_like_python_range(start, stop, step):
     computes the same expression with floor division; emulator cases above)."""
     from tegula.lang.control import _trip_count
     assert _trip_count(start, stop, step) == len(range(start, stop, step))
+
+
+def test_float_scalars_and_tiles_as_coordinates_are_refused_at_the_line():
+    @tg.kernel(threads=32)
+    def float_coord(y: tg.Tensor[f32]):
+        t = tg.num_programs(0) * 1.5  # @float-scalar
+        tg.copy(tg.zeros((1, W), f32), y.tile((1, W), (t, 0)))
+    _expect(float_coord, "@float-scalar", "expected an integer or a kernel scalar", "1.5")
+
+    @tg.kernel(threads=32)
+    def tile_coord(y: tg.Tensor[f32], idx: tg.Tensor[i32]):
+        t = tg.load(idx.tile((1, 8), (0, 0)))
+        tg.copy(tg.zeros((1, W), f32), y.tile((1, W), (t, 0)))  # @tile-coord
+    _expect(tile_coord, "@tile-coord", "tile()", "a tile coordinate must be an integer or a "
+                                                 "kernel scalar")
+
+    @tg.kernel(threads=32)
+    def float_index(y: tg.Tensor[f32], idx: tg.Tensor[i32, 1]):
+        n = idx[0.5]  # @float-index
+        tg.copy(tg.zeros((1, W), f32), y.tile((1, W), (n, 0)))
+    _expect(float_index, "@float-index", "an index must be an integer or a kernel scalar")
