@@ -38,12 +38,12 @@ def _fragment_coords(v: Var, t=TID):
 
 def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
             wgmma_fence: bool = True, wgmma_threads: int | None = None,
-            barrier: bool = True) -> ThreadKernel:
+            barrier: bool = True, trans_b: int = 0) -> ThreadKernel:
     """c (M x N, M <= 64) = a (M x K) @ b (N x K)^T, one block. B lands in the canonical
     unswizzled K-major buffer: element (r, k) at the byte `canonical_byte_addresses` says."""
     a_regs, acc, bv = RegArray("a", f16, 8), RegArray("acc", f32, N // 2), RegArray("bv", f16, 1)
     sb = SharedBuffer("sb", f16, N * K, 0)
-    desc = operand_descriptor(N, K, f16, 0, 0)
+    desc = operand_descriptor(N, K, f16, 0, 0, k_major=not trans_b)
     v, i = Var("v"), Var("i")
     row, col = _fragment_coords(v)
     rows_in = row.lt(Var("a_shape0"))
@@ -51,17 +51,20 @@ def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
         GlobalLoad(Reg(a_regs, v), "a", row * Var("a_stride0") + col, 1, pred=rows_in)],
         unroll=True)
     # Thread t stores elements t, t + threads, … of b (row-major) where the canonical
-    # layout puts them: (k // 8) * N * 8 + r * 8 + k % 8.
+    # layout puts them: K-major (k // 8) * N * 8 + r * 8 + k % 8; MN-major (trans_b)
+    # (r // 8) * K * 8 + k * 8 + r % 8.
     element = i * threads + TID
     br, bk = element // K, element % K
+    place = ((br // 8) * K * 8 + bk * 8 + br % 8) if trans_b else \
+        ((bk // 8) * N * 8 + br * 8 + bk % 8)
     store_b = For(i, Const(0), Const(N * K // threads), 1, [
         GlobalLoad(Reg(bv, Const(0)), "b", br * Var("b_stride0") + bk, 1),
-        SharedStore("sb", (bk // 8) * N * 8 + br * 8 + bk % 8, Reg(bv, Const(0)), 1)])
+        SharedStore("sb", place, Reg(bv, Const(0)), 1)])
     mma = [WgmmaFence()] if wgmma_fence else []
     mma += [Wgmma(INSTR.name, d=[Reg(acc, Const(x)) for x in range(N // 2)],
                   a=[Reg(a_regs, Const(x)) for x in range(8)],
                   b=SmemDesc("sb", Const(0), desc.leading_bytes, desc.stride_bytes, 0),
-                  scale_d=Const(0)), WgmmaCommit()]
+                  scale_d=Const(0), trans_b=trans_b), WgmmaCommit()]
     mma += [WgmmaWait(0)] if wait else []
     if wgmma_threads is not None:
         mma = [If(TID.lt(wgmma_threads), mma)]
@@ -92,12 +95,15 @@ def test_the_kernel_stores_b_where_the_canonical_layout_says():
     r, k = np.meshgrid(np.arange(N), np.arange(K), indexing="ij")
     assert np.array_equal(canonical_byte_addresses(N, K, f16, 0, 0),
                           ((k // 8) * N * 8 + r * 8 + k % 8) * 2)
+    assert np.array_equal(canonical_byte_addresses(N, K, f16, 0, 0, k_major=False),
+                          ((r // 8) * K * 8 + k * 8 + r % 8) * 2)
 
 
+@pytest.mark.parametrize("trans_b", [0, 1])
 @pytest.mark.parametrize("m", [64, 50, 1])
-def test_wgmma_with_a_from_registers_matches_numpy(m):
+def test_wgmma_with_a_from_registers_matches_numpy(m, trans_b):
     a, b, c = _inputs(m, seed=m)
-    report = _run(_kernel(), a, b, c)
+    report = _run(_kernel(trans_b=trans_b), a, b, c)
     ref = a.astype(np.float64) @ b.astype(np.float64).T
     assert np.allclose(c, ref, rtol=1e-6, atol=1e-6) and not np.isnan(c).any()
     assert report.kind("Wgmma").count == 4
