@@ -93,3 +93,11 @@ def test_kernels_without_a_cluster_keep_the_plain_launch(recorded, monkeypatch):
     ck = wrapped((1, 1, 1), monkeypatch)
     ck.launch_values(3, ck.plan.flatten([Array(0x10000), Array(0x20000)])[0], 0)
     assert [c[0] for c in recorded] == ["plain"]
+
+
+def test_the_launch_calls_hand_the_bindings_types_they_accept():
+    from .test_tensor_map import reaches_the_driver
+    config = launcher.cluster_launch_config(driver, (4, 2, 1), 128, 1024, 0, (2, 1, 1))
+    reaches_the_driver(lambda: driver.cuLaunchKernelEx(config, driver.CUfunction(0), 0x1000, 0))
+    reaches_the_driver(lambda: driver.cuLaunchKernel(driver.CUfunction(0), 1, 1, 1, 128, 1, 1,
+                                                     0, driver.CUstream(0), 0x1000, 0))

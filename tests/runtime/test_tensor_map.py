@@ -229,3 +229,26 @@ def test_kernels_without_maps_are_unchanged():
     values, _ = plan.flatten([FakeCudaArray((64,), "|u1", BASE),
                               FakeCudaArray((64,), "|u1", BASE + 64)])
     assert values == [BASE, 64, 1, BASE + 64, 64, 1]
+
+
+def reaches_the_driver(call):
+    """Run a cuda-bindings call and check its arguments were accepted: the bindings convert
+    them before loading libcuda, so without a driver the call fails at loading it (with a
+    driver it succeeds or returns an error code) — never with a conversion TypeError."""
+    try:
+        return call()
+    except TypeError as e:
+        pytest.fail(f"the bindings refused the arguments: {e}")
+    except Exception as e:  # noqa: BLE001 — no libcuda on this machine
+        assert "cuda" in str(e).lower(), e
+        return None
+
+
+def test_encode_hands_the_bindings_types_they_accept():
+    # Plain ints for rank, extents, strides and box were refused on the H100 ("Cannot
+    # convert int to cuuint32_t"); this fails the same way on a machine with no GPU.
+    pytest.importorskip("cuda.bindings.driver")
+    from tegula.runtime.tensor_map import driver_encode
+    blob = reaches_the_driver(lambda: driver_encode(BASE, f16, (200, 300), (400,), (64, 64),
+                                                    128, "a"))
+    assert blob is None or len(blob) == 128
