@@ -55,6 +55,15 @@ def main() -> None:
         ("torch rms_norm", per_call_us(lambda: torch.nn.functional.rms_norm(x, (64,), w))),
         ("tegula.kernels.softmax(x)", per_call_us(lambda: tk.softmax(x))),
     ]
+    from tegula.runtime import fastcall, launcher
+    if launcher._C_LAUNCH and launcher._C_LAUNCH[0] is not None:
+        # The same replay with the driver called through ctypes instead (the fallback).
+        c_launch, launcher._C_LAUNCH[0] = launcher._C_LAUNCH[0], None
+        rows.insert(1, ("  ... through ctypes (no C launcher)",
+                        per_call_us(lambda: kernel[(2, 1)](x, y, BM=32, BN=64))))
+        launcher._C_LAUNCH[0] = c_launch
+    else:
+        print(f"C launcher not in use: {fastcall.unavailable}")
     print(torch.cuda.get_device_name())
     for name, us in rows:
         print(f"{name:36s} {us:6.1f} us per call")
