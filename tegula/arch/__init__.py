@@ -33,7 +33,7 @@ from tegula.arch.smem_matrix import (MatrixDescriptor, canonical_smem_layout,
                                      decode_descriptor, descriptor_element_addresses,
                                      encode_descriptor, operand_descriptor,
                                      swizzle_bytes_address)
-from tegula.arch.targets import SM80, SM89, SM90A, TARGETS, Target, get_target, target_for_cc
+from tegula.arch.targets import SM80, SM89, SM90, SM90A, TARGETS, Target, get_target, target_for_cc
 from tegula.arch.tma import (ASYNC_INSTRUCTIONS, AsyncInstr, bulk_wait, get_async, setmaxnreg,
                              tma_box_addresses, tma_box_copy, tma_load, tma_store, wgmma_wait)
 from tegula.arch.wgmma import WGMMA_INSTRUCTIONS, WgmmaInstr, get_wgmma, wgmma_for
@@ -43,7 +43,7 @@ __all__ = [
     "mma_accumulators", "mma_for", "shuffle", "stmatrix", "vector_access", "AsmOperand", "Instruction",
     "MatrixInstr", "MemInstr", "MmaInstr", "ShuffleInstr", "ptx_type", "tv_table",
     "CP_ASYNC_COMMIT", "cp_async_asm", "cp_async_wait", "matrix_tv", "MMA_INSTRUCTIONS",
-    "SM80", "SM89", "SM90A", "TARGETS", "Target", "get_target", "target_for_cc",
+    "SM80", "SM89", "SM90", "SM90A", "TARGETS", "Target", "get_target", "target_for_cc",
     "describe_mma", "MatrixDescriptor", "canonical_smem_layout", "decode_descriptor",
     "descriptor_element_addresses", "encode_descriptor", "operand_descriptor",
     "swizzle_bytes_address", "ASYNC_INSTRUCTIONS", "AsyncInstr", "bulk_wait", "get_async",

@@ -1,6 +1,7 @@
 """Compilation targets: the numbers of a GPU that layout synthesis and the cost model use.
 
-A `Target` is one SM architecture as tegula compiles for it (`sm_80`, `sm_89`, `sm_90a`),
+A `Target` is one SM architecture as tegula compiles for it (`sm_80`, `sm_89`, `sm_90a`;
+`sm_90` is Hopper without wgmma/setmaxnreg, i.e. the Ampere path built for an H100),
 with the resources of a representative device of that architecture. The numbers come from
 NVIDIA's public documents (CUDA C++ Programming Guide, "Compute Capabilities" table;
 the A100 / Ada / H100 architecture whitepapers and datasheets):
@@ -10,6 +11,7 @@ target     device    SMs  smem/block (opt-in)  smem/SM       thr/SM  DRAM GB/s
 =========  ========  ===  ===================  ============  ======  ==========
 sm_80      A100 SXM  108  163 KiB (166912 B)   164 KiB       2048    2039
 sm_89      L40S      142  99 KiB (101376 B)    100 KiB       1536    864
+sm_90      H100 SXM  132  227 KiB (232448 B)   228 KiB       2048    3350
 sm_90a     H100 SXM  132  227 KiB (232448 B)   228 KiB       2048    3350
 h200       H200 SXM  132  227 KiB              228 KiB       2048    4800
 =========  ========  ===  ===================  ============  ======  ==========
@@ -121,6 +123,16 @@ SM90A = Target(
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
     wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096),
 )
+# Hopper without the architecture-specific features (no wgmma, no setmaxnreg; TMA and
+# mbarriers exist at cc 9.0): the Ampere path (mma.sync, cp.async, ldmatrix) compiled for
+# an H100. It is how that path runs and is benchmarked on Hopper hardware, where sm_80
+# cubins do not load.
+SM90 = Target(
+    name="sm_90", cc=90, device="H100-SXM5-80GB", sm_count=132,
+    smem_per_block_max=232448, smem_per_sm=233472,
+    l2_bytes=50 * 1024 * 1024, dram_gbps=3350.0, clock_ghz=1.83,
+    tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
+)
 H200 = Target(
     name="h200", cc=90, device="H200-SXM-141GB", sm_count=132,
     smem_per_block_max=232448, smem_per_sm=233472,
@@ -130,19 +142,19 @@ H200 = Target(
 )
 
 TARGETS: Mapping[str, Target] = MappingProxyType(
-    {t.name: t for t in (SM80, SM89, SM90A, H200)})
+    {t.name: t for t in (SM80, SM89, SM90, SM90A, H200)})
 
 # Device names and compute-capability spellings people type.
 _ALIASES = {
     "a100": "sm_80", "sm80": "sm_80", "80": "sm_80", "ampere": "sm_80",
     "l40s": "sm_89", "sm89": "sm_89", "89": "sm_89", "ada": "sm_89", "4090": "sm_89",
-    "h100": "sm_90a", "sm_90": "sm_90a", "sm90": "sm_90a", "sm90a": "sm_90a", "90": "sm_90a",
+    "h100": "sm_90a", "sm90": "sm_90", "sm90a": "sm_90a", "90": "sm_90a",
     "90a": "sm_90a", "hopper": "sm_90a", "h800": "sm_90a",
 }
 
 
 def get_target(name: str | Target) -> Target:
-    """The target called `name` ("sm_80", "sm_89", "sm_90a", "h200", or a device alias
+    """The target called `name` ("sm_80", "sm_89", "sm_90", "sm_90a", "h200", or a device alias
     such as "a100"/"h100"); a `Target` passes through."""
     if isinstance(name, Target):
         return name

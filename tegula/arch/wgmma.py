@@ -183,8 +183,13 @@ class WgmmaInstr(Instruction):
         (64, K) and B (N, K) the operand values (any float array, already in the operand
         type) and D (64, N). Products are exact and summed in float64, the result rounded
         once to the accumulator type (f32 → float32, f16 → float16); NaN and Inf propagate
-        as IEEE arithmetic says (Inf·0 = NaN). The hardware sums with at least f32
-        precision, so results agree to a few f32 ulps of sum |a·b| + |d|."""
+        as IEEE arithmetic says (Inf·0 = NaN). For 16-bit operands the hardware sums with
+        at least f32 precision, so results agree to a few f32 ulps of sum |a·b| + |d|.
+        The 8-bit (e4m3/e5m2) forms do not: measured on an H100 (2026-11-24), their error
+        reaches 2^-12.2 · Σ|a·b| at K=512 (about 14 kept bits per k32 instruction, as
+        DeepSeek-V3 §3.3.2 reports), where mma.sync is exact to f32 rounding. This model
+        computes the exact sum, so an FP8 wgmma GEMM can differ from the emulator by that
+        much; long-K FP8 GEMMs need partial sums promoted to f32 registers (issue 10)."""
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
         if a.shape != (self.m, self.k) or b.shape != (self.n, self.k):

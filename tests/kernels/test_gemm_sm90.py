@@ -152,13 +152,14 @@ def _gpu_ready(min_cc: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("target", ["sm_90a", "sm_90"])
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: "-".join(
     f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 @pytest.mark.parametrize("dtype", [f16, bf16], ids=str)
 def test_readme_gemm_on_the_gpu_against_torch(dtype, m, n, k, config, target):
-    """The README kernel launched for sm_90a (TMA + wgmma) and for sm_80 (mma.sync) on an
+    """The README kernel launched for sm_90a (TMA + wgmma) and for sm_90 (the Ampere path,
+    mma.sync, built for Hopper: sm_80 cubins do not load on an H100) on an
     H100, outputs poisoned first (NaN), every element within the f32-accumulation bound."""
     torch = _gpu_ready(90)
     from tegula.build import build as build_for
@@ -278,11 +279,11 @@ def test_sm90a_gemm_compiles_to_hgmma_and_utmaldg_without_spills(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", ["sm_90a", "sm_89"])
+@pytest.mark.parametrize("target", ["sm_90a", "sm_90"])
 @pytest.mark.parametrize("m,n,k", [(130, 70, 208), (256, 128, 512), (1, 64, 64)])
 @pytest.mark.parametrize("a_t,b_t", [(tg.f8e4m3, tg.f8e4m3), (tg.f8e4m3, tg.f8e5m2)], ids=str)
 def test_f8_gemm_on_the_gpu_against_the_emulator(a_t, b_t, m, n, k, target):
-    """8-bit operands on an H100 (k32 wgmma for sm_90a, mma.sync for sm_89) against the
+    """8-bit operands on an H100 (k32 wgmma for sm_90a, mma.sync for sm_90) against the
     emulator's result within the f32 accumulation bound; outputs poisoned (NaN) first."""
     torch = _gpu_ready(90)
     kernel = f8_gemm(a_t, b_t)
@@ -297,6 +298,13 @@ def test_f8_gemm_on_the_gpu_against_the_emulator(a_t, b_t, m, n, k, target):
     kernel[(tg.cdiv(m, 64), tg.cdiv(n, 64))](ga, gb, c, target=target)
     torch.cuda.synchronize()
     got = c.cpu().numpy()
-    bound = k * 2.0 ** -23 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T
+    bound = k * 2.0 ** -23 * scale
+    if target == "sm_90a":
+        # FP8 wgmma does not accumulate in full f32: measured on an H100 (2026-11-24) its
+        # error reaches 2^-12.2 * sum|a||b| at K=512 (2^-13.9 at K=64) while mma.sync is
+        # exact to f32 rounding — about 14 kept bits per k32 step, as DeepSeek-V3 (§3.3.2)
+        # reports. The emulator computes in f32, so the GPU may differ from it by that much.
+        bound = -(-k // 32) * 2.0 ** -12 * scale
     assert not np.isnan(got).any(), "unwritten (poisoned) elements remain"
     assert np.all(np.abs(got - expected) <= bound + 2.0 ** -24)
