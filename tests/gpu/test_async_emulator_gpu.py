@@ -36,7 +36,9 @@ def _on_gpu(kernel, grid, *arrays):
     return [t.cpu().numpy() for t in tensors]
 
 
-@pytest.mark.parametrize("rows, cols", [(70, 45), (1, 4), (200, 96)])
+# TMA needs every stride a multiple of 16 bytes: 44 f32 columns are 176 bytes (45 would be
+# refused at launch with the tensor named, as tests/runtime check).
+@pytest.mark.parametrize("rows, cols", [(70, 44), (1, 4), (200, 96)])
 def test_tma_round_trip_matches_the_emulator(rows, cols):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, cols)).astype(np.float32)
