@@ -143,7 +143,10 @@ def driver_encode(ptr: int, dtype: DType, extents: Sequence[int], byte_strides: 
         # is "Cannot convert int to cuuint32_t" at run time; found on the H100).
         data_type, driver.cuuint32_t(len(extents)), ptr,
         [driver.cuuint64_t(int(e)) for e in extents],
-        [driver.cuuint64_t(int(s)) for s in byte_strides],
+        # A rank-1 map has no strides, but the bindings pass an empty list as a null
+        # pointer, which the driver refuses (INVALID_VALUE, measured on an H100): give it
+        # one stride it does not read.
+        [driver.cuuint64_t(int(s)) for s in (list(byte_strides) or [16])],
         [driver.cuuint32_t(int(b)) for b in box],
         [driver.cuuint32_t(1) for _ in extents],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_mode,

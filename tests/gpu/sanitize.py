@@ -21,8 +21,10 @@ from tegula.dtypes import f32
 from tegula.kernels.softmax import softmax_config, softmax_kernel
 
 
-def run_gemm() -> None:
-    """The DESIGN GEMM (examples/gemm.py), 3-stage cp.async pipeline, ragged M, N, K."""
+def run_gemm(target: str | None = None) -> None:
+    """The DESIGN GEMM (examples/gemm.py), 3-stage pipeline, ragged M, N, K: on an H100 the
+    default target is sm_90a (TMA + mbarrier ring + wgmma); `target="sm_90"` is the Ampere
+    path (cp.async + ldmatrix + mma.sync) built for Hopper."""
     path = Path(__file__).resolve().parents[2] / "examples" / "gemm.py"
     spec = importlib.util.spec_from_file_location("tegula_example_gemm_sanitize", path)
     module = importlib.util.module_from_spec(spec)
@@ -31,9 +33,25 @@ def run_gemm() -> None:
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(n, k, device="cuda").half()
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    module.gemm[(tg.cdiv(m, 64), tg.cdiv(n, 64))](a, b, c, BM=64, BN=64, BK=32, STAGES=3)
+    module.gemm[(tg.cdiv(m, 64), tg.cdiv(n, 64))](a, b, c, BM=64, BN=64, BK=32, STAGES=3,
+                                                  target=target)
     torch.cuda.synchronize()
     torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
+
+
+def run_warp_specialized() -> None:
+    """The producer/consumer sample (codegen/samples.py): a TMA producer warpgroup and a
+    wgmma consumer warpgroup meeting at full/empty mbarrier rings, ragged M, N, K."""
+    from tegula.codegen.samples import warp_specialized_gemm
+    from tegula.runtime import compile_kernel
+    m, n, k = 97, 130, 200
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.randn(n, k, device="cuda").half()
+    c = torch.full((m, n), float("nan"), device="cuda")
+    compile_kernel(warp_specialized_gemm(64, 2), "sm_90a")[(tg.cdiv(n, 64), tg.cdiv(m, 64))](
+        a, b, c)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c, a.float() @ b.float().T, rtol=1e-3, atol=1e-3)
 
 
 def run_softmax() -> None:
@@ -66,7 +84,9 @@ def run_planted_oob() -> None:
     torch.cuda.synchronize()
 
 
-CASES = {"gemm": run_gemm, "softmax": run_softmax, "planted_oob": run_planted_oob}
+CASES = {"gemm": run_gemm, "gemm_ampere": lambda: run_gemm("sm_90"),
+         "warp_specialized": run_warp_specialized, "softmax": run_softmax,
+         "planted_oob": run_planted_oob}
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,6 @@
-"""compute-sanitizer memcheck and racecheck report no errors on the GEMM and the softmax
-(one small launch each, through `tests/gpu/sanitize.py` in a subprocess)."""
+"""compute-sanitizer memcheck, racecheck and synccheck report no errors on the GEMM (sm_90a:
+TMA + wgmma; sm_90: the Ampere path), the warp-specialized producer/consumer sample and the
+softmax (one small launch each, through `tests/gpu/sanitize.py` in a subprocess)."""
 from __future__ import annotations
 
 import os
@@ -35,6 +36,7 @@ TOOL_OPTIONS = {
     # cuGetProcAddress, which fails benignly and would count as "errors".
     "memcheck": ["--tool", "memcheck", "--report-api-errors", "no"],
     "racecheck": ["--tool", "racecheck"],
+    "synccheck": ["--tool", "synccheck"],
 }
 
 
@@ -50,12 +52,12 @@ def _sanitize(tool: str, case: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-@pytest.mark.parametrize("case", ["gemm", "softmax"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+@pytest.mark.parametrize("case", ["gemm", "gemm_ampere", "warp_specialized", "softmax"])
 def test_sanitizer_reports_zero_errors(case, tool):
     out = _sanitize(tool, case)
     assert f"{case}: ok" in out, out[-4000:]
-    if tool == "memcheck":
+    if tool in ("memcheck", "synccheck"):
         assert "ERROR SUMMARY: 0 errors" in out, out[-4000:]
     else:  # racecheck: "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
         assert re.search(r"RACECHECK SUMMARY: \d+ hazards displayed \(0 errors", out), out[-4000:]

@@ -252,3 +252,29 @@ def test_encode_hands_the_bindings_types_they_accept():
     blob = reaches_the_driver(lambda: driver_encode(BASE, f16, (200, 300), (400,), (64, 64),
                                                     128, "a"))
     assert blob is None or len(blob) == 128
+
+
+def test_a_rank_1_map_hands_the_driver_a_non_empty_stride_list(monkeypatch):
+    # The bindings turn an empty list into a null pointer and the driver refuses a rank-1
+    # encode with INVALID_VALUE (measured on an H100, 2026-11-24); it reads no stride for
+    # rank 1, so one unread entry is passed.
+    driver = pytest.importorskip("cuda.bindings.driver")
+    import ctypes
+
+    from tegula.runtime import tensor_map as tm
+    seen = {}
+    storage = ctypes.create_string_buffer(128)
+
+    class FakeMap:
+        def getPtr(self):
+            return ctypes.addressof(storage)
+
+    def encode(*args):
+        seen["strides"] = list(args[4])
+        return (driver.CUresult.CUDA_SUCCESS, FakeMap())
+
+    monkeypatch.setattr(driver, "cuTensorMapEncodeTiled", encode)
+    blob = tm.driver_encode(BASE, f16, (128,), (), (128,), 0, "y")
+    assert len(blob) == 128 and len(seen["strides"]) == 1
+    tm.driver_encode(BASE, f16, (200, 300), (400,), (64, 64), 128, "a")
+    assert [int(s) for s in seen["strides"]] == [400]
