@@ -1,0 +1,110 @@
+"""Issue 9's no-regression check and the sm_90a GEMM's first numbers, in one process.
+
+    PYTHONPATH=. python3 benchmarks/hopper_gemm.py
+
+For each shape: cuBLAS (torch.matmul), the README GEMM (examples/gemm.py) on sm_90a
+(TMA + mbarrier ring + wgmma) in several tile configurations, and the same kernel on
+sm_90 (the Ampere path — cp.async, ldmatrix, mma.sync — built for Hopper, the path that
+ran on H100s before this issue) in the configurations measured earlier. Every result is
+checked against an f64 reference of the same f16 inputs (elements beyond the f16 rounding
+of an f32-accumulated sum are counted), outputs poisoned with NaN first. Then the compile
+time of the GEMM and the copy kernel's bandwidth against torch's copy. A table last;
+nothing is asserted about time.
+"""
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+import tegula as tg
+from tegula.build import build
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("tegula_example_gemm", ROOT / "examples" / "gemm.py")
+_example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_example)
+gemm = _example.gemm
+
+CONFIGS = {
+    "sm_90a": [dict(BM=128, BN=128, BK=64, STAGES=4),
+               dict(BM=128, BN=128, BK=64, STAGES=4, threads=256),
+               dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
+               dict(BM=256, BN=128, BK=64, STAGES=3, threads=256)],
+    "sm_90": [dict(), dict(STAGES=4)],  # session 3's best mma.sync configurations
+}
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (4096, 4096, 1024),
+          (1000, 1030, 520)]
+
+
+def wrong_elements(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> int:
+    ref = a.double() @ b.double().T
+    scale = a.double().abs() @ b.double().abs().T
+    k = a.shape[1]
+    bound = 2.0 ** -10 * ref.abs() + k * 2.0 ** -23 * scale + 2.0 ** -24
+    return int((~((c.double() - ref).abs() <= bound)).sum())
+
+
+def gemm_rows(m: int, n: int, k: int) -> list[tuple[str, str]]:
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    flops = 2 * m * n * k
+    ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
+    base = flops / ms / 1e9
+    rows = [(f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s")]
+    for target, configs in CONFIGS.items():
+        for cfg in configs:
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            grid = (tg.cdiv(m, cfg.get("BM", 128)), tg.cdiv(n, cfg.get("BN", 128)))
+            name = f"{m}x{n}x{k} {target} {cfg}"
+            try:
+                gemm[grid](a, b, c, target=target, **cfg)
+                torch.cuda.synchronize()
+                bad = wrong_elements(c, a, b)
+                ms = do_bench(lambda: gemm[grid](a, b, c, target=target, **cfg), warmup=25,
+                              rep=100, return_mode="median")
+                tf = flops / ms / 1e9
+                rows.append((name, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x cuBLAS, "
+                                   f"{bad} wrong elements"))
+            except Exception as e:  # report and go on: one config must not hide the rest
+                rows.append((name, f"FAILED {type(e).__name__}: {e}"[:160]))
+    return rows
+
+
+def compile_rows() -> list[tuple[str, str]]:
+    rows = []
+    for target in ("sm_90a", "sm_90"):
+        start = time.perf_counter()
+        result = build(gemm, dict(BM=128, BN=256, BK=64, STAGES=3, threads=256), None, target)
+        result.cuda_source()
+        rows.append((f"build + emit GEMM {target}", f"{(time.perf_counter() - start) * 1e3:.0f} ms"))
+    return rows
+
+
+def copy_rows() -> list[tuple[str, str]]:
+    from tegula.kernels.api import copy as tg_copy
+    x = torch.randn(64 * 1024 * 1024 // 2, device="cuda", dtype=torch.float16)
+    nbytes = 2 * x.numel() * 2
+    ms_t = do_bench(lambda: x.clone(), warmup=25, rep=100, return_mode="median")
+    ms_g = do_bench(lambda: tg_copy(x), warmup=25, rep=100, return_mode="median")
+    return [("copy 64 MiB f16: torch clone", f"{nbytes / ms_t / 1e6:.0f} GB/s"),
+            ("copy 64 MiB f16: tegula.kernels.copy", f"{nbytes / ms_g / 1e6:.0f} GB/s "
+             f"= {ms_t / ms_g:.2f}x torch")]
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"))
+    rows = compile_rows() + copy_rows()
+    for shape in SHAPES:
+        rows += gemm_rows(*shape)
+        print(rows[-1], flush=True)
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()
