@@ -5,9 +5,11 @@ function and type, `where` with tiles and numbers, casts, reductions on either a
 copies between every pair of scopes with and without `fill`, ragged shapes, tiles smaller
 than the block, thread counts that are not powers of two, loops whose state is updated in
 place and by rebinding), writes each as kernel source (`source`), runs it in the emulator
-on random data with NaN and infinities, and compares every output element with an
-independent numpy model of the program (`reference`, on `numerics`: rounding written
-from the formats' definitions, error bounds for math functions and reductions). Failures
+on random data with NaN and infinities for each target (`runner.TARGETS`: sm_90a, whose
+GEMM-shaped programs take TMA + wgmma, and sm_80's cp.async + mma.sync), and compares
+every output element with an independent numpy model of the program (`reference`, on `numerics`: rounding written
+from the formats' definitions, error bounds for math functions and reductions) and the targets with each
+other (bit for bit where the arithmetic's order is fixed). Failures
 shrink to a minimal kernel (`shrink`). `python -m tegula.fuzz --minutes N` is the long
 mode; tests/fuzz runs a seeded sample in CI and tests/gpu/test_fuzz_gpu.py compares the
 GPU with the emulator on the same programs.
@@ -22,7 +24,7 @@ import random
 from tegula.fuzz.generate import Generator, Switches
 from tegula.fuzz.program import Program
 from tegula.fuzz.reference import Features
-from tegula.fuzz.runner import Tally, Verdict, data_seed, run_program
+from tegula.fuzz.runner import TARGETS, Tally, Verdict, data_seed, run_program
 
 
 def make_program(seed: int, index: int, switches: Switches | None = None) -> Program:
@@ -34,19 +36,20 @@ def make_program(seed: int, index: int, switches: Switches | None = None) -> Pro
 
 
 def fuzz_program(program: Program, seed: int, index: int,
-                 features: Features | None = None) -> Verdict:
-    """Run `program` on the inputs of program `index` of the run with `seed`."""
-    return run_program(program, data_seed(seed, index), features)
+                 features: Features | None = None, targets: tuple = TARGETS) -> Verdict:
+    """Run `program` on the inputs of program `index` of the run with `seed`, for each
+    of `targets` (against numpy and against each other)."""
+    return run_program(program, data_seed(seed, index), features, targets)
 
 
 def fuzz(seed: int, count: int, switches: Switches | None = None,
-         features: Features | None = None) -> tuple[Tally, list]:
+         features: Features | None = None, targets: tuple = TARGETS) -> tuple[Tally, list]:
     """Run programs 0..count-1 of `seed`: the tally and the failures
     [(index, program, verdict)]."""
     tally, failures = Tally(), []
     for index in range(count):
         program = make_program(seed, index, switches)
-        verdict = fuzz_program(program, seed, index, features)
+        verdict = fuzz_program(program, seed, index, features, targets)
         tally.add(verdict)
         if verdict.failed:
             failures.append((index, program, verdict))
@@ -54,4 +57,4 @@ def fuzz(seed: int, count: int, switches: Switches | None = None,
 
 
 __all__ = ["make_program", "fuzz_program", "fuzz", "Generator", "Switches", "Features",
-           "Program", "Verdict", "Tally"]
+           "Program", "Verdict", "Tally", "TARGETS"]

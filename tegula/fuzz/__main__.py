@@ -4,8 +4,12 @@
     python -m tegula.fuzz --programs 200 --seed 1        # a fixed number of programs
     python -m tegula.fuzz --seed 7 --program 1234        # show and rerun one program
     python -m tegula.fuzz --switches=-loop_rebind,-npot_tiles   # leave features out
+    python -m tegula.fuzz --targets sm_90a,sm_80,sm_90  # targets each program runs for
 
-Each failure (a wrong answer or an internal error) is shrunk to a minimal kernel, printed
+Every program runs for each target (default sm_90a and sm_80), against numpy and the
+targets against each other; the summary says per target how many programs passed through
+wgmma, TMA, cp.async, mma.sync and ldmatrix. Each failure (a wrong answer or an internal
+error, naming its target) is printed as source and shrunk to a minimal kernel, printed
 as source with the command that reproduces it. The exit status is 1 if any program failed.
 """
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from tegula.fuzz import fuzz_program, make_program
 from tegula.fuzz.generate import Switches
 from tegula.fuzz.reference import Features
-from tegula.fuzz.runner import Tally, run_program
+from tegula.fuzz.runner import TARGETS, Tally
 from tegula.fuzz.shrink import shrink
 from tegula.fuzz.source import kernel_source
 
@@ -32,6 +36,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--program", type=int, default=None, help="show and run one program")
     ap.add_argument("--start", type=int, default=0, help="index of the first program")
     ap.add_argument("--switches", default="", help="e.g. -loop_rebind,-pipelines,max_tile=256")
+    ap.add_argument("--targets", default=",".join(TARGETS),
+                    help="targets every program runs for, compared with numpy and each other")
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--shrink-seconds", type=float, default=60.0)
     return ap.parse_args(argv)
@@ -41,32 +47,47 @@ def _features(switches: Switches) -> Features:
     return Features(nan_reductions=switches.nan_reductions)
 
 
+def _flags(args) -> str:
+    """The options a reproducing command must repeat."""
+    return (f" --switches={args.switches}" if args.switches else "") + \
+        (f" --targets {args.targets}" if _targets(args) != TARGETS else "")
+
+
+def _targets(args) -> tuple:
+    return tuple(filter(None, (t.strip() for t in args.targets.split(","))))
+
+
 def _show_one(args, switches: Switches) -> int:
     program = make_program(args.seed, args.program, switches)
     print(kernel_source(program))
-    verdict = fuzz_program(program, args.seed, args.program, _features(switches))
+    verdict = fuzz_program(program, args.seed, args.program, _features(switches),
+                           _targets(args))
     print(f"verdict: {verdict.status} {verdict.reason}\n{verdict.detail}")
+    for target, (status, reason, paths) in verdict.targets.items():
+        print(f"  {target}: {status} {reason} [{', '.join(sorted(paths)) or 'no async path'}]")
     return 1 if verdict.failed else 0
 
 
 def _report_failure(args, switches, index: int, program, verdict, shrunk: dict) -> None:
-    print(f"\n=== program {index} (seed {args.seed}): {verdict.status}: {verdict.reason}")
+    print(f"\n=== program {index} (seed {args.seed}), target {verdict.target}: "
+          f"{verdict.status}: {verdict.reason}")
+    print(kernel_source(program).rstrip())
     print(verdict.detail.rstrip())
     key = (verdict.status, verdict.reason)
     if args.no_shrink or shrunk.get(key, 0) >= SHRINKS_PER_REASON:
         print(f"reproduce: python -m tegula.fuzz --seed {args.seed} --program {index}"
-              + (f" --switches={args.switches}" if args.switches else ""))
+              + _flags(args))
         return
     shrunk[key] = shrunk.get(key, 0) + 1
     features = _features(switches)
     small, small_verdict, runs = shrink(
-        program, lambda p: fuzz_program(p, args.seed, index, features), verdict,
+        program, lambda p: fuzz_program(p, args.seed, index, features, _targets(args)), verdict,
         budget_s=args.shrink_seconds)
     print(f"--- minimal kernel ({runs} shrink runs):")
     print(kernel_source(small).rstrip())
     print(small_verdict.detail.rstrip()[-2000:])
     print(f"reproduce the original: python -m tegula.fuzz --seed {args.seed} --program {index}"
-          + (f" --switches={args.switches}" if args.switches else ""))
+          + _flags(args))
 
 
 def main(argv=None) -> int:
@@ -87,7 +108,7 @@ def main(argv=None) -> int:
         if deadline is not None and time.monotonic() >= deadline:
             break
         program = make_program(args.seed, index, switches)
-        verdict = fuzz_program(program, args.seed, index, features)
+        verdict = fuzz_program(program, args.seed, index, features, _targets(args))
         tally.add(verdict)
         if verdict.failed:
             _report_failure(args, switches, index, program, verdict, shrunk)

@@ -35,6 +35,10 @@ FLOAT_NUMBERS = (0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.5, 3.0, 0.1, 1e-3, 100.0, -7
 INT_NUMBERS = {"i32": (0, 1, -1, 2, 3, 7, -5, 100, 2**31 - 1, -2**31),
                "i8": (0, 1, -1, 3, -7, 127, -128), "u8": (0, 1, 2, 3, 7, 128, 255)}
 DIVISORS = {"i32": (2, 3, 7, -5, -1, 1000), "i8": (2, 3, -7, -1, 100), "u8": (2, 3, 7, 200)}
+GEMM_PROGRAM_SHARE = 0.35 # of programs: GEMM-shaped (the sm_90a TMA + wgmma candidates)
+EPILOGUE_KINDS = ("unary", "binary", "binary", "cast", "cast", "where", "compare", "reduce",
+                  "inplace")
+GEMM_ELEMENT_BYTES = {"f16": 2, "bf16": 2}  # the others are 8-bit
 FLOAT_FILLS = (None, 0.0, -0.0, 1.5, -1.0, 3.0, float("inf"), -float("inf"), float("nan"))
 INT_FILLS = {"i32": (None, 0, 1, -1, 7), "i8": (None, 0, 1, -1, 7), "u8": (None, 0, 1, 7)}
 
@@ -56,6 +60,8 @@ class Switches:
     indices: bool = True            # tg.indices tiles and kernel scalars (x.shape[1]) in math
     arg_reductions: bool = True     # tg.argmax / tg.argmin
     gemm: bool = True               # tg.gemm on one K tile (shared or register operands)
+    gemm_programs: bool = True      # GEMM-shaped programs, K loops (tg.range, tg.pipeline)
+    gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
     max_tile: int = 2048            # largest BM * BN
@@ -96,6 +102,8 @@ class Generator:
 
     def _draw(self, label: str) -> Program:
         r = self.rng
+        if self.sw.gemm and self.sw.gemm_programs and r.random() < GEMM_PROGRAM_SHARE:
+            return self.gemm_program(label)
         # Thread counts and tile dims that are not powers of two now and then: they are
         # mostly refused (cleanly) where threads share out elements, so most programs
         # use powers of two and run.
@@ -192,13 +200,16 @@ class Generator:
             return Num(self.rng.choice((True, False)))
         return Num(self.rng.choice(INT_NUMBERS[dtype]))
 
-    def step(self, body: list, scope: Scope, in_loop: Loop | None) -> None:
-        kinds = ["unary", "binary", "binary", "compare", "where", "cast", "reduce", "inplace",
-                 "assign", "full", "logic", "load"] + (["indices"] if self.sw.indices else [])
-        if in_loop is None and self.sw.loops and self.loops < 2:
-            kinds.append("loop")
-        if in_loop is None and self.sw.gemm:
-            kinds.append("gemm")
+    def step(self, body: list, scope: Scope, in_loop: Loop | None, kinds=None) -> None:
+        """One random statement (of `kinds` when given)."""
+        if kinds is None:
+            kinds = ["unary", "binary", "binary", "compare", "where", "cast", "reduce",
+                     "inplace", "assign", "full", "logic", "load"] + \
+                (["indices"] if self.sw.indices else [])
+            if in_loop is None and self.sw.loops and self.loops < 2:
+                kinds.append("loop")
+            if in_loop is None and self.sw.gemm:
+                kinds.append("gemm")
         kind = self.rng.choice(kinds)
         getattr(self, f"draw_{kind}")(body, scope, in_loop)
 
@@ -351,26 +362,76 @@ class Generator:
         body.append(Assign(target, x))
 
     def draw_gemm(self, body, scope, in_loop) -> None:
+        """A gemm among other statements: mostly one K tile, now and then a K loop."""
         r = self.rng
         fits = self.bm % 16 == 0 and self.bn % 8 == 0 and \
             self.bm * self.bn >= 128 * (self.threads // 32)  # an MMA fragment per warp
         if not fits and r.random() < 0.9:  # mostly tiles an MMA can cover; some refusals
             return
-        dtype = r.choice(tuple(GEMM_ACCUMULATOR))
+        stages = r.choice((0, 0, 0, 1, 2)) if self.sw.gemm_programs else 0
+        self.add_gemm(body, scope, r.choice(tuple(GEMM_ACCUMULATOR)), stages)
+
+    def add_gemm(self, body, scope, dtype: str, stages: int, new_acc: float = 0.4) -> str:
+        """Append `tg.gemm(acc, a, b)` over fresh (M x K) and (N x K) tensors of `dtype`
+        (K rows of 32, 64 or 128 bytes: the spans wgmma's swizzles take) to an existing
+        accumulator or a new one; returns the accumulator's name."""
+        r = self.rng
         acc_dtype = GEMM_ACCUMULATOR[dtype]
         acc = self.pick(scope, lambda t: (t.dtype, t.shape) == (acc_dtype, (True, True)))
-        if acc is None or len(scope.shared_with[acc]) > 1 or r.random() < 0.4:
-            acc = self.define(body, scope, Full(self.fresh(), (True, True), acc_dtype,
-                                                Num(0.0 if acc_dtype == "f32" else 0)),
+        if acc is None or len(scope.shared_with[acc]) > 1 or r.random() < new_acc:
+            start = Num(0.0 if acc_dtype == "f32" else 0) if r.random() < 0.7 else \
+                self.number(acc_dtype)
+            acc = self.define(body, scope, Full(self.fresh(), (True, True), acc_dtype, start),
                               acc_dtype, (True, True))
-        bk = 32 if dtype == "i8" else r.choice((16, 32))  # i8 MMAs take K in 32s
-        extent = r.randint(bk - 15, bk)
+        row_bytes = r.choice((32, 64, 128) if stages else (32, 64))
+        bk = row_bytes // GEMM_ELEMENT_BYTES.get(dtype, 1)
+        if stages == 0:
+            extent = r.randint(max(1, bk - 15), bk)
+        else:
+            k_tiles = r.randint(1, 4)
+            extent = r.randint((k_tiles - 1) * bk + 1, k_tiles * bk)
+            if r.random() < 0.75:  # rows a multiple of 16 bytes, as TMA needs: K still ragged
+                grain = 16 // GEMM_ELEMENT_BYTES.get(dtype, 1)
+                extent = min(-(-extent // grain) * grain, k_tiles * bk)
         names = []
         for kind in ("gemm_a", "gemm_b"):
             names.append(f"g{kind[-1]}{len(self.tensors)}")
             self.tensors.append(TensorDecl(names[-1], dtype, kind, extent))
-        route = "shared" if self.shared_ok() and r.random() < 0.7 else "register"
-        body.append(Gemm(acc, names[0], names[1], bk, route))
+        if not self.shared_ok():
+            stages = min(stages, 1)
+        route = "shared" if stages > 1 or (self.shared_ok() and r.random() < 0.7) else \
+            "register"
+        body.append(Gemm(acc, names[0], names[1], bk, route, stages))
+        return acc
+
+    def gemm_program(self, label: str) -> Program:
+        """A GEMM-shaped program: the README's pipelined K loop (sometimes a plain loop or
+        one K tile) into a fresh accumulator, then an epilogue of random statements and
+        the stores. Tiles, thread counts and types are mostly ones the sm_90a path takes
+        to TMA + wgmma (threads a multiple of 128, BM a multiple of 64, 16- and 8-bit
+        floats), with the near misses that must fall back (64 or 192 threads, BM 16/32,
+        i8); M, N and K do not divide the tiles."""
+        r = self.rng
+        threads = r.choice((128, 128, 128, 256, 64) + ((192,) if self.sw.npot_threads else ()))
+        dtype = r.choice(("f16", "bf16", "f16", "bf16", "f8e4m3", "f8e5m2", "i8"))
+        while True:
+            bm, bn = r.choice((64, 64, 64, 128, 32, 16)), r.choice((8, 16, 24, 32, 48, 64, 128))
+            if bm * bn <= self.sw.gemm_max_tile:
+                break
+        gm, gn = r.randint(1, 2), r.randint(1, 2)
+        m = r.randint((gm - 1) * bm + 1, gm * bm)
+        n = r.randint((gn - 1) * bn + 1, gn * bn)
+        self.threads, self.bm, self.bn = threads, bm, bn
+        self.tensors, self.names, self.loops = [], 0, 0
+        body: list = []
+        scope = Scope()
+        if r.random() < 0.3:
+            self.load_input(body, scope)  # a C operand for the epilogue
+        self.add_gemm(body, scope, dtype, r.choice((2, 3, 3, 4, 1, 0)), new_acc=1.0)
+        for _ in range(r.randint(0, 4)):  # element-wise work on the latest values
+            self.step(body, scope, in_loop=None, kinds=EPILOGUE_KINDS)
+        self.stores(body, scope)
+        return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label)
 
     # -- loops ----------------------------------------------------------------------------
     def draw_loop(self, body, scope, in_loop) -> None:

@@ -157,14 +157,17 @@ class Loop:
 
 @dataclass(frozen=True)
 class Gemm:
-    """`tg.gemm(acc, a, b)`: acc (BM, BN) += tile (m, 0) of `a` (M x K) @ tile (n, 0) of
-    `b` (N x K).T, K padded to `bk`, operands through shared memory or registers."""
+    """`tg.gemm(acc, a, b)`: acc (BM, BN) += rows m of `a` (M x K) @ rows n of `b` (N x K).T,
+    operands through shared memory or registers. `stages` 0: one K tile of `bk` (K ≤ bk,
+    padded); 1: a `tg.range` over the K tiles of `bk`; ≥ 2: the README's `tg.pipeline` with
+    that many staged shared buffers (on sm_90a the path that may become TMA + wgmma)."""
 
     acc: str
     a: str
     b: str
     bk: int
     route: str = "shared"
+    stages: int = 0
 
 
 @dataclass(frozen=True)
@@ -426,7 +429,9 @@ def _check_update(s, scope: Scope) -> None:
         raise Invalid("a non-integer number for an integer tile")
 
 
-GEMM_ACCUMULATOR = {"f16": "f32", "bf16": "f32", "f8e4m3": "f32", "i8": "i32"}
+GEMM_ACCUMULATOR = {"f16": "f32", "bf16": "f32", "f8e4m3": "f32", "f8e5m2": "f32",
+                    "i8": "i32"}
+MAX_GEMM_K_TILES = 6  # a looped gemm's K extent is at most this many tiles of bk
 
 
 def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
@@ -434,8 +439,10 @@ def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
     if a is None or b is None or (a.kind, b.kind) != ("gemm_a", "gemm_b"):
         raise Invalid("gemm operands must be gemm tensors")
     if a.dtype != b.dtype or a.dtype not in GEMM_ACCUMULATOR or a.extent != b.extent or \
-            not 0 < a.extent <= s.bk:
+            not 0 < a.extent <= (s.bk if s.stages == 0 else MAX_GEMM_K_TILES * s.bk):
         raise Invalid("gemm operand types or extents")
+    if s.stages > 1 and s.route != "shared":
+        raise Invalid("a pipelined gemm stages its operands in shared memory")
     acc = _operand_type(scope, s.acc)
     if (acc.dtype, acc.shape) != (GEMM_ACCUMULATOR[a.dtype], (True, True)) or \
             len(scope.shared_with[s.acc]) > 1:
@@ -501,7 +508,7 @@ def used_names(s) -> set[str]:
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
-__all__ = ["Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+__all__ = ["Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
            "Assign", "Alias", "Loop", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

@@ -177,11 +177,13 @@ class Model:
         return Value.exact("i32", np.broadcast_to(coord, (gm, gn, h, w)).copy())
 
     def gemm(self, s: Gemm) -> Value:
-        """acc + a @ b.T, summed in any order (tensor cores fix none), in acc's type."""
+        """acc + a @ b.T over all of K (zero-padded to whole tiles of bk), summed in any
+        order (tensor cores fix none), in acc's type."""
         p, acc = self.p, self.env[s.acc]
         gm, gn = p.grid
-        a = _tiles(self.inputs[s.a], p.BM, s.bk, 0, gm, 1)             # (gm, 1, BM, BK)
-        b = _tiles(self.inputs[s.b], p.BN, s.bk, 0, gn, 1).transpose(1, 0, 2, 3)
+        k = s.bk * -(-p.tensor(s.a).extent // s.bk)
+        a = _tiles(self.inputs[s.a], p.BM, k, 0, gm, 1)                # (gm, 1, BM, K)
+        b = _tiles(self.inputs[s.b], p.BN, k, 0, gn, 1).transpose(1, 0, 2, 3)
         with np.errstate(all="ignore"):
             products = a[:, :, :, None, :].astype(np.float64) * b[:, :, None, :, :]
         terms = np.concatenate([products, acc.val[..., None].astype(np.float64)], axis=4)
@@ -320,6 +322,11 @@ class Model:
             exact_in = (ea == 0) & (eb == 0)
             spread = np.where(exact_in, 0.0, 2 * spread)
             nan_differs &= ~exact_in
+            # A negative base gives NaN or a number as the exponent is an integer or not
+            # (and the sign by its parity): the corners cannot see that when the exponent
+            # or the base is inexact (a gemm's -4596348.5 ± 739 ** itself: NaN here, -0.0
+            # from the f32 integer the kernel holds).
+            nan_differs |= ~exact_in & (x - ea <= 0) & np.isfinite(y)
             big = np.abs(z)
             e = spread + 8 * nx.ulp(np.where(np.isfinite(big), big, 0), "f32")
         special = exact_in & (np.isnan(z) | np.isinf(x) | np.isinf(y) | (x == 0) | (y == 0)

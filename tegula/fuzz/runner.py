@@ -28,12 +28,24 @@ _POISON = {"f32": -1234.5, "f16": -1234.5, "bf16": -1232.0, "f8e4m3": -0.0117187
            "f8e5m2": -0.01171875, "i32": -0x5A5A5A5A, "i8": -91, "u8": 165}
 
 
+#: Every program runs for each of these: the Hopper path (wgmma, TMA, mbarriers where the
+#: program allows) and the Ampere path (mma.sync, cp.async, ldmatrix).
+TARGETS = ("sm_90a", "sm_80")
+
+#: What a target's build used, from the emulator's statement kinds.
+PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"), "cp.async": ("CpAsync",),
+              "mma.sync": ("Mma",), "ldmatrix": ("LdMatrix",)}
+
+
 @dataclass
 class Verdict:
     status: str  # pass, rejected, mismatch, internal
     reason: str = ""  # a short, stable description (tallied; the shrinker keeps it)
     detail: str = ""  # the full message / first wrong elements
     wild_fraction: float = 0.0  # share of output elements the reference could not decide
+    target: str = ""  # the target that failed (or refused), when one did
+    #: per target run: (status, reason, paths it took: a frozenset of PATH_KINDS keys)
+    targets: dict = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -120,8 +132,17 @@ def describe_mismatch(name: str, expected: Value, actual: np.ndarray, bad: np.nd
     return "\n".join(lines)
 
 
-def run_emulator(program: Program, inputs: dict, source: str | None = None):
-    """(output arrays by name, None) from `tg.emulate`, or (None, Verdict) if it raised."""
+def run_emulator(program: Program, inputs: dict, source: str | None = None,
+                 target: str = TARGETS[0]):
+    """(output arrays by name, None) from `tg.emulate` for `target`, or (None, Verdict) if
+    it raised."""
+    outputs, verdict, _ = emulate_for(program, inputs, target, source)
+    return outputs, verdict
+
+
+def emulate_for(program: Program, inputs: dict, target: str, source: str | None = None):
+    """(outputs, None, paths) from `tg.emulate(..., target=target)`, or (None, Verdict,
+    frozenset()) if it raised; `paths` names what the run executed (`PATH_KINDS`)."""
     import tegula as tg
     source = source or kernel_source(program)
     kernel, filename = make_kernel(source)
@@ -137,10 +158,12 @@ def run_emulator(program: Program, inputs: dict, source: str | None = None):
             arrays.append(a)
         try:
             with np.errstate(all="ignore"):  # inf and NaN are the point: no warnings
-                tg.emulate(kernel, program.grid, *arrays)
+                report = tg.emulate(kernel, program.grid, *arrays, target=target)
         except Exception as e:  # noqa: BLE001 — every error is classified
-            return None, classify_error(e)
-        return outputs, None
+            return None, classify_error(e), frozenset()
+        paths = frozenset(path for path, kinds in PATH_KINDS.items()
+                          if any(report.kind(k).count for k in kinds))
+        return outputs, None, paths
     finally:
         forget_kernel(filename)
 
@@ -162,13 +185,90 @@ def check_outputs(program: Program, inputs: dict, outputs: dict, loose: bool = F
     return Verdict("pass", wild_fraction=fraction)
 
 
-def run_program(program: Program, data_seed: int, features: Features | None = None) -> Verdict:
-    """Emulate `program` on random inputs (seeded) and judge it against the reference."""
+def run_program(program: Program, data_seed: int, features: Features | None = None,
+                targets: tuple = TARGETS) -> Verdict:
+    """Emulate `program` on random inputs (seeded) for each target, judge each against the
+    reference, and the targets' outputs against each other (`compare_targets`). The
+    verdict is the first failure (naming its target), else a pass if any target ran it,
+    else the first target's refusal; `Verdict.targets` holds every target's outcome."""
     inputs = program_inputs(program, data_seed)
-    outputs, verdict = run_emulator(program, inputs)
-    if verdict is not None:
-        return verdict
-    return check_outputs(program, inputs, outputs, features=features)
+    expected, runs, verdicts, outcome = None, {}, {}, {}
+    for target in targets:
+        outputs, verdict, paths = emulate_for(program, inputs, target)
+        if verdict is None:
+            if expected is None:
+                expected = reference(program, inputs, False, features)
+            verdict = check_outputs(program, inputs, outputs, features=features,
+                                    reference_outputs=expected)
+            runs[target] = outputs
+        verdicts[target] = verdict
+        outcome[target] = (verdict.status, verdict.reason, paths)
+    failed = [(t, v) for t, v in verdicts.items() if v.failed]
+    passing = [v for v in verdicts.values() if v.status == "pass"]
+    if failed:
+        target, v = failed[0]
+        return Verdict(v.status, f"{target}: {v.reason}", f"target {target}:\n{v.detail}",
+                       v.wild_fraction, target, outcome)
+    disagreement = compare_targets(program, expected, runs) if len(runs) >= 2 else None
+    if disagreement is not None:
+        disagreement.targets = outcome
+        return disagreement
+    if passing:
+        return Verdict("pass", wild_fraction=passing[0].wild_fraction, targets=outcome)
+    v = verdicts[targets[0]]
+    return Verdict(v.status, v.reason, v.detail, target=targets[0], targets=outcome)
+
+
+def _order_fixed(program: Program) -> bool:
+    """Does the program compute every float the same way whatever the layouts? Float
+    sums reduced along a tile take their order from the layout synthesis chose for the
+    target, so two targets may round them differently within the reference's bound. A
+    gemm's accumulator is rounded after every k16 step in K order on both paths (wgmma and
+    mma.sync), so gemms count as fixed."""
+    from tegula.fuzz.program import Loop, Reduce
+
+    def walk(body):
+        for s in body:
+            if isinstance(s, Loop):
+                if not walk(s.body):
+                    return False
+            elif isinstance(s, Reduce) and s.kind == "sum" and nx.is_float(types[s.x].dtype):
+                return False
+        return True
+    from tegula.fuzz.program import check
+    types = check(program)
+    return walk(program.body)
+
+
+def compare_targets(program: Program, expected: dict, runs: dict) -> Verdict | None:
+    """A mismatch if two targets' outputs differ where they must agree: every element
+    (NaN matches NaN, +0 matches -0) when the program fixes the order of its float
+    arithmetic (`_order_fixed`), else every element the reference decides (each target
+    is then already within its bound: nothing more to ask)."""
+    if not _order_fixed(program):
+        return None
+    (first, a), (second, b) = list(runs.items())[:2]
+    problems = []
+    for name in a:
+        x, y = a[name], b[name]
+        if nx.is_float(expected[name].dtype):
+            xf, yf = x.astype(np.float64), y.astype(np.float64)
+            same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
+        else:
+            same = x.astype(np.int64) == y.astype(np.int64)
+        if not same.all():
+            where = np.argwhere(~same)
+            lines = [f"output {name}: {len(where)} of {same.size} elements differ between "
+                     f"{first} and {second}"]
+            for idx in where[:6]:
+                i = tuple(int(k) for k in idx)
+                lines.append(f"  [{i[0]}, {i[1]}]: {first} {x[i]!r}, {second} {y[i]!r}, "
+                             f"reference {expected[name].val[i]!r}")
+            problems.append("\n".join(lines))
+    if problems:
+        return Verdict("mismatch", f"{first} and {second} disagree", "\n".join(problems),
+                       target=f"{first}/{second}")
+    return None
 
 
 def data_seed(seed: int, index: int) -> int:
@@ -186,9 +286,15 @@ class Tally:
     internal: int = 0
     reasons: dict = field(default_factory=dict)  # rejection reason -> count
     wild: float = 0.0  # summed wild fractions of passing programs
+    #: target -> {"passed": n, "rejected": n, and per path (PATH_KINDS): programs that
+    #: passed on that target having executed it}
+    by_target: dict = field(default_factory=dict)
+    #: (target that refused, reason) -> programs another target ran and passed
+    refused_by_one: dict = field(default_factory=dict)
 
     def add(self, v: Verdict) -> None:
         self.programs += 1
+        self._add_targets(v.targets)
         if v.status == "pass":
             self.passed += 1
             self.wild += v.wild_fraction
@@ -200,13 +306,39 @@ class Tally:
         else:
             self.internal += 1
 
+    def _add_targets(self, outcome: dict) -> None:
+        for target, (status, reason, paths) in outcome.items():
+            counts = self.by_target.setdefault(target, {})
+            counts[status] = counts.get(status, 0) + 1
+            if status == "pass":
+                for path in paths:
+                    counts[path] = counts.get(path, 0) + 1
+        if any(status == "pass" for status, _, _ in outcome.values()):
+            for target, (status, reason, _) in outcome.items():
+                if status == "rejected":
+                    key = (target, reason)
+                    self.refused_by_one[key] = self.refused_by_one.get(key, 0) + 1
+
     @property
     def failures(self) -> int:
         return self.mismatches + self.internal
 
+    def path_report(self) -> list[str]:
+        """Per target: programs passed and refused, and how many passed through each path."""
+        lines = []
+        for target, counts in self.by_target.items():
+            paths = ", ".join(f"{path} {counts.get(path, 0)}" for path in PATH_KINDS)
+            lines.append(f"  {target}: passed {counts.get('pass', 0)}, rejected "
+                         f"{counts.get('rejected', 0)}; passed through {paths}")
+        for (target, reason), count in sorted(self.refused_by_one.items(),
+                                              key=lambda kv: -kv[1]):
+            lines.append(f"  refused only by {target} x{count}: {reason}")
+        return lines
+
     def report(self) -> str:
         lines = [f"programs {self.programs}: passed {self.passed}, rejected {self.rejected}, "
                  f"mismatches {self.mismatches}, internal errors {self.internal}"]
+        lines += self.path_report()
         if self.passed:
             lines.append(f"  undecidable output elements (not compared): "
                          f"{100 * self.wild / self.passed:.1f}% on average")
@@ -215,6 +347,7 @@ class Tally:
         return "\n".join(lines)
 
 
-__all__ = ["Verdict", "Tally", "run_program", "run_emulator", "check_outputs",
+__all__ = ["Verdict", "Tally", "run_program", "run_emulator", "emulate_for", "check_outputs",
+           "compare_targets", "TARGETS", "PATH_KINDS",
            "program_inputs", "random_values", "classify_error", "compare", "data_seed",
            "tensor_order"]

@@ -163,8 +163,35 @@ def _store(w: _Writer, s: Store, dtype: str) -> None:
 
 
 def _gemm(w: _Writer, s: Gemm) -> None:
+    """One K tile (stages 0), or the README's GEMM loop: `tg.range` over the K tiles
+    (stages 1) or `tg.pipeline` with staged shared buffers (stages ≥ 2)."""
     dt = _dtype(w.program.tensor(s.a).dtype)
     operands = []
+    if s.stages > 0:
+        index = f"{s.a}_k"  # names unique to this gemm (tensor names are)
+        for tensor, rows, coord in ((s.a, "BM", "m"), (s.b, "BN", "n")):
+            w.emit(f"{tensor}_t = {tensor}.tile(({rows}, {s.bk}), ({coord}, None))")
+        buffers = []
+        if s.route == "shared":
+            staged = "" if s.stages == 1 else f", stages={s.stages}"
+            for tensor, rows in ((s.a, "BM"), (s.b, "BN")):
+                buffers.append(f"{tensor}_s")
+                w.emit(f"{tensor}_s = tg.shared(({rows}, {s.bk}), {dt}{staged})")
+        loop = "tg.range" if s.stages == 1 else "tg.pipeline"
+        extra = "" if s.stages == 1 else f", stages={s.stages}"
+        w.emit(f"for {index} in {loop}({s.a}_t.shape[2]{extra}):")
+        w.indent += 1
+        for tensor, buf in zip((s.a, s.b), buffers or (None, None)):
+            view = f"{tensor}_t[:, :, {index}]"
+            if buf is None:
+                operands.append(f"tg.load({view})")
+                continue
+            target = buf if s.stages == 1 else f"{buf}[{index}]"
+            w.emit(f"tg.copy({view}, {target})")
+            operands.append(target)
+        w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
+        w.indent -= 1
+        return
     for tensor, rows, coord in ((s.a, "BM", "m"), (s.b, "BN", "n")):
         view = f"{tensor}.tile(({rows}, {s.bk}), ({coord}, 0))"
         if s.route == "register":
