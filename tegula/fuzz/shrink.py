@@ -2,7 +2,7 @@
 
 Greedy: try each simplification — drop a statement (with everything that depends on it),
 replace a tile operand by a number, take the plain route for a load or store, drop a fill,
-run a loop once, shrink the tensors and the tile, lower the thread count, turn a type into
+run a loop once, fewer gemm stages and a shorter K, shrink the tensors and the tile, lower the thread count, turn a type into
 f32 — keep it if the program is still valid and still fails with the same verdict
 (status and reason), and repeat until nothing helps or the budget runs out.
 """
@@ -12,8 +12,8 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from tegula.fuzz.program import (Assign, Binary, InPlace, Invalid, Load, Loop, Num, Program,
-                                 Store, Where, check, used_names)
+from tegula.fuzz.program import (Assign, Binary, Gemm, InPlace, Invalid, Load, Loop, Num,
+                                 Program, Store, Where, check, used_names)
 from tegula.fuzz.runner import Verdict
 from tegula.fuzz.source import used_tensors
 
@@ -129,6 +129,11 @@ def _simpler(s) -> Iterator:
         yield replace(s, route="copy")
     if isinstance(s, Loop) and s.stages > 1:
         yield replace(s, stages=1)
+    if isinstance(s, Gemm):
+        if s.stages > 1:
+            yield replace(s, stages=s.stages - 1)
+        if s.stages <= 1 and s.route != "register":
+            yield replace(s, route="register")
     if isinstance(s, Binary):
         for field in ("a", "b"):
             if isinstance(getattr(s, field), str):
@@ -154,6 +159,20 @@ def _smaller(p: Program) -> Iterator[Program]:
             tile = p.BN if t.kind == "loop1" else p.BM
             for extent in (1, min(tile, t.extent - 1)):
                 yield _retensor(p, t, replace(t, extent=extent))
+    gemm_a = [t for t in p.tensors if t.kind == "gemm_a"]
+    for a in gemm_a:  # a shorter K: both operands' extents, which must agree
+        gemm = next((g for g in _statements(p.body) if isinstance(g, Gemm) and g.a == a.name),
+                    None)
+        if gemm is None or a.extent <= 1:
+            continue
+        b = p.tensor(gemm.b)
+        for extent in (gemm.bk, a.extent - gemm.bk, 1):
+            if 1 <= extent < a.extent:
+                yield _retensor(_retensor(p, a, replace(a, extent=extent)), b,
+                                replace(b, extent=extent))
+        if gemm.stages > 0 and a.extent <= gemm.bk:
+            yield p.with_body(_replace_at(p.body, _path_of(p.body, gemm),
+                                          replace(gemm, stages=0)))
     for threads in (32, 64, 128):
         if threads < p.threads:
             yield replace(p, threads=threads)
@@ -163,6 +182,10 @@ def _smaller(p: Program) -> Iterator[Program]:
     for t in p.tensors:
         if t.dtype != "f32":
             yield _retensor(p, t, replace(t, dtype="f32"))
+
+
+def _path_of(body: tuple, stmt) -> tuple:
+    return next(path for path in _paths(body) if _at(body, path) is stmt)
 
 
 def _retensor(p: Program, old, new) -> Program:
@@ -186,7 +209,7 @@ def cost(p: Program) -> tuple:
     stored = sum(position.get(s.x, 0) for s in stmts if isinstance(s, Store))
     tile_operands = sum(len(used_names(s)) for s in stmts if not isinstance(s, Loop))
     fancy = sum((getattr(s, "route", "load") not in ("load", "copy", "transposed"))
-                + (getattr(s, "fill", None) is not None) + (getattr(s, "stages", 1) > 1)
+                + (getattr(s, "fill", None) is not None) + max(getattr(s, "stages", 1) - 1, 0)
                 for s in stmts)
     elements = p.M * p.N + sum(t.extent for t in p.tensors)
     non_f32 = sum(t.dtype != "f32" for t in p.tensors)

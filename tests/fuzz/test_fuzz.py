@@ -283,3 +283,18 @@ def test_a_negative_inexact_base_makes_pow_undecidable():
     assert not inexact.wild[2], "a positive base stays decidable"
     exact = Model(p, {}).power(Value("f32", x.val, np.zeros(3), wild), exact_exponent, wild)
     assert not exact.wild.any() and np.isnan(exact.val[0]) and not np.isnan(exact.val[1])
+
+
+def test_shrinker_drops_gemm_stages_and_k():
+    """A stand-in bug: "a pipelined gemm fails". The minimal kernel keeps a two-stage
+    pipeline over the shortest K."""
+    p = _pipelined_gemm(stages=4, extent=60)
+
+    def run(q: Program) -> Verdict:
+        pipelined = any(isinstance(s, Gemm) and s.stages > 1 for s in q.body)
+        return Verdict("mismatch", "mismatch") if pipelined else Verdict("pass")
+
+    small, verdict, runs = shrink(p, run, Verdict("mismatch", "mismatch"), budget_s=30)
+    gemm = next(s for s in small.body if isinstance(s, Gemm))
+    assert gemm.stages == 2 and small.tensor(gemm.a).extent == 1, kernel_source(small)
+    assert small.tensor(gemm.b).extent == 1
