@@ -6,8 +6,8 @@
     python -m tegula.fuzz --switches=-loop_rebind,-npot_tiles   # leave features out
     python -m tegula.fuzz --targets sm_90a,sm_80,sm_90  # targets each program runs for
 
-Every program runs for each target (default sm_90a and sm_80), against numpy and the
-targets against each other; the summary says per target how many programs passed through
+Every program runs for each target (default sm_90a and sm_80; sm_89 where sm_80 refuses,
+e.g. 8-bit float GEMMs), against numpy and the targets against each other; the summary says per target how many programs passed through
 wgmma, TMA, cp.async, mma.sync and ldmatrix. Each failure (a wrong answer or an internal
 error, naming its target) is printed as source and shrunk to a minimal kernel, printed
 as source with the command that reproduces it. The exit status is 1 if any program failed.
@@ -69,6 +69,13 @@ def _show_one(args, switches: Switches) -> int:
 
 
 def _report_failure(args, switches, index: int, program, verdict, shrunk: dict) -> None:
+    try:
+        _print_failure(args, switches, index, program, verdict, shrunk)
+    finally:
+        sys.stdout.flush()  # a long run's log shows each failure as it is found
+
+
+def _print_failure(args, switches, index: int, program, verdict, shrunk: dict) -> None:
     print(f"\n=== program {index} (seed {args.seed}), target {verdict.target}: "
           f"{verdict.status}: {verdict.reason}")
     print(kernel_source(program).rstrip())

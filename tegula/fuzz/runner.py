@@ -32,6 +32,10 @@ _POISON = {"f32": -1234.5, "f16": -1234.5, "bf16": -1232.0, "f8e4m3": -0.0117187
 #: program allows) and the Ampere path (mma.sync, cp.async, ldmatrix).
 TARGETS = ("sm_90a", "sm_80")
 
+#: A target that refuses a program hands it to its fallback: sm_80 has no 8-bit float
+#: mma.sync, sm_89 (the same Ampere path) has, so FP8 GEMMs still get a second target.
+FALLBACK_TARGETS = {"sm_80": "sm_89"}
+
 #: What a target's build used, from the emulator's statement kinds.
 PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"), "cp.async": ("CpAsync",),
               "mma.sync": ("Mma",), "ldmatrix": ("LdMatrix",)}
@@ -187,14 +191,20 @@ def check_outputs(program: Program, inputs: dict, outputs: dict, loose: bool = F
 
 def run_program(program: Program, data_seed: int, features: Features | None = None,
                 targets: tuple = TARGETS) -> Verdict:
-    """Emulate `program` on random inputs (seeded) for each target, judge each against the
-    reference, and the targets' outputs against each other (`compare_targets`). The
+    """Emulate `program` on random inputs (seeded) for each target (and the fallback of
+    one that refuses it), judge each against the reference, and the targets' outputs
+    against each other (`compare_targets`). The
     verdict is the first failure (naming its target), else a pass if any target ran it,
     else the first target's refusal; `Verdict.targets` holds every target's outcome."""
     inputs = program_inputs(program, data_seed)
     expected, runs, verdicts, outcome = None, {}, {}, {}
-    for target in targets:
+    queue = list(targets)
+    while queue:
+        target = queue.pop(0)
         outputs, verdict, paths = emulate_for(program, inputs, target)
+        if verdict is not None and verdict.status == "rejected" and \
+                target in FALLBACK_TARGETS and FALLBACK_TARGETS[target] not in targets:
+            queue.insert(0, FALLBACK_TARGETS[target])
         if verdict is None:
             if expected is None:
                 expected = reference(program, inputs, False, features)
@@ -348,6 +358,6 @@ class Tally:
 
 
 __all__ = ["Verdict", "Tally", "run_program", "run_emulator", "emulate_for", "check_outputs",
-           "compare_targets", "TARGETS", "PATH_KINDS",
+           "compare_targets", "TARGETS", "FALLBACK_TARGETS", "PATH_KINDS",
            "program_inputs", "random_values", "classify_error", "compare", "data_seed",
            "tensor_order"]

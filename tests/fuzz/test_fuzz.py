@@ -298,3 +298,13 @@ def test_shrinker_drops_gemm_stages_and_k():
     gemm = next(s for s in small.body if isinstance(s, Gemm))
     assert gemm.stages == 2 and small.tensor(gemm.a).extent == 1, kernel_source(small)
     assert small.tensor(gemm.b).extent == 1
+
+
+def test_an_fp8_gemm_sm_80_refuses_runs_on_sm_89_instead():
+    p = _pipelined_gemm("f8e5m2", extent=48)
+    check(p)
+    verdict = fuzz_program(p, 2, 0)
+    assert verdict.status == "pass", verdict.detail
+    assert verdict.targets["sm_80"][0] == "rejected"
+    assert "mma.sync" in verdict.targets["sm_89"][2]
+    assert "wgmma" in verdict.targets["sm_90a"][2]
