@@ -24,6 +24,11 @@ from tegula.synth.synthesize import SynthesisResult, synthesize
 
 DEFAULT_TARGET = "sm_90a"
 
+#: Keywords of a build, launch or `tg.emulate` call that are compile options of the kernel
+#: rather than constexprs: the block size (`threads=`) and whether a TMA + wgmma pipeline
+#: gets producer/consumer warp roles (`warp_specialize=`, `synth/roles.py`).
+BUILD_OPTIONS = ("threads", "warp_specialize")
+
 
 @dataclass
 class Build:
@@ -58,26 +63,34 @@ def _facts_key(facts: dict) -> tuple:
 def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
           target: str | Target = DEFAULT_TARGET) -> Build:
     """Compile `kernel` for these constexprs, argument facts and target (cached).
-    `constexprs` may hold `threads` (the block size override)."""
+    `constexprs` may hold `threads` (the block size override) and `warp_specialize` (None,
+    True or False; overrides the kernel's option)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
     threads = kernel.check_threads(constexprs.pop("threads", None))
+    warp_specialize = constexprs.pop("warp_specialize", getattr(kernel, "warp_specialize", None))
+    if not (warp_specialize is None or isinstance(warp_specialize, bool)):
+        raise TegulaError(f"kernel {kernel.name}: warp_specialize={warp_specialize!r} must be "
+                          f"None (where it applies), True or False")
     values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank)
                  for p in kernel.params if p.kind == "tensor"}
-    key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, _facts_key(facts),
-           target.name)
+    key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
+           _facts_key(facts), target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
         traced = kernel.trace_fresh(threads, **values)
         try:
-            result = synthesize(traced, target, facts)
+            result = synthesize(traced, target, facts, warp_specialize)
             thread_kernel = lower(result)
         except LayoutError as e:
             # A layout the algebra refuses is a synthesis failure of this kernel.
             raise SynthesisError(f"kernel {kernel.name}: {e}", loc=kernel.loc) from e
-        cache[key] = Build(kernel, dict(values, threads=threads), facts, target, traced, result,
+        options = dict(threads=threads)
+        if warp_specialize is not None:
+            options["warp_specialize"] = warp_specialize
+        cache[key] = Build(kernel, dict(values, **options), facts, target, traced, result,
                            thread_kernel)
     return cache[key]
 
@@ -92,7 +105,7 @@ def split_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
     bound = {p.name: a for p, a in zip(runtime, args)}
     constexprs = {}
     for name, value in kwargs.items():
-        if name == "threads":  # the block-size override travels with the constexprs
+        if name in BUILD_OPTIONS:  # compile options travel with the constexprs
             constexprs[name] = value
             continue
         param = next((p for p in kernel.params if p.name == name), None)
@@ -143,7 +156,7 @@ def _is_int(x) -> bool:
 
 def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_races: bool = True,
             check_coverage: bool | Iterable[str] = True, num_sms: int | None = None,
-            **kwargs):
+            role_order: str = "listed", **kwargs):
     """Run `kernel` on the CPU: numpy arrays in, results written into them in place.
 
     `tg.emulate(gemm, (2, 3), a, b, c, BM=64)` traces, synthesizes and lowers the kernel
@@ -161,6 +174,10 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
 
     `num_sms` is what `tg.num_sms()` reads in the kernel: by default the target's SM count
     (132 for sm_90a), or any positive int to emulate another variant of the device.
+
+    `role_order` ("listed" or "reversed"): the order in which the warp roles of a
+    warp-specialized kernel first run (each runs until it blocks), two interleavings of
+    the same block; a correct kernel is right under both.
     """
     import numpy as np
 
@@ -193,7 +210,7 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
         poison(tensors[name])
     report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
                                check_races=check_races, track_writes=checked,
-                               num_sms=int(num_sms))
+                               num_sms=int(num_sms), role_order=role_order)
     check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)
     return report
 
@@ -373,14 +390,13 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     from tegula.runtime import PreparedLaunch, default_target
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
-    threads = constexprs.pop("threads", None)
+    options = {k: constexprs.pop(k) for k in BUILD_OPTIONS if k in constexprs}
     values = kernel.constexpr_values(constexprs)
     grid3 = _normalized(grid(values) if callable(grid) else grid)  # a bad grid: before compiling
     facts, shapes = _launch_facts(kernel, tensors)
     target = target or default_target()
-    check_extents(kernel, build(kernel, dict(values, threads=threads), facts, target).traced,
-                       shapes)
-    ck = compiled(kernel, dict(values, threads=threads), facts, target)
+    check_extents(kernel, build(kernel, dict(values, **options), facts, target).traced, shapes)
+    ck = compiled(kernel, dict(values, **options), facts, target)
     names = [p.name for p in kernel.params if p.kind == "tensor"]
     names += [p.name for p in kernel.params if p.kind == "scalar"]
     ordered = [tensors.get(n, scalars.get(n)) for n in names]

@@ -55,8 +55,12 @@ def _where(loc) -> str:
 def _header(build: Any) -> str:
     k = build.traced
     consts = ", ".join(f"{name}={value!r}" for name, value in k.constexprs.items())
+    threads = build.thread_kernel.threads
+    extra = threads - k.threads  # a warp-specialized pipeline's producer warpgroup
+    roles = (f": {k.threads} for the tiles + a {extra}-thread producer warpgroup"
+             if extra else "")
     return (f"kernel {k.name} ({consts}) for {build.target}\n"
-            f"{k.threads} threads per block ({k.threads // 32} warps)")
+            f"{threads} threads per block ({threads // 32} warps){roles}")
 
 
 # --------------------------------------------------------------------------- tensors
@@ -168,9 +172,8 @@ def _op_lines(ops: list[Op], by_op: dict, lines: list[str], depth: int) -> None:
         if isinstance(op, ForLoop):
             kind = f"pipeline, {op.stages} stages" if op.stages > 1 else "range"
             if any(o.choices.get("instr") == "tma" for o in op.body):
-                kind += (f"; TMA boxes into an mbarrier ring of {op.stages} (thread 0 "
-                         f"expects the bytes and issues, every thread waits on the phase)")
-            lines.append(f"{pad}for ({kind}) {loop_label(op)}")
+                kind += f"; TMA boxes into an mbarrier ring of {op.stages}"
+            lines.append(f"{pad}for ({kind}) {loop_label(op)}{_roles_note(op, pad)}")
             _op_lines(op.body, by_op, lines, depth + 1)
             continue
         if isinstance(op, IfThen):
@@ -185,6 +188,19 @@ def _op_lines(ops: list[Op], by_op: dict, lines: list[str], depth: int) -> None:
         if counted:
             lines.append(_HEAD)
             lines += [_use_line(c.use) for c in counted]
+
+
+def _roles_note(loop: ForLoop, pad: str) -> str:
+    """How a TMA pipeline's work is split among warps (`synth/roles.py`), and why not."""
+    plan = loop.choices.get("roles")
+    if plan is not None:
+        return f"\n{pad}    roles: {plan.describe()}"
+    skipped = loop.choices.get("roles_skipped")
+    if skipped:
+        return (f"\n{pad}    one role (thread 0 expects the bytes and issues after a block "
+                f"barrier, every thread waits on the phase and computes); not "
+                f"warp-specialized: {skipped}")
+    return ""
 
 
 def _op_note(op: Op) -> str:

@@ -262,6 +262,14 @@ def setmaxnreg(registers: int, increase: bool) -> AsyncInstr:
                   f"setmaxnreg.{op}.sync.aligned.u32 {registers};", pipe="alu")
 
 
+def register_share(threads: int) -> int:
+    """Registers per thread ptxas allocates to a block of `threads` alone on an SM (65536 /
+    threads, a multiple of 8, at most 255): what `__launch_bounds__(threads, 1)` gives a
+    kernel that uses `setmaxnreg`, and so the budget `setmaxnreg` increases or decreases
+    from (codegen picks `.inc`/`.dec` by it; synthesis sizes warp-role budgets with it)."""
+    return min(255, 65536 // threads) // 8 * 8
+
+
 def tma_load(rank: int, multicast: bool = False) -> AsyncInstr:
     """The TMA load entry of tensor rank `rank` (1..5)."""
     return get_async(f"tma.load.{rank}d" + (".multicast" if multicast else ""))

@@ -432,4 +432,4 @@ class AsyncStatements:
     def register_share(self) -> int:
         """Registers per thread of one block alone on an SM (65536 / threads, a multiple
         of 8, at most 255): what ptxas allocates at most under `__launch_bounds__(threads, 1)`."""
-        return min(255, 65536 // self.kernel.threads) // 8 * 8
+        return tma_entries.register_share(self.kernel.threads)

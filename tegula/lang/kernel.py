@@ -178,13 +178,20 @@ def _cache_key(values: dict) -> tuple:
 class Kernel:
     """A kernel function plus its signature; `trace()` turns it into tile IR."""
 
-    def __init__(self, fn: Callable, threads: int):
+    def __init__(self, fn: Callable, threads: int, warp_specialize: bool | None = None):
         if isinstance(threads, bool) or not isinstance(threads, int) or \
                 not 32 <= threads <= 1024 or threads % 32:
             raise TraceError(f"@tg.kernel(threads={threads!r}): threads must be a multiple of "
                              f"32 from 32 to 1024", _definition_location(fn))
+        if not (warp_specialize is None or isinstance(warp_specialize, bool)):
+            raise TraceError(f"@tg.kernel(warp_specialize={warp_specialize!r}): it is None "
+                             f"(where it applies), True or False", _definition_location(fn))
         self.fn = fn
         self.threads = threads
+        #: Split a TMA + wgmma pipeline into producer/consumer warp roles (`synth/roles.py`):
+        #: None where the rule applies, True required, False never. A build or launch
+        #: keyword `warp_specialize=` overrides it, like `threads=`.
+        self.warp_specialize = warp_specialize
         self.name = fn.__name__
         self.loc = _definition_location(fn)
         # The decorating scope's locals: string annotations may name them (a kernel
@@ -341,11 +348,14 @@ def _import_launch():
     return launch_arguments
 
 
-def kernel(fn: Callable | None = None, *, threads: int = 128) -> Any:
-    """`@tg.kernel(threads=128)` (or bare `@tg.kernel`): make a `Kernel` of a function."""
+def kernel(fn: Callable | None = None, *, threads: int = 128,
+           warp_specialize: bool | None = None) -> Any:
+    """`@tg.kernel(threads=128)` (or bare `@tg.kernel`): make a `Kernel` of a function.
+    `warp_specialize` (sm_90a): None gives a TMA + wgmma `tg.pipeline` a producer warpgroup
+    of its own where the rule applies, True requires it, False keeps one role."""
     if fn is not None:
-        return Kernel(fn, threads)
-    return lambda f: Kernel(f, threads)
+        return Kernel(fn, threads, warp_specialize)
+    return lambda f: Kernel(f, threads, warp_specialize)
 
 
 __all__ = ["kernel", "Kernel", "Launcher", "Tensor", "TensorSpec", "constexpr", "Param"]

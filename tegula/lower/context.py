@@ -36,6 +36,9 @@ class LoweringContext:
         self.mbarriers: list = []
         self.tensor_maps: dict = {}
         self.setup: list = []
+        # A warp-specialized pipeline's producer role (`lower/hopper.py: WarpRoles`), set
+        # when its loop is lowered; the kernel body then splits into Roles around it.
+        self.warp_roles = None
 
     def unique(self, base: str) -> str:
         """`base`, or `base_2`, `base_3`, … — the first name not yet handed out."""

@@ -73,6 +73,9 @@ class LoopHoister:
             elif isinstance(s, If):
                 out.append(dataclasses.replace(s, then=self.body(s.then),
                                                otherwise=self.body(s.otherwise)))
+            elif hasattr(s, "roles"):  # async_ir.Roles: each role's loops, in its own body
+                out.append(dataclasses.replace(s, roles=[
+                    dataclasses.replace(r, body=self.body(r.body)) for r in s.roles]))
             else:
                 out.append(s)
         return out

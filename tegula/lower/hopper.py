@@ -45,6 +45,8 @@ become visible to the async proxy before the barrier that orders them before the
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops
@@ -52,8 +54,9 @@ from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import (FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
-                                   MBarrierInit, MBarrierWait, SmemDesc, TensorMapParam,
-                                   TmaLoad, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+                                   MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles,
+                                   SmemDesc, TensorMapParam, TmaLoad, Wgmma, WgmmaCommit,
+                                   WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, Stmt, Var,
                                     all_of)
@@ -159,6 +162,9 @@ def tma_issue(ctx: LoweringContext, producers: list[Copy], barrier: str, slot: E
 
 def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stmt]:
     """A `tg.pipeline` whose run-ahead copies are TMA boxes (module docstring)."""
+    plan = op.choices.get("roles")
+    if getattr(plan, "kind", "") == "warp_roles":
+        return lower_specialized_pipeline(lowering, op, producers, plan)
     ctx = lowering.ctx
     stages, k = op.stages, Var(op.var.name)
     start, stop = scalar_expr(op.start), scalar_expr(op.stop)
@@ -195,6 +201,89 @@ def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stm
     return prologue + [For(k, start, stop, 1, body)] + epilogue
 
 
+# --------------------------------------------------------------------------------------
+# Warp-specialized TMA pipeline: a producer warpgroup and a consumer role
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class WarpRoles:
+    """The producer role of a warp-specialized pipeline, kept on the lowering context until
+    the kernel body is complete and splits into `Roles` (`split_roles`)."""
+
+    plan: object  # synth.roles.RolesPlan (read by its fields: lowering does not import synth)
+    producer: list
+    loc: str
+
+    @property
+    def block_threads(self) -> int:
+        return self.plan.block_threads
+
+
+def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
+                               plan) -> list[Stmt]:
+    """The consumer's statements for a warp-specialized TMA pipeline (module docstring);
+    the producer's loop goes to `ctx.warp_roles`."""
+    ctx = lowering.ctx
+    if ctx.warp_roles is not None:
+        raise SynthesisError("tg.pipeline: a second warp-specialized pipeline in one kernel "
+                             "(synthesis specializes at most one)", loc=op.loc)
+    stages, k = op.stages, Var(op.var.name)
+    start, stop = scalar_expr(op.start), scalar_expr(op.stop)
+    consumers = plan.consumer_threads
+    rest = [o for o in op.body if not any(o is p for p in producers)]
+    in_flight = _one_gemm_in_flight(rest)
+    # A stage is released once nothing reads it: with only wgmmas reading it, after the
+    # warpgroup's wait_group retired them (lane 0 of each warp arrives; the wait is
+    # warp-aligned, so the whole warp has passed it); otherwise every consumer thread
+    # arrives after its own reads.
+    releasers = consumers // 32 if in_flight else consumers
+    full = ctx.mbarrier_array("full", stages)
+    empty = ctx.mbarrier_array("empty", stages)
+    ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
+                     + [MBarrierInit(empty.name, Const(s), releasers) for s in range(stages)]
+                     + [FenceBarrierInit()]), Barrier()]
+    uses = ((k - start) // stages) % 2  # parity of iteration k's use of its stage
+    # The producer waits for the stage's previous use to be released: parity `uses ^ 1`,
+    # which a fresh barrier passes at once (the first round of stages).
+    producer_loop = For(k, start, stop, 1, [MBarrierWait(empty.name, k % stages, uses ^ 1)]
+                        + tma_issue(ctx, producers, full.name, k % stages, k, k.name))
+    where = f"{op.loc.filename}:{op.loc.lineno}" if op.loc is not None else "tg.pipeline"
+    ctx.warp_roles = WarpRoles(plan, [
+        Comment(f"producer: TMA boxes into {full.name}[{stages}], stages released on "
+                f"{empty.name}[{stages}]"),
+        If(TID.eq(consumers), [producer_loop])], where)
+    wait = MBarrierWait(full.name, k % stages, uses)
+    head = Comment(f"consumer: waits on {full.name}[{stages}], releases stages on "
+                   f"{empty.name}[{stages}] ({releasers} arrivals)")
+    if in_flight:
+        # wait_group 1 retires iteration k-1's wgmmas, which read stage (k-1) % S.
+        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1)
+        release = MBarrierArrive(empty.name, (k - 1) % stages,
+                                 pred=all_of([start.lt(k), (TID % 32).eq(0)]))
+        loop = For(k, start, stop, 1, [wait] + gemm + [release])
+        return [head, loop, WgmmaWait(0), Barrier()]
+    from tegula.lower.lower import SharedSync
+    inner = SharedSync()
+    body = [wait] + lowering.ops(rest, inner)
+    if inner.dirty:  # no refill barrier orders one iteration's accesses before the next's
+        body += inner.barrier()
+    body.append(MBarrierArrive(empty.name, k % stages))
+    return [head, For(k, start, stop, 1, body)]
+
+
+def split_roles(roles: WarpRoles, body: list) -> list:
+    """The kernel body as `Roles`: the consumer runs `body` (its block barriers become
+    named barriers over the consumer's threads), the producer its TMA loop."""
+    plan = roles.plan
+    consumer = map_barriers(body, lambda: [NamedBarrier(1, plan.consumer_threads)])
+    return [Roles([
+        Role("consumer", TID.lt(plan.consumer_threads), consumer, plan.consumer_registers,
+             loc=f"{roles.loc}: consumer of the tg.pipeline (wgmma)"),
+        Role("producer", TID.ge(plan.consumer_threads), roles.producer, plan.producer_registers,
+             loc=f"{roles.loc}: producer of the tg.pipeline (TMA)")])]
+
+
 def _one_gemm_in_flight(rest: list) -> bool:
     """True if the loop body besides its TMA copies is one wgmma gemm (nothing else reads
     its accumulator or the stages inside the loop), so a wgmma group may stay in flight."""
@@ -217,14 +306,22 @@ def needs_proxy_fence(kernel) -> bool:
 
 def fence_generic_writes(stmts: list) -> list:
     """`stmts` with `fence.proxy.async` before every block barrier (recursively)."""
+    return map_barriers(stmts, lambda: [FenceProxyAsync(), Barrier()])
+
+
+def map_barriers(stmts: list, replacement) -> list:
+    """`stmts` with every block `Barrier` (in loop and branch bodies too) replaced by the
+    statements `replacement()` returns."""
     out: list = []
     for s in stmts:
         if isinstance(s, Barrier):
-            out.append(FenceProxyAsync())
-        elif isinstance(s, For):
-            s = For(s.var, s.start, s.stop, s.step, fence_generic_writes(s.body), s.unroll)
+            out += replacement()
+            continue
+        if isinstance(s, For):
+            s = For(s.var, s.start, s.stop, s.step, map_barriers(s.body, replacement), s.unroll)
         elif isinstance(s, If):
-            s = If(s.cond, fence_generic_writes(s.then), fence_generic_writes(s.otherwise))
+            s = If(s.cond, map_barriers(s.then, replacement),
+                   map_barriers(s.otherwise, replacement))
         out.append(s)
     return out
 
@@ -240,4 +337,6 @@ def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tupl
         with_maps += [m for m in maps if m.tensor == p.name]
     if needs_proxy_fence(kernel):
         body = fence_generic_writes(body)
+    if ctx.warp_roles is not None:
+        body = split_roles(ctx.warp_roles, body)
     return with_maps, ctx.setup + body

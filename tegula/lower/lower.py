@@ -193,6 +193,8 @@ def lower(result) -> ThreadKernel:
             if isinstance(p, TensorParam) and p.index_bits > 32 for d in range(p.rank)}
     params, body = finish_async(kernel, ctx, params, body)
     body = hoist_loop_invariants(ctx.coords.prologue + body, wide)
-    return ThreadKernel(kernel.name, kernel.threads, params, ctx.registers, ctx.shared, body,
+    # A warp-specialized pipeline adds its producer warpgroup after the user's threads.
+    threads = ctx.warp_roles.block_threads if ctx.warp_roles is not None else kernel.threads
+    return ThreadKernel(kernel.name, threads, params, ctx.registers, ctx.shared, body,
                         mbarriers=ctx.mbarriers)
 

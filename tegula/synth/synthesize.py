@@ -30,6 +30,7 @@ from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
                                  plan_tma_copy)
 from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm, plan_mma_sync
+from tegula.synth.roles import decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.shared import SharedAccess, synthesize_shared_layout
@@ -64,9 +65,13 @@ def alloc_bytes(alloc) -> int:
     return int(np.prod(alloc.shape)) * alloc.stages * alloc.dtype.bits // 8
 
 
-def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisResult:
+def synthesize(kernel: TracedKernel, target: Target, facts: dict,
+               warp_specialize: bool | None = None) -> SynthesisResult:
     """Decide every layout and instruction of `kernel` for `target` under `facts`
-    (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input."""
+    (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input.
+    `warp_specialize` is the kernel option (`synth/roles.py`): None splits a TMA + wgmma
+    pipeline into producer/consumer roles where the rule applies, True requires it, False
+    keeps one role."""
     _check_static_shapes(kernel)
     state = LayoutState()
     for tile in _register_tiles(kernel):
@@ -88,6 +93,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict) -> SynthesisRe
     _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
     _plan_tma_copies(kernel, facts)
+    decide_warp_roles(kernel, warp_specialize)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)

@@ -78,8 +78,9 @@ SHAPES = {"a": (200, 72 * 4), "b": (136, 72 * 4), "c": (200, 136)}
 
 @pytest.fixture(scope="module")
 def two_warpgroups():
-    return build(readme_gemm, dict(BM=128, BN=64, BK=32, STAGES=3, threads=256), None,
-                 "sm_90a")
+    # The single-role ring (the warp-specialized form: tests/lower/test_hopper_roles.py).
+    return build(readme_gemm, dict(BM=128, BN=64, BK=32, STAGES=3, threads=256,
+                                   warp_specialize=False), None, "sm_90a")
 
 
 def test_thread_ir_has_the_async_pipeline(two_warpgroups):

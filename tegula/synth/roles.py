@@ -1,0 +1,157 @@
+"""Warp specialization of a TMA + wgmma pipeline: whether to split the block into roles.
+
+On sm_90a a `tg.pipeline` whose run-ahead copies are TMA boxes and whose gemm runs on
+wgmma (`synth/copies.py`, `synth/gemm.py`) can run in one role — every thread waits on the
+stage's mbarrier and computes, thread 0 also issues the refills after a block barrier — or
+warp-specialized (issue 9 §3): a **producer** warpgroup that does nothing but wait for a
+stage to be released and issue its TMA boxes, and a **consumer** role that does everything
+else of the kernel. Every layout synthesis decided spans the user's `threads`, so the
+producer is one *extra* warpgroup (128 threads, `tid >= threads`) that holds no tile at
+all: nothing synthesized changes, and the block grows to `threads + 128`.
+
+The producer needs few registers, so it lowers its budget with `setmaxnreg.dec`
+(`PRODUCER_REGISTERS`) and the consumer raises its own with `.inc` by what that frees:
+`setmaxnreg` moves registers within the block's allocation, which is `register_share`
+per thread for one block per SM (`arch.tma.register_share`), so the consumer may take
+`(total * share - 128 * PRODUCER_REGISTERS) / threads`, rounded down to a multiple of 8
+and capped at `MAX_CONSUMER_REGISTERS`. Where that is not more than the share the
+consumer keeps the share (no `setmaxnreg` for it).
+
+`decide_warp_roles` records the decision on the loop: `choices["roles"]` (a `RolesPlan`)
+when specialized, otherwise `choices["roles_skipped"]`, the reason `tegula explain`
+prints. The kernel option `warp_specialize` (None: where the rule applies; True: required,
+a `SynthesisError` with the reason where it cannot; False: never) chooses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tegula.arch.tma import register_share
+from tegula.arch.wgmma import WARPGROUP
+from tegula.errors import SynthesisError
+from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
+    walk_ops
+from tegula.ir.values import SharedTile, describe
+
+#: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
+#: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
+PRODUCER_REGISTERS = 40
+#: The largest consumer budget asked for: a thread addresses at most 255 registers, and
+#: `setmaxnreg` takes multiples of 8 (CUTLASS's consumers ask for at most 240 too).
+MAX_CONSUMER_REGISTERS = 240
+#: The block-size limit the producer warpgroup must fit under.
+MAX_BLOCK_THREADS = 1024
+
+
+@dataclass(frozen=True)
+class RolesPlan:
+    """A warp-specialized pipeline: the consumer role is threads `0 … consumer_threads-1`
+    (every tile's layout spans them), the producer the warpgroup after them. Register
+    budgets per thread (`None`: the role keeps what ptxas allocated)."""
+
+    consumer_threads: int
+    producer_registers: int
+    consumer_registers: int | None
+    producer_threads: int = WARPGROUP
+    kind = "warp_roles"  # what lowering dispatches on (lowering does not import synthesis)
+
+    @property
+    def block_threads(self) -> int:
+        return self.consumer_threads + self.producer_threads
+
+    def describe(self) -> str:
+        c, total = self.consumer_threads, self.block_threads
+        consumer_budget = (f"setmaxnreg.inc {self.consumer_registers} registers"
+                           if self.consumer_registers is not None
+                           else f"keeps {register_share(total)} registers")
+        return (f"warp-specialized, {total} threads per block: producer warpgroup (threads "
+                f"{c}..{total - 1}, setmaxnreg.dec {self.producer_registers} registers; thread "
+                f"{c} waits on the stage's empty mbarrier, expects its bytes on the full one and "
+                f"issues the TMA boxes), consumer (threads 0..{c - 1}, {consumer_budget}; waits "
+                f"on the full mbarrier, wgmma, releases the stage on the empty one, and runs the "
+                f"rest of the kernel)")
+
+
+def register_budgets(consumer_threads: int) -> tuple[int, int | None]:
+    """(producer, consumer) registers per thread for a block of `consumer_threads` plus the
+    producer warpgroup (module docstring); the consumer's is None where it cannot grow."""
+    total = consumer_threads + WARPGROUP
+    share = register_share(total)
+    freed = total * share - WARPGROUP * PRODUCER_REGISTERS
+    consumer = min(MAX_CONSUMER_REGISTERS, freed // consumer_threads // 8 * 8)
+    return PRODUCER_REGISTERS, (consumer if consumer > share else None)
+
+
+def decide_warp_roles(kernel: TracedKernel, option: bool | None) -> None:
+    """Record on each TMA pipeline loop whether it is warp-specialized (module docstring)."""
+    loops = [op for op in walk_ops(kernel.body) if isinstance(op, ForLoop) and _is_tma(op)]
+    if option and not loops:
+        _refuse_without_tma(kernel)
+    for loop in loops:
+        problem = _why_not(kernel, loop, loops, option)
+        if problem and option:
+            raise SynthesisError(f"warp_specialize=True: the pipeline cannot be "
+                                 f"warp-specialized: {problem}", loc=loop.loc)
+        if problem:
+            loop.choices["roles_skipped"] = problem
+        else:
+            producer, consumer = register_budgets(kernel.threads)
+            loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer)
+
+
+def _refuse_without_tma(kernel: TracedKernel) -> None:
+    """`warp_specialize=True` for a kernel with no TMA pipeline (no producer to split off):
+    a `SynthesisError` saying why, at the kernel's first pipeline or its definition."""
+    pipelines = [op for op in walk_ops(kernel.body) if isinstance(op, ForLoop) and op.stages > 1]
+    reasons = [o.choices["tma_skipped"] for p in pipelines for o in p.body
+               if isinstance(o, Copy) and o.choices.get("tma_skipped")]
+    why = (f"its copies are not TMA boxes ({reasons[0]})" if reasons else
+           "the kernel has no tg.pipeline whose copies run on TMA into wgmma operands "
+           "(sm_90a only)")
+    raise SynthesisError(f"warp_specialize=True: the kernel cannot be warp-specialized: {why}",
+                         loc=pipelines[0].loc if pipelines else kernel.loc)
+
+
+def _is_tma(loop: ForLoop) -> bool:
+    return any(isinstance(o, Copy) and o.choices.get("instr") == "tma" for o in loop.body)
+
+
+def _why_not(kernel: TracedKernel, loop: ForLoop, tma_loops: list, option: bool | None) -> str:
+    """Why `loop` is not warp-specialized ("" if it is)."""
+    if option is False:
+        return "warp_specialize=False"
+    if kernel.threads + WARPGROUP > MAX_BLOCK_THREADS:
+        return (f"the producer warpgroup would make the block {kernel.threads + WARPGROUP} "
+                f"threads, over {MAX_BLOCK_THREADS}")
+    if len(tma_loops) > 1:
+        # One producer runs ahead of the consumer; a second pipeline's boxes could land
+        # while the consumer still reads the first's stages (one role orders them with a
+        # block barrier).
+        return f"the kernel has {len(tma_loops)} TMA pipelines (one producer role serves one)"
+    if not any(op is loop for op in kernel.body):
+        return ("the pipeline is inside a tg.if_ (the producer runs outside every branch of "
+                "the consumer)")
+    if not any(isinstance(op, Gemm) for op in walk_ops(loop.body)):
+        return "the pipeline issues no wgmma"
+    buffers = {o.dst.alloc.id for o in loop.body
+               if isinstance(o, Copy) and o.choices.get("instr") == "tma"}
+    for op in _ops_outside(kernel.body, loop):
+        for tile in tiles_read(op) + tiles_written(op):
+            if isinstance(tile, SharedTile) and tile.alloc.id in buffers:
+                return (f"{describe(tile)} is also used outside the pipeline (line "
+                        f"{op.loc.lineno if op.loc else '?'}), where the producer's boxes "
+                        f"would race with it")
+    return ""
+
+
+def _ops_outside(ops: list, loop: ForLoop):
+    """Every op of `ops` (bodies included) that is not `loop` or inside it."""
+    for op in ops:
+        if op is loop:
+            continue
+        yield op
+        if isinstance(op, ForLoop):
+            yield from _ops_outside(op.body, loop)
+        elif isinstance(op, IfThen):
+            yield from _ops_outside(op.then, loop)
+            yield from _ops_outside(op.otherwise, loop)
