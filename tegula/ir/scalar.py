@@ -111,9 +111,12 @@ class ScalarLoad(Scalar):
 
 @dataclass(frozen=True, eq=False)
 class LoopIndex(Scalar):
-    """The induction variable of a `tg.range` / `tg.pipeline` loop."""
+    """The induction variable of a `tg.range` / `tg.pipeline` loop. `non_negative`: its
+    loop starts at a value known to be >= 0 and counts up, so the index never is negative
+    (lowering then keeps C's `/` and `%` on it, which equal floor division only there)."""
 
     name: str
+    non_negative: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -259,3 +262,26 @@ def constant_value(x: ScalarLike) -> int | None:
     if isinstance(x, int):
         return x
     return x.value if isinstance(x, ScalarConst) else None
+
+
+def positive_constant(x) -> bool:
+    """True if `x` is a Python int (or ScalarConst) > 0."""
+    value = x.value if isinstance(x, ScalarConst) else x
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def known_non_negative(x) -> bool:
+    """True if the kernel scalar `x` is known to be >= 0 whenever the kernel runs."""
+    if isinstance(x, (int, ScalarConst)):
+        return (x.value if isinstance(x, ScalarConst) else x) >= 0
+    if isinstance(x, (BlockIndex, GridSize, SMCount, TensorExtent)):
+        return True
+    if isinstance(x, LoopIndex):
+        return x.non_negative
+    if isinstance(x, ScalarBinOp) and x.op in ("+", "*", "min", "max"):
+        both = known_non_negative(x.lhs) and known_non_negative(x.rhs)
+        return both or (x.op == "max" and (known_non_negative(x.lhs) or
+                                           known_non_negative(x.rhs)))
+    if isinstance(x, ScalarBinOp) and x.op in ("//", "%"):
+        return known_non_negative(x.lhs) and positive_constant(x.rhs)
+    return False  # an int argument, a loaded value, a difference

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from tegula.errors import TraceError
 from tegula.ir.ops import ForLoop, IfThen
 from tegula.ir.scalar import (Condition, GridSize, LoopIndex, Scalar, SMCount, SteppedIndex,
-                              as_scalar, compare)
+                              as_scalar, compare, known_non_negative)
 from tegula.lang.carry import BlockEntry, carry_out
 from tegula.lang.tensors import TileHandle, index_value
 from tegula.lang.trace import Scope, TraceContext, current, fail, user_location
@@ -42,7 +42,11 @@ class RuntimeLoop:
 
     def __iter__(self) -> Iterator[Scalar]:
         ctx = current(self.label)
-        var = LoopIndex(ctx.fresh_name("i"))
+        # A trip counter (run-time step) starts at 0; a constant-step loop counts up from
+        # its start: its index is never negative when that start is not.
+        counts_up = isinstance(self.step, Scalar) or (self.step > 0 and
+                                                      known_non_negative(self.start))
+        var = LoopIndex(ctx.fresh_name("i"), non_negative=counts_up)
         if isinstance(self.step, Scalar):
             # A run-time step: count iterations j = 0 … trips-1 and give the body
             # start + j * step (so lowering, pipelining and the cost model keep loops of

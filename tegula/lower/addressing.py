@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from tegula.ir.scalar import (BlockIndex, GridSize, LoopIndex, ScalarArg, ScalarBinOp,
-                              ScalarConst, ScalarLoad, SMCount, TensorExtent)
+                              ScalarConst, ScalarLoad, SMCount, TensorExtent,
+                              known_non_negative, positive_constant)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.layout.cute import Layout
 from tegula.layout.swizzle import ComposedLayout
@@ -51,31 +52,12 @@ def scalar_expr(x) -> Expr:
         return Var(x.name)
     if isinstance(x, ScalarBinOp):
         op = _SCALAR_OPS[x.op]
-        if op in ("floordiv", "mod") and _non_negative(x.lhs) and _positive_constant(x.rhs):
+        if op in ("floordiv", "mod") and known_non_negative(x.lhs) and positive_constant(x.rhs):
             op = x.op  # floor == C's truncation here: keep C's `/` (`cdiv(K, BK)`)
         return _bin(op, scalar_expr(x.lhs), scalar_expr(x.rhs))
     if isinstance(x, ScalarLoad):
         return scalar_load_expr(x)
     raise TypeError(f"not a kernel scalar: {x!r}")
-
-
-def _positive_constant(x) -> bool:
-    value = x.value if isinstance(x, ScalarConst) else x
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _non_negative(x) -> bool:
-    """True if the kernel scalar `x` is known to be >= 0 whenever the kernel runs."""
-    if isinstance(x, (int, ScalarConst)):
-        return (x.value if isinstance(x, ScalarConst) else x) >= 0
-    if isinstance(x, (BlockIndex, GridSize, SMCount, TensorExtent)):
-        return True
-    if isinstance(x, ScalarBinOp) and x.op in ("+", "*", "min", "max"):
-        both = _non_negative(x.lhs) and _non_negative(x.rhs)
-        return both or (x.op == "max" and (_non_negative(x.lhs) or _non_negative(x.rhs)))
-    if isinstance(x, ScalarBinOp) and x.op in ("//", "%"):
-        return _non_negative(x.lhs) and _positive_constant(x.rhs)
-    return False  # an int argument, a loop index, a loaded value, a difference
 
 
 def scalar_load_expr(x: ScalarLoad) -> Expr:
@@ -209,7 +191,11 @@ def shared_offset(tile: SharedTile, coords: list) -> Expr:
         offset = offset ^ ((offset & swizzle.yyy_mask) >> swizzle.shift)
     stage_elems = int(np.prod(tile.alloc.shape))
     if tile.alloc.stages > 1:
-        offset = offset + (scalar_expr(tile.stage) % tile.alloc.stages) * stage_elems
+        # The stage is a loop index (or an expression of one): C's `%` equals the floor
+        # modulo the emulator computes only where it is known non-negative.
+        mod = "%" if known_non_negative(tile.stage) else "mod"
+        stage = _bin(mod, scalar_expr(tile.stage), Const(tile.alloc.stages))
+        offset = offset + stage * stage_elems
     return offset
 
 
