@@ -401,6 +401,14 @@ def register_words_from_tiles(kernel: TracedKernel) -> int:
     return words
 
 
+def _sets_registers(thread_kernel) -> bool:
+    """Whether some warp role of the thread kernel sets its register budget (setmaxnreg).
+    Lowering splits a kernel into roles at its top level (synthesis does not import
+    lowering, so the statement is recognized by its `roles`)."""
+    return any(r.max_registers is not None for s in thread_kernel.body
+               for r in getattr(s, "roles", ()))
+
+
 def occupancy(target: Target, threads: int, shared_bytes: int,
               registers: int) -> tuple[int, str]:
     """(blocks resident per SM, what limits it) from threads, shared memory, registers."""
@@ -522,7 +530,16 @@ def estimate(build, grid=None, shapes: dict | None = None,
     else:
         words, smem = register_words_from_tiles(kernel), build.synthesis.shared_bytes
     registers = words + REGISTER_OVERHEAD
-    bps, limit = occupancy(target, kernel.threads, smem, registers)
+    threads = kernel.threads
+    if thread_kernel is not None:
+        # The block as launched: a warp-specialized kernel adds its producer warpgroup, and
+        # where a role sets its register budget (setmaxnreg) the kernel is compiled for one
+        # block per SM, every thread holding the block's share of the register file.
+        threads = thread_kernel.threads
+        if _sets_registers(thread_kernel):
+            from tegula.arch.tma import register_share
+            registers = register_share(threads)
+    bps, limit = occupancy(target, threads, smem, registers)
     notes = []
     if registers > target.regs_per_thread_max:
         notes.append(f"~{registers} registers/thread exceeds {target.regs_per_thread_max}: "
@@ -534,7 +551,7 @@ def estimate(build, grid=None, shapes: dict | None = None,
         notes.append(f"a block does not fit on an SM ({limit}); counted as 1 per SM")
         bps = 1
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
-                    tuple(unresolved), tuple(notes))
+                    tuple(unresolved), tuple(notes), threads)
 
 
 def _totals(uses: list[CountedUse], weights: dict) -> dict:
@@ -556,7 +573,7 @@ def _totals(uses: list[CountedUse], weights: dict) -> dict:
 
 def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str,
              registers: int, smem: int, grid, size: ProblemSize, unresolved: tuple,
-             notes: tuple) -> CostEstimate:
+             notes: tuple, threads: int) -> CostEstimate:
     dram_per_clk = target.dram_gbps / target.clock_ghz  # bytes per SM clock, whole GPU
     blocks = int(np.prod(grid)) if grid is not None else 0
     dram_bytes = t["global_bytes"]
@@ -573,7 +590,7 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
                  "issue": bps * issue, "DRAM": dram}
     bound = max(resources, key=lambda k: resources[k])
     block_cycles = resources[bound] + latency
-    fields = dict(target=target.name, clock_ghz=target.clock_ghz, threads=kernel.threads,
+    fields = dict(target=target.name, clock_ghz=target.clock_ghz, threads=threads,
                   shared_bytes=smem, registers=registers, blocks_per_sm=bps,
                   occupancy_limit=limit, global_bytes=t["global_bytes"], flops=t["flops"],
                   mma_instructions=t["mma"], warp_instructions=t["instrs"],

@@ -271,3 +271,14 @@ def test_a_pipeline_buffer_used_after_the_loop_keeps_one_role():
     assert result.thread_kernel.threads == 128
     why = pipeline_loop(result).choices["roles_skipped"]
     assert "also used outside the pipeline" in why and "line" in why
+
+
+def test_cost_model_counts_the_launched_block_and_its_register_budget():
+    """The warp-specialized README kernel launches 256 threads compiled for one block per
+    SM (setmaxnreg under __launch_bounds__(256, 1)); the model counted 128 threads and
+    ~216 registers each, 2 blocks per SM."""
+    from tegula.synth.cost import estimate
+    specialized = estimate(build(readme_gemm, {}, None, "sm_90a"))
+    assert (specialized.threads, specialized.blocks_per_sm) == (256, 1)
+    single = estimate(build(readme_gemm, dict(warp_specialize=False), None, "sm_90a"))
+    assert single.threads == 128
