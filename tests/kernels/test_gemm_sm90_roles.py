@@ -4,7 +4,7 @@ full/empty mbarriers. In the emulator against numpy at shapes that do not divide
 with K long enough that every stage is reused several times, under both role orders
 (two interleavings), and bit-identical to the single-role build; an injected bug is a
 deadlock report naming both roles; the CUDA compiles without spills; on the GPU (-m gpu)
-against torch with poisoned outputs."""
+against torch with poisoned outputs, both forms."""
 from __future__ import annotations
 
 import copy
@@ -211,20 +211,23 @@ GPU_CONFIGS = [dict(), dict(BM=64, BN=64, BK=32, STAGES=2), dict(BM=128, BN=64, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("roles", [True, False], ids=["specialized", "one-role"])
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: "-".join(
     f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 @pytest.mark.parametrize("dtype", [f16, bf16], ids=str)
-def test_warp_specialized_gemm_on_the_gpu_against_torch(dtype, m, n, k, config):
-    """The README kernel warp-specialized for sm_90a on an H100, outputs poisoned (NaN)
-    first, every element within the f32-accumulation bound of a float64 reference."""
+def test_warp_specialized_gemm_on_the_gpu_against_torch(dtype, m, n, k, config, roles):
+    """The README kernel for sm_90a on an H100, warp-specialized and in one role (the
+    default is specialized, so test_gemm_sm90.py's GPU test covers that form too), outputs
+    poisoned (NaN) first, every element within the f32-accumulation bound of a float64
+    reference."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs an sm_90 GPU")
     kernel = KERNELS[dtype]
-    config = dict(config, warp_specialize=True)
+    config = dict(config, warp_specialize=roles)
     built = build(kernel, config, None, "sm_90a")
-    assert any(isinstance(s, Roles) for s in built.thread_kernel.body)
+    assert any(isinstance(s, Roles) for s in built.thread_kernel.body) == roles
     tdtype = torch.float16 if dtype == f16 else torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
     a = torch.randn(m, k, device="cuda", generator=gen).to(tdtype)

@@ -282,3 +282,12 @@ def test_cost_model_counts_the_launched_block_and_its_register_budget():
     assert (specialized.threads, specialized.blocks_per_sm) == (256, 1)
     single = estimate(build(readme_gemm, dict(warp_specialize=False), None, "sm_90a"))
     assert single.threads == 128
+
+
+def test_warp_specialize_is_a_launch_keyword_not_a_constexpr():
+    from tegula.build import split_arguments
+    _, _, options = split_arguments(readme_gemm, ("a", "b", "c"),
+                                    dict(BM=64, warp_specialize=False, threads=256))
+    assert options == dict(BM=64, warp_specialize=False, threads=256)
+    result = build(readme_gemm, options, None, "sm_90a")
+    assert result.constexprs["warp_specialize"] is False and result.thread_kernel.threads == 256
