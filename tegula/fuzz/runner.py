@@ -32,13 +32,14 @@ _POISON = {"f32": -1234.5, "f16": -1234.5, "bf16": -1232.0, "f8e4m3": -0.0117187
 #: program allows) and the Ampere path (mma.sync, cp.async, ldmatrix).
 TARGETS = ("sm_90a", "sm_80")
 
-#: A target that refuses a program hands it to its fallback: sm_80 has no 8-bit float
+#: A target that refuses a program another target ran hands it to its fallback: sm_80 has no 8-bit float
 #: mma.sync, sm_89 (the same Ampere path) has, so FP8 GEMMs still get a second target.
 FALLBACK_TARGETS = {"sm_80": "sm_89"}
 
 #: What a target's build used, from the emulator's statement kinds.
-PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"), "cp.async": ("CpAsync",),
-              "mma.sync": ("Mma",), "ldmatrix": ("LdMatrix",)}
+PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"),
+              "mbarrier": ("MBarrierWait",), "warp roles": ("Roles",),
+              "cp.async": ("CpAsync",), "mma.sync": ("Mma",), "ldmatrix": ("LdMatrix",)}
 
 
 @dataclass
@@ -202,7 +203,8 @@ def run_program(program: Program, data_seed: int, features: Features | None = No
     while queue:
         target = queue.pop(0)
         outputs, verdict, paths = emulate_for(program, inputs, target)
-        if verdict is not None and verdict.status == "rejected" and \
+        ran_elsewhere = any(v.status == "pass" for v in verdicts.values())
+        if verdict is not None and verdict.status == "rejected" and ran_elsewhere and \
                 target in FALLBACK_TARGETS and FALLBACK_TARGETS[target] not in targets:
             queue.insert(0, FALLBACK_TARGETS[target])
         if verdict is None:
