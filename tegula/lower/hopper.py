@@ -1,4 +1,5 @@
-"""Lowering the sm_90a GEMM path: wgmma gemms and TMA + mbarrier pipelines.
+"""Lowering the sm_90a GEMM path: wgmma gemms and TMA + mbarrier pipelines, in one role or
+warp-specialized.
 
 Synthesis decided, per `tg.gemm`, a `WgmmaPlan` (instruction, warpgroup grid, canonical
 swizzled operand buffers), and per `tg.pipeline` loop whether the copies it runs ahead are
@@ -30,6 +31,28 @@ issues the copies), `S` stages, iterations `start … stop-1`:
 When the body holds more than the one gemm (other ops might read its accumulator), the
 gemm waits for its own wgmmas (wait_group 0) and the barrier + refill come first in the
 iteration instead.
+
+**Warp-specialized** (synthesis put a `RolesPlan` on the loop, `synth/roles.py`): the
+block is the user's `T` threads plus one producer warpgroup, and after the setup the body
+splits into `Roles` (`split_roles`); every tile, layout and statement of the kernel other
+than the copies belongs to the consumer:
+
+    kernel start:  thread 0: init full[S] (count 1), empty[S] (count R); fence; barrier
+    producer (tid >= T, setmaxnreg.dec): thread T only, for k in start … stop-1:
+                   wait empty[k%S] with parity (((k - start) // S) % 2) ^ 1
+                   expect_tx(full[k%S], box bytes) and the TMA boxes of iteration k
+    consumer (tid < T, setmaxnreg.inc where the budget allows), loop k:
+                   wait full[k%S] with parity ((k - start) // S) % 2
+                   the gemm's wgmmas; commit; wait_group 1 (iteration k-1's retire)
+                   lane 0 of each warp, if k > start: arrive empty[(k-1) % S]   (R = T / 32)
+    after:         wait_group 0; the rest of the kernel; its barriers are named barriers
+                   `bar.sync 1, T` (the producer never reaches them)
+
+The producer's first round passes its waits at once (a fresh barrier's phase "-1" has
+parity 1), so it runs up to S iterations ahead, then each refill waits for the release of
+the stage's previous use. With more than the gemm in the body, the gemm waits for its own
+wgmmas and every consumer thread arrives on empty[k%S] at the end of iteration k, after
+its own reads (R = T), with the loop's shared-memory barrier, if any, before it.
 
 Stage `k % S` is the same convention as every other access of a multi-stage buffer
 (`addressing.shared_offset`), and the j-th use of stage s completes the barrier's j-th

@@ -11,6 +11,10 @@ Steps, in order (each one module's job):
 5. each shared buffer gets the layout and swizzle that minimize the cost of all its
    accesses, which also decides ldmatrix vs vector loads (`synth.shared`).
 
+On sm_90a, between 4 and 5, a `tg.pipeline`'s run-ahead copies into wgmma operands may
+become TMA boxes (`synth.copies.plan_tma_copy`), and such a pipeline gets producer and
+consumer warp roles where the rule allows (`synth.roles`).
+
 Decisions land on the IR: register tiles' `layout`, shared allocs' `layout`, and each op's
 `choices` dict; `SynthesisResult` keeps the reasons for `explain`.
 """
