@@ -308,3 +308,18 @@ def test_an_fp8_gemm_sm_80_refuses_runs_on_sm_89_instead():
     assert verdict.targets["sm_80"][0] == "rejected"
     assert "mma.sync" in verdict.targets["sm_89"][2]
     assert "wgmma" in verdict.targets["sm_90a"][2]
+
+
+def test_the_gpu_model_allows_fp8_wgmma_its_shorter_sums():
+    """On an H100 an 8-bit float wgmma keeps ~14 bits per k32 instruction (arch/wgmma.py);
+    the loose (GPU) reference allows 2^-13 of the magnitude per instruction, the strict
+    (emulator) one does not."""
+    p = _pipelined_gemm("f8e4m3", extent=70)  # three k32 instructions
+    check(p)
+    p = Program(p.threads, p.BM, p.BN, p.M, p.N,
+                p.tensors[:2] + (TensorDecl("o2", "f32", "out"),),
+                p.body[:2] + (Store("o2", "v1", "copy"),))
+    inputs = {"ga0": np.full((p.M, 70), 1.5), "gb1": np.full((p.N, 70), -2.0)}
+    strict, loose = reference(p, inputs)["o2"], reference(p, inputs, loose=True)["o2"]
+    assert np.all(strict.val == -210.0) and np.all(strict.err == 0)  # exact in f32
+    assert np.all(loose.err - strict.err >= 3 * 2.0 ** -13 * 210.0)

@@ -1,0 +1,90 @@
+"""The fuzzer's GEMM-shaped programs on the GPU, built for each Hopper target
+(`pytest -m gpu`, on an sm_90 device): `sm_90a` (TMA + wgmma + mbarriers where the program
+allows) and `sm_90` (the Ampere path, cp.async + mma.sync, built for the H100). Each build
+is emulated for its target, judged against the reference (strict), launched with outputs
+poisoned, and the GPU's results judged against the reference in its loose model (FMA
+contraction, CUDA's math functions, FP8 wgmma's shorter sums). Integer-only programs must
+match the emulator bit for bit. tests/gpu/test_fuzz_gpu.py runs the general programs."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import dtype_from_name
+from tegula.fuzz import make_program
+from tegula.fuzz import numerics as nx
+from tegula.fuzz.program import Gemm, check
+from tegula.fuzz.runner import (check_outputs, data_seed, emulate_for, program_inputs,
+                                tensor_order)
+from tegula.fuzz.source import forget_kernel, kernel_source, make_kernel
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # gpu_helpers
+from gpu_helpers import poison, to_device, torch_dtype, values_of  # noqa: E402
+
+SEED = 909
+PROGRAMS = 240  # about a third are GEMM-shaped
+
+
+def _gemm_shaped(program) -> bool:
+    return any(isinstance(s, Gemm) and s.stages > 0 for s in program.body)
+
+
+def _launch(program, inputs, target: str) -> dict:
+    kernel, filename = make_kernel(kernel_source(program))
+    try:
+        args, outputs = [], {}
+        for t in tensor_order(program):
+            dtype = dtype_from_name(t.dtype)
+            if t.kind == "out":
+                tensor = poison(torch.empty(program.extents(t), dtype=torch_dtype(dtype),
+                                            device="cuda"))
+                outputs[t.name] = tensor
+            else:
+                tensor = to_device(nx.storage(inputs[t.name], t.dtype), dtype)
+            args.append(tensor)
+        kernel[program.grid](*args, target=target)
+        torch.cuda.synchronize()
+        return {name: values_of(t, dtype_from_name(program.tensor(name).dtype))
+                for name, t in outputs.items()}
+    finally:
+        forget_kernel(filename)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_90"])
+def test_gemm_shaped_fuzz_programs_agree_on_gpu_and_emulator(target):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("sm_90a and sm_90 builds need a Hopper GPU")
+    compared, paths = 0, set()
+    for index in range(PROGRAMS):
+        program = make_program(SEED, index)
+        if not _gemm_shaped(program):
+            continue
+        inputs = program_inputs(program, data_seed(SEED, index))
+        emulated, verdict, used = emulate_for(program, inputs, target)
+        where = f"python -m tegula.fuzz --seed {SEED} --program {index} ({target})\n" + \
+            kernel_source(program)
+        if verdict is not None:
+            assert verdict.status == "rejected", where + verdict.detail
+            continue
+        assert check_outputs(program, inputs, emulated).status == "pass", where
+        gpu = _launch(program, inputs, target)
+        if all(not nx.is_float(t.dtype) for t in check(program).values()):
+            for name in emulated:
+                assert np.array_equal(gpu[name], emulated[name]), where
+        verdict = check_outputs(program, inputs, gpu, loose=True)
+        assert verdict.status == "pass", where + verdict.detail
+        compared += 1
+        paths |= used
+    assert compared >= 10, compared
+    if target == "sm_90a":
+        assert {"wgmma", "TMA"} <= paths, paths
+    else:
+        assert "mma.sync" in paths and "wgmma" not in paths, paths
