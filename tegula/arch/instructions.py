@@ -78,7 +78,11 @@ class Instruction:
     ("mma", "ld.global", "st.global", "ld.shared", "st.shared", "cp.async", "ldmatrix",
     "stmatrix", "shfl", "cp.async.commit", "cp.async.wait"); `ptx` the PTX mnemonic with all
     modifiers; `issue_cycles` / `latency_cycles` are default timing numbers (see
-    `timing`); `source` says where the numbers come from.
+    `timing`); `source` says where the numbers come from. `pipe` is the SM unit the
+    instruction occupies, the resource the cost model charges it to: "tensor" (MMA),
+    "shared" (ld/st.shared, ldmatrix/stmatrix: the 128 B/clk shared-memory pipe),
+    "global" (ld/st.global, cp.async), "tma", "alu" (shuffles and other ALU work) or
+    "sync" (barriers, fences, group commit/wait).
     """
 
     name: str
@@ -92,6 +96,7 @@ class Instruction:
     align_bytes: int = 1
     clobbers_memory: bool = False
     source: str = ""
+    pipe: str = "alu"
 
     def available_on(self, target) -> bool:
         """True when `target` (a `Target`) supports the instruction."""
@@ -100,6 +105,14 @@ class Instruction:
     def timing(self, target) -> tuple[float, float]:
         """(issue cycles per warp instruction on one SM sub-partition, latency cycles)."""
         return float(self.issue_cycles), float(self.latency_cycles)
+
+    def throughput(self, target) -> float:
+        """Instructions per clock one whole SM sustains when this entry's pipe is the
+        limit: each of the target's sub-partitions accepts one every `timing` issue
+        cycles. (Derived, not stored: a second number would drift from the issue cycles.)
+        Entries whose issue cycles are already per SM (wgmma) override it."""
+        issue, _ = self.timing(target)
+        return target.subpartitions / issue if issue else float("inf")
 
     # ------------------------------------------------------------------ code generation
 

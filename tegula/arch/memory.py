@@ -54,7 +54,7 @@ def _access(op: str, space: str, nbytes: int) -> MemInstr:
     return MemInstr(
         name=ptx, kind=f"{op}.{space}", ptx=ptx, template=template, operands=operands,
         min_cc=50, issue_cycles=1.0, latency_cycles=latency, align_bytes=nbytes,
-        clobbers_memory=True, source=_MEM_SOURCE, space=space, nbytes=nbytes)
+        clobbers_memory=True, source=_MEM_SOURCE, pipe=space, space=space, nbytes=nbytes)
 
 
 def _cp_async(cache: str, nbytes: int) -> MemInstr:
@@ -65,7 +65,7 @@ def _cp_async(cache: str, nbytes: int) -> MemInstr:
         name=f"{ptx}.{nbytes}", kind="cp.async", ptx=ptx,
         template=ptx + " [{dst}], [{src}], " + str(nbytes) + ", {src_size};",
         operands=operands, min_cc=80, issue_cycles=1.0, latency_cycles=470.0,
-        align_bytes=nbytes, clobbers_memory=True, source=_MEM_SOURCE,
+        align_bytes=nbytes, clobbers_memory=True, source=_MEM_SOURCE, pipe="global",
         space="global->shared", nbytes=nbytes, cache=cache)
 
 
@@ -79,7 +79,7 @@ def cp_async_asm(instr: MemInstr, dst: str, src: str, pred: str | None = None) -
 CP_ASYNC_COMMIT = MemInstr(
     name="cp.async.commit_group", kind="cp.async.commit", ptx="cp.async.commit_group",
     template="cp.async.commit_group;", operands=(), min_cc=80, clobbers_memory=True,
-    source=_MEM_SOURCE, space="", nbytes=0)
+    source=_MEM_SOURCE, pipe="sync", space="", nbytes=0)
 
 
 def cp_async_wait(pending: int) -> MemInstr:
@@ -87,7 +87,8 @@ def cp_async_wait(pending: int) -> MemInstr:
     return MemInstr(
         name=f"cp.async.wait_group.{pending}", kind="cp.async.wait",
         ptx="cp.async.wait_group", template=f"cp.async.wait_group {pending};", operands=(),
-        min_cc=80, clobbers_memory=True, source=_MEM_SOURCE, space="", nbytes=0)
+        min_cc=80, clobbers_memory=True, source=_MEM_SOURCE, pipe="sync", space="",
+        nbytes=0)
 
 
 # ---------------------------------------------------------------- ldmatrix / stmatrix
@@ -117,7 +118,7 @@ def _matrix(op: str, num: int, trans: bool) -> MatrixInstr:
     return MatrixInstr(
         name=f"{op}.x{num}{t}", kind=op, ptx=ptx, template=template, operands=operands,
         min_cc=min_cc, issue_cycles=float(num), latency_cycles=latency, align_bytes=16,
-        clobbers_memory=True, source=_MEM_SOURCE, num=num, trans=trans,
+        clobbers_memory=True, source=_MEM_SOURCE, pipe="shared", num=num, trans=trans,
         tv=matrix_tv(num, trans))
 
 
@@ -135,7 +136,7 @@ def _shuffle(mode: str, ir_mode: str, clamp: int) -> ShuffleInstr:
         name=ptx, kind="shfl", ptx=ptx,
         template=ptx + " {d}, {a}, {b}, " + hex(clamp) + ", 0xffffffff;",
         operands=operands, min_cc=70, issue_cycles=1.0, latency_cycles=23.0,
-        source="PTX ISA shfl.sync; latency ~23 cycles (Abdelkhalik et al. 2022)",
+        source="PTX ISA shfl.sync; latency ~23 cycles (Abdelkhalik et al. 2022)", pipe="alu",
         mode=mode, ir_mode=ir_mode, clamp=clamp)
 
 

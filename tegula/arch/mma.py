@@ -77,6 +77,7 @@ def _mma(k: int, a: DType, b: DType, c: DType, min_cc: int) -> MmaInstr:
         issue_cycles=0.0, latency_cycles=_LATENCY[(k, bits)], source=_SOURCE,
         shape_mnk=(16, 8, k), a_dtype=a, b_dtype=b, c_dtype=c,
         a_tv=a_tv, b_tv=b_tv, c_tv=C_16x8, operand_class="f16" if bits == 16 else "8bit",
+        pipe="tensor",
     )
 
 

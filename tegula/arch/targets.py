@@ -71,6 +71,13 @@ class Target:
     #: Dense wgmma multiply-accumulates per clock per SM (sm_90a), same keys; empty where
     #: the architecture has no wgmma.
     wgmma_fma_per_clk_sm: Mapping[str, int] = field(default_factory=dict)
+    #: SM sub-partitions, each with its own warp scheduler (one instruction issued per
+    #: clock) and tensor core: 4 on sm_70 … sm_90 (A100 whitepaper, "SM architecture";
+    #: H100 whitepaper, "H100 SM architecture").
+    subpartitions: int = 4
+    #: Shared-memory bandwidth per SM: 32 banks x 4 bytes = 128 bytes (one wavefront) per
+    #: clock (CUDA C++ Programming Guide, "Shared Memory" of compute capabilities 8.x/9.0).
+    shared_bytes_per_clk: int = 128
 
     @property
     def sm(self) -> str:

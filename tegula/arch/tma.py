@@ -152,9 +152,9 @@ class AsyncInstr(Instruction):
     "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx", "mbarrier.wait",
     "fence.proxy_async", "fence.mbarrier_init", "wgmma.fence", "wgmma.commit",
     "wgmma.wait", "bar.named", "setmaxnreg", "elect"); `pipe` the unit that executes it
-    ("tma", "sync", "alu"); `rank` the tensor rank of a TMA copy (0 otherwise)."""
+    ("tma", "sync", "alu"; `Instruction.pipe`); `rank` the tensor rank of a TMA copy (0
+    otherwise)."""
 
-    pipe: str = "sync"
     rank: int = 0
     multicast: bool = False
 

@@ -102,7 +102,6 @@ class WgmmaInstr(Instruction):
     acc_tv: Layout | None = None
     a_tv: Layout | None = None
     operand_class: str = "f16"
-    pipe: str = "tensor"
 
     # ------------------------------------------------------------------ registers
 
@@ -209,6 +208,12 @@ class WgmmaInstr(Instruction):
         issue = self.m * self.n * self.k / rate if rate else float("inf")
         return issue, issue + float(self.latency_cycles)
 
+    def throughput(self, target) -> float:
+        """Warpgroup instructions per clock per SM: `timing`'s issue cycles are already
+        the whole SM's (the warpgroup drives all four sub-partitions' tensor cores)."""
+        issue, _ = self.timing(target)
+        return 1.0 / issue if issue else float("inf")
+
     def available_on(self, target) -> bool:
         """wgmma exists on the architecture-specific sm_90a only."""
         return target.cc >= self.min_cc and target.arch_suffix == "a"
@@ -243,7 +248,7 @@ def _wgmma(n: int, a: DType, b: DType, acc: DType) -> WgmmaInstr:
         operands=operands, min_cc=90, issue_cycles=0.0, latency_cycles=100.0,
         align_bytes=16, clobbers_memory=True, source=_SOURCE, m=64, n=n, k=k,
         a_dtype=a, b_dtype=b, acc_dtype=acc, acc_tv=acc_tv, a_tv=a_layout(a.bits),
-        operand_class="f16" if a.bits == 16 else "8bit")
+        operand_class="f16" if a.bits == 16 else "8bit", pipe="tensor")
 
 
 _TYPES = ((f16, f16, f32), (f16, f16, f16), (bf16, bf16, f32),

@@ -13,9 +13,11 @@ so synthesis and the autotuner can use them before lowering:
    blocks resident with it (`blocks_per_sm`, from threads / shared memory / registers):
 
    * tensor  = MMA warp instructions × issue cycles (catalogue `timing`, one tensor core
-     per SM sub-partition) / 4 sub-partitions;
-   * shared  = shared-memory wavefronts (one per clock per SM: 128 B/clk);
-   * issue   = all warp instructions / 4 schedulers (one instruction per clock each);
+     per SM sub-partition) / the target's sub-partitions (`Target.subpartitions`, 4);
+   * shared  = shared-memory wavefronts of 128 B at `Target.shared_bytes_per_clk` (128:
+     one wavefront per clock per SM);
+   * issue   = all warp instructions / the sub-partitions' schedulers (one instruction
+     per clock each);
    * dram    = global bytes / (the block's share of DRAM bandwidth when every SM runs
      `blocks_per_sm` such blocks: bandwidth / (SMs × blocks_per_sm)).
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
+from tegula.arch.tma import tma_load
 from tegula.arch.targets import Target
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
                            Op, Rearrange, Reduce, TracedKernel, walk_ops)
@@ -51,8 +54,6 @@ from tegula.synth.shared import wavefronts
 #: Registers a thread needs beyond its register tiles: addresses, loop counters,
 #: predicates, thread coordinates. A round guess, not a measurement.
 REGISTER_OVERHEAD = 24
-#: SM sub-partitions (schedulers / tensor cores) per SM on sm_80 … sm_90.
-SUBPARTITIONS = 4
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ class InstrUse:
 
     `role` is the data path in Hexcute's notation (G2S global→shared, S2R, R2S, G2R, R2G,
     S2G, MMA, CVT for layout conversions, ALU); `instr` the catalogue name (or "alu" /
-    "shfl" for arithmetic and shuffles); `vector` elements per thread per instruction;
-    `thread_bytes` bytes one thread moves per instruction (0 when nothing is moved);
-    `pipe` which unit it occupies ("global", "shared", "tensor", "alu")."""
+    "mov" for arithmetic and register moves); `vector` elements per thread per
+    instruction; `thread_bytes` bytes one thread moves per instruction (0 when nothing is
+    moved); `pipe` which unit it occupies: the catalogue entry's `pipe` ("global",
+    "shared", "tensor", "tma", "alu"), "alu" for arithmetic."""
 
     role: str
     instr: str
@@ -116,12 +118,12 @@ def _shared_use(role: str, plan, elem_bytes: int) -> InstrUse:
     if plan.instr == "ldmatrix":
         instr = ldmatrix(plan.ldmatrix_num, plan.trans)
         return InstrUse(role, instr.name, plan.vector, plan.vector * elem_bytes,
-                        plan.instructions, "shared", plan.wavefronts, plan.ideal_wavefronts,
-                        issue_cycles=instr.issue_cycles)
+                        plan.instructions, instr.pipe, plan.wavefronts,
+                        plan.ideal_wavefronts, issue_cycles=instr.issue_cycles)
     nbytes = plan.vector * elem_bytes
     op = "st" if plan.instr == "st.shared" else "ld"
     instr = vector_access(op, "shared", nbytes)
-    return InstrUse(role, instr.name, plan.vector, nbytes, plan.instructions, "shared",
+    return InstrUse(role, instr.name, plan.vector, nbytes, plan.instructions, instr.pipe,
                     plan.wavefronts, plan.ideal_wavefronts)
 
 
@@ -129,7 +131,7 @@ def _global_use(role: str, load: bool, tile: GlobalTile, vector: int,
                 warp_instructions: int) -> InstrUse:
     nbytes = vector * _elem_bytes(tile)
     instr = vector_access("ld" if load else "st", "global", nbytes)
-    return InstrUse(role, instr.name, vector, nbytes, warp_instructions, "global",
+    return InstrUse(role, instr.name, vector, nbytes, warp_instructions, instr.pipe,
                     global_bytes=_elements(tile) * _elem_bytes(tile))
 
 
@@ -144,10 +146,10 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
     warps = _warps(kernel)
     vector = ch.get("vector", 1)
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile) and ch.get("instr") == "tma":
-        # One thread issues one box; the tensor memory accelerator moves it (pipe "global").
+        # One thread issues one box; the tensor memory accelerator moves it.
         box = ch["tma"]
-        return [InstrUse("G2S", f"tma.load.{len(box.box)}d", 0, 0, 1, "global",
-                         global_bytes=box.box_bytes)]
+        instr = tma_load(len(box.box))
+        return [InstrUse("G2S", instr.name, 0, 0, 1, instr.pipe, global_bytes=box.box_bytes)]
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
         plan = ch.get("dst_shared")
         if ch.get("instr") == "cp.async":
@@ -155,7 +157,7 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
             instr = cp_async(width * _elem_bytes(src))
             count = plan.instructions if plan else _elements(src) // width // 32
             return [InstrUse("G2S", instr.name, width, width * _elem_bytes(src), count,
-                             "global", plan.wavefronts if plan else 0,
+                             instr.pipe, plan.wavefronts if plan else 0,
                              plan.ideal_wavefronts if plan else 0,
                              global_bytes=_elements(src) * _elem_bytes(src))]
         count = _elements(src) // max(1, vector) // 32
@@ -189,8 +191,8 @@ def _gemm_uses(op: Gemm, kernel: TracedKernel, target: Target) -> list[InstrUse]
         if isinstance(tile, SharedTile) and f"{role}_shared" in op.choices:
             uses.append(_shared_use(f"S2R ({role.upper()})", op.choices[f"{role}_shared"],
                                     _elem_bytes(tile)))
-    uses.append(InstrUse("MMA", plan.atom.name, 0, 0, count, "tensor", issue_cycles=issue,
-                         flops=count * plan.atom.flops))
+    uses.append(InstrUse("MMA", plan.atom.name, 0, 0, count, plan.atom.pipe,
+                         issue_cycles=issue, flops=count * plan.atom.flops))
     return uses
 
 
@@ -210,7 +212,8 @@ def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
     distinct = distinct_values(op.out.layout)
     lanes = max(np.unique(table[:32, v], return_counts=True)[1].max() for v in distinct)
     shuffles = int(math.log2(lanes)) * len(distinct) * warps
-    return [alu] + ([InstrUse("ALU", "shfl.sync.bfly.b32", 1, 4, shuffles, "alu")]
+    shfl = get_instruction("shfl.sync.bfly.b32")
+    return [alu] + ([InstrUse("ALU", shfl.name, 1, 4, shuffles, shfl.pipe)]
                     if shuffles else [])
 
 
@@ -225,13 +228,14 @@ def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:
     if kind == "registers":
         return [InstrUse("CVT", "mov", 1, 0, _values(op.out) * warps, "alu")]
     if kind == "shuffle":
-        return [InstrUse("CVT", "shfl.sync.idx.b32", 1, 4, choice.instructions * warps, "alu")]
+        shfl = get_instruction("shfl.sync.idx.b32")
+        return [InstrUse("CVT", shfl.name, 1, 4, choice.instructions * warps, shfl.pipe)]
     st, ld = vector_access("st", "shared", eb), vector_access("ld", "shared", eb)
     uses = []
     for instr, tile, values in ((st, op.x, distinct_values(op.x.layout)),
                                 (ld, op.out, range(_values(op.out)))):
         waves, ideal = _scratch_wavefronts(tile.layout, eb, list(values))
-        uses.append(InstrUse("CVT", instr.name, 1, eb, len(values) * warps, "shared",
+        uses.append(InstrUse("CVT", instr.name, 1, eb, len(values) * warps, instr.pipe,
                              waves, ideal))
     return uses
 
@@ -581,9 +585,10 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     if blocks and footprint is not None and not unresolved:
         # Each byte comes from DRAM once; the blocks' re-reads of it hit L2.
         dram_bytes = min(dram_bytes, footprint / blocks)
-    tensor = t["tensor"] / SUBPARTITIONS
-    shared = t["waves"]
-    issue = t["instrs"] / SUBPARTITIONS
+    tensor = t["tensor"] / target.subpartitions
+    # A wavefront is one pass over every bank (32 x 4 B = 128 B).
+    shared = t["waves"] * (target.banks * target.bank_bytes) / target.shared_bytes_per_clk
+    issue = t["instrs"] / target.subpartitions
     dram = dram_bytes * target.sm_count * bps / dram_per_clk
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     resources = {"tensor": bps * tensor, "shared-memory": bps * shared,
