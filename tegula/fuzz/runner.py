@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tegula.fuzz import numerics as nx
-from tegula.fuzz.program import Program
+from tegula.fuzz.program import Loop, Program, Reduce, check
 from tegula.fuzz.reference import Features, Value, reference
 from tegula.fuzz.source import forget_kernel, kernel_source, make_kernel
 
@@ -235,52 +235,52 @@ def _order_fixed(program: Program) -> bool:
     """Does the program compute every float the same way whatever the layouts? Float
     sums reduced along a tile take their order from the layout synthesis chose for the
     target, so two targets may round them differently within the reference's bound. A
-    gemm's accumulator is rounded after every k16 step in K order on both paths (wgmma and
-    mma.sync), so gemms count as fixed."""
-    from tegula.fuzz.program import Loop, Reduce
-
-    def walk(body):
-        for s in body:
-            if isinstance(s, Loop):
-                if not walk(s.body):
-                    return False
-            elif isinstance(s, Reduce) and s.kind == "sum" and nx.is_float(types[s.x].dtype):
-                return False
-        return True
-    from tegula.fuzz.program import check
+    gemm's accumulator is rounded after every instruction's K step (k16; k32 for 8-bit
+    types) in K order on both paths (wgmma and mma.sync), so gemms count as fixed."""
     types = check(program)
-    return walk(program.body)
+
+    def fixed(body) -> bool:
+        return all(fixed(s.body) if isinstance(s, Loop) else
+                   not (isinstance(s, Reduce) and s.kind == "sum" and
+                        nx.is_float(types[s.x].dtype)) for s in body)
+    return fixed(program.body)
 
 
 def compare_targets(program: Program, expected: dict, runs: dict) -> Verdict | None:
-    """A mismatch if two targets' outputs differ where they must agree: every element
-    (NaN matches NaN, +0 matches -0) when the program fixes the order of its float
-    arithmetic (`_order_fixed`), else every element the reference decides (each target
-    is then already within its bound: nothing more to ask)."""
+    """A mismatch if another target's outputs differ from the first's where they must
+    agree: every element (NaN matches NaN, +0 matches -0) when the program fixes the order
+    of its float arithmetic (`_order_fixed`); otherwise each target is already within the
+    reference's bound and nothing more is asked."""
     if not _order_fixed(program):
         return None
-    (first, a), (second, b) = list(runs.items())[:2]
-    problems = []
-    for name in a:
-        x, y = a[name], b[name]
-        if nx.is_float(expected[name].dtype):
-            xf, yf = x.astype(np.float64), y.astype(np.float64)
-            same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
-        else:
-            same = x.astype(np.int64) == y.astype(np.int64)
-        if not same.all():
-            where = np.argwhere(~same)
-            lines = [f"output {name}: {len(where)} of {same.size} elements differ between "
-                     f"{first} and {second}"]
-            for idx in where[:6]:
-                i = tuple(int(k) for k in idx)
-                lines.append(f"  [{i[0]}, {i[1]}]: {first} {x[i]!r}, {second} {y[i]!r}, "
-                             f"reference {expected[name].val[i]!r}")
-            problems.append("\n".join(lines))
-    if problems:
-        return Verdict("mismatch", f"{first} and {second} disagree", "\n".join(problems),
-                       target=f"{first}/{second}")
+    (first, a), *others = list(runs.items())
+    for second, b in others:
+        problems = [_differences(name, a[name], b[name], expected[name], first, second)
+                    for name in a]
+        problems = [p for p in problems if p]
+        if problems:
+            return Verdict("mismatch", f"{first} and {second} disagree", "\n".join(problems),
+                           target=f"{first}/{second}")
     return None
+
+
+def _differences(name: str, x: np.ndarray, y: np.ndarray, want: Value, first: str,
+                 second: str) -> str:
+    if nx.is_float(want.dtype):
+        xf, yf = x.astype(np.float64), y.astype(np.float64)
+        same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
+    else:
+        same = x.astype(np.int64) == y.astype(np.int64)
+    if same.all():
+        return ""
+    where = np.argwhere(~same)
+    lines = [f"output {name}: {len(where)} of {same.size} elements differ between {first} "
+             f"and {second}"]
+    for idx in where[:6]:
+        i = tuple(int(k) for k in idx)
+        lines.append(f"  [{i[0]}, {i[1]}]: {first} {x[i]!r}, {second} {y[i]!r}, "
+                     f"reference {want.val[i]!r}")
+    return "\n".join(lines)
 
 
 def data_seed(seed: int, index: int) -> int:
