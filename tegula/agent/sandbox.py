@@ -120,16 +120,51 @@ def _snapshot_guarded() -> dict:
 
 def _forbid_threads() -> None:
     """Threads escape the torch audit (dispatch modes are per thread) and can finish work
-    after forward returns: starting one is an error in the candidate's process."""
+    after forward returns: starting one is an error in the candidate's process.
+
+    One kind is let through: the emulator runs the warp roles of a warp-specialized kernel
+    (the sm_90a GEMM's producer and consumer) as coroutines on threads of its own
+    (`tegula/emulate/roles.py`): one baton, the starting thread blocked while a role runs,
+    every role joined before the kernel's `Roles` statement ends — no work outlives the
+    call. Such a thread runs under a dispatch mode refusing every torch op (a role runs
+    numpy on thread IR, never torch), so it cannot compute past the audit either."""
     import _thread
+
+    from tegula.emulate.roles import RoleTask
 
     def refuse(*args, **kwargs):
         raise RuntimeError("the candidate started a thread: threads are not allowed")
 
+    def start(original):
+        def start_thread(function, *args, **kwargs):
+            thread = getattr(function, "__self__", None)
+            target = getattr(thread, "_target", None)
+            if not isinstance(thread, threading.Thread) or \
+                    getattr(target, "__func__", None) is not RoleTask._main:
+                refuse()
+            return original(_without_torch(function), *args, **kwargs)
+        return start_thread
+
     _thread.start_new_thread = refuse
-    threading._start_new_thread = refuse  # what threading.Thread.start calls
+    threading._start_new_thread = start(threading._start_new_thread)  # Thread.start's
     if hasattr(threading, "_start_joinable_thread"):  # Python 3.13+
-        threading._start_joinable_thread = refuse
+        threading._start_joinable_thread = start(threading._start_joinable_thread)
+
+
+def _without_torch(function):
+    """`function` run under a torch dispatch mode that refuses every op (an emulator role
+    thread has no torch work to do; a role thread that tries is the candidate's error)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoTorch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            raise RuntimeError(f"the candidate ran torch op {func} in an emulator role "
+                               f"thread: threads are not allowed")
+
+    def run(*args, **kwargs):
+        with NoTorch():
+            return function(*args, **kwargs)
+    return run
 
 
 def _set_limits(cpu_seconds: int, memory_bytes: int) -> None:

@@ -173,6 +173,18 @@ checks.compare = lambda *a, **k: checks.Comparison(True)
         '''), "run", "thread", True),
     "threads_static": ("relu", "import threading\n" + with_kernel("t", FORWARD), "static",
                        "threads", False),
+    # The emulator's warp-role threads are let through (the sm_90a GEMM runs its producer
+    # and consumer as coroutines); one built by hand to run torch past the audit is not.
+    "emulator_role_thread": ("relu", "from tegula.emulate.roles import Scheduler\n" +
+                             with_kernel("t", '''
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                out = {}
+                scheduler = Scheduler()
+                scheduler.add("evil", "", lambda state: out.update(y=torch.relu(x)), None)
+                scheduler.run(lambda: "forward")
+                return out["y"]
+        '''), "run", "emulator role thread", True),
     "gc_scan_for_reference": ("relu", "import gc\n" + with_kernel("t", '''
         class ModelNew(nn.Module):
             def forward(self, x):
