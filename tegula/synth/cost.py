@@ -12,8 +12,9 @@ so synthesis and the autotuner can use them before lowering:
    Hexcute §VI's issue cycles per instruction. Per block, on an SM shared with the other
    blocks resident with it (`blocks_per_sm`, from threads / shared memory / registers):
 
-   * tensor  = MMA warp instructions × issue cycles (catalogue `timing`, one tensor core
-     per SM sub-partition) / the target's sub-partitions (`Target.subpartitions`, 4);
+   * tensor  = MMA instructions / the entry's `throughput` (instructions per clock per
+     SM: for mma.sync the target's 4 sub-partitions, one tensor core each, over the
+     entry's issue cycles; a wgmma's issue cycles are already the whole SM's);
    * shared  = shared-memory wavefronts of 128 B at `Target.shared_bytes_per_clk` (128:
      one wavefront per clock per SM);
    * issue   = all warp instructions / the sub-partitions' schedulers (one instruction
@@ -65,7 +66,8 @@ class InstrUse:
     "mov" for arithmetic and register moves); `vector` elements per thread per
     instruction; `thread_bytes` bytes one thread moves per instruction (0 when nothing is
     moved); `pipe` which unit it occupies: the catalogue entry's `pipe` ("global",
-    "shared", "tensor", "tma", "alu"), "alu" for arithmetic."""
+    "shared", "tensor", "tma", "alu"), "alu" for arithmetic; `pipe_cycles` the SM clock
+    cycles one instruction keeps that pipe busy (1 / the entry's `throughput`)."""
 
     role: str
     instr: str
@@ -76,7 +78,7 @@ class InstrUse:
     wavefronts: int = 0
     ideal_wavefronts: int = 0
     global_bytes: int = 0
-    issue_cycles: float = 1.0
+    pipe_cycles: float = 1.0
     flops: int = 0
 
     @property
@@ -113,13 +115,13 @@ def _warps(kernel: TracedKernel) -> int:
     return max(1, kernel.threads // 32)
 
 
-def _shared_use(role: str, plan, elem_bytes: int) -> InstrUse:
+def _shared_use(role: str, plan, elem_bytes: int, target: Target) -> InstrUse:
     """The use of a shared-memory AccessPlan (ldmatrix or a vector ld/st.shared)."""
     if plan.instr == "ldmatrix":
         instr = ldmatrix(plan.ldmatrix_num, plan.trans)
         return InstrUse(role, instr.name, plan.vector, plan.vector * elem_bytes,
                         plan.instructions, instr.pipe, plan.wavefronts,
-                        plan.ideal_wavefronts, issue_cycles=instr.issue_cycles)
+                        plan.ideal_wavefronts, pipe_cycles=1 / instr.throughput(target))
     nbytes = plan.vector * elem_bytes
     op = "st" if plan.instr == "st.shared" else "ld"
     instr = vector_access(op, "shared", nbytes)
@@ -162,20 +164,20 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
                              global_bytes=_elements(src) * _elem_bytes(src))]
         count = _elements(src) // max(1, vector) // 32
         uses = [_global_use("G2R", True, src, vector, count)]
-        return uses + ([_shared_use("R2S", plan, _elem_bytes(dst))] if plan else [])
+        return uses + ([_shared_use("R2S", plan, _elem_bytes(dst), target)] if plan else [])
     if isinstance(src, SharedTile) and isinstance(dst, GlobalTile):
         plan = ch.get("src_shared")
         count = _elements(dst) // max(1, vector) // 32
-        uses = [_shared_use("S2R", plan, _elem_bytes(src))] if plan else []
+        uses = [_shared_use("S2R", plan, _elem_bytes(src), target)] if plan else []
         return uses + [_global_use("R2G", False, dst, vector, count)]
     if isinstance(src, GlobalTile) and isinstance(dst, RegisterTile):
         return [_global_use("G2R", True, src, vector, _register_instructions(dst, vector, warps))]
     if isinstance(src, RegisterTile) and isinstance(dst, GlobalTile):
         return [_global_use("R2G", False, dst, vector, _register_instructions(src, vector, warps))]
     if isinstance(src, SharedTile) and "src_shared" in ch:
-        return [_shared_use("S2R", ch["src_shared"], _elem_bytes(src))]
+        return [_shared_use("S2R", ch["src_shared"], _elem_bytes(src), target)]
     if isinstance(dst, SharedTile) and "dst_shared" in ch:
-        return [_shared_use("R2S", ch["dst_shared"], _elem_bytes(dst))]
+        return [_shared_use("R2S", ch["dst_shared"], _elem_bytes(dst), target)]
     if isinstance(src, RegisterTile) and isinstance(dst, RegisterTile):
         return [InstrUse("R2R", "mov", 1, 0, _register_instructions(dst, 1, warps), "alu")]
     return []
@@ -185,14 +187,14 @@ def _gemm_uses(op: Gemm, kernel: TracedKernel, target: Target) -> list[InstrUse]
     plan = op.choices["plan"]
     rm, rn, rk = plan.repeats
     count = rm * rn * rk * plan.grid.wm * plan.grid.wn
-    issue, _ = plan.atom.timing(target)
     uses = []
     for role, tile in (("a", op.a), ("b", op.b)):
         if isinstance(tile, SharedTile) and f"{role}_shared" in op.choices:
             uses.append(_shared_use(f"S2R ({role.upper()})", op.choices[f"{role}_shared"],
-                                    _elem_bytes(tile)))
+                                    _elem_bytes(tile), target))
     uses.append(InstrUse("MMA", plan.atom.name, 0, 0, count, plan.atom.pipe,
-                         issue_cycles=issue, flops=count * plan.atom.flops))
+                         pipe_cycles=1 / plan.atom.throughput(target),
+                         flops=count * plan.atom.flops))
     return uses
 
 
@@ -571,7 +573,7 @@ def _totals(uses: list[CountedUse], weights: dict) -> dict:
         t["ideal"] += u.ideal_wavefronts * w
         if u.pipe == "tensor":
             t["mma"] += u.warp_instructions * w
-            t["tensor"] += u.warp_instructions * u.issue_cycles * w
+            t["tensor"] += u.warp_instructions * u.pipe_cycles * w
     return t
 
 
@@ -585,7 +587,7 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     if blocks and footprint is not None and not unresolved:
         # Each byte comes from DRAM once; the blocks' re-reads of it hit L2.
         dram_bytes = min(dram_bytes, footprint / blocks)
-    tensor = t["tensor"] / target.subpartitions
+    tensor = t["tensor"]
     # A wavefront is one pass over every bank (32 x 4 B = 128 B).
     shared = t["waves"] * (target.banks * target.bank_bytes) / target.shared_bytes_per_clk
     issue = t["instrs"] / target.subpartitions
