@@ -50,6 +50,7 @@ import numpy as np
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
 from tegula.layout import Layout
+from tegula.layout.algebra import coalesce
 
 
 @dataclass(frozen=True)
@@ -300,15 +301,60 @@ class MatrixInstr(Instruction):
     a lane belongs to matrix j (register j of the instruction, element v of it).
     Addresses: lane 8j + r supplies the address of row r of matrix j, for lanes
     0 … 8*num-1 (`address_lanes`); each address must be 16-byte aligned.
+
+    Synthesis and lowering ask the inverse question — which lane and register receive a
+    given element (`holder`), and which hold the start of the row a lane addresses
+    (`row_holder`) — and both answers are read off `tv`, never written out again.
     """
 
     num: int = 1
     trans: bool = False
     tv: Layout | None = None
 
+    #: Registers of a lane per matrix: value 2j + v belongs to matrix j.
+    VALUES_PER_MATRIX = 2
+
     @property
     def address_lanes(self) -> int:
         return 8 * self.num
+
+    def holder(self, matrix: int, row: int, col: int) -> tuple[int, int]:
+        """(lane, value) that receives element `col` of row `row` (the 16 bytes one lane
+        addresses) of matrix `matrix`, by the entry's TV layout."""
+        try:
+            return self._holders()[(matrix, row, col)]
+        except KeyError:
+            raise TegulaError(f"{self.name}: no element (matrix {matrix}, row {row}, col "
+                              f"{col}); it moves {self.num} 8x8 matrices") from None
+
+    def row_holder(self, lane):
+        """(holder lane, holder value) of the first element of the row that address lane
+        `lane` (8j + r: row r of matrix j) supplies. `lane` may be an int, a numpy array
+        or a symbolic index expression of the thread IR: the answer is computed with
+        // % * + only, from layouts fitted to `tv` (lane(r), value(r) over the bits of r,
+        then + 2j), so lowering can print it as an address computation."""
+        lane_of_row, value_of_row = self._row_layouts()
+        matrix, row = lane // 8, lane % 8
+        return lane_of_row(row), matrix * self.VALUES_PER_MATRIX + value_of_row(row)
+
+    def _holders(self) -> dict:
+        cached = _HOLDER_CACHE.get(self.name)
+        if cached is None:
+            table = self.table()  # [lane, value] -> row + 8*col + 64*matrix
+            cached = {}
+            for lane in range(table.shape[0]):
+                for value in range(table.shape[1]):
+                    index = int(table[lane, value])
+                    cached[(index // 64, index % 8, (index // 8) % 8)] = (lane, value)
+            _HOLDER_CACHE[self.name] = cached
+        return cached
+
+    def _row_layouts(self) -> tuple[Layout, Layout]:
+        """Layouts row -> holder lane and row -> holder value (within matrix 0) of each
+        row's first element, fitted to the TV layout (the map is linear in r's bits)."""
+        holders = [self.holder(0, r, 0) for r in range(8)]
+        return (_fit_bit_linear([lane for lane, _ in holders], self.name),
+                _fit_bit_linear([value for _, value in holders], self.name))
 
     def load(self, rows: np.ndarray) -> np.ndarray:
         """What an ldmatrix delivers (the emulator's semantics of the entry): the 16-bit
@@ -328,6 +374,20 @@ class MatrixInstr(Instruction):
 
 
 _MATRIX_CACHE: dict[str, np.ndarray] = {}
+_HOLDER_CACHE: dict[str, dict] = {}
+
+
+def _fit_bit_linear(values: list[int], what: str) -> Layout:
+    """The coalesced layout L over (2, 2, …) with L(i) = values[i] for every i, where the
+    values are a sum of one stride per set bit of i (a CuTe layout of power-of-two modes);
+    refused where they are not."""
+    bits = len(values).bit_length() - 1
+    strides = tuple(values[1 << b] - values[0] for b in range(bits))
+    layout = coalesce(Layout((2,) * bits, strides))
+    if values[0] != 0 or [layout(i) for i in range(len(values))] != list(values):
+        raise TegulaError(f"{what}: the ldmatrix row holders {values} are not a layout of "
+                          f"the row's bits")
+    return layout
 
 
 @dataclass(frozen=True)

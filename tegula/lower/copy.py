@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tegula.arch.catalogue import ldmatrix
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
@@ -247,14 +248,10 @@ def load_shared_to_registers(ctx: LoweringContext, tile: SharedTile, tv, array, 
 def _ldmatrix_row_coords(ctx: LoweringContext, tv, shape: tuple, first_value: int, plan) -> list:
     """Tile coordinate of the first element of the row this lane addresses for one
     ldmatrix: lane 8j + r gives row r of matrix j, whose first element is held (after the
-    load) by the lane and register the PTX ISA's ldmatrix fragment table names (the same
-    table the catalogue's TV layout encodes; tests/lower checks the two agree)."""
-    lane = TID % 32
-    matrix, row = lane // 8, lane % 8
-    if plan.trans:
-        holder_lane, holder_value = row // 2, matrix * 2 + row % 2
-    else:
-        holder_lane, holder_value = row * 4, matrix * 2
+    load) by the lane and register the entry's TV layout names (`MatrixInstr.row_holder`,
+    evaluated on this thread's lane)."""
+    instr = ldmatrix(plan.ldmatrix_num, plan.trans)
+    holder_lane, holder_value = instr.row_holder(TID % 32)
     thread = (TID // 32) * 32 + holder_lane
     return ctx.coords.coords(tv, shape, holder_value + first_value, thread=thread)
 

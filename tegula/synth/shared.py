@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tegula.arch.catalogue import get_instruction
+from tegula.arch.catalogue import ldmatrix
 from tegula.errors import SynthesisError
 from tegula.ir.values import SharedAlloc
 from tegula.layout.cute import Layout
@@ -57,26 +57,6 @@ def wavefronts(byte_addresses: np.ndarray, access_bytes: int) -> int:
     per_bank = np.zeros((len(phases), BANKS), dtype=np.int64)
     np.add.at(per_bank, (rows[counted], words[counted] % BANKS), 1)
     return int(per_bank.max(axis=1).sum())
-
-
-def ldmatrix_holder(matrix: int, row: int, col: int, trans: bool) -> tuple[int, int]:
-    """Which lane and which of its registers receive element `col` of row `row` (the 16
-    bytes one lane addresses) of matrix `matrix` under `ldmatrix.x4[.trans]` — read off
-    the catalogue's TV layout of the instruction, so synthesis and the emulator share
-    one definition of what ldmatrix does."""
-    return _ldmatrix_holders(trans)[(matrix, row, col)]
-
-
-@lru_cache(maxsize=2)
-def _ldmatrix_holders(trans: bool) -> dict:
-    instr = get_instruction("ldmatrix.x4.trans" if trans else "ldmatrix.x4")
-    table = instr.table()  # [lane, value] -> row + 8*col + 64*matrix
-    holders = {}
-    for lane in range(table.shape[0]):
-        for value in range(table.shape[1]):
-            index = int(table[lane, value])
-            holders[(index // 64, index % 8, (index // 8) % 8)] = (lane, value)
-    return holders
 
 
 @dataclass(frozen=True)
@@ -180,13 +160,14 @@ def _ldmatrix_row_addresses(warps: np.ndarray, num: int, trans: bool) -> np.ndar
 @lru_cache(maxsize=8)
 def _ldmatrix_gather(num: int, trans: bool) -> tuple[np.ndarray, np.ndarray]:
     """For matrix j, row r, column c of an ldmatrix.x{num}: the lane and the register
-    (within the group) that receive it."""
+    (within the group) that receive it (`MatrixInstr.holder`, the catalogue's TV layout)."""
+    instr = ldmatrix(num, trans)
     lane = np.empty((num, 8, 8), dtype=np.int64)
     value = np.empty((num, 8, 8), dtype=np.int64)
     for j in range(num):
         for r in range(8):
             for c in range(8):
-                lane[j, r, c], value[j, r, c] = ldmatrix_holder(j, r, c, trans)
+                lane[j, r, c], value[j, r, c] = instr.holder(j, r, c)
     return lane, value
 
 

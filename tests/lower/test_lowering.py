@@ -1,10 +1,9 @@
-"""Lowering: address arithmetic, ldmatrix row addresses, barriers and pipelines."""
+"""Lowering: address arithmetic, barriers and pipelines (ldmatrix row holders: tests/arch/test_ldmatrix_holders.py)."""
 from __future__ import annotations
 
 import numpy as np
 
 from tegula import f16
-from tegula.arch.catalogue import get_instruction
 from tegula.build import build
 from tegula.kernels.gemm import gemm_kernel
 from tegula.layout.cute import Layout
@@ -39,19 +38,6 @@ def test_thread_coords_match_the_layout_for_every_thread_and_register():
 
 def test_split_index_is_colexicographic():
     assert split_index(7 + 5 * 3, (5, 4)) == [7 % 5, (7 + 15) // 5]
-
-
-def test_ldmatrix_row_holders_agree_with_the_catalogue_table():
-    """Lowering computes each lane's ldmatrix row address from the PTX fragment formulas;
-    the catalogue encodes the same instruction as a TV table. They must agree."""
-    for trans in (False, True):
-        table = get_instruction("ldmatrix.x4.trans" if trans else "ldmatrix.x4").table()
-        for lane in range(32):
-            matrix, row = lane // 8, lane % 8
-            holder_lane = row // 2 if trans else row * 4
-            holder_value = matrix * 2 + (row % 2 if trans else 0)
-            # The holder receives element 0 of that row of that matrix.
-            assert table[holder_lane, holder_value] == row + 64 * matrix
 
 
 def _design_gemm():
