@@ -11,10 +11,12 @@ warm-up, so the loop is bound by the host; prints microseconds per call for
 
 `--stubbed`: tegula's own share of a replayed launch, on any machine. The kernel is
 compiled for real (NVRTC) and its first launch takes the full path, but the driver call
-(a C function with cuLaunchKernel's signature, called through ctypes like the real one),
-the function handle and torch's current-stream lookup are stubs, and the replays pass CPU
-torch tensors (same attribute reads as CUDA ones). What remains is exactly the Python
-that a GPU launch runs before `cuLaunchKernel`; `--profile` prints where it goes.
+(a C function with cuLaunchKernel's signature, called through the same C launcher or
+ctypes as the real one), the function handle and torch's current-stream lookup are stubs,
+and the replays pass CPU torch tensors (same attribute reads as CUDA ones). What remains
+is exactly the Python that a GPU launch runs before `cuLaunchKernel`, for
+`kernel[grid](x, y)` and for the entry points' replays (whose output allocation is a CPU
+`torch.empty` here, timed alone beside them); `--profile` prints where it goes.
 """
 from __future__ import annotations
 
@@ -120,11 +122,9 @@ def _c_stub_launcher():
     return fn
 
 
-def stubbed(calls: int = 200_000, profile: bool = False) -> float:
-    """Microseconds of host time per replayed `kernel[grid](x, y)` with the driver stubbed."""
-    import torch
-
-    from tegula import build
+def _stub_driver() -> None:
+    """Replace the driver call, the function handle, the current device and torch's
+    current-stream lookup with stubs (the C stub through the same launcher path)."""
     from tegula.runtime import launcher
 
     launcher._RAW_LAUNCH[:] = [_c_stub_launcher()]      # cuLaunchKernel
@@ -133,6 +133,31 @@ def stubbed(calls: int = 200_000, profile: bool = False) -> float:
     launcher.CompiledKernel.function = lambda self, device: 0
     launcher.drv.current_device = lambda: 0
 
+
+def _best_us(fn, calls: int) -> float:
+    """Microseconds of this process's CPU time per call: the best of many short runs (on
+    a shared machine wall time and the mean measure the neighbours; CPU time leaves out
+    the time the process waits for a core)."""
+    for _ in range(1000):
+        fn()
+    best, chunk = float("inf"), 2000
+    for _ in range(max(1, calls // chunk)):
+        start = time.process_time()
+        for _ in range(chunk):
+            fn()
+        best = min(best, time.process_time() - start)
+    return best / chunk * 1e6
+
+
+def stubbed_replay(profile: bool = False):
+    """A replayed `kernel[grid](x, y)` with the driver stubbed: a callable."""
+    import torch
+
+    try:
+        from tegula.runtime.replay import replay_key
+    except ImportError:  # a tree from before runtime/replay.py (to compare before/after)
+        from tegula.build import _fast_key as replay_key
+
     kernel = copy_kernel(f16)
     x = torch.randn(64, 64, dtype=torch.float16)
     y = torch.empty_like(x)
@@ -140,38 +165,72 @@ def stubbed(calls: int = 200_000, profile: bool = False) -> float:
     # Replays key on the tensors' attributes; file the prepared launch under CPU tensors'.
     fast = kernel.__dict__["_fast_launch"]
     prepared = next(iter(fast.values()))
-    key, _ = build._fast_key((x, y), {"BM": 32, "BN": 64}, None)
+    key, _ = replay_key((x, y), {"BM": 32, "BN": 64}, None)
     fast[key] = prepared
     prepared.device = 0
 
     def replay():
         kernel[(2, 1)](x, y, BM=32, BN=64)
+    return replay
 
-    for _ in range(1000):
-        replay()
+
+def stubbed_entry_points() -> dict:
+    """The library entry points' replays (`tegula.kernels.copy/rms_norm/softmax`) on CPU
+    torch tensors with the driver stubbed: {name: callable}. Their first call takes the
+    full path with the device checks and the tuner bypassed (the first candidate runs);
+    what is timed is the replay, output allocation included (a CPU `torch.empty` here)."""
+    import torch
+
+    import tegula.kernels as tk
+    from tegula.kernels import api
+    from tegula.runtime.args import ArgumentPlan
+
+    def cpu_tensor(plan, p, arg, values):  # CPU tensors pass the setup's checks as cuda:0
+        plan._append(p, arg.data_ptr(), arg.shape, arg.stride(), values)
+        return 0
+
+    saved = (api._check_cuda, api._tune_and_run, ArgumentPlan._tensor)
+    api._check_cuda = lambda fn, tensors: None
+    api._tune_and_run = lambda name, device, configs, dims, extra, run: run(configs[0])
+    ArgumentPlan._tensor = cpu_tensor
+    x = torch.randn(64, 64, dtype=torch.float16)
+    w = torch.randn(64, dtype=torch.float16)
+    try:
+        tk.copy(x), tk.rms_norm(x, w), tk.softmax(x)  # full paths: prepare the replays
+    finally:
+        api._check_cuda, api._tune_and_run, ArgumentPlan._tensor = saved
+    assert len(api._REPLAYS) == 3, "an entry point did not prepare its replay"
+    return {"tegula.kernels.copy(x)": lambda: tk.copy(x),
+            "tegula.kernels.rms_norm(x, w)": lambda: tk.rms_norm(x, w),
+            "tegula.kernels.softmax(x)": lambda: tk.softmax(x),
+            "  torch.empty_like(x) alone (CPU)": lambda: torch.empty_like(x)}
+
+
+def stubbed(calls: int = 200_000, profile: bool = False) -> dict:
+    """Microseconds of host time per call, driver stubbed: {what: us}."""
+    _stub_driver()
+    rows = {"kernel[grid](x, y) (64x64 copy)": stubbed_replay()}
+    rows.update(stubbed_entry_points())
     if profile:
         import cProfile
         import pstats
-        with cProfile.Profile() as prof:
-            for _ in range(calls // 10):
-                replay()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
-    # The best of many short runs: on a shared machine the mean measures the neighbours.
-    best, chunk = float("inf"), 2000
-    for _ in range(calls // chunk):
-        start = time.perf_counter()
-        for _ in range(chunk):
-            replay()
-        best = min(best, time.perf_counter() - start)
-    return best / chunk * 1e6
+        for name, fn in rows.items():
+            print(f"--- {name}")
+            with cProfile.Profile() as prof:
+                for _ in range(calls // 10):
+                    fn()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    return {name: _best_us(fn, calls) for name, fn in rows.items()}
 
 
 if __name__ == "__main__":
     if "--stubbed" in sys.argv:
         from tegula.runtime import fastcall, launcher
-        us = stubbed(profile="--profile" in sys.argv)
+        results = stubbed(profile="--profile" in sys.argv)
         how = "C launcher" if launcher._C_LAUNCH[0] else f"ctypes ({fastcall.unavailable})"
-        print(f"replayed kernel[grid](x, y), driver stubbed: {us:.2f} us of host time per call "
-              f"(best of 100 runs of 2000; {how})")
+        print(f"driver stubbed, CPU tensors ({how}); process CPU time, best of 100 runs of "
+              f"2000 calls:")
+        for name, us in results.items():
+            print(f"{name:36s} {us:6.2f} us per call")
     else:
         main()

@@ -320,51 +320,6 @@ def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
     return found
 
 
-def _fast_key(args: tuple, kwargs: dict, target) -> tuple[tuple, list] | None:
-    """A cheap key that determines a launch's specialization, and the arguments' data
-    pointers (read once, for the key's alignment class and for the launch). Per torch
-    tensor: pointer alignment class, shape, strides, dtype and device (everything the facts
-    are computed from); per number: its type; plus the keywords and target. None for
-    arguments the fast path does not read (non-torch tensor objects).
-
-    The key is one flat tuple (no tuple per tensor: it is built and hashed on every
-    launch); it parses one way only, since a number's part is a type object, which equals
-    none of a tensor's five parts."""
-    parts, pointers = [target, tuple(kwargs.items())], []
-    for a in args:
-        data_ptr = getattr(a, "data_ptr", None)
-        if data_ptr is None:
-            if not isinstance(a, (int, float)):
-                return None
-            parts.append(type(a))
-            pointers.append(None)
-            continue
-        ptr = data_ptr()
-        parts += (ptr & 15, a.shape, a.stride(), a.dtype, a.get_device())
-        pointers.append(ptr)
-    return tuple(parts), pointers
-
-
-#: Prepared launches kept per kernel (each holds a small parameter buffer).
-_MAX_PREPARED = 4096
-
-_GRIDS: dict = {}  # grid as given -> three positive ints (normalize_grid, memoized)
-
-
-def _normalized(grid) -> tuple[int, int, int]:
-    """`normalize_grid` through a small memo (hashable grids only): launches repeat grids."""
-    try:
-        found = _GRIDS.get(grid)
-    except TypeError:  # a list: not hashable
-        return normalize_grid(grid)
-    if found is None:
-        found = normalize_grid(grid)
-        if len(_GRIDS) > 4096:
-            _GRIDS.clear()
-        _GRIDS[grid] = found
-    return found
-
-
 def launch(kernel, grid, *args, target: str | Target | None = None, stream=None, **kwargs):
     """`kernel[grid](*args)`: compile for the arguments' facts (cached) and launch on the
     current torch stream (or `stream`). A callable grid receives the constexpr values."""
@@ -372,27 +327,25 @@ def launch(kernel, grid, *args, target: str | Target | None = None, stream=None,
 
 
 def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None):
-    """`launch` with the arguments as a tuple and a dict (what `kernel[grid]` calls).
+    """`launch` with the arguments as a tuple and a dict.
 
     Host overhead matters for small kernels, so a launch whose arguments look like an
-    earlier launch's (same alignment classes, shapes, strides, dtypes, keywords) goes
-    straight to the compiled kernel; only a new specialization takes the full path."""
-    fast = kernel.__dict__.get("_fast_launch")
-    if fast is None:
-        fast = kernel.__dict__["_fast_launch"] = {}
-    keyed = _fast_key(args, kwargs, target)
-    hit = fast.get(keyed[0]) if keyed is not None else None
-    if hit is not None:
-        grid3 = _normalized(grid(hit.constexprs) if callable(grid) else grid)
-        if 0 not in grid3:  # an empty grid (empty tensors) launches nothing
-            hit(grid3, args, keyed[1], stream)
-        return hit.kernel
+    earlier launch's (same replay key: `tegula.runtime.replay`) replays that launch's
+    checked arguments; only a new specialization takes the full path (`full_launch`)."""
+    from tegula.runtime.replay import launch as replay_or_launch
+    return replay_or_launch(kernel, grid, args, kwargs, target, stream)
+
+
+def full_launch(kernel, grid, args: tuple, kwargs: dict, target, stream):
+    """Check, specialize, compile (cached) and launch; returns the `CompiledKernel` and the
+    launch prepared for replays (None where the call cannot be replayed: a run-time
+    argument given by keyword)."""
     from tegula.runtime import PreparedLaunch, default_target
 
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
     options = {k: constexprs.pop(k) for k in BUILD_OPTIONS if k in constexprs}
     values = kernel.constexpr_values(constexprs)
-    grid3 = _normalized(grid(values) if callable(grid) else grid)  # a bad grid: before compiling
+    grid3 = normalize_grid(grid(values) if callable(grid) else grid)  # a bad grid: before compiling
     facts, shapes = _launch_facts(kernel, tensors)
     target = target or default_target()
     check_extents(kernel, build(kernel, dict(values, **options), facts, target).traced, shapes)
@@ -403,9 +356,7 @@ def launch_arguments(kernel, grid, args: tuple, kwargs: dict, target=None, strea
     flat, device = ck.plan.flatten(ordered)
     ck.launch_values(grid3, flat, device, stream)
     runtime = [p.name for p in kernel.params if p.kind in ("tensor", "scalar")]
-    if keyed is not None and len(args) == len(runtime):  # every run-time argument positional
-        arg_index = {name: i for i, name in enumerate(runtime)}  # positions as the user passes
-        if len(fast) >= _MAX_PREPARED:  # many distinct shapes: start over, not grow forever
-            fast.clear()
-        fast[keyed[0]] = PreparedLaunch(ck, flat, device, values, arg_index)
-    return ck
+    if len(args) != len(runtime):  # a run-time argument given by keyword: not replayed
+        return ck, None
+    arg_index = {name: i for i, name in enumerate(runtime)}  # positions as the user passes
+    return ck, PreparedLaunch(ck, flat, device, values, arg_index)

@@ -322,8 +322,11 @@ class Kernel:
 
 class Launcher:
     """`kernel[grid]`: calling it hands the kernel, the grid and the arguments to
-    `tegula.build.launch_arguments` (compile, cache, launch; `stream=` and `target=`
-    keywords go to the launch, every other keyword is a constexpr)."""
+    `tegula.runtime.replay.launch` (a replay of an earlier launch with the same key, else
+    compile, cache, launch; `stream=` and `target=` keywords go to the launch, every other
+    keyword is a constexpr)."""
+
+    __slots__ = ("kernel", "grid")
 
     def __init__(self, kernel: Kernel, grid: Any):
         self.kernel = kernel
@@ -337,15 +340,15 @@ class Launcher:
         return launch(self.kernel, self.grid, args, kwargs)
 
 
-_LAUNCH: list = []  # [tegula.build.launch_arguments], imported on the first launch
+_LAUNCH: list = []  # [tegula.runtime.replay.launch], imported on the first launch
 
 
 def _import_launch():
-    # The compile path sits above the language, so it is imported late; once, because an
+    # The launch path sits above the language, so it is imported late; once, because an
     # import statement per launch costs about a microsecond of host time.
-    from tegula.build import launch_arguments
-    _LAUNCH.append(launch_arguments)
-    return launch_arguments
+    from tegula.runtime.replay import launch
+    _LAUNCH.append(launch)
+    return launch
 
 
 def kernel(fn: Callable | None = None, *, threads: int = 128,

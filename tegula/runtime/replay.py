@@ -1,0 +1,152 @@
+"""The replay path of `kernel[grid](...)`: a launch whose arguments look like an earlier
+launch's goes straight to that launch's `PreparedLaunch`; any other takes the full path
+(`tegula.build.full_launch`: check, specialize, compile, launch, then prepare the replay).
+
+The replay key decides which specialization runs, so it must hold every fact the full
+path specializes on or checks — a key that misses one replays a variant compiled for
+other facts, a silent wrong result. Per torch tensor it holds the pointer's alignment
+class (`ptr & 15`: the facts cap alignment at 16 bytes), the shape and strides (extent and
+stride divisibility, the contiguous dim, 32- or 64-bit offsets, extent checks), the dtype
+and the device; per number its type (the value is re-checked by the replay); and the
+keywords (constexprs and compile options) exactly as the full path's build key tells them
+apart, which is by `repr`: `1`, `1.0` and `True` are equal in Python and hash alike, and
+`0.0 == -0.0`, yet each compiles a different variant (or is refused). The grid is
+re-checked on every launch with the same exactness (a float grid is refused, not
+truncated). `tests/runtime/test_replay_key.py` checks all of it against the full path.
+
+Host time per replay is the point of this module, so `launch` is one Python frame doing
+the key, the lookup, the grid and the prepared launch's call (`kernel[grid]`'s
+`Launcher` calls it directly).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+#: Keyword value types whose `==` within one type is exactly the build key's `repr`
+#: equality (a float is not: `0.0 == -0.0`; a tuple may hold floats).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+#: Prepared launches kept per kernel (each holds a small parameter buffer).
+MAX_PREPARED = 4096
+
+_FULL: list = []  # [tegula.build.full_launch], imported on the first miss
+
+
+def constexpr_key(kwargs: dict) -> tuple | None:
+    """The keywords' part of the replay key: the items and their types where every value
+    is an int, str, bool or None; else per item (name, type, repr) — the build key's own
+    distinction. None where a keyword is a tensor (a run-time argument given by name:
+    such launches are not replayed)."""
+    types = tuple(map(type, kwargs.values()))
+    if _PLAIN.issuperset(types):
+        return tuple(kwargs.items()), types
+    items = []
+    for name, value in kwargs.items():
+        if type(value) in _PLAIN:
+            items.append((name, type(value), value))
+        elif hasattr(value, "data_ptr") or hasattr(value, "__cuda_array_interface__"):
+            return None
+        else:
+            items.append((name, type(value), repr(value)))
+    return tuple(items)
+
+
+def replay_key(args: tuple, kwargs: dict, target: Any) -> tuple[tuple, list] | None:
+    """(The replay key of a launch, the arguments' data pointers), or None where the
+    launch is not replayable (an argument the key does not read: a non-torch tensor
+    object, a tensor given by keyword). The key is one flat tuple; it parses one way
+    only, since a number's part is a type object, which equals none of a tensor's parts.
+    `launch` inlines this."""
+    parts, pointers = [target], []
+    if kwargs:
+        kw = constexpr_key(kwargs)
+        if kw is None:
+            return None
+        parts.append(kw)
+    for a in args:
+        data_ptr = getattr(a, "data_ptr", None)
+        if data_ptr is None:
+            if not isinstance(a, (int, float)):
+                return None
+            parts.append(type(a))
+            pointers.append(None)
+            continue
+        ptr = data_ptr()
+        parts += (ptr & 15, a.shape, a.stride(), a.dtype, a.get_device())
+        pointers.append(ptr)
+    return tuple(parts), pointers
+
+
+def launch_grid(grid: Any) -> tuple[int, int, int]:
+    """`grid` as three positive ints where it is one to three plain ints in CUDA's limits
+    (checked by type: a bool or float never passes), else `tegula.build.normalize_grid`'s
+    answer (numpy integers, zero extents) or error."""
+    if type(grid) is tuple:
+        n = len(grid)
+        if n == 1:
+            gx, = grid
+            if type(gx) is int and 0 < gx < 2**31:
+                return gx, 1, 1
+        elif n == 2:
+            gx, gy = grid
+            if type(gx) is int and type(gy) is int and 0 < gx < 2**31 and 0 < gy <= 65535:
+                return gx, gy, 1
+        elif n == 3:
+            gx, gy, gz = grid
+            if type(gx) is int and type(gy) is int and type(gz) is int and \
+                    0 < gx < 2**31 and 0 < gy <= 65535 and 0 < gz <= 65535:
+                return grid
+    elif type(grid) is int and 0 < grid < 2**31:
+        return grid, 1, 1
+    from tegula.build import normalize_grid
+    return normalize_grid(grid)
+
+
+def launch(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None) -> Any:
+    """A replay where the replay key matches an earlier launch of `kernel`, else the full
+    path (which prepares the replay for next time)."""
+    table = kernel.__dict__.get("_fast_launch")
+    if table is None:
+        table = kernel.__dict__["_fast_launch"] = {}
+    # replay_key, inlined (a frame and a tuple less per launch).
+    parts, pointers = [target], []
+    if kwargs:
+        types = tuple(map(type, kwargs.values()))
+        kw = (tuple(kwargs.items()), types) if _PLAIN.issuperset(types) else \
+            constexpr_key(kwargs)
+        parts.append(kw)
+    else:
+        kw = ()
+    for a in args:
+        data_ptr = getattr(a, "data_ptr", None)
+        if data_ptr is None:
+            if not isinstance(a, (int, float)):
+                kw = None
+                break
+            parts.append(type(a))
+            pointers.append(None)
+            continue
+        ptr = data_ptr()
+        parts += (ptr & 15, a.shape, a.stride(), a.dtype, a.get_device())
+        pointers.append(ptr)
+    key = tuple(parts) if kw is not None else None
+    hit = table.get(key) if key is not None else None
+    if hit is not None:
+        grid3 = launch_grid(grid(hit.constexprs) if callable(grid) else grid)
+        if 0 not in grid3:  # an empty grid (empty tensors) launches nothing
+            hit(grid3, args, pointers, stream)
+        return hit.kernel
+    full = _FULL[0] if _FULL else _import_full()
+    ck, prepared = full(kernel, grid, args, kwargs, target, stream)
+    if prepared is not None and key is not None:
+        if len(table) >= MAX_PREPARED:  # many distinct shapes: start over, not grow forever
+            table.clear()
+        table[key] = prepared
+    return ck
+
+
+def _import_full():
+    # The compile path sits above the runtime, so it is imported late, and once.
+    from tegula.build import full_launch
+    _FULL.append(full_launch)
+    return full_launch
