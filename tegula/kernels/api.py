@@ -174,7 +174,10 @@ _REPLAYS: dict = {}
 
 def _signature(name: str, tensors: Sequence[Any], *options: Any) -> tuple | None:
     """The replay key of a call, or None when an argument is not a tensor (the full path
-    then reports the mistake)."""
+    then reports the mistake). Callers pass each option with its type (`type(eps), eps`):
+    `False == 0` and `1 == 1.0` in Python, but the full path refuses a bool eps and keys
+    constexprs by repr (a float eps's sign of zero is moot: it is added to a mean of
+    squares, never negative, and the full path compiles -0.0 as 0.0)."""
     try:
         return (name, options) + tuple((t.shape, t.stride(), t.dtype, t.get_device(),
                                         t.data_ptr() & 15) for t in tensors)
@@ -413,7 +416,7 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     """RMSNorm over the last dim: `x / sqrt(mean(x², -1) + eps) * weight`, computed in f32.
     `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); any N (rows longer
     than one register tile, 16384 elements, run through the chunked kernel)."""
-    signature = _signature("rms_norm", (x, weight), eps) if out is None else None
+    signature = _signature("rms_norm", (x, weight), type(eps), eps) if out is None else None
     replay = _REPLAYS.get(signature)
     if replay is not None:
         return replay(x, weight)
@@ -440,7 +443,7 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     configs += _configs("looped", _pow2_at_least(n, 1)) if n > 2048 else ()
 
     def run(config: Config) -> Any:
-        values = dict(config.kwargs, N=n, EPS=float(eps))
+        values = dict(config.kwargs, N=n, EPS=float(eps) + 0.0)  # -0.0 + 0.0 is 0.0: one variant
         looped = values.pop("kernel", "tile") == "looped"
         kernel = rms_norm_looped_kernel(dtype) if looped else rms_norm_kernel(dtype)
         grid = (-(-m // values["BM"]),)
@@ -464,7 +467,7 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     """Softmax along the last dim (`dim` must name it), computed in f32 and returned in
     `x`'s dtype (f32, f16 or bf16); rows of any length (rows longer than one register
     tile, 16384 elements, run through the chunked online-softmax kernel)."""
-    signature = _signature("softmax", (x,), dim) if out is None else None
+    signature = _signature("softmax", (x,), type(dim), dim) if out is None else None
     replay = _REPLAYS.get(signature)
     if replay is not None:
         return replay(x)
