@@ -107,6 +107,17 @@ class Instruction:
         """(issue cycles per warp instruction on one SM sub-partition, latency cycles)."""
         return float(self.issue_cycles), float(self.latency_cycles)
 
+    def operand_refusal(self, elem_bits: int, count: int = 1) -> str | None:
+        """Why `count` elements of `elem_bits` bits per thread are not what this entry
+        moves, or None where they are. The one operand predicate synthesis, the emitter
+        and the emulator ask (each puts it in its own error, naming the statement)."""
+        return None
+
+    def accepts(self, elem_bits: int, count: int = 1) -> bool:
+        """Whether `count` elements of `elem_bits` bits per thread are this entry's
+        operand (`operand_refusal` says why not)."""
+        return self.operand_refusal(elem_bits, count) is None
+
     def throughput(self, target) -> float:
         """Instructions per clock one whole SM sustains when this entry's pipe is the
         limit: each of the target's sub-partitions accepts one every `timing` issue
@@ -290,6 +301,13 @@ class MemInstr(Instruction):
         """Number of .b32 registers the access moves (1 for 1- and 2-byte accesses)."""
         return max(1, self.nbytes // 4)
 
+    def operand_refusal(self, elem_bits: int, count: int = 1) -> str | None:
+        """A vector access moves exactly `nbytes` per thread."""
+        if elem_bits * count != 8 * self.nbytes:
+            return (f"{self.name} moves {self.nbytes} bytes per thread, not {count} x "
+                    f"{elem_bits}-bit elements")
+        return None
+
 
 @dataclass(frozen=True)
 class MatrixInstr(Instruction):
@@ -317,6 +335,13 @@ class MatrixInstr(Instruction):
     @property
     def address_lanes(self) -> int:
         return 8 * self.num
+
+    def operand_refusal(self, elem_bits: int, count: int = 1) -> str | None:
+        """ldmatrix/stmatrix move .b16 elements: a lane's register holds two of them in
+        the fragment order `tv` states; other widths would need other fragments."""
+        if elem_bits != 16:
+            return f"{self.kind} moves 16-bit elements (.b16), not {elem_bits}-bit ones"
+        return None
 
     def holder(self, matrix: int, row: int, col: int) -> tuple[int, int]:
         """(lane, value) that receives element `col` of row `row` (the 16 bytes one lane

@@ -443,16 +443,17 @@ class _Emitter(AsyncStatements):
         if s.num not in (1, 2, 4):
             raise CodegenError(f"ldmatrix .x{s.num}: only x1, x2 and x4 exist")
         b = self.shared_buffer(s.buffer)
-        if b.dtype.bits not in (8, 16) or s.dst.array.dtype.bits != b.dtype.bits:
-            raise CodegenError(f"ldmatrix from {b.name} ({b.dtype}) into "
-                               f"{s.dst.array.name} ({s.dst.array.dtype}): needs 16-bit "
-                               f"(or paired 8-bit) elements on both sides")
+        instr = ldmatrix_entry(s.num, s.trans)
+        for dtype in (b.dtype, s.dst.array.dtype):
+            refusal = instr.operand_refusal(dtype.bits)
+            if refusal is not None:
+                raise CodegenError(f"ldmatrix from {b.name} ({b.dtype}) into "
+                                   f"{s.dst.array.name} ({s.dst.array.dtype}): {refusal}")
         words = [self.temp("lm") for _ in range(s.num)]
         self.line("{")
         self.depth += 1
         self.line(f"unsigned {', '.join(words)};")
-        self.line(ldmatrix_entry(s.num, s.trans).format_asm(
-            d=words, addr=self.shared_saddr(b, s.offset)))
+        self.line(instr.format_asm(d=words, addr=self.shared_saddr(b, s.offset)))
         per_word = 32 // b.dtype.bits
         self.unpack(words, [Reg(s.dst.array, s.dst.index + i)
                             for i in range(per_word * s.num)], b.dtype)

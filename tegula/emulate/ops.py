@@ -250,10 +250,12 @@ def compile_ldmatrix(s: LdMatrix, ctx: Ctx, st: OpStats, what: str) -> Run:
     lane gets which element."""
     instr = ldmatrix(s.num, s.trans)
     dt = s.dst.array.dtype
-    if dt.bits != 16:
-        raise EmulationError(f"{what}: ldmatrix delivers 16-bit elements, the destination "
-                             f"registers are {dt}")
     buf = ctx.buffer(s.buffer, what)
+    for dtype in (buf.dtype, dt):
+        refusal = instr.operand_refusal(dtype.bits)
+        if refusal is not None:
+            raise EmulationError(f"{what}: ldmatrix from {buf.name} ({buf.dtype}) into "
+                                 f"registers of {dt}: {refusal}")
     locate = ctx.regfile.locator(s.dst, 2 * s.num, what)
     offset, num = compile_expr(s.offset), s.num
     addr_lanes = np.arange(32) < 8 * num

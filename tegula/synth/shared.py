@@ -126,7 +126,7 @@ def _plan_vector_access(access: SharedAccess, offsets: np.ndarray) -> AccessPlan
 def _plan_ldmatrix(access: SharedAccess, offsets: np.ndarray) -> AccessPlan | None:
     """Plan the access as ldmatrix (x4, else x2, x1) if some variant's rows line up."""
     threads, values = offsets.shape
-    if access.elem_bytes != 2 or threads % 32:
+    if not ldmatrix(4).accepts(8 * access.elem_bytes) or threads % 32:
         return None
     warps = offsets.reshape(threads // 32, 32, values)
     for num in (4, 2, 1):
