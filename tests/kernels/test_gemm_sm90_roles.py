@@ -201,6 +201,18 @@ def test_warp_specialized_gemm_compiles_to_hgmma_without_spills(config):
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
+def test_the_launch_uses_the_block_with_the_producer_warpgroup():
+    """The runtime launches ThreadKernel.threads (the user's threads + 128): a launch of
+    the user's 128 would leave the producer out and the consumer waiting forever."""
+    from tegula.runtime.compiler import available_compilers
+    if not available_compilers():
+        pytest.skip("neither NVRTC nor nvcc found")
+    from tegula.runtime import compile_kernel
+    result = build(readme_gemm, {}, None, "sm_90a")
+    assert compile_kernel(result.thread_kernel, "sm_90a").threads == 256
+    assert "__launch_bounds__(256, 1)" in result.cuda_source()
+
+
 # ------------------------------------------------------------------ on the GPU
 
 GPU_SHAPES = [(128, 128, 64), (200, 136, 72), (257, 129, 72), (33, 17, 96), (1, 300, 64),
