@@ -21,10 +21,11 @@ from tegula.dtypes import f32
 from tegula.kernels.softmax import softmax_config, softmax_kernel
 
 
-def run_gemm(target: str | None = None) -> None:
+def run_gemm(target: str | None = None, warp_specialize: bool | None = None) -> None:
     """The DESIGN GEMM (examples/gemm.py), 3-stage pipeline, ragged M, N, K: on an H100 the
-    default target is sm_90a (TMA + mbarrier ring + wgmma); `target="sm_90"` is the Ampere
-    path (cp.async + ldmatrix + mma.sync) built for Hopper."""
+    default target is sm_90a (TMA + mbarrier ring + wgmma; warp-specialized by default: a
+    producer warpgroup and a consumer role, `warp_specialize=False` keeps one role);
+    `target="sm_90"` is the Ampere path (cp.async + ldmatrix + mma.sync) built for Hopper."""
     path = Path(__file__).resolve().parents[2] / "examples" / "gemm.py"
     spec = importlib.util.spec_from_file_location("tegula_example_gemm_sanitize", path)
     module = importlib.util.module_from_spec(spec)
@@ -34,7 +35,8 @@ def run_gemm(target: str | None = None) -> None:
     b = torch.randn(n, k, device="cuda").half()
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
     module.gemm[(tg.cdiv(m, 64), tg.cdiv(n, 64))](a, b, c, BM=64, BN=64, BK=32, STAGES=3,
-                                                  target=target)
+                                                  target=target,
+                                                  warp_specialize=warp_specialize)
     torch.cuda.synchronize()
     torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
 
@@ -85,6 +87,7 @@ def run_planted_oob() -> None:
 
 
 CASES = {"gemm": run_gemm, "gemm_ampere": lambda: run_gemm("sm_90"),
+         "gemm_one_role": lambda: run_gemm(warp_specialize=False),
          "warp_specialized": run_warp_specialized, "softmax": run_softmax,
          "planted_oob": run_planted_oob}
 

@@ -1,5 +1,5 @@
 """compute-sanitizer memcheck, racecheck and synccheck report no errors on the GEMM (sm_90a:
-TMA + wgmma; sm_90: the Ampere path), the warp-specialized producer/consumer sample and the
+TMA + wgmma, warp-specialized by synthesis and in one role; sm_90: the Ampere path), the warp-specialized producer/consumer sample and the
 softmax (one small launch each, through `tests/gpu/sanitize.py` in a subprocess)."""
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _sanitize(tool: str, case: str) -> str:
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-@pytest.mark.parametrize("case", ["gemm", "gemm_ampere", "warp_specialized", "softmax"])
+@pytest.mark.parametrize("case", ["gemm", "gemm_one_role", "gemm_ampere", "warp_specialized",
+                                  "softmax"])
 def test_sanitizer_reports_zero_errors(case, tool):
     out = _sanitize(tool, case)
     assert f"{case}: ok" in out, out[-4000:]
