@@ -39,6 +39,17 @@ _VEC_FORMS = {1: ("u8", 1, "r"), 2: ("b16", 1, "h"), 4: ("b32", 1, "r"),
 VECTOR_BYTES = tuple(_VEC_FORMS)
 
 
+def vector_refusal(elem_bits: int, count: int, sizes: tuple[int, ...] = VECTOR_BYTES) -> str | None:
+    """Why `count` elements of `elem_bits` bits per thread are not one access of an entry
+    moving one of `sizes` bytes (the ld/st widths by default; cp.async's for a cp.async),
+    or None where they are. The emitter and the emulator both ask this."""
+    bits = elem_bits * count
+    if bits % 8 == 0 and bits // 8 in sizes:
+        return None
+    return (f"{count} x {elem_bits}-bit elements are {bits / 8:g} bytes, not one access of "
+            f"{', '.join(map(str, sizes))} bytes")
+
+
 def _access(op: str, space: str, nbytes: int) -> MemInstr:
     """One ld/st entry: `op` is "ld" or "st", `space` "global" or "shared"."""
     suffix, regs, con = _VEC_FORMS[nbytes]

@@ -23,7 +23,7 @@ import re
 from tegula.arch.catalogue import cp_async, cp_async_sizes
 from tegula.arch.catalogue import ldmatrix as ldmatrix_entry
 from tegula.arch.catalogue import shuffle as shuffle_entry
-from tegula.arch.memory import CP_ASYNC_COMMIT, cp_async_asm, cp_async_wait
+from tegula.arch.memory import CP_ASYNC_COMMIT, cp_async_asm, cp_async_wait, vector_refusal
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
@@ -94,10 +94,10 @@ def _from_bits(word: str, dtype: DType, shift: int) -> str:
 def _access(count: int, dtype: DType, what: str) -> tuple[int, str, tuple]:
     """(bits, C type, fields) of one vector access of `count` elements of `dtype`."""
     bits = count * dtype.bits
-    if bits not in _ACCESS:
-        raise CodegenError(f"{what}: {count} x {dtype} is {bits} bits, not one access "
-                           f"of 1, 2, 4, 8 or 16 bytes")
-    ctype, fields = _ACCESS[bits]
+    refusal = vector_refusal(dtype.bits, count)
+    if refusal is not None:
+        raise CodegenError(f"{what} ({dtype}): {refusal}")
+    ctype, fields = _ACCESS[bits]  # how C spells each width the catalogue has
     return bits, ctype, fields
 
 

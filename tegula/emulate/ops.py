@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from tegula.arch import cp_async_sizes, get_mma, ldmatrix, shuffle
-from tegula.arch.memory import VECTOR_BYTES  # the ld/st widths the catalogue has
+from tegula.arch.memory import VECTOR_BYTES, vector_refusal  # the catalogue's ld/st widths
 from tegula.arch.instructions import MmaInstr
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
@@ -44,11 +44,10 @@ class Ctx:
 
 def vector_bytes(dt: DType, count: int, what: str, allowed=VECTOR_BYTES) -> int:
     """Bytes one access of `count` elements moves; must be a hardware vector width."""
-    nbits = dt.bits * count
-    if nbits % 8 or nbits // 8 not in allowed:
-        raise EmulationError(f"{what}: {count} x {dt} = {nbits / 8:g} bytes is not a vector "
-                             f"width the hardware has ({', '.join(map(str, allowed))} bytes)")
-    return nbits // 8
+    refusal = vector_refusal(dt.bits, count, allowed)
+    if refusal is not None:
+        raise EmulationError(f"{what} ({dt}): {refusal}")
+    return dt.bits * count // 8
 
 
 def _check_dtype(reg_dt: DType, mem_dt: DType, what: str) -> None:

@@ -13,7 +13,7 @@ from tegula.codegen import emit_cuda
 from tegula.codegen.expr import CodegenError
 from tegula.dtypes import bf16, f16, f32, i8, u8
 from tegula.emulate import EmulationError, run_thread_kernel
-from tegula.lower.thread_ir import (TID, Const, GlobalStore, LdMatrix, Reg, RegArray,
+from tegula.lower.thread_ir import (TID, Const, GlobalLoad, GlobalStore, LdMatrix, Reg, RegArray,
                                     SharedBuffer, TensorParam, ThreadKernel)
 
 
@@ -54,3 +54,17 @@ def test_entry_predicates():
             assert not instr.accepts(8, n + 1) and not instr.accepts(16, n)
     assert "16 bytes per thread" in vector_access("ld", "global", 16).operand_refusal(32, 3)
     assert ldmatrix(1, True).operand_refusal(16) is None
+
+
+@pytest.mark.parametrize("count", [3, 5, 16])
+def test_emitter_and_emulator_refuse_the_same_vector_width(count):
+    """3 x f16 = 6 bytes, 5 x f16 = 10, 16 x f16 = 32: no ld/st entry moves them."""
+    regs = RegArray("r", f16, 16)
+    kernel = ThreadKernel("vec", 32, [TensorParam("x", f16, 1, True)], [regs], [],
+                          [GlobalLoad(Reg(regs, Const(0)), "x", TID * count, count)])
+    reason = (f"\\(f16\\): {count} x 16-bit elements are {count * 2} bytes, not one "
+              f"access of 1, 2, 4, 8, 16 bytes")
+    with pytest.raises(CodegenError, match=reason):
+        emit_cuda(kernel, "sm_80")
+    with pytest.raises(EmulationError, match=reason):
+        run_thread_kernel(kernel, 1, {"x": np.ones(32 * count, np.float16)})
