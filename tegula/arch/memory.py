@@ -27,6 +27,9 @@ pipe (128 B/clk/SM) — bank conflicts add wavefronts, the emulator counts them.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+from typing import Mapping
+
 from tegula.arch.instructions import AsmOperand, MatrixInstr, MemInstr, ShuffleInstr
 from tegula.layout import Layout
 
@@ -102,6 +105,31 @@ def cp_async_wait(pending: int) -> MemInstr:
         nbytes=0)
 
 
+# ---------------------------------------------------------------- atomic adds (red)
+
+# tegula dtype name -> (PTX type with modifiers, constraint, min_cc, bytes). `red` is the
+# fire-and-forget atomic (no result returned): f32/s32 on every target, f16 (.noftz) from
+# sm_70, bf16 from sm_90 (PTX ISA "red"); the emitter's helper falls back to a
+# compare-and-swap loop for bf16 below sm_90.
+_RED_FORMS = {"f32": ("f32", "f", 50, 4), "i32": ("s32", "r", 50, 4),
+              "f16": ("noftz.f16", "h", 70, 2), "bf16": ("noftz.bf16", "h", 90, 2)}
+
+
+def _red_add(ptx_type: str, constraint: str, min_cc: int, nbytes: int) -> MemInstr:
+    ptx = f"red.global.add.{ptx_type}"
+    return MemInstr(
+        name=ptx, kind="red.global", ptx=ptx, template=ptx + " [{addr}], {v};",
+        operands=(AsmOperand("addr", "in", 1, "l"), AsmOperand("v", "in", 1, constraint)),
+        min_cc=min_cc, issue_cycles=1.0, latency_cycles=470.0, align_bytes=nbytes,
+        clobbers_memory=True, source="PTX ISA red; latency as a global access (approximate)",
+        pipe="global", space="global", nbytes=nbytes)
+
+
+#: The global atomic-add entry for each element type that has one (tegula dtype name).
+RED_ADD: Mapping[str, MemInstr] = MappingProxyType(
+    {name: _red_add(*form) for name, form in _RED_FORMS.items()})
+
+
 # ---------------------------------------------------------------- ldmatrix / stmatrix
 
 def matrix_tv(num: int, trans: bool) -> Layout:
@@ -154,7 +182,8 @@ def _shuffle(mode: str, ir_mode: str, clamp: int) -> ShuffleInstr:
 MEMORY_INSTRUCTIONS: tuple[MemInstr, ...] = tuple(
     _access(op, space, n) for space in ("global", "shared") for op in ("ld", "st")
     for n in VECTOR_BYTES
-) + tuple(_cp_async("ca", n) for n in (4, 8, 16)) + (_cp_async("cg", 16), CP_ASYNC_COMMIT)
+) + tuple(_cp_async("ca", n) for n in (4, 8, 16)) + (_cp_async("cg", 16), CP_ASYNC_COMMIT) \
+    + tuple(RED_ADD.values())
 
 MATRIX_INSTRUCTIONS: tuple[MatrixInstr, ...] = tuple(
     _matrix(op, num, trans) for op in ("ldmatrix", "stmatrix") for num in (1, 2, 4)

@@ -23,7 +23,9 @@ import re
 from tegula.arch.catalogue import cp_async, cp_async_sizes
 from tegula.arch.catalogue import ldmatrix as ldmatrix_entry
 from tegula.arch.catalogue import shuffle as shuffle_entry
-from tegula.arch.memory import CP_ASYNC_COMMIT, cp_async_asm, cp_async_wait, vector_refusal
+from tegula.arch.instructions import ptx_type
+from tegula.arch.memory import (CP_ASYNC_COMMIT, RED_ADD, cp_async_asm, cp_async_wait,
+                                vector_refusal)
 from tegula.dtypes import DType
 from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
@@ -400,10 +402,11 @@ class _Emitter(AsyncStatements):
 
     def _GlobalAtomicAdd(self, s: GlobalAtomicAdd) -> None:
         ptr, dtype = self.global_address(s.tensor, s.index)
-        helper = {"f32": "tg_red_add_f32", "i32": "tg_red_add_s32", "f16": "tg_red_add_f16",
-                  "bf16": "tg_red_add_bf16"}.get(dtype.name)
-        if helper is None:
-            raise CodegenError(f"no atomic add for {dtype} (tensor {s.tensor})")
+        instr = RED_ADD.get(dtype.name)
+        if instr is None:
+            raise CodegenError(f"no atomic add for {dtype} (tensor {s.tensor}); the "
+                               f"catalogue has red.global.add for {', '.join(RED_ADD)}")
+        helper = "tg_red_add_" + ptx_type(dtype)  # ptx.py's helper around the entry
         self.check_dtype(s.src, dtype, f"atomic add {s.tensor}")
         self.used.add(helper)
         guard = f"if ({index_c(s.pred)}) " if s.pred is not None else ""

@@ -15,12 +15,19 @@ from __future__ import annotations
 import re
 
 from tegula.arch.instructions import PTX_TYPE, MmaInstr
+from tegula.arch.memory import RED_ADD
 from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.codegen.expr import CodegenError
 
 # --------------------------------------------------------------------------------------
 # Helper device functions
 # --------------------------------------------------------------------------------------
+
+def _red(dtype_name: str) -> str:
+    """The asm statement of the catalogue's global atomic add for a tegula dtype name, on
+    the helpers' parameters `p` (pointer) and `v` (value)."""
+    return RED_ADD[dtype_name].format_asm(addr="p", v="v")
+
 
 #: name -> (C source, helpers it calls). Conversions round to nearest even; the f8 ones
 #: saturate to the largest finite value (like `cvt.rn.satfinite`). Hardware f8 conversions
@@ -145,36 +152,37 @@ __device__ __forceinline__ float tg_e5m2_to_f32(unsigned char c) {
   return tg_fp8_to_f32_sw(c, 2, 15, false);
 #endif
 }""", ("tg_fp8_sw", "tg_f16_to_f32")),
-    # Atomic adds whose result is unused: `red` (fire-and-forget) rather than `atom`.
-    "tg_red_add_f32": ("""\
-__device__ __forceinline__ void tg_red_add_f32(float* p, float v) {
-  asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory");
-}""", ()),
-    "tg_red_add_s32": ("""\
-__device__ __forceinline__ void tg_red_add_s32(int* p, int v) {
-  asm volatile("red.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-}""", ()),
-    "tg_red_add_f16": ("""\
-__device__ __forceinline__ void tg_red_add_f16(unsigned short* p, unsigned short v) {
-  asm volatile("red.global.add.noftz.f16 [%0], %1;" :: "l"(p), "h"(v) : "memory");
-}""", ()),
-    "tg_red_add_bf16": ("""\
-__device__ __forceinline__ void tg_red_add_bf16(unsigned short* p, unsigned short v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.noftz.bf16 [%0], %1;" :: "l"(p), "h"(v) : "memory");
+    # Atomic adds whose result is unused: `red` (fire-and-forget) rather than `atom`,
+    # printed through the catalogue's entries (`arch.memory.RED_ADD`).
+    "tg_red_add_f32": (f"""\
+__device__ __forceinline__ void tg_red_add_f32(float* p, float v) {{
+  {_red("f32")}
+}}""", ()),
+    "tg_red_add_s32": (f"""\
+__device__ __forceinline__ void tg_red_add_s32(int* p, int v) {{
+  {_red("i32")}
+}}""", ()),
+    "tg_red_add_f16": (f"""\
+__device__ __forceinline__ void tg_red_add_f16(unsigned short* p, unsigned short v) {{
+  {_red("f16")}
+}}""", ()),
+    "tg_red_add_bf16": (f"""\
+__device__ __forceinline__ void tg_red_add_bf16(unsigned short* p, unsigned short v) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {10 * RED_ADD["bf16"].min_cc}
+  {_red("bf16")}
 #else
   // No bf16 atomic before sm_90: compare-and-swap the aligned 32-bit word holding it.
   unsigned* word = reinterpret_cast<unsigned*>(reinterpret_cast<unsigned long long>(p) & ~3ull);
   const unsigned shift = (reinterpret_cast<unsigned long long>(p) & 2ull) ? 16u : 0u;
   unsigned old = *word, assumed;
-  do {
+  do {{
     assumed = old;
     const unsigned short sum = tg_f32_to_bf16(
         tg_bf16_to_f32((unsigned short)(assumed >> shift)) + tg_bf16_to_f32(v));
     old = atomicCAS(word, assumed, (assumed & ~(0xffffu << shift)) | ((unsigned)sum << shift));
-  } while (old != assumed);
+  }} while (old != assumed);
 #endif
-}""", ("tg_f32_to_bf16", "tg_bf16_to_f32")),
+}}""", ("tg_f32_to_bf16", "tg_bf16_to_f32")),
 }
 
 #: Vector types for 8- and 16-byte accesses (defined here because no header is included).

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
+from tegula.arch.memory import RED_ADD
 from tegula.arch.tma import tma_load
 from tegula.arch.targets import Target
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
@@ -266,7 +267,8 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         return [InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")]
     if isinstance(op, AtomicAdd):
         eb = _elem_bytes(op.src)
-        instr = "red.global.add" if isinstance(op.dst, GlobalTile) else "red.shared.add"
+        entry = RED_ADD.get(op.dst.dtype.name) if isinstance(op.dst, GlobalTile) else None
+        instr = entry.name if entry is not None else "red.add"  # no entry: named generically
         return [InstrUse("R2G", instr, 1, eb, _values(op.src) * _warps(kernel), "global",
                          global_bytes=_elements(op.dst) * eb)]
     return []

@@ -257,6 +257,7 @@ def test_every_catalogue_entry_of_the_device_is_covered():
     target = get_target(f"sm_{device_cc()}a" if device_cc() >= 90 else f"sm_{device_cc()}")
     checked_kinds = {"mma", "ld.global", "st.global", "ld.shared", "st.shared", "cp.async",
                      "ldmatrix", "stmatrix", "shfl", "cp.async.commit",
+                     "red.global",  # tests/gpu/test_red_entries.py
                      # Hopper entries: tests/gpu/test_hopper_instructions.py (TMA loads of
                      # rank 2 and stores of rank 1 run; other ranks and multicast are only
                      # assembled, by tests/arch/test_tma.py)
