@@ -48,9 +48,16 @@ def run(dtype, m, n, k, seed, role_order="listed", **tiles):
     a, b = random_input(rng, (m, k), dtype), random_input(rng, (n, k), dtype)
     c = poisoned((m, n), dtype)
     grid = (tg.cdiv(m, tiles.get("BM", 128)), tg.cdiv(n, tiles.get("BN", 128)))
-    run_with_deadline(lambda: tg.emulate(KERNELS[dtype], grid, a, b, c, target="sm_90a",
-                                         role_order=role_order, **tiles))
-    return a, b, c
+    report = run_with_deadline(lambda: tg.emulate(KERNELS[dtype], grid, a, b, c,
+                                                  target="sm_90a", role_order=role_order,
+                                                  **tiles))
+    return a, b, c, report
+
+
+def ran_specialized(report, threads: int = 128) -> bool:
+    """Whether an emulated run was the warp-specialized TMA pipeline (the build follows the
+    arrays' facts: a row that is not a multiple of 16 bytes takes cp.async, one role)."""
+    return report.threads == threads + 128 and report.kind("TmaLoad").count > 0
 
 
 def specialized(dtype, **tiles):
@@ -64,11 +71,12 @@ def specialized(dtype, **tiles):
 def test_warp_specialized_readme_gemm_is_right(dtype, case, role_order):
     tiles, m, n, k = case
     assert specialized(dtype, **tiles)
-    a, b, c = run(dtype, m, n, k, seed=m + k, role_order=role_order, **tiles)
+    a, b, c, report = run(dtype, m, n, k, seed=m + k, role_order=role_order, **tiles)
+    assert ran_specialized(report, tiles.get("threads", 128))
     check_gemm(c, a, b, dtype)
     # The same k16 steps in the same order as one role: the very same bits.
-    _, _, single = run(dtype, m, n, k, seed=m + k, warp_specialize=False, **tiles)
-    assert not specialized(dtype, warp_specialize=False, **tiles)
+    _, _, single, report = run(dtype, m, n, k, seed=m + k, warp_specialize=False, **tiles)
+    assert report.threads == tiles.get("threads", 128) and report.kind("TmaLoad").count
     assert np.array_equal(c.view(np.uint16) if c.dtype == np.float16 else c,
                           single.view(np.uint16) if single.dtype == np.float16 else single)
 
@@ -76,10 +84,16 @@ def test_warp_specialized_readme_gemm_is_right(dtype, case, role_order):
 def test_k_shorter_than_the_ring_and_empty_k():
     """K = 24 (one partial k-tile: the producer issues one stage of three) and K = 0 (no
     iteration: the accumulator's zeros are the result)."""
-    a, b, c = run(f16, 70, 9, 24, seed=5, BM=64, BN=64, STAGES=3)
+    a, b, c, report = run(f16, 70, 9, 24, seed=5, BM=64, BN=64, STAGES=3)
+    assert ran_specialized(report)
     check_gemm(c, a, b, f16)
-    a, b, c = run(f16, 65, 33, 0, seed=6, BM=64, BN=64, STAGES=3)
-    assert np.array_equal(c, np.zeros((65, 33), np.float16))
+    # K = 0 arrays prove no TMA facts, so run the specialized build's thread IR directly.
+    tk = build(readme_gemm, dict(BM=64, BN=64, STAGES=3), None, "sm_90a").thread_kernel
+    assert tk.threads == 256
+    a, b = np.zeros((65, 0), np.float16), np.zeros((48, 0), np.float16)
+    c = poisoned((65, 48), f16)                 # 48 columns: the default facts' alignment
+    run_with_deadline(lambda: run_thread_kernel(tk, (2, 1), {"a": a, "b": b, "c": c}))
+    assert np.array_equal(c, np.zeros((65, 48), np.float16))
 
 
 @pytest.mark.parametrize("role_order", ["listed", "reversed"])
@@ -89,14 +103,18 @@ def test_split_k_pipeline_starting_past_zero(role_order):
     K arrive zero-filled. Partials summed over the splits against numpy."""
     from tegula.kernels.gemm import gemm_split_k_kernel
     kernel = gemm_split_k_kernel(f16)
-    m, n, k, split, bm, bn = 70, 100, 1000, 2, 64, 128
+    # 22 k-tiles: splits start at 0 and 11 (a parity counted from 0 would be off by one
+    # round for the second); rows of 2704 bytes, a multiple of 16, so TMA is proven.
+    m, n, k, split, bm, bn = 70, 100, 1352, 2, 64, 128
     assert any(isinstance(s, Roles) for s in build(kernel, {}, None, "sm_90a").thread_kernel.body)
     rng = np.random.default_rng(12)
     a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
     m_tiles = tg.cdiv(m, bm)
     partial = poisoned((split * m_tiles * bm, n), tg.f32)
-    run_with_deadline(lambda: tg.emulate(kernel, (m_tiles, tg.cdiv(n, bn), split), a, b,
-                                         partial, target="sm_90a", role_order=role_order))
+    report = run_with_deadline(lambda: tg.emulate(
+        kernel, (m_tiles, tg.cdiv(n, bn), split), a, b, partial, target="sm_90a",
+        role_order=role_order))
+    assert ran_specialized(report)
     total = sum(partial[s * m_tiles * bm:s * m_tiles * bm + m].astype(np.float64)
                 for s in range(split))
     af, bf = a.astype(np.float64), b.astype(np.float64)
@@ -135,12 +153,13 @@ def test_a_body_with_more_than_the_gemm_and_a_shared_epilogue(role_order):
     assert any(s.barrier == empty.name and s.pred is None for s in walk(consumer)
                if isinstance(s, MBarrierArrive))                   # every thread releases
     rng = np.random.default_rng(7)
-    a, b = random_input(rng, (100, 330), f16), random_input(rng, (70, 330), f16)
+    a, b = random_input(rng, (100, 328), f16), random_input(rng, (70, 328), f16)
     c, steps = poisoned((100, 70), f16), poisoned((100, 70), tg.f32)
-    run_with_deadline(lambda: tg.emulate(gemm_count_staged, (2, 2), a, b, c, steps,
-                                         target="sm_90a", role_order=role_order))
+    report = run_with_deadline(lambda: tg.emulate(gemm_count_staged, (2, 2), a, b, c, steps,
+                                                  target="sm_90a", role_order=role_order))
+    assert ran_specialized(report)
     check_gemm(c, a, b, f16)
-    assert np.all(steps == 11)                                       # ceil(330 / 32)
+    assert np.all(steps == 11)                                       # ceil(328 / 32)
 
 
 # ------------------------------------------------------------------ injected bugs
