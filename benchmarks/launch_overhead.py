@@ -57,13 +57,18 @@ def main() -> None:
         ("torch rms_norm", per_call_us(lambda: torch.nn.functional.rms_norm(x, (64,), w))),
         ("tegula.kernels.softmax(x)", per_call_us(lambda: tk.softmax(x))),
     ]
-    from tegula.runtime import fastcall, launcher
+    from tegula.runtime import fastcall, launcher, replay
     if launcher._C_LAUNCH and launcher._C_LAUNCH[0] is not None:
         # The same replay with the driver called through ctypes instead (the fallback).
-        c_launch, launcher._C_LAUNCH[0] = launcher._C_LAUNCH[0], None
-        rows.insert(1, ("  ... through ctypes (no C launcher)",
+        saved = launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0]
+        launcher._C_LAUNCH[0] = launcher._C_POINTERS[0] = replay.C_LOOKUP[0] = None
+        for prepared in kernel._fast_launch.values():
+            prepared.direct = launcher._NOT_YET  # decided again, without the C launcher
+        rows.insert(1, ("  ... in Python, through ctypes",
                         per_call_us(lambda: kernel[(2, 1)](x, y, BM=32, BN=64))))
-        launcher._C_LAUNCH[0] = c_launch
+        launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0] = saved
+        for prepared in kernel._fast_launch.values():
+            prepared.direct = launcher._NOT_YET
     else:
         print(f"C launcher not in use: {fastcall.unavailable}")
     print(torch.cuda.get_device_name())

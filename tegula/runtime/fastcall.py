@@ -27,6 +27,11 @@ SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030D0000  /* its name before Python 3.13 */
+#define PyObject_GetOptionalAttr _PyObject_LookupAttr
+#endif
 
 typedef int (*launch_kernel_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, void *, void **, void **);
@@ -58,15 +63,174 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t n)
     return PyLong_FromLong(code);
 }
 
+/* replay_lookup(table, head, args) -> (prepared launch or None, key or None, pointers):
+   runtime/replay.py's replay_key and table lookup in one call. key = head + per argument:
+   an int or float (subclasses too, but no tensor) adds its type and a None pointer; an
+   object with data_ptr adds (data_ptr() & 15, .shape, .stride(), .dtype, .get_device())
+   and its pointer; anything else makes the launch not replayable (None, None, None). */
+static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *fifteen;
+
+static PyObject *replay_lookup(PyObject *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2])) {
+        PyErr_SetString(PyExc_TypeError, "replay_lookup(dict, tuple, tuple)");
+        return NULL;
+    }
+    PyObject *head = a[1], *args = a[2];
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args), nhead = PyTuple_GET_SIZE(head);
+    PyObject *parts = PyList_New(0), *pointers = PyList_New(nargs), *key = NULL;
+    if (parts == NULL || pointers == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < nhead; i++)
+        if (PyList_Append(parts, PyTuple_GET_ITEM(head, i)) < 0)
+            goto fail;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *arg = PyTuple_GET_ITEM(args, i);
+        PyObject *data_ptr = NULL;
+        if (!PyLong_CheckExact(arg) && !PyFloat_CheckExact(arg) &&
+                PyObject_GetOptionalAttr(arg, s_data_ptr, &data_ptr) < 0)
+            goto fail;
+        if (data_ptr == NULL) {
+            if (!PyLong_Check(arg) && !PyFloat_Check(arg)) {  /* not replayable */
+                Py_DECREF(parts);
+                Py_DECREF(pointers);
+                return Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
+            }
+            if (PyList_Append(parts, (PyObject *)Py_TYPE(arg)) < 0)
+                goto fail;
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(pointers, i, Py_None);
+            continue;
+        }
+        PyObject *ptr = PyObject_CallNoArgs(data_ptr);
+        Py_DECREF(data_ptr);
+        if (ptr == NULL)
+            goto fail;
+        PyList_SET_ITEM(pointers, i, ptr);  /* the list owns it */
+        for (int k = 0; k < 5; k++) {  /* in order, stopping at the first error */
+            PyObject *item = k == 0 ? PyNumber_And(ptr, fifteen)
+                           : k == 1 ? PyObject_GetAttr(arg, s_shape)
+                           : k == 2 ? PyObject_CallMethodNoArgs(arg, s_stride)
+                           : k == 3 ? PyObject_GetAttr(arg, s_dtype)
+                           : PyObject_CallMethodNoArgs(arg, s_get_device);
+            if (item == NULL)
+                goto fail;
+            int appended = PyList_Append(parts, item);
+            Py_DECREF(item);
+            if (appended < 0)
+                goto fail;
+        }
+    }
+    key = PyList_AsTuple(parts);
+    Py_CLEAR(parts);
+    if (key == NULL)
+        goto fail;
+    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
+    if (hit == NULL && PyErr_Occurred())
+        goto fail;
+    PyObject *result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
+    Py_DECREF(key);
+    Py_DECREF(pointers);
+    return result;
+fail:
+    Py_XDECREF(parts);
+    Py_XDECREF(pointers);
+    Py_XDECREF(key);
+    return NULL;
+}
+
+#ifndef Py_GIL_DISABLED
+#define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
+
+/* launch_pointers(spec, gx, gy, gz, stream, pointers (a list or tuple)): write pointers[indices[i]] as
+   8-byte values at dest + 8 i, then cuLaunchKernel; spec = (cuLaunchKernel address,
+   function, threads, shared bytes, parameter array, dest, indices). The GIL is held from
+   the first write to the driver's return (the driver copies the values during the
+   call), so no other Python thread can rewrite the buffer in between: no lock needed. */
+static PyObject *launch_pointers(PyObject *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 6 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 7 ||
+            !(PyList_Check(a[5]) || PyTuple_Check(a[5]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
+        return NULL;
+    }
+    unsigned long long v[6];  /* address, function, threads, shared, params, dest */
+    for (int i = 0; i < 6; i++) {
+        v[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(a[0], i));
+        if (v[i] == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    unsigned long long g[4];  /* gx, gy, gz, stream */
+    for (int i = 0; i < 4; i++) {
+        g[i] = PyLong_AsUnsignedLongLong(a[1 + i]);
+        if (g[i] == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (g[0] > 0xFFFFFFFFull || g[1] > 0xFFFFFFFFull || g[2] > 0xFFFFFFFFull ||
+            v[2] > 0xFFFFFFFFull || v[3] > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "a grid, block or shared size exceeds 2^32-1");
+        return NULL;
+    }
+    PyObject *indices = PyTuple_GET_ITEM(a[0], 6), *pointers = a[5];
+    if (!PyTuple_Check(indices)) {
+        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices must be a tuple");
+        return NULL;
+    }
+    unsigned long long *dest = (unsigned long long *)(uintptr_t)v[5], values[MAX_POINTERS];
+    Py_ssize_t count = PyTuple_GET_SIZE(indices), have = PySequence_Fast_GET_SIZE(pointers);
+    if (count > MAX_POINTERS) {
+        PyErr_SetString(PyExc_ValueError, "launch_pointers: too many pointers");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {  /* convert all before writing any */
+        Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, i));
+        if (j == -1 && PyErr_Occurred())
+            return NULL;
+        if (j < 0 || j >= have) {
+            PyErr_SetString(PyExc_IndexError, "launch_pointers: index out of range");
+            return NULL;
+        }
+        unsigned long long p = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(pointers, j));
+        if (p == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        values[i] = p;
+    }
+    memcpy(dest, values, (size_t)count * 8);
+    launch_kernel_t launch_kernel = (launch_kernel_t)(uintptr_t)v[0];
+    int code = launch_kernel((void *)(uintptr_t)v[1], (unsigned)g[0], (unsigned)g[1],
+                             (unsigned)g[2], (unsigned)v[2], 1, 1, (unsigned)v[3],
+                             (void *)(uintptr_t)g[3], (void **)(uintptr_t)v[4], NULL);
+    return PyLong_FromLong(code);
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "cuLaunchKernel"},
+    {"replay_lookup", (PyCFunction)(void (*)(void))replay_lookup, METH_FASTCALL,
+     "replay key and lookup"},
+#ifndef Py_GIL_DISABLED
+    {"launch_pointers", (PyCFunction)(void (*)(void))launch_pointers, METH_FASTCALL,
+     "write data pointers, cuLaunchKernel"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tegula_fastcall", NULL, -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit_tegula_fastcall(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_tegula_fastcall(void)
+{
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_get_device = PyUnicode_InternFromString("get_device");
+    fifteen = PyLong_FromLong(15);
+    if (!s_data_ptr || !s_shape || !s_stride || !s_dtype || !s_get_device || !fifteen)
+        return NULL;
+    return PyModule_Create(&module);
+}
 """
 
 #: Why the extension is not in use (None while it is, or before the first attempt).
@@ -79,7 +243,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-1"])
+                      os.path.realpath(cc), include, "fastcall-4"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -113,6 +277,14 @@ def c_launcher(launch_kernel_address: int, cache=None) -> Callable[..., int] | N
     """`launch(function, gx, gy, gz, threads, shared, stream, params) -> CUresult` calling
     the `cuLaunchKernel` at `launch_kernel_address` from C (all arguments ints), or None
     where the extension cannot be built or loaded (`unavailable` says why)."""
+    module = c_extension(cache)
+    return None if module is None else partial(module.launch, launch_kernel_address)
+
+
+def c_extension(cache=None):
+    """The extension module (`launch`, `replay_lookup`, and `launch_pointers` where Python
+    has a GIL), built or found in the cache; None where it cannot be built or loaded
+    (`unavailable` says why)."""
     global unavailable
     if os.environ.get("TEGULA_C_LAUNCHER", "1") == "0":
         unavailable = "turned off by TEGULA_C_LAUNCHER=0"
@@ -130,4 +302,4 @@ def c_launcher(launch_kernel_address: int, cache=None) -> Callable[..., int] | N
         unavailable = f"{type(e).__name__}: {e}"
         return None
     unavailable = None
-    return partial(module.launch, launch_kernel_address)
+    return module

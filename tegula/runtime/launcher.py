@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from functools import partial
 from operator import itemgetter
 from typing import Any, Sequence
 
@@ -127,9 +128,12 @@ class CompiledKernel:
         else:
             code = self._launch_ctypes(gx, gy, gz, device, handle, params.address)
         if code != 0:
-            driver = drv.cuda_driver()
-            drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, "
-                      f"grid={(gx, gy, gz)})")
+            self.check_result(code, gx, gy, gz)
+
+    def check_result(self, code: int, gx: int, gy: int, gz: int) -> None:
+        """Raise the driver's error for a non-zero CUresult of cuLaunchKernel."""
+        driver = drv.cuda_driver()
+        drv.check((driver.CUresult(code),), f"cuLaunchKernel({self.name}, grid={(gx, gy, gz)})")
 
     def _launch_ctypes(self, gx: int, gy: int, gz: int, device: int, handle: int,
                        params: ctypes.c_void_p) -> int:
@@ -247,15 +251,24 @@ def _load_raw_launcher():
 
 
 _C_LAUNCH: list = []  # [fastcall.c_launcher of that cuLaunchKernel, or None], on first use
+#: [(fastcall's launch_pointers, that cuLaunchKernel's address), or None], set with _C_LAUNCH
+#: (None too where Python has no GIL: the extension then has no launch_pointers).
+_C_POINTERS: list = [None]
 
 
 def _load_c_launcher():
     raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
-    fast = None
+    fast = pointers = None
     if isinstance(raw, ctypes._CFuncPtr):  # a C function (not a test's Python stand-in)
-        from tegula.runtime.fastcall import c_launcher
-        fast = c_launcher(ctypes.cast(raw, ctypes.c_void_p).value)
+        from tegula.runtime.fastcall import c_extension
+        module = c_extension()
+        if module is not None:
+            address = ctypes.cast(raw, ctypes.c_void_p).value
+            fast = partial(module.launch, address)
+            if hasattr(module, "launch_pointers"):
+                pointers = (module.launch_pointers, address)
     _C_LAUNCH.append(fast)
+    _C_POINTERS[0] = pointers
     return fast
 
 
@@ -272,7 +285,7 @@ class PreparedLaunch:
     """
 
     __slots__ = ("kernel", "device", "constexprs", "buffer", "take_pointers", "scalars",
-                 "maps", "slots")
+                 "maps", "slots", "pointer_indices", "direct")
 
     def __init__(self, kernel: CompiledKernel, values: list, device: int,
                  constexprs: dict | None = None, arg_index: dict[str, int] | None = None):
@@ -308,14 +321,29 @@ class PreparedLaunch:
         self.buffer = ParamBuffer(specs, changing + fixed, len(changing))
         self.buffer.pack([values[slot] for slot in changing + fixed])
         indices = [i for _, i in pointers]
+        self.pointer_indices = tuple(indices)
         self.take_pointers = (itemgetter(*indices) if len(indices) > 1 else
                               (lambda p, i=indices[0]: (p[i],)) if indices else
                               (lambda p: ()))
+        self.direct = _NOT_YET  # the C launch of new pointers (`_direct_spec`), on first call
 
     def __call__(self, grid: tuple[int, int, int], args: Sequence[Any],
                  pointers: Sequence[int | None], stream: Any = None) -> None:
         """Launch on a normalized `grid` with `args` (positional, as first checked) whose
         data pointers the caller has read already (`pointers[i]` for `args[i]`)."""
+        direct = self.direct
+        if direct is _NOT_YET:
+            direct = self.direct = self._direct_spec()
+        if direct is not None:  # pointers only: written and launched in one C call
+            device = self.device
+            if stream is None and _CURRENT_STREAM:
+                handle = _CURRENT_STREAM[0](device)
+            else:
+                handle = _stream_handle(stream, device)
+            code = _C_POINTERS[0][0](direct, grid[0], grid[1], grid[2], handle, pointers)
+            if code != 0:
+                self.kernel.check_result(code, grid[0], grid[1], grid[2])
+            return
         changing = self.take_pointers(pointers)
         if self.scalars or self.maps:
             changing = self._with_scalars_and_maps(changing, args, pointers)
@@ -329,6 +357,25 @@ class PreparedLaunch:
             buffer.prefix.pack_into(buffer.buffer, buffer.start, *changing)
             self.kernel.send(grid[0], grid[1], grid[2], device, handle, buffer)
 
+    def _direct_spec(self) -> tuple | None:
+        """What fastcall's `launch_pointers` needs to write this launch's data pointers and
+        call cuLaunchKernel in one C call, holding the GIL throughout (so every launch of
+        this buffer goes through it and no lock is taken): for a launch whose changing
+        values are data pointers only, of a kernel without a cluster, on a known device,
+        with the C launcher in use and `send` not replaced (tests record through it).
+        None otherwise: the launch packs in Python and calls `send`."""
+        ck, buffer = self.kernel, self.buffer
+        if (self.scalars or self.maps or ck._clustered or self.device < 0 or
+                not 0 < len(self.pointer_indices) <= 64 or _C_POINTERS[0] is None or
+                not (_C_LAUNCH and _C_LAUNCH[0] is not None) or
+                type(ck).send is not _SEND or "send" in vars(ck)):
+            return None
+        if buffer.prefix.format != "<" + "Q" * len(self.pointer_indices):
+            return None  # not 8-byte values at 8-byte steps from the buffer's start
+        dest = ctypes.addressof(buffer.buffer) + buffer.start
+        return (_C_POINTERS[0][1], int(ck.function(self.device)), ck.threads, ck.shared_bytes,
+                buffer.address_value, dest, self.pointer_indices)
+
     def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
                                pointers: Sequence[int | None]) -> list:
         plan = self.kernel.plan
@@ -339,6 +386,10 @@ class PreparedLaunch:
         if maps:
             self.kernel.check_tensor_maps(maps)
         return values + maps
+
+
+_NOT_YET = object()  # PreparedLaunch.direct before its first call
+_SEND = CompiledKernel.send  # the real one (tests replace it to record launches)
 
 
 def _stream_handle(stream: Any, device: int) -> int:

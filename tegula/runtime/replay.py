@@ -54,27 +54,13 @@ def constexpr_key(kwargs: dict) -> tuple | None:
 def replay_key(args: tuple, kwargs: dict, target: Any) -> tuple[tuple, list] | None:
     """(The replay key of a launch, the arguments' data pointers), or None where the
     launch is not replayable (an argument the key does not read: a non-torch tensor
-    object, a tensor given by keyword). The key is one flat tuple; it parses one way
-    only, since a number's part is a type object, which equals none of a tensor's parts.
-    `launch` inlines this."""
-    parts, pointers = [target], []
-    if kwargs:
-        kw = constexpr_key(kwargs)
-        if kw is None:
-            return None
-        parts.append(kw)
-    for a in args:
-        data_ptr = getattr(a, "data_ptr", None)
-        if data_ptr is None:
-            if not isinstance(a, (int, float)):
-                return None
-            parts.append(type(a))
-            pointers.append(None)
-            continue
-        ptr = data_ptr()
-        parts += (ptr & 15, a.shape, a.stride(), a.dtype, a.get_device())
-        pointers.append(ptr)
-    return tuple(parts), pointers
+    object, a tensor given by keyword). The key is one flat tuple: the target, the
+    keywords' part (if any), then per argument its parts; it parses one way only, since
+    a number's part is a type object, which equals none of a tensor's five parts."""
+    kw = constexpr_key(kwargs) if kwargs else ()
+    head = (target, kw) if kwargs else (target,)
+    _, key, pointers = _lookup({}, head, args, kw)
+    return None if key is None else (key, pointers)
 
 
 def launch_grid(grid: Any) -> tuple[int, int, int]:
@@ -108,15 +94,37 @@ def launch(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None) ->
     table = kernel.__dict__.get("_fast_launch")
     if table is None:
         table = kernel.__dict__["_fast_launch"] = {}
-    # replay_key, inlined (a frame and a tuple less per launch).
-    parts, pointers = [target], []
     if kwargs:
         types = tuple(map(type, kwargs.values()))
         kw = (tuple(kwargs.items()), types) if _PLAIN.issuperset(types) else \
             constexpr_key(kwargs)
-        parts.append(kw)
+        head = (target, kw)
     else:
-        kw = ()
+        kw, head = (), (target,)
+    if C_LOOKUP[0] is not None and kw is not None:  # the key and lookup in C
+        hit, key, pointers = C_LOOKUP[0](table, head, args)
+    else:
+        hit, key, pointers = _lookup(table, head, args, kw)
+    if hit is not None:
+        grid3 = launch_grid(grid(hit.constexprs) if callable(grid) else grid)
+        if 0 not in grid3:  # an empty grid (empty tensors) launches nothing
+            hit(grid3, args, pointers, stream)
+        return hit.kernel
+    full = _FULL[0] if _FULL else _import_full()
+    ck, prepared = full(kernel, grid, args, kwargs, target, stream)
+    if prepared is not None and key is not None:
+        if len(table) >= MAX_PREPARED:  # many distinct shapes: start over, not grow forever
+            table.clear()
+        table[key] = prepared
+    if C_LOOKUP[0] is None and not _C_TRIED:
+        _load_c_lookup()
+    return ck
+
+
+def _lookup(table: dict, head: tuple, args: tuple, kw) -> tuple:
+    """(Prepared launch or None, key or None, pointers): `replay_key` and the lookup, in
+    Python (the C extension's `replay_lookup` does the same)."""
+    parts, pointers = list(head), []
     for a in args:
         data_ptr = getattr(a, "data_ptr", None)
         if data_ptr is None:
@@ -129,20 +137,24 @@ def launch(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None) ->
         ptr = data_ptr()
         parts += (ptr & 15, a.shape, a.stride(), a.dtype, a.get_device())
         pointers.append(ptr)
-    key = tuple(parts) if kw is not None else None
-    hit = table.get(key) if key is not None else None
-    if hit is not None:
-        grid3 = launch_grid(grid(hit.constexprs) if callable(grid) else grid)
-        if 0 not in grid3:  # an empty grid (empty tensors) launches nothing
-            hit(grid3, args, pointers, stream)
-        return hit.kernel
-    full = _FULL[0] if _FULL else _import_full()
-    ck, prepared = full(kernel, grid, args, kwargs, target, stream)
-    if prepared is not None and key is not None:
-        if len(table) >= MAX_PREPARED:  # many distinct shapes: start over, not grow forever
-            table.clear()
-        table[key] = prepared
-    return ck
+    if kw is None:
+        return None, None, None
+    key = tuple(parts)
+    return table.get(key), key, pointers
+
+
+#: [the C extension's replay_lookup, or None]: set after the first full launch (building
+#: the extension takes a C compile once), None where it cannot be built, or turned off
+#: by TEGULA_C_LAUNCHER=0.
+C_LOOKUP: list = [None]
+_C_TRIED: list = []
+
+
+def _load_c_lookup() -> None:
+    from tegula.runtime.fastcall import c_extension
+    _C_TRIED.append(True)
+    module = c_extension()
+    C_LOOKUP[0] = None if module is None else module.replay_lookup
 
 
 def _import_full():

@@ -19,7 +19,7 @@ import tegula.runtime as runtime
 from tegula import build as build_module
 from tegula import f16
 from tegula.errors import TegulaError
-from tegula.runtime import CompiledKernel, args as runtime_args, launcher
+from tegula.runtime import CompiledKernel, args as runtime_args, fastcall, launcher, replay
 
 torch = pytest.importorskip("torch")
 
@@ -58,11 +58,20 @@ def _view(arg, real=runtime_args.tensor_view):
     return real(arg)
 
 
-@pytest.fixture
-def sent(monkeypatch):
+@pytest.fixture(params=["python key", "C key"])
+def sent(monkeypatch, request):
     """Stub the compiler, the driver call and torch's stream; yields the list of launches
-    (compiled kernel, grid, device, stream, parameter bytes per slot) in order."""
+    (compiled kernel, grid, device, stream, parameter bytes per slot) in order. Once with
+    the replay key built in Python, once in the C extension (`fastcall.replay_lookup`)."""
     launches = []
+    lookup = None
+    if request.param == "C key":
+        module = fastcall.c_extension()
+        if module is None:
+            pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
+        lookup = module.replay_lookup
+    monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
+    monkeypatch.setattr(replay, "_C_TRIED", [True])
 
     def send(self, gx, gy, gz, device, handle, params):
         pointers = (ctypes.c_void_p * len(self.params)).from_address(params.address_value)
@@ -266,3 +275,38 @@ def test_a_float_or_bool_grid_is_refused_after_an_equal_int_one(sent):
             kernel[bad](x_like(), y_like(), 1)
     kernel[(np.int64(4),)](x_like(), y_like(), 1)  # numpy integers are block counts
     assert sent[-1][1] == (4, 1, 1)
+
+
+def test_the_c_and_python_keys_are_equal():
+    """Both lookups build the same key tuple and pointers for every kind of argument, and
+    both refuse (None) what is not replayable."""
+    module = fastcall.c_extension()
+    if module is None:
+        pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
+    t = torch.ones(3, 5, dtype=torch.float16)[:, 1:]
+    argument_lists = [(), (1,), (True, 2.5, np.float64(1.5)), (t, 3), (x_like(), y_like(), 1),
+                      (x_like(ptr=BASE + 6), t.T), (np.int32(1),), (t, np.zeros(3)),
+                      (t, "a"), (None,)]
+    for head in [(None,), ("sm_90a", ((("BM", 16),), (int,)))]:
+        for args in argument_lists:
+            python = replay._lookup({}, head, args, ())
+            c = module.replay_lookup({}, head, args)
+            assert c == python, args
+            if python[1] is not None:
+                table = {python[1]: "prepared"}
+                assert module.replay_lookup(table, head, args)[0] == "prepared"
+
+
+def test_the_c_key_passes_on_errors_of_tensor_like_arguments():
+    module = fastcall.c_extension()
+    if module is None:
+        pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
+
+    class Broken(FakeCudaTensor):
+        def stride(self):
+            raise RuntimeError("no strides")
+
+    with pytest.raises(RuntimeError, match="no strides"):
+        module.replay_lookup({}, (None,), (Broken((4, 4)),))
+    with pytest.raises(TypeError):
+        module.replay_lookup({}, [None], ())
