@@ -28,6 +28,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from tegula.dtypes import DType, bf16, f16, f32, i8, i32, u8
+from tegula.runtime import replay as _replay
 from tegula.runtime.autotune import Autotuner, Config
 
 # torch dtype name (str(torch.float16)[6:]) -> tegula dtype, per entry point.
@@ -172,15 +173,30 @@ def _top_k() -> int | None:
 _REPLAYS: dict = {}
 
 
+def _replay_of(tensors: tuple, *head: Any) -> Callable[..., Any] | None:
+    """The replay registered for these tensors and this head (the entry point's name and
+    options), or None: `_signature`'s key built and looked up in one call of the runtime's
+    replay lookup (C where the extension is built). A mistake in an argument is a miss:
+    the full path then names it."""
+    lookup = _replay.C_LOOKUP[0]
+    try:
+        if lookup is not None:
+            return lookup(_REPLAYS, head, tensors)[0]
+        return _replay._lookup(_REPLAYS, head, tensors, ())[0]
+    except (AttributeError, TypeError):
+        return None
+
+
 def _signature(name: str, tensors: Sequence[Any], *options: Any) -> tuple | None:
-    """The replay key of a call, or None when an argument is not a tensor (the full path
-    then reports the mistake). Callers pass each option with its type (`type(eps), eps`):
+    """The replay key of a call (the runtime's replay key of the tensors after the name
+    and options: per tensor its pointer's alignment class, shape, strides, dtype and
+    device), or None when an argument is not a tensor (the full path then reports the
+    mistake). Callers pass each option with its type (`type(eps), eps`):
     `False == 0` and `1 == 1.0` in Python, but the full path refuses a bool eps and keys
     constexprs by repr (a float eps's sign of zero is moot: it is added to a mean of
     squares, never negative, and the full path compiles -0.0 as 0.0)."""
     try:
-        return (name, options) + tuple((t.shape, t.stride(), t.dtype, t.get_device(),
-                                        t.data_ptr() & 15) for t in tensors)
+        return _replay._lookup({}, (name,) + options, tuple(tensors), ())[1]
     except (AttributeError, TypeError):
         return None
 
@@ -261,10 +277,10 @@ def matmul(a: Any, b: Any, *, out: Any = None) -> Any:
 
     See the module docstring for how `b`'s memory layout costs (free for `w.T` of a
     K-major (N, K) `w`)."""
-    signature = _signature("matmul", (a, b)) if out is None else None
-    replay = _REPLAYS.get(signature)
+    replay = _replay_of((a, b), "matmul") if out is None else None
     if replay is not None:
         return replay(a, b)
+    signature = _signature("matmul", (a, b)) if out is None else None
     dtype = _check_tensor("matmul", "a", a, _GEMM_DTYPES, ndim=2)
     _check_tensor("matmul", "b", b, _GEMM_DTYPES, ndim=2)
     _check_same_dtype("matmul", {"a": a, "b": b})
@@ -416,10 +432,10 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     """RMSNorm over the last dim: `x / sqrt(mean(x², -1) + eps) * weight`, computed in f32.
     `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); any N (rows longer
     than one register tile, 16384 elements, run through the chunked kernel)."""
-    signature = _signature("rms_norm", (x, weight), type(eps), eps) if out is None else None
-    replay = _REPLAYS.get(signature)
+    replay = _replay_of((x, weight), "rms_norm", type(eps), eps) if out is None else None
     if replay is not None:
         return replay(x, weight)
+    signature = _signature("rms_norm", (x, weight), type(eps), eps) if out is None else None
     dtype = _check_tensor("rms_norm", "x", x, _FLOATS, min_ndim=1)
     _check_tensor("rms_norm", "weight", weight, _FLOATS, ndim=1)
     _check_same_dtype("rms_norm", {"x": x, "weight": weight})
@@ -467,10 +483,10 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     """Softmax along the last dim (`dim` must name it), computed in f32 and returned in
     `x`'s dtype (f32, f16 or bf16); rows of any length (rows longer than one register
     tile, 16384 elements, run through the chunked online-softmax kernel)."""
-    signature = _signature("softmax", (x,), type(dim), dim) if out is None else None
-    replay = _REPLAYS.get(signature)
+    replay = _replay_of((x,), "softmax", type(dim), dim) if out is None else None
     if replay is not None:
         return replay(x)
+    signature = _signature("softmax", (x,), type(dim), dim) if out is None else None
     dtype = _check_tensor("softmax", "x", x, _FLOATS, min_ndim=1)
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
@@ -544,10 +560,10 @@ def copy(x: Any, *, out: Any = None) -> Any:
     """A copy of `x` (f32, f16, bf16, i8, u8 or i32; any shape) as a new contiguous tensor,
     or written into contiguous `out`. A non-contiguous `x` is first made contiguous by
     torch (so its copy costs two passes)."""
-    signature = _signature("copy", (x,)) if out is None else None
-    replay = _REPLAYS.get(signature)
+    replay = _replay_of((x,), "copy") if out is None else None
     if replay is not None:
         return replay(x)
+    signature = _signature("copy", (x,)) if out is None else None
     dtype = _check_tensor("copy", "x", x, _COPY_DTYPES)
     _check_cuda("copy", {"x": x})
     if out is None:

@@ -17,13 +17,21 @@ torch = pytest.importorskip("torch")
 import tegula.kernels as tk  # noqa: E402
 import tegula.runtime as runtime  # noqa: E402
 from tegula.kernels import api  # noqa: E402
-from tegula.runtime import CompiledKernel, launcher  # noqa: E402
+from tegula.runtime import CompiledKernel, fastcall, launcher, replay  # noqa: E402
 from tegula.runtime.args import ArgumentPlan  # noqa: E402
 
 
-@pytest.fixture
-def sent(monkeypatch):
+@pytest.fixture(params=["python key", "C key"])
+def sent(monkeypatch, request):
     launches = []
+    lookup = None
+    if request.param == "C key":
+        module = fastcall.c_extension()
+        if module is None:
+            pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
+        lookup = module.replay_lookup
+    monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
+    monkeypatch.setattr(replay, "_C_TRIED", [True])
 
     def send(self, gx, gy, gz, device, handle, params):
         pointers = (ctypes.c_void_p * len(self.params)).from_address(params.address_value)
