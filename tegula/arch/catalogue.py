@@ -23,6 +23,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from tegula.arch.convert import CONVERT_INSTRUCTIONS
 from tegula.arch.instructions import Instruction, MatrixInstr, MemInstr, MmaInstr, ShuffleInstr
 from tegula.arch.memory import (MATRIX_INSTRUCTIONS, MEMORY_INSTRUCTIONS, SHUFFLE_INSTRUCTIONS,
                                 cp_async_wait)
@@ -35,7 +36,7 @@ from tegula.errors import TegulaError
 
 ALL_INSTRUCTIONS: tuple[Instruction, ...] = (
     MMA_INSTRUCTIONS + MEMORY_INSTRUCTIONS + MATRIX_INSTRUCTIONS + SHUFFLE_INSTRUCTIONS
-    + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS)
+    + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS + CONVERT_INSTRUCTIONS)
 
 _BY_NAME: Mapping[str, Instruction] = MappingProxyType({i.name: i for i in ALL_INSTRUCTIONS})
 _SHUFFLE_BY_IR_MODE = {s.ir_mode: s for s in SHUFFLE_INSTRUCTIONS}

@@ -29,6 +29,8 @@ GCC/NVCC's: ``r`` = 32-bit (uint32_t lvalue), ``h`` = 16-bit (unsigned short), `
 64-bit (a generic pointer for global addresses), ``f`` = float. Shared-memory addresses
 are 32-bit shared-window addresses (``(unsigned)__cvta_generic_to_shared(ptr)``).
 
+Entries marked `pure` (conversions) print ``asm(...)`` without ``volatile``.
+
 Predication: `format_asm(..., pred="cond")` wraps the instruction as
 ``{ .reg .pred p; setp.ne.b32 p, %k, 0; @p <instr> }`` with `cond` as an extra "r" input;
 output registers become read-write ("+r") so the values the generated code placed in them
@@ -98,6 +100,10 @@ class Instruction:
     clobbers_memory: bool = False
     source: str = ""
     pipe: str = "alu"
+    #: The instruction only computes its outputs from its inputs (no memory, no other
+    #: effect): printed as plain `asm(...)`, which the compiler may move, merge or drop
+    #: like arithmetic (conversions); every other entry prints `asm volatile(...)`.
+    pure: bool = False
 
     def available_on(self, target) -> bool:
         """True when `target` (a `Target`) supports the instruction."""
@@ -182,7 +188,8 @@ class Instruction:
             ins.append(f'"r"((int)({pred}))')
             text = ("{ .reg .pred p; setp.ne.b32 p, %" + str(index) + ", 0; @p " + text + " }")
         clob = ' : "memory"' if self.clobbers_memory else ""
-        return (f'asm volatile("{text}\\n" : {", ".join(outs)} : {", ".join(ins)}{clob});')
+        asm = "asm" if self.pure else "asm volatile"
+        return f'{asm}("{text}\\n" : {", ".join(outs)} : {", ".join(ins)}{clob});'
 
 
 def tv_table(layout: Layout, threads: int = 32) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from tegula.arch.convert import cvt
 from tegula.arch.instructions import PTX_TYPE, MmaInstr
 from tegula.arch.memory import RED_ADD
 from tegula.arch.mma import MMA_INSTRUCTIONS
@@ -22,6 +23,16 @@ from tegula.codegen.expr import CodegenError
 # --------------------------------------------------------------------------------------
 # Helper device functions
 # --------------------------------------------------------------------------------------
+
+def _cvt(ptx: str, **operands: str) -> str:
+    """The asm statement of the catalogue's conversion `ptx` on C operands."""
+    return cvt(ptx).format_asm(**operands)
+
+
+def _cc(ptx: str) -> int:
+    """__CUDA_ARCH__ from which the conversion `ptx` exists (its entry's min_cc)."""
+    return 10 * cvt(ptx).min_cc
+
 
 def _red(dtype_name: str) -> str:
     """The asm statement of the catalogue's global atomic add for a tegula dtype name, on
@@ -71,22 +82,23 @@ __device__ __forceinline__ int tg_mod(int a, int b) {
   int r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }""", ()),
-    "tg_f16_to_f32": ("""\
-__device__ __forceinline__ float tg_f16_to_f32(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}""", ()),
-    "tg_f32_to_f16": ("""\
-__device__ __forceinline__ unsigned short tg_f32_to_f16(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}""", ()),
+    # Conversions print the catalogue's cvt entries (`arch.convert`).
+    "tg_f16_to_f32": (f"""\
+__device__ __forceinline__ float tg_f16_to_f32(unsigned short h) {{
+  float f; {_cvt("cvt.f32.f16", d="f", a="h")} return f;
+}}""", ()),
+    "tg_f32_to_f16": (f"""\
+__device__ __forceinline__ unsigned short tg_f32_to_f16(float f) {{
+  unsigned short h; {_cvt("cvt.rn.f16.f32", d="h", a="f")} return h;
+}}""", ()),
     "tg_bf16_to_f32": ("""\
 __device__ __forceinline__ float tg_bf16_to_f32(unsigned short h) {
   return __uint_as_float(((unsigned)h) << 16);  // bf16 is the top half of an f32
 }""", ()),
-    "tg_f32_to_bf16": ("""\
-__device__ __forceinline__ unsigned short tg_f32_to_bf16(float f) {
-  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}""", ()),
+    "tg_f32_to_bf16": (f"""\
+__device__ __forceinline__ unsigned short tg_f32_to_bf16(float f) {{
+  unsigned short h; {_cvt("cvt.rn.bf16.f32", d="h", a="f")} return h;
+}}""", ()),
     "tg_fp8_sw": ("""\
 // Exact software f8 conversions for targets without cvt.*.e4m3x2/e5m2x2 (before sm_89).
 __device__ __forceinline__ unsigned char tg_f32_to_fp8_sw(float x, int man_bits, int bias,
@@ -112,46 +124,46 @@ __device__ __forceinline__ float tg_fp8_to_f32_sw(unsigned char c, int man_bits,
   else v = ldexpf((float)(m + (1u << man_bits)), (int)e - bias - man_bits);
   return (c & 0x80u) ? -v : v;
 }""", ()),
-    "tg_f32_to_e4m3": ("""\
-__device__ __forceinline__ unsigned char tg_f32_to_e4m3(float f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    "tg_f32_to_e4m3": (f"""\
+__device__ __forceinline__ unsigned char tg_f32_to_e4m3(float f) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc("cvt.rn.satfinite.e4m3x2.f32")}
   unsigned short p;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p) : "f"(0.0f), "f"(f));
+  {_cvt("cvt.rn.satfinite.e4m3x2.f32", d="p", a="0.0f", b="f")}
   return (unsigned char)(p & 0xff);  // the second source lands in the low byte
 #else
   return tg_f32_to_fp8_sw(f, 3, 7, 448.0f, 0x7eu);
 #endif
-}""", ("tg_fp8_sw",)),
-    "tg_f32_to_e5m2": ("""\
-__device__ __forceinline__ unsigned char tg_f32_to_e5m2(float f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+}}""", ("tg_fp8_sw",)),
+    "tg_f32_to_e5m2": (f"""\
+__device__ __forceinline__ unsigned char tg_f32_to_e5m2(float f) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc("cvt.rn.satfinite.e5m2x2.f32")}
   unsigned short p;
-  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(p) : "f"(0.0f), "f"(f));
+  {_cvt("cvt.rn.satfinite.e5m2x2.f32", d="p", a="0.0f", b="f")}
   return (unsigned char)(p & 0xff);
 #else
   return tg_f32_to_fp8_sw(f, 2, 15, 57344.0f, 0x7bu);
 #endif
-}""", ("tg_fp8_sw",)),
-    "tg_e4m3_to_f32": ("""\
-__device__ __forceinline__ float tg_e4m3_to_f32(unsigned char c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+}}""", ("tg_fp8_sw",)),
+    "tg_e4m3_to_f32": (f"""\
+__device__ __forceinline__ float tg_e4m3_to_f32(unsigned char c) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc("cvt.rn.f16x2.e4m3x2")}
   unsigned h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)c));
+  {_cvt("cvt.rn.f16x2.e4m3x2", d="h2", a="(unsigned short)c")}
   return tg_f16_to_f32((unsigned short)(h2 & 0xffffu));  // exact: f16 holds every e4m3
 #else
   return tg_fp8_to_f32_sw(c, 3, 7, true);
 #endif
-}""", ("tg_fp8_sw", "tg_f16_to_f32")),
-    "tg_e5m2_to_f32": ("""\
-__device__ __forceinline__ float tg_e5m2_to_f32(unsigned char c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+}}""", ("tg_fp8_sw", "tg_f16_to_f32")),
+    "tg_e5m2_to_f32": (f"""\
+__device__ __forceinline__ float tg_e5m2_to_f32(unsigned char c) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc("cvt.rn.f16x2.e5m2x2")}
   unsigned h2;
-  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)c));
+  {_cvt("cvt.rn.f16x2.e5m2x2", d="h2", a="(unsigned short)c")}
   return tg_f16_to_f32((unsigned short)(h2 & 0xffffu));
 #else
   return tg_fp8_to_f32_sw(c, 2, 15, false);
 #endif
-}""", ("tg_fp8_sw", "tg_f16_to_f32")),
+}}""", ("tg_fp8_sw", "tg_f16_to_f32")),
     # Atomic adds whose result is unused: `red` (fire-and-forget) rather than `atom`,
     # printed through the catalogue's entries (`arch.memory.RED_ADD`).
     "tg_red_add_f32": (f"""\

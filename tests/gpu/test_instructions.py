@@ -258,6 +258,7 @@ def test_every_catalogue_entry_of_the_device_is_covered():
     checked_kinds = {"mma", "ld.global", "st.global", "ld.shared", "st.shared", "cp.async",
                      "ldmatrix", "stmatrix", "shfl", "cp.async.commit",
                      "red.global",  # tests/gpu/test_red_entries.py
+                     "cvt",  # tests/gpu/test_cvt_entries.py
                      # Hopper entries: tests/gpu/test_hopper_instructions.py (TMA loads of
                      # rank 2 and stores of rank 1 run; other ranks and multicast are only
                      # assembled, by tests/arch/test_tma.py)
