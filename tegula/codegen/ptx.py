@@ -1,8 +1,11 @@
 """Inline-PTX pieces of generated kernels: helper device functions and matrix instructions.
 
-The generated source includes no header at all (see `expr.py` for why), so every
-conversion, atomic and matrix instruction is spelled here in PTX. Helpers are emitted only
-when the kernel uses them (`prelude(used)`), so a plain copy kernel stays short.
+The generated source includes no header at all (see `expr.py` for why), so conversions and
+atomic adds are helper functions around inline PTX. The PTX of each comes from its
+catalogue entry (`arch.convert`, `arch.memory.RED_ADD`, printed by `format_asm`); only
+the NaN-propagating max/min and the software f8 and bf16-CAS fallbacks are written here.
+Helpers are emitted only when the kernel uses them (`prelude(used)`), so a plain copy
+kernel stays short.
 
 Matrix instructions are keyed by the thread IR's `Mma.instr` name
 (`"mma.m16n8k16.f32.f16.f16.f32"`: shape, then the d, a, b, c types), which is the key of

@@ -8,6 +8,7 @@ the two resources a gemm's inner loop competes for, per block and gemm call:
 
     tensor cycles = MMAs × issue cycles (catalogue timing) / 4 tensor-core sub-partitions
     shared cycles = operand bytes loaded from shared memory / 128 bytes per clock
+    (4 and 128 are `Target.subpartitions` and `Target.shared_bytes_per_clk`)
 
 (operand bytes count each warp's A rows and B rows once: warps that share rows load them
 again), and the candidate with the smallest `max(tensor, shared)` wins; ties go to less shared
@@ -77,10 +78,10 @@ def candidate_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tu
     warps = grid.wm * grid.wn
     mmas = (bm // m) * (bn // n) * (bk // k)
     issue, _ = atom.timing(target)
-    tensor = mmas * issue / 4
+    tensor = mmas * issue / target.subpartitions
     operand_bytes = warps * bk * ((bm // grid.wm) * atom.a_dtype.bits +
                                   (bn // grid.wn) * atom.b_dtype.bits) / 8
-    shared = operand_bytes / 128
+    shared = operand_bytes / target.shared_bytes_per_clk
     return (max(tensor, shared), shared)
 
 
@@ -293,5 +294,5 @@ def _wgmma_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tuple
     groups = grid.wm * grid.wn
     operand_bytes = groups * bk * ((bm // grid.wm) * atom.a_dtype.bits +
                                    (bn // grid.wn) * atom.b_dtype.bits) / 8
-    shared = operand_bytes / 128
+    shared = operand_bytes / target.shared_bytes_per_clk
     return (max(tensor, shared), shared)
