@@ -34,3 +34,35 @@ def test_c_launcher_and_ctypes_launch_the_same(tmp_path, monkeypatch):
     ck[10](x, y2)
     torch.cuda.synchronize()
     assert torch.equal(x, y2)
+
+
+def test_replays_through_the_c_key_and_pointer_launch_read_fresh_tensors():
+    """`kernel[grid](x, y)` replayed through the C replay lookup and `launch_pointers`
+    (pointers only, no lock): every launch reads its own fresh input and writes its own
+    poisoned output, on the current stream and on a side stream; a launch with a shifted
+    (4-byte aligned) view does not replay the aligned one's variant."""
+    import tegula as tg
+    from tegula.kernels.copy import copy_kernel
+    from tegula.runtime import replay
+
+    kernel = copy_kernel(f32)
+    grid = (tg.cdiv(130, 64), tg.cdiv(37, 16))
+    side = torch.cuda.Stream()
+    for call in range(6):
+        base = torch.randn(37 * 130 + 1, device="cuda")
+        x = base[call % 2:call % 2 + 37 * 130].view(37, 130)  # odd calls: 4-byte aligned
+        y = torch.full((37, 130), float("nan"), device="cuda")
+        if call >= 4:
+            with torch.cuda.stream(side):
+                kernel[grid](x, y, BM=16, BN=64)
+            side.synchronize()
+        else:
+            kernel[grid](x, y, BM=16, BN=64)
+        torch.cuda.synchronize()
+        assert torch.equal(x, y), f"call {call}"
+    prepared = list(kernel._fast_launch.values())
+    assert len(prepared) == 2  # aligned and 4-byte aligned: two specializations
+    if launcher._C_POINTERS[0] is None:
+        pytest.skip(f"C extension unavailable here: {fastcall.unavailable}")
+    assert replay.C_LOOKUP[0] is not None
+    assert all(p.direct is not None for p in prepared)  # launched through launch_pointers
