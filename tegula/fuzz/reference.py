@@ -195,12 +195,14 @@ class Model:
                                 acc.wild[..., None], mma=True)
         e = summed.err[..., 0]
         if self.loose and p.tensor(s.a).dtype in ("f8e4m3", "f8e5m2"):
-            # Hopper's 8-bit float wgmma keeps about 14 bits of each k32 instruction's sum
-            # (measured on an H100: 2^-12.2 of sum |a·b| at K=512; arch/wgmma.py), where the
-            # emulator and mma.sync round to f32: 2^-13 of the magnitude per instruction.
+            # Hopper's 8-bit float wgmma keeps about 14 bits of each k32 instruction's sum,
+            # where the emulator and mma.sync round to f32 (arch/wgmma.py). Measured on an
+            # H100 (2026-11-24): up to 2^-12.2 of sum |a·b| per instruction (fuzz seed 909
+            # program 105: 2.2 off at sum |a·b| ~ 2540 over 4 instructions; seed 4242 program
+            # 81, e5m2: 2^-11.75 of the result over 2). Allowed: 2^-11 per instruction.
             with np.errstate(all="ignore"):
                 magnitude = np.sum(np.where(np.isfinite(terms), np.abs(terms), 0), axis=4)
-            e = e + -(-k // 32) * 2.0 ** -13 * magnitude
+            e = e + -(-k // 32) * 2.0 ** -11 * magnitude
         return Value(acc.dtype, summed.val[..., 0], e, summed.wild[..., 0])
 
     def _loop(self, loop_id: int) -> Loop:

@@ -312,7 +312,7 @@ def test_an_fp8_gemm_sm_80_refuses_runs_on_sm_89_instead():
 
 def test_the_gpu_model_allows_fp8_wgmma_its_shorter_sums():
     """On an H100 an 8-bit float wgmma keeps ~14 bits per k32 instruction (arch/wgmma.py);
-    the loose (GPU) reference allows 2^-13 of the magnitude per instruction, the strict
+    the loose (GPU) reference allows 2^-11 of the magnitude per instruction, the strict
     (emulator) one does not."""
     p = _pipelined_gemm("f8e4m3", extent=70)  # three k32 instructions
     check(p)
@@ -322,4 +322,4 @@ def test_the_gpu_model_allows_fp8_wgmma_its_shorter_sums():
     inputs = {"ga0": np.full((p.M, 70), 1.5), "gb1": np.full((p.N, 70), -2.0)}
     strict, loose = reference(p, inputs)["o2"], reference(p, inputs, loose=True)["o2"]
     assert np.all(strict.val == -210.0) and np.all(strict.err == 0)  # exact in f32
-    assert np.all(loose.err - strict.err >= 3 * 2.0 ** -13 * 210.0)
+    assert np.all(loose.err - strict.err >= 3 * 2.0 ** -11 * 210.0)
