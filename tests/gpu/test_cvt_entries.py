@@ -23,7 +23,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import assert_matches_emulator, launch, poison, to_device  # noqa: E402
+from gpu_helpers import assert_matches_emulator, launch, poison, to_device, torch_dtype  # noqa: E402
 
 N = 4096
 
@@ -72,12 +72,12 @@ def test_conversion_entries_round_trip_like_the_emulator(dtype):
     rng = np.random.default_rng(sum(map(ord, dtype.name)))
     x = hard_inputs(dtype, rng)
     kernel = round_trip_kernel(dtype)
-    y = poison(torch.empty(N, dtype=torch.uint8 if dtype.bits == 8 else
-                           (torch.float16 if dtype == f16 else torch.bfloat16), device="cuda"))
+    # The kernel's y is a tensor of `dtype` (a uint8 tensor is refused at launch); the
+    # emulator keeps bf16 and 8-bit floats in float32 storage.
+    y = poison(torch.empty(N, dtype=torch_dtype(dtype), device="cuda"))
     z = poison(torch.empty(N, dtype=torch.float32, device="cuda"))
     launch(kernel, N // 128, to_device(x, f32), y, z)
-    emu_y = np.zeros(N, dtype=np.uint8 if dtype.bits == 8 else
-                     (np.float16 if dtype == f16 else np.float32))
+    emu_y = np.zeros(N, dtype=np.float16 if dtype == f16 else np.float32)
     emu_z = np.zeros(N, dtype=np.float32)
     run_thread_kernel(kernel, N // 128, dict(x=x, y=emu_y, z=emu_z))
     assert_matches_emulator(emu_y, y, dtype, what=f"f32 -> {dtype}")
