@@ -60,13 +60,16 @@ def main() -> None:
     from tegula.runtime import fastcall, launcher, replay
     if launcher._C_LAUNCH and launcher._C_LAUNCH[0] is not None:
         # The same replay with the driver called through ctypes instead (the fallback).
-        saved = launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0]
-        launcher._C_LAUNCH[0] = launcher._C_POINTERS[0] = replay.C_LOOKUP[0] = None
+        saved = (launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0],
+                 replay.C_KEYWORDS[0])
+        launcher._C_LAUNCH[0] = launcher._C_POINTERS[0] = None
+        replay.C_LOOKUP[0] = replay.C_KEYWORDS[0] = None
         for prepared in kernel._fast_launch.values():
             prepared.direct = launcher._NOT_YET  # decided again, without the C launcher
         rows.insert(1, ("  ... in Python, through ctypes",
                         per_call_us(lambda: kernel[(2, 1)](x, y, BM=32, BN=64))))
-        launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0] = saved
+        (launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0],
+         replay.C_KEYWORDS[0]) = saved
         for prepared in kernel._fast_launch.values():
             prepared.direct = launcher._NOT_YET
     else:

@@ -139,6 +139,50 @@ fail:
     return NULL;
 }
 
+/* plain_keywords(kwargs) -> (tuple(kwargs.items()), tuple of their types), where every
+   value's type is exactly int, str, bool or NoneType; else None (runtime/replay.py's
+   constexpr_key then builds the keywords' part in Python). */
+static PyObject *plain_keywords(PyObject *self, PyObject *kwargs)
+{
+    if (!PyDict_Check(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "plain_keywords(dict)");
+        return NULL;
+    }
+    Py_ssize_t n = PyDict_Size(kwargs), pos = 0, i = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(kwargs, &pos, &name, &value)) {
+        PyTypeObject *t = Py_TYPE(value);
+        if (t != &PyLong_Type && t != &PyUnicode_Type && t != &PyBool_Type &&
+                value != Py_None)
+            Py_RETURN_NONE;
+    }
+    PyObject *items = PyTuple_New(n), *types = PyTuple_New(n);
+    if (items == NULL || types == NULL)
+        goto fail;
+    pos = 0;
+    while (PyDict_Next(kwargs, &pos, &name, &value) && i < n) {
+        PyObject *item = PyTuple_Pack(2, name, value);
+        if (item == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(items, i, item);
+        Py_INCREF(Py_TYPE(value));
+        PyTuple_SET_ITEM(types, i, (PyObject *)Py_TYPE(value));
+        i++;
+    }
+    if (i != n) {
+        PyErr_SetString(PyExc_RuntimeError, "plain_keywords: the dict changed");
+        goto fail;
+    }
+    PyObject *result = PyTuple_Pack(2, items, types);
+    Py_DECREF(items);
+    Py_DECREF(types);
+    return result;
+fail:
+    Py_XDECREF(items);
+    Py_XDECREF(types);
+    return NULL;
+}
+
 #ifndef Py_GIL_DISABLED
 #define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
 
@@ -209,6 +253,7 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "cuLaunchKernel"},
     {"replay_lookup", (PyCFunction)(void (*)(void))replay_lookup, METH_FASTCALL,
      "replay key and lookup"},
+    {"plain_keywords", plain_keywords, METH_O, "the keywords' part of a replay key"},
 #ifndef Py_GIL_DISABLED
     {"launch_pointers", (PyCFunction)(void (*)(void))launch_pointers, METH_FASTCALL,
      "write data pointers, cuLaunchKernel"},
@@ -243,7 +288,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-4"])
+                      os.path.realpath(cc), include, "fastcall-5"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -282,8 +327,8 @@ def c_launcher(launch_kernel_address: int, cache=None) -> Callable[..., int] | N
 
 
 def c_extension(cache=None):
-    """The extension module (`launch`, `replay_lookup`, and `launch_pointers` where Python
-    has a GIL), built or found in the cache; None where it cannot be built or loaded
+    """The extension module (`launch`, `replay_lookup`, `plain_keywords`, and
+    `launch_pointers` where Python has a GIL), built or found in the cache; None where it cannot be built or loaded
     (`unavailable` says why)."""
     global unavailable
     if os.environ.get("TEGULA_C_LAUNCHER", "1") == "0":

@@ -95,14 +95,16 @@ def launch(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None) ->
     if table is None:
         table = kernel.__dict__["_fast_launch"] = {}
     if kwargs:
-        types = tuple(map(type, kwargs.values()))
-        kw = (tuple(kwargs.items()), types) if _PLAIN.issuperset(types) else \
-            constexpr_key(kwargs)
+        plain = C_KEYWORDS[0]
+        kw = plain(kwargs) if plain is not None else None
+        if kw is None:
+            kw = constexpr_key(kwargs)
         head = (target, kw)
     else:
         kw, head = (), (target,)
-    if C_LOOKUP[0] is not None and kw is not None:  # the key and lookup in C
-        hit, key, pointers = C_LOOKUP[0](table, head, args)
+    lookup = C_LOOKUP[0]
+    if lookup is not None and kw is not None:  # the key and lookup in C
+        hit, key, pointers = lookup(table, head, args)
     else:
         hit, key, pointers = _lookup(table, head, args, kw)
     if hit is not None:
@@ -147,6 +149,9 @@ def _lookup(table: dict, head: tuple, args: tuple, kw) -> tuple:
 #: the extension takes a C compile once), None where it cannot be built, or turned off
 #: by TEGULA_C_LAUNCHER=0.
 C_LOOKUP: list = [None]
+#: [the C extension's plain_keywords, or None]: the first case of `constexpr_key` in C
+#: (set with C_LOOKUP; None: that case runs in Python).
+C_KEYWORDS: list = [None]
 _C_TRIED: list = []
 
 
@@ -155,6 +160,7 @@ def _load_c_lookup() -> None:
     _C_TRIED.append(True)
     module = c_extension()
     C_LOOKUP[0] = None if module is None else module.replay_lookup
+    C_KEYWORDS[0] = None if module is None else module.plain_keywords
 
 
 def _import_full():

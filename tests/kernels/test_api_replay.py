@@ -31,6 +31,7 @@ def sent(monkeypatch, request):
             pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
         lookup = module.replay_lookup
     monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
+    monkeypatch.setattr(replay, "C_KEYWORDS", [module.plain_keywords if lookup else None])
     monkeypatch.setattr(replay, "_C_TRIED", [True])
 
     def send(self, gx, gy, gz, device, handle, params):

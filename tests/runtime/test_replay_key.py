@@ -71,6 +71,7 @@ def sent(monkeypatch, request):
             pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
         lookup = module.replay_lookup
     monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
+    monkeypatch.setattr(replay, "C_KEYWORDS", [module.plain_keywords if lookup else None])
     monkeypatch.setattr(replay, "_C_TRIED", [True])
 
     def send(self, gx, gy, gz, device, handle, params):
@@ -310,3 +311,17 @@ def test_the_c_key_passes_on_errors_of_tensor_like_arguments():
         module.replay_lookup({}, (None,), (Broken((4, 4)),))
     with pytest.raises(TypeError):
         module.replay_lookup({}, [None], ())
+
+
+def test_the_c_and_python_keywords_parts_are_equal():
+    module = fastcall.c_extension()
+    if module is None:
+        pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
+    plain = [{}, {"BM": 16}, {"BM": True, "MODE": "a", "X": None, "BN": 1}]
+    for kwargs in plain:
+        assert module.plain_keywords(kwargs) == replay.constexpr_key(kwargs), kwargs
+    for kwargs in [{"S": 1.0}, {"BM": 16, "S": -0.0}, {"L": [1]}, {"N": np.int64(2)},
+                   {"T": (1, 2)}]:
+        assert module.plain_keywords(kwargs) is None, kwargs  # Python's repr case
+    with pytest.raises(TypeError):
+        module.plain_keywords([("BM", 16)])
