@@ -251,6 +251,19 @@ def probe_emulator() -> Finding:
                        "a tegula bug or a broken install; reinstall with pip install -e .")
 
 
+def probe_c_launcher() -> Finding:
+    """Whether replayed launches go through the small C extension (`runtime/fastcall.py`,
+    built with the system compiler on first use) or the slower pure-Python/ctypes path."""
+    from tegula.runtime import fastcall
+    if fastcall.c_extension() is not None:
+        return Finding("C launcher", True, "built and loaded: replayed launches key, pack and "
+                       "call cuLaunchKernel from C")
+    return Finding("C launcher", False, f"not in use ({fastcall.unavailable}); launches work "
+                   "through Python and ctypes, with about twice the host time per launch",
+                   "install a C compiler and the Python headers (e.g. gcc and python3-dev), "
+                   "or leave TEGULA_C_LAUNCHER unset")
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
@@ -258,7 +271,8 @@ def _first_line(err: BaseException) -> str:
 
 PROBES: list[Callable[[], Finding]] = [probe_python, probe_numpy, probe_torch,
                                        probe_cuda_bindings, probe_nvrtc, probe_nvcc,
-                                       probe_driver, probe_cache, probe_emulator]
+                                       probe_driver, probe_cache, probe_c_launcher,
+                                       probe_emulator]
 
 
 def diagnose(probes: list[Callable[[], Finding]] | None = None) -> dict[str, Finding]:

@@ -243,7 +243,7 @@ def test_doctor_reports_this_machine(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "doctor")
     assert code == 0
     for name in ("python", "numpy", "torch", "cuda-bindings", "NVRTC", "nvcc", "driver",
-                 "cache", "emulator"):
+                 "cache", "C launcher", "emulator"):
         assert any(line[4:].startswith(name) for line in out.splitlines()), name
     assert "emulate  yes" in out
     assert f"{tmp_path / 'cache'} (not created yet" in out
@@ -276,6 +276,18 @@ def test_doctor_shows_the_cache_directory_and_refuses_an_unsafe_one(capsys, tmp_
     found = probe_cache()
     assert not found.ok and "writable by group or others" in found.detail
     assert "TEGULA_CACHE_DIR" in found.fix
+
+
+def test_doctor_says_why_the_c_launcher_is_not_used(monkeypatch, tmp_path):
+    from tegula.doctor import probe_c_launcher
+    monkeypatch.setenv("TEGULA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TEGULA_C_LAUNCHER", "0")
+    off = probe_c_launcher()
+    assert not off.ok and "TEGULA_C_LAUNCHER=0" in off.detail and off.fix
+    monkeypatch.delenv("TEGULA_C_LAUNCHER")
+    from tegula.runtime import fastcall
+    on = probe_c_launcher()
+    assert on.ok == (fastcall.unavailable is None), on.detail
 
 
 def test_doctor_verdicts_give_a_fix_for_each_missing_piece():
