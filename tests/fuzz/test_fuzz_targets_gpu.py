@@ -13,13 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tegula.dtypes import dtype_from_name
 from tegula.fuzz import make_program
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import Gemm, check
-from tegula.fuzz.runner import (check_outputs, data_seed, emulate_for, program_inputs,
-                                tensor_order)
-from tegula.fuzz.source import forget_kernel, kernel_source, make_kernel
+from tegula.fuzz.runner import check_outputs, data_seed, emulate_for, program_inputs
+from tegula.fuzz.source import kernel_source
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -27,7 +25,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # gpu_helpers
-from gpu_helpers import poison, to_device, torch_dtype, values_of  # noqa: E402
+from gpu_helpers import launch_fuzz_program  # noqa: E402
 
 SEED = 909
 PROGRAMS = 240  # about a third are GEMM-shaped
@@ -35,27 +33,6 @@ PROGRAMS = 240  # about a third are GEMM-shaped
 
 def _gemm_shaped(program) -> bool:
     return any(isinstance(s, Gemm) and s.stages > 0 for s in program.body)
-
-
-def _launch(program, inputs, target: str) -> dict:
-    kernel, filename = make_kernel(kernel_source(program))
-    try:
-        args, outputs = [], {}
-        for t in tensor_order(program):
-            dtype = dtype_from_name(t.dtype)
-            if t.kind == "out":
-                tensor = poison(torch.empty(program.extents(t), dtype=torch_dtype(dtype),
-                                            device="cuda"))
-                outputs[t.name] = tensor
-            else:
-                tensor = to_device(nx.storage(inputs[t.name], t.dtype), dtype)
-            args.append(tensor)
-        kernel[program.grid](*args, target=target)
-        torch.cuda.synchronize()
-        return {name: values_of(t, dtype_from_name(program.tensor(name).dtype))
-                for name, t in outputs.items()}
-    finally:
-        forget_kernel(filename)
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_90"])
@@ -75,7 +52,7 @@ def test_gemm_shaped_fuzz_programs_agree_on_gpu_and_emulator(target):
             assert verdict.status == "rejected", where + verdict.detail
             continue
         assert check_outputs(program, inputs, emulated).status == "pass", where
-        gpu = _launch(program, inputs, target)
+        gpu = launch_fuzz_program(program, inputs, target)
         if all(not nx.is_float(t.dtype) for t in check(program).values()):
             for name in emulated:
                 assert np.array_equal(gpu[name], emulated[name]), where

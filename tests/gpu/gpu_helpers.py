@@ -150,3 +150,34 @@ def device_cc() -> int:
     import torch
     major, minor = torch.cuda.get_device_capability()
     return 10 * major + minor
+
+
+def launch_fuzz_program(program, inputs: dict, target: str | None = None) -> dict:
+    """Compile a fuzzer program from its printed source, launch it on CUDA tensors (inputs
+    as the emulator saw them, outputs poisoned) for `target` (None: the device's), and
+    return every output's storage values by name."""
+    import torch
+
+    from tegula.dtypes import dtype_from_name
+    from tegula.fuzz import numerics as nx
+    from tegula.fuzz.runner import tensor_order
+    from tegula.fuzz.source import forget_kernel, kernel_source, make_kernel
+
+    kernel, filename = make_kernel(kernel_source(program))
+    try:
+        args, outputs = [], {}
+        for t in tensor_order(program):
+            dtype = dtype_from_name(t.dtype)
+            if t.kind == "out":
+                tensor = poison(torch.empty(program.extents(t), dtype=torch_dtype(dtype),
+                                            device="cuda"))
+                outputs[t.name] = tensor
+            else:
+                tensor = to_device(nx.storage(inputs[t.name], t.dtype), dtype)
+            args.append(tensor)
+        kernel[program.grid](*args, target=target)
+        torch.cuda.synchronize()
+        return {name: values_of(t, dtype_from_name(program.tensor(name).dtype))
+                for name, t in outputs.items()}
+    finally:
+        forget_kernel(filename)

@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tegula.dtypes import dtype_from_name
 from tegula.fuzz import make_program
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.generate import Switches
 from tegula.fuzz.program import check
-from tegula.fuzz.runner import (check_outputs, data_seed, program_inputs, run_emulator,
-                                tensor_order)
-from tegula.fuzz.source import forget_kernel, kernel_source, make_kernel
+from tegula.fuzz.runner import check_outputs, data_seed, program_inputs, run_emulator
+from tegula.fuzz.source import kernel_source
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -30,7 +28,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import poison, to_device, torch_dtype, values_of  # noqa: E402
+from gpu_helpers import launch_fuzz_program  # noqa: E402
 
 SEED = 4242
 PROGRAMS = 150
@@ -39,27 +37,6 @@ SWITCHES = Switches()  # everything, as tests/fuzz's CI run
 
 def _integer_only(program) -> bool:
     return all(not nx.is_float(t.dtype) for t in check(program).values())
-
-
-def _run_on_gpu(program, inputs) -> dict:
-    kernel, filename = make_kernel(kernel_source(program))
-    try:
-        args, outputs = [], {}
-        for t in tensor_order(program):
-            dtype = dtype_from_name(t.dtype)
-            if t.kind == "out":
-                tensor = poison(torch.empty(program.extents(t), dtype=torch_dtype(dtype),
-                                            device="cuda"))
-                outputs[t.name] = tensor
-            else:
-                tensor = to_device(nx.storage(inputs[t.name], t.dtype), dtype)
-            args.append(tensor)
-        kernel[program.grid](*args)
-        torch.cuda.synchronize()
-        return {name: values_of(t, dtype_from_name(program.tensor(name).dtype))
-                for name, t in outputs.items()}
-    finally:
-        forget_kernel(filename)
 
 
 @pytest.mark.parametrize("chunk", range(5))
@@ -73,7 +50,7 @@ def test_fuzz_programs_agree_on_gpu_and_emulator(chunk):
             assert verdict.status == "rejected", f"program {index}: {verdict.detail}"
             continue
         assert check_outputs(program, inputs, emulated).status == "pass", index
-        gpu = _run_on_gpu(program, inputs)
+        gpu = launch_fuzz_program(program, inputs)
         where = f"python -m tegula.fuzz --seed {SEED} --program {index}\n" + \
             kernel_source(program)
         if _integer_only(program):
