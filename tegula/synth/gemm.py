@@ -285,14 +285,14 @@ def _wgmma_entry(op: Gemm, n: int):
 def _wgmma_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tuple:
     """(block cycles per gemm call: max of tensor-core and shared-memory time, shared
     cycles), as `candidate_score` for mma.sync: every wgmma occupies the SM's four tensor
-    cores for its issue cycles, and each warpgroup streams its A rows and B rows from
-    shared memory once per call."""
+    cores for its issue cycles, and every wgmma reads its own 64xK A slice and NxK B slice
+    through its descriptors — operands are not shared between the instructions of one
+    warpgroup, so a warpgroup covering two 64-row slices with m64n128 reads B twice, where
+    the same C tile split along M across warpgroups with m64n256 reads it once."""
     bm, bn, bk = tile_mnk
     wgmmas = (bm // atom.m) * (bn // atom.n) * (bk // atom.k)
     issue, _ = atom.timing(target)
     tensor = wgmmas * issue
-    groups = grid.wm * grid.wn
-    operand_bytes = groups * bk * ((bm // grid.wm) * atom.a_dtype.bits +
-                                   (bn // grid.wn) * atom.b_dtype.bits) / 8
+    operand_bytes = wgmmas * atom.k * (atom.m * atom.a_dtype.bits + atom.n * atom.b_dtype.bits) / 8
     shared = operand_bytes / target.shared_bytes_per_clk
     return (max(tensor, shared), shared)
