@@ -1,0 +1,285 @@
+"""Attention backward (FlashAttention-2 style, deterministic): dQ, dK, dV of
+`o = softmax(scale · q @ k.T + mask) @ v` from the forward's output `o` and its natural-log
+log-sum-exp `lse` (B, H, Sq) f32.
+
+Tensors are (B, H, S, D) as torch SDPA; k and v may have fewer heads (GQA/MQA: query head
+h reads kv head h // G, G = H / Hkv). Causal masks are aligned bottom-right as in
+FlashAttention (query i sees keys j ≤ i + Sk − Sq), so a query row may see no key at all;
+the forward gives such a row o = 0, and every gradient through it is 0 here.
+
+Three kernels, none with atomics, so every result is the same bit for bit on every run:
+
+* `attention_backward_preprocess_kernel` — delta_i = Σ_d dO[i, d] · O[i, d] (f32), the
+  row term of softmax's Jacobian (Σ_j P_ij dP_ij = delta_i).
+* `attention_backward_dkdv_kernel` — one program per (key block, kv head, batch): keeps a
+  (BN, D) block of K and V in shared memory and walks the query blocks of the G query heads
+  sharing that kv head, in a fixed order, recomputing Pᵀ = exp(scale · K Qᵀ − lse) from the
+  saved lse (no second softmax), with
+      dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += scale · dSᵀ Q.
+  Working in the transposed (key, query) orientation makes each product a plain
+  `tg.gemm(c, a, b)` (c += a @ b.T) whose b operand is a `.T` view of a shared tile: the
+  GQA sum over query heads happens in the accumulator, in order — deterministic.
+* `attention_backward_dq_kernel` — one program per (query block, head, batch), walking the
+  key blocks: S = scale · Q Kᵀ, P = exp(S − lse), dP = dO Vᵀ, dS = P ∘ (dP − delta),
+  dQ += scale · dS K. Recomputes S a second time rather than adding dQ with float atomics.
+
+Masks come from tile coordinates: keys past Sk, queries past Sq and (causal) keys after
+the query's diagonal get P = 0 (selected, so a fully masked row's lse of ±inf never turns
+into a NaN). Causal programs also skip the blocks that are masked entirely.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.common import launch_emulated, poisoned
+
+ATTENTION_BACKWARD_DTYPES = (f16, bf16)
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x · LOG2E)
+
+
+@lru_cache(maxsize=None)
+def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
+    """delta[b, h, i] = Σ_d do[b, h, i, d] · o[b, h, i, d], accumulated in f32."""
+
+    @tg.kernel(threads=128)
+    def attention_backward_preprocess(o: tg.Tensor[dtype, 4], do: tg.Tensor[dtype, 4],
+                                      delta: tg.Tensor[f32, 3],
+                                      D: tg.constexpr, BM: tg.constexpr = 64):
+        m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        o_rows = tg.load(o[b, h].tile((BM, D), (m, 0))).to(f32)
+        do_rows = tg.load(do[b, h].tile((BM, D), (m, 0))).to(f32)
+        tg.copy(tg.sum(o_rows * do_rows, 1)[:, 0], delta[b, h].tile((BM,), (m,)))
+
+    return attention_backward_preprocess
+
+
+@lru_cache(maxsize=None)
+def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
+    """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads."""
+
+    @tg.kernel(threads=128)
+    def attention_backward_dkdv(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                                v: tg.Tensor[dtype, 4], do: tg.Tensor[dtype, 4],
+                                lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
+                                dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
+                                D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
+                                G: tg.constexpr = 1, BM: tg.constexpr = 64,
+                                BN: tg.constexpr = 64):
+        n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
+        tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
+        tg.copy(v[b, hk].tile((BN, D), (n, 0)), sv)
+        sq, sdo = tg.shared((BM, D), dtype), tg.shared((BM, D), dtype)
+        keys = tg.arange(BN, offset=n * BN)[:, None]            # (BN, 1) key positions
+        dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
+        first = 0
+        if CAUSAL:  # the first query block whose last row reaches this block's first key
+            first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
+        for g in tg.range(G):
+            h = hk * G + g
+            q_blocks = q[b, h].tile((BM, D), (None, 0))
+            do_blocks = do[b, h].tile((BM, D), (None, 0))
+            for m in tg.range(first, q_blocks.shape[2]):
+                tg.copy(q_blocks[:, :, m], sq)
+                tg.copy(do_blocks[:, :, m], sdo)
+                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
+                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :]
+                delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+                s_t = tg.zeros((BN, BM), f32)
+                tg.gemm(s_t, sk, sq)                             # K Qᵀ
+                seen = (keys < seq_k) & (queries < seq_q)
+                if CAUSAL:
+                    seen = seen & (keys <= queries + (seq_k - seq_q))
+                p_t = tg.where(seen, tg.exp2((s_t * SCALE - lse_m) * LOG2E), 0.0)
+                tg.gemm(dv_acc, p_t.to(dtype), sdo.T)            # += Pᵀ dO
+                dp_t = tg.zeros((BN, BM), f32)
+                tg.gemm(dp_t, sv, sdo)                           # V dOᵀ
+                ds_t = p_t * (dp_t - delta_m)
+                tg.gemm(dk_acc, ds_t.to(dtype), sq.T)            # += dSᵀ Q
+        tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
+        tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
+
+    return attention_backward_dkdv
+
+
+@lru_cache(maxsize=None)
+def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
+    """dQ of one (BM, D) query block of head `h`, walking the key blocks in order."""
+
+    @tg.kernel(threads=128)
+    def attention_backward_dq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                              v: tg.Tensor[dtype, 4], do: tg.Tensor[dtype, 4],
+                              lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
+                              dq: tg.Tensor[dtype, 4],
+                              D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
+                              G: tg.constexpr = 1, BM: tg.constexpr = 64,
+                              BN: tg.constexpr = 64):
+        m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        hk = h // G
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        sq, sdo = tg.shared((BM, D), dtype), tg.shared((BM, D), dtype)
+        tg.copy(q[b, h].tile((BM, D), (m, 0)), sq)
+        tg.copy(do[b, h].tile((BM, D), (m, 0)), sdo)
+        sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
+        k_blocks = k[b, hk].tile((BN, D), (None, 0))
+        v_blocks = v[b, hk].tile((BN, D), (None, 0))
+        queries = tg.arange(BM, offset=m * BM)[:, None]         # (BM, 1)
+        lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[:, None]
+        delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[:, None]
+        dq_acc = tg.zeros((BM, D), f32)
+        stop = k_blocks.shape[2]
+        if CAUSAL:  # key blocks past the block's last row's diagonal are masked entirely
+            last_key = m * BM + BM - 1 + (seq_k - seq_q)
+            stop = tg.minimum(stop, tg.maximum(last_key, -1) // BN + 1)
+        for n in tg.range(stop):
+            tg.copy(k_blocks[:, :, n], sk)
+            tg.copy(v_blocks[:, :, n], sv)
+            keys = tg.arange(BN, offset=n * BN)[None, :]         # (1, BN)
+            s = tg.zeros((BM, BN), f32)
+            tg.gemm(s, sq, sk)                                   # Q Kᵀ
+            seen = (keys < seq_k) & (queries < seq_q)
+            if CAUSAL:
+                seen = seen & (keys <= queries + (seq_k - seq_q))
+            p = tg.where(seen, tg.exp2((s * SCALE - lse_m) * LOG2E), 0.0)
+            dp = tg.zeros((BM, BN), f32)
+            tg.gemm(dp, sdo, sv)                                 # dO Vᵀ
+            ds = p * (dp - delta_m)
+            tg.gemm(dq_acc, ds.to(dtype), sk.T)                  # += dS K
+        tg.copy((dq_acc * SCALE).to(dtype), dq[b, h].tile((BM, D), (m, 0)))
+
+    return attention_backward_dq
+
+
+# --------------------------------------------------------------------------------------
+# Shapes, checks and configuration shared by the numpy and torch entry points
+# --------------------------------------------------------------------------------------
+
+HEAD_DIMS = (32, 64, 128, 256)  # D = 16 leaves a 16 x 16 tile for 4 warps
+
+
+def check_backward_shapes(fn: str, q, k, v, o, lse, do) -> tuple[int, int, int, int, int, int]:
+    """(B, H, Hkv, Sq, Sk, D) after checking the arguments' ranks and shapes against q's;
+    a ValueError naming the argument otherwise (numpy arrays and torch tensors alike)."""
+    shapes = {name: tuple(x.shape) for name, x in
+              dict(q=q, k=k, v=v, o=o, lse=lse, do=do).items()}
+    for name, shape in shapes.items():
+        want = 3 if name == "lse" else 4
+        if len(shape) != want:
+            raise ValueError(f"tegula.kernels.{fn}: {name} must be {want}-D "
+                             f"({'B, H, Sq' if want == 3 else 'B, H, S, D'}), got shape {shape}")
+    B, H, Sq, D = shapes["q"]
+    _, Hkv, Sk, _ = shapes["k"]
+    if shapes["k"][0] != B or shapes["k"][3] != D:
+        raise ValueError(f"tegula.kernels.{fn}: k has shape {shapes['k']}, which does not match "
+                         f"q {shapes['q']} in batch or head dim")
+    if shapes["v"] != shapes["k"]:
+        raise ValueError(f"tegula.kernels.{fn}: v has shape {shapes['v']}, k {shapes['k']}; "
+                         f"they must match")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"tegula.kernels.{fn}: q has {H} heads, k and v {Hkv}; the query heads "
+                         f"must be a multiple of the kv heads (GQA)")
+    for name in ("o", "do"):
+        if shapes[name] != shapes["q"]:
+            raise ValueError(f"tegula.kernels.{fn}: {name} has shape {shapes[name]}, q "
+                             f"{shapes['q']}; they must match")
+    if shapes["lse"] != (B, H, Sq):
+        raise ValueError(f"tegula.kernels.{fn}: lse has shape {shapes['lse']}; expected "
+                         f"{(B, H, Sq)} (B, H, Sq of q)")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"tegula.kernels.{fn}: head dim {D} is not supported; supported: "
+                         f"{', '.join(map(str, HEAD_DIMS))}")
+    return B, H, Hkv, Sq, Sk, D
+
+
+def default_scale(scale: float | None, head_dim: int) -> float:
+    """The softmax scale: 1/sqrt(D) as in torch SDPA unless given (as a Python float, the
+    value the kernels are compiled with)."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
+    """BM, BN for the backward: 64 × 64 (32 rows at D = 256, to keep the K, V, Q and dO
+    tiles and the f32 dK/dV accumulators within one block's registers and shared memory),
+    shrunk to the (power-of-two rounded) sequence lengths when those are shorter."""
+    base = 32 if head_dim > 128 else 64
+    bm = min(base, max(16, 1 << max(0, seq_q - 1).bit_length()))
+    bn = min(base, max(16, 1 << max(0, seq_k - 1).bit_length()))
+    return {"BM": bm, "BN": bn, **tiles}
+
+
+def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
+                      scale: float, causal: bool, **tiles: int) -> list[tuple]:
+    """The three launches of the backward as (kernel, grid, argument names, constexprs), in
+    order; argument names refer to q, k, v, o, do, lse, delta, dq, dk, dv."""
+    t = backward_tiles(D, Sq, Sk, **tiles)
+    common = dict(D=D, SCALE=scale, CAUSAL=bool(causal), G=H // Hkv, BM=t["BM"], BN=t["BN"])
+    return [
+        (attention_backward_preprocess_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
+         ("o", "do", "delta"), dict(D=D, BM=t["BM"])),
+        (attention_backward_dkdv_kernel(dtype), (tg.cdiv(Sk, t["BN"]), Hkv, B),
+         ("q", "k", "v", "do", "lse", "delta", "dk", "dv"), common),
+        (attention_backward_dq_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
+         ("q", "k", "v", "do", "lse", "delta", "dq"), common),
+    ]
+
+
+def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
+                                lse: np.ndarray, do: np.ndarray, causal: bool = False,
+                                scale: float | None = None, dtype: DType | None = None,
+                                target: str | None = None, **tiles: int):
+    """(dq, dk, dv) by the emulated backward kernels. q, o, do: (B, H, Sq, D); k, v:
+    (B, Hkv, Sk, D); lse: (B, H, Sq) float32 (natural log). float16 arrays are f16; bf16
+    data comes as float32 arrays holding bf16 values with `dtype=bf16` (the gradients
+    then come back the same way). `tiles`: BM, BN overrides."""
+    fn = "attention_backward_emulated"
+    arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do)
+    for name, x in arrays.items():
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"tegula.kernels.{fn}: {name} must be a numpy array, got "
+                            f"{type(x).__name__}")
+    B, H, Hkv, Sq, Sk, D = check_backward_shapes(fn, q, k, v, o, lse, do)
+    dtype = dtype or _dtype_of(fn, q)
+    storage = np.float16 if dtype == f16 else np.float32
+    for name in ("q", "k", "v", "o", "do"):
+        if arrays[name].dtype != storage:
+            raise TypeError(f"tegula.kernels.{fn}: {name} has dtype {arrays[name].dtype}; "
+                            f"{dtype} data must be numpy {np.dtype(storage)}")
+    if lse.dtype != np.float32:
+        raise TypeError(f"tegula.kernels.{fn}: lse must be float32, got {lse.dtype}")
+    values = {name: np.ascontiguousarray(x) for name, x in arrays.items()}
+    values["delta"] = poisoned((B, H, Sq), f32)
+    values["dq"] = poisoned(q.shape, dtype)
+    values["dk"] = poisoned(k.shape, dtype)
+    values["dv"] = poisoned(v.shape, dtype)
+    if q.size and k.size:
+        scale = default_scale(scale, D)
+        extra = {} if target is None else {"target": target}
+        for kernel, grid, names, constexprs in backward_launches(dtype, B, H, Hkv, Sq, Sk, D,
+                                                                 scale, causal, **tiles):
+            with np.errstate(invalid="ignore", over="ignore"):  # padded rows: never stored
+                launch_emulated(kernel, grid, *(values[n] for n in names), **constexprs,
+                                **extra)
+    elif q.size or k.size:  # no keys: o = 0 and every gradient 0; no queries: dk = dv = 0
+        for name in ("dq", "dk", "dv"):
+            values[name][...] = 0
+    return values["dq"], values["dk"], values["dv"]
+
+
+def _dtype_of(fn: str, x: np.ndarray) -> DType:
+    if x.dtype == np.float16:
+        return f16
+    raise TypeError(f"tegula.kernels.{fn}: q has dtype {x.dtype}; pass float16 arrays, or "
+                    f"float32 arrays holding bf16 values with dtype=tegula.bf16")
+
+
+__all__ = ["attention_backward_preprocess_kernel", "attention_backward_dkdv_kernel",
+           "attention_backward_dq_kernel", "attention_backward_emulated",
+           "check_backward_shapes", "backward_launches", "default_scale",
+           "ATTENTION_BACKWARD_DTYPES"]

@@ -1,0 +1,342 @@
+"""Split-KV attention decoding: a few query tokens (Sq ≤ 16) against a long KV cache.
+
+    o = softmax(scale · q @ k_cacheᵀ) @ v_cache   over the first cache_seqlens[b] keys
+
+q is (B, H, Sq, D); the cache is (B, Hkv, S_max, D), or, paged, (pages, Hkv, PAGE, D) with a
+block table (B, max_blocks) i32 naming the page that holds keys [i·PAGE, (i+1)·PAGE) of
+batch b. With Sq > 1 the query tokens are the last Sq tokens of the sequence (already in
+the cache); `causal=True` then lets token t see keys j ≤ cache_seqlens[b] − Sq + t (the
+bottom-right alignment of the forward).
+
+A single query row cannot fill the GPU, so the keys are split: one program per (split,
+kv head, batch) runs the online softmax over its chunk of keys and writes a partial output
+(f32, already divided by its own sum) and its log-sum-exp; a combine program per
+(kv head, batch) merges the splits in order (deterministic) with weights exp(lse_s − lse).
+
+GQA: the G query heads sharing a kv head are one (G·Sq, D) tile of rows (q viewed as
+(B, Hkv, G·Sq, D), free for a contiguous q), so each program reads its K/V chunk once for
+all of them. Keys past the sequence's length are bounded views (they load as 0 and are
+masked to −inf), so whatever an unused cache slot holds — NaN included — never reaches
+the output. A sequence of length 0 gives o = 0 and lse = −inf.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32, i32
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.attention_backward import default_scale
+from tegula.kernels.common import launch_emulated, poisoned
+
+ATTENTION_DECODE_DTYPES = (f16, bf16)
+DECODE_HEAD_DIMS = (32, 64, 128, 256)
+MAX_QUERY_TOKENS = 16
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+INF = float("inf")
+
+
+def _online_softmax_step(s2, m_i, l_i, acc):
+    """One key block of the online softmax in log2 units: `s2` (R, BN) holds
+    scale · log2(e) · q·k with masked keys at −inf. Returns (p, m_new, l_i, acc) with acc
+    rescaled (the caller adds p @ v). A row that has seen no key yet keeps m = −inf; its
+    reference point is taken as 0 so that −inf − −inf never makes a NaN."""
+    m_new = tg.maximum(m_i, tg.max(s2, 1))
+    m_ref = tg.where(m_new == -INF, 0.0, m_new)
+    alpha = tg.exp2(m_i - m_ref)
+    p = tg.exp2(s2 - m_ref)
+    return p, m_new, l_i * alpha + tg.sum(p, 1), acc * alpha
+
+
+@lru_cache(maxsize=None)
+def attention_decode_split_kernel(dtype: DType, paged: bool) -> tg.Kernel:
+    """One chunk of keys for the G·Sq query rows of one kv head: partial o and lse.
+    `chunk` (run time): key blocks of BN per split."""
+
+    def partial_softmax(sq, k_block, v_block, keys, rows_token, seqlen, state,
+                        SCALE, SQ, CAUSAL):
+        """The online-softmax update of one (BN, D) K/V block (shared tiles) at key
+        positions `keys` (1, BN)."""
+        m_i, l_i, acc = state
+        s = tg.zeros((sq.shape[0], keys.shape[1]), f32)
+        tg.gemm(s, sq, k_block)                                   # Q Kᵀ
+        seen = keys < seqlen
+        if CAUSAL:
+            seen = seen & (keys <= rows_token + (seqlen - SQ))
+        s2 = tg.where(seen, s * (SCALE * LOG2E), -INF)
+        p, m_i, l_i, acc = _online_softmax_step(s2, m_i, l_i, acc)
+        tg.gemm(acc, p.to(dtype), v_block.T)                      # += P V
+        return m_i, l_i, acc
+
+    if not paged:
+        @tg.kernel(threads=128)
+        def attention_decode_split(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                                   v: tg.Tensor[dtype, 4], seqlens: tg.Tensor[i32, 1],
+                                   o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
+                                   chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
+                                   SQ: tg.constexpr, CAUSAL: tg.constexpr,
+                                   BR: tg.constexpr = 16, BN: tg.constexpr = 64,
+                                   STAGES: tg.constexpr = 3):
+            s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+            seqlen = seqlens[b]
+            sq = tg.shared((BR, D), dtype)
+            tg.copy(q[b, hk].tile((BR, D), (0, 0)), sq)
+            rows_token = tg.arange(BR)[:, None] % SQ                # each row's query token
+            k_blocks = k[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
+            v_blocks = v[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
+            sk = tg.shared((BN, D), dtype, stages=STAGES)
+            sv = tg.shared((BN, D), dtype, stages=STAGES)
+            state = (tg.full((BR, 1), -INF, f32), tg.zeros((BR, 1), f32),
+                     tg.zeros((BR, D), f32))
+            start = s_id * chunk
+            stop = tg.minimum(start + chunk, k_blocks.shape[2])
+            for j in tg.pipeline(start, stop, stages=STAGES):
+                tg.copy(k_blocks[:, :, j], sk[j])
+                tg.copy(v_blocks[:, :, j], sv[j])
+                keys = tg.arange(BN, offset=j * BN)[None, :]
+                state = partial_softmax(sq, sk[j], sv[j], keys, rows_token, seqlen, state,
+                                        SCALE, SQ, CAUSAL)
+            _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
+
+        return attention_decode_split
+
+    @tg.kernel(threads=128)
+    def attention_decode_split_paged(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                                     v: tg.Tensor[dtype, 4], seqlens: tg.Tensor[i32, 1],
+                                     block_table: tg.Tensor[i32, 2],
+                                     o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
+                                     chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
+                                     SQ: tg.constexpr, CAUSAL: tg.constexpr, PAGE: tg.constexpr,
+                                     BR: tg.constexpr = 16, BN: tg.constexpr = 64):
+        s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        seqlen = seqlens[b]
+        sq = tg.shared((BR, D), dtype)
+        tg.copy(q[b, hk].tile((BR, D), (0, 0)), sq)
+        rows_token = tg.arange(BR)[:, None] % SQ
+        sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
+        state = (tg.full((BR, 1), -INF, f32), tg.zeros((BR, 1), f32), tg.zeros((BR, D), f32))
+        start = s_id * chunk
+        stop = tg.minimum(start + chunk, tg.cdiv(seqlen, BN))
+        for j in tg.range(start, stop):
+            first_key = j * BN
+            page = block_table[b, first_key // PAGE]
+            in_page = first_key % PAGE                       # BN divides PAGE
+            valid = tg.minimum(seqlen - (first_key - in_page), PAGE)  # keys held in the page
+            tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sk)
+            tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sv)
+            keys = tg.arange(BN, offset=first_key)[None, :]
+            state = partial_softmax(sq, sk, sv, keys, rows_token, seqlen, state,
+                                    SCALE, SQ, CAUSAL)
+        _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
+
+    return attention_decode_split_paged
+
+
+def _store_partial(state, o_view, lse_view, BR: int, D: int) -> None:
+    """A split's output o / l and lse = m·ln2 + ln(l); a split with no key (past the
+    sequence's end) stores o = 0 and lse = −inf, which the combine weighs 0."""
+    m_i, l_i, acc = state
+    some = l_i > 0.0
+    tg.copy(tg.where(some, acc / tg.where(some, l_i, 1.0), 0.0), o_view.tile((BR, D), (0, 0)))
+    lse = tg.where(some, m_i * LN2 + tg.log(tg.where(some, l_i, 1.0)), -INF)
+    tg.copy(lse[:, 0], lse_view.tile((BR,), (0,)))
+
+
+@lru_cache(maxsize=None)
+def attention_decode_combine_kernel(dtype: DType) -> tg.Kernel:
+    """o and lse of the G·Sq rows of one kv head from the splits' partials, merged in
+    split order (an online softmax over splits, in natural-log units)."""
+
+    @tg.kernel(threads=128)
+    def attention_decode_combine(o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
+                                 o: tg.Tensor[dtype, 4], lse: tg.Tensor[f32, 3],
+                                 D: tg.constexpr, BR: tg.constexpr = 16):
+        hk, b = tg.block_id(0), tg.block_id(1)
+        m_i = tg.full((BR, 1), -INF, f32)
+        l_i = tg.zeros((BR, 1), f32)
+        acc = tg.zeros((BR, D), f32)
+        for s in tg.range(o_part.shape[2]):
+            lse_s = tg.load(lse_part[b, hk, s].tile((BR,), (0,)), fill=-INF)[:, None]
+            o_s = tg.load(o_part[b, hk, s].tile((BR, D), (0, 0)))
+            m_new = tg.maximum(m_i, lse_s)
+            m_ref = tg.where(m_new == -INF, 0.0, m_new)
+            alpha, weight = tg.exp(m_i - m_ref), tg.exp(lse_s - m_ref)
+            l_i = l_i * alpha + weight
+            acc = acc * alpha + weight * o_s
+            m_i = m_new
+        some = l_i > 0.0
+        tg.copy(tg.where(some, acc / tg.where(some, l_i, 1.0), 0.0).to(dtype),
+                o[b, hk].tile((BR, D), (0, 0)))
+        total = tg.where(some, m_i + tg.log(tg.where(some, l_i, 1.0)), -INF)
+        tg.copy(total[:, 0], lse[b, hk].tile((BR,), (0,)))
+
+    return attention_decode_combine
+
+
+# --------------------------------------------------------------------------------------
+# Shapes, checks and configuration shared by the numpy and torch entry points
+# --------------------------------------------------------------------------------------
+
+def check_decode_shapes(fn: str, q, k_cache, v_cache, cache_seqlens,
+                        block_table=None) -> tuple[int, int, int, int, int, int]:
+    """(B, H, Hkv, Sq, D, PAGE) after checking ranks and shapes (PAGE = 0 when not paged):
+    a ValueError naming the argument otherwise (numpy arrays and torch tensors alike)."""
+    for name, x in dict(q=q, k_cache=k_cache, v_cache=v_cache).items():
+        if len(x.shape) != 4:
+            raise ValueError(f"tegula.kernels.{fn}: {name} must be 4-D, got shape "
+                             f"{tuple(x.shape)}")
+    B, H, Sq, D = tuple(q.shape)
+    kshape = tuple(k_cache.shape)
+    if tuple(v_cache.shape) != kshape:
+        raise ValueError(f"tegula.kernels.{fn}: v_cache has shape {tuple(v_cache.shape)}, "
+                         f"k_cache {kshape}; they must match")
+    if kshape[3] != D:
+        raise ValueError(f"tegula.kernels.{fn}: k_cache has head dim {kshape[3]}, q {D}")
+    Hkv = kshape[1]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"tegula.kernels.{fn}: q has {H} heads, the cache {Hkv}; the query "
+                         f"heads must be a multiple of the kv heads (GQA)")
+    if not 1 <= Sq <= MAX_QUERY_TOKENS:
+        raise ValueError(f"tegula.kernels.{fn}: q has {Sq} query tokens; decoding takes 1 to "
+                         f"{MAX_QUERY_TOKENS} (use tegula.kernels.attention for more)")
+    if D not in DECODE_HEAD_DIMS:
+        raise ValueError(f"tegula.kernels.{fn}: head dim {D} is not supported; supported: "
+                         f"{', '.join(map(str, DECODE_HEAD_DIMS))}")
+    if tuple(cache_seqlens.shape) != (B,):
+        raise ValueError(f"tegula.kernels.{fn}: cache_seqlens must have shape ({B},) (one "
+                         f"length per batch), got {tuple(cache_seqlens.shape)}")
+    page = 0
+    if block_table is None:
+        if kshape[0] != B:
+            raise ValueError(f"tegula.kernels.{fn}: k_cache has batch {kshape[0]}, q {B} "
+                             f"(a paged cache needs block_table=)")
+    else:
+        if len(block_table.shape) != 2 or block_table.shape[0] != B:
+            raise ValueError(f"tegula.kernels.{fn}: block_table must be (B, max_blocks) with "
+                             f"B = {B}, got shape {tuple(block_table.shape)}")
+        page = kshape[2]
+        if page < 16 or page & (page - 1):
+            raise ValueError(f"tegula.kernels.{fn}: the page size (k_cache dim 2) is {page}; "
+                             f"it must be a power of two ≥ 16")
+    return B, H, Hkv, Sq, D, page
+
+
+def group_rows(num_heads: int, kv_heads: int, seq_q: int, block_keys: int) -> int:
+    """Rows of one program's query tile: the G query heads sharing a kv head, Sq each,
+    rounded up to a power of two of at least 16 (the smallest MMA row tile), and of at
+    least 32 for 16-key blocks (a 16 x 16 score tile has two MMA fragments, too few for
+    the block's four warps)."""
+    rows = num_heads // kv_heads * seq_q
+    return max(16 if block_keys >= 32 else 32, 1 << (rows - 1).bit_length())
+
+
+def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
+                  num_splits: int | None = None, BN: int | None = None,
+                  programs: int = 264) -> dict:
+    """Key blocks per split (`chunk`), the split count and BN for a cache of `capacity`
+    keys per sequence (its allocated length, not the current lengths, so that choosing
+    needs no device sync; splits past a sequence's end return at once). Splits are chosen
+    so that B·Hkv·splits reaches `programs` (two waves on 132 SMs) without chunks shorter
+    than 4 key blocks."""
+    BN = BN or (64 if D <= 128 else 32)
+    if page:
+        BN = min(BN, page)
+    blocks = max(1, tg.cdiv(capacity, BN))
+    if num_splits is None:
+        num_splits = max(1, min(tg.cdiv(programs, B * Hkv), tg.cdiv(blocks, 4)))
+    chunk = tg.cdiv(blocks, max(1, min(num_splits, blocks)))
+    return dict(chunk=chunk, splits=tg.cdiv(blocks, chunk), BN=BN)
+
+
+def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, capacity: int,
+                    page: int, scale: float, causal: bool, num_splits: int | None = None,
+                    BN: int | None = None) -> tuple[dict, list[tuple]]:
+    """(config, launches): the split and combine launches as (kernel, grid, argument
+    names, run-time scalars, constexprs). Names: q (B, Hkv, R, D), k, v, seqlens,
+    block_table, o_part, lse_part, o (B, Hkv, R, D), lse (B, Hkv, R)."""
+    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN)
+    BR = group_rows(H, Hkv, Sq, config["BN"])
+    constexprs = dict(D=D, SCALE=scale, SQ=Sq, CAUSAL=bool(causal), BR=BR, BN=config["BN"])
+    if page:
+        split = (attention_decode_split_kernel(dtype, True), (config["splits"], Hkv, B),
+                 ("q", "k", "v", "seqlens", "block_table", "o_part", "lse_part"),
+                 (config["chunk"],), dict(constexprs, PAGE=page))
+    else:
+        split = (attention_decode_split_kernel(dtype, False), (config["splits"], Hkv, B),
+                 ("q", "k", "v", "seqlens", "o_part", "lse_part"), (config["chunk"],),
+                 constexprs)
+    combine = (attention_decode_combine_kernel(dtype), (Hkv, B),
+               ("o_part", "lse_part", "o", "lse"), (), dict(D=D, BR=BR))
+    return config, [split, combine]
+
+
+def attention_decode_emulated(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                              cache_seqlens: np.ndarray, block_table: np.ndarray | None = None,
+                              scale: float | None = None, causal: bool = False,
+                              dtype: DType | None = None, target: str | None = None,
+                              num_splits: int | None = None, BN: int | None = None,
+                              return_lse: bool = False):
+    """o (B, H, Sq, D) by the emulated split-KV kernels (and lse (B, H, Sq) f32 with
+    `return_lse`). float16 arrays are f16; bf16 data comes as float32 arrays holding bf16
+    values with `dtype=bf16`. cache_seqlens (B,) and block_table (B, max_blocks) are
+    int32. `num_splits`, `BN`: configuration overrides (tests)."""
+    fn = "attention_decode_emulated"
+    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
+    if block_table is not None:
+        arrays["block_table"] = block_table
+    for name, x in arrays.items():
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"tegula.kernels.{fn}: {name} must be a numpy array, got "
+                            f"{type(x).__name__}")
+    B, H, Hkv, Sq, D, page = check_decode_shapes(fn, q, k_cache, v_cache, cache_seqlens,
+                                                 block_table)
+    if dtype is None:
+        if q.dtype != np.float16:
+            raise TypeError(f"tegula.kernels.{fn}: q has dtype {q.dtype}; pass float16 "
+                            f"arrays, or float32 arrays holding bf16 values with "
+                            f"dtype=tegula.bf16")
+        dtype = f16
+    storage = np.float16 if dtype == f16 else np.float32
+    for name in ("q", "k_cache", "v_cache"):
+        if arrays[name].dtype != storage:
+            raise TypeError(f"tegula.kernels.{fn}: {name} has dtype {arrays[name].dtype}; "
+                            f"{dtype} data must be numpy {np.dtype(storage)}")
+    for name in ("cache_seqlens", "block_table"):
+        if name in arrays and arrays[name].dtype != np.int32:
+            raise TypeError(f"tegula.kernels.{fn}: {name} must be int32, got "
+                            f"{arrays[name].dtype}")
+    capacity = page * block_table.shape[1] if page else k_cache.shape[2]
+    _check_lengths(fn, cache_seqlens, capacity)
+    R = H // Hkv * Sq
+    config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page,
+                                       default_scale(scale, D), causal, num_splits, BN)
+    values = dict(q=np.ascontiguousarray(q).reshape(B, Hkv, R, D), k=k_cache, v=v_cache,
+                  seqlens=cache_seqlens, block_table=block_table,
+                  o_part=poisoned((B, Hkv, config["splits"], R, D), f32),
+                  lse_part=poisoned((B, Hkv, config["splits"], R), f32),
+                  o=poisoned((B, Hkv, R, D), dtype), lse=poisoned((B, Hkv, R), f32))
+    if B:
+        extra = {} if target is None else {"target": target}
+        for kernel, grid, names, scalars, constexprs in launches:
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                launch_emulated(kernel, grid, *(values[n] for n in names), *scalars,
+                                **constexprs, **extra)
+    o = values["o"].reshape(B, H, Sq, D)
+    return (o, values["lse"].reshape(B, H, Sq)) if return_lse else o
+
+
+def _check_lengths(fn: str, cache_seqlens, capacity: int) -> None:
+    """Every length within 0 … the cache's capacity (numpy values; torch entry points
+    check theirs on the host only when asked, to avoid a sync)."""
+    lengths = np.asarray(cache_seqlens)
+    if lengths.size and (lengths.min() < 0 or lengths.max() > capacity):
+        raise ValueError(f"tegula.kernels.{fn}: cache_seqlens must lie in 0 … {capacity} (the "
+                         f"cache's capacity), got {lengths.min()} … {lengths.max()}")
+
+
+__all__ = ["attention_decode_split_kernel", "attention_decode_combine_kernel",
+           "attention_decode_emulated", "check_decode_shapes", "decode_config",
+           "decode_launches", "group_rows", "ATTENTION_DECODE_DTYPES"]
