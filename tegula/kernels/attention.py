@@ -1,0 +1,305 @@
+"""FlashAttention forward: `o = softmax(q @ k.T * scale + mask) @ v` and its log-sum-exp.
+
+One program per (query block, head, batch): it keeps its BM query rows in shared memory and
+walks the keys BN at a time (a `tg.pipeline`, so the next key and value blocks load while
+this one computes), holding the softmax *online* as FlashAttention does — per row a running
+maximum `m_i`, a running sum `l_i` of `exp(s - m_i)` and the unnormalized output `acc`, all
+f32 and loop-carried, rescaled by `exp(m_old - m_new)` whenever the maximum grows — and
+divides by `l_i` once at the end. Scores are computed in base 2: `exp(x) = exp2(x·log2 e)`
+with `log2 e` folded into the scale, one hardware `ex2` per element.
+
+Conventions (shared with the backward, `attention_backward.py`):
+
+* Layout: q (B, H, Sq, D), k and v (B, H_kv, Sk, D) as torch SDPA; H_kv divides H (GQA;
+  H_kv = 1 is MQA) and query head h reads kv head `h // (H // H_kv)`.
+* `scale` defaults to 1/sqrt(D).
+* **Causal masks are aligned bottom-right**, as FlashAttention's: query i sees key j when
+  `j <= i + Sk - Sq` (the last query sees every key, so decoding one token against a cache
+  is causal = True). torch SDPA's `is_causal` is aligned top-left (`j <= i`); the two agree
+  only when Sq == Sk. A query row that sees no key (Sq > Sk, causal) gets output 0 and
+  log-sum-exp -inf, not NaN.
+* The log-sum-exp `lse` (B, H, Sq) f32 is in natural log: `lse = m + log(l)` over the row's
+  visible scaled scores `s = q·k·scale`, so `softmax(s)_j = exp(s_j - lse)`.
+* Masks are made from tile coordinates in the kernel (`tg.arange`, `tg.where`): keys past
+  the sequence's end and causally hidden keys; a causal program stops its key loop at the
+  last block its rows can see.
+
+Two dataflows for the second gemm (`acc += p @ v`), a constexpr each so the autotuner can
+time both:
+
+* `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
+  operand of `p @ v`. On sm_90a wgmma reads only K-major shared operands today, so this
+  is what puts both gemms on wgmma with K and V arriving by TMA into an mbarrier ring
+  filled by a producer warpgroup (the torch entry makes the transposed copy: one more
+  pass over v). Without it, v's tile is read through a transposed shared view
+  (`ldmatrix.trans` feeding `mma.sync`).
+* `P_SHARED`: the probabilities go through shared memory to the gemm (a wgmma operand);
+  without it they stay in registers, where `mma.sync` takes them directly (the layout of
+  the first gemm's accumulator is the second's A operand; no conversion).
+
+Variable lengths (`attention_varlen_kernel`): q (total_q, H, D), k and v (total_k, H_kv, D)
+packed as flash-attn's varlen API, sequence e holding rows `cu_seqlens[e] …
+cu_seqlens[e+1]-1`; lse is (H, total_q). The same loop (`_attend`) runs on views narrowed
+by the offsets, which the kernel loads as scalars.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f16, i32
+from tegula.kernels.common import check_array, launch_emulated, poisoned
+
+ATTENTION_DTYPES = (f16, bf16)
+HEAD_DIMS = (64, 128, 256)
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
+INF = float("inf")
+
+
+def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
+            BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool) -> None:
+    """The body every forward kernel shares (traced inline): query block `m` of the
+    (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
+    V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,)."""
+    seq_q, seq_k = qv.shape[0], kv.shape[0]
+    sq = tg.shared((BM, D), dtype)
+    tg.copy(qv.tile((BM, D), (m, 0)), sq)
+    keys = kv.tile((BN, D), (None, 0))                    # (BN, D, key blocks)
+    values = vv.tile((D, BN), (0, None)) if V_KMAJOR else vv.tile((BN, D), (None, 0))
+    sk = tg.shared((BN, D), dtype, stages=STAGES)
+    sv = tg.shared((D, BN) if V_KMAJOR else (BN, D), dtype, stages=STAGES)
+    sp = tg.shared((BM, BN), dtype) if P_SHARED else None
+    rows = tg.arange(BM, offset=m * BM)
+    m_i = tg.full((BM, 1), -INF, f32)                     # running max (base-2 units)
+    l_i = tg.zeros((BM, 1), f32)                          # running sum of exp2(s - m_i)
+    acc = tg.zeros((BM, D), f32)
+    blocks = tg.cdiv(seq_k, BN)
+    if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
+        blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
+    for j in tg.pipeline(blocks, stages=STAGES):
+        tg.copy(keys[:, :, j], sk[j])
+        tg.copy(values[:, :, j], sv[j])
+        s = tg.zeros((BM, BN), f32)
+        tg.gemm(s, sq, sk[j])                             # s = q @ k.T
+        cols = tg.arange(BN, offset=j * BN)
+        visible = cols[None, :] < seq_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
+        s = tg.where(visible, s * QK_SCALE, -INF)
+        m_new = tg.maximum(m_i, tg.max(s, 1))
+        m_base = tg.where(m_new == -INF, 0.0, m_new)      # a row that sees nothing yet: no NaN
+        p = tg.exp2(s - m_base)
+        alpha = tg.exp2(m_i - m_base)
+        l_i = l_i * alpha + tg.sum(p, 1)
+        acc = acc * alpha
+        p = p.to(dtype)
+        if P_SHARED:
+            tg.copy(p, sp)
+            p = sp
+        tg.gemm(acc, p, sv[j] if V_KMAJOR else sv[j].T)   # acc += p @ v
+        m_i = m_new
+    seen = l_i > 0.0                                      # false: the row saw no key
+    l_safe = tg.where(seen, l_i, 1.0)
+    tg.copy((acc * (1.0 / l_safe)).to(dtype), ov.tile((BM, D), (m, 0)))
+    lse = tg.where(seen, (m_i + tg.log2(l_safe)) * (1.0 / LOG2E), -INF)
+    tg.copy(lse[:, 0], lse_v.tile((BM,), (m,)))
+
+
+@lru_cache(maxsize=None)
+def attention_kernel(dtype: DType) -> tg.Kernel:
+    """The forward on (B, H, S, D) tensors of `dtype`; grid (cdiv(Sq, BM), H, B)."""
+
+    @tg.kernel(threads=128)
+    def attention_fwd(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4], v: tg.Tensor[dtype, 4],
+                      o: tg.Tensor[dtype, 4], lse: tg.Tensor[f32, 3],
+                      D: tg.constexpr, QK_SCALE: tg.constexpr, CAUSAL: tg.constexpr = False,
+                      BM: tg.constexpr = 64, BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
+                      V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False):
+        m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        kv_head = h // (q.shape[1] // k.shape[1])
+        _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
+                QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED)
+
+    return attention_fwd
+
+
+@lru_cache(maxsize=None)
+def attention_varlen_kernel(dtype: DType) -> tg.Kernel:
+    """The forward on packed sequences: q (total_q, H, D), k (total_k, H_kv, D), v the same
+    or (H_kv, D, total_k) when V_KMAJOR, lse (H, total_q); sequence e's rows run from
+    cu_seqlens_*[e] to cu_seqlens_*[e+1]. Grid (cdiv(max_seqlen_q, BM), H, sequences)."""
+
+    @tg.kernel(threads=128)
+    def attention_varlen_fwd(q: tg.Tensor[dtype, 3], k: tg.Tensor[dtype, 3],
+                             v: tg.Tensor[dtype, 3], o: tg.Tensor[dtype, 3],
+                             lse: tg.Tensor[f32, 2], cu_seqlens_q: tg.Tensor[i32, 1],
+                             cu_seqlens_k: tg.Tensor[i32, 1],
+                             D: tg.constexpr, QK_SCALE: tg.constexpr,
+                             CAUSAL: tg.constexpr = False, BM: tg.constexpr = 64,
+                             BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
+                             V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False):
+        m, h, e = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        kv_head = h // (q.shape[1] // k.shape[1])
+        q0, q1 = cu_seqlens_q[e], cu_seqlens_q[e + 1]
+        k0, k1 = cu_seqlens_k[e], cu_seqlens_k[e + 1]
+        vv = v[kv_head, :, k0:k1] if V_KMAJOR else v[k0:k1, kv_head, :]
+        _attend(q[q0:q1, h, :], k[k0:k1, kv_head, :], vv, o[q0:q1, h, :], lse[h, q0:q1], m,
+                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED)
+
+    return attention_varlen_fwd
+
+
+# --------------------------------------------------------------------------------------
+# Configuration: tiles per head dim, the dataflow per target
+# --------------------------------------------------------------------------------------
+
+def default_tiles(head_dim: int, target: str | None = None) -> dict:
+    """The untuned configuration for `head_dim` on `target`: BM=BN=64 query and key blocks
+    in a two-stage pipeline (with D=256 a 64-row f32 accumulator is already 128 registers a
+    thread of 128); on sm_90a both gemms on wgmma (v transposed, p through shared memory),
+    elsewhere p in registers feeding mma.sync."""
+    hopper = (target or "sm_90a") == "sm_90a"
+    return dict(BM=64, BN=64, STAGES=2, V_KMAJOR=hopper, P_SHARED=hopper)
+
+
+def qk_scale(scale: float | None, head_dim: int) -> float:
+    """The factor applied to q·k in the kernel: `scale` (default 1/sqrt(D)) times log2 e,
+    since the kernel's softmax is in base 2."""
+    return (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E
+
+
+def check_scale(fn: str, scale: object) -> None:
+    """`scale` is None or a finite real number (a bool or NaN is a mistake, not a scale)."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"tegula.kernels.{fn}: scale must be a finite number or None "
+                         f"(1/sqrt(D)), got {scale!r}")
+
+
+def check_heads(fn: str, q_shape: tuple, k_shape: tuple, v_shape: tuple, head_dim_axis: int,
+                head_axis: int, seq_axis: int) -> int:
+    """Shape checks shared by every entry point (the axes of the layout: D, heads, the
+    sequence or the packed rows); returns D."""
+    d = q_shape[head_dim_axis]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"tegula.kernels.{fn}: head dim D = {d} (q's last dim, q has shape "
+                         f"{q_shape}) is not supported; D must be one of {HEAD_DIMS}")
+    if k_shape != v_shape:
+        raise ValueError(f"tegula.kernels.{fn}: k and v must have one shape, got k "
+                         f"{k_shape} and v {v_shape}")
+    lead = [a for a in range(len(q_shape)) if a not in (head_axis, seq_axis, head_dim_axis)]
+    if k_shape[head_dim_axis] != d or any(q_shape[a] != k_shape[a] for a in lead):
+        raise ValueError(f"tegula.kernels.{fn}: q {q_shape} and k {k_shape} must agree on "
+                         f"the batch and head dim (only the sequence length and the number "
+                         f"of heads may differ)")
+    h, h_kv = q_shape[head_axis], k_shape[head_axis]
+    if h_kv == 0 or h % h_kv:
+        raise ValueError(f"tegula.kernels.{fn}: k and v have {h_kv} heads, which must "
+                         f"divide q's {h} heads (GQA/MQA: query head i reads kv head "
+                         f"i // (H // H_kv))")
+    return d
+
+
+# --------------------------------------------------------------------------------------
+# numpy entry points (the emulator)
+# --------------------------------------------------------------------------------------
+
+def _check_arrays(fn: str, dtype: DType | None, ndim: int, **arrays: np.ndarray) -> DType:
+    """Each array numpy of rank `ndim`, all of one dtype: float16 (f16) or float32 holding
+    bf16 values (dtype=bf16)."""
+    for name, a in arrays.items():
+        check_array(fn, name, a, ndim=ndim)
+    kinds = {a.dtype for a in arrays.values()}
+    if len(kinds) > 1:
+        listed = ", ".join(f"{n}: {a.dtype}" for n, a in arrays.items())
+        raise TypeError(f"tegula.kernels.{fn}: q, k and v must share one dtype ({listed})")
+    kind = kinds.pop()
+    dtype = dtype or (f16 if kind == np.float16 else None)
+    if dtype not in ATTENTION_DTYPES or (dtype == f16) != (kind == np.float16) or \
+            kind not in (np.float16, np.float32):
+        raise TypeError(f"tegula.kernels.{fn}: q, k and v must be float16 arrays (f16) or "
+                        f"float32 arrays with dtype=tegula.bf16, got {kind} with "
+                        f"dtype={dtype}")
+    return dtype
+
+
+def attention_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
+                       scale: float | None = None, *, return_lse: bool = False,
+                       dtype: DType | None = None, target: str = "sm_90a", **tiles):
+    """The forward kernel in the emulator on (B, H, Sq, D) q and (B, H_kv, Sk, D) k, v
+    (float16 arrays, or float32 ones holding bf16 values with dtype=tegula.bf16). Returns
+    o (B, H, Sq, D), and with `return_lse` also lse (B, H, Sq) float32 (natural log).
+    `tiles` override `default_tiles` (BM, BN, STAGES, V_KMAJOR, P_SHARED, threads)."""
+    fn = "attention_emulated"
+    dtype = _check_arrays(fn, dtype, 4, q=q, k=k, v=v)
+    d = check_heads(fn, q.shape, k.shape, v.shape, 3, 1, 2)
+    check_scale(fn, scale)
+    b, h, sq, _ = q.shape
+    constexprs = {**default_tiles(d, target), **tiles}
+    if constexprs["V_KMAJOR"]:
+        v = np.ascontiguousarray(v.transpose(0, 1, 3, 2))
+    o, lse = poisoned(q.shape, dtype), poisoned((b, h, sq), f32)
+    if q.size and k.shape[2]:
+        grid = (tg.cdiv(sq, constexprs["BM"]), h, b)
+        launch_emulated(attention_kernel(dtype), grid, np.ascontiguousarray(q),
+                        np.ascontiguousarray(k), np.ascontiguousarray(v), o, lse, D=d,
+                        QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal), target=target,
+                        **constexprs)
+    else:  # no keys: every row sees nothing
+        o[...], lse[...] = 0, -INF
+    return (o, lse) if return_lse else o
+
+
+def attention_varlen_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                              cu_seqlens_q: np.ndarray, cu_seqlens_k: np.ndarray,
+                              max_seqlen_q: int, causal: bool = False,
+                              scale: float | None = None, *, return_lse: bool = False,
+                              dtype: DType | None = None, target: str = "sm_90a", **tiles):
+    """The variable-length forward in the emulator: q (total_q, H, D), k and v (total_k,
+    H_kv, D), `cu_seqlens_*` int32 (sequences + 1,) offsets into them (nondecreasing, from
+    0; rows past the last offset are never read), `max_seqlen_q` ≥ every query length.
+    Returns o (total_q, H, D) — rows of no sequence are left NaN — and with `return_lse`
+    lse (H, total_q)."""
+    fn = "attention_varlen_emulated"
+    dtype = _check_arrays(fn, dtype, 3, q=q, k=k, v=v)
+    d = check_heads(fn, q.shape, k.shape, v.shape, 2, 1, 0)
+    check_scale(fn, scale)
+    starts_q = check_offsets(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    check_offsets(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], len(starts_q))
+    lengths = np.diff(starts_q)
+    if lengths.size and lengths.max() > max_seqlen_q:
+        raise ValueError(f"tegula.kernels.{fn}: max_seqlen_q = {max_seqlen_q} is below the "
+                         f"longest query sequence ({lengths.max()})")
+    constexprs = {**default_tiles(d, target), **tiles}
+    if constexprs["V_KMAJOR"]:
+        v = np.ascontiguousarray(v.transpose(1, 2, 0))
+    o, lse = poisoned(q.shape, dtype), poisoned((q.shape[1], q.shape[0]), f32)
+    if lengths.size and max_seqlen_q > 0:
+        grid = (tg.cdiv(max_seqlen_q, constexprs["BM"]), q.shape[1], lengths.size)
+        launch_emulated(attention_varlen_kernel(dtype), grid, np.ascontiguousarray(q),
+                        np.ascontiguousarray(k), v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                        D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal),
+                        target=target, check_coverage=False, **constexprs)
+    return (o, lse) if return_lse else o
+
+
+def check_offsets(fn: str, name: str, offsets: object, rows: int,
+                  count: int | None = None) -> np.ndarray:
+    """`offsets` as an int32 array of (sequences + 1,) nondecreasing offsets from 0 to at
+    most `rows` (the packed tensor's length); `count`: the length it must have."""
+    a = np.asarray(offsets)
+    if a.ndim != 1 or a.size < 1 or a.dtype != np.int32:
+        raise ValueError(f"tegula.kernels.{fn}: {name} must be a 1-D int32 array of "
+                         f"sequences + 1 offsets, got {a.dtype} of shape {a.shape}")
+    if count is not None and a.size != count:
+        raise ValueError(f"tegula.kernels.{fn}: {name} has {a.size} offsets, "
+                         f"cu_seqlens_q has {count}: one per sequence plus one")
+    if a[0] != 0 or np.any(np.diff(a) < 0) or a[-1] > rows:
+        raise ValueError(f"tegula.kernels.{fn}: {name} = {a.tolist()} must start at 0, never "
+                         f"decrease and end at most at {rows} (the packed rows)")
+    return a
