@@ -8,7 +8,8 @@ directions until nothing changes:
 
 * elementwise / cast / register-to-register copy: all full-shape operands share the
   output's layout; a broadcast operand (size-1 dims) gets the output's layout projected
-  onto its shape;
+  onto its shape (where that projection is no CuTe layout, the check computes the op in a
+  coalesced partition between conversions);
 * reduce: the output is the input's layout projected along the reduced axis;
 * reshape (size-1 dims inserted or removed): both tiles share one layout (their elements
   keep their flat indices); `indices` has no operand and takes the layout its users want.
@@ -55,14 +56,22 @@ class LayoutState:
         return True
 
 
-def broadcast_layout(out_layout: Layout, out_shape: tuple, in_shape: tuple) -> Layout:
+def broadcast_layout(out_layout: Layout, out_shape: tuple, in_shape: tuple) -> Layout | None:
     """The layout a broadcast operand of `in_shape` needs so each thread holds, in the same
-    register positions, the elements the output's registers are computed from."""
+    register positions, the elements the output's registers are computed from; None where
+    that projection is not a CuTe layout (an output spread over the threads in flat order
+    across a dim whose extent does not divide the thread count, e.g. a (3, 32) tile read
+    through a transposed shared view: thread t's registers cross rows irregularly). The
+    check then computes the op in a coalesced partition instead (`_elementwise_in_coalesced`).
+    """
     layout = out_layout
     for axis, (o, i) in enumerate(zip(out_shape, in_shape)):
         if i == 1 and o != 1:
-            layout = projected_tv(layout, tuple(1 if d < axis and in_shape[d] == 1 else s
-                                                for d, s in enumerate(out_shape)), axis)
+            try:
+                layout = projected_tv(layout, tuple(1 if d < axis and in_shape[d] == 1 else s
+                                                    for d, s in enumerate(out_shape)), axis)
+            except LayoutError:
+                return None
     return layout
 
 
@@ -86,9 +95,10 @@ def _propagate_elementwise(op: Elementwise, state: LayoutState) -> bool:
             continue
         if tuple(t.shape) == tuple(op.out.shape):
             changed |= state.set(t, out_layout, f"same as {op.out.name} ({op.op})")
-        else:
-            changed |= state.set(t, broadcast_layout(out_layout, op.out.shape, t.shape),
-                                 f"broadcast into {op.out.name}")
+            continue
+        projected = broadcast_layout(out_layout, op.out.shape, t.shape)
+        if projected is not None:  # else left open: fixed elsewhere, converted at the check
+            changed |= state.set(t, projected, f"broadcast into {op.out.name}")
     return changed
 
 
@@ -189,6 +199,11 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
                 if hasattr(op, attr) and isinstance(getattr(op, attr), list):
                     setattr(op, attr, rewrite(getattr(op, attr)))
             after: list[Rearrange] = []
+            if isinstance(op, Elementwise) and _broadcast_has_no_layout(op, state):
+                before, conversion = _elementwise_in_coalesced(op, state, kernel)
+                inserted.extend(before)
+                result.extend(before)
+                after.append(conversion)
             for holder, user in operand_constraints(op):
                 h, u = state.get(holder), state.get(user)
                 if h is None or u is None or \
@@ -226,6 +241,47 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
     kernel.register_tiles.append(converted)
     _replace_operand(op, holder, converted)
     return Rearrange(holder, converted, loc=op.loc)
+
+
+def _broadcast_has_no_layout(op: Elementwise, state: LayoutState) -> bool:
+    """True if a broadcast operand of `op` would need a layout that does not exist (the
+    output's layout has no projection onto the operand's shape, see `broadcast_layout`)."""
+    out_layout = state.get(op.out)
+    if out_layout is None:
+        return False
+    return any(broadcast_layout(out_layout, op.out.shape, t.shape) is None
+               for t in op.inputs if isinstance(t, RegisterTile)
+               and tuple(t.shape) != tuple(op.out.shape))
+
+
+def _elementwise_in_coalesced(op: Elementwise, state: LayoutState,
+                              kernel: TracedKernel) -> tuple[list[Rearrange], Rearrange]:
+    """Compute an elementwise op whose output layout gives a broadcast operand no layout
+    in a coalesced partition of the output's shape instead, which projects onto every
+    broadcast shape: its operands are converted into that partition (or its projection)
+    before the op, and the result converted back into the output's layout after it.
+    Returns (conversions before the op, the conversion after it)."""
+    target = op.out
+    shape = tuple(target.shape)
+    space = coalesced_tv(shape, len(shape) - 1, 1, kernel.threads)
+    computed = RegisterTile(target.dtype, shape, f"{target.name}_bc", op.loc)
+    state.set(computed, space,
+              f"{op.op} computed in a coalesced partition (a broadcast operand has no "
+              f"projection of {target.name}'s layout), then converted")
+    kernel.register_tiles.append(computed)
+    op.out = computed
+    before = []
+    operands = {t.id: t for t in op.inputs if isinstance(t, RegisterTile)}  # x * x: once
+    for t in operands.values():
+        needed = broadcast_layout(space, shape, tuple(t.shape))
+        if layouts_agree(state.get(t), tuple(t.shape), needed, tuple(t.shape)):
+            continue
+        converted = RegisterTile(t.dtype, tuple(t.shape), f"{t.name}_cvt", op.loc)
+        state.set(converted, needed, f"converted from {t.name} for {op.op}")
+        kernel.register_tiles.append(converted)
+        _replace_operand(op, t, converted)
+        before.append(Rearrange(t, converted, loc=op.loc))
+    return before, Rearrange(computed, target, loc=op.loc)
 
 
 def _reduce_then_convert(op: Reduce, state: LayoutState,
