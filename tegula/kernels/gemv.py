@@ -1,0 +1,172 @@
+"""GEMV: `y = x @ w.T` for few rows of x (M ≤ 16), x (M, K) and w (N, K), both K-major.
+
+A matrix-vector product is memory-bound: each weight is read once and used M times, so
+the kernel's job is to stream w at the copy bandwidth. There are no tensor cores in it
+(an MMA operand layout would read w with 4-byte loads; see docs/compiler.md): each block
+owns BN rows of w and walks K in BK-wide chunks; the (BN, BK) chunk is loaded with 16-byte
+vectors, converted to f32 once, and multiplied elementwise by each row of x (a (1, BK)
+tile broadcast over the chunk's rows, read from L1/L2). Every row of x keeps its own
+(BN, BK) f32 accumulator, so the K loop does no cross-thread work at all; one row
+reduction per x row at the end (`tg.sum(acc, 1)`, warp shuffles) gives the BN outputs.
+
+The rows of x are a constexpr M, unrolled at trace time: M accumulators of BN·BK/threads
+f32 each, which is why `gemv_config` shrinks the chunk as M grows. Out-of-range rows of w
+and columns past K load as 0 and add nothing.
+
+Entry points: `gemv_emulated` (numpy, the CPU emulator) and `gemv` (torch, autotuned).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
+                                   launch_emulated, poisoned)
+
+GEMV_DTYPES = (f16, bf16)
+MAX_GEMV_ROWS = 16  # more rows of x reuse each weight enough for a tensor-core GEMM
+
+
+@lru_cache(maxsize=None)
+def gemv_kernel(dtype: DType) -> tg.Kernel:
+    """y (M, N) = x (M, K) @ w (N, K).T in f32, stored in `dtype`; M is a constexpr."""
+
+    @tg.kernel(threads=128)
+    def gemv(x: tg.Tensor[dtype], w: tg.Tensor[dtype], y: tg.Tensor[dtype],
+             M: tg.constexpr = 1, BN: tg.constexpr = 8, BK: tg.constexpr = 512):
+        n = tg.block_id(0)
+        gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK)
+        accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of x
+        for k in tg.range(gw.shape[2]):
+            chunk = tg.load(gw[:, :, k]).to(f32)
+            for r in range(M):
+                row = tg.load(x.tile((1, BK), (r, k))).to(f32)  # broadcast over BN rows
+                accs[r] = accs[r] + chunk * row
+        for r in range(M):
+            tg.copy(tg.sum(accs[r], 1).to(dtype), y.T.tile((BN, 1), (n, r)))
+
+    return gemv
+
+
+def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = None,
+                threads: int = 128) -> tuple[tuple[int], dict]:
+    """(grid, constexprs) for an (M, N, K) GEMV: one block per BN rows of w. Defaults keep
+    32 weights (four 16-byte f16 loads) per thread per chunk for one row of x, 16 for up
+    to 4 rows and 8 beyond, so the M accumulators stay near 32-128 registers."""
+    if not 1 <= m <= MAX_GEMV_ROWS:
+        raise ValueError(f"tegula.kernels.gemv: x has {m} rows; the GEMV kernel takes 1 to "
+                         f"{MAX_GEMV_ROWS} (use tegula.kernels.matmul for more)")
+    per_thread = 32 if m == 1 else 16 if m <= 4 else 8
+    if BK is None:
+        BK = 512 if k >= 512 else 256
+    if BN is None:
+        BN = max(1, per_thread * threads // BK)
+    return (tg.cdiv(n, BN),), dict(M=m, BN=BN, BK=BK)
+
+
+def _check_gemv_shapes(fn: str, x_shape: tuple, w_shape: tuple) -> tuple[int, int, int]:
+    """(M, N, K) of a GEMV of x (K,) or (M, K) with w (N, K), or a ValueError naming both."""
+    if len(x_shape) not in (1, 2) or len(w_shape) != 2:
+        raise ValueError(f"tegula.kernels.{fn}: x must be (K,) or (M, K) and w (N, K), got "
+                         f"x of shape {tuple(x_shape)} and w of shape {tuple(w_shape)}")
+    m, k = (1, x_shape[0]) if len(x_shape) == 1 else tuple(x_shape)
+    n, k2 = w_shape
+    if k != k2:
+        raise ValueError(f"tegula.kernels.{fn}: x's last dim ({k}) must equal w's (N, K) K "
+                         f"({k2}): x of shape {tuple(x_shape)}, w of shape {tuple(w_shape)}")
+    if not 1 <= m <= MAX_GEMV_ROWS:
+        raise ValueError(f"tegula.kernels.{fn}: x has {m} rows; the GEMV kernel takes 1 to "
+                         f"{MAX_GEMV_ROWS} (use tegula.kernels.matmul for more)")
+    return m, n, k
+
+
+def gemv_emulated(x: np.ndarray, w: np.ndarray, dtype: DType | None = None,
+                  target: str | None = None, **tiles: int) -> np.ndarray:
+    """`x @ w.T` by the emulated GEMV kernel: x (K,) or (M, K) with M ≤ 16, w (N, K);
+    returns (N,) or (M, N). f16 arrays, or float32 ones holding bf16 values with
+    `dtype=bf16`."""
+    fn = "gemv_emulated"
+    check_array(fn, "x", x)
+    check_array(fn, "w", w, ndim=2)
+    check_same_dtype(fn, x=x, w=w)
+    dtype = dtype or dtype_of_array(x, fn, "x")
+    if dtype not in GEMV_DTYPES:
+        raise TypeError(f"tegula.kernels.{fn}: x and w must be f16 or bf16, got {dtype}")
+    m, n, k = _check_gemv_shapes(fn, x.shape, w.shape)
+    rows = np.ascontiguousarray(x.reshape(m, k))
+    y = poisoned((m, n), dtype)
+    if n == 0:
+        return y.reshape(x.shape[:-1] + (n,))
+    if k == 0:
+        return np.zeros_like(y).reshape(x.shape[:-1] + (n,))
+    grid, constexprs = gemv_config(m, n, k, **tiles)
+    options = {} if target is None else {"target": target}
+    launch_emulated(gemv_kernel(dtype), grid, rows, np.ascontiguousarray(w), y,
+                    **constexprs, **options)
+    return y.reshape(x.shape[:-1] + (n,))
+
+
+# --------------------------------------------------------------------------------------
+# torch entry point
+# --------------------------------------------------------------------------------------
+
+def gemv_candidates(m: int) -> list[dict]:
+    """Configurations worth timing for M rows of x: chunk shapes around the default's
+    register budget, and 256 threads (more bytes in flight per block)."""
+    bks = (256, 512, 1024) if m == 1 else (128, 256, 512)
+    out = []
+    for threads in (128, 256):
+        per_thread = 32 if m == 1 else 16 if m <= 4 else 8
+        for bk in bks:
+            bn = per_thread * threads // bk
+            if bn >= 1:
+                out.append(dict(BN=bn, BK=bk, threads=threads))
+    return out
+
+
+def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
+    """`x @ w.T` for CUDA tensors x (K,) or (M, K) with M ≤ 16 and w (N, K) (an
+    `nn.Linear` weight), f16 or bf16, accumulated in f32; returns (N,) or (M, N) in x's
+    dtype (or writes `out`, contiguous). Autotuned per (M, N, K) bucket and GPU."""
+    from tegula.kernels import api
+    from tegula.runtime.autotune import Autotuner, Config
+
+    fn = "gemv"
+    dtype = api._check_tensor(fn, "x", x, api._GEMM_DTYPES)
+    api._check_tensor(fn, "w", w, api._GEMM_DTYPES, ndim=2)
+    api._check_same_dtype(fn, {"x": x, "w": w})
+    m, n, k = _check_gemv_shapes(fn, tuple(x.shape), tuple(w.shape))
+    api._check_cuda(fn, {"x": x, "w": w})
+    torch = api._torch()
+    shape = tuple(x.shape[:-1]) + (n,)
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    else:
+        api._check_out(fn, out, shape, x)
+    if n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    rows = x.reshape(m, k).contiguous()
+    weight = w.contiguous()  # rows of w are read with 16-byte vectors along K
+    y = out.view(m, n)
+    kernel = gemv_kernel(dtype)
+    api.TUNERS.setdefault(fn, Autotuner(fn))
+    configs = tuple(Config.of(c) for c in gemv_candidates(m))
+
+    def run(config: Config) -> Any:
+        values = config.kwargs
+        grid, constexprs = gemv_config(m, n, k, threads=config.threads or 128, **values)
+        return api._launch(kernel, grid, (rows, weight, y), constexprs, config.threads)
+
+    api._tune_and_run(fn, x.device.index, configs, (m, n, k), str(dtype), run)
+    return out
+
+
+__all__ = ["gemv_kernel", "gemv_config", "gemv_emulated", "gemv_candidates", "gemv",
+           "GEMV_DTYPES", "MAX_GEMV_ROWS"]
