@@ -19,6 +19,7 @@ from tegula.dtypes import (DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, i4, i8,
 from tegula.errors import TegulaError, TraceError
 from tegula.lang import arange, argmax, argmin, indices
 from tegula.lang import num_programs, num_sms
+from tegula.lang import cumsum, scan
 from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, constexpr, copy,
                          cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
                          log2, maximum, minimum, ne, pipeline, rearrange, reduce, register,
@@ -36,7 +37,7 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "copy", "load", "gemm", "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
            "abs", "tanh", "sigmoid", "sin", "cos", "maximum", "minimum", "where", "reduce",
            "sum", "max", "min", "argmax", "argmin", "arange", "indices", "rearrange",
-           "atomic_add", "range", "pipeline", "if_",
+           "atomic_add", "range", "pipeline", "if_", "scan", "cumsum",
            "else_", "eq", "ne"]
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str

@@ -80,6 +80,33 @@ class Reduce(Op):
 
 
 @dataclass(eq=False)
+class ScanCombine:
+    """The associative function of a `Scan`, traced once on placeholder tiles: `lhs` stands
+    for the earlier operand(s), `rhs` for the later one(s) (one tile each per scanned tile);
+    `ops` (element-wise only) compute `results` from them, and a result may be an operand
+    itself (`lambda a, b: b`). Lowering evaluates `ops` per element on registers."""
+
+    lhs: list[RegisterTile]
+    rhs: list[RegisterTile]
+    ops: list[Op]
+    results: list[RegisterTile]
+
+
+@dataclass(eq=False)
+class Scan(Op):
+    """`outs = inclusive scan of xs along axis`: out[.., i, ..] = x[.., 0, ..] ⊕ … ⊕
+    x[.., i, ..], with ⊕ = `combine` applied to the tuple of all `xs` at once (the linear
+    recurrence h = a·h + b scans (a, b) pairs). `reverse`: flip along the axis, scan, flip
+    back, so out[i] = x[n-1] ⊕ … ⊕ x[i]. Each out has its x's shape and dtype."""
+
+    xs: list[RegisterTile]
+    axis: int
+    combine: ScanCombine
+    outs: list[RegisterTile]
+    reverse: bool = False
+
+
+@dataclass(eq=False)
 class Indices(Op):
     """`out[i] = i[axis] + offset` for every element of register tile `out` (i32): the
     coordinate of each element along one axis (`tg.arange`, `tg.indices`). `offset` is an
@@ -175,6 +202,8 @@ def tiles_read(op: Op) -> list[Tile]:
         return list(op.inputs)
     if isinstance(op, (Reduce, Rearrange, Reshape)):
         return [op.x]
+    if isinstance(op, Scan):
+        return list(op.xs)
     if isinstance(op, AtomicAdd):
         return [op.src]
     return []
@@ -190,12 +219,15 @@ def tiles_written(op: Op) -> list[Tile]:
         return [op.dst]
     if isinstance(op, (Elementwise, Reduce, Rearrange, Reshape, Indices)):
         return [op.out]
+    if isinstance(op, Scan):
+        return list(op.outs)
     if isinstance(op, AtomicAdd):
         return [op.dst]
     return []
 
 
-__all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Indices", "Reshape",
+__all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Scan", "ScanCombine",
+           "Indices", "Reshape",
            "Rearrange", "AtomicAdd",
            "ForLoop", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
            "DType"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, TracedKernel, tiles_read,
+                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel, tiles_read,
                            tiles_written)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedAlloc, Tile, ViewDim, describe
 
@@ -91,6 +91,11 @@ def op_text(op: Op) -> str:
         return _elementwise_text(op)
     if isinstance(op, Reduce):
         return f"{_operand(op.out)} = reduce.{op.kind} {_operand(op.x)}, axis={op.axis}"
+    if isinstance(op, Scan):
+        outs = ", ".join(_operand(t) for t in op.outs)
+        xs = ", ".join(_operand(t) for t in op.xs)
+        order = " reverse" if op.reverse else ""
+        return f"{outs} = scan{order} {xs}, axis={op.axis}, combine={len(op.combine.ops)} op(s)"
     if isinstance(op, Rearrange):
         return f"{_operand(op.out)} = rearrange {_operand(op.x)}"
     if isinstance(op, Reshape):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from tegula.dtypes import bool_, i32
 from tegula.errors import TegulaError
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, TracedKernel, tiles_read,
+                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel, tiles_read,
                            tiles_written)
 from tegula.ir.scalar import (Condition, LoopIndex, Scalar, ScalarArg, ScalarBinOp,
                               ScalarLoad, TensorExtent, constant_value)
@@ -237,6 +237,24 @@ def _check_reduce(v: _Verifier, op: Reduce) -> None:
                          f"type {dtype}")
 
 
+def _check_scan(v: _Verifier, op: Scan) -> None:
+    combine = op.combine
+    arity = {len(op.xs), len(op.outs), len(combine.lhs), len(combine.rhs),
+              len(combine.results)}
+    if arity != {len(op.xs)} or not op.xs or not 0 <= op.axis < op.xs[0].rank:
+        raise v.fail(op, f"scan of {len(op.xs)} tiles along axis {op.axis} has "
+                         f"{len(op.outs)} results and a combine of arity {arity}")
+    for x, out, result in zip(op.xs, op.outs, combine.results):
+        if not (tuple(x.shape) == tuple(out.shape) == tuple(result.shape)
+                and x.dtype == out.dtype == result.dtype):
+            raise v.fail(op, f"{describe(x)} -> {describe(out)} (combine gives "
+                             f"{describe(result)}) changes shape or dtype")
+    for inner in combine.ops:
+        if not isinstance(inner, Elementwise):
+            raise v.fail(op, f"combine holds a {type(inner).__name__}; only element-wise ops")
+        _check_elementwise(v, inner)
+
+
 def _check_indices(v: _Verifier, op: Indices) -> None:
     if op.out.dtype != i32 or not 0 <= op.axis < op.out.rank:
         raise v.fail(op, f"{describe(op.out)} must be an i32 tile with an axis {op.axis}")
@@ -265,7 +283,7 @@ def _check_atomic_add(v: _Verifier, op: AtomicAdd) -> None:
 _OP_CHECKS = {Copy: _check_copy, Gemm: _check_gemm, Fill: _check_fill,
               Elementwise: _check_elementwise, Reduce: _check_reduce,
               Rearrange: _check_rearrange, AtomicAdd: _check_atomic_add,
-              Indices: _check_indices, Reshape: _check_reshape}
+              Indices: _check_indices, Reshape: _check_reshape, Scan: _check_scan}
 
 
 def verify(traced: TracedKernel) -> None:

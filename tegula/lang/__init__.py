@@ -31,6 +31,7 @@ from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maxi
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
 from tegula.lang.indexing import arange, indices
 from tegula.lang.scalars import num_programs, num_sms
+from tegula.lang.scan import cumsum, scan
 from tegula.lang.ops import (argmax, argmin, atomic_add, block_id, copy, fill, full, gemm, load,
                              rearrange, reduce, reduce_max, reduce_min, reduce_sum, register,
                              shared, zeros)
@@ -44,4 +45,4 @@ __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
            "reduce_min", "argmax", "argmin", "arange", "indices", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
            "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",
-           "RegisterValue"]
+           "RegisterValue", "scan", "cumsum"]

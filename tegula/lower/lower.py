@@ -21,7 +21,7 @@ import dataclasses
 from tegula.dtypes import i32
 from tegula.errors import SynthesisError
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, TracedKernel)
+                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
 from tegula.lower.arg_reduce import lower_any_reduce
@@ -31,6 +31,7 @@ from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
 from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
+from tegula.lower.scan import lower_scan
 from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
 from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAsyncWait, Expr,
                                     For, If, Reg, ScalarParam, Stmt, TensorParam, ThreadKernel,
@@ -38,7 +39,7 @@ from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAs
 
 _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
           Reduce: lower_any_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add,
-          Indices: lower_indices, Reshape: lower_reshape}
+          Indices: lower_indices, Reshape: lower_reshape, Scan: lower_scan}
 
 
 class SharedSync:

@@ -33,6 +33,8 @@ from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, Reshape, Tr
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
+from tegula.ir.ops import Scan
+from tegula.synth.scan import scan_conversions
 from tegula.layout.tv import (coalesced_tv, match_values, project_flat_indices, projected_tv,
                               tile_size, tv_table)
 
@@ -218,6 +220,10 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
                 conversion = _conversion_for(op, holder, user, state, kernel)
                 inserted.append(conversion)
                 result.append(conversion)
+            if isinstance(op, Scan):  # it runs in its own layout (synth/scan.py)
+                before, after = scan_conversions(op, state, kernel)
+                inserted.extend(before)
+                result.extend(before)
             result.append(op)
             inserted.extend(after)
             result.extend(after)

@@ -37,6 +37,7 @@ from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm, plan_mma_syn
 from tegula.synth.roles import decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
+from tegula.synth.scan import anchor_scans
 from tegula.synth.shared import SharedAccess, synthesize_shared_layout
 from tegula.layout.cute import Layout
 from tegula.layout.tv import coalesced_tv, match_values, tv_coords, tv_table
@@ -83,6 +84,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
             _check_pinned_layout(tile, kernel.threads)
             state.set(tile, tile.layout, f"pinned by the kernel{_at_line(tile.loc)}")
     _anchor_gemms(kernel, state, target)
+    anchor_scans(kernel, state)
     propagate(kernel.body, state)
     _anchor_global_copies(kernel, state, facts)
     for tile in _register_tiles(kernel):
