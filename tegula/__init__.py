@@ -24,6 +24,7 @@ from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, const
                          cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
                          log2, maximum, minimum, ne, pipeline, rearrange, reduce, register,
                          rsqrt, shared, sigmoid, sin, sqrt, tanh, where, zeros)
+from tegula.lang import erf
 from tegula.lang import abs_ as abs  # noqa: A001 — tg.abs, by design
 from tegula.lang import reduce_max as max  # noqa: A001
 from tegula.lang import reduce_min as min  # noqa: A001
@@ -35,7 +36,7 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "constexpr", "block_id", "num_programs", "num_sms", "cdiv", "shared", "register",
            "zeros", "full", "fill",
            "copy", "load", "gemm", "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
-           "abs", "tanh", "sigmoid", "sin", "cos", "maximum", "minimum", "where", "reduce",
+           "abs", "tanh", "sigmoid", "erf", "sin", "cos", "maximum", "minimum", "where", "reduce",
            "sum", "max", "min", "argmax", "argmin", "arange", "indices", "rearrange",
            "atomic_add", "range", "pipeline", "if_", "scan", "cumsum",
            "else_", "eq", "ne"]

@@ -290,7 +290,8 @@ def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
 _FLOAT_UNARY = {"exp": "expf({})", "exp2": "exp2f({})", "log": "logf({})", "log2": "log2f({})",
                 "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "sin": "sinf({})",
                 "cos": "cosf({})", "tanh": "tanhf({})", "abs": "fabsf({})",
-                "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "neg": "(-{})"}
+                "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "erf": "erff({})",
+                "neg": "(-{})"}
 #: Float -> integer conversions saturate to the integer type (the emulator's rule).
 _NARROW_INT_RANGE = {"i8": (-128, 127), "u8": (0, 255)}
 #: Integer - and abs wrap like the emulator (-INT_MIN == INT_MIN): C's signed negation of

@@ -14,6 +14,7 @@ which equals correctly rounded 16-bit arithmetic for + - * / sqrt.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable
 
@@ -60,6 +61,8 @@ def _floor_index_op(scalar_fn, array_fn):
         return scalar_fn(int(a), int(b))
     return op
 
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
 
 _INDEX_OPS: dict[str, Callable[[Any, Any], Any]] = {
     "floordiv": _floor_index_op(floor_div, lambda a, b: _floor_div(a, b)),
@@ -257,6 +260,8 @@ def _unary(op: str, x, dt: DType):
             return np.tanh(f)
         if op == "sigmoid":
             return np.float32(1) / (np.float32(1) + np.exp(-f))
+        if op == "erf":  # numpy has no erf: math.erf in f64, rounded once (CUDA's erff: ≤ 2 ulp)
+            return _ERF(f.astype(np.float64)).astype(np.float32)
     raise EmulationError(f"unknown unary operator {op!r}")
 
 

@@ -27,7 +27,7 @@ from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, Tile, describ
 # Element-wise op names and their operand counts (thread IR's VALUE_UNARY_OPS and
 # VALUE_BINARY_OPS; repeated here because ir may not import lower).
 UNARY_OPS = frozenset(("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin",
-                       "cos", "tanh", "sigmoid", "not", "cast"))
+                       "cos", "tanh", "sigmoid", "erf", "not", "cast"))
 BINARY_OPS = frozenset(("add", "sub", "mul", "div", "max", "min", "pow", "and", "or", "xor",
                         "lt", "le", "gt", "ge", "eq", "ne", "floordiv", "mod"))
 COMPARISON_OPS = frozenset(("lt", "le", "gt", "ge", "eq", "ne"))

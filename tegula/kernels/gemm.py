@@ -11,6 +11,12 @@ Two dataflows, both with every layout and instruction synthesized:
 
 Float operands (f16, bf16) accumulate in f32 and are stored in their own type; i8 operands
 accumulate in i32 and are stored as i32 (exact).
+
+Float GEMMs take a fused epilogue (`epilogue`): a bias per output column (c's type) added
+to the f32 accumulator, then an activation (`ACTIVATIONS`), then one rounding to c's type —
+in registers, before the store, so it costs no extra pass over c. `gemm_kernel(dtype,
+activation=...)` has the README's parameters; `gemm_bias_kernel` adds the `bias` tensor,
+passed as a (1, N) view.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import numpy as np
 import tegula as tg
 from tegula import f32, i32
 from tegula.dtypes import DType, bf16, f16, i8
+from tegula.lang.tensors import RegisterValue
 from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
                                    launch_emulated, poisoned)
 
@@ -37,45 +44,125 @@ def output_type(dtype: DType) -> DType:
     return i32 if dtype == i8 else dtype
 
 
+#: Fused activations: "gelu" is exact (erf), as torch's default `F.gelu`; "gelu_tanh" is
+#: `F.gelu(approximate="tanh")`; "silu" is x·sigmoid(x).
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+
+
+def activate(z: RegisterValue, activation: str | None) -> RegisterValue:
+    """`activation` of the f32 tile `z` (trace time: called inside a kernel body)."""
+    if activation is None:
+        return z
+    if activation == "relu":
+        return tg.maximum(z, 0.0)               # NaN stays NaN (max.NaN), as torch.relu
+    if activation == "gelu":
+        return 0.5 * z * (1.0 + tg.erf(z * 0.7071067811865476))
+    if activation == "gelu_tanh":
+        return 0.5 * z * (1.0 + tg.tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
+    if activation == "silu":
+        return z * tg.sigmoid(z)
+    raise ValueError(f"unknown activation {activation!r}; one of {ACTIVATIONS}")
+
+
+def epilogue(acc: RegisterValue, bias_row: RegisterValue | None,
+             activation: str | None) -> RegisterValue:
+    """The fused epilogue on the f32 accumulator: + the bias row (broadcast over the
+    block's rows, added in f32), then the activation. The caller rounds once."""
+    z = acc if bias_row is None else acc + bias_row.to(f32)
+    return activate(z, activation)
+
+
+def pipelined_product(a, b, m, n, dtype: DType, BM: int, BN: int, BK: int,
+                      STAGES: int) -> RegisterValue:
+    """The (BM, BN) tile (m, n) of a @ b.T through the multi-stage shared pipeline (trace
+    time; the README kernel's main loop)."""
+    ga = a.tile((BM, BK), (m, None))            # (BM, BK, K/BK): the block's rows of a
+    gb = b.tile((BN, BK), (n, None))
+    acc = tg.zeros((BM, BN), accumulator_type(dtype))
+    sa = tg.shared((BM, BK), dtype, stages=STAGES)
+    sb = tg.shared((BN, BK), dtype, stages=STAGES)
+    for k in tg.pipeline(ga.shape[2], stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        tg.gemm(acc, sa[k], sb[k])              # acc += sa @ sb.T
+    return acc
+
+
+def register_product(a, b, m, n, dtype: DType, BM: int, BN: int, BK: int) -> RegisterValue:
+    """The (BM, BN) tile (m, n) of a @ b.T with operands loaded straight into registers."""
+    ga = a.tile((BM, BK), (m, None))
+    gb = b.tile((BN, BK), (n, None))
+    acc = tg.zeros((BM, BN), accumulator_type(dtype))
+    for k in tg.range(ga.shape[2]):
+        tg.gemm(acc, tg.load(ga[:, :, k]), tg.load(gb[:, :, k]))
+    return acc
+
+
+def _check_epilogue(dtype: DType, activation: str | None) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"tegula.kernels.gemm: unknown activation {activation!r}; one of "
+                         f"{', '.join(map(repr, ACTIVATIONS))}")
+    if dtype == i8 and activation is not None:
+        raise ValueError("tegula.kernels.gemm: i8 GEMMs have no epilogue (their i32 result is "
+                         "exact; apply it afterwards)")
+
+
 @lru_cache(maxsize=None)
-def gemm_kernel(dtype: DType) -> tg.Kernel:
-    """The shared-memory pipelined GEMM for operands of `dtype`."""
-    acc_t, out_t = accumulator_type(dtype), output_type(dtype)
+def gemm_kernel(dtype: DType, activation: str | None = None,
+                with_bias: bool = False) -> tg.Kernel:
+    """The shared-memory pipelined GEMM for operands of `dtype` (the README kernel), with
+    the fused epilogue (`with_bias`: a (1, N) `bias` tensor parameter after b)."""
+    _check_epilogue(dtype, activation)
+    out_t = output_type(dtype)
+
+    if with_bias:
+        @tg.kernel(threads=128)
+        def gemm_bias(a: tg.Tensor[dtype], b: tg.Tensor[dtype], bias: tg.Tensor[out_t],
+                      c: tg.Tensor[out_t], BM: tg.constexpr = 128, BN: tg.constexpr = 128,
+                      BK: tg.constexpr = 32, STAGES: tg.constexpr = 3):
+            m, n = tg.block_id(0), tg.block_id(1)
+            acc = pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES)
+            z = epilogue(acc, tg.load(bias.tile((1, BN), (0, n))), activation)
+            tg.copy(z.to(out_t), c.tile((BM, BN), (m, n)))
+        return gemm_bias
 
     @tg.kernel(threads=128)
     def gemm(a: tg.Tensor[dtype], b: tg.Tensor[dtype], c: tg.Tensor[out_t],
              BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
              STAGES: tg.constexpr = 3):
         m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))            # (BM, BK, K/BK): the block's rows of a
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), acc_t)
-        sa = tg.shared((BM, BK), dtype, stages=STAGES)
-        sb = tg.shared((BN, BK), dtype, stages=STAGES)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])              # acc += sa @ sb.T
-        tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
+        acc = pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES)
+        tg.copy(epilogue(acc, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
 
     return gemm
 
 
 @lru_cache(maxsize=None)
-def gemm_registers_kernel(dtype: DType) -> tg.Kernel:
-    """The register-only GEMM for operands of `dtype`: global -> registers -> MMA."""
-    acc_t, out_t = accumulator_type(dtype), output_type(dtype)
+def gemm_registers_kernel(dtype: DType, activation: str | None = None,
+                          with_bias: bool = False) -> tg.Kernel:
+    """The register-only GEMM for operands of `dtype`: global -> registers -> MMA, with the
+    fused epilogue (`with_bias`: a (1, N) `bias` tensor parameter after b)."""
+    _check_epilogue(dtype, activation)
+    out_t = output_type(dtype)
+
+    if with_bias:
+        @tg.kernel(threads=128)
+        def gemm_registers_bias(a: tg.Tensor[dtype], b: tg.Tensor[dtype],
+                                bias: tg.Tensor[out_t], c: tg.Tensor[out_t],
+                                BM: tg.constexpr = 64, BN: tg.constexpr = 64,
+                                BK: tg.constexpr = 32):
+            m, n = tg.block_id(0), tg.block_id(1)
+            acc = register_product(a, b, m, n, dtype, BM, BN, BK)
+            z = epilogue(acc, tg.load(bias.tile((1, BN), (0, n))), activation)
+            tg.copy(z.to(out_t), c.tile((BM, BN), (m, n)))
+        return gemm_registers_bias
 
     @tg.kernel(threads=128)
     def gemm_registers(a: tg.Tensor[dtype], b: tg.Tensor[dtype], c: tg.Tensor[out_t],
                        BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32):
         m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), acc_t)
-        for k in tg.range(ga.shape[2]):
-            tg.gemm(acc, tg.load(ga[:, :, k]), tg.load(gb[:, :, k]))
-        tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
+        acc = register_product(a, b, m, n, dtype, BM, BN, BK)
+        tg.copy(epilogue(acc, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
 
     return gemm_registers
 
@@ -112,21 +199,40 @@ def gemm_split_k_kernel(dtype: DType) -> tg.Kernel:
 
 
 @lru_cache(maxsize=None)
-def split_k_reduce_kernel(dtype: DType) -> tg.Kernel:
-    """c = the sum of `gemm_split_k_kernel`'s SPLIT partials, in split order, rounded to
+def split_k_reduce_kernel(dtype: DType, activation: str | None = None,
+                          with_bias: bool = False) -> tg.Kernel:
+    """c = the sum of `gemm_split_k_kernel`'s SPLIT partials, in split order, through the
+    fused epilogue (`with_bias`: a (1, N) `bias` parameter after `partial`), rounded to
     c's type once. `partial` is (SPLIT·Mt·BM, N) with Mt·BM ≥ M rows per split."""
+    _check_epilogue(dtype, activation)
     acc_t, out_t = accumulator_type(dtype), output_type(dtype)
+
+    def total_of(partial, m, n, ROWS, SPLIT, BM, BN):
+        row_tiles = ROWS // BM                      # tiles per split (BM divides ROWS)
+        total = tg.load(partial.tile((BM, BN), (m, n)))
+        for s in range(1, SPLIT):
+            total += tg.load(partial.tile((BM, BN), (s * row_tiles + m, n)))
+        return total
+
+    if with_bias:
+        @tg.kernel(threads=128)
+        def split_k_reduce_bias(partial: tg.Tensor[acc_t], bias: tg.Tensor[out_t],
+                                c: tg.Tensor[out_t], ROWS: tg.constexpr,
+                                SPLIT: tg.constexpr = 2, BM: tg.constexpr = 16,
+                                BN: tg.constexpr = 256):
+            m, n = tg.block_id(0), tg.block_id(1)
+            total = total_of(partial, m, n, ROWS, SPLIT, BM, BN)
+            z = epilogue(total, tg.load(bias.tile((1, BN), (0, n))), activation)
+            tg.copy(z.to(out_t), c.tile((BM, BN), (m, n)))
+        return split_k_reduce_bias
 
     @tg.kernel(threads=128)
     def split_k_reduce(partial: tg.Tensor[acc_t], c: tg.Tensor[out_t],
                        ROWS: tg.constexpr, SPLIT: tg.constexpr = 2,
                        BM: tg.constexpr = 16, BN: tg.constexpr = 256):
         m, n = tg.block_id(0), tg.block_id(1)
-        row_tiles = ROWS // BM                      # tiles per split (BM divides ROWS)
-        total = tg.load(partial.tile((BM, BN), (m, n)))
-        for s in range(1, SPLIT):
-            total += tg.load(partial.tile((BM, BN), (s * row_tiles + m, n)))
-        tg.copy(total.to(out_t), c.tile((BM, BN), (m, n)))
+        total = total_of(partial, m, n, ROWS, SPLIT, BM, BN)
+        tg.copy(epilogue(total, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
 
     return split_k_reduce
 
@@ -149,32 +255,53 @@ def gemm_config(m: int, n: int, k: int, dtype: DType, shared: bool = True,
 
 
 def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
-                  shared: bool = True, split: int = 1, **tiles: int) -> np.ndarray:
-    """`a @ b.T` by the emulated kernel (`shared=False`: the register-only dataflow;
-    `split` > 1: K split that many ways, then the partials reduced)."""
+                  shared: bool = True, split: int = 1, bias: np.ndarray | None = None,
+                  activation: str | None = None, target: str = "sm_90a",
+                  **tiles: int) -> np.ndarray:
+    """`activation(a @ b.T + bias)` by the emulated kernel (`shared=False`: the
+    register-only dataflow; `split` > 1: K split that many ways, then the partials reduced
+    with the epilogue). `bias` is (N,) in c's type (f32 arrays for bf16, as everywhere)."""
     fn = "gemm_emulated"
     check_array(fn, "a", a, ndim=2)
     check_array(fn, "b", b, ndim=2)
     check_same_dtype(fn, a=a, b=b)
     dtype = dtype or dtype_of_array(a, fn, "a")
+    if dtype not in GEMM_DTYPES:
+        raise TypeError(f"tegula.kernels.{fn}: operands of type {dtype} are not supported "
+                        f"(one of {', '.join(map(str, GEMM_DTYPES))}); FP8 GEMMs are "
+                        f"tegula.kernels.fp8.matmul_fp8_emulated")
     (m, k), (n, k2) = a.shape, b.shape
     if k != k2:
         raise ValueError(f"tegula.kernels.{fn}: a is (M, K) and b is (N, K) with one K, got "
                          f"a of shape {a.shape} and b of shape {b.shape}")
+    _check_epilogue(dtype, activation)
+    bias_args = ()
+    if bias is not None:
+        if dtype == i8:
+            raise ValueError(f"tegula.kernels.{fn}: i8 GEMMs take no bias")
+        check_array(fn, "bias", bias, ndim=1)
+        check_same_dtype(fn, a=a, bias=bias)
+        if bias.shape[0] != n:
+            raise ValueError(f"tegula.kernels.{fn}: bias must have one value per column of "
+                             f"c (N = {n}), got shape {bias.shape}")
+        bias_args = (bias.reshape(1, n),)
+    with_bias = bias is not None
     c = poisoned((m, n), output_type(dtype))
     if split > 1:
-        constexprs = dict(BM=64, BN=128, BK=64 if dtype != i8 else 128, STAGES=4, **tiles)
+        constexprs = {**dict(BM=64, BN=128, BK=64 if dtype != i8 else 128, STAGES=4), **tiles}
         rows = split_k_rows(m, constexprs["BM"])
         partial = poisoned((split * rows, n), accumulator_type(dtype))
         grid = (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"]), split)
         launch_emulated(gemm_split_k_kernel(dtype), grid, a, b, partial, SPLIT=split,
-                        **constexprs)
-        launch_emulated(split_k_reduce_kernel(dtype), split_k_reduce_grid(m, n),
-                        partial, c, ROWS=rows, SPLIT=split)
+                        target=target, **constexprs)
+        launch_emulated(split_k_reduce_kernel(dtype, activation, with_bias),
+                        split_k_reduce_grid(m, n), partial, *bias_args, c, ROWS=rows,
+                        SPLIT=split, target=target)
         return c
     grid, constexprs = gemm_config(m, n, k, dtype, shared, **tiles)
-    kernel = gemm_kernel(dtype) if shared else gemm_registers_kernel(dtype)
-    launch_emulated(kernel, grid, a, b, c, **constexprs)
+    factory = gemm_kernel if shared else gemm_registers_kernel
+    launch_emulated(factory(dtype, activation, with_bias), grid, a, b, *bias_args, c,
+                    target=target, **constexprs)
     return c
 
 
@@ -185,5 +312,5 @@ def split_k_reduce_grid(m: int, n: int, bm: int = 16, bn: int = 256) -> tuple[in
 
 __all__ = ["gemm_kernel", "gemm_registers_kernel", "gemm_split_k_kernel",
            "split_k_reduce_kernel", "split_k_rows", "split_k_reduce_grid", "gemm_config",
-           "gemm_emulated",
-           "accumulator_type", "output_type", "GEMM_DTYPES"]
+           "gemm_emulated", "pipelined_product", "register_product", "epilogue", "activate",
+           "ACTIVATIONS", "accumulator_type", "output_type", "GEMM_DTYPES"]

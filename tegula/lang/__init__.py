@@ -27,7 +27,8 @@ from __future__ import annotations
 from tegula.ir.scalar import cdiv
 from tegula.lang.control import else_, eq, if_, ne, pipeline, runtime_range
 from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maximum, minimum,
-                                     rsqrt, sigmoid, sin, sqrt, tanh, where)
+                                     erf, rsqrt, sigmoid, sin, sqrt, tanh,
+                                     where)
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
 from tegula.lang.indexing import arange, indices
 from tegula.lang.scalars import num_programs, num_sms
@@ -41,7 +42,7 @@ from tegula.lang.tensors import (GlobalTensor, GlobalView, RegisterValue, Shared
 __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
            "num_programs", "num_sms", "cdiv",
            "shared", "register", "zeros", "full", "fill", "copy", "load", "gemm", "cast",
-           "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "sin",
+           "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "erf", "sin",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
            "reduce_min", "argmax", "argmin", "arange", "indices", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
            "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",

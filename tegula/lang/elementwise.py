@@ -22,7 +22,8 @@ from tegula.lang.tensors import (RegisterValue, TileHandle, new_register_tile, s
                                  shape_text)
 from tegula.lang.trace import current, fail
 
-FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid")
+FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+               "erf")
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 BITWISE = ("and", "or", "xor")
 ARITHMETIC = ("add", "sub", "mul", "div", "max", "min", "pow", "floordiv", "mod")
@@ -272,6 +273,7 @@ sin = _unary_function("sin")
 cos = _unary_function("cos")
 tanh = _unary_function("tanh")
 sigmoid = _unary_function("sigmoid")
+erf = _unary_function("erf")   # the Gauss error function (exact GELU: x·(1 + erf(x/√2))/2)
 abs_ = _unary_function("abs")
 
 
@@ -292,5 +294,5 @@ def minimum(a: Any, b: Any) -> RegisterValue:
 
 
 __all__ = ["binary", "unary", "where", "cast", "assign", "exp", "exp2", "log", "log2", "sqrt",
-           "rsqrt", "sin", "cos", "tanh", "sigmoid", "abs_", "maximum", "minimum",
+           "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs_", "maximum", "minimum",
            "register_operand", "require_written", "emit_elementwise", "broadcast_shape"]

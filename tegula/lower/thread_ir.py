@@ -269,11 +269,11 @@ class IndexValue(Value):
 
 
 #: Unary ops on values: neg, abs, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh,
-#: sigmoid, not. Binary ops: add, sub, mul, div, max, min, pow, and, or, xor,
+#: sigmoid, erf, not. Binary ops: add, sub, mul, div, max, min, pow, and, or, xor,
 #: lt, le, gt, ge, eq, ne (comparisons have dtype bool), and on integers floordiv and mod
 #: (floor semantics, as torch.floor_divide / torch.remainder; `x // 0` is -1, `x % 0` is x).
 VALUE_UNARY_OPS = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
-                   "tanh", "sigmoid", "not")
+                   "tanh", "sigmoid", "erf", "not")
 VALUE_BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow", "and", "or", "xor",
                     "lt", "le", "gt", "ge", "eq", "ne", "floordiv", "mod")
 

@@ -1,0 +1,184 @@
+"""FP8 GEMM: `c = (a · scale_a) @ (b · scale_b).T` for e4m3 a (M, K) and b (N, K), both
+K-major, accumulated in f32 and stored as bf16, f16 or f32. Two scalings:
+
+* per-tensor (`fp8_gemm_kernel`), as `torch._scaled_mm`: one f32 scale each for a and b
+  (passed as (1, 1) tensors), applied once to the f32 accumulator before the store;
+* blockwise (`fp8_blockwise_gemm_kernel`), as DeepSeek-V3: a's scales are (M, K/128), one
+  per row and 128-wide K block (1×128); b's are (⌈N/128⌉, K/128), one per 128×128 block.
+  Each 128-wide K block is multiplied into a *fresh* f32 accumulator, which is then scaled
+  by its two scales and added into the main one: the scales differ per K block, so they
+  must be applied per block anyway, and the promotion matters for accuracy besides — the
+  Hopper FP8 wgmma keeps only ~14 bits of its running sum per k32 instruction (see
+  `tegula/arch/wgmma.py`), so a sum over all of K in the tensor cores loses precision that
+  the f32 additions every 128 of K keep.
+
+FP8 tensor-core instructions exist from sm_89 (mma.sync) and on sm_90a (wgmma); on sm_80
+the compiler refuses `tg.gemm` on f8 operands with an error naming the instruction.
+K must be a multiple of 16 (one e4m3 row of a k-step is 16 bytes, the copy and TMA unit),
+and of 128 for the blockwise form (whole scale blocks).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f8e4m3, f16
+from tegula.kernels.common import check_array, launch_emulated, poisoned
+from tegula.kernels.gemm import pipelined_product
+
+FP8_OUT_DTYPES = (bf16, f16, f32)
+#: The blockwise form's scale block along K (and along N for b): DeepSeek-V3's 128.
+SCALE_BLOCK = 128
+#: K alignment: one k-step row of e4m3 is 16 bytes.
+K_ALIGN = 16
+
+
+@lru_cache(maxsize=None)
+def fp8_gemm_kernel(out_t: DType) -> tg.Kernel:
+    """The per-tensor-scaled FP8 GEMM: the README's pipelined main loop on e4m3, then
+    `acc · (scale_a · scale_b)` in f32, rounded once to `out_t`."""
+
+    @tg.kernel(threads=128)
+    def fp8_gemm(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3], scale_a: tg.Tensor[f32],
+                 scale_b: tg.Tensor[f32], c: tg.Tensor[out_t], BM: tg.constexpr = 128,
+                 BN: tg.constexpr = 128, BK: tg.constexpr = 64, STAGES: tg.constexpr = 3):
+        m, n = tg.block_id(0), tg.block_id(1)
+        acc = pipelined_product(a, b, m, n, f8e4m3, BM, BN, BK, STAGES)
+        scale = tg.load(scale_a.tile((1, 1), (0, 0))) * tg.load(scale_b.tile((1, 1), (0, 0)))
+        tg.copy((acc * scale).to(out_t), c.tile((BM, BN), (m, n)))
+
+    return fp8_gemm
+
+
+@lru_cache(maxsize=None)
+def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
+    """The blockwise-scaled FP8 GEMM (DeepSeek-V3): per 128-wide K block, a fresh f32
+    partial product, scaled by a's row scales and b's block scale, added to the main
+    accumulator. BN must divide 128, so that a block's columns share one b scale row."""
+
+    @tg.kernel(threads=128)
+    def fp8_blockwise_gemm(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
+                           scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
+                           c: tg.Tensor[out_t], BM: tg.constexpr = 128,
+                           BN: tg.constexpr = 128, STAGES: tg.constexpr = 3):
+        m, n = tg.block_id(0), tg.block_id(1)
+        ga = a.tile((BM, 128), (m, None))               # (BM, 128, K/128)
+        gb = b.tile((BN, 128), (n, None))
+        row_scales = scale_a.tile((BM, 1), (m, None))   # (BM, 1, K/128)
+        block_scales = scale_b.tile((1, 1), ((n * BN) // 128, None))
+        acc = tg.zeros((BM, BN), f32)
+        sa = tg.shared((BM, 128), f8e4m3, stages=STAGES)
+        sb = tg.shared((BN, 128), f8e4m3, stages=STAGES)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            part = tg.zeros((BM, BN), f32)              # promoted every 128 of K
+            tg.gemm(part, sa[k], sb[k])
+            scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
+            acc += part * scale                          # (BM, 1) scales broadcast
+        tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
+
+    return fp8_blockwise_gemm
+
+
+def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple, dict]:
+    """(grid, constexprs) for an FP8 GEMM: one block per (BM, BN) tile of c. Defaults:
+    128×128 tiles, BK = 64 (64 bytes a row, as the f16 kernel's BK = 32) for per-tensor,
+    the fixed 128 for blockwise, three stages."""
+    defaults = dict(BM=128, BN=128, STAGES=3) if block_scales else \
+        dict(BM=128, BN=128, BK=64, STAGES=3)
+    constexprs = {**defaults, **tiles}
+    if block_scales and SCALE_BLOCK % constexprs["BN"]:
+        raise ValueError(f"tegula.kernels.fp8: the blockwise kernel needs BN dividing "
+                         f"{SCALE_BLOCK} (one b scale per block's columns), got BN = "
+                         f"{constexprs['BN']}")
+    return (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"])), constexprs
+
+
+def scale_shapes(m: int, n: int, k: int, block_scales: bool) -> tuple[tuple, tuple]:
+    """The shapes scale_a and scale_b must have (per-tensor: one value each)."""
+    if not block_scales:
+        return (1, 1), (1, 1)
+    kb = k // SCALE_BLOCK
+    return (m, kb), (-(-n // SCALE_BLOCK), kb)
+
+
+def check_fp8_shapes(fn: str, a_shape: tuple, b_shape: tuple, block_scales: bool,
+                     b_name: str = "b") -> tuple[int, int, int]:
+    """(M, N, K) of a (M, K) and b (N, K) after the K checks, or a ValueError naming the
+    argument (`b_name` says how the caller's b is laid out)."""
+    (m, k), (n, k2) = a_shape, b_shape
+    if k != k2:
+        raise ValueError(f"tegula.kernels.{fn}: a is (M, K) and {b_name} has the same K, got "
+                         f"a of shape {tuple(a_shape)}, {b_name} {tuple(b_shape)}")
+    align = SCALE_BLOCK if block_scales else K_ALIGN
+    if k % align:
+        why = "whole 128-wide scale blocks (block_scales=True)" if block_scales else \
+            "16-byte e4m3 rows"
+        raise ValueError(f"tegula.kernels.{fn}: K = {k} (a's columns) must be a multiple of "
+                         f"{align} ({why}); pad a and b with zeros along K")
+    return m, n, k
+
+
+def check_scales(fn: str, scale_a_shape: tuple, scale_b_shape: tuple, m: int, n: int,
+                 k: int, block_scales: bool) -> None:
+    """The scales' shapes against `scale_shapes`, or a ValueError naming the argument."""
+    want_a, want_b = scale_shapes(m, n, k, block_scales)
+    form = ("blockwise (block_scales=True): scale_a is (M, K/128), scale_b (⌈N/128⌉, K/128)"
+            if block_scales else "per-tensor: one value each")
+    for name, got, want in (("scale_a", scale_a_shape, want_a), ("scale_b", scale_b_shape,
+                                                                 want_b)):
+        flat = tuple(got) in ((), (1,)) and want == (1, 1)
+        if tuple(got) != want and not flat:
+            raise ValueError(f"tegula.kernels.{fn}: {name} has shape {tuple(got)}, expected "
+                             f"{want} for M={m}, N={n}, K={k} ({form})")
+
+
+def check_fp8_target(fn: str, target) -> None:
+    """FP8 tensor-core instructions exist from sm_89 on; refuse older targets up front."""
+    from tegula.arch import get_target
+    t = get_target(target)
+    if t.cc < 89:
+        raise ValueError(f"tegula.kernels.{fn}: FP8 (e4m3) matmul needs tensor cores of sm_89 "
+                         f"or newer (Ada, Hopper); target {t.name} has none")
+
+
+def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
+                        out_dtype: DType = bf16, block_scales: bool = False,
+                        target: str = "sm_90a", **tiles: int) -> np.ndarray:
+    """`(a · scale_a) @ (b · scale_b).T` by the emulated FP8 kernel. a (M, K) and b (N, K)
+    are e4m3 values as float32 arrays (rounded to e4m3 as the kernel loads them) or raw
+    uint8 bit patterns; scales are f32: numbers or (1, 1) arrays per tensor, or the
+    blockwise shapes of `scale_shapes`. Returns out_dtype values (bf16 as float32)."""
+    fn = "matmul_fp8_emulated"
+    check_fp8_target(fn, target)
+    check_array(fn, "a", a, ndim=2)
+    check_array(fn, "b", b, ndim=2)
+    for name, x in (("a", a), ("b", b)):
+        if x.dtype not in (np.float32, np.uint8):
+            raise TypeError(f"tegula.kernels.{fn}: {name} must hold e4m3 values as float32 "
+                            f"(rounded on load) or uint8 bit patterns, got {x.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"tegula.kernels.{fn}: a and b must both be float32 or both uint8, "
+                        f"got {a.dtype} and {b.dtype}")
+    if out_dtype not in FP8_OUT_DTYPES:
+        raise TypeError(f"tegula.kernels.{fn}: out_dtype must be one of "
+                        f"{', '.join(map(str, FP8_OUT_DTYPES))}, got {out_dtype}")
+    m, n, k = check_fp8_shapes(fn, a.shape, b.shape, block_scales)
+    sa = np.atleast_2d(np.asarray(scale_a, dtype=np.float32))
+    sb = np.atleast_2d(np.asarray(scale_b, dtype=np.float32))
+    check_scales(fn, np.shape(scale_a), np.shape(scale_b), m, n, k, block_scales)
+    c = poisoned((m, n), out_dtype)
+    grid, constexprs = fp8_config(m, n, block_scales, **tiles)
+    kernel = fp8_blockwise_gemm_kernel(out_dtype) if block_scales else fp8_gemm_kernel(out_dtype)
+    launch_emulated(kernel, grid, a, b, np.ascontiguousarray(sa), np.ascontiguousarray(sb), c,
+                    target=target, **constexprs)
+    return c
+
+
+__all__ = ["fp8_gemm_kernel", "fp8_blockwise_gemm_kernel", "fp8_config", "scale_shapes",
+           "check_fp8_shapes", "check_scales", "check_fp8_target", "matmul_fp8_emulated", "FP8_OUT_DTYPES",
+           "SCALE_BLOCK", "K_ALIGN"]

@@ -1,0 +1,172 @@
+"""GEMM with a fused epilogue (bias per column, relu / gelu (erf) / gelu_tanh / silu) in
+the emulator against float64 numpy, every element, on ragged shapes for each dataflow
+(shared pipeline, register-only, split-K), sm_90a and sm_80; `tg.erf` itself; the FP8 and
+epilogue kernels compile; bad arguments give clear errors."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula import f32
+from tegula.build import build
+from tegula.dtypes import bf16, f16, f8e4m3
+from tegula.emulate.values import round_to
+from tegula.kernels.gemm import ACTIVATIONS, gemm_emulated, gemm_kernel, gemm_registers_kernel
+from tegula.runtime.compiler import available_compilers, compile_cuda
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+REFERENCE = {
+    None: lambda z: z,
+    "relu": lambda z: np.where(np.isnan(z), z, np.maximum(z, 0.0)),
+    "gelu": lambda z: 0.5 * z * (1.0 + _ERF(z / math.sqrt(2.0))),
+    "gelu_tanh": lambda z: 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi)
+                                                     * (z + 0.044715 * z ** 3))),
+    "silu": lambda z: z / (1.0 + np.exp(-z)),
+}
+UNIT = {f16: 2.0 ** -11, bf16: 2.0 ** -8}
+
+
+def operands(rng, m, n, k, dtype, nonfinite=False):
+    a = round_to(rng.standard_normal((m, k)).astype(np.float32), dtype)
+    b = round_to(rng.standard_normal((n, k)).astype(np.float32), dtype)
+    bias = round_to((rng.standard_normal(n) * 3).astype(np.float32), dtype)
+    if nonfinite:  # a NaN row of a, an infinite bias column
+        a[3, :] = np.nan
+        bias[5] = np.inf
+        bias[6] = -np.inf
+    return a, b, bias
+
+
+def check_epilogue(c, a, b, bias, activation, dtype):
+    """Every element of c against activation(a @ b.T + bias) in f64: the f32 accumulation
+    error (k ulps of Σ|a·b|) carried through the activation's slope (≤ 1.13), a few f32
+    ulps of the activation's own evaluation, then one rounding to c's type."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    z = a64 @ b64.T + (0.0 if bias is None else bias.astype(np.float64))
+    k = a.shape[1]
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and ±inf cases: nan is right
+        ref = REFERENCE[activation](z)
+        dz = (k + 2) * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64).T + np.abs(z))
+        bound = 1.13 * dz + 8 * 2.0 ** -24 * (np.abs(z) + np.abs(ref)) \
+            + UNIT[dtype] * np.abs(ref) + 2.0 ** -24
+    c64 = c.astype(np.float64)
+    same_special = (np.isnan(c64) & np.isnan(ref)) | (np.isinf(ref) & (c64 == ref))
+    with np.errstate(invalid="ignore"):
+        ok = same_special | (np.abs(c64 - ref) <= bound)
+    bad = np.argwhere(~ok)
+    assert not len(bad), (f"{len(bad)} elements wrong, first {tuple(bad[0])}: got "
+                          f"{c64[tuple(bad[0])]}, expected {ref[tuple(bad[0])]}")
+
+
+DATAFLOWS = {"shared": dict(shared=True, BM=32, BN=64, BK=32, STAGES=2),
+             "registers": dict(shared=False, BM=32, BN=64, BK=32),
+             "split": dict(split=3, BM=32, BN=64, BK=16, STAGES=2)}
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dataflow", sorted(DATAFLOWS))
+def test_bias_and_activation(activation, dataflow):
+    rng = np.random.default_rng(hash((activation, dataflow)) % 2 ** 32)
+    m, n, k = 37, 70, 56                         # no dim divides a tile; M < BM
+    a, b, bias = operands(rng, m, n, k, f16)
+    c = gemm_emulated(a, b, bias=bias, activation=activation, **DATAFLOWS[dataflow])
+    check_epilogue(c, a, b, bias, activation, f16)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_activation_without_bias_bf16(activation, target):
+    rng = np.random.default_rng(7)
+    m, n, k = 65, 33, 40
+    a, b, _ = operands(rng, m, n, k, bf16)
+    c = gemm_emulated(a, b, bf16, activation=activation, target=target, BM=64, BN=32, BK=32,
+                      STAGES=2)
+    check_epilogue(c, a, b, None, activation, bf16)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_sm80_bias_and_nonfinite_values(activation):
+    """A NaN row of a stays NaN in every column; ±inf bias columns give the activation's
+    value at ±inf (relu(-inf) = 0, gelu(-inf) = NaN in f64 as on the GPU: -inf · 0)."""
+    rng = np.random.default_rng(11)
+    m, n, k = 19, 40, 24
+    a, b, bias = operands(rng, m, n, k, f16, nonfinite=True)
+    c = gemm_emulated(a, b, bias=bias, activation=activation, target="sm_80", BM=32, BN=32,
+                      BK=16, STAGES=2)
+    assert np.isnan(c[3, :]).all()
+    check_epilogue(c, a, b, bias, activation, f16)
+
+
+def test_plain_kernel_is_unchanged_by_the_epilogue_machinery():
+    """No bias, no activation: bit-identical to the plain GEMM (the epilogue adds nothing)."""
+    rng = np.random.default_rng(5)
+    a, b, bias = operands(rng, 40, 50, 32, f16)
+    plain = gemm_emulated(a, b, BM=32, BN=64, BK=32, STAGES=2)
+    zero = gemm_emulated(a, b, bias=np.zeros_like(bias), BM=32, BN=64, BK=32, STAGES=2)
+    np.testing.assert_array_equal(plain, zero)
+    check_epilogue(plain, a, b, None, None, f16)
+
+
+def test_epilogue_argument_errors():
+    a = np.ones((16, 32), np.float16)
+    with pytest.raises(ValueError, match=r"unknown activation 'tanh'"):
+        gemm_emulated(a, a, activation="tanh")
+    with pytest.raises(ValueError, match=r"bias must have one value per column of c \(N = 16\)"):
+        gemm_emulated(a, a, bias=np.ones(8, np.float16))
+    with pytest.raises(TypeError, match=r"bias"):
+        gemm_emulated(a, a, bias=np.ones(16, np.float32))
+    i8 = np.ones((16, 32), np.int8)
+    with pytest.raises(ValueError, match=r"i8 GEMMs have no epilogue"):
+        gemm_emulated(i8, i8, activation="relu")
+
+
+@tg.kernel(threads=64)
+def _erf_rows(x: tg.Tensor[f32], y: tg.Tensor[f32], BN: tg.constexpr = 128):
+    tg.copy(tg.erf(tg.load(x.tile((1, BN), (0, 0)))), y.tile((1, BN), (0, 0)))
+
+
+def test_erf_matches_math_erf_with_specials():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((1, 100)) * 2.5).astype(np.float32)
+    x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    y = np.full_like(x, np.nan)
+    tg.emulate(_erf_rows, (1,), x, y)
+    ref = _ERF(x.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    finite = ~np.isnan(ref)
+    np.testing.assert_allclose(y[finite], ref[finite], rtol=2 ** -22, atol=2 ** -30)
+    assert np.signbit(y[0, 3])  # erf(-0) = -0
+
+
+def test_erf_prints_cuda_erff():
+    assert "erff(" in build(_erf_rows, {}, target="sm_90a").cuda_source()
+
+
+def _compile_cases():
+    from tegula.kernels.fp8 import fp8_blockwise_gemm_kernel, fp8_gemm_kernel
+    small = dict(BM=64, BN=64)
+    return [("gemm_bias_gelu-f16", gemm_kernel(f16, "gelu", True), small, ("sm_80", "sm_90a")),
+            ("gemm_registers_bias_silu-bf16", gemm_registers_kernel(bf16, "silu", True), small,
+             ("sm_80", "sm_90a")),
+            ("fp8_gemm-bf16", fp8_gemm_kernel(bf16), small, ("sm_89", "sm_90a")),
+            ("fp8_blockwise-bf16", fp8_blockwise_gemm_kernel(bf16), small, ("sm_89", "sm_90a"))]
+
+
+@pytest.mark.skipif(not available_compilers(), reason="no CUDA compiler (NVRTC or nvcc)")
+@pytest.mark.parametrize("name,kernel,constexprs,targets", _compile_cases(),
+                         ids=[c[0] for c in _compile_cases()])
+def test_new_kernels_compile(name, kernel, constexprs, targets):
+    for target in targets:
+        source = build(kernel, constexprs, target=target).cuda_source()
+        assert compile_cuda(source, kernel.name, target)
+
+
+def test_f8_dtype_is_not_an_epilogue_dtype():
+    """The float GEMM's epilogue path takes f16/bf16; f8 goes through tegula.kernels.fp8."""
+    a = round_to(np.ones((16, 32), np.float32), f8e4m3).astype(np.float32)
+    with pytest.raises(TypeError, match=r"f8e4m3 are not supported.*matmul_fp8_emulated"):
+        gemm_emulated(a, a, f8e4m3, activation="relu")
