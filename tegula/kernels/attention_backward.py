@@ -207,10 +207,11 @@ def default_scale(scale: float | None, head_dim: int) -> float:
 def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
     """BM, BN for the backward: 64 × 64 (32 rows at D = 256, to keep the K, V, Q and dO
     tiles and the f32 dK/dV accumulators within one block's registers and shared memory),
-    shrunk to the (power-of-two rounded) sequence lengths when those are shorter."""
+    shrunk to the (power-of-two rounded) sequence lengths when those are shorter, to no
+    less than 16 × 32 (a 16 × 16 score tile has two MMA fragments for four warps)."""
     base = 32 if head_dim > 128 else 64
     bm = min(base, max(16, 1 << max(0, seq_q - 1).bit_length()))
-    bn = min(base, max(16, 1 << max(0, seq_k - 1).bit_length()))
+    bn = min(base, max(32, 1 << max(0, seq_k - 1).bit_length()))
     return {"BM": bm, "BN": bn, **tiles}
 
 

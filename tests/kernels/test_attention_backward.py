@@ -1,0 +1,178 @@
+"""Attention backward in the emulator against the analytic gradients in float64 numpy:
+dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = scale · dS K, dK = scale · dSᵀ Q (GQA:
+summed over the query heads of a kv head), every element, outputs poisoned (NaN) first.
+Shapes are small and odd (lengths that divide no tile, Sq ≠ Sk, length 1, rows that see no
+key under the bottom-right causal mask), on sm_90a and sm_80.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import bf16, f16
+from tegula.kernels.attention_backward import (attention_backward_emulated,
+                                               backward_launches)
+from tegula.kernels.common import random_input
+
+
+# -- float64 references ----------------------------------------------------------------------
+def visible(seq_q: int, seq_k: int, causal: bool) -> np.ndarray:
+    """(Sq, Sk) bool: which keys each query sees (bottom-right causal alignment)."""
+    if not causal:
+        return np.ones((seq_q, seq_k), bool)
+    return np.arange(seq_k)[None, :] <= np.arange(seq_q)[:, None] + (seq_k - seq_q)
+
+
+def reference_forward(q, k, v, causal, scale):
+    """(o, lse, p) in float64; a row that sees no key has o = 0, lse = -inf, p = 0."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.where(visible(q.shape[2], k.shape[2], causal), scale * q @ k.swapaxes(2, 3),
+                 -np.inf)
+    top = s.max(-1, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.exp(s - top)
+    total = e.sum(-1, keepdims=True)
+    seen = total > 0
+    p = np.where(seen, e / np.where(seen, total, 1.0), 0.0)
+    lse = np.where(seen, np.log(np.where(seen, total, 1.0)) + top, -np.inf)[..., 0]
+    return p @ v, lse, p
+
+
+def reference_backward(q, k, v, do, causal, scale):
+    """(o, lse, dq, dk, dv) in float64, by the analytic formulas."""
+    o, lse, p = reference_forward(q, k, v, causal, scale)
+    batch, kv_heads, seq_k, dim = k.shape
+    group = q.shape[1] // kv_heads
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    dv = p.swapaxes(2, 3) @ do
+    ds = p * (do @ v.swapaxes(2, 3) - (do * o).sum(-1, keepdims=True))
+    dq = scale * ds @ k
+    dk = scale * ds.swapaxes(2, 3) @ q
+    per_kv = (batch, kv_heads, group, seq_k, dim)
+    return o, lse, dq, dk.reshape(per_kv).sum(2), dv.reshape(per_kv).sum(2)
+
+
+# -- running a case --------------------------------------------------------------------------
+TOLERANCE = {f16: 4e-3, bf16: 3e-2}   # of the largest |gradient| (P and dS round to the type)
+
+
+def inputs(shape_q, shape_kv, dtype, seed):
+    rng = np.random.default_rng(seed)
+    q, do = (random_input(rng, shape_q, dtype) for _ in range(2))
+    k, v = (random_input(rng, shape_kv, dtype) for _ in range(2))
+    return q, k, v, do
+
+
+def stored(x, dtype):
+    """A float64 reference value as the kernel's input storage (f16, or f32 holding bf16)."""
+    from tegula.emulate.values import round_to
+    return x.astype(np.float16) if dtype == f16 else round_to(x.astype(np.float32), dtype)
+
+
+def run_case(B, H, Hkv, Sq, Sk, D, causal, dtype=f16, target=None, seed=0, lse_masked=None,
+             **tiles):
+    q, k, v, do = inputs((B, H, Sq, D), (B, Hkv, Sk, D), dtype, seed)
+    scale = D ** -0.5
+    o, lse, *want = reference_backward(q, k, v, do, causal, scale)
+    lse32 = lse.astype(np.float32)
+    if lse_masked is not None:   # what a forward stores for a row that sees no key
+        lse32[np.isinf(lse32)] = lse_masked
+    got = attention_backward_emulated(q, k, v, stored(o, dtype), lse32, do, causal=causal,
+                                      dtype=dtype, target=target, **tiles)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape, name
+        assert not np.isnan(g).any(), f"{name}: {np.isnan(g).sum()} elements never written"
+        err = np.abs(g.astype(np.float64) - w)
+        bound = TOLERANCE[dtype] * max(1.0, np.abs(w).max())
+        assert err.max() <= bound, (f"{name}: max error {err.max():.3g} at "
+                                    f"{np.unravel_index(err.argmax(), err.shape)}, bound "
+                                    f"{bound:.3g}")
+    return got, lse
+
+
+CASES = [  # B, H, Hkv, Sq, Sk, D, causal, tiles
+    pytest.param(1, 2, 2, 19, 23, 32, False, {}, id="ragged"),
+    pytest.param(2, 2, 1, 45, 37, 32, True, dict(BM=16, BN=32), id="causal-Sq>Sk-masked-rows"),
+    pytest.param(1, 4, 2, 13, 70, 32, True, dict(BM=16, BN=32), id="causal-Sq<Sk-gqa2"),
+    pytest.param(1, 8, 1, 9, 17, 32, False, dict(BM=16, BN=32), id="mqa8"),
+    pytest.param(1, 1, 1, 1, 1, 32, False, {}, id="length1"),
+    pytest.param(1, 2, 1, 1, 40, 32, True, {}, id="one-query-causal"),
+    pytest.param(1, 1, 1, 40, 1, 32, True, dict(BM=16, BN=32), id="one-key-causal"),
+    pytest.param(1, 1, 1, 33, 35, 64, True, dict(BM=32, BN=32), id="d64"),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,causal,tiles", CASES)
+def test_backward_matches_analytic_gradients(B, H, Hkv, Sq, Sk, D, causal, tiles, target):
+    run_case(B, H, Hkv, Sq, Sk, D, causal, target=target, seed=Sq * 100 + Sk, **tiles)
+
+
+def test_backward_bf16():
+    run_case(1, 4, 2, 21, 30, 32, True, dtype=bf16, seed=5, BM=16, BN=32)
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_backward_large_head_dims(D):
+    run_case(1, 1, 1, 20, 37, D, True, seed=D, BM=16, BN=32)
+
+
+@pytest.mark.parametrize("lse_masked", [-np.inf, np.inf])
+def test_rows_that_see_no_key_get_zero_gradient(lse_masked):
+    """Causal with Sq > Sk: query rows 0 … Sq − Sk − 1 see no key. Whatever their lse
+    (−inf as here, +inf as FlashAttention stores), their dq is exactly 0 and they add
+    nothing to dk, dv."""
+    (dq, dk, dv), lse = run_case(1, 2, 1, 30, 12, 32, True, seed=9, lse_masked=lse_masked,
+                                 BM=16, BN=32)
+    assert np.isinf(lse[:, :, :18]).all() and np.isfinite(lse[:, :, 18:]).all()
+    assert (dq[:, :, :18] == 0).all()
+
+
+def test_causal_skips_masked_blocks():
+    """The causal launches run the same kernels; the dK/dV programs start at the first
+    query block reaching their keys and the dQ programs stop after the last key block on
+    their diagonal. A run with large Sk − Sq (most blocks skipped) is right."""
+    run_case(1, 1, 1, 17, 90, 32, True, seed=4, BM=16, BN=32)
+    launches = backward_launches(f16, 1, 1, 1, 17, 90, 32, 0.1, True, BM=16, BN=32)
+    assert [grid for _, grid, _, _ in launches] == [(2, 1, 1), (3, 1, 1), (2, 1, 1)]
+
+
+def test_empty_sequences_give_zero_gradients():
+    q, k, v, do = inputs((1, 2, 5, 32), (1, 2, 0, 32), f16, 1)
+    o = np.zeros_like(q)
+    lse = np.full((1, 2, 5), -np.inf, np.float32)
+    dq, dk, dv = attention_backward_emulated(q, k, v, o, lse, do)
+    assert (dq == 0).all() and dk.shape == (1, 2, 0, 32) and dv.shape == (1, 2, 0, 32)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(k=(1, 3, 8, 32), v=(1, 3, 8, 32)), "multiple of the kv heads"),
+    (dict(v=(1, 2, 9, 32)), "v has shape"),
+    (dict(o=(1, 2, 8, 32)), "o has shape"),
+    (dict(lse=(1, 2, 5)), "lse has shape"),
+    (dict(q=(1, 2, 4, 48), do=(1, 2, 4, 48), o=(1, 2, 4, 48), k=(1, 2, 8, 48),
+          v=(1, 2, 8, 48)), "head dim 48"),
+    (dict(q=(2, 4, 32)), "q must be 4-D"),
+])
+def test_bad_shapes_are_named(change, message):
+    shapes = dict(q=(1, 2, 4, 32), k=(1, 2, 8, 32), v=(1, 2, 8, 32), o=(1, 2, 4, 32),
+                  do=(1, 2, 4, 32), lse=(1, 2, 4))
+    shapes.update(change)
+    arrays = {n: np.ones(s, np.float32 if n == "lse" else np.float16)
+              for n, s in shapes.items()}
+    with pytest.raises(ValueError, match=message):
+        attention_backward_emulated(**arrays)
+
+
+def test_bad_dtypes_are_named():
+    q = np.ones((1, 1, 4, 32), np.float16)
+    lse = np.zeros((1, 1, 4), np.float32)
+    with pytest.raises(TypeError, match="k has dtype float32"):
+        attention_backward_emulated(q, q.astype(np.float32), q, q, lse, q)
+    with pytest.raises(TypeError, match="lse must be float32"):
+        attention_backward_emulated(q, q, q, q, lse.astype(np.float16), q)
+    with pytest.raises(TypeError, match="q has dtype float64"):
+        attention_backward_emulated(*(q.astype(np.float64),) * 4, lse, q)
