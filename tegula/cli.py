@@ -388,6 +388,19 @@ def _add_explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--svg-only", metavar="NAMES", default=None,
                    help="with --svg: draw only these tiles, e.g. r0,s1 (names as explain "
                         "prints them)")
+    p.add_argument("--compile", action="store_true",
+                   help="also build the cubin (NVRTC or nvcc, no GPU) and show the "
+                        "compiler's report: registers, spill stores/loads, stack")
+    p.add_argument("--recommend", action="store_true",
+                   help="propose the constexprs left open (no default, or declared with "
+                        "tg.constexpr(choices=...)): the top configurations by predicted "
+                        "time within shared-memory and register limits, and why the others "
+                        "lost (give --shape for every tensor)")
+    p.add_argument("--top", type=int, default=5, metavar="K",
+                   help="with --recommend: how many configurations to show (default 5)")
+    p.add_argument("--budget", type=int, default=None, metavar="N",
+                   help="with --recommend: the most combinations to build and score "
+                        "(default 256; the rest are reported as not tried)")
 
 
 def parse_define(text: str) -> tuple[str, Any]:
@@ -456,7 +469,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     """`tegula explain FILE.py:KERNEL`: build it and print what the compiler decided."""
     from tegula.build import build
     from tegula.errors import TegulaError
-    from tegula.explain import explain_build, tile_names, write_svgs
+    from tegula.explain import compile_report, explain_build, tile_names, write_svgs
 
     constexprs = dict(parse_define(d) for d in args.defines)
     shapes = dict(parse_shape(s) for s in args.shapes)
@@ -464,9 +477,12 @@ def _run_explain(args: argparse.Namespace) -> int:
     if args.svg_only and not args.svg:
         raise UsageError("--svg-only selects what --svg draws; give --svg DIR too")
     _, kernel = load_kernel(args.kernel, "explain")
+    if args.recommend:
+        return _run_recommend(args, kernel, constexprs, shapes, grid)
     try:
         result = build(kernel, constexprs, target=args.target)
-        print(explain_build(result, grid=grid, shapes=shapes), end="")
+        compiled = compile_report(result) if args.compile else None
+        print(explain_build(result, grid=grid, shapes=shapes, compiled=compiled), end="")
     except TegulaError as err:
         raise UsageError(str(err)) from None
     if args.svg:
@@ -483,6 +499,24 @@ def _run_explain(args: argparse.Namespace) -> int:
         if not written:
             print("nothing to draw (pictures are drawn for tiles of rank 1 or 2)")
     return 0
+
+
+def _run_recommend(args: argparse.Namespace, kernel: Any, fixed: dict, shapes: dict,
+                   grid: Any) -> int:
+    """`tegula explain --recommend`: rank the open constexprs' combinations by the cost
+    model (tegula.recommend) and print the top ones and why the others lost."""
+    from tegula.errors import TegulaError
+    from tegula.recommend import DEFAULT_BUDGET, recommend
+
+    if args.top <= 0:
+        raise UsageError(f"--top {args.top}: expected a positive number")
+    try:
+        result = recommend(kernel, shapes=shapes, grid=grid, top_k=args.top,
+                           target=args.target, budget=args.budget or DEFAULT_BUDGET, **fixed)
+    except TegulaError as err:
+        raise UsageError(str(err)) from None
+    print(result)
+    return 0 if result.ranked else 1
 
 
 # --------------------------------------------------------------------------- tegula compile
@@ -506,15 +540,16 @@ def _run_compile(args: argparse.Namespace) -> int:
     from tegula.build import build
     from tegula.errors import TegulaError
     from tegula.explain import explain_build
-    from tegula.runtime.compiler import compile_cuda
+    from tegula.runtime.compiler import compile_cuda_report
 
     constexprs = dict(parse_define(d) for d in args.defines)
     name, kernel = load_kernel(args.kernel, "compile")
     try:
         result = build(kernel, constexprs, target=args.target)
         source = result.cuda_source()
-        cubin = compile_cuda(source, result.thread_kernel.name, result.target.sm)
-        explanation = explain_build(result)
+        cubin, report = compile_cuda_report(source, result.thread_kernel.name,
+                                            result.target.sm)
+        explanation = explain_build(result, compiled=report)
     except TegulaError as err:
         raise UsageError(str(err)) from None
     os.makedirs(args.out, exist_ok=True)
@@ -525,6 +560,8 @@ def _run_compile(args: argparse.Namespace) -> int:
     _write(stem + ".explain.txt", explanation)
     for suffix in (".cu", ".cubin", ".explain.txt"):
         print(f"wrote {stem}{suffix}")
+    if report is not None:
+        print(report)
     return 0
 
 

@@ -10,7 +10,10 @@ For one build (`tegula.build.Build`) the report lists
   per thread and per warp instruction (Hexcute Table III), warp instructions per block,
   shared-memory wavefronts against the conflict-free ideal;
 * resources: shared memory per block (the kernel's buffers plus lowering's scratch) and
-  an *estimate* of registers per thread;
+  registers per thread estimated from the thread IR's liveness (`synth/registers.py`),
+  against the limit the launch's thread count allows; with a compiled cubin
+  (`explain(..., compile=True)`, `tegula explain --compile`, `tegula compile`) also the
+  compiler's own count (ptxas: registers, spill stores/loads, stack);
 * the analytical cost model's prediction (`tegula.synth.cost`).
 
 `explain(kernel, **constexprs)` (exported as `tegula.explain`) builds and explains in one
@@ -26,25 +29,38 @@ from typing import Any
 from tegula.ir.ops import ForLoop, IfThen, Op, walk_ops
 from tegula.ir.printer import op_text
 from tegula.ir.values import GlobalTile, RegisterTile, describe
-from tegula.synth.cost import (REGISTER_OVERHEAD, CountedUse, estimate, instruction_uses,
-                               loop_label, register_words)
+from tegula.synth.cost import CountedUse, estimate, instruction_uses, loop_label, register_words
+from tegula.synth.registers import estimate_registers, per_thread_limit
 
 
 def explain(kernel: Any, grid: Any = None, shapes: dict | None = None,
-            target: str | None = None, **constexprs: Any) -> str:
+            target: str | None = None, compile: bool = False, **constexprs: Any) -> str:
     """Build `kernel` with these constexprs (default facts: row-major tensors) and explain
-    it; `grid` and `shapes` (tensor name -> shape) add a whole-grid time prediction."""
+    it; `grid` and `shapes` (tensor name -> shape) add a whole-grid time prediction;
+    `compile=True` also builds the cubin and adds the compiler's resource report (needs
+    NVRTC or nvcc, no GPU)."""
     from tegula.build import DEFAULT_TARGET, build
 
     result = build(kernel, constexprs, target=target or DEFAULT_TARGET)
-    return explain_build(result, grid=grid, shapes=shapes)
+    return explain_build(result, grid=grid, shapes=shapes,
+                         compiled=compile_report(result) if compile else None)
+
+
+def compile_report(build: Any) -> Any:
+    """Compile a build's CUDA source and return ptxas's report of it (a
+    `runtime.compiler.PtxasReport`; `CompileError` when no compiler is found)."""
+    from tegula.runtime.compiler import compile_cuda_report
+
+    return compile_cuda_report(build.cuda_source(), build.thread_kernel.name,
+                               build.target.sm)[1]
 
 
 def explain_build(build: Any, grid: Any = None, shapes: dict | None = None,
-                  scalars: dict | None = None) -> str:
-    """The whole report for one build (see the module docstring)."""
+                  scalars: dict | None = None, compiled: Any = None) -> str:
+    """The whole report for one build (see the module docstring); `compiled` is the
+    compiler's report of its cubin (`compile_report`), when one was built."""
     sections = [_header(build), _tensors(build), _conversions(build), _ops(build),
-                _resources(build), _prediction(build, grid, shapes, scalars)]
+                _resources(build, compiled), _prediction(build, grid, shapes, scalars)]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -249,7 +265,7 @@ def _use_line(u: Any) -> str:
 
 # --------------------------------------------------------------------------- resources
 
-def _resources(build: Any) -> str:
+def _resources(build: Any, compiled: Any = None) -> str:
     tk = build.thread_kernel
     own = build.synthesis.shared_bytes
     total = tk.shared_bytes
@@ -257,13 +273,22 @@ def _resources(build: Any) -> str:
              f"  shared memory: {total} B = {own} B of kernel buffers + {total - own} B of "
              f"scratch (conversions, reductions); the target allows "
              f"{build.target.smem_per_block_max} B"]
-    words = register_words(tk)
+    live = estimate_registers(tk)
+    limit = per_thread_limit(build.target, tk.threads)
+    lines.append(f"  registers per thread: {live.describe()}; a block of {tk.threads} "
+                 f"threads allows {limit}")
+    for role in live.roles:
+        budget = f", budget {role.budget}" if role.budget is not None else ""
+        lines.append(f"      role {role.role.split(' (')[0]}: ~{role.registers}{budget}")
     arrays = ", ".join(f"{a.name}[{a.size}] {a.dtype}" for a in tk.registers)
-    lines.append(f"  registers per thread: ~{words + REGISTER_OVERHEAD} (an estimate: "
-                 f"{words} words of register arrays + ~{REGISTER_OVERHEAD} for addresses, "
-                 f"indices and predicates; liveness ignored, so an upper bound)")
     if arrays:
-        lines.append(f"      arrays: {arrays}")
+        lines.append(f"      arrays ({register_words(tk)} words in all): {arrays}")
+    if compiled is not None:
+        lines.append("  " + str(compiled).replace("\n", "\n  "))
+        if any(r.budget is not None for r in live.roles):
+            lines.append(f"      (warp roles set their budgets with setmaxnreg: ptxas "
+                         f"allocates the launch's share, {compiled.registers}, and the "
+                         f"roles adjust it at run time)")
     return "\n".join(lines)
 
 

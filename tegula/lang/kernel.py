@@ -33,7 +33,16 @@ _NO_DEFAULT = inspect.Parameter.empty
 
 class constexpr:  # noqa: N801 — spelled like a type because it is used as an annotation
     """Annotation for a parameter whose Python value is fixed at trace time
-    (`BM: tg.constexpr = 128`). Each distinct set of values is traced separately."""
+    (`BM: tg.constexpr = 128`). Each distinct set of values is traced separately.
+    `tg.constexpr(choices=(64, 128, 256))` declares the values it may take: the ones
+    `tg.recommend` and `@tg.autotune` choose among (a value outside them is refused)."""
+
+    def __init__(self, choices: Any = None):
+        values = tuple(choices) if isinstance(choices, (list, tuple, range)) else None
+        if not values or not all(isinstance(v, (int, float, str)) for v in values):
+            raise TraceError(f"tg.constexpr(choices=...) takes a non-empty list of numbers or "
+                             f"strings, got {choices!r}", user_location())
+        self.choices = values
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class Param:
     kind: str
     spec: TensorSpec | None = None
     default: Any = _NO_DEFAULT
+    choices: tuple | None = None   # a constexpr's declared values (tg.constexpr(choices=))
 
 
 def _definition_location(fn: Callable) -> SourceLocation:
@@ -108,6 +118,11 @@ def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation, scope: di
     ann = _evaluate_annotation(fn, p.name, p.annotation, loc, scope)
     if ann is constexpr:
         return Param(p.name, "constexpr", default=p.default)
+    if isinstance(ann, constexpr):
+        if p.default is not _NO_DEFAULT and p.default not in ann.choices:
+            raise TraceError(f"{where}: its default {p.default!r} is not one of its choices "
+                             f"{ann.choices}", loc)
+        return Param(p.name, "constexpr", default=p.default, choices=ann.choices)
     if isinstance(ann, TensorSpec):
         kind, spec = "tensor", ann
     elif ann is int:
@@ -232,6 +247,9 @@ class Kernel:
                                  f"pass it as a keyword, e.g. {self.name}[grid](..., "
                                  f"{p.name}=...) or tg.emulate({self.name}, grid, ..., "
                                  f"{p.name}=...)", _call_site())
+            if p.choices is not None and value not in p.choices:
+                raise TraceError(f"kernel {self.name}: constexpr {p.name}={value!r} is not one "
+                                 f"of its declared choices {p.choices}", _call_site())
             values[p.name] = value
         return values
 

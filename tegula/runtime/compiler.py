@@ -108,6 +108,26 @@ def compile_cuda(source: str, name: str, target: str = "sm_90a",
 
     Raises `CompileError` carrying the compiler's log and the source lines it points at.
     """
+    return _compile(source, name, target, options, compiler)[0]
+
+
+def compile_cuda_report(source: str, name: str, target: str = "sm_90a",
+                        options: tuple[str, ...] = (),
+                        compiler: Compiler | None = None) -> tuple[bytes, "PtxasReport"]:
+    """`compile_cuda` with ptxas's verbose report (`--ptxas-options=-v`): the cubin and
+    what the compiler says of kernel `name` (registers, spills, stack, its warnings).
+    The cubin is the same as without the report (the option only adds the log)."""
+    cubin, log = _compile(source, name, target, tuple(options) + (PTXAS_VERBOSE,), compiler)
+    return cubin, parse_ptxas_log(log, name)
+
+
+#: Both compilers accept it: ptxas prints each function's resources into the log.
+PTXAS_VERBOSE = "--ptxas-options=-v"
+
+
+def _compile(source: str, name: str, target: str, options: tuple[str, ...],
+             compiler: Compiler | None) -> tuple[bytes, str]:
+    """(cubin, the compiler's log) for `source`."""
     _check_target(target)
     compiler = compiler or default_compiler()
     opts = DEFAULT_OPTIONS + tuple(options)
@@ -116,7 +136,75 @@ def compile_cuda(source: str, name: str, target: str = "sm_90a",
     return _compile_nvcc(source, name, target, opts, compiler.path)
 
 
-def _compile_nvrtc(source: str, name: str, target: str, options: tuple[str, ...]) -> bytes:
+@dataclass(frozen=True)
+class PtxasReport:
+    """What ptxas reported for one kernel: `registers` per thread, bytes of `spill_stores`,
+    `spill_loads` and `stack_frame` (local memory), static `shared_bytes`, `barriers`, and
+    its performance `warnings` (e.g. wgmma serialized for lack of registers)."""
+
+    kernel: str
+    target: str
+    registers: int
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack_frame: int = 0
+    shared_bytes: int = 0
+    barriers: int = 0
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
+    def __str__(self) -> str:
+        spill = (f"SPILLS {self.spill_stores} B stored, {self.spill_loads} B loaded"
+                 if self.spills else "no spills")
+        lines = [f"compiler's report (ptxas, {self.target}): {self.registers} registers per "
+                 f"thread, {spill}, {self.stack_frame} B stack frame, {self.shared_bytes} B "
+                 f"static shared memory, {self.barriers} barrier(s)"]
+        lines += [f"  ptxas: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_NUMBERS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "stack_frame": re.compile(r"(\d+) bytes stack frame"),
+    "shared_bytes": re.compile(r"(\d+) bytes smem"),
+    "barriers": re.compile(r"used (\d+) barriers"),
+}
+
+
+def parse_ptxas_log(log: str, kernel: str) -> "PtxasReport | None":
+    """The report of entry function `kernel` in a `ptxas -v` log (NVRTC's program log or
+    nvcc's output), or None when the log holds none (the option was not given). Warnings
+    ("Potential Performance Loss", "Registers are spilled") anywhere in the log are kept:
+    a generated source has one kernel."""
+    sections = _ENTRY.split(log)
+    # split gives [before, name1, target1, text1, name2, ...]
+    for i in range(1, len(sections) - 2, 3):
+        found_name, target, text = sections[i], sections[i + 1], sections[i + 2]
+        if found_name != kernel:
+            continue
+        values = {}
+        for field_name, pattern in _NUMBERS.items():
+            match = pattern.search(text)
+            values[field_name] = int(match.group(1)) if match else 0
+        if not _NUMBERS["registers"].search(text):
+            return None
+        warnings = tuple(dict.fromkeys(
+            re.sub(r"^ptxas\s+(info|warning)\s*:\s*", "", line).strip()
+            for line in log.splitlines()
+            if re.search(r"Performance Loss|spill|warning", line, re.I)
+            and "bytes spill stores" not in line))
+        return PtxasReport(found_name, target, warnings=warnings, **values)
+    return None
+
+
+def _compile_nvrtc(source: str, name: str, target: str,
+                   options: tuple[str, ...]) -> tuple[bytes, str]:
     nvrtc = _nvrtc()
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
@@ -143,7 +231,7 @@ def _compile_nvrtc(source: str, name: str, target: str, options: tuple[str, ...]
         (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
         if err != ok:
             raise CompileError(f"nvrtcGetCUBIN failed: {err}")
-        return bytes(cubin)
+        return bytes(cubin), log_text
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -155,7 +243,7 @@ def nvcc_arch_flag(target: str) -> str:
 
 
 def _compile_nvcc(source: str, name: str, target: str, options: tuple[str, ...],
-                  nvcc: str) -> bytes:
+                  nvcc: str) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory(prefix="tegula-nvcc-") as tmp:
         src = os.path.join(tmp, f"{name}.cu")
         out = os.path.join(tmp, f"{name}.cubin")
@@ -167,7 +255,7 @@ def _compile_nvcc(source: str, name: str, target: str, options: tuple[str, ...],
             log = (proc.stdout + proc.stderr).replace(src, f"{name}.cu")
             raise compile_error("nvcc", target, log, source)
         with open(out, "rb") as f:
-            return f.read()
+            return f.read(), (proc.stdout + proc.stderr).replace(src, f"{name}.cu")
 
 
 def compile_error(compiler: str, target: str, log: str, source: str) -> CompileError:

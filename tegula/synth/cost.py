@@ -51,11 +51,13 @@ from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, If
 from tegula.ir.scalar import BlockIndex, ScalarArg, ScalarBinOp, ScalarConst, TensorExtent
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 from tegula.layout.tv import distinct_values, tv_table
+from tegula.synth.registers import (ADDRESS_OVERHEAD, RegisterEstimate, estimate_registers,
+                                    over_limit, per_thread_limit)
 from tegula.synth.shared import wavefronts
 
-#: Registers a thread needs beyond its register tiles: addresses, loop counters,
-#: predicates, thread coordinates. A round guess, not a measurement.
-REGISTER_OVERHEAD = 24
+#: Registers a thread needs beyond its register tiles before lowering (addresses, loop
+#: counters, predicates): the liveness estimate's calibrated overhead (synth/registers.py).
+REGISTER_OVERHEAD = ADDRESS_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -533,25 +535,23 @@ def estimate(build, grid=None, shapes: dict | None = None,
     weights, unresolved = loop_weights(uses, size, grid)
     totals = _totals(uses, weights)
     thread_kernel = getattr(build, "thread_kernel", None)
+    threads, live = kernel.threads, None
     if thread_kernel is not None:
-        words, smem = register_words(thread_kernel), thread_kernel.shared_bytes
+        # Registers from the thread IR's liveness; the block as launched (a warp-specialized
+        # kernel adds its producer warpgroup).
+        live, smem, threads = (estimate_registers(thread_kernel), thread_kernel.shared_bytes,
+                               thread_kernel.threads)
+        registers = live.registers
     else:
-        words, smem = register_words_from_tiles(kernel), build.synthesis.shared_bytes
-    registers = words + REGISTER_OVERHEAD
-    threads = kernel.threads
-    if thread_kernel is not None:
-        # The block as launched: a warp-specialized kernel adds its producer warpgroup, and
-        # where a role sets its register budget (setmaxnreg) the kernel is compiled for one
-        # block per SM, every thread holding the block's share of the register file.
-        threads = thread_kernel.threads
-        if _sets_registers(thread_kernel):
-            from tegula.arch.tma import register_share
-            registers = register_share(threads)
+        smem = build.synthesis.shared_bytes
+        registers = register_words_from_tiles(kernel) + REGISTER_OVERHEAD
+    notes = spill_notes(target, threads, registers, live)
+    if thread_kernel is not None and _sets_registers(thread_kernel):
+        # A role sets its register budget (setmaxnreg): the kernel is compiled for one block
+        # per SM, every thread holding the block's share of the register file.
+        from tegula.arch.tma import register_share
+        registers = register_share(threads)
     bps, limit = occupancy(target, threads, smem, registers)
-    notes = []
-    if registers > target.regs_per_thread_max:
-        notes.append(f"~{registers} registers/thread exceeds {target.regs_per_thread_max}: "
-                     f"the sum ignores liveness, but spills are possible")
     if _footprint(kernel, size.shapes) is None:
         notes.append("without every tensor's shape, each block's global bytes count as DRAM "
                      "traffic (no L2 reuse): an upper bound on memory time")
@@ -560,6 +560,20 @@ def estimate(build, grid=None, shapes: dict | None = None,
         bps = 1
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
                     tuple(unresolved), tuple(notes), threads)
+
+
+def spill_notes(target: Target, threads: int, registers: int,
+                live: RegisterEstimate | None) -> list[str]:
+    """Warnings where the register estimate exceeds what the launch allows a thread: the
+    per-thread limit for `threads` (`__launch_bounds__`), or a role's setmaxnreg budget."""
+    if live is None:  # before lowering: the tile-level sum
+        limit = per_thread_limit(target, threads)
+        reasons = [f"~{registers} registers per thread, over {limit}"] if registers > limit \
+            else []
+    else:
+        reasons = over_limit(target, threads, live)
+    return [f"{r}: ptxas may spill (`tegula compile`, `tegula explain --compile` or "
+            f"explain(compile=True) show the compiler's count)" for r in reasons]
 
 
 def _totals(uses: list[CountedUse], weights: dict) -> dict:

@@ -41,7 +41,7 @@ def test_report_states_layouts_instructions_and_resources(gemm128):
     assert len(ldmatrix) == 2 and all(r[-6:] == ["8", "16", "512", "32", "128/128", "0"]
                                       for r in ldmatrix)
     assert "shared memory: 49152 B = 49152 B of kernel buffers + 0 B of scratch" in text
-    assert "registers per thread: ~" in text and "an estimate" in text
+    assert "registers per thread: ~" in text and "estimated from liveness" in text
     assert "== predicted time" in text
 
 

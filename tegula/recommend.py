@@ -1,0 +1,331 @@
+"""Tile recommendation (TileLang §4.2): propose the constexprs a user leaves open.
+
+    result = tg.recommend(kernel, shapes={"a": (4096, 4096), ...}, top_k=5)
+    print(result)              # the top-k with predicted times, and why each other lost
+    result.best                # {"BM": 128, "BN": 128, ...}
+
+A constexpr is *open* when the call does not fix it and the kernel declares no default
+for it, or declares a set of values (`BM: tg.constexpr(choices=(64, 128, 256)) = 128`).
+Open constexprs without declared values try `DEFAULT_VALUES` (powers of two for tile
+extents); `space={"BM": [...], "threads": [...]}` overrides both.
+
+The method, deterministic and independent of the order values are listed in:
+1. Enumerate the combinations of the open values, each list sorted, in lexicographic
+   order of the names; at most `budget` (default `DEFAULT_BUDGET`) are built and scored,
+   spread evenly over the whole space (every `n / budget`-th), and the rest are counted
+   as not tried in the report.
+2. Build each (trace, synthesis, lowering: no compiler, no GPU). A combination the
+   compiler refuses, whose shared memory exceeds the target's per-block limit, or whose
+   registers (estimated from liveness, `synth/registers.py`) exceed what a block of its
+   threads allows, is dropped with the reason.
+3. Score the rest by the cost model's predicted time for the whole grid
+   (`synth/cost.py`), the grid from `grid(config)` or inferred from the output tiles
+   (`infer_grid`); ties go to the smaller config key, so the ranking does not depend on
+   the enumeration order.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from tegula.errors import TegulaError
+
+#: Values tried for an open constexpr that declares none.
+DEFAULT_VALUES = (16, 32, 64, 128, 256)
+#: How many combinations `recommend` builds and scores unless told otherwise.
+DEFAULT_BUDGET = 256
+
+
+@dataclass
+class Candidate:
+    """One combination: its constexprs (and `threads`), the predicted seconds and the
+    cost estimate behind them, or why it was dropped."""
+
+    config: dict
+    seconds: float | None = None
+    estimate: Any = None
+    dropped: str | None = None
+
+    @property
+    def key(self) -> str:
+        return ",".join(f"{k}={self.config[k]!r}" for k in sorted(self.config))
+
+
+@dataclass
+class Recommendation:
+    """What `recommend` found: `ranked` candidates (fastest first), `dropped` ones with
+    reasons, how many combinations existed and how many were `not_tried` (budget)."""
+
+    kernel: str
+    target: str
+    open_names: tuple
+    ranked: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+    combinations: int = 0
+    not_tried: int = 0
+    top_k: int = 5
+    assumed: tuple = ()          # open names tried with DEFAULT_VALUES
+
+    @property
+    def best(self) -> dict | None:
+        return dict(self.ranked[0].config) if self.ranked else None
+
+    @property
+    def top(self) -> list:
+        return self.ranked[:self.top_k]
+
+    def __str__(self) -> str:
+        lines = [f"recommendation for {self.kernel} on {self.target}: open "
+                 f"{', '.join(self.open_names) or '(none)'}; {self.combinations} "
+                 f"combination(s), {self.combinations - self.not_tried} scored by the cost "
+                 f"model"]
+        if self.not_tried:
+            lines.append(f"  budget: {self.not_tried} combination(s) not tried (raise the "
+                         f"budget to score them)")
+        if self.assumed:
+            lines.append(f"  {', '.join(self.assumed)}: no declared values; tried "
+                         f"{DEFAULT_VALUES} (declare tg.constexpr(choices=...) or pass space=)")
+        if not self.ranked:
+            lines.append("  no combination fits (see the reasons below)")
+        best = self.ranked[0] if self.ranked else None
+        for i, c in enumerate(self.top, 1):
+            lines.append(f"  {i}. {c.key}: {c.seconds * 1e6:.2f} us predicted "
+                         f"({_summary(c.estimate)})" + ("" if c is best else
+                                                       f"; {_why_lost(c, best)}"))
+        rest = self.ranked[self.top_k:]
+        if rest:
+            lines.append(f"  the other {len(rest)} that fit, and why they lost:")
+            lines += [f"    {c.key}: {c.seconds * 1e6:.2f} us; {_why_lost(c, best)}"
+                      for c in rest]
+        if self.dropped:
+            lines.append(f"  dropped ({len(self.dropped)}):")
+            lines += [f"    {c.key}: {c.dropped}" for c in self.dropped]
+        return "\n".join(lines)
+
+
+def _summary(est: Any) -> str:
+    return (f"{est.bound}-bound, {est.blocks} blocks in {est.waves} wave(s), "
+            f"{est.blocks_per_sm}/SM, {est.shared_bytes} B shared, ~{est.registers} regs")
+
+
+def _why_lost(c: Candidate, best: Candidate) -> str:
+    """Why `c` is predicted slower than `best`, from the numbers that differ most."""
+    a, b = c.estimate, best.estimate
+    if c.seconds <= best.seconds * (1 + 1e-9):
+        return "tied with #1 (the same predicted time; ties are ordered by the config key)"
+    slower = f"{(c.seconds / best.seconds - 1) * 100:.1f}% slower than #1"
+    reasons = [f"{a.waves} wave(s) x {a.block_cycles:,.0f} cycles vs {b.waves} x "
+               f"{b.block_cycles:,.0f}"]
+    if a.blocks_per_sm != b.blocks_per_sm:
+        reasons.append(f"{a.blocks_per_sm} block(s)/SM vs {b.blocks_per_sm} "
+                       f"(limited by {a.occupancy_limit})")
+    if a.bound != b.bound:
+        reasons.append(f"{a.bound}-bound where #1 is {b.bound}-bound")
+    return f"{slower}: " + "; ".join(reasons)
+
+
+def open_constexprs(kernel: Any, fixed: Mapping[str, Any],
+                    space: Mapping[str, Any] | None = None) -> tuple[dict, tuple]:
+    """{name: sorted candidate values} for the open constexprs (module docstring), and the
+    names that took `DEFAULT_VALUES`."""
+    space = dict(space or {})
+    values: dict[str, tuple] = {}
+    assumed = []
+    for p in kernel.params:
+        if p.kind != "constexpr" or p.name in fixed:
+            continue
+        declared = getattr(p, "choices", None)
+        if p.name in space:
+            values[p.name] = _sorted(space.pop(p.name), p.name)
+        elif declared:
+            values[p.name] = _sorted(declared, p.name)
+        elif _has_no_default(p):
+            values[p.name] = DEFAULT_VALUES
+            assumed.append(p.name)
+    if "threads" in space:
+        values["threads"] = _sorted(space.pop("threads"), "threads")
+    if space:
+        raise TegulaError(f"recommend {kernel.name}: space names {', '.join(sorted(space))}, "
+                          f"which are not open constexprs of the kernel (its constexprs: "
+                          f"{', '.join(kernel.constexpr_names) or '(none)'}; fixed: "
+                          f"{', '.join(sorted(fixed)) or '(none)'})")
+    return dict(sorted(values.items())), tuple(assumed)
+
+
+def _has_no_default(param: Any) -> bool:
+    import inspect
+    return param.default is inspect.Parameter.empty
+
+
+def _sorted(values: Any, name: str) -> tuple:
+    items = tuple(values) if isinstance(values, (list, tuple, set, frozenset, range)) else None
+    if not items:
+        raise TegulaError(f"the values of {name} must be a non-empty list, got {values!r}")
+    return tuple(sorted(set(items), key=lambda v: (type(v).__name__, v)))
+
+
+def combinations(values: Mapping[str, tuple], budget: int) -> tuple[list[dict], int]:
+    """The combinations to score, at most `budget`, spread evenly over the lexicographic
+    enumeration; and the count of all combinations."""
+    names = list(values)
+    total = 1
+    for v in values.values():
+        total *= len(v)
+    if budget <= 0:
+        raise TegulaError(f"recommend: the budget must be positive, got {budget}")
+    if total <= budget:
+        picks = range(total)
+    else:
+        picks = sorted({i * total // budget for i in range(budget)})
+    combos = []
+    for index in picks:
+        combo, rest = {}, index
+        for name in reversed(names):   # mixed-radix digits, the last name fastest
+            combo[name] = values[name][rest % len(values[name])]
+            rest //= len(values[name])
+        combos.append({n: combo[n] for n in names})
+    return combos, total
+
+
+def infer_grid(traced: Any, shapes: Mapping[str, tuple]) -> tuple | None:
+    """The grid that covers every output tile placed at `block_id(axis) * extent` (as
+    `t.tile((BM, BN), (m, n))` does), or None when no written tile is placed by a block
+    index (then pass `grid=`)."""
+    from tegula.ir.ops import tiles_written, walk_ops
+    from tegula.ir.scalar import BlockIndex, ScalarBinOp, ScalarConst
+    from tegula.ir.values import GlobalTile
+
+    grid = [0, 0, 0]
+    for op in walk_ops(traced.body):
+        for tile in tiles_written(op):
+            if not isinstance(tile, GlobalTile) or tile.arg.name not in shapes:
+                continue
+            for dim, origin in enumerate(tile.origin):
+                axis, step = _block_times_constant(origin, BlockIndex, ScalarBinOp, ScalarConst)
+                if axis is not None and dim < len(shapes[tile.arg.name]):
+                    extent = int(shapes[tile.arg.name][dim])
+                    grid[axis] = max(grid[axis], -(-extent // step))
+    if not any(grid):
+        return None
+    return tuple(max(1, g) for g in grid)
+
+
+def _block_times_constant(x, BlockIndex, ScalarBinOp, ScalarConst) -> tuple:  # noqa: N803
+    """(axis, c) when `x` is `block_id(axis) * c` (either order) or `block_id(axis)`."""
+    if isinstance(x, BlockIndex):
+        return x.axis, 1
+    if isinstance(x, ScalarBinOp) and x.op == "*":
+        for a, b in ((x.lhs, x.rhs), (x.rhs, x.lhs)):
+            if isinstance(a, BlockIndex) and isinstance(b, ScalarConst) and b.value > 0:
+                return a.axis, b.value
+    return None, 0
+
+
+def shapes_of(kernel: Any, args: tuple, shapes: Mapping[str, Any] | None) -> tuple[dict, dict]:
+    """(tensor shapes, scalar values) by parameter name, from positional `args` (arrays,
+    tensors or shape tuples for tensors; ints for scalars) and `shapes`."""
+    found: dict[str, tuple] = {}
+    scalars: dict[str, int] = {}
+    runtime = [p for p in kernel.params if p.kind != "constexpr"]
+    if len(args) > len(runtime):
+        raise TegulaError(f"recommend {kernel.name}: {len(args)} arguments for "
+                          f"{len(runtime)} tensor/scalar parameters")
+    for p, a in zip(runtime, args):
+        if p.kind == "scalar":
+            scalars[p.name] = int(a)
+        else:
+            found[p.name] = tuple(int(d) for d in (a if isinstance(a, tuple) else a.shape))
+    for name, shape in (shapes or {}).items():
+        found[name] = tuple(int(d) for d in shape)
+    missing = [p.name for p in runtime if p.kind == "tensor" and p.name not in found]
+    if missing:
+        raise TegulaError(f"recommend {kernel.name}: no shape for {', '.join(missing)} (pass "
+                          f"arrays, or shapes={{'{missing[0]}': (M, N)}}; on the command line "
+                          f"--shape {missing[0]}=MxN)")
+    return found, scalars
+
+
+def recommend(kernel: Any, *args: Any, shapes: Mapping[str, Any] | None = None,
+              grid: Callable[[dict], Any] | tuple | None = None, top_k: int = 5,
+              target: str | None = None, budget: int = DEFAULT_BUDGET,
+              space: Mapping[str, Any] | None = None, **fixed: Any) -> Recommendation:
+    """Rank the combinations of `kernel`'s open constexprs by predicted time (module
+    docstring). `args`: the launch's tensors (or their shapes) and scalars in order, or
+    `shapes` by name; `grid`: a tuple, or a function of the config dict (as Triton's
+    `grid=lambda meta: ...`), else inferred; `fixed`: constexprs not to vary."""
+    from tegula.build import DEFAULT_TARGET
+
+    target = target or DEFAULT_TARGET
+    tensor_shapes, scalars = shapes_of(kernel, args, shapes)
+    values, assumed = open_constexprs(kernel, fixed, space)
+    combos, total = combinations(values, budget)
+    result = Recommendation(kernel.name, str(target), tuple(values), combinations=total,
+                            not_tried=total - len(combos), top_k=top_k, assumed=assumed)
+    for combo in combos:
+        candidate = score(kernel, combo, fixed, tensor_shapes, scalars, grid, target)
+        (result.ranked if candidate.dropped is None else result.dropped).append(candidate)
+    result.ranked.sort(key=lambda c: (c.seconds, c.key))
+    result.dropped.sort(key=lambda c: c.key)
+    return result
+
+
+def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scalars: dict,
+          grid: Any, target: Any) -> Candidate:
+    """Build one combination and predict its time, or say why it does not fit."""
+    from tegula.build import build
+    from tegula.synth.cost import estimate
+    from tegula.synth.registers import estimate_registers, over_limit
+
+    candidate = Candidate(dict(combo))
+    try:
+        built = build(kernel, {**fixed, **combo}, _facts(kernel, shapes), target=target)
+    except TegulaError as err:
+        candidate.dropped = "the compiler refuses it: " + str(err).strip().splitlines()[0]
+        return candidate
+    tk, tgt = built.thread_kernel, built.target
+    if tk.shared_bytes > tgt.smem_per_block_max:
+        candidate.dropped = (f"shared memory {tk.shared_bytes} B over the {tgt.name} limit of "
+                             f"{tgt.smem_per_block_max} B per block")
+        return candidate
+    over = over_limit(tgt, tk.threads, estimate_registers(tk))
+    if over:
+        candidate.dropped = over[0] + ": would spill"
+        return candidate
+    config = {**fixed, **combo}
+    launch_grid = grid(config) if callable(grid) else grid
+    if launch_grid is None:
+        launch_grid = infer_grid(built.traced, shapes)
+        if launch_grid is None:
+            raise TegulaError(f"recommend {kernel.name}: cannot infer the grid (no output "
+                              f"tile is placed at block_id(axis) * extent); pass grid= (a "
+                              f"tuple or a function of the config, e.g. lambda c: "
+                              f"(cdiv(M, c['BM']), cdiv(N, c['BN']))) or --grid")
+    candidate.estimate = estimate(built, launch_grid, shapes, scalars)
+    candidate.seconds = candidate.estimate.seconds
+    return candidate
+
+
+def _facts(kernel: Any, shapes: dict) -> dict:
+    """Facts of contiguous, 16-byte-aligned tensors of these shapes (what a launch on fresh
+    torch tensors would see)."""
+    from tegula.synth.facts import TensorFacts
+
+    facts = {}
+    for p in kernel.params:
+        if p.kind == "tensor" and p.name in shapes:
+            shape = shapes[p.name]
+            strides = tuple(int(_prod(shape[d + 1:])) for d in range(len(shape)))
+            facts[p.name] = TensorFacts.of(shape, strides, 0, max(1, p.spec.dtype.bits) / 8)
+    return facts
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+__all__ = ["recommend", "Recommendation", "Candidate", "infer_grid", "open_constexprs",
+           "combinations", "DEFAULT_VALUES", "DEFAULT_BUDGET"]

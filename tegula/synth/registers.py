@@ -1,0 +1,243 @@
+"""Registers per thread from liveness: how many 32-bit registers a lowered kernel keeps
+alive at once, and the per-thread limit its launch gives ptxas.
+
+The estimate reads the *thread IR* (`tegula.lower.thread_ir`), whose register arrays are
+what CUDA keeps in registers (their indices are constants after unrolling). The method:
+
+1. Number the statements in program order (loop and branch bodies inline, both branches
+   of an `If` one after the other). Each register array is live from the first statement
+   that names it to the last.
+2. Loops: an array named inside a loop (unrolled or not) whose interval reaches outside
+   the loop, or whose first mention in the loop body is a read (a value carried from the
+   previous iteration), is live across the whole loop: the back edge keeps it.
+3. The pressure at a statement is the sum of the live arrays' sizes in 32-bit words
+   (narrow types packed: 8 f16 values take 4 registers); the estimate is the maximum over
+   the program, plus `ADDRESS_OVERHEAD` registers for what the thread IR does not hold in
+   arrays — addresses, loop counters, indices, predicates, the pipeline's stage offsets.
+4. Warp roles (`async_ir.Roles`) run different code on different warps: each role is
+   measured on its own (the statements around the `Roles` plus that role's body), and the
+   kernel's figure is the largest role's.
+
+`ADDRESS_OVERHEAD` is calibrated against ptxas (`nvcc 13.0`, `--ptxas-options=-v`) on the
+library's kernels: see `tests/synth/test_cost_registers.py`, which records the measured
+counts next to the estimates. Arrays are taken whole (no per-element liveness), so a
+partly dead array counts in full: the estimate errs high, never by the ~4× of summing
+every array (what the model did before).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+
+#: Registers beyond the live register arrays: addresses, loop counters, thread
+#: coordinates, predicates. Calibrated against ptxas on the library kernels (module doc).
+ADDRESS_OVERHEAD = 24
+
+#: Register fields of statements that are written (all others are read). A wgmma's or an
+#: mma's accumulator `d` is read as well when it accumulates: counted by `_READ_TOO`.
+_WRITTEN = ("dst", "d")
+_READ_TOO = ("Wgmma",)
+
+
+@dataclass
+class RegisterEstimate:
+    """The liveness estimate of one kernel (or role): `live_words` at the peak, the arrays
+    live there, and the estimate `registers` = live words + overhead. `roles` holds one
+    estimate per warp role (empty when the kernel has one role)."""
+
+    live_words: int
+    peak_arrays: tuple[str, ...]   # "array: live elements of size dtype" at the peak
+    overhead: int = ADDRESS_OVERHEAD
+    role: str = ""
+    roles: list["RegisterEstimate"] = field(default_factory=list)
+    budget: int | None = None   # a warp role's setmaxnreg register budget
+
+    @property
+    def registers(self) -> int:
+        return self.live_words + self.overhead
+
+    def describe(self) -> str:
+        """One line: the estimate, what is live at the peak."""
+        arrays = ", ".join(self.peak_arrays) or "no register arrays"
+        return (f"~{self.registers}, estimated from liveness ({self.live_words} words of "
+                f"register arrays live at once, at the peak: {arrays}; + ~{self.overhead} "
+                f"for addresses, indices and predicates)")
+
+
+def array_words(array) -> int:
+    """32-bit registers a register array takes (narrow types packed)."""
+    return -(-array.size * array.dtype.bits // 32)
+
+
+def per_thread_limit(target, threads: int) -> int:
+    """The most registers ptxas gives a thread of a block of `threads` compiled with
+    `__launch_bounds__(threads)` (as codegen emits): the register file shared by one block,
+    in the allocation unit of 8, at most the target's per-thread maximum."""
+    share = target.regs_per_sm // max(1, threads)
+    return min(target.regs_per_thread_max, share // 8 * 8)
+
+
+def over_limit(target, threads: int, live: RegisterEstimate) -> list[str]:
+    """Why the estimate exceeds what a thread may hold, one reason per role over its cap
+    (a role's setmaxnreg budget, else the per-thread limit for `threads`); [] when none."""
+    limit = per_thread_limit(target, threads)
+    reasons = []
+    for est in live.roles or [live]:
+        cap = est.budget if est.budget is not None else limit
+        if est.registers > cap:
+            who = f"warp role {est.role}: " if est.role else ""
+            why = "its setmaxnreg budget" if est.budget is not None else \
+                f"what a block of {threads} threads allows"
+            reasons.append(f"{who}~{est.registers} registers per thread estimated from "
+                           f"liveness, over {cap} ({why})")
+    return reasons
+
+
+def estimate_registers(thread_kernel) -> RegisterEstimate:
+    """The liveness estimate of a lowered kernel (see the module docstring)."""
+    roles = _roles_statement(thread_kernel.body)
+    if roles is None:
+        return _estimate(thread_kernel.body, "")
+    per_role = []
+    for role in roles.roles:
+        body = [s for s in thread_kernel.body if s is not roles] + list(role.body)
+        estimate = _estimate(body, role.name)
+        if role.max_registers is not None:
+            estimate.role = f"{role.name} (setmaxnreg {role.max_registers})"
+            estimate.budget = role.max_registers
+        per_role.append(estimate)
+    top = max(per_role, key=lambda e: e.live_words)
+    return RegisterEstimate(top.live_words, top.peak_arrays, role=top.role, roles=per_role)
+
+
+def _roles_statement(body: list):
+    return next((s for s in body if hasattr(s, "roles") and isinstance(s.roles, list)), None)
+
+
+@dataclass
+class _Interval:
+    """The live range of one register element (array name, element index)."""
+
+    bits: int
+    first: int
+    last: int
+    mentions: list = field(default_factory=list)   # (position, is_read)
+
+
+def _estimate(body: list, role: str) -> RegisterEstimate:
+    intervals: dict[tuple, _Interval] = {}
+    loops: list[tuple[int, int]] = []
+    arrays: dict[str, object] = {}
+    end = _number(body, 0, intervals, loops, arrays)
+    for _ in range(len(loops) + 1):   # nested loops: extend until nothing changes
+        if not any(_extend_over(loop, intervals) for loop in loops):
+            break
+    change = [0] * (end + 2)             # live bits' differences, summed below
+    for iv in intervals.values():
+        change[iv.first] += iv.bits
+        change[iv.last + 1] -= iv.bits
+    pressure, running = [], 0
+    for delta in change[:-1]:
+        running += delta
+        pressure.append(running)
+    peak = max(range(len(pressure)), key=lambda p: pressure[p], default=0)
+    live: dict[str, int] = {}
+    for (name, _), iv in intervals.items():
+        if iv.first <= peak <= iv.last:
+            live[name] = live.get(name, 0) + 1
+    described = tuple(f"{name}: {count} of {arrays[name].size} {arrays[name].dtype}"
+                      for name, count in sorted(live.items(), key=lambda kv: -kv[1] *
+                                                arrays[kv[0]].dtype.bits))
+    words = -(-pressure[peak] // 32) if pressure else 0
+    return RegisterEstimate(words, described, role=role)
+
+
+def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: dict) -> int:
+    """Give each statement a position, record each register element's mentions and each
+    loop's span; returns the next free position."""
+    for stmt in stmts:
+        name = type(stmt).__name__
+        if name == "For":
+            start = position
+            position = _number(stmt.body, position + 1, intervals, loops, arrays)
+            loops.append((start, position))
+            position += 1
+        elif name == "If":
+            position = _number(stmt.then, position, intervals, loops, arrays)
+            position = _number(stmt.otherwise, position, intervals, loops, arrays)
+        elif hasattr(stmt, "roles") and isinstance(stmt.roles, list):
+            for r in stmt.roles:  # only reached for nested roles: measured together
+                position = _number(r.body, position, intervals, loops, arrays)
+        else:
+            operands_whole = name == "Mma"
+            for reg, count, is_read in _registers_of(stmt):
+                array = reg.array
+                arrays[array.name] = array
+                elements = _elements(reg, count)
+                if operands_whole and is_read:
+                    # ptxas loads a k-step's whole operand fragments ahead of the mmas
+                    # (hiding ldmatrix latency): they are live together.
+                    elements = range(array.size)
+                for element in elements:
+                    key = (array.name, element)
+                    iv = intervals.get(key)
+                    if iv is None:
+                        iv = intervals[key] = _Interval(array.dtype.bits, position, position)
+                    iv.first, iv.last = min(iv.first, position), max(iv.last, position)
+                    iv.mentions.append((position, is_read))
+            position += 1
+    return position
+
+
+def _elements(reg, count: int) -> range:
+    """The elements `count` consecutive registers from `reg` name: exact for a constant
+    index, the whole array for an index that varies (an unrolled loop's variable)."""
+    index = getattr(reg.index, "value", None)
+    if isinstance(index, int):
+        return range(index, min(index + count, reg.array.size))
+    return range(reg.array.size)
+
+
+def _extend_over(loop: tuple[int, int], intervals: dict) -> bool:
+    """Extend the arrays the loop's back edge keeps alive over the whole loop; True when
+    some interval grew."""
+    start, stop = loop
+    grew = False
+    for iv in intervals.values():
+        inside = sorted(m for m in iv.mentions if start <= m[0] <= stop)
+        if not inside:
+            continue
+        carried = iv.first < start or iv.last > stop or inside[0][1]
+        if carried and (iv.first > start or iv.last < stop):
+            iv.first, iv.last = min(iv.first, start), max(iv.last, stop)
+            grew = True
+    return grew
+
+
+def _registers_of(stmt) -> list:
+    """(Reg, consecutive elements, is_read) for every register a statement names (values
+    and lists of them walked), by field: `dst`/`d` are written, the rest read. Vector
+    memory statements move `count` consecutive registers (ldmatrix: two 16-bit values per
+    matrix)."""
+    found = []
+    if not is_dataclass(stmt):
+        return found
+    read_too = type(stmt).__name__ in _READ_TOO
+    count = getattr(stmt, "count", 1)
+    if type(stmt).__name__ == "LdMatrix":
+        count = 2 * stmt.num
+    for f in fields(stmt):
+        written = f.name in _WRITTEN
+        for reg in _regs_in(getattr(stmt, f.name)):
+            vector = count if f.name in ("dst", "src") else 1
+            found.append((reg, vector, not written or read_too))
+    return found
+
+
+def _regs_in(x) -> list:
+    if hasattr(x, "array") and hasattr(x, "index"):   # thread_ir.Reg
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [r for item in x for r in _regs_in(item)]
+    if is_dataclass(x) and not isinstance(x, type):
+        return [r for f in fields(x) for r in _regs_in(getattr(x, f.name))]
+    return []
