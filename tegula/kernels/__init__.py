@@ -11,6 +11,9 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
 * `norm`: `rms_norm_emulated` (RMSNorm)
 * `gemm`: `gemm_emulated` (c = a @ b.T; shared-memory pipeline or register-only; f16/bf16
   with f32 accumulation, i8 with i32 output)
+* `gemv`: `gemv_emulated` (y = x @ w.T for M ≤ 16 rows of x; torch: `gemv`)
+* `quant`: `w4a16_gemm_emulated` (a @ ((w_q - zeros) * scales).T, 4-bit weights in groups;
+  torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`
 
 The torch entry points (`api`: `matmul`, `rms_norm`, `softmax`, `copy`) are re-exported
 below; `import tegula.kernels.torch_ops` (needs torch) registers them as the custom ops
@@ -22,14 +25,18 @@ from tegula.kernels.copy import copy_emulated, transpose_emulated
 from tegula.kernels.elementwise import silu_mul_emulated
 from tegula.kernels.gemm import gemm_emulated
 from tegula.kernels.norm import rms_norm_emulated
+from tegula.kernels.quant import (matmul_w4a16, prepack, quantize_w4, unpack_w4,
+                                  w4a16_gemm_emulated)
 from tegula.kernels.softmax import softmax_emulated
 
 __all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_emulated",
-           "rms_norm_emulated", "gemm_emulated"]
+           "rms_norm_emulated", "gemm_emulated", "gemv_emulated", "w4a16_gemm_emulated",
+           "matmul_w4a16", "quantize_w4", "prepack", "unpack_w4", "gemv"]
 
 # Torch-facing, autotuned entry points (tegula/kernels/api.py). `copy` and `softmax` shadow
 # the submodule attributes of the same names; `from tegula.kernels.copy import ...` still
 # finds the modules.
 from tegula.kernels.api import copy, matmul, rms_norm, softmax  # noqa: E402
+from tegula.kernels.gemv import gemv, gemv_emulated  # noqa: E402  (shadows the module, as copy)
 
 __all__ += ["matmul", "rms_norm", "softmax", "copy"]

@@ -301,6 +301,72 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
     return c
 
 
+# --------------------------------------------------------------------------------------
+# torch entry point
+# --------------------------------------------------------------------------------------
+
+def w4a16_candidates(m: int, group_size: int) -> list[dict]:
+    """Configurations worth timing: GEMV chunks (BK dividing the group, 128 or 256
+    threads) for M ≤ 16; GEMM tiles beyond (BK dividing the group)."""
+    if m <= MAX_GEMV_ROWS:
+        per_thread = 32 if m <= 4 else 16
+        return [dict(BN=per_thread * threads // bk, BK=bk, threads=threads)
+                for threads in (128, 256) for bk in (32, 64, 128)
+                if bk <= group_size and group_size % bk == 0]
+    tiles = [dict(BM=64, BN=64), dict(BM=64, BN=128), dict(BM=128, BN=64),
+             dict(BM=128, BN=128, threads=256)]
+    return [dict(t, BK=bk) for t in tiles for bk in (32, 64) if bk <= group_size]
+
+
+def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, *,
+                 out: Any = None) -> Any:
+    """`a @ ((w_q - zeros) * scales).T` for CUDA tensors: a (M, K) f16 or bf16, `packed`
+    (N, K/2) uint8 as `quantize_w4`/`prepack` write it, scales and zeros (N, K/group_size)
+    in a's dtype (zeros None: zero point 8). Accumulates in f32; returns (M, N) in a's
+    dtype (or writes `out`). Autotuned per (M, N, K) bucket, group size and GPU."""
+    from tegula.kernels import api
+    from tegula.runtime.autotune import Autotuner, Config
+
+    fn = "matmul_w4a16"
+    torch = api._torch()
+    dtype = api._check_tensor(fn, "a", a, api._GEMM_DTYPES, ndim=2)
+    api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=2)
+    api._check_tensor(fn, "scales", scales, api._GEMM_DTYPES, ndim=2)
+    tensors = {"a": a, "packed": packed, "scales": scales}
+    if zeros is not None:
+        api._check_tensor(fn, "zeros", zeros, api._GEMM_DTYPES, ndim=2)
+        tensors["zeros"] = zeros
+    api._check_same_dtype(fn, {n: t for n, t in tensors.items() if n != "packed"})
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    m = check_w4a16_shapes(fn, tuple(a.shape), n, k, tuple(scales.shape),
+                           None if zeros is None else tuple(zeros.shape), group_size)
+    api._check_cuda(fn, tensors)
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    else:
+        api._check_out(fn, out, (m, n), a)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    args = [t.contiguous() for t in (a, packed, scales)]
+    args.append(zeros.contiguous() if zeros is not None
+                else torch.zeros((1, 1), dtype=a.dtype, device=a.device))  # unread
+    api.TUNERS.setdefault(fn, Autotuner(fn))
+    configs = tuple(Config.of(c) for c in w4a16_candidates(m, group_size))
+
+    def run(config: Config) -> Any:
+        kind, grid, constexprs = w4a16_config(m, n, k, group_size, **config.kwargs)
+        factory = w4a16_gemv_kernel if kind == "gemv" else w4a16_gemm_kernel
+        return api._launch(factory(dtype, zeros is not None), grid, (*args, out),
+                           constexprs, config.threads)
+
+    api._tune_and_run(fn, a.device.index, configs, (m, n, k),
+                      f"{dtype}/g{group_size}/{'z' if zeros is not None else 'sym'}", run)
+    return out
+
+
 __all__ = ["w4a16_gemv_kernel", "w4a16_gemm_kernel", "w4a16_config", "check_w4a16_shapes",
            "prepack", "unpack_w4", "quantize_w4", "dequantize_w4", "w4a16_gemm_emulated",
-           "W4A16_DTYPES", "GROUP_SIZES", "SYMMETRIC_ZERO"]
+           "w4a16_candidates", "matmul_w4a16", "W4A16_DTYPES", "GROUP_SIZES",
+           "SYMMETRIC_ZERO"]

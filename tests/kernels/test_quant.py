@@ -1,0 +1,223 @@
+"""W4A16 (4-bit weights in groups, f16/bf16 activations) in the emulator against a float64
+numpy reference: both kernels (GEMV for M ≤ 16, dequantize-to-shared GEMM beyond), every
+group size, with and without zero points, both targets, shapes that divide no tile; the
+host-side quantization and packing; NaN; and the argument checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import bf16, f16
+from tegula.kernels.common import random_input
+from tegula.kernels.quant import (GROUP_SIZES, SYMMETRIC_ZERO, dequantize_w4, prepack,
+                                  quantize_w4, unpack_w4, w4a16_config, w4a16_gemm_emulated)
+
+
+def random_w4(rng, n: int, k: int, group: int, dtype, zero_point: bool = True):
+    """Random unpacked weights 0..15, positive scales of the type, integer zeros (or None)."""
+    w_q = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    scales = np.abs(random_input(rng, (n, k // group), dtype, 0.05)) + np.float32(2 ** -8)
+    scales = scales.astype(np.float16 if dtype == f16 else np.float32)
+    zeros = (rng.integers(0, 16, (n, k // group)).astype(scales.dtype) if zero_point
+             else None)
+    return w_q, scales, zeros
+
+
+def check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded: bool) -> None:
+    """Every element within the output's rounding plus, for the GEMM kernel, which rounds
+    each dequantized weight to `dtype` for the tensor cores, half an ulp of every |a·w|."""
+    w = dequantize_w4(w_q, scales, zeros, group)
+    ref = a.astype(np.float64) @ w.T
+    scale = np.abs(a.astype(np.float64)) @ np.abs(w).T
+    ulp = 2.0 ** -dtype.mantissa_bits
+    bound = ulp * np.abs(ref) + (ulp if dequant_rounded else 2.0 ** -16) * scale
+    assert not np.isnan(c).any(), "unwritten (poisoned) outputs remain"
+    err = np.abs(c.astype(np.float64) - ref)
+    assert np.all(err <= bound), f"max error {err.max():.3g}"
+
+
+CASES = [  # m, n, k, group, zero_point
+    (1, 37, 256, 128, True), (3, 50, 192, 64, False), (16, 20, 96, 32, True),
+    (1, 5, 32, 32, False), (70, 40, 128, 32, True), (65, 70, 256, 128, False),
+    (17, 9, 64, 64, True),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("m,n,k,group,zero_point", CASES)
+def test_w4a16_matches_numpy(m, n, k, group, zero_point, target):
+    rng = np.random.default_rng(m * 7919 + n * 31 + k + group)
+    a = random_input(rng, (m, k), f16)
+    w_q, scales, zeros = random_w4(rng, n, k, group, f16, zero_point)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, target=target)
+    assert c.shape == (m, n) and c.dtype == np.float16
+    check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=m > 16)
+
+
+@pytest.mark.parametrize("m", [2, 40])
+def test_w4a16_bf16(m):
+    rng = np.random.default_rng(m)
+    a = random_input(rng, (m, 128), bf16)
+    w_q, scales, zeros = random_w4(rng, 33, 128, 64, bf16)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, dtype=bf16)
+    check_w4a16(c, a, w_q, scales, zeros, 64, bf16, dequant_rounded=m > 16)
+
+
+@pytest.mark.parametrize("tiles,m", [(dict(BN=1, BK=32), 3), (dict(BN=5, BK=64), 1),
+                                     (dict(BM=16, BN=32, BK=32), 20),
+                                     (dict(BM=32, BN=32, BK=64), 5)])
+def test_w4a16_tiles_smaller_than_the_block(tiles, m):
+    """Chunks of 32 weights for 128 threads, an odd BN, 16x32 GEMM tiles; a BM sends even
+    M = 5 to the GEMM kernel."""
+    rng = np.random.default_rng(len(tiles) + m)
+    a = random_input(rng, (m, 128), f16)
+    w_q, scales, zeros = random_w4(rng, 21, 128, 64, f16)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, **tiles)
+    check_w4a16(c, a, w_q, scales, zeros, 64, f16, dequant_rounded="BM" in tiles)
+
+
+def test_w4a16_chunk_narrower_than_the_group_reads_the_right_scales():
+    """BK = 32 inside groups of 128: chunks 0-3 share group 0's scale, 4-7 group 1's."""
+    rng = np.random.default_rng(4)
+    a = random_input(rng, (2, 256), f16)
+    w_q, scales, zeros = random_w4(rng, 6, 256, 128, f16)
+    scales[:, 1] *= 4  # a scale mix-up cannot hide behind similar values
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 128, BK=32)
+    check_w4a16(c, a, w_q, scales, zeros, 128, f16, dequant_rounded=False)
+
+
+@pytest.mark.parametrize("m", [1, 30])
+def test_w4a16_nan_reaches_only_its_outputs(m):
+    rng = np.random.default_rng(12 + m)
+    a = random_input(rng, (m, 64), f16)
+    w_q, scales, zeros = random_w4(rng, 8, 64, 32, f16)
+    scales[3, 1] = np.nan      # column 3 of c
+    a[m - 1, 5] = np.nan       # the last row of c
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 32)
+    assert np.isnan(c[:, 3]).all() and np.isnan(c[m - 1]).all()
+    keep = np.arange(8) != 3
+    if m > 1:
+        check_w4a16(c[:m - 1][:, keep], a[:m - 1], w_q[keep], scales[keep], zeros[keep], 32,
+                    f16, dequant_rounded=m > 16)
+
+
+# ------------------------------------------------------------------ quantization, packing
+
+def test_prepack_puts_element_zero_in_the_low_nibble():
+    w_q = np.array([[1, 2, 15, 0]], np.uint8)
+    assert prepack(w_q).tolist() == [[0x21, 0x0F]]
+    assert np.array_equal(unpack_w4(prepack(w_q)), w_q)
+
+
+@pytest.mark.parametrize("group", GROUP_SIZES)
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_quantize_w4_error_is_at_most_half_a_step(group, zero_point):
+    rng = np.random.default_rng(group)
+    w = random_input(rng, (6, 2 * group), f16, 0.3)
+    w[0, :group] = 0.25  # a constant group: scale 1, exact
+    packed, scales, zeros = quantize_w4(w, group, zero_point)
+    assert packed.shape == (6, group) and packed.dtype == np.uint8
+    assert scales.shape == (6, 2) and scales.dtype == np.float16
+    assert (zeros is None) != zero_point
+    w_q = unpack_w4(packed)
+    back = dequantize_w4(w_q, scales, zeros, group)
+    step = np.repeat(scales.astype(np.float64), group, axis=1)
+    # half a step, plus the f16 rounding of the scale (relative 2^-11, times up to 15 steps)
+    assert np.all(np.abs(back - w) <= step * (0.5 + 16 * 2.0 ** -11) + 1e-7)
+    if not zero_point:
+        assert w_q.min() >= SYMMETRIC_ZERO - 7
+
+
+def test_quantize_w4_torch_and_numpy_agree():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    w = random_input(rng, (4, 128), f16)
+    for zero_point in (True, False):
+        ours = quantize_w4(w, 64, zero_point)
+        theirs = quantize_w4(torch.from_numpy(w), 64, zero_point)
+        assert np.array_equal(ours[0], theirs[0].numpy())
+        assert np.array_equal(ours[1], theirs[1].numpy())
+        assert (ours[2] is None and theirs[2] is None) or np.array_equal(ours[2],
+                                                                         theirs[2].numpy())
+
+
+def test_quantized_weights_through_the_kernel():
+    rng = np.random.default_rng(2)
+    a, w = random_input(rng, (4, 256), f16), random_input(rng, (24, 256), f16, 0.1)
+    packed, scales, zeros = quantize_w4(w, 128)
+    c = w4a16_gemm_emulated(a, unpack_w4(packed), scales, zeros, 128)
+    check_w4a16(c, a, unpack_w4(packed), scales, zeros, 128, f16, dequant_rounded=False)
+
+
+def test_config_picks_the_kernel_by_rows():
+    assert w4a16_config(16, 4096, 4096, 128)[0] == "gemv"
+    assert w4a16_config(17, 4096, 4096, 128)[0] == "gemm"
+    kind, grid, c = w4a16_config(1, 4096, 4096, 32)
+    assert kind == "gemv" and c["BK"] == 32 and c["BN"] * c["BK"] // 128 == 32
+
+
+# ------------------------------------------------------------------ argument checks
+
+def _args(m=2, n=4, k=64, group=32, **over):
+    args = dict(a=np.ones((m, k), np.float16), w_q=np.ones((n, k), np.uint8),
+                scales=np.ones((n, k // group), np.float16),
+                zeros=np.ones((n, k // group), np.float16), group_size=group)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,error,match", [
+    (dict(group_size=48), ValueError, r"group_size must be one of \(32, 64, 128\), got 48"),
+    (dict(group_size=True), ValueError, "group_size must be one of"),
+    (dict(a=np.ones((2, 80), np.float16), w_q=np.ones((4, 80), np.uint8),
+          scales=np.ones((4, 2), np.float16), zeros=np.ones((4, 2), np.float16)),
+     ValueError, "K = 80 is not a multiple of group_size = 32"),
+    (dict(scales=np.ones((4, 3), np.float16)), ValueError, r"scales must have shape .* \(4, 2\)"),
+    (dict(zeros=np.ones((3, 2), np.float16)), ValueError, "zeros must have shape"),
+    (dict(w_q=np.full((4, 64), 16, np.uint8)), ValueError, "0..15"),
+    (dict(w_q=np.ones((4, 64), np.int32)), ValueError, "w_q must be uint8"),
+    (dict(a=np.ones((2, 64), np.float32)), TypeError, "f16 or bf16"),
+    (dict(a=np.ones((64,), np.float16)), ValueError, "a must be 2-D"),
+    (dict(a=np.ones((2, 32), np.float16)), ValueError, "one K"),
+    (dict(scales=[1.0]), TypeError, "scales must be a numpy array"),
+])
+def test_w4a16_emulated_bad_arguments(over, error, match):
+    with pytest.raises(error, match=match):
+        w4a16_gemm_emulated(**_args(**over))
+
+
+def test_quantize_w4_bad_arguments():
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        quantize_w4(np.ones((2, 64), np.float16), 16)
+    with pytest.raises(ValueError, match="K = 96 is not a multiple of group_size = 64"):
+        quantize_w4(np.ones((2, 96), np.float16), 64)
+    with pytest.raises(ValueError, match="must be even"):
+        prepack(np.ones((2, 3), np.uint8))
+
+
+torch = pytest.importorskip("torch")
+
+
+def _torch_args(**over):
+    args = dict(a=torch.ones(2, 64, dtype=torch.float16),
+                packed=torch.ones(4, 32, dtype=torch.uint8),
+                scales=torch.ones(4, 2, dtype=torch.float16),
+                zeros=torch.ones(4, 2, dtype=torch.float16), group_size=32)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,error,match", [
+    (dict(a=torch.ones(2, 64)), TypeError, "a has dtype torch.float32"),
+    (dict(packed=torch.ones(4, 32, dtype=torch.int8)), TypeError, "packed has dtype"),
+    (dict(scales=torch.ones(4, 2, dtype=torch.bfloat16)), TypeError, "share one dtype"),
+    (dict(group_size=100), ValueError, "group_size must be one of"),
+    (dict(scales=torch.ones(4, 4, dtype=torch.float16)), ValueError, "scales must have shape"),
+    (dict(packed=torch.ones(4, 16, dtype=torch.uint8)), ValueError, "one K"),
+    (dict(), ValueError, "a is on cpu"),
+    (dict(zeros=None), ValueError, "a is on cpu"),
+])
+def test_matmul_w4a16_bad_arguments(over, error, match):
+    from tegula.kernels import matmul_w4a16
+    with pytest.raises(error, match=match):
+        matmul_w4a16(**_torch_args(**over))
