@@ -274,3 +274,57 @@ def swizzled_right_inverse(layout: ComposedLayout) -> Any:
 
 __all__ = ["Swizzle", "ComposedLayout", "make_swizzled_layout", "swizzle_for_row_bytes",
            "swizzled_left_inverse", "swizzled_right_inverse"]
+
+
+def buffer_offset(layout: Any, coords: list) -> Any:
+    """The element offset of a shared buffer's coordinate (one integer per dim) under its
+    layout, a plain `Layout` or a swizzled `ComposedLayout(Swizzle, offset, Layout)` with
+    one top-level mode per dim.
+
+    Each dim's coordinate is read through its whole mode, so a mode hierarchical within
+    one dim (`(8,(4,4)):(4,(1,32))`: column c at `c % 4 + 32 * (c // 4)`) is addressed
+    right, then the offset and swizzle apply. The one code for every consumer: it needs only
+    `+ * // % & ^ >> <<`, so it evaluates Python ints, numpy integer arrays (synthesis's
+    costing of candidate layouts) and thread-IR index expressions (lowering) alike.
+    """
+    inner = layout.inner if isinstance(layout, ComposedLayout) else layout
+    if len(coords) != inner.rank:
+        raise LayoutError(f"a coordinate of rank {len(coords)} given to the layout {layout} "
+                          f"of rank {inner.rank}")
+    offset: Any = 0
+    for coord, mode in zip(coords, inner.modes()):
+        offset = _plus(offset, _mode_offset(coord, mode.flat_shape, mode.flat_stride))
+    if isinstance(layout, ComposedLayout):
+        if not _same(layout.offset, 0):
+            offset = offset + layout.offset
+        swizzle = layout.outer
+        if not isinstance(swizzle, Swizzle):
+            raise LayoutError(f"the buffer layout {layout} is composed with {swizzle!r}; "
+                              f"only a Swizzle can be evaluated on addresses")
+        if not swizzle.is_identity:
+            offset = offset ^ _shift_right(offset & swizzle.yyy_mask, swizzle.shift)
+    return offset
+
+
+def _mode_offset(coord: Any, shapes: tuple, strides: tuple) -> Any:
+    """One mode's offset of a coordinate along it, split colexicographically over the
+    mode's leaves (the last leaf takes the rest); zero-stride and size-1 leaves add
+    nothing, so a flat mode is just `coord * stride`."""
+    offset: Any = 0
+    for i, (extent, stride) in enumerate(zip(shapes, strides)):
+        last = i == len(shapes) - 1
+        if stride != 0 and (extent != 1 or last):
+            digit = coord if last else coord % extent
+            offset = _plus(offset, digit * stride)
+        if not last and extent != 1:
+            coord = coord // extent
+    return offset
+
+
+def _plus(total: Any, term: Any) -> Any:
+    """total + term, with a literal 0 dropped (index expressions stay as written)."""
+    if isinstance(total, int) and total == 0:
+        return term
+    if isinstance(term, int) and term == 0:
+        return total
+    return total + term

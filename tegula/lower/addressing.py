@@ -10,7 +10,8 @@ so an element's coordinate is `base_d + constant`.
 Global tiles turn coordinates into element indices of their tensor (origin + steps, times
 the tensor's strides, with stride 1 along the contiguous dim known at compile time) and
 bounds predicates; shared tiles into element offsets within their buffer through the
-synthesized (possibly swizzled) layout.
+synthesized or pinned (possibly swizzled, possibly hierarchical within a dim) layout,
+evaluated by the same `layout.swizzle.buffer_offset` synthesis costs candidates with.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tegula.ir.scalar import (BlockIndex, GridSize, LoopIndex, ScalarArg, Scalar
                               known_non_negative, positive_constant)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.layout.cute import Layout
-from tegula.layout.swizzle import ComposedLayout
+from tegula.layout.swizzle import buffer_offset
 from tegula.lower.thread_ir import (BLOCK_IDS, GRID_SIZES, NUM_SMS, TID, Const, Expr, Let,
                                     LoadScalar, Var, _bin, all_of, as_expr)
 
@@ -180,15 +181,8 @@ def alloc_coords(tile: SharedTile, coords: list) -> list:
 
 def shared_offset(tile: SharedTile, coords: list) -> Expr:
     """Element offset within the buffer of a shared tile view's coordinate (stage included)."""
-    layout = tile.alloc.layout
-    inner = layout.inner if isinstance(layout, ComposedLayout) else layout
-    buffer_coords = alloc_coords(tile, coords)
-    offset: Expr = Const(0)
-    for c, stride in zip(buffer_coords, inner.flat_stride):
-        offset = offset + as_expr(c) * stride
-    if isinstance(layout, ComposedLayout):
-        swizzle = layout.outer
-        offset = offset ^ ((offset & swizzle.yyy_mask) >> swizzle.shift)
+    buffer_coords = [as_expr(c) for c in alloc_coords(tile, coords)]
+    offset = as_expr(buffer_offset(tile.alloc.layout, buffer_coords))
     stage_elems = int(np.prod(tile.alloc.shape))
     if tile.alloc.stages > 1:
         # The stage is a loop index (or an expression of one): C's `%` equals the floor

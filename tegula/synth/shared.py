@@ -24,7 +24,7 @@ from tegula.arch.catalogue import ldmatrix
 from tegula.errors import SynthesisError
 from tegula.ir.values import SharedAlloc
 from tegula.layout.cute import Layout
-from tegula.layout.swizzle import ComposedLayout, Swizzle, make_swizzled_layout
+from tegula.layout.swizzle import ComposedLayout, Swizzle, buffer_offset, make_swizzled_layout
 
 BANKS, BANK_BYTES = 32, 4
 
@@ -192,14 +192,49 @@ def base_layout(shape: tuple, contiguous_dim: int) -> Layout:
 
 
 def evaluate_offsets(layout, coords: np.ndarray) -> np.ndarray:
-    """Element offsets of buffer coordinates `coords[..., rank]` under a (swizzled) layout."""
+    """Element offsets of buffer coordinates `coords[..., rank]` under a (swizzled) layout:
+    `buffer_offset`, the function lowering addresses the buffer with, on numpy arrays."""
+    coords = np.asarray(coords, dtype=np.int64)
+    offsets = buffer_offset(layout, [coords[..., d] for d in range(coords.shape[-1])])
+    return np.broadcast_to(np.asarray(offsets, dtype=np.int64), coords.shape[:-1])
+
+
+def check_pinned_shared_layout(alloc: SharedAlloc) -> None:
+    """A layout pinned with `tg.shared(..., layout=...)` must be a CuTe layout (optionally
+    under a swizzle) with one mode per buffer dim, each of the dim's extent (a mode may be
+    hierarchical within its dim), mapping the buffer's coordinates one to one onto its
+    elements: a pinned layout that reaches past them would address other buffers (there
+    is no padding: the buffer holds exactly its elements), and one that maps two
+    coordinates to one element would make every write race. Said at the pinning line."""
+    layout, shape = alloc.layout, tuple(alloc.shape)
+    size = int(np.prod(shape))
+    where = f"the layout {layout} pinned for shared buffer {alloc.name} {shape}"
     inner = layout.inner if isinstance(layout, ComposedLayout) else layout
-    offsets = np.zeros(coords.shape[:-1], dtype=np.int64)
-    for d, stride in enumerate(inner.flat_stride):
-        offsets += coords[..., d] * stride
-    if isinstance(layout, ComposedLayout):
-        offsets = layout.outer(layout.offset + offsets)
-    return offsets
+    if not isinstance(inner, Layout) or (isinstance(layout, ComposedLayout) and not (
+            isinstance(layout.outer, Swizzle) and isinstance(layout.offset, int))):
+        raise SynthesisError(f"the layout {layout!r} pinned for shared buffer {alloc.name} "
+                             f"{shape} is not a shared-memory layout: pin a "
+                             f"tegula.layout.Layout (coordinate -> element offset), or one "
+                             f"under a Swizzle (tegula.layout.make_swizzled_layout)",
+                             loc=alloc.loc)
+    extents = tuple(mode.size for mode in inner.modes())
+    if inner.rank != len(shape) or extents != shape:
+        raise SynthesisError(f"{where} needs one mode per buffer dim with that dim's extent "
+                             f"{shape}, but its modes have the extents {extents}",
+                             loc=alloc.loc)
+    grid = np.indices(shape).reshape(len(shape), -1)
+    offsets = np.asarray(buffer_offset(layout, list(grid)), dtype=np.int64)
+    outside = offsets[(offsets < 0) | (offsets >= size)]
+    if len(outside):
+        raise SynthesisError(f"{where} reaches the offset {int(outside[0])}, outside the "
+                             f"buffer's {size} elements (a pinned layout must map onto "
+                             f"exactly the buffer's elements; padding is not supported)",
+                             loc=alloc.loc)
+    if len(np.unique(offsets)) != size:
+        values, counts = np.unique(offsets, return_counts=True)
+        raise SynthesisError(f"{where} maps several coordinates to the offset "
+                             f"{int(values[counts > 1][0])} (it must be one to one, or "
+                             f"writes to the buffer race)", loc=alloc.loc)
 
 
 def candidate_layouts(shape: tuple, elem_bytes: int) -> list:

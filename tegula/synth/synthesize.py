@@ -38,7 +38,7 @@ from tegula.synth.roles import decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.scan import anchor_scans
-from tegula.synth.shared import SharedAccess, synthesize_shared_layout
+from tegula.synth.shared import SharedAccess, check_pinned_shared_layout, synthesize_shared_layout
 from tegula.layout.cute import Layout
 from tegula.layout.tv import coalesced_tv, match_values, tv_coords, tv_table
 
@@ -365,6 +365,8 @@ def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
     all_accesses = _shared_accesses(kernel)
     wgmma_layouts = wgmma_operand_layouts(kernel)
     for alloc in kernel.shared_allocs:
+        if alloc.pinned:
+            check_pinned_shared_layout(alloc)
         entries = all_accesses[alloc.id]
         fixed = wgmma_layouts.get(alloc.id)
         if fixed is not None:
