@@ -1,0 +1,117 @@
+"""W4A16 on the GPU against torch in float64: both kernels launched directly (GEMV for
+M ≤ 16, dequantize-to-shared GEMM beyond) over group sizes, zero points or symmetric,
+f16 and bf16, ragged and LLM shapes, outputs NaN-poisoned first, every element checked;
+then `quantize_w4` on the GPU and the autotuned `tegula.kernels.matmul_w4a16`."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def random_w4(n, k, group, dtype, zero_point, seed):
+    """(a generator, unpacked w_q (N, K) uint8 0..15, scales, zeros or None) on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w_q = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.uint8)
+    scales = (torch.rand(n, k // group, device="cuda", generator=g) * 0.05 + 2 ** -8
+              ).to(DTYPES[dtype])
+    zeros = (torch.randint(0, 16, (n, k // group), device="cuda", generator=g)
+             .to(DTYPES[dtype]) if zero_point else None)
+    return g, w_q, scales, zeros
+
+
+def dequantized(w_q, scales, zeros, group):
+    zero = 8.0 if zeros is None else zeros.double().repeat_interleave(group, dim=1)
+    return (w_q.double() - zero) * scales.double().repeat_interleave(group, dim=1)
+
+
+def check(c, a, w_q, scales, zeros, group, dequant_rounded: bool) -> None:
+    """Every element within one ulp of |ref| plus, where the kernel rounds the dequantized
+    weights to the activation type for the tensor cores, one ulp of Σ|a·w| (else 2^-16 of
+    it, the f32 sum in another order)."""
+    w = dequantized(w_q, scales, zeros, group)
+    ref = a.double() @ w.T
+    scale = a.double().abs() @ w.abs().T
+    ulp = 2.0 ** -(10 if c.dtype == torch.float16 else 7)
+    assert not torch.isnan(c).any(), "unwritten (poisoned) outputs remain"
+    err = (c.double() - ref).abs()
+    bound = ulp * ref.abs() + (ulp if dequant_rounded else 2.0 ** -16) * scale
+    assert bool((err <= bound).all()), f"max error {err.max().item():.3g}"
+
+
+CASES = [  # m, n, k, group, zero_point
+    (1, 4096, 4096, 128, True), (1, 11008, 4096, 64, False), (1, 37, 256, 32, True),
+    (3, 300, 1024, 128, False), (4, 4096, 4096, 32, True), (16, 1000, 2048, 64, True),
+    (16, 21, 96, 32, False), (17, 300, 512, 128, True), (64, 4096, 4096, 128, True),
+    (70, 130, 256, 64, False), (128, 11008, 4096, 128, True), (100, 77, 192, 32, True),
+]
+
+
+@pytest.mark.parametrize("tiles", [{}, dict(BK=32), dict(BN=8, BK=64, threads=256)],
+                         ids=["default", "BK32", "BN8-256thr"])
+@pytest.mark.parametrize("m,n,k,group,zero_point", CASES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_w4a16_kernels_match_torch(dtype, m, n, k, group, zero_point, tiles):
+    from tegula.dtypes import bf16, f16
+    from tegula.kernels.quant import (prepack, w4a16_config, w4a16_gemm_kernel,
+                                      w4a16_gemv_kernel)
+    g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 131 + n + k)
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    tiles = dict(tiles)
+    threads = tiles.pop("threads", None)
+    if m > 16:
+        tiles.pop("BN", None)      # the GEMM kernel keeps its (BM, BN) tile
+    if "BK" in tiles:
+        tiles["BK"] = min(tiles["BK"], group)  # a chunk lies in one group
+    kind, grid, constexprs = w4a16_config(m, n, k, group, **tiles)
+    factory = w4a16_gemv_kernel if kind == "gemv" else w4a16_gemm_kernel
+    kernel = factory(f16 if dtype == "f16" else bf16, zeros is not None)
+    zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
+                                                            dtype=DTYPES[dtype])
+    extra = {"threads": threads} if threads else {}
+    kernel[grid](a, prepack(w_q), scales, zeros_arg, c, **constexprs, **extra)
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=kind == "gemm")
+
+
+@pytest.mark.parametrize("m,n,k,group,zero_point", [
+    (1, 4096, 4096, 128, True), (5, 333, 1024, 64, False), (16, 4096, 11008, 128, True),
+    (64, 512, 1024, 32, True), (128, 4096, 4096, 128, False)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_matmul_w4a16_matches_torch(dtype, m, n, k, group, zero_point):
+    """The torch entry point on weights quantized on the GPU by `quantize_w4`."""
+    import tegula.kernels as tk
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=DTYPES[dtype]) * 0.1
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    packed, scales, zeros = tk.quantize_w4(w, group, zero_point)
+    assert packed.dtype == torch.uint8 and packed.shape == (n, k // 2)
+    w_q = tk.unpack_w4(packed)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    assert tk.matmul_w4a16(a, packed, scales, zeros, group, out=out) is out
+    check(out, a, w_q, scales, zeros, group, dequant_rounded=m > 16)
+    check(tk.matmul_w4a16(a, packed, scales, zeros, group), a, w_q, scales, zeros, group,
+          dequant_rounded=m > 16)
+    # the quantization itself: every weight within half a step (plus the scale's rounding)
+    step = scales.double().repeat_interleave(group, dim=1)
+    err = (dequantized(w_q, scales, zeros, group) - w.double()).abs()
+    assert bool((err <= step * (0.5 + 16 * 2.0 ** -8) + 1e-6).all())
+
+
+def test_w4a16_nan_reaches_only_its_outputs():
+    import tegula.kernels as tk
+    _, w_q, scales, zeros = random_w4(64, 256, 64, "f16", True, 7)
+    scales[9, 2] = float("nan")
+    for m in (1, 40):
+        a = torch.randn(m, 256, device="cuda", dtype=torch.float16)
+        c = tk.matmul_w4a16(a, tk.prepack(w_q), scales, zeros, 64)
+        assert torch.isnan(c[:, 9]).all()
+        keep = torch.arange(64, device="cuda") != 9
+        check(c[:, keep], a, w_q[keep], scales[keep], zeros[keep], 64,
+              dequant_rounded=m > 16)
