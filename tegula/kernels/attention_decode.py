@@ -246,7 +246,7 @@ def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
         BN = min(BN, page)
     blocks = max(1, tg.cdiv(capacity, BN))
     if num_splits is None:
-        num_splits = max(1, min(tg.cdiv(programs, B * Hkv), tg.cdiv(blocks, 4)))
+        num_splits = max(1, min(tg.cdiv(programs, B * Hkv), blocks // 4))
     chunk = tg.cdiv(blocks, max(1, min(num_splits, blocks)))
     return dict(chunk=chunk, splits=tg.cdiv(blocks, chunk), BN=BN)
 

@@ -1,0 +1,165 @@
+"""Split-KV attention decoding in the emulator against a float64 numpy reference: every
+element of o and lse, outputs poisoned (NaN) first, cache slots past each sequence's length
+filled with NaN and inf (they must never reach the output), GQA groups, several splits,
+sequences of length 0 and 1, paged caches with shuffled pages, sm_90a and sm_80.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import bf16, f16
+from tegula.kernels.attention_decode import (attention_decode_emulated, decode_config,
+                                             group_rows)
+from tegula.kernels.common import random_input
+
+
+def reference_decode(q, k, v, seqlens, causal, scale):
+    """(o, lse) in float64 for a contiguous cache; the query tokens are the sequence's last
+    Sq (causal: token t sees keys j ≤ L − Sq + t); no key → o = 0, lse = −inf."""
+    B, H, Sq, D = q.shape
+    group = H // k.shape[1]
+    o, lse = np.zeros(q.shape), np.full((B, H, Sq), -np.inf)
+    for b, length in enumerate(int(x) for x in seqlens):
+        keys = np.repeat(k[b, :, :length].astype(np.float64), group, axis=0)
+        values = np.repeat(v[b, :, :length].astype(np.float64), group, axis=0)
+        s = scale * q[b].astype(np.float64) @ keys.swapaxes(1, 2)       # (H, Sq, L)
+        if causal:
+            seen = np.arange(length)[None, :] <= np.arange(Sq)[:, None] + length - Sq
+            s = np.where(seen, s, -np.inf)
+        top = s.max(-1, keepdims=True, initial=-np.inf)
+        top = np.where(np.isfinite(top), top, 0.0)
+        e = np.exp(s - top)
+        total = e.sum(-1, keepdims=True)
+        some = total > 0
+        o[b] = np.where(some, (e @ values) / np.where(some, total, 1.0), 0.0)
+        lse[b] = np.where(some, np.log(np.where(some, total, 1.0)) + top, -np.inf)[..., 0]
+    return o, lse
+
+
+def make_cache(rng, B, Hkv, capacity, D, seqlens, dtype):
+    """K and V (B, Hkv, capacity, D) of random data, NaN / inf past each length."""
+    k, v = (random_input(rng, (B, Hkv, capacity, D), dtype) for _ in range(2))
+    for b, length in enumerate(seqlens):
+        k[b, :, length:] = np.nan
+        v[b, :, length:] = np.inf
+    return k, v
+
+
+def paged(k, v, page, rng):
+    """The same cache as pages of `page` keys in shuffled order, with a block table; pages
+    no sequence uses hold NaN."""
+    B, Hkv, capacity, D = k.shape
+    per_seq = capacity // page
+    order = rng.permutation(B * per_seq + 3)         # 3 pages nobody uses
+    table = order[:B * per_seq].reshape(B, per_seq).astype(np.int32)
+    pool_k = np.full((len(order), Hkv, page, D), np.nan, k.dtype)
+    pool_v = pool_k.copy()
+    for b in range(B):
+        for i in range(per_seq):
+            pool_k[table[b, i]] = k[b, :, i * page:(i + 1) * page]
+            pool_v[table[b, i]] = v[b, :, i * page:(i + 1) * page]
+    return pool_k, pool_v, table
+
+
+def check(o, lse, want_o, want_lse, dtype):
+    assert not np.isnan(o).any(), f"{np.isnan(o).sum()} elements of o not written or NaN"
+    tol = 4e-3 if dtype == f16 else 2e-2
+    err = np.abs(o.astype(np.float64) - want_o)
+    assert err.max() <= tol * max(1.0, np.abs(want_o).max()), f"o: max error {err.max():.3g}"
+    assert (np.isneginf(lse) == np.isneginf(want_lse)).all()
+    finite = np.isfinite(want_lse)
+    assert np.abs(lse[finite] - want_lse[finite]).max(initial=0) <= 1e-5 * (
+        1 + np.abs(want_lse[finite]).max(initial=0))
+
+
+def run_case(B, H, Hkv, Sq, D, capacity, seqlens, causal, page=0, dtype=f16, target=None,
+             seed=0, **config):
+    rng = np.random.default_rng(seed)
+    seqlens = np.array(seqlens, np.int32)
+    q = random_input(rng, (B, H, Sq, D), dtype)
+    k, v = make_cache(rng, B, Hkv, capacity, D, seqlens, dtype)
+    want_o, want_lse = reference_decode(q, k, v, seqlens, causal, D ** -0.5)
+    table = None
+    if page:
+        k, v, table = paged(k, v, page, rng)
+    o, lse = attention_decode_emulated(q, k, v, seqlens, table, causal=causal, dtype=dtype,
+                                       target=target, return_lse=True, **config)
+    check(o, lse, want_o, want_lse, dtype)
+
+
+CASES = [  # B, H, Hkv, Sq, D, capacity, seqlens, causal, page, config
+    pytest.param(3, 4, 2, 1, 32, 150, [150, 1, 77], False, 0, dict(num_splits=3, BN=32),
+                 id="gqa2-splits3"),
+    pytest.param(2, 8, 1, 2, 32, 100, [100, 0], True, 0, dict(num_splits=2, BN=32),
+                 id="mqa8-causal-empty-seq"),
+    pytest.param(2, 2, 2, 5, 64, 96, [3, 96], True, 0, dict(num_splits=4, BN=32),
+                 id="5-tokens-short-seq"),
+    pytest.param(3, 4, 1, 3, 32, 128, [128, 0, 45], True, 32, dict(num_splits=3, BN=16),
+                 id="paged32-bn16"),
+    pytest.param(2, 2, 1, 1, 32, 192, [130, 64], False, 64, dict(num_splits=2),
+                 id="paged64"),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("B,H,Hkv,Sq,D,capacity,seqlens,causal,page,config", CASES)
+def test_decode_matches_reference(B, H, Hkv, Sq, D, capacity, seqlens, causal, page, config,
+                                  target):
+    run_case(B, H, Hkv, Sq, D, capacity, seqlens, causal, page, target=target,
+             seed=capacity + Sq, **config)
+
+
+def test_decode_bf16_sixteen_tokens():
+    run_case(1, 2, 1, 16, 32, 70, [70], True, dtype=bf16, seed=3, num_splits=2, BN=32)
+
+
+def test_decode_head_dim_128_one_split():
+    run_case(1, 2, 2, 1, 128, 50, [41], False, seed=4, num_splits=1)
+
+
+def test_config_spreads_long_caches_over_splits():
+    """A 128k cache for one sequence and one kv head is split to fill two waves of the
+    GPU; short caches are not cut into chunks of less than 4 key blocks; every key block
+    falls in exactly one split."""
+    long = decode_config(1, 1, 128 * 1024, 128)
+    assert long["splits"] >= 132 and long["chunk"] * long["splits"] * long["BN"] >= 128 * 1024
+    assert long["chunk"] * (long["splits"] - 1) * long["BN"] < 128 * 1024
+    short = decode_config(4, 8, 300, 64)
+    assert short["chunk"] >= 4 or short["splits"] == 1
+    assert decode_config(1, 1, 100, 64, page=16)["BN"] == 16
+    assert group_rows(32, 4, 1, 64) == 16 and group_rows(32, 4, 3, 64) == 32
+    assert group_rows(2, 2, 1, 16) == 32
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(q=(2, 3, 1, 32)), ValueError, "multiple of the kv heads"),
+    (dict(q=(2, 4, 17, 32)), ValueError, "17 query tokens"),
+    (dict(v_cache=(2, 2, 40, 32)), ValueError, "v_cache has shape"),
+    (dict(cache_seqlens=(3,)), ValueError, "cache_seqlens must have shape"),
+    (dict(q=(2, 4, 1, 48), k_cache=(2, 2, 50, 48), v_cache=(2, 2, 50, 48)), ValueError,
+     "head dim 48"),
+    (dict(k_cache=(3, 2, 50, 32), v_cache=(3, 2, 50, 32)), ValueError, "k_cache has batch 3"),
+])
+def test_bad_shapes_are_named(change, error, message):
+    shapes = dict(q=(2, 4, 1, 32), k_cache=(2, 2, 50, 32), v_cache=(2, 2, 50, 32),
+                  cache_seqlens=(2,))
+    shapes.update(change)
+    arrays = {n: (np.ones(s, np.int32) if n == "cache_seqlens" else np.ones(s, np.float16))
+              for n, s in shapes.items()}
+    with pytest.raises(error, match=message):
+        attention_decode_emulated(**arrays)
+
+
+def test_bad_lengths_pages_and_dtypes_are_named():
+    q = np.ones((1, 2, 1, 32), np.float16)
+    cache = np.ones((1, 2, 50, 32), np.float16)
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in 0 … 50"):
+        attention_decode_emulated(q, cache, cache, np.array([51], np.int32))
+    with pytest.raises(TypeError, match="cache_seqlens must be int32"):
+        attention_decode_emulated(q, cache, cache, np.array([5], np.int64))
+    with pytest.raises(ValueError, match="page size .* is 50"):
+        attention_decode_emulated(q, cache, cache, np.array([5], np.int32),
+                                  np.zeros((1, 1), np.int32))
+    with pytest.raises(TypeError, match="k_cache has dtype float32"):
+        attention_decode_emulated(q, cache.astype(np.float32), cache, np.array([5], np.int32))
