@@ -1,0 +1,267 @@
+"""`tg.cumsum` and `tg.scan` in the emulator against numpy, every element checked.
+
+Shapes cover the three levels of the lowering (runs in registers, lanes, warps): rows
+scanned inside one thread, rows over a few lanes, rows over several warps, extents that
+are not powers of two (a row of 100 is 4 lanes × 25 registers), tiles smaller than the
+thread count (replica threads), ragged tensors (the tile's tail is the load's fill), both
+axes, forward and reverse, on sm_90a and sm_80. Exactness where the arithmetic allows it:
+integer scans (wrapping), max scans and non-commutative integer combines compare bit for
+bit; float sums within a bound of the summation order."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula import f16, f32, i32
+from tegula.layout.cute import Layout
+
+TARGETS = ("sm_90a", "sm_80")
+
+# (M, N, BM, BN, threads): the tile (BM, BN) scanned along either axis.
+SHAPES = [
+    (5, 60, 4, 64, 128),      # 4 rows: 32 lanes per row along N, 1 lane along M (axis 0)
+    (3, 1000, 1, 1024, 128),  # one row over all 4 warps: warp totals through shared memory
+    (7, 33, 8, 40, 64),       # 40 = 8 lanes x 5 registers; ragged both ways
+    (9, 100, 2, 100, 128),    # 100 = 4 lanes x 25; 128 threads for 200 elements: replicas
+    (2, 5, 2, 5, 128),        # 10 elements on 128 threads: one thread per row, replicas
+    (64, 96, 64, 96, 128),    # rows first: each thread scans whole rows in registers
+    (1, 2048, 1, 2048, 256),  # 8 warps along one row
+]
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    """Random non-zero f32 data of both signs."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.25, 1.0, shape) * rng.choice([-1.0, 1.0], shape)
+    return x.astype(np.float32)
+
+
+def blocks_of(x: np.ndarray, bm: int, bn: int, fill=0) -> np.ndarray:
+    """The (blocks, BM, BN) tiles the kernels see: x padded with the load's fill."""
+    m = -(-x.shape[0] // bm) * bm
+    padded = np.full((m, bn), fill, dtype=x.dtype)
+    padded[:x.shape[0], :x.shape[1]] = x
+    return padded.reshape(-1, bm, bn)
+
+
+def unblock(t: np.ndarray, m: int, n: int) -> np.ndarray:
+    return t.reshape(-1, t.shape[-1])[:m, :n]
+
+
+def scanned(fn, t: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    """`fn` (an accumulate along an axis) of the tiles, flipped around it when reversed."""
+    if reverse:
+        return np.flip(fn(np.flip(t, axis), axis), axis)
+    return fn(t, axis)
+
+
+@tg.kernel(threads=128)
+def cumsum_tile(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 4,
+                BN: tg.constexpr = 64, AXIS: tg.constexpr = 1, REVERSE: tg.constexpr = False):
+    m = tg.block_id(0)
+    t = tg.load(x.tile((BM, BN), (m, 0)))
+    tg.copy(tg.cumsum(t, AXIS, reverse=REVERSE), y.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("M,N,BM,BN,threads", SHAPES)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumsum_f32_equals_numpy(M, N, BM, BN, threads, axis, reverse, target):
+    x = rand(M, N, seed=M + N)
+    y = np.full((M, N), np.nan, np.float32)
+    tg.emulate(cumsum_tile, (tg.cdiv(M, BM),), x, y, BM=BM, BN=BN, AXIS=axis,
+               REVERSE=reverse, threads=threads, target=target)
+    tiles = blocks_of(x.astype(np.float64), BM, BN)
+    want = unblock(scanned(np.cumsum, tiles, 1 + axis, reverse), M, N)
+    # Any summation order is within (terms) * eps * sum|x| of the exact prefix; a wrong
+    # scan is off by whole elements (>= 0.25).
+    magnitude = unblock(scanned(np.cumsum, np.abs(tiles), 1 + axis, reverse), M, N)
+    bound = (max(BM, BN) * 1.2e-7) * magnitude + 1e-30
+    assert np.all(np.abs(y - want) <= bound), np.abs(y - want).max()
+
+
+def test_cumsum_propagates_nan_and_inf():
+    """A NaN poisons every later element of its row (and only those); +inf stays +inf
+    until a -inf arrives (then NaN) — as np.cumsum."""
+    M, N = 4, 70
+    x = rand(M, N, seed=11)
+    x[0, 10] = np.nan
+    x[1, 0] = np.inf
+    x[2, 33] = np.inf
+    x[2, 50] = -np.inf
+    x[3, 69] = np.nan         # the last element: nothing before it changes
+    for reverse in (False, True):
+        y = np.full((M, N), 7.0, np.float32)
+        tg.emulate(cumsum_tile, (1,), x, y, BM=4, BN=72, AXIS=1, REVERSE=reverse)
+        want = scanned(np.cumsum, x.astype(np.float64), 1, reverse)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+        np.testing.assert_array_equal(np.isposinf(y), np.isposinf(want))
+        np.testing.assert_array_equal(np.isneginf(y), np.isneginf(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(y[finite], want[finite], rtol=1e-5, atol=1e-4)
+
+
+@tg.kernel(threads=128)
+def cumsum_i32(x: tg.Tensor[i32], y: tg.Tensor[i32], BM: tg.constexpr = 2,
+               BN: tg.constexpr = 64, REVERSE: tg.constexpr = False):
+    m = tg.block_id(0)
+    t = tg.load(x.tile((BM, BN), (m, 0)))
+    tg.copy(tg.cumsum(t, 1, reverse=REVERSE), y.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("M,N,BM,BN,threads", [(3, 1000, 2, 1024, 128), (5, 37, 4, 40, 64)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumsum_i32_wraps_exactly(M, N, BM, BN, threads, reverse):
+    x = np.random.default_rng(3).integers(-2**30, 2**30, (M, N)).astype(np.int32)
+    y = np.zeros((M, N), np.int32)
+    tg.emulate(cumsum_i32, (tg.cdiv(M, BM),), x, y, BM=BM, BN=BN, REVERSE=reverse,
+               threads=threads)
+    want = scanned(np.cumsum, x.astype(np.int64), 1, reverse)
+    np.testing.assert_array_equal(y, want.astype(np.int32))   # int64 -> int32 wraps
+    assert np.any(np.abs(want) > 2**31)                         # the test did wrap
+
+
+@tg.kernel(threads=128)
+def cumsum_f16(x: tg.Tensor[f16], y: tg.Tensor[f16], BN: tg.constexpr = 4096):
+    t = tg.load(x.tile((1, BN), (0, 0)))
+    tg.copy(tg.cumsum(t, 1), y.tile((1, BN), (0, 0)))
+
+
+def test_cumsum_f16_accumulates_in_f32():
+    """4000 values near 1: summed in f16 the prefix would stall near 2048 (f16's spacing
+    there is 2); accumulated in f32 each result is its exact prefix rounded once."""
+    x = np.random.default_rng(5).uniform(0.9, 1.1, (1, 4000)).astype(np.float16)
+    y = np.zeros((1, 4000), np.float16)
+    tg.emulate(cumsum_f16, (1,), x, y)
+    exact = np.cumsum(x.astype(np.float64), axis=1)
+    ulp = np.spacing(exact.astype(np.float16)).astype(np.float64)
+    assert np.all(np.abs(y.astype(np.float64) - exact) <= ulp), \
+        np.abs(y.astype(np.float64) - exact).max()
+
+
+@tg.kernel(threads=128)
+def affine_scan(a: tg.Tensor[i32], b: tg.Tensor[i32], pa: tg.Tensor[i32],
+                pb: tg.Tensor[i32], BM: tg.constexpr = 2, BN: tg.constexpr = 64,
+                REVERSE: tg.constexpr = False):
+    """Composition of the maps h -> a*h + b (in wrapping i32, exactly associative and not
+    commutative): the linear recurrence's combine, checked bit for bit."""
+    m = tg.block_id(0)
+    ta = tg.load(a.tile((BM, BN), (m, 0)), fill=1)
+    tb = tg.load(b.tile((BM, BN), (m, 0)))
+    ra, rb = tg.scan((ta, tb), 1, lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]),
+                     reverse=REVERSE)
+    tg.copy(ra, pa.tile((BM, BN), (m, 0)))
+    tg.copy(rb, pb.tile((BM, BN), (m, 0)))
+
+
+def affine_reference(a: np.ndarray, b: np.ndarray, reverse: bool):
+    """The composed maps element by element (Python ints masked to i32)."""
+    def wrap(v: int) -> int:
+        return (v + 2**31) % 2**32 - 2**31
+    pa, pb = np.zeros_like(a), np.zeros_like(b)
+    order = range(a.shape[1] - 1, -1, -1) if reverse else range(a.shape[1])
+    for r in range(a.shape[0]):
+        acc = None
+        for j in order:
+            x = (int(a[r, j]), int(b[r, j]))
+            acc = x if acc is None else (wrap(acc[0] * x[0]), wrap(x[0] * acc[1] + x[1]))
+            pa[r, j], pb[r, j] = acc
+    return pa, pb
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("M,N,BM,BN,threads", [
+    (3, 1000, 2, 1024, 128),    # 2 rows of 64 lanes: two warps per row
+    (1, 2048, 1, 2048, 256),    # 8 warps per row
+    (5, 45, 4, 48, 64),         # 48 = 16 lanes x 3 registers
+    (4, 7, 4, 7, 128),          # one thread per row, replicas
+])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_non_commutative_tuple_scan_exact(M, N, BM, BN, threads, reverse, target):
+    rng = np.random.default_rng(M * N)
+    a = rng.integers(-5, 6, (M, N)).astype(np.int32)
+    a[a == 0] = 3
+    b = rng.integers(-1000, 1000, (M, N)).astype(np.int32)
+    pa, pb = np.zeros_like(a), np.zeros_like(b)
+    tg.emulate(affine_scan, (tg.cdiv(M, BM),), a, b, pa, pb, BM=BM, BN=BN,
+               REVERSE=reverse, threads=threads, target=target)
+    # The tile's tail holds fill=1 (a) and 0 (b): the identity map, so it changes no
+    # element in bounds even when reversed.
+    want_a, want_b = affine_reference(a, b, reverse)
+    np.testing.assert_array_equal(pa, want_a)
+    np.testing.assert_array_equal(pb, want_b)
+
+
+@tg.kernel(threads=128)
+def max_and_first(x: tg.Tensor[f32], mx: tg.Tensor[f32], first: tg.Tensor[f32],
+                  BM: tg.constexpr = 4, BN: tg.constexpr = 64, AXIS: tg.constexpr = 1):
+    m = tg.block_id(0)
+    t = tg.load(x.tile((BM, BN), (m, 0)), fill=-float("inf"))
+    tg.copy(tg.scan(t, AXIS, tg.maximum), mx.tile((BM, BN), (m, 0)))
+    tg.copy(tg.scan(t, AXIS, lambda a, b: a), first.tile((BM, BN), (m, 0)))
+
+
+@pytest.mark.parametrize("M,N,BM,BN,threads", SHAPES[:5])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_max_scan_and_first_scan_exact(M, N, BM, BN, threads, axis):
+    x = rand(M, N, seed=7)
+    x[0, N // 2] = np.nan      # tg.maximum propagates NaN, as np.maximum
+    mx, first = (np.full((M, N), 5.0, np.float32) for _ in range(2))
+    tg.emulate(max_and_first, (tg.cdiv(M, BM),), x, mx, first, BM=BM, BN=BN, AXIS=axis,
+               threads=threads)
+    tiles = blocks_of(x, BM, BN, fill=-np.inf)
+    np.testing.assert_array_equal(
+        mx, unblock(np.maximum.accumulate(tiles, axis=1 + axis), M, N))
+    first_of_tile = np.take(tiles, [0], axis=1 + axis)
+    np.testing.assert_array_equal(
+        first, unblock(np.broadcast_to(first_of_tile, tiles.shape), M, N))
+
+
+# A layout decided elsewhere: one element per thread in column-major order, pinned.
+@tg.kernel(threads=128)
+def pinned_then_scanned(x: tg.Tensor[f32], y: tg.Tensor[f32]):
+    t = tg.load(x.tile((16, 8), (0, 0)))
+    p = tg.rearrange(t, layout=Layout((128, 1), (1, 0)))
+    tg.copy(tg.cumsum(p, 1), y.tile((16, 8), (0, 0)))
+
+
+def test_scan_of_a_tile_laid_out_elsewhere_is_converted():
+    x = rand(16, 8, seed=9)
+    y = np.full((16, 8), np.nan, np.float32)
+    tg.emulate(pinned_then_scanned, (1,), x, y)
+    np.testing.assert_allclose(y, np.cumsum(x.astype(np.float64), axis=1), rtol=1e-6,
+                               atol=1e-6)
+    assert "converted from r1 for the scan" in tg.explain(pinned_then_scanned)
+
+
+# -- a carried state across loop iterations -------------------------------------------------
+@tg.kernel(threads=64)
+def chunked_cumsum(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 4,
+                   BN: tg.constexpr = 32, FROM_LAST: tg.constexpr = False):
+    """The cumsum of whole rows, BN columns at a time: each chunk's scan is offset by the
+    total of the chunks before it, carried by rebinding `carry` in the loop."""
+    m = tg.block_id(0)
+    n = x.shape[1]
+    carry = tg.zeros((BM, 1), f32)
+    for k in tg.range(tg.cdiv(n, BN)):
+        t = tg.load(x.tile((BM, BN), (m, k)))
+        c = tg.cumsum(t, 1) + carry
+        tg.copy(c, y.tile((BM, BN), (m, k)))
+        if FROM_LAST:   # the scan's last column seeds the next chunk
+            last = tg.arange(BN)[None, :] == BN - 1
+            carry = tg.sum(tg.where(last, c, 0.0), 1)
+        else:
+            carry = carry + tg.sum(t, 1)
+
+
+@pytest.mark.parametrize("from_last", [False, True])
+@pytest.mark.parametrize("M,N,BM,BN", [(5, 100, 4, 32), (3, 64, 4, 16), (6, 7, 2, 8)])
+def test_carried_state_across_chunks(M, N, BM, BN, from_last):
+    x = rand(M, N, seed=N)
+    y = np.full((M, N), np.nan, np.float32)
+    tg.emulate(chunked_cumsum, (tg.cdiv(M, BM),), x, y, BM=BM, BN=BN, FROM_LAST=from_last)
+    want = np.cumsum(x.astype(np.float64), axis=1)
+    bound = N * 1.2e-7 * np.cumsum(np.abs(x.astype(np.float64)), axis=1)
+    assert np.all(np.abs(y - want) <= bound), np.abs(y - want).max()
