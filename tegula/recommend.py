@@ -292,8 +292,8 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     if over:
         candidate.dropped = over[0] + ": would spill"
         return candidate
-    config = {**fixed, **combo}
-    launch_grid = grid(config) if callable(grid) else grid
+    # A callable grid sees every constexpr's value (defaults too), as a launch's does.
+    launch_grid = grid(dict(built.traced.constexprs)) if callable(grid) else grid
     if launch_grid is None:
         launch_grid = infer_grid(built.traced, shapes)
         if launch_grid is None:

@@ -204,9 +204,11 @@ class Autotuner:
     """
 
     def __init__(self, name: str, *, timer: Timer | None = None,
-                 cache_dir: str | os.PathLike | None = None, persist: bool = True):
+                 cache_dir: str | os.PathLike | None = None, persist: bool = True,
+                 progress: bool = False):
         self.name = name
         self.timer = timer
+        self.progress = progress  # a progress line on stderr while measuring
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.persist = persist
         self.records: dict[str, TuneRecord] = {}
@@ -286,13 +288,16 @@ class Autotuner:
 
     def select(self, configs: Sequence[Config | Mapping[str, Any]], dims: Sequence[int],
                run: Callable[[Config], Any], *, extra: str = "", device_name: str = "",
-               rank: Ranker | None = None, top_k: int | None = None) -> Config:
+               rank: Ranker | None = None, top_k: int | None = None,
+               check: Callable[[Config], "str | None"] | None = None) -> Config:
         """The best of `configs` for a problem of size `dims`.
 
         `run(config)` launches the kernel once with that configuration on the real
         arguments (compiling it on first use); it must only write outputs the caller owns.
-        `rank` (e.g. the cost model) orders the candidates, and `top_k` keeps only the best
-        ranked ones. Raises `AutotuneError` when no candidate runs.
+        `rank` (e.g. the cost model) orders the candidates; `check(config)` gives a reason
+        to skip one unmeasured (over the shared-memory or register limits), kept on its
+        trial; `top_k` measures only the best ranked of those that pass. Raises
+        `AutotuneError` when no candidate runs.
         """
         candidates = _unique(Config.of(c) for c in configs)
         if not candidates:
@@ -303,18 +308,26 @@ class Autotuner:
             with self._lock:
                 found = self.cached(key, candidates)  # another thread may have tuned it
                 if found is None:
-                    found = self._tune(key, candidates, run, rank, top_k)
+                    found = self._tune(key, candidates, run, rank, top_k, check)
         self.last = found
         return found.best
 
     def _tune(self, key: str, candidates: list[Config], run: Callable[[Config], Any],
-              rank: Ranker | None, top_k: int | None) -> TuneRecord:
-        trials = _ranked(candidates, rank, top_k)
+              rank: Ranker | None, top_k: int | None,
+              check: Callable[[Config], "str | None"] | None = None) -> TuneRecord:
+        trials, skipped = _checked(_ranked(candidates, rank, None), check)
+        if top_k is not None and top_k > 0:
+            trials = trials[:top_k]
+        if not trials:
+            reasons = "; ".join(f"[{t.config}] {t.error}" for t in skipped)
+            raise AutotuneError(f"autotune {self.name} ({key}): every candidate was "
+                                f"skipped: {reasons}")
         if len(trials) == 1 or not tuning_enabled():
             # Nothing to compare: use the first (best ranked) candidate unmeasured.
-            record = TuneRecord(key, trials[0].config, trials, "default", _now())
+            record = TuneRecord(key, trials[0].config, trials + skipped, "default", _now())
         else:
             record = self._measure(key, trials, run)
+            record.trials += skipped
             self._store(record)
         self.records[key] = record
         return record
@@ -322,7 +335,9 @@ class Autotuner:
     def _measure(self, key: str, trials: list[Trial], run: Callable[[Config], Any]) -> TuneRecord:
         """Time every trial; a failure is recorded on the trial and the next one runs."""
         timer = self.timer or cuda_event_timer()
-        for trial in trials:
+        for done, trial in enumerate(trials):
+            if self.progress:
+                _show_progress(self.name, key, done, trials)
             try:
                 run(trial.config)  # compiles, and surfaces launch/resource errors untimed
                 trial.seconds = float(timer(lambda c=trial.config: run(c)))
@@ -330,6 +345,8 @@ class Autotuner:
                     raise ValueError(f"the timer returned {trial.seconds!r}")
             except Exception as e:  # noqa: BLE001 — any failure skips this candidate only
                 trial.seconds, trial.error = None, describe_error(e)
+        if self.progress:
+            _show_progress(self.name, key, len(trials), trials)
         timed = [t for t in trials if t.seconds is not None]
         if not timed:
             reasons = "; ".join(f"[{t.config}] {t.error}" for t in trials)
@@ -367,6 +384,38 @@ def _unique(configs: Iterable[Config]) -> list[Config]:
     for c in configs:
         seen.setdefault(c, None)
     return list(seen)
+
+
+def _checked(trials: list[Trial], check: Callable[[Config], "str | None"] | None
+             ) -> tuple[list[Trial], list[Trial]]:
+    """(trials that pass `check`, trials skipped with its reason as their error)."""
+    if check is None:
+        return trials, []
+    passed, skipped = [], []
+    for t in trials:
+        try:
+            t.error = check(t.config)
+        except Exception as e:  # noqa: BLE001 — a failing check skips this candidate only
+            t.error = describe_error(e)
+        (skipped if t.error else passed).append(t)
+    return passed, skipped
+
+
+def _show_progress(name: str, key: str, done: int, trials: list[Trial]) -> None:
+    """One progress line on stderr, rewritten in place: a bar, the count, the candidate
+    being measured and the best so far (a newline when done)."""
+    import sys
+
+    width, total = 20, len(trials)
+    filled = width * done // max(1, total)
+    timed = [t for t in trials[:done] if t.seconds is not None]
+    best = min(timed, key=lambda t: t.seconds) if timed else None
+    now = f"measuring {trials[done].config}" if done < total else "done"
+    so_far = f"; best {best.seconds * 1e6:.1f} us ({best.config})" if best else ""
+    line = (f"autotune {name} [{key}] [{'#' * filled}{'.' * (width - filled)}] "
+            f"{done}/{total} {now}{so_far}")
+    sys.stderr.write("\r" + line + ("\n" if done >= total else ""))
+    sys.stderr.flush()
 
 
 def _ranked(candidates: list[Config], rank: Ranker | None, top_k: int | None) -> list[Trial]:

@@ -203,7 +203,9 @@ def _extend_over(loop: tuple[int, int], intervals: dict) -> bool:
     start, stop = loop
     grew = False
     for iv in intervals.values():
-        inside = sorted(m for m in iv.mentions if start <= m[0] <= stop)
+        # A statement reads its operands before it writes its result: reads sort first.
+        inside = sorted((m for m in iv.mentions if start <= m[0] <= stop),
+                        key=lambda m: (m[0], not m[1]))
         if not inside:
             continue
         carried = iv.first < start or iv.last > stop or inside[0][1]
