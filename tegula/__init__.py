@@ -42,7 +42,9 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "else_", "eq", "ne"]
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str
-__all__.append("explain")
+from tegula.recommend import recommend  # noqa: E402 — tg.recommend(kernel, shapes=...)
+from tegula.runtime.tuned_kernel import autotune  # noqa: E402 — @tg.autotune(...)
+__all__ += ["explain", "recommend", "autotune"]
 
 # `tegula.emulate` is also a subpackage, and Python binds a submodule onto its package the
 # first time it is imported: import it now, so the name below stays the function.
