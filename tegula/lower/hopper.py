@@ -82,7 +82,7 @@ from tegula.lower.async_ir import (FenceBarrierInit, FenceProxyAsync, MBarrierAr
                                    WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, Stmt, Var,
-                                    all_of)
+                                    _bin, all_of)
 
 
 def is_wgmma(op) -> bool:
@@ -97,25 +97,30 @@ def is_wgmma(op) -> bool:
 
 
 def operand_desc(ctx: LoweringContext, tile: SharedTile, first_row: Expr, k_offset: int,
-                 swizzle: int) -> SmemDesc:
+                 swizzle: int, slot: Expr | None = None) -> SmemDesc:
     """The descriptor of the 64 (A) or n (B) rows from `first_row`, K elements from
     `k_offset`, of the stage of `tile` (canonical buffer: row-major rows of one swizzle
-    span). Leading/stride byte offsets from the arch's one definition of the canonical
-    buffer (`smem_matrix.operand_descriptor`); the start is an element offset."""
+    span) — or of ring stage `slot` where a nested TMA ring decides it (`Ring`).
+    Leading/stride byte offsets from the arch's one definition of the canonical buffer
+    (`smem_matrix.operand_descriptor`); the start is an element offset."""
     from tegula.arch.smem_matrix import operand_descriptor
     rows, k = tile.alloc.shape
     fields = operand_descriptor(rows, k, tile.dtype, swizzle, base=0)
     stage = Const(0)
     if tile.alloc.stages > 1:
-        stage = (scalar_expr(tile.stage) % tile.alloc.stages) * (rows * k)
+        if slot is None:
+            slot = scalar_expr(tile.stage) % tile.alloc.stages
+        stage = slot * (rows * k)
     offset = stage + first_row * k + k_offset
     return SmemDesc(ctx.buffer_of(tile.alloc).name, offset, fields.leading_bytes,
                     fields.stride_bytes, swizzle)
 
 
-def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0) -> list:
+def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0,
+                     slot: Expr | None = None) -> list:
     """Thread IR of one gemm on wgmma (see the module docstring); `pending` wgmma groups
-    may stay in flight after it (1 only inside a TMA pipeline that proved it safe)."""
+    may stay in flight after it (1 only inside a TMA pipeline that proved it safe); `slot`:
+    the stage of its multi-stage operands, where a nested TMA ring decides it."""
     plan = op.choices["plan"]
     atom, grid = plan.atom, plan.grid
     rm_count, rn_count, rk_count = plan.repeats
@@ -132,10 +137,10 @@ def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0) -> list:
     for rk in range(rk_count):
         for rm in range(rm_count):
             a = operand_desc(ctx, op.a, (group_m + grid.wm * rm) * atom.m, rk * atom.k,
-                             plan.swizzle_a)
+                             plan.swizzle_a, slot)
             for rn in range(rn_count):
                 b = operand_desc(ctx, op.b, (group_n + grid.wn * rn) * atom.n, rk * atom.k,
-                                 plan.swizzle_b)
+                                 plan.swizzle_b, slot)
                 first = values * (rm + rm_count * rn)
                 d = [reg(c_regs, c_map[first + x]) for x in range(values)]
                 stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(1)))
@@ -183,6 +188,58 @@ def tma_issue(ctx: LoweringContext, producers: list[Copy], barrier: str, slot: E
     return stmts
 
 
+class Ring:
+    """Where iteration `it` of a TMA pipeline sits in its mbarrier ring of `S` stages.
+
+    A top-level pipeline runs once, so its use count is `it - start`: stage `it % S` (the
+    stage every access of the buffer computes, `addressing.shared_offset`), parity
+    `((it - start) // S) % 2`. A pipeline inside other run-time loops (synthesis put a
+    `RingPlan` on it) keeps one ring across their iterations: its count is
+    `base + (it - start)`, `base = J * trips` for the J-th run (the flattened index of the
+    enclosing iterations) and the pipeline's trip count `trips` (the same in every run:
+    synthesis checked), stage `count % S`, parity `(count // S) % 2`. `slot_override`
+    says whether the gemm's descriptors must take the ring's stage (nested) or keep their
+    own (`it % S`, the same thing at top level)."""
+
+    def __init__(self, op: ForLoop):
+        self.stages = op.stages
+        self.start, self.stop = scalar_expr(op.start), scalar_expr(op.stop)
+        plan = op.choices.get("ring")
+        self.nested = getattr(plan, "kind", "") == "nested_ring"
+        self.base = _runs_before(plan.enclosing, self.start, self.stop) if self.nested \
+            else Const(0)
+
+    def count(self, it: Expr) -> Expr:
+        return self.base + (it - self.start)
+
+    def slot(self, it: Expr) -> Expr:
+        return self.count(it) % self.stages if self.nested else it % self.stages
+
+    def parity(self, it: Expr) -> Expr:
+        return (self.count(it) // self.stages) % 2
+
+    def gemm_slot(self, it: Expr) -> Expr | None:
+        return self.slot(it) if self.nested else None
+
+
+def _runs_before(enclosing: tuple, start: Expr, stop: Expr) -> Expr:
+    """The ring uses before the current run of a nested pipeline with bounds `start …
+    stop`: (flattened index of the enclosing loops' iterations) * (its trip count).
+    Indices and counts are non-negative, so C's `/` is floor division here."""
+    runs: Expr | None = None
+    for i, loop in enumerate(enclosing):
+        index = (Var(loop.var.name) - scalar_expr(loop.start)) // loop.step
+        runs = index if runs is None else runs * trip_count(loop) + index
+    return runs * _bin("max", stop - start, Const(0))
+
+
+def trip_count(loop: ForLoop) -> Expr:
+    """Iterations of a run-time loop with constant step (0 when it does not run)."""
+    start, stop, step = scalar_expr(loop.start), scalar_expr(loop.stop), loop.step
+    span = stop - start if step > 0 else start - stop
+    return _bin("max", (span + (abs(step) - 1)) // abs(step), Const(0))
+
+
 def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stmt]:
     """A `tg.pipeline` whose run-ahead copies are TMA boxes (module docstring)."""
     plan = op.choices.get("roles")
@@ -190,7 +247,7 @@ def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stm
         return lower_specialized_pipeline(lowering, op, producers, plan)
     ctx = lowering.ctx
     stages, k = op.stages, Var(op.var.name)
-    start, stop = scalar_expr(op.start), scalar_expr(op.stop)
+    ring = Ring(op)
     full = ctx.mbarrier_array("full", stages)
     ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
                      + [FenceBarrierInit()]), Barrier()]
@@ -198,30 +255,42 @@ def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stm
     prologue: list[Stmt] = [Comment(f"pipeline prologue: TMA for {stages - 1} stages, "
                                     f"mbarrier ring {full.name}[{stages}]")]
     for j in range(stages - 1):
-        iteration = start + j
-        prologue.append(If(all_of([issuer, iteration.lt(stop)]),
-                           tma_issue(ctx, producers, full.name, iteration % stages, iteration,
-                                     k.name)))
+        iteration = ring.start + j
+        prologue.append(If(all_of([issuer, iteration.lt(ring.stop)]),
+                           tma_issue(ctx, producers, full.name, ring.slot(iteration),
+                                     iteration, k.name)))
     ahead = k + (stages - 1)
-    # Refill stage (k-1) % S with iteration k+S-1, once every thread is done with
-    # iteration k-1 (the barrier; its wgmmas retired by each warpgroup's wait before it).
-    refill = [Barrier(), If(all_of([issuer, ahead.lt(stop)]),
-                            tma_issue(ctx, producers, full.name, ahead % stages, ahead, k.name))]
-    wait = MBarrierWait(full.name, k % stages, ((k - start) // stages) % 2)
+    # Refill stage slot(k-1) = slot(k+S-1) with iteration k+S-1, once every thread is done
+    # with iteration k-1 (the barrier; its wgmmas retired by each warpgroup's wait before it).
+    refill = [Barrier(), If(all_of([issuer, ahead.lt(ring.stop)]),
+                            tma_issue(ctx, producers, full.name, ring.slot(ahead), ahead,
+                                      k.name))]
+    wait = MBarrierWait(full.name, ring.slot(k), ring.parity(k))
     rest = [o for o in op.body if not any(o is p for p in producers)]
     if _one_gemm_in_flight(rest):
         # wait_group 1 after this iteration's wgmmas retires iteration k-1's, which read
-        # stage (k-1) % S, the one refilled next; iteration k's keep running across the
+        # stage slot(k-1), the one refilled next; iteration k's keep running across the
         # barrier and the next wait. Only this gemm touches its accumulator in the loop,
-        # and wait_group 0 after the loop completes it before anything reads it.
-        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1)
-        loop = For(k, start, stop, 1, [wait] + gemm + refill)
+        # and wait_group 0 after the loop completes it before anything reads it (and, in
+        # a nested ring, before the next run's prologue refills its stages).
+        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(k))
+        loop = For(k, ring.start, ring.stop, 1, [wait] + gemm + refill)
         return prologue + [loop, WgmmaWait(0), Barrier()]
+    _top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
     body = refill + [wait] + lowering.ops(rest, inner)
     epilogue = inner.barrier() if inner.dirty else []
-    return prologue + [For(k, start, stop, 1, body)] + epilogue
+    return prologue + [For(k, ring.start, ring.stop, 1, body)] + epilogue
+
+
+def _top_level_only(ring: Ring, op: ForLoop) -> None:
+    """A body with more than the gemm reads its stages at `k % S` through the ordinary
+    shared addressing, which only a top-level ring matches (synthesis keeps nested rings
+    to a lone gemm)."""
+    if ring.nested:
+        raise SynthesisError("tg.pipeline: a TMA ring across enclosing loops serves only a "
+                             "body of TMA copies and one wgmma gemm", loc=op.loc)
 
 
 # --------------------------------------------------------------------------------------
@@ -246,13 +315,14 @@ class WarpRoles:
 def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
                                plan) -> list[Stmt]:
     """The consumer's statements for a warp-specialized TMA pipeline (module docstring);
-    the producer's loop goes to `ctx.warp_roles`."""
+    the producer's loop (inside the enclosing loops of a nested ring) goes to
+    `ctx.warp_roles`."""
     ctx = lowering.ctx
     if ctx.warp_roles is not None:
         raise SynthesisError("tg.pipeline: a second warp-specialized pipeline in one kernel "
                              "(synthesis specializes at most one)", loc=op.loc)
     stages, k = op.stages, Var(op.var.name)
-    start, stop = scalar_expr(op.start), scalar_expr(op.stop)
+    ring = Ring(op)
     consumers = plan.consumer_threads
     rest = [o for o in op.body if not any(o is p for p in producers)]
     in_flight = _one_gemm_in_flight(rest)
@@ -266,33 +336,57 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
                      + [MBarrierInit(empty.name, Const(s), releasers) for s in range(stages)]
                      + [FenceBarrierInit()]), Barrier()]
-    uses = ((k - start) // stages) % 2  # parity of iteration k's use of its stage
     # The producer waits for the stage's previous use to be released: parity `uses ^ 1`,
     # which a fresh barrier passes at once (the first round of stages).
-    producer_loop = For(k, start, stop, 1, [MBarrierWait(empty.name, k % stages, uses ^ 1)]
-                        + tma_issue(ctx, producers, full.name, k % stages, k, k.name))
+    producer_loop = For(k, ring.start, ring.stop, 1, [
+        MBarrierWait(empty.name, ring.slot(k), ring.parity(k) ^ 1)]
+        + tma_issue(ctx, producers, full.name, ring.slot(k), k, k.name))
     where = f"{op.loc.filename}:{op.loc.lineno}" if op.loc is not None else "tg.pipeline"
     ctx.warp_roles = WarpRoles(plan, [
         Comment(f"producer: TMA boxes into {full.name}[{stages}], stages released on "
                 f"{empty.name}[{stages}]"),
-        If(TID.eq(consumers), [producer_loop])], where)
-    wait = MBarrierWait(full.name, k % stages, uses)
+        If(TID.eq(consumers), [_in_enclosing_loops(op, producer_loop)])], where)
+    wait = MBarrierWait(full.name, ring.slot(k), ring.parity(k))
     head = Comment(f"consumer: waits on {full.name}[{stages}], releases stages on "
                    f"{empty.name}[{stages}] ({releasers} arrivals)")
     if in_flight:
-        # wait_group 1 retires iteration k-1's wgmmas, which read stage (k-1) % S.
-        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1)
-        release = MBarrierArrive(empty.name, (k - 1) % stages,
-                                 pred=all_of([start.lt(k), (TID % 32).eq(0)]))
-        loop = For(k, start, stop, 1, [wait] + gemm + [release])
-        return [head, loop, WgmmaWait(0), Barrier()]
+        # wait_group 1 retires iteration k-1's wgmmas, which read stage slot(k-1).
+        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(k))
+        lane0 = (TID % 32).eq(0)
+        release = MBarrierArrive(empty.name, ring.slot(k - 1),
+                                 pred=all_of([ring.start.lt(k), lane0]))
+        loop = For(k, ring.start, ring.stop, 1, [wait] + gemm + [release])
+        after: list[Stmt] = [WgmmaWait(0)]
+        if ring.nested:
+            # The ring goes on in the next run: release the last iteration's stage now
+            # that wait_group 0 retired its wgmmas, so the producer refills it (with the
+            # next run's boxes) while this role runs the code after the loop (epilogue).
+            last = ring.stop - 1
+            after.append(MBarrierArrive(empty.name, ring.slot(last),
+                                        pred=all_of([ring.start.lt(ring.stop), lane0])))
+        return [head, loop] + after + [Barrier()]
+    _top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
     body = [wait] + lowering.ops(rest, inner)
     if inner.dirty:  # no refill barrier orders one iteration's accesses before the next's
         body += inner.barrier()
-    body.append(MBarrierArrive(empty.name, k % stages))
-    return [head, For(k, start, stop, 1, body)]
+    body.append(MBarrierArrive(empty.name, ring.slot(k)))
+    return [head, For(k, ring.start, ring.stop, 1, body)]
+
+
+def _in_enclosing_loops(op: ForLoop, producer_loop: For) -> For:
+    """The producer's loop inside copies of the run-time loops around the pipeline (a
+    nested ring's `enclosing`, outermost first), so the producer walks the same runs —
+    the same tiles of a persistent kernel — as the consumer. Their bodies' other ops are
+    the consumer's; the scalars the boxes' coordinates need are expressions of the loop
+    indices, so nothing else is copied."""
+    ring = op.choices.get("ring")
+    loop = producer_loop
+    for outer in reversed(getattr(ring, "enclosing", ())):
+        loop = For(Var(outer.var.name), scalar_expr(outer.start), scalar_expr(outer.stop),
+                   outer.step, [loop])
+    return loop
 
 
 def split_roles(roles: WarpRoles, body: list) -> list:

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tegula.ir.ops import ForLoop, IfThen
 from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, ScalarConst,
-                              TensorExtent)
+                              ScalarLoad, TensorExtent)
 from tegula.ir.values import GlobalTile
 from tegula.layout.cute import Layout
 from tegula.synth.facts import MAX_DIVISOR, TensorFacts
@@ -200,3 +201,96 @@ def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
     box = tuple(extent_of.get(d, 1) for d in order)
     box_bytes = int(np.prod(box)) * eb
     return TmaPlan(tuple(order), box, swizzle, box_bytes), ""
+
+
+# --------------------------------------------------------------------------------------
+# A TMA ring inside other run-time loops (a persistent kernel's tile loop)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RingPlan:
+    """The mbarrier ring of a TMA pipeline that runs once per iteration of the run-time
+    loops around it (`enclosing`, outermost first; e.g. a persistent kernel's tile loop).
+    The ring is never reset: its *use count* runs on across the enclosing iterations,
+    `count = J * trips + (k - start)` for iteration k of the pipeline in the J-th run
+    (J the flattened index of the enclosing iterations, `trips` the pipeline's trip
+    count, the same in every run). Stage `count % S`, phase parity `count // S % 2`, so
+    the producer can fill the next run's first stages while the consumer still finishes
+    the current one (`lower/hopper.py`)."""
+
+    enclosing: tuple
+    kind = "nested_ring"  # what lowering dispatches on (lowering does not import synthesis)
+
+    def describe(self) -> str:
+        lines = ", ".join(f"line {loop.loc.lineno}" if loop.loc else loop.var.name
+                          for loop in self.enclosing)
+        return (f"the ring runs across the enclosing loop{'s' if len(self.enclosing) > 1 else ''}"
+                f" ({lines}): stage and phase from a use count that continues from one run "
+                f"of the pipeline to the next")
+
+
+def plan_nested_ring(body: list, loop, is_lone_gemm: bool) -> tuple[RingPlan | None, str]:
+    """(RingPlan, "") if the TMA pipeline `loop`, inside other run-time loops of the kernel
+    `body`, can keep one ring across their iterations, else (None, why not).
+
+    The count must be computable from the loop indices alone: every run of the pipeline
+    happens (no `tg.if_` between the outermost enclosing loop and it), and the trip counts
+    of the pipeline and of the enclosing loops inside the outermost do not depend on an
+    enclosing loop's index. The stage is then a function of the count rather than of the
+    pipeline's index, which lowering applies to the one gemm's descriptors: the body must
+    be the TMA copies and one wgmma gemm (`is_lone_gemm`)."""
+    path = enclosing_ops(body, loop) or []
+    first_loop = next((i for i, op in enumerate(path) if _is_loop(op)), len(path))
+    inner = path[first_loop:]
+    if any(not _is_loop(op) for op in inner):
+        return None, ("the pipeline is inside a tg.if_ within another run-time loop (the "
+                      "ring's running count would skip the runs the branch leaves out)")
+    indices = {op.var.name for op in inner}
+    for op in inner[1:] + [loop]:
+        used = _loop_indices(op.start) | _loop_indices(op.stop)
+        if used & indices:
+            what = "the pipeline's" if op is loop else f"the loop at line {op.loc.lineno}'s"
+            return None, (f"{what} trip count depends on the index of an enclosing loop "
+                          f"({', '.join(sorted(used & indices))}), so the ring's running "
+                          f"count across the enclosing loop is not known")
+    if not is_lone_gemm:
+        return None, ("the pipeline is inside another run-time loop and its body is more "
+                      "than the TMA copies and one wgmma gemm (the ring's running stage is "
+                      "applied to a lone gemm's descriptors)")
+    return RingPlan(tuple(inner)), ""
+
+
+def enclosing_ops(ops: list, target) -> list | None:
+    """The loops and branches around `target` in `ops`, outermost first (None if absent)."""
+    for op in ops:
+        if op is target:
+            return []
+        for body in _bodies(op):
+            inside = enclosing_ops(body, target)
+            if inside is not None:
+                return [op] + inside
+    return None
+
+
+def _bodies(op) -> list:
+    if isinstance(op, ForLoop):
+        return [op.body]
+    if isinstance(op, IfThen):
+        return [op.then, op.otherwise]
+    return []
+
+
+def _is_loop(op) -> bool:
+    return isinstance(op, ForLoop)
+
+
+def _loop_indices(x) -> set:
+    """Names of the loop indices a kernel scalar reads."""
+    if isinstance(x, LoopIndex):
+        return {x.name}
+    if isinstance(x, ScalarBinOp):
+        return _loop_indices(x.lhs) | _loop_indices(x.rhs)
+    if isinstance(x, ScalarLoad):
+        return set().union(*(_loop_indices(c) for c in x.coords))
+    return set()

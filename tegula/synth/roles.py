@@ -32,6 +32,7 @@ from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
     walk_ops
 from tegula.ir.values import SharedTile, describe
+from tegula.synth.copies import enclosing_ops
 
 #: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
 #: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
@@ -53,6 +54,7 @@ class RolesPlan:
     producer_registers: int
     consumer_registers: int | None
     producer_threads: int = WARPGROUP
+    ring: object = None  # synth.copies.RingPlan when the pipeline sits in other loops
     kind = "warp_roles"  # what lowering dispatches on (lowering does not import synthesis)
 
     @property
@@ -69,7 +71,14 @@ class RolesPlan:
                 f"{c} waits on the stage's empty mbarrier, expects its bytes on the full one and "
                 f"issues the TMA boxes), consumer (threads 0..{c - 1}, {consumer_budget}; waits "
                 f"on the full mbarrier, wgmma, releases the stage on the empty one, and runs the "
-                f"rest of the kernel)")
+                f"rest of the kernel){self._walk()}")
+
+    def _walk(self) -> str:
+        if self.ring is None:
+            return ""
+        return (f"; both roles walk the enclosing loops and their scalar code (the producer "
+                f"only issues), and {self.ring.describe()}, so the producer loads the next "
+                f"run's first stages while the consumer finishes the current one")
 
 
 def register_budgets(consumer_threads: int) -> tuple[int, int | None]:
@@ -96,7 +105,8 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None) -> None:
             loop.choices["roles_skipped"] = problem
         else:
             producer, consumer = register_budgets(kernel.threads)
-            loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer)
+            loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
+                                              ring=loop.choices.get("ring"))
 
 
 def _refuse_without_tma(kernel: TracedKernel) -> None:
@@ -128,7 +138,8 @@ def _why_not(kernel: TracedKernel, loop: ForLoop, tma_loops: list, option: bool 
         # while the consumer still reads the first's stages (one role orders them with a
         # block barrier).
         return f"the kernel has {len(tma_loops)} TMA pipelines (one producer role serves one)"
-    if not any(op is loop for op in kernel.body):
+    around = enclosing_ops(kernel.body, loop) or []
+    if any(isinstance(op, IfThen) for op in around):
         return ("the pipeline is inside a tg.if_ (the producer runs outside every branch of "
                 "the consumer)")
     if not any(isinstance(op, Gemm) for op in walk_ops(loop.body)):

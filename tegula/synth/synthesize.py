@@ -32,7 +32,7 @@ from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
-                                 plan_tma_copy)
+                                 plan_nested_ring, plan_tma_copy)
 from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm, plan_mma_sync
 from tegula.synth.roles import decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
@@ -433,9 +433,12 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict) -> None:
             if problem:
                 break
             plans.append(plan)
-        if not problem and depth > 0:
-            problem = ("the pipeline is inside another run-time loop (mbarrier phases across "
-                       "its runs are not tracked yet)")
+        ring = None
+        if not problem and depth > 0:  # e.g. a persistent kernel's tile loop around it
+            rest = [o for o in loop.body if not any(o is p for p in producers)]
+            lone_gemm = (len(rest) == 1 and isinstance(rest[0], Gemm)
+                         and isinstance(rest[0].choices.get("plan"), WgmmaPlan))
+            ring, problem = plan_nested_ring(kernel.body, loop, lone_gemm)
         if not problem and loop.step != 1:
             problem = "the pipeline's step is not 1"
         if not problem:
@@ -446,6 +449,8 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict) -> None:
                     op.choices["tma_skipped"] = problem
             else:
                 op.choices.update(instr="tma", tma=plans[producers.index(op)])
+        if ring is not None and not problem:
+            loop.choices["ring"] = ring
 
 
 def _other_stage_read(loop, allocs: set) -> str:
