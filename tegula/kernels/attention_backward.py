@@ -198,10 +198,16 @@ def check_backward_shapes(fn: str, q, k, v, o, lse, do) -> tuple[int, int, int, 
     return B, H, Hkv, Sq, Sk, D
 
 
-def default_scale(scale: float | None, head_dim: int) -> float:
+def default_scale(scale: float | None, head_dim: int, fn: str = "attention") -> float:
     """The softmax scale: 1/sqrt(D) as in torch SDPA unless given (as a Python float, the
-    value the kernels are compiled with)."""
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    value the kernels are compiled with); a bool, NaN or infinity is refused."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+            not math.isfinite(scale):
+        raise ValueError(f"tegula.kernels.{fn}: scale must be a finite number or None "
+                         f"(1/sqrt(D)), got {scale!r}")
+    return float(scale)
 
 
 def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
@@ -259,8 +265,8 @@ def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: 
     values["dq"] = poisoned(q.shape, dtype)
     values["dk"] = poisoned(k.shape, dtype)
     values["dv"] = poisoned(v.shape, dtype)
+    scale = default_scale(scale, D, fn)
     if q.size and k.size:
-        scale = default_scale(scale, D)
         extra = {} if target is None else {"target": target}
         for kernel, grid, names, constexprs in backward_launches(dtype, B, H, Hkv, Sq, Sk, D,
                                                                  scale, causal, **tiles):
@@ -273,6 +279,90 @@ def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: 
     return values["dq"], values["dk"], values["dv"]
 
 
+# --------------------------------------------------------------------------------------
+# torch entry points (CUDA)
+# --------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {"float16": f16, "bfloat16": bf16}
+
+
+def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
+                       **tiles: int):
+    """(dq, dk, dv) on CUDA tensors: q, o, do (B, H, Sq, D) and k, v (B, Hkv, Sk, D) of one
+    dtype (f16/bf16), lse (B, H, Sq) float32 as `attention_forward` returns it. Any strides
+    (inputs whose last dim is not contiguous are copied); the gradients are contiguous."""
+    import torch
+
+    from tegula.build import launch
+    from tegula.kernels.api import _check_cuda, _check_same_dtype, _check_tensor
+    fn = "attention_backward"
+    tensors = dict(q=q, k=k, v=v, o=o, do=do)
+    for name, t in tensors.items():
+        dtype = _check_tensor(fn, name, t, _TORCH_DTYPES, ndim=4)
+    _check_same_dtype(fn, tensors)
+    _check_tensor(fn, "lse", lse, {"float32": f32}, ndim=3)
+    B, H, Hkv, Sq, Sk, D = check_backward_shapes(fn, q, k, v, o, lse, do)
+    scale = default_scale(scale, D, fn)
+    _check_cuda(fn, dict(tensors, lse=lse))
+    values = {name: t if t.stride(-1) == 1 else t.contiguous()
+              for name, t in dict(tensors, lse=lse).items()}
+    values.update(dq=torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                  dk=torch.empty(k.shape, dtype=k.dtype, device=q.device),
+                  dv=torch.empty(v.shape, dtype=v.dtype, device=q.device),
+                  delta=torch.empty((B, H, Sq), dtype=torch.float32, device=q.device))
+    if q.numel() == 0 or k.numel() == 0:
+        for name in ("dq", "dk", "dv"):
+            values[name].zero_()
+        return values["dq"], values["dk"], values["dv"]
+    for kernel, grid, names, constexprs in backward_launches(dtype, B, H, Hkv, Sq, Sk, D,
+                                                             scale, causal, **tiles):
+        launch(kernel, grid, *(values[n] for n in names), **constexprs)
+    return values["dq"], values["dk"], values["dv"]
+
+
+def _attention_function():
+    """The autograd Function (built on first use: this module imports without torch)."""
+    global _ATTENTION_FUNCTION
+    if _ATTENTION_FUNCTION is None:
+        import torch
+
+        class AttentionFunction(torch.autograd.Function):
+            """o = attention(q, k, v): forward by `attention_forward`, backward by the
+            deterministic kernels above, from the saved o and lse."""
+
+            @staticmethod
+            def forward(ctx, q, k, v, causal, scale):
+                from tegula.kernels.attention import attention_forward
+                o, lse = attention_forward(q, k, v, causal, scale)
+                ctx.save_for_backward(q, k, v, o, lse)
+                ctx.causal, ctx.scale = causal, scale
+                return o
+
+            @staticmethod
+            def backward(ctx, do):
+                q, k, v, o, lse = ctx.saved_tensors
+                dq, dk, dv = attention_backward(q, k, v, o, lse, do.contiguous(),
+                                                ctx.causal, ctx.scale)
+                return dq, dk, dv, None, None
+
+        _ATTENTION_FUNCTION = AttentionFunction
+    return _ATTENTION_FUNCTION
+
+
+_ATTENTION_FUNCTION = None
+
+
+def attention_differentiable(q, k, v, causal: bool = False, scale: float | None = None):
+    """`tegula.kernels.attention` with gradients: o (B, H, Sq, D) as `attention_forward`
+    computes it; when q, k or v require grad, `o.backward(...)` runs the backward kernels
+    (dK and dV summed over the query heads of each kv head, deterministically)."""
+    import torch
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _attention_function().apply(q, k, v, bool(causal), scale)
+    from tegula.kernels.attention import attention_forward
+    return attention_forward(q, k, v, causal, scale)[0]
+
+
 def _dtype_of(fn: str, x: np.ndarray) -> DType:
     if x.dtype == np.float16:
         return f16
@@ -281,6 +371,7 @@ def _dtype_of(fn: str, x: np.ndarray) -> DType:
 
 
 __all__ = ["attention_backward_preprocess_kernel", "attention_backward_dkdv_kernel",
-           "attention_backward_dq_kernel", "attention_backward_emulated",
+           "attention_backward_dq_kernel", "attention_backward_emulated", "attention_backward",
+           "attention_differentiable",
            "check_backward_shapes", "backward_launches", "default_scale",
            "ATTENTION_BACKWARD_DTYPES"]

@@ -17,7 +17,10 @@ GQA: the G query heads sharing a kv head are one (G·Sq, D) tile of rows (q view
 (B, Hkv, G·Sq, D), free for a contiguous q), so each program reads its K/V chunk once for
 all of them. Keys past the sequence's length are bounded views (they load as 0 and are
 masked to −inf), so whatever an unused cache slot holds — NaN included — never reaches
-the output. A sequence of length 0 gives o = 0 and lse = −inf.
+the output. A sequence of length 0 gives o = 0 and lse = −inf. The kernels clamp each length to
+0 … the cache's capacity (S_max, or max_blocks · PAGE), so a bad length can never make
+them read outside the cache or the block table; the numpy entry point refuses one, the
+torch one does not look (that would cost a device sync per step).
 """
 from __future__ import annotations
 
@@ -81,7 +84,7 @@ def attention_decode_split_kernel(dtype: DType, paged: bool) -> tg.Kernel:
                                    BR: tg.constexpr = 16, BN: tg.constexpr = 64,
                                    STAGES: tg.constexpr = 3):
             s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
-            seqlen = seqlens[b]
+            seqlen = tg.minimum(tg.maximum(seqlens[b], 0), k.shape[2])   # within the cache
             sq = tg.shared((BR, D), dtype)
             tg.copy(q[b, hk].tile((BR, D), (0, 0)), sq)
             rows_token = tg.arange(BR)[:, None] % SQ                # each row's query token
@@ -112,7 +115,7 @@ def attention_decode_split_kernel(dtype: DType, paged: bool) -> tg.Kernel:
                                      SQ: tg.constexpr, CAUSAL: tg.constexpr, PAGE: tg.constexpr,
                                      BR: tg.constexpr = 16, BN: tg.constexpr = 64):
         s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
-        seqlen = seqlens[b]
+        seqlen = tg.minimum(tg.maximum(seqlens[b], 0), block_table.shape[1] * PAGE)
         sq = tg.shared((BR, D), dtype)
         tg.copy(q[b, hk].tile((BR, D), (0, 0)), sq)
         rows_token = tg.arange(BR)[:, None] % SQ
@@ -312,7 +315,7 @@ def attention_decode_emulated(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nd
     _check_lengths(fn, cache_seqlens, capacity)
     R = H // Hkv * Sq
     config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page,
-                                       default_scale(scale, D), causal, num_splits, BN)
+                                       default_scale(scale, D, fn), causal, num_splits, BN)
     values = dict(q=np.ascontiguousarray(q).reshape(B, Hkv, R, D), k=k_cache, v=v_cache,
                   seqlens=cache_seqlens, block_table=block_table,
                   o_part=poisoned((B, Hkv, config["splits"], R, D), f32),
@@ -328,6 +331,55 @@ def attention_decode_emulated(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nd
     return (o, values["lse"].reshape(B, H, Sq)) if return_lse else o
 
 
+def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
+                     scale: float | None = None, causal: bool = False, *,
+                     return_lse: bool = False, num_splits: int | None = None,
+                     BN: int | None = None):
+    """Decoding attention on CUDA tensors: q (B, H, Sq ≤ 16, D); the cache (B, Hkv, S_max, D),
+    or with `block_table` (B, max_blocks) int32 a pool of pages (pages, Hkv, PAGE, D);
+    cache_seqlens (B,) int32 (clamped to the cache's capacity on the device, not checked
+    here: that would sync). Returns o (B, H, Sq, D) in q's dtype (and lse (B, H, Sq) f32
+    with `return_lse`). `num_splits`, `BN` override the configuration."""
+    import torch
+
+    from tegula.build import launch
+    from tegula.kernels.api import _check_cuda, _check_same_dtype, _check_tensor
+    fn = "attention_decode"
+    floats = {"float16": f16, "bfloat16": bf16}
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache)
+    for name, t in tensors.items():
+        dtype = _check_tensor(fn, name, t, floats, ndim=4)
+    _check_same_dtype(fn, tensors)
+    _check_tensor(fn, "cache_seqlens", cache_seqlens, {"int32": i32}, ndim=1)
+    if block_table is not None:
+        _check_tensor(fn, "block_table", block_table, {"int32": i32}, ndim=2)
+        tensors["block_table"] = block_table
+    B, H, Hkv, Sq, D, page = check_decode_shapes(fn, q, k_cache, v_cache, cache_seqlens,
+                                                 block_table)
+    scale = default_scale(scale, D, fn)
+    _check_cuda(fn, dict(tensors, cache_seqlens=cache_seqlens))
+    capacity = page * block_table.shape[1] if page else k_cache.shape[2]
+    R = H // Hkv * Sq
+    config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page, scale,
+                                       causal, num_splits, BN)
+    device = q.device
+    inner = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
+    values = dict(q=q.contiguous().view(B, Hkv, R, D), k=inner(k_cache), v=inner(v_cache),
+                  seqlens=cache_seqlens.contiguous(),
+                  block_table=None if block_table is None else block_table.contiguous(),
+                  o_part=torch.empty((B, Hkv, config["splits"], R, D), dtype=torch.float32,
+                                     device=device),
+                  lse_part=torch.empty((B, Hkv, config["splits"], R), dtype=torch.float32,
+                                       device=device),
+                  o=torch.empty((B, Hkv, R, D), dtype=q.dtype, device=device),
+                  lse=torch.empty((B, Hkv, R), dtype=torch.float32, device=device))
+    if B:
+        for kernel, grid, names, scalars, constexprs in launches:
+            launch(kernel, grid, *(values[n] for n in names), *scalars, **constexprs)
+    o = values["o"].view(B, H, Sq, D)
+    return (o, values["lse"].view(B, H, Sq)) if return_lse else o
+
+
 def _check_lengths(fn: str, cache_seqlens, capacity: int) -> None:
     """Every length within 0 … the cache's capacity (numpy values; torch entry points
     check theirs on the host only when asked, to avoid a sync)."""
@@ -338,5 +390,5 @@ def _check_lengths(fn: str, cache_seqlens, capacity: int) -> None:
 
 
 __all__ = ["attention_decode_split_kernel", "attention_decode_combine_kernel",
-           "attention_decode_emulated", "check_decode_shapes", "decode_config",
+           "attention_decode_emulated", "attention_decode", "check_decode_shapes", "decode_config",
            "decode_launches", "group_rows", "ATTENTION_DECODE_DTYPES"]
