@@ -116,7 +116,7 @@ def compile_cuda_report(source: str, name: str, target: str = "sm_90a",
                         compiler: Compiler | None = None) -> tuple[bytes, "PtxasReport"]:
     """`compile_cuda` with ptxas's verbose report (`--ptxas-options=-v`): the cubin and
     what the compiler says of kernel `name` (registers, spills, stack, its warnings).
-    The cubin is the same as without the report (the option only adds the log)."""
+    The machine code is the same as without the report (the ELF records the option)."""
     cubin, log = _compile(source, name, target, tuple(options) + (PTXAS_VERBOSE,), compiler)
     return cubin, parse_ptxas_log(log, name)
 
