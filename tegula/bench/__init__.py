@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "norm": "tegula.bench.norm",
     "softmax": "tegula.bench.softmax",
     "copy": "tegula.bench.copy",
+    "quant": "tegula.bench.quant",      # W4A16 GEMM and GEMV
 }
 
 RESULTS_DIR = Path("benchmarks") / "results"

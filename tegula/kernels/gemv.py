@@ -25,11 +25,16 @@ import numpy as np
 import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16
+from tegula.kernels import api as _api
 from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
                                    launch_emulated, poisoned)
+from tegula.runtime.autotune import Autotuner
 
 GEMV_DTYPES = (f16, bf16)
 MAX_GEMV_ROWS = 16  # more rows of x reuse each weight enough for a tensor-core GEMM
+
+# The torch entry point's autotuner, beside the library's others (winners per shape bucket).
+_api.TUNERS.setdefault("gemv", Autotuner("gemv"))
 
 
 @lru_cache(maxsize=None)
@@ -134,7 +139,7 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
     `nn.Linear` weight), f16 or bf16, accumulated in f32; returns (N,) or (M, N) in x's
     dtype (or writes `out`, contiguous). Autotuned per (M, N, K) bucket and GPU."""
     from tegula.kernels import api
-    from tegula.runtime.autotune import Autotuner, Config
+    from tegula.runtime.autotune import Config
 
     fn = "gemv"
     dtype = api._check_tensor(fn, "x", x, api._GEMM_DTYPES)
@@ -156,7 +161,6 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
     weight = w.contiguous()  # rows of w are read with 16-byte vectors along K
     y = out.view(m, n)
     kernel = gemv_kernel(dtype)
-    api.TUNERS.setdefault(fn, Autotuner(fn))
     configs = tuple(Config.of(c) for c in gemv_candidates(m))
 
     def run(config: Config) -> Any:

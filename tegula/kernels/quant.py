@@ -46,11 +46,16 @@ import tegula as tg
 from tegula import f32, u4
 from tegula.dtypes import DType, bf16, f16
 from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, poisoned
+from tegula.kernels import api as _api
 from tegula.kernels.gemv import MAX_GEMV_ROWS
+from tegula.runtime.autotune import Autotuner
 
 W4A16_DTYPES = (f16, bf16)
 GROUP_SIZES = (32, 64, 128)
 SYMMETRIC_ZERO = 8  # the zero point of `quantize_w4(..., zero_point=False)`
+
+# The torch entry point's autotuner, beside the library's others (winners per shape bucket).
+_api.TUNERS.setdefault("matmul_w4a16", Autotuner("matmul_w4a16"))
 
 
 @lru_cache(maxsize=None)
@@ -325,7 +330,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     in a's dtype (zeros None: zero point 8). Accumulates in f32; returns (M, N) in a's
     dtype (or writes `out`). Autotuned per (M, N, K) bucket, group size and GPU."""
     from tegula.kernels import api
-    from tegula.runtime.autotune import Autotuner, Config
+    from tegula.runtime.autotune import Config
 
     fn = "matmul_w4a16"
     torch = api._torch()
@@ -352,7 +357,6 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     args = [t.contiguous() for t in (a, packed, scales)]
     args.append(zeros.contiguous() if zeros is not None
                 else torch.zeros((1, 1), dtype=a.dtype, device=a.device))  # unread
-    api.TUNERS.setdefault(fn, Autotuner(fn))
     configs = tuple(Config.of(c) for c in w4a16_candidates(m, group_size))
 
     def run(config: Config) -> Any:
