@@ -56,12 +56,15 @@ class GemmPlan:
     candidates: tuple = ()  # (instruction, warp grid, score) of every candidate, best first
     #: On a wgmma target: why this gemm does not use wgmma ("" when not considered).
     wgmma_skipped: str = ""
+    #: Why the warp grid was chosen together with another gemm's (`synth/chains.py`).
+    joint: str = ""
     kind = "mma.sync"
 
     def describe(self) -> str:
         rm, rn, rk = self.repeats
         text = (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warp grid, "
                 f"{rm}x{rn}x{rk} MMAs per warp per gemm")
+        text += f"; {self.joint}" if self.joint else ""
         return text + (f"; wgmma not used: {self.wgmma_skipped}" if self.wgmma_skipped else "")
 
 
@@ -98,6 +101,12 @@ def plan_gemm(op: Gemm, threads: int, target: Target):
 
 def plan_mma_sync(op: Gemm, threads: int, target: Target) -> GemmPlan:
     """The cheapest (MMA, warp grid) for `op`, with the TV layouts they imply."""
+    return mma_sync_plans(op, threads, target)[0]
+
+
+def mma_sync_plans(op: Gemm, threads: int, target: Target) -> list[GemmPlan]:
+    """Every (MMA, warp grid) that fits `op`, as plans, cheapest first (ties: less shared
+    traffic, larger K, larger wm); each plan's `candidates` lists them all with scores."""
     (bm, bn), (am, ak), (bn2, bk) = op.c.shape, op.a.shape, op.b.shape
     atoms = mma_for(op.a.dtype, op.b.dtype, op.c.dtype, target)
     if not atoms:
@@ -125,15 +134,18 @@ def plan_mma_sync(op: Gemm, threads: int, target: Target) -> GemmPlan:
     if not scored:
         raise SynthesisError("gemm: no MMA fits the tiles: " + "; ".join(reasons), loc=op.loc)
     scored.sort(key=lambda c: c[:3])  # cost, then shared traffic, larger K, larger wm
-    score, _, _, atom, grid = scored[0]
-    m, n, k = atom.shape_mnk
-    return GemmPlan(
-        atom=atom, grid=grid,
-        c_tv=mma_tiled_tv(atom.c_tv, (m, n), (bm, bn), grid, "c"),
-        a_tv=mma_tiled_tv(atom.a_tv, (m, k), (am, ak), grid, "a"),
-        b_tv=mma_tiled_tv(atom.b_tv, (n, k), (bn2, bk), grid, "b"),
-        repeats=(bm // (m * grid.wm), bn // (n * grid.wn), ak // k),
-        candidates=tuple((c[3].name, c[4], round(c[0][0], 1)) for c in scored))
+    candidates = tuple((c[3].name, c[4], round(c[0][0], 1)) for c in scored)
+    plans = []
+    for _, _, _, atom, grid in scored:
+        m, n, k = atom.shape_mnk
+        plans.append(GemmPlan(
+            atom=atom, grid=grid,
+            c_tv=mma_tiled_tv(atom.c_tv, (m, n), (bm, bn), grid, "c"),
+            a_tv=mma_tiled_tv(atom.a_tv, (m, k), (am, ak), grid, "a"),
+            b_tv=mma_tiled_tv(atom.b_tv, (n, k), (bn2, bk), grid, "b"),
+            repeats=(bm // (m * grid.wm), bn // (n * grid.wn), ak // k),
+            candidates=candidates))
+    return plans
 
 
 # --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from tegula.arch.targets import Target
 from tegula.errors import ResourceError, SynthesisError
 from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
+from tegula.synth.chains import choose_chained_plans, gemm_chains
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
                                  plan_nested_ring, plan_tma_copy)
@@ -154,7 +155,7 @@ def _check_pinned_layout(tile: RegisterTile, threads: int) -> None:
 
 def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> None:
     gemms = [op for op in walk_ops(kernel.body) if isinstance(op, Gemm)]
-    plans = _agreeing_plans(gemms, kernel.threads, target)
+    plans = _agreeing_plans(gemms, gemm_chains(gemms, kernel.body), kernel.threads, target)
     for op in gemms:
         plan = plans[id(op)]
         op.choices["plan"] = plan
@@ -170,11 +171,13 @@ def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> N
                 _check_register_operand(op, operand, tv, role, plan, state)
 
 
-def _agreeing_plans(gemms: list, threads: int, target: Target) -> dict:
-    """Each gemm's plan (by id), such that gemms updating one accumulator agree on its
-    layout: if one of them cannot run on wgmma, they all take mma.sync (whose plans agree
-    whenever the tiles do, as before wgmma existed)."""
+def _agreeing_plans(gemms: list, chains: list, threads: int, target: Target) -> dict:
+    """Each gemm's plan (by id), chained gemms planned together (`synth/chains.py`), such
+    that gemms updating one accumulator agree on its layout: if one of them cannot run on
+    wgmma, they all take mma.sync (whose plans agree whenever the tiles do, as before
+    wgmma existed)."""
     plans = {id(op): plan_gemm(op, threads, target) for op in gemms}
+    choose_chained_plans(chains, plans, threads, target)
     for op in gemms:
         sharing = [g for g in gemms if g.c.id == op.c.id]
         kinds = {isinstance(plans[id(g)], WgmmaPlan) for g in sharing}
