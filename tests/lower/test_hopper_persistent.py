@@ -1,0 +1,272 @@
+"""The persistent GEMM (examples/persistent_gemm.py) on sm_90a: its K pipeline, inside the
+grid-stride tile loop, keeps one TMA + mbarrier ring across the tiles (`synth/copies.py`
+RingPlan, `lower/hopper.py` Ring): stage and parity come from a use count that runs on
+from one tile to the next, the producer warpgroup walks the same tiles, the consumer
+releases the last stage before its epilogue. Emulated against numpy at ragged shapes with
+more tiles than blocks and fewer, one-iteration K loops, every stage count, both role
+orders and one role, bit-identical to the non-persistent README GEMM; the structure; the
+rules that keep the cp.async fallback (with their reasons); an injected missing release
+is a deadlock report, not a hang."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.build import build
+from tegula.dtypes import f16, f32
+from tegula.emulate import EmulationError, run_thread_kernel
+from tegula.kernels.common import poisoned, random_input
+from tegula.kernels.schedule import grouped_tile
+from tegula.lower.async_ir import (MBarrierArrive, MBarrierInit, MBarrierWait, Roles, TmaLoad,
+                                   WgmmaWait)
+from tegula.lower.thread_ir import For, walk
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "emulate"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "kernels"))
+from async_kernels import role_body, run_with_deadline  # noqa: E402
+from test_gemm import check_gemm  # noqa: E402
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_example",
+                                                  ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PERSISTENT = _example("persistent_gemm")
+KERNEL = PERSISTENT.persistent_gemm
+README_GEMM = _example("gemm").gemm
+SMALL = dict(BM=64, BN=64, BK=32)
+
+
+def emulate(m, n, k, blocks, seed=0, role_order="listed", kernel=KERNEL, **config):
+    """(a, b, c, report) of the persistent kernel on `blocks` blocks (num_sms = blocks)."""
+    rng = np.random.default_rng(seed)
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    c = poisoned((m, n), f16)
+    config = {**SMALL, **config}
+    report = run_with_deadline(lambda: tg.emulate(
+        kernel, (blocks,), a, b, c, target="sm_90a", role_order=role_order, num_sms=blocks,
+        **config))
+    return a, b, c, report
+
+
+def tiles(m, n, config=SMALL):
+    return tg.cdiv(m, config["BM"]) * tg.cdiv(n, config["BN"])
+
+
+def bits(x):
+    return x.view(np.uint16)
+
+
+# ------------------------------------------------------------------ right in the emulator
+
+#: (M, N, K, blocks): ragged everywhere; more tiles than blocks (3, 4 or 12 tiles a block,
+#: some blocks one fewer), fewer tiles than blocks (idle blocks), one block doing all.
+SHAPES = [(97, 130, 72, 5), (130, 72, 328, 2), (33, 65, 40, 1), (70, 40, 96, 7),
+          (200, 136, 8, 3)]
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_persistent_tma_ring_is_right_and_equals_the_readme_gemm(shape, role_order):
+    m, n, k, blocks = shape
+    a, b, c, report = emulate(m, n, k, blocks, seed=m + k, role_order=role_order, STAGES=3)
+    assert report.threads == 128 + 128 and report.kind("TmaLoad").count > 0
+    check_gemm(c, a, b, f16)
+    # The same k16 steps in the same order as the non-persistent README GEMM (one block a
+    # tile): the very same bits, whatever tile each block ran.
+    same = poisoned((m, n), f16)
+    tg.emulate(README_GEMM, (tg.cdiv(m, 64), tg.cdiv(n, 64)), a, b, same, target="sm_90a",
+               **SMALL, STAGES=3)
+    assert np.array_equal(bits(c), bits(same))
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+@pytest.mark.parametrize("k", [32, 72, 160], ids=["1-k-tile", "3-k-tiles", "5-k-tiles"])
+def test_every_stage_count_with_k_loops_shorter_and_longer_than_the_ring(stages, k):
+    """K tiles 1, 3, 5 against S = 2 … 5: runs whose length is not a multiple of S move the
+    ring's start stage from tile to tile (a stage counted from the pipeline's own index
+    would wait on the wrong phase: a deadlock or a read of a stage not yet written)."""
+    a, b, c, report = emulate(97, 130, k, 4, seed=stages * k, STAGES=stages)
+    assert report.threads == 256
+    check_gemm(c, a, b, f16)
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_one_role_keeps_the_ring_across_tiles_too(role_order):
+    a, b, c, report = emulate(130, 72, 160, 3, seed=3, role_order=role_order, STAGES=3,
+                              warp_specialize=False)
+    assert report.threads == 128 and report.kind("TmaLoad").count > 0
+    check_gemm(c, a, b, f16)
+    _, _, specialized, _ = emulate(130, 72, 160, 3, seed=3, STAGES=3)
+    assert np.array_equal(bits(c), bits(specialized))
+
+
+def test_two_consumer_warpgroups_and_the_readme_tiles():
+    """threads=256 (two consumer warpgroups: m64nN on a 2x1 grid), 128x128x64 tiles."""
+    config = dict(BM=128, BN=128, BK=64, STAGES=3, threads=256)
+    a, b, c, report = emulate(300, 200, 200, 2, seed=9, **config)
+    assert report.threads == 256 + 128
+    check_gemm(c, a, b, f16)
+
+
+def test_empty_k_loop_does_not_deadlock_and_writes_zeros():
+    """K = 0: no iteration, no box, no release; the epilogue writes the zero accumulator.
+    (Arrays of K = 0 prove no TMA facts: run the specialized build's thread IR.)"""
+    tk = build(KERNEL, dict(SMALL, STAGES=3), None, "sm_90a").thread_kernel
+    assert any(isinstance(s, Roles) for s in tk.body)
+    a, b = np.zeros((65, 0), np.float16), np.zeros((130, 0), np.float16)
+    c = poisoned((65, 130), f16)
+    run_with_deadline(lambda: run_thread_kernel(tk, (2,), {"a": a, "b": b, "c": c},
+                                                num_sms=2))
+    assert np.array_equal(c, np.zeros((65, 130), np.float16))
+
+
+# ------------------------------------------------------------------ structure
+
+
+def thread_kernel(**config):
+    return build(KERNEL, {**SMALL, "STAGES": 3, **config}, None, "sm_90a").thread_kernel
+
+
+def test_producer_walks_the_tile_loop_and_barriers_are_initialized_once():
+    tk = thread_kernel()
+    producer = role_body(tk, "producer")
+    loops = [s for s in walk(producer) if isinstance(s, For)]
+    assert len(loops) == 2 and loops[1] in loops[0].body       # tiles, then K
+    assert sum(isinstance(s, TmaLoad) for s in walk(loops[1].body)) == 2
+    # mbarrier inits only at kernel start, never inside a role: the ring is never reset.
+    inits = [s for s in walk(tk.body) if isinstance(s, MBarrierInit)]
+    assert len(inits) == 6 and all(not isinstance(s, MBarrierInit)
+                                   for r in tk.body if isinstance(r, Roles)
+                                   for role in r.roles for s in walk(role.body))
+
+
+def test_consumer_releases_the_last_stage_before_its_epilogue():
+    """After wait_group 0 the consumer releases the stage of the tile's last iteration, so
+    the producer fills it with the next tile's boxes during the epilogue."""
+    consumer = role_body(thread_kernel(), "consumer")
+    tile_loop = next(s for s in consumer if isinstance(s, For))
+    body = tile_loop.body
+    k_loop = next(i for i, s in enumerate(body) if isinstance(s, For))
+    after = body[k_loop + 1:k_loop + 3]
+    assert isinstance(after[0], WgmmaWait) and after[0].pending == 0
+    assert isinstance(after[1], MBarrierArrive) and after[1].barrier.startswith("empty")
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_a_consumer_that_does_not_release_the_last_stage_is_a_deadlock_report(role_order):
+    tk = copy.deepcopy(thread_kernel())
+    consumer = role_body(tk, "consumer")
+    tile_loop = next(s for s in consumer if isinstance(s, For))
+    before = len(tile_loop.body)
+    tile_loop.body = [s for s in tile_loop.body if not isinstance(s, MBarrierArrive)]
+    assert len(tile_loop.body) == before - 1
+    rng = np.random.default_rng(1)
+    a, b = random_input(rng, (97, 72), f16), random_input(rng, (130, 72), f16)
+    c = poisoned((97, 130), f16)
+    with pytest.raises(EmulationError, match="(?i)deadlock") as info:
+        run_with_deadline(lambda: run_thread_kernel(tk, (2,), {"a": a, "b": b, "c": c},
+                                                    role_order=role_order, num_sms=2))
+    assert "producer of the tg.pipeline" in str(info.value)
+
+
+def test_explain_shows_the_persistent_ring():
+    text = tg.explain(KERNEL, target="sm_90a", BM=128, BN=256, BK=64, STAGES=4)
+    assert "TMA boxes into an mbarrier ring of 4" in text
+    assert "TMA not used" not in text
+    source = (ROOT / "examples" / "persistent_gemm.py").read_text().splitlines()
+    line = next(i + 1 for i, s in enumerate(source) if "for t in tg.range(" in s)
+    assert (f"both roles walk the enclosing loops and their scalar code (the producer only "
+            f"issues), and the ring runs across the enclosing loop (line {line}): stage and "
+            f"phase from a use count that continues from one run of the pipeline to the "
+            f"next") in text
+
+
+# ------------------------------------------------------------------ where the rule says no
+
+
+@tg.kernel(threads=128)
+def k_depends_on_tile(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16]):
+    """Tile t accumulates only its first t % 3 + 1 k-tiles: the K loop's trip count
+    depends on the tile index, so no running count is known (cp.async, one role)."""
+    tiles_n = tg.cdiv(b.shape[0], 64)
+    sa, sb = tg.shared((64, 32), f16, stages=2), tg.shared((64, 32), f16, stages=2)
+    for t in tg.range(tg.block_id(0), tg.cdiv(a.shape[0], 64) * tiles_n, tg.num_programs(0)):
+        m, n = t // tiles_n, t % tiles_n
+        ga, gb = a.tile((64, 32), (m, None)), b.tile((64, 32), (n, None))
+        acc = tg.zeros((64, 64), f32)
+        for k in tg.pipeline(tg.minimum(t % 3 + 1, ga.shape[2]), stages=2):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+        tg.copy(acc.to(f16), c.tile((64, 64), (m, n)))
+
+
+@tg.kernel(threads=128)
+def counted_steps(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16]):
+    """More than the gemm in a nested pipeline's body (cp.async, with the reason)."""
+    tiles_n = tg.cdiv(b.shape[0], 64)
+    sa, sb = tg.shared((64, 32), f16, stages=2), tg.shared((64, 32), f16, stages=2)
+    for t in tg.range(tg.block_id(0), tg.cdiv(a.shape[0], 64) * tiles_n, tg.num_programs(0)):
+        m, n = grouped_tile(t, tg.cdiv(a.shape[0], 64), tiles_n, 2)
+        ga, gb = a.tile((64, 32), (m, None)), b.tile((64, 32), (n, None))
+        acc = tg.zeros((64, 64), f32)
+        for k in tg.pipeline(ga.shape[2], stages=2):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+            acc = acc * 1.0
+        tg.copy(acc.to(f16), c.tile((64, 64), (m, n)))
+
+
+def skipped_reasons(kernel) -> set:
+    result = build(kernel, {}, None, "sm_90a")
+    from tegula.ir.ops import Copy, walk_ops
+    return {op.choices.get("tma_skipped") for op in walk_ops(result.traced.body)
+            if isinstance(op, Copy) and op.choices.get("tma_skipped")}
+
+
+def test_a_k_loop_whose_length_depends_on_the_tile_keeps_cp_async_and_is_right():
+    reasons = skipped_reasons(k_depends_on_tile)
+    assert any("trip count depends on the index of an enclosing loop" in r for r in reasons)
+    m, n, k = 130, 100, 120
+    rng = np.random.default_rng(4)
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    c = poisoned((m, n), f16)
+    run_with_deadline(lambda: tg.emulate(k_depends_on_tile, (2,), a, b, c, target="sm_90a"))
+    tiles_n = tg.cdiv(n, 64)
+    for t in range(tg.cdiv(m, 64) * tiles_n):
+        tm, tn, kk = t // tiles_n, t % tiles_n, min(t % 3 + 1, tg.cdiv(k, 32)) * 32
+        rows, cols = slice(tm * 64, tm * 64 + 64), slice(tn * 64, tn * 64 + 64)
+        check_gemm(c[rows, cols], a[rows, :kk], b[cols, :kk], f16)
+
+
+def test_a_nested_body_with_more_than_the_gemm_keeps_cp_async_and_is_right():
+    reasons = skipped_reasons(counted_steps)
+    assert any("body is more than the TMA copies and one wgmma gemm" in r for r in reasons)
+    rng = np.random.default_rng(5)
+    a, b = random_input(rng, (130, 72), f16), random_input(rng, (100, 72), f16)
+    c = poisoned((130, 100), f16)
+    run_with_deadline(lambda: tg.emulate(counted_steps, (3,), a, b, c, target="sm_90a"))
+    check_gemm(c, a, b, f16)
+
+
+def test_sm80_keeps_the_ampere_path_with_the_same_results():
+    a, b, c, _ = emulate(97, 130, 72, 5, seed=2, STAGES=3)
+    ampere = poisoned((97, 130), f16)
+    run_with_deadline(lambda: tg.emulate(KERNEL, (5,), a, b, ampere, target="sm_80",
+                                         num_sms=5, **SMALL, STAGES=3))
+    check_gemm(ampere, a, b, f16)
+    assert np.array_equal(bits(c), bits(ampere))
