@@ -176,3 +176,90 @@ def test_bad_dtypes_are_named():
         attention_backward_emulated(q, q, q, q, lse.astype(np.float16), q)
     with pytest.raises(TypeError, match="q has dtype float64"):
         attention_backward_emulated(*(q.astype(np.float64),) * 4, lse, q)
+
+
+# -- the torch entry points, on CPU tensors through the emulator ---------------------------------
+def emulated_launch(kernel, grid, *args, **constexprs):
+    """`tegula.build.launch` for CPU torch tensors: run the kernel in the emulator on numpy
+    copies (bf16 as float32 values) and write every tensor back in place."""
+    import torch
+
+    from tegula.build import emulate
+    arrays = [a.detach().float().numpy() if isinstance(a, torch.Tensor) and a.dtype ==
+              torch.bfloat16 else a.detach().numpy().copy() if isinstance(a, torch.Tensor)
+              else a for a in args]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        emulate(kernel, grid, *arrays, **constexprs)
+    for t, a in zip(args, arrays):
+        if isinstance(t, torch.Tensor):
+            t.copy_(torch.from_numpy(a))
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """The torch entry points on CPU tensors: launches go to the emulator, the CUDA device
+    check is skipped, and `attention_forward` is the emulated forward."""
+    torch = pytest.importorskip("torch")
+    import tegula.build
+    import tegula.kernels.api
+    import tegula.kernels.attention as attention
+    monkeypatch.setattr(tegula.build, "launch", emulated_launch)
+    monkeypatch.setattr(tegula.kernels.api, "_check_cuda", lambda fn, tensors: None)
+
+    def forward(q, k, v, causal=False, scale=None):
+        o, lse = attention.attention_emulated(q.detach().numpy(), k.detach().numpy(),
+                                              v.detach().numpy(), causal, scale,
+                                              return_lse=True)
+        return torch.from_numpy(o), torch.from_numpy(lse)
+
+    monkeypatch.setattr(attention, "attention_forward", forward)
+    return torch
+
+
+def test_torch_entry_point_matches_numpy(on_cpu):
+    from tegula.kernels.attention_backward import attention_backward
+    torch = on_cpu
+    q, k, v, do = inputs((1, 4, 21, 32), (1, 2, 30, 32), f16, 8)
+    o, lse, *want = reference_backward(q, k, v, do, True, 0.3)
+    args = [torch.from_numpy(x) for x in (q, k, v, o.astype(np.float16),
+                                          lse.astype(np.float32), do)]
+    args[5] = args[5].transpose(2, 3).contiguous().transpose(2, 3)  # do: not row-major
+    got = attention_backward(*args, causal=True, scale=0.3)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.dtype == torch.float16 and g.is_contiguous(), name
+        err = np.abs(g.numpy().astype(np.float64) - w).max()
+        assert err <= TOLERANCE[f16] * max(1.0, np.abs(w).max()), f"{name}: {err}"
+
+
+def test_autograd_function_gives_the_analytic_gradients(on_cpu):
+    """attention_differentiable: the forward's o, and o.backward(do) fills q.grad, k.grad
+    and v.grad (GQA: k and v have fewer heads) with the analytic gradients."""
+    from tegula.kernels.attention_backward import attention_differentiable
+    torch = on_cpu
+    q, k, v, do = inputs((1, 4, 19, 64), (1, 2, 26, 64), f16, 12)
+    o, _, *want = reference_backward(q, k, v, do, True, 64 ** -0.5)
+    leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+    out = attention_differentiable(*leaves, causal=True)
+    assert out.requires_grad
+    assert np.abs(out.detach().numpy() - o).max() <= 4e-3 * max(1, np.abs(o).max())
+    out.backward(torch.from_numpy(do))
+    for name, t, w in zip(("dq", "dk", "dv"), leaves, want):
+        err = np.abs(t.grad.numpy().astype(np.float64) - w).max()
+        assert err <= TOLERANCE[f16] * max(1.0, np.abs(w).max()), f"{name}: {err}"
+    with torch.no_grad():   # no graph: the forward alone
+        assert not attention_differentiable(*leaves, causal=True).requires_grad
+
+
+def test_torch_argument_errors(on_cpu):
+    from tegula.kernels.attention_backward import attention_backward
+    torch = on_cpu
+    q = torch.ones(1, 2, 4, 32, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 4)
+    with pytest.raises(TypeError, match="k has dtype torch.float32"):
+        attention_backward(q, q.float(), q, q, lse, q)
+    with pytest.raises(TypeError, match="lse has dtype torch.float16"):
+        attention_backward(q, q, q, q, lse.half(), q)
+    with pytest.raises(ValueError, match="do has shape"):
+        attention_backward(q, q, q, q, lse, q[:, :, :3])
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        attention_backward(q, q, q, q, lse, q, scale=float("nan"))
