@@ -14,6 +14,8 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
 * `gemv`: `gemv_emulated` (y = x @ w.T for M ≤ 16 rows of x; torch: `gemv`)
 * `quant`: `w4a16_gemm_emulated` (a @ ((w_q - zeros) * scales).T, 4-bit weights in groups;
   torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`
+* `scan`: `selective_scan_emulated` (Mamba's selective scan forward, chunked over the
+  sequence with `tg.scan`; torch: `selective_scan`)
 
 The torch entry points (`api`: `matmul`, `rms_norm`, `softmax`, `copy`) are re-exported
 below; `import tegula.kernels.torch_ops` (needs torch) registers them as the custom ops
@@ -38,5 +40,7 @@ __all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_
 # finds the modules.
 from tegula.kernels.api import copy, matmul, rms_norm, softmax  # noqa: E402
 from tegula.kernels.gemv import gemv, gemv_emulated  # noqa: E402  (shadows the module, as copy)
+from tegula.kernels.scan import selective_scan, selective_scan_emulated  # noqa: E402
 
 __all__ += ["matmul", "rms_norm", "softmax", "copy"]
+__all__ += ["selective_scan", "selective_scan_emulated"]

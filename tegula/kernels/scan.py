@@ -1,0 +1,247 @@
+"""Mamba's selective scan (forward), chunked over the sequence with `tg.scan`.
+
+The formulas are those of Mamba's `selective_scan_ref` (mamba_ssm/ops/selective_scan_interface.py),
+in its "variable B and C, no groups" form:
+
+    delta = softplus(delta + delta_bias)        (each step optional; softplus: x > 20 → x)
+    h[b, d, n] ← exp(delta[b,d,t] · A[d,n]) · h[b, d, n] + delta[b,d,t] · B[b,n,t] · u[b,d,t]
+    y[b, d, t] = Σ_n C[b,n,t] · h[b, d, n]      (h after step t; h starts at 0)
+    out = (y + D[d] · u) · silu(z)              (D and z optional)
+
+with u, delta, z, out: (batch, dim, L); A: (dim, dstate); B, C: (batch, dstate, L); D,
+delta_bias: (dim,). Everything is computed in f32 (u, delta, B, C, z may be f32, f16 or
+bf16; A, D, delta_bias are read as f32) and `out` has u's type, as in the reference.
+Not supported: complex A, B or C of shape (dim, dstate) (fixed over time), grouped B/C
+(rank 4), returning the last state.
+
+The kernel: one block per (batch, BD channels); a `tg.range` over chunks of BL time steps.
+Per chunk the tile is (dstate, BD, BL): the recurrence h_t = a_t·h_{t-1} + b_t is a scan
+of the pairs (a, b) under the (associative, not commutative) composition
+`(a1, b1) ∘ (a2, b2) = (a1·a2, a2·b1 + b2)`; the scanned pair (P, Q) at step t gives
+h_t = P_t · h_in + Q_t with h_in the state carried from the previous chunk (its last
+column, by loop-carried rebinding). dstate is the tile's first dim, so the sum over it for
+y runs across neighbouring lanes (shuffles), while each thread scans its (n, d) row's BL
+steps in registers.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, poisoned
+
+SELECTIVE_SCAN_DTYPES = (f32, f16, bf16)
+#: Softplus's linear region, as torch.nn.functional.softplus (beta 1, threshold 20).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+def _compose(earlier, later):
+    """(a1, b1) then (a2, b2): h -> a2·(a1·h + b1) + b2."""
+    return earlier[0] * later[0], later[0] * earlier[1] + later[1]
+
+
+@lru_cache(maxsize=None)
+def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
+    """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype`."""
+
+    @tg.kernel(threads=128)
+    def selective_scan_fwd(u: tg.Tensor[dtype, 3], delta: tg.Tensor[dtype, 3], A: tg.Tensor[f32],
+                           B: tg.Tensor[bc_dtype, 3], C: tg.Tensor[bc_dtype, 3],
+                           D: tg.Tensor[f32], z: tg.Tensor[dtype, 3],
+                           delta_bias: tg.Tensor[f32], out: tg.Tensor[dtype, 3],
+                           N: tg.constexpr, BD: tg.constexpr = 8, BL: tg.constexpr = 32,
+                           HAS_D: tg.constexpr = False, HAS_Z: tg.constexpr = False,
+                           HAS_BIAS: tg.constexpr = False, SOFTPLUS: tg.constexpr = False):
+        b = tg.block_id(0)
+        block = tg.block_id(1)
+        steps = u.shape[2]
+        a = tg.load(A.transpose(1, 0).tile((N, BD), (0, block)))[:, :, None]  # (N, BD, 1)
+        if HAS_D:
+            d_skip = tg.load(D.tile((1, BD), (0, block)))[:, :, None]            # (1, BD, 1)
+        if HAS_BIAS:
+            bias = tg.load(delta_bias.tile((1, BD), (0, block)))[:, :, None]
+        is_last = (tg.arange(BL) == BL - 1)[None, None, :]                     # (1, 1, BL)
+        h = tg.zeros((N, BD, 1), f32)
+        for k in tg.range(tg.cdiv(steps, BL)):
+            ut = tg.load(u[b].tile((BD, BL), (block, k))).to(f32)[None, :, :]  # (1, BD, BL)
+            dt = tg.load(delta[b].tile((BD, BL), (block, k))).to(f32)[None, :, :]
+            if HAS_BIAS:
+                dt = dt + bias
+            if SOFTPLUS:
+                dt = tg.where(dt > SOFTPLUS_THRESHOLD, dt, tg.log(1.0 + tg.exp(dt)))
+            bt = tg.load(B[b].tile((N, BL), (0, k))).to(f32)[:, None, :]       # (N, 1, BL)
+            ct = tg.load(C[b].tile((N, BL), (0, k))).to(f32)[:, None, :]
+            # Past the sequence's end u and delta load as 0: (a, b) = (1, 0) there (softplus
+            # of a bias makes a != 1, but those steps come last and are never stored).
+            decay, inject = tg.scan((tg.exp(dt * a), (dt * bt) * ut), 2, _compose)
+            hs = decay * h + inject                                           # (N, BD, BL)
+            y = tg.sum(hs * ct, 0)                                            # (1, BD, BL)
+            if HAS_D:
+                y = y + ut * d_skip
+            if HAS_Z:
+                zt = tg.load(z[b].tile((BD, BL), (block, k))).to(f32)[None, :, :]
+                y = y * (zt * tg.sigmoid(zt))
+            tg.copy(y[0, :, :].to(dtype), out[b].tile((BD, BL), (block, k)))
+            h = tg.sum(tg.where(is_last, hs, 0.0), 2)                          # (N, BD, 1)
+
+    return selective_scan_fwd
+
+
+def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
+                          BL: int | None = None) -> dict:
+    """Tile sizes: BD channels so that dstate × BD is the block's 128 threads (one (n, d)
+    row per thread, each scanning BL steps in registers), BL = 32 steps per chunk."""
+    if BD is None:
+        BD = max(1, 128 // dstate) if dstate <= 128 else 1
+    return dict(N=dstate, BD=BD, BL=BL or 32)
+
+
+# --------------------------------------------------------------------------------------
+# Reference (numpy, the loop of Mamba's selective_scan_ref) and the emulated entry point
+# --------------------------------------------------------------------------------------
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.where(x > SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
+
+
+def selective_scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None,
+                             delta_softplus=False, dtype=np.float64) -> np.ndarray:
+    """Mamba's `selective_scan_ref` in numpy (a Python loop over time, in `dtype`)."""
+    u, delta = u.astype(dtype), delta.astype(dtype)
+    if delta_bias is not None:
+        delta = delta + delta_bias.astype(dtype)[:, None]
+    if delta_softplus:
+        delta = _softplus(delta)
+    A, B, C = A.astype(dtype), B.astype(dtype), C.astype(dtype)
+    decay = np.exp(delta[:, :, :, None] * A[None, :, None, :])                # b d l n
+    inject = delta[:, :, :, None] * B.transpose(0, 2, 1)[:, None] * u[:, :, :, None]
+    h = np.zeros((u.shape[0], u.shape[1], A.shape[1]), dtype)
+    ys = []
+    for t in range(u.shape[2]):
+        h = decay[:, :, t] * h + inject[:, :, t]
+        ys.append(np.einsum("bdn,bn->bd", h, C[:, :, t]))
+    y = np.stack(ys, axis=2) if ys else np.zeros_like(u)
+    if D is not None:
+        y = y + u * D.astype(dtype)[:, None]
+    if z is not None:
+        zf = z.astype(dtype)
+        y = y * (zf / (1 + np.exp(-zf)))
+    return y
+
+
+def _check_shapes(fn: str, u, delta, A, B, C, D, z, delta_bias) -> None:
+    """Mamba's shapes, named in the message when they disagree."""
+    batch, dim, length = u.shape
+    dstate = A.shape[1] if len(A.shape) == 2 else None
+    want = {"delta": (batch, dim, length), "A": (dim, dstate),
+            "B": (batch, dstate, length), "C": (batch, dstate, length),
+            "D": (dim,), "z": (batch, dim, length), "delta_bias": (dim,)}
+    given = {"delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
+    for name, x in given.items():
+        if x is not None and tuple(x.shape) != want[name]:
+            extra = " (B and C fixed over time, (dim, dstate), and grouped B/C are not " \
+                    "supported)" if name in ("B", "C") else ""
+            raise ValueError(f"tegula.kernels.{fn}: {name} must have shape {want[name]} "
+                             f"for u of shape {tuple(u.shape)} and A of shape "
+                             f"{tuple(A.shape)}, got {tuple(x.shape)}{extra}")
+
+
+def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: np.ndarray,
+                            C: np.ndarray, D: np.ndarray | None = None,
+                            z: np.ndarray | None = None, delta_bias: np.ndarray | None = None,
+                            delta_softplus: bool = False, dtype: DType | None = None,
+                            **tiles: int) -> np.ndarray:
+    """The selective scan on the CPU emulator (numpy arrays; f32 or f16, or `dtype=bf16`
+    for bf16 data held in float32 arrays). Returns `out` (batch, dim, L) of u's type."""
+    fn = "selective_scan_emulated"
+    for name, x in (("u", u), ("delta", delta), ("B", B), ("C", C)):
+        check_array(fn, name, x, ndim=3)
+    check_array(fn, "A", A, ndim=2)
+    for name, x in (("D", D), ("delta_bias", delta_bias)):
+        if x is not None:
+            check_array(fn, name, x, ndim=1)
+    if z is not None:
+        check_array(fn, "z", z, ndim=3)
+    _check_shapes(fn, u, delta, A, B, C, D, z, delta_bias)
+    dtype = dtype or dtype_of_array(u, fn, "u")
+    bc_dtype = dtype if B.dtype == u.dtype else dtype_of_array(B, fn, "B")
+    for name, x, want in (("delta", delta, u.dtype), ("z", z, u.dtype), ("C", C, B.dtype)):
+        if x is not None and x.dtype != want:
+            raise TypeError(f"tegula.kernels.{fn}: {name} must have dtype {want}, got {x.dtype}")
+    batch, dim, length = u.shape
+    out = poisoned(u.shape, dtype)
+    if out.size == 0:
+        return out
+    as32 = lambda x: np.ascontiguousarray(x, np.float32)  # noqa: E731
+    constexprs = {**selective_scan_config(dim, A.shape[1]), **tiles}
+    grid = (batch, -(-dim // constexprs["BD"]))
+    launch_emulated(selective_scan_kernel(dtype, bc_dtype), grid,
+                    np.ascontiguousarray(u), np.ascontiguousarray(delta), as32(A),
+                    np.ascontiguousarray(B), np.ascontiguousarray(C),
+                    as32(D if D is not None else np.zeros(dim))[None, :],
+                    np.ascontiguousarray(z if z is not None else u),
+                    as32(delta_bias if delta_bias is not None else np.zeros(dim))[None, :],
+                    out, HAS_D=D is not None, HAS_Z=z is not None,
+                    HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
+                    **constexprs)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Torch entry point
+# --------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {"float32": f32, "float16": f16, "bfloat16": bf16}
+
+
+def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
+                   delta_bias: Any = None, delta_softplus: bool = False, *,
+                   BD: int | None = None, BL: int | None = None) -> Any:
+    """Mamba's selective scan forward on CUDA tensors (see the module docstring for the
+    shapes and formulas); returns `out` (batch, dim, L) of u's dtype."""
+    import torch
+
+    from tegula.kernels.api import _check_cuda, _check_tensor, _launch
+
+    fn = "selective_scan"
+    dtype = _check_tensor(fn, "u", u, _TORCH_DTYPES, ndim=3)
+    _check_tensor(fn, "delta", delta, _TORCH_DTYPES, ndim=3)
+    _check_tensor(fn, "A", A, _TORCH_DTYPES, ndim=2)
+    bc_dtype = _check_tensor(fn, "B", B, _TORCH_DTYPES, ndim=3)
+    _check_tensor(fn, "C", C, _TORCH_DTYPES, ndim=3)
+    optional = {"D": D, "delta_bias": delta_bias, "z": z}
+    for name, x in optional.items():
+        if x is not None:
+            _check_tensor(fn, name, x, _TORCH_DTYPES, ndim=3 if name == "z" else 1)
+    _check_shapes(fn, u, delta, A, B, C, D, z, delta_bias)
+    for name, x, like in (("delta", delta, u), ("z", z, u), ("C", C, B)):
+        if x is not None and x.dtype != like.dtype:
+            raise TypeError(f"tegula.kernels.{fn}: {name} must have dtype {like.dtype}, got "
+                            f"{x.dtype}")
+    tensors = {"u": u, "delta": delta, "A": A, "B": B, "C": C,
+               **{k: v for k, v in optional.items() if v is not None}}
+    _check_cuda(fn, tensors)
+    batch, dim, length = u.shape
+    out = torch.empty_like(u, memory_format=torch.contiguous_format)
+    if out.numel() == 0:
+        return out
+    constexprs = selective_scan_config(dim, A.shape[1], BD, BL)
+    zeros = torch.zeros(1, dim, device=u.device, dtype=torch.float32)
+    args = (u.contiguous(), delta.contiguous(), A.float().contiguous(), B.contiguous(),
+            C.contiguous(), D.float()[None, :].contiguous() if D is not None else zeros,
+            z.contiguous() if z is not None else u.contiguous(),
+            delta_bias.float()[None, :].contiguous() if delta_bias is not None else zeros, out)
+    grid = (batch, -(-dim // constexprs["BD"]))
+    _launch(selective_scan_kernel(dtype, bc_dtype), grid, args,
+            dict(constexprs, HAS_D=D is not None, HAS_Z=z is not None,
+                 HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus)), None)
+    return out
+
+
+__all__ = ["selective_scan", "selective_scan_emulated", "selective_scan_reference",
+           "selective_scan_kernel", "selective_scan_config", "SELECTIVE_SCAN_DTYPES"]

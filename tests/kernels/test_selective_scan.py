@@ -1,0 +1,129 @@
+"""Mamba's selective scan (tegula.kernels.scan) in the emulator against the reference loop
+(Mamba's `selective_scan_ref` in numpy, float64), every element: sequences spanning
+several chunks with a ragged last one (the state carried across chunks), channel counts
+that do not divide the block, every optional input (D, z, delta_bias, softplus), f16 and
+bf16 inputs, other dstates; then the argument errors of both entry points."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import bf16
+from tegula.emulate.values import round_to
+from tegula.kernels.scan import (selective_scan, selective_scan_emulated,
+                                 selective_scan_reference)
+
+
+def inputs(batch, dim, length, dstate, dtype=np.float32, seed=0):
+    """Mamba-like data: delta in (0.01, 0.3) and some 25s, A negative (decays), the rest
+    normal."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((batch, dim, length)).astype(dtype)
+    delta = rng.uniform(0.01, 0.3, (batch, dim, length))
+    delta[:, :, ::17] = 25.0       # past softplus's threshold (20): there it is the identity
+    delta = delta.astype(dtype)
+    A = (-np.exp(rng.standard_normal((dim, dstate))) * 0.5).astype(np.float32)
+    B = rng.standard_normal((batch, dstate, length)).astype(dtype)
+    C = rng.standard_normal((batch, dstate, length)).astype(dtype)
+    D = rng.standard_normal(dim).astype(np.float32)
+    z = rng.standard_normal((batch, dim, length)).astype(dtype)
+    bias = rng.uniform(-0.005, 0.5, dim).astype(np.float32)   # keeps delta + bias > 0
+    return u, delta, A, B, C, D, z, bias
+
+
+def assert_close(out, want, rtol):
+    """Every element within rtol of the output's scale (f32 math against float64)."""
+    scale = np.abs(want).max()
+    err = np.abs(out.astype(np.float64) - want)
+    assert np.all(np.isfinite(out)), "unwritten or non-finite elements"
+    assert err.max() <= rtol * scale, (err.max(), scale, np.unravel_index(err.argmax(), err.shape))
+
+
+@pytest.mark.parametrize("batch,dim,length,dstate", [
+    (2, 12, 77, 16),     # 3 chunks of 32 (last ragged); 12 channels over blocks of 8
+    (1, 8, 32, 16),      # exactly one chunk, one block
+    (1, 5, 40, 4),       # a small dstate: 32 channels per block, 5 used
+    (1, 3, 9, 7),        # dstate 7 (not a power of two)
+])
+def test_all_options_equal_reference(batch, dim, length, dstate):
+    u, delta, A, B, C, D, z, bias = inputs(batch, dim, length, dstate)
+    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, delta_softplus=True)
+    want = selective_scan_reference(u, delta, A, B, C, D, z, bias, delta_softplus=True)
+    assert out.shape == u.shape and out.dtype == np.float32
+    assert_close(out, want, 1e-5)
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(D=True),
+    dict(z=True),
+    dict(delta_bias=True),
+    dict(delta_bias=True, delta_softplus=True),
+])
+def test_each_option_alone(options):
+    u, delta, A, B, C, D, z, bias = inputs(1, 9, 50, 16, seed=3)
+    given = dict(D=D if options.get("D") else None, z=z if options.get("z") else None,
+                 delta_bias=bias if options.get("delta_bias") else None,
+                 delta_softplus=options.get("delta_softplus", False))
+    out = selective_scan_emulated(u, delta, A, B, C, **given)
+    assert_close(out, selective_scan_reference(u, delta, A, B, C, **given), 1e-5)
+
+
+def test_small_chunks_carry_the_state():
+    """BL = 4: twenty chunks, so a state dropped or carried wrongly between them shows."""
+    u, delta, A, B, C, D, z, bias = inputs(1, 8, 79, 16, seed=5)
+    out = selective_scan_emulated(u, delta, A, B, C, D, BL=4)
+    assert_close(out, selective_scan_reference(u, delta, A, B, C, D), 1e-5)
+
+
+def test_f16_inputs():
+    u, delta, A, B, C, D, z, bias = inputs(1, 8, 40, 16, dtype=np.float16, seed=7)
+    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, True)
+    assert out.dtype == np.float16
+    want = selective_scan_reference(u, delta, A, B, C, D, z, bias, True)
+    # The result is rounded once to f16 (half an ulp: ~5e-4 relative) from f32 math.
+    assert_close(out, want, 2e-3)
+
+
+def test_bf16_inputs_in_float32_arrays():
+    u, delta, A, B, C, D, z, bias = (round_to(x, bf16) if x.ndim == 3 else x
+                                     for x in inputs(1, 8, 40, 16, seed=9))
+    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, True, dtype=bf16)
+    np.testing.assert_array_equal(out, round_to(out, bf16))   # outputs are bf16 values
+    assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, True), 1e-2)
+
+
+def test_f32_B_and_C_with_f16_u():
+    u, delta, A, B, C, D, z, bias = inputs(1, 8, 33, 16, seed=11)
+    u16, delta16 = u.astype(np.float16), delta.astype(np.float16)
+    out = selective_scan_emulated(u16, delta16, A, B, C, D)
+    assert_close(out, selective_scan_reference(u16, delta16, A, B, C, D), 2e-3)
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda a: a.update(B=a["B"][:, :, :-1]), "B must have shape (1, 16, 20)"),
+    (lambda a: a.update(A=a["A"][:, :8]), "B must have shape (1, 8, 20)"),
+    (lambda a: a.update(B=a["B"][0, :, :]), "B must be 3-D"),
+    (lambda a: a.update(D=a["D"][:3]), "D must have shape (4,)"),
+    (lambda a: a.update(z=a["z"].astype(np.float16)), "z must have dtype float32"),
+    (lambda a: a.update(u=a["u"].tolist()), "u must be a numpy array"),
+])
+def test_emulated_argument_errors(change, fragment):
+    u, delta, A, B, C, D, z, bias = inputs(1, 4, 20, 16)
+    args = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=bias)
+    change(args)
+    with pytest.raises((ValueError, TypeError)) as info:
+        selective_scan_emulated(**args)
+    assert "selective_scan_emulated" in str(info.value) and fragment in str(info.value), \
+        str(info.value)
+
+
+def test_torch_entry_checks_before_launching():
+    torch = pytest.importorskip("torch")
+    u, delta, A, B, C, D, z, bias = (torch.from_numpy(x) for x in inputs(1, 4, 20, 16))
+    with pytest.raises(ValueError, match="selective_scan: C must have shape"):
+        selective_scan(u, delta, A, B, C[:, :, :5])
+    with pytest.raises(TypeError, match="selective_scan: u has dtype torch.int32"):
+        selective_scan(u.int(), delta, A, B, C)
+    with pytest.raises(ValueError, match="selective_scan: u is on cpu"):
+        selective_scan(u, delta, A, B, C, D, z, bias, True)
