@@ -34,7 +34,11 @@ def _ulps(dtype) -> float:
 def test_every_entry_point_is_a_registered_op_with_its_schema():
     schemas = {name: str(getattr(torch.ops.tegula, name).default._schema)
                for name in torch_ops.OPS}
-    assert schemas["matmul"] == "tegula::matmul(Tensor a, Tensor b) -> Tensor"
+    assert schemas["matmul"] == ("tegula::matmul(Tensor a, Tensor b, Tensor? bias=None, "
+                                 "str? activation=None) -> Tensor")
+    assert schemas["matmul_fp8"] == ("tegula::matmul_fp8(Tensor a, Tensor b, Tensor scale_a, "
+                                     "Tensor scale_b, ScalarType? out_dtype=None, "
+                                     "bool block_scales=False) -> Tensor")
     assert schemas["rms_norm"].startswith("tegula::rms_norm(Tensor x, Tensor weight, float eps=")
     assert schemas["softmax"] == "tegula::softmax(Tensor x, SymInt dim=-1) -> Tensor"
     assert schemas["copy"] == "tegula::copy(Tensor x) -> Tensor"

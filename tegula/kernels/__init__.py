@@ -10,7 +10,9 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
 * `softmax`: `softmax_emulated` (row softmax)
 * `norm`: `rms_norm_emulated` (RMSNorm)
 * `gemm`: `gemm_emulated` (c = a @ b.T; shared-memory pipeline or register-only; f16/bf16
-  with f32 accumulation, i8 with i32 output)
+  with f32 accumulation, i8 with i32 output; fused bias + relu/gelu/silu epilogues)
+* `fp8`: `matmul_fp8_emulated` (e4m3 GEMM, per-tensor or DeepSeek-style blockwise scales;
+  torch: `matmul_fp8`)
 * `gemv`: `gemv_emulated` (y = x @ w.T for M ≤ 16 rows of x; torch: `gemv`)
 * `quant`: `w4a16_gemm_emulated` (a @ ((w_q - zeros) * scales).T, 4-bit weights in groups;
   torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from tegula.kernels.copy import copy_emulated, transpose_emulated
 from tegula.kernels.elementwise import silu_mul_emulated
+from tegula.kernels.fp8 import matmul_fp8_emulated
 from tegula.kernels.gemm import gemm_emulated
 from tegula.kernels.norm import rms_norm_emulated
 from tegula.kernels.quant import (matmul_w4a16, prepack, quantize_w4, unpack_w4,
@@ -32,15 +35,16 @@ from tegula.kernels.quant import (matmul_w4a16, prepack, quantize_w4, unpack_w4,
 from tegula.kernels.softmax import softmax_emulated
 
 __all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_emulated",
-           "rms_norm_emulated", "gemm_emulated", "gemv_emulated", "w4a16_gemm_emulated",
+           "rms_norm_emulated", "gemm_emulated", "matmul_fp8_emulated", "gemv_emulated",
+           "w4a16_gemm_emulated",
            "matmul_w4a16", "quantize_w4", "prepack", "unpack_w4", "gemv"]
 
 # Torch-facing, autotuned entry points (tegula/kernels/api.py). `copy` and `softmax` shadow
 # the submodule attributes of the same names; `from tegula.kernels.copy import ...` still
 # finds the modules.
-from tegula.kernels.api import copy, matmul, rms_norm, softmax  # noqa: E402
+from tegula.kernels.api import copy, matmul, matmul_fp8, rms_norm, softmax  # noqa: E402
 from tegula.kernels.gemv import gemv, gemv_emulated  # noqa: E402  (shadows the module, as copy)
 from tegula.kernels.scan import selective_scan, selective_scan_emulated  # noqa: E402
 
-__all__ += ["matmul", "rms_norm", "softmax", "copy"]
+__all__ += ["matmul", "matmul_fp8", "rms_norm", "softmax", "copy"]
 __all__ += ["selective_scan", "selective_scan_emulated"]

@@ -27,10 +27,14 @@ row ops' gradients are computed in f32 from the saved output (softmax) or inputs
 from __future__ import annotations
 
 import torch
+from typing import Optional
+
 from torch import Tensor
 
 from tegula.dtypes import DType
-from tegula.kernels import api
+import numpy as np
+
+from tegula.kernels import api, fp8
 from tegula.runtime.torch_op import from_numpy, to_numpy
 
 # Rows longer than one register tile run through the looped (chunked) kernels.
@@ -41,14 +45,35 @@ _MAX_ROW = api._MAX_ROW
 # One function per op: check the arguments as the CUDA entry point does (its own helpers,
 # so the messages are the same) and return the tegula dtype and the result's shape.
 
-def _matmul_checked(a: Tensor, b: Tensor) -> tuple[DType, tuple[int, int]]:
+def _matmul_checked(a: Tensor, b: Tensor, bias: Optional[Tensor] = None,
+                    activation: Optional[str] = None) -> tuple[DType, tuple[int, int]]:
     dtype = api._check_tensor("matmul", "a", a, api._GEMM_DTYPES, ndim=2)
     api._check_tensor("matmul", "b", b, api._GEMM_DTYPES, ndim=2)
     api._check_same_dtype("matmul", {"a": a, "b": b})
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"tegula.kernels.matmul: inner dimensions differ: a is {tuple(a.shape)}"
                          f", b is {tuple(b.shape)} (a's columns must equal b's rows)")
+    api._check_epilogue_args("matmul", bias, activation, a, b.shape[1])
     return dtype, (a.shape[0], b.shape[1])
+
+
+def _matmul_fp8_checked(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
+                        out_dtype: Optional[torch.dtype], block_scales: bool):
+    """(scale_a, scale_b as the kernel's 2-D views, the tegula output type, (M, N))."""
+    from tegula.kernels import fp8
+    fn = "matmul_fp8"
+    api._check_tensor(fn, "a", a, api._FP8_DTYPES, ndim=2)
+    api._check_tensor(fn, "b", b, api._FP8_DTYPES, ndim=2)
+    out_t = {torch.bfloat16: fp8.bf16, torch.float16: fp8.f16, torch.float32: fp8.f32}.get(
+        torch.bfloat16 if out_dtype is None else out_dtype)
+    if out_t is None:
+        raise TypeError(f"tegula.kernels.{fn}: out_dtype must be torch.bfloat16, "
+                        f"torch.float16 or torch.float32, got {out_dtype}")
+    m, n, k = fp8.check_fp8_shapes(fn, tuple(a.shape), tuple(b.T.shape), block_scales,
+                                   b_name="b.T")
+    want_a, want_b = fp8.scale_shapes(m, n, k, block_scales)
+    return (api._fp8_scale(fn, "scale_a", scale_a, want_a),
+            api._fp8_scale(fn, "scale_b", scale_b, want_b), out_t, (m, n))
 
 
 def _rms_norm_checked(x: Tensor, weight: Tensor, eps: float) -> DType:
@@ -79,9 +104,19 @@ def _copy_checked(x: Tensor) -> DType:
 # ---------------------------------------------------------------------------- the ops (CUDA)
 
 @torch.library.custom_op("tegula::matmul", mutates_args=(), device_types="cuda")
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """`a @ b` (a (M, K), b (K, N), f16/bf16, f32 accumulation): `tegula.kernels.matmul`."""
-    return api.matmul(a, b)
+def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None,
+           activation: Optional[str] = None) -> Tensor:
+    """`activation(a @ b + bias)` (a (M, K), b (K, N), f16/bf16, f32 accumulation, the
+    epilogue fused): `tegula.kernels.matmul`."""
+    return api.matmul(a, b, bias, activation)
+
+
+@torch.library.custom_op("tegula::matmul_fp8", mutates_args=(), device_types="cuda")
+def matmul_fp8(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
+               out_dtype: Optional[torch.dtype] = None, block_scales: bool = False) -> Tensor:
+    """`(a · scale_a) @ (b · scale_b)` for e4m3 a, b, per-tensor or blockwise scales:
+    `tegula.kernels.matmul_fp8` (forward only)."""
+    return api.matmul_fp8(a, b, scale_a, scale_b, out_dtype, block_scales)
 
 
 @torch.library.custom_op("tegula::rms_norm", mutates_args=(), device_types="cuda")
@@ -105,9 +140,18 @@ def copy(x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------- fake (meta)
 
 @matmul.register_fake
-def _matmul_fake(a: Tensor, b: Tensor) -> Tensor:
-    _, shape = _matmul_checked(a, b)
+def _matmul_fake(a: Tensor, b: Tensor, bias: Optional[Tensor] = None,
+                 activation: Optional[str] = None) -> Tensor:
+    _, shape = _matmul_checked(a, b, bias, activation)
     return a.new_empty(shape)
+
+
+@matmul_fp8.register_fake
+def _matmul_fp8_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
+                     out_dtype: Optional[torch.dtype] = None,
+                     block_scales: bool = False) -> Tensor:
+    *_, shape = _matmul_fp8_checked(a, b, scale_a, scale_b, out_dtype, block_scales)
+    return a.new_empty(shape, dtype=torch.bfloat16 if out_dtype is None else out_dtype)
 
 
 @rms_norm.register_fake
@@ -135,14 +179,36 @@ _EMULATED_GEMM_TILES = dict(BM=64, BN=64, BK=32, STAGES=2)
 
 
 @matmul.register_kernel("cpu")
-def _matmul_cpu(a: Tensor, b: Tensor) -> Tensor:
+def _matmul_cpu(a: Tensor, b: Tensor, bias: Optional[Tensor] = None,
+                activation: Optional[str] = None) -> Tensor:
     from tegula.kernels.gemm import gemm_emulated
 
-    dtype, (m, n) = _matmul_checked(a, b)
-    if m == 0 or n == 0 or a.shape[1] == 0:
-        return a.new_zeros((m, n))  # an empty sum is zero (as the CUDA path returns)
-    c = gemm_emulated(to_numpy(a, dtype), to_numpy(b.T, dtype), dtype, **_EMULATED_GEMM_TILES)
+    dtype, (m, n) = _matmul_checked(a, b, bias, activation)
+    if m == 0 or n == 0:
+        return a.new_zeros((m, n))
+    if a.shape[1] == 0:  # an empty sum: the epilogue of zeros (as the CUDA path)
+        z = a.new_zeros(n, dtype=torch.float32) if bias is None else bias.float()
+        return api._activation_in_torch(z, activation).to(a.dtype).expand(m, n).contiguous()
+    bias_np = None if bias is None else to_numpy(bias, dtype)
+    c = gemm_emulated(to_numpy(a, dtype), to_numpy(b.T, dtype), dtype, bias=bias_np,
+                      activation=activation, **_EMULATED_GEMM_TILES)
     return from_numpy(c, dtype)
+
+
+@matmul_fp8.register_kernel("cpu")
+def _matmul_fp8_cpu(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor,
+                    out_dtype: Optional[torch.dtype] = None,
+                    block_scales: bool = False) -> Tensor:
+    from tegula.kernels.fp8 import matmul_fp8_emulated
+
+    sa, sb, out_t, (m, n) = _matmul_fp8_checked(a, b, scale_a, scale_b, out_dtype,
+                                                block_scales)
+    if m == 0 or n == 0 or a.shape[1] == 0:
+        return from_numpy(np.zeros((m, n), np.float32), out_t)
+    c = matmul_fp8_emulated(to_numpy(a, fp8.f8e4m3), to_numpy(b.T, fp8.f8e4m3),
+                            sa.numpy(), sb.numpy(), out_t, block_scales,
+                            BM=64, BN=64, STAGES=2)
+    return from_numpy(c, out_t)
 
 
 @rms_norm.register_kernel("cpu")
@@ -184,15 +250,39 @@ def _copy_cpu(x: Tensor) -> Tensor:
 # tests/test_torch_ops.py. `ctx.needs_input_grad` skips gradients nobody asked for.
 
 def _matmul_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+    a, b, bias, activation = inputs
+    ctx.save_for_backward(a, b, bias)
+    ctx.activation = activation
+
+
+def _activation_grad(z: Tensor, activation: str) -> Tensor:
+    """d activation / dz at the f32 pre-activation z."""
+    if activation == "relu":
+        return (z > 0).float()
+    if activation == "silu":
+        s = torch.sigmoid(z)
+        return s * (1 + z * (1 - s))
+    if activation == "gelu":
+        cdf = 0.5 * (1 + torch.erf(z * 0.7071067811865476))
+        return cdf + z * torch.exp(-0.5 * z * z) * 0.3989422804014327
+    c = 0.7978845608028654  # gelu_tanh
+    t = torch.tanh(c * (z + 0.044715 * z ** 3))
+    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
 
 
 def _matmul_backward(ctx, grad):
-    a, b = ctx.saved_tensors
+    """With an activation, the pre-activation z = a @ b + bias is recomputed (one more
+    tegula matmul, rounded to the inputs' dtype) and grad becomes grad · act'(z) in f32."""
+    a, b, bias = ctx.saved_tensors
     grad = grad.contiguous()
+    if ctx.activation is not None:
+        z = matmul(a, b, bias).float()
+        grad = (grad.float() * _activation_grad(z, ctx.activation)).to(a.dtype)
     grad_a = matmul(grad, b.T) if ctx.needs_input_grad[0] else None   # (M, N) @ (N, K)
     grad_b = matmul(a.T, grad) if ctx.needs_input_grad[1] else None   # (K, M) @ (M, N)
-    return grad_a, grad_b
+    grad_bias = grad.float().sum(0).to(bias.dtype) \
+        if bias is not None and ctx.needs_input_grad[2] else None
+    return grad_a, grad_b, grad_bias, None
 
 
 def _rms_norm_setup(ctx, inputs, output) -> None:
@@ -235,6 +325,7 @@ softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 copy.register_autograd(_copy_backward)
 
 
-OPS = {"matmul": matmul, "rms_norm": rms_norm, "softmax": softmax, "copy": copy}
+OPS = {"matmul": matmul, "matmul_fp8": matmul_fp8, "rms_norm": rms_norm, "softmax": softmax,
+       "copy": copy}
 
-__all__ = ["matmul", "rms_norm", "softmax", "copy", "OPS"]
+__all__ = ["matmul", "matmul_fp8", "rms_norm", "softmax", "copy", "OPS"]

@@ -170,3 +170,84 @@ def test_f8_dtype_is_not_an_epilogue_dtype():
     a = round_to(np.ones((16, 32), np.float32), f8e4m3).astype(np.float32)
     with pytest.raises(TypeError, match=r"f8e4m3 are not supported.*matmul_fp8_emulated"):
         gemm_emulated(a, a, f8e4m3, activation="relu")
+
+
+# ----------------------------------------------------------------------------- torch side
+
+torch = pytest.importorskip("torch")
+
+
+def _torch_operands(m, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)            # an nn.Linear weight
+    bias = (torch.randn(n, generator=g) * 2).to(dtype)
+    return a, w, bias
+
+
+def _np(t):
+    return t.float().numpy()
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_torch_op_on_cpu_runs_the_fused_kernel(activation):
+    import tegula.kernels.torch_ops  # noqa: F401 — registers torch.ops.tegula
+
+    a, w, bias = _torch_operands(33, 40, 24, torch.float16, 1)
+    c = torch.ops.tegula.matmul(a, w.T, bias, activation)
+    assert c.dtype == torch.float16 and c.shape == (33, 40)
+    check_epilogue(_np(c), _np(a), _np(w), _np(bias), activation, f16)
+
+
+def test_torch_op_fake_and_k_zero():
+    import tegula.kernels.torch_ops  # noqa: F401
+
+    a, w, bias = _torch_operands(3, 5, 0, torch.bfloat16, 2)
+    c = torch.ops.tegula.matmul(a, w.T, bias, "relu")       # an empty sum: relu(bias)
+    assert torch.equal(c, torch.relu(bias).expand(3, 5))
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fa, fw, fb = torch.empty(7, 16), torch.empty(9, 16), torch.empty(9)
+        out = torch.ops.tegula.matmul(fa.half(), fw.half().T, fb.half(), "silu")
+        assert out.shape == (7, 9) and out.dtype == torch.float16
+        with pytest.raises(ValueError, match=r"bias must have one value per output column"):
+            torch.ops.tegula.matmul(fa.half(), fw.half().T, fb[:4].half(), None)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "silu"])
+def test_torch_op_backward_matches_torch(activation):
+    """Gradients of a, b and bias through the fused op against torch's autograd of the
+    unfused expression in float64 (tolerance: a few f16 roundings of each product)."""
+    import tegula.kernels.torch_ops  # noqa: F401
+
+    a, w, bias = _torch_operands(17, 20, 16, torch.float16, 3)
+    g = torch.randn(17, 20, generator=torch.Generator().manual_seed(4)).half()
+    leaves = [t.clone().requires_grad_() for t in (a, w, bias)]
+    torch.ops.tegula.matmul(leaves[0], leaves[1].T, leaves[2], activation).backward(g)
+    ref_leaves = [t.double().requires_grad_() for t in (a, w, bias)]
+    z = ref_leaves[0] @ ref_leaves[1].T + ref_leaves[2]
+    act = {None: lambda t: t, "gelu": torch.nn.functional.gelu,
+           "silu": torch.nn.functional.silu}[activation]
+    act(z).backward(g.double())
+    for got, want, name in zip(leaves, ref_leaves, ("a", "b", "bias")):
+        scale = want.grad.abs().max().item()
+        err = (got.grad.double() - want.grad).abs().max().item()
+        assert err <= 2e-2 * scale, f"grad of {name}: error {err} of {scale}"
+
+
+def test_torch_entry_point_argument_errors():
+    import tegula.kernels as tk
+
+    a, w, bias = _torch_operands(8, 16, 32, torch.float16, 5)
+    with pytest.raises(ValueError, match=r"matmul: activation must be one of .*got 'tanh'"):
+        tk.matmul(a, w.T, activation="tanh")
+    with pytest.raises(ValueError, match=r"matmul: bias must have one value per output "
+                                         r"column \(N = 16\), got shape \(8,\)"):
+        tk.matmul(a, w.T, bias[:8])
+    with pytest.raises(TypeError, match=r"matmul: bias has dtype torch.float32"):
+        tk.matmul(a, w.T, bias.float())
+    with pytest.raises(TypeError, match=r"matmul: arguments must share one dtype.*bias"):
+        tk.matmul(a, w.T, bias.bfloat16())
+    with pytest.raises(ValueError, match=r"matmul: bias must be 1-D"):
+        tk.matmul(a, w.T, bias[None, :])
+    with pytest.raises(ValueError, match=r"matmul: a is on cpu"):
+        tk.matmul(a, w.T, bias, "relu")   # every argument right: the device is the mistake
