@@ -3,7 +3,9 @@
     PYTHONPATH=. python3 benchmarks/hopper_gemm.py
 
 For each shape: cuBLAS (torch.matmul), the README GEMM (examples/gemm.py) on sm_90a
-(TMA + mbarrier ring + wgmma) in several tile configurations, and the same kernel on
+(TMA + mbarrier ring + wgmma) in several tile configurations, the persistent GEMM
+(examples/persistent_gemm.py: one block per SM, the TMA ring running across its tiles so
+the next tile's loads overlap the current one's epilogue), and the README kernel on
 sm_90 (the Ampere path — cp.async, ldmatrix, mma.sync — built for Hopper, the path that
 ran on H100s before this issue) in the configurations measured earlier. Every result is
 checked against an f64 reference of the same f16 inputs (elements beyond the f16 rounding
@@ -28,6 +30,11 @@ _spec = importlib.util.spec_from_file_location("tegula_example_gemm", ROOT / "ex
 _example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_example)
 gemm = _example.gemm
+_spec = importlib.util.spec_from_file_location("tegula_example_persistent_gemm",
+                                               ROOT / "examples" / "persistent_gemm.py")
+_persistent = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_persistent)
+persistent_gemm = _persistent.persistent_gemm
 
 CONFIGS = {
     "sm_90a": [dict(BM=128, BN=128, BK=64, STAGES=4),
@@ -36,6 +43,11 @@ CONFIGS = {
                dict(BM=256, BN=128, BK=64, STAGES=3, threads=256)],
     "sm_90": [dict(), dict(STAGES=4)],  # session 3's best mma.sync configurations
 }
+#: examples/persistent_gemm.py (one block per SM walking the tiles in grouped order; its K
+#: pipeline one TMA ring across the tiles, warp-specialized), README-like tiles.
+PERSISTENT_CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, threads=256),
+                      dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
+                      dict(BM=128, BN=128, BK=64, STAGES=4, threads=256)]
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (4096, 4096, 1024),
           (1000, 1030, 520)]
 
@@ -57,21 +69,31 @@ def gemm_rows(m: int, n: int, k: int) -> list[tuple[str, str]]:
     rows = [(f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s")]
     for target, configs in CONFIGS.items():
         for cfg in configs:
-            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
             grid = (tg.cdiv(m, cfg.get("BM", 128)), tg.cdiv(n, cfg.get("BN", 128)))
-            name = f"{m}x{n}x{k} {target} {cfg}"
-            try:
-                gemm[grid](a, b, c, target=target, **cfg)
-                torch.cuda.synchronize()
-                bad = wrong_elements(c, a, b)
-                ms = do_bench(lambda: gemm[grid](a, b, c, target=target, **cfg), warmup=25,
-                              rep=100, return_mode="median")
-                tf = flops / ms / 1e9
-                rows.append((name, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x cuBLAS, "
-                                   f"{bad} wrong elements"))
-            except Exception as e:  # report and go on: one config must not hide the rest
-                rows.append((name, f"FAILED {type(e).__name__}: {e}"[:160]))
+            rows.append(measure(f"{m}x{n}x{k} {target} {cfg}", gemm, grid, a, b, base,
+                                target=target, **cfg))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cfg in PERSISTENT_CONFIGS:
+        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"])
+        rows.append(measure(f"{m}x{n}x{k} sm_90a persistent {cfg}", persistent_gemm, grid,
+                            a, b, base, target="sm_90a", **cfg))
     return rows
+
+
+def measure(name: str, kernel, grid: tuple, a, b, base: float, **launch) -> tuple[str, str]:
+    """One row: `kernel[grid](a, b, c, **launch)` checked (NaN-poisoned output) and timed."""
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    try:
+        kernel[grid](a, b, c, **launch)
+        torch.cuda.synchronize()
+        bad = wrong_elements(c, a, b)
+        ms = do_bench(lambda: kernel[grid](a, b, c, **launch), warmup=25, rep=100,
+                      return_mode="median")
+        tf = 2 * m * n * k / ms / 1e9
+        return name, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x cuBLAS, {bad} wrong elements"
+    except Exception as e:  # report and go on: one config must not hide the rest
+        return name, f"FAILED {type(e).__name__}: {e}"[:160]
 
 
 def compile_rows() -> list[tuple[str, str]]:
