@@ -178,43 +178,7 @@ def test_bad_dtypes_are_named():
         attention_backward_emulated(*(q.astype(np.float64),) * 4, lse, q)
 
 
-# -- the torch entry points, on CPU tensors through the emulator ---------------------------------
-def emulated_launch(kernel, grid, *args, **constexprs):
-    """`tegula.build.launch` for CPU torch tensors: run the kernel in the emulator on numpy
-    copies (bf16 as float32 values) and write every tensor back in place."""
-    import torch
-
-    from tegula.build import emulate
-    arrays = [a.detach().float().numpy() if isinstance(a, torch.Tensor) and a.dtype ==
-              torch.bfloat16 else a.detach().numpy().copy() if isinstance(a, torch.Tensor)
-              else a for a in args]
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        emulate(kernel, grid, *arrays, **constexprs)
-    for t, a in zip(args, arrays):
-        if isinstance(t, torch.Tensor):
-            t.copy_(torch.from_numpy(a))
-
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    """The torch entry points on CPU tensors: launches go to the emulator, the CUDA device
-    check is skipped, and `attention_forward` is the emulated forward."""
-    torch = pytest.importorskip("torch")
-    import tegula.build
-    import tegula.kernels.api
-    import tegula.kernels.attention as attention
-    monkeypatch.setattr(tegula.build, "launch", emulated_launch)
-    monkeypatch.setattr(tegula.kernels.api, "_check_cuda", lambda fn, tensors: None)
-
-    def forward(q, k, v, causal=False, scale=None):
-        o, lse = attention.attention_emulated(q.detach().numpy(), k.detach().numpy(),
-                                              v.detach().numpy(), causal, scale,
-                                              return_lse=True)
-        return torch.from_numpy(o), torch.from_numpy(lse)
-
-    monkeypatch.setattr(attention, "attention_forward", forward)
-    return torch
-
+# -- the torch entry points, on CPU tensors through the emulator (conftest: on_cpu) ------------
 
 def test_torch_entry_point_matches_numpy(on_cpu):
     from tegula.kernels.attention_backward import attention_backward

@@ -163,3 +163,61 @@ def test_bad_lengths_pages_and_dtypes_are_named():
                                   np.zeros((1, 1), np.int32))
     with pytest.raises(TypeError, match="k_cache has dtype float32"):
         attention_decode_emulated(q, cache.astype(np.float32), cache, np.array([5], np.int32))
+
+
+def test_kernels_clamp_lengths_to_the_cache():
+    """The torch entry point does not read lengths back (a sync per step), so the kernels
+    clamp them: a length past the capacity (or negative) reads nothing outside the cache
+    and gives attention over all (or none) of it."""
+    from tegula.dtypes import f32
+    from tegula.kernels.attention_decode import decode_launches
+    from tegula.kernels.common import launch_emulated, poisoned
+    rng = np.random.default_rng(6)
+    q = random_input(rng, (2, 2, 1, 32), f16)
+    k, v = make_cache(rng, 2, 2, 40, 32, [40, 40], f16)
+    want_o, want_lse = reference_decode(q, k, v, [40, 0], False, 32 ** -0.5)
+    config, launches = decode_launches(f16, 2, 2, 2, 1, 32, 40, 0, 32 ** -0.5, False,
+                                       num_splits=2, BN=32)
+    values = dict(q=q.reshape(2, 2, 1, 32), k=k, v=v,
+                  seqlens=np.array([1000, -5], np.int32),
+                  o_part=poisoned((2, 2, 2, 1, 32), f32), lse_part=poisoned((2, 2, 2, 1), f32),
+                  o=poisoned((2, 2, 1, 32), f16), lse=poisoned((2, 2, 1), f32))
+    for kernel, grid, names, scalars, constexprs in launches:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            launch_emulated(kernel, grid, *(values[n] for n in names), *scalars, **constexprs)
+    check(values["o"].reshape(2, 2, 1, 32), values["lse"].reshape(2, 2, 1), want_o, want_lse,
+          f16)
+
+
+@pytest.mark.parametrize("page", [0, 32])
+def test_torch_entry_point_matches_reference(on_cpu, page):
+    from tegula.kernels.attention_decode import attention_decode
+    torch = on_cpu
+    rng = np.random.default_rng(10 + page)
+    seqlens = [64, 0, 37]
+    q = random_input(rng, (3, 4, 2, 32), f16)
+    k, v = make_cache(rng, 3, 2, 64, 32, seqlens, f16)
+    want_o, want_lse = reference_decode(q, k, v, seqlens, True, 0.2)
+    table = None
+    if page:
+        k, v, table = paged(k, v, page, rng)
+        table = torch.from_numpy(table)
+    o, lse = attention_decode(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+                              torch.tensor(seqlens, dtype=torch.int32), table, scale=0.2,
+                              causal=True, return_lse=True, num_splits=2, BN=32)
+    assert o.shape == (3, 4, 2, 32) and o.dtype == torch.float16 and lse.shape == (3, 4, 2)
+    check(o.numpy(), lse.numpy(), want_o, want_lse, f16)
+
+
+def test_torch_argument_errors(on_cpu):
+    from tegula.kernels.attention_decode import attention_decode
+    torch = on_cpu
+    q = torch.ones(1, 2, 1, 32, dtype=torch.float16)
+    cache = torch.ones(1, 2, 50, 32, dtype=torch.float16)
+    with pytest.raises(TypeError, match="cache_seqlens has dtype torch.int64"):
+        attention_decode(q, cache, cache, torch.tensor([5]))
+    with pytest.raises(TypeError, match="v_cache has dtype torch.float32"):
+        attention_decode(q, cache, cache.float(), torch.tensor([5], dtype=torch.int32))
+    with pytest.raises(TypeError, match="block_table has dtype torch.int64"):
+        attention_decode(q, cache, cache, torch.tensor([5], dtype=torch.int32),
+                         torch.zeros(1, 1, dtype=torch.int64))
