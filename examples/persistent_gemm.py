@@ -6,11 +6,15 @@ the README's GEMM body inside a grid-stride loop over output tiles. The grid is
 (`tg.num_programs(0)` is the grid size at run time, so one compiled kernel serves every
 grid), and `grouped_tile` (tegula.kernels.schedule) turns the linear tile index into a
 (row tile, column tile) pair in groups of GROUP row tiles, so blocks running at the same
-time share operand tiles in L2. Each tile runs its own cp.async pipeline over K: the
-shared stages are refilled from the start for every tile.
+time share operand tiles in L2.
 
-On today's Ampere path (mma.sync + cp.async); `tegula explain
-examples/persistent_gemm.py:persistent_gemm` shows the layouts and instructions.
+On sm_90a the K pipeline is TMA + wgmma with one mbarrier ring for the whole block: its
+stage and phase come from a use count that runs on from one tile to the next, and the
+producer warpgroup walks the same tiles, so it loads the next tile's first stages while the
+consumer warpgroups run the current tile's epilogue (`lower/hopper.py`). The README's
+tiles on an H100: `BM=128, BN=256, BK=64, STAGES=4, threads=256` at launch. On sm_80 it is
+the Ampere path (cp.async + mma.sync), each tile refilling its stages from the start.
+`tegula explain examples/persistent_gemm.py:persistent_gemm` shows the decisions.
 """
 import tegula as tg
 from tegula import f16, f32
