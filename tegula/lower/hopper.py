@@ -61,6 +61,21 @@ stage, hence the parity. Only iterations that exist are issued, so no copy is in
 when the loop ends; boxes past the tensor's edge (the last K step, ragged M/N) are
 zero-filled by TMA and still count their full bytes.
 
+**A ring across enclosing loops** (synthesis put a `RingPlan` on the pipeline: it sits in
+other run-time loops, e.g. a persistent kernel's grid-stride tile loop, its trip count
+and theirs do not depend on an enclosing index, and its body is the TMA copies and one
+wgmma gemm). The barriers are initialized once and never reset; the J-th run of the
+pipeline (J the flattened index of the enclosing iterations) continues the ring where the
+previous run left it, by a use count instead of the index: `count = J * trips + (k -
+start)`, stage `count % S`, parity `(count // S) % 2` (`Ring`), and the gemm's
+descriptors read stage `count % S` too. Warp-specialized, the producer runs copies of the
+enclosing loops around its K loop (it walks the same tiles; the boxes' coordinates are
+expressions of the loop indices), and after the K loop the consumer's `wait_group 0` is
+followed by the release of the last iteration's stage, so the producer fills the next
+run's first stages while the consumer runs the code after the loop (the epilogue). In one
+role, each run's prologue issues its first S-1 stages into the next slots of the ring.
+A run of zero iterations issues, waits and releases nothing.
+
 **Generic writes read by wgmma** (cp.async or ld/st copies into a wgmma buffer, when TMA was
 not possible): wgmma reads through the async proxy, so every barrier of such a kernel is
 preceded by `fence.proxy.async` (`fence_generic_writes`): each thread's own shared writes
@@ -132,12 +147,23 @@ def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0,
     group = TID // WARPGROUP
     group_m, group_n = group % grid.wm, group // grid.wm
     values = atom.acc_tv[1].size
+    a_regs = a_map = None
+    if plan.a_tv is not None:  # A from registers, in the atom's fragment order per repeat
+        a_regs, a_map = ctx.regs_of(op.a), match_values(op.a.layout, tv_table(plan.a_tv))
+        if a_map is None:
+            raise SynthesisError(f"gemm: operand a {describe(op.a)} is not in the A fragment "
+                                 f"layout of {plan.describe()}", loc=op.loc)
+    a_values = atom.a_tv[1].size
     stmts: list = [Comment(f"gemm {describe(op.c)} += {describe(op.a)} @ {describe(op.b)}^T: "
                            f"{plan.describe()}"), WgmmaFence()]
     for rk in range(rk_count):
         for rm in range(rm_count):
-            a = operand_desc(ctx, op.a, (group_m + grid.wm * rm) * atom.m, rk * atom.k,
-                             plan.swizzle_a, slot)
+            if a_regs is not None:
+                first_a = a_values * (rm + rm_count * rk)
+                a = [reg(a_regs, a_map[first_a + x]) for x in range(a_values)]
+            else:
+                a = operand_desc(ctx, op.a, (group_m + grid.wm * rm) * atom.m, rk * atom.k,
+                                 plan.swizzle_a, slot)
             for rn in range(rn_count):
                 b = operand_desc(ctx, op.b, (group_n + grid.wn * rn) * atom.n, rk * atom.k,
                                  plan.swizzle_b, slot)
@@ -415,7 +441,7 @@ def _one_gemm_in_flight(rest: list) -> bool:
 def needs_proxy_fence(kernel) -> bool:
     """True if some wgmma operand buffer is written by threads (not TMA)."""
     wgmma_buffers = {t.alloc.id for op in walk_ops(kernel.body) if is_wgmma(op)
-                     for t in (op.a, op.b)}
+                     for t in (op.a, op.b) if isinstance(t, SharedTile)}
     return any(isinstance(op, Copy) and isinstance(op.dst, SharedTile)
                and op.dst.alloc.id in wgmma_buffers and op.choices.get("instr") != "tma"
                for op in walk_ops(kernel.body))
