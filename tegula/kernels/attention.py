@@ -58,6 +58,10 @@ ATTENTION_DTYPES = (f16, bf16)
 HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 INF = float("inf")
+# The contraction of q @ k.T runs in D_CHUNK-wide pieces, each its own shared buffer: a
+# wgmma operand buffer holds rows of exactly one 128-byte swizzle span (64 f16/bf16
+# elements), so D = 128 or 256 in one buffer would drop the gemm to mma.sync on sm_90a.
+D_CHUNK = 64
 
 
 def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
@@ -66,11 +70,13 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
     V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,)."""
     seq_q, seq_k = qv.shape[0], kv.shape[0]
-    sq = tg.shared((BM, D), dtype)
-    tg.copy(qv.tile((BM, D), (m, 0)), sq)
-    keys = kv.tile((BN, D), (None, 0))                    # (BN, D, key blocks)
+    dc = min(D, D_CHUNK)                                  # q @ k.T in D/dc gemms (see below)
+    sq = [tg.shared((BM, dc), dtype) for c in range(D // dc)]
+    for c in range(D // dc):
+        tg.copy(qv.tile((BM, dc), (m, c)), sq[c])
+    keys = kv.tile((BN, dc), (None, None))                # (BN, dc, key blocks, D/dc)
     values = vv.tile((D, BN), (0, None)) if V_KMAJOR else vv.tile((BN, D), (None, 0))
-    sk = tg.shared((BN, D), dtype, stages=STAGES)
+    sk = [tg.shared((BN, dc), dtype, stages=STAGES) for c in range(D // dc)]
     sv = tg.shared((D, BN) if V_KMAJOR else (BN, D), dtype, stages=STAGES)
     sp = tg.shared((BM, BN), dtype) if P_SHARED else None
     rows = tg.arange(BM, offset=m * BM)
@@ -81,10 +87,12 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
     for j in tg.pipeline(blocks, stages=STAGES):
-        tg.copy(keys[:, :, j], sk[j])
+        for c in range(D // dc):
+            tg.copy(keys[:, :, j, c], sk[c][j])
         tg.copy(values[:, :, j], sv[j])
         s = tg.zeros((BM, BN), f32)
-        tg.gemm(s, sq, sk[j])                             # s = q @ k.T
+        for c in range(D // dc):
+            tg.gemm(s, sq[c], sk[c][j])                   # s = q @ k.T
         cols = tg.arange(BN, offset=j * BN)
         visible = cols[None, :] < seq_k
         if CAUSAL:
@@ -95,17 +103,17 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
         p = tg.exp2(s - m_base)
         alpha = tg.exp2(m_i - m_base)
         l_i = l_i * alpha + tg.sum(p, 1)
-        acc = acc * alpha
+        acc *= alpha                                      # in place: one accumulator live
         p = p.to(dtype)
         if P_SHARED:
             tg.copy(p, sp)
             p = sp
         tg.gemm(acc, p, sv[j] if V_KMAJOR else sv[j].T)   # acc += p @ v
         m_i = m_new
-    seen = l_i > 0.0                                      # false: the row saw no key
-    l_safe = tg.where(seen, l_i, 1.0)
+    unseen = l_i == 0.0                                   # the row saw no key (NaN: it did)
+    l_safe = tg.where(unseen, 1.0, l_i)
     tg.copy((acc * (1.0 / l_safe)).to(dtype), ov.tile((BM, D), (m, 0)))
-    lse = tg.where(seen, (m_i + tg.log2(l_safe)) * (1.0 / LOG2E), -INF)
+    lse = tg.where(unseen, -INF, (m_i + tg.log2(l_safe)) * (1.0 / LOG2E))
     tg.copy(lse[:, 0], lse_v.tile((BM,), (m,)))
 
 
@@ -303,3 +311,160 @@ def check_offsets(fn: str, name: str, offsets: object, rows: int,
         raise ValueError(f"tegula.kernels.{fn}: {name} = {a.tolist()} must start at 0, never "
                          f"decrease and end at most at {rows} (the packed rows)")
     return a
+
+
+# --------------------------------------------------------------------------------------
+# torch entry points (CUDA): checks, autotuned configuration, launch
+# --------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {"float16": f16, "bfloat16": bf16}
+
+
+def _tuner_name() -> str:
+    """The autotuner of the attention entry points, registered beside the others once."""
+    from tegula.kernels import api
+    from tegula.runtime.autotune import Autotuner
+    api.TUNERS.setdefault("attention", Autotuner("attention"))
+    return "attention"
+
+
+def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
+    """Configurations worth timing for one head dim. 128-row query blocks take two
+    warpgroups (64 rows, and a 64-row accumulator slice, each); with D=256 that slice is
+    already 128 f32 registers a thread. On sm_90a (`wgmma`) the all-wgmma dataflow comes
+    first (the untuned default); its key blocks are 64 wide, since `p @ v` contracts over
+    them and a wgmma operand buffer holds one 128-byte span per row (see D_CHUNK). The
+    mma.sync dataflow (p in registers) also tries 128-key blocks where registers allow."""
+    rows = [dict(BM=128, threads=256), dict(BM=64)]
+    # 128-key blocks with p in registers: D=64 everywhere, D=128 where q @ k.T is a wgmma
+    # (on mma.sync, synthesis cannot yet chain two D chunks' accumulator into p's operand
+    # layout at BN=128, a clear SynthesisError); none at D=256 (registers).
+    wide = head_dim == 64 or (head_dim == 128 and wgmma)
+    mma = [dict(t, BN=bn) for t in rows for bn in ((64, 128) if wide else (64,))]
+    if not wgmma and head_dim == 256:  # 128 x 256 query tiles overflow sm_80's shared memory
+        mma = [t for t in mma if t["BM"] == 64]
+    configs = [dict(t, V_KMAJOR=False, P_SHARED=False) for t in mma]
+    if wgmma:
+        configs = [dict(t, BN=64, V_KMAJOR=True, P_SHARED=True) for t in rows] + configs
+    return [dict(c, STAGES=2) for c in configs]
+
+
+def _check_torch(fn: str, ndim: int, **tensors) -> DType:
+    from tegula.kernels.api import _check_same_dtype, _check_tensor
+    dtype = None
+    for name, t in tensors.items():
+        dtype = _check_tensor(fn, name, t, _TORCH_DTYPES, ndim=ndim)
+    _check_same_dtype(fn, tensors)
+    return dtype
+
+
+def _inner_contiguous(t):
+    """`t` with unit stride along its last dim (the kernels read rows with vectors); any
+    other strides are specialized on, e.g. a (B, S, H, D) tensor's (B, H, S, D) view."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tuple,
+               extra: str, constexprs: dict, head_dim: int, device):
+    """Tune (once per shape bucket) and launch `kernel` on `tensors` with v inserted third
+    (transposed by `transpose_v` for the V_KMAJOR configurations)."""
+    import torch
+
+    from tegula.kernels.api import _launch, _tune_and_run
+    from tegula.runtime.autotune import Config
+    wgmma = torch.cuda.get_device_capability(device) >= (9, 0)
+    configs = tuple(Config.of(c) for c in attention_candidates(head_dim, wgmma))
+
+    def run(config: Config):
+        values = config.kwargs
+        operand = transpose_v(v) if values["V_KMAJOR"] else v
+        args = tensors[:2] + (operand,) + tensors[2:]
+        return _launch(kernel, grid(values["BM"]), args, dict(values, **constexprs),
+                       config.threads)
+
+    return _tune_and_run(_tuner_name(), device.index, configs, dims, f"{fn}/{extra}", run)
+
+
+def attention_forward(q, k, v, causal: bool = False, scale: float | None = None):
+    """FlashAttention forward on CUDA tensors: q (B, H, Sq, D), k and v (B, H_kv, Sk, D),
+    f16 or bf16, D in (64, 128, 256), H_kv dividing H. Returns (o, lse): o (B, H, Sq, D)
+    in q's dtype and lse (B, H, Sq) f32, the natural-log log-sum-exp of each row's scaled
+    scores (what the backward needs). `causal` is aligned bottom-right (query i sees keys
+    j <= i + Sk - Sq; see the module docstring: torch SDPA's is_causal is top-left)."""
+    import torch
+
+    from tegula.kernels.api import _check_cuda
+    fn = "attention"
+    dtype = _check_torch(fn, 4, q=q, k=k, v=v)
+    d = check_heads(fn, tuple(q.shape), tuple(k.shape), tuple(v.shape), 3, 1, 2)
+    check_scale(fn, scale)
+    _check_cuda(fn, {"q": q, "k": k, "v": v})
+    b, h, sq, _ = q.shape
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return o, lse
+    if k.shape[2] == 0:  # no keys: every row sees nothing
+        return o.zero_(), lse.fill_(-INF)
+    q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+    constexprs = dict(D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal))
+    _run_tuned(fn, attention_kernel(dtype), lambda bm: (-(-sq // bm), h, b), (q, k, o, lse),
+               v, lambda t: t.transpose(2, 3).contiguous(), (b * h, sq, k.shape[2]),
+               f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device)
+    return o, lse
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """`attention_forward(q, k, v, causal, scale)`'s output o alone (see there)."""
+    return attention_forward(q, k, v, causal, scale)[0]
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                     max_seqlen_k: int | None = None, causal: bool = False,
+                     scale: float | None = None, return_lse: bool = False):
+    """The forward on packed variable-length sequences (flash-attn's varlen layout): q
+    (total_q, H, D), k and v (total_k, H_kv, D) on one CUDA device, `cu_seqlens_q/_k`
+    int32 CUDA tensors of sequences + 1 offsets (from 0, nondecreasing, at most the packed
+    length: not checked, as that would read them back to the host; rows past the packed
+    length are never read), `max_seqlen_q` ≥ every query length (it sizes the grid).
+    Returns o (total_q, H, D) — rows belonging to no sequence are left unwritten — and
+    with `return_lse` also lse (H, total_q) f32. `max_seqlen_k` is accepted for flash-attn
+    compatibility and only buckets the autotuner's choice."""
+    import torch
+
+    from tegula.kernels.api import _check_cuda, _check_tensor
+    fn = "attention_varlen"
+    dtype = _check_torch(fn, 3, q=q, k=k, v=v)
+    d = check_heads(fn, tuple(q.shape), tuple(k.shape), tuple(v.shape), 2, 1, 0)
+    check_scale(fn, scale)
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_tensor(fn, name, t, {"int32": i32}, ndim=1)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 1:
+        raise ValueError(f"tegula.kernels.{fn}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and "
+                         f"cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both hold sequences "
+                         f"+ 1 offsets")
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        raise ValueError(f"tegula.kernels.{fn}: max_seqlen_q must be a non-negative int, got "
+                         f"{max_seqlen_q!r}")
+    _check_cuda(fn, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
+                     "cu_seqlens_k": cu_seqlens_k})
+    total_q, h, _ = q.shape
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((h, total_q), dtype=torch.float32, device=q.device)
+    sequences = cu_seqlens_q.shape[0] - 1
+    if sequences and max_seqlen_q and total_q:
+        q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+        constexprs = dict(D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal))
+        tensors = (q, k, o, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous())
+        _run_tuned(fn, attention_varlen_kernel(dtype),
+                   lambda bm: (-(-max_seqlen_q // bm), h, sequences), tensors, v,
+                   lambda t: t.permute(1, 2, 0).contiguous(),
+                   (total_q, max_seqlen_q, max_seqlen_k or max_seqlen_q),
+                   f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device)
+    return (o, lse) if return_lse else o
+
+
+__all__ = ["attention_kernel", "attention_varlen_kernel", "attention_emulated",
+           "attention_varlen_emulated", "attention_forward", "attention", "attention_varlen",
+           "attention_candidates", "default_tiles", "qk_scale", "check_heads", "check_scale",
+           "check_offsets", "ATTENTION_DTYPES", "HEAD_DIMS", "LOG2E"]

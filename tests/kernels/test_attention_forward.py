@@ -1,0 +1,222 @@
+"""The FlashAttention forward (tegula.kernels.attention) in the emulator, against a float64
+numpy reference with an explicit mask: every element of o and lse, both targets, odd
+lengths, Sq != Sk, bottom-right causal masks, fully masked rows, GQA/MQA, varlen."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.emulate.values import round_to
+from tegula.kernels.attention import (attention_emulated, attention_kernel,
+                                      attention_varlen_emulated)
+
+TARGETS = ("sm_90a", "sm_80")
+
+
+def reference(q, k, v, causal: bool, scale: float | None = None):
+    """o and the natural-log lse in float64, K/V heads repeated for GQA, the causal mask
+    written out: query i sees key j iff j <= i + Sk - Sq (bottom-right). A row that sees no
+    key has o = 0 and lse = -inf."""
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    group = h // k.shape[1]
+    kk = np.repeat(k.astype(np.float64), group, axis=1)
+    vv = np.repeat(v.astype(np.float64), group, axis=1)
+    s = q.astype(np.float64) @ kk.transpose(0, 1, 3, 2) * scale
+    mask = np.ones((sq, sk), bool)
+    if causal:
+        mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+    s = np.where(mask, s, -np.inf)
+    seen = mask.any(axis=1)[None, None, :, None]
+    top = np.where(seen, s.max(axis=-1, keepdims=True), 0.0)
+    e = np.where(mask, np.exp(s - top), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    o = np.where(seen, e @ vv / np.where(seen, total, 1.0), 0.0)
+    lse = np.where(seen, np.log(np.where(seen, total, 1.0)) + top, -np.inf)[..., 0]
+    return o, lse
+
+
+def inputs(seed: int, b: int, h: int, h_kv: int, sq: int, sk: int, d: int, dtype=tg.f16):
+    """Random q, k, v (never zeros) exactly representable in `dtype`, in its emulator
+    storage (float16, or float32 holding bf16 values)."""
+    rng = np.random.default_rng(seed)
+    shapes = ((b, h, sq, d), (b, h_kv, sk, d), (b, h_kv, sk, d))
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    if dtype == tg.f16:
+        return [a.astype(np.float16) for a in arrays]
+    return [round_to(a, dtype) for a in arrays]
+
+
+def check(o, lse, want_o, want_lse, dtype=tg.f16):
+    """Every element: o within the rounding of p and o to the element type, lse to f32
+    precision, -inf exactly where the reference has it, no NaN anywhere (outputs start
+    poisoned with NaN, so an unwritten element fails)."""
+    tol = 2e-3 if dtype == tg.f16 else 1.6e-2
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    np.testing.assert_allclose(o.astype(np.float64), want_o, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    finite = np.isfinite(want_lse)
+    np.testing.assert_allclose(lse[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
+
+
+# (B, H, H_kv, Sq, Sk, D, causal): odd lengths, Sq < Sk and Sq > Sk (fully masked rows
+# when causal), length 1, GQA ratios 1, 2 and 8.
+SHAPES = [
+    (1, 2, 2, 17, 17, 64, False),
+    (1, 2, 2, 17, 17, 64, True),
+    (1, 2, 1, 50, 65, 64, True),       # Sq < Sk: the first rows see Sk - Sq + 1 keys
+    (1, 2, 1, 50, 65, 64, False),
+    (2, 2, 2, 65, 17, 64, True),       # Sq > Sk: rows 0..47 see no key
+    (1, 8, 1, 1, 50, 64, True),        # one query (decoding) against 50 keys, MQA 8:1
+    (1, 4, 2, 1, 1, 64, False),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("b,h,h_kv,sq,sk,d,causal", SHAPES)
+def test_forward_matches_the_reference(b, h, h_kv, sq, sk, d, causal, target):
+    q, k, v = inputs(sq * 7 + sk, b, h, h_kv, sq, sk, d)
+    o, lse = attention_emulated(q, k, v, causal, return_lse=True, target=target)
+    check(o, lse, *reference(q, k, v, causal))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_head_dim_128_bf16_with_an_explicit_scale(target):
+    q, k, v = inputs(3, 1, 2, 1, 33, 40, 128, tg.bf16)
+    o, lse = attention_emulated(q, k, v, True, 0.3, return_lse=True, dtype=tg.bf16,
+                                target=target)
+    check(o, lse, *reference(q, k, v, True, 0.3), tg.bf16)
+
+
+@pytest.mark.slow
+def test_head_dim_256():
+    q, k, v = inputs(4, 1, 2, 2, 20, 70, 256)
+    o, lse = attention_emulated(q, k, v, False, return_lse=True)
+    check(o, lse, *reference(q, k, v, False))
+
+
+# Every dataflow and tile shape the torch entry's autotuner may pick, plus tiles smaller
+# than the block (16 query rows, an lse tile of 16 for 128 threads).
+CONFIGS = [
+    ("sm_90a", dict(BM=128, BN=64, threads=256, V_KMAJOR=True, P_SHARED=True)),
+    ("sm_90a", dict(BM=128, BN=128, threads=256, V_KMAJOR=False, P_SHARED=False)),
+    ("sm_90a", dict(BM=64, BN=64, V_KMAJOR=True, P_SHARED=False)),
+    ("sm_90a", dict(BM=64, BN=64, V_KMAJOR=False, P_SHARED=True)),
+    ("sm_80", dict(BM=16, BN=32)),
+    ("sm_80", dict(BM=16, BN=32, V_KMAJOR=True, P_SHARED=True)),
+]
+
+
+@pytest.mark.parametrize("target,tiles", CONFIGS)
+def test_every_configuration_gives_the_same_answer(target, tiles):
+    q, k, v = inputs(5, 1, 2, 1, 70, 133, 64)
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, target=target, **tiles)
+    check(o, lse, *reference(q, k, v, True))
+
+
+def test_causal_programs_skip_the_key_blocks_above_the_diagonal():
+    """Values past key 63 are NaN. A causal query block whose rows see only keys < 64 must
+    not even load the blocks past them (a NaN value times a masked p of 0 is NaN), so rows
+    0..63 come out finite and right; rows that do see the NaN keys are NaN, as in the
+    reference."""
+    q, k, v = inputs(6, 1, 1, 1, 128, 128, 64)
+    v[:, :, 64:, :] = np.nan
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, target="sm_80", BM=16, BN=32)
+    clean = v.copy()
+    clean[:, :, 64:, :] = 0
+    want_o, want_lse = reference(q, k, clean, True)
+    np.testing.assert_allclose(o[:, :, :64].astype(np.float64), want_o[:, :, :64],
+                               rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)  # lse ignores v
+    assert np.isnan(o[:, :, 64:]).all()
+
+
+def test_large_scores_do_not_overflow_and_nan_keys_stay_hidden():
+    """Scaled scores past 100, where exp overflows f32 (the running max keeps exp2 in
+    range), and a NaN key that the rows before it never see (causal): those rows right,
+    the rows that see it NaN in o and lse."""
+    q, k, v = inputs(7, 1, 2, 2, 40, 40, 64)
+    q = (q.astype(np.float32) * 40).astype(np.float16)
+    k[0, 0, 30, 5] = np.nan
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, target="sm_90a")
+    want_o, want_lse = reference(q, k, v, True)
+    assert np.isnan(o[0, 0, 30:]).all() and np.isnan(lse[0, 0, 30:]).all()
+    check(o[0, 1], lse[0, 1], want_o[0, 1], want_lse[0, 1])
+    check(o[0, 0, :30], lse[0, 0, :30], want_o[0, 0, :30], want_lse[0, 0, :30])
+    assert want_lse[np.isfinite(want_lse)].max() > 100
+
+
+def test_no_keys_gives_zero_output_and_minus_infinity():
+    q, k, v = inputs(8, 1, 2, 1, 5, 0, 64)
+    o, lse = attention_emulated(q, k, v, return_lse=True)
+    assert (o == 0).all() and np.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_varlen_matches_each_sequence_alone(target):
+    """Four packed sequences (one empty, one of a single query, one longer than a block),
+    GQA 2:1, then padding rows whose keys are NaN and values infinite: no sequence may
+    read them, and rows of no sequence stay unwritten (NaN poison)."""
+    lengths_q, lengths_k = [5, 0, 70, 1], [9, 3, 64, 30]
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((cu_q[-1] + 3, 4, 64)).astype(np.float16)
+    k = rng.standard_normal((cu_k[-1] + 5, 2, 64)).astype(np.float16)
+    v = rng.standard_normal((cu_k[-1] + 5, 2, 64)).astype(np.float16)
+    k[cu_k[-1]:], v[cu_k[-1]:] = np.nan, np.inf
+    for causal in (False, True):
+        o, lse = attention_varlen_emulated(q, k, v, cu_q, cu_k, max(lengths_q), causal,
+                                           return_lse=True, target=target)
+        for e in range(len(lengths_q)):
+            rows, keys = slice(cu_q[e], cu_q[e + 1]), slice(cu_k[e], cu_k[e + 1])
+            want_o, want_lse = reference(q[rows].transpose(1, 0, 2)[None],
+                                         k[keys].transpose(1, 0, 2)[None],
+                                         v[keys].transpose(1, 0, 2)[None], causal)
+            check(o[rows].transpose(1, 0, 2)[None], lse[:, rows][None], want_o, want_lse)
+        assert np.isnan(o[cu_q[-1]:]).all()
+
+
+def test_sm90a_puts_both_gemms_on_wgmma_with_k_and_v_by_tma():
+    """The default sm_90a configuration: q @ k.T in 64-wide D chunks and p @ v.T on wgmma,
+    K and V arriving by TMA into a ring filled by a producer warpgroup."""
+    text = tg.explain(attention_kernel(tg.f16), target="sm_90a", D=128, QK_SCALE=0.1,
+                      CAUSAL=True, BM=128, BN=64, threads=256, V_KMAJOR=True, P_SHARED=True)
+    gemms = [line for line in text.splitlines() if line.strip().startswith("line ")
+             and " gemm " in line]
+    assert len(gemms) == 3  # two D chunks of q @ k.T, then p @ v
+    assert text.count("MMA      wgmma.") == 3 and "mma.sync" not in text.split("== ops")[1]
+    assert "warp-specialized" in text and text.count("tma.load") == 3
+
+
+# -- bad input: a clear error naming the argument, before anything is traced -------------------
+def test_bad_arguments_are_named():
+    q, k, v = inputs(10, 1, 4, 2, 8, 8, 64)
+    with pytest.raises(ValueError, match="head dim D = 32"):
+        attention_emulated(q[..., :32].copy(), k[..., :32].copy(), v[..., :32].copy())
+    with pytest.raises(ValueError, match="3 heads, which must divide q's 4"):
+        attention_emulated(q, np.concatenate([k, k[:, :1]], 1), np.concatenate([v, v[:, :1]], 1))
+    with pytest.raises(ValueError, match="k and v must have one shape"):
+        attention_emulated(q, k, v[:, :, :5].copy())
+    with pytest.raises(ValueError, match="must agree on the batch"):
+        attention_emulated(q, np.concatenate([k, k]), np.concatenate([v, v]))
+    with pytest.raises(TypeError, match="share one dtype"):
+        attention_emulated(q, k.astype(np.float32), v)
+    with pytest.raises(TypeError, match="float16 arrays"):
+        attention_emulated(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        attention_emulated(q[0], k, v)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        attention_emulated(q, k, v, scale=float("nan"))
+    cu = np.array([0, 4, 8], np.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_k = \\[0, 9, 8\\] must start at 0"):
+        attention_varlen_emulated(q[0].transpose(1, 0, 2).copy(), k[0].transpose(1, 0, 2).copy(),
+                                  v[0].transpose(1, 0, 2).copy(), cu,
+                                  np.array([0, 9, 8], np.int32), 4)
+    with pytest.raises(ValueError, match="max_seqlen_q = 3 is below"):
+        attention_varlen_emulated(q[0].transpose(1, 0, 2).copy(), k[0].transpose(1, 0, 2).copy(),
+                                  v[0].transpose(1, 0, 2).copy(), cu, cu, 3)
