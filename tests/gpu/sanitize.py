@@ -56,6 +56,24 @@ def run_warp_specialized() -> None:
     torch.testing.assert_close(c, a.float() @ b.float().T, rtol=1e-3, atol=1e-3)
 
 
+def run_persistent_gemm(warp_specialize: bool | None = None) -> None:
+    """examples/persistent_gemm.py on sm_90a: 3 blocks walking 12 ragged tiles, the TMA
+    ring running across each block's tiles (5 K iterations on 3 stages, so every tile
+    starts at another stage), warp-specialized by default or in one role."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "persistent_gemm.py"
+    spec = importlib.util.spec_from_file_location("tegula_example_persistent_sanitize", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    m, n, k = 150, 230, 152
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.randn(n, k, device="cuda").half()
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    module.persistent_gemm[(3,)](a, b, c, BM=64, BN=64, BK=32, STAGES=3, target="sm_90a",
+                                 warp_specialize=warp_specialize)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
+
+
 def run_softmax() -> None:
     """Row softmax in f32 with a ragged row length (the -inf fill path and the cross-warp
     reduction through shared memory)."""
@@ -89,6 +107,8 @@ def run_planted_oob() -> None:
 CASES = {"gemm": run_gemm, "gemm_ampere": lambda: run_gemm("sm_90"),
          "gemm_one_role": lambda: run_gemm(warp_specialize=False),
          "warp_specialized": run_warp_specialized, "softmax": run_softmax,
+         "persistent_gemm": run_persistent_gemm,
+         "persistent_gemm_one_role": lambda: run_persistent_gemm(warp_specialize=False),
          "planted_oob": run_planted_oob}
 
 

@@ -1,6 +1,7 @@
 """compute-sanitizer memcheck, racecheck and synccheck report no errors on the GEMM (sm_90a:
-TMA + wgmma, warp-specialized by synthesis and in one role; sm_90: the Ampere path), the warp-specialized producer/consumer sample and the
-softmax (one small launch each, through `tests/gpu/sanitize.py` in a subprocess)."""
+TMA + wgmma, warp-specialized by synthesis and in one role; sm_90: the Ampere path), the
+persistent GEMM (its TMA ring across tiles, both role forms), the warp-specialized
+producer/consumer sample and the softmax (one small launch each, through `tests/gpu/sanitize.py` in a subprocess)."""
 from __future__ import annotations
 
 import os
@@ -54,7 +55,7 @@ def _sanitize(tool: str, case: str) -> str:
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 @pytest.mark.parametrize("case", ["gemm", "gemm_one_role", "gemm_ampere", "warp_specialized",
-                                  "softmax"])
+                                  "softmax", "persistent_gemm", "persistent_gemm_one_role"])
 def test_sanitizer_reports_zero_errors(case, tool):
     out = _sanitize(tool, case)
     assert f"{case}: ok" in out, out[-4000:]
