@@ -18,9 +18,13 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
   torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`
 * `scan`: `selective_scan_emulated` (Mamba's selective scan forward, chunked over the
   sequence with `tg.scan`; torch: `selective_scan`)
+* `attention`: `attention_emulated`, `attention_varlen_emulated` (FlashAttention forward:
+  causal aligned bottom-right, GQA, variable lengths, the log-sum-exp for the backward;
+  torch: `attention`, `attention_forward`, `attention_varlen`)
 
-The torch entry points (`api`: `matmul`, `rms_norm`, `softmax`, `copy`) are re-exported
-below; `import tegula.kernels.torch_ops` (needs torch) registers them as the custom ops
+The torch entry points (`api`: `matmul`, `rms_norm`, `softmax`, `copy`; `attention`:
+`attention`, `attention_forward`, `attention_varlen`) are re-exported below;
+`import tegula.kernels.torch_ops` (needs torch) registers them as the custom ops
 `torch.ops.tegula.*` for `torch.compile`.
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ from tegula.kernels.norm import rms_norm_emulated
 from tegula.kernels.quant import (matmul_w4a16, prepack, quantize_w4, unpack_w4,
                                   w4a16_gemm_emulated)
 from tegula.kernels.softmax import softmax_emulated
+from tegula.kernels.attention import attention_emulated, attention_varlen_emulated
 
 __all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_emulated",
            "rms_norm_emulated", "gemm_emulated", "matmul_fp8_emulated", "gemv_emulated",
@@ -48,3 +53,8 @@ from tegula.kernels.scan import selective_scan, selective_scan_emulated  # noqa:
 
 __all__ += ["matmul", "matmul_fp8", "rms_norm", "softmax", "copy"]
 __all__ += ["selective_scan", "selective_scan_emulated"]
+# `attention` shadows its module as well: `from tegula.kernels.attention import ...` works.
+from tegula.kernels.attention import attention, attention_forward, attention_varlen  # noqa: E402,E501
+
+__all__ += ["attention_emulated", "attention_varlen_emulated", "attention", "attention_forward",
+            "attention_varlen"]
