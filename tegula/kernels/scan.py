@@ -201,12 +201,13 @@ _TORCH_DTYPES = {"float32": f32, "float16": f16, "bfloat16": bf16}
 
 def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
                    delta_bias: Any = None, delta_softplus: bool = False, *,
-                   BD: int | None = None, BL: int | None = None) -> Any:
+                   out: Any = None, BD: int | None = None, BL: int | None = None) -> Any:
     """Mamba's selective scan forward on CUDA tensors (see the module docstring for the
-    shapes and formulas); returns `out` (batch, dim, L) of u's dtype."""
+    shapes and formulas); returns `out` (batch, dim, L) of u's dtype (written into `out=`
+    when given: contiguous, u's shape, dtype and device)."""
     import torch
 
-    from tegula.kernels.api import _check_cuda, _check_tensor, _launch
+    from tegula.kernels.api import _check_cuda, _check_out, _check_tensor, _launch
 
     fn = "selective_scan"
     dtype = _check_tensor(fn, "u", u, _TORCH_DTYPES, ndim=3)
@@ -227,7 +228,10 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
                **{k: v for k, v in optional.items() if v is not None}}
     _check_cuda(fn, tensors)
     batch, dim, length = u.shape
-    out = torch.empty_like(u, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(u, memory_format=torch.contiguous_format)
+    else:
+        _check_out(fn, out, tuple(u.shape), u)
     if out.numel() == 0:
         return out
     constexprs = selective_scan_config(dim, A.shape[1], BD, BL)

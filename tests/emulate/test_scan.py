@@ -9,32 +9,21 @@ integer scans (wrapping), max scans and non-commutative integer combines compare
 bit; float sums within a bound of the summation order."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import tegula as tg
-from tegula import f16, f32, i32
+from tegula import f32
 from tegula.layout.cute import Layout
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scan_kernels import (SHAPES, affine_scan, cumsum_f16, cumsum_i32, cumsum_tile,  # noqa: E402
+                          max_and_first, rand)
+
 TARGETS = ("sm_90a", "sm_80")
-
-# (M, N, BM, BN, threads): the tile (BM, BN) scanned along either axis.
-SHAPES = [
-    (5, 60, 4, 64, 128),      # 4 rows: 32 lanes per row along N, 1 lane along M (axis 0)
-    (3, 1000, 1, 1024, 128),  # one row over all 4 warps: warp totals through shared memory
-    (7, 33, 8, 40, 64),       # 40 = 8 lanes x 5 registers; ragged both ways
-    (9, 100, 2, 100, 128),    # 100 = 4 lanes x 25; 128 threads for 200 elements: replicas
-    (2, 5, 2, 5, 128),        # 10 elements on 128 threads: one thread per row, replicas
-    (64, 96, 64, 96, 128),    # rows first: each thread scans whole rows in registers
-    (1, 2048, 1, 2048, 256),  # 8 warps along one row
-]
-
-
-def rand(*shape: int, seed: int = 0) -> np.ndarray:
-    """Random non-zero f32 data of both signs."""
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(0.25, 1.0, shape) * rng.choice([-1.0, 1.0], shape)
-    return x.astype(np.float32)
 
 
 def blocks_of(x: np.ndarray, bm: int, bn: int, fill=0) -> np.ndarray:
@@ -54,14 +43,6 @@ def scanned(fn, t: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
     if reverse:
         return np.flip(fn(np.flip(t, axis), axis), axis)
     return fn(t, axis)
-
-
-@tg.kernel(threads=128)
-def cumsum_tile(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 4,
-                BN: tg.constexpr = 64, AXIS: tg.constexpr = 1, REVERSE: tg.constexpr = False):
-    m = tg.block_id(0)
-    t = tg.load(x.tile((BM, BN), (m, 0)))
-    tg.copy(tg.cumsum(t, AXIS, reverse=REVERSE), y.tile((BM, BN), (m, 0)))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -103,14 +84,6 @@ def test_cumsum_propagates_nan_and_inf():
         np.testing.assert_allclose(y[finite], want[finite], rtol=1e-5, atol=1e-4)
 
 
-@tg.kernel(threads=128)
-def cumsum_i32(x: tg.Tensor[i32], y: tg.Tensor[i32], BM: tg.constexpr = 2,
-               BN: tg.constexpr = 64, REVERSE: tg.constexpr = False):
-    m = tg.block_id(0)
-    t = tg.load(x.tile((BM, BN), (m, 0)))
-    tg.copy(tg.cumsum(t, 1, reverse=REVERSE), y.tile((BM, BN), (m, 0)))
-
-
 @pytest.mark.parametrize("M,N,BM,BN,threads", [(3, 1000, 2, 1024, 128), (5, 37, 4, 40, 64)])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_cumsum_i32_wraps_exactly(M, N, BM, BN, threads, reverse):
@@ -123,12 +96,6 @@ def test_cumsum_i32_wraps_exactly(M, N, BM, BN, threads, reverse):
     assert np.any(np.abs(want) > 2**31)                         # the test did wrap
 
 
-@tg.kernel(threads=128)
-def cumsum_f16(x: tg.Tensor[f16], y: tg.Tensor[f16], BN: tg.constexpr = 4096):
-    t = tg.load(x.tile((1, BN), (0, 0)))
-    tg.copy(tg.cumsum(t, 1), y.tile((1, BN), (0, 0)))
-
-
 def test_cumsum_f16_accumulates_in_f32():
     """4000 values near 1: summed in f16 the prefix would stall near 2048 (f16's spacing
     there is 2); accumulated in f32 each result is its exact prefix rounded once."""
@@ -139,21 +106,6 @@ def test_cumsum_f16_accumulates_in_f32():
     ulp = np.spacing(exact.astype(np.float16)).astype(np.float64)
     assert np.all(np.abs(y.astype(np.float64) - exact) <= ulp), \
         np.abs(y.astype(np.float64) - exact).max()
-
-
-@tg.kernel(threads=128)
-def affine_scan(a: tg.Tensor[i32], b: tg.Tensor[i32], pa: tg.Tensor[i32],
-                pb: tg.Tensor[i32], BM: tg.constexpr = 2, BN: tg.constexpr = 64,
-                REVERSE: tg.constexpr = False):
-    """Composition of the maps h -> a*h + b (in wrapping i32, exactly associative and not
-    commutative): the linear recurrence's combine, checked bit for bit."""
-    m = tg.block_id(0)
-    ta = tg.load(a.tile((BM, BN), (m, 0)), fill=1)
-    tb = tg.load(b.tile((BM, BN), (m, 0)))
-    ra, rb = tg.scan((ta, tb), 1, lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]),
-                     reverse=REVERSE)
-    tg.copy(ra, pa.tile((BM, BN), (m, 0)))
-    tg.copy(rb, pb.tile((BM, BN), (m, 0)))
 
 
 def affine_reference(a: np.ndarray, b: np.ndarray, reverse: bool):
@@ -192,15 +144,6 @@ def test_non_commutative_tuple_scan_exact(M, N, BM, BN, threads, reverse, target
     want_a, want_b = affine_reference(a, b, reverse)
     np.testing.assert_array_equal(pa, want_a)
     np.testing.assert_array_equal(pb, want_b)
-
-
-@tg.kernel(threads=128)
-def max_and_first(x: tg.Tensor[f32], mx: tg.Tensor[f32], first: tg.Tensor[f32],
-                  BM: tg.constexpr = 4, BN: tg.constexpr = 64, AXIS: tg.constexpr = 1):
-    m = tg.block_id(0)
-    t = tg.load(x.tile((BM, BN), (m, 0)), fill=-float("inf"))
-    tg.copy(tg.scan(t, AXIS, tg.maximum), mx.tile((BM, BN), (m, 0)))
-    tg.copy(tg.scan(t, AXIS, lambda a, b: a), first.tile((BM, BN), (m, 0)))
 
 
 @pytest.mark.parametrize("M,N,BM,BN,threads", SHAPES[:5])
