@@ -270,3 +270,21 @@ def test_sm80_keeps_the_ampere_path_with_the_same_results():
                                          num_sms=5, **SMALL, STAGES=3))
     check_gemm(ampere, a, b, f16)
     assert np.array_equal(bits(c), bits(ampere))
+
+
+def test_the_readme_tiles_compile_to_hgmma_and_tma_without_spills():
+    """NVRTC/nvcc for sm_90a, 128x256x64, 4 stages, two consumer warpgroups: HGMMA 64x256,
+    TMA loads, mbarrier waits, setmaxnreg, and no local memory (the producer's copies of
+    the tile loop fit its 40 registers)."""
+    import re
+
+    from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
+    if not available_compilers():
+        pytest.skip("neither NVRTC nor nvcc found")
+    result = build(KERNEL, dict(BM=128, BN=256, BK=64, STAGES=4, threads=256), None, "sm_90a")
+    sass = disassemble(compile_cuda(result.cuda_source(), result.thread_kernel.name, "sm_90a"))
+    if sass is None:
+        pytest.skip("cuobjdump/nvdisasm not available")
+    for op in ("HGMMA.64x256x16", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "USETMAXREG"):
+        assert op in sass, op
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
