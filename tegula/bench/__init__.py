@@ -26,6 +26,7 @@ SUITES: dict[str, str] = {
     "softmax": "tegula.bench.softmax",
     "copy": "tegula.bench.copy",
     "quant": "tegula.bench.quant",      # W4A16 GEMM and GEMV
+    "scan": "tegula.bench.scan",        # Mamba's selective scan
 }
 
 RESULTS_DIR = Path("benchmarks") / "results"
