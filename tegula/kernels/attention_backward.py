@@ -48,12 +48,12 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
     """delta[b, h, i] = Σ_d do[b, h, i, d] · o[b, h, i, d], accumulated in f32."""
 
     @tg.kernel(threads=128)
-    def attention_backward_preprocess(o: tg.Tensor[dtype, 4], do: tg.Tensor[dtype, 4],
+    def attention_backward_preprocess(o: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                       delta: tg.Tensor[f32, 3],
                                       D: tg.constexpr, BM: tg.constexpr = 64):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         o_rows = tg.load(o[b, h].tile((BM, D), (m, 0))).to(f32)
-        do_rows = tg.load(do[b, h].tile((BM, D), (m, 0))).to(f32)
+        do_rows = tg.load(dout[b, h].tile((BM, D), (m, 0))).to(f32)
         tg.copy(tg.sum(o_rows * do_rows, 1)[:, 0], delta[b, h].tile((BM,), (m,)))
 
     return attention_backward_preprocess
@@ -65,7 +65,7 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
 
     @tg.kernel(threads=128)
     def attention_backward_dkdv(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
-                                v: tg.Tensor[dtype, 4], do: tg.Tensor[dtype, 4],
+                                v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                 lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
                                 dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
                                 D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
@@ -85,7 +85,7 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
         for g in tg.range(G):
             h = hk * G + g
             q_blocks = q[b, h].tile((BM, D), (None, 0))
-            do_blocks = do[b, h].tile((BM, D), (None, 0))
+            do_blocks = dout[b, h].tile((BM, D), (None, 0))
             for m in tg.range(first, q_blocks.shape[2]):
                 tg.copy(q_blocks[:, :, m], sq)
                 tg.copy(do_blocks[:, :, m], sdo)
@@ -115,7 +115,7 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
 
     @tg.kernel(threads=128)
     def attention_backward_dq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
-                              v: tg.Tensor[dtype, 4], do: tg.Tensor[dtype, 4],
+                              v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                               lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
                               dq: tg.Tensor[dtype, 4],
                               D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
@@ -126,7 +126,7 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
         seq_q, seq_k = q.shape[2], k.shape[2]
         sq, sdo = tg.shared((BM, D), dtype), tg.shared((BM, D), dtype)
         tg.copy(q[b, h].tile((BM, D), (m, 0)), sq)
-        tg.copy(do[b, h].tile((BM, D), (m, 0)), sdo)
+        tg.copy(dout[b, h].tile((BM, D), (m, 0)), sdo)
         sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
         k_blocks = k[b, hk].tile((BN, D), (None, 0))
         v_blocks = v[b, hk].tile((BN, D), (None, 0))

@@ -158,6 +158,13 @@ def _check_name(fn: Callable, name: str, loc: SourceLocation) -> None:
                          f"own values like this (thread and block indices, loop counters "
                          f"i0…, registers r0…, shared buffers s0…, tensor extents "
                          f"x_shape0…, the tg_ prefix); rename the parameter", loc)
+    # A C++ keyword (`do`, `int`, …) emulates fine but cannot name a CUDA parameter: refuse
+    # it here, not when the kernel first meets a GPU. One list: the emitter's.
+    from tegula.codegen.cuda import _RESERVED
+    if name in _RESERVED:
+        raise TraceError(f"kernel {fn.__name__}, parameter {name!r}: a C++ keyword or a name "
+                         f"the generated CUDA defines, so it cannot name a parameter there; "
+                         f"rename the parameter", loc)
 
 
 def _call_site() -> SourceLocation | None:

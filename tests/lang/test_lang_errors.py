@@ -302,6 +302,16 @@ def test_parameter_names_the_compiler_uses_are_refused(name):
         tg.kernel(threads=32)(namespace["k"])
 
 
+@pytest.mark.parametrize("name", ["do", "int", "float", "switch", "threadIdx"])
+def test_parameter_names_cuda_reserves_are_refused(name):
+    """`do` (dO, an attention gradient) emulated fine and failed only when codegen met it:
+    C++ keywords and CUDA's built-in names are refused when the kernel is defined."""
+    namespace = {"tg": tg, "f32": f32}
+    exec(f"def k(x: tg.Tensor[f32], {name}: tg.Tensor[f32]):\n    pass\n", namespace)
+    with pytest.raises(tg.TraceError, match=f"parameter '{name}': a C\\+\\+ keyword"):
+        tg.kernel(threads=32)(namespace["k"])
+
+
 def test_ordinary_parameter_names_are_kept():
     namespace = {"tg": tg, "f32": f32}
     exec("def k(x: tg.Tensor[f32], n: int, x1: tg.Tensor[f32], shape0: int, rows: int, "
