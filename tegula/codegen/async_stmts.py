@@ -294,8 +294,12 @@ class AsyncStatements:
             return
         self.line(f"// {why} (operand fence)")
         for array in arrays:
-            constraint = "f" if array.dtype.name == "f32" else "r"
-            regs = [f'"+{constraint}"({array.name}[{i}])' for i in range(array.size)]
+            if array.dtype.bits == 16:  # packed pairs, as the wgmma reads them
+                regs = [f'"+r"(*reinterpret_cast<unsigned*>(&{array.name}[{i}]))'
+                        for i in range(0, array.size, 2)]
+            else:
+                constraint = "f" if array.dtype.name == "f32" else "r"
+                regs = [f'"+{constraint}"({array.name}[{i}])' for i in range(array.size)]
             for start in range(0, len(regs), 64):
                 self.line(f'asm volatile("" : {", ".join(regs[start:start + 64])} :: "memory");')
 
@@ -348,9 +352,25 @@ class AsyncStatements:
         if dtype.bits == 32:
             return [self.reg(r) for r in regs]
         if what != "A":
-            raise CodegenError(f"Wgmma {s.instr}: {dtype} accumulators are not emitted yet "
-                               f"(f32 are)")
+            return self.packed_accumulator_words(s, regs)
         return self.mma_inputs(regs)  # packed into 32-bit words, element 0 low
+
+    def packed_accumulator_words(self, s: Wgmma, regs: list[Reg]) -> list[str]:
+        """16-bit accumulators as 32-bit lvalues over their own storage: the asynchronous
+        wgmma reads and writes them until its wait_group, so they cannot go through
+        temporaries unpacked after the asm (as mma.sync's do). Each register pair (low half
+        first) must be two neighbouring elements of one array, starting at an even index
+        (the array is declared 4-byte aligned, `accumulator_alignment`)."""
+        words = []
+        for low, high in zip(regs[::2], regs[1::2]):
+            if not (isinstance(low.index, Const) and isinstance(high.index, Const)
+                    and low.array is high.array and low.index.value % 2 == 0
+                    and high.index.value == low.index.value + 1):
+                raise CodegenError(f"Wgmma {s.instr}: the 16-bit accumulators {self.reg(low)} "
+                                   f"and {self.reg(high)} share a 32-bit register, so they must "
+                                   f"be neighbours of one array at an even index")
+            words.append(f"*reinterpret_cast<unsigned*>(&{self.reg(low)})")
+        return words
 
     # ---- thread groups ---------------------------------------------------------------
 

@@ -205,8 +205,11 @@ class _Emitter(AsyncStatements):
                 if used(f"{m.name}_saddr"):
                     out.append(f"{_INDENT}const unsigned {m.name}_saddr = "
                                f"smem_saddr + {m.byte_offset}u;  // {m.count} mbarriers")
+        packed = {a.name for a in self.accumulator_arrays() if a.dtype.bits == 16}
         for r in self.kernel.registers:
-            out.append(f"{_INDENT}{storage_type(r.dtype)} {r.name}[{r.size}];  // {r.dtype}")
+            # 16-bit wgmma accumulators are read as 32-bit pairs (packed_accumulator_words)
+            align = "__align__(4) " if r.name in packed else ""
+            out.append(f"{_INDENT}{align}{storage_type(r.dtype)} {r.name}[{r.size}];  // {r.dtype}")
         return out
 
     # ---- helpers ---------------------------------------------------------------------

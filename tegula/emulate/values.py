@@ -114,14 +114,30 @@ def _bf16_from_bits(bits: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------- public API
 
+def _round_to_odd_f32(x: np.ndarray) -> np.ndarray:
+    """float64 values to float32 rounded to odd (toward zero, the last bit set where
+    inexact), so that rounding the result to nearest into a type of at most 22 significant
+    bits (f16, bf16, f8) equals rounding the float64 value there once. Plain float64 ->
+    float32 -> f16 rounds twice and can land an ulp off (an f16 mma accumulator's exact
+    k16 sum is a float64)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        near = x.astype(np.float32)
+        back = near.astype(np.float64)
+    inexact = (back != x) & ~np.isnan(x)
+    toward_zero = np.where(inexact & (np.abs(back) > np.abs(x)),
+                           np.nextafter(near, np.float32(0)), near)
+    bits = np.ascontiguousarray(toward_zero, dtype=np.float32).view(np.uint32)
+    return (bits | inexact.astype(np.uint32)).view(np.float32).reshape(np.shape(x))
+
+
 def round_to(x, dt: DType) -> np.ndarray:
     """`x` (any numpy values) converted to type `dt`, in `dt`'s storage type."""
     x = np.asarray(x)
     store = storage_dtype(dt)
     if dt.is_float:
-        xf = x.astype(np.float32) if x.dtype != np.float32 else x
         if dt.name == "f32":
-            return xf
+            return x.astype(np.float32) if x.dtype != np.float32 else x
+        xf = _round_to_odd_f32(x) if x.dtype == np.float64 else x.astype(np.float32)
         if dt.name == "f16":
             with np.errstate(over="ignore"):
                 return xf.astype(np.float16)
