@@ -220,3 +220,35 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="max_seqlen_q = 3 is below"):
         attention_varlen_emulated(q[0].transpose(1, 0, 2).copy(), k[0].transpose(1, 0, 2).copy(),
                                   v[0].transpose(1, 0, 2).copy(), cu, cu, 3)
+
+
+def test_torch_entry_points_name_bad_arguments_before_the_device():
+    """The checks run in the order type, rank, dtype, shapes, device: testable on a CPU."""
+    torch = pytest.importorskip("torch")
+    from tegula.kernels import attention, attention_forward, attention_varlen
+    q = torch.randn(1, 4, 8, 64, dtype=torch.float16)
+    k = torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="q is on cpu; tegula kernels run on a CUDA device"):
+        attention_forward(q, k, k)
+    with pytest.raises(TypeError, match="q has dtype torch.float32"):
+        attention(q.float(), k, k)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        attention(q, k.bfloat16(), k.bfloat16())
+    with pytest.raises(ValueError, match="head dim D = 48"):
+        attention(q[..., :48], k[..., :48], k[..., :48])
+    with pytest.raises(ValueError, match="3 heads, which must divide q's 4"):
+        attention(q, k[:, :1].expand(1, 3, 8, 64), k[:, :1].expand(1, 3, 8, 64))
+    with pytest.raises(ValueError, match="v must be 4-D"):
+        attention(q, k, k[0])
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        attention(q, k, k, scale=True)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        attention(q.numpy(), k, k)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    packed_q, packed_k = q[0].transpose(0, 1), k[0].transpose(0, 1)
+    with pytest.raises(TypeError, match="cu_seqlens_k has dtype torch.int64"):
+        attention_varlen(packed_q, packed_k, packed_k, cu, cu.long(), 8)
+    with pytest.raises(ValueError, match="max_seqlen_q must be a non-negative int"):
+        attention_varlen(packed_q, packed_k, packed_k, cu, cu, 8.0)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        attention_varlen(packed_q, packed_k, packed_k, cu, cu, 8)
