@@ -229,6 +229,8 @@ def _op_note(op: Op) -> str:
             parts = candidate if isinstance(candidate, tuple) else (candidate,)
             note += "\n        over: " + ", ".join(_candidate_part(x) for x in parts)
         return note
+    if op.choices.get("scan") is not None:  # synth/scan.py's ScanPlan
+        return f"\n      {op.choices['scan'].describe()}"
     if op.choices.get("instr") == "tma":
         box = op.choices["tma"]
         return (f"\n      TMA box {'x'.join(map(str, box.box))} of {op.src.arg.name} (tensor-map "

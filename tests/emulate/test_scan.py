@@ -176,7 +176,11 @@ def test_scan_of_a_tile_laid_out_elsewhere_is_converted():
     tg.emulate(pinned_then_scanned, (1,), x, y)
     np.testing.assert_allclose(y, np.cumsum(x.astype(np.float64), axis=1), rtol=1e-6,
                                atol=1e-6)
-    assert "converted from r1 for the scan" in tg.explain(pinned_then_scanned)
+    text = tg.explain(pinned_then_scanned)
+    assert "converted from r1 for the scan" in text
+    # 16 rows of 8 on 128 threads: one row per 8 lanes, one element each.
+    assert "each thread scans runs of 1 element(s) along the axis (1 row(s) per thread), " \
+        "then across 8 lanes" in text
 
 
 # -- a carried state across loop iterations -------------------------------------------------
