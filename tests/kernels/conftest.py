@@ -37,9 +37,12 @@ def emulated_launch(kernel, grid, *args, **constexprs):
 def on_cpu(monkeypatch):
     """torch, with launches emulated (see the module docstring)."""
     torch = pytest.importorskip("torch")
+    import importlib
+
     import tegula.build
     import tegula.kernels.api
-    import tegula.kernels.attention as attention
+    # the module (`tegula.kernels.attention` the attribute is the function of that name)
+    attention = importlib.import_module("tegula.kernels.attention")
     monkeypatch.setattr(tegula.build, "launch", emulated_launch)
     monkeypatch.setattr(tegula.kernels.api, "_check_cuda", lambda fn, tensors: None)
 
