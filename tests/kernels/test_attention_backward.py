@@ -227,3 +227,18 @@ def test_torch_argument_errors(on_cpu):
         attention_backward(q, q, q, q, lse, q[:, :, :3])
     with pytest.raises(ValueError, match="scale must be a finite number"):
         attention_backward(q, q, q, q, lse, q, scale=float("nan"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_backward_cuda_compiles(target):
+    """The three kernels' CUDA compiles (NVRTC or nvcc) at D = 64: the emulator runs the
+    same thread IR, but only a compiler sees the printed source (a parameter named `do`
+    emulated fine and did not compile)."""
+    from tegula.build import build
+    from tegula.runtime.compiler import available_compilers, compile_cuda
+    if not available_compilers():
+        pytest.skip("no CUDA compiler (NVRTC or nvcc)")
+    for kernel, _, _, constexprs in backward_launches(f16, 1, 4, 2, 200, 300, 64, 0.125, True):
+        assert compile_cuda(build(kernel, constexprs, target=target).cuda_source(),
+                            kernel.name, target)

@@ -221,3 +221,19 @@ def test_torch_argument_errors(on_cpu):
     with pytest.raises(TypeError, match="block_table has dtype torch.int64"):
         attention_decode(q, cache, cache, torch.tensor([5], dtype=torch.int32),
                          torch.zeros(1, 1, dtype=torch.int64))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_decode_cuda_compiles(target):
+    """The split (contiguous and paged) and combine kernels' CUDA compiles at D = 64."""
+    from tegula.build import build
+    from tegula.kernels.attention_decode import decode_launches
+    from tegula.runtime.compiler import available_compilers, compile_cuda
+    if not available_compilers():
+        pytest.skip("no CUDA compiler (NVRTC or nvcc)")
+    _, contiguous = decode_launches(f16, 2, 32, 8, 1, 64, 4096, 0, 0.125, False)
+    _, pages = decode_launches(bf16, 2, 32, 8, 2, 64, 4096, 64, 0.125, True)
+    for kernel, _, _, _, constexprs in contiguous + pages[:1]:
+        assert compile_cuda(build(kernel, constexprs, target=target).cuda_source(),
+                            kernel.name, target)
