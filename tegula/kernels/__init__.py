@@ -20,7 +20,11 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
   sequence with `tg.scan`; torch: `selective_scan`)
 * `attention`: `attention_emulated`, `attention_varlen_emulated` (FlashAttention forward:
   causal aligned bottom-right, GQA, variable lengths, the log-sum-exp for the backward;
-  torch: `attention`, `attention_forward`, `attention_varlen`)
+  torch: `attention` (differentiable), `attention_forward`, `attention_varlen`)
+* `attention_backward`: `attention_backward_emulated` (dQ, dK, dV from o and the
+  log-sum-exp, deterministic: no atomics; torch: `attention_backward`)
+* `attention_decode`: `attention_decode_emulated` (split-KV decoding of ≤ 16 query tokens
+  against a long, optionally paged KV cache; torch: `attention_decode`)
 
 The torch entry points (`api`: `matmul`, `rms_norm`, `softmax`, `copy`; `attention`:
 `attention`, `attention_forward`, `attention_varlen`) are re-exported below;
@@ -58,3 +62,11 @@ from tegula.kernels.attention import attention, attention_forward, attention_var
 
 __all__ += ["attention_emulated", "attention_varlen_emulated", "attention", "attention_forward",
             "attention_varlen"]
+# These shadow their modules too (`from tegula.kernels.attention_decode import ...` works).
+from tegula.kernels.attention_backward import (attention_backward,  # noqa: E402
+                                               attention_backward_emulated)
+from tegula.kernels.attention_decode import (attention_decode,  # noqa: E402
+                                             attention_decode_emulated)
+
+__all__ += ["attention_backward", "attention_backward_emulated", "attention_decode",
+            "attention_decode_emulated"]

@@ -415,8 +415,11 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None)
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """`attention_forward(q, k, v, causal, scale)`'s output o alone (see there)."""
-    return attention_forward(q, k, v, causal, scale)[0]
+    """`attention_forward(q, k, v, causal, scale)`'s output o alone (see there),
+    differentiable: when q, k or v require grad, `o.backward()` runs the deterministic
+    backward kernels (`tegula.kernels.attention_backward`)."""
+    from tegula.kernels.attention_backward import attention_differentiable
+    return attention_differentiable(q, k, v, causal, scale)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

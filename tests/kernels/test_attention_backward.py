@@ -196,9 +196,10 @@ def test_torch_entry_point_matches_numpy(on_cpu):
 
 
 def test_autograd_function_gives_the_analytic_gradients(on_cpu):
-    """attention_differentiable: the forward's o, and o.backward(do) fills q.grad, k.grad
-    and v.grad (GQA: k and v have fewer heads) with the analytic gradients."""
-    from tegula.kernels.attention_backward import attention_differentiable
+    """tegula.kernels.attention is differentiable: the forward's o, and o.backward(do)
+    fills q.grad, k.grad and v.grad (GQA: k and v have fewer heads) with the analytic
+    gradients."""
+    from tegula.kernels import attention as attention_differentiable
     torch = on_cpu
     q, k, v, do = inputs((1, 4, 19, 64), (1, 2, 26, 64), f16, 12)
     o, _, *want = reference_backward(q, k, v, do, True, 64 ** -0.5)
