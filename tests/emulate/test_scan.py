@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tegula as tg
-from tegula import f32
+from tegula import f32, i32
 from tegula.layout.cute import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -212,3 +212,46 @@ def test_carried_state_across_chunks(M, N, BM, BN, from_last):
     want = np.cumsum(x.astype(np.float64), axis=1)
     bound = N * 1.2e-7 * np.cumsum(np.abs(x.astype(np.float64)), axis=1)
     assert np.all(np.abs(y - want) <= bound), np.abs(y - want).max()
+
+
+# -- other ranks, and a scan whose result is rebound in a loop ------------------------------
+@tg.kernel(threads=64)
+def scans_of_other_ranks(x: tg.Tensor[f32], v: tg.Tensor[f32, 1], y3: tg.Tensor[f32, 3],
+                         yv: tg.Tensor[f32, 1], AXIS: tg.constexpr = 1):
+    t = tg.load(x.tile((4, 12), (0, 0)))
+    row = tg.load(v.tile((20,), (0,)))
+    cube = t[:, :, None] * row[None, None, :]                            # (4, 12, 20)
+    tg.copy(tg.scan(cube, AXIS, tg.maximum), y3.tile((4, 12, 20), (0, 0, 0)))
+    tg.copy(tg.cumsum(row, 0, reverse=True), yv.tile((20,), (0,)))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_rank_one_and_rank_three_tiles(axis):
+    x, v = rand(3, 11, seed=1), rand(19, seed=2)      # ragged in every dim
+    y3, yv = np.zeros((3, 11, 19), np.float32), np.zeros(19, np.float32)
+    tg.emulate(scans_of_other_ranks, (1,), x, v, y3, yv, AXIS=axis)
+    cube = x[:, :, None] * v[None, None, :]
+    padded = np.zeros((4, 12, 20), np.float32)        # the tiles' tails load as 0
+    padded[:3, :11, :19] = cube
+    want = np.maximum.accumulate(padded, axis=axis)[:3, :11, :19]
+    np.testing.assert_array_equal(y3, want)
+    want = np.flip(np.cumsum(np.flip(v.astype(np.float64))))
+    np.testing.assert_allclose(yv, want, rtol=1e-5, atol=1e-5)
+
+
+@tg.kernel(threads=32)
+def repeated_cumsum(x: tg.Tensor[i32], y: tg.Tensor[i32], TIMES: tg.constexpr = 3):
+    acc = tg.load(x.tile((2, 40), (0, 0)))
+    for _ in tg.range(TIMES):
+        acc = tg.cumsum(acc, 1)          # the scan's result carried to the next iteration
+    tg.copy(acc, y.tile((2, 40), (0, 0)))
+
+
+def test_scan_result_rebound_in_a_loop():
+    x = np.random.default_rng(4).integers(-9, 10, (2, 40)).astype(np.int32)
+    y = np.zeros_like(x)
+    tg.emulate(repeated_cumsum, (1,), x, y, TIMES=3)
+    want = x.astype(np.int64)
+    for _ in range(3):
+        want = np.cumsum(want, axis=1)
+    np.testing.assert_array_equal(y, want.astype(np.int32))
