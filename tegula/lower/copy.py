@@ -36,6 +36,9 @@ def lower_copy(ctx: LoweringContext, op: Copy) -> list:
     if isinstance(src, GlobalTile) and isinstance(dst, RegisterTile):
         return header + _global_to_registers(ctx, op)
     if isinstance(src, RegisterTile) and isinstance(dst, GlobalTile):
+        if "tma_store" in op.choices:  # sm_90a: staged in shared memory, TMA-stored
+            from tegula.lower.hopper import lower_tma_store
+            return header + lower_tma_store(ctx, op)
         return header + _registers_to_global(ctx, op)
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
         return header + _global_to_shared(ctx, op)

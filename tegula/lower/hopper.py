@@ -91,13 +91,13 @@ from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops
 from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
-from tegula.lower.async_ir import (FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
-                                   MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles,
-                                   SmemDesc, TensorMapParam, TmaLoad, Wgmma, WgmmaCommit,
-                                   WgmmaFence, WgmmaWait)
+from tegula.lower.async_ir import (BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync,
+                                   MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
+                                   Role, Roles, SmemDesc, TensorMapParam, TmaLoad, TmaStore,
+                                   Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
-from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, Stmt, Var,
-                                    _bin, all_of)
+from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, SharedBuffer,
+                                    SharedStore, Stmt, Var, _bin, all_of)
 
 
 def is_wgmma(op) -> bool:
@@ -183,10 +183,8 @@ def tma_producers(loop: ForLoop) -> list[Copy]:
     return [o for o in loop.body if isinstance(o, Copy) and o.choices.get("instr") == "tma"]
 
 
-def tensor_map(ctx: LoweringContext, op: Copy) -> TensorMapParam:
-    """The tensor map of a TMA copy's source (one per tensor, box and swizzle)."""
-    plan = op.choices["tma"]
-    view = op.src
+def tensor_map(ctx: LoweringContext, view, plan) -> TensorMapParam:
+    """The tensor map of a TMA copy's global `view` (one per tensor, box and swizzle)."""
     key = (view.arg.name, plan.dims, plan.box, plan.swizzle)
     found = ctx.tensor_maps.get(key)
     if found is None:
@@ -204,7 +202,7 @@ def tma_issue(ctx: LoweringContext, producers: list[Copy], barrier: str, slot: E
     total = sum(p.choices["tma"].box_bytes for p in producers)
     stmts: list[Stmt] = [MBarrierArrive(barrier, slot, tx_bytes=total)]
     for p in producers:
-        tmap = tensor_map(ctx, p)
+        tmap = tensor_map(ctx, p.src, p.choices["tma"])
         origin = [scalar_expr(o) for o in p.src.origin]
         coords = substitute([origin[d] for d in tmap.dims], {loop_var: iteration})
         rows, k = p.dst.alloc.shape
@@ -434,6 +432,54 @@ def _one_gemm_in_flight(rest: list) -> bool:
 
 
 # --------------------------------------------------------------------------------------
+# TMA-store epilogue
+# --------------------------------------------------------------------------------------
+
+
+def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
+    """A register tile -> global copy through a swizzled staging buffer and TMA stores
+    (`choices["tma_store"]`, a `TmaStorePlan`; module docstring): in rounds of
+    `plan.slots` boxes, each: thread 0 waits until the previous round's stores have read
+    the buffer, barrier, every thread stores its registers of the round's boxes, fences
+    them for the async proxy, barrier, thread 0 issues the round's TMA stores."""
+    from tegula.arch.smem_matrix import swizzle_bytes_address
+    from tegula.layout.tv import tv_coords
+    plan, tile, view = op.choices["tma_store"], op.src, op.dst
+    eb, width, box_elems = plan.elem_bytes, plan.vector, plan.rows * plan.inner
+    regs = ctx.regs_of(tile)
+    buffer = SharedBuffer(ctx.unique(f"staging_{view.arg.name}"), view.dtype,
+                          plan.bytes // eb, plan.offset)
+    ctx.shared.append(buffer)
+    tmap = tensor_map(ctx, view, plan)
+    origin = [scalar_expr(o) for o in view.origin]
+    inner_dim, row_dim = plan.dims
+    box_of = tv_coords(tile.layout, tuple(tile.shape))[0, :, 1] // plan.inner  # same per thread
+    issuer = TID.eq(0)
+    stmts: list[Stmt] = [Comment(f"epilogue of {describe(view)}: {plan.describe()}")]
+    for first in range(0, plan.boxes, plan.slots):
+        stmts += [If(issuer, [BulkWait(0, read_only=True)]), Barrier()]
+        for v in range(0, tile.layout[1].size, width):
+            if not first <= box_of[v] < first + plan.slots:
+                continue
+            row, col = ctx.coords.coords(tile.layout, tile.shape, v)
+            within = (row * plan.inner + col % plan.inner) * eb      # bytes into the box
+            slot = int(box_of[v]) % plan.slots
+            offset = slot * box_elems + swizzle_bytes_address(within, plan.swizzle) // eb
+            stmts.append(SharedStore(buffer.name, offset, reg(regs, v), width))
+        stores = [TmaStore(tmap.name, [origin[inner_dim] + j * plan.inner, origin[row_dim]],
+                           buffer.name, Const((j % plan.slots) * box_elems))
+                  for j in range(first, first + plan.slots)]
+        # Each thread's generic writes become visible to the async proxy, then the barrier
+        # orders all of them before thread 0's stores.
+        stmts += [FenceProxyAsync(), Barrier(), If(issuer, stores + [BulkCommit()])]
+    return stmts
+
+
+def has_tma_stores(kernel) -> bool:
+    return any(isinstance(op, Copy) and "tma_store" in op.choices for op in walk_ops(kernel.body))
+
+
+# --------------------------------------------------------------------------------------
 # Generic-proxy writes read by wgmma
 # --------------------------------------------------------------------------------------
 
@@ -480,6 +526,8 @@ def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tupl
         with_maps += [m for m in maps if m.tensor == p.name]
     if needs_proxy_fence(kernel):
         body = fence_generic_writes(body)
+    if has_tma_stores(kernel):  # the block may not exit with a TMA store in flight
+        body = body + [If(TID.eq(0), [BulkWait(0)])]
     if ctx.warp_roles is not None:
         body = split_roles(ctx.warp_roles, body)
     return with_maps, ctx.setup + body

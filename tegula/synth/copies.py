@@ -26,7 +26,7 @@ from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, Sca
 from tegula.ir.values import GlobalTile
 from tegula.layout.cute import Layout
 from tegula.synth.facts import MAX_DIVISOR, TensorFacts
-from tegula.layout.tv import tv_coords
+from tegula.layout.tv import tv_coords, tv_table
 
 
 def scalar_divisor(x, facts: dict) -> int:
@@ -294,3 +294,117 @@ def _loop_indices(x) -> set:
     if isinstance(x, ScalarLoad):
         return set().union(*(_loop_indices(c) for c in x.coords))
     return set()
+
+
+# --------------------------------------------------------------------------------------
+# TMA-store epilogue (sm_90a, persistent kernels)
+# --------------------------------------------------------------------------------------
+
+#: Bytes kept free after the staging buffer for lowering's mbarriers.
+_MBARRIER_HEADROOM = 256
+
+
+@dataclass(frozen=True)
+class TmaStorePlan:
+    """A register tile -> global copy done through shared memory and TMA: the threads store
+    their values into a staging buffer of `boxes` swizzled boxes (`inner` elements of the
+    contiguous dim by `rows`, `swizzle` = the inner bytes, each box's rows one swizzle
+    span), fence them for the async proxy, and one thread issues a TMA store per box,
+    which writes only the elements inside the tensor. `offset`: the staging buffer's byte
+    offset in shared memory (aligned to 1024, after the kernel's buffers)."""
+
+    dims: tuple          # tensor-map dims, the contiguous one first
+    rows: int
+    inner: int
+    boxes: int
+    swizzle: int
+    offset: int
+    elem_bytes: int
+    vector: int          # registers per st.shared (consecutive along the contiguous dim)
+    slots: int           # boxes the staging buffer holds (a divisor of `boxes`)
+
+    @property
+    def box(self) -> tuple:
+        return (self.inner, self.rows)
+
+    @property
+    def box_bytes(self) -> int:
+        return self.rows * self.inner * self.elem_bytes
+
+    @property
+    def bytes(self) -> int:
+        return self.slots * self.box_bytes
+
+    def describe(self) -> str:
+        rounds = self.boxes // self.slots
+        return (f"epilogue through shared memory: {self.boxes} swizzled {self.rows}x"
+                f"{self.inner} box{'es' if self.boxes > 1 else ''} ({self.swizzle} B swizzle) "
+                f"staged {self.slots} at a time in {self.bytes} B at byte {self.offset} "
+                f"({rounds} round{'s' if rounds > 1 else ''} of st.shared, fence.proxy.async, "
+                f"TMA store clipped at the tensor's edge)")
+
+
+def plan_tma_store(op, facts: dict, shared_end: int, limit: int) -> tuple:
+    """(TmaStorePlan, "") if the copy register tile -> global `op` can go through a
+    swizzled staging buffer and TMA stores, with the buffer placed at `shared_end` under
+    the block's shared-memory `limit`; else (None, why not)."""
+    tile, view = op.src, op.dst
+    name, eb = view.arg.name, view.dtype.bits // 8
+    tensor_facts = facts[name]
+    c = tensor_facts.contiguous_dim
+    if view.dtype.bits not in (16, 32) or tile.dtype != view.dtype:
+        return None, "only 16- and 32-bit tiles of the tensor's type are staged"
+    if len(tile.shape) != 2 or tensor_facts.rank != 2 or view.limits:
+        return None, f"the view of {name} is not a whole 2-D tile"
+    walked = [dim.tensor_dim for dim in view.dims]
+    if c is None or walked != [1 - c, c] or any(dim.step != 1 for dim in view.dims):
+        return None, f"the tile's last dim does not walk {name}'s contiguous dim"
+    if tensor_facts.align_bytes < TMA_ALIGN_BYTES or \
+            (tensor_facts.stride_divisors[1 - c] * eb) % TMA_ALIGN_BYTES:
+        return None, f"{name} is not known 16-byte aligned with 16-byte row strides"
+    held = tv_table(tile.layout).ravel()
+    if held.size != int(np.prod(tile.shape)) or np.unique(held).size != held.size:
+        return None, "the register tile's layout holds some elements twice (or not at all)"
+    rows, cols = tile.shape
+    inner = min(cols, 128 // eb)
+    # Rows in multiples of 8: every box starts on a swizzle atom (8 rows of one span).
+    if rows > TMA_MAX_BOX or rows % 8 or cols % inner or inner * eb not in (32, 64, 128):
+        return None, f"a {rows}x{cols} tile does not split into swizzled boxes"
+    # Each register's box must be the same for every thread, so a round of boxes is a
+    # fixed set of registers.
+    box_of = tv_coords(tile.layout, tuple(tile.shape))[:, :, 1] // inner
+    if not (box_of == box_of[:1]).all():
+        return None, "a register holds elements of different boxes in different threads"
+    offset = -(-shared_end // 1024) * 1024
+    boxes, box_bytes = cols // inner, rows * inner * eb
+    room = (limit - _MBARRIER_HEADROOM - offset) // box_bytes
+    slots = max([d for d in range(1, boxes + 1) if boxes % d == 0 and d <= room], default=0)
+    if not slots:
+        return None, (f"a {box_bytes} B staging box does not fit the shared memory left "
+                      f"({limit - shared_end} B)")
+    vector = register_run_length(tile.layout, tuple(tile.shape), 1, 16 // eb)
+    return TmaStorePlan((c, 1 - c), rows, inner, boxes, inner * eb, offset, eb, vector,
+                        slots), ""
+
+
+def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
+    """Stage the register -> global copies of a persistent TMA kernel (one whose TMA ring
+    runs across an enclosing loop, `RingPlan`) through shared memory and TMA stores, where
+    `plan_tma_store` allows: their stores then leave the consumer at once and overlap the
+    producer's next loads. Records `choices["tma_store"]` (or `"tma_store_skipped"`, why
+    not) and returns the shared-memory end after the staging buffers."""
+    from tegula.ir.ops import Copy, walk_ops
+    from tegula.ir.values import RegisterTile
+    ops = list(walk_ops(kernel.body))
+    if not any(isinstance(op, ForLoop) and op.choices.get("ring") is not None for op in ops):
+        return shared_end
+    for op in ops:
+        if isinstance(op, Copy) and isinstance(op.src, RegisterTile) \
+                and isinstance(op.dst, GlobalTile):
+            plan, problem = plan_tma_store(op, facts, shared_end, limit)
+            if plan is None:
+                op.choices["tma_store_skipped"] = problem
+                continue
+            op.choices["tma_store"] = plan
+            shared_end = plan.offset + plan.bytes
+    return shared_end

@@ -33,7 +33,7 @@ from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.chains import choose_chained_plans, gemm_chains
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
-                                 plan_nested_ring, plan_tma_copy)
+                                 plan_nested_ring, plan_tma_copy, plan_tma_stores)
 from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm, plan_mma_sync
 from tegula.synth.roles import decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
@@ -57,11 +57,13 @@ class SynthesisResult:
     shared_offsets: dict = field(default_factory=dict)
     #: Why a shared buffer has the layout it has, where an instruction decided (wgmma).
     shared_reasons: dict = field(default_factory=dict)
+    #: The end of the staging buffers of TMA-store epilogues (`copies.plan_tma_stores`).
+    staging_end: int = 0
 
     @property
     def shared_bytes(self) -> int:
         """Bytes of shared memory the kernel's own buffers take (before scratch)."""
-        end = 0
+        end = self.staging_end
         for alloc in self.kernel.shared_allocs:
             end = max(end, self.shared_offsets[alloc.id] + alloc_bytes(alloc))
         return end
@@ -105,6 +107,8 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)
     _check_packed_accesses(kernel)
+    result.staging_end = plan_tma_stores(kernel, facts, result.shared_bytes,
+                                         target.smem_per_block_max)
     _check_shared_budget(result)
     return result
 

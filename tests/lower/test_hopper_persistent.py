@@ -24,14 +24,14 @@ from tegula.dtypes import f16, f32
 from tegula.emulate import EmulationError, run_thread_kernel
 from tegula.kernels.common import poisoned, random_input
 from tegula.kernels.schedule import grouped_tile
-from tegula.lower.async_ir import (MBarrierArrive, MBarrierInit, MBarrierWait, Roles, TmaLoad,
-                                   WgmmaWait)
+from tegula.lower.async_ir import (BulkWait, FenceProxyAsync, MBarrierArrive, MBarrierInit,
+                                   MBarrierWait, Roles, TmaLoad, WgmmaWait)
 from tegula.lower.thread_ir import For, walk
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, os.path.join(ROOT, "tests", "emulate"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "kernels"))
-from async_kernels import role_body, run_with_deadline  # noqa: E402
+from async_kernels import remove, role_body, run_with_deadline  # noqa: E402
 from test_gemm import check_gemm  # noqa: E402
 
 
@@ -83,6 +83,9 @@ def test_persistent_tma_ring_is_right_and_equals_the_readme_gemm(shape, role_ord
     m, n, k, blocks = shape
     a, b, c, report = emulate(m, n, k, blocks, seed=m + k, role_order=role_order, STAGES=3)
     assert report.threads == 128 + 128 and report.kind("TmaLoad").count > 0
+    # The epilogue goes through shared memory and TMA stores where c's rows are a multiple
+    # of 16 bytes, through st.global otherwise.
+    assert (report.kind("TmaStore").count > 0) == (n % 8 == 0)
     check_gemm(c, a, b, f16)
     # The same k16 steps in the same order as the non-persistent README GEMM (one block a
     # tile): the very same bits, whatever tile each block ran.
@@ -192,6 +195,58 @@ def test_explain_shows_the_persistent_ring():
             f"issues), and the ring runs across the enclosing loop (line {line}): stage and "
             f"phase from a use count that continues from one run of the pipeline to the "
             f"next") in text
+
+
+# ------------------------------------------------------------------ TMA-store epilogue
+
+
+def test_epilogue_in_rounds_when_the_staging_buffer_holds_fewer_boxes(monkeypatch):
+    """A 64x128 tile is two 64x64 boxes; with room for one box the epilogue runs two
+    rounds through the same staging box (the second waits for the first store's reads).
+    Right, and bit-identical to the one-round build."""
+    from tegula.synth import copies
+    from tegula.ir.ops import Copy, walk_ops
+    config = dict(BM=64, BN=128, BK=32, STAGES=3)
+    a, b, one_round, report = emulate(130, 264, 96, 2, seed=8, **config)
+    assert report.kind("TmaStore").count == 2 * tiles(130, 264, config)
+    built = build(KERNEL, config, None, "sm_90a")
+    plan = next(op.choices["tma_store"] for op in walk_ops(built.traced.body)
+                if isinstance(op, Copy) and "tma_store" in op.choices)
+    assert (plan.boxes, plan.slots) == (2, 2)
+    limit = built.target.smem_per_block_max
+    monkeypatch.setattr(copies, "_MBARRIER_HEADROOM", limit - plan.offset - plan.box_bytes)
+    fresh = _example("persistent_gemm").persistent_gemm             # an empty build cache
+    plan = next(op.choices["tma_store"] for op in walk_ops(
+        build(fresh, config, None, "sm_90a").traced.body)
+        if isinstance(op, Copy) and "tma_store" in op.choices)
+    assert (plan.boxes, plan.slots) == (2, 1) and "2 rounds" in plan.describe()
+    _, _, c, report = emulate(130, 264, 96, 2, seed=8, kernel=fresh, **config)
+    assert report.kind("TmaStore").count == 2 * tiles(130, 264, config)
+    check_gemm(c, a, b, f16)
+    assert np.array_equal(bits(c), bits(one_round))
+
+
+INJECTED = {"a missing fence.proxy.async": (lambda s: isinstance(s, FenceProxyAsync),
+                                            "generic proxy with no fence.proxy.async"),
+            "no wait before rewriting the staging buffer": (
+                lambda s: isinstance(s, BulkWait) and s.read_only,
+                "while a wgmma or TMA store still reads it"),
+            "no wait before the block ends": (
+                lambda s: isinstance(s, BulkWait) and not s.read_only,
+                "TMA stores not waited for")}
+
+
+@pytest.mark.parametrize("bug", INJECTED)
+def test_an_epilogue_missing_a_fence_or_a_wait_is_reported(bug):
+    drop, message = INJECTED[bug]
+    tk = copy.deepcopy(thread_kernel())
+    assert remove(role_body(tk, "consumer"), drop) == 1
+    rng = np.random.default_rng(2)
+    a, b = random_input(rng, (150, 152), f16), random_input(rng, (232, 152), f16)
+    c = poisoned((150, 232), f16)
+    with pytest.raises(EmulationError, match=message):
+        run_with_deadline(lambda: run_thread_kernel(tk, (3,), {"a": a, "b": b, "c": c},
+                                                    num_sms=3))
 
 
 # ------------------------------------------------------------------ where the rule says no
