@@ -329,7 +329,7 @@ def test_sm80_keeps_the_ampere_path_with_the_same_results():
 
 def test_the_readme_tiles_compile_to_hgmma_and_tma_without_spills():
     """NVRTC/nvcc for sm_90a, 128x256x64, 4 stages, two consumer warpgroups: HGMMA 64x256,
-    TMA loads, mbarrier waits, setmaxnreg, and no local memory (the producer's copies of
+    TMA loads and stores, mbarrier waits, setmaxnreg, and no local memory (the producer's copies of
     the tile loop fit its 40 registers)."""
     import re
 
@@ -340,6 +340,7 @@ def test_the_readme_tiles_compile_to_hgmma_and_tma_without_spills():
     sass = disassemble(compile_cuda(result.cuda_source(), result.thread_kernel.name, "sm_90a"))
     if sass is None:
         pytest.skip("cuobjdump/nvdisasm not available")
-    for op in ("HGMMA.64x256x16", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "USETMAXREG"):
+    for op in ("HGMMA.64x256x16", "UTMALDG.2D", "UTMASTG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
+               "USETMAXREG"):
         assert op in sass, op
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
