@@ -76,6 +76,17 @@ run's first stages while the consumer runs the code after the loop (the epilogue
 role, each run's prologue issues its first S-1 stages into the next slots of the ring.
 A run of zero iterations issues, waits and releases nothing.
 
+**A TMA-store epilogue** (`lower_tma_store`; synthesis put a `TmaStorePlan` on a register
+tile -> global copy of a kernel with a nested ring, `copies.plan_tma_stores`): the tile is
+cut into boxes of one 128-byte (64-, 32-) swizzle span by its rows, staged `slots` boxes
+at a time in a buffer after the kernel's own (1024-byte aligned, counted in the shared
+budget). Each round: thread 0 waits until the previous round's stores have read the
+buffer (`cp.async.bulk.wait_group.read 0`), barrier, every thread stores its registers of
+the round's boxes at their swizzled addresses (`smem_matrix.swizzle_bytes_address`),
+`fence.proxy.async`, barrier, thread 0 issues one TMA store per box (clipped at the
+tensor's edge) and commits them; the block ends with thread 0's `wait_group 0`. The
+consumer goes on at once (to the next tile's waits) while the stores drain.
+
 **Generic writes read by wgmma** (cp.async or ld/st copies into a wgmma buffer, when TMA was
 not possible): wgmma reads through the async proxy, so every barrier of such a kernel is
 preceded by `fence.proxy.async` (`fence_generic_writes`): each thread's own shared writes

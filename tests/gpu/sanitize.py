@@ -59,12 +59,13 @@ def run_warp_specialized() -> None:
 def run_persistent_gemm(warp_specialize: bool | None = None) -> None:
     """examples/persistent_gemm.py on sm_90a: 3 blocks walking 12 ragged tiles, the TMA
     ring running across each block's tiles (5 K iterations on 3 stages, so every tile
-    starts at another stage), warp-specialized by default or in one role."""
+    starts at another stage) and the TMA-store epilogue (c's rows are 464 bytes, a
+    multiple of 16), warp-specialized by default or in one role."""
     path = Path(__file__).resolve().parents[2] / "examples" / "persistent_gemm.py"
     spec = importlib.util.spec_from_file_location("tegula_example_persistent_sanitize", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    m, n, k = 150, 230, 152
+    m, n, k = 150, 232, 152
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(n, k, device="cuda").half()
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
