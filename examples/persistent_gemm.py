@@ -11,7 +11,8 @@ time share operand tiles in L2.
 On sm_90a the K pipeline is TMA + wgmma with one mbarrier ring for the whole block: its
 stage and phase come from a use count that runs on from one tile to the next, and the
 producer warpgroup walks the same tiles, so it loads the next tile's first stages while the
-consumer warpgroups run the current tile's epilogue (`lower/hopper.py`). The README's
+consumer warpgroups run the current tile's epilogue, which itself goes through a swizzled
+shared buffer and TMA stores where c's rows allow (`lower/hopper.py`). The README's
 tiles on an H100: `BM=128, BN=256, BK=64, STAGES=4, threads=256` at launch. On sm_80 it is
 the Ampere path (cp.async + mma.sync), each tile refilling its stages from the start.
 `tegula explain examples/persistent_gemm.py:persistent_gemm` shows the decisions.
