@@ -27,6 +27,8 @@ SUITES: dict[str, str] = {
     "copy": "tegula.bench.copy",
     "quant": "tegula.bench.quant",      # W4A16 GEMM and GEMV
     "scan": "tegula.bench.scan",        # Mamba's selective scan
+    "attention": "tegula.bench.attention",  # FlashAttention forward vs SDPA and Triton
+    "attention_decode": "tegula.bench.attention_decode",  # split-KV decoding vs SDPA, copy
 }
 
 RESULTS_DIR = Path("benchmarks") / "results"
