@@ -294,6 +294,18 @@ _FLOAT_UNARY = {"exp": "expf({})", "exp2": "exp2f({})", "log": "logf({})", "log2
                 "neg": "(-{})"}
 #: Float -> integer conversions saturate to the integer type (the emulator's rule).
 _NARROW_INT_RANGE = {"i8": (-128, 127), "u8": (0, 255)}
+
+# Narrow integers to float by the magic-number trick rather than `(float)`, which is an
+# I2F at a quarter of the FP32 rate on sm_80/sm_90 (the bottleneck of dequantizing 4-bit
+# weights at memory speed): an integer 0 <= v < 2^23 OR-ed into the bits of 2^23 is the
+# float 2^23 + v exactly, so one LOP3 and one FADD give v; signed values are offset into
+# the mantissa of 1.5·2^23 first (exact for |v| < 2^22). Exact for every value of the type.
+_MAGIC_TO_FLOAT = {
+    "u4": "(__int_as_float(0x4B000000 | ({})) - 8388608.0f)",
+    "u8": "(__int_as_float(0x4B000000 | ({})) - 8388608.0f)",
+    "i4": "(__int_as_float(0x4B400000 + ({})) - 12582912.0f)",
+    "i8": "(__int_as_float(0x4B400000 + ({})) - 12582912.0f)",
+}
 #: Integer - and abs wrap like the emulator (-INT_MIN == INT_MIN): C's signed negation of
 #: INT_MIN is undefined (a compiler may then fold `-x < 0` to `x > 0`), so through unsigned.
 _INT_UNARY = {"abs": "tg_abs_int({})", "neg": "(int)(0u - (unsigned)({}))", "not": "(~{})"}
@@ -355,6 +367,8 @@ class ValuePrinter:
             return c if s == "bool" else f"({c} != 0)"
         if s == d:
             return c
+        if d == "float" and src.name in _MAGIC_TO_FLOAT:
+            return _MAGIC_TO_FLOAT[src.name].format(c)
         if s == "float" and dst.name in _NARROW_INT_RANGE:
             # (int) is cvt.rzi.s32.f32 (saturating, NaN -> 0); storing it in 8 bits would
             # then wrap (300.0 -> 44), so clamp to the type first, as the emulator does.

@@ -285,6 +285,8 @@ def compile_value(v: Value, reg_index: Callable) -> Callable[[Any], Any]:
         return lambda state: round_to(np.asarray(expr(state.env)), dt)
     if isinstance(v, Cast):
         x, dt = compile_value(v.x, reg_index), v.dtype
+        if v.x.dtype.name == "i4":  # held as its nibble 0..15; its value is -8..7 (as CUDA)
+            return lambda state: round_to((x(state).astype(np.int8) ^ 8) - 8, dt)
         return lambda state: round_to(x(state), dt)
     if isinstance(v, Unary):
         x, op, dt = compile_value(v.x, reg_index), v.op, v.dtype

@@ -9,7 +9,9 @@ The layouts the kernels want (what `quantize_w4` and `prepack` write):
 
 * `packed`: (N, K/2) uint8, tegula's u4 storage — element 2j of a row in the low nibble of
   byte j, element 2j+1 in the high nibble. The kernels read it as a `tg.Tensor[u4]` of
-  (N, K) elements, 16-byte vectors (32 weights) per thread along K. `prepack` is the one
+  (N, K) elements, 32 consecutive weights of a row per thread (two 8-byte loads today:
+  the compiler's divisibility facts stop at 16 elements, so a 4-bit vector is at most 16
+  nibbles; coalesced all the same). `prepack` is the one
   function that writes this order, so that a pre-packed order chosen by synthesis (issue
   11: fragment order for an MMA) changes one function and the kernels' annotations.
 * `scales`: (N, K/group_size) in the activations' dtype.
@@ -21,13 +23,16 @@ K must be a multiple of the group size (and so even): a ragged last group has no
 well-defined scale in the checkpoints this format comes from, so it is refused with an
 error rather than padded.
 
-Two kernels, both dequantizing in registers (`(w.to(f32) - zero) * scale`):
+Two kernels, both dequantizing in registers (`dequantize`: w·scale − zero·scale in f32,
+one multiply-add per weight after the conversion; CUDA converts the 4-bit integer to float
+with the magic-number trick of `codegen/expr.py`, one LOP3 and one FADD, not an I2F at a
+quarter of the FP32 rate):
 
 * `w4a16_gemv_kernel` — few rows (M ≤ 16, decode): the GEMV dataflow of
-  `tegula.kernels.gemv` (memory-bound: each (BN, BK) chunk of packed weights is one
-  16-byte load per thread, multiplied elementwise by each row of a, one row reduction at
-  the end). BK divides the group, so a chunk's scale and zero are a (BN, 1) tile that
-  broadcasts over it.
+  `tegula.kernels.gemv` (memory-bound: each (BN, BK) chunk of packed weights is 16 bytes
+  per thread, UNROLL chunks loaded before any is used, multiplied elementwise by each row
+  of a, one row reduction at the end). BK divides the group, so a chunk's scale and zero
+  are a (BN, 1) tile that broadcasts over it.
 * `w4a16_gemm_kernel` — more rows (prefill): each k-step dequantizes a (BN, BK) weight
   tile into a shared f16/bf16 tile and feeds it with the activation tile to `tg.gemm`
   (`tg.gemm` takes one operand type, so the kernel dequantizes first).
@@ -58,31 +63,44 @@ SYMMETRIC_ZERO = 8  # the zero point of `quantize_w4(..., zero_point=False)`
 _api.TUNERS.setdefault("matmul_w4a16", Autotuner("matmul_w4a16"))
 
 
+def dequantize(packed: Any, scales: Any, zeros: Any, n: Any,
+               group: Any, rows: int) -> Any:
+    """(w - zero) * scale in f32 for a loaded (rows, BK) tile of 4-bit weights lying in one
+    group, read inside a kernel (trace time): the row block `n`'s scales and zeros of
+    `group` are (rows, 1) tiles broadcast along the chunk. Written w·s - z·s, so that each
+    weight costs one multiply-add after its conversion (z·s is per row)."""
+    scale = tg.load(scales.tile((rows, 1), (n, group))).to(f32)
+    if zeros is not None:
+        zero = tg.load(zeros.tile((rows, 1), (n, group))).to(f32)
+    else:
+        zero = tg.full((rows, 1), SYMMETRIC_ZERO, f32)
+    return packed.to(f32) * scale - zero * scale
+
+
 @lru_cache(maxsize=None)
 def w4a16_gemv_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     """c (M, N) = a (M, K) @ dequant(w).T for M ≤ 16 (a constexpr, unrolled). BK divides
-    the group size G, so k-chunk k lies in group k // (G // BK)."""
+    the group size G, so k-chunk k lies in group k // (G // BK). Each iteration loads
+    UNROLL chunks before using any (UNROLL 16-byte loads in flight per thread: a 4-bit
+    chunk is small, and bandwidth needs bytes in flight); chunks past K load as zeros."""
 
     @tg.kernel(threads=128)
     def w4a16_gemv(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
                    zeros: tg.Tensor[dtype], c: tg.Tensor[dtype],
                    M: tg.constexpr = 1, G: tg.constexpr = 128,
-                   BN: tg.constexpr = 32, BK: tg.constexpr = 128):
+                   BN: tg.constexpr = 32, BK: tg.constexpr = 128, UNROLL: tg.constexpr = 2):
         n = tg.block_id(0)
         gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK) packed weights
         accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of a
-        for k in tg.range(gw.shape[2]):
-            group = k // (G // BK)
-            weights = tg.load(gw[:, :, k]).to(f32)
-            scale = tg.load(scales.tile((BN, 1), (n, group))).to(f32)
-            if has_zeros:
-                zero = tg.load(zeros.tile((BN, 1), (n, group))).to(f32)
-                weights = (weights - zero) * scale
-            else:
-                weights = (weights - SYMMETRIC_ZERO) * scale
-            for r in range(M):
-                row = tg.load(a.tile((1, BK), (r, k))).to(f32)  # broadcast over BN rows
-                accs[r] = accs[r] + weights * row
+        for step in tg.range(tg.cdiv(gw.shape[2], UNROLL)):
+            chunks = [step * UNROLL + u for u in range(UNROLL)]
+            packed = [tg.load(gw[:, :, k]) for k in chunks]
+            for k, q in zip(chunks, packed):
+                weights = dequantize(q, scales, zeros if has_zeros else None, n,
+                                     k // (G // BK), BN)
+                for r in range(M):
+                    row = tg.load(a.tile((1, BK), (r, k))).to(f32)  # broadcast over rows
+                    accs[r] = accs[r] + weights * row
         for r in range(M):
             tg.copy(tg.sum(accs[r], 1).to(dtype), c.T.tile((BN, 1), (n, r)))
 
@@ -106,14 +124,8 @@ def w4a16_gemm_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
         sa = tg.shared((BM, BK), dtype)
         sw = tg.shared((BN, BK), dtype)
         for k in tg.range(ga.shape[2]):
-            group = k // (G // BK)
-            weights = tg.load(gw[:, :, k]).to(f32)
-            scale = tg.load(scales.tile((BN, 1), (n, group))).to(f32)
-            if has_zeros:
-                zero = tg.load(zeros.tile((BN, 1), (n, group))).to(f32)
-                weights = (weights - zero) * scale
-            else:
-                weights = (weights - SYMMETRIC_ZERO) * scale
+            weights = dequantize(tg.load(gw[:, :, k]), scales, zeros if has_zeros else None,
+                                 n, k // (G // BK), BN)
             tg.copy(weights.to(dtype), sw)
             tg.copy(ga[:, :, k], sa)
             tg.gemm(acc, sa, sw)                            # acc += sa @ sw.T
@@ -312,11 +324,12 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
 
 def w4a16_candidates(m: int, group_size: int) -> list[dict]:
     """Configurations worth timing: GEMV chunks (BK dividing the group, 128 or 256
-    threads) for M ≤ 16; GEMM tiles beyond (BK dividing the group)."""
+    threads, 2 or 4 chunks loaded per iteration) for M ≤ 16; GEMM tiles beyond (BK
+    dividing the group)."""
     if m <= MAX_GEMV_ROWS:
         per_thread = 32 if m <= 4 else 16
-        return [dict(BN=per_thread * threads // bk, BK=bk, threads=threads)
-                for threads in (128, 256) for bk in (32, 64, 128)
+        return [dict(BN=per_thread * threads // bk, BK=bk, UNROLL=unroll, threads=threads)
+                for threads in (128, 256) for bk in (32, 64, 128) for unroll in (2, 4)
                 if bk <= group_size and group_size % bk == 0]
     tiles = [dict(BM=64, BN=64), dict(BM=64, BN=128), dict(BM=128, BN=64),
              dict(BM=128, BN=128, threads=256)]

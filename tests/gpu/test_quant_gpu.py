@@ -115,3 +115,44 @@ def test_w4a16_nan_reaches_only_its_outputs():
         keep = torch.arange(64, device="cuda") != 9
         check(c[:, keep], a, w_q[keep], scales[keep], zeros[keep], 64,
               dequant_rounded=m > 16)
+
+
+@pytest.mark.parametrize("name", ["u4", "i4", "u8", "i8"])
+def test_narrow_integer_to_float_conversion_of_every_value(name):
+    """The magic-number conversion (codegen/expr.py) against the values themselves: every
+    value of the type, to f32 and to f16, exactly."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    import tegula as tg
+    from tegula.dtypes import f16, f32, i4, i8, u4, u8
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_helpers import to_device
+
+    src = {"u4": u4, "i4": i4, "u8": u8, "i8": i8}[name]
+
+    @tg.kernel(threads=32)
+    def cast_to_float(x: tg.Tensor[src, 1], y: tg.Tensor[f32, 1], z: tg.Tensor[f16, 1],
+                      B: tg.constexpr = 32):
+        t = tg.load(x.tile((B,), (tg.block_id(0),)))
+        tg.copy(t.to(f32), y.tile((B,), (tg.block_id(0),)))
+        tg.copy(t.to(f16), z.tile((B,), (tg.block_id(0),)))
+
+    if src.is_packed:
+        nibbles = np.arange(16, dtype=np.uint8)
+        values = (nibbles ^ 8).astype(np.int64) - 8 if name == "i4" else nibbles.astype(np.int64)
+        host = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
+        count = 16
+    else:
+        values = np.arange(256, dtype=np.int64) - (128 if name == "i8" else 0)
+        host = values.astype(np.int8 if name == "i8" else np.uint8)
+        count = 256
+    x = to_device(host, src)
+    y = torch.full((count,), float("nan"), device="cuda", dtype=torch.float32)
+    z = torch.full((count,), float("nan"), device="cuda", dtype=torch.float16)
+    cast_to_float[(tg.cdiv(count, 32),)](x, y, z)
+    torch.cuda.synchronize()
+    assert np.array_equal(y.cpu().numpy(), values.astype(np.float32))
+    assert np.array_equal(z.cpu().numpy(), values.astype(np.float16))
