@@ -1,5 +1,5 @@
 """The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul`,
-`rms_norm`, `softmax` and `copy`.
+`rms_norm`, `softmax`, `copy` and `attention_forward` (returning o and lse).
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -329,3 +329,40 @@ OPS = {"matmul": matmul, "matmul_fp8": matmul_fp8, "rms_norm": rms_norm, "softma
        "copy": copy}
 
 __all__ = ["matmul", "matmul_fp8", "rms_norm", "softmax", "copy", "OPS"]
+
+
+# ---------------------------------------------------------------------------- attention
+# The forward, returning (o, lse) as `tegula.kernels.attention_forward`; its gradient is the
+# backward kernels' business (tegula/kernels/attention_backward.py), not a formula here.
+
+def _attention_checked(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]) -> DType:
+    from tegula.kernels.attention import _check_torch, check_heads, check_scale
+    dtype = _check_torch("attention", 4, q=q, k=k, v=v)
+    check_heads("attention", tuple(q.shape), tuple(k.shape), tuple(v.shape), 3, 1, 2)
+    check_scale("attention", scale)
+    return dtype
+
+
+@torch.library.custom_op("tegula::attention_forward", mutates_args=(), device_types="cuda")
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                      scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """FlashAttention forward (causal aligned bottom-right): `tegula.kernels.attention_forward`."""
+    from tegula.kernels.attention import attention_forward as forward
+    return forward(q, k, v, causal, scale)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                            scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    _attention_checked(q, k, v, scale)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@attention_forward.register_kernel("cpu")
+def _attention_forward_cpu(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                           scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    from tegula.kernels.attention import attention_emulated
+    dtype = _attention_checked(q, k, v, scale)
+    o, lse = attention_emulated(*(to_numpy(t, dtype) for t in (q, k, v)), causal, scale,
+                                return_lse=True, dtype=dtype, target="sm_80")
+    return from_numpy(o, dtype), torch.from_numpy(lse)

@@ -252,3 +252,18 @@ def test_torch_entry_points_name_bad_arguments_before_the_device():
         attention_varlen(packed_q, packed_k, packed_k, cu, cu, 8.0)
     with pytest.raises(ValueError, match="q is on cpu"):
         attention_varlen(packed_q, packed_k, packed_k, cu, cu, 8)
+
+
+def test_the_custom_op_runs_the_emulator_on_cpu_and_passes_opcheck():
+    torch = pytest.importorskip("torch")
+    import tegula.kernels.torch_ops  # noqa: F401  (registers torch.ops.tegula.*)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 2, 9, 64, generator=gen).bfloat16()
+    k, v = (torch.randn(1, 1, 5, 64, generator=gen).bfloat16() for _ in range(2))
+    o, lse = torch.ops.tegula.attention_forward(q, k, v, True, 0.2)
+    want_o, want_lse = reference(*(t.float().numpy() for t in (q, k, v)), True, 0.2)
+    check(o.float().numpy(), lse.numpy(), want_o, want_lse, tg.bf16)
+    assert np.isneginf(lse.numpy()[0, :, :4]).all()  # Sq > Sk: the first 4 rows see nothing
+    torch.library.opcheck(torch.ops.tegula.attention_forward.default, (q, k, v, True, 0.2))
+    with pytest.raises(ValueError, match="head dim D = 16"):
+        torch.ops.tegula.attention_forward(q[..., :16], k[..., :16], v[..., :16])
