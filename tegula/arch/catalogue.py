@@ -92,15 +92,20 @@ def mma_for(a_dtype: DType, b_dtype: DType, acc_dtype: DType,
 
 def mma_accumulators(a_dtype: DType, b_dtype: DType,
                      target: str | Target | None = None) -> tuple[DType, ...]:
-    """Accumulator types the MMA entries offer for operands (a, b), in catalogue order,
-    on `target` (any target when None); () when no entry multiplies them. The language's
-    `tg.gemm` type check reads this, so a new MMA entry is a new multipliable type."""
+    """Accumulator types the MMA entries (mma.sync, then wgmma) offer for operands (a, b),
+    in catalogue order, on `target` (any target when None); () when no entry multiplies
+    them. The language's `tg.gemm` type check reads this, so a new MMA entry is a new
+    multipliable type (f32 x f32 exists only as sm_90a's tf32 wgmma)."""
     t = get_target(target) if target is not None else None
     found: list[DType] = []
     for i in MMA_INSTRUCTIONS:
         if i.a_dtype == a_dtype and i.b_dtype == b_dtype and i.c_dtype not in found \
                 and (t is None or i.available_on(t)):
             found.append(i.c_dtype)
+    for w in WGMMA_INSTRUCTIONS:
+        if w.a_dtype == a_dtype and w.b_dtype == b_dtype and w.acc_dtype not in found \
+                and (t is None or w.available_on(t)):
+            found.append(w.acc_dtype)
     return tuple(found)
 
 

@@ -26,7 +26,8 @@ the table models mma.sync on sm_90a at 1024 (f16) / 2048 (8-bit).
 
 `wgmma_fma_per_clk_sm` is the dense rate of Hopper's warpgroup MMA (sm_90a only): the H100
 whitepaper's peaks at the 1.83 GHz tensor boost clock and 132 SMs give 989.4 TFLOPS f16 /
-(2 * 132 * 1.83e9) = 2048 f16 FMA/clk/SM and 1979 TFLOPS fp8 -> 4096 (NVIDIA H100 Tensor
+(2 * 132 * 1.83e9) = 2048 f16 FMA/clk/SM, 1979 TFLOPS fp8 -> 4096, 494.7 TFLOPS tf32 ->
+1024 (NVIDIA H100 Tensor
 Core GPU Architecture whitepaper, Table 2 "per SM" rows: 1024 f16 FMA/clk/SM on A100,
 2048 on H100).
 """
@@ -128,7 +129,7 @@ SM90A = Target(
     smem_per_block_max=232448, smem_per_sm=233472,
     l2_bytes=50 * 1024 * 1024, dram_gbps=3350.0, clock_ghz=1.83, arch_suffix="a",
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
-    wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096),
+    wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096, tf32=1024),
 )
 # Hopper without the architecture-specific features (no wgmma, no setmaxnreg; TMA and
 # mbarriers exist at cc 9.0): the Ampere path (mma.sync, cp.async, ldmatrix) compiled for
@@ -145,7 +146,7 @@ H200 = Target(
     smem_per_block_max=232448, smem_per_sm=233472,
     l2_bytes=50 * 1024 * 1024, dram_gbps=4800.0, clock_ghz=1.83, arch_suffix="a",
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
-    wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096),
+    wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096, tf32=1024),
 )
 
 TARGETS: Mapping[str, Target] = MappingProxyType(

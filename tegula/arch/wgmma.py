@@ -6,6 +6,7 @@ One entry per shape and type, `wgmma.m64n{N}k{K}.{acc}.{a}.{b}` (N = 8, 16, … 
     f16 x f16              16   f32, f16       shared memory (descriptor) or registers
     bf16 x bf16            16   f32            "
     e4m3/e5m2 x e4m3/e5m2  32   f32            "
+    tf32 x tf32 (f32 data)  8   f32            "  (K-major only)
 
 D (64 x N) = A (64 x K) · Bᵀ, B given as N x K, plus D when scale-d is 1. B always comes from
 shared memory through a matrix descriptor (`tegula.arch.smem_matrix`); A from a descriptor
@@ -23,7 +24,9 @@ threads = 4 warps; groupID = lane >> 2, tig = lane % 4, w = warp of the warpgrou
   16-bit k16: row 16w + groupID (+8 for values 2,3,6,7), col 2 tig + (i & 1) (+8 for
   values 4..7): ((4,8,4),(2,2,2)) : ((128,1,16),(64,8,512));
   8-bit k32: col 4 tig + (i & 3) (+16 for values 8..15), row +8 for values 4..7, 12..15:
-  ((4,8,4),(4,2,2)) : ((256,1,16),(64,8,1024)).
+  ((4,8,4),(4,2,2)) : ((256,1,16),(64,8,1024));
+  tf32 k8: row 16w + groupID (+8 for values 1, 3), col tig (+4 for values 2, 3):
+  ((4,8,4),(2,2)) : ((64,1,16),(8,256)).
 These equal CuTe's `CLayout_64xN` / `ALayout_64x16` / `ALayout_64x32` (independent check;
 the tests re-derive them from the formulas).
 
@@ -36,6 +39,15 @@ with the accumulators read-write ("+f", or "+r" for packed f16 pairs), descripto
 scale-d "r"; imm-scale-a/b are 1 and imm-trans-a/b immediates (16-bit types only; no
 trans-a with A from registers). Only `sm_90a` has wgmma (`min_cc = 90` and the target's
 "a" suffix).
+
+tf32 (`wgmma.m64n{N}k8.f32.tf32.tf32`): the operands are f32 data in shared memory (tegula
+has no tf32 type: `tg.gemm` of f32 tiles takes these on sm_90a). The PTX ISA leaves tf32's
+internal layout implementation-defined (at least 10 mantissa bits) and converts f32 data
+with `cvt.rna.tf32.f32` (round to nearest, ties away); operands read straight from shared
+memory get no such conversion, and the tensor cores use the top 19 bits, i.e. the f32
+value with its low 13 mantissa bits dropped (truncation toward zero; NaN stays NaN). The
+entry's `execute` models exactly that (`truncate_to_tf32`); the GPU test
+(tests/gpu/test_tf32_wgmma.py) checks it against both models on random f32 data.
 
 Timing: issue cycles = M·N·K FMAs at the target's wgmma rate (`Target.wgmma_rate`, the
 whole SM: the four warps of a warpgroup drive the four sub-partitions' tensor cores);
@@ -75,7 +87,10 @@ def acc_layout(n: int) -> Layout:
 
 
 def a_layout(bits: int) -> Layout:
-    """A-from-registers fragment (128 threads, values) -> m + 64*k, for 16- or 8-bit A."""
+    """A-from-registers fragment (128 threads, values) -> m + 64*k, for 32-bit (tf32),
+    16- or 8-bit A."""
+    if bits == 32:
+        return Layout(((4, 8, 4), (2, 2)), ((64, 1, 16), (8, 256)))
     if bits == 16:
         return Layout(((4, 8, 4), (2, 2, 2)), ((128, 1, 16), (64, 8, 512)))
     if bits == 8:
@@ -191,6 +206,8 @@ class WgmmaInstr(Instruction):
         much; long-K FP8 GEMMs need partial sums promoted to f32 registers (issue 10)."""
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
+        if self.operand_class == "tf32":
+            a, b = truncate_to_tf32(a), truncate_to_tf32(b)
         if a.shape != (self.m, self.k) or b.shape != (self.n, self.k):
             raise TegulaError(f"{self.name}: A must be ({self.m}, {self.k}) and B "
                               f"({self.n}, {self.k}), got {a.shape} and {b.shape}")
@@ -219,6 +236,14 @@ class WgmmaInstr(Instruction):
         return target.cc >= self.min_cc and target.arch_suffix == "a"
 
 
+def truncate_to_tf32(x: np.ndarray) -> np.ndarray:
+    """f32 values as the tensor cores read them for a tf32 operand: the low 13 of the 23
+    mantissa bits dropped (toward zero), Inf kept, NaN kept NaN (float64 out)."""
+    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    kept = (f.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isnan(f), np.float32(np.nan), kept).astype(np.float64).reshape(np.shape(x))
+
+
 _TABLES: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
@@ -233,7 +258,8 @@ def _tables(name: str, acc_tv: Layout, a_tv: Layout) -> tuple[np.ndarray, np.nda
 def _wgmma(n: int, a: DType, b: DType, acc: DType) -> WgmmaInstr:
     """Build the m64n{n}k{k} entry for operand types a, b and accumulator acc."""
     k = 256 // a.bits  # 32 bytes of K per instruction
-    types = f"{ptx_type(acc)}.{ptx_type(a)}.{ptx_type(b)}"
+    spell = (lambda t: "tf32") if a.bits == 32 else ptx_type  # f32 data multiplied as tf32
+    types = f"{ptx_type(acc)}.{spell(a)}.{spell(b)}"
     ptx = f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.{types}"
     acc_tv = acc_layout(n)
     acc_regs = acc_tv.size // WARPGROUP * acc.bits // 32
@@ -248,12 +274,12 @@ def _wgmma(n: int, a: DType, b: DType, acc: DType) -> WgmmaInstr:
         operands=operands, min_cc=90, issue_cycles=0.0, latency_cycles=100.0,
         align_bytes=16, clobbers_memory=True, source=_SOURCE, m=64, n=n, k=k,
         a_dtype=a, b_dtype=b, acc_dtype=acc, acc_tv=acc_tv, a_tv=a_layout(a.bits),
-        operand_class="f16" if a.bits == 16 else "8bit", pipe="tensor")
+        operand_class={32: "tf32", 16: "f16", 8: "8bit"}[a.bits], pipe="tensor")
 
 
 _TYPES = ((f16, f16, f32), (f16, f16, f16), (bf16, bf16, f32),
           (f8e4m3, f8e4m3, f32), (f8e4m3, f8e5m2, f32), (f8e5m2, f8e4m3, f32),
-          (f8e5m2, f8e5m2, f32))
+          (f8e5m2, f8e5m2, f32), (f32, f32, f32))  # the last: f32 data as tf32
 
 WGMMA_INSTRUCTIONS: tuple[WgmmaInstr, ...] = tuple(
     _wgmma(n, a, b, acc) for a, b, acc in _TYPES for n in WGMMA_N)
@@ -266,7 +292,7 @@ def get_wgmma(name: str) -> WgmmaInstr:
     found = _BY_NAME.get(name)
     if found is None:
         raise TegulaError(f"no wgmma instruction {name!r} in the catalogue (shapes m64n8..256 "
-                          "step 8; k16 f16/bf16, k32 e4m3/e5m2)")
+                          "step 8; k16 f16/bf16, k32 e4m3/e5m2, k8 tf32)")
     return found
 
 
@@ -277,12 +303,12 @@ def wgmma_for(a_dtype: DType, b_dtype: DType, acc_dtype: DType, n: int) -> Wgmma
             return i
     raise TegulaError(f"no wgmma multiplies {a_dtype} x {b_dtype} into {acc_dtype} with N={n} "
                       f"(N is a multiple of 8 up to 256; types: f16/bf16 -> f32, f16 -> f16, "
-                      "e4m3/e5m2 -> f32)")
+                      "e4m3/e5m2 -> f32, f32 (as tf32) -> f32)")
 
 
 __all__ = [
     "WARPGROUP", "WGMMA_N", "WgmmaInstr", "WGMMA_INSTRUCTIONS", "get_wgmma", "wgmma_for",
-    "acc_layout", "a_layout", "MatrixDescriptor", "encode_descriptor", "decode_descriptor",
+    "acc_layout", "a_layout", "truncate_to_tf32", "MatrixDescriptor", "encode_descriptor", "decode_descriptor",
     "descriptor_element_addresses", "canonical_smem_layout", "operand_descriptor",
     "swizzle_bytes_address",
 ]

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from tegula.arch.catalogue import mma_for
 from tegula.arch.targets import Target
-from tegula.arch.wgmma import WARPGROUP
-from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16
+from tegula.arch.wgmma import WARPGROUP, WGMMA_INSTRUCTIONS
+from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16, f32
 from tegula.errors import SynthesisError, TegulaError
 from tegula.ir.ops import Gemm
 from tegula.ir.values import SharedTile, describe
@@ -92,11 +92,30 @@ def plan_gemm(op: Gemm, threads: int, target: Target):
     """How `op` runs: a `WgmmaPlan` where the target has wgmma and the gemm fits it, else
     the cheapest (mma.sync, warp grid) `GemmPlan`, with the TV layouts they imply."""
     if not has_wgmma(target):
+        _check_some_mma_sync(op, target, "")
         return plan_mma_sync(op, threads, target)
     plan, reason = plan_wgmma(op, threads, target)
     if plan is not None:
         return plan
+    _check_some_mma_sync(op, target, reason)
     return dataclasses.replace(plan_mma_sync(op, threads, target), wgmma_skipped=reason)
+
+
+def _check_some_mma_sync(op: Gemm, target: Target, wgmma_reason: str) -> None:
+    """Types only a wgmma multiplies (f32 x f32, as tf32) need it: say why it did not fit,
+    or that the target has none, rather than that no mma.sync exists."""
+    if mma_for(op.a.dtype, op.b.dtype, op.c.dtype, target):
+        return
+    if not any((w.a_dtype, w.b_dtype, w.acc_dtype) == (op.a.dtype, op.b.dtype, op.c.dtype)
+               for w in WGMMA_INSTRUCTIONS):
+        return  # no instruction anywhere: mma_sync_plans says so
+    where = (f"it does not fit here: {wgmma_reason}" if wgmma_reason else
+             f"{target.name} has no wgmma (sm_90a has)")
+    raise SynthesisError(
+        f"gemm: {op.a.dtype} x {op.b.dtype} into {op.c.dtype} ({describe(op.a)}, "
+        f"{describe(op.b)}) multiplies only through wgmma (as tf32 for f32 data), and "
+        f"{where}; convert the operands with .to(f16) or .to(bf16) for mma.sync",
+        loc=op.loc)
 
 
 def plan_mma_sync(op: Gemm, threads: int, target: Target) -> GemmPlan:
@@ -156,7 +175,7 @@ WGMMA_M = 64
 WGMMA_K_BYTES = 32            # one wgmma reads 32 bytes of K (k16 for 16-bit types)
 WGMMA_MAX_N = 256
 SWIZZLE_SPANS = (128, 64, 32)  # bytes; the canonical buffer's K row is exactly one span
-WGMMA_OPERAND_TYPES = (f16, bf16, f8e4m3, f8e5m2)  # i8/u8: no wgmma entry yet
+WGMMA_OPERAND_TYPES = (f16, bf16, f8e4m3, f8e5m2, f32)  # f32 as tf32; i8/u8: no entry yet
 
 
 @dataclass(frozen=True)
@@ -200,7 +219,8 @@ def operand_swizzle(tile, k: int) -> tuple[int, str]:
     if row_bytes not in SWIZZLE_SPANS:
         return 0, (f"{describe(tile)} has {row_bytes}-byte K rows; the canonical wgmma buffer "
                    f"is built for rows of exactly one swizzle span ({', '.join(map(str, SWIZZLE_SPANS))} "
-                   f"bytes: BK = 64, 32 or 16 for 16-bit types, 128, 64 or 32 for 8-bit)")
+                   f"bytes: BK = 64, 32 or 16 for 16-bit types, 128, 64 or 32 for 8-bit, "
+                   f"32, 16 or 8 for f32)")
     return row_bytes, ""
 
 

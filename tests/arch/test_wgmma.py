@@ -63,7 +63,7 @@ def test_a_register_fragment_is_the_isa_figure(a, b):
 
 
 def test_entries_shapes_registers_and_targets():
-    assert len(WGMMA_INSTRUCTIONS) == 7 * 32
+    assert len(WGMMA_INSTRUCTIONS) == 8 * 32  # 7 type combinations + f32 data as tf32
     sm80, sm90 = get_target("sm_80"), get_target("sm_90a")
     for i in WGMMA_INSTRUCTIONS:
         assert (i.m, i.k) == (64, 256 // i.a_dtype.bits)

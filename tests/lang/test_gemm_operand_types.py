@@ -39,7 +39,9 @@ def test_language_accepts_exactly_the_catalogue_types():
         for c_t in accs:
             _gemm_kernel(a_t, b_t, c_t).trace_fresh(128, BM=32, BN=32, BK=32)
     assert mma_accumulators(f16, f16) == (tg.f32, f16)  # the error message's order
-    assert mma_accumulators(tg.f32, tg.f32) == ()
+    assert mma_accumulators(tg.f32, tg.f32) == (tg.f32,)        # sm_90a's tf32 wgmma only
+    assert mma_accumulators(tg.f32, tg.f32, "sm_80") == ()
+    _gemm_kernel(tg.f32, tg.f32, tg.f32).trace_fresh(128, BM=32, BN=32, BK=32)
     assert mma_accumulators(f16, i8) == ()
 
 
