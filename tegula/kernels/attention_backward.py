@@ -70,13 +70,14 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
                                 dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
                                 D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                 G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                                BN: tg.constexpr = 64):
+                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         seq_q, seq_k = q.shape[2], k.shape[2]
         sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
         tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
         tg.copy(v[b, hk].tile((BN, D), (n, 0)), sv)
-        sq, sdo = tg.shared((BM, D), dtype), tg.shared((BM, D), dtype)
+        sq = tg.shared((BM, D), dtype, stages=STAGES)
+        sdo = tg.shared((BM, D), dtype, stages=STAGES)
         keys = tg.arange(BN, offset=n * BN)[:, None]            # (BN, 1) key positions
         dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
         first = 0
@@ -86,23 +87,23 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
             h = hk * G + g
             q_blocks = q[b, h].tile((BM, D), (None, 0))
             do_blocks = dout[b, h].tile((BM, D), (None, 0))
-            for m in tg.range(first, q_blocks.shape[2]):
-                tg.copy(q_blocks[:, :, m], sq)
-                tg.copy(do_blocks[:, :, m], sdo)
+            for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
+                tg.copy(q_blocks[:, :, m], sq[m])
+                tg.copy(do_blocks[:, :, m], sdo[m])
                 queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
                 lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :]
                 delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
                 s_t = tg.zeros((BN, BM), f32)
-                tg.gemm(s_t, sk, sq)                             # K Qᵀ
+                tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
                 seen = (keys < seq_k) & (queries < seq_q)
                 if CAUSAL:
                     seen = seen & (keys <= queries + (seq_k - seq_q))
                 p_t = tg.where(seen, tg.exp2((s_t * SCALE - lse_m) * LOG2E), 0.0)
-                tg.gemm(dv_acc, p_t.to(dtype), sdo.T)            # += Pᵀ dO
+                tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
                 dp_t = tg.zeros((BN, BM), f32)
-                tg.gemm(dp_t, sv, sdo)                           # V dOᵀ
+                tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
                 ds_t = p_t * (dp_t - delta_m)
-                tg.gemm(dk_acc, ds_t.to(dtype), sq.T)            # += dSᵀ Q
+                tg.gemm(dk_acc, ds_t.to(dtype), sq[m].T)         # += dSᵀ Q
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
@@ -120,14 +121,15 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
                               dq: tg.Tensor[dtype, 4],
                               D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                               G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                              BN: tg.constexpr = 64):
+                              BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         hk = h // G
         seq_q, seq_k = q.shape[2], k.shape[2]
         sq, sdo = tg.shared((BM, D), dtype), tg.shared((BM, D), dtype)
         tg.copy(q[b, h].tile((BM, D), (m, 0)), sq)
         tg.copy(dout[b, h].tile((BM, D), (m, 0)), sdo)
-        sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
+        sk = tg.shared((BN, D), dtype, stages=STAGES)
+        sv = tg.shared((BN, D), dtype, stages=STAGES)
         k_blocks = k[b, hk].tile((BN, D), (None, 0))
         v_blocks = v[b, hk].tile((BN, D), (None, 0))
         queries = tg.arange(BM, offset=m * BM)[:, None]         # (BM, 1)
@@ -138,20 +140,20 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
         if CAUSAL:  # key blocks past the block's last row's diagonal are masked entirely
             last_key = m * BM + BM - 1 + (seq_k - seq_q)
             stop = tg.minimum(stop, tg.maximum(last_key, -1) // BN + 1)
-        for n in tg.range(stop):
-            tg.copy(k_blocks[:, :, n], sk)
-            tg.copy(v_blocks[:, :, n], sv)
+        for n in tg.pipeline(stop, stages=STAGES):
+            tg.copy(k_blocks[:, :, n], sk[n])
+            tg.copy(v_blocks[:, :, n], sv[n])
             keys = tg.arange(BN, offset=n * BN)[None, :]         # (1, BN)
             s = tg.zeros((BM, BN), f32)
-            tg.gemm(s, sq, sk)                                   # Q Kᵀ
+            tg.gemm(s, sq, sk[n])                                # Q Kᵀ
             seen = (keys < seq_k) & (queries < seq_q)
             if CAUSAL:
                 seen = seen & (keys <= queries + (seq_k - seq_q))
             p = tg.where(seen, tg.exp2((s * SCALE - lse_m) * LOG2E), 0.0)
             dp = tg.zeros((BM, BN), f32)
-            tg.gemm(dp, sdo, sv)                                 # dO Vᵀ
+            tg.gemm(dp, sdo, sv[n])                              # dO Vᵀ
             ds = p * (dp - delta_m)
-            tg.gemm(dq_acc, ds.to(dtype), sk.T)                  # += dS K
+            tg.gemm(dq_acc, ds.to(dtype), sk[n].T)               # += dS K
         tg.copy((dq_acc * SCALE).to(dtype), dq[b, h].tile((BM, D), (m, 0)))
 
     return attention_backward_dq
