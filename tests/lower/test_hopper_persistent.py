@@ -197,6 +197,46 @@ def test_explain_shows_the_persistent_ring():
             f"next") in text
 
 
+@tg.kernel(threads=128)
+def rows_then_columns(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16]):
+    """Two enclosing loops: block-strided row tiles, and inside, the column tiles counted
+    from 3 in steps of 2, then the K pipeline: the ring's run index is row iteration *
+    column tiles + column iteration ((index - 3) // 2)."""
+    tiles_n = tg.cdiv(b.shape[0], 64)
+    sa, sb = tg.shared((64, 32), f16, stages=3), tg.shared((64, 32), f16, stages=3)
+    for m in tg.range(tg.block_id(0), tg.cdiv(a.shape[0], 64), tg.num_programs(0)):
+        for n2 in tg.range(3, 3 + 2 * tiles_n, 2):
+            n = (n2 - 3) // 2
+            ga, gb = a.tile((64, 32), (m, None)), b.tile((64, 32), (n, None))
+            acc = tg.zeros((64, 64), f32)
+            for k in tg.pipeline(ga.shape[2], stages=3):
+                tg.copy(ga[:, :, k], sa[k])
+                tg.copy(gb[:, :, k], sb[k])
+                tg.gemm(acc, sa[k], sb[k])
+            tg.copy(acc.to(f16), c.tile((64, 64), (m, n)))
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+@pytest.mark.parametrize("roles", [None, False], ids=["specialized", "one-role"])
+def test_a_ring_across_two_enclosing_loops_one_stepping_by_two(roles, role_order):
+    result = build(rows_then_columns, {}, None, "sm_90a")
+    from tegula.ir.ops import ForLoop, walk_ops
+    pipeline = next(op for op in walk_ops(result.traced.body)
+                    if isinstance(op, ForLoop) and op.stages > 1)
+    assert len(pipeline.choices["ring"].enclosing) == 2
+    rng = np.random.default_rng(6)
+    # 5 k-tiles on 3 stages (runs not a multiple of 2 x 3 long): a wrong run index moves
+    # the stages and parities (with 6 k-tiles it could hide).
+    a, b = random_input(rng, (200, 136), f16), random_input(rng, (136, 136), f16)
+    c = poisoned((200, 136), f16)
+    report = run_with_deadline(lambda: tg.emulate(
+        rows_then_columns, (2,), a, b, c, target="sm_90a", warp_specialize=roles,
+        role_order=role_order))
+    assert report.kind("TmaLoad").count > 0 and report.kind("TmaStore").count > 0
+    assert report.threads == (256 if roles is None else 128)
+    check_gemm(c, a, b, f16)
+
+
 # ------------------------------------------------------------------ TMA-store epilogue
 
 
