@@ -35,7 +35,8 @@ quarter of the FP32 rate):
   are a (BN, 1) tile that broadcasts over it.
 * `w4a16_gemm_kernel` — more rows (prefill): each k-step dequantizes a (BN, BK) weight
   tile into a shared f16/bf16 tile and feeds it with the activation tile to `tg.gemm`
-  (`tg.gemm` takes one operand type, so the kernel dequantizes first).
+  (`tg.gemm` takes one operand type, so the kernel dequantizes first), in a pipelined K
+  loop whose activation tiles are copied ahead.
 
 Entry points: `w4a16_gemm_emulated` (numpy, unpacked weights: the CI entry point),
 `matmul_w4a16` (torch, packed weights), `quantize_w4`, `prepack`, `unpack_w4`.
@@ -111,24 +112,28 @@ def w4a16_gemv_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
 def w4a16_gemm_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     """c (M, N) = a (M, K) @ dequant(w).T in (BM, BN) tiles: each k-step dequantizes a
     (BN, BK) weight tile into shared memory (rounded to `dtype`, the MMA's operand type)
-    and runs `tg.gemm` on it and the activation tile. BK divides the group size G."""
+    and runs `tg.gemm` on it and the activation tile. BK divides the group size G. The K
+    loop is a STAGES-deep `tg.pipeline`: the activation tiles are copied ahead (cp.async;
+    TMA from a producer warpgroup on sm_90a), the weights are loaded and dequantized by
+    the threads in the iteration that uses them; STAGES=1 is a plain loop."""
 
     @tg.kernel(threads=128)
     def w4a16_gemm(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
                    zeros: tg.Tensor[dtype], c: tg.Tensor[dtype], G: tg.constexpr = 128,
-                   BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 64):
+                   BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 64,
+                   STAGES: tg.constexpr = 3):
         m, n = tg.block_id(0), tg.block_id(1)
         ga = a.tile((BM, BK), (m, None))
         gw = w.tile((BN, BK), (n, None))
         acc = tg.zeros((BM, BN), f32)
-        sa = tg.shared((BM, BK), dtype)
-        sw = tg.shared((BN, BK), dtype)
-        for k in tg.range(ga.shape[2]):
+        sa = tg.shared((BM, BK), dtype, stages=STAGES)
+        sw = tg.shared((BN, BK), dtype, stages=STAGES)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
             weights = dequantize(tg.load(gw[:, :, k]), scales, zeros if has_zeros else None,
                                  n, k // (G // BK), BN)
-            tg.copy(weights.to(dtype), sw)
-            tg.copy(ga[:, :, k], sa)
-            tg.gemm(acc, sa, sw)                            # acc += sa @ sw.T
+            tg.copy(weights.to(dtype), sw[k])
+            tg.gemm(acc, sa[k], sw[k])                      # acc += sa @ sw.T
         tg.copy(acc.to(dtype), c.tile((BM, BN), (m, n)))
 
     return w4a16_gemm
@@ -139,14 +144,15 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
     """(kernel kind "gemv" or "gemm", grid, constexprs) for an (M, N, K) W4A16 product.
     GEMV (M ≤ 16 and no BM given): BK = the group, BN such that each of the 128 threads
     holds 32 weights of a chunk (one 16-byte load) for up to 4 rows of a, 16 beyond (M
-    accumulators of that size). GEMM: 64x64 tiles, BK = 64 or the group if smaller."""
+    accumulators of that size). GEMM: 64x64 tiles, BK = 64 or the group if smaller, a
+    3-stage pipeline."""
     if m <= MAX_GEMV_ROWS and not {"BM"} & set(tiles):
         per_thread = 32 if m <= 4 else 16
         BK = tiles.pop("BK", min(group_size, 128))
         BN = tiles.pop("BN", max(1, per_thread * 128 // BK))
         _check_chunk(BK, group_size)
         return "gemv", (tg.cdiv(n, BN),), dict(M=m, G=group_size, BN=BN, BK=BK, **tiles)
-    constexprs = dict(G=group_size, BM=64, BN=64, BK=min(group_size, 64))
+    constexprs = dict(G=group_size, BM=64, BN=64, BK=min(group_size, 64), STAGES=3)
     constexprs.update(tiles)
     _check_chunk(constexprs["BK"], group_size)
     grid = (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"]))
@@ -325,7 +331,7 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
 def w4a16_candidates(m: int, group_size: int) -> list[dict]:
     """Configurations worth timing: GEMV chunks (BK dividing the group, 128 or 256
     threads, 2 or 4 chunks loaded per iteration) for M ≤ 16; GEMM tiles beyond (BK
-    dividing the group)."""
+    dividing the group, pipelined 3 deep or not)."""
     if m <= MAX_GEMV_ROWS:
         per_thread = 32 if m <= 4 else 16
         return [dict(BN=per_thread * threads // bk, BK=bk, UNROLL=unroll, threads=threads)
@@ -333,7 +339,8 @@ def w4a16_candidates(m: int, group_size: int) -> list[dict]:
                 if bk <= group_size and group_size % bk == 0]
     tiles = [dict(BM=64, BN=64), dict(BM=64, BN=128), dict(BM=128, BN=64),
              dict(BM=128, BN=128, threads=256)]
-    return [dict(t, BK=bk) for t in tiles for bk in (32, 64) if bk <= group_size]
+    return [dict(t, BK=bk, STAGES=stages) for t in tiles for bk in (32, 64)
+            for stages in (1, 3) if bk <= group_size]
 
 
 def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, *,

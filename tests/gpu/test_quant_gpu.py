@@ -80,6 +80,32 @@ def test_w4a16_kernels_match_torch(dtype, m, n, k, group, zero_point, tiles):
     check(c, a, w_q, scales, zeros, group, dequant_rounded=kind == "gemm")
 
 
+@pytest.mark.parametrize("tiles", [dict(STAGES=1), dict(STAGES=2), dict(STAGES=4, BK=32),
+                                   dict(BM=128, BN=128, threads=256),
+                                   dict(BM=16, BN=32, BK=32, STAGES=1)],
+                         ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+@pytest.mark.parametrize("m,n,k,group", [(33, 300, 512, 32), (128, 4096, 4096, 128),
+                                         (200, 130, 1024, 64), (5, 64, 256, 128)])
+def test_w4a16_gemm_pipeline_and_tiles_match_torch(m, n, k, group, tiles):
+    """The GEMM kernel at every pipeline depth (TMA + producer warpgroup on sm_90a for the
+    activations, weights dequantized into the same stage), large tiles on 256 threads,
+    and small tiles (a BM sends even M = 5 to the GEMM kernel)."""
+    from tegula.dtypes import f16
+    from tegula.kernels.quant import prepack, w4a16_config, w4a16_gemm_kernel
+    g, w_q, scales, zeros = random_w4(n, k, group, "f16", True, m + n + k + len(tiles))
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    tiles = dict(tiles)
+    threads = tiles.pop("threads", None)
+    kind, grid, constexprs = w4a16_config(m, n, k, group, BM=tiles.pop("BM", 64), **tiles)
+    assert kind == "gemm"
+    extra = {"threads": threads} if threads else {}
+    w4a16_gemm_kernel(f16, True)[grid](a, prepack(w_q), scales, zeros, c, **constexprs,
+                                       **extra)
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+
+
 @pytest.mark.parametrize("m,n,k,group,zero_point", [
     (1, 4096, 4096, 128, True), (5, 333, 1024, 64, False), (16, 4096, 11008, 128, True),
     (64, 512, 1024, 32, True), (128, 4096, 4096, 128, False)])

@@ -54,6 +54,19 @@ def test_w4a16_matches_numpy(m, n, k, group, zero_point, target):
     check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=m > 16)
 
 
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_w4a16_gemm_pipeline_depths(stages, target):
+    """The GEMM kernel's K loop: plain (1), and 2 or 4 stages of activation tiles copied
+    ahead (TMA + a producer warpgroup on sm_90a) while the weights are dequantized into
+    the same stage's shared tile; 7 k-steps so the ring wraps."""
+    rng = np.random.default_rng(40 + stages)
+    a = random_input(rng, (33, 224), f16)
+    w_q, scales, zeros = random_w4(rng, 70, 224, 32, f16)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 32, target=target, STAGES=stages)
+    check_w4a16(c, a, w_q, scales, zeros, 32, f16, dequant_rounded=True)
+
+
 @pytest.mark.parametrize("m", [2, 40])
 def test_w4a16_bf16(m):
     rng = np.random.default_rng(m)
