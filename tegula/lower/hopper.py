@@ -232,9 +232,9 @@ class Ring:
     `RingPlan` on it) keeps one ring across their iterations: its count is
     `base + (it - start)`, `base = J * trips` for the J-th run (the flattened index of the
     enclosing iterations) and the pipeline's trip count `trips` (the same in every run:
-    synthesis checked), stage `count % S`, parity `(count // S) % 2`. `slot_override`
-    says whether the gemm's descriptors must take the ring's stage (nested) or keep their
-    own (`it % S`, the same thing at top level)."""
+    synthesis checked), stage `count % S`, parity `(count // S) % 2`. `gemm_slot` is the
+    stage the gemm's descriptors must read where it differs from their own `it % S`
+    (nested), else None."""
 
     def __init__(self, op: ForLoop):
         self.stages = op.stages
@@ -262,7 +262,7 @@ def _runs_before(enclosing: tuple, start: Expr, stop: Expr) -> Expr:
     stop`: (flattened index of the enclosing loops' iterations) * (its trip count).
     Indices and counts are non-negative, so C's `/` is floor division here."""
     runs: Expr | None = None
-    for i, loop in enumerate(enclosing):
+    for loop in enclosing:
         index = (Var(loop.var.name) - scalar_expr(loop.start)) // loop.step
         runs = index if runs is None else runs * trip_count(loop) + index
     return runs * _bin("max", stop - start, Const(0))
