@@ -37,7 +37,7 @@ from tegula.arch.wgmma import WARPGROUP, WGMMA_INSTRUCTIONS
 from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16, f32
 from tegula.errors import SynthesisError, TegulaError
 from tegula.ir.ops import Gemm
-from tegula.ir.values import SharedTile, describe
+from tegula.ir.values import RegisterTile, SharedTile, describe
 from tegula.layout.cute import Layout
 from tegula.layout.tv import WarpGrid, mma_tiled_tv
 
@@ -186,7 +186,9 @@ class WgmmaPlan:
     tiled like mma.sync's: warpgroup (i_m, i_n) at repeat (rm, rn) holds rows
     64 * (i_m + wm * rm) … and columns n * (i_n + wn * rn) …), the repeats per warpgroup
     (RM, RN, RK = K / 16), and each operand buffer's swizzle (bytes) — the buffer holds the
-    canonical K-major layout (`operand_layout`)."""
+    canonical K-major layout (`operand_layout`). With A in registers (`a_tv` set: the atom's
+    A fragment tiled like the accumulator, warpgroups along N holding the same rows),
+    `swizzle_a` is 0 and only B is read through a descriptor."""
 
     atom: object
     grid: WarpGrid
@@ -195,15 +197,18 @@ class WgmmaPlan:
     swizzle_a: int
     swizzle_b: int
     candidates: tuple = ()
-    a_tv = None  # operands are read from shared memory by the instruction itself
+    a_tv: Layout | None = None  # None: A is read from shared memory by the instruction
     b_tv = None
     kind = "wgmma"  # what lowering dispatches on (`lower/hopper.py: is_wgmma`)
 
     def describe(self) -> str:
         rm, rn, rk = self.repeats
+        where = (f"A from registers, B read from shared memory through descriptors "
+                 f"({self.swizzle_b} B swizzle)" if self.a_tv is not None else
+                 f"A and B read from shared memory through descriptors "
+                 f"({self.swizzle_a} B / {self.swizzle_b} B swizzle)")
         return (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warpgroup grid, "
-                f"{rm}x{rn}x{rk} wgmmas per warpgroup per gemm; A and B read from shared "
-                f"memory through descriptors ({self.swizzle_a} B / {self.swizzle_b} B swizzle)")
+                f"{rm}x{rn}x{rk} wgmmas per warpgroup per gemm; {where}")
 
 
 def has_wgmma(target: Target) -> bool:
@@ -241,8 +246,14 @@ def is_transposed(tile: SharedTile) -> bool:
 
 
 def _wgmma_operand_problem(op: Gemm, threads: int) -> str:
-    """Why the operands/threads of `op` cannot go to wgmma ("" when they can)."""
+    """Why the operands/threads of `op` cannot go to wgmma ("" when they can). A may be a
+    register tile (16-bit: the instruction's A fragment), B is always in shared memory."""
+    if isinstance(op.a, RegisterTile) and op.a.dtype not in (f16, bf16):
+        return (f"operand A {describe(op.a)} is in registers as {op.a.dtype} (wgmma takes "
+                f"f16/bf16 A fragments from registers here)")
     for role, tile in (("A", op.a), ("B", op.b)):
+        if role == "A" and isinstance(tile, RegisterTile):
+            continue
         if not isinstance(tile, SharedTile):
             return f"operand {role} {describe(tile)} is not a shared tile"
         if is_transposed(tile):
@@ -267,8 +278,8 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
     if problem:
         return None, problem
     (bm, bn), (_, bk) = op.c.shape, op.a.shape
-    swizzles = []
-    for tile in (op.a, op.b):
+    swizzles = [0] if isinstance(op.a, RegisterTile) else []
+    for tile in (op.b,) if swizzles else (op.a, op.b):
         swizzle, problem = operand_swizzle(tile, bk)
         if problem:
             return None, problem
@@ -283,7 +294,8 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
             if atom is None:
                 reasons.append(f"no wgmma with N={n} for {op.a.dtype} x {op.b.dtype} -> {op.c.dtype}")
                 continue
-            score = _wgmma_score(atom, grid, (bm, bn, bk), target)
+            score = _wgmma_score(atom, grid, (bm, bn, bk), target,
+                                 a_shared=not isinstance(op.a, RegisterTile))
             scored.append((score, -n, -grid.wm, atom, grid))
     if not scored:
         why = "; ".join(reasons[:1]) or (
@@ -294,10 +306,12 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
     _, _, _, atom, grid = scored[0]
     n = atom.n
     c_tv = mma_tiled_tv(atom.acc_tv, (WGMMA_M, n), (bm, bn), grid, "c")
+    a_tv = (mma_tiled_tv(atom.a_tv, (WGMMA_M, k_step), (bm, bk), grid, "a")
+            if isinstance(op.a, RegisterTile) else None)
     repeats = (bm // (WGMMA_M * grid.wm), bn // (n * grid.wn), bk // k_step)
     return WgmmaPlan(atom, grid, c_tv, repeats, swizzles[0], swizzles[1],
                      tuple((c[3].name, f"{c[4].wm}x{c[4].wn} warpgroup grid",
-                            round(c[0][0], 1)) for c in scored)), ""
+                            round(c[0][0], 1)) for c in scored), a_tv), ""
 
 
 def _wgmma_widths(n_per_group: int) -> list[int]:
@@ -314,7 +328,8 @@ def _wgmma_entry(op: Gemm, n: int):
         return None
 
 
-def _wgmma_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tuple:
+def _wgmma_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target,
+                 a_shared: bool = True) -> tuple:
     """(block cycles per gemm call: max of tensor-core and shared-memory time, shared
     cycles), as `candidate_score` for mma.sync: every wgmma occupies the SM's four tensor
     cores for its issue cycles, and every wgmma reads its own 64xK A slice and NxK B slice
@@ -325,6 +340,7 @@ def _wgmma_score(atom, grid: WarpGrid, tile_mnk: tuple, target: Target) -> tuple
     wgmmas = (bm // atom.m) * (bn // atom.n) * (bk // atom.k)
     issue, _ = atom.timing(target)
     tensor = wgmmas * issue
-    operand_bytes = wgmmas * atom.k * (atom.m * atom.a_dtype.bits + atom.n * atom.b_dtype.bits) / 8
+    a_bits = atom.m * atom.a_dtype.bits if a_shared else 0  # A from registers: no shared read
+    operand_bytes = wgmmas * atom.k * (a_bits + atom.n * atom.b_dtype.bits) / 8
     shared = operand_bytes / target.shared_bytes_per_clk
     return (max(tensor, shared), shared)

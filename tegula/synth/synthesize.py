@@ -412,6 +412,8 @@ def wgmma_operand_layouts(kernel: TracedKernel) -> dict:
         plan = op.choices.get("plan") if isinstance(op, Gemm) else None
         if isinstance(plan, WgmmaPlan):
             for tile, swizzle in ((op.a, plan.swizzle_a), (op.b, plan.swizzle_b)):
+                if not isinstance(tile, SharedTile):  # A from registers
+                    continue
                 rows, k = tile.alloc.shape
                 layouts[tile.alloc.id] = operand_layout(rows, k, tile.dtype, swizzle)
     return layouts

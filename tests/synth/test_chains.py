@@ -1,52 +1,44 @@
 """Chained gemms (one gemm's accumulator, element by element, is the next one's A operand
 in registers) get their warp grids chosen together, so the tile between them stays in
 registers (synth/chains.py)."""
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import tegula as tg
-from tegula import f16, f32
 from tegula.arch.targets import get_target
 from tegula.ir.ops import Gemm, walk_ops
 from tegula.synth.chains import conversion_cycles, gemm_chains
 
-
-@tg.kernel(threads=128)
-def attention_block(q: tg.Tensor[f16], k: tg.Tensor[f16], v: tg.Tensor[f16], o: tg.Tensor[f16],
-                    BM: tg.constexpr = 64, BN: tg.constexpr = 64, D: tg.constexpr = 64):
-    m = tg.block_id(0)
-    sq = tg.shared((BM, D), f16)
-    tg.copy(q.tile((BM, D), (m, 0)), sq)
-    sk = tg.shared((BN, D), f16)
-    sv = tg.shared((D, BN), f16)
-    acc = tg.zeros((BM, D), f32)
-    m_i = tg.full((BM, 1), -float("inf"), f32)
-    l_i = tg.zeros((BM, 1), f32)
-    gk = k.tile((BN, D), (None, 0))
-    gv = v.T.tile((D, BN), (0, None))
-    for j in tg.range(gk.shape[2]):
-        tg.copy(gk[:, :, j], sk, fill=0.0)
-        tg.copy(gv[:, :, j], sv, fill=0.0)
-        s = tg.zeros((BM, BN), f32)
-        tg.gemm(s, sq, sk)
-        keys = tg.arange(BN, offset=j * BN)
-        s = tg.where(keys < k.shape[0], s, -float("inf"))
-        m_new = tg.maximum(m_i, tg.max(s, 1))
-        p = tg.exp(s - m_new)
-        alpha = tg.exp(m_i - m_new)
-        l_i = l_i * alpha + tg.sum(p, 1)
-        acc = acc * alpha
-        tg.gemm(acc, p.to(f16), sv)
-        m_i = m_new
-    tg.copy((acc / l_i).to(f16), o.tile((BM, D), (m, 0)))
+sys.path.insert(0, os.path.dirname(__file__))
+from chain_kernels import attention_block  # noqa: E402
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
-def test_p_stays_in_registers_between_the_two_gemms(target):
-    text = tg.explain(attention_block, target=target)
+def test_p_stays_in_registers_between_the_two_mma_sync_gemms():
+    text = tg.explain(attention_block, target="sm_80")
     assert "layout conversions: none" in text, text
-    assert "4x1 warp grid" in text
+    import re
+    joint = set(re.findall(r"mma\.m16n8k16\.f32\.f16\.f16\.f32 on a 4x1 warp grid, 1x8x4 MMAs per "
+                           r"warp per gemm; warp grid chosen with the gemm at line (\d+)", text))
+    assert len(joint) == 2  # each gemm names the other
     assert "by register renaming" in text
+
+
+def test_p_is_the_register_a_operand_of_the_second_wgmma():
+    """sm_90a: the second gemm takes P from registers (wgmma's A fragment is the
+    accumulator's rows, per warp as mma.sync's), B through its descriptor."""
+    from tegula.build import build
+    from tegula.lower.async_ir import SmemDesc, Wgmma
+    from tegula.lower.thread_ir import walk
+    text = tg.explain(attention_block, target="sm_90a")
+    assert "layout conversions: none" in text, text
+    assert "A from registers, B read from shared memory" in text
+    body = build(attention_block, {}, None, "sm_90a").thread_kernel.body
+    wgmmas = [s for s in walk(body) if isinstance(s, Wgmma)]
+    assert {isinstance(s.a, SmemDesc) for s in wgmmas} == {True, False}
+    assert all(len(s.a) == 64 * 16 // 128 for s in wgmmas if not isinstance(s.a, SmemDesc))
 
 
 def test_the_chain_is_found_through_casts_and_broadcast_operands():
