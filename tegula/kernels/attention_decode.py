@@ -37,6 +37,8 @@ from tegula.kernels.common import launch_emulated, poisoned
 ATTENTION_DECODE_DTYPES = (f16, bf16)
 DECODE_HEAD_DIMS = (32, 64, 128, 256)
 MAX_QUERY_TOKENS = 16
+MAX_SPLITS = 128         # the combine unrolls its loop over splits
+COMBINE_COLUMNS = 32     # columns of o per combine program (D / 32 programs per kv head)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 INF = float("inf")
@@ -150,31 +152,34 @@ def _store_partial(state, o_view, lse_view, BR: int, D: int) -> None:
 
 @lru_cache(maxsize=None)
 def attention_decode_combine_kernel(dtype: DType) -> tg.Kernel:
-    """o and lse of the G·Sq rows of one kv head from the splits' partials, merged in
-    split order (an online softmax over splits, in natural-log units)."""
+    """o and lse of the G·Sq rows of one kv head, BD columns of o per program, from the
+    SPLITS partials: weights exp(lse_s − max_s lse_s), added in split order
+    (deterministic). The split loop is unrolled (SPLITS is a constexpr, at most
+    MAX_SPLITS) so that every split's loads are independent and issue together, rather
+    than one global-memory round trip per split."""
 
     @tg.kernel(threads=128)
     def attention_decode_combine(o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
                                  o: tg.Tensor[dtype, 4], lse: tg.Tensor[f32, 3],
-                                 D: tg.constexpr, BR: tg.constexpr = 16):
-        hk, b = tg.block_id(0), tg.block_id(1)
-        m_i = tg.full((BR, 1), -INF, f32)
-        l_i = tg.zeros((BR, 1), f32)
-        acc = tg.zeros((BR, D), f32)
-        for s in tg.range(o_part.shape[2]):
+                                 SPLITS: tg.constexpr, SP: tg.constexpr, BR: tg.constexpr = 16,
+                                 BD: tg.constexpr = 32):
+        d, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        every_lse = tg.load(lse_part[b, hk].tile((SP, BR), (0, 0)), fill=-INF)  # (SP, BR)
+        top = tg.max(every_lse, 0)[0, :][:, None]                 # (BR, 1): max over splits
+        top = tg.where(top == -INF, 0.0, top)                      # no split saw a key
+        total = tg.zeros((BR, 1), f32)
+        acc = tg.zeros((BR, BD), f32)
+        for s in range(SPLITS):
             lse_s = tg.load(lse_part[b, hk, s].tile((BR,), (0,)), fill=-INF)[:, None]
-            o_s = tg.load(o_part[b, hk, s].tile((BR, D), (0, 0)))
-            m_new = tg.maximum(m_i, lse_s)
-            m_ref = tg.where(m_new == -INF, 0.0, m_new)
-            alpha, weight = tg.exp(m_i - m_ref), tg.exp(lse_s - m_ref)
-            l_i = l_i * alpha + weight
-            acc = acc * alpha + weight * o_s
-            m_i = m_new
-        some = l_i > 0.0
-        tg.copy(tg.where(some, acc / tg.where(some, l_i, 1.0), 0.0).to(dtype),
-                o[b, hk].tile((BR, D), (0, 0)))
-        total = tg.where(some, m_i + tg.log(tg.where(some, l_i, 1.0)), -INF)
-        tg.copy(total[:, 0], lse[b, hk].tile((BR,), (0,)))
+            weight = tg.exp(lse_s - top)                           # 0 for a split past the end
+            total = total + weight
+            acc = acc + weight * tg.load(o_part[b, hk, s].tile((BR, BD), (0, d)))
+        some = total > 0.0
+        tg.copy(tg.where(some, acc / tg.where(some, total, 1.0), 0.0).to(dtype),
+                o[b, hk].tile((BR, BD), (0, d)))
+        every = tg.where(some, top + tg.log(tg.where(some, total, 1.0)), -INF)
+        with tg.if_(tg.eq(d, 0)):                                  # one program writes lse
+            tg.copy(every[:, 0], lse[b, hk].tile((BR,), (0,)))
 
     return attention_decode_combine
 
@@ -243,14 +248,14 @@ def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
     keys per sequence (its allocated length, not the current lengths, so that choosing
     needs no device sync; splits past a sequence's end return at once). Splits are chosen
     so that B·Hkv·splits reaches `programs` (two waves on 132 SMs) without chunks shorter
-    than 4 key blocks."""
+    than 4 key blocks, and at most MAX_SPLITS of them."""
     BN = BN or (64 if D <= 128 else 32)
     if page:
         BN = min(BN, page)
     blocks = max(1, tg.cdiv(capacity, BN))
     if num_splits is None:
         num_splits = max(1, min(tg.cdiv(programs, B * Hkv), blocks // 4))
-    chunk = tg.cdiv(blocks, max(1, min(num_splits, blocks)))
+    chunk = tg.cdiv(blocks, max(1, min(num_splits, blocks, MAX_SPLITS)))
     return dict(chunk=chunk, splits=tg.cdiv(blocks, chunk), BN=BN)
 
 
@@ -271,8 +276,11 @@ def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, cap
         split = (attention_decode_split_kernel(dtype, False), (config["splits"], Hkv, B),
                  ("q", "k", "v", "seqlens", "o_part", "lse_part"), (config["chunk"],),
                  constexprs)
-    combine = (attention_decode_combine_kernel(dtype), (Hkv, B),
-               ("o_part", "lse_part", "o", "lse"), (), dict(D=D, BR=BR))
+    splits = config["splits"]
+    combine = (attention_decode_combine_kernel(dtype), (D // COMBINE_COLUMNS, Hkv, B),
+               ("o_part", "lse_part", "o", "lse"), (),
+               dict(SPLITS=splits, SP=max(2, 1 << (splits - 1).bit_length()), BR=BR,
+                    BD=COMBINE_COLUMNS))
     return config, [split, combine]
 
 

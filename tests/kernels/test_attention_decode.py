@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tegula.dtypes import bf16, f16
-from tegula.kernels.attention_decode import (attention_decode_emulated, decode_config,
-                                             group_rows)
+from tegula.kernels.attention_decode import (MAX_SPLITS, attention_decode_emulated,
+                                             decode_config, group_rows)
 from tegula.kernels.common import random_input
 
 
@@ -119,11 +119,14 @@ def test_decode_head_dim_128_one_split():
 
 
 def test_config_spreads_long_caches_over_splits():
-    """A 128k cache for one sequence and one kv head is split to fill two waves of the
-    GPU; short caches are not cut into chunks of less than 4 key blocks; every key block
+    """A 128k cache for one sequence is split to fill two waves of the GPU (at most
+    MAX_SPLITS ways: the combine unrolls its loop over them); short caches are not cut into chunks of less than 4 key blocks; every key block
     falls in exactly one split."""
     long = decode_config(1, 1, 128 * 1024, 128)
-    assert long["splits"] >= 132 and long["chunk"] * long["splits"] * long["BN"] >= 128 * 1024
+    assert long["splits"] == MAX_SPLITS
+    assert long["chunk"] * long["splits"] * long["BN"] >= 128 * 1024
+    gqa = decode_config(1, 8, 128 * 1024, 128)
+    assert gqa["splits"] == 33 and gqa["chunk"] * gqa["splits"] * gqa["BN"] >= 128 * 1024
     assert long["chunk"] * (long["splits"] - 1) * long["BN"] < 128 * 1024
     short = decode_config(4, 8, 300, 64)
     assert short["chunk"] >= 4 or short["splits"] == 1
