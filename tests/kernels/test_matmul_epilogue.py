@@ -251,3 +251,32 @@ def test_torch_entry_point_argument_errors():
         tk.matmul(a, w.T, bias[None, :])
     with pytest.raises(ValueError, match=r"matmul: a is on cpu"):
         tk.matmul(a, w.T, bias, "relu")   # every argument right: the device is the mistake
+
+
+@pytest.mark.parametrize("mode", ["epilogue", "fp8"])
+def test_bench_modes_run_end_to_end_on_a_fake_gpu(mode, tmp_path, monkeypatch, capsys):
+    """`tegula bench gemm --mode epilogue|fp8`: cases, checks, table, peak fractions, JSON
+    (on the CPU, tegula's entry points refuse the tensors: an ERROR row, torch's rows ok)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from tegula.bench import gpu
+    from tegula.bench.__main__ import main as bench_main
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "test_gpu_suites.py"
+    spec = importlib.util.spec_from_file_location("tegula_test_gpu_suites", path)
+    suites = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suites)
+    monkeypatch.setattr(gpu, "load_torch", lambda name: (suites._FakeTorch(torch), None))
+    monkeypatch.setattr(gpu, "time_ms", lambda fn, flush: (fn(), 0.05)[1])
+    assert bench_main(["gemm", "--mode", mode, "--shapes", "64x32x256,16x40x128",
+                       "--out", str(tmp_path), "--dtype", "bf16"]) == 0
+    printed = capsys.readouterr().out
+    assert "dense peak" in printed and "geomean" in printed.splitlines()[-1]
+    (record_path,) = tmp_path.glob(f"gemm-{mode}-*fake-gpu-*.json")
+    record = json.loads(record_path.read_text())
+    peer = "unfused" if mode == "epilogue" else "scaled_mm"
+    for case in record["cases"]:
+        assert case["results"][peer]["status"] == "ok", case["results"][peer]
+        assert "CUDA device" in case["results"]["tegula"]["error"]
