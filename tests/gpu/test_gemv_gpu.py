@@ -64,6 +64,9 @@ def test_gemv_torch_entry_matches_torch(dtype, m, n, k):
     assert tk.gemv(x, w, out=out) is out
     check(out, x, w)
     check(tk.gemv(x, w), x, w)            # a second call (the tuned winner)
+    check(tk.gemv(x, w), x, w)            # a third: the replayed launch
+    x2 = torch.randn_like(x)
+    check(tk.gemv(x2, w), x2, w)          # replayed on new data
     y = tk.gemv(x[0], w)                  # a vector gives a vector
     assert y.shape == (n,)
     check(y, x[:1], w)

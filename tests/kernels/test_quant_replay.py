@@ -1,0 +1,56 @@
+"""`tegula.kernels.gemv` and `matmul_w4a16` replay a prepared launch only where their full
+path would make the same one: the harness of tests/kernels/test_api_replay.py (compiler
+and driver stubbed, CPU tensors read as cuda:0) compares every call made with earlier
+calls' replays cached against the same call through the full path."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tegula.kernels as tk  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "tegula_test_api_replay", Path(__file__).resolve().parent / "test_api_replay.py")
+_harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_harness)
+sent = _harness.sent          # the fixture, used by name below
+check_sequence, _x = _harness.check_sequence, _harness._x
+
+
+def test_gemv_replays_only_its_own_specialization(sent):
+    w = _x((40, 96), dtype=torch.float16, seed=1)
+    variants = [lambda: _x((1, 96), dtype=torch.float16), lambda: _x((1, 96), torch.float16, seed=4),
+                lambda: _x((96,), dtype=torch.float16), lambda: _x((3, 96), dtype=torch.float16),
+                lambda: _x((1, 96), dtype=torch.float16, offset=1),
+                lambda: _x((2, 192), dtype=torch.float16)[:, :96]]
+    calls = [(lambda make=make: tk.gemv(make(), w)) for make in variants]
+    calls.append(lambda: tk.gemv(_x((1, 96), dtype=torch.bfloat16),
+                                 _x((40, 96), dtype=torch.bfloat16)))
+    calls.append(lambda: tk.gemv(_x((1, 96), dtype=torch.float16),
+                                 _x((40, 192), dtype=torch.float16)[:, :96]))
+    replayed = check_sequence(sent, calls + calls)
+    assert replayed[1], "new data in the first call's layout replays"
+    assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"
+
+
+def test_matmul_w4a16_replays_only_its_own_specialization(sent):
+    a = _x((2, 128), dtype=torch.float16)
+    packed = torch.randint(0, 256, (24, 64), dtype=torch.uint8)
+    scales = _x((24, 2), dtype=torch.float16, seed=2).abs() + 0.01
+    zeros = torch.randint(0, 16, (24, 2)).to(torch.float16)
+    scales4 = _x((24, 4), dtype=torch.float16, seed=2).abs() + 0.01
+    calls = [lambda: tk.matmul_w4a16(a, packed, scales, zeros, 64),
+             lambda: tk.matmul_w4a16(_x((2, 128), torch.float16, seed=5), packed, scales,
+                                     zeros, 64),
+             lambda: tk.matmul_w4a16(a, packed, scales, None, 64),
+             lambda: tk.matmul_w4a16(a, packed, scales4, zeros.repeat(1, 2), 32),
+             lambda: tk.matmul_w4a16(_x((20, 128), dtype=torch.float16), packed, scales,
+                                     zeros, 64),
+             lambda: tk.matmul_w4a16(a, packed, scales, zeros, 128)]  # shape error
+    replayed = check_sequence(sent, calls + calls)
+    assert replayed[1], "new activations in the first call's layout replay"
+    assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"
