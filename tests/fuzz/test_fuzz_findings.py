@@ -141,3 +141,21 @@ def test_transposed_tile_times_a_loaded_row(target):
     tg.emulate(_transposed_plus_loaded_row, (tg.cdiv(m, 3), tg.cdiv(n, 32)), x0, r, o0,
                target=target)
     np.testing.assert_array_equal(o0, x0.T * r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads,bm,bn,m,n", [(32, 3, 32, 5, 40), (128, 3, 128, 5, 130)])
+def test_transposed_tile_meets_argmax_row_on_the_gpu(threads, bm, bn, m, n):
+    """The conversions around the elementwise op, emitted and run on the GPU."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(threads)
+    x0 = rng.integers(0, 8, (n, m)).astype(np.int32)
+    x1 = rng.standard_normal((m, n)).astype(np.float32)
+    o0 = torch.full((m, n), -7, dtype=torch.int32, device="cuda")
+    _transposed_where_argmax[(tg.cdiv(m, bm), tg.cdiv(n, bn))](
+        torch.from_numpy(x0).cuda(), torch.from_numpy(x1).cuda(), o0, BM=bm, BN=bn,
+        threads=threads)
+    arg = _argmax_in_tiles(x1, bm)
+    assert np.array_equal(o0.cpu().numpy(), np.where(arg < x0.T, x0.T, arg))
