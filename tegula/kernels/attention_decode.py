@@ -37,7 +37,7 @@ from tegula.kernels.common import launch_emulated, poisoned
 ATTENTION_DECODE_DTYPES = (f16, bf16)
 DECODE_HEAD_DIMS = (32, 64, 128, 256)
 MAX_QUERY_TOKENS = 16
-MAX_SPLITS = 128         # the combine unrolls its loop over splits
+MAX_SPLITS = 128         # the combine holds every split's lse in one register tile
 COMBINE_COLUMNS = 32     # columns of o per combine program (D / 32 programs per kv head)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -153,27 +153,31 @@ def _store_partial(state, o_view, lse_view, BR: int, D: int) -> None:
 @lru_cache(maxsize=None)
 def attention_decode_combine_kernel(dtype: DType) -> tg.Kernel:
     """o and lse of the G·Sq rows of one kv head, BD columns of o per program, from the
-    SPLITS partials: weights exp(lse_s − max_s lse_s), added in split order
-    (deterministic). The split loop is unrolled (SPLITS is a constexpr, at most
-    MAX_SPLITS) so that every split's loads are independent and issue together, rather
-    than one global-memory round trip per split."""
+    splits' partials: weights exp(lse_s − max_s lse_s), added in split order
+    (deterministic). UNROLL splits per loop step, so that their loads are independent and
+    issue together rather than one global-memory round trip per split (splits past the
+    last load as lse = −inf: weight 0). SP: the split count rounded up to a power of two
+    (the max over splits is one (SP, BR) tile)."""
 
     @tg.kernel(threads=128)
     def attention_decode_combine(o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
                                  o: tg.Tensor[dtype, 4], lse: tg.Tensor[f32, 3],
-                                 SPLITS: tg.constexpr, SP: tg.constexpr, BR: tg.constexpr = 16,
-                                 BD: tg.constexpr = 32):
+                                 SP: tg.constexpr, BR: tg.constexpr = 16, BD: tg.constexpr = 32,
+                                 UNROLL: tg.constexpr = 8):
         d, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         every_lse = tg.load(lse_part[b, hk].tile((SP, BR), (0, 0)), fill=-INF)  # (SP, BR)
         top = tg.max(every_lse, 0)[0, :][:, None]                 # (BR, 1): max over splits
         top = tg.where(top == -INF, 0.0, top)                      # no split saw a key
         total = tg.zeros((BR, 1), f32)
         acc = tg.zeros((BR, BD), f32)
-        for s in range(SPLITS):
-            lse_s = tg.load(lse_part[b, hk, s].tile((BR,), (0,)), fill=-INF)[:, None]
-            weight = tg.exp(lse_s - top)                           # 0 for a split past the end
-            total = total + weight
-            acc = acc + weight * tg.load(o_part[b, hk, s].tile((BR, BD), (0, d)))
+        for first in tg.range(0, o_part.shape[2], UNROLL):
+            for s in range(UNROLL):
+                lse_s = tg.load(lse_part[b, hk][first + s:].tile((1, BR), (0, 0)),
+                                fill=-INF)[0, :][:, None]
+                weight = tg.exp(lse_s - top)                       # 0 for a split past the end
+                total = total + weight
+                o_s = tg.load(o_part[b, hk][first + s:].tile((1, BR, BD), (0, 0, d)))
+                acc = acc + weight * o_s[0, :, :]
         some = total > 0.0
         tg.copy(tg.where(some, acc / tg.where(some, total, 1.0), 0.0).to(dtype),
                 o[b, hk].tile((BR, BD), (0, d)))
@@ -279,8 +283,7 @@ def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, cap
     splits = config["splits"]
     combine = (attention_decode_combine_kernel(dtype), (D // COMBINE_COLUMNS, Hkv, B),
                ("o_part", "lse_part", "o", "lse"), (),
-               dict(SPLITS=splits, SP=max(2, 1 << (splits - 1).bit_length()), BR=BR,
-                    BD=COMBINE_COLUMNS))
+               dict(SP=max(2, 1 << (splits - 1).bit_length()), BR=BR, BD=COMBINE_COLUMNS))
     return config, [split, combine]
 
 

@@ -114,6 +114,12 @@ def test_decode_bf16_sixteen_tokens():
     run_case(1, 2, 1, 16, 32, 70, [70], True, dtype=bf16, seed=3, num_splits=2, BN=32)
 
 
+def test_decode_more_splits_than_the_combine_unrolls():
+    """19 splits: the combine's loop takes three steps of 8 (the last partly past the
+    splits), one of them holding the sequence's end."""
+    run_case(1, 2, 1, 1, 32, 600, [590], False, seed=8, num_splits=19, BN=32)
+
+
 def test_decode_head_dim_128_one_split():
     run_case(1, 2, 2, 1, 128, 50, [41], False, seed=4, num_splits=1)
 
