@@ -250,7 +250,7 @@ def attention_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool
     b, h, sq, _ = q.shape
     constexprs = {**default_tiles(d, target), **tiles}
     if constexprs["V_KMAJOR"]:
-        v = np.ascontiguousarray(v.transpose(0, 1, 3, 2))
+        v = keys_last(v, (0, 1, 3, 2))
     o, lse = poisoned(q.shape, dtype), poisoned((b, h, sq), f32)
     if q.size and k.shape[2]:
         grid = (tg.cdiv(sq, constexprs["BM"]), h, b)
@@ -285,7 +285,7 @@ def attention_varlen_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                          f"longest query sequence ({lengths.max()})")
     constexprs = {**default_tiles(d, target), **tiles}
     if constexprs["V_KMAJOR"]:
-        v = np.ascontiguousarray(v.transpose(1, 2, 0))
+        v = keys_last(v, (1, 2, 0))
     o, lse = poisoned(q.shape, dtype), poisoned((q.shape[1], q.shape[0]), f32)
     if lengths.size and max_seqlen_q > 0:
         grid = (tg.cdiv(max_seqlen_q, constexprs["BM"]), q.shape[1], lengths.size)
@@ -294,6 +294,22 @@ def attention_varlen_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                         D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal),
                         target=target, check_coverage=False, **constexprs)
     return (o, lse) if return_lse else o
+
+
+def keys_last(v, order: tuple):
+    """v (numpy array or torch tensor) with its dims permuted to `order`, the key dim last,
+    copied into rows padded to a multiple of 8 elements and returned as a view of the real
+    length: the rows' stride is then a multiple of 16 bytes, which TMA needs (an odd key
+    count would otherwise drop the V_KMAJOR pipeline to cp.async)."""
+    moved = v.transpose(*order) if isinstance(v, np.ndarray) else v.permute(*order)
+    keys = moved.shape[-1]
+    padded = -(-keys // 8) * 8
+    if isinstance(v, np.ndarray):
+        out = np.empty(moved.shape[:-1] + (padded,), dtype=v.dtype)
+    else:
+        out = v.new_empty(tuple(moved.shape[:-1]) + (padded,))
+    out[..., :keys] = moved
+    return out[..., :keys]
 
 
 def check_offsets(fn: str, name: str, offsets: object, rows: int,
@@ -409,7 +425,7 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None)
     q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
     constexprs = dict(D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal))
     _run_tuned(fn, attention_kernel(dtype), lambda bm: (-(-sq // bm), h, b), (q, k, o, lse),
-               v, lambda t: t.transpose(2, 3).contiguous(), (b * h, sq, k.shape[2]),
+               v, lambda t: keys_last(t, (0, 1, 3, 2)), (b * h, sq, k.shape[2]),
                f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device)
     return o, lse
 
@@ -419,6 +435,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None):
     differentiable: when q, k or v require grad, `o.backward()` runs the deterministic
     backward kernels (`tegula.kernels.attention_backward`)."""
     from tegula.kernels.attention_backward import attention_differentiable
+    _check_torch("attention", 4, q=q, k=k, v=v)  # named before autograd looks at them
     return attention_differentiable(q, k, v, causal, scale)
 
 
@@ -461,7 +478,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         tensors = (q, k, o, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous())
         _run_tuned(fn, attention_varlen_kernel(dtype),
                    lambda bm: (-(-max_seqlen_q // bm), h, sequences), tensors, v,
-                   lambda t: t.permute(1, 2, 0).contiguous(),
+                   lambda t: keys_last(t, (1, 2, 0)),
                    (total_q, max_seqlen_q, max_seqlen_k or max_seqlen_q),
                    f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device)
     return (o, lse) if return_lse else o
