@@ -267,3 +267,20 @@ def test_the_custom_op_runs_the_emulator_on_cpu_and_passes_opcheck():
     torch.library.opcheck(torch.ops.tegula.attention_forward.default, (q, k, v, True, 0.2))
     with pytest.raises(ValueError, match="head dim D = 16"):
         torch.ops.tegula.attention_forward(q[..., :16], k[..., :16], v[..., :16])
+
+
+@pytest.mark.parametrize("keys", [77, 128])
+def test_transposed_v_keeps_the_tma_pipeline_at_any_key_count(keys):
+    """v transposed for the all-wgmma dataflow has rows padded to 16 bytes (`keys_last`),
+    so an odd key count still gets TMA and the producer warpgroup (a contiguous (D, 77)
+    f16 tensor's 154-byte rows would drop the pipeline to cp.async), and the answer holds."""
+    from tegula.kernels.attention import keys_last, qk_scale
+    q, k, v = inputs(12, 1, 2, 1, 40, keys, 64)
+    vt = keys_last(v, (0, 1, 3, 2))
+    assert vt.shape == (1, 1, 64, keys) and vt.strides[2] % 16 == 0
+    o, lse = np.full(q.shape, np.nan, np.float16), np.full((1, 2, 40), np.nan, np.float32)
+    report = tg.emulate(attention_kernel(tg.f16), (1, 2, 1), q, k, vt, o, lse, D=64,
+                        QK_SCALE=qk_scale(None, 64), CAUSAL=True, BM=64, BN=64,
+                        V_KMAJOR=True, P_SHARED=True, target="sm_90a")
+    assert report.threads == 256 and report.kind("TmaLoad").count > 0
+    check(o, lse, *reference(q, k, v, True))
