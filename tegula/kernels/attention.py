@@ -375,9 +375,11 @@ def _check_torch(fn: str, ndim: int, **tensors) -> DType:
 
 
 def _inner_contiguous(t):
-    """`t` with unit stride along its last dim (the kernels read rows with vectors); any
-    other strides are specialized on, e.g. a (B, S, H, D) tensor's (B, H, S, D) view."""
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """`t` with unit stride along its last dim (the kernels read rows with vectors) and no
+    broadcast dim (an `expand`ed K for MQA: TMA needs positive strides); any other strides
+    are specialized on, e.g. a (B, S, H, D) tensor's (B, H, S, D) view."""
+    broadcast = any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+    return t if t.stride(-1) == 1 and not broadcast else t.contiguous()
 
 
 def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tuple,

@@ -161,6 +161,11 @@ def test_strided_views_are_read_in_place(request):
     assert not qs.is_contiguous()
     o, lse = attention_forward(qs, ks, vs, True)
     check(o, lse, *reference(q, k, v, True), torch.float16)
+    # K and V broadcast over the kv heads (stride 0, as an `expand` for MQA gives): copied
+    # by the entry point, since TMA needs positive strides.
+    ke, ve = k[:, :1].expand(2, 3, 140, 64), v[:, :1].expand(2, 3, 140, 64)
+    o, lse = attention_forward(q, ke, ve, False)
+    check(o, lse, *reference(q, ke, ve, False), torch.float16, "expanded k, v")
 
 
 @pytest.mark.parametrize("causal", [False, True])
