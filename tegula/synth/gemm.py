@@ -32,6 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tegula.arch.catalogue import mma_for
+from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.arch.targets import Target
 from tegula.arch.wgmma import WARPGROUP, WGMMA_INSTRUCTIONS
 from tegula.dtypes import bf16, f8e4m3, f8e5m2, f16, f32
@@ -102,12 +103,14 @@ def plan_gemm(op: Gemm, threads: int, target: Target):
 
 
 def _check_some_mma_sync(op: Gemm, target: Target, wgmma_reason: str) -> None:
-    """Types only a wgmma multiplies (f32 x f32, as tf32) need it: say why it did not fit,
-    or that the target has none, rather than that no mma.sync exists."""
-    if mma_for(op.a.dtype, op.b.dtype, op.c.dtype, target):
+    """Types only a wgmma multiplies (f32 x f32, as tf32: no mma.sync on any target) need
+    it: say why it did not fit, or that the target has none, rather than that no mma.sync
+    exists. Types some other target's mma.sync takes (f8 on sm_89) keep mma_sync_plans's
+    "no MMA instruction on <target>"."""
+    types = (op.a.dtype, op.b.dtype, op.c.dtype)
+    if any((i.a_dtype, i.b_dtype, i.c_dtype) == types for i in MMA_INSTRUCTIONS):
         return
-    if not any((w.a_dtype, w.b_dtype, w.acc_dtype) == (op.a.dtype, op.b.dtype, op.c.dtype)
-               for w in WGMMA_INSTRUCTIONS):
+    if not any((w.a_dtype, w.b_dtype, w.acc_dtype) == types for w in WGMMA_INSTRUCTIONS):
         return  # no instruction anywhere: mma_sync_plans says so
     where = (f"it does not fit here: {wgmma_reason}" if wgmma_reason else
              f"{target.name} has no wgmma (sm_90a has)")

@@ -153,3 +153,25 @@ def test_f32_gemm_on_the_gpu(bn, bk):
         err = np.abs(got.astype(np.float64) - want)
         assert np.all(err <= 2.0 ** -18 * scale), \
             f"max error {err.max()} against the truncation model (tf32 operands)"
+
+
+@tg.kernel(threads=128)
+def gemm_e4m3(a: tg.Tensor[tg.f8e4m3], b: tg.Tensor[tg.f8e4m3], c: tg.Tensor[f32]):
+    m, n = tg.block_id(0), tg.block_id(1)
+    acc = tg.zeros((64, 64), f32)
+    sa = tg.shared((64, 64), tg.f8e4m3)
+    sb = tg.shared((64, 64), tg.f8e4m3)
+    tg.copy(a.tile((64, 64), (m, 0)), sa)
+    tg.copy(b.tile((64, 64), (n, 0)), sb)
+    tg.gemm(acc, sa, sb)
+    tg.copy(acc, c.tile((64, 64), (m, n)))
+
+
+def test_types_another_targets_mma_sync_takes_keep_the_no_mma_message():
+    """Found by the fuzzer: the wgmma-only message must not claim f8 multiplies only through
+    wgmma (sm_89's mma.sync takes it); sm_80 still says it has no such MMA instruction."""
+    x = np.ones((64, 64), np.float32)
+    with pytest.raises(SynthesisError, match="no MMA instruction on sm_80 multiplies f8e4m3") \
+            as info:
+        tg.emulate(gemm_e4m3, (1, 1), x, x, np.zeros((64, 64), np.float32), target="sm_80")
+    assert "only through wgmma" not in str(info.value)
