@@ -10,8 +10,8 @@ scanned inside one thread costs no shuffle at all. Extents need not be powers of
 threads take a dim only where they divide it (a row of 100 is 4 threads × 25 registers),
 and threads left over hold copies.
 
-Propagation gives the scanned tiles and the results this layout where nothing decided
-them yet; the check converts an operand decided elsewhere (a gemm accumulator, a pinned
+`anchor_scans` gives the scanned tiles and the results this layout where nothing decided
+them yet (after the gemm anchors, before propagation); the check converts an operand decided elsewhere (a gemm accumulator, a pinned
 tile) into it in front of the scan, and converts a result decided elsewhere after it.
 """
 from __future__ import annotations
@@ -39,8 +39,10 @@ class ScanPlan:
     rows: int
 
     def describe(self) -> str:
-        where = "in registers" if self.n == 1 else \
-            f"{self.n} lanes" if self.n <= 32 else f"{self.n // 32} warps of 32 lanes"
+        if self.n == 1:
+            return (f"each thread scans whole rows of {self.k} element(s) in registers "
+                    f"({self.rows} row(s) per thread)")
+        where = f"{self.n} lanes" if self.n <= 32 else f"{self.n // 32} warps of 32 lanes"
         return (f"each thread scans runs of {self.k} element(s) along the axis "
                 f"({self.rows} row(s) per thread), then across {where}")
 
