@@ -128,16 +128,27 @@ SHAPES = [
 ]
 
 
+@pytest.fixture
+def untuned(monkeypatch):
+    """The entry point's default configuration, without timing the others: every candidate
+    is checked above at one shape, and compiling all of them per shape bucket would cost
+    minutes. The two largest shapes below still run the autotuner."""
+    monkeypatch.setenv("TEGULA_AUTOTUNE", "0")
+
+
 @pytest.mark.parametrize("b,h,h_kv,sq,sk,d,causal,dtype", SHAPES)
-def test_attention_forward_matches_the_reference(b, h, h_kv, sq, sk, d, causal, dtype, request):
+def test_attention_forward_matches_the_reference(b, h, h_kv, sq, sk, d, causal, dtype, request,
+                                                 monkeypatch):
     from tegula.kernels import attention_forward
+    if sq < 2048:
+        monkeypatch.setenv("TEGULA_AUTOTUNE", "0")  # as the `untuned` fixture
     dt = DTYPES[dtype]
     q, k, v = random_qkv(seed_of(request), b, h, h_kv, sq, sk, d, dt)
     o, lse = attention_forward(q, k, v, causal)
     check(o, lse, *reference(q, k, v, causal), dt, f"{(b, h, h_kv, sq, sk, d, causal, dtype)}")
 
 
-def test_attention_agrees_with_sdpa_given_the_bottom_right_mask(request):
+def test_attention_agrees_with_sdpa_given_the_bottom_right_mask(request, untuned):
     """torch SDPA with the explicit bottom-right mask as attn_mask, and with is_causal when
     Sq == Sk (where top-left and bottom-right agree); an explicit scale."""
     from tegula.kernels import attention
@@ -153,7 +164,7 @@ def test_attention_agrees_with_sdpa_given_the_bottom_right_mask(request):
                                rtol=3e-2, atol=3e-2)
 
 
-def test_strided_views_are_read_in_place(request):
+def test_strided_views_are_read_in_place(request, untuned):
     """A (B, S, H, D) tensor's (B, H, S, D) view (what a model's projection gives): the
     kernels specialize on its strides rather than copying."""
     from tegula.kernels import attention_forward
@@ -171,7 +182,7 @@ def test_strided_views_are_read_in_place(request):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d,dtype", [(64, "bf16"), (128, "f16"), (256, "f16")])
-def test_attention_varlen_matches_each_sequence_alone(d, dtype, causal, request):
+def test_attention_varlen_matches_each_sequence_alone(d, dtype, causal, request, untuned):
     """Five packed sequences (empty, single-query and longer than a block among them), GQA
     4:1, and padding rows past the last offset holding NaN keys and infinite values that
     no sequence may read."""
