@@ -25,7 +25,6 @@ The method, deterministic and independent of the order values are listed in:
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 

@@ -63,11 +63,6 @@ class RegisterEstimate:
                 f"for addresses, indices and predicates)")
 
 
-def array_words(array) -> int:
-    """32-bit registers a register array takes (narrow types packed)."""
-    return -(-array.size * array.dtype.bits // 32)
-
-
 def per_thread_limit(target, threads: int) -> int:
     """The most registers ptxas gives a thread of a block of `threads` compiled with
     `__launch_bounds__(threads)` (as codegen emits): the register file shared by one block,
@@ -128,9 +123,9 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
     loops: list[tuple[int, int]] = []
     arrays: dict[str, object] = {}
     end = _number(body, 0, intervals, loops, arrays)
-    for _ in range(len(loops) + 1):   # nested loops: extend until nothing changes
-        if not any(_extend_over(loop, intervals) for loop in loops):
-            break
+    # Nested loops: extend until nothing changes (intervals only grow, so this ends).
+    while any([_extend_over(loop, intervals) for loop in loops]):
+        pass
     change = [0] * (end + 2)             # live bits' differences, summed below
     for iv in intervals.values():
         change[iv.first] += iv.bits

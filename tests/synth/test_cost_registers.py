@@ -23,6 +23,7 @@ from tegula.arch.targets import get_target
 from tegula.build import build
 from tegula.dtypes import f16, f32
 from tegula.kernels.copy import copy_kernel
+from tegula.kernels.elementwise import silu_mul_kernel
 from tegula.kernels.gemm import gemm_kernel
 from tegula.kernels.softmax import softmax_kernel
 from tegula.lower.thread_ir import (Assign, Binary, Const, For, GlobalLoad, GlobalStore, Reg,
@@ -37,6 +38,7 @@ gemm = gemm_kernel(f16)
 
 @pytest.mark.parametrize("kernel, constexprs, target, live", [
     (copy_kernel(f16), {}, "sm_80", 8),                 # one 16-element f16 tile
+    (silu_mul_kernel(f16), {}, "sm_80", 49),            # a, b, sigmoid(a) in f32 + a product
     (softmax_kernel(f16), {}, "sm_80", 18),             # the row, the max, a shuffle value
     (gemm, {}, "sm_80", 192),                           # 128 acc + 2 x 32 fragment words
     (gemm, {"BM": 64, "BN": 64}, "sm_80", 64),
@@ -72,6 +74,21 @@ def test_loop_carried_array_is_live_across_the_loop():
                                             RegRead(Reg(tmp, Const(j))), f32))
           for j in range(16)]])]
     assert estimate_registers(_kernel(body, acc, tmp)).live_words == 32
+
+
+def test_value_read_in_an_inner_loop_is_live_across_the_outer_one():
+    # w is loaded before the outer loop and read only in the inner one; t is loaded in the
+    # outer loop after the inner one: w must still be live there (the next outer
+    # iteration's inner loop reads it), so the peak is 16 + 16.
+    w, t, s = RegArray("w", f32, 16), RegArray("t", f32, 16), RegArray("s", f32, 1)
+    inner = For(Var("j"), Const(0), Var("n"), 1, [
+        Assign(Reg(s, Const(0)), Binary("add", RegRead(Reg(s, Const(0))),
+                                        RegRead(Reg(w, Const(j))), f32)) for j in range(16)])
+    outer = For(Var("i"), Const(0), Var("n"), 1, [
+        inner, GlobalLoad(Reg(t, Const(0)), "x", Var("i"), 16),
+        GlobalStore("y", Var("i"), Reg(t, Const(0)), 16)])
+    body = [GlobalLoad(Reg(w, Const(0)), "w", Const(0), 16), outer]
+    assert estimate_registers(_kernel(body, w, t, s)).live_words == 33
 
 
 def test_arrays_used_one_after_another_do_not_add_up():
