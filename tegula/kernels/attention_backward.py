@@ -223,12 +223,28 @@ def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
     return {"BM": bm, "BN": bn, **tiles}
 
 
+def backward_candidates(head_dim: int) -> list[dict]:
+    """Configurations of the dK/dV and dQ kernels the torch entry point times per shape
+    bucket (each kernel tuned on its own; the first is `backward_tiles`'s default). At
+    D = 128 the default's 64 × 128 f32 dK and dV accumulators leave ptxas short of
+    registers at 128 threads (it spills), hence 256-thread and narrower variants."""
+    if head_dim <= 64:
+        return [dict(BM=64, BN=64), dict(BM=64, BN=128, threads=256),
+                dict(BM=128, BN=64, threads=256)]
+    if head_dim <= 128:
+        return [dict(BM=64, BN=64), dict(BM=64, BN=64, threads=256),
+                dict(BM=64, BN=128, threads=256), dict(BM=64, BN=32)]
+    return [dict(BM=32, BN=32), dict(BM=32, BN=64, threads=256),
+            dict(BM=64, BN=64, threads=256)]
+
+
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
                       scale: float, causal: bool, **tiles: int) -> list[tuple]:
     """The three launches of the backward as (kernel, grid, argument names, constexprs), in
-    order; argument names refer to q, k, v, o, do, lse, delta, dq, dk, dv."""
+    order; argument names refer to q, k, v, o, do, lse, delta, dq, dk, dv. `tiles`: BM,
+    BN, STAGES and `threads` (the block size) of the dK/dV and dQ kernels."""
     t = backward_tiles(D, Sq, Sk, **tiles)
-    common = dict(D=D, SCALE=scale, CAUSAL=bool(causal), G=H // Hkv, BM=t["BM"], BN=t["BN"])
+    common = dict(D=D, SCALE=scale, CAUSAL=bool(causal), G=H // Hkv, **t)
     return [
         (attention_backward_preprocess_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
          ("o", "do", "delta"), dict(D=D, BM=t["BM"])),
@@ -316,10 +332,36 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float |
         for name in ("dq", "dk", "dv"):
             values[name].zero_()
         return values["dq"], values["dk"], values["dv"]
-    for kernel, grid, names, constexprs in backward_launches(dtype, B, H, Hkv, Sq, Sk, D,
-                                                             scale, causal, **tiles):
-        launch(kernel, grid, *(values[n] for n in names), **constexprs)
+    launches = backward_launches(dtype, B, H, Hkv, Sq, Sk, D, scale, causal, **tiles)
+    preprocess, grid, names, constexprs = launches[0]
+    launch(preprocess, grid, *(values[n] for n in names), **constexprs)
+    for (kernel, grid, names, constexprs), grid_of in zip(launches[1:], (
+            lambda c: (tg.cdiv(Sk, c["BN"]), Hkv, B), lambda c: (tg.cdiv(Sq, c["BM"]), H, B))):
+        args = [values[n] for n in names]
+        if tiles:   # the caller chose: no tuning
+            launch(kernel, grid, *args, **constexprs)
+        else:
+            _tuned_launch(kernel, grid_of, args, constexprs, dtype, (B * H, Sq, Sk), q.device)
     return values["dq"], values["dk"], values["dv"]
+
+
+def _tuned_launch(kernel, grid_of, args: list, constexprs: dict, dtype: DType, dims: tuple,
+                  device) -> None:
+    """Launch `kernel` (dK/dV or dQ) with the best of `backward_candidates`, timed once per
+    shape bucket by the library's autotuner (each timed run rewrites the same outputs).
+    `grid_of(tiles)`: the grid for a configuration."""
+    from tegula.kernels import api
+    from tegula.runtime.autotune import Autotuner, Config
+    api.TUNERS.setdefault("attention_backward", Autotuner("attention_backward"))
+    fixed = {k: constexprs[k] for k in ("D", "SCALE", "CAUSAL", "G")}
+    configs = tuple(Config.of(c) for c in backward_candidates(fixed["D"]))
+
+    def run(config: Config):
+        return api._launch(kernel, grid_of(config.kwargs), args,
+                           dict(fixed, **config.kwargs), config.threads)
+
+    extra = f"{kernel.name}/{dtype}/D{fixed['D']}/{'causal' if fixed['CAUSAL'] else 'full'}"
+    api._tune_and_run("attention_backward", device.index, configs, dims, extra, run)
 
 
 def _attention_function():

@@ -158,3 +158,26 @@ def test_non_contiguous_gradient_and_inputs():
     _, _, *want = reference_gradients(q.detach(), k.detach(), v.detach(), ones, True, 0.125)
     for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), want):
         assert_close(name, t.grad, w, "float16")
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_every_tuning_candidate_on_the_gpu(D):
+    """The entry point's autotuner may pick any of these: each, launched directly into
+    poisoned outputs, against the reference (causal, GQA 4, lengths that divide no tile)."""
+    from tegula.build import launch
+    from tegula.kernels.attention_backward import backward_candidates, backward_launches
+    B, H, Hkv, Sq, Sk = 2, 8, 2, 333, 301
+    q, k, v, do = make_case(B, H, Hkv, Sq, Sk, D, "float16", D)
+    scale = D ** -0.5
+    o, lse, *want = reference_gradients(q, k, v, do, True, scale)
+    for tiles in backward_candidates(D):
+        values = dict(q=q, k=k, v=v, do=do, o=o.half(), lse=lse.contiguous(),
+                      delta=poison(torch.empty(B, H, Sq, device="cuda")),
+                      dq=poison(torch.empty_like(q)), dk=poison(torch.empty_like(k)),
+                      dv=poison(torch.empty_like(v)))
+        for kernel, grid, names, constexprs in backward_launches(f16, B, H, Hkv, Sq, Sk, D,
+                                                                 scale, True, **tiles):
+            launch(kernel, grid, *(values[n] for n in names), **constexprs)
+        torch.cuda.synchronize()
+        for name, w in zip(("dq", "dk", "dv"), want):
+            assert_close(f"{name} {tiles}", values[name], w, "float16")

@@ -3,7 +3,8 @@
 `on_cpu`: the torch entry points run on CPU tensors in the emulator, so CI (no GPU) checks
 their plumbing — argument order, views, run-time scalars, autograd — end to end: every
 `tegula.build.launch` becomes `tg.emulate` on numpy copies written back in place, the CUDA
-device check is skipped, and the attention forward is the emulated one.
+device check is skipped, a tuned entry point runs its first (default) configuration, and
+the attention forward is the emulated one.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ def on_cpu(monkeypatch):
     attention = importlib.import_module("tegula.kernels.attention")
     monkeypatch.setattr(tegula.build, "launch", emulated_launch)
     monkeypatch.setattr(tegula.kernels.api, "_check_cuda", lambda fn, tensors: None)
+    # No timing on the CPU: a tuned entry point runs its first (default) configuration.
+    monkeypatch.setattr(tegula.kernels.api, "_tune_and_run",
+                        lambda name, device, configs, dims, extra, run: run(configs[0]))
 
     def forward(q, k, v, causal=False, scale=None):
         o, lse = attention.attention_emulated(q.detach().numpy(), k.detach().numpy(),

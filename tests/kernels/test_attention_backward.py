@@ -11,7 +11,7 @@ import pytest
 
 from tegula.dtypes import bf16, f16
 from tegula.kernels.attention_backward import (attention_backward_emulated,
-                                               backward_launches)
+                                               backward_candidates, backward_launches)
 from tegula.kernels.common import random_input
 
 
@@ -109,6 +109,15 @@ CASES = [  # B, H, Hkv, Sq, Sk, D, causal, tiles
 @pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,causal,tiles", CASES)
 def test_backward_matches_analytic_gradients(B, H, Hkv, Sq, Sk, D, causal, tiles, target):
     run_case(B, H, Hkv, Sq, Sk, D, causal, target=target, seed=Sq * 100 + Sk, **tiles)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_every_tuning_candidate_is_right(D):
+    """The torch entry point times these configurations on the GPU and keeps the fastest:
+    each one (block sizes and thread counts) must be right, not only the default."""
+    for tiles in backward_candidates(D):
+        run_case(1, 2, 1, 20, 23, D, True, seed=D, **tiles)
 
 
 def test_backward_bf16():
