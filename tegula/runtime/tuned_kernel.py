@@ -73,6 +73,8 @@ class TunedKernel:
             raise TegulaError(f"tg.autotune on {kernel.name}: configs= is empty")
         self.space = {k: list(v) for k, v in space.items()} if space is not None else None
         self.key = list(key) if key is not None else None
+        # No configs, no space: the candidates are the recommendation's top-k per call shape.
+        self.from_recommendation = configs is None and space is None
         self.top_k = top_k
         self.launch = launch or _gpu_launch
         module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
@@ -106,9 +108,17 @@ class TunedKernel:
         fixed = {k: v for k, v in kwargs.items() if k in self.kernel.constexpr_names}
         target = kwargs.get("target")
         dims = self.key_dims(args)
-        extra = _extra_key(self.kernel, args, fixed)
-        candidates, scored = self.candidates(args, fixed, grid, target)
+        extra = _extra_key(self.kernel, args, fixed, target)
         device = _device_name(args)
+        key = self.tuner.key(dims, extra, device)
+        known = self.tuner.records.get(key)   # the per-launch fast path: no builds
+        if known is not None:
+            return known.best
+        if not self.from_recommendation:       # a static list: a disk record may answer
+            found = self.tuner.cached(key, self.static_candidates(fixed))
+            if found is not None:
+                return found.best
+        candidates, scored = self.candidates(args, fixed, grid, target)
 
         def run_one(config: Config) -> Any:
             return self.launch(self.kernel, grid, args, {**kwargs, **_launch_kwargs(config)})
@@ -126,17 +136,8 @@ class TunedKernel:
         from tegula.build import DEFAULT_TARGET
         from tegula.recommend import recommend, score, shapes_of
 
-        if self.configs is not None:
-            clash = sorted(set(fixed) & {k for c in self.configs for k in c.kwargs})
-            if clash:
-                raise TegulaError(f"{self.name}: the call fixes {', '.join(clash)}, which "
-                                  f"the autotune configs choose")
-            specs = self.configs
-        elif self.space is not None:
-            names = sorted(k for k in self.space if k not in fixed)
-            values = [sorted(set(self.space[n]), key=lambda v: (type(v).__name__, v))
-                      for n in names]
-            specs = [Config.of(dict(zip(names, combo))) for combo in itertools.product(*values)]
+        if not self.from_recommendation:
+            specs = self.static_candidates(fixed)
         else:
             found = recommend(self.kernel, *_shapes(args), top_k=self.top_k, target=target,
                               grid=_meta_grid(grid), **fixed)
@@ -146,6 +147,20 @@ class TunedKernel:
         scored = {c: score(self.kernel, c.as_dict(), fixed, shapes, scalars, grid_of,
                            target or DEFAULT_TARGET) for c in specs}
         return specs, scored
+
+    def static_candidates(self, fixed: dict) -> list[Config]:
+        """The `configs=` list, or every combination of `space=` (sorted values, the
+        names the call fixes left out)."""
+        if self.configs is not None:
+            clash = sorted(set(fixed) & {k for c in self.configs for k in c.kwargs})
+            if clash:
+                raise TegulaError(f"{self.name}: the call fixes {', '.join(clash)}, which "
+                                  f"the autotune configs choose")
+            return self.configs
+        names = sorted(k for k in self.space if k not in fixed)
+        values = [sorted(set(self.space[n]), key=lambda v: (type(v).__name__, v))
+                  for n in names]
+        return [Config.of(dict(zip(names, combo))) for combo in itertools.product(*values)]
 
     def key_dims(self, args: tuple) -> tuple[int, ...]:
         """The key's dimensions for these arguments (module docstring)."""
@@ -193,12 +208,13 @@ def _shapes(args: tuple) -> tuple:
     return tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in args)
 
 
-def _extra_key(kernel: Any, args: tuple, fixed: dict) -> str:
-    """The non-shape part of the key: element types of the tensors, the fixed constexprs."""
+def _extra_key(kernel: Any, args: tuple, fixed: dict, target: Any) -> str:
+    """The non-shape part of the key: element types of the tensors, the fixed constexprs,
+    the target when the call names one."""
     dtypes = ",".join(str(getattr(a, "dtype", type(a).__name__)).replace("torch.", "")
                       for a in args)
     consts = ",".join(f"{k}={fixed[k]!r}" for k in sorted(fixed))
-    return f"{dtypes};{consts}"
+    return f"{dtypes};{consts}" + (f";{target}" if target else "")
 
 
 def _device_name(args: tuple) -> str:

@@ -73,21 +73,31 @@ def test_picks_the_fastest_and_launches_it(tmp_path):
     assert "BM=32 (measured)" in k.report()
 
 
-def test_cache_hit_measures_nothing_and_buckets_shapes(tmp_path):
+def test_cache_hit_measures_nothing_and_buckets_shapes(tmp_path, monkeypatch):
+    import importlib
+
+    recommend_module = importlib.import_module("tegula.recommend")  # tg.recommend: the function
     fake = Fake({16: 3e-6, 32: 1e-6})
     k = tuned(fake, tmp_path, configs=[{"BM": 16}, {"BM": 32}])(scale)
     k[grid](*arrays(500, 300))
     timed = len(fake.timed)
+    score = recommend_module.score
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("a cached choice must not build or score candidates")
+
+    monkeypatch.setattr(recommend_module, "score", no_scoring)
     k[grid](*arrays(500, 300))
     k[grid](*arrays(400, 260))        # same power-of-two bucket (512, 512)
     assert len(fake.timed) == timed and fake.launches[-1]["BM"] == 32
-    k[grid](*arrays(600, 300))        # bucket (1024, 512): tuned again
-    assert len(fake.timed) == 2 * timed
     # A new process (a fresh TunedKernel on the same cache directory) reads the winner.
     again = Fake({16: 1e-9, 32: 1.0})
     k2 = tuned(again, tmp_path, configs=[{"BM": 16}, {"BM": 32}])(scale)
     k2[grid](*arrays(500, 300))
     assert again.timed == [] and again.launches[-1]["BM"] == 32
+    monkeypatch.setattr(recommend_module, "score", score)
+    k[grid](*arrays(600, 300))        # bucket (1024, 512): tuned again
+    assert len(fake.timed) == 2 * timed
 
 
 def test_failing_and_oversized_configs_are_skipped_with_reasons(tmp_path):
