@@ -10,7 +10,9 @@ so synthesis and the autotuner can use them before lowering:
    Table III's "bytes per instruction").
 2. `estimate(build, grid, shapes)`: a roofline over those counts (TileLang §4.2) with
    Hexcute §VI's issue cycles per instruction. Per block, on an SM shared with the other
-   blocks resident with it (`blocks_per_sm`, from threads / shared memory / registers):
+   blocks resident with it (`blocks_per_sm`, from threads / shared memory / registers —
+   registers from the thread IR's liveness, `synth/registers.py`, with a spill note only
+   past the launch's per-thread limit):
 
    * tensor  = MMA instructions / the entry's `throughput` (instructions per clock per
      SM: for mma.sync the target's 4 sub-partitions, one tensor core each, over the
