@@ -225,17 +225,17 @@ def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
 
 def backward_candidates(head_dim: int) -> list[dict]:
     """Configurations of the dK/dV and dQ kernels the torch entry point times per shape
-    bucket (each kernel tuned on its own; the first is `backward_tiles`'s default). At
-    D = 128 the default's 64 × 128 f32 dK and dV accumulators leave ptxas short of
-    registers at 128 threads (it spills), hence 256-thread and narrower variants."""
+    bucket (each kernel tuned on its own; the first is `backward_tiles`'s default). What
+    ptxas reported for sm_90a (session 5): at D = 128 the default's dK/dV kernel spills
+    (~430 B a thread; 44 B at 256 threads), 64 × 32 blocks do not; at D = 256 32 × 32
+    blocks spill 44 B, hence the narrower and 256-thread variants."""
     if head_dim <= 64:
         return [dict(BM=64, BN=64), dict(BM=64, BN=128, threads=256),
                 dict(BM=128, BN=64, threads=256)]
     if head_dim <= 128:
-        return [dict(BM=64, BN=64), dict(BM=64, BN=64, threads=256),
-                dict(BM=64, BN=128, threads=256), dict(BM=64, BN=32)]
-    return [dict(BM=32, BN=32), dict(BM=32, BN=64, threads=256),
-            dict(BM=64, BN=64, threads=256)]
+        return [dict(BM=64, BN=64), dict(BM=64, BN=32), dict(BM=64, BN=64, threads=256),
+                dict(BM=32, BN=64)]
+    return [dict(BM=32, BN=32), dict(BM=16, BN=32), dict(BM=32, BN=64, threads=256)]
 
 
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
