@@ -231,6 +231,8 @@ def _op_note(op: Op) -> str:
         return note
     if op.choices.get("scan") is not None:  # synth/scan.py's ScanPlan
         return f"\n      {op.choices['scan'].describe()}"
+    if op.choices.get("tma_store") is not None:  # synth/copies.py's TmaStorePlan
+        return f"\n      {op.choices['tma_store'].describe()}"
     if op.choices.get("instr") == "tma":
         box = op.choices["tma"]
         return (f"\n      TMA box {'x'.join(map(str, box.box))} of {op.src.arg.name} (tensor-map "
@@ -238,6 +240,8 @@ def _op_note(op: Op) -> str:
                 f"zero fill past the edge")
     note = (f"\n      TMA not used: {op.choices['tma_skipped']}"
             if op.choices.get("tma_skipped") else "")
+    if op.choices.get("tma_store_skipped"):
+        note += f"\n      TMA store not used: {op.choices['tma_store_skipped']}"
     if "tv" in op.choices and isinstance(getattr(op, "src", None), GlobalTile) \
             and not isinstance(getattr(op, "dst", None), RegisterTile):
         return note + (f"\n      partition {op.choices['tv']}, {op.choices.get('vector', 1)}-"

@@ -186,9 +186,12 @@ def test_a_consumer_that_does_not_release_the_last_stage_is_a_deadlock_report(ro
 
 
 def test_explain_shows_the_persistent_ring():
-    text = tg.explain(KERNEL, target="sm_90a", BM=128, BN=256, BK=64, STAGES=4)
+    text = tg.explain(KERNEL, target="sm_90a", BM=128, BN=256, BK=64, STAGES=4, threads=256)
     assert "TMA boxes into an mbarrier ring of 4" in text
     assert "TMA not used" not in text
+    assert ("epilogue through shared memory: 4 swizzled 128x64 boxes (128 B swizzle) staged 2 "
+            "at a time in 32768 B at byte 196608 (2 rounds of st.shared, fence.proxy.async, "
+            "TMA store clipped at the tensor's edge)") in text
     source = (ROOT / "examples" / "persistent_gemm.py").read_text().splitlines()
     line = next(i + 1 for i, s in enumerate(source) if "for t in tg.range(" in s)
     assert (f"both roles walk the enclosing loops and their scalar code (the producer only "
