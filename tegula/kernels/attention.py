@@ -83,7 +83,9 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     m_i = tg.full((BM, 1), -INF, f32)                     # running max (base-2 units)
     l_i = tg.zeros((BM, 1), f32)                          # running sum of exp2(s - m_i)
     acc = tg.zeros((BM, D), f32)
-    blocks = tg.cdiv(seq_k, BN)
+    # Varlen grids are sized by the longest sequence: a block past this one's rows skips
+    # its keys (its loads and stores are out of bounds anyway).
+    blocks = tg.cdiv(seq_k, BN) * tg.minimum(tg.maximum(seq_q - m * BM, 0), 1)
     if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
     for j in tg.pipeline(blocks, stages=STAGES):
