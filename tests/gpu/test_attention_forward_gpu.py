@@ -69,7 +69,9 @@ def check(o, lse, want_o, want_lse, dtype, what: str = ""):
     torch.testing.assert_close(o.float(), want_o, rtol=tol, atol=tol, msg=lambda m: f"{what}: {m}")
     assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse)), what
     finite = torch.isfinite(want_lse)
-    torch.testing.assert_close(lse[finite], want_lse[finite], rtol=2e-5, atol=2e-5)
+    # f32 sums of up to 16k terms in two different orders: 1e-4 (a wrong scale or mask
+    # is off by far more)
+    torch.testing.assert_close(lse[finite], want_lse[finite], rtol=1e-4, atol=1e-4)
 
 
 def random_qkv(seed: int, b, h, h_kv, sq, sk, d, dtype):
