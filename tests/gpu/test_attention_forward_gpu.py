@@ -62,7 +62,7 @@ def tolerance(dtype) -> float:
 
 def check(o, lse, want_o, want_lse, dtype, what: str = ""):
     """Every element: no NaN left (outputs start poisoned), o within the type's rounding,
-    lse to f32 precision, -inf exactly where the reference has it."""
+    lse within 1e-4, -inf exactly where the reference has it."""
     assert not torch.isnan(o).any(), f"{what}: o has NaN (unwritten or wrong)"
     assert not torch.isnan(lse).any(), f"{what}: lse has NaN (unwritten or wrong)"
     tol = tolerance(dtype)

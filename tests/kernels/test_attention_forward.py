@@ -284,3 +284,26 @@ def test_transposed_v_keeps_the_tma_pipeline_at_any_key_count(keys):
                         V_KMAJOR=True, P_SHARED=True, target="sm_90a")
     assert report.threads == 256 and report.kind("TmaLoad").count > 0
     check(o, lse, *reference(q, k, v, True))
+
+
+def test_varlen_blocks_past_a_sequence_do_no_gemms():
+    """The grid is sized by max_seqlen_q: blocks past a sequence's rows must skip its keys
+    (same gemm count with a grid of 1 or 4 query blocks), and the answer is unchanged."""
+    from tegula.kernels.attention import attention_varlen_kernel, qk_scale
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal((10, 2, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((200, 1, 64)).astype(np.float16) for _ in range(2))
+    cu_q, cu_k = np.array([0, 10], np.int32), np.array([0, 200], np.int32)
+    counts, outputs = [], []
+    for query_blocks in (1, 4):
+        o, lse = np.full(q.shape, np.nan, np.float16), np.full((2, 10), np.nan, np.float32)
+        report = tg.emulate(attention_varlen_kernel(tg.f16), (query_blocks, 2, 1), q, k, v, o,
+                            lse, cu_q, cu_k, D=64, QK_SCALE=qk_scale(None, 64), BM=64, BN=64,
+                            target="sm_80")
+        counts.append(report.kind("Mma").count)
+        outputs.append(o)
+    assert counts[0] == counts[1] > 0
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    want_o, _ = reference(q.transpose(1, 0, 2)[None], k.transpose(1, 0, 2)[None],
+                          v.transpose(1, 0, 2)[None], False)
+    np.testing.assert_allclose(outputs[0].transpose(1, 0, 2)[None], want_o, rtol=2e-3, atol=2e-3)
