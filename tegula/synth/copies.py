@@ -393,7 +393,7 @@ def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
     `plan_tma_store` allows: their stores then leave the consumer at once and overlap the
     producer's next loads. Records `choices["tma_store"]` (or `"tma_store_skipped"`, why
     not) and returns the shared-memory end after the staging buffers."""
-    from tegula.ir.ops import Copy, walk_ops
+    from tegula.ir.ops import Copy, tiles_read, tiles_written, walk_ops
     from tegula.ir.values import RegisterTile
     ops = list(walk_ops(kernel.body))
     if not any(isinstance(op, ForLoop) and op.choices.get("ring") is not None for op in ops):
@@ -401,7 +401,17 @@ def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
     for op in ops:
         if isinstance(op, Copy) and isinstance(op.src, RegisterTile) \
                 and isinstance(op.dst, GlobalTile):
+            name = op.dst.arg.name
+            # A TMA store lands asynchronously: a later read or write of the tensor by the
+            # block's threads would not be ordered after it.
+            others = [o for o in ops if o is not op and any(
+                isinstance(t, GlobalTile) and t.arg.name == name
+                for t in tiles_read(o) + tiles_written(o))]
             plan, problem = plan_tma_store(op, facts, shared_end, limit)
+            if others:
+                plan, problem = None, (f"{name} is also accessed at line "
+                                       f"{others[0].loc.lineno if others[0].loc else '?'} "
+                                       f"(a TMA store completes asynchronously)")
             if plan is None:
                 op.choices["tma_store_skipped"] = problem
                 continue
