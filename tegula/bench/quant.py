@@ -46,12 +46,14 @@ def _triton_w4a16() -> Any:
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
                              num_stages=s, num_warps=w)
                for bm, bn, bk, s, w in [(16, 64, 64, 4, 4), (16, 128, 64, 4, 4),
-                                        (16, 32, 128, 4, 4), (32, 64, 64, 4, 4),
+                                        (16, 32, 128, 4, 4), (16, 64, 32, 4, 4),
+                                        (16, 128, 32, 4, 4), (32, 64, 64, 4, 4),
                                         (64, 64, 64, 3, 4), (64, 128, 32, 3, 4),
                                         (128, 128, 32, 3, 8)]]
 
     def prune(configs, named_args, **kwargs):
-        m, group = named_args["M"], named_args["GROUP"]
+        m = named_args["M"]
+        group = named_args.get("GROUP", kwargs.get("GROUP"))  # constexprs come as kwargs
         keep = [c for c in configs if group % c.kwargs["BLOCK_K"] == 0]
         small = [c for c in keep if c.kwargs["BLOCK_M"] <= 32]
         return small if m <= 16 and small else [c for c in keep if c.kwargs["BLOCK_M"] >= 32]

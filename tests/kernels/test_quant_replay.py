@@ -23,7 +23,8 @@ check_sequence, _x = _harness.check_sequence, _harness._x
 
 def test_gemv_replays_only_its_own_specialization(sent):
     w = _x((40, 96), dtype=torch.float16, seed=1)
-    variants = [lambda: _x((1, 96), dtype=torch.float16), lambda: _x((1, 96), torch.float16, seed=4),
+    variants = [lambda: _x((1, 96), dtype=torch.float16),
+                lambda: _x((1, 96), torch.float16, seed=4),
                 lambda: _x((96,), dtype=torch.float16), lambda: _x((3, 96), dtype=torch.float16),
                 lambda: _x((1, 96), dtype=torch.float16, offset=1),
                 lambda: _x((2, 192), dtype=torch.float16)[:, :96]]
