@@ -11,6 +11,9 @@ peak vs ptxas's registers —
     gemm 128x128 sm_80      192 vs 238     gemm 64x64 sm_80         64 vs  72
     gemm 128x128/256 sm_80  112 vs 124     gemm 128x256/256 sm_80  192 vs 219
     gemm 128x128 sm_90a, one role (warp_specialize=False)         129 vs 154
+    attention forward sm_90a, one role, D=64 / D=128       147 / 179 vs 110 / 149
+      (old sum: 981 / 1061; the softmax chain between the gemms is held op by op here,
+      where ptxas interleaves it)
 ADDRESS_OVERHEAD = 24 is about the median gap on the GEMMs; elementwise chains are
 overestimated (ptxas interleaves them element by element), never by the ~4x of the old
 sum of every array (softmax: 178, gemm 128x128 sm_80: 280 — "spills possible").
