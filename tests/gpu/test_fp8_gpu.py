@@ -94,9 +94,12 @@ def test_per_tensor_entry_point_against_scaled_mm(m, n, k):
     c = tk.matmul_fp8(a, w.T, sa, sb)
     ref = (a.double() @ w.double().T) * 0.125
     magnitude = (a.double().abs() @ w.double().abs().T) * 0.125
-    scaled = torch._scaled_mm(a, w.T, sa, sb, out_dtype=torch.bfloat16)
+    results = [("out=", out), ("returned", c)]
+    if n % 16 == 0 and k % 16 == 0:  # torch._scaled_mm refuses other extents
+        results.append(("torch._scaled_mm",
+                        torch._scaled_mm(a, w.T, sa, sb, out_dtype=torch.bfloat16)))
     instructions = -(-k // 32)
-    for name, result in (("out=", out), ("returned", c), ("torch._scaled_mm", scaled)):
+    for name, result in results:
         worst = check(result, ref, magnitude, instructions, bf16, name)
         print(f"{name}: worst error {worst:.3g} of Σ|a·b| at K={k}")
     assert torch.equal(c, out)   # one configuration, one result
