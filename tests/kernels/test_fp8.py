@@ -251,3 +251,46 @@ def test_torch_entry_point_argument_errors():
         tk.matmul_fp8(a, w[:, :128].T, one, one)
     with pytest.raises(ValueError, match=r"matmul_fp8: a is on cpu"):
         tk.matmul_fp8(a, w.T, one, one)
+
+
+def _replay_harness():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "test_api_replay.py"
+    spec = importlib.util.spec_from_file_location("tegula_test_api_replay_fp8", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_REPLAY = _replay_harness()
+sent = _REPLAY.sent  # the fixture: compile and driver stubbed, launches recorded
+
+
+def test_fp8_replay_key(sent, monkeypatch):
+    """Per-tensor vs blockwise, out dtypes, `block_scales=1` (refused, never a replay of
+    True), scale shapes and strides: each call makes exactly its full path's launches.
+    (The operands go by TMA: the driver's tensor-map encoder is stubbed by its fields.)"""
+    import tegula.kernels as tk
+    from tegula.runtime import tensor_map
+
+    monkeypatch.setattr(tensor_map, "driver_encode",
+                        lambda ptr, dtype, extents, strides, box, swizzle, name="tensor":
+                        repr((ptr, dtype.name, tuple(extents), tuple(strides), tuple(box),
+                              swizzle)).encode().ljust(128)[:128])
+
+    a, w = _fp8_operands(40, 48, 256, 6)
+    a2, w2 = _fp8_operands(40, 48, 256, 7)
+    one, two = torch.tensor(1.0), torch.tensor(2.0)
+    sa, sb = torch.rand(40, 2) + 0.5, torch.rand(1, 2) + 0.5
+    calls = [lambda: tk.matmul_fp8(a, w.T, one, two), lambda: tk.matmul_fp8(a2, w2.T, two, one),
+             lambda: tk.matmul_fp8(a, w.T, one, two, torch.float16),
+             lambda: tk.matmul_fp8(a, w.T, one, two, torch.float32),
+             lambda: tk.matmul_fp8(a, w.T, sa, sb, None, True),
+             lambda: tk.matmul_fp8(a, w.T, sa, sb, None, 1),
+             lambda: tk.matmul_fp8(a, w.T, sa.T.contiguous().T, sb, None, True),
+             lambda: tk.matmul_fp8(a, w.T, one.reshape(1, 1), two.reshape(1))]
+    replayed = _REPLAY.check_sequence(sent, calls + calls)
+    assert replayed[1], "new data in a cached layout replays"
+    assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"

@@ -280,3 +280,49 @@ def test_bench_modes_run_end_to_end_on_a_fake_gpu(mode, tmp_path, monkeypatch, c
     for case in record["cases"]:
         assert case["results"][peer]["status"] == "ok", case["results"][peer]
         assert "CUDA device" in case["results"]["tegula"]["error"]
+
+
+def _replay_harness():
+    """tests/kernels/test_api_replay.py's stubbed-launch fixture and sequence check."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "test_api_replay.py"
+    spec = importlib.util.spec_from_file_location("tegula_test_api_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_REPLAY = _replay_harness()
+sent = _REPLAY.sent  # the fixture: compile and driver stubbed, launches recorded
+
+
+def test_matmul_replays_only_its_own_epilogue(sent):
+    """A replayed matmul call makes exactly the launches its full path makes: bias or not,
+    each activation, bias views, dtypes and shapes are distinct specializations (a replay
+    of relu's launch for gelu would be a silent wrong answer)."""
+    a, w, bias = _torch_operands(40, 48, 64, torch.float16, 8)
+    a2, w2, bias2 = _torch_operands(40, 48, 64, torch.float16, 9)     # new data, same layout
+    big = _torch_operands(40, 96, 64, torch.float16, 10)[2]
+    ab, wb, bb = _torch_operands(40, 48, 64, torch.bfloat16, 11)
+    decode = _torch_operands(16, 48, 1024, torch.float16, 12)
+    calls = [lambda: tk_matmul(a, w.T), lambda: tk_matmul(a2, w2.T),
+             lambda: tk_matmul(a, w.T, bias), lambda: tk_matmul(a2, w2.T, bias2),
+             lambda: tk_matmul(a, w.T, bias, "relu"), lambda: tk_matmul(a, w.T, bias, "gelu"),
+             lambda: tk_matmul(a, w.T, None, "gelu"), lambda: tk_matmul(a, w.T, bias, "silu"),
+             lambda: tk_matmul(a, w.T, bias, "gelu_tanh"),
+             lambda: tk_matmul(a, w.T, big[::2], "relu"),         # a strided bias view
+             lambda: tk_matmul(a, w.T, big[1::2], "relu"),
+             lambda: tk_matmul(ab, wb.T, bb, "gelu"),
+             lambda: tk_matmul(a, w.T, bb, "gelu"),                # dtype mismatch: error
+             lambda: tk_matmul(a, w.T, bias, "tanh"),              # unknown: error
+             lambda: tk_matmul(decode[0], decode[1].T, decode[2], "silu")]
+    replayed = _REPLAY.check_sequence(sent, calls + calls)
+    assert replayed[1] and replayed[3], "new data in a cached layout replays"
+    assert not any(replayed[2:3] + replayed[4:len(calls)]), "a variant replayed another's"
+
+
+def tk_matmul(*args):
+    import tegula.kernels as tk
+    return tk.matmul(*args)
