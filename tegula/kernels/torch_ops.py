@@ -1,5 +1,6 @@
-"""The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul`,
-`rms_norm`, `softmax`, `copy` and `attention_forward` (returning o and lse).
+"""The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul` (with
+its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy` and
+`attention_forward` (returning o and lse).
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -20,7 +21,9 @@ cached launches. What the ops add is what torch's compiler and checks need:
 
 Autograd: each op registers its backward as a formula in torch ops (there are no tegula
 backward kernels yet): matmul's two gradients are `torch.ops.tegula.matmul` calls (f32
-accumulation, rounded to the inputs' dtype, as torch's own half-precision matmul), the
+accumulation, rounded to the inputs' dtype, as torch's own half-precision matmul; with a
+fused activation, after recomputing the pre-activation and applying the activation's
+derivative in f32; the bias gradient is the column sum), matmul_fp8 is forward-only, the
 row ops' gradients are computed in f32 from the saved output (softmax) or inputs
 (RMSNorm) and rounded to the input's dtype, and copy passes its gradient through.
 """
