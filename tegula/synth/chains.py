@@ -80,38 +80,57 @@ def conversion_cycles(src_tv, dst_tv, shape: tuple, elem_bytes: int, threads: in
     return bandwidth + issue + ROUND_TRIP_LATENCY
 
 
-def choose_chained_plans(chains: list, plans: dict, threads: int, target: Target) -> None:
+def choose_chained_plans(chains: list, plans: dict, threads: int, target: Target,
+                         gemms: list | None = None) -> None:
     """Replace, in `plans` (gemm id -> plan), the plans of each chain's two gemms by the
-    cheapest pair counting the conversion between them; mark the changed plans' `joint`."""
+    cheapest pair counting the conversion between them; mark the changed plans' `joint`.
+    Gemms updating the same accumulator as one of the pair (`gemms`: all of the kernel's)
+    move with it: they must keep agreeing on its layout, so a grid is an option only if
+    every one of them can take it."""
+    gemms = gemms or [g for chain in chains for g in chain]
     for first, second in chains:
-        options = [_options(g, plans[id(g)], threads, target) for g in (first, second)]
+        groups = [[g for g in gemms if g.c.id == end.c.id] or [end] for end in (first, second)]
+        options = [_options(group, plans, threads, target) for group in groups]
         if len(options[0]) == 1 and len(options[1]) == 1:
             continue
         elem_bytes = second.a.dtype.bits // 8 or 1
         best = None
         for p1, s1 in options[0]:
             for p2, s2 in options[1]:
-                convert = conversion_cycles(p1.c_tv, p2.a_tv, tuple(second.a.shape), elem_bytes,
-                                            threads, target)
+                convert = conversion_cycles(p1[id(first)].c_tv, p2[id(second)].a_tv,
+                                            tuple(second.a.shape), elem_bytes, threads, target)
                 total = s1 + s2 + convert
                 if best is None or total < best[0]:
                     best = (total, p1, p2, convert)
         _, p1, p2, convert = best
         how = ("its accumulator reaches the A operand by register renaming" if convert == 0
                else f"converting its accumulator costs ~{convert:.0f} cycles")
-        for gemm, plan, other in ((first, p1, second), (second, p2, first)):
-            alone = plans[id(gemm)]
-            if isinstance(plan, GemmPlan) and (plan.atom, plan.grid) != (alone.atom, alone.grid):
-                line = other.loc.lineno if other.loc else "?"
-                plans[id(gemm)] = dataclasses.replace(
-                    plan, joint=f"warp grid chosen with the gemm at line {line} ({how})")
+        for chosen, other in ((p1, second), (p2, first)):
+            for gid, plan in chosen.items():
+                alone = plans[gid]
+                if isinstance(plan, GemmPlan) and (plan.atom, plan.grid) != (alone.atom, alone.grid):
+                    line = other.loc.lineno if other.loc else "?"
+                    plans[gid] = dataclasses.replace(
+                        plan, joint=f"warp grid chosen with the gemm at line {line} ({how})")
 
 
-def _options(gemm: Gemm, plan, threads: int, target: Target) -> list[tuple]:
-    """(plan, its own cost) pairs to choose from: every mma.sync plan, or the wgmma plan
-    alone (fixed by its instruction)."""
-    if not isinstance(plan, GemmPlan):
-        return [(plan, 0.0)]
-    alternatives = mma_sync_plans(gemm, threads, target)
-    return [(dataclasses.replace(p, wgmma_skipped=plan.wgmma_skipped), p.candidates[i][2])
-            for i, p in enumerate(alternatives)]
+def _options(group: list[Gemm], plans: dict, threads: int, target: Target) -> list[tuple]:
+    """({gemm id: plan} for every gemm of `group` — the gemms updating one accumulator —,
+    their summed cost) for each choice: every (mma.sync atom, warp grid) all of them can
+    take, or the current plans alone when one of them is on wgmma (its warpgroup grid is
+    fixed by the instruction)."""
+    current = {id(g): plans[id(g)] for g in group}
+    if not all(isinstance(p, GemmPlan) for p in current.values()):
+        return [(current, 0.0)]
+    per_gemm = []
+    for g in group:
+        alternatives = mma_sync_plans(g, threads, target)
+        per_gemm.append({(p.atom.name, p.grid): (dataclasses.replace(
+            p, wgmma_skipped=plans[id(g)].wgmma_skipped), p.candidates[i][2])
+            for i, p in enumerate(alternatives)})
+    shared_keys = [key for key in per_gemm[0] if all(key in choices for choices in per_gemm)]
+    options = []
+    for key in shared_keys:
+        choice = {id(g): choices[key][0] for g, choices in zip(group, per_gemm)}
+        options.append((choice, sum(choices[key][1] for choices in per_gemm)))
+    return options or [(current, 0.0)]

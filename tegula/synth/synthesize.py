@@ -181,7 +181,7 @@ def _agreeing_plans(gemms: list, chains: list, threads: int, target: Target) -> 
     wgmma, they all take mma.sync (whose plans agree whenever the tiles do, as before
     wgmma existed)."""
     plans = {id(op): plan_gemm(op, threads, target) for op in gemms}
-    choose_chained_plans(chains, plans, threads, target)
+    choose_chained_plans(chains, plans, threads, target, gemms)
     for op in gemms:
         sharing = [g for g in gemms if g.c.id == op.c.id]
         kinds = {isinstance(plans[id(g)], WgmmaPlan) for g in sharing}

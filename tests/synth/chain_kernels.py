@@ -33,3 +33,25 @@ def attention_block(q: tg.Tensor[f16], k: tg.Tensor[f16], v: tg.Tensor[f16], o: 
         tg.gemm(acc, p.to(f16), sv)
         m_i = m_new
     tg.copy((acc / l_i).to(f16), o.tile((BM, D), (m, 0)))
+
+
+@tg.kernel(threads=128)
+def two_chunk_chain(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16], o: tg.Tensor[f32],
+                    BM: tg.constexpr = 64, BN: tg.constexpr = 128):
+    """s = a[:, :64] b[:, :64]ᵀ + a[:, 64:] b[:, 64:]ᵀ (two gemms into one accumulator),
+    then o = s.to(f16) @ cᵀ: the chain's first end is a pair of gemms that must move
+    together."""
+    sa0, sa1 = tg.shared((BM, 64), f16), tg.shared((BM, 64), f16)
+    sb0, sb1 = tg.shared((BN, 64), f16), tg.shared((BN, 64), f16)
+    sc = tg.shared((64, BN), f16)
+    tg.copy(a.tile((BM, 64), (0, 0)), sa0)
+    tg.copy(a.tile((BM, 64), (0, 1)), sa1)
+    tg.copy(b.tile((BN, 64), (0, 0)), sb0)
+    tg.copy(b.tile((BN, 64), (0, 1)), sb1)
+    tg.copy(c.tile((64, BN), (0, 0)), sc)
+    s = tg.zeros((BM, BN), f32)
+    tg.gemm(s, sa0, sb0)
+    tg.gemm(s, sa1, sb1)
+    acc = tg.zeros((BM, 64), f32)
+    tg.gemm(acc, s.to(f16), sc)
+    tg.copy(acc, o.tile((BM, 64), (0, 0)))

@@ -77,3 +77,24 @@ def test_a_renaming_costs_nothing_and_a_round_trip_costs_cycles():
     rows = conversion_cycles(by_grid[4, 1].c_tv, second_plans[4, 1].a_tv, (64, 64), 2, 128, target)
     square = conversion_cycles(by_grid[2, 2].c_tv, second_plans[2, 2].a_tv, (64, 64), 2, 128, target)
     assert rows == 0 and square > 100
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("bn", [64, 128])
+def test_gemms_sharing_the_chained_accumulator_move_together(target, bn):
+    """Two gemms accumulate s; s feeds the next gemm: all three agree (was: 'the accumulator
+    already has the layout' on sm_80 once the chain moved one of the two)."""
+    from chain_kernels import two_chunk_chain
+    text = tg.explain(two_chunk_chain, target=target, BN=bn)
+    assert "layout conversions: none" in text, text
+    rng = np.random.default_rng(bn)
+    a = (rng.standard_normal((64, 128)) / 4).astype(np.float16)
+    b = (rng.standard_normal((bn, 128)) / 4).astype(np.float16)
+    c = rng.standard_normal((64, bn)).astype(np.float16)
+    o = np.full((64, 64), np.nan, np.float32)
+    tg.emulate(two_chunk_chain, (1,), a, b, c, o, target=target, BN=bn)
+    s = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32).astype(np.float16)
+    ref = s.astype(np.float64) @ c.astype(np.float64).T
+    # s is rounded to f16 from an f32 sum that may differ from ours in the last f32 bit
+    bound = 2.0 ** -10 * (np.abs(s.astype(np.float64)) @ np.abs(c.astype(np.float64)).T) + 1e-3
+    assert np.all(np.abs(o - ref) <= bound)
