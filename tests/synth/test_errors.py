@@ -134,15 +134,28 @@ def test_gemm_accumulator_of_wrong_type():
 
 
 def test_gemm_types_no_mma_instruction_takes():
-    """f32 x f32: no catalogue entry multiplies it on any target, so tracing refuses it."""
+    """f16 x i8: no catalogue entry multiplies it on any target, so tracing refuses it."""
+    @tg.kernel(threads=128)
+    def k(a: tg.Tensor[f16], b: tg.Tensor[tg.i8]):
+        acc = tg.zeros((64, 64), f32)
+        ra = tg.load(a.tile((64, 32), (0, 0)))
+        rb = tg.load(b.tile((64, 32), (0, 0)))
+        tg.gemm(acc, ra, rb)  # @gemm-mixed
+    expect(k, TraceError, "@gemm-mixed", "tg.gemm", "no matrix instruction multiplies f16 by i8",
+           "register<64x32, f16>")
+
+
+def test_gemm_f32_operands_wgmma_cannot_take():
+    """f32 x f32 multiplies only as sm_90a's tf32 wgmma, which reads shared tiles: from
+    registers, synthesis says so at the gemm's line."""
     @tg.kernel(threads=128)
     def k(a: tg.Tensor[f32], b: tg.Tensor[f32]):
         acc = tg.zeros((64, 64), f32)
         ra = tg.load(a.tile((64, 32), (0, 0)))
         rb = tg.load(b.tile((64, 32), (0, 0)))
         tg.gemm(acc, ra, rb)  # @gemm-f32
-    expect(k, TraceError, "@gemm-f32", "tg.gemm", "no matrix instruction multiplies f32 by f32",
-           "register<64x32, f32>")
+    expect(k, SynthesisError, "@gemm-f32", "f32 x f32 into f32", "only through wgmma",
+           "does not fit here", "register<64x32, f32>")
 
 
 def test_gemm_types_no_mma_on_the_target():
