@@ -284,6 +284,9 @@ class _Emitter(AsyncStatements):
         self.line(f"const {ctype} {s.var.name} = {index_c(s.value)};")
 
     def _For(self, s: For) -> None:
+        if not isinstance(s.step, int) or s.step <= 0:  # the loop below tests `< stop`
+            raise CodegenError(f"internal: loop {s.var.name} has step {s.step!r}; lowering "
+                               f"gives every loop a positive constant step")
         if s.unroll:
             self.line("#pragma unroll")
         v = s.var.name

@@ -35,6 +35,10 @@ class RuntimeLoop:
             raise fail(label, f"the step must be an int or a kernel scalar, got {step!r}")
         if not isinstance(step, Scalar) and step == 0:
             raise fail(label, "the step must not be zero")
+        if not isinstance(step, Scalar) and step < 0 and label != "tg.range":
+            raise fail(label, f"the step must be positive, got {step} (a pipeline runs its "
+                              f"copies ahead of increasing indices; a descending loop is "
+                              f"tg.range)")
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
             raise fail(label, f"stages must be a positive integer, got {stages!r}")
         self.step, self.stages = step, stages
@@ -47,10 +51,12 @@ class RuntimeLoop:
         counts_up = isinstance(self.step, Scalar) or (self.step > 0 and
                                                       known_non_negative(self.start))
         var = LoopIndex(ctx.fresh_name("i"), non_negative=counts_up)
-        if isinstance(self.step, Scalar):
-            # A run-time step: count iterations j = 0 … trips-1 and give the body
-            # start + j * step (so lowering, pipelining and the cost model keep loops of
-            # constant step).
+        if isinstance(self.step, Scalar) or self.step < 0:
+            # A run-time or negative step: count iterations j = 0 … trips-1 and give the
+            # body start + j * step, so every loop below the language counts up by a
+            # positive constant (lowering, pipelining, the emulator and the `<` of the
+            # emitted C loop rely on it; a descending loop once printed `i < stop` with a
+            # negative increment and never ran).
             start, stop, step = 0, _trip_count(self.start, self.stop, self.step), 1
             index = SteppedIndex("+", as_scalar(self.start), var * self.step)
         else:
@@ -64,11 +70,16 @@ class RuntimeLoop:
         return _trace_body_once(ctx, loop, index, self.label, entry, scope)
 
 
-def _trip_count(start: Scalar | int, stop: Scalar | int, step: Scalar) -> Scalar:
-    """Iterations of `range(start, stop, step)` for a run-time step, as Python counts them:
-    ceil((stop - start) / step) when positive, else 0 — for either sign of the step —
-    and 0 for a zero step (which Python refuses; at run time there is no one to tell)."""
+def _trip_count(start: Scalar | int, stop: Scalar | int, step: Scalar | int) -> Scalar | int:
+    """Iterations of `range(start, stop, step)` for a run-time (or negative constant) step,
+    as Python counts them: ceil((stop - start) / step) when positive, else 0 — for either
+    sign of the step — and 0 for a zero step (which Python refuses; at run time there is
+    no one to tell)."""
     from tegula.lang.scalars import scalar_extremum
+    if not isinstance(step, Scalar):  # a constant step (negative: tg.range checked it)
+        if isinstance(start, int) and isinstance(stop, int):
+            return len(range(start, stop, step))
+        return scalar_extremum("max", 0, 0 - (start - stop) // step)
     trips = scalar_extremum("max", 0, 0 - (start - stop) // step)  # ceil by floor division
     if isinstance(step, (GridSize, SMCount)):  # at least 1 whenever the kernel runs
         return trips
