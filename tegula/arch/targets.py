@@ -79,6 +79,9 @@ class Target:
     #: Shared-memory bandwidth per SM: 32 banks x 4 bytes = 128 bytes (one wavefront) per
     #: clock (CUDA C++ Programming Guide, "Shared Memory" of compute capabilities 8.x/9.0).
     shared_bytes_per_clk: int = 128
+    #: L2 -> SM bandwidth of the whole GPU in bytes per SM clock (0: not modelled). Every
+    #: global byte a block loads passes through it, re-reads that hit L2 included.
+    l2_bytes_per_clk: int = 0
 
     @property
     def sm(self) -> str:
@@ -107,6 +110,12 @@ class Target:
         return f"{self.name} ({self.device}, cc {self.cc}{self.arch_suffix}, {self.sm_count} SMs)"
 
 
+#: H100 SXM L2 -> SM bandwidth, ~8 TB/s at 1.83 GHz: what the fastest L2-bound GEMM tile
+#: configurations reached on an H100 80GB HBM3 (benchmarks/cost_model_check.py,
+#: 2026-11-24: 7.3-7.8 TB/s of operand loads summed over all blocks).
+H100_L2_BYTES_PER_CLK = 4400
+
+
 def _rates(**kw: int) -> Mapping[str, int]:
     # Read-only so a frozen Target stays immutable all the way down.
     return MappingProxyType({k.replace("bit8", "8bit"): v for k, v in kw.items()})
@@ -116,6 +125,7 @@ SM80 = Target(
     name="sm_80", cc=80, device="A100-SXM4-80GB", sm_count=108,
     smem_per_block_max=166912, smem_per_sm=167936,
     l2_bytes=40 * 1024 * 1024, dram_gbps=2039.0, clock_ghz=1.41,
+    l2_bytes_per_clk=5120,  # A100 whitepaper: L2 read bandwidth 5120 bytes/clk
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
 )
 SM89 = Target(
@@ -127,7 +137,8 @@ SM89 = Target(
 SM90A = Target(
     name="sm_90a", cc=90, device="H100-SXM5-80GB", sm_count=132,
     smem_per_block_max=232448, smem_per_sm=233472,
-    l2_bytes=50 * 1024 * 1024, dram_gbps=3350.0, clock_ghz=1.83, arch_suffix="a",
+    l2_bytes=50 * 1024 * 1024, dram_gbps=3350.0, clock_ghz=1.83,
+    l2_bytes_per_clk=H100_L2_BYTES_PER_CLK, arch_suffix="a",
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
     wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096, tf32=1024),
 )
@@ -139,12 +150,14 @@ SM90 = Target(
     name="sm_90", cc=90, device="H100-SXM5-80GB", sm_count=132,
     smem_per_block_max=232448, smem_per_sm=233472,
     l2_bytes=50 * 1024 * 1024, dram_gbps=3350.0, clock_ghz=1.83,
+    l2_bytes_per_clk=H100_L2_BYTES_PER_CLK,
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
 )
 H200 = Target(
     name="h200", cc=90, device="H200-SXM-141GB", sm_count=132,
     smem_per_block_max=232448, smem_per_sm=233472,
-    l2_bytes=50 * 1024 * 1024, dram_gbps=4800.0, clock_ghz=1.83, arch_suffix="a",
+    l2_bytes=50 * 1024 * 1024, dram_gbps=4800.0, clock_ghz=1.83,
+    l2_bytes_per_clk=H100_L2_BYTES_PER_CLK, arch_suffix="a",
     tensor_fma_per_clk_sm=_rates(f16=1024, bit8=2048),
     wgmma_fma_per_clk_sm=_rates(f16=2048, bit8=4096, tf32=1024),
 )

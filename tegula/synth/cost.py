@@ -560,8 +560,49 @@ def estimate(build, grid=None, shapes: dict | None = None,
     if bps == 0:
         notes.append(f"a block does not fit on an SM ({limit}); counted as 1 per SM")
         bps = 1
+    totals["pipeline"] = pipeline_latency_cycles(uses, weights, target, bps)
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
                     tuple(unresolved), tuple(notes), threads)
+
+
+#: A TMA pipeline's load latency against the catalogue's unloaded figure: calibrated on
+#: the H100 stage sweep of the README GEMM (benchmarks/cost_model_check.py, 2026-11-24: 2
+#: stages at 128x256x64 take ~3,100 cycles per iteration where 48 KB at the block's L2
+#: share take ~1,500; the box lands as a whole and signals through its mbarrier). The
+#: cp.async pipelines of the same sweep on the mma.sync path fit the unloaded latency.
+TMA_LATENCY_FACTOR = 3
+
+
+def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target,
+                            bps: int) -> float:
+    """Cycles a block spends waiting on its loops' global loads when too few are in flight.
+
+    A loop whose body loads `B` bytes per iteration from global memory keeps `S - 1` of
+    those loads in flight when it is a `tg.pipeline` of `S` stages (one when it is not
+    pipelined). Each load takes the load latency plus its transfer at the block's share of
+    the L2 -> SM bandwidth (`bps` blocks on each of the SMs), so an iteration cannot go
+    faster than (latency + transfer) / (S - 1) — Little's law; with enough stages the
+    bound drops below the other resources' time and stops mattering. (Measured on an H100,
+    the README GEMM at 128x256x64 runs ~2x slower at 2 stages than at 4: this bound.)
+    TMA loads take `TMA_LATENCY_FACTOR` times the unloaded latency (calibrated below)."""
+    if not target.l2_bytes_per_clk:
+        return 0.0
+    unloaded = get_instruction("ld.global.v4.b32").latency_cycles
+    share = target.l2_bytes_per_clk / (target.sm_count * bps)  # bytes per clock per block
+    per_loop: dict = {}
+    for counted in uses:
+        u = counted.use
+        if not counted.loops or not u.global_bytes or not u.role.startswith("G2"):
+            continue
+        loaded, latency = per_loop.get(counted.loops, (0.0, unloaded))
+        if u.pipe == "tma":
+            latency = TMA_LATENCY_FACTOR * unloaded
+        per_loop[counted.loops] = (loaded + u.global_bytes, latency)
+    total = 0.0
+    for loops, (bytes_per_iteration, latency) in per_loop.items():
+        in_flight = max(1, loops[-1].stages - 1)
+        total += weights[loops] * (latency + bytes_per_iteration / share) / in_flight
+    return total
 
 
 def spill_notes(target: Target, threads: int, registers: int,
@@ -613,6 +654,10 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     resources = {"tensor": bps * tensor, "shared-memory": bps * shared,
                  "issue": bps * issue, "DRAM": dram}
+    if target.l2_bytes_per_clk:
+        # Every block's global bytes (L2 hits included) at its share of L2 -> SM bandwidth.
+        resources["L2"] = t["global_bytes"] * target.sm_count * bps / target.l2_bytes_per_clk
+        resources["load latency"] = t.get("pipeline", 0.0)
     bound = max(resources, key=lambda k: resources[k])
     block_cycles = resources[bound] + latency
     fields = dict(target=target.name, clock_ghz=target.clock_ghz, threads=threads,
