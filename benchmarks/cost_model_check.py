@@ -1,0 +1,251 @@
+"""Does the cost model rank configurations the way the GPU does? (issue 11's check)
+
+    PYTHONPATH=. python3 benchmarks/cost_model_check.py [--out DIR] [--quick]
+
+For each kernel family — the README GEMM on the mma.sync path (target sm_90 on a Hopper
+GPU) and on the wgmma path (sm_90a), row softmax, RMSNorm, and the attention forward — and
+a few problem shapes, every configuration of a small space is built, its time predicted
+by `tegula.recommend.score` (the analytical model of `tegula.synth.cost`, what `explain`
+and `tg.recommend` print) and measured on the GPU (`triton.testing.do_bench`, median, in
+this one process). Configurations the compiler refuses or that fail to launch are listed,
+not measured. Per (family, shape): the Spearman rank correlation between predicted and
+measured time, and whether the model's top 5 holds the measured best or one within 5% of
+it. Writes `cost_model_check.json` (every point) and `cost_model_check.svg` (predicted
+against measured, log-log, one colour per family) into --out; a table last. Nothing is
+asserted: this is the evidence for docs/performance.md, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from triton.testing import do_bench
+
+import tegula as tg
+from tegula.recommend import score
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _example(name: str, attr: str):
+    spec = importlib.util.spec_from_file_location(f"tegula_example_{name}", ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, attr)
+
+
+def _space(**choices) -> list[dict]:
+    names = list(choices)
+    return [dict(zip(names, values)) for values in itertools.product(*choices.values())]
+
+
+# ------------------------------------------------------------------ the kernel families
+
+def gemm_family(target: str, quick: bool) -> dict:
+    gemm = _example("gemm", "gemm")
+    if target == "sm_90a":
+        space = _space(BM=[64, 128, 256], BN=[64, 128, 256], BK=[64], STAGES=[2, 3, 4],
+                       threads=[128, 256])
+    else:
+        space = _space(BM=[64, 128], BN=[64, 128], BK=[32, 64], STAGES=[2, 3, 4],
+                       threads=[128, 256])
+    shapes = [(4096, 4096, 4096), (2048, 2048, 2048), (4096, 4096, 1024), (1024, 1024, 1024)]
+
+    def make(shape):
+        m, n, k = shape
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        grid = lambda cfg: (tg.cdiv(m, cfg["BM"]), tg.cdiv(n, cfg["BN"]))  # noqa: E731
+        return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
+    return dict(name=f"gemm {target}", kernel=gemm, target=target, space=space,
+                shapes=shapes[:2] if quick else shapes, make=make)
+
+
+def row_family(which: str, quick: bool) -> dict:
+    from tegula.dtypes import f16
+    from tegula.kernels.norm import rms_norm_kernel
+    from tegula.kernels.softmax import softmax_kernel
+    kernel = softmax_kernel(f16) if which == "softmax" else rms_norm_kernel(f16)
+    # large enough that the configurations differ by more than launch noise
+    shapes = [(131072, 1024), (32768, 4096), (262144, 512)]
+
+    def make(shape):
+        m, n = shape
+        x = torch.randn(m, n, device="cuda", dtype=torch.float16)
+        y = torch.empty_like(x)
+        grid = lambda cfg: (tg.cdiv(m, cfg["BM"]),)  # noqa: E731
+        if which == "softmax":
+            return (x, y), dict(x=(m, n), y=(m, n)), {}, grid, {}
+        w = torch.randn(1, n, device="cuda", dtype=torch.float16)
+        return (x, w, y), dict(x=(m, n), w=(1, n), y=(m, n)), {}, grid, dict(N=n)
+    space_of = lambda shape: [c for c in _space(BM=[1, 2, 4, 8, 16], BN=[shape[1]],  # noqa: E731
+                                                  threads=[32, 64, 128, 256, 512, 1024])
+                              if c["BM"] * shape[1] // c["threads"] <= 256]
+    return dict(name=which, kernel=kernel, target="sm_90a", space=space_of,
+                shapes=shapes[:2] if quick else shapes, make=make)
+
+
+def attention_family(quick: bool) -> dict:
+    from tegula.dtypes import f16
+    from tegula.kernels.attention import attention_kernel
+    kernel = attention_kernel(f16)
+    shapes = [(4, 16, 2048, 64), (2, 16, 4096, 128)]
+
+    def make(shape, v_kmajor: bool):
+        b, h, s, d = shape
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        if v_kmajor:  # the kernel then reads v as (B, H, D, S), as the library passes it
+            v = v.transpose(-1, -2).contiguous()
+        o = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        grid = lambda cfg: (tg.cdiv(s, cfg["BM"]), h, b)  # noqa: E731
+        fixed = dict(D=d, QK_SCALE=1.4426950408889634 / math.sqrt(d), CAUSAL=False,
+                     V_KMAJOR=v_kmajor)
+        return ((q, k, v, o, lse), dict(q=q.shape, k=k.shape, v=v.shape, o=o.shape, lse=lse.shape),
+                {}, grid, fixed)
+    space = _space(BM=[64, 128], BN=[32, 64, 128], STAGES=[1, 2, 3], P_SHARED=[False, True],
+                   threads=[128, 256])
+    shapes = [(shape, v_kmajor) for shape in shapes for v_kmajor in (False, True)]
+    return dict(name="attention fwd", kernel=kernel, target="sm_90a", space=space,
+                shapes=shapes[:2] if quick else shapes, make=lambda shape: make(*shape))
+
+
+# ------------------------------------------------------------------ measuring and ranking
+
+def run_family(family: dict, log) -> list[dict]:
+    points = []
+    for shape in family["shapes"]:
+        args, shapes, scalars, grid, fixed = family["make"](shape)
+        space = family["space"](shape) if callable(family["space"]) else family["space"]
+        for cfg in space:
+            point = dict(family=family["name"], shape=list(shape), config=cfg)
+            launch_cfg = {**fixed, **cfg}
+            try:
+                candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
+                                  lambda c, g=grid: g(c), family["target"])
+                if candidate.dropped:
+                    point["dropped"] = candidate.dropped
+                    points.append(point)
+                    continue
+                point["predicted_us"] = candidate.seconds * 1e6
+                g = grid(launch_cfg)
+                call = lambda: family["kernel"][g](*args, target=family["target"], **launch_cfg)  # noqa: E731
+                call()
+                torch.cuda.synchronize()
+                point["measured_us"] = do_bench(call, warmup=10, rep=40, return_mode="median") * 1e3
+            except Exception as err:  # one config must not hide the rest
+                point["failed"] = f"{type(err).__name__}: {err}"[:300]
+            points.append(point)
+            log(json.dumps(point))
+    return points
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    if len(x) < 3:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def summarize(points: list[dict]) -> list[dict]:
+    rows = []
+    keys = sorted({(p["family"], tuple(p["shape"])) for p in points})
+    for family, shape in keys:
+        ok = [p for p in points if p["family"] == family and tuple(p["shape"]) == shape
+              and "measured_us" in p]
+        if not ok:
+            continue
+        predicted = [p["predicted_us"] for p in ok]
+        measured = [p["measured_us"] for p in ok]
+        best = min(measured)
+        top5 = sorted(ok, key=lambda p: p["predicted_us"])[:5]
+        hit = any(p["measured_us"] <= 1.05 * best for p in top5)
+        rows.append(dict(family=family, shape=list(shape), configs=len(ok),
+                         not_measured=sum(1 for p in points if p["family"] == family
+                                          and tuple(p["shape"]) == shape and "measured_us" not in p),
+                         spearman=spearman(predicted, measured), top5_hit=hit,
+                         best_measured_us=best,
+                         model_pick_measured_us=min(ok, key=lambda p: p["predicted_us"])["measured_us"]))
+    return rows
+
+
+def svg_plot(points: list[dict], path: Path) -> None:
+    """Predicted against measured microseconds, log-log, one colour per family."""
+    ok = [p for p in points if "measured_us" in p and p["predicted_us"] > 0]
+    if not ok:
+        return
+    xs = [math.log10(p["measured_us"]) for p in ok]
+    ys = [math.log10(p["predicted_us"]) for p in ok]
+    lo, hi = min(xs + ys) - 0.1, max(xs + ys) + 0.1
+    size, pad = 520, 50
+    scale = lambda v: pad + (v - lo) / (hi - lo) * (size - 2 * pad)  # noqa: E731
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+    families = sorted({p["family"] for p in ok})
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 180}" height="{size}">',
+           f'<rect width="{size + 180}" height="{size}" fill="white"/>',
+           f'<line x1="{scale(lo)}" y1="{size - scale(lo)}" x2="{scale(hi)}" '
+           f'y2="{size - scale(hi)}" stroke="#999" stroke-dasharray="4"/>',
+           f'<text x="{size / 2 - 60}" y="{size - 10}" font-size="12">measured µs (log)</text>',
+           f'<text x="5" y="20" font-size="12">predicted µs (log)</text>']
+    for decade in range(math.floor(lo), math.ceil(hi) + 1):
+        if lo <= decade <= hi:
+            out.append(f'<text x="{scale(decade) - 8}" y="{size - pad + 15}" font-size="10">'
+                       f'{10 ** decade:g}</text>')
+            out.append(f'<text x="{pad - 35}" y="{size - scale(decade)}" font-size="10">'
+                       f'{10 ** decade:g}</text>')
+    for p, x, y in zip(ok, xs, ys):
+        colour = colours[families.index(p["family"]) % len(colours)]
+        out.append(f'<circle cx="{scale(x):.1f}" cy="{size - scale(y):.1f}" r="2.5" '
+                   f'fill="{colour}" fill-opacity="0.7"/>')
+    for i, family in enumerate(families):
+        out.append(f'<circle cx="{size + 10}" cy="{30 + 18 * i}" r="4" fill="{colours[i % len(colours)]}"/>')
+        out.append(f'<text x="{size + 20}" y="{34 + 18 * i}" font-size="11">{family}</text>')
+    out.append("</svg>")
+    path.write_text("\n".join(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--families", default="gemm_sm90,gemm_sm90a,softmax,rms_norm,attention")
+    options = parser.parse_args()
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    makers = {"gemm_sm90": lambda: gemm_family("sm_90", options.quick),
+              "gemm_sm90a": lambda: gemm_family("sm_90a", options.quick),
+              "softmax": lambda: row_family("softmax", options.quick),
+              "rms_norm": lambda: row_family("rms_norm", options.quick),
+              "attention": lambda: attention_family(options.quick)}
+    log_file = open(out / "cost_model_check.log", "w")
+    log = lambda line: (log_file.write(line + "\n"), log_file.flush())  # noqa: E731
+    points, start = [], time.time()
+    for name in options.families.split(","):
+        family_start = time.time()
+        points += run_family(makers[name](), log)
+        print(f"{name}: {time.time() - family_start:.0f} s", file=sys.stderr, flush=True)
+    rows = summarize(points)
+    gpu = torch.cuda.get_device_name()
+    (out / "cost_model_check.json").write_text(json.dumps(
+        dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), points=points, summary=rows), indent=1))
+    svg_plot(points, out / "cost_model_check.svg")
+    print(f"{gpu}, {time.strftime('%Y-%m-%d')}, {time.time() - start:.0f} s")
+    print(f"{'family':16} {'shape':22} {'configs':>7} {'skipped':>7} {'spearman':>8} "
+          f"{'top5':>5} {'best us':>9} {'pick us':>9}")
+    for r in rows:
+        print(f"{r['family']:16} {str(tuple(r['shape'])):22} {r['configs']:7d} "
+              f"{r['not_measured']:7d} {r['spearman']:8.2f} {str(r['top5_hit']):>5} "
+              f"{r['best_measured_us']:9.1f} {r['model_pick_measured_us']:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
