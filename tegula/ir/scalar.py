@@ -23,6 +23,12 @@ def _with_tile(o) -> bool:
     return getattr(o, "__tegula_tile__", False)
 
 
+def _comparable(o) -> bool:
+    """Whether `scalar == o` is a condition: o a Scalar or an int (anything else — a
+    slice, Ellipsis, None, a tile — compares by identity, or is the tile's operator)."""
+    return isinstance(o, Scalar) or (isinstance(o, int) and not isinstance(o, bool))
+
+
 class Scalar:
     """A block-uniform integer. Operators build expressions and fold constants."""
 
@@ -37,9 +43,18 @@ class Scalar:
     def __rfloordiv__(self, o): return scalar_op("//", o, self)
     def __mod__(self, o): return NotImplemented if _with_tile(o) else scalar_op("%", self, o)
     def __rmod__(self, o): return scalar_op("%", o, self)
-    # Ordering comparisons build a `Condition` (for `tg.if_`). `==`/`!=` are deliberately
-    # not overloaded: Scalars are compared by identity in dicts and lists; use
-    # `Condition("==", a, b)` (tg.eq / tg.ne in the language) for equality tests.
+    # Ordering comparisons build a `Condition` (for `tg.if_`). So do `==` and `!=`, as an
+    # `Equality`: a Condition for `tg.if_(tg.block_id(0) == 0)`, and in the compiler's own
+    # code (dict keys, `x in list`, `a == b`) the identity test Scalars always had. A kernel
+    # that branches on one with Python's `if` gets a TraceError, not a branch silently
+    # never taken (`tg.block_id(0) == 0` used to be a plain False).
+    def __eq__(self, o):
+        return Equality.of("==", self, o) if _comparable(o) else NotImplemented
+
+    def __ne__(self, o):
+        return Equality.of("!=", self, o) if _comparable(o) else NotImplemented
+
+    __hash__ = object.__hash__
     def __lt__(self, o): return NotImplemented if _with_tile(o) else compare("<", self, o)
     def __le__(self, o): return NotImplemented if _with_tile(o) else compare("<=", self, o)
     def __gt__(self, o): return NotImplemented if _with_tile(o) else compare(">", self, o)
@@ -240,6 +255,42 @@ def _as_condition(x) -> Condition:
         return x
     from tegula.errors import TraceError
     raise TraceError(f"expected a condition (a comparison of kernel scalars), got {x!r}")
+
+
+_COMPILER_DIR = __file__.rsplit("/ir/", 1)[0]
+_KERNEL_CODE_DIRS = (_COMPILER_DIR + "/kernels/",)  # tegula's own kernels: user code
+
+
+def _compiler_code(filename: str) -> bool:
+    """Whether a frame's file is tegula's compiler (not a kernel written in the language)."""
+    return filename.startswith(_COMPILER_DIR) and not filename.startswith(_KERNEL_CODE_DIRS)
+
+
+@dataclass(frozen=True, eq=False)
+class Equality(Condition):
+    """`a == b` / `a != b` with a Scalar on one side: a Condition for tg.if_; as a Python
+    bool, the identity test in the compiler's code and a TraceError in a kernel's."""
+
+    same: bool = False  # whether the operands are the very same object
+
+    @staticmethod
+    def of(op: str, lhs, rhs):
+        result = compare(op, lhs, rhs)
+        if isinstance(result, bool):  # two constants
+            return result
+        return Equality(result.op, result.lhs, result.rhs, same=lhs is rhs)
+
+    def __bool__(self) -> bool:
+        import sys
+        if _compiler_code(sys._getframe(1).f_code.co_filename):
+            return self.same if self.op == "==" else not self.same
+        from tegula.errors import TraceError
+        text = str(self)
+        call = f"tg.if_{text}" if text.startswith("(") else f"tg.if_({text})"
+        raise TraceError(f"the comparison {text} is only known when the kernel runs, so a "
+                         f"Python `if`/`and`/`or` cannot branch on it (it would silently "
+                         f"take one branch); branch with `with {call}:` or select with "
+                         f"tg.where")
 
 
 def compare(op: str, lhs: ScalarLike, rhs: ScalarLike):
