@@ -89,12 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if torch is None:
         return gpu.no_gpu(why)
     print(f"attention_decode ({args.dtype}) on {torch.cuda.get_device_name()}")
-    try:
-        copy_bw = gpu.copy_bandwidth(torch, flush=args.flush)
-        print(f"device-to-device copy (torch, 1 GiB, read + write): {copy_bw / 1e12:.2f} TB/s")
-    except Exception as e:  # noqa: BLE001 — report the kernels even without the ceiling
-        copy_bw = None
-        print(f"copy bandwidth not measured: {type(e).__name__}: {e}")
+    copy_bw = gpu.report_copy_bandwidth(torch, args.flush)
     cases = [(f"{'x'.join(map(str, s))}{' paged' if paged else ''}",
               functools.partial(make_case, torch, s, paged, args.dtype))
              for s in chosen for paged in (False, True) if s[4] % PAGE == 0 or not paged]

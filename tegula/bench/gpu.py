@@ -201,6 +201,19 @@ class Case:
     same_size_copy: Callable[[], Any] | None = None
 
 
+def report_copy_bandwidth(torch: Any, flush: str) -> float | None:
+    """The device copy bandwidth (`copy_bandwidth`), printed; None, with the reason
+    printed, where it cannot be measured — a suite reports its kernels without the
+    ceiling rather than not at all."""
+    try:
+        copy_bw = copy_bandwidth(torch, flush=flush)
+    except Exception as e:  # noqa: BLE001 — report the kernels even without the ceiling
+        print(f"copy bandwidth not measured: {type(e).__name__}: {e}")
+        return None
+    print(f"device-to-device copy (torch, 1 GiB, read + write): {copy_bw / 1e12:.2f} TB/s")
+    return copy_bw
+
+
 def rel_error(out: Any, ref: Any) -> float:
     """‖out − ref‖ / ‖ref‖ in float64 (NaN anywhere in `out` gives NaN, which fails)."""
     import torch
@@ -566,12 +579,7 @@ def memory_suite_main(suite: str, doc: str, argv: list[str] | None,
     budget = Budget(args.max_seconds)
     triton_kernels, triton_note = load_triton(args.no_triton)
     print(f"{suite} ({args.dtype}) on {torch.cuda.get_device_name()}; {triton_note}")
-    try:
-        copy_bw = copy_bandwidth(torch, flush=args.flush)
-        print(f"device-to-device copy (torch, 1 GiB, read + write): {copy_bw / 1e12:.2f} TB/s")
-    except Exception as e:  # noqa: BLE001 — report the kernels even without the ceiling
-        copy_bw = None
-        print(f"copy bandwidth not measured: {type(e).__name__}: {e}")
+    copy_bw = report_copy_bandwidth(torch, args.flush)
     cases = [(f"{m}x{n}", lambda s=(m, n): make_case(torch, s, args.dtype, triton_kernels))
              for m, n in chosen]
     records, skipped = run_cases(cases, budget, timer=functools.partial(time_ms, flush=args.flush))

@@ -178,12 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     triton_kernels, triton_note = gpu.load_triton(args.no_triton)
     print(f"quant ({args.dtype}, group {args.group}) on {torch.cuda.get_device_name()}; "
           f"{triton_note}")
-    try:
-        copy_bw = gpu.copy_bandwidth(torch, flush=args.flush)
-        print(f"device-to-device copy (torch, 1 GiB, read + write): {copy_bw / 1e12:.2f} TB/s")
-    except Exception as e:  # noqa: BLE001 — report the kernels even without the ceiling
-        copy_bw = None
-        print(f"copy bandwidth not measured: {type(e).__name__}: {e}")
+    copy_bw = gpu.report_copy_bandwidth(torch, args.flush)
     cases = []
     if args.kernel in ("both", "w4a16"):
         shapes = custom or (QUICK if args.quick else W4A16_SHAPES)

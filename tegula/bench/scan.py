@@ -84,12 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return gpu.no_gpu(why)
     budget = gpu.Budget(args.max_seconds)
     print(f"scan ({args.dtype}) on {torch.cuda.get_device_name()}")
-    try:
-        copy_bw = gpu.copy_bandwidth(torch, flush=args.flush)
-        print(f"device-to-device copy (torch, 1 GiB, read + write): {copy_bw / 1e12:.2f} TB/s")
-    except Exception as e:  # noqa: BLE001 — report the kernels even without the ceiling
-        copy_bw = None
-        print(f"copy bandwidth not measured: {type(e).__name__}: {e}")
+    copy_bw = gpu.report_copy_bandwidth(torch, args.flush)
     cases = [("x".join(map(str, s)), lambda s=s: make_case(torch, s, args.dtype))
              for s in chosen]
     records, skipped = gpu.run_cases(cases, budget,
