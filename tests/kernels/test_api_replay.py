@@ -9,6 +9,8 @@ same error."""
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 
 import pytest
 
@@ -20,25 +22,15 @@ from tegula.kernels import api  # noqa: E402
 from tegula.runtime import CompiledKernel, fastcall, launcher, replay  # noqa: E402
 from tegula.runtime.args import ArgumentPlan  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
+from replay_stubs import recording_send, use_replay_key  # noqa: E402
+
 
 @pytest.fixture(params=["python key", "C key"])
 def sent(monkeypatch, request):
     launches = []
-    lookup = None
-    if request.param == "C key":
-        module = fastcall.c_extension()
-        if module is None:
-            pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
-        lookup = module.replay_lookup
-    monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
-    monkeypatch.setattr(replay, "C_KEYWORDS", [module.plain_keywords if lookup else None])
-    monkeypatch.setattr(replay, "_C_TRIED", [True])
-
-    def send(self, gx, gy, gz, device, handle, params):
-        pointers = (ctypes.c_void_p * len(self.params)).from_address(params.address_value)
-        launches.append((self, (gx, gy, gz), device, handle,
-                         [ctypes.string_at(pointers[slot], spec.size)
-                          for slot, spec in enumerate(self.params) if spec.kind != "pointer"]))
+    use_replay_key(monkeypatch, request.param)
+    send = recording_send(launches, with_pointers=False)
 
     def cpu_tensor(plan, p, arg, values):  # CPU tensors pass the full path's checks as cuda:0
         plan._append(p, arg.data_ptr(), arg.shape, arg.stride(), values)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ from tegula import build as build_module
 from tegula import f16
 from tegula.errors import TegulaError
 from tegula.runtime import CompiledKernel, args as runtime_args, fastcall, launcher, replay
+
+sys.path.insert(0, os.path.dirname(__file__))
+from replay_stubs import recording_send, use_replay_key  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -64,21 +69,8 @@ def sent(monkeypatch, request):
     (compiled kernel, grid, device, stream, parameter bytes per slot) in order. Once with
     the replay key built in Python, once in the C extension (`fastcall.replay_lookup`)."""
     launches = []
-    lookup = None
-    if request.param == "C key":
-        module = fastcall.c_extension()
-        if module is None:
-            pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
-        lookup = module.replay_lookup
-    monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
-    monkeypatch.setattr(replay, "C_KEYWORDS", [module.plain_keywords if lookup else None])
-    monkeypatch.setattr(replay, "_C_TRIED", [True])
-
-    def send(self, gx, gy, gz, device, handle, params):
-        pointers = (ctypes.c_void_p * len(self.params)).from_address(params.address_value)
-        launches.append((self, (gx, gy, gz), device, handle,
-                         [ctypes.string_at(pointers[slot], spec.size)
-                          for slot, spec in enumerate(self.params)]))
+    use_replay_key(monkeypatch, request.param)
+    send = recording_send(launches)
 
     monkeypatch.setattr(runtime, "compile_kernel",
                         lambda kernel, target=None, options=(), requirements=None:
