@@ -56,58 +56,69 @@ def _online_softmax_step(s2, m_i, l_i, acc):
     return p, m_new, l_i * alpha + tg.sum(p, 1), acc * alpha
 
 
+def _partial_softmax(sq, k_block, v_block, keys, rows_token, seqlen, state, dtype: DType,
+                     SCALE, SQ, CAUSAL):
+    """The online-softmax update of one (BN, D) K/V block (shared tiles) at key positions
+    `keys` (1, BN)."""
+    m_i, l_i, acc = state
+    s = tg.zeros((sq.shape[0], keys.shape[1]), f32)
+    tg.gemm(s, sq, k_block)                                   # Q Kᵀ
+    seen = keys < seqlen
+    if CAUSAL:
+        seen = seen & (keys <= rows_token + (seqlen - SQ))
+    s2 = tg.where(seen, s * (SCALE * LOG2E), -INF)
+    p, m_i, l_i, acc = _online_softmax_step(s2, m_i, l_i, acc)
+    tg.gemm(acc, p.to(dtype), v_block.T)                      # += P V
+    return m_i, l_i, acc
+
+
+def _query_rows(q_head, dtype: DType, BR: int, D: int, SQ: int):
+    """The kv head's G·Sq query rows in shared memory, each row's query token, and the
+    online softmax's initial (m, l, acc)."""
+    sq = tg.shared((BR, D), dtype)
+    tg.copy(q_head.tile((BR, D), (0, 0)), sq)
+    rows_token = tg.arange(BR)[:, None] % SQ
+    state = (tg.full((BR, 1), -INF, f32), tg.zeros((BR, 1), f32), tg.zeros((BR, D), f32))
+    return sq, rows_token, state
+
+
 @lru_cache(maxsize=None)
 def attention_decode_split_kernel(dtype: DType, paged: bool) -> tg.Kernel:
     """One chunk of keys for the G·Sq query rows of one kv head: partial o and lse.
     `chunk` (run time): key blocks of BN per split."""
+    return _paged_split_kernel(dtype) if paged else _contiguous_split_kernel(dtype)
 
-    def partial_softmax(sq, k_block, v_block, keys, rows_token, seqlen, state,
-                        SCALE, SQ, CAUSAL):
-        """The online-softmax update of one (BN, D) K/V block (shared tiles) at key
-        positions `keys` (1, BN)."""
-        m_i, l_i, acc = state
-        s = tg.zeros((sq.shape[0], keys.shape[1]), f32)
-        tg.gemm(s, sq, k_block)                                   # Q Kᵀ
-        seen = keys < seqlen
-        if CAUSAL:
-            seen = seen & (keys <= rows_token + (seqlen - SQ))
-        s2 = tg.where(seen, s * (SCALE * LOG2E), -INF)
-        p, m_i, l_i, acc = _online_softmax_step(s2, m_i, l_i, acc)
-        tg.gemm(acc, p.to(dtype), v_block.T)                      # += P V
-        return m_i, l_i, acc
 
-    if not paged:
-        @tg.kernel(threads=128)
-        def attention_decode_split(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
-                                   v: tg.Tensor[dtype, 4], seqlens: tg.Tensor[i32, 1],
-                                   o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
-                                   chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
-                                   SQ: tg.constexpr, CAUSAL: tg.constexpr,
-                                   BR: tg.constexpr = 16, BN: tg.constexpr = 64,
-                                   STAGES: tg.constexpr = 3):
-            s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
-            seqlen = tg.minimum(tg.maximum(seqlens[b], 0), k.shape[2])   # within the cache
-            sq = tg.shared((BR, D), dtype)
-            tg.copy(q[b, hk].tile((BR, D), (0, 0)), sq)
-            rows_token = tg.arange(BR)[:, None] % SQ                # each row's query token
-            k_blocks = k[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
-            v_blocks = v[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
-            sk = tg.shared((BN, D), dtype, stages=STAGES)
-            sv = tg.shared((BN, D), dtype, stages=STAGES)
-            state = (tg.full((BR, 1), -INF, f32), tg.zeros((BR, 1), f32),
-                     tg.zeros((BR, D), f32))
-            start = s_id * chunk
-            stop = tg.minimum(start + chunk, k_blocks.shape[2])
-            for j in tg.pipeline(start, stop, stages=STAGES):
-                tg.copy(k_blocks[:, :, j], sk[j])
-                tg.copy(v_blocks[:, :, j], sv[j])
-                keys = tg.arange(BN, offset=j * BN)[None, :]
-                state = partial_softmax(sq, sk[j], sv[j], keys, rows_token, seqlen, state,
-                                        SCALE, SQ, CAUSAL)
-            _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
+def _contiguous_split_kernel(dtype: DType) -> tg.Kernel:
+    @tg.kernel(threads=128)
+    def attention_decode_split(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                               v: tg.Tensor[dtype, 4], seqlens: tg.Tensor[i32, 1],
+                               o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
+                               chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
+                               SQ: tg.constexpr, CAUSAL: tg.constexpr,
+                               BR: tg.constexpr = 16, BN: tg.constexpr = 64,
+                               STAGES: tg.constexpr = 3):
+        s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        seqlen = tg.minimum(tg.maximum(seqlens[b], 0), k.shape[2])   # within the cache
+        sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
+        k_blocks = k[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
+        v_blocks = v[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
+        sk = tg.shared((BN, D), dtype, stages=STAGES)
+        sv = tg.shared((BN, D), dtype, stages=STAGES)
+        start = s_id * chunk
+        stop = tg.minimum(start + chunk, k_blocks.shape[2])
+        for j in tg.pipeline(start, stop, stages=STAGES):
+            tg.copy(k_blocks[:, :, j], sk[j])
+            tg.copy(v_blocks[:, :, j], sv[j])
+            keys = tg.arange(BN, offset=j * BN)[None, :]
+            state = _partial_softmax(sq, sk[j], sv[j], keys, rows_token, seqlen, state,
+                                     dtype, SCALE, SQ, CAUSAL)
+        _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
 
-        return attention_decode_split
+    return attention_decode_split
 
+
+def _paged_split_kernel(dtype: DType) -> tg.Kernel:
     @tg.kernel(threads=128)
     def attention_decode_split_paged(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                                      v: tg.Tensor[dtype, 4], seqlens: tg.Tensor[i32, 1],
@@ -118,11 +129,8 @@ def attention_decode_split_kernel(dtype: DType, paged: bool) -> tg.Kernel:
                                      BR: tg.constexpr = 16, BN: tg.constexpr = 64):
         s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         seqlen = tg.minimum(tg.maximum(seqlens[b], 0), block_table.shape[1] * PAGE)
-        sq = tg.shared((BR, D), dtype)
-        tg.copy(q[b, hk].tile((BR, D), (0, 0)), sq)
-        rows_token = tg.arange(BR)[:, None] % SQ
+        sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
         sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
-        state = (tg.full((BR, 1), -INF, f32), tg.zeros((BR, 1), f32), tg.zeros((BR, D), f32))
         start = s_id * chunk
         stop = tg.minimum(start + chunk, tg.cdiv(seqlen, BN))
         for j in tg.range(start, stop):
@@ -133,8 +141,8 @@ def attention_decode_split_kernel(dtype: DType, paged: bool) -> tg.Kernel:
             tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sk)
             tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sv)
             keys = tg.arange(BN, offset=first_key)[None, :]
-            state = partial_softmax(sq, sk, sv, keys, rows_token, seqlen, state,
-                                    SCALE, SQ, CAUSAL)
+            state = _partial_softmax(sq, sk, sv, keys, rows_token, seqlen, state,
+                                     dtype, SCALE, SQ, CAUSAL)
         _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
 
     return attention_decode_split_paged
