@@ -64,6 +64,20 @@ INF = float("inf")
 D_CHUNK = 64
 
 
+def online_softmax_step(s, m_i, l_i, acc):
+    """One key block of the online softmax in log2 units: `s` (R, BN) holds
+    scale · log2(e) · q·k with masked keys at −inf. Rescales `acc` in place (one
+    accumulator live; the caller adds p @ v) and returns (p, m_new, l_i). A row that has
+    seen no key yet keeps m = −inf; its reference point is taken as 0 so that −inf − −inf
+    never makes a NaN."""
+    m_new = tg.maximum(m_i, tg.max(s, 1))
+    m_base = tg.where(m_new == -INF, 0.0, m_new)
+    p = tg.exp2(s - m_base)
+    alpha = tg.exp2(m_i - m_base)
+    acc *= alpha
+    return p, m_new, l_i * alpha + tg.sum(p, 1)
+
+
 def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
             BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool) -> None:
     """The body every forward kernel shares (traced inline): query block `m` of the
@@ -100,12 +114,7 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
         if CAUSAL:
             visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
         s = tg.where(visible, s * QK_SCALE, -INF)
-        m_new = tg.maximum(m_i, tg.max(s, 1))
-        m_base = tg.where(m_new == -INF, 0.0, m_new)      # a row that sees nothing yet: no NaN
-        p = tg.exp2(s - m_base)
-        alpha = tg.exp2(m_i - m_base)
-        l_i = l_i * alpha + tg.sum(p, 1)
-        acc *= alpha                                      # in place: one accumulator live
+        p, m_new, l_i = online_softmax_step(s, m_i, l_i, acc)
         p = p.to(dtype)
         if P_SHARED:
             tg.copy(p, sp)

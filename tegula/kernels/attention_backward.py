@@ -37,10 +37,10 @@ import numpy as np
 import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.attention import LOG2E
 from tegula.kernels.common import launch_emulated, poisoned
 
 ATTENTION_BACKWARD_DTYPES = (f16, bf16)
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x · LOG2E)
 
 
 @lru_cache(maxsize=None)

@@ -31,6 +31,7 @@ import numpy as np
 import tegula as tg
 from tegula import f32, i32
 from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.attention import INF, LOG2E, online_softmax_step
 from tegula.kernels.attention_backward import default_scale
 from tegula.kernels.common import launch_emulated, poisoned
 
@@ -39,21 +40,7 @@ DECODE_HEAD_DIMS = (32, 64, 128, 256)
 MAX_QUERY_TOKENS = 16
 MAX_SPLITS = 128         # the combine holds every split's lse in one register tile
 COMBINE_COLUMNS = 32     # columns of o per combine program (D / 32 programs per kv head)
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-INF = float("inf")
-
-
-def _online_softmax_step(s2, m_i, l_i, acc):
-    """One key block of the online softmax in log2 units: `s2` (R, BN) holds
-    scale · log2(e) · q·k with masked keys at −inf. Returns (p, m_new, l_i, acc) with acc
-    rescaled (the caller adds p @ v). A row that has seen no key yet keeps m = −inf; its
-    reference point is taken as 0 so that −inf − −inf never makes a NaN."""
-    m_new = tg.maximum(m_i, tg.max(s2, 1))
-    m_ref = tg.where(m_new == -INF, 0.0, m_new)
-    alpha = tg.exp2(m_i - m_ref)
-    p = tg.exp2(s2 - m_ref)
-    return p, m_new, l_i * alpha + tg.sum(p, 1), acc * alpha
 
 
 def _partial_softmax(sq, k_block, v_block, keys, rows_token, seqlen, state, dtype: DType,
@@ -67,7 +54,7 @@ def _partial_softmax(sq, k_block, v_block, keys, rows_token, seqlen, state, dtyp
     if CAUSAL:
         seen = seen & (keys <= rows_token + (seqlen - SQ))
     s2 = tg.where(seen, s * (SCALE * LOG2E), -INF)
-    p, m_i, l_i, acc = _online_softmax_step(s2, m_i, l_i, acc)
+    p, m_i, l_i = online_softmax_step(s2, m_i, l_i, acc)
     tg.gemm(acc, p.to(dtype), v_block.T)                      # += P V
     return m_i, l_i, acc
 
