@@ -10,6 +10,7 @@ Integer `//` and `%` have floor semantics (Python's and torch's, as on tiles), w
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Union
 
@@ -257,8 +258,8 @@ def _as_condition(x) -> Condition:
     raise TraceError(f"expected a condition (a comparison of kernel scalars), got {x!r}")
 
 
-_COMPILER_DIR = __file__.rsplit("/ir/", 1)[0]
-_KERNEL_CODE_DIRS = (_COMPILER_DIR + "/kernels/",)  # tegula's own kernels: user code
+_COMPILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_KERNEL_CODE_DIRS = (os.path.join(_COMPILER_DIR, "kernels") + os.sep,)  # kernels: user code
 
 
 def _compiler_code(filename: str) -> bool:
