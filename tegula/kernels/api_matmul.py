@@ -1,0 +1,327 @@
+"""Torch-facing matrix products of the kernel library: `matmul` (f16/bf16, with a fused
+bias + activation epilogue) and `matmul_fp8` (e4m3, per-tensor or blockwise scales),
+re-exported by `tegula.kernels.api` and `tegula.kernels`.
+
+    import tegula.kernels as tk
+    c = tk.matmul(x, w.T, bias, "gelu")           # x (M, K), w (N, K)
+    y = tk.matmul_fp8(xq, wq.T, sx, sw)           # e4m3, one f32 scale each
+
+Each call checks its inputs, allocates the output, lets the autotuner pick a configuration
+per shape bucket among `gemm_candidates` / `fp8_candidates` (timed on the first call,
+cached per GPU), launches it on the current torch stream and remembers the launch so the
+next call with the same signature replays it (see `tegula.kernels.api`, whose helpers
+this module calls through the module so that tests can replace them). See api's module
+docstring for how b's memory layout costs.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tegula.dtypes import DType, bf16, f16, f32
+from tegula.kernels import api as _api
+from tegula.runtime.autotune import Config
+
+# --------------------------------------------------------------------------------------
+# matmul
+# --------------------------------------------------------------------------------------
+
+def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
+    """GEMM configurations worth timing for an (M, N, K) bucket. `kernel` picks the
+    dataflow ("shared": multi-stage shared-memory pipeline; "registers": global ->
+    registers -> MMA). Large tiles take 256 threads, keeping accumulators at ≤ 128 f32
+    registers a thread. Decode shapes (few rows) get narrow tiles: with M = 16 a
+    128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
+    narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
+    long K, splitting it (SPLIT partial sums, then a reduction) multiplies the blocks
+    again (128×4096 in 64×128 tiles is 64 blocks; split 4 ways, 256)."""
+    registers = dict(kernel="registers", BM=64, BN=64, BK=32)
+    if _api._pow2_at_least(m, 1) <= 16:
+        chosen = [dict(BM=16, BN=32, BK=128, STAGES=4), dict(BM=16, BN=64, BK=64, STAGES=4),
+                  dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
+                  registers]
+        split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4)]
+    elif _api._pow2_at_least(m, 1) <= 64:
+        chosen = [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
+                  dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
+                  registers]
+        split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2)]
+    elif _api._pow2_at_least(m, 1) <= 256:
+        chosen = [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
+                  dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+                  dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
+        split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
+                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
+    else:
+        chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
+                  dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+                  dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
+                  dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
+                  dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
+                  dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
+        if m * n <= 1024 * 1024:  # 64 blocks of 128×128 leave half an H100 idle:
+            chosen = [c for c in chosen if c["BM"] * c["BN"] <= 128 * 128]  # smaller tiles
+            chosen += [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4)]
+        split = []
+    # Split K only where each split still has a few k-tiles to pipeline.
+    chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
+    return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
+
+
+def _check_epilogue_args(fn: str, bias: Any, activation: Any, a: Any, n: int) -> None:
+    """bias: None or an (N,) tensor of a's dtype; activation: one of ACTIVATIONS."""
+    from tegula.kernels.gemm import ACTIVATIONS
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"tegula.kernels.{fn}: activation must be one of "
+                         f"{', '.join(map(repr, ACTIVATIONS))}, got {activation!r}")
+    if bias is None:
+        return
+    _api._check_tensor(fn, "bias", bias, _api._GEMM_DTYPES, ndim=1)
+    _api._check_same_dtype(fn, {"a": a, "bias": bias})
+    if bias.shape[0] != n:
+        raise ValueError(f"tegula.kernels.{fn}: bias must have one value per output column "
+                         f"(N = {n}), got shape {tuple(bias.shape)}")
+
+
+def _activation_in_torch(z: Any, activation: str | None) -> Any:
+    """The epilogue's activation by torch (only for K = 0, where there is no GEMM)."""
+    f = _api._torch().nn.functional
+    return {None: lambda t: t, "relu": f.relu, "gelu": f.gelu, "silu": f.silu,
+            "gelu_tanh": lambda t: f.gelu(t, approximate="tanh")}[activation](z)
+
+
+def matmul(a: Any, b: Any, bias: Any = None, activation: str | None = None, *,
+           out: Any = None) -> Any:
+    """`activation(a @ b + bias)` for a (M, K) and b (K, N) CUDA tensors of f16 or bf16,
+    accumulated in f32 and returned in the inputs' dtype as a new (M, N) tensor (or written
+    into `out`), in one kernel: `bias` (N,) of the same dtype is added to the f32
+    accumulator, then `activation` — None, "relu", "gelu" (exact, erf: torch's default
+    `F.gelu`), "gelu_tanh" (`F.gelu(approximate="tanh")`) or "silu" — then one rounding.
+    (torch's `F.gelu(a @ b + bias)` rounds after the matmul and after the add as well, so
+    the two differ by about one rounding of the output type.)
+
+    See the module docstring for how `b`'s memory layout costs (free for `w.T` of a
+    K-major (N, K) `w`)."""
+    tensors = (a, b) if bias is None else (a, b, bias)
+    replay = _api._replay_of(tensors, "matmul", activation) if out is None else None
+    if replay is not None:
+        return replay(*tensors)
+    signature = _api._signature("matmul", tensors, activation) if out is None else None
+    dtype = _api._check_tensor("matmul", "a", a, _api._GEMM_DTYPES, ndim=2)
+    _api._check_tensor("matmul", "b", b, _api._GEMM_DTYPES, ndim=2)
+    _api._check_same_dtype("matmul", {"a": a, "b": b})
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"tegula.kernels.matmul: inner dimensions differ: a is {tuple(a.shape)}"
+                         f", b is {tuple(b.shape)} (a's columns must equal b's rows)")
+    _check_epilogue_args("matmul", bias, activation, a, n)
+    _api._check_cuda("matmul", {"a": a, "b": b, **({} if bias is None else {"bias": bias})})
+    torch = _api._torch()
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    else:
+        _api._check_out("matmul", out, (m, n), a)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:  # an empty sum: the epilogue of zeros
+        if bias is None and activation is None:
+            return out.zero_()
+        z = torch.zeros(n, device=a.device) if bias is None else bias.float()
+        return out.copy_(_activation_in_torch(z, activation).to(a.dtype).expand(m, n))
+    a_contiguous = a.stride(1) == 1
+    if not a_contiguous:
+        a = a.contiguous()  # the kernel reads a's rows with vectors
+    bias_row = None if bias is None else bias.contiguous().view(1, n)
+    bt = b.T
+    layouts = ["view"] if bt.stride(1) == 1 else (["view", "copy"] if bt.stride(0) == 1
+                                                  else ["copy"])
+    configs = _api._configs("gemm", _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1),
+                       _api._pow2_at_least(k, 1), tuple(layouts))
+    epilogue = (activation, bias_row)
+
+    def run(config: Config) -> Any:
+        values = config.kwargs
+        b_layout = values.pop("B")
+        operand = bt if b_layout == "view" else bt.contiguous()
+        return _gemm_launches(dtype, values, config.threads, a, operand, out,
+                              epilogue), b_layout
+
+    # The epilogue costs the same for every configuration: winners are shared with the
+    # plain GEMM's (one tuning per shape bucket).
+    plan, b_layout = _api._tune_and_run("matmul", a.device.index, configs, (m, n, k),
+                                   f"{dtype}/{'+'.join(layouts)}", run)
+    if signature is not None and a_contiguous and (bias is None or bias.stride(0) == 1):
+        _api._remember(signature, _matmul_replay(plan, b_layout, m, n))
+    return out
+
+
+def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Callable[..., Any]:
+    """A replay of `plan` (matmul's launches) for new tensors of the same signature."""
+    launches = [(_api._replayer(ck, grid, args), roles) for ck, grid, args, roles in plan]
+    workspace = next((args[roles.index("partial")] for _, _, args, roles in plan
+                      if "partial" in roles), None)
+    partial_shape = tuple(workspace.shape) if workspace is not None else None
+
+    def replay_matmul(a: Any, b: Any, bias: Any = None) -> Any:
+        torch = _api._torch()
+        c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        operand = b if b_layout == "view" else b.T.contiguous()  # b.T's pointer is b's
+        pointers = {"a": a.data_ptr(), "b": operand.data_ptr(), "c": c.data_ptr()}
+        if bias is not None:
+            pointers["bias"] = bias.data_ptr()
+        if partial_shape is not None:
+            partial = torch.empty(partial_shape, dtype=workspace.dtype, device=a.device)
+            pointers["partial"] = partial.data_ptr()
+        for launch, roles in launches:
+            launch(tuple(pointers[r] for r in roles))
+        return c
+    return replay_matmul
+
+
+def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: Any,
+                   out: Any, epilogue: tuple = (None, None)) -> list[tuple]:
+    """Launch one GEMM configuration (`values`: tiles, "kernel", optional "SPLIT") on
+    a (M, K), bt (N, K) into out (M, N), with the fused `epilogue` (activation, (1, N) bias
+    or None); returns each launch as (compiled kernel, grid, arguments, their roles), which
+    is what a replay repeats. A split-K configuration is two launches through an f32
+    workspace: the split GEMM, then the reduction (which runs the epilogue)."""
+    from tegula.kernels import gemm
+
+    (m, _), n = a.shape, out.shape[1]
+    activation, bias_row = epilogue
+    with_bias = bias_row is not None
+    bias_args, bias_roles = ((bias_row,), ("bias",)) if with_bias else ((), ())
+    which, split = values.pop("kernel"), values.pop("SPLIT", 1)
+    bm, bn = values["BM"], values["BN"]
+    if split == 1:
+        factory = gemm.gemm_registers_kernel if which == "registers" else gemm.gemm_kernel
+        grid = (-(-m // bm), -(-n // bn), 1)
+        args = (a, bt, *bias_args, out)
+        ck = _api._launch(factory(dtype, activation, with_bias), grid, args, values, threads)
+        return [(ck, grid, args, ("a", "b", *bias_roles, "c"))]
+    rows = gemm.split_k_rows(m, bm)
+    partial = _api._torch().empty((split * rows, n), dtype=_api._torch().float32, device=a.device)
+    grid = (-(-m // bm), -(-n // bn), split)
+    ck = _api._launch(gemm.gemm_split_k_kernel(dtype), grid, (a, bt, partial),
+                 dict(values, SPLIT=split), threads)
+    reduce_grid = gemm.split_k_reduce_grid(m, n)
+    reduce_args = (partial, *bias_args, out)
+    reduce_ck = _api._launch(gemm.split_k_reduce_kernel(dtype, activation, with_bias), reduce_grid,
+                        reduce_args, dict(ROWS=rows, SPLIT=split), None)
+    return [(ck, grid, (a, bt, partial), ("a", "b", "partial")),
+            (reduce_ck, reduce_grid, reduce_args, ("partial", *bias_roles, "c"))]
+
+
+# --------------------------------------------------------------------------------------
+# matmul_fp8
+# --------------------------------------------------------------------------------------
+
+def fp8_candidates(m: int, n: int, k: int, block_scales: bool) -> list[dict]:
+    """FP8 GEMM configurations for an (M, N, K) bucket. A 128-byte e4m3 k-step (BK = 128)
+    gets the 128-byte swizzle; 128×128 f32 accumulators take two consumer warpgroups
+    (threads=256) to stay under 255 registers a thread with the blockwise kernel's second
+    (per-K-block) accumulator. The blockwise kernel's BK is its scale block, 128, and its
+    BN must divide 128."""
+    if block_scales:
+        chosen = [dict(BM=128, BN=128, STAGES=4, threads=256),
+                  dict(BM=128, BN=128, STAGES=3, threads=256),
+                  dict(BM=64, BN=128, STAGES=4)]
+        if m <= 64:
+            chosen = [dict(BM=64, BN=128, STAGES=4), dict(BM=64, BN=64, STAGES=4)]
+        return chosen
+    chosen = [dict(BM=128, BN=128, BK=128, STAGES=4, threads=256),
+              dict(BM=128, BN=256, BK=128, STAGES=3, threads=256),
+              dict(BM=128, BN=256, BK=64, STAGES=4, threads=256),
+              dict(BM=128, BN=128, BK=64, STAGES=4)]
+    if m <= 64:
+        chosen = [dict(BM=64, BN=128, BK=128, STAGES=4), dict(BM=64, BN=64, BK=128, STAGES=4)]
+    return chosen
+
+
+def _fp8_scale(fn: str, name: str, scale: Any, want: tuple) -> Any:
+    """A scale tensor checked against its expected shape, as the 2-D f32 view the kernel
+    reads (a per-tensor scale may be a 0-D, (1,) or (1, 1) tensor)."""
+    _api._check_tensor(fn, name, scale, _api._SCALE_DTYPES)
+    if want == (1, 1) and scale.numel() == 1 and scale.dim() <= 2:
+        return scale.reshape(1, 1)
+    if tuple(scale.shape) != want:
+        raise ValueError(f"tegula.kernels.{fn}: {name} has shape {tuple(scale.shape)}, "
+                         f"expected {want}")
+    return scale.contiguous()
+
+
+def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None,
+               block_scales: bool = False, *, out: Any = None) -> Any:
+    """`(a · scale_a) @ (b · scale_b)` for float8_e4m3fn a (M, K) and b (K, N), accumulated
+    in f32 and returned as `out_dtype` (torch.bfloat16 by default, torch.float16 or
+    torch.float32), as `torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=...)`.
+
+    * per-tensor (`block_scales=False`): scale_a and scale_b are one f32 value each (0-D,
+      (1,) or (1, 1) tensors); K a multiple of 16.
+    * blockwise (`block_scales=True`, DeepSeek-V3): scale_a is (M, K/128) — one scale per
+      row and 128 of K — and scale_b is (⌈N/128⌉, K/128) — one per 128×128 block of the
+      (N, K) weight whose transpose b is; K a multiple of 128. Each 128-wide K block is
+      multiplied into a fresh f32 accumulator, scaled, and added to the main one.
+
+    As with `_scaled_mm`, b is best the transpose of a K-major (N, K) weight (`w.T`, a free
+    view); another b is copied to that layout first."""
+    fn = "matmul_fp8"
+    tensors, options = (a, b, scale_a, scale_b), (out_dtype, type(block_scales), block_scales)
+    replay = _api._replay_of(tensors, fn, *options) if out is None else None
+    if replay is not None:
+        return replay(*tensors)
+    signature = _api._signature(fn, tensors, *options) if out is None else None
+    torch = _api._torch()
+    _api._check_tensor(fn, "a", a, _api._FP8_DTYPES, ndim=2)
+    _api._check_tensor(fn, "b", b, _api._FP8_DTYPES, ndim=2)
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    out_t = {torch.bfloat16: bf16, torch.float16: f16, torch.float32: f32}.get(out_dtype)
+    if out_t is None:
+        raise TypeError(f"tegula.kernels.{fn}: out_dtype must be torch.bfloat16, "
+                        f"torch.float16 or torch.float32, got {out_dtype}")
+    if not isinstance(block_scales, bool):
+        raise TypeError(f"tegula.kernels.{fn}: block_scales must be True or False, got "
+                        f"{block_scales!r}")
+    from tegula.kernels import fp8
+    m, n, k = fp8.check_fp8_shapes(fn, tuple(a.shape), tuple(b.T.shape), block_scales,
+                                   b_name="b.T")
+    want_a, want_b = fp8.scale_shapes(m, n, k, block_scales)
+    sa = _fp8_scale(fn, "scale_a", scale_a, want_a)
+    sb = _fp8_scale(fn, "scale_b", scale_b, want_b)
+    _api._check_cuda(fn, {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b})
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    else:
+        _api._check_out(fn, out, (m, n), torch.empty(0, dtype=out_dtype, device=a.device))
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    a = a if a.stride(1) == 1 else a.contiguous()
+    bt = b.T if b.T.stride(1) == 1 else b.T.contiguous()
+    kernel = fp8.fp8_blockwise_gemm_kernel(out_t) if block_scales else \
+        fp8.fp8_gemm_kernel(out_t)
+    configs = tuple(Config.of(c) for c in fp8_candidates(
+        _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1), k, block_scales))
+
+    def run(config: Config) -> Any:
+        values = config.kwargs
+        grid = (-(-m // values["BM"]), -(-n // values["BN"]), 1)
+        return _api._launch(kernel, grid, (a, bt, sa, sb, out), values, config.threads), grid
+
+    ck, grid = _api._tune_and_run(fn, a.device.index, configs, (m, n, k),
+                             f"{out_t}/{'blockwise' if block_scales else 'per-tensor'}", run)
+    if signature is not None and _api._views_of((a, bt, sa, sb), tensors):
+        launch = _api._replayer(ck, grid, (a, bt, sa, sb, out))
+
+        def replay_matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any) -> Any:
+            c = _api._torch().empty((m, n), dtype=out_dtype, device=a.device)
+            launch((a.data_ptr(), b.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
+                    c.data_ptr()))
+            return c
+        _api._remember(signature, replay_matmul_fp8)
+    return out
+
+
+__all__ = ["matmul", "matmul_fp8", "gemm_candidates", "fp8_candidates"]
