@@ -74,7 +74,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
                           f"None (where it applies), True or False")
     values = kernel.constexpr_values(constexprs)
     if facts is None:
-        facts = {p.name: TensorFacts.assume_row_major(p.spec.rank)
+        facts = {p.name: TensorFacts.assume_row_major(p.spec.rank,
+                                                      elem_bits=p.spec.dtype.bits)
                  for p in kernel.params if p.kind == "tensor"}
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
            _facts_key(facts), target.name)

@@ -136,10 +136,11 @@ def _shared_use(role: str, plan, elem_bytes: int, target: Target) -> InstrUse:
 
 def _global_use(role: str, load: bool, tile: GlobalTile, vector: int,
                 warp_instructions: int) -> InstrUse:
-    nbytes = vector * _elem_bytes(tile)
+    # Bits, not whole bytes: a vector of 32 4-bit elements is one 16-byte access.
+    nbytes = max(1, vector * tile.dtype.bits // 8)
     instr = vector_access("ld" if load else "st", "global", nbytes)
     return InstrUse(role, instr.name, vector, nbytes, warp_instructions, instr.pipe,
-                    global_bytes=_elements(tile) * _elem_bytes(tile))
+                    global_bytes=max(1, _elements(tile) * tile.dtype.bits // 8))
 
 
 def _register_instructions(tile: RegisterTile, vector: int, warps: int) -> int:
