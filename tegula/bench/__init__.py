@@ -29,6 +29,7 @@ SUITES: dict[str, str] = {
     "scan": "tegula.bench.scan",        # Mamba's selective scan
     "attention": "tegula.bench.attention",  # FlashAttention forward vs SDPA and Triton
     "attention_decode": "tegula.bench.attention_decode",  # split-KV decoding vs SDPA, copy
+    "moe": "tegula.bench.moe",          # MoE grouped GEMM vs Triton and dense cuBLAS
 }
 
 RESULTS_DIR = Path("benchmarks") / "results"

@@ -1,0 +1,502 @@
+"""Mixture-of-experts grouped GEMM: each expert's tokens times that expert's weight, in one
+launch, with the experts' row ranges read from memory inside the kernel.
+
+A MoE layer routes every token to `k` of `E` experts. The routing helpers (`route`,
+`sort_by_expert`, `scatter_rows`, `gather_rows`; numpy arrays or torch tensors alike) turn
+that into a *grouped* problem:
+
+* `sort_by_expert(topk_ids, E)` orders the T·k token copies by expert (a stable sort, so
+  within an expert the copies stay in token order: deterministic), giving `order` — sorted
+  row p is copy `order[p]` of token `order[p] // k` — and `expert_offsets` (E + 1,) int32:
+  expert e owns sorted rows `expert_offsets[e] … expert_offsets[e + 1] - 1`;
+* `scatter_rows(x, routing)` is x's rows in that order (`x_sorted`);
+* `moe_gemm(x_sorted, w, expert_offsets)` computes `out[p] = x_sorted[p] @ w[e].T` for
+  every row p of expert e, with w (E, N, K) — K-major like an `nn.Linear` weight;
+* `gather_rows(y_sorted, routing, topk_weights)` adds each token's k rows back, weighted by
+  its routing weights, in f32, in the order j = 0 … k-1 (deterministic), rounded once.
+
+How the kernel finds its work without a host sync (the counts per expert are known only on
+the device). The grid walks *virtual row tiles*: expert e owns the virtual tiles
+`vstart(e) … vstart(e + 1) - 1` with `vstart(e) = expert_offsets[e] // BM + e`. That range
+holds at least ⌈count_e / BM⌉ tiles (`b // BM - a // BM + 1 ≥ ⌈(b - a) / BM⌉`), and the
+last expert's ends at most at `rows // BM + E`, so the host sizes the grid from shapes
+alone. A block's expert is the number of experts j ≥ 1 with `vstart(j) ≤ v` — E - 1
+independent scalar loads and compares (one memory latency, where a binary search would pay
+log2 E dependent ones) — and its rows are expert e's rows `(v - vstart(e))·BM …`. Virtual
+tiles past an expert's rows run no K loop and store nothing. The row tile is a view
+`x[r0:, :]` (no stop: TMA on sm_90a can fetch it; rows past the expert's end belong to the
+next expert or lie past the tensor, and only feed accumulator rows that are never stored),
+and the store goes through `out[r0:r1, :]`, which masks every row past the expert's end.
+
+One block per (virtual row tile, column tile), numbered in grouped order
+(`tegula.kernels.schedule.grouped_tile`) so that blocks running together share weight
+tiles in L2. Not persistent yet: on sm_90a a TMA ring kept across a persistent loop's tiles
+needs the same K trip count in every tile (`synth/copies.py: plan_nested_ring`), and a
+virtual tile past its expert's rows runs none.
+
+Weights: bf16/f16 (`moe_gemm_kernel`), or FP8 e4m3 with per-expert scales and per-row
+activation scales (`moe_gemm_fp8_kernel`: activations quantized per row by
+`quantize_rows_fp8`, as vLLM's FP8 MoE).
+
+Entry points: `moe_gemm_emulated` (numpy, the CI one), `moe_gemm` (torch, CUDA), and
+`moe_mlp` / `moe_mlp_emulated`: a whole MoE MLP (gate/up GEMM, SiLU·mul, down GEMM, weighted
+gather).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32, i32
+from tegula.dtypes import DType, bf16, f8e4m3, f16
+from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, poisoned
+from tegula.kernels.schedule import grouped_tile
+
+MOE_DTYPES = (f16, bf16)
+FP8_OUT_DTYPES = (bf16, f16)
+#: e4m3's largest finite value: per-row activation scales map a row's max to it.
+FP8_MAX = 448.0
+
+
+# --------------------------------------------------------------------------------------
+# Routing: numpy arrays or torch tensors, the same algorithm on both
+# --------------------------------------------------------------------------------------
+
+class Routing(NamedTuple):
+    """Where each token copy went. `order` (T·k,): sorted row p is copy `order[p]` (copy
+    t·k + j is token t's j-th choice); `inverse` (T·k,): copy c sits at sorted row
+    `inverse[c]`; `expert_offsets` (E + 1,) int32; `k`: experts per token."""
+
+    order: Any
+    inverse: Any
+    expert_offsets: Any
+    k: int
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def route(logits: Any, k: int, renormalize: bool = True) -> tuple[Any, Any]:
+    """(topk_ids (T, k) int32, topk_weights (T, k) f32) from router logits (T, E): softmax
+    over the experts in f32, the k largest (ties to the lower expert id), and with
+    `renormalize` the k weights divided by their sum (Mixtral) rather than kept as softmax
+    probabilities."""
+    fn = "route"
+    if not _is_torch(logits):
+        check_array(fn, "logits", logits, ndim=2)
+    elif logits.dim() != 2:
+        raise ValueError(f"tegula.kernels.{fn}: logits must be 2-D (tokens, experts), got "
+                         f"shape {tuple(logits.shape)}")
+    experts = logits.shape[1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= experts:
+        raise ValueError(f"tegula.kernels.{fn}: k must be an int in 1 … {experts} (the "
+                         f"experts), got {k!r}")
+    if _is_torch(logits):
+        import torch
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, k, dim=-1, sorted=True)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids.to(torch.int32), weights
+    z = logits.astype(np.float32)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    probs = z / z.sum(axis=-1, keepdims=True)
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if renormalize:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return ids.astype(np.int32), weights.astype(np.float32)
+
+
+def sort_by_expert(topk_ids: Any, num_experts: int) -> Routing:
+    """The token copies of `topk_ids` (T, k) ordered by expert (stable: token order within an
+    expert), as a `Routing`. Ids must lie in 0 … num_experts - 1: numpy checks them; a
+    torch tensor is checked on the device (`torch._assert_async`, no host sync: a bad id
+    stops the stream with a device-side assert rather than leaving rows unrouted)."""
+    fn = "sort_by_expert"
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"tegula.kernels.{fn}: num_experts must be a positive int, got "
+                         f"{num_experts!r}")
+    if _is_torch(topk_ids):
+        return _sort_by_expert_torch(topk_ids, num_experts)
+    check_array(fn, "topk_ids", topk_ids, ndim=2)
+    if topk_ids.dtype.kind not in "iu":
+        raise TypeError(f"tegula.kernels.{fn}: topk_ids must hold integers, got "
+                        f"{topk_ids.dtype}")
+    flat = topk_ids.reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= num_experts):
+        raise ValueError(f"tegula.kernels.{fn}: topk_ids must lie in 0 … {num_experts - 1}, "
+                         f"got values from {flat.min()} to {flat.max()}")
+    order = np.argsort(flat, kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    offsets = np.searchsorted(flat[order], np.arange(num_experts + 1)).astype(np.int32)
+    return Routing(order, inverse, offsets, topk_ids.shape[1])
+
+
+def _sort_by_expert_torch(topk_ids: Any, num_experts: int) -> Routing:
+    import torch
+    fn = "sort_by_expert"
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"tegula.kernels.{fn}: topk_ids must be a 2-D int32/int64 tensor, "
+                         f"got {topk_ids.dtype} of shape {tuple(topk_ids.shape)}")
+    flat = topk_ids.reshape(-1)
+    if flat.numel() and flat.is_cuda:
+        torch._assert_async(((flat >= 0) & (flat < num_experts)).all(),
+                            f"tegula.kernels.{fn}: topk_ids outside 0 … {num_experts - 1}")
+    elif flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+        raise ValueError(f"tegula.kernels.{fn}: topk_ids must lie in 0 … {num_experts - 1}")
+    sorted_ids, order = torch.sort(flat, stable=True)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    bounds = torch.arange(num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
+    offsets = torch.searchsorted(sorted_ids, bounds).to(torch.int32)
+    return Routing(order, inverse, offsets, topk_ids.shape[1])
+
+
+def scatter_rows(x: Any, routing: Routing) -> Any:
+    """x's rows (T, K) in expert order: (T·k, K), row p a copy of token order[p] // k."""
+    return x[routing.order // routing.k]
+
+
+def gather_rows(y_sorted: Any, routing: Routing, topk_weights: Any) -> Any:
+    """(T, N): token t's k expert rows `y_sorted[inverse[t·k + j]]` times its routing weights
+    `topk_weights[t, j]`, added in f32 in the order j = 0 … k-1, rounded once to y's type."""
+    k = routing.k
+    rows = y_sorted[routing.inverse]                   # copy order: (T·k, N)
+    tokens = rows.shape[0] // k
+    if _is_torch(y_sorted):
+        rows = rows.float().reshape(tokens, k, -1)
+        weights = topk_weights.float().reshape(tokens, k, 1)
+    else:
+        rows = rows.astype(np.float32).reshape(tokens, k, -1)
+        weights = np.asarray(topk_weights, dtype=np.float32).reshape(tokens, k, 1)
+    total = rows[:, 0] * weights[:, 0]
+    for j in range(1, k):                              # a fixed order: deterministic
+        total = total + rows[:, j] * weights[:, j]
+    if _is_torch(y_sorted):
+        return total.to(y_sorted.dtype)
+    return total.astype(y_sorted.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# The kernels
+# --------------------------------------------------------------------------------------
+
+def virtual_tiles(rows: int, experts: int, bm: int) -> int:
+    """Virtual row tiles of a problem with `rows` sorted rows: `vstart(E)` at its largest."""
+    return rows // bm + experts
+
+
+def expert_of_tile(expert_offsets: Any, v: Any, BM: int, EXPERTS: int) -> Any:
+    """The expert owning virtual row tile `v` (trace time): how many experts j ≥ 1 start at
+    or before it, `vstart(j) = expert_offsets[j] // BM + j ≤ v` (see the module docstring).
+    Each compare is 0 or 1 through min/max, so the sum is one scalar expression."""
+    expert = 0
+    for j in range(1, EXPERTS):
+        starts_by_v = v - (expert_offsets[j] // BM + j) + 1
+        expert = expert + tg.minimum(tg.maximum(starts_by_v, 0), 1)
+    return expert
+
+
+def has_rows(r0: Any, r1: Any, m: Any, BM: int) -> Any:
+    """1 when row tile m of the rows r0 … r1 - 1 holds any, else 0 (a kernel scalar)."""
+    return tg.minimum(tg.maximum(r1 - r0 - m * BM, 0), 1)
+
+
+def expert_product(x: Any, w_e: Any, r0: Any, r1: Any, m: Any, n: Any, sa: Any, sb: Any,
+                   acc_t: DType, BM: int, BN: int, BK: int, STAGES: int) -> Any:
+    """The (BM, BN) tile (m, n) of x[r0:r1] @ w_e.T through the shared pipeline `sa`/`sb`
+    (trace time). A tile past the expert's rows runs no K step."""
+    ga = x[r0:, :].tile((BM, BK), (m, None))         # (BM, BK, K/BK) from row r0 + m·BM
+    gb = w_e.tile((BN, BK), (n, None))
+    acc = tg.zeros((BM, BN), acc_t)
+    for k in tg.pipeline(ga.shape[2] * has_rows(r0, r1, m, BM), stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        tg.gemm(acc, sa[k], sb[k])                   # acc += x rows @ w_e.T
+    return acc
+
+
+def _moe_body(x: Any, w: Any, expert_offsets: Any, out: Any, scales: tuple | None,
+              dtype: DType, out_t: DType, EXPERTS: int, BM: int, BN: int, BK: int,
+              STAGES: int, GROUP: int) -> None:
+    """The grouped GEMM of block_id(0)'s tile (trace time), shared by the kernels below: `scales`
+    is None, or the FP8 kernel's (x_scale (R, 1), w_scale (E, 1)) applied to the f32
+    accumulator before the one rounding to `out_t`."""
+    tiles_v = x.shape[0] // BM + EXPERTS           # virtual_tiles(rows, E, BM)
+    tiles_n = tg.cdiv(w.shape[1], BN)
+    v, n = grouped_tile(tg.block_id(0), tiles_v, tiles_n, GROUP)
+    e = expert_of_tile(expert_offsets, v, BM, EXPERTS)
+    r0, r1 = expert_offsets[e], expert_offsets[e + 1]
+    m = v - (r0 // BM + e)                         # the row tile within expert e's rows
+    sa = tg.shared((BM, BK), dtype, stages=STAGES)
+    sb = tg.shared((BN, BK), dtype, stages=STAGES)
+    acc = expert_product(x, w[e], r0, r1, m, n, sa, sb, f32, BM, BN, BK, STAGES)
+    if scales is not None:
+        x_scale, w_scale = scales
+        row_scale = tg.load(x_scale[r0:r1, :].tile((BM, 1), (m, 0)))
+        acc = acc * (row_scale * tg.load(w_scale.tile((1, 1), (e, 0))))
+    tg.copy(acc.to(out_t), out[r0:r1, :].tile((BM, BN), (m, n)))
+
+
+@lru_cache(maxsize=None)
+def moe_gemm_kernel(dtype: DType) -> tg.Kernel:
+    """out (R, N) = x_sorted (R, K) @ w[e].T per expert e's rows, f16/bf16 with f32
+    accumulation, on `moe_grid` blocks."""
+
+    @tg.kernel(threads=128)
+    def moe_gemm(x: tg.Tensor[dtype], w: tg.Tensor[dtype, 3],
+                 expert_offsets: tg.Tensor[i32, 1], out: tg.Tensor[dtype],
+                 EXPERTS: tg.constexpr, BM: tg.constexpr = 128, BN: tg.constexpr = 128,
+                 BK: tg.constexpr = 64, STAGES: tg.constexpr = 4, GROUP: tg.constexpr = 8):
+        _moe_body(x, w, expert_offsets, out, None, dtype, dtype, EXPERTS, BM, BN, BK,
+                  STAGES, GROUP)
+
+    return moe_gemm
+
+
+@lru_cache(maxsize=None)
+def moe_gemm_fp8_kernel(out_t: DType) -> tg.Kernel:
+    """The FP8 form: e4m3 x_sorted (R, K) and w (E, N, K); out = (x @ w[e].T) · x_scale[row]
+    · w_scale[e] in f32, rounded once to `out_t`."""
+
+    @tg.kernel(threads=128)
+    def moe_gemm_fp8(x: tg.Tensor[f8e4m3], w: tg.Tensor[f8e4m3, 3],
+                     expert_offsets: tg.Tensor[i32, 1], x_scale: tg.Tensor[f32],
+                     w_scale: tg.Tensor[f32], out: tg.Tensor[out_t],
+                     EXPERTS: tg.constexpr, BM: tg.constexpr = 128, BN: tg.constexpr = 128,
+                     BK: tg.constexpr = 128, STAGES: tg.constexpr = 4,
+                     GROUP: tg.constexpr = 8):
+        _moe_body(x, w, expert_offsets, out, (x_scale, w_scale), f8e4m3, out_t, EXPERTS,
+                  BM, BN, BK, STAGES, GROUP)
+
+    return moe_gemm_fp8
+
+
+def moe_grid(rows: int, n: int, experts: int, bm: int, bn: int) -> tuple:
+    """One block per (virtual row tile, column tile), from the shapes alone."""
+    return (virtual_tiles(rows, experts, bm) * tg.cdiv(n, bn),)
+
+
+# --------------------------------------------------------------------------------------
+# Argument checks and configuration, shared by the numpy and torch entry points
+# --------------------------------------------------------------------------------------
+
+def check_problem(fn: str, x_shape: tuple, w_shape: tuple, offsets_shape: tuple) -> tuple:
+    """(rows, N, K, experts) after checking x_sorted (R, K), w (E, N, K) and
+    expert_offsets (E + 1,) agree."""
+    if len(x_shape) != 2:
+        raise ValueError(f"tegula.kernels.{fn}: x_sorted must be 2-D (rows, K), got shape "
+                         f"{tuple(x_shape)}")
+    if len(w_shape) != 3:
+        raise ValueError(f"tegula.kernels.{fn}: w must be 3-D (experts, N, K), got shape "
+                         f"{tuple(w_shape)}")
+    (rows, k), (experts, n, k2) = x_shape, w_shape
+    if k != k2:
+        raise ValueError(f"tegula.kernels.{fn}: x_sorted is (rows, K) and w (experts, N, K) "
+                         f"with one K, got x_sorted {tuple(x_shape)} and w {tuple(w_shape)}")
+    if tuple(offsets_shape) != (experts + 1,):
+        raise ValueError(f"tegula.kernels.{fn}: expert_offsets must hold experts + 1 = "
+                         f"{experts + 1} offsets (w has {experts} experts), got shape "
+                         f"{tuple(offsets_shape)}")
+    return rows, n, k, experts
+
+
+def check_offsets(fn: str, offsets: np.ndarray, rows: int) -> None:
+    """numpy offsets: int32, from 0, nondecreasing, ending at most at `rows`."""
+    if offsets.dtype != np.int32:
+        raise TypeError(f"tegula.kernels.{fn}: expert_offsets must be int32, got "
+                        f"{offsets.dtype}")
+    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > rows:
+        raise ValueError(f"tegula.kernels.{fn}: expert_offsets = {offsets.tolist()} must "
+                         f"start at 0, never decrease and end at most at {rows} (the rows "
+                         f"of x_sorted)")
+
+
+def default_tiles(fp8: bool, target: str) -> dict:
+    """The untuned configuration: 128×128 tiles (BK 64 for 16-bit operands, 128 for e4m3:
+    128 bytes a row either way, the 128-byte swizzle) in 4 stages on sm_90a, 3 on sm_80."""
+    bk = 128 if fp8 else 64
+    stages = 4 if target == "sm_90a" else 3
+    return dict(BM=128, BN=128, BK=bk, STAGES=stages, GROUP=8)
+
+
+def quantize_rows_fp8(x: Any) -> tuple[Any, Any]:
+    """(x_q, x_scale): each row of x (R, K) scaled so that its largest magnitude is e4m3's
+    448 and rounded to e4m3, and the (R, 1) f32 scale undoing it (x ≈ x_q · x_scale). An
+    all-zero row gets scale 1. numpy: x_q holds the e4m3 values in float32."""
+    if _is_torch(x):
+        import torch
+        amax = x.float().abs().amax(dim=1, keepdim=True)
+        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        return (x.float() / scale).to(torch.float8_e4m3fn), scale
+    from tegula.emulate.values import round_to
+    amax = np.abs(x.astype(np.float32)).max(axis=1, keepdims=True) if x.size else \
+        np.zeros((x.shape[0], 1), np.float32)
+    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1)).astype(np.float32)
+    return round_to(x.astype(np.float32) / scale, f8e4m3), scale
+
+
+# --------------------------------------------------------------------------------------
+# numpy entry point (the emulator)
+# --------------------------------------------------------------------------------------
+
+def moe_gemm_emulated(x_sorted: np.ndarray, w: np.ndarray, expert_offsets: np.ndarray,
+                      w_scale: np.ndarray | None = None, dtype: DType | None = None,
+                      target: str = "sm_90a", **tiles: int) -> np.ndarray:
+    """`out[p] = x_sorted[p] @ w[e].T` for every row p of expert e (rows past
+    `expert_offsets[E]` are left NaN), by the emulated kernel. x_sorted (R, K) and w
+    (E, N, K) of `dtype` (f16 arrays, or float32 holding bf16 values with dtype=bf16).
+    With `w_scale` (E,) f32, w holds FP8 e4m3 values (float32) dequantized as
+    w[e] · w_scale[e]: x is quantized per row to e4m3 (`quantize_rows_fp8`) and the
+    product of the two scales applied to the f32 accumulator; the result is in x's type."""
+    fn = "moe_gemm_emulated"
+    check_array(fn, "x_sorted", x_sorted, ndim=2)
+    check_array(fn, "w", w, ndim=3)
+    check_array(fn, "expert_offsets", expert_offsets, ndim=1)
+    rows, n, k, experts = check_problem(fn, x_sorted.shape, w.shape, expert_offsets.shape)
+    check_offsets(fn, expert_offsets, rows)
+    dtype = dtype or dtype_of_array(x_sorted, fn, "x_sorted")
+    if dtype not in MOE_DTYPES:
+        raise TypeError(f"tegula.kernels.{fn}: x_sorted has type {dtype}; supported: "
+                        f"{', '.join(map(str, MOE_DTYPES))} (float32 arrays holding bf16 "
+                        f"values need dtype=bf16)")
+    out = poisoned((rows, n), dtype)
+    if rows == 0 or n == 0:
+        return out
+    fp8 = w_scale is not None
+    constexprs = {**default_tiles(fp8, target), **tiles}
+    grid = moe_grid(rows, n, experts, constexprs["BM"], constexprs["BN"])
+    common = dict(EXPERTS=experts, target=target, check_coverage=False, **constexprs)
+    if not fp8:
+        if w.dtype != x_sorted.dtype:
+            raise TypeError(f"tegula.kernels.{fn}: x_sorted ({x_sorted.dtype}) and w "
+                            f"({w.dtype}) must share one dtype (FP8 weights take w_scale)")
+        launch_emulated(moe_gemm_kernel(dtype), grid, x_sorted, w, expert_offsets, out,
+                        **common)
+        return out
+    w_scale = _check_w_scale(fn, w_scale, experts)
+    _check_e4m3(fn, w)
+    x_q, x_scale = quantize_rows_fp8(x_sorted)
+    launch_emulated(moe_gemm_fp8_kernel(dtype), grid, x_q, w, expert_offsets, x_scale,
+                    w_scale.reshape(experts, 1), out, **common)
+    return out
+
+
+def _check_w_scale(fn: str, w_scale: Any, experts: int) -> np.ndarray:
+    check_array(fn, "w_scale", w_scale, ndim=1)
+    if w_scale.shape != (experts,) or w_scale.dtype != np.float32:
+        raise ValueError(f"tegula.kernels.{fn}: w_scale must be float32 of shape "
+                         f"({experts},) (one scale per expert), got {w_scale.dtype} "
+                         f"{w_scale.shape}")
+    return w_scale
+
+
+def _check_e4m3(fn: str, w: np.ndarray) -> None:
+    from tegula.emulate.values import round_to
+    if w.dtype != np.float32 or not np.array_equal(round_to(w, f8e4m3), w, equal_nan=True):
+        raise ValueError(f"tegula.kernels.{fn}: with w_scale, w must be a float32 array of "
+                         f"FP8 e4m3 values (quantize with quantize_experts_fp8)")
+
+
+def quantize_experts_fp8(w: Any) -> tuple[Any, Any]:
+    """(w_q, w_scale): each expert's weight (E, N, K) scaled so its largest magnitude is
+    448, rounded to e4m3, and the (E,) f32 scales undoing it. numpy: w_q in float32."""
+    if _is_torch(w):
+        import torch
+        amax = w.float().abs().amax(dim=(1, 2))
+        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        return (w.float() / scale[:, None, None]).to(torch.float8_e4m3fn), scale
+    from tegula.emulate.values import round_to
+    amax = np.abs(w.astype(np.float32)).max(axis=(1, 2)) if w.size else \
+        np.zeros(w.shape[0], np.float32)
+    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1)).astype(np.float32)
+    return round_to(w.astype(np.float32) / scale[:, None, None], f8e4m3), scale
+
+
+# --------------------------------------------------------------------------------------
+# torch entry point (CUDA): checks, autotuned configuration, launch
+# --------------------------------------------------------------------------------------
+
+def moe_candidates(rows: int, experts: int, fp8: bool) -> list[dict]:
+    """Configurations worth timing: 128-row tiles with 256 or 128 columns (two consumer
+    warpgroups on sm_90a at threads=256), and 64-row tiles when experts average few rows
+    (a 128-row tile would be mostly masked)."""
+    bk = 128 if fp8 else 64
+    options = [dict(BM=128, BN=256, BK=bk, STAGES=4, GROUP=8, threads=256),
+               dict(BM=128, BN=256, BK=bk, STAGES=3, GROUP=8, threads=256),
+               dict(BM=128, BN=128, BK=bk, STAGES=4, GROUP=8, threads=256),
+               dict(BM=128, BN=128, BK=bk, STAGES=4, GROUP=8)]
+    if rows < 128 * experts:
+        options = [dict(BM=64, BN=128, BK=bk, STAGES=4, GROUP=8),
+                   dict(BM=64, BN=256, BK=bk, STAGES=4, GROUP=8)] + options[2:]
+    return options
+
+
+def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
+             out: Any = None, config: dict | None = None) -> Any:
+    """`out[p] = x_sorted[p] @ w[e].T` for every row p of expert e: x_sorted (R, K) f16/bf16
+    (rows sorted by expert: `scatter_rows`), w (E, N, K) of the same dtype, or FP8
+    (`torch.float8_e4m3fn`) with `w_scale` (E,) f32 (then x is quantized per row to e4m3
+    first and the product rescaled), `expert_offsets` (E + 1,) int32 on the same device
+    (from 0, nondecreasing, at most R: not checked, as that would read them back to the
+    host). Returns (R, N) in x's dtype; rows past `expert_offsets[E]` are left unwritten.
+    `config`: one configuration (as `moe_candidates` gives) instead of the autotuner's."""
+    import torch
+
+    from tegula.kernels.api import TUNERS, _check_cuda, _check_tensor, _launch, _tune_and_run
+    from tegula.runtime.autotune import Config
+    fn = "moe_gemm"
+    dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
+                          ndim=2)
+    fp8 = w_scale is not None
+    w_dtypes = {"float8_e4m3fn": f8e4m3} if fp8 else {str(x_sorted.dtype)[6:]: dtype}
+    _check_tensor(fn, "w", w, w_dtypes, ndim=3)
+    _check_tensor(fn, "expert_offsets", expert_offsets, {"int32": i32}, ndim=1)
+    rows, n, k, experts = check_problem(fn, tuple(x_sorted.shape), tuple(w.shape),
+                                        tuple(expert_offsets.shape))
+    tensors = {"x_sorted": x_sorted, "w": w, "expert_offsets": expert_offsets}
+    if fp8:
+        _check_tensor(fn, "w_scale", w_scale, {"float32": f32}, ndim=1)
+        if tuple(w_scale.shape) != (experts,):
+            raise ValueError(f"tegula.kernels.{fn}: w_scale must have one scale per expert, "
+                             f"shape ({experts},), got {tuple(w_scale.shape)}")
+        tensors["w_scale"] = w_scale
+    _check_cuda(fn, tensors)
+    if out is None:
+        out = torch.empty((rows, n), dtype=x_sorted.dtype, device=x_sorted.device)
+    if rows == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    x, w, offsets = x_sorted.contiguous(), w.contiguous(), expert_offsets.contiguous()
+    if fp8:
+        x, x_scale = quantize_rows_fp8(x)
+        args = (x, w, offsets, x_scale, w_scale.contiguous().view(experts, 1), out)
+        kernel = moe_gemm_fp8_kernel(dtype)
+    else:
+        args, kernel = (x, w, offsets, out), moe_gemm_kernel(dtype)
+
+    def run(chosen: Config) -> Any:
+        values = chosen.kwargs
+        grid = moe_grid(rows, n, experts, values["BM"], values["BN"])
+        return _launch(kernel, grid, args, dict(values, EXPERTS=experts), chosen.threads)
+
+    if config is not None:
+        run(Config.of(config))
+        return out
+    TUNERS.setdefault(fn, _autotuner(fn))
+    configs = tuple(Config.of(c) for c in moe_candidates(rows, experts, fp8))
+    _tune_and_run(fn, x.device.index, configs, (rows, n, k, experts),
+                  f"{dtype}/{'fp8' if fp8 else 'same'}", run)
+    return out
+
+
+def _autotuner(name: str) -> Any:
+    from tegula.runtime.autotune import Autotuner
+    return Autotuner(name)
