@@ -1,0 +1,119 @@
+"""Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
+their time goes: `python benchmarks/w4a16_sweep.py [--only PREFIX] [--budget SECONDS]`.
+
+Each row: the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
+`tegula bench quant`), the TB/s of the floor bytes (packed weights + scales + zeros for
+W4A16, the weights for GEMV) and their fraction of the device copy bandwidth; torch's f16
+matmul of the same shape (`a @ w.T`, cuBLAS) for comparison. Every tegula result is
+checked against a float64 reference first (a wrong fast kernel is not a result).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (name, (M, N, K), constexprs) — the kernel is picked from the name's prefix.
+CONFIGS = [
+    ("gemv", (1, 4096, 4096), dict(BN=4, BK=1024)),
+    ("gemv", (1, 4096, 4096), dict(BN=2, BK=1024)),
+    ("gemv", (1, 4096, 4096), dict(BN=8, BK=512)),
+    ("gemv", (1, 4096, 4096), dict(BN=4, BK=1024, threads=256)),
+    ("gemv", (1, 4096, 4096), dict(BN=2, BK=2048, threads=256)),
+    ("w4gemv", (1, 4096, 4096), dict(BN=32, BK=128, UNROLL=2)),
+    ("w4gemv", (1, 4096, 4096), dict(BN=8, BK=128, UNROLL=4)),
+    ("w4gemv", (1, 4096, 4096), dict(BN=8, BK=128, UNROLL=8)),
+    ("w4gemv", (1, 4096, 4096), dict(BN=16, BK=128, UNROLL=4)),
+    ("w4gemv", (16, 11008, 4096), dict(BN=16, BK=128, UNROLL=2)),
+    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=64, BK=64, STAGES=3)),
+    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=128, BK=64, STAGES=3)),
+    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=128, BK=128, STAGES=2)),
+    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=64, BK=128, STAGES=1)),
+    ("w4gemm", (128, 4096, 14336), dict(BM=64, BN=64, BK=64, STAGES=3)),
+    ("w4gemm", (128, 4096, 14336), dict(BM=128, BN=128, BK=64, STAGES=3, threads=256)),
+    ("w4gemm", (128, 4096, 14336), dict(BM=64, BN=128, BK=128, STAGES=2)),
+]
+
+
+def _case(torch, name, shape, group=128):
+    """(kernel, grid, args, constexprs, floor bytes, reference, check) for one config."""
+    import tegula as tg
+    import tegula.kernels as tk
+    from tegula.dtypes import f16
+    from tegula.kernels import gemv as gv, quant as qt
+
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    if name == "gemv":
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        return (gv.gemv_kernel(f16), (a, w, out), w.numel() * 2,
+                lambda: a.double() @ w.double().T, out, lambda: a @ w.T,
+                lambda c: (tg.cdiv(n, c["BN"]),), dict(M=m))
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.05
+    packed, scales, zeros = tk.quantize_w4(w, group)
+    w_q = tk.unpack_w4(packed)
+    deq = ((w_q.float() - zeros.float().repeat_interleave(group, 1))
+           * scales.float().repeat_interleave(group, 1)).half()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    factory = qt.w4a16_gemv_kernel if name == "w4gemv" else qt.w4a16_gemm_kernel
+    extra = dict(M=m, G=group) if name == "w4gemv" else dict(G=group)
+    grid = ((lambda c: (tg.cdiv(n, c["BN"]),)) if name == "w4gemv"
+            else (lambda c: (tg.cdiv(m, c["BM"]), tg.cdiv(n, c["BN"]))))
+    floor = packed.numel() + 2 * scales.numel() * 2
+    return (factory(f16, True), (a, packed, scales, zeros, out), floor,
+            lambda: a.double() @ deq.double().T, out, lambda: a @ deq.T, grid, extra)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="names starting with this")
+    parser.add_argument("--budget", type=float, default=35.0, help="seconds in all")
+    args = parser.parse_args()
+    import torch
+
+    from tegula.bench.gpu import copy_bandwidth, time_ms
+    from tegula.build import launch
+
+    start = time.time()
+    copy = copy_bandwidth(torch, gib=0.5)
+    print(f"{torch.cuda.get_device_name()}: copy {copy / 1e12:.2f} TB/s")
+    rows, torch_us = [], {}
+    for name, shape, config in CONFIGS:
+        if not name.startswith(args.only) or time.time() - start > args.budget:
+            continue
+        kernel, tensors, floor, ref, out, torch_fn, grid, extra = _case(torch, name, shape)
+        constexprs = dict(config, **extra)
+        g = grid(constexprs)
+        try:
+            run = lambda: launch(kernel, g, *tensors, **constexprs)  # noqa: E731
+            run()
+            torch.cuda.synchronize()
+            err = ((out.double() - ref()).norm() / ref().norm()).item()
+            us = time_ms(run) * 1e3
+        except Exception as e:  # noqa: BLE001 — a config that fails is a row, not the end
+            rows.append((name, shape, config, f"{type(e).__name__}: {str(e)[:60]}"))
+            continue
+        key = (name == "gemv", shape)
+        if key not in torch_us:
+            torch_us[key] = time_ms(torch_fn) * 1e3
+        rows.append((name, shape, config, us, floor / us / 1e6, floor / us / 1e6 / (copy / 1e12),
+                     torch_us[key] / us, err))
+    print(f"{'kernel':7} {'MxNxK':>14} {'config':44} {'us':>7} {'TB/s':>5} {'copy':>5} "
+          f"{'xtorch':>6} {'relerr':>8}")
+    for r in rows:
+        shape = "x".join(map(str, r[1]))
+        cfg = ",".join(f"{k}={v}" for k, v in r[2].items())
+        if isinstance(r[3], str):
+            print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]}")
+        else:
+            print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]:7.1f} {r[4]:5.2f} {r[5]:5.0%} "
+                  f"{r[6]:6.2f} {r[7]:8.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
