@@ -97,13 +97,18 @@ class Scan(Op):
     """`outs = inclusive scan of xs along axis`: out[.., i, ..] = x[.., 0, ..] ⊕ … ⊕
     x[.., i, ..], with ⊕ = `combine` applied to the tuple of all `xs` at once (the linear
     recurrence h = a·h + b scans (a, b) pairs). `reverse`: flip along the axis, scan, flip
-    back, so out[i] = x[n-1] ⊕ … ⊕ x[i]. Each out has its x's shape and dtype."""
+    back, so out[i] = x[n-1] ⊕ … ⊕ x[i]. Each out has its x's shape and dtype.
+    `initials` (one per x, x's shape with the axis 1, or empty): the scan continues one
+    that came before, out[i] = initial ⊕ x[0] ⊕ … ⊕ x[i], and `carries` (same shapes)
+    receive the last element in scan order, the initial of the next chunk."""
 
     xs: list[RegisterTile]
     axis: int
     combine: ScanCombine
     outs: list[RegisterTile]
     reverse: bool = False
+    initials: list[RegisterTile] = field(default_factory=list)
+    carries: list[RegisterTile] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -179,6 +184,7 @@ class TracedKernel:
     shared_allocs: list[SharedAlloc] = field(default_factory=list)
     register_tiles: list[RegisterTile] = field(default_factory=list)
     loc: SourceLocation | None = None
+    cluster: tuple = (1, 1, 1)  # blocks per thread-block cluster along x, y, z (tg.cluster)
 
 
 def walk_ops(ops: list[Op]):
@@ -203,7 +209,7 @@ def tiles_read(op: Op) -> list[Tile]:
     if isinstance(op, (Reduce, Rearrange, Reshape)):
         return [op.x]
     if isinstance(op, Scan):
-        return list(op.xs)
+        return list(op.xs) + list(op.initials)
     if isinstance(op, AtomicAdd):
         return [op.src]
     return []
@@ -220,7 +226,7 @@ def tiles_written(op: Op) -> list[Tile]:
     if isinstance(op, (Elementwise, Reduce, Rearrange, Reshape, Indices)):
         return [op.out]
     if isinstance(op, Scan):
-        return list(op.outs)
+        return list(op.outs) + list(op.carries)
     if isinstance(op, AtomicAdd):
         return [op.dst]
     return []

@@ -95,6 +95,9 @@ def op_text(op: Op) -> str:
         outs = ", ".join(_operand(t) for t in op.outs)
         xs = ", ".join(_operand(t) for t in op.xs)
         order = " reverse" if op.reverse else ""
+        if op.initials:
+            outs += "; carry " + ", ".join(_operand(t) for t in op.carries)
+            xs += " from " + ", ".join(_operand(t) for t in op.initials)
         return f"{outs} = scan{order} {xs}, axis={op.axis}, combine={len(op.combine.ops)} op(s)"
     if isinstance(op, Rearrange):
         return f"{_operand(op.out)} = rearrange {_operand(op.x)}"

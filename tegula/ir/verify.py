@@ -253,6 +253,15 @@ def _check_scan(v: _Verifier, op: Scan) -> None:
         if not isinstance(inner, Elementwise):
             raise v.fail(op, f"combine holds a {type(inner).__name__}; only element-wise ops")
         _check_elementwise(v, inner)
+    if len(op.initials) != len(op.carries) or op.initials and len(op.initials) != len(op.xs):
+        raise v.fail(op, f"scan of {len(op.xs)} tiles has {len(op.initials)} initial(s) and "
+                         f"{len(op.carries)} carries")
+    for x, initial, carry in zip(op.xs, op.initials, op.carries):
+        one_step = tuple(1 if d == op.axis else e for d, e in enumerate(x.shape))
+        if not (tuple(initial.shape) == tuple(carry.shape) == one_step
+                and x.dtype == initial.dtype == carry.dtype):
+            raise v.fail(op, f"{describe(initial)} -> {describe(carry)} should have shape "
+                             f"{one_step} and type {x.dtype} to continue {describe(x)}")
 
 
 def _check_indices(v: _Verifier, op: Indices) -> None:

@@ -26,7 +26,8 @@ from tegula.lang.tensors import RegisterValue, new_register_tile
 from tegula.lang.trace import current, fail, user_location
 
 
-def scan(x: Any, axis: int, combine: Callable, reverse: bool = False) -> Any:
+def scan(x: Any, axis: int, combine: Callable, reverse: bool = False,
+         initial: Any = None) -> Any:
     """Inclusive scan of register tile `x` (or a tuple of same-shape tiles) along `axis`:
     out[.., i, ..] = combine(… combine(x[.., 0, ..], x[.., 1, ..]) …, x[.., i, ..]).
     `combine(a, b)` must be associative (`a` the earlier operand); it is traced once and may
@@ -35,7 +36,14 @@ def scan(x: Any, axis: int, combine: Callable, reverse: bool = False) -> Any:
     combine(… combine(x[n-1], x[n-2]) …, x[i]). The result has `x`'s shape and type (a
     tuple for a tuple). Elements of a loaded tile past the tensor's edge hold the load's
     `fill` and take part like any other: pick a fill that cannot change the elements
-    in bounds (0 for a sum scanned forward, the identity of `combine` when reversed)."""
+    in bounds (0 for a sum scanned forward, the identity of `combine` when reversed).
+
+    `initial` continues a scan that came before (a sequence scanned in chunks, the state
+    carried from one to the next): a tile (a tuple for a tuple) of `x`'s shape with the
+    axis of extent 1, combined in front of the first element (the last when reversed):
+    out[i] = combine(… combine(initial, x[0]) …, x[i]). Then the result is `(out, carry)`,
+    `carry` the last element along the axis in scan order (`initial`'s shape): the next
+    chunk's `initial`. Both cost a few instructions per thread, not per element."""
     op = "tg.scan"
     ctx = current(op)
     tiles, is_tuple = _scanned_tiles(x, op)
@@ -45,13 +53,20 @@ def scan(x: Any, axis: int, combine: Callable, reverse: bool = False) -> Any:
     if not callable(combine):
         raise fail(op, f"combine must be a function of two operands (e.g. lambda a, b: a + b), "
                        f"got {combine!r}")
+    initials = [] if initial is None else _initial_tiles(initial, tiles, is_tuple, axis, op)
     traced = _trace_combine(ctx, op, tiles, combine, is_tuple)
     outs = [new_register_tile(t.shape, t.dtype) for t in tiles]
-    ctx.emit(Scan(xs=tiles, axis=axis, combine=traced, outs=outs, reverse=reverse))
-    for out in outs:
+    carries = [new_register_tile(t.shape, t.dtype) for t in initials]
+    ctx.emit(Scan(xs=tiles, axis=axis, combine=traced, outs=outs, reverse=reverse,
+                  initials=initials, carries=carries))
+    for out in outs + carries:
         ctx.mark_written(out)
     values = [RegisterValue(out) for out in outs]
-    return tuple(values) if is_tuple else values[0]
+    result = tuple(values) if is_tuple else values[0]
+    if initial is None:
+        return result
+    carried = [RegisterValue(c) for c in carries]
+    return result, (tuple(carried) if is_tuple else carried[0])
 
 
 def cumsum(x: Any, axis: int, reverse: bool = False) -> RegisterValue:
@@ -92,6 +107,31 @@ def _scanned_tiles(x: Any, op: str) -> tuple[list[RegisterTile], bool]:
                            f"{describe(tile)} and tile 0 is {describe(tiles[0])}")
         require_written(tile, op)
     return tiles, is_tuple
+
+
+def _initial_tiles(initial: Any, tiles: list[RegisterTile], is_tuple: bool, axis: int,
+                   op: str) -> list[RegisterTile]:
+    """`initial`'s tiles, one per scanned tile, each its shape with the axis of extent 1
+    and its type."""
+    if is_tuple != isinstance(initial, (tuple, list)):
+        want = f"a tuple of {len(tiles)} tiles" if is_tuple else "one tile"
+        raise fail(op, f"initial must be {want}, like the scanned x, got "
+                       f"{type(initial).__name__}")
+    items = list(initial) if is_tuple else [initial]
+    if len(items) != len(tiles):
+        raise fail(op, f"initial has {len(items)} tiles, but {len(tiles)} are scanned")
+    found = []
+    for i, (item, tile) in enumerate(zip(items, tiles)):
+        label = f"initial tile {i}" if is_tuple else "initial"
+        got = register_operand(item, op, label)
+        want = tuple(1 if d == axis else e for d, e in enumerate(tile.shape))
+        if tuple(got.shape) != want or got.dtype != tile.dtype:
+            raise fail(op, f"{label} must be a {tile.dtype} tile of shape {want} (the scanned "
+                           f"{describe(tile)} with axis {axis} of extent 1), got "
+                           f"{describe(got)}")
+        require_written(got, op)
+        found.append(got)
+    return found
 
 
 def _axis(axis: Any, tile: RegisterTile, op: str) -> int:

@@ -14,6 +14,11 @@ traced combine (applied to the tuple of all scanned tiles at once):
    shared scratch row, and each thread folds the totals of the warps before it in its
    row's group (in order) into its values.
 
+With an initial (a scan continued from an earlier chunk), the row's first thread in scan
+order folds it into its first element before step 1 (`first = initial ⊕ first`), so
+every step after carries it along; the carry (the row's last element in scan order) is
+broadcast from the last lane by an indexed shuffle, or folded from the warps' totals.
+
 `reverse` runs the same steps mirrored (the last element first, `shfl.down`), which is
 flip, scan, flip. No identity element is needed: a thread whose rank along the row is
 below the shuffle distance keeps its value (a predicated combine). Each application of ⊕
@@ -72,6 +77,8 @@ def lower_scan(ctx: LoweringContext, op: Scan) -> list:
     stmts += [Assign(reg(out, v), RegRead(reg(x, v)))
               for x, out in zip(x_regs, out_regs) for v in range(out.size)]
     runs = [_run(plan, r, op.reverse) for r in range(plan.rows)]
+    if op.initials:
+        stmts += _fold_initial(ctx, op, plan, combine, out_regs, runs)
     # 1. In registers: each run in order.
     for run in runs:
         for earlier, v in zip(run, run[1:]):
@@ -82,7 +89,38 @@ def lower_scan(ctx: LoweringContext, op: Scan) -> list:
         stmts += _across_lanes(ctx, op, plan, combine, out_regs, runs)
     if plan.n > 32:
         stmts += _across_warps(ctx, op, plan, combine, out_regs, runs)
+    elif op.carries:
+        stmts += _carry_from_lanes(ctx, op, plan, out_regs, runs)
     return stmts
+
+
+def _fold_initial(ctx: LoweringContext, op: Scan, plan: ScanPlan, combine: _Combine,
+                  out_regs: list, runs: list[list[int]]) -> list:
+    """`first = initial ⊕ first` for the row's first element in scan order, before any
+    step: the thread first along the row folds it into its run's first register, and the
+    steps after carry it to every element (one combine per row, not per element)."""
+    initial_regs = [ctx.regs_of(t) for t in op.initials]
+    fold: list = []
+    for r, run in enumerate(runs):
+        fold += combine.apply([reg(out, run[0]) for out in out_regs],
+                              [RegRead(reg(init, r)) for init in initial_regs],
+                              [RegRead(reg(out, run[0])) for out in out_regs])
+    if plan.n == 1:
+        return fold
+    return [If(_rank(TID % plan.n, plan.n, op.reverse).eq(0), fold)]
+
+
+def _carry_from_lanes(ctx: LoweringContext, op: Scan, plan: ScanPlan, out_regs: list,
+                      runs: list[list[int]]) -> list:
+    """The carry: the last element in scan order of each row (its last lane's last run
+    register), broadcast to the row's lanes by an indexed shuffle."""
+    carry_regs = [ctx.regs_of(t) for t in op.carries]
+    if plan.n == 1:
+        return [Assign(reg(carry, r), RegRead(reg(out, run[-1])))
+                for r, run in enumerate(runs) for carry, out in zip(carry_regs, out_regs)]
+    last_lane = (TID % 32) - TID % plan.n + (0 if op.reverse else plan.n - 1)
+    return [Shuffle(reg(carry, r), reg(out, run[-1]), "idx", last_lane)
+            for r, run in enumerate(runs) for carry, out in zip(carry_regs, out_regs)]
 
 
 def _run(plan: ScanPlan, row: int, reverse: bool) -> list[int]:
@@ -173,6 +211,17 @@ def _across_warps(ctx: LoweringContext, op: Scan, plan: ScanPlan, combine: _Comb
                                   [RegRead(reg(b, 0)) for b in before],
                                   [RegRead(reg(out, v)) for out in out_regs])
         stmts.append(If(rank.ge(1), fold))
+    if op.carries:  # the row's total: every warp's total, in scan order
+        carry_regs = [ctx.regs_of(t) for t in op.carries]
+        for r in range(plan.rows):
+            stmts += [SharedLoad(reg(c, r), s.name, warp_of(0) * plan.rows + r, 1)
+                      for c, s in zip(carry_regs, scratch)]
+            for j in range(1, warps_per_row):
+                stmts += [SharedLoad(reg(w, 0), s.name, warp_of(j) * plan.rows + r, 1)
+                          for w, s in zip(loaded, scratch)]
+                stmts += combine.apply([reg(c, r) for c in carry_regs],
+                                       [RegRead(reg(c, r)) for c in carry_regs],
+                                       [RegRead(reg(w, 0)) for w in loaded])
     stmts.append(Barrier())
     return stmts
 
