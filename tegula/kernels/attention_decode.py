@@ -113,22 +113,24 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
                                      o_part: tg.Tensor[f32, 5], lse_part: tg.Tensor[f32, 4],
                                      chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
                                      SQ: tg.constexpr, CAUSAL: tg.constexpr, PAGE: tg.constexpr,
-                                     BR: tg.constexpr = 16, BN: tg.constexpr = 64):
+                                     BR: tg.constexpr = 16, BN: tg.constexpr = 64,
+                                     STAGES: tg.constexpr = 3):
         s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         seqlen = tg.minimum(tg.maximum(seqlens[b], 0), block_table.shape[1] * PAGE)
         sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
-        sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
+        sk = tg.shared((BN, D), dtype, stages=STAGES)
+        sv = tg.shared((BN, D), dtype, stages=STAGES)
         start = s_id * chunk
         stop = tg.minimum(start + chunk, tg.cdiv(seqlen, BN))
-        for j in tg.range(start, stop):
+        for j in tg.pipeline(start, stop, stages=STAGES):
             first_key = j * BN
             page = block_table[b, first_key // PAGE]
             in_page = first_key % PAGE                       # BN divides PAGE
             valid = tg.minimum(seqlen - (first_key - in_page), PAGE)  # keys held in the page
-            tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sk)
-            tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sv)
+            tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sk[j])
+            tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sv[j])
             keys = tg.arange(BN, offset=first_key)[None, :]
-            state = _partial_softmax(sq, sk, sv, keys, rows_token, seqlen, state,
+            state = _partial_softmax(sq, sk[j], sv[j], keys, rows_token, seqlen, state,
                                      dtype, SCALE, SQ, CAUSAL)
         _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
 

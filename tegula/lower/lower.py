@@ -33,9 +33,10 @@ from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
 from tegula.lower.scan import lower_scan
 from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
-from tegula.lower.thread_ir import (Barrier, BinOp, Comment, CpAsyncCommit, CpAsyncWait, Expr,
-                                    For, If, Reg, ScalarParam, Stmt, TensorParam, ThreadKernel,
-                                    Value, Var, _bin)
+from tegula.lower.uniform import UniformNamer, uniform_names
+from tegula.lower.thread_ir import (Barrier, BinOp, Comment, Const, CpAsyncCommit, CpAsyncWait,
+                                    Expr, For, If, Reg, ScalarParam, Stmt, TensorParam,
+                                    ThreadKernel, Value, Var, _bin)
 
 _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
           Reduce: lower_any_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add,
@@ -93,6 +94,7 @@ class KernelLowering:
     def __init__(self, kernel: TracedKernel, ctx: LoweringContext):
         self.kernel = kernel
         self.ctx = ctx
+        self.namer = UniformNamer(uniform_names(kernel))  # memory-read scalars, once per op
 
     def ops(self, ops: list[Op], sync: SharedSync) -> list:
         stmts: list = []
@@ -103,7 +105,7 @@ class KernelLowering:
                 stmts += self.branch(op, sync)
             else:
                 stmts += sync.before(op)
-                stmts += _LOWER[type(op)](self.ctx, op)
+                stmts += self.namer.bind(_LOWER[type(op)](self.ctx, op))
                 sync.after(op)
         return stmts
 
@@ -136,15 +138,27 @@ class KernelLowering:
             raise SynthesisError("tg.pipeline needs a step of 1", loc=op.loc)
         stages, k = op.stages, Var(op.var.name)
         start, stop = scalar_expr(op.start), scalar_expr(op.stop)
-        issue = [s for p in producers for s in lower_copy(self.ctx, p)
-                 if not isinstance(s, CpAsyncCommit)] + [CpAsyncCommit()]
+        copies = [s for p in producers for s in lower_copy(self.ctx, p)
+                  if not isinstance(s, CpAsyncCommit)]
+
+        def issue(step: Expr) -> list:
+            # Only iterations that exist are fetched: a copy's address may come from a
+            # scalar load (a page table) that is out of bounds past the loop's end. The
+            # commit is unconditional so that every iteration owns one cp.async group.
+            fetch, exists = substitute(copies, {k.name: step}), _bin("<", step, stop)
+            if isinstance(exists, Const):
+                fetch = fetch if exists.value else []
+            else:
+                fetch = [If(exists, fetch, [])]
+            return fetch + [CpAsyncCommit()]
+
         prologue: list = [Comment(f"pipeline prologue: {stages - 1} stages in flight")]
         for s in range(stages - 1):
-            prologue += substitute(issue, {k.name: start + s})
+            prologue += issue(start + s)
         rest = [o for o in op.body if not any(o is p for p in producers)]
         inner = SharedSync()
         body = [CpAsyncWait(stages - 2), Barrier()]
-        body += substitute(issue, {k.name: k + (stages - 1)})
+        body += issue(k + (stages - 1))
         body += self.ops(rest, inner)
         epilogue = [CpAsyncWait(0), Barrier()]
         return prologue + [For(k, start, stop, 1, body)] + epilogue
@@ -197,5 +211,5 @@ def lower(result) -> ThreadKernel:
     # A warp-specialized pipeline adds its producer warpgroup after the user's threads.
     threads = ctx.warp_roles.block_threads if ctx.warp_roles is not None else kernel.threads
     return ThreadKernel(kernel.name, threads, params, ctx.registers, ctx.shared, body,
-                        mbarriers=ctx.mbarriers)
+                        mbarriers=ctx.mbarriers, cluster=tuple(kernel.cluster))
 

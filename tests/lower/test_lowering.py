@@ -11,7 +11,7 @@ from tegula.layout.tv import coalesced_tv, tv_coords
 from tegula.lower.addressing import ThreadCoords, split_index
 from tegula.lower.lower import substitute
 from tegula.lower.thread_ir import (Barrier, CpAsync, CpAsyncCommit, CpAsyncWait, For,
-                                    GlobalLoad, LdMatrix, Var, walk)
+                                    GlobalLoad, If, LdMatrix, Var, walk)
 
 
 def _eval(expr, tid: np.ndarray, env: dict | None = None) -> np.ndarray:
@@ -55,9 +55,13 @@ def test_pipelined_loop_issues_stages_minus_one_groups_ahead():
     body = loop.body
     assert isinstance(body[0], CpAsyncWait) and body[0].pending == 1
     assert isinstance(body[1], Barrier)
-    # The copies issued inside the loop run STAGES-1 iterations ahead.
-    issued = [s for s in body if isinstance(s, CpAsync)]
+    # The copies issued inside the loop run STAGES-1 iterations ahead, only for iterations
+    # that exist (a branch on `i0 + 2 < stop`), each iteration committing one group.
+    fetch = next(s for s in body if isinstance(s, If))
+    assert "i0 + 2" in str(fetch.cond)
+    issued = [s for s in walk(fetch.then) if isinstance(s, CpAsync)]
     assert issued and all("i0" in str(s.index) for s in issued)
+    assert sum(isinstance(s, CpAsyncCommit) for s in body) == 1
     assert any(isinstance(s, LdMatrix) for s in walk(body))
 
 
