@@ -224,6 +224,66 @@ def _remember(signature: tuple, replay: Callable[..., Any]) -> None:
     _REPLAYS[signature] = replay
 
 
+def _lookup_entry(tensors: tuple, *head: Any) -> tuple:
+    """(The remembered `EntryReplay` or None, the call's replay key or None, the tensors'
+    data pointers): the key (as `_signature`'s) built and looked up in one call of the
+    runtime's replay lookup (C where the extension is built). A mistake in an argument is
+    a miss with no key: the full path then names it."""
+    lookup = _replay.C_LOOKUP[0]
+    try:
+        if lookup is not None:
+            return lookup(_REPLAYS, head, tensors)
+        return _replay._lookup(_REPLAYS, head, tensors, ())
+    except (AttributeError, TypeError):
+        return None, None, None
+
+
+class EntryReplay:
+    """An entry point's first call for a replay key, replayed: what the call's checks and
+    choices produced (a prepared launch of the chosen kernel on the tensors' views, its
+    grid) taking only new data pointers: one per tensor argument, in order, then the
+    output's. The key holds everything the checks and choices read (shapes, strides,
+    dtypes, devices, pointer alignment classes, options; `out=`'s too), so a replay makes
+    the same choices.
+
+    `allocate(first tensor)` makes the output of a call without `out=`: chosen once by
+    `fast_empty` (torch.empty with keywords costs ~7 µs of host time on an H100 host,
+    empty_like ~2); None where the output is the call's last tensor (`out=`)."""
+
+    __slots__ = ("prepared", "grid", "allocate")
+
+    def __init__(self, ck: Any, grid: tuple, args: Sequence[Any],
+                 allocate: Callable[[Any], Any] | None):
+        from tegula.build import normalize_grid
+        from tegula.runtime import PreparedLaunch
+
+        self.prepared = PreparedLaunch(ck, *ck.plan.flatten(args))
+        self.grid = normalize_grid(grid)
+        self.allocate = allocate
+
+    def __call__(self, tensors: tuple, pointers: list) -> Any:
+        allocate = self.allocate
+        if allocate is None:
+            out = tensors[-1]  # out=: its pointer was read with the key
+        else:
+            out = allocate(tensors[0])
+            pointers.append(out.data_ptr())
+        self.prepared(self.grid, (), pointers)
+        return out
+
+
+def fast_empty(like: Any, shape: Sequence[int]) -> Callable[[Any], Any]:
+    """The quickest way to allocate a contiguous tensor of `shape` and `like`'s dtype and
+    device for a tensor with `like`'s shape and strides: `torch.empty_like` where it gives
+    a contiguous tensor of that shape (decided here, once: its layout depends only on the
+    shape and strides, which the replay key fixes), else `new_empty`."""
+    torch = _torch()
+    if tuple(like.shape) == tuple(shape) and torch.empty_like(like).is_contiguous():
+        return torch.empty_like
+    shape = tuple(shape)
+    return lambda t: t.new_empty(shape)
+
+
 def _pow2_at_least(n: int, floor: int) -> int:
     return max(floor, 1 << max(0, n - 1).bit_length())
 
@@ -295,10 +355,10 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     """RMSNorm over the last dim: `x / sqrt(mean(x², -1) + eps) * weight`, computed in f32.
     `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); any N (rows longer
     than one register tile, 16384 elements, run through the chunked kernel)."""
-    replay = _replay_of((x, weight), "rms_norm", type(eps), eps) if out is None else None
+    tensors = (x, weight) if out is None else (x, weight, out)
+    replay, key, pointers = _lookup_entry(tensors, "rms_norm", type(eps), eps, out is None)
     if replay is not None:
-        return replay(x, weight)
-    signature = _signature("rms_norm", (x, weight), type(eps), eps) if out is None else None
+        return replay(tensors, pointers)
     dtype = _check_tensor("rms_norm", "x", x, _FLOATS, min_ndim=1)
     _check_tensor("rms_norm", "weight", weight, _FLOATS, ndim=1)
     _check_same_dtype("rms_norm", {"x": x, "weight": weight})
@@ -331,14 +391,9 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
 
     ck, grid = _tune_and_run("rms_norm", x.device.index, configs, (m, n),
                              f"{dtype}/rows<={bucket}", run)
-    if signature is not None and _views_of((rows, w2), (x, weight)):
-        launch = _replayer(ck, grid, (rows, w2, y))
-
-        def replay_rms_norm(x: Any, weight: Any) -> Any:
-            y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
-            launch((x.data_ptr(), weight.data_ptr(), y_full.data_ptr()))
-            return y_full
-        _remember(signature, replay_rms_norm)
+    if key is not None and _views_of((rows, w2), (x, weight)):
+        _remember(key, EntryReplay(ck, grid, (rows, w2, y),
+                                   fast_empty(x, x.shape) if len(tensors) == 2 else None))
     return out
 
 
@@ -346,10 +401,10 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     """Softmax along the last dim (`dim` must name it), computed in f32 and returned in
     `x`'s dtype (f32, f16 or bf16); rows of any length (rows longer than one register
     tile, 16384 elements, run through the chunked online-softmax kernel)."""
-    replay = _replay_of((x,), "softmax", type(dim), dim) if out is None else None
+    tensors = (x,) if out is None else (x, out)
+    replay, key, pointers = _lookup_entry(tensors, "softmax", type(dim), dim, out is None)
     if replay is not None:
-        return replay(x)
-    signature = _signature("softmax", (x,), type(dim), dim) if out is None else None
+        return replay(tensors, pointers)
     dtype = _check_tensor("softmax", "x", x, _FLOATS, min_ndim=1)
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
@@ -374,14 +429,9 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
 
     ck, grid = _tune_and_run("softmax", x.device.index, configs, (m, n),
                              f"{dtype}/rows<={bucket}", run)
-    if signature is not None and _views_of((rows,), (x,)):
-        launch = _replayer(ck, grid, (rows, y))
-
-        def replay_softmax(x: Any) -> Any:
-            y_full = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
-            launch((x.data_ptr(), y_full.data_ptr()))
-            return y_full
-        _remember(signature, replay_softmax)
+    if key is not None and _views_of((rows,), (x,)):
+        _remember(key, EntryReplay(ck, grid, (rows, y),
+                                   fast_empty(x, x.shape) if len(tensors) == 1 else None))
     return out
 
 
@@ -423,10 +473,10 @@ def copy(x: Any, *, out: Any = None) -> Any:
     """A copy of `x` (f32, f16, bf16, i8, u8 or i32; any shape) as a new contiguous tensor,
     or written into contiguous `out`. A non-contiguous `x` is first made contiguous by
     torch (so its copy costs two passes)."""
-    replay = _replay_of((x,), "copy") if out is None else None
+    tensors = (x,) if out is None else (x, out)
+    replay, key, pointers = _lookup_entry(tensors, "copy", out is None)
     if replay is not None:
-        return replay(x)
-    signature = _signature("copy", (x,)) if out is None else None
+        return replay(tensors, pointers)
     dtype = _check_tensor("copy", "x", x, _COPY_DTYPES)
     _check_cuda("copy", {"x": x})
     if out is None:
@@ -449,14 +499,9 @@ def copy(x: Any, *, out: Any = None) -> Any:
     ck, grid = _tune_and_run("copy", x.device.index,
                              _configs("copy", _pow2_at_least(m, 1), _pow2_at_least(n, 1)),
                              (m, n), str(dtype), run)
-    if signature is not None and x.is_contiguous():
-        launch = _replayer(ck, grid, (src2, dst2))
-
-        def replay_copy(x: Any) -> Any:
-            y = _torch().empty(x.shape, dtype=x.dtype, device=x.device)
-            launch((x.data_ptr(), y.data_ptr()))
-            return y
-        _remember(signature, replay_copy)
+    if key is not None and x.is_contiguous():
+        _remember(key, EntryReplay(ck, grid, (src2, dst2),
+                                   fast_empty(x, x.shape) if len(tensors) == 1 else None))
     return out
 
 

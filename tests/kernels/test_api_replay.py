@@ -57,7 +57,7 @@ def outcome(sent, call):
         result = call()
     except (TypeError, ValueError) as e:
         return ("error", type(e).__name__, str(e))
-    return ("sent", tuple(result.shape), result.dtype) + tuple(
+    return ("sent", tuple(result.shape), result.dtype, result.stride()) + tuple(
         tuple(launch) for launch in sent[before:])
 
 
@@ -146,3 +146,74 @@ def test_a_bool_eps_is_refused_after_an_equal_int_eps_replayed(sent):
     tk.rms_norm(x, w, 0)  # replayed
     with pytest.raises(ValueError, match="eps must be a non-negative number"):
         tk.rms_norm(x, w, False)
+
+
+def _out_like(x, offset=0, dtype=None, shape=None, transpose=False, seed=5):
+    """An `out=` tensor for x: random (never zeros), `offset` elements into a buffer."""
+    shape = tuple(x.shape) if shape is None else shape
+    made = _x(shape[::-1] if transpose else shape, dtype=dtype or x.dtype, offset=offset,
+              seed=seed)
+    return made.T if transpose else made
+
+
+OUT_VARIANTS = {
+    "base": lambda x: _out_like(x),
+    "new buffer": lambda x: _out_like(x, seed=6),
+    "pointer 4-byte aligned": lambda x: _out_like(x, offset=1),
+    "pointer 8-byte aligned": lambda x: _out_like(x, offset=2),
+    "wrong dtype": lambda x: _out_like(x, dtype=torch.float16),
+    "wrong shape": lambda x: _out_like(x, shape=(x.shape[0] + 1, x.shape[1])),
+    "transposed (not contiguous)": lambda x: _out_like(x, transpose=True),
+}
+
+
+@pytest.mark.parametrize("entry", ["rms_norm", "softmax", "copy"])
+def test_out_is_part_of_the_replay_key(sent, entry):
+    """`out=` calls replay too (`tk.copy(x, out=y)` is `y.copy_(x)`'s peer): a new out in
+    the same layout replays and is what the call returns; an out of another alignment
+    class, dtype, shape or layout does not replay a launch made for another (the full
+    path specializes on its alignment and refuses the others), and a call without out=
+    does not replay an out= call's launch or the reverse."""
+    x = _x((8, 96))
+    w = _x((96,), seed=1)
+
+    def call(out):
+        if entry == "rms_norm":
+            return lambda: tk.rms_norm(x, w, 1e-5, out=out)
+        return lambda: getattr(tk, entry)(x, out=out)
+
+    calls = [call(make(x)) for make in OUT_VARIANTS.values()] + [call(None)]
+    replayed = check_sequence(sent, calls + calls)
+    assert replayed[1], "a new out= tensor in the base's layout replays"
+    assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"
+    given = _out_like(x, seed=7)
+    assert call(given)() is given  # replayed: writes and returns the caller's tensor
+
+
+@pytest.mark.parametrize("entry", ["rms_norm", "softmax", "copy"])
+def test_replayed_outputs_are_fresh_contiguous_tensors(sent, entry):
+    """The replay allocates with `torch.empty_like` where that is contiguous (chosen once
+    per key): every call returns a new contiguous tensor of x's shape and dtype, also for
+    an x with row gaps (whose empty_like would not be laid out like x)."""
+    for make in (lambda: _x((8, 96)), lambda: _x((8, 192))[:, :96],
+                 lambda: _x((2, 1, 96)).transpose(0, 1)):
+        x, w = make(), _x((96,), seed=1)
+        results = [tk.rms_norm(x, w) if entry == "rms_norm" else getattr(tk, entry)(x)
+                   for _ in range(3)]
+        for y in results:
+            assert y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous()
+        assert len({y.data_ptr() for y in results}) == 3
+
+
+def test_fast_empty_is_contiguous_whatever_the_template_layout():
+    """`fast_empty` takes `torch.empty_like` only where that is contiguous: a channels-last
+    template (dense, permuted: empty_like keeps its strides) gets `new_empty` instead; an
+    output of another shape never comes from empty_like."""
+    x = _x((2, 3, 4, 5)).contiguous(memory_format=torch.channels_last)
+    assert not torch.empty_like(x).is_contiguous()  # the case this guards against
+    y = api.fast_empty(x, x.shape)(x)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous()
+    z = api.fast_empty(x, (7, 3))(x)
+    assert z.shape == (7, 3) and z.dtype == x.dtype and z.is_contiguous()
+    plain = _x((8, 96))
+    assert api.fast_empty(plain, plain.shape) is torch.empty_like

@@ -45,7 +45,11 @@ def test_replays_through_the_c_key_and_pointer_launch_read_fresh_tensors():
     from tegula.kernels.copy import copy_kernel
     from tegula.runtime import replay
 
-    kernel = copy_kernel(f32)
+    # A kernel object of its own: `copy_kernel(f32)` is cached per process, and the
+    # library's `tk.copy` (tests/kernels/test_api.py) files its launches in that object's
+    # replay table, so under `pytest -n 8` a worker that ran those first counted 16
+    # prepared launches here, not 2 (the flake of session 5).
+    kernel = copy_kernel.__wrapped__(f32)
     grid = (tg.cdiv(130, 64), tg.cdiv(37, 16))
     side = torch.cuda.Stream()
     for call in range(6):
