@@ -25,13 +25,17 @@ from tegula.kernels.schedule import grouped_tile
 @tg.kernel(threads=128)
 def persistent_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
                     BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
-                    STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8):
-    tiles_m = tg.cdiv(a.shape[0], BM)
+                    STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8,
+                    CLUSTER: tg.constexpr = 1):
+    tg.cluster(CLUSTER)                       # CLUSTER blocks share each column tile of b
+    tiles_m = tg.cdiv(tg.cdiv(a.shape[0], BM), CLUSTER)   # in units of CLUSTER row tiles
     tiles_n = tg.cdiv(b.shape[0], BN)
     sa = tg.shared((BM, BK), f16, stages=STAGES)
     sb = tg.shared((BN, BK), f16, stages=STAGES)
-    for t in tg.range(tg.block_id(0), tiles_m * tiles_n, tg.num_programs(0)):
-        m, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+    for t in tg.range(tg.block_id(0) // CLUSTER, tiles_m * tiles_n,
+                      tg.num_programs(0) // CLUSTER):
+        mc, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+        m = mc * CLUSTER + tg.block_id(0) % CLUSTER   # may be past a's rows: zeros, no store
         ga = a.tile((BM, BK), (m, None))
         gb = b.tile((BN, BK), (n, None))
         acc = tg.zeros((BM, BN), f32)
@@ -42,9 +46,12 @@ def persistent_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
         tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
 
 
-def persistent_grid(m: int, n: int, num_sms: int, bm: int = 128, bn: int = 128) -> tuple:
-    """The launch grid: one block per SM, fewer when there are fewer tiles."""
-    return (max(1, min(tg.cdiv(m, bm) * tg.cdiv(n, bn), num_sms)),)
+def persistent_grid(m: int, n: int, num_sms: int, bm: int = 128, bn: int = 128,
+                    cluster: int = 1) -> tuple:
+    """The launch grid: one block per SM, fewer when there are fewer tiles; whole clusters
+    of `cluster` blocks, each cluster walking units of `cluster` row tiles."""
+    units = tg.cdiv(tg.cdiv(m, bm), cluster) * tg.cdiv(n, bn)
+    return (max(1, min(units, num_sms // cluster)) * cluster,)
 
 
 def main(m: int = 97, n: int = 130, k: int = 72, num_sms: int = 6) -> None:

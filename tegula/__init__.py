@@ -18,7 +18,7 @@ from tegula.dtypes import (DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, i4, i8,
                            u8)
 from tegula.errors import TegulaError, TraceError
 from tegula.lang import arange, argmax, argmin, indices
-from tegula.lang import num_programs, num_sms
+from tegula.lang import cluster, num_programs, num_sms
 from tegula.lang import cumsum, scan
 from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, constexpr, copy,
                          cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
@@ -33,7 +33,7 @@ from tegula.lang import runtime_range as range  # noqa: A001
 
 __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8", "u8", "i32",
            "i4", "u4", "bool_", "TegulaError", "TraceError", "Kernel", "kernel", "Tensor",
-           "constexpr", "block_id", "num_programs", "num_sms", "cdiv", "shared", "register",
+           "constexpr", "block_id", "num_programs", "num_sms", "cluster", "cdiv", "shared", "register",
            "zeros", "full", "fill",
            "copy", "load", "gemm", "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
            "abs", "tanh", "sigmoid", "erf", "sin", "cos", "maximum", "minimum", "where", "reduce",

@@ -29,6 +29,9 @@ parameter ("l"), coordinates int32 ("r"), element coordinates in tensor-map dim 
     cp.async.bulk.commit_group;  cp.async.bulk.wait_group[.read] N;
     mbarrier.init.shared::cta.b64 [bar], count;
     mbarrier.arrive[.expect_tx].shared::cta.b64 _, [bar][, tx_bytes];
+    mapa.shared::cluster.u32 R, bar, cta;  mbarrier.arrive.release.cluster.shared::cluster.b64 _, [R];
+        (an arrive on the barrier at the same offset in CTA `cta` of the cluster)
+    barrier.cluster.arrive.release.aligned;  barrier.cluster.wait.acquire.aligned;
     mbarrier.try_wait.parity.shared::cta.b64 P, [bar], parity;   (in a retry loop whose
         labels carry `%=`, unique per asm statement)
     fence.proxy.async.shared::cta;  fence.mbarrier_init.release.cluster;
@@ -149,7 +152,8 @@ class AsyncInstr(Instruction):
     """An asynchronous-copy, barrier, fence or register-budget instruction (Hopper).
 
     `kind` is the family ("tma.load", "tma.store", "bulk.commit", "bulk.wait",
-    "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx", "mbarrier.wait",
+    "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx", "mbarrier.arrive_remote",
+    "mbarrier.wait", "cluster.arrive", "cluster.wait",
     "fence.proxy_async", "fence.mbarrier_init", "wgmma.fence", "wgmma.commit",
     "wgmma.wait", "bar.named", "setmaxnreg", "elect"); `pipe` the unit that executes it
     ("tma", "sync", "alu"; `Instruction.pipe`); `rank` the tensor rank of a TMA copy (0
@@ -200,6 +204,13 @@ def _tma_store(rank: int) -> AsyncInstr:
 _WAIT_LOOP = ("{{ .reg .pred P; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 P, [{bar}], "
               "{parity}; @P bra DONE_%=; bra WAIT_%=; DONE_%=: }}")
 
+#: An arrive on the mbarrier at the same shared offset in CTA `cta` of the cluster (`mapa`
+#: turns the local address into that CTA's), with release semantics at cluster scope: the
+#: arriving thread's earlier accesses (a wgmma's reads, retired by its wait_group) happen
+#: before whatever the peer's waiter does next (refill the stage by TMA multicast).
+_REMOTE_ARRIVE = ("{{ .reg .b32 R; mapa.shared::cluster.u32 R, {bar}, {cta}; "
+                  "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [R]; }}")
+
 ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
     *[_tma_load(r, False) for r in range(1, MAX_RANK + 1)],
     *[_tma_load(r, True) for r in range(1, MAX_RANK + 1)],
@@ -212,6 +223,12 @@ ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
     _entry("mbarrier.arrive.expect_tx", "mbarrier.arrive_tx",
            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {tx};",
            (_in("bar"), _in("tx")), latency=20.0),
+    _entry("mbarrier.arrive.shared::cluster", "mbarrier.arrive_remote", _REMOTE_ARRIVE,
+           (_in("bar"), _in("cta")), latency=100.0, ptx="mbarrier.arrive.release.cluster"),
+    _entry("barrier.cluster.arrive", "cluster.arrive", "barrier.cluster.arrive.release.aligned;",
+           latency=20.0),
+    _entry("barrier.cluster.wait", "cluster.wait", "barrier.cluster.wait.acquire.aligned;",
+           latency=200.0),
     _entry("mbarrier.try_wait.parity", "mbarrier.wait", _WAIT_LOOP,
            (_in("bar"), _in("parity")), latency=20.0,
            ptx="mbarrier.try_wait.parity.shared::cta.b64"),

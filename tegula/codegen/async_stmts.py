@@ -29,7 +29,7 @@ from tegula.arch.smem_matrix import SWIZZLE_MODES, encode_descriptor, swizzle_at
 from tegula.arch.tma import check_tma_box, get_async
 from tegula.errors import TegulaError
 from tegula.lower.async_ir import (
-    ASYNC_STATEMENTS, BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
+    ASYNC_STATEMENTS, BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
     MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, Roles, SmemDesc, TensorMapParam,
     TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
@@ -176,12 +176,34 @@ class AsyncStatements:
         if not 0 <= s.tx_bytes < (1 << 20):
             raise CodegenError(f"MBarrierArrive: expect-tx of {s.tx_bytes} bytes on "
                                f"{s.barrier} is outside 0 .. 2^20-1")
-        if s.tx_bytes:
+        if s.cta is not None:
+            if s.tx_bytes:
+                raise CodegenError(f"MBarrierArrive on {s.barrier} of CTA {index_c(s.cta)}: a "
+                                   f"remote arrive carries no expect-tx bytes")
+            self.check_cta(s.cta, s)
+            text = self.entry("mbarrier.arrive.shared::cluster", s).format_asm(
+                bar=bar, cta=f"(unsigned)({index_c(s.cta)})")
+        elif s.tx_bytes:
             text = self.entry("mbarrier.arrive.expect_tx", s).format_asm(
                 bar=bar, tx=f"{s.tx_bytes}u")
         else:
             text = self.entry("mbarrier.arrive", s).format_asm(bar=bar)
         self.guarded(s.pred, text)
+
+    def cluster_size(self) -> int:
+        x, y, z = self.kernel.cluster
+        return x * y * z
+
+    def check_cta(self, cta: Expr, stmt) -> None:
+        """A constant CTA rank must be inside the kernel's cluster (a run-time one is
+        lowering's to keep inside)."""
+        if isinstance(cta, Const) and not 0 <= cta.value < self.cluster_size():
+            raise CodegenError(f"{_statement_name(stmt)}: CTA {cta.value} is outside the "
+                               f"kernel's cluster {tuple(self.kernel.cluster)}")
+
+    def _ClusterBarrier(self, s: ClusterBarrier) -> None:
+        self.line(self.entry("barrier.cluster.arrive", s).format_asm())
+        self.line(self.entry("barrier.cluster.wait", s).format_asm())
 
     def _MBarrierWait(self, s: MBarrierWait) -> None:
         # The entry's PTX retries try_wait until the phase has completed.
@@ -221,7 +243,7 @@ class AsyncStatements:
         if s.multicast:
             # The box lands at the same offset of every CTA in the mask, each completing
             # the transaction bytes on its own barrier at the same offset.
-            ctas = self.kernel.cluster[0] * self.kernel.cluster[1] * self.kernel.cluster[2]
+            ctas = self.cluster_size()
             if not 0 < s.multicast < (1 << ctas):
                 raise CodegenError(
                     f"TmaLoad {s.tensor_map} -> {s.buffer}: multicast mask {s.multicast:#x} "

@@ -16,12 +16,13 @@ from tegula.arch.wgmma import WARPGROUP, get_wgmma
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
 from tegula.emulate.ops import Ctx, bytes_to_values, values_to_bytes, _check_dtype
-from tegula.emulate.roles import Wait, block_until
+from tegula.emulate.roles import Wait, block_until, release_block
 from tegula.emulate.state import BlockState, lanes_doing, per_thread, uniform_int
 from tegula.emulate.stats import OpStats
 from tegula.emulate.values import from_bits, round_to, to_bits
 from tegula.errors import TegulaError
-from tegula.lower.async_ir import (BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync,
+from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
+                                   FenceProxyAsync,
                                    MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
                                    SmemDesc, TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence,
                                    WgmmaWait)
@@ -116,6 +117,8 @@ def compile_fence_barrier_init(s: FenceBarrierInit, ctx: Ctx, st: OpStats, what:
 def compile_mbarrier_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str) -> Run:
     if s.tx_bytes < 0:
         raise EmulationError(f"{what}: negative expect_tx bytes {s.tx_bytes}")
+    if s.cta is not None:
+        return compile_remote_arrive(s, ctx, st, what)
     index, pred, tx = compile_expr(s.index), _pred(s.pred), s.tx_bytes
 
     def run(state: BlockState) -> None:
@@ -127,6 +130,66 @@ def compile_mbarrier_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str)
             if a.arrive(bar, len(sub), tx, what):
                 phase_completed(state)
         st.add(state.active_warps())
+    return run
+
+
+def compile_remote_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str) -> Run:
+    """An arrive on the barrier at the same offset in CTA `s.cta` of the cluster (the
+    peer's barrier, its phase completion ordering the peer's waiters)."""
+    if s.tx_bytes:
+        raise EmulationError(f"{what}: a remote arrive carries no expect_tx bytes")
+    index, pred, cta = compile_expr(s.index), _pred(s.pred), compile_expr(s.cta)
+
+    def run(state: BlockState) -> None:
+        lanes = np.flatnonzero(lanes_doing(state, pred))
+        for rank, by_rank in _by_value(cta(state.env), lanes, state.threads):
+            peer = _peer(state, rank, what)
+            for idx, sub in _by_value(index(state.env), by_rank, state.threads):
+                gid, bar = peer.asyncs.barrier(s.barrier, idx, what)
+                if peer is _own(state):
+                    state.asyncs.used(gid, sub, what)
+                else:
+                    peer.asyncs.used_by_peer(gid, what, f"block {state.bid}")
+                if peer.asyncs.arrive(bar, len(sub), 0, f"{what} (CTA {rank})"):
+                    phase_completed(peer)
+        st.add(state.active_warps())
+    return run
+
+
+def _own(state: BlockState) -> BlockState:
+    """The block-level state of the block `state` (a role's, or the block's) runs in."""
+    return state.cluster.blocks[state.rank] if state.cluster is not None else state
+
+
+def _peer(state: BlockState, rank: int, what: str) -> BlockState:
+    """The block state of CTA `rank` of the cluster (this block's own for its own rank;
+    without a cluster only rank 0, the block itself, exists)."""
+    if state.cluster is None:
+        if rank != 0:
+            raise EmulationError(f"{what}: names CTA {rank} of the cluster, but the kernel "
+                                 "has no cluster (only CTA 0, the block itself)")
+        return _own(state)
+    return state.cluster.peer(rank, _own(state), what)
+
+
+def compile_cluster_barrier(s: ClusterBarrier, ctx: Ctx, st: OpStats, what: str) -> Run:
+    def run(state: BlockState) -> None:
+        if state.task is not None:
+            raise EmulationError(f"{what}: barrier.cluster inside {state.task.label()} (every "
+                                 "thread of the block must reach it)")
+        if not state.full:
+            off = int(np.count_nonzero(~state.mask))
+            raise EmulationError(f"{what}: cluster barrier under divergent control flow "
+                                 f"({off} of {state.threads} threads do not reach it)")
+        st.add(state.warps)
+        cluster = state.cluster
+        if cluster is None:
+            release_block(state)
+            return
+        gen = cluster.arrive(state)
+        block_until(state, Wait(lambda: cluster.generation != gen,
+                                lambda: f"{what}: {cluster.arrived} of "
+                                        f"{len(cluster.blocks)} blocks arrived"))
     return run
 
 
@@ -239,33 +302,49 @@ def compile_tma_load(s: TmaLoad, ctx: Ctx, st: OpStats, what: str) -> Run:
     if len(s.coords) != len(tm.box):
         raise EmulationError(f"{what}: {len(s.coords)} coordinates for tensor map "
                              f"{tm.name!r} of rank {len(tm.box)}")
-    if s.multicast:
-        raise EmulationError(f"{what}: cluster multicast is not emulated")
+    if s.multicast < 0:
+        raise EmulationError(f"{what}: negative multicast mask {s.multicast}")
     coords = [compile_expr(c) for c in s.coords]
     offset, bindex, pred = compile_expr(s.offset), compile_expr(s.barrier_index), _pred(s.pred)
     nbytes = tm.box_bytes
+    # The CTAs the box lands in: the mask's ranks, or (no multicast) the issuer's own.
+    ranks = [r for r in range(s.multicast.bit_length()) if s.multicast >> r & 1]
 
     def run(state: BlockState) -> None:
-        a = state.asyncs
         for lane in np.flatnonzero(lanes_doing(state, pred)).tolist():
-            gid, bar = a.barrier(s.barrier, _at(bindex(state.env), lane), what)
-            a.used(gid, np.array([lane]), what)
-            if not bar.fenced:
-                raise EmulationError(f"{what}: TMA completes on mbarrier {bar.name}, whose init "
-                                     "was not followed by fence.mbarrier_init (FenceBarrierInit)")
             t, view = _global_view(state, tm, what)
             c = [_at(f(state.env), lane) for f in coords]
             box = tma_box_copy(view, c, tm.box)  # zero outside the tensor
             values = from_bits(box, tm.dtype) if t.bits else round_to(box, tm.dtype)
-            buf, addrs = _box_base(ctx, s, tm, state, lane, offset, what)
-            data = values_to_bytes(values.reshape(1, -1), tm.dtype).reshape(addrs.shape)
-            if state.smem.check_races:
-                a.tma_write(addrs, gid, what, state.smem.buffer_at)
-            state.smem.write_async_proxy(addrs, data, lane, what)
-            if a.complete_tx(bar, nbytes, what):
-                phase_completed(state)
-            st.add(1, nbytes)
+            index = _at(bindex(state.env), lane)
+            targets = [_peer(state, r, what) for r in ranks] if ranks else [_own(state)]
+            for target in targets:
+                _land_box(ctx, s, tm, state, target, lane, offset, index, values, what)
+            st.add(1, nbytes * len(targets))
     return run
+
+
+def _land_box(ctx: Ctx, s: TmaLoad, tm, state: BlockState, target: BlockState, lane: int,
+              offset, index: int, values: np.ndarray, what: str) -> None:
+    """A TMA box issued by `lane` of `state`'s block lands in `target`'s shared memory (the
+    issuer's own block, or a peer of a multicast) and completes its bytes on `target`'s
+    barrier `s.barrier[index]`."""
+    a = target.asyncs
+    gid, bar = a.barrier(s.barrier, index, what)
+    if target is _own(state):
+        a.used(gid, np.array([lane]), what)
+        if not bar.fenced:
+            raise EmulationError(f"{what}: TMA completes on mbarrier {bar.name}, whose init "
+                                 "was not followed by fence.mbarrier_init (FenceBarrierInit)")
+    else:
+        a.used_by_peer(gid, what, f"a multicast copy from block {state.bid}")
+    buf, addrs = _box_base(ctx, s, tm, state, lane, offset, what)
+    data = values_to_bytes(values.reshape(1, -1), tm.dtype).reshape(addrs.shape)
+    if target.smem.check_races:
+        a.tma_write(addrs, gid, what, target.smem.buffer_at)
+    target.smem.write_async_proxy(addrs, data, lane, what)
+    if a.complete_tx(bar, tm.box_bytes, what):
+        phase_completed(target)
 
 
 def compile_tma_store(s: TmaStore, ctx: Ctx, st: OpStats, what: str) -> Run:
@@ -466,7 +545,8 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
 ASYNC_COMPILERS = {
     MBarrierInit: compile_mbarrier_init, FenceBarrierInit: compile_fence_barrier_init,
     MBarrierArrive: compile_mbarrier_arrive, MBarrierWait: compile_mbarrier_wait,
-    NamedBarrier: compile_named_barrier, TmaLoad: compile_tma_load, TmaStore: compile_tma_store,
+    NamedBarrier: compile_named_barrier, ClusterBarrier: compile_cluster_barrier,
+    TmaLoad: compile_tma_load, TmaStore: compile_tma_store,
     BulkCommit: compile_bulk_commit, BulkWait: compile_bulk_wait,
     FenceProxyAsync: compile_fence_proxy_async, WgmmaFence: compile_wgmma_fence,
     WgmmaCommit: compile_wgmma_commit, WgmmaWait: compile_wgmma_wait, Wgmma: compile_wgmma,

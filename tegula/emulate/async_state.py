@@ -4,6 +4,8 @@ groups, and what the asynchronous proxy has done to shared memory.
 Model (the contract is `tegula/lower/async_ir.py`):
 
 * **mbarriers** keep (init count, pending arrivals, transaction bytes, completed phases).
+  Another CTA of a cluster (remote arrive, multicast copy) may use one only once a
+  cluster barrier followed its fenced init (`publish_inits`, `used_by_peer`).
   A phase completes when pending arrivals and transaction bytes are both zero; the
   pending count then resets to the init count. `MBarrierWait(parity=p)` goes on once the
   current phase's parity differs from `p` (`mbarrier.try_wait.parity`). Transaction
@@ -62,6 +64,7 @@ class MBarrier:
     phase: int = 0          # completed phases
     init_tid: int = -1
     fenced: bool = False    # fence.mbarrier_init by the initializing thread since the init
+    cluster_visible: bool = False  # a cluster barrier since the fenced init (peers may use it)
 
     def describe(self) -> str:
         if not self.count:
@@ -145,11 +148,30 @@ class AsyncState:
         bar = self.bars[gid]
         bar.count = bar.pending = count
         bar.tx = bar.phase = 0
-        bar.init_tid, bar.fenced = tid, False
+        bar.init_tid, bar.fenced, bar.cluster_visible = tid, False, False
         self.observed[gid] = 0
         self.waited_at[gid] = -1
         self.init_visible[gid] = False
         self.init_visible[gid, tid] = True
+
+    def publish_inits(self) -> None:
+        """A cluster barrier: fenced inits become visible to the other CTAs of the cluster."""
+        for bar in self.bars:
+            if bar.count and bar.fenced:
+                bar.cluster_visible = True
+
+    def used_by_peer(self, gid: int, what: str, peer: str) -> None:
+        """Check barrier `gid` may be used by a thread of another CTA of the cluster (a
+        remote arrive, a multicast copy completing its bytes here): initialized, fenced
+        (`fence.mbarrier_init.release.cluster`) and made visible by a cluster barrier."""
+        bar = self.bars[gid]
+        if not bar.cluster_visible:
+            state = ("not initialized" if not bar.count else
+                     "initialized with no fence.mbarrier_init and cluster barrier after it"
+                     if not bar.fenced else "initialized with no cluster barrier after the "
+                     "fence (barrier.cluster.arrive/wait)")
+            raise EmulationError(f"{what}: {peer} uses mbarrier {bar.name} of another CTA of "
+                                 f"the cluster, {state}: its init is not visible to the peer")
 
     def used(self, gid: int, lanes: np.ndarray, what: str) -> None:
         """Check barrier `gid` may be used by threads `lanes` (initialized, init visible)."""

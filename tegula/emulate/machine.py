@@ -15,7 +15,8 @@ Errors are `EmulationError`s naming the statement, tensor/buffer, block and loop
 
 Asynchronous statements (`lower/async_ir.py`) compile in `async_ops.py` against the block's
 `AsyncState` (created only for kernels that have them, so other kernels run as before);
-`Roles` runs its roles as coroutines (`roles.py`).
+`Roles` runs its roles as coroutines (`roles.py`), and the blocks of one thread-block cluster
+(`ThreadKernel.cluster`) run together as coroutines too (`roles.run_cluster`).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from tegula.emulate.memory import GlobalTensor, SharedMemory
 from tegula.emulate.ops import (Ctx, compile_atomic, compile_cp_async, compile_global,
                                 compile_ldmatrix, compile_mma, compile_shared, compile_shuffle)
 from tegula.emulate.state import BlockState, RegFile, uniform_int, write_regs
-from tegula.emulate.roles import compile_roles
+from tegula.emulate.roles import Cluster, compile_roles, run_cluster
 from tegula.emulate.stats import EmulationReport, OpStats
 from tegula.emulate.values import round_to
 from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
@@ -277,29 +278,44 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
     body = comp.block(kernel.body)
     report = EmulationReport(kernel=kernel.name, grid=tuple(grid), threads=kernel.threads,
                              shared_bytes=kernel.shared_bytes)
-    tid = np.arange(kernel.threads, dtype=np.int64)
-    for bz in range(gz):
-        for by in range(gy):
-            for bx in range(gx):
-                env = dict(base_env)
-                env.update(tid=tid, bid_x=bx, bid_y=by, bid_z=bz)
-                smem = SharedMemory(kernel.shared_bytes, kernel.shared, kernel.threads,
-                                    check_races)
-                state = BlockState(kernel.threads, env, comp.regfile.allocate(kernel.threads),
-                                   smem, bound, (bx, by, bz))
-                if comp.is_async:
-                    state.asyncs = smem.async_ = AsyncState(
-                        kernel.mbarriers, kernel.threads, kernel.shared_bytes, check_races,
-                        {a.name: a.size for a in comp.regfile.arrays.values()}, role_order)
-                try:
-                    body(state)
-                    unfinished = state.asyncs and state.asyncs.unfinished()
-                    if unfinished:
-                        raise EmulationError(f"the block ends with asynchronous work "
-                                             f"outstanding: {unfinished}")
-                except EmulationError as e:
-                    raise EmulationError(f"{e.message}\n  at {state.where()}") from None
-                report.blocks += 1
+    def new_block(bx: int, by: int, bz: int) -> BlockState:
+        env = dict(base_env)
+        env.update(tid=np.arange(kernel.threads, dtype=np.int64), bid_x=bx, bid_y=by, bid_z=bz)
+        smem = SharedMemory(kernel.shared_bytes, kernel.shared, kernel.threads, check_races)
+        state = BlockState(kernel.threads, env, comp.regfile.allocate(kernel.threads), smem,
+                           bound, (bx, by, bz))
+        if comp.is_async:
+            state.asyncs = smem.async_ = AsyncState(
+                kernel.mbarriers, kernel.threads, kernel.shared_bytes, check_races,
+                {a.name: a.size for a in comp.regfile.arrays.values()}, role_order)
+        return state
+
+    def run_block(state: BlockState) -> None:
+        try:
+            body(state)
+            unfinished = state.asyncs and state.asyncs.unfinished()
+            if unfinished:
+                raise EmulationError(f"the block ends with asynchronous work "
+                                     f"outstanding: {unfinished}")
+        except EmulationError as e:
+            raise EmulationError(f"{e.message}\n  at {state.where()}") from None
+        report.blocks += 1
+
+    cx, cy, cz = kernel.cluster
+    for bz in range(0, gz, cz):
+        for by in range(0, gy, cy):
+            for bx in range(0, gx, cx):
+                blocks = [new_block(bx + x, by + y, bz + z)
+                          for z in range(cz) for y in range(cy) for x in range(cx)]
+                if len(blocks) == 1:
+                    run_block(blocks[0])
+                    continue
+                # A cluster's blocks run together (they meet at remote mbarriers, multicast
+                # copies and the cluster barrier), ranked x fastest like %cluster_ctarank.
+                cluster = Cluster((cx, cy, cz), blocks)
+                for rank, state in enumerate(blocks):
+                    state.cluster, state.rank = cluster, rank
+                run_cluster(cluster, run_block, role_order)
     for i, (kind, what, st) in enumerate(comp.stmt_stats):
         if st.count:
             report.by_stmt[i] = (what, st)

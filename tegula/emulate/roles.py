@@ -14,6 +14,17 @@ and the statement it waits at — the emulator never hangs.
 
 Outside `Roles` the whole block is one coroutine: a wait whose condition does not hold
 can never be satisfied, and is the same deadlock report (`block_until`).
+
+**Clusters.** The blocks of one thread-block cluster run together (`run_cluster`): each
+block is a coroutine of a cluster-level `Scheduler`, and a block's own role scheduler
+nests inside it. When every role of a block is blocked, the block does not deadlock at
+once: it blocks on the cluster scheduler until one of its roles may go on (a peer's
+multicast copy completed its bytes, a peer's remote arrive released a stage, the peers
+reached the cluster barrier), and the other blocks run meanwhile. Only when every block
+of the cluster is blocked is it a deadlock, reported per block with each role's source
+line and the statement it waits at. `Cluster` holds the peers' states (what remote
+arrives and multicast copies write) and the cluster barrier; a peer that has exited may
+not be written to (`Cluster.peer`).
 """
 from __future__ import annotations
 
@@ -50,11 +61,14 @@ class RoleTask:
         self.baton = threading.Semaphore(0)  # released by the scheduler: "run now"
         self.waiting: Wait | None = None
         self.done = False
+        self.kind = "role"  # or "block": one block of a cluster (`run_cluster`)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name=f"tegula-role-{name}",
                                        daemon=True)
 
     def label(self) -> str:
+        if self.kind == "block":
+            return self.name
         return f"role {self.name!r}" + (f" ({self.loc})" if self.loc else "")
 
     def _main(self) -> None:
@@ -82,10 +96,13 @@ class RoleTask:
 class Scheduler:
     """Runs a block's roles with one baton (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, outer: RoleTask | None = None):
         self.tasks: list[RoleTask] = []
         self.handback = threading.Semaphore(0)  # released by a role: "I stopped"
         self.aborted = False
+        # The block's own task among its cluster's blocks (roles of a clustered block):
+        # when every role is blocked, the block waits there for a peer to unblock one.
+        self.outer = outer
 
     def add(self, name: str, loc: str, body: Callable, state) -> RoleTask:
         task = RoleTask(self, name, loc, body, state)
@@ -104,7 +121,11 @@ class Scheduler:
                 if task is None:
                     if all(t.done for t in self.tasks):
                         return
-                    raise EmulationError(self.deadlock_report(where()))
+                    if self.outer is None:
+                        raise EmulationError(self.deadlock_report(where()))
+                    self.outer.block(Wait(lambda last=last: self._next_runnable(last) is not None,
+                                          self.blocked_roles))
+                    continue
                 last = self.tasks.index(task)
                 task.waiting = None
                 task.baton.release()
@@ -123,14 +144,21 @@ class Scheduler:
         return None
 
     def deadlock_report(self, where: str) -> str:
-        lines = [f"deadlock: every role is blocked ({where})"]
+        return f"deadlock: every role is blocked ({where})\n" + self.task_lines("  ")
+
+    def task_lines(self, indent: str) -> str:
+        lines = []
         for t in self.tasks:
             if t.done:
-                lines.append(f"  {t.label()}: finished")
+                lines.append(f"{indent}{t.label()}: finished")
             elif t.waiting is not None:
-                lines.append(f"  {t.label()} waits at {t.waiting.describe()}"
+                lines.append(f"{indent}{t.label()} waits at {t.waiting.describe()}"
                              + _loops(t.state))
         return "\n".join(lines)
+
+    def blocked_roles(self) -> str:
+        """What a clustered block whose roles are all blocked waits for (deadlock report)."""
+        return "its roles, all blocked:\n" + self.task_lines("      ")
 
     def _stop(self) -> None:
         """Unwind every role thread still parked on its baton, and join them all."""
@@ -153,7 +181,7 @@ def block_until(state, wait: Wait) -> None:
     between; in the block's single coroutine, a wait that does not hold now never will."""
     if wait.ready():
         return
-    task = state.task
+    task = state.task or state.block_task
     if task is None:
         raise EmulationError("deadlock: the block waits at " + wait.describe() +
                              " and no other role can make it go on" + _loops(state))
@@ -177,7 +205,7 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
             raise EmulationError(f"{what}: Roles inside role {state.task.name!r} (roles do "
                                  "not nest)")
         taken = np.zeros(state.threads, dtype=bool)
-        scheduler = Scheduler()
+        scheduler = Scheduler(outer=state.block_task)
         for name, loc, cond, body in roles:
             c = cond(state.env)
             sel = np.broadcast_to(np.asarray(c).astype(bool), (state.threads,))
@@ -219,4 +247,76 @@ def _check_uniform(mask: np.ndarray, threads: int, what: str) -> None:
                              "condition must be warpgroup-uniform)")
 
 
-__all__ = ["Scheduler", "RoleTask", "Wait", "block_until", "compile_roles"]
+# ---------------------------------------------------------------------- clusters
+
+
+class Cluster:
+    """The blocks of one thread-block cluster (their states by rank, x fastest, as
+    `%cluster_ctarank` numbers them) and its barrier (`barrier.cluster.arrive/wait`)."""
+
+    def __init__(self, shape: tuple, blocks: list):
+        self.shape = tuple(shape)
+        self.blocks = blocks
+        self.arrived = 0
+        self.generation = 0
+
+    def label(self) -> str:
+        return f"cluster of blocks {self.blocks[0].bid}..{self.blocks[-1].bid}"
+
+    def peer(self, rank: int, state, what: str):
+        """The state of the block of rank `rank`, which must exist and still run (after a
+        block exits its shared memory is gone: a write there is undefined on the GPU)."""
+        if not 0 <= rank < len(self.blocks):
+            raise EmulationError(f"{what}: CTA rank {rank} outside the cluster "
+                                 f"{self.shape} ({len(self.blocks)} blocks)")
+        peer = self.blocks[rank]
+        if peer is not state and peer.block_task is not None and peer.block_task.done:
+            raise EmulationError(
+                f"{what}: block {state.bid} writes to the shared memory of block {peer.bid} "
+                f"(rank {rank} of its cluster), which has already exited (a cluster barrier "
+                "before exit keeps every block alive while its peers may still write to it)")
+        return peer
+
+    def arrive(self, state) -> int:
+        """Block `state` reached the cluster barrier; returns the generation it waits to
+        see end. The last arrival releases everyone: the inits each block fenced become
+        visible to its peers, and what each block's threads observed is shared."""
+        gen = self.generation
+        self.arrived += 1
+        if self.arrived == len(self.blocks):
+            self.arrived, self.generation = 0, gen + 1
+            for block in self.blocks:
+                release_block(block)
+        return gen
+
+
+def release_block(block) -> None:
+    """What a (cluster) barrier does to one block: a new race epoch, its threads share
+    what they observed, and its fenced mbarrier inits become visible to the cluster."""
+    block.smem.barrier()
+    if block.asyncs is not None:
+        block.asyncs.share_observations(block.tid)
+        block.asyncs.publish_inits()
+
+
+def run_cluster(cluster: Cluster, run_block: Callable, role_order: str) -> None:
+    """Run the blocks of `cluster` together, each as a coroutine (`run_block(state)` runs
+    one to its end); a deadlock of all of them is reported with what each waits at."""
+    scheduler = Scheduler()
+    for state in cluster.blocks:
+        state.block_task = scheduler.add(f"block {state.bid}", "", run_block, state)
+        state.block_task.kind = "block"
+    if role_order == "reversed":
+        scheduler.tasks.reverse()
+    try:
+        scheduler.run(cluster.label)
+    except EmulationError as e:
+        if e.message.startswith("deadlock: every role is blocked"):
+            raise EmulationError(e.message.replace("every role is blocked",
+                                                   "every block of the cluster is blocked", 1)
+                                 ) from None
+        raise
+
+
+__all__ = ["Scheduler", "RoleTask", "Wait", "block_until", "compile_roles", "Cluster",
+           "run_cluster", "release_block"]

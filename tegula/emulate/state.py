@@ -20,11 +20,14 @@ class BlockState:
     last thread-IR `Comment` seen — both only for error messages. `asyncs` is the block's
     `async_state.AsyncState` (None for kernels without asynchronous statements); `task`
     the `roles.RoleTask` this state runs (None outside `Roles`): each role has its own
-    state (`for_role`) sharing registers, memory and `asyncs` with the block's.
+    state (`for_role`) sharing registers, memory and `asyncs` with the block's. In a
+    launch with clusters, `cluster` holds the blocks of this one's cluster (`rank` its
+    place there) and `block_task` the coroutine the block runs as among them.
     """
 
     __slots__ = ("env", "regs", "mask", "full", "smem", "threads", "warps", "tid", "tensors",
-                 "loops", "comment", "bid", "lane", "padded", "asyncs", "task")
+                 "loops", "comment", "bid", "lane", "padded", "asyncs", "task", "cluster",
+                 "rank", "block_task")
 
     def __init__(self, threads: int, env: dict, regs: dict[str, np.ndarray], smem: SharedMemory,
                  tensors: dict[str, GlobalTensor], bid: tuple[int, int, int]):
@@ -44,6 +47,9 @@ class BlockState:
         self.bid = bid
         self.asyncs = None
         self.task = None
+        self.cluster = None     # roles.Cluster of a clustered launch: the peer blocks
+        self.rank = 0           # the block's rank in its cluster (%cluster_ctarank)
+        self.block_task = None  # the RoleTask running this block among its cluster's
 
     def for_role(self, mask: np.ndarray) -> "BlockState":
         """A state for one role: the threads of `mask`, its own variables and loop stack,
@@ -53,6 +59,7 @@ class BlockState:
         role.mask, role.full = mask, bool(mask.all())
         role.loops = [list(frame) for frame in self.loops]
         role.comment, role.asyncs = self.comment, self.asyncs
+        role.cluster, role.rank = self.cluster, self.rank
         return role
 
     def where(self) -> str:

@@ -31,7 +31,7 @@ from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maxi
                                      where)
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
 from tegula.lang.indexing import arange, indices
-from tegula.lang.scalars import num_programs, num_sms
+from tegula.lang.scalars import cluster, num_programs, num_sms
 from tegula.lang.scan import cumsum, scan
 from tegula.lang.ops import (argmax, argmin, atomic_add, block_id, copy, fill, full, gemm, load,
                              rearrange, reduce, reduce_max, reduce_min, reduce_sum, register,
@@ -40,7 +40,7 @@ from tegula.lang.tensors import (GlobalTensor, GlobalView, RegisterValue, Shared
                                  SharedView)
 
 __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
-           "num_programs", "num_sms", "cdiv",
+           "num_programs", "num_sms", "cluster", "cdiv",
            "shared", "register", "zeros", "full", "fill", "copy", "load", "gemm", "cast",
            "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "erf", "sin",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",

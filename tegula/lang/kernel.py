@@ -309,7 +309,8 @@ class Kernel:
         traced = TracedKernel(name=self.name, threads=threads, args=tensor_args,
                               scalar_args=scalar_args, constexprs=dict(values), body=ctx.body,
                               shared_allocs=ctx.shared_allocs,
-                              register_tiles=ctx.register_tiles, loc=self.loc)
+                              register_tiles=ctx.register_tiles, loc=self.loc,
+                              cluster=ctx.cluster)
         from tegula.ir.verify import verify
         verify(traced)  # a failure here is a tegula bug: the language built bad IR
         return traced

@@ -9,6 +9,10 @@ adds —
   tg.num_programs(0))`;
 * `tg.num_sms()`: the SM count of the device running the kernel (in the emulator the
   target's, or `tg.emulate(..., num_sms=N)`);
+* `tg.cluster(x, y)`: the kernel is launched in thread-block clusters of x × y blocks
+  (sm_90; blocks `x*i … x*i+x-1` along axis 0 form one cluster, so `tg.block_id(0) // x`
+  is the cluster's index and `tg.block_id(0) % x` the block's rank in it). A TMA copy whose
+  box is the same for every block of a cluster is then multicast (`synth/roles.py`);
 * `tg.minimum(a, b)` / `tg.maximum(a, b)` on scalars (tile operands keep the element-wise
   meaning);
 * `offsets[e]`: indexing every dim of an integer global tensor with scalars loads one
@@ -45,6 +49,34 @@ def num_sms() -> SMCount:
     if ctx.sm_count is None:
         ctx.sm_count = SMCount()
     return ctx.sm_count
+
+
+#: Blocks per cluster every cluster-capable GPU supports (the runtime's limit too).
+MAX_CLUSTER_BLOCKS = 8
+
+
+def cluster(x: int, y: int = 1) -> None:
+    """Launch the kernel in thread-block clusters of `x` blocks along grid axis 0 by `y`
+    along axis 1 (sm_90). The grid must be a whole number of clusters. The blocks of a
+    cluster run at the same time on neighbouring SMs, so a TMA box every block of the
+    cluster loads (its coordinates the same for all of them: computed from
+    `tg.block_id(0) // x`, not from the rank `tg.block_id(0) % x`) is loaded once and
+    multicast into all of them. `tg.cluster(1)` changes nothing."""
+    label = "tg.cluster"
+    ctx = current(label)
+    for v in (x, y):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise fail(label, f"cluster dimensions are positive Python ints (constexprs), got "
+                              f"{x!r} x {y!r}")
+    if x * y > MAX_CLUSTER_BLOCKS:
+        raise fail(label, f"a cluster of {x} x {y} blocks is over the portable "
+                          f"{MAX_CLUSTER_BLOCKS}")
+    if ctx.cluster != (1, 1, 1) and ctx.cluster != (int(x), int(y), 1):
+        raise fail(label, f"the kernel already declared a {ctx.cluster[0]} x {ctx.cluster[1]} "
+                          f"cluster")
+    if ctx.body or ctx.shared_allocs:
+        raise fail(label, "declare the cluster first in the kernel body, before any tile op")
+    ctx.cluster = (int(x), int(y), 1)
 
 
 def is_scalar_operand(x: Any) -> bool:

@@ -124,6 +124,7 @@ class TraceContext:
         self.block_indices: dict = {}        # grid axis -> its BlockIndex (one object each)
         self.grid_sizes: dict = {}           # grid axis -> its GridSize (tg.num_programs)
         self.sm_count = None                 # the SMCount of tg.num_sms(), once made
+        self.cluster = (1, 1, 1)             # tg.cluster: blocks per thread-block cluster
         self._counters: dict[str, int] = {}
         # An error noticed where it cannot be raised (a generator being closed by `break`);
         # the driver raises it when the body returns.

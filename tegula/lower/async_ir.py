@@ -127,12 +127,17 @@ class MBarrierArrive(Stmt):
     """Each active thread where `pred` arrives once on `barrier[index]`
     (`mbarrier.arrive.shared::cta.b64`). With `tx_bytes > 0` it is
     `mbarrier.arrive.expect_tx`: the arrival also raises the barrier's expected transaction
-    bytes by `tx_bytes` (the TMA copies that complete them are issued after it)."""
+    bytes by `tx_bytes` (the TMA copies that complete them are issued after it). With
+    `cta` (an index expression: a CTA rank in the kernel's cluster) the arrival lands on the
+    barrier at the same offset in that CTA's shared memory (`mapa` +
+    `mbarrier.arrive.release.cluster.shared::cluster`; no `tx_bytes`), which must have
+    been made visible to the cluster (`ClusterBarrier` after its init)."""
 
     barrier: str
     index: Expr
     pred: Expr | None = None
     tx_bytes: int = 0
+    cta: Expr | None = None
 
 
 @dataclass
@@ -156,8 +161,9 @@ class TmaLoad(Stmt):
     the box at element coordinates `coords` (tensor-map dim order) of `tensor_map` is
     copied into shared buffer `buffer` at element `offset` (swizzled per the map) and
     completes `box_bytes` transaction bytes on `barrier[barrier_index]`. Issued by the
-    threads where `pred` (one thread). `multicast` (a CTA mask, 0 = none) is reserved for
-    cluster multicast."""
+    threads where `pred` (one thread). `multicast` (a CTA mask over the kernel's cluster,
+    0 = none): the box lands at the same offset of every CTA in the mask and completes its
+    bytes on each one's barrier at the same offset (`.multicast::cluster`)."""
 
     buffer: str
     offset: Expr
@@ -278,6 +284,15 @@ class NamedBarrier(Stmt):
 
 
 @dataclass
+class ClusterBarrier(Stmt):
+    """`barrier.cluster.arrive.release` + `barrier.cluster.wait.acquire`: every thread of
+    every CTA of the cluster (the whole block, outside `Roles`) waits for all the others.
+    After mbarrier inits and `FenceBarrierInit` it makes them visible to the peers (remote
+    arrives, multicast copies); before exit it keeps a CTA's shared memory alive while a
+    peer may still write to it. In a kernel without a cluster it is a block barrier."""
+
+
+@dataclass
 class Role:
     """One branch of `Roles`: the threads where `cond` (warpgroup-uniform) run `body`.
     `max_registers` (a multiple of 8, 24–256) adjusts the role's register budget with
@@ -302,4 +317,4 @@ class Roles(Stmt):
 
 ASYNC_STATEMENTS = (MBarrierInit, FenceBarrierInit, MBarrierArrive, MBarrierWait, TmaLoad,
                     TmaStore, BulkCommit, BulkWait, FenceProxyAsync, WgmmaFence, Wgmma,
-                    WgmmaCommit, WgmmaWait, NamedBarrier, Roles)
+                    WgmmaCommit, WgmmaWait, NamedBarrier, ClusterBarrier, Roles)

@@ -94,7 +94,7 @@ become visible to the async proxy before the barrier that orders them before the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
@@ -102,13 +102,14 @@ from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops
 from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
-from tegula.lower.async_ir import (BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync,
+from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
+                                   FenceProxyAsync,
                                    MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
                                    Role, Roles, SmemDesc, TensorMapParam, TmaLoad, TmaStore,
                                    Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
-from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, Expr, For, If, SharedBuffer,
-                                    SharedStore, Stmt, Var, _bin, all_of)
+from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
+                                    SharedBuffer, SharedStore, Stmt, Var, _bin, all_of)
 
 
 def is_wgmma(op) -> bool:
@@ -206,21 +207,53 @@ def tensor_map(ctx: LoweringContext, view, plan) -> TensorMapParam:
 
 
 def tma_issue(ctx: LoweringContext, producers: list[Copy], barrier: str, slot: Expr,
-              iteration: Expr, loop_var: str) -> list[Stmt]:
-    """Thread 0's statements for one stage: expect the stage's bytes on `barrier[slot]`,
-    then one TMA box per copy, for loop iteration `iteration`."""
+              iteration: Expr, loop_var: str, cluster: tuple = (1, 1, 1)) -> list[Stmt]:
+    """The issuing thread's statements for one stage: expect the stage's bytes on
+    `barrier[slot]`, then the TMA boxes of every copy (`blocks` per copy: one per
+    swizzle-span block of the buffer's contiguous dim), for loop iteration `iteration`.
+    A multicast copy (`choices["multicast"]`, a kernel with a `cluster`) loads this
+    block's row slice of each box into every block of the cluster, whose peers load the
+    other slices into this one: the stage still receives the whole box's bytes."""
     from tegula.lower.lower import substitute
     total = sum(p.choices["tma"].box_bytes for p in producers)
     stmts: list[Stmt] = [MBarrierArrive(barrier, slot, tx_bytes=total)]
     for p in producers:
-        tmap = tensor_map(ctx, p.src, p.choices["tma"])
+        plan, multicast = p.choices["tma"], p.choices.get("multicast")
+        first, mask = Const(0), 0
+        if multicast is not None:
+            plan = replace(plan, box=plan.box[:-1] + (multicast.slice_rows,))
+            first, mask = cta_rank(cluster) * multicast.slice_rows, multicast.mask
+        tmap = tensor_map(ctx, p.src, plan)
         origin = [scalar_expr(o) for o in p.src.origin]
         coords = substitute([origin[d] for d in tmap.dims], {loop_var: iteration})
-        rows, k = p.dst.alloc.shape
-        offset = slot * (rows * k)
-        stmts.append(TmaLoad(ctx.buffer_of(p.dst.alloc).name, offset, tmap.name, coords,
-                             barrier, slot))
+        coords[-1] = coords[-1] + first if multicast is not None else coords[-1]
+        rows, cols = p.dst.alloc.shape
+        width = plan.box[0]
+        for block in range(plan.blocks):
+            offset = slot * (rows * cols) + block * (rows * width)
+            if multicast is not None:
+                offset = offset + first * width
+            inner = coords[0] + block * width if block else coords[0]
+            stmts.append(TmaLoad(ctx.buffer_of(p.dst.alloc).name, offset, tmap.name,
+                                 [inner] + list(coords[1:]), barrier, slot, multicast=mask))
     return stmts
+
+
+def cta_rank(cluster: tuple) -> Expr:
+    """The block's rank in its cluster (`%cluster_ctarank`: x fastest), from its block
+    indices: clusters tile the grid, so blocks `cx*i … cx*i+cx-1` along x form one."""
+    rank: Expr | None = None
+    scale = 1
+    for axis, extent in enumerate(cluster):
+        if extent > 1:
+            term = (BLOCK_IDS[axis] % extent) * scale if scale > 1 else BLOCK_IDS[axis] % extent
+            rank = term if rank is None else rank + term
+        scale *= extent
+    return rank if rank is not None else Const(0)
+
+
+def cluster_size(cluster: tuple) -> int:
+    return cluster[0] * cluster[1] * cluster[2]
 
 
 class Ring:
@@ -341,6 +374,7 @@ class WarpRoles:
     plan: object  # synth.roles.RolesPlan (read by its fields: lowering does not import synth)
     producer: list
     loc: str
+    multicast: bool = False  # peers write this block's shared memory: a cluster barrier at exit
 
     @property
     def block_threads(self) -> int:
@@ -366,39 +400,51 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     # warp-aligned, so the whole warp has passed it); otherwise every consumer thread
     # arrives after its own reads.
     releasers = consumers // 32 if in_flight else consumers
+    # Multicast boxes land in every block of the cluster: a stage is free once the
+    # consumers of all of them released it, each arriving on every block's empty barrier.
+    multicast = any(p.choices.get("multicast") is not None for p in producers)
+    ctas = cluster_size(plan.cluster) if multicast else 1
     full = ctx.mbarrier_array("full", stages)
     empty = ctx.mbarrier_array("empty", stages)
     ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
-                     + [MBarrierInit(empty.name, Const(s), releasers) for s in range(stages)]
-                     + [FenceBarrierInit()]), Barrier()]
+                     + [MBarrierInit(empty.name, Const(s), releasers * ctas)
+                        for s in range(stages)]
+                     + [FenceBarrierInit()]),
+                  # The peers' inits must be visible before a remote arrive or multicast.
+                  ClusterBarrier() if multicast else Barrier()]
+
+    def release(index: Expr, pred: Expr | None = None) -> list[Stmt]:
+        if ctas == 1:
+            return [MBarrierArrive(empty.name, index, pred=pred)]
+        return [MBarrierArrive(empty.name, index, pred=pred, cta=Const(r)) for r in range(ctas)]
+
     # The producer waits for the stage's previous use to be released: parity `uses ^ 1`,
     # which a fresh barrier passes at once (the first round of stages).
     producer_loop = For(k, ring.start, ring.stop, 1, [
         MBarrierWait(empty.name, ring.slot(k), ring.parity(k) ^ 1)]
-        + tma_issue(ctx, producers, full.name, ring.slot(k), k, k.name))
+        + tma_issue(ctx, producers, full.name, ring.slot(k), k, k.name, plan.cluster))
     where = f"{op.loc.filename}:{op.loc.lineno}" if op.loc is not None else "tg.pipeline"
     ctx.warp_roles = WarpRoles(plan, [
         Comment(f"producer: TMA boxes into {full.name}[{stages}], stages released on "
                 f"{empty.name}[{stages}]"),
-        If(TID.eq(consumers), [_in_enclosing_loops(op, producer_loop)])], where)
+        If(TID.eq(consumers), [_in_enclosing_loops(op, producer_loop)])], where, multicast)
     wait = MBarrierWait(full.name, ring.slot(k), ring.parity(k))
     head = Comment(f"consumer: waits on {full.name}[{stages}], releases stages on "
-                   f"{empty.name}[{stages}] ({releasers} arrivals)")
+                   f"{empty.name}[{stages}] ({releasers} arrivals"
+                   + (f" on each of the cluster's {ctas} blocks)" if ctas > 1 else ")"))
     if in_flight:
         # wait_group 1 retires iteration k-1's wgmmas, which read stage slot(k-1).
         gemm = lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(k))
         lane0 = (TID % 32).eq(0)
-        release = MBarrierArrive(empty.name, ring.slot(k - 1),
-                                 pred=all_of([ring.start.lt(k), lane0]))
-        loop = For(k, ring.start, ring.stop, 1, [wait] + gemm + [release])
+        releases = release(ring.slot(k - 1), all_of([ring.start.lt(k), lane0]))
+        loop = For(k, ring.start, ring.stop, 1, [wait] + gemm + releases)
         after: list[Stmt] = [WgmmaWait(0)]
         if ring.nested:
             # The ring goes on in the next run: release the last iteration's stage now
             # that wait_group 0 retired its wgmmas, so the producer refills it (with the
             # next run's boxes) while this role runs the code after the loop (epilogue).
             last = ring.stop - 1
-            after.append(MBarrierArrive(empty.name, ring.slot(last),
-                                        pred=all_of([ring.start.lt(ring.stop), lane0])))
+            after += release(ring.slot(last), all_of([ring.start.lt(ring.stop), lane0]))
         return [head, loop] + after + [Barrier()]
     _top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
@@ -406,7 +452,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     body = [wait] + lowering.ops(rest, inner)
     if inner.dirty:  # no refill barrier orders one iteration's accesses before the next's
         body += inner.barrier()
-    body.append(MBarrierArrive(empty.name, ring.slot(k)))
+    body += release(ring.slot(k))
     return [head, For(k, ring.start, ring.stop, 1, body)]
 
 
@@ -540,5 +586,8 @@ def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tupl
     if has_tma_stores(kernel):  # the block may not exit with a TMA store in flight
         body = body + [If(TID.eq(0), [BulkWait(0)])]
     if ctx.warp_roles is not None:
-        body = split_roles(ctx.warp_roles, body)
+        # With multicast, no block may exit while a peer can still write to its shared
+        # memory (a multicast box, a remote arrive): the cluster meets once more.
+        exit_sync = [ClusterBarrier()] if ctx.warp_roles.multicast else []
+        body = split_roles(ctx.warp_roles, body) + exit_sync
     return with_maps, ctx.setup + body

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tegula.ir.ops import ForLoop, IfThen
-from tegula.ir.scalar import (BlockIndex, LoopIndex, ScalarArg, ScalarBinOp, ScalarConst,
-                              ScalarLoad, TensorExtent)
+from tegula.ir.scalar import (BlockIndex, GridSize, LoopIndex, ScalarArg, ScalarBinOp,
+                              ScalarConst, ScalarLoad, SMCount, TensorExtent)
 from tegula.ir.values import GlobalTile
 from tegula.layout.cute import Layout
 from tegula.synth.facts import MAX_DIVISOR, TensorFacts
@@ -153,6 +153,7 @@ class TmaPlan:
     box: tuple
     swizzle: int
     box_bytes: int
+    blocks: int = 1  # boxes per stage along the contiguous dim (one per swizzle span)
 
 
 def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
@@ -259,6 +260,30 @@ def plan_nested_ring(body: list, loop, is_lone_gemm: bool) -> tuple[RingPlan | N
                       "than the TMA copies and one wgmma gemm (the ring's running stage is "
                       "applied to a lone gemm's descriptors)")
     return RingPlan(tuple(inner)), ""
+
+
+def cluster_uniform(x, cluster: tuple, loops: dict) -> bool:
+    """True if the block-uniform scalar `x` is provably the same in every block of one
+    thread-block cluster of `cluster` blocks (x, y, z): it reads no block index along an
+    axis the cluster spans except as `tg.block_id(a) // c` with c a multiple of the
+    cluster's extent there (the cluster's index), and the loops whose indices it reads
+    (`loops`: index name -> ForLoop) have such bounds too."""
+    if isinstance(x, (int, ScalarConst, ScalarArg, TensorExtent, GridSize, SMCount)):
+        return True
+    if isinstance(x, BlockIndex):
+        return cluster[x.axis] == 1
+    if isinstance(x, LoopIndex):
+        loop = loops.get(x.name)
+        return loop is not None and all(cluster_uniform(b, cluster, loops)
+                                        for b in (loop.start, loop.stop))
+    if isinstance(x, ScalarLoad):
+        return all(cluster_uniform(c, cluster, loops) for c in x.coords)
+    if isinstance(x, ScalarBinOp):
+        if x.op == "//" and isinstance(x.lhs, BlockIndex) and isinstance(x.rhs, ScalarConst) \
+                and x.rhs.value > 0 and x.rhs.value % cluster[x.lhs.axis] == 0:
+            return True  # blocks c*k .. c*k+c-1 of a cluster along the axis: the same k
+        return cluster_uniform(x.lhs, cluster, loops) and cluster_uniform(x.rhs, cluster, loops)
+    return False
 
 
 def enclosing_ops(ops: list, target) -> list | None:

@@ -21,6 +21,18 @@ consumer keeps the share (no `setmaxnreg` for it).
 when specialized, otherwise `choices["roles_skipped"]`, the reason `tegula explain`
 prints. The kernel option `warp_specialize` (None: where the rule applies; True: required,
 a `SynthesisError` with the reason where it cannot; False: never) chooses.
+
+**Cluster multicast** (a kernel launched in clusters, `tg.cluster(x, y)`): a TMA copy of a
+specialized pipeline whose box is provably the same in every block of the cluster
+(`copies.cluster_uniform` of its coordinates, and the pipeline and its enclosing loops
+run the same iterations in every block) is multicast (`MulticastPlan` in the copy's
+`choices["multicast"]`): each block's producer loads one of `ctas` row slices of the box
+into *every* block of the cluster, so each block receives the whole box while global
+memory and L2 serve it once. A block's stage is then written by its peers too, so it is
+free only when the consumers of every block of the cluster released it: they arrive on
+the empty barrier of each block (`lower/hopper.py`). Only a body of TMA copies and one
+wgmma gemm is multicast (its release is the warp-level one that the remote arrives
+extend); `choices["multicast_skipped"]` on the loop says why not otherwise.
 """
 from __future__ import annotations
 
@@ -32,7 +44,7 @@ from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
     walk_ops
 from tegula.ir.values import SharedTile, describe
-from tegula.synth.copies import enclosing_ops
+from tegula.synth.copies import cluster_uniform, enclosing_ops
 
 #: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
 #: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
@@ -55,6 +67,8 @@ class RolesPlan:
     consumer_registers: int | None
     producer_threads: int = WARPGROUP
     ring: object = None  # synth.copies.RingPlan when the pipeline sits in other loops
+    cluster: tuple = (1, 1, 1)  # the kernel's cluster (blocks along x, y, z)
+    cluster_note: str = ""      # which boxes are multicast, or why none is
     kind = "warp_roles"  # what lowering dispatches on (lowering does not import synthesis)
 
     @property
@@ -71,7 +85,13 @@ class RolesPlan:
                 f"{c} waits on the stage's empty mbarrier, expects its bytes on the full one and "
                 f"issues the TMA boxes), consumer (threads 0..{c - 1}, {consumer_budget}; waits "
                 f"on the full mbarrier, wgmma, releases the stage on the empty one, and runs the "
-                f"rest of the kernel){self._walk()}")
+                f"rest of the kernel){self._walk()}{self._cluster()}")
+
+    def _cluster(self) -> str:
+        if self.cluster == (1, 1, 1):
+            return ""
+        x, y, _ = self.cluster
+        return f"; cluster {x}x{y}: {self.cluster_note}"
 
     def _walk(self) -> str:
         if self.ring is None:
@@ -106,7 +126,81 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None) -> None:
         else:
             producer, consumer = register_budgets(kernel.threads)
             loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
-                                              ring=loop.choices.get("ring"))
+                                              ring=loop.choices.get("ring"),
+                                              cluster=tuple(kernel.cluster),
+                                              cluster_note=decide_multicast(kernel, loop))
+
+
+@dataclass(frozen=True)
+class MulticastPlan:
+    """A TMA copy multicast across the cluster: the box's `rows` (its outermost map dim)
+    split into `ctas` slices of `slice_rows`; the block of rank r loads slice r into every
+    block of the cluster (CTA mask `mask`), at the slice's place in the stage."""
+
+    ctas: int
+    rows: int
+    slice_rows: int
+
+    @property
+    def mask(self) -> int:
+        return (1 << self.ctas) - 1
+
+    def describe(self, name: str) -> str:
+        return (f"{name}'s box is the same in every block, so each loads {self.slice_rows} of "
+                f"its {self.rows} rows into all {self.ctas}")
+
+
+def decide_multicast(kernel: TracedKernel, loop: ForLoop) -> str:
+    """Multicast the TMA copies of the specialized pipeline `loop` that every block of the
+    kernel's cluster loads alike (module docstring); record `choices["multicast"]` on each
+    and return what explain says about the cluster."""
+    ctas = kernel.cluster[0] * kernel.cluster[1] * kernel.cluster[2]
+    if ctas == 1:
+        return ""
+    copies = [o for o in loop.body if isinstance(o, Copy) and o.choices.get("instr") == "tma"]
+    problem = _why_no_multicast(kernel, loop, copies)
+    if problem:
+        loop.choices["multicast_skipped"] = problem
+        return f"no box is multicast: {problem}"
+    loops = {op.var.name: op for op in walk_ops(kernel.body) if isinstance(op, ForLoop)}
+    notes, why = [], []
+    for op in copies:
+        name, plan = op.src.arg.name, op.choices["tma"]
+        origin = op.src.origin
+        if not all(cluster_uniform(origin[d], kernel.cluster, loops) for d in plan.dims):
+            why.append(f"{name}'s box differs between the blocks (its coordinates read the "
+                       f"block's rank in the cluster)")
+            continue
+        rows, swizzle_atom = plan.box[-1], 8
+        inner = [b for b in plan.box[1:-1] if b != 1]
+        slice_rows = rows // ctas
+        if inner or rows % ctas or slice_rows % swizzle_atom:
+            why.append(f"{name}'s box {plan.box} does not split into {ctas} slices of whole "
+                       f"8-row swizzle atoms along its outermost dim")
+            continue
+        op.choices["multicast"] = MulticastPlan(ctas, rows, slice_rows)
+        notes.append(op.choices["multicast"].describe(name))
+    if not notes:
+        loop.choices["multicast_skipped"] = "; ".join(why)
+        return "no box is multicast: " + "; ".join(why)
+    return ("; ".join(notes + why) + "; a stage is free once the consumers of every block "
+            "released it (they arrive on the empty mbarrier of each block of the cluster)")
+
+
+def _why_no_multicast(kernel: TracedKernel, loop: ForLoop, copies: list) -> str:
+    """Why the copies of `loop` cannot be multicast at all ("" if they may be)."""
+    rest = [o for o in loop.body if not any(o is c for c in copies)]
+    if len(rest) != 1 or not isinstance(rest[0], Gemm):
+        return ("the pipeline's body is more than its TMA copies and one wgmma gemm (only "
+                "that release is extended to the cluster)")
+    loops = {op.var.name: op for op in walk_ops(kernel.body) if isinstance(op, ForLoop)}
+    for op in (enclosing_ops(kernel.body, loop) or []) + [loop]:
+        if isinstance(op, ForLoop) and not all(cluster_uniform(b, kernel.cluster, loops)
+                                               for b in (op.start, op.stop)):
+            return (f"the loop at line {op.loc.lineno if op.loc else '?'} may run different "
+                    f"iterations in the blocks of a cluster (its bounds read the block's rank; "
+                    f"walk the tiles by cluster, tg.block_id(0) // {kernel.cluster[0]})")
+    return ""
 
 
 def _refuse_without_tma(kernel: TracedKernel) -> None:
