@@ -33,7 +33,6 @@ from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
 from tegula.lower.scan import lower_scan
 from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
-from tegula.lower.uniform import UniformNamer, uniform_names
 from tegula.lower.thread_ir import (Barrier, BinOp, Comment, Const, CpAsyncCommit, CpAsyncWait,
                                     Expr, For, If, Reg, ScalarParam, Stmt, TensorParam,
                                     ThreadKernel, Value, Var, _bin)
@@ -94,7 +93,6 @@ class KernelLowering:
     def __init__(self, kernel: TracedKernel, ctx: LoweringContext):
         self.kernel = kernel
         self.ctx = ctx
-        self.namer = UniformNamer(uniform_names(kernel))  # memory-read scalars, once per op
 
     def ops(self, ops: list[Op], sync: SharedSync) -> list:
         stmts: list = []
@@ -105,7 +103,7 @@ class KernelLowering:
                 stmts += self.branch(op, sync)
             else:
                 stmts += sync.before(op)
-                stmts += self.namer.bind(_LOWER[type(op)](self.ctx, op))
+                stmts += _LOWER[type(op)](self.ctx, op)
                 sync.after(op)
         return stmts
 
