@@ -15,6 +15,7 @@ docstring for how b's memory layout costs.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from tegula.dtypes import DType, bf16, f16, f32
@@ -25,34 +26,48 @@ from tegula.runtime.autotune import Config
 # matmul
 # --------------------------------------------------------------------------------------
 
-def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
-    """GEMM configurations worth timing for an (M, N, K) bucket. `kernel` picks the
-    dataflow ("shared": multi-stage shared-memory pipeline; "registers": global ->
-    registers -> MMA). Large tiles take 256 threads, keeping accumulators at ≤ 128 f32
-    registers a thread. Decode shapes (few rows) get narrow tiles: with M = 16 a
-    128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
-    narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
-    long K, splitting it (SPLIT partial sums, then a reduction) multiplies the blocks
-    again (128×4096 in 64×128 tiles is 64 blocks; split 4 ways, 256)."""
+#: The persistent kernel's configurations on sm_90a (kernels.gemm.persistent_gemm_kernel):
+#: 128×256×64 in 4 stages is the H100's best measured (0.84–0.88× cuBLAS, session 5);
+#: 128×128 gives twice the tiles where 128×256 would leave SMs idle.
+PERSISTENT = [dict(kernel="persistent", BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
+              dict(kernel="persistent", BM=128, BN=128, BK=64, STAGES=4, GROUP=8,
+                   threads=256)]
+
+
+def gemm_candidates(m: int, n: int, k: int, hopper: bool = True) -> list[dict]:
+    """GEMM configurations worth timing for an (M, N, K) bucket, the default (untuned)
+    first. `kernel` picks the dataflow ("persistent": one block per SM walking the tiles
+    in grouped-rows order, on sm_90a one TMA ring across them, only offered where
+    `hopper`, and first there for shapes that fill the GPU; "shared": one block per tile,
+    multi-stage shared-memory pipeline; "registers": global -> registers -> MMA). Large
+    tiles take 256 threads, keeping accumulators at ≤ 128 f32 registers a thread. Decode
+    shapes (few rows) get narrow tiles: with M = 16 a 128-wide N tile gives only N/128
+    blocks (32 for N = 4096, a quarter of an H100), so narrower N tiles trade reuse, which
+    few rows cannot use anyway, for blocks; with a long K, splitting it (SPLIT partial
+    sums, then a deterministic reduction) multiplies the blocks again (128×4096 in 64×128
+    tiles is 64 blocks; split 4 ways, 256)."""
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
     if _api._pow2_at_least(m, 1) <= 16:
         chosen = [dict(BM=16, BN=32, BK=128, STAGES=4), dict(BM=16, BN=64, BK=64, STAGES=4),
                   dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
                   registers]
         split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
-                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4)]
+                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
     elif _api._pow2_at_least(m, 1) <= 64:
         chosen = [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
                   dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
                   registers]
         split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
-                 dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2)]
+                 dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2),
+                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)]
     elif _api._pow2_at_least(m, 1) <= 256:
         chosen = [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
                   dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
         split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
                  dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
+        chosen += PERSISTENT[1:] if hopper else []
     else:
         chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
@@ -63,6 +78,8 @@ def gemm_candidates(m: int, n: int, k: int) -> list[dict]:
         if m * n <= 1024 * 1024:  # 64 blocks of 128×128 leave half an H100 idle:
             chosen = [c for c in chosen if c["BM"] * c["BN"] <= 128 * 128]  # smaller tiles
             chosen += [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4)]
+        elif hopper:  # enough tiles to fill the SMs: the persistent kernel first
+            chosen = PERSISTENT + chosen
         split = []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
@@ -137,7 +154,7 @@ def matmul(a: Any, b: Any, bias: Any = None, activation: str | None = None, *,
     layouts = ["view"] if bt.stride(1) == 1 else (["view", "copy"] if bt.stride(0) == 1
                                                   else ["copy"])
     configs = _api._configs("gemm", _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1),
-                       _api._pow2_at_least(k, 1), tuple(layouts))
+                            _api._pow2_at_least(k, 1), _is_hopper(a.device), tuple(layouts))
     epilogue = (activation, bias_row)
 
     def run(config: Config) -> Any:
@@ -154,6 +171,26 @@ def matmul(a: Any, b: Any, bias: Any = None, activation: str | None = None, *,
     if signature is not None and a_contiguous and (bias is None or bias.stride(0) == 1):
         _api._remember(signature, _matmul_replay(plan, b_layout, m, n))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _device_facts(device: Any) -> tuple[bool, int]:
+    """(Hopper?, SMs) of a tensor's device. Off the GPU (the emulated tests): not
+    Hopper, and the default target's SM count for a persistent grid."""
+    if getattr(device, "type", None) != "cuda":
+        from tegula.arch import get_target
+        return False, get_target("sm_90a").sm_count
+    props = _api._torch().cuda.get_device_properties(device)
+    return (props.major, props.minor) == (9, 0), props.multi_processor_count
+
+
+def _is_hopper(device: Any) -> bool:
+    """Whether the device runs sm_90a (H100/H200): the persistent TMA + wgmma kernel."""
+    return _device_facts(device)[0]
+
+
+def _num_sms(device: Any) -> int:
+    return _device_facts(device)[1]
 
 
 def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Callable[..., Any]:
@@ -195,8 +232,11 @@ def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: 
     which, split = values.pop("kernel"), values.pop("SPLIT", 1)
     bm, bn = values["BM"], values["BN"]
     if split == 1:
-        factory = gemm.gemm_registers_kernel if which == "registers" else gemm.gemm_kernel
+        factory = {"registers": gemm.gemm_registers_kernel, "shared": gemm.gemm_kernel,
+                   "persistent": gemm.persistent_gemm_kernel}[which]
         grid = (-(-m // bm), -(-n // bn), 1)
+        if which == "persistent":
+            grid = gemm.persistent_grid(m, n, _num_sms(a.device), bm, bn) + (1, 1)
         args = (a, bt, *bias_args, out)
         ck = _api._launch(factory(dtype, activation, with_bias), grid, args, values, threads)
         return [(ck, grid, args, ("a", "b", *bias_roles, "c"))]

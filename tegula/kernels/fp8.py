@@ -75,9 +75,11 @@ def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
         for k in tg.pipeline(ga.shape[2], stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             tg.copy(gb[:, :, k], sb[k])
+            # The scales first: their loads are in flight while the tensor cores run
+            # (loaded after the gemm, they waited for it, then stalled the next one).
+            scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
             part = tg.zeros((BM, BN), f32)              # promoted every 128 of K
             tg.gemm(part, sa[k], sb[k])
-            scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
             acc += part * scale                          # (BM, 1) scales broadcast
         tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
 

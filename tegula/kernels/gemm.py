@@ -30,6 +30,7 @@ from tegula.dtypes import DType, bf16, f16, i8
 from tegula.lang.tensors import RegisterValue
 from tegula.kernels.common import (check_array, check_same_dtype, dtype_of_array,
                                    launch_emulated, poisoned)
+from tegula.kernels.schedule import grouped_tile
 
 GEMM_DTYPES = (f16, bf16, i8)
 
@@ -73,19 +74,42 @@ def epilogue(acc: RegisterValue, bias_row: RegisterValue | None,
 
 
 def pipelined_product(a, b, m, n, dtype: DType, BM: int, BN: int, BK: int,
-                      STAGES: int) -> RegisterValue:
+                      STAGES: int, buffers: tuple | None = None) -> RegisterValue:
     """The (BM, BN) tile (m, n) of a @ b.T through the multi-stage shared pipeline (trace
-    time; the README kernel's main loop)."""
+    time; the README kernel's main loop). `buffers`: the (sa, sb) staged shared tiles to
+    run through, made once outside a persistent kernel's tile loop (one ring per block);
+    by default the product makes its own."""
     ga = a.tile((BM, BK), (m, None))            # (BM, BK, K/BK): the block's rows of a
     gb = b.tile((BN, BK), (n, None))
     acc = tg.zeros((BM, BN), accumulator_type(dtype))
-    sa = tg.shared((BM, BK), dtype, stages=STAGES)
-    sb = tg.shared((BN, BK), dtype, stages=STAGES)
+    sa, sb = buffers or staged_buffers(dtype, BM, BN, BK, STAGES)
     for k in tg.pipeline(ga.shape[2], stages=STAGES):
         tg.copy(ga[:, :, k], sa[k])
         tg.copy(gb[:, :, k], sb[k])
         tg.gemm(acc, sa[k], sb[k])              # acc += sa @ sb.T
     return acc
+
+
+def staged_buffers(dtype: DType, BM: int, BN: int, BK: int, STAGES: int) -> tuple:
+    """The (sa, sb) shared operand tiles of `pipelined_product`, STAGES deep."""
+    return (tg.shared((BM, BK), dtype, stages=STAGES),
+            tg.shared((BN, BK), dtype, stages=STAGES))
+
+
+def persistent_tiles(a, b, dtype: DType, BM: int, BN: int, BK: int, STAGES: int,
+                     GROUP: int, finish) -> None:
+    """The persistent GEMM's body (trace time): this block walks output tiles b, b + grid,
+    b + 2·grid, … in grouped-rows order (`schedule.grouped_tile`, GROUP row tiles a band,
+    so blocks running together share operand tiles in L2), runs each tile's K loop through
+    one shared ring made here — on sm_90a one TMA + mbarrier ring for the block's life, so
+    the producer loads the next tile while the consumers run `finish(acc, m, n)`, the
+    epilogue and store of tile (m, n)."""
+    tiles_m = tg.cdiv(a.shape[0], BM)
+    tiles_n = tg.cdiv(b.shape[0], BN)
+    buffers = staged_buffers(dtype, BM, BN, BK, STAGES)
+    for t in tg.range(tg.block_id(0), tiles_m * tiles_n, tg.num_programs(0)):
+        m, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+        finish(pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES, buffers), m, n)
 
 
 def register_product(a, b, m, n, dtype: DType, BM: int, BN: int, BK: int) -> RegisterValue:
@@ -165,6 +189,45 @@ def gemm_registers_kernel(dtype: DType, activation: str | None = None,
         tg.copy(epilogue(acc, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
 
     return gemm_registers
+
+
+@lru_cache(maxsize=None)
+def persistent_gemm_kernel(dtype: DType, activation: str | None = None,
+                           with_bias: bool = False) -> tg.Kernel:
+    """The persistent GEMM (`persistent_tiles`) for operands of `dtype`, with the fused
+    epilogue (`with_bias`: a (1, N) `bias` tensor parameter after b). Launched on
+    `persistent_grid` blocks; on an H100 its tiles are BM=128, BN=256, BK=64, STAGES=4 at
+    threads=256 (two consumer warpgroups, plus the producer warpgroup synthesis adds)."""
+    _check_epilogue(dtype, activation)
+    out_t = output_type(dtype)
+
+    if with_bias:
+        @tg.kernel(threads=128)
+        def persistent_gemm_bias(a: tg.Tensor[dtype], b: tg.Tensor[dtype],
+                                 bias: tg.Tensor[out_t], c: tg.Tensor[out_t],
+                                 BM: tg.constexpr = 128, BN: tg.constexpr = 128,
+                                 BK: tg.constexpr = 32, STAGES: tg.constexpr = 3,
+                                 GROUP: tg.constexpr = 8):
+            def finish(acc, m, n):
+                z = epilogue(acc, tg.load(bias.tile((1, BN), (0, n))), activation)
+                tg.copy(z.to(out_t), c.tile((BM, BN), (m, n)))
+            persistent_tiles(a, b, dtype, BM, BN, BK, STAGES, GROUP, finish)
+        return persistent_gemm_bias
+
+    @tg.kernel(threads=128)
+    def persistent_gemm(a: tg.Tensor[dtype], b: tg.Tensor[dtype], c: tg.Tensor[out_t],
+                        BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
+                        STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8):
+        def finish(acc, m, n):
+            tg.copy(epilogue(acc, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
+        persistent_tiles(a, b, dtype, BM, BN, BK, STAGES, GROUP, finish)
+
+    return persistent_gemm
+
+
+def persistent_grid(m: int, n: int, num_sms: int, bm: int, bn: int) -> tuple[int]:
+    """A persistent kernel's grid: one block per SM, fewer when there are fewer tiles."""
+    return (max(1, min(tg.cdiv(m, bm) * tg.cdiv(n, bn), num_sms)),)
 
 
 @lru_cache(maxsize=None)
@@ -257,10 +320,11 @@ def gemm_config(m: int, n: int, k: int, dtype: DType, shared: bool = True,
 def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
                   shared: bool = True, split: int = 1, bias: np.ndarray | None = None,
                   activation: str | None = None, target: str = "sm_90a",
-                  **tiles: int) -> np.ndarray:
+                  persistent: int = 0, **tiles: int) -> np.ndarray:
     """`activation(a @ b.T + bias)` by the emulated kernel (`shared=False`: the
     register-only dataflow; `split` > 1: K split that many ways, then the partials reduced
-    with the epilogue). `bias` is (N,) in c's type (f32 arrays for bf16, as everywhere)."""
+    with the epilogue; `persistent` > 0: the persistent kernel on a GPU of that many SMs).
+    `bias` is (N,) in c's type (f32 arrays for bf16, as everywhere)."""
     fn = "gemm_emulated"
     check_array(fn, "a", a, ndim=2)
     check_array(fn, "b", b, ndim=2)
@@ -300,6 +364,9 @@ def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
         return c
     grid, constexprs = gemm_config(m, n, k, dtype, shared, **tiles)
     factory = gemm_kernel if shared else gemm_registers_kernel
+    if persistent:
+        factory = persistent_gemm_kernel
+        grid = persistent_grid(m, n, persistent, constexprs["BM"], constexprs["BN"])
     launch_emulated(factory(dtype, activation, with_bias), grid, a, b, *bias_args, c,
                     target=target, **constexprs)
     return c
@@ -310,7 +377,8 @@ def split_k_reduce_grid(m: int, n: int, bm: int = 16, bn: int = 256) -> tuple[in
     return tg.cdiv(m, bm), tg.cdiv(n, bn)
 
 
-__all__ = ["gemm_kernel", "gemm_registers_kernel", "gemm_split_k_kernel",
+__all__ = ["gemm_kernel", "gemm_registers_kernel", "persistent_gemm_kernel",
+           "persistent_tiles", "persistent_grid", "staged_buffers", "gemm_split_k_kernel",
            "split_k_reduce_kernel", "split_k_rows", "split_k_reduce_grid", "gemm_config",
            "gemm_emulated", "pipelined_product", "register_product", "epilogue", "activate",
            "ACTIVATIONS", "accumulator_type", "output_type", "GEMM_DTYPES"]

@@ -1,0 +1,165 @@
+"""The library's persistent GEMM (`kernels.gemm.persistent_gemm_kernel`, the default of
+`tegula.kernels.matmul` on sm_90a for shapes that fill the GPU) in the emulator against
+float64 numpy, every element: ragged shapes with more tiles than blocks and fewer, M = 1,
+K shorter than one k-tile, every fused epilogue with NaN/±inf operands, sm_90a (one TMA
+ring across the tiles, a producer warpgroup) and sm_80 (cp.async + mma.sync); the tuner's
+candidates; the torch entry point through the persistent kernel on the CPU, replays
+included."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.build import build
+from tegula.dtypes import bf16, f16
+from tegula.kernels.api_matmul import PERSISTENT, gemm_candidates
+from tegula.kernels.gemm import (ACTIVATIONS, gemm_emulated, persistent_gemm_kernel,
+                                 persistent_grid)
+from tegula.lower.async_ir import Roles, TmaLoad, Wgmma
+from tegula.lower.thread_ir import Mma, walk
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_gemm import check_gemm  # noqa: E402
+from test_matmul_epilogue import check_epilogue, operands  # noqa: E402
+
+#: Small tiles that still take wgmma on sm_90a (64 rows, one warpgroup's instruction).
+SMALL = dict(BM=64, BN=32, BK=16, STAGES=2, GROUP=2)
+
+
+def _statements(kernel, target, **constexprs) -> set:
+    return {type(s) for s in walk(build(kernel, constexprs, None, target).thread_kernel.body)}
+
+
+def test_sm90a_takes_tma_wgmma_and_a_producer_role_and_sm80_takes_mma_sync():
+    kernel = persistent_gemm_kernel(f16, "gelu", True)
+    hopper = _statements(kernel, "sm_90a", **SMALL)
+    assert {TmaLoad, Wgmma, Roles} <= hopper
+    ampere = _statements(kernel, "sm_80", **SMALL)
+    assert Mma in ampere and not {TmaLoad, Wgmma} & ampere
+
+
+#: (M, N, K, SMs): more tiles than blocks (some blocks one tile more than others), fewer
+#: tiles than blocks (idle blocks), one block doing all, M = 1, K < one k-tile (BK = 16),
+#: a one-iteration K loop.
+SHAPES = [(97, 130, 72, 5), (70, 40, 96, 16), (33, 65, 40, 1), (1, 77, 48, 3),
+          (45, 50, 9, 4), (64, 96, 16, 2)]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("m,n,k,sms", SHAPES, ids=lambda v: str(v))
+def test_plain_f16_at_ragged_shapes(m, n, k, sms, target):
+    rng = np.random.default_rng(m * n + k)
+    a, b, _ = operands(rng, m, n, k, f16)
+    c = gemm_emulated(a, b, f16, persistent=sms, target=target, **SMALL)
+    check_gemm(c, a, b, f16)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_bias_activation_and_nonfinite_values(activation, target):
+    """A NaN row of a is NaN in every column; ±inf bias columns give the activation's
+    value at ±inf; every other element within the epilogue's bound."""
+    rng = np.random.default_rng(len(str(activation)) + len(target))
+    m, n, k = 37, 70, 56
+    a, b, bias = operands(rng, m, n, k, f16, nonfinite=True)
+    c = gemm_emulated(a, b, bias=bias, activation=activation, target=target, persistent=3,
+                      **SMALL)
+    assert np.isnan(c[3, :]).all()
+    check_epilogue(c, a, b, bias, activation, f16)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_bf16_with_bias_and_silu_at_more_stages(target):
+    rng = np.random.default_rng(3)
+    m, n, k = 50, 45, 120
+    a, b, bias = operands(rng, m, n, k, bf16)
+    c = gemm_emulated(a, b, bf16, bias=bias, activation="silu", target=target, persistent=2,
+                      BM=64, BN=32, BK=16, STAGES=4, GROUP=3)
+    check_epilogue(c, a, b, bias, "silu", bf16)
+
+
+def test_every_tile_is_written_once_whatever_the_group():
+    """Grouped order with a band taller than the tile rows, and one row of tiles."""
+    rng = np.random.default_rng(5)
+    for m, group in ((97, 8), (20, 1), (200, 3)):
+        a, b, _ = operands(rng, m, 100, 24, f16)
+        c = gemm_emulated(a, b, f16, persistent=4, BM=64, BN=32, BK=16, STAGES=2, GROUP=group)
+        check_gemm(c, a, b, f16)
+
+
+def test_grid_is_one_block_per_sm_or_per_tile():
+    assert persistent_grid(4096, 4096, 132, 128, 256) == (132,)
+    assert persistent_grid(256, 512, 132, 128, 256) == (4,)
+    assert persistent_grid(1, 1, 132, 128, 256) == (1,)
+
+
+def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes():
+    large = gemm_candidates(4096, 4096, 4096, hopper=True)
+    assert large[:len(PERSISTENT)] == PERSISTENT
+    assert any(c["kernel"] == "shared" for c in large)       # the tuner still compares
+    assert not any(c["kernel"] == "persistent" for c in gemm_candidates(4096, 4096, 4096,
+                                                                         hopper=False))
+    # Few tiles (1024²: 32 of 128×256) or decode rows: one block per tile leads.
+    assert gemm_candidates(1024, 1024, 1024)[0]["kernel"] == "shared"
+    decode = gemm_candidates(16, 4096, 16384)
+    assert decode[0]["kernel"] != "persistent"
+    assert any(c.get("SPLIT", 1) > 1 for c in decode)
+
+
+def test_persistent_candidates_fit_the_h100(monkeypatch):
+    """Each persistent configuration synthesizes for sm_90a (shared memory, registers)."""
+    for config in PERSISTENT:
+        values = {k: v for k, v in config.items() if k != "kernel"}
+        build(persistent_gemm_kernel(f16, "gelu", True), values, None, "sm_90a")
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def persistent_only(on_cpu, monkeypatch):
+    """matmul with the persistent kernel its only candidate (small tiles, emulated); the
+    launches each call would replay are recorded (an emulated launch has no compiled
+    kernel to replay)."""
+    import tegula.kernels.api as api
+    import tegula.kernels.api_matmul as api_matmul
+    from tegula.runtime.autotune import Config
+
+    config = (Config.of(dict(kernel="persistent", B="view", **SMALL)),)
+    monkeypatch.setattr(api, "_configs", lambda family, *bucket: config)
+    plans = []
+    monkeypatch.setattr(api_matmul, "_matmul_replay",
+                        lambda plan, b_layout, m, n: plans.append((plan, b_layout)))
+    monkeypatch.setattr(api, "_remember", lambda signature, replay: None)
+    return plans
+
+
+def test_matmul_entry_point_runs_the_persistent_kernel(persistent_only):
+    import tegula.kernels as tk
+
+    for seed, (m, n, k) in enumerate([(45, 70, 40), (130, 33, 24), (1, 64, 16)]):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(m, k, generator=g).to(torch.float16)
+        w = torch.randn(n, k, generator=g).to(torch.float16)
+        bias = torch.randn(n, generator=g).to(torch.float16)
+        c = tk.matmul(a, w.T, bias, "gelu")
+        check_epilogue(c.float().numpy(), a.float().numpy(), w.float().numpy(),
+                       bias.float().numpy(), "gelu", f16)
+        (plan, b_layout), = persistent_only[-1:]
+        (_, grid, args, roles), = plan          # one launch, on one block per tile here
+        assert grid == persistent_grid(m, n, 132, SMALL["BM"], SMALL["BN"]) + (1, 1)
+        assert roles == ("a", "b", "bias", "c") and b_layout == "view"
+
+
+def test_emulated_kernel_matches_tg_emulate_directly():
+    """gemm_emulated(persistent=...) is the kernel on the persistent grid, nothing else."""
+    rng = np.random.default_rng(9)
+    a, b, _ = operands(rng, 40, 40, 32, f16)
+    c = np.full((40, 40), np.nan, np.float16)
+    tg.emulate(persistent_gemm_kernel(f16), persistent_grid(40, 40, 3, 64, 32), a, b, c,
+               target="sm_90a", **SMALL)
+    assert np.array_equal(c, gemm_emulated(a, b, f16, persistent=3, **SMALL))
