@@ -285,36 +285,63 @@ def _check_aligned(base: int, swizzle: int, what: str) -> None:
                           f"{atom}-byte swizzle atom of {swizzle}-byte swizzle")
 
 
-def operand_descriptor(rows: int, k: int, dtype: DType, swizzle: int, base: int,
-                       k_offset: int = 0, k_major: bool = True) -> MatrixDescriptor:
-    """Descriptor fields for the wgmma k-step starting at element `k_offset` of the canonical
-    buffer (`rows` x `k`, at byte address `base`). `k_offset` is a multiple of the
-    instruction's K (32 bytes of elements). MN-major (CUTLASS's canonical forms): with a
-    swizzle LBO steps between MN blocks and SBO between groups of 8 K rows; without,
-    the other way round."""
+def operand_start_offset(row, k_offset: int, rows: int, k: int, dtype: DType, swizzle: int,
+                         k_major: bool = True):
+    """Element offset (before the swizzle) of element (`row`, `k_offset`) in the canonical
+    buffer of `rows` x `k`: where a descriptor reading from that row and k-step starts.
+    `row` may be an int or an index expression (lowering's warpgroup row, any object with
+    `+` and `*` by ints); it must be a multiple of 8 (K-major) or of the block width W
+    (MN-major: the descriptor's MN blocks start on a block), which is checked for ints.
+    K-major: block k_offset // W, row `row` inside it, k_offset % W along it; MN-major:
+    block row // W (each k * W elements), K row k_offset inside it, so row * k + k_offset * W."""
     w = _check_canonical(rows, k, dtype, swizzle, k_major)
+    unit = 8 if k_major else w
+    if isinstance(row, int) and (row % unit or not 0 <= row < rows):
+        raise TegulaError(f"wgmma operand: first row {row} must be a multiple of {unit} in "
+                          f"[0, {rows}) ({'K' if k_major else 'MN'}-major {rows} x {k} {dtype}, "
+                          f"{swizzle}-byte swizzle)")
+    if k_major:
+        return row * w + ((k_offset // w) * rows * w + k_offset % w)
+    return row * k + k_offset * w
+
+
+def operand_descriptor(rows: int, k: int, dtype: DType, swizzle: int, base: int,
+                       k_offset: int = 0, k_major: bool = True, row: int = 0) -> MatrixDescriptor:
+    """Descriptor fields for the wgmma k-step starting at element `k_offset` (and at row
+    `row`) of the canonical buffer (`rows` x `k`, at byte address `base`). `k_offset` is a
+    multiple of the instruction's K (32 bytes of elements); K extents of several blocks
+    (K rows wider than one swizzle span) start the step's descriptor in its block.
+    MN-major (CUTLASS's canonical forms): with a swizzle LBO steps between MN blocks and
+    SBO between groups of 8 K rows; without, the other way round."""
+    _check_canonical(rows, k, dtype, swizzle, k_major)
     _check_aligned(base, swizzle, "wgmma operand buffer")
     eb = dtype.bits // 8
     if k_offset % (32 // eb) or not 0 <= k_offset < k:
         raise TegulaError(f"wgmma k-step offset {k_offset} must be a multiple of {32 // eb} "
                           f"in [0, {k})")
+    start = base + operand_start_offset(row, k_offset, rows, k, dtype, swizzle, k_major) * eb
+    leading, stride = operand_descriptor_strides(rows, k, dtype, swizzle, k_major)
+    return MatrixDescriptor(start, leading_bytes=leading, stride_bytes=stride, swizzle=swizzle)
+
+
+def operand_descriptor_strides(rows: int, k: int, dtype: DType, swizzle: int,
+                               k_major: bool = True) -> tuple[int, int]:
+    """(leading, stride) byte offsets of every descriptor into the canonical buffer of
+    `rows` x `k` (they do not depend on the row or k-step read). K-major, swizzled: LBO
+    unused (16), SBO = 8 rows of one span; interleave: LBO = one 16-byte K block of all
+    rows, SBO = 8 rows of 16 bytes. MN-major, swizzled: LBO = one MN block (k rows of a
+    span), SBO = 8 K rows of a span; interleave: LBO = 8 K rows of 16 bytes, SBO = one
+    8-element MN block (k rows of 16 bytes)."""
+    _check_canonical(rows, k, dtype, swizzle, k_major)
+    span = max(swizzle, 16)
     if not k_major:
-        row_bytes = max(swizzle, 16)
-        start = base + k_offset * row_bytes
-        if swizzle:
-            return MatrixDescriptor(start, leading_bytes=k * row_bytes,
-                                    stride_bytes=8 * row_bytes, swizzle=swizzle)
-        return MatrixDescriptor(start, leading_bytes=128, stride_bytes=k * 16, swizzle=0)
-    block_start = base + (k_offset // w) * rows * w * eb
-    if swizzle:
-        return MatrixDescriptor(block_start + (k_offset % w) * eb, leading_bytes=16,
-                                stride_bytes=8 * swizzle, swizzle=swizzle)
-    return MatrixDescriptor(block_start, leading_bytes=rows * 16, stride_bytes=128, swizzle=0)
+        return (k * span, 8 * span) if swizzle else (128, k * 16)
+    return (16, 8 * swizzle) if swizzle else (rows * 16, 128)
 
 
 __all__ = [
     "SWIZZLE_MODES", "swizzle_bytes_address", "byte_swizzle", "element_swizzle",
     "swizzle_atom_bytes", "MatrixDescriptor", "encode_descriptor", "decode_descriptor",
     "descriptor_element_addresses", "canonical_smem_layout", "canonical_byte_addresses",
-    "operand_descriptor",
+    "operand_descriptor", "operand_descriptor_strides", "operand_start_offset",
 ]

@@ -147,13 +147,16 @@ class TmaPlan:
     = the contiguous one first), the box extent per map dim (the shared tile's extents
     along the dims the view walks, 1 elsewhere), the swizzle in bytes of the destination
     buffer, and `box_bytes` (what the copy completes on its mbarrier, out-of-bounds
-    elements included)."""
+    elements included, all its boxes). A tile whose contiguous dim is wider than one
+    swizzle span is `blocks` boxes of one span each (`box[0]` elements), box b reading
+    columns b * box[0] … and landing b boxes further in the buffer (the canonical wgmma
+    buffer's column blocks, `synth/gemm.operand_layout`)."""
 
     dims: tuple
     box: tuple
     swizzle: int
     box_bytes: int
-    blocks: int = 1  # boxes per stage along the contiguous dim (one per swizzle span)
+    blocks: int = 1
 
 
 def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
@@ -201,7 +204,12 @@ def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
     extent_of = {dim.tensor_dim: dim.extent for dim in view.dims}
     box = tuple(extent_of.get(d, 1) for d in order)
     box_bytes = int(np.prod(box)) * eb
-    return TmaPlan(tuple(order), box, swizzle, box_bytes), ""
+    width = max(swizzle, 16) // eb  # one block of the buffer along its contiguous dim
+    if box[0] % width:
+        return None, (f"the tile's contiguous extent {box[0]} is not a multiple of its "
+                      f"buffer's {width}-element swizzle block")
+    blocks = box[0] // width
+    return TmaPlan(tuple(order), (width,) + box[1:], swizzle, box_bytes, blocks), ""
 
 
 # --------------------------------------------------------------------------------------

@@ -18,13 +18,15 @@ scores are kept on the plan for `explain`.
 The plan fixes three TV layouts: the accumulator's, and the layouts in which A and B
 must reach the MMA (tiled from the instruction's fragment layouts).
 
-On sm_90a a gemm whose operands are both shared tiles that wgmma can read (f16, bf16 or
-8-bit floats, K-major, a K row of 32, 64 or 128 bytes: one swizzle span) and whose C tile splits
-into 64 x N wgmma fragments over whole warpgroups runs on `wgmma` instead (`plan_wgmma`):
-the same search over warpgroup grids, the accumulator the instruction's D fragment tiled
-over them, and the operand buffers pinned to the canonical swizzled layout
-(`tegula.arch.smem_matrix`). When it does not fit, the plan says why (`wgmma_skipped`,
-shown by `tegula explain`) and the mma.sync search above runs.
+On sm_90a a gemm whose operands are shared tiles that wgmma can read (f16, bf16, 8-bit
+floats or f32 as tf32; K-major, or for f16/bf16 also MN-major — a transposed view such as
+`v.T` —; K any multiple of the instruction's K, rows spanning several swizzle spans) and
+whose C tile splits into 64 x N wgmma fragments over whole warpgroups runs on `wgmma`
+instead (`plan_wgmma`): the same search over warpgroup grids, the accumulator the
+instruction's D fragment tiled over them, and the operand buffers pinned to the canonical
+swizzled layout (`tegula.arch.smem_matrix`; `operand_layout`). When it does not fit, the
+plan says why (`wgmma_skipped`, shown by `tegula explain`) and the mma.sync search above
+runs.
 """
 from __future__ import annotations
 
@@ -177,8 +179,9 @@ def mma_sync_plans(op: Gemm, threads: int, target: Target) -> list[GemmPlan]:
 WGMMA_M = 64
 WGMMA_K_BYTES = 32            # one wgmma reads 32 bytes of K (k16 for 16-bit types)
 WGMMA_MAX_N = 256
-SWIZZLE_SPANS = (128, 64, 32)  # bytes; the canonical buffer's K row is exactly one span
+SWIZZLE_SPANS = (128, 64, 32)  # bytes; the canonical buffer's blocks are one span wide
 WGMMA_OPERAND_TYPES = (f16, bf16, f8e4m3, f8e5m2, f32)  # f32 as tf32; i8/u8: no entry yet
+WGMMA_MN_MAJOR_TYPES = (f16, bf16)  # the ISA's imm-trans exists for 16-bit types only
 
 
 @dataclass(frozen=True)
@@ -189,9 +192,11 @@ class WgmmaPlan:
     tiled like mma.sync's: warpgroup (i_m, i_n) at repeat (rm, rn) holds rows
     64 * (i_m + wm * rm) … and columns n * (i_n + wn * rn) …), the repeats per warpgroup
     (RM, RN, RK = K / 16), and each operand buffer's swizzle (bytes) — the buffer holds the
-    canonical K-major layout (`operand_layout`). With A in registers (`a_tv` set: the atom's
-    A fragment tiled like the accumulator, warpgroups along N holding the same rows),
-    `swizzle_a` is 0 and only B is read through a descriptor."""
+    canonical layout (`operand_layout`) — and major-ness: `trans_a`/`trans_b` 1 for an
+    MN-major operand (a transposed view: its buffer's contiguous dim is M or N; the PTX
+    imm-trans-a/b), 0 for K-major. With A in registers (`a_tv` set: the atom's A fragment
+    tiled like the accumulator, warpgroups along N holding the same rows), `swizzle_a` is
+    0 and only B is read through a descriptor."""
 
     atom: object
     grid: WarpGrid
@@ -201,15 +206,18 @@ class WgmmaPlan:
     swizzle_b: int
     candidates: tuple = ()
     a_tv: Layout | None = None  # None: A is read from shared memory by the instruction
+    trans_a: int = 0
+    trans_b: int = 0
     b_tv = None
     kind = "wgmma"  # what lowering dispatches on (`lower/hopper.py: is_wgmma`)
 
     def describe(self) -> str:
         rm, rn, rk = self.repeats
-        where = (f"A from registers, B read from shared memory through descriptors "
-                 f"({self.swizzle_b} B swizzle)" if self.a_tv is not None else
-                 f"A and B read from shared memory through descriptors "
-                 f"({self.swizzle_a} B / {self.swizzle_b} B swizzle)")
+        mn = lambda t: " (MN-major)" if t else ""  # noqa: E731  (K-major: unsaid)
+        where = (f"A from registers, B{mn(self.trans_b)} read from shared memory through "
+                 f"descriptors ({self.swizzle_b} B swizzle)" if self.a_tv is not None
+                 else f"A{mn(self.trans_a)} and B{mn(self.trans_b)} read from shared memory "
+                 f"through descriptors ({self.swizzle_a} B / {self.swizzle_b} B swizzle)")
         return (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warpgroup grid, "
                 f"{rm}x{rn}x{rk} wgmmas per warpgroup per gemm; {where}")
 
@@ -219,28 +227,42 @@ def has_wgmma(target: Target) -> bool:
     return target.cc >= 90 and target.arch_suffix == "a"
 
 
-def operand_swizzle(tile, k: int) -> tuple[int, str]:
-    """(swizzle bytes, "") for a shared operand whose K row of `k` elements is exactly one
-    swizzle span — the canonical buffer is then a plain row-major tile under the swizzle —
-    or (0, why not)."""
-    row_bytes = k * tile.dtype.bits // 8
-    if row_bytes not in SWIZZLE_SPANS:
-        return 0, (f"{describe(tile)} has {row_bytes}-byte K rows; the canonical wgmma buffer "
-                   f"is built for rows of exactly one swizzle span ({', '.join(map(str, SWIZZLE_SPANS))} "
-                   f"bytes: BK = 64, 32 or 16 for 16-bit types, 128, 64 or 32 for 8-bit, "
-                   f"32, 16 or 8 for f32)")
-    return row_bytes, ""
+def buffer_swizzle(alloc) -> int:
+    """The swizzle (bytes) of a wgmma operand buffer: the widest span (128, 64, 32 bytes)
+    that divides its contiguous (last) dim's row, else 0 (interleave: 16-byte blocks).
+    A function of the buffer alone, so every gemm reading the buffer — K-major in one,
+    MN-major in another, as attention's backward reads K — agrees on its layout."""
+    row_bytes = alloc.shape[-1] * alloc.dtype.bits // 8
+    return next((s for s in SWIZZLE_SPANS if row_bytes % s == 0), 0)
 
 
-def operand_layout(rows: int, k: int, dtype, swizzle: int):
-    """The canonical K-major wgmma operand buffer (rows, k) for a K row of one swizzle span:
-    `tegula.arch.smem_matrix.canonical_smem_layout` with its single column block written as
-    the flat row-major layout (rows, k):(k, 1) under the element swizzle — the same offsets
-    (tests/synth/test_hopper_decision.py checks), in the flat form that shared-memory
-    addressing (`lower/addressing.shared_offset`) evaluates per dim."""
+def block_width(dtype, swizzle: int) -> int:
+    """W: elements of one block of the canonical buffer along its contiguous dim (a swizzle
+    span, or 16 bytes without a swizzle)."""
+    return max(swizzle, 16) * 8 // dtype.bits
+
+
+def operand_layout(rows: int, cols: int, dtype, swizzle: int):
+    """The canonical wgmma operand buffer of shape (rows, cols), `cols` contiguous (K of a
+    K-major operand, M or N of an MN-major one), in the buffer's own coordinates: blocks of
+    W = `block_width` columns, each a row-major (rows, W) tile (row r at r * W), the blocks
+    rows * W elements apart, all under the element swizzle —
+    `tegula.arch.smem_matrix.canonical_smem_layout` in the per-dim form shared-memory
+    addressing (`layout.swizzle.buffer_offset`) evaluates (tests/synth/test_hopper_decision.py
+    checks both majors). One block (cols == W) is the flat (rows, cols):(cols, 1). K-major
+    and MN-major operands of one buffer read the same layout; only the descriptors differ.
+    TMA writes it as one box of (W, rows) per block."""
     from tegula.arch.smem_matrix import element_swizzle
     from tegula.layout.swizzle import make_swizzled_layout
-    return make_swizzled_layout(element_swizzle(swizzle, dtype), Layout((rows, k), (k, 1)))
+    w = block_width(dtype, swizzle)
+    if cols % w or rows % 8:
+        raise TegulaError(f"canonical wgmma buffer ({rows}, {cols}) of {dtype} with "
+                          f"{swizzle}-byte swizzle: rows a multiple of 8, columns of {w}")
+    plain = (Layout((rows, cols), (cols, 1)) if cols == w else
+             Layout((rows, (w, cols // w)), (w, (1, rows * w))))
+    if not swizzle:
+        return plain
+    return make_swizzled_layout(element_swizzle(swizzle, dtype), plain)
 
 
 def is_transposed(tile: SharedTile) -> bool:
@@ -250,7 +272,8 @@ def is_transposed(tile: SharedTile) -> bool:
 
 def _wgmma_operand_problem(op: Gemm, threads: int) -> str:
     """Why the operands/threads of `op` cannot go to wgmma ("" when they can). A may be a
-    register tile (16-bit: the instruction's A fragment), B is always in shared memory."""
+    register tile (16-bit: the instruction's A fragment), B is always in shared memory;
+    a transposed shared view is an MN-major operand (16-bit types only)."""
     if isinstance(op.a, RegisterTile) and op.a.dtype not in (f16, bf16):
         return (f"operand A {describe(op.a)} is in registers as {op.a.dtype} (wgmma takes "
                 f"f16/bf16 A fragments from registers here)")
@@ -259,9 +282,13 @@ def _wgmma_operand_problem(op: Gemm, threads: int) -> str:
             continue
         if not isinstance(tile, SharedTile):
             return f"operand {role} {describe(tile)} is not a shared tile"
-        if is_transposed(tile):
-            return f"operand {role} {describe(tile)} is a transposed view (wgmma here reads K-major buffers)"
-        if tuple(tile.shape) != tuple(tile.alloc.shape):
+        if len(tile.alloc.shape) != 2:
+            return f"operand {role}'s buffer is not 2-D"
+        if is_transposed(tile) and tile.dtype not in WGMMA_MN_MAJOR_TYPES:
+            return (f"operand {role} {describe(tile)} is a transposed view of {tile.dtype} "
+                    f"(MN-major wgmma operands exist for f16/bf16 only; {tile.dtype} is read "
+                    f"K-major)")
+        if tuple(tile.shape) != tuple(tile.alloc.shape)[::-1 if is_transposed(tile) else 1]:
             return f"operand {role} {describe(tile)} is part of its buffer"
         if tile.alloc.pinned:
             return f"operand {role}'s buffer has a pinned layout"
@@ -281,24 +308,29 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
     if problem:
         return None, problem
     (bm, bn), (_, bk) = op.c.shape, op.a.shape
-    swizzles = [0] if isinstance(op.a, RegisterTile) else []
-    for tile in (op.b,) if swizzles else (op.a, op.b):
-        swizzle, problem = operand_swizzle(tile, bk)
-        if problem:
-            return None, problem
-        swizzles.append(swizzle)
     k_step = WGMMA_K_BYTES * 8 // op.a.dtype.bits
+    if bk % k_step:
+        return None, (f"K = {bk} ({describe(op.b)}) is not a multiple of the wgmma's "
+                      f"K = {k_step} for {op.a.dtype} (32 bytes)")
+    a_shared = not isinstance(op.a, RegisterTile)
+    swizzles = [buffer_swizzle(op.a.alloc) if a_shared else 0, buffer_swizzle(op.b.alloc)]
+    trans = [int(a_shared and is_transposed(op.a)), int(is_transposed(op.b))]
+    # An MN-major B's descriptor starts on a block of W rows: N must be a multiple of W.
+    b_rows = block_width(op.b.dtype, swizzles[1]) if trans[1] else 8
     scored, reasons = [], []
     for grid in warp_grids(threads // WARPGROUP):
         if bm % (WGMMA_M * grid.wm) or bn % (8 * grid.wn):
             continue
         for n in _wgmma_widths(bn // grid.wn):
+            if n % b_rows:
+                reasons.append(f"N={n} of an MN-major B ({describe(op.b)}) is not a multiple "
+                               f"of its {b_rows}-column swizzle block")
+                continue
             atom = _wgmma_entry(op, n)
             if atom is None:
                 reasons.append(f"no wgmma with N={n} for {op.a.dtype} x {op.b.dtype} -> {op.c.dtype}")
                 continue
-            score = _wgmma_score(atom, grid, (bm, bn, bk), target,
-                                 a_shared=not isinstance(op.a, RegisterTile))
+            score = _wgmma_score(atom, grid, (bm, bn, bk), target, a_shared=a_shared)
             scored.append((score, -n, -grid.wm, atom, grid))
     if not scored:
         why = "; ".join(reasons[:1]) or (
@@ -314,7 +346,7 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
     repeats = (bm // (WGMMA_M * grid.wm), bn // (n * grid.wn), bk // k_step)
     return WgmmaPlan(atom, grid, c_tv, repeats, swizzles[0], swizzles[1],
                      tuple((c[3].name, f"{c[4].wm}x{c[4].wn} warpgroup grid",
-                            round(c[0][0], 1)) for c in scored), a_tv), ""
+                            round(c[0][0], 1)) for c in scored), a_tv, *trans), ""
 
 
 def _wgmma_widths(n_per_group: int) -> list[int]:

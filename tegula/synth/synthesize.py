@@ -34,7 +34,8 @@ from tegula.synth.chains import choose_chained_plans, gemm_chains
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
                                  plan_nested_ring, plan_tma_copy, plan_tma_stores)
-from tegula.synth.gemm import WgmmaPlan, operand_layout, plan_gemm, plan_mma_sync
+from tegula.synth.gemm import (WgmmaPlan, buffer_swizzle, operand_layout, plan_gemm,
+                               plan_mma_sync)
 from tegula.synth.roles import decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
@@ -383,9 +384,9 @@ def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
             alloc.layout = fixed
             offset = -(-offset // WGMMA_BUFFER_ALIGN) * WGMMA_BUFFER_ALIGN
             result.shared_reasons[alloc.id] = (
-                f"wgmma operand: the canonical K-major buffer its descriptors (and TMA boxes) "
-                f"address, {_swizzle_bytes_of(alloc)} B swizzle on rows of one swizzle span, "
-                f"aligned to {WGMMA_BUFFER_ALIGN} B")
+                f"wgmma operand: the canonical buffer its descriptors (and TMA boxes) "
+                f"address, {_swizzle_bytes_of(alloc)} B swizzle in blocks of one swizzle "
+                f"span along its contiguous dim, aligned to {WGMMA_BUFFER_ALIGN} B")
         if entries:
             choice = synthesize_shared_layout(alloc, [a for _, _, a in entries], fixed)
             alloc.layout = choice.layout
@@ -406,7 +407,8 @@ WGMMA_BUFFER_ALIGN = 1024
 
 def wgmma_operand_layouts(kernel: TracedKernel) -> dict:
     """alloc id -> the canonical layout wgmma reads it in, for every wgmma operand buffer
-    (one buffer read by two wgmma gemms gets the same layout: the K row decides it)."""
+    (one buffer read by two wgmma gemms, K-major or MN-major, gets the same layout: the
+    buffer's contiguous row decides it, `gemm.buffer_swizzle`)."""
     layouts = {}
     for op in walk_ops(kernel.body):
         plan = op.choices.get("plan") if isinstance(op, Gemm) else None
@@ -414,8 +416,8 @@ def wgmma_operand_layouts(kernel: TracedKernel) -> dict:
             for tile, swizzle in ((op.a, plan.swizzle_a), (op.b, plan.swizzle_b)):
                 if not isinstance(tile, SharedTile):  # A from registers
                     continue
-                rows, k = tile.alloc.shape
-                layouts[tile.alloc.id] = operand_layout(rows, k, tile.dtype, swizzle)
+                rows, cols = tile.alloc.shape
+                layouts[tile.alloc.id] = operand_layout(rows, cols, tile.dtype, swizzle)
     return layouts
 
 
@@ -490,12 +492,12 @@ def _loops_with_depth(ops: list, depth: int = 0):
 
 
 def _swizzle_bytes(tile) -> int:
-    """The swizzle mode in bytes of a canonical wgmma buffer (its K row's bytes)."""
+    """The swizzle mode in bytes of a canonical wgmma buffer (`gemm.buffer_swizzle`)."""
     return _swizzle_bytes_of(tile.alloc)
 
 
 def _swizzle_bytes_of(alloc) -> int:
-    return alloc.shape[-1] * alloc.dtype.bits // 8
+    return buffer_swizzle(alloc)
 
 
 def _check_shared_budget(result: SynthesisResult) -> None:
