@@ -124,23 +124,24 @@ def is_wgmma(op) -> bool:
 
 
 def operand_desc(ctx: LoweringContext, tile: SharedTile, first_row: Expr, k_offset: int,
-                 swizzle: int, slot: Expr | None = None) -> SmemDesc:
+                 swizzle: int, trans: int, slot: Expr | None = None) -> SmemDesc:
     """The descriptor of the 64 (A) or n (B) rows from `first_row`, K elements from
-    `k_offset`, of the stage of `tile` (canonical buffer: row-major rows of one swizzle
-    span) — or of ring stage `slot` where a nested TMA ring decides it (`Ring`).
-    Leading/stride byte offsets from the arch's one definition of the canonical buffer
-    (`smem_matrix.operand_descriptor`); the start is an element offset."""
-    from tegula.arch.smem_matrix import operand_descriptor
-    rows, k = tile.alloc.shape
-    fields = operand_descriptor(rows, k, tile.dtype, swizzle, base=0)
+    `k_offset`, of the stage of `tile` (the canonical buffer: blocks of one swizzle span
+    along its contiguous dim, K-major, or MN-major where `trans`) — or of ring stage
+    `slot` where a nested TMA ring decides it (`Ring`). The start (an element offset) and
+    the leading/stride byte offsets come from the arch's one definition of the canonical
+    buffer (`smem_matrix.operand_start_offset`, `operand_descriptor_strides`)."""
+    from tegula.arch.smem_matrix import operand_descriptor_strides, operand_start_offset
+    rows, k = tile.shape  # the operand's (M or N, K), whichever dim is contiguous
+    leading, stride = operand_descriptor_strides(rows, k, tile.dtype, swizzle, not trans)
     stage = Const(0)
     if tile.alloc.stages > 1:
         if slot is None:
             slot = scalar_expr(tile.stage) % tile.alloc.stages
         stage = slot * (rows * k)
-    offset = stage + first_row * k + k_offset
-    return SmemDesc(ctx.buffer_of(tile.alloc).name, offset, fields.leading_bytes,
-                    fields.stride_bytes, swizzle)
+    offset = stage + operand_start_offset(first_row, k_offset, rows, k, tile.dtype, swizzle,
+                                          not trans)
+    return SmemDesc(ctx.buffer_of(tile.alloc).name, offset, leading, stride, swizzle)
 
 
 def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0,
@@ -175,13 +176,14 @@ def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0,
                 a = [reg(a_regs, a_map[first_a + x]) for x in range(a_values)]
             else:
                 a = operand_desc(ctx, op.a, (group_m + grid.wm * rm) * atom.m, rk * atom.k,
-                                 plan.swizzle_a, slot)
+                                 plan.swizzle_a, plan.trans_a, slot)
             for rn in range(rn_count):
                 b = operand_desc(ctx, op.b, (group_n + grid.wn * rn) * atom.n, rk * atom.k,
-                                 plan.swizzle_b, slot)
+                                 plan.swizzle_b, plan.trans_b, slot)
                 first = values * (rm + rm_count * rn)
                 d = [reg(c_regs, c_map[first + x]) for x in range(values)]
-                stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(1)))
+                stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(1),
+                                   trans_a=plan.trans_a, trans_b=plan.trans_b))
     return stmts + [WgmmaCommit(), WgmmaWait(pending)]
 
 
