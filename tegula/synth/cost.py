@@ -475,6 +475,7 @@ class CostEstimate:
     grid_cycles: float | None = None
     unresolved_loops: tuple = ()
     notes: tuple = ()
+    resources: tuple = ()        # ((name, cycles of the block on its shared SM), ...)
 
     @property
     def block_seconds(self) -> float:
@@ -668,7 +669,8 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
                   shared_wavefronts=t["waves"], ideal_wavefronts=t["ideal"],
                   tensor_cycles=tensor, shared_cycles=shared, issue_cycles=issue,
                   dram_cycles=dram, latency_cycles=latency, block_cycles=block_cycles,
-                  bound=bound, unresolved_loops=unresolved, notes=notes)
+                  bound=bound, unresolved_loops=unresolved, notes=notes,
+                  resources=tuple(resources.items()))
     if grid is None:
         return CostEstimate(**fields)
     waves = -(-blocks // (target.sm_count * bps))
