@@ -16,7 +16,7 @@ them — so relying on them would tie every compile to a toolkit install). Inste
 Math functions use CUDA's accurate single-precision library (`expf`, `logf`, `tanhf`,
 `sqrtf` with IEEE rounding, …: a few ulp at most), not the `__expf` intrinsics whose error
 grows with |x|. Lowering that wants the fast path can express it (e.g. `exp2` of a
-pre-scaled value; `exp2f` is one `ex2.approx` plus range handling).
+pre-scaled value: `tg_exp2` is one `ex2.approx.ftz`, results below 2^-126 flushed to 0).
 
 Index width: extents are `int` kernel parameters and strides `long long`, so any index
 that multiplies a coordinate by a stride is computed in 64 bits by C's usual conversions
@@ -287,7 +287,7 @@ def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
 # Element values
 # --------------------------------------------------------------------------------------
 
-_FLOAT_UNARY = {"exp": "expf({})", "exp2": "exp2f({})", "log": "logf({})", "log2": "log2f({})",
+_FLOAT_UNARY = {"exp": "expf({})", "exp2": "tg_exp2({})", "log": "logf({})", "log2": "log2f({})",
                 "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "sin": "sinf({})",
                 "cos": "cosf({})", "tanh": "tanhf({})", "abs": "fabsf({})",
                 "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "erf": "erff({})",
@@ -385,6 +385,8 @@ class ValuePrinter:
             raise CodegenError(f"unary op {v.op!r} is not defined for {v.dtype}")
         if table is _INT_UNARY and v.op == "abs":
             self.used.add("tg_abs_int")
+        if table is _FLOAT_UNARY and v.op == "exp2":
+            self.used.add("tg_exp2")
         return table[v.op].format(x)
 
     def _binary(self, v: Binary) -> str:

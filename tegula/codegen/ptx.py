@@ -61,6 +61,14 @@ __device__ __forceinline__ float tg_min_nan(float a, float b) {
     # torch.remainder, as the emulator). C leaves x / 0 and INT_MIN / -1 undefined, so both
     # are defined here as the emulator computes them: x / 0 == x // 0 == -1, x % 0 == x
     # (keeping x == (x // y) * y + x % y), INT_MIN / -1 and INT_MIN // -1 wrap to INT_MIN.
+    # exp2 as one MUFU.EX2: `exp2f` keeps results below 2^-126 (denormals) by scaling the
+    # argument and squaring (a compare and two multiplies around every exp2, three more
+    # issue slots than the exponential itself); results below 2^-126 flush to 0 here,
+    # as the emulator's exp2 does.
+    "tg_exp2": ("""\
+__device__ __forceinline__ float tg_exp2(float x) {
+  float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}""", ()),
     "tg_abs_int": ("""\
 __device__ __forceinline__ int tg_abs_int(int a) {
   return a < 0 ? (int)(0u - (unsigned)a) : a;

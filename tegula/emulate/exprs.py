@@ -242,8 +242,9 @@ def _unary(op: str, x, dt: DType):
             return np.abs(f)
         if op == "exp":
             return np.exp(f)
-        if op == "exp2":
-            return np.exp2(f)
+        if op == "exp2":  # CUDA's ex2.approx.ftz: results below 2^-126 flush to 0
+            r = np.exp2(f)
+            return np.where(np.abs(r) < np.float32(2.0 ** -126), np.float32(0), r)
         if op == "log":
             return np.log(f)
         if op == "log2":
