@@ -53,12 +53,14 @@ from tegula.build import emulate  # noqa: E402 — tg.emulate(kernel, grid, *arr
 __all__.append("emulate")
 
 
-def torch_op(kernel, *, out, grid, name=None, constexprs=None):
+def torch_op(kernel, *, out, grid, name=None, constexprs=None, backward=None):
     """`tg.torch_op(kernel, out={"y": "x"}, grid=...)`: the kernel as a torch custom op
-    (schema, CUDA launch, fake implementation, emulated CPU implementation); see
+    (schema, CUDA launch, fake implementation, emulated CPU implementation, and with
+    `backward=` — another such op or a Python function — an autograd formula); see
     `tegula.runtime.torch_op`. Imported on first use, so `import tegula` needs no torch."""
     from tegula.runtime.torch_op import torch_op as make_op
-    return make_op(kernel, out=out, grid=grid, name=name, constexprs=constexprs)
+    return make_op(kernel, out=out, grid=grid, name=name, constexprs=constexprs,
+                   backward=backward)
 
 
 __all__.append("torch_op")

@@ -25,12 +25,34 @@ implementation (`kernel[grid](...)` on the current stream), a fake implementatio
 declared shapes (so `torch.compile(fullgraph=True)` traces callers without a graph break,
 and `torch.library.opcheck` can check it), and a CPU implementation that runs the same
 compiled kernel in tegula's numpy emulator — slow, meant for tests and for developing on a
-machine without a GPU. The ops are forward-only: none registers a backward, so
-`backward()` through one raises torch's "no autograd formula was registered" error rather
-than returning a wrong gradient.
+machine without a GPU.
+
+`backward=` registers an autograd formula (without it the op is forward-only, and
+`backward()` through it raises torch's "no autograd formula was registered" error rather
+than returning a wrong gradient). It is called by name: each of its parameters is one of
+the op's inputs or outputs (saved for the backward; only those it names are kept) or
+`grad_<output>` (the incoming gradient of that output). It is either
+
+* another op made by `tg.torch_op` — a backward kernel — whose outputs are named
+  `grad_<input>` (incoming gradients reach it contiguous):
+
+      mul_op = tg.torch_op(mul, out={"out": "x"}, grid=grid,
+                           backward=tg.torch_op(mul_backward, grid=grid,
+                                                out={"grad_x": "x", "grad_y": "y"}))
+
+* or a Python function, returning a dict {input name: gradient}, a tuple with one entry
+  per op input (None for `int` inputs and gradients not needed), or a tensor where the op
+  has one tensor input:
+
+      silu_op = tg.torch_op(silu, out={"out": "x"}, grid=grid,
+                            backward=lambda x, grad_out: grad_out * dsilu(x))
+
+A gradient must have its input's shape (checked, with the op and input named); it is
+cast to the input's dtype by torch.
 """
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -199,12 +221,13 @@ def make_spec(kernel: Any, out: dict, grid: Any, name: str | None,
 # ------------------------------------------------------------------------------ registration
 
 def torch_op(kernel: Any, *, out: dict, grid: Any, name: str | None = None,
-             constexprs: dict | None = None) -> Any:
+             constexprs: dict | None = None, backward: Any = None) -> Any:
     """Register `kernel` as the torch custom op `name` (default `tegula_user::KERNEL`) and
     return it (callable like a function; see the module docstring)."""
     import torch
 
     spec = make_spec(kernel, out, grid, name, constexprs)
+    formula = None if backward is None else Backward.of(spec, backward)
     namespace, op_name = spec.qualname.split("::")
     if hasattr(getattr(torch.ops, namespace), op_name):
         raise TegulaError(f"tg.torch_op: an op {spec.qualname} is already registered; pass "
@@ -232,8 +255,145 @@ def torch_op(kernel: Any, *, out: dict, grid: Any, name: str | None = None,
                                  device_types="cuda", schema=spec.schema)
     op.register_kernel("cpu", cpu_impl)
     op.register_fake(fake_impl)
+    if formula is not None:
+        op.register_autograd(formula.backward, setup_context=formula.setup_context)
     op.tegula_spec = spec  # for tests and `explain`: what the op was made from
     return op
+
+
+# ------------------------------------------------------------------------------ backward
+
+@dataclass(frozen=True)
+class Backward:
+    """An op's autograd formula from a user's `backward=` (see the module docstring):
+    which forward values it reads (`saved`, by name), and how its result maps to the
+    inputs' gradients."""
+
+    spec: OpSpec
+    function: Callable[..., Any]
+    saved: tuple[str, ...]          # forward inputs and outputs the backward reads
+    grads: tuple[str, ...]          # the `grad_<output>` names it reads
+    outputs: tuple[str, ...] | None  # a backward op's outputs (`grad_<input>`), else None
+
+    @classmethod
+    def of(cls, spec: OpSpec, backward: Any) -> Backward:
+        """Check `backward` against the op's names, at `tg.torch_op` time."""
+        where = f"tg.torch_op({spec.kernel.name}, backward=...)"
+        forward = [p.name for p in spec.inputs] + [p.name for p in spec.outputs]
+        grads = {f"grad_{p.name}" for p in spec.outputs}
+        available = ", ".join(forward + sorted(grads))
+        other = getattr(backward, "tegula_spec", None)
+        if other is not None:  # a backward kernel's op
+            wanted = [p.name for p in other.inputs]
+            outputs = tuple(p.name for p in other.outputs)
+            tensor_inputs = {f"grad_{p.name}" for p in spec.inputs if p.kind == "tensor"}
+            for name in outputs:
+                if name not in tensor_inputs:
+                    raise TegulaError(f"{where}: the backward op {other.qualname} has an "
+                                      f"output {name!r}; its outputs must be named grad_ and "
+                                      f"a tensor input of the op "
+                                      f"({', '.join(sorted(tensor_inputs))})")
+        elif callable(backward):
+            wanted, outputs = _parameters(backward, where, forward, grads), None
+        else:
+            raise TegulaError(f"{where}: backward must be an op made by tg.torch_op or a "
+                              f"Python function, got {type(backward).__name__}")
+        for name in wanted:
+            if name not in forward and name not in grads:
+                raise TegulaError(f"{where}: the backward reads {name!r}, which is neither "
+                                  f"an input or output of the op nor an incoming gradient "
+                                  f"(available: {available})")
+        return cls(spec, backward, tuple(n for n in wanted if n in forward),
+                   tuple(n for n in wanted if n in grads), outputs)
+
+    def setup_context(self, ctx: Any, inputs: tuple, output: Any) -> None:
+        """Save what the backward reads: tensors through `save_for_backward`, ints as
+        they are."""
+        outputs = output if isinstance(output, tuple) else (output,)
+        values = {p.name: v for p, v in zip(self.spec.inputs, inputs)}
+        values.update({p.name: v for p, v in zip(self.spec.outputs, outputs)})
+        tensors = [n for n in self.saved if not isinstance(values[n], int)]
+        ctx.save_for_backward(*(values[n] for n in tensors))
+        ctx.tegula_tensors = tensors
+        ctx.tegula_ints = {n: values[n] for n in self.saved if isinstance(values[n], int)}
+        ctx.tegula_shapes = [tuple(v.shape) if p.kind == "tensor" else None
+                             for p, v in zip(self.spec.inputs, inputs)]
+
+    def backward(self, ctx: Any, *grads: Any) -> tuple:
+        """The inputs' gradients, one per op input (None for ints and unneeded ones)."""
+        values = dict(zip(ctx.tegula_tensors, ctx.saved_tensors), **ctx.tegula_ints)
+        for p, grad in zip(self.spec.outputs, grads):
+            if f"grad_{p.name}" in self.grads:
+                values[f"grad_{p.name}"] = grad.contiguous() if self.outputs else grad
+        wanted = self.saved + self.grads
+        if self.outputs is not None:  # a backward op: positionally, in its input order
+            order = [p.name for p in self.function.tegula_spec.inputs]
+            result = self.function(*(values[n] for n in order))
+            result = dict(zip(self.outputs, result if isinstance(result, tuple) else (result,)))
+            result = {name[len("grad_"):]: g for name, g in result.items()}
+        else:
+            result = self.function(**{n: values[n] for n in wanted})
+        return self._per_input(result, ctx.needs_input_grad, ctx.tegula_shapes)
+
+    def _per_input(self, result: Any, needed: Sequence[bool], shapes: list) -> tuple:
+        """`result` (dict, tuple or one tensor) as one checked gradient per op input."""
+        inputs = self.spec.inputs
+        where = f"{self.spec.qualname}'s backward"
+        if isinstance(result, dict):
+            unknown = [n for n in result if n not in {p.name for p in inputs}]
+            if unknown:
+                raise TegulaError(f"{where} returned gradients of {unknown}, which are not "
+                                  f"inputs of the op ({', '.join(p.name for p in inputs)})")
+            grads = [result.get(p.name) for p in inputs]
+        elif isinstance(result, (tuple, list)):
+            if len(result) != len(inputs):
+                raise TegulaError(f"{where} returned {len(result)} gradients; the op has "
+                                  f"{len(inputs)} inputs ({', '.join(p.name for p in inputs)})"
+                                  f": return one per input (None for ints) or a dict")
+            grads = list(result)
+        else:
+            tensors = [i for i, p in enumerate(inputs) if p.kind == "tensor"]
+            if len(tensors) != 1:
+                raise TegulaError(f"{where} returned one value; the op has {len(tensors)} "
+                                  f"tensor inputs: return a dict or a tuple")
+            grads = [result if i == tensors[0] else None for i in range(len(inputs))]
+        return tuple(self._checked(p, g, shape) if need else None
+                     for p, g, need, shape in zip(inputs, grads, needed, shapes))
+
+    def _checked(self, param: Any, grad: Any, shape: tuple | None) -> Any:
+        """A gradient of `param` has its shape (torch would sum a larger one down to it
+        where it can, hiding a mistake); an int input has none."""
+        if grad is None:
+            return None
+        where = f"{self.spec.qualname}'s backward"
+        if param.kind != "tensor":
+            raise TegulaError(f"{where} returned a gradient for the int input "
+                              f"{param.name!r}; return None for it")
+        if not hasattr(grad, "shape") or tuple(grad.shape) != shape:
+            got = tuple(grad.shape) if hasattr(grad, "shape") else type(grad).__name__
+            raise TegulaError(f"{where} returned a gradient of {param.name!r} shaped {got}; "
+                              f"{param.name} has shape {shape}")
+        return grad
+
+
+def _parameters(function: Callable, where: str, forward: list, grads: set) -> list[str]:
+    """The names a backward function reads: its parameters (a `**kwargs` reads everything;
+    parameters with defaults that are no forward name are left to their defaults)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        raise TegulaError(f"{where}: cannot read the backward function's parameters") from None
+    names = []
+    for p in parameters:
+        if p.kind == p.VAR_KEYWORD:
+            return forward + sorted(grads)
+        if p.kind == p.VAR_POSITIONAL:
+            raise TegulaError(f"{where}: the backward function takes *{p.name}; it is called "
+                              f"by name (inputs, outputs and grad_<output>), so name them")
+        if p.default is not p.empty and p.name not in forward and p.name not in grads:
+            continue
+        names.append(p.name)
+    return names
 
 
 def run_emulated(spec: OpSpec, values: Sequence[Any]) -> list[Any]:
