@@ -56,11 +56,13 @@ def run_warp_specialized() -> None:
     torch.testing.assert_close(c, a.float() @ b.float().T, rtol=1e-3, atol=1e-3)
 
 
-def run_persistent_gemm(warp_specialize: bool | None = None) -> None:
+def run_persistent_gemm(warp_specialize: bool | None = None, cluster: int = 1) -> None:
     """examples/persistent_gemm.py on sm_90a: 3 blocks walking 12 ragged tiles, the TMA
     ring running across each block's tiles (5 K iterations on 3 stages, so every tile
     starts at another stage) and the TMA-store epilogue (c's rows are 464 bytes, a
-    multiple of 16), warp-specialized by default or in one role."""
+    multiple of 16), warp-specialized by default or in one role; with `cluster=2`, 2-CTA
+    clusters multicasting b's boxes (4 blocks: 3 row tiles, so one block's last tile lies
+    past M and still takes part)."""
     path = Path(__file__).resolve().parents[2] / "examples" / "persistent_gemm.py"
     spec = importlib.util.spec_from_file_location("tegula_example_persistent_sanitize", path)
     module = importlib.util.module_from_spec(spec)
@@ -69,8 +71,9 @@ def run_persistent_gemm(warp_specialize: bool | None = None) -> None:
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(n, k, device="cuda").half()
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    module.persistent_gemm[(3,)](a, b, c, BM=64, BN=64, BK=32, STAGES=3, target="sm_90a",
-                                 warp_specialize=warp_specialize)
+    grid = (3,) if cluster == 1 else (2 * cluster,)
+    module.persistent_gemm[grid](a, b, c, BM=64, BN=64, BK=32, STAGES=3, target="sm_90a",
+                                 warp_specialize=warp_specialize, CLUSTER=cluster)
     torch.cuda.synchronize()
     torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
 
@@ -110,6 +113,7 @@ CASES = {"gemm": run_gemm, "gemm_ampere": lambda: run_gemm("sm_90"),
          "warp_specialized": run_warp_specialized, "softmax": run_softmax,
          "persistent_gemm": run_persistent_gemm,
          "persistent_gemm_one_role": lambda: run_persistent_gemm(warp_specialize=False),
+         "persistent_gemm_cluster": lambda: run_persistent_gemm(cluster=2),
          "planted_oob": run_planted_oob}
 
 

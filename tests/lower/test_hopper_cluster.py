@@ -122,8 +122,9 @@ def test_the_one_role_pipeline_takes_the_cluster_without_multicast():
     clustered launch is still right."""
     a, b, c, report = emulate(150, 130, 72, 4, warp_specialize=False)
     check_gemm(c, a, b, f16)
-    text = tg.explain(KERNEL, target="sm_90a", CLUSTER=2, warp_specialize=False, **SMALL)
-    assert "multicast" not in text.split("roles")[-1] or "not" in text
+    tk = thread_kernel(warp_specialize=False)
+    assert tk.cluster == (2, 1, 1) and not any(isinstance(s, Roles) for s in tk.body)
+    assert all(s.multicast == 0 for s in walk(tk.body) if isinstance(s, TmaLoad))
 
 
 # ------------------------------------------------------------------ structure
