@@ -187,75 +187,127 @@ def gather_rows(y_sorted: Any, routing: Routing, topk_weights: Any) -> Any:
 # The kernels
 # --------------------------------------------------------------------------------------
 
-def virtual_tiles(rows: int, experts: int, bm: int) -> int:
-    """Virtual row tiles of a problem with `rows` sorted rows: `vstart(E)` at its largest."""
-    return rows // bm + experts
+#: Work items described per block of the schedule kernel, and the most experts it takes
+#: (its (BT, EP) compare tiles live in registers).
+SCHEDULE_TILE = 32
+MAX_EXPERTS = 255
+#: The schedule's rows: for each work item (a (BM, BN) output tile), its expert, its first
+#: row, the end of its expert's rows (the tile's rows are first … min(first + BM, end) - 1)
+#: and its column tile. Items past the work count hold first = end = 0 (no rows).
+EXPERT, FIRST_ROW, END_ROW, COLUMN_TILE = range(4)
 
 
-def expert_of_tile(expert_offsets: Any, v: Any, BM: int, EXPERTS: int) -> Any:
-    """The expert owning virtual row tile `v` (trace time): how many experts j ≥ 1 start at
-    or before it, `vstart(j) = expert_offsets[j] // BM + j ≤ v` (see the module docstring).
-    Each compare is 0 or 1 through min/max, so the sum is one scalar expression."""
-    expert = 0
-    for j in range(1, EXPERTS):
-        starts_by_v = v - (expert_offsets[j] // BM + j) + 1
-        expert = expert + tg.minimum(tg.maximum(starts_by_v, 0), 1)
-    return expert
+@lru_cache(maxsize=None)
+def moe_schedule_kernel() -> tg.Kernel:
+    """The grouped GEMM's work list, computed on the device from the expert offsets: expert
+    e has ⌈count_e / BM⌉ row tiles, numbered from `tile_start[e]` (an exclusive cumsum over
+    the experts), so the W = Σ_e ⌈count_e / BM⌉ · tiles_n output tiles are dense — no tile
+    without rows. Work item t is (row tile r, column tile n) of grouped order
+    (`grouped_tile`, GROUP row tiles at a time, so items running together share weight
+    tiles in L2); r's expert is the last expert j with `tile_start[j] ≤ r` (an expert with
+    no rows shares its start with the next), found by comparing against every expert at
+    once in a (BT, EP) tile (EP > E), and what r needs of it (first row, end) is the
+    largest value among the experts started — offsets never decrease — so nothing needs a
+    scalar loop or a gather. Block 0 writes W to `work_count`. Grid:
+    cdiv(capacity, BT) blocks, capacity ≥ W (`plan_launches`)."""
+
+    @tg.kernel(threads=128)
+    def moe_schedule(expert_offsets: tg.Tensor[i32, 1], schedule: tg.Tensor[i32, 2],
+                     work_count: tg.Tensor[i32, 1], tiles_n: int, BM: tg.constexpr,
+                     EP: tg.constexpr, GROUP: tg.constexpr, BT: tg.constexpr = SCHEDULE_TILE):
+        experts = expert_offsets.shape[0] - 1
+        starts = tg.load(expert_offsets[0:experts].tile((EP,), (0,)), fill=0)
+        ends = tg.load(expert_offsets[1:].tile((EP,), (0,)), fill=0)
+        tiles = (ends - starts + (BM - 1)) // BM                  # 0 past the last expert
+        tile_start = tg.cumsum(tiles, 0) - tiles
+        row_tiles = tg.sum(tiles, 0)                              # (1,)
+        t = tg.arange(BT, offset=tg.block_id(0) * BT)
+        r, n = grouped_tile(t, row_tiles, tiles_n, GROUP)
+        j = tg.arange(EP)
+        started = (tile_start[None, :] <= r[:, None]) & (j[None, :] < experts)  # (BT, EP)
+        expert = tg.sum(started.to(i32), 1) - 1
+        own_start = tg.max(tg.where(started, tile_start[None, :], 0), 1)
+        first = tg.max(tg.where(started, starts[None, :], 0), 1) + (r[:, None] - own_start) * BM
+        end = tg.max(tg.where(started, ends[None, :], 0), 1)
+        work = t[:, None] < row_tiles * tiles_n                   # (BT, 1)
+        fields = {EXPERT: tg.maximum(expert, 0), FIRST_ROW: tg.where(work, first, 0),
+                  END_ROW: tg.where(work, end, 0), COLUMN_TILE: tg.where(work, n[:, None], 0)}
+        for f, value in fields.items():
+            tg.copy(value[:, 0], schedule[f].tile((BT,), (tg.block_id(0),)))
+        with tg.if_(tg.block_id(0) == 0):
+            tg.copy(row_tiles * tiles_n, work_count.tile((1,), (0,)))
+
+    return moe_schedule
 
 
-def has_rows(r0: Any, r1: Any, m: Any, BM: int) -> Any:
-    """1 when row tile m of the rows r0 … r1 - 1 holds any, else 0 (a kernel scalar)."""
-    return tg.minimum(tg.maximum(r1 - r0 - m * BM, 0), 1)
+def has_rows(first: Any, end: Any) -> Any:
+    """1 when a work item's rows first … end - 1 hold any, else 0 (a kernel scalar)."""
+    return tg.minimum(tg.maximum(end - first, 0), 1)
 
 
-def expert_product(x: Any, w_e: Any, r0: Any, r1: Any, m: Any, n: Any, sa: Any, sb: Any,
-                   acc_t: DType, BM: int, BN: int, BK: int, STAGES: int) -> Any:
-    """The (BM, BN) tile (m, n) of x[r0:r1] @ w_e.T through the shared pipeline `sa`/`sb`
-    (trace time). A tile past the expert's rows runs no K step."""
-    ga = x[r0:, :].tile((BM, BK), (m, None))         # (BM, BK, K/BK) from row r0 + m·BM
+def expert_product(x: Any, w_e: Any, first: Any, n: Any, k_tiles: Any, sa: Any, sb: Any,
+                   BM: int, BN: int, BK: int, STAGES: int) -> Any:
+    """The f32 (BM, BN) tile of x[first:first + BM] @ w_e.T at column tile n through the
+    shared pipeline `sa`/`sb`, over `k_tiles` K steps (trace time)."""
+    ga = x[first:, :].tile((BM, BK), (0, None))      # (BM, BK, K/BK) from row `first`
     gb = w_e.tile((BN, BK), (n, None))
-    acc = tg.zeros((BM, BN), acc_t)
-    for k in tg.pipeline(ga.shape[2] * has_rows(r0, r1, m, BM), stages=STAGES):
+    acc = tg.zeros((BM, BN), f32)
+    for k in tg.pipeline(k_tiles, stages=STAGES):
         tg.copy(ga[:, :, k], sa[k])
         tg.copy(gb[:, :, k], sb[k])
         tg.gemm(acc, sa[k], sb[k])                   # acc += x rows @ w_e.T
     return acc
 
 
-def _moe_body(x: Any, w: Any, expert_offsets: Any, out: Any, scales: tuple | None,
-              dtype: DType, out_t: DType, EXPERTS: int, BM: int, BN: int, BK: int,
-              STAGES: int, GROUP: int) -> None:
-    """The grouped GEMM of block_id(0)'s tile (trace time), shared by the kernels below: `scales`
+def _work_item(x: Any, w: Any, schedule: Any, out: Any, t: Any, sa: Any, sb: Any,
+               scales: tuple | None, out_t: DType, PERSISTENT: bool, BM: int, BN: int,
+               BK: int, STAGES: int) -> None:
+    """Work item t of the grouped GEMM (trace time), shared by the kernels below: `scales`
     is None, or the FP8 kernel's (x_scale (R, 1), w_scale (E, 1)) applied to the f32
-    accumulator before the one rounding to `out_t`."""
-    tiles_v = x.shape[0] // BM + EXPERTS           # virtual_tiles(rows, E, BM)
-    tiles_n = tg.cdiv(w.shape[1], BN)
-    v, n = grouped_tile(tg.block_id(0), tiles_v, tiles_n, GROUP)
-    e = expert_of_tile(expert_offsets, v, BM, EXPERTS)
-    r0, r1 = expert_offsets[e], expert_offsets[e + 1]
-    m = v - (r0 // BM + e)                         # the row tile within expert e's rows
-    sa = tg.shared((BM, BK), dtype, stages=STAGES)
-    sb = tg.shared((BN, BK), dtype, stages=STAGES)
-    acc = expert_product(x, w[e], r0, r1, m, n, sa, sb, f32, BM, BN, BK, STAGES)
+    accumulator before the one rounding to `out_t`. A persistent block walks only the
+    work count's items, all with rows, so its K loop has one trip count for every item (the
+    sm_90a TMA ring then runs across items); a block per item runs none for an empty one."""
+    e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
+    n = schedule[COLUMN_TILE, t]
+    k_tiles = tg.cdiv(x.shape[1], BK)
+    acc = expert_product(x, w[e], first, n, k_tiles if PERSISTENT else
+                         k_tiles * has_rows(first, end), sa, sb, BM, BN, BK, STAGES)
     if scales is not None:
         x_scale, w_scale = scales
-        row_scale = tg.load(x_scale[r0:r1, :].tile((BM, 1), (m, 0)))
+        row_scale = tg.load(x_scale[first:end, :].tile((BM, 1), (0, 0)))
         acc = acc * (row_scale * tg.load(w_scale.tile((1, 1), (e, 0))))
-    tg.copy(acc.to(out_t), out[r0:r1, :].tile((BM, BN), (m, n)))
+    tg.copy(acc.to(out_t), out[first:end, :].tile((BM, BN), (0, n)))
+
+
+def _moe_body(x: Any, w: Any, schedule: Any, work_count: Any, out: Any,
+              scales: tuple | None, dtype: DType, out_t: DType, PERSISTENT: bool, BM: int,
+              BN: int, BK: int, STAGES: int) -> None:
+    """The grouped GEMM (trace time): one work item per block, or with PERSISTENT a
+    grid-stride walk over the work count's items."""
+    sa = tg.shared((BM, BK), dtype, stages=STAGES)
+    sb = tg.shared((BN, BK), dtype, stages=STAGES)
+    if PERSISTENT:
+        for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
+            _work_item(x, w, schedule, out, t, sa, sb, scales, out_t, True, BM, BN, BK,
+                       STAGES)
+    else:
+        _work_item(x, w, schedule, out, tg.block_id(0), sa, sb, scales, out_t, False, BM,
+                   BN, BK, STAGES)
 
 
 @lru_cache(maxsize=None)
 def moe_gemm_kernel(dtype: DType) -> tg.Kernel:
     """out (R, N) = x_sorted (R, K) @ w[e].T per expert e's rows, f16/bf16 with f32
-    accumulation, on `moe_grid` blocks."""
+    accumulation, over the work items of `schedule` (`moe_schedule_kernel`, the same BM
+    and BN)."""
 
     @tg.kernel(threads=128)
-    def moe_gemm(x: tg.Tensor[dtype], w: tg.Tensor[dtype, 3],
-                 expert_offsets: tg.Tensor[i32, 1], out: tg.Tensor[dtype],
-                 EXPERTS: tg.constexpr, BM: tg.constexpr = 128, BN: tg.constexpr = 128,
-                 BK: tg.constexpr = 64, STAGES: tg.constexpr = 4, GROUP: tg.constexpr = 8):
-        _moe_body(x, w, expert_offsets, out, None, dtype, dtype, EXPERTS, BM, BN, BK,
-                  STAGES, GROUP)
+    def moe_gemm(x: tg.Tensor[dtype], w: tg.Tensor[dtype, 3], schedule: tg.Tensor[i32, 2],
+                 work_count: tg.Tensor[i32, 1], out: tg.Tensor[dtype],
+                 BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 64,
+                 STAGES: tg.constexpr = 4, PERSISTENT: tg.constexpr = True):
+        _moe_body(x, w, schedule, work_count, out, None, dtype, dtype, PERSISTENT, BM, BN,
+                  BK, STAGES)
 
     return moe_gemm
 
@@ -267,20 +319,59 @@ def moe_gemm_fp8_kernel(out_t: DType) -> tg.Kernel:
 
     @tg.kernel(threads=128)
     def moe_gemm_fp8(x: tg.Tensor[f8e4m3], w: tg.Tensor[f8e4m3, 3],
-                     expert_offsets: tg.Tensor[i32, 1], x_scale: tg.Tensor[f32],
-                     w_scale: tg.Tensor[f32], out: tg.Tensor[out_t],
-                     EXPERTS: tg.constexpr, BM: tg.constexpr = 128, BN: tg.constexpr = 128,
-                     BK: tg.constexpr = 128, STAGES: tg.constexpr = 4,
-                     GROUP: tg.constexpr = 8):
-        _moe_body(x, w, expert_offsets, out, (x_scale, w_scale), f8e4m3, out_t, EXPERTS,
-                  BM, BN, BK, STAGES, GROUP)
+                     schedule: tg.Tensor[i32, 2], work_count: tg.Tensor[i32, 1],
+                     x_scale: tg.Tensor[f32], w_scale: tg.Tensor[f32], out: tg.Tensor[out_t],
+                     BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 128,
+                     STAGES: tg.constexpr = 4, PERSISTENT: tg.constexpr = True):
+        _moe_body(x, w, schedule, work_count, out, (x_scale, w_scale), f8e4m3, out_t,
+                  PERSISTENT, BM, BN, BK, STAGES)
 
     return moe_gemm_fp8
 
 
-def moe_grid(rows: int, n: int, experts: int, bm: int, bn: int) -> tuple:
-    """One block per (virtual row tile, column tile), from the shapes alone."""
-    return (virtual_tiles(rows, experts, bm) * tg.cdiv(n, bn),)
+class LaunchPlan(NamedTuple):
+    """The two launches of one grouped GEMM: the schedule kernel (grid, its int arguments,
+    constexprs), the schedule's capacity (work items it can describe) and the GEMM's grid
+    and constexprs."""
+
+    schedule_grid: tuple
+    schedule_scalars: tuple
+    schedule_constexprs: dict
+    capacity: int
+    grid: tuple
+    gemm_constexprs: dict
+
+
+def plan_launches(rows: int, n: int, experts: int, config: dict,
+                  num_sms: int) -> LaunchPlan:
+    """The launches for x_sorted of `rows` rows and N = n, in `config`'s tiles (BM, BN,
+    BK, STAGES, PERSISTENT; GROUP: the schedule's row tiles per group). The work count is
+    known only on the device, so the schedule is sized for its largest value — each expert
+    wastes less than one row tile, so Σ ⌈count_e / BM⌉ ≤ rows // BM + E — and a block per
+    item launches that many blocks (those past the count run no K step), a persistent
+    launch min(that, num_sms)."""
+    tiles = {"PERSISTENT": True, **config}
+    group = tiles.pop("GROUP", 8)
+    bm, bn = tiles["BM"], tiles["BN"]
+    tiles_n = tg.cdiv(n, bn)
+    capacity = (rows // bm + experts) * tiles_n
+    ep = max(16, 1 << (experts - 1).bit_length())
+    grid = (min(capacity, num_sms),) if tiles["PERSISTENT"] else (capacity,)
+    return LaunchPlan((tg.cdiv(capacity, SCHEDULE_TILE),), (tiles_n,),
+                      dict(BM=bm, EP=ep, GROUP=group), capacity, grid, tiles)
+
+
+def run_plan(plan: LaunchPlan, kernel: tg.Kernel, operands: tuple, expert_offsets: Any,
+             scales: tuple, out: Any, launch: Any, alloc: Any, threads: int | None) -> Any:
+    """The schedule launch, then the grouped GEMM's, through `launch(kernel, grid, args,
+    constexprs, threads, writes_all)` (the emulator's or the GPU's); `alloc(shape)`: an
+    int32 workspace. Returns what the GEMM's launch returned."""
+    schedule, work_count = alloc((4, plan.capacity)), alloc((1,))
+    launch(moe_schedule_kernel(), plan.schedule_grid,
+           (expert_offsets, schedule, work_count, *plan.schedule_scalars),
+           plan.schedule_constexprs, None, True)
+    return launch(kernel, plan.grid, (*operands, schedule, work_count, *scales, out),
+                  plan.gemm_constexprs, threads, False)
 
 
 # --------------------------------------------------------------------------------------
@@ -297,6 +388,9 @@ def check_problem(fn: str, x_shape: tuple, w_shape: tuple, offsets_shape: tuple)
         raise ValueError(f"tegula.kernels.{fn}: w must be 3-D (experts, N, K), got shape "
                          f"{tuple(w_shape)}")
     (rows, k), (experts, n, k2) = x_shape, w_shape
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(f"tegula.kernels.{fn}: w holds {experts} experts; 1 to "
+                         f"{MAX_EXPERTS} are supported")
     if k != k2:
         raise ValueError(f"tegula.kernels.{fn}: x_sorted is (rows, K) and w (experts, N, K) "
                          f"with one K, got x_sorted {tuple(x_shape)} and w {tuple(w_shape)}")
@@ -348,13 +442,15 @@ def quantize_rows_fp8(x: Any) -> tuple[Any, Any]:
 
 def moe_gemm_emulated(x_sorted: np.ndarray, w: np.ndarray, expert_offsets: np.ndarray,
                       w_scale: np.ndarray | None = None, dtype: DType | None = None,
-                      target: str = "sm_90a", **tiles: int) -> np.ndarray:
+                      target: str = "sm_90a", num_sms: int = 4, **tiles: int) -> np.ndarray:
     """`out[p] = x_sorted[p] @ w[e].T` for every row p of expert e (rows past
     `expert_offsets[E]` are left NaN), by the emulated kernel. x_sorted (R, K) and w
     (E, N, K) of `dtype` (f16 arrays, or float32 holding bf16 values with dtype=bf16).
     With `w_scale` (E,) f32, w holds FP8 e4m3 values (float32) dequantized as
     w[e] · w_scale[e]: x is quantized per row to e4m3 (`quantize_rows_fp8`) and the
-    product of the two scales applied to the f32 accumulator; the result is in x's type."""
+    product of the two scales applied to the f32 accumulator; the result is in x's type.
+    `num_sms`: the persistent launch's blocks (few, so each walks several work items);
+    `tiles`: BM, BN, BK, STAGES, GROUP, PERSISTENT."""
     fn = "moe_gemm_emulated"
     check_array(fn, "x_sorted", x_sorted, ndim=2)
     check_array(fn, "w", w, ndim=3)
@@ -370,21 +466,28 @@ def moe_gemm_emulated(x_sorted: np.ndarray, w: np.ndarray, expert_offsets: np.nd
     if rows == 0 or n == 0:
         return out
     fp8 = w_scale is not None
-    constexprs = {**default_tiles(fp8, target), **tiles}
-    grid = moe_grid(rows, n, experts, constexprs["BM"], constexprs["BN"])
-    common = dict(EXPERTS=experts, target=target, check_coverage=False, **constexprs)
-    if not fp8:
-        if w.dtype != x_sorted.dtype:
-            raise TypeError(f"tegula.kernels.{fn}: x_sorted ({x_sorted.dtype}) and w "
-                            f"({w.dtype}) must share one dtype (FP8 weights take w_scale)")
-        launch_emulated(moe_gemm_kernel(dtype), grid, x_sorted, w, expert_offsets, out,
-                        **common)
-        return out
-    w_scale = _check_w_scale(fn, w_scale, experts)
-    _check_e4m3(fn, w)
-    x_q, x_scale = quantize_rows_fp8(x_sorted)
-    launch_emulated(moe_gemm_fp8_kernel(dtype), grid, x_q, w, expert_offsets, x_scale,
-                    w_scale.reshape(experts, 1), out, **common)
+    if fp8:
+        w_scale = _check_w_scale(fn, w_scale, experts)
+        _check_e4m3(fn, w)
+    elif w.dtype != x_sorted.dtype:
+        raise TypeError(f"tegula.kernels.{fn}: x_sorted ({x_sorted.dtype}) and w ({w.dtype}) "
+                        f"must share one dtype (FP8 weights take w_scale)")
+    plan = plan_launches(rows, n, experts, {**default_tiles(fp8, target), **tiles}, num_sms)
+    if fp8:
+        x_q, x_scale = quantize_rows_fp8(x_sorted)
+        gemm, operands = moe_gemm_fp8_kernel(dtype), (x_q, w)
+        scales = (x_scale, w_scale.reshape(experts, 1))
+    else:
+        gemm, operands, scales = moe_gemm_kernel(dtype), (x_sorted, w), ()
+
+    def launch(kernel, grid, args, constexprs, threads, writes_all):
+        # Rows past expert_offsets[E] are left unwritten by design: coverage is checked
+        # on the schedule only.
+        launch_emulated(kernel, grid, *args, target=target, num_sms=num_sms,
+                        check_coverage=writes_all, **constexprs)
+
+    run_plan(plan, gemm, operands, expert_offsets, scales, out, launch,
+             lambda shape: poisoned(shape, i32), None)
     return out
 
 
@@ -477,15 +580,20 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
     x, w, offsets = x_sorted.contiguous(), w.contiguous(), expert_offsets.contiguous()
     if fp8:
         x, x_scale = quantize_rows_fp8(x)
-        args = (x, w, offsets, x_scale, w_scale.contiguous().view(experts, 1), out)
+        scales = (x_scale, w_scale.contiguous().view(experts, 1))
         kernel = moe_gemm_fp8_kernel(dtype)
     else:
-        args, kernel = (x, w, offsets, out), moe_gemm_kernel(dtype)
+        scales, kernel = (), moe_gemm_kernel(dtype)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+
+    def launch(which, grid, args, constexprs, threads, writes_all):
+        return _launch(which, grid, args, constexprs, threads)
 
     def run(chosen: Config) -> Any:
-        values = chosen.kwargs
-        grid = moe_grid(rows, n, experts, values["BM"], values["BN"])
-        return _launch(kernel, grid, args, dict(values, EXPERTS=experts), chosen.threads)
+        plan = plan_launches(rows, n, experts, chosen.kwargs, sms)
+        return run_plan(plan, kernel, (x, w), offsets, scales, out, launch,
+                        lambda shape: torch.empty(shape, dtype=torch.int32, device=x.device),
+                        chosen.threads)
 
     if config is not None:
         run(Config.of(config))
