@@ -5,7 +5,8 @@
 For each shape: cuBLAS (torch.matmul), the README GEMM (examples/gemm.py) on sm_90a
 (TMA + mbarrier ring + wgmma) in several tile configurations, the persistent GEMM
 (examples/persistent_gemm.py: one block per SM, the TMA ring running across its tiles so
-the next tile's loads overlap the current one's epilogue), and the README kernel on
+the next tile's loads overlap the current one's epilogue; alone and in 2-CTA clusters
+that multicast b's boxes), and the README kernel on
 sm_90 (the Ampere path — cp.async, ldmatrix, mma.sync — built for Hopper, the path that
 ran on H100s before this issue) in the configurations measured earlier. Every result is
 checked against an f64 reference of the same f16 inputs (elements beyond the f16 rounding
@@ -45,9 +46,13 @@ CONFIGS = {
 }
 #: examples/persistent_gemm.py (one block per SM walking the tiles in grouped order; its K
 #: pipeline one TMA ring across the tiles, warp-specialized), README-like tiles.
+#: CLUSTER=2: 2-CTA clusters, the two blocks' row tiles sharing b's boxes by TMA multicast.
 PERSISTENT_CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, threads=256),
+                      dict(BM=128, BN=256, BK=64, STAGES=4, threads=256, CLUSTER=2),
                       dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
-                      dict(BM=128, BN=128, BK=64, STAGES=4, threads=256)]
+                      dict(BM=128, BN=256, BK=64, STAGES=3, threads=256, CLUSTER=2),
+                      dict(BM=128, BN=128, BK=64, STAGES=4, threads=256),
+                      dict(BM=128, BN=128, BK=64, STAGES=4, threads=256, CLUSTER=2)]
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (4096, 4096, 1024),
           (1000, 1030, 520)]
 
@@ -74,7 +79,8 @@ def gemm_rows(m: int, n: int, k: int) -> list[tuple[str, str]]:
                                 target=target, **cfg))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in PERSISTENT_CONFIGS:
-        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"])
+        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"],
+                                           cfg.get("CLUSTER", 1))
         rows.append(measure(f"{m}x{n}x{k} sm_90a persistent {cfg}", persistent_gemm, grid,
                             a, b, base, target="sm_90a", **cfg))
     return rows
