@@ -91,31 +91,59 @@ def _definition_location(fn: Callable) -> SourceLocation:
 
 
 def _evaluate_annotation(fn: Callable, name: str, annotation: Any, loc: SourceLocation,
-                         scope: dict) -> Any:
+                         scope: dict, later: frozenset = frozenset()) -> Any:
     """String annotations (`from __future__ import annotations`) evaluated in the kernel's
-    module, the scope that applied the decorator, and the function's closure."""
+    module, the scope that applied the decorator, and the function's closure. `later`:
+    the decorating function's local variables not assigned yet."""
     if not isinstance(annotation, str):
         return annotation
     namespace = dict(fn.__globals__)
     namespace.update(scope)
-    namespace.update(inspect.getclosurevars(fn).nonlocals)
+    closure, unassigned = _closure_values(fn)
+    namespace.update(closure)
     try:
         return eval(annotation, namespace)  # noqa: S307 — the user's own annotation text
     except TegulaError:
         raise
+    except NameError as e:
+        if e.name not in unassigned and e.name not in later:
+            raise _annotation_error(fn, name, annotation, e, loc) from None
+        raise TraceError(f"kernel {fn.__name__}: the annotation {annotation!r} of parameter "
+                         f"{name!r} names {e.name!r}, which the enclosing function assigns "
+                         f"only after the kernel is defined; assign it before the "
+                         f"@tg.kernel line", loc) from None
     except Exception as e:
-        raise TraceError(f"kernel {fn.__name__}: cannot evaluate the annotation "
-                         f"{annotation!r} of parameter {name!r} ({type(e).__name__}: {e}); "
-                         f"make the names it uses visible where the kernel is defined",
-                         loc) from None
+        raise _annotation_error(fn, name, annotation, e, loc) from None
 
 
-def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation, scope: dict) -> Param:
+def _annotation_error(fn: Callable, name: str, annotation: str, e: Exception,
+                      loc: SourceLocation) -> TraceError:
+    return TraceError(f"kernel {fn.__name__}: cannot evaluate the annotation {annotation!r} "
+                      f"of parameter {name!r} ({type(e).__name__}: {e}); make the names it "
+                      f"uses visible where the kernel is defined", loc)
+
+
+def _closure_values(fn: Callable) -> tuple[dict, set]:
+    """The function's closure variables that hold a value, and the names of those that do
+    not yet: a variable the enclosing function assigns after the `@tg.kernel` line has an
+    empty cell while the decorator runs (`inspect.getclosurevars` raises 'Cell is empty'
+    for it); the body reads it when traced, after it is assigned."""
+    values, unassigned = {}, set()
+    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            values[var] = cell.cell_contents
+        except ValueError:
+            unassigned.add(var)
+    return values, unassigned
+
+
+def _classify(fn: Callable, p: inspect.Parameter, loc: SourceLocation, scope: dict,
+              later: frozenset = frozenset()) -> Param:
     where = f"kernel {fn.__name__}, parameter {p.name!r}"
     if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
         raise TraceError(f"{where}: *args and **kwargs are not supported in kernel signatures",
                          loc)
-    ann = _evaluate_annotation(fn, p.name, p.annotation, loc, scope)
+    ann = _evaluate_annotation(fn, p.name, p.annotation, loc, scope, later)
     if ann is constexpr:
         return Param(p.name, "constexpr", default=p.default)
     if isinstance(ann, constexpr):
@@ -218,10 +246,15 @@ class Kernel:
         self.loc = _definition_location(fn)
         # The decorating scope's locals: string annotations may name them (a kernel
         # defined inside a function, with `from __future__ import annotations`).
+        # Its variables without a value yet are assigned after the decorator (named in
+        # the error if an annotation needs one).
         frame = user_frame()
         scope = dict(frame.f_locals) if frame is not None else {}
+        code = frame.f_code if frame is not None else None
+        later = frozenset() if code is None else \
+            frozenset(code.co_varnames + code.co_cellvars) - set(scope)
         del frame
-        self.params = [_classify(fn, p, self.loc, scope)
+        self.params = [_classify(fn, p, self.loc, scope, later)
                        for p in inspect.signature(fn).parameters.values()]
         for p in self.params:
             if p.kind != "constexpr":  # constexprs never reach the thread IR
