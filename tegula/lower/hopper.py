@@ -76,6 +76,30 @@ run's first stages while the consumer runs the code after the loop (the epilogue
 role, each run's prologue issues its first S-1 stages into the next slots of the ring.
 A run of zero iterations issues, waits and releases nothing.
 
+**Clusters with TMA multicast** (the kernel declared `tg.cluster(x, y)`, and synthesis put
+a `MulticastPlan` on copies of a warp-specialized pipeline whose boxes every block of the
+cluster loads alike, `synth/roles.py`). With C blocks in the cluster and the block's rank
+`r = bid_x % x + (bid_y % y) * x` (`cta_rank`, how `%cluster_ctarank` numbers them):
+
+    kernel start:  thread 0: init full[S] (count 1), empty[S] (count R * C); fence;
+                   barrier.cluster.arrive + wait (the peers' inits visible to remote use)
+    producer:      wait empty[slot] (every block's consumers released the stage);
+                   expect_tx(full[slot], the whole boxes' bytes); the own copies as above;
+                   a multicast copy: rows r*B/C … (r+1)*B/C-1 of its B-row box, into the
+                   same offset of the stage in every block (mask 2^C - 1), completing
+                   their bytes on each block's full[slot]
+    consumer:      the release of a stage is an arrive on empty[slot] of every block of
+                   the cluster (`mapa` + `mbarrier.arrive.release.cluster`)
+    exit:          after the roles, barrier.cluster.arrive + wait: no block leaves while
+                   a peer may still write a box or an arrival into its shared memory
+
+A block's full barrier may receive a peer's bytes before its own `expect_tx` (the count
+goes negative while the producer's arrival is pending, as PTX allows); they cannot belong
+to the next phase, since the peer refills the stage only after this block's consumers
+released it, which they do after this phase completed. Every block walks the same
+iterations (synthesis proved the loop bounds cluster-uniform), so a block whose tile lies
+past the tensor still loads (zeros) and releases its share.
+
 **A TMA-store epilogue** (`lower_tma_store`; synthesis put a `TmaStorePlan` on a register
 tile -> global copy of a kernel with a nested ring, `copies.plan_tma_stores`): the tile is
 cut into boxes of one 128-byte (64-, 32-) swizzle span by its rows, staged `slots` boxes
