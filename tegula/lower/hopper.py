@@ -132,6 +132,7 @@ from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBa
                                    Role, Roles, SmemDesc, TensorMapParam, TmaLoad, TmaStore,
                                    Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
+from tegula.lower.wgmma_waits import defer_wgmma_waits
 from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
                                     SharedBuffer, SharedStore, Stmt, Var, _bin, all_of)
 
@@ -475,7 +476,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     _top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
-    body = [wait] + lowering.ops(rest, inner)
+    body = [wait] + defer_wgmma_waits(lowering.ops(rest, inner))
     if inner.dirty:  # no refill barrier orders one iteration's accesses before the next's
         body += inner.barrier()
     body += release(ring.slot(k))

@@ -1,0 +1,123 @@
+"""`lower/wgmma_waits.py`: a pipeline body's `wgmma.wait_group 0` moves past the register
+arithmetic that follows its gemm and touches none of the wgmma's registers — so the
+blockwise FP8 GEMM promotes the previous K block while the tensor cores run this one —
+and no further: not past a statement that touches the accumulator, nor past memory
+accesses, barriers or branches. The emulator, which keeps a wgmma's registers busy until
+its wait, checks the kernels that now run with the later wait, and reports a wait moved
+too far."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula import f32
+from tegula.build import build
+from tegula.dtypes import bf16, f16
+from tegula.emulate import EmulationError
+from tegula.kernels.common import poisoned, random_input
+from tegula.kernels.fp8 import fp8_blockwise_gemm_kernel
+from tegula.lower.async_ir import Wgmma, WgmmaCommit, WgmmaWait
+from tegula.lower.thread_ir import (Assign, Barrier, Comment, Const, For, RegArray, Reg,
+                                    RegRead, walk)
+from tegula.lower.wgmma_waits import defer_wgmma_waits, register_arrays
+
+ACC, OTHER, SCALE = (RegArray(name, f32, 4) for name in ("acc", "other", "scale"))
+
+
+def _wgmma(d=ACC):
+    return Wgmma("wgmma.m64n8k16.f32.f16.f16", [Reg(d, Const(i)) for i in range(4)],
+                 None, None, scale_d=Const(1))
+
+
+def _assign(dst, src):
+    return Assign(Reg(dst, Const(0)), RegRead(Reg(src, Const(0))))
+
+
+def test_register_arrays_finds_reads_and_writes():
+    assert register_arrays(_assign(OTHER, SCALE)) == {"other", "scale"}
+    assert register_arrays(_wgmma()) == {"acc"}
+
+
+def test_the_wait_moves_past_independent_arithmetic_and_stops_at_the_accumulator():
+    wait = WgmmaWait(0)
+    body = [_wgmma(), WgmmaCommit(), wait, Comment("x"), _assign(OTHER, SCALE),
+            _assign(OTHER, OTHER), _assign(SCALE, ACC), _assign(OTHER, SCALE)]
+    out = defer_wgmma_waits(body)
+    assert [type(s) for s in out[:2]] == [Wgmma, WgmmaCommit]
+    assert out.index(wait) == 5 and out[6] is body[6]   # right before the read of acc
+    assert sorted(map(id, out)) == sorted(map(id, body))
+
+
+@pytest.mark.parametrize("stop", [Barrier(), For(None, Const(0), Const(1), 1, [])])
+def test_the_wait_stops_at_anything_but_register_arithmetic(stop):
+    wait = WgmmaWait(0)
+    body = [_wgmma(), WgmmaCommit(), wait, _assign(OTHER, SCALE), stop,
+            _assign(OTHER, SCALE)]
+    out = defer_wgmma_waits(body)
+    assert out.index(wait) == 3 and out[4] is stop
+
+
+def test_a_wait_with_nothing_in_flight_and_pending_waits_stay():
+    first, keep = WgmmaWait(0), WgmmaWait(1)
+    body = [first, _assign(OTHER, SCALE), _wgmma(), WgmmaCommit(), keep,
+            _assign(OTHER, SCALE)]
+    assert defer_wgmma_waits(body) == body
+
+
+def _statement_names(loop: For) -> list[str]:
+    return [type(s).__name__ for s in loop.body]
+
+
+def test_blockwise_fp8_promotes_the_previous_block_while_the_wgmmas_run():
+    kernel = build(fp8_blockwise_gemm_kernel(bf16), dict(BM=64, BN=64, STAGES=2), None,
+                   "sm_90a").thread_kernel
+    loop, = [s for s in walk(kernel.body)
+             if isinstance(s, For) and any(isinstance(x, WgmmaCommit) for x in s.body)]
+    names = _statement_names(loop)
+    between = names[names.index("WgmmaCommit") + 1:names.index("WgmmaWait")]
+    # 64x64 f32 over 128 threads: 32 values a thread, one multiply and one add each
+    assert between.count("Assign") == 2 * 32
+
+
+@tg.kernel(threads=128)
+def _reads_too_early(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                     BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32):
+    ga = a.tile((BM, BK), (0, None))
+    gb = b.tile((BN, BK), (0, None))
+    acc = tg.zeros((BM, BN), f32)
+    prev = tg.zeros((BM, BN), f32)
+    sa = tg.shared((BM, BK), f16, stages=2)
+    sb = tg.shared((BN, BK), f16, stages=2)
+    for k in tg.pipeline(ga.shape[2], stages=2):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        part = tg.zeros((BM, BN), f32)
+        tg.gemm(part, sa[k], sb[k])
+        acc += prev
+        prev = part
+    tg.copy(acc + prev, c.tile((BM, BN), (0, 0)))
+
+
+def test_the_lagged_sum_is_right_and_a_wait_moved_too_far_is_reported(monkeypatch):
+    rng = np.random.default_rng(0)
+    a, b = random_input(rng, (64, 96), f16), random_input(rng, (64, 96), f16)
+    c = poisoned((64, 64), f32)
+    tg.emulate(_reads_too_early, (1,), a, b, c, target="sm_90a")
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.allclose(c, ref, rtol=1e-5, atol=1e-3)
+
+    # A deferral that ignores the accumulator (moves every wait past all arithmetic)
+    # lets `prev = part` read registers a wgmma still owns: the emulator says so.
+    import tegula.lower.hopper as hopper
+    from tegula.lower import wgmma_waits
+
+    def too_far(stmts):
+        waits = [s for s in stmts if isinstance(s, WgmmaWait)]
+        rest = [s for s in stmts if not isinstance(s, WgmmaWait)]
+        return rest + waits
+    monkeypatch.setattr(hopper, "defer_wgmma_waits", too_far)
+    monkeypatch.setattr(wgmma_waits, "defer_wgmma_waits", too_far)
+    with pytest.raises(EmulationError, match="still in flight"):  # BK=16: a fresh build
+        tg.emulate(_reads_too_early, (1,), a, b, poisoned((64, 64), f32), target="sm_90a",
+                   BK=16)
