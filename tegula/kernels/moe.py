@@ -16,31 +16,32 @@ that into a *grouped* problem:
   its routing weights, in f32, in the order j = 0 … k-1 (deterministic), rounded once.
 
 How the kernel finds its work without a host sync (the counts per expert are known only on
-the device). The grid walks *virtual row tiles*: expert e owns the virtual tiles
-`vstart(e) … vstart(e + 1) - 1` with `vstart(e) = expert_offsets[e] // BM + e`. That range
-holds at least ⌈count_e / BM⌉ tiles (`b // BM - a // BM + 1 ≥ ⌈(b - a) / BM⌉`), and the
-last expert's ends at most at `rows // BM + E`, so the host sizes the grid from shapes
-alone. A block's expert is the number of experts j ≥ 1 with `vstart(j) ≤ v` — E - 1
-independent scalar loads and compares (one memory latency, where a binary search would pay
-log2 E dependent ones) — and its rows are expert e's rows `(v - vstart(e))·BM …`. Virtual
-tiles past an expert's rows run no K loop and store nothing. The row tile is a view
-`x[r0:, :]` (no stop: TMA on sm_90a can fetch it; rows past the expert's end belong to the
-next expert or lie past the tensor, and only feed accumulator rows that are never stored),
-and the store goes through `out[r0:r1, :]`, which masks every row past the expert's end.
+the device): two launches, both reading `expert_offsets` in the kernel.
 
-One block per (virtual row tile, column tile), numbered in grouped order
-(`tegula.kernels.schedule.grouped_tile`) so that blocks running together share weight
-tiles in L2. Not persistent yet: on sm_90a a TMA ring kept across a persistent loop's tiles
-needs the same K trip count in every tile (`synth/copies.py: plan_nested_ring`), and a
-virtual tile past its expert's rows runs none.
+1. `moe_schedule_kernel` writes the work list: expert e has ⌈count_e / BM⌉ row tiles,
+   numbered from an exclusive cumsum over the experts (`tg.cumsum`), and each (row tile,
+   column tile) pair is a work item holding its expert, first row, end row and column
+   tile, in grouped order (`tegula.kernels.schedule.grouped_tile`: blocks running together
+   share weight tiles in L2). A row tile's expert is found by comparing it against every
+   expert's first tile at once, in a register tile — no scalar loop, no host sync. The
+   count of items is written to memory too; the host sizes the list for its largest value
+   (each expert wastes less than one row tile: Σ ⌈count_e / BM⌉ ≤ R // BM + E).
+2. The grouped GEMM is persistent: about one block per SM walks the items up to the count
+   read from memory (`tg.range(tg.block_id(0), work_count[0], tg.num_programs(0))`), each
+   reading its four scalars. Every item has rows, so the K loop has one trip count and on
+   sm_90a one TMA ring runs across a block's items (the producer warpgroup loads the next
+   item's first stages during the current one's epilogue). The rows are the view
+   `x[first:, :]` (no stop: TMA fetches it at any row; rows past the expert's end belong to
+   the next expert or lie past the tensor and only feed accumulator rows never stored) and
+   the store goes through `out[first:end, :]`, which masks every row past the expert's end.
+   `PERSISTENT=False` launches one block per possible item instead (those past the count
+   run no K step).
 
 Weights: bf16/f16 (`moe_gemm_kernel`), or FP8 e4m3 with per-expert scales and per-row
 activation scales (`moe_gemm_fp8_kernel`: activations quantized per row by
 `quantize_rows_fp8`, as vLLM's FP8 MoE).
 
-Entry points: `moe_gemm_emulated` (numpy, the CI one), `moe_gemm` (torch, CUDA), and
-`moe_mlp` / `moe_mlp_emulated`: a whole MoE MLP (gate/up GEMM, SiLU·mul, down GEMM, weighted
-gather).
+Entry points: `moe_gemm_emulated` (numpy, the CI one) and `moe_gemm` (torch, CUDA).
 """
 from __future__ import annotations
 
@@ -350,6 +351,7 @@ def plan_launches(rows: int, n: int, experts: int, config: dict,
     wastes less than one row tile, so Σ ⌈count_e / BM⌉ ≤ rows // BM + E — and a block per
     item launches that many blocks (those past the count run no K step), a persistent
     launch min(that, num_sms)."""
+    rows, n, experts = int(rows), int(n), int(experts)
     tiles = {"PERSISTENT": True, **config}
     group = tiles.pop("GROUP", 8)
     bm, bn = tiles["BM"], tiles["BN"]
@@ -584,7 +586,9 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
         kernel = moe_gemm_fp8_kernel(dtype)
     else:
         scales, kernel = (), moe_gemm_kernel(dtype)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    # CPU tensors reach here only through the test suite's emulated launches.
+    sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
+           if x.device.type == "cuda" else 4)
 
     def launch(which, grid, args, constexprs, threads, writes_all):
         return _launch(which, grid, args, constexprs, threads)
