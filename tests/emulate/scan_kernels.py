@@ -70,3 +70,28 @@ def max_and_first(x: tg.Tensor[f32], mx: tg.Tensor[f32], first: tg.Tensor[f32],
     t = tg.load(x.tile((BM, BN), (m, 0)), fill=-float("inf"))
     tg.copy(tg.scan(t, AXIS, tg.maximum), mx.tile((BM, BN), (m, 0)))
     tg.copy(tg.scan(t, AXIS, lambda a, b: a), first.tile((BM, BN), (m, 0)))
+
+
+@tg.kernel(threads=128)
+def chunked_affine(a: tg.Tensor[i32], b: tg.Tensor[i32], pa: tg.Tensor[i32],
+                   pb: tg.Tensor[i32], last: tg.Tensor[i32], BM: tg.constexpr = 2,
+                   BN: tg.constexpr = 64, AXIS: tg.constexpr = 1,
+                   REVERSE: tg.constexpr = False):
+    """The affine scan of whole rows (AXIS=1; columns for AXIS=0) in chunks of BN, the
+    state carried from chunk to chunk by `initial=` and the carry (both halves of the
+    pair); `last` gets the final carry's b half (the recurrence's last state)."""
+    m = tg.block_id(0)
+    tile = (BM, BN) if AXIS == 1 else (BN, BM)
+    one = (BM, 1) if AXIS == 1 else (1, BM)
+    steps = a.shape[AXIS]
+    state = (tg.full(one, 1, i32), tg.zeros(one, i32))
+    for i in tg.range(tg.cdiv(steps, BN)):
+        k = tg.cdiv(steps, BN) - 1 - i if REVERSE else i
+        at = (m, k) if AXIS == 1 else (k, m)
+        ta = tg.load(a.tile(tile, at), fill=1)
+        tb = tg.load(b.tile(tile, at))
+        (ra, rb), state = tg.scan((ta, tb), AXIS, lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]),
+                                  reverse=REVERSE, initial=state)
+        tg.copy(ra, pa.tile(tile, at))
+        tg.copy(rb, pb.tile(tile, at))
+    tg.copy(state[1], last.tile(one, (m, 0) if AXIS == 1 else (0, m)))

@@ -20,8 +20,8 @@ from tegula import f32, i32
 from tegula.layout.cute import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scan_kernels import (SHAPES, affine_scan, cumsum_f16, cumsum_i32, cumsum_tile,  # noqa: E402
-                          max_and_first, rand)
+from scan_kernels import (SHAPES, affine_scan, chunked_affine, cumsum_f16,  # noqa: E402
+                          cumsum_i32, cumsum_tile, max_and_first, rand)
 
 TARGETS = ("sm_90a", "sm_80")
 
@@ -213,6 +213,37 @@ def test_carried_state_across_chunks(M, N, BM, BN, from_last):
     want = np.cumsum(x.astype(np.float64), axis=1)
     bound = N * 1.2e-7 * np.cumsum(np.abs(x.astype(np.float64)), axis=1)
     assert np.all(np.abs(y - want) <= bound), np.abs(y - want).max()
+
+
+# (M, N, BM, BN, threads, axis): rows of one thread (n = 1), of lanes, of several warps.
+CHUNKED = [
+    (3, 200, 2, 64, 128, 1),      # 64 lanes per row: two warps, four chunks (last ragged)
+    (5, 77, 4, 16, 64, 0),        # along axis 0: 16 = 16 lanes x 1
+    (1, 1000, 1, 256, 128, 1),    # one row over 4 warps, 2 registers each
+    (2, 300, 2, 512, 128, 1),     # one chunk, mostly fill
+    (64, 10, 64, 3, 128, 1),      # each thread scans whole runs: no shuffle at all
+    (6, 45, 2, 8, 32, 1),         # 8 = 8 lanes x 1; six chunks
+]
+
+
+@pytest.mark.parametrize("M,N,BM,BN,threads,axis", CHUNKED)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_continued_from_initial_returns_the_carry(M, N, BM, BN, threads, axis, reverse):
+    """`initial=` and the carry: a chunked scan equals the scan of the whole row, bit for
+    bit (non-commutative i32 combine), and the last carry is the row's last state."""
+    rng = np.random.default_rng(M + N)
+    a = rng.integers(-5, 6, (M, N)).astype(np.int32)
+    a[a == 0] = 3
+    b = rng.integers(-1000, 1000, (M, N)).astype(np.int32)
+    flip = (lambda x: x) if axis == 1 else (lambda x: np.ascontiguousarray(x.T))
+    pa, pb = (np.full((M, N) if axis == 1 else (N, M), 7, np.int32) for _ in range(2))
+    last = np.full((M, 1) if axis == 1 else (1, M), 7, np.int32)
+    tg.emulate(chunked_affine, (tg.cdiv(M, BM),), flip(a), flip(b), pa, pb, last, BM=BM,
+               BN=BN, AXIS=axis, REVERSE=reverse, threads=threads)
+    want_a, want_b = affine_reference(a, b, reverse)
+    np.testing.assert_array_equal(flip(pa), want_a)
+    np.testing.assert_array_equal(flip(pb), want_b)
+    np.testing.assert_array_equal(last.ravel(), want_b[:, 0 if reverse else -1])
 
 
 # -- other ranks, and a scan whose result is rebound in a loop ------------------------------

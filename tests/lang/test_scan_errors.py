@@ -128,3 +128,31 @@ def test_scan_of_f16_tiles_with_f16_combine_runs():
     y = np.zeros((4, 8), np.float16)
     tg.emulate(k, (1,), x, y)
     np.testing.assert_array_equal(y, np.maximum.accumulate(x, axis=1))
+
+
+# -- initial= (a scan continued from a carried state) ---------------------------------------
+def test_initial_of_the_wrong_shape_or_type():
+    body = lambda t, u: tg.scan(t, 1, lambda a, b: a + b, initial=t)[0]  # noqa: E731
+    assert_error(body, "tg.scan", "initial must be a f32 tile of shape (4, 1)", "got %r0: register<4x8, f32>")
+    body = lambda t, u: tg.scan(t, 0, lambda a, b: a + b, initial=tg.zeros((1, 8), f16))[0]  # noqa: E731,E501
+    assert_error(body, "initial must be a f32 tile of shape (1, 8)", "f16")
+
+
+def test_initial_must_match_the_scanned_tuple():
+    one = lambda: tg.zeros((4, 1), f32)  # noqa: E731
+    body = lambda t, u: tg.scan((t, u), 1, lambda p, q: (p[0], q[1]), initial=one())[0][0]  # noqa: E731,E501
+    assert_error(body, "initial must be a tuple of 2 tiles, like the scanned x")
+    body = lambda t, u: tg.scan((t, u), 1, lambda p, q: (p[0], q[1]), initial=(one(),))[0][0]  # noqa: E731,E501
+    assert_error(body, "initial has 1 tiles, but 2 are scanned")
+    body = lambda t, u: tg.scan(t, 1, lambda a, b: a + b, initial=0.0)[0]  # noqa: E731
+    assert_error(body, "tg.scan", "initial must be a register tile, got float")
+
+
+def test_with_initial_the_result_is_the_scan_and_the_carry():
+    def body(t, u):
+        out, carry = tg.scan(t, 1, lambda a, b: a + b, initial=tg.zeros((4, 1), f32))
+        assert tuple(out.shape) == (4, 8) and tuple(carry.shape) == (4, 1)
+        return out + carry
+    (op,) = [o for o in walk_ops(scan_kernel(body).trace().body) if isinstance(o, Scan)]
+    assert len(op.initials) == len(op.carries) == 1
+    assert tuple(op.carries[0].shape) == (4, 1)
