@@ -223,7 +223,10 @@ def _block_times_constant(x, BlockIndex, ScalarBinOp, ScalarConst) -> tuple:  # 
 
 def shapes_of(kernel: Any, args: tuple, shapes: Mapping[str, Any] | None) -> tuple[dict, dict]:
     """(tensor shapes, scalar values) by parameter name, from positional `args` (arrays,
-    tensors or shape tuples for tensors; ints for scalars) and `shapes`."""
+    tensors or shape tuples for tensors; ints for scalars) and `shapes`. Shapes are in
+    elements: an array holding a packed 4-bit tensor (`u4`, `i4`: two elements per byte)
+    has half as many along its last dim, which is doubled here as a launch does; a shape
+    tuple is taken as given, in elements."""
     found: dict[str, tuple] = {}
     scalars: dict[str, int] = {}
     runtime = [p for p in kernel.params if p.kind != "constexpr"]
@@ -234,7 +237,10 @@ def shapes_of(kernel: Any, args: tuple, shapes: Mapping[str, Any] | None) -> tup
         if p.kind == "scalar":
             scalars[p.name] = int(a)
         else:
-            found[p.name] = tuple(int(d) for d in (a if isinstance(a, tuple) else a.shape))
+            shape = tuple(int(d) for d in (a if isinstance(a, tuple) else a.shape))
+            if not isinstance(a, tuple) and p.spec.dtype.is_packed and shape:
+                shape = shape[:-1] + (2 * shape[-1],)
+            found[p.name] = shape
     for name, shape in (shapes or {}).items():
         found[name] = tuple(int(d) for d in shape)
     missing = [p.name for p in runtime if p.kind == "tensor" and p.name not in found]

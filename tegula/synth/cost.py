@@ -9,10 +9,10 @@ so synthesis and the autotuner can use them before lowering:
    tagged with the runtime loops around it. This is `tegula explain`'s table (Hexcute
    Table III's "bytes per instruction").
 2. `estimate(build, grid, shapes)`: a roofline over those counts (TileLang §4.2) with
-   Hexcute §VI's issue cycles per instruction. Per block, on an SM shared with the other
-   blocks resident with it (`blocks_per_sm`, from threads / shared memory / registers —
-   registers from the thread IR's liveness, `synth/registers.py`, with a spill note only
-   past the launch's per-thread limit):
+   Hexcute §VI's issue cycles per instruction. Per block at full SM rates (the SM is
+   shared with the other blocks resident with it, `blocks_per_sm`, from threads / shared
+   memory / registers — registers from the thread IR's liveness, `synth/registers.py`,
+   with a spill note only past the launch's per-thread limit):
 
    * tensor  = MMA instructions / the entry's `throughput` (instructions per clock per
      SM: for mma.sync the target's 4 sub-partitions, one tensor core each, over the
@@ -21,21 +21,29 @@ so synthesis and the autotuner can use them before lowering:
      one wavefront per clock per SM);
    * issue   = all warp instructions / the sub-partitions' schedulers (one instruction
      per clock each);
-   * dram    = global bytes / (the block's share of DRAM bandwidth when every SM runs
-     `blocks_per_sm` such blocks: bandwidth / (SMs × blocks_per_sm)).
+   * special functions = exp2/log2/rsqrt/... warp instructions at 16 lanes per clock;
+   * pipes   = the 2-norm of those four (`PIPE_OVERLAP_NORM`): the same warps feed
+     every pipe, so two demands of similar size overlap imperfectly;
+   * L2      = the block's global bytes at the SM's share of L2 -> SM bandwidth;
+   * load latency = per loop iteration, one load latency over the loads in flight
+     (Little's law, `pipeline_latency_cycles`), shared by the blocks resident at once;
+   * DRAM    = the grid's DRAM bytes at the GPU's DRAM bandwidth.
 
-   block cycles = blocks_per_sm × max(tensor, shared, issue), or dram if larger, plus one
-   global-load latency (the pipeline fill, which nothing overlaps). The whole grid takes
-   waves × block cycles, waves = ⌈blocks / (SMs × blocks_per_sm)⌉. When the tensors'
-   shapes are known, DRAM traffic for the grid is capped by their footprint (each byte
-   read from DRAM once, re-reads hit L2) — the usual GEMM case, where per-block global
-   bytes overstate DRAM traffic by the reuse factor.
+   The grid takes what its busiest SM takes: it runs ⌈blocks / SMs⌉ blocks (a partial
+   last wave costs its blocks, not a whole wave), so its time is the largest of those
+   blocks' pipes, L2 and latency terms and the DRAM time, plus one global-load latency
+   (the pipeline fill, which nothing overlaps). When the tensors' shapes are known, DRAM
+   traffic for the grid is capped by their footprint (each byte read from DRAM once,
+   re-reads hit L2) — the usual GEMM case, where per-block global bytes overstate DRAM
+   traffic by the reuse factor. `block_cycles` is one block's time with `blocks_per_sm`
+   of its kind on its SM, for `explain`.
 
-Assumptions, said plainly: resources overlap perfectly (a roofline: no dependency stalls
-beyond the fill latency); L2 bandwidth, instruction-cache and launch overheads are not
-modelled; boundary tiles are counted as full tiles; both branches of a `tg.if_` count;
-ALU work (elementwise, address arithmetic) only counts toward issue slots, roughly.
-It ranks candidates and sanity-checks speeds; it does not predict to the microsecond.
+Assumptions, said plainly: no dependency stalls beyond the fill and load latencies;
+instruction-cache and launch overheads are not modelled; boundary tiles are counted as
+full tiles; both branches of a `tg.if_` count; ALU work (elementwise, address arithmetic)
+only counts toward issue slots, roughly. It ranks candidates and sanity-checks speeds; it
+does not predict to the microsecond. Its rank correlation with measured times, per kernel
+family, is recorded in docs/performance.md (`benchmarks/cost_model_check.py`).
 """
 from __future__ import annotations
 
@@ -109,7 +117,15 @@ class CountedUse:
 # --------------------------------------------------------------------------- instruction uses
 
 def _elem_bytes(tile) -> int:
+    """Bytes of one element accessed alone (a scratch conversion moves one element per
+    instruction; a 4-bit element still takes a byte access)."""
     return max(1, tile.dtype.bits // 8)
+
+
+def _bytes(dtype, count: int) -> int:
+    """Bytes `count` elements of `dtype` take in memory: from bits, so packed 4-bit
+    elements count half a byte each (two share a byte)."""
+    return -(-count * dtype.bits // 8)
 
 
 def _elements(tile) -> int:
@@ -120,14 +136,15 @@ def _warps(kernel: TracedKernel) -> int:
     return max(1, kernel.threads // 32)
 
 
-def _shared_use(role: str, plan, elem_bytes: int, target: Target) -> InstrUse:
-    """The use of a shared-memory AccessPlan (ldmatrix or a vector ld/st.shared)."""
+def _shared_use(role: str, plan, dtype, target: Target) -> InstrUse:
+    """The use of a shared-memory AccessPlan (ldmatrix or a vector ld/st.shared) of
+    `dtype` elements."""
+    nbytes = _bytes(dtype, plan.vector)
     if plan.instr == "ldmatrix":
         instr = ldmatrix(plan.ldmatrix_num, plan.trans)
-        return InstrUse(role, instr.name, plan.vector, plan.vector * elem_bytes,
+        return InstrUse(role, instr.name, plan.vector, nbytes,
                         plan.instructions, instr.pipe, plan.wavefronts,
                         plan.ideal_wavefronts, pipe_cycles=1 / instr.throughput(target))
-    nbytes = plan.vector * elem_bytes
     op = "st" if plan.instr == "st.shared" else "ld"
     instr = vector_access(op, "shared", nbytes)
     return InstrUse(role, instr.name, plan.vector, nbytes, plan.instructions, instr.pipe,
@@ -137,10 +154,10 @@ def _shared_use(role: str, plan, elem_bytes: int, target: Target) -> InstrUse:
 def _global_use(role: str, load: bool, tile: GlobalTile, vector: int,
                 warp_instructions: int) -> InstrUse:
     # Bits, not whole bytes: a vector of 32 4-bit elements is one 16-byte access.
-    nbytes = max(1, vector * tile.dtype.bits // 8)
+    nbytes = _bytes(tile.dtype, vector)
     instr = vector_access("ld" if load else "st", "global", nbytes)
     return InstrUse(role, instr.name, vector, nbytes, warp_instructions, instr.pipe,
-                    global_bytes=max(1, _elements(tile) * tile.dtype.bits // 8))
+                    global_bytes=_bytes(tile.dtype, _elements(tile)))
 
 
 def _register_instructions(tile: RegisterTile, vector: int, warps: int) -> int:
@@ -162,28 +179,28 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
         plan = ch.get("dst_shared")
         if ch.get("instr") == "cp.async":
             width = min(vector, plan.vector) if plan else vector
-            instr = cp_async(width * _elem_bytes(src))
+            instr = cp_async(_bytes(src.dtype, width))
             count = plan.instructions if plan else _elements(src) // width // 32
-            return [InstrUse("G2S", instr.name, width, width * _elem_bytes(src), count,
+            return [InstrUse("G2S", instr.name, width, _bytes(src.dtype, width), count,
                              instr.pipe, plan.wavefronts if plan else 0,
                              plan.ideal_wavefronts if plan else 0,
-                             global_bytes=_elements(src) * _elem_bytes(src))]
+                             global_bytes=_bytes(src.dtype, _elements(src)))]
         count = _elements(src) // max(1, vector) // 32
         uses = [_global_use("G2R", True, src, vector, count)]
-        return uses + ([_shared_use("R2S", plan, _elem_bytes(dst), target)] if plan else [])
+        return uses + ([_shared_use("R2S", plan, dst.dtype, target)] if plan else [])
     if isinstance(src, SharedTile) and isinstance(dst, GlobalTile):
         plan = ch.get("src_shared")
         count = _elements(dst) // max(1, vector) // 32
-        uses = [_shared_use("S2R", plan, _elem_bytes(src), target)] if plan else []
+        uses = [_shared_use("S2R", plan, src.dtype, target)] if plan else []
         return uses + [_global_use("R2G", False, dst, vector, count)]
     if isinstance(src, GlobalTile) and isinstance(dst, RegisterTile):
         return [_global_use("G2R", True, src, vector, _register_instructions(dst, vector, warps))]
     if isinstance(src, RegisterTile) and isinstance(dst, GlobalTile):
         return [_global_use("R2G", False, dst, vector, _register_instructions(src, vector, warps))]
     if isinstance(src, SharedTile) and "src_shared" in ch:
-        return [_shared_use("S2R", ch["src_shared"], _elem_bytes(src), target)]
+        return [_shared_use("S2R", ch["src_shared"], src.dtype, target)]
     if isinstance(dst, SharedTile) and "dst_shared" in ch:
-        return [_shared_use("R2S", ch["dst_shared"], _elem_bytes(dst), target)]
+        return [_shared_use("R2S", ch["dst_shared"], dst.dtype, target)]
     if isinstance(src, RegisterTile) and isinstance(dst, RegisterTile):
         return [InstrUse("R2R", "mov", 1, 0, _register_instructions(dst, 1, warps), "alu")]
     return []
@@ -197,7 +214,7 @@ def _gemm_uses(op: Gemm, kernel: TracedKernel, target: Target) -> list[InstrUse]
     for role, tile in (("a", op.a), ("b", op.b)):
         if isinstance(tile, SharedTile) and f"{role}_shared" in op.choices:
             uses.append(_shared_use(f"S2R ({role.upper()})", op.choices[f"{role}_shared"],
-                                    _elem_bytes(tile), target))
+                                    tile.dtype, target))
     uses.append(InstrUse("MMA", plan.atom.name, 0, 0, count, plan.atom.pipe,
                          pipe_cycles=1 / plan.atom.throughput(target),
                          flops=count * plan.atom.flops))
@@ -269,7 +286,8 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         return _conversion_uses(op, kernel)
     if isinstance(op, (Elementwise, Fill, Indices)):
         out = op.dst if isinstance(op, Fill) else op.out
-        return [InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")]
+        alu = InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")
+        return [alu] + _special_function_uses(op, alu.warp_instructions)
     if isinstance(op, AtomicAdd):
         eb = _elem_bytes(op.src)
         entry = RED_ADD.get(op.dst.dtype.name) if isinstance(op.dst, GlobalTile) else None
@@ -277,6 +295,26 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         return [InstrUse("R2G", instr, 1, eb, _values(op.src) * _warps(kernel), "global",
                          global_bytes=_elements(op.dst) * eb)]
     return []
+
+
+#: Elementwise ops that run on the special-function unit (MUFU), with how many of its
+#: instructions each takes on floating-point values: ex2/lg2/rsqrt/sin/cos/tanh.approx,
+#: a reciprocal for a division, two for pow (lg2 then ex2) and sigmoid (ex2 then rcp).
+SPECIAL_FUNCTION_OPS = {"exp": 1, "exp2": 1, "log": 1, "log2": 1, "sqrt": 1, "rsqrt": 1,
+                        "sin": 1, "cos": 1, "tanh": 1, "div": 1, "pow": 2, "sigmoid": 2}
+
+
+def _special_function_uses(op: Op, warp_instructions: int) -> list[InstrUse]:
+    """The special-function unit's share of a floating-point elementwise op: 16 lanes per
+    clock per SM (`SFU_LANES_PER_CLK`), so a warp instruction holds it 2 SM cycles — in
+    the attention forward, the exponentials of the scores take about half the tensor
+    cores' time (FlashAttention-3 §3)."""
+    count = SPECIAL_FUNCTION_OPS.get(getattr(op, "op", ""), 0)
+    if not count or not op.out.dtype.is_float:
+        return []
+    # Arithmetic, so no catalogue entry names it ("alu"); the role and pipe say which unit.
+    return [InstrUse("SFU", "alu", 1, 0, count * warp_instructions, "sfu",
+                     pipe_cycles=32 / SFU_LANES_PER_CLK)]
 
 
 def instruction_uses(kernel: TracedKernel, target: Target) -> list[CountedUse]:
@@ -494,12 +532,16 @@ class CostEstimate:
         return self.flops * self.blocks / self.seconds / 1e12
 
     def __str__(self) -> str:
+        res = dict(self.resources)
+        sfu = res.get("special-function (pipe)", 0.0) / max(1, self.blocks_per_sm)
         lines = [f"cost model ({self.target}, {self.clock_ghz} GHz): per block",
                  f"  global {self.global_bytes:,.0f} B, {self.mma_instructions:,.0f} MMA, "
                  f"{self.shared_wavefronts:,.0f} shared wavefronts (ideal "
                  f"{self.ideal_wavefronts:,.0f}), {self.warp_instructions:,.0f} warp instrs",
                  f"  cycles at full SM rates: tensor {self.tensor_cycles:,.0f}, shared "
-                 f"{self.shared_cycles:,.0f}, issue {self.issue_cycles:,.0f}; DRAM share "
+                 f"{self.shared_cycles:,.0f}, issue {self.issue_cycles:,.0f}, special "
+                 f"functions {sfu:,.0f} (together, imperfectly overlapped: "
+                 f"{res.get('pipes', 0.0) / max(1, self.blocks_per_sm):,.0f}); DRAM share "
                  f"{self.dram_cycles:,.0f}; fill latency {self.latency_cycles:,.0f}",
                  f"  {self.blocks_per_sm} block(s)/SM (limited by {self.occupancy_limit}); "
                  f"block time {self.block_cycles:,.0f} cycles = "
@@ -522,7 +564,7 @@ def _footprint(kernel: TracedKernel, shapes: dict) -> float | None:
     for arg in kernel.args:
         if arg.name not in shapes:
             return None
-        total += float(np.prod(shapes[arg.name])) * max(1, arg.dtype.bits // 8)
+        total += float(np.prod(shapes[arg.name])) * arg.dtype.bits / 8  # u4: half a byte
     return total
 
 
@@ -562,49 +604,40 @@ def estimate(build, grid=None, shapes: dict | None = None,
     if bps == 0:
         notes.append(f"a block does not fit on an SM ({limit}); counted as 1 per SM")
         bps = 1
-    totals["pipeline"] = pipeline_latency_cycles(uses, weights, target, bps)
+    totals["pipeline"] = pipeline_latency_cycles(uses, weights, target)
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
                     tuple(unresolved), tuple(notes), threads)
 
 
-#: A TMA pipeline's load latency against the catalogue's unloaded figure: calibrated on
-#: the H100 stage sweep of the README GEMM (benchmarks/cost_model_check.py, 2026-11-24: 2
-#: stages at 128x256x64 take ~3,100 cycles per iteration where 48 KB at the block's L2
-#: share take ~1,500; the box lands as a whole and signals through its mbarrier). The
-#: cp.async pipelines of the same sweep on the mma.sync path fit the unloaded latency.
-TMA_LATENCY_FACTOR = 3
+#: The load latency a TMA pipeline sees on a loaded H100, in cycles: the README GEMM's
+#: stage sweep (benchmarks/cost_model_check.py, 2026-11-24) runs 128x256x64 at 2 stages in
+#: ~3,100 cycles per iteration with one 48 KB stage in flight per SM, so by Little's law
+#: the latency of a box is ~3,100 cycles (the box lands as a whole and signals through its
+#: mbarrier). Rankings are insensitive to it between 2,500 and 4,000. cp.async pipelines
+#: fit the catalogue's unloaded global-load latency.
+TMA_LATENCY_CYCLES = 3100
 
 
-def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target,
-                            bps: int) -> float:
-    """Cycles a block spends waiting on its loops' global loads when too few are in flight.
-
-    A loop whose body loads `B` bytes per iteration from global memory keeps `S - 1` of
-    those loads in flight when it is a `tg.pipeline` of `S` stages (one when it is not
-    pipelined). Each load takes the load latency plus its transfer at the block's share of
-    the L2 -> SM bandwidth (`bps` blocks on each of the SMs), so an iteration cannot go
-    faster than (latency + transfer) / (S - 1) — Little's law; with enough stages the
-    bound drops below the other resources' time and stops mattering. (Measured on an H100,
-    the README GEMM at 128x256x64 runs ~2x slower at 2 stages than at 4: this bound.)
-    TMA loads take `TMA_LATENCY_FACTOR` times the unloaded latency (calibrated below)."""
-    if not target.l2_bytes_per_clk:
-        return 0.0
+def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target) -> float:
+    """Cycles one block would wait on its loops' global loads if it were alone on its SM
+    with all the bandwidth it wants: each iteration of a loop that loads from global memory
+    waits one load latency, shared by the loads in flight (`S - 1` for a `tg.pipeline` of
+    `S` stages, one when it is not pipelined). `_combine` divides this among the blocks
+    resident on an SM: by Little's law an SM keeping `n` blocks' loads in flight sustains
+    `n (S - 1) B / latency` bytes per clock, so the latency stops mattering once that
+    exceeds the SM's share of L2 bandwidth (the L2 term). (Measured on an H100: the README
+    GEMM at 128x256x64 runs ~2x slower at 2 stages than at 4 on TMA; on cp.async, 2 stages
+    cost nothing at 3 blocks per SM and 24% at 2.)"""
     unloaded = get_instruction("ld.global.v4.b32").latency_cycles
-    share = target.l2_bytes_per_clk / (target.sm_count * bps)  # bytes per clock per block
     per_loop: dict = {}
     for counted in uses:
         u = counted.use
         if not counted.loops or not u.global_bytes or not u.role.startswith("G2"):
             continue
-        loaded, latency = per_loop.get(counted.loops, (0.0, unloaded))
-        if u.pipe == "tma":
-            latency = TMA_LATENCY_FACTOR * unloaded
-        per_loop[counted.loops] = (loaded + u.global_bytes, latency)
-    total = 0.0
-    for loops, (bytes_per_iteration, latency) in per_loop.items():
-        in_flight = max(1, loops[-1].stages - 1)
-        total += weights[loops] * (latency + bytes_per_iteration / share) / in_flight
-    return total
+        latency = TMA_LATENCY_CYCLES if u.pipe == "tma" else unloaded
+        per_loop[counted.loops] = max(per_loop.get(counted.loops, 0.0), latency)
+    return sum(weights[loops] * latency / max(1, loops[-1].stages - 1)
+               for loops, latency in per_loop.items())
 
 
 def spill_notes(target: Target, threads: int, registers: int,
@@ -624,7 +657,7 @@ def spill_notes(target: Target, threads: int, registers: int,
 def _totals(uses: list[CountedUse], weights: dict) -> dict:
     """Per-block sums of the quantities the model uses."""
     t = dict(global_bytes=0.0, flops=0.0, mma=0.0, instrs=0.0, waves=0.0, ideal=0.0,
-             tensor=0.0)
+             tensor=0.0, sfu=0.0)
     for counted in uses:
         u, w = counted.use, weights[counted.loops]
         t["global_bytes"] += u.global_bytes * w
@@ -635,12 +668,33 @@ def _totals(uses: list[CountedUse], weights: dict) -> dict:
         if u.pipe == "tensor":
             t["mma"] += u.warp_instructions * w
             t["tensor"] += u.warp_instructions * u.pipe_cycles * w
+        if u.pipe == "sfu":
+            t["sfu"] += u.warp_instructions * u.pipe_cycles * w
     return t
+
+
+#: How a block's demands on the SM's pipes combine: the `PIPE_OVERLAP_NORM`-norm of
+#: (tensor, shared memory, issue, special functions) rather than their maximum. The same
+#: warps feed every pipe, so demands of similar size do not overlap perfectly: two equal
+#: demands take ~1.4x either alone, one that dominates takes its own time. Fitted on the
+#: mma.sync GEMM at 2048^3 (measured, H100, 2026-11-24), where 256-thread blocks — whose
+#: smaller warp tiles read as many shared-memory bytes as their MMAs take cycles — ran
+#: 15-22% slower than 128-thread blocks of the same tile; checked on 4096^3 (held out).
+#: Rankings are the same for any norm from 1.5 to 3.
+PIPE_OVERLAP_NORM = 2
+
+#: Special-function unit results per clock per SM (ex2, lg2, rsqrt, sin, cos, tanh.approx:
+#: the CUDA programming guide's throughput table, compute capability 8.0 to 9.0).
+SFU_LANES_PER_CLK = 16
 
 
 def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str,
              registers: int, smem: int, grid, size: ProblemSize, unresolved: tuple,
              notes: tuple, threads: int) -> CostEstimate:
+    """Per-block demands at full SM rates, then the grid: the busiest SM runs
+    ⌈blocks / SMs⌉ blocks, `bps` at a time, and takes the longest of its pipes' work, its
+    L2 bytes at its share of L2 bandwidth, and its loads' latency over the loads it keeps
+    in flight; the GPU as a whole moves the DRAM bytes (module docstring)."""
     dram_per_clk = target.dram_gbps / target.clock_ghz  # bytes per SM clock, whole GPU
     blocks = int(np.prod(grid)) if grid is not None else 0
     dram_bytes = t["global_bytes"]
@@ -648,31 +702,47 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     if blocks and footprint is not None and not unresolved:
         # Each byte comes from DRAM once; the blocks' re-reads of it hit L2.
         dram_bytes = min(dram_bytes, footprint / blocks)
-    tensor = t["tensor"]
     # A wavefront is one pass over every bank (32 x 4 B = 128 B).
-    shared = t["waves"] * (target.banks * target.bank_bytes) / target.shared_bytes_per_clk
-    issue = t["instrs"] / target.subpartitions
-    dram = dram_bytes * target.sm_count * bps / dram_per_clk
-    latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
-    resources = {"tensor": bps * tensor, "shared-memory": bps * shared,
-                 "issue": bps * issue, "DRAM": dram}
+    pipes = {"tensor": t["tensor"],
+             "shared-memory": t["waves"] * (target.banks * target.bank_bytes)
+             / target.shared_bytes_per_clk,
+             "issue": t["instrs"] / target.subpartitions,
+             "special-function": t["sfu"]}
+    pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
+    # Per block at full SM rates; "load latency" is the block's wait alone (see
+    # pipeline_latency_cycles), shared by the blocks resident with it.
+    per_block = {"pipes": pipe_cycles}
     if target.l2_bytes_per_clk:
-        # Every block's global bytes (L2 hits included) at its share of L2 -> SM bandwidth.
-        resources["L2"] = t["global_bytes"] * target.sm_count * bps / target.l2_bytes_per_clk
-        resources["load latency"] = t.get("pipeline", 0.0)
+        per_block["L2"] = t["global_bytes"] * target.sm_count / target.l2_bytes_per_clk
+        per_block["load latency"] = t.get("pipeline", 0.0) / bps
+    latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
+    dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
+    resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}
     bound = max(resources, key=lambda k: resources[k])
     block_cycles = resources[bound] + latency
+    if bound == "pipes":
+        bound = max(pipes, key=lambda k: pipes[k])
     fields = dict(target=target.name, clock_ghz=target.clock_ghz, threads=threads,
                   shared_bytes=smem, registers=registers, blocks_per_sm=bps,
                   occupancy_limit=limit, global_bytes=t["global_bytes"], flops=t["flops"],
                   mma_instructions=t["mma"], warp_instructions=t["instrs"],
                   shared_wavefronts=t["waves"], ideal_wavefronts=t["ideal"],
-                  tensor_cycles=tensor, shared_cycles=shared, issue_cycles=issue,
-                  dram_cycles=dram, latency_cycles=latency, block_cycles=block_cycles,
+                  tensor_cycles=pipes["tensor"], shared_cycles=pipes["shared-memory"],
+                  issue_cycles=pipes["issue"], dram_cycles=bps * dram_block,
+                  latency_cycles=latency, block_cycles=block_cycles,
                   bound=bound, unresolved_loops=unresolved, notes=notes,
-                  resources=tuple(resources.items()))
+                  resources=tuple(resources.items()) + tuple(
+                      (f"{k} (pipe)", bps * v) for k, v in pipes.items()))
     if grid is None:
         return CostEstimate(**fields)
     waves = -(-blocks // (target.sm_count * bps))
+    on_sm = -(-blocks // target.sm_count)           # blocks the busiest SM runs
+    resident = min(bps, on_sm)
+    sm_cycles = {k: on_sm * v for k, v in per_block.items()}
+    if "load latency" in sm_cycles:  # the latency is shared by the blocks resident at once
+        sm_cycles["load latency"] = on_sm * t.get("pipeline", 0.0) / resident
+    sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
+    grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
     return CostEstimate(**fields, grid=grid, blocks=blocks, waves=waves,
-                        dram_bytes=dram_bytes * blocks, grid_cycles=waves * block_cycles)
+                        dram_bytes=dram_bytes * blocks,
+                        grid_cycles=sm_cycles[grid_bound] + latency)
