@@ -1,8 +1,9 @@
 """Mamba's selective scan (tegula.kernels.scan) in the emulator against the reference loop
 (Mamba's `selective_scan_ref` in numpy, float64), every element: sequences spanning
-several chunks with a ragged last one (the state carried across chunks), channel counts
-that do not divide the block, every optional input (D, z, delta_bias, softplus), f16 and
-bf16 inputs, other dstates; then the argument errors of both entry points."""
+several chunks with a ragged last one (the state carried across chunks), one step,
+channel counts that do not divide the block, every optional input (D, z, delta_bias,
+softplus), NaN propagation, f16 and bf16 inputs, dstate 1/4/7/16, the prefetching loop;
+then the argument errors of both entry points."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,10 +41,12 @@ def assert_close(out, want, rtol):
 
 
 @pytest.mark.parametrize("batch,dim,length,dstate", [
-    (2, 12, 77, 16),     # 3 chunks of 32 (last ragged); 12 channels over blocks of 8
-    (1, 8, 32, 16),      # exactly one chunk, one block
-    (1, 5, 40, 4),       # a small dstate: 32 channels per block, 5 used
+    (2, 12, 300, 16),    # 2 chunks of 256 (last ragged); 12 channels over blocks of 8
+    (1, 8, 256, 16),     # exactly one chunk, one block
+    (1, 5, 40, 4),       # a small dstate; 5 of the block's 8 channels used
     (1, 3, 9, 7),        # dstate 7 (not a power of two)
+    (2, 3, 20, 1),       # dstate 1
+    (1, 6, 1, 16),       # one step
 ])
 def test_all_options_equal_reference(batch, dim, length, dstate):
     u, delta, A, B, C, D, z, bias = inputs(batch, dim, length, dstate)
@@ -69,11 +72,34 @@ def test_each_option_alone(options):
     assert_close(out, selective_scan_reference(u, delta, A, B, C, **given), 1e-5)
 
 
-def test_small_chunks_carry_the_state():
-    """BL = 4: twenty chunks, so a state dropped or carried wrongly between them shows."""
-    u, delta, A, B, C, D, z, bias = inputs(1, 8, 79, 16, seed=5)
-    out = selective_scan_emulated(u, delta, A, B, C, D, BL=4)
-    assert_close(out, selective_scan_reference(u, delta, A, B, C, D), 1e-5)
+@pytest.mark.parametrize("tiles", [dict(BL=32), dict(BL=32, PREFETCH=True),
+                                   dict(BD=4, BL=64), dict(BD=16, BL=16, PREFETCH=True)])
+def test_small_chunks_carry_the_state(tiles):
+    """Small chunks (BL 16-64: 2-4 steps per thread): many chunks, so a state dropped or
+    carried wrongly between them shows; with u and delta prefetched a chunk ahead too."""
+    u, delta, A, B, C, D, z, bias = inputs(1, 10, 79, 16, seed=5)
+    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, True, **tiles)
+    assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, True), 1e-5)
+
+
+@pytest.mark.parametrize("where", ["u", "delta", "B"])
+def test_nan_propagates_along_the_sequence_only(where):
+    """A NaN at step t poisons the state from t on: out is NaN from t to the end of that
+    channel (every channel of the batch for B, which all channels read) and nowhere else."""
+    u, delta, A, B, C, D, z, bias = inputs(2, 10, 300, 16, seed=13)
+    given = dict(u=u, delta=delta, B=B)
+    given[where] = given[where].copy()
+    given[where][1, 3, 270] = np.nan          # step 270: in the second chunk
+    out = selective_scan_emulated(given["u"], given["delta"], A, given["B"], C, D, z, bias,
+                                  True)
+    want = selective_scan_reference(given["u"], given["delta"], A, given["B"], C, D, z, bias,
+                                    True)
+    expect_nan = np.zeros(out.shape, bool)
+    expect_nan[1, slice(None) if where == "B" else 3, 270:] = True
+    np.testing.assert_array_equal(np.isnan(out), expect_nan)
+    np.testing.assert_array_equal(np.isnan(want), expect_nan)
+    ok = ~expect_nan
+    assert np.abs(out[ok] - want[ok]).max() <= 1e-5 * np.abs(want[ok]).max()
 
 
 def test_f16_inputs():
