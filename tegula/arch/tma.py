@@ -29,7 +29,7 @@ parameter ("l"), coordinates int32 ("r"), element coordinates in tensor-map dim 
     cp.async.bulk.commit_group;  cp.async.bulk.wait_group[.read] N;
     mbarrier.init.shared::cta.b64 [bar], count;
     mbarrier.arrive[.expect_tx].shared::cta.b64 _, [bar][, tx_bytes];
-    mapa.shared::cluster.u32 R, bar, cta;  mbarrier.arrive.release.cluster.shared::cluster.b64 _, [R];
+    mapa.shared::cluster.u32 R, bar, cta;  mbarrier.arrive.shared::cluster.b64 _, [R];
         (an arrive on the barrier at the same offset in CTA `cta` of the cluster)
     barrier.cluster.arrive.release.aligned;  barrier.cluster.wait.acquire.aligned;
     mbarrier.try_wait.parity.shared::cta.b64 P, [bar], parity;   (in a retry loop whose
@@ -205,11 +205,13 @@ _WAIT_LOOP = ("{{ .reg .pred P; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b6
               "{parity}; @P bra DONE_%=; bra WAIT_%=; DONE_%=: }}")
 
 #: An arrive on the mbarrier at the same shared offset in CTA `cta` of the cluster (`mapa`
-#: turns the local address into that CTA's), with release semantics at cluster scope: the
-#: arriving thread's earlier accesses (a wgmma's reads, retired by its wait_group) happen
-#: before whatever the peer's waiter does next (refill the stage by TMA multicast).
+#: turns the local address into that CTA's), with the default semantics (release at CTA
+#: scope, as CUTLASS's ClusterBarrier::arrive): what it orders, a stage's wgmma reads, is
+#: complete before it (their wait_group retired them), and the peer refills the stage only
+#: after seeing it. `.release.cluster` compiles to a MEMBAR.ALL.GPU before every arrive
+#: (seen in ptxas's SASS), far too slow for a release per K step.
 _REMOTE_ARRIVE = ("{{ .reg .b32 R; mapa.shared::cluster.u32 R, {bar}, {cta}; "
-                  "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [R]; }}")
+                  "mbarrier.arrive.shared::cluster.b64 _, [R]; }}")
 
 ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
     *[_tma_load(r, False) for r in range(1, MAX_RANK + 1)],
@@ -224,7 +226,7 @@ ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {tx};",
            (_in("bar"), _in("tx")), latency=20.0),
     _entry("mbarrier.arrive.shared::cluster", "mbarrier.arrive_remote", _REMOTE_ARRIVE,
-           (_in("bar"), _in("cta")), latency=100.0, ptx="mbarrier.arrive.release.cluster"),
+           (_in("bar"), _in("cta")), latency=100.0, ptx="mbarrier.arrive.shared::cluster"),
     _entry("barrier.cluster.arrive", "cluster.arrive", "barrier.cluster.arrive.release.aligned;",
            latency=20.0),
     _entry("barrier.cluster.wait", "cluster.wait", "barrier.cluster.wait.acquire.aligned;",

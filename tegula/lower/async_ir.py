@@ -130,7 +130,7 @@ class MBarrierArrive(Stmt):
     bytes by `tx_bytes` (the TMA copies that complete them are issued after it). With
     `cta` (an index expression: a CTA rank in the kernel's cluster) the arrival lands on the
     barrier at the same offset in that CTA's shared memory (`mapa` +
-    `mbarrier.arrive.release.cluster.shared::cluster`; no `tx_bytes`), which must have
+    `mbarrier.arrive.shared::cluster`; no `tx_bytes`), which must have
     been made visible to the cluster (`ClusterBarrier` after its init)."""
 
     barrier: str

@@ -89,7 +89,7 @@ cluster loads alike, `synth/roles.py`). With C blocks in the cluster and the blo
                    same offset of the stage in every block (mask 2^C - 1), completing
                    their bytes on each block's full[slot]
     consumer:      the release of a stage is an arrive on empty[slot] of every block of
-                   the cluster (`mapa` + `mbarrier.arrive.release.cluster`)
+                   the cluster (`mapa` + `mbarrier.arrive.shared::cluster`)
     exit:          after the roles, barrier.cluster.arrive + wait: no block leaves while
                    a peer may still write a box or an arrival into its shared memory
 

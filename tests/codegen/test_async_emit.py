@@ -17,7 +17,7 @@ from tegula.codegen import CodegenError, emit_cuda
 from tegula.codegen.samples import HOPPER_SAMPLES, warp_specialized_gemm
 from tegula.dtypes import f16, f32
 from tegula.lower.async_ir import (
-    BulkCommit, BulkWait, FenceBarrierInit, FenceProxyAsync, MBarrierArray, MBarrierArrive,
+    BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit, FenceProxyAsync, MBarrierArray, MBarrierArrive,
     MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles, SmemDesc, TensorMapParam, TmaLoad,
     TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
@@ -59,6 +59,9 @@ STATEMENTS = {
     "MBarrierArrive": ([MBarrierArrive("bar", TID % 2)], "mbarrier.arrive.shared::cta.b64"),
     "MBarrierArrive.expect_tx": ([MBarrierArrive("bar", Const(0), pred=ONE, tx_bytes=8192)],
                                  "mbarrier.arrive.expect_tx.shared::cta.b64"),
+    "MBarrierArrive.remote": ([MBarrierArrive("bar", Const(1), pred=TID.eq(32), cta=Const(0))],
+                              "mbarrier.arrive.shared::cluster.b64"),
+    "ClusterBarrier": ([ClusterBarrier()], "barrier.cluster.wait.acquire.aligned"),
     "MBarrierWait": ([MBarrierWait("bar", Const(1), parity=Var("bid_x") % 2)],
                      "mbarrier.try_wait.parity.shared::cta.b64"),
     "TmaLoad": ([TmaLoad("tile", Const(0), "x_map", COORDS, "bar", Const(0), pred=ONE)],
@@ -122,6 +125,37 @@ def test_tma_multicast_load_compiles_for_a_cluster():
     assert '"h"((unsigned short)0x3)' in source
     sass = _sass(kernel)
     assert "UTMALDG.2D.MULTICAST" in sass
+
+
+@needs_compiler
+def test_remote_arrive_and_cluster_barrier_compile_for_a_cluster():
+    """The peer's barrier through mapa, and the cluster barrier, in a 2-CTA cluster."""
+    kernel = _kernel(ClusterBarrier(), MBarrierArrive("bar", Const(0), pred=ONE,
+                                                      cta=Var("bid_x") % 2),
+                     ClusterBarrier(), name="k_remote")
+    kernel.cluster = (2, 1, 1)
+    source = emit_cuda(kernel, "sm_90a")
+    assert "mapa.shared::cluster.u32" in source
+    sass = _sass(kernel)
+    assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass
+    # The arrive alone is one SYNCS.ARRIVE with no GPU-wide memory barrier before it (the
+    # consumer releases a stage per K step this way).
+    alone = _kernel(MBarrierArrive("bar", Const(0), pred=ONE, cta=Var("bid_x") % 2),
+                    name="k_remote_alone")
+    alone.cluster = (2, 1, 1)
+    sass = _sass(alone)
+    assert "SYNCS.ARRIVE" in sass and "MEMBAR.ALL.GPU" not in sass
+
+
+def test_remote_arrive_outside_the_cluster_or_with_bytes_is_refused():
+    kernel = _kernel(MBarrierArrive("bar", Const(0), pred=ONE, cta=Const(2)), name="k_far")
+    kernel.cluster = (2, 1, 1)
+    with pytest.raises(CodegenError, match="CTA 2 is outside the kernel's cluster"):
+        emit_cuda(kernel, "sm_90a")
+    kernel = _kernel(MBarrierArrive("bar", Const(0), pred=ONE, cta=Const(1), tx_bytes=16),
+                     name="k_bytes")
+    with pytest.raises(CodegenError, match="carries no expect-tx bytes"):
+        emit_cuda(kernel, "sm_90a")
 
 
 def test_named_barrier_alone_compiles_for_sm80():

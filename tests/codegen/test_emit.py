@@ -200,7 +200,8 @@ def test_catalogue_entries_have_emitters():
                      "wgmma", "tma.load", "tma.store", "bulk.commit", "bulk.wait",
                      "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx",
                      "mbarrier.wait", "fence.proxy_async", "fence.mbarrier_init",
-                     "wgmma.fence", "wgmma.commit", "wgmma.wait", "bar.named", "setmaxnreg"}
+                     "wgmma.fence", "wgmma.commit", "wgmma.wait", "bar.named", "setmaxnreg",
+                     "mbarrier.arrive_remote", "cluster.arrive", "cluster.wait"}
     # Thread IR has no StMatrix statement; lowering writes single-thread predicates
     # instead of elect.sync (async_ir's convention).
     no_statement_yet = {"stmatrix", "elect"}
