@@ -14,14 +14,20 @@ bf16; A, D, delta_bias are read as f32) and `out` has u's type, as in the refere
 Not supported: complex A, B or C of shape (dim, dstate) (fixed over time), grouped B/C
 (rank 4), returning the last state.
 
-The kernel: one block per (batch, BD channels); a `tg.range` over chunks of BL time steps.
-Per chunk the tile is (dstate, BD, BL): the recurrence h_t = a_t·h_{t-1} + b_t is a scan
-of the pairs (a, b) under the (associative, not commutative) composition
-`(a1, b1) ∘ (a2, b2) = (a1·a2, a2·b1 + b2)`; the scanned pair (P, Q) at step t gives
-h_t = P_t · h_in + Q_t with h_in the state carried from the previous chunk (its last
-column, by loop-carried rebinding). dstate is the tile's first dim, so the sum over it for
-y runs across neighbouring lanes (shuffles), while each thread scans its (n, d) row's BL
-steps in registers.
+The kernel: one block per (batch, BD channels), a `tg.range` over chunks of BL time steps.
+A chunk is a (BD, BL) tile laid out for `tg.scan` along the steps (`synth/scan.py`: with
+BD = 8 and BL = 256 on 128 threads, 16 lanes per channel, 16 consecutive steps per
+thread, loads of 16 bytes coalesced along the sequence). The recurrence
+h_t = a_t·h_{t-1} + b_t is a scan of the pairs (a, b) under the (associative, not
+commutative) composition `(a1, b1) ∘ (a2, b2) = (a1·a2, a2·b1 + b2)`. The dstate states
+are a Python loop (unrolled at trace time): for state n the kernel scans
+(exp2(delta·A[:, n]·log2 e), delta·u·B[n]) from the state carried in from the last chunk
+(`tg.scan(..., initial=)`, whose carry is the next chunk's initial) and adds h·C[n] to y,
+so the sum over states stays in each thread's registers (as in Mamba's CUDA kernel, where
+a thread owns a run of steps and loops over the states; there a block scan joins the
+threads, here shuffles across a channel's lanes). u and delta are read once per chunk
+(optionally one chunk ahead: PREFETCH), B[n] and C[n] once per state and chunk by every
+channel of the block (from L1/L2: B and C are batch·dstate·L, small next to u).
 """
 from __future__ import annotations
 
