@@ -18,6 +18,9 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
   torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`
 * `scan`: `selective_scan_emulated` (Mamba's selective scan forward, chunked over the
   sequence with `tg.scan`; torch: `selective_scan`)
+* `moe`: `moe_gemm_emulated` (MoE grouped GEMM: rows sorted by expert times each expert's
+  weight, bf16/f16 or FP8 weights, the experts' offsets read on the device; routing helpers
+  `route`, `sort_by_expert`, `scatter_rows`, `gather_rows`; torch: `moe_gemm`)
 * `attention`: `attention_emulated`, `attention_varlen_emulated` (FlashAttention forward:
   causal aligned bottom-right, GQA, variable lengths, the log-sum-exp for the backward;
   torch: `attention` (differentiable), `attention_forward`, `attention_varlen`)
@@ -70,3 +73,6 @@ from tegula.kernels.attention_decode import (attention_decode,  # noqa: E402
 
 __all__ += ["attention_backward", "attention_backward_emulated", "attention_decode",
             "attention_decode_emulated"]
+from tegula.kernels.moe import moe_gemm, moe_gemm_emulated  # noqa: E402
+
+__all__ += ["moe_gemm", "moe_gemm_emulated"]
