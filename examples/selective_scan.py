@@ -6,9 +6,11 @@ reference loop.
 
 A recurrence is a scan: h_t = a_t·h_{t-1} + b_t composes the maps h → a·h + b, and
 composition is associative, so `tg.scan` over the pairs (a, b) with
-`(a1, b1), (a2, b2) → (a1·a2, a2·b1 + b2)` gives, at every step t, the map from the chunk's
-incoming state to h_t. The kernel walks the sequence in chunks of BL steps and carries the
-state from one chunk to the next by rebinding `h` in the loop. The library's version
+`(a1, b1), (a2, b2) → (a1·a2, a2·b1 + b2)` gives, at every step t, h_t. The kernel walks
+the sequence in chunks of BL steps; for each state n (a Python loop, unrolled) it scans the
+chunk starting from the state the last chunk ended with (`initial=`), and the scan hands
+back the state this chunk ends with (the carry), which `h[n]` carries to the next chunk.
+The sum over states stays in each thread's registers. The library's version
 (`tegula/kernels/scan.py`) adds z (silu gate), delta_bias, softplus and f16/bf16 inputs;
 `main` checks both.
 
@@ -30,21 +32,22 @@ def selective_scan(u: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3], A: tg.Tensor[
                    y: tg.Tensor[f32, 3], N: tg.constexpr = 16, BD: tg.constexpr = 8,
                    BL: tg.constexpr = 32):
     b, block = tg.block_id(0), tg.block_id(1)
-    a = tg.load(A.transpose(1, 0).tile((N, BD), (0, block)))[:, :, None]   # (N, BD, 1)
-    skip = tg.load(D.tile((1, BD), (0, block)))[:, :, None]                 # (1, BD, 1)
-    is_last = (tg.arange(BL) == BL - 1)[None, None, :]
-    h = tg.zeros((N, BD, 1), f32)                         # the state, carried over chunks
+    a = [tg.load(A.tile((BD, 1), (block, n))) for n in range(N)]          # (BD, 1) each
+    skip = tg.load(D.transpose(1, 0).tile((BD, 1), (block, 0)))
+    h = [tg.zeros((BD, 1), f32) for _ in range(N)]        # the states, carried over chunks
+    one = tg.full((BD, 1), 1.0, f32)
     for k in tg.range(tg.cdiv(u.shape[2], BL)):
-        ut = tg.load(u[b].tile((BD, BL), (block, k)))[None, :, :]          # (1, BD, BL)
-        dt = tg.load(delta[b].tile((BD, BL), (block, k)))[None, :, :]
-        bt = tg.load(B[b].tile((N, BL), (0, k)))[:, None, :]               # (N, 1, BL)
-        ct = tg.load(C[b].tile((N, BL), (0, k)))[:, None, :]
-        decay, inject = tg.scan((tg.exp(dt * a), dt * bt * ut), 2,
-                                lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]))
-        hs = decay * h + inject                                            # (N, BD, BL)
-        yt = tg.sum(hs * ct, 0) + ut * skip                                # (1, BD, BL)
-        tg.copy(yt[0, :, :], y[b].tile((BD, BL), (block, k)))
-        h = tg.sum(tg.where(is_last, hs, 0.0), 2)         # the chunk's last state
+        ut = tg.load(u[b].tile((BD, BL), (block, k)))                       # (BD, BL)
+        dt = tg.load(delta[b].tile((BD, BL), (block, k)))
+        yt = ut * skip
+        for n in range(N):
+            bn = tg.load(B[b].tile((1, BL), (n, k)))                        # (1, BL)
+            cn = tg.load(C[b].tile((1, BL), (n, k)))
+            (_, hn), (_, h[n]) = tg.scan((tg.exp(dt * a[n]), dt * bn * ut), 1,
+                                         lambda p, q: (p[0] * q[0], q[0] * p[1] + q[1]),
+                                         initial=(one, h[n]))
+            yt = yt + hn * cn
+        tg.copy(yt, y[b].tile((BD, BL), (block, k)))
 
 
 def main(batch: int = 2, dim: int = 12, length: int = 45, dstate: int = 16) -> None:
