@@ -236,7 +236,8 @@ def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: 
                    "persistent": gemm.persistent_gemm_kernel}[which]
         grid = (-(-m // bm), -(-n // bn), 1)
         if which == "persistent":
-            grid = gemm.persistent_grid(m, n, _num_sms(a.device), bm, bn) + (1, 1)
+            grid = gemm.persistent_grid(m, n, _num_sms(a.device), bm, bn,
+                                        values.get("CLUSTER", 1)) + (1, 1)
         args = (a, bt, *bias_args, out)
         ck = _api._launch(factory(dtype, activation, with_bias), grid, args, values, threads)
         return [(ck, grid, args, ("a", "b", *bias_roles, "c"))]

@@ -97,18 +97,25 @@ def staged_buffers(dtype: DType, BM: int, BN: int, BK: int, STAGES: int) -> tupl
 
 
 def persistent_tiles(a, b, dtype: DType, BM: int, BN: int, BK: int, STAGES: int,
-                     GROUP: int, finish) -> None:
-    """The persistent GEMM's body (trace time): this block walks output tiles b, b + grid,
-    b + 2·grid, … in grouped-rows order (`schedule.grouped_tile`, GROUP row tiles a band,
-    so blocks running together share operand tiles in L2), runs each tile's K loop through
-    one shared ring made here — on sm_90a one TMA + mbarrier ring for the block's life, so
-    the producer loads the next tile while the consumers run `finish(acc, m, n)`, the
-    epilogue and store of tile (m, n)."""
-    tiles_m = tg.cdiv(a.shape[0], BM)
+                     GROUP: int, finish, CLUSTER: int = 1) -> None:
+    """The persistent GEMM's body (trace time; first in the kernel, as it declares the
+    cluster): this block walks output tiles b, b + grid, b + 2·grid, … in grouped-rows
+    order (`schedule.grouped_tile`, GROUP row tiles a band, so blocks running together
+    share operand tiles in L2), runs each tile's K loop through one shared ring made here —
+    on sm_90a one TMA + mbarrier ring for the block's life, so the producer loads the next
+    tile while the consumers run `finish(acc, m, n)`, the epilogue and store of tile
+    (m, n). With CLUSTER > 1 the blocks go in clusters of CLUSTER along the rows
+    (`tg.cluster`): a cluster walks units of CLUSTER row tiles of one column tile, so its
+    blocks load the same b tile, which TMA multicasts to all of them; a row tile past a's
+    rows computes zeros and stores nothing."""
+    tg.cluster(CLUSTER)
+    tiles_m = tg.cdiv(tg.cdiv(a.shape[0], BM), CLUSTER)   # in units of CLUSTER row tiles
     tiles_n = tg.cdiv(b.shape[0], BN)
     buffers = staged_buffers(dtype, BM, BN, BK, STAGES)
-    for t in tg.range(tg.block_id(0), tiles_m * tiles_n, tg.num_programs(0)):
-        m, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+    for t in tg.range(tg.block_id(0) // CLUSTER, tiles_m * tiles_n,
+                      tg.num_programs(0) // CLUSTER):
+        mc, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+        m = mc * CLUSTER + tg.block_id(0) % CLUSTER
         finish(pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES, buffers), m, n)
 
 
@@ -207,27 +214,32 @@ def persistent_gemm_kernel(dtype: DType, activation: str | None = None,
                                  bias: tg.Tensor[out_t], c: tg.Tensor[out_t],
                                  BM: tg.constexpr = 128, BN: tg.constexpr = 128,
                                  BK: tg.constexpr = 32, STAGES: tg.constexpr = 3,
-                                 GROUP: tg.constexpr = 8):
+                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
             def finish(acc, m, n):
                 z = epilogue(acc, tg.load(bias.tile((1, BN), (0, n))), activation)
                 tg.copy(z.to(out_t), c.tile((BM, BN), (m, n)))
-            persistent_tiles(a, b, dtype, BM, BN, BK, STAGES, GROUP, finish)
+            persistent_tiles(a, b, dtype, BM, BN, BK, STAGES, GROUP, finish, CLUSTER)
         return persistent_gemm_bias
 
     @tg.kernel(threads=128)
     def persistent_gemm(a: tg.Tensor[dtype], b: tg.Tensor[dtype], c: tg.Tensor[out_t],
                         BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
-                        STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8):
+                        STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8,
+                        CLUSTER: tg.constexpr = 1):
         def finish(acc, m, n):
             tg.copy(epilogue(acc, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
-        persistent_tiles(a, b, dtype, BM, BN, BK, STAGES, GROUP, finish)
+        persistent_tiles(a, b, dtype, BM, BN, BK, STAGES, GROUP, finish, CLUSTER)
 
     return persistent_gemm
 
 
-def persistent_grid(m: int, n: int, num_sms: int, bm: int, bn: int) -> tuple[int]:
-    """A persistent kernel's grid: one block per SM, fewer when there are fewer tiles."""
-    return (max(1, min(tg.cdiv(m, bm) * tg.cdiv(n, bn), num_sms)),)
+def persistent_grid(m: int, n: int, num_sms: int, bm: int, bn: int,
+                    cluster: int = 1) -> tuple[int]:
+    """A persistent kernel's grid: one block per SM, fewer when there are fewer tiles;
+    whole clusters of `cluster` blocks, each cluster walking units of `cluster` row
+    tiles."""
+    units = tg.cdiv(tg.cdiv(m, bm), cluster) * tg.cdiv(n, bn)
+    return (max(1, min(units, num_sms // cluster)) * cluster,)
 
 
 @lru_cache(maxsize=None)
@@ -366,7 +378,8 @@ def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
     factory = gemm_kernel if shared else gemm_registers_kernel
     if persistent:
         factory = persistent_gemm_kernel
-        grid = persistent_grid(m, n, persistent, constexprs["BM"], constexprs["BN"])
+        grid = persistent_grid(m, n, persistent, constexprs["BM"], constexprs["BN"],
+                               constexprs.get("CLUSTER", 1))
     launch_emulated(factory(dtype, activation, with_bias), grid, a, b, *bias_args, c,
                     target=target, **constexprs)
     return c

@@ -91,10 +91,23 @@ def test_every_tile_is_written_once_whatever_the_group():
         check_gemm(c, a, b, f16)
 
 
+@pytest.mark.parametrize("m,n,k,sms", [(97, 130, 72, 4), (200, 40, 40, 6), (33, 70, 24, 2)])
+def test_clusters_of_two_share_b_tiles_and_stay_right(m, n, k, sms):
+    """CLUSTER=2 (multicast b on sm_90a): an odd number of row tiles (a block past a's
+    rows joins its cluster, stores nothing), more and fewer tiles than clusters."""
+    rng = np.random.default_rng(m + n)
+    a, b, bias = operands(rng, m, n, k, f16)
+    c = gemm_emulated(a, b, f16, bias=bias, activation="relu", persistent=sms, CLUSTER=2,
+                      **SMALL)
+    check_epilogue(c, a, b, bias, "relu", f16)
+
+
 def test_grid_is_one_block_per_sm_or_per_tile():
     assert persistent_grid(4096, 4096, 132, 128, 256) == (132,)
     assert persistent_grid(256, 512, 132, 128, 256) == (4,)
     assert persistent_grid(1, 1, 132, 128, 256) == (1,)
+    assert persistent_grid(4096, 4096, 132, 128, 256, cluster=2) == (132,)
+    assert persistent_grid(300, 256, 132, 128, 256, cluster=2) == (4,)   # 3 rows: 2 units
 
 
 def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes():
