@@ -255,3 +255,41 @@ def test_torch_arguments_are_named():
         moe.moe_gemm(x, w.to(torch.float8_e4m3fn), offsets, torch.ones(3))
     with pytest.raises(ValueError, match="x_sorted is on cpu"):
         moe.moe_gemm(x, w, offsets)
+
+
+def test_moe_mlp_matches_numpy_token_by_token():
+    rng = np.random.default_rng(21)
+    tokens, experts, top_k, hidden, inner = 29, 5, 2, 40, 24
+    x = random_input(rng, (tokens, hidden), bf16)
+    w13 = random_input(rng, (experts, 2 * inner, hidden), bf16, 0.2)
+    w2 = random_input(rng, (experts, hidden, inner), bf16, 0.2)
+    ids, weights = moe.route(rng.standard_normal((tokens, experts)).astype(np.float32), top_k)
+    y = moe.moe_mlp_emulated(x, w13, w2, ids, weights, dtype=bf16, **TILES)
+    ref = np.zeros((tokens, hidden))
+    for t in range(tokens):
+        for j in range(top_k):
+            e = ids[t, j]
+            h = round_to((x[t].astype(np.float64) @ w13[e].T).astype(np.float32), bf16)
+            a = round_to(h[:inner] / (1 + np.exp(-h[:inner].astype(np.float64)))
+                         * h[inner:], bf16)
+            ref[t] += weights[t, j] * round_to((a.astype(np.float64) @ w2[e].T)
+                                               .astype(np.float32), bf16)
+    # Each step's f32 sum may land on the neighbouring bf16, and the result is rounded.
+    assert np.all(np.abs(y - ref) <= 2.0 ** -6 * np.abs(ref).max())
+    with pytest.raises(ValueError, match=r"w13 \(E, 2·I, H\)"):
+        moe.moe_mlp_emulated(x, w13[:, :-1], w2, ids, weights, dtype=bf16)
+
+
+def test_torch_moe_mlp_in_the_emulator(on_cpu):
+    torch = on_cpu
+    rng = np.random.default_rng(22)
+    tokens, experts, hidden, inner = 19, 4, 32, 16
+    x = random_input(rng, (tokens, hidden), bf16)
+    w13 = random_input(rng, (experts, 2 * inner, hidden), bf16, 0.2)
+    w2 = random_input(rng, (experts, hidden, inner), bf16, 0.2)
+    ids, weights = moe.route(rng.standard_normal((tokens, experts)).astype(np.float32), 2)
+    want = moe.moe_mlp_emulated(x, w13, w2, ids, weights, dtype=bf16)
+    t = lambda a: torch.from_numpy(a).bfloat16()  # noqa: E731
+    got = moe.moe_mlp(t(x), t(w13), t(w2), torch.from_numpy(ids), torch.from_numpy(weights))
+    assert got.dtype == torch.bfloat16
+    np.testing.assert_array_equal(got.float().numpy(), want)
