@@ -1,7 +1,9 @@
 """GEMM: tegula against cuBLAS (torch.matmul) and Triton: `python -m tegula.bench gemm`.
 
 Shapes: squares 1024–8192; LLM projections (M = 4096, N and K from {4096, 11008, 14336});
-decode (M = 16, 64, 128 against 4096/14336-wide weights). Each computes `a @ b` with a
+decode (M = 16, 64, 128 against the same weights). On an H100/H200 the tuner's first
+candidate for large shapes is the persistent kernel, for decode shapes with long K split-K;
+the note after the table says which configuration each shape bucket chose. Each computes `a @ b` with a
 (M, K) and b (K, N) f16/bf16; by default b is the transpose of a K-major (N, K) weight,
 as `x @ w.T` in a linear layer (`--b-major n` gives a row-major (K, N) b instead).
 The floor per shape: 2·M·N·K FLOPs, (M·K + K·N + M·N)·itemsize bytes. Reported in TFLOP/s
@@ -26,8 +28,10 @@ from tegula.bench import gpu
 
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM = [(4096, n, k) for n in (4096, 11008, 14336) for k in (4096, 11008, 14336)]
-DECODE = [(m, n, k) for m in (16, 64, 128) for n, k in ((4096, 4096), (14336, 4096),
-                                                          (4096, 14336))]
+#: Decode: few rows against every LLM weight shape (N, K ∈ {4096, 11008, 14336}); the
+#: tuner picks split-K (deterministic, partials summed in order) where K is long.
+DECODE = [(m, n, k) for m in (16, 64, 128) for n in (4096, 11008, 14336)
+          for k in (4096, 11008, 14336)]
 QUICK = [(4096, 4096, 4096), (4096, 14336, 4096), (64, 4096, 4096)]
 EPILOGUE_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)] + \
     [(m, 4096, 4096) for m in (16, 64, 128)]
