@@ -743,6 +743,8 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
         sm_cycles["load latency"] = on_sm * t.get("pipeline", 0.0) / resident
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
+    # Each round of resident blocks waits for its first loads (the fill) unoverlapped.
+    rounds = -(-on_sm // resident)
     return CostEstimate(**fields, grid=grid, blocks=blocks, waves=waves,
                         dram_bytes=dram_bytes * blocks,
-                        grid_cycles=sm_cycles[grid_bound] + latency)
+                        grid_cycles=sm_cycles[grid_bound] + rounds * latency)
