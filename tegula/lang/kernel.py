@@ -17,6 +17,7 @@ import inspect
 import linecache
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from tegula.dtypes import DType
@@ -367,9 +368,14 @@ class Kernel:
         finally:
             pop_context(ctx)
 
-    def __getitem__(self, grid: Any) -> Launcher:
-        """`kernel[grid](*args)`: launch on `grid` blocks (through `tegula.runtime`)."""
-        return Launcher(self, grid)
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        """`kernel[grid](*args, **kwargs)`: launch on `grid` blocks through
+        `tegula.runtime.replay.launch_call` (a replay of an earlier launch with the same
+        key, else compile, cache, launch; `stream=` and `target=` keywords go to the
+        launch, every other keyword is a constexpr). A partial of it, so that calling it
+        costs no Python frame of its own."""
+        launch = _LAUNCH[0] if _LAUNCH else _import_launch()
+        return partial(launch, self, grid)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TegulaError(f"kernel {self.name} is launched with a grid: "
@@ -379,35 +385,15 @@ class Kernel:
         return f"<tegula kernel {self.name} threads={self.threads}>"
 
 
-class Launcher:
-    """`kernel[grid]`: calling it hands the kernel, the grid and the arguments to
-    `tegula.runtime.replay.launch` (a replay of an earlier launch with the same key, else
-    compile, cache, launch; `stream=` and `target=` keywords go to the launch, every other
-    keyword is a constexpr)."""
-
-    __slots__ = ("kernel", "grid")
-
-    def __init__(self, kernel: Kernel, grid: Any):
-        self.kernel = kernel
-        self.grid = grid
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        launch = _LAUNCH[0] if _LAUNCH else _import_launch()
-        if "stream" in kwargs or "target" in kwargs:
-            stream, target = kwargs.pop("stream", None), kwargs.pop("target", None)
-            return launch(self.kernel, self.grid, args, kwargs, target, stream)
-        return launch(self.kernel, self.grid, args, kwargs)
-
-
-_LAUNCH: list = []  # [tegula.runtime.replay.launch], imported on the first launch
+_LAUNCH: list = []  # [tegula.runtime.replay.launch_call], imported on the first launch
 
 
 def _import_launch():
     # The launch path sits above the language, so it is imported late; once, because an
     # import statement per launch costs about a microsecond of host time.
-    from tegula.runtime.replay import launch
-    _LAUNCH.append(launch)
-    return launch
+    from tegula.runtime.replay import launch_call
+    _LAUNCH.append(launch_call)
+    return launch_call
 
 
 def kernel(fn: Callable | None = None, *, threads: int = 128,
@@ -420,4 +406,4 @@ def kernel(fn: Callable | None = None, *, threads: int = 128,
     return lambda f: Kernel(f, threads, warp_specialize)
 
 
-__all__ = ["kernel", "Kernel", "Launcher", "Tensor", "TensorSpec", "constexpr", "Param"]
+__all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "Param"]

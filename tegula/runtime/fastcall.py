@@ -63,20 +63,16 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t n)
     return PyLong_FromLong(code);
 }
 
-/* replay_lookup(table, head, args) -> (prepared launch or None, key or None, pointers):
-   runtime/replay.py's replay_key and table lookup in one call. key = head + per argument:
+/* The replay key of a launch (runtime/replay.py's replay_key): key = head + per argument:
    an int or float (subclasses too, but no tensor) adds its type and a None pointer; an
    object with data_ptr adds (data_ptr() & 15, .shape, .stride(), .dtype, .get_device())
-   and its pointer; anything else makes the launch not replayable (None, None, None). */
+   and its pointer. Returns 1 with *key and *pointers set (new references), 0 where an
+   argument makes the launch not replayable, -1 on an error. */
 static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *fifteen;
 
-static PyObject *replay_lookup(PyObject *self, PyObject *const *a, Py_ssize_t n)
+static int build_key(PyObject *head, PyObject *args, PyObject **key_out,
+                     PyObject **pointers_out)
 {
-    if (n != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2])) {
-        PyErr_SetString(PyExc_TypeError, "replay_lookup(dict, tuple, tuple)");
-        return NULL;
-    }
-    PyObject *head = a[1], *args = a[2];
     Py_ssize_t nargs = PyTuple_GET_SIZE(args), nhead = PyTuple_GET_SIZE(head);
     PyObject *parts = PyList_New(0), *pointers = PyList_New(nargs), *key = NULL;
     if (parts == NULL || pointers == NULL)
@@ -94,7 +90,7 @@ static PyObject *replay_lookup(PyObject *self, PyObject *const *a, Py_ssize_t n)
             if (!PyLong_Check(arg) && !PyFloat_Check(arg)) {  /* not replayable */
                 Py_DECREF(parts);
                 Py_DECREF(pointers);
-                return Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
+                return 0;
             }
             if (PyList_Append(parts, (PyObject *)Py_TYPE(arg)) < 0)
                 goto fail;
@@ -125,18 +121,34 @@ static PyObject *replay_lookup(PyObject *self, PyObject *const *a, Py_ssize_t n)
     Py_CLEAR(parts);
     if (key == NULL)
         goto fail;
-    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
-    if (hit == NULL && PyErr_Occurred())
-        goto fail;
-    PyObject *result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
-    Py_DECREF(key);
-    Py_DECREF(pointers);
-    return result;
+    *key_out = key;
+    *pointers_out = pointers;
+    return 1;
 fail:
     Py_XDECREF(parts);
     Py_XDECREF(pointers);
-    Py_XDECREF(key);
-    return NULL;
+    return -1;
+}
+
+/* replay_lookup(table, head, args) -> (prepared launch or None, key or None, pointers):
+   the replay key (build_key) and its table lookup in one call; (None, None, None) where
+   the launch is not replayable. */
+static PyObject *replay_lookup(PyObject *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2])) {
+        PyErr_SetString(PyExc_TypeError, "replay_lookup(dict, tuple, tuple)");
+        return NULL;
+    }
+    PyObject *key, *pointers;
+    int built = build_key(a[1], a[2], &key, &pointers);
+    if (built <= 0)
+        return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
+    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
+    PyObject *result = (hit == NULL && PyErr_Occurred()) ? NULL :
+        PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
+    Py_DECREF(key);
+    Py_DECREF(pointers);
+    return result;
 }
 
 /* plain_keywords(kwargs) -> (tuple(kwargs.items()), tuple of their types), where every
@@ -186,24 +198,70 @@ fail:
 #ifndef Py_GIL_DISABLED
 #define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
 
-/* launch_pointers(spec, gx, gy, gz, stream, pointers (a list or tuple)): write pointers[indices[i]] as
-   8-byte values at dest + 8 i, then cuLaunchKernel; spec = (cuLaunchKernel address,
-   function, threads, shared bytes, parameter array, dest, indices). The GIL is held from
-   the first write to the driver's return (the driver copies the values during the
-   call), so no other Python thread can rewrite the buffer in between: no lock needed. */
-static PyObject *launch_pointers(PyObject *self, PyObject *const *a, Py_ssize_t n)
+/* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then cuLaunchKernel on grid
+   g[0..2] and stream g[3]; spec = (cuLaunchKernel address, function, threads, shared
+   bytes, parameter array, dest, indices). Every value is converted before any is
+   written. The GIL is held from the first write to the driver's return (the driver
+   copies the values during the call), so no other Python thread can rewrite the buffer
+   in between: no lock needed. 0 with *code set (the CUresult), or -1 on an error. */
+static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject *pointers,
+                         int *code)
 {
-    if (n != 6 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 7 ||
-            !(PyList_Check(a[5]) || PyTuple_Check(a[5]))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
-        return NULL;
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 7 ||
+            !(PyList_Check(pointers) || PyTuple_Check(pointers))) {
+        PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
+        return -1;
     }
     unsigned long long v[6];  /* address, function, threads, shared, params, dest */
     for (int i = 0; i < 6; i++) {
-        v[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(a[0], i));
+        v[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(spec, i));
         if (v[i] == (unsigned long long)-1 && PyErr_Occurred())
-            return NULL;
+            return -1;
+    }
+    if (g[0] > 0xFFFFFFFFull || g[1] > 0xFFFFFFFFull || g[2] > 0xFFFFFFFFull ||
+            v[2] > 0xFFFFFFFFull || v[3] > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "a grid, block or shared size exceeds 2^32-1");
+        return -1;
+    }
+    PyObject *indices = PyTuple_GET_ITEM(spec, 6);
+    if (!PyTuple_Check(indices)) {
+        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices must be a tuple");
+        return -1;
+    }
+    unsigned long long *dest = (unsigned long long *)(uintptr_t)v[5], values[MAX_POINTERS];
+    Py_ssize_t count = PyTuple_GET_SIZE(indices), have = PySequence_Fast_GET_SIZE(pointers);
+    if (count > MAX_POINTERS) {
+        PyErr_SetString(PyExc_ValueError, "launch_pointers: too many pointers");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, i));
+        if (j == -1 && PyErr_Occurred())
+            return -1;
+        if (j < 0 || j >= have) {
+            PyErr_SetString(PyExc_IndexError, "launch_pointers: index out of range");
+            return -1;
+        }
+        unsigned long long p = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(pointers, j));
+        if (p == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        values[i] = p;
+    }
+    memcpy(dest, values, (size_t)count * 8);
+    launch_kernel_t launch_kernel = (launch_kernel_t)(uintptr_t)v[0];
+    *code = launch_kernel((void *)(uintptr_t)v[1], (unsigned)g[0], (unsigned)g[1],
+                          (unsigned)g[2], (unsigned)v[2], 1, 1, (unsigned)v[3],
+                          (void *)(uintptr_t)g[3], (void **)(uintptr_t)v[4], NULL);
+    return 0;
+}
+
+/* launch_pointers(spec, gx, gy, gz, stream, pointers (a list or tuple)) -> CUresult:
+   launch_direct from Python (PreparedLaunch.__call__). */
+static PyObject *launch_pointers(PyObject *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
+        return NULL;
     }
     unsigned long long g[4];  /* gx, gy, gz, stream */
     for (int i = 0; i < 4; i++) {
@@ -211,41 +269,106 @@ static PyObject *launch_pointers(PyObject *self, PyObject *const *a, Py_ssize_t 
         if (g[i] == (unsigned long long)-1 && PyErr_Occurred())
             return NULL;
     }
-    if (g[0] > 0xFFFFFFFFull || g[1] > 0xFFFFFFFFull || g[2] > 0xFFFFFFFFull ||
-            v[2] > 0xFFFFFFFFull || v[3] > 0xFFFFFFFFull) {
-        PyErr_SetString(PyExc_OverflowError, "a grid, block or shared size exceeds 2^32-1");
+    int code;
+    if (launch_direct(a[0], g, a[5], &code) < 0)
         return NULL;
-    }
-    PyObject *indices = PyTuple_GET_ITEM(a[0], 6), *pointers = a[5];
-    if (!PyTuple_Check(indices)) {
-        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices must be a tuple");
-        return NULL;
-    }
-    unsigned long long *dest = (unsigned long long *)(uintptr_t)v[5], values[MAX_POINTERS];
-    Py_ssize_t count = PyTuple_GET_SIZE(indices), have = PySequence_Fast_GET_SIZE(pointers);
-    if (count > MAX_POINTERS) {
-        PyErr_SetString(PyExc_ValueError, "launch_pointers: too many pointers");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {  /* convert all before writing any */
-        Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, i));
-        if (j == -1 && PyErr_Occurred())
-            return NULL;
-        if (j < 0 || j >= have) {
-            PyErr_SetString(PyExc_IndexError, "launch_pointers: index out of range");
-            return NULL;
-        }
-        unsigned long long p = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(pointers, j));
-        if (p == (unsigned long long)-1 && PyErr_Occurred())
-            return NULL;
-        values[i] = p;
-    }
-    memcpy(dest, values, (size_t)count * 8);
-    launch_kernel_t launch_kernel = (launch_kernel_t)(uintptr_t)v[0];
-    int code = launch_kernel((void *)(uintptr_t)v[1], (unsigned)g[0], (unsigned)g[1],
-                             (unsigned)g[2], (unsigned)v[2], 1, 1, (unsigned)v[3],
-                             (void *)(uintptr_t)g[3], (void **)(uintptr_t)v[4], NULL);
     return PyLong_FromLong(code);
+}
+
+/* The grid as three blocks counts where it is an int or a tuple of one to three ints
+   (exactly int: a bool or float is Python's business) in CUDA's limits (x below 2^31,
+   y and z at most 65535, none zero): runtime/replay.py's launch_grid fast cases. 1, or
+   0 where Python must look at it (normalize_grid: numpy ints, zero extents, errors). */
+static int plain_grid(PyObject *grid, unsigned long long g[3])
+{
+    PyObject *items[3] = {grid, NULL, NULL};
+    Py_ssize_t n = 1;
+    if (PyTuple_CheckExact(grid)) {
+        n = PyTuple_GET_SIZE(grid);
+        if (n < 1 || n > 3)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            items[i] = PyTuple_GET_ITEM(grid, i);
+    }
+    for (Py_ssize_t i = 0; i < 3; i++) {
+        if (i >= n) {
+            g[i] = 1;
+            continue;
+        }
+        if (!PyLong_CheckExact(items[i]))
+            return 0;
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (overflow || (value == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (value < 1 || value > (i == 0 ? 0x7FFFFFFFLL : 65535LL))
+            return 0;
+        g[i] = (unsigned long long)value;
+    }
+    return 1;
+}
+
+static PyObject *s_direct, *s_device, *s_kernel;
+
+/* replay_launch(table, head, args, grid, current_stream) -> the replayed launch's
+   CompiledKernel, or replay_lookup's (hit, key, pointers) for Python to finish: the key,
+   the lookup and, for a hit whose prepared launch writes pointers only (its `direct`
+   spec) on a plain grid, the stream (current_stream(hit.device)) and launch_direct, in
+   one call (kernel[grid](...)'s replay without the Python frames in between). A failed
+   launch raises through hit.kernel.check_result. */
+static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 5 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2])) {
+        PyErr_SetString(PyExc_TypeError, "replay_launch(dict, tuple, tuple, grid, stream)");
+        return NULL;
+    }
+    PyObject *key, *pointers, *direct = NULL, *device = NULL, *stream = NULL;
+    PyObject *kernel = NULL, *result = NULL;
+    int built = build_key(a[1], a[2], &key, &pointers);
+    if (built <= 0)
+        return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
+    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
+    if (hit == NULL && PyErr_Occurred())
+        goto done;
+    unsigned long long g[4];
+    if (hit == NULL || a[4] == Py_None || !plain_grid(a[3], g))
+        goto python;
+    if ((direct = PyObject_GetAttr(hit, s_direct)) == NULL)
+        goto done;
+    if (!PyTuple_Check(direct))  /* not decided yet, or the Python path */
+        goto python;
+    if ((device = PyObject_GetAttr(hit, s_device)) == NULL ||
+            (stream = PyObject_CallOneArg(a[4], device)) == NULL)
+        goto done;
+    g[3] = PyLong_AsUnsignedLongLong(stream);
+    if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
+        goto done;
+    int code;
+    if (launch_direct(direct, g, pointers, &code) < 0 ||
+            (kernel = PyObject_GetAttr(hit, s_kernel)) == NULL)
+        goto done;
+    if (code != 0) {
+        PyObject *checked = PyObject_CallMethod(kernel, "check_result", "iKKK", code,
+                                                g[0], g[1], g[2]);
+        if (checked == NULL) {
+            Py_CLEAR(kernel);
+            goto done;
+        }
+        Py_DECREF(checked);
+    }
+    result = kernel;
+    goto done;
+python:
+    result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
+done:
+    Py_DECREF(key);
+    Py_DECREF(pointers);
+    Py_XDECREF(direct);
+    Py_XDECREF(device);
+    Py_XDECREF(stream);
+    return result;
 }
 #endif
 
@@ -257,6 +380,8 @@ static PyMethodDef methods[] = {
 #ifndef Py_GIL_DISABLED
     {"launch_pointers", (PyCFunction)(void (*)(void))launch_pointers, METH_FASTCALL,
      "write data pointers, cuLaunchKernel"},
+    {"replay_launch", (PyCFunction)(void (*)(void))replay_launch, METH_FASTCALL,
+     "replay key, lookup and pointer launch"},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -274,6 +399,13 @@ PyMODINIT_FUNC PyInit_tegula_fastcall(void)
     fifteen = PyLong_FromLong(15);
     if (!s_data_ptr || !s_shape || !s_stride || !s_dtype || !s_get_device || !fifteen)
         return NULL;
+#ifndef Py_GIL_DISABLED
+    s_direct = PyUnicode_InternFromString("direct");
+    s_device = PyUnicode_InternFromString("device");
+    s_kernel = PyUnicode_InternFromString("kernel");
+    if (!s_direct || !s_device || !s_kernel)
+        return NULL;
+#endif
     return PyModule_Create(&module);
 }
 """
@@ -288,7 +420,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-5"])
+                      os.path.realpath(cc), include, "fastcall-6"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

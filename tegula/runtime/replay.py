@@ -14,13 +14,18 @@ apart, which is by `repr`: `1`, `1.0` and `True` are equal in Python and hash al
 re-checked on every launch with the same exactness (a float grid is refused, not
 truncated). `tests/runtime/test_replay_key.py` checks all of it against the full path.
 
-Host time per replay is the point of this module, so `launch` is one Python frame doing
-the key, the lookup, the grid and the prepared launch's call (`kernel[grid]`'s
-`Launcher` calls it directly).
+Host time per replay is the point of this module, so `launch_call` is one Python frame
+doing the key, the lookup, the grid and the prepared launch's call (`kernel[grid]` is
+`launch_call` with the kernel and grid bound); with the C extension, a replay whose prepared launch
+writes data pointers only, on a plain grid and the current stream, is one C call of
+that frame (`fastcall.replay_launch`: the same key, the same grid limits as
+`launch_grid`, the stream of the launch's device).
 """
 from __future__ import annotations
 
 from typing import Any
+
+from tegula.runtime import launcher as _launcher
 
 #: Keyword value types whose `==` within one type is exactly the build key's `repr`
 #: equality (a float is not: `0.0 == -0.0`; a tuple may hold floats).
@@ -91,6 +96,14 @@ def launch_grid(grid: Any) -> tuple[int, int, int]:
 def launch(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None) -> Any:
     """A replay where the replay key matches an earlier launch of `kernel`, else the full
     path (which prepares the replay for next time)."""
+    return launch_call(kernel, grid, *args, target=target, stream=stream, **kwargs)
+
+
+def launch_call(kernel, grid, /, *args: Any, target=None, stream=None, **kwargs: Any) -> Any:
+    """`kernel[grid](*args, **kwargs)` (what `Kernel.__getitem__` returns is this function
+    with the kernel and grid bound): `launch`, taking the arguments as the user passed
+    them, so the call itself is the only frame (kernel and grid are positional-only: a
+    constexpr may be named `kernel`)."""
     table = kernel.__dict__.get("_fast_launch")
     if table is None:
         table = kernel.__dict__["_fast_launch"] = {}
@@ -102,9 +115,17 @@ def launch(kernel, grid, args: tuple, kwargs: dict, target=None, stream=None) ->
         head = (target, kw)
     else:
         kw, head = (), (target,)
-    lookup = C_LOOKUP[0]
-    if lookup is not None and kw is not None:  # the key and lookup in C
-        hit, key, pointers = lookup(table, head, args)
+    fused = C_LAUNCH[0]
+    if fused is not None and kw is not None and stream is None:
+        # The key, the lookup and a pointers-only replay on a plain grid, in one C call;
+        # anything else comes back as the lookup's answer, finished below.
+        current = _launcher._CURRENT_STREAM
+        result = fused(table, head, args, grid, current[0] if current else None)
+        if type(result) is not tuple:
+            return result
+        hit, key, pointers = result
+    elif C_LOOKUP[0] is not None and kw is not None:  # the key and lookup in C
+        hit, key, pointers = C_LOOKUP[0](table, head, args)
     else:
         hit, key, pointers = _lookup(table, head, args, kw)
     if hit is not None:
@@ -152,6 +173,10 @@ C_LOOKUP: list = [None]
 #: [the C extension's plain_keywords, or None]: the first case of `constexpr_key` in C
 #: (set with C_LOOKUP; None: that case runs in Python).
 C_KEYWORDS: list = [None]
+#: [the C extension's replay_launch, or None]: key, lookup and a direct replay (see
+#: `PreparedLaunch._direct_spec`) in one call (set with C_LOOKUP; None where Python has
+#: no GIL, as the extension then has no pointer launch).
+C_LAUNCH: list = [None]
 _C_TRIED: list = []
 
 
@@ -161,6 +186,7 @@ def _load_c_lookup() -> None:
     module = c_extension()
     C_LOOKUP[0] = None if module is None else module.replay_lookup
     C_KEYWORDS[0] = None if module is None else module.plain_keywords
+    C_LAUNCH[0] = getattr(module, "replay_launch", None)
 
 
 def _import_full():

@@ -11,15 +11,18 @@ from tegula.runtime import fastcall, replay
 
 def use_replay_key(monkeypatch, where: str) -> None:
     """Build replay keys in Python (`where == "python key"`) or in the C extension
-    (`"C key"`, skipped where it cannot be built)."""
-    lookup = keywords = None
+    (`"C key"`: its lookup and its fused key-lookup-launch; skipped where it cannot be
+    built)."""
+    lookup = keywords = fused = None
     if where == "C key":
         module = fastcall.c_extension()
         if module is None:
             pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
         lookup, keywords = module.replay_lookup, module.plain_keywords
+        fused = getattr(module, "replay_launch", None)
     monkeypatch.setattr(replay, "C_LOOKUP", [lookup])
     monkeypatch.setattr(replay, "C_KEYWORDS", [keywords])
+    monkeypatch.setattr(replay, "C_LAUNCH", [fused])
     monkeypatch.setattr(replay, "_C_TRIED", [True])
 
 
