@@ -1,0 +1,210 @@
+"""MoE grouped GEMM with 4-bit weights (W4A16): `out[p] = x_sorted[p] @ dequant(w[e]).T` for
+every row p of expert e, with each expert's (N, K) weight quantized as `tegula.kernels.quant`
+quantizes one (AWQ/GPTQ style: 4-bit values per group of `group_size` along K, a scale and
+optionally a zero point per group), f16/bf16 activations, f32 accumulation.
+
+The work list is `tegula.kernels.moe`'s (`moe_schedule_kernel`: the experts' offsets read
+on the device, one item per output tile with rows); each block takes one item and runs the
+W4A16 GEMM's K loop on it (`quant.dequantize`: each k-step's (BN, BK) weight tile is loaded
+packed, dequantized in registers, stored to a shared tile of the activations' type and fed
+with the pipelined activation tile to `tg.gemm`). One block per item, not persistent: the
+dequantization in the loop body keeps the sm_90a TMA ring from running across items (it
+serves a body of TMA copies and one gemm), and items past the work count run no K step.
+
+Entry points: `moe_gemm_w4a16_emulated` (numpy, unpacked weights, the CI one),
+`moe_gemm_w4a16` (torch, packed weights), `quantize_experts_w4` (each expert through
+`quant.quantize_w4`).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32, i32, u4
+from tegula.dtypes import DType, bf16, f16
+from tegula.kernels.common import check_array, dtype_of_array, poisoned
+from tegula.kernels.moe import (COLUMN_TILE, END_ROW, EXPERT, FIRST_ROW, check_offsets,
+                                check_problem, has_rows, plan_launches, run_plan)
+from tegula.kernels.quant import GROUP_SIZES, dequantize, prepack, quantize_w4
+
+W4_DTYPES = (f16, bf16)
+
+
+@lru_cache(maxsize=None)
+def moe_gemm_w4_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
+    """out (R, N) = x_sorted (R, K) @ dequant(w[e]).T per expert e's rows: w (E, N, K) u4
+    (packed two a byte), scales and zeros (E, N, K / G) of `dtype` (zeros unread without
+    `has_zeros`: zero point 8). BK divides the group size G. One block per schedule item."""
+
+    @tg.kernel(threads=128)
+    def moe_gemm_w4(x: tg.Tensor[dtype], w: tg.Tensor[u4, 3], scales: tg.Tensor[dtype, 3],
+                    zeros: tg.Tensor[dtype, 3], schedule: tg.Tensor[i32, 2],
+                    work_count: tg.Tensor[i32, 1], out: tg.Tensor[dtype],
+                    G: tg.constexpr = 128, BM: tg.constexpr = 64, BN: tg.constexpr = 64,
+                    BK: tg.constexpr = 64, STAGES: tg.constexpr = 3):
+        t = tg.block_id(0)
+        e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
+        n = schedule[COLUMN_TILE, t]
+        ga = x[first:, :].tile((BM, BK), (0, None))
+        gw = w[e].tile((BN, BK), (n, None))
+        acc = tg.zeros((BM, BN), f32)
+        sa = tg.shared((BM, BK), dtype, stages=STAGES)
+        sw = tg.shared((BN, BK), dtype)
+        for k in tg.pipeline(ga.shape[2] * has_rows(first, end), stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            weights = dequantize(tg.load(gw[:, :, k]), scales[e],
+                                 zeros[e] if has_zeros else None, n, k // (G // BK), BN)
+            tg.copy(weights.to(dtype), sw)
+            tg.gemm(acc, sa[k], sw)                  # acc += x rows @ dequant(w[e]).T
+        tg.copy(acc.to(dtype), out[first:end, :].tile((BM, BN), (0, n)))
+
+    return moe_gemm_w4
+
+
+def default_tiles(group_size: int) -> dict:
+    """64×64 tiles, BK 64 (it must divide the group), 3 activation stages; one block per
+    item (PERSISTENT=False: the schedule's plan then launches its capacity)."""
+    return dict(BM=64, BN=64, BK=min(64, group_size), STAGES=3, GROUP=8, PERSISTENT=False)
+
+
+def _check_w4(fn: str, x_shape: tuple, w_shape: tuple, scales: Any, zeros: Any,
+              offsets_shape: tuple, group_size: int) -> tuple:
+    """(rows, N, K, experts) after checking the W4A16 operands agree (w_shape unpacked)."""
+    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+        raise ValueError(f"tegula.kernels.{fn}: group_size must be one of {GROUP_SIZES}, "
+                         f"got {group_size!r}")
+    rows, n, k, experts = check_problem(fn, x_shape, w_shape, offsets_shape)
+    if k % group_size:
+        raise ValueError(f"tegula.kernels.{fn}: K = {k} is not a multiple of group_size = "
+                         f"{group_size}")
+    want = (experts, n, k // group_size)
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t is not None and tuple(t.shape) != want:
+            raise ValueError(f"tegula.kernels.{fn}: {name} must be (experts, N, K / "
+                             f"group_size) = {want}, got {tuple(t.shape)}")
+    return rows, n, k, experts
+
+
+def moe_gemm_w4a16_emulated(x_sorted: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
+                            zeros: np.ndarray | None, group_size: int,
+                            expert_offsets: np.ndarray, dtype: DType | None = None,
+                            target: str = "sm_90a", **tiles: int) -> np.ndarray:
+    """The W4A16 grouped GEMM in the emulator with UNPACKED weights, as
+    `w4a16_gemm_emulated`: x_sorted (R, K) f16 (or float32 holding bf16 values with
+    dtype=bf16), w_q (E, N, K) uint8 values 0..15, scales and zeros (E, N, K / group_size)
+    (zeros None: zero point 8), expert_offsets (E + 1,) int32. Rows past
+    expert_offsets[E] are left NaN."""
+    fn = "moe_gemm_w4a16_emulated"
+    check_array(fn, "x_sorted", x_sorted, ndim=2)
+    check_array(fn, "w_q", w_q, ndim=3)
+    check_array(fn, "scales", scales, ndim=3)
+    check_array(fn, "expert_offsets", expert_offsets, ndim=1)
+    if zeros is not None:
+        check_array(fn, "zeros", zeros, ndim=3)
+    rows, n, k, experts = _check_w4(fn, x_sorted.shape, w_q.shape, scales, zeros,
+                                    expert_offsets.shape, group_size)
+    check_offsets(fn, expert_offsets, rows)
+    dtype = dtype or dtype_of_array(x_sorted, fn, "x_sorted")
+    if dtype not in W4_DTYPES:
+        raise TypeError(f"tegula.kernels.{fn}: x_sorted must be f16 or bf16 (float32 arrays "
+                        f"with dtype=bf16), got {dtype}")
+    if w_q.dtype != np.uint8 or (w_q.size and int(w_q.max()) > 15):
+        raise ValueError(f"tegula.kernels.{fn}: w_q must be uint8 values 0..15 (unpacked)")
+    out = poisoned((rows, n), dtype)
+    if rows == 0 or n == 0:
+        return out
+    storage = x_sorted.dtype
+    zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
+                 else np.zeros((1, 1, 1), dtype=storage))  # unread: the kernel uses 8
+    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **tiles}, 4)
+    _check_chunk(fn, plan.gemm_constexprs["BK"], group_size)
+
+    def launch(kernel, grid, args, constexprs, threads, writes_all):
+        from tegula.kernels.common import launch_emulated
+        launch_emulated(kernel, grid, *args, target=target, check_coverage=writes_all,
+                        **constexprs)
+
+    operands = (np.ascontiguousarray(x_sorted), prepack(w_q),
+                np.ascontiguousarray(scales, dtype=storage), zeros_arg)
+    plan, kernel = _w4_plan(plan, dtype, zeros is not None, group_size)
+    run_plan(plan, kernel, operands, expert_offsets, (), out, launch,
+             lambda shape: poisoned(shape, i32), None)
+    return out
+
+
+def _check_chunk(fn: str, bk: int, group_size: int) -> None:
+    if group_size % bk:
+        raise ValueError(f"tegula.kernels.{fn}: BK = {bk} must divide group_size = "
+                         f"{group_size} (a k-step reads one scale per row)")
+
+
+def _w4_plan(plan, dtype: DType, has_zeros: bool, group_size: int) -> tuple:
+    """(the plan with the W4A16 kernel's constexprs — G added; PERSISTENT, which must be
+    False, dropped — and the kernel)."""
+    tiles = dict(plan.gemm_constexprs)
+    if tiles.pop("PERSISTENT"):
+        raise ValueError("tegula.kernels.moe_w4: the W4A16 grouped GEMM runs one block per "
+                         "work item (PERSISTENT=False)")
+    return plan._replace(gemm_constexprs=dict(tiles, G=group_size)), \
+        moe_gemm_w4_kernel(dtype, has_zeros)
+
+
+def quantize_experts_w4(w: Any, group_size: int = 128, zero_point: bool = True
+                        ) -> tuple[Any, Any, Any]:
+    """`quant.quantize_w4` on each expert of w (E, N, K) (numpy or torch): (packed
+    (E, N, K/2) uint8, scales (E, N, K/G), zeros (E, N, K/G) or None)."""
+    parts = [quantize_w4(w[e], group_size, zero_point) for e in range(w.shape[0])]
+    stack = np.stack if isinstance(w, np.ndarray) else __import__("torch").stack
+    packed, scales = stack([p[0] for p in parts]), stack([p[1] for p in parts])
+    zeros = stack([p[2] for p in parts]) if zero_point else None
+    return packed, scales, zeros
+
+
+def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_size: int,
+                   expert_offsets: Any, *, config: dict | None = None) -> Any:
+    """The W4A16 grouped GEMM on torch CUDA tensors: x_sorted (R, K) f16/bf16, packed
+    (E, N, K/2) uint8 (`quantize_experts_w4`), scales and zeros (E, N, K/G) of x's dtype
+    (zeros None: zero point 8), expert_offsets (E + 1,) int32 on the device (not checked:
+    no host sync). Returns (R, N); rows past expert_offsets[E] are left unwritten.
+    `config`: tiles (BM, BN, BK, STAGES, GROUP) instead of the defaults."""
+    import torch
+
+    from tegula.kernels.api import _check_cuda, _check_tensor, _launch
+    fn = "moe_gemm_w4a16"
+    dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
+                          ndim=2)
+    _check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=3)
+    same = {str(x_sorted.dtype)[6:]: dtype}
+    _check_tensor(fn, "scales", scales, same, ndim=3)
+    if zeros is not None:
+        _check_tensor(fn, "zeros", zeros, same, ndim=3)
+    _check_tensor(fn, "expert_offsets", expert_offsets, {"int32": i32}, ndim=1)
+    unpacked = tuple(packed.shape[:-1]) + (2 * packed.shape[-1],)
+    rows, n, k, experts = _check_w4(fn, tuple(x_sorted.shape), unpacked, scales, zeros,
+                                    tuple(expert_offsets.shape), group_size)
+    tensors = {"x_sorted": x_sorted, "packed": packed, "scales": scales,
+               "expert_offsets": expert_offsets, **({} if zeros is None else {"zeros": zeros})}
+    _check_cuda(fn, tensors)
+    out = torch.empty((rows, n), dtype=x_sorted.dtype, device=x_sorted.device)
+    if rows == 0 or n == 0:
+        return out
+    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **(config or {})}, 1)
+    _check_chunk(fn, plan.gemm_constexprs["BK"], group_size)
+    zeros_arg = zeros.contiguous() if zeros is not None else scales.new_zeros((1, 1, 1))
+    operands = (x_sorted.contiguous(), packed.contiguous(), scales.contiguous(), zeros_arg)
+
+    def launch(kernel, grid, args, constexprs, threads, writes_all):
+        return _launch(kernel, grid, args, constexprs, threads)
+
+    plan, kernel = _w4_plan(plan, dtype, zeros is not None, group_size)
+    run_plan(plan, kernel, operands, expert_offsets.contiguous(), (), out, launch,
+             lambda shape: torch.empty(shape, dtype=torch.int32, device=x_sorted.device),
+             None)
+    return out
+
+
+__all__ = ["moe_gemm_w4_kernel", "moe_gemm_w4a16_emulated", "moe_gemm_w4a16",
+           "quantize_experts_w4", "W4_DTYPES"]

@@ -1,0 +1,87 @@
+"""The W4A16 MoE grouped GEMM (4-bit weights per group, f16/bf16 activations) in the emulator
+against a float64 loop over experts: with and without zero points, every group size, empty
+experts, one expert with every row, ragged rows and N, both targets; the torch entry point
+through the emulator; the per-expert quantization; and the argument checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import bf16, f16
+from tegula.kernels import moe_w4
+from tegula.kernels.common import random_input
+from tegula.kernels.quant import dequantize_w4, unpack_w4
+
+
+def random_w4(rng, experts, n, k, group, dtype, zero_point=True):
+    w_q = rng.integers(0, 16, (experts, n, k), dtype=np.uint8)
+    storage = np.float16 if dtype == f16 else np.float32
+    scales = (np.abs(random_input(rng, (experts, n, k // group), dtype, 0.05))
+              + np.float32(2 ** -8)).astype(storage)
+    zeros = rng.integers(0, 16, (experts, n, k // group)).astype(storage) if zero_point \
+        else None
+    return w_q, scales, zeros
+
+
+def check(out, x, w_q, scales, zeros, group, offsets, dtype):
+    """Every routed row within the output's rounding plus, as the W4A16 GEMM rounds each
+    dequantized weight to the activations' type for the tensor cores, half an ulp of every
+    |x·w| (`tests/kernels/test_quant.py`'s bound), expert by expert."""
+    ulp = 2.0 ** -dtype.mantissa_bits
+    for e in range(w_q.shape[0]):
+        a, b = offsets[e], offsets[e + 1]
+        w = dequantize_w4(w_q[e], scales[e], None if zeros is None else zeros[e], group)
+        ref = x[a:b].astype(np.float64) @ w.T
+        bound = ulp * np.abs(ref) + ulp * (np.abs(x[a:b].astype(np.float64)) @ np.abs(w).T)
+        got = out[a:b].astype(np.float64)
+        assert not np.isnan(got).any(), f"expert {e}: rows left unwritten"
+        assert np.all(np.abs(got - ref) <= bound), f"expert {e}: {np.abs(got - ref).max()}"
+    assert np.isnan(out[offsets[-1]:].astype(np.float64)).all()
+
+
+@pytest.mark.parametrize("counts, n, k, group, zero_point, dtype, target", [
+    ([20, 0, 37, 9], 40, 128, 32, True, f16, "sm_90a"),
+    ([0, 0, 45], 33, 128, 64, False, bf16, "sm_90a"),
+    ([3, 17, 0, 30, 1], 24, 128, 128, True, bf16, "sm_80"),
+])
+def test_w4a16_grouped_gemm(counts, n, k, group, zero_point, dtype, target):
+    rng = np.random.default_rng(n + group)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = random_input(rng, (offsets[-1] + 3, k), dtype)
+    w_q, scales, zeros = random_w4(rng, len(counts), n, k, group, dtype, zero_point)
+    out = moe_w4.moe_gemm_w4a16_emulated(x, w_q, scales, zeros, group, offsets, dtype=dtype,
+                                         target=target, BM=16, BN=32, BK=32, STAGES=2)
+    check(out, x, w_q, scales, zeros, group, offsets, dtype)
+
+
+def test_quantize_experts_and_the_torch_entry_point(on_cpu):
+    torch = on_cpu
+    rng = np.random.default_rng(4)
+    counts, n, k, group = [11, 0, 26], 40, 64, 32
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    w = torch.from_numpy(random_input(rng, (3, n, k), f16))
+    packed, scales, zeros = moe_w4.quantize_experts_w4(w, group)
+    assert packed.shape == (3, n, k // 2) and scales.shape == zeros.shape == (3, n, k // group)
+    x = random_input(rng, (offsets[-1], k), f16)
+    out = moe_w4.moe_gemm_w4a16(torch.from_numpy(x), packed, scales, zeros, group,
+                                torch.from_numpy(offsets), config=dict(BM=16, BN=32, BK=32))
+    check(out.numpy(), x, unpack_w4(packed.numpy()), scales.numpy(), zeros.numpy(), group,
+          offsets, f16)
+
+
+def test_bad_arguments_are_named():
+    rng = np.random.default_rng(0)
+    offsets = np.int32([0, 5, 9])
+    x = random_input(rng, (9, 64), f16)
+    w_q, scales, zeros = random_w4(rng, 2, 16, 64, 32, f16)
+    run = moe_w4.moe_gemm_w4a16_emulated
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        run(x, w_q, scales, zeros, 48, offsets)
+    with pytest.raises(ValueError, match=r"scales must be \(experts, N, K / group_size\)"):
+        run(x, w_q, scales[:, :, :1], zeros, 32, offsets)
+    with pytest.raises(ValueError, match="uint8 values 0..15"):
+        run(x, w_q + 16, scales, zeros, 32, offsets)
+    with pytest.raises(ValueError, match="BK = 64 must divide group_size = 32"):
+        run(x, w_q, scales, zeros, 32, offsets, BK=64)
+    with pytest.raises(ValueError, match="not a multiple of group_size"):
+        run(x[:, :48], w_q[:, :, :48], scales, zeros, 32, offsets)
