@@ -114,3 +114,24 @@ def test_routing_on_device_and_autotuned_entry_point():
                                                      w[ids[:, j].long()].float())
                   for j in range(top_k))
         assert float((y.float() - ref).abs().max()) <= 0.02 * float(ref.abs().max())
+
+
+def test_w4a16_weights():
+    from tegula.kernels import moe_w4
+    from tegula.kernels.quant import dequantize_w4, unpack_w4
+    x, w, offsets = problem([90, 0, 200, 33], 200, 256, seed=2)
+    x = x.half()
+    packed, scales, zeros = moe_w4.quantize_experts_w4(w.half(), 128)
+    out = moe_w4.moe_gemm_w4a16(x, packed, scales, zeros, 128, offsets)
+    torch.cuda.synchronize()
+    w_q = unpack_w4(packed.cpu().numpy())
+    bounds = offsets.tolist()
+    for e in range(w.shape[0]):
+        a, b = bounds[e], bounds[e + 1]
+        wd = torch.from_numpy(dequantize_w4(w_q[e], scales[e].cpu().numpy(),
+                                            zeros[e].cpu().numpy(), 128)).cuda()
+        ref = x[a:b].double() @ wd.T
+        mag = x[a:b].double().abs() @ wd.abs().T
+        got = out[a:b].double()
+        assert not torch.isnan(got).any()
+        assert bool(((got - ref).abs() <= 2.0 ** -11 * (ref.abs() + mag) + 1e-30).all()), e
