@@ -24,18 +24,17 @@ Conventions (shared with the backward, `attention_backward.py`):
   the sequence's end and causally hidden keys; a causal program stops its key loop at the
   last block its rows can see.
 
-Two dataflows for the second gemm (`acc += p @ v`), a constexpr each so the autotuner can
-time both:
+On sm_90a both gemms run on wgmma with K and V arriving by TMA into an mbarrier ring
+filled by a producer warpgroup: `q @ k.T` reads q and k K-major (a D-wide row spans
+D / 64 swizzle blocks), `p @ v` takes p from registers (wgmma's A fragment is the first
+gemm's accumulator rows: no conversion) and v's tile through its transposed view, an
+MN-major operand. On sm_80 the same source runs on mma.sync (`ldmatrix.trans` for v).
+Two variants of the second gemm, a constexpr each, so the autotuner can time them:
 
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
-  operand of `p @ v`. On sm_90a wgmma reads only K-major shared operands today, so this
-  is what puts both gemms on wgmma with K and V arriving by TMA into an mbarrier ring
-  filled by a producer warpgroup (the torch entry makes the transposed copy: one more
-  pass over v). Without it, v's tile is read through a transposed shared view
-  (`ldmatrix.trans` feeding `mma.sync`).
-* `P_SHARED`: the probabilities go through shared memory to the gemm (a wgmma operand);
-  without it they stay in registers, where `mma.sync` takes them directly (the layout of
-  the first gemm's accumulator is the second's A operand; no conversion).
+  operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
+* `P_SHARED`: the probabilities go through shared memory to the gemm (a shared wgmma A
+  operand) instead of staying in registers.
 
 Variable lengths (`attention_varlen_kernel`): q (total_q, H, D), k and v (total_k, H_kv, D)
 packed as flash-attn's varlen API, sequence e holding rows `cu_seqlens[e] …
@@ -58,10 +57,6 @@ ATTENTION_DTYPES = (f16, bf16)
 HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 INF = float("inf")
-# The contraction of q @ k.T runs in D_CHUNK-wide pieces, each its own shared buffer: a
-# wgmma operand buffer holds rows of exactly one 128-byte swizzle span (64 f16/bf16
-# elements), so D = 128 or 256 in one buffer would drop the gemm to mma.sync on sm_90a.
-D_CHUNK = 64
 
 
 def online_softmax_step(s, m_i, l_i, acc):
@@ -84,13 +79,11 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
     V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,)."""
     seq_q, seq_k = qv.shape[0], kv.shape[0]
-    dc = min(D, D_CHUNK)                                  # q @ k.T in D/dc gemms (see below)
-    sq = [tg.shared((BM, dc), dtype) for c in range(D // dc)]
-    for c in range(D // dc):
-        tg.copy(qv.tile((BM, dc), (m, c)), sq[c])
-    keys = kv.tile((BN, dc), (None, None))                # (BN, dc, key blocks, D/dc)
+    sq = tg.shared((BM, D), dtype)
+    tg.copy(qv.tile((BM, D), (m, 0)), sq)
+    keys = kv.tile((BN, D), (None, 0))                    # (BN, D, key blocks)
     values = vv.tile((D, BN), (0, None)) if V_KMAJOR else vv.tile((BN, D), (None, 0))
-    sk = [tg.shared((BN, dc), dtype, stages=STAGES) for c in range(D // dc)]
+    sk = tg.shared((BN, D), dtype, stages=STAGES)
     sv = tg.shared((D, BN) if V_KMAJOR else (BN, D), dtype, stages=STAGES)
     sp = tg.shared((BM, BN), dtype) if P_SHARED else None
     rows = tg.arange(BM, offset=m * BM)
@@ -103,12 +96,10 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
     for j in tg.pipeline(blocks, stages=STAGES):
-        for c in range(D // dc):
-            tg.copy(keys[:, :, j, c], sk[c][j])
+        tg.copy(keys[:, :, j], sk[j])
         tg.copy(values[:, :, j], sv[j])
         s = tg.zeros((BM, BN), f32)
-        for c in range(D // dc):
-            tg.gemm(s, sq[c], sk[c][j])                   # s = q @ k.T
+        tg.gemm(s, sq, sk[j])                             # s = q @ k.T
         cols = tg.arange(BN, offset=j * BN)
         visible = cols[None, :] < seq_k
         if CAUSAL:
@@ -177,12 +168,11 @@ def attention_varlen_kernel(dtype: DType) -> tg.Kernel:
 # --------------------------------------------------------------------------------------
 
 def default_tiles(head_dim: int, target: str | None = None) -> dict:
-    """The untuned configuration for `head_dim` on `target`: BM=BN=64 query and key blocks
-    in a two-stage pipeline (with D=256 a 64-row f32 accumulator is already 128 registers a
-    thread of 128); on sm_90a both gemms on wgmma (v transposed, p through shared memory),
-    elsewhere p in registers feeding mma.sync."""
-    hopper = (target or "sm_90a") == "sm_90a"
-    return dict(BM=64, BN=64, STAGES=2, V_KMAJOR=hopper, P_SHARED=hopper)
+    """The untuned configuration for `head_dim` on `target` (any): BM=BN=64 query and key
+    blocks in a two-stage pipeline (with D=256 a 64-row f32 accumulator is already 128
+    registers a thread of 128), v as it comes and p in registers — both gemms on wgmma on
+    sm_90a, on mma.sync elsewhere."""
+    return dict(BM=64, BN=64, STAGES=2, V_KMAJOR=False, P_SHARED=False)
 
 
 def qk_scale(scale: float | None, head_dim: int) -> float:
@@ -358,21 +348,20 @@ def _tuner_name() -> str:
 def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
     """Configurations worth timing for one head dim. 128-row query blocks take two
     warpgroups (64 rows, and a 64-row accumulator slice, each); with D=256 that slice is
-    already 128 f32 registers a thread. On sm_90a (`wgmma`) the all-wgmma dataflow comes
-    first (the untuned default); its key blocks are 64 wide, since `p @ v` contracts over
-    them and a wgmma operand buffer holds one 128-byte span per row (see D_CHUNK). The
-    mma.sync dataflow (p in registers) also tries 128-key blocks where registers allow."""
+    already 128 f32 registers a thread. The default dataflow (v as it comes, p in
+    registers: both gemms on wgmma on sm_90a) tries 64- and 128-key blocks where registers
+    allow; on sm_90a also p through shared memory and v transposed (the previous all-wgmma
+    form, kept for the tuner to compare)."""
     rows = [dict(BM=128, threads=256), dict(BM=64)]
-    # 128-key blocks with p in registers: D=64 everywhere, D=128 where q @ k.T is a wgmma
-    # (on mma.sync, synthesis cannot yet chain two D chunks' accumulator into p's operand
-    # layout at BN=128, a clear SynthesisError); none at D=256 (registers).
+    # 128-key blocks: D=128 spills on mma.sync, and D=256's two stages of K and V
+    # (4 x 64 KB) overflow the shared memory.
     wide = head_dim == 64 or (head_dim == 128 and wgmma)
-    mma = [dict(t, BN=bn) for t in rows for bn in ((64, 128) if wide else (64,))]
+    configs = [dict(t, BN=bn, V_KMAJOR=False, P_SHARED=False)
+               for t in rows for bn in ((64, 128) if wide else (64,))]
     if not wgmma and head_dim == 256:  # 128 x 256 query tiles overflow sm_80's shared memory
-        mma = [t for t in mma if t["BM"] == 64]
-    configs = [dict(t, V_KMAJOR=False, P_SHARED=False) for t in mma]
+        configs = [t for t in configs if t["BM"] == 64]
     if wgmma:
-        configs = [dict(t, BN=64, V_KMAJOR=True, P_SHARED=True) for t in rows] + configs
+        configs += [dict(rows[0], BN=64, V_KMAJOR=True, P_SHARED=True)]
     return [dict(c, STAGES=2) for c in configs]
 
 

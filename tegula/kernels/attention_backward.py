@@ -17,7 +17,8 @@ Three kernels, none with atomics, so every result is the same bit for bit on eve
   saved lse (no second softmax), with
       dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += scale · dSᵀ Q.
   Working in the transposed (key, query) orientation makes each product a plain
-  `tg.gemm(c, a, b)` (c += a @ b.T) whose b operand is a `.T` view of a shared tile: the
+  `tg.gemm(c, a, b)` (c += a @ b.T) whose b operand is a `.T` view of a shared tile (on
+  sm_90a an MN-major wgmma operand, so every product of both kernels is a wgmma): the
   GQA sum over query heads happens in the accumulator, in order — deterministic.
 * `attention_backward_dq_kernel` — one program per (query block, head, batch), walking the
   key blocks: S = scale · Q Kᵀ, P = exp(S − lse), dP = dO Vᵀ, dS = P ∘ (dP − delta),

@@ -149,6 +149,24 @@ def test_causal_skips_masked_blocks():
     assert [grid for _, grid, _, _ in launches] == [(2, 1, 1), (3, 1, 1), (2, 1, 1)]
 
 
+@pytest.mark.parametrize("which", ["dkdv", "dq"])
+def test_sm90a_runs_every_backward_gemm_on_wgmma(which):
+    """The products with a transposed shared operand (Pᵀ dO, dSᵀ Q, dS K) read it MN-major,
+    and D = 128 rows span two swizzle blocks: every gemm is a wgmma, none falls back."""
+    import tegula as tg
+    from tegula.kernels.attention_backward import (attention_backward_dkdv_kernel,
+                                                   attention_backward_dq_kernel)
+    kernel = {"dkdv": attention_backward_dkdv_kernel,
+              "dq": attention_backward_dq_kernel}[which](f16)
+    text = tg.explain(kernel, target="sm_90a", D=128, SCALE=0.1, CAUSAL=True)
+    ops = text.split("== ops")[1]
+    gemms = ops.count(" gemm %")
+    assert gemms == {"dkdv": 4, "dq": 3}[which]
+    assert ops.count("MMA      wgmma.") == gemms and "wgmma not used" not in text
+    assert ops.count("B (MN-major) read from shared memory") == gemms // 2
+    assert "layout conversions: none" in text
+
+
 def test_empty_sequences_give_zero_gradients():
     q, k, v, do = inputs((1, 2, 5, 32), (1, 2, 0, 32), f16, 1)
     o = np.zeros_like(q)

@@ -181,16 +181,22 @@ def test_varlen_matches_each_sequence_alone(target):
         assert np.isnan(o[cu_q[-1]:]).all()
 
 
-def test_sm90a_puts_both_gemms_on_wgmma_with_k_and_v_by_tma():
-    """The default sm_90a configuration: q @ k.T in 64-wide D chunks and p @ v.T on wgmma,
-    K and V arriving by TMA into a ring filled by a producer warpgroup."""
-    text = tg.explain(attention_kernel(tg.f16), target="sm_90a", D=128, QK_SCALE=0.1,
-                      CAUSAL=True, BM=128, BN=64, threads=256, V_KMAJOR=True, P_SHARED=True)
+@pytest.mark.parametrize("d,bn", [(128, 128), (256, 64)])
+def test_sm90a_puts_both_gemms_on_wgmma_with_k_and_v_by_tma(d, bn):
+    """The default sm_90a dataflow: q @ k.T over the whole head dim (a K row of D / 64
+    swizzle spans, no D chunks) and p @ v on wgmma, p from registers and v's tile as an
+    MN-major operand (no transposed copy of v), K and V arriving by TMA (D / 64 boxes each)
+    into a ring filled by a producer warpgroup."""
+    text = tg.explain(attention_kernel(tg.f16), target="sm_90a", D=d, QK_SCALE=0.1,
+                      CAUSAL=True, BM=128, BN=bn, threads=256)
     gemms = [line for line in text.splitlines() if line.strip().startswith("line ")
              and " gemm " in line]
-    assert len(gemms) == 3  # two D chunks of q @ k.T, then p @ v
-    assert text.count("MMA      wgmma.") == 3 and "mma.sync" not in text.split("== ops")[1]
-    assert "warp-specialized" in text and text.count("tma.load") == 3
+    assert len(gemms) == 2  # q @ k.T, then p @ v
+    assert text.count("MMA      wgmma.") == 2 and "mma.sync" not in text.split("== ops")[1]
+    assert "wgmma not used" not in text and "layout conversions: none" in text
+    assert "A from registers, B (MN-major) read from shared memory" in text
+    assert "warp-specialized" in text and text.count("tma.load") == 2
+    assert text.count(f"TMA box 64x{bn}x1x1") == 2
 
 
 # -- bad input: a clear error naming the argument, before anything is traced -------------------
