@@ -228,6 +228,8 @@ def _op_note(op: Op) -> str:
         for candidate in others:
             parts = candidate if isinstance(candidate, tuple) else (candidate,)
             note += "\n        over: " + ", ".join(_candidate_part(x) for x in parts)
+        if op.choices.get("chain_search") is not None:  # synth/chains.py's ChainSearch
+            note += f"\n      {op.choices['chain_search'].describe()}"
         return note
     if op.choices.get("scan") is not None:  # synth/scan.py's ScanPlan
         return f"\n      {op.choices['scan'].describe()}"
@@ -235,7 +237,8 @@ def _op_note(op: Op) -> str:
         return f"\n      {op.choices['tma_store'].describe()}"
     if op.choices.get("instr") == "tma":
         box = op.choices["tma"]
-        return (f"\n      TMA box {'x'.join(map(str, box.box))} of {op.src.arg.name} (tensor-map "
+        boxes = f"{box.blocks} TMA boxes" if box.blocks > 1 else "TMA box"  # one per span
+        return (f"\n      {boxes} {'x'.join(map(str, box.box))} of {op.src.arg.name} (tensor-map "
                 f"dims {box.dims}), {box.swizzle} B swizzle, {box.box_bytes} B per stage, "
                 f"zero fill past the edge")
     note = (f"\n      TMA not used: {op.choices['tma_skipped']}"
