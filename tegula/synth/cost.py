@@ -174,7 +174,8 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
         # One thread issues one box; the tensor memory accelerator moves it.
         box = ch["tma"]
         instr = tma_load(len(box.box))
-        return [InstrUse("G2S", instr.name, 0, 0, 1, instr.pipe, global_bytes=box.box_bytes)]
+        return [InstrUse("G2S", instr.name, 0, 0, box.blocks, instr.pipe,
+                         global_bytes=box.box_bytes)]  # one box per swizzle span
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
         plan = ch.get("dst_shared")
         if ch.get("instr") == "cp.async":
