@@ -97,6 +97,14 @@ def _x(shape=(8, 96), dtype=torch.float32, offset=0, transpose=False, seed=0):
     return x.T if transpose else x
 
 
+class OnDevice1(torch.Tensor):
+    """A CPU tensor that reports itself on device 1 to the replay key (the fixture reads
+    every tensor as cuda:0 for the full path's checks)."""
+
+    def get_device(self):
+        return 1
+
+
 X_VARIANTS = {
     "base": lambda: _x(),
     "new data": lambda: _x(seed=3),
@@ -109,6 +117,7 @@ X_VARIANTS = {
     "pointer 8-byte aligned": lambda: _x(offset=2),
     "transposed": lambda: _x((96, 8), transpose=True),
     "row gaps": lambda: _x((8, 192))[:, :96],
+    "device 1": lambda: _x().as_subclass(OnDevice1),
 }
 
 
