@@ -55,10 +55,14 @@ import numpy as np
 import tegula as tg
 from tegula import f32, i32
 from tegula.dtypes import DType, bf16, f8e4m3, f16
+from tegula.kernels import api as _api
 from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, poisoned
 from tegula.kernels.schedule import grouped_tile
+from tegula.runtime.autotune import Autotuner
 
 MOE_DTYPES = (f16, bf16)
+# The torch entry point's autotuner, beside the library's others (winners per shape bucket).
+_api.TUNERS.setdefault("moe_gemm", Autotuner("moe_gemm"))
 FP8_OUT_DTYPES = (bf16, f16)
 #: e4m3's largest finite value: per-row activation scales map a row's max to it.
 FP8_MAX = 448.0
@@ -556,7 +560,7 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
     `config`: one configuration (as `moe_candidates` gives) instead of the autotuner's."""
     import torch
 
-    from tegula.kernels.api import TUNERS, _check_cuda, _check_tensor, _launch, _tune_and_run
+    from tegula.kernels.api import _check_cuda, _check_tensor, _launch, _tune_and_run
     from tegula.runtime.autotune import Config
     fn = "moe_gemm"
     dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
@@ -604,16 +608,11 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
     if config is not None:
         run(Config.of(config))
         return out
-    TUNERS.setdefault(fn, _autotuner(fn))
     configs = tuple(Config.of(c) for c in moe_candidates(rows, experts, fp8))
     _tune_and_run(fn, x.device.index, configs, (rows, n, k, experts),
                   f"{dtype}/{'fp8' if fp8 else 'same'}", run)
     return out
 
-
-def _autotuner(name: str) -> Any:
-    from tegula.runtime.autotune import Autotuner
-    return Autotuner(name)
 
 
 # --------------------------------------------------------------------------------------
