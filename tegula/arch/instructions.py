@@ -396,6 +396,15 @@ class MatrixInstr(Instruction):
         mats = rows.transpose(0, 1, 3, 2).reshape(w, 64 * self.num)  # [w, r + 8c + 64j]
         return mats[:, self.table()]
 
+    def store(self, values: np.ndarray) -> np.ndarray:
+        """What an stmatrix writes (the inverse of `load`): each lane's registers
+        [W, 32, 2*num] through `tv` -> rows[w, j, r, c], column c of the row r of matrix j
+        that lane 8j + r addressed."""
+        w = values.shape[0]
+        mats = np.zeros((w, 64 * self.num), dtype=values.dtype)
+        mats[:, self.table()] = values                              # [w, r + 8c + 64j]
+        return mats.reshape(w, self.num, 8, 8).transpose(0, 1, 3, 2)
+
     def table(self) -> np.ndarray:
         key = self.name
         cached = _MATRIX_CACHE.get(key)

@@ -30,7 +30,8 @@ from tegula.arch.tma import check_tma_box, get_async
 from tegula.errors import TegulaError
 from tegula.lower.async_ir import (
     ASYNC_STATEMENTS, BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
-    MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, Roles, SmemDesc, TensorMapParam,
+    MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, Roles, SmemDesc, StMatrix,
+    TensorMapParam,
     TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
 from tegula.lower.thread_ir import (
@@ -265,6 +266,22 @@ class AsyncStatements:
     def _BulkWait(self, s: BulkWait) -> None:
         read = ".read" if s.read_only else ""
         self.line(self.entry(f"cp.async.bulk.wait_group{read}.{s.pending}", s).format_asm())
+
+    def _StMatrix(self, s: StMatrix) -> None:
+        """The registers packed in pairs (element 0 low, as the fragment order says) into
+        the entry's 32-bit source words."""
+        from tegula.arch.catalogue import stmatrix
+        if s.num not in (1, 2, 4) or len(s.src) != 2 * s.num:
+            raise CodegenError(f"StMatrix .x{s.num} into {s.buffer}: {len(s.src)} registers "
+                               f"(x1, x2, x4 store 2, 4, 8)")
+        instr = self.require(stmatrix(s.num, s.trans), s)
+        b = self.shared_buffer(s.buffer)
+        for dtype in {b.dtype, *(r.array.dtype for r in s.src)}:
+            refusal = instr.operand_refusal(dtype.bits)
+            if refusal is not None:
+                raise CodegenError(f"StMatrix into {b.name} ({b.dtype}): {refusal}")
+        self.line(instr.format_asm(addr=self.shared_saddr(b, s.offset),
+                                   s=self.mma_inputs(list(s.src))))
 
     def _FenceProxyAsync(self, s: FenceProxyAsync) -> None:
         self.line(self.entry("fence.proxy.async.shared::cta", s).format_asm())

@@ -24,8 +24,8 @@ from tegula.errors import TegulaError
 from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
                                    FenceProxyAsync,
                                    MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
-                                   SmemDesc, TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence,
-                                   WgmmaWait)
+                                   SmemDesc, StMatrix, TmaLoad, TmaStore, Wgmma, WgmmaCommit,
+                                   WgmmaFence, WgmmaWait)
 
 Run = Callable[[BlockState], None]
 
@@ -402,6 +402,39 @@ def compile_bulk_wait(s: BulkWait, ctx: Ctx, st: OpStats, what: str) -> Run:
     return run
 
 
+def compile_stmatrix(s: StMatrix, ctx: Ctx, st: OpStats, what: str) -> Run:
+    """stmatrix: lanes 8j+r address row r of matrix j; the entry's `store` says which
+    lane's register goes to which element (the inverse of ldmatrix's `load`)."""
+    from tegula.arch.catalogue import stmatrix
+    from tegula.emulate.ops import _reg_list, _gather, _shared_addrs
+    instr = stmatrix(s.num, s.trans)
+    buf = ctx.buffer(s.buffer, what)
+    if len(s.src) != 2 * s.num:
+        raise EmulationError(f"{what}: {len(s.src)} registers for stmatrix .x{s.num}")
+    for dtype in {buf.dtype, *(r.array.dtype for r in s.src)}:
+        refusal = instr.operand_refusal(dtype.bits)
+        if refusal is not None:
+            raise EmulationError(f"{what}: stmatrix into {buf.name} ({buf.dtype}): {refusal}")
+    for r in s.src:
+        _check_dtype(r.array.dtype, buf.dtype, what)
+    regs = _reg_list(s.src, ctx, what)
+    offset, num, dt = compile_expr(s.offset), s.num, buf.dtype
+    bytes_ar = np.arange(16, dtype=np.int64)
+
+    def run(state: BlockState) -> None:
+        warps = state.full_warps(what)
+        lanes = (warps[:, None] * 32 + np.arange(32)).ravel()
+        values = _gather(regs, state, lanes).reshape(len(warps), 32, 2 * num)
+        rows = instr.store(to_bits(values, dt))                      # [W, num, 8, 8] bits
+        offs = per_thread(offset(state.env), state.threads).reshape(-1, 32)[warps, : 8 * num]
+        baddr = _shared_addrs(state, buf, offs.ravel(), 8, 16, what)
+        tids = (warps[:, None] * 32 + np.arange(8 * num)).ravel()
+        data = np.ascontiguousarray(rows).view(np.uint8).reshape(-1, 16)
+        state.smem.write(baddr[:, None] + bytes_ar, data, tids, what)
+        st.add(len(warps), len(warps) * 128 * num)
+    return run
+
+
 def compile_fence_proxy_async(s: FenceProxyAsync, ctx: Ctx, st: OpStats, what: str) -> Run:
     def run(state: BlockState) -> None:
         state.asyncs.fence_proxy(np.flatnonzero(state.mask))
@@ -546,6 +579,7 @@ ASYNC_COMPILERS = {
     MBarrierInit: compile_mbarrier_init, FenceBarrierInit: compile_fence_barrier_init,
     MBarrierArrive: compile_mbarrier_arrive, MBarrierWait: compile_mbarrier_wait,
     NamedBarrier: compile_named_barrier, ClusterBarrier: compile_cluster_barrier,
+    StMatrix: compile_stmatrix,
     TmaLoad: compile_tma_load, TmaStore: compile_tma_store,
     BulkCommit: compile_bulk_commit, BulkWait: compile_bulk_wait,
     FenceProxyAsync: compile_fence_proxy_async, WgmmaFence: compile_wgmma_fence,

@@ -284,6 +284,21 @@ class NamedBarrier(Stmt):
 
 
 @dataclass
+class StMatrix(Stmt):
+    """`stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16` (sm_90): the warp stores `num`
+    8x8 matrices of 16-bit elements. Lane 8j + r supplies the element offset (into
+    `buffer`) of row r of matrix j, 16 contiguous bytes (only the first 8*num lanes'
+    offsets are used); each lane's registers `src` (2*num, matrix j's pair at 2j, 2j+1)
+    hold its elements in the fragment order of the catalogue entry (`MatrixInstr.tv`)."""
+
+    src: list[Reg]
+    num: int
+    trans: bool
+    buffer: str
+    offset: Expr
+
+
+@dataclass
 class ClusterBarrier(Stmt):
     """`barrier.cluster.arrive.release` + `barrier.cluster.wait.acquire`: every thread of
     every CTA of the cluster (the whole block, outside `Roles`) waits for all the others.
@@ -317,4 +332,4 @@ class Roles(Stmt):
 
 ASYNC_STATEMENTS = (MBarrierInit, FenceBarrierInit, MBarrierArrive, MBarrierWait, TmaLoad,
                     TmaStore, BulkCommit, BulkWait, FenceProxyAsync, WgmmaFence, Wgmma,
-                    WgmmaCommit, WgmmaWait, NamedBarrier, ClusterBarrier, Roles)
+                    WgmmaCommit, WgmmaWait, NamedBarrier, ClusterBarrier, StMatrix, Roles)

@@ -106,7 +106,9 @@ cut into boxes of one 128-byte (64-, 32-) swizzle span by its rows, staged `slot
 at a time in a buffer after the kernel's own (1024-byte aligned, counted in the shared
 budget). Each round: thread 0 waits until the previous round's stores have read the
 buffer (`cp.async.bulk.wait_group.read 0`), barrier, every thread stores its registers of
-the round's boxes at their swizzled addresses (`smem_matrix.swizzle_bytes_address`),
+the round's boxes at their swizzled addresses (`smem_matrix.swizzle_bytes_address`) —
+one `stmatrix.x4` per 8 registers where they form its fragment with 16-byte rows (the
+wgmma accumulator's layout does: `TmaStorePlan.stmatrix`), else `st.shared` —
 `fence.proxy.async`, barrier, thread 0 issues one TMA store per box (clipped at the
 tensor's edge) and commits them; the block ends with thread 0's `wait_group 0`. The
 consumer goes on at once (to the next tile's waits) while the stores drain.
@@ -129,7 +131,8 @@ from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
                                    FenceProxyAsync,
                                    MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
-                                   Role, Roles, SmemDesc, TensorMapParam, TmaLoad, TmaStore,
+                                   Role, Roles, SmemDesc, StMatrix, TensorMapParam, TmaLoad,
+                                   TmaStore,
                                    Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.wgmma_waits import defer_wgmma_waits
@@ -526,7 +529,6 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
     `plan.slots` boxes, each: thread 0 waits until the previous round's stores have read
     the buffer, barrier, every thread stores its registers of the round's boxes, fences
     them for the async proxy, barrier, thread 0 issues the round's TMA stores."""
-    from tegula.arch.smem_matrix import swizzle_bytes_address
     from tegula.layout.tv import tv_coords
     plan, tile, view = op.choices["tma_store"], op.src, op.dst
     eb, width, box_elems = plan.elem_bytes, plan.vector, plan.rows * plan.inner
@@ -542,20 +544,40 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
     stmts: list[Stmt] = [Comment(f"epilogue of {describe(view)}: {plan.describe()}")]
     for first in range(0, plan.boxes, plan.slots):
         stmts += [If(issuer, [BulkWait(0, read_only=True)]), Barrier()]
-        for v in range(0, tile.layout[1].size, width):
-            if not first <= box_of[v] < first + plan.slots:
-                continue
-            row, col = ctx.coords.coords(tile.layout, tile.shape, v)
-            within = (row * plan.inner + col % plan.inner) * eb      # bytes into the box
-            slot = int(box_of[v]) % plan.slots
-            offset = slot * box_elems + swizzle_bytes_address(within, plan.swizzle) // eb
-            stmts.append(SharedStore(buffer.name, offset, reg(regs, v), width))
+        if plan.stmatrix:
+            stmts += _stmatrix_round(ctx, tile, regs, buffer, box_of, first, plan)
+        else:
+            for v in range(0, tile.layout[1].size, width):
+                if first <= box_of[v] < first + plan.slots:
+                    row, col = ctx.coords.coords(tile.layout, tile.shape, v)
+                    stmts.append(SharedStore(buffer.name, plan.staging_offset(row, col),
+                                             reg(regs, v), width))
         stores = [TmaStore(tmap.name, [origin[inner_dim] + j * plan.inner, origin[row_dim]],
                            buffer.name, Const((j % plan.slots) * box_elems))
                   for j in range(first, first + plan.slots)]
         # Each thread's generic writes become visible to the async proxy, then the barrier
         # orders all of them before thread 0's stores.
         stmts += [FenceProxyAsync(), Barrier(), If(issuer, stores + [BulkCommit()])]
+    return stmts
+
+
+def _stmatrix_round(ctx: LoweringContext, tile, regs, buffer: SharedBuffer, box_of,
+                    first: int, plan) -> list[Stmt]:
+    """One stmatrix.x4 per 8 registers of the round's boxes (synthesis checked they form
+    the entry's fragment, `copies._stmatrix_fits`): lane 8j + r addresses row r of matrix
+    j, whose first element the entry's TV layout places in register `holder_value` of
+    lane `holder_lane` (`MatrixInstr.row_holder`), so its tile coordinate is that
+    register's under the tile's layout, on that lane of this warp."""
+    from tegula.arch.catalogue import stmatrix
+    holder_lane, holder_value = stmatrix(4).row_holder(TID % 32)
+    thread = (TID // 32) * 32 + holder_lane
+    stmts: list[Stmt] = []
+    for v in range(0, tile.layout[1].size, 8):
+        if not first <= box_of[v] < first + plan.slots:
+            continue
+        row, col = ctx.coords.coords(tile.layout, tile.shape, holder_value + v, thread=thread)
+        stmts.append(StMatrix([reg(regs, v + x) for x in range(8)], 4, False, buffer.name,
+                              plan.staging_offset(row, col)))
     return stmts
 
 

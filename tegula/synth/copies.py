@@ -16,7 +16,7 @@ box extents at most 256), and the fill must be +0, the only one TMA writes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -355,6 +355,7 @@ class TmaStorePlan:
     elem_bytes: int
     vector: int          # registers per st.shared (consecutive along the contiguous dim)
     slots: int           # boxes the staging buffer holds (a divisor of `boxes`)
+    stmatrix: bool = False  # each 8 registers one stmatrix.x4 (else `vector`-wide st.shared)
 
     @property
     def box(self) -> tuple:
@@ -373,8 +374,27 @@ class TmaStorePlan:
         return (f"epilogue through shared memory: {self.boxes} swizzled {self.rows}x"
                 f"{self.inner} box{'es' if self.boxes > 1 else ''} ({self.swizzle} B swizzle) "
                 f"staged {self.slots} at a time in {self.bytes} B at byte {self.offset} "
-                f"({rounds} round{'s' if rounds > 1 else ''} of st.shared, fence.proxy.async, "
-                f"TMA store clipped at the tensor's edge)")
+                f"({rounds} round{'s' if rounds > 1 else ''} of {self.shared_store}, "
+                f"fence.proxy.async, TMA store clipped at the tensor's edge)")
+
+    @property
+    def shared_store(self) -> str:
+        return "stmatrix.x4" if self.stmatrix else "st.shared"
+
+    def staging_offset(self, row, col):
+        """The staging buffer's element offset of tile element (row, col): box b of the
+        tile in slot b % slots, the box's rows one swizzle span each, swizzled. On numpy
+        arrays (synthesis) and thread-IR expressions (lowering) alike."""
+        from tegula.arch.smem_matrix import swizzle_bytes_address
+        within = (row * self.inner + col % self.inner) * self.elem_bytes  # bytes into the box
+        slot = (col // self.inner) % self.slots
+        return slot * (self.rows * self.inner) + \
+            swizzle_bytes_address(within, self.swizzle) // self.elem_bytes
+
+    def offsets(self, tile) -> np.ndarray:
+        """`staging_offset` of each (thread, register) of register tile `tile`."""
+        coords = tv_coords(tile.layout, tuple(tile.shape))
+        return self.staging_offset(coords[..., 0], coords[..., 1])
 
 
 def plan_tma_store(op, facts: dict, shared_end: int, limit: int) -> tuple:
@@ -416,8 +436,26 @@ def plan_tma_store(op, facts: dict, shared_end: int, limit: int) -> tuple:
         return None, (f"a {box_bytes} B staging box does not fit the shared memory left "
                       f"({limit - shared_end} B)")
     vector = register_run_length(tile.layout, tuple(tile.shape), 1, 16 // eb)
-    return TmaStorePlan((c, 1 - c), rows, inner, boxes, inner * eb, offset, eb, vector,
-                        slots), ""
+    plan = TmaStorePlan((c, 1 - c), rows, inner, boxes, inner * eb, offset, eb, vector, slots)
+    return replace(plan, stmatrix=_stmatrix_fits(tile, plan)), ""
+
+
+def _stmatrix_fits(tile, plan: TmaStorePlan) -> bool:
+    """True if every 8 consecutive registers of the (16-bit) tile are one stmatrix.x4's
+    fragment (the catalogue entry's TV layout) whose 8-element rows are 16 contiguous,
+    aligned bytes of the staging buffer, and all in one round of boxes (sm_90: the entry's
+    target is checked where it is emitted)."""
+    from tegula.synth.shared import _ldmatrix_row_addresses  # stmatrix's fragment is ldmatrix's
+    if plan.elem_bytes != 2 or tile.layout[1].size % 8:
+        return False
+    offsets = plan.offsets(tile)
+    threads, values = offsets.shape
+    if threads % 32 or _ldmatrix_row_addresses(offsets.reshape(threads // 32, 32, values),
+                                                4, False) is None:
+        return False
+    rounds = tv_coords(tile.layout, tuple(tile.shape))[..., 1] // plan.inner // plan.slots
+    grouped = rounds.reshape(threads, values // 8, 8)
+    return bool((grouped == grouped[:, :, :1]).all())
 
 
 def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:

@@ -18,7 +18,8 @@ from tegula.codegen.samples import HOPPER_SAMPLES, warp_specialized_gemm
 from tegula.dtypes import f16, f32
 from tegula.lower.async_ir import (
     BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit, FenceProxyAsync, MBarrierArray, MBarrierArrive,
-    MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles, SmemDesc, TensorMapParam, TmaLoad,
+    MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles, SmemDesc, StMatrix, TensorMapParam,
+    TmaLoad,
     TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
 from tegula.lower.thread_ir import (
@@ -62,6 +63,8 @@ STATEMENTS = {
     "MBarrierArrive.remote": ([MBarrierArrive("bar", Const(1), pred=TID.eq(32), cta=Const(0))],
                               "mbarrier.arrive.shared::cluster.b64"),
     "ClusterBarrier": ([ClusterBarrier()], "barrier.cluster.wait.acquire.aligned"),
+    "StMatrix": ([StMatrix([Reg(A_REGS, Const(i)) for i in range(8)], 4, False, "tile",
+                           (TID % 32) * 8)], "stmatrix.sync.aligned.m8n8.x4.shared.b16"),
     "MBarrierWait": ([MBarrierWait("bar", Const(1), parity=Var("bid_x") % 2)],
                      "mbarrier.try_wait.parity.shared::cta.b64"),
     "TmaLoad": ([TmaLoad("tile", Const(0), "x_map", COORDS, "bar", Const(0), pred=ONE)],

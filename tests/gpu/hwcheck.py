@@ -11,8 +11,9 @@ fails. Two families:
   for each statement, and the emulator must agree with the GPU on them bit for bit.
 * **Raw kernels** (`RawKernel`: CUDA source whose instruction is the catalogue entry's own
   `format_asm` text, plus a signature-only ThreadKernel for the runtime's argument
-  packing): `raw_mma_kernel`, `raw_matrix_kernel` (ldmatrix *and* stmatrix — thread IR has
-  no stmatrix statement), `raw_cp_async_kernel`, `raw_shuffle_kernel`. They check the
+  packing): `raw_mma_kernel`, `raw_matrix_kernel` (ldmatrix *and* stmatrix; the
+  emulator's `StMatrix` is checked against its host model on the CPU,
+  `tests/emulate/test_async_stmatrix.py`), `raw_cp_async_kernel`, `raw_shuffle_kernel`. They check the
   catalogue's PTX templates and operand groups, which the emitter does not use.
 
 The expected results are computed on the host by the `expected_*` / `pack_*` functions from

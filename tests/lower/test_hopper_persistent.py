@@ -190,7 +190,7 @@ def test_explain_shows_the_persistent_ring():
     assert "TMA boxes into an mbarrier ring of 4" in text
     assert "TMA not used" not in text
     assert ("epilogue through shared memory: 4 swizzled 128x64 boxes (128 B swizzle) staged 2 "
-            "at a time in 32768 B at byte 196608 (2 rounds of st.shared, fence.proxy.async, "
+            "at a time in 32768 B at byte 196608 (2 rounds of stmatrix.x4, fence.proxy.async, "
             "TMA store clipped at the tensor's edge)") in text
     source = (ROOT / "examples" / "persistent_gemm.py").read_text().splitlines()
     line = next(i + 1 for i, s in enumerate(source) if "for t in tg.range(" in s)
