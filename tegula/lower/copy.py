@@ -94,11 +94,21 @@ def _edge_split(view: GlobalTile, coords: list, contiguous: int | None, width: i
 
 
 def _global_to_registers(ctx: LoweringContext, op: Copy) -> list:
+    """One load per distinct element a thread holds: a vector whose registers all repeat
+    elements earlier registers hold (a broadcast tile, e.g. a (BM, 1) scale column in an
+    accumulator's layout, holds each row's value once per column register) copies them
+    from those registers instead of loading again."""
     view, tile = op.src, op.dst
     tv, width = tile.layout, op.choices["vector"]
     array = ctx.regs_of(tile)
+    first = _first_holders(tv)
     out = []
+    repeats = []
     for v in _vector_starts(tv, width, skip_repeats=False):
+        if all(first[v + e] != v + e for e in range(width)):
+            repeats += [Assign(reg(array, v + e), RegRead(reg(array, first[v + e])))
+                        for e in range(width)]
+            continue
         coords = ctx.coords.coords(tv, tile.shape, v)
         out += _edge_split(
             view, coords, _contiguous_dim(ctx, view), width, op.choices.get("tail", False),
@@ -107,7 +117,15 @@ def _global_to_registers(ctx: LoweringContext, op: Copy) -> list:
                                                 pred, op.fill),
             lambda e, index, pred, v=v: GlobalLoad(reg(array, v + e), view.arg.name, index, 1,
                                                    pred, op.fill))
-    return out
+    return out + repeats
+
+
+def _first_holders(tv) -> list[int]:
+    """For each register, the first register of the same thread holding its element (the
+    register itself when none before it does), alike for every thread."""
+    table = tv_table(tv)
+    first: dict[bytes, int] = {}
+    return [first.setdefault(table[:, v].tobytes(), v) for v in range(table.shape[1])]
 
 
 def _registers_to_global(ctx: LoweringContext, op: Copy) -> list:
