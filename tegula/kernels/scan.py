@@ -45,6 +45,7 @@ SELECTIVE_SCAN_DTYPES = (f32, f16, bf16)
 #: Softplus's linear region, as torch.nn.functional.softplus (beta 1, threshold 20).
 SOFTPLUS_THRESHOLD = 20.0
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def _compose(earlier, later):
@@ -93,8 +94,9 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
                 zt = chunk_of(z, k).to(f32)
             if HAS_BIAS:
                 dt = dt + bias
-            if SOFTPLUS:
-                dt = tg.where(dt > SOFTPLUS_THRESHOLD, dt, tg.log(1.0 + tg.exp(dt)))
+            if SOFTPLUS:  # log(1 + e^x) as ln 2 · log2(1 + 2^(x·log2 e)): one ex2, one lg2
+                dt = tg.where(dt > SOFTPLUS_THRESHOLD, dt,
+                              LN2 * tg.log2(1.0 + tg.exp2(dt * LOG2E)))
             dtu = dt * ut
             y = ut * d_skip if HAS_D else tg.zeros((BD, BL), f32)
             # Past the sequence's end u and delta load as 0, so each step there adds 0
@@ -109,7 +111,7 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             if HAS_Z:
                 if not PREFETCH:
                     zt = chunk_of(z, k).to(f32)
-                y = y * (zt * tg.sigmoid(zt))
+                y = y * zt / (1.0 + tg.exp2(zt * -LOG2E))     # y · silu(z)
             tg.copy(y.to(dtype), out[b].tile((BD, BL), (block, k)))
 
     return selective_scan_fwd
