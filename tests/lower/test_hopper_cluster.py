@@ -202,6 +202,48 @@ def test_blocks_walking_different_tiles_are_not_multicast_and_stay_right():
     check_gemm(c, a, b, f16)
 
 
+@tg.kernel(threads=128)
+def pairs_along_n(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
+                  STAGES: tg.constexpr = 3):
+    """The other cluster shape over the tile grid (1x2): the two blocks of a cluster take
+    column tiles 2*nc and 2*nc+1 of one row tile, so a's box is the one they share."""
+    tg.cluster(2)
+    tiles_m = tg.cdiv(a.shape[0], 64)
+    pairs_n = tg.cdiv(tg.cdiv(b.shape[0], 64), 2)
+    sa, sb = tg.shared((64, 32), f16, stages=STAGES), tg.shared((64, 32), f16, stages=STAGES)
+    for t in tg.range(tg.block_id(0) // 2, tiles_m * pairs_n, tg.num_programs(0) // 2):
+        m, n = t % tiles_m, (t // tiles_m) * 2 + tg.block_id(0) % 2
+        ga, gb = a.tile((64, 32), (m, None)), b.tile((64, 32), (n, None))
+        acc = tg.zeros((64, 64), tg.f32)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+        tg.copy(acc.to(f16), c.tile((64, 64), (m, n)))
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+@pytest.mark.parametrize("shape", [(130, 150, 104, 4), (64, 70, 40, 2), (200, 300, 72, 6)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_pairs_sharing_a_row_tile_multicast_a(shape, role_order):
+    """Odd column-tile counts (150 and 300 columns: 3 and 5 tiles, so the last pair's
+    second block has no tile: it loads zeros and stores nothing; 70: 2 tiles, the second
+    partial)."""
+    m, n, k, grid = shape
+    tk = build(pairs_along_n, {}, None, "sm_90a").thread_kernel
+    loads = {s.tensor_map: s.multicast for s in walk(role_body(tk, "producer"))
+             if isinstance(s, TmaLoad)}
+    assert sorted(loads.values()) == [0, 3]
+    shared = next(name for name, mask in loads.items() if mask)
+    assert shared.startswith("a")
+    rng = np.random.default_rng(m + n)
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    c = poisoned((m, n), f16)
+    run_with_deadline(lambda: tg.emulate(pairs_along_n, (grid,), a, b, c, target="sm_90a",
+                                         role_order=role_order))
+    check_gemm(c, a, b, f16)
+
+
 def test_cluster_declarations_are_checked():
     @tg.kernel(threads=128)
     def too_big(a: tg.Tensor[f16]):
