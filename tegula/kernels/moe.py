@@ -60,10 +60,10 @@ from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, 
 from tegula.kernels.schedule import grouped_tile
 from tegula.runtime.autotune import Autotuner
 
+#: Activation types (and the output's; FP8 weights take f16/bf16 activations too).
 MOE_DTYPES = (f16, bf16)
 # The torch entry point's autotuner, beside the library's others (winners per shape bucket).
 _api.TUNERS.setdefault("moe_gemm", Autotuner("moe_gemm"))
-FP8_OUT_DTYPES = (bf16, f16)
 #: e4m3's largest finite value: per-row activation scales map a row's max to it.
 FP8_MAX = 448.0
 
@@ -89,7 +89,8 @@ def _is_torch(x: Any) -> bool:
 
 def route(logits: Any, k: int, renormalize: bool = True) -> tuple[Any, Any]:
     """(topk_ids (T, k) int32, topk_weights (T, k) f32) from router logits (T, E): softmax
-    over the experts in f32, the k largest (ties to the lower expert id), and with
+    over the experts in f32, the k largest (numpy: ties to the lower expert id; torch:
+    `torch.topk`'s order), and with
     `renormalize` the k weights divided by their sum (Mixtral) rather than kept as softmax
     probabilities."""
     fn = "route"
@@ -669,3 +670,9 @@ def _check_mlp(fn: str, x: Any, w13: Any, w2: Any, topk_ids: Any) -> tuple[int, 
         raise ValueError(f"tegula.kernels.{fn}: expected x (T, H), w13 (E, 2·I, H) and w2 "
                          f"(E, H, I), got " + ", ".join(f"{n} {s}" for n, s in shapes.items()))
     return inner, sort_by_expert(topk_ids, experts)
+
+
+__all__ = ["Routing", "route", "sort_by_expert", "scatter_rows", "gather_rows",
+           "moe_schedule_kernel", "moe_gemm_kernel", "moe_gemm_fp8_kernel", "plan_launches",
+           "run_plan", "moe_gemm_emulated", "moe_gemm", "moe_candidates", "quantize_rows_fp8",
+           "quantize_experts_fp8", "moe_mlp", "moe_mlp_emulated", "MOE_DTYPES", "MAX_EXPERTS"]
