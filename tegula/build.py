@@ -25,9 +25,14 @@ from tegula.synth.synthesize import SynthesisResult, synthesize
 DEFAULT_TARGET = "sm_90a"
 
 #: Keywords of a build, launch or `tg.emulate` call that are compile options of the kernel
-#: rather than constexprs: the block size (`threads=`) and whether a TMA + wgmma pipeline
-#: gets producer/consumer warp roles (`warp_specialize=`, `synth/roles.py`).
-BUILD_OPTIONS = ("threads", "warp_specialize")
+#: rather than constexprs: the block size (`threads=`), whether a TMA + wgmma pipeline
+#: gets producer/consumer warp roles (`warp_specialize=`, `synth/roles.py`), and the load
+#: path of pipelined copies into wgmma operands (`load_path=`: None or "tma" for TMA where
+#: it qualifies, "cp.async" for never; a decision `tg.recommend` searches).
+BUILD_OPTIONS = ("threads", "warp_specialize", "load_path")
+
+#: The values of the `load_path` build option.
+LOAD_PATHS = (None, "tma", "cp.async")
 
 
 @dataclass
@@ -63,8 +68,8 @@ def _facts_key(facts: dict) -> tuple:
 def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
           target: str | Target = DEFAULT_TARGET) -> Build:
     """Compile `kernel` for these constexprs, argument facts and target (cached).
-    `constexprs` may hold `threads` (the block size override) and `warp_specialize` (None,
-    True or False; overrides the kernel's option)."""
+    `constexprs` may hold `threads` (the block size override), `warp_specialize` (None,
+    True or False; overrides the kernel's option) and `load_path` (`LOAD_PATHS`)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
     threads = kernel.check_threads(constexprs.pop("threads", None))
@@ -72,18 +77,22 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     if not (warp_specialize is None or isinstance(warp_specialize, bool)):
         raise TegulaError(f"kernel {kernel.name}: warp_specialize={warp_specialize!r} must be "
                           f"None (where it applies), True or False")
+    load_path = constexprs.pop("load_path", None)
+    if load_path not in LOAD_PATHS:
+        raise TegulaError(f"kernel {kernel.name}: load_path={load_path!r} must be one of "
+                          f"{', '.join(map(repr, LOAD_PATHS))}")
     values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank,
                                                       elem_bits=p.spec.dtype.bits)
                  for p in kernel.params if p.kind == "tensor"}
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
-           _facts_key(facts), target.name)
+           load_path, _facts_key(facts), target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
         traced = kernel.trace_fresh(threads, **values)
         try:
-            result = synthesize(traced, target, facts, warp_specialize)
+            result = synthesize(traced, target, facts, warp_specialize, load_path)
             thread_kernel = lower(result)
         except LayoutError as e:
             # A layout the algebra refuses is a synthesis failure of this kernel.
@@ -91,6 +100,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
         options = dict(threads=threads)
         if warp_specialize is not None:
             options["warp_specialize"] = warp_specialize
+        if load_path is not None:
+            options["load_path"] = load_path
         cache[key] = Build(kernel, dict(values, **options), facts, target, traced, result,
                            thread_kernel)
     return cache[key]

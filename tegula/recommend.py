@@ -22,6 +22,14 @@ The method, deterministic and independent of the order values are listed in:
    (`synth/cost.py`), the grid from `grid(config)` or inferred from the output tiles
    (`infer_grid`); ties go to the smaller config key, so the ranking does not depend on
    the enumeration order.
+4. The load path is a decision too: where a combination's pipelined copies took TMA (the
+   synthesis default), the same combination with `load_path="cp.async"` (a build option)
+   is a branch, bounded: it is built and scored only if its floor — the time of its tensor
+   work, L2 and DRAM bytes alone, which no load path or occupancy can beat
+   (`CostEstimate.floor_cycles`) — is below the k-th best time found so far; otherwise it
+   is reported as pruned. A pruned branch could not have entered the top k, so the top k
+   is exact whatever the visiting order. Pass `load_path=` to fix it, or list it in
+   `space=` to score every value.
 """
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ class Candidate:
     seconds: float | None = None
     estimate: Any = None
     dropped: str | None = None
+    uses_tma: bool = False            # some pipelined copy of its build is a TMA box
 
     @property
     def key(self) -> str:
@@ -61,6 +70,7 @@ class Recommendation:
     open_names: tuple
     ranked: list = field(default_factory=list)
     dropped: list = field(default_factory=list)
+    pruned: list = field(default_factory=list)   # load-path branches cut by the bound
     combinations: int = 0
     not_tried: int = 0
     top_k: int = 5
@@ -100,6 +110,10 @@ class Recommendation:
         if self.dropped:
             lines.append(f"  dropped ({len(self.dropped)}):")
             lines += [f"    {c.key}: {c.dropped}" for c in self.dropped]
+        if self.pruned:
+            lines.append(f"  load-path branches pruned by the bound, not built "
+                         f"({len(self.pruned)}):")
+            lines += [f"    {c.key}: {c.dropped}" for c in self.pruned]
         return "\n".join(lines)
 
 
@@ -142,8 +156,9 @@ def open_constexprs(kernel: Any, fixed: Mapping[str, Any],
         elif _has_no_default(p):
             values[p.name] = DEFAULT_VALUES
             assumed.append(p.name)
-    if "threads" in space:
-        values["threads"] = _sorted(space.pop("threads"), "threads")
+    for option in ("threads", "load_path"):  # build options searched like constexprs
+        if option in space:
+            values[option] = _sorted(space.pop(option), option)
     if space:
         raise TegulaError(f"recommend {kernel.name}: space names {', '.join(sorted(space))}, "
                           f"which are not open constexprs of the kernel (its constexprs: "
@@ -267,18 +282,44 @@ def recommend(kernel: Any, *args: Any, shapes: Mapping[str, Any] | None = None,
     combos, total = combinations(values, budget)
     result = Recommendation(kernel.name, str(target), tuple(values), combinations=total,
                             not_tried=total - len(combos), top_k=top_k, assumed=assumed)
+    branch_load_path = "load_path" not in fixed and "load_path" not in values
     for combo in combos:
         candidate = score(kernel, combo, fixed, tensor_shapes, scalars, grid, target)
         (result.ranked if candidate.dropped is None else result.dropped).append(candidate)
+        if branch_load_path and candidate.uses_tma:
+            _branch_load_path(result, candidate, kernel, fixed, tensor_shapes, scalars,
+                              grid, target)
     result.ranked.sort(key=lambda c: (c.seconds, c.key))
-    result.dropped.sort(key=lambda c: c.key)
+    for found in (result.dropped, result.pruned):
+        found.sort(key=lambda c: c.key)
     return result
+
+
+def _branch_load_path(result: Recommendation, candidate: Candidate, kernel: Any,
+                      fixed: Mapping[str, Any], shapes: dict, scalars: dict, grid: Any,
+                      target: Any) -> None:
+    """Score `candidate`'s combination on cp.async instead of TMA, unless its floor
+    already exceeds the k-th best time (module docstring, step 4)."""
+    tma_config = dict(candidate.config)
+    candidate.config["load_path"] = "tma"
+    variant = {**tma_config, "load_path": "cp.async"}
+    times = sorted(c.seconds for c in result.ranked)
+    kth = times[result.top_k - 1] if len(times) >= result.top_k else None
+    floor = candidate.estimate.floor_cycles / (candidate.estimate.clock_ghz * 1e9)
+    if kth is not None and floor > kth:
+        result.pruned.append(Candidate(variant, dropped=(
+            f"its floor (tensor work, L2 and DRAM bytes) is {floor * 1e6:.2f} us, over the "
+            f"#{result.top_k} time found before it, {kth * 1e6:.2f} us")))
+        return
+    scored = score(kernel, variant, fixed, shapes, scalars, grid, target)
+    (result.ranked if scored.dropped is None else result.dropped).append(scored)
 
 
 def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scalars: dict,
           grid: Any, target: Any) -> Candidate:
     """Build one combination and predict its time, or say why it does not fit."""
     from tegula.build import build
+    from tegula.ir.ops import walk_ops
     from tegula.synth.cost import estimate
     from tegula.synth.registers import estimate_registers, over_limit
 
@@ -308,6 +349,8 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
                               f"(cdiv(M, c['BM']), cdiv(N, c['BN']))) or --grid")
     candidate.estimate = estimate(built, launch_grid, shapes, scalars)
     candidate.seconds = candidate.estimate.seconds
+    candidate.uses_tma = any(getattr(op, "choices", {}).get("instr") == "tma"
+                             for op in walk_ops(built.traced.body))
     return candidate
 
 

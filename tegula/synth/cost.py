@@ -515,6 +515,9 @@ class CostEstimate:
     unresolved_loops: tuple = ()
     notes: tuple = ()
     resources: tuple = ()        # ((name, cycles of the block on its shared SM), ...)
+    #: A lower bound on the grid's cycles for any build of the same tiles whatever its
+    #: load path or occupancy: its tensor work, L2 bytes and DRAM bytes alone.
+    floor_cycles: float | None = None
 
     @property
     def block_seconds(self) -> float:
@@ -746,6 +749,8 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
     # Each round of resident blocks waits for its first loads (the fill) unoverlapped.
     rounds = -(-on_sm // resident)
+    floor = max(on_sm * max(pipes["tensor"], per_block.get("L2", 0.0)), sm_cycles["DRAM"])
     return CostEstimate(**fields, grid=grid, blocks=blocks, waves=waves,
                         dram_bytes=dram_bytes * blocks,
-                        grid_cycles=sm_cycles[grid_bound] + rounds * latency)
+                        grid_cycles=sm_cycles[grid_bound] + rounds * latency,
+                        floor_cycles=floor + latency)

@@ -75,12 +75,14 @@ def alloc_bytes(alloc) -> int:
 
 
 def synthesize(kernel: TracedKernel, target: Target, facts: dict,
-               warp_specialize: bool | None = None) -> SynthesisResult:
+               warp_specialize: bool | None = None,
+               load_path: str | None = None) -> SynthesisResult:
     """Decide every layout and instruction of `kernel` for `target` under `facts`
     (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input.
     `warp_specialize` is the kernel option (`synth/roles.py`): None splits a TMA + wgmma
     pipeline into producer/consumer roles where the rule applies, True requires it, False
-    keeps one role."""
+    keeps one role. `load_path` is the build option: "cp.async" keeps pipelined copies off
+    TMA, None or "tma" takes TMA where it qualifies."""
     _check_static_shapes(kernel)
     state = LayoutState()
     for tile in _register_tiles(kernel):
@@ -102,7 +104,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
         tile.layout = state.get(tile)
     _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
-    _plan_tma_copies(kernel, facts)
+    _plan_tma_copies(kernel, facts, load_path)
     decide_warp_roles(kernel, warp_specialize)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
@@ -421,7 +423,7 @@ def wgmma_operand_layouts(kernel: TracedKernel) -> dict:
     return layouts
 
 
-def _plan_tma_copies(kernel: TracedKernel, facts: dict) -> None:
+def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = None) -> None:
     """Copies a `tg.pipeline` runs ahead into wgmma operand buffers become TMA boxes, with
     an mbarrier ring (`lower/hopper.py`), when every such copy of the loop qualifies (one
     mechanism per loop); otherwise they stay cp.async/ld+st, and lowering fences them for
@@ -434,7 +436,9 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict) -> None:
         if loop.stages < 2 or not producers:
             continue
         plans, problem = [], ""
-        for op in producers:
+        if load_path == "cp.async":
+            problem = "the build option load_path='cp.async' (the caller's or the search's)"
+        for op in producers if not problem else ():
             layout = wgmma_buffers.get(op.dst.alloc.id)
             if layout is None:
                 problem = f"{describe(op.dst)} is not a wgmma operand buffer"

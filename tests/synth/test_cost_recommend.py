@@ -54,7 +54,16 @@ def test_ranking_is_by_predicted_time_and_drops_what_does_not_fit(ranked):
     assert [c.config for c in ranked.dropped] == [{"BM": 128, "BN": 256}]
     assert "registers per thread estimated from liveness, over 255" in ranked.dropped[0].dropped
     assert ranked.best == ranked.ranked[0].config
-    assert len(ranked.ranked) + len(ranked.dropped) == 6
+    # every combination once, plus the cp.async branch of each that took TMA
+    combos = [c for c in ranked.ranked + ranked.dropped
+              if c.config.get("load_path") != "cp.async"]
+    assert len(combos) == 6
+    branches = [c for c in ranked.ranked + ranked.dropped + ranked.pruned
+                if c.config.get("load_path") == "cp.async"]
+    assert {tuple(sorted((k, v) for k, v in c.config.items() if k != "load_path"))
+            for c in branches} == {tuple(sorted((k, v) for k, v in c.config.items()
+                                               if k != "load_path"))
+                                   for c in combos if c.uses_tma}
 
 
 def test_report_lists_top_k_and_why_each_other_lost(ranked):
@@ -62,7 +71,7 @@ def test_report_lists_top_k_and_why_each_other_lost(ranked):
     assert "open BM, BN; 6 combination(s), 6 scored" in text
     for i, c in enumerate(ranked.top, 1):
         assert f"  {i}. {c.key}: {c.seconds * 1e6:.2f} us predicted" in text
-    assert "the other 2 that fit, and why they lost:" in text
+    assert f"the other {len(ranked.ranked) - 3} that fit, and why they lost:" in text
     for c in ranked.ranked[3:]:
         assert c.key in text and ("slower than #1" in text or "tied with #1" in text)
     assert "dropped (1):\n    BM=128,BN=256: " in text
