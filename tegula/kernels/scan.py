@@ -46,6 +46,8 @@ SELECTIVE_SCAN_DTYPES = (f32, f16, bf16)
 SOFTPLUS_THRESHOLD = 20.0
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+#: Whether u and delta are loaded a chunk ahead by default (measured: docs/performance.md).
+DEFAULT_PREFETCH = False
 
 
 def _compose(earlier, later):
@@ -118,10 +120,12 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 
 
 def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
-                          BL: int | None = None) -> dict:
+                          BL: int | None = None, prefetch: bool | None = None) -> dict:
     """Tile sizes: BD = 8 channels per block, BL = 256 steps per chunk, so each of the 128
-    threads holds 16 consecutive steps of one channel (16 lanes per channel)."""
-    return dict(N=dstate, BD=BD or 8, BL=BL or 256)
+    threads holds 16 consecutive steps of one channel (16 lanes per channel); `prefetch`:
+    u and delta loaded a chunk ahead."""
+    return dict(N=dstate, BD=BD or 8, BL=BL or 256,
+                PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch))
 
 
 # --------------------------------------------------------------------------------------
@@ -224,10 +228,12 @@ _TORCH_DTYPES = {"float32": f32, "float16": f16, "bfloat16": bf16}
 
 def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
                    delta_bias: Any = None, delta_softplus: bool = False, *,
-                   out: Any = None, BD: int | None = None, BL: int | None = None) -> Any:
+                   out: Any = None, BD: int | None = None, BL: int | None = None,
+                   prefetch: bool | None = None) -> Any:
     """Mamba's selective scan forward on CUDA tensors (see the module docstring for the
     shapes and formulas); returns `out` (batch, dim, L) of u's dtype (written into `out=`
-    when given: contiguous, u's shape, dtype and device)."""
+    when given: contiguous, u's shape, dtype and device). BD, BL, prefetch: the tiles
+    (`selective_scan_config`)."""
     import torch
 
     from tegula.kernels.api import _check_cuda, _check_out, _check_tensor, _launch
@@ -257,7 +263,7 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
         _check_out(fn, out, tuple(u.shape), u)
     if out.numel() == 0:
         return out
-    constexprs = selective_scan_config(dim, A.shape[1], BD, BL)
+    constexprs = selective_scan_config(dim, A.shape[1], BD, BL, prefetch)
     zeros = torch.zeros(1, dim, device=u.device, dtype=torch.float32)
     args = (u.contiguous(), delta.contiguous(), A.float().contiguous(), B.contiguous(),
             C.contiguous(), D.float()[None, :].contiguous() if D is not None else zeros,

@@ -128,7 +128,7 @@ def mamba_inputs(batch, dim, length, dstate, dtype, seed):
 
 @pytest.mark.parametrize("batch,dim,length,dstate", [
     (1, 8, 32, 16), (2, 100, 1000, 16), (2, 1536, 2048, 16), (3, 37, 333, 16),
-    (1, 64, 4097, 16), (2, 24, 100, 7), (1, 16, 1, 16), (4, 256, 511, 4)])
+    (1, 64, 4097, 16), (2, 24, 100, 7), (1, 16, 1, 16), (4, 256, 511, 4), (2, 13, 300, 1)])
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
 @pytest.mark.parametrize("options", ["plain", "all"])
 def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtype, options):
@@ -149,10 +149,14 @@ def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtyp
 
 
 def test_selective_scan_tiles_agree():
-    """Other chunk and channel tilings give the same result (within f32 reassociation)."""
+    """Other chunk and channel tilings, with and without prefetching, give the same result
+    (within f32 reassociation); outputs poisoned first."""
     from tegula.kernels import selective_scan
-    u, delta, A, B, C, D, z, bias = mamba_inputs(2, 64, 300, 16, "f32", 1)
-    base = selective_scan(u, delta, A, B, C, D, z, bias, True)
-    for tiles in (dict(BL=8), dict(BL=64), dict(BD=4, BL=16), dict(BD=16, BL=32)):
-        other = selective_scan(u, delta, A, B, C, D, z, bias, True, **tiles)
+    u, delta, A, B, C, D, z, bias = mamba_inputs(2, 64, 700, 16, "f32", 1)
+    base = selective_scan(u, delta, A, B, C, D, z, bias, True, prefetch=False)
+    for tiles in (dict(BL=8), dict(BL=64), dict(BD=4, BL=16), dict(BD=16, BL=32),
+                  dict(prefetch=True), dict(BD=4, BL=512, prefetch=True),
+                  dict(BD=16, BL=128)):
+        other = selective_scan(u, delta, A, B, C, D, z, bias, True,
+                               out=torch.full_like(u, float("nan")), **tiles)
         torch.testing.assert_close(other, base, rtol=1e-5, atol=1e-5)
