@@ -35,7 +35,10 @@ the device): two launches, both reading `expert_offsets` in the kernel.
    the next expert or lie past the tensor and only feed accumulator rows never stored) and
    the store goes through `out[first:end, :]`, which masks every row past the expert's end.
    `PERSISTENT=False` launches one block per possible item instead (those past the count
-   run no K step).
+   run no K step). The masked store cannot be a TMA store (a view with a slice stop);
+   `STAGED=True` writes the tile to a shared buffer first, so the global stores are
+   16-byte vectors rather than the accumulator layout's 4-byte pairs (a (BM, BN) buffer
+   more: 3 stages of 128×256 instead of 4).
 
 Weights: bf16/f16 (`moe_gemm_kernel`), or FP8 e4m3 with per-expert scales and per-row
 activation scales (`moe_gemm_fp8_kernel`: activations quantized per row by
@@ -268,8 +271,8 @@ def expert_product(x: Any, w_e: Any, first: Any, n: Any, k_tiles: Any, sa: Any, 
 
 
 def _work_item(x: Any, w: Any, schedule: Any, out: Any, t: Any, sa: Any, sb: Any,
-               scales: tuple | None, out_t: DType, PERSISTENT: bool, BM: int, BN: int,
-               BK: int, STAGES: int) -> None:
+               staging: Any, scales: tuple | None, out_t: DType, PERSISTENT: bool, BM: int,
+               BN: int, BK: int, STAGES: int) -> None:
     """Work item t of the grouped GEMM (trace time), shared by the kernels below: `scales`
     is None, or the FP8 kernel's (x_scale (R, 1), w_scale (E, 1)) applied to the f32
     accumulator before the one rounding to `out_t`. A persistent block walks only the
@@ -284,23 +287,28 @@ def _work_item(x: Any, w: Any, schedule: Any, out: Any, t: Any, sa: Any, sb: Any
         x_scale, w_scale = scales
         row_scale = tg.load(x_scale[first:end, :].tile((BM, 1), (0, 0)))
         acc = acc * (row_scale * tg.load(w_scale.tile((1, 1), (e, 0))))
-    tg.copy(acc.to(out_t), out[first:end, :].tile((BM, BN), (0, n)))
+    result = acc.to(out_t)
+    if staging is not None:                 # 16-byte stores from shared memory
+        tg.copy(result, staging)
+        result = staging
+    tg.copy(result, out[first:end, :].tile((BM, BN), (0, n)))
 
 
 def _moe_body(x: Any, w: Any, schedule: Any, work_count: Any, out: Any,
-              scales: tuple | None, dtype: DType, out_t: DType, PERSISTENT: bool, BM: int,
-              BN: int, BK: int, STAGES: int) -> None:
+              scales: tuple | None, dtype: DType, out_t: DType, PERSISTENT: bool,
+              STAGED: bool, BM: int, BN: int, BK: int, STAGES: int) -> None:
     """The grouped GEMM (trace time): one work item per block, or with PERSISTENT a
     grid-stride walk over the work count's items."""
     sa = tg.shared((BM, BK), dtype, stages=STAGES)
     sb = tg.shared((BN, BK), dtype, stages=STAGES)
+    staging = tg.shared((BM, BN), out_t) if STAGED else None
     if PERSISTENT:
         for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
-            _work_item(x, w, schedule, out, t, sa, sb, scales, out_t, True, BM, BN, BK,
-                       STAGES)
+            _work_item(x, w, schedule, out, t, sa, sb, staging, scales, out_t, True, BM, BN,
+                       BK, STAGES)
     else:
-        _work_item(x, w, schedule, out, tg.block_id(0), sa, sb, scales, out_t, False, BM,
-                   BN, BK, STAGES)
+        _work_item(x, w, schedule, out, tg.block_id(0), sa, sb, staging, scales, out_t,
+                   False, BM, BN, BK, STAGES)
 
 
 @lru_cache(maxsize=None)
@@ -313,9 +321,10 @@ def moe_gemm_kernel(dtype: DType) -> tg.Kernel:
     def moe_gemm(x: tg.Tensor[dtype], w: tg.Tensor[dtype, 3], schedule: tg.Tensor[i32, 2],
                  work_count: tg.Tensor[i32, 1], out: tg.Tensor[dtype],
                  BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 64,
-                 STAGES: tg.constexpr = 4, PERSISTENT: tg.constexpr = True):
-        _moe_body(x, w, schedule, work_count, out, None, dtype, dtype, PERSISTENT, BM, BN,
-                  BK, STAGES)
+                 STAGES: tg.constexpr = 4, PERSISTENT: tg.constexpr = True,
+                 STAGED: tg.constexpr = False):
+        _moe_body(x, w, schedule, work_count, out, None, dtype, dtype, PERSISTENT, STAGED,
+                  BM, BN, BK, STAGES)
 
     return moe_gemm
 
@@ -330,9 +339,10 @@ def moe_gemm_fp8_kernel(out_t: DType) -> tg.Kernel:
                      schedule: tg.Tensor[i32, 2], work_count: tg.Tensor[i32, 1],
                      x_scale: tg.Tensor[f32], w_scale: tg.Tensor[f32], out: tg.Tensor[out_t],
                      BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 128,
-                     STAGES: tg.constexpr = 4, PERSISTENT: tg.constexpr = True):
+                     STAGES: tg.constexpr = 4, PERSISTENT: tg.constexpr = True,
+                     STAGED: tg.constexpr = False):
         _moe_body(x, w, schedule, work_count, out, (x_scale, w_scale), f8e4m3, out_t,
-                  PERSISTENT, BM, BN, BK, STAGES)
+                  PERSISTENT, STAGED, BM, BN, BK, STAGES)
 
     return moe_gemm_fp8
 
@@ -541,7 +551,7 @@ def moe_candidates(rows: int, experts: int, fp8: bool) -> list[dict]:
     (a 128-row tile would be mostly masked)."""
     bk = 128 if fp8 else 64
     options = [dict(BM=128, BN=256, BK=bk, STAGES=4, GROUP=8, threads=256),
-               dict(BM=128, BN=256, BK=bk, STAGES=3, GROUP=8, threads=256),
+               dict(BM=128, BN=256, BK=bk, STAGES=3, GROUP=8, threads=256, STAGED=True),
                dict(BM=128, BN=128, BK=bk, STAGES=4, GROUP=8, threads=256),
                dict(BM=128, BN=128, BK=bk, STAGES=4, GROUP=8)]
     if rows < 128 * experts:

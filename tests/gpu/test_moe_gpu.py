@@ -2,7 +2,7 @@
 outputs poisoned with NaN first: random routing with k = 1 and 2, experts with no tokens, one
 expert with every token, rows, N and K that divide no tile; persistent (sm_90a: TMA ring
 across work items) and one-block-per-item launches, 128x256 tiles on two consumer
-warpgroups and small tiles; FP8 weights; the autotuned entry point; and the routing
+warpgroups (stores direct or staged through shared memory) and small tiles; FP8 weights; the autotuned entry point; and the routing
 helpers' device path (no host sync) agreeing with numpy.
 
 Bound: inputs are bf16, products exact in f32, sums in f32 over K (wgmma's f32
@@ -21,6 +21,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
+           dict(BM=128, BN=256, BK=64, STAGES=3, GROUP=8, threads=256, STAGED=True),
            dict(BM=128, BN=128, BK=64, STAGES=4, GROUP=8),
            dict(BM=64, BN=128, BK=64, STAGES=3, GROUP=4, PERSISTENT=False)]
 
@@ -66,7 +67,8 @@ CASES = [([300, 0, 517, 1, 129, 0, 64, 200], 1000, 520),   # empty experts, ragg
          ([7, 3, 1, 0, 2, 9, 5, 1, 0, 4, 6, 2, 3, 1, 8, 1], 136, 72)]   # decode-like
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["p128x256", "p128x128", "np64x128"])
+@pytest.mark.parametrize("config", CONFIGS,
+                         ids=["p128x256", "p128x256staged", "p128x128", "np64x128"])
 @pytest.mark.parametrize("counts, n, k", CASES, ids=["ragged", "one-expert", "few-rows"])
 def test_moe_gemm_matches_torch_loop(counts, n, k, config):
     x, w, offsets = problem(counts, n, k, seed=n + k)

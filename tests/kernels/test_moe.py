@@ -47,22 +47,22 @@ def offsets_of(counts) -> np.ndarray:
 
 # -- the grouped GEMM -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("counts, n, k, persistent, target", [
-    ([12, 0, 15, 22, 15, 10], 40, 48, True, "sm_90a"),    # an empty expert; ragged everything
-    ([0, 0, 74, 0], 33, 40, True, "sm_90a"),              # one expert has every row
-    ([9, 30, 0, 0, 1], 40, 24, False, "sm_90a"),          # one block per possible item
-    ([5, 0, 40, 3], 40, 48, True, "sm_80"),
-    ([7, 16, 33], 24, 16, False, "sm_80"),
-    ([0, 0, 0], 40, 48, True, "sm_90a"),                  # nothing routed
+@pytest.mark.parametrize("counts, n, k, persistent, staged, target", [
+    ([12, 0, 15, 22, 15, 10], 40, 48, True, False, "sm_90a"),  # an empty expert; all ragged
+    ([0, 0, 74, 0], 33, 40, True, True, "sm_90a"),             # one expert has every row
+    ([9, 30, 0, 0, 1], 40, 24, False, False, "sm_90a"),        # one block per possible item
+    ([5, 0, 40, 3], 40, 48, True, True, "sm_80"),
+    ([7, 16, 33], 24, 16, False, True, "sm_80"),
+    ([0, 0, 0], 40, 48, True, False, "sm_90a"),                # nothing routed
 ])
-def test_grouped_gemm_matches_loop_over_experts(counts, n, k, persistent, target):
+def test_grouped_gemm_matches_loop_over_experts(counts, n, k, persistent, staged, target):
     rng = np.random.default_rng(len(counts) * 1000 + n)
     offsets = offsets_of(counts)
     rows = offsets[-1] + 3                              # rows past the last expert
     x = random_input(rng, (rows, k), bf16)
     w = random_input(rng, (len(counts), n, k), bf16)
     out = moe.moe_gemm_emulated(x, w, offsets, dtype=bf16, target=target,
-                                PERSISTENT=persistent, **TILES)
+                                PERSISTENT=persistent, STAGED=staged, **TILES)
     check_rows(out, x, w, offsets, bf16)
     assert np.isnan(out[offsets[-1]:]).all(), "rows of no expert were written"
 
