@@ -49,8 +49,7 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True) -> list[dict]:
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
     if _api._pow2_at_least(m, 1) <= 16:
         chosen = [dict(BM=16, BN=32, BK=128, STAGES=4), dict(BM=16, BN=64, BK=64, STAGES=4),
-                  dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
-                  registers]
+                  dict(BM=32, BN=64, BK=64, STAGES=4), registers]
         split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
@@ -78,8 +77,9 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True) -> list[dict]:
         if m * n <= 1024 * 1024:  # 64 blocks of 128×128 leave half an H100 idle:
             chosen = [c for c in chosen if c["BM"] * c["BN"] <= 128 * 128]  # smaller tiles
             chosen += [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4)]
-        elif hopper:  # enough tiles to fill the SMs: the persistent kernel first
-            chosen = PERSISTENT + chosen
+        elif hopper:  # enough tiles to fill the SMs: the persistent kernel first, then
+            # the two-warpgroup tiles (one 128-thread warpgroup holds 128 accumulators)
+            chosen = PERSISTENT + [c for c in chosen if c.get("threads") == 256]
         split = []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
@@ -258,12 +258,14 @@ def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: 
 # matmul_fp8
 # --------------------------------------------------------------------------------------
 
-def fp8_candidates(m: int, n: int, k: int, block_scales: bool) -> list[dict]:
-    """FP8 GEMM configurations for an (M, N, K) bucket. A 128-byte e4m3 k-step (BK = 128)
-    gets the 128-byte swizzle; 128×128 f32 accumulators take two consumer warpgroups
-    (threads=256) to stay under 255 registers a thread with the blockwise kernel's second
-    (per-K-block) accumulator. The blockwise kernel's BK is its scale block, 128, and its
-    BN must divide 128."""
+def fp8_candidates(m: int, n: int, k: int, block_scales: bool,
+                   hopper: bool = True) -> list[dict]:
+    """FP8 GEMM configurations for an (M, N, K) bucket, the default first. A 128-byte e4m3
+    k-step (BK = 128) gets the 128-byte swizzle; 128×128 f32 accumulators take two
+    consumer warpgroups (threads=256) to stay under 255 registers a thread with the
+    blockwise kernel's second (per-K-block) accumulator. The blockwise kernel's BK is its
+    scale block, 128, and its BN must divide 128. Per-tensor on Hopper, shapes that fill
+    the GPU try the persistent kernel first (`kernel="persistent"`, as `matmul`'s)."""
     if block_scales:
         chosen = [dict(BM=128, BN=128, STAGES=4, threads=256),
                   dict(BM=128, BN=128, STAGES=3, threads=256),
@@ -277,6 +279,11 @@ def fp8_candidates(m: int, n: int, k: int, block_scales: bool) -> list[dict]:
               dict(BM=128, BN=128, BK=64, STAGES=4)]
     if m <= 64:
         chosen = [dict(BM=64, BN=128, BK=128, STAGES=4), dict(BM=64, BN=64, BK=128, STAGES=4)]
+    elif hopper and m * n > 1024 * 1024:
+        chosen = [dict(kernel="persistent", BM=128, BN=256, BK=128, STAGES=3, GROUP=8,
+                       threads=256),
+                  dict(kernel="persistent", BM=128, BN=128, BK=128, STAGES=4, GROUP=8,
+                       threads=256)] + chosen
     return chosen
 
 
@@ -324,7 +331,7 @@ def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None
     if not isinstance(block_scales, bool):
         raise TypeError(f"tegula.kernels.{fn}: block_scales must be True or False, got "
                         f"{block_scales!r}")
-    from tegula.kernels import fp8
+    from tegula.kernels import fp8, gemm
     m, n, k = fp8.check_fp8_shapes(fn, tuple(a.shape), tuple(b.T.shape), block_scales,
                                    b_name="b.T")
     want_a, want_b = fp8.scale_shapes(m, n, k, block_scales)
@@ -341,15 +348,21 @@ def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None
         return out.zero_()
     a = a if a.stride(1) == 1 else a.contiguous()
     bt = b.T if b.T.stride(1) == 1 else b.T.contiguous()
-    kernel = fp8.fp8_blockwise_gemm_kernel(out_t) if block_scales else \
-        fp8.fp8_gemm_kernel(out_t)
+    kernels = {"tiles": fp8.fp8_blockwise_gemm_kernel(out_t) if block_scales else
+               fp8.fp8_gemm_kernel(out_t), "persistent": fp8.fp8_persistent_gemm_kernel(out_t)}
     configs = tuple(Config.of(c) for c in fp8_candidates(
-        _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1), k, block_scales))
+        _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1), k, block_scales,
+        _is_hopper(a.device)))
 
     def run(config: Config) -> Any:
         values = config.kwargs
+        which = values.pop("kernel", "tiles")
         grid = (-(-m // values["BM"]), -(-n // values["BN"]), 1)
-        return _api._launch(kernel, grid, (a, bt, sa, sb, out), values, config.threads), grid
+        if which == "persistent":
+            grid = gemm.persistent_grid(m, n, _num_sms(a.device), values["BM"], values["BN"],
+                                        values.get("CLUSTER", 1)) + (1, 1)
+        return _api._launch(kernels[which], grid, (a, bt, sa, sb, out), values,
+                            config.threads), grid
 
     ck, grid = _api._tune_and_run(fn, a.device.index, configs, (m, n, k),
                              f"{out_t}/{'blockwise' if block_scales else 'per-tensor'}", run)

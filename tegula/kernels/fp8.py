@@ -27,7 +27,7 @@ import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f8e4m3, f16
 from tegula.kernels.common import check_array, launch_emulated, poisoned
-from tegula.kernels.gemm import pipelined_product
+from tegula.kernels.gemm import persistent_grid, persistent_tiles, pipelined_product
 
 FP8_OUT_DTYPES = (bf16, f16, f32)
 #: The blockwise form's scale block along K (and along N for b): DeepSeek-V3's 128.
@@ -51,6 +51,28 @@ def fp8_gemm_kernel(out_t: DType) -> tg.Kernel:
         tg.copy((acc * scale).to(out_t), c.tile((BM, BN), (m, n)))
 
     return fp8_gemm
+
+
+@lru_cache(maxsize=None)
+def fp8_persistent_gemm_kernel(out_t: DType) -> tg.Kernel:
+    """The per-tensor-scaled FP8 GEMM as a persistent kernel (`gemm.persistent_tiles`:
+    one block per SM walking the tiles in grouped-rows order, one TMA ring across them on
+    sm_90a), launched on `gemm.persistent_grid` blocks."""
+
+    @tg.kernel(threads=128)
+    def fp8_persistent_gemm(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
+                            scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
+                            c: tg.Tensor[out_t], BM: tg.constexpr = 128,
+                            BN: tg.constexpr = 128, BK: tg.constexpr = 64,
+                            STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8,
+                            CLUSTER: tg.constexpr = 1):
+        def finish(acc, m, n):
+            scale = tg.load(scale_a.tile((1, 1), (0, 0))) * \
+                tg.load(scale_b.tile((1, 1), (0, 0)))
+            tg.copy((acc * scale).to(out_t), c.tile((BM, BN), (m, n)))
+        persistent_tiles(a, b, f8e4m3, BM, BN, BK, STAGES, GROUP, finish, CLUSTER)
+
+    return fp8_persistent_gemm
 
 
 @lru_cache(maxsize=None)
@@ -157,11 +179,13 @@ def check_fp8_target(fn: str, target) -> None:
 
 def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
                         out_dtype: DType = bf16, block_scales: bool = False,
-                        target: str = "sm_90a", **tiles: int) -> np.ndarray:
+                        target: str = "sm_90a", persistent: int = 0,
+                        **tiles: int) -> np.ndarray:
     """`(a · scale_a) @ (b · scale_b).T` by the emulated FP8 kernel. a (M, K) and b (N, K)
     are e4m3 values as float32 arrays (rounded to e4m3 as the kernel loads them) or raw
     uint8 bit patterns; scales are f32: numbers or (1, 1) arrays per tensor, or the
-    blockwise shapes of `scale_shapes`. Returns out_dtype values (bf16 as float32)."""
+    blockwise shapes of `scale_shapes`. `persistent` > 0 (per-tensor only): the persistent
+    kernel on a GPU of that many SMs. Returns out_dtype values (bf16 as float32)."""
     fn = "matmul_fp8_emulated"
     check_fp8_target(fn, target)
     check_array(fn, "a", a, ndim=2)
@@ -183,11 +207,18 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
     c = poisoned((m, n), out_dtype)
     grid, constexprs = fp8_config(m, n, block_scales, **tiles)
     kernel = fp8_blockwise_gemm_kernel(out_dtype) if block_scales else fp8_gemm_kernel(out_dtype)
+    if persistent:
+        if block_scales:
+            raise ValueError(f"tegula.kernels.{fn}: the blockwise kernel has no persistent "
+                             f"form (persistent={persistent} with block_scales=True)")
+        kernel = fp8_persistent_gemm_kernel(out_dtype)
+        grid = persistent_grid(m, n, persistent, constexprs["BM"], constexprs["BN"],
+                               constexprs.get("CLUSTER", 1))
     launch_emulated(kernel, grid, a, b, np.ascontiguousarray(sa), np.ascontiguousarray(sb), c,
                     target=target, **constexprs)
     return c
 
 
-__all__ = ["fp8_gemm_kernel", "fp8_blockwise_gemm_kernel", "fp8_config", "scale_shapes",
+__all__ = ["fp8_gemm_kernel", "fp8_persistent_gemm_kernel", "fp8_blockwise_gemm_kernel", "fp8_config", "scale_shapes",
            "check_fp8_shapes", "check_scales", "check_fp8_target", "matmul_fp8_emulated", "FP8_OUT_DTYPES",
            "SCALE_BLOCK", "K_ALIGN"]

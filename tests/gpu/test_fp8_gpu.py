@@ -81,6 +81,29 @@ def test_per_tensor_kernel(m, n, k, target, out_t):
         check(c, ref, magnitude, instructions, out_t, f"{config}")
 
 
+@pytest.mark.parametrize("config", [dict(BM=128, BN=256, BK=128, STAGES=3, threads=256),
+                                    dict(BM=128, BN=128, BK=128, STAGES=4, threads=256),
+                                    dict(BM=64, BN=64, BK=32, STAGES=2, GROUP=3)],
+                         ids=["128x256", "128x128", "64x64"])
+@pytest.mark.parametrize("m,n,k", PER_TENSOR_SHAPES + [(2000, 1500, 512)])
+def test_per_tensor_persistent_kernel(m, n, k, config):
+    """The persistent per-tensor kernel (matmul_fp8's first candidate for large shapes on
+    sm_90a) on min(tiles, SMs) blocks."""
+    from tegula.kernels.fp8 import fp8_persistent_gemm_kernel
+    from tegula.kernels.gemm import persistent_grid
+
+    a, w = e4m3(m, k, 3 * m + k), e4m3(n, k, n + k)
+    sa, sb = torch.tensor([[0.37]], device="cuda"), torch.tensor([[1.9]], device="cuda")
+    ref = (a.double() @ w.double().T) * 0.37 * 1.9
+    magnitude = (a.double().abs() @ w.double().abs().T) * 0.37 * 1.9
+    c = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fp8_persistent_gemm_kernel(bf16)[persistent_grid(m, n, sms, config["BM"], config["BN"])](
+        a, w, sa, sb, c, **config)
+    torch.cuda.synchronize()
+    check(c, ref, magnitude, -(-k // 32), bf16, f"{config}")
+
+
 @pytest.mark.parametrize("m,n,k", [(257, 129, 80), (1024, 1024, 4096), (16, 4096, 4096)])
 def test_per_tensor_entry_point_against_scaled_mm(m, n, k):
     """`tk.matmul_fp8` (autotuned; into a poisoned `out`, then returned) against

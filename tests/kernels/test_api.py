@@ -74,10 +74,13 @@ def test_softmax_and_copy_name_each_mistake():
 
 @pytest.mark.parametrize("dims", [(16, 4096, 4096), (128, 4096, 14336), (4096, 4096, 4096),
                                   (8192, 14336, 4096), (1024, 1024, 1024)])
-def test_gemm_candidates_fit_the_problem(dims):
-    configs = gemm_candidates(*dims)
+@pytest.mark.parametrize("hopper", [True, False])
+def test_gemm_candidates_fit_the_problem(dims, hopper):
+    configs = gemm_candidates(*dims, hopper=hopper)
     assert 1 <= len(configs) <= 7
-    assert all(c["kernel"] in ("shared", "registers") for c in configs)
+    assert all(c["kernel"] in ("shared", "registers", "persistent") for c in configs)
+    persistent = [c for c in configs if c["kernel"] == "persistent"]
+    assert not persistent or (hopper and dims[0] > 64)
     # K is split only for few rows, and only where each split keeps 8 or more k-tiles.
     splits = [c for c in configs if c.get("SPLIT", 1) > 1]
     assert all(dims[2] // c["BK"] // c["SPLIT"] >= 8 for c in splits)

@@ -61,6 +61,34 @@ def test_per_tensor(shape, tiles, out_dtype, target):
     check_close(c, ref, magnitude, k, out_dtype)
 
 
+@pytest.mark.parametrize("target", ["sm_90a", "sm_89"])
+@pytest.mark.parametrize("shape,sms", [((130, 200, 80), 3), ((37, 50, 48), 4), ((1, 70, 16), 2)])
+def test_per_tensor_persistent(shape, sms, target):
+    """The persistent per-tensor kernel: more tiles than blocks, idle blocks, M = 1."""
+    m, n, k = shape
+    rng = np.random.default_rng(m + 2 * n + k)
+    a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
+    a[3 % m, 5] = np.nan                                       # NaN reaches its row
+    c = matmul_fp8_emulated(a, b, 0.37, 1.9, bf16, target=target, persistent=sms, BM=64,
+                            BN=32, BK=32, STAGES=2, GROUP=2)
+    s = 0.37 * 1.9
+    with np.errstate(invalid="ignore"):
+        ref = (a.astype(np.float64) @ b.astype(np.float64).T) * s
+        magnitude = (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T) * s
+    assert np.isnan(c[3 % m]).all()
+    keep = np.arange(m) != 3 % m
+    if keep.any():
+        check_close(c[keep], ref[keep], magnitude[keep], k, bf16)
+
+
+def test_blockwise_has_no_persistent_form():
+    rng = np.random.default_rng(1)
+    a, b = e4m3(rng, (16, 128)), e4m3(rng, (32, 128))
+    with pytest.raises(ValueError, match="no persistent form"):
+        matmul_fp8_emulated(a, b, np.ones((16, 1), np.float32), np.ones((1, 1), np.float32),
+                            bf16, block_scales=True, persistent=2)
+
+
 def test_per_tensor_scales_as_arrays_and_f8_bits():
     """(1, 1) scale arrays and raw uint8 bit patterns give the same result."""
     rng = np.random.default_rng(3)
