@@ -7,9 +7,11 @@ things run on the same sorted problem:
 
 * tegula: `tegula.kernels.moe.moe_gemm` (bf16, or FP8 weights with `--fp8`), one config
   or autotuned;
-* triton: `grouped_gemm_triton` below, the same virtual-tile scheme written in Triton
-  (each program finds its expert from the offsets in memory), BM×BN×BK = 128×128×64,
-  4 stages — the kind of kernel vLLM's fused MoE is;
+* triton: `grouped_gemm_triton` below, a Triton grouped GEMM in one launch: program v
+  of each column is *virtual* row tile v, expert e owning `offsets[e] // BM + e …` (so
+  the grid comes from shapes alone; tiles past an expert's rows exit), the expert found
+  by comparing v against every expert's start at once; grouped tile order,
+  BM×BN×BK = 128×128×64, 4 stages, 8 warps — the kind of kernel vLLM's fused MoE is;
 * dense: `torch.matmul` of a (T·k, K) by (K, N) bf16 operand, the same FLOPs in one
   cuBLAS GEMM: the ceiling the issue compares against (≥ 0.8× with balanced routing).
 
@@ -37,9 +39,15 @@ def grouped_gemm_triton():
     import triton.language as tl
 
     @triton.jit
-    def kernel(x, w, offsets, out, N, K, E: tl.constexpr, E_POW2: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        v, n = tl.program_id(0), tl.program_id(1)
+    def kernel(x, w, offsets, out, N, K, tiles_v, tiles_n, E: tl.constexpr,
+               E_POW2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               GROUP: tl.constexpr):
+        pid = tl.program_id(0)                 # grouped order, as Triton's matmul tutorial
+        band = pid // (GROUP * tiles_n)
+        first_v = band * GROUP
+        rows_in_band = min(tiles_v - first_v, GROUP)
+        v = first_v + (pid % (GROUP * tiles_n)) % rows_in_band
+        n = (pid % (GROUP * tiles_n)) // rows_in_band
         js = tl.arange(0, E_POW2)
         starts = tl.load(offsets + js, mask=js < E, other=0) // BM + js
         e = tl.sum(((starts <= v) & (js >= 1) & (js < E)).to(tl.int32), axis=0)
@@ -62,12 +70,12 @@ def grouped_gemm_triton():
             tl.store(o_ptr, acc.to(out.dtype.element_ty),
                      mask=(rows[:, None] < r1) & (cols[None, :] < N))
 
-    def run(x, w, offsets, out, BM=128, BN=128, BK=64, stages=4, warps=8):
+    def run(x, w, offsets, out, BM=128, BN=128, BK=64, stages=4, warps=8, group=8):
         experts, n, k = w.shape
-        grid = (x.shape[0] // BM + experts, triton.cdiv(n, BN))
-        kernel[grid](x, w, offsets, out, n, k, E=experts,
-                     E_POW2=triton.next_power_of_2(experts), BM=BM, BN=BN, BK=BK,
-                     num_stages=stages, num_warps=warps)
+        tiles_v, tiles_n = x.shape[0] // BM + experts, triton.cdiv(n, BN)
+        kernel[(tiles_v * tiles_n,)](x, w, offsets, out, n, k, tiles_v, tiles_n, E=experts,
+                                     E_POW2=triton.next_power_of_2(experts), BM=BM, BN=BN,
+                                     BK=BK, GROUP=group, num_stages=stages, num_warps=warps)
         return out
     return run
 
