@@ -29,7 +29,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from tegula.dtypes import DType, bf16, f8e4m3, f16, f32, i8, i32, u8
-from tegula.runtime import replay as _replay
+from tegula.runtime import launcher as _launcher, replay as _replay
 from tegula.runtime.autotune import Autotuner, Config
 
 # torch dtype name (str(torch.float16)[6:]) -> tegula dtype, per entry point.
@@ -224,18 +224,27 @@ def _remember(signature: tuple, replay: Callable[..., Any]) -> None:
     _REPLAYS[signature] = replay
 
 
-def _lookup_entry(tensors: tuple, *head: Any) -> tuple:
-    """(The remembered `EntryReplay` or None, the call's replay key or None, the tensors'
-    data pointers): the key (as `_signature`'s) built and looked up in one call of the
-    runtime's replay lookup (C where the extension is built). A mistake in an argument is
-    a miss with no key: the full path then names it."""
-    lookup = _replay.C_LOOKUP[0]
+def _replay_entry(tensors: tuple, *head: Any) -> Any:
+    """The output of this call replayed, if an earlier call with its replay key (as
+    `_signature`'s) remembered an `EntryReplay`; else `(key,)` (a tuple, which no output
+    is), key None where an argument is not replayable — the full path then names the
+    mistake. In one C call where the extension is built (`fastcall.entry_launch`: the key,
+    the lookup, the output and the launch), else the runtime's lookup and the replay."""
+    fused = _replay.C_ENTRY[0]
     try:
-        if lookup is not None:
-            return lookup(_REPLAYS, head, tensors)
-        return _replay._lookup(_REPLAYS, head, tensors, ())
+        if fused is not None:
+            current = _launcher._CURRENT_STREAM
+            found = fused(_REPLAYS, head, tensors, current[0] if current else None)
+            if type(found) is not tuple:
+                return found  # launched
+            replay, key, pointers = found
+        elif _replay.C_LOOKUP[0] is not None:
+            replay, key, pointers = _replay.C_LOOKUP[0](_REPLAYS, head, tensors)
+        else:
+            replay, key, pointers = _replay._lookup(_REPLAYS, head, tensors, ())
     except (AttributeError, TypeError):
-        return None, None, None
+        return (None,)
+    return (key,) if replay is None else replay(tensors, pointers)
 
 
 class EntryReplay:
@@ -356,9 +365,10 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); any N (rows longer
     than one register tile, 16384 elements, run through the chunked kernel)."""
     tensors = (x, weight) if out is None else (x, weight, out)
-    replay, key, pointers = _lookup_entry(tensors, "rms_norm", type(eps), eps, out is None)
-    if replay is not None:
-        return replay(tensors, pointers)
+    found = _replay_entry(tensors, "rms_norm", type(eps), eps, out is None)
+    if type(found) is not tuple:
+        return found  # replayed
+    key = found[0]
     dtype = _check_tensor("rms_norm", "x", x, _FLOATS, min_ndim=1)
     _check_tensor("rms_norm", "weight", weight, _FLOATS, ndim=1)
     _check_same_dtype("rms_norm", {"x": x, "weight": weight})
@@ -402,9 +412,10 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     `x`'s dtype (f32, f16 or bf16); rows of any length (rows longer than one register
     tile, 16384 elements, run through the chunked online-softmax kernel)."""
     tensors = (x,) if out is None else (x, out)
-    replay, key, pointers = _lookup_entry(tensors, "softmax", type(dim), dim, out is None)
-    if replay is not None:
-        return replay(tensors, pointers)
+    found = _replay_entry(tensors, "softmax", type(dim), dim, out is None)
+    if type(found) is not tuple:
+        return found  # replayed
+    key = found[0]
     dtype = _check_tensor("softmax", "x", x, _FLOATS, min_ndim=1)
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"tegula.kernels.softmax: only the last dim is supported (dim=-1), "
@@ -474,9 +485,10 @@ def copy(x: Any, *, out: Any = None) -> Any:
     or written into contiguous `out`. A non-contiguous `x` is first made contiguous by
     torch (so its copy costs two passes)."""
     tensors = (x,) if out is None else (x, out)
-    replay, key, pointers = _lookup_entry(tensors, "copy", out is None)
-    if replay is not None:
-        return replay(tensors, pointers)
+    found = _replay_entry(tensors, "copy", out is None)
+    if type(found) is not tuple:
+        return found  # replayed
+    key = found[0]
     dtype = _check_tensor("copy", "x", x, _COPY_DTYPES)
     _check_cuda("copy", {"x": x})
     if out is None:

@@ -370,6 +370,90 @@ done:
     Py_XDECREF(stream);
     return result;
 }
+
+static PyObject *s_prepared, *s_grid, *s_allocate;
+
+/* entry_launch(table, head, tensors, current_stream) -> the replayed call's output, or
+   replay_lookup's (hit, key, pointers) for Python to finish: a library entry point's
+   replay (tegula/kernels/api.py's EntryReplay: .prepared, .grid, .allocate) in one call
+   where its prepared launch writes pointers only. The output is allocate(tensors[0]), or
+   the last tensor where allocate is None (out=); its pointer follows the tensors'. */
+static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 4 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2]) ||
+            PyTuple_GET_SIZE(a[2]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "entry_launch(dict, tuple, non-empty tuple, stream)");
+        return NULL;
+    }
+    PyObject *key, *pointers, *prepared = NULL, *direct = NULL, *grid = NULL;
+    PyObject *allocate = NULL, *device = NULL, *stream = NULL, *out = NULL, *ptr = NULL;
+    PyObject *kernel = NULL, *result = NULL;
+    int built = build_key(a[1], a[2], &key, &pointers);
+    if (built <= 0)
+        return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
+    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
+    if (hit == NULL && PyErr_Occurred())
+        goto done;
+    if (hit == NULL || a[3] == Py_None)
+        goto python;
+    if (PyObject_GetOptionalAttr(hit, s_prepared, &prepared) < 0)
+        goto done;
+    if (prepared == NULL)
+        goto python;  /* another kind of replay (the GEMM's): Python calls it */
+    if ((direct = PyObject_GetAttr(prepared, s_direct)) == NULL ||
+            (grid = PyObject_GetAttr(hit, s_grid)) == NULL)
+        goto done;
+    unsigned long long g[4];
+    if (!PyTuple_Check(direct) || !plain_grid(grid, g))
+        goto python;
+    if ((allocate = PyObject_GetAttr(hit, s_allocate)) == NULL)
+        goto done;
+    if (allocate == Py_None) {
+        out = PyTuple_GET_ITEM(a[2], PyTuple_GET_SIZE(a[2]) - 1);
+        Py_INCREF(out);
+    } else {
+        if ((out = PyObject_CallOneArg(allocate, PyTuple_GET_ITEM(a[2], 0))) == NULL ||
+                (ptr = PyObject_CallMethodNoArgs(out, s_data_ptr)) == NULL ||
+                PyList_Append(pointers, ptr) < 0)
+            goto done;
+    }
+    if ((device = PyObject_GetAttr(prepared, s_device)) == NULL ||
+            (stream = PyObject_CallOneArg(a[3], device)) == NULL)
+        goto done;
+    g[3] = PyLong_AsUnsignedLongLong(stream);
+    if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
+        goto done;
+    int code;
+    if (launch_direct(direct, g, pointers, &code) < 0)
+        goto done;
+    if (code != 0) {
+        if ((kernel = PyObject_GetAttr(prepared, s_kernel)) == NULL)
+            goto done;
+        PyObject *checked = PyObject_CallMethod(kernel, "check_result", "iKKK", code,
+                                                g[0], g[1], g[2]);
+        if (checked == NULL)
+            goto done;
+        Py_DECREF(checked);
+    }
+    result = out;
+    out = NULL;
+    goto done;
+python:
+    result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
+done:
+    Py_DECREF(key);
+    Py_DECREF(pointers);
+    Py_XDECREF(prepared);
+    Py_XDECREF(direct);
+    Py_XDECREF(grid);
+    Py_XDECREF(allocate);
+    Py_XDECREF(device);
+    Py_XDECREF(stream);
+    Py_XDECREF(out);
+    Py_XDECREF(ptr);
+    Py_XDECREF(kernel);
+    return result;
+}
 #endif
 
 static PyMethodDef methods[] = {
@@ -382,6 +466,8 @@ static PyMethodDef methods[] = {
      "write data pointers, cuLaunchKernel"},
     {"replay_launch", (PyCFunction)(void (*)(void))replay_launch, METH_FASTCALL,
      "replay key, lookup and pointer launch"},
+    {"entry_launch", (PyCFunction)(void (*)(void))entry_launch, METH_FASTCALL,
+     "an entry point's replay: key, lookup, output, pointer launch"},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -403,7 +489,10 @@ PyMODINIT_FUNC PyInit_tegula_fastcall(void)
     s_direct = PyUnicode_InternFromString("direct");
     s_device = PyUnicode_InternFromString("device");
     s_kernel = PyUnicode_InternFromString("kernel");
-    if (!s_direct || !s_device || !s_kernel)
+    s_prepared = PyUnicode_InternFromString("prepared");
+    s_grid = PyUnicode_InternFromString("grid");
+    s_allocate = PyUnicode_InternFromString("allocate");
+    if (!s_direct || !s_device || !s_kernel || !s_prepared || !s_grid || !s_allocate)
         return NULL;
 #endif
     return PyModule_Create(&module);
@@ -420,7 +509,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-6"])
+                      os.path.realpath(cc), include, "fastcall-7"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -177,6 +177,9 @@ C_KEYWORDS: list = [None]
 #: `PreparedLaunch._direct_spec`) in one call (set with C_LOOKUP; None where Python has
 #: no GIL, as the extension then has no pointer launch).
 C_LAUNCH: list = [None]
+#: [the C extension's entry_launch, or None]: a library entry point's replay in one call
+#: (`tegula.kernels.api.EntryReplay`; set and absent like C_LAUNCH).
+C_ENTRY: list = [None]
 _C_TRIED: list = []
 
 
@@ -187,6 +190,7 @@ def _load_c_lookup() -> None:
     C_LOOKUP[0] = None if module is None else module.replay_lookup
     C_KEYWORDS[0] = None if module is None else module.plain_keywords
     C_LAUNCH[0] = getattr(module, "replay_launch", None)
+    C_ENTRY[0] = getattr(module, "entry_launch", None)
 
 
 def _import_full():

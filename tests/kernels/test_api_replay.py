@@ -23,7 +23,7 @@ from tegula.runtime import CompiledKernel, fastcall, launcher, replay  # noqa: E
 from tegula.runtime.args import ArgumentPlan  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
-from replay_stubs import recording_send, use_replay_key  # noqa: E402
+from replay_stubs import RecordingDriver, recording_send, use_replay_key  # noqa: E402
 
 
 @pytest.fixture(params=["python key", "C key"])
@@ -226,3 +226,65 @@ def test_fast_empty_is_contiguous_whatever_the_template_layout():
     assert z.shape == (7, 3) and z.dtype == x.dtype and z.is_contiguous()
     plain = _x((8, 96))
     assert api.fast_empty(plain, plain.shape) is torch.empty_like
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    """The entry points with the driver (not `send`) recorded, as the C replay sees it:
+    (the RecordingDriver, the list Python's PreparedLaunch.__call__ appends to)."""
+    module = fastcall.c_extension()
+    if module is None or not hasattr(module, "entry_launch"):
+        pytest.skip(f"no entry_launch here: {fastcall.unavailable or 'Python without a GIL'}")
+    use_replay_key(monkeypatch, "C key")
+
+    def cpu_tensor(plan, p, arg, values):
+        plan._append(p, arg.data_ptr(), arg.shape, arg.stride(), values)
+        return 0
+
+    monkeypatch.setattr(runtime, "compile_kernel",
+                        lambda kernel, target=None, options=(), requirements=None:
+                        CompiledKernel(kernel, b"", "", target, requirements))
+    monkeypatch.setattr(runtime, "default_target", lambda: "sm_90a")
+    monkeypatch.setattr(ArgumentPlan, "_tensor", cpu_tensor)
+    monkeypatch.setattr(launcher.drv, "current_device", lambda: 0)
+    monkeypatch.setattr(api, "_check_cuda", lambda fn, tensors: None)
+    monkeypatch.setattr(api, "_tune_and_run",
+                        lambda name, device, configs, dims, extra, run: run(configs[0]))
+    monkeypatch.setattr(api, "_REPLAYS", {})
+    recording = RecordingDriver()
+    recording.install(monkeypatch, module)
+    python_calls = []
+    real_call = runtime.PreparedLaunch.__call__
+    monkeypatch.setattr(runtime.PreparedLaunch, "__call__",
+                        lambda self, *a, **k: python_calls.append(1) or real_call(self, *a, **k))
+    yield recording, python_calls
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+@pytest.mark.parametrize("entry", ["rms_norm", "softmax", "copy"])
+def test_replays_in_one_c_call_write_the_call_s_own_pointers(driver, entry, with_out):
+    """The third call of a layout (full path, Python replay, then `fastcall.entry_launch`)
+    sends, with no Python launch, the full path's bytes except the data pointers, which
+    are this call's tensors' and the output it returns (`out` itself with out=)."""
+    recording, python_calls = driver
+    for call in range(4):
+        x = _x((8, 96), seed=call)
+        w = _x((96,), seed=10 + call)
+        out = _out_like(x, seed=20 + call) if with_out else None
+        del python_calls[:]
+        if entry == "rms_norm":
+            y = tk.rms_norm(x, w, 1e-5, out=out)
+            inputs = [x, w]
+        else:
+            y = getattr(tk, entry)(x, out=out)
+            inputs = [x]
+        ck, device, *launch, sent = recording.launches[-1]
+        pointers = [int.from_bytes(b, "little") for b, spec in zip(sent, ck.params)
+                    if spec.kind == "pointer"]
+        assert pointers == [t.data_ptr() for t in inputs] + [y.data_ptr()], call
+        assert (y is out) if with_out else (y.is_contiguous() and y.shape == x.shape)
+        values = [b for b, spec in zip(sent, ck.params) if spec.kind != "pointer"]
+        if call == 0:
+            first = (ck, device, launch, values)
+        assert (ck, device, launch, values) == first, call
+        assert bool(python_calls) == (call < 2), call  # from the third call on: C only

@@ -8,10 +8,8 @@ shared size, stream and parameter bytes, or the same error. Which launches the C
 finished is checked too (no Python `PreparedLaunch.__call__`)."""
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
-from functools import partial
 
 import numpy as np
 import pytest
@@ -23,11 +21,10 @@ from tegula.errors import TegulaError
 from tegula.runtime import CompiledKernel, PreparedLaunch, args as runtime_args, fastcall
 from tegula.runtime import launcher
 
-from .test_fastcall import LAUNCH_KERNEL
 from .test_replay_key import FakeCudaTensor, _view
 
 sys.path.insert(0, os.path.dirname(__file__))
-from replay_stubs import use_replay_key  # noqa: E402
+from replay_stubs import RecordingDriver, use_replay_key  # noqa: E402
 
 BASE = 0x7F0000100000
 
@@ -39,24 +36,6 @@ def make_kernel():
         m = tg.block_id(0)
         tg.copy(tg.load(x.tile((BM, 32), (m, 0))) * SCALE, y.tile((BM, 32), (m, 0)))
     return scaled
-
-
-class Recording:
-    """cuLaunchKernel as a ctypes callback: per launch the kernel object (from its function
-    handle), device, grid, block, shared size, stream, extra and every parameter's bytes
-    as the driver reads them."""
-
-    def __init__(self, kernels):
-        self.kernels, self.result, self.launches = kernels, 0, []
-        self.function = LAUNCH_KERNEL(self.launch)
-
-    def launch(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        ck, device = self.kernels[f]
-        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
-        sent = [ctypes.string_at(slots[i], spec.size) for i, spec in enumerate(ck.params)]
-        self.launches.append((ck, device, (gx, gy, gz), (bx, by, bz), shared, stream, extra,
-                              sent))
-        return self.result
 
 
 @pytest.fixture
@@ -73,21 +52,8 @@ def driver(monkeypatch):
     monkeypatch.setattr(runtime, "default_target", lambda: "sm_90a")
     monkeypatch.setattr(runtime_args, "tensor_view", _view)
     monkeypatch.setattr(launcher.drv, "current_device", lambda: 0)
-    kernels = {}  # function handle -> (compiled kernel, device)
-
-    def function(self, device):  # a handle naming the kernel object and the device
-        handle = 0x10000 * (len(kernels) + 1) + device
-        for h, known in kernels.items():
-            if known == (self, device):
-                return h
-        kernels[handle] = (self, device)
-        return handle
-    monkeypatch.setattr(CompiledKernel, "function", function)
-    recording = Recording(kernels)
-    address = ctypes.cast(recording.function, ctypes.c_void_p).value
-    monkeypatch.setattr(launcher, "_C_LAUNCH", [partial(module.launch, address)])
-    monkeypatch.setattr(launcher, "_C_POINTERS", [(module.launch_pointers, address)])
-    monkeypatch.setattr(launcher, "_CURRENT_STREAM", [lambda device: 0x5000 + device])
+    recording = RecordingDriver()
+    recording.install(monkeypatch, module)
     python_calls = []
     real_call = PreparedLaunch.__call__
 
