@@ -9,7 +9,8 @@ a few problem shapes, every configuration of a small space is built, its time pr
 by `tegula.recommend.score` (the analytical model of `tegula.synth.cost`, what `explain`
 and `tg.recommend` print) and measured on the GPU (`triton.testing.do_bench`, median, in
 this one process). Configurations the compiler refuses or that fail to launch are listed,
-not measured. Per (family, shape): the Spearman rank correlation between predicted and
+not measured. `--families gemm_sm90a_load` (not in the default run) checks the load-path
+decision: the best sm_90a GEMM tiles on TMA and on cp.async. Per (family, shape): the Spearman rank correlation between predicted and
 measured time, and whether the model's top 5 holds the measured best or one within 5% of
 it. Writes `cost_model_check.json` (every point) and `cost_model_check.svg` (predicted
 against measured, log-log, one colour per family) into --out; a table last. Nothing is
@@ -61,9 +62,14 @@ def _space(**choices) -> list[dict]:
 
 # ------------------------------------------------------------------ the kernel families
 
-def gemm_family(target: str) -> dict:
+def gemm_family(target: str, load_paths: bool = False) -> dict:
+    """The README GEMM; with `load_paths`, the sm_90a tiles the model ranks best on both
+    load paths (`load_path=`: TMA, cp.async), the decision `tg.recommend` searches."""
     gemm = _example("gemm", "gemm")
-    if target == "sm_90a":
+    if load_paths:
+        space = _space(BM=[128], BN=[128, 256], BK=[64], STAGES=[2, 3, 4], threads=[128, 256],
+                       load_path=["tma", "cp.async"])
+    elif target == "sm_90a":
         space = _space(BM=[64, 128, 256], BN=[64, 128, 256], BK=[64], STAGES=[2, 3, 4],
                        threads=[128, 256])
     else:
@@ -78,8 +84,8 @@ def gemm_family(target: str) -> dict:
         c = torch.empty(m, n, device=device, dtype=torch.float16)
         grid = lambda cfg: (tg.cdiv(m, cfg["BM"]), tg.cdiv(n, cfg["BN"]))  # noqa: E731
         return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
-    return dict(name=f"gemm {target}", kernel=gemm, target=target, space=space,
-                shapes=shapes, make=make)
+    return dict(name=f"gemm {target}" + (" load path" if load_paths else ""), kernel=gemm,
+                target=target, space=space, shapes=shapes, make=make)
 
 
 def row_family(which: str) -> dict:
@@ -173,6 +179,13 @@ def run_family(family: dict, log, shape_indices, deadline: float,
                echo: bool = False) -> list[dict]:
     from triton.testing import do_bench
     points = []
+
+    def record(point: dict) -> None:
+        points.append(point)
+        log(json.dumps(point))
+        if echo:
+            print(_point_line(point), flush=True)
+
     for index in shape_indices:
         shape = family["shapes"][index]
         args, shapes, scalars, grid, fixed = family["make"](shape)
@@ -185,13 +198,13 @@ def run_family(family: dict, log, shape_indices, deadline: float,
                                   lambda c, g=grid: g(c), family["target"])
                 if candidate.dropped:
                     point["dropped"] = candidate.dropped
-                    points.append(point)
+                    record(point)
                     continue
                 point["predicted_us"] = candidate.seconds * 1e6
                 point["bound"] = candidate.estimate.bound
                 if time.time() > deadline:
                     point["not_measured"] = "the run's time budget (--budget-s) was spent"
-                    points.append(point)
+                    record(point)
                     continue
                 g = grid(launch_cfg)
                 call = lambda: family["kernel"][g](*args, target=family["target"], **launch_cfg)  # noqa: E731
@@ -202,10 +215,7 @@ def run_family(family: dict, log, shape_indices, deadline: float,
                 point["spread"] = (high - low) / median
             except Exception as err:  # one config must not hide the rest
                 point["failed"] = f"{type(err).__name__}: {err}"[:300]
-            points.append(point)
-            log(json.dumps(point))
-            if echo:
-                print(_point_line(point), flush=True)
+            record(point)
     return points
 
 
@@ -302,6 +312,7 @@ def svg_plot(points: list[dict], path: Path) -> None:
 #: The kernel families by command-line name.
 FAMILIES = {"gemm_sm90": lambda: gemm_family("sm_90"),
             "gemm_sm90a": lambda: gemm_family("sm_90a"),
+            "gemm_sm90a_load": lambda: gemm_family("sm_90a", load_paths=True),
             "softmax": lambda: row_family("softmax"),
             "rms_norm": lambda: row_family("rms_norm"),
             "attention": attention_family}
@@ -311,7 +322,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--quick", action="store_true", help="the first two shapes")
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", default=",".join(f for f in FAMILIES if f != "gemm_sm90a_load"))
     parser.add_argument("--shapes", default=None,
                         help="comma-separated shape indices of each family (default: all)")
     parser.add_argument("--jobs", type=int, default=0,
