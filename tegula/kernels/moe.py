@@ -45,8 +45,7 @@ activation scales (`moe_gemm_fp8_kernel`: activations quantized per row by
 `quantize_rows_fp8`, as vLLM's FP8 MoE).
 
 Entry points: `moe_gemm_emulated` (numpy, the CI one) and `moe_gemm` (torch, CUDA); a whole
-Mixtral-style MLP (gate/up grouped GEMM, SiLU(gate)·up, down grouped GEMM, weighted gather)
-is `moe_mlp` / `moe_mlp_emulated`.
+Mixtral-style MLP is `tegula.kernels.moe_layer`.
 """
 from __future__ import annotations
 
@@ -626,63 +625,7 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
 
 
 
-# --------------------------------------------------------------------------------------
-# A whole MoE MLP: gate/up, SiLU(gate)·up, down, the weighted gather
-# --------------------------------------------------------------------------------------
-
-def moe_mlp(x: Any, w13: Any, w2: Any, topk_ids: Any, topk_weights: Any) -> Any:
-    """A Mixtral-style MoE MLP on torch CUDA tensors (the numpy form: `moe_mlp_emulated`):
-    x (T, H), w13 (E, 2I, H) — each expert's gate rows, then its up rows — w2 (E, H, I),
-    topk_ids (T, k) and topk_weights (T, k) (from `route`). Returns (T, H) in x's dtype:
-    Σ_j weights[t, j] · (SiLU(x_t @ gate_e.T) · (x_t @ up_e.T)) @ w2[e].T over token t's
-    experts e = ids[t, j], with each step rounded to x's dtype as torch's would be."""
-    from tegula.kernels.api import _launch
-    from tegula.kernels.elementwise import silu_mul_config, silu_mul_kernel
-    inner, routing = _check_mlp("moe_mlp", x, w13, w2, topk_ids)
-    h = moe_gemm(scatter_rows(x, routing), w13, routing.expert_offsets)
-    act = h.new_empty((h.shape[0], inner))
-    if act.numel():
-        grid, tiles = silu_mul_config(tuple(act.shape))
-        _launch(silu_mul_kernel(_DTYPES_OF[str(x.dtype)]), grid,
-                (h[:, :inner], h[:, inner:], act), tiles, None)
-    y_sorted = moe_gemm(act, w2, routing.expert_offsets)
-    return gather_rows(y_sorted, routing, topk_weights)
-
-
-def moe_mlp_emulated(x: np.ndarray, w13: np.ndarray, w2: np.ndarray, topk_ids: np.ndarray,
-                     topk_weights: np.ndarray, dtype: DType | None = None,
-                     target: str = "sm_90a", **tiles: int) -> np.ndarray:
-    """`moe_mlp` in the emulator on numpy arrays (float32 holding bf16 values need
-    dtype=bf16); `tiles` go to both grouped GEMMs."""
-    from tegula.emulate.values import round_to
-    from tegula.kernels.elementwise import silu_mul_emulated
-    inner, routing = _check_mlp("moe_mlp_emulated", x, w13, w2, topk_ids)
-    offsets = routing.expert_offsets
-    dtype = dtype or dtype_of_array(x, "moe_mlp_emulated", "x")
-    h = moe_gemm_emulated(scatter_rows(x, routing), w13, offsets, dtype=dtype, target=target,
-                          **tiles)
-    act = silu_mul_emulated(h[:, :inner], h[:, inner:], dtype=dtype)
-    y_sorted = moe_gemm_emulated(act, w2, offsets, dtype=dtype, target=target, **tiles)
-    return round_to(gather_rows(y_sorted, routing, topk_weights), dtype)
-
-
-_DTYPES_OF = {"torch.float16": f16, "torch.bfloat16": bf16}
-
-
-def _check_mlp(fn: str, x: Any, w13: Any, w2: Any, topk_ids: Any) -> tuple[int, Routing]:
-    """(I, the routing) after checking x (T, H), w13 (E, 2I, H), w2 (E, H, I)."""
-    shapes = {name: tuple(a.shape) for name, a in (("x", x), ("w13", w13), ("w2", w2))}
-    ok = (len(shapes["x"]) == 2 and len(shapes["w13"]) == 3 and len(shapes["w2"]) == 3)
-    if ok:
-        (_, hidden), (experts, two_inner, h13), (e2, h2, inner) = shapes.values()
-        ok = (two_inner == 2 * inner and h13 == hidden == h2 and e2 == experts)
-    if not ok:
-        raise ValueError(f"tegula.kernels.{fn}: expected x (T, H), w13 (E, 2·I, H) and w2 "
-                         f"(E, H, I), got " + ", ".join(f"{n} {s}" for n, s in shapes.items()))
-    return inner, sort_by_expert(topk_ids, experts)
-
-
 __all__ = ["Routing", "route", "sort_by_expert", "scatter_rows", "gather_rows",
            "moe_schedule_kernel", "moe_gemm_kernel", "moe_gemm_fp8_kernel", "plan_launches",
            "run_plan", "moe_gemm_emulated", "moe_gemm", "moe_candidates", "quantize_rows_fp8",
-           "quantize_experts_fp8", "moe_mlp", "moe_mlp_emulated", "MOE_DTYPES", "MAX_EXPERTS"]
+           "quantize_experts_fp8", "MOE_DTYPES", "MAX_EXPERTS"]
