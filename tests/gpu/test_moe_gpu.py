@@ -137,3 +137,24 @@ def test_w4a16_weights():
         got = out[a:b].double()
         assert not torch.isnan(got).any()
         assert bool(((got - ref).abs() <= 2.0 ** -11 * (ref.abs() + mag) + 1e-30).all()), e
+
+
+def test_moe_mlp_fused_gate_up():
+    from tegula.kernels import moe_layer
+    g = torch.Generator(device="cuda").manual_seed(9)
+    tokens, experts, hidden, inner = 300, 8, 256, 384
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    w13 = (torch.randn(experts, 2 * inner, hidden, device="cuda", generator=g) * 0.06).bfloat16()
+    w2 = (torch.randn(experts, hidden, inner, device="cuda", generator=g) * 0.05).bfloat16()
+    logits = torch.randn(tokens, experts, device="cuda", generator=g)
+    logits[:, 3] = -30.0                                  # expert 3 gets no token
+    ids, weights = moe.route(logits, 2)
+    y = moe_layer.moe_mlp(x, w13, w2, ids, weights)
+    ref = torch.zeros(tokens, hidden, device="cuda")
+    for j in range(2):
+        e = ids[:, j].long()
+        h = torch.einsum("th,tnh->tn", x.float(), w13[e].float())
+        a = (torch.nn.functional.silu(h[:, :inner]) * h[:, inner:]).bfloat16().float()
+        ref += weights[:, j:j + 1] * torch.einsum("ti,thi->th", a, w2[e].float())
+    assert not torch.isnan(y).any()
+    assert float((y.float() - ref).abs().max()) <= 2.0 ** -6 * float(ref.abs().max())
