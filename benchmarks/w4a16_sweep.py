@@ -19,22 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (name, (M, N, K), constexprs) — the kernel is picked from the name's prefix.
 CONFIGS = [
     ("gemv", (1, 4096, 4096), dict(BN=4, BK=1024)),
-    ("gemv", (1, 4096, 4096), dict(BN=2, BK=1024)),
-    ("gemv", (1, 4096, 4096), dict(BN=8, BK=512)),
-    ("gemv", (1, 4096, 4096), dict(BN=4, BK=1024, threads=256)),
-    ("gemv", (1, 4096, 4096), dict(BN=2, BK=2048, threads=256)),
-    ("w4gemv", (1, 4096, 4096), dict(BN=32, BK=128, UNROLL=2)),
-    ("w4gemv", (1, 4096, 4096), dict(BN=8, BK=128, UNROLL=4)),
-    ("w4gemv", (1, 4096, 4096), dict(BN=8, BK=128, UNROLL=8)),
-    ("w4gemv", (1, 4096, 4096), dict(BN=16, BK=128, UNROLL=4)),
-    ("w4gemv", (16, 11008, 4096), dict(BN=16, BK=128, UNROLL=2)),
-    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=64, BK=64, STAGES=3)),
-    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=128, BK=64, STAGES=3)),
-    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=128, BK=128, STAGES=2)),
-    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=64, BK=128, STAGES=1)),
-    ("w4gemm", (128, 4096, 14336), dict(BM=64, BN=64, BK=64, STAGES=3)),
-    ("w4gemm", (128, 4096, 14336), dict(BM=128, BN=128, BK=64, STAGES=3, threads=256)),
-    ("w4gemm", (128, 4096, 14336), dict(BM=64, BN=128, BK=128, STAGES=2)),
+    ("gemv", (1, 11008, 4096), dict(BN=2, BK=1024, UNROLL=2)),
+    ("w4rows", (1, 4096, 4096), dict(BN=4, S=8, R=2, UNROLL=2)),
+    ("w4rows", (1, 11008, 4096), dict(BN=4, S=8, R=2, UNROLL=2)),
+    ("w4rows", (4, 4096, 4096), dict(BN=4, S=8, R=4, UNROLL=1)),
+    ("w4rows", (8, 4096, 4096), dict(BN=4, S=8, R=4, UNROLL=1)),
+    ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=32, BK=128, STAGES=3)),
+    ("w4gemm", (128, 4096, 14336), dict(BM=128, BN=32, BK=128, STAGES=2, threads=256)),
 ]
 
 
@@ -43,14 +34,15 @@ def _case(torch, name, shape, group=128):
     import tegula as tg
     import tegula.kernels as tk
     from tegula.dtypes import f16
-    from tegula.kernels import gemv as gv, quant as qt
+    from tegula.kernels.gemv import gemv_kernel
+    from tegula.kernels import quant
 
     m, n, k = shape
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     if name == "gemv":
         w = torch.randn(n, k, device="cuda", dtype=torch.float16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        return (gv.gemv_kernel(f16), (a, w, out), w.numel() * 2,
+        return (gemv_kernel(f16), (a, w, out), w.numel() * 2,
                 lambda: a.double() @ w.double().T, out, lambda: a @ w.T,
                 lambda c: (tg.cdiv(n, c["BN"]),), dict(M=m))
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.05
@@ -59,12 +51,14 @@ def _case(torch, name, shape, group=128):
     deq = ((w_q.float() - zeros.float().repeat_interleave(group, 1))
            * scales.float().repeat_interleave(group, 1)).half()
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    factory = qt.w4a16_gemv_kernel if name == "w4gemv" else qt.w4a16_gemm_kernel
-    extra = dict(M=m, G=group) if name == "w4gemv" else dict(G=group)
-    grid = ((lambda c: (tg.cdiv(n, c["BN"]),)) if name == "w4gemv"
+    factory = {"w4gemm": quant.w4a16_gemm_kernel, "w4rows": quant.w4a16_rows_kernel}[name]
+    rows = name == "w4rows"
+    extra = dict(M=m, G=group) if rows else dict(G=group)
+    grid = ((lambda c: (tg.cdiv(n, c["BN"] * c.get("R", 1)),)) if rows
             else (lambda c: (tg.cdiv(m, c["BM"]), tg.cdiv(n, c["BN"]))))
     floor = packed.numel() + 2 * scales.numel() * 2
-    return (factory(f16, True), (a, packed, scales, zeros, out), floor,
+    operands = quant.w4a16_operands("rows" if rows else "gemm", a, packed, group)
+    return (factory(f16, True), (*operands, scales, zeros, out), floor,
             lambda: a.double() @ deq.double().T, out, lambda: a @ deq.T, grid, extra)
 
 

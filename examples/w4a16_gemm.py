@@ -9,8 +9,8 @@ low nibble first), dequantizes it in registers with its group's scale and zero p
 it with the activation tile on the tensor cores; the activation tiles are copied ahead in
 a 3-stage pipeline. `tg.gemm` takes operands of one type, so the kernel dequantizes first.
 The library's version (`tegula.kernels.matmul_w4a16` on torch tensors,
-`w4a16_gemm_emulated` on numpy ones) adds a GEMV kernel for decode (M ≤ 16), where the
-weights are streamed once at memory speed:
+`w4a16_gemm_emulated` on numpy ones) loads each k-step's weights one step early, and adds
+a CUDA-core kernel for decode (M ≤ 8) that streams the weights once with 16-byte loads:
 
     packed, scales, zeros = tegula.kernels.quantize_w4(w, group_size=128)
     c = tegula.kernels.matmul_w4a16(a, packed, scales, zeros, 128)
@@ -66,10 +66,10 @@ def main(m: int = 70, n: int = 100, k: int = 256, group: int = 64) -> None:
         err = np.abs(c - ref)
         assert np.all(err <= 2.0 ** -10 * (np.abs(ref) + scale)), f"max error {err.max()}"
         print(f"w4a16 GEMM {m}x{n}x{k}, group {group}, {target}: ok, max error {err.max():.2e}")
-    decode = w4a16_gemm_emulated(a[:1], w_q, scales, zeros, group)  # the GEMV kernel
+    decode = w4a16_gemm_emulated(a[:1], w_q, scales, zeros, group)  # the rows kernel
     err = np.abs(decode - ref[:1])
     assert np.all(err <= 2.0 ** -10 * np.abs(ref[:1]) + 2.0 ** -16 * scale[:1])
-    print(f"w4a16 GEMV 1x{n}x{k} (library): ok, max error {err.max():.2e}")
+    print(f"w4a16 decode 1x{n}x{k} (library): ok, max error {err.max():.2e}")
 
 
 if __name__ == "__main__":

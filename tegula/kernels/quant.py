@@ -8,12 +8,11 @@ point `scales[n, k // group_size]`, `zeros[n, k // group_size]`.
 The layouts the kernels want (what `quantize_w4` and `prepack` write):
 
 * `packed`: (N, K/2) uint8, tegula's u4 storage — element 2j of a row in the low nibble of
-  byte j, element 2j+1 in the high nibble. The kernels read it as a `tg.Tensor[u4]` of
-  (N, K) elements, 32 consecutive weights of a row per thread (two 8-byte loads today:
-  the compiler's divisibility facts stop at 16 elements, so a 4-bit vector is at most 16
-  nibbles; coalesced all the same). `prepack` is the one
-  function that writes this order, so that a pre-packed order chosen by synthesis (issue
-  11: fragment order for an MMA) changes one function and the kernels' annotations.
+  byte j, element 2j+1 in the high nibble. The kernels read it as a `tg.Tensor[u4]`, 32
+  consecutive weights of a row per thread: one 16-byte load (the divisibility facts of
+  4-bit tensors go up to 32 elements, `synth/facts.py`). `prepack` is the one function
+  that writes this order, so that a pre-packed order chosen by synthesis (the MMA's
+  fragment order, issue 13) changes one function and the kernels' annotations.
 * `scales`: (N, K/group_size) in the activations' dtype.
 * `zeros`: (N, K/group_size) in the activations' dtype, holding the integers 0..15 (a
   float zero point costs the kernel no conversion), or None for symmetric quantization
@@ -23,20 +22,31 @@ K must be a multiple of the group size (and so even): a ragged last group has no
 well-defined scale in the checkpoints this format comes from, so it is refused with an
 error rather than padded.
 
-Two kernels, both dequantizing in registers (`dequantize`: w·scale − zero·scale in f32,
-one multiply-add per weight after the conversion; CUDA converts the 4-bit integer to float
+Two kernels, both dequantizing in registers (`dequantize`: w·s − z·s in f32, one
+multiply-add per weight after the conversion; CUDA converts the 4-bit integer to float
 with the magic-number trick of `codegen/expr.py`, one LOP3 and one FADD, not an I2F at a
 quarter of the FP32 rate):
 
-* `w4a16_gemv_kernel` — few rows (M ≤ 16, decode): the GEMV dataflow of
-  `tegula.kernels.gemv` (memory-bound: each (BN, BK) chunk of packed weights is 16 bytes
-  per thread, UNROLL chunks loaded before any is used, multiplied elementwise by each row
-  of a, one row reduction at the end). BK divides the group, so a chunk's scale and zero
-  are a (BN, 1) tile that broadcasts over it.
-* `w4a16_gemm_kernel` — more rows (prefill): each k-step dequantizes a (BN, BK) weight
-  tile into a shared f16/bf16 tile and feeds it with the activation tile to `tg.gemm`
-  (`tg.gemm` takes one operand type, so the kernel dequantizes first), in a pipelined K
-  loop whose activation tiles are copied ahead.
+* `w4a16_rows_kernel` — few rows (M ≤ MAX_ROWS_KERNEL_M = 8, decode), on the CUDA cores.
+  Weights and activations are viewed 4-D, (rows, K/G, G/32, 32) (`w4a16_operands`), so
+  a thread's 32 weights of a row (one 16-byte load) meet its 32 activations and their
+  products are summed in the thread: one f32 accumulator per row of a per thread, and a
+  weight tile of BN rows × S whole groups, so that BN is small and the grid large (the
+  old chunk of one group needed BN = 32 rows per block: 128 blocks for N = 4096, fewer
+  than the SMs). R tiles per block share each activation load and conversion.
+* `w4a16_gemm_kernel` — more rows (prefill, and 9-16 rows with BM = 16): each k-step
+  dequantizes a (BN, BK) weight tile into a shared f16/bf16 tile and feeds it with the
+  activation tile to `tg.gemm` (`tg.gemm` takes one operand type, so the kernel
+  dequantizes first), in a pipelined K loop whose activation tiles are copied ahead and
+  whose weights are loaded one k-step before they are used (a register carried across
+  iterations: the load was the latency every k-step waited on).
+
+Not done (issue 13): the tensor cores reading the weights from registers (the MMA's B
+fragment) with 16-byte loads. It needs the pre-packed global layout: loaded in the
+fragment's order the weights are 1-byte loads (measured 2.4x slower than through shared
+memory), and a global view is affine in (n, k), which the fragment order is not. Also
+f16x2 dequantization (two weights per lop3/sub.f16x2): today each weight is converted
+and scaled alone in f32.
 
 Entry points: `w4a16_gemm_emulated` (numpy, unpacked weights: the CI entry point),
 `matmul_w4a16` (torch, packed weights), `quantize_w4`, `prepack`, `unpack_w4`.
@@ -64,48 +74,21 @@ SYMMETRIC_ZERO = 8  # the zero point of `quantize_w4(..., zero_point=False)`
 _api.TUNERS.setdefault("matmul_w4a16", Autotuner("matmul_w4a16"))
 
 
-def dequantize(packed: Any, scales: Any, zeros: Any, n: Any,
-               group: Any, rows: int) -> Any:
-    """(w - zero) * scale in f32 for a loaded (rows, BK) tile of 4-bit weights lying in one
-    group, read inside a kernel (trace time): the row block `n`'s scales and zeros of
-    `group` are (rows, 1) tiles broadcast along the chunk. Written w·s - z·s, so that each
-    weight costs one multiply-add after its conversion (z·s is per row)."""
-    scale = tg.load(scales.tile((rows, 1), (n, group))).to(f32)
+def dequantize(packed: Any, scales: Any, zeros: Any, n: Any, group: Any,
+               groups_shape: tuple) -> Any:
+    """(w - zero) * scale in f32 for a loaded tile of 4-bit weights, inside a kernel (trace
+    time): the scales and zeros of row block `n`, group block `group` are a tile of
+    `groups_shape` ((rows, 1) for a chunk of one group, (rows, S) for S groups), broadcast
+    over the weights of each group (trailing size-1 dims added to match the weights'
+    rank). Written w·s - z·s, so that each weight costs one multiply-add after its
+    conversion (z·s is per group row)."""
+    extra = (None,) * (packed.rank - len(groups_shape))
+    scale = tg.load(scales.tile(groups_shape, (n, group))).to(f32)[(..., *extra)]
     if zeros is not None:
-        zero = tg.load(zeros.tile((rows, 1), (n, group))).to(f32)
+        zero = tg.load(zeros.tile(groups_shape, (n, group))).to(f32)[(..., *extra)]
     else:
-        zero = tg.full((rows, 1), SYMMETRIC_ZERO, f32)
+        zero = tg.full(tuple(groups_shape) + (1,) * len(extra), SYMMETRIC_ZERO, f32)
     return packed.to(f32) * scale - zero * scale
-
-
-@lru_cache(maxsize=None)
-def w4a16_gemv_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
-    """c (M, N) = a (M, K) @ dequant(w).T for M ≤ 16 (a constexpr, unrolled). BK divides
-    the group size G, so k-chunk k lies in group k // (G // BK). Each iteration loads
-    UNROLL chunks before using any (UNROLL 16-byte loads in flight per thread: a 4-bit
-    chunk is small, and bandwidth needs bytes in flight); chunks past K load as zeros."""
-
-    @tg.kernel(threads=128)
-    def w4a16_gemv(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
-                   zeros: tg.Tensor[dtype], c: tg.Tensor[dtype],
-                   M: tg.constexpr = 1, G: tg.constexpr = 128,
-                   BN: tg.constexpr = 32, BK: tg.constexpr = 128, UNROLL: tg.constexpr = 2):
-        n = tg.block_id(0)
-        gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK) packed weights
-        accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of a
-        for step in tg.range(tg.cdiv(gw.shape[2], UNROLL)):
-            chunks = [step * UNROLL + u for u in range(UNROLL)]
-            packed = [tg.load(gw[:, :, k]) for k in chunks]
-            for k, q in zip(chunks, packed):
-                weights = dequantize(q, scales, zeros if has_zeros else None, n,
-                                     k // (G // BK), BN)
-                for r in range(M):
-                    row = tg.load(a.tile((1, BK), (r, k))).to(f32)  # broadcast over rows
-                    accs[r] = accs[r] + weights * row
-        for r in range(M):
-            tg.copy(tg.sum(accs[r], 1).to(dtype), c.T.tile((BN, 1), (n, r)))
-
-    return w4a16_gemv
 
 
 @lru_cache(maxsize=None)
@@ -127,36 +110,102 @@ def w4a16_gemm_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
         gw = w.tile((BN, BK), (n, None))
         acc = tg.zeros((BM, BN), f32)
         sa = tg.shared((BM, BK), dtype, stages=STAGES)
-        sw = tg.shared((BN, BK), dtype, stages=STAGES)
+        sw = tg.shared((BN, BK), dtype)
+        ahead = tg.load(gw[:, :, 0])    # the next k-step's weights, loaded one step early
         for k in tg.pipeline(ga.shape[2], stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
-            weights = dequantize(tg.load(gw[:, :, k]), scales, zeros if has_zeros else None,
-                                 n, k // (G // BK), BN)
-            tg.copy(weights.to(dtype), sw[k])
-            tg.gemm(acc, sa[k], sw[k])                      # acc += sa @ sw.T
+            packed = ahead
+            ahead = tg.load(gw[:, :, k + 1])                # past K: masked, never used
+            weights = dequantize(packed, scales, zeros if has_zeros else None,
+                                 n, k // (G // BK), (BN, 1))
+            tg.copy(weights.to(dtype), sw)
+            tg.gemm(acc, sa[k], sw)                         # acc += sa @ sw.T
         tg.copy(acc.to(dtype), c.tile((BM, BN), (m, n)))
 
     return w4a16_gemm
 
 
+@lru_cache(maxsize=None)
+def w4a16_rows_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
+    """c (M, N) = a (M, K) @ dequant(w).T for few rows (M a constexpr, unrolled), on the
+    CUDA cores. Weights and activations are viewed 4-D, (rows, K/G, G/32, 32): a thread
+    loads 32 consecutive weights of a row (one 16-byte load) and the 32 activations they
+    meet, so the product's sum over the last dim stays in the thread and each row of a
+    keeps one f32 register per thread per weight tile, whatever M. A weight tile spans S
+    groups of BN rows (BN·S·G/32 threads), so BN can be small (many blocks); a block
+    takes R such tiles of consecutive rows, which its threads read at the same K
+    positions, so each activation is loaded and converted once for R weights; UNROLL
+    k-chunks are loaded before any is used (R·UNROLL 16-byte loads in flight)."""
+
+    @tg.kernel(threads=128)
+    def w4a16_rows(a: tg.Tensor[dtype, 4], w: tg.Tensor[u4, 4], scales: tg.Tensor[dtype],
+                   zeros: tg.Tensor[dtype], c: tg.Tensor[dtype],
+                   M: tg.constexpr = 1, G: tg.constexpr = 128, BN: tg.constexpr = 4,
+                   S: tg.constexpr = 8, R: tg.constexpr = 1, UNROLL: tg.constexpr = 2):
+        block = tg.block_id(0)
+        V = G // 32                                          # 16-byte loads per group
+        tiles = [w.tile((BN, S, V, 32), (block * R + i, None, 0, 0)) for i in range(R)]
+        # one accumulator per (row of a, weight tile), flat: carried lists are one level
+        accs = [tg.zeros((BN, S, V, 1), f32) for _ in range(M * R)]
+        for step in tg.range(tg.cdiv(tiles[0].shape[4], UNROLL)):
+            chunks = [step * UNROLL + u for u in range(UNROLL)]
+            packed = [[tg.load(gw[:, :, :, :, k]) for gw in tiles] for k in chunks]
+            for k, qs in zip(chunks, packed):
+                weights = [dequantize(q, scales, zeros if has_zeros else None,
+                                      block * R + i, k, (BN, S)) for i, q in enumerate(qs)]
+                for r in range(M):
+                    row = tg.load(a.tile((1, S, V, 32), (r, k, 0, 0))).to(f32)
+                    for i in range(R):
+                        accs[r * R + i] = accs[r * R + i] + tg.sum(weights[i] * row, 3)
+        for r in range(M):
+            for i in range(R):
+                total = tg.sum(tg.sum(accs[r * R + i], 2), 1)[:, 0, 0, 0]
+                tg.copy(total.to(dtype), c.T.tile((BN, 1), (block * R + i, r))[:, 0])
+
+    return w4a16_rows
+
+
+# The rows kernel's reach: beyond this many rows of a, the tensor-core GEMM kernel (one
+# dequantization per weight for all rows) beats one f32 multiply-add per row per weight.
+MAX_ROWS_KERNEL_M = 8
+
+
 def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
                  ) -> tuple[str, tuple[int, ...], dict]:
-    """(kernel kind "gemv" or "gemm", grid, constexprs) for an (M, N, K) W4A16 product.
-    GEMV (M ≤ 16 and no BM given): BK = the group, BN such that each of the 128 threads
-    holds 32 weights of a chunk (one 16-byte load) for up to 4 rows of a, 16 beyond (M
-    accumulators of that size). GEMM: 64x64 tiles, BK = 64 or the group if smaller, a
-    3-stage pipeline."""
-    if m <= MAX_GEMV_ROWS and not {"BM"} & set(tiles):
-        per_thread = 32 if m <= 4 else 16
-        BK = tiles.pop("BK", min(group_size, 128))
-        BN = tiles.pop("BN", max(1, per_thread * 128 // BK))
-        _check_chunk(BK, group_size)
-        return "gemv", (tg.cdiv(n, BN),), dict(M=m, G=group_size, BN=BN, BK=BK, **tiles)
-    constexprs = dict(G=group_size, BM=64, BN=64, BK=min(group_size, 64), STAGES=3)
+    """(kernel kind "rows" or "gemm", grid, constexprs) for an (M, N, K) W4A16 product.
+    Rows (M ≤ MAX_ROWS_KERNEL_M and no BM given): BN=4 rows by S groups per weight tile
+    (one 16-byte load per thread of 128), R tiles per block (2 for M ≤ 2, else 4). GEMM:
+    BM=16 rows for M ≤ 16, else 64x64 tiles; BK = the group up to 128 (64 beyond 16
+    rows), weights loaded one k-step ahead, a 3-stage activation pipeline."""
+    threads = tiles.get("threads", 128)
+    if m <= MAX_ROWS_KERNEL_M and "BM" not in tiles:
+        constexprs = dict(M=m, G=group_size, BN=4, R=2 if m <= 2 else 4,
+                          UNROLL=2 if m <= 2 else 1)
+        constexprs.update(tiles)  # `threads` too: a build option, passed on with the rest
+        loads_per_group = group_size // 32
+        per_tile = constexprs["BN"] * loads_per_group
+        if "S" not in constexprs:
+            constexprs["S"] = max(1, threads // per_tile)
+        rows_per_block = constexprs["BN"] * constexprs["R"]
+        return "rows", (tg.cdiv(n, rows_per_block),), constexprs
+    small = m <= MAX_GEMV_ROWS
+    constexprs = dict(G=group_size, BM=16 if small else 64, BN=32 if small else 64,
+                      BK=min(group_size, 128 if small else 64), STAGES=3)
     constexprs.update(tiles)
     _check_chunk(constexprs["BK"], group_size)
     grid = (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"]))
     return "gemm", grid, constexprs
+
+
+def w4a16_operands(kind: str, a: Any, packed: Any, group_size: int) -> tuple[Any, Any]:
+    """The activation and packed-weight arguments a kernel kind takes (numpy or torch,
+    contiguous): the GEMM kernel's (M, K) and (N, K/2) bytes as they are, the rows
+    kernel's 4-D views (rows, K/G, G/32, 32 elements) of the same memory."""
+    if kind != "rows":
+        return a, packed
+    (m, k), n = a.shape, packed.shape[0]
+    shape = (k // group_size, group_size // 32)
+    return a.reshape(m, *shape, 32), packed.reshape(n, *shape, 16)
 
 
 def _check_chunk(bk: int, group_size: int) -> None:
@@ -316,10 +365,11 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
     zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
                  else np.zeros((1, 1), dtype=storage))  # unread: the kernel uses 8
     kind, grid, constexprs = w4a16_config(m, n, k, group_size, **tiles)
-    factory = w4a16_gemv_kernel if kind == "gemv" else w4a16_gemm_kernel
+    factory = w4a16_rows_kernel if kind == "rows" else w4a16_gemm_kernel
     options = {} if target is None else {"target": target}
-    launch_emulated(factory(dtype, zeros is not None), grid, np.ascontiguousarray(a),
-                    prepack(w_q), np.ascontiguousarray(scales, dtype=storage), zeros_arg, c,
+    operands = w4a16_operands(kind, np.ascontiguousarray(a), prepack(w_q), group_size)
+    launch_emulated(factory(dtype, zeros is not None), grid, *operands,
+                    np.ascontiguousarray(scales, dtype=storage), zeros_arg, c,
                     **constexprs, **options)
     return c
 
@@ -329,17 +379,21 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
 # --------------------------------------------------------------------------------------
 
 def w4a16_candidates(m: int, group_size: int) -> list[dict]:
-    """Configurations worth timing: GEMV chunks (BK dividing the group, 128 or 256
-    threads, 2 or 4 chunks loaded per iteration) for M ≤ 16; GEMM tiles beyond (BK
-    dividing the group, pipelined 3 deep or not)."""
+    """Configurations worth timing: for M ≤ MAX_ROWS_KERNEL_M the rows kernel (1, 2 or 4
+    weight tiles per block, 1 or 2 chunks loaded ahead) and, from 3 rows on, the
+    16-row GEMM; up to 16 rows the 16-row GEMM (BK dividing the group); beyond, GEMM
+    tiles up to 128x128 (BK 64 or 128, pipelined 3 deep or not)."""
+    small_gemm = [dict(BM=16, BN=bn, BK=bk, STAGES=3) for bn in (32, 64) for bk in (64, 128)
+                  if bk <= group_size]
+    small_gemm.append(dict(BM=16, BN=16, BK=min(group_size, 128), STAGES=3, threads=64))
+    if m <= MAX_ROWS_KERNEL_M:
+        rows = [dict(R=r, UNROLL=u) for r in (1, 2, 4) for u in (1, 2)]
+        return rows + (small_gemm if m > 2 else [])
     if m <= MAX_GEMV_ROWS:
-        per_thread = 32 if m <= 4 else 16
-        return [dict(BN=per_thread * threads // bk, BK=bk, UNROLL=unroll, threads=threads)
-                for threads in (128, 256) for bk in (32, 64, 128) for unroll in (2, 4)
-                if bk <= group_size and group_size % bk == 0]
+        return small_gemm
     tiles = [dict(BM=64, BN=64), dict(BM=64, BN=128), dict(BM=128, BN=64),
-             dict(BM=128, BN=128, threads=256)]
-    return [dict(t, BK=bk, STAGES=stages) for t in tiles for bk in (32, 64)
+             dict(BM=128, BN=32, threads=256), dict(BM=128, BN=128, threads=256)]
+    return [dict(t, BK=bk, STAGES=stages) for t in tiles for bk in (64, 128)
             for stages in (1, 3) if bk <= group_size]
 
 
@@ -388,15 +442,17 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
     def run(config: Config) -> Any:
         kind, grid, constexprs = w4a16_config(m, n, k, group_size, **config.kwargs)
-        factory = w4a16_gemv_kernel if kind == "gemv" else w4a16_gemm_kernel
-        return api._launch(factory(dtype, zeros is not None), grid, (*args, out),
-                           constexprs, config.threads), grid
+        factory = w4a16_rows_kernel if kind == "rows" else w4a16_gemm_kernel
+        operands = (*w4a16_operands(kind, args[0], args[1], group_size), *args[2:], out)
+        return api._launch(factory(dtype, zeros is not None), grid, operands,
+                           constexprs, config.threads), (grid, operands)
 
-    ck, grid = api._tune_and_run(fn, a.device.index, configs, (m, n, k),
-                                 f"{dtype}/g{group_size}/{'z' if zeros is not None else 'sym'}",
-                                 run)
+    ck, (grid, operands) = api._tune_and_run(
+        fn, a.device.index, configs, (m, n, k),
+        f"{dtype}/g{group_size}/{'z' if zeros is not None else 'sym'}", run)
     if signature is not None and api._views_of(args[:len(given)], given):
-        launch = api._replayer(ck, grid, (*args, out))
+        # the rows kernel's 4-D operands are views of args: the same data pointers
+        launch = api._replayer(ck, grid, operands)
         unread = args[3]  # the zeros argument when there are none: kept alive here
 
         def replay_w4a16(a: Any, packed: Any, scales: Any, zeros: Any = unread) -> Any:
@@ -408,7 +464,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     return out
 
 
-__all__ = ["w4a16_gemv_kernel", "w4a16_gemm_kernel", "w4a16_config", "check_w4a16_shapes",
+__all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_operands", "MAX_ROWS_KERNEL_M", "w4a16_config", "check_w4a16_shapes",
            "prepack", "unpack_w4", "quantize_w4", "dequantize_w4", "w4a16_gemm_emulated",
            "w4a16_candidates", "matmul_w4a16", "W4A16_DTYPES", "GROUP_SIZES",
            "SYMMETRIC_ZERO"]

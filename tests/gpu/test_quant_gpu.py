@@ -1,5 +1,5 @@
-"""W4A16 on the GPU against torch in float64: both kernels launched directly (GEMV for
-M ≤ 16, dequantize-to-shared GEMM beyond) over group sizes, zero points or symmetric,
+"""W4A16 on the GPU against torch in float64: both kernels launched directly (the rows
+kernel for M ≤ 8, its 16-byte u4 loads included; dequantize-to-shared GEMM beyond) over group sizes, zero points or symmetric,
 f16 and bf16, ragged and LLM shapes, outputs NaN-poisoned first, every element checked;
 then `quantize_w4` on the GPU and the autotuned `tegula.kernels.matmul_w4a16`."""
 from __future__ import annotations
@@ -48,34 +48,38 @@ CASES = [  # m, n, k, group, zero_point
     (1, 4096, 4096, 128, True), (1, 11008, 4096, 64, False), (1, 37, 256, 32, True),
     (3, 300, 1024, 128, False), (4, 4096, 4096, 32, True), (16, 1000, 2048, 64, True),
     (16, 21, 96, 32, False), (17, 300, 512, 128, True), (64, 4096, 4096, 128, True),
+    (8, 333, 1024, 64, True), (9, 4096, 4096, 128, False), (129, 200, 512, 64, False),
     (70, 130, 256, 64, False), (128, 11008, 4096, 128, True), (100, 77, 192, 32, True),
 ]
 
 
-@pytest.mark.parametrize("tiles", [{}, dict(BK=32), dict(BN=8, BK=64, threads=256)],
-                         ids=["default", "BK32", "BN8-256thr"])
+@pytest.mark.parametrize("tiles", [{}, dict(R=1, UNROLL=1), dict(BN=3, R=2, threads=256),
+                                   dict(BM=16, BK=32)],
+                         ids=["default", "R1", "BN3-256thr", "BM16-BK32"])
 @pytest.mark.parametrize("m,n,k,group,zero_point", CASES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_w4a16_kernels_match_torch(dtype, m, n, k, group, zero_point, tiles):
+    """Both kernels, as `w4a16_config` picks them for m (the rows-kernel tiles apply only
+    up to MAX_ROWS_KERNEL_M rows; a BM sends any m to the GEMM kernel), into poisoned
+    outputs."""
     from tegula.dtypes import bf16, f16
-    from tegula.kernels.quant import (prepack, w4a16_config, w4a16_gemm_kernel,
-                                      w4a16_gemv_kernel)
+    from tegula.kernels.quant import (MAX_ROWS_KERNEL_M, prepack, w4a16_config,
+                                      w4a16_gemm_kernel, w4a16_operands, w4a16_rows_kernel)
     g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 131 + n + k)
     a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
     c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
     tiles = dict(tiles)
-    threads = tiles.pop("threads", None)
-    if m > 16:
-        tiles.pop("BN", None)      # the GEMM kernel keeps its (BM, BN) tile
+    if m > MAX_ROWS_KERNEL_M and "BM" not in tiles:
+        tiles = {}                 # the GEMM kernel keeps its default tiles
     if "BK" in tiles:
         tiles["BK"] = min(tiles["BK"], group)  # a chunk lies in one group
     kind, grid, constexprs = w4a16_config(m, n, k, group, **tiles)
-    factory = w4a16_gemv_kernel if kind == "gemv" else w4a16_gemm_kernel
+    factory = w4a16_rows_kernel if kind == "rows" else w4a16_gemm_kernel
     kernel = factory(f16 if dtype == "f16" else bf16, zeros is not None)
     zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
                                                             dtype=DTYPES[dtype])
-    extra = {"threads": threads} if threads else {}
-    kernel[grid](a, prepack(w_q), scales, zeros_arg, c, **constexprs, **extra)
+    operands = w4a16_operands(kind, a, prepack(w_q), group)
+    kernel[grid](*operands, scales, zeros_arg, c, **constexprs)
     torch.cuda.synchronize()
     check(c, a, w_q, scales, zeros, group, dequant_rounded=kind == "gemm")
 
@@ -107,8 +111,8 @@ def test_w4a16_gemm_pipeline_and_tiles_match_torch(m, n, k, group, tiles):
 
 
 @pytest.mark.parametrize("m,n,k,group,zero_point", [
-    (1, 4096, 4096, 128, True), (5, 333, 1024, 64, False), (16, 4096, 11008, 128, True),
-    (64, 512, 1024, 32, True), (128, 4096, 4096, 128, False)])
+    (1, 4096, 4096, 128, True), (2, 11008, 4096, 64, True), (5, 333, 1024, 64, False),
+    (16, 4096, 11008, 128, True), (64, 512, 1024, 32, True), (128, 4096, 4096, 128, False)])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_matmul_w4a16_matches_torch(dtype, m, n, k, group, zero_point):
     """The torch entry point on weights quantized on the GPU by `quantize_w4`."""
@@ -121,10 +125,11 @@ def test_matmul_w4a16_matches_torch(dtype, m, n, k, group, zero_point):
     w_q = tk.unpack_w4(packed)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
     assert tk.matmul_w4a16(a, packed, scales, zeros, group, out=out) is out
-    check(out, a, w_q, scales, zeros, group, dequant_rounded=m > 16)
+    rounded = m > 2  # from 3 rows on, the tuner may pick the GEMM kernel (rounded weights)
+    check(out, a, w_q, scales, zeros, group, dequant_rounded=rounded)
     for activations in (a, a, torch.randn_like(a)):  # tuned winner, then replayed launches
         check(tk.matmul_w4a16(activations, packed, scales, zeros, group), activations, w_q,
-              scales, zeros, group, dequant_rounded=m > 16)
+              scales, zeros, group, dequant_rounded=rounded)
     # the quantization itself: every weight within half a step (plus the scale's rounding)
     step = scales.double().repeat_interleave(group, dim=1)
     err = (dequantized(w_q, scales, zeros, group) - w.double()).abs()
@@ -141,7 +146,7 @@ def test_w4a16_nan_reaches_only_its_outputs():
         assert torch.isnan(c[:, 9]).all()
         keep = torch.arange(64, device="cuda") != 9
         check(c[:, keep], a, w_q[keep], scales[keep], zeros[keep], 64,
-              dequant_rounded=m > 16)
+              dequant_rounded=m > 2)
 
 
 @pytest.mark.parametrize("name", ["u4", "i4", "u8", "i8"])

@@ -1,7 +1,7 @@
 """W4A16 (4-bit weights in groups, f16/bf16 activations) in the emulator against a float64
-numpy reference: both kernels (GEMV for M ≤ 16, dequantize-to-shared GEMM beyond), every
-group size, with and without zero points, both targets, shapes that divide no tile; the
-host-side quantization and packing; NaN; and the argument checks."""
+numpy reference: both kernels (the CUDA-core rows kernel for M ≤ 8, dequantize-to-shared
+GEMM beyond), every group size, with and without zero points, both targets, shapes that
+divide no tile; the host-side quantization and packing; NaN; and the argument checks."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +9,15 @@ import pytest
 
 from tegula.dtypes import bf16, f16
 from tegula.kernels.common import random_input
-from tegula.kernels.quant import (GROUP_SIZES, SYMMETRIC_ZERO, dequantize_w4, prepack,
-                                  quantize_w4, unpack_w4, w4a16_config, w4a16_gemm_emulated)
+from tegula.kernels.quant import (GROUP_SIZES, MAX_ROWS_KERNEL_M, SYMMETRIC_ZERO,
+                                  dequantize_w4, prepack, quantize_w4, unpack_w4,
+                                  w4a16_config, w4a16_gemm_emulated)
+
+
+def rounds_weights(m: int, tiles: dict = {}) -> bool:  # noqa: B006 — read only
+    """Whether the kernel chosen for m rows rounds the dequantized weights to the MMA's
+    operand type (the GEMM kernel) or keeps them in f32 (the rows kernel)."""
+    return m > MAX_ROWS_KERNEL_M or "BM" in tiles
 
 
 def random_w4(rng, n: int, k: int, group: int, dtype, zero_point: bool = True):
@@ -39,7 +46,8 @@ def check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded: bool) -
 CASES = [  # m, n, k, group, zero_point
     (1, 37, 256, 128, True), (3, 50, 192, 64, False), (16, 20, 96, 32, True),
     (1, 5, 32, 32, False), (70, 40, 128, 32, True), (65, 70, 256, 128, False),
-    (17, 9, 64, 64, True),
+    (17, 9, 64, 64, True), (8, 29, 384, 128, True), (9, 13, 128, 64, False),
+    (2, 300, 1152, 128, False), (129, 21, 128, 64, True),
 ]
 
 
@@ -51,7 +59,7 @@ def test_w4a16_matches_numpy(m, n, k, group, zero_point, target):
     w_q, scales, zeros = random_w4(rng, n, k, group, f16, zero_point)
     c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, target=target)
     assert c.shape == (m, n) and c.dtype == np.float16
-    check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=m > 16)
+    check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=rounds_weights(m))
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
@@ -73,33 +81,39 @@ def test_w4a16_bf16(m):
     a = random_input(rng, (m, 128), bf16)
     w_q, scales, zeros = random_w4(rng, 33, 128, 64, bf16)
     c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, dtype=bf16)
-    check_w4a16(c, a, w_q, scales, zeros, 64, bf16, dequant_rounded=m > 16)
+    check_w4a16(c, a, w_q, scales, zeros, 64, bf16, dequant_rounded=rounds_weights(m))
 
 
-@pytest.mark.parametrize("tiles,m", [(dict(BN=1, BK=32), 3), (dict(BN=5, BK=64), 1),
-                                     (dict(BM=16, BN=32, BK=32), 20),
-                                     (dict(BM=32, BN=32, BK=64), 5)])
+@pytest.mark.parametrize("tiles,m", [
+    (dict(BN=1, S=2, R=1, UNROLL=2), 3),    # 4 threads of 128 per weight tile, 3 chunks
+    (dict(BN=3, S=1, R=2, UNROLL=4), 1),    # odd BN, UNROLL past the last chunk
+    (dict(BN=5, S=3, R=3, UNROLL=1, threads=32), 4),  # S not dividing K/G = 2
+    (dict(BM=16, BN=32, BK=32), 20), (dict(BM=32, BN=32, BK=64), 5)])
 def test_w4a16_tiles_smaller_than_the_block(tiles, m):
-    """Chunks of 32 weights for 128 threads, an odd BN, 16x32 GEMM tiles; a BM sends even
-    M = 5 to the GEMM kernel."""
+    """Rows-kernel weight tiles smaller than the block (threads past the tile hold
+    copies), odd tile rows, R tiles per block past N, group blocks past K; 16x32 GEMM
+    tiles; a BM sends even M = 5 to the GEMM kernel."""
     rng = np.random.default_rng(len(tiles) + m)
     a = random_input(rng, (m, 128), f16)
     w_q, scales, zeros = random_w4(rng, 21, 128, 64, f16)
     c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, **tiles)
-    check_w4a16(c, a, w_q, scales, zeros, 64, f16, dequant_rounded="BM" in tiles)
+    check_w4a16(c, a, w_q, scales, zeros, 64, f16, dequant_rounded=rounds_weights(m, tiles))
 
 
-def test_w4a16_chunk_narrower_than_the_group_reads_the_right_scales():
-    """BK = 32 inside groups of 128: chunks 0-3 share group 0's scale, 4-7 group 1's."""
+@pytest.mark.parametrize("tiles", [dict(BM=16, BK=32), dict(S=2, R=2)])
+def test_w4a16_scales_follow_their_group(tiles):
+    """GEMM: BK = 32 inside groups of 128, chunks 0-3 share group 0's scale, 4-7 group 1's;
+    rows kernel: tiles of S = 2 groups, group 3 in the second chunk."""
     rng = np.random.default_rng(4)
-    a = random_input(rng, (2, 256), f16)
-    w_q, scales, zeros = random_w4(rng, 6, 256, 128, f16)
+    a = random_input(rng, (2, 512), f16)
+    w_q, scales, zeros = random_w4(rng, 6, 512, 128, f16)
     scales[:, 1] *= 4  # a scale mix-up cannot hide behind similar values
-    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 128, BK=32)
-    check_w4a16(c, a, w_q, scales, zeros, 128, f16, dequant_rounded=False)
+    scales[:, 3] *= 16
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 128, **tiles)
+    check_w4a16(c, a, w_q, scales, zeros, 128, f16, dequant_rounded=rounds_weights(2, tiles))
 
 
-@pytest.mark.parametrize("m", [1, 30])
+@pytest.mark.parametrize("m", [1, 3, 30])
 def test_w4a16_nan_reaches_only_its_outputs(m):
     rng = np.random.default_rng(12 + m)
     a = random_input(rng, (m, 64), f16)
@@ -111,7 +125,23 @@ def test_w4a16_nan_reaches_only_its_outputs(m):
     keep = np.arange(8) != 3
     if m > 1:
         check_w4a16(c[:m - 1][:, keep], a[:m - 1], w_q[keep], scales[keep], zeros[keep], 32,
-                    f16, dequant_rounded=m > 16)
+                    f16, dequant_rounded=rounds_weights(m))
+
+
+def test_w4a16_inf_activation_gives_inf_or_nan_only_in_its_row():
+    """+inf times weights of both signs: inf or nan in that row (as numpy), finite elsewhere."""
+    rng = np.random.default_rng(5)
+    a = random_input(rng, (2, 128), f16)
+    w_q, scales, zeros = random_w4(rng, 12, 128, 64, f16)
+    a[0, 7] = np.inf
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64)
+    w = dequantize_w4(w_q, scales, zeros, 64)
+    with np.errstate(invalid="ignore"):
+        ref = a.astype(np.float64) @ w.T
+    assert np.array_equal(np.isposinf(c[0]), np.isposinf(ref[0]))
+    assert np.array_equal(np.isneginf(c[0]), np.isneginf(ref[0]))
+    assert np.array_equal(np.isnan(c[0]), np.isnan(ref[0]))
+    check_w4a16(c[1:], a[1:], w_q, scales, zeros, 64, f16, dequant_rounded=False)
 
 
 # ------------------------------------------------------------------ quantization, packing
@@ -163,10 +193,16 @@ def test_quantized_weights_through_the_kernel():
 
 
 def test_config_picks_the_kernel_by_rows():
-    assert w4a16_config(16, 4096, 4096, 128)[0] == "gemv"
-    assert w4a16_config(17, 4096, 4096, 128)[0] == "gemm"
-    kind, grid, c = w4a16_config(1, 4096, 4096, 32)
-    assert kind == "gemv" and c["BK"] == 32 and c["BN"] * c["BK"] // 128 == 32
+    assert w4a16_config(MAX_ROWS_KERNEL_M, 4096, 4096, 128)[0] == "rows"
+    kind, grid, c = w4a16_config(MAX_ROWS_KERNEL_M + 1, 4096, 4096, 128)
+    assert kind == "gemm" and c["BM"] == 16 and grid == (1, 4096 // c["BN"])
+    assert w4a16_config(17, 4096, 4096, 128)[2]["BM"] == 64
+    # one 16-byte load per thread per weight tile: BN·S·G/32 = 128 threads
+    for group in GROUP_SIZES:
+        kind, grid, c = w4a16_config(1, 4096, 4096, group)
+        assert kind == "rows" and c["BN"] * c["S"] * group // 32 == 128
+        assert grid == (4096 // (c["BN"] * c["R"]),) and grid[0] > 3 * 132  # blocks for every SM, several each
+    assert w4a16_config(1, 4096, 4096, 128, BM=16)[0] == "gemm"
 
 
 # ------------------------------------------------------------------ argument checks

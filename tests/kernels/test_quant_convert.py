@@ -86,11 +86,12 @@ def test_cast_kernels_compile(target):
 
 def _library_builds():
     from tegula.kernels.gemv import gemv_kernel
-    from tegula.kernels.quant import w4a16_gemm_kernel, w4a16_gemv_kernel
-    yield "gemv-f16-M1", gemv_kernel(f16), dict(M=1, BN=8, BK=512)
+    from tegula.kernels.quant import w4a16_gemm_kernel, w4a16_rows_kernel
+    yield "gemv-f16-M1", gemv_kernel(f16), dict(M=1, BN=8, BK=512, UNROLL=2)
     yield "gemv-bf16-M16", gemv_kernel(bf16), dict(M=16, BN=8, BK=128)
-    yield "w4a16-gemv-zeros", w4a16_gemv_kernel(f16, True), dict(M=1, G=128, BN=32, BK=128)
-    yield "w4a16-gemv-sym-M5", w4a16_gemv_kernel(bf16, False), dict(M=5, G=64, BN=32, BK=64)
+    yield "w4a16-rows-zeros", w4a16_rows_kernel(f16, True), dict(M=1, G=128, BN=4, S=8, R=2)
+    yield "w4a16-rows-sym-M5", w4a16_rows_kernel(bf16, False), dict(M=5, G=64, BN=4, S=16,
+                                                                     R=4, UNROLL=1)
     yield "w4a16-gemm-zeros", w4a16_gemm_kernel(f16, True), dict(G=128, BM=64, BN=64, BK=64)
     yield "w4a16-gemm-sym", w4a16_gemm_kernel(bf16, False), dict(G=32, BM=64, BN=128, BK=32)
 
