@@ -239,13 +239,16 @@ def moe_schedule_kernel() -> tg.Kernel:
         own_start = tg.max(tg.where(started, tile_start[None, :], 0), 1)
         first = tg.max(tg.where(started, starts[None, :], 0), 1) + (r[:, None] - own_start) * BM
         end = tg.max(tg.where(started, ends[None, :], 0), 1)
-        work = t[:, None] < row_tiles * tiles_n                   # (BT, 1)
+        # Offsets the host did not check (torch: no sync) could claim more rows than x
+        # has: the count never exceeds the list's capacity, so no GEMM block reads past it.
+        count = tg.minimum(row_tiles * tiles_n, schedule.shape[1])
+        work = t[:, None] < count                                 # (BT, 1)
         fields = {EXPERT: tg.maximum(expert, 0), FIRST_ROW: tg.where(work, first, 0),
                   END_ROW: tg.where(work, end, 0), COLUMN_TILE: tg.where(work, n[:, None], 0)}
         for f, value in fields.items():
             tg.copy(value[:, 0], schedule[f].tile((BT,), (tg.block_id(0),)))
         with tg.if_(tg.block_id(0) == 0):
-            tg.copy(row_tiles * tiles_n, work_count.tile((1,), (0,)))
+            tg.copy(count, work_count.tile((1,), (0,)))
 
     return moe_schedule
 

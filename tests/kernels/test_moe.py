@@ -256,3 +256,14 @@ def test_torch_arguments_are_named():
     with pytest.raises(ValueError, match="x_sorted is on cpu"):
         moe.moe_gemm(x, w, offsets)
 
+
+
+def test_schedule_count_never_exceeds_its_capacity():
+    """Offsets claiming more rows than x has (the torch path cannot check them without a
+    host sync) must not send the GEMM past the end of its work list."""
+    offsets = offsets_of([40, 40])                      # 80 rows claimed
+    plan = moe.plan_launches(20, 64, 2, dict(BM=16, BN=32, BK=16, STAGES=2), num_sms=4)
+    schedule, count = poisoned((4, plan.capacity), moe.i32), poisoned((1,), moe.i32)
+    launch_emulated(moe.moe_schedule_kernel(), plan.schedule_grid, offsets, schedule, count,
+                    *plan.schedule_scalars, **plan.schedule_constexprs)
+    assert plan.capacity == (20 // 16 + 2) * 2 and count[0] == plan.capacity
