@@ -16,10 +16,14 @@ shared buffer and TMA stores where c's rows allow (`lower/hopper.py`). The READM
 tiles on an H100: `BM=128, BN=256, BK=64, STAGES=4, threads=256` at launch. On sm_80 it is
 the Ampere path (cp.async + mma.sync), each tile refilling its stages from the start.
 `tegula explain examples/persistent_gemm.py:persistent_gemm` shows the decisions.
+
+The loop itself is the library's (`tegula.kernels.gemm.persistent_tiles`, which
+`tegula.kernels.matmul` runs with fused epilogues): this kernel passes it the epilogue
+(round to f16, store), and its comment spells out what it traces.
 """
 import tegula as tg
-from tegula import f16, f32
-from tegula.kernels.schedule import grouped_tile
+from tegula import f16
+from tegula.kernels.gemm import persistent_grid, persistent_tiles  # noqa: F401 (the grid)
 
 
 @tg.kernel(threads=128)
@@ -27,31 +31,20 @@ def persistent_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
                     BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
                     STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8,
                     CLUSTER: tg.constexpr = 1):
-    tg.cluster(CLUSTER)                       # CLUSTER blocks share each column tile of b
-    tiles_m = tg.cdiv(tg.cdiv(a.shape[0], BM), CLUSTER)   # in units of CLUSTER row tiles
-    tiles_n = tg.cdiv(b.shape[0], BN)
-    sa = tg.shared((BM, BK), f16, stages=STAGES)
-    sb = tg.shared((BN, BK), f16, stages=STAGES)
-    for t in tg.range(tg.block_id(0) // CLUSTER, tiles_m * tiles_n,
-                      tg.num_programs(0) // CLUSTER):
-        mc, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
-        m = mc * CLUSTER + tg.block_id(0) % CLUSTER   # may be past a's rows: zeros, no store
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), f32)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])          # acc += sa @ sb.T
+    def store(acc, m, n):                     # each tile's epilogue: round, store
         tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
-
-
-def persistent_grid(m: int, n: int, num_sms: int, bm: int = 128, bn: int = 128,
-                    cluster: int = 1) -> tuple:
-    """The launch grid: one block per SM, fewer when there are fewer tiles; whole clusters
-    of `cluster` blocks, each cluster walking units of `cluster` row tiles."""
-    units = tg.cdiv(tg.cdiv(m, bm), cluster) * tg.cdiv(n, bn)
-    return (max(1, min(units, num_sms // cluster)) * cluster,)
+    # The tile loop, its K pipeline and the clusters: the library's persistent GEMM
+    # (tegula.kernels.gemm.persistent_tiles, also under tegula.kernels.matmul), which is
+    #   tg.cluster(CLUSTER)                   # CLUSTER blocks share each column tile of b
+    #   tiles_m = cdiv(cdiv(M, BM), CLUSTER)  # in units of CLUSTER row tiles
+    #   sa, sb = tg.shared(...), tg.shared(...)            # one ring for all the tiles
+    #   for t in tg.range(tg.block_id(0) // CLUSTER, tiles_m * tiles_n,
+    #                     tg.num_programs(0) // CLUSTER):
+    #       mc, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+    #       m = mc * CLUSTER + tg.block_id(0) % CLUSTER    # past a's rows: no store
+    #       acc = the README's pipelined K loop for tile (m, n) through sa, sb
+    #       store(acc, m, n)
+    persistent_tiles(a, b, f16, BM, BN, BK, STAGES, GROUP, store, CLUSTER)
 
 
 def main(m: int = 97, n: int = 130, k: int = 72, num_sms: int = 6) -> None:

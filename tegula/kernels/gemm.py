@@ -233,7 +233,7 @@ def persistent_gemm_kernel(dtype: DType, activation: str | None = None,
     return persistent_gemm
 
 
-def persistent_grid(m: int, n: int, num_sms: int, bm: int, bn: int,
+def persistent_grid(m: int, n: int, num_sms: int, bm: int = 128, bn: int = 128,
                     cluster: int = 1) -> tuple[int]:
     """A persistent kernel's grid: one block per SM, fewer when there are fewer tiles;
     whole clusters of `cluster` blocks, each cluster walking units of `cluster` row

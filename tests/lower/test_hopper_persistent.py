@@ -192,7 +192,8 @@ def test_explain_shows_the_persistent_ring():
     assert ("epilogue through shared memory: 4 swizzled 128x64 boxes (128 B swizzle) staged 2 "
             "at a time in 32768 B at byte 196608 (2 rounds of stmatrix.x4, fence.proxy.async, "
             "TMA store clipped at the tensor's edge)") in text
-    source = (ROOT / "examples" / "persistent_gemm.py").read_text().splitlines()
+    # the tile loop is the library's (kernels.gemm.persistent_tiles), which the example calls
+    source = (ROOT / "tegula" / "kernels" / "gemm.py").read_text().splitlines()
     line = next(i + 1 for i, s in enumerate(source) if "for t in tg.range(" in s)
     assert (f"both roles walk the enclosing loops and their scalar code (the producer only "
             f"issues), and the ring runs across the enclosing loop (line {line}): stage and "
