@@ -307,15 +307,17 @@ class Backward:
                    tuple(n for n in wanted if n in grads), outputs)
 
     def setup_context(self, ctx: Any, inputs: tuple, output: Any) -> None:
-        """Save what the backward reads: tensors through `save_for_backward`, ints as
-        they are."""
+        """Save what the backward reads: tensors through `save_for_backward`, ints (SymInts
+        while tracing) as they are."""
+        import torch
+
         outputs = output if isinstance(output, tuple) else (output,)
         values = {p.name: v for p, v in zip(self.spec.inputs, inputs)}
         values.update({p.name: v for p, v in zip(self.spec.outputs, outputs)})
-        tensors = [n for n in self.saved if not isinstance(values[n], int)]
+        tensors = [n for n in self.saved if isinstance(values[n], torch.Tensor)]
         ctx.save_for_backward(*(values[n] for n in tensors))
         ctx.tegula_tensors = tensors
-        ctx.tegula_ints = {n: values[n] for n in self.saved if isinstance(values[n], int)}
+        ctx.tegula_ints = {n: values[n] for n in self.saved if n not in tensors}
         ctx.tegula_shapes = [tuple(v.shape) if p.kind == "tensor" else None
                              for p, v in zip(self.spec.inputs, inputs)]
 
@@ -324,7 +326,8 @@ class Backward:
         values = dict(zip(ctx.tegula_tensors, ctx.saved_tensors), **ctx.tegula_ints)
         for p, grad in zip(self.spec.outputs, grads):
             if f"grad_{p.name}" in self.grads:
-                values[f"grad_{p.name}"] = grad.contiguous() if self.outputs else grad
+                values[f"grad_{p.name}"] = grad.contiguous() \
+                    if self.outputs is not None and grad is not None else grad
         wanted = self.saved + self.grads
         if self.outputs is not None:  # a backward op: positionally, in its input order
             order = [p.name for p in self.function.tegula_spec.inputs]

@@ -175,3 +175,21 @@ def test_backward_kernel_on_cuda():
     x.grad = None
     exp_op(x).backward(g)
     assert torch.allclose(x.grad, g * x.detach().exp(), rtol=1e-5, atol=0)
+
+
+def test_an_int_input_read_by_the_backward_under_dynamic_compile():
+    """With dynamic shapes the int input reaches setup_context as a SymInt: kept as it is
+    (save_for_backward takes tensors only)."""
+    def backward(x, rows, grad_out):
+        keep = (torch.arange(x.shape[0]) < rows).to(grad_out.dtype)[:, None]
+        return {"x": grad_out * 2 * keep}
+
+    op = tg.torch_op(scaled_rows, out={"out": "x"}, grid=grid, backward=backward,
+                     name="tegula_test_bwd::scaled_rows_dynamic")
+    step = torch.compile(lambda x, rows: op(x, rows).sum(), dynamic=True, fullgraph=True,
+                         backend="aot_eager")
+    for rows, n in ((5, 9), (7, 13)):
+        x = _random((n, 40), 20 + rows)
+        step(x, rows).backward()
+        assert torch.equal(x.grad[:rows], torch.full((rows, 40), 2.0))
+        assert torch.equal(x.grad[rows:], torch.zeros(n - rows, 40))
