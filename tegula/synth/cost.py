@@ -26,7 +26,8 @@ so synthesis and the autotuner can use them before lowering:
      every pipe, so two demands of similar size overlap imperfectly;
    * L2      = the block's global bytes at the SM's share of L2 -> SM bandwidth;
    * load latency = per loop iteration, one load latency over the loads in flight
-     (Little's law, `pipeline_latency_cycles`), shared by the blocks resident at once;
+     (Little's law, `pipeline_latency_cycles`; a TMA stage's latency includes its own
+     bytes, the box completing as a whole), shared by the blocks resident at once;
    * DRAM    = the grid's DRAM bytes at the GPU's DRAM bandwidth.
 
    The grid takes what its busiest SM takes: it runs ⌈blocks / SMs⌉ blocks (a partial
@@ -613,13 +614,15 @@ def estimate(build, grid=None, shapes: dict | None = None,
                     tuple(unresolved), tuple(notes), threads)
 
 
-#: The load latency a TMA pipeline sees on a loaded H100, in cycles: the README GEMM's
-#: stage sweep (benchmarks/cost_model_check.py, 2026-11-24) runs 128x256x64 at 2 stages in
-#: ~3,100 cycles per iteration with one 48 KB stage in flight per SM, so by Little's law
-#: the latency of a box is ~3,100 cycles (the box lands as a whole and signals through its
-#: mbarrier). Rankings are insensitive to it between 2,500 and 4,000. cp.async pipelines
-#: fit the catalogue's unloaded global-load latency.
-TMA_LATENCY_CYCLES = 3100
+#: A TMA box's completion on a loaded H100: the box lands as a whole (one mbarrier
+#: completes it), so a stage's wait is a latency plus the stage's bytes at the rate one
+#: SM's TMA traffic is served. Calibrated on the H100 measurements of 2026-11-24 (fitted:
+#: the README GEMM's 2-stage 128x256x64 (48 KB a stage, ~3,100 cycles an iteration) and the
+#: attention forward with V as (D, S) (8 and 16 KB a stage, ~1,100 and ~1,400 cycles); the
+#: attention with V as (S, D) was held out). cp.async pipelines fit the catalogue's
+#: unloaded global-load latency, their 16-byte requests completing independently.
+TMA_LATENCY_CYCLES = 800
+TMA_BYTES_PER_CLK = 20
 
 
 def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target) -> float:
@@ -629,19 +632,23 @@ def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Targe
     `S` stages, one when it is not pipelined). `_combine` divides this among the blocks
     resident on an SM: by Little's law an SM keeping `n` blocks' loads in flight sustains
     `n (S - 1) B / latency` bytes per clock, so the latency stops mattering once that
-    exceeds the SM's share of L2 bandwidth (the L2 term). (Measured on an H100: the README
-    GEMM at 128x256x64 runs ~2x slower at 2 stages than at 4 on TMA; on cp.async, 2 stages
-    cost nothing at 3 blocks per SM and 24% at 2.)"""
+    exceeds the SM's share of L2 bandwidth (the L2 term). A TMA stage's wait is
+    `TMA_LATENCY_CYCLES` plus its bytes at `TMA_BYTES_PER_CLK` (the box completes as a
+    whole). (Measured on an H100: the README GEMM at 128x256x64 runs ~2x slower at 2
+    stages than at 4 on TMA; on cp.async, 2 stages cost nothing at 3 blocks per SM.)"""
     unloaded = get_instruction("ld.global.v4.b32").latency_cycles
-    per_loop: dict = {}
+    per_loop: dict = {}          # loops -> (latency, TMA bytes per iteration)
     for counted in uses:
         u = counted.use
         if not counted.loops or not u.global_bytes or not u.role.startswith("G2"):
             continue
-        latency = TMA_LATENCY_CYCLES if u.pipe == "tma" else unloaded
-        per_loop[counted.loops] = max(per_loop.get(counted.loops, 0.0), latency)
-    return sum(weights[loops] * latency / max(1, loops[-1].stages - 1)
-               for loops, latency in per_loop.items())
+        latency, tma_bytes = per_loop.get(counted.loops, (unloaded, 0.0))
+        if u.pipe == "tma":
+            latency, tma_bytes = TMA_LATENCY_CYCLES, tma_bytes + u.global_bytes
+        per_loop[counted.loops] = (latency, tma_bytes)
+    return sum(weights[loops] * (latency + tma_bytes / TMA_BYTES_PER_CLK)
+               / max(1, loops[-1].stages - 1)
+               for loops, (latency, tma_bytes) in per_loop.items())
 
 
 def spill_notes(target: Target, threads: int, registers: int,
