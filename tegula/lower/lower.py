@@ -31,6 +31,7 @@ from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
 from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
+from tegula.lower.scalar_loads import bind_scalar_loads
 from tegula.lower.scan import lower_scan
 from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
 from tegula.lower.thread_ir import (Barrier, BinOp, Comment, Const, CpAsyncCommit, CpAsyncWait,
@@ -206,6 +207,8 @@ def lower(result) -> ThreadKernel:
             if isinstance(p, TensorParam) and p.index_bits > 32 for d in range(p.rank)}
     params, body = finish_async(kernel, ctx, params, body)
     body = hoist_loop_invariants(ctx.coords.prologue + body, wide)
+    body = bind_scalar_loads(body, {p.name for p in params
+                                    if isinstance(p, TensorParam) and not p.writes})
     # A warp-specialized pipeline adds its producer warpgroup after the user's threads.
     threads = ctx.warp_roles.block_threads if ctx.warp_roles is not None else kernel.threads
     return ThreadKernel(kernel.name, threads, params, ctx.registers, ctx.shared, body,
