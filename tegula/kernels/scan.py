@@ -55,6 +55,17 @@ def _compose(earlier, later):
     return earlier[0] * later[0], later[0] * earlier[1] + later[1]
 
 
+def _compose_each(count: int):
+    """`_compose` on each of `count` independent (a, b) pairs, flattened in one tuple: one
+    tuple scan runs several states' recurrences through the same shuffle rounds."""
+    def combine(earlier, later):
+        pairs = ()
+        for i in range(0, 2 * count, 2):
+            pairs += _compose(earlier[i:i + 2], later[i:i + 2])
+        return pairs
+    return combine
+
+
 @lru_cache(maxsize=None)
 def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
     """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype`."""
@@ -67,7 +78,8 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
                            N: tg.constexpr, BD: tg.constexpr = 8, BL: tg.constexpr = 256,
                            HAS_D: tg.constexpr = False, HAS_Z: tg.constexpr = False,
                            HAS_BIAS: tg.constexpr = False, SOFTPLUS: tg.constexpr = False,
-                           PREFETCH: tg.constexpr = False):
+                           PREFETCH: tg.constexpr = False, GROUP: tg.constexpr = 1,
+                           BC_AHEAD: tg.constexpr = False):
         b = tg.block_id(0)
         block = tg.block_id(1)
         channels = (block, 0)
@@ -104,12 +116,32 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             # Past the sequence's end u and delta load as 0, so each step there adds 0
             # (its decay may differ from 1 with a bias); those steps come last and are
             # never stored.
-            for n in range(N):
-                bn = tg.load(B[b].tile((1, BL), (n, k))).to(f32)
-                cn = tg.load(C[b].tile((1, BL), (n, k))).to(f32)
-                (_, hn), (_, h[n]) = tg.scan((tg.exp2(dt * a2[n]), dtu * bn), 1, _compose,
-                                             initial=(one, h[n]))
-                y = y + hn * cn
+            # GROUP states per scan (their recurrences share the shuffle rounds); with
+            # BC_AHEAD the next group's B and C rows load before this group's scan.
+            groups = [range(n0, min(n0 + GROUP, N)) for n0 in range(0, N, GROUP)]
+
+            def rows_of(group):
+                return [(tg.load(B[b].tile((1, BL), (n, k))),
+                         tg.load(C[b].tile((1, BL), (n, k)))) for n in group]
+
+            rows = rows_of(groups[0])
+            for g, group in enumerate(groups):
+                current = rows
+                if g + 1 < len(groups) and BC_AHEAD:
+                    rows = rows_of(groups[g + 1])
+                elif g + 1 < len(groups):
+                    rows = None
+                if current is None:
+                    current = rows_of(group)
+                pairs, starts = (), ()
+                for n, (bn, _) in zip(group, current):
+                    pairs += (tg.exp2(dt * a2[n]), dtu * bn.to(f32))
+                    starts += (one, h[n])
+                states, carries = tg.scan(pairs, 1, _compose_each(len(group)),
+                                          initial=starts)
+                for j, (n, (_, cn)) in enumerate(zip(group, current)):
+                    h[n] = carries[2 * j + 1]
+                    y = y + states[2 * j + 1] * cn.to(f32)
             if HAS_Z:
                 if not PREFETCH:
                     zt = chunk_of(z, k).to(f32)
