@@ -226,17 +226,20 @@ def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
 
 def backward_candidates(head_dim: int) -> list[dict]:
     """Configurations of the dK/dV and dQ kernels the torch entry point times per shape
-    bucket (each kernel tuned on its own; the first is `backward_tiles`'s default). What
-    ptxas reported for sm_90a (session 5): at D = 128 the default's dK/dV kernel spills
-    (~430 B a thread; 44 B at 256 threads), 64 × 32 blocks do not; at D = 256 32 × 32
-    blocks spill 44 B, hence the narrower and 256-thread variants."""
+    bucket (each kernel tuned on its own). On sm_90a blocks of 64 rows and columns put
+    every gemm of both kernels on wgmma (the transposed products read MN-major); ptxas
+    (2026-11-24): no spills at D = 128 with 128 threads (on mma.sync that dK/dV kernel
+    spilled ~430 B a thread) nor at D = 256 with 256 threads (128 threads spill 2 KB
+    there). Narrower blocks (32 rows: mma.sync) stay for the tuner to compare, and on
+    targets without wgmma."""
     if head_dim <= 64:
         return [dict(BM=64, BN=64), dict(BM=64, BN=128, threads=256),
                 dict(BM=128, BN=64, threads=256)]
     if head_dim <= 128:
-        return [dict(BM=64, BN=64), dict(BM=64, BN=32), dict(BM=64, BN=64, threads=256),
-                dict(BM=32, BN=64)]
-    return [dict(BM=32, BN=32), dict(BM=16, BN=32), dict(BM=32, BN=64, threads=256)]
+        return [dict(BM=64, BN=64), dict(BM=64, BN=128, threads=256),
+                dict(BM=128, BN=64, threads=256), dict(BM=64, BN=32)]
+    return [dict(BM=64, BN=64, threads=256), dict(BM=32, BN=32), dict(BM=16, BN=32),
+            dict(BM=32, BN=64, threads=256)]
 
 
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
