@@ -73,10 +73,13 @@ def test_each_option_alone(options):
 
 
 @pytest.mark.parametrize("tiles", [dict(BL=32), dict(BL=32, PREFETCH=True),
-                                   dict(BD=4, BL=64), dict(BD=16, BL=16, PREFETCH=True)])
+                                   dict(BD=4, BL=64), dict(BD=16, BL=16, PREFETCH=True),
+                                   dict(BL=32, GROUP=2, BC_AHEAD=True), dict(BL=32, GROUP=3),
+                                   dict(BL=16, GROUP=16, BC_AHEAD=True)])
 def test_small_chunks_carry_the_state(tiles):
-    """Small chunks (BL 16-64: 2-4 steps per thread): many chunks, so a state dropped or
-    carried wrongly between them shows; with u and delta prefetched a chunk ahead too."""
+    """Small chunks (BL 16-64: 1-4 steps per thread): many chunks, so a state dropped or
+    carried wrongly between them shows; with u and delta prefetched a chunk ahead, several
+    states per scan (3 does not divide 16) and B/C rows loaded a group ahead."""
     u, delta, A, B, C, D, z, bias = inputs(1, 10, 79, 16, seed=5)
     out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, True, **tiles)
     assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, True), 1e-5)
