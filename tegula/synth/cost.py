@@ -94,6 +94,7 @@ class InstrUse:
     global_bytes: int = 0
     pipe_cycles: float = 1.0
     flops: int = 0
+    barriers: int = 0            # block-wide barriers (bar.sync) per execution
 
     @property
     def warp_bytes(self) -> int:
@@ -229,8 +230,10 @@ def _values(tile: RegisterTile) -> int:
 
 def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
     """Per-thread combines, then butterfly shuffles across the lanes of a warp that share
-    an output element: log2(lanes holding it) rounds per distinct output register. (The
-    cross-warp step through shared memory is small and not counted.)"""
+    an output element: log2(lanes holding it) rounds per distinct output register; then,
+    where an output element's partials sit in several warps, lowering's exchange through a
+    shared scratch row (`lower/compute.py: _reduce_across_warps`): a store and a load per
+    distinct output register, and three block-wide barriers."""
     warps = _warps(kernel)
     alu = InstrUse("ALU", "alu", 1, 0, _values(op.x) * warps, "alu")
     if op.out.layout is None:
@@ -240,8 +243,27 @@ def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
     lanes = max(np.unique(table[:32, v], return_counts=True)[1].max() for v in distinct)
     shuffles = int(math.log2(lanes)) * len(distinct) * warps
     shfl = get_instruction("shfl.sync.bfly.b32")
-    return [alu] + ([InstrUse("ALU", shfl.name, 1, 4, shuffles, shfl.pipe)]
-                    if shuffles else [])
+    uses = [alu] + ([InstrUse("ALU", shfl.name, 1, 4, shuffles, shfl.pipe)] if shuffles else [])
+    if _spans_warps(table, distinct):
+        eb = 4  # partials are exchanged as 32-bit words
+        for op_name in ("st", "ld"):
+            instr = vector_access(op_name, "shared", eb)
+            uses.append(InstrUse("RED", instr.name, 1, eb, len(distinct) * warps, instr.pipe,
+                                 len(distinct) * warps, len(distinct) * warps,
+                                 barriers=3 if op_name == "st" else 0))
+    return uses
+
+
+def _spans_warps(table: np.ndarray, values) -> bool:
+    """Whether some output element of a reduction is held by threads of different warps
+    (after the reduction every thread that held a partial holds the result)."""
+    warp_of = np.arange(table.shape[0]) // 32
+    for v in values:
+        elements = table[:, v]
+        for element in np.unique(elements):
+            if len(np.unique(warp_of[elements == element])) > 1:
+                return True
+    return False
 
 
 def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:
@@ -262,8 +284,9 @@ def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:
     for instr, tile, values in ((st, op.x, distinct_values(op.x.layout)),
                                 (ld, op.out, range(_values(op.out)))):
         waves, ideal = _scratch_wavefronts(tile.layout, eb, list(values))
+        # lowering fences the scratch with three barriers (before, between, after)
         uses.append(InstrUse("CVT", instr.name, 1, eb, len(values) * warps, instr.pipe,
-                             waves, ideal))
+                             waves, ideal, barriers=3 if instr is st else 0))
     return uses
 
 
@@ -668,7 +691,7 @@ def spill_notes(target: Target, threads: int, registers: int,
 def _totals(uses: list[CountedUse], weights: dict) -> dict:
     """Per-block sums of the quantities the model uses."""
     t = dict(global_bytes=0.0, flops=0.0, mma=0.0, instrs=0.0, waves=0.0, ideal=0.0,
-             tensor=0.0, sfu=0.0)
+             tensor=0.0, sfu=0.0, barriers=0.0)
     for counted in uses:
         u, w = counted.use, weights[counted.loops]
         t["global_bytes"] += u.global_bytes * w
@@ -676,6 +699,7 @@ def _totals(uses: list[CountedUse], weights: dict) -> dict:
         t["instrs"] += u.warp_instructions * w
         t["waves"] += u.wavefronts * w
         t["ideal"] += u.ideal_wavefronts * w
+        t["barriers"] += u.barriers * w
         if u.pipe == "tensor":
             t["mma"] += u.warp_instructions * w
             t["tensor"] += u.warp_instructions * u.pipe_cycles * w
@@ -693,6 +717,13 @@ def _totals(uses: list[CountedUse], weights: dict) -> dict:
 #: 15-22% slower than 128-thread blocks of the same tile; checked on 4096^3 (held out).
 #: Rankings are the same for any norm from 1.5 to 3.
 PIPE_OVERLAP_NORM = 2
+
+#: What one block-wide barrier of a reduction or conversion exchange costs the SM, in
+#: cycles: fitted on the attention forward (H100, 2026-11-24, V as (D, S), 64 keys a
+#: block) where two warpgroups share each row — two cross-warp reductions of three barriers
+#: per key block cost ~270 cycles each over the same tiles on one warpgroup, whether 2 or 3
+#: blocks shared the SM; checked on 32 keys a block and on V as (S, D).
+BARRIER_CYCLES = 90
 
 #: Special-function unit results per clock per SM (ex2, lg2, rsqrt, sin, cos, tanh.approx:
 #: the CUDA programming guide's throughput table, compute capability 8.0 to 9.0).
@@ -720,6 +751,9 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
              "issue": t["instrs"] / target.subpartitions,
              "special-function": t["sfu"]}
     pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
+    # A block-wide barrier inside the work stalls the block's warps until the last one
+    # arrives; measured, it is not hidden by the other blocks on the SM (see BARRIER_CYCLES).
+    pipe_cycles += t["barriers"] * BARRIER_CYCLES
     # Per block at full SM rates; "load latency" is the block's wait alone (see
     # pipeline_latency_cycles), shared by the blocks resident with it.
     per_block = {"pipes": pipe_cycles}

@@ -1,0 +1,40 @@
+"""Block-wide barriers in the cost model: a reduction whose rows span several warps
+exchanges partials through shared memory with three barriers (lower/compute.py), which the
+model used to leave out ("small") — on the H100 it cost an attention forward whose two
+warpgroups share each row ~2x. A warp-local reduction has none."""
+from __future__ import annotations
+
+import tegula as tg
+from tegula import f32
+from tegula.build import build
+from tegula.ir.ops import Reduce
+from tegula.synth.cost import BARRIER_CYCLES, estimate, instruction_uses
+
+
+def _row_sum(bm: int, bn: int, threads: int):
+    @tg.kernel(threads=threads)
+    def row_sum(x: tg.Tensor[f32], y: tg.Tensor[f32, 1]):
+        m = tg.block_id(0)
+        t = tg.load(x.tile((bm, bn), (m, 0)))
+        tg.copy(tg.sum(t, axis=1)[:, 0], y.tile((bm,), (m,)))
+    return row_sum
+
+
+def _reduce_barriers(built) -> int:
+    return sum(c.use.barriers for c in instruction_uses(built.traced, built.target)
+               if isinstance(c.op, Reduce))
+
+
+def test_a_row_over_several_warps_pays_three_barriers():
+    wide = build(_row_sum(1, 1024, 256), {}, None, "sm_90a")     # one row, 8 warps
+    assert _reduce_barriers(wide) == 3
+    local = build(_row_sum(8, 128, 256), {}, None, "sm_90a")     # a row per warp
+    assert _reduce_barriers(local) == 0
+
+
+def test_barriers_add_to_the_blocks_time():
+    shapes = {"x": (1000, 1024), "y": (1000,)}
+    wide = estimate(build(_row_sum(1, 1024, 256), {}, None, "sm_90a"), (1000,), shapes)
+    pipes = dict(wide.resources)["pipes"] / wide.blocks_per_sm
+    parts = (wide.tensor_cycles, wide.shared_cycles, wide.issue_cycles)
+    assert pipes >= 3 * BARRIER_CYCLES + max(parts)
