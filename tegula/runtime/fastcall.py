@@ -198,16 +198,19 @@ fail:
 #ifndef Py_GIL_DISABLED
 #define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
 
-/* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then cuLaunchKernel on grid
+/* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then the int scalars
+   args[scalar_indices[j]] as 4-byte values after them, then cuLaunchKernel on grid
    g[0..2] and stream g[3]; spec = (cuLaunchKernel address, function, threads, shared
-   bytes, parameter array, dest, indices). Every value is converted before any is
-   written. The GIL is held from the first write to the driver's return (the driver
-   copies the values during the call), so no other Python thread can rewrite the buffer
-   in between: no lock needed. 0 with *code set (the CUresult), or -1 on an error. */
+   bytes, parameter array, dest, indices[, scalar_indices]). Every value is converted
+   before any is written. The GIL is held from the first write to the driver's return
+   (the driver copies the values during the call), so no other Python thread can rewrite
+   the buffer in between: no lock needed. 0 with *code set (the CUresult); 1 where a
+   scalar is not an int in 32-bit range (nothing written: Python's check names it); -1
+   on an error. */
 static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject *pointers,
-                         int *code)
+                         PyObject *args, int *code)
 {
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 7 ||
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 7 || PyTuple_GET_SIZE(spec) > 8 ||
             !(PyList_Check(pointers) || PyTuple_Check(pointers))) {
         PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
         return -1;
@@ -224,14 +227,17 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
         return -1;
     }
     PyObject *indices = PyTuple_GET_ITEM(spec, 6);
-    if (!PyTuple_Check(indices)) {
-        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices must be a tuple");
+    PyObject *scalars = PyTuple_GET_SIZE(spec) == 8 ? PyTuple_GET_ITEM(spec, 7) : NULL;
+    if (!PyTuple_Check(indices) || (scalars != NULL && !PyTuple_Check(scalars))) {
+        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices must be tuples");
         return -1;
     }
     unsigned long long *dest = (unsigned long long *)(uintptr_t)v[5], values[MAX_POINTERS];
+    int32_t ints[MAX_POINTERS];
     Py_ssize_t count = PyTuple_GET_SIZE(indices), have = PySequence_Fast_GET_SIZE(pointers);
-    if (count > MAX_POINTERS) {
-        PyErr_SetString(PyExc_ValueError, "launch_pointers: too many pointers");
+    Py_ssize_t nints = scalars == NULL ? 0 : PyTuple_GET_SIZE(scalars);
+    if (count > MAX_POINTERS || nints > MAX_POINTERS) {
+        PyErr_SetString(PyExc_ValueError, "launch_pointers: too many pointers or scalars");
         return -1;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -247,7 +253,27 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
             return -1;
         values[i] = p;
     }
+    for (Py_ssize_t i = 0; i < nints; i++) {
+        Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(scalars, i));
+        if (j == -1 && PyErr_Occurred())
+            return -1;
+        if (args == NULL || !(PyList_Check(args) || PyTuple_Check(args)) || j < 0 ||
+                j >= PySequence_Fast_GET_SIZE(args))
+            return 1;
+        PyObject *item = PySequence_Fast_GET_ITEM(args, j);
+        if (!PyLong_CheckExact(item))
+            return 1;
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (value == -1 && PyErr_Occurred())
+            return -1;
+        if (overflow || value < -2147483648LL || value > 2147483647LL)
+            return 1;
+        ints[i] = (int32_t)value;
+    }
     memcpy(dest, values, (size_t)count * 8);
+    if (nints)
+        memcpy((char *)dest + count * 8, ints, (size_t)nints * 4);
     launch_kernel_t launch_kernel = (launch_kernel_t)(uintptr_t)v[0];
     *code = launch_kernel((void *)(uintptr_t)v[1], (unsigned)g[0], (unsigned)g[1],
                           (unsigned)g[2], (unsigned)v[2], 1, 1, (unsigned)v[3],
@@ -255,12 +281,13 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
     return 0;
 }
 
-/* launch_pointers(spec, gx, gy, gz, stream, pointers (a list or tuple)) -> CUresult:
+/* launch_pointers(spec, gx, gy, gz, stream, pointers (a list or tuple)[, args]) ->
+   CUresult, or None where a scalar is not an int in 32-bit range (nothing launched):
    launch_direct from Python (PreparedLaunch.__call__). */
 static PyObject *launch_pointers(PyObject *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 6) {
-        PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
+    if (n != 6 && n != 7) {
+        PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple[, args])");
         return NULL;
     }
     unsigned long long g[4];  /* gx, gy, gz, stream */
@@ -270,8 +297,11 @@ static PyObject *launch_pointers(PyObject *self, PyObject *const *a, Py_ssize_t 
             return NULL;
     }
     int code;
-    if (launch_direct(a[0], g, a[5], &code) < 0)
+    int done = launch_direct(a[0], g, a[5], n == 7 ? a[6] : NULL, &code);
+    if (done < 0)
         return NULL;
+    if (done > 0)
+        Py_RETURN_NONE;
     return PyLong_FromLong(code);
 }
 
@@ -345,9 +375,12 @@ static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
     g[3] = PyLong_AsUnsignedLongLong(stream);
     if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
         goto done;
-    int code;
-    if (launch_direct(direct, g, pointers, &code) < 0 ||
-            (kernel = PyObject_GetAttr(hit, s_kernel)) == NULL)
+    int code, launched = launch_direct(direct, g, pointers, a[2], &code);
+    if (launched < 0)
+        goto done;
+    if (launched > 0)
+        goto python;  /* a scalar for Python's check */
+    if ((kernel = PyObject_GetAttr(hit, s_kernel)) == NULL)
         goto done;
     if (code != 0) {
         PyObject *checked = PyObject_CallMethod(kernel, "check_result", "iKKK", code,
@@ -404,8 +437,8 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
             (grid = PyObject_GetAttr(hit, s_grid)) == NULL)
         goto done;
     unsigned long long g[4];
-    if (!PyTuple_Check(direct) || !plain_grid(grid, g))
-        goto python;
+    if (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 7 || !plain_grid(grid, g))
+        goto python;  /* (an 8-item spec has scalars: no entry point's) */
     if ((allocate = PyObject_GetAttr(hit, s_allocate)) == NULL)
         goto done;
     if (allocate == Py_None) {
@@ -423,9 +456,13 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
     g[3] = PyLong_AsUnsignedLongLong(stream);
     if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
         goto done;
-    int code;
-    if (launch_direct(direct, g, pointers, &code) < 0)
+    int code, launched = launch_direct(direct, g, pointers, NULL, &code);
+    if (launched < 0)
         goto done;
+    if (launched > 0) {  /* cannot happen: a 7-item spec has no scalars */
+        PyErr_SetString(PyExc_SystemError, "entry_launch: a scalar in a pointers-only launch");
+        goto done;
+    }
     if (code != 0) {
         if ((kernel = PyObject_GetAttr(prepared, s_kernel)) == NULL)
             goto done;
@@ -509,7 +546,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-7"])
+                      os.path.realpath(cc), include, "fastcall-8"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

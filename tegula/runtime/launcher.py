@@ -333,17 +333,19 @@ class PreparedLaunch:
         data pointers the caller has read already (`pointers[i]` for `args[i]`)."""
         direct = self.direct
         if direct is _NOT_YET:
-            direct = self.direct = self._direct_spec()
-        if direct is not None:  # pointers only: written and launched in one C call
+            direct = self.direct = self._direct_spec(args)
+        if direct is not None:  # pointers and ints: written and launched in one C call
             device = self.device
             if stream is None and _CURRENT_STREAM:
                 handle = _CURRENT_STREAM[0](device)
             else:
                 handle = _stream_handle(stream, device)
-            code = _C_POINTERS[0][0](direct, grid[0], grid[1], grid[2], handle, pointers)
-            if code != 0:
-                self.kernel.check_result(code, grid[0], grid[1], grid[2])
-            return
+            code = _C_POINTERS[0][0](direct, grid[0], grid[1], grid[2], handle, pointers,
+                                     args)
+            if code is not None:  # None: an int out of 32-bit range, refused below
+                if code != 0:
+                    self.kernel.check_result(code, grid[0], grid[1], grid[2])
+                return
         changing = self.take_pointers(pointers)
         if self.scalars or self.maps:
             changing = self._with_scalars_and_maps(changing, args, pointers)
@@ -357,24 +359,31 @@ class PreparedLaunch:
             buffer.prefix.pack_into(buffer.buffer, buffer.start, *changing)
             self.kernel.send(grid[0], grid[1], grid[2], device, handle, buffer)
 
-    def _direct_spec(self) -> tuple | None:
-        """What fastcall's `launch_pointers` needs to write this launch's data pointers and
-        call cuLaunchKernel in one C call, holding the GIL throughout (so every launch of
-        this buffer goes through it and no lock is taken): for a launch whose changing
-        values are data pointers only, of a kernel without a cluster, on a known device,
-        with the C launcher in use and `send` not replaced (tests record through it).
-        None otherwise: the launch packs in Python and calls `send`."""
+    def _direct_spec(self, args: Sequence[Any]) -> tuple | None:
+        """What fastcall's `launch_pointers` needs to write this launch's data pointers
+        (and 32-bit int scalars) and call cuLaunchKernel in one C call, holding the GIL
+        throughout (so every launch of this buffer goes through it and no lock is taken):
+        for a launch whose changing values are data pointers and `int` scalars passed as
+        Python ints (`args`, the first replay's arguments: the replay key holds each
+        number's type, so every later one passes ints too; the C call checks their range),
+        of a kernel without a cluster or tensor maps, on a known device, with the C
+        launcher in use and `send` not replaced (tests record through it). None otherwise:
+        the launch packs in Python and calls `send`."""
         ck, buffer = self.kernel, self.buffer
-        if (self.scalars or self.maps or ck._clustered or self.device < 0 or
-                not 0 < len(self.pointer_indices) <= 64 or _C_POINTERS[0] is None or
-                not (_C_LAUNCH and _C_LAUNCH[0] is not None) or
+        if (self.maps or ck._clustered or self.device < 0 or
+                not 0 < len(self.pointer_indices) <= 64 or len(self.scalars) > 64 or
+                _C_POINTERS[0] is None or not (_C_LAUNCH and _C_LAUNCH[0] is not None) or
                 type(ck).send is not _SEND or "send" in vars(ck)):
             return None
-        if buffer.prefix.format != "<" + "Q" * len(self.pointer_indices):
-            return None  # not 8-byte values at 8-byte steps from the buffer's start
+        scalars = tuple(i for i, _ in self.scalars)
+        if any(i >= len(args) or type(args[i]) is not int for i in scalars):
+            return None  # floats, numpy ints, bools: Python's check and packing
+        if buffer.prefix.format != "<" + "Q" * len(self.pointer_indices) + "i" * len(scalars):
+            return None  # not 8-byte pointers from the buffer's start, then 4-byte ints
         dest = ctypes.addressof(buffer.buffer) + buffer.start
-        return (_C_POINTERS[0][1], int(ck.function(self.device)), ck.threads, ck.shared_bytes,
-                buffer.address_value, dest, self.pointer_indices)
+        spec = (_C_POINTERS[0][1], int(ck.function(self.device)), ck.threads,
+                ck.shared_bytes, buffer.address_value, dest, self.pointer_indices)
+        return spec + (scalars,) if scalars else spec
 
     def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
                                pointers: Sequence[int | None]) -> list:

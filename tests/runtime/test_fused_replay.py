@@ -19,7 +19,7 @@ import tegula.runtime as runtime
 from tegula import f16
 from tegula.errors import TegulaError
 from tegula.runtime import CompiledKernel, PreparedLaunch, args as runtime_args, fastcall
-from tegula.runtime import launcher
+from tegula.runtime import launcher, replay
 
 from .test_replay_key import FakeCudaTensor, _view
 
@@ -41,7 +41,8 @@ def make_kernel():
 @pytest.fixture
 def driver(monkeypatch):
     """The recording cuLaunchKernel behind the C launcher; yields (driver, python_calls):
-    the launches the driver saw, and how many replays went through Python."""
+    the launches the driver saw, and one entry per launch Python made (a replay through
+    `PreparedLaunch.__call__` or a full path)."""
     module = fastcall.c_extension()
     if module is None or not hasattr(module, "replay_launch"):
         pytest.skip(f"no replay_launch here: {fastcall.unavailable or 'Python without a GIL'}")
@@ -54,13 +55,19 @@ def driver(monkeypatch):
     monkeypatch.setattr(launcher.drv, "current_device", lambda: 0)
     recording = RecordingDriver()
     recording.install(monkeypatch, module)
-    python_calls = []
+    python_calls = []  # replays through Python and full-path launches
     real_call = PreparedLaunch.__call__
 
     def counted(self, *a, **k):
         python_calls.append(1)
         return real_call(self, *a, **k)
     monkeypatch.setattr(PreparedLaunch, "__call__", counted)
+    from tegula.build import full_launch
+
+    def counted_full(*a, **k):
+        python_calls.append(1)
+        return full_launch(*a, **k)
+    monkeypatch.setattr(replay, "_FULL", [counted_full])
     yield recording, python_calls
 
 
@@ -168,3 +175,56 @@ def test_constexprs_named_kernel_and_grid_reach_the_kernel(driver):
         variants.append(recording.launches[-1][0])
     assert len({id(v) for v in variants[:3]}) == 3
     assert variants[3] is variants[2] and variants[4] is variants[0]
+
+
+def make_kernel_with_int():
+    @tg.kernel(threads=64)
+    def pick(x: tg.Tensor[f16], y: tg.Tensor[f16], k: int, j: int, BM: tg.constexpr = 16):
+        m = tg.block_id(0)
+        tg.copy(tg.load(x.tile((BM, 32), (m, k))), y.tile((BM, 32), (m, j)))
+    return pick
+
+
+INT_CALLS = {  # name -> the two int arguments
+    "base": (1, 0),
+    "new values": (3, 2),
+    "zero and negative": (0, -7),
+    "int32 limits": (2**31 - 1, -2**31),
+    "too large": (2**31, 0),
+    "too small": (0, -2**31 - 1),
+    "bool": (True, 0),
+    "numpy int": (np.int32(2), 1),
+    "float": (2.0, 1),
+}
+
+
+def test_int_scalars_ride_the_c_launch_and_refusals_stay_python_s(driver):
+    """Python ints are written by the C call (as 32-bit ints, after the pointers); a value
+    out of 32-bit range falls back to Python's check and its error; numpy ints keep the
+    Python path (their own replay key); bools and floats are refused as before. Every
+    launch sends what its full path sends."""
+    recording, python_calls = driver
+    kernel = make_kernel_with_int()
+    fused = {}
+    for name, (k, j) in INT_CALLS.items():
+        results = []
+        for call in range(3):
+            del python_calls[:]
+            results.append(outcome(kernel, recording, (3,), x_y(0x1000 * call) + (k, j), {}))
+            fused[name] = not python_calls and results[-1][0] == "sent"
+        saved = dict(kernel._fast_launch)
+        kernel._fast_launch.clear()
+        fresh = outcome(kernel, recording, (3,), x_y(0x2000) + (k, j), {})
+        kernel._fast_launch.update(saved)
+        for i, warm in enumerate(results):
+            if warm[0] == "sent":  # pointers differ by design: compare the rest
+                assert warm[:-1] == fresh[:-1], f"{name}, launch {i}"
+                ck = warm[1]
+                values = [b for b, spec in zip(warm[-1], ck.params) if spec.kind != "pointer"]
+                expect = [b for b, spec in zip(fresh[-1], ck.params) if spec.kind != "pointer"]
+                assert values == expect, f"{name}, launch {i}"
+            else:
+                assert warm == fresh, f"{name}, launch {i}"
+    assert {n for n, f in fused.items() if f} == {"base", "new values", "zero and negative",
+                                                  "int32 limits"}
+    assert results[0][0] == "error"  # float
