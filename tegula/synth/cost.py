@@ -718,12 +718,12 @@ def _totals(uses: list[CountedUse], weights: dict) -> dict:
 #: Rankings are the same for any norm from 1.5 to 3.
 PIPE_OVERLAP_NORM = 2
 
-#: What one block-wide barrier of a reduction or conversion exchange costs the SM, in
-#: cycles: fitted on the attention forward (H100, 2026-11-24, V as (D, S), 64 keys a
-#: block) where two warpgroups share each row — two cross-warp reductions of three barriers
-#: per key block cost ~270 cycles each over the same tiles on one warpgroup, whether 2 or 3
-#: blocks shared the SM; checked on 32 keys a block and on V as (S, D).
-BARRIER_CYCLES = 90
+#: What one block-wide barrier of a reduction or conversion exchange costs its block, in
+#: cycles of stall (the dependency chain up to it is exposed; other resident blocks may
+#: fill it): fitted on the attention forward (H100, 2026-11-24, V as (D, S), 64 keys a
+#: block) where two warpgroups share each row, ~1,600 cycles per key block for its two
+#: cross-warp reductions; checked on 32 keys a block and on V as (S, D).
+BARRIER_CYCLES = 500
 
 #: Special-function unit results per clock per SM (ex2, lg2, rsqrt, sin, cos, tanh.approx:
 #: the CUDA programming guide's throughput table, compute capability 8.0 to 9.0).
@@ -751,15 +751,15 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
              "issue": t["instrs"] / target.subpartitions,
              "special-function": t["sfu"]}
     pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
-    # A block-wide barrier inside the work stalls the block's warps until the last one
-    # arrives; measured, it is not hidden by the other blocks on the SM (see BARRIER_CYCLES).
-    pipe_cycles += t["barriers"] * BARRIER_CYCLES
     # Per block at full SM rates; "load latency" is the block's wait alone (see
     # pipeline_latency_cycles), shared by the blocks resident with it.
     per_block = {"pipes": pipe_cycles}
     if target.l2_bytes_per_clk:
         per_block["L2"] = t["global_bytes"] * target.sm_count / target.l2_bytes_per_clk
         per_block["load latency"] = t.get("pipeline", 0.0) / bps
+    # A block-wide barrier stalls the block's warps until the last one arrives, exposing
+    # the dependency chain before it; other resident blocks may fill the stall.
+    per_block["barrier latency"] = t["barriers"] * BARRIER_CYCLES / bps
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
     resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}
@@ -786,6 +786,7 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     sm_cycles = {k: on_sm * v for k, v in per_block.items()}
     if "load latency" in sm_cycles:  # the latency is shared by the blocks resident at once
         sm_cycles["load latency"] = on_sm * t.get("pipeline", 0.0) / resident
+    sm_cycles["barrier latency"] = on_sm * t["barriers"] * BARRIER_CYCLES / resident
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
     # Each round of resident blocks waits for its first loads (the fill) unoverlapped.
