@@ -28,12 +28,14 @@ so synthesis and the autotuner can use them before lowering:
    * load latency = per loop iteration, one load latency over the loads in flight
      (Little's law, `pipeline_latency_cycles`; a TMA stage's latency includes its own
      bytes, the box completing as a whole), shared by the blocks resident at once;
+   * barrier latency = block-wide barriers (cross-warp reductions, shared round-trip
+     conversions) x `BARRIER_CYCLES`, a stall likewise shared by the resident blocks;
    * DRAM    = the grid's DRAM bytes at the GPU's DRAM bandwidth.
 
    The grid takes what its busiest SM takes: it runs ⌈blocks / SMs⌉ blocks (a partial
    last wave costs its blocks, not a whole wave), so its time is the largest of those
    blocks' pipes, L2 and latency terms and the DRAM time, plus one global-load latency
-   (the pipeline fill, which nothing overlaps). When the tensors' shapes are known, DRAM
+   per round of resident blocks (the pipeline fill, which nothing overlaps). When the tensors' shapes are known, DRAM
    traffic for the grid is capped by their footprint (each byte read from DRAM once,
    re-reads hit L2) — the usual GEMM case, where per-block global bytes overstate DRAM
    traffic by the reuse factor. `block_cycles` is one block's time with `blocks_per_sm`
