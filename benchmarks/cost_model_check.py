@@ -309,6 +309,19 @@ def svg_plot(points: list[dict], path: Path) -> None:
     path.write_text("\n".join(out))
 
 
+def _shape_indices(spec: str | None, family: str, count: int, quick: bool) -> list[int]:
+    """The shape indices `--shapes` picks for `family`: "0,2" for every family,
+    "gemm_sm90=2,attention=0" per family (a family not named gets none), nothing: all
+    (the first two with --quick)."""
+    if not spec:
+        return list(range(min(count, 2) if quick else count))
+    items = spec.split(",")
+    if any("=" in item for item in items):
+        return [int(i) for f, _, i in (item.partition("=") for item in items)
+                if f == family and int(i) < count]
+    return [int(i) for i in items if int(i) < count]
+
+
 #: The kernel families by command-line name.
 FAMILIES = {"gemm_sm90": lambda: gemm_family("sm_90"),
             "gemm_sm90a": lambda: gemm_family("sm_90a"),
@@ -324,7 +337,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the first two shapes")
     parser.add_argument("--families", default=",".join(f for f in FAMILIES if f != "gemm_sm90a_load"))
     parser.add_argument("--shapes", default=None,
-                        help="comma-separated shape indices of each family (default: all)")
+                        help="comma-separated shape indices of each family (default: all); "
+                             "FAMILY=I picks shape I of one family (e.g. gemm_sm90=2)")
     parser.add_argument("--jobs", type=int, default=0,
                         help="compile every configuration first in this many processes")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
@@ -341,10 +355,8 @@ def main() -> None:
     chosen = {}
     for name in options.families.split(","):
         family = FAMILIES[name]()
-        count = len(family["shapes"])
-        indices = ([int(i) for i in options.shapes.split(",") if int(i) < count]
-                   if options.shapes else list(range(2 if options.quick else count)))
-        chosen[name] = (family, indices)
+        chosen[name] = (family, _shape_indices(options.shapes, name, len(family["shapes"]),
+                                               options.quick))
     if options.jobs:
         jobs = [(name, i, cfg) for name, (family, indices) in chosen.items()
                 for i in indices
