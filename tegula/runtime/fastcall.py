@@ -342,20 +342,52 @@ static int plain_grid(PyObject *grid, unsigned long long g[3])
 
 static PyObject *s_direct, *s_device, *s_kernel;
 
+/* A prepared launch's direct launch (runtime/launcher.py's PreparedLaunch: its `direct`
+   spec, its `device`, its `kernel`) on grid g[0..2] and current_stream(device): the
+   pointers and args through launch_direct; a failed launch raises through
+   kernel.check_result. 0 launched, 1 where a scalar needs Python's check (nothing
+   launched), -1 on an error. */
+static int launch_prepared(PyObject *prepared, PyObject *direct, unsigned long long g[4],
+                           PyObject *pointers, PyObject *args, PyObject *current_stream)
+{
+    PyObject *device = PyObject_GetAttr(prepared, s_device), *stream = NULL, *kernel = NULL;
+    int status = -1, code;
+    if (device == NULL || (stream = PyObject_CallOneArg(current_stream, device)) == NULL)
+        goto done;
+    g[3] = PyLong_AsUnsignedLongLong(stream);
+    if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
+        goto done;
+    status = launch_direct(direct, g, pointers, args, &code);
+    if (status != 0 || code == 0)
+        goto done;
+    status = -1;
+    if ((kernel = PyObject_GetAttr(prepared, s_kernel)) == NULL)
+        goto done;
+    PyObject *checked = PyObject_CallMethod(kernel, "check_result", "iKKK", code,
+                                            g[0], g[1], g[2]);
+    if (checked == NULL)
+        goto done;
+    Py_DECREF(checked);
+    status = 0;
+done:
+    Py_XDECREF(device);
+    Py_XDECREF(stream);
+    Py_XDECREF(kernel);
+    return status;
+}
+
 /* replay_launch(table, head, args, grid, current_stream) -> the replayed launch's
    CompiledKernel, or replay_lookup's (hit, key, pointers) for Python to finish: the key,
-   the lookup and, for a hit whose prepared launch writes pointers only (its `direct`
-   spec) on a plain grid, the stream (current_stream(hit.device)) and launch_direct, in
-   one call (kernel[grid](...)'s replay without the Python frames in between). A failed
-   launch raises through hit.kernel.check_result. */
+   the lookup and, for a hit whose prepared launch writes pointers and ints only (its
+   `direct` spec) on a plain grid, launch_prepared, in one call (kernel[grid](...)'s
+   replay without the Python frames in between). */
 static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2])) {
         PyErr_SetString(PyExc_TypeError, "replay_launch(dict, tuple, tuple, grid, stream)");
         return NULL;
     }
-    PyObject *key, *pointers, *direct = NULL, *device = NULL, *stream = NULL;
-    PyObject *kernel = NULL, *result = NULL;
+    PyObject *key, *pointers, *direct = NULL, *result = NULL;
     int built = build_key(a[1], a[2], &key, &pointers);
     if (built <= 0)
         return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
@@ -369,29 +401,12 @@ static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
         goto done;
     if (!PyTuple_Check(direct))  /* not decided yet, or the Python path */
         goto python;
-    if ((device = PyObject_GetAttr(hit, s_device)) == NULL ||
-            (stream = PyObject_CallOneArg(a[4], device)) == NULL)
-        goto done;
-    g[3] = PyLong_AsUnsignedLongLong(stream);
-    if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
-        goto done;
-    int code, launched = launch_direct(direct, g, pointers, a[2], &code);
+    int launched = launch_prepared(hit, direct, g, pointers, a[2], a[4]);
     if (launched < 0)
         goto done;
     if (launched > 0)
         goto python;  /* a scalar for Python's check */
-    if ((kernel = PyObject_GetAttr(hit, s_kernel)) == NULL)
-        goto done;
-    if (code != 0) {
-        PyObject *checked = PyObject_CallMethod(kernel, "check_result", "iKKK", code,
-                                                g[0], g[1], g[2]);
-        if (checked == NULL) {
-            Py_CLEAR(kernel);
-            goto done;
-        }
-        Py_DECREF(checked);
-    }
-    result = kernel;
+    result = PyObject_GetAttr(hit, s_kernel);
     goto done;
 python:
     result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
@@ -399,8 +414,6 @@ done:
     Py_DECREF(key);
     Py_DECREF(pointers);
     Py_XDECREF(direct);
-    Py_XDECREF(device);
-    Py_XDECREF(stream);
     return result;
 }
 
@@ -419,8 +432,7 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
         return NULL;
     }
     PyObject *key, *pointers, *prepared = NULL, *direct = NULL, *grid = NULL;
-    PyObject *allocate = NULL, *device = NULL, *stream = NULL, *out = NULL, *ptr = NULL;
-    PyObject *kernel = NULL, *result = NULL;
+    PyObject *allocate = NULL, *out = NULL, *ptr = NULL, *result = NULL;
     int built = build_key(a[1], a[2], &key, &pointers);
     if (built <= 0)
         return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
@@ -450,30 +462,13 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
                 PyList_Append(pointers, ptr) < 0)
             goto done;
     }
-    if ((device = PyObject_GetAttr(prepared, s_device)) == NULL ||
-            (stream = PyObject_CallOneArg(a[3], device)) == NULL)
-        goto done;
-    g[3] = PyLong_AsUnsignedLongLong(stream);
-    if (g[3] == (unsigned long long)-1 && PyErr_Occurred())
-        goto done;
-    int code, launched = launch_direct(direct, g, pointers, NULL, &code);
-    if (launched < 0)
-        goto done;
-    if (launched > 0) {  /* cannot happen: a 7-item spec has no scalars */
+    int launched = launch_prepared(prepared, direct, g, pointers, NULL, a[3]);
+    if (launched > 0)  /* cannot happen: a 7-item spec has no scalars */
         PyErr_SetString(PyExc_SystemError, "entry_launch: a scalar in a pointers-only launch");
-        goto done;
+    if (launched == 0) {
+        result = out;
+        out = NULL;
     }
-    if (code != 0) {
-        if ((kernel = PyObject_GetAttr(prepared, s_kernel)) == NULL)
-            goto done;
-        PyObject *checked = PyObject_CallMethod(kernel, "check_result", "iKKK", code,
-                                                g[0], g[1], g[2]);
-        if (checked == NULL)
-            goto done;
-        Py_DECREF(checked);
-    }
-    result = out;
-    out = NULL;
     goto done;
 python:
     result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
@@ -484,11 +479,8 @@ done:
     Py_XDECREF(direct);
     Py_XDECREF(grid);
     Py_XDECREF(allocate);
-    Py_XDECREF(device);
-    Py_XDECREF(stream);
     Py_XDECREF(out);
     Py_XDECREF(ptr);
-    Py_XDECREF(kernel);
     return result;
 }
 #endif
