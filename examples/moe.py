@@ -15,7 +15,8 @@ sync and no per-expert launch. An item's rows are the view `x[first:, :]` and it
 go through `out[first:end, :]`, which masks the rows of the next expert. On sm_90a the K
 loop is TMA + wgmma from a producer warpgroup, one mbarrier ring across the block's items.
 
-The library adds FP8 weights, the torch entry point (`tegula.kernels.moe.moe_gemm`, autotuned)
+The library adds FP8 and 4-bit weights (`moe`, `moe_w4`), the MLP with the gate and up
+projections fused (`moe_layer.moe_mlp`), the torch entry point (`moe.moe_gemm`, autotuned)
 and the routing helpers used here:
 
     ids, weights = moe.route(logits, k)              # softmax, top-k, renormalized
