@@ -184,8 +184,8 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
         constexprs.update(tiles)  # `threads` too: a build option, passed on with the rest
         loads_per_group = group_size // 32
         per_tile = constexprs["BN"] * loads_per_group
-        if "S" not in constexprs:
-            constexprs["S"] = max(1, threads // per_tile)
+        if "S" not in constexprs:  # a power of two: odd tiles build slowly, into big code
+            constexprs["S"] = 1 << max(0, (threads // per_tile).bit_length() - 1)
         rows_per_block = constexprs["BN"] * constexprs["R"]
         return "rows", (tg.cdiv(n, rows_per_block),), constexprs
     small = m <= MAX_GEMV_ROWS
