@@ -27,13 +27,12 @@ the results, so a result never overwrites an operand the other results still rea
 """
 from __future__ import annotations
 
-from tegula.dtypes import bool_
 from tegula.ir.ops import Scan
 from tegula.ir.values import describe
 from tegula.lower.compute import _number_dtype, _scalar_operand, _value_expr
 from tegula.lower.context import LoweringContext, reg
-from tegula.lower.thread_ir import (TID, Assign, Barrier, Comment, Const, If, IndexValue, Reg,
-                                    RegRead, SharedLoad, SharedStore, Shuffle, Where)
+from tegula.lower.thread_ir import (Assign, Barrier, Comment, Const, If, Reg, RegRead,
+                                    SharedLoad, SharedStore, Shuffle, TID)
 from tegula.synth.scan import ScanPlan
 
 
@@ -64,15 +63,6 @@ class _Combine:
             stmts.append(Assign(reg(temp, 0), env[result.id]))
         stmts += [Assign(dst, RegRead(reg(temp, 0))) for dst, temp in zip(dsts, self.results)]
         return stmts
-
-    def apply_where(self, cond, dsts: list[Reg], earlier: list, later: list) -> list:
-        """`dsts = earlier ⊕ later` where `cond` holds, else unchanged: the combine runs on
-        every thread and a select keeps or drops it (no branch, so the code around can be
-        scheduled across it)."""
-        stmts = self.apply([], earlier, later)
-        return stmts + [Assign(dst, Where(IndexValue(cond, bool_), RegRead(reg(temp, 0)),
-                                          RegRead(dst), dst.array.dtype))
-                        for dst, temp in zip(dsts, self.results)]
 
 
 def lower_scan(ctx: LoweringContext, op: Scan) -> list:
@@ -163,9 +153,10 @@ def _across_lanes(ctx: LoweringContext, op: Scan, plan: ScanPlan, combine: _Comb
         while distance < lanes:
             stmts += [Shuffle(reg(got, 0), reg(total, last), mode, Const(distance))
                       for got, total in zip(received, totals)]
-            stmts += combine.apply_where(rank.ge(distance), [reg(total, last) for total in totals],
-                                         [RegRead(reg(got, 0)) for got in received],
-                                         [RegRead(reg(total, last)) for total in totals])
+            stmts.append(If(rank.ge(distance), combine.apply(
+                [reg(total, last) for total in totals],
+                [RegRead(reg(got, 0)) for got in received],
+                [RegRead(reg(total, last)) for total in totals])))
             distance *= 2
         if plan.k == 1:
             continue
