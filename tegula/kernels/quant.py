@@ -381,10 +381,10 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
 def w4a16_candidates(m: int, group_size: int) -> list[dict]:
     """Configurations worth timing: for M ≤ MAX_ROWS_KERNEL_M the rows kernel (1, 2 or 4
     weight tiles per block, 1 or 2 chunks loaded ahead) and, from 3 rows on, the
-    16-row GEMM; up to 16 rows the 16-row GEMM (BK dividing the group); beyond, GEMM
-    tiles up to 128x128 (BK 64 or 128, pipelined 3 deep or not)."""
-    small_gemm = [dict(BM=16, BN=bn, BK=bk, STAGES=3) for bn in (32, 64) for bk in (64, 128)
-                  if bk <= group_size]
+    16-row GEMM; up to 16 rows the 16-row GEMM; beyond, GEMM tiles up to 128x128,
+    pipelined 3 deep or not; BK 64 or 128, or the group where it is smaller."""
+    chunks = sorted({min(group_size, 64), min(group_size, 128)})  # BK divides the group
+    small_gemm = [dict(BM=16, BN=bn, BK=bk, STAGES=3) for bn in (32, 64) for bk in chunks]
     small_gemm.append(dict(BM=16, BN=16, BK=min(group_size, 128), STAGES=3, threads=64))
     if m <= MAX_ROWS_KERNEL_M:
         rows = [dict(R=r, UNROLL=u) for r in (1, 2, 4) for u in (1, 2)]
@@ -393,8 +393,8 @@ def w4a16_candidates(m: int, group_size: int) -> list[dict]:
         return small_gemm
     tiles = [dict(BM=64, BN=64), dict(BM=64, BN=128), dict(BM=128, BN=64),
              dict(BM=128, BN=32, threads=256), dict(BM=128, BN=128, threads=256)]
-    return [dict(t, BK=bk, STAGES=stages) for t in tiles for bk in (64, 128)
-            for stages in (1, 3) if bk <= group_size]
+    return [dict(t, BK=bk, STAGES=stages) for t in tiles for bk in chunks
+            for stages in (1, 3)]
 
 
 def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, *,

@@ -205,6 +205,20 @@ def test_config_picks_the_kernel_by_rows():
     assert w4a16_config(1, 4096, 4096, 128, BM=16)[0] == "gemm"
 
 
+@pytest.mark.parametrize("group", GROUP_SIZES)
+@pytest.mark.parametrize("m", [1, 3, MAX_ROWS_KERNEL_M, MAX_ROWS_KERNEL_M + 1, 16, 17, 128])
+def test_every_row_count_and_group_has_valid_candidates(m, group):
+    """The torch entry point's tuner needs candidates (group 32 once had none beyond 16
+    rows: every BK offered was wider than the group), each a valid config."""
+    from tegula.kernels.quant import w4a16_candidates
+    candidates = w4a16_candidates(m, group)
+    assert candidates
+    for tiles in candidates:
+        kind, grid, c = w4a16_config(m, 4096, 4096, group, **tiles)
+        assert kind == ("gemm" if "BM" in tiles or m > MAX_ROWS_KERNEL_M else "rows")
+        assert kind == "rows" or group % c["BK"] == 0
+
+
 # ------------------------------------------------------------------ argument checks
 
 def _args(m=2, n=4, k=64, group=32, **over):
