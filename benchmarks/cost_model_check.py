@@ -322,6 +322,17 @@ def _shape_indices(spec: str | None, family: str, count: int, quick: bool) -> li
     return [int(i) for i in items if int(i) < count]
 
 
+def _only(space, spec: str):
+    """`space` (a list, or a function of the shape) keeping the configurations whose values
+    match every KEY=VALUE of `spec` that names one of their keys."""
+    wanted = dict(item.split("=", 1) for item in spec.split(","))
+
+    def keep(configs: list) -> list:
+        return [c for c in configs
+                if all(str(c[k]) == v for k, v in wanted.items() if k in c)]
+    return (lambda shape: keep(space(shape))) if callable(space) else keep(space)
+
+
 #: The kernel families by command-line name.
 FAMILIES = {"gemm_sm90": lambda: gemm_family("sm_90"),
             "gemm_sm90a": lambda: gemm_family("sm_90a"),
@@ -339,6 +350,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=None,
                         help="comma-separated shape indices of each family (default: all); "
                              "FAMILY=I picks shape I of one family (e.g. gemm_sm90=2)")
+    parser.add_argument("--only", default=None,
+                        help="keep configurations with these values, e.g. BM=128,threads=256")
     parser.add_argument("--jobs", type=int, default=0,
                         help="compile every configuration first in this many processes")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
@@ -355,6 +368,8 @@ def main() -> None:
     chosen = {}
     for name in options.families.split(","):
         family = FAMILIES[name]()
+        if options.only:
+            family["space"] = _only(family["space"], options.only)
         chosen[name] = (family, _shape_indices(options.shapes, name, len(family["shapes"]),
                                                options.quick))
     if options.jobs:
