@@ -79,9 +79,10 @@ def fp8_persistent_gemm_kernel(out_t: DType) -> tg.Kernel:
 def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
     """The blockwise-scaled FP8 GEMM (DeepSeek-V3): per 128-wide K block, a fresh f32
     partial product, scaled by a's row scales and b's block scale, added to the main
-    accumulator — one K block late, so that on sm_90a the promotion's multiply-adds run
-    while the next block's wgmmas do (`lower/wgmma_waits.py`). BN must divide 128, so
-    that a block's columns share one b scale row."""
+    accumulator. BN must divide 128, so that a block's columns share one b scale row.
+    (Promoting one K block late, so the multiply-adds could run during the next block's
+    wgmmas, measured slower on an H100: 702 against 802 TFLOP/s at 4096³, with a third
+    live 128×128 f32 tile.)"""
 
     @tg.kernel(threads=128)
     def fp8_blockwise_gemm(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
@@ -94,22 +95,17 @@ def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
         row_scales = scale_a.tile((BM, 1), (m, None))   # (BM, 1, K/128)
         block_scales = scale_b.tile((1, 1), ((n * BN) // 128, None))
         acc = tg.zeros((BM, BN), f32)
-        prev = tg.zeros((BM, BN), f32)                  # the previous K block's product
-        prev_scale = tg.zeros((BM, 1), f32)             # and its scales
         sa = tg.shared((BM, 128), f8e4m3, stages=STAGES)
         sb = tg.shared((BN, 128), f8e4m3, stages=STAGES)
         for k in tg.pipeline(ga.shape[2], stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             tg.copy(gb[:, :, k], sb[k])
-            # The scales before the gemm: their loads fly while the tensor cores run.
+            # The scales before the gemm: their loads fly while the tensor cores run
+            # (after it they waited for the wgmmas: 802 against 791 TFLOP/s on an H100).
             scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
             part = tg.zeros((BM, BN), f32)              # promoted every 128 of K
             tg.gemm(part, sa[k], sb[k])
-            # Promote the previous block while this one's wgmmas run (they touch `part`
-            # only, so the wait for them comes after these multiply-adds).
-            acc += prev * prev_scale                     # (BM, 1) scales broadcast
-            prev, prev_scale = part, scale
-        acc += prev * prev_scale
+            acc += part * scale                          # (BM, 1) scales broadcast
         tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
 
     return fp8_blockwise_gemm
