@@ -8,8 +8,9 @@ not: promoting the *previous* K block's partial product while this block's wgmma
 scales, not `part`, and waiting before them idles the tensor cores meanwhile. (Measured on
 an H100, the blockwise FP8 GEMM written that way was still slower than promoting each
 block after its own wait — 702 against 802 TFLOP/s: a third live 128×128 f32 tile — so
-`kernels/fp8.py` does not; the loop-carried updates after an attention block's last gemm
-are the statements this moves today.)
+`kernels/fp8.py` does not. What this moves today: in the attention forward on sm_90a,
+the causal mask's index arithmetic after q @ k.T and the loop-carried row statistics after
+p @ v — not yet measured on the GPU against the early wait.)
 
 `defer_wgmma_waits` moves each `WgmmaWait(0)` down past the register statements
 (`Assign`, `Comment`) that follow it and touch no register array an in-flight wgmma of its
