@@ -289,6 +289,26 @@ PIPE_OVERLAP_NORM = 2
 #: cross-warp reductions; checked on 32 keys a block and on V as (S, D).
 BARRIER_CYCLES = 500
 
+#: Warps a scheduler needs to issue every cycle: one warp's next instruction usually waits
+#: on its previous one (~4 cycles of ALU latency, ~2 independent instructions in flight),
+#: so with fewer warps per sub-partition the issue slots stretch. Matters where work is
+#: issue-bound and few warps compute: a warp-specialized attention forward has one
+#: consumer warpgroup per SM, one warp per scheduler, and ran ~1.5x slower than the same
+#: tiles unspecialized at two blocks per SM (H100, 2026-11-24, V as (S, D), 64-row
+#: blocks: Spearman 0.84 -> 0.88, the model's pick from 1.52x to the best). On the
+#: recorded V as (D, S) data it costs 0.90 -> 0.88 (3 or 4 would cost far more); the
+#: 128-row half of V as (S, D), measured after this was set, is its check.
+ISSUE_WARPS_PER_SCHEDULER = 2
+
+
+def _issue_stretch(kernel: TracedKernel, bps: int, target: Target) -> float:
+    """How much longer the issue slots take when too few warps compute: the kernel's own
+    warps (a warp-specialized kernel's producer warps only issue its copies) over the
+    SM's schedulers."""
+    warps = bps * max(1, kernel.threads // 32) / target.subpartitions
+    return max(1.0, ISSUE_WARPS_PER_SCHEDULER / warps)
+
+
 def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str,
              registers: int, smem: int, grid, size: ProblemSize, unresolved: tuple,
              notes: tuple, threads: int) -> CostEstimate:
@@ -307,7 +327,7 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     pipes = {"tensor": t["tensor"],
              "shared-memory": t["waves"] * (target.banks * target.bank_bytes)
              / target.shared_bytes_per_clk,
-             "issue": t["instrs"] / target.subpartitions,
+             "issue": t["instrs"] / target.subpartitions * _issue_stretch(kernel, bps, target),
              "special-function": t["sfu"]}
     pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
     # Per block at full SM rates; "load latency" is the block's wait alone (see
