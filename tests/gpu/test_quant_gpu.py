@@ -188,3 +188,35 @@ def test_narrow_integer_to_float_conversion_of_every_value(name):
     torch.cuda.synchronize()
     assert np.array_equal(y.cpu().numpy(), values.astype(np.float32))
     assert np.array_equal(z.cpu().numpy(), values.astype(np.float16))
+
+
+@pytest.mark.parametrize("k", [64, 96, 30, 16])
+def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
+    """u4 tiles whose rows hold 32, 48, 15 and 8 bytes: 16-byte loads where the facts
+    (divisors up to 32 elements for 4-bit types) allow them, narrower ones elsewhere; every
+    weight read back exactly into a poisoned output."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    import tegula as tg
+    from tegula.dtypes import f16, u4
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_helpers import to_device
+
+    @tg.kernel(threads=32)
+    def u4_rows(w: tg.Tensor[u4], out: tg.Tensor[f16], BN: tg.constexpr = 32,
+                BK: tg.constexpr = 32):
+        n = tg.block_id(0)
+        gw, go = w.tile((BN, BK), (n, None)), out.tile((BN, BK), (n, None))
+        for j in tg.range(gw.shape[2]):
+            tg.copy(tg.load(gw[:, :, j]).to(f16), go[:, :, j])
+
+    n = 45
+    w_q = np.random.default_rng(k).integers(0, 16, size=(n, k), dtype=np.uint8)
+    packed = (w_q[:, 0::2] | (w_q[:, 1::2] << 4)).astype(np.uint8)
+    out = torch.full((n, k), float("nan"), device="cuda", dtype=torch.float16)
+    u4_rows[(tg.cdiv(n, 32),)](to_device(packed, u4), out)
+    torch.cuda.synchronize()
+    assert np.array_equal(out.cpu().numpy(), w_q.astype(np.float16))
