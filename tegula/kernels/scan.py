@@ -40,6 +40,8 @@ import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16
 from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, poisoned
+from tegula.layout.cute import Layout
+from tegula.synth.scan import carry_layout
 
 SELECTIVE_SCAN_DTYPES = (f32, f16, bf16)
 #: Softplus's linear region, as torch.nn.functional.softplus (beta 1, threshold 20).
@@ -66,6 +68,60 @@ def _compose_each(count: int):
     return combine
 
 
+def _states_unrolled(B, C, b, k, dt, dtu, y, a2: list, h: list, one, BL: int, GROUP: int,
+                     BC_AHEAD: bool):
+    """Every state of one chunk, unrolled at trace time: GROUP states per tuple scan (their
+    recurrences share the shuffle rounds); with BC_AHEAD the next group's B and C rows load
+    before this group's scan. Rebinds h[n] to each state's carry; returns y + Σ_n h_n·C_n."""
+    N = len(h)
+    groups = [range(n0, min(n0 + GROUP, N)) for n0 in range(0, N, GROUP)]
+
+    def rows_of(group):
+        return [(tg.load(B[b].tile((1, BL), (n, k))), tg.load(C[b].tile((1, BL), (n, k))))
+                for n in group]
+
+    ahead = rows_of(groups[0])
+    for g, group in enumerate(groups):
+        rows = ahead if ahead is not None else rows_of(group)
+        ahead = rows_of(groups[g + 1]) if BC_AHEAD and g + 1 < len(groups) else None
+        pairs, starts = (), ()
+        for n, (bn, _) in zip(group, rows):
+            pairs += (tg.exp2(dt * a2[n]), dtu * bn.to(f32))
+            starts += (one, h[n])
+        states, carries = tg.scan(pairs, 1, _compose_each(len(group)), initial=starts)
+        for j, (n, (_, cn)) in enumerate(zip(group, rows)):
+            h[n] = carries[2 * j + 1]
+            y = y + states[2 * j + 1] * cn.to(f32)
+    return y
+
+
+def _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one, BD: int, BL: int, N: int):
+    """Every state of one chunk in a run-time loop (a loop body of one state, where the
+    unrolled states are thousands of instructions): the states live in `states` (BD, N),
+    each thread holding its channel's row, read and written at column n by a select.
+    Returns (y + Σ_n h_n·C_n, the updated states)."""
+    column = tg.arange(N)[None, :]
+    for n in tg.range(N):
+        a2 = tg.load(A.tile((BD, 1), (block, n))) * LOG2E
+        h_in = tg.sum(tg.where(column == n, states, 0.0), 1)
+        bn = tg.load(B[b].tile((1, BL), (n, k))).to(f32)
+        cn = tg.load(C[b].tile((1, BL), (n, k))).to(f32)
+        (_, hn), (_, h_out) = tg.scan((tg.exp2(dt * a2), dtu * bn), 1, _compose,
+                                      initial=(one, h_in))
+        y = y + hn * cn
+        states = tg.where(column == n, h_out, states)
+    return y, states
+
+
+def _states_layout(BD: int, BL: int, N: int, threads: int) -> Layout:
+    """The (BD, N) states tile's layout for `_states_looped`: the threads of the scan's
+    carry (each thread its channel's row), all N states of the row in its registers."""
+    carry = carry_layout((BD, BL), 1, threads)
+    (thread_shape, value_shape), (thread_stride, value_stride) = carry.shape, carry.stride
+    return Layout((thread_shape, tuple(value_shape) + (N,)),
+                  (thread_stride, tuple(value_stride) + (BD,)))
+
+
 @lru_cache(maxsize=None)
 def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
     """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype`."""
@@ -79,7 +135,7 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
                            HAS_D: tg.constexpr = False, HAS_Z: tg.constexpr = False,
                            HAS_BIAS: tg.constexpr = False, SOFTPLUS: tg.constexpr = False,
                            PREFETCH: tg.constexpr = False, GROUP: tg.constexpr = 1,
-                           BC_AHEAD: tg.constexpr = False):
+                           BC_AHEAD: tg.constexpr = False, STATE_LOOP: tg.constexpr = False):
         b = tg.block_id(0)
         block = tg.block_id(1)
         channels = (block, 0)
@@ -89,8 +145,11 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 
         # Per state n: A[:, n] times log2(e), so that exp(delta·A) is one exp2; the state
         # h[n] (BD, 1) is carried from chunk to chunk by the scan itself.
-        a2 = [tg.load(A.tile((BD, 1), (block, n))) * LOG2E for n in range(N)]
-        h = [tg.zeros((BD, 1), f32) for _ in range(N)]
+        if STATE_LOOP:
+            states = tg.zeros((BD, N), f32, layout=_states_layout(BD, BL, N, 128))
+        else:
+            a2 = [tg.load(A.tile((BD, 1), (block, n))) * LOG2E for n in range(N)]
+            h = [tg.zeros((BD, 1), f32) for _ in range(N)]
         one = tg.full((BD, 1), 1.0, f32)
         if HAS_D:
             d_skip = tg.load(D.transpose(1, 0).tile((BD, 1), channels))
@@ -116,32 +175,11 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             # Past the sequence's end u and delta load as 0, so each step there adds 0
             # (its decay may differ from 1 with a bias); those steps come last and are
             # never stored.
-            # GROUP states per scan (their recurrences share the shuffle rounds); with
-            # BC_AHEAD the next group's B and C rows load before this group's scan.
-            groups = [range(n0, min(n0 + GROUP, N)) for n0 in range(0, N, GROUP)]
-
-            def rows_of(group):
-                return [(tg.load(B[b].tile((1, BL), (n, k))),
-                         tg.load(C[b].tile((1, BL), (n, k)))) for n in group]
-
-            rows = rows_of(groups[0])
-            for g, group in enumerate(groups):
-                current = rows
-                if g + 1 < len(groups) and BC_AHEAD:
-                    rows = rows_of(groups[g + 1])
-                elif g + 1 < len(groups):
-                    rows = None
-                if current is None:
-                    current = rows_of(group)
-                pairs, starts = (), ()
-                for n, (bn, _) in zip(group, current):
-                    pairs += (tg.exp2(dt * a2[n]), dtu * bn.to(f32))
-                    starts += (one, h[n])
-                states, carries = tg.scan(pairs, 1, _compose_each(len(group)),
-                                          initial=starts)
-                for j, (n, (_, cn)) in enumerate(zip(group, current)):
-                    h[n] = carries[2 * j + 1]
-                    y = y + states[2 * j + 1] * cn.to(f32)
+            if STATE_LOOP:
+                y, states = _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one,
+                                           BD, BL, N)
+            else:
+                y = _states_unrolled(B, C, b, k, dt, dtu, y, a2, h, one, BL, GROUP, BC_AHEAD)
             if HAS_Z:
                 if not PREFETCH:
                     zt = chunk_of(z, k).to(f32)
@@ -151,12 +189,24 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
     return selective_scan_fwd
 
 
+#: The default tiles by element type of u, measured on an H100 (docs/performance.md,
+#: 2026-11-24, 4x1536x2048, dstate 16): f32 at 8 channels x 128 steps with two states per
+#: scan and B/C a group ahead (321 us; 348 us at 8 x 256 one state per scan); 16-bit at
+#: 8 x 256, one state per scan (267 us; 282 us the f32 choice).
+_DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True),
+                  "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False)}
+
+
 def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
-                          BL: int | None = None, prefetch: bool | None = None) -> dict:
-    """Tile sizes: BD = 8 channels per block, BL = 256 steps per chunk, so each of the 128
-    threads holds 16 consecutive steps of one channel (16 lanes per channel); `prefetch`:
-    u and delta loaded a chunk ahead."""
-    return dict(N=dstate, BD=BD or 8, BL=BL or 256,
+                          BL: int | None = None, prefetch: bool | None = None,
+                          dtype: DType = f32) -> dict:
+    """The constexprs: BD channels per block and BL steps per chunk (8 x 128 on 128 threads:
+    16 lanes of 8 consecutive steps per channel), GROUP states per tuple scan, BC_AHEAD
+    (B/C rows a group ahead), PREFETCH (u and delta a chunk ahead), STATE_LOOP (states in a
+    run-time loop, not unrolled); the defaults by `dtype` (`_DEFAULT_TILES`)."""
+    tiles = dict(_DEFAULT_TILES["f32" if dtype == f32 else "16-bit"])
+    tiles.update({k: v for k, v in (("BD", BD), ("BL", BL)) if v is not None})
+    return dict(N=dstate, **tiles, STATE_LOOP=False,
                 PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch))
 
 
@@ -237,7 +287,7 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
     if out.size == 0:
         return out
     as32 = lambda x: np.ascontiguousarray(x, np.float32)  # noqa: E731
-    constexprs = {**selective_scan_config(dim, A.shape[1]), **tiles}
+    constexprs = {**selective_scan_config(dim, A.shape[1], dtype=dtype), **tiles}
     grid = (batch, -(-dim // constexprs["BD"]))
     launch_emulated(selective_scan_kernel(dtype, bc_dtype), grid,
                     np.ascontiguousarray(u), np.ascontiguousarray(delta), as32(A),
@@ -261,11 +311,11 @@ _TORCH_DTYPES = {"float32": f32, "float16": f16, "bfloat16": bf16}
 def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
                    delta_bias: Any = None, delta_softplus: bool = False, *,
                    out: Any = None, BD: int | None = None, BL: int | None = None,
-                   prefetch: bool | None = None) -> Any:
+                   prefetch: bool | None = None, **tiles: Any) -> Any:
     """Mamba's selective scan forward on CUDA tensors (see the module docstring for the
     shapes and formulas); returns `out` (batch, dim, L) of u's dtype (written into `out=`
-    when given: contiguous, u's shape, dtype and device). BD, BL, prefetch: the tiles
-    (`selective_scan_config`)."""
+    when given: contiguous, u's shape, dtype and device). BD, BL, prefetch and `tiles`
+    (GROUP, BC_AHEAD, STATE_LOOP): the constexprs of `selective_scan_config`."""
     import torch
 
     from tegula.kernels.api import _check_cuda, _check_out, _check_tensor, _launch
@@ -295,7 +345,7 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
         _check_out(fn, out, tuple(u.shape), u)
     if out.numel() == 0:
         return out
-    constexprs = selective_scan_config(dim, A.shape[1], BD, BL, prefetch)
+    constexprs = {**selective_scan_config(dim, A.shape[1], BD, BL, prefetch, dtype), **tiles}
     zeros = torch.zeros(1, dim, device=u.device, dtype=torch.float32)
     args = (u.contiguous(), delta.contiguous(), A.float().contiguous(), B.contiguous(),
             C.contiguous(), D.float()[None, :].contiguous() if D is not None else zeros,

@@ -41,8 +41,8 @@ def assert_close(out, want, rtol):
 
 
 @pytest.mark.parametrize("batch,dim,length,dstate", [
-    (2, 12, 300, 16),    # 2 chunks of 256 (last ragged); 12 channels over blocks of 8
-    (1, 8, 256, 16),     # exactly one chunk, one block
+    (2, 12, 300, 16),    # 3 chunks of 128 (last ragged); 12 channels over blocks of 8
+    (1, 8, 256, 16),     # exactly two chunks (f32: 128 steps), one block
     (1, 5, 40, 4),       # a small dstate; 5 of the block's 8 channels used
     (1, 3, 9, 7),        # dstate 7 (not a power of two)
     (2, 3, 20, 1),       # dstate 1
@@ -75,11 +75,14 @@ def test_each_option_alone(options):
 @pytest.mark.parametrize("tiles", [dict(BL=32), dict(BL=32, PREFETCH=True),
                                    dict(BD=4, BL=64), dict(BD=16, BL=16, PREFETCH=True),
                                    dict(BL=32, GROUP=2, BC_AHEAD=True), dict(BL=32, GROUP=3),
-                                   dict(BL=16, GROUP=16, BC_AHEAD=True)])
+                                   dict(BL=16, GROUP=16, BC_AHEAD=True),
+                                   dict(BL=32, STATE_LOOP=True),
+                                   dict(BD=4, BL=64, STATE_LOOP=True, PREFETCH=True)])
 def test_small_chunks_carry_the_state(tiles):
     """Small chunks (BL 16-64: 1-4 steps per thread): many chunks, so a state dropped or
     carried wrongly between them shows; with u and delta prefetched a chunk ahead, several
-    states per scan (3 does not divide 16) and B/C rows loaded a group ahead."""
+    states per scan (3 does not divide 16), B/C rows loaded a group ahead, and the states
+    in a run-time loop."""
     u, delta, A, B, C, D, z, bias = inputs(1, 10, 79, 16, seed=5)
     out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, True, **tiles)
     assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, True), 1e-5)
