@@ -160,21 +160,37 @@ def test_backward_mistakes_are_named():
             op(x, y).backward(torch.ones(6, 8))
 
 
-@pytest.mark.gpu
-def test_backward_kernel_on_cuda():
+def _cuda_inputs():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     x = _random((37, 100), 1, requires_grad=False).cuda().requires_grad_()
     y = _random((37, 100), 2, requires_grad=False).cuda().requires_grad_()
-    g = _random((37, 100), 3, requires_grad=False).cuda()
+    return x, y, _random((37, 100), 3, requires_grad=False).cuda()
+
+
+@pytest.mark.gpu
+def test_backward_kernel_on_cuda():
+    x, y, g = _cuda_inputs()
     out = mul_op(x, y)
-    out.backward(g)
     assert torch.equal(out, x.detach() * y.detach())
+    out.backward(g)  # on the autograd engine's CUDA thread
     assert torch.equal(x.grad, g * y.detach()) and torch.equal(y.grad, g * x.detach())
+
+
+@pytest.mark.gpu
+def test_python_backward_on_cuda():
+    x, _, g = _cuda_inputs()
+    out = exp_op(x)
+    out.backward(g)
+    assert torch.equal(x.grad, g * out.detach())
+    assert torch.allclose(out, x.detach().exp(), rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+def test_opcheck_with_gradients_on_cuda():
+    x, y, _ = _cuda_inputs()
     torch.library.opcheck(mul_op, (x, y))
-    x.grad = None
-    exp_op(x).backward(g)
-    assert torch.allclose(x.grad, g * x.detach().exp(), rtol=1e-5, atol=0)
+    torch.library.opcheck(exp_op, (x,))
 
 
 def test_an_int_input_read_by_the_backward_under_dynamic_compile():
