@@ -149,14 +149,17 @@ def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtyp
 
 
 def test_selective_scan_tiles_agree():
-    """Other chunk and channel tilings, with and without prefetching, give the same result
-    (within f32 reassociation); outputs poisoned first."""
+    """Other chunk and channel tilings, with and without prefetching, several states per
+    scan, the states in a run-time loop: the same result (within f32 reassociation);
+    outputs poisoned first."""
     from tegula.kernels import selective_scan
     u, delta, A, B, C, D, z, bias = mamba_inputs(2, 64, 700, 16, "f32", 1)
     base = selective_scan(u, delta, A, B, C, D, z, bias, True, prefetch=False)
     for tiles in (dict(BL=8), dict(BL=64), dict(BD=4, BL=16), dict(BD=16, BL=32),
                   dict(prefetch=True), dict(BD=4, BL=512, prefetch=True),
-                  dict(BD=16, BL=128)):
+                  dict(BD=16, BL=128), dict(BL=256, GROUP=1, BC_AHEAD=False),
+                  dict(GROUP=4, BC_AHEAD=True), dict(BL=256, STATE_LOOP=True),
+                  dict(BL=128, STATE_LOOP=True, prefetch=True)):
         other = selective_scan(u, delta, A, B, C, D, z, bias, True,
                                out=torch.full_like(u, float("nan")), **tiles)
         torch.testing.assert_close(other, base, rtol=1e-5, atol=1e-5)
