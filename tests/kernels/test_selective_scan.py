@@ -159,3 +159,20 @@ def test_torch_entry_checks_before_launching():
         selective_scan(u.int(), delta, A, B, C)
     with pytest.raises(ValueError, match="selective_scan: u is on cpu"):
         selective_scan(u, delta, A, B, C, D, z, bias, True)
+
+
+@pytest.mark.parametrize("dtype,tiles", [("f32", {}), ("bf16", {}),
+                                         ("f32", dict(BL=256, STATE_LOOP=True))])
+def test_cuda_compiles_for_sm90a(dtype, tiles):
+    """The default kernels and the state loop compile to a cubin (no GPU needed)."""
+    from tegula.build import build
+    from tegula.dtypes import f32
+    from tegula.kernels.scan import selective_scan_config, selective_scan_kernel
+    from tegula.runtime.compiler import available_compilers, compile_cuda
+    if not available_compilers():
+        pytest.skip("no CUDA compiler (NVRTC or nvcc) installed")
+    dt = f32 if dtype == "f32" else bf16
+    constexprs = dict(selective_scan_config(1536, 16, dtype=dt), HAS_D=True, HAS_Z=True,
+                      HAS_BIAS=True, SOFTPLUS=True, **tiles)
+    source = build(selective_scan_kernel(dt, dt), constexprs, target="sm_90a").cuda_source()
+    assert compile_cuda(source, "selective_scan_fwd", "sm_90a")[:4] == b"\x7fELF"
