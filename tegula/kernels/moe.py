@@ -575,7 +575,8 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
     `config`: one configuration (as `moe_candidates` gives) instead of the autotuner's."""
     import torch
 
-    from tegula.kernels.api import _check_cuda, _check_tensor, _launch, _tune_and_run
+    from tegula.kernels.api import (_check_cuda, _check_out, _check_tensor, _launch,
+                                    _tune_and_run)
     from tegula.runtime.autotune import Config
     fn = "moe_gemm"
     dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
@@ -596,6 +597,8 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
     _check_cuda(fn, tensors)
     if out is None:
         out = torch.empty((rows, n), dtype=x_sorted.dtype, device=x_sorted.device)
+    else:
+        _check_out(fn, out, (rows, n), x_sorted)
     if rows == 0 or n == 0:
         return out
     if k == 0:

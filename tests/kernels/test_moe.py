@@ -257,6 +257,16 @@ def test_torch_arguments_are_named():
         moe.moe_gemm(x, w, offsets)
 
 
+def test_torch_out_is_checked(on_cpu):
+    torch = on_cpu
+    x = torch.zeros(10, 16, dtype=torch.bfloat16)
+    w = torch.zeros(2, 8, 16, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 4, 6], dtype=torch.int32)
+    for bad in (torch.empty(10, 9, dtype=torch.bfloat16), torch.empty(10, 8)):
+        with pytest.raises(ValueError, match=r"out must have shape \(10, 8\)"):
+            moe.moe_gemm(x, w, offsets, out=bad)
+
+
 
 def test_schedule_count_never_exceeds_its_capacity():
     """Offsets claiming more rows than x has (the torch path cannot check them without a
