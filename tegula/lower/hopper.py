@@ -444,9 +444,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
                   ClusterBarrier() if multicast else Barrier()]
 
     def release(index: Expr, pred: Expr | None = None) -> list[Stmt]:
-        if ctas == 1:
-            return [MBarrierArrive(empty.name, index, pred=pred)]
-        return [MBarrierArrive(empty.name, index, pred=pred, cta=Const(r)) for r in range(ctas)]
+        return stage_release(empty.name, index, pred, ctas)
 
     # The producer waits for the stage's previous use to be released: parity `uses ^ 1`,
     # which a fresh barrier passes at once (the first round of stages).
@@ -484,6 +482,15 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
         body += inner.barrier()
     body += release(ring.slot(k))
     return [head, For(k, ring.start, ring.stop, 1, body)]
+
+
+def stage_release(empty: str, index: Expr, pred: Expr | None, ctas: int) -> list[Stmt]:
+    """The arrivals releasing stage `index` of the empty barriers `empty`: on this block's
+    own (`ctas` 1), or on the barrier of every block of the cluster whose multicast boxes
+    the stage receives (`ctas` blocks, remote arrives through `mapa`)."""
+    if ctas == 1:
+        return [MBarrierArrive(empty, index, pred=pred)]
+    return [MBarrierArrive(empty, index, pred=pred, cta=Const(r)) for r in range(ctas)]
 
 
 def _in_enclosing_loops(op: ForLoop, producer_loop: For) -> For:
