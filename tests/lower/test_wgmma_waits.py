@@ -122,3 +122,81 @@ def test_the_lagged_sum_is_right_and_a_wait_moved_too_far_is_reported(monkeypatc
     with pytest.raises(EmulationError, match="still in flight"):  # BK=16: a fresh build
         tg.emulate(_reads_too_early, (1,), a, b, poisoned((64, 64), f32), target="sm_90a",
                    BK=16)
+
+
+# ------------------------------------------------------------ the consumer's end barrier
+
+def _loop_of(kernel, constexprs):
+    body = build(kernel, constexprs, None, "sm_90a").thread_kernel.body
+    loop, = [s for s in walk(body)
+             if isinstance(s, For) and any(isinstance(x, WgmmaCommit) for x in s.body)]
+    return loop
+
+
+def test_a_consumer_that_only_reads_the_stages_ends_its_iterations_without_a_barrier():
+    """The blockwise FP8 body reads only the ring's stages (which only the producer's TMA
+    writes, once every consumer released them): no named barrier keeps its two consumer
+    warpgroups in lockstep."""
+    from tegula.kernels.fp8 import fp8_blockwise_gemm_kernel
+    from tegula.lower.async_ir import NamedBarrier
+    from tegula.dtypes import bf16
+
+    loop = _loop_of(fp8_blockwise_gemm_kernel(bf16), dict(BM=128, BN=128, STAGES=4,
+                                                           threads=256))
+    assert not any(isinstance(s, NamedBarrier) for s in loop.body)
+
+
+@tg.kernel(threads=128)
+def _writes_shared(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                   BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32):
+    ga = a.tile((BM, BK), (0, None))
+    gb = b.tile((BN, BK), (0, None))
+    acc = tg.zeros((BM, BN), f32)
+    sa = tg.shared((BM, BK), f16, stages=2)
+    sb = tg.shared((BN, BK), f16, stages=2)
+    scratch = tg.shared((BM, BN), f32)
+    for k in tg.pipeline(ga.shape[2], stages=2):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        part = tg.zeros((BM, BN), f32)
+        tg.gemm(part, sa[k], sb[k])
+        tg.copy(part, scratch)                    # a consumer write: the barrier stays
+        acc += tg.load(scratch)
+    tg.copy(acc, c.tile((BM, BN), (0, 0)))
+
+
+def test_a_consumer_that_writes_shared_memory_keeps_the_barrier_and_is_right():
+    from tegula.lower.async_ir import NamedBarrier
+
+    loop = _loop_of(_writes_shared, {})
+    assert any(isinstance(s, NamedBarrier) for s in loop.body)
+    rng = np.random.default_rng(1)
+    a, b = random_input(rng, (64, 96), f16), random_input(rng, (64, 96), f16)
+    c = poisoned((64, 64), f32)
+    tg.emulate(_writes_shared, (1,), a, b, c, target="sm_90a", role_order="reversed")
+    assert np.allclose(c, a.astype(np.float64) @ b.astype(np.float64).T, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_two_consumer_warpgroups_without_the_barrier_stay_right(role_order):
+    """Blockwise FP8 on two consumer warpgroups (BM = 128, threads = 256), which now drift
+    apart within the ring: every element against numpy, either role first."""
+    from tegula.dtypes import bf16, f8e4m3
+    from tegula.emulate.values import round_to
+    from tegula.kernels.fp8 import matmul_fp8_emulated, scale_shapes
+
+    m, n, k = 130, 64, 384
+    rng = np.random.default_rng(5)
+    a, b = (round_to(rng.standard_normal(s).astype(np.float32) * 4, f8e4m3).astype(np.float32)
+            for s in ((m, k), (n, k)))
+    shape_a, shape_b = scale_shapes(m, n, k, True)
+    sa = (10.0 ** rng.uniform(-1, 1, shape_a)).astype(np.float32)
+    sb = (10.0 ** rng.uniform(-1, 1, shape_b)).astype(np.float32)
+    c = matmul_fp8_emulated(a, b, sa, sb, bf16, block_scales=True, BM=128, BN=64, STAGES=2,
+                            threads=256, role_order=role_order)
+    a_scaled = a * np.repeat(sa.astype(np.float64), 128, axis=1)
+    b_scaled = b * np.repeat(np.repeat(sb.astype(np.float64), 128, axis=0), 128, axis=1)[:n]
+    ref = a_scaled @ b_scaled.T
+    magnitude = np.abs(a_scaled) @ np.abs(b_scaled).T
+    assert not np.isnan(c).any()
+    assert (np.abs(c - ref) <= (k + 8) * 2.0 ** -24 * magnitude + 2.0 ** -8 * np.abs(ref)).all()
