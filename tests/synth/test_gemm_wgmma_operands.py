@@ -282,6 +282,29 @@ def test_emulated_gemm_with_mn_major_and_wide_k_operands_matches_numpy(dtype, ta
     check_gemm(dtype, 100, 70, 150, ta, tb, **tiles)
 
 
+@pytest.mark.parametrize("dtype,bk", [(f8e4m3, 256), (f32, 64)], ids=["e4m3-bk256", "tf32-bk64"])
+def test_k_major_8_bit_and_tf32_rows_of_two_spans_match_numpy(dtype, bk):
+    """8-bit and tf32 operands stay K-major, and their K rows may span several swizzle
+    blocks too (256 bytes: two 128-byte spans)."""
+    kernel = gemm_kernel(dtype)
+    plan = plan_of(build(kernel, dict(BK=bk), None, "sm_90a"))
+    assert isinstance(plan, WgmmaPlan) and plan.swizzle_b == 128, plan.describe()
+    rng = np.random.default_rng(11)
+    m, n, k = 70, 90, bk + 40
+    a, b = random_input(rng, (m, k), dtype), random_input(rng, (n, k), dtype)
+    c = np.full((m, n), np.nan, np.float32)
+    tg.emulate(kernel, (2, 2), a, b, c, BK=bk, target="sm_90a")
+    if dtype == f32:  # the tensor cores read f32 as tf32: the low 13 mantissa bits dropped
+        from tegula.arch.wgmma import truncate_to_tf32
+        a, b = truncate_to_tf32(a), truncate_to_tf32(b)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    # the f32 accumulator is rounded once per k-step (32 bytes of K): at most that many
+    # half-ulps of the running sum, bounded by the sum of |a·b|
+    steps = -(-k // (256 // dtype.bits))
+    bound = steps * 2.0 ** -24 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T)
+    assert np.all(np.abs(c - ref) <= bound + 1e-30), np.abs(c - ref).max()
+
+
 @pytest.mark.parametrize("ta,tb", [(True, True), (False, True)])
 def test_sm90a_results_equal_sm80_mma_sync_bit_for_bit(ta, tb):
     """wgmma (MN-major, descriptors) and mma.sync (ldmatrix.trans) sum each k16 step in the
