@@ -42,7 +42,7 @@ the device): two launches, both reading `expert_offsets` in the kernel.
 
 Weights: bf16/f16 (`moe_gemm_kernel`), or FP8 e4m3 with per-expert scales and per-row
 activation scales (`moe_gemm_fp8_kernel`: activations quantized per row by
-`quantize_rows_fp8`, as vLLM's FP8 MoE).
+`quantize_rows_fp8`, as vLLM's FP8 MoE); 4-bit weights are `tegula.kernels.moe_w4`.
 
 Entry points: `moe_gemm_emulated` (numpy, the CI one) and `moe_gemm` (torch, CUDA); a whole
 Mixtral-style MLP is `tegula.kernels.moe_layer`.
