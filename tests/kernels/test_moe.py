@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tegula.dtypes import bf16, f16
 from tegula.emulate.values import round_to
 from tegula.kernels import moe
 from tegula.kernels.common import poisoned, random_input, launch_emulated
+from tegula.kernels.schedule import grouped_tile
 
 #: Small tiles (smaller than the 128-thread block) so the tests cross many tile edges.
 TILES = dict(BM=16, BN=32, BK=16, STAGES=2, GROUP=3)
@@ -266,6 +269,29 @@ def test_torch_out_is_checked(on_cpu):
         with pytest.raises(ValueError, match=r"out must have shape \(10, 8\)"):
             moe.moe_gemm(x, w, offsets, out=bad)
 
+
+
+@settings(max_examples=12, deadline=None)
+@given(counts=st.lists(st.integers(0, 70), min_size=1, max_size=12),
+       extra=st.integers(0, 20), n=st.integers(1, 130), bm=st.sampled_from([16, 32, 64]),
+       bn=st.sampled_from([32, 64]), group=st.integers(1, 5))
+def test_schedule_property(counts, extra, n, bm, bn, group):
+    """Any counts (empty experts, one expert, none), rows past the last expert, any N: the
+    work list holds each (expert, row tile, column tile) once, in grouped order."""
+    offsets = offsets_of(counts)
+    experts, rows = len(counts), int(offsets[-1]) + extra
+    plan = moe.plan_launches(rows, n, experts, dict(BM=bm, BN=bn, BK=16, STAGES=2,
+                                                    GROUP=group), num_sms=4)
+    schedule, count = poisoned((4, plan.capacity), moe.i32), poisoned((1,), moe.i32)
+    launch_emulated(moe.moe_schedule_kernel(), plan.schedule_grid, offsets, schedule, count,
+                    *plan.schedule_scalars, **plan.schedule_constexprs)
+    tiles = [(e, offsets[e] + m * bm, offsets[e + 1]) for e in range(experts)
+             for m in range(-(-counts[e] // bm))]
+    tiles_n = -(-n // bn)
+    want = [tiles[r] + (c,) for r, c in (grouped_tile(t, len(tiles), tiles_n, group)
+                                         for t in range(len(tiles) * tiles_n))]
+    assert count[0] == len(want) <= plan.capacity
+    assert [tuple(schedule[:, t]) for t in range(count[0])] == want
 
 
 def test_schedule_count_never_exceeds_its_capacity():
