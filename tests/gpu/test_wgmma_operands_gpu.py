@@ -66,3 +66,40 @@ def test_wgmma_operand_forms_match_the_reference_and_the_emulator(dtype, name, t
         emulated = np.full((m, n), np.nan, np.float32)
         tg.emulate(kernel, grid, a, b, emulated, TA=ta, TB=tb, target="sm_90a", **tiles)
         assert np.all(np.abs(got - emulated) <= 2.0 ** -20 * scale + 1e-6)
+
+
+@pytest.mark.parametrize("dtype,bk,rel", [("f8e4m3", 256, 2.0 ** -11), ("f32", 64, 2.0 ** -20)],
+                         ids=["e4m3-bk256", "tf32-bk64"])
+def test_k_major_8_bit_and_tf32_rows_of_two_spans(dtype, bk, rel):
+    """8-bit and tf32 (f32 data) operands stay K-major; their 256-byte K rows are two
+    128-byte swizzle blocks, two TMA boxes and descriptors started per block. FP8 wgmma
+    keeps ~14 bits of its running sum per k32 instruction (arch/wgmma.py), hence its
+    looser bound; tf32 is compared with the operands truncated as the tensor cores read
+    them."""
+    import torch
+
+    import tegula as tg
+    from tegula.arch.wgmma import truncate_to_tf32
+    from tegula.build import build
+    from tegula.dtypes import f8e4m3, f32
+    from tegula.kernels.common import random_input
+    from test_gemm_wgmma_operands import gemm_kernel
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper GPU for sm_90a")
+    dt = {"f8e4m3": f8e4m3, "f32": f32}[dtype]
+    kernel = gemm_kernel(dt)
+    plan = plan_of(build(kernel, dict(BK=bk), None, "sm_90a"))
+    assert plan.kind == "wgmma" and plan.swizzle_b == 128, plan.describe()
+    m, n, k = 150, 130, 3 * bk + 40
+    rng = np.random.default_rng(21)
+    a, b = random_input(rng, (m, k), dt), random_input(rng, (n, k), dt)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    kernel[(3, 3)](to_device(a, dt), to_device(b, dt), c, BK=bk, target="sm_90a")
+    torch.cuda.synchronize()
+    got = c.cpu().numpy()
+    if dt == f32:
+        a, b = truncate_to_tf32(a), truncate_to_tf32(b)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T
+    assert not np.isnan(got).any()
+    assert np.all(np.abs(got - ref) <= rel * scale + 1e-6), np.abs(got - ref).max()
