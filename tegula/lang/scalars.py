@@ -27,7 +27,7 @@ import numbers
 from typing import Any
 
 from tegula.ir.scalar import GridSize, Scalar, ScalarLoad, SMCount, scalar_op
-from tegula.lang.trace import current, fail
+from tegula.lang.trace import current, fail, user_location
 
 #: Element types a scalar load may read: integers stored whole (packed 4-bit ones are not).
 LOADABLE = ("i32", "i8", "u8")
@@ -55,6 +55,13 @@ def num_sms() -> SMCount:
 MAX_CLUSTER_BLOCKS = 8
 
 
+class ClusterShape(tuple):
+    """(x, y, z) blocks per cluster, carrying the source line of its `tg.cluster` (`loc`)
+    for the errors synthesis raises about it (a target without clusters)."""
+
+    loc = None
+
+
 def cluster(x: int, y: int = 1) -> None:
     """Launch the kernel in thread-block clusters of `x` blocks along grid axis 0 by `y`
     along axis 1 (sm_90). The grid must be a whole number of clusters. The blocks of a
@@ -76,7 +83,8 @@ def cluster(x: int, y: int = 1) -> None:
                           f"cluster")
     if ctx.body or ctx.shared_allocs:
         raise fail(label, "declare the cluster first in the kernel body, before any tile op")
-    ctx.cluster = (int(x), int(y), 1)
+    ctx.cluster = ClusterShape((int(x), int(y), 1))
+    ctx.cluster.loc = user_location()
 
 
 def is_scalar_operand(x: Any) -> bool:

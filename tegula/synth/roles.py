@@ -111,6 +111,16 @@ def register_budgets(consumer_threads: int) -> tuple[int, int | None]:
     return PRODUCER_REGISTERS, (consumer if consumer > share else None)
 
 
+def check_cluster(kernel: TracedKernel, target) -> None:
+    """A kernel declaring a thread-block cluster (`tg.cluster`) needs sm_90: refused at
+    its `tg.cluster` line for an older target, rather than failing at launch."""
+    if tuple(kernel.cluster) != (1, 1, 1) and target.cc < 90:
+        x, y, _ = kernel.cluster
+        raise SynthesisError(f"tg.cluster({x}, {y}): thread-block clusters need sm_90 or "
+                             f"newer; the target is {target.name}",
+                             loc=getattr(kernel.cluster, "loc", None) or kernel.loc)
+
+
 def decide_warp_roles(kernel: TracedKernel, option: bool | None) -> None:
     """Record on each TMA pipeline loop whether it is warp-specialized (module docstring)."""
     loops = [op for op in walk_ops(kernel.body) if isinstance(op, ForLoop) and _is_tma(op)]

@@ -36,7 +36,7 @@ from tegula.synth.copies import (global_access_vector, global_vector_limit, need
                                  plan_nested_ring, plan_tma_copy, plan_tma_stores)
 from tegula.synth.gemm import (WgmmaPlan, buffer_swizzle, operand_layout, plan_gemm,
                                plan_mma_sync)
-from tegula.synth.roles import decide_warp_roles
+from tegula.synth.roles import check_cluster, decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.scan import anchor_scans
@@ -105,6 +105,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
     _plan_tma_copies(kernel, facts, load_path)
+    check_cluster(kernel, target)
     decide_warp_roles(kernel, warp_specialize)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)

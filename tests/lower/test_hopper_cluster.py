@@ -244,6 +244,15 @@ def test_pairs_sharing_a_row_tile_multicast_a(shape, role_order):
     check_gemm(c, a, b, f16)
 
 
+def test_a_cluster_on_a_target_without_clusters_is_refused_at_its_line():
+    from tegula.errors import SynthesisError
+    with pytest.raises(SynthesisError, match=r"tg.cluster\(2, 1\): thread-block clusters need "
+                                             r"sm_90 or newer; the target is sm_80") as info:
+        build(KERNEL, {**SMALL, "CLUSTER": 2}, None, "sm_80")
+    assert "tg.cluster(CLUSTER)" in str(info.value)          # the line that declared it
+    build(KERNEL, {**SMALL, "CLUSTER": 1}, None, "sm_80")    # no cluster: the Ampere path
+
+
 def test_cluster_declarations_are_checked():
     @tg.kernel(threads=128)
     def too_big(a: tg.Tensor[f16]):
