@@ -350,6 +350,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=None,
                         help="comma-separated shape indices of each family (default: all); "
                              "FAMILY=I picks shape I of one family (e.g. gemm_sm90=2)")
+    parser.add_argument("--repredict", default=None, metavar="JSON",
+                        help="no GPU: re-predict the measured points of a recorded JSON with "
+                             "the current model, write JSON/SVG into --out, print the table")
     parser.add_argument("--only", default=None,
                         help="keep configurations with these values, e.g. BM=128,threads=256")
     parser.add_argument("--jobs", type=int, default=0,
@@ -359,6 +362,9 @@ def main() -> None:
     parser.add_argument("--print-points", action="store_true",
                         help="print every point as it is measured")
     options = parser.parse_args()
+    if options.repredict:
+        repredict(Path(options.repredict), Path(options.out))
+        return
     start = time.time()
     deadline = start + options.budget_s
     out = Path(options.out)
@@ -389,6 +395,10 @@ def main() -> None:
         dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), points=points, summary=rows), indent=1))
     svg_plot(points, out / "cost_model_check.svg")
     print(f"{gpu}, {time.strftime('%Y-%m-%d')}, {time.time() - start:.0f} s")
+    print_table(rows)
+
+
+def print_table(rows: list[dict]) -> None:
     print(f"{'family':14} {'shape':26} {'configs':>7} {'skipped':>7} {'spearman':>8} "
           f"{'pairs':>11} {'top5':>5} {'best us':>9} {'pick us':>9}")
     for r in rows:
@@ -397,6 +407,42 @@ def main() -> None:
               f"{r['not_measured']:7d} {r['spearman']:8.2f} {pairs:>11} "
               f"{str(r['top5_hit']):>5} {r['best_measured_us']:9.1f} "
               f"{r['model_pick_measured_us']:9.1f}")
+
+
+def repredict(recorded: Path, out: Path) -> None:
+    """Re-predict every measured point of `recorded` with the current model (CPU only):
+    the measurements stay as recorded, `predicted_us` is today's model's, the recorded
+    prediction kept as `recorded_prediction_us`. Families are looked up by their name."""
+    data = json.loads(recorded.read_text())
+    by_name = {family["name"]: family for family in (make() for make in FAMILIES.values())}
+    points = []
+    for point in data["points"]:
+        family = by_name[point["family"]]
+        shape = point["shape"] if not isinstance(point["shape"][0], list) else \
+            (tuple(point["shape"][0]), point["shape"][1])
+        shape = tuple(shape) if not isinstance(shape, tuple) else shape
+        _, shapes, scalars, grid, fixed = family["make"](shape, device="meta")
+        candidate = score(family["kernel"], dict(point["config"]), fixed, shapes, scalars,
+                          lambda c, g=grid: g(c), family["target"])
+        point = dict(point)
+        if "predicted_us" in point:
+            point["recorded_prediction_us"] = point["predicted_us"]
+        if candidate.dropped:  # kept, out of the ranking: the model would not propose it
+            if "measured_us" in point:
+                point["measured_but_dropped_us"] = point.pop("measured_us")
+            point["dropped"] = candidate.dropped
+        else:
+            point["predicted_us"] = candidate.seconds * 1e6
+            point["bound"] = candidate.estimate.bound
+        points.append(point)
+    rows = summarize(points)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost_model_check.json").write_text(json.dumps(
+        {**{k: v for k, v in data.items() if k not in ("points", "summary")},
+         "predicted_by": "the model at the time of --repredict", "points": points,
+         "summary": rows}, indent=1))
+    svg_plot(points, out / "cost_model_check.svg")
+    print_table(rows)
 
 
 if __name__ == "__main__":
