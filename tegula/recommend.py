@@ -28,8 +28,9 @@ The method, deterministic and independent of the order values are listed in:
    work, L2 and DRAM bytes alone, which no load path or occupancy can beat
    (`CostEstimate.floor_cycles`) — is below the k-th best time found so far; otherwise it
    is reported as pruned. A pruned branch could not have entered the top k, so the top k
-   is exact whatever the visiting order. Pass `load_path=` to fix it, or list it in
-   `space=` to score every value.
+   is exact whatever the visiting order. On a predicted tie the TMA build ranks first (the
+   synthesis default; the model often ties the two where L2 bandwidth bounds both). Pass
+   `load_path=` to fix it, or list it in `space=` to score every value.
 """
 from __future__ import annotations
 
@@ -289,7 +290,9 @@ def recommend(kernel: Any, *args: Any, shapes: Mapping[str, Any] | None = None,
         if branch_load_path and candidate.uses_tma:
             _branch_load_path(result, candidate, kernel, fixed, tensor_shapes, scalars,
                               grid, target)
-    result.ranked.sort(key=lambda c: (c.seconds, c.key))
+    # On a predicted tie the synthesis default (TMA) goes first, then the smaller key.
+    result.ranked.sort(key=lambda c: (c.seconds, c.config.get("load_path") == "cp.async",
+                                      c.key))
     for found in (result.dropped, result.pruned):
         found.sort(key=lambda c: c.key)
     return result

@@ -135,6 +135,9 @@ class CostEstimate:
                  f"functions {sfu:,.0f} (together, imperfectly overlapped: "
                  f"{res.get('pipes', 0.0) / max(1, self.blocks_per_sm):,.0f}); DRAM share "
                  f"{self.dram_cycles:,.0f}; fill latency {self.latency_cycles:,.0f}",
+                 f"  latency per block alone: loads {res.get('load latency', 0.0):,.0f}, "
+                 f"barriers {res.get('barrier latency', 0.0):,.0f} cycles (shared by the "
+                 f"blocks resident with it)",
                  f"  {self.blocks_per_sm} block(s)/SM (limited by {self.occupancy_limit}); "
                  f"block time {self.block_cycles:,.0f} cycles = "
                  f"{self.block_seconds * 1e6:.2f} us, {self.bound}-bound"]

@@ -92,3 +92,12 @@ def test_a_fixed_load_path_is_not_searched():
     assert all("load_path" not in c.config for c in result.ranked) and not result.pruned
     assert all("tma" not in _instrs(build(gemm, {**c.config, "load_path": "cp.async"},
                                           None, "sm_90a")) for c in result.top)
+
+
+def test_on_a_predicted_tie_the_tma_default_ranks_first():
+    result = tg.recommend(gemm, shapes=SHAPES, target="sm_90a", top_k=100,
+                          space=dict(BM=[128], BN=[256], BK=[64], STAGES=[4], threads=[256]))
+    twins = {c.config["load_path"]: c for c in result.ranked}
+    assert set(twins) == {"tma", "cp.async"}
+    assert twins["tma"].seconds == twins["cp.async"].seconds     # L2-bound both: a tie
+    assert [c.config["load_path"] for c in result.ranked] == ["tma", "cp.async"]
