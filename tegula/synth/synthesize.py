@@ -260,6 +260,12 @@ def _plan_conversions(kernel: TracedKernel) -> None:
         if isinstance(op, Rearrange):
             op.choices["conversion"] = choose_conversion(
                 op.x.layout, op.out.layout, tuple(op.x.shape), max(1, op.x.dtype.bits // 8))
+            if op.x.dtype.bits < 8 and op.choices["conversion"].kind == "shared":
+                # Shared memory is addressed in bytes: one 4-bit element has no store.
+                raise SynthesisError(
+                    f"changing the layout of {op.x} takes a shared-memory round trip, which "
+                    f"cannot store single {op.x.dtype.bits}-bit elements; convert the tile "
+                    f"to a byte-wide type first (e.g. .to(u8) or .to(f16))", loc=op.loc)
 
 
 def _plan_global_copies(kernel: TracedKernel, facts: dict, target: Target) -> None:
