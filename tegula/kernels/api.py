@@ -172,9 +172,11 @@ def _top_k() -> int | None:
 
 # Host overhead per call decides small problems (a 4096x4096 RMSNorm runs in ~17 us on an
 # H200), so after the first call for a given argument signature an entry point replays
-# the chosen launch directly: allocate, view, `CompiledKernel.launch`. The signature holds
-# everything the first call's checks and choices depended on (shapes, strides, dtypes,
-# devices, pointer alignment classes, scalar options), so a replay makes the same choices.
+# the chosen launch directly: allocate, then the prepared launch with new data pointers
+# (`EntryReplay` and `_replay_entry`: one C call where the extension is built; the GEMMs'
+# closures through `_replay_of`/`_replayer`). The signature holds everything the first
+# call's checks and choices depended on (shapes, strides, dtypes, devices, pointer
+# alignment classes, scalar options), so a replay makes the same choices.
 _REPLAYS: dict = {}
 
 
