@@ -194,8 +194,8 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 #: 2026-11-24, 4x1536x2048, dstate 16): f32 at 8 channels x 128 steps with two states per
 #: scan and B/C a group ahead (321 us; 348 us at 8 x 256 one state per scan); 16-bit at
 #: 8 x 256, one state per scan (267 us; 282 us the f32 choice).
-_DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True),
-                  "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False)}
+_DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True, STATE_LOOP=False),
+                  "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False, STATE_LOOP=False)}
 
 
 def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
@@ -207,7 +207,7 @@ def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
     run-time loop, not unrolled); the defaults by `dtype` (`_DEFAULT_TILES`)."""
     tiles = dict(_DEFAULT_TILES["f32" if dtype == f32 else "16-bit"])
     tiles.update({k: v for k, v in (("BD", BD), ("BL", BL)) if v is not None})
-    return dict(N=dstate, **tiles, STATE_LOOP=False,
+    return dict(N=dstate, **tiles,
                 PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch))
 
 
