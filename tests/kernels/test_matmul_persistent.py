@@ -116,6 +116,10 @@ def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes()
     assert any(c["kernel"] == "shared" for c in large)       # the tuner still compares
     assert not any(c["kernel"] == "persistent" for c in gemm_candidates(4096, 4096, 4096,
                                                                          hopper=False))
+    # With a fused epilogue the one-block-per-tile 128x256 kernel leads (measured faster)
+    fused = gemm_candidates(4096, 4096, 4096, hopper=True, fused=True)
+    assert fused[0] == dict(kernel="shared", BM=128, BN=256, BK=64, STAGES=3, threads=256)
+    assert sorted(map(str, fused)) == sorted(map(str, large))
     # Few tiles (1024²: 32 of 128×256) or decode rows: one block per tile leads.
     assert gemm_candidates(1024, 1024, 1024)[0]["kernel"] == "shared"
     decode = gemm_candidates(16, 4096, 16384)
