@@ -125,9 +125,15 @@ def _global_use(role: str, load: bool, tile: GlobalTile, vector: int,
                     global_bytes=_bytes(tile.dtype, _elements(tile)))
 
 
-def _register_instructions(tile: RegisterTile, vector: int, warps: int) -> int:
-    """Warp instructions to move a register tile `vector` elements at a time."""
-    values = tile.layout[1].size if tile.layout is not None else 1
+def _register_instructions(tile: RegisterTile, vector: int, warps: int,
+                           distinct: bool = False) -> int:
+    """Warp instructions to move a register tile `vector` elements at a time; `distinct`:
+    only the registers holding an element no earlier one of the thread holds (global
+    loads and stores of a broadcast tile, e.g. a (BM, 1) scale column in an accumulator's
+    layout, are issued once per distinct element: `lower/copy.py`)."""
+    if tile.layout is None:
+        return warps
+    values = len(distinct_values(tile.layout)) if distinct else tile.layout[1].size
     return max(1, values // max(1, vector)) * warps
 
 
@@ -160,9 +166,11 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
         uses = [_shared_use("S2R", plan, src.dtype, target)] if plan else []
         return uses + [_global_use("R2G", False, dst, vector, count)]
     if isinstance(src, GlobalTile) and isinstance(dst, RegisterTile):
-        return [_global_use("G2R", True, src, vector, _register_instructions(dst, vector, warps))]
+        return [_global_use("G2R", True, src, vector,
+                            _register_instructions(dst, vector, warps, distinct=True))]
     if isinstance(src, RegisterTile) and isinstance(dst, GlobalTile):
-        return [_global_use("R2G", False, dst, vector, _register_instructions(src, vector, warps))]
+        return [_global_use("R2G", False, dst, vector,
+                            _register_instructions(src, vector, warps, distinct=True))]
     if isinstance(src, SharedTile) and "src_shared" in ch:
         return [_shared_use("S2R", ch["src_shared"], src.dtype, target)]
     if isinstance(dst, SharedTile) and "dst_shared" in ch:

@@ -70,3 +70,17 @@ def test_broadcast_tiles_are_right_and_loaded_once_per_element(target):
                     and op.src.arg.name == name)
         distinct = len(distinct_values(load.dst.layout))
         assert len(loads) * load.choices["vector"] == distinct < load.dst.layout[1].size
+
+
+def test_explain_counts_the_loads_issued():
+    """The cost model (and so `tegula explain`) counts a broadcast tile's loads once per
+    distinct element too: 2 scale_a values and 1 scale_b value a thread, 8 warps."""
+    text = tg.explain(fp8_blockwise_gemm_kernel(bf16), target="sm_90a", BM=128, BN=128,
+                      STAGES=4, threads=256)
+    lines = text.splitlines()
+    counts = {}
+    for i, line in enumerate(lines):
+        for name in ("scale_a", "scale_b"):
+            if f"copy %{name}" in line:
+                counts[name] = int(lines[i + 2].split()[5])   # the "instrs" column
+    assert counts == {"scale_a": 16, "scale_b": 8}
