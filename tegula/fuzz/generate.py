@@ -373,8 +373,9 @@ class Generator:
 
     def add_gemm(self, body, scope, dtype: str, stages: int, new_acc: float = 0.4) -> str:
         """Append `tg.gemm(acc, a, b)` over fresh (M x K) and (N x K) tensors of `dtype`
-        (K rows of 32, 64 or 128 bytes: the spans wgmma's swizzles take) to an existing
-        accumulator or a new one; returns the accumulator's name."""
+        (K rows of 32, 64 or 128 bytes — the spans wgmma's swizzles take — or, pipelined,
+        now and then 256 bytes: two swizzle blocks, two TMA boxes and a descriptor per
+        block) to an existing accumulator or a new one; returns the accumulator's name."""
         r = self.rng
         acc_dtype = GEMM_ACCUMULATOR[dtype]
         acc = self.pick(scope, lambda t: (t.dtype, t.shape) == (acc_dtype, (True, True)))
@@ -383,7 +384,8 @@ class Generator:
                 self.number(acc_dtype)
             acc = self.define(body, scope, Full(self.fresh(), (True, True), acc_dtype, start),
                               acc_dtype, (True, True))
-        row_bytes = r.choice((32, 64, 128) if stages else (32, 64))
+        row_bytes = r.choice((32, 64, 128, 32, 64, 128, 256) if stages > 1 else
+                             (32, 64, 128) if stages else (32, 64))
         bk = row_bytes // GEMM_ELEMENT_BYTES.get(dtype, 1)
         if stages == 0:
             extent = r.randint(max(1, bk - 15), bk)
