@@ -54,6 +54,28 @@ _RESERVED = frozenset(
     "break continue switch case default struct union class template typename auto static "
     "extern inline asm volatile register sizeof true false min max".split())
 
+#: Functions CUDA's device headers declare with C linkage (the math library, as listed in
+#: CUDA 13's crt/math_functions.h, and the C library calls device code may make): an
+#: `extern "C"` kernel of the same name does not compile ("more than one instance of
+#: overloaded function has C linkage"), so a kernel may not be named like one.
+CUDA_C_FUNCTIONS = frozenset("""
+    abs acos acosf acosh acoshf asin asinf asinh asinhf atan atan2 atan2f atanf atanh atanhf
+    cbrt cbrtf ceil ceilf copysign copysignf cos cosf cosh coshf cospi cospif cyl_bessel_i0
+    cyl_bessel_i0f cyl_bessel_i1 cyl_bessel_i1f erf erfc erfcf erfcinv erfcinvf erfcx erfcxf
+    erff erfinv erfinvf exp exp10 exp10f exp2 exp2f expf expm1 expm1f fabs fabsf fdim fdimf
+    floor floorf fma fmaf fmax fmaxf fmin fminf fmod fmodf frexp frexpf hypot hypotf ilogb
+    ilogbf isfinite isinf isnan j0 j0f j1 j1f jn jnf labs ldexp ldexpf lgamma lgammaf llabs
+    llmax llmin llrint llrintf llround llroundf log log10 log10f log1p log1pf log2 log2f logb
+    logbf logf lrint lrintf lround lroundf max min modf modff nan nanf nearbyint nearbyintf
+    nextafter nextafterf norm norm3d norm3df norm4d norm4df normcdf normcdff normcdfinv
+    normcdfinvf normf pow powf rcbrt rcbrtf remainder remainderf remquo remquof rhypot rhypotf
+    rint rintf rnorm rnorm3d rnorm3df rnorm4d rnorm4df rnormf round roundf rsqrt rsqrtf
+    scalbln scalblnf scalbn scalbnf signbit sin sincos sincosf sincospi sincospif sinf sinh
+    sinhf sinpi sinpif sqrt sqrtf tan tanf tanh tanhf tgamma tgammaf trunc truncf ullmax
+    ullmin umax umin y0 y0f y1 y1f yn ynf
+    printf malloc free memcpy memset assert abort clock clock64
+""".split())
+
 
 def target_sm(target: str) -> int:
     """The SM version number of a target name: "sm_90a" -> 90."""

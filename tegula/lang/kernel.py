@@ -196,6 +196,17 @@ def _check_name(fn: Callable, name: str, loc: SourceLocation) -> None:
                          f"rename the parameter", loc)
 
 
+def _check_kernel_name(fn: Callable, loc: SourceLocation) -> None:
+    """The kernel's name is its CUDA function's (an `extern "C"` symbol): one CUDA already
+    declares, or a C++ keyword, does not compile, so it is refused here rather than when
+    the kernel first meets a GPU."""
+    from tegula.codegen.cuda import _RESERVED, CUDA_C_FUNCTIONS
+    if fn.__name__ in CUDA_C_FUNCTIONS or fn.__name__ in _RESERVED:
+        raise TraceError(f"kernel {fn.__name__}: CUDA already has a function (or keyword) of "
+                         f"this name, and the kernel's CUDA function carries the kernel's "
+                         f"name; rename the kernel (e.g. {fn.__name__}_kernel)", loc)
+
+
 def _call_site() -> SourceLocation | None:
     """The innermost caller outside tegula's compiler: the user's launch, `tg.emulate`,
     `trace` or `explain` call (constexprs are checked deep inside the build, which is not
@@ -245,6 +256,7 @@ class Kernel:
         self.warp_specialize = warp_specialize
         self.name = fn.__name__
         self.loc = _definition_location(fn)
+        _check_kernel_name(fn, self.loc)
         # The decorating scope's locals: string annotations may name them (a kernel
         # defined inside a function, with `from __future__ import annotations`).
         # Its variables without a value yet are assigned after the decorator (named in

@@ -33,7 +33,7 @@ def mul_backward(x: tg.Tensor[f32], y: tg.Tensor[f32], grad_out: tg.Tensor[f32],
 
 
 @tg.kernel(threads=64)
-def exp(x: tg.Tensor[f32], out: tg.Tensor[f32]):
+def exp_kernel(x: tg.Tensor[f32], out: tg.Tensor[f32]):
     m, n = tg.block_id(0), tg.block_id(1)
     tg.copy(tg.exp(tg.load(x.tile((BM, BN), (m, n)))), out.tile((BM, BN), (m, n)))
 
@@ -55,7 +55,7 @@ mul_op = tg.torch_op(mul, out={"out": "x"}, grid=grid, name="tegula_test_bwd::mu
                      backward=tg.torch_op(mul_backward, grid=grid,
                                           out={"grad_x": "x", "grad_y": "y"},
                                           name="tegula_test_bwd::mul_backward"))
-exp_op = tg.torch_op(exp, out={"out": "x"}, grid=grid, name="tegula_test_bwd::exp",
+exp_op = tg.torch_op(exp_kernel, out={"out": "x"}, grid=grid, name="tegula_test_bwd::exp",
                      backward=lambda out, grad_out: grad_out * out)
 
 
