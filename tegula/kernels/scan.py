@@ -98,9 +98,10 @@ def _states_unrolled(B, C, b, k, dt, dtu, y, a2: list, h: list, one, BL: int, GR
 
 def _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one, BD: int, BL: int, N: int):
     """Every state of one chunk in a run-time loop (a loop body of one state, where the
-    unrolled states are thousands of instructions): the states live in `states` (BD, N),
-    each thread holding its channel's row, read and written at column n by a select.
-    Returns (y + Σ_n h_n·C_n, the updated states)."""
+    unrolled states are thousands of instructions; measured no faster, see
+    `_DEFAULT_TILES`): the states live in `states` (BD, N), each thread holding its
+    channel's row, read and written at column n by a select. Returns (y + Σ_n h_n·C_n,
+    the updated states)."""
     column = tg.arange(N)[None, :]
     for n in tg.range(N):
         a2 = tg.load(A.tile((BD, 1), (block, n))) * LOG2E
@@ -192,8 +193,9 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 
 #: The default tiles by element type of u, measured on an H100 (docs/performance.md,
 #: 2026-11-24, 4x1536x2048, dstate 16): f32 at 8 channels x 128 steps with two states per
-#: scan and B/C a group ahead (321 us; 348 us at 8 x 256 one state per scan); 16-bit at
-#: 8 x 256, one state per scan (267 us; 282 us the f32 choice).
+#: scan and B/C a group ahead (321 us; 348 us at 8 x 256 one state per scan, 319 us with
+#: the states in a run-time loop); 16-bit at 8 x 256, one state per scan (241 us; 282 us
+#: the f32 choice, 310 us the state loop).
 _DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True, STATE_LOOP=False),
                   "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False, STATE_LOOP=False)}
 
