@@ -106,7 +106,7 @@ def index_register(value: RegisterValue, index: Any) -> RegisterValue:
             if (item.start, item.stop, item.step) != (None, None, None):
                 raise fail(op, f"{describe(tile)} is a register tile and cannot be sliced "
                                f"({_slice_text(item)}): only ':' and None (a new size-1 dim) "
-                               f"apply; slice the global or shared view before loading")
+                               f"apply; slice the global view before loading")
             shape.append(extent)
         else:
             _check_dropped_dim(tile, item, dim, op)

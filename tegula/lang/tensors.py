@@ -275,6 +275,13 @@ class SharedView(TileHandle):
     def T(self) -> SharedView:
         return self.transpose()
 
+    def __getitem__(self, index: Any) -> SharedView:
+        # A stage is used whole (copy, load, gemm); a part of it has no shared layout of
+        # its own. Say so at the user's line rather than Python's "not subscriptable".
+        raise fail("shared stage[...]", "a stage of a shared buffer is used whole by "
+                   "tg.copy, tg.load and tg.gemm and cannot be sliced; slice the global view "
+                   "before copying it in, or allocate a shared buffer of the part's shape")
+
 
 class SharedBuffer(SharedView):
     """A shared-memory buffer (`SharedAlloc`). `buf[k]` is stage k (taken modulo the stage
