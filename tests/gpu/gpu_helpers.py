@@ -8,6 +8,11 @@ compare exactly.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from tegula.dtypes import DType
@@ -181,3 +186,33 @@ def launch_fuzz_program(program, inputs: dict, target: str | None = None) -> dic
                 for name, t in outputs.items()}
     finally:
         forget_kernel(filename)
+
+
+def run_child_cases(script: str, root, time_limit_s: float) -> tuple[dict, bool, str]:
+    """Run `script --child` in a fresh process under a time limit; the child prints one JSON
+    line `[case id, outcome]` per case as it goes. A hang (a pipeline protocol mistake)
+    then fails the cases it did not reach instead of stalling the run. Returns (outcome by
+    case id, whether it hung, the end of its stderr)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    try:
+        proc = subprocess.run([sys.executable, script, "--child"], capture_output=True,
+                              text=True, env=env, timeout=time_limit_s, check=False)
+        out, err, hung = proc.stdout, proc.stderr, False
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, hung = "", True
+    results = dict(json.loads(line) for line in out.splitlines() if line.startswith("["))
+    return results, hung, err[-3000:]
+
+
+def check_child_case(outcomes: tuple, name: str, names: list, time_limit_s: float) -> None:
+    """Fail unless case `name` ran in the child (`run_child_cases`) and came out "ok"."""
+    import pytest
+    results, hung, err = outcomes
+    if name not in results:
+        done = len(results)
+        first_missing = names[done] if done < len(names) else "?"
+        pytest.fail(f"the child hung (over {time_limit_s} s) at case {first_missing}" if hung
+                    else f"the child stopped before this case: {err}")
+    assert results[name] == "ok", results[name]

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
+from gpu_helpers import check_child_case, run_child_cases  # noqa: E402
 
 #: Tiles: the README's 128x256x64 with two consumer warpgroups at 3 and 4 stages (4 is
 #: the benchmark's), 128x128x64, and small tiles (many tiles per block at small shapes).
@@ -112,31 +112,13 @@ def outcomes():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs an sm_90 GPU")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--child"], capture_output=True,
-                              text=True, env=env, timeout=TIME_LIMIT_S, check=False)
-        out, err, hung = proc.stdout, proc.stderr, False
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err, hung = "", True
-    results = dict(json.loads(line) for line in out.splitlines() if line.startswith("["))
-    return results, hung, err[-3000:]
+    return run_child_cases(__file__, ROOT, TIME_LIMIT_S)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_persistent_gemm_on_the_gpu(outcomes, case):
-    results, hung, err = outcomes
-    name = _case_id(case)
-    if name not in results:
-        done = len(results)
-        first_missing = _case_id(CASES[done]) if done < len(CASES) else "?"
-        reason = (f"the child hung (over {TIME_LIMIT_S} s) at case {first_missing}" if hung
-                  else f"the child stopped before this case: {err}")
-        pytest.fail(reason)
-    assert results[name] == "ok", results[name]
+    check_child_case(outcomes, _case_id(case), [_case_id(c) for c in CASES], TIME_LIMIT_S)
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
