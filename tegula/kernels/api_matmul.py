@@ -214,7 +214,7 @@ def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Callable
 
     def replay_matmul(a: Any, b: Any, bias: Any = None) -> Any:
         torch = _api._torch()
-        c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        c = a.new_empty((m, n))  # a's dtype and device, without torch.empty's keyword parsing
         operand = b if b_layout == "view" else b.T.contiguous()  # b.T's pointer is b's
         pointers = {"a": a.data_ptr(), "b": operand.data_ptr(), "c": c.data_ptr()}
         if bias is not None:
