@@ -6,7 +6,7 @@ optionally a zero point per group), f16/bf16 activations, f32 accumulation.
 The work list is `tegula.kernels.moe`'s (`moe_schedule_kernel`: the experts' offsets read
 on the device, one item per output tile with rows); each block takes one item and runs the
 W4A16 GEMM's K loop on it (each k-step's (BN, BK) weight tile is loaded packed,
-dequantized in registers — `dequantize_chunk`, w·s − z·s — stored to a shared tile of the
+dequantized in registers — `quant.dequantize`, w·s − z·s — stored to a shared tile of the
 activations' type and fed with the pipelined activation tile to `tg.gemm`). One block per item, not persistent: the
 dequantization in the loop body keeps the sm_90a TMA ring from running across items (it
 serves a body of TMA copies and one gemm), and items past the work count run no K step.
@@ -28,22 +28,9 @@ from tegula.dtypes import DType, bf16, f16
 from tegula.kernels.common import check_array, dtype_of_array, poisoned
 from tegula.kernels.moe import (COLUMN_TILE, END_ROW, EXPERT, FIRST_ROW, check_offsets,
                                 check_problem, has_rows, plan_launches, run_plan)
-from tegula.kernels.quant import GROUP_SIZES, SYMMETRIC_ZERO, prepack, quantize_w4
+from tegula.kernels.quant import GROUP_SIZES, dequantize, prepack, quantize_w4
 
 W4_DTYPES = (f16, bf16)
-
-
-def dequantize_chunk(packed: Any, scales: Any, zeros: Any, n: Any, group: Any,
-                     rows: int) -> Any:
-    """(w - zero) · scale in f32 of a loaded (rows, BK) tile of 4-bit weights lying in one
-    group, as w·s - z·s (one multiply-add per weight): the (rows, 1) scales and zeros of
-    row block n and `group` broadcast along the chunk; zeros None: zero point 8. The
-    formula of `quant.dequantize` (whose signature is changing with its packed layouts;
-    one helper for both once it settles)."""
-    scale = tg.load(scales.tile((rows, 1), (n, group))).to(f32)
-    zero = (tg.load(zeros.tile((rows, 1), (n, group))).to(f32) if zeros is not None
-            else tg.full((rows, 1), SYMMETRIC_ZERO, f32))
-    return packed.to(f32) * scale - zero * scale
 
 
 @lru_cache(maxsize=None)
@@ -68,8 +55,8 @@ def moe_gemm_w4_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
         sw = tg.shared((BN, BK), dtype)
         for k in tg.pipeline(ga.shape[2] * has_rows(first, end), stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
-            weights = dequantize_chunk(tg.load(gw[:, :, k]), scales[e],
-                                       zeros[e] if has_zeros else None, n, k // (G // BK), BN)
+            weights = dequantize(tg.load(gw[:, :, k]), scales[e],
+                                 zeros[e] if has_zeros else None, n, k // (G // BK), (BN, 1))
             tg.copy(weights.to(dtype), sw)
             tg.gemm(acc, sa[k], sw)                  # acc += x rows @ dequant(w[e]).T
         tg.copy(acc.to(dtype), out[first:end, :].tile((BM, BN), (0, n)))
