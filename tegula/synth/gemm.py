@@ -128,6 +128,19 @@ def plan_mma_sync(op: Gemm, threads: int, target: Target) -> GemmPlan:
     return mma_sync_plans(op, threads, target)[0]
 
 
+def _fewer_warps_hint(atoms, tile: tuple, threads: int) -> str:
+    """When the C tile is too small for the block's warps (a 16x16 tile on 4 warps): the
+    largest block whose warps an MMA fits, as a suggestion."""
+    bm, bn, bk = tile
+    for warps in range(threads // 32 - 1, 0, -1):
+        if any(bk % a.shape_mnk[2] == 0 and any(
+                bm % (a.shape_mnk[0] * g.wm) == 0 and bn % (a.shape_mnk[1] * g.wn) == 0
+                for g in warp_grids(warps)) for a in atoms):
+            return (f" (the tile is too small for {threads // 32} warps: it fits a block of "
+                    f"threads={32 * warps}, or a larger tile)")
+    return ""
+
+
 def mma_sync_plans(op: Gemm, threads: int, target: Target) -> list[GemmPlan]:
     """Every (MMA, warp grid) that fits `op`, as plans, cheapest first (ties: less shared
     traffic, larger K, larger wm); each plan's `candidates` lists them all with scores."""
@@ -156,7 +169,8 @@ def mma_sync_plans(op: Gemm, threads: int, target: Target) -> list[GemmPlan]:
             score = candidate_score(atom, grid, (bm, bn, ak), target)
             scored.append((score, -k, -grid.wm, atom, grid))
     if not scored:
-        raise SynthesisError("gemm: no MMA fits the tiles: " + "; ".join(reasons), loc=op.loc)
+        raise SynthesisError("gemm: no MMA fits the tiles: " + "; ".join(reasons)
+                             + _fewer_warps_hint(atoms, (bm, bn, ak), threads), loc=op.loc)
     scored.sort(key=lambda c: c[:3])  # cost, then shared traffic, larger K, larger wm
     candidates = tuple((c[3].name, c[4], round(c[0][0], 1)) for c in scored)
     plans = []

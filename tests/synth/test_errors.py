@@ -273,3 +273,20 @@ def test_one_pinned_layout_is_converted_not_an_error():
         tg.copy(x + y, c.tile((64, 64), (0, 0)))
     result = build(k)
     assert len(result.synthesis.conversions) == 1
+
+
+@tg.kernel(threads=128)
+def gemm_tile_smaller_than_the_warps(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32]):
+    acc = tg.zeros((16, 16), f32)
+    tg.gemm(acc, tg.load(a.tile((16, 16), (0, 0))), tg.load(b.tile((16, 16), (0, 0))))  # @tiny
+    tg.copy(acc, c.tile((16, 16), (0, 0)))
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_a_gemm_tile_too_small_for_the_warps_suggests_a_block_that_fits(target):
+    with pytest.raises(SynthesisError, match="no MMA fits") as err:
+        build(gemm_tile_smaller_than_the_warps, {}, None, target)
+    assert "too small for 4 warps: it fits a block of threads=64" in str(err.value)
+    assert f":{line_of('@tiny')}" in str(err.value)
+    # ... and the suggestion is right: the same tile on 64 threads builds.
+    build(gemm_tile_smaller_than_the_warps, {"threads": 64}, None, target)
