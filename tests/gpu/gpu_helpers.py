@@ -216,3 +216,24 @@ def check_child_case(outcomes: tuple, name: str, names: list, time_limit_s: floa
         pytest.fail(f"the child hung (over {time_limit_s} s) at case {first_missing}" if hung
                     else f"the child stopped before this case: {err}")
     assert results[name] == "ok", results[name]
+
+
+def check_f16_gemm(torch, m: int, n: int, k: int, launch, device: str = "cuda") -> str:
+    """'ok' or what went wrong: `launch(a, b, c)` must compute c = a @ b.T for random f16
+    a (m, k) and b (n, k) into a NaN-poisoned c (m, n), every element written and within
+    f16 rounding plus an f32 accumulation bound of a float64 reference."""
+    gen = torch.Generator(device=device).manual_seed(m * 7919 + n * 31 + k)
+    a = torch.randn(m, k, device=device, generator=gen).half()
+    b = torch.randn(n, k, device=device, generator=gen).half()
+    c = torch.full((m, n), float("nan"), device=device, dtype=torch.float16)
+    launch(a, b, c)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ref = a.double() @ b.double().T
+    bound = 2.0 ** -10 * ref.abs() + k * 2.0 ** -23 * (a.double().abs() @ b.double().abs().T)
+    if torch.isnan(c).any():
+        return f"{int(torch.isnan(c).sum())} unwritten (poisoned) elements"
+    err = (c.double() - ref).abs()
+    if not bool((err <= bound + 2.0 ** -24).all()):
+        return f"max error {err.max().item():.3g}"
+    return "ok"

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import check_child_case, run_child_cases  # noqa: E402
+from gpu_helpers import check_child_case, check_f16_gemm, run_child_cases  # noqa: E402
 
 #: The benchmark's 128x256x64 tiles (two consumer warpgroups, b's 256 rows multicast as
 #: two 128-row slices) at 4 and 3 stages, 128x128x64, and small tiles (many per block).
@@ -63,20 +63,8 @@ def run_case(case, module, torch) -> str:
     config = CONFIGS[config_name]
     sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
     grid = module.persistent_grid(m, n, sms, config["BM"], config["BN"], 2)
-    gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
-    a = torch.randn(m, k, device="cuda", generator=gen).half()
-    b = torch.randn(n, k, device="cuda", generator=gen).half()
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    module.persistent_gemm[grid](a, b, c, target="sm_90a", CLUSTER=2, **config)
-    torch.cuda.synchronize()
-    ref = a.double() @ b.double().T
-    bound = 2.0 ** -10 * ref.abs() + k * 2.0 ** -23 * (a.double().abs() @ b.double().abs().T)
-    if torch.isnan(c).any():
-        return f"{int(torch.isnan(c).sum())} unwritten (poisoned) elements"
-    err = (c.double() - ref).abs()
-    if not bool((err <= bound + 2.0 ** -24).all()):
-        return f"max error {err.max().item():.3g}"
-    return "ok"
+    return check_f16_gemm(torch, m, n, k, lambda a, b, c: module.persistent_gemm[grid](
+        a, b, c, target="sm_90a", CLUSTER=2, **config))
 
 
 def child() -> None:

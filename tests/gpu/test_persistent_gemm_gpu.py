@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import check_child_case, run_child_cases  # noqa: E402
+from gpu_helpers import check_child_case, check_f16_gemm, run_child_cases  # noqa: E402
 
 #: Tiles: the README's 128x256x64 with two consumer warpgroups at 3 and 4 stages (4 is
 #: the benchmark's), 128x128x64, and small tiles (many tiles per block at small shapes).
@@ -63,21 +63,8 @@ def run_case(case, module, torch, tg) -> str:
     config = CONFIGS[config_name]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = module.persistent_grid(m, n, blocks or sms, config["BM"], config["BN"])
-    gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
-    a = torch.randn(m, k, device="cuda", generator=gen).half()
-    b = torch.randn(n, k, device="cuda", generator=gen).half()
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    module.persistent_gemm[grid](a, b, c, target="sm_90a", warp_specialize=ROLES[roles],
-                                 **config)
-    torch.cuda.synchronize()
-    ref = a.double() @ b.double().T
-    bound = 2.0 ** -10 * ref.abs() + k * 2.0 ** -23 * (a.double().abs() @ b.double().abs().T)
-    if torch.isnan(c).any():
-        return f"{int(torch.isnan(c).sum())} unwritten (poisoned) elements"
-    err = (c.double() - ref).abs()
-    if not bool((err <= bound + 2.0 ** -24).all()):
-        return f"max error {err.max().item():.3g}"
-    return "ok"
+    return check_f16_gemm(torch, m, n, k, lambda a, b, c: module.persistent_gemm[grid](
+        a, b, c, target="sm_90a", warp_specialize=ROLES[roles], **config))
 
 
 def child() -> None:
