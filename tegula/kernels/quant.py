@@ -126,6 +126,37 @@ def w4a16_gemm_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
 
 
 @lru_cache(maxsize=None)
+def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
+    """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (BN, BT) tiles — the GEMM the other way round
+    (CUTLASS's mixed-input "Machete" orientation): the dequantized (BN, BK) weight tile is
+    the MMA's *register* A operand (wgmma's A fragment on sm_90a: no f16 weight ever goes
+    through shared memory) and the activation tile, BT tokens by BK, the shared B operand
+    (K-major, TMA into a STAGES-deep ring on sm_90a), so M = 16…128 tokens fit one block's
+    MMA N and each weight is dequantized once per BT tokens. Synthesis loads the packed
+    weights straight into the A fragment's layout (each thread's two consecutive k of a
+    row are one byte). BK divides the group size G; c is written through its transpose."""
+
+    @tg.kernel(threads=128)
+    def w4a16_swapped(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
+                      zeros: tg.Tensor[dtype], c: tg.Tensor[dtype], G: tg.constexpr = 128,
+                      BN: tg.constexpr = 64, BT: tg.constexpr = 64, BK: tg.constexpr = 64,
+                      STAGES: tg.constexpr = 3):
+        n, t = tg.block_id(0), tg.block_id(1)
+        ga = a.tile((BT, BK), (t, None))
+        gw = w.tile((BN, BK), (n, None))
+        acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
+        sa = tg.shared((BT, BK), dtype, stages=STAGES)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            weights = dequantize(tg.load(gw[:, :, k]), scales, zeros if has_zeros else None,
+                                 n, k // (G // BK), (BN, 1))
+            tg.gemm(acc, weights.to(dtype), sa[k])          # acc += w @ sa.T
+        tg.copy(acc.to(dtype), c.T.tile((BN, BT), (n, t)))
+
+    return w4a16_swapped
+
+
+@lru_cache(maxsize=None)
 def w4a16_rows_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     """c (M, N) = a (M, K) @ dequant(w).T for few rows (M a constexpr, unrolled), on the
     CUDA cores. Weights and activations are viewed 4-D, (rows, K/G, G/32, 32): a thread
@@ -178,6 +209,13 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
     BM=16 rows for M ≤ 16, else 64x64 tiles; BK = the group up to 128 (64 beyond 16
     rows), weights loaded one k-step ahead, a 3-stage activation pipeline."""
     threads = tiles.get("threads", 128)
+    if "BT" in tiles:
+        constexprs = dict(G=group_size, BN=64, BT=token_tile(m), BK=min(group_size, 64),
+                          STAGES=3)
+        constexprs.update(tiles)
+        _check_chunk(constexprs["BK"], group_size)
+        grid = (tg.cdiv(n, constexprs["BN"]), tg.cdiv(m, constexprs["BT"]))
+        return "swapped", grid, constexprs
     if m <= MAX_ROWS_KERNEL_M and "BM" not in tiles:
         constexprs = dict(M=m, G=group_size, BN=4, R=2 if m <= 2 else 4,
                           UNROLL=2 if m <= 2 else 1)
@@ -195,6 +233,20 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
     _check_chunk(constexprs["BK"], group_size)
     grid = (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"]))
     return "gemm", grid, constexprs
+
+
+def token_tile(m: int) -> int:
+    """The swapped kernel's default token tile BT for m rows of activations: the smallest
+    power of two from 16 (wgmma's N of an f16 MMA; TMA and swizzle want whole 8-row
+    groups) that holds them, at most 128."""
+    return min(128, max(16, 1 << max(0, m - 1).bit_length()))
+
+
+def w4a16_kernel(kind: str, dtype: DType, has_zeros: bool) -> tg.Kernel:
+    """The kernel of a config kind ("rows", "gemm" or "swapped", from `w4a16_config`)."""
+    factory = {"rows": w4a16_rows_kernel, "gemm": w4a16_gemm_kernel,
+               "swapped": w4a16_swapped_kernel}[kind]
+    return factory(dtype, has_zeros)
 
 
 def w4a16_operands(kind: str, a: Any, packed: Any, group_size: int) -> tuple[Any, Any]:
@@ -365,10 +417,9 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
     zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
                  else np.zeros((1, 1), dtype=storage))  # unread: the kernel uses 8
     kind, grid, constexprs = w4a16_config(m, n, k, group_size, **tiles)
-    factory = w4a16_rows_kernel if kind == "rows" else w4a16_gemm_kernel
     options = {} if target is None else {"target": target}
     operands = w4a16_operands(kind, np.ascontiguousarray(a), prepack(w_q), group_size)
-    launch_emulated(factory(dtype, zeros is not None), grid, *operands,
+    launch_emulated(w4a16_kernel(kind, dtype, zeros is not None), grid, *operands,
                     np.ascontiguousarray(scales, dtype=storage), zeros_arg, c,
                     **constexprs, **options)
     return c
@@ -442,9 +493,8 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
     def run(config: Config) -> Any:
         kind, grid, constexprs = w4a16_config(m, n, k, group_size, **config.kwargs)
-        factory = w4a16_rows_kernel if kind == "rows" else w4a16_gemm_kernel
         operands = (*w4a16_operands(kind, args[0], args[1], group_size), *args[2:], out)
-        return api._launch(factory(dtype, zeros is not None), grid, operands,
+        return api._launch(w4a16_kernel(kind, dtype, zeros is not None), grid, operands,
                            constexprs, config.threads), (grid, operands)
 
     ck, (grid, operands) = api._tune_and_run(
@@ -464,7 +514,8 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     return out
 
 
-__all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_operands", "MAX_ROWS_KERNEL_M", "w4a16_config", "check_w4a16_shapes",
+__all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_swapped_kernel", "w4a16_kernel",
+           "token_tile", "w4a16_operands", "MAX_ROWS_KERNEL_M", "w4a16_config", "check_w4a16_shapes",
            "prepack", "unpack_w4", "quantize_w4", "dequantize_w4", "w4a16_gemm_emulated",
            "w4a16_candidates", "matmul_w4a16", "W4A16_DTYPES", "GROUP_SIZES",
            "SYMMETRIC_ZERO"]
