@@ -189,7 +189,10 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
 
     `role_order` ("listed" or "reversed"): the order in which the warp roles of a
     warp-specialized kernel first run (each runs until it blocks), two interleavings of
-    the same block; a correct kernel is right under both.
+    the same block; a correct kernel is right under both. "random:SEED" (SEED an int):
+    every asynchronous statement is a scheduling point where the next role (or block of
+    a cluster) is drawn from a stream seeded by SEED — one more interleaving per seed,
+    which finds a stage released too early (`tegula/emulate/roles.py`).
     """
     import numpy as np
 

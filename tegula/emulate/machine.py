@@ -34,7 +34,8 @@ from tegula.emulate.memory import GlobalTensor, SharedMemory
 from tegula.emulate.ops import (Ctx, compile_atomic, compile_cp_async, compile_global,
                                 compile_ldmatrix, compile_mma, compile_shared, compile_shuffle)
 from tegula.emulate.state import BlockState, RegFile, uniform_int, write_regs
-from tegula.emulate.roles import Cluster, compile_roles, run_cluster
+from tegula.emulate.roles import (Cluster, check_role_order, compile_roles, run_cluster,
+                                  yield_point)
 from tegula.emulate.stats import EmulationReport, OpStats
 from tegula.emulate.values import round_to
 from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
@@ -47,10 +48,13 @@ Run = Callable[[BlockState], None]
 
 
 class Compiler:
-    """Turns a statement list into closures, with one `OpStats` per statement."""
+    """Turns a statement list into closures, with one `OpStats` per statement.
+    `scheduling_points`: every asynchronous statement is a scheduling point of a random
+    interleaving (`roles.yield_point`, before and after it)."""
 
-    def __init__(self, kernel: ThreadKernel):
+    def __init__(self, kernel: ThreadKernel, scheduling_points: bool = False):
         self.kernel = kernel
+        self.scheduling_points = scheduling_points
         self.regfile = RegFile(kernel.registers)
         tensor_dtypes = {p.name: p.dtype for p in kernel.params if isinstance(p, TensorParam)}
         self.ctx = Ctx(self.regfile, tensor_dtypes, {b.name: b for b in kernel.shared})
@@ -90,7 +94,8 @@ class Compiler:
         if isinstance(s, (SharedLoad, SharedStore)):
             return compile_shared(s, self.ctx, st, what)
         if type(s) in ASYNC_COMPILERS:
-            return ASYNC_COMPILERS[type(s)](s, self.ctx, st, what)
+            run = ASYNC_COMPILERS[type(s)](s, self.ctx, st, what)
+            return _between_yields(run) if self.scheduling_points else run
         if isinstance(s, Roles):
             return compile_roles(s, self.block, st, what)
         compilers = {GlobalAtomicAdd: compile_atomic, CpAsync: compile_cp_async,
@@ -214,6 +219,16 @@ class Compiler:
         return run
 
 
+def _between_yields(run: Run) -> Run:
+    """`run` as a scheduling point of a random interleaving: other coroutines may go on
+    just before it (a wait, an issue) and just after it (an arrive, a release)."""
+    def scheduled(state: BlockState) -> None:
+        yield_point(state)
+        run(state)
+        yield_point(state)
+    return scheduled
+
+
 def _bind(kernel: ThreadKernel, tensors: Mapping[str, np.ndarray],
           scalars: Mapping[str, object]) -> tuple[dict, dict[str, GlobalTensor]]:
     """The base environment (extents, strides, scalars) and the bound tensors."""
@@ -258,9 +273,10 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
     `num_sms` is what `tg.num_sms()` reads (the SM count of the emulated device).
     `role_order` ("listed" or "reversed") is the order in which the roles of a `Roles`
     statement first get to run: each runs until it blocks, so the two orders are two
-    different interleavings (a correct kernel is right under both)."""
-    if role_order not in ("listed", "reversed"):
-        raise EmulationError(f"role_order must be 'listed' or 'reversed', not {role_order!r}")
+    different interleavings (a correct kernel is right under both). "random:SEED" draws
+    the interleaving at every asynchronous statement from a stream seeded by SEED (and the
+    block): one more interleaving per seed (`roles.yield_point`)."""
+    check_role_order(role_order)
     t0 = time.perf_counter()
     grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
@@ -274,7 +290,7 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
     base_env.update(tg_grid_x=gx, tg_grid_y=gy, tg_grid_z=gz, tg_num_sms=int(num_sms))
     for name in track_writes:
         bound[name].track_writes()
-    comp = Compiler(kernel)
+    comp = Compiler(kernel, scheduling_points=role_order.startswith("random:"))
     body = comp.block(kernel.body)
     report = EmulationReport(kernel=kernel.name, grid=tuple(grid), threads=kernel.threads,
                              shared_bytes=kernel.shared_bytes)

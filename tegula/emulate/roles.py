@@ -8,9 +8,20 @@ runs two statements at once. The scheduler (the thread that reached `Roles`) han
 baton to a role; the role runs until it finishes or blocks at a statement whose condition
 does not hold yet (`MBarrierWait`, `NamedBarrier`), and hands the baton back. The scheduler
 then resumes the next role, in role order after the last one, whose wait condition now
-holds. When no role can run and some have not finished, every role is blocked: that is a
+holds (`role_order` "listed" or "reversed" says which role starts). When no role can run and some have not finished, every role is blocked: that is a
 deadlock on the GPU, reported as an `EmulationError` listing each role's name, source line
 and the statement it waits at — the emulator never hangs.
+
+**Random interleavings** (`role_order="random:SEED"`). The two fixed orders run a role
+until it blocks, so a role that releases a resource too early (arrives at an "empty"
+barrier before its wgmma has read the stage) is never caught: it keeps the baton until its
+next wait, by which time the reads are done. With a seed, every asynchronous statement is
+also a *scheduling point* (`yield_point`, before and after it: each wait, arrive, TMA or
+wgmma issue, commit, fence): the running coroutine draws from the block's random stream
+which runnable coroutine goes on — itself, another role, or (a role of a clustered
+block) another block of the cluster. Blocking waits pick the next runnable coroutine from
+that stream too. The stream is seeded by (SEED, block), so a run is deterministic per
+seed; yields wait on nothing, so deadlock reports are unchanged.
 
 Outside `Roles` the whole block is one coroutine: a wait whose condition does not hold
 can never be satisfied, and is the same deadlock report (`block_until`).
@@ -28,6 +39,7 @@ not be written to (`Cluster.peer`).
 """
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -94,15 +106,19 @@ class RoleTask:
 
 
 class Scheduler:
-    """Runs a block's roles with one baton (see the module docstring)."""
+    """Runs a block's roles with one baton (see the module docstring). With `rng` (a
+    random interleaving) the next coroutine is drawn from it; else round robin."""
 
-    def __init__(self, outer: RoleTask | None = None):
+    def __init__(self, outer: RoleTask | None = None, rng: random.Random | None = None):
         self.tasks: list[RoleTask] = []
         self.handback = threading.Semaphore(0)  # released by a role: "I stopped"
         self.aborted = False
         # The block's own task among its cluster's blocks (roles of a clustered block):
         # when every role is blocked, the block waits there for a peer to unblock one.
         self.outer = outer
+        self.rng = rng
+        self.chosen: RoleTask | None = None  # who a yielding task handed the baton to
+        self.yield_outer = False  # a role yielded to the other blocks of its cluster
 
     def add(self, name: str, loc: str, body: Callable, state) -> RoleTask:
         task = RoleTask(self, name, loc, body, state)
@@ -117,7 +133,10 @@ class Scheduler:
         last = -1
         try:
             while True:
-                task = self._next_runnable(last)
+                if self.yield_outer:  # a role let the cluster's other blocks run first
+                    self.yield_outer = False
+                    self.outer.block(YIELDED)
+                task = self._pick(last)
                 if task is None:
                     if all(t.done for t in self.tasks):
                         return
@@ -134,6 +153,24 @@ class Scheduler:
                     raise task.error
         finally:
             self._stop()
+
+    def _pick(self, last: int) -> RoleTask | None:
+        """The task to run next: the one a yield chose, else (random interleaving) one
+        drawn from the runnable ones, else the next runnable one after `last`."""
+        chosen, self.chosen = self.chosen, None
+        if chosen is not None and self._runnable(chosen):
+            return chosen
+        if self.rng is None:
+            return self._next_runnable(last)
+        runnable = self.runnable()
+        return self.rng.choice(runnable) if runnable else None
+
+    def runnable(self) -> list[RoleTask]:
+        return [t for t in self.tasks if self._runnable(t)]
+
+    @staticmethod
+    def _runnable(t: RoleTask) -> bool:
+        return not t.done and (t.waiting is None or t.waiting.ready())
 
     def _next_runnable(self, last: int) -> RoleTask | None:
         n = len(self.tasks)
@@ -176,6 +213,48 @@ def _loops(state) -> str:
     return text + (f"; implementing: {state.comment}" if state.comment else "")
 
 
+#: What a yielding coroutine waits for: nothing (it stays runnable; never in a deadlock).
+YIELDED = Wait(lambda: True, lambda: "a scheduling point")
+
+
+def yield_point(state) -> None:
+    """A scheduling point of a random interleaving (see the module docstring): draw which
+    runnable coroutine goes on — this one, another role of the block, or, in a role of a
+    clustered block, the cluster's other blocks — and hand the baton over if not this."""
+    task = state.task or state.block_task
+    if task is None or task.scheduler.rng is None:
+        return
+    scheduler = task.scheduler
+    others = [t for t in scheduler.runnable() if t is not task]
+    outer = task.kind == "role" and scheduler.outer is not None
+    choice = scheduler.rng.randrange(1 + len(others) + outer)
+    if choice == 0:
+        return
+    if choice <= len(others):
+        scheduler.chosen = others[choice - 1]
+    else:
+        scheduler.yield_outer = True
+    task.block(YIELDED)
+
+
+def random_interleaving(role_order: str, key: str) -> random.Random | None:
+    """The random stream of a `role_order="random:SEED"` scheduler for `key` (the block
+    or cluster), or None for the fixed orders."""
+    if not role_order.startswith("random:"):
+        return None
+    return random.Random(f"tegula.emulate roles {role_order} {key}")
+
+
+def check_role_order(role_order) -> None:
+    """'listed', 'reversed' or 'random:SEED' (SEED an integer); else an EmulationError."""
+    if isinstance(role_order, str) and (
+            role_order in ("listed", "reversed") or
+            (role_order.startswith("random:") and role_order[7:].lstrip("-").isdigit())):
+        return
+    raise EmulationError(f"role_order must be 'listed', 'reversed' or 'random:SEED' (SEED an "
+                         f"integer), not {role_order!r}")
+
+
 def block_until(state, wait: Wait) -> None:
     """A blocking statement: return once `wait` holds. In a role, other roles run in
     between; in the block's single coroutine, a wait that does not hold now never will."""
@@ -205,7 +284,9 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
             raise EmulationError(f"{what}: Roles inside role {state.task.name!r} (roles do "
                                  "not nest)")
         taken = np.zeros(state.threads, dtype=bool)
-        scheduler = Scheduler(outer=state.block_task)
+        order = state.asyncs.role_order
+        scheduler = Scheduler(outer=state.block_task,
+                              rng=random_interleaving(order, f"block {state.bid}"))
         for name, loc, cond, body in roles:
             c = cond(state.env)
             sel = np.broadcast_to(np.asarray(c).astype(bool), (state.threads,))
@@ -216,7 +297,7 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
             _check_uniform(mask, state.threads, f"{what}: role {name!r}")
             role_state = state.for_role(mask)
             role_state.task = scheduler.add(name, loc, body, role_state)
-        if state.asyncs.role_order == "reversed":
+        if order == "reversed":
             scheduler.tasks.reverse()
         st.add(state.active_warps())
         scheduler.run(lambda: f"block {state.bid}")
@@ -302,7 +383,7 @@ def release_block(block) -> None:
 def run_cluster(cluster: Cluster, run_block: Callable, role_order: str) -> None:
     """Run the blocks of `cluster` together, each as a coroutine (`run_block(state)` runs
     one to its end); a deadlock of all of them is reported with what each waits at."""
-    scheduler = Scheduler()
+    scheduler = Scheduler(rng=random_interleaving(role_order, cluster.label()))
     for state in cluster.blocks:
         state.block_task = scheduler.add(f"block {state.bid}", "", run_block, state)
         state.block_task.kind = "block"
@@ -319,4 +400,5 @@ def run_cluster(cluster: Cluster, run_block: Callable, role_order: str) -> None:
 
 
 __all__ = ["Scheduler", "RoleTask", "Wait", "block_until", "compile_roles", "Cluster",
-           "run_cluster", "release_block"]
+           "run_cluster", "release_block", "yield_point", "check_role_order",
+           "random_interleaving", "YIELDED"]
