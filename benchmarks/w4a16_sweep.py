@@ -1,11 +1,14 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--only PREFIX] [--budget SECONDS]`.
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped] [--only PREFIX] [--budget SECONDS]`.
 
-Each row: the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
+`--set swapped` times the swapped-orientation W4A16 kernel (weights as the MMA's register
+A operand) against the session-6 GEMM kernel at M = 16, 64, 128 on N=K=4096 and
+N=14336, K=4096. Each row: the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
 `tegula bench quant`), the TB/s of the floor bytes (packed weights + scales + zeros for
 W4A16, the weights for GEMV) and their fraction of the device copy bandwidth; torch's f16
 matmul of the same shape (`a @ w.T`, cuBLAS) for comparison. Every tegula result is
-checked against a float64 reference first (a wrong fast kernel is not a result).
+checked against a float64 reference first, into a NaN-poisoned output (a wrong fast
+kernel is not a result; relerr NaN means outputs were left unwritten).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (name, (M, N, K), constexprs) — the kernel is picked from the name's prefix.
-CONFIGS = [
+SESSION6 = [
     ("gemv", (1, 4096, 4096), dict(BN=4, BK=1024)),
     ("gemv", (1, 11008, 4096), dict(BN=2, BK=1024, UNROLL=2)),
     ("w4rows", (1, 4096, 4096), dict(BN=4, S=8, R=2, UNROLL=2)),
@@ -27,45 +30,81 @@ CONFIGS = [
     ("w4gemm", (16, 11008, 4096), dict(BM=16, BN=32, BK=128, STAGES=3)),
     ("w4gemm", (128, 4096, 14336), dict(BM=128, BN=32, BK=128, STAGES=2, threads=256)),
 ]
+# The swapped kernel (weights as the MMA's register A operand) against the session-6
+# GEMM's best configs, at M = 16, 64, 128 on the issue's two shapes.
+_SWAPPED_BY_M = {
+    16: [dict(BT=16, BK=128, STAGES=4), dict(BT=16, BK=64, STAGES=4),
+         dict(BT=16, BK=128, STAGES=4, warp_specialize=True)],
+    64: [dict(BT=64, BK=128, STAGES=3), dict(BT=64, BK=64, STAGES=4),
+         dict(BT=32, BK=128, STAGES=3)],
+    128: [dict(BT=128, BK=64, STAGES=3), dict(BT=128, BK=128, STAGES=3),
+          dict(BT=64, BK=128, STAGES=3), dict(BT=128, BK=64, STAGES=3, warp_specialize=True)],
+}
+_GEMM_BY_M = {16: dict(BM=16, BN=32, BK=128, STAGES=3), 64: dict(BM=64, BN=64, BK=128, STAGES=3),
+              128: dict(BM=128, BN=64, BK=128, STAGES=3)}
+SWAPPED = [(name, (m, n, 4096), dict(config, **({} if name == "w4gemm" or "warp_specialize"
+                                               in config else {"warp_specialize": False})))
+           for n in (4096, 14336) for m in (16, 64, 128)
+           for name, config in [("w4gemm", _GEMM_BY_M[m])]
+           + [("w4swap", c) for c in _SWAPPED_BY_M[m]]]
+SETS = {"session6": SESSION6, "swapped": SWAPPED}
 
 
-def _case(torch, name, shape, group=128):
-    """(kernel, grid, args, constexprs, floor bytes, reference, check) for one config."""
-    import tegula as tg
+GROUP = 128
+
+
+def _tensors(torch, gemv: bool, shape):
+    """The inputs of one shape (f16; W4A16 weights quantized in groups of GROUP with zero
+    points, or an f16 weight for the GEMV), a NaN-poisoned output, the floor bytes, the
+    float64 reference and torch's f16 matmul."""
     import tegula.kernels as tk
-    from tegula.dtypes import f16
-    from tegula.kernels.gemv import gemv_kernel
-    from tegula.kernels import quant
 
     m, n, k = shape
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    if name == "gemv":
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        return (gemv_kernel(f16), (a, w, out), w.numel() * 2,
-                lambda: a.double() @ w.double().T, out, lambda: a @ w.T,
-                lambda c: (tg.cdiv(n, c["BN"]),), dict(M=m))
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.05
-    packed, scales, zeros = tk.quantize_w4(w, group)
-    w_q = tk.unpack_w4(packed)
-    deq = ((w_q.float() - zeros.float().repeat_interleave(group, 1))
-           * scales.float().repeat_interleave(group, 1)).half()
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    factory = {"w4gemm": quant.w4a16_gemm_kernel, "w4rows": quant.w4a16_rows_kernel}[name]
-    rows = name == "w4rows"
-    extra = dict(M=m, G=group) if rows else dict(G=group)
-    grid = ((lambda c: (tg.cdiv(n, c["BN"] * c.get("R", 1)),)) if rows
-            else (lambda c: (tg.cdiv(m, c["BM"]), tg.cdiv(n, c["BN"]))))
-    floor = packed.numel() + 2 * scales.numel() * 2
-    operands = quant.w4a16_operands("rows" if rows else "gemm", a, packed, group)
-    return (factory(f16, True), (*operands, scales, zeros, out), floor,
-            lambda: a.double() @ deq.double().T, out, lambda: a @ deq.T, grid, extra)
+    if gemv:
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        return dict(a=a, w=w, out=out, floor=w.numel() * 2, torch=lambda: a @ w.T,
+                    ref=lambda: a.double() @ w.double().T)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.05
+    packed, scales, zeros = tk.quantize_w4(w, GROUP)
+    w_q = tk.unpack_w4(packed)
+    deq = ((w_q.float() - zeros.float().repeat_interleave(GROUP, 1))
+           * scales.float().repeat_interleave(GROUP, 1)).half()
+    return dict(a=a, packed=packed, scales=scales, zeros=zeros, out=out,
+                floor=packed.numel() + 2 * scales.numel() * 2, torch=lambda: a @ deq.T,
+                ref=lambda: a.double() @ deq.double().T)
+
+
+def _launch_args(name, shape, t):
+    """(kernel, tensor arguments, grid of the constexprs, constexprs the shape implies)."""
+    import tegula as tg
+    from tegula.dtypes import f16
+    from tegula.kernels import quant
+    from tegula.kernels.gemv import gemv_kernel
+
+    m, n, _ = shape
+    if name == "gemv":
+        return (gemv_kernel(f16), (t["a"], t["w"], t["out"]),
+                lambda c: (tg.cdiv(n, c["BN"]),), dict(M=m))
+    kind = {"w4gemm": "gemm", "w4rows": "rows", "w4swap": "swapped"}[name]
+    grid = {"rows": lambda c: (tg.cdiv(n, c["BN"] * c.get("R", 1)),),
+            "gemm": lambda c: (tg.cdiv(m, c["BM"]), tg.cdiv(n, c["BN"])),
+            "swapped": lambda c: (tg.cdiv(n, c.get("BN", 64)), tg.cdiv(m, c["BT"]))}[kind]
+    operands = quant.w4a16_operands(kind, t["a"], t["packed"], GROUP)
+    return (quant.w4a16_kernel(kind, f16, True),
+            (*operands, t["scales"], t["zeros"], t["out"]), grid,
+            dict(M=m, G=GROUP) if kind == "rows" else dict(G=GROUP))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=sorted(SETS), default="session6",
+                        help="which list of configs (default session6)")
     parser.add_argument("--only", default="", help="names starting with this")
     parser.add_argument("--budget", type=float, default=35.0, help="seconds in all")
+    parser.add_argument("--rep-ms", type=float, default=100.0,
+                        help="milliseconds of timed runs per config (default 100)")
     args = parser.parse_args()
     import torch
 
@@ -76,24 +115,34 @@ def main() -> int:
     copy = copy_bandwidth(torch, gib=0.5)
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e12:.2f} TB/s")
     rows, torch_us = [], {}
-    for name, shape, config in CONFIGS:
+    timer = lambda fn: time_ms(fn, warmup_ms=args.rep_ms / 4, rep_ms=args.rep_ms)  # noqa: E731
+    tensors_of = {}  # the current shape's tensors (quantizing each config again is slow)
+    for name, shape, config in SETS[args.set]:
         if not name.startswith(args.only) or time.time() - start > args.budget:
             continue
-        kernel, tensors, floor, ref, out, torch_fn, grid, extra = _case(torch, name, shape)
+        key = (name == "gemv", shape)
+        if key not in tensors_of:
+            tensors_of.clear()
+            torch.cuda.empty_cache()
+            tensors_of[key] = _tensors(torch, *key)
+        t = tensors_of[key]
+        kernel, tensors, grid, extra = _launch_args(name, shape, t)
         constexprs = dict(config, **extra)
         g = grid(constexprs)
         try:
+            t["out"].fill_(float("nan"))
             run = lambda: launch(kernel, g, *tensors, **constexprs)  # noqa: E731
             run()
             torch.cuda.synchronize()
-            err = ((out.double() - ref()).norm() / ref().norm()).item()
-            us = time_ms(run) * 1e3
+            ref = t["ref"]()
+            err = ((t["out"].double() - ref).norm() / ref.norm()).item()
+            us = timer(run) * 1e3
         except Exception as e:  # noqa: BLE001 — a config that fails is a row, not the end
             rows.append((name, shape, config, f"{type(e).__name__}: {str(e)[:60]}"))
             continue
-        key = (name == "gemv", shape)
         if key not in torch_us:
-            torch_us[key] = time_ms(torch_fn) * 1e3
+            torch_us[key] = timer(t["torch"]) * 1e3
+        floor = t["floor"]
         rows.append((name, shape, config, us, floor / us / 1e6, floor / us / 1e6 / (copy / 1e12),
                      torch_us[key] / us, err))
     print(f"{'kernel':7} {'MxNxK':>14} {'config':44} {'us':>7} {'TB/s':>5} {'copy':>5} "

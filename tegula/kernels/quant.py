@@ -134,7 +134,8 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     (K-major, TMA into a STAGES-deep ring on sm_90a), so M = 16…128 tokens fit one block's
     MMA N and each weight is dequantized once per BT tokens. Synthesis loads the packed
     weights straight into the A fragment's layout (each thread's two consecutive k of a
-    row are one byte). BK divides the group size G; c is written through its transpose."""
+    row are one byte), one k-step ahead of their use. BK divides the group size G; c is
+    written through its transpose."""
 
     @tg.kernel(threads=128)
     def w4a16_swapped(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
@@ -146,9 +147,12 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
         gw = w.tile((BN, BK), (n, None))
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
+        ahead = tg.load(gw[:, :, 0])    # the next k-step's weights, loaded one step early
         for k in tg.pipeline(ga.shape[2], stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
-            weights = dequantize(tg.load(gw[:, :, k]), scales, zeros if has_zeros else None,
+            packed = ahead
+            ahead = tg.load(gw[:, :, k + 1])                # past K: masked, never used
+            weights = dequantize(packed, scales, zeros if has_zeros else None,
                                  n, k // (G // BK), (BN, 1))
             tg.gemm(acc, weights.to(dtype), sa[k])          # acc += w @ sa.T
         tg.copy(acc.to(dtype), c.T.tile((BN, BT), (n, t)))
