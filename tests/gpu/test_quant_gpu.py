@@ -1,5 +1,6 @@
-"""W4A16 on the GPU against torch in float64: both kernels launched directly (the rows
-kernel for M ≤ 8, its 16-byte u4 loads included; dequantize-to-shared GEMM beyond) over group sizes, zero points or symmetric,
+"""W4A16 on the GPU against torch in float64: the kernels launched directly (the rows
+kernel for M ≤ 8, its 16-byte u4 loads included; dequantize-to-shared GEMM beyond; the
+swapped kernel with the weights as the MMA's register A operand) over group sizes, zero points or symmetric,
 f16 and bf16, ragged and LLM shapes, outputs NaN-poisoned first, every element checked;
 then `quantize_w4` on the GPU and the autotuned `tegula.kernels.matmul_w4a16`."""
 from __future__ import annotations
@@ -63,8 +64,8 @@ def test_w4a16_kernels_match_torch(dtype, m, n, k, group, zero_point, tiles):
     up to MAX_ROWS_KERNEL_M rows; a BM sends any m to the GEMM kernel), into poisoned
     outputs."""
     from tegula.dtypes import bf16, f16
-    from tegula.kernels.quant import (MAX_ROWS_KERNEL_M, prepack, w4a16_config,
-                                      w4a16_gemm_kernel, w4a16_operands, w4a16_rows_kernel)
+    from tegula.kernels.quant import (MAX_ROWS_KERNEL_M, prepack, w4a16_config, w4a16_kernel,
+                                      w4a16_operands)
     g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 131 + n + k)
     a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
     c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
@@ -74,8 +75,7 @@ def test_w4a16_kernels_match_torch(dtype, m, n, k, group, zero_point, tiles):
     if "BK" in tiles:
         tiles["BK"] = min(tiles["BK"], group)  # a chunk lies in one group
     kind, grid, constexprs = w4a16_config(m, n, k, group, **tiles)
-    factory = w4a16_rows_kernel if kind == "rows" else w4a16_gemm_kernel
-    kernel = factory(f16 if dtype == "f16" else bf16, zeros is not None)
+    kernel = w4a16_kernel(kind, f16 if dtype == "f16" else bf16, zeros is not None)
     zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
                                                             dtype=DTYPES[dtype])
     operands = w4a16_operands(kind, a, prepack(w_q), group)
@@ -106,6 +106,34 @@ def test_w4a16_gemm_pipeline_and_tiles_match_torch(m, n, k, group, tiles):
     extra = {"threads": threads} if threads else {}
     w4a16_gemm_kernel(f16, True)[grid](a, prepack(w_q), scales, zeros, c, **constexprs,
                                        **extra)
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+
+
+@pytest.mark.parametrize("tiles", [{}, dict(BK=128), dict(STAGES=2, warp_specialize=True),
+                                   dict(BT=16), dict(BT=24, STAGES=1)],
+                         ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()) or "default")
+@pytest.mark.parametrize("m,n,k,group,zero_point", [
+    (1, 37, 256, 32, True), (5, 300, 1024, 128, False), (16, 4096, 4096, 128, True),
+    (33, 1000, 2048, 64, True), (64, 4096, 4096, 128, True), (100, 77, 192, 32, True),
+    (128, 14336, 4096, 128, False), (129, 200, 512, 64, False)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_w4a16_swapped_matches_torch(dtype, m, n, k, group, zero_point, tiles):
+    """The swapped kernel (dequantized weights as the MMA's register A operand, cᵀ through
+    c.T), token tiles from `token_tile` or given, in one role and warp-specialized."""
+    from tegula.dtypes import bf16, f16
+    from tegula.kernels.quant import prepack, token_tile, w4a16_config, w4a16_swapped_kernel
+    g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 17 + n + k)
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    tiles = dict(dict(BT=token_tile(m), warp_specialize=False), **tiles)
+    tiles["BK"] = min(tiles.get("BK", 64), group)
+    kind, grid, constexprs = w4a16_config(m, n, k, group, **tiles)
+    assert kind == "swapped"
+    kernel = w4a16_swapped_kernel(f16 if dtype == "f16" else bf16, zeros is not None)
+    zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
+                                                            dtype=DTYPES[dtype])
+    kernel[grid](a, prepack(w_q), scales, zeros_arg, c, **constexprs)
     torch.cuda.synchronize()
     check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
 
