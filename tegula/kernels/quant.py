@@ -133,25 +133,35 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     through shared memory) and the activation tile, BT tokens by BK, the shared B operand
     (K-major, TMA into a STAGES-deep ring on sm_90a), so M = 16…128 tokens fit one block's
     MMA N and each weight is dequantized once per BT tokens. Synthesis loads the packed
-    weights straight into the A fragment's layout (each thread's two consecutive k of a
-    row are one byte), one k-step ahead of their use. BK divides the group size G; c is
-    written through its transpose."""
+    weights into the A fragment's layout (each thread's two consecutive k of a row are one
+    byte): straight from global memory one k-step ahead of their use, or with WSMEM=1
+    from a STAGES-deep shared ring that cp.async fills as far ahead as the activations'
+    (more bytes in flight where few blocks run, e.g. 64 weight tiles at N = 4096; TMA
+    takes only wgmma operand buffers, so the activations then ride cp.async too). BK
+    divides the group size G; c is written through its transpose."""
 
     @tg.kernel(threads=128)
     def w4a16_swapped(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
                       zeros: tg.Tensor[dtype], c: tg.Tensor[dtype], G: tg.constexpr = 128,
                       BN: tg.constexpr = 64, BT: tg.constexpr = 64, BK: tg.constexpr = 64,
-                      STAGES: tg.constexpr = 3):
+                      STAGES: tg.constexpr = 3, WSMEM: tg.constexpr = 0):
         n, t = tg.block_id(0), tg.block_id(1)
         ga = a.tile((BT, BK), (t, None))
         gw = w.tile((BN, BK), (n, None))
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
-        ahead = tg.load(gw[:, :, 0])    # the next k-step's weights, loaded one step early
+        if WSMEM:   # packed weights copied STAGES-1 k-steps ahead, like the activations
+            sw = tg.shared((BN, BK), u4, stages=STAGES)
+        else:       # straight into registers, one k-step ahead
+            ahead = tg.load(gw[:, :, 0])
         for k in tg.pipeline(ga.shape[2], stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
-            packed = ahead
-            ahead = tg.load(gw[:, :, k + 1])                # past K: masked, never used
+            if WSMEM:
+                tg.copy(gw[:, :, k], sw[k])
+                packed = tg.load(sw[k])
+            else:
+                packed = ahead
+                ahead = tg.load(gw[:, :, k + 1])            # past K: masked, never used
             weights = dequantize(packed, scales, zeros if has_zeros else None,
                                  n, k // (G // BK), (BN, 1))
             tg.gemm(acc, weights.to(dtype), sa[k])          # acc += w @ sa.T

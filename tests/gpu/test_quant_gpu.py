@@ -111,7 +111,8 @@ def test_w4a16_gemm_pipeline_and_tiles_match_torch(m, n, k, group, tiles):
 
 
 @pytest.mark.parametrize("tiles", [{}, dict(BK=128), dict(STAGES=2, warp_specialize=True),
-                                   dict(BT=16), dict(BT=24, STAGES=1)],
+                                   dict(BT=16), dict(BT=24, STAGES=1),
+                                   dict(WSMEM=1, STAGES=4), dict(WSMEM=1, BK=128, STAGES=8)],
                          ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()) or "default")
 @pytest.mark.parametrize("m,n,k,group,zero_point", [
     (1, 37, 256, 32, True), (5, 300, 1024, 128, False), (16, 4096, 4096, 128, True),

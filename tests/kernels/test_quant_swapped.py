@@ -1,8 +1,9 @@
 """The swapped-orientation W4A16 kernel (cᵀ = dequant(w) @ aᵀ: the dequantized weight tile
 is the MMA's register A operand, the activations the shared B operand) in the emulator
 against a float64 numpy reference: M = 1 … 128 tokens, ragged N and token tiles, every
-group size, with and without zero points, both targets (wgmma from registers with a TMA
-ring on sm_90a, in one role and warp-specialized; mma.sync on sm_80), bf16, NaN and inf."""
+group size, with and without zero points, weights straight into registers or through a
+shared ring (WSMEM), both targets (wgmma from registers with a TMA ring on sm_90a, in one
+role and warp-specialized; mma.sync on sm_80), bf16, NaN and inf."""
 from __future__ import annotations
 
 import os
@@ -28,6 +29,10 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (128, 70, 128, 64, True, dict(BT=128)),
     (128, 64, 384, 128, False, dict(BT=64, BK=64, STAGES=2)),
     (17, 9, 64, 64, True, dict(BT=24, STAGES=1)),      # N < one weight tile, BT not 2^k
+    # the packed weights through a shared ring (cp.async), read into the A fragment
+    (16, 70, 512, 128, True, dict(BT=16, BK=128, STAGES=3, WSMEM=1)),
+    (33, 130, 512, 64, False, dict(BT=32, STAGES=4, WSMEM=1)),
+    (5, 64, 96, 32, True, dict(BT=16, BK=32, STAGES=8, WSMEM=1)),   # more stages than k-steps
 ]
 
 
