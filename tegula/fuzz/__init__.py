@@ -6,7 +6,9 @@ copies between every pair of scopes with and without `fill`, ragged shapes, tile
 than the block, thread counts that are not powers of two, loops whose state is updated in
 place and by rebinding), writes each as kernel source (`source`), runs it in the emulator
 on random data with NaN and infinities for each target (`runner.TARGETS`: sm_90a, whose
-GEMM-shaped programs take TMA + wgmma, and sm_80's cp.async + mma.sync), and compares
+GEMM-shaped programs take TMA + wgmma — with operands stored transposed too, MN-major —
+and warp roles run in an interleaving drawn per program, and sm_80's cp.async + mma.sync),
+and compares
 every output element with an independent numpy model of the program (`reference`, on `numerics`: rounding written
 from the formats' definitions, error bounds for math functions and reductions) and the targets with each
 other (bit for bit where the arithmetic's order is fixed). Failures
@@ -36,20 +38,23 @@ def make_program(seed: int, index: int, switches: Switches | None = None) -> Pro
 
 
 def fuzz_program(program: Program, seed: int, index: int,
-                 features: Features | None = None, targets: tuple = TARGETS) -> Verdict:
+                 features: Features | None = None, targets: tuple = TARGETS,
+                 role_order: str = "random") -> Verdict:
     """Run `program` on the inputs of program `index` of the run with `seed`, for each
-    of `targets` (against numpy and against each other)."""
-    return run_program(program, data_seed(seed, index), features, targets)
+    of `targets` (against numpy and against each other), warp roles in `role_order`
+    (`runner.ROLE_ORDERS`)."""
+    return run_program(program, data_seed(seed, index), features, targets, role_order)
 
 
 def fuzz(seed: int, count: int, switches: Switches | None = None,
-         features: Features | None = None, targets: tuple = TARGETS) -> tuple[Tally, list]:
+         features: Features | None = None, targets: tuple = TARGETS,
+         role_order: str = "random") -> tuple[Tally, list]:
     """Run programs 0..count-1 of `seed`: the tally and the failures
     [(index, program, verdict)]."""
     tally, failures = Tally(), []
     for index in range(count):
         program = make_program(seed, index, switches)
-        verdict = fuzz_program(program, seed, index, features, targets)
+        verdict = fuzz_program(program, seed, index, features, targets, role_order)
         tally.add(verdict)
         if verdict.failed:
             failures.append((index, program, verdict))

@@ -5,9 +5,12 @@
     python -m tegula.fuzz --seed 7 --program 1234        # show and rerun one program
     python -m tegula.fuzz --switches=-loop_rebind,-npot_tiles   # leave features out
     python -m tegula.fuzz --targets sm_90a,sm_80,sm_90  # targets each program runs for
+    python -m tegula.fuzz --role-order listed           # warp roles in the fixed order
 
 Every program runs for each target (default sm_90a and sm_80; sm_89 where sm_80 refuses,
-e.g. 8-bit float GEMMs), against numpy and the targets against each other; the summary says per target how many programs passed through
+e.g. 8-bit float GEMMs), against numpy and the targets against each other; the warp roles
+of a warp-specialized build run in an interleaving drawn per program (`--role-order
+random`, the default; reproducible from the seed and program). The summary says per target how many programs passed through
 wgmma, TMA, cp.async, mma.sync and ldmatrix. Each failure (a wrong answer or an internal
 error, naming its target) is printed as source and shrunk to a minimal kernel, printed
 as source with the command that reproduces it. The exit status is 1 if any program failed.
@@ -21,7 +24,7 @@ import time
 from tegula.fuzz import fuzz_program, make_program
 from tegula.fuzz.generate import Switches
 from tegula.fuzz.reference import Features
-from tegula.fuzz.runner import TARGETS, Tally
+from tegula.fuzz.runner import ROLE_ORDERS, TARGETS, Tally
 from tegula.fuzz.shrink import shrink
 from tegula.fuzz.source import kernel_source
 
@@ -38,6 +41,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--switches", default="", help="e.g. -loop_rebind,-pipelines,max_tile=256")
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help="targets every program runs for, compared with numpy and each other")
+    ap.add_argument("--role-order", choices=ROLE_ORDERS, default="random",
+                    help="how warp roles interleave: random (drawn per program) or fixed")
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--shrink-seconds", type=float, default=60.0)
     return ap.parse_args(argv)
@@ -50,7 +55,8 @@ def _features(switches: Switches) -> Features:
 def _flags(args) -> str:
     """The options a reproducing command must repeat."""
     return (f" --switches={args.switches}" if args.switches else "") + \
-        (f" --targets {args.targets}" if _targets(args) != TARGETS else "")
+        (f" --targets {args.targets}" if _targets(args) != TARGETS else "") + \
+        (f" --role-order {args.role_order}" if args.role_order != "random" else "")
 
 
 def _targets(args) -> tuple:
@@ -61,7 +67,7 @@ def _show_one(args, switches: Switches) -> int:
     program = make_program(args.seed, args.program, switches)
     print(kernel_source(program))
     verdict = fuzz_program(program, args.seed, args.program, _features(switches),
-                           _targets(args))
+                           _targets(args), args.role_order)
     print(f"verdict: {verdict.status} {verdict.reason}\n{verdict.detail}")
     for target, (status, reason, paths) in verdict.targets.items():
         print(f"  {target}: {status} {reason} [{', '.join(sorted(paths)) or 'no async path'}]")
@@ -88,7 +94,8 @@ def _print_failure(args, switches, index: int, program, verdict, shrunk: dict) -
     shrunk[key] = shrunk.get(key, 0) + 1
     features = _features(switches)
     small, small_verdict, runs = shrink(
-        program, lambda p: fuzz_program(p, args.seed, index, features, _targets(args)), verdict,
+        program, lambda p: fuzz_program(p, args.seed, index, features, _targets(args),
+                                        args.role_order), verdict,
         budget_s=args.shrink_seconds)
     print(f"--- minimal kernel ({runs} shrink runs):")
     print(kernel_source(small).rstrip())
@@ -115,7 +122,8 @@ def main(argv=None) -> int:
         if deadline is not None and time.monotonic() >= deadline:
             break
         program = make_program(args.seed, index, switches)
-        verdict = fuzz_program(program, args.seed, index, features, _targets(args))
+        verdict = fuzz_program(program, args.seed, index, features, _targets(args),
+                               args.role_order)
         tally.add(verdict)
         if verdict.failed:
             _report_failure(args, switches, index, program, verdict, shrunk)

@@ -61,6 +61,7 @@ class Switches:
     arg_reductions: bool = True     # tg.argmax / tg.argmin
     gemm: bool = True               # tg.gemm on one K tile (shared or register operands)
     gemm_programs: bool = True      # GEMM-shaped programs, K loops (tg.range, tg.pipeline)
+    transposed_gemm: bool = True    # gemm operands stored K x M / K x N (read through .T)
     gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
@@ -373,7 +374,7 @@ class Generator:
 
     def add_gemm(self, body, scope, dtype: str, stages: int, new_acc: float = 0.4) -> str:
         """Append `tg.gemm(acc, a, b)` over fresh (M x K) and (N x K) tensors of `dtype`
-        (K rows of 32, 64 or 128 bytes — the spans wgmma's swizzles take — or, pipelined,
+        (either stored transposed now and then: `transposed_read`; K rows of 32, 64 or 128 bytes — the spans wgmma's swizzles take — or, pipelined,
         now and then 256 bytes: two swizzle blocks, two TMA boxes and a descriptor per
         block) to an existing accumulator or a new one; returns the accumulator's name."""
         r = self.rng
@@ -395,16 +396,29 @@ class Generator:
             if r.random() < 0.75:  # rows a multiple of 16 bytes, as TMA needs: K still ragged
                 grain = 16 // GEMM_ELEMENT_BYTES.get(dtype, 1)
                 extent = min(-(-extent // grain) * grain, k_tiles * bk)
-        names = []
-        for kind in ("gemm_a", "gemm_b"):
-            names.append(f"g{kind[-1]}{len(self.tensors)}")
-            self.tensors.append(TensorDecl(names[-1], dtype, kind, extent))
         if not self.shared_ok():
             stages = min(stages, 1)
         route = "shared" if stages > 1 or (self.shared_ok() and r.random() < 0.7) else \
             "register"
-        body.append(Gemm(acc, names[0], names[1], bk, route, stages))
+        ta, tb = (self.transposed_read(dtype, route) for _ in "ab")
+        names = []
+        for kind, trans in (("gemm_a", ta), ("gemm_b", tb)):
+            names.append(f"g{kind[-1]}{len(self.tensors)}")
+            self.tensors.append(TensorDecl(names[-1], dtype, kind + ("_t" if trans else ""),
+                                           extent))
+        body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb))
         return acc
+
+    def transposed_read(self, dtype: str, route: str) -> str:
+        """How one gemm operand is stored and read (`Gemm.ta`): mostly K-major; often, for
+        f16/bf16 (wgmma's MN-major operands), a K x rows tensor through a shared `.T` view
+        or its global `.T` view; now and then for 8-bit types (near misses: they must fall
+        back to mma.sync or be refused cleanly)."""
+        r = self.rng
+        share = 0.4 if dtype in GEMM_ELEMENT_BYTES else 0.15
+        if not self.sw.transposed_gemm or r.random() >= share:
+            return ""
+        return "smem" if route == "shared" and r.random() < 0.7 else "gmem"
 
     def gemm_program(self, label: str) -> Program:
         """A GEMM-shaped program: the README's pipelined K loop (sometimes a plain loop or
@@ -430,6 +444,11 @@ class Generator:
         if r.random() < 0.3:
             self.load_input(body, scope)  # a C operand for the epilogue
         self.add_gemm(body, scope, dtype, r.choice((2, 3, 3, 4, 1, 0)), new_acc=1.0)
+        if any(t.kind.endswith("_t") for t in self.tensors) and r.random() < 0.75:
+            # A transposed operand's rows are M or N long: a multiple of 16 bytes (as TMA
+            # needs) mostly, still not of the tile.
+            grain = 16 // GEMM_ELEMENT_BYTES.get(dtype, 1)
+            m, n = (min(-(-x // grain) * grain, g * b) for x, g, b in ((m, gm, bm), (n, gn, bn)))
         for _ in range(r.randint(0, 4)):  # element-wise work on the latest values
             self.step(body, scope, in_loop=None, kinds=EPILOGUE_KINDS)
         self.stores(body, scope)

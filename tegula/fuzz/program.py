@@ -160,7 +160,13 @@ class Gemm:
     """`tg.gemm(acc, a, b)`: acc (BM, BN) += rows m of `a` (M x K) @ rows n of `b` (N x K).T,
     operands through shared memory or registers. `stages` 0: one K tile of `bk` (K ≤ bk,
     padded); 1: a `tg.range` over the K tiles of `bk`; ≥ 2: the README's `tg.pipeline` with
-    that many staged shared buffers (on sm_90a the path that may become TMA + wgmma)."""
+    that many staged shared buffers (on sm_90a the path that may become TMA + wgmma).
+
+    `ta` / `tb`: how an operand stored transposed — a "gemm_a_t" (K x M) / "gemm_b_t"
+    (K x N) tensor — is read (`TRANSPOSED_READS`): "smem", its (bk, BM) tile copied into a
+    shared buffer of that shape and multiplied through the buffer's `.T` view (an MN-major
+    wgmma operand, `ldmatrix.trans` on mma.sync); "gmem", through the tensor's `.T` global
+    view, tiled (BM, bk) like a K-major operand. "" for a K-major tensor."""
 
     acc: str
     a: str
@@ -168,6 +174,8 @@ class Gemm:
     bk: int
     route: str = "shared"
     stages: int = 0
+    ta: str = ""
+    tb: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,7 @@ Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, A
              Gemm, Store]
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
+TRANSPOSED_READS = ("smem", "gmem")  # Gemm.ta / Gemm.tb
 STORE_ROUTES = ("copy", "shared", "shared_reg")
 FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                "sigmoid")
@@ -194,7 +203,8 @@ INT_DIVISION = ("floordiv", "mod")  # integer // and % (torch floor semantics)
 class TensorDecl:
     """A kernel tensor. `kind` says how its extents follow from the program's: "in" (M, N),
     "in_t" (N, M: read transposed), "loop1" (M, extent: walked along columns), "loop0"
-    (extent, N), "out" (one tile of `shape` per block: M or one row per block, N or one
+    (extent, N), gemm operands "gemm_a" (M, extent: K), "gemm_b" (N, K), "gemm_a_t"
+    (K, M), "gemm_b_t" (K, N) (stored transposed), "out" (one tile of `shape` per block: M or one row per block, N or one
     column per block)."""
 
     name: str
@@ -227,6 +237,7 @@ class Program:
         gm, gn = self.grid
         return {"in": (self.M, self.N), "in_t": (self.N, self.M),
                 "gemm_a": (self.M, t.extent), "gemm_b": (self.N, t.extent),
+                "gemm_a_t": (t.extent, self.M), "gemm_b_t": (t.extent, self.N),
                 "loop1": (self.M, t.extent), "loop0": (t.extent, self.N),
                 "out": (self.M if t.shape[0] else gm, self.N if t.shape[1] else gn)}[t.kind]
 
@@ -436,8 +447,12 @@ MAX_GEMM_K_TILES = 6  # a looped gemm's K extent is at most this many tiles of b
 
 def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
     a, b = decl.get(s.a), decl.get(s.b)
-    if a is None or b is None or (a.kind, b.kind) != ("gemm_a", "gemm_b"):
-        raise Invalid("gemm operands must be gemm tensors")
+    kinds = tuple(f"gemm_{x}" + ("_t" if t else "") for x, t in (("a", s.ta), ("b", s.tb)))
+    if a is None or b is None or (a.kind, b.kind) != kinds:
+        raise Invalid("gemm operands must be gemm tensors, transposed as the gemm reads them")
+    if any(t not in ("",) + TRANSPOSED_READS for t in (s.ta, s.tb)) or \
+            (s.route == "register" and "smem" in (s.ta, s.tb)):
+        raise Invalid("a transposed gemm operand is read through a shared or global .T view")
     if a.dtype != b.dtype or a.dtype not in GEMM_ACCUMULATOR or a.extent != b.extent or \
             not 0 < a.extent <= (s.bk if s.stages == 0 else MAX_GEMM_K_TILES * s.bk):
         raise Invalid("gemm operand types or extents")
@@ -508,7 +523,7 @@ def used_names(s) -> set[str]:
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
-__all__ = ["Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+__all__ = ["TRANSPOSED_READS", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
            "Assign", "Alias", "Loop", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

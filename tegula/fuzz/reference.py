@@ -182,8 +182,11 @@ class Model:
         p, acc = self.p, self.env[s.acc]
         gm, gn = p.grid
         k = s.bk * -(-p.tensor(s.a).extent // s.bk)
-        a = _tiles(self.inputs[s.a], p.BM, k, 0, gm, 1)                # (gm, 1, BM, K)
-        b = _tiles(self.inputs[s.b], p.BN, k, 0, gn, 1).transpose(1, 0, 2, 3)
+        # A transposed operand (K x rows) is the same matrix stored the other way round.
+        a_rows = self.inputs[s.a].T if s.ta else self.inputs[s.a]     # (M, K)
+        b_rows = self.inputs[s.b].T if s.tb else self.inputs[s.b]     # (N, K)
+        a = _tiles(a_rows, p.BM, k, 0, gm, 1)                          # (gm, 1, BM, K)
+        b = _tiles(b_rows, p.BN, k, 0, gn, 1).transpose(1, 0, 2, 3)
         with np.errstate(all="ignore"):
             products = a[:, :, :, None, :].astype(np.float64) * b[:, :, None, :, :]
         terms = np.concatenate([products, acc.val[..., None].astype(np.float64)], axis=4)

@@ -36,6 +36,11 @@ TARGETS = ("sm_90a", "sm_80")
 #: mma.sync, sm_89 (the same Ampere path) has, so FP8 GEMMs still get a second target.
 FALLBACK_TARGETS = {"sm_80": "sm_89"}
 
+#: The order the warp roles of a warp-specialized build run in (`tg.emulate(role_order=)`):
+#: "random" draws a different interleaving per program (`random:<data seed>`), so a run
+#: explores many, each reproducible; "listed" and "reversed" are the two fixed ones.
+ROLE_ORDERS = ("random", "listed", "reversed")
+
 #: What a target's build used, from the emulator's statement kinds.
 PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"),
               "mbarrier": ("MBarrierWait",), "warp roles": ("Roles",),
@@ -145,9 +150,18 @@ def run_emulator(program: Program, inputs: dict, source: str | None = None,
     return outputs, verdict
 
 
-def emulate_for(program: Program, inputs: dict, target: str, source: str | None = None):
-    """(outputs, None, paths) from `tg.emulate(..., target=target)`, or (None, Verdict,
-    frozenset()) if it raised; `paths` names what the run executed (`PATH_KINDS`)."""
+def role_order_for(role_order: str, data_seed: int) -> str:
+    """`tg.emulate`'s role_order for a program run with `data_seed` (`ROLE_ORDERS`)."""
+    if role_order not in ROLE_ORDERS:
+        raise ValueError(f"role order must be one of {ROLE_ORDERS}, not {role_order!r}")
+    return f"random:{data_seed}" if role_order == "random" else role_order
+
+
+def emulate_for(program: Program, inputs: dict, target: str, source: str | None = None,
+                role_order: str = "listed"):
+    """(outputs, None, paths) from `tg.emulate(..., target=target, role_order=role_order)`,
+    or (None, Verdict, frozenset()) if it raised; `paths` names what the run executed
+    (`PATH_KINDS`)."""
     import tegula as tg
     source = source or kernel_source(program)
     kernel, filename = make_kernel(source)
@@ -163,7 +177,8 @@ def emulate_for(program: Program, inputs: dict, target: str, source: str | None 
             arrays.append(a)
         try:
             with np.errstate(all="ignore"):  # inf and NaN are the point: no warnings
-                report = tg.emulate(kernel, program.grid, *arrays, target=target)
+                report = tg.emulate(kernel, program.grid, *arrays, target=target,
+                                    role_order=role_order)
         except Exception as e:  # noqa: BLE001 — every error is classified
             return None, classify_error(e), frozenset()
         paths = frozenset(path for path, kinds in PATH_KINDS.items()
@@ -191,18 +206,20 @@ def check_outputs(program: Program, inputs: dict, outputs: dict, loose: bool = F
 
 
 def run_program(program: Program, data_seed: int, features: Features | None = None,
-                targets: tuple = TARGETS) -> Verdict:
+                targets: tuple = TARGETS, role_order: str = "random") -> Verdict:
     """Emulate `program` on random inputs (seeded) for each target (and the fallback of
-    one that refuses it), judge each against the reference, and the targets' outputs
-    against each other (`compare_targets`). The
+    one that refuses it), its warp roles in `role_order` (`ROLE_ORDERS`: by default an
+    interleaving drawn from `data_seed`), judge each against the reference, and the
+    targets' outputs against each other (`compare_targets`). The
     verdict is the first failure (naming its target), else a pass if any target ran it,
     else the first target's refusal; `Verdict.targets` holds every target's outcome."""
     inputs = program_inputs(program, data_seed)
+    order = role_order_for(role_order, data_seed)
     expected, runs, verdicts, outcome = None, {}, {}, {}
     queue = list(targets)
     while queue:
         target = queue.pop(0)
-        outputs, verdict, paths = emulate_for(program, inputs, target)
+        outputs, verdict, paths = emulate_for(program, inputs, target, role_order=order)
         ran_elsewhere = any(v.status == "pass" for v in verdicts.values())
         if verdict is not None and verdict.status == "rejected" and ran_elsewhere and \
                 target in FALLBACK_TARGETS and FALLBACK_TARGETS[target] not in targets:
@@ -360,6 +377,7 @@ class Tally:
 
 
 __all__ = ["Verdict", "Tally", "run_program", "run_emulator", "emulate_for", "check_outputs",
-           "compare_targets", "TARGETS", "FALLBACK_TARGETS", "PATH_KINDS",
+           "compare_targets", "TARGETS", "FALLBACK_TARGETS", "PATH_KINDS", "ROLE_ORDERS",
+           "role_order_for",
            "program_inputs", "random_values", "classify_error", "compare", "data_seed",
            "tensor_order"]

@@ -2,7 +2,8 @@
 
 Greedy: try each simplification — drop a statement (with everything that depends on it),
 replace a tile operand by a number, take the plain route for a load or store, drop a fill,
-run a loop once, fewer gemm stages and a shorter K, shrink the tensors and the tile, lower the thread count, turn a type into
+run a loop once, fewer gemm stages and a shorter K, a transposed gemm operand stored
+K-major, shrink the tensors and the tile, lower the thread count, turn a type into
 f32 — keep it if the program is still valid and still fails with the same verdict
 (status and reason), and repeat until nothing helps or the budget runs out.
 """
@@ -159,7 +160,8 @@ def _smaller(p: Program) -> Iterator[Program]:
             tile = p.BN if t.kind == "loop1" else p.BM
             for extent in (1, min(tile, t.extent - 1)):
                 yield _retensor(p, t, replace(t, extent=extent))
-    gemm_a = [t for t in p.tensors if t.kind == "gemm_a"]
+    yield from _untransposed(p)
+    gemm_a = [t for t in p.tensors if t.kind.startswith("gemm_a")]
     for a in gemm_a:  # a shorter K: both operands' extents, which must agree
         gemm = next((g for g in _statements(p.body) if isinstance(g, Gemm) and g.a == a.name),
                     None)
@@ -182,6 +184,22 @@ def _smaller(p: Program) -> Iterator[Program]:
     for t in p.tensors:
         if t.dtype != "f32":
             yield _retensor(p, t, replace(t, dtype="f32"))
+
+
+def _untransposed(p: Program) -> Iterator[Program]:
+    """Each transposed gemm operand stored K-major instead (or, read from shared memory,
+    through the global `.T` view instead)."""
+    for gemm in (g for g in _statements(p.body) if isinstance(g, Gemm)):
+        for field, name in (("ta", gemm.a), ("tb", gemm.b)):
+            trans = getattr(gemm, field)
+            if not trans:
+                continue
+            t = p.tensor(name)
+            path = _path_of(p.body, gemm)
+            yield _retensor(p, t, replace(t, kind=t.kind[:-2])).with_body(
+                _replace_at(p.body, path, replace(gemm, **{field: ""})))
+            if trans == "smem":
+                yield p.with_body(_replace_at(p.body, path, replace(gemm, **{field: "gmem"})))
 
 
 def _path_of(body: tuple, stmt) -> tuple:
@@ -210,6 +228,7 @@ def cost(p: Program) -> tuple:
     tile_operands = sum(len(used_names(s)) for s in stmts if not isinstance(s, Loop))
     fancy = sum((getattr(s, "route", "load") not in ("load", "copy", "transposed"))
                 + (getattr(s, "fill", None) is not None) + max(getattr(s, "stages", 1) - 1, 0)
+                + sum({"": 0, "gmem": 1, "smem": 2}[getattr(s, f, "")] for f in ("ta", "tb"))
                 for s in stmts)
     elements = p.M * p.N + sum(t.extent for t in p.tensors)
     non_f32 = sum(t.dtype != "f32" for t in p.tensors)

@@ -164,44 +164,62 @@ def _store(w: _Writer, s: Store, dtype: str) -> None:
 
 def _gemm(w: _Writer, s: Gemm) -> None:
     """One K tile (stages 0), or the README's GEMM loop: `tg.range` over the K tiles
-    (stages 1) or `tg.pipeline` with staged shared buffers (stages ≥ 2)."""
+    (stages 1) or `tg.pipeline` with staged shared buffers (stages ≥ 2). A transposed
+    operand (`Gemm.ta` / `tb`) is tiled (bk, rows) into a (bk, rows) buffer read through
+    its `.T` ("smem"), or tiled (rows, bk) through the tensor's `.T` view ("gmem")."""
     dt = _dtype(w.program.tensor(s.a).dtype)
     operands = []
+    sides = ((s.a, "BM", "m", s.ta), (s.b, "BN", "n", s.tb))
     if s.stages > 0:
         index = f"{s.a}_k"  # names unique to this gemm (tensor names are)
-        for tensor, rows, coord in ((s.a, "BM", "m"), (s.b, "BN", "n")):
-            w.emit(f"{tensor}_t = {tensor}.tile(({rows}, {s.bk}), ({coord}, None))")
+        for tensor, rows, coord, trans in sides:
+            if trans == "smem":
+                w.emit(f"{tensor}_t = {tensor}.tile(({s.bk}, {rows}), (None, {coord}))")
+            else:
+                source = f"{tensor}.T" if trans == "gmem" else tensor
+                w.emit(f"{tensor}_t = {source}.tile(({rows}, {s.bk}), ({coord}, None))")
         buffers = []
         if s.route == "shared":
             staged = "" if s.stages == 1 else f", stages={s.stages}"
-            for tensor, rows in ((s.a, "BM"), (s.b, "BN")):
+            for tensor, rows, _, trans in sides:
                 buffers.append(f"{tensor}_s")
-                w.emit(f"{tensor}_s = tg.shared(({rows}, {s.bk}), {dt}{staged})")
+                w.emit(f"{tensor}_s = tg.shared({_gemm_buffer_shape(rows, s.bk, trans)}, "
+                       f"{dt}{staged})")
         loop = "tg.range" if s.stages == 1 else "tg.pipeline"
         extra = "" if s.stages == 1 else f", stages={s.stages}"
         w.emit(f"for {index} in {loop}({s.a}_t.shape[2]{extra}):")
         w.indent += 1
-        for tensor, buf in zip((s.a, s.b), buffers or (None, None)):
+        for (tensor, _, _, trans), buf in zip(sides, buffers or (None, None)):
             view = f"{tensor}_t[:, :, {index}]"
             if buf is None:
                 operands.append(f"tg.load({view})")
                 continue
             target = buf if s.stages == 1 else f"{buf}[{index}]"
             w.emit(f"tg.copy({view}, {target})")
-            operands.append(target)
+            operands.append(target + (".T" if trans == "smem" else ""))
         w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
         w.indent -= 1
         return
-    for tensor, rows, coord in ((s.a, "BM", "m"), (s.b, "BN", "n")):
-        view = f"{tensor}.tile(({rows}, {s.bk}), ({coord}, 0))"
+    for tensor, rows, coord, trans in sides:
+        if trans == "smem":
+            view = f"{tensor}.tile(({s.bk}, {rows}), (0, {coord}))"
+        else:
+            source = f"{tensor}.T" if trans == "gmem" else tensor
+            view = f"{source}.tile(({rows}, {s.bk}), ({coord}, 0))"
         if s.route == "register":
             operands.append(f"tg.load({view})")
             continue
         buf = w.fresh_buffer()
-        w.emit(f"{buf} = tg.shared(({rows}, {s.bk}), {dt})")
+        w.emit(f"{buf} = tg.shared({_gemm_buffer_shape(rows, s.bk, trans)}, {dt})")
         w.emit(f"tg.copy({view}, {buf})")
-        operands.append(buf)
+        operands.append(buf + (".T" if trans == "smem" else ""))
     w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
+
+
+def _gemm_buffer_shape(rows: str, bk: int, trans: str) -> str:
+    """A gemm operand's shared buffer: (rows, bk) K-major, (bk, rows) for an operand
+    multiplied through the buffer's `.T` view."""
+    return f"({bk}, {rows})" if trans == "smem" else f"({rows}, {bk})"
 
 
 def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  # noqa: C901

@@ -1,0 +1,76 @@
+"""The fuzzer runs warp roles in an interleaving drawn per program (`role_order="random:<data
+seed>"`, `emulate/roles.py`), so a lowering that releases a stage too early — invisible
+to the two fixed orders, which run a role until it blocks — is found by a fuzz run."""
+from __future__ import annotations
+
+import copy
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from tegula.fuzz import fuzz_program
+from tegula.fuzz.runner import data_seed, role_order_for
+from tegula.lower.async_ir import MBarrierArrive, Roles, WgmmaWait
+from tegula.lower.thread_ir import For, If
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_fuzz_transposed import transposed_gemm  # noqa: E402
+
+# The package (`tegula.emulate` as an attribute is `tg.emulate`, the function).
+EMULATOR = importlib.import_module("tegula.emulate")
+
+
+def _release_before_the_wait(stmts: list) -> int:
+    """Swap every `WgmmaWait; MBarrierArrive` pair (the consumer's release of the stage the
+    retired wgmma group read) in `stmts` and nested bodies: a release too early."""
+    swapped = 0
+    for s in stmts:
+        if isinstance(s, For):
+            swapped += _release_before_the_wait(s.body)
+        elif isinstance(s, If):
+            swapped += _release_before_the_wait(s.then) + \
+                _release_before_the_wait(s.otherwise or [])
+    for i in range(len(stmts) - 1):
+        if isinstance(stmts[i], WgmmaWait) and isinstance(stmts[i + 1], MBarrierArrive):
+            stmts[i], stmts[i + 1] = stmts[i + 1], stmts[i]
+            swapped += 1
+    return swapped
+
+
+@pytest.fixture
+def early_release_lowering(monkeypatch):
+    """Every emulated warp-specialized kernel gets the injected early release."""
+    real = EMULATOR.run_thread_kernel
+    injected = []
+
+    def run(kernel, *args, **kwargs):
+        kernel = copy.deepcopy(kernel)
+        for s in kernel.body:
+            if isinstance(s, Roles):
+                injected.append(sum(_release_before_the_wait(r.body) for r in s.roles))
+        return real(kernel, *args, **kwargs)
+    monkeypatch.setattr(EMULATOR, "run_thread_kernel", run)
+    return injected
+
+
+def test_the_fuzzer_finds_an_early_release_the_fixed_orders_miss(early_release_lowering):
+    program = transposed_gemm("", "", stages=3, extent=88)       # 6 K tiles (of 16), 3 stages
+    for order in ("listed", "reversed"):
+        verdict = fuzz_program(program, 1, 0, role_order=order)
+        assert verdict.status == "pass", (order, verdict.detail)
+        assert "warp roles" in verdict.targets["sm_90a"][2]
+    assert early_release_lowering and all(early_release_lowering)
+    found = [index for index in range(6)
+             if fuzz_program(program, 1, index).status == "internal"]
+    assert found, "no random interleaving of six programs exposed the early release"
+    detail = fuzz_program(program, 1, found[0]).detail
+    assert "while a wgmma or TMA store still reads it" in detail and "target sm_90a" in detail
+
+
+def test_the_interleaving_is_drawn_from_the_programs_data_seed():
+    assert role_order_for("random", data_seed(3, 4)) == f"random:{data_seed(3, 4)}"
+    assert role_order_for("listed", 5) == "listed"
+    with pytest.raises(ValueError, match="role order must be one of"):
+        role_order_for("sideways", 5)
