@@ -34,11 +34,13 @@ SESSION6 = [
 # GEMM's best configs, at M = 16, 64, 128 on the issue's two shapes.
 _SWAPPED_BY_M = {
     16: [dict(BT=16, BK=128, STAGES=4), dict(BT=16, BK=128, STAGES=8, WSMEM=1),
-         dict(BT=16, BK=64, STAGES=8, WSMEM=1), dict(BT=16, BK=128, STAGES=4, warp_specialize=True)],
+         dict(BT=16, BK=128, STAGES=4, WSMEM=1, SPLIT=4),
+         dict(BT=16, BK=128, STAGES=4, warp_specialize=True)],
     64: [dict(BT=64, BK=128, STAGES=3), dict(BT=64, BK=128, STAGES=4, WSMEM=1),
-         dict(BT=32, BK=128, STAGES=3)],
+         dict(BT=64, BK=128, STAGES=3, SPLIT=2)],
     128: [dict(BT=128, BK=64, STAGES=3), dict(BT=128, BK=64, STAGES=4, WSMEM=1),
-          dict(BT=64, BK=128, STAGES=3), dict(BT=128, BK=64, STAGES=3, warp_specialize=True)],
+          dict(BT=64, BK=128, STAGES=3), dict(BT=128, BK=64, STAGES=3, SPLIT=2),
+          dict(BT=128, BK=64, STAGES=3, warp_specialize=True)],
 }
 _GEMM_BY_M = {16: dict(BM=16, BN=32, BK=128, STAGES=3), 64: dict(BM=64, BN=64, BK=128, STAGES=3),
               128: dict(BM=128, BN=64, BK=128, STAGES=3)}
@@ -76,25 +78,34 @@ def _tensors(torch, gemv: bool, shape):
                 ref=lambda: a.double() @ deq.double().T)
 
 
-def _launch_args(name, shape, t):
-    """(kernel, tensor arguments, grid of the constexprs, constexprs the shape implies)."""
+def _runner(name, shape, t, config):
+    """A zero-argument launch of one config on the shape's tensors `t` (the W4A16 kinds
+    through `w4a16_config` and `launch_w4a16`, as the entry points run them)."""
+    import torch
+
     import tegula as tg
+    from tegula.build import launch
     from tegula.dtypes import f16
     from tegula.kernels import quant
     from tegula.kernels.gemv import gemv_kernel
 
-    m, n, _ = shape
+    m, n, k = shape
     if name == "gemv":
-        return (gemv_kernel(f16), (t["a"], t["w"], t["out"]),
-                lambda c: (tg.cdiv(n, c["BN"]),), dict(M=m))
-    kind = {"w4gemm": "gemm", "w4rows": "rows", "w4swap": "swapped"}[name]
-    grid = {"rows": lambda c: (tg.cdiv(n, c["BN"] * c.get("R", 1)),),
-            "gemm": lambda c: (tg.cdiv(m, c["BM"]), tg.cdiv(n, c["BN"])),
-            "swapped": lambda c: (tg.cdiv(n, c.get("BN", 64)), tg.cdiv(m, c["BT"]))}[kind]
-    operands = quant.w4a16_operands(kind, t["a"], t["packed"], GROUP)
-    return (quant.w4a16_kernel(kind, f16, True),
-            (*operands, t["scales"], t["zeros"], t["out"]), grid,
-            dict(M=m, G=GROUP) if kind == "rows" else dict(G=GROUP))
+        grid, constexprs = (tg.cdiv(n, config["BN"]),), dict(config, M=m)
+        return lambda: launch(gemv_kernel(f16), grid, t["a"], t["w"], t["out"], **constexprs)
+    kind, grid, constexprs = quant.w4a16_config(m, n, k, GROUP, **config)
+    operands = (*quant.w4a16_operands(kind, t["a"], t["packed"], GROUP), t["scales"],
+                t["zeros"])
+    parts = {}  # split K's workspace, allocated once
+
+    def empty_f32(shape):
+        if shape not in parts:
+            parts[shape] = torch.empty(shape, dtype=torch.float32, device="cuda")
+        return parts[shape]
+
+    return lambda: quant.launch_w4a16(
+        kind, grid, constexprs, f16, True, operands, t["out"],
+        lambda kernel, g, args, cx: launch(kernel, g, *args, **cx), empty_f32)
 
 
 def main() -> int:
@@ -109,7 +120,6 @@ def main() -> int:
     import torch
 
     from tegula.bench.gpu import copy_bandwidth, time_ms
-    from tegula.build import launch
 
     start = time.time()
     copy = copy_bandwidth(torch, gib=0.5)
@@ -126,12 +136,9 @@ def main() -> int:
             torch.cuda.empty_cache()
             tensors_of[key] = _tensors(torch, *key)
         t = tensors_of[key]
-        kernel, tensors, grid, extra = _launch_args(name, shape, t)
-        constexprs = dict(config, **extra)
-        g = grid(constexprs)
         try:
             t["out"].fill_(float("nan"))
-            run = lambda: launch(kernel, g, *tensors, **constexprs)  # noqa: E731
+            run = _runner(name, shape, t, config)
             run()
             torch.cuda.synchronize()
             ref = t["ref"]()

@@ -126,7 +126,7 @@ def w4a16_gemm_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
 
 
 @lru_cache(maxsize=None)
-def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
+def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
     """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (BN, BT) tiles — the GEMM the other way round
     (CUTLASS's mixed-input "Machete" orientation): the dequantized (BN, BK) weight tile is
     the MMA's *register* A operand (wgmma's A fragment on sm_90a: no f16 weight ever goes
@@ -138,23 +138,35 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     from a STAGES-deep shared ring that cp.async fills as far ahead as the activations'
     (more bytes in flight where few blocks run, e.g. 64 weight tiles at N = 4096; TMA
     takes only wgmma operand buffers, so the activations then ride cp.async too). BK
-    divides the group size G; c is written through its transpose."""
+    divides the group size G; c is written through its transpose.
+
+    `partial` (split K, SPLIT blocks along grid axis 2): block z sums its slice of the
+    k-steps and writes the f32 partial cᵀ tile into `c`, an (SPLIT · Np, M) f32 workspace
+    (Np = N rounded up to BN: slice z's rows start at z · Np); `w4a16_split_sum_kernel`
+    adds the slices in order. At N = 4096 only 64 weight tiles exist, fewer than the SMs."""
+    out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
     def w4a16_swapped(a: tg.Tensor[dtype], w: tg.Tensor[u4], scales: tg.Tensor[dtype],
-                      zeros: tg.Tensor[dtype], c: tg.Tensor[dtype], G: tg.constexpr = 128,
+                      zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                       BN: tg.constexpr = 64, BT: tg.constexpr = 64, BK: tg.constexpr = 64,
-                      STAGES: tg.constexpr = 3, WSMEM: tg.constexpr = 0):
+                      STAGES: tg.constexpr = 3, WSMEM: tg.constexpr = 0,
+                      SPLIT: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
         ga = a.tile((BT, BK), (t, None))
         gw = w.tile((BN, BK), (n, None))
+        steps, start = ga.shape[2], 0
+        if partial:                  # this block's slice of the k-steps
+            per_split = (steps + SPLIT - 1) // SPLIT
+            start = tg.block_id(2) * per_split
+            steps = tg.minimum(start + per_split, steps)
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         if WSMEM:   # packed weights copied STAGES-1 k-steps ahead, like the activations
             sw = tg.shared((BN, BK), u4, stages=STAGES)
         else:       # straight into registers, one k-step ahead
-            ahead = tg.load(gw[:, :, 0])
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            ahead = tg.load(gw[:, :, start])
+        for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
                 tg.copy(gw[:, :, k], sw[k])
@@ -165,9 +177,32 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
             weights = dequantize(packed, scales, zeros if has_zeros else None,
                                  n, k // (G // BK), (BN, 1))
             tg.gemm(acc, weights.to(dtype), sa[k])          # acc += w @ sa.T
-        tg.copy(acc.to(dtype), c.T.tile((BN, BT), (n, t)))
+        if partial:
+            row_tiles = (w.shape[0] + BN - 1) // BN
+            tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
+        else:
+            tg.copy(acc.to(dtype), c.T.tile((BN, BT), (n, t)))
 
     return w4a16_swapped
+
+
+@lru_cache(maxsize=None)
+def w4a16_split_sum_kernel(dtype: DType) -> tg.Kernel:
+    """c (M, N) = the sum of the SPLIT f32 partial cᵀ slices of `w4a16_swapped_kernel(...,
+    partial=True)` (an (SPLIT · Np, M) workspace, slice z at rows z · Np), added in slice
+    order in f32 and rounded once to `dtype`."""
+
+    @tg.kernel(threads=128)
+    def w4a16_split_sum(parts: tg.Tensor[f32], c: tg.Tensor[dtype], SPLIT: tg.constexpr = 2,
+                        BN: tg.constexpr = 64, BT: tg.constexpr = 64):
+        n, t = tg.block_id(0), tg.block_id(1)
+        row_tiles = (c.shape[1] + BN - 1) // BN          # slice z: tile rows z·row_tiles…
+        total = tg.load(parts.tile((BN, BT), (n, t)))
+        for z in range(1, SPLIT):
+            total = total + tg.load(parts.tile((BN, BT), (z * row_tiles + n, t)))
+        tg.copy(total.to(dtype), c.T.tile((BN, BT), (n, t)))
+
+    return w4a16_split_sum
 
 
 @lru_cache(maxsize=None)
@@ -229,6 +264,8 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
         constexprs.update(tiles)
         _check_chunk(constexprs["BK"], group_size)
         grid = (tg.cdiv(n, constexprs["BN"]), tg.cdiv(m, constexprs["BT"]))
+        if constexprs.get("SPLIT", 1) > 1:
+            return "split", grid + (constexprs["SPLIT"],), constexprs
         return "swapped", grid, constexprs
     if m <= MAX_ROWS_KERNEL_M and "BM" not in tiles:
         constexprs = dict(M=m, G=group_size, BN=4, R=2 if m <= 2 else 4,
@@ -257,10 +294,30 @@ def token_tile(m: int) -> int:
 
 
 def w4a16_kernel(kind: str, dtype: DType, has_zeros: bool) -> tg.Kernel:
-    """The kernel of a config kind ("rows", "gemm" or "swapped", from `w4a16_config`)."""
+    """The (first) kernel of a config kind ("rows", "gemm", "swapped" or "split", from
+    `w4a16_config`)."""
+    if kind == "split":
+        return w4a16_swapped_kernel(dtype, has_zeros, partial=True)
     factory = {"rows": w4a16_rows_kernel, "gemm": w4a16_gemm_kernel,
                "swapped": w4a16_swapped_kernel}[kind]
     return factory(dtype, has_zeros)
+
+
+def launch_w4a16(kind: str, grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
+                 operands: tuple, c: Any, launch: Any, empty_f32: Any) -> Any:
+    """Run one config: `launch(kernel, grid, args, constexprs)` of its kernel on
+    `operands` (a, packed, scales, zeros as `w4a16_operands` gives them) and the output c;
+    for split K ("split") the partial products go to an f32 workspace from
+    `empty_f32(shape)` and `w4a16_split_sum_kernel` adds them into c. Returns the last
+    launch's result."""
+    if kind != "split":
+        return launch(w4a16_kernel(kind, dtype, has_zeros), grid, (*operands, c), constexprs)
+    split, bn, bt = constexprs["SPLIT"], constexprs["BN"], constexprs["BT"]
+    m, n = c.shape
+    parts = empty_f32((split * tg.cdiv(n, bn) * bn, m))
+    launch(w4a16_kernel(kind, dtype, has_zeros), grid, (*operands, parts), constexprs)
+    return launch(w4a16_split_sum_kernel(dtype), grid[:2], (parts, c),
+                  dict(SPLIT=split, BN=bn, BT=bt))
 
 
 def w4a16_operands(kind: str, a: Any, packed: Any, group_size: int) -> tuple[Any, Any]:
@@ -432,10 +489,12 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
                  else np.zeros((1, 1), dtype=storage))  # unread: the kernel uses 8
     kind, grid, constexprs = w4a16_config(m, n, k, group_size, **tiles)
     options = {} if target is None else {"target": target}
-    operands = w4a16_operands(kind, np.ascontiguousarray(a), prepack(w_q), group_size)
-    launch_emulated(w4a16_kernel(kind, dtype, zeros is not None), grid, *operands,
-                    np.ascontiguousarray(scales, dtype=storage), zeros_arg, c,
-                    **constexprs, **options)
+    operands = (*w4a16_operands(kind, np.ascontiguousarray(a), prepack(w_q), group_size),
+                np.ascontiguousarray(scales, dtype=storage), zeros_arg)
+    launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, c,
+                 lambda kernel, grid, args, cx: launch_emulated(kernel, grid, *args, **cx,
+                                                                **options),
+                 lambda shape: np.full(shape, np.nan, np.float32))
     return c
 
 
@@ -507,14 +566,24 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
     def run(config: Config) -> Any:
         kind, grid, constexprs = w4a16_config(m, n, k, group_size, **config.kwargs)
-        operands = (*w4a16_operands(kind, args[0], args[1], group_size), *args[2:], out)
-        return api._launch(w4a16_kernel(kind, dtype, zeros is not None), grid, operands,
-                           constexprs, config.threads), (grid, operands)
+        operands = (*w4a16_operands(kind, args[0], args[1], group_size), *args[2:])
+        launched = []
 
-    ck, (grid, operands) = api._tune_and_run(
+        def launch(kernel: Any, grid: tuple, kernel_args: tuple, cx: dict) -> Any:
+            launched.append((grid, kernel_args))
+            return api._launch(kernel, grid, kernel_args, cx, config.threads)
+
+        ck = launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, out,
+                          launch, lambda shape: torch.empty(shape, dtype=torch.float32,
+                                                            device=a.device))
+        return ck, launched   # a replay repeats one launch: split K (two) has none
+
+    ck, launched = api._tune_and_run(
         fn, a.device.index, configs, (m, n, k),
         f"{dtype}/g{group_size}/{'z' if zeros is not None else 'sym'}", run)
-    if signature is not None and api._views_of(args[:len(given)], given):
+    if (signature is not None and len(launched) == 1
+            and api._views_of(args[:len(given)], given)):
+        (grid, operands), = launched
         # the rows kernel's 4-D operands are views of args: the same data pointers
         launch = api._replayer(ck, grid, operands)
         unread = args[3]  # the zeros argument when there are none: kept alive here
@@ -529,6 +598,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
 
 __all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_swapped_kernel", "w4a16_kernel",
+           "w4a16_split_sum_kernel", "launch_w4a16",
            "token_tile", "w4a16_operands", "MAX_ROWS_KERNEL_M", "w4a16_config", "check_w4a16_shapes",
            "prepack", "unpack_w4", "quantize_w4", "dequantize_w4", "w4a16_gemm_emulated",
            "w4a16_candidates", "matmul_w4a16", "W4A16_DTYPES", "GROUP_SIZES",

@@ -2,7 +2,7 @@
 is the MMA's register A operand, the activations the shared B operand) in the emulator
 against a float64 numpy reference: M = 1 … 128 tokens, ragged N and token tiles, every
 group size, with and without zero points, weights straight into registers or through a
-shared ring (WSMEM), both targets (wgmma from registers with a TMA ring on sm_90a, in one
+shared ring (WSMEM), split K (SPLIT), both targets (wgmma from registers with a TMA ring on sm_90a, in one
 role and warp-specialized; mma.sync on sm_80), bf16, NaN and inf."""
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (16, 70, 512, 128, True, dict(BT=16, BK=128, STAGES=3, WSMEM=1)),
     (33, 130, 512, 64, False, dict(BT=32, STAGES=4, WSMEM=1)),
     (5, 64, 96, 32, True, dict(BT=16, BK=32, STAGES=8, WSMEM=1)),   # more stages than k-steps
+    # split K: f32 partial products in a workspace, then the sum kernel
+    (33, 130, 512, 64, True, dict(BT=32, STAGES=4, SPLIT=3)),      # slices of 3, 3, 2 steps
+    (16, 70, 256, 128, False, dict(BT=16, BK=128, STAGES=2, SPLIT=2, WSMEM=1)),
+    (5, 64, 96, 32, True, dict(BT=16, BK=32, SPLIT=5)),            # two slices run no step
 ]
 
 
