@@ -29,7 +29,13 @@ filled by a producer warpgroup: `q @ k.T` reads q and k K-major (a D-wide row sp
 D / 64 swizzle blocks), `p @ v` takes p from registers (wgmma's A fragment is the first
 gemm's accumulator rows: no conversion) and v's tile through its transposed view, an
 MN-major operand. On sm_80 the same source runs on mma.sync (`ldmatrix.trans` for v).
-Two variants of the second gemm, a constexpr each, so the autotuner can time them:
+Variants, a constexpr each, so the autotuner can time them:
+
+* `OVERLAP`: the key loop software-pipelined by one block, as FlashAttention-3 within a
+  warpgroup (`_overlapped_key_loop`): iteration j issues s_{j+1} = q @ k_{j+1}.T and
+  acc += p_j @ v_j, and block j+1's softmax runs while the tensor cores compute them
+  (`lower/wgmma_waits.py` places the waits: wait_group 1 before the softmax reads s,
+  wait_group 0 before acc is rescaled). One (BN, D) shared buffer more (block 0's keys).
 
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
   operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
@@ -59,22 +65,28 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 INF = float("inf")
 
 
-def online_softmax_step(s, m_i, l_i, acc):
-    """One key block of the online softmax in log2 units: `s` (R, BN) holds
-    scale · log2(e) · q·k with masked keys at −inf. Rescales `acc` in place (one
-    accumulator live; the caller adds p @ v) and returns (p, m_new, l_i). A row that has
-    seen no key yet keeps m = −inf; its reference point is taken as 0 so that −inf − −inf
-    never makes a NaN."""
+def online_softmax_probs(s, m_i):
+    """The probabilities of one key block in log2 units: `s` (R, BN) holds
+    scale · log2(e) · q·k with masked keys at −inf. Returns (p, m_new, alpha): p =
+    exp2(s − m_new), and alpha = exp2(m_i − m_new), the factor rescaling the running sum
+    and output. A row that has seen no key yet keeps m = −inf; its reference point is
+    taken as 0 so that −inf − −inf never makes a NaN."""
     m_new = tg.maximum(m_i, tg.max(s, 1))
     m_base = tg.where(m_new == -INF, 0.0, m_new)
-    p = tg.exp2(s - m_base)
-    alpha = tg.exp2(m_i - m_base)
+    return tg.exp2(s - m_base), m_new, tg.exp2(m_i - m_base)
+
+
+def online_softmax_step(s, m_i, l_i, acc):
+    """One key block of the online softmax (`online_softmax_probs`): rescales `acc` in
+    place (one accumulator live; the caller adds p @ v) and returns (p, m_new, l_i)."""
+    p, m_new, alpha = online_softmax_probs(s, m_i)
     acc *= alpha
     return p, m_new, l_i * alpha + tg.sum(p, 1)
 
 
 def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
-            BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool) -> None:
+            BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool,
+            OVERLAP: bool = False) -> None:
     """The body every forward kernel shares (traced inline): query block `m` of the
     (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
     V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,)."""
@@ -87,36 +99,93 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     sv = tg.shared((D, BN) if V_KMAJOR else (BN, D), dtype, stages=STAGES)
     sp = tg.shared((BM, BN), dtype) if P_SHARED else None
     rows = tg.arange(BM, offset=m * BM)
-    m_i = tg.full((BM, 1), -INF, f32)                     # running max (base-2 units)
-    l_i = tg.zeros((BM, 1), f32)                          # running sum of exp2(s - m_i)
-    acc = tg.zeros((BM, D), f32)
     # Varlen grids are sized by the longest sequence: a block past this one's rows skips
     # its keys (its loads and stores are out of bounds anyway).
     blocks = tg.cdiv(seq_k, BN) * tg.minimum(tg.maximum(seq_q - m * BM, 0), 1)
     if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
-    for j in tg.pipeline(blocks, stages=STAGES):
-        tg.copy(keys[:, :, j], sk[j])
-        tg.copy(values[:, :, j], sv[j])
-        s = tg.zeros((BM, BN), f32)
-        tg.gemm(s, sq, sk[j])                             # s = q @ k.T
+
+    def masked_scores(s, j):
+        """Block j's scores, scaled, with the keys past the end and causally hidden at −inf."""
         cols = tg.arange(BN, offset=j * BN)
         visible = cols[None, :] < seq_k
         if CAUSAL:
             visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
-        s = tg.where(visible, s * QK_SCALE, -INF)
-        p, m_new, l_i = online_softmax_step(s, m_i, l_i, acc)
-        p = p.to(dtype)
+        return tg.where(visible, s * QK_SCALE, -INF)
+
+    def pv_gemm(p, v_block, acc):
+        """acc += p @ v, p (registers) through shared memory where P_SHARED."""
         if P_SHARED:
             tg.copy(p, sp)
             p = sp
-        tg.gemm(acc, p, sv[j] if V_KMAJOR else sv[j].T)   # acc += p @ v
-        m_i = m_new
+        tg.gemm(acc, p, v_block if V_KMAJOR else v_block.T)
+
+    key_loop = _overlapped_key_loop if OVERLAP else _key_loop
+    m_i, l_i, acc = key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
+                             masked_scores, pv_gemm)
     unseen = l_i == 0.0                                   # the row saw no key (NaN: it did)
     l_safe = tg.where(unseen, 1.0, l_i)
     tg.copy((acc * (1.0 / l_safe)).to(dtype), ov.tile((BM, D), (m, 0)))
     lse = tg.where(unseen, -INF, (m_i + tg.log2(l_safe)) * (1.0 / LOG2E))
     tg.copy(lse[:, 0], lse_v.tile((BM,), (m,)))
+
+
+def _softmax_state(sq):
+    """The online softmax's state for the rows of `sq` (BM, D): m_i, the running max
+    (base-2 units), l_i, the running sum of exp2(s - m_i), and acc, the unnormalized
+    output."""
+    rows, d = sq.shape
+    return tg.full((rows, 1), -INF, f32), tg.zeros((rows, 1), f32), tg.zeros((rows, d), f32)
+
+
+def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores,
+              pv_gemm):
+    """The key loop: block j's scores, their online softmax (rescaling acc), then
+    acc += p_j @ v_j; returns (m_i, l_i, acc)."""
+    m_i, l_i, acc = _softmax_state(sq)
+    for j in tg.pipeline(blocks, stages=STAGES):
+        tg.copy(keys[:, :, j], sk[j])
+        tg.copy(values[:, :, j], sv[j])
+        s = tg.zeros((sq.shape[0], BN), f32)
+        tg.gemm(s, sq, sk[j])                             # s = q @ k.T
+        p, m_new, l_i = online_softmax_step(masked_scores(s, j), m_i, l_i, acc)
+        pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p @ v
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
+                         masked_scores, pv_gemm):
+    """The key loop software-pipelined by one block (FlashAttention-3's intra-warpgroup
+    overlap). Iteration j issues two gemms, s_{j+1} = q @ k_{j+1}.T and acc += p_j @ v_j,
+    then runs block j+1's softmax while the tensor cores compute them, and rescales acc
+    once p_j @ v_j is done: `lower/wgmma_waits.py` puts a `wgmma.wait_group 1` (s_{j+1}
+    only) before the softmax and a `wait_group 0` before the rescale. Stage j of the ring
+    holds k_{j+1} and v_j; block 0's keys come through a buffer of their own and its
+    softmax runs before the loop. Loop invariant: acc = Σ_{i<j} exp2(s_i − m_j)·v_i, p_j =
+    exp2(s_j − m_j). The last iteration's scores are of the block past the last one (keys
+    out of bounds load as 0, causally hidden keys are masked): all −inf, so p = 0 and
+    alpha = 1 and they change nothing."""
+    m_i, l_i, acc = _softmax_state(sq)
+    sk_first = tg.shared((BN, sq.shape[1]), dtype)
+    tg.copy(keys[:, :, 0], sk_first)
+    s = tg.zeros((sq.shape[0], BN), f32)
+    tg.gemm(s, sq, sk_first)                              # s_0
+    p, m_i, alpha = online_softmax_probs(masked_scores(s, 0), m_i)
+    l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: nothing to rescale
+    p = p.to(dtype)
+    for j in tg.pipeline(blocks, stages=STAGES):
+        tg.copy(keys[:, :, j + 1], sk[j])
+        tg.copy(values[:, :, j], sv[j])
+        s = tg.zeros((sq.shape[0], BN), f32)
+        tg.gemm(s, sq, sk[j])                             # s_{j+1}     } both in flight
+        pv_gemm(p, sv[j], acc)                            # acc += p_j @ v_j } during ...
+        p_next, m_new, alpha = online_softmax_probs(masked_scores(s, j + 1), m_i)  # ... this
+        l_i = l_i * alpha + tg.sum(p_next, 1)
+        acc *= alpha
+        p = p_next.to(dtype)
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @lru_cache(maxsize=None)
@@ -128,11 +197,12 @@ def attention_kernel(dtype: DType) -> tg.Kernel:
                       o: tg.Tensor[dtype, 4], lse: tg.Tensor[f32, 3],
                       D: tg.constexpr, QK_SCALE: tg.constexpr, CAUSAL: tg.constexpr = False,
                       BM: tg.constexpr = 64, BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
-                      V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False):
+                      V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
+                      OVERLAP: tg.constexpr = False):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         kv_head = h // (q.shape[1] // k.shape[1])
         _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
-                QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED)
+                QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP)
 
     return attention_fwd
 
@@ -151,14 +221,15 @@ def attention_varlen_kernel(dtype: DType) -> tg.Kernel:
                              D: tg.constexpr, QK_SCALE: tg.constexpr,
                              CAUSAL: tg.constexpr = False, BM: tg.constexpr = 64,
                              BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
-                             V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False):
+                             V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
+                             OVERLAP: tg.constexpr = False):
         m, h, e = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         kv_head = h // (q.shape[1] // k.shape[1])
         q0, q1 = cu_seqlens_q[e], cu_seqlens_q[e + 1]
         k0, k1 = cu_seqlens_k[e], cu_seqlens_k[e + 1]
         vv = v[kv_head, :, k0:k1] if V_KMAJOR else v[k0:k1, kv_head, :]
         _attend(q[q0:q1, h, :], k[k0:k1, kv_head, :], vv, o[q0:q1, h, :], lse[h, q0:q1], m,
-                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED)
+                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP)
 
     return attention_varlen_fwd
 
@@ -172,7 +243,7 @@ def default_tiles(head_dim: int, target: str | None = None) -> dict:
     blocks in a two-stage pipeline (with D=256 a 64-row f32 accumulator is already 128
     registers a thread of 128), v as it comes and p in registers — both gemms on wgmma on
     sm_90a, on mma.sync elsewhere."""
-    return dict(BM=64, BN=64, STAGES=2, V_KMAJOR=False, P_SHARED=False)
+    return dict(BM=64, BN=64, STAGES=2, V_KMAJOR=False, P_SHARED=False, OVERLAP=False)
 
 
 def qk_scale(scale: float | None, head_dim: int) -> float:

@@ -1,4 +1,4 @@
-"""Late `wgmma.wait_group 0`: let register arithmetic run while the tensor cores work.
+"""Late `wgmma.wait_group`: let register arithmetic run while the tensor cores work.
 
 A gemm lowered onto wgmma ends in `WgmmaCommit(); WgmmaWait(pending)` (`hopper.py`
 `lower_wgmma_gemm`). Inside a pipeline body that does more than the gemm, the wait is 0:
@@ -8,27 +8,38 @@ not: promoting the *previous* K block's partial product while this block's wgmma
 scales, not `part`, and waiting before them idles the tensor cores meanwhile. (Measured on
 an H100, the blockwise FP8 GEMM written that way was still slower than promoting each
 block after its own wait — 702 against 802 TFLOP/s: a third live 128×128 f32 tile — so
-`kernels/fp8.py` does not. What this moves today: in the attention forward on sm_90a,
-the causal mask's index arithmetic after q @ k.T and the loop-carried row statistics after
-p @ v — not yet measured on the GPU against the early wait.)
+`kernels/fp8.py` does not.) The attention forward's overlapped key loop
+(`kernels/attention.py`, OVERLAP) is FlashAttention-3's order: it issues s_{j+1} = q @
+k_{j+1}ᵀ and acc += p_j @ v_j, and the softmax of block j+1 runs on the first while the
+second still computes.
 
-`defer_wgmma_waits` moves each `WgmmaWait(0)` down past the register statements
-(`Assign`, `Comment`) that follow it and touch no register array an in-flight wgmma of its
-group reads or writes (the accumulator `d`, a register A fragment). It stops at the first
-statement that does, and at anything else — memory accesses, barriers, branches, loops,
-other async operations — so shared memory a wgmma reads and the stage release after the
-body keep their order. The emulator checks the result: it keeps a wgmma's registers busy
-until the wait that retires it and reports any other statement touching them.
+`defer_wgmma_waits` drops each `WgmmaWait(0)` that has groups to wait for and tracks the
+committed groups (the register arrays each one's wgmmas read or write: the accumulator
+`d`, a register A fragment). It pays the debt where it falls due:
+
+* before a register statement (`Assign`, `Shuffle`; `Comment`s pass freely) touching a
+  group's registers: `wait_group n`, n the groups committed after that one, which stay
+  in flight;
+* a later gemm's `WgmmaFence`, wgmmas and commit go by unless they touch an in-flight
+  group's registers (then its wait comes before the fence);
+* before anything else — memory accesses, barriers, branches, loops, other async
+  operations — and at the end of the body: a wait retiring every group a dropped wait
+  covered, so shared memory a wgmma reads and the stage release after the body keep
+  their order.
+
+The emulator checks the result: it keeps a wgmma's registers busy until the wait that
+retires it and reports any other statement touching them.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from tegula.lower.async_ir import Wgmma, WgmmaWait
-from tegula.lower.thread_ir import Assign, Comment, Reg, Stmt
+from tegula.lower.async_ir import Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
+from tegula.lower.thread_ir import Assign, Comment, Reg, Shuffle, Stmt
 
-#: Statements a wait may move past: register-only arithmetic and comments.
-_REGISTER_ONLY = (Assign, Comment)
+#: Statements a wait may move past: register-only arithmetic, warp shuffles (registers of
+#: the warp's lanes; no memory) and comments.
+_REGISTER_ONLY = (Assign, Shuffle, Comment)
 
 
 def register_arrays(node) -> set[str]:
@@ -56,30 +67,71 @@ def _wgmma_arrays(stmt: Wgmma) -> set[str]:
 
 
 def defer_wgmma_waits(stmts: list[Stmt]) -> list[Stmt]:
-    """`stmts` (one straight-line body) with each `WgmmaWait(0)` moved past the register
-    statements after it that touch none of its group's wgmma registers (module
-    docstring). Statements keep their relative order otherwise."""
+    """`stmts` (one straight-line body) with each `WgmmaWait(0)` replaced by waits at the
+    first statements that need its groups retired (module docstring): before a register
+    statement touching a group's registers, `wait_group n` with n the groups committed
+    after it (those stay in flight); before anything else — memory, barriers, branches —
+    and at the end, a wait for every group the dropped wait covered. A later gemm's
+    fence, wgmmas and commit go by, unless they touch an in-flight group's registers.
+    Statements keep their relative order otherwise."""
     out: list[Stmt] = []
-    busy: set[str] = set()          # registers of the wgmmas issued since the last wait
-    waiting: Stmt | None = None     # a WgmmaWait(0) being carried down
-    for stmt in stmts:
-        if waiting is not None:
-            if isinstance(stmt, _REGISTER_ONLY) and not register_arrays(stmt) & busy:
-                out.append(stmt)
+    committed: list[set[str]] = []  # registers of each group not known retired, oldest first
+    issued: set[str] = set()        # registers of the wgmmas issued since the last commit
+    owed = 0                        # the oldest `owed` groups: a dropped wait(0) covered them
+
+    def retire_through(last: int) -> None:
+        """Emit the wait that retires groups 0 … last (the newer ones stay in flight)."""
+        nonlocal committed, owed
+        out.append(WgmmaWait(len(committed) - 1 - last))
+        committed, owed = committed[last + 1:], max(0, owed - (last + 1))
+
+    for index, stmt in enumerate(stmts):
+        if isinstance(stmt, WgmmaWait):
+            if stmt.pending == 0 and committed:
+                owed = len(committed)       # dropped: paid where its groups are needed
                 continue
-            out.append(waiting)
-            waiting, busy = None, set()
-        if isinstance(stmt, Wgmma):
-            busy |= _wgmma_arrays(stmt)
-        if isinstance(stmt, WgmmaWait) and stmt.pending == 0 and busy:
-            waiting = stmt
+            out.append(stmt)
+            kept = committed[len(committed) - stmt.pending:] if stmt.pending else []
+            owed = max(0, owed - (len(committed) - len(kept)))
+            committed = kept
             continue
-        if isinstance(stmt, WgmmaWait) and stmt.pending == 0:
-            busy = set()
+        if isinstance(stmt, WgmmaFence):
+            touched = _touched_group(committed, _gemm_registers(stmts, index))
+        elif isinstance(stmt, (Wgmma, WgmmaCommit)):
+            touched = None                  # checked at the gemm's fence
+        elif isinstance(stmt, _REGISTER_ONLY):
+            touched = _touched_group(committed, register_arrays(stmt))
+        else:
+            touched = owed - 1 if owed else None    # memory, control flow: pay every debt
+        if touched is not None:
+            retire_through(touched)
+        if isinstance(stmt, Wgmma):
+            issued |= _wgmma_arrays(stmt)
+        if isinstance(stmt, WgmmaCommit):
+            committed.append(issued)
+            issued = set()
         out.append(stmt)
-    if waiting is not None:
-        out.append(waiting)
+    if owed:
+        retire_through(owed - 1)
     return out
+
+
+def _touched_group(committed: list[set[str]], arrays: set[str]) -> int | None:
+    """The newest in-flight group owning one of `arrays` (waiting for it retires every
+    older one too), or None."""
+    hits = [i for i, regs in enumerate(committed) if regs & arrays]
+    return hits[-1] if hits else None
+
+
+def _gemm_registers(stmts: list[Stmt], fence: int) -> set[str]:
+    """The registers of the wgmmas from the fence at `fence` to their commit."""
+    arrays: set[str] = set()
+    for stmt in stmts[fence + 1:]:
+        if isinstance(stmt, WgmmaCommit):
+            break
+        if isinstance(stmt, Wgmma):
+            arrays |= _wgmma_arrays(stmt)
+    return arrays
 
 
 __all__ = ["defer_wgmma_waits", "register_arrays"]

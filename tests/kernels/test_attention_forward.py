@@ -108,6 +108,10 @@ CONFIGS = [
     ("sm_90a", dict(BM=64, BN=64, V_KMAJOR=False, P_SHARED=True)),
     ("sm_80", dict(BM=16, BN=32)),
     ("sm_80", dict(BM=16, BN=32, V_KMAJOR=True, P_SHARED=True)),
+    # the key loop software-pipelined by one block of scores (OVERLAP)
+    ("sm_90a", dict(BM=128, BN=128, threads=256, OVERLAP=True)),
+    ("sm_90a", dict(BM=64, BN=64, V_KMAJOR=True, P_SHARED=True, OVERLAP=True)),
+    ("sm_80", dict(BM=16, BN=32, OVERLAP=True)),
 ]
 
 
@@ -133,6 +137,22 @@ def test_causal_programs_skip_the_key_blocks_above_the_diagonal():
                                rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)  # lse ignores v
     assert np.isnan(o[:, :, 64:]).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_overlapped_loop_never_uses_the_scores_it_computes_past_the_last_block(target):
+    """OVERLAP computes one block of scores ahead, so the last iteration of a causal
+    program multiplies q by the key block past the diagonal. Keys past 63 are NaN: rows
+    0..63 (which see only keys < 64) must come out finite and right — those scores are
+    never used — and the rows that do see the NaN keys NaN, as in the reference."""
+    q, k, v = inputs(16, 1, 2, 1, 128, 128, 64)
+    k[:, :, 64:, :] = np.nan
+    tiles = dict(BM=16, BN=32) if target == "sm_80" else dict(BM=64, BN=64)
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, target=target,
+                                OVERLAP=True, **tiles)
+    want_o, want_lse = reference(q[:, :, :64], k[:, :, :64], v[:, :, :64], True)
+    check(o[:, :, :64], lse[:, :, :64], want_o, want_lse)
+    assert np.isnan(o[:, :, 64:]).all() and np.isnan(lse[:, :, 64:]).all()
 
 
 def test_large_scores_do_not_overflow_and_nan_keys_stay_hidden():
@@ -197,6 +217,36 @@ def test_sm90a_puts_both_gemms_on_wgmma_with_k_and_v_by_tma(d, bn):
     assert "A from registers, B (MN-major) read from shared memory" in text
     assert "warp-specialized" in text and text.count("tma.load") == 2
     assert text.count(f"{d // 64} TMA boxes 64x{bn}x1x1") == 2  # one per 64-wide span of D
+
+
+def test_the_overlapped_loop_runs_the_softmax_while_both_gemms_are_in_flight():
+    """OVERLAP on sm_90a: iteration j issues s_{j+1} = q @ k_{j+1}.T and acc += p_j @ v_j
+    on wgmma, then waits for the first alone (wait_group 1) before block j+1's softmax
+    (its row max and sum are warp shuffles) and for the second (wait_group 0) only after
+    it, before acc is rescaled: the tensor cores work while the softmax runs. Without
+    OVERLAP the one wait comes before the softmax, which reads the scores."""
+    from tegula.build import build
+    from tegula.lower.async_ir import WgmmaCommit, WgmmaWait
+    from tegula.lower.thread_ir import For, Shuffle, walk
+
+    def loop_body(overlap):
+        kernel = build(attention_kernel(tg.f16), dict(D=128, QK_SCALE=0.1, CAUSAL=False,
+                                                      BM=128, BN=128, OVERLAP=overlap,
+                                                      threads=256), None, "sm_90a")
+        loop, = [s for s in walk(kernel.thread_kernel.body) if isinstance(s, For)
+                 and any(isinstance(x, WgmmaCommit) for x in s.body)]
+        return loop.body
+
+    def positions(body, kind):
+        return [i for i, s in enumerate(body) if isinstance(s, kind)]
+
+    body = loop_body(True)
+    commits, waits, shuffles = (positions(body, kind)
+                                for kind in (WgmmaCommit, WgmmaWait, Shuffle))
+    assert [body[i].pending for i in waits] == [1, 0]
+    assert commits[1] < waits[0] < shuffles[0] and shuffles[-1] < waits[1]
+    body = loop_body(False)
+    assert positions(body, WgmmaWait)[0] < positions(body, Shuffle)[0]
 
 
 # -- bad input: a clear error naming the argument, before anything is traced -------------------
