@@ -176,11 +176,14 @@ def test_no_keys_gives_zero_output_and_minus_infinity():
     assert (o == 0).all() and np.isneginf(lse).all()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("target", TARGETS)
-def test_varlen_matches_each_sequence_alone(target):
+def test_varlen_matches_each_sequence_alone(target, overlap):
     """Four packed sequences (one empty, one of a single query, one longer than a block),
     GQA 2:1, then padding rows whose keys are NaN and values infinite: no sequence may
-    read them, and rows of no sequence stay unwritten (NaN poison)."""
+    read them, and rows of no sequence stay unwritten (NaN poison). OVERLAP computes the
+    scores of one key block past each sequence's last (the next sequence's keys, or the
+    padding): they must never count."""
     lengths_q, lengths_k = [5, 0, 70, 1], [9, 3, 64, 30]
     cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
@@ -191,7 +194,7 @@ def test_varlen_matches_each_sequence_alone(target):
     k[cu_k[-1]:], v[cu_k[-1]:] = np.nan, np.inf
     for causal in (False, True):
         o, lse = attention_varlen_emulated(q, k, v, cu_q, cu_k, max(lengths_q), causal,
-                                           return_lse=True, target=target)
+                                           return_lse=True, target=target, OVERLAP=overlap)
         for e in range(len(lengths_q)):
             rows, keys = slice(cu_q[e], cu_q[e + 1]), slice(cu_k[e], cu_k[e + 1])
             want_o, want_lse = reference(q[rows].transpose(1, 0, 2)[None],
