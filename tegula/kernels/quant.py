@@ -137,8 +137,11 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
     byte): straight from global memory one k-step ahead of their use, or with WSMEM=1
     from a STAGES-deep shared ring that cp.async fills as far ahead as the activations'
     (more bytes in flight where few blocks run, e.g. 64 weight tiles at N = 4096; TMA
-    takes only wgmma operand buffers, so the activations then ride cp.async too). BK
-    divides the group size G; c is written through its transpose.
+    takes only wgmma operand buffers, so the activations then ride cp.async too). With
+    ASMEM=1 the dequantized tile goes through shared memory as the MMA's A operand
+    instead, so the packed weights are loaded in 16-byte vectors along K (the A
+    fragment's byte pairs cost one load and its address each). BK divides the group
+    size G; c is written through its transpose.
 
     `partial` (split K, SPLIT blocks along grid axis 2): block z sums its slice of the
     k-steps and writes the f32 partial cᵀ tile into `c`, an (SPLIT · Np, M) f32 workspace
@@ -151,7 +154,7 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
                       zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                       BN: tg.constexpr = 64, BT: tg.constexpr = 64, BK: tg.constexpr = 64,
                       STAGES: tg.constexpr = 3, WSMEM: tg.constexpr = 0,
-                      SPLIT: tg.constexpr = 1):
+                      ASMEM: tg.constexpr = 0, SPLIT: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
         ga = a.tile((BT, BK), (t, None))
         gw = w.tile((BN, BK), (n, None))
@@ -166,6 +169,8 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
             sw = tg.shared((BN, BK), u4, stages=STAGES)
         else:       # straight into registers, one k-step ahead
             ahead = tg.load(gw[:, :, start])
+        if ASMEM:   # the dequantized tile: the MMA's A operand from shared memory
+            sdq = tg.shared((BN, BK), dtype)
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
@@ -176,7 +181,11 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
                 ahead = tg.load(gw[:, :, k + 1])            # past K: masked, never used
             weights = dequantize(packed, scales, zeros if has_zeros else None,
                                  n, k // (G // BK), (BN, 1))
-            tg.gemm(acc, weights.to(dtype), sa[k])          # acc += w @ sa.T
+            if ASMEM:
+                tg.copy(weights.to(dtype), sdq)
+                tg.gemm(acc, sdq, sa[k])
+            else:
+                tg.gemm(acc, weights.to(dtype), sa[k])      # acc += w @ sa.T
         if partial:
             row_tiles = (w.shape[0] + BN - 1) // BN
             tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
@@ -263,6 +272,11 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
                           STAGES=3)
         constexprs.update(tiles)
         _check_chunk(constexprs["BK"], group_size)
+        if constexprs.get("WSMEM") and constexprs.get("ASMEM"):
+            # the packed tile read from shared memory gets its layout from the (BN, 1)
+            # scales, which splits byte pairs: synthesis refuses the 4-bit copy
+            raise ValueError("tegula.kernels.w4a16: WSMEM=1 and ASMEM=1 together are not "
+                             "supported (the shared 4-bit tile's read would split bytes)")
         grid = (tg.cdiv(n, constexprs["BN"]), tg.cdiv(m, constexprs["BT"]))
         if constexprs.get("SPLIT", 1) > 1:
             return "split", grid + (constexprs["SPLIT"],), constexprs

@@ -1,9 +1,10 @@
 """The swapped-orientation W4A16 kernel (cᵀ = dequant(w) @ aᵀ: the dequantized weight tile
-is the MMA's register A operand, the activations the shared B operand) in the emulator
-against a float64 numpy reference: M = 1 … 128 tokens, ragged N and token tiles, every
-group size, with and without zero points, weights straight into registers or through a
-shared ring (WSMEM), split K (SPLIT), both targets (wgmma from registers with a TMA ring on sm_90a, in one
-role and warp-specialized; mma.sync on sm_80), bf16, NaN and inf."""
+is the MMA's A operand, the activations the shared B operand) in the emulator against a
+float64 numpy reference: M = 1 … 128 tokens, ragged N and token tiles, every group size,
+with and without zero points; weights straight into registers or through a shared ring
+(WSMEM), the dequantized tile as a register or a shared A operand (ASMEM), split K
+(SPLIT); both targets (wgmma with a TMA ring on sm_90a, in one role and warp-specialized;
+mma.sync on sm_80), bf16, NaN and inf."""
 from __future__ import annotations
 
 import os
@@ -33,10 +34,14 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (16, 70, 512, 128, True, dict(BT=16, BK=128, STAGES=3, WSMEM=1)),
     (33, 130, 512, 64, False, dict(BT=32, STAGES=4, WSMEM=1)),
     (5, 64, 96, 32, True, dict(BT=16, BK=32, STAGES=8, WSMEM=1)),   # more stages than k-steps
+    # the dequantized tile through shared memory (the MMA's A operand from there)
+    (33, 130, 512, 64, True, dict(BT=64, STAGES=3, ASMEM=1)),
+    (16, 20, 96, 32, False, dict(BT=16, BK=32, ASMEM=1)),
     # split K: f32 partial products in a workspace, then the sum kernel
     (33, 130, 512, 64, True, dict(BT=32, STAGES=4, SPLIT=3)),      # slices of 3, 3, 2 steps
     (16, 70, 256, 128, False, dict(BT=16, BK=128, STAGES=2, SPLIT=2, WSMEM=1)),
     (5, 64, 96, 32, True, dict(BT=16, BK=32, SPLIT=5)),            # two slices run no step
+    (128, 70, 256, 128, True, dict(BT=128, ASMEM=1, SPLIT=2)),
 ]
 
 
@@ -127,6 +132,8 @@ def test_swapped_config_and_its_errors():
         G=32, BN=64, BT=16, BK=32, STAGES=3))
     with pytest.raises(ValueError, match="BK=128 must divide the group size 64"):
         w4a16_config(16, 64, 128, 64, BT=16, BK=128)
+    with pytest.raises(ValueError, match="WSMEM=1 and ASMEM=1 together are not supported"):
+        w4a16_config(16, 64, 128, 64, BT=16, WSMEM=1, ASMEM=1)
     rng = np.random.default_rng(2)
     a = random_input(rng, (5, 64), f16)
     w_q, scales, zeros = random_w4(rng, 8, 64, 32, f16)
