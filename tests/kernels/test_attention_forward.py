@@ -222,6 +222,17 @@ def test_sm90a_puts_both_gemms_on_wgmma_with_k_and_v_by_tma(d, bn):
     assert text.count(f"{d // 64} TMA boxes 64x{bn}x1x1") == 2  # one per 64-wide span of D
 
 
+@pytest.mark.parametrize("order", ["reversed", "random:1", "random:2"])
+def test_the_overlapped_loop_is_right_under_other_role_interleavings(order):
+    """Two consumer warpgroups and the TMA producer, scheduled in other orders than the
+    listed one (the emulator's `role_order`; random ones switch at every asynchronous
+    statement): the same answer, every element."""
+    q, k, v = inputs(17, 1, 2, 1, 150, 200, 64)
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, target="sm_90a", BM=128,
+                                BN=64, threads=256, OVERLAP=True, role_order=order)
+    check(o, lse, *reference(q, k, v, True))
+
+
 def test_the_overlapped_loop_runs_the_softmax_while_both_gemms_are_in_flight():
     """OVERLAP on sm_90a: iteration j issues s_{j+1} = q @ k_{j+1}.T and acc += p_j @ v_j
     on wgmma, then waits for the first alone (wait_group 1) before block j+1's softmax
