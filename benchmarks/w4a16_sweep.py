@@ -3,7 +3,7 @@ their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped] [--o
 
 `--set swapped` times the swapped-orientation W4A16 kernel (weights as the MMA's register
 A operand) against the session-6 GEMM kernel at M = 16, 64, 128 on N=K=4096 and
-N=14336, K=4096. Each row: the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
+N=14336, K=4096. Each row (printed as it is measured): the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
 `tegula bench quant`), the TB/s of the floor bytes (packed weights + scales + zeros for
 W4A16, the weights for GEMV) and their fraction of the device copy bandwidth; torch's f16
 matmul of the same shape (`a @ w.T`, cuBLAS) for comparison. Every tegula result is
@@ -108,6 +108,16 @@ def _runner(name, shape, t, config):
         lambda kernel, g, args, cx: launch(kernel, g, *args, **cx), empty_f32)
 
 
+def _print_row(r) -> None:
+    shape = "x".join(map(str, r[1]))
+    cfg = ",".join(f"{k}={v}" for k, v in r[2].items() if k != "warp_specialize" or v)
+    if isinstance(r[3], str):
+        print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]}", flush=True)
+    else:
+        print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]:7.1f} {r[4]:5.2f} {r[5]:5.0%} "
+              f"{r[6]:6.2f} {r[7]:8.1e}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=sorted(SETS), default="session6",
@@ -124,7 +134,9 @@ def main() -> int:
     start = time.time()
     copy = copy_bandwidth(torch, gib=0.5)
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e12:.2f} TB/s")
-    rows, torch_us = [], {}
+    torch_us = {}
+    print(f"{'kernel':7} {'MxNxK':>14} {'config':44} {'us':>7} {'TB/s':>5} {'copy':>5} "
+          f"{'xtorch':>6} {'relerr':>8}")
     timer = lambda fn: time_ms(fn, warmup_ms=args.rep_ms / 4, rep_ms=args.rep_ms)  # noqa: E731
     tensors_of = {}  # the current shape's tensors (quantizing each config again is slow)
     for name, shape, config in SETS[args.set]:
@@ -145,23 +157,15 @@ def main() -> int:
             err = ((t["out"].double() - ref).norm() / ref.norm()).item()
             us = timer(run) * 1e3
         except Exception as e:  # noqa: BLE001 — a config that fails is a row, not the end
-            rows.append((name, shape, config, f"{type(e).__name__}: {str(e)[:60]}"))
+            _print_row((name, shape, config, f"{type(e).__name__}: {str(e)[:60]}"))
             continue
         if key not in torch_us:
             torch_us[key] = timer(t["torch"]) * 1e3
+            print(f"{'torch':7} {'x'.join(map(str, shape)):>14} {'f16 matmul (cuBLAS)':44} "
+                  f"{torch_us[key]:7.1f}", flush=True)
         floor = t["floor"]
-        rows.append((name, shape, config, us, floor / us / 1e6, floor / us / 1e6 / (copy / 1e12),
-                     torch_us[key] / us, err))
-    print(f"{'kernel':7} {'MxNxK':>14} {'config':44} {'us':>7} {'TB/s':>5} {'copy':>5} "
-          f"{'xtorch':>6} {'relerr':>8}")
-    for r in rows:
-        shape = "x".join(map(str, r[1]))
-        cfg = ",".join(f"{k}={v}" for k, v in r[2].items())
-        if isinstance(r[3], str):
-            print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]}")
-        else:
-            print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]:7.1f} {r[4]:5.2f} {r[5]:5.0%} "
-                  f"{r[6]:6.2f} {r[7]:8.1e}")
+        _print_row((name, shape, config, us, floor / us / 1e6,
+                    floor / us / 1e6 / (copy / 1e12), torch_us[key] / us, err))
     return 0
 
 
