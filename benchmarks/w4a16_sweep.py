@@ -34,12 +34,14 @@ SESSION6 = [
 # GEMM's best configs, at M = 16, 64, 128 on the two shapes.
 _SWAPPED_BY_M = {
     16: [dict(BT=16, BK=128, STAGES=4), dict(BT=16, BK=128, STAGES=8, WSMEM=1),
-         dict(BT=16, BK=128, STAGES=4, ASMEM=1), dict(BT=16, BK=128, STAGES=4, ASMEM=1, SPLIT=4)],
+         dict(BT=16, BK=128, STAGES=4, ASMEM=1), dict(BT=16, BK=128, STAGES=4, ASMEM=1, SPLIT=2),
+         dict(BT=16, BK=128, STAGES=4, ASMEM=1, SPLIT=4)],
     64: [dict(BT=64, BK=128, STAGES=3), dict(BT=64, BK=128, STAGES=3, ASMEM=1),
          dict(BT=64, BK=64, STAGES=3, ASMEM=1, SPLIT=2)],
     128: [dict(BT=128, BK=64, STAGES=3), dict(BT=128, BK=64, STAGES=4, WSMEM=1),
           dict(BT=128, BK=128, STAGES=3, ASMEM=1), dict(BT=128, BK=64, STAGES=3, ASMEM=1),
           dict(BT=128, BK=64, STAGES=3, ASMEM=1, SPLIT=2), dict(BT=128, BK=64, STAGES=3, SPLIT=2),
+          dict(BT=128, BN=128, BK=64, STAGES=3, ASMEM=1, SPLIT=2, threads=256),
           dict(BT=128, BK=64, STAGES=3, ASMEM=1, warp_specialize=True)],
 }
 _GEMM_BY_M = {16: dict(BM=16, BN=32, BK=128, STAGES=3), 64: dict(BM=64, BN=64, BK=128, STAGES=3),
