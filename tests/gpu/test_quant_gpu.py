@@ -110,31 +110,42 @@ def test_w4a16_gemm_pipeline_and_tiles_match_torch(m, n, k, group, tiles):
     check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
 
 
-@pytest.mark.parametrize("tiles", [{}, dict(BK=128), dict(STAGES=2, warp_specialize=True),
-                                   dict(BT=16), dict(BT=24, STAGES=1),
-                                   dict(WSMEM=1, STAGES=4), dict(WSMEM=1, BK=128, STAGES=8)],
-                         ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()) or "default")
-@pytest.mark.parametrize("m,n,k,group,zero_point", [
+SWAPPED_SHAPES = [  # m, n, k, group, zero_point
     (1, 37, 256, 32, True), (5, 300, 1024, 128, False), (16, 4096, 4096, 128, True),
     (33, 1000, 2048, 64, True), (64, 4096, 4096, 128, True), (100, 77, 192, 32, True),
-    (128, 14336, 4096, 128, False), (129, 200, 512, 64, False)])
-@pytest.mark.parametrize("dtype", list(DTYPES))
+    (128, 14336, 4096, 128, False), (129, 200, 512, 64, False)]
+SWAPPED_TILES = [{}, dict(BK=128), dict(STAGES=2, warp_specialize=True), dict(BT=16),
+                 dict(BT=24, STAGES=1), dict(WSMEM=1, STAGES=4), dict(WSMEM=1, BK=128, STAGES=8),
+                 dict(ASMEM=1), dict(ASMEM=1, BK=128, SPLIT=3), dict(SPLIT=2, STAGES=2),
+                 dict(ASMEM=1, BN=128, threads=256, SPLIT=2)]
+
+
+@pytest.mark.parametrize("dtype,m,n,k,group,zero_point,tiles", [
+    ("f16", *shape, tiles) for i, shape in enumerate(SWAPPED_SHAPES)
+    for j, tiles in enumerate(SWAPPED_TILES) if (i + j) % 3 == 0 or not tiles] + [
+    ("bf16", *shape, tiles) for shape in SWAPPED_SHAPES[2::3]
+    for tiles in ({}, dict(ASMEM=1, SPLIT=2))],
+    ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
+    if isinstance(v, dict) else None)
 def test_w4a16_swapped_matches_torch(dtype, m, n, k, group, zero_point, tiles):
-    """The swapped kernel (dequantized weights as the MMA's register A operand, cᵀ through
-    c.T), token tiles from `token_tile` or given, in one role and warp-specialized."""
+    """The swapped kernel (dequantized weights as the MMA's A operand from registers or
+    shared memory, cᵀ through c.T; split K through an f32 workspace and the sum kernel),
+    token tiles from `token_tile` or given, in one role and warp-specialized."""
     from tegula.dtypes import bf16, f16
-    from tegula.kernels.quant import prepack, token_tile, w4a16_config, w4a16_swapped_kernel
+    from tegula.kernels.quant import launch_w4a16, prepack, token_tile, w4a16_config
     g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 17 + n + k)
     a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
     c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
     tiles = dict(dict(BT=token_tile(m), warp_specialize=False), **tiles)
     tiles["BK"] = min(tiles.get("BK", 64), group)
     kind, grid, constexprs = w4a16_config(m, n, k, group, **tiles)
-    assert kind == "swapped"
-    kernel = w4a16_swapped_kernel(f16 if dtype == "f16" else bf16, zeros is not None)
+    assert kind == ("split" if tiles.get("SPLIT", 1) > 1 else "swapped")
     zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
                                                             dtype=DTYPES[dtype])
-    kernel[grid](a, prepack(w_q), scales, zeros_arg, c, **constexprs)
+    launch_w4a16(kind, grid, constexprs, f16 if dtype == "f16" else bf16, zeros is not None,
+                 (a, prepack(w_q), scales, zeros_arg), c,
+                 lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
+                 lambda shape: torch.full(shape, float("nan"), device="cuda"))
     torch.cuda.synchronize()
     check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
 
