@@ -9,8 +9,10 @@ a few problem shapes, every configuration of a small space is built, its time pr
 by `tegula.recommend.score` (the analytical model of `tegula.synth.cost`, what `explain`
 and `tg.recommend` print) and measured on the GPU (`triton.testing.do_bench`, median, in
 this one process). Configurations the compiler refuses or that fail to launch are listed,
-not measured. `--families gemm_sm90a_load` (not in the default run) checks the load-path
-decision: the best sm_90a GEMM tiles on TMA and on cp.async. Per (family, shape): the Spearman rank correlation between predicted and
+not measured. Three families, not in the default run, each check one decision:
+`gemm_sm90a_load` the load path (the best sm_90a GEMM tiles on TMA and on cp.async),
+`gemm_sm90a_orient` the orientation (skinny shapes and their transposes) and
+`gemm_sm90a_cluster` the cluster shape (the persistent GEMM in clusters of 1 and 2). Per (family, shape): the Spearman rank correlation between predicted and
 measured time, and whether the model's top 5 holds the measured best or one within 5% of
 it. Writes `cost_model_check.json` (every point) and `cost_model_check.svg` (predicted
 against measured, log-log, one colour per family) into --out; a table last. Nothing is
@@ -75,7 +77,9 @@ def gemm_family(target: str, load_paths: bool = False) -> dict:
     else:
         space = _space(BM=[64, 128], BN=[64, 128], BK=[32, 64], STAGES=[2, 3, 4],
                        threads=[128, 256])
-    shapes = [(4096, 4096, 4096), (2048, 2048, 2048), (4096, 4096, 1024), (1024, 1024, 1024)]
+    # The last shape is held out of every fit of the model (session 7): a wide, shallow GEMM.
+    shapes = [(4096, 4096, 4096), (2048, 2048, 2048), (4096, 4096, 1024), (1024, 1024, 1024),
+              (2048, 8192, 1024)]
 
     def make(shape, device="cuda"):
         m, n, k = shape
@@ -86,6 +90,43 @@ def gemm_family(target: str, load_paths: bool = False) -> dict:
         return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
     return dict(name=f"gemm {target}" + (" load path" if load_paths else ""), kernel=gemm,
                 target=target, space=space, shapes=shapes, make=make)
+
+
+def orientation_family() -> dict:
+    """The README GEMM on sm_90a at skinny shapes, each with its transpose: computing
+    C = a @ b.T at (M, N, K) or Cᵀ = b @ a.T at (N, M, K) is the orientation decision
+    (`tegula.recommend.gemm_orientation`); both are measured, so the table shows whether
+    the model's faster orientation is the GPU's."""
+    family = gemm_family("sm_90a")
+    family.update(name="gemm sm_90a orientation",
+                  space=_space(BM=[64, 128], BN=[128, 256], BK=[64], STAGES=[4],
+                               threads=[128, 256]),
+                  shapes=[(256, 8192, 4096), (8192, 256, 4096), (512, 4096, 2048),
+                          (4096, 512, 2048)])
+    return family
+
+
+def cluster_family() -> dict:
+    """The persistent GEMM (sm_90a) launched in clusters of 1 or 2 blocks along M (`CLUSTER`:
+    the b box multicast to both blocks of a cluster), on `persistent_grid` for the target's
+    SM count."""
+    from tegula.arch.targets import get_target
+    from tegula.dtypes import f16
+    from tegula.kernels.gemm import persistent_gemm_kernel, persistent_grid
+    sms = get_target("sm_90a").sm_count
+    space = _space(BM=[128], BN=[128, 256], BK=[64], STAGES=[3, 4], threads=[256],
+                   CLUSTER=[1, 2])
+    shapes = [(4096, 4096, 4096), (2048, 8192, 1024), (8192, 2048, 4096), (8192, 8192, 2048)]
+
+    def make(shape, device="cuda"):
+        m, n, k = shape
+        a = torch.randn(m, k, device=device, dtype=torch.float16)
+        b = torch.randn(n, k, device=device, dtype=torch.float16)
+        c = torch.empty(m, n, device=device, dtype=torch.float16)
+        grid = lambda cfg: persistent_grid(m, n, sms, cfg["BM"], cfg["BN"], cfg["CLUSTER"])  # noqa: E731
+        return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
+    return dict(name="persistent gemm sm_90a cluster", kernel=persistent_gemm_kernel(f16),
+                target="sm_90a", space=space, shapes=shapes, make=make)
 
 
 def row_family(which: str) -> dict:
@@ -337,16 +378,22 @@ def _only(space, spec: str):
 FAMILIES = {"gemm_sm90": lambda: gemm_family("sm_90"),
             "gemm_sm90a": lambda: gemm_family("sm_90a"),
             "gemm_sm90a_load": lambda: gemm_family("sm_90a", load_paths=True),
+            "gemm_sm90a_orient": orientation_family,
+            "gemm_sm90a_cluster": cluster_family,
             "softmax": lambda: row_family("softmax"),
             "rms_norm": lambda: row_family("rms_norm"),
             "attention": attention_family}
+
+
+#: Families the default run leaves out (each checks one decision; name them in --families).
+OPTIONAL_FAMILIES = ("gemm_sm90a_load", "gemm_sm90a_orient", "gemm_sm90a_cluster")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--quick", action="store_true", help="the first two shapes")
-    parser.add_argument("--families", default=",".join(f for f in FAMILIES if f != "gemm_sm90a_load"))
+    parser.add_argument("--families", default=",".join(f for f in FAMILIES if f not in OPTIONAL_FAMILIES))
     parser.add_argument("--shapes", default=None,
                         help="comma-separated shape indices of each family (default: all); "
                              "FAMILY=I picks shape I of one family (e.g. gemm_sm90=2)")
