@@ -172,7 +172,8 @@ def estimate(build, grid=None, shapes: dict | None = None,
     if grid is not None:
         grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     uses = instruction_uses(kernel, target)
-    size = ProblemSize(dict(shapes or {}), dict(scalars or {}))
+    size = ProblemSize(dict(shapes or {}), dict(scalars or {}), grid=grid,
+                       sm_count=target.sm_count)
     weights, unresolved = loop_weights(uses, size, grid)
     totals = _totals(uses, weights)
     thread_kernel = getattr(build, "thread_kernel", None)
@@ -214,6 +215,16 @@ def estimate(build, grid=None, shapes: dict | None = None,
 TMA_LATENCY_CYCLES = 800
 TMA_BYTES_PER_CLK = 20
 
+#: What coupling the blocks of a cluster costs each stage of a multicast TMA ring: a stage
+#: is refilled only after the consumers of every block of the cluster released it (remote
+#: mbarrier arrives across SMs), so each block waits for its slowest peer and for the
+#: arrive's trip between SMs. Multicast halves the L2 bytes of the shared operand (ncu,
+#: H100, 2026-11-24: the persistent GEMM 128x256x64 at 4096^3, L2 traffic 1.47 -> 1.20 GB)
+#: and yet that GEMM ran 4% slower in clusters of 2 (635 -> 610 TFLOP/s, tensor pipe 75 ->
+#: 69%): fitted on that one point; the other shapes and tiles of
+#: `cost_model_check.py --families gemm_sm90a_cluster` are its check.
+CLUSTER_COUPLING_CYCLES = 1450
+
 
 def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target) -> float:
     """Cycles one block would wait on its loops' global loads if it were alone on its SM
@@ -234,7 +245,12 @@ def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Targe
             continue
         latency, tma_bytes = per_loop.get(counted.loops, (unloaded, 0.0))
         if u.pipe == "tma":
-            latency, tma_bytes = TMA_LATENCY_CYCLES, tma_bytes + u.global_bytes
+            # A multicast box lands whole in every block of the cluster; the stage it fills
+            # is refilled only once every block's consumers released it (remote arrives).
+            coupling = CLUSTER_COUPLING_CYCLES if u.multicast > 1 else 0
+            latency = max(latency if latency != unloaded else 0,
+                          TMA_LATENCY_CYCLES + coupling)
+            tma_bytes += u.global_bytes * u.multicast
         per_loop[counted.loops] = (latency, tma_bytes)
     return sum(weights[loops] * (latency + tma_bytes / TMA_BYTES_PER_CLK)
                / max(1, loops[-1].stages - 1)

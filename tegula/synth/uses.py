@@ -23,7 +23,8 @@ from tegula.arch.tma import tma_load
 from tegula.arch.targets import Target
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
                            Op, Rearrange, Reduce, TracedKernel, walk_ops)
-from tegula.ir.scalar import BlockIndex, ScalarArg, ScalarBinOp, ScalarConst, TensorExtent
+from tegula.ir.scalar import (BlockIndex, GridSize, ScalarArg, ScalarBinOp, ScalarConst, SMCount,
+                              TensorExtent)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 from tegula.layout.tv import distinct_values, tv_table
 from tegula.synth.registers import ADDRESS_OVERHEAD
@@ -54,10 +55,14 @@ class InstrUse:
     pipe: str
     wavefronts: int = 0
     ideal_wavefronts: int = 0
-    global_bytes: int = 0
+    global_bytes: float = 0
     pipe_cycles: float = 1.0
     flops: int = 0
     barriers: int = 0            # block-wide barriers (bar.sync) per execution
+    #: Blocks of a cluster a multicast TMA box lands in (1: not multicast). Each block then
+    #: issues 1/multicast of the box, so `global_bytes` (what L2 serves this block) is its
+    #: slice, while the whole box lands in its shared memory.
+    multicast: int = 1
 
     @property
     def warp_bytes(self) -> int:
@@ -145,8 +150,10 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
         # One thread issues one box; the tensor memory accelerator moves it.
         box = ch["tma"]
         instr = tma_load(len(box.box))
+        ctas = ch["multicast"].ctas if ch.get("multicast") else 1
         return [InstrUse("G2S", instr.name, 0, 0, box.blocks, instr.pipe,
-                         global_bytes=box.box_bytes)]  # one box per swizzle span
+                         global_bytes=box.box_bytes / ctas,   # one box per swizzle span
+                         multicast=ctas)]
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
         plan = ch.get("dst_shared")
         if ch.get("instr") == "cp.async":
@@ -345,11 +352,19 @@ class _Unknown(Exception):
 @dataclass(frozen=True)
 class ProblemSize:
     """What the model may know about one launch: tensor shapes by argument name, scalar
-    arguments by name, and the block whose loop bounds are being evaluated."""
+    arguments by name, the block whose loop bounds are being evaluated, the launch's grid
+    (`tg.num_programs`) and the GPU's SM count (`tg.num_sms`): a persistent kernel's tile
+    loop steps by the grid, so without them it would count one tile per block."""
 
     shapes: dict = field(default_factory=dict)
     scalars: dict = field(default_factory=dict)
     block: tuple = (0, 0, 0)
+    grid: tuple | None = None
+    sm_count: int | None = None
+
+    def at(self, block: tuple) -> "ProblemSize":
+        """The same launch, evaluated for `block`."""
+        return ProblemSize(self.shapes, self.scalars, block, self.grid, self.sm_count)
 
     def value(self, x) -> int:
         """The int value of a tile-IR scalar; `_Unknown` when it needs a missing input."""
@@ -359,6 +374,10 @@ class ProblemSize:
             return x.value
         if isinstance(x, BlockIndex):
             return self.block[x.axis]
+        if isinstance(x, GridSize) and self.grid is not None:
+            return (tuple(self.grid) + (1, 1, 1))[x.axis]
+        if isinstance(x, SMCount) and self.sm_count is not None:
+            return self.sm_count
         if isinstance(x, TensorExtent):
             if x.tensor not in self.shapes:
                 raise _Unknown(str(x))
@@ -371,8 +390,8 @@ class ProblemSize:
             a, b = self.value(x.lhs), self.value(x.rhs)
             return {"+": a + b, "-": a - b, "*": a * b, "min": min(a, b), "max": max(a, b),
                     "//": a // b if b else -1, "%": a % b if b else a}[x.op]
-        # A LoopIndex (an inner bound depending on an outer loop), a grid size, the SM
-        # count or a value loaded from memory: not known to the model.
+        # A LoopIndex (an inner bound depending on an outer loop), a grid size or SM count
+        # not given, or a value loaded from memory: not known to the model.
         raise _Unknown(str(x))
 
 
@@ -416,7 +435,7 @@ def loop_weights(uses: list[CountedUse], size: ProblemSize,
         blocks = _blocks(grid) if depends and grid else [size.block]
         total = 0
         for block in blocks:
-            here = ProblemSize(size.shapes, size.scalars, block)
+            here = size.at(block)
             product = 1
             for loop in nest:
                 try:

@@ -1,0 +1,58 @@
+"""The cost model on the persistent GEMM: its tile loop steps by the grid
+(`tg.num_programs`), so the model must know the launch's grid to count the tiles a block
+runs (it counted one tile a block, predicting a 4096^3 GEMM 2.5x faster than the tensor
+cores allow); and in clusters, a multicast box is served by L2 once for the cluster while
+each stage waits on every block of the cluster (`CLUSTER_COUPLING_CYCLES`)."""
+from __future__ import annotations
+
+import pytest
+
+from tegula.build import build
+from tegula.dtypes import f16
+from tegula.kernels.gemm import persistent_gemm_kernel, persistent_grid
+from tegula.recommend import _facts
+from tegula.synth import cost
+from tegula.synth.cost import estimate
+
+M, N, K = 1000, 1500, 264         # ragged in every dimension: 8 x 6 tiles of 128 x 256
+TILES = dict(BM=128, BN=256, BK=64, STAGES=4, threads=256)
+SHAPES = dict(a=(M, K), b=(N, K), c=(M, N))
+
+
+def _estimate(cluster: int, sms: int = 132):
+    kernel = persistent_gemm_kernel(f16)
+    built = build(kernel, dict(TILES, CLUSTER=cluster), _facts(kernel, SHAPES), "sm_90a")
+    grid = persistent_grid(M, N, sms, TILES["BM"], TILES["BN"], cluster)
+    return estimate(built, grid, SHAPES)
+
+
+@pytest.mark.parametrize("sms", [132, 20])
+def test_every_tile_of_the_grid_is_counted(sms):
+    est = _estimate(1, sms)
+    assert not est.unresolved_loops
+    tiles = -(-M // 128) * -(-N // 256)          # boundary tiles count as full tiles
+    k_steps = -(-K // 64)
+    assert est.flops * est.blocks == pytest.approx(2 * 128 * 256 * 64 * k_steps * tiles)
+
+
+def test_cluster_multicast_halves_the_shared_operands_l2_bytes():
+    alone, pair = _estimate(1), _estimate(2)
+    assert not pair.unresolved_loops
+    k_steps = -(-K // 64)
+    # Clusters of 2 along M: row tiles in units of 2 (8 rows -> 4 units), so both grids
+    # cover 8 x 6 tiles; each block issues half of its b box (256 x 64 f16 a k-step).
+    b_bytes = 256 * 64 * 2 * k_steps * 8 * 6
+    total = lambda e: e.global_bytes * e.blocks  # noqa: E731
+    assert total(alone) - total(pair) == pytest.approx(b_bytes / 2)
+
+
+def test_cluster_coupling_is_paid_per_stage(monkeypatch):
+    """The coupling cost enters the multicast ring's per-stage latency and nothing else:
+    a cluster with no coupling cost waits less than one with it."""
+    coupled = dict(_estimate(2).resources)["load latency"]
+    monkeypatch.setattr(cost, "CLUSTER_COUPLING_CYCLES", 0)
+    free = dict(_estimate(2).resources)["load latency"]
+    alone = dict(_estimate(1).resources)["load latency"]
+    assert coupled > free
+    # Without coupling, a multicast stage waits as long as a stage of its own box.
+    assert free == pytest.approx(alone)
