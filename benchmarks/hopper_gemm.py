@@ -1,6 +1,6 @@
 """Issue 9's no-regression check and the sm_90a GEMM's first numbers, in one process.
 
-    PYTHONPATH=. python3 benchmarks/hopper_gemm.py
+    PYTHONPATH=. python3 benchmarks/hopper_gemm.py [--pingpong]
 
 For each shape: cuBLAS (torch.matmul), the README GEMM (examples/gemm.py) on sm_90a
 (TMA + mbarrier ring + wgmma) in several tile configurations, the persistent GEMM
@@ -12,11 +12,13 @@ ran on H100s before this issue) in the configurations measured earlier. Every re
 checked against an f64 reference of the same f16 inputs (elements beyond the f16 rounding
 of an f32-accumulated sum are counted), outputs poisoned with NaN first. Then the compile
 time of the GEMM and the copy kernel's bandwidth against torch's copy. A table last;
-nothing is asserted about time.
+nothing is asserted about time. `--pingpong`: only the persistent GEMM's consumer schedules
+(cooperative, ping-pong) against cuBLAS at 4096^3 and 4096x14336x4096.
 """
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -123,8 +125,43 @@ def copy_rows() -> list[tuple[str, str]]:
              f"= {ms_t / ms_g:.2f}x torch")]
 
 
+#: The persistent GEMM's consumer schedules side by side (`--pingpong`): cooperative (two
+#: consumer warpgroups share each 128x256 tile) against ping-pong (each consumer warpgroup
+#: owns whole tiles, their main loops taking turns; `consumers="pingpong"`, threads=128
+#: being one warpgroup's tile).
+SCHEDULE_CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, threads=256, consumers="cooperative"),
+                    dict(BM=128, BN=128, BK=64, STAGES=4, threads=256, consumers="cooperative"),
+                    dict(BM=128, BN=128, BK=64, STAGES=4, threads=128, consumers="pingpong"),
+                    dict(BM=128, BN=128, BK=64, STAGES=6, threads=128, consumers="pingpong"),
+                    dict(BM=64, BN=256, BK=64, STAGES=4, threads=128, consumers="pingpong"),
+                    dict(BM=64, BN=256, BK=64, STAGES=5, threads=128, consumers="pingpong")]
+SCHEDULE_SHAPES = [(4096, 4096, 4096), (4096, 14336, 4096)]
+
+
+def schedule_rows(m: int, n: int, k: int) -> list[tuple[str, str]]:
+    """cuBLAS, then every `SCHEDULE_CONFIGS` entry of the persistent GEMM, checked and timed."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
+    base = 2 * m * n * k / ms / 1e9
+    rows = [(f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cfg in SCHEDULE_CONFIGS:
+        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"])
+        rows.append(measure(f"{m}x{n}x{k} persistent {cfg}", persistent_gemm, grid, a, b,
+                            base, target="sm_90a", **cfg))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"))
+    if "--pingpong" in sys.argv:
+        rows = [r for shape in SCHEDULE_SHAPES for r in schedule_rows(*shape)]
+        width = max(len(r[0]) for r in rows)
+        for name, value in rows:
+            print(f"{name:<{width}}  {value}")
+        return
     rows = compile_rows() + copy_rows()
     for shape in SHAPES:
         rows += gemm_rows(*shape)

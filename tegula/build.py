@@ -20,6 +20,7 @@ from tegula.layout.errors import LayoutError
 from tegula.lower.lower import lower
 from tegula.lower.thread_ir import ThreadKernel
 from tegula.synth.facts import TensorFacts
+from tegula.synth.roles import CONSUMER_SCHEDULES
 from tegula.synth.synthesize import SynthesisResult, synthesize
 
 DEFAULT_TARGET = "sm_90a"
@@ -28,8 +29,10 @@ DEFAULT_TARGET = "sm_90a"
 #: rather than constexprs: the block size (`threads=`), whether a TMA + wgmma pipeline
 #: gets producer/consumer warp roles (`warp_specialize=`, `synth/roles.py`), and the load
 #: path of pipelined copies into wgmma operands (`load_path=`: None or "tma" for TMA where
-#: it qualifies, "cp.async" for never; a decision `tg.recommend` searches).
-BUILD_OPTIONS = ("threads", "warp_specialize", "load_path")
+#: it qualifies, "cp.async" for never; a decision `tg.recommend` searches), and the consumer
+#: schedule of a warp-specialized pipeline (`consumers=`: None, "cooperative" or
+#: "pingpong", `synth/roles.py`).
+BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers")
 
 #: The values of the `load_path` build option.
 LOAD_PATHS = (None, "tma", "cp.async")
@@ -69,7 +72,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
           target: str | Target = DEFAULT_TARGET) -> Build:
     """Compile `kernel` for these constexprs, argument facts and target (cached).
     `constexprs` may hold `threads` (the block size override), `warp_specialize` (None,
-    True or False; overrides the kernel's option) and `load_path` (`LOAD_PATHS`)."""
+    True or False; overrides the kernel's option), `load_path` (`LOAD_PATHS`) and
+    `consumers` (`CONSUMER_SCHEDULES`)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
     threads = kernel.check_threads(constexprs.pop("threads", None))
@@ -81,18 +85,22 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     if load_path not in LOAD_PATHS:
         raise TegulaError(f"kernel {kernel.name}: load_path={load_path!r} must be one of "
                           f"{', '.join(map(repr, LOAD_PATHS))}")
+    consumers = constexprs.pop("consumers", None)
+    if consumers not in CONSUMER_SCHEDULES:
+        raise TegulaError(f"kernel {kernel.name}: consumers={consumers!r} must be one of "
+                          f"{', '.join(map(repr, CONSUMER_SCHEDULES))}")
     values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank,
                                                       elem_bits=p.spec.dtype.bits)
                  for p in kernel.params if p.kind == "tensor"}
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
-           load_path, _facts_key(facts), target.name)
+           load_path, consumers, _facts_key(facts), target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
         traced = kernel.trace_fresh(threads, **values)
         try:
-            result = synthesize(traced, target, facts, warp_specialize, load_path)
+            result = synthesize(traced, target, facts, warp_specialize, load_path, consumers)
             thread_kernel = lower(result)
         except LayoutError as e:
             # A layout the algebra refuses is a synthesis failure of this kernel.
@@ -102,6 +110,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
             options["warp_specialize"] = warp_specialize
         if load_path is not None:
             options["load_path"] = load_path
+        if consumers is not None:
+            options["consumers"] = consumers
         cache[key] = Build(kernel, dict(values, **options), facts, target, traced, result,
                            thread_kernel)
     return cache[key]

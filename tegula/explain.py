@@ -75,6 +75,9 @@ def _header(build: Any) -> str:
     extra = threads - k.threads  # a warp-specialized pipeline's producer warpgroup
     roles = (f": {k.threads} for the tiles + a {extra}-thread producer warpgroup"
              if extra else "")
+    if extra > 128:  # ping-pong: consumer warpgroups each running the tiles (synth/roles.py)
+        roles = (f": {(threads - 128) // k.threads} consumer warpgroups of {k.threads} "
+                 f"threads, each running whole tiles, + a 128-thread producer warpgroup")
     return (f"kernel {k.name} ({consts}) for {build.target}\n"
             f"{threads} threads per block ({threads // 32} warps){roles}")
 

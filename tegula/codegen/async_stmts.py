@@ -420,7 +420,8 @@ class AsyncStatements:
         if s.threads <= 0 or s.threads % 32 or s.threads > self.kernel.threads:
             raise CodegenError(f"NamedBarrier {s.id}: {s.threads} threads is not a positive "
                                f"multiple of 32 up to the block's {self.kernel.threads}")
-        self.line(self.entry("bar.sync", s).format_asm(id=str(s.id), threads=str(s.threads)))
+        name = "bar.arrive" if s.arrive else "bar.sync"
+        self.line(self.entry(name, s).format_asm(id=str(s.id), threads=str(s.threads)))
 
     def _Roles(self, s: Roles) -> None:
         if not s.roles:

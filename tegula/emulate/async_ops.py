@@ -241,6 +241,8 @@ def compile_named_barrier(s: NamedBarrier, ctx: Ctx, st: OpStats, what: str) -> 
             nb.arrived, nb.lanes, nb.generation = 0, [], nb.generation + 1
             state.smem.barrier()
             return
+        if s.arrive:  # bar.arrive: counted, goes on at once
+            return
         gen = nb.generation
         block_until(state, Wait(lambda: nb.generation != gen,
                                 lambda: f"{what}: {nb.arrived} of {expected} threads arrived"))

@@ -124,6 +124,9 @@ class AsyncState:
         self.generic_tid = np.zeros(smem_bytes, dtype=np.int32)
         self.fence_seq = np.full(threads, -1, dtype=np.int64)
         self.observed = np.zeros((max(1, len(self.bars)), threads), dtype=np.int64)
+        # The role each thread runs (`roles.compile_roles`; 0 outside `Roles`): which
+        # threads share the consumption of a barrier's phases (`tma_write`).
+        self.role_of = np.zeros(threads, dtype=np.int32)
         # Which threads may use each barrier: its initializer, and whoever met it at a
         # barrier since (a completed phase of the barrier itself does not count).
         self.init_visible = np.zeros((max(1, len(self.bars)), threads), dtype=bool)
@@ -292,15 +295,20 @@ class AsyncState:
         self._no_async_readers(addrs, what, describe_byte)
         prior = self.tma_bar[addrs] >= 0
         if prior.any():
-            # The previous copy's data must have been observed by every thread that ever
-            # waited on its barrier (the consumers freed the slot), and by one at least.
+            # The previous copy's data must have been observed by one thread at least, and
+            # by every thread of each role that consumed it which ever waited on its
+            # barrier (the consumers freed the slot). A role none of whose threads observed
+            # it skips that phase: ping-pong consumer warpgroups take alternate tiles.
             ids, phases = self.tma_bar[addrs][prior], self.tma_phase[addrs][prior]
             for b in np.unique(ids).tolist():
                 sel = ids == b
                 waiters = np.flatnonzero(self.observed[b] > 0)
-                behind = waiters[self.observed[b][waiters] <= phases[sel].max()]
-                if len(waiters) == 0 or len(behind):
-                    lagging = int(behind[0]) if len(behind) else 0
+                lags = self.observed[b][waiters] <= phases[sel].max()
+                consumed = np.isin(self.role_of[waiters], self.role_of[waiters[~lags]])
+                behind = waiters[lags & consumed]
+                if lags.all() or len(behind):
+                    lagging = int(behind[0]) if len(behind) else \
+                        int(waiters[0]) if len(waiters) else 0
                     self._tma_error(what, "overwrite (by another TMA copy)", np.array([True]),
                                     addrs[prior][sel][:1], np.array([lagging]), describe_byte)
         self.tma_bar[addrs] = gid

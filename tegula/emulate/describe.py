@@ -48,7 +48,8 @@ def _describe_async(s: Stmt) -> str | None:
     if isinstance(s, WgmmaWait):
         return f"WgmmaWait {s.pending}"
     if isinstance(s, NamedBarrier):
-        return f"NamedBarrier {s.id} ({s.threads} threads)"
+        return (f"NamedBarrier{' arrive' if s.arrive else ''} {s.id} "
+                f"({s.threads} threads)")
     if isinstance(s, Roles):
         return "Roles " + ", ".join(_role(r) for r in s.roles)
     return None

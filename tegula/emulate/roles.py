@@ -287,13 +287,14 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
         order = state.asyncs.role_order
         scheduler = Scheduler(outer=state.block_task,
                               rng=random_interleaving(order, f"block {state.bid}"))
-        for name, loc, cond, body in roles:
+        for number, (name, loc, cond, body) in enumerate(roles, 1):
             c = cond(state.env)
             sel = np.broadcast_to(np.asarray(c).astype(bool), (state.threads,))
             mask = state.mask & sel & ~taken
             taken |= mask
             if not mask.any():
                 continue
+            state.asyncs.role_of[mask] = number  # which threads consume phases together
             _check_uniform(mask, state.threads, f"{what}: role {name!r}")
             role_state = state.for_role(mask)
             role_state.task = scheduler.add(name, loc, body, role_state)

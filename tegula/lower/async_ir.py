@@ -277,10 +277,13 @@ class WgmmaWait(Stmt):
 @dataclass
 class NamedBarrier(Stmt):
     """`bar.sync id, threads`: the `threads` threads (a multiple of 32) that execute it with
-    this `id` (1–15; 0 is `__syncthreads`) wait for each other."""
+    this `id` (1–15; 0 is `__syncthreads`) wait for each other. With `arrive`,
+    `bar.arrive id, threads`: the threads count towards the barrier without waiting (a
+    producer's signal; the ping-pong consumers' turn-taking, `lower/hopper.py`)."""
 
     id: int
     threads: int
+    arrive: bool = False
 
 
 @dataclass

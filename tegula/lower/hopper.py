@@ -137,7 +137,7 @@ from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBa
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.wgmma_waits import defer_wgmma_waits
 from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
-                                    SharedBuffer, SharedStore, Stmt, Var, _bin, all_of)
+                                    SharedBuffer, SharedStore, Stmt, Var, _bin, all_of, walk)
 
 
 def is_wgmma(op) -> bool:
@@ -405,6 +405,8 @@ class WarpRoles:
     producer: list
     loc: str
     multicast: bool = False  # peers write this block's shared memory: a cluster barrier at exit
+    tile_loop: object = None  # ping-pong: the enclosing ir ForLoop the consumer groups split
+    ring_buffers: tuple = ()  # the ring's shared buffers (ping-pong: all they may share)
 
     @property
     def block_threads(self) -> int:
@@ -452,10 +454,14 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
         MBarrierWait(empty.name, ring.slot(k), ring.parity(k) ^ 1)]
         + tma_issue(ctx, producers, full.name, ring.slot(k), k, k.name, plan.cluster))
     where = f"{op.loc.filename}:{op.loc.lineno}" if op.loc is not None else "tg.pipeline"
+    pingpong = getattr(plan, "pingpong", False)
+    tile_loop = op.choices["ring"].enclosing[0] if pingpong else None
+    producer_thread = consumers * getattr(plan, "consumer_groups", 1)
     ctx.warp_roles = WarpRoles(plan, [
         Comment(f"producer: TMA boxes into {full.name}[{stages}], stages released on "
                 f"{empty.name}[{stages}]"),
-        If(TID.eq(consumers), [_in_enclosing_loops(op, producer_loop)])], where, multicast)
+        If(TID.eq(producer_thread), [_in_enclosing_loops(op, producer_loop)])], where,
+        multicast, tile_loop, tuple(ctx.buffer_of(p.dst.alloc).name for p in producers))
     wait = MBarrierWait(full.name, ring.slot(k), ring.parity(k))
     head = Comment(f"consumer: waits on {full.name}[{stages}], releases stages on "
                    f"{empty.name}[{stages}] ({releasers} arrivals"
@@ -473,6 +479,8 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
             # next run's boxes) while this role runs the code after the loop (epilogue).
             last = ring.stop - 1
             after += release(ring.slot(last), all_of([ring.start.lt(ring.stop), lane0]))
+        if pingpong:
+            return [head] + take_turn(tile_loop, loop) + after + [Barrier()]
         return [head, loop] + after + [Barrier()]
     _top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
@@ -489,6 +497,29 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
         body += inner.barrier()
     body += release(ring.slot(k))
     return [head, For(k, ring.start, ring.stop, 1, body)]
+
+
+#: Ping-pong named barriers: consumer warpgroup g's own barrier (its `__syncthreads`) is
+#: OWN_BARRIER + g, its turn TURN_BARRIER + g (ids 1..15; 0 is `__syncthreads`).
+OWN_BARRIER = 1
+TURN_BARRIER = 8
+
+
+def take_turn(tile_loop: ForLoop, k_loop: For) -> list[Stmt]:
+    """A ping-pong consumer's K loop between its turn barriers, as consumer warpgroup 0
+    runs it (`consumer_group` renumbers them for the others): wait for its turn (bar.sync
+    on its own turn barrier, with the warpgroup before it, which arrived there when its
+    main loop ended), run the main loop, then hand the turn to the next warpgroup
+    (bar.arrive on its barrier) where the block has a next tile for it. The last
+    iteration's wgmmas may still run: the next warpgroup's queue behind them while this
+    one waits for them and runs its epilogue."""
+    turn_threads = 2 * WARPGROUP
+    next_tile = (Var(tile_loop.var.name) + tile_loop.step).lt(scalar_expr(tile_loop.stop))
+    return [Comment("ping-pong: wait for this warpgroup's turn at the tensor cores"),
+            NamedBarrier(TURN_BARRIER, turn_threads), k_loop,
+            Comment("ping-pong: the next warpgroup's turn (its main loop starts while this "
+                    "one finishes its wgmmas and runs the epilogue)"),
+            If(next_tile, [NamedBarrier(TURN_BARRIER + 1, turn_threads, arrive=True)])]
 
 
 def stage_release(empty: str, index: Expr, pred: Expr | None, ctas: int) -> list[Stmt]:
@@ -516,14 +547,81 @@ def _in_enclosing_loops(op: ForLoop, producer_loop: For) -> For:
 
 def split_roles(roles: WarpRoles, body: list) -> list:
     """The kernel body as `Roles`: the consumer runs `body` (its block barriers become
-    named barriers over the consumer's threads), the producer its TMA loop."""
+    named barriers over the consumer's threads), the producer its TMA loop. Ping-pong:
+    each consumer warpgroup runs its own copy of `body` (`consumer_group`)."""
     plan = roles.plan
-    consumer = map_barriers(body, lambda: [NamedBarrier(1, plan.consumer_threads)])
-    return [Roles([
-        Role("consumer", TID.lt(plan.consumer_threads), consumer, plan.consumer_registers,
-             loc=f"{roles.loc}: consumer of the tg.pipeline (wgmma)"),
-        Role("producer", TID.ge(plan.consumer_threads), roles.producer, plan.producer_registers,
+    if getattr(plan, "pingpong", False):
+        consumers = [Role(f"consumer{g}", TID.lt((g + 1) * plan.consumer_threads),
+                          consumer_group(roles, body, g), plan.consumer_registers,
+                          loc=f"{roles.loc}: consumer warpgroup {g} of the tg.pipeline "
+                              f"(wgmma, ping-pong)")
+                     for g in range(plan.consumer_groups)]
+    else:
+        consumers = [Role("consumer", TID.lt(plan.consumer_threads),
+                          map_barriers(body, lambda: [NamedBarrier(1, plan.consumer_threads)]),
+                          plan.consumer_registers,
+                          loc=f"{roles.loc}: consumer of the tg.pipeline (wgmma)")]
+    first_producer = plan.block_threads - plan.producer_threads
+    return [Roles(consumers + [
+        Role("producer", TID.ge(first_producer), roles.producer, plan.producer_registers,
              loc=f"{roles.loc}: producer of the tg.pipeline (TMA)")])]
+
+
+def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
+    """Ping-pong consumer warpgroup g's copy of the consumer `body`, lowered for one
+    warpgroup of threads 0..127 and warpgroup 0's turns (`take_turn`): its threads are
+    `tid - 128·g` there, its block barriers its own named barrier, it runs the tile
+    loop's iterations g, g + G, … (G warpgroups; the ring's use count comes from the
+    iteration index, so its stages and phases follow), and it syncs on turn barrier g and
+    hands the turn to g + 1 (mod G). The last warpgroup opens warpgroup 0's first turn."""
+    plan, loop = roles.plan, roles.tile_loop
+    groups, threads = plan.consumer_groups, plan.consumer_threads
+    _check_private_shared(body, roles)
+
+    def renumber(s):
+        if isinstance(s, Barrier):
+            return [NamedBarrier(OWN_BARRIER + g, threads)]
+        if isinstance(s, NamedBarrier) and TURN_BARRIER <= s.id < TURN_BARRIER + groups:
+            return [replace(s, id=TURN_BARRIER + (s.id - TURN_BARRIER + g) % groups)]
+        if isinstance(s, For) and s.var.name == loop.var.name:
+            found.append(s)
+            return [For(s.var, s.start + g * s.step, s.stop, s.step * groups, s.body, s.unroll)]
+        return None
+
+    found: list = []
+    mine = map_stmts(body, renumber)
+    if len(found) != 1:
+        raise SynthesisError(f"ping-pong consumers: the tile loop {loop.var.name} appears "
+                             f"{len(found)} times in the consumer's code (expected once)",
+                             loc=loop.loc)
+    if g:
+        from tegula.lower.lower import substitute
+        mine = substitute(mine, {TID.name: TID - g * threads})
+    if g == groups - 1:
+        first = scalar_expr(loop.start).lt(scalar_expr(loop.stop))
+        mine = [Comment("ping-pong: open consumer warpgroup 0's first turn"),
+                If(first, [NamedBarrier(TURN_BARRIER, 2 * WARPGROUP, arrive=True)])] + mine
+    return mine
+
+
+def _check_private_shared(body: list, roles: WarpRoles) -> None:
+    """Ping-pong consumers share the block's shared memory: only the ring (read by their
+    wgmmas, written by the producer) may be in it (synthesis refuses other shared tiles,
+    `roles.why_not_pingpong`; this catches what lowering itself adds)."""
+    for s in walk(body):
+        for buffer in _buffers_of(s):
+            if buffer not in roles.ring_buffers:
+                raise SynthesisError(f"ping-pong consumers: the consumer's code uses shared "
+                                     f"buffer {buffer}, which both consumer warpgroups "
+                                     f"would use at once", loc=roles.tile_loop.loc)
+
+
+def _buffers_of(s) -> list[str]:
+    found = [s.buffer] if isinstance(getattr(s, "buffer", None), str) else []
+    for operand in (getattr(s, "a", None), getattr(s, "b", None)):
+        if isinstance(operand, SmemDesc):
+            found.append(operand.buffer)
+    return found
 
 
 def _one_gemm_in_flight(rest: list) -> bool:
@@ -621,17 +719,20 @@ def fence_generic_writes(stmts: list) -> list:
 def map_barriers(stmts: list, replacement) -> list:
     """`stmts` with every block `Barrier` (in loop and branch bodies too) replaced by the
     statements `replacement()` returns."""
+    return map_stmts(stmts, lambda s: replacement() if isinstance(s, Barrier) else None)
+
+
+def map_stmts(stmts: list, rewrite) -> list:
+    """`stmts` with each statement (in loop and branch bodies too, inner ones first)
+    replaced by the list `rewrite(statement)` returns, or kept where it returns None."""
     out: list = []
     for s in stmts:
-        if isinstance(s, Barrier):
-            out += replacement()
-            continue
         if isinstance(s, For):
-            s = For(s.var, s.start, s.stop, s.step, map_barriers(s.body, replacement), s.unroll)
+            s = For(s.var, s.start, s.stop, s.step, map_stmts(s.body, rewrite), s.unroll)
         elif isinstance(s, If):
-            s = If(s.cond, map_barriers(s.then, replacement),
-                   map_barriers(s.otherwise, replacement))
-        out.append(s)
+            s = If(s.cond, map_stmts(s.then, rewrite), map_stmts(s.otherwise, rewrite))
+        new = rewrite(s)
+        out += [s] if new is None else new
     return out
 
 
@@ -649,6 +750,10 @@ def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tupl
     if has_tma_stores(kernel):  # the block may not exit with a TMA store in flight
         body = body + [If(TID.eq(0), [BulkWait(0)])]
     if ctx.warp_roles is not None:
+        if getattr(ctx.warp_roles.plan, "pingpong", False):
+            # The per-thread coordinate bases are Lets of `tid`: each consumer warpgroup
+            # computes its own, as thread tid - 128·g (`consumer_group`).
+            body, ctx.coords.prologue = ctx.coords.prologue + body, []
         # With multicast, no block may exit while a peer can still write to its shared
         # memory (a multicast box, a remote arrive): the cluster meets once more.
         exit_sync = [ClusterBarrier()] if ctx.warp_roles.multicast else []

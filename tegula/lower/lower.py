@@ -33,6 +33,7 @@ from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
 from tegula.lower.scalar_loads import bind_scalar_loads
 from tegula.lower.scan import lower_scan
+from tegula.lower.async_ir import SmemDesc
 from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
 from tegula.lower.thread_ir import (Barrier, BinOp, Comment, Const, CpAsyncCommit, CpAsyncWait,
                                     Expr, For, If, Reg, ScalarParam, Stmt, TensorParam,
@@ -181,7 +182,7 @@ def substitute(node, mapping: dict):
         return mapping.get(node.name, node)
     if isinstance(node, BinOp):
         return _bin(node.op, substitute(node.lhs, mapping), substitute(node.rhs, mapping))
-    if isinstance(node, (Stmt, Expr, Value, Reg)):
+    if isinstance(node, (Stmt, Expr, Value, Reg, SmemDesc)):  # SmemDesc: a wgmma operand
         return dataclasses.replace(node, **{f.name: substitute(getattr(node, f.name), mapping)
                                             for f in dataclasses.fields(node) if f.init})
     return node

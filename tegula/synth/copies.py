@@ -469,10 +469,19 @@ def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
     ops = list(walk_ops(kernel.body))
     if not any(isinstance(op, ForLoop) and op.choices.get("ring") is not None for op in ops):
         return shared_end
+    # Ping-pong consumer warpgroups (synth/roles.py) store their own tiles at the same time:
+    # one staging buffer cannot serve both.
+    pingpong = any(isinstance(op, ForLoop) and getattr(op.choices.get("roles"), "pingpong",
+                                                       False) for op in ops)
     for op in ops:
         if isinstance(op, Copy) and isinstance(op.src, RegisterTile) \
                 and isinstance(op.dst, GlobalTile):
             name = op.dst.arg.name
+            if pingpong:
+                op.choices["tma_store_skipped"] = (
+                    "the ping-pong consumer warpgroups store from registers (one staging "
+                    "buffer cannot serve both; each stores while the other's wgmmas run)")
+                continue
             # A TMA store lands asynchronously: a later read or write of the tensor by the
             # block's threads would not be ordered after it.
             others = [o for o in ops if o is not op and any(

@@ -54,6 +54,11 @@ PRODUCER_REGISTERS = 40
 MAX_CONSUMER_REGISTERS = 240
 #: The block-size limit the producer warpgroup must fit under.
 MAX_BLOCK_THREADS = 1024
+#: The consumer schedules of a warp-specialized pipeline (the `consumers=` build option;
+#: None lets synthesis choose, `choose_consumers`).
+CONSUMER_SCHEDULES = (None, "cooperative", "pingpong")
+#: Consumer warpgroups taking turns in the ping-pong schedule.
+PINGPONG_GROUPS = 2
 
 
 @dataclass(frozen=True)
@@ -69,23 +74,51 @@ class RolesPlan:
     ring: object = None  # synth.copies.RingPlan when the pipeline sits in other loops
     cluster: tuple = (1, 1, 1)  # the kernel's cluster (blocks along x, y, z)
     cluster_note: str = ""      # which boxes are multicast, or why none is
+    #: Consumer copies of the user's threads: 1 ("cooperative": they compute every tile
+    #: together), or PINGPONG_GROUPS ("pingpong": each copy, one warpgroup, computes whole
+    #: tiles of the enclosing tile loop in turn, module docstring).
+    consumer_groups: int = 1
+    consumers_note: str = ""  # why this consumer schedule (explain)
     kind = "warp_roles"  # what lowering dispatches on (lowering does not import synthesis)
 
     @property
     def block_threads(self) -> int:
-        return self.consumer_threads + self.producer_threads
+        return self.consumer_threads * self.consumer_groups + self.producer_threads
+
+    @property
+    def pingpong(self) -> bool:
+        return self.consumer_groups > 1
 
     def describe(self) -> str:
-        c, total = self.consumer_threads, self.block_threads
+        c, total = self.consumer_threads * self.consumer_groups, self.block_threads
         consumer_budget = (f"setmaxnreg.inc {self.consumer_registers} registers"
                            if self.consumer_registers is not None
                            else f"keeps {register_share(total)} registers")
         return (f"warp-specialized, {total} threads per block: producer warpgroup (threads "
                 f"{c}..{total - 1}, setmaxnreg.dec {self.producer_registers} registers; thread "
                 f"{c} waits on the stage's empty mbarrier, expects its bytes on the full one and "
-                f"issues the TMA boxes), consumer (threads 0..{c - 1}, {consumer_budget}; waits "
-                f"on the full mbarrier, wgmma, releases the stage on the empty one, and runs the "
-                f"rest of the kernel){self._walk()}{self._cluster()}")
+                f"issues the TMA boxes), {self._consumers(consumer_budget)}"
+                f"{self._walk()}{self._cluster()}")
+
+    def _consumers(self, budget: str) -> str:
+        c = self.consumer_threads
+        if not self.pingpong:
+            return (f"consumer (threads 0..{c - 1}, {budget}; waits on the full mbarrier, "
+                    f"wgmma, releases the stage on the empty one, and runs the rest of the "
+                    f"kernel); consumers: cooperative{self._why()}")
+        groups = ", ".join(f"{g * c}..{(g + 1) * c - 1}" for g in range(self.consumer_groups))
+        return (f"consumers: pingpong{self._why()} — {self.consumer_groups} consumer "
+                f"warpgroups (threads {groups}, {budget} each), each computing whole tiles of "
+                f"the tile loop in turn (warpgroup g takes its iterations g, g + "
+                f"{self.consumer_groups}, …, with its own accumulator), their main loops "
+                f"taking turns through a named barrier each (bar.sync on its own before the "
+                f"K loop, bar.arrive on the next one's after it), so one warpgroup's epilogue "
+                f"runs "
+                f"while the other's wgmmas do; the producer fills the ring in the order they "
+                f"take turns")
+
+    def _why(self) -> str:
+        return f" ({self.consumers_note})" if self.consumers_note else ""
 
     def _cluster(self) -> str:
         if self.cluster == (1, 1, 1):
@@ -102,8 +135,9 @@ class RolesPlan:
 
 
 def register_budgets(consumer_threads: int) -> tuple[int, int | None]:
-    """(producer, consumer) registers per thread for a block of `consumer_threads` plus the
-    producer warpgroup (module docstring); the consumer's is None where it cannot grow."""
+    """(producer, consumer) registers per thread for a block of `consumer_threads` (every
+    consumer warpgroup) plus the producer warpgroup (module docstring); the consumer's is
+    None where it cannot grow."""
     total = consumer_threads + WARPGROUP
     share = register_share(total)
     freed = total * share - WARPGROUP * PRODUCER_REGISTERS
@@ -121,24 +155,89 @@ def check_cluster(kernel: TracedKernel, target) -> None:
                              loc=getattr(kernel.cluster, "loc", None) or kernel.loc)
 
 
-def decide_warp_roles(kernel: TracedKernel, option: bool | None) -> None:
-    """Record on each TMA pipeline loop whether it is warp-specialized (module docstring)."""
+def decide_warp_roles(kernel: TracedKernel, option: bool | None,
+                      consumers: str | None = None) -> None:
+    """Record on each TMA pipeline loop whether it is warp-specialized, and with which
+    consumer schedule (`consumers`, the build option: module docstring)."""
     loops = [op for op in walk_ops(kernel.body) if isinstance(op, ForLoop) and _is_tma(op)]
     if option and not loops:
         _refuse_without_tma(kernel)
+    if consumers == "pingpong" and not loops:
+        raise SynthesisError("consumers='pingpong': the kernel has no tg.pipeline whose "
+                             "copies run on TMA into wgmma operands (sm_90a only)",
+                             loc=kernel.loc)
     for loop in loops:
         problem = _why_not(kernel, loop, loops, option)
-        if problem and option:
-            raise SynthesisError(f"warp_specialize=True: the pipeline cannot be "
-                                 f"warp-specialized: {problem}", loc=loop.loc)
+        if problem and (option or consumers == "pingpong"):
+            what = "warp_specialize=True" if option else "consumers='pingpong'"
+            raise SynthesisError(f"{what}: the pipeline cannot be warp-specialized: "
+                                 f"{problem}", loc=loop.loc)
         if problem:
             loop.choices["roles_skipped"] = problem
-        else:
-            producer, consumer = register_budgets(kernel.threads)
-            loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
-                                              ring=loop.choices.get("ring"),
-                                              cluster=tuple(kernel.cluster),
-                                              cluster_note=decide_multicast(kernel, loop))
+            continue
+        groups, note = choose_consumers(kernel, loop, consumers)
+        producer, consumer = register_budgets(kernel.threads * groups)
+        loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
+                                          ring=loop.choices.get("ring"),
+                                          cluster=tuple(kernel.cluster),
+                                          cluster_note=decide_multicast(kernel, loop),
+                                          consumer_groups=groups, consumers_note=note)
+
+
+def choose_consumers(kernel: TracedKernel, loop: ForLoop,
+                     consumers: str | None) -> tuple[int, str]:
+    """(consumer groups, why) for the specialized pipeline `loop` under the build option
+    `consumers`: "pingpong" requires the ping-pong schedule (a `SynthesisError` saying why
+    it cannot run), "cooperative" keeps one consumer role; None takes ping-pong where it
+    applies and is measured faster (`_pingpong_pays`)."""
+    problem = why_not_pingpong(kernel, loop)
+    if consumers == "pingpong":
+        if problem:
+            raise SynthesisError(f"consumers='pingpong': {problem}", loc=loop.loc)
+        return PINGPONG_GROUPS, "consumers='pingpong'"
+    if consumers == "cooperative":
+        return 1, "consumers='cooperative'"
+    if problem:
+        return 1, f"not pingpong: {problem}"
+    pays = _pingpong_pays(kernel, loop)
+    if not pays:
+        return 1, "pingpong applies but is not chosen by default (consumers='pingpong' forces it)"
+    return PINGPONG_GROUPS, pays
+
+
+def _pingpong_pays(kernel: TracedKernel, loop: ForLoop) -> str:
+    """Why the default takes ping-pong for this pipeline ("" where it does not)."""
+    return ""
+
+
+def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:
+    """Why the specialized pipeline `loop` cannot run the ping-pong schedule ("" if it
+    can). Each consumer warpgroup runs the kernel's consumer code for its own tiles, so
+    the user's threads must be one warpgroup, the tiles an enclosing loop the
+    warpgroups can split (one run-time loop around the pipeline, stepping forward, its
+    iterations independent but for the ring), and nothing but the ring in shared memory
+    (the warpgroups would share it)."""
+    if kernel.threads != WARPGROUP:
+        return (f"the kernel's tiles span {kernel.threads} threads; each ping-pong consumer "
+                f"is one warpgroup (launch with threads={WARPGROUP})")
+    ring = loop.choices.get("ring")
+    if ring is None:
+        return ("the pipeline is not inside a tile loop (the consumer warpgroups take turns "
+                "over the enclosing loop's iterations)")
+    around = enclosing_ops(kernel.body, loop) or []
+    if len(around) != 1 or not isinstance(around[0], ForLoop) or around[0].step <= 0:
+        return ("the pipeline must sit directly in one run-time tile loop with a positive "
+                "step (its iterations are what the consumer warpgroups split)")
+    if tuple(kernel.cluster) != (1, 1, 1):
+        return "the kernel runs in clusters (ping-pong with multicast is not built)"
+    stages = {o.dst.alloc.id for o in loop.body
+              if isinstance(o, Copy) and o.choices.get("instr") == "tma"}
+    for op in walk_ops(kernel.body):
+        for tile in tiles_read(op) + tiles_written(op):
+            if isinstance(tile, SharedTile) and tile.alloc.id not in stages:
+                return (f"{describe(tile)} (line {op.loc.lineno if op.loc else '?'}) is in "
+                        f"shared memory, which both consumer warpgroups would use at once")
+    return ""
 
 
 @dataclass(frozen=True)

@@ -76,13 +76,15 @@ def alloc_bytes(alloc) -> int:
 
 def synthesize(kernel: TracedKernel, target: Target, facts: dict,
                warp_specialize: bool | None = None,
-               load_path: str | None = None) -> SynthesisResult:
+               load_path: str | None = None,
+               consumers: str | None = None) -> SynthesisResult:
     """Decide every layout and instruction of `kernel` for `target` under `facts`
     (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input.
     `warp_specialize` is the kernel option (`synth/roles.py`): None splits a TMA + wgmma
     pipeline into producer/consumer roles where the rule applies, True requires it, False
     keeps one role. `load_path` is the build option: "cp.async" keeps pipelined copies off
-    TMA, None or "tma" takes TMA where it qualifies."""
+    TMA, None or "tma" takes TMA where it qualifies. `consumers` is the build option of a
+    warp-specialized pipeline's consumer schedule (`synth/roles.py` `CONSUMER_SCHEDULES`)."""
     _check_static_shapes(kernel)
     state = LayoutState()
     for tile in _register_tiles(kernel):
@@ -106,7 +108,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_global_copies(kernel, facts, target)
     _plan_tma_copies(kernel, facts, load_path)
     check_cluster(kernel, target)
-    decide_warp_roles(kernel, warp_specialize)
+    decide_warp_roles(kernel, warp_specialize, consumers)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)
