@@ -95,14 +95,14 @@ def gemm_family(target: str, load_paths: bool = False) -> dict:
 def orientation_family() -> dict:
     """The README GEMM on sm_90a at skinny shapes, each with its transpose: computing
     C = a @ b.T at (M, N, K) or Cᵀ = b @ a.T at (N, M, K) is the orientation decision
-    (`tegula.recommend.gemm_orientation`); both are measured, so the table shows whether
-    the model's faster orientation is the GPU's."""
+    (`tg.recommend(..., orientation=("a", "b", "c"))`); both are measured, so the table
+    shows whether the model's faster orientation is the GPU's."""
     family = gemm_family("sm_90a")
     family.update(name="gemm sm_90a orientation",
-                  space=_space(BM=[64, 128], BN=[128, 256], BK=[64], STAGES=[4],
-                               threads=[128, 256]),
-                  shapes=[(256, 8192, 4096), (8192, 256, 4096), (512, 4096, 2048),
-                          (4096, 512, 2048)])
+                  space=_space(BM=[64, 128], BN=[16, 32, 64, 128], BK=[64], STAGES=[4],
+                               threads=[128]),
+                  shapes=[(16, 4096, 4096), (4096, 16, 4096), (64, 8192, 4096),
+                          (8192, 64, 4096)])
     return family
 
 
