@@ -234,6 +234,10 @@ def run_family(family: dict, log, shape_indices, deadline: float,
         for cfg in space:
             point = dict(family=family["name"], shape=list(shape), config=cfg)
             launch_cfg = {**fixed, **cfg}
+            if time.time() > deadline:  # not even predicted: building it takes time too
+                point["not_measured"] = "the run's time budget (--budget-s) was spent"
+                record(point)
+                continue
             try:
                 candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
                                   lambda c, g=grid: g(c), family["target"])
