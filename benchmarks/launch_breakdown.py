@@ -1,0 +1,174 @@
+"""Where the host microseconds of a replayed entry point go, on a GPU (issue 14: profile
+before optimizing). Prints µs per call of each piece a replay of `tegula.kernels.softmax(x)`
+runs, beside torch's own calls of the same kind, in one process:
+
+    PYTHONPATH=. TEGULA_AUTOTUNE=0 python3 benchmarks/launch_breakdown.py
+
+- allocation: `torch.empty_like`, `new_empty`, `torch.empty(..., device=)`, `empty_strided`;
+- the replay key and lookup alone (`fastcall.replay_lookup`), torch's current-stream lookup;
+- the driver alone: `cuLaunchKernel` in a C loop (no Python), with the parameters as a
+  `void*[]` (what tegula passes) and as one packed buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`),
+  for the copy and softmax kernels; the packed buffer's launch is checked against torch;
+- the whole replay (`tk.softmax(x)`, with and without `out=`) and torch's softmax, clone
+  and copy_.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+_LOOP_SOURCE = r"""
+#include <time.h>
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void *, void **, void **);
+/* n back-to-back launches; returns nanoseconds, or -code on the first failure */
+long long launch_loop(void *launch, void *f, unsigned gx, unsigned gy, unsigned gz,
+                      unsigned threads, unsigned shared, void *stream, void **params,
+                      void **extra, int n)
+{
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < n; i++) {
+        int code = ((launch_t)launch)(f, gx, gy, gz, threads, 1, 1, shared, stream, params, extra);
+        if (code)
+            return -code;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+}
+"""
+
+
+def _loop_function():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    folder = tempfile.mkdtemp(prefix="tegula-breakdown-")
+    source, library = os.path.join(folder, "loop.c"), os.path.join(folder, "libloop.so")
+    with open(source, "w") as f:
+        f.write(_LOOP_SOURCE)
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", source, "-o", library], check=True)
+    fn = ctypes.CDLL(library).launch_loop
+    fn.restype = ctypes.c_longlong
+    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_uint] * 5 + [ctypes.c_void_p] * 3 + \
+        [ctypes.c_int]
+    return fn
+
+
+def per_call_us(fn, calls: int = 2000, repeats: int = 5) -> float:
+    import torch
+
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def packed_extra(prepared):
+    """`extra` for cuLaunchKernel: the prepared launch's values in the kernel's own layout
+    (kept alive by the returned tuple)."""
+    from tegula.runtime.packing import param_layout
+
+    specs = prepared.kernel.params
+    layout, offsets = param_layout(specs)
+    blob = ctypes.create_string_buffer(max(1, layout.size))
+    for slot, (spec, offset) in enumerate(zip(specs, offsets)):
+        ctypes.memmove(ctypes.addressof(blob) + offset,
+                       prepared.buffer.value_bytes(slot, spec.size), spec.size)
+    size = ctypes.c_size_t(layout.size)
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(blob), 2, ctypes.addressof(size), 0)
+    return extra, (blob, size)
+
+
+def driver_rows(loop, entry, name, x, reference):
+    """µs per cuLaunchKernel of an entry point's prepared launch in a C loop, parameter
+    array vs packed buffer, each checked first: one launch into a NaN-filled y against
+    `reference`."""
+    import torch
+
+    y = torch.empty_like(x)
+    prepared, grid = entry.prepared, entry.grid
+    prepared(entry.grid, (), [x.data_ptr(), y.data_ptr()])  # the buffer now holds x, y
+    spec = prepared.direct
+    if not isinstance(spec, tuple):
+        return [(f"{name}: no direct spec ({spec!r})", float("nan"))]
+    address, function, threads, shared, params = spec[:5]
+    stream = torch.cuda.current_stream().cuda_stream
+    extra, keep = packed_extra(prepared)
+    rows = []
+    for how, p, e in (("void*[] params", params, None), ("packed buffer", None, extra)):
+        y.fill_(float("nan"))
+        ns = loop(address, function, *grid, threads, shared, stream, p, e, 1)
+        torch.cuda.synchronize()
+        check = " ok" if torch.allclose(y.float(), reference, atol=2e-3) else " WRONG"
+        best = float("inf")
+        for _ in range(10):  # 500 at a time: fewer than the launch queue holds, so the
+            # loop measures the host's cost, not the GPU's rate of tiny kernels
+            ns = loop(address, function, *grid, threads, shared, stream, p, e, 500)
+            torch.cuda.synchronize()
+            best = min(best, ns / 500 / 1e3 if ns > 0 else float("nan"))
+        rows.append((f"cuLaunchKernel {name}, {how}{check} ({len(prepared.kernel.params)} "
+                     f"params)", best))
+    del keep
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    import tegula.kernels as tk
+    from tegula.kernels import api
+    from tegula.runtime import fastcall, replay
+
+    x = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    y = torch.empty_like(x)
+    for _ in range(3):  # full path, Python replay, C replay: prepared and decided
+        tk.softmax(x), tk.copy(x), tk.softmax(x, out=y)
+    torch.cuda.synchronize()
+    entry = api._REPLAYS[api._signature("softmax", (x,), int, -1, True)]
+    lookup = replay.C_LOOKUP[0]
+    head = ("softmax", int, -1, True)
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    loop = _loop_function()
+    rows = [
+        ("torch.softmax(x, -1)", per_call_us(lambda: torch.softmax(x, -1))),
+        ("tk.softmax(x)", per_call_us(lambda: tk.softmax(x))),
+        ("tk.softmax(x, out=y)", per_call_us(lambda: tk.softmax(x, out=y))),
+        ("x.clone()", per_call_us(lambda: x.clone())),
+        ("tk.copy(x)", per_call_us(lambda: tk.copy(x))),
+        ("y.copy_(x)", per_call_us(lambda: y.copy_(x))),
+        ("torch.empty_like(x)", per_call_us(lambda: torch.empty_like(x))),
+        ("x.new_empty((64, 64))", per_call_us(lambda: x.new_empty((64, 64)))),
+        ("torch.empty((64,64), dtype=, device=)", per_call_us(
+            lambda: torch.empty((64, 64), dtype=x.dtype, device=x.device))),
+        ("torch.empty_strided(.., dtype=, device=)", per_call_us(
+            lambda: torch.empty_strided((64, 64), (64, 1), dtype=x.dtype, device=x.device))),
+        ("x.new_empty_strided((64,64), (64,1))", per_call_us(
+            lambda: x.new_empty_strided((64, 64), (64, 1)))),
+        ("x.data_ptr()", per_call_us(lambda: x.data_ptr())),
+        ("replay key + lookup (C), 1 tensor", per_call_us(lambda: lookup(api._REPLAYS, head,
+                                                                           (x,)))),
+        ("_cuda_getCurrentRawStream(0)", per_call_us(lambda: raw_stream(0))),
+        ("python call of a no-op", per_call_us(lambda: None)),
+    ]
+    rows += driver_rows(loop, entry, "softmax", x, torch.softmax(x.float(), -1))
+    rows += driver_rows(loop, api._REPLAYS[api._signature("copy", (x,), True)], "copy", x,
+                        x.float())
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, C launcher "
+          f"{'in use' if replay.C_ENTRY[0] else fastcall.unavailable}: host us per call")
+    for name, us in rows:
+        print(f"{name:58s} {us:6.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
