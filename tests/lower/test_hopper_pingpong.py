@@ -1,0 +1,260 @@
+"""Ping-pong consumers for the persistent sm_90a GEMM (`consumers="pingpong"`,
+`synth/roles.py` `choose_consumers`, `lower/hopper.py` `take_turn` / `consumer_group`):
+two consumer warpgroups each run whole tiles of the block's tile loop (iterations g, g+2,
+…) with their own accumulator, their K loops taking turns through named barriers, the
+producer filling one ring in that order.
+
+Emulated against numpy and bit-identical to the cooperative schedule: ragged M/N/K, tile
+counts per block odd and even, a block with one tile (the second warpgroup idle), K of
+one tile and of none, stages 2-5, listed / reversed / random role orders. Injected bugs:
+no turn barriers, tiles split the wrong way round (the consumers' order no longer the
+ring's), a missing hand-off — each reported or wrong, never silently right by luck.
+The rules that refuse ping-pong say why; `tegula explain` shows the schedule."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.build import build
+from tegula.dtypes import f16
+from tegula.emulate import EmulationError, run_thread_kernel
+from tegula.errors import SynthesisError, TegulaError
+from tegula.kernels.common import poisoned, random_input
+from tegula.lower.async_ir import NamedBarrier, Roles
+from tegula.lower.hopper import TURN_BARRIER
+from tegula.lower.thread_ir import For, walk
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "emulate"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "kernels"))
+from async_kernels import remove, role_body, run_with_deadline  # noqa: E402
+from test_gemm import check_gemm  # noqa: E402
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_pingpong_example",
+                                                  ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PERSISTENT = _example("persistent_gemm")
+KERNEL = PERSISTENT.persistent_gemm
+SMALL = dict(BM=64, BN=64, BK=32, STAGES=3, threads=128)
+
+
+def emulate(m, n, k, blocks, seed=0, role_order="listed", consumers="pingpong", **config):
+    """(a, b, c, report) of the persistent kernel on `blocks` blocks (num_sms = blocks)."""
+    rng = np.random.default_rng(seed)
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    c = poisoned((m, n), f16)
+    config = {**SMALL, **config}
+    report = run_with_deadline(lambda: tg.emulate(
+        KERNEL, (blocks,), a, b, c, target="sm_90a", role_order=role_order, num_sms=blocks,
+        consumers=consumers, **config))
+    return a, b, c, report
+
+
+def bits(x):
+    return x.view(np.uint16)
+
+
+# ------------------------------------------------------------------ right in the emulator
+
+#: (M, N, K, blocks), tiles of 64x64: 2x3 tiles on 5 blocks (block 0 has 2, the others 1:
+#: warpgroup 1 idle); 3x2 on 2 blocks (3 tiles: warpgroup 0 does one more) with 11 K
+#: tiles; 1 tile on 1 block; 2x1 on 7 blocks (more blocks than tiles); 4x3 on 3 blocks (4
+#: tiles each) with one partial K tile.
+SHAPES = [(97, 130, 72, 5), (130, 72, 328, 2), (33, 65, 40, 1), (70, 40, 96, 7),
+          (200, 136, 8, 3)]
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed", "random:1", "random:7"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_pingpong_is_right_and_equals_the_cooperative_schedule(shape, role_order):
+    m, n, k, blocks = shape
+    a, b, c, report = emulate(m, n, k, blocks, seed=m + k, role_order=role_order)
+    assert report.threads == 3 * 128
+    check_gemm(c, a, b, f16)
+    _, _, cooperative, _ = emulate(m, n, k, blocks, seed=m + k, consumers="cooperative")
+    assert np.array_equal(bits(c), bits(cooperative))
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+@pytest.mark.parametrize("k", [32, 96, 160])
+def test_every_stage_count_with_k_loops_shorter_and_longer_than_the_ring(stages, k):
+    """K tiles 1, 3, 5 against S = 2 … 5, 9 tiles on one block (5 for warpgroup 0, 4 for
+    warpgroup 1): a run whose length is not a multiple of S moves the ring's start stage
+    from one warpgroup's tile to the other's."""
+    a, b, c, _ = emulate(150, 190, k, 1, seed=stages * k, STAGES=stages,
+                         role_order="reversed" if stages % 2 else "listed")
+    check_gemm(c, a, b, f16)
+
+
+def test_larger_tiles_two_m_repeats_per_warpgroup():
+    """128x64 tiles: each warpgroup's accumulator is two m64 wgmma rows (BM = 128 over one
+    warpgroup), 4 stages."""
+    a, b, c, _ = emulate(300, 150, 200, 2, seed=5, BM=128, BN=64, BK=64, STAGES=4)
+    check_gemm(c, a, b, f16)
+
+
+def test_empty_k_loop_does_not_deadlock_and_writes_zeros():
+    """K = 0: no box, no release; both warpgroups still take and hand over their turns."""
+    tk = build(KERNEL, dict(SMALL, consumers="pingpong"), None, "sm_90a").thread_kernel
+    a, b = np.zeros((130, 0), np.float16), np.zeros((130, 0), np.float16)
+    c = poisoned((130, 130), f16)
+    run_with_deadline(lambda: run_thread_kernel(tk, (2,), {"a": a, "b": b, "c": c},
+                                                num_sms=2))
+    assert np.array_equal(c, np.zeros((130, 130), np.float16))
+
+
+def test_a_fused_bias_and_gelu_epilogue_runs_in_each_warpgroup():
+    from tegula.kernels.gemm import gemm_emulated
+    rng = np.random.default_rng(4)
+    a, b = random_input(rng, (150, 96), f16), random_input(rng, (70, 96), f16)
+    bias = random_input(rng, (70,), f16)
+    ping = gemm_emulated(a, b, bias=bias, activation="gelu", persistent=2, consumers="pingpong",
+                         **SMALL)
+    coop = gemm_emulated(a, b, bias=bias, activation="gelu", persistent=2, **SMALL)
+    assert not np.isnan(ping).any() and np.array_equal(bits(ping), bits(coop))
+
+
+# ------------------------------------------------------------------ structure
+
+
+def thread_kernel(**config):
+    return build(KERNEL, {**SMALL, "consumers": "pingpong", **config}, None,
+                 "sm_90a").thread_kernel
+
+
+def _turns(stmts: list) -> list:
+    return [(s.id, s.threads, s.arrive) for s in walk(stmts)
+            if isinstance(s, NamedBarrier) and s.threads == 256]
+
+
+def test_two_consumer_warpgroups_split_the_tile_loop_and_take_turns():
+    tk = thread_kernel()
+    assert tk.threads == 384
+    roles = next(s for s in tk.body if isinstance(s, Roles))
+    assert [r.name for r in roles.roles] == ["consumer0", "consumer1", "producer"]
+    assert [r.max_registers for r in roles.roles] == [232, 232, 40]
+    for g, role in enumerate(roles.roles[:2]):
+        tile_loop = next(s for s in role.body if isinstance(s, For))
+        assert tile_loop.step == 2 and str(tile_loop.start) == str(g)
+        # sync on its own turn, hand the next warpgroup its turn; warpgroup 1 opens
+        # warpgroup 0's first turn
+        own, other = TURN_BARRIER + g, TURN_BARRIER + 1 - g
+        opening = [(TURN_BARRIER, 256, True)] if g == 1 else []
+        assert _turns(role.body) == opening + [(own, 256, False), (other, 256, True)]
+        own_barriers = {s.id for s in walk(role.body)
+                        if isinstance(s, NamedBarrier) and s.threads == 128}
+        assert own_barriers == {1 + g}
+    # the producer walks every tile, in order
+    producer_loop = next(s for s in walk(role_body(tk, "producer")) if isinstance(s, For))
+    assert producer_loop.step == 1
+
+
+def test_explain_shows_the_schedule_and_why():
+    text = tg.explain(KERNEL, target="sm_90a", BM=128, BN=128, BK=64, STAGES=4, threads=128,
+                      consumers="pingpong")
+    assert ("384 threads per block (12 warps): 2 consumer warpgroups of 128 threads, each "
+            "running whole tiles, + a 128-thread producer warpgroup") in text
+    assert ("consumers: pingpong (consumers='pingpong') — 2 consumer warpgroups (threads "
+            "0..127, 128..255, setmaxnreg.inc 232 registers each), each computing whole "
+            "tiles of the tile loop in turn") in text
+    assert ("TMA store not used: the ping-pong consumer warpgroups store from registers") in text
+    default = tg.explain(KERNEL, target="sm_90a", BM=128, BN=256, BK=64, STAGES=4,
+                         threads=256)
+    assert ("consumers: cooperative (not pingpong: the kernel's tiles span 256 threads; each "
+            "ping-pong consumer is one warpgroup (launch with threads=128))") in default
+
+
+# ------------------------------------------------------------------ rules
+
+
+def test_pingpong_needs_one_warpgroup_per_tile():
+    with pytest.raises(SynthesisError, match=r"consumers='pingpong': the kernel's tiles span "
+                                             r"256 threads.*threads=128"):
+        build(KERNEL, dict(SMALL, threads=256, consumers="pingpong"), None, "sm_90a")
+
+
+def test_pingpong_needs_a_tile_loop():
+    readme = _example("gemm").gemm
+    with pytest.raises(SynthesisError, match="not inside a tile loop"):
+        build(readme, dict(BM=64, BN=64, BK=32, STAGES=3, consumers="pingpong"), None,
+              "sm_90a")
+
+
+def test_pingpong_with_clusters_or_without_roles_is_refused():
+    with pytest.raises(SynthesisError, match="clusters"):
+        build(KERNEL, dict(SMALL, CLUSTER=2, consumers="pingpong"), None, "sm_90a")
+    with pytest.raises(SynthesisError, match="warp_specialize=False"):
+        build(KERNEL, dict(SMALL, warp_specialize=False, consumers="pingpong"), None,
+              "sm_90a")
+    with pytest.raises(SynthesisError, match="no tg.pipeline whose copies run on TMA"):
+        build(KERNEL, dict(SMALL, consumers="pingpong"), None, "sm_80")
+
+
+def test_an_unknown_schedule_is_a_clear_error():
+    with pytest.raises(TegulaError, match=r"consumers='pingpng' must be one of None, "
+                                          r"'cooperative', 'pingpong'"):
+        build(KERNEL, dict(SMALL, consumers="pingpng"), None, "sm_90a")
+
+
+# ------------------------------------------------------------------ injected bugs
+
+
+def _run(tk, role_order="listed", m=130, n=130, k=328, blocks=1, seed=2):
+    """Run thread kernel `tk`: its output, or the EmulationError it raised."""
+    rng = np.random.default_rng(seed)
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    c = poisoned((m, n), f16)
+    run_with_deadline(lambda: run_thread_kernel(tk, (blocks,), {"a": a, "b": b, "c": c},
+                                                role_order=role_order, num_sms=blocks))
+    return a, b, c
+
+
+def _is_turn(s) -> bool:
+    return isinstance(s, NamedBarrier) and s.threads == 256
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed", "random:3"])
+def test_without_turn_barriers_a_consumer_reads_a_stage_ahead_of_its_phase(role_order):
+    """Without turns, warpgroup 1 waits on tile 1's stages while the ring still holds tile
+    0's: its parity waits pass a whole round early (two phases apart look alike), so it
+    reads a stage not yet loaded, or releases stages out of order until the ring
+    deadlocks — whichever the interleaving meets first, never a silent result."""
+    tk = copy.deepcopy(thread_kernel())
+    assert sum(remove(role_body(tk, f"consumer{g}"), _is_turn) for g in range(2)) == 5
+    with pytest.raises(EmulationError, match="TMA copy may still be writing|a round behind|"
+                                             "nothing has written|deadlock"):
+        _run(tk, role_order)
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_tiles_split_the_wrong_way_round_are_reported(role_order):
+    """Warpgroup 0 takes the odd tiles and 1 the even ones while warpgroup 0 still goes
+    first: the consumers' order is no longer the ring's, and the ring deadlocks (as it
+    would hang on the GPU)."""
+    tk = copy.deepcopy(thread_kernel())
+    for g in range(2):
+        loop = next(s for s in role_body(tk, f"consumer{g}") if isinstance(s, For))
+        loop.start = loop.start + (1 - 2 * g)
+    with pytest.raises(EmulationError, match="deadlock: every role is blocked"):
+        _run(tk, role_order)
+
+
+def test_a_missing_hand_off_is_a_deadlock_report_naming_both_warpgroups():
+    tk = copy.deepcopy(thread_kernel())
+    assert remove(role_body(tk, "consumer0"), lambda s: _is_turn(s) and s.arrive) == 1
+    with pytest.raises(EmulationError, match="(?i)deadlock") as info:
+        _run(tk)
+    assert "consumer warpgroup 1" in str(info.value)
