@@ -31,6 +31,18 @@ The method, deterministic and independent of the order values are listed in:
    is exact whatever the visiting order. On a predicted tie the TMA build ranks first (the
    synthesis default; the model often ties the two where L2 bandwidth bounds both). Pass
    `load_path=` to fix it, or list it in `space=` to score every value.
+5. The orientation of a GEMM is a decision when asked for: `orientation=("a", "b", "c")`
+   names the tensors of a kernel computing c = a @ b.T, and every combination is scored
+   as written ("C") and transposed ("Cᵀ": the kernel computes cᵀ = b @ aᵀ, a and b
+   exchanged, c an (N, M) tensor the caller reads as its transpose). It matters where
+   the tiles are not symmetric in M and N, e.g. 16 tokens against a wgmma's 64-row M.
+   The grid is inferred, or a function of the config, which then sees
+   `config["orientation"]`. On a tie "C" ranks first (the smaller key).
+
+The cluster shape is a constexpr of the kernels that take one (the persistent GEMM's
+`CLUSTER`, `tg.cluster`): list it in `space=` (e.g. `{"CLUSTER": [1, 2]}`) and the cost
+model weighs what a cluster changes: a multicast box's L2 bytes served once for the
+cluster, each stage coupled to every block of it (`synth/cost.py`).
 """
 from __future__ import annotations
 
@@ -270,26 +282,34 @@ def shapes_of(kernel: Any, args: tuple, shapes: Mapping[str, Any] | None) -> tup
 def recommend(kernel: Any, *args: Any, shapes: Mapping[str, Any] | None = None,
               grid: Callable[[dict], Any] | tuple | None = None, top_k: int = 5,
               target: str | None = None, budget: int = DEFAULT_BUDGET,
-              space: Mapping[str, Any] | None = None, **fixed: Any) -> Recommendation:
+              space: Mapping[str, Any] | None = None,
+              orientation: tuple[str, str, str] | None = None, **fixed: Any) -> Recommendation:
     """Rank the combinations of `kernel`'s open constexprs by predicted time (module
     docstring). `args`: the launch's tensors (or their shapes) and scalars in order, or
     `shapes` by name; `grid`: a tuple, or a function of the config dict (as Triton's
-    `grid=lambda meta: ...`), else inferred; `fixed`: constexprs not to vary."""
+    `grid=lambda meta: ...`), else inferred; `orientation`: the names (a, b, c) of a
+    kernel computing c = a @ b.T, to score each combination in both orientations (module
+    docstring, step 5); `fixed`: constexprs not to vary."""
     from tegula.build import DEFAULT_TARGET
 
     target = target or DEFAULT_TARGET
     tensor_shapes, scalars = shapes_of(kernel, args, shapes)
     values, assumed = open_constexprs(kernel, fixed, space)
+    if orientation is not None:
+        _check_orientation(kernel, orientation, tensor_shapes, grid)
+        values = dict(sorted({**values, "orientation": ORIENTATIONS}.items()))
+        orientation = tuple(orientation)
     combos, total = combinations(values, budget)
     result = Recommendation(kernel.name, str(target), tuple(values), combinations=total,
                             not_tried=total - len(combos), top_k=top_k, assumed=assumed)
     branch_load_path = "load_path" not in fixed and "load_path" not in values
     for combo in combos:
-        candidate = score(kernel, combo, fixed, tensor_shapes, scalars, grid, target)
+        candidate = score(kernel, combo, fixed, tensor_shapes, scalars, grid, target,
+                          orientation)
         (result.ranked if candidate.dropped is None else result.dropped).append(candidate)
         if branch_load_path and candidate.uses_tma:
             _branch_load_path(result, candidate, kernel, fixed, tensor_shapes, scalars,
-                              grid, target)
+                              grid, target, orientation)
     # On a predicted tie the synthesis default (TMA) goes first, then the smaller key.
     result.ranked.sort(key=lambda c: (c.seconds, c.config.get("load_path") == "cp.async",
                                       c.key))
@@ -300,7 +320,7 @@ def recommend(kernel: Any, *args: Any, shapes: Mapping[str, Any] | None = None,
 
 def _branch_load_path(result: Recommendation, candidate: Candidate, kernel: Any,
                       fixed: Mapping[str, Any], shapes: dict, scalars: dict, grid: Any,
-                      target: Any) -> None:
+                      target: Any, gemm_names: tuple | None) -> None:
     """Score `candidate`'s combination on cp.async instead of TMA, unless its floor
     already exceeds the k-th best time (module docstring, step 4)."""
     tma_config = dict(candidate.config)
@@ -314,19 +334,23 @@ def _branch_load_path(result: Recommendation, candidate: Candidate, kernel: Any,
             f"its floor (tensor work, L2 and DRAM bytes) is {floor * 1e6:.2f} us, over the "
             f"#{result.top_k} time found before it, {kth * 1e6:.2f} us")))
         return
-    scored = score(kernel, variant, fixed, shapes, scalars, grid, target)
+    scored = score(kernel, variant, fixed, shapes, scalars, grid, target, gemm_names)
     (result.ranked if scored.dropped is None else result.dropped).append(scored)
 
 
 def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scalars: dict,
-          grid: Any, target: Any) -> Candidate:
-    """Build one combination and predict its time, or say why it does not fit."""
+          grid: Any, target: Any, gemm_names: tuple | None = None) -> Candidate:
+    """Build one combination and predict its time, or say why it does not fit; a combo
+    with `orientation` "Cᵀ" runs the GEMM c = a @ b.T named by `gemm_names` (a, b, c)
+    transposed."""
     from tegula.build import build
     from tegula.ir.ops import walk_ops
     from tegula.synth.cost import estimate
     from tegula.synth.registers import estimate_registers, over_limit
 
     candidate = Candidate(dict(combo))
+    combo = dict(combo)
+    shapes = _oriented(shapes, combo.pop("orientation", "C"), gemm_names)
     try:
         built = build(kernel, {**fixed, **combo}, _facts(kernel, shapes), target=target)
     except TegulaError as err:
@@ -341,8 +365,12 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     if over:
         candidate.dropped = over[0] + ": would spill"
         return candidate
-    # A callable grid sees every constexpr's value (defaults too), as a launch's does.
-    launch_grid = grid(dict(built.traced.constexprs)) if callable(grid) else grid
+    # A callable grid sees every constexpr's value (defaults too), as a launch's does, and
+    # the orientation where it is searched.
+    seen = dict(built.traced.constexprs)
+    if "orientation" in candidate.config:
+        seen["orientation"] = candidate.config["orientation"]
+    launch_grid = grid(seen) if callable(grid) else grid
     if launch_grid is None:
         launch_grid = infer_grid(built.traced, shapes)
         if launch_grid is None:
@@ -355,6 +383,42 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     candidate.uses_tma = any(getattr(op, "choices", {}).get("instr") == "tma"
                              for op in walk_ops(built.traced.body))
     return candidate
+
+
+#: The two orientations of a GEMM c = a @ b.T: as written, or transposed — the kernel
+#: computes cᵀ = b @ aᵀ, with a and b exchanged and c stored as its (N, M) transpose.
+ORIENTATIONS = ("C", "Cᵀ")
+
+
+def _oriented(shapes: dict, orientation: str, gemm_names: tuple | None) -> dict:
+    """The tensor shapes the kernel sees in `orientation`; `gemm_names`: the (a, b, c) of
+    its c = a @ b.T."""
+    if orientation == "C":
+        return shapes
+    a, b, c = gemm_names
+    return dict(shapes, **{a: shapes[b], b: shapes[a], c: tuple(reversed(shapes[c]))})
+
+
+def _check_orientation(kernel: Any, names: Any, shapes: dict, grid: Any) -> None:
+    """`orientation=(a, b, c)` names three rank-2 tensors of `kernel` with c = a @ b.T's
+    shapes, and the grid follows the orientation (inferred or a function of the config)."""
+    where = f"recommend {kernel.name}: orientation={tuple(names)!r}"
+    if not (isinstance(names, (tuple, list)) and len(names) == 3):
+        raise TegulaError(f"{where}: give the names (a, b, c) of the kernel's tensors for "
+                          f"c = a @ b.T, e.g. orientation=('a', 'b', 'c')")
+    missing = [n for n in names if n not in shapes]
+    if missing:
+        raise TegulaError(f"{where}: {', '.join(map(repr, missing))} is not a tensor parameter "
+                          f"with a shape (tensors: {', '.join(sorted(shapes))})")
+    a, b, c = (tuple(shapes[n]) for n in names)
+    if not (len(a) == len(b) == len(c) == 2 and a[1] == b[1] and c == (a[0], b[0])):
+        raise TegulaError(f"{where}: the shapes {names[0]}={a}, {names[1]}={b}, {names[2]}={c} "
+                          f"are not those of {names[2]} = {names[0]} @ {names[1]}.T (M x K, N x "
+                          f"K, M x N)")
+    if grid is not None and not callable(grid):
+        raise TegulaError(f"{where}: a fixed grid {tuple(grid)} cannot follow the "
+                          f"orientation; leave grid out (inferred from the output tiles) or "
+                          f"pass a function of the config, which sees config['orientation']")
 
 
 def _facts(kernel: Any, shapes: dict) -> dict:
