@@ -201,6 +201,7 @@ def estimate(build, grid=None, shapes: dict | None = None,
         notes.append(f"a block does not fit on an SM ({limit}); counted as 1 per SM")
         bps = 1
     totals["pipeline"] = pipeline_latency_cycles(uses, weights, target)
+    notes += _cluster_notes(uses, weights)
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
                     tuple(unresolved), tuple(notes), threads)
 
@@ -255,6 +256,20 @@ def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Targe
     return sum(weights[loops] * (latency + tma_bytes / TMA_BYTES_PER_CLK)
                / max(1, loops[-1].stages - 1)
                for loops, (latency, tma_bytes) in per_loop.items())
+
+
+def _cluster_notes(uses: list[CountedUse], weights: dict) -> list[str]:
+    """What launching in clusters changed in the estimate, where a TMA box is multicast."""
+    multicast = [c for c in uses if c.use.multicast > 1]
+    if not multicast:
+        return []
+    ctas = max(c.use.multicast for c in multicast)
+    saved = sum(c.use.global_bytes * (c.use.multicast - 1) * weights[c.loops]
+                for c in multicast)
+    return [f"clusters of {ctas}: multicast TMA boxes take {saved:,.0f} B per block off L2 "
+            f"(each box served once for the cluster); each stage of their ring waits "
+            f"{CLUSTER_COUPLING_CYCLES} cycles more (CLUSTER_COUPLING_CYCLES: it is free "
+            f"only once every block's consumers released it)"]
 
 
 def spill_notes(target: Target, threads: int, registers: int,

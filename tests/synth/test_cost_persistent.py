@@ -56,3 +56,13 @@ def test_cluster_coupling_is_paid_per_stage(monkeypatch):
     assert coupled > free
     # Without coupling, a multicast stage waits as long as a stage of its own box.
     assert free == pytest.approx(alone)
+
+
+def test_explain_says_what_the_cluster_changed():
+    pair_notes = " ".join(_estimate(2).notes)
+    k_steps = -(-K // 64)
+    saved = 256 * 64 * 2 * k_steps * 8 * 6 / 2 / _estimate(2).blocks
+    assert f"clusters of 2: multicast TMA boxes take {saved:,.0f} B per block off L2" \
+        in pair_notes
+    assert f"waits {cost.CLUSTER_COUPLING_CYCLES} cycles more" in pair_notes
+    assert not any("clusters of" in n for n in _estimate(1).notes)
