@@ -401,6 +401,12 @@ def _add_explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=None, metavar="N",
                    help="with --recommend: the most combinations to build and score "
                         "(default 256; the rest are reported as not tried)")
+    p.add_argument("--space", action="append", default=[], metavar="NAME=V1,V2",
+                   help="with --recommend: the values to try for a constexpr (or threads, "
+                        "load_path), e.g. --space CLUSTER=1,2 (repeatable)")
+    p.add_argument("--orientation", default=None, metavar="A,B,C",
+                   help="with --recommend: the kernel computes C = A @ B.T; score every "
+                        "configuration as written and transposed (C^T = B @ A^T), e.g. a,b,c")
 
 
 def parse_define(text: str) -> tuple[str, Any]:
@@ -510,9 +516,18 @@ def _run_recommend(args: argparse.Namespace, kernel: Any, fixed: dict, shapes: d
 
     if args.top <= 0:
         raise UsageError(f"--top {args.top}: expected a positive number")
+    space = {}
+    for item in args.space:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise UsageError(f"--space {item!r}: expected NAME=V1,V2, e.g. CLUSTER=1,2")
+        space[name.strip()] = [parse_define(f"v={v}")[1] for v in values.split(",")]
+    orientation = tuple(n.strip() for n in args.orientation.split(",")) \
+        if args.orientation else None
     try:
         result = recommend(kernel, shapes=shapes, grid=grid, top_k=args.top,
-                           target=args.target, budget=args.budget or DEFAULT_BUDGET, **fixed)
+                           target=args.target, budget=args.budget or DEFAULT_BUDGET,
+                           space=space or None, orientation=orientation, **fixed)
     except TegulaError as err:
         raise UsageError(str(err)) from None
     print(result)

@@ -124,3 +124,20 @@ def test_cluster_decision_is_order_independent():
     shuffled = {k: list(reversed(v)) for k, v in reversed(list(CLUSTER_SPACE.items()))}
     assert [(c.key, c.seconds) for c in _recommend_cluster().ranked] == \
         [(c.key, c.seconds) for c in _recommend_cluster(space=shuffled).ranked]
+
+
+def test_cli_recommend_searches_orientation_and_listed_values(capsys):
+    from tegula.cli import main
+
+    gemm_file = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gemm.py")
+    assert main(["explain", f"{gemm_file}:gemm", "--recommend", "--shape", "a=16x4096",
+                 "--shape", "b=4096x4096", "--shape", "c=16x4096", "--orientation", "a,b,c",
+                 "--space", "BM=64,128", "--space", "BN=16,32,64,128", "--space", "BK=64",
+                 "--space", "STAGES=4", "--space", "threads=128", "-D", "load_path=tma",
+                 "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "open BK, BM, BN, STAGES, orientation, threads; 16 combination(s)" in out
+    assert "  1. BK=64,BM=64,BN=16,STAGES=4,orientation='Cᵀ',threads=128:" in out
+    assert main(["explain", f"{gemm_file}:gemm", "--recommend", "--shape", "a=16x4096",
+                 "--space", "BM"]) == 2
+    assert "--space 'BM': expected NAME=V1,V2" in capsys.readouterr().err
