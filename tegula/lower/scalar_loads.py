@@ -36,6 +36,10 @@ class _LoadBinder:
     def __init__(self, read_only: set[str]) -> None:
         self.read_only = read_only
         self.names = count()
+        # Expressions known to read no load, by id (the node kept alive with it): lowered
+        # statements share subexpressions, and most kernels load no scalar at all, so
+        # each is walked once per pass instead of once per statement that holds it.
+        self.no_loads: dict[int, object] = {}
 
     def block(self, stmts: list[Stmt], outer: dict) -> list[Stmt]:
         bound = dict(outer)  # LoadScalar -> Var; bindings made here stay in this block
@@ -77,7 +81,7 @@ class _LoadBinder:
                       and not _is_block(getattr(s, f.name))]
         found: list[LoadScalar] = []
         for value in fields:
-            _loads_read(value, found)
+            _loads_read(value, found, self.no_loads)
         return [x for x in dict.fromkeys(found) if x.tensor in self.read_only]
 
 
@@ -88,22 +92,30 @@ def _is_block(value) -> bool:
         for x in value)
 
 
-def _loads_read(node, found: list) -> None:
+def _loads_read(node, found: list, no_loads: dict) -> None:
     """Append the loads `node` reads on every path (inner ones first): all of them but
-    those in a `Select`'s branches."""
+    those in a `Select`'s branches. `no_loads`: ids of nodes known to read none (skipped;
+    `node` is added when it reads none)."""
+    if id(node) in no_loads:
+        return
+    before = len(found)
     if isinstance(node, LoadScalar):
         for c in node.coords:
-            _loads_read(c, found)
+            _loads_read(c, found, no_loads)
         found.append(node)
     elif isinstance(node, Select):
-        _loads_read(node.cond, found)
+        _loads_read(node.cond, found, no_loads)
     elif isinstance(node, (list, tuple)):
         for x in node:
-            _loads_read(x, found)
+            _loads_read(x, found, no_loads)
     elif dataclasses.is_dataclass(node) and not isinstance(node, (type, Stmt)):
         for f in dataclasses.fields(node):
             if f.init:
-                _loads_read(getattr(node, f.name), found)
+                _loads_read(getattr(node, f.name), found, no_loads)
+    else:
+        return  # a number, string or name: nothing to remember
+    if len(found) == before:
+        no_loads[id(node)] = node
 
 
 def _replace(node, bound: dict):
