@@ -129,10 +129,12 @@ def matmul(a: Any, b: Any, bias: Any = None, activation: str | None = None, *,
     See the module docstring for how `b`'s memory layout costs (free for `w.T` of a
     K-major (N, K) `w`)."""
     tensors = (a, b) if bias is None else (a, b, bias)
-    replay = _api._replay_of(tensors, "matmul", activation) if out is None else None
-    if replay is not None:
-        return replay(*tensors)
-    signature = _api._signature("matmul", tensors, activation) if out is None else None
+    signature = None
+    if out is None:
+        found = _api._replay_entry(tensors, "matmul", activation)
+        if type(found) is not tuple:
+            return found  # replayed
+        signature = found[0]
     dtype = _api._check_tensor("matmul", "a", a, _api._GEMM_DTYPES, ndim=2)
     _api._check_tensor("matmul", "b", b, _api._GEMM_DTYPES, ndim=2)
     _api._check_same_dtype("matmul", {"a": a, "b": b})
@@ -205,25 +207,38 @@ def _num_sms(device: Any) -> int:
     return _device_facts(device)[1]
 
 
-def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Callable[..., Any]:
-    """A replay of `plan` (matmul's launches) for new tensors of the same signature."""
+def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Any:
+    """A replay of `plan` (matmul's launches, each (kernel, grid, args, their roles), the
+    first's args starting with a) for new tensors of the same signature, called as
+    `replay((a, b[, bias]), their data pointers)`: one launch on b as given (a free view
+    of b) is an `EntryReplay` (one C call where the extension is built); a split-K pair or
+    a copied b is a closure doing the same in Python."""
+    first_a = plan[0][2][0]
+    allocate = _api.fast_empty(first_a, (m, n))
+    if len(plan) == 1 and b_layout == "view":
+        (ck, grid, args, _), = plan  # args: a, b.T, [bias row,] c: the tensors' pointers
+        return _api.EntryReplay(ck, grid, args, allocate)
     launches = [(_api._replayer(ck, grid, args), roles) for ck, grid, args, roles in plan]
     workspace = next((args[roles.index("partial")] for _, _, args, roles in plan
                       if "partial" in roles), None)
     partial_shape = tuple(workspace.shape) if workspace is not None else None
+    new_partial = None if workspace is None else _api.fast_empty(first_a, partial_shape,
+                                                                 workspace.dtype)
 
-    def replay_matmul(a: Any, b: Any, bias: Any = None) -> Any:
-        torch = _api._torch()
-        c = a.new_empty((m, n))  # a's dtype and device, without torch.empty's keyword parsing
-        operand = b if b_layout == "view" else b.T.contiguous()  # b.T's pointer is b's
-        pointers = {"a": a.data_ptr(), "b": operand.data_ptr(), "c": c.data_ptr()}
-        if bias is not None:
-            pointers["bias"] = bias.data_ptr()
-        if partial_shape is not None:
-            partial = torch.empty(partial_shape, dtype=workspace.dtype, device=a.device)
-            pointers["partial"] = partial.data_ptr()
+    def replay_matmul(tensors: tuple, pointers: list) -> Any:
+        a, b = tensors[:2]
+        c = allocate(a)
+        by_role = {"a": pointers[0], "b": pointers[1], "c": c.data_ptr()}
+        if b_layout != "view":
+            operand = b.T.contiguous()  # kept alive until its launches are queued
+            by_role["b"] = operand.data_ptr()
+        if len(tensors) == 3:
+            by_role["bias"] = pointers[2]
+        if new_partial is not None:
+            partial = new_partial(a)
+            by_role["partial"] = partial.data_ptr()
         for launch, roles in launches:
-            launch(tuple(pointers[r] for r in roles))
+            launch(tuple(by_role[r] for r in roles))
         return c
     return replay_matmul
 
@@ -328,10 +343,12 @@ def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None
     view); another b is copied to that layout first."""
     fn = "matmul_fp8"
     tensors, options = (a, b, scale_a, scale_b), (out_dtype, type(block_scales), block_scales)
-    replay = _api._replay_of(tensors, fn, *options) if out is None else None
-    if replay is not None:
-        return replay(*tensors)
-    signature = _api._signature(fn, tensors, *options) if out is None else None
+    signature = None
+    if out is None:
+        found = _api._replay_entry(tensors, fn, *options)
+        if type(found) is not tuple:
+            return found  # replayed
+        signature = found[0]
     torch = _api._torch()
     _api._check_tensor(fn, "a", a, _api._FP8_DTYPES, ndim=2)
     _api._check_tensor(fn, "b", b, _api._FP8_DTYPES, ndim=2)
@@ -379,14 +396,8 @@ def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None
     ck, grid = _api._tune_and_run(fn, a.device.index, configs, (m, n, k),
                              f"{out_t}/{'blockwise' if block_scales else 'per-tensor'}", run)
     if signature is not None and _api._views_of((a, bt, sa, sb), tensors):
-        launch = _api._replayer(ck, grid, (a, bt, sa, sb, out))
-
-        def replay_matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any) -> Any:
-            c = _api._torch().empty((m, n), dtype=out_dtype, device=a.device)
-            launch((a.data_ptr(), b.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
-                    c.data_ptr()))
-            return c
-        _api._remember(signature, replay_matmul_fp8)
+        _api._remember(signature, _api.EntryReplay(
+            ck, grid, (a, bt, sa, sb, out), _api.fast_empty(a, (m, n), out_dtype)))
     return out
 
 

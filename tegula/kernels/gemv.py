@@ -157,10 +157,12 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
     from tegula.runtime.autotune import Config
 
     fn = "gemv"
-    replay = api._replay_of((x, w), fn) if out is None else None
-    if replay is not None:
-        return replay(x, w)
-    signature = api._signature(fn, (x, w)) if out is None else None
+    signature = None
+    if out is None:
+        found = api._replay_entry((x, w), fn)
+        if type(found) is not tuple:
+            return found  # replayed
+        signature = found[0]
     dtype = api._check_tensor(fn, "x", x, api._GEMM_DTYPES)
     api._check_tensor(fn, "w", w, api._GEMM_DTYPES, ndim=2)
     api._check_same_dtype(fn, {"x": x, "w": w})
@@ -189,13 +191,8 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
 
     ck, grid = api._tune_and_run(fn, x.device.index, configs, (m, n, k), str(dtype), run)
     if signature is not None and api._views_of((rows, weight), (x, w)):
-        launch = api._replayer(ck, grid, (rows, weight, y))
-
-        def replay_gemv(x: Any, w: Any) -> Any:
-            result = api._torch().empty(shape, dtype=x.dtype, device=x.device)
-            launch((x.data_ptr(), w.data_ptr(), result.data_ptr()))
-            return result
-        api._remember(signature, replay_gemv)
+        api._remember(signature, api.EntryReplay(ck, grid, (rows, weight, y),
+                                                 api.fast_empty(x, shape)))
     return out
 
 

@@ -603,7 +603,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
         unread = args[3]  # the zeros argument when there are none: kept alive here
 
         def replay_w4a16(a: Any, packed: Any, scales: Any, zeros: Any = unread) -> Any:
-            c = api._torch().empty((m, n), dtype=a.dtype, device=a.device)
+            c = a.new_empty((m, n))  # torch.empty(..., device=) costs ~5 µs more
             launch((a.data_ptr(), packed.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
                     c.data_ptr()))
             return c
