@@ -120,7 +120,7 @@ become visible to the async proxy before the barrier that orders them before the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
@@ -407,6 +407,8 @@ class WarpRoles:
     multicast: bool = False  # peers write this block's shared memory: a cluster barrier at exit
     tile_loop: object = None  # ping-pong: the enclosing ir ForLoop the consumer groups split
     ring_buffers: tuple = ()  # the ring's shared buffers (ping-pong: all they may share)
+    #: Ping-pong: TMA-store staging buffers (name -> elements of one warpgroup's share).
+    staging: dict = field(default_factory=dict)
 
     @property
     def block_threads(self) -> int:
@@ -570,7 +572,8 @@ def split_roles(roles: WarpRoles, body: list) -> list:
 def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
     """Ping-pong consumer warpgroup g's copy of the consumer `body`, lowered for one
     warpgroup of threads 0..127 and warpgroup 0's turns (`take_turn`): its threads are
-    `tid - 128·g` there, its block barriers its own named barrier, it runs the tile
+    `tid - 128·g` there, its block barriers its own named barrier, its TMA-store staging
+    its own share of the staging buffer (synthesis made one per warpgroup), it runs the tile
     loop's iterations g, g + G, … (G warpgroups; the ring's use count comes from the
     iteration index, so its stages and phases follow), and it syncs on turn barrier g and
     hands the turn to g + 1 (mod G). The last warpgroup opens warpgroup 0's first turn."""
@@ -579,6 +582,9 @@ def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
     _check_private_shared(body, roles)
 
     def renumber(s):
+        share = roles.staging.get(getattr(s, "buffer", None))
+        if share is not None and g:  # its own staging buffer
+            return [replace(s, offset=s.offset + g * share)]
         if isinstance(s, Barrier):
             return [NamedBarrier(OWN_BARRIER + g, threads)]
         if isinstance(s, NamedBarrier) and TURN_BARRIER <= s.id < TURN_BARRIER + groups:
@@ -606,11 +612,12 @@ def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
 
 def _check_private_shared(body: list, roles: WarpRoles) -> None:
     """Ping-pong consumers share the block's shared memory: only the ring (read by their
-    wgmmas, written by the producer) may be in it (synthesis refuses other shared tiles,
-    `roles.why_not_pingpong`; this catches what lowering itself adds)."""
+    wgmmas, written by the producer) and the TMA-store staging (one share per warpgroup)
+    may be in it (synthesis refuses other shared tiles, `roles.why_not_pingpong`; this
+    catches what lowering itself adds)."""
     for s in walk(body):
         for buffer in _buffers_of(s):
-            if buffer not in roles.ring_buffers:
+            if buffer not in roles.ring_buffers and buffer not in roles.staging:
                 raise SynthesisError(f"ping-pong consumers: the consumer's code uses shared "
                                      f"buffer {buffer}, which both consumer warpgroups "
                                      f"would use at once", loc=roles.tile_loop.loc)
@@ -646,8 +653,10 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
     eb, width, box_elems = plan.elem_bytes, plan.vector, plan.rows * plan.inner
     regs = ctx.regs_of(tile)
     buffer = SharedBuffer(ctx.unique(f"staging_{view.arg.name}"), view.dtype,
-                          plan.bytes // eb, plan.offset)
+                          plan.copies * plan.bytes // eb, plan.offset)
     ctx.shared.append(buffer)
+    if plan.copies > 1:  # ping-pong: consumer warpgroup g stages at g * one buffer
+        ctx.warp_roles.staging[buffer.name] = plan.bytes // eb
     tmap = tensor_map(ctx, view, plan)
     origin = [scalar_expr(o) for o in view.origin]
     inner_dim, row_dim = plan.dims

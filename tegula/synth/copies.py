@@ -356,6 +356,9 @@ class TmaStorePlan:
     vector: int          # registers per st.shared (consecutive along the contiguous dim)
     slots: int           # boxes the staging buffer holds (a divisor of `boxes`)
     stmatrix: bool = False  # each 8 registers one stmatrix.x4 (else `vector`-wide st.shared)
+    #: Staging buffers, back to back: one per ping-pong consumer warpgroup (each stores its
+    #: own tiles at its own time, `lower/hopper.py` `consumer_group`), else 1.
+    copies: int = 1
 
     @property
     def box(self) -> tuple:
@@ -367,13 +370,17 @@ class TmaStorePlan:
 
     @property
     def bytes(self) -> int:
+        """One staging buffer's bytes (there are `copies` of them from `offset`)."""
         return self.slots * self.box_bytes
 
     def describe(self) -> str:
         rounds = self.boxes // self.slots
+        where = (f"{self.bytes} B at byte {self.offset}" if self.copies == 1 else
+                 f"{self.bytes} B per consumer warpgroup ({self.copies} buffers) from byte "
+                 f"{self.offset}")
         return (f"epilogue through shared memory: {self.boxes} swizzled {self.rows}x"
                 f"{self.inner} box{'es' if self.boxes > 1 else ''} ({self.swizzle} B swizzle) "
-                f"staged {self.slots} at a time in {self.bytes} B at byte {self.offset} "
+                f"staged {self.slots} at a time in {where} "
                 f"({rounds} round{'s' if rounds > 1 else ''} of {self.shared_store}, "
                 f"fence.proxy.async, TMA store clipped at the tensor's edge)")
 
@@ -397,10 +404,11 @@ class TmaStorePlan:
         return self.staging_offset(coords[..., 0], coords[..., 1])
 
 
-def plan_tma_store(op, facts: dict, shared_end: int, limit: int) -> tuple:
+def plan_tma_store(op, facts: dict, shared_end: int, limit: int, copies: int = 1) -> tuple:
     """(TmaStorePlan, "") if the copy register tile -> global `op` can go through a
-    swizzled staging buffer and TMA stores, with the buffer placed at `shared_end` under
-    the block's shared-memory `limit`; else (None, why not)."""
+    swizzled staging buffer (`copies` of them, back to back) and TMA stores, with the
+    buffers placed at `shared_end` under the block's shared-memory `limit`; else (None,
+    why not)."""
     tile, view = op.src, op.dst
     name, eb = view.arg.name, view.dtype.bits // 8
     tensor_facts = facts[name]
@@ -430,13 +438,14 @@ def plan_tma_store(op, facts: dict, shared_end: int, limit: int) -> tuple:
         return None, "a register holds elements of different boxes in different threads"
     offset = -(-shared_end // 1024) * 1024
     boxes, box_bytes = cols // inner, rows * inner * eb
-    room = (limit - _MBARRIER_HEADROOM - offset) // box_bytes
+    room = (limit - _MBARRIER_HEADROOM - offset) // (box_bytes * copies)
     slots = max([d for d in range(1, boxes + 1) if boxes % d == 0 and d <= room], default=0)
     if not slots:
         return None, (f"a {box_bytes} B staging box does not fit the shared memory left "
                       f"({limit - shared_end} B)")
     vector = register_run_length(tile.layout, tuple(tile.shape), 1, 16 // eb)
-    plan = TmaStorePlan((c, 1 - c), rows, inner, boxes, inner * eb, offset, eb, vector, slots)
+    plan = TmaStorePlan((c, 1 - c), rows, inner, boxes, inner * eb, offset, eb, vector, slots,
+                        copies=copies)
     return replace(plan, stmatrix=_stmatrix_fits(tile, plan)), ""
 
 
@@ -469,25 +478,20 @@ def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
     ops = list(walk_ops(kernel.body))
     if not any(isinstance(op, ForLoop) and op.choices.get("ring") is not None for op in ops):
         return shared_end
-    # Ping-pong consumer warpgroups (synth/roles.py) store their own tiles at the same time:
-    # one staging buffer cannot serve both.
-    pingpong = any(isinstance(op, ForLoop) and getattr(op.choices.get("roles"), "pingpong",
-                                                       False) for op in ops)
+    # Ping-pong consumer warpgroups (synth/roles.py) store their own tiles, each at its
+    # own time: one staging buffer each.
+    copies = max([getattr(op.choices.get("roles"), "consumer_groups", 1) for op in ops
+                  if isinstance(op, ForLoop)], default=1)
     for op in ops:
         if isinstance(op, Copy) and isinstance(op.src, RegisterTile) \
                 and isinstance(op.dst, GlobalTile):
             name = op.dst.arg.name
-            if pingpong:
-                op.choices["tma_store_skipped"] = (
-                    "the ping-pong consumer warpgroups store from registers (one staging "
-                    "buffer cannot serve both; each stores while the other's wgmmas run)")
-                continue
             # A TMA store lands asynchronously: a later read or write of the tensor by the
             # block's threads would not be ordered after it.
             others = [o for o in ops if o is not op and any(
                 isinstance(t, GlobalTile) and t.arg.name == name
                 for t in tiles_read(o) + tiles_written(o))]
-            plan, problem = plan_tma_store(op, facts, shared_end, limit)
+            plan, problem = plan_tma_store(op, facts, shared_end, limit, copies)
             if others:
                 plan, problem = None, (f"{name} is also accessed at line "
                                        f"{others[0].loc.lineno if others[0].loc else '?'} "
@@ -496,5 +500,5 @@ def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
                 op.choices["tma_store_skipped"] = problem
                 continue
             op.choices["tma_store"] = plan
-            shared_end = plan.offset + plan.bytes
+            shared_end = plan.offset + plan.bytes * plan.copies
     return shared_end
