@@ -129,7 +129,8 @@ class RolesPlan:
     def _walk(self) -> str:
         if self.ring is None:
             return ""
-        return (f"; both roles walk the enclosing loops and their scalar code (the producer "
+        who = "the producer and each consumer warpgroup" if self.pingpong else "both roles"
+        return (f"; {who} walk the enclosing loops and their scalar code (the producer "
                 f"only issues), and {self.ring.describe()}, so the producer loads the next "
                 f"run's first stages while the consumer finishes the current one")
 
