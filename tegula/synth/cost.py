@@ -175,7 +175,6 @@ def estimate(build, grid=None, shapes: dict | None = None,
     size = ProblemSize(dict(shapes or {}), dict(scalars or {}), grid=grid,
                        sm_count=target.sm_count)
     weights, unresolved = loop_weights(uses, size, grid)
-    totals = _totals(uses, weights)
     thread_kernel = getattr(build, "thread_kernel", None)
     threads, live = kernel.threads, None
     if thread_kernel is not None:
@@ -200,6 +199,12 @@ def estimate(build, grid=None, shapes: dict | None = None,
     if bps == 0:
         notes.append(f"a block does not fit on an SM ({limit}); counted as 1 per SM")
         bps = 1
+    if grid is not None and int(np.prod(grid)) <= target.sm_count * bps:
+        # Every block is resident at once (one wave, e.g. a persistent kernel): the grid
+        # lasts as long as its busiest block, not the average one, where loops depend on
+        # the block (132 blocks sharing 512 tiles: some run 4 tiles, not 3.9).
+        weights, _ = loop_weights(uses, size, grid, busiest=True)
+    totals = _totals(uses, weights)
     totals["pipeline"] = pipeline_latency_cycles(uses, weights, target)
     notes += _cluster_notes(uses, weights)
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,

@@ -424,16 +424,17 @@ def _blocks(grid: tuple) -> list[tuple]:
     return [(i % gx, (i // gx) % gy, i // (gx * gy)) for i in range(0, total, step)]
 
 
-def loop_weights(uses: list[CountedUse], size: ProblemSize,
-                 grid: tuple | None) -> tuple[dict, list[str]]:
-    """How many times per block (averaged over the grid's blocks where bounds depend on
-    the block) each loop nest runs its body; unresolved loops count once and are named."""
+def loop_weights(uses: list[CountedUse], size: ProblemSize, grid: tuple | None,
+                 busiest: bool = False) -> tuple[dict, list[str]]:
+    """How many times per block each loop nest runs its body, where bounds depend on the
+    block averaged over the grid's blocks (or, `busiest`, their most); unresolved loops
+    count once and are named."""
     weights: dict = {}
     unresolved: list[str] = []
     for nest in dict.fromkeys(u.loops for u in uses):
         depends = any(_mentions_block(x) for loop in nest for x in (loop.start, loop.stop))
         blocks = _blocks(grid) if depends and grid else [size.block]
-        total = 0
+        products = []
         for block in blocks:
             here = size.at(block)
             product = 1
@@ -444,8 +445,8 @@ def loop_weights(uses: list[CountedUse], size: ProblemSize,
                     label = loop_label(loop)
                     if label not in unresolved:
                         unresolved.append(label)
-            total += product
-        weights[nest] = total / len(blocks)
+            products.append(product)
+        weights[nest] = max(products) if busiest else sum(products) / len(products)
     return weights, unresolved
 
 

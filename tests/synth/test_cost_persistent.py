@@ -26,13 +26,17 @@ def _estimate(cluster: int, sms: int = 132):
     return estimate(built, grid, SHAPES)
 
 
-@pytest.mark.parametrize("sms", [132, 20])
-def test_every_tile_of_the_grid_is_counted(sms):
+@pytest.mark.parametrize("sms", [132, 20, 7])
+def test_the_busiest_block_runs_its_share_of_every_tile(sms):
+    """48 tiles over min(48, sms) blocks, all resident at once: the grid lasts as long as
+    the block with the most tiles (20 blocks: 3 tiles, not the average 2.4)."""
     est = _estimate(1, sms)
     assert not est.unresolved_loops
     tiles = -(-M // 128) * -(-N // 256)          # boundary tiles count as full tiles
     k_steps = -(-K // 64)
-    assert est.flops * est.blocks == pytest.approx(2 * 128 * 256 * 64 * k_steps * tiles)
+    assert est.blocks == min(tiles, sms)
+    busiest = -(-tiles // est.blocks)
+    assert est.flops == pytest.approx(2 * 128 * 256 * 64 * k_steps * busiest)
 
 
 def test_cluster_multicast_halves_the_shared_operands_l2_bytes():
@@ -40,10 +44,11 @@ def test_cluster_multicast_halves_the_shared_operands_l2_bytes():
     assert not pair.unresolved_loops
     k_steps = -(-K // 64)
     # Clusters of 2 along M: row tiles in units of 2 (8 rows -> 4 units), so both grids
-    # cover 8 x 6 tiles; each block issues half of its b box (256 x 64 f16 a k-step).
-    b_bytes = 256 * 64 * 2 * k_steps * 8 * 6
-    total = lambda e: e.global_bytes * e.blocks  # noqa: E731
-    assert total(alone) - total(pair) == pytest.approx(b_bytes / 2)
+    # cover 8 x 6 tiles, one a block (48 blocks); each block issues half of its b box
+    # (256 x 64 f16 a k-step).
+    assert alone.blocks == pair.blocks == 48
+    b_bytes = 256 * 64 * 2 * k_steps
+    assert alone.global_bytes - pair.global_bytes == pytest.approx(b_bytes / 2)
 
 
 def test_cluster_coupling_is_paid_per_stage(monkeypatch):
@@ -61,7 +66,7 @@ def test_cluster_coupling_is_paid_per_stage(monkeypatch):
 def test_explain_says_what_the_cluster_changed():
     pair_notes = " ".join(_estimate(2).notes)
     k_steps = -(-K // 64)
-    saved = 256 * 64 * 2 * k_steps * 8 * 6 / 2 / _estimate(2).blocks
+    saved = 256 * 64 * 2 * k_steps / 2             # one tile a block (48 blocks)
     assert f"clusters of 2: multicast TMA boxes take {saved:,.0f} B per block off L2" \
         in pair_notes
     assert f"waits {cost.CLUSTER_COUPLING_CYCLES} cycles more" in pair_notes
