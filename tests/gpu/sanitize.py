@@ -56,13 +56,15 @@ def run_warp_specialized() -> None:
     torch.testing.assert_close(c, a.float() @ b.float().T, rtol=1e-3, atol=1e-3)
 
 
-def run_persistent_gemm(warp_specialize: bool | None = None, cluster: int = 1) -> None:
+def run_persistent_gemm(warp_specialize: bool | None = None, cluster: int = 1,
+                        consumers: str | None = None) -> None:
     """examples/persistent_gemm.py on sm_90a: 3 blocks walking 12 ragged tiles, the TMA
     ring running across each block's tiles (5 K iterations on 3 stages, so every tile
     starts at another stage) and the TMA-store epilogue (c's rows are 464 bytes, a
     multiple of 16), warp-specialized by default or in one role; with `cluster=2`, 2-CTA
     clusters multicasting b's boxes (4 blocks: 3 row tiles, so one block's last tile lies
-    past M and still takes part)."""
+    past M and still takes part); with `consumers="pingpong"`, two consumer warpgroups
+    taking turns over each block's tiles (5 blocks: 3 or 2 tiles each, odd and even)."""
     path = Path(__file__).resolve().parents[2] / "examples" / "persistent_gemm.py"
     spec = importlib.util.spec_from_file_location("tegula_example_persistent_sanitize", path)
     module = importlib.util.module_from_spec(spec)
@@ -72,8 +74,11 @@ def run_persistent_gemm(warp_specialize: bool | None = None, cluster: int = 1) -
     b = torch.randn(n, k, device="cuda").half()
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
     grid = (3,) if cluster == 1 else (2 * cluster,)
+    options = {}
+    if consumers is not None:
+        grid, options = (5,), dict(consumers=consumers, threads=128)
     module.persistent_gemm[grid](a, b, c, BM=64, BN=64, BK=32, STAGES=3, target="sm_90a",
-                                 warp_specialize=warp_specialize, CLUSTER=cluster)
+                                 warp_specialize=warp_specialize, CLUSTER=cluster, **options)
     torch.cuda.synchronize()
     torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-3, atol=2e-3)
 
@@ -114,6 +119,7 @@ CASES = {"gemm": run_gemm, "gemm_ampere": lambda: run_gemm("sm_90"),
          "persistent_gemm": run_persistent_gemm,
          "persistent_gemm_one_role": lambda: run_persistent_gemm(warp_specialize=False),
          "persistent_gemm_cluster": lambda: run_persistent_gemm(cluster=2),
+         "persistent_gemm_pingpong": lambda: run_persistent_gemm(consumers="pingpong"),
          "planted_oob": run_planted_oob}
 
 

@@ -7,7 +7,8 @@ per block (one warpgroup does one more tile than the other), a block with a sing
 outputs poisoned (NaN) first, every element checked.
 
 A wrong turn or ring phase hangs the GPU, so every launch runs in one child process (this
-file with `--child`) under a time limit; the child prints one line per case."""
+file with `--child`) under a time limit; the child prints one line per case. Then
+compute-sanitizer's memcheck, racecheck and synccheck on a small ping-pong launch."""
 from __future__ import annotations
 
 import importlib.util
@@ -94,6 +95,20 @@ def outcomes():
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_pingpong_gemm_on_the_gpu(outcomes, case):
     check_child_case(outcomes, _case_id(case), [_case_id(c) for c in CASES], TIME_LIMIT_S)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizers_are_clean_on_a_pingpong_launch(tool):
+    """The turn barriers (bar.sync / bar.arrive of two warpgroups), the per-warpgroup
+    staging and the shared ring under compute-sanitizer (tests/gpu/sanitize.py)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from test_sanitize import _sanitize, assert_clean
+    out = _sanitize(tool, "persistent_gemm_pingpong")
+    assert "persistent_gemm_pingpong: ok" in out, out[-4000:]
+    assert_clean(tool, out)
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
