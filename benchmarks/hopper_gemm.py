@@ -131,6 +131,7 @@ def copy_rows() -> list[tuple[str, str]]:
 #: being one warpgroup's tile).
 SCHEDULE_CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, threads=256, consumers="cooperative"),
                     dict(BM=128, BN=128, BK=64, STAGES=4, threads=256, consumers="cooperative"),
+                    dict(BM=128, BN=128, BK=64, STAGES=4, threads=128, consumers="cooperative"),
                     dict(BM=128, BN=128, BK=64, STAGES=4, threads=128, consumers="pingpong"),
                     dict(BM=128, BN=128, BK=64, STAGES=6, threads=128, consumers="pingpong"),
                     dict(BM=64, BN=256, BK=64, STAGES=4, threads=128, consumers="pingpong"),
