@@ -265,13 +265,14 @@ def run_family(family: dict, log, shape_indices, deadline: float,
 
 
 def _point_line(point: dict) -> str:
-    """One point, compactly (for logs that come back as text)."""
-    cfg = ",".join(f"{k}={v}" for k, v in point["config"].items())
-    if "measured_us" in point:
-        return (f"P {json.dumps(point['shape'])} {cfg} pred {point['predicted_us']:.1f} "
-                f"meas {point['measured_us']:.1f} spread {point['spread']:.3f} {point['bound']}")
-    why = point.get("dropped") or point.get("not_measured") or point.get("failed")
-    return f"P {json.dumps(point['shape'])} {cfg} skipped: {why[:120]}"
+    """One point as a line of its own JSON after "P " (a log that comes back as text is
+    read back by `--repredict`)."""
+    return "P " + json.dumps(point)
+
+
+def points_from_text(text: str) -> list[dict]:
+    """The points of the "P " lines of a run's output (`--print-points`)."""
+    return [json.loads(line[2:]) for line in text.splitlines() if line.startswith("P {")]
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -317,6 +318,69 @@ def summarize(points: list[dict]) -> list[dict]:
                          pair_agreement=agreement, top5_hit=hit, best_measured_us=best,
                          model_pick_measured_us=min(ok, key=lambda p: p["predicted_us"])["measured_us"]))
     return rows
+
+
+#: The decision each optional family checks: the config key its configurations differ in
+#: (orientation: a shape against its transpose, the same config).
+DECISION_OF = {"gemm sm_90a load path": "load_path",
+               "persistent gemm sm_90a cluster": "CLUSTER",
+               "gemm sm_90a orientation": "orientation"}
+
+
+def _decision_points(points: list[dict], family: str, key: str):
+    """(problem, the rest of the config, the choice, point) of each measured point."""
+    for p in points:
+        if p["family"] != family or "measured_us" not in p:
+            continue
+        rest = dict(p["config"])
+        if key == "orientation":     # (M, N, K) written as C, (N, M, K) as its transpose
+            m, n, k = p["shape"]
+            problem, choice = (min(m, n), max(m, n), k), ("C" if m <= n else "Cᵀ")
+        else:
+            problem, choice = tuple(p["shape"]), rest.pop(key)
+        yield problem, json.dumps(rest, sort_keys=True), str(choice), p
+
+
+def decision_rows(points: list[dict]) -> list[dict]:
+    """Per decision and problem: of the configurations measured with every choice, how
+    often the model's choice is the GPU's (or within the noise of it), and the whole
+    search's pick (every config and choice) against the measured best."""
+    rows = []
+    for family, key in DECISION_OF.items():
+        by_problem: dict = {}
+        for problem, rest, choice, p in _decision_points(points, family, key):
+            by_problem.setdefault(problem, {}).setdefault(rest, {})[choice] = p
+        for problem, groups in sorted(by_problem.items()):
+            agree = within_noise = compared = 0
+            for choices in groups.values():
+                if len(choices) < 2:
+                    continue
+                compared += 1
+                model = min(choices, key=lambda c: choices[c]["predicted_us"])
+                gpu = min(choices, key=lambda c: choices[c]["measured_us"])
+                noise = max([NOISE] + [q.get("spread", 0.0) for q in choices.values()])
+                agree += model == gpu
+                within_noise += model != gpu and choices[model]["measured_us"] <= \
+                    choices[gpu]["measured_us"] * (1 + noise)
+            every = [(c, p) for choices in groups.values() for c, p in choices.items()]
+            pick = min(every, key=lambda cp: cp[1]["predicted_us"])
+            best = min(every, key=lambda cp: cp[1]["measured_us"])
+            rows.append(dict(decision=key, problem=list(problem), compared=compared,
+                             agree=agree, within_noise=within_noise,
+                             pick_choice=pick[0], best_choice=best[0],
+                             pick_over_best=pick[1]["measured_us"] / best[1]["measured_us"]))
+    return rows
+
+
+def print_decisions(rows: list[dict]) -> None:
+    if not rows:
+        return
+    print(f"{'decision':12} {'problem':20} {'same config, model = GPU':>25} "
+          f"{'pick':>5} {'best':>5} {'pick/best':>9}")
+    for r in rows:
+        agree = f"{r['agree']}/{r['compared']} (+{r['within_noise']} in noise)"
+        print(f"{r['decision']:12} {json.dumps(r['problem']):20} {agree:>25} "
+              f"{r['pick_choice']:>5} {r['best_choice']:>5} {r['pick_over_best']:9.2f}")
 
 
 def svg_plot(points: list[dict], path: Path) -> None:
@@ -402,8 +466,9 @@ def main() -> None:
                         help="comma-separated shape indices of each family (default: all); "
                              "FAMILY=I picks shape I of one family (e.g. gemm_sm90=2)")
     parser.add_argument("--repredict", default=None, metavar="JSON",
-                        help="no GPU: re-predict the measured points of a recorded JSON with "
-                             "the current model, write JSON/SVG into --out, print the table")
+                        help="no GPU: re-predict the measured points of a recorded JSON (or "
+                             "of the 'P' lines of a --print-points run's output) with the "
+                             "current model, write JSON/SVG into --out, print the table")
     parser.add_argument("--only", default=None,
                         help="keep configurations with these values, e.g. BM=128,threads=256")
     parser.add_argument("--jobs", type=int, default=0,
@@ -447,6 +512,7 @@ def main() -> None:
     svg_plot(points, out / "cost_model_check.svg")
     print(f"{gpu}, {time.strftime('%Y-%m-%d')}, {time.time() - start:.0f} s")
     print_table(rows)
+    print_decisions(decision_rows(points))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -464,7 +530,9 @@ def repredict(recorded: Path, out: Path) -> None:
     """Re-predict every measured point of `recorded` with the current model (CPU only):
     the measurements stay as recorded, `predicted_us` is today's model's, the recorded
     prediction kept as `recorded_prediction_us`. Families are looked up by their name."""
-    data = json.loads(recorded.read_text())
+    text = recorded.read_text()
+    data = json.loads(text) if text.lstrip().startswith("{") else \
+        dict(points=points_from_text(text), source=recorded.name)
     by_name = {family["name"]: family for family in (make() for make in FAMILIES.values())}
     points = []
     for point in data["points"]:
@@ -494,6 +562,7 @@ def repredict(recorded: Path, out: Path) -> None:
          "summary": rows}, indent=1))
     svg_plot(points, out / "cost_model_check.svg")
     print_table(rows)
+    print_decisions(decision_rows(points))
 
 
 if __name__ == "__main__":
