@@ -128,6 +128,20 @@ def test_a_fused_bias_and_gelu_epilogue_runs_in_each_warpgroup():
     assert not np.isnan(ping).any() and np.array_equal(bits(ping), bits(coop))
 
 
+def test_the_per_tensor_fp8_persistent_kernel_runs_ping_pong_too():
+    """The library's FP8 persistent kernel is the same tile loop (gemm.persistent_tiles):
+    e4m3 operands (k32 wgmmas), scales read in the epilogue, bf16 out."""
+    from tegula.kernels.fp8 import matmul_fp8_emulated
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((150, 320)).astype(np.float32)
+    b = rng.standard_normal((200, 320)).astype(np.float32)
+    tiles = dict(BM=64, BN=64, BK=128, STAGES=3, threads=128)
+    ping = matmul_fp8_emulated(a, b, 0.5, 2.0, persistent=2, consumers="pingpong", **tiles)
+    coop = matmul_fp8_emulated(a, b, 0.5, 2.0, persistent=2, consumers="cooperative", **tiles)
+    assert not np.isnan(ping).any() and np.array_equal(ping.view(np.uint32),
+                                                       coop.view(np.uint32))
+
+
 # ------------------------------------------------------------------ structure
 
 
