@@ -39,6 +39,7 @@ not be written to (`Cluster.peer`).
 """
 from __future__ import annotations
 
+import contextvars
 import random
 import threading
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class RoleTask:
         self.done = False
         self.kind = "role"  # or "block": one block of a cluster (`run_cluster`)
         self.error: BaseException | None = None
+        self.context: contextvars.Context | None = None  # the scheduler's, at `run`
         self.thread = threading.Thread(target=self._main, name=f"tegula-role-{name}",
                                        daemon=True)
 
@@ -87,7 +89,7 @@ class RoleTask:
         self.baton.acquire()
         try:
             if not self.scheduler.aborted:
-                self.body(self.state)
+                self.context.run(self.body, self.state)
         except _Abort:
             pass
         except BaseException as e:  # handed to the scheduler, which re-raises it
@@ -129,6 +131,9 @@ class Scheduler:
         """Run every task to completion in the calling thread's stead; raise the first
         error of a role, or a deadlock report when all unfinished roles are blocked."""
         for t in self.tasks:
+            # Each body runs in the caller's context: a new thread would start from an
+            # empty one, dropping the caller's numpy error state (`np.errstate`).
+            t.context = contextvars.copy_context()
             t.thread.start()
         last = -1
         try:

@@ -62,6 +62,7 @@ class Switches:
     gemm: bool = True               # tg.gemm on one K tile (shared or register operands)
     gemm_programs: bool = True      # GEMM-shaped programs, K loops (tg.range, tg.pipeline)
     transposed_gemm: bool = True    # gemm operands stored K x M / K x N (read through .T)
+    clusters: bool = True           # GEMM-shaped programs in clusters of 2 blocks (tg.cluster)
     gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
@@ -426,7 +427,9 @@ class Generator:
         the stores. Tiles, thread counts and types are mostly ones the sm_90a path takes
         to TMA + wgmma (threads a multiple of 128, BM a multiple of 64, 16- and 8-bit
         floats), with the near misses that must fall back (64 or 192 threads, BM 16/32,
-        i8); M, N and K do not divide the tiles."""
+        i8); M, N and K do not divide the tiles. One in five runs in clusters of two blocks
+        along M (`tg.cluster(2)`: b's box multicast, stages released remotely; sm_80 and
+        sm_89 refuse it, sm_90 takes the Ampere path's turn)."""
         r = self.rng
         threads = r.choice((128, 128, 128, 256, 64) + ((192,) if self.sw.npot_threads else ()))
         dtype = r.choice(("f16", "bf16", "f16", "bf16", "f8e4m3", "f8e5m2", "i8"))
@@ -434,7 +437,8 @@ class Generator:
             bm, bn = r.choice((64, 64, 64, 128, 32, 16)), r.choice((8, 16, 24, 32, 48, 64, 128))
             if bm * bn <= self.sw.gemm_max_tile:
                 break
-        gm, gn = r.randint(1, 2), r.randint(1, 2)
+        cluster = 2 if self.sw.clusters and r.random() < 0.2 else 1
+        gm, gn = (2 if cluster > 1 else r.randint(1, 2)), r.randint(1, 2)
         m = r.randint((gm - 1) * bm + 1, gm * bm)
         n = r.randint((gn - 1) * bn + 1, gn * bn)
         self.threads, self.bm, self.bn = threads, bm, bn
@@ -452,7 +456,7 @@ class Generator:
         for _ in range(r.randint(0, 4)):  # element-wise work on the latest values
             self.step(body, scope, in_loop=None, kinds=EPILOGUE_KINDS)
         self.stores(body, scope)
-        return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label)
+        return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label, cluster)
 
     # -- loops ----------------------------------------------------------------------------
     def draw_loop(self, body, scope, in_loop) -> None:

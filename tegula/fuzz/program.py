@@ -224,6 +224,9 @@ class Program:
     tensors: tuple  # TensorDecl, inputs and outputs
     body: tuple
     label: str = ""  # how to regenerate it (seed and index)
+    #: Blocks per thread-block cluster along grid axis 0 (`tg.cluster(2)`: blocks m = 2c and
+    #: 2c + 1 share tile column n, so b's box may be multicast); the grid's rows divide it.
+    cluster: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -323,6 +326,8 @@ def check(program: Program) -> dict:
         raise Invalid("duplicate tensor")
     if not any(isinstance(s, Store) for s in program.body):
         raise Invalid("no output")
+    if program.cluster not in (1, 2) or program.grid[0] % program.cluster:
+        raise Invalid("a cluster of 1 or 2 blocks, dividing the grid's rows")
     scope = Scope()
     _check_block(program, program.body, scope, loop=None, outputs=set())
     return scope.every_type

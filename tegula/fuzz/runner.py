@@ -33,8 +33,10 @@ _POISON = {"f32": -1234.5, "f16": -1234.5, "bf16": -1232.0, "f8e4m3": -0.0117187
 TARGETS = ("sm_90a", "sm_80")
 
 #: A target that refuses a program another target ran hands it to its fallback: sm_80 has no 8-bit float
-#: mma.sync, sm_89 (the same Ampere path) has, so FP8 GEMMs still get a second target.
-FALLBACK_TARGETS = {"sm_80": "sm_89"}
+#: mma.sync, sm_89 (the same Ampere path) has, so FP8 GEMMs still get a second target; sm_89
+#: has no thread-block clusters (nor 227 KB of shared memory), sm_90 (the Ampere path built
+#: for the H100) has, so clustered programs do too.
+FALLBACK_TARGETS = {"sm_80": "sm_89", "sm_89": "sm_90"}
 
 #: The order the warp roles of a warp-specialized build run in (`tg.emulate(role_order=)`):
 #: "random" draws a different interleaving per program (`random:<data seed>`), so a run

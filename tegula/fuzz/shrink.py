@@ -175,6 +175,8 @@ def _smaller(p: Program) -> Iterator[Program]:
         if gemm.stages > 0 and a.extent <= gemm.bk:
             yield p.with_body(_replace_at(p.body, _path_of(p.body, gemm),
                                           replace(gemm, stages=0)))
+    if p.cluster > 1:
+        yield replace(p, cluster=1)
     for threads in (32, 64, 128):
         if threads < p.threads:
             yield replace(p, threads=threads)
@@ -232,6 +234,7 @@ def cost(p: Program) -> tuple:
                 for s in stmts)
     elements = p.M * p.N + sum(t.extent for t in p.tensors)
     non_f32 = sum(t.dtype != "f32" for t in p.tensors)
+    fancy += p.cluster > 1
     return (len(stmts), stored, tile_operands, fancy, len(p.tensors), elements,
             p.BM * p.BN, p.threads, non_f32)
 

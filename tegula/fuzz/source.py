@@ -79,6 +79,8 @@ def kernel_source(program: Program) -> str:
         f"@tg.kernel(threads={program.threads})",
         f"def {KERNEL_NAME}(" + ", ".join(params) + "):",
     ]
+    if program.cluster > 1:
+        w.emit(f"tg.cluster({program.cluster})")
     w.emit("m, n = tg.block_id(0), tg.block_id(1)")
     for s in program.body:
         _statement(w, s, types)

@@ -221,3 +221,30 @@ def test_deadlock_reports_are_the_same_under_a_random_order():
         reports.append(str(info.value))
     assert "deadlock: every role is blocked" in reports[0]
     assert reports[1] == reports[0] and reports[2] == reports[0]
+
+
+# ------------------------------------------------------------------ the caller's context
+
+
+@pytest.mark.parametrize("errstate", ["ignore", "raise"])
+def test_roles_and_clustered_blocks_run_under_the_callers_numpy_error_state(errstate):
+    """Coroutines are threads, which start from an empty context: without carrying the
+    caller's over, `np.errstate(all="ignore")` around `tg.emulate` (the fuzzer's) did not
+    reach a warp-specialized or clustered kernel's arithmetic (warnings leaked), nor did
+    `all="raise"`."""
+    from tegula.emulate.roles import Scheduler
+
+    def divide_by_zero(state):
+        np.array([1.0]) / 0
+
+    import warnings
+    scheduler = Scheduler()
+    scheduler.add("divider", "test", divide_by_zero, None)
+    with warnings.catch_warnings(record=True) as caught, np.errstate(all=errstate):
+        warnings.simplefilter("always")
+        if errstate == "raise":
+            with pytest.raises(FloatingPointError):
+                scheduler.run(lambda: "test")
+        else:
+            scheduler.run(lambda: "test")
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]

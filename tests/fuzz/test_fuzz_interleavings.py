@@ -1,18 +1,22 @@
 """The fuzzer runs warp roles in an interleaving drawn per program (`role_order="random:<data
 seed>"`, `emulate/roles.py`), so a lowering that releases a stage too early — invisible
-to the two fixed orders, which run a role until it blocks — is found by a fuzz run."""
+to the two fixed orders, which run a role until it blocks — is found by a fuzz run. GEMM
+programs in clusters of two blocks interleave the blocks too."""
 from __future__ import annotations
 
 import copy
 import importlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tegula.fuzz import fuzz_program
+from tegula.fuzz.program import Invalid, check
 from tegula.fuzz.runner import data_seed, role_order_for
 from tegula.lower.async_ir import MBarrierArrive, Roles, WgmmaWait
+from tegula.fuzz.source import kernel_source
 from tegula.lower.thread_ir import For, If
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,3 +78,17 @@ def test_the_interleaving_is_drawn_from_the_programs_data_seed():
     assert role_order_for("listed", 5) == "listed"
     with pytest.raises(ValueError, match="role order must be one of"):
         role_order_for("sideways", 5)
+
+
+def test_a_clustered_program_multicasts_and_falls_back_to_sm_90_for_the_ampere_path():
+    """`tg.cluster(2)`: sm_80 and sm_89 refuse clusters, sm_90 (the Ampere path on the
+    H100) takes the second turn; the two blocks of each cluster run interleaved at random."""
+    program = replace(transposed_gemm("", "smem", m=120, n=40, extent=88), cluster=2)
+    assert "    tg.cluster(2)\n" in kernel_source(program)
+    verdict = fuzz_program(program, 1, 0)
+    assert verdict.status == "pass", verdict.detail
+    assert {"TMA", "warp roles", "wgmma"} <= verdict.targets["sm_90a"][2]
+    assert verdict.targets["sm_80"][0] == verdict.targets["sm_89"][0] == "rejected"
+    assert "mma.sync" in verdict.targets["sm_90"][2]
+    with pytest.raises(Invalid, match="dividing the grid's rows"):
+        check(replace(program, M=60))                       # one row of blocks
