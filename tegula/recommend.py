@@ -148,6 +148,9 @@ def _why_lost(c: Candidate, best: Candidate) -> str:
                        f"(limited by {a.occupancy_limit})")
     if a.bound != b.bound:
         reasons.append(f"{a.bound}-bound where #1 is {b.bound}-bound")
+    clustered = [n for n in a.notes if n.startswith("clusters of")]
+    if clustered and not any(n.startswith("clusters of") for n in b.notes):
+        reasons.append(clustered[0].split(" (CLUSTER_COUPLING")[0])  # what the cluster did
     return f"{slower}: " + "; ".join(reasons)
 
 

@@ -110,7 +110,9 @@ def test_clusters_of_two_lose_at_4096_cubed():
     pair = next(c for c in result.ranked
                 if c.config == dict(BN=256, CLUSTER=2, STAGES=4))
     assert pair.estimate.bound == "load latency"
-    assert "load latency-bound where #1 is L2-bound" in str(result)
+    why = next(line for line in str(result).splitlines() if "BN=256,CLUSTER=2,STAGES=4" in line)
+    assert "load latency-bound where #1 is L2-bound" in why
+    assert "clusters of 2: multicast TMA boxes take" in why and "cycles more" in why
 
 
 def test_without_coupling_the_cluster_would_win(monkeypatch):
