@@ -2,7 +2,8 @@
 the hand-written forms of test_fuzz_transposed.py (MN-major shared operands on wgmma with
 TMA, global `.T` views, K over several swizzle spans, ragged shapes) and the generated
 programs of one seed that store an operand transposed, built for `sm_90a` and `sm_90`
-(the Ampere path: ldmatrix.trans), launched into poisoned outputs and judged against the
+(the Ampere path: ldmatrix.trans), and the generated programs in clusters of two blocks
+on sm_90a, launched into poisoned outputs and judged against the
 reference (loose: the GPU's FMA and math) and, for the emulator's strict model, first in
 the emulator."""
 from __future__ import annotations
@@ -55,6 +56,14 @@ def transposed_programs(count: int):
             yield index, program
 
 
+def clustered_programs(count: int):
+    """(index, program) of the generated programs of SEED in clusters of two blocks."""
+    for index in range(count):
+        program = make_program(SEED, index)
+        if program.cluster > 1:
+            yield index, program
+
+
 @pytest.mark.parametrize("target", ["sm_90a", "sm_90"])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -76,3 +85,13 @@ def test_generated_transposed_programs_on_the_gpu(target):
     ran = [index for index, program in transposed_programs(150)
            if check_on_gpu(program, data_seed(SEED, index), target) != "rejected"]
     assert len(ran) >= 10, ran
+
+
+def test_generated_clustered_programs_on_the_gpu():
+    """Clusters of two blocks (multicast boxes, remote releases) launched on sm_90a."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("clusters need a Hopper GPU")
+    paths = [check_on_gpu(program, data_seed(SEED, index), "sm_90a")
+             for index, program in clustered_programs(300)]
+    ran = [p for p in paths if p != "rejected"]
+    assert len(ran) >= 5 and any("TMA" in p for p in ran), paths
