@@ -7,6 +7,7 @@ per-argument steps, with a fast path for `torch.Tensor` (attribute reads only).
 """
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 from dataclasses import dataclass
@@ -248,6 +249,10 @@ def _map_slots(kernel: ThreadKernel) -> list[tuple[int, TensorMapParam, int, int
     return out
 
 
+#: The smallest magnitude an f32 parameter rounds to infinity from (FLT_MAX + half an ulp).
+_F32_OVERFLOW = 2.0**128 - 2.0**103
+
+
 def scalar_value(p: ScalarParam, arg: Any):
     """The value of scalar parameter `p` for `arg`: a float rounded to p's dtype, or an
     int (numpy integers too) in 32-bit range — never a float truncated to an int."""
@@ -255,7 +260,12 @@ def scalar_value(p: ScalarParam, arg: Any):
         if not isinstance(arg, numbers.Real) or isinstance(arg, (bool, np.bool_)):
             raise LaunchError(f"argument {p.name!r} must be a number ({p.dtype}), got "
                               f"{type(arg).__name__}")
-        return element_value(float(arg), p.dtype) if p.dtype.bits < 32 else float(arg)
+        value = float(arg)
+        if p.dtype.bits < 32:
+            return element_value(value, p.dtype)
+        if _F32_OVERFLOW <= abs(value) < math.inf:  # would round to inf: struct refuses it
+            raise LaunchError(f"argument {p.name!r} = {arg!r} is out of {p.dtype}'s range")
+        return value
     if type(arg) is not int and (isinstance(arg, bool) and p.dtype.name != "bool" or
                                  not isinstance(arg, numbers.Integral)):
         raise LaunchError(f"argument {p.name!r} must be an int ({p.dtype}), got "

@@ -32,6 +32,9 @@ SOURCE = r"""
 #if PY_VERSION_HEX < 0x030D0000  /* its name before Python 3.13 */
 #define PyObject_GetOptionalAttr _PyObject_LookupAttr
 #endif
+#if PY_VERSION_HEX < 0x030B0000  /* public from Python 3.11 */
+#define PyFloat_Pack4 _PyFloat_Pack4
+#endif
 
 typedef int (*launch_kernel_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, void *, void **, void **);
@@ -151,9 +154,38 @@ static PyObject *replay_lookup(PyObject *self, PyObject *const *a, Py_ssize_t n)
     return result;
 }
 
+/* runtime/replay.py's constexpr_key where every value is exactly an int, str, bool,
+   None or float: per item (name, type, value), a float's value its repr (the build key
+   tells floats apart by repr: 0.0 from -0.0, every NaN alike). */
+static PyObject *keywords_with_floats(PyObject *kwargs, Py_ssize_t n)
+{
+    PyObject *items = PyTuple_New(n), *name, *value;
+    Py_ssize_t pos = 0, i = 0;
+    if (items == NULL)
+        return NULL;
+    while (PyDict_Next(kwargs, &pos, &name, &value) && i < n) {
+        PyObject *shown = Py_TYPE(value) == &PyFloat_Type ? PyObject_Repr(value)
+                                                          : Py_NewRef(value);
+        if (shown == NULL)
+            goto fail;
+        PyObject *item = PyTuple_Pack(3, name, (PyObject *)Py_TYPE(value), shown);
+        Py_DECREF(shown);
+        if (item == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(items, i++, item);
+    }
+    if (i == n)
+        return items;
+    PyErr_SetString(PyExc_RuntimeError, "plain_keywords: the dict changed");
+fail:
+    Py_DECREF(items);
+    return NULL;
+}
+
 /* plain_keywords(kwargs) -> (tuple(kwargs.items()), tuple of their types), where every
-   value's type is exactly int, str, bool or NoneType; else None (runtime/replay.py's
-   constexpr_key then builds the keywords' part in Python). */
+   value's type is exactly int, str, bool or NoneType; keywords_with_floats' tuple where
+   some are exactly floats too; else None (runtime/replay.py's constexpr_key then builds
+   the keywords' part in Python). */
 static PyObject *plain_keywords(PyObject *self, PyObject *kwargs)
 {
     if (!PyDict_Check(kwargs)) {
@@ -162,12 +194,17 @@ static PyObject *plain_keywords(PyObject *self, PyObject *kwargs)
     }
     Py_ssize_t n = PyDict_Size(kwargs), pos = 0, i = 0;
     PyObject *name, *value;
+    int floats = 0;
     while (PyDict_Next(kwargs, &pos, &name, &value)) {
         PyTypeObject *t = Py_TYPE(value);
-        if (t != &PyLong_Type && t != &PyUnicode_Type && t != &PyBool_Type &&
-                value != Py_None)
+        if (t == &PyFloat_Type)
+            floats = 1;
+        else if (t != &PyLong_Type && t != &PyUnicode_Type && t != &PyBool_Type &&
+                 value != Py_None)
             Py_RETURN_NONE;
     }
+    if (floats)
+        return keywords_with_floats(kwargs, n);
     PyObject *items = PyTuple_New(n), *types = PyTuple_New(n);
     if (items == NULL || types == NULL)
         goto fail;
@@ -198,19 +235,20 @@ fail:
 #ifndef Py_GIL_DISABLED
 #define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
 
-/* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then the int scalars
-   args[scalar_indices[j]] as 4-byte values after them, then cuLaunchKernel on grid
-   g[0..2] and stream g[3]; spec = (cuLaunchKernel address, function, threads, shared
-   bytes, parameter array, dest, indices[, scalar_indices]). Every value is converted
-   before any is written. The GIL is held from the first write to the driver's return
-   (the driver copies the values during the call), so no other Python thread can rewrite
-   the buffer in between: no lock needed. 0 with *code set (the CUresult); 1 where a
-   scalar is not an int in 32-bit range (nothing written: Python's check names it); -1
-   on an error. */
+/* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then the scalars
+   args[scalar_indices[j]] as 4-byte values after them (kinds[j] 'i': a Python int in
+   32-bit range; 'f': a Python float as an f32, rounded as struct's "f" packs it), then
+   cuLaunchKernel on grid g[0..2] and stream g[3]; spec = (cuLaunchKernel address,
+   function, threads, shared bytes, parameter array, dest, indices[, scalar_indices,
+   kinds]). Every value is converted before any is written. The GIL is held from the
+   first write to the driver's return (the driver copies the values during the call), so
+   no other Python thread can rewrite the buffer in between: no lock needed. 0 with *code
+   set (the CUresult); 1 where a scalar is not of its kind's exact type or out of its
+   range (nothing written: Python's check names it); -1 on an error. */
 static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject *pointers,
                          PyObject *args, int *code)
 {
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 7 || PyTuple_GET_SIZE(spec) > 8 ||
+    if (!PyTuple_Check(spec) || (PyTuple_GET_SIZE(spec) != 7 && PyTuple_GET_SIZE(spec) != 9) ||
             !(PyList_Check(pointers) || PyTuple_Check(pointers))) {
         PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
         return -1;
@@ -227,9 +265,12 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
         return -1;
     }
     PyObject *indices = PyTuple_GET_ITEM(spec, 6);
-    PyObject *scalars = PyTuple_GET_SIZE(spec) == 8 ? PyTuple_GET_ITEM(spec, 7) : NULL;
-    if (!PyTuple_Check(indices) || (scalars != NULL && !PyTuple_Check(scalars))) {
-        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices must be tuples");
+    PyObject *scalars = PyTuple_GET_SIZE(spec) == 9 ? PyTuple_GET_ITEM(spec, 7) : NULL;
+    PyObject *kinds = PyTuple_GET_SIZE(spec) == 9 ? PyTuple_GET_ITEM(spec, 8) : NULL;
+    if (!PyTuple_Check(indices) || (scalars != NULL && (!PyTuple_Check(scalars) ||
+            !PyBytes_Check(kinds) || PyBytes_GET_SIZE(kinds) != PyTuple_GET_SIZE(scalars)))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "launch_pointers: indices must be tuples, kinds one byte per scalar");
         return -1;
     }
     unsigned long long *dest = (unsigned long long *)(uintptr_t)v[5], values[MAX_POINTERS];
@@ -261,6 +302,15 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
                 j >= PySequence_Fast_GET_SIZE(args))
             return 1;
         PyObject *item = PySequence_Fast_GET_ITEM(args, j);
+        if (PyBytes_AS_STRING(kinds)[i] == 'f') {
+            if (!PyFloat_CheckExact(item))
+                return 1;
+            if (PyFloat_Pack4(PyFloat_AS_DOUBLE(item), (char *)&ints[i], 1) < 0) {
+                PyErr_Clear();  /* past f32's range: Python's check names it */
+                return 1;
+            }
+            continue;
+        }
         if (!PyLong_CheckExact(item))
             return 1;
         int overflow;
@@ -450,7 +500,7 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
         goto done;
     unsigned long long g[4];
     if (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 7 || !plain_grid(grid, g))
-        goto python;  /* (an 8-item spec has scalars: no entry point's) */
+        goto python;  /* (a 9-item spec has scalars: no entry point's) */
     if ((allocate = PyObject_GetAttr(hit, s_allocate)) == NULL)
         goto done;
     if (allocate == Py_None) {
@@ -538,7 +588,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-8"])
+                      os.path.realpath(cc), include, "fastcall-9"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

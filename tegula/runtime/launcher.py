@@ -22,7 +22,7 @@ from operator import itemgetter
 from typing import Any, Sequence
 
 from tegula.errors import LaunchError
-from tegula.lower.thread_ir import ThreadKernel
+from tegula.lower.thread_ir import ScalarParam, ThreadKernel
 
 from tegula.codegen import emit_cuda, param_list
 from tegula.runtime import driver as drv
@@ -361,29 +361,34 @@ class PreparedLaunch:
 
     def _direct_spec(self, args: Sequence[Any]) -> tuple | None:
         """What fastcall's `launch_pointers` needs to write this launch's data pointers
-        (and 32-bit int scalars) and call cuLaunchKernel in one C call, holding the GIL
-        throughout (so every launch of this buffer goes through it and no lock is taken):
-        for a launch whose changing values are data pointers and `int` scalars passed as
-        Python ints (`args`, the first replay's arguments: the replay key holds each
-        number's type, so every later one passes ints too; the C call checks their range),
-        of a kernel without a cluster or tensor maps, on a known device, with the C
-        launcher in use and `send` not replaced (tests record through it). None otherwise:
-        the launch packs in Python and calls `send`."""
+        (and 32-bit int and f32 scalars) and call cuLaunchKernel in one C call, holding
+        the GIL throughout (so every launch of this buffer goes through it and no lock is
+        taken): for a launch whose changing values are data pointers and scalars passed
+        as Python ints to int parameters or Python floats to f32 ones (`args`, the first
+        replay's arguments: the replay key holds each number's type, so every later one
+        passes the same types; the C call checks each value's type and range, and packs a
+        float as `struct`'s "f" does), of a kernel without a cluster or tensor maps, on a
+        known device, with the C launcher in use and `send` not replaced (tests record
+        through it). None otherwise — narrower float parameters (rounded to their dtype
+        first), numpy numbers, bools: the launch packs in Python and calls `send`."""
         ck, buffer = self.kernel, self.buffer
         if (self.maps or ck._clustered or self.device < 0 or
                 not 0 < len(self.pointer_indices) <= 64 or len(self.scalars) > 64 or
                 _C_POINTERS[0] is None or not (_C_LAUNCH and _C_LAUNCH[0] is not None) or
                 type(ck).send is not _SEND or "send" in vars(ck)):
             return None
-        scalars = tuple(i for i, _ in self.scalars)
-        if any(i >= len(args) or type(args[i]) is not int for i in scalars):
-            return None  # floats, numpy ints, bools: Python's check and packing
-        if buffer.prefix.format != "<" + "Q" * len(self.pointer_indices) + "i" * len(scalars):
-            return None  # not 8-byte pointers from the buffer's start, then 4-byte ints
+        kinds = "".join(_direct_kind(param, args[i] if i < len(args) else None)
+                        for i, param in self.scalars)
+        if len(kinds) != len(self.scalars):
+            return None  # a scalar only Python checks and packs
+        if buffer.prefix.format != "<" + "Q" * len(self.pointer_indices) + kinds:
+            return None  # not 8-byte pointers from the buffer's start, then the scalars
         dest = ctypes.addressof(buffer.buffer) + buffer.start
         spec = (_C_POINTERS[0][1], int(ck.function(self.device)), ck.threads,
                 ck.shared_bytes, buffer.address_value, dest, self.pointer_indices)
-        return spec + (scalars,) if scalars else spec
+        if not kinds:
+            return spec
+        return spec + (tuple(i for i, _ in self.scalars), kinds.encode())
 
     def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
                                pointers: Sequence[int | None]) -> list:
@@ -395,6 +400,14 @@ class PreparedLaunch:
         if maps:
             self.kernel.check_tensor_maps(maps)
         return values + maps
+
+
+def _direct_kind(param: ScalarParam, arg: Any) -> str:
+    """How the C launch writes a scalar argument: "i" (a Python int for an int
+    parameter), "f" (a Python float for an f32 one), or "" (Python's check and packing)."""
+    if param.dtype.is_float:
+        return "f" if type(arg) is float and param.dtype.name == "f32" else ""
+    return "i" if type(arg) is int else ""
 
 
 _NOT_YET = object()  # PreparedLaunch.direct before its first call

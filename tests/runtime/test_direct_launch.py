@@ -8,9 +8,11 @@ from __future__ import annotations
 import ctypes
 from functools import partial
 
+import numpy as np
 import pytest
 
 from tegula.codegen.samples import mma_ldmatrix, shared_transpose, warp_sum_of_squares
+from tegula.errors import LaunchError
 from tegula.runtime import CompiledKernel, PreparedLaunch, fastcall, launcher
 
 from .test_fastcall import LAUNCH_KERNEL
@@ -86,15 +88,54 @@ def test_a_direct_replay_sends_what_a_full_launch_would(make, direct):
     assert driver.launches[-1][6] == expected_bytes(ck, ck.plan.flatten(args)[0])
 
 
-def test_scalars_keep_the_python_path(direct):
+def _with_scalar_value(args, value):
+    return [value if not hasattr(a, "__cuda_array_interface__") else a for a in args]
+
+
+@pytest.mark.parametrize("value", [0.75, -0.0, 0.1, 1e-40, 1e-50, 3.4028235e38, -3.4e38,
+                                   float("nan"), float("inf"), -float("inf")])
+def test_f32_scalars_ride_the_c_launch(direct, monkeypatch, value):
+    """A Python float for an f32 parameter is packed by the C call as struct's "f" packs
+    it (subnormals, underflow to zero, the sign of zero, the largest finite value, NaN,
+    infinities): the bytes of a full flatten, with no Python packing."""
     ck = CompiledKernel(with_scalar(), b"", "", "sm_90a")
     driver = direct(ck)
-    args = arrays(with_scalar(), BASE)
-    prepared = PreparedLaunch(ck, ck.plan.flatten(args)[0], device=0)
-    args = arrays(with_scalar(), BASE + 0x1000)
+    python = []
+    real = PreparedLaunch._with_scalars_and_maps
+    monkeypatch.setattr(PreparedLaunch, "_with_scalars_and_maps",
+                        lambda self, *a: python.append(1) or real(self, *a))
+    prepared = PreparedLaunch(ck, ck.plan.flatten(arrays(with_scalar(), BASE))[0], device=0)
+    for base in (BASE + 0x1000, BASE + 0x2000):
+        args = _with_scalar_value(arrays(with_scalar(), base), value)
+        prepared((2, 1, 1), args, pointers_of(args))
+        assert driver.launches[-1][6] == expected_bytes(ck, ck.plan.flatten(args)[0])
+    assert isinstance(prepared.direct, tuple) and not python
+
+
+@pytest.mark.parametrize("value", [1e300, -3.5e38, 1, np.float32(0.5), np.float64(0.5), True])
+def test_other_scalar_values_keep_python_s_check(direct, value):
+    """Past f32's range (an error naming the argument, from the full path and the replay
+    alike, nothing launched), or not a Python float (an int, numpy numbers, a bool):
+    Python checks and packs; what is sent is what a full flatten packs."""
+    ck = CompiledKernel(with_scalar(), b"", "", "sm_90a")
+    driver = direct(ck)
+    first = _with_scalar_value(arrays(with_scalar(), BASE), 0.75)
+    prepared = PreparedLaunch(ck, ck.plan.flatten(first)[0], device=0)
+    prepared((2, 1, 1), first, pointers_of(first))  # decides the C launch: f32 floats
+    assert isinstance(prepared.direct, tuple)
+    args = _with_scalar_value(arrays(with_scalar(), BASE + 0x1000), value)
+    launched = len(driver.launches)
+    try:
+        expected = expected_bytes(ck, ck.plan.flatten(args)[0])
+    except LaunchError as full_path_error:
+        with pytest.raises(LaunchError) as replay_error:
+            prepared((2, 1, 1), args, pointers_of(args))
+        assert str(replay_error.value) == str(full_path_error)
+        assert "'alpha'" in str(full_path_error)
+        assert len(driver.launches) == launched
+        return
     prepared((2, 1, 1), args, pointers_of(args))
-    assert prepared.direct is None  # scalars are re-checked in Python
-    assert driver.launches[-1][6] == expected_bytes(ck, ck.plan.flatten(args)[0])
+    assert driver.launches[-1][6] == expected
 
 
 def test_a_driver_error_is_raised(direct, monkeypatch):

@@ -310,10 +310,15 @@ def test_the_c_and_python_keywords_parts_are_equal():
     if module is None:
         pytest.skip(f"C extension cannot be built here: {fastcall.unavailable}")
     plain = [{}, {"BM": 16}, {"BM": True, "MODE": "a", "X": None, "BN": 1}]
-    for kwargs in plain:
+    with_floats = [{"S": 1.0}, {"BM": 16, "S": -0.0}, {"S": 0.0, "MODE": "a", "X": None},
+                   {"S": float("nan"), "T": -float("nan")}, {"S": float("-inf")},
+                   {"S": 5e-324, "BM": True}]
+    for kwargs in plain + with_floats:
         assert module.plain_keywords(kwargs) == replay.constexpr_key(kwargs), kwargs
-    for kwargs in [{"S": 1.0}, {"BM": 16, "S": -0.0}, {"L": [1]}, {"N": np.int64(2)},
-                   {"T": (1, 2)}]:
+    assert module.plain_keywords({"S": 0.0}) != module.plain_keywords({"S": -0.0})
+    assert module.plain_keywords({"S": 1.0}) != module.plain_keywords({"S": 1})
+    for kwargs in [{"L": [1]}, {"N": np.int64(2)}, {"T": (1, 2)}, {"F": np.float64(1.0)},
+                   {"S": 1.0, "T": (1.0,)}]:
         assert module.plain_keywords(kwargs) is None, kwargs  # Python's repr case
     with pytest.raises(TypeError):
         module.plain_keywords([("BM", 16)])
