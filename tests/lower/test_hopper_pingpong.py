@@ -28,7 +28,7 @@ from tegula.emulate import EmulationError, run_thread_kernel
 from tegula.errors import SynthesisError, TegulaError
 from tegula.kernels.common import poisoned, random_input
 from tegula.lower.async_ir import BulkWait, NamedBarrier, Roles, StMatrix, TmaStore
-from tegula.lower.hopper import TURN_BARRIER
+from tegula.lower.warp_roles import TURN_BARRIER
 from tegula.lower.lower import substitute
 from tegula.lower.thread_ir import For, Var, walk
 
