@@ -123,6 +123,27 @@ def driver_rows(loop, entry, name, x, reference):
     return rows
 
 
+def _rank1_copy(x):
+    """A prepared launch of a copy kernel on rank-1 views (6 parameters where the 2-D
+    kernels take 10), shaped like an entry point's replay (`.prepared`, `.grid`)."""
+    from types import SimpleNamespace
+
+    import tegula as tg
+    from tegula.dtypes import f16
+
+    @tg.kernel(threads=128)
+    def copy_1d(src: tg.Tensor[f16, 1], dst: tg.Tensor[f16, 1], BN: tg.constexpr = 1024):
+        i = tg.block_id(0)
+        tg.copy(tg.load(src.tile((BN,), (i,))), dst.tile((BN,), (i,)))
+
+    flat, out = x.view(-1), x.new_empty(x.numel())
+    grid = (x.numel() // 1024, 1, 1)
+    for _ in range(2):  # full path, then the replay that decides the C launch
+        copy_1d[grid](flat, out)
+    prepared = next(iter(copy_1d.__dict__["_fast_launch"].values()))
+    return SimpleNamespace(prepared=prepared, grid=grid)
+
+
 def main() -> None:
     import torch
 
@@ -162,6 +183,7 @@ def main() -> None:
         ("python call of a no-op", per_call_us(lambda: None)),
     ]
     rows += driver_rows(loop, entry, "softmax", x, torch.softmax(x.float(), -1))
+    rows += driver_rows(loop, _rank1_copy(x), "1-D copy", x, x.float())
     rows += driver_rows(loop, api._REPLAYS[api._signature("copy", (x,), True)], "copy", x,
                         x.float())
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, C launcher "
