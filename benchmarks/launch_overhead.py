@@ -55,11 +55,21 @@ def main() -> None:
     import tegula.kernels as tk
     import tegula.kernels.torch_ops  # noqa: F401 — registers torch.ops.tegula.*
 
-    kernel = copy_kernel(f16)
+    kernel, scaled = copy_kernel(f16), scaled_copy_kernel()
+    # The matrix entry points at sizes where the host decides: a 64³ GEMM, a decode GEMV
+    # (4 tokens), a 64x128x256 FP8 GEMM with per-tensor scales.
+    a, b = torch.randn(64, 64, device="cuda", dtype=torch.float16), x.T  # b: K-major
+    tokens = torch.randn(4, 512, device="cuda", dtype=torch.float16)
+    weight = torch.randn(256, 512, device="cuda", dtype=torch.float16)
+    a8 = torch.randn(64, 256, device="cuda").to(torch.float8_e4m3fn)
+    w8 = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
     # (what, tegula's call, torch's call of the same kind): the issue's targets.
     pairs = [
         ("kernel[grid](x, y) (64x64 copy)", lambda: kernel[(2, 1)](x, y, BM=32, BN=64),
          "y.copy_(x)", lambda: y.copy_(x)),
+        ("kernel[grid](x, y, SCALE=0.5)", lambda: scaled[(2,)](x, y, SCALE=0.5),
+         "torch.mul(x, 0.5, out=y)", lambda: torch.mul(x, 0.5, out=y)),
         ("tegula.kernels.copy(x, out=y)", lambda: tk.copy(x, out=y),
          "y.copy_(x)", lambda: y.copy_(x)),
         ("tegula.kernels.copy(x)", lambda: tk.copy(x), "x.clone()", lambda: x.clone()),
@@ -69,6 +79,13 @@ def main() -> None:
          "torch.softmax(x, -1)", lambda: torch.softmax(x, -1)),
         ("torch.ops.tegula.softmax(x)", lambda: torch.ops.tegula.softmax(x),
          "torch.softmax(x, -1)", lambda: torch.softmax(x, -1)),
+        ("tegula.kernels.matmul(a, b) (64^3)", lambda: tk.matmul(a, b),
+         "a @ b", lambda: a @ b),
+        ("tegula.kernels.gemv(x, w) (4x256x512)", lambda: tk.gemv(tokens, weight),
+         "F.linear(x, w)", lambda: F.linear(tokens, weight)),
+        ("tegula.kernels.matmul_fp8 (64x128x256)", lambda: tk.matmul_fp8(a8, w8.T, sa, sb),
+         "torch._scaled_mm", lambda: torch._scaled_mm(a8, w8.T, sa, sb,
+                                                     out_dtype=torch.bfloat16)),
     ]
     rows = [(name, per_call_us(ours), peer, per_call_us(theirs))
             for name, ours, peer, theirs in pairs]
@@ -95,6 +112,18 @@ def main() -> None:
     print(f"{'tegula':36s} {'us':>6s}   {'torch peer':26s} {'us':>6s}  ratio")
     for name, ours, peer, theirs in rows:
         print(f"{name:36s} {ours:6.2f}   {peer:26s} {theirs:6.2f}  {ours / theirs:5.2f}")
+
+
+def scaled_copy_kernel():
+    """`y = x * SCALE` on 32x64 tiles of a 64x64 tensor: a launch keyed on a float
+    constexpr."""
+    import tegula as tg
+
+    @tg.kernel(threads=128)
+    def scaled_copy(x: tg.Tensor[f16], y: tg.Tensor[f16], SCALE: tg.constexpr = 1.0):
+        m = tg.block_id(0)
+        tg.copy(tg.load(x.tile((32, 64), (m, 0))) * SCALE, y.tile((32, 64), (m, 0)))
+    return scaled_copy
 
 
 class _FakeCudaTensor:
