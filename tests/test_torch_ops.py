@@ -44,10 +44,42 @@ def test_every_entry_point_is_a_registered_op_with_its_schema():
     assert schemas["copy"] == "tegula::copy(Tensor x) -> Tensor"
     # Every torch entry point of the library has its op (a new entry point fails here
     # until it is registered): the public functions of api other than tuning helpers.
+    assert schemas["gemv"] == "tegula::gemv(Tensor x, Tensor w) -> Tensor"
+    assert schemas["matmul_w4a16"] == ("tegula::matmul_w4a16(Tensor a, Tensor packed, "
+                                       "Tensor scales, Tensor? zeros, SymInt group_size) "
+                                       "-> Tensor")
     api = tg.kernels.api
     entry_points = {name for name in api.__all__ if callable(getattr(api, name))
                     and not name.endswith("_candidates") and name.islower()}
-    assert entry_points == set(torch_ops.OPS)
+    decode = {"gemv", "matmul_w4a16", "attention_forward"}  # entry points outside api
+    assert entry_points | decode == set(torch_ops.OPS)
+
+
+def _w4a16_operands(m, n, k, group, zero_point, seed):
+    from tegula.kernels.quant import quantize_w4
+    w = _random((n, k), torch.float16, seed, 0.1)
+    packed, scales, zeros = quantize_w4(w, group, zero_point)
+    return _random((m, k), torch.float16, seed + 1), packed, scales, zeros
+
+
+def test_decode_gemm_ops_on_cpu_run_the_emulated_kernels():
+    """`torch.ops.tegula.gemv` and `matmul_w4a16` on CPU tensors (the emulator) against
+    float64 references: x @ w.T, and a @ dequantized(w).T with and without zero points."""
+    from tegula.kernels.quant import dequantize_w4, unpack_w4
+    x, w = _random((3, 96), torch.float16, 1), _random((40, 96), torch.float16, 2)
+    for rows in (x, x[0]):
+        y = torch.ops.tegula.gemv(rows, w)
+        ref = rows.double() @ w.double().T
+        assert y.shape == ref.shape and y.dtype == torch.float16
+        assert torch.all((y.double() - ref).abs() <= 2e-3 * (ref.abs() + 1))
+    for zero_point in (True, False):
+        a, packed, scales, zeros = _w4a16_operands(5, 24, 128, 32, zero_point, 3)
+        c = torch.ops.tegula.matmul_w4a16(a, packed, scales, zeros, 32)
+        w_deq = dequantize_w4(unpack_w4(packed.numpy()), scales.float().numpy(),
+                              None if zeros is None else zeros.float().numpy(), 32)
+        ref = a.double() @ torch.from_numpy(np.asarray(w_deq, np.float64)).T
+        assert c.shape == (5, 24) and c.dtype == torch.float16
+        assert torch.all((c.double() - ref).abs() <= 4e-3 * (ref.abs() + 1)), zero_point
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -84,6 +116,8 @@ def test_matmul_and_copy_on_cpu():
     ("rms_norm", lambda: (_random((6, 130)), _random((130,)), 1e-6)),
     ("softmax", lambda: (_random((2, 3, 70), torch.float16),)),
     ("copy", lambda: (_random((9, 33), torch.float16),)),
+    ("gemv", lambda: (_random((2, 64), torch.float16), _random((24, 64), torch.float16))),
+    ("matmul_w4a16", lambda: _w4a16_operands(3, 16, 64, 32, True, 4) + (32,)),
 ])
 def test_opcheck_passes_on_cpu(name, args):
     # schema, fake tensor, autograd registration and AOT dispatch checks, on the CPU
@@ -110,6 +144,17 @@ def test_fake_implementations_give_cuda_shapes_and_report_bad_calls():
             torch.ops.tegula.rms_norm(x, torch.empty(64, dtype=x.dtype, device="cuda"), 1e-6)
         with pytest.raises(ValueError, match="only the last dim"):
             torch.ops.tegula.softmax(x, 0)
+        tokens = torch.empty(4, 64, dtype=torch.float16, device="cuda")
+        weight = torch.empty(30, 64, dtype=torch.float16, device="cuda")
+        assert torch.ops.tegula.gemv(tokens, weight).shape == (4, 30)
+        with pytest.raises(ValueError, match="gemv: x has 100 rows"):
+            torch.ops.tegula.gemv(a, weight)
+        packed = torch.empty(30, 32, dtype=torch.uint8, device="cuda")
+        scales = torch.empty(30, 2, dtype=torch.float16, device="cuda")
+        c = torch.ops.tegula.matmul_w4a16(a, packed, scales, None, 32)
+        assert (c.shape, c.dtype, c.device.type) == ((100, 30), torch.float16, "cuda")
+        with pytest.raises(ValueError, match="group_size must be one of"):
+            torch.ops.tegula.matmul_w4a16(a, packed, scales, None, 48)
 
 
 def test_compile_fullgraph_traces_a_model_without_graph_breaks():
@@ -295,6 +340,8 @@ def test_torch_op_reports_mistakes_clearly():
                           1e-6)),
     ("softmax", lambda: (_random((7, 3000), torch.float16, scale=3.0),)),
     ("copy", lambda: (_random((9, 333), torch.float16),)),
+    ("gemv", lambda: (_random((3, 512), torch.float16), _random((256, 512), torch.float16))),
+    ("matmul_w4a16", lambda: _w4a16_operands(16, 256, 512, 128, False, 5) + (128,)),
 ])
 def test_opcheck_on_cuda(name, args):
     cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args())

@@ -1,6 +1,6 @@
 """The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul` (with
-its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy` and
-`attention_forward` (returning o and lse).
+its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy`,
+`attention_forward` (returning o and lse), and the decode GEMMs `gemv` and `matmul_w4a16`.
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -23,7 +23,8 @@ Autograd: each op registers its backward as a formula in torch ops (there are no
 backward kernels yet): matmul's two gradients are `torch.ops.tegula.matmul` calls (f32
 accumulation, rounded to the inputs' dtype, as torch's own half-precision matmul; with a
 fused activation, after recomputing the pre-activation and applying the activation's
-derivative in f32; the bias gradient is the column sum), matmul_fp8 is forward-only, the
+derivative in f32; the bias gradient is the column sum), matmul_fp8, gemv and
+matmul_w4a16 (inference kernels) are forward-only, the
 row ops' gradients are computed in f32 from the saved output (softmax) or inputs
 (RMSNorm) and rounded to the input's dtype, and copy passes its gradient through.
 """
@@ -369,3 +370,90 @@ def _attention_forward_cpu(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     o, lse = attention_emulated(*(to_numpy(t, dtype) for t in (q, k, v)), causal, scale,
                                 return_lse=True, dtype=dtype, target="sm_80")
     return from_numpy(o, dtype), torch.from_numpy(lse)
+
+
+# ---------------------------------------------------------------------------- decode GEMMs
+# `gemv` (x @ w.T for up to 16 rows) and `matmul_w4a16` (4-bit weights, 16-bit
+# activations): inference kernels, forward only (as matmul_fp8).
+
+def _gemv_checked(x: Tensor, w: Tensor) -> tuple[DType, tuple[int, ...]]:
+    from tegula.kernels.gemv import _check_gemv_shapes
+    dtype = api._check_tensor("gemv", "x", x, api._GEMM_DTYPES)
+    api._check_tensor("gemv", "w", w, api._GEMM_DTYPES, ndim=2)
+    api._check_same_dtype("gemv", {"x": x, "w": w})
+    _check_gemv_shapes("gemv", tuple(x.shape), tuple(w.shape))
+    return dtype, tuple(x.shape[:-1]) + (w.shape[0],)
+
+
+@torch.library.custom_op("tegula::gemv", mutates_args=(), device_types="cuda")
+def gemv(x: Tensor, w: Tensor) -> Tensor:
+    """`x @ w.T` for x (K,) or (M, K) with M ≤ 16 and w (N, K), f16/bf16:
+    `tegula.kernels.gemv`."""
+    from tegula.kernels.gemv import gemv as run
+    return run(x, w)
+
+
+@gemv.register_fake
+def _gemv_fake(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty(_gemv_checked(x, w)[1])
+
+
+@gemv.register_kernel("cpu")
+def _gemv_cpu(x: Tensor, w: Tensor) -> Tensor:
+    from tegula.kernels.gemv import gemv_emulated
+    dtype, shape = _gemv_checked(x, w)
+    if 0 in shape or x.shape[-1] == 0:
+        return x.new_zeros(shape)
+    return from_numpy(gemv_emulated(to_numpy(x, dtype), to_numpy(w, dtype), dtype), dtype)
+
+
+def _w4a16_checked(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
+                   group_size: int) -> tuple[DType, tuple[int, int]]:
+    from tegula.dtypes import u4
+    from tegula.kernels.quant import check_w4a16_shapes
+    fn = "matmul_w4a16"
+    dtype = api._check_tensor(fn, "a", a, api._GEMM_DTYPES, ndim=2)
+    api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=2)
+    api._check_tensor(fn, "scales", scales, api._GEMM_DTYPES, ndim=2)
+    floats = {"a": a, "scales": scales}
+    if zeros is not None:
+        api._check_tensor(fn, "zeros", zeros, api._GEMM_DTYPES, ndim=2)
+        floats["zeros"] = zeros
+    api._check_same_dtype(fn, floats)
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    m = check_w4a16_shapes(fn, tuple(a.shape), n, k, tuple(scales.shape),
+                           None if zeros is None else tuple(zeros.shape), group_size)
+    return dtype, (m, n)
+
+
+@torch.library.custom_op("tegula::matmul_w4a16", mutates_args=(), device_types="cuda")
+def matmul_w4a16(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
+                 group_size: int) -> Tensor:
+    """`a @ ((w_q - zeros) * scales).T` with `packed` (N, K/2) uint8 4-bit weights:
+    `tegula.kernels.matmul_w4a16`."""
+    from tegula.kernels.quant import matmul_w4a16 as run
+    return run(a, packed, scales, zeros, group_size)
+
+
+@matmul_w4a16.register_fake
+def _matmul_w4a16_fake(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
+                       group_size: int) -> Tensor:
+    return a.new_empty(_w4a16_checked(a, packed, scales, zeros, group_size)[1])
+
+
+@matmul_w4a16.register_kernel("cpu")
+def _matmul_w4a16_cpu(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
+                      group_size: int) -> Tensor:
+    from tegula.kernels.quant import unpack_w4, w4a16_gemm_emulated
+    dtype, (m, n) = _w4a16_checked(a, packed, scales, zeros, group_size)
+    if m == 0 or n == 0 or a.shape[1] == 0:
+        return a.new_zeros((m, n))
+    c = w4a16_gemm_emulated(to_numpy(a, dtype), unpack_w4(packed.numpy()),
+                            to_numpy(scales, dtype),
+                            None if zeros is None else to_numpy(zeros, dtype), group_size,
+                            dtype)
+    return from_numpy(c, dtype)
+
+
+OPS.update(attention_forward=attention_forward, gemv=gemv, matmul_w4a16=matmul_w4a16)
+__all__ += ["attention_forward", "gemv", "matmul_w4a16"]
