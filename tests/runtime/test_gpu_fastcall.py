@@ -70,3 +70,40 @@ def test_replays_through_the_c_key_and_pointer_launch_read_fresh_tensors():
         pytest.skip(f"C extension unavailable here: {fastcall.unavailable}")
     assert replay.C_LOOKUP[0] is not None
     assert all(p.direct is not None for p in prepared)  # launched through launch_pointers
+
+
+def test_f32_scalars_through_the_c_launch_equal_the_python_packed_launch():
+    """A prepared launch of a kernel with an f32 scalar (`elementwise_zoo`: `alpha`
+    decides where(x > alpha, ...)) writes the float in C (`launch_pointers`, kind 'f'):
+    for each value — the sign of zero, a subnormal, NaN, infinity — the outputs equal
+    those of the same launch packed in Python (`CompiledKernel.launch`), into poisoned
+    outputs, on fresh inputs."""
+    from tegula.runtime import PreparedLaunch
+
+    ck = compile_kernel(samples.elementwise_zoo())
+    n = 128 * 2 * 7 + 6
+    grid = (-(-n // 256), 1, 1)
+    if launcher._C_POINTERS[0] is None:
+        pytest.skip(f"C extension unavailable here: {fastcall.unavailable}")
+
+    def tensors(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = (torch.rand(n, device="cuda", generator=g) * 6 - 3).half()
+        return (x, torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16),
+                torch.full((n,), 0x7F, device="cuda", dtype=torch.uint8)
+                .view(torch.float8_e4m3fn))
+
+    x, y, q = tensors(0)
+    prepared = PreparedLaunch(ck, *ck.plan.flatten([x, 0.5, y, q]))
+    for seed, alpha in enumerate([0.5, -0.0, 1.25, 1e-40, float("nan"), float("inf"),
+                                  -float("inf"), -1.75]):
+        x, y, q = tensors(seed)
+        args = [x, alpha, y, q]
+        prepared(grid, args, [t.data_ptr() if hasattr(t, "data_ptr") else None
+                              for t in args])
+        _, y_ref, q_ref = tensors(seed)
+        ck.launch(grid, [x, alpha, y_ref, q_ref])
+        torch.cuda.synchronize()
+        assert isinstance(prepared.direct, tuple) and len(prepared.direct) == 9
+        assert torch.equal(y.view(torch.int16), y_ref.view(torch.int16)), alpha
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), alpha
