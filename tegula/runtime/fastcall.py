@@ -234,21 +234,25 @@ fail:
 
 #ifndef Py_GIL_DISABLED
 #define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
+#define MAX_MAPS 16
 
 /* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then the scalars
    args[scalar_indices[j]] as 4-byte values after them (kinds[j] 'i': a Python int in
    32-bit range; 'f': a Python float as an f32, rounded as struct's "f" packs it), then
+   each tensor map's 128 bytes at dest + its offset (maps: per map (the index of its
+   tensor's pointer, the offset, a dict from that pointer to the encoded map)), then
    cuLaunchKernel on grid g[0..2] and stream g[3]; spec = (cuLaunchKernel address,
    function, threads, shared bytes, parameter array, dest, indices[, scalar_indices,
-   kinds]). Every value is converted before any is written. The GIL is held from the
-   first write to the driver's return (the driver copies the values during the call), so
-   no other Python thread can rewrite the buffer in between: no lock needed. 0 with *code
-   set (the CUresult); 1 where a scalar is not of its kind's exact type or out of its
-   range (nothing written: Python's check names it); -1 on an error. */
+   kinds, maps]). Every value is converted or found before any is written. The GIL is
+   held from the first write to the driver's return (the driver copies the values during
+   the call), so no other Python thread can rewrite the buffer in between: no lock
+   needed. 0 with *code set (the CUresult); 1 where a scalar is not of its kind's exact
+   type or out of its range, or a map is not in its dict (nothing written: Python checks,
+   encodes and packs); -1 on an error. */
 static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject *pointers,
                          PyObject *args, int *code)
 {
-    if (!PyTuple_Check(spec) || (PyTuple_GET_SIZE(spec) != 7 && PyTuple_GET_SIZE(spec) != 9) ||
+    if (!PyTuple_Check(spec) || (PyTuple_GET_SIZE(spec) != 7 && PyTuple_GET_SIZE(spec) != 10) ||
             !(PyList_Check(pointers) || PyTuple_Check(pointers))) {
         PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
         return -1;
@@ -265,22 +269,28 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
         return -1;
     }
     PyObject *indices = PyTuple_GET_ITEM(spec, 6);
-    PyObject *scalars = PyTuple_GET_SIZE(spec) == 9 ? PyTuple_GET_ITEM(spec, 7) : NULL;
-    PyObject *kinds = PyTuple_GET_SIZE(spec) == 9 ? PyTuple_GET_ITEM(spec, 8) : NULL;
-    if (!PyTuple_Check(indices) || (scalars != NULL && (!PyTuple_Check(scalars) ||
+    int full = PyTuple_GET_SIZE(spec) == 10;
+    PyObject *scalars = full ? PyTuple_GET_ITEM(spec, 7) : NULL;
+    PyObject *kinds = full ? PyTuple_GET_ITEM(spec, 8) : NULL;
+    PyObject *maps = full ? PyTuple_GET_ITEM(spec, 9) : NULL;
+    if (!PyTuple_Check(indices) || (full && (!PyTuple_Check(scalars) || !PyTuple_Check(maps) ||
             !PyBytes_Check(kinds) || PyBytes_GET_SIZE(kinds) != PyTuple_GET_SIZE(scalars)))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "launch_pointers: indices must be tuples, kinds one byte per scalar");
+        PyErr_SetString(PyExc_TypeError, "launch_pointers: indices and maps must be tuples, "
+                        "kinds one byte per scalar");
         return -1;
     }
     unsigned long long *dest = (unsigned long long *)(uintptr_t)v[5], values[MAX_POINTERS];
     int32_t ints[MAX_POINTERS];
     Py_ssize_t count = PyTuple_GET_SIZE(indices), have = PySequence_Fast_GET_SIZE(pointers);
     Py_ssize_t nints = scalars == NULL ? 0 : PyTuple_GET_SIZE(scalars);
-    if (count > MAX_POINTERS || nints > MAX_POINTERS) {
-        PyErr_SetString(PyExc_ValueError, "launch_pointers: too many pointers or scalars");
+    Py_ssize_t nmaps = maps == NULL ? 0 : PyTuple_GET_SIZE(maps);
+    if (count > MAX_POINTERS || nints > MAX_POINTERS || nmaps > MAX_MAPS) {
+        PyErr_SetString(PyExc_ValueError,
+                        "launch_pointers: too many pointers, scalars or tensor maps");
         return -1;
     }
+    const char *map_bytes[MAX_MAPS];
+    Py_ssize_t map_offsets[MAX_MAPS];
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, i));
         if (j == -1 && PyErr_Occurred())
@@ -321,9 +331,38 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
             return 1;
         ints[i] = (int32_t)value;
     }
+    for (Py_ssize_t i = 0; i < nmaps; i++) {
+        PyObject *map = PyTuple_GET_ITEM(maps, i), *found;
+        Py_ssize_t j;
+        if (!PyTuple_Check(map) || PyTuple_GET_SIZE(map) != 3 ||
+                !PyDict_Check(PyTuple_GET_ITEM(map, 2))) {
+            PyErr_SetString(PyExc_TypeError, "launch_pointers: a map is (index, offset, dict)");
+            return -1;
+        }
+        j = PyLong_AsSsize_t(PyTuple_GET_ITEM(map, 0));
+        map_offsets[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(map, 1));
+        if ((j == -1 || map_offsets[i] == -1) && PyErr_Occurred())
+            return -1;
+        if (j < 0 || j >= have || map_offsets[i] < 0) {
+            PyErr_SetString(PyExc_IndexError, "launch_pointers: map index out of range");
+            return -1;
+        }
+        /* borrowed: the dict keeps it, and no Python code runs before the memcpy */
+        found = PyDict_GetItemWithError(PyTuple_GET_ITEM(map, 2),
+                                        PySequence_Fast_GET_ITEM(pointers, j));
+        if (found == NULL)
+            return PyErr_Occurred() ? -1 : 1;  /* a new pointer: Python encodes its map */
+        if (!PyBytes_Check(found) || PyBytes_GET_SIZE(found) != 128) {
+            PyErr_SetString(PyExc_TypeError, "launch_pointers: a tensor map is 128 bytes");
+            return -1;
+        }
+        map_bytes[i] = PyBytes_AS_STRING(found);
+    }
     memcpy(dest, values, (size_t)count * 8);
     if (nints)
         memcpy((char *)dest + count * 8, ints, (size_t)nints * 4);
+    for (Py_ssize_t i = 0; i < nmaps; i++)
+        memcpy((char *)dest + map_offsets[i], map_bytes[i], 128);
     launch_kernel_t launch_kernel = (launch_kernel_t)(uintptr_t)v[0];
     *code = launch_kernel((void *)(uintptr_t)v[1], (unsigned)g[0], (unsigned)g[1],
                           (unsigned)g[2], (unsigned)v[2], 1, 1, (unsigned)v[3],
@@ -455,7 +494,7 @@ static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
     if (launched < 0)
         goto done;
     if (launched > 0)
-        goto python;  /* a scalar for Python's check */
+        goto python;  /* a scalar for Python's check, a map to encode */
     result = PyObject_GetAttr(hit, s_kernel);
     goto done;
 python:
@@ -472,8 +511,9 @@ static PyObject *s_prepared, *s_grid, *s_allocate;
 /* entry_launch(table, head, tensors, current_stream) -> the replayed call's output, or
    replay_lookup's (hit, key, pointers) for Python to finish: a library entry point's
    replay (tegula/kernels/api.py's EntryReplay: .prepared, .grid, .allocate) in one call
-   where its prepared launch writes pointers only. The output is allocate(tensors[0]), or
-   the last tensor where allocate is None (out=); its pointer follows the tensors'. */
+   where its prepared launch writes pointers (and tensor maps) only. The output is
+   allocate(tensors[0]), or the last tensor where allocate is None (out=); its pointer
+   follows the tensors'. */
 static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 4 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2]) ||
@@ -499,8 +539,10 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
             (grid = PyObject_GetAttr(hit, s_grid)) == NULL)
         goto done;
     unsigned long long g[4];
-    if (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 7 || !plain_grid(grid, g))
-        goto python;  /* (a 9-item spec has scalars: no entry point's) */
+    if (!PyTuple_Check(direct) || !plain_grid(grid, g) || (PyTuple_GET_SIZE(direct) != 7 &&
+            (PyTuple_GET_SIZE(direct) != 10 || !PyTuple_Check(PyTuple_GET_ITEM(direct, 7)) ||
+             PyTuple_GET_SIZE(PyTuple_GET_ITEM(direct, 7)) != 0)))
+        goto python;  /* (scalars: no entry point's) */
     if ((allocate = PyObject_GetAttr(hit, s_allocate)) == NULL)
         goto done;
     if (allocate == Py_None) {
@@ -513,8 +555,13 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
             goto done;
     }
     int launched = launch_prepared(prepared, direct, g, pointers, NULL, a[3]);
-    if (launched > 0)  /* cannot happen: a 7-item spec has no scalars */
-        PyErr_SetString(PyExc_SystemError, "entry_launch: a scalar in a pointers-only launch");
+    if (launched > 0) {  /* a map to encode: Python allocates its own output */
+        if (allocate != Py_None &&
+                PyList_SetSlice(pointers, PyList_GET_SIZE(pointers) - 1,
+                                PyList_GET_SIZE(pointers), NULL) < 0)
+            goto done;
+        goto python;
+    }
     if (launched == 0) {
         result = out;
         out = NULL;
@@ -588,7 +635,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-9"])
+                      os.path.realpath(cc), include, "fastcall-10"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -285,7 +285,7 @@ class PreparedLaunch:
     """
 
     __slots__ = ("kernel", "device", "constexprs", "buffer", "take_pointers", "scalars",
-                 "maps", "slots", "pointer_indices", "direct")
+                 "maps", "map_values", "slots", "pointer_indices", "direct")
 
     def __init__(self, kernel: CompiledKernel, values: list, device: int,
                  constexprs: dict | None = None, arg_index: dict[str, int] | None = None):
@@ -312,6 +312,9 @@ class PreparedLaunch:
             start = pointer_slots[tmap.tensor] + 1
             self.maps.append((arg_index[tmap.tensor], tmap, tuple(values[start:start + rank]),
                               tuple(values[start + rank:start + 2 * rank])))
+        # Per map, its encodings by data pointer (everything else it encodes is fixed for
+        # this prepared launch), filled by Python launches, read by the C launch.
+        self.map_values = [{} for _ in self.maps]
         # Buffer order: pointers, scalars, maps (rewritten per launch), then the rest.
         changing = ([slot for slot, _ in pointers]
                     + [slot for slot, spec in enumerate(specs) if spec.kind == "scalar"]
@@ -372,7 +375,7 @@ class PreparedLaunch:
         through it). None otherwise — narrower float parameters (rounded to their dtype
         first), numpy numbers, bools: the launch packs in Python and calls `send`."""
         ck, buffer = self.kernel, self.buffer
-        if (self.maps or ck._clustered or self.device < 0 or
+        if (len(self.maps) > 16 or ck._clustered or self.device < 0 or
                 not 0 < len(self.pointer_indices) <= 64 or len(self.scalars) > 64 or
                 _C_POINTERS[0] is None or not (_C_LAUNCH and _C_LAUNCH[0] is not None) or
                 type(ck).send is not _SEND or "send" in vars(ck)):
@@ -381,14 +384,20 @@ class PreparedLaunch:
                         for i, param in self.scalars)
         if len(kinds) != len(self.scalars):
             return None  # a scalar only Python checks and packs
-        if buffer.prefix.format != "<" + "Q" * len(self.pointer_indices) + kinds:
+        npointers = len(self.pointer_indices)
+        written = npointers + len(kinds)
+        if ([ck.params[slot].fmt for slot in self.slots[:written]] != ["Q"] * npointers
+                + list(kinds) or buffer.offsets[:written] != [8 * k for k in range(npointers)]
+                + [8 * npointers + 4 * k for k in range(len(kinds))]):
             return None  # not 8-byte pointers from the buffer's start, then the scalars
         dest = ctypes.addressof(buffer.buffer) + buffer.start
         spec = (_C_POINTERS[0][1], int(ck.function(self.device)), ck.threads,
                 ck.shared_bytes, buffer.address_value, dest, self.pointer_indices)
-        if not kinds:
+        if not kinds and not self.maps:
             return spec
-        return spec + (tuple(i for i, _ in self.scalars), kinds.encode())
+        maps = tuple((i, buffer.offsets[written + n], values)  # maps follow the scalars
+                     for n, ((i, *_), values) in enumerate(zip(self.maps, self.map_values)))
+        return spec + (tuple(i for i, _ in self.scalars), kinds.encode(), maps)
 
     def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
                                pointers: Sequence[int | None]) -> list:
@@ -399,6 +408,10 @@ class PreparedLaunch:
                 for i, tmap, shape, strides in self.maps]
         if maps:
             self.kernel.check_tensor_maps(maps)
+            for (i, *_), encoded, known in zip(self.maps, maps, self.map_values):
+                if len(known) >= 256:  # many distinct pointers: start over
+                    known.clear()
+                known[pointers[i]] = encoded  # for the C launch of this pointer
         return values + maps
 
 

@@ -51,6 +51,7 @@ class ParamBuffer:
         order = list(range(len(specs))) if order is None else list(order)
         in_order = [specs[s] for s in order]
         self.struct, offsets = param_layout(in_order)
+        self.offsets = offsets  # each value's byte offset from `start`, in buffer order
         self.prefix = param_layout(in_order[:dynamic])[0]  # same offsets: a prefix
         self.buffer = ctypes.create_string_buffer(max(1, self.struct.size) + BUFFER_ALIGN)
         self.start = -ctypes.addressof(self.buffer) % BUFFER_ALIGN

@@ -138,6 +138,43 @@ def test_other_scalar_values_keep_python_s_check(direct, value):
     assert driver.launches[-1][6] == expected
 
 
+def test_tensor_maps_ride_the_c_launch_once_encoded(direct, monkeypatch):
+    """A kernel with TMA tensor maps (and an f32 scalar between them): a launch whose
+    pointers have no map yet packs in Python (which encodes and remembers each map per
+    pointer); a later launch with pointers seen before writes the remembered maps in the
+    C call. Every launch sends a full flatten's bytes. A map of an empty tensor is never
+    remembered: each launch refuses it in Python."""
+    from .test_tensor_map import FakeCudaArray, RecordingEncoder, tma_kernel
+    from tegula.runtime.tensor_map import TensorMapCache
+
+    ck = CompiledKernel(tma_kernel(), b"", "", "sm_90a")
+    ck.plan.map_cache = TensorMapCache(encode=RecordingEncoder())
+    driver = direct(ck)
+    python = []
+    real = PreparedLaunch._with_scalars_and_maps
+    monkeypatch.setattr(PreparedLaunch, "_with_scalars_and_maps",
+                        lambda self, *a: python.append(1) or real(self, *a))
+
+    def args_at(base, alpha=2.5, rows=100):
+        return [FakeCudaArray((rows, 72), "<f2", base), alpha,
+                FakeCudaArray((rows, 48), "<f4", base + 0x10000)]
+
+    prepared = PreparedLaunch(ck, ck.plan.flatten(args_at(BASE))[0], device=0)
+    for base, alpha, through_python in [(BASE, 2.5, True), (BASE + 0x100000, -1.0, True),
+                                        (BASE, 0.25, False), (BASE + 0x100000, 7.0, False),
+                                        (BASE + 0x200000, 2.5, True)]:
+        del python[:]
+        args = args_at(base, alpha)
+        prepared((2, 1, 1), args, pointers_of(args))
+        assert driver.launches[-1][6] == expected_bytes(ck, ck.plan.flatten(args)[0]), base
+        assert bool(python) == through_python, base
+        assert isinstance(prepared.direct, tuple) and len(prepared.direct) == 10
+    empty = PreparedLaunch(ck, ck.plan.flatten(args_at(BASE, rows=0))[0], device=0)
+    for _ in range(2):
+        with pytest.raises(LaunchError, match="is empty"):
+            empty((1, 1, 1), args_at(BASE, rows=0), pointers_of(args_at(BASE, rows=0)))
+
+
 def test_a_driver_error_is_raised(direct, monkeypatch):
     ck = CompiledKernel(shared_transpose(), b"", "", "sm_90a")
     driver = direct(ck, result=700)  # kept alive: the driver is a ctypes callback
