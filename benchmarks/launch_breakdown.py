@@ -9,8 +9,8 @@ runs, beside torch's own calls of the same kind, in one process:
 - the driver alone: `cuLaunchKernel` in a C loop (no Python), with the parameters as a
   `void*[]` (what tegula passes) and as one packed buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`),
   for the copy and softmax kernels; the packed buffer's launch is checked against torch;
-- the whole replay (`tk.softmax(x)`, with and without `out=`) and torch's softmax, clone
-  and copy_.
+- the whole replay (`tk.softmax(x)`, with and without `out=`, without its allocation,
+  without the Python frames) and torch's softmax, clone and copy_, all interleaved.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 _LOOP_SOURCE = r"""
 #include <time.h>
@@ -56,22 +55,6 @@ def _loop_function():
     fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_uint] * 5 + [ctypes.c_void_p] * 3 + \
         [ctypes.c_int]
     return fn
-
-
-def per_call_us(fn, calls: int = 2000, repeats: int = 5) -> float:
-    import torch
-
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
 
 
 def packed_extra(prepared):
@@ -149,7 +132,8 @@ def main() -> None:
 
     import tegula.kernels as tk
     from tegula.kernels import api
-    from tegula.runtime import fastcall, replay
+    from launch_overhead import per_call_runs, per_call_us
+    from tegula.runtime import fastcall, launcher, replay
 
     x = torch.randn(64, 64, device="cuda", dtype=torch.float16)
     y = torch.empty_like(x)
@@ -161,24 +145,42 @@ def main() -> None:
     head = ("softmax", int, -1, True)
     raw_stream = torch._C._cuda_getCurrentRawStream
     loop = _loop_function()
-    rows = [
-        ("torch.softmax(x, -1)", per_call_us(lambda: torch.softmax(x, -1))),
-        ("tk.softmax(x)", per_call_us(lambda: tk.softmax(x))),
-        ("tk.softmax(x, out=y)", per_call_us(lambda: tk.softmax(x, out=y))),
-        ("x.clone()", per_call_us(lambda: x.clone())),
-        ("tk.copy(x)", per_call_us(lambda: tk.copy(x))),
-        ("y.copy_(x)", per_call_us(lambda: y.copy_(x))),
-        ("torch.empty_like(x)", per_call_us(lambda: torch.empty_like(x))),
+    # A second replay (x2: another pointer alignment class, so another key) whose output
+    # is a kept tensor: the replay without its allocation.
+    x2 = torch.randn(64 * 64 + 8, device="cuda", dtype=torch.float16)[4:4 + 64 * 64].view(64, 64)
+    y2 = torch.empty_like(x2)
+    for _ in range(3):
+        tk.softmax(x2)
+    api._REPLAYS[api._signature("softmax", (x2,), int, -1, True)].allocate = lambda t: y2
+    small = torch.randn(4, 64, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        tk.softmax(small)
+    fused, current = replay.C_ENTRY[0], launcher._CURRENT_STREAM[0]
+    # Interleaved (each run of one, then of the next, ...): a burst of load on the shared
+    # host falls on every row.
+    interleaved = {
+        "torch.softmax(x, -1)": lambda: torch.softmax(x, -1),
+        "tk.softmax(x)": lambda: tk.softmax(x),
+        "tk.softmax(x, out=y)": lambda: tk.softmax(x, out=y),
+        "tk.softmax(x2), its output a kept y2 (no allocation)": lambda: tk.softmax(x2),
+        "entry_launch(...) called directly (no Python frames)":
+            lambda: fused(api._REPLAYS, head, (x,), current),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "tk.softmax(x, out=torch.empty_like(x))": lambda: tk.softmax(x, out=torch.empty_like(x)),
+        "torch.softmax(small, -1) (4x64)": lambda: torch.softmax(small, -1),
+        "tk.softmax(small) (4x64)": lambda: tk.softmax(small),
+        "x.clone()": lambda: x.clone(),
+        "tk.copy(x)": lambda: tk.copy(x),
+        "y.copy_(x)": lambda: y.copy_(x),
+        "replay key + lookup (C), 1 tensor": lambda: lookup(api._REPLAYS, head, (x,)),
+    }
+    runs = per_call_runs(list(interleaved.values()), repeats=7)
+    rows = [(name, min(times)) for name, times in zip(interleaved, runs)]
+    rows += [
         ("x.new_empty((64, 64))", per_call_us(lambda: x.new_empty((64, 64)))),
         ("torch.empty((64,64), dtype=, device=)", per_call_us(
             lambda: torch.empty((64, 64), dtype=x.dtype, device=x.device))),
-        ("torch.empty_strided(.., dtype=, device=)", per_call_us(
-            lambda: torch.empty_strided((64, 64), (64, 1), dtype=x.dtype, device=x.device))),
-        ("x.new_empty_strided((64,64), (64,1))", per_call_us(
-            lambda: x.new_empty_strided((64, 64), (64, 1)))),
         ("x.data_ptr()", per_call_us(lambda: x.data_ptr())),
-        ("replay key + lookup (C), 1 tensor", per_call_us(lambda: lookup(api._REPLAYS, head,
-                                                                           (x,)))),
         ("_cuda_getCurrentRawStream(0)", per_call_us(lambda: raw_stream(0))),
         ("python call of a no-op", per_call_us(lambda: None)),
     ]
