@@ -31,8 +31,10 @@ DEFAULT_TARGET = "sm_90a"
 #: path of pipelined copies into wgmma operands (`load_path=`: None or "tma" for TMA where
 #: it qualifies, "cp.async" for never; a decision `tg.recommend` searches), and the consumer
 #: schedule of a warp-specialized pipeline (`consumers=`: None, "cooperative" or
-#: "pingpong", `synth/roles.py`).
-BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers")
+#: "pingpong", `synth/roles.py`), and how many blocks of the kernel an SM must be able to
+#: hold at once (`blocks_per_sm=`: `__launch_bounds__`'s second argument, which caps each
+#: thread's registers at the register file's share of that many blocks; None: no minimum).
+BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers", "blocks_per_sm")
 
 #: The values of the `load_path` build option.
 LOAD_PATHS = (None, "tma", "cp.async")
@@ -72,8 +74,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
           target: str | Target = DEFAULT_TARGET) -> Build:
     """Compile `kernel` for these constexprs, argument facts and target (cached).
     `constexprs` may hold `threads` (the block size override), `warp_specialize` (None,
-    True or False; overrides the kernel's option), `load_path` (`LOAD_PATHS`) and
-    `consumers` (`CONSUMER_SCHEDULES`)."""
+    True or False; overrides the kernel's option), `load_path` (`LOAD_PATHS`),
+    `consumers` (`CONSUMER_SCHEDULES`) and `blocks_per_sm` (`check_blocks_per_sm`)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
     threads = kernel.check_threads(constexprs.pop("threads", None))
@@ -89,19 +91,23 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     if consumers not in CONSUMER_SCHEDULES:
         raise TegulaError(f"kernel {kernel.name}: consumers={consumers!r} must be one of "
                           f"{', '.join(map(repr, CONSUMER_SCHEDULES))}")
+    blocks_per_sm = check_blocks_per_sm(kernel, target, threads,
+                                        constexprs.pop("blocks_per_sm", None))
     values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank,
                                                       elem_bits=p.spec.dtype.bits)
                  for p in kernel.params if p.kind == "tensor"}
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
-           load_path, consumers, _facts_key(facts), target.name)
+           load_path, consumers, blocks_per_sm, _facts_key(facts), target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
         traced = kernel.trace_fresh(threads, **values)
         try:
             result = synthesize(traced, target, facts, warp_specialize, load_path, consumers)
             thread_kernel = lower(result)
+            thread_kernel.blocks_per_sm = blocks_per_sm
+            _check_register_budgets(kernel, thread_kernel)
         except LayoutError as e:
             # A layout the algebra refuses is a synthesis failure of this kernel.
             raise SynthesisError(f"kernel {kernel.name}: {e}", loc=kernel.loc) from e
@@ -112,9 +118,41 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
             options["load_path"] = load_path
         if consumers is not None:
             options["consumers"] = consumers
+        if blocks_per_sm is not None:
+            options["blocks_per_sm"] = blocks_per_sm
         cache[key] = Build(kernel, dict(values, **options), facts, target, traced, result,
                            thread_kernel)
     return cache[key]
+
+
+def check_blocks_per_sm(kernel, target: Target, threads: int, blocks: Any) -> int | None:
+    """The `blocks_per_sm` build option, validated: None, or a positive int with that many
+    blocks of `threads` fitting an SM's thread and block limits."""
+    if blocks is None:
+        return None
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise TegulaError(f"kernel {kernel.name}: blocks_per_sm={blocks!r} must be None or a "
+                          f"positive int (the blocks an SM must hold at once)")
+    most = min(target.max_blocks_per_sm, target.max_threads_per_sm // threads)
+    if blocks > most:
+        raise TegulaError(f"kernel {kernel.name}: blocks_per_sm={blocks} blocks of {threads} "
+                          f"threads do not fit an SM of {target.name} (at most {most}: "
+                          f"{target.max_threads_per_sm} threads, {target.max_blocks_per_sm} "
+                          f"blocks)")
+    return blocks
+
+
+def _check_register_budgets(kernel, thread_kernel) -> None:
+    """A kernel whose warp roles set their register budgets (setmaxnreg) is compiled for one
+    block per SM (its budgets are shares of the whole register file): a `blocks_per_sm`
+    above 1 contradicts them."""
+    from tegula.synth.uses import _sets_registers
+
+    if (thread_kernel.blocks_per_sm or 1) > 1 and _sets_registers(thread_kernel):
+        raise SynthesisError(
+            f"kernel {kernel.name}: blocks_per_sm={thread_kernel.blocks_per_sm}, but its warp "
+            f"roles set their register budgets (setmaxnreg), which needs one block per SM; "
+            f"drop blocks_per_sm, or pass warp_specialize=False", loc=kernel.loc)
 
 
 def split_arguments(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:

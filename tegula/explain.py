@@ -286,9 +286,10 @@ def _resources(build: Any, compiled: Any = None) -> str:
              f"scratch (conversions, reductions); the target allows "
              f"{build.target.smem_per_block_max} B"]
     live = estimate_registers(tk)
-    limit = per_thread_limit(build.target, tk.threads)
+    limit = per_thread_limit(build.target, tk.threads, tk.blocks_per_sm)
+    at = f" at {tk.blocks_per_sm} blocks per SM (blocks_per_sm)" if tk.blocks_per_sm else ""
     lines.append(f"  registers per thread: {live.describe()}; a block of {tk.threads} "
-                 f"threads allows {limit}")
+                 f"threads allows {limit}{at}")
     for role in live.roles:
         budget = f", budget {role.budget}" if role.budget is not None else ""
         lines.append(f"      role {role.role.split(' (')[0]}: ~{role.registers}{budget}")

@@ -364,7 +364,7 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
         candidate.dropped = (f"shared memory {tk.shared_bytes} B over the {tgt.name} limit of "
                              f"{tgt.smem_per_block_max} B per block")
         return candidate
-    over = over_limit(tgt, tk.threads, estimate_registers(tk))
+    over = over_limit(tgt, tk.threads, estimate_registers(tk), tk.blocks_per_sm)
     if over:
         candidate.dropped = over[0] + ": would spill"
         return candidate

@@ -8,7 +8,7 @@ import tegula as tg
 from tegula import f16, f32, i8
 from tegula.build import build, normalize_grid, split_arguments
 from tegula.emulate import EmulationError
-from tegula.errors import LaunchError
+from tegula.errors import LaunchError, SynthesisError
 
 
 @tg.kernel(threads=64)
@@ -262,3 +262,62 @@ def test_scalars_are_checked_as_a_launch_checks_them(factor):
         tg.emulate(scale, (1,), x, y, factor)
     assert (y == 0).all()  # refused before the output was poisoned
     tg.emulate(scale, (1,), x, y, np.int64(3))    # numpy integers are ints
+
+
+# --------------------------------------------------------------------------------------
+# blocks_per_sm: __launch_bounds__(threads, B), registers capped at B blocks' share
+# --------------------------------------------------------------------------------------
+
+def _scan_build(**options):
+    from tegula.kernels.scan import selective_scan_config, selective_scan_kernel
+
+    cfg = selective_scan_config(64, 16, dtype=f32)
+    cfg.update(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, **options)
+    return build(selective_scan_kernel(f32, f32), cfg)
+
+
+def test_blocks_per_sm_caps_registers_in_the_compiled_kernel():
+    """The selective scan takes ~180 registers a thread on its own; at 3 blocks of 128 per
+    SM ptxas must hold it to 168 (65536 / 384, in units of 8)."""
+    from tegula.explain import compile_report
+
+    free = _scan_build(blocks_per_sm=None)
+    capped = _scan_build(blocks_per_sm=3)
+    assert "__launch_bounds__(128, 3)" in capped.cuda_source()
+    assert "__launch_bounds__(128)\n" in free.cuda_source()
+    assert compile_report(free).registers > 168          # so the cap below is the option's
+    assert compile_report(capped).registers <= 168
+    assert "at 3 blocks per SM (blocks_per_sm)" in capped.explain()
+
+
+def test_blocks_per_sm_is_what_the_cost_model_counts_as_occupancy():
+    from tegula.synth.cost import estimate
+
+    assert estimate(_scan_build(blocks_per_sm=3), grid=(4, 192)).blocks_per_sm == 3
+
+
+def test_blocks_per_sm_does_not_change_what_a_kernel_computes():
+    x = np.random.default_rng(6).standard_normal((37, 32)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    tg.emulate(scale, (3,), x, y, 7, blocks_per_sm=4)
+    assert np.array_equal(y, x * 2)
+
+
+@pytest.mark.parametrize("blocks,message", [
+    (0, "must be None or a positive int"), (True, "must be None or a positive int"),
+    (2.0, "must be None or a positive int"), (33, "do not fit an SM"),
+])
+def test_blocks_per_sm_refuses_values_an_sm_cannot_hold(blocks, message):
+    with pytest.raises(tg.TegulaError, match=message):
+        build(scale, {"BM": 16, "threads": 64, "blocks_per_sm": blocks})
+    with pytest.raises(tg.TegulaError, match="do not fit an SM"):
+        build(scale, {"BM": 16, "threads": 1024, "blocks_per_sm": 3})
+
+
+def test_blocks_per_sm_is_refused_where_warp_roles_set_register_budgets():
+    from tegula.kernels.gemm import gemm_kernel
+
+    constexprs = dict(BM=128, BN=128, BK=64, STAGES=3, threads=256)
+    assert "setmaxnreg" in build(gemm_kernel(f16), constexprs).cuda_source()
+    with pytest.raises(SynthesisError, match="setmaxnreg"):
+        build(gemm_kernel(f16), dict(constexprs, blocks_per_sm=2))

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"tegula: tegula.kernels.selective_scan (default tiles by type, "
              f"selective_scan_config: f32 8 channels x 128 steps per block, two states per "
              f"scan; 16-bit 8 x 256; 128 threads, 16 lanes per channel, the states looped in "
-             f"registers), dstate {DSTATE}, every option on; torch: "
+             f"registers, 3 blocks per SM), dstate {DSTATE}, every option on; torch: "
              f"Mamba's selective_scan_ref in torch (float32, a Python loop over L); median, "
              f"L2 flushed before each run ({args.flush}: {gpu.FLUSH_NOTE[args.flush]})",
              "TB/s counts u, delta, z, out, B, C, A, D and delta_bias once; tegula/copy is "

@@ -185,9 +185,13 @@ class _Emitter(AsyncStatements):
     def launch_bounds(self) -> str:
         """`threads`, or `threads, 1` when a role sets its register budget (`setmaxnreg`
         adjusts from what ptxas allocated; one block per SM makes that the block's even
-        share of the register file, which `set_max_registers` compares against)."""
+        share of the register file, which `set_max_registers` compares against), or
+        `threads, blocks` for the `blocks_per_sm` build option (registers capped so that
+        many blocks fit an SM; `build` refuses it together with setmaxnreg)."""
         if self.sets_registers:
             return f"{self.kernel.threads}, 1"
+        if self.kernel.blocks_per_sm:
+            return f"{self.kernel.threads}, {self.kernel.blocks_per_sm}"
         return str(self.kernel.threads)
 
     def declarations(self, body: str) -> list[str]:

@@ -195,9 +195,15 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 #: 2026-11-24, 4x1536x2048, dstate 16): f32 at 8 channels x 128 steps with two states per
 #: scan and B/C a group ahead (321 us; 348 us at 8 x 256 one state per scan, 319 us with
 #: the states in a run-time loop); 16-bit at 8 x 256, one state per scan (241 us; 282 us
-#: the f32 choice, 310 us the state loop).
-_DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True, STATE_LOOP=False),
-                  "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False, STATE_LOOP=False)}
+#: the f32 choice, 310 us the state loop). Both at 3 blocks per SM (`blocks_per_sm`, which
+#: holds ptxas to 168 registers a thread where it took 180 and fit 2 blocks): ncu showed
+#: the kernel issue-bound at 2 warps per scheduler, and 3 blocks measured 319 -> 236 us
+#: (f32) and 251 -> 187 us (bf16) on an H100, 2026-11-24; 4 blocks (128 registers) were
+#: slower (252 and 263 us).
+_DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True, STATE_LOOP=False,
+                              blocks_per_sm=3),
+                  "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False, STATE_LOOP=False,
+                                 blocks_per_sm=3)}
 
 
 def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
@@ -206,7 +212,8 @@ def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
     """The constexprs: BD channels per block and BL steps per chunk (8 x 128 on 128 threads:
     16 lanes of 8 consecutive steps per channel), GROUP states per tuple scan, BC_AHEAD
     (B/C rows a group ahead), PREFETCH (u and delta a chunk ahead), STATE_LOOP (states in a
-    run-time loop, not unrolled); the defaults by `dtype` (`_DEFAULT_TILES`)."""
+    run-time loop, not unrolled), and the `blocks_per_sm` build option; the defaults by
+    `dtype` (`_DEFAULT_TILES`)."""
     tiles = dict(_DEFAULT_TILES["f32" if dtype == f32 else "16-bit"])
     tiles.update({k: v for k, v in (("BD", BD), ("BL", BL)) if v is not None})
     return dict(N=dstate, **tiles,

@@ -539,6 +539,9 @@ class ThreadKernel:
     mbarriers: list = field(default_factory=list)
     #: Thread-block cluster dimensions (launched with `cuLaunchKernelEx` when not 1×1×1).
     cluster: tuple[int, int, int] = (1, 1, 1)
+    #: Blocks an SM must hold at once (the `blocks_per_sm` build option; None: no minimum):
+    #: `__launch_bounds__`'s second argument, capping each thread's registers.
+    blocks_per_sm: int | None = None
 
     @property
     def shared_bytes(self) -> int:

@@ -186,7 +186,12 @@ def estimate(build, grid=None, shapes: dict | None = None,
     else:
         smem = build.synthesis.shared_bytes
         registers = register_words_from_tiles(kernel) + REGISTER_OVERHEAD
-    notes = spill_notes(target, threads, registers, live)
+    blocks_wanted = getattr(thread_kernel, "blocks_per_sm", None)
+    notes = spill_notes(target, threads, registers, live, blocks_wanted)
+    if blocks_wanted:
+        # __launch_bounds__(threads, B): ptxas holds each thread to B blocks' share of the
+        # register file (spilling past it, which the note above reports).
+        registers = min(registers, per_thread_limit(target, threads, blocks_wanted))
     if thread_kernel is not None and _sets_registers(thread_kernel):
         # A role sets its register budget (setmaxnreg): the kernel is compiled for one block
         # per SM, every thread holding the block's share of the register file.
@@ -278,15 +283,16 @@ def _cluster_notes(uses: list[CountedUse], weights: dict) -> list[str]:
 
 
 def spill_notes(target: Target, threads: int, registers: int,
-                live: RegisterEstimate | None) -> list[str]:
+                live: RegisterEstimate | None, blocks_per_sm: int | None = None) -> list[str]:
     """Warnings where the register estimate exceeds what the launch allows a thread: the
-    per-thread limit for `threads` (`__launch_bounds__`), or a role's setmaxnreg budget."""
+    per-thread limit for `threads` and `blocks_per_sm` (`__launch_bounds__`), or a role's
+    setmaxnreg budget."""
     if live is None:  # before lowering: the tile-level sum
-        limit = per_thread_limit(target, threads)
+        limit = per_thread_limit(target, threads, blocks_per_sm)
         reasons = [f"~{registers} registers per thread, over {limit}"] if registers > limit \
             else []
     else:
-        reasons = over_limit(target, threads, live)
+        reasons = over_limit(target, threads, live, blocks_per_sm)
     return [f"{r}: ptxas may spill (`tegula compile`, `tegula explain --compile` or "
             f"explain(compile=True) show the compiler's count)" for r in reasons]
 

@@ -63,25 +63,29 @@ class RegisterEstimate:
                 f"for addresses, indices and predicates)")
 
 
-def per_thread_limit(target, threads: int) -> int:
+def per_thread_limit(target, threads: int, blocks_per_sm: int | None = None) -> int:
     """The most registers ptxas gives a thread of a block of `threads` compiled with
-    `__launch_bounds__(threads)` (as codegen emits): the register file shared by one block,
-    in the allocation unit of 8, at most the target's per-thread maximum."""
-    share = target.regs_per_sm // max(1, threads)
+    `__launch_bounds__(threads)` (as codegen emits), or `__launch_bounds__(threads, B)` for
+    `blocks_per_sm=B`: the register file shared by that many blocks, in the allocation unit
+    of 8, at most the target's per-thread maximum."""
+    share = target.regs_per_sm // max(1, threads * (blocks_per_sm or 1))
     return min(target.regs_per_thread_max, share // 8 * 8)
 
 
-def over_limit(target, threads: int, live: RegisterEstimate) -> list[str]:
+def over_limit(target, threads: int, live: RegisterEstimate,
+               blocks_per_sm: int | None = None) -> list[str]:
     """Why the estimate exceeds what a thread may hold, one reason per role over its cap
-    (a role's setmaxnreg budget, else the per-thread limit for `threads`); [] when none."""
-    limit = per_thread_limit(target, threads)
+    (a role's setmaxnreg budget, else the per-thread limit for `threads` and
+    `blocks_per_sm`); [] when none."""
+    limit = per_thread_limit(target, threads, blocks_per_sm)
     reasons = []
     for est in live.roles or [live]:
         cap = est.budget if est.budget is not None else limit
         if est.registers > cap:
             who = f"warp role {est.role}: " if est.role else ""
             why = "its setmaxnreg budget" if est.budget is not None else \
-                f"what a block of {threads} threads allows"
+                f"what a block of {threads} threads allows" + (
+                    f" at {blocks_per_sm} blocks per SM" if blocks_per_sm else "")
             reasons.append(f"{who}~{est.registers} registers per thread estimated from "
                            f"liveness, over {cap} ({why})")
     return reasons
