@@ -37,6 +37,11 @@ from tegula.runtime.autotune import Autotuner
 
 GEMV_DTYPES = (f16, bf16)
 MAX_GEMV_ROWS = 16  # more rows of x reuse each weight enough for a tensor-core GEMM
+#: The most rows of x the torch entry point runs on this kernel; more go to the tensor-core
+#: `tegula.kernels.matmul`. Measured on an H100 (2026-11-24, x torch's x @ w.T, N x K =
+#: 4096 x 4096 / 11008 x 4096): this kernel 1.03/1.00x at 2 rows, 0.98/0.87x at 4,
+#: 0.59/0.55x at 8, 0.34/0.27x at 16; matmul 1.02/1.03, 1.01/0.99, 0.93/0.97, 1.04/1.03x.
+GEMV_KERNEL_ROWS = 2
 
 # The torch entry point's autotuner, beside the library's others (winners per shape bucket).
 _api.TUNERS.setdefault("gemv", Autotuner("gemv"))
@@ -150,9 +155,11 @@ def gemv_candidates(m: int) -> list[dict]:
 def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
     """`x @ w.T` for CUDA tensors x (K,) or (M, K) with M ≤ 16 and w (N, K) (an
     `nn.Linear` weight), f16 or bf16, accumulated in f32; returns (N,) or (M, N) in x's
-    dtype (or writes `out`, contiguous). Autotuned per (M, N, K) bucket and GPU; later
-    calls with the same shapes, strides and dtypes replay the chosen launch (the host
-    path of a 10-µs GEMV matters)."""
+    dtype (or writes `out`, contiguous). Up to `GEMV_KERNEL_ROWS` rows run the GEMV kernel,
+    autotuned per (M, N, K) bucket and GPU; later calls with the same shapes, strides and
+    dtypes replay the chosen launch (the host path of a 10-µs GEMV matters). More rows
+    run `tegula.kernels.matmul` on `w.T` (tensor cores; the GEMV kernel's FMAs per weight
+    grow with the rows, see `GEMV_KERNEL_ROWS`)."""
     from tegula.kernels import api
     from tegula.runtime.autotune import Config
 
@@ -170,6 +177,13 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
     api._check_cuda(fn, {"x": x, "w": w})
     torch = api._torch()
     shape = tuple(x.shape[:-1]) + (n,)
+    if m > GEMV_KERNEL_ROWS:
+        from tegula.kernels.api_matmul import matmul
+        if out is None:
+            return matmul(x.reshape(m, k), w.T).view(shape)
+        api._check_out(fn, out, shape, x)
+        matmul(x.reshape(m, k), w.T, out=out.view(m, n))
+        return out
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
     else:
@@ -197,4 +211,4 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
 
 
 __all__ = ["gemv_kernel", "gemv_config", "gemv_emulated", "gemv_candidates", "gemv",
-           "GEMV_DTYPES", "MAX_GEMV_ROWS"]
+           "GEMV_DTYPES", "MAX_GEMV_ROWS", "GEMV_KERNEL_ROWS"]

@@ -55,3 +55,15 @@ def test_matmul_w4a16_replays_only_its_own_specialization(sent):
     replayed = check_sequence(sent, calls + calls)
     assert replayed[1], "new activations in the first call's layout replay"
     assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 16])
+def test_gemv_hands_more_than_two_rows_to_the_tensor_core_matmul(sent, rows):
+    """Up to 2 rows (GEMV_KERNEL_ROWS) launch the GEMV kernel; more launch matmul's GEMM
+    (the GEMV kernel's FMAs per weight grow with the rows: 0.27x torch at 16 on an H100)."""
+    w = _x((40, 96), dtype=torch.float16, seed=1)
+    tk.gemv(_x((rows, 96), dtype=torch.float16), w)
+    names = [launch[0].name for launch in sent]
+    assert names, "nothing launched"
+    on_gemv = all(name == "gemv" for name in names)
+    assert on_gemv == (rows <= 2), names
