@@ -181,7 +181,7 @@ class Scheduler:
         n = len(self.tasks)
         for step in range(1, n + 1):
             t = self.tasks[(last + step) % n]
-            if not t.done and (t.waiting is None or t.waiting.ready()):
+            if self._runnable(t):
                 return t
         return None
 
