@@ -518,9 +518,9 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
 
 def w4a16_candidates(m: int, group_size: int) -> list[dict]:
     """Configurations worth timing: for M ≤ MAX_ROWS_KERNEL_M the rows kernel (1, 2 or 4
-    weight tiles per block, 1 or 2 chunks loaded ahead) and, from 3 rows on, the
-    16-row GEMM; up to 16 rows the 16-row GEMM; beyond, GEMM tiles up to 128x128,
-    pipelined 3 deep or not; BK 64 or 128, or the group where it is smaller."""
+    weight tiles per block, 1 or 2 chunks loaded ahead) and, from 3 rows on, the 16-row
+    GEMM; beyond, the GEMM's tiles (16 rows up to 16, else up to 128x128) and the swapped
+    kernel (`_swapped_candidates`); BK 64 or 128, or the group where it is smaller."""
     chunks = sorted({min(group_size, 64), min(group_size, 128)})  # BK divides the group
     small_gemm = [dict(BM=16, BN=bn, BK=bk, STAGES=3) for bn in (32, 64) for bk in chunks]
     small_gemm.append(dict(BM=16, BN=16, BK=min(group_size, 128), STAGES=3, threads=64))
@@ -528,11 +528,36 @@ def w4a16_candidates(m: int, group_size: int) -> list[dict]:
         rows = [dict(R=r, UNROLL=u) for r in (1, 2, 4) for u in (1, 2)]
         return rows + (small_gemm if m > 2 else [])
     if m <= MAX_GEMV_ROWS:
-        return small_gemm
-    tiles = [dict(BM=64, BN=64), dict(BM=64, BN=128), dict(BM=128, BN=64),
-             dict(BM=128, BN=32, threads=256), dict(BM=128, BN=128, threads=256)]
-    return [dict(t, BK=bk, STAGES=stages) for t in tiles for bk in chunks
-            for stages in (1, 3)]
+        return small_gemm + _swapped_candidates(m, group_size)
+    wide = min(group_size, 128)
+    gemm = [dict(BM=64, BN=64, BK=min(group_size, 64), STAGES=3)] + [
+        dict(t, BK=wide, STAGES=3) for t in (dict(BM=64, BN=64), dict(BM=128, BN=64),
+                                              dict(BM=128, BN=128, threads=256))]
+    return gemm + _swapped_candidates(m, group_size)
+
+
+def _swapped_candidates(m: int, group_size: int) -> list[dict]:
+    """The swapped kernel's configs worth timing (H100, session 7: `docs/performance.md`).
+    Up to 16 tokens the weights' bytes in flight decide: the packed weights through an
+    8-deep cp.async ring (WSMEM), or split K over 2-4 times the blocks (N = 4096 has 64
+    weight tiles); beyond, the dequantized tile as a shared A operand (16-byte weight
+    loads, ASMEM) over all the tokens or 64 at a time, BK 128 or 64, or split in 2. The
+    register A operand (ASMEM=0 without WSMEM) lost to these at every measured shape."""
+    wide, narrow = min(group_size, 128), min(group_size, 64)
+    one_role = dict(warp_specialize=False)
+    if m <= MAX_GEMV_ROWS:
+        bt = token_tile(m)
+        return [dict(one_role, BT=bt, BK=wide, STAGES=8, WSMEM=1),
+                dict(one_role, BT=bt, BK=wide, STAGES=8, WSMEM=1, SPLIT=2),
+                dict(one_role, BT=bt, BK=wide, STAGES=4, ASMEM=1, SPLIT=2),
+                dict(one_role, BT=bt, BK=wide, STAGES=4, ASMEM=1, SPLIT=4)]
+    bt = token_tile(m)
+    configs = [dict(one_role, BT=bt, BK=wide, STAGES=3, ASMEM=1),
+               dict(one_role, BT=bt, BK=narrow, STAGES=3, ASMEM=1),
+               dict(one_role, BT=bt, BK=narrow, STAGES=3, ASMEM=1, SPLIT=2)]
+    if bt > 64:
+        configs.append(dict(one_role, BT=64, BK=wide, STAGES=3, ASMEM=1))
+    return configs
 
 
 def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, *,

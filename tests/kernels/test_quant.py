@@ -16,8 +16,8 @@ from tegula.kernels.quant import (GROUP_SIZES, MAX_ROWS_KERNEL_M, SYMMETRIC_ZERO
 
 def rounds_weights(m: int, tiles: dict = {}) -> bool:  # noqa: B006 — read only
     """Whether the kernel chosen for m rows rounds the dequantized weights to the MMA's
-    operand type (the GEMM kernel) or keeps them in f32 (the rows kernel)."""
-    return m > MAX_ROWS_KERNEL_M or "BM" in tiles
+    operand type (the GEMM and swapped kernels) or keeps them in f32 (the rows kernel)."""
+    return m > MAX_ROWS_KERNEL_M or "BM" in tiles or "BT" in tiles
 
 
 def random_w4(rng, n: int, k: int, group: int, dtype, zero_point: bool = True):
@@ -215,8 +215,12 @@ def test_every_row_count_and_group_has_valid_candidates(m, group):
     assert candidates
     for tiles in candidates:
         kind, grid, c = w4a16_config(m, 4096, 4096, group, **tiles)
-        assert kind == ("gemm" if "BM" in tiles or m > MAX_ROWS_KERNEL_M else "rows")
+        expected = ("split" if tiles.get("SPLIT", 1) > 1 else "swapped") if "BT" in tiles \
+            else "gemm" if "BM" in tiles or m > MAX_ROWS_KERNEL_M else "rows"
+        assert kind == expected
         assert kind == "rows" or group % c["BK"] == 0
+    # the swapped kernel competes from 9 rows on (it won 5 of 6 shapes measured at 16-128)
+    assert any("BT" in t for t in candidates) == (m > MAX_ROWS_KERNEL_M)
 
 
 # ------------------------------------------------------------------ argument checks

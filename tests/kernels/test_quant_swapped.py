@@ -139,3 +139,18 @@ def test_swapped_config_and_its_errors():
     w_q, scales, zeros = random_w4(rng, 8, 64, 32, f16)
     with pytest.raises(SynthesisError, match=r"64x12 C tile does not split"):
         w4a16_gemm_emulated(a, w_q, scales, zeros, 32, BT=12)
+
+
+@pytest.mark.parametrize("m,group", [(16, 32), (100, 128)])
+def test_every_swapped_candidate_runs(m, group):
+    """Each swapped config the torch entry point's tuner may pick, emulated on sm_90a at a
+    shape that divides no tile."""
+    from tegula.kernels.quant import w4a16_candidates
+    rng = np.random.default_rng(m + group)
+    a = random_input(rng, (m, 2 * group), f16)
+    w_q, scales, zeros = random_w4(rng, 70, 2 * group, group, f16)
+    swapped = [t for t in w4a16_candidates(m, group) if "BT" in t]
+    assert swapped
+    for tiles in swapped:
+        c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, **tiles)
+        check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
