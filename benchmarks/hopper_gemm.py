@@ -13,7 +13,8 @@ checked against an f64 reference of the same f16 inputs (elements beyond the f16
 of an f32-accumulated sum are counted), outputs poisoned with NaN first. Then the compile
 time of the GEMM and the copy kernel's bandwidth against torch's copy. A table last;
 nothing is asserted about time. `--pingpong`: only the persistent GEMM's consumer schedules
-(cooperative, ping-pong) against cuBLAS at 4096^3 and 4096x14336x4096.
+(cooperative, ping-pong) against cuBLAS at 4096^3 and 4096x14336x4096;
+`--pingpong-epilogue`: the same with a fused bias + GELU epilogue at 4096^3.
 """
 from __future__ import annotations
 
@@ -155,8 +156,65 @@ def schedule_rows(m: int, n: int, k: int) -> list[tuple[str, str]]:
     return rows
 
 
+def epilogue_rows() -> list[tuple[str, str]]:
+    """`--pingpong-epilogue`: bias + GELU at 4096³, where a consumer's epilogue is long
+    (torch's matmul + bias + gelu; the persistent kernel cooperative and ping-pong; one
+    block per tile), then plain 4096x14336x4096 ping-pong against cooperative."""
+    from tegula.kernels import gemm as library
+    m = n = k = 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    bias = torch.randn(n, device="cuda", dtype=torch.float16)
+    ref = torch.nn.functional.gelu(a.float() @ b.float().T + bias.float())
+    ms = do_bench(lambda: torch.nn.functional.gelu(torch.matmul(a, b.T) + bias), warmup=25,
+                  rep=100, return_mode="median")
+    base = 2 * m * n * k / ms / 1e9
+    rows = [(f"{m}^3 bias+gelu torch", f"{base:.0f} TFLOP/s")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    persistent = library.persistent_gemm_kernel(tg.f16, "gelu", True)
+    runs = [("persistent cooperative 128x256", persistent,
+             _persistent.persistent_grid(m, n, sms, 128, 256),
+             dict(BM=128, BN=256, BK=64, STAGES=4, threads=256, consumers="cooperative")),
+            ("persistent pingpong 64x256", persistent,
+             _persistent.persistent_grid(m, n, sms, 64, 256),
+             dict(BM=64, BN=256, BK=64, STAGES=4, threads=128, consumers="pingpong")),
+            ("one block per tile 128x256", library.gemm_kernel(tg.f16, "gelu", True),
+             (m // 128, n // 256), dict(BM=128, BN=256, BK=64, STAGES=3, threads=256))]
+    for name, kernel, grid, cfg in runs:
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        try:
+            kernel[grid](a, b, bias.view(1, n), c, **cfg)
+            torch.cuda.synchronize()
+            bad = int((~((c.float() - ref).abs() <= 1e-2 * ref.abs() + 1e-2)).sum())
+            ms = do_bench(lambda: kernel[grid](a, b, bias.view(1, n), c, **cfg), warmup=25,
+                          rep=100, return_mode="median")
+            tf = 2 * m * n * k / ms / 1e9
+            rows.append((f"{m}^3 bias+gelu {name}", f"{tf:.0f} TFLOP/s = {tf / base:.2f}x "
+                         f"torch, {bad} wrong elements"))
+        except Exception as e:  # report and go on
+            rows.append((f"{m}^3 bias+gelu {name}", f"FAILED {type(e).__name__}: {e}"[:160]))
+        print(rows[-1], flush=True)
+    m, n = 4096, 14336
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
+    base = 2 * m * n * k / ms / 1e9
+    rows.append((f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s"))
+    for cfg in (SCHEDULE_CONFIGS[0], SCHEDULE_CONFIGS[5]):
+        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"])
+        rows.append(measure(f"{m}x{n}x{k} persistent {cfg}", persistent_gemm, grid, a, b,
+                            base, target="sm_90a", **cfg))
+    return rows
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"))
+    if "--pingpong-epilogue" in sys.argv:
+        rows = epilogue_rows()
+        width = max(len(r[0]) for r in rows)
+        for name, value in rows:
+            print(f"{name:<{width}}  {value}")
+        return
     if "--pingpong" in sys.argv:
         rows = [r for shape in SCHEDULE_SHAPES for r in schedule_rows(*shape)]
         width = max(len(r[0]) for r in rows)

@@ -27,11 +27,13 @@ from tegula.runtime.autotune import Config
 # --------------------------------------------------------------------------------------
 
 #: The persistent kernel's configurations on sm_90a (kernels.gemm.persistent_gemm_kernel):
-#: 128×256×64 in 4 stages is the H100's best measured (0.84–0.88× cuBLAS, session 5);
-#: 128×128 gives twice the tiles where 128×256 would leave SMs idle.
+#: 128×256×64 in 4 stages on two cooperative consumer warpgroups is the H100's best
+#: measured (0.83× cuBLAS at 4096³, session 7); the second gives twice the tiles where
+#: 128×256 would leave SMs idle: 64×256 tiles on ping-pong consumer warpgroups (409
+#: TFLOP/s at 4096³, where 128×128 on two cooperative warpgroups ran at 379).
 PERSISTENT = [dict(kernel="persistent", BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
-              dict(kernel="persistent", BM=128, BN=128, BK=64, STAGES=4, GROUP=8,
-                   threads=256)]
+              dict(kernel="persistent", BM=64, BN=256, BK=64, STAGES=4, GROUP=8,
+                   threads=128, consumers="pingpong")]
 
 
 def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
