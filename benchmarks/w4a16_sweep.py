@@ -1,9 +1,11 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped] [--only PREFIX] [--budget SECONDS]`.
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined] [--only PREFIX]
+[--budget SECONDS]`.
 
-`--set swapped` times the swapped-orientation W4A16 kernel (weights as the MMA's register
-A operand) against the session-6 GEMM kernel at M = 16, 64, 128 on N=K=4096 and
-N=14336, K=4096. Each row (printed as it is measured): the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
+`--set swapped` times the swapped-orientation W4A16 kernel (the weights as the MMA's A
+operand) against the session-6 GEMM kernel at M = 16, 64, 128 on N=K=4096 and N=14336,
+K=4096; `--set refined` times the variants around round 1's winners. Each row (printed
+as it is measured): the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
 `tegula bench quant`), the TB/s of the floor bytes (packed weights + scales + zeros for
 W4A16, the weights for GEMV) and their fraction of the device copy bandwidth; torch's f16
 matmul of the same shape (`a @ w.T`, cuBLAS) for comparison. Every tegula result is
@@ -51,7 +53,25 @@ SWAPPED = [(name, (m, n, 4096), dict(config, **({} if name == "w4gemm" or "warp_
            for n in (4096, 14336) for m in (16, 64, 128)
            for name, config in [("w4gemm", _GEMM_BY_M[m])]
            + [("w4swap", c) for c in _SWAPPED_BY_M[m]]]
-SETS = {"session6": SESSION6, "swapped": SWAPPED}
+# Round 2: around round 1's winners (WSMEM and split K at 16 tokens, the shared A operand
+# beyond), more blocks per SM (split 4-8, 2 stages, 64-token tiles).
+_REFINED_BY_M = {
+    16: [dict(BT=16, BK=128, STAGES=8, WSMEM=1), dict(BT=16, BK=128, STAGES=8, WSMEM=1, SPLIT=2),
+         dict(BT=16, BK=128, STAGES=6, WSMEM=1, SPLIT=4),
+         dict(BT=16, BK=128, STAGES=4, ASMEM=1, SPLIT=4), dict(BT=16, BK=128, STAGES=3, ASMEM=1, SPLIT=8)],
+    64: [dict(BT=64, BK=128, STAGES=3, ASMEM=1), dict(BT=64, BK=128, STAGES=2, ASMEM=1),
+         dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=2), dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=4),
+         dict(BT=32, BK=128, STAGES=3, ASMEM=1)],
+    128: [dict(BT=128, BK=128, STAGES=3, ASMEM=1), dict(BT=128, BK=128, STAGES=2, ASMEM=1),
+          dict(BT=128, BK=128, STAGES=3, ASMEM=1, SPLIT=2), dict(BT=128, BK=128, STAGES=2, ASMEM=1, SPLIT=4),
+          dict(BT=64, BK=128, STAGES=3, ASMEM=1), dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=2)],
+}
+REFINED = [(name, (m, n, 4096), dict(config, **({} if name == "w4gemm" else
+                                                {"warp_specialize": False})))
+           for n in (4096, 14336) for m in (16, 64, 128)
+           for name, config in [("w4gemm", _GEMM_BY_M[m])]
+           + [("w4swap", c) for c in _REFINED_BY_M[m]]]
+SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED}
 
 
 GROUP = 128
