@@ -1,6 +1,7 @@
 """The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul` (with
 its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy`,
-`attention_forward` (returning o and lse), and the decode GEMMs `gemv` and `matmul_w4a16`.
+`attention_forward` and `attention_decode` (each returning o and lse), and the decode
+GEMMs `gemv` and `matmul_w4a16`.
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -455,5 +456,58 @@ def _matmul_w4a16_cpu(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional
     return from_numpy(c, dtype)
 
 
-OPS.update(attention_forward=attention_forward, gemv=gemv, matmul_w4a16=matmul_w4a16)
-__all__ += ["attention_forward", "gemv", "matmul_w4a16"]
+def _decode_checked(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                    block_table: Optional[Tensor], scale: Optional[float]) -> DType:
+    from tegula.dtypes import i32
+    from tegula.kernels.attention_backward import default_scale
+    from tegula.kernels.attention_decode import check_decode_shapes
+    fn = "attention_decode"
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache)
+    for name, t in tensors.items():
+        dtype = api._check_tensor(fn, name, t, api._GEMM_DTYPES, ndim=4)
+    api._check_same_dtype(fn, tensors)
+    api._check_tensor(fn, "cache_seqlens", cache_seqlens, {"int32": i32}, ndim=1)
+    if block_table is not None:
+        api._check_tensor(fn, "block_table", block_table, {"int32": i32}, ndim=2)
+    check_decode_shapes(fn, q, k_cache, v_cache, cache_seqlens, block_table)
+    default_scale(scale, q.shape[-1], fn)
+    return dtype
+
+
+@torch.library.custom_op("tegula::attention_decode", mutates_args=(), device_types="cuda")
+def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                     block_table: Optional[Tensor] = None, scale: Optional[float] = None,
+                     causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Decoding attention over a KV cache (contiguous, or paged with `block_table`),
+    returning (o, lse): `tegula.kernels.attention_decode(..., return_lse=True)`."""
+    from tegula.kernels.attention_decode import attention_decode as run
+    return run(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
+               return_lse=True)
+
+
+@attention_decode.register_fake
+def _attention_decode_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                           cache_seqlens: Tensor, block_table: Optional[Tensor] = None,
+                           scale: Optional[float] = None,
+                           causal: bool = False) -> tuple[Tensor, Tensor]:
+    _decode_checked(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@attention_decode.register_kernel("cpu")
+def _attention_decode_cpu(q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                          cache_seqlens: Tensor, block_table: Optional[Tensor] = None,
+                          scale: Optional[float] = None,
+                          causal: bool = False) -> tuple[Tensor, Tensor]:
+    from tegula.kernels.attention_decode import attention_decode_emulated
+    dtype = _decode_checked(q, k_cache, v_cache, cache_seqlens, block_table, scale)
+    o, lse = attention_decode_emulated(
+        *(to_numpy(t, dtype) for t in (q, k_cache, v_cache)), cache_seqlens.numpy(),
+        None if block_table is None else block_table.numpy(), scale, causal, dtype=dtype,
+        target="sm_80", return_lse=True)
+    return from_numpy(o, dtype), torch.from_numpy(lse)
+
+
+OPS.update(attention_forward=attention_forward, gemv=gemv, matmul_w4a16=matmul_w4a16,
+           attention_decode=attention_decode)
+__all__ += ["attention_forward", "gemv", "matmul_w4a16", "attention_decode"]
