@@ -378,6 +378,7 @@ def test_torch_op_reports_mistakes_clearly():
     ("copy", lambda: (_random((9, 333), torch.float16),)),
     ("gemv", lambda: (_random((3, 512), torch.float16), _random((256, 512), torch.float16))),
     ("matmul_w4a16", lambda: _w4a16_operands(16, 256, 512, 128, False, 5) + (128,)),
+    ("attention_decode", lambda: _decode_operands(4, paged=True)),
 ])
 def test_opcheck_on_cuda(name, args):
     cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args())
