@@ -141,7 +141,8 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
     ASMEM=1 the dequantized tile goes through shared memory as the MMA's A operand
     instead, so the packed weights are loaded in 16-byte vectors along K (the A
     fragment's byte pairs cost one load and its address each). BK divides the group
-    size G; c is written through its transpose.
+    size G; c is written through its transpose, rearranged (through shared memory) so
+    that its stores are 16-byte vectors along N.
 
     `partial` (split K, SPLIT blocks along grid axis 2): block z sums its slice of the
     k-steps and writes the f32 partial cᵀ tile into `c`, an (SPLIT · Np, M) f32 workspace
@@ -189,8 +190,8 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
         if partial:
             row_tiles = (w.shape[0] + BN - 1) // BN
             tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
-        else:
-            tg.copy(acc.to(dtype), c.T.tile((BN, BT), (n, t)))
+        else:   # rearranged through shared memory: c's rows are tokens, 16-byte stores
+            tg.copy(tg.rearrange(acc.to(dtype)), c.T.tile((BN, BT), (n, t)))
 
     return w4a16_swapped
 
@@ -209,7 +210,9 @@ def w4a16_split_sum_kernel(dtype: DType) -> tg.Kernel:
         total = tg.load(parts.tile((BN, BT), (n, t)))
         for z in range(1, SPLIT):
             total = total + tg.load(parts.tile((BN, BT), (z * row_tiles + n, t)))
-        tg.copy(total.to(dtype), c.T.tile((BN, BT), (n, t)))
+        # read along the tokens, written along N: the rearrangement (through shared
+        # memory) makes both 16-byte vectors; strided 2-byte stores cost more than the sum
+        tg.copy(tg.rearrange(total.to(dtype)), c.T.tile((BN, BT), (n, t)))
 
     return w4a16_split_sum
 
