@@ -612,31 +612,45 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
         launched = []
 
         def launch(kernel: Any, grid: tuple, kernel_args: tuple, cx: dict) -> Any:
-            launched.append((grid, kernel_args))
-            return api._launch(kernel, grid, kernel_args, cx, config.threads)
+            ck = api._launch(kernel, grid, kernel_args, cx, config.threads)
+            launched.append((ck, grid, kernel_args))
+            return ck
 
-        ck = launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, out,
-                          launch, lambda shape: torch.empty(shape, dtype=torch.float32,
-                                                            device=a.device))
-        return ck, launched   # a replay repeats one launch: split K (two) has none
+        launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, out, launch,
+                     lambda shape: torch.empty(shape, dtype=torch.float32, device=a.device))
+        return launched
 
-    ck, launched = api._tune_and_run(
+    launched = api._tune_and_run(
         fn, a.device.index, configs, (m, n, k),
         f"{dtype}/g{group_size}/{'z' if zeros is not None else 'sym'}", run)
-    if (signature is not None and len(launched) == 1
-            and api._views_of(args[:len(given)], given)):
-        (grid, operands), = launched
+    if signature is not None and api._views_of(args[:len(given)], given):
         # the rows kernel's 4-D operands are views of args: the same data pointers
-        launch = api._replayer(ck, grid, operands)
-        unread = args[3]  # the zeros argument when there are none: kept alive here
-
-        def replay_w4a16(a: Any, packed: Any, scales: Any, zeros: Any = unread) -> Any:
-            c = a.new_empty((m, n))  # torch.empty(..., device=) costs ~5 µs more
-            launch((a.data_ptr(), packed.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
-                    c.data_ptr()))
-            return c
-        api._remember(signature, replay_w4a16)
+        api._remember(signature, _w4a16_replay(launched, m, n, args[3]))
     return out
+
+
+def _w4a16_replay(launched: list, m: int, n: int, unread: Any) -> Any:
+    """A replay of `matmul_w4a16`'s launches (each (compiled kernel, grid, args)) for new
+    tensors of the same signature: the kernel on (a, packed, scales, zeros) into a new c,
+    or for split K the partial products into a new f32 workspace, then their sum into c.
+    `unread` is the zeros argument of a call without zeros, kept alive here."""
+    from tegula.kernels import api
+
+    prepared = [api._replayer(ck, grid, args) for ck, grid, args in launched]
+    new_parts = (api.fast_empty(launched[0][2][0], tuple(launched[0][2][-1].shape),
+                                launched[0][2][-1].dtype) if len(launched) == 2 else None)
+
+    def replay_w4a16(a: Any, packed: Any, scales: Any, zeros: Any = unread) -> Any:
+        c = a.new_empty((m, n))  # torch.empty(..., device=) costs ~5 µs more
+        inputs = (a.data_ptr(), packed.data_ptr(), scales.data_ptr(), zeros.data_ptr())
+        if new_parts is None:
+            prepared[0]((*inputs, c.data_ptr()))
+            return c
+        parts = new_parts(a)
+        prepared[0]((*inputs, parts.data_ptr()))
+        prepared[1]((parts.data_ptr(), c.data_ptr()))
+        return c
+    return replay_w4a16
 
 
 __all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_swapped_kernel", "w4a16_kernel",

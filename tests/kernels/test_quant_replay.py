@@ -69,3 +69,23 @@ def test_gemv_hands_more_than_two_rows_to_the_tensor_core_matmul(sent, rows):
     assert names, "nothing launched"
     on_gemv = all(name == "gemv" for name in names)
     assert on_gemv == (rows <= 2), names
+
+
+def test_matmul_w4a16_split_k_replays_both_launches(sent, monkeypatch):
+    """A split-K configuration is two launches (the partial products into an f32
+    workspace, then their sum into c): its replay sends both, each with the full path's
+    bytes (a WSMEM config: cp.async, no tensor maps for the stubbed driver)."""
+    from tegula.kernels import quant
+    split = dict(BT=16, BK=64, STAGES=3, WSMEM=1, SPLIT=2, warp_specialize=False)
+    monkeypatch.setattr(quant, "w4a16_candidates", lambda m, group_size: [split])
+    packed = torch.randint(0, 256, (70, 64), dtype=torch.uint8)
+    scales = _x((70, 2), dtype=torch.float16, seed=2).abs() + 0.01
+    zeros = torch.randint(0, 16, (70, 2)).to(torch.float16)
+    calls = [lambda: tk.matmul_w4a16(_x((12, 128), dtype=torch.float16), packed, scales,
+                                     zeros, 64),
+             lambda: tk.matmul_w4a16(_x((12, 128), torch.float16, seed=5), packed, scales,
+                                     zeros, 64)]
+    before = len(sent)
+    replayed = check_sequence(sent, calls)
+    assert replayed == [False, True]
+    assert len(sent) - before == 2 * 2 * len(calls), "two launches per call and path"
