@@ -9,8 +9,10 @@ low nibble first), dequantizes it in registers with its group's scale and zero p
 it with the activation tile on the tensor cores; the activation tiles are copied ahead in
 a 3-stage pipeline. `tg.gemm` takes operands of one type, so the kernel dequantizes first.
 The library's version (`tegula.kernels.matmul_w4a16` on torch tensors,
-`w4a16_gemm_emulated` on numpy ones) loads each k-step's weights one step early, and adds
-a CUDA-core kernel for decode (M ≤ 8) that streams the weights once with 16-byte loads:
+`w4a16_gemm_emulated` on numpy ones) loads each k-step's weights one step early, adds a
+CUDA-core kernel for decode (M ≤ 8) that streams the weights once with 16-byte loads, and
+from 9 rows a swapped kernel (`w4a16_swapped_kernel`: cᵀ = dequant(w)·aᵀ, the weights as
+the MMA's A operand and up to 128 tokens as its N):
 
     packed, scales, zeros = tegula.kernels.quantize_w4(w, group_size=128)
     c = tegula.kernels.matmul_w4a16(a, packed, scales, zeros, 128)
