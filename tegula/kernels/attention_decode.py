@@ -242,32 +242,89 @@ def group_rows(num_heads: int, kv_heads: int, seq_q: int, block_keys: int) -> in
     return max(16 if block_keys >= 32 else 32, 1 << (rows - 1).bit_length())
 
 
+# The split count's cost model (`split_time`), fitted to a sweep of split counts on an
+# H100 (session 7, `benchmarks/results/h100-2026-11-24-session7.txt`): the read bandwidth
+# (bytes/µs), the most one program streams and the most one SM streams however many
+# programs it holds (bytes/µs, contiguous and paged: a paged program waits on its page
+# table and copies in smaller pieces), the cost of one more split (µs: the combine walks
+# the splits in order) and a fixed cost (µs: two launches, ramp-up and tail).
+DECODE_BANDWIDTH = 3.3e6
+PROGRAM_RATE = {False: 27e3, True: 11e3}   # contiguous, paged
+SM_RATE = {False: 30e3, True: 20e3}
+SPLIT_COST_US = 0.6
+FIXED_US = 15.0
+SHARED_PER_SM = 228 * 1024                 # H100; 1 KB of it reserved per resident block
+STAGES = 3                                 # the split kernels' K/V ring
+
+
+def split_time(splits: int, rows: int, blocks: int, BR: int, BN: int, D: int, paged: bool,
+               sms: int = 132) -> float:
+    """Modeled µs of the split and combine kernels with `splits` splits (normalized to
+    whole chunks) of `blocks` key blocks for `rows` = B·Hkv (batch, kv head) pairs. The
+    programs run in waves of as many as fit on the GPU at once (shared memory bounds
+    them). In a wave of n, each streams its chunk at min(bandwidth / n, PROGRAM_RATE,
+    SM_RATE / k) with k the programs on the fullest SM: a wave of few programs is slow
+    (too few splits), and so is a count whose programs fill a wave and spill a few into
+    the next, or fill some SMs twice and others once (quantization). The partial outputs
+    cost a write and a read, each split SPLIT_COST_US, and both kernels FIXED_US."""
+    chunk = -(-blocks // splits)
+    splits = -(-blocks // chunk)
+    block_shared = (BR * D + 2 * STAGES * BN * D) * 2 + 1024
+    slots = sms * max(1, SHARED_PER_SM // block_shared)
+    chunk_bytes = chunk * BN * D * 2 * 2            # K and V, 2-byte elements
+    time, left = 0.0, rows * splits
+    while left > 0:
+        wave = min(left, slots)
+        fullest = -(-wave // sms)
+        rate = min(DECODE_BANDWIDTH / wave, PROGRAM_RATE[bool(paged)],
+                   SM_RATE[bool(paged)] / fullest)
+        time += chunk_bytes / rate
+        left -= wave
+    partials = 2 * rows * splits * BR * D * 4
+    return time + partials / DECODE_BANDWIDTH + SPLIT_COST_US * splits + FIXED_US
+
+
+@lru_cache(maxsize=4096)
+def best_split_count(rows: int, blocks: int, BR: int, BN: int, D: int, paged: bool,
+                     sms: int = 132) -> int:
+    """The split count (1 … MAX_SPLITS) of least `split_time`; ties go to fewer splits
+    (deterministic)."""
+    counts = sorted({-(-blocks // -(-blocks // n)) for n in range(1, min(blocks, MAX_SPLITS) + 1)})
+    return min(counts, key=lambda n: (split_time(n, rows, blocks, BR, BN, D, paged, sms), n))
+
+
+def key_block(D: int, page: int = 0, BN: int | None = None) -> int:
+    """Keys per block: `BN` if given, else 64 (32 for D = 256: its K/V ring fits shared
+    memory twice per SM), never more than a page."""
+    BN = BN or (64 if D <= 128 else 32)
+    return min(BN, page) if page else BN
+
+
 def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
-                  num_splits: int | None = None, BN: int | None = None,
-                  programs: int = 264) -> dict:
+                  num_splits: int | None = None, BN: int | None = None, BR: int = 16,
+                  sms: int = 132) -> dict:
     """Key blocks per split (`chunk`), the split count and BN for a cache of `capacity`
     keys per sequence (its allocated length, not the current lengths, so that choosing
-    needs no device sync; splits past a sequence's end return at once). Splits are chosen
-    so that B·Hkv·splits reaches `programs` (two waves on 132 SMs) without chunks shorter
-    than 4 key blocks, and at most MAX_SPLITS of them."""
-    BN = BN or (64 if D <= 128 else 32)
-    if page:
-        BN = min(BN, page)
+    needs no device sync; splits past a sequence's end return at once). The split count
+    is the one `split_time` models fastest for B·Hkv programs per split on `sms` SMs
+    (BR: the query tile's rows), at most MAX_SPLITS."""
+    BN = key_block(D, page, BN)
     blocks = max(1, tg.cdiv(capacity, BN))
     if num_splits is None:
-        num_splits = max(1, min(tg.cdiv(programs, B * Hkv), blocks // 4))
+        num_splits = best_split_count(B * Hkv, blocks, BR, BN, D, bool(page), sms)
     chunk = tg.cdiv(blocks, max(1, min(num_splits, blocks, MAX_SPLITS)))
     return dict(chunk=chunk, splits=tg.cdiv(blocks, chunk), BN=BN)
 
 
 def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, capacity: int,
                     page: int, scale: float, causal: bool, num_splits: int | None = None,
-                    BN: int | None = None) -> tuple[dict, list[tuple]]:
+                    BN: int | None = None, sms: int = 132) -> tuple[dict, list[tuple]]:
     """(config, launches): the split and combine launches as (kernel, grid, argument
     names, run-time scalars, constexprs). Names: q (B, Hkv, R, D), k, v, seqlens,
-    block_table, o_part, lse_part, o (B, Hkv, R, D), lse (B, Hkv, R)."""
-    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN)
-    BR = group_rows(H, Hkv, Sq, config["BN"])
+    block_table, o_part, lse_part, o (B, Hkv, R, D), lse (B, Hkv, R). `sms`: the
+    device's SM count (the split count's model)."""
+    BR = group_rows(H, Hkv, Sq, key_block(D, page, BN))
+    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN, BR, sms)
     constexprs = dict(D=D, SCALE=scale, SQ=Sq, CAUSAL=bool(causal), BR=BR, BN=config["BN"])
     if page:
         split = (attention_decode_split_kernel(dtype, True), (config["splits"], Hkv, B),
@@ -368,9 +425,11 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
     _check_cuda(fn, dict(tensors, cache_seqlens=cache_seqlens))
     capacity = page * block_table.shape[1] if page else k_cache.shape[2]
     R = H // Hkv * Sq
-    config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page, scale,
-                                       causal, num_splits, BN)
     device = q.device
+    sms = (torch.cuda.get_device_properties(device).multi_processor_count
+           if device.type == "cuda" else 132)   # (CPU tensors: the tests' emulated launch)
+    config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page, scale,
+                                       causal, num_splits, BN, sms)
     inner = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
     values = dict(q=q.contiguous().view(B, Hkv, R, D), k=inner(k_cache), v=inner(v_cache),
                   seqlens=cache_seqlens.contiguous(),
@@ -399,4 +458,5 @@ def _check_lengths(fn: str, cache_seqlens, capacity: int) -> None:
 
 __all__ = ["attention_decode_split_kernel", "attention_decode_combine_kernel",
            "attention_decode_emulated", "attention_decode", "check_decode_shapes", "decode_config",
-           "decode_launches", "group_rows", "ATTENTION_DECODE_DTYPES"]
+           "decode_launches", "group_rows", "key_block", "split_time", "best_split_count",
+           "ATTENTION_DECODE_DTYPES"]
