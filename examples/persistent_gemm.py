@@ -13,11 +13,12 @@ stage and phase come from a use count that runs on from one tile to the next, an
 producer warpgroup walks the same tiles, so it loads the next tile's first stages while the
 consumer warpgroups run the current tile's epilogue, which itself goes through a swizzled
 shared buffer and TMA stores where c's rows allow (`lower/hopper.py`). The README's
-tiles on an H100: `BM=128, BN=256, BK=64, STAGES=4, threads=256` at launch. With
-`threads=128, consumers="pingpong"` at launch the block gets two consumer warpgroups that
-each compute whole tiles (alternate ones), their K loops taking turns, so one's epilogue
-runs while the other's wgmmas do. On sm_80 it is the Ampere path (cp.async + mma.sync),
-each tile refilling its stages from the start.
+tiles on an H100: `BM=128, BN=256, BK=64, STAGES=4, threads=256` at launch (two
+cooperative consumer warpgroups). At `threads=128` (a tile of one warpgroup) synthesis
+gives the block two consumer warpgroups that each compute whole tiles (alternate ones),
+their K loops taking turns, so one's epilogue runs while the other's wgmmas do
+(ping-pong; `consumers="cooperative"` at launch keeps one). On sm_80 it is the Ampere path
+(cp.async + mma.sync), each tile refilling its stages from the start.
 `tegula explain examples/persistent_gemm.py:persistent_gemm` shows the decisions.
 
 The loop itself is the library's (`tegula.kernels.gemm.persistent_tiles`, which

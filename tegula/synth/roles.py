@@ -207,8 +207,13 @@ def choose_consumers(kernel: TracedKernel, loop: ForLoop,
 
 
 def _pingpong_pays(kernel: TracedKernel, loop: ForLoop) -> str:
-    """Why the default takes ping-pong for this pipeline ("" where it does not)."""
-    return ""
+    """Why the default takes ping-pong for this pipeline ("" where it does not). Where it
+    applies, the user's tile is one warpgroup's, whose only alternative is one consumer
+    warpgroup idling the tensor cores through each tile's epilogue: on an H100 (session 7,
+    4096³, 128x128x64 tiles) ping-pong ran at 397–405 TFLOP/s against 390 for the one
+    warpgroup and 379 for two cooperative ones. (Larger tiles are cooperative: 128x256 on
+    two warpgroups ran at 632, a tile one warpgroup cannot hold.)"""
+    return "the default for a tile of one warpgroup in a tile loop"
 
 
 def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:

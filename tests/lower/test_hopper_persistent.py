@@ -46,7 +46,9 @@ def _example(name: str):
 PERSISTENT = _example("persistent_gemm")
 KERNEL = PERSISTENT.persistent_gemm
 README_GEMM = _example("gemm").gemm
-SMALL = dict(BM=64, BN=64, BK=32)
+#: The one-consumer (cooperative) schedule: at one warpgroup's tile synthesis would take
+#: ping-pong by default, whose own tests are tests/lower/test_hopper_pingpong.py.
+SMALL = dict(BM=64, BN=64, BK=32, consumers="cooperative")
 
 
 def emulate(m, n, k, blocks, seed=0, role_order="listed", kernel=KERNEL, **config):
@@ -250,7 +252,7 @@ def test_epilogue_in_rounds_when_the_staging_buffer_holds_fewer_boxes(monkeypatc
     Right, and bit-identical to the one-round build."""
     from tegula.synth import copies
     from tegula.ir.ops import Copy, walk_ops
-    config = dict(BM=64, BN=128, BK=32, STAGES=3)
+    config = dict(BM=64, BN=128, BK=32, STAGES=3, consumers="cooperative")
     a, b, one_round, report = emulate(130, 264, 96, 2, seed=8, **config)
     assert report.kind("TmaStore").count == 2 * tiles(130, 264, config)
     built = build(KERNEL, config, None, "sm_90a")

@@ -193,6 +193,21 @@ def test_explain_shows_the_schedule_and_why():
             "ping-pong consumer is one warpgroup (launch with threads=128))") in default
 
 
+def test_the_default_is_pingpong_for_a_one_warpgroup_tile_and_cooperative_otherwise():
+    """At threads=128 the alternative is one consumer warpgroup idling the tensor cores
+    through each epilogue (measured slower on an H100); wider tiles stay cooperative."""
+    one = build(KERNEL, dict(SMALL), None, "sm_90a")
+    assert one.thread_kernel.threads == 384
+    assert ("consumers: pingpong (the default for a tile of one warpgroup in a tile loop)"
+            in one.explain())
+    two = build(KERNEL, dict(SMALL, BM=128, threads=256), None, "sm_90a")
+    assert two.thread_kernel.threads == 384 and "consumers: cooperative" in two.explain()
+    readme = build(_example("gemm").gemm, dict(BM=64, BN=64, BK=32, STAGES=3), None, "sm_90a")
+    assert readme.thread_kernel.threads == 256
+    assert "consumers: cooperative (not pingpong: the pipeline is not inside a tile loop" \
+        in readme.explain()
+
+
 # ------------------------------------------------------------------ rules
 
 
