@@ -204,7 +204,9 @@ def persistent_gemm_kernel(dtype: DType, activation: str | None = None,
     """The persistent GEMM (`persistent_tiles`) for operands of `dtype`, with the fused
     epilogue (`with_bias`: a (1, N) `bias` tensor parameter after b). Launched on
     `persistent_grid` blocks; on an H100 its tiles are BM=128, BN=256, BK=64, STAGES=4 at
-    threads=256 (two consumer warpgroups, plus the producer warpgroup synthesis adds)."""
+    threads=256 (two cooperative consumer warpgroups, plus the producer warpgroup
+    synthesis adds), or 64x256 at threads=128, where synthesis makes two ping-pong
+    consumer warpgroups taking alternate tiles (`synth/roles.py`)."""
     _check_epilogue(dtype, activation)
     out_t = output_type(dtype)
 
