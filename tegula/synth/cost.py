@@ -55,6 +55,7 @@ import numpy as np
 from tegula.arch.catalogue import get_instruction
 from tegula.arch.targets import Target
 from tegula.ir.ops import TracedKernel
+from tegula.lower.thread_ir import walk
 from tegula.synth.registers import (RegisterEstimate, estimate_registers, over_limit,
                                     per_thread_limit)
 from tegula.synth.uses import (REGISTER_OVERHEAD, SFU_LANES_PER_CLK,  # noqa: F401 (re-exports)
@@ -211,6 +212,9 @@ def estimate(build, grid=None, shapes: dict | None = None,
         weights, _ = loop_weights(uses, size, grid, busiest=True)
     totals = _totals(uses, weights)
     totals["pipeline"] = pipeline_latency_cycles(uses, weights, target)
+    if thread_kernel is not None:
+        totals["drained"] = drained_loop_cycles(uses, weights, target,
+                                                drained_wgmma_loops(thread_kernel))
     notes += _cluster_notes(uses, weights)
     return _combine(kernel, target, totals, bps, limit, registers, smem, grid, size,
                     tuple(unresolved), tuple(notes), threads)
@@ -229,12 +233,15 @@ TMA_BYTES_PER_CLK = 20
 #: What coupling the blocks of a cluster costs each stage of a multicast TMA ring: a stage
 #: is refilled only after the consumers of every block of the cluster released it (remote
 #: mbarrier arrives across SMs), so each block waits for its slowest peer and for the
-#: arrive's trip between SMs. Multicast halves the L2 bytes of the shared operand (ncu,
-#: H100, 2026-11-24: the persistent GEMM 128x256x64 at 4096^3, L2 traffic 1.47 -> 1.20 GB)
-#: and yet that GEMM ran 4% slower in clusters of 2 (635 -> 610 TFLOP/s, tensor pipe 75 ->
-#: 69%): fitted on that one point; the other shapes and tiles of
-#: `cost_model_check.py --families gemm_sm90a_cluster` are its check.
-CLUSTER_COUPLING_CYCLES = 1450
+#: arrive's trip between SMs. Multicast reads each box from L2 once for the cluster, but
+#: every SM still receives all of it, and that is what bounds the SM: on the H100 clusters
+#: of 2 never ran faster (ncu, session 6: L2 traffic 1.47 -> 1.20 GB, 4% slower). Fitted on
+#: the persistent GEMM, clusters of 2 against 1 at 4096^3, 2048x8192x1024, 8192x2048x4096,
+#: BN 128/256, 3/4 stages (H100, 2026-11-24, session 7 round 1): measured 2-12% slower;
+#: the ratio's mean error is 0.035 (0.18 had multicast halved the bytes an SM is bound
+#: by). At 4 stages the ring hides it: predicted ties (measured 2-5% slower), which
+#: `tg.recommend` breaks toward clusters of 1 (the smaller key).
+CLUSTER_COUPLING_CYCLES = 200
 
 
 def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target) -> float:
@@ -261,11 +268,56 @@ def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Targe
             coupling = CLUSTER_COUPLING_CYCLES if u.multicast > 1 else 0
             latency = max(latency if latency != unloaded else 0,
                           TMA_LATENCY_CYCLES + coupling)
-            tma_bytes += u.global_bytes * u.multicast
+            tma_bytes += u.global_bytes
         per_loop[counted.loops] = (latency, tma_bytes)
     return sum(weights[loops] * (latency + tma_bytes / TMA_BYTES_PER_CLK)
                / max(1, loops[-1].stages - 1)
                for loops, (latency, tma_bytes) in per_loop.items())
+
+
+DRAINED_OVERLAP = 1.0
+
+
+def drained_wgmma_loops(thread_kernel) -> set[str]:
+    """Names of the runtime loops whose body waits for every wgmma group it issued
+    (`wgmma.wait_group 0` in the body itself, not in an inner loop)."""
+    from tegula.lower.async_ir import WgmmaWait
+    from tegula.lower.thread_ir import For
+
+    def direct(stmts):  # the body's statements, through branches and roles, not loops
+        for st in stmts:
+            yield st
+            if not isinstance(st, For):
+                for field in ("then", "otherwise"):
+                    yield from direct(getattr(st, field, None) or [])
+                for role in getattr(st, "roles", None) or []:
+                    yield from direct(role.body)
+
+    return {st.var.name for st in walk(thread_kernel.body)
+            if isinstance(st, For) and not st.unroll
+            and any(isinstance(x, WgmmaWait) and x.pending == 0 for x in direct(st.body))}
+
+
+def drained_loop_cycles(uses: list[CountedUse], weights: dict, target: Target,
+                        drained: set[str]) -> float:
+    """A block's cycles in loops that drain their wgmmas every iteration while the same
+    warps load the next stages (cp.async, not a TMA ring's producer): the tensor work and
+    the stage's L2 bytes do not overlap, so each iteration takes their sum (module
+    docstring). Measured (H100, 2026-11-24, README GEMM at 4096^3): cp.async builds, which
+    wait `wgmma.wait_group 0` and a block barrier every k-step, ran 1.2-1.6x slower than
+    the TMA build of the same tiles at 3-4 stages, where the model had tied them."""
+    by_nest: dict = {}
+    for counted in uses:
+        if counted.loops and counted.loops[-1].var.name in drained:
+            by_nest.setdefault(counted.loops, []).append(counted.use)
+    total = 0.0
+    for nest, used in by_nest.items():
+        if any(u.pipe == "tma" for u in used) or not target.l2_bytes_per_clk:
+            continue
+        tensor = sum(u.warp_instructions * u.pipe_cycles for u in used if u.pipe == "tensor")
+        l2 = sum(u.global_bytes for u in used) * target.sm_count / target.l2_bytes_per_clk
+        total += weights[nest] * (max(tensor, l2) + DRAINED_OVERLAP * min(tensor, l2))
+    return total
 
 
 def _cluster_notes(uses: list[CountedUse], weights: dict) -> list[str]:
@@ -274,12 +326,13 @@ def _cluster_notes(uses: list[CountedUse], weights: dict) -> list[str]:
     if not multicast:
         return []
     ctas = max(c.use.multicast for c in multicast)
-    saved = sum(c.use.global_bytes * (c.use.multicast - 1) * weights[c.loops]
-                for c in multicast)
+    saved = sum(c.use.global_bytes * (c.use.multicast - 1) / c.use.multicast
+                * weights[c.loops] for c in multicast)
     return [f"clusters of {ctas}: multicast TMA boxes take {saved:,.0f} B per block off L2 "
-            f"(each box served once for the cluster); each stage of their ring waits "
-            f"{CLUSTER_COUPLING_CYCLES} cycles more (CLUSTER_COUPLING_CYCLES: it is free "
-            f"only once every block's consumers released it)"]
+            f"reads (each box read once for the cluster; every SM still receives all of "
+            f"it); each stage of their ring waits {CLUSTER_COUPLING_CYCLES} cycles more "
+            f"(CLUSTER_COUPLING_CYCLES: it is free only once every block's consumers "
+            f"released it)"]
 
 
 def spill_notes(target: Target, threads: int, registers: int,
@@ -384,6 +437,8 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     # A block-wide barrier stalls the block's warps until the last one arrives, exposing
     # the dependency chain before it; other resident blocks may fill the stall.
     per_block["barrier latency"] = t["barriers"] * BARRIER_CYCLES / bps
+    if t.get("drained"):
+        per_block["drained wgmma loop"] = t["drained"]
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
     resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}

@@ -60,8 +60,9 @@ class InstrUse:
     flops: int = 0
     barriers: int = 0            # block-wide barriers (bar.sync) per execution
     #: Blocks of a cluster a multicast TMA box lands in (1: not multicast). Each block then
-    #: issues 1/multicast of the box, so `global_bytes` (what L2 serves this block) is its
-    #: slice, while the whole box lands in its shared memory.
+    #: issues 1/multicast of the box, so L2 serves this block 1/multicast of
+    #: `global_bytes`; the whole box still lands in its shared memory, and what an SM
+    #: receives is what bounds it (`synth/cost.py`).
     multicast: int = 1
 
     @property
@@ -152,7 +153,7 @@ def _copy_uses(op: Copy, kernel: TracedKernel, target: Target) -> list[InstrUse]
         instr = tma_load(len(box.box))
         ctas = ch["multicast"].ctas if ch.get("multicast") else 1
         return [InstrUse("G2S", instr.name, 0, 0, box.blocks, instr.pipe,
-                         global_bytes=box.box_bytes / ctas,   # one box per swizzle span
+                         global_bytes=box.box_bytes,   # one box per swizzle span
                          multicast=ctas)]
     if isinstance(src, GlobalTile) and isinstance(dst, SharedTile):
         plan = ch.get("dst_shared")
