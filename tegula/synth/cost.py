@@ -28,6 +28,12 @@ so synthesis and the autotuner can use them before lowering:
      bytes, the box completing as a whole), shared by the blocks resident at once;
    * barrier latency = block-wide barriers (cross-warp reductions, shared round-trip
      conversions) x `BARRIER_CYCLES`, a stall likewise shared by the resident blocks;
+   * drained wgmma loop = in a loop that waits for all its wgmmas every iteration while
+     the same warps load the next stages (cp.async into wgmma operands), the tensor work
+     plus the stage's L2 bytes: they do not overlap (`drained_loop_cycles`);
+   * clusters: a multicast TMA box is read from L2 once for the cluster but lands whole in
+     every SM (the SM's bytes do not drop), and each stage of its ring waits
+     `CLUSTER_COUPLING_CYCLES` more (it is free only once every block released it);
    * DRAM    = the grid's DRAM bytes at the GPU's DRAM bandwidth.
 
    The grid takes what its busiest SM takes: it runs ⌈blocks / SMs⌉ blocks (a partial
