@@ -142,7 +142,7 @@ def test_config_covers_every_key_block_once_within_the_limits():
 
 
 # Measured on an H100 (session 7, round 1; benchmarks/results/
-# h100-2026-11-24-session7.txt): TB/s of the split and combine kernels per split count,
+# attention-h100-2026-11-24-session7.txt): TB/s of the split and combine kernels per split count,
 # 1 x 32/8 heads x D=128 at 128k keys and 4 x 32/8 at 16k, contiguous and paged.
 MEASURED = {
     (1, 8, 131072, False): {1: 0.23, 2: 0.40, 3: 0.66, 4: 0.89, 6: 1.31, 8: 1.73, 12: 2.50,
