@@ -270,6 +270,13 @@ def _point_line(point: dict) -> str:
     return "P " + json.dumps(point)
 
 
+def _run_line(text: str) -> dict:
+    """{gpu, date} from the "GPU, DATE, N s" line a run prints before its table."""
+    import re
+    found = re.search(r"^(.+), (\d{4}-\d\d-\d\d), \d+ s$", text, re.M)
+    return dict(gpu=found.group(1), date=found.group(2)) if found else {}
+
+
 def points_from_text(text: str) -> list[dict]:
     """The points of the "P " lines of a run's output (`--print-points`)."""
     return [json.loads(line[2:]) for line in text.splitlines() if line.startswith("P {")]
@@ -532,7 +539,7 @@ def repredict(recorded: Path, out: Path) -> None:
     prediction kept as `recorded_prediction_us`. Families are looked up by their name."""
     text = recorded.read_text()
     data = json.loads(text) if text.lstrip().startswith("{") else \
-        dict(points=points_from_text(text), source=recorded.name)
+        dict(points=points_from_text(text), source=recorded.name, **_run_line(text))
     by_name = {family["name"]: family for family in (make() for make in FAMILIES.values())}
     points = []
     for point in data["points"]:
