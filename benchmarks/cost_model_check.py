@@ -12,9 +12,11 @@ this one process). Configurations the compiler refuses or that fail to launch ar
 not measured. Three families, not in the default run, each check one decision:
 `gemm_sm90a_load` the load path (the best sm_90a GEMM tiles on TMA and on cp.async),
 `gemm_sm90a_orient` the orientation (skinny shapes and their transposes) and
-`gemm_sm90a_cluster` the cluster shape (the persistent GEMM in clusters of 1 and 2). Per (family, shape): the Spearman rank correlation between predicted and
-measured time, and whether the model's top 5 holds the measured best or one within 5% of
-it. Writes `cost_model_check.json` (every point) and `cost_model_check.svg` (predicted
+`gemm_sm90a_cluster` the cluster shape (the persistent GEMM in clusters of 1 and 2); for
+them a decisions table says, per configuration, whether the model's choice is the GPU's,
+and compares the search's pick with the measured best. Per (family, shape): the Spearman
+rank correlation between predicted and measured time, and whether the model's top 5 holds
+the measured best or one within 5% of it. Writes `cost_model_check.json` (every point) and `cost_model_check.svg` (predicted
 against measured, log-log, one colour per family) into --out; a table last. Nothing is
 asserted: this is the evidence for docs/performance.md, not a test.
 
@@ -123,7 +125,8 @@ def cluster_family() -> dict:
         a = torch.randn(m, k, device=device, dtype=torch.float16)
         b = torch.randn(n, k, device=device, dtype=torch.float16)
         c = torch.empty(m, n, device=device, dtype=torch.float16)
-        grid = lambda cfg: persistent_grid(m, n, sms, cfg["BM"], cfg["BN"], cfg["CLUSTER"])  # noqa: E731
+        grid = lambda cfg: persistent_grid(  # noqa: E731
+            m, n, sms, cfg["BM"], cfg["BN"], cfg["CLUSTER"])
         return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
     return dict(name="persistent gemm sm_90a cluster", kernel=persistent_gemm_kernel(f16),
                 target="sm_90a", space=space, shapes=shapes, make=make)
