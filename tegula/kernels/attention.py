@@ -36,6 +36,9 @@ Variants, a constexpr each, so the autotuner can time them:
   acc += p_j @ v_j, and block j+1's softmax runs while the tensor cores compute them
   (`lower/wgmma_waits.py` places the waits: wait_group 1 before the softmax reads s,
   wait_group 0 before acc is rescaled). One (BN, D) shared buffer more (block 0's keys).
+  Measured slower than the plain loop on an H100 (session 7: D=128 causal 413 → 360
+  TFLOP/s, D=64 and D=256 too): with two consumer warpgroups drifting apart, one's
+  softmax already runs during the other's gemms. Not among the autotuner's candidates.
 
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
   operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
