@@ -14,7 +14,8 @@ of an f32-accumulated sum are counted), outputs poisoned with NaN first. Then th
 time of the GEMM and the copy kernel's bandwidth against torch's copy. A table last;
 nothing is asserted about time. `--pingpong`: only the persistent GEMM's consumer schedules
 (cooperative, ping-pong) against cuBLAS at 4096^3 and 4096x14336x4096;
-`--pingpong-epilogue`: the same with a fused bias + GELU epilogue at 4096^3.
+`--pingpong-epilogue`: the same with a fused bias + GELU epilogue at 4096^3, and ping-pong
+in 2-CTA clusters.
 """
 from __future__ import annotations
 
@@ -156,7 +157,8 @@ def schedule_rows(m: int, n: int, k: int) -> list[tuple[str, str]]:
     rows = [(f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in SCHEDULE_CONFIGS:
-        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"])
+        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"],
+                                           cfg.get("CLUSTER", 1))
         rows.append(measure(f"{m}x{n}x{k} persistent {cfg}", persistent_gemm, grid, a, b,
                             base, target="sm_90a", **cfg))
         print(rows[-1], flush=True)
@@ -203,17 +205,27 @@ def epilogue_rows() -> list[tuple[str, str]]:
         except Exception as e:  # report and go on
             rows.append((f"{m}^3 bias+gelu {name}", f"FAILED {type(e).__name__}: {e}"[:160]))
         print(rows[-1], flush=True)
-    m, n = 4096, 14336
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
-    ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
-    base = 2 * m * n * k / ms / 1e9
-    rows.append((f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s"))
-    for cfg in (SCHEDULE_CONFIGS[0], SCHEDULE_CONFIGS[5]):
-        grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"])
-        rows.append(measure(f"{m}x{n}x{k} persistent {cfg}", persistent_gemm, grid, a, b,
-                            base, target="sm_90a", **cfg))
+    for m, n in ((4096, 4096), (4096, 14336)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
+        base = 2 * m * n * k / ms / 1e9
+        rows.append((f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s"))
+        for cfg in CLUSTER_SCHEDULES:
+            grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"],
+                                               cfg.get("CLUSTER", 1))
+            rows.append(measure(f"{m}x{n}x{k} {cfg}", persistent_gemm, grid, a, b, base,
+                                target="sm_90a", **cfg))
     return rows
+
+
+#: Ping-pong with 2-CTA clusters multicasting b's boxes (cuBLAS's 128x256 runs as a 2x1
+#: cluster), against the cooperative 128x256 and plain ping-pong.
+CLUSTER_SCHEDULES = [
+    dict(BM=128, BN=256, BK=64, STAGES=4, threads=256),
+    dict(BM=64, BN=256, BK=64, STAGES=4, threads=128, consumers="pingpong"),
+    dict(BM=64, BN=256, BK=64, STAGES=4, threads=128, consumers="pingpong", CLUSTER=2),
+    dict(BM=128, BN=128, BK=64, STAGES=5, threads=128, consumers="pingpong", CLUSTER=2)]
 
 
 def main() -> None:

@@ -222,7 +222,8 @@ def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:
     the user's threads must be one warpgroup, the tiles an enclosing loop the
     warpgroups can split (one run-time loop around the pipeline, stepping forward, its
     iterations independent but for the ring), and nothing but the ring in shared memory
-    (the warpgroups would share it)."""
+    (the warpgroups would share it). Clusters compose: every block of a cluster walks the
+    same tiles (multicast proved it), so warpgroup g of each takes the same ones."""
     if kernel.threads != WARPGROUP:
         return (f"the kernel's tiles span {kernel.threads} threads; each ping-pong consumer "
                 f"is one warpgroup (launch with threads={WARPGROUP})")
@@ -234,8 +235,6 @@ def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:
     if len(around) != 1 or not isinstance(around[0], ForLoop) or around[0].step <= 0:
         return ("the pipeline must sit directly in one run-time tile loop with a positive "
                 "step (its iterations are what the consumer warpgroups split)")
-    if tuple(kernel.cluster) != (1, 1, 1):
-        return "the kernel runs in clusters (ping-pong with multicast is not built)"
     stages = {o.dst.alloc.id for o in loop.body
               if isinstance(o, Copy) and o.choices.get("instr") == "tma"}
     for op in walk_ops(kernel.body):

@@ -48,7 +48,10 @@ def _example():
 
 PERSISTENT = _example()
 KERNEL = PERSISTENT.persistent_gemm
-SMALL = dict(BM=64, BN=64, BK=32, GROUP=2)
+#: The cooperative schedule (one consumer role), whose structure these tests check: at
+#: one warpgroup's tile synthesis would take ping-pong by default, whose clustered form
+#: tests/lower/test_hopper_pingpong.py emulates.
+SMALL = dict(BM=64, BN=64, BK=32, GROUP=2, consumers="cooperative")
 
 
 def emulate(m, n, k, sms, cluster=2, seed=0, role_order="listed", **config):

@@ -100,6 +100,30 @@ def test_every_stage_count_with_k_loops_shorter_and_longer_than_the_ring(stages,
     check_gemm(c, a, b, f16)
 
 
+@pytest.mark.parametrize("role_order", ["listed", "reversed", "random:5"])
+@pytest.mark.parametrize("shape", [(97, 130, 72, 6), (330, 200, 40, 2)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_pingpong_in_2_cta_clusters_multicasting_b(shape, role_order):
+    """Both blocks of a cluster walk the same tiles, so warpgroup g of each takes the same
+    ones; b's boxes are multicast and a stage is free once the warpgroup that used it in
+    every block released it (4 warps x 2 blocks). 6 SMs: 3 clusters over 2x3 tile units
+    (97 rows: the second block of a unit lies past M and still loads and releases)."""
+    m, n, k, sms = shape
+    rng = np.random.default_rng(m)
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    grid = PERSISTENT.persistent_grid(m, n, sms, 64, 64, 2)
+    out = {}
+    for consumers in ("pingpong", "cooperative"):
+        out[consumers] = poisoned((m, n), f16)
+        report = run_with_deadline(lambda: tg.emulate(
+            KERNEL, grid, a, b, out[consumers], target="sm_90a", num_sms=sms, CLUSTER=2,
+            GROUP=2, consumers=consumers, role_order=role_order, **SMALL))
+        if consumers == "pingpong":
+            assert report.threads == 384
+    check_gemm(out["pingpong"], a, b, f16)
+    assert np.array_equal(bits(out["pingpong"]), bits(out["cooperative"]))
+
+
 def test_larger_tiles_two_m_repeats_per_warpgroup():
     """128x64 tiles: each warpgroup's accumulator is two m64 wgmma rows (BM = 128 over one
     warpgroup), 4 stages."""
@@ -224,9 +248,7 @@ def test_pingpong_needs_a_tile_loop():
               "sm_90a")
 
 
-def test_pingpong_with_clusters_or_without_roles_is_refused():
-    with pytest.raises(SynthesisError, match="clusters"):
-        build(KERNEL, dict(SMALL, CLUSTER=2, consumers="pingpong"), None, "sm_90a")
+def test_pingpong_without_roles_is_refused():
     with pytest.raises(SynthesisError, match="warp_specialize=False"):
         build(KERNEL, dict(SMALL, warp_specialize=False, consumers="pingpong"), None,
               "sm_90a")
