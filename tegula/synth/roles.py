@@ -202,7 +202,8 @@ def choose_consumers(kernel: TracedKernel, loop: ForLoop,
         return 1, f"not pingpong: {problem}"
     pays = _pingpong_pays(kernel, loop)
     if not pays:
-        return 1, "pingpong applies but is not chosen by default (consumers='pingpong' forces it)"
+        return 1, ("pingpong applies but is not the default in clusters (not measured yet; "
+                   "consumers='pingpong' forces it)")
     return PINGPONG_GROUPS, pays
 
 
@@ -212,7 +213,10 @@ def _pingpong_pays(kernel: TracedKernel, loop: ForLoop) -> str:
     warpgroup idling the tensor cores through each tile's epilogue: on an H100 (session 7,
     4096³, 128x128x64 tiles) ping-pong ran at 397–405 TFLOP/s against 390 for the one
     warpgroup and 379 for two cooperative ones. (Larger tiles are cooperative: 128x256 on
-    two warpgroups ran at 632, a tile one warpgroup cannot hold.)"""
+    two warpgroups ran at 632, a tile one warpgroup cannot hold.) In clusters it is not
+    measured yet: there the default stays cooperative."""
+    if tuple(kernel.cluster) != (1, 1, 1):
+        return ""
     return "the default for a tile of one warpgroup in a tile loop"
 
 

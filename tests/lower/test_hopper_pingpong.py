@@ -224,6 +224,9 @@ def test_the_default_is_pingpong_for_a_one_warpgroup_tile_and_cooperative_otherw
     assert one.thread_kernel.threads == 384
     assert ("consumers: pingpong (the default for a tile of one warpgroup in a tile loop)"
             in one.explain())
+    clustered = build(KERNEL, dict(SMALL, CLUSTER=2), None, "sm_90a")     # not measured
+    assert clustered.thread_kernel.threads == 256
+    assert "pingpong applies but is not the default in clusters" in clustered.explain()
     two = build(KERNEL, dict(SMALL, BM=128, threads=256), None, "sm_90a")
     assert two.thread_kernel.threads == 384 and "consumers: cooperative" in two.explain()
     readme = build(_example("gemm").gemm, dict(BM=64, BN=64, BK=32, STAGES=3), None, "sm_90a")
