@@ -540,26 +540,28 @@ def w4a16_candidates(m: int, group_size: int) -> list[dict]:
 
 
 def _swapped_candidates(m: int, group_size: int) -> list[dict]:
-    """The swapped kernel's configs worth timing (H100, session 7: `docs/performance.md`).
-    Up to 16 tokens the weights' bytes in flight decide: the packed weights through an
-    8-deep cp.async ring (WSMEM), or split K over 2-4 times the blocks (N = 4096 has 64
-    weight tiles); beyond, the dequantized tile as a shared A operand (16-byte weight
-    loads, ASMEM) over all the tokens or 64 at a time, BK 128 or 64, or split in 2. The
-    register A operand (ASMEM=0 without WSMEM) lost to these at every measured shape."""
-    wide, narrow = min(group_size, 128), min(group_size, 64)
+    """The swapped kernel's configs worth timing (H100 rounds of session 7,
+    `docs/performance.md`). Up to 16 tokens the weights' bytes in flight decide: the
+    packed weights through a 6-8-deep cp.async ring (WSMEM), split K in 2 or 4 where N
+    gives few weight tiles (N = 4096: 64 tiles for 132 SMs), or the shared A operand
+    split 8 ways. Beyond, the dequantized tile as a shared A operand (16-byte weight
+    loads, ASMEM) with BK = the group up to 128, 2 or 3 stages (2 leaves room for two
+    blocks an SM), split K in 2 or 4, or 64 tokens a block split in 2. The register A
+    operand (neither flag) lost to these at every measured shape."""
+    wide = min(group_size, 128)
     one_role = dict(warp_specialize=False)
+    bt = token_tile(m)
     if m <= MAX_GEMV_ROWS:
-        bt = token_tile(m)
         return [dict(one_role, BT=bt, BK=wide, STAGES=8, WSMEM=1),
                 dict(one_role, BT=bt, BK=wide, STAGES=8, WSMEM=1, SPLIT=2),
-                dict(one_role, BT=bt, BK=wide, STAGES=4, ASMEM=1, SPLIT=2),
-                dict(one_role, BT=bt, BK=wide, STAGES=4, ASMEM=1, SPLIT=4)]
-    bt = token_tile(m)
-    configs = [dict(one_role, BT=bt, BK=wide, STAGES=3, ASMEM=1),
-               dict(one_role, BT=bt, BK=narrow, STAGES=3, ASMEM=1),
-               dict(one_role, BT=bt, BK=narrow, STAGES=3, ASMEM=1, SPLIT=2)]
+                dict(one_role, BT=bt, BK=wide, STAGES=6, WSMEM=1, SPLIT=4),
+                dict(one_role, BT=bt, BK=wide, STAGES=3, ASMEM=1, SPLIT=8)]
+    configs = [dict(one_role, BT=bt, BK=wide, STAGES=2, ASMEM=1),
+               dict(one_role, BT=bt, BK=wide, STAGES=3, ASMEM=1),
+               dict(one_role, BT=bt, BK=wide, STAGES=3, ASMEM=1, SPLIT=2),
+               dict(one_role, BT=bt, BK=wide, STAGES=2, ASMEM=1, SPLIT=4)]
     if bt > 64:
-        configs.append(dict(one_role, BT=64, BK=wide, STAGES=3, ASMEM=1))
+        configs.append(dict(one_role, BT=64, BK=wide, STAGES=3, ASMEM=1, SPLIT=2))
     return configs
 
 
