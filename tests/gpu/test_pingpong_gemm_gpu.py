@@ -76,9 +76,12 @@ def child() -> None:
         roles = next(s for s in built.thread_kernel.body if isinstance(s, Roles))
         assert [r.name for r in roles.roles] == ["consumer0", "consumer1", "producer"], name
         assert "bar.arrive" in built.cuda_source(), name
-    # TEGULA_PINGPONG_CONFIGS=N: only the first N configurations (a short GPU round)
+    # A short GPU round: TEGULA_PINGPONG_CONFIGS=N runs the first N configurations,
+    # TEGULA_PINGPONG_SHAPES=i,j,... those shapes (indexes into SHAPES).
     first = int(os.environ.get("TEGULA_PINGPONG_CONFIGS", len(CONFIGS)))
-    for case in [c for c in CASES if c[0] in list(CONFIGS)[:first]]:
+    picked = os.environ.get("TEGULA_PINGPONG_SHAPES")
+    shapes = [SHAPES[int(i)] for i in picked.split(",")] if picked else SHAPES
+    for case in [c for c in CASES if c[0] in list(CONFIGS)[:first] and c[1] in shapes]:
         try:
             outcome = run_case(case, module, torch)
         except Exception as e:  # reported per case; the next cases still run
