@@ -22,7 +22,7 @@ K must be a multiple of the group size (and so even): a ragged last group has no
 well-defined scale in the checkpoints this format comes from, so it is refused with an
 error rather than padded.
 
-Two kernels, both dequantizing in registers (`dequantize`: w·s − z·s in f32, one
+Three kernels, all dequantizing in registers (`dequantize`: w·s − z·s in f32, one
 multiply-add per weight after the conversion; CUDA converts the 4-bit integer to float
 with the magic-number trick of `codegen/expr.py`, one LOP3 and one FADD, not an I2F at a
 quarter of the FP32 rate):
@@ -40,13 +40,19 @@ quarter of the FP32 rate):
   dequantizes first), in a pipelined K loop whose activation tiles are copied ahead and
   whose weights are loaded one k-step before they are used (a register carried across
   iterations: the load was the latency every k-step waited on).
+* `w4a16_swapped_kernel` — from 9 rows, the other orientation: cᵀ = dequant(w)·aᵀ, the
+  weights as the MMA's A operand (64 rows a warpgroup) and up to 128 tokens as its N, so
+  each weight is dequantized once per block; options for the A operand's path
+  (registers, or shared memory: ASMEM), the packed weights' path (registers, or a
+  cp.async ring: WSMEM) and split K (SPLIT, with `w4a16_split_sum_kernel`). Configs are
+  the kind "swapped" ("split" when SPLIT > 1) of `w4a16_config`; `launch_w4a16` runs any
+  kind. On an H100 it beat the GEMM kernel at every M = 16-128 shape measured (session 7,
+  docs/performance.md), short of issue 13's targets.
 
-Not done (issue 13): the tensor cores reading the weights from registers (the MMA's B
-fragment) with 16-byte loads. It needs the pre-packed global layout: loaded in the
-fragment's order the weights are 1-byte loads (measured 2.4x slower than through shared
-memory), and a global view is affine in (n, k), which the fragment order is not. Also
-f16x2 dequantization (two weights per lop3/sub.f16x2): today each weight is converted
-and scaled alone in f32.
+Not done (issue 13): f16x2 dequantization (two weights per lop3/sub.f16x2; today each
+weight is converted and scaled alone in f32, ~5 SASS a weight), which needs the emitter
+to pair registers; a pre-packed weight layout in the MMA fragment's order, which would
+need a register reshape the language lacks (with ASMEM the loads are 16 bytes anyway).
 
 Entry points: `w4a16_gemm_emulated` (numpy, unpacked weights: the CI entry point),
 `matmul_w4a16` (torch, packed weights), `quantize_w4`, `prepack`, `unpack_w4`.
@@ -264,7 +270,9 @@ MAX_ROWS_KERNEL_M = 8
 
 def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
                  ) -> tuple[str, tuple[int, ...], dict]:
-    """(kernel kind "rows" or "gemm", grid, constexprs) for an (M, N, K) W4A16 product.
+    """(kernel kind, grid, constexprs) for an (M, N, K) W4A16 product. A BT (token tile)
+    picks the swapped kernel: kind "swapped", or "split" with SPLIT > 1 (grid axis 2 the
+    K slices); BN=64 weight rows, BK = the group up to 64, 3 stages by default.
     Rows (M ≤ MAX_ROWS_KERNEL_M and no BM given): BN=4 rows by S groups per weight tile
     (one 16-byte load per thread of 128), R tiles per block (2 for M ≤ 2, else 4). GEMM:
     BM=16 rows for M ≤ 16, else 64x64 tiles; BK = the group up to 128 (64 beyond 16
