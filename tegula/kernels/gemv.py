@@ -177,12 +177,15 @@ def gemv(x: Any, w: Any, *, out: Any = None) -> Any:
     api._check_cuda(fn, {"x": x, "w": w})
     torch = api._torch()
     shape = tuple(x.shape[:-1]) + (n,)
-    if m > GEMV_KERNEL_ROWS:
+    if m > GEMV_KERNEL_ROWS:  # x is (M, K) here: a vector is one row
         from tegula.kernels.api_matmul import matmul
         if out is None:
-            return matmul(x.reshape(m, k), w.T).view(shape)
+            if signature is not None:  # later calls skip these checks (matmul replays)
+                api._remember(signature, lambda tensors, pointers: matmul(tensors[0],
+                                                                          tensors[1].T))
+            return matmul(x, w.T)
         api._check_out(fn, out, shape, x)
-        matmul(x.reshape(m, k), w.T, out=out.view(m, n))
+        matmul(x, w.T, out=out)
         return out
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)

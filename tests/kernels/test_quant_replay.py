@@ -89,3 +89,17 @@ def test_matmul_w4a16_split_k_replays_both_launches(sent, monkeypatch):
     replayed = check_sequence(sent, calls)
     assert replayed == [False, True]
     assert len(sent) - before == 2 * 2 * len(calls), "two launches per call and path"
+
+
+def test_gemv_on_the_matmul_replays_its_own_shapes_only(sent):
+    """More than 2 rows replay straight into matmul (no second pass through gemv's checks),
+    and only for calls with the first call's signature."""
+    w = _x((40, 96), dtype=torch.float16, seed=1)
+    variants = [lambda: _x((3, 96), dtype=torch.float16),
+                lambda: _x((3, 96), torch.float16, seed=4),
+                lambda: _x((4, 96), dtype=torch.float16),
+                lambda: _x((3, 192), dtype=torch.float16)[:, :96]]
+    calls = [(lambda make=make: tk.gemv(make(), w)) for make in variants]
+    replayed = check_sequence(sent, calls + calls)
+    assert replayed[1], "new data in the first call's layout replays"
+    assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"
