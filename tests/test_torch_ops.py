@@ -51,7 +51,12 @@ def test_every_entry_point_is_a_registered_op_with_its_schema():
     api = tg.kernels.api
     entry_points = {name for name in api.__all__ if callable(getattr(api, name))
                     and not name.endswith("_candidates") and name.islower()}
-    decode = {"gemv", "matmul_w4a16", "attention_forward", "attention_decode"}  # outside api
+    assert schemas["selective_scan"] == (
+        "tegula::selective_scan(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, "
+        "Tensor? D=None, Tensor? z=None, Tensor? delta_bias=None, bool delta_softplus=False)"
+        " -> Tensor")
+    decode = {"gemv", "matmul_w4a16", "attention_forward", "attention_decode",
+              "selective_scan"}  # outside api
     assert entry_points | decode == set(torch_ops.OPS)
 
 
@@ -111,6 +116,38 @@ def test_matmul_and_copy_on_cpu():
     assert torch.equal(torch.ops.tegula.matmul(a[:, :0], b[:0]), torch.zeros(37, 70, dtype=a.dtype))
 
 
+def _scan_operands(seed=0, dtype=torch.float32, bc_dtype=None, options=True):
+    """Mamba-like operands at a ragged size (3 channels, 37 steps, dstate 4)."""
+    batch, dim, length, dstate = 2, 3, 37, 4
+    u = _random((batch, dim, length), dtype, seed)
+    delta = (torch.rand(batch, dim, length, generator=torch.Generator().manual_seed(seed))
+             * 0.5 + 0.05).to(dtype)
+    A = -torch.exp(_random((dim, dstate), seed=seed + 1))
+    B = _random((batch, dstate, length), bc_dtype or dtype, seed + 2)
+    C = _random((batch, dstate, length), bc_dtype or dtype, seed + 3)
+    if not options:
+        return u, delta, A, B, C
+    return (u, delta, A, B, C, _random((dim,), seed=seed + 4),
+            _random((batch, dim, length), dtype, seed + 5), _random((dim,), seed=seed + 6) * 0.2,
+            True)
+
+
+@pytest.mark.parametrize("dtype, bc_dtype, options", [
+    (torch.float32, None, True), (torch.float32, None, False),
+    (torch.bfloat16, torch.float32, True), (torch.float16, None, True)])
+def test_selective_scan_op_on_cpu_runs_the_emulated_kernel(dtype, bc_dtype, options):
+    """`torch.ops.tegula.selective_scan` on CPU tensors against Mamba's reference loop in
+    float64, every element (B and C may be f32 under 16-bit u)."""
+    from tegula.kernels.scan import selective_scan_reference
+    args = _scan_operands(7, dtype, bc_dtype, options)
+    out = torch.ops.tegula.selective_scan(*args)
+    assert out.shape == args[0].shape and out.dtype == dtype
+    arrays = [a.double().numpy() if isinstance(a, torch.Tensor) else a for a in args]
+    ref = torch.from_numpy(selective_scan_reference(*arrays))
+    tol = 1e-5 if dtype == torch.float32 else 4 * _ulps(dtype)
+    assert torch.all((out.double() - ref).abs() <= tol * (ref.abs() + 1))
+
+
 def _decode_operands(seed=0, paged=False):
     q = _random((2, 4, 1, 32), torch.float16, seed)
     k = _random((2, 2, 40, 32), torch.float16, seed + 1)
@@ -154,6 +191,7 @@ def test_attention_decode_op_on_cpu_against_float64(paged):
     ("gemv", lambda: (_random((2, 64), torch.float16), _random((24, 64), torch.float16))),
     ("matmul_w4a16", lambda: _w4a16_operands(3, 16, 64, 32, True, 4) + (32,)),
     ("attention_decode", lambda: _decode_operands(3)),
+    ("selective_scan", lambda: _scan_operands(5)),
 ])
 def test_opcheck_passes_on_cpu(name, args):
     # schema, fake tensor, autograd registration and AOT dispatch checks, on the CPU
@@ -191,6 +229,13 @@ def test_fake_implementations_give_cuda_shapes_and_report_bad_calls():
         assert (c.shape, c.dtype, c.device.type) == ((100, 30), torch.float16, "cuda")
         with pytest.raises(ValueError, match="group_size must be one of"):
             torch.ops.tegula.matmul_w4a16(a, packed, scales, None, 48)
+        scan = [torch.empty(t.shape, dtype=t.dtype, device="cuda")
+                if isinstance(t, torch.Tensor) else t for t in _scan_operands()]
+        out = torch.ops.tegula.selective_scan(*scan)
+        assert (out.shape, out.dtype, out.device.type) == ((2, 3, 37), torch.float32, "cuda")
+        short = torch.empty(2, 2, 37, dtype=torch.float32, device="cuda")  # 2 of 3 channels
+        with pytest.raises(ValueError, match="selective_scan"):
+            torch.ops.tegula.selective_scan(scan[0], short, *scan[2:])
 
 
 def test_compile_fullgraph_traces_a_model_without_graph_breaks():
@@ -379,6 +424,7 @@ def test_torch_op_reports_mistakes_clearly():
     ("gemv", lambda: (_random((3, 512), torch.float16), _random((256, 512), torch.float16))),
     ("matmul_w4a16", lambda: _w4a16_operands(16, 256, 512, 128, False, 5) + (128,)),
     ("attention_decode", lambda: _decode_operands(4, paged=True)),
+    ("selective_scan", lambda: _scan_operands(6, torch.bfloat16)),
 ])
 def test_opcheck_on_cuda(name, args):
     cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args())

@@ -274,9 +274,10 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
                             C: np.ndarray, D: np.ndarray | None = None,
                             z: np.ndarray | None = None, delta_bias: np.ndarray | None = None,
                             delta_softplus: bool = False, dtype: DType | None = None,
-                            **tiles: int) -> np.ndarray:
+                            bc_dtype: DType | None = None, **tiles: int) -> np.ndarray:
     """The selective scan on the CPU emulator (numpy arrays; f32 or f16, or `dtype=bf16`
-    for bf16 data held in float32 arrays). Returns `out` (batch, dim, L) of u's type."""
+    for bf16 data held in float32 arrays; `bc_dtype` likewise for B and C, by default u's
+    type where their arrays' types agree). Returns `out` (batch, dim, L) of u's type."""
     fn = "selective_scan_emulated"
     for name, x in (("u", u), ("delta", delta), ("B", B), ("C", C)):
         check_array(fn, name, x, ndim=3)
@@ -288,7 +289,7 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
         check_array(fn, "z", z, ndim=3)
     _check_shapes(fn, u, delta, A, B, C, D, z, delta_bias)
     dtype = dtype or dtype_of_array(u, fn, "u")
-    bc_dtype = dtype if B.dtype == u.dtype else dtype_of_array(B, fn, "B")
+    bc_dtype = bc_dtype or (dtype if B.dtype == u.dtype else dtype_of_array(B, fn, "B"))
     for name, x, want in (("delta", delta, u.dtype), ("z", z, u.dtype), ("C", C, B.dtype)):
         if x is not None and x.dtype != want:
             raise TypeError(f"tegula.kernels.{fn}: {name} must have dtype {want}, got {x.dtype}")
@@ -318,6 +319,29 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
 _TORCH_DTYPES = {"float32": f32, "float16": f16, "bfloat16": bf16}
 
 
+def check_selective_scan(fn: str, u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None,
+                         z: Any = None, delta_bias: Any = None) -> tuple[DType, DType]:
+    """(u's tegula type, B's) after checking torch tensors' types, ranks and shapes as the
+    entry point does (not their device): shared with `torch.ops.tegula.selective_scan`'s
+    fake and CPU implementations."""
+    from tegula.kernels.api import _check_tensor
+
+    dtype = _check_tensor(fn, "u", u, _TORCH_DTYPES, ndim=3)
+    _check_tensor(fn, "delta", delta, _TORCH_DTYPES, ndim=3)
+    _check_tensor(fn, "A", A, _TORCH_DTYPES, ndim=2)
+    bc_dtype = _check_tensor(fn, "B", B, _TORCH_DTYPES, ndim=3)
+    _check_tensor(fn, "C", C, _TORCH_DTYPES, ndim=3)
+    for name, x in (("D", D), ("delta_bias", delta_bias), ("z", z)):
+        if x is not None:
+            _check_tensor(fn, name, x, _TORCH_DTYPES, ndim=3 if name == "z" else 1)
+    _check_shapes(fn, u, delta, A, B, C, D, z, delta_bias)
+    for name, x, like in (("delta", delta, u), ("z", z, u), ("C", C, B)):
+        if x is not None and x.dtype != like.dtype:
+            raise TypeError(f"tegula.kernels.{fn}: {name} must have dtype {like.dtype}, got "
+                            f"{x.dtype}")
+    return dtype, bc_dtype
+
+
 def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
                    delta_bias: Any = None, delta_softplus: bool = False, *,
                    out: Any = None, BD: int | None = None, BL: int | None = None,
@@ -328,23 +352,11 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
     (GROUP, BC_AHEAD, STATE_LOOP): the constexprs of `selective_scan_config`."""
     import torch
 
-    from tegula.kernels.api import _check_cuda, _check_out, _check_tensor, _launch
+    from tegula.kernels.api import _check_cuda, _check_out, _launch
 
     fn = "selective_scan"
-    dtype = _check_tensor(fn, "u", u, _TORCH_DTYPES, ndim=3)
-    _check_tensor(fn, "delta", delta, _TORCH_DTYPES, ndim=3)
-    _check_tensor(fn, "A", A, _TORCH_DTYPES, ndim=2)
-    bc_dtype = _check_tensor(fn, "B", B, _TORCH_DTYPES, ndim=3)
-    _check_tensor(fn, "C", C, _TORCH_DTYPES, ndim=3)
+    dtype, bc_dtype = check_selective_scan(fn, u, delta, A, B, C, D, z, delta_bias)
     optional = {"D": D, "delta_bias": delta_bias, "z": z}
-    for name, x in optional.items():
-        if x is not None:
-            _check_tensor(fn, name, x, _TORCH_DTYPES, ndim=3 if name == "z" else 1)
-    _check_shapes(fn, u, delta, A, B, C, D, z, delta_bias)
-    for name, x, like in (("delta", delta, u), ("z", z, u), ("C", C, B)):
-        if x is not None and x.dtype != like.dtype:
-            raise TypeError(f"tegula.kernels.{fn}: {name} must have dtype {like.dtype}, got "
-                            f"{x.dtype}")
     tensors = {"u": u, "delta": delta, "A": A, "B": B, "C": C,
                **{k: v for k, v in optional.items() if v is not None}}
     _check_cuda(fn, tensors)
@@ -369,4 +381,5 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
 
 
 __all__ = ["selective_scan", "selective_scan_emulated", "selective_scan_reference",
-           "selective_scan_kernel", "selective_scan_config", "SELECTIVE_SCAN_DTYPES"]
+           "selective_scan_kernel", "selective_scan_config", "check_selective_scan",
+           "SELECTIVE_SCAN_DTYPES"]

@@ -1,7 +1,7 @@
 """The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul` (with
 its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy`,
-`attention_forward` and `attention_decode` (each returning o and lse), and the decode
-GEMMs `gemv` and `matmul_w4a16`.
+`attention_forward` and `attention_decode` (each returning o and lse), the decode
+GEMMs `gemv` and `matmul_w4a16`, and Mamba's `selective_scan`.
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -24,8 +24,8 @@ Autograd: each op registers its backward as a formula in torch ops (there are no
 backward kernels yet): matmul's two gradients are `torch.ops.tegula.matmul` calls (f32
 accumulation, rounded to the inputs' dtype, as torch's own half-precision matmul; with a
 fused activation, after recomputing the pre-activation and applying the activation's
-derivative in f32; the bias gradient is the column sum), matmul_fp8, gemv and
-matmul_w4a16 (inference kernels) are forward-only, the
+derivative in f32; the bias gradient is the column sum), matmul_fp8, gemv,
+matmul_w4a16 and selective_scan (inference kernels) are forward-only, the
 row ops' gradients are computed in f32 from the saved output (softmax) or inputs
 (RMSNorm) and rounded to the input's dtype, and copy passes its gradient through.
 """
@@ -508,6 +508,48 @@ def _attention_decode_cpu(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     return from_numpy(o, dtype), torch.from_numpy(lse)
 
 
+# ---------------------------------------------------------------------------- selective scan
+# Mamba's selective scan forward (`tegula.kernels.selective_scan`), forward only.
+
+@torch.library.custom_op("tegula::selective_scan", mutates_args=(), device_types="cuda")
+def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                   D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                   delta_bias: Optional[Tensor] = None,
+                   delta_softplus: bool = False) -> Tensor:
+    """`out` (batch, dim, L) of u's dtype: `tegula.kernels.selective_scan`."""
+    from tegula.kernels.scan import selective_scan as run
+    return run(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+
+
+@selective_scan.register_fake
+def _selective_scan_fake(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                         D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                         delta_bias: Optional[Tensor] = None,
+                         delta_softplus: bool = False) -> Tensor:
+    from tegula.kernels.scan import check_selective_scan
+    check_selective_scan("selective_scan", u, delta, A, B, C, D, z, delta_bias)
+    return u.new_empty(u.shape)
+
+
+@selective_scan.register_kernel("cpu")
+def _selective_scan_cpu(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                        D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                        delta_bias: Optional[Tensor] = None,
+                        delta_softplus: bool = False) -> Tensor:
+    from tegula.kernels.scan import check_selective_scan, selective_scan_emulated
+    dtype, bc_dtype = check_selective_scan("selective_scan", u, delta, A, B, C, D, z,
+                                           delta_bias)
+    if u.numel() == 0:
+        return u.new_empty(u.shape)
+    f32 = lambda t: None if t is None else t.float().numpy()  # noqa: E731 (A, D, bias)
+    out = selective_scan_emulated(
+        to_numpy(u, dtype), to_numpy(delta, dtype), f32(A), to_numpy(B, bc_dtype),
+        to_numpy(C, bc_dtype), f32(D), None if z is None else to_numpy(z, dtype),
+        f32(delta_bias), delta_softplus, dtype, bc_dtype)
+    return from_numpy(out, dtype)
+
+
 OPS.update(attention_forward=attention_forward, gemv=gemv, matmul_w4a16=matmul_w4a16,
-           attention_decode=attention_decode)
-__all__ += ["attention_forward", "gemv", "matmul_w4a16", "attention_decode"]
+           attention_decode=attention_decode, selective_scan=selective_scan)
+__all__ += ["attention_forward", "gemv", "matmul_w4a16", "attention_decode",
+            "selective_scan"]
