@@ -115,7 +115,7 @@ SWAPPED_SHAPES = [  # m, n, k, group, zero_point
     (33, 1000, 2048, 64, True), (64, 4096, 4096, 128, True), (100, 77, 192, 32, True),
     (128, 14336, 4096, 128, False), (129, 200, 512, 64, False)]
 SWAPPED_TILES = [{}, dict(BK=128), dict(STAGES=2, warp_specialize=True), dict(BT=16),
-                 dict(BT=24, STAGES=1), dict(WSMEM=1, STAGES=4), dict(WSMEM=1, BK=128, STAGES=8),
+                 dict(BT=24, STAGES=1), dict(WSMEM=1, STAGES=4), dict(WSMEM=1, BK=128, STAGES=8, BT=16),
                  dict(ASMEM=1), dict(ASMEM=1, BK=128, SPLIT=3), dict(SPLIT=2, STAGES=2),
                  dict(ASMEM=1, BN=128, threads=256, SPLIT=2)]
 
