@@ -206,6 +206,27 @@ def run_child_cases(script: str, root, time_limit_s: float) -> tuple[dict, bool,
     return results, hung, err[-3000:]
 
 
+def print_case_outcomes(cases, run_one, case_id) -> None:
+    """The child's side of `run_child_cases`: run each case and print `[case id, outcome]`
+    as one JSON line as it goes; an exception is that case's outcome, and the next cases
+    still run."""
+    for case in cases:
+        try:
+            outcome = run_one(case)
+        except Exception as e:
+            outcome = f"{type(e).__name__}: {e}"
+        print(json.dumps([case_id(case), outcome]), flush=True)
+
+
+def sm90_child_outcomes(script: str, root, time_limit_s: float) -> tuple[dict, bool, str]:
+    """`run_child_cases` for a Hopper-only test file (skipped without an sm_90 GPU)."""
+    import pytest
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    return run_child_cases(script, root, time_limit_s)
+
+
 def check_child_case(outcomes: tuple, name: str, names: list, time_limit_s: float) -> None:
     """Fail unless case `name` ran in the child (`run_child_cases`) and came out "ok"."""
     import pytest

@@ -13,7 +13,6 @@ that was running instead of stalling the session. The child prints one line per 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import check_child_case, check_f16_gemm, run_child_cases  # noqa: E402
+from gpu_helpers import (check_child_case, check_f16_gemm, print_case_outcomes,  # noqa: E402
+                         sm90_child_outcomes)
 
 #: The benchmark's 128x256x64 tiles (two consumer warpgroups, b's 256 rows multicast as
 #: two 128-row slices) at 4 and 3 stages, 128x128x64, and small tiles (many per block).
@@ -77,20 +77,12 @@ def child() -> None:
         built = build(module.persistent_gemm, dict(config, CLUSTER=2), None, "sm_90a")
         assert built.thread_kernel.cluster == (2, 1, 1), name
         assert ".multicast::cluster" in built.cuda_source(), name
-    for case in CASES:
-        try:
-            outcome = run_case(case, module, torch)
-        except Exception as e:  # reported per case; the next cases still run
-            outcome = f"{type(e).__name__}: {e}"
-        print(json.dumps([_case_id(case), outcome]), flush=True)
+    print_case_outcomes(CASES, lambda c: run_case(c, module, torch), _case_id)
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs an sm_90 GPU")
-    return run_child_cases(__file__, ROOT, TIME_LIMIT_S)
+    return sm90_child_outcomes(__file__, ROOT, TIME_LIMIT_S)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,6 @@ was running instead of stalling the session. The child prints one line per case.
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import check_child_case, check_f16_gemm, run_child_cases  # noqa: E402
+from gpu_helpers import (check_child_case, check_f16_gemm, print_case_outcomes,  # noqa: E402
+                         sm90_child_outcomes)
 
 #: Tiles: the README's 128x256x64 with two consumer warpgroups at 3 and 4 stages (4 is
 #: the benchmark's), 128x128x64, and small tiles (many tiles per block at small shapes).
@@ -86,20 +86,12 @@ def child() -> None:
             source = built.cuda_source()
             assert "cp.async.cg" not in source, (name, roles)
             assert "cp.async.bulk.tensor.2d.global.shared::cta" in source, (name, roles)
-    for case in CASES:
-        try:
-            outcome = run_case(case, module, torch, tg)
-        except Exception as e:  # reported per case; the next cases still run
-            outcome = f"{type(e).__name__}: {e}"
-        print(json.dumps([_case_id(case), outcome]), flush=True)
+    print_case_outcomes(CASES, lambda c: run_case(c, module, torch, tg), _case_id)
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs an sm_90 GPU")
-    return run_child_cases(__file__, ROOT, TIME_LIMIT_S)
+    return sm90_child_outcomes(__file__, ROOT, TIME_LIMIT_S)
 
 
 @pytest.mark.gpu

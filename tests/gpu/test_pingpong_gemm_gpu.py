@@ -12,7 +12,6 @@ compute-sanitizer's memcheck, racecheck and synccheck on a small ping-pong launc
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -21,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import check_child_case, check_f16_gemm, run_child_cases  # noqa: E402
+from gpu_helpers import (check_child_case, check_f16_gemm, print_case_outcomes,  # noqa: E402
+                         sm90_child_outcomes)
 
 CONFIGS = {
     "64x256x64-s4": dict(BM=64, BN=256, BK=64, STAGES=4),   # matmul's tuner candidate
@@ -81,20 +81,13 @@ def child() -> None:
     first = int(os.environ.get("TEGULA_PINGPONG_CONFIGS", len(CONFIGS)))
     picked = os.environ.get("TEGULA_PINGPONG_SHAPES")
     shapes = [SHAPES[int(i)] for i in picked.split(",")] if picked else SHAPES
-    for case in [c for c in CASES if c[0] in list(CONFIGS)[:first] and c[1] in shapes]:
-        try:
-            outcome = run_case(case, module, torch)
-        except Exception as e:  # reported per case; the next cases still run
-            outcome = f"{type(e).__name__}: {e}"
-        print(json.dumps([_case_id(case), outcome]), flush=True)
+    chosen = [c for c in CASES if c[0] in list(CONFIGS)[:first] and c[1] in shapes]
+    print_case_outcomes(chosen, lambda c: run_case(c, module, torch), _case_id)
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs an sm_90 GPU")
-    return run_child_cases(__file__, ROOT, TIME_LIMIT_S)
+    return sm90_child_outcomes(__file__, ROOT, TIME_LIMIT_S)
 
 
 @pytest.mark.gpu
