@@ -469,6 +469,17 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
         if pingpong:
             return [head] + take_turn(tile_loop, loop) + after + [Barrier()]
         return [head, loop] + after + [Barrier()]
+    return [head] + _specialized_consumer_loop(lowering, op, ring, rest, producers, wait,
+                                               release)
+
+
+def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
+                               producers: list[Copy], wait: Stmt, release) -> list[Stmt]:
+    """The consumer role's loop where the body is more than one lone gemm (any tile ops):
+    each iteration waits for its stage, runs the body with its wgmma waits deferred and
+    releases the stage; a barrier ends the body or follows the loop where its shared
+    accesses need one."""
+    k = Var(op.var.name)
     _top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
@@ -490,7 +501,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     elif inner.read - stages:
         after = inner.barrier()
     body += release(ring.slot(k))
-    return [head, For(k, ring.start, ring.stop, 1, body)] + after
+    return [For(k, ring.start, ring.stop, 1, body)] + after
 
 
 def stage_release(empty: str, index: Expr, pred: Expr | None, ctas: int) -> list[Stmt]:
