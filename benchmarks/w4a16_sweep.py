@@ -1,10 +1,11 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment] [--only PREFIX]
 [--budget SECONDS]`.
 
 `--set swapped` times the swapped-orientation W4A16 kernel (the weights as the MMA's A
 operand) against the session-6 GEMM kernel at M = 16, 64, 128 on N=K=4096 and N=14336,
-K=4096; `--set refined` times the variants around round 1's winners. Each row (printed
+K=4096; `--set refined` times the variants around round 1's winners; `--set fragment`
+the fragment-ordered weights (`quant_fragment`) beside session 7's winners. Each row (printed
 as it is measured): the kernel, its (M, N, K), its constexprs, the median µs (L2 flushed, as
 `tegula bench quant`), the TB/s of the floor bytes (packed weights + scales + zeros for
 W4A16, the weights for GEMV) and their fraction of the device copy bandwidth; torch's f16
@@ -71,7 +72,22 @@ REFINED = [(name, (m, n, 4096), dict(config, **({} if name == "w4gemm" else
            for n in (4096, 14336) for m in (16, 64, 128)
            for name, config in [("w4gemm", _GEMM_BY_M[m])]
            + [("w4swap", c) for c in _REFINED_BY_M[m]]]
-SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED}
+# Session 8: the weights in the MMA fragment's order (16-byte loads, `quant_fragment`)
+# beside session 7's entry-point winners of the swapped kernel.
+_FRAGMENT_BY_M = {
+    16: [dict(BT=16, STAGES=4), dict(BT=16, STAGES=8), dict(BT=16, STAGES=4, SPLIT=2),
+         dict(BT=16, STAGES=4, SPLIT=4)],
+    64: [dict(BT=64, STAGES=3), dict(BT=64, STAGES=3, SPLIT=2), dict(BT=32, STAGES=3)],
+    128: [dict(BT=128, STAGES=3), dict(BT=128, STAGES=3, SPLIT=2), dict(BT=64, STAGES=3)],
+}
+_SESSION7_BEST = {16: dict(BT=16, BK=128, STAGES=3, ASMEM=1, SPLIT=8),
+                  64: dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=2),
+                  128: dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=2)}
+FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False))
+            for n in (4096, 14336) for m in (16, 64, 128)
+            for name, config in [("w4swap", _SESSION7_BEST[m])]
+            + [("w4frag", c) for c in _FRAGMENT_BY_M[m]]]
+SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT}
 
 
 GROUP = 128
@@ -115,9 +131,6 @@ def _runner(name, shape, t, config):
     if name == "gemv":
         grid, constexprs = (tg.cdiv(n, config["BN"]),), dict(config, M=m)
         return lambda: launch(gemv_kernel(f16), grid, t["a"], t["w"], t["out"], **constexprs)
-    kind, grid, constexprs = quant.w4a16_config(m, n, k, GROUP, **config)
-    operands = (*quant.w4a16_operands(kind, t["a"], t["packed"], GROUP), t["scales"],
-                t["zeros"])
     parts = {}  # split K's workspace, allocated once
 
     def empty_f32(shape):
@@ -125,9 +138,21 @@ def _runner(name, shape, t, config):
             parts[shape] = torch.empty(shape, dtype=torch.float32, device="cuda")
         return parts[shape]
 
+    run = lambda kernel, g, args, cx: launch(kernel, g, *args, **cx)  # noqa: E731
+    if name == "w4frag":
+        from tegula.kernels import quant_fragment as qf
+        if "stored" not in t:
+            t["stored"] = qf.pack_fragments(t["packed"])
+        grid, constexprs = qf.fragment_config(m, n, k, GROUP, **config)
+        operands = (t["a"], t["stored"], t["scales"], t["zeros"])
+        return lambda: qf.launch_w4a16_fragment(grid, constexprs, f16, True, operands,
+                                                t["out"], run, empty_f32)
+    kind, grid, constexprs = quant.w4a16_config(m, n, k, GROUP, **config)
+    operands = (*quant.w4a16_operands(kind, t["a"], t["packed"], GROUP), t["scales"],
+                t["zeros"])
     return lambda: quant.launch_w4a16(
         kind, grid, constexprs, f16, True, operands, t["out"],
-        lambda kernel, g, args, cx: launch(kernel, g, *args, **cx), empty_f32)
+        run, empty_f32)
 
 
 def _print_row(r) -> None:

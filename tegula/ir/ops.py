@@ -124,12 +124,20 @@ class Indices(Op):
 
 @dataclass(eq=False)
 class Reshape(Op):
-    """`out = x` with size-1 dims inserted or removed (`t[None, :]`, `t[:, 0]` of a size-1
-    dim, rank promotion for broadcasting). The elements keep their order, so both tiles
-    share one TV layout: `out` holds a copy of `x`'s registers."""
+    """`out = x.transpose(perm).reshape(out.shape)` (numpy, C order; `perm` () = no
+    transpose): size-1 dims inserted or removed (`t[None, :]`, `t[:, 0]` of a size-1 dim,
+    rank promotion for broadcasting), or `tg.reshape` / `tg.permute`. Each thread keeps
+    its registers: `out`'s TV layout is `x`'s with the flat indices renamed
+    (`layout/reshape.py`; the same layout when only size-1 dims change)."""
 
     x: RegisterTile
     out: RegisterTile
+    perm: tuple = ()
+
+    @property
+    def order(self) -> tuple:
+        """The transpose applied before the reshape (the identity when `perm` is ())."""
+        return tuple(self.perm) if self.perm else tuple(range(self.x.rank))
 
 
 @dataclass(eq=False)

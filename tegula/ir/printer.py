@@ -102,7 +102,8 @@ def op_text(op: Op) -> str:
     if isinstance(op, Rearrange):
         return f"{_operand(op.out)} = rearrange {_operand(op.x)}"
     if isinstance(op, Reshape):
-        return f"{_operand(op.out)} = reshape {_operand(op.x)}"
+        perm = f" transposed {tuple(op.perm)}" if op.perm else ""
+        return f"{_operand(op.out)} = reshape {_operand(op.x)}{perm}"
     if isinstance(op, Indices):
         offset = f" + {op.offset}" if not (isinstance(op.offset, int) and op.offset == 0) else ""
         return f"{_operand(op.out)} = indices axis={op.axis}{offset}"

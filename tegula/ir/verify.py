@@ -15,6 +15,8 @@ for IR that passes build or rewrite (synthesis inserting conversions, pipelining
 """
 from __future__ import annotations
 
+import math
+
 from tegula.dtypes import bool_, i32
 from tegula.errors import TegulaError
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
@@ -271,10 +273,10 @@ def _check_indices(v: _Verifier, op: Indices) -> None:
 
 
 def _check_reshape(v: _Verifier, op: Reshape) -> None:
-    kept = [e for e in op.x.shape if e != 1], [e for e in op.out.shape if e != 1]
-    if kept[0] != kept[1] or op.x.dtype != op.out.dtype:
-        raise v.fail(op, f"{describe(op.x)} -> {describe(op.out)} changes more than size-1 "
-                         f"dims, or the dtype")
+    if sorted(op.order) != list(range(op.x.rank)) or op.x.dtype != op.out.dtype or \
+            math.prod(op.x.shape) != math.prod(op.out.shape):
+        raise v.fail(op, f"{describe(op.x)} -> {describe(op.out)} (perm {op.order}) changes "
+                         f"the element count or the dtype, or its perm is no permutation")
 
 
 def _check_rearrange(v: _Verifier, op: Rearrange) -> None:

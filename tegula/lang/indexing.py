@@ -19,6 +19,7 @@ dims: a (BN,) tile combines with a (BM, BN) tile as (1, BN).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tegula.dtypes import i32
@@ -71,6 +72,53 @@ def reshaped(tile: RegisterTile, shape: tuple, op: str) -> RegisterTile:
     ctx.emit(Reshape(x=tile, out=out))
     ctx.mark_written(out)
     return out
+
+
+def reshape(x: Any, shape: Any) -> RegisterValue:
+    """`x` (a register tile) with the elements in the same (row-major, numpy) order in a
+    new `shape` of the same size: `tg.reshape(q, (64, 2, 32))`. No data moves: each
+    thread keeps its registers and synthesis renames which element each one is, so a
+    tile loaded in one shape (e.g. 16-byte vectors of a pre-packed weight layout) can be
+    used in another (the MMA operand's)."""
+    return _relabelled(x, shape, None, "tg.reshape")
+
+
+def permute(x: Any, dims: Any) -> RegisterValue:
+    """`x` (a register tile) with its dims reordered: dim i of the result is dim
+    `dims[i]` of x (numpy's `transpose(dims)`). No data moves, as in `tg.reshape`."""
+    op = "tg.permute"
+    current(op)
+    tile = as_register(x, op)
+    dims = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+    if sorted(d for d in dims if isinstance(d, int) and not isinstance(d, bool)) != \
+            list(range(tile.rank)) or len(dims) != tile.rank:
+        raise fail(op, f"dims must order all {tile.rank} dims of {describe(tile)} "
+                       f"(a permutation of 0..{tile.rank - 1}), got {dims!r}")
+    return _relabelled(x, tuple(tile.shape[d] for d in dims), dims, op)
+
+
+def _relabelled(x: Any, shape: Any, perm: tuple | None, op: str) -> RegisterValue:
+    ctx = current(op)
+    tile = as_register(x, op)
+    shape = static_shape(shape, op)
+    if math.prod(shape) != math.prod(tile.shape):
+        raise fail(op, f"cannot reshape {describe(tile)} ({math.prod(tile.shape)} elements) "
+                       f"to {shape_text(shape)} ({math.prod(shape)} elements)")
+    if perm in (None, tuple(range(tile.rank))) and tuple(shape) == tuple(tile.shape):
+        return RegisterValue(tile)
+    ctx.require_readable(tile, op)
+    out = new_register_tile(tuple(shape), tile.dtype)
+    ctx.emit(Reshape(x=tile, out=out, perm=tuple(perm) if perm else ()))
+    ctx.mark_written(out)
+    return RegisterValue(out)
+
+
+def as_register(x: Any, op: str) -> RegisterTile:
+    if not isinstance(x, RegisterValue):
+        raise fail(op, f"takes a register tile (a tg.load, tg.zeros or computed tile), got "
+                       f"{x!r}; a global or shared view is reshaped by tiling it "
+                       f"(.tile, .T, slices)")
+    return x.ir
 
 
 def promote_ranks(tiles: list[RegisterTile], rank: int, op: str) -> list[RegisterTile]:
@@ -134,4 +182,4 @@ def _slice_text(s: slice) -> str:
     return ":".join(parts) + (f":{s.step}" if s.step is not None else "")
 
 
-__all__ = ["arange", "indices", "reshaped", "promote_ranks", "index_register"]
+__all__ = ["arange", "indices", "reshape", "permute", "reshaped", "promote_ranks", "index_register"]

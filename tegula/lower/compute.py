@@ -19,6 +19,7 @@ from tegula.errors import SynthesisError
 from tegula.ir.ops import AtomicAdd, Elementwise, Fill, Indices, Rearrange, Reduce, Reshape
 from tegula.ir.scalar import Scalar
 from tegula.ir.values import GlobalTile, RegisterTile, describe
+from tegula.layout.reshape import reshape_sources
 from tegula.layout.tv import (distinct_values, match_values, project_flat_indices,
                               tile_strides, tv_table)
 from tegula.lower.addressing import (global_address, replica_predicate, scalar_expr,
@@ -111,9 +112,11 @@ def lower_indices(ctx: LoweringContext, op: Indices) -> list:
 
 
 def lower_reshape(ctx: LoweringContext, op: Reshape) -> list:
-    """Size-1 dims inserted or removed keep every element's flat index, so each register
-    of the result copies the register of `x` holding the same element."""
-    found = match_values(op.x.layout, tv_table(op.out.layout))
+    """Each register of the result copies the register of `x` holding the same element
+    (its flat index renamed by the reshape, `layout/reshape.py`): register copies the
+    CUDA compiler removes."""
+    sources = reshape_sources(tuple(op.x.shape), op.order, tuple(op.out.shape))
+    found = match_values(op.x.layout, sources[tv_table(op.out.layout)])
     if found is None:
         raise SynthesisError(f"internal: reshape {describe(op.x)} -> {describe(op.out)} with "
                              f"layouts {op.x.layout} vs {op.out.layout}", loc=op.loc)

@@ -11,8 +11,9 @@ directions until nothing changes:
   onto its shape (where that projection is no CuTe layout, the check computes the op in a
   coalesced partition between conversions);
 * reduce: the output is the input's layout projected along the reduced axis;
-* reshape (size-1 dims inserted or removed): both tiles share one layout (their elements
-  keep their flat indices); `indices` has no operand and takes the layout its users want.
+* reshape: each thread keeps its registers, the flat indices renamed (the same layout
+  where only size-1 dims change, `layout/reshape.py`); `indices` has no operand and
+  takes the layout its users want.
 
 Unlike Hexcute, which drops constraints whose variables are already fixed, every
 constraint is *checked* once all its layouts are known (`check_constraints`); a violated
@@ -33,6 +34,7 @@ from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, Reshape, Tr
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
+from tegula.layout.reshape import is_plain_reshape, reshape_sources, reshaped_tv
 from tegula.ir.ops import Scan
 from tegula.synth.scan import scan_conversions
 from tegula.layout.tv import (coalesced_tv, match_values, project_flat_indices, projected_tv,
@@ -127,10 +129,24 @@ def propagate_once(ops: list[Op], state: LayoutState) -> bool:
         elif isinstance(op, Reshape):
             x, out = state.get(op.x), state.get(op.out)
             if x is not None and out is None:
-                changed |= state.set(op.out, x, f"reshaped from {op.x.name}")
+                out = reshape_layout(op, x)
+                if out is not None:  # else converted at the check
+                    changed |= state.set(op.out, out, f"reshaped from {op.x.name}")
             elif out is not None and x is None:
-                changed |= state.set(op.x, out, f"reshaped into {op.out.name}")
+                x = reshape_layout(op, out, inverse=True)
+                if x is not None:
+                    changed |= state.set(op.x, x, f"reshaped into {op.out.name}")
     return changed
+
+
+def reshape_layout(op: Reshape, layout: Layout, inverse: bool = False) -> Layout | None:
+    """The layout of a reshape's output given its input's (or with `inverse` the input's
+    given the output's): the same registers, flat indices renamed (`layout/reshape.py`);
+    the very layout where only size-1 dims change. None where the renaming is no CuTe
+    layout."""
+    if is_plain_reshape(tuple(op.x.shape), op.order, tuple(op.out.shape)):
+        return layout
+    return reshaped_tv(layout, tuple(op.x.shape), op.order, tuple(op.out.shape), inverse)
 
 
 def propagate(ops: list[Op], state: LayoutState) -> None:
@@ -208,8 +224,7 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
                 after.append(conversion)
             for holder, user in operand_constraints(op):
                 h, u = state.get(holder), state.get(user)
-                if h is None or u is None or \
-                        layouts_agree(h, _holder_shape(op, holder, user), u, user.shape):
+                if h is None or u is None or _constraint_holds(op, holder, user, h, u):
                     continue
                 if isinstance(op, Reduce):
                     before, conversion = _reduce_then_convert(op, state, kernel)
@@ -233,6 +248,14 @@ def insert_conversions(kernel: TracedKernel, state: LayoutState) -> list[Rearran
     return inserted
 
 
+def _constraint_holds(op: Op, holder: Tile, user: Tile, h: Layout, u: Layout) -> bool:
+    if isinstance(op, Reshape):  # x must hold, in each thread, the elements out names
+        wanted = reshape_sources(tuple(op.x.shape), op.order, tuple(op.out.shape))
+        return tv_table(h).shape[0] == tv_table(u).shape[0] and \
+            match_values(h, wanted[tv_table(u)]) is not None
+    return layouts_agree(h, tuple(holder.shape), u, user.shape)
+
+
 def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
                     kernel: TracedKernel) -> Rearrange:
     if getattr(holder, "pinned", False) and getattr(user, "pinned", False):
@@ -240,7 +263,15 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
                              describe_conflict(op, holder, user, state),
                              loc=op.loc, other_loc=holder.loc)
     needed = state.get(user)
-    if tuple(_holder_shape(op, holder, user)) != tuple(user.shape):
+    if isinstance(op, Reshape):
+        needed = reshape_layout(op, needed, inverse=True)
+        if needed is None:
+            raise SynthesisError(
+                f"reshape {describe(op.x)} -> {describe(op.out)}: the layout "
+                f"{state.get(user)} of the result ({state.reasons.get(user.id)}) has no "
+                f"counterpart on the source's shape; reshape in steps whose extents divide "
+                f"each other, or pin a layout", loc=op.loc)
+    elif tuple(holder.shape) != tuple(user.shape):
         needed = broadcast_layout(needed, user.shape, holder.shape)
     converted = RegisterTile(holder.dtype, tuple(holder.shape), f"{holder.name}_cvt", op.loc)
     state.set(converted, needed, f"converted from {holder.name} for {type(op).__name__}")
@@ -334,13 +365,6 @@ def _reduced_layout(op: Reduce, state: LayoutState,
     before = Rearrange(op.x, converted, loc=op.loc)
     op.x = converted
     return projected_tv(state.get(converted), shape, op.axis), [before]
-
-
-def _holder_shape(op: Op, holder: Tile, user: Tile) -> tuple:
-    """The shape to read the holder's flat indices in when matching them to the user's: a
-    reshape's input holds the user's elements at the same flat indices (size-1 dims only
-    move), so it is read in the user's shape; every other holder in its own."""
-    return tuple(user.shape) if isinstance(op, Reshape) else tuple(holder.shape)
 
 
 def _replace_operand(op: Op, old: Tile, new: Tile) -> None:

@@ -1,0 +1,181 @@
+"""W4A16 with the weights pre-packed in the MMA fragment's order (issue 13): each thread's
+weights of a k-step are one 16-byte load.
+
+The swapped W4A16 kernel (`quant.w4a16_swapped_kernel`) computes cᵀ = dequant(w)·aᵀ with
+the dequantized (64, 64) weight tile as the MMA's *register* A operand. Read from the
+row-major packed weights, the A fragment's elements are scattered (each thread holds
+byte pairs 4 bytes apart along K, on two rows 8 apart): 16 one-byte loads per thread and
+k-step, each with its own address. Here the weights are stored so that those 32 nibbles
+are contiguous, and the kernel says which logical weight each stored one is:
+
+    stored (N/64, K/64, 4, 8, 4, 32)   one (64 rows, 64 k) block: 128 runs of 32 nibbles
+    run (w, r, c), nibble v = (s, h, i, j) holds weight
+        n = 64·nb + 16·w + 8·i + r,   k = 64·kb + 16·s + 8·h + 2·c + j
+
+— in the kernel, `tg.reshape` / `tg.permute` of the loaded (1, 1, 4, 8, 4, 32) tile into
+the (64, 64) weight tile (`FRAGMENT_SPLIT`, `FRAGMENT_PERM`). Those register reshapes
+move no data: synthesis gives the loaded tile the A fragment's layout with its flat
+indices renamed, in which each thread's 32 nibbles are one run (wgmma m64k16 over four
+warps: warp w, lane 4r + c holds rows 16w + r (+8), k pairs 2c (+8) of each k16 step), so
+the load is one 16-byte vector. The arrangement is what the kernel source says, on any
+target: if a target's fragment differs, the result is still exact and only the load
+narrows (the tests check both targets).
+
+`pack_fragments` writes this order from the row-major packed bytes of `quantize_w4` /
+`prepack` (N and K padded with zero weights to multiples of 64: padded rows are never
+stored, and padded k meet the zero activations a masked load gives past K).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+import tegula as tg
+from tegula import f32, u4
+from tegula.dtypes import DType
+
+FRAGMENT_ROWS = 64      # weight rows per block: one wgmma A tile (4 warps x 16 rows)
+FRAGMENT_K = 64         # k per block and per k-step (32 nibbles = 16 bytes per thread)
+#: the stored (1, 1, 4, 8, 4, 32) tile split into (w, r, c, s, h, i, j) ...
+FRAGMENT_SPLIT = (4, 8, 4, 4, 2, 2, 2)
+#: ... and ordered (w, i, r, s, h, c, j): row-major, rows n = (w, i, r), k = (s, h, c, j)
+FRAGMENT_PERM = (0, 5, 1, 3, 4, 2, 6)
+STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64)
+
+
+def fragment_shape(n: int, k: int) -> tuple[int, ...]:
+    """The logical (4-bit element) shape of the fragment-ordered weights of an (N, K)
+    weight: (N/64, K/64, 4, 8, 4, 32), each extent rounded up."""
+    return (-(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K)) + STORED_BLOCK
+
+
+def pack_fragments(packed: Any, k: int | None = None) -> Any:
+    """Row-major packed 4-bit weights ((N, K/2) uint8, element 2j of a row in the low
+    nibble of byte j: what `quantize_w4` and `prepack` return; numpy or torch) -> the
+    fragment order, (N/64, K/64, 4, 8, 4, 16) uint8 (two nibbles a byte, the same
+    nibble order), N and K padded with zero weights to multiples of 64. Done once per
+    weight, like `prepack`."""
+    from tegula.kernels.quant import prepack, unpack_w4
+    if len(packed.shape) != 2:
+        raise ValueError(f"tegula.kernels.pack_fragments: packed must be 2-D (N, K/2) "
+                         f"uint8, got shape {tuple(packed.shape)}")
+    w_q = unpack_w4(packed)
+    n, k = w_q.shape
+    nb, kb = fragment_shape(n, k)[:2]
+    padded = _zeros_like(w_q, (nb * FRAGMENT_ROWS, kb * FRAGMENT_K))
+    padded[:n, :k] = w_q
+    # (nb, w, i, r, kb, s, h, c, j) -> (nb, kb, w, r, c, s, h, i, j)
+    blocks = padded.reshape(nb, 4, 2, 8, kb, 4, 2, 4, 2)
+    ordered = _permute(blocks, (0, 4, 1, 3, 7, 5, 6, 2, 8))
+    return prepack(_contiguous(ordered).reshape(nb, kb, 4, 8, 4, 32))
+
+
+def unpack_fragments(stored: Any, n: int, k: int) -> Any:
+    """The inverse of `pack_fragments`: the (N, K/2) row-major packed bytes."""
+    from tegula.kernels.quant import prepack, unpack_w4
+    nb, kb = stored.shape[:2]
+    values = unpack_w4(stored).reshape(nb, kb, 4, 8, 4, 4, 2, 2, 2)
+    rows = _permute(values, (0, 2, 7, 3, 1, 5, 6, 4, 8))   # back to (nb, w, i, r, kb, s, h, c, j)
+    w_q = _contiguous(rows).reshape(nb * FRAGMENT_ROWS, kb * FRAGMENT_K)[:n, :k]
+    return prepack(_contiguous(w_q))
+
+
+def _zeros_like(x: Any, shape: tuple) -> Any:
+    return np.zeros(shape, x.dtype) if isinstance(x, np.ndarray) else x.new_zeros(shape)
+
+
+def _permute(x: Any, dims: tuple) -> Any:
+    return x.transpose(dims) if isinstance(x, np.ndarray) else x.permute(dims)
+
+
+def _contiguous(x: Any) -> Any:
+    return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x.contiguous()
+
+
+def fragment_weights(stored_tile: Any) -> Any:
+    """Inside a kernel: the loaded (1, 1, 4, 8, 4, 32) tile of stored weights as the
+    (64, 64) weight tile it holds (register reshapes, no data moved)."""
+    split = tg.reshape(stored_tile, FRAGMENT_SPLIT)
+    return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K))
+
+
+@lru_cache(maxsize=None)
+def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
+    """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64, BT) tiles, the weights in fragment order
+    (`pack_fragments`): each k-step one 16-byte load per thread of the next step's
+    weights (one k-step ahead), dequantized in registers into the MMA's register A
+    operand; the activations, BT tokens by 64 k, the shared B operand in a STAGES-deep
+    ring. G (the group) 32 takes two scales per row and k-step. `partial`: split K as in
+    `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
+    by `w4a16_split_sum_kernel`)."""
+    from tegula.kernels.quant import dequantize
+    out_type = f32 if partial else dtype
+    BN, BK = FRAGMENT_ROWS, FRAGMENT_K
+
+    @tg.kernel(threads=128)
+    def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[u4, 6], scales: tg.Tensor[dtype],
+                       zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
+                       BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
+                       SPLIT: tg.constexpr = 1):
+        n, t = tg.block_id(0), tg.block_id(1)
+        S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
+        ga = a.tile((BT, BK), (t, None))
+        gw = w.tile((1, 1) + STORED_BLOCK, (n, None, 0, 0, 0, 0))
+        steps, start = ga.shape[2], 0
+        if partial:                  # this block's slice of the k-steps
+            per_split = (steps + SPLIT - 1) // SPLIT
+            start = tg.block_id(2) * per_split
+            steps = tg.minimum(start + per_split, steps)
+        acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
+        sa = tg.shared((BT, BK), dtype, stages=STAGES)
+        ahead = tg.load(gw[:, :, :, :, :, :, start])
+        for k in tg.pipeline(start, steps, stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            stored = ahead
+            ahead = tg.load(gw[:, :, :, :, :, :, k + 1])    # past K: masked, never used
+            packed = tg.reshape(fragment_weights(stored), (BN, S, BK // S))
+            weights = dequantize(packed, scales, zeros if has_zeros else None,
+                                 n, k // max(1, G // BK), (BN, S))
+            tg.gemm(acc, tg.reshape(weights.to(dtype), (BN, BK)), sa[k])  # acc += w @ sa.T
+        if partial:
+            row_tiles = w.shape[0]          # slice z: tile rows z·row_tiles…
+            tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
+        else:   # rearranged through shared memory: c's rows are tokens, 16-byte stores
+            tg.copy(tg.rearrange(acc.to(dtype)), c.T.tile((BN, BT), (n, t)))
+
+    return w4a16_fragment
+
+
+def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
+                    ) -> tuple[tuple[int, ...], dict]:
+    """(grid, constexprs) of the fragment kernel for an (M, N, K) product: 64 weight rows
+    by BT tokens a block (`quant.token_tile`), SPLIT slices of K along grid axis 2."""
+    from tegula.kernels.quant import token_tile
+    constexprs = dict(G=group_size, BT=token_tile(m), STAGES=3, SPLIT=1)
+    constexprs.update(tiles)
+    grid = (-(-n // FRAGMENT_ROWS), -(-m // constexprs["BT"]))
+    return (grid + (constexprs["SPLIT"],) if constexprs["SPLIT"] > 1 else grid), constexprs
+
+
+def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
+                          operands: tuple, c: Any, launch: Any, empty_f32: Any) -> Any:
+    """Run the fragment kernel (`launch(kernel, grid, args, constexprs)`) on `operands`
+    (a, fragment-ordered weights, scales, zeros) into c; with SPLIT > 1 into an f32
+    workspace from `empty_f32(shape)` that `w4a16_split_sum_kernel` adds into c."""
+    from tegula.kernels.quant import w4a16_split_sum_kernel
+    split = constexprs.get("SPLIT", 1)
+    if split == 1:
+        return launch(w4a16_fragment_kernel(dtype, has_zeros), grid, (*operands, c),
+                      constexprs)
+    m, n = c.shape
+    parts = empty_f32((split * grid[0] * FRAGMENT_ROWS, m))
+    launch(w4a16_fragment_kernel(dtype, has_zeros, partial=True), grid, (*operands, parts),
+           constexprs)
+    return launch(w4a16_split_sum_kernel(dtype), grid[:2], (parts, c),
+                  dict(SPLIT=split, BN=FRAGMENT_ROWS, BT=constexprs["BT"]))
+
+
+__all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "fragment_shape",
+           "pack_fragments", "unpack_fragments", "fragment_weights", "w4a16_fragment_kernel"]
