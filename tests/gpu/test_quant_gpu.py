@@ -260,3 +260,39 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
     u4_rows[(tg.cdiv(n, 32),)](to_device(packed, u4), out)
     torch.cuda.synchronize()
     assert np.array_equal(out.cpu().numpy(), w_q.astype(np.float16))
+
+
+@pytest.mark.parametrize("dtype,m,n,k,group,zero_point,tiles", [
+    (d, m, n, k, g, z, t) for d, m, n, k, g, z, t in [
+        ("f16", 16, 4096, 4096, 128, True, dict(STAGES=4)),
+        ("f16", 16, 4096, 4096, 128, True, dict(STAGES=4, SPLIT=4)),
+        ("f16", 128, 14336, 4096, 128, True, dict(BT=128)),
+        ("f16", 64, 4096, 4096, 64, False, dict(SPLIT=2)),
+        ("f16", 13, 70, 192, 64, True, {}),           # N, K not multiples of 64
+        ("f16", 20, 130, 224, 32, False, dict(SPLIT=3)),   # two groups a k-step, ragged K
+        ("f16", 1, 333, 1024, 128, True, {}),
+        ("f16", 100, 77, 192, 32, True, dict(BT=64)),
+        ("bf16", 33, 300, 512, 128, True, {}),
+        ("bf16", 16, 4096, 4096, 128, False, dict(SPLIT=2))]],
+    ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
+    if isinstance(v, dict) else None)
+def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
+    """The kernel reading weights pre-packed in the wgmma A fragment's order (16-byte
+    loads, `quant_fragment`), split K included, in one role."""
+    from tegula.dtypes import bf16, f16
+    from tegula.kernels import quant_fragment as qf
+    from tegula.kernels.quant import prepack
+    g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 17 + n + k)
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    stored = qf.pack_fragments(prepack(w_q))
+    assert torch.equal(qf.unpack_fragments(stored, n, k), prepack(w_q))
+    grid, constexprs = qf.fragment_config(m, n, k, group, warp_specialize=False, **tiles)
+    zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
+                                                            dtype=DTYPES[dtype])
+    qf.launch_w4a16_fragment(grid, constexprs, f16 if dtype == "f16" else bf16,
+                             zeros is not None, (a, stored, scales, zeros_arg), c,
+                             lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
+                             lambda shape: torch.full(shape, float("nan"), device="cuda"))
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
