@@ -20,6 +20,7 @@ from tegula.errors import TegulaError, TraceError
 from tegula.lang import arange, argmax, argmin, indices
 from tegula.lang import cluster, num_programs, num_sms
 from tegula.lang import cumsum, scan
+from tegula.lang import consumer, producer
 from tegula.lang import permute, reshape
 from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, constexpr, copy,
                          cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
@@ -46,6 +47,7 @@ from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **conste
 from tegula.recommend import recommend  # noqa: E402 — tg.recommend(kernel, shapes=...)
 from tegula.runtime.tuned_kernel import autotune  # noqa: E402 — @tg.autotune(...)
 __all__ += ["explain", "recommend", "autotune"]
+__all__ += ["producer", "consumer"]  # warp-role blocks of a tg.pipeline (tegula.lang.roles)
 
 # `tegula.emulate` is also a subpackage, and Python binds a submodule onto its package the
 # first time it is imported: import it now, so the name below stays the function.

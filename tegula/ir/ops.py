@@ -157,10 +157,27 @@ class AtomicAdd(Op):
 
 
 @dataclass(eq=False)
+class RoleRegion:
+    """A `with tg.producer(): …` or `with tg.consumer(): …` block of a `tg.pipeline` body
+    (`lang/roles.py`): the warp role that runs `ops`, and the register budget per thread
+    the source asked for (`setmaxnreg`; None: synthesis chooses). The ops stay in the
+    loop's one flat body, which every pass walks as before; a region names a part of it."""
+
+    role: str                     # "producer" or "consumer"
+    ops: list[Op]
+    registers: int | None = None
+    loc: SourceLocation | None = None
+
+    def holds(self, op: Op) -> bool:
+        return any(o is op for o in self.ops)
+
+
+@dataclass(eq=False)
 class ForLoop(Op):
     """`for var in range(start, stop, step)` at run time. With `stages > 1` the loop is
     software-pipelined: copies into multi-stage shared buffers are issued `stages - 1`
-    iterations ahead (tg.pipeline)."""
+    iterations ahead (tg.pipeline). `regions`: the producer and consumer blocks its body
+    was written in (empty where the source states no warp roles)."""
 
     var: LoopIndex
     start: ScalarLike
@@ -168,6 +185,11 @@ class ForLoop(Op):
     step: int
     body: list[Op]
     stages: int = 1
+    regions: list[RoleRegion] = field(default_factory=list)
+
+    def region(self, role: str) -> RoleRegion | None:
+        """The loop's `role` block ("producer" / "consumer"), if the source wrote one."""
+        return next((r for r in self.regions if r.role == role), None)
 
 
 @dataclass(eq=False)
@@ -243,5 +265,5 @@ def tiles_written(op: Op) -> list[Tile]:
 __all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Scan", "ScanCombine",
            "Indices", "Reshape",
            "Rearrange", "AtomicAdd",
-           "ForLoop", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
+           "ForLoop", "RoleRegion", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
            "DType"]

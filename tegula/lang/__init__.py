@@ -11,6 +11,7 @@ records a tile IR op (tegula.ir). The pieces, one job per file:
 * `indexing`    — coordinates (`arange`, `indices`), `t[None, :]`, rank promotion;
 * `scalars`     — grid sizes, the SM count, scalar `min`/`max`, scalar loads (`offsets[e]`);
 * `control`     — `range`, `pipeline`, `if_`, `else_`;
+* `roles`       — `producer` / `consumer` blocks of a `pipeline` (warp roles, sm_90a);
 * `carry`       — names rebound inside those blocks: carried values, and the errors.
 
 Updating a value across iterations of a run-time loop: the body is traced once, yet both
@@ -31,6 +32,7 @@ from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maxi
                                      where)
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
 from tegula.lang.indexing import arange, indices, permute, reshape
+from tegula.lang.roles import consumer, producer
 from tegula.lang.scalars import cluster, num_programs, num_sms
 from tegula.lang.scan import cumsum, scan
 from tegula.lang.ops import (argmax, argmin, atomic_add, block_id, copy, fill, full, gemm, load,
@@ -46,4 +48,4 @@ __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
            "reduce_min", "argmax", "argmin", "arange", "indices", "reshape", "permute", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
            "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",
-           "RegisterValue", "scan", "cumsum"]
+           "RegisterValue", "scan", "cumsum", "producer", "consumer"]

@@ -16,6 +16,7 @@ from tegula.ir.ops import ForLoop, IfThen
 from tegula.ir.scalar import (Condition, GridSize, LoopIndex, Scalar, SMCount, SteppedIndex,
                               as_scalar, compare, known_non_negative)
 from tegula.lang.carry import BlockEntry, carry_out
+from tegula.lang.roles import check_pipeline_regions
 from tegula.lang.tensors import TileHandle, index_value
 from tegula.lang.trace import Scope, TraceContext, current, fail, user_location
 
@@ -104,6 +105,7 @@ def _trace_body_once(ctx: TraceContext, loop: ForLoop, index: Scalar, label: str
             ctx.deferred_error = ctx.deferred_error or TraceError(
                 f"{label}: `break` or `return` inside a run-time loop is not supported (the "
                 f"body is traced once; use tg.if_ to guard work instead)", loop.loc)
+    check_pipeline_regions(loop, label)  # its tg.producer / tg.consumer blocks, if any
     retarget = carry_out(ctx, entry, scope, loop, loop.body)
     ctx.close_block(loop.body)
     retarget()

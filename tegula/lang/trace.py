@@ -125,6 +125,7 @@ class TraceContext:
         self.grid_sizes: dict = {}           # grid axis -> its GridSize (tg.num_programs)
         self.sm_count = None                 # the SMCount of tg.num_sms(), once made
         self.cluster = (1, 1, 1)             # tg.cluster: blocks per thread-block cluster
+        self.open_region = None              # the tg.producer / tg.consumer block open now
         self._counters: dict[str, int] = {}
         # An error noticed where it cannot be raised (a generator being closed by `break`);
         # the driver raises it when the body returns.
@@ -180,6 +181,17 @@ class TraceContext:
                     return op
         raise TraceError(f"tegula bug: {type(anchor).__name__} is in no open block",
                          anchor.loc)
+
+    def enclosing_op(self) -> Op | None:
+        """The loop or branch whose body is being traced now (None in the kernel body, or
+        in a block of no op such as a `tg.scan` combine function's)."""
+        if len(self._blocks) < 2 or not self._blocks[-2]:
+            return None
+        owner = self._blocks[-2][-1]  # opened last in its block, so still its last op
+        for attr in ("body", "then", "otherwise"):
+            if getattr(owner, attr, None) is self._blocks[-1]:
+                return owner
+        return None
 
     @property
     def innermost_block(self) -> list[Op]:

@@ -79,6 +79,9 @@ class RolesPlan:
     #: tiles of the enclosing tile loop in turn, module docstring).
     consumer_groups: int = 1
     consumers_note: str = ""  # why this consumer schedule (explain)
+    #: Where the source stated the roles (`tg.producer` / `tg.consumer` blocks), "" where
+    #: synthesis introduced them (explain).
+    stated: str = ""
     kind = "warp_roles"  # what lowering dispatches on (lowering does not import synthesis)
 
     @property
@@ -91,14 +94,15 @@ class RolesPlan:
 
     def describe(self) -> str:
         c, total = self.consumer_threads * self.consumer_groups, self.block_threads
-        consumer_budget = (f"setmaxnreg.inc {self.consumer_registers} registers"
+        consumer_budget = (_setmaxnreg(self.consumer_registers, total)
                            if self.consumer_registers is not None
                            else f"keeps {register_share(total)} registers")
         return (f"warp-specialized, {total} threads per block: producer warpgroup (threads "
-                f"{c}..{total - 1}, setmaxnreg.dec {self.producer_registers} registers; thread "
+                f"{c}..{total - 1}, {_setmaxnreg(self.producer_registers, total)}; thread "
                 f"{c} waits on the stage's empty mbarrier, expects its bytes on the full one and "
                 f"issues the TMA boxes), {self._consumers(consumer_budget)}"
-                f"{self._walk()}{self._cluster()}")
+                f"{self._walk()}{self._cluster()}"
+                f"{'; ' + self.stated if self.stated else ''}")
 
     def _consumers(self, budget: str) -> str:
         c = self.consumer_threads
@@ -135,6 +139,13 @@ class RolesPlan:
                 f"run's first stages while the consumer finishes the current one")
 
 
+def _setmaxnreg(registers: int, block_threads: int) -> str:
+    """`setmaxnreg.inc 232 registers`: a role's budget as codegen sets it (`.inc` above the
+    block's even share of the register file, `.dec` otherwise)."""
+    way = "inc" if registers > register_share(block_threads) else "dec"
+    return f"setmaxnreg.{way} {registers} registers"
+
+
 def register_budgets(consumer_threads: int) -> tuple[int, int | None]:
     """(producer, consumer) registers per thread for a block of `consumer_threads` (every
     consumer warpgroup) plus the producer warpgroup (module docstring); the consumer's is
@@ -157,9 +168,12 @@ def check_cluster(kernel: TracedKernel, target) -> None:
 
 
 def decide_warp_roles(kernel: TracedKernel, option: bool | None,
-                      consumers: str | None = None) -> None:
+                      consumers: str | None = None, target=None) -> None:
     """Record on each TMA pipeline loop whether it is warp-specialized, and with which
-    consumer schedule (`consumers`, the build option: module docstring)."""
+    consumer schedule (`consumers`, the build option: module docstring). A pipeline whose
+    source states its roles (`tg.producer` / `tg.consumer`, `lang/roles.py`) must be
+    specialized, with the budgets it asks for (`check_stated_roles`, `stated_budgets`)."""
+    check_stated_roles(kernel, option, target)
     loops = [op for op in walk_ops(kernel.body) if isinstance(op, ForLoop) and _is_tma(op)]
     if option and not loops:
         _refuse_without_tma(kernel)
@@ -168,21 +182,89 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
                              "copies run on TMA into wgmma operands (sm_90a only)",
                              loc=kernel.loc)
     for loop in loops:
-        problem = _why_not(kernel, loop, loops, option)
-        if problem and (option or consumers == "pingpong"):
-            what = "warp_specialize=True" if option else "consumers='pingpong'"
+        stated = loop.region("producer")
+        problem = _why_not(kernel, loop, loops, True if stated else option)
+        if problem and (option or consumers == "pingpong" or stated):
+            what = ("tg.producer / tg.consumer" if stated else
+                    "warp_specialize=True" if option else "consumers='pingpong'")
             raise SynthesisError(f"{what}: the pipeline cannot be warp-specialized: "
-                                 f"{problem}", loc=loop.loc)
+                                 f"{problem}", loc=stated.loc if stated else loop.loc,
+                                 other_loc=loop.loc if stated else None)
         if problem:
             loop.choices["roles_skipped"] = problem
             continue
         groups, note = choose_consumers(kernel, loop, consumers)
-        producer, consumer = register_budgets(kernel.threads * groups)
+        producer, consumer = stated_budgets(kernel, loop, groups)
         loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
                                           ring=loop.choices.get("ring"),
                                           cluster=tuple(kernel.cluster),
                                           cluster_note=decide_multicast(kernel, loop),
-                                          consumer_groups=groups, consumers_note=note)
+                                          consumer_groups=groups, consumers_note=note,
+                                          stated=_stated_note(loop))
+
+
+def check_stated_roles(kernel: TracedKernel, option: bool | None, target) -> None:
+    """A pipeline whose source states warp roles can have them: the target is sm_90a,
+    `warp_specialize` is not False, and its producer block's copies are TMA boxes (the
+    producer warpgroup issues nothing else). A `SynthesisError` at the block's line."""
+    for loop in walk_ops(kernel.body):
+        region = loop.region("producer") if isinstance(loop, ForLoop) else None
+        if region is None:
+            continue
+        if target is not None and not (target.cc >= 90 and target.arch_suffix == "a"):
+            raise SynthesisError(
+                f"tg.producer / tg.consumer: warp roles need sm_90a (a producer warpgroup "
+                f"issuing TMA boxes into an mbarrier ring, setmaxnreg budgets, wgmma); the "
+                f"target is {target.name}. Build for sm_90a, or drop the two blocks (a plain "
+                f"tg.pipeline runs on every target, specialized by synthesis where it can)",
+                loc=region.loc)
+        if option is False:
+            raise SynthesisError(
+                "warp_specialize=False, but this tg.pipeline states its warp roles "
+                "(tg.producer / tg.consumer); drop the option or the two blocks",
+                loc=region.loc)
+        for op in region.ops:
+            if op.choices.get("instr") != "tma":
+                why = op.choices.get("tma_skipped") or "it was not planned as one"
+                raise SynthesisError(
+                    f"tg.producer: the copy into {describe(op.dst)} is not a TMA box ({why}); "
+                    f"the producer warpgroup only issues TMA boxes into wgmma operand "
+                    f"buffers", loc=op.loc, other_loc=region.loc)
+
+
+def stated_budgets(kernel: TracedKernel, loop: ForLoop, groups: int) -> tuple[int, int | None]:
+    """(producer, consumer) registers per thread of the specialized pipeline `loop`: what
+    its `tg.producer(regs=)` / `tg.consumer(regs=)` ask for, else `register_budgets`'s;
+    a `SynthesisError` where the two do not fit the block's share of the register file
+    (`setmaxnreg` only moves registers within it)."""
+    producer, consumer = register_budgets(kernel.threads * groups)
+    regions = {r.role: r for r in loop.regions}
+    if not any(r.registers for r in regions.values()):
+        return producer, consumer
+    producer = regions["producer"].registers or producer
+    consumer = regions["consumer"].registers or consumer
+    threads = kernel.threads * groups
+    total = threads + WARPGROUP
+    share = register_share(total)
+    asked = WARPGROUP * producer + threads * (consumer or share)
+    if asked > total * share:
+        region = regions["consumer"] if regions["consumer"].registers else regions["producer"]
+        raise SynthesisError(
+            f"tg.{region.role}(regs={region.registers}): the roles ask for {WARPGROUP} x "
+            f"{producer} (producer) + {threads} x {consumer or share} (consumer) = {asked} "
+            f"registers, over the {total} x {share} = {total * share} a block of {total} "
+            f"threads holds (one block per SM; setmaxnreg only moves registers between its "
+            f"warps). Lower a budget", loc=region.loc)
+    return producer, consumer
+
+
+def _stated_note(loop: ForLoop) -> str:
+    """What explain says about roles the source stated ("" where synthesis chose them)."""
+    if not loop.regions:
+        return ""
+    parts = [f"tg.{r.role}" + (f"(regs={r.registers})" if r.registers else "")
+             + (f" at line {r.loc.lineno}" if r.loc else "") for r in loop.regions]
+    return "roles stated in the source: " + ", ".join(parts)
 
 
 def choose_consumers(kernel: TracedKernel, loop: ForLoop,

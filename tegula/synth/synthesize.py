@@ -108,7 +108,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_global_copies(kernel, facts, target)
     _plan_tma_copies(kernel, facts, load_path)
     check_cluster(kernel, target)
-    decide_warp_roles(kernel, warp_specialize, consumers)
+    decide_warp_roles(kernel, warp_specialize, consumers, target)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)
