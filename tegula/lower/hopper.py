@@ -485,9 +485,11 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     inner = SharedSync()
     body = [wait] + defer_wgmma_waits(lowering.ops(rest, inner))
     # No refill barrier orders one iteration's shared accesses before the next's, so the
-    # body ends in one where they could race: a consumer wrote shared memory (or has
-    # cp.async copies in flight). Only the producer's TMA writes the stages, once every
-    # consumer thread released them, so reading them needs none; nor does reading a
+    # body ends in one where they could race: a consumer wrote shared memory since the
+    # body's last barrier (or has cp.async copies in flight), or it reads a buffer there
+    # that the next iteration writes before its first barrier (`carried_conflict`: write,
+    # barrier, read of one scratch tile). Only the producer's TMA writes the stages, once
+    # every consumer thread released them, so reading them needs none; nor does reading a
     # buffer nothing in the loop writes (the attention forward's q tile) — but what
     # follows the loop may write it, so one barrier after the loop orders those reads
     # (the body leaves shared memory clean, as every loop's does). A barrier every
@@ -496,7 +498,7 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     # 467 to 505.
     stages = {p.dst.alloc.id for p in producers}
     after: list[Stmt] = []
-    if inner.written or inner.async_pending:
+    if inner.written or inner.async_pending or inner.carried_conflict(ignore=stages):
         body += inner.barrier()
     elif inner.read - stages:
         after = inner.barrier()

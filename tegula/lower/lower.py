@@ -21,7 +21,7 @@ import dataclasses
 from tegula.dtypes import i32
 from tegula.errors import SynthesisError
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel)
+                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel, walk_ops)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
 from tegula.lower.arg_reduce import lower_any_reduce
@@ -46,32 +46,72 @@ _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: low
 
 class SharedSync:
     """Tracks shared buffers written/read since the last barrier, and whether cp.async
-    copies are in flight, to place the fewest barriers that keep every access ordered."""
+    copies are in flight, to place the fewest barriers that keep every access ordered.
+
+    One instance follows one straight-line body (the kernel's, a loop's, a branch arm's);
+    a nested loop or branch gets its own and hands what it leaves unordered back
+    (`absorb`). `head_read`/`head_written` are what the body touches before its first
+    barrier: the accesses of the *next* iteration that the end of this one may race with
+    when a loop body does not end in a barrier (`carried_conflict`)."""
 
     def __init__(self) -> None:
         self.written: set[int] = set()
         self.read: set[int] = set()
         self.async_pending = False
+        self.head_read: set[int] = set()
+        self.head_written: set[int] = set()
+        self.head_open = True  # no barrier in this body yet
 
     def before(self, op: Op) -> list:
         reads, writes = shared_accesses(op)
-        if (reads & self.written) or (writes & (self.read | self.written)):
-            return self.barrier()
-        return []
+        return self.barrier() if self.conflicts(reads, writes) else []
+
+    def conflicts(self, reads: set, writes: set) -> bool:
+        """Would accesses (`reads`, `writes`) race with the ones since the last barrier?"""
+        return bool((reads & self.written) or (writes & (self.read | self.written)))
 
     def after(self, op: Op) -> None:
         reads, writes = shared_accesses(op)
+        cp_async = isinstance(op, Copy) and op.choices.get("instr") == "cp.async"
+        self.note(reads, writes, cp_async)
+
+    def note(self, reads: set, writes: set, cp_async: bool = False) -> None:
         self.read |= reads
         self.written |= writes
-        if isinstance(op, Copy) and op.choices.get("instr") == "cp.async":
-            self.async_pending = True
+        self.async_pending |= cp_async
+        if self.head_open:
+            self.head_read |= reads
+            self.head_written |= writes
 
     def barrier(self) -> list:
         stmts = [CpAsyncWait(0)] if self.async_pending else []
         self.written.clear()
         self.read.clear()
         self.async_pending = False
+        self.head_open = False
         return stmts + [Barrier()]
+
+    def absorb(self, inner: "SharedSync", reads: set, writes: set) -> None:
+        """After a nested loop or branch arm lowered with `inner`: what it left unordered
+        is pending here too, and everything it may touch (`reads`, `writes`, all of it: a
+        loop or arm may run zero times, so none of its barriers is certain) belongs to
+        this body's head while no barrier of ours came before."""
+        self.read |= inner.read
+        self.written |= inner.written
+        self.async_pending |= inner.async_pending
+        if self.head_open:
+            self.head_read |= reads
+            self.head_written |= writes
+
+    def carried_conflict(self, ignore: set = frozenset()) -> bool:
+        """Would the next iteration of a loop whose body this is race with this one's end
+        (the accesses after its last barrier against those before its first), were no
+        barrier to end the body? `ignore`: buffers ordered otherwise (a TMA ring's stages,
+        by its mbarriers)."""
+        written, read = self.written - ignore, self.read - ignore
+        head_read, head_written = self.head_read - ignore, self.head_written - ignore
+        return (self.async_pending or bool(written & (head_read | head_written))
+                or bool(read & head_written))
 
     @property
     def dirty(self) -> bool:
@@ -88,6 +128,16 @@ def shared_accesses(op: Op) -> tuple[set, set]:
             writes.add(op.dst.alloc.id)
     elif isinstance(op, Gemm):
         reads |= {t.alloc.id for t in (op.a, op.b) if isinstance(t, SharedTile)}
+    return reads, writes
+
+
+def shared_accesses_within(ops: list[Op]) -> tuple[set, set]:
+    """(alloc ids read, alloc ids written) by `ops`, loop and branch bodies included."""
+    reads, writes = set(), set()
+    for op in walk_ops(ops):
+        r, w = shared_accesses(op)
+        reads |= r
+        writes |= w
     return reads, writes
 
 
@@ -110,26 +160,39 @@ class KernelLowering:
         return stmts
 
     def branch(self, op: IfThen, sync: SharedSync) -> list:
-        pre = sync.barrier() if sync.dirty else []
-        then_sync, else_sync = SharedSync(), SharedSync()
-        then = self.ops(op.then, then_sync)
-        otherwise = self.ops(op.otherwise, else_sync)
-        for inner, body in ((then_sync, then), (else_sync, otherwise)):
-            if inner.dirty:
-                body += inner.barrier()
-        return pre + [If(condition_expr(op.cond), then, otherwise)]
+        # A barrier before the branch only where what it may touch races with what came
+        # before (a branch of register work, e.g. masking only the boundary blocks, needs
+        # none). Each arm starts clean; what an arm leaves unordered stays pending after
+        # the branch, so the code after it places the barriers it needs.
+        reads, writes = shared_accesses_within(op.then + op.otherwise)
+        pre = sync.barrier() if sync.conflicts(reads, writes) else []
+        arms = []
+        for ops in (op.then, op.otherwise):
+            inner = SharedSync()
+            arms.append(self.ops(ops, inner))
+            sync.absorb(inner, reads, writes)
+        return pre + [If(condition_expr(op.cond), *arms)]
 
     def loop(self, op: ForLoop, sync: SharedSync) -> list:
-        pre = sync.barrier() if sync.dirty else []
-        if op.stages > 1 and tma_producers(op):  # sm_90a: TMA + mbarrier ring
-            return pre + lower_tma_pipeline(self, op, tma_producers(op))
-        producers = pipelined_producers(op)
-        if op.stages > 1 and producers:
-            return pre + self.pipelined_loop(op, producers)
+        reads, writes = shared_accesses_within(op.body)
+        if op.stages > 1 and (tma_producers(op) or pipelined_producers(op)):
+            # A pipelined loop orders its own iterations (a barrier at the top of each, or
+            # mbarriers) and leaves shared memory ordered after it.
+            pre = sync.barrier() if sync.dirty else []
+            sync.absorb(SharedSync(), reads, writes)
+            if tma_producers(op):  # sm_90a: TMA + mbarrier ring
+                return pre + lower_tma_pipeline(self, op, tma_producers(op))
+            return pre + self.pipelined_loop(op, pipelined_producers(op))
+        # A plain loop: a barrier before it where its accesses race with what came before;
+        # one ending its body where the next iteration's first accesses race with this
+        # one's last (a buffer read at the end and written at the start); what the body
+        # leaves unordered stays pending after the loop.
+        pre = sync.barrier() if sync.conflicts(reads, writes) else []
         inner = SharedSync()
         body = self.ops(op.body, inner)
-        if inner.dirty:
+        if inner.carried_conflict():
             body += inner.barrier()
+        sync.absorb(inner, reads, writes)
         return pre + [For(Var(op.var.name), scalar_expr(op.start), scalar_expr(op.stop),
                           op.step, body)]
 
