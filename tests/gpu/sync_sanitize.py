@@ -1,0 +1,58 @@
+"""One launch of each barrier-placement kernel (`tests/lower/sync_kernels.py`) on the GPU,
+checked against numpy element by element, for running under compute-sanitizer:
+
+    compute-sanitizer --tool racecheck python tests/gpu/sync_sanitize.py consumer
+    compute-sanitizer --tool synccheck python tests/gpu/sync_sanitize.py plain
+
+`--missing-barrier` lowers as before the fix of the warp-specialized consumer loop (no
+barrier between one iteration's reads of its scratch tile and the next iteration's write),
+so racecheck can show that race on hardware. Exits non-zero when a result is wrong."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import tegula as tg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lower"))
+import sync_kernels as K  # noqa: E402
+
+
+def run_plain() -> None:
+    x = K.plain_inputs()
+    xt = torch.from_numpy(x).cuda()
+    for name, kernel, ref, args in K.PLAIN_CASES:
+        y = torch.full((K.T, K.T), float("nan"), device="cuda")
+        kernel[(1,)](xt, y, *args)
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(y.cpu().numpy(), ref(x, *args), rtol=1e-6, atol=1e-6,
+                                   err_msg=name)
+
+
+def run_consumer(m: int = 200, n: int = 130, k: int = 328) -> None:
+    a, b = K.consumer_scratch_inputs(m, n, k)
+    c = torch.full((m, n), float("nan"), device="cuda")
+    K.consumer_scratch[(tg.cdiv(m, 64), tg.cdiv(n, 64))](
+        torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), c)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(c.cpu().numpy(), K.consumer_scratch_ref(a, b),
+                               rtol=1e-3, atol=1e-2)
+
+
+def missing_barrier() -> None:
+    """Lower the consumer loop as before the fix (`carried_conflict` never true)."""
+    from tegula.lower import lower
+    lower.SharedSync.carried_conflict = lambda self, ignore=frozenset(): False
+
+
+CASES = {"plain": run_plain, "consumer": run_consumer}
+
+if __name__ == "__main__":
+    if "--missing-barrier" in sys.argv:
+        missing_barrier()
+    for case in [a for a in sys.argv[1:] if not a.startswith("--")] or list(CASES):
+        CASES[case]()
+        print(f"{case}: right")
