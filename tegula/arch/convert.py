@@ -5,6 +5,8 @@ emitter's helper functions, `codegen/ptx.py`).
     cvt.f32.f16                      f    h           sm_53  f16 -> f32 (exact)
     cvt.rn.f16.f32                   h    f           sm_53  f32 -> f16, nearest even
     cvt.rn.bf16.f32                  h    f           sm_80  f32 -> bf16, nearest even
+    cvt.rn.f16x2.f32                 r    f, f        sm_80  two f32 -> two f16 / bf16
+    cvt.rn.bf16x2.f32                r    f, f        sm_80  (a high half, b low), nearest even
     cvt.rn.satfinite.e4m3x2.f32      h    f, f        sm_89  two f32 -> two e4m3 (a high
     cvt.rn.satfinite.e5m2x2.f32      h    f, f        sm_89  byte, b low), saturating
     cvt.rn.f16x2.e4m3x2              r    h           sm_89  two e4m3/e5m2 -> two f16
@@ -28,6 +30,8 @@ _FORMS = {
     "cvt.f32.f16": ("f", ("h",), 53),
     "cvt.rn.f16.f32": ("h", ("f",), 53),
     "cvt.rn.bf16.f32": ("h", ("f",), 80),
+    "cvt.rn.f16x2.f32": ("r", ("f", "f"), 80),
+    "cvt.rn.bf16x2.f32": ("r", ("f", "f"), 80),
     "cvt.rn.satfinite.e4m3x2.f32": ("h", ("f", "f"), 89),
     "cvt.rn.satfinite.e5m2x2.f32": ("h", ("f", "f"), 89),
     "cvt.rn.f16x2.e4m3x2": ("r", ("h",), 89),

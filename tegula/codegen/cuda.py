@@ -30,8 +30,8 @@ from tegula.dtypes import DType
 from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
     Assign, Barrier, Comment, Const, CpAsync, CpAsyncCommit, CpAsyncWait, Expr, For,
-    GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix, Let, Mma, Reg, SharedBuffer,
-    SharedLoad, SharedStore, Shuffle, Stmt, TensorParam, ThreadKernel,
+    GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix, Let, Mma, Reg, RegArray, RegRead,
+    SharedBuffer, SharedLoad, SharedStore, Shuffle, Stmt, TensorParam, ThreadKernel, Value,
 )
 
 from tegula.codegen.async_stmts import AsyncStatements, tensor_maps, uses_async
@@ -125,6 +125,14 @@ def _access(count: int, dtype: DType, what: str) -> tuple[int, str, tuple]:
     return bits, ctype, fields
 
 
+def _reads_array(v: Value, array: RegArray) -> bool:
+    """Whether value `v` reads an element of register array `array`."""
+    if isinstance(v, RegRead):
+        return v.reg.array is array
+    return any(_reads_array(getattr(v, f), array) for f in ("x", "y", "cond", "if_true",
+                                                             "if_false") if hasattr(v, f))
+
+
 class _Emitter(AsyncStatements):
     """Prints one ThreadKernel; collects which PTX helpers the body uses."""
 
@@ -163,8 +171,7 @@ class _Emitter(AsyncStatements):
 
     def emit(self) -> str:
         self.check_names()
-        for s in self.kernel.body:
-            self.stmt(s)
+        self.statements(self.kernel.body)
         body = "\n".join(self.lines)
         self.used |= index_helpers(body)  # the user's scalar // and % (tg_floordiv, tg_mod)
         params = ",\n    ".join(p.declaration for p in param_list(self.kernel))
@@ -258,9 +265,40 @@ class _Emitter(AsyncStatements):
 
     def block(self, stmts: list[Stmt]) -> None:
         self.depth += 1
-        for s in stmts:
-            self.stmt(s)
+        self.statements(stmts)
         self.depth -= 1
+
+    def statements(self, stmts: list[Stmt]) -> None:
+        """Print `stmts` in order, adjacent 16-bit roundings as pairs (`_rounded_pair`)."""
+        i = 0
+        while i < len(stmts):
+            if i + 1 < len(stmts) and self._rounded_pair(stmts[i], stmts[i + 1]):
+                i += 2
+                continue
+            self.stmt(stmts[i])
+            i += 1
+
+    def _rounded_pair(self, lo: Stmt, hi: Stmt) -> bool:
+        """Print two Assigns to adjacent elements (even, odd) of one f16/bf16 register
+        array as one paired conversion (`ValuePrinter.store_pair`), if they are such a
+        pair and the second does not read the array the first writes; True if printed.
+        Same bits as two Assigns, but ptxas keeps a wgmma pipeline whose accumulator is
+        rounded this way, where one-element roundings feeding bounds-checked stores made
+        it wait for every wgmma (warning C7514, the README GEMM's epilogue)."""
+        if not (isinstance(lo, Assign) and isinstance(hi, Assign)
+                and lo.dst.array is hi.dst.array and isinstance(lo.dst.index, Const)
+                and isinstance(hi.dst.index, Const) and lo.dst.index.value % 2 == 0
+                and hi.dst.index.value == lo.dst.index.value + 1
+                and not _reads_array(hi.value, lo.dst.array)):
+            return False
+        word = self.values.store_pair(lo.value, hi.value, lo.dst.array.dtype)
+        if word is None:
+            return False
+        pair = self.temp("pair")
+        self.line(f"const unsigned {pair} = {word};")
+        self.line(f"{self.reg(lo.dst)} = (unsigned short)({pair} & 0xffffu);")
+        self.line(f"{self.reg(hi.dst)} = (unsigned short)({pair} >> 16);")
+        return True
 
     def global_address(self, tensor: str, index: Expr) -> tuple[str, DType]:
         """C pointer expression to element `index` of a tensor parameter, and its dtype."""

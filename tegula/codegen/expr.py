@@ -80,6 +80,11 @@ _FROM_FLOAT = {"f16": "tg_f32_to_f16", "bf16": "tg_f32_to_bf16",
                "f8e4m3": "tg_f32_to_e4m3", "f8e5m2": "tg_f32_to_e5m2"}
 
 
+#: Paired forms of `_FROM_FLOAT` for the 16-bit floats: two compute values -> one 32-bit
+#: word (the first in the low half).
+_PAIR_FROM_FLOAT = {"f16": "tg_f32x2_to_f16x2", "bf16": "tg_f32x2_to_bf16x2"}
+
+
 def to_compute(c: str, dtype: DType, used: set[str]) -> str:
     """C expression of the compute value of storage expression `c` (records helpers used)."""
     if dtype.name in _TO_FLOAT:
@@ -329,6 +334,18 @@ class ValuePrinter:
         if isinstance(v, Cast) and v.dtype == dtype:
             v = _Retyped(v.x, dtype)
         return from_compute(self.compute(v, rounded=False), dtype, self.used)
+
+    def store_pair(self, lo: Value, hi: Value, dtype: DType) -> str | None:
+        """C expression of one 32-bit word holding `lo` (low half) and `hi` converted to
+        the 16-bit float `dtype` by one paired conversion (`tg_f32x2_to_f16x2`, rounding
+        each as `store` does), or None for other types."""
+        helper = _PAIR_FROM_FLOAT.get(dtype.name)
+        if helper is None:
+            return None
+        halves = [self.compute(_Retyped(v.x, dtype) if isinstance(v, Cast) and v.dtype == dtype
+                               else v, rounded=False) for v in (lo, hi)]
+        self.used.add(helper)
+        return f"{helper}({halves[0]}, {halves[1]})"
 
     def compute(self, v: Value, rounded: bool = True) -> str:
         """C compute-type expression of `v`; `rounded=False` when the consumer rounds."""

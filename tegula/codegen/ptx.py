@@ -110,6 +110,23 @@ __device__ __forceinline__ float tg_bf16_to_f32(unsigned short h) {
 __device__ __forceinline__ unsigned short tg_f32_to_bf16(float f) {{
   unsigned short h; {_cvt("cvt.rn.bf16.f32", d="h", a="f")} return h;
 }}""", ()),
+    # Two f32 -> one 32-bit word of two 16-bit floats (lo in the low half), each rounded
+    # as the one-element helpers do. The emitter rounds adjacent elements of a register
+    # array with them (`cuda._Emitter.block`): ptxas serializes a wgmma pipeline (warning
+    # C7514) when its accumulator is rounded one element at a time for bounds-checked
+    # stores, which the paired form avoids.
+    "tg_f32x2_to_f16x2": (f"""\
+__device__ __forceinline__ unsigned tg_f32x2_to_f16x2(float lo, float hi) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc("cvt.rn.f16x2.f32")}
+  unsigned p; {_cvt("cvt.rn.f16x2.f32", d="p", a="hi", b="lo")} return p;
+#else
+  return (unsigned)tg_f32_to_f16(lo) | ((unsigned)tg_f32_to_f16(hi) << 16);
+#endif
+}}""", ("tg_f32_to_f16",)),
+    "tg_f32x2_to_bf16x2": (f"""\
+__device__ __forceinline__ unsigned tg_f32x2_to_bf16x2(float lo, float hi) {{
+  unsigned p; {_cvt("cvt.rn.bf16x2.f32", d="p", a="hi", b="lo")} return p;
+}}""", ()),
     "tg_fp8_sw": ("""\
 // Exact software f8 conversions for targets without cvt.*.e4m3x2/e5m2x2 (before sm_89).
 __device__ __forceinline__ unsigned char tg_f32_to_fp8_sw(float x, int man_bits, int bias,

@@ -31,9 +31,11 @@ def test_min_cc_and_operands():
 
 def test_helpers_print_the_entries():
     names = {"tg_f16_to_f32", "tg_f32_to_f16", "tg_f32_to_bf16", "tg_f32_to_e4m3",
-             "tg_f32_to_e5m2", "tg_e4m3_to_f32", "tg_e5m2_to_f32"}
+             "tg_f32_to_e5m2", "tg_e4m3_to_f32", "tg_e5m2_to_f32", "tg_f32x2_to_f16x2",
+             "tg_f32x2_to_bf16x2"}
     source = prelude(names)
     for instr in CONVERT_INSTRUCTIONS:
         assert f'asm("{instr.ptx} ' in source, instr.name
     # the hardware f8 forms are guarded by the entries' min_cc
     assert source.count("__CUDA_ARCH__ >= 890") == 4
+    assert source.count("__CUDA_ARCH__ >= 800") == 1  # the paired f16 form (sm_80 on)
