@@ -223,3 +223,41 @@ def test_a_stage_buffer_used_after_the_pipeline_is_refused():
     _refused(stage_read_after, "MARK-raced-producer", "cannot be warp-specialized",
              "also used outside the pipeline")
 
+
+
+def test_arguments_that_rule_out_tma_are_refused_not_run_on_one_role():
+    """K = 70: a's rows are 140 bytes, not a multiple of 16, so no tensor map: the plain
+    kernel would fall back to cp.async, the stated roles cannot and say why."""
+    a, b = np.ones((64, 70), np.float16), np.ones((64, 70), np.float16)
+    c = np.zeros((64, 64), np.float16)
+    with pytest.raises(SynthesisError) as info:
+        tg.emulate(stated_gemm, (1, 1), a, b, c, BM=64, BN=64, target="sm_90a")
+    assert info.value.loc.lineno == marked_line(__file__, "MARK-copy-a")
+    assert "not a TMA box" in info.value.message and "multiple of 16 bytes" in info.value.message
+
+
+@pytest.mark.parametrize("role_order", ["listed", "reversed"])
+def test_a_consumer_that_never_releases_a_stage_is_a_deadlock_naming_both_roles(role_order):
+    """An injected bug in a stated-roles kernel is reported like one in a synthesized
+    split: a deadlock naming each role and the barrier the producer waits on."""
+    import copy
+
+    from async_kernels import remove, role_body
+
+    from tegula.emulate import EmulationError, run_thread_kernel
+    from tegula.lower.async_ir import MBarrierArrive
+    tk = copy.deepcopy(build(stated_gemm, dict(BM=64, BN=64, STAGES=2), None,
+                             "sm_90a").thread_kernel)
+    empty = next(m.name for m in tk.mbarriers if m.name.startswith("empty"))
+    assert remove(role_body(tk, "consumer"),
+                  lambda s: isinstance(s, MBarrierArrive) and s.barrier == empty) == 1
+    rng = np.random.default_rng(4)
+    a, b = random_input(rng, (70, 160), f16), random_input(rng, (60, 160), f16)
+    with pytest.raises(EmulationError) as info:                    # 5 k-tiles > 2 stages
+        run_with_deadline(lambda: run_thread_kernel(
+            tk, (2, 1), {"a": a, "b": b, "c": poisoned((70, 60), f16)},
+            role_order=role_order))
+    text = str(info.value)
+    assert "deadlock" in text.lower() and empty in text
+    for role in ("consumer", "producer"):
+        assert re.search(rf"test_stated_roles\.py:\d+: {role} of the tg\.pipeline", text), text
