@@ -255,6 +255,10 @@ _C_LAUNCH: list = []  # [fastcall.c_launcher of that cuLaunchKernel, or None], o
 #: (None too where Python has no GIL: the extension then has no launch_pointers).
 _C_POINTERS: list = [None]
 
+#: Encoded tensor maps a prepared launch keeps per map, by data pointer (the rule:
+#: `PreparedLaunch`'s docstring).
+MAPS_KEPT_PER_TENSOR = 256
+
 
 def _load_c_launcher():
     raw = _RAW_LAUNCH[0] if _RAW_LAUNCH else _load_raw_launcher()
@@ -282,6 +286,16 @@ class PreparedLaunch:
     scalars (a float rounded to its dtype, an int's 32-bit range), takes the tensor maps
     of the new pointers (a cache hit when a pointer was seen before) and calls the
     driver: no argument plan, no facts, no dict of names, no list of every value.
+
+    Tensor maps (the eviction rule): per tensor map, the prepared launch keeps the
+    encoded map of each data pointer its tensor had in a Python launch (`map_values`, one
+    dict per map). The C launch (`_direct_spec`) copies a kept map and never encodes, so
+    a launch goes through C exactly when every mapped tensor's pointer is kept *for that
+    map*: a pointer kept for `a`'s map is new to `b`'s. A pointer the C launch does not
+    find makes the launch a Python one, which encodes its map and keeps it. When a map
+    has `MAPS_KEPT_PER_TENSOR` pointers and a new one comes, it drops them all and starts
+    over with the new one (a program streaming through fresh allocations does not grow
+    it); a later launch with a dropped pointer is a Python launch again.
     """
 
     __slots__ = ("kernel", "device", "constexprs", "buffer", "take_pointers", "scalars",
@@ -409,7 +423,9 @@ class PreparedLaunch:
         if maps:
             self.kernel.check_tensor_maps(maps)
             for (i, *_), encoded, known in zip(self.maps, maps, self.map_values):
-                if len(known) >= 256:  # many distinct pointers: start over
+                if pointers[i] in known:
+                    continue  # kept already (another map's pointer was new)
+                if len(known) >= MAPS_KEPT_PER_TENSOR:  # many distinct pointers: start over
                     known.clear()
                 known[pointers[i]] = encoded  # for the C launch of this pointer
         return values + maps

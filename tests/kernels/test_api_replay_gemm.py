@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import tegula.kernels as tk  # noqa: E402
 from tegula.kernels import api  # noqa: E402
+from tegula.runtime import launcher  # noqa: E402
 from tegula.runtime.autotune import Config  # noqa: E402
 
 
@@ -60,12 +61,13 @@ def _pointers(launch):
     return list(by_tensor.values())
 
 
-def _mapped_pointers(launch) -> set:
-    """The data pointers of the tensors the launch passed a tensor map for."""
+def _mapped_pointers(launch) -> dict:
+    """{tensor map's name: the data pointer of its tensor} for the maps a launch passed."""
     ck, *_, sent = launch
     by_tensor = {spec.source: int.from_bytes(b, "little")
                  for b, spec in zip(sent, ck.params) if spec.kind == "pointer"}
-    return {by_tensor[spec.source] for spec in ck.params if spec.kind == "tensormap"}
+    return {spec.name: by_tensor[spec.source] for spec in ck.params
+            if spec.kind == "tensormap"}
 
 
 def _others(launch):
@@ -111,7 +113,7 @@ def test_matrix_entry_replays_in_one_c_call_on_the_call_s_own_pointers(driver, e
     and through the C call for pointers seen before."""
     recording, python_calls = driver
     make, call_on, shape, dtype = ENTRIES[entry]
-    seen = set()
+    kept = _KeptMaps(launcher.MAPS_KEPT_PER_TENSOR)
     for call in range(5):
         del python_calls[:]
         inputs = make(10 * call) if call < 4 else inputs
@@ -122,23 +124,61 @@ def test_matrix_entry_replays_in_one_c_call_on_the_call_s_own_pointers(driver, e
         assert result.is_contiguous(), call
         if call == 0:
             first = _others(launch)
-        assert _others(launch) == first, call
-        with_maps = any(spec.kind == "tensormap" for spec in launch[0].params)
-        # Maps are kept per data pointer of the tensors that have one (operands, and c
-        # under a TMA-store epilogue); freed memory may come back as a later call's
-        # tensor (a seen pointer), so exactly those pointers decide.
-        mapped = _mapped_pointers(launch)
-        new_pointers = not mapped <= seen
-        seen |= mapped
-        if call == 0:
             continue  # the full path
-        if call == 1 or (with_maps and new_pointers):
-            # the Python replay (deciding the C launch), and any map still to encode
-            assert python_calls, call
-        elif call == 4 or not with_maps:
-            # the previous call's pointers again (or no maps at all): C only. A pointer
-            # seen only in an earlier call (freed memory coming back) may go either way.
-            assert not python_calls, call
+        assert _others(launch) == first, call
+        # The Python replay (deciding the C launch), then C unless a map is new to it
+        assert bool(python_calls) == (call == 1 or kept.new(launch)), call
+        kept.keep(launch)
+
+
+class _KeptMaps:
+    """The documented rule (PreparedLaunch's docstring, "Tensor maps") as a model: per
+    tensor map, the pointers a Python launch encoded, dropped all at once when a new one
+    comes to a map holding `limit`. A launch goes through C exactly when every map's
+    pointer is kept by that map."""
+
+    def __init__(self, limit: int):
+        self.limit, self.maps, self.dropped = limit, {}, 0
+
+    def new(self, launch) -> bool:
+        return any(ptr not in self.maps.get(name, ()) for name, ptr in
+                   _mapped_pointers(launch).items())
+
+    def keep(self, launch) -> None:
+        """What the launch (a Python one where `new`) leaves kept."""
+        for name, ptr in _mapped_pointers(launch).items():
+            kept = self.maps.setdefault(name, set())
+            if ptr not in kept:
+                if len(kept) >= self.limit:
+                    kept.clear()
+                    self.dropped += 1
+                kept.add(ptr)
+
+
+def test_tensor_maps_are_kept_per_map_until_the_limit_then_dropped(driver, monkeypatch):
+    """The eviction rule with the limit at 2, against the model: operands that come back
+    while kept launch through C; a third distinct pointer drops a map's kept ones, which
+    launch through Python again (re-encoded); a map whose own pointer is kept keeps its
+    others when another map's is new."""
+    from tegula.runtime import launcher
+    monkeypatch.setattr(launcher, "MAPS_KEPT_PER_TENSOR", 2)
+    recording, python_calls = driver
+    make, call_on, *_ = ENTRIES["matmul_fp8"]
+    x, y, z = make(0), make(10), make(20)
+    calls = [x, x, x, y, x, y, [x[0], z[1]] + x[2:], [y[0], z[1]] + x[2:], z, x, y]
+    kept, paths = _KeptMaps(2), []
+    for call, inputs in enumerate(calls):
+        del python_calls[:]
+        call_on(*inputs)
+        launch = recording.launches[-1]
+        if call == 0:
+            if not _mapped_pointers(launch):
+                pytest.skip("this GEMM configuration takes no tensor maps")
+            continue  # the full path
+        paths.append(bool(python_calls))
+        assert paths[-1] == (call == 1 or kept.new(launch)), call
+        kept.keep(launch)
+    assert kept.dropped and paths.count(False) >= 4, paths  # both paths, and an eviction
 
 
 def _force(monkeypatch, **config):
