@@ -261,3 +261,50 @@ def test_a_consumer_that_never_releases_a_stage_is_a_deadlock_naming_both_roles(
     assert "deadlock" in text.lower() and empty in text
     for role in ("consumer", "producer"):
         assert re.search(rf"test_stated_roles\.py:\d+: {role} of the tg\.pipeline", text), text
+
+
+@tg.kernel(threads=128)
+def stated_cluster_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
+                        BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
+                        STAGES: tg.constexpr = 3, GROUP: tg.constexpr = 8,
+                        CLUSTER: tg.constexpr = 2):
+    """examples/persistent_gemm.py's loop (tegula.kernels.gemm.persistent_tiles) with its
+    clusters, written out with role blocks: the blocks of a cluster share b's boxes."""
+    from tegula.kernels.schedule import grouped_tile
+    tg.cluster(CLUSTER)
+    tiles_m = tg.cdiv(tg.cdiv(a.shape[0], BM), CLUSTER)
+    tiles_n = tg.cdiv(b.shape[0], BN)
+    sa = tg.shared((BM, BK), f16, stages=STAGES)
+    sb = tg.shared((BN, BK), f16, stages=STAGES)
+    for t in tg.range(tg.block_id(0) // CLUSTER, tiles_m * tiles_n,
+                      tg.num_programs(0) // CLUSTER):
+        mc, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
+        m = mc * CLUSTER + tg.block_id(0) % CLUSTER
+        ga = a.tile((BM, BK), (m, None))
+        gb = b.tile((BN, BK), (n, None))
+        acc = tg.zeros((BM, BN), f32)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            with tg.producer():
+                tg.copy(ga[:, :, k], sa[k])
+                tg.copy(gb[:, :, k], sb[k])
+            with tg.consumer():
+                tg.gemm(acc, sa[k], sb[k])
+        tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
+
+
+@pytest.mark.parametrize("role_order", ["random:5"])
+def test_stated_roles_in_clusters_multicast_like_the_synthesized_split(role_order):
+    """Two-block clusters: b's box multicast, a stage released on both blocks; the same
+    CUDA as examples/persistent_gemm.py at CLUSTER=2, and the same bits."""
+    tiles = dict(BM=64, BN=64, BK=32, STAGES=3, GROUP=2, CLUSTER=2)
+    assert code(stated_cluster_gemm, **tiles) == code(persistent_gemm, **tiles)
+    assert ".multicast::cluster" in build(stated_cluster_gemm, tiles, None,
+                                          "sm_90a").cuda_source()
+    m, n, k, sms = 200, 150, 136, 4
+    grid = persistent_grid(m, n, sms, 64, 64, cluster=2)
+    a, b, c, report = _emulate(stated_cluster_gemm, grid, m, n, k, 6, role_order,
+                               num_sms=sms, **tiles)
+    _check(c, a, b)
+    _, _, plain, _ = _emulate(persistent_gemm, grid, m, n, k, 6, role_order, num_sms=sms,
+                              **tiles)
+    assert np.array_equal(c.view(np.uint16), plain.view(np.uint16))
