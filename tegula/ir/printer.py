@@ -117,6 +117,16 @@ class _Printer:
         self.lines: list[str] = []
         self.declared_views: set[int] = set()
 
+    def role_blocks(self, loop: ForLoop, depth: int) -> None:
+        """A pipeline body written as `tg.producer` / `tg.consumer` blocks: each block's
+        ops under a `with` line (the body is one flat list; `loop.regions` names parts)."""
+        for region in loop.regions:
+            regs = f"regs={region.registers}" if region.registers else ""
+            self.emit(depth, f"with {region.role}({regs}):", region.loc)
+            self.block([op for op in loop.body if region.holds(op)], depth + 1)
+        self.block([op for op in loop.body if not any(r.holds(op) for r in loop.regions)],
+                   depth)  # what tracing added after the blocks (carried values)
+
     def emit(self, depth: int, text: str, loc=None) -> None:
         self.lines.append(_with_line(_INDENT * depth + text, loc))
 
@@ -127,7 +137,10 @@ class _Printer:
                 stages = f", stages={op.stages}" if op.stages > 1 else ""
                 self.emit(depth, f"for {op.var} in {kind}({op.start}, {op.stop}, {op.step}"
                                  f"{stages}):{_choices(op)}", op.loc)
-                self.block(op.body, depth + 1)
+                if op.regions:
+                    self.role_blocks(op, depth + 1)
+                else:
+                    self.block(op.body, depth + 1)
             elif isinstance(op, IfThen):
                 self.emit(depth, f"if {op.cond}:{_choices(op)}", op.loc)
                 self.block(op.then, depth + 1)

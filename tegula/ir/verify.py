@@ -171,6 +171,13 @@ class _Verifier:
             raise self.fail(op, f"stages {op.stages!r} must be a positive int")
         self.check_scalar(op.start, op)
         self.check_scalar(op.stop, op)
+        for region in op.regions:  # role blocks name ops of this body, each op once
+            if region.role not in ("producer", "consumer") or not all(
+                    any(o is x for x in op.body) for o in region.ops):
+                raise self.fail(op, f"its {region.role} region holds ops outside its body")
+        if sum(len(r.ops) for r in op.regions) != len({id(o) for r in op.regions
+                                                       for o in r.ops}):
+            raise self.fail(op, "an op is in two of its role regions")
         self.loop_vars.append(op.var)
         self.check_block(op.body)
         self.loop_vars.pop()

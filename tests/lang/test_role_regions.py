@@ -222,3 +222,22 @@ def test_register_budgets_setmaxnreg_cannot_set_are_refused(regs):
 def test_role_blocks_outside_a_kernel_are_refused():
     with pytest.raises(TraceError, match="inside the body of a @tg.kernel"):
         tg.producer()
+
+
+def test_the_tile_ir_text_shows_the_blocks_and_verify_checks_them():
+    from tegula.errors import TegulaError
+    from tegula.ir.printer import format_kernel
+    from tegula.ir.verify import verify
+    traced = stated.trace_fresh(C=232)
+    text = format_kernel(traced)
+    producer_at = text.index("with producer(regs=40):")
+    consumer_at = text.index("with consumer(regs=232):")
+    assert producer_at < text.index("copy %a") < consumer_at < text.index("gemm %r0")
+    loop = next(op for op in walk_ops(traced.body) if isinstance(op, ForLoop))
+    outside = traced.body[-1]                      # the epilogue's store: not in the loop
+    loop.region("consumer").ops.append(outside)
+    with pytest.raises(TegulaError, match="consumer region holds ops outside its body"):
+        verify(traced)
+    loop.region("consumer").ops[-1] = loop.body[0]  # the producer's copy, twice
+    with pytest.raises(TegulaError, match="an op is in two of its role regions"):
+        verify(traced)
