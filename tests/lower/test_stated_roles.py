@@ -308,3 +308,56 @@ def test_stated_roles_in_clusters_multicast_like_the_synthesized_split(role_orde
     _, _, plain, _ = _emulate(persistent_gemm, grid, m, n, k, 6, role_order, num_sms=sms,
                               **tiles)
     assert np.array_equal(c.view(np.uint16), plain.view(np.uint16))
+
+
+def _count_staged(stated: bool):
+    """More than the gemm in the consumer (the wgmmas retire inside each iteration and
+    every consumer thread releases the stage) and an epilogue through a shared buffer of
+    the consumer's own (its barriers become named barriers of the consumer role)."""
+
+    @tg.kernel(threads=128)
+    def count_staged(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
+                     steps: tg.Tensor[f32]):
+        m, n = tg.block_id(0), tg.block_id(1)
+        ga, gb = a.tile((64, 32), (m, None)), b.tile((64, 32), (n, None))
+        acc = tg.zeros((64, 64), f32)
+        count = tg.zeros((64, 64), f32)
+        sa, sb = tg.shared((64, 32), f16, stages=3), tg.shared((64, 32), f16, stages=3)
+        for k in tg.pipeline(ga.shape[2], stages=3):
+            if stated:
+                with tg.producer():
+                    tg.copy(ga[:, :, k], sa[k])
+                    tg.copy(gb[:, :, k], sb[k])
+                with tg.consumer(regs=200):
+                    tg.gemm(acc, sa[k], sb[k])
+                    count = count + 1.0
+            else:
+                tg.copy(ga[:, :, k], sa[k])
+                tg.copy(gb[:, :, k], sb[k])
+                tg.gemm(acc, sa[k], sb[k])
+                count = count + 1.0
+        staged = tg.shared((64, 64), f16)
+        tg.copy(acc.to(f16), staged)
+        tg.copy(staged, c.tile((64, 64), (m, n)))
+        tg.copy(count, steps.tile((64, 64), (m, n)))
+
+    return count_staged
+
+
+def test_a_consumer_block_with_more_than_the_gemm_and_a_loop_carried_tile():
+    """`count = count + 1.0` rebinds a tile inside the consumer block: carried like in any
+    loop (the carry's copy lands after the blocks, in the consumer). The same CUDA as the
+    plain kernel but for the consumer's budget, and right in the emulator."""
+    stated, plain = _count_staged(True), _count_staged(False)
+    source = code(stated)
+    assert "setmaxnreg.dec.sync.aligned.u32 200" in source
+    def without_budgets(text):
+        return "\n".join(line for line in text.splitlines() if "setmaxnreg" not in line)
+    assert without_budgets(source) == without_budgets(code(plain))
+    rng = np.random.default_rng(7)
+    a, b = random_input(rng, (100, 328), f16), random_input(rng, (70, 328), f16)
+    c, steps = poisoned((100, 70), f16), poisoned((100, 70), f32)
+    run_with_deadline(lambda: tg.emulate(stated, (2, 2), a, b, c, steps, target="sm_90a",
+                                         role_order="random:2"))
+    _check(c, a, b)
+    assert np.all(steps == 11)                                      # ceil(328 / 32)
