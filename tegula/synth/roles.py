@@ -225,11 +225,26 @@ def check_stated_roles(kernel: TracedKernel, option: bool | None, target) -> Non
                 loc=region.loc)
         for op in region.ops:
             if op.choices.get("instr") != "tma":
-                why = op.choices.get("tma_skipped") or "it was not planned as one"
+                why = op.choices.get("tma_skipped") or _why_no_box(loop, op)
                 raise SynthesisError(
                     f"tg.producer: the copy into {describe(op.dst)} is not a TMA box ({why}); "
                     f"the producer warpgroup only issues TMA boxes into wgmma operand "
                     f"buffers", loc=op.loc, other_loc=region.loc)
+
+
+def _why_no_box(loop: ForLoop, copy: Copy) -> str:
+    """Why TMA planning left a stage load alone without a reason of its own: it plans only
+    the loads of a pipelined loop into wgmma operand buffers."""
+    if loop.stages < 2:
+        return "the tg.pipeline has stages=1, so no load runs ahead of its use"
+    for op in walk_ops(loop.body):
+        if isinstance(op, Gemm) and any(isinstance(t, SharedTile) and t.alloc is copy.dst.alloc
+                                        for t in (op.a, op.b)):
+            skipped = getattr(op.choices.get("plan"), "wgmma_skipped", "")
+            if skipped:
+                return (f"the gemm at line {op.loc.lineno if op.loc else '?'} reading it does "
+                        f"not run on wgmma: {skipped}")
+    return "it is not an operand of a wgmma gemm"
 
 
 def stated_budgets(kernel: TracedKernel, loop: ForLoop, groups: int) -> tuple[int, int | None]:

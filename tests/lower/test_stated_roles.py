@@ -361,3 +361,34 @@ def test_a_consumer_block_with_more_than_the_gemm_and_a_loop_carried_tile():
                                          role_order="random:2"))
     _check(c, a, b)
     assert np.all(steps == 11)                                      # ceil(328 / 32)
+
+
+@tg.kernel(threads=128)
+def stated_odd(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+               STAGES: tg.constexpr = 2, GEMM: tg.constexpr = True):
+    """Stated roles where the stage loads cannot be TMA boxes for a reason TMA planning
+    does not record on the copy: one stage, no gemm, or a gemm that is not on wgmma."""
+    ga = a.tile((64, 32), (tg.block_id(0), None))
+    gb = b.tile((64, 32), (tg.block_id(1), None))
+    acc = tg.zeros((64, 64), f32)
+    sa = tg.shared((64, 32), f16, stages=2)
+    sb = tg.shared((64, 32), f16, stages=2)
+    for k in tg.pipeline(ga.shape[2], stages=STAGES):
+        with tg.producer():
+            tg.copy(ga[:, :, k], sa[k])  # MARK-odd-copy
+            tg.copy(gb[:, :, k], sb[k])
+        with tg.consumer():
+            if GEMM:
+                tg.gemm(acc, sa[k], sb[k])
+            else:
+                acc += tg.sum(tg.load(sa[k]).to(f32), 1) + tg.sum(tg.load(sb[k]).to(f32), 1)
+    tg.copy(acc, c.tile((64, 64), (tg.block_id(0), tg.block_id(1))))
+
+
+@pytest.mark.parametrize("options, why", [
+    (dict(STAGES=1), "the tg.pipeline has stages=1"),
+    (dict(GEMM=False), "it is not an operand of a wgmma gemm"),
+    (dict(threads=64), "reading it does not run on wgmma: "),
+], ids=["one-stage", "no-gemm", "64-threads"])
+def test_stage_loads_tma_planning_passed_over_are_refused_with_the_reason(options, why):
+    _refused(stated_odd, "MARK-odd-copy", "not a TMA box", why, **options)
