@@ -123,7 +123,9 @@ def runtime_range(start: Any, stop: Any = None, step: Any = 1) -> RuntimeLoop:
 
 def pipeline(start: Any, stop: Any = None, step: int = 1, *, stages: int = 2) -> RuntimeLoop:
     """A software-pipelined run-time loop: copies into multi-stage shared buffers are
-    issued `stages - 1` iterations ahead (`for k in tg.pipeline(n, stages=3)`)."""
+    issued `stages - 1` iterations ahead (`for k in tg.pipeline(n, stages=3)`). On sm_90a
+    its body may state warp roles: a `with tg.producer():` block of those copies, then a
+    `with tg.consumer():` block of the rest (tegula.lang.roles)."""
     if stop is None:
         start, stop = 0, start
     return RuntimeLoop("tg.pipeline", start, stop, step, stages)

@@ -412,7 +412,9 @@ def kernel(fn: Callable | None = None, *, threads: int = 128,
            warp_specialize: bool | None = None) -> Any:
     """`@tg.kernel(threads=128)` (or bare `@tg.kernel`): make a `Kernel` of a function.
     `warp_specialize` (sm_90a): None gives a TMA + wgmma `tg.pipeline` a producer warpgroup
-    of its own where the rule applies, True requires it, False keeps one role."""
+    of its own where the rule applies, True requires it, False keeps one role (a pipeline
+    written in `tg.producer` / `tg.consumer` blocks always has the roles: False is an
+    error there)."""
     if fn is not None:
         return Kernel(fn, threads, warp_specialize)
     return lambda f: Kernel(f, threads, warp_specialize)
