@@ -427,7 +427,7 @@ class AsyncStatements:
         if not s.roles:
             raise CodegenError("Roles with no role")
         self.check_warpgroup_roles(s)
-        for i, role in enumerate(s.roles):
+        for i, (role, cond) in enumerate(_shared_bodies_once(s.roles)):
             for inner in walk(role.body):
                 if isinstance(inner, Barrier):
                     raise CodegenError(
@@ -435,7 +435,7 @@ class AsyncStatements:
                         f"__syncthreads (Barrier): the other roles never reach it, so the "
                         f"block would hang; roles meet at mbarriers and named barriers")
             keyword = "if" if i == 0 else "} else if"
-            self.line(f"{keyword} ({index_c(role.cond)}) {{  // role {role.name}"
+            self.line(f"{keyword} ({index_c(cond)}) {{  // role {role.name}"
                       + (f": {role.loc}" if role.loc else ""))
             if role.max_registers is not None:
                 self.depth += 1
@@ -493,3 +493,19 @@ class AsyncStatements:
         """Registers per thread of one block alone on an SM (65536 / threads, a multiple
         of 8, at most 255): what ptxas allocates at most under `__launch_bounds__(threads, 1)`."""
         return tma_entries.register_share(self.kernel.threads)
+
+
+def _shared_bodies_once(roles: list) -> list:
+    """(role, condition) to emit: neighbouring roles with equal bodies and register budgets
+    (the consumer warpgroups taking turns, `lower/warp_roles.py`) are one branch whose
+    condition is theirs joined by `||` (each thread runs the first role whose condition
+    holds, so the branch holds exactly their threads): the GPU runs one copy of the code."""
+    merged: list = []
+    for role in roles:
+        prev = merged[-1][0] if merged else None
+        if prev is not None and prev.body == role.body and \
+                prev.max_registers == role.max_registers:
+            merged[-1] = (prev, BinOp("or", merged[-1][1], role.cond))
+        else:
+            merged.append((role, role.cond))
+    return merged

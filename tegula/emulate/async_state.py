@@ -419,6 +419,10 @@ class AsyncState:
             if pending:
                 return (f"warpgroup {g} ends with {len(pending)} wgmma not retired by a "
                         f"WgmmaWait (first: {pending[0].what})")
+        for bar_id, named in sorted(self.named.items()):
+            if named.arrived:  # a bar.arrive no bar.sync met (or threads still waiting)
+                return (f"named barrier {bar_id} ends with {named.arrived} of "
+                        f"{named.expected} threads arrived")
         for tid, groups in self.bulk_committed.items():
             if groups or self.bulk_open.get(tid):
                 return (f"thread {tid} ends with TMA stores not waited for "

@@ -74,10 +74,22 @@ class LoopHoister:
                 out.append(dataclasses.replace(s, then=self.body(s.then),
                                                otherwise=self.body(s.otherwise)))
             elif hasattr(s, "roles"):  # async_ir.Roles: each role's loops, in its own body
-                out.append(dataclasses.replace(s, roles=[
-                    dataclasses.replace(r, body=self.body(r.body)) for r in s.roles]))
+                out.append(dataclasses.replace(s, roles=self._roles(s.roles)))
             else:
                 out.append(s)
+        return out
+
+    def _roles(self, roles: list) -> list:
+        """Each role with its body hoisted; roles with equal bodies (consumer warpgroups
+        taking turns, `lower/warp_roles.py`) keep equal ones, which codegen emits once."""
+        done: list = []  # (body, hoisted body)
+        out = []
+        for r in roles:
+            hoisted = next((h for b, h in done if b == r.body), None)
+            if hoisted is None:
+                hoisted = self.body(r.body)
+                done.append((r.body, hoisted))
+            out.append(dataclasses.replace(r, body=hoisted))
         return out
 
     def loop(self, loop: For) -> list[Stmt]:

@@ -39,8 +39,10 @@ from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
 from tegula.ir.ops import ForLoop
 from tegula.lower.addressing import scalar_expr
-from tegula.lower.async_ir import NamedBarrier, Role, Roles, SmemDesc
-from tegula.lower.thread_ir import TID, Barrier, Comment, For, If, Stmt, Var, walk
+from tegula.lower.async_ir import NamedBarrier, Role, Roles, SmemDesc, WgmmaCommit, WgmmaFence
+from tegula.lower.thread_ir import (TID, Assign, Barrier, Comment, Expr, For, If, Shuffle, Stmt,
+                                    Var, all_of, walk)
+from tegula.lower.wgmma_waits import register_arrays
 
 
 @dataclass
@@ -90,6 +92,8 @@ def split_roles(roles: WarpRoles, body: list) -> list:
     named barriers over the consumer's threads), the producer its TMA loop. Ping-pong:
     each consumer warpgroup runs its own copy of `body` (`consumer_group`)."""
     plan = roles.plan
+    if getattr(plan, "turns", False):
+        return [Roles(turn_taking_consumers(roles, body) + [_producer(roles)])]
     if getattr(plan, "pingpong", False):
         consumers = [Role(f"consumer{g}", TID.lt((g + 1) * plan.consumer_threads),
                           consumer_group(roles, body, g), plan.consumer_registers,
@@ -101,10 +105,14 @@ def split_roles(roles: WarpRoles, body: list) -> list:
                           map_barriers(body, lambda: [NamedBarrier(1, plan.consumer_threads)]),
                           plan.consumer_registers,
                           loc=f"{roles.loc}: consumer of the tg.pipeline (wgmma)")]
+    return [Roles(consumers + [_producer(roles)])]
+
+
+def _producer(roles: WarpRoles) -> Role:
+    plan = roles.plan
     first_producer = plan.block_threads - plan.producer_threads
-    return [Roles(consumers + [
-        Role("producer", TID.ge(first_producer), roles.producer, plan.producer_registers,
-             loc=f"{roles.loc}: producer of the tg.pipeline (TMA)")])]
+    return Role("producer", TID.ge(first_producer), roles.producer, plan.producer_registers,
+                loc=f"{roles.loc}: producer of the tg.pipeline (TMA)")
 
 
 def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
@@ -146,6 +154,98 @@ def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
         mine = [Comment("ping-pong: open consumer warpgroup 0's first turn"),
                 If(first, [NamedBarrier(TURN_BARRIER, 2 * WARPGROUP, arrive=True)])] + mine
     return mine
+
+
+def turn_taking_consumers(roles: WarpRoles, body: list) -> list[Role]:
+    """The cooperative consumer of two warpgroups taking turns inside the pipeline loop
+    (`take_turns_in_loop`), as one role per warpgroup running one shared body: its block
+    barriers become a named barrier over both, and its turn barriers are chosen by `tid`.
+    The emulator runs the roles as coroutines, so one warpgroup can wait at its turn while
+    the other runs; codegen emits a body that two roles share once (their conditions
+    joined), so the GPU runs one copy of the code."""
+    plan = roles.plan
+    mine = take_turns_in_loop(
+        map_barriers(body, lambda: [NamedBarrier(OWN_BARRIER, plan.consumer_threads)]),
+        roles.loc)
+    return [Role(f"consumer{g}", TID.lt((g + 1) * WARPGROUP), mine, plan.consumer_registers,
+                 loc=f"{roles.loc}: consumer warpgroup {g} of the tg.pipeline (wgmma, "
+                     f"turns in the loop)")
+            for g in range(2)]
+
+
+def take_turns_in_loop(body: list, loc: str) -> list:
+    """`body` with the two consumer warpgroups taking turns at the tensor cores in the
+    pipeline loop (FlashAttention-3's ping-pong). A turn is the run of gemms around the
+    loop's longest stretch of register work (the softmax between `s = q @ k.T` and
+    `acc += p @ v`): warpgroup g waits for its turn (bar.sync TURN + g) before the run's
+    first gemm and hands the tensor cores over (bar.arrive TURN + 1 - g) once its last is
+    issued, then does its register work while the other warpgroup's wgmmas run.
+
+    Where the run crosses the loop's back edge (the plain loop: `acc += p_j @ v_j`, then
+    `s_{j+1}`), each iteration arrives before it syncs and both warpgroups start with their
+    first gemm: every barrier gets one arrive and one sync per iteration. Where it lies in
+    one iteration (the overlapped loop issues `s_{j+1}` and `acc += p_j @ v_j` together),
+    warpgroup 0 goes first: warpgroup 1 opens its first turn before the loop and skips its
+    last hand-over, so that no arrive is left at exit."""
+    found: list = []
+
+    def rewrite(s):
+        if isinstance(s, For) and sum(isinstance(x, WgmmaCommit) for x in s.body) >= 2:
+            found.append(s)
+            return _loop_with_turns(s)
+        return None
+
+    out = map_stmts(body, rewrite)
+    if len(found) != 1:
+        raise SynthesisError(f"consumers='pingpong' (turns in the loop): expected one "
+                             f"pipeline loop of two gemms or more in the consumer's code, "
+                             f"found {len(found)}", loc=loc)
+    return out
+
+
+def _turn(arrive: bool, iteration_guard: Expr | None = None) -> Stmt:
+    """Warpgroup g's sync on its own turn barrier, or its arrive on the other's; a guard
+    (warpgroup 1's arrive) skips the arrive where it is false."""
+    threads = 2 * WARPGROUP
+    first = NamedBarrier(TURN_BARRIER + (1 if arrive else 0), threads, arrive)
+    second = NamedBarrier(TURN_BARRIER + (0 if arrive else 1), threads, arrive)
+    return If(TID.lt(WARPGROUP), [first],
+              [If(iteration_guard, [second])] if iteration_guard is not None else [second])
+
+
+def _is_register_work(s: Stmt) -> bool:
+    """Arithmetic on registers: a shuffle, or an assignment reading registers (not a fill)."""
+    return isinstance(s, Shuffle) or (isinstance(s, Assign) and bool(register_arrays(s.value)))
+
+
+def _loop_with_turns(loop: For) -> list[Stmt]:
+    """`loop` with the turn barriers of `take_turns_in_loop` (and warpgroup 1's opening
+    arrive before it where the turn lies inside one iteration)."""
+    body = loop.body
+    fences = [i for i, s in enumerate(body) if isinstance(s, WgmmaFence)]
+    commits = [i for i, s in enumerate(body) if isinstance(s, WgmmaCommit)]
+    n = len(commits)
+    # Register work after gemm i's commit, up to gemm i+1's fence (the last: around the
+    # back edge). Fills (constants into a gemm's zeroed accumulator) do not count.
+    work = []
+    for i in range(n):
+        between = (body[commits[i] + 1:fences[i + 1]] if i + 1 < n
+                   else body[commits[i] + 1:] + body[:fences[0]])
+        work.append(sum(_is_register_work(s) for s in between))
+    last = max(range(n), key=lambda i: work[i])   # the turn ends with gemm `last` ...
+    first = (last + 1) % n                         # ... and starts with the one after
+    sync_at, arrive_at = fences[first], commits[last] + 1
+    if arrive_at <= sync_at:  # the turn crosses the back edge: arrive, then sync
+        new = (body[:arrive_at] + [_turn(arrive=True)] + body[arrive_at:sync_at]
+               + [_turn(arrive=False)] + body[sync_at:])
+        return [For(loop.var, loop.start, loop.stop, loop.step, new, loop.unroll)]
+    more = (loop.var + loop.step).lt(loop.stop)
+    new = (body[:sync_at] + [_turn(arrive=False)] + body[sync_at:arrive_at]
+           + [_turn(arrive=True, iteration_guard=more)] + body[arrive_at:])
+    opener = If(all_of([TID.ge(WARPGROUP), loop.start.lt(loop.stop)]),
+                [NamedBarrier(TURN_BARRIER, 2 * WARPGROUP, arrive=True)])
+    return [Comment("turns: consumer warpgroup 1 opens warpgroup 0's first turn"), opener,
+            For(loop.var, loop.start, loop.stop, loop.step, new, loop.unroll)]
 
 
 def _check_private_shared(body: list, roles: WarpRoles) -> None:

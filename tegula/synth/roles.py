@@ -82,6 +82,10 @@ class RolesPlan:
     #: Where the source stated the roles (`tg.producer` / `tg.consumer` blocks), "" where
     #: synthesis introduced them (explain).
     stated: str = ""
+    #: Cooperative consumers of two warpgroups that take turns at the tensor cores inside
+    #: the pipeline loop (consumers='pingpong' on a two-warpgroup tile with no tile loop:
+    #: FlashAttention-3's schedule, `lower/warp_roles.py` `take_turns_in_loop`).
+    turns: bool = False
     kind = "warp_roles"  # what lowering dispatches on (lowering does not import synthesis)
 
     @property
@@ -106,6 +110,12 @@ class RolesPlan:
 
     def _consumers(self, budget: str) -> str:
         c = self.consumer_threads
+        if self.turns:
+            return (f"consumers: pingpong{self._why()} — one consumer role (threads 0..{c - 1}, "
+                    f"{budget}) whose two warpgroups take turns at the tensor cores in the "
+                    f"loop (bar.sync on its own turn barrier before its gemms, bar.arrive on "
+                    f"the other's after them), so one warpgroup's register work runs while "
+                    f"the other's wgmmas do")
         if not self.pingpong:
             return (f"consumer (threads 0..{c - 1}, {budget}; waits on the full mbarrier, "
                     f"wgmma, releases the stage on the empty one, and runs the rest of the "
@@ -193,14 +203,27 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
         if problem:
             loop.choices["roles_skipped"] = problem
             continue
-        groups, note = choose_consumers(kernel, loop, consumers)
+        turns = consumers == "pingpong" and takes_turns_in_loop(kernel, loop)
+        groups, note = ((1, "consumers='pingpong': turns inside the loop") if turns
+                        else choose_consumers(kernel, loop, consumers))
         producer, consumer = stated_budgets(kernel, loop, groups)
         loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
                                           ring=loop.choices.get("ring"),
                                           cluster=tuple(kernel.cluster),
                                           cluster_note=decide_multicast(kernel, loop),
                                           consumer_groups=groups, consumers_note=note,
-                                          stated=_stated_note(loop))
+                                          stated=_stated_note(loop),
+                                          turns=turns)
+
+
+def takes_turns_in_loop(kernel: TracedKernel, loop: ForLoop) -> bool:
+    """Whether ping-pong means turns inside the pipeline loop: the kernel's tiles span two
+    warpgroups (each its own rows of every gemm), the loop is not in a tile loop the
+    warpgroups could split instead, and its body has two gemms or more (a turn is one
+    warpgroup's run of gemms; the other's register work between them overlaps it)."""
+    gemms = sum(isinstance(op, Gemm) for op in loop.body)
+    return (kernel.threads == 2 * WARPGROUP and loop.choices.get("ring") is None
+            and gemms >= 2)
 
 
 def check_stated_roles(kernel: TracedKernel, option: bool | None, target) -> None:
