@@ -311,6 +311,15 @@ _MAGIC_TO_FLOAT = {
     "i4": "(__int_as_float(0x4B400000 + ({})) - 12582912.0f)",
     "i8": "(__int_as_float(0x4B400000 + ({})) - 12582912.0f)",
 }
+# 16-bit float element ops in their own type rather than through f32: + - * of two
+# f16 (bf16) values as one PTX add/sub/mul.rn (`tg_f16_add`, ...: ptxas pairs
+# neighbouring ones into HADD2/HMUL2, where the f32 route costs two conversions and a
+# rounding per element), and a narrow integer to f16/bf16 by the magic number of that
+# type: the integer added into the mantissa of 1024.0 (f16) or 128.0 (bf16), which is
+# then subtracted, exactly. Both give the value the emulator computes (f32, rounded once).
+_HALF_OPS = ("add", "sub", "mul")
+_HALF_MAGIC = {("f16", "u4"): 0x6400, ("f16", "u8"): 0x6400, ("f16", "i4"): 0x6408,
+               ("f16", "i8"): 0x6480, ("bf16", "u4"): 0x4300, ("bf16", "i4"): 0x4308}
 #: Integer - and abs wrap like the emulator (-INT_MIN == INT_MIN): C's signed negation of
 #: INT_MIN is undefined (a compiler may then fold `-x < 0` to `x > 0`), so through unsigned.
 _INT_UNARY = {"abs": "tg_abs_int({})", "neg": "(int)(0u - (unsigned)({}))", "not": "(~{})"}
@@ -318,6 +327,27 @@ _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _BOOL_LOGIC = {"and": "&&", "or": "||", "xor": "!="}
 _INT_LOGIC = {"and": "&", "or": "|", "xor": "^"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def _is_half_op(v: Value) -> bool:
+    """True for the values `ValuePrinter._half` computes in 16 bits: + - * of two values
+    of its f16/bf16 type, and a cast of a narrow integer to it (by the magic number)."""
+    name = v.dtype.name
+    if name not in ("f16", "bf16"):
+        return False
+    if isinstance(v, Binary):
+        return v.op in _HALF_OPS and v.x.dtype == v.dtype == v.y.dtype
+    return isinstance(v, Cast) and (name, v.x.dtype.name) in _HALF_MAGIC
+
+
+def _same_half_op(lo: Value, hi: Value) -> bool:
+    """True if two values are the same 16-bit op (`_is_half_op`) of the same types, so
+    that one paired instruction computes both."""
+    if not (_is_half_op(lo) and _is_half_op(hi)) or type(lo) is not type(hi):
+        return False
+    if isinstance(lo, Binary):
+        return lo.op == hi.op
+    return lo.x.dtype == hi.x.dtype
 
 
 class ValuePrinter:
@@ -331,6 +361,12 @@ class ValuePrinter:
 
     def store(self, v: Value, dtype: DType) -> str:
         """C expression of the storage bits of `v` converted to `dtype` (for an Assign)."""
+        if v.dtype == dtype and dtype.name in ("f16", "bf16"):
+            if isinstance(v, RegRead):  # a register copy: the bits, not a round trip
+                return self.reg_c(v.reg)
+            native = self._half(v)
+            if native is not None:
+                return native
         if isinstance(v, Cast) and v.dtype == dtype:
             v = _Retyped(v.x, dtype)
         return from_compute(self.compute(v, rounded=False), dtype, self.used)
@@ -340,15 +376,64 @@ class ValuePrinter:
         the 16-bit float `dtype` by one paired conversion (`tg_f32x2_to_f16x2`, rounding
         each as `store` does), or None for other types."""
         helper = _PAIR_FROM_FLOAT.get(dtype.name)
-        if helper is None:
-            return None
+        if lo.dtype == hi.dtype == dtype and _same_half_op(lo, hi):
+            return self._half_pair(lo, hi)
+        if helper is None or any(v.dtype == dtype and (_is_half_op(v) or isinstance(v, RegRead))
+                                 for v in (lo, hi)):
+            return None  # copied or computed in 16 bits (`store`): nothing to round
         halves = [self.compute(_Retyped(v.x, dtype) if isinstance(v, Cast) and v.dtype == dtype
                                else v, rounded=False) for v in (lo, hi)]
         self.used.add(helper)
         return f"{helper}({halves[0]}, {halves[1]})"
 
+    def _half(self, v: Value) -> str | None:
+        """The storage bits of a 16-bit float value computed in its own type (see
+        `_HALF_OPS`), or None where `v` is no such op."""
+        if not _is_half_op(v):
+            return None
+        name = v.dtype.name
+        if isinstance(v, Binary):
+            self.used.add(f"tg_{name}_{v.op}")
+            return f"tg_{name}_{v.op}({self._bits(v.x)}, {self._bits(v.y)})"
+        magic = _HALF_MAGIC[(name, v.x.dtype.name)]
+        self.used.add(f"tg_{name}_sub")
+        return (f"tg_{name}_sub((unsigned short)({magic:#x} + {self.compute(v.x)}), "
+                f"(unsigned short){magic:#x})")
+
+    def _half_pair(self, lo: Value, hi: Value) -> str:
+        """One 32-bit word of two 16-bit float values (`lo` in the low half), computed two
+        at a time where both are the same op (`tg_f16x2_sub`, ...: one HADD2), so that
+        the operands are words too: two narrow integers 16 bits apart in one register
+        become one mask and OR (the magic number of both halves at once)."""
+        if not _same_half_op(lo, hi):
+            return f"((unsigned){self._bits(lo)} | ((unsigned){self._bits(hi)} << 16))"
+        name = lo.dtype.name
+        if isinstance(lo, Binary):
+            self.used.add(f"tg_{name}x2_{lo.op}")
+            return (f"tg_{name}x2_{lo.op}({self._half_pair(lo.x, hi.x)}, "
+                    f"{self._half_pair(lo.y, hi.y)})")
+        magic = _HALF_MAGIC[(name, lo.x.dtype.name)]
+        self.used.add(f"tg_{name}x2_sub")
+        return (f"tg_{name}x2_sub((unsigned)({magic:#x} + {self.compute(lo.x)}) | "
+                f"((unsigned)({magic:#x} + {self.compute(hi.x)}) << 16), "
+                f"{magic * 0x10001:#x}u)")
+
+    def _bits(self, v: Value) -> str:
+        """The storage bits of `v` rounded to its 16-bit float type."""
+        native = self._half(v)
+        if native is not None:
+            return native
+        if isinstance(v, RegRead):
+            return self.reg_c(v.reg)
+        if isinstance(v, Literal):
+            return f"(unsigned short){element_bits(v.value, v.dtype):#x}"
+        return from_compute(self.compute(v, rounded=False), v.dtype, self.used)
+
     def compute(self, v: Value, rounded: bool = True) -> str:
         """C compute-type expression of `v`; `rounded=False` when the consumer rounds."""
+        native = self._half(v)
+        if native is not None:
+            return to_compute(native, v.dtype, self.used)
         if isinstance(v, _Retyped):
             return self._convert(self.compute(v.x), v.x.dtype, v.dtype)
         if isinstance(v, RegRead):

@@ -225,6 +225,43 @@ __device__ __forceinline__ void tg_red_add_bf16(unsigned short* p, unsigned shor
 }}""", ("tg_f32_to_bf16", "tg_bf16_to_f32")),
 }
 
+
+def _half_helper(op: str, dtype: str) -> tuple[str, tuple[str, ...]]:
+    """`tg_{dtype}_{op}(a, b)`: one 16-bit float + - or * on storage bits, the catalogue's
+    `{op}.rn.{dtype}` (ptxas pairs neighbours into HADD2/HMUL2); before the entry's
+    min_cc (bf16 before sm_90), the f32 operation rounded once, which is the same value."""
+    ptx, c_op = f"{op}.rn.{dtype}", {"add": "+", "sub": "-", "mul": "*"}[op]
+    to_f32, from_f32 = f"tg_{dtype}_to_f32", f"tg_f32_to_{dtype}"
+    return (f"""\
+__device__ __forceinline__ unsigned short tg_{dtype}_{op}(unsigned short a, unsigned short b) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc(ptx)}
+  unsigned short d; {_cvt(ptx, d="d", a="a", b="b")} return d;
+#else
+  return {from_f32}({to_f32}(a) {c_op} {to_f32}(b));
+#endif
+}}""", (to_f32, from_f32))
+
+
+def _half2_helper(op: str, dtype: str) -> tuple[str, tuple[str, ...]]:
+    """`tg_{dtype}x2_{op}(a, b)`: `tg_{dtype}_{op}` on both 16-bit halves of 32-bit words
+    at once (the catalogue's `{op}.rn.{dtype}x2`, one HADD2/HMUL2)."""
+    ptx, one = f"{op}.rn.{dtype}x2", f"tg_{dtype}_{op}"
+    return (f"""\
+__device__ __forceinline__ unsigned tg_{dtype}x2_{op}(unsigned a, unsigned b) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {_cc(ptx)}
+  unsigned d; {_cvt(ptx, d="d", a="a", b="b")} return d;
+#else
+  return (unsigned){one}((unsigned short)a, (unsigned short)b)
+      | ((unsigned){one}((unsigned short)(a >> 16), (unsigned short)(b >> 16)) << 16);
+#endif
+}}""", (one,))
+
+
+_HELPERS.update({f"tg_{dtype}_{op}": _half_helper(op, dtype)
+                 for dtype in ("f16", "bf16") for op in ("add", "sub", "mul")})
+_HELPERS.update({f"tg_{dtype}x2_{op}": _half2_helper(op, dtype)
+                 for dtype in ("f16", "bf16") for op in ("add", "sub", "mul")})
+
 #: Vector types for 8- and 16-byte accesses (defined here because no header is included).
 VECTOR_TYPES = """\
 struct __align__(8) tg_v2 { unsigned x, y; };         // one 8-byte access

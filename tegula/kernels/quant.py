@@ -278,6 +278,11 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
     BM=16 rows for M ≤ 16, else 64x64 tiles; BK = the group up to 128 (64 beyond 16
     rows), weights loaded one k-step ahead, a 3-stage activation pipeline."""
     threads = tiles.get("threads", 128)
+    if tiles.get("FRAGMENT"):    # weights in the MMA fragment's order (quant_fragment)
+        from tegula.kernels.quant_fragment import fragment_config
+        grid, constexprs = fragment_config(m, n, k, group_size, **{
+            name: value for name, value in tiles.items() if name != "FRAGMENT"})
+        return "fragment", grid, constexprs
     if "BT" in tiles:
         constexprs = dict(G=group_size, BN=64, BT=token_tile(m), BK=min(group_size, 64),
                           STAGES=3)
@@ -323,6 +328,9 @@ def w4a16_kernel(kind: str, dtype: DType, has_zeros: bool) -> tg.Kernel:
     `w4a16_config`)."""
     if kind == "split":
         return w4a16_swapped_kernel(dtype, has_zeros, partial=True)
+    if kind == "fragment":
+        from tegula.kernels.quant_fragment import w4a16_fragment_kernel
+        return w4a16_fragment_kernel(dtype, has_zeros)
     factory = {"rows": w4a16_rows_kernel, "gemm": w4a16_gemm_kernel,
                "swapped": w4a16_swapped_kernel}[kind]
     return factory(dtype, has_zeros)
@@ -333,8 +341,13 @@ def launch_w4a16(kind: str, grid: tuple, constexprs: dict, dtype: DType, has_zer
     """Run one config: `launch(kernel, grid, args, constexprs)` of its kernel on
     `operands` (a, packed, scales, zeros as `w4a16_operands` gives them) and the output c;
     for split K ("split") the partial products go to an f32 workspace from
-    `empty_f32(shape)` and `w4a16_split_sum_kernel` adds them into c. Returns the last
+    `empty_f32(shape)` and `w4a16_split_sum_kernel` adds them into c (the fragment kind
+    does the same through `quant_fragment.launch_w4a16_fragment`). Returns the last
     launch's result."""
+    if kind == "fragment":
+        from tegula.kernels.quant_fragment import launch_w4a16_fragment
+        return launch_w4a16_fragment(grid, constexprs, dtype, has_zeros, operands, c, launch,
+                                     empty_f32)
     if kind != "split":
         return launch(w4a16_kernel(kind, dtype, has_zeros), grid, (*operands, c), constexprs)
     split, bn, bt = constexprs["SPLIT"], constexprs["BN"], constexprs["BT"]
@@ -348,7 +361,12 @@ def launch_w4a16(kind: str, grid: tuple, constexprs: dict, dtype: DType, has_zer
 def w4a16_operands(kind: str, a: Any, packed: Any, group_size: int) -> tuple[Any, Any]:
     """The activation and packed-weight arguments a kernel kind takes (numpy or torch,
     contiguous): the GEMM kernel's (M, K) and (N, K/2) bytes as they are, the rows
-    kernel's 4-D views (rows, K/G, G/32, 32 elements) of the same memory."""
+    kernel's 4-D views (rows, K/G, G/32, 32 elements) of the same memory, the fragment
+    kernel's weights in fragment order (`pack_fragments`: a copy, unless `packed` is
+    already 6-D, pre-packed)."""
+    if kind == "fragment":
+        from tegula.kernels.quant_fragment import pack_fragments
+        return a, (packed if len(packed.shape) == 6 else pack_fragments(packed))
     if kind != "rows":
         return a, packed
     (m, k), n = a.shape, packed.shape[0]

@@ -9,7 +9,7 @@ k-step, each with its own address. Here the weights are stored so that those 32 
 are contiguous, and the kernel says which logical weight each stored one is:
 
     stored (N/64, K/64, 4, 8, 4, 32)   one (64 rows, 64 k) block: 128 runs of 32 nibbles
-    run (w, r, c), nibble v = (s, h, i, j) holds weight
+    run (w, r, c), nibble v = (s, j, h, i) holds weight
         n = 64·nb + 16·w + 8·i + r,   k = 64·kb + 16·s + 8·h + 2·c + j
 
 — in the kernel, `tg.reshape` / `tg.permute` of the loaded (1, 1, 4, 8, 4, 32) tile into
@@ -35,14 +35,19 @@ import numpy as np
 import tegula as tg
 from tegula import f32, u4
 from tegula.dtypes import DType
+from tegula.layout.cute import Layout
 
 FRAGMENT_ROWS = 64      # weight rows per block: one wgmma A tile (4 warps x 16 rows)
 FRAGMENT_K = 64         # k per block and per k-step (32 nibbles = 16 bytes per thread)
-#: the stored (1, 1, 4, 8, 4, 32) tile split into (w, r, c, s, h, i, j) ...
+#: the stored (1, 1, 4, 8, 4, 32) tile split into (w, r, c, s, j, h, i) ...
 FRAGMENT_SPLIT = (4, 8, 4, 4, 2, 2, 2)
 #: ... and ordered (w, i, r, s, h, c, j): row-major, rows n = (w, i, r), k = (s, h, c, j)
-FRAGMENT_PERM = (0, 5, 1, 3, 4, 2, 6)
+FRAGMENT_PERM = (0, 6, 1, 3, 5, 2, 4)
 STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64)
+#: How the loaded (1, 1, 4, 8, 4, 32) tile is spread over 128 threads: thread 32w + 4r + c
+#: holds its run's 32 nibbles in memory order (one 16-byte load). The fragment's own
+#: register order differs (pairs of k first), a conversion inside each thread.
+STORED_TV = Layout(((4, 8, 4), 32), ((32, 4, 1), 128))
 
 
 def fragment_shape(n: int, k: int) -> tuple[int, ...]:
@@ -66,9 +71,9 @@ def pack_fragments(packed: Any, k: int | None = None) -> Any:
     nb, kb = fragment_shape(n, k)[:2]
     padded = _zeros_like(w_q, (nb * FRAGMENT_ROWS, kb * FRAGMENT_K))
     padded[:n, :k] = w_q
-    # (nb, w, i, r, kb, s, h, c, j) -> (nb, kb, w, r, c, s, h, i, j)
+    # (nb, w, i, r, kb, s, h, c, j) -> (nb, kb, w, r, c, s, j, h, i)
     blocks = padded.reshape(nb, 4, 2, 8, kb, 4, 2, 4, 2)
-    ordered = _permute(blocks, (0, 4, 1, 3, 7, 5, 6, 2, 8))
+    ordered = _permute(blocks, (0, 4, 1, 3, 7, 5, 8, 6, 2))
     return prepack(_contiguous(ordered).reshape(nb, kb, 4, 8, 4, 32))
 
 
@@ -77,7 +82,7 @@ def unpack_fragments(stored: Any, n: int, k: int) -> Any:
     from tegula.kernels.quant import prepack, unpack_w4
     nb, kb = stored.shape[:2]
     values = unpack_w4(stored).reshape(nb, kb, 4, 8, 4, 4, 2, 2, 2)
-    rows = _permute(values, (0, 2, 7, 3, 1, 5, 6, 4, 8))   # back to (nb, w, i, r, kb, s, h, c, j)
+    rows = _permute(values, (0, 2, 8, 3, 1, 5, 7, 4, 6))   # back to (nb, w, i, r, kb, s, h, c, j)
     w_q = _contiguous(rows).reshape(nb * FRAGMENT_ROWS, kb * FRAGMENT_K)[:n, :k]
     return prepack(_contiguous(w_q))
 
@@ -101,6 +106,22 @@ def fragment_weights(stored_tile: Any) -> Any:
     return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K))
 
 
+def dequantize_in(dtype: DType, packed: Any, scales: Any, zeros: Any, n: Any, group: Any,
+                  groups_shape: tuple) -> Any:
+    """(w - zero) * scale computed in `dtype` (f16/bf16, the MMA's operand type), inside
+    a kernel: the scales and zeros of row block `n`, group block `group` are a tile of
+    `groups_shape`, broadcast over the weights of each group (trailing dims). w - zero
+    is exact (integers up to 15) and the product rounds once, so this is the f32
+    dequantization rounded to `dtype`, in 16-bit instructions (the emitter's
+    `add/sub/mul.rn.f16`, which ptxas pairs; the 4-bit conversion by the magic number)."""
+    from tegula.kernels.quant import SYMMETRIC_ZERO
+    extra = (None,) * (packed.rank - len(groups_shape))
+    scale = tg.load(scales.tile(groups_shape, (n, group)))[(..., *extra)]
+    zero = (tg.load(zeros.tile(groups_shape, (n, group)))[(..., *extra)]
+            if zeros is not None else SYMMETRIC_ZERO)
+    return (packed.to(dtype) - zero) * scale
+
+
 @lru_cache(maxsize=None)
 def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
     """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64, BT) tiles, the weights in fragment order
@@ -110,7 +131,6 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     ring. G (the group) 32 takes two scales per row and k-step. `partial`: split K as in
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
     by `w4a16_split_sum_kernel`)."""
-    from tegula.kernels.quant import dequantize
     out_type = f32 if partial else dtype
     BN, BK = FRAGMENT_ROWS, FRAGMENT_K
 
@@ -118,7 +138,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[u4, 6], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
-                       SPLIT: tg.constexpr = 1):
+                       SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
         S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
         ga = a.tile((BT, BK), (t, None))
@@ -130,15 +150,22 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
             steps = tg.minimum(start + per_split, steps)
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
-        ahead = tg.load(gw[:, :, :, :, :, :, start])
+        if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
+            sw = tg.shared((1, 1) + STORED_BLOCK, u4, stages=STAGES)
+        else:       # straight into registers, one k-step ahead
+            ahead = tg.load(gw[:, :, :, :, :, :, start], layout=STORED_TV)
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
-            stored = ahead
-            ahead = tg.load(gw[:, :, :, :, :, :, k + 1])    # past K: masked, never used
+            if WSMEM:
+                tg.copy(gw[:, :, :, :, :, :, k], sw[k])
+                stored = tg.load(sw[k], layout=STORED_TV)
+            else:
+                stored = ahead
+                ahead = tg.load(gw[:, :, :, :, :, :, k + 1], layout=STORED_TV)  # masked past K
             packed = tg.reshape(fragment_weights(stored), (BN, S, BK // S))
-            weights = dequantize(packed, scales, zeros if has_zeros else None,
-                                 n, k // max(1, G // BK), (BN, S))
-            tg.gemm(acc, tg.reshape(weights.to(dtype), (BN, BK)), sa[k])  # acc += w @ sa.T
+            weights = dequantize_in(dtype, packed, scales, zeros if has_zeros else None,
+                                    n, k // max(1, G // BK), (BN, S))
+            tg.gemm(acc, tg.reshape(weights, (BN, BK)), sa[k])  # acc += w @ sa.T
         if partial:
             row_tiles = w.shape[0]          # slice z: tile rows z·row_tiles…
             tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))

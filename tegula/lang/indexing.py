@@ -26,6 +26,7 @@ from tegula.dtypes import i32
 from tegula.ir.ops import Indices, Reshape
 from tegula.ir.scalar import Scalar
 from tegula.ir.values import RegisterTile, describe
+from tegula.layout.reshape import has_renaming
 from tegula.lang.tensors import (RegisterValue, index_value, new_register_tile, shape_text,
                                  static_shape)
 from tegula.lang.trace import current, fail
@@ -107,10 +108,20 @@ def _relabelled(x: Any, shape: Any, perm: tuple | None, op: str) -> RegisterValu
     if perm in (None, tuple(range(tile.rank))) and tuple(shape) == tuple(tile.shape):
         return RegisterValue(tile)
     ctx.require_readable(tile, op)
-    out = new_register_tile(tuple(shape), tile.dtype)
-    ctx.emit(Reshape(x=tile, out=out, perm=tuple(perm) if perm else ()))
+    perm = tuple(perm) if perm else ()
+    if not has_renaming(tuple(tile.shape), perm or tuple(range(tile.rank)), tuple(shape)):
+        # e.g. (2, 3) -> (3, 2): no layout renames one into the other, but both reshape
+        # to and from the flat tile
+        tile = _reshape_op(ctx, tile, (math.prod(shape),), perm)
+        perm = ()
+    return RegisterValue(_reshape_op(ctx, tile, tuple(shape), perm))
+
+
+def _reshape_op(ctx: Any, tile: RegisterTile, shape: tuple, perm: tuple) -> RegisterTile:
+    out = new_register_tile(shape, tile.dtype)
+    ctx.emit(Reshape(x=tile, out=out, perm=perm))
     ctx.mark_written(out)
-    return RegisterValue(out)
+    return out
 
 
 def as_register(x: Any, op: str) -> RegisterTile:

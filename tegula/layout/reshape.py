@@ -96,6 +96,12 @@ def reshaped_tv(tv: Layout, x_shape: tuple, perm: tuple, out_shape: tuple,
         return None
 
 
+def has_renaming(x_shape: tuple, perm: tuple, out_shape: tuple) -> bool:
+    """True if the reshape's renaming of flat indices is a CuTe layout (every extent met
+    on the way divides the other); reshapes to and from a flat tile always have one."""
+    return _factors(tuple(x_shape), tuple(perm), tuple(out_shape)) is not None
+
+
 def is_plain_reshape(x_shape: tuple, perm: tuple, out_shape: tuple) -> bool:
     """True if out only inserts or removes size-1 dims of x (no dim moves, merges or
     splits): every flat index stays, and both tiles share one layout."""
@@ -104,4 +110,4 @@ def is_plain_reshape(x_shape: tuple, perm: tuple, out_shape: tuple) -> bool:
         [x_shape[d] for d in kept] == [e for e in out_shape if e != 1]
 
 
-__all__ = ["reshape_sources", "reshaped_tv", "is_plain_reshape"]
+__all__ = ["reshape_sources", "reshaped_tv", "has_renaming", "is_plain_reshape"]

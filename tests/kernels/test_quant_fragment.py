@@ -1,0 +1,127 @@
+"""W4A16 with the weights pre-packed in the MMA fragment's order (`quant_fragment`): the
+packing round trip, then the kernel in the emulator against a float64 numpy reference at
+N and K that are not multiples of 64 (and K of the group), every group size (two groups
+a k-step at 32), zero points or symmetric, the weights through registers or a cp.async
+ring, split K, both targets, bf16, NaN and inf; and that the layouts synthesis derives
+make each thread's weights one 16-byte load and the dequantization 16-bit arithmetic."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula.dtypes import bf16, f16
+from tegula.kernels.common import random_input
+from tegula.kernels.quant import (dequantize_w4, prepack, w4a16_config,
+                                  w4a16_gemm_emulated)
+from tegula.kernels.quant_fragment import (fragment_shape, pack_fragments,
+                                           unpack_fragments, w4a16_fragment_kernel)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_quant import check_w4a16, random_w4  # noqa: E402
+
+
+@pytest.mark.parametrize("n,k", [(64, 64), (70, 192), (1, 32), (130, 96)])
+def test_pack_fragments_round_trips_and_puts_each_weight_where_the_kernel_reads_it(n, k):
+    rng = np.random.default_rng(n + k)
+    w_q = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    stored = pack_fragments(prepack(w_q))
+    assert stored.shape == fragment_shape(n, k)[:5] + (16,) and stored.dtype == np.uint8
+    assert np.array_equal(unpack_fragments(stored, n, k), prepack(w_q))
+    # spot-check the documented order: run (w, r, c), nibble v = (s, j, h, i)
+    nibbles = np.stack([stored & 15, stored >> 4], axis=-1).reshape(stored.shape[:5] + (32,))
+    for (nb, kb, w, r, c, v) in [(0, 0, 1, 2, 3, 5), (0, 0, 3, 7, 0, 31), (0, 0, 0, 0, 1, 16)]:
+        s, j, h, i = v // 8, v // 4 % 2, v // 2 % 2, v % 2
+        row, col = 64 * nb + 16 * w + 8 * i + r, 64 * kb + 16 * s + 8 * h + 2 * c + j
+        expected = w_q[row, col] if row < n and col < k else 0   # padding is zero
+        assert nibbles[nb, kb, w, r, c, v] == expected
+
+
+CASES = [  # m, n, k, group, zero_point, tiles
+    (1, 37, 256, 128, True, {}),
+    (13, 70, 192, 64, False, {}),                      # N, K not multiples of 64
+    (16, 20, 96, 32, True, {}),                        # K = 1.5 k-steps, two groups a step
+    (33, 130, 224, 32, True, dict(BT=16)),             # 3 token tiles, the last ragged
+    (5, 64, 256, 128, True, dict(WSMEM=0)),            # weights one k-step ahead in registers
+    (20, 70, 320, 64, False, dict(SPLIT=3)),           # slices of 2, 2, 1 k-steps
+    (9, 64, 96, 32, True, dict(SPLIT=4, STAGES=2)),    # two slices run no step
+    (100, 77, 192, 32, True, dict(BT=128, STAGES=4)),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("m,n,k,group,zero_point,tiles", CASES)
+def test_fragment_kernel_matches_numpy(m, n, k, group, zero_point, tiles, target):
+    rng = np.random.default_rng(m * 7919 + n * 31 + k + group)
+    a = random_input(rng, (m, k), f16)
+    w_q, scales, zeros = random_w4(rng, n, k, group, f16, zero_point)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, target=target, FRAGMENT=1,
+                            warp_specialize=False, **tiles)
+    assert c.shape == (m, n) and c.dtype == np.float16
+    check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
+
+
+def test_fragment_kernel_bf16():
+    rng = np.random.default_rng(8)
+    a = random_input(rng, (20, 192), bf16)
+    w_q, scales, zeros = random_w4(rng, 66, 192, 64, bf16)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, dtype=bf16, FRAGMENT=1,
+                            warp_specialize=False)
+    check_w4a16(c, a, w_q, scales, zeros, 64, bf16, dequant_rounded=True)
+
+
+def test_fragment_kernel_scales_follow_their_group():
+    """Groups of 32 (two a k-step) with scales far apart: a mix-up cannot hide."""
+    rng = np.random.default_rng(4)
+    a = random_input(rng, (18, 256), f16)
+    w_q, scales, zeros = random_w4(rng, 70, 256, 32, f16)
+    scales[:, 1::2] *= 16
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 32, FRAGMENT=1, warp_specialize=False)
+    check_w4a16(c, a, w_q, scales, zeros, 32, f16, dequant_rounded=True)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_fragment_kernel_nan_and_inf_reach_only_their_outputs(target):
+    m, n = 20, 70
+    rng = np.random.default_rng(12)
+    a = random_input(rng, (m, 128), f16)
+    w_q, scales, zeros = random_w4(rng, n, 128, 64, f16)
+    scales[66, 1] = np.nan     # column 66 of c
+    a[17, 5] = np.nan          # row 17 of c
+    a[4, 70] = np.inf          # row 4: infinities (and NaN where a weight dequantizes to 0)
+    w_q[3, 70] = zeros[3, 1]
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, target=target, FRAGMENT=1,
+                            warp_specialize=False)
+    w = dequantize_w4(w_q, scales, zeros, 64)
+    with np.errstate(invalid="ignore"):
+        ref = a.astype(np.float64) @ w.T
+    for check in (np.isposinf, np.isneginf, np.isnan):
+        assert np.array_equal(check(c), check(ref))
+    rows, cols = ~np.isin(np.arange(m), [4, 17]), np.arange(n) != 66
+    check_w4a16(c[rows][:, cols], a[rows], w_q[cols], scales[cols], zeros[cols], 64, f16,
+                dequant_rounded=True)
+
+
+def test_fragment_config():
+    kind, grid, c = w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, SPLIT=2)
+    assert kind == "fragment" and grid == (64, 1, 2)
+    assert c == dict(G=128, BT=128, STAGES=3, SPLIT=2)
+    assert w4a16_config(3, 100, 256, 32, FRAGMENT=1)[1:] == ((2, 1), dict(
+        G=32, BT=16, STAGES=3, SPLIT=1))
+
+
+def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
+    """The point of the layout: each thread's weights of a k-step arrive in one 16-byte
+    access (cp.async into the ring, then shared memory into registers) with no layout
+    conversion, and the CUDA dequantizes with paired 16-bit instructions."""
+    from tegula.build import build
+    kernel = w4a16_fragment_kernel(f16, True)
+    text = tg.explain(kernel, G=128, BT=16, STAGES=4, warp_specialize=False)
+    assert "layout conversions: none" in text
+    result = build(kernel, dict(G=128, BT=16, STAGES=4, warp_specialize=False))
+    source = result.cuda_source()
+    assert "tg_f16x2_sub(" in source and "tg_f16x2_mul(" in source
+    assert "8388608.0f" not in source    # no f32 magic-number conversion left
