@@ -263,7 +263,8 @@ def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: 
     if split == 1:
         factory = {"registers": gemm.gemm_registers_kernel, "shared": gemm.gemm_kernel,
                    "persistent": gemm.persistent_gemm_kernel}[which]
-        grid = (-(-m // bm), -(-n // bn), 1)
+        grid = gemm.tile_grid(m, n, bm, bn, values.get("CLUSTER_M", 1),
+                              values.get("CLUSTER_N", 1)) + (1,)
         if which == "persistent":
             grid = gemm.persistent_grid(m, n, _num_sms(a.device), bm, bn,
                                         values.get("CLUSTER", 1)) + (1, 1)

@@ -142,7 +142,14 @@ def _check_epilogue(dtype: DType, activation: str | None) -> None:
 def gemm_kernel(dtype: DType, activation: str | None = None,
                 with_bias: bool = False) -> tg.Kernel:
     """The shared-memory pipelined GEMM for operands of `dtype` (the README kernel), with
-    the fused epilogue (`with_bias`: a (1, N) `bias` tensor parameter after b)."""
+    the fused epilogue (`with_bias`: a (1, N) `bias` tensor parameter after b).
+
+    CLUSTER_M x CLUSTER_N > 1 (sm_90a) launches it in clusters of that many blocks
+    (`tile_grid` rounds the grid up to whole clusters; a block past c's edge loads zeros
+    and stores nothing): the blocks of a cluster along N share their a tile, along M their
+    b tile, which TMA loads once and multicasts. For decode shapes (few rows), where narrow
+    N tiles give the GPU enough blocks to stream the weights but each would read all of a
+    again from L2."""
     _check_epilogue(dtype, activation)
     out_t = output_type(dtype)
 
@@ -150,7 +157,9 @@ def gemm_kernel(dtype: DType, activation: str | None = None,
         @tg.kernel(threads=128)
         def gemm_bias(a: tg.Tensor[dtype], b: tg.Tensor[dtype], bias: tg.Tensor[out_t],
                       c: tg.Tensor[out_t], BM: tg.constexpr = 128, BN: tg.constexpr = 128,
-                      BK: tg.constexpr = 32, STAGES: tg.constexpr = 3):
+                      BK: tg.constexpr = 32, STAGES: tg.constexpr = 3,
+                      CLUSTER_M: tg.constexpr = 1, CLUSTER_N: tg.constexpr = 1):
+            tg.cluster(CLUSTER_M, CLUSTER_N)
             m, n = tg.block_id(0), tg.block_id(1)
             acc = pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES)
             z = epilogue(acc, tg.load(bias.tile((1, BN), (0, n))), activation)
@@ -160,7 +169,9 @@ def gemm_kernel(dtype: DType, activation: str | None = None,
     @tg.kernel(threads=128)
     def gemm(a: tg.Tensor[dtype], b: tg.Tensor[dtype], c: tg.Tensor[out_t],
              BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
-             STAGES: tg.constexpr = 3):
+             STAGES: tg.constexpr = 3, CLUSTER_M: tg.constexpr = 1,
+             CLUSTER_N: tg.constexpr = 1):
+        tg.cluster(CLUSTER_M, CLUSTER_N)
         m, n = tg.block_id(0), tg.block_id(1)
         acc = pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES)
         tg.copy(epilogue(acc, None, activation).to(out_t), c.tile((BM, BN), (m, n)))
@@ -321,14 +332,23 @@ def split_k_rows(m: int, bm: int) -> int:
 
 def gemm_config(m: int, n: int, k: int, dtype: DType, shared: bool = True,
                 **tiles: int) -> tuple[tuple[int, int], dict]:
-    """(grid, constexprs) for an (M, N, K) GEMM: one block per (BM, BN) tile of c.
-    Defaults: 128x128 tiles in three shared stages, 64x64 for the register dataflow (every
-    register holds its own operands there); BK=32, or 64 for i8 so a k-step moves the same
-    64 bytes per row."""
+    """(grid, constexprs) for an (M, N, K) GEMM: one block per (BM, BN) tile of c
+    (`tile_grid`). Defaults: 128x128 tiles in three shared stages, 64x64 for the register
+    dataflow (every register holds its own operands there); BK=32, or 64 for i8 so a
+    k-step moves the same 64 bytes per row."""
     bk = 64 if dtype == i8 else 32
     defaults = dict(BM=128, BN=128, BK=bk, STAGES=3) if shared else dict(BM=64, BN=64, BK=bk)
     constexprs = {**defaults, **tiles}
-    return (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"])), constexprs
+    return tile_grid(m, n, constexprs["BM"], constexprs["BN"], constexprs.get("CLUSTER_M", 1),
+                     constexprs.get("CLUSTER_N", 1)), constexprs
+
+
+def tile_grid(m: int, n: int, bm: int, bn: int, cluster_m: int = 1,
+              cluster_n: int = 1) -> tuple[int, int]:
+    """One block per (bm, bn) tile of an (m, n) result, each axis rounded up to whole
+    clusters (`gemm_kernel`'s CLUSTER_M x CLUSTER_N)."""
+    return (tg.cdiv(tg.cdiv(m, bm), cluster_m) * cluster_m,
+            tg.cdiv(tg.cdiv(n, bn), cluster_n) * cluster_n)
 
 
 def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
@@ -395,5 +415,6 @@ def split_k_reduce_grid(m: int, n: int, bm: int = 16, bn: int = 256) -> tuple[in
 __all__ = ["gemm_kernel", "gemm_registers_kernel", "persistent_gemm_kernel",
            "persistent_tiles", "persistent_grid", "staged_buffers", "gemm_split_k_kernel",
            "split_k_reduce_kernel", "split_k_rows", "split_k_reduce_grid", "gemm_config",
+           "tile_grid",
            "gemm_emulated", "pipelined_product", "register_product", "epilogue", "activate",
            "ACTIVATIONS", "accumulator_type", "output_type", "GEMM_DTYPES"]

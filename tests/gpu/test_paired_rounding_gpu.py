@@ -24,7 +24,8 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import assert_matches_emulator, launch, poison, to_device, torch_dtype  # noqa: E402
+from gpu_helpers import (assert_matches_emulator, launch, poison, to_device,  # noqa: E402
+                         torch_dtype)
 from test_cvt_entries import N, hard_inputs  # noqa: E402
 
 
