@@ -564,6 +564,27 @@ def moe_candidates(rows: int, experts: int, fp8: bool) -> list[dict]:
     return options
 
 
+def check_moe_gemm(fn: str, x_sorted: Any, w: Any, expert_offsets: Any,
+                   w_scale: Any = None) -> tuple[DType, tuple[int, int, int, int]]:
+    """The torch entry point's argument checks but the device (also the custom op's fake
+    implementation's): (x's tegula dtype, (rows, N, K, experts))."""
+    from tegula.kernels.api import _check_tensor
+    dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
+                          ndim=2)
+    fp8 = w_scale is not None
+    w_dtypes = {"float8_e4m3fn": f8e4m3} if fp8 else {str(x_sorted.dtype)[6:]: dtype}
+    _check_tensor(fn, "w", w, w_dtypes, ndim=3)
+    _check_tensor(fn, "expert_offsets", expert_offsets, {"int32": i32}, ndim=1)
+    problem = check_problem(fn, tuple(x_sorted.shape), tuple(w.shape),
+                            tuple(expert_offsets.shape))
+    if fp8:
+        _check_tensor(fn, "w_scale", w_scale, {"float32": f32}, ndim=1)
+        if tuple(w_scale.shape) != (problem[3],):
+            raise ValueError(f"tegula.kernels.{fn}: w_scale must have one scale per expert, "
+                             f"shape ({problem[3]},), got {tuple(w_scale.shape)}")
+    return dtype, problem
+
+
 def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
              out: Any = None, config: dict | None = None) -> Any:
     """`out[p] = x_sorted[p] @ w[e].T` for every row p of expert e: x_sorted (R, K) f16/bf16
@@ -575,26 +596,13 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
     `config`: one configuration (as `moe_candidates` gives) instead of the autotuner's."""
     import torch
 
-    from tegula.kernels.api import (_check_cuda, _check_out, _check_tensor, _launch,
-                                    _tune_and_run)
+    from tegula.kernels.api import _check_cuda, _check_out, _launch, _tune_and_run
     from tegula.runtime.autotune import Config
     fn = "moe_gemm"
-    dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
-                          ndim=2)
+    dtype, (rows, n, k, experts) = check_moe_gemm(fn, x_sorted, w, expert_offsets, w_scale)
     fp8 = w_scale is not None
-    w_dtypes = {"float8_e4m3fn": f8e4m3} if fp8 else {str(x_sorted.dtype)[6:]: dtype}
-    _check_tensor(fn, "w", w, w_dtypes, ndim=3)
-    _check_tensor(fn, "expert_offsets", expert_offsets, {"int32": i32}, ndim=1)
-    rows, n, k, experts = check_problem(fn, tuple(x_sorted.shape), tuple(w.shape),
-                                        tuple(expert_offsets.shape))
     tensors = {"x_sorted": x_sorted, "w": w, "expert_offsets": expert_offsets}
-    if fp8:
-        _check_tensor(fn, "w_scale", w_scale, {"float32": f32}, ndim=1)
-        if tuple(w_scale.shape) != (experts,):
-            raise ValueError(f"tegula.kernels.{fn}: w_scale must have one scale per expert, "
-                             f"shape ({experts},), got {tuple(w_scale.shape)}")
-        tensors["w_scale"] = w_scale
-    _check_cuda(fn, tensors)
+    _check_cuda(fn, dict(tensors, w_scale=w_scale) if fp8 else tensors)
     if out is None:
         out = torch.empty((rows, n), dtype=x_sorted.dtype, device=x_sorted.device)
     else:
@@ -635,5 +643,5 @@ def moe_gemm(x_sorted: Any, w: Any, expert_offsets: Any, w_scale: Any = None, *,
 
 __all__ = ["Routing", "route", "sort_by_expert", "scatter_rows", "gather_rows",
            "moe_schedule_kernel", "moe_gemm_kernel", "moe_gemm_fp8_kernel", "plan_launches",
-           "run_plan", "moe_gemm_emulated", "moe_gemm", "moe_candidates", "quantize_rows_fp8",
-           "quantize_experts_fp8", "MOE_DTYPES", "MAX_EXPERTS"]
+           "run_plan", "moe_gemm_emulated", "moe_gemm", "check_moe_gemm", "moe_candidates",
+           "quantize_rows_fp8", "quantize_experts_fp8", "MOE_DTYPES", "MAX_EXPERTS"]

@@ -1,7 +1,9 @@
 """The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul` (with
-its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy`,
-`attention_forward` and `attention_decode` (each returning o and lse), the decode
-GEMMs `gemv` and `matmul_w4a16`, and Mamba's `selective_scan`.
+its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy`, the decode
+GEMMs `gemv` and `matmul_w4a16`, the MoE grouped GEMM `moe_gemm`, Mamba's
+`selective_scan`, and (in `tegula.kernels.torch_ops_attention`) `attention_forward` with
+its backward op `attention_backward`, `attention_varlen` and `attention_decode` (each
+returning o and lse).
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -20,14 +22,16 @@ cached launches. What the ops add is what torch's compiler and checks need:
 * a CPU implementation that runs the same kernels in tegula's numpy emulator — slow, for
   tests and for developing without a GPU (`torch.library.opcheck` runs end to end on CPU).
 
-Autograd: each op registers its backward as a formula in torch ops (there are no tegula
-backward kernels yet): matmul's two gradients are `torch.ops.tegula.matmul` calls (f32
-accumulation, rounded to the inputs' dtype, as torch's own half-precision matmul; with a
-fused activation, after recomputing the pre-activation and applying the activation's
-derivative in f32; the bias gradient is the column sum), matmul_fp8, gemv,
-matmul_w4a16 and selective_scan (inference kernels) are forward-only, the
-row ops' gradients are computed in f32 from the saved output (softmax) or inputs
-(RMSNorm) and rounded to the input's dtype, and copy passes its gradient through.
+Autograd: each op registers its backward as a formula in torch ops: matmul's two
+gradients are `torch.ops.tegula.matmul` calls (f32 accumulation, rounded to the inputs'
+dtype, as torch's own half-precision matmul; with a fused activation, after recomputing
+the pre-activation and applying the activation's derivative in f32; the bias gradient is
+the column sum), attention_forward's (of o; lse is non-differentiable) is the
+`attention_backward` op (tegula's backward kernels), matmul_fp8, gemv, matmul_w4a16,
+moe_gemm, attention_varlen, attention_decode and selective_scan (inference kernels) are
+forward-only, the row ops' gradients are computed in f32 from the saved output (softmax)
+or inputs (RMSNorm) and rounded to the input's dtype, and copy passes its gradient
+through.
 """
 from __future__ import annotations
 
@@ -336,43 +340,6 @@ OPS = {"matmul": matmul, "matmul_fp8": matmul_fp8, "rms_norm": rms_norm, "softma
 __all__ = ["matmul", "matmul_fp8", "rms_norm", "softmax", "copy", "OPS"]
 
 
-# ---------------------------------------------------------------------------- attention
-# The forward, returning (o, lse) as `tegula.kernels.attention_forward`; its gradient is the
-# backward kernels' business (tegula/kernels/attention_backward.py), not a formula here.
-
-def _attention_checked(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]) -> DType:
-    from tegula.kernels.attention import _check_torch, check_heads, check_scale
-    dtype = _check_torch("attention", 4, q=q, k=k, v=v)
-    check_heads("attention", tuple(q.shape), tuple(k.shape), tuple(v.shape), 3, 1, 2)
-    check_scale("attention", scale)
-    return dtype
-
-
-@torch.library.custom_op("tegula::attention_forward", mutates_args=(), device_types="cuda")
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                      scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
-    """FlashAttention forward (causal aligned bottom-right): `tegula.kernels.attention_forward`."""
-    from tegula.kernels.attention import attention_forward as forward
-    return forward(q, k, v, causal, scale)
-
-
-@attention_forward.register_fake
-def _attention_forward_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                            scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
-    _attention_checked(q, k, v, scale)
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-
-@attention_forward.register_kernel("cpu")
-def _attention_forward_cpu(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                           scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
-    from tegula.kernels.attention import attention_emulated
-    dtype = _attention_checked(q, k, v, scale)
-    o, lse = attention_emulated(*(to_numpy(t, dtype) for t in (q, k, v)), causal, scale,
-                                return_lse=True, dtype=dtype, target="sm_80")
-    return from_numpy(o, dtype), torch.from_numpy(lse)
-
-
 # ---------------------------------------------------------------------------- decode GEMMs
 # `gemv` (x @ w.T for up to 16 rows) and `matmul_w4a16` (4-bit weights, 16-bit
 # activations): inference kernels, forward only (as matmul_fp8).
@@ -456,58 +423,6 @@ def _matmul_w4a16_cpu(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional
     return from_numpy(c, dtype)
 
 
-def _decode_checked(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-                    block_table: Optional[Tensor], scale: Optional[float]) -> DType:
-    from tegula.dtypes import i32
-    from tegula.kernels.attention_backward import default_scale
-    from tegula.kernels.attention_decode import check_decode_shapes
-    fn = "attention_decode"
-    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache)
-    for name, t in tensors.items():
-        dtype = api._check_tensor(fn, name, t, api._GEMM_DTYPES, ndim=4)
-    api._check_same_dtype(fn, tensors)
-    api._check_tensor(fn, "cache_seqlens", cache_seqlens, {"int32": i32}, ndim=1)
-    if block_table is not None:
-        api._check_tensor(fn, "block_table", block_table, {"int32": i32}, ndim=2)
-    check_decode_shapes(fn, q, k_cache, v_cache, cache_seqlens, block_table)
-    default_scale(scale, q.shape[-1], fn)
-    return dtype
-
-
-@torch.library.custom_op("tegula::attention_decode", mutates_args=(), device_types="cuda")
-def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-                     block_table: Optional[Tensor] = None, scale: Optional[float] = None,
-                     causal: bool = False) -> tuple[Tensor, Tensor]:
-    """Decoding attention over a KV cache (contiguous, or paged with `block_table`),
-    returning (o, lse): `tegula.kernels.attention_decode(..., return_lse=True)`."""
-    from tegula.kernels.attention_decode import attention_decode as run
-    return run(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
-               return_lse=True)
-
-
-@attention_decode.register_fake
-def _attention_decode_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor,
-                           cache_seqlens: Tensor, block_table: Optional[Tensor] = None,
-                           scale: Optional[float] = None,
-                           causal: bool = False) -> tuple[Tensor, Tensor]:
-    _decode_checked(q, k_cache, v_cache, cache_seqlens, block_table, scale)
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-
-@attention_decode.register_kernel("cpu")
-def _attention_decode_cpu(q: Tensor, k_cache: Tensor, v_cache: Tensor,
-                          cache_seqlens: Tensor, block_table: Optional[Tensor] = None,
-                          scale: Optional[float] = None,
-                          causal: bool = False) -> tuple[Tensor, Tensor]:
-    from tegula.kernels.attention_decode import attention_decode_emulated
-    dtype = _decode_checked(q, k_cache, v_cache, cache_seqlens, block_table, scale)
-    o, lse = attention_decode_emulated(
-        *(to_numpy(t, dtype) for t in (q, k_cache, v_cache)), cache_seqlens.numpy(),
-        None if block_table is None else block_table.numpy(), scale, causal, dtype=dtype,
-        target="sm_80", return_lse=True)
-    return from_numpy(o, dtype), torch.from_numpy(lse)
-
-
 # ---------------------------------------------------------------------------- selective scan
 # Mamba's selective scan forward (`tegula.kernels.selective_scan`), forward only.
 
@@ -549,7 +464,46 @@ def _selective_scan_cpu(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tenso
     return from_numpy(out, dtype)
 
 
-OPS.update(attention_forward=attention_forward, gemv=gemv, matmul_w4a16=matmul_w4a16,
-           attention_decode=attention_decode, selective_scan=selective_scan)
-__all__ += ["attention_forward", "gemv", "matmul_w4a16", "attention_decode",
-            "selective_scan"]
+# ---------------------------------------------------------------------------- MoE
+# The grouped GEMM of a mixture of experts (`tegula.kernels.moe.moe_gemm`), forward only.
+
+@torch.library.custom_op("tegula::moe_gemm", mutates_args=(), device_types="cuda")
+def moe_gemm(x_sorted: Tensor, w: Tensor, expert_offsets: Tensor,
+             w_scale: Optional[Tensor] = None) -> Tensor:
+    """`out[p] = x_sorted[p] @ w[e].T` for the rows p of each expert e (R, N), in x's dtype;
+    rows past `expert_offsets[E]` are unspecified: `tegula.kernels.moe.moe_gemm`."""
+    from tegula.kernels.moe import moe_gemm as run
+    return run(x_sorted, w, expert_offsets, w_scale)
+
+
+@moe_gemm.register_fake
+def _moe_gemm_fake(x_sorted: Tensor, w: Tensor, expert_offsets: Tensor,
+                   w_scale: Optional[Tensor] = None) -> Tensor:
+    from tegula.kernels.moe import check_moe_gemm
+    _, (rows, n, _, _) = check_moe_gemm("moe_gemm", x_sorted, w, expert_offsets, w_scale)
+    return x_sorted.new_empty((rows, n))
+
+
+@moe_gemm.register_kernel("cpu")
+def _moe_gemm_cpu(x_sorted: Tensor, w: Tensor, expert_offsets: Tensor,
+                  w_scale: Optional[Tensor] = None) -> Tensor:
+    from tegula.kernels.moe import check_moe_gemm, moe_gemm_emulated
+    dtype, _ = check_moe_gemm("moe_gemm", x_sorted, w, expert_offsets, w_scale)
+    out = moe_gemm_emulated(
+        to_numpy(x_sorted, dtype), to_numpy(w, fp8.f8e4m3 if w_scale is not None else dtype),
+        expert_offsets.numpy(), None if w_scale is None else w_scale.numpy(), dtype=dtype)
+    return from_numpy(out, dtype)
+
+
+# The attention ops (attention_forward with its backward, attention_varlen,
+# attention_decode) live in their own module.
+from tegula.kernels import torch_ops_attention  # noqa: E402
+
+OPS.update(gemv=gemv, matmul_w4a16=matmul_w4a16, selective_scan=selective_scan,
+           moe_gemm=moe_gemm, **torch_ops_attention.OPS)
+attention_forward = torch_ops_attention.attention_forward
+attention_backward = torch_ops_attention.attention_backward
+attention_varlen = torch_ops_attention.attention_varlen
+attention_decode = torch_ops_attention.attention_decode
+__all__ += ["gemv", "matmul_w4a16", "selective_scan", "moe_gemm",
+            *torch_ops_attention.OPS]
