@@ -6,7 +6,8 @@ and others when `npot_threads` is on), a tile (any of 1..64 per dim, products up
 1-3 inputs loaded along a random route between scopes, a chain of element-wise ops
 (every operator and math function, comparisons, `where` with tiles and numbers, casts
 between every type), reductions on either axis, in-place updates, loops with carried
-values, and 1-3 outputs stored along a random route.
+values (some through a shared scratch tile: stashed before the loop, read and written back
+in it, read after it), and 1-3 outputs stored along a random route.
 
 A switch that is off keeps the generator away from a construct (a known bug being
 fixed elsewhere), so the seeded CI run stays green while the rest is tested.
@@ -20,8 +21,8 @@ from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, Assign,
                                  Binary, Cast, Extent, Full, Gemm, Indices, InPlace, Load, Loop,
                                  Num,
-                                 Program, Reduce, Scope, Store, TensorDecl, TileType, Unary,
-                                 Where, broadcast, check)
+                                 Program, Reduce, Scope, Stash, Store, TensorDecl, TileType, Unary,
+                                 Unstash, Where, broadcast, check)
 from tegula.fuzz.program import GEMM_ACCUMULATOR
 
 DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i8", "u8")
@@ -55,6 +56,7 @@ class Switches:
     loop_rebind: bool = True        # loop state rebound with `=` (acc = acc * a + x)
     loops: bool = True
     pipelines: bool = True          # tg.pipeline loops with staged shared buffers
+    scratch: bool = True            # a shared tile carried through loops (Stash/Unstash)
     transposed: bool = True         # loads through a transposed shared view
     shared_to_shared: bool = True   # shared->shared copies
     indices: bool = True            # tg.indices tiles and kernel scalars (x.shape[1]) in math
@@ -480,11 +482,46 @@ class Generator:
         loop_body.append(Load(tile_name, name, route, self.fill(dtype, route), loop_id))
         inner.define(tile_name, TileType(dtype, (True, True)))
         probe = Loop(loop_id, name, axis, (), stages)
+        scratch = self.sw.scratch and r.random() < 0.5
+        if scratch:
+            buffer, read = self._scratch_before(body, scope, loop_id, dtype)
+            loop_body.append(read)
+            inner.define(read.out, TileType(dtype, (True, True)))
         for _ in range(r.randint(0, 3)):
             self.step(loop_body, inner, probe)
         for c in carried:
-            self._update(loop_body, inner, c, tile_name)
+            self._update(loop_body, inner, c, read.out if scratch and r.random() < 0.5
+                         else tile_name)
+        if scratch and r.random() < 0.7:  # written back: read again by the next iteration
+            op = r.choice(("add", "max", "min") if nx.is_float(dtype) else ("add", "max", "xor"))
+            loop_body.append(Stash(buffer, self._emit_binary(loop_body, inner, op, read.out,
+                                                             tile_name)))
         body.append(Loop(loop_id, name, axis, tuple(loop_body), stages))
+        if scratch:
+            self._scratch_after(body, scope, buffer, dtype)
+
+    def _scratch_before(self, body, scope, loop_id: int, dtype: str) -> tuple[str, Unstash]:
+        """A scratch tile stashed before loop `loop_id`, and the read that starts its body
+        (through `.T` mostly, where the tile is square: other threads' elements)."""
+        r = self.rng
+        buffer = f"sc{loop_id}"
+        init = self.define(body, scope, Full(self.fresh(), (True, True), dtype,
+                                             self.number(dtype)), dtype, (True, True))
+        body.append(Stash(buffer, init))
+        return buffer, Unstash(self.fresh(), buffer, self.bm == self.bn and r.random() < 0.7)
+
+    def _scratch_after(self, body, scope, buffer: str, dtype: str) -> None:
+        """After the loop: read the scratch tile (what the last iteration left), and maybe
+        overwrite it first (a write after the loop's reads)."""
+        r = self.rng
+        if r.random() < 0.4:
+            value = self.pick(scope, lambda t: t.dtype == dtype and t.shape == (True, True))
+            if value is not None:
+                body.append(Stash(buffer, value))
+        if r.random() < 0.8:
+            out = self.fresh()
+            body.append(Unstash(out, buffer, self.bm == self.bn and r.random() < 0.5))
+            scope.define(out, TileType(dtype, (True, True)))
 
     def _carried(self, body, scope) -> list[str]:
         """1-2 names the loop will carry: existing tiles or fresh accumulators."""

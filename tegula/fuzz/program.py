@@ -179,6 +179,28 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class Stash:
+    """`tg.copy(x, buffer)`: the full tile `x` into a shared scratch tile of the kernel,
+    declared once at its top, so loop iterations and the code around a loop share it —
+    a write at the end of one iteration read at the start of the next, reads in a loop
+    then a write after it: the hazards barrier placement must order (`lower.SharedSync`).
+    The first stash of a buffer is outside loops and gives it its type."""
+
+    buffer: str
+    x: str
+
+
+@dataclass(frozen=True)
+class Unstash:
+    """`out = tg.load(buffer)` (`buffer.T` when `transposed`, for square tiles: each
+    thread then reads elements other threads stored)."""
+
+    out: str
+    buffer: str
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
 class Store:
     tensor: str
     x: str
@@ -186,7 +208,7 @@ class Store:
 
 
 Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
-             Gemm, Store]
+             Gemm, Stash, Unstash, Store]
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
 TRANSPOSED_READS = ("smem", "gmem")  # Gemm.ta / Gemm.tb
@@ -271,6 +293,7 @@ class Scope:
     types: dict = field(default_factory=dict)
     shared_with: dict = field(default_factory=dict)  # name -> set of names on its tile
     every_type: dict = field(default_factory=dict)  # every name ever defined, loops included
+    buffers: dict = field(default_factory=dict)  # scratch buffer (`Stash`) -> element type
 
     def define(self, name: str, t: TileType) -> None:
         self._unshare(name)
@@ -294,7 +317,7 @@ class Scope:
         shared = {}
         for name, g in self.shared_with.items():
             shared[name] = groups.setdefault(id(g), set(g))
-        return Scope(dict(self.types), shared, self.every_type)
+        return Scope(dict(self.types), shared, self.every_type, dict(self.buffers))
 
 
 def _operand_type(scope: Scope, x: Operand) -> TileType | None:
@@ -396,6 +419,8 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         _check_loop(program, s, scope, loop, outputs)
     elif isinstance(s, Gemm):
         _check_gemm(s, decl, scope)
+    elif isinstance(s, (Stash, Unstash)):
+        _check_scratch(program, s, scope, loop)
     elif isinstance(s, Store):
         t = _operand_type(scope, s.x)
         if s.tensor not in decl or s.tensor in outputs:
@@ -443,6 +468,25 @@ def _check_update(s, scope: Scope) -> None:
         raise Invalid("in-place result does not fit the target")
     if isinstance(s.x, Num) and is_int(target.dtype) and not isinstance(s.x.value, int):
         raise Invalid("a non-integer number for an integer tile")
+
+
+def _check_scratch(program: Program, s, scope: Scope, loop) -> None:
+    if isinstance(s, Unstash):
+        if s.buffer not in scope.buffers:
+            raise Invalid("a scratch tile read before anything is stashed in it")
+        if s.transposed and program.BM != program.BN:
+            raise Invalid("a transposed scratch read needs a square tile")
+        scope.define(s.out, TileType(scope.buffers[s.buffer], (True, True)))
+        return
+    t = _operand_type(scope, s.x)
+    if t.shape != (True, True) or t.dtype == BOOL:
+        raise Invalid("a stashed tile is a full, non-bool tile")
+    known = scope.buffers.get(s.buffer)
+    if known is None and loop is not None:
+        raise Invalid("a scratch tile is first stashed outside loops")
+    if known is not None and known != t.dtype:
+        raise Invalid("a scratch tile keeps its element type")
+    scope.buffers[s.buffer] = t.dtype
 
 
 GEMM_ACCUMULATOR = {"f16": "f32", "bf16": "f32", "f8e4m3": "f32", "f8e5m2": "f32",
@@ -524,11 +568,11 @@ def used_names(s) -> set[str]:
         return set().union(*(used_names(b) for b in s.body)) if s.body else set()
     fields = {Gemm: ("acc",), Unary: ("x",), Binary: ("a", "b"), Where: ("cond", "a", "b"), Cast: ("x",),
               Reduce: ("x",), InPlace: ("target", "x"), Assign: ("target", "x"),
-              Alias: ("src",), Store: ("x",)}.get(type(s), ())
+              Alias: ("src",), Store: ("x",), Stash: ("x",)}.get(type(s), ())
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
 __all__ = ["TRANSPOSED_READS", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
-           "Assign", "Alias", "Loop", "Store", "Program", "TensorDecl", "Invalid", "check",
+           "Assign", "Alias", "Loop", "Stash", "Unstash", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

@@ -25,8 +25,8 @@ import numpy as np
 
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Cast, Extent, Full, Gemm,
-                                 InPlace, Indices, Load, Loop, Num, Program, Reduce, Store,
-                                 Unary, Where)
+                                 InPlace, Indices, Load, Loop, Num, Program, Reduce, Stash,
+                                 Store, Unary, Unstash, Where)
 
 MATH_ULPS = {"exp": 4, "exp2": 4, "log": 4, "log2": 4, "sqrt": 0, "rsqrt": 4, "sin": 4,
              "cos": 4, "tanh": 4, "sigmoid": 6}
@@ -77,6 +77,7 @@ class Model:
         self.env: dict[str, Value] = {}
         self.outputs: dict[str, Value] = {}
         self.loop_index: dict[int, int] = {}
+        self.scratch: dict[str, Value] = {}  # shared scratch tiles (`Stash`), full-tile values
 
     # -- driver ---------------------------------------------------------------------------
     def run(self) -> dict[str, Value]:
@@ -127,6 +128,14 @@ class Model:
             self.loop(s)
         elif isinstance(s, Gemm):
             self.env[s.acc] = self.gemm(s)
+        elif isinstance(s, Stash):
+            gm, gn = self.p.grid
+            self.scratch[s.buffer] = _broadcast_to(self.env[s.x], (gm, gn, self.p.BM, self.p.BN))
+        elif isinstance(s, Unstash):
+            v = self.scratch[s.buffer]
+            if s.transposed:  # element (i, j) of the view is (j, i) of the tile, padding too
+                v = Value(v.dtype, *(np.swapaxes(a, 2, 3).copy() for a in (v.val, v.err, v.wild)))
+            self.env[s.out] = v
         elif isinstance(s, Store):
             self.outputs[s.tensor] = self.env[s.x]
         else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import linecache
 
 from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Extent, Full, Gemm, InPlace,
-                                 Indices,
-                                 Load, Loop, Num, Program, Reduce, Store, Unary, Where, check)
+                                 Indices, Load, Loop, Num, Program, Reduce, Stash, Store, Unary,
+                                 Unstash, Where, check)
 
 KERNEL_NAME = "fuzz_kernel"
 _OPERATOR = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
@@ -47,6 +47,7 @@ class _Writer:
         self.shapes: dict[str, tuple[bool, bool]] = {}
         self.buffers = 0
         self.loop_start = 0  # where a pipeline's staged buffers go (before its loop)
+        self.scratch: set[str] = set()  # scratch tiles declared so far (`Stash`)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.indent + line)
@@ -275,6 +276,13 @@ def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  #
         _store(w, s, w.program.tensor(s.tensor).dtype)
     elif isinstance(s, Gemm):
         _gemm(w, s)
+    elif isinstance(s, Stash):
+        if s.buffer not in w.scratch:  # its first stash, outside loops (`check`)
+            w.scratch.add(s.buffer)
+            w.emit(f"{s.buffer} = tg.shared((BM, BN), {_dtype(types[s.x].dtype)})")
+        w.emit(f"tg.copy({s.x}, {s.buffer})")
+    elif isinstance(s, Unstash):
+        w.emit(f"{s.out} = tg.load({s.buffer}{'.T' if s.transposed else ''})")
     else:
         raise ValueError(f"unknown statement {s!r}")
 

@@ -102,7 +102,8 @@ def test_generated_programs_cover_the_language():
         walk(p.body)
     assert kinds >= {"Load", "Full", "Indices", "Unary", "Binary", "Where", "Cast", "Reduce",
                      "InPlace", "Assign", "Alias", "Loop", "Store", "range", "pipeline",
-                     "kernel scalar", "Gemm", "gemm tile", "gemm range", "gemm pipeline"}
+                     "kernel scalar", "Gemm", "gemm tile", "gemm range", "gemm pipeline",
+                     "Stash", "Unstash"}
     assert routes >= {"load", "copy", "shared", "shared2", "via_register", "transposed",
                       "shared_reg"}
     assert dtypes == set(nx.FLOAT_TYPES) | set(nx.INT_TYPES)

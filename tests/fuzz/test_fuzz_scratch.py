@@ -1,0 +1,81 @@
+"""Shared scratch tiles in fuzz programs (`Stash` / `Unstash`): a tile stashed before a
+loop, read at the top of each iteration (through `.T`: other threads' elements), written
+back at its end, and read (or overwritten) after the loop — the loop-carried and
+after-loop hazards of barrier placement (`lower.SharedSync`). The generator draws them, the
+reference models them, the typing rules keep them well formed, and with the lowering's
+loop-carried barrier removed the emulator reports the race the fuzzer would find."""
+from __future__ import annotations
+
+import pytest
+
+from tegula.fuzz import fuzz_program, make_program
+from tegula.fuzz.program import (Binary, Full, Invalid, Load, Loop, Num, Program, Stash, Store,
+                                 TensorDecl, Unstash, check)
+from tegula.fuzz.source import kernel_source
+
+
+def _carried_through_shared(stages: int = 1, transposed: bool = True) -> Program:
+    """sc1 = 1.5; for each column tile t of k1: sc1 = sc1.T + t; out = sc1.T + x0."""
+    loop = Loop(1, "k1", 1, (Load("v3", "k1", "shared" if stages > 1 else "load", None, 1),
+                             Unstash("v4", "sc1", transposed),
+                             Binary("v5", "add", "v4", "v3"),
+                             Stash("sc1", "v5")), stages)
+    return Program(threads=64, BM=16, BN=16, M=21, N=19,
+                   tensors=(TensorDecl("x0", "f32", "in"), TensorDecl("k1", "f32", "loop1", 40),
+                            TensorDecl("o0", "f32", "out")),
+                   body=(Load("v1", "x0", "load"), Full("v2", (True, True), "f32", Num(1.5)),
+                         Stash("sc1", "v2"), loop, Unstash("v6", "sc1", transposed),
+                         Binary("v7", "add", "v6", "v1"), Store("o0", "v7", "copy")))
+
+
+@pytest.mark.parametrize("stages", [1, 2], ids=["range", "pipeline"])
+def test_a_tile_carried_through_shared_memory_runs_and_passes(stages):
+    p = _carried_through_shared(stages)
+    check(p)
+    source = kernel_source(p)
+    assert "sc1 = tg.shared((BM, BN), f32)" in source and "tg.load(sc1.T)" in source
+    verdict = fuzz_program(p, 1, 0)
+    assert verdict.status == "pass", verdict
+
+
+def test_without_the_loop_carried_barrier_the_race_is_reported(monkeypatch):
+    from tegula.lower import lower
+    monkeypatch.setattr(lower.SharedSync, "carried_conflict",
+                        lambda self, ignore=frozenset(): False)
+    verdict = fuzz_program(_carried_through_shared(), 1, 0)
+    assert verdict.status == "internal" and "shared-memory race" in verdict.reason, verdict
+
+
+@pytest.mark.parametrize("broken,why", [
+    (lambda b: b[:2] + b[3:], "read before anything is stashed"),
+    (lambda b: b[:2] + (Stash("sc2", "v1"),) + b[2:3]
+     + (Loop(1, "k1", 1, b[3].body + (Stash("sc3", "v5"),)),) + b[4:],
+     "first stashed outside loops"),
+    (lambda b: b[:2] + (Full("v9", (True, True), "i32", Num(1)), Stash("sc1", "v9")) + b[2:],
+     "keeps its element type"),
+])
+def test_the_typing_rules_keep_scratch_tiles_well_formed(broken, why):
+    p = _carried_through_shared()
+    with pytest.raises(Invalid, match=why):
+        check(p.with_body(broken(p.body)))
+
+
+def test_a_transposed_read_needs_a_square_tile():
+    p = _carried_through_shared()
+    with pytest.raises(Invalid, match="square"):
+        check(Program(64, 16, 8, p.M, p.N, p.tensors, p.body))
+
+
+def test_the_generator_draws_scratch_tiles_around_loops():
+    found = {"before": 0, "in loop": 0, "written back": 0, "transposed": 0}
+    for index in range(200):
+        body = make_program(12, index).body
+        for s in body:
+            if isinstance(s, Stash):
+                found["before"] += 1
+            if isinstance(s, Loop):
+                found["in loop"] += any(isinstance(b, Unstash) for b in s.body)
+                found["written back"] += any(isinstance(b, Stash) for b in s.body)
+                found["transposed"] += any(isinstance(b, Unstash) and b.transposed
+                                           for b in s.body)
+    assert all(found.values()), found
