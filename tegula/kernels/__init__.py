@@ -15,7 +15,8 @@ needs), and a numpy entry point running the kernel on the CPU emulator:
   torch: `matmul_fp8`)
 * `gemv`: `gemv_emulated` (y = x @ w.T for M ≤ 16 rows of x; torch: `gemv`)
 * `quant`: `w4a16_gemm_emulated` (a @ ((w_q - zeros) * scales).T, 4-bit weights in groups;
-  torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`
+  torch: `matmul_w4a16`), `quantize_w4`, `prepack`, `unpack_w4`, `pack_fragments` (the
+  weights once more in the MMA fragment's order: 16-byte loads, `quant_fragment`)
 * `scan`: `selective_scan_emulated` (Mamba's selective scan forward, chunked over the
   sequence with `tg.scan`; torch: `selective_scan`)
 * `moe`: `moe_gemm_emulated` (MoE grouped GEMM: rows sorted by expert times each expert's
@@ -43,13 +44,14 @@ from tegula.kernels.gemm import gemm_emulated
 from tegula.kernels.norm import rms_norm_emulated
 from tegula.kernels.quant import (matmul_w4a16, prepack, quantize_w4, unpack_w4,
                                   w4a16_gemm_emulated)
+from tegula.kernels.quant_fragment import pack_fragments
 from tegula.kernels.softmax import softmax_emulated
 from tegula.kernels.attention import attention_emulated, attention_varlen_emulated
 
 __all__ = ["copy_emulated", "transpose_emulated", "silu_mul_emulated", "softmax_emulated",
            "rms_norm_emulated", "gemm_emulated", "matmul_fp8_emulated", "gemv_emulated",
            "w4a16_gemm_emulated",
-           "matmul_w4a16", "quantize_w4", "prepack", "unpack_w4", "gemv"]
+           "matmul_w4a16", "quantize_w4", "prepack", "unpack_w4", "pack_fragments", "gemv"]
 
 # Torch-facing, autotuned entry points (tegula/kernels/api.py). `copy` and `softmax` shadow
 # the submodule attributes of the same names; `from tegula.kernels.copy import ...` still

@@ -594,7 +594,9 @@ def _swapped_candidates(m: int, group_size: int) -> list[dict]:
 def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, *,
                  out: Any = None) -> Any:
     """`a @ ((w_q - zeros) * scales).T` for CUDA tensors: a (M, K) f16 or bf16, `packed`
-    (N, K/2) uint8 as `quantize_w4`/`prepack` write it, scales and zeros (N, K/group_size)
+    (N, K/2) uint8 as `quantize_w4`/`prepack` write it (or pre-packed once more in the
+    MMA fragment's order by `pack_fragments`: 6-D, read by the fragment kernel with
+    16-byte loads at every M), scales and zeros (N, K/group_size)
     in a's dtype (zeros None: zero point 8). Accumulates in f32; returns (M, N) in a's
     dtype (or writes `out`). Autotuned per (M, N, K) bucket, group size and GPU; later
     calls with the same shapes, strides, dtypes and group size replay the chosen launch."""
@@ -602,6 +604,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     from tegula.runtime.autotune import Config
 
     fn = "matmul_w4a16"
+    fragment = getattr(packed, "dim", lambda: 2)() == 6   # pre-packed: `pack_fragments`
     given = (a, packed, scales) + ((zeros,) if zeros is not None else ())
     head = (fn, type(group_size), group_size, zeros is None)
     replay = api._replay_of(given, *head) if out is None else None
@@ -610,7 +613,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     signature = api._signature(head[0], given, *head[1:]) if out is None else None
     torch = api._torch()
     dtype = api._check_tensor(fn, "a", a, api._GEMM_DTYPES, ndim=2)
-    api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=2)
+    api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=6 if fragment else 2)
     api._check_tensor(fn, "scales", scales, api._GEMM_DTYPES, ndim=2)
     tensors = {"a": a, "packed": packed, "scales": scales}
     if zeros is not None:
@@ -618,6 +621,9 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
         tensors["zeros"] = zeros
     api._check_same_dtype(fn, {n: t for n, t in tensors.items() if n != "packed"})
     n, k = packed.shape[0], 2 * packed.shape[1]
+    if fragment:   # padded to 64 x 64 blocks: N from the scales, K from a
+        n, k = scales.shape[0], a.shape[-1]
+        _check_fragment_shape(fn, tuple(packed.shape), n, k)
     m = check_w4a16_shapes(fn, tuple(a.shape), n, k, tuple(scales.shape),
                            None if zeros is None else tuple(zeros.shape), group_size)
     api._check_cuda(fn, tensors)
@@ -632,7 +638,8 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     args = [t.contiguous() for t in (a, packed, scales)]
     args.append(zeros.contiguous() if zeros is not None
                 else torch.zeros((1, 1), dtype=a.dtype, device=a.device))  # unread
-    configs = tuple(Config.of(c) for c in w4a16_candidates(m, group_size))
+    candidates = (fragment_candidates(m) if fragment else w4a16_candidates(m, group_size))
+    configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config) -> Any:
         kind, grid, constexprs = w4a16_config(m, n, k, group_size, **config.kwargs)
@@ -655,6 +662,27 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
         # the rows kernel's 4-D operands are views of args: the same data pointers
         api._remember(signature, _w4a16_replay(launched, m, n, args[3]))
     return out
+
+
+def fragment_candidates(m: int) -> list[dict]:
+    """The fragment kernel's configs worth timing (pre-packed weights): the token tile for
+    M, 4 or 8 ring stages, split K in 1, 2 or 4 (few weight tiles at N = 4096 fill few
+    SMs); 64-token tiles as well beyond 64 tokens."""
+    bt, one_role = token_tile(m), dict(FRAGMENT=1, warp_specialize=False)
+    configs = [dict(one_role, BT=bt, STAGES=stages, SPLIT=split)
+               for stages in (4, 8) for split in (1, 2, 4)]
+    if bt > 64:
+        configs += [dict(one_role, BT=64, STAGES=4, SPLIT=split) for split in (1, 2)]
+    return configs
+
+
+def _check_fragment_shape(fn: str, shape: tuple, n: int, k: int) -> None:
+    from tegula.kernels.quant_fragment import fragment_shape
+    want = fragment_shape(n, k)[:5] + (16,)
+    if shape != want:
+        raise ValueError(f"tegula.kernels.{fn}: pre-packed weights (6-D, from "
+                         f"pack_fragments) for N = {n} (scales' rows) and K = {k} (a's "
+                         f"columns) have shape {want}, got {shape}")
 
 
 def _w4a16_replay(launched: list, m: int, n: int, unread: Any) -> Any:
@@ -685,5 +713,6 @@ __all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_swapped_kernel", "w4
            "w4a16_split_sum_kernel", "launch_w4a16",
            "token_tile", "w4a16_operands", "MAX_ROWS_KERNEL_M", "w4a16_config", "check_w4a16_shapes",
            "prepack", "unpack_w4", "quantize_w4", "dequantize_w4", "w4a16_gemm_emulated",
-           "w4a16_candidates", "matmul_w4a16", "W4A16_DTYPES", "GROUP_SIZES",
+           "w4a16_candidates", "fragment_candidates", "matmul_w4a16", "W4A16_DTYPES",
+           "GROUP_SIZES",
            "SYMMETRIC_ZERO"]

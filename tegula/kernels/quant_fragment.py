@@ -48,6 +48,10 @@ STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64)
 #: holds its run's 32 nibbles in memory order (one 16-byte load). The fragment's own
 #: register order differs (pairs of k first), a conversion inside each thread.
 STORED_TV = Layout(((4, 8, 4), 32), ((32, 4, 1), 128))
+#: The ring's stage: the stored block as it is in memory (thread t's run at byte 16t), so
+#: that cp.async and the shared load are 16-byte vectors, conflict-free (eight threads'
+#: runs make one 128-byte wavefront); a swizzle would only split the runs.
+STORED_SHARED = Layout((1, 1) + STORED_BLOCK, (4096, 4096, 1024, 128, 32, 1))
 
 
 def fragment_shape(n: int, k: int) -> tuple[int, ...]:
@@ -151,7 +155,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
-            sw = tg.shared((1, 1) + STORED_BLOCK, u4, stages=STAGES)
+            sw = tg.shared((1, 1) + STORED_BLOCK, u4, stages=STAGES, layout=STORED_SHARED)
         else:       # straight into registers, one k-step ahead
             ahead = tg.load(gw[:, :, :, :, :, :, start], layout=STORED_TV)
         for k in tg.pipeline(start, steps, stages=STAGES):

@@ -296,3 +296,27 @@ def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
                              lambda shape: torch.full(shape, float("nan"), device="cuda"))
     torch.cuda.synchronize()
     check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+
+
+@pytest.mark.parametrize("m,n,k,group,zero_point", [
+    (1, 4096, 4096, 128, True), (16, 4096, 4096, 128, True), (13, 333, 1024, 32, False),
+    (64, 4096, 4096, 128, True), (128, 14336, 4096, 64, True)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_matmul_w4a16_prepacked_fragments_match_torch(dtype, m, n, k, group, zero_point):
+    """The torch entry point on weights pre-packed by `pack_fragments` (6-D): the fragment
+    kernel's configs, tuned, then replayed."""
+    import tegula.kernels as tk
+    g = torch.Generator(device="cuda").manual_seed(m + n + k + 1)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=DTYPES[dtype]) * 0.1
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    packed, scales, zeros = tk.quantize_w4(w, group, zero_point)
+    stored = tk.pack_fragments(packed)
+    w_q = tk.unpack_w4(packed)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    assert tk.matmul_w4a16(a, stored, scales, zeros, group, out=out) is out
+    check(out, a, w_q, scales, zeros, group, dequant_rounded=True)
+    for activations in (a, a, torch.randn_like(a)):  # tuned winner, then replayed launches
+        check(tk.matmul_w4a16(activations, stored, scales, zeros, group), activations, w_q,
+              scales, zeros, group, dequant_rounded=True)
+    with pytest.raises(ValueError, match="pre-packed weights"):
+        tk.matmul_w4a16(a, stored[:, :-1], scales, zeros, group)

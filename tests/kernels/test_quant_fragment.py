@@ -125,3 +125,29 @@ def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
     source = result.cuda_source()
     assert "tg_f16x2_sub(" in source and "tg_f16x2_mul(" in source
     assert "8388608.0f" not in source    # no f32 magic-number conversion left
+
+
+@pytest.mark.parametrize("m", [1, 16, 100])
+def test_every_fragment_candidate_runs(m):
+    """Each config the torch entry point's tuner may pick for pre-packed weights, emulated
+    at a shape that divides no tile."""
+    from tegula.kernels.quant import fragment_candidates
+    rng = np.random.default_rng(m)
+    a = random_input(rng, (m, 160), f16)
+    w_q, scales, zeros = random_w4(rng, 70, 160, 32, f16)
+    for tiles in fragment_candidates(m):
+        c = w4a16_gemm_emulated(a, w_q, scales, zeros, 32, **tiles)
+        check_w4a16(c, a, w_q, scales, zeros, 32, f16, dequant_rounded=True)
+
+
+def test_matmul_w4a16_names_a_mismatched_prepacked_weight():
+    torch = pytest.importorskip("torch")
+    import tegula.kernels as tk
+    w = torch.randn(70, 192) * 0.1
+    packed, scales, zeros = tk.quantize_w4(w.half(), 64)
+    stored = tk.pack_fragments(packed)
+    assert tuple(stored.shape) == (2, 3, 4, 8, 4, 16)
+    a = torch.randn(5, 128).half()                   # K = 128, the weights' 192
+    with pytest.raises(ValueError, match=r"pre-packed weights .* have shape "
+                                         r"\(2, 2, 4, 8, 4, 16\), got \(2, 3, 4, 8, 4, 16\)"):
+        tk.matmul_w4a16(a, stored, scales, zeros, 64)
