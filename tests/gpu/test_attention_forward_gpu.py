@@ -111,6 +111,25 @@ def test_every_candidate_into_poisoned_outputs(d, config, causal, request):
     check(o, lse, *reference(q, k, v, causal), dtype, f"D={d} {config} causal={causal}")
 
 
+@pytest.mark.parametrize("d,bn", [(64, 128), (128, 128), (256, 64)])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_turn_taking_warpgroups_into_poisoned_outputs(d, bn, overlap, causal, request):
+    """consumers="pingpong" on the 128-row forward (the two consumer warpgroups take turns
+    at the tensor cores, `lower/warp_roles.py`): every element, odd lengths, GQA 2:1,
+    rows that see no key when causal (Sq > Sk), the plain and the overlapped loop."""
+    b, h, h_kv, sq, sk = 2, 4, 2, 203, 150
+    q, k, v = random_qkv(seed_of(request), b, h, h_kv, sq, sk, d, torch.float16)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    attention_kernel(TEGULA_DTYPES[torch.float16])[(-(-sq // 128), h, b)](
+        q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal, BM=128, BN=bn,
+        OVERLAP=overlap, threads=256, consumers="pingpong")
+    torch.cuda.synchronize()
+    check(o, lse, *reference(q, k, v, causal), torch.float16,
+          f"D={d} pingpong OVERLAP={overlap} causal={causal}")
+
+
 # -- the torch entry points -----------------------------------------------------------------
 # (B, H, H_kv, Sq, Sk, D, causal, dtype)
 SHAPES = [

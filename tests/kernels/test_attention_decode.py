@@ -158,19 +158,27 @@ MEASURED = {
                           12: 1.56, 16: 1.97, 24: 1.81, 32: 1.79, 43: 1.56, 64: 1.52,
                           86: 1.33, 128: 1.15},
 }
+# D = 64 (session 7, round 3, held out of the first fit; `NARROW_EXPONENT` fits it now):
+# 4 x 32/8 heads at 32k keys. The model without it picked 4 splits (0.76x the best) and
+# 8 paged (0.79x).
+MEASURED_D64 = {
+    (4, 8, 32768, False): {1: 0.51, 2: 1.02, 4: 1.94, 8: 2.56, 16: 2.53, 32: 2.26, 64: 2.01},
+    (4, 8, 32768, True): {1: 0.25, 2: 0.50, 4: 0.98, 8: 1.76, 16: 2.24, 32: 2.02, 64: 1.77},
+}
 
 
-@pytest.mark.parametrize("shape", MEASURED, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}"
-                         f"{'-paged' if s[3] else ''}")
-def test_the_split_model_ranks_the_measured_split_counts(shape):
+@pytest.mark.parametrize("shape,D", [(s, 128) for s in MEASURED] + [(s, 64) for s in MEASURED_D64],
+                         ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}{'-paged' if s[3] else ''}"
+                         if isinstance(s, tuple) else f"D{s}")
+def test_the_split_model_ranks_the_measured_split_counts(shape, D):
     """The model (`split_time`) against the measured sweep: among the measured counts it
     picks the fastest one, and the count decode_config picks (the model's best over every
     count) is within 5% of the model's time for the measured best; the modeled throughput
     is within 20% of every measured point (wave quantization included: 9 splits of 32
     programs, one past the 264 the GPU holds at once, measured 0.63x 8 splits paged)."""
     B, Hkv, S, paged = shape
-    measured = MEASURED[shape]
-    BN, BR, D = 64, 16, 128
+    measured = (MEASURED if D == 128 else MEASURED_D64)[shape]
+    BN, BR = 64, 16
     blocks = S // BN
     kv_bytes = 2 * B * Hkv * S * D * 2
 

@@ -92,6 +92,19 @@ def test_head_dim_128_bf16_with_an_explicit_scale(target):
     check(o, lse, *reference(q, k, v, True, 0.3), tg.bf16)
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero_and_negative_scales(scale, overlap):
+    """A positive scale is applied inside the softmax (the row max taken before it, one
+    FMA per score); a negative one reverses which score is the max and zero would make
+    -inf * 0 = NaN of a masked key, so those are applied to the scores first (causal:
+    masked keys in every block; OVERLAP: the block before the loop too)."""
+    q, k, v = inputs(8, 1, 2, 1, 40, 70, 64)
+    o, lse = attention_emulated(q, k, v, True, scale, return_lse=True, target="sm_90a",
+                                OVERLAP=overlap)
+    check(o, lse, *reference(q, k, v, True, scale))
+
+
 @pytest.mark.slow
 def test_head_dim_256():
     q, k, v = inputs(4, 1, 2, 2, 20, 70, 256)
