@@ -289,19 +289,62 @@ class EntryReplay:
 def fast_empty(like: Any, shape: Sequence[int], dtype: Any = None) -> Callable[[Any], Any]:
     """The quickest way to allocate a contiguous tensor of `shape`, `dtype` (default:
     `like`'s) and `like`'s device, called with a tensor of `like`'s shape, strides, dtype
-    and device (a replay key fixes all four): `torch.empty_like` where it gives a
-    contiguous tensor of that shape and dtype (decided here, once: its layout depends only
-    on the shape and strides), else `new_empty` of the argument, or of a kept 0-element
-    tensor of the other dtype. Never `torch.empty(shape, dtype=, device=)`: its keyword
-    parsing cost ~7 µs of host time on an H100 host, `empty_like` ~2."""
+    and device (a replay key fixes all four). Where the C++ allocator is ready
+    (`tegula.runtime.torch_alloc`, started here for a CUDA `like`), one of its allocators:
+    one C call into `at::empty`. Else `torch.empty_like` where it gives a contiguous
+    tensor of that shape and dtype (decided here, once: its layout depends only on the
+    shape and strides), else `new_empty` of the argument, or of a kept 0-element tensor of
+    the other dtype. Never `torch.empty(shape, dtype=, device=)`: its keyword parsing cost
+    ~7 µs of host time on an H100 host, `empty_like` ~2, the C++ allocator well under 1.
+    The Python allocators say what they allocate (`_output_of`), so `upgrade_allocations`
+    can swap in the C++ one when it becomes ready."""
+    from tegula.runtime import torch_alloc
     torch = _torch()
     shape = tuple(shape)
-    if dtype is None or dtype == like.dtype:
+    if like.is_cuda and not _ALLOCATOR_STARTED:
+        _ALLOCATOR_STARTED.append(True)
+        torch_alloc.start()
+        torch_alloc.on_ready(upgrade_allocations)
+    same_dtype = dtype is None or dtype == like.dtype
+    template = None if same_dtype else like.new_empty((0,), dtype=dtype)  # 0 bytes kept
+    built = torch_alloc.allocator(None if tuple(like.shape) == shape else shape, template)
+    if built is not None:
+        return built
+    if same_dtype:
         if tuple(like.shape) == shape and torch.empty_like(like).is_contiguous():
             return torch.empty_like
-        return lambda t: t.new_empty(shape)
-    template = like.new_empty((0,), dtype=dtype)  # no storage: 0 bytes kept alive
-    return lambda t: template.new_empty(shape)
+        allocate = lambda t: t.new_empty(shape)  # noqa: E731
+    else:
+        allocate = lambda t: template.new_empty(shape)  # noqa: E731
+    allocate.tegula_output = (shape, template)
+    return allocate
+
+
+def _output_of(allocate: Any) -> tuple | None:
+    """(shape or None, dtype template or None) that a Python allocator of `fast_empty`
+    allocates, in `torch_alloc.allocator`'s terms; None for anything else."""
+    if allocate is _torch().empty_like:
+        return None, None
+    return getattr(allocate, "tegula_output", None)
+
+
+def upgrade_allocations(module: Any = None) -> int:
+    """Give every remembered `EntryReplay` allocating through torch's Python API the C++
+    allocator of the same output (`torch_alloc`, once ready); the number upgraded. Safe
+    from another thread: one attribute store per replay, each allocator equivalent."""
+    from tegula.runtime import torch_alloc
+    upgraded = 0
+    for replay in list(_REPLAYS.values()):
+        output = _output_of(getattr(replay, "allocate", None))
+        if output is not None:
+            built = torch_alloc.allocator(*output)
+            if built is not None:
+                replay.allocate = built
+                upgraded += 1
+    return upgraded
+
+
+_ALLOCATOR_STARTED: list = []  # [True] once fast_empty has started torch_alloc
 
 
 def _pow2_at_least(n: int, floor: int) -> int:

@@ -480,9 +480,11 @@ static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
     int built = build_key(a[1], a[2], &key, &pointers);
     if (built <= 0)
         return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
-    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
+    /* owned: the launch calls Python, which may drop the table's entry (another thread) */
+    PyObject *hit = PyDict_GetItemWithError(a[0], key);
     if (hit == NULL && PyErr_Occurred())
         goto done;
+    Py_XINCREF(hit);
     unsigned long long g[4];
     if (hit == NULL || a[4] == Py_None || !plain_grid(a[3], g))
         goto python;
@@ -500,6 +502,7 @@ static PyObject *replay_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
 python:
     result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
 done:
+    Py_XDECREF(hit);
     Py_DECREF(key);
     Py_DECREF(pointers);
     Py_XDECREF(direct);
@@ -526,9 +529,11 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
     int built = build_key(a[1], a[2], &key, &pointers);
     if (built <= 0)
         return built < 0 ? NULL : Py_BuildValue("(OOO)", Py_None, Py_None, Py_None);
-    PyObject *hit = PyDict_GetItemWithError(a[0], key);  /* borrowed */
+    /* owned: allocate and the launch call Python, which may drop the table's entry */
+    PyObject *hit = PyDict_GetItemWithError(a[0], key);
     if (hit == NULL && PyErr_Occurred())
         goto done;
+    Py_XINCREF(hit);
     if (hit == NULL || a[3] == Py_None)
         goto python;
     if (PyObject_GetOptionalAttr(hit, s_prepared, &prepared) < 0)
@@ -570,6 +575,7 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
 python:
     result = PyTuple_Pack(3, hit ? hit : Py_None, key, pointers);
 done:
+    Py_XDECREF(hit);
     Py_DECREF(key);
     Py_DECREF(pointers);
     Py_XDECREF(prepared);
@@ -651,15 +657,15 @@ def _build(cc: str, include: str) -> bytes:
             return f.read()
 
 
-def _load(binary: bytes):
-    """Import the extension from a private temporary copy (the dynamic loader needs a
-    file; the copy is deleted once loaded)."""
+def _load(binary: bytes, name: str = "tegula_fastcall"):
+    """Import the extension `name` from a private temporary copy (the dynamic loader needs
+    a file; the copy is deleted once loaded)."""
     with tempfile.TemporaryDirectory(prefix="tegula-fastcall-") as folder:
-        path = os.path.join(folder, "tegula_fastcall" + sysconfig.get_config_var("EXT_SUFFIX"))
+        path = os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
         with open(path, "wb") as f:
             f.write(binary)
-        loader = importlib.machinery.ExtensionFileLoader("tegula_fastcall", path)
-        spec = importlib.util.spec_from_file_location("tegula_fastcall", path, loader=loader)
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader)
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
         return module

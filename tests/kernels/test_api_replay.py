@@ -214,10 +214,17 @@ def test_replayed_outputs_are_fresh_contiguous_tensors(sent, entry):
         assert len({y.data_ptr() for y in results}) == 3
 
 
-def test_fast_empty_is_contiguous_whatever_the_template_layout():
-    """`fast_empty` takes `torch.empty_like` only where that is contiguous: a channels-last
-    template (dense, permuted: empty_like keeps its strides) gets `new_empty` instead; an
-    output of another shape never comes from empty_like."""
+@pytest.mark.parametrize("cxx", [False, True])
+def test_fast_empty_is_contiguous_whatever_the_template_layout(cxx, monkeypatch):
+    """`fast_empty` in Python takes `torch.empty_like` only where that is contiguous: a
+    channels-last template (dense, permuted: empty_like keeps its strides) gets
+    `new_empty` instead; an output of another shape never comes from empty_like. With the
+    C++ allocator ready (tests/runtime/test_torch_alloc.py builds it), the same holds."""
+    from tegula.runtime import torch_alloc
+    if not cxx:
+        monkeypatch.setattr(torch_alloc, "allocator", lambda shape, like=None: None)
+    elif torch_alloc.module() is None:
+        pytest.skip("the C++ allocator is not built in this process")
     x = _x((2, 3, 4, 5)).contiguous(memory_format=torch.channels_last)
     assert not torch.empty_like(x).is_contiguous()  # the case this guards against
     y = api.fast_empty(x, x.shape)(x)
@@ -225,7 +232,7 @@ def test_fast_empty_is_contiguous_whatever_the_template_layout():
     z = api.fast_empty(x, (7, 3))(x)
     assert z.shape == (7, 3) and z.dtype == x.dtype and z.is_contiguous()
     plain = _x((8, 96))
-    assert api.fast_empty(plain, plain.shape) is torch.empty_like
+    assert (api.fast_empty(plain, plain.shape) is torch.empty_like) is not cxx
 
 
 @pytest.fixture

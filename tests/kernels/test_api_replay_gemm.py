@@ -219,3 +219,41 @@ def test_two_step_matmul_replays_use_fresh_workspaces(driver, monkeypatch, plan)
             first = others
         assert others == first, call
     assert len(api._REPLAYS) == 1
+
+
+def test_a_replay_dropped_from_the_table_during_its_allocation_stays_alive(driver):
+    """The C replay (`entry_launch`) holds its table entry while it calls Python (the
+    allocation, the stream, the launch): another thread may drop the entry meanwhile (the
+    table starts over past its size limit). Here the allocation itself drops it, on a call
+    with new pointers (a map to encode: the C call hands the entry back to Python, which
+    replays it). The entry must outlive the C call, not be freed inside it."""
+    recording, python_calls = driver
+    make, call_on, *_ = ENTRIES["matmul_fp8"]
+    inputs = make(0)
+    for _ in range(3):
+        call_on(*inputs)  # full path, Python replay, C
+    (key, entry), = api._REPLAYS.items()
+    events = []
+
+    class Watched(api.EntryReplay):
+        def __del__(self):
+            events.append("freed")
+
+    watched = Watched.__new__(Watched)
+    for name in api.EntryReplay.__slots__:
+        setattr(watched, name, getattr(entry, name))
+    real_allocate = entry.allocate
+
+    def dropping_allocate(t):
+        api._REPLAYS.clear()  # the only reference to the entry, but the C call's own
+        events.append("allocated")
+        return real_allocate(t)
+
+    watched.allocate = dropping_allocate
+    api._REPLAYS[key] = watched
+    del watched, entry
+    fresh = make(10)  # new pointers: their maps to encode, so the entry goes back to Python
+    result = call_on(*fresh)
+    assert _pointers(recording.launches[-1]) == [t.data_ptr() for t in fresh] + \
+        [result.data_ptr()]
+    assert events[:2] == ["allocated", "allocated"] and events.count("freed") == 1, events
