@@ -186,9 +186,9 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     m_i, l_i, acc = _softmax_state(sq)
     sk_first = tg.shared((BN, sq.shape[1]), dtype)
     tg.copy(keys[:, :, 0], sk_first)
-    s = tg.zeros((sq.shape[0], BN), f32)
-    tg.gemm(s, sq, sk_first)                              # s_0
-    p, m_i, alpha = online_softmax_probs(*masked_scores(s, 0), m_i)
+    s_first = tg.zeros((sq.shape[0], BN), f32)  # named apart: `s` in the loop is not carried
+    tg.gemm(s_first, sq, sk_first)                        # s_0
+    p, m_i, alpha = online_softmax_probs(*masked_scores(s_first, 0), m_i)
     l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: nothing to rescale
     p = p.to(dtype)
     for j in tg.pipeline(blocks, stages=STAGES):
