@@ -78,12 +78,6 @@ def _warpgroup_uniform(value, lanes: np.ndarray, threads: int, what: str) -> int
     return int(vals[0])
 
 
-def phase_completed(state: BlockState) -> None:
-    """A completed mbarrier phase orders what its arrivals did before what its waiters do
-    next; the block-wide race model can only say that by starting a new epoch."""
-    state.smem.barrier()
-
-
 # ---------------------------------------------------------------------- mbarriers
 
 def compile_mbarrier_init(s: MBarrierInit, ctx: Ctx, st: OpStats, what: str) -> Run:
@@ -127,8 +121,9 @@ def compile_mbarrier_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str)
         for idx, sub in _by_value(index(state.env), lanes, state.threads):
             gid, bar = a.barrier(s.barrier, idx, what)
             a.used(gid, sub, what)
-            if a.arrive(bar, len(sub), tx, what):
-                phase_completed(state)
+            # A completed phase orders what its arrivals did before what its waiters do
+            # next (the waiters acquire it, `compile_mbarrier_wait`), nothing else.
+            a.arrive(bar, len(sub), tx, what, state.smem.release(sub))
         st.add(state.active_warps())
     return run
 
@@ -150,8 +145,9 @@ def compile_remote_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str) -
                     state.asyncs.used(gid, sub, what)
                 else:
                     peer.asyncs.used_by_peer(gid, what, f"block {state.bid}")
-                if peer.asyncs.arrive(bar, len(sub), 0, f"{what} (CTA {rank})"):
-                    phase_completed(peer)
+                # The peer's clocks do not know this block's threads: the arrive counts,
+                # and orders no generic access of the peer's (its stages are TMA's).
+                peer.asyncs.arrive(bar, len(sub), 0, f"{what} (CTA {rank})")
         st.add(state.active_warps())
     return run
 
@@ -209,6 +205,7 @@ def compile_mbarrier_wait(s: MBarrierWait, ctx: Ctx, st: OpStats, what: str) -> 
                                 lambda: f"{what} [{s.barrier}[{idx}] parity {p}]: "
                                         f"{bar.describe()}"))
         a.observe(gid, lanes, what)
+        state.smem.acquire(lanes, bar.completed)
         st.add(state.active_warps())
     return run
 
@@ -232,14 +229,24 @@ def compile_named_barrier(s: NamedBarrier, ctx: Ctx, st: OpStats, what: str) -> 
         nb.expected = expected
         nb.arrived += 32 * len(warps)
         nb.lanes.append(lanes)
+        if not s.arrive:
+            nb.waiters.append(lanes)
+        released = state.smem.release(lanes)
+        if released is not None:
+            nb.released = released if nb.released is None else np.maximum(nb.released,
+                                                                            released)
         st.add(len(warps))
         if nb.arrived > expected:
             raise EmulationError(f"{what}: {nb.arrived} threads reach named barrier {bar_id}, "
                                  f"which counts {expected}")
         if nb.arrived == expected:
-            a.share_observations(np.concatenate(nb.lanes))
-            nb.arrived, nb.lanes, nb.generation = 0, [], nb.generation + 1
-            state.smem.barrier()
+            # Every arrival released; only the threads that wait (bar.sync) acquire: a
+            # bar.arrive goes on at once and learns nothing of the others' accesses.
+            waiters = np.concatenate(nb.waiters) if nb.waiters else lanes[:0]
+            a.share_observations(np.concatenate(nb.lanes), waiters)
+            state.smem.acquire(waiters, nb.released)
+            nb.arrived, nb.lanes, nb.waiters, nb.released = 0, [], [], None
+            nb.generation += 1
             return
         if s.arrive:  # bar.arrive: counted, goes on at once
             return
@@ -344,9 +351,8 @@ def _land_box(ctx: Ctx, s: TmaLoad, tm, state: BlockState, target: BlockState, l
     data = values_to_bytes(values.reshape(1, -1), tm.dtype).reshape(addrs.shape)
     if target.smem.check_races:
         a.tma_write(addrs, gid, what, target.smem.buffer_at)
-    target.smem.write_async_proxy(addrs, data, lane, what)
-    if a.complete_tx(bar, tm.box_bytes, what):
-        phase_completed(target)
+    target.smem.write_async_proxy(addrs, data, lane, what, peer=target is not _own(state))
+    a.complete_tx(bar, tm.box_bytes, what)
 
 
 def compile_tma_store(s: TmaStore, ctx: Ctx, st: OpStats, what: str) -> Run:
@@ -561,7 +567,7 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
             b_vals, b_addrs = read_b(state, lanes)
             addrs = np.concatenate([a_addrs.ravel(), b_addrs.ravel()])
             if state.smem.check_races:
-                state.smem.check_async_read(addrs, what)
+                state.smem.check_async_read(addrs, what, lanes)
                 a.async_read(addrs, np.int64(lanes[0]), what, state.smem.buffer_at,
                              written=True)
             out = instr.execute(d if scale else None, a_vals, b_vals, scale)
@@ -588,4 +594,4 @@ ASYNC_COMPILERS = {
     WgmmaCommit: compile_wgmma_commit, WgmmaWait: compile_wgmma_wait, Wgmma: compile_wgmma,
 }
 
-__all__ = ["ASYNC_COMPILERS", "warpgroups", "phase_completed"]
+__all__ = ["ASYNC_COMPILERS", "warpgroups"]

@@ -65,6 +65,10 @@ class MBarrier:
     init_tid: int = -1
     fenced: bool = False    # fence.mbarrier_init by the initializing thread since the init
     cluster_visible: bool = False  # a cluster barrier since the fenced init (peers may use it)
+    # Happens-before (`order.py`): what this block's arrivals released so far, and that as
+    # of the last completed phase — what a wait that passes acquires (None: nothing).
+    released: np.ndarray | None = None
+    completed: np.ndarray | None = None
 
     def describe(self) -> str:
         if not self.count:
@@ -88,7 +92,9 @@ class NamedBarrierState:
     expected: int = 0
     arrived: int = 0
     generation: int = 0
-    lanes: list = field(default_factory=list)
+    lanes: list = field(default_factory=list)    # every arrival's threads
+    waiters: list = field(default_factory=list)  # those of bar.sync (not bar.arrive)
+    released: np.ndarray | None = None           # what the arrivals released (order.py)
 
 
 class AsyncState:
@@ -152,6 +158,7 @@ class AsyncState:
         bar.count = bar.pending = count
         bar.tx = bar.phase = 0
         bar.init_tid, bar.fenced, bar.cluster_visible = tid, False, False
+        bar.released = bar.completed = None
         self.observed[gid] = 0
         self.waited_at[gid] = -1
         self.init_visible[gid] = False
@@ -189,9 +196,14 @@ class AsyncState:
                 f"{bar.init_tid} with no barrier in between (the init is not visible yet: "
                 "fence.mbarrier_init and __syncthreads must follow mbarrier.init)")
 
-    def arrive(self, bar: MBarrier, arrivals: int, tx_bytes: int, what: str) -> bool:
-        """`arrivals` arrivals (each raising the expected bytes by `tx_bytes` first);
+    def arrive(self, bar: MBarrier, arrivals: int, tx_bytes: int, what: str,
+               released: np.ndarray | None = None) -> bool:
+        """`arrivals` arrivals (each raising the expected bytes by `tx_bytes` first),
+        releasing `released` (the arriving threads' clocks, `SharedMemory.release`);
         True when a phase completed."""
+        if released is not None:
+            bar.released = released if bar.released is None else np.maximum(bar.released,
+                                                                              released)
         bar.tx += arrivals * tx_bytes
         bar.pending -= arrivals
         if bar.pending < 0:
@@ -214,6 +226,7 @@ class AsyncState:
         if bar.pending == 0 and bar.tx == 0:
             bar.phase += 1
             bar.pending = bar.count
+            bar.completed = None if bar.released is None else bar.released.copy()
             return True
         return False
 
@@ -390,11 +403,15 @@ class AsyncState:
         self.waited_at[gid, lanes] = phase
         self.observed[gid, lanes] = phase
 
-    def share_observations(self, lanes: np.ndarray) -> None:
-        """Threads that met at a barrier know what each of them observed."""
-        if len(self.bars) and len(lanes):
-            self.observed[:, lanes] = self.observed[:, lanes].max(axis=1, keepdims=True)
-            self.init_visible[:, lanes] = self.init_visible[:, lanes].any(axis=1, keepdims=True)
+    def share_observations(self, lanes: np.ndarray, takers: np.ndarray | None = None) -> None:
+        """Threads that met at a barrier know what each of them observed: all of `lanes`,
+        or only `takers` (the threads that waited; a `bar.arrive` learns nothing)."""
+        takers = lanes if takers is None else takers
+        if len(self.bars) and len(lanes) and len(takers):
+            seen = self.observed[:, lanes].max(axis=1, keepdims=True)
+            self.observed[:, takers] = np.maximum(self.observed[:, takers], seen)
+            visible = self.init_visible[:, lanes].any(axis=1, keepdims=True)
+            self.init_visible[:, takers] |= visible
 
     # ------------------------------------------------------------------ wgmma registers
 

@@ -13,14 +13,16 @@ extent is twice the array's.
 
 Shared memory and races
 -----------------------
-One uint8 buffer per block, initially all 0xFF bytes (NaN / -1: unwritten data shows). With race checking on, every byte remembers, for the current
-*epoch* (the statements between two barriers): which thread last wrote it, and the range of
-threads that read it; and, for bytes written by `cp.async`, the issuing thread and its group.
-A different thread touching a byte written (or, for writes, read) in the same epoch is a
-race. `cp.async` copies complete at issue (the model), but their bytes count as *in flight*
-until the issuing thread's `cp.async.wait_group` has retired their group; reading them
-before, or from another thread without a barrier after that wait, is a race, as is
-overwriting them while in flight. Several threads writing the same byte within *one*
+One uint8 buffer per block, initially all 0xFF bytes (NaN / -1: unwritten data shows). With
+race checking on, two accesses to a byte by different threads, one a write, race unless
+synchronization orders one before the other: happens-before with per-warp vector clocks
+(`order.HappensBefore`; `__syncthreads` and `bar.sync` order their threads both ways,
+`bar.arrive` and an mbarrier arrive only release, a passed mbarrier wait acquires). Every
+byte remembers its last write and the reads since; for bytes written by `cp.async`, the
+issuing thread and its group. `cp.async` copies complete at issue (the model), but their
+bytes count as *in flight* until the issuing thread's `cp.async.wait_group` has retired
+their group; reading them before, or from another thread not ordered after that wait
+(a barrier), is a race, as is overwriting them while in flight. Several threads writing the same byte within *one*
 statement is a race too (a replicated value must have exactly one writer: on the GPU the
 writes land in an unspecified order, and a cp.async replica with src-size 0 writes zeros).
 The same holds for global stores (`several_writers`).
@@ -39,6 +41,7 @@ import numpy as np
 
 from tegula.dtypes import DType, bf16, f8e4m3, f8e5m2
 from tegula.emulate.errors import EmulationError
+from tegula.emulate.order import HappensBefore
 from tegula.emulate.values import bits_dtype, from_bits, round_to, storage_dtype, to_bits
 from tegula.lower.thread_ir import SharedBuffer
 
@@ -193,22 +196,18 @@ class SharedMemory:
         self.buf = np.full(nbytes, 0xFF, dtype=np.uint8)
         self.buffers = sorted(buffers, key=lambda b: b.byte_offset)
         self.check_races = check_races
-        self.epoch = 0
         self.threads = threads
         # The block's `async_state.AsyncState` when the kernel has asynchronous statements:
         # it checks generic accesses against TMA copies, wgmma and TMA-store reads.
         self.async_ = None
         if check_races:
-            self.w_tid = np.full(nbytes, -1, dtype=np.int32)
-            self.w_epoch = np.full(nbytes, -1, dtype=np.int64)
-            self.r_epoch = np.full(nbytes, -1, dtype=np.int64)
-            self.r_min = np.zeros(nbytes, dtype=np.int32)
-            self.r_max = np.zeros(nbytes, dtype=np.int32)
+            self.order = HappensBefore(nbytes, threads)
             self.ca_tid = np.full(nbytes, -1, dtype=np.int32)
             self.ca_grp = np.zeros(nbytes, dtype=np.int64)
             self.committed = np.zeros(threads, dtype=np.int64)
             self.completed = np.zeros(threads, dtype=np.int64)
-            self.done_epoch = np.full((threads, 8), _NEVER, dtype=np.int64)
+            # The clock stamp of the wait that retired each thread's cp.async group.
+            self.done_stamp = np.full((threads, 8), _NEVER, dtype=np.int64)
 
     # ------------------------------------------------------------------ helpers
 
@@ -227,19 +226,24 @@ class SharedMemory:
             f"{what}: shared-memory race ({kind}) on byte {a} of buffer {self.buffer_at(a)}: "
             f"thread {t} vs thread {o} {detail}")
 
-    def _async_hazard(self, addrs: np.ndarray, tids: np.ndarray):
-        """(in-flight mask, not-yet-visible-to-others mask, owner) for cp.async bytes."""
+    def _async_hazard(self, addrs: np.ndarray, tids: np.ndarray | None,
+                      lanes: np.ndarray | None = None):
+        """(in-flight mask, not-yet-visible mask, owner) for cp.async bytes accessed by
+        threads `tids` (broadcast like `addrs`), or by all of `lanes` at once."""
         owner = self.ca_tid[addrs]
         has = owner >= 0
         if not has.any():
             return None
         grp = self.ca_grp[addrs]
         ow = np.where(has, owner, 0)
-        g = np.minimum(grp, self.done_epoch.shape[1] - 1)
-        done = np.where(has & (grp < self.done_epoch.shape[1]), self.done_epoch[ow, g], _NEVER)
+        g = np.minimum(grp, self.done_stamp.shape[1] - 1)
+        done = np.where(has & (grp < self.done_stamp.shape[1]), self.done_stamp[ow, g], _NEVER)
         inflight = has & (done == _NEVER)
-        unseen = has & ~inflight & (owner != tids) & (done >= self.epoch)
-        return inflight, unseen, owner
+        if lanes is not None:
+            seen = self.order.ordered_for_all(lanes, ow, np.where(inflight, 0, done))
+        else:
+            seen = self.order.seen(ow, np.where(inflight, 0, done), tids)
+        return inflight, has & ~inflight & ~seen, owner
 
     # ------------------------------------------------------------------ accesses
 
@@ -247,11 +251,10 @@ class SharedMemory:
         """Bytes at `addrs` ([n, nbytes] byte addresses) read by threads `tids` ([n])."""
         if self.check_races and addrs.size:
             t = np.broadcast_to(tids[:, None], addrs.shape)
-            e = self.epoch
-            raw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != t)
+            raw = self.order.unordered_write(addrs, t)
             if raw.any():
-                self._race(what, "read after write", raw, addrs, t, self.w_tid[addrs],
-                           "wrote it with no barrier in between")
+                self._race(what, "read after write", raw, addrs, t,
+                           self.order.last_writer(addrs), "wrote it with no barrier in between")
             hz = self._async_hazard(addrs, t)
             if hz is not None:
                 inflight, unseen, owner = hz
@@ -264,13 +267,7 @@ class SharedMemory:
                                "waited for its cp.async but no barrier followed")
             if self.async_ is not None:
                 self.async_.generic_read(addrs, t, what, self.buffer_at)
-            flat, ft = addrs.ravel(), t.ravel()
-            stale = flat[self.r_epoch[flat] != e]
-            self.r_min[stale] = np.iinfo(np.int32).max
-            self.r_max[stale] = -1
-            self.r_epoch[flat] = e
-            np.minimum.at(self.r_min, flat, ft.astype(np.int32))
-            np.maximum.at(self.r_max, flat, ft.astype(np.int32))
+            self.order.record_read(addrs, t)
         return self.buf[addrs]
 
     def write(self, addrs: np.ndarray, data: np.ndarray, tids: np.ndarray, what: str,
@@ -283,15 +280,12 @@ class SharedMemory:
             if clash is not None:
                 self._race(what, "several writers in one instruction", clash, addrs, t,
                            _other_writer(addrs, t, clash), "writes it in the same instruction")
-            e = self.epoch
-            waw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != t)
+            waw = self.order.unordered_write(addrs, t)
             if waw.any():
-                self._race(what, "write after write", waw, addrs, t, self.w_tid[addrs],
-                           "wrote it with no barrier in between")
-            only_t = (self.r_min[addrs] == t) & (self.r_max[addrs] == t)
-            war = (self.r_epoch[addrs] == e) & ~only_t
+                self._race(what, "write after write", waw, addrs, t,
+                           self.order.last_writer(addrs), "wrote it with no barrier in between")
+            war, other = self.order.unordered_reads(addrs, t)
             if war.any():
-                other = np.where(self.r_min[addrs] != t, self.r_min[addrs], self.r_max[addrs])
                 self._race(what, "write after read", war, addrs, t, other,
                            "read it with no barrier in between")
             hz = self._async_hazard(addrs, t)
@@ -306,28 +300,30 @@ class SharedMemory:
             if self.async_ is not None:
                 self.async_.generic_write(addrs, t, what, self.buffer_at)
             if async_group is None:
-                self.w_tid[addrs] = t
-                self.w_epoch[addrs] = e
+                self.order.record_write(addrs, t)
                 self.ca_tid[addrs] = -1
-            else:
+            else:  # in flight until waited for: `_async_hazard` orders it
                 self.ca_tid[addrs] = t
                 self.ca_grp[addrs] = np.broadcast_to(async_group[:, None], addrs.shape)
-                self.w_epoch[addrs] = -1
+                self.order.record_write(addrs, None)
         self.buf[addrs] = data
 
-    def check_async_read(self, addrs: np.ndarray, what: str) -> None:
-        """A wgmma reads `addrs` for a whole warpgroup: every generic write to them (a
-        store, a cp.async) must be ordered before by a barrier, whichever thread made it."""
+    def check_async_read(self, addrs: np.ndarray, what: str, lanes: np.ndarray) -> None:
+        """A wgmma reads `addrs` for the warpgroup `lanes`: every generic write to them (a
+        store, a cp.async) must be ordered before every one of its threads, whichever
+        thread made it."""
         if not self.check_races or not addrs.size:
             return
-        raw = self.w_epoch[addrs] == self.epoch
+        writer = self.order.last_writer(addrs)
+        raw = ~self.order.ordered_for_all(lanes, writer, self.order.w_stamp[addrs])
         if raw.any():
-            a = int(addrs.ravel()[int(np.flatnonzero(raw.ravel())[0])])
+            i = int(np.flatnonzero(raw.ravel())[0])
+            a = int(addrs.ravel()[i])
             raise EmulationError(
                 f"{what}: shared-memory race (asynchronous read after write) on byte {a} of "
-                f"buffer {self.buffer_at(a)}: thread {int(self.w_tid[a])} wrote it with no "
-                "barrier before this wgmma reads it")
-        hz = self._async_hazard(addrs, np.full(addrs.shape, -1))
+                f"buffer {self.buffer_at(a)}: thread {int(writer.ravel()[i])} wrote it with "
+                "no barrier before this wgmma reads it")
+        hz = self._async_hazard(addrs, None, lanes)
         if hz is not None:
             inflight, unseen, owner = hz
             for bad, why in ((inflight, "whose group has not been waited for (missing "
@@ -340,31 +336,47 @@ class SharedMemory:
                         f"{what}: reads byte {a} of buffer {self.buffer_at(a)}, written by a "
                         f"cp.async of thread {int(owner.ravel()[i])} {why}")
 
-    def write_async_proxy(self, addrs: np.ndarray, data: np.ndarray, tid: int, what: str) -> None:
+    def write_async_proxy(self, addrs: np.ndarray, data: np.ndarray, tid: int, what: str,
+                          peer: bool = False) -> None:
         """A TMA load writes `data` at `addrs` for thread `tid` (its issuer). Generic
-        accesses by other threads since the last barrier or completed mbarrier phase race
-        with it; its own in-flight tracking is `AsyncState.tma_write`'s."""
-        if self.check_races and addrs.size:
-            e = self.epoch
-            war = (self.r_epoch[addrs] == e) & ~((self.r_min[addrs] == tid)
-                                                 & (self.r_max[addrs] == tid))
+        accesses not ordered before the issuer's (a barrier, or an mbarrier the issuer
+        waited on after they arrived) race with it; its own in-flight tracking is
+        `AsyncState.tma_write`'s. `peer`: a multicast box issued in another block of the
+        cluster, whose threads this block's clocks do not know: only that tracking (the
+        peers' waits on the stage's phases) orders it."""
+        if self.check_races and addrs.size and not peer:
             t = np.full(addrs.shape, tid)
+            war, other = self.order.unordered_reads(addrs, t)
             if war.any():
-                other = np.where(self.r_min[addrs] != tid, self.r_min[addrs], self.r_max[addrs])
                 self._race(what, "TMA write after read", war, addrs, t, other,
-                           "read it with no barrier or mbarrier phase in between")
-            waw = (self.w_epoch[addrs] == e) & (self.w_tid[addrs] != tid)
+                           "read it with no barrier or mbarrier wait in between")
+            waw = self.order.unordered_write(addrs, t)
             if waw.any():
-                self._race(what, "TMA write after write", waw, addrs, t, self.w_tid[addrs],
-                           "wrote it with no barrier or mbarrier phase in between")
-            self.w_epoch[addrs] = -1
+                self._race(what, "TMA write after write", waw, addrs, t,
+                           self.order.last_writer(addrs),
+                           "wrote it with no barrier or mbarrier wait in between")
+        if self.check_races:
+            if peer:
+                self.order.w_stamp[addrs] = 0
+            else:
+                self.order.record_write(addrs, None)
             self.ca_tid[addrs] = -1
         self.buf[addrs] = data
 
     # ------------------------------------------------------------------ protocol
 
-    def barrier(self) -> None:
-        self.epoch += 1
+    def barrier(self, lanes: np.ndarray | None = None) -> None:
+        """Threads `lanes` (default: the whole block) meet at a barrier."""
+        if self.check_races:
+            self.order.barrier(np.arange(self.threads) if lanes is None else lanes)
+
+    def release(self, lanes: np.ndarray) -> np.ndarray | None:
+        """What threads `lanes` release at an arrive (None without race checks)."""
+        return self.order.release(lanes) if self.check_races else None
+
+    def acquire(self, lanes: np.ndarray, released: np.ndarray | None) -> None:
+        if self.check_races and released is not None:
+            self.order.acquire(lanes, released)
 
     def open_group(self, tids: np.ndarray) -> np.ndarray:
         """The group index new cp.async of threads `tids` join (their uncommitted group)."""
@@ -381,15 +393,15 @@ class SharedMemory:
         retired = np.maximum(self.committed - pending, self.completed)
         limit = np.where(active, retired, self.completed)
         need = int(limit.max())
-        if need > self.done_epoch.shape[1]:
-            grow = np.full((self.threads, max(need, 2 * self.done_epoch.shape[1])), _NEVER,
+        if need > self.done_stamp.shape[1]:
+            grow = np.full((self.threads, max(need, 2 * self.done_stamp.shape[1])), _NEVER,
                            dtype=np.int64)
-            grow[:, : self.done_epoch.shape[1]] = self.done_epoch
-            self.done_epoch = grow
+            grow[:, : self.done_stamp.shape[1]] = self.done_stamp
+            self.done_stamp = grow
         lo = int(self.completed.min())
         for g in range(lo, need):
-            newly = (g < limit) & (self.done_epoch[:, g] == _NEVER)
-            self.done_epoch[newly, g] = self.epoch
+            newly = (g < limit) & (self.done_stamp[:, g] == _NEVER)
+            self.done_stamp[newly, g] = self.order.clock
         self.completed = limit
 
 

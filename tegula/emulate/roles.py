@@ -23,6 +23,13 @@ block) another block of the cluster. Blocking waits pick the next runnable corou
 that stream too. The stream is seeded by (SEED, block), so a run is deterministic per
 seed; yields wait on nothing, so deadlock reports are unchanged.
 
+**Warpgroups as units.** Under the listed order a role is one coroutine and its
+warpgroups run in lockstep. Under the reversed and random orders each warpgroup of a role
+is a coroutine of its own (`scheduling_units`): two cooperative consumer warpgroups can
+drift apart, as on the GPU, so a stage one of them released while the other still had to
+read it is reported (the lockstep hides it). Races between them are judged by the
+happens-before model of `order.py`.
+
 Outside `Roles` the whole block is one coroutine: a wait whose condition does not hold
 can never be satisfied, and is the same deadlock report (`block_until`).
 
@@ -301,13 +308,36 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
                 continue
             state.asyncs.role_of[mask] = number  # which threads consume phases together
             _check_uniform(mask, state.threads, f"{what}: role {name!r}")
-            role_state = state.for_role(mask)
-            role_state.task = scheduler.add(name, loc, body, role_state)
+            for unit, label in scheduling_units(mask, order, name):
+                role_state = state.for_role(unit)
+                role_state.task = scheduler.add(label, loc, body, role_state)
         if order == "reversed":
             scheduler.tasks.reverse()
         st.add(state.active_warps())
         scheduler.run(lambda: f"block {state.bid}")
     return run
+
+
+def scheduling_units(mask: np.ndarray, role_order: str, name: str) -> list[tuple]:
+    """(threads, label) of the coroutines that run a role. Under the listed order the role
+    is one coroutine and its warpgroups run in lockstep; under the reversed and random
+    orders each warpgroup is a coroutine of its own, so one can run ahead of another
+    (a consumer warpgroup still reading a stage the other released, a race between two
+    warpgroups the lockstep hides). Each still runs the role's whole body."""
+    groups = [g for g in range(-(-len(mask) // WARPGROUP))
+              if mask[g * WARPGROUP:(g + 1) * WARPGROUP].any()]
+    if role_order == "listed" or len(groups) < 2:
+        return [(mask, name)]
+    units = []
+    for g in groups:
+        unit = np.zeros_like(mask)
+        unit[g * WARPGROUP:(g + 1) * WARPGROUP] = mask[g * WARPGROUP:(g + 1) * WARPGROUP]
+        units.append((unit, f"{name}, warpgroup {g}"))
+    return units
+
+
+#: Threads of a warpgroup: the scheduling unit of a role under reversed/random orders.
+WARPGROUP = 128
 
 
 def _labelled(body: Callable) -> Callable:
