@@ -21,7 +21,7 @@ from tegula.lang import arange, argmax, argmin, indices
 from tegula.lang import cluster, num_programs, num_sms
 from tegula.lang import cumsum, scan
 from tegula.lang import consumer, producer
-from tegula.lang import permute, reshape
+from tegula.lang import bitcast, permute, reshape
 from tegula.lang import (Kernel, Tensor, atomic_add, block_id, cast, cdiv, constexpr, copy,
                          cos, else_, eq, exp, exp2, fill, full, gemm, if_, kernel, load, log,
                          log2, maximum, minimum, ne, pipeline, rearrange, reduce, register,
@@ -40,7 +40,7 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "copy", "load", "gemm", "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
            "abs", "tanh", "sigmoid", "erf", "sin", "cos", "maximum", "minimum", "where", "reduce",
            "sum", "max", "min", "argmax", "argmin", "arange", "indices", "rearrange",
-           "atomic_add", "range", "pipeline", "if_", "scan", "cumsum", "reshape", "permute",
+           "atomic_add", "range", "pipeline", "if_", "scan", "cumsum", "reshape", "permute", "bitcast",
            "else_", "eq", "ne"]
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str

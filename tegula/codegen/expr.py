@@ -35,7 +35,7 @@ from tegula.dtypes import DType
 from tegula.dtypes import i32 as _INDEX_DTYPE  # an IndexValue converts like an i32 value
 from tegula.errors import TegulaError
 from tegula.lower.thread_ir import (
-    BinOp, Binary, Cast, Const, Expr, IndexValue, Literal, LoadScalar, Reg, RegRead, Select,
+    BinOp, Binary, Bits, Cast, Const, Expr, IndexValue, Literal, LoadScalar, Reg, RegRead, Select,
     Unary, Value, Var, Where,
 )
 
@@ -340,6 +340,15 @@ def _is_half_op(v: Value) -> bool:
     return isinstance(v, Cast) and (name, v.x.dtype.name) in _HALF_MAGIC
 
 
+def _power_of_two(v: Value) -> int | None:
+    """k if `v` is the integer literal 2^k (k >= 1), else None."""
+    if isinstance(v, Literal) and not v.dtype.is_float and v.dtype.name != "bool":
+        n = int(v.value)
+        if n >= 2 and n & (n - 1) == 0:
+            return n.bit_length() - 1
+    return None
+
+
 def _same_half_op(lo: Value, hi: Value) -> bool:
     """True if two values are the same 16-bit op (`_is_half_op`) of the same types, so
     that one paired instruction computes both."""
@@ -361,6 +370,8 @@ class ValuePrinter:
 
     def store(self, v: Value, dtype: DType) -> str:
         """C expression of the storage bits of `v` converted to `dtype` (for an Assign)."""
+        if isinstance(v, Bits) and v.dtype == dtype:
+            return self._bits_of(v)
         if v.dtype == dtype and dtype.name in ("f16", "bf16"):
             if isinstance(v, RegRead):  # a register copy: the bits, not a round trip
                 return self.reg_c(v.reg)
@@ -376,10 +387,11 @@ class ValuePrinter:
         the 16-bit float `dtype` by one paired conversion (`tg_f32x2_to_f16x2`, rounding
         each as `store` does), or None for other types."""
         helper = _PAIR_FROM_FLOAT.get(dtype.name)
-        if lo.dtype == hi.dtype == dtype and _same_half_op(lo, hi):
+        if lo.dtype == hi.dtype == dtype and (_same_half_op(lo, hi) or (
+                isinstance(lo, Bits) and isinstance(hi, Bits))):
             return self._half_pair(lo, hi)
-        if helper is None or any(v.dtype == dtype and (_is_half_op(v) or isinstance(v, RegRead))
-                                 for v in (lo, hi)):
+        if helper is None or any(v.dtype == dtype and (_is_half_op(v) or isinstance(
+                v, (RegRead, Bits))) for v in (lo, hi)):
             return None  # copied or computed in 16 bits (`store`): nothing to round
         halves = [self.compute(_Retyped(v.x, dtype) if isinstance(v, Cast) and v.dtype == dtype
                                else v, rounded=False) for v in (lo, hi)]
@@ -405,6 +417,9 @@ class ValuePrinter:
         at a time where both are the same op (`tg_f16x2_sub`, ...: one HADD2), so that
         the operands are words too: two narrow integers 16 bits apart in one register
         become one mask and OR (the magic number of both halves at once)."""
+        if isinstance(lo, Bits) and isinstance(hi, Bits) and lo.x == hi.x and \
+                (lo.part, hi.part) == (0, 1) and lo.x.dtype.bits == 32:
+            return self._word(lo.x)           # both halves of one word: the word itself
         if not _same_half_op(lo, hi):
             return f"((unsigned){self._bits(lo)} | ((unsigned){self._bits(hi)} << 16))"
         name = lo.dtype.name
@@ -418,8 +433,24 @@ class ValuePrinter:
                 f"((unsigned)({magic:#x} + {self.compute(hi.x)}) << 16), "
                 f"{magic * 0x10001:#x}u)")
 
+    def _word(self, v: Value) -> str:
+        """The bits of a 32-bit value as an unsigned int."""
+        c = self.compute(v)
+        return f"__float_as_uint({c})" if v.dtype.name == "f32" else f"((unsigned)({c}))"
+
+    def _bits_of(self, v: "Bits") -> str:
+        """The storage expression of `tg.bitcast`'s value: x's bits (its part-th half)."""
+        if v.x.dtype.bits == 32:
+            word = self._word(v.x)
+            if v.dtype.bits == 16:
+                return f"(unsigned short)({word} >> {16 * v.part})"
+            return f"__uint_as_float({word})" if v.dtype.name == "f32" else f"(int)({word})"
+        return self._bits(v.x)                # 16-bit to 16-bit: the same bits
+
     def _bits(self, v: Value) -> str:
         """The storage bits of `v` rounded to its 16-bit float type."""
+        if isinstance(v, Bits):
+            return self._bits_of(v)
         native = self._half(v)
         if native is not None:
             return native
@@ -427,6 +458,10 @@ class ValuePrinter:
             return self.reg_c(v.reg)
         if isinstance(v, Literal):
             return f"(unsigned short){element_bits(v.value, v.dtype):#x}"
+        if isinstance(v, Where) and isinstance(v.if_true, Literal) and \
+                isinstance(v.if_false, Literal):   # a per-register constant, foldable
+            return (f"({self.compute(v.cond)} ? {self._bits(v.if_true)} : "
+                    f"{self._bits(v.if_false)})")
         return from_compute(self.compute(v, rounded=False), v.dtype, self.used)
 
     def compute(self, v: Value, rounded: bool = True) -> str:
@@ -434,6 +469,8 @@ class ValuePrinter:
         native = self._half(v)
         if native is not None:
             return to_compute(native, v.dtype, self.used)
+        if isinstance(v, Bits):
+            return to_compute(self._bits_of(v), v.dtype, self.used)
         if isinstance(v, _Retyped):
             return self._convert(self.compute(v.x), v.x.dtype, v.dtype)
         if isinstance(v, RegRead):
@@ -515,6 +552,9 @@ class ValuePrinter:
             return f"tg_{v.op}_nan({x}, {y})"
         if v.op == "pow":
             return f"powf({x}, {y})"
+        shift = _power_of_two(v.y) if v.op in ("floordiv", "mod") and not is_float else None
+        if shift is not None:   # floor semantics by a power of two: an arithmetic shift, a mask
+            return f"({x} >> {shift})" if v.op == "floordiv" else f"({x} & {(1 << shift) - 1})"
         if v.op in ("floordiv", "mod") and not is_float:
             # Floor semantics with defined results for 0 and -1 divisors (tegula/codegen/ptx.py)
             self.used.add(f"tg_{v.op}")

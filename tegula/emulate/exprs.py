@@ -22,8 +22,8 @@ import numpy as np
 
 from tegula.dtypes import DType, bool_
 from tegula.emulate.errors import EmulationError
-from tegula.emulate.values import round_to
-from tegula.lower.thread_ir import (BinOp, Binary, Cast, Const, Expr, IndexValue, Literal,
+from tegula.emulate.values import from_bits, round_to, to_bits
+from tegula.lower.thread_ir import (BinOp, Binary, Bits, Cast, Const, Expr, IndexValue, Literal,
                                     LoadScalar, RegRead, Select, Unary, Value, Var, Where,
                                     floor_div, floor_mod)
 
@@ -289,6 +289,14 @@ def compile_value(v: Value, reg_index: Callable) -> Callable[[Any], Any]:
         if v.x.dtype.name == "i4":  # held as its nibble 0..15; its value is -8..7 (as CUDA)
             return lambda state: round_to((x(state).astype(np.int8) ^ 8) - 8, dt)
         return lambda state: round_to(x(state), dt)
+    if isinstance(v, Bits):  # tg.bitcast: the bits of x (or its part-th piece) as dtype
+        x, src, dt = compile_value(v.x, reg_index), v.x.dtype, v.dtype
+        shift, mask = v.part * dt.bits, (1 << dt.bits) - 1
+
+        def bits(state):
+            raw = to_bits(np.asarray(x(state)), src).astype(np.uint64)
+            return from_bits((raw >> np.uint64(shift)) & np.uint64(mask), dt)
+        return bits
     if isinstance(v, Unary):
         x, op, dt = compile_value(v.x, reg_index), v.op, v.dtype
         return lambda state: round_to(_unary(op, x(state), dt), dt)

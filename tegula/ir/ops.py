@@ -149,6 +149,16 @@ class Rearrange(Op):
 
 
 @dataclass(eq=False)
+class Bitcast(Op):
+    """`out` = the bits of `x` read as `out.dtype` (`tg.bitcast`): the same shape where
+    the widths match; from 32-bit elements to 16-bit ones, a new last dim of 2 (index 0
+    the low half). Each thread keeps its elements (lowering: register reads, no moves)."""
+
+    x: RegisterTile
+    out: RegisterTile
+
+
+@dataclass(eq=False)
 class AtomicAdd(Op):
     """`dst[i] += src[i]` atomically on a global tile."""
 
@@ -236,7 +246,7 @@ def tiles_read(op: Op) -> list[Tile]:
         return [op.a, op.b, op.c]
     if isinstance(op, Elementwise):
         return list(op.inputs)
-    if isinstance(op, (Reduce, Rearrange, Reshape)):
+    if isinstance(op, (Reduce, Rearrange, Reshape, Bitcast)):
         return [op.x]
     if isinstance(op, Scan):
         return list(op.xs) + list(op.initials)
@@ -253,7 +263,7 @@ def tiles_written(op: Op) -> list[Tile]:
         return [op.c]
     if isinstance(op, Fill):
         return [op.dst]
-    if isinstance(op, (Elementwise, Reduce, Rearrange, Reshape, Indices)):
+    if isinstance(op, (Elementwise, Reduce, Rearrange, Reshape, Bitcast, Indices)):
         return [op.out]
     if isinstance(op, Scan):
         return list(op.outs) + list(op.carries)
@@ -263,7 +273,7 @@ def tiles_written(op: Op) -> list[Tile]:
 
 
 __all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Scan", "ScanCombine",
-           "Indices", "Reshape",
+           "Indices", "Reshape", "Bitcast",
            "Rearrange", "AtomicAdd",
            "ForLoop", "RoleRegion", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
            "DType"]

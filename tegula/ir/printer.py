@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel, tiles_read,
-                           tiles_written)
+from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
+                           Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
+                           tiles_read, tiles_written)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedAlloc, Tile, ViewDim, describe
 
 _INDENT = "  "
@@ -104,6 +104,8 @@ def op_text(op: Op) -> str:
     if isinstance(op, Reshape):
         perm = f" transposed {tuple(op.perm)}" if op.perm else ""
         return f"{_operand(op.out)} = reshape {_operand(op.x)}{perm}"
+    if isinstance(op, Bitcast):
+        return f"{_operand(op.out)} = bitcast {_operand(op.x)}"
     if isinstance(op, Indices):
         offset = f" + {op.offset}" if not (isinstance(op.offset, int) and op.offset == 0) else ""
         return f"{_operand(op.out)} = indices axis={op.axis}{offset}"

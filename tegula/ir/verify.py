@@ -19,9 +19,9 @@ import math
 
 from tegula.dtypes import bool_, i32
 from tegula.errors import TegulaError
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel, tiles_read,
-                           tiles_written)
+from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
+                           Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
+                           tiles_read, tiles_written)
 from tegula.ir.scalar import (Condition, LoopIndex, Scalar, ScalarArg, ScalarBinOp,
                               ScalarLoad, TensorExtent, constant_value)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, Tile, describe
@@ -286,6 +286,15 @@ def _check_reshape(v: _Verifier, op: Reshape) -> None:
                          f"the element count or the dtype, or its perm is no permutation")
 
 
+def _check_bitcast(v: _Verifier, op: Bitcast) -> None:
+    ratio = op.x.dtype.bits // max(1, op.out.dtype.bits)
+    shape = tuple(op.x.shape) + ((2,) if ratio == 2 else ())
+    if ratio not in (1, 2) or op.x.dtype.bits != ratio * op.out.dtype.bits or \
+            tuple(op.out.shape) != shape:
+        raise v.fail(op, f"{describe(op.x)} -> {describe(op.out)} is no bitcast (same "
+                         f"width, same shape; or 32 to 16 bits with a last dim of 2)")
+
+
 def _check_rearrange(v: _Verifier, op: Rearrange) -> None:
     if tuple(op.x.shape) != tuple(op.out.shape) or op.x.dtype != op.out.dtype:
         raise v.fail(op, f"{describe(op.x)} -> {describe(op.out)} changes shape or dtype")
@@ -301,7 +310,8 @@ def _check_atomic_add(v: _Verifier, op: AtomicAdd) -> None:
 _OP_CHECKS = {Copy: _check_copy, Gemm: _check_gemm, Fill: _check_fill,
               Elementwise: _check_elementwise, Reduce: _check_reduce,
               Rearrange: _check_rearrange, AtomicAdd: _check_atomic_add,
-              Indices: _check_indices, Reshape: _check_reshape, Scan: _check_scan}
+              Indices: _check_indices, Reshape: _check_reshape, Scan: _check_scan,
+              Bitcast: _check_bitcast}
 
 
 def verify(traced: TracedKernel) -> None:

@@ -48,14 +48,14 @@ quarter of the FP32 rate):
   the kind "swapped" ("split" when SPLIT > 1) of `w4a16_config`; `launch_w4a16` runs any
   kind. On an H100 it beat the GEMM kernel at every M = 16-128 shape measured (session 7,
   docs/performance.md), short of issue 13's targets.
-
-Not done (issue 13): f16x2 dequantization (two weights per lop3/sub.f16x2; today each
-weight is converted and scaled alone in f32, ~5 SASS a weight), which needs the emitter
-to pair registers; a pre-packed weight layout in the MMA fragment's order, which would
-need a register reshape the language lacks (with ASMEM the loads are 16 bytes anyway).
+* `w4a16_fragment_kernel` (`quant_fragment.py`, kind "fragment", `FRAGMENT=1`) — the
+  swapped orientation on weights pre-packed in the MMA fragment's order
+  (`pack_fragments`): one 16-byte load per thread and k-step, dequantized two weights a
+  time in f16x2 (magic number, HADD2, HMUL2). `matmul_w4a16` takes such 6-D weights.
 
 Entry points: `w4a16_gemm_emulated` (numpy, unpacked weights: the CI entry point),
-`matmul_w4a16` (torch, packed weights), `quantize_w4`, `prepack`, `unpack_w4`.
+`matmul_w4a16` (torch, packed weights), `quantize_w4`, `prepack`, `unpack_w4`,
+`quant_fragment.pack_fragments`.
 """
 from __future__ import annotations
 
@@ -365,8 +365,8 @@ def w4a16_operands(kind: str, a: Any, packed: Any, group_size: int) -> tuple[Any
     kernel's weights in fragment order (`pack_fragments`: a copy, unless `packed` is
     already 6-D, pre-packed)."""
     if kind == "fragment":
-        from tegula.kernels.quant_fragment import pack_fragments
-        return a, (packed if len(packed.shape) == 6 else pack_fragments(packed))
+        from tegula.kernels.quant_fragment import as_words, pack_fragments
+        return a, as_words(packed if len(packed.shape) == 6 else pack_fragments(packed))
     if kind != "rows":
         return a, packed
     (m, k), n = a.shape, packed.shape[0]

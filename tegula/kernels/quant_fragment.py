@@ -1,29 +1,37 @@
 """W4A16 with the weights pre-packed in the MMA fragment's order (issue 13): each thread's
-weights of a k-step are one 16-byte load.
+weights of a k-step are one 16-byte load, dequantized two at a time in 16-bit registers.
 
 The swapped W4A16 kernel (`quant.w4a16_swapped_kernel`) computes cᵀ = dequant(w)·aᵀ with
 the dequantized (64, 64) weight tile as the MMA's *register* A operand. Read from the
 row-major packed weights, the A fragment's elements are scattered (each thread holds
 byte pairs 4 bytes apart along K, on two rows 8 apart): 16 one-byte loads per thread and
-k-step, each with its own address. Here the weights are stored so that those 32 nibbles
-are contiguous, and the kernel says which logical weight each stored one is:
+k-step, each with its own address. Here the weights are stored so that a thread's 32
+nibbles are one 16-byte run, and the kernel source says which weight each one is:
 
-    stored (N/64, K/64, 4, 8, 4, 32)   one (64 rows, 64 k) block: 128 runs of 32 nibbles
-    run (w, r, c), nibble v = (s, j, h, i) holds weight
+    stored (N/64, K/64, 4, 8, 4, 16) bytes = 128 runs of 32 nibbles per (64 x 64) block
+    run (w, r, c), 32-bit word s, nibble 4j + p (p = 2h + i) holds weight
         n = 64·nb + 16·w + 8·i + r,   k = 64·kb + 16·s + 8·h + 2·c + j
 
-— in the kernel, `tg.reshape` / `tg.permute` of the loaded (1, 1, 4, 8, 4, 32) tile into
-the (64, 64) weight tile (`FRAGMENT_SPLIT`, `FRAGMENT_PERM`). Those register reshapes
-move no data: synthesis gives the loaded tile the A fragment's layout with its flat
-indices renamed, in which each thread's 32 nibbles are one run (wgmma m64k16 over four
-warps: warp w, lane 4r + c holds rows 16w + r (+8), k pairs 2c (+8) of each k16 step), so
-the load is one 16-byte vector. The arrangement is what the kernel source says, on any
-target: if a target's fragment differs, the result is still exact and only the load
-narrows (the tests check both targets).
+(wgmma m64k16 over four warps: warp w, lane 4r + c holds rows 16w + r (+8) and k pairs
+2c (+8) of each k16 step.) The kernel loads the run as four i32 words (a pinned layout:
+thread 32w + 4r + c holds its run), and `fragment_weights` shifts each word right by 4p
+and masks it with 0x000F000F: both weights of pair p (k and k + 1: j = 0, 1) sit in the
+low mantissa bits of two 16-bit halves, OR-ed with a magic number (1024.0 as f16, 128.0
+as bf16) that makes each half magic + w exactly; `tg.bitcast` reads the word as two
+f16s, and `tg.reshape` / `tg.permute` name the (64, 64) weight tile those registers hold
+(no data moves: synthesis renames the registers' elements; the MMA fragment's register
+order is reached by register copies inside each thread). `dequantize_in` then subtracts
+magic + zero and multiplies by the scale in f16x2 (one HADD2 and one HMUL2 a pair; the
+emitter pairs the two halves of a word, `codegen/expr.py`). About 2.3 SASS a weight,
+against ~9 for the register-A kernel's one-byte loads and f32 dequantization.
 
-`pack_fragments` writes this order from the row-major packed bytes of `quantize_w4` /
-`prepack` (N and K padded with zero weights to multiples of 64: padded rows are never
-stored, and padded k meet the zero activations a masked load gives past K).
+The arrangement is what the kernel source says, on any target: if a target's fragment
+differs, the result is still exact and only the load narrows (tests check both
+targets). `pack_fragments` writes this order from the row-major packed bytes of
+`quantize_w4` / `prepack` (N and K padded with zero weights to multiples of 64: padded
+rows are never stored, and padded k meet the zero activations a masked load gives past
+K); the kernels read it as words (`as_words`, a view). Words go through a STAGES-deep
+cp.async ring (WSMEM=1, default) or straight into registers one k-step ahead.
 """
 from __future__ import annotations
 
@@ -33,25 +41,31 @@ from typing import Any
 import numpy as np
 
 import tegula as tg
-from tegula import f32, u4
+from tegula import f32, i32
 from tegula.dtypes import DType
 from tegula.layout.cute import Layout
 
 FRAGMENT_ROWS = 64      # weight rows per block: one wgmma A tile (4 warps x 16 rows)
 FRAGMENT_K = 64         # k per block and per k-step (32 nibbles = 16 bytes per thread)
-#: the stored (1, 1, 4, 8, 4, 32) tile split into (w, r, c, s, j, h, i) ...
+STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64), in nibbles
+STORED_WORDS = (4, 8, 4, 4)   # the same as 32-bit words (w, r, c, s): what the kernel loads
+#: How the loaded (1, 1, 4, 8, 4, 4) words are spread over 128 threads: thread
+#: 32w + 4r + c holds its run's 4 words (one 16-byte load).
+STORED_TV = Layout(((4, 8, 4), 4), ((32, 4, 1), 128))
+#: The ring's stage: the words as they are in memory (thread t's run at byte 16t), so that
+#: cp.async and the shared load are 16-byte vectors, conflict-free (eight threads' runs
+#: make one 128-byte wavefront); a swizzle would only split the runs.
+STORED_SHARED = Layout((1, 1) + STORED_WORDS, (512, 512, 128, 16, 4, 1))
+#: Word s of a run holds pair slot p = (h, i) of k16 step s in nibbles p (j = 0) and p + 4
+#: (j = 1): shifted right by 4p and masked with 0x000F000F, both weights of the pair sit in
+#: the mantissas of one 32-bit pair of 16-bit floats. The bitcast (…, s, p, j) tile split
+#: into (w, r, c, s, h, i, j) ...
 FRAGMENT_SPLIT = (4, 8, 4, 4, 2, 2, 2)
 #: ... and ordered (w, i, r, s, h, c, j): row-major, rows n = (w, i, r), k = (s, h, c, j)
-FRAGMENT_PERM = (0, 6, 1, 3, 5, 2, 4)
-STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64)
-#: How the loaded (1, 1, 4, 8, 4, 32) tile is spread over 128 threads: thread 32w + 4r + c
-#: holds its run's 32 nibbles in memory order (one 16-byte load). The fragment's own
-#: register order differs (pairs of k first), a conversion inside each thread.
-STORED_TV = Layout(((4, 8, 4), 32), ((32, 4, 1), 128))
-#: The ring's stage: the stored block as it is in memory (thread t's run at byte 16t), so
-#: that cp.async and the shared load are 16-byte vectors, conflict-free (eight threads'
-#: runs make one 128-byte wavefront); a swizzle would only split the runs.
-STORED_SHARED = Layout((1, 1) + STORED_BLOCK, (4096, 4096, 1024, 128, 32, 1))
+FRAGMENT_PERM = (0, 5, 1, 3, 4, 2, 6)
+#: Per activation type: the magic number of a pair (a 16-bit float whose mantissa's low
+#: bits take a 4-bit value exactly: 1024 for f16, 128 for bf16) and its value.
+MAGIC = {"f16": (0x64006400, 1024.0), "bf16": (0x43004300, 128.0)}
 
 
 def fragment_shape(n: int, k: int) -> tuple[int, ...]:
@@ -103,27 +117,45 @@ def _contiguous(x: Any) -> Any:
     return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x.contiguous()
 
 
-def fragment_weights(stored_tile: Any) -> Any:
-    """Inside a kernel: the loaded (1, 1, 4, 8, 4, 32) tile of stored weights as the
-    (64, 64) weight tile it holds (register reshapes, no data moved)."""
-    split = tg.reshape(stored_tile, FRAGMENT_SPLIT)
+def fragment_weights(words: Any, dtype: DType) -> Any:
+    """Inside a kernel: the loaded (1, 1, 4, 8, 4, 4) words of stored weights as the (64,
+    64) weight tile they hold, each weight as magic + w (`MAGIC`: 1024 + w in f16) — per
+    32-bit word four shifts and masks, each giving two weights at once, then register
+    reshapes (no data moved)."""
+    slots = tuple(words.shape) + (4,)
+    slot = tg.indices(slots, len(slots) - 1)   # a constant per register: the shifts fold
+    word = words[..., None]
+    shifted = tg.where(slot == 0, word, tg.where(
+        slot == 1, word // 16, tg.where(slot == 2, word // 256, word // 4096)))
+    pairs = tg.bitcast((shifted & 0x000F000F) | MAGIC[dtype.name][0], dtype)
+    split = tg.reshape(pairs, FRAGMENT_SPLIT)
     return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K))
 
 
 def dequantize_in(dtype: DType, packed: Any, scales: Any, zeros: Any, n: Any, group: Any,
                   groups_shape: tuple) -> Any:
     """(w - zero) * scale computed in `dtype` (f16/bf16, the MMA's operand type), inside
-    a kernel: the scales and zeros of row block `n`, group block `group` are a tile of
-    `groups_shape`, broadcast over the weights of each group (trailing dims). w - zero
-    is exact (integers up to 15) and the product rounds once, so this is the f32
-    dequantization rounded to `dtype`, in 16-bit instructions (the emitter's
-    `add/sub/mul.rn.f16`, which ptxas pairs; the 4-bit conversion by the magic number)."""
+    a kernel, from weights held as magic + w (`fragment_weights`): the scales and zeros of
+    row block `n`, group block `group` are a tile of `groups_shape`, broadcast over the
+    weights of each group (trailing dims). (magic + w) - (magic + zero) = w - zero is
+    exact (integers up to 15) and the product rounds once, so this is the f32
+    dequantization rounded to `dtype`, in paired 16-bit instructions (HADD2, HMUL2)."""
     from tegula.kernels.quant import SYMMETRIC_ZERO
     extra = (None,) * (packed.rank - len(groups_shape))
+    magic = MAGIC[dtype.name][1]
     scale = tg.load(scales.tile(groups_shape, (n, group)))[(..., *extra)]
-    zero = (tg.load(zeros.tile(groups_shape, (n, group)))[(..., *extra)]
-            if zeros is not None else SYMMETRIC_ZERO)
-    return (packed.to(dtype) - zero) * scale
+    zero = ((tg.load(zeros.tile(groups_shape, (n, group))) + magic)[(..., *extra)]
+            if zeros is not None else SYMMETRIC_ZERO + magic)
+    return (packed - zero) * scale
+
+
+def as_words(stored: Any) -> Any:
+    """The fragment-ordered bytes (`pack_fragments`) as the 32-bit words the kernel loads
+    (a view: numpy or torch)."""
+    if isinstance(stored, np.ndarray):
+        return stored.view(np.int32)
+    import torch
+    return stored.view(torch.int32)
 
 
 @lru_cache(maxsize=None)
@@ -139,14 +171,14 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     BN, BK = FRAGMENT_ROWS, FRAGMENT_K
 
     @tg.kernel(threads=128)
-    def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[u4, 6], scales: tg.Tensor[dtype],
+    def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 6], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
         S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
         ga = a.tile((BT, BK), (t, None))
-        gw = w.tile((1, 1) + STORED_BLOCK, (n, None, 0, 0, 0, 0))
+        gw = w.tile((1, 1) + STORED_WORDS, (n, None, 0, 0, 0, 0))
         steps, start = ga.shape[2], 0
         if partial:                  # this block's slice of the k-steps
             per_split = (steps + SPLIT - 1) // SPLIT
@@ -155,18 +187,18 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
-            sw = tg.shared((1, 1) + STORED_BLOCK, u4, stages=STAGES, layout=STORED_SHARED)
+            sw = tg.shared((1, 1) + STORED_WORDS, i32, stages=STAGES, layout=STORED_SHARED)
         else:       # straight into registers, one k-step ahead
             ahead = tg.load(gw[:, :, :, :, :, :, start], layout=STORED_TV)
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
                 tg.copy(gw[:, :, :, :, :, :, k], sw[k])
-                stored = tg.load(sw[k], layout=STORED_TV)
+                words = tg.load(sw[k], layout=STORED_TV)
             else:
-                stored = ahead
+                words = ahead
                 ahead = tg.load(gw[:, :, :, :, :, :, k + 1], layout=STORED_TV)  # masked past K
-            packed = tg.reshape(fragment_weights(stored), (BN, S, BK // S))
+            packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
             weights = dequantize_in(dtype, packed, scales, zeros if has_zeros else None,
                                     n, k // max(1, G // BK), (BN, S))
             tg.gemm(acc, tg.reshape(weights, (BN, BK)), sa[k])  # acc += w @ sa.T
@@ -208,5 +240,5 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
                   dict(SPLIT=split, BN=FRAGMENT_ROWS, BT=constexprs["BT"]))
 
 
-__all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "fragment_shape",
+__all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "fragment_shape",
            "pack_fragments", "unpack_fragments", "fragment_weights", "w4a16_fragment_kernel"]

@@ -31,7 +31,7 @@ from tegula.lang.elementwise import (abs_, cast, cos, exp, exp2, log, log2, maxi
                                      erf, rsqrt, sigmoid, sin, sqrt, tanh,
                                      where)
 from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
-from tegula.lang.indexing import arange, indices, permute, reshape
+from tegula.lang.indexing import arange, bitcast, indices, permute, reshape
 from tegula.lang.roles import consumer, producer
 from tegula.lang.scalars import cluster, num_programs, num_sms
 from tegula.lang.scan import cumsum, scan
@@ -46,6 +46,6 @@ __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
            "shared", "register", "zeros", "full", "fill", "copy", "load", "gemm", "cast",
            "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs_", "tanh", "sigmoid", "erf", "sin",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
-           "reduce_min", "argmax", "argmin", "arange", "indices", "reshape", "permute", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
+           "reduce_min", "argmax", "argmin", "arange", "indices", "reshape", "permute", "bitcast", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
            "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",
            "RegisterValue", "scan", "cumsum", "producer", "consumer"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tegula.dtypes import i32
-from tegula.ir.ops import Indices, Reshape
+from tegula.dtypes import DType, i32
+from tegula.ir.ops import Bitcast, Indices, Reshape
 from tegula.ir.scalar import Scalar
 from tegula.ir.values import RegisterTile, describe
 from tegula.layout.reshape import has_renaming
@@ -96,6 +96,30 @@ def permute(x: Any, dims: Any) -> RegisterValue:
         raise fail(op, f"dims must order all {tile.rank} dims of {describe(tile)} "
                        f"(a permutation of 0..{tile.rank - 1}), got {dims!r}")
     return _relabelled(x, tuple(tile.shape[d] for d in dims), dims, op)
+
+
+def bitcast(x: Any, dtype: Any) -> RegisterValue:
+    """The bits of register tile `x` read as `dtype`: the same shape where the widths
+    match (i32 <-> f32); from 32-bit to 16-bit elements (i32 -> f16/bf16) a new last dim
+    of 2, index 0 the low half (`tg.bitcast(words, f16)[..., 0]` is the low f16 of each
+    word). No data moves: each thread reads its own registers' bits — e.g. f16 pairs
+    built with integer masks (the magic-number dequantization of 4-bit weights)."""
+    op = "tg.bitcast"
+    ctx = current(op)
+    tile = as_register(x, op)
+    if not isinstance(dtype, DType) or dtype.is_packed or dtype.name == "bool" or \
+            tile.dtype.is_packed or tile.dtype.name == "bool" or \
+            tile.dtype.bits not in (dtype.bits, 2 * dtype.bits) or \
+            (tile.dtype.bits != dtype.bits and tile.dtype.bits != 32):
+        raise fail(op, f"{describe(tile)} cannot be read as {dtype!r}: tg.bitcast keeps "
+                       f"the width (e.g. i32 <-> f32) or splits 32-bit elements into two "
+                       f"16-bit ones (i32 -> f16/bf16)")
+    shape = tuple(tile.shape) + ((2,) if tile.dtype.bits != dtype.bits else ())
+    ctx.require_readable(tile, op)
+    out = new_register_tile(shape, dtype)
+    ctx.emit(Bitcast(x=tile, out=out))
+    ctx.mark_written(out)
+    return RegisterValue(out)
 
 
 def _relabelled(x: Any, shape: Any, perm: tuple | None, op: str) -> RegisterValue:
@@ -193,4 +217,4 @@ def _slice_text(s: slice) -> str:
     return ":".join(parts) + (f":{s.step}" if s.step is not None else "")
 
 
-__all__ = ["arange", "indices", "reshape", "permute", "reshaped", "promote_ranks", "index_register"]
+__all__ = ["arange", "indices", "reshape", "permute", "bitcast", "reshaped", "promote_ranks", "index_register"]

@@ -1,6 +1,7 @@
 """Register reshapes: `out = x.transpose(perm).reshape(out_shape)` (numpy, C order) as a
 relabelling of flat indices, so that a reshaped tile's TV layout is its source's layout
-with every flat index renamed and no register moves.
+with every flat index renamed and no register moves; and bitcasts (`bitcast_tv`: the
+same registers read as another type, a 32-bit one as two 16-bit halves).
 
 TV layouts map (thread, value) to a tile's *colexicographic* flat index (`tv.py`), while
 numpy's reshape is row-major, so a reshape that merges or splits dims renames flat
@@ -21,7 +22,7 @@ import numpy as np
 from tegula.layout.algebra import composition
 from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
-from tegula.layout.tv import tile_size, tile_strides
+from tegula.layout.tv import projected_tv, tile_size, tile_strides
 
 
 def reshape_sources(x_shape: tuple, perm: tuple, out_shape: tuple) -> np.ndarray:
@@ -96,6 +97,27 @@ def reshaped_tv(tv: Layout, x_shape: tuple, perm: tuple, out_shape: tuple,
         return None
 
 
+def bitcast_tv(tv: Layout, x_shape: tuple, split: bool) -> Layout:
+    """The TV layout of `tg.bitcast(x)` when x has layout `tv`: each thread reads its own
+    registers; split in two (32 to 16 bits), register v becomes registers 2v (the low
+    half: flat index f of x, index 0 of the new last dim) and 2v + 1 (f + size of x)."""
+    if not split:
+        return tv
+    return Layout((tv[0].shape, (2, tv[1].shape)),
+                  (tv[0].stride, (tile_size(tuple(x_shape)), tv[1].stride)))
+
+
+def bitcast_source_tv(tv: Layout, out_shape: tuple, split: bool) -> Layout | None:
+    """A layout for x that gives each thread the elements a bitcast's output `tv` reads
+    (split: the output's last dim dropped; registers may repeat), or None."""
+    if not split:
+        return tv
+    try:
+        return projected_tv(tv, tuple(out_shape), len(out_shape) - 1)
+    except LayoutError:
+        return None
+
+
 def has_renaming(x_shape: tuple, perm: tuple, out_shape: tuple) -> bool:
     """True if the reshape's renaming of flat indices is a CuTe layout (every extent met
     on the way divides the other); reshapes to and from a flat tile always have one."""
@@ -110,4 +132,5 @@ def is_plain_reshape(x_shape: tuple, perm: tuple, out_shape: tuple) -> bool:
         [x_shape[d] for d in kept] == [e for e in out_shape if e != 1]
 
 
-__all__ = ["reshape_sources", "reshaped_tv", "has_renaming", "is_plain_reshape"]
+__all__ = ["reshape_sources", "reshaped_tv", "bitcast_tv", "bitcast_source_tv", "has_renaming",
+           "is_plain_reshape"]

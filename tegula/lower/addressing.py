@@ -107,8 +107,13 @@ class ThreadCoords:
 
     def _make_base(self, tv: Layout, shape: tuple, thread: Expr) -> list:
         thread_flat = tv[0](thread)
-        names = []
+        every_thread = tv[0].all_offsets()
+        names: list = []
         for d, coord in enumerate(split_index(thread_flat, shape)):
+            known = _coord(every_thread, shape, d)
+            if (known == known[0]).all():  # the same in every thread (a dim held in the
+                names.append(Const(int(known[0])))  # values): a constant C can fold
+                continue
             var = Var(f"c{len(self._bases)}_{d}")
             self.prologue.append(Let(var, as_expr(coord)))
             names.append(var)

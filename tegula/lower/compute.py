@@ -16,16 +16,17 @@ import numpy as np
 
 from tegula.dtypes import DType, bool_, f32
 from tegula.errors import SynthesisError
-from tegula.ir.ops import AtomicAdd, Elementwise, Fill, Indices, Rearrange, Reduce, Reshape
+from tegula.ir.ops import (AtomicAdd, Bitcast, Elementwise, Fill, Indices, Rearrange, Reduce,
+                           Reshape)
 from tegula.ir.scalar import Scalar
 from tegula.ir.values import GlobalTile, RegisterTile, describe
 from tegula.layout.reshape import reshape_sources
 from tegula.layout.tv import (distinct_values, match_values, project_flat_indices,
-                              tile_strides, tv_table)
+                              tile_size, tile_strides, tv_table)
 from tegula.lower.addressing import (global_address, replica_predicate, scalar_expr,
                                      split_index)
 from tegula.lower.context import LoweringContext, reg
-from tegula.lower.thread_ir import (Assign, Barrier, Binary, Cast, Comment, Const,
+from tegula.lower.thread_ir import (Assign, Barrier, Binary, Bits, Cast, Comment, Const,
                                     GlobalAtomicAdd, IndexValue, Literal, RegRead, SharedLoad,
                                     SharedStore, Shuffle, TID, Unary, Where, all_of, as_expr)
 
@@ -123,6 +124,22 @@ def lower_reshape(ctx: LoweringContext, op: Reshape) -> list:
     src, dst = ctx.regs_of(op.x), ctx.regs_of(op.out)
     return [Comment(f"reshape {describe(op.x)} -> {describe(op.out)}")] + [
         Assign(reg(dst, v), RegRead(reg(src, int(found[v])))) for v in range(dst.size)]
+
+
+def lower_bitcast(ctx: LoweringContext, op: Bitcast) -> list:
+    """Each register of the result reads the bits of the register of `x` holding its word
+    (32 to 16 bits: the half its last coordinate names)."""
+    table = tv_table(op.out.layout)
+    size = tile_size(tuple(op.x.shape))
+    found = match_values(op.x.layout, table % size)
+    parts = table // size
+    if found is None or (parts != parts[:1]).any():
+        raise SynthesisError(f"internal: bitcast {describe(op.x)} -> {describe(op.out)} with "
+                             f"layouts {op.x.layout} vs {op.out.layout}", loc=op.loc)
+    src, dst = ctx.regs_of(op.x), ctx.regs_of(op.out)
+    return [Comment(f"bitcast {describe(op.x)} -> {describe(op.out)}")] + [
+        Assign(reg(dst, v), Bits(RegRead(reg(src, int(found[v]))), op.out.dtype,
+                                 int(parts[0, v]))) for v in range(dst.size)]
 
 
 def _fill_repeats(array, tv) -> list:

@@ -20,13 +20,14 @@ import dataclasses
 
 from tegula.dtypes import i32
 from tegula.errors import SynthesisError
-from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
-                           Op, Rearrange, Reduce, Reshape, Scan, TracedKernel, walk_ops)
+from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
+                           Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
+                           walk_ops)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
 from tegula.lower.arg_reduce import lower_any_reduce
-from tegula.lower.compute import (lower_atomic_add, lower_elementwise, lower_fill,
-                                  lower_indices, lower_rearrange, lower_reshape)
+from tegula.lower.compute import (lower_atomic_add, lower_bitcast, lower_elementwise,
+                                  lower_fill, lower_indices, lower_rearrange, lower_reshape)
 from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
 from tegula.lower.gemm import lower_gemm
@@ -41,7 +42,8 @@ from tegula.lower.thread_ir import (Barrier, BinOp, Comment, Const, CpAsyncCommi
 
 _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
           Reduce: lower_any_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add,
-          Indices: lower_indices, Reshape: lower_reshape, Scan: lower_scan}
+          Indices: lower_indices, Reshape: lower_reshape, Scan: lower_scan,
+          Bitcast: lower_bitcast}
 
 
 class SharedSync:

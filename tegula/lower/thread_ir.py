@@ -302,6 +302,16 @@ class Cast(Value):
 
 
 @dataclass(frozen=True)
+class Bits(Value):
+    """The bits of `x` read as `dtype` (`tg.bitcast`): all of them where the widths match,
+    else the `part`-th `dtype`-wide piece of x's bits, 0 the least significant."""
+
+    x: Value
+    dtype: DType
+    part: int = 0
+
+
+@dataclass(frozen=True)
 class Where(Value):
     cond: Value
     if_true: Value

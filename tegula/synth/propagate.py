@@ -29,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tegula.errors import SynthesisError
-from tegula.ir.ops import (Copy, Elementwise, Op, Rearrange, Reduce, Reshape, TracedKernel,
-                           walk_ops)
+from tegula.ir.ops import (Bitcast, Copy, Elementwise, Op, Rearrange, Reduce, Reshape,
+                           TracedKernel, walk_ops)
 from tegula.ir.values import GlobalTile, RegisterTile, Tile, describe
 from tegula.layout.cute import Layout
 from tegula.layout.errors import LayoutError
-from tegula.layout.reshape import is_plain_reshape, reshape_sources, reshaped_tv
+from tegula.layout.reshape import (bitcast_source_tv, bitcast_tv, is_plain_reshape,
+                                   reshape_sources, reshaped_tv)
 from tegula.ir.ops import Scan
 from tegula.synth.scan import scan_conversions
 from tegula.layout.tv import (coalesced_tv, match_values, project_flat_indices, projected_tv,
@@ -126,6 +127,16 @@ def propagate_once(ops: list[Op], state: LayoutState) -> bool:
                 changed |= state.set(op.dst, src, f"copied from {op.src.name}")
             elif dst is not None and src is None:
                 changed |= state.set(op.src, dst, f"copied into {op.dst.name}")
+        elif isinstance(op, Bitcast):
+            x, out = state.get(op.x), state.get(op.out)
+            split = op.x.rank != op.out.rank
+            if x is not None and out is None:
+                changed |= state.set(op.out, bitcast_tv(x, tuple(op.x.shape), split),
+                                     f"bitcast from {op.x.name}")
+            elif out is not None and x is None:
+                x = bitcast_source_tv(out, tuple(op.out.shape), split)
+                if x is not None:
+                    changed |= state.set(op.x, x, f"bitcast into {op.out.name}")
         elif isinstance(op, Reshape):
             x, out = state.get(op.x), state.get(op.out)
             if x is not None and out is None:
@@ -188,7 +199,7 @@ def operand_constraints(op: Op) -> list[tuple[Tile, Tile]]:
         return [(t, op.out) for t in op.inputs if isinstance(t, RegisterTile)]
     if isinstance(op, Copy) and isinstance(op.src, RegisterTile) and isinstance(op.dst, RegisterTile):
         return [(op.src, op.dst)]
-    if isinstance(op, Reshape):
+    if isinstance(op, (Reshape, Bitcast)):
         return [(op.x, op.out)]
     if isinstance(op, Reduce):
         return [(op.out, op.x)]  # the output must hold each input row's result
@@ -253,6 +264,10 @@ def _constraint_holds(op: Op, holder: Tile, user: Tile, h: Layout, u: Layout) ->
         wanted = reshape_sources(tuple(op.x.shape), op.order, tuple(op.out.shape))
         return tv_table(h).shape[0] == tv_table(u).shape[0] and \
             match_values(h, wanted[tv_table(u)]) is not None
+    if isinstance(op, Bitcast):  # x must hold, in each thread, each word out reads
+        size = tile_size(tuple(op.x.shape))
+        return tv_table(h).shape[0] == tv_table(u).shape[0] and \
+            match_values(h, tv_table(u) % size) is not None
     return layouts_agree(h, tuple(holder.shape), u, user.shape)
 
 
@@ -271,6 +286,13 @@ def _conversion_for(op: Op, holder: Tile, user: Tile, state: LayoutState,
                 f"{state.get(user)} of the result ({state.reasons.get(user.id)}) has no "
                 f"counterpart on the source's shape; reshape in steps whose extents divide "
                 f"each other, or pin a layout", loc=op.loc)
+    elif isinstance(op, Bitcast):
+        needed = bitcast_source_tv(needed, tuple(op.out.shape), op.x.rank != op.out.rank)
+        if needed is None:
+            raise SynthesisError(
+                f"bitcast {describe(op.x)} -> {describe(op.out)}: the layout "
+                f"{state.get(user)} of the result ({state.reasons.get(user.id)}) keeps the "
+                f"two halves of a word in different threads; pin a layout", loc=op.loc)
     elif tuple(holder.shape) != tuple(user.shape):
         needed = broadcast_layout(needed, user.shape, holder.shape)
     converted = RegisterTile(holder.dtype, tuple(holder.shape), f"{holder.name}_cvt", op.loc)
@@ -372,7 +394,7 @@ def _replace_operand(op: Op, old: Tile, new: Tile) -> None:
         op.inputs = [new if t is old else t for t in op.inputs]
     elif isinstance(op, Copy) and op.src is old:
         op.src = new
-    elif isinstance(op, Reshape) and op.x is old:
+    elif isinstance(op, (Reshape, Bitcast)) and op.x is old:
         op.x = new
 
 

@@ -118,3 +118,17 @@ def test_half_helpers_compile(dtype, narrow, target):
 
     result = build(kernel, {}, None, target)
     compile_cuda_report(result.cuda_source(), result.thread_kernel.name, result.target.sm)
+
+
+@tg.kernel(threads=64)
+def shifts(x: tg.Tensor[tg.i32], out: tg.Tensor[tg.i32]):
+    a = tg.load(x.tile((64, 2), (0, 0)))
+    tg.copy(a // 256 + a % 16 + a // 3, out.tile((64, 2), (0, 0)))
+
+
+def test_floor_division_by_a_power_of_two_is_a_shift_and_a_mask():
+    """x // 2^k is x >> k and x % 2^k is x & (2^k - 1) for every int (two's complement
+    floor semantics; tests/emulate/division_kernels.py has negative cases, held to the
+    GPU by tests/gpu/test_floor_division_gpu.py); other divisors keep the helpers."""
+    body = _source(shifts).split('extern "C"')[1]
+    assert " >> 8)" in body and " & 15)" in body and "tg_floordiv(" in body

@@ -96,7 +96,8 @@ def division_inputs(rng: np.random.Generator, shape: tuple, dtype: DType):
 
 
 #: (dtype, the number k, the kernel scalar s): negative and positive on the signed types.
-CASES = ((i32, -3, 5), (i32, 7, -4), (i8, -3, 2), (u8, 6, 5))
+CASES = ((i32, -3, 5), (i32, 7, -4), (i8, -3, 2), (u8, 6, 5),
+         (i32, 16, -5), (i8, 4, 3))  # powers of two: the CUDA shifts and masks
 #: (shape, threads, BM, BN): ragged edges; a tile smaller than the thread count.
 CONFIGS = (((37, 50), 64, 16, 32), ((5, 7), 128, 4, 8))
 

@@ -31,7 +31,7 @@ def test_pack_fragments_round_trips_and_puts_each_weight_where_the_kernel_reads_
     stored = pack_fragments(prepack(w_q))
     assert stored.shape == fragment_shape(n, k)[:5] + (16,) and stored.dtype == np.uint8
     assert np.array_equal(unpack_fragments(stored, n, k), prepack(w_q))
-    # spot-check the documented order: run (w, r, c), nibble v = (s, j, h, i)
+    # spot-check the documented order: run (w, r, c), word s, nibble 4j + 2h + i
     nibbles = np.stack([stored & 15, stored >> 4], axis=-1).reshape(stored.shape[:5] + (32,))
     for (nb, kb, w, r, c, v) in [(0, 0, 1, 2, 3, 5), (0, 0, 3, 7, 0, 31), (0, 0, 0, 0, 1, 16)]:
         s, j, h, i = v // 8, v // 4 % 2, v // 2 % 2, v % 2
@@ -121,6 +121,7 @@ def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
     kernel = w4a16_fragment_kernel(f16, True)
     text = tg.explain(kernel, G=128, BT=16, STAGES=4, warp_specialize=False)
     assert "layout conversions: none" in text
+    assert "cp.async.cg.shared.global.16" in text and "ld.shared.v4.b32" in text
     result = build(kernel, dict(G=128, BT=16, STAGES=4, warp_specialize=False))
     source = result.cuda_source()
     assert "tg_f16x2_sub(" in source and "tg_f16x2_mul(" in source

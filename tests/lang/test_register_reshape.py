@@ -123,3 +123,69 @@ def test_reshape_of_a_global_view_is_refused():
 
     with pytest.raises(TegulaError, match="register tile.*global or shared view"):
         tg.emulate(bad, (1,), np.zeros((4, 8), np.float32), np.zeros((8, 4), np.float32))
+
+
+# --------------------------------------------------------------------------------------
+# tg.bitcast
+# --------------------------------------------------------------------------------------
+
+@tg.kernel(threads=64)
+def words_to_halves(x: tg.Tensor[tg.i32], y: tg.Tensor[f16, 3], z: tg.Tensor[f32],
+                    M: tg.constexpr = 16, N: tg.constexpr = 8):
+    words = tg.load(x.tile((M, N), (0, 0)))
+    halves = tg.bitcast(words, f16)                   # (M, N, 2): [..., 0] the low half
+    tg.copy(halves * 1.0, y.tile((M, N, 2), (0, 0, 0)))
+    tg.copy(tg.bitcast(words ^ 1, f32), z.tile((M, N), (0, 0)))   # same width
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("m,n", [(16, 8), (5, 3), (64, 4)])
+def test_bitcast_reads_the_bits_numpy_reads(m, n, target):
+    rng = np.random.default_rng(m + n)
+    x = rng.integers(-2**31, 2**31, (m, n), dtype=np.int64).astype(np.int32)
+    x[0, 0] = 0x7C00FC00 if m > 1 else x[0, 0]        # +inf high half, -inf low half
+    y = np.full((m, n, 2), np.nan, np.float16)
+    z = np.full((m, n), np.nan, np.float32)
+    tg.emulate(words_to_halves, (1,), x, y, z, M=m, N=n, target=target)
+    np.testing.assert_array_equal(y.view(np.uint16), np.where(
+        np.isnan(y), y.view(np.uint16), x.view(np.uint16).reshape(m, n, 2)))
+    assert np.array_equal(np.isnan(y), np.isnan(x.view(np.float16).reshape(m, n, 2)))
+    assert np.array_equal(z.view(np.int32), (x ^ 1)) or np.array_equal(
+        np.isnan(z), np.isnan((x ^ 1).view(np.float32)))
+
+
+@tg.kernel(threads=128)
+def halves_transposed(x: tg.Tensor[tg.i32], y: tg.Tensor[tg.bf16, 3]):
+    halves = tg.bitcast(tg.load(x.tile((32, 16), (0, 0))), tg.bf16)
+    tg.copy(tg.permute(halves, (1, 0, 2)) + 0.0, y.tile((16, 32, 2), (0, 0, 0)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bitcast_to_bf16_then_permuted(target):
+    rng = np.random.default_rng(3)
+    x = rng.integers(-2**31, 2**31, (32, 16), dtype=np.int64).astype(np.int32)
+    y = np.zeros((16, 32, 2), np.float32)              # bf16 values held in float32
+    tg.emulate(halves_transposed, (1,), x, y, target=target)
+    bits = x.view(np.uint16).reshape(32, 16, 2).transpose(1, 0, 2).astype(np.uint32) << 16
+    want = bits.view(np.float32)
+    assert np.array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_array_equal(y[~np.isnan(y)], want[~np.isnan(want)])
+
+
+def _bitcast_error(src, dst) -> str:
+    @tg.kernel(threads=32)
+    def bad(x: tg.Tensor[src], y: tg.Tensor[f32]):
+        tg.bitcast(tg.load(x.tile((4, 8), (0, 0))), dst)
+
+    storage = {f16: np.float16, f32: np.float32}[src]
+    with pytest.raises(TegulaError) as info:
+        tg.emulate(bad, (1,), np.zeros((4, 8), storage), np.zeros((4, 8), np.float32))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("src,dst", [(f16, tg.i32), (f16, tg.u4), (f32, tg.i8)], ids=str)
+def test_bitcast_refuses_what_it_cannot_read(src, dst):
+    """16 -> 32 bits, 4-bit and 32 -> 8 bits: a clear error at the user's line."""
+    text = _bitcast_error(src, dst)
+    assert "tg.bitcast" in text and "cannot be read as" in text
+    assert "test_register_reshape.py" in text
