@@ -252,6 +252,21 @@ def _replay_entry(tensors: tuple, *head: Any) -> Any:
     return (key,) if replay is None else replay(tensors, pointers)
 
 
+def _replay_plan(tensors: tuple, *head: Any) -> tuple[bool, Any]:
+    """`_replay_entry` for entry points that remember a `PlanReplay` and may return a
+    tuple: (True, the replayed call's result), or (False, the replay key: None where an
+    argument is not replayable)."""
+    lookup = _replay.C_LOOKUP[0]
+    try:
+        if lookup is not None:
+            replay, key, pointers = lookup(_REPLAYS, head, tensors)
+        else:
+            replay, key, pointers = _replay._lookup(_REPLAYS, head, tensors, ())
+    except (AttributeError, TypeError):
+        return False, None
+    return (False, key) if replay is None else (True, replay(tensors, pointers))
+
+
 class EntryReplay:
     """An entry point's first call for a replay key, replayed: what the call's checks and
     choices produced (a prepared launch of the chosen kernel on the tensors' views, its
@@ -284,6 +299,73 @@ class EntryReplay:
             pointers.append(out.data_ptr())
         self.prepared(self.grid, (), pointers)
         return out
+
+
+class PlanReplay:
+    """An entry point's first call for a replay key that ran several launches (or one
+    with more than one output), replayed: per launch a prepared launch whose data
+    pointers come from the call's tensors or from outputs allocated afresh, then
+    `result(outputs)` (the entry point's return value). Made by `plan_replay`, which
+    traces every tensor argument of the first call to a call tensor or an output by its
+    data pointer, so a replay writes exactly the buffers the first call wrote."""
+
+    __slots__ = ("launches", "allocators", "result")
+
+    def __init__(self, launches: list, allocators: list, result: Callable[[list], Any]):
+        self.launches = launches      # (prepared launch, grid, scalar args, pointer sources)
+        self.allocators = allocators  # one per output, called with the first call tensor
+        self.result = result
+
+    def __call__(self, tensors: tuple, pointers: list) -> Any:
+        first = tensors[0]
+        outputs = [allocate(first) for allocate in self.allocators]
+        made = [out.data_ptr() for out in outputs]
+        for prepared, grid, args, sources in self.launches:
+            prepared(grid, args, [None if source is None else
+                                  pointers[source] if source >= 0 else made[~source]
+                                  for source in sources])
+        return self.result(outputs)
+
+
+def plan_replay(launches: Sequence[tuple], tensors: Sequence[Any], outputs: Sequence[Any],
+                result: Callable[[list], Any]) -> PlanReplay | None:
+    """The replay of a call that ran `launches` ((CompiledKernel, grid, args) each, in
+    order) on views of the call's `tensors` (the replay key's) and of `outputs` (tensors
+    it allocated, contiguous, in the shapes to allocate), returning `result(outputs)`;
+    None where an argument is neither (a copy the call made, e.g. `.contiguous()` of a
+    strided input) or a data pointer does not say which tensor it is (two call tensors
+    sharing memory, empty tensors): such calls keep the full path."""
+    from tegula.build import normalize_grid
+    from tegula.runtime import CompiledKernel, PreparedLaunch
+
+    torch = _torch()
+    if not all(isinstance(ck, CompiledKernel) for ck, _, _ in launches):
+        return None  # not real launches (the test suite's emulated ones)
+    if any(t.numel() == 0 for t in (*tensors, *outputs)) or \
+            not all(out.is_contiguous() for out in outputs):
+        return None  # empty tensors' pointers say nothing; outputs are made contiguous
+    # Source of a pointer: i >= 0 the call's tensor i, ~j (negative) output j.
+    named = [(t.data_ptr(), i) for i, t in enumerate(tensors)]
+    named += [(out.data_ptr(), ~j) for j, out in enumerate(outputs)]
+    owners = dict(named)
+    if len(owners) != len(named):
+        return None  # tensors sharing memory: a pointer would not say which one it is
+    planned = []
+    for ck, grid, args in launches:
+        sources = []
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                source = owners.get(arg.data_ptr())
+                if source is None:
+                    return None  # a tensor the call made for itself
+                sources.append(source)
+            else:
+                sources.append(None)
+        scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+        planned.append((PreparedLaunch(ck, *ck.plan.flatten(args)), normalize_grid(grid),
+                        scalars, tuple(sources)))
+    allocators = [fast_empty(tensors[0], out.shape, out.dtype) for out in outputs]
+    return PlanReplay(planned, allocators, result)
 
 
 def fast_empty(like: Any, shape: Sequence[int], dtype: Any = None) -> Callable[[Any], Any]:
@@ -340,6 +422,13 @@ def upgrade_allocations(module: Any = None) -> int:
             built = torch_alloc.allocator(*output)
             if built is not None:
                 replay.allocate = built
+                upgraded += 1
+        allocators = getattr(replay, "allocators", None)  # a PlanReplay's, one per output
+        for i, allocate in enumerate(allocators or ()):
+            output = _output_of(allocate)
+            built = None if output is None else torch_alloc.allocator(*output)
+            if built is not None:
+                allocators[i] = built
                 upgraded += 1
     return upgraded
 
