@@ -25,12 +25,15 @@ so synthesis and the autotuner can use them before lowering:
    * L2      = the block's global bytes at the SM's share of L2 -> SM bandwidth;
    * load latency = per loop iteration, one load latency over the loads in flight
      (Little's law, `pipeline_latency_cycles`; a TMA stage's latency includes its own
-     bytes, the box completing as a whole), shared by the blocks resident at once;
+     bytes, the box completing as a whole), shared by the blocks resident at once, and
+     weighed against the pipes by the same 2-norm (`_hidden`: a short wait is hidden, one
+     the size of the work is not) — what deeper pipelines and more resident blocks buy;
    * barrier latency = block-wide barriers (cross-warp reductions, shared round-trip
      conversions) x `BARRIER_CYCLES`, a stall likewise shared by the resident blocks;
    * drained wgmma loop = in a loop that waits for all its wgmmas every iteration while
      the same warps load the next stages (cp.async into wgmma operands), the tensor work
-     plus the stage's L2 bytes: they do not overlap (`drained_loop_cycles`);
+     plus the stage's L2 bytes: they do not overlap (`drained_loop_cycles`), a serial
+     chain the other resident blocks fill;
    * clusters: a multicast TMA box is read from L2 once for the cluster but lands whole in
      every SM (the SM's bytes do not drop), and each stage of its ring waits
      `CLUSTER_COUPLING_CYCLES` more (it is free only once every block released it);
@@ -236,6 +239,14 @@ def estimate(build, grid=None, shapes: dict | None = None,
 TMA_LATENCY_CYCLES = 800
 TMA_BYTES_PER_CLK = 20
 
+#: What a pipelined cp.async or vector load from global memory waits on a loaded H100 (the
+#: catalogue's 470 cycles are an idle GPU's). Fitted on the mma.sync GEMM at 2048^3 and
+#: 4096^3 (H100, 2026-11-24): at 470 the model tied 2, 3 and 4 stages of a tile, where 2
+#: stages of a BK = 32 tile measured up to 40% slower; 600 ranks them (Spearman 0.80 ->
+#: 0.85, 0.82 -> 0.86), 800 about as well (0.82, 0.82), 1,000 worse. Held out: 2048 x 8192
+#: x 1024 (0.75 -> 0.84) and the load-path family.
+LOADED_LOAD_LATENCY_CYCLES = 600
+
 #: What coupling the blocks of a cluster costs each stage of a multicast TMA ring: a stage
 #: is refilled only after the consumers of every block of the cluster released it (remote
 #: mbarrier arrives across SMs), so each block waits for its slowest peer and for the
@@ -253,26 +264,27 @@ CLUSTER_COUPLING_CYCLES = 200
 def pipeline_latency_cycles(uses: list[CountedUse], weights: dict, target: Target) -> float:
     """Cycles one block would wait on its loops' global loads if it were alone on its SM
     with all the bandwidth it wants: each iteration of a loop that loads from global memory
-    waits one load latency, shared by the loads in flight (`S - 1` for a `tg.pipeline` of
-    `S` stages, one when it is not pipelined). `_combine` divides this among the blocks
-    resident on an SM: by Little's law an SM keeping `n` blocks' loads in flight sustains
-    `n (S - 1) B / latency` bytes per clock, so the latency stops mattering once that
-    exceeds the SM's share of L2 bandwidth (the L2 term). A TMA stage's wait is
+    waits one load latency (`LOADED_LOAD_LATENCY_CYCLES`), shared by the loads in flight
+    (`S - 1` for a `tg.pipeline` of `S` stages, one when it is not pipelined). `_combine`
+    divides this among the blocks resident on an SM (by Little's law an SM keeping `n`
+    blocks' loads in flight sustains `n (S - 1) B / latency` bytes per clock) and weighs
+    what is left against the block's work (`_hidden`): deeper pipelines shorten the wait,
+    and so do more resident blocks, which the shared memory of deeper pipelines costs. A TMA stage's wait is
     `TMA_LATENCY_CYCLES` plus its bytes at `TMA_BYTES_PER_CLK` (the box completes as a
     whole). (Measured on an H100: the README GEMM at 128x256x64 runs ~2x slower at 2
     stages than at 4 on TMA; on cp.async, 2 stages cost nothing at 3 blocks per SM.)"""
-    unloaded = get_instruction("ld.global.v4.b32").latency_cycles
+    loaded = LOADED_LOAD_LATENCY_CYCLES
     per_loop: dict = {}          # loops -> (latency, TMA bytes per iteration)
     for counted in uses:
         u = counted.use
         if not counted.loops or not u.global_bytes or not u.role.startswith("G2"):
             continue
-        latency, tma_bytes = per_loop.get(counted.loops, (unloaded, 0.0))
+        latency, tma_bytes = per_loop.get(counted.loops, (loaded, 0.0))
         if u.pipe == "tma":
             # A multicast box lands whole in every block of the cluster; the stage it fills
             # is refilled only once every block's consumers released it (remote arrives).
             coupling = CLUSTER_COUPLING_CYCLES if u.multicast > 1 else 0
-            latency = max(latency if latency != unloaded else 0,
+            latency = max(latency if latency != loaded else 0,
                           TMA_LATENCY_CYCLES + coupling)
             tma_bytes += u.global_bytes
         per_loop[counted.loops] = (latency, tma_bytes)
@@ -405,6 +417,17 @@ BARRIER_CYCLES = 500
 ISSUE_WARPS_PER_SCHEDULER = 2
 
 
+def _hidden(work: float, wait: float) -> float:
+    """A block's time for `work` cycles of its pipes and a load `wait` (its share of the
+    wait, the rest filled by the blocks resident with it): the two overlap as two pipes do
+    (`PIPE_OVERLAP_NORM`) — a wait much shorter than the work is hidden, one of the same
+    size is not (the warps that wait do not issue). Where the maximum of the two had been
+    taken, 2, 3 and 4 stages of an mma.sync GEMM tile tied, and so did occupancies of 1 to
+    3 blocks per SM, which the GPU separates by up to 20% (H100, 2026-11-24: 128x128x64 at
+    256 threads, 4 stages at 1 block per SM, ran 1.2x slower than 2 or 3 stages at 2)."""
+    return (work ** PIPE_OVERLAP_NORM + wait ** PIPE_OVERLAP_NORM) ** (1 / PIPE_OVERLAP_NORM)
+
+
 def _issue_stretch(kernel: TracedKernel, bps: int, target: Target) -> float:
     """How much longer the issue slots take when too few warps compute: the kernel's own
     warps (a warp-specialized kernel's producer warps only issue its copies) over the
@@ -435,23 +458,26 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
              "special-function": t["sfu"]}
     pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
     # Per block at full SM rates; "load latency" is the block's wait alone (see
-    # pipeline_latency_cycles), shared by the blocks resident with it.
+    # pipeline_latency_cycles), shared by the blocks resident with it, and hidden behind
+    # the block's work only in part (`_hidden`).
     per_block = {"pipes": pipe_cycles}
     if target.l2_bytes_per_clk:
         per_block["L2"] = t["global_bytes"] * target.sm_count / target.l2_bytes_per_clk
         per_block["load latency"] = t.get("pipeline", 0.0) / bps
+        per_block["pipes"] = _hidden(pipe_cycles, per_block["load latency"])
     # A block-wide barrier stalls the block's warps until the last one arrives, exposing
     # the dependency chain before it; other resident blocks may fill the stall.
     per_block["barrier latency"] = t["barriers"] * BARRIER_CYCLES / bps
-    if t.get("drained"):
-        per_block["drained wgmma loop"] = t["drained"]
+    if t.get("drained"):  # one block's serial chain: other resident blocks fill its waits
+        per_block["drained wgmma loop"] = t["drained"] / bps
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
     resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}
     bound = max(resources, key=lambda k: resources[k])
     block_cycles = resources[bound] + latency
     if bound == "pipes":
-        bound = max(pipes, key=lambda k: pipes[k])
+        parts = {**pipes, "load latency": per_block.get("load latency", 0.0)}
+        bound = max(parts, key=lambda k: parts[k])
     fields = dict(target=target.name, clock_ghz=target.clock_ghz, threads=threads,
                   shared_bytes=smem, registers=registers, blocks_per_sm=bps,
                   occupancy_limit=limit, global_bytes=t["global_bytes"], flops=t["flops"],
@@ -471,6 +497,9 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     sm_cycles = {k: on_sm * v for k, v in per_block.items()}
     if "load latency" in sm_cycles:  # the latency is shared by the blocks resident at once
         sm_cycles["load latency"] = on_sm * t.get("pipeline", 0.0) / resident
+        sm_cycles["pipes"] = on_sm * _hidden(pipe_cycles, t.get("pipeline", 0.0) / resident)
+    if t.get("drained"):
+        sm_cycles["drained wgmma loop"] = on_sm * t["drained"] / resident
     sm_cycles["barrier latency"] = on_sm * t["barriers"] * BARRIER_CYCLES / resident
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])

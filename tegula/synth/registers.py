@@ -18,11 +18,15 @@ what CUDA keeps in registers (their indices are constants after unrolling). The 
    measured on its own (the statements around the `Roles` plus that role's body), and the
    kernel's figure is the largest role's.
 
+5. An mma's operand fragments are live from the group of loads one k-step before their
+   own (ptxas loads the next k-step's fragments while this one's mmas run):
+   `_load_one_k_step_ahead`.
+
 `ADDRESS_OVERHEAD` is calibrated against ptxas (`nvcc 13.0`, `--ptxas-options=-v`) on the
 library's kernels: see `tests/synth/test_cost_registers.py`, which records the measured
-counts next to the estimates. Arrays are taken whole (no per-element liveness), so a
-partly dead array counts in full: the estimate errs high, never by the ~4× of summing
-every array (what the model did before).
+counts next to the estimates. Liveness is per element where an index is a constant, so
+the estimate errs by tens of registers either way (mma.sync GEMM tiles on sm_90: -26 to
++16 against ptxas), never by the ~4× of summing every array (what the model did before).
 """
 from __future__ import annotations
 
@@ -126,7 +130,9 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
     intervals: dict[tuple, _Interval] = {}
     loops: list[tuple[int, int]] = []
     arrays: dict[str, object] = {}
-    end = _number(body, 0, intervals, loops, arrays)
+    fragments: set[str] = set()
+    end = _number(body, 0, intervals, loops, arrays, fragments)
+    _load_one_k_step_ahead(intervals, fragments)
     # Nested loops: extend until nothing changes (intervals only grow, so this ends).
     while any([_extend_over(loop, intervals) for loop in loops]):
         pass
@@ -150,32 +156,31 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
     return RegisterEstimate(words, described, role=role)
 
 
-def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: dict) -> int:
+def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: dict,
+            fragments: set) -> int:
     """Give each statement a position, record each register element's mentions and each
-    loop's span; returns the next free position."""
+    loop's span, and the arrays an mma reads (`fragments`); returns the next free
+    position."""
     for stmt in stmts:
         name = type(stmt).__name__
         if name == "For":
             start = position
-            position = _number(stmt.body, position + 1, intervals, loops, arrays)
+            position = _number(stmt.body, position + 1, intervals, loops, arrays, fragments)
             loops.append((start, position))
             position += 1
         elif name == "If":
-            position = _number(stmt.then, position, intervals, loops, arrays)
-            position = _number(stmt.otherwise, position, intervals, loops, arrays)
+            position = _number(stmt.then, position, intervals, loops, arrays, fragments)
+            position = _number(stmt.otherwise, position, intervals, loops, arrays, fragments)
         elif hasattr(stmt, "roles") and isinstance(stmt.roles, list):
             for r in stmt.roles:  # only reached for nested roles: measured together
-                position = _number(r.body, position, intervals, loops, arrays)
+                position = _number(r.body, position, intervals, loops, arrays, fragments)
         else:
-            operands_whole = name == "Mma"
             for reg, count, is_read in _registers_of(stmt):
                 array = reg.array
                 arrays[array.name] = array
                 elements = _elements(reg, count)
-                if operands_whole and is_read:
-                    # ptxas loads a k-step's whole operand fragments ahead of the mmas
-                    # (hiding ldmatrix latency): they are live together.
-                    elements = range(array.size)
+                if name == "Mma" and is_read:
+                    fragments.add(array.name)
                 for element in elements:
                     key = (array.name, element)
                     iv = intervals.get(key)
@@ -185,6 +190,26 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
                     iv.mentions.append((position, is_read))
             position += 1
     return position
+
+
+def _load_one_k_step_ahead(intervals: dict, fragments: set) -> None:
+    """ptxas loads the next k-step's operand fragments while this k-step's mmas run
+    (hiding the ldmatrix latency): an mma operand array's elements written by one group of
+    loads (a k-step: the writes between two runs of reads) are live from the start of
+    the group before it. Measured (ptxas 13, mma.sync GEMM, BK = 64 = 4 k-steps): the
+    whole array live at every mma overstated 128x128 tiles by ~40 registers (280 vs
+    242), each k-step's own slice alone understated them by ~60."""
+    for name in fragments:
+        events = sorted((position, is_read, key) for key, iv in intervals.items()
+                        if key[0] == name for position, is_read in iv.mentions)
+        group_starts, previous_was_read = [], True
+        for position, is_read, key in events:
+            if not is_read and previous_was_read:
+                group_starts.append(position)
+            previous_was_read = is_read
+            if not is_read and len(group_starts) > 1:
+                iv = intervals[key]
+                iv.first = min(iv.first, group_starts[-2])
 
 
 def _elements(reg, count: int) -> range:

@@ -29,7 +29,7 @@ def gemm128():
 
 def test_report_states_layouts_instructions_and_resources(gemm128):
     text = gemm128.explain()
-    assert "kernel gemm (BM=128, BN=128, BK=32, STAGES=3)" in text
+    assert "kernel gemm (BM=128, BN=128, BK=32, STAGES=3, CLUSTER_M=1, CLUSTER_N=1)" in text
     assert "Sw<2,3,3> o 0 o (128,32):(32,1)" in text                 # the synthesized swizzle
     assert "because: accumulator of mma.m16n8k16.f32.f16.f16.f32 on a 2x2 warp grid" in text
     assert "because: same as r0 (cast)" in text
@@ -47,7 +47,7 @@ def test_report_states_layouts_instructions_and_resources(gemm128):
 
 def test_tg_explain_builds_and_explains():
     text = tg.explain(gemm, target="sm_80", BM=64, BN=64)
-    assert "kernel gemm (BM=64, BN=64, BK=32, STAGES=3)" in text
+    assert "kernel gemm (BM=64, BN=64, BK=32, STAGES=3, CLUSTER_M=1, CLUSTER_N=1)" in text
     assert "2x4x2 MMAs per warp per gemm" in text
 
 

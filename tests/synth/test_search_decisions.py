@@ -104,17 +104,18 @@ def _recommend_cluster(m=4096, n=4096, k=4096, space=CLUSTER_SPACE):
 
 def test_clusters_of_one_win_at_4096_cubed():
     """Measured (H100, session 7): clusters of 2 ran 2-12% slower at every shape, tile
-    and stage count tried. The model picks clusters of 1: at 3 stages the coupled ring
-    costs the pair its latency; at 4 stages the ring hides it and the pair ties, broken
-    toward clusters of 1 (the smaller key)."""
+    and stage count tried (2-5% at 4 stages). The model picks clusters of 1: the coupled
+    ring lengthens each stage's wait, which 4 stages hide better than 3 (the wait is
+    weighed against the work, `cost._hidden`), so the pair loses less at 4 stages."""
     result = _recommend_cluster()
     assert result.best == dict(BN=256, CLUSTER=1, STAGES=4)
     by_config = {c.key: c for c in result.ranked}
-    tied = by_config["BN=256,CLUSTER=2,STAGES=4"]
-    assert tied.seconds == pytest.approx(result.ranked[0].seconds)
+    four, four_pair = result.ranked[0], by_config["BN=256,CLUSTER=2,STAGES=4"]
     three, three_pair = by_config["BN=256,CLUSTER=1,STAGES=3"], \
         by_config["BN=256,CLUSTER=2,STAGES=3"]
-    assert three_pair.seconds > three.seconds and three_pair.estimate.bound == "load latency"
+    assert 1 < four_pair.seconds / four.seconds < 1.05
+    assert three_pair.seconds / three.seconds > four_pair.seconds / four.seconds
+    assert three_pair.estimate.bound == "load latency"
     why = next(line for line in str(result).splitlines() if "BN=256,CLUSTER=2,STAGES=3" in line)
     assert "clusters of 2: multicast TMA boxes take" in why and "cycles more" in why
 
