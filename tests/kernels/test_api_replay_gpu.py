@@ -78,3 +78,79 @@ def test_matrix_replays_read_each_call_s_data_through_the_same_pointers(case):
         tol = 1e-2 if name == "matmul_fp8" else 2e-3
         bad = int((~((c.double() - ref).abs() <= tol * (ref.abs() + 1))).sum())
         assert bad == 0, (name, step, bad)
+
+
+def _attention_reference(q, k, v, causal, scale):
+    """o (float64) of (B, H, Sq, D) q against (B, Hkv, S, D) k, v, causal bottom-right."""
+    q, k, v = (t.double() for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = q.shape[2], k.shape[2]
+        hidden = torch.arange(sk, device=q.device)[None, :] > \
+            torch.arange(sq, device=q.device)[:, None] + sk - sq
+        s = s.masked_fill(hidden, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _pages(cache, table):
+    """(B, Hkv, S, D) as a pool of 64-token pages: page table[b, j] holds tokens
+    64 j ... 64 j + 63 of sequence b (zeros past S)."""
+    pool = cache.new_zeros(table.numel(), cache.shape[1], 64, cache.shape[3])
+    for b in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            tokens = cache[b, :, 64 * j:64 * j + 64]
+            pool[table[b, j], :, :tokens.shape[1]] = tokens
+    return pool
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_replays_read_each_call_s_cache_and_lengths(paged):
+    """attention_decode's replays (split + combine through fresh workspaces) on fresh
+    tensors per call, the last two on a side stream, the C++ allocator ready or not:
+    every element against float64, with each call's own lengths."""
+    from tegula.kernels import api
+    side = torch.cuda.Stream()
+    before = len(api._REPLAYS)
+    for call in range(6):
+        g = torch.Generator(device="cuda").manual_seed(100 + call)
+        q = torch.randn(3, 8, 2, 128, device="cuda", dtype=torch.float16, generator=g)
+        k = torch.randn(3, 2, 300, 128, device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn(3, 2, 300, 128, device="cuda", dtype=torch.float16, generator=g)
+        lens = torch.randint(2, 301, (3,), device="cuda", dtype=torch.int32, generator=g)
+        cache, table = (k, v), None
+        if paged:  # the same cache as 5 pages of 64 tokens per sequence, pool shuffled
+            table = torch.randperm(15, device="cuda", generator=g).view(3, 5)
+            cache = tuple(_pages(t, table) for t in (k, v))
+            table = table.to(torch.int32)
+        stream = side if call >= 4 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            o, lse = tk.attention_decode(q, *cache, lens, table, return_lse=True)
+        stream.synchronize()
+        for b in range(3):
+            n = int(lens[b])
+            want = _attention_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                        False, 128 ** -0.5)
+            err = (o[b:b + 1].double() - want).abs()
+            assert torch.all(err <= 2e-3 * (want.abs() + 1)), (call, b, err.max().item())
+        assert torch.isfinite(lse).all()
+    assert len(api._REPLAYS) == before + 1  # one key, replayed from the second call
+
+
+def test_attention_forward_replays_write_their_own_outputs():
+    from tegula.kernels import api
+    before = len(api._REPLAYS)
+    for call in range(5):
+        g = torch.Generator(device="cuda").manual_seed(200 + call)
+        q = torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(2, 2, 150, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(2, 2, 150, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        o, lse = tk.attention_forward(q, k, v, True, 0.1)
+        torch.cuda.synchronize()
+        want = _attention_reference(q, k, v, True, 0.1)
+        err = (o.double() - want).abs()
+        assert torch.all(err <= 2 ** -7 * (want.abs() + 1)), (call, err.max().item())
+        assert lse.shape == (2, 4, 100) and torch.isfinite(lse).all()
+    assert len(api._REPLAYS) <= before + 1
