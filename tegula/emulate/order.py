@@ -49,9 +49,11 @@ class HappensBefore:
         # Zero-filled arrays (lazily allocated pages): 0 means "none" for every stamp.
         self.w_tid = np.zeros(nbytes, dtype=np.int32)
         self.w_stamp = np.zeros(nbytes, dtype=np.int64)
-        self.r_stamp = np.zeros((nbytes, self.warps), dtype=np.int64)
-        self.r_min = np.zeros((nbytes, self.warps), dtype=np.int32)
-        self.r_max = np.zeros((nbytes, self.warps), dtype=np.int32)
+        # Reads, per (byte, warp) at index byte * warps + warp: the latest stamp and the
+        # range of reading threads since the byte's last write.
+        self.r_stamp = np.zeros(nbytes * self.warps, dtype=np.int64)
+        self.r_min = np.zeros(nbytes * self.warps, dtype=np.int32)
+        self.r_max = np.zeros(nbytes * self.warps, dtype=np.int32)
 
     # ------------------------------------------------------------------ synchronization
 
@@ -80,6 +82,8 @@ class HappensBefore:
     def _ordered(self, t: np.ndarray, other: np.ndarray, stamp: np.ndarray) -> np.ndarray:
         """Mask: the access stamped `stamp` by thread `other` is ordered before thread
         `t`'s (arrays broadcast alike; stamp 0: no access)."""
+        if not stamp.any():
+            return np.ones(np.shape(stamp), dtype=bool)
         return (stamp == 0) | (other == t) | (stamp <= self.known[t, other // 32])
 
     def ordered_for_all(self, lanes: np.ndarray, other: np.ndarray,
@@ -100,11 +104,14 @@ class HappensBefore:
     def unordered_reads(self, addrs: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mask over `addrs` of bytes read since their last write by a thread whose read
         is not ordered before thread `t`, such a reader) — `t`'s own reads never count."""
-        stamps = self.r_stamp[addrs]                               # [..., warps]
-        lo, hi = self.r_min[addrs], self.r_max[addrs]
+        slots = addrs[..., None] * self.warps + np.arange(self.warps)  # [..., warps]
+        stamps = self.r_stamp[slots]
+        late = stamps > self.known[t]                              # known[t]: [..., warps]
+        if not late.any():
+            return np.zeros(addrs.shape, dtype=bool), t
+        lo, hi = self.r_min[slots], self.r_max[slots]
         tt = t[..., None]
-        own = (lo == tt) & (hi == tt)
-        late = (stamps > self.known[t]) & ~own                     # known[t]: [..., warps]
+        late &= ~((lo == tt) & (hi == tt))  # the thread's own reads
         bad = late.any(axis=-1)
         if not bad.any():
             return bad, t
@@ -114,14 +121,15 @@ class HappensBefore:
         return bad, np.where(lo_w != t, lo_w, hi_w)
 
     def record_read(self, addrs: np.ndarray, t: np.ndarray) -> None:
-        flat, ft = addrs.ravel(), t.ravel()
-        w = ft // 32
-        fresh = self.r_stamp[flat, w] == 0
-        self.r_min[flat[fresh], w[fresh]] = np.iinfo(np.int32).max
-        self.r_max[flat[fresh], w[fresh]] = -1
-        self.r_stamp[flat, w] = self.clock
-        np.minimum.at(self.r_min, (flat, w), ft.astype(np.int32))
-        np.maximum.at(self.r_max, (flat, w), ft.astype(np.int32))
+        ft = t.ravel()
+        slot = addrs.ravel() * self.warps + ft // 32
+        fresh = slot[self.r_stamp[slot] == 0]
+        self.r_min[fresh] = np.iinfo(np.int32).max
+        self.r_max[fresh] = -1
+        self.r_stamp[slot] = self.clock
+        ft = ft.astype(np.int32)
+        np.minimum.at(self.r_min, slot, ft)
+        np.maximum.at(self.r_max, slot, ft)
 
     def record_write(self, addrs: np.ndarray, t: np.ndarray | None) -> None:
         """A write to `addrs` by threads `t` (None: not a generic write that later
@@ -131,7 +139,7 @@ class HappensBefore:
         else:
             self.w_tid[addrs] = t
             self.w_stamp[addrs] = self.clock
-        self.r_stamp[addrs.ravel()] = 0
+        self.r_stamp[(addrs.ravel()[:, None] * self.warps + np.arange(self.warps)).ravel()] = 0
 
     def seen(self, owner: np.ndarray, stamp: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Mask: thread `owner`'s event stamped `stamp` is ordered before thread `t`."""
