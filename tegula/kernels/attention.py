@@ -84,12 +84,12 @@ def online_softmax_probs(s, scale: float, m_i):
 
 def masked_for_softmax(visible, s, scale: float):
     """(scores, the scale `online_softmax_probs` applies): `s` with the keys not `visible`
-    at −inf. A positive `scale` is left to the softmax (one FMA per score); any other (a
-    user's zero or negative scale) is applied here, where the row max must be taken after
-    it (and −inf · 0 would be NaN)."""
-    if scale > 0:
-        return tg.where(visible, s, -INF), scale
-    return tg.where(visible, s * scale, -INF), 1.0
+    at −inf (None: no mask). A positive `scale` is left to the softmax (one FMA per score);
+    any other (a user's zero or negative scale) is applied here, where the row max must be
+    taken after it (and −inf · 0 would be NaN)."""
+    if scale <= 0:
+        s, scale = s * scale, 1.0
+    return (s if visible is None else tg.where(visible, s, -INF)), scale
 
 
 def online_softmax_step(s, scale: float, m_i, l_i, acc):
@@ -121,14 +121,22 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
 
+    # Every row of the block sees the keys up to `seen` (the first row's last visible key,
+    # or the last key): key blocks within it skip the mask's per-score compares.
+    seen = m * BM + seq_k - seq_q if CAUSAL else seq_k - 1
+
     def masked_scores(s, j):
         """Block j's scores with the keys past the end and causally hidden at −inf, and
-        the scale the softmax applies (`masked_for_softmax`)."""
-        cols = tg.arange(BN, offset=j * BN)
-        visible = cols[None, :] < seq_k
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
-        return masked_for_softmax(visible, s, QK_SCALE)
+        the scale the softmax applies (`masked_for_softmax`); only a block reaching past
+        `seen` is masked (a branch on block-uniform scalars)."""
+        s, scale = masked_for_softmax(None, s, QK_SCALE)
+        with tg.if_((j + 1) * BN - 1 > seen):
+            cols = tg.arange(BN, offset=j * BN)
+            visible = cols[None, :] < seq_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
+            s = tg.where(visible, s, -INF)
+        return s, scale
 
     def pv_gemm(p, v_block, acc):
         """acc += p @ v, p (registers) through shared memory where P_SHARED."""

@@ -17,9 +17,9 @@ second still computes.
 committed groups (the register arrays each one's wgmmas read or write: the accumulator
 `d`, a register A fragment). It pays the debt where it falls due:
 
-* before a register statement (`Assign`, `Shuffle`; `Comment`s pass freely) touching a
-  group's registers: `wait_group n`, n the groups committed after that one, which stay
-  in flight;
+* before a register statement (`Assign`, `Shuffle`, or a branch on scalars holding only
+  those; `Comment`s pass freely) touching a group's registers: `wait_group n`, n the
+  groups committed after that one, which stay in flight;
 * a later gemm's `WgmmaFence`, wgmmas and commit go by unless they touch an in-flight
   group's registers (then its wait comes before the fence);
 * before anything else — memory accesses, barriers, branches, loops, other async
@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 
 from tegula.lower.async_ir import Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
-from tegula.lower.thread_ir import Assign, Comment, Reg, Shuffle, Stmt
+from tegula.lower.thread_ir import Assign, Comment, If, LoadScalar, Reg, Shuffle, Stmt, walk
 
 #: Statements a wait may move past: register-only arithmetic, warp shuffles (registers of
 #: the warp's lanes; no memory) and comments.
@@ -99,7 +99,7 @@ def defer_wgmma_waits(stmts: list[Stmt]) -> list[Stmt]:
             touched = _touched_group(committed, _gemm_registers(stmts, index))
         elif isinstance(stmt, (Wgmma, WgmmaCommit)):
             touched = None                  # checked at the gemm's fence
-        elif isinstance(stmt, _REGISTER_ONLY):
+        elif isinstance(stmt, _REGISTER_ONLY) or _register_only_branch(stmt):
             touched = _touched_group(committed, register_arrays(stmt))
         else:
             touched = owed - 1 if owed else None    # memory, control flow: pay every debt
@@ -114,6 +114,27 @@ def defer_wgmma_waits(stmts: list[Stmt]) -> list[Stmt]:
     if owed:
         retire_through(owed - 1)
     return out
+
+
+def _register_only_branch(stmt: Stmt) -> bool:
+    """A branch on scalars (no memory read in its condition) whose both sides are register
+    arithmetic only: a wait moves past it as past its statements (the attention forward
+    masks only the key blocks that reach past the diagonal or the end)."""
+    if not isinstance(stmt, If) or any(isinstance(x, LoadScalar) for x in _nodes(stmt.cond)):
+        return False
+    return all(isinstance(x, _REGISTER_ONLY) for x in walk(stmt.then + stmt.otherwise))
+
+
+def _nodes(expr):
+    """Every node of an expression tree."""
+    stack = [expr]
+    while stack:
+        x = stack.pop()
+        yield x
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
 
 
 def _touched_group(committed: list[set[str]], arrays: set[str]) -> int | None:
