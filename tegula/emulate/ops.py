@@ -60,7 +60,8 @@ def values_to_bytes(vals: np.ndarray, dt: DType) -> np.ndarray:
     bits = to_bits(vals, dt)
     if dt.is_packed:
         return (bits[:, 0::2] | (bits[:, 1::2] << 4)).astype(np.uint8)
-    return np.ascontiguousarray(bits).view(np.uint8).reshape(vals.shape[0], -1)
+    width = int(np.prod(bits.shape[1:], dtype=np.int64)) * bits.itemsize  # none: 0 rows
+    return np.ascontiguousarray(bits).view(np.uint8).reshape(vals.shape[0], width)
 
 
 def bytes_to_values(data: np.ndarray, dt: DType, count: int) -> np.ndarray:

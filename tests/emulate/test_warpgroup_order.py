@@ -166,3 +166,34 @@ def test_the_consumer_scratch_race_is_reported_when_the_lowering_misses_its_barr
     c = np.full((64, 64), np.nan, np.float32)
     with pytest.raises(EmulationError, match="shared-memory race .write after read."):
         run_thread_kernel(tk, (1, 1), {"a": a, "b": b, "c": c})
+
+
+# -- a warpgroup unit with no lane in a statement ------------------------------------------
+@tg.kernel(threads=256)
+def _column_sums(a: tg.Tensor[f16], b: tg.Tensor[f16], o: tg.Tensor[f32],
+                 BM: tg.constexpr = 128, BN: tg.constexpr = 8):
+    """python -m tegula.fuzz --seed 8301 --program 107, shrunk: the sum's single-owner store
+    into shared memory has no lane in consumer warpgroup 1, which as a unit of its own ran
+    the store with zero lanes (a numpy reshape error, where lockstep always had lanes)."""
+    m, n = tg.block_id(0), tg.block_id(1)
+    acc = tg.full((BM, BN), 0.0, f32)
+    ga, gb = a.tile((BM, 16), (m, None)), b.tile((BN, 16), (n, None))
+    sa, sb = tg.shared((BM, 16), f16, stages=2), tg.shared((BN, 16), f16, stages=2)
+    for k in tg.pipeline(ga.shape[2], stages=2):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        tg.gemm(acc, sa[k], sb[k])
+    sums = tg.shared((1, BN), f32)
+    tg.copy(tg.sum(acc, 0), sums)
+    tg.copy(sums, o.tile((1, BN), (m, n)))
+
+
+@pytest.mark.parametrize("order", ["listed", "reversed", "random:1"])
+def test_a_statement_with_no_lane_in_a_warpgroup_unit_does_nothing_there(order):
+    rng = np.random.default_rng(0)
+    a, b = random_input(rng, (100, 40), f16), random_input(rng, (8, 40), f16)
+    o = np.full((1, 8), np.nan, np.float32)
+    tg.emulate(_column_sums, (1, 1), a, b, o, target="sm_90a", role_order=order)
+    ref = np.zeros((128, 8))
+    ref[:100] = a.astype(np.float64) @ b.astype(np.float64).T
+    np.testing.assert_allclose(o[0], ref.sum(0), rtol=1e-3, atol=1e-2)
