@@ -276,6 +276,26 @@ def test_the_overlapped_loop_runs_the_softmax_while_both_gemms_are_in_flight():
     assert positions(body, WgmmaWait)[0] < positions(body, Shuffle)[0]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_only_key_blocks_past_the_diagonal_or_the_end_are_masked(causal):
+    """The mask's compares and selects sit in a branch on the key block's index, taken by
+    blocks reaching past the first row's last visible key (causal) or the last key; the
+    waits stay outside it, so the interior blocks run no mask code."""
+    from tegula.build import build
+    from tegula.lower.async_ir import WgmmaCommit, WgmmaWait
+    from tegula.lower.thread_ir import Assign, For, If, walk
+
+    kernel = build(attention_kernel(tg.f16), dict(D=64, QK_SCALE=0.1, CAUSAL=causal, BM=128,
+                                                  BN=64, threads=256), None, "sm_90a")
+    loop, = [s for s in walk(kernel.thread_kernel.body) if isinstance(s, For)
+             and any(isinstance(x, WgmmaCommit) for x in s.body)]
+    branches = [s for s in loop.body if isinstance(s, If)]
+    assert len(branches) == 1 and "i0" in str(branches[0].cond)
+    inside = list(walk(branches[0].then))
+    assert len([x for x in inside if isinstance(x, Assign)]) >= 32   # a select per score
+    assert not any(isinstance(x, WgmmaWait) for x in inside) and not branches[0].otherwise
+
+
 # -- bad input: a clear error naming the argument, before anything is traced -------------------
 def test_bad_arguments_are_named():
     q, k, v = inputs(10, 1, 4, 2, 8, 8, 64)
