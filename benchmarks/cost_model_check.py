@@ -441,10 +441,12 @@ def _shape_indices(spec: str | None, family: str, count: int, quick: bool) -> li
     return [int(i) for i in items if int(i) < count]
 
 
-def _only(space, spec: str):
+def _only(space, spec: str, family: str = ""):
     """`space` (a list, or a function of the shape) keeping the configurations whose values
-    match every KEY=VALUE of `spec` that names one of their keys."""
-    wanted = dict(item.split("=", 1) for item in spec.split(","))
+    match every KEY=VALUE of `spec` that names one of their keys; an item FAMILY:KEY=VALUE
+    applies to that family (its command-line name) only."""
+    items = [item.split(":", 1) if ":" in item else ("", item) for item in spec.split(",")]
+    wanted = dict(item.split("=", 1) for name, item in items if name in ("", family))
 
     def keep(configs: list) -> list:
         return [c for c in configs
@@ -480,7 +482,8 @@ def main() -> None:
                              "of the 'P' lines of a --print-points run's output) with the "
                              "current model, write JSON/SVG into --out, print the table")
     parser.add_argument("--only", default=None,
-                        help="keep configurations with these values, e.g. BM=128,threads=256")
+                        help="keep configurations with these values, e.g. BM=128,threads=256; "
+                             "FAMILY:KEY=VALUE for one family (gemm_sm90a:BM=256)")
     parser.add_argument("--jobs", type=int, default=0,
                         help="compile every configuration first in this many processes")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
@@ -501,7 +504,7 @@ def main() -> None:
     for name in options.families.split(","):
         family = FAMILIES[name]()
         if options.only:
-            family["space"] = _only(family["space"], options.only)
+            family["space"] = _only(family["space"], options.only, name)
         chosen[name] = (family, _shape_indices(options.shapes, name, len(family["shapes"]),
                                                options.quick))
     if options.jobs:
