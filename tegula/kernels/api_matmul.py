@@ -28,12 +28,18 @@ from tegula.runtime.autotune import Config
 
 #: The persistent kernel's configurations on sm_90a (kernels.gemm.persistent_gemm_kernel):
 #: 128×256×64 in 4 stages on two cooperative consumer warpgroups is the H100's best
-#: measured (0.83× cuBLAS at 4096³, session 7); the second gives twice the tiles where
-#: 128×256 would leave SMs idle: 64×256 tiles on ping-pong consumer warpgroups (409
-#: TFLOP/s at 4096³, where 128×128 on two cooperative warpgroups ran at 379).
+#: measured (0.84× cuBLAS at 4096³, session 8), the same in 2-CTA clusters multicasting
+#: b (cuBLAS's own configuration there; 0.85× against 0.80× unclustered at
+#: 4096×14336×4096, 0.80× at 4096³: the tuner picks per shape). These kernels run at the
+#: L2's bandwidth (~5.5 TB/s of operand reads on an H100, session 8's ncu), so the tile's
+#: bytes per FLOP decide.
 PERSISTENT = [dict(kernel="persistent", BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
-              dict(kernel="persistent", BM=64, BN=256, BK=64, STAGES=4, GROUP=8,
-                   threads=128, consumers="pingpong")]
+              dict(kernel="persistent", BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256,
+                   CLUSTER=2)]
+#: Where 128×256 tiles would leave SMs idle (few rows): twice the tiles, 64×256 on
+#: ping-pong consumer warpgroups (~400 TFLOP/s at 4096³: twice the L2 bytes per FLOP).
+PERSISTENT_PINGPONG = dict(kernel="persistent", BM=64, BN=256, BK=64, STAGES=4, GROUP=8,
+                           threads=128, consumers="pingpong")
 
 
 def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
@@ -51,28 +57,39 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
     blocks (32 for N = 4096, a quarter of an H100), so narrower N tiles trade reuse, which
     few rows cannot use anyway, for blocks; with a long K, splitting it (SPLIT partial
     sums, then a deterministic reduction) multiplies the blocks again (128×4096 in 64×128
-    tiles is 64 blocks; split 4 ways, 256)."""
+    tiles is 64 blocks; split 4 ways, 256). On sm_90a, up to 64 rows, one wgmma tile of
+    64×32 with 8 stages in flight streams the weight unsplit (N/32 blocks), alone or in
+    2-block clusters along N that load a's box once (`gemm_kernel`'s CLUSTER_N): 0.92×
+    and 0.92× cuBLAS at 64×4096×4096 and 16×4096×4096 where split-K ran 0.81× / 0.84×
+    (H100, session 8)."""
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
+    streaming = [dict(BM=64, BN=32, BK=64, STAGES=8),
+                 dict(BM=64, BN=32, BK=64, STAGES=8, CLUSTER_N=2)] if hopper else []
+    # On sm_90a the streaming tiles take the places of the older decode candidates last
+    # in each list (the tuner times at most 7 per bucket).
+    keep = -len(streaming) or None
     if _api._pow2_at_least(m, 1) <= 16:
-        chosen = [dict(BM=16, BN=32, BK=128, STAGES=4), dict(BM=16, BN=64, BK=64, STAGES=4),
-                  dict(BM=32, BN=64, BK=64, STAGES=4), registers]
+        chosen = streaming + [dict(BM=16, BN=32, BK=128, STAGES=4),
+                              dict(BM=16, BN=64, BK=64, STAGES=4),
+                              dict(BM=32, BN=64, BK=64, STAGES=4), registers][:keep]
         split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
     elif _api._pow2_at_least(m, 1) <= 64:
-        chosen = [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
-                  dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
-                  registers]
+        chosen = streaming + [dict(BM=32, BN=64, BK=64, STAGES=4),
+                              dict(BM=64, BN=64, BK=64, STAGES=4),
+                              dict(BM=64, BN=128, BK=64, STAGES=4),
+                              dict(BM=32, BN=128, BK=64, STAGES=4), registers][:keep]
         split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2),
-                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)]
+                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)][:-1 if streaming else None]
     elif _api._pow2_at_least(m, 1) <= 256:
         chosen = [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
                   dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
         split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
                  dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
-        chosen += PERSISTENT[1:] if hopper else []
+        chosen += [PERSISTENT_PINGPONG] if hopper else []
     else:
         chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),

@@ -127,6 +127,19 @@ def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes()
     assert any(c.get("SPLIT", 1) > 1 for c in decode)
 
 
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_decode_candidates_stream_the_weight_in_narrow_wgmma_tiles_on_hopper(m):
+    """Up to 64 rows on sm_90a: 64×32 tiles, 8 stages, alone and in 2-block clusters along
+    N (measured faster than split-K, session 8), within the tuner's 7; none elsewhere."""
+    hopper = gemm_candidates(m, 4096, 16384, hopper=True)
+    streaming = [dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=8),
+                 dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=8, CLUSTER_N=2)]
+    assert hopper[:2] == streaming and len(hopper) <= 7
+    assert any(c.get("SPLIT", 1) > 1 for c in hopper)      # split-K is still timed
+    older = gemm_candidates(m, 4096, 16384, hopper=False)
+    assert not any("CLUSTER_N" in c or c["BN"] == 32 and c["BM"] == 64 for c in older)
+
+
 def test_persistent_candidates_fit_the_h100(monkeypatch):
     """Each persistent configuration synthesizes for sm_90a (shared memory, registers)."""
     for config in PERSISTENT:
