@@ -5,9 +5,15 @@ at or under torch's `y.copy_(x)` on the same host).
     PYTHONPATH=. python3 benchmarks/launch_overhead.py --stubbed   # anywhere, no GPU
     PYTHONPATH=. python3 benchmarks/launch_overhead.py --stubbed --profile
 
-On a GPU: times many back-to-back launches of a tiny kernel with a host clock, after a
-warm-up, so the loop is bound by the host; prints microseconds per call for
-`kernel[grid](...)` and for the torch entry points.
+On a GPU: per pair (tegula's call, torch's of the same kind), microseconds of host time
+per call: runs of 200 back-to-back calls timed up to the last call's return (before the
+synchronize that follows, so the host never waits for the GPU: 200 launches stay below
+the launch queue's depth), the two calls' runs interleaved, the best of 40 each; and the
+ratio of 2000 calls followed by a synchronize ("synced": host- or GPU-bound, whichever is
+slower). The C++ output allocator (`tegula.runtime.torch_alloc`) is built first (once a
+machine) and in use where it builds. Rows: `kernel[grid](...)`, the torch entry points,
+a torch custom op that only allocates (torch.library's own cost per call),
+`attention_forward` against SDPA, and a decode step's replay against its full path.
 
 `--stubbed`: tegula's own share of a replayed launch, on any machine. The kernel is
 compiled for real (NVRTC) and its first launch takes the full path, but the driver call
@@ -25,6 +31,28 @@ import time
 
 from tegula.dtypes import f16
 from tegula.kernels.copy import copy_kernel
+
+
+def host_runs(fns, calls: int = 200, repeats: int = 40) -> list[list[float]]:
+    """Per function, µs of host time per call of each of `repeats` runs of `calls`
+    back-to-back calls, timed before the synchronize that follows each run (so the clock
+    stops when the host has queued the last launch: `calls` stays below the launch queue's
+    depth, so the host never waits for the GPU), the functions' runs interleaved."""
+    import torch
+
+    for fn in fns:
+        for _ in range(200):
+            fn()
+    torch.cuda.synchronize()
+    runs = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, times in zip(fns, runs):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+    return runs
 
 
 def per_call_us(fn, calls: int = 2000, repeats: int = 5) -> float:
@@ -58,6 +86,8 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
+    from tegula.runtime import torch_alloc
+    torch_alloc.start()  # the C++ allocator: from the cache, or built (once a machine)
     x = torch.randn(64, 64, device="cuda", dtype=torch.float16)
     y = torch.empty_like(x)
     w = torch.randn(64, device="cuda", dtype=torch.float16)
@@ -65,6 +95,7 @@ def main() -> None:
     import tegula.kernels.torch_ops  # noqa: F401 — registers torch.ops.tegula.*
 
     kernel, scaled = copy_kernel(f16), scaled_copy_kernel()
+    allocate_op = empty_like_op()  # torch.library's own cost per call of a custom op
     # The matrix entry points at sizes where the host decides: a 64³ GEMM, a decode GEMV
     # (4 tokens), a 64x128x256 FP8 GEMM with per-tensor scales.
     a, b = torch.randn(64, 64, device="cuda", dtype=torch.float16), x.T  # b: K-major
@@ -88,6 +119,8 @@ def main() -> None:
          "torch.softmax(x, -1)", lambda: torch.softmax(x, -1)),
         ("torch.ops.tegula.softmax(x)", lambda: torch.ops.tegula.softmax(x),
          "torch.softmax(x, -1)", lambda: torch.softmax(x, -1)),
+        ("  a torch custom op: empty_like only", lambda: allocate_op(x),
+         "torch.empty_like(x)", lambda: torch.empty_like(x)),
         ("tegula.kernels.matmul(a, b) (64^3)", lambda: tk.matmul(a, b),
          "a @ b", lambda: a @ b),
         ("tegula.kernels.gemv(x, w) (4x256x512)", lambda: tk.gemv(tokens, weight),
@@ -96,10 +129,41 @@ def main() -> None:
          "torch._scaled_mm", lambda: torch._scaled_mm(a8, w8.T, sa, sb,
                                                      out_dtype=torch.bfloat16)),
     ]
+    # Attention at a size where the host decides, and a decode step (its replay against
+    # its own full path: torch has no op of the kind).
+    qa = torch.randn(1, 8, 128, 64, device="cuda", dtype=torch.float16)
+    ka, va = torch.randn_like(qa), torch.randn_like(qa)
+    pairs.append(("tegula.kernels.attention_forward", lambda: tk.attention_forward(qa, ka, va),
+                  "F.scaled_dot_product_attn", lambda: F.scaled_dot_product_attention(qa, ka, va)))
+    q1 = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.float16)
+    kcache = torch.randn(4, 8, 2048, 128, device="cuda", dtype=torch.float16)
+    vcache = torch.randn_like(kcache)
+    lengths = torch.full((4,), 1500, device="cuda", dtype=torch.int32)
+    from tegula.kernels import api
+
+    def decode_step():
+        return tk.attention_decode(q1, kcache, vcache, lengths)
+
+    decode_step()
+    decode_key = api._signature("attention_decode", (q1, kcache, vcache, lengths), True,
+                                type(None), None, bool, False, False, type(None), None,
+                                type(None), None)
+    assert type(api._REPLAYS.get(decode_key)) is api.PlanReplay, "decode kept no replay"
+
+    def decode_full_path():  # the step as before its replay: checks, configuration, launches
+        api._REPLAYS.pop(decode_key, None)
+        return decode_step()
+
+    decode = [("tk.attention_decode (4x32/8, 2048)", decode_step,
+               "its full path (before)", decode_full_path)]
+    for _, ours, _, theirs in pairs + decode:  # compile (and tune) while it builds
+        ours(), theirs()
+    cxx = torch_alloc.wait(120)  # then every replay allocates through it
     rows = []
-    for name, ours, peer, theirs in pairs:
-        mine, torch_s = per_call_runs([ours, theirs], repeats=7)
-        rows.append((name, min(mine), peer, min(torch_s)))
+    for name, ours, peer, theirs in pairs + decode:
+        mine, torch_s = host_runs([ours, theirs])
+        synced = per_call_runs([ours, theirs], repeats=3)
+        rows.append((name, min(mine), peer, min(torch_s), min(synced[0]) / min(synced[1])))
     from tegula.runtime import fastcall, launcher, replay
     if launcher._C_LAUNCH and launcher._C_LAUNCH[0] is not None:
         # The same replay with the driver called through ctypes instead (the fallback).
@@ -109,20 +173,37 @@ def main() -> None:
         replay.C_LOOKUP[0] = replay.C_KEYWORDS[0] = replay.C_LAUNCH[0] = None
         for prepared in kernel._fast_launch.values():
             prepared.direct = launcher._NOT_YET  # decided again, without the C launcher
-        rows.insert(1, ("  ... in Python, through ctypes",
-                        per_call_us(lambda: kernel[(2, 1)](x, y, BM=32, BN=64)),
-                        "y.copy_(x)", rows[0][3]))
+        ctypes_us = min(host_runs([lambda: kernel[(2, 1)](x, y, BM=32, BN=64)])[0])
+        rows.insert(1, ("  ... in Python, through ctypes", ctypes_us, "y.copy_(x)", rows[0][3],
+                        float("nan")))
         (launcher._C_LAUNCH[0], launcher._C_POINTERS[0], replay.C_LOOKUP[0],
          replay.C_KEYWORDS[0], replay.C_LAUNCH[0]) = saved
         for prepared in kernel._fast_launch.values():
             prepared.direct = launcher._NOT_YET
     else:
         print(f"C launcher not in use: {fastcall.unavailable}")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, "
-          f"best of 7 runs of 2000 back-to-back calls, tegula's and torch's interleaved")
-    print(f"{'tegula':36s} {'us':>6s}   {'torch peer':26s} {'us':>6s}  ratio")
-    for name, ours, peer, theirs in rows:
-        print(f"{name:36s} {ours:6.2f}   {peer:26s} {theirs:6.2f}  {ours / theirs:5.2f}")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, C++ allocator "
+          f"{'in use' if cxx else 'not in use: ' + str(torch_alloc.unavailable)}: host us per "
+          f"call, best of 40 runs of 200 back-to-back calls timed before their sync, "
+          f"tegula's and torch's interleaved; 'synced': the ratio of 2000 calls + sync "
+          f"(host or GPU bound, whichever is slower)")
+    print(f"{'tegula':36s} {'us':>6s}   {'torch peer':26s} {'us':>6s}  ratio  synced")
+    for name, ours, peer, theirs, synced in rows:
+        print(f"{name:36s} {ours:6.2f}   {peer:26s} {theirs:6.2f}  {ours / theirs:5.2f}  "
+              f"{synced:5.2f}")
+
+
+def empty_like_op():
+    """A torch custom op (torch.library.custom_op, as tegula's) whose CUDA implementation
+    is `torch.empty_like`: what a custom op costs beyond its own work."""
+    import torch
+
+    @torch.library.custom_op("tegula_bench::empty_like", mutates_args=(), device_types="cuda")
+    def empty_like(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    empty_like.register_fake(lambda x: torch.empty_like(x))
+    return torch.ops.tegula_bench.empty_like
 
 
 def scaled_copy_kernel():
