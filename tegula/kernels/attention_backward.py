@@ -92,14 +92,16 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
                 tg.copy(q_blocks[:, :, m], sq[m])
                 tg.copy(do_blocks[:, :, m], sdo[m])
                 queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
-                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :]
+                # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
+                # FMA per score
+                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
                 delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
                 s_t = tg.zeros((BN, BM), f32)
                 tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
                 seen = (keys < seq_k) & (queries < seq_q)
                 if CAUSAL:
                     seen = seen & (keys <= queries + (seq_k - seq_q))
-                p_t = tg.where(seen, tg.exp2((s_t * SCALE - lse_m) * LOG2E), 0.0)
+                p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
                 tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
                 dp_t = tg.zeros((BN, BM), f32)
                 tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
@@ -134,7 +136,7 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
         k_blocks = k[b, hk].tile((BN, D), (None, 0))
         v_blocks = v[b, hk].tile((BN, D), (None, 0))
         queries = tg.arange(BM, offset=m * BM)[:, None]         # (BM, 1)
-        lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[:, None]
+        lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[:, None] * LOG2E  # log2 units
         delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[:, None]
         dq_acc = tg.zeros((BM, D), f32)
         stop = k_blocks.shape[2]
@@ -150,7 +152,7 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
             seen = (keys < seq_k) & (queries < seq_q)
             if CAUSAL:
                 seen = seen & (keys <= queries + (seq_k - seq_q))
-            p = tg.where(seen, tg.exp2((s * SCALE - lse_m) * LOG2E), 0.0)
+            p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA a score
             dp = tg.zeros((BM, BN), f32)
             tg.gemm(dp, sdo, sv[n])                              # dO Vᵀ
             ds = p * (dp - delta_m)
