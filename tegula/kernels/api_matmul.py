@@ -42,6 +42,32 @@ PERSISTENT_PINGPONG = dict(kernel="persistent", BM=64, BN=256, BK=64, STAGES=4, 
                            threads=128, consumers="pingpong")
 
 
+#: What the search (`tg.recommend`, issue 11) decides for the persistent kernel on sm_90a:
+#: the tile's width, its stages and the cluster shape (BM=128, BK=64, two consumer
+#: warpgroups fixed).
+PERSISTENT_SPACE = dict(BN=[128, 256], STAGES=[3, 4], CLUSTER=[1, 2])
+
+
+@functools.lru_cache(maxsize=None)
+def searched_persistent(m: int, n: int, k: int) -> list[dict]:
+    """The persistent kernel's configurations matmul times for an (M, N, K) bucket on
+    sm_90a: the cost model's top `len(PERSISTENT)` over `PERSISTENT_SPACE`, each config
+    built and scored without a GPU (~0.3 s each, once per bucket). For the large shapes
+    they are `PERSISTENT` (128×256 in 4 stages, alone and in 2-block clusters); where
+    128×256 tiles leave SMs idle (512×4096: 64 tiles) the search takes 128×128."""
+    from tegula.arch import get_target
+    from tegula.kernels.gemm import persistent_gemm_kernel, persistent_grid
+    from tegula.recommend import recommend
+    sms = get_target("sm_90a").sm_count
+    found = recommend(persistent_gemm_kernel(f16), shapes=dict(a=(m, k), b=(n, k), c=(m, n)),
+                      grid=lambda c: persistent_grid(m, n, sms, c["BM"], c["BN"], c["CLUSTER"]),
+                      space=PERSISTENT_SPACE, top_k=len(PERSISTENT), target="sm_90a",
+                      BM=128, BK=64, GROUP=8, threads=256, load_path="tma")
+    return [dict(kernel="persistent", BM=128, BN=c.config["BN"], BK=64, STAGES=c.config["STAGES"],
+                 GROUP=8, threads=256, **({"CLUSTER": 2} if c.config["CLUSTER"] == 2 else {}))
+            for c in found.top]
+
+
 def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
                     fused: bool = False) -> list[dict]:
     """GEMM configurations worth timing for an (M, N, K) bucket, the default (untuned)
@@ -104,9 +130,10 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
             # the two-warpgroup tiles (one 128-thread warpgroup holds 128 accumulators)
             wide = [c for c in chosen if c.get("threads") == 256]
             epilogue_first = [c for c in wide if (c["BN"], c["BK"]) == (256, 64)]
-            chosen = epilogue_first + PERSISTENT + [c for c in wide
+            persistent = searched_persistent(m, n, k)
+            chosen = epilogue_first + persistent + [c for c in wide
                                                     if c not in epilogue_first] if fused \
-                else PERSISTENT + wide
+                else persistent + wide
         split = []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
