@@ -118,7 +118,9 @@ def cluster_family() -> dict:
     sms = get_target("sm_90a").sm_count
     space = _space(BM=[128], BN=[128, 256], BK=[64], STAGES=[3, 4], threads=[256],
                    CLUSTER=[1, 2])
-    shapes = [(4096, 4096, 4096), (2048, 8192, 1024), (8192, 2048, 4096), (8192, 8192, 2048)]
+    # The last: 64 tiles of 128x256 for 132 SMs, where matmul's search takes 128x128.
+    shapes = [(4096, 4096, 4096), (2048, 8192, 1024), (8192, 2048, 4096), (8192, 8192, 2048),
+              (512, 4096, 4096)]
 
     def make(shape, device="cuda"):
         m, n, k = shape
@@ -137,8 +139,9 @@ def row_family(which: str) -> dict:
     from tegula.kernels.norm import rms_norm_kernel
     from tegula.kernels.softmax import softmax_kernel
     kernel = softmax_kernel(f16) if which == "softmax" else rms_norm_kernel(f16)
-    # large enough that the configurations differ by more than launch noise
-    shapes = [(131072, 1024), (32768, 4096), (262144, 512)]
+    # large enough that the configurations differ by more than launch noise; the last two
+    # (32 MB each way) where fewer rows per SM leave occupancy and tails to matter
+    shapes = [(131072, 1024), (32768, 4096), (262144, 512), (16384, 1024), (4096, 4096)]
 
     def make(shape, device="cuda"):
         m, n = shape
