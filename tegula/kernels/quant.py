@@ -666,13 +666,14 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
 def fragment_candidates(m: int) -> list[dict]:
     """The fragment kernel's configs worth timing (pre-packed weights): the token tile for
-    M, 4 or 8 ring stages, split K in 1, 2 or 4 (few weight tiles at N = 4096 fill few
-    SMs); 64-token tiles as well beyond 64 tokens."""
-    bt, one_role = token_tile(m), dict(FRAGMENT=1, warp_specialize=False)
-    configs = [dict(one_role, BT=bt, STAGES=stages, SPLIT=split)
-               for stages in (4, 8) for split in (1, 2, 4)]
+    M, one or two stored blocks a k-step (KS), split K in 1, 4 or 8 (one 64-row weight
+    tile a block leaves N = 4096 with 64 blocks: split K gives the SMs more, and each SM
+    more warps to hide the dequantization's latency); 64-token tiles as well beyond 64
+    tokens (H100 round 1 of session 8: one block per SM ran 2x slower than split 4)."""
+    bt, one_role = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, STAGES=4)
+    configs = [dict(one_role, BT=bt, KS=ks, SPLIT=split) for ks in (1, 2) for split in (1, 4, 8)]
     if bt > 64:
-        configs += [dict(one_role, BT=64, STAGES=4, SPLIT=split) for split in (1, 2)]
+        configs += [dict(one_role, BT=64, KS=2, SPLIT=split) for split in (2, 4)]
     return configs
 
 

@@ -49,20 +49,29 @@ FRAGMENT_ROWS = 64      # weight rows per block: one wgmma A tile (4 warps x 16 
 FRAGMENT_K = 64         # k per block and per k-step (32 nibbles = 16 bytes per thread)
 STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64), in nibbles
 STORED_WORDS = (4, 8, 4, 4)   # the same as 32-bit words (w, r, c, s): what the kernel loads
-#: How the loaded (1, 1, 4, 8, 4, 4) words are spread over 128 threads: thread
-#: 32w + 4r + c holds its run's 4 words (one 16-byte load).
-STORED_TV = Layout(((4, 8, 4), 4), ((32, 4, 1), 128))
-#: The ring's stage: the words as they are in memory (thread t's run at byte 16t), so that
-#: cp.async and the shared load are 16-byte vectors, conflict-free (eight threads' runs
-#: make one 128-byte wavefront); a swizzle would only split the runs.
-STORED_SHARED = Layout((1, 1) + STORED_WORDS, (512, 512, 128, 16, 4, 1))
 #: Word s of a run holds pair slot p = (h, i) of k16 step s in nibbles p (j = 0) and p + 4
 #: (j = 1): shifted right by 4p and masked with 0x000F000F, both weights of the pair sit in
-#: the mantissas of one 32-bit pair of 16-bit floats. The bitcast (…, s, p, j) tile split
-#: into (w, r, c, s, h, i, j) ...
+#: the mantissas of one 32-bit pair of 16-bit floats. The bitcast (1, KS, …, s, p, j) tile
+#: of KS blocks along K split into (kb, w, r, c, s, h, i, j) ...
 FRAGMENT_SPLIT = (4, 8, 4, 4, 2, 2, 2)
-#: ... and ordered (w, i, r, s, h, c, j): row-major, rows n = (w, i, r), k = (s, h, c, j)
-FRAGMENT_PERM = (0, 5, 1, 3, 4, 2, 6)
+#: ... and ordered (w, i, r, kb, s, h, c, j): row-major, rows n = (w, i, r), k = (kb, s,
+#: h, c, j)
+FRAGMENT_PERM = (1, 6, 2, 0, 4, 5, 3, 7)
+
+
+def stored_tv(blocks: int) -> Layout:
+    """How `blocks` loaded (1, blocks, 4, 8, 4, 4) word blocks are spread over 128
+    threads: thread 32w + 4r + c holds its run's 4 words of each block (a 16-byte load
+    each), the words of a block in consecutive registers."""
+    return Layout(((4, 8, 4), (4, blocks)), ((32 * blocks, 4 * blocks, blocks),
+                                              (128 * blocks, 1)))
+
+
+def stored_shared(blocks: int) -> Layout:
+    """The ring's stage: the words as they are in memory (thread t's run at byte 16t of
+    each block), so that cp.async and the shared load are 16-byte vectors, conflict-free
+    (eight threads' runs make one 128-byte wavefront); a swizzle would only split runs."""
+    return Layout((1, blocks) + STORED_WORDS, (512 * blocks, 512, 128, 16, 4, 1))
 #: Per activation type: the magic number of a pair (a 16-bit float whose mantissa's low
 #: bits take a 4-bit value exactly: 1024 for f16, 128 for bf16) and its value.
 MAGIC = {"f16": (0x64006400, 1024.0), "bf16": (0x43004300, 128.0)}
@@ -118,18 +127,19 @@ def _contiguous(x: Any) -> Any:
 
 
 def fragment_weights(words: Any, dtype: DType) -> Any:
-    """Inside a kernel: the loaded (1, 1, 4, 8, 4, 4) words of stored weights as the (64,
-    64) weight tile they hold, each weight as magic + w (`MAGIC`: 1024 + w in f16) — per
-    32-bit word four shifts and masks, each giving two weights at once, then register
-    reshapes (no data moved)."""
+    """Inside a kernel: the loaded (1, KS, 4, 8, 4, 4) words of KS stored blocks as the
+    (64, 64·KS) weight tile they hold, each weight as magic + w (`MAGIC`: 1024 + w in f16)
+    — per 32-bit word four shifts and masks, each giving two weights at once, then
+    register reshapes (no data moved)."""
+    blocks = words.shape[1]
     slots = tuple(words.shape) + (4,)
     slot = tg.indices(slots, len(slots) - 1)   # a constant per register: the shifts fold
     word = words[..., None]
     shifted = tg.where(slot == 0, word, tg.where(
         slot == 1, word // 16, tg.where(slot == 2, word // 256, word // 4096)))
     pairs = tg.bitcast((shifted & 0x000F000F) | MAGIC[dtype.name][0], dtype)
-    split = tg.reshape(pairs, FRAGMENT_SPLIT)
-    return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K))
+    split = tg.reshape(pairs, (blocks,) + FRAGMENT_SPLIT)
+    return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K * blocks))
 
 
 def dequantize_in(dtype: DType, packed: Any, scales: Any, zeros: Any, n: Any, group: Any,
@@ -168,17 +178,19 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
     by `w4a16_split_sum_kernel`)."""
     out_type = f32 if partial else dtype
-    BN, BK = FRAGMENT_ROWS, FRAGMENT_K
+    BN = FRAGMENT_ROWS
 
     @tg.kernel(threads=128)
     def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 6], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
-                       SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1):
+                       SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1,
+                       KS: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
+        BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
         S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
         ga = a.tile((BT, BK), (t, None))
-        gw = w.tile((1, 1) + STORED_WORDS, (n, None, 0, 0, 0, 0))
+        gw = w.tile((1, KS) + STORED_WORDS, (n, None, 0, 0, 0, 0))
         steps, start = ga.shape[2], 0
         if partial:                  # this block's slice of the k-steps
             per_split = (steps + SPLIT - 1) // SPLIT
@@ -187,17 +199,18 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
-            sw = tg.shared((1, 1) + STORED_WORDS, i32, stages=STAGES, layout=STORED_SHARED)
+            sw = tg.shared((1, KS) + STORED_WORDS, i32, stages=STAGES,
+                           layout=stored_shared(KS))
         else:       # straight into registers, one k-step ahead
-            ahead = tg.load(gw[:, :, :, :, :, :, start], layout=STORED_TV)
+            ahead = tg.load(gw[:, :, :, :, :, :, start], layout=stored_tv(KS))
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
                 tg.copy(gw[:, :, :, :, :, :, k], sw[k])
-                words = tg.load(sw[k], layout=STORED_TV)
+                words = tg.load(sw[k], layout=stored_tv(KS))
             else:
                 words = ahead
-                ahead = tg.load(gw[:, :, :, :, :, :, k + 1], layout=STORED_TV)  # masked past K
+                ahead = tg.load(gw[:, :, :, :, :, :, k + 1], layout=stored_tv(KS))  # masked
             packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
             weights = dequantize_in(dtype, packed, scales, zeros if has_zeros else None,
                                     n, k // max(1, G // BK), (BN, S))
@@ -240,5 +253,5 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
                   dict(SPLIT=split, BN=FRAGMENT_ROWS, BT=constexprs["BT"]))
 
 
-__all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "fragment_shape",
+__all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
            "pack_fragments", "unpack_fragments", "fragment_weights", "w4a16_fragment_kernel"]

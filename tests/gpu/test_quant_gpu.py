@@ -273,7 +273,10 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
         ("f16", 1, 333, 1024, 128, True, {}),
         ("f16", 100, 77, 192, 32, True, dict(BT=64)),
         ("bf16", 33, 300, 512, 128, True, {}),
-        ("bf16", 16, 4096, 4096, 128, False, dict(SPLIT=2))]],
+        ("bf16", 16, 4096, 4096, 128, False, dict(SPLIT=2)),
+        ("f16", 16, 4096, 4096, 128, True, dict(KS=2, SPLIT=8)),
+        ("f16", 20, 130, 224, 32, True, dict(KS=2, SPLIT=3)),
+        ("bf16", 128, 4096, 4096, 64, True, dict(KS=2, BT=128, WSMEM=0))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):

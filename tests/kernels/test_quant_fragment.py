@@ -49,6 +49,10 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (20, 70, 320, 64, False, dict(SPLIT=3)),           # slices of 2, 2, 1 k-steps
     (9, 64, 96, 32, True, dict(SPLIT=4, STAGES=2)),    # two slices run no step
     (100, 77, 192, 32, True, dict(BT=128, STAGES=4)),
+    # two stored blocks a k-step (KS=2): 128 k, groups of 32 give four scales a step
+    (13, 70, 192, 64, True, dict(KS=2)),                # 1.5 steps: the second half masked
+    (20, 130, 224, 32, False, dict(KS=2, SPLIT=2)),
+    (5, 64, 384, 128, True, dict(KS=2, WSMEM=0)),
 ]
 
 
