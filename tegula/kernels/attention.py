@@ -38,8 +38,18 @@ Variants, a constexpr each, so the autotuner can time them:
   (`lower/wgmma_waits.py` places the waits: wait_group 1 before the softmax reads s,
   wait_group 0 before acc is rescaled). One (BN, D) shared buffer more (block 0's keys).
   Measured slower than the plain loop on an H100 (session 7: D=128 causal 413 → 360
-  TFLOP/s, D=64 and D=256 too): with two consumer warpgroups drifting apart, one's
-  softmax already runs during the other's gemms. Not among the autotuner's candidates.
+  TFLOP/s, D=64 and D=256 too). Why (session 8, the SASS): ptxas schedules the whole
+  softmax after the `wgmma.wait_group 0` (its `WARPGROUP.DEPBAR.LE gsb0, 0x0` comes two
+  instructions after the `0x1`, and the stage release with it), since register
+  arithmetic may move across the wait and the empty-asm operand fences leave no trace in
+  PTX: nothing overlaps, and the loop pays the extra live tile. Not among the
+  autotuner's candidates; the overlap between warpgroups is next.
+
+* `consumers="pingpong"` (a build option, with BM=128 on 256 threads; sm_90a): the two
+  consumer warpgroups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
+  ping-pong, `lower/warp_roles.py` `take_turns_in_loop`): each issues `acc += p_j @ v_j`
+  and `s_{j+1} = q @ k_{j+1}.T` in its turn, then runs block j+1's softmax while the
+  other's gemms run.
 
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
   operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
