@@ -102,6 +102,17 @@ def test_clusters_of_two_share_b_tiles_and_stay_right(m, n, k, sms):
     check_epilogue(c, a, b, bias, "relu", f16)
 
 
+@pytest.mark.parametrize("m,n,k,sms,cluster", [(300, 200, 72, 8, 4), (130, 70, 72, 16, 8)])
+def test_clusters_of_four_and_eight_stay_right(m, n, k, sms, cluster):
+    """b multicast to 4 / 8 row tiles: row tiles no multiple of the cluster (blocks past
+    a's rows join their cluster), fewer and more units than clusters."""
+    rng = np.random.default_rng(m + cluster)
+    a, b, _ = operands(rng, m, n, k, f16)
+    c = gemm_emulated(a, b, f16, persistent=sms, CLUSTER=cluster, BM=64, BN=32, BK=32,
+                      STAGES=3, GROUP=2)
+    check_gemm(c, a, b, f16)
+
+
 def test_grid_is_one_block_per_sm_or_per_tile():
     assert persistent_grid(4096, 4096, 132, 128, 256) == (132,)
     assert persistent_grid(256, 512, 132, 128, 256) == (4,)
