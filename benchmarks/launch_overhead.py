@@ -182,8 +182,12 @@ def main() -> None:
             prepared.direct = launcher._NOT_YET
     else:
         print(f"C launcher not in use: {fastcall.unavailable}")
+    entries = [r for r in api._REPLAYS.values() if type(r) is api.EntryReplay
+               and r.allocate is not None]
+    in_cxx = sum(api._output_of(r.allocate) is None for r in entries)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, C++ allocator "
-          f"{'in use' if cxx else 'not in use: ' + str(torch_alloc.unavailable)}: host us per "
+          f"{'in use' if cxx else 'not in use: ' + str(torch_alloc.unavailable)} "
+          f"({in_cxx} of {len(entries)} allocating replays through it): host us per "
           f"call, best of 40 runs of 200 back-to-back calls timed before their sync, "
           f"tegula's and torch's interleaved; 'synced': the ratio of 2000 calls + sync "
           f"(host or GPU bound, whichever is slower)")
