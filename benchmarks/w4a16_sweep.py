@@ -145,7 +145,7 @@ def _runner(name, shape, t, config):
     if name == "w4frag":
         from tegula.kernels import quant_fragment as qf
         if "stored" not in t:
-            t["stored"] = qf.pack_fragments(t["packed"])
+            t["stored"] = qf.as_words(qf.pack_fragments(t["packed"]))
         grid, constexprs = qf.fragment_config(m, n, k, GROUP, **config)
         operands = (t["a"], t["stored"], t["scales"], t["zeros"])
         return lambda: qf.launch_w4a16_fragment(grid, constexprs, f16, True, operands,

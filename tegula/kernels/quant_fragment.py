@@ -13,8 +13,9 @@ nibbles are one 16-byte run, and the kernel source says which weight each one is
         n = 64·nb + 16·w + 8·i + r,   k = 64·kb + 16·s + 8·h + 2·c + j
 
 (wgmma m64k16 over four warps: warp w, lane 4r + c holds rows 16w + r (+8) and k pairs
-2c (+8) of each k16 step.) The kernel loads the run as four i32 words (a pinned layout:
-thread 32w + 4r + c holds its run), and `fragment_weights` shifts each word right by 4p
+2c (+8) of each k16 step.) The kernel reads the bytes as (N/64, K/64, 128, 4) i32 words
+(`as_words`: run t = 32w + 4r + c, so copies coalesce along t) and loads a run as four
+words (a pinned layout: thread t holds run t), and `fragment_weights` shifts each word right by 4p
 and masks it with 0x000F000F: both weights of pair p (k and k + 1: j = 0, 1) sit in the
 low mantissa bits of two 16-bit halves, OR-ed with a magic number (1024.0 as f16, 128.0
 as bf16) that makes each half magic + w exactly; `tg.bitcast` reads the word as two
@@ -48,7 +49,8 @@ from tegula.layout.cute import Layout
 FRAGMENT_ROWS = 64      # weight rows per block: one wgmma A tile (4 warps x 16 rows)
 FRAGMENT_K = 64         # k per block and per k-step (32 nibbles = 16 bytes per thread)
 STORED_BLOCK = (4, 8, 4, 32)  # (w, r, c, v) of one block, after (N/64, K/64), in nibbles
-STORED_WORDS = (4, 8, 4, 4)   # the same as 32-bit words (w, r, c, s): what the kernel loads
+STORED_WORDS = (128, 4)       # the same as 32-bit words (run 32w + 4r + c, s): what the
+                              # kernel loads (runs one dim: the copies coalesce along it)
 #: Word s of a run holds pair slot p = (h, i) of k16 step s in nibbles p (j = 0) and p + 4
 #: (j = 1): shifted right by 4p and masked with 0x000F000F, both weights of the pair sit in
 #: the mantissas of one 32-bit pair of 16-bit floats. The bitcast (1, KS, …, s, p, j) tile
@@ -60,18 +62,17 @@ FRAGMENT_PERM = (1, 6, 2, 0, 4, 5, 3, 7)
 
 
 def stored_tv(blocks: int) -> Layout:
-    """How `blocks` loaded (1, blocks, 4, 8, 4, 4) word blocks are spread over 128
-    threads: thread 32w + 4r + c holds its run's 4 words of each block (a 16-byte load
-    each), the words of a block in consecutive registers."""
-    return Layout(((4, 8, 4), (4, blocks)), ((32 * blocks, 4 * blocks, blocks),
-                                              (128 * blocks, 1)))
+    """How `blocks` loaded (1, blocks, 128, 4) word blocks are spread over 128 threads:
+    thread t holds run t's 4 words of each block (a 16-byte load each), the words of a
+    block in consecutive registers."""
+    return Layout((128, (4, blocks)), (blocks, (128 * blocks, 1)))
 
 
 def stored_shared(blocks: int) -> Layout:
     """The ring's stage: the words as they are in memory (thread t's run at byte 16t of
     each block), so that cp.async and the shared load are 16-byte vectors, conflict-free
     (eight threads' runs make one 128-byte wavefront); a swizzle would only split runs."""
-    return Layout((1, blocks) + STORED_WORDS, (512 * blocks, 512, 128, 16, 4, 1))
+    return Layout((1, blocks) + STORED_WORDS, (512 * blocks, 512, 4, 1))
 #: Per activation type: the magic number of a pair (a 16-bit float whose mantissa's low
 #: bits take a 4-bit value exactly: 1024 for f16, 128 for bf16) and its value.
 MAGIC = {"f16": (0x64006400, 1024.0), "bf16": (0x43004300, 128.0)}
@@ -127,11 +128,12 @@ def _contiguous(x: Any) -> Any:
 
 
 def fragment_weights(words: Any, dtype: DType) -> Any:
-    """Inside a kernel: the loaded (1, KS, 4, 8, 4, 4) words of KS stored blocks as the
-    (64, 64·KS) weight tile they hold, each weight as magic + w (`MAGIC`: 1024 + w in f16)
-    — per 32-bit word four shifts and masks, each giving two weights at once, then
-    register reshapes (no data moved)."""
+    """Inside a kernel: the loaded (1, KS, 128, 4) words of KS stored blocks as the (64,
+    64·KS) weight tile they hold, each weight as magic + w (`MAGIC`: 1024 + w in f16) —
+    per 32-bit word four shifts and masks, each giving two weights at once, then register
+    reshapes (no data moved)."""
     blocks = words.shape[1]
+    words = tg.reshape(words, (1, blocks, 4, 8, 4, 4))     # run = (w, r, c)
     slots = tuple(words.shape) + (4,)
     slot = tg.indices(slots, len(slots) - 1)   # a constant per register: the shifts fold
     word = words[..., None]
@@ -160,12 +162,16 @@ def dequantize_in(dtype: DType, packed: Any, scales: Any, zeros: Any, n: Any, gr
 
 
 def as_words(stored: Any) -> Any:
-    """The fragment-ordered bytes (`pack_fragments`) as the 32-bit words the kernel loads
-    (a view: numpy or torch)."""
-    if isinstance(stored, np.ndarray):
-        return stored.view(np.int32)
+    """The fragment-ordered bytes (`pack_fragments`) as the (N/64, K/64, 128, 4) 32-bit
+    words the kernel loads (a view: numpy or torch)."""
+    words = stored.view(np.int32) if isinstance(stored, np.ndarray) else stored.view(
+        _torch_int32())
+    return words.reshape(tuple(stored.shape[:2]) + STORED_WORDS)
+
+
+def _torch_int32() -> Any:
     import torch
-    return stored.view(torch.int32)
+    return torch.int32
 
 
 @lru_cache(maxsize=None)
@@ -181,7 +187,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     BN = FRAGMENT_ROWS
 
     @tg.kernel(threads=128)
-    def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 6], scales: tg.Tensor[dtype],
+    def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1,
@@ -190,7 +196,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
         S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
         ga = a.tile((BT, BK), (t, None))
-        gw = w.tile((1, KS) + STORED_WORDS, (n, None, 0, 0, 0, 0))
+        gw = w.tile((1, KS) + STORED_WORDS, (n, None, 0, 0))
         steps, start = ga.shape[2], 0
         if partial:                  # this block's slice of the k-steps
             per_split = (steps + SPLIT - 1) // SPLIT
@@ -202,15 +208,15 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
             sw = tg.shared((1, KS) + STORED_WORDS, i32, stages=STAGES,
                            layout=stored_shared(KS))
         else:       # straight into registers, one k-step ahead
-            ahead = tg.load(gw[:, :, :, :, :, :, start], layout=stored_tv(KS))
+            ahead = tg.load(gw[:, :, :, :, start], layout=stored_tv(KS))
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
-                tg.copy(gw[:, :, :, :, :, :, k], sw[k])
+                tg.copy(gw[:, :, :, :, k], sw[k])
                 words = tg.load(sw[k], layout=stored_tv(KS))
             else:
                 words = ahead
-                ahead = tg.load(gw[:, :, :, :, :, :, k + 1], layout=stored_tv(KS))  # masked
+                ahead = tg.load(gw[:, :, :, :, k + 1], layout=stored_tv(KS))  # masked
             packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
             weights = dequantize_in(dtype, packed, scales, zeros if has_zeros else None,
                                     n, k // max(1, G // BK), (BN, S))

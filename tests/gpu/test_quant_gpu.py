@@ -293,8 +293,9 @@ def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
     grid, constexprs = qf.fragment_config(m, n, k, group, warp_specialize=False, **tiles)
     zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
                                                             dtype=DTYPES[dtype])
+    operands = (a, qf.as_words(stored), scales, zeros_arg)
     qf.launch_w4a16_fragment(grid, constexprs, f16 if dtype == "f16" else bf16,
-                             zeros is not None, (a, stored, scales, zeros_arg), c,
+                             zeros is not None, operands, c,
                              lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
                              lambda shape: torch.full(shape, float("nan"), device="cuda"))
     torch.cuda.synchronize()
