@@ -74,3 +74,21 @@ def test_turned_off_by_the_environment():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     assert out.strip() == "False turned off by TEGULA_TORCH_ALLOCATOR=0"
+
+
+@pytest.mark.gpu
+def test_cuda_replays_allocate_through_it(built):
+    """On CUDA: the allocators give tensors on the argument's device, and a replayed
+    entry point allocates through the C++ allocator with every element right."""
+    import tegula.kernels as tk
+    x = torch.randn(33, 70, device="cuda", dtype=torch.float16) * 4
+    y = torch_alloc.allocator((5,), torch.empty(0, dtype=torch.int32))(x)
+    assert (y.device, y.dtype, y.shape) == (x.device, torch.int32, (5,))
+    results = [tk.softmax(x) for _ in range(4)]  # full path, then replays
+    replay = api._REPLAYS[api._signature("softmax", (x,), int, -1, True)]
+    assert api._output_of(replay.allocate) is None  # not a Python allocator
+    torch.cuda.synchronize()
+    want = torch.softmax(x.double(), -1)
+    for got in results:
+        assert torch.allclose(got.double(), want, rtol=2e-3, atol=1e-5)
+    assert len({r.data_ptr() for r in results}) == 4
