@@ -409,7 +409,8 @@ class Generator:
             names.append(f"g{kind[-1]}{len(self.tensors)}")
             self.tensors.append(TensorDecl(names[-1], dtype, kind + ("_t" if trans else ""),
                                            extent))
-        body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb))
+        scratch = self.sw.scratch and stages > 0 and self.bm == self.bn and r.random() < 0.5
+        body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb, scratch))
         return acc
 
     def transposed_read(self, dtype: str, route: str) -> str:
@@ -437,6 +438,8 @@ class Generator:
         dtype = r.choice(("f16", "bf16", "f16", "bf16", "f8e4m3", "f8e5m2", "i8"))
         while True:
             bm, bn = r.choice((64, 64, 64, 128, 32, 16)), r.choice((8, 16, 24, 32, 48, 64, 128))
+            if self.sw.scratch and r.random() < 0.15:
+                bn = bm  # square: a K loop may go through a transposed scratch tile
             if bm * bn <= self.sw.gemm_max_tile:
                 break
         cluster = 2 if self.sw.clusters and r.random() < 0.2 else 1

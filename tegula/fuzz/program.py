@@ -162,6 +162,11 @@ class Gemm:
     padded); 1: a `tg.range` over the K tiles of `bk`; ≥ 2: the README's `tg.pipeline` with
     that many staged shared buffers (on sm_90a the path that may become TMA + wgmma).
 
+    `scratch` (a K loop, square tiles): each K tile's product goes through a shared
+    scratch tile, `part = 0; tg.gemm(part, …); copy part -> scratch; acc += load(scratch.T)`
+    — the warp-specialized consumer body that writes, then reads, one tile each iteration
+    (its next write must wait for every thread's reads). acc gets each tile's transpose.
+
     `ta` / `tb`: how an operand stored transposed — a "gemm_a_t" (K x M) / "gemm_b_t"
     (K x N) tensor — is read (`TRANSPOSED_READS`): "smem", its (bk, BM) tile copied into a
     shared buffer of that shape and multiplied through the buffer's `.T` view (an MN-major
@@ -176,6 +181,7 @@ class Gemm:
     stages: int = 0
     ta: str = ""
     tb: str = ""
+    scratch: bool = False
 
 
 @dataclass(frozen=True)
@@ -418,7 +424,7 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
     elif isinstance(s, Loop):
         _check_loop(program, s, scope, loop, outputs)
     elif isinstance(s, Gemm):
-        _check_gemm(s, decl, scope)
+        _check_gemm(program, s, decl, scope)
     elif isinstance(s, (Stash, Unstash)):
         _check_scratch(program, s, scope, loop)
     elif isinstance(s, Store):
@@ -494,7 +500,7 @@ GEMM_ACCUMULATOR = {"f16": "f32", "bf16": "f32", "f8e4m3": "f32", "f8e5m2": "f32
 MAX_GEMM_K_TILES = 6  # a looped gemm's K extent is at most this many tiles of bk
 
 
-def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
+def _check_gemm(program: Program, s: Gemm, decl: dict, scope: Scope) -> None:
     a, b = decl.get(s.a), decl.get(s.b)
     kinds = tuple(f"gemm_{x}" + ("_t" if t else "") for x, t in (("a", s.ta), ("b", s.tb)))
     if a is None or b is None or (a.kind, b.kind) != kinds:
@@ -507,6 +513,8 @@ def _check_gemm(s: Gemm, decl: dict, scope: Scope) -> None:
         raise Invalid("gemm operand types or extents")
     if s.stages > 1 and s.route != "shared":
         raise Invalid("a pipelined gemm stages its operands in shared memory")
+    if s.scratch and (s.stages == 0 or program.BM != program.BN):
+        raise Invalid("a gemm through a scratch tile is a K loop over square tiles")
     acc = _operand_type(scope, s.acc)
     if (acc.dtype, acc.shape) != (GEMM_ACCUMULATOR[a.dtype], (True, True)) or \
             len(scope.shared_with[s.acc]) > 1:

@@ -198,6 +198,8 @@ class Model:
         b = _tiles(b_rows, p.BN, k, 0, gn, 1).transpose(1, 0, 2, 3)
         with np.errstate(all="ignore"):
             products = a[:, :, :, None, :].astype(np.float64) * b[:, :, None, :, :]
+        if s.scratch:  # each K tile's product is added transposed (square tiles)
+            products = products.transpose(0, 1, 3, 2, 4)
         terms = np.concatenate([products, acc.val[..., None].astype(np.float64)], axis=4)
         if nx.is_int(acc.dtype):
             total = nx.wrap_int(np.sum(terms.astype(np.int64), axis=4), acc.dtype)

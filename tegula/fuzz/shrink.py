@@ -131,6 +131,8 @@ def _simpler(s) -> Iterator:
     if isinstance(s, Loop) and s.stages > 1:
         yield replace(s, stages=1)
     if isinstance(s, Gemm):
+        if s.scratch:
+            yield replace(s, scratch=False)
         if s.stages > 1:
             yield replace(s, stages=s.stages - 1)
         if s.stages <= 1 and s.route != "register":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import linecache
 
-from tegula.fuzz.program import (Alias, Assign, Binary, Cast, Extent, Full, Gemm, InPlace,
+from tegula.fuzz.program import (GEMM_ACCUMULATOR, Alias, Assign, Binary, Cast, Extent, Full,
+                                 Gemm, InPlace,
                                  Indices, Load, Loop, Num, Program, Reduce, Stash, Store, Unary,
                                  Unstash, Where, check)
 
@@ -188,6 +189,9 @@ def _gemm(w: _Writer, s: Gemm) -> None:
                 buffers.append(f"{tensor}_s")
                 w.emit(f"{tensor}_s = tg.shared({_gemm_buffer_shape(rows, s.bk, trans)}, "
                        f"{dt}{staged})")
+        if s.scratch:
+            acc_dt = _dtype(GEMM_ACCUMULATOR[w.program.tensor(s.a).dtype])
+            w.emit(f"{s.acc}_x = tg.shared((BM, BN), {acc_dt})")
         loop = "tg.range" if s.stages == 1 else "tg.pipeline"
         extra = "" if s.stages == 1 else f", stages={s.stages}"
         w.emit(f"for {index} in {loop}({s.a}_t.shape[2]{extra}):")
@@ -200,7 +204,13 @@ def _gemm(w: _Writer, s: Gemm) -> None:
             target = buf if s.stages == 1 else f"{buf}[{index}]"
             w.emit(f"tg.copy({view}, {target})")
             operands.append(target + (".T" if trans == "smem" else ""))
-        w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
+        if s.scratch:  # each K tile's product through the scratch tile, transposed
+            w.emit(f"{s.acc}_p = tg.zeros((BM, BN), {acc_dt})")
+            w.emit(f"tg.gemm({s.acc}_p, {operands[0]}, {operands[1]})")
+            w.emit(f"tg.copy({s.acc}_p, {s.acc}_x)")
+            w.emit(f"{s.acc} += tg.load({s.acc}_x.T)")
+        else:
+            w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
         w.indent -= 1
         return
     for tensor, rows, coord, trans in sides:

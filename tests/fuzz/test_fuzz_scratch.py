@@ -79,3 +79,50 @@ def test_the_generator_draws_scratch_tiles_around_loops():
                 found["transposed"] += any(isinstance(b, Unstash) and b.transposed
                                            for b in s.body)
     assert all(found.values()), found
+
+
+# -- a K loop through a scratch tile (the warp-specialized consumer body) ---------------------
+def _gemm_through_scratch(dtype: str = "f16", stages: int = 3) -> Program:
+    from tegula.fuzz.program import GEMM_ACCUMULATOR, Cast, Gemm
+    acc = GEMM_ACCUMULATOR[dtype]
+    return Program(threads=128, BM=64, BN=64, M=70, N=100,
+                   tensors=(TensorDecl("ga0", dtype, "gemm_a", 72),
+                            TensorDecl("gb1", dtype, "gemm_b", 72),
+                            TensorDecl("o2", "f32", "out")),
+                   body=(Full("v1", (True, True), acc, Num(0.0 if acc == "f32" else 0)),
+                         Gemm("v1", "ga0", "gb1", 32 if dtype == "f16" else 64, "shared",
+                              stages, scratch=True))
+                   + ((Store("o2", "v1", "copy"),) if acc == "f32" else
+                      (Cast("v2", "v1", "f32"), Store("o2", "v2", "copy"))))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "i8"])
+def test_a_k_loop_through_a_scratch_tile_runs_and_passes(dtype):
+    p = _gemm_through_scratch(dtype)
+    check(p)
+    source = kernel_source(p)
+    assert "v1 += tg.load(v1_x.T)" in source
+    verdict = fuzz_program(p, 1, 0)
+    assert verdict.status == "pass", verdict
+    if dtype == "f16":  # the warp-specialized consumer loop with more than the gemm
+        assert {"warp roles", "wgmma"} <= set(verdict.targets["sm_90a"][2]), verdict
+
+
+def test_without_its_barrier_the_consumer_scratch_race_is_reported(monkeypatch):
+    from tegula.lower import lower
+    monkeypatch.setattr(lower.SharedSync, "carried_conflict",
+                        lambda self, ignore=frozenset(): False)
+    verdict = fuzz_program(_gemm_through_scratch(), 1, 0, targets=("sm_90a",))
+    assert verdict.status == "internal" and "shared-memory race" in verdict.reason, verdict
+
+
+def test_a_scratch_gemm_needs_a_k_loop_and_square_tiles():
+    from dataclasses import replace
+    p = _gemm_through_scratch()
+    one_tile = replace(p, tensors=tuple(replace(t, extent=32) if t.kind.startswith("gemm")
+                                        else t for t in p.tensors))
+    one_tile = one_tile.with_body((p.body[0], replace(p.body[1], stages=0)) + p.body[2:])
+    with pytest.raises(Invalid, match="K loop over square tiles"):
+        check(one_tile)
+    with pytest.raises(Invalid, match="K loop over square tiles"):
+        check(replace(p, BN=32))
