@@ -52,7 +52,7 @@ class SharedSync:
 
     One instance follows one straight-line body (the kernel's, a loop's, a branch arm's);
     a nested loop or branch gets its own and hands what it leaves unordered back
-    (`absorb`). `head_read`/`head_written` are what the body touches before its first
+    (`absorb`, `nested`). `head_read`/`head_written` are what the body touches before its first
     barrier: the accesses of the *next* iteration that the end of this one may race with
     when a loop body does not end in a barrier (`carried_conflict`)."""
 
@@ -93,14 +93,17 @@ class SharedSync:
         self.head_open = False
         return stmts + [Barrier()]
 
-    def absorb(self, inner: "SharedSync", reads: set, writes: set) -> None:
+    def absorb(self, inner: "SharedSync") -> None:
         """After a nested loop or branch arm lowered with `inner`: what it left unordered
-        is pending here too, and everything it may touch (`reads`, `writes`, all of it: a
-        loop or arm may run zero times, so none of its barriers is certain) belongs to
-        this body's head while no barrier of ours came before."""
+        is pending here too."""
         self.read |= inner.read
         self.written |= inner.written
         self.async_pending |= inner.async_pending
+
+    def nested(self, reads: set, writes: set) -> None:
+        """A nested loop or branch may touch `reads`, `writes`: all of it belongs to this
+        body's head while no barrier of ours came before (it may run zero times, so none
+        of its own barriers is certain)."""
         if self.head_open:
             self.head_read |= reads
             self.head_written |= writes
@@ -168,11 +171,12 @@ class KernelLowering:
         # the branch, so the code after it places the barriers it needs.
         reads, writes = shared_accesses_within(op.then + op.otherwise)
         pre = sync.barrier() if sync.conflicts(reads, writes) else []
+        sync.nested(reads, writes)
         arms = []
         for ops in (op.then, op.otherwise):
             inner = SharedSync()
             arms.append(self.ops(ops, inner))
-            sync.absorb(inner, reads, writes)
+            sync.absorb(inner)
         return pre + [If(condition_expr(op.cond), *arms)]
 
     def loop(self, op: ForLoop, sync: SharedSync) -> list:
@@ -181,7 +185,7 @@ class KernelLowering:
             # A pipelined loop orders its own iterations (a barrier at the top of each, or
             # mbarriers) and leaves shared memory ordered after it.
             pre = sync.barrier() if sync.dirty else []
-            sync.absorb(SharedSync(), reads, writes)
+            sync.nested(reads, writes)
             if tma_producers(op):  # sm_90a: TMA + mbarrier ring
                 return pre + lower_tma_pipeline(self, op, tma_producers(op))
             return pre + self.pipelined_loop(op, pipelined_producers(op))
@@ -190,11 +194,12 @@ class KernelLowering:
         # one's last (a buffer read at the end and written at the start); what the body
         # leaves unordered stays pending after the loop.
         pre = sync.barrier() if sync.conflicts(reads, writes) else []
+        sync.nested(reads, writes)
         inner = SharedSync()
         body = self.ops(op.body, inner)
         if inner.carried_conflict():
             body += inner.barrier()
-        sync.absorb(inner, reads, writes)
+        sync.absorb(inner)
         return pre + [For(Var(op.var.name), scalar_expr(op.start), scalar_expr(op.stop),
                           op.step, body)]
 
