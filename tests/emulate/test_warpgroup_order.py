@@ -197,3 +197,20 @@ def test_a_statement_with_no_lane_in_a_warpgroup_unit_does_nothing_there(order):
     ref = np.zeros((128, 8))
     ref[:100] = a.astype(np.float64) @ b.astype(np.float64).T
     np.testing.assert_allclose(o[0], ref.sum(0), rtol=1e-3, atol=1e-2)
+
+
+def test_bar_arrive_passes_its_observations_on_but_takes_none():
+    """What threads observed of mbarrier phases (TMA data they may read) flows from every
+    thread meeting at a barrier to those that wait there, not to one that only arrives."""
+    from tegula.emulate.async_state import AsyncState
+    from tegula.lower.async_ir import MBarrierArray
+    a = AsyncState([MBarrierArray("full", 1, 0)], 256, 64, True, {})
+    a.observed[0, :128] = 3      # warpgroup 0 waited for phase 3
+    a.observed[0, 128:] = 1      # warpgroup 1 only for phase 1
+    waiters, arrivers = np.arange(128), np.arange(128, 256)
+    a.share_observations(np.arange(256), waiters)
+    assert (a.observed[0, :128] == 3).all() and (a.observed[0, 128:] == 1).all()
+    a.observed[0, 128:] = 5
+    a.share_observations(np.arange(256), waiters)
+    assert (a.observed[0, :128] == 5).all(), "the waiters learn what the arrivers observed"
+    assert (a.observed[0, arrivers] == 5).all()
