@@ -144,21 +144,27 @@ def fragment_weights(words: Any, dtype: DType) -> Any:
     return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K * blocks))
 
 
-def dequantize_in(dtype: DType, packed: Any, scales: Any, zeros: Any, n: Any, group: Any,
-                  groups_shape: tuple) -> Any:
-    """(w - zero) * scale computed in `dtype` (f16/bf16, the MMA's operand type), inside
-    a kernel, from weights held as magic + w (`fragment_weights`): the scales and zeros of
-    row block `n`, group block `group` are a tile of `groups_shape`, broadcast over the
-    weights of each group (trailing dims). (magic + w) - (magic + zero) = w - zero is
-    exact (integers up to 15) and the product rounds once, so this is the f32
-    dequantization rounded to `dtype`, in paired 16-bit instructions (HADD2, HMUL2)."""
+def group_constants(dtype: DType, scales: Any, zeros: Any, n: Any, group: Any,
+                    groups_shape: tuple) -> tuple[Any, Any]:
+    """Inside a kernel: (magic + zero, scale) of row block `n`, group block `group`, as
+    tiles of `groups_shape` in `dtype` (zeros None: the symmetric zero point 8)."""
     from tegula.kernels.quant import SYMMETRIC_ZERO
-    extra = (None,) * (packed.rank - len(groups_shape))
     magic = MAGIC[dtype.name][1]
-    scale = tg.load(scales.tile(groups_shape, (n, group)))[(..., *extra)]
-    zero = ((tg.load(zeros.tile(groups_shape, (n, group))) + magic)[(..., *extra)]
-            if zeros is not None else SYMMETRIC_ZERO + magic)
-    return (packed - zero) * scale
+    scale = tg.load(scales.tile(groups_shape, (n, group)))
+    zero = (tg.load(zeros.tile(groups_shape, (n, group))) + magic if zeros is not None
+            else tg.full(groups_shape, SYMMETRIC_ZERO + magic, dtype))
+    return zero, scale
+
+
+def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
+    """(w - zero) * scale in the activations' type from weights held as magic + w
+    (`fragment_weights`) and `group_constants` (broadcast over each group's weights:
+    trailing dims). (magic + w) - (magic + zero) = w - zero is exact (integers up to 15)
+    and the product rounds once: the f32 dequantization rounded to the type, in paired
+    16-bit instructions (HADD2, HMUL2). Register arithmetic only, so it runs while wgmmas
+    issued before it compute (`lower/wgmma_waits.py`)."""
+    extra = (None,) * (packed.rank - zero.rank)
+    return (packed - zero[(..., *extra)]) * scale[(..., *extra)]
 
 
 def as_words(stored: Any) -> Any:
@@ -204,23 +210,33 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
             steps = tg.minimum(start + per_split, steps)
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
+        def dequantized(words, constants):   # the (BN, BK) weights of one k-step
+            packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
+            return tg.reshape(dequantize_in(packed, *constants), (BN, BK))
+
+        def constants(k):                     # the k-step's zeros and scales (loads)
+            return group_constants(dtype, scales, zeros if has_zeros else None, n,
+                                   k // max(1, G // BK), (BN, S))
+
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
             sw = tg.shared((1, KS) + STORED_WORDS, i32, stages=STAGES,
                            layout=stored_shared(KS))
-        else:       # straight into registers, one k-step ahead
-            ahead = tg.load(gw[:, :, :, :, start], layout=stored_tv(KS))
+        else:       # in registers: step k+1 dequantized while step k's wgmmas run
+            current = dequantized(tg.load(gw[:, :, :, :, start], layout=stored_tv(KS)),
+                                  constants(start))
+            ahead = tg.load(gw[:, :, :, :, start + 1], layout=stored_tv(KS))
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
                 tg.copy(gw[:, :, :, :, k], sw[k])
                 words = tg.load(sw[k], layout=stored_tv(KS))
-            else:
-                words = ahead
-                ahead = tg.load(gw[:, :, :, :, k + 1], layout=stored_tv(KS))  # masked
-            packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-            weights = dequantize_in(dtype, packed, scales, zeros if has_zeros else None,
-                                    n, k // max(1, G // BK), (BN, S))
-            tg.gemm(acc, tg.reshape(weights, (BN, BK)), sa[k])  # acc += w @ sa.T
+                tg.gemm(acc, dequantized(words, constants(k)), sa[k])    # acc += w @ sa.T
+            else:   # loads first, then the gemm, then register work only (overlaps it)
+                following_constants = constants(k + 1)              # past K: masked, unused
+                after = tg.load(gw[:, :, :, :, k + 2], layout=stored_tv(KS))
+                tg.gemm(acc, current, sa[k])
+                current = dequantized(ahead, following_constants)
+                ahead = after
         if partial:
             row_tiles = w.shape[0]          # slice z: tile rows z·row_tiles…
             tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
