@@ -101,6 +101,22 @@ def test_the_wait_stops_at_anything_but_register_arithmetic(stop):
     assert out.index(wait) == 3 and out[4] is stop
 
 
+def test_the_wait_moves_past_a_branch_of_register_arithmetic_only():
+    """A branch on scalars whose sides only compute on other registers (the attention
+    mask of the blocks past the diagonal) is passed like its statements; one touching acc,
+    holding a barrier, or reading memory in its condition stops the wait."""
+    from tegula.dtypes import i32
+    from tegula.lower.thread_ir import If, LoadScalar, Var
+    cond = Var("i0").lt(Const(3))
+    free = If(cond, [_assign(OTHER, SCALE)])
+    stops = [If(cond, [_assign(OTHER, ACC)]), If(cond, [_assign(OTHER, SCALE), Barrier()]),
+             If(LoadScalar("offsets", (Const(0),), i32).lt(Const(3)), [_assign(OTHER, SCALE)])]
+    for stop in stops:
+        wait = WgmmaWait(0)
+        out = defer_wgmma_waits([_wgmma(), WgmmaCommit(), wait, free, stop])
+        assert out.index(wait) == 3 and out[4] is stop
+
+
 def test_a_wait_with_nothing_in_flight_and_pending_waits_stay():
     first, keep = WgmmaWait(0), WgmmaWait(1)
     body = [first, _assign(OTHER, SCALE), _wgmma(), WgmmaCommit(), keep,
