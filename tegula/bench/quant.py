@@ -5,7 +5,8 @@ M ∈ {1, 4, 16, 64, 128} rows of activations for W4A16 (`--kernel w4a16`) and M
 16} for the f16/bf16 GEMV (`--kernel gemv`); both by default.
 
 * W4A16: `tegula.kernels.matmul_w4a16` on weights from `quantize_w4` (group 128 with zero
-  points by default; `--group`, `--symmetric`) against torch's f16 matmul of the
+  points by default; `--group`, `--symmetric`; `--prepacked`: pre-packed once more by
+  `pack_fragments`, which the fragment kernel reads with 16-byte loads) against torch's f16 matmul of the
   dequantized weights (`a @ w_dequant.T`, the issue's baseline: targets ≥ 3× for M ≤ 16,
   ≥ 1.3× for M = 64-128) and a Triton W4A16 kernel written here (`_triton_w4a16`:
   unpack, dequantize and `tl.dot` per k-step, the usual way to write it in Triton).
@@ -101,7 +102,7 @@ def _triton_w4a16() -> Any:
 
 
 def make_w4a16_case(torch: Any, shape: tuple[int, int, int], dtype: str, group: int,
-                    symmetric: bool, triton_kernels: Any) -> gpu.Case:
+                    symmetric: bool, triton_kernels: Any, prepacked: bool = False) -> gpu.Case:
     import tegula.kernels as tk
 
     m, n, k = shape
@@ -113,12 +114,13 @@ def make_w4a16_case(torch: Any, shape: tuple[int, int, int], dtype: str, group: 
     zero = 8.0 if zeros is None else zeros.float().repeat_interleave(group, dim=1)
     w_deq = ((w_q.float() - zero) * scales.float().repeat_interleave(group, dim=1)).to(tdtype)
     del w, w_q, zero
+    weights = tk.pack_fragments(packed) if prepacked else packed   # the MMA fragment's order
 
     def tegula_check() -> Any:
         out = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
-        return tk.matmul_w4a16(a, packed, scales, zeros, group, out=out)
+        return tk.matmul_w4a16(a, weights, scales, zeros, group, out=out)
 
-    impls = [gpu.Impl("tegula", lambda: tk.matmul_w4a16(a, packed, scales, zeros, group),
+    impls = [gpu.Impl("tegula", lambda: tk.matmul_w4a16(a, weights, scales, zeros, group),
                       tegula_check, gpu.tuned_note("matmul_w4a16")),
              gpu.Impl("torch", lambda: a @ w_deq.T)]
     if triton_kernels is not None:
@@ -169,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="W4A16 group size (default 128)")
     parser.add_argument("--symmetric", action="store_true",
                         help="W4A16 without zero points (zero point 8)")
+    parser.add_argument("--prepacked", action="store_true",
+                        help="W4A16 weights pre-packed in the MMA fragment's order "
+                             "(tegula.kernels.pack_fragments; the fragment kernel)")
     args = parser.parse_args(argv)
     custom = gpu.parse_shapes(args.shapes, 3) if args.shapes else None
     torch, why = gpu.load_torch("quant")
@@ -183,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernel in ("both", "w4a16"):
         shapes = custom or (QUICK if args.quick else W4A16_SHAPES)
         cases += [(f"w4a16 {m}x{n}x{k}", lambda s=(m, n, k): make_w4a16_case(
-            torch, s, args.dtype, args.group, args.symmetric, triton_kernels))
+            torch, s, args.dtype, args.group, args.symmetric, triton_kernels, args.prepacked))
             for m, n, k in shapes]
     if args.kernel in ("both", "gemv"):
         shapes = [s for s in custom or (QUICK if args.quick else GEMV_SHAPES) if s[0] <= 16]
@@ -201,13 +206,16 @@ def main(argv: list[str] | None = None) -> int:
              "TB/s counts the weight bytes only (packed weights + scales + zeros for W4A16); "
              "tegula/copy is their fraction of the device copy bandwidth",
              f"W4A16 group {args.group}, " + ("symmetric" if args.symmetric else
-                                              "with zero points")]
+                                              "with zero points")
+             + (", weights pre-packed in fragment order (pack_fragments)" if args.prepacked
+                else "")]
     notes += gpu.autotune_notes("matmul_w4a16") + gpu.autotune_notes("gemv")
     groups = {"w4a16 M<=16": lambda r: "small" in r.get("tags", ()),
               "w4a16 M>16": lambda r: "large" in r.get("tags", ()),
               "gemv": lambda r: "gemv" in r.get("tags", ()), "all": lambda r: True}
     return gpu.finish("quant", torch, args, records, skipped, impls, impls[1:], "tbps", notes,
                       {"group": args.group, "symmetric": args.symmetric,
+                       "prepacked": args.prepacked,
                        "autotune": {**gpu.autotune_records("matmul_w4a16"),
                                     **gpu.autotune_records("gemv")}},
                       copy_bw, groups, lambda s: LABELS.get(s, s))
