@@ -142,7 +142,8 @@ class CostEstimate:
                  f"{self.ideal_wavefronts:,.0f}), {self.warp_instructions:,.0f} warp instrs",
                  f"  cycles at full SM rates: tensor {self.tensor_cycles:,.0f}, shared "
                  f"{self.shared_cycles:,.0f}, issue {self.issue_cycles:,.0f}, special "
-                 f"functions {sfu:,.0f} (together, imperfectly overlapped: "
+                 f"functions {sfu:,.0f} (together, with the loads' wait left to this block, "
+                 f"imperfectly overlapped: "
                  f"{res.get('pipes', 0.0) / max(1, self.blocks_per_sm):,.0f}); DRAM share "
                  f"{self.dram_cycles:,.0f}; fill latency {self.latency_cycles:,.0f}",
                  f"  latency per block alone: loads {res.get('load latency', 0.0):,.0f}, "
