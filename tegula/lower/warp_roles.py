@@ -97,22 +97,29 @@ def split_roles(roles: WarpRoles, body: list) -> list:
     if getattr(plan, "pingpong", False):
         consumers = [Role(f"consumer{g}", TID.lt((g + 1) * plan.consumer_threads),
                           consumer_group(roles, body, g), plan.consumer_registers,
-                          loc=f"{roles.loc}: consumer warpgroup {g} of the tg.pipeline "
-                              f"(wgmma, ping-pong)")
+                          loc=f"{role_line(roles, 'consumer')}: consumer warpgroup {g} of the "
+                              f"tg.pipeline (wgmma, ping-pong)")
                      for g in range(plan.consumer_groups)]
     else:
         consumers = [Role("consumer", TID.lt(plan.consumer_threads),
                           map_barriers(body, lambda: [NamedBarrier(1, plan.consumer_threads)]),
                           plan.consumer_registers,
-                          loc=f"{roles.loc}: consumer of the tg.pipeline (wgmma)")]
+                          loc=f"{role_line(roles, 'consumer')}: consumer of the tg.pipeline (wgmma)")]
     return [Roles(consumers + [_producer(roles)])]
+
+
+def role_line(roles: WarpRoles, role: str) -> str:
+    """`file:line` naming `role` in reports and comments: its `tg.producer` /
+    `tg.consumer` block where the source stated the roles, else the pipeline's line."""
+    line = dict(getattr(roles.plan, "stated_lines", ())).get(role)
+    return roles.loc if line is None else f"{roles.loc.rsplit(':', 1)[0]}:{line}"
 
 
 def _producer(roles: WarpRoles) -> Role:
     plan = roles.plan
     first_producer = plan.block_threads - plan.producer_threads
     return Role("producer", TID.ge(first_producer), roles.producer, plan.producer_registers,
-                loc=f"{roles.loc}: producer of the tg.pipeline (TMA)")
+                loc=f"{role_line(roles, 'producer')}: producer of the tg.pipeline (TMA)")
 
 
 def consumer_group(roles: WarpRoles, body: list, g: int) -> list:
@@ -168,7 +175,7 @@ def turn_taking_consumers(roles: WarpRoles, body: list) -> list[Role]:
         map_barriers(body, lambda: [NamedBarrier(OWN_BARRIER, plan.consumer_threads)]),
         roles.loc)
     return [Role(f"consumer{g}", TID.lt((g + 1) * WARPGROUP), mine, plan.consumer_registers,
-                 loc=f"{roles.loc}: consumer warpgroup {g} of the tg.pipeline (wgmma, "
+                 loc=f"{role_line(roles, 'consumer')}: consumer warpgroup {g} of the tg.pipeline (wgmma, "
                      f"turns in the loop)")
             for g in range(2)]
 

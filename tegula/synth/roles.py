@@ -82,6 +82,8 @@ class RolesPlan:
     #: Where the source stated the roles (`tg.producer` / `tg.consumer` blocks), "" where
     #: synthesis introduced them (explain).
     stated: str = ""
+    #: ((role, line), …): the lines of the stated blocks, which name the roles in reports
+    stated_lines: tuple = ()
     #: Cooperative consumers of two warpgroups that take turns at the tensor cores inside
     #: the pipeline loop (consumers='pingpong' on a two-warpgroup tile with no tile loop:
     #: FlashAttention-3's schedule, `lower/warp_roles.py` `take_turns_in_loop`).
@@ -213,6 +215,8 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
                                           cluster_note=decide_multicast(kernel, loop),
                                           consumer_groups=groups, consumers_note=note,
                                           stated=_stated_note(loop),
+                                          stated_lines=tuple((r.role, r.loc.lineno)
+                                                             for r in loop.regions if r.loc),
                                           turns=turns)
 
 

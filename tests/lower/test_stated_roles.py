@@ -239,7 +239,8 @@ def test_arguments_that_rule_out_tma_are_refused_not_run_on_one_role():
 @pytest.mark.parametrize("role_order", ["listed", "reversed"])
 def test_a_consumer_that_never_releases_a_stage_is_a_deadlock_naming_both_roles(role_order):
     """An injected bug in a stated-roles kernel is reported like one in a synthesized
-    split: a deadlock naming each role and the barrier the producer waits on."""
+    split: a deadlock naming each role, at its tg.producer / tg.consumer line, and the
+    barrier the producer waits on."""
     import copy
 
     from async_kernels import remove, role_body
@@ -259,8 +260,9 @@ def test_a_consumer_that_never_releases_a_stage_is_a_deadlock_naming_both_roles(
             role_order=role_order))
     text = str(info.value)
     assert "deadlock" in text.lower() and empty in text
-    for role in ("consumer", "producer"):
-        assert re.search(rf"test_stated_roles\.py:\d+: {role} of the tg\.pipeline", text), text
+    for role in ("consumer", "producer"):  # each named at its own block's line
+        line = marked_line(__file__, f"MARK-{role}")
+        assert f"test_stated_roles.py:{line}: {role} of the tg.pipeline" in text, text
 
 
 @tg.kernel(threads=128)
