@@ -104,7 +104,8 @@ def split_roles(roles: WarpRoles, body: list) -> list:
         consumers = [Role("consumer", TID.lt(plan.consumer_threads),
                           map_barriers(body, lambda: [NamedBarrier(1, plan.consumer_threads)]),
                           plan.consumer_registers,
-                          loc=f"{role_line(roles, 'consumer')}: consumer of the tg.pipeline (wgmma)")]
+                          loc=f"{role_line(roles, 'consumer')}: consumer of the tg.pipeline "
+                              f"(wgmma)")]
     return [Roles(consumers + [_producer(roles)])]
 
 
@@ -175,8 +176,8 @@ def turn_taking_consumers(roles: WarpRoles, body: list) -> list[Role]:
         map_barriers(body, lambda: [NamedBarrier(OWN_BARRIER, plan.consumer_threads)]),
         roles.loc)
     return [Role(f"consumer{g}", TID.lt((g + 1) * WARPGROUP), mine, plan.consumer_registers,
-                 loc=f"{role_line(roles, 'consumer')}: consumer warpgroup {g} of the tg.pipeline (wgmma, "
-                     f"turns in the loop)")
+                 loc=f"{role_line(roles, 'consumer')}: consumer warpgroup {g} of the "
+                     f"tg.pipeline (wgmma, turns in the loop)")
             for g in range(2)]
 
 
