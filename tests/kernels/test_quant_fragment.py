@@ -156,3 +156,21 @@ def test_matmul_w4a16_names_a_mismatched_prepacked_weight():
     with pytest.raises(ValueError, match=r"pre-packed weights .* have shape "
                                          r"\(2, 2, 4, 8, 4, 16\), got \(2, 3, 4, 8, 4, 16\)"):
         tk.matmul_w4a16(a, stored, scales, zeros, 64)
+
+
+@pytest.mark.parametrize("tiles", [dict(KS=1), dict(KS=2), dict(KS=2, WSMEM=0),
+                                   dict(KS=2, BT=128, STAGES=3)], ids=str)
+def test_fragment_kernel_compiles_without_serialized_wgmmas(tiles):
+    """ptxas serializes a register-A wgmma whose input registers other instructions define
+    inside its pipeline stage (C7513/C7514/C7519, e.g. when the next step's dequantization
+    sits between the wgmma and its wait); the candidates keep the wgmmas pipelined."""
+    from tegula.build import build
+    from tegula.runtime.compiler import available_compilers, compile_cuda_report
+    if not available_compilers():
+        pytest.skip("needs NVRTC or nvcc")
+    constexprs = dict(dict(G=128, BT=16, STAGES=4, warp_specialize=False), **tiles)
+    result = build(w4a16_fragment_kernel(f16, True), constexprs, target="sm_90a")
+    _, report = compile_cuda_report(result.cuda_source(), result.thread_kernel.name,
+                                    result.target.sm)
+    assert not report.spills
+    assert not [w for w in report.warnings if "C75" in w], report.warnings
