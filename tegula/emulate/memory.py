@@ -22,9 +22,10 @@ byte remembers its last write and the reads since; for bytes written by `cp.asyn
 issuing thread and its group. `cp.async` copies complete at issue (the model), but their
 bytes count as *in flight* until the issuing thread's `cp.async.wait_group` has retired
 their group; reading them before, or from another thread not ordered after that wait
-(a barrier), is a race, as is overwriting them while in flight. Several threads writing the same byte within *one*
-statement is a race too (a replicated value must have exactly one writer: on the GPU the
-writes land in an unspecified order, and a cp.async replica with src-size 0 writes zeros).
+(a barrier), is a race, as is overwriting them while in flight. Several threads writing
+the same byte within *one* statement is a race too (a replicated value must have exactly
+one writer: on the GPU the writes land in an unspecified order, and a cp.async replica
+with src-size 0 writes zeros).
 The same holds for global stores (`several_writers`).
 
 Bank conflicts
