@@ -86,9 +86,12 @@ _FRAGMENT_BY_M = {   # round 2: more blocks (split K) and two stored blocks a st
 _SESSION7_BEST = {16: dict(BT=16, BK=128, STAGES=3, ASMEM=1, SPLIT=8),
                   64: dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=2),
                   128: dict(BT=64, BK=128, STAGES=3, ASMEM=1, SPLIT=2)}
-FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False))
-            for n in (4096, 14336) for m in (16, 64, 128)
-            for name, config in [("w4swap", _SESSION7_BEST[m])]
+_FRAGMENT_BY_M[1] = [dict(BT=16, STAGES=4, KS=2, SPLIT=8), dict(BT=16, STAGES=4, SPLIT=16)]
+FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False) if name != "w4rows"
+             else config)
+            for m in (16, 1, 64, 128) for n in (4096, 14336)
+            for name, config in ([("w4rows", dict(BN=4, S=8, R=2, UNROLL=2))] if m == 1 else
+                                 [("w4swap", _SESSION7_BEST[m])])
             + [("w4frag", c) for c in _FRAGMENT_BY_M[m]]]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT}
 
