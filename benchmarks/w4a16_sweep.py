@@ -74,12 +74,12 @@ REFINED = [(name, (m, n, 4096), dict(config, **({} if name == "w4gemm" else
            + [("w4swap", c) for c in _REFINED_BY_M[m]]]
 # Session 8: the weights in the MMA fragment's order (16-byte loads, `quant_fragment`)
 # beside session 7's entry-point winners of the swapped kernel.
-_FRAGMENT_BY_M = {   # round 2: more blocks (split K) and two stored blocks a step (KS=2)
-    16: [dict(BT=16, STAGES=4, SPLIT=8), dict(BT=16, STAGES=4, SPLIT=16),
-         dict(BT=16, STAGES=4, KS=2, SPLIT=4), dict(BT=16, STAGES=4, KS=2, SPLIT=8),
+_FRAGMENT_BY_M = {   # round 2: more blocks (split K), 64-k blocks a step (KS), register path
+    16: [dict(BT=16, STAGES=4, SPLIT=8), dict(BT=16, STAGES=4, KS=2, SPLIT=4),
+         dict(BT=16, STAGES=4, KS=2, SPLIT=8), dict(BT=16, STAGES=4, KS=4, SPLIT=8),
          dict(BT=16, STAGES=3, KS=2, SPLIT=8, WSMEM=0)],
-    64: [dict(BT=64, STAGES=3, SPLIT=4), dict(BT=64, STAGES=3, KS=2, SPLIT=2),
-         dict(BT=64, STAGES=3, KS=2, SPLIT=4)],
+    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2), dict(BT=64, STAGES=3, KS=2, SPLIT=4),
+         dict(BT=64, STAGES=3, KS=4, SPLIT=4)],
     128: [dict(BT=128, STAGES=3, KS=2, SPLIT=2), dict(BT=128, STAGES=3, KS=2, SPLIT=4),
           dict(BT=64, STAGES=3, KS=2, SPLIT=4)],
 }
