@@ -53,7 +53,8 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (13, 70, 192, 64, True, dict(KS=2)),                # 1.5 steps: the second half masked
     (20, 130, 224, 32, False, dict(KS=2, SPLIT=2)),
     (5, 64, 384, 128, True, dict(KS=2, WSMEM=0)),
-]
+    (16, 66, 320, 64, True, dict(KS=4, SPLIT=2)),       # 1.25 steps of 256 k: the last
+]                                                       # step's blocks 2-4 masked
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
