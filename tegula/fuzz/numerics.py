@@ -11,7 +11,9 @@ integers in int64 arrays holding a value of the type; bools in bool arrays.
   included; NaN stays NaN.
 * Float to integer truncates toward zero, saturates to the type's range, NaN gives 0
   (PTX `cvt.rzi.sat`). Integer to integer wraps (two's complement). Integer to float
-  rounds to nearest even.
+  rounds to nearest even — to f32 first for the narrower floats, as torch's conversion
+  and the emitted code (`(float)` then `cvt.rn`) do: rounding twice can differ from
+  rounding once (an i32 rounding to f32 exactly halfway between two bf16 values).
 """
 from __future__ import annotations
 
@@ -130,7 +132,10 @@ def convert(values, src: str, dst: str) -> np.ndarray:
         v = v.astype(np.int64)
         src = "i32"
     if is_float(dst):
-        return round_float(v.astype(np.float64), dst)
+        v = v.astype(np.float64)
+        if not is_float(src) and dst != "f32":  # through f32, as torch and the code do
+            v = round_float(v, "f32")
+        return round_float(v, dst)
     if is_float(src):
         return float_to_int(v, dst)
     return wrap_int(v, dst)

@@ -128,6 +128,24 @@ def test_rounding_agrees_with_torch(dtype, torch_name):
     assert np.array_equal(ours, theirs)
 
 
+@pytest.mark.parametrize("dtype,torch_name", [("f16", "float16"), ("bf16", "bfloat16")])
+def test_integer_to_float_rounds_through_f32_as_torch_does(dtype, torch_name):
+    """python -m tegula.fuzz --seed 8303 --program 256: the i32 -1379926055 rounds to f32
+    exactly halfway between two bf16 values, and ties to even there; rounded once it goes
+    the other way. torch (and the emitted `(float)` + `cvt.rn`) round through f32."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    x = np.concatenate([[-1379926055, 1379926055, 16777217, 2049, 65519],
+                        rng.integers(-2**31, 2**31, 20000)]).astype(np.int32)
+    if dtype == "f16":
+        x = x[np.abs(x.astype(np.int64)) < 65504]
+        x = np.concatenate([x, rng.integers(-65504, 65504, 20000).astype(np.int32)])
+    ours = nx.convert(x.astype(np.int64), "i32", dtype)
+    theirs = torch.from_numpy(x).to(getattr(torch, torch_name)).to(torch.float64).numpy()
+    assert np.array_equal(ours, theirs)
+    assert nx.convert(np.array([-1379926055]), "i32", "bf16")[0] == -1375731712.0
+
+
 def test_rounding_edges():
     assert nx.round_float(65520.0, "f16") == np.inf        # half an ulp past max: inf
     assert nx.round_float(65519.0, "f16") == 65504.0
