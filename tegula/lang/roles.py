@@ -106,11 +106,11 @@ def check_pipeline_regions(loop: ForLoop, label: str) -> None:
     every op of its body is in one of them, no buffer written by both (module docstring)."""
     if not loop.regions:
         return
-    made, missing = loop.regions[0], "consumer" if loop.region("consumer") is None \
-        else "producer" if loop.region("producer") is None else ""
+    made = loop.regions[0]
+    missing = [role for role in ROLES if loop.region(role) is None]
     if missing:
         raise TraceError(f"tg.{made.role}: the tg.pipeline at line {_line(loop)} has a "
-                         f"tg.{made.role} block but no tg.{missing} block; warp roles come "
+                         f"tg.{made.role} block but no tg.{missing[0]} block; warp roles come "
                          f"in pairs (a producer filling the stages, a consumer reading "
                          f"them). Write both, or neither and let synthesis split the "
                          f"pipeline itself", made.loc)
@@ -170,7 +170,7 @@ def _is_stage_load(op: Op) -> bool:
 
 def _enclosing_pipeline(ctx: TraceContext, label: str) -> ForLoop:
     """The `tg.pipeline` whose body is being traced right here, else a TraceError."""
-    if getattr(ctx, "open_region", None) is not None:
+    if ctx.open_region is not None:
         raise fail(label, f"role blocks do not nest (this one is inside the "
                           f"tg.{ctx.open_region.role} block at line {ctx.open_region.loc.lineno})")
     owner = ctx.enclosing_op()
