@@ -83,14 +83,16 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
     blocks (32 for N = 4096, a quarter of an H100), so narrower N tiles trade reuse, which
     few rows cannot use anyway, for blocks; with a long K, splitting it (SPLIT partial
     sums, then a deterministic reduction) multiplies the blocks again (128×4096 in 64×128
-    tiles is 64 blocks; split 4 ways, 256). On sm_90a, up to 64 rows, one wgmma tile of
-    64×32 with 8 stages in flight streams the weight unsplit (N/32 blocks), alone or in
-    2-block clusters along N that load a's box once (`gemm_kernel`'s CLUSTER_N): 0.92×
-    and 0.92× cuBLAS at 64×4096×4096 and 16×4096×4096 where split-K ran 0.81× / 0.84×
-    (H100, session 8)."""
+    tiles is 64 blocks; split 4 ways, 256). On sm_90a decode shapes stream the weight
+    unsplit through wgmma tiles with deep rings: up to 64 rows one 64×32 tile, N/32
+    blocks, 16 stages of 64 (or 6 of 128) in flight — 0.99× cuBLAS at 16×4096×4096 and
+    64×4096×4096, where split-K ran 0.84× / 0.81× and 8 stages 0.83× / 0.90× (H100,
+    session 8: the depth, not the tile, was the limit); 128 rows in 64×64 tiles, 8
+    stages, or 128×32 on two warpgroups (0.94× / 0.88× at 128×4096×4096, 1.02× / 0.98×
+    at K = 14336; split-K 0.74× / 0.88×)."""
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
-    streaming = [dict(BM=64, BN=32, BK=64, STAGES=8),
-                 dict(BM=64, BN=32, BK=64, STAGES=8, CLUSTER_N=2)] if hopper else []
+    streaming = [dict(BM=64, BN=32, BK=64, STAGES=16),
+                 dict(BM=64, BN=32, BK=128, STAGES=6)] if hopper else []
     # On sm_90a the streaming tiles take the places of the older decode candidates last
     # in each list (the tuner times at most 7 per bucket).
     keep = -len(streaming) or None
@@ -115,7 +117,10 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
                   dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
         split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
                  dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
-        chosen += [PERSISTENT_PINGPONG] if hopper else []
+        if hopper:
+            chosen = [dict(BM=64, BN=64, BK=64, STAGES=8),
+                      dict(BM=128, BN=32, BK=64, STAGES=8, threads=256),
+                      chosen[0], chosen[2], PERSISTENT_PINGPONG]
     else:
         chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
                   dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),

@@ -1,9 +1,9 @@
-"""On an H100: the one-block-per-tile GEMM's decode tiles, alone and in thread-block
-clusters (`gemm_kernel`'s CLUSTER_M x CLUSTER_N, the a / b boxes multicast;
-tests/kernels/test_gemm_decode_clusters.py emulates it) through matmul's launch path,
-against a float64 torch reference: decode shapes and ragged ones whose tile counts are no
-multiple of the cluster, one partial k step, a fused bias + GELU, f16 and bf16, outputs
-NaN-poisoned, every element checked."""
+"""On an H100: the one-block-per-tile GEMM's decode tiles — matmul's deep-ring wgmma
+candidates, and thread-block clusters (`gemm_kernel`'s CLUSTER_M x CLUSTER_N, the a / b
+boxes multicast; tests/kernels/test_gemm_decode_clusters.py emulates them) — through
+matmul's launch path, against a float64 torch reference: decode shapes and ragged ones
+whose tile counts are no multiple of the cluster, one partial k step, a fused bias + GELU,
+f16 and bf16, outputs NaN-poisoned, every element checked."""
 from __future__ import annotations
 
 import sys
@@ -21,8 +21,11 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_matmul_epilogue_gpu import check, operands, poisoned  # noqa: E402
 
-CONFIGS = {  # matmul's decode candidates on sm_90a (the first two), other clusters
-    "64x32-s8": dict(BM=64, BN=32, BK=64, STAGES=8),
+CONFIGS = {  # matmul's decode candidates on sm_90a (the first four), then clusters
+    "64x32-s16": dict(BM=64, BN=32, BK=64, STAGES=16),
+    "64x32x128-s6": dict(BM=64, BN=32, BK=128, STAGES=6),
+    "64x64-s8": dict(BM=64, BN=64, BK=64, STAGES=8),
+    "128x32-s8-t256": dict(BM=128, BN=32, BK=64, STAGES=8, threads=256),
     "64x32-s8-n2": dict(BM=64, BN=32, BK=64, STAGES=8, CLUSTER_N=2),
     "64x64-s4-m2n2": dict(BM=64, BN=64, BK=64, STAGES=4, CLUSTER_M=2, CLUSTER_N=2),
     "128x32-s6-n4-t256": dict(BM=128, BN=32, BK=64, STAGES=6, CLUSTER_N=4, threads=256),

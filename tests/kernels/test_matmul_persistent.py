@@ -138,17 +138,20 @@ def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes()
     assert any(c.get("SPLIT", 1) > 1 for c in decode)
 
 
-@pytest.mark.parametrize("m", [1, 16, 64])
-def test_decode_candidates_stream_the_weight_in_narrow_wgmma_tiles_on_hopper(m):
-    """Up to 64 rows on sm_90a: 64×32 tiles, 8 stages, alone and in 2-block clusters along
-    N (measured faster than split-K, session 8), within the tuner's 7; none elsewhere."""
+@pytest.mark.parametrize("m", [1, 16, 64, 128])
+def test_decode_candidates_stream_the_weight_through_deep_wgmma_rings_on_hopper(m):
+    """sm_90a decode shapes: up to 64 rows 64×32 tiles, 16 stages of 64 or 6 of 128; 128
+    rows 64×64 in 8 stages or 128×32 on two warpgroups (measured faster than split-K,
+    session 8), first, within the tuner's 7; none of them elsewhere."""
     hopper = gemm_candidates(m, 4096, 16384, hopper=True)
-    streaming = [dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=8),
-                 dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=8, CLUSTER_N=2)]
+    streaming = ([dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=16),
+                  dict(kernel="shared", BM=64, BN=32, BK=128, STAGES=6)] if m <= 64 else
+                 [dict(kernel="shared", BM=64, BN=64, BK=64, STAGES=8),
+                  dict(kernel="shared", BM=128, BN=32, BK=64, STAGES=8, threads=256)])
     assert hopper[:2] == streaming and len(hopper) <= 7
     assert any(c.get("SPLIT", 1) > 1 for c in hopper)      # split-K is still timed
     older = gemm_candidates(m, 4096, 16384, hopper=False)
-    assert not any("CLUSTER_N" in c or c["BN"] == 32 and c["BM"] == 64 for c in older)
+    assert not any(c in older for c in streaming)
 
 
 def test_persistent_candidates_fit_the_h100(monkeypatch):
