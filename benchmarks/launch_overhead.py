@@ -202,8 +202,9 @@ def empty_like_op():
     is `torch.empty_like`: what a custom op costs beyond its own work."""
     import torch
 
-    @torch.library.custom_op("tegula_bench::empty_like", mutates_args=(), device_types="cuda")
-    def empty_like(x: torch.Tensor) -> torch.Tensor:
+    @torch.library.custom_op("tegula_bench::empty_like", mutates_args=(), device_types="cuda",
+                             schema="(Tensor x) -> Tensor")  # (string annotations here)
+    def empty_like(x):
         return torch.empty_like(x)
 
     empty_like.register_fake(lambda x: torch.empty_like(x))
