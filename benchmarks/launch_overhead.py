@@ -148,7 +148,8 @@ def main() -> None:
     decode_key = api._signature("attention_decode", (q1, kcache, vcache, lengths), True,
                                 type(None), None, bool, False, False, type(None), None,
                                 type(None), None)
-    assert type(api._REPLAYS.get(decode_key)) is api.PlanReplay, "decode kept no replay"
+    if type(api._REPLAYS.get(decode_key)) is not api.PlanReplay:
+        print("attention_decode kept no replay: its row times the full path twice")
 
     def decode_full_path():  # the step as before its replay: checks, configuration, launches
         api._REPLAYS.pop(decode_key, None)
@@ -156,11 +157,17 @@ def main() -> None:
 
     decode = [("tk.attention_decode (4x32/8, 2048)", decode_step,
                "its full path (before)", decode_full_path)]
-    for _, ours, _, theirs in pairs + decode:  # compile (and tune) while it builds
-        ours(), theirs()
+    failed = {}
+    for name, ours, _, theirs in pairs + decode:  # compile (and tune) while it builds
+        try:
+            ours(), theirs()
+        except Exception as e:  # the row is left out, the table goes on
+            failed[name] = f"{type(e).__name__}: {e}"
     cxx = torch_alloc.wait(120)  # then every replay allocates through it
     rows = []
     for name, ours, peer, theirs in pairs + decode:
+        if name in failed:
+            continue
         mine, torch_s = host_runs([ours, theirs])
         synced = per_call_runs([ours, theirs], repeats=3)
         rows.append((name, min(mine), peer, min(torch_s), min(synced[0]) / min(synced[1])))
@@ -195,6 +202,8 @@ def main() -> None:
     for name, ours, peer, theirs, synced in rows:
         print(f"{name:36s} {ours:6.2f}   {peer:26s} {theirs:6.2f}  {ours / theirs:5.2f}  "
               f"{synced:5.2f}")
+    for name, error in failed.items():
+        print(f"{name}: FAILED {error[:200]}")
 
 
 def empty_like_op():
