@@ -168,6 +168,33 @@ def consumer_scratch(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
     tg.copy(acc, c.tile((BM, BN), (m, n)))
 
 
+@tg.kernel(threads=128)
+def consumer_branch_scratch(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                            BM: tg.constexpr = 64, BN: tg.constexpr = 64,
+                            BK: tg.constexpr = 32, STAGES: tg.constexpr = 2):
+    """`consumer_scratch` with the write inside a branch (always taken): the next
+    iteration's first access is in a nested block, which the body's head must count."""
+    m, n = tg.block_id(0), tg.block_id(1)
+    ga = a.tile((BM, BK), (m, None))
+    gb = b.tile((BN, BK), (n, None))
+    sa = tg.shared((BM, BK), f16, stages=STAGES)
+    sb = tg.shared((BN, BK), f16, stages=STAGES)
+    sx = tg.shared((BM, BN), f32)
+    acc = tg.zeros((BM, BN), f32)
+    for k in tg.pipeline(ga.shape[2], stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        part = tg.zeros((BM, BN), f32)
+        tg.gemm(part, sa[k], sb[k])
+        with tg.if_(k >= 0):
+            tg.copy(part, sx)
+        acc = acc + tg.load(sx.T)
+    tg.copy(acc, c.tile((BM, BN), (m, n)))
+
+
+CONSUMER_KERNELS = [consumer_scratch, consumer_branch_scratch]
+
+
 def consumer_scratch_inputs(M: int, N: int, K: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)

@@ -80,23 +80,26 @@ def _consumer_loop(body):
                 and any(isinstance(x, MBarrierArrive) for x in s.body))
 
 
-def test_a_consumer_loop_reading_a_tile_it_wrote_ends_each_iteration_in_a_barrier():
+@pytest.mark.parametrize("kernel", K.CONSUMER_KERNELS, ids=["write", "write-in-branch"])
+def test_a_consumer_loop_reading_a_tile_it_wrote_ends_each_iteration_in_a_barrier(kernel):
     """The read of the scratch tile (after the barrier that follows its write) races the
     next iteration's write unless a barrier comes between: with no refill barrier at the
     top of a consumer iteration, it must end the body (before the stage release)."""
-    loop = _consumer_loop(_body(K.consumer_scratch, "sm_90a"))
+    loop = _consumer_loop(_body(kernel, "sm_90a"))
     last_read = max(i for i, s in enumerate(loop.body)
                     if any(isinstance(x, SharedLoad) and "s2" in x.buffer for x in walk([s])))
     assert any(_is_barrier(s) for s in loop.body[last_read:]), \
         "no barrier between the scratch tile's reads and the next iteration's write"
 
 
+@pytest.mark.parametrize("kernel", K.CONSUMER_KERNELS, ids=["write", "write-in-branch"])
 @pytest.mark.parametrize("shape", [(64, 64, 96), (50, 40, 70)], ids=["even", "ragged"])
 @pytest.mark.parametrize("role_order", ["listed", "reversed", "random:3"])
-def test_the_consumer_scratch_kernel_is_right_under_every_role_order(shape, role_order):
+def test_the_consumer_scratch_kernel_is_right_under_every_role_order(kernel, shape,
+                                                                     role_order):
     M, N, K_ = shape
     a, b = K.consumer_scratch_inputs(M, N, K_)
     c = np.full((M, N), np.nan, np.float32)
-    tg.emulate(K.consumer_scratch, (tg.cdiv(M, 64), tg.cdiv(N, 64)), a, b, c,
+    tg.emulate(kernel, (tg.cdiv(M, 64), tg.cdiv(N, 64)), a, b, c,
                target="sm_90a", role_order=role_order)
     np.testing.assert_allclose(c, K.consumer_scratch_ref(a, b), rtol=1e-4, atol=1e-3)
