@@ -665,15 +665,19 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
 
 def fragment_candidates(m: int) -> list[dict]:
-    """The fragment kernel's configs worth timing (pre-packed weights): the token tile for
-    M, one or two stored blocks a k-step (KS), split K in 1, 4 or 8 (one 64-row weight
-    tile a block leaves N = 4096 with 64 blocks: split K gives the SMs more, and each SM
-    more warps to hide the dequantization's latency); 64-token tiles as well beyond 64
-    tokens (H100 round 1 of session 8: one block per SM ran 2x slower than split 4)."""
-    bt, one_role = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, STAGES=4)
-    configs = [dict(one_role, BT=bt, KS=ks, SPLIT=split) for ks in (1, 2) for split in (1, 4, 8)]
+    """The fragment kernel's configs worth timing (pre-packed weights), from the H100
+    sweep of session 8 (`docs/performance.md`): two stored 64-k blocks a k-step (KS=2)
+    won at every shape; split K in 4 or 8 (one 64-row weight tile a block leaves N = 4096
+    with 64 blocks: splitting gives the SMs more, and each SM more warps to hide the
+    dequantization's latency), 2 or 4 beyond 16 tokens; the weights through registers
+    (WSMEM=0) at 16 tokens; 64-token tiles as well at 128."""
+    bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
+    if bt <= 16:
+        return [dict(base, BT=bt, STAGES=4, SPLIT=4), dict(base, BT=bt, STAGES=4, SPLIT=8),
+                dict(base, BT=bt, STAGES=3, SPLIT=8, WSMEM=0)]
+    configs = [dict(base, BT=bt, STAGES=3, SPLIT=split) for split in (2, 4)]
     if bt > 64:
-        configs += [dict(one_role, BT=64, KS=2, SPLIT=split) for split in (2, 4)]
+        configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
     return configs
 
 
