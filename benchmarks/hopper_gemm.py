@@ -15,7 +15,10 @@ time of the GEMM and the copy kernel's bandwidth against torch's copy. A table l
 nothing is asserted about time. `--pingpong`: only the persistent GEMM's consumer schedules
 (cooperative, ping-pong) against cuBLAS at 4096^3 and 4096x14336x4096;
 `--pingpong-epilogue`: the same with a fused bias + GELU epilogue at 4096^3, and ping-pong
-in 2-CTA clusters.
+in 2-CTA clusters. `--clusters`: the persistent 128x256 kernel alone and in clusters of 2,
+4 and 8 (b multicast to that many row tiles), each on the clusters that fit at once
+(`cuOccupancyMaxActiveClusters`); `--decode`: matmul's decode tiles against split-K
+(session 8's rounds 1-2, `docs/performance.md`).
 """
 from __future__ import annotations
 
@@ -228,8 +231,88 @@ CLUSTER_SCHEDULES = [
     dict(BM=128, BN=128, BK=64, STAGES=5, threads=128, consumers="pingpong", CLUSTER=2)]
 
 
+def max_active_clusters(kernel, cfg: dict) -> int:
+    """How many clusters of cfg["CLUSTER"] blocks of `kernel` (built with cfg) run at once."""
+    from tegula.build import launch
+    from tegula.runtime.driver import cuda_driver
+    from tegula.runtime.launcher import cluster_launch_config
+    driver, size = cuda_driver(), cfg["CLUSTER"]
+    x = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    out = launch(kernel, (size,), x, x, torch.empty_like(x), **cfg)
+    ck = next(o for o in (out if isinstance(out, tuple) else (out,)) if hasattr(o, "_functions"))
+    torch.cuda.synchronize()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = cluster_launch_config(driver, (sms // size * size, 1, 1), ck.threads,
+                                   ck.shared_bytes, 0, (size, 1, 1))
+    return driver.cuOccupancyMaxActiveClusters(ck._functions[torch.cuda.current_device()],
+                                               config)[1]
+
+
+def cluster_rows() -> list[tuple[str, str]]:
+    """`--clusters`: cuBLAS, then the persistent 128x256 kernel in clusters of 1, 2, 4, 8."""
+    base_cfg = dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256)
+    rows, fits = [], {1: torch.cuda.get_device_properties(0).multi_processor_count}
+    for size in (2, 4, 8):
+        fits[size] = max_active_clusters(persistent_gemm, dict(base_cfg, CLUSTER=size))
+        rows.append((f"clusters of {size} at once", str(fits[size])))
+    for m, n, k in SCHEDULE_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
+        base = 2 * m * n * k / ms / 1e9
+        rows.append((f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s"))
+        for size, clusters in fits.items():
+            cfg = dict(base_cfg, CLUSTER=size)
+            grid = _persistent.persistent_grid(m, n, clusters * size, 128, 256, size)
+            rows.append(measure(f"{m}x{n}x{k} persistent 128x256 CLUSTER={size}",
+                                persistent_gemm, grid, a, b, base, target="sm_90a", **cfg))
+            print(rows[-1], flush=True)
+    return rows
+
+
+#: `--decode`: matmul's sm_90a decode candidates (session 8) and the split-K they replaced.
+DECODE_CONFIGS = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
+                  dict(BM=64, BN=32, BK=64, STAGES=8), dict(BM=64, BN=32, BK=64, STAGES=16),
+                  dict(BM=64, BN=32, BK=128, STAGES=6), dict(BM=64, BN=64, BK=64, STAGES=8),
+                  dict(BM=128, BN=32, BK=64, STAGES=8, threads=256)]
+DECODE_SHAPES = [(16, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096), (64, 4096, 14336)]
+
+
+def decode_rows() -> list[tuple[str, str]]:
+    """cuBLAS, then each DECODE_CONFIGS entry through matmul's launch path, checked."""
+    from tegula.kernels.api_matmul import _gemm_launches
+
+    def run(cfg, a, b, c):
+        values = dict(cfg, kernel="shared")
+        threads = values.pop("threads", None)
+        _gemm_launches(tg.f16, values, threads, a, b, c)
+    rows = []
+    for m, n, k in DECODE_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100, return_mode="median")
+        rows.append((f"{m}x{n}x{k} cuBLAS", f"{ms * 1e3:.1f} us"))
+        for cfg in DECODE_CONFIGS:
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            run(cfg, a, b, c)
+            torch.cuda.synchronize()
+            bad = wrong_elements(c, a, b)
+            t = do_bench(lambda: run(cfg, a, b, c), warmup=25, rep=100, return_mode="median")
+            rows.append((f"{m}x{n}x{k} {cfg}", f"{t * 1e3:.1f} us = {ms / t:.2f}x cuBLAS, "
+                         f"{bad} wrong elements"))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"))
+    for flag, make in (("--clusters", cluster_rows), ("--decode", decode_rows)):
+        if flag in sys.argv:
+            rows = make()
+            width = max(len(r[0]) for r in rows)
+            for name, value in rows:
+                print(f"{name:<{width}}  {value}")
+            return
     if "--pingpong-epilogue" in sys.argv:
         rows = epilogue_rows()
         width = max(len(r[0]) for r in rows)
