@@ -468,6 +468,13 @@ def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
         configs = [t for t in configs if t["BM"] == 64]
     if wgmma:
         configs += [dict(rows[0], BN=64, V_KMAJOR=True, P_SHARED=True)]
+    if wgmma and head_dim == 64:
+        # The two warpgroups taking turns at the tensor cores (FA3's ping-pong), with and
+        # without the overlapped loop: at D = 64, where the softmax weighs most against the
+        # gemms, 378 and 386 TFLOP/s against the plain loop's 367 (H100, 4x32x4096, session
+        # 8); at D = 128 and 256 they measured level or slower, so they are not timed there.
+        configs += [dict(rows[0], BN=128, V_KMAJOR=False, P_SHARED=False, OVERLAP=overlap,
+                         consumers="pingpong") for overlap in (False, True)]
     return [dict(c, STAGES=2) for c in configs]
 
 

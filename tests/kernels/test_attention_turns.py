@@ -112,3 +112,24 @@ def test_a_hand_over_left_at_exit_is_reported(monkeypatch):
     q, k, v = inputs(2, 1, 1, 1, 64, 130, 64)
     with pytest.raises(EmulationError, match="named barrier 8 ends with 128 of 256"):
         attention_emulated(q, k, v, False, BN=64, OVERLAP=True, **TURNS)
+
+
+def test_the_tuner_times_the_turns_at_head_dim_64_only():
+    """Measured on an H100 (session 8): the turns pay at D = 64 (the softmax weighs most
+    there), not at 128 or 256; they need wgmma (sm_90a)."""
+    from tegula.kernels.attention import attention_candidates
+    turns = [c for c in attention_candidates(64, True) if c.get("consumers") == "pingpong"]
+    assert sorted(c["OVERLAP"] for c in turns) == [False, True]
+    assert all(c["BM"] == 128 and c["threads"] == 256 and c["BN"] == 128 for c in turns)
+    for d, wgmma in ((128, True), (256, True), (64, False)):
+        assert not any("consumers" in c for c in attention_candidates(d, wgmma))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_tuned_turn_candidates_give_every_element(overlap):
+    """The D = 64 candidates as the tuner launches them (128-key blocks), causal with a
+    ragged last block, under a random role order."""
+    q, k, v = inputs(31, 1, 2, 2, 130, 300, 64)
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, BN=128, OVERLAP=overlap,
+                                role_order="random:7", **TURNS)
+    check(o, lse, *reference(q, k, v, True))
