@@ -7,7 +7,8 @@ and others when `npot_threads` is on), a tile (any of 1..64 per dim, products up
 (every operator and math function, comparisons, `where` with tiles and numbers, casts
 between every type), reductions on either axis, in-place updates, loops with carried
 values (some through a shared scratch tile: stashed before the loop, read and written back
-in it, read after it), and 1-3 outputs stored along a random route.
+in it — now and then inside a `tg.if_` on the block's row or column — read after it), and
+1-3 outputs stored along a random route.
 
 A switch that is off keeps the generator away from a construct (a known bug being
 fixed elsewhere), so the seeded CI run stays green while the rest is tested.
@@ -22,6 +23,7 @@ from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, As
                                  Binary, Cast, Extent, Full, Gemm, Indices, InPlace, Load, Loop,
                                  Num,
                                  Program, Reduce, Scope, Stash, Store, TensorDecl, TileType, Unary,
+                                 Branch,
                                  Unstash, Where, broadcast, check)
 from tegula.fuzz.program import GEMM_ACCUMULATOR
 
@@ -57,6 +59,7 @@ class Switches:
     loops: bool = True
     pipelines: bool = True          # tg.pipeline loops with staged shared buffers
     scratch: bool = True            # a shared tile carried through loops (Stash/Unstash)
+    branches: bool = True           # tg.if_ on the block's row or column around a statement
     transposed: bool = True         # loads through a transposed shared view
     shared_to_shared: bool = True   # shared->shared copies
     indices: bool = True            # tg.indices tiles and kernel scalars (x.shape[1]) in math
@@ -497,8 +500,13 @@ class Generator:
                          else tile_name)
         if scratch and r.random() < 0.7:  # written back: read again by the next iteration
             op = r.choice(("add", "max", "min") if nx.is_float(dtype) else ("add", "max", "xor"))
-            loop_body.append(Stash(buffer, self._emit_binary(loop_body, inner, op, read.out,
-                                                             tile_name)))
+            value = self._emit_binary(loop_body, inner, op, read.out, tile_name)
+            loop_body.append(self._maybe_branch([Stash(buffer, value)]))
+        if scratch and carried and r.random() < 0.3:  # a branch of register work only
+            c = carried[0]
+            if len(inner.shared_with[c]) == 1:
+                number = Num(2.0) if nx.is_float(inner.types[c].dtype) else Num(3)
+                loop_body.append(self._maybe_branch([InPlace(c, "mul", number)], p=1.0))
         body.append(Loop(loop_id, name, axis, tuple(loop_body), stages))
         if scratch:
             self._scratch_after(body, scope, buffer, dtype)
@@ -513,6 +521,15 @@ class Generator:
         body.append(Stash(buffer, init))
         return buffer, Unstash(self.fresh(), buffer, self.bm == self.bn and r.random() < 0.7)
 
+    def _maybe_branch(self, body: list, p: float = 0.3):
+        """`body` as one statement: itself, or (probability `p`) inside a `tg.if_` on the
+        block's row or column that holds in some blocks."""
+        r = self.rng
+        if len(body) != 1 or not self.sw.branches or r.random() >= p:
+            return body[0] if len(body) == 1 else None
+        return Branch(r.choice((0, 1)), r.choice(("lt", "ge", "eq")), r.choice((0, 1)),
+                      tuple(body))
+
     def _scratch_after(self, body, scope, buffer: str, dtype: str) -> None:
         """After the loop: read the scratch tile (what the last iteration left), and maybe
         overwrite it first (a write after the loop's reads)."""
@@ -520,7 +537,7 @@ class Generator:
         if r.random() < 0.4:
             value = self.pick(scope, lambda t: t.dtype == dtype and t.shape == (True, True))
             if value is not None:
-                body.append(Stash(buffer, value))
+                body.append(self._maybe_branch([Stash(buffer, value)]))
         if r.random() < 0.8:
             out = self.fresh()
             body.append(Unstash(out, buffer, self.bm == self.bn and r.random() < 0.5))

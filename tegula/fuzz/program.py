@@ -207,6 +207,23 @@ class Unstash:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """`with tg.if_(m < bound):` (`axis` 0: the block row m, 1: the column n; `op` lt, ge
+    or eq): `body` runs in the blocks where it holds. Its statements stash and read
+    scratch tiles and update tiles in place — the shared accesses barrier placement must
+    order around a branch, and the register work it must not fence; names it defines end
+    with it."""
+
+    axis: int
+    op: str
+    bound: int
+    body: tuple
+
+
+BRANCH_STATEMENTS = (Stash, Unstash, InPlace, Assign, Binary)
+
+
+@dataclass(frozen=True)
 class Store:
     tensor: str
     x: str
@@ -214,7 +231,7 @@ class Store:
 
 
 Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
-             Gemm, Stash, Unstash, Store]
+             Gemm, Stash, Unstash, Branch, Store]
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
 TRANSPOSED_READS = ("smem", "gmem")  # Gemm.ta / Gemm.tb
@@ -427,6 +444,8 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         _check_gemm(program, s, decl, scope)
     elif isinstance(s, (Stash, Unstash)):
         _check_scratch(program, s, scope, loop)
+    elif isinstance(s, Branch):
+        _check_branch(program, s, scope, loop, outputs)
     elif isinstance(s, Store):
         t = _operand_type(scope, s.x)
         if s.tensor not in decl or s.tensor in outputs:
@@ -493,6 +512,19 @@ def _check_scratch(program: Program, s, scope: Scope, loop) -> None:
     if known is not None and known != t.dtype:
         raise Invalid("a scratch tile keeps its element type")
     scope.buffers[s.buffer] = t.dtype
+
+
+def _check_branch(program: Program, s: Branch, scope: Scope, loop, outputs: set) -> None:
+    if s.axis not in (0, 1) or s.op not in ("lt", "ge", "eq") or not s.body:
+        raise Invalid("a branch on m or n, with lt, ge or eq, and a body")
+    inner = scope.copy()
+    for b in s.body:
+        if not isinstance(b, BRANCH_STATEMENTS):
+            raise Invalid("a branch holds scratch accesses and element-wise work only")
+        if isinstance(b, Stash) and b.buffer not in scope.buffers:
+            raise Invalid("a scratch tile is first stashed outside branches")
+        _check_stmt(program, b, inner, loop, outputs)
+    # Names made in the body end with it; updated ones keep their type (in place).
 
 
 GEMM_ACCUMULATOR = {"f16": "f32", "bf16": "f32", "f8e4m3": "f32", "f8e5m2": "f32",
@@ -563,7 +595,7 @@ def defined_names(body) -> list[str]:
     """Every name a statement list (loops included) defines, in order."""
     out = []
     for s in body:
-        if isinstance(s, Loop):
+        if isinstance(s, (Loop, Branch)):
             out += defined_names(s.body)
         elif hasattr(s, "out"):
             out.append(s.out)
@@ -572,7 +604,7 @@ def defined_names(body) -> list[str]:
 
 def used_names(s) -> set[str]:
     """Names a statement reads (a loop: everything its body reads)."""
-    if isinstance(s, Loop):
+    if isinstance(s, (Loop, Branch)):
         return set().union(*(used_names(b) for b in s.body)) if s.body else set()
     fields = {Gemm: ("acc",), Unary: ("x",), Binary: ("a", "b"), Where: ("cond", "a", "b"), Cast: ("x",),
               Reduce: ("x",), InPlace: ("target", "x"), Assign: ("target", "x"),
@@ -581,6 +613,6 @@ def used_names(s) -> set[str]:
 
 
 __all__ = ["TRANSPOSED_READS", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
-           "Assign", "Alias", "Loop", "Stash", "Unstash", "Store", "Program", "TensorDecl", "Invalid", "check",
+           "Assign", "Alias", "Loop", "Stash", "Unstash", "Branch", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tegula.fuzz import numerics as nx
-from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Cast, Extent, Full, Gemm,
+from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Branch, Cast, Extent, Full,
+                                 Gemm,
                                  InPlace, Indices, Load, Loop, Num, Program, Reduce, Stash,
                                  Store, Unary, Unstash, Where)
 
@@ -136,6 +137,8 @@ class Model:
             if s.transposed:  # element (i, j) of the view is (j, i) of the tile, padding too
                 v = Value(v.dtype, *(np.swapaxes(a, 2, 3).copy() for a in (v.val, v.err, v.wild)))
             self.env[s.out] = v
+        elif isinstance(s, Branch):
+            self.branch(s)
         elif isinstance(s, Store):
             self.outputs[s.tensor] = self.env[s.x]
         else:
@@ -151,6 +154,22 @@ class Model:
                 self.statement(b)
         for name in set(self.env) - before:  # names made in the body end with it
             del self.env[name]
+
+    def branch(self, s: Branch) -> None:
+        """The body runs in every block; the blocks where the condition fails keep the
+        values they had (tiles and scratch tiles), and the body's own names end with it."""
+        gm, gn = self.p.grid
+        index = np.arange(gm)[:, None] if s.axis == 0 else np.arange(gn)[None, :]
+        held = {"lt": index < s.bound, "ge": index >= s.bound, "eq": index == s.bound}[s.op]
+        held = np.broadcast_to(held, (gm, gn))[..., None, None]
+        env, scratch = dict(self.env), dict(self.scratch)
+        for b in s.body:
+            self.statement(b)
+        for before, after in ((env, self.env), (scratch, self.scratch)):
+            for name, old in before.items():
+                if after[name] is not old:
+                    before[name] = _where(held, after[name], old)
+        self.env, self.scratch = env, scratch
 
     # -- memory ---------------------------------------------------------------------------
     def load(self, s: Load) -> Value:
@@ -525,6 +544,13 @@ def cast(a: Value, dtype: str) -> Value:
         hi = nx.convert(a.val + a.err, a.dtype, dtype)
         wild |= inexact & ((lo != v) | (hi != v))
     return Value(dtype, v, np.where(wild, 0.0, err), wild)
+
+
+def _where(held: np.ndarray, new: Value, old: Value) -> Value:
+    """`new` in the blocks where `held`, `old` elsewhere (same tile, same type)."""
+    parts = [np.where(held, *np.broadcast_arrays(getattr(new, f), getattr(old, f)))
+             for f in ("val", "err", "wild")]
+    return Value(old.dtype, *parts)
 
 
 def _broadcast_to(v: Value, shape: tuple) -> Value:

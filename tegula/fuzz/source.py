@@ -5,7 +5,7 @@ from __future__ import annotations
 import linecache
 
 from tegula.fuzz.program import (GEMM_ACCUMULATOR, Alias, Assign, Binary, Cast, Extent, Full,
-                                 Gemm, InPlace,
+                                 Branch, Gemm, InPlace,
                                  Indices, Load, Loop, Num, Program, Reduce, Stash, Store, Unary,
                                  Unstash, Where, check)
 
@@ -293,6 +293,12 @@ def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  #
         w.emit(f"tg.copy({s.x}, {s.buffer})")
     elif isinstance(s, Unstash):
         w.emit(f"{s.out} = tg.load({s.buffer}{'.T' if s.transposed else ''})")
+    elif isinstance(s, Branch):
+        w.emit(f"with tg.if_({'mn'[s.axis]} {_OPERATOR[s.op]} {s.bound}):")
+        w.indent += 1
+        for b in s.body:
+            _statement(w, b, types, loop)
+        w.indent -= 1
     else:
         raise ValueError(f"unknown statement {s!r}")
 

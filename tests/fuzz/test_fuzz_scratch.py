@@ -126,3 +126,46 @@ def test_a_scratch_gemm_needs_a_k_loop_and_square_tiles():
         check(one_tile)
     with pytest.raises(Invalid, match="K loop over square tiles"):
         check(replace(p, BN=32))
+
+
+# -- branches (tg.if_ on the block's row or column) ----------------------------------------
+def _branchy() -> Program:
+    """The carried-through-shared loop with its write-back inside a branch that holds in
+    some blocks, a branch of register work, and a branch after the loop overwriting the
+    tile: blocks where a branch fails keep what they had."""
+    from dataclasses import replace
+    from tegula.fuzz.program import Branch, InPlace
+    p = _carried_through_shared()
+    loop = p.body[3]
+    body = loop.body[:3] + (Branch(1, "ge", 1, (Stash("sc1", "v5"),)),
+                            Branch(0, "eq", 0, (InPlace("v2", "mul", Num(2.0)),)))
+    after = (Branch(0, "lt", 1, (Stash("sc1", "v1"),)),)
+    return p.with_body(p.body[:3] + (replace(loop, body=body),) + after + p.body[4:])
+
+
+def test_branches_around_shared_accesses_run_and_pass():
+    p = _branchy()
+    check(p)
+    source = kernel_source(p)
+    assert "with tg.if_(n >= 1):" in source and "with tg.if_(m == 0):" in source
+    verdict = fuzz_program(p, 2, 0)
+    assert verdict.status == "pass", verdict
+
+
+def test_the_generator_draws_branches():
+    from tegula.fuzz.program import Branch
+
+    def count(body):
+        return sum(isinstance(s, Branch) + (count(s.body) if isinstance(s, Loop) else 0)
+                   for s in body)
+    assert sum(count(make_program(12, index).body) for index in range(300)) > 0
+
+
+def test_without_what_a_branch_leaves_unordered_the_race_is_reported(monkeypatch):
+    """Barrier placement must carry a branch arm's unordered accesses past the branch
+    (`SharedSync.absorb`): without, the write-back inside the branch races the next
+    iteration's read."""
+    from tegula.lower import lower
+    monkeypatch.setattr(lower.SharedSync, "absorb", lambda self, inner: None)
+    verdict = fuzz_program(_branchy(), 2, 0, targets=("sm_80",))
+    assert verdict.status == "internal" and "shared-memory race" in verdict.reason, verdict
