@@ -46,5 +46,8 @@ def test_the_consumer_loop_is_clean_under_compute_sanitizer(tool):
     assert "consumer: right" in out
     summary = re.search(r"ERROR SUMMARY: (\d+) error", out)
     hazards = re.search(r"RACECHECK SUMMARY: (\d+) hazard", out)
-    assert summary and summary.group(1) == "0", out[-3000:]
+    # racecheck ends with a RACECHECK SUMMARY (hazards), synccheck with an ERROR SUMMARY:
+    # at least one must be printed, and every one printed must say zero.
+    assert summary or hazards, out[-3000:]
+    assert summary is None or summary.group(1) == "0", out[-3000:]
     assert hazards is None or hazards.group(1) == "0", out[-3000:]
