@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9] [--only PREFIX]
 [--budget SECONDS]`.
 
 `--set swapped` times the swapped-orientation W4A16 kernel (the weights as the MMA's A
@@ -93,7 +93,16 @@ FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False) if name != 
             for name, config in ([("w4rows", dict(BN=4, S=8, R=2, UNROLL=2))] if m == 1 else
                                  [("w4swap", _SESSION7_BEST[m])])
             + [("w4frag", c) for c in _FRAGMENT_BY_M[m]]]
-SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT}
+# Session 9: small M on the issue's three N (4096, 11008, 14336 at K = 4096): fewer, longer
+# blocks (KS=4, less split K: the pipeline's prologue and the split sum amortized) against
+# session 8's winners (KS=2, SPLIT=4/8).
+_SMALL_M = [dict(BT=16, STAGES=4, KS=2, SPLIT=4), dict(BT=16, STAGES=4, KS=2, SPLIT=8),
+            dict(BT=16, STAGES=3, KS=4, SPLIT=2), dict(BT=16, STAGES=3, KS=4, SPLIT=4),
+            dict(BT=16, STAGES=4, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=4, WSMEM=0)]
+SESSION9 = [("w4frag", (16, n, 4096), dict(c, warp_specialize=False))
+            for n in (14336, 4096, 11008) for c in _SMALL_M]
+SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
+        "session9": SESSION9}
 
 
 GROUP = 128
