@@ -17,6 +17,12 @@ view reads along it):
   `x[i]` and `y[i]` together: those tensor dims must have equal extents. Broadcast dims
   (extent 1) assume nothing; neither do tiles of different coordinates.
 
+Where the coordinates are constants (`x.tile((16, 16), (1, 0))`), the elements read are
+known, and an assumption is broken only if the mask differs on one of them: some element
+read lies inside one tensor's extent and past the other's. A constant tile inside both
+tensors (or past both) reads the same either way, so extents may differ there; this is
+what lets a kernel combine `s.T` (x's top block, transposed) with x's next block.
+
 Provenance flows through copies (global → shared → registers), casts and element-wise
 ops, conversions, and gemm results (c's rows from a, its columns from b); a reduction
 drops the reduced dim; anything else (index tiles, reshapes, values carried around a
@@ -36,21 +42,37 @@ Sources = frozenset  # of Source: where one tile dim's elements come from
 
 @dataclass(frozen=True)
 class Source:
-    """Tile dim elements loaded along `tensor`'s dim `dim`, at coordinates `coords`."""
+    """Tile dim elements loaded along `tensor`'s dim `dim`, at coordinates `coords`;
+    `span` the tensor coordinates read, (first, step, count), where they are constants."""
 
     tensor: str
     dim: int
     coords: tuple
+    span: tuple | None = None
 
 
 @dataclass(frozen=True)
 class Assumption:
-    """`what` at `loc` assumes tensor `a[0]`'s dim `a[1]` and `b[0]`'s `b[1]` are equal."""
+    """`what` at `loc` assumes tensor `a[0]`'s dim `a[1]` and `b[0]`'s `b[1]` are equal —
+    everywhere, or (`span` = (first, step, count)) on the constant coordinates read."""
 
     what: str
     loc: Any
     a: tuple[str, int]
     b: tuple[str, int]
+    span: tuple | None = None
+
+    def broken_by(self, extent_a: int, extent_b: int) -> bool:
+        """Whether a load masks some element read differently in the two tensors."""
+        if extent_a == extent_b:
+            return False
+        if self.span is None:
+            return True
+        first, step, count = self.span
+        low, high = min(extent_a, extent_b), max(extent_a, extent_b)
+        # the first coordinate read at or past `low`: masked in one tensor, unless >= high
+        skip = max(0, -(-(low - first) // step))
+        return skip < count and first + skip * step < high
 
 
 class _Provenance:
@@ -64,7 +86,8 @@ class _Provenance:
     def of(self, tile) -> list[frozenset]:
         if isinstance(tile, GlobalTile):
             return [Sources({Source(tile.arg.name, d.tensor_dim,
-                                    (str(tile.origin[d.tensor_dim]), str(d.step), d.extent))})
+                                    (str(tile.origin[d.tensor_dim]), str(d.step), d.extent),
+                                    _constant_span(tile, d))})
                     for d in tile.dims]
         if isinstance(tile, RegisterTile):
             found = self.registers.get(tile.id)
@@ -92,6 +115,15 @@ class _Provenance:
                 held[d] |= sources
 
 
+def _constant_span(tile: GlobalTile, dim) -> tuple | None:
+    """(first, step, count) of the coordinates `dim` reads along its tensor dim, where
+    they are constants and no other dim of the view walks the same tensor dim."""
+    first, step, count = tile.origin[dim.tensor_dim], dim.step, dim.extent
+    alone = sum(d.tensor_dim == dim.tensor_dim for d in tile.dims) == 1
+    static = all(isinstance(v, int) and not isinstance(v, bool) for v in (first, step, count))
+    return (first, step, count) if alone and static and step > 0 else None
+
+
 def assumptions(traced: TracedKernel) -> list[Assumption]:
     """Every pair of tensor dims the kernel assumes equal (module docstring)."""
     prov = _Provenance()
@@ -106,9 +138,10 @@ def assumptions(traced: TracedKernel) -> list[Assumption]:
             prov.add(op.out, [Sources() if d == op.axis else s for d, s in enumerate(dims)])
         elif isinstance(op, Gemm):
             a, b = prov.of(op.a), prov.of(op.b)
-            found += [Assumption("tg.gemm", op.loc, x, y)
-                      for x in sorted({(s.tensor, s.dim) for s in a[1]})
-                      for y in sorted({(s.tensor, s.dim) for s in b[1]}) if x != y]
+            found += [Assumption("tg.gemm", op.loc, (x.tensor, x.dim), (y.tensor, y.dim),
+                                 x.span if x.coords == y.coords else None)
+                      for x in _ordered(a[1]) for y in _ordered(b[1])
+                      if (x.tensor, x.dim) != (y.tensor, y.dim)]
             prov.add(op.c, [a[0], b[0]])
         elif isinstance(op, Elementwise):
             out = [set() for _ in op.out.shape]
@@ -123,19 +156,25 @@ def assumptions(traced: TracedKernel) -> list[Assumption]:
             prov.add(op.out, out)
     unique: dict[tuple, Assumption] = {}
     for a in found:
-        unique.setdefault((a.loc, frozenset((a.a, a.b))), a)
+        unique.setdefault((a.loc, frozenset((a.a, a.b)), a.span), a)
     return list(unique.values())
+
+
+def _ordered(sources) -> list[Source]:
+    return sorted(sources, key=lambda s: (s.tensor, s.dim, str(s.coords)))
 
 
 def _same_coordinates(what: str, loc, sources) -> list[Assumption]:
     """Pairs of different tensor dims among `sources` read at the same coordinates."""
     groups: dict[tuple, set] = {}
     for s in sources:
-        groups.setdefault(s.coords, set()).add((s.tensor, s.dim))
+        groups.setdefault(s.coords, set()).add(s)
     pairs = []
-    for dims in groups.values():
-        ordered = sorted(dims)
-        pairs += [Assumption(what, loc, ordered[0], other) for other in ordered[1:]]
+    for group in groups.values():
+        ordered = sorted({(s.tensor, s.dim) for s in group})
+        spans = {s.span for s in group}
+        span = spans.pop() if len(spans) == 1 else None
+        pairs += [Assumption(what, loc, ordered[0], other, span) for other in ordered[1:]]
     return pairs
 
 
@@ -145,13 +184,26 @@ def mismatch(kernel_name: str, traced: TracedKernel, shapes: dict) -> tuple[str,
     for a in assumptions(traced):
         (ta, da), (tb, db) = a.a, a.b
         ea, eb = shapes[ta][da], shapes[tb][db]
-        if ea != eb:
+        if a.broken_by(ea, eb):
             how = "contracts" if a.what == "tg.gemm" else "combines element by element"
+            where = "" if a.span is None else \
+                f" at coordinates {_describe_span(a.span)} (inside one, past the other)"
             return (f"kernel {kernel_name}: {a.what} {how} {ta}'s dim {da} (extent {ea}) with "
-                    f"{tb}'s dim {db} (extent {eb}), which must be equal: {ta} has shape "
-                    f"{tuple(shapes[ta])}, {tb} has shape {tuple(shapes[tb])} (to use part "
-                    f"of a tensor, pass a view of that part)"), a.loc
+                    f"{tb}'s dim {db} (extent {eb}){where}, which must be equal: "
+                    f"{_shapes(shapes, ta, tb)} (to use part of a tensor, pass a view of that "
+                    f"part)"), a.loc
     return None
+
+
+def _shapes(shapes: dict, ta: str, tb: str) -> str:
+    said = f"{ta} has shape {tuple(shapes[ta])}"
+    return said if ta == tb else f"{said}, {tb} has shape {tuple(shapes[tb])}"
+
+
+def _describe_span(span: tuple) -> str:
+    first, step, count = span
+    last = first + step * (count - 1)
+    return f"{first}..{last}" + (f" step {step}" if step != 1 else "")
 
 
 __all__ = ["Source", "Assumption", "assumptions", "mismatch"]

@@ -1,0 +1,130 @@
+"""Extents a kernel assumes equal (tegula/ir/extents.py): constant coordinates.
+
+A tile read at constant coordinates reads known elements; an extent assumption is broken
+only where a load would mask one of them in one tensor and not in the other. Symbolic
+coordinates (block ids, loop indices) keep the whole-extent rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tegula as tg
+from tegula import f16, f32
+from tegula.errors import LaunchError
+from tegula.ir.extents import Assumption
+
+RNG = np.random.default_rng(91)
+
+
+def _random(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@tg.kernel(threads=64)
+def transposed_plus_next_block(x: tg.Tensor[f32], y: tg.Tensor[f32]):
+    s = tg.shared((16, 16), f32)
+    tg.copy(x.tile((16, 16), (0, 0)), s)
+    v = tg.load(s.T) + tg.load(x.tile((16, 16), (1, 0)))
+    tg.copy(v, y.tile((16, 16), (0, 0)))
+
+
+@pytest.mark.parametrize("x_shape", [(32, 16), (32, 20), (40, 24), (33, 17)])
+def test_a_transposed_block_plus_the_next_block_is_accepted_and_right(x_shape):
+    # session 8's repro: the sum reads x's rows 0..15 (through s.T) and its columns 0..15
+    # at the same tile coordinates, so tegula assumed x square and refused (32, 16)
+    x = _random(*x_shape)
+    y = np.full((16, 16), np.nan, np.float32)
+    tg.emulate(transposed_plus_next_block, (1,), x, y)
+    assert np.array_equal(y, x[:16, :16].T + x[16:32, :16])
+
+
+@pytest.mark.parametrize("x_shape", [(32, 12), (12, 16), (16, 12)])
+def test_a_constant_block_that_straddles_an_extent_is_still_refused(x_shape):
+    # x's dim 0 and dim 1 are read at coordinates 0..15 together; one of them ends inside
+    # that range, so a zero would stand in for a missing element of the other
+    x, y = _random(*x_shape), np.zeros((16, 16), np.float32)
+    with pytest.raises(LaunchError, match=r"tg.add combines element by element x's dim 0 "
+                       r"\(extent \d+\) with x's dim 1 \(extent \d+\) at coordinates 0..15 "
+                       r"\(inside one, past the other\), which must be equal") as info:
+        tg.emulate(transposed_plus_next_block, (1,), x, y)
+    assert "tg.load(s.T) + tg.load(x.tile" in info.value.loc.line
+
+
+@tg.kernel(threads=32)
+def add_second_block(x: tg.Tensor[f32, 1], y: tg.Tensor[f32, 1], out: tg.Tensor[f32, 1]):
+    v = tg.load(x.tile((16,), (1,))) + tg.load(y.tile((16,), (1,)))
+    tg.copy(v, out.tile((16,), (0,)))
+
+
+@pytest.mark.parametrize("nx,ny,refused", [
+    (32, 40, False),  # 16..31 inside both
+    (20, 40, True),   # 20..31 inside y only
+    (40, 25, True),
+    (10, 12, False),  # 16..31 past both: both read the fill
+    (40, 32, False),
+])
+def test_constant_tiles_of_two_tensors(nx, ny, refused):
+    x, y = _random(nx), _random(ny)
+    out = np.full(16, np.nan, np.float32)
+    if refused:
+        with pytest.raises(LaunchError, match=r"x's dim 0 .* y's dim 0 .* at coordinates "
+                                              r"16..31"):
+            tg.emulate(add_second_block, (1,), x, y, out)
+        return
+    tg.emulate(add_second_block, (1,), x, y, out)
+    padded = [np.pad(t, (0, 64 - t.size))[16:32] for t in (x, y)]
+    assert np.array_equal(out, padded[0] + padded[1])
+
+
+@tg.kernel(threads=32)
+def add_block_of_program(x: tg.Tensor[f32, 1], y: tg.Tensor[f32, 1], out: tg.Tensor[f32, 1]):
+    m = tg.block_id(0)
+    v = tg.load(x.tile((16,), (m,))) + tg.load(y.tile((16,), (m,)))
+    tg.copy(v, out.tile((16,), (m,)))
+
+
+def test_block_coordinates_keep_the_whole_extent_rule():
+    # which elements a block id reads depends on the grid: the extents must be equal
+    x, y, out = _random(32), _random(40), np.zeros(32, np.float32)
+    with pytest.raises(LaunchError, match=r"x's dim 0 \(extent 32\) with y's dim 0 "
+                                          r"\(extent 40\), which must be equal"):
+        tg.emulate(add_block_of_program, (2,), x, y, out)
+
+
+@tg.kernel(threads=64)
+def gemm_first_blocks(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32]):
+    acc = tg.zeros((16, 16), f32)
+    tg.gemm(acc, tg.load(a.tile((16, 16), (0, 0))), tg.load(b.tile((16, 16), (0, 0))))
+    tg.copy(acc, c.tile((16, 16), (0, 0)))
+
+
+@pytest.mark.parametrize("ka,kb,refused", [(16, 24, False), (20, 32, False), (12, 24, True)])
+def test_a_gemm_of_constant_tiles_contracts_only_what_it_reads(ka, kb, refused):
+    a, b = _random(16, ka, dtype=np.float16), _random(16, kb, dtype=np.float16)
+    c = np.full((16, 16), np.nan, np.float32)
+    if refused:
+        with pytest.raises(LaunchError, match=r"tg.gemm contracts a's dim 1 \(extent 12\) "
+                                              r"with b's dim 1 \(extent 24\) at coordinates"):
+            tg.emulate(gemm_first_blocks, (1,), a, b, c)
+        return
+    tg.emulate(gemm_first_blocks, (1,), a, b, c)
+    want = a[:, :16].astype(np.float32) @ b[:, :16].T.astype(np.float32)
+    np.testing.assert_allclose(c, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("span,extents,broken", [
+    ((0, 4, 4), (12, 20), True),    # reads 0, 4, 8, 12: 12 inside the second only
+    ((0, 4, 4), (14, 20), False),   # 0, 4, 8, 12 lie inside both
+    ((1, 4, 4), (13, 20), True),    # 1, 5, 9, 13: 13 inside the second only
+    ((2, 8, 3), (19, 24), False),   # 2, 10, 18
+    ((2, 8, 3), (18, 24), True),
+    ((30, 1, 5), (20, 30), False),  # past both
+    ((29, 1, 5), (20, 30), True),
+    (None, (20, 30), True),
+    (None, (30, 30), False),
+])
+def test_broken_by_checks_each_coordinate_read(span, extents, broken):
+    assumption = Assumption("tg.add", None, ("x", 0), ("y", 0), span)
+    assert assumption.broken_by(*extents) is broken
+    assert assumption.broken_by(*reversed(extents)) is broken
