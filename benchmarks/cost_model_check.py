@@ -139,9 +139,14 @@ def row_family(which: str) -> dict:
     from tegula.kernels.norm import rms_norm_kernel
     from tegula.kernels.softmax import softmax_kernel
     kernel = softmax_kernel(f16) if which == "softmax" else rms_norm_kernel(f16)
-    # large enough that the configurations differ by more than launch noise; the last two
-    # (32 MB each way) where fewer rows per SM leave occupancy and tails to matter
-    shapes = [(131072, 1024), (32768, 4096), (262144, 512), (16384, 1024), (4096, 4096)]
+    # large enough that the configurations differ by more than launch noise; then (32 MB
+    # each way) where fewer rows per SM leave occupancy and tails to matter (sessions 5-8,
+    # where most configurations ran at copy speed); then (session 9) rows of 256 to 8192,
+    # 8-32 MB, where waves, occupancy and latency separate the configurations; the last
+    # two held out of the session-9 fit.
+    shapes = [(131072, 1024), (32768, 4096), (262144, 512), (16384, 1024), (4096, 4096),
+              (65536, 256), (8192, 2048), (2048, 8192), (4096, 1024), (1024, 4096),
+              (32768, 512), (1536, 8192)]
 
     def make(shape, device="cuda"):
         m, n = shape
@@ -191,39 +196,52 @@ def attention_family() -> dict:
 NOISE = 0.02
 
 
-def _compile_one(family_name: str, shape_index: int, cfg: dict) -> str:
-    """Build and compile one configuration into the disk cache (a worker process: no GPU
-    use, the launch later finds the cubin by its source's key). Returns "" or the error."""
-    from tegula.build import build
-    from tegula.recommend import _facts
+def _compile_one(family_name: str, shape_index: int, cfg: dict) -> dict:
+    """Predict and compile one configuration into the disk cache (a worker process: no GPU
+    use, the launch later finds the cubin by its source's key). Returns the point's
+    prediction fields (`predicted_us`, `bound` or `dropped`), or `error`. A configuration
+    the model drops is not compiled: it is not measured either."""
     from tegula.runtime import compile_kernel
     family = FAMILIES[family_name]()
     shape = family["shapes"][shape_index]
-    _, shapes, _, _, fixed = family["make"](shape, device="meta")
+    _, shapes, scalars, grid, fixed = family["make"](shape, device="meta")
     try:
-        built = build(family["kernel"], {**fixed, **cfg}, _facts(family["kernel"], shapes),
-                      target=family["target"])
+        candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
+                          lambda c, g=grid: g(c), family["target"], keep_build=True)
+        if candidate.dropped:
+            return dict(dropped=candidate.dropped)
+        built = candidate.build
         compile_kernel(built.thread_kernel, built.target.sm)
     except Exception as err:  # reported again, in full, by the measuring process
-        return f"{type(err).__name__}: {err}"[:200]
-    return ""
+        return dict(error=f"{type(err).__name__}: {err}"[:200])
+    return dict(predicted_us=candidate.seconds * 1e6, bound=candidate.estimate.bound)
 
 
-def precompile(jobs: list, workers: int, log) -> None:
-    """Compile `jobs` ((family name, shape index, config), ...) in `workers`
-    processes, so the measuring process only loads cubins."""
+def _job_key(family_name: str, shape_index: int, cfg: dict) -> str:
+    return json.dumps([family_name, shape_index, cfg], sort_keys=True)
+
+
+def precompile(jobs: list, workers: int, log) -> dict:
+    """Predict and compile `jobs` ((family name, shape index, config), ...) in `workers`
+    processes, so the measuring process only loads cubins; returns each job's prediction
+    by `_job_key`."""
     import concurrent.futures
     import multiprocessing
     start = time.time()
     context = multiprocessing.get_context("spawn")  # no CUDA state is inherited
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        failed = sum(1 for err in pool.map(_compile_one, *zip(*jobs)) if err)
+        results = list(pool.map(_compile_one, *zip(*jobs)))
+    failed = sum(1 for r in results if "error" in r)
     log(f"precompiled {len(jobs)} configurations in {time.time() - start:.1f} s "
         f"({failed} refused or failed)")
+    return {_job_key(*job): r for job, r in zip(jobs, results)}
 
 
-def run_family(family: dict, log, shape_indices, deadline: float,
-               echo: bool = False) -> list[dict]:
+def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = False,
+               predicted: dict | None = None, family_name: str = "",
+               rep_ms: float = 40) -> list[dict]:
+    """Predict and measure every configuration of `family` at the shapes `shape_indices`
+    (`predicted`: the precompile's predictions by `_job_key`, not recomputed)."""
     from triton.testing import do_bench
     points = []
 
@@ -245,14 +263,17 @@ def run_family(family: dict, log, shape_indices, deadline: float,
                 record(point)
                 continue
             try:
-                candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
-                                  lambda c, g=grid: g(c), family["target"])
-                if candidate.dropped:
-                    point["dropped"] = candidate.dropped
+                known = (predicted or {}).get(_job_key(family_name, index, cfg))
+                if not known or "error" in known:  # a failure is raised again, in full
+                    candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
+                                      lambda c, g=grid: g(c), family["target"])
+                    known = dict(dropped=candidate.dropped) if candidate.dropped else dict(
+                        predicted_us=candidate.seconds * 1e6, bound=candidate.estimate.bound)
+                if "dropped" in known:
+                    point["dropped"] = known["dropped"]
                     record(point)
                     continue
-                point["predicted_us"] = candidate.seconds * 1e6
-                point["bound"] = candidate.estimate.bound
+                point.update(known)
                 if time.time() > deadline:
                     point["not_measured"] = "the run's time budget (--budget-s) was spent"
                     record(point)
@@ -261,13 +282,28 @@ def run_family(family: dict, log, shape_indices, deadline: float,
                 call = lambda: family["kernel"][g](*args, target=family["target"], **launch_cfg)  # noqa: E731
                 call()
                 torch.cuda.synchronize()
-                low, median, high = do_bench(call, warmup=10, rep=40, quantiles=[0.2, 0.5, 0.8])
+                low, median, high = do_bench(call, warmup=10, rep=rep_ms,
+                                             quantiles=[0.2, 0.5, 0.8])
                 point["measured_us"] = median * 1e3
                 point["spread"] = (high - low) / median
             except Exception as err:  # one config must not hide the rest
                 point["failed"] = f"{type(err).__name__}: {err}"[:300]
             record(point)
     return points
+
+
+def copy_calibration(sizes_mb: list[int], rep_ms: float) -> None:
+    """Time torch's device copy (`y.copy_(x)`, read + write), a read (`x.amax()`) and a
+    write (`y.fill_`) of f16 tensors of each size, as the families are timed (do_bench
+    flushes L2 first): what the DRAM stream bandwidth and the fixed cost of a launch are.
+    One line each: "COPY MB copy_us read_us write_us"."""
+    from triton.testing import do_bench
+    for mb in sizes_mb:
+        x = torch.randn(mb * 2 ** 19, device="cuda", dtype=torch.float16)
+        y = torch.empty_like(x)
+        times = [do_bench(call, warmup=10, rep=rep_ms) * 1e3 for call in
+                 (lambda: y.copy_(x), lambda: x.amax(), lambda: y.fill_(1.0))]
+        print("COPY " + " ".join([str(mb)] + [f"{t:.2f}" for t in times]), flush=True)
 
 
 def _point_line(point: dict) -> str:
@@ -491,6 +527,11 @@ def main() -> None:
                         help="compile every configuration first in this many processes")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="stop measuring after this many seconds")
+    parser.add_argument("--rep-ms", type=float, default=40,
+                        help="milliseconds of repetitions per configuration (do_bench rep)")
+    parser.add_argument("--copy-sizes", default="",
+                        help="first time torch's copy, read and write at these sizes (MB "
+                             "each way, comma-separated): the device's stream bandwidth")
     parser.add_argument("--print-points", action="store_true",
                         help="print every point as it is measured")
     options = parser.parse_args()
@@ -510,16 +551,21 @@ def main() -> None:
             family["space"] = _only(family["space"], options.only, name)
         chosen[name] = (family, _shape_indices(options.shapes, name, len(family["shapes"]),
                                                options.quick))
+    if options.copy_sizes:
+        copy_calibration([int(mb) for mb in options.copy_sizes.split(",")], options.rep_ms)
+    predicted = {}
     if options.jobs:
         jobs = [(name, i, cfg) for name, (family, indices) in chosen.items()
                 for i in indices
                 for cfg in (family["space"](family["shapes"][i]) if callable(family["space"])
                             else family["space"])]
-        precompile(jobs, options.jobs, lambda line: (log(line), print(line, file=sys.stderr)))
+        predicted = precompile(jobs, options.jobs,
+                               lambda line: (log(line), print(line, file=sys.stderr)))
     points = []
     for name, (family, indices) in chosen.items():
         family_start = time.time()
-        points += run_family(family, log, indices, deadline, options.print_points)
+        points += run_family(family, log, indices, deadline, options.print_points,
+                             predicted, name, options.rep_ms)
         print(f"{name}: {time.time() - family_start:.0f} s", file=sys.stderr, flush=True)
     rows = summarize(points)
     gpu = torch.cuda.get_device_name()

@@ -68,6 +68,7 @@ class Candidate:
     estimate: Any = None
     dropped: str | None = None
     uses_tma: bool = False            # some pipelined copy of its build is a TMA box
+    build: Any = field(default=None, repr=False)   # what was built, with score(keep_build=)
 
     @property
     def key(self) -> str:
@@ -343,10 +344,11 @@ def _branch_load_path(result: Recommendation, candidate: Candidate, kernel: Any,
 
 
 def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scalars: dict,
-          grid: Any, target: Any, gemm_names: tuple | None = None) -> Candidate:
+          grid: Any, target: Any, gemm_names: tuple | None = None,
+          keep_build: bool = False) -> Candidate:
     """Build one combination and predict its time, or say why it does not fit; a combo
     with `orientation` "Cᵀ" runs the GEMM c = a @ b.T named by `gemm_names` (a, b, c)
-    transposed."""
+    transposed. `keep_build` keeps the build on the candidate (to compile it)."""
     from tegula.build import build
     from tegula.ir.ops import walk_ops
     from tegula.synth.cost import estimate
@@ -382,6 +384,7 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
                               f"tile is placed at block_id(axis) * extent); pass grid= (a "
                               f"tuple or a function of the config, e.g. lambda c: "
                               f"(cdiv(M, c['BM']), cdiv(N, c['BN']))) or --grid")
+    candidate.build = built if keep_build else None
     candidate.estimate = estimate(built, launch_grid, shapes, scalars)
     candidate.seconds = candidate.estimate.seconds
     candidate.uses_tma = any(getattr(op, "choices", {}).get("instr") == "tma"
