@@ -95,12 +95,16 @@ FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False) if name != 
             + [("w4frag", c) for c in _FRAGMENT_BY_M[m]]]
 # Session 9: small M on the issue's three N (4096, 11008, 14336 at K = 4096): fewer, longer
 # blocks (KS=4, less split K: the pipeline's prologue and the split sum amortized) against
-# session 8's winners (KS=2, SPLIT=4/8).
-_SMALL_M = [dict(BT=16, STAGES=4, KS=2, SPLIT=4), dict(BT=16, STAGES=4, KS=2, SPLIT=8),
-            dict(BT=16, STAGES=3, KS=4, SPLIT=2), dict(BT=16, STAGES=3, KS=4, SPLIT=4),
-            dict(BT=16, STAGES=4, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=4, WSMEM=0)]
-SESSION9 = [("w4frag", (16, n, 4096), dict(c, warp_specialize=False))
-            for n in (14336, 4096, 11008) for c in _SMALL_M]
+# session 8's winner (KS=2, SPLIT=4); at 64 and 128 tokens the weights straight into
+# registers (WSMEM=0: the activations then come by TMA, ~70 fewer SASS a k-step at BT=128).
+_SESSION9_BY_M = {
+    16: [dict(BT=16, STAGES=4, KS=2, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=2),
+         dict(BT=16, STAGES=3, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=4, WSMEM=0)],
+    128: [dict(BT=128, STAGES=2, KS=2, WSMEM=0), dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0)],
+    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=4, WSMEM=0)],
+}
+SESSION9 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
+            for n in (14336, 4096, 11008) for m in (16, 128, 64) for c in _SESSION9_BY_M[m]]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9}
 
