@@ -5,8 +5,11 @@ of the sum does not change from one iteration to the next, but the CUDA compiler
 recomputes it (64-bit multiplies under predicates are not hoisted). This pass reassociates
 every index expression in a loop body into the sum of its terms (and every predicate into
 the conjunction of its conditions), moves the terms that do not depend on the loop into
-one `Let` in front of the loop, and leaves `hoisted + varying terms` inside. Nested loops
-are processed inside out, and a `Let` whose value is invariant moves out further.
+one `Let` in front of the loop, and leaves `hoisted + varying terms` inside. A wholly
+invariant expression that divides by a run-time value (a persistent kernel's tile
+coordinates, `tg_floordiv` of the tile index, in every k-step's TMA box) moves out whole.
+Nested loops are processed inside out, and a `Let` whose value is invariant moves out
+further.
 
 A term depends on the loop if it reads the loop variable or a variable bound inside the
 loop body. Hoisted sums that involve a 64-bit tensor stride are bound as 64-bit values
@@ -128,9 +131,18 @@ class LoopHoister:
 
     def _split(self, expr: Expr, variant: set[str], hoisted: list[Let]) -> Expr:
         """`expr` with its loop-invariant sum terms / conjuncts bound before the loop
-        (recursively, so sums inside comparisons and products are split too)."""
+        (recursively, so sums inside comparisons and products are split too), and any
+        wholly invariant division by a run-time value bound before the loop whole."""
         if not isinstance(expr, BinOp):
             return expr
+        if not (variables(expr) & variant) and _divides_at_run_time(expr):
+            # ~25 dependent instructions per run-time division (the persistent GEMM's
+            # producer recomputed its tile's grouped coordinates every k-step: 4-6
+            # divisions, about a stage's worth of the tensor cores' time), which nvcc does
+            # not hoist: the guarded divisions of tg_floordiv are not speculated.
+            var = Var(f"inv{next(self._names)}")
+            hoisted.append(Let(var, expr, wide=bool(variables(expr) & self._wide_vars)))
+            return var
         if expr.op not in ("+", "and"):
             return _bin(expr.op, self._split(expr.lhs, variant, hoisted),
                         self._split(expr.rhs, variant, hoisted))
@@ -145,6 +157,20 @@ class LoopHoister:
         wide = op == "+" and bool(variables(invariant) & self._wide_vars)
         hoisted.append(Let(var, invariant, wide=wide))
         return _combine([var] + moving, op)
+
+
+#: Index operators that divide (C's `/`, `%` and the floor helpers).
+DIVISIONS = ("//", "%", "floordiv", "mod")
+
+
+def _divides_at_run_time(expr: Expr) -> bool:
+    """True if `expr` divides by something other than a constant (a constant divisor
+    compiles to a multiply-high and shifts, cheap enough to leave in place)."""
+    if not isinstance(expr, BinOp):
+        return False
+    if expr.op in DIVISIONS and not isinstance(expr.rhs, Const):
+        return True
+    return _divides_at_run_time(expr.lhs) or _divides_at_run_time(expr.rhs)
 
 
 def _bound_inside(stmts: list[Stmt]) -> set[str]:
