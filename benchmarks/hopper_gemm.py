@@ -18,7 +18,9 @@ nothing is asserted about time. `--pingpong`: only the persistent GEMM's consume
 in 2-CTA clusters. `--clusters`: the persistent 128x256 kernel alone and in clusters of 2,
 4 and 8 (b multicast to that many row tiles), each on the clusters that fit at once
 (`cuOccupancyMaxActiveClusters`); `--decode`: matmul's decode tiles against split-K
-(session 8's rounds 1-2, `docs/performance.md`).
+(session 8's rounds 1-2, `docs/performance.md`); `--order`: the persistent 128x256 kernel
+alone and in 2-CTA clusters at several GROUP band heights on 4096^3, 8192^3 and
+4096x14336x4096 (session 9).
 """
 from __future__ import annotations
 
@@ -304,9 +306,45 @@ def decode_rows() -> list[tuple[str, str]]:
     return rows
 
 
+#: `--order`: the persistent 128x256x64 kernel (4 stages, cooperative) alone and in 2-CTA
+#: clusters, at several tile-band heights (GROUP, in row tiles or in clusters' row pairs),
+#: on the issue's large shapes (session 9).
+ORDER_CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
+                 dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256, CLUSTER=2),
+                 dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=4, threads=256, CLUSTER=2),
+                 dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=16, threads=256, CLUSTER=2)]
+ORDER_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096)]
+
+
+def order_rows() -> list[tuple[str, str]]:
+    """cuBLAS, then each ORDER_CONFIGS entry of the persistent GEMM, checked and timed."""
+    rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n, k in ORDER_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        base = 0.0
+        if not COMPILE_ONLY:
+            ms = do_bench(lambda: torch.matmul(a, b.T), warmup=25, rep=100,
+                          return_mode="median")
+            base = 2 * m * n * k / ms / 1e9
+            rows.append((f"{m}x{n}x{k} cuBLAS", f"{base:.0f} TFLOP/s"))
+        for cfg in ORDER_CONFIGS:
+            grid = _persistent.persistent_grid(m, n, sms, cfg["BM"], cfg["BN"],
+                                               cfg.get("CLUSTER", 1))
+            name = f"{m}x{n}x{k} C{cfg.get('CLUSTER', 1)} G{cfg['GROUP']}"
+            rows.append(measure(name, persistent_gemm, grid, a, b, base or 1.0,
+                                target="sm_90a", **cfg))
+            print(rows[-1], flush=True)
+        if COMPILE_ONLY:
+            return rows  # one shape compiles every config
+    return rows
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"))
-    for flag, make in (("--clusters", cluster_rows), ("--decode", decode_rows)):
+    for flag, make in (("--clusters", cluster_rows), ("--decode", decode_rows),
+                       ("--order", order_rows)):
         if flag in sys.argv:
             rows = make()
             width = max(len(r[0]) for r in rows)
