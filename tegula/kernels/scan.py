@@ -115,6 +115,35 @@ def _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one, BD: int, BL: i
     return y, states
 
 
+def _states_shared(A, B, C, b, block, k, dt, dtu, y, hs, one, BD: int, BL: int, N: int,
+                   GROUP: int):
+    """Every state of one chunk in a run-time loop over groups of GROUP states (unrolled
+    inside: their recurrences share the scan's shuffle rounds; the N % GROUP states left
+    over follow the loop), each state's carry in shared memory (`hs`: one (BD, 1) stage
+    per state), so no register is indexed by the state and no per-state address stays
+    live across the chunk loop. Returns y + Σ_n h_n·C_n."""
+
+    def scan_group(states, y):
+        pairs, starts, rows = (), (), []
+        for n in states:
+            a2 = tg.load(A.tile((BD, 1), (block, n))) * LOG2E
+            bn = tg.load(B[b].tile((1, BL), (n, k))).to(f32)
+            rows.append(tg.load(C[b].tile((1, BL), (n, k))).to(f32))
+            pairs += (tg.exp2(dt * a2), dtu * bn)
+            starts += (one, tg.load(hs[n]))
+        scanned, carries = tg.scan(pairs, 1, _compose_each(len(states)), initial=starts)
+        for j, n in enumerate(states):
+            y = y + scanned[2 * j + 1] * rows[j]
+            tg.copy(carries[2 * j + 1], hs[n])
+        return y
+
+    for g in tg.range(N // GROUP):
+        y = scan_group([g * GROUP + j for j in range(GROUP)], y)
+    if N % GROUP:
+        y = scan_group(list(range(N - N % GROUP, N)), y)
+    return y
+
+
 def _states_layout(BD: int, BL: int, N: int, threads: int) -> Layout:
     """The (BD, N) states tile's layout for `_states_looped`: the threads of the scan's
     carry (each thread its channel's row), all N states of the row in its registers."""
@@ -137,7 +166,8 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
                            HAS_D: tg.constexpr = False, HAS_Z: tg.constexpr = False,
                            HAS_BIAS: tg.constexpr = False, SOFTPLUS: tg.constexpr = False,
                            PREFETCH: tg.constexpr = False, GROUP: tg.constexpr = 1,
-                           BC_AHEAD: tg.constexpr = False, STATE_LOOP: tg.constexpr = False):
+                           BC_AHEAD: tg.constexpr = False, STATE_LOOP: tg.constexpr = False,
+                           STATE_SMEM: tg.constexpr = False):
         b = tg.block_id(0)
         block = tg.block_id(1)
         channels = (block, 0)
@@ -147,7 +177,11 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 
         # Per state n: A[:, n] times log2(e), so that exp(delta·A) is one exp2; the state
         # h[n] (BD, 1) is carried from chunk to chunk by the scan itself.
-        if STATE_LOOP:
+        if STATE_SMEM:
+            hs = tg.shared((BD, 1), f32, stages=N)
+            for n in tg.range(N):
+                tg.copy(tg.zeros((BD, 1), f32), hs[n])
+        elif STATE_LOOP:
             states = tg.zeros((BD, N), f32, layout=_states_layout(BD, BL, N, 128))
         else:
             a2 = [tg.load(A.tile((BD, 1), (block, n))) * LOG2E for n in range(N)]
@@ -177,7 +211,9 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             # Past the sequence's end u and delta load as 0, so each step there adds 0
             # (its decay may differ from 1 with a bias); those steps come last and are
             # never stored.
-            if STATE_LOOP:
+            if STATE_SMEM:
+                y = _states_shared(A, B, C, b, block, k, dt, dtu, y, hs, one, BD, BL, N, GROUP)
+            elif STATE_LOOP:
                 y, states = _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one,
                                            BD, BL, N)
             else:
@@ -212,7 +248,8 @@ def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
     """The constexprs: BD channels per block and BL steps per chunk (8 x 128 on 128 threads:
     16 lanes of 8 consecutive steps per channel), GROUP states per tuple scan, BC_AHEAD
     (B/C rows a group ahead), PREFETCH (u and delta a chunk ahead), STATE_LOOP (states in a
-    run-time loop, not unrolled), and the `blocks_per_sm` build option; the defaults by
+    run-time loop, not unrolled), STATE_SMEM (a run-time loop over groups of GROUP states,
+    each state's carry in shared memory), and the `blocks_per_sm` build option; the defaults by
     `dtype` (`_DEFAULT_TILES`)."""
     tiles = dict(_DEFAULT_TILES["f32" if dtype == f32 else "16-bit"])
     tiles.update({k: v for k, v in (("BD", BD), ("BL", BL)) if v is not None})
