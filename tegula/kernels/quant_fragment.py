@@ -146,13 +146,14 @@ def fragment_weights(words: Any, dtype: DType) -> Any:
 
 def group_constants(dtype: DType, scales: Any, zeros: Any, n: Any, group: Any,
                     groups_shape: tuple) -> tuple[Any, Any]:
-    """Inside a kernel: (magic + zero, scale) of row block `n`, group block `group`, as
-    tiles of `groups_shape` in `dtype` (zeros None: the symmetric zero point 8)."""
+    """Inside a kernel: (zero, scale) of row block `n`, group block `group`, as tiles of
+    `groups_shape` in `dtype` (zeros None: the symmetric zero point 8), as loaded: the
+    kernel loads them a k-step before `dequantize_in` uses them, and arithmetic on them
+    here would wait for the load where it is issued."""
     from tegula.kernels.quant import SYMMETRIC_ZERO
-    magic = MAGIC[dtype.name][1]
     scale = tg.load(scales.tile(groups_shape, (n, group)))
-    zero = (tg.load(zeros.tile(groups_shape, (n, group))) + magic if zeros is not None
-            else tg.full(groups_shape, SYMMETRIC_ZERO + magic, dtype))
+    zero = (tg.load(zeros.tile(groups_shape, (n, group))) if zeros is not None
+            else tg.full(groups_shape, SYMMETRIC_ZERO, dtype))
     return zero, scale
 
 
@@ -161,10 +162,12 @@ def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
     (`fragment_weights`) and `group_constants` (broadcast over each group's weights:
     trailing dims). (magic + w) - (magic + zero) = w - zero is exact (integers up to 15)
     and the product rounds once: the f32 dequantization rounded to the type, in paired
-    16-bit instructions (HADD2, HMUL2). Register arithmetic only, so it runs while wgmmas
-    issued before it compute (`lower/wgmma_waits.py`)."""
+    16-bit instructions (HADD2, HMUL2; magic + zero is one HADD2 per group and row).
+    Register arithmetic only, so it runs while wgmmas issued before it compute
+    (`lower/wgmma_waits.py`)."""
     extra = (None,) * (packed.rank - zero.rank)
-    return (packed - zero[(..., *extra)]) * scale[(..., *extra)]
+    magic_zero = zero + MAGIC[zero.dtype.name][1]
+    return (packed - magic_zero[(..., *extra)]) * scale[(..., *extra)]
 
 
 def as_words(stored: Any) -> Any:
@@ -221,6 +224,10 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
             sw = tg.shared((1, KS) + STORED_WORDS, i32, stages=STAGES,
                            layout=stored_shared(KS))
+            # the scales and zeros are loaded one k-step ahead too: a load in the step
+            # that uses them put its latency (a DRAM miss: each group's first reader) in
+            # every step's path
+            ahead_constants = constants(start)
         else:       # in registers: step k+1 dequantized while step k's wgmmas run
             current = dequantized(tg.load(gw[:, :, :, :, start], layout=stored_tv(KS)),
                                   constants(start))
@@ -229,8 +236,10 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
                 tg.copy(gw[:, :, :, :, k], sw[k])
+                following_constants = constants(k + 1)              # past K: masked, unused
                 words = tg.load(sw[k], layout=stored_tv(KS))
-                tg.gemm(acc, dequantized(words, constants(k)), sa[k])    # acc += w @ sa.T
+                tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
+                ahead_constants = following_constants
             else:   # loads first, then the gemm, then register work only (overlaps it)
                 following_constants = constants(k + 1)              # past K: masked, unused
                 after = tg.load(gw[:, :, :, :, k + 2], layout=stored_tv(KS))
