@@ -35,7 +35,7 @@ from tegula.lower.async_ir import (
     TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
 from tegula.lower.thread_ir import (
-    _FOLD, Barrier, BinOp, Const, Expr, Reg, ThreadKernel, Var, walk,
+    _FOLD, TID, Barrier, BinOp, Const, Expr, Reg, ThreadKernel, Var, walk,
 )
 
 from tegula.codegen.expr import CodegenError, index_c
@@ -46,6 +46,62 @@ def uses_async(kernel: ThreadKernel) -> bool:
     memory base is aligned to 1024 bytes)."""
     return bool(kernel.mbarriers) or any(isinstance(s, ASYNC_STATEMENTS)
                                          for s in walk(kernel.body))
+
+
+#: Lane 0's thread index (`__shfl_sync`, declared by the emitter where used): equal to
+#: `tid` divided by any multiple of 32, and known warp-uniform to ptxas, so that
+#: expressions of the warpgroup index live in uniform registers.
+WARP_TID = Var("tg_warp_tid")
+
+
+def descriptor_base(offset: Expr, bits: int) -> tuple[Expr, int] | None:
+    """`offset` (elements of `bits` bits) as (a run-time base, a count of 16 bytes) whose
+    sum it is, the base written warp-uniformly (`WARP_TID`): the gemm's k-steps then share
+    one base and each adds its constant to the descriptor's start field. None where the
+    base is not provably a multiple of 16 bytes (then shifting each part apart would not
+    be the shifted sum) or depends on the thread index other than through its warp."""
+    base, constant = _split_constant(offset)
+    if (constant * bits) % 128 or (_known_multiple(base) * bits) % 128:
+        return None
+    uniform = _warp_uniform(base)
+    return None if uniform is None else (uniform, constant * bits // 128)
+
+
+def _split_constant(e: Expr) -> tuple[Expr, int]:
+    """(rest, c) with e == rest + c: the constant addends of e's top-level sum."""
+    if isinstance(e, Const):
+        return Const(0), e.value
+    if isinstance(e, BinOp) and e.op in ("+", "-"):
+        (lhs, a), (rhs, b) = _split_constant(e.lhs), _split_constant(e.rhs)
+        return (lhs + rhs, a + b) if e.op == "+" else (lhs - rhs, a - b)
+    return e, 0
+
+
+def _known_multiple(e: Expr) -> int:
+    """An integer every value of `e` is a multiple of (0: e is 0; 1: nothing known)."""
+    if isinstance(e, Const):
+        return abs(e.value)
+    if isinstance(e, BinOp) and e.op in ("+", "-"):
+        return int(np.gcd(_known_multiple(e.lhs), _known_multiple(e.rhs)))
+    if isinstance(e, BinOp) and e.op == "*":
+        return _known_multiple(e.lhs) * _known_multiple(e.rhs)
+    return 1
+
+
+def _warp_uniform(e: Expr) -> Expr | None:
+    """`e` with each `tid // k` (k a multiple of 32: the same for a warp's lanes) reading
+    `WARP_TID`; None where `tid` appears otherwise (the value may differ between lanes)."""
+    if e == TID:
+        return None
+    if isinstance(e, BinOp):
+        if e.op in ("//", "floordiv") and e.lhs == TID and isinstance(e.rhs, Const) \
+                and e.rhs.value > 0 and e.rhs.value % 32 == 0:
+            return BinOp(e.op, WARP_TID, e.rhs)
+        lhs, rhs = _warp_uniform(e.lhs), _warp_uniform(e.rhs)
+        return None if lhs is None or rhs is None else BinOp(e.op, lhs, rhs)
+    if isinstance(e, (Const, Var)):
+        return e
+    return None
 
 
 def tensor_maps(kernel: ThreadKernel) -> dict[str, TensorMapParam]:
@@ -306,8 +362,20 @@ class AsyncStatements:
                     f"which is not 16-byte aligned inside the first 128-byte line of its "
                     f"{desc.swizzle}-byte swizzle atom (that needs the descriptor's base "
                     f"offset, which tegula does not use)")
-        saddr = self.shared_saddr(b, desc.offset)
-        return f"(0x{const:016x}ull | (unsigned long long)((({saddr}) >> 4) & 0x3FFFu))"
+        split = descriptor_base(desc.offset, b.dtype.bits)
+        if split is None:
+            saddr = self.shared_saddr(b, desc.offset)
+            return f"(0x{const:016x}ull | (unsigned long long)((({saddr}) >> 4) & 0x3FFFu))"
+        # The low word's run-time part is one C expression for every k-step of a gemm (the
+        # compiler computes it once, warp-uniform: in uniform registers); each wgmma adds
+        # its own constant, one add. Adding to the 14-bit start field cannot carry out of
+        # it (shared addresses stay below 228 KB, 0x3900 in 16-byte units), and the high
+        # word is a constant.
+        base, sixteens = split
+        saddr = self.shared_saddr(b, base)
+        high, low = const >> 32, const & 0xFFFFFFFF
+        return (f"((0x{high:08x}ull << 32) | (unsigned)(0x{low:08x}u + ((({saddr}) >> 4) & "
+                f"0x3FFFu) + {sixteens}u))")
 
     def _WgmmaFence(self, s: WgmmaFence) -> None:
         instr = self.entry("wgmma.fence", s)

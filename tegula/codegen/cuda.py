@@ -210,7 +210,9 @@ class _Emitter(AsyncStatements):
         for name, init in (("tid", "(int)threadIdx.x"), ("bid_x", "(int)blockIdx.x"),
                            ("bid_y", "(int)blockIdx.y"), ("bid_z", "(int)blockIdx.z"),
                            ("tg_grid_x", "(int)gridDim.x"), ("tg_grid_y", "(int)gridDim.y"),
-                           ("tg_grid_z", "(int)gridDim.z")):
+                           ("tg_grid_z", "(int)gridDim.z"),
+                           # lane 0's: warp-uniform to ptxas (wgmma descriptors' warpgroup)
+                           ("tg_warp_tid", "__shfl_sync(0xffffffffu, (int)threadIdx.x, 0)")):
             if used(name):
                 out.append(f"{_INDENT}const int {name} = {init};")
         if used("tg_num_sms"):  # tg.num_sms(): PTX's SM-identifier count, read at run time

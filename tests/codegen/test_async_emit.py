@@ -186,8 +186,10 @@ def test_descriptor_is_catalogue_encoding_plus_runtime_start_address():
     from tegula.arch.smem_matrix import encode_descriptor
     source = emit_cuda(_statement_kernel("Wgmma"), "sm_90a")
     const = encode_descriptor(0, 16, 1024, 128)
-    assert f"0x{const:016x}ull | (unsigned long long)(((tile_saddr" in source
-    assert ">> 4) & 0x3FFFu)" in source
+    # high word a constant; low word the constant part plus the run-time start field
+    assert f"((0x{const >> 32:08x}ull << 32) | (unsigned)(0x{const & 0xFFFFFFFF:08x}u + " \
+           f"(((tile_saddr" in source
+    assert ">> 4) & 0x3FFFu) + 0u)" in source
 
 
 def test_async_kernels_align_shared_memory_to_1024_others_keep_128():
