@@ -12,8 +12,8 @@ what CUDA keeps in registers (their indices are constants after unrolling). The 
    previous iteration), is live across the whole loop: the back edge keeps it.
 3. The pressure at a statement is the sum of the live arrays' sizes in 32-bit words
    (narrow types packed: 8 f16 values take 4 registers); the estimate is the maximum over
-   the program, plus `ADDRESS_OVERHEAD` registers for what the thread IR does not hold in
-   arrays — addresses, loop counters, indices, predicates, the pipeline's stage offsets.
+   the program, plus `ADDRESS_OVERHEAD` (`SIMPLE_OVERHEAD` without MMAs) registers for
+   what the thread IR does not hold in arrays — addresses, loop counters, indices, predicates, the pipeline's stage offsets.
 4. Warp roles (`async_ir.Roles`) run different code on different warps: each role is
    measured on its own (the statements around the `Roles` plus that role's body), and the
    kernel's figure is the largest role's.
@@ -33,8 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 
 #: Registers beyond the live register arrays: addresses, loop counters, thread
-#: coordinates, predicates. Calibrated against ptxas on the library kernels (module doc).
+#: coordinates, predicates. Calibrated against ptxas on the library kernels (module doc):
+#: `ADDRESS_OVERHEAD` on kernels with MMAs (the median gap on the GEMMs: operand
+#: addresses, stage offsets, descriptors), `SIMPLE_OVERHEAD` on kernels without (copy,
+#: elementwise, softmax, norms, GEMV: gaps of -17 to +17, median 12, ptxas 13 on sm_90a,
+#: session 9). One constant for both had every 512- and 1024-thread softmax block 10
+#: registers over ptxas's count, at half its true occupancy (1 block per SM, not 2).
 ADDRESS_OVERHEAD = 24
+SIMPLE_OVERHEAD = 12
 
 #: Register fields of statements that are written (all others are read). A wgmma's or an
 #: mma's accumulator `d` is read as well when it accumulates: counted by `_READ_TOO`.
@@ -108,8 +114,9 @@ def estimate_registers(thread_kernel) -> RegisterEstimate:
             estimate.role = f"{role.name} (setmaxnreg {role.max_registers})"
             estimate.budget = role.max_registers
         per_role.append(estimate)
-    top = max(per_role, key=lambda e: e.live_words)
-    return RegisterEstimate(top.live_words, top.peak_arrays, role=top.role, roles=per_role)
+    top = max(per_role, key=lambda e: e.registers)
+    return RegisterEstimate(top.live_words, top.peak_arrays, overhead=top.overhead,
+                            role=top.role, roles=per_role)
 
 
 def _roles_statement(body: list):
@@ -153,7 +160,14 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
                       for name, count in sorted(live.items(), key=lambda kv: -kv[1] *
                                                 arrays[kv[0]].dtype.bits))
     words = -(-pressure[peak] // 32) if pressure else 0
-    return RegisterEstimate(words, described, role=role)
+    overhead = ADDRESS_OVERHEAD if _uses_tensor_cores(body) else SIMPLE_OVERHEAD
+    return RegisterEstimate(words, described, overhead=overhead, role=role)
+
+
+def _uses_tensor_cores(body: list) -> bool:
+    """Whether any statement of `body` (through loops, branches and roles) is an MMA."""
+    from tegula.lower.thread_ir import walk
+    return any(type(st).__name__ in ("Mma", "Wgmma") for st in walk(body))
 
 
 def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: dict,
