@@ -11,8 +11,9 @@ reduction per x row at the end (`tg.sum(acc, 1)`, warp shuffles) gives the BN ou
 
 The rows of x are a constexpr M, unrolled at trace time: M accumulators of BN·BK/threads
 f32 each, which is why `gemv_config` shrinks the chunk as M grows. UNROLL chunks are loaded
-before any is used (more bytes in flight per thread). Out-of-range rows of w and columns
-past K load as 0 and add nothing.
+before any is used (more bytes in flight per thread); with PREFETCH the next step's chunks
+load before this step's multiply, so a step's loads overlap the last one's arithmetic.
+Out-of-range rows of w and columns past K load as 0 and add nothing.
 
 Measured (H100, 2026-11-24): 63-65% of the copy bandwidth at 1x4096x4096 for every chunk
 shape and UNROLL tried (torch's cuBLAS is at 59%), 79-81% at 1x11008x4096: the short
@@ -54,14 +55,21 @@ def gemv_kernel(dtype: DType) -> tg.Kernel:
     @tg.kernel(threads=128)
     def gemv(x: tg.Tensor[dtype], w: tg.Tensor[dtype], y: tg.Tensor[dtype],
              M: tg.constexpr = 1, BN: tg.constexpr = 8, BK: tg.constexpr = 512,
-             UNROLL: tg.constexpr = 1):
+             UNROLL: tg.constexpr = 1, PREFETCH: tg.constexpr = False):
         n = tg.block_id(0)
         gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK)
         accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of x
+        if PREFETCH:  # the first step's chunks, before the loop
+            ahead = [tg.load(gw[:, :, u]) for u in range(UNROLL)]
         for step in tg.range(tg.cdiv(gw.shape[2], UNROLL)):
             # UNROLL chunks loaded before any is used: more bytes in flight per thread
             chunks = [step * UNROLL + u for u in range(UNROLL)]
-            loaded = [tg.load(gw[:, :, k]) for k in chunks]
+            if PREFETCH:  # the next step's chunks load while this one's multiply (the
+                # last step's lie past K: masked, no memory read)
+                loaded = ahead
+                ahead = [tg.load(gw[:, :, k + UNROLL]) for k in chunks]
+            else:
+                loaded = [tg.load(gw[:, :, k]) for k in chunks]
             for k, chunk in zip(chunks, loaded):
                 values = chunk.to(f32)
                 for r in range(M):
@@ -74,7 +82,8 @@ def gemv_kernel(dtype: DType) -> tg.Kernel:
 
 
 def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = None,
-                threads: int = 128, UNROLL: int = 1) -> tuple[tuple[int], dict]:
+                threads: int = 128, UNROLL: int = 1,
+                PREFETCH: bool = False) -> tuple[tuple[int], dict]:
     """(grid, constexprs) for an (M, N, K) GEMV: one block per BN rows of w. Defaults keep
     32 weights (four 16-byte f16 loads) per thread per chunk for one row of x, 16 for up
     to 4 rows and 8 beyond, so the M accumulators stay near 32-128 registers."""
@@ -86,7 +95,7 @@ def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = 
         BK = 512 if k >= 512 else 256
     if BN is None:
         BN = max(1, per_thread * threads // BK)
-    return (tg.cdiv(n, BN),), dict(M=m, BN=BN, BK=BK, UNROLL=UNROLL)
+    return (tg.cdiv(n, BN),), dict(M=m, BN=BN, BK=BK, UNROLL=UNROLL, PREFETCH=bool(PREFETCH))
 
 
 def _check_gemv_shapes(fn: str, x_shape: tuple, w_shape: tuple) -> tuple[int, int, int]:

@@ -44,7 +44,9 @@ def test_gemv_of_a_vector_returns_a_vector():
 
 
 @pytest.mark.parametrize("tiles", [dict(BN=1, BK=32), dict(BN=3, BK=64), dict(BN=16, BK=256),
-                                   dict(BN=2, BK=64, UNROLL=3), dict(BN=1, BK=256, UNROLL=4)])
+                                   dict(BN=2, BK=64, UNROLL=3), dict(BN=1, BK=256, UNROLL=4),
+                                   dict(BN=2, BK=64, PREFETCH=True),
+                                   dict(BN=4, BK=32, UNROLL=2, PREFETCH=True)])
 def test_gemv_tiles_smaller_than_the_block_and_odd_row_counts(tiles):
     """A 1x32 chunk gives 128 threads 32 elements; BN=3 is not a power of two."""
     rng = np.random.default_rng(11)
