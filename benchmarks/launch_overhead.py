@@ -189,6 +189,16 @@ def main() -> None:
             prepared.direct = launcher._NOT_YET
     else:
         print(f"C launcher not in use: {fastcall.unavailable}")
+    if fastcall.use_tensor_reader():
+        # The softmax replay with the key's tensor reads through torch's Python bindings
+        # (the path without the C++ extension), against torch beside it again.
+        softmax_at = next(i for i, row in enumerate(rows) if row[0].startswith(
+            "tegula.kernels.softmax"))
+        fastcall.use_tensor_reader(False)
+        mine, torch_s = host_runs([lambda: tk.softmax(x), lambda: torch.softmax(x, -1)])
+        fastcall.use_tensor_reader()
+        rows.insert(softmax_at + 1, ("  ... key read through Python", min(mine),
+                                     "torch.softmax(x, -1)", min(torch_s), float("nan")))
     entries = [r for r in api._REPLAYS.values() if type(r) is api.EntryReplay
                and r.allocate is not None]
     in_cxx = sum(api._output_of(r.allocate) is None for r in entries)

@@ -229,12 +229,19 @@ def _remember(signature: tuple, replay: Callable[..., Any]) -> None:
 
 
 def _replay_entry(tensors: tuple, *head: Any) -> Any:
+    """`_entry(head, tensors)`."""
+    return _entry(head, tensors)
+
+
+def _entry(head: tuple, tensors: tuple) -> Any:
     """The output of this call replayed, if an earlier call with its replay key (as
     `_signature`'s) remembered an `EntryReplay` (or a closure called the same way:
     `replay(tensors, their data pointers)`); else `(key,)` (a tuple, which no output is),
     key None where an argument is not replayable — the full path then names the
     mistake. In one C call where the extension is built (`fastcall.entry_launch`: the key,
-    the lookup, the output and the launch), else the runtime's lookup and the replay."""
+    the lookup, the output and the launch), else the runtime's lookup and the replay.
+    The row kernels and `copy` call this directly with a built `head` tuple (one Python
+    frame fewer than `_replay_entry`: ~0.2 µs of a ~6 µs replay)."""
     fused = _replay.C_ENTRY[0]
     try:
         if fused is not None:
@@ -508,7 +515,7 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None) -> Any:
     `x` (..., N) and `weight` (N,) share one dtype (f32, f16 or bf16); any N (rows longer
     than one register tile, 16384 elements, run through the chunked kernel)."""
     tensors = (x, weight) if out is None else (x, weight, out)
-    found = _replay_entry(tensors, "rms_norm", type(eps), eps, out is None)
+    found = _entry(("rms_norm", type(eps), eps, out is None), tensors)
     if type(found) is not tuple:
         return found  # replayed
     key = found[0]
@@ -555,7 +562,7 @@ def softmax(x: Any, dim: int = -1, *, out: Any = None) -> Any:
     `x`'s dtype (f32, f16 or bf16); rows of any length (rows longer than one register
     tile, 16384 elements, run through the chunked online-softmax kernel)."""
     tensors = (x,) if out is None else (x, out)
-    found = _replay_entry(tensors, "softmax", type(dim), dim, out is None)
+    found = _entry(("softmax", type(dim), dim, out is None), tensors)
     if type(found) is not tuple:
         return found  # replayed
     key = found[0]
@@ -628,7 +635,7 @@ def copy(x: Any, *, out: Any = None) -> Any:
     or written into contiguous `out`. A non-contiguous `x` is first made contiguous by
     torch (so its copy costs two passes)."""
     tensors = (x,) if out is None else (x, out)
-    found = _replay_entry(tensors, "copy", out is None)
+    found = _entry(("copy", out is None), tensors)
     if type(found) is not tuple:
         return found  # replayed
     key = found[0]

@@ -73,6 +73,26 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t n)
    argument makes the launch not replayable, -1 on an error. */
 static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_get_device, *fifteen;
 
+/* The same reads of a plain torch tensor from C++ (tegula.runtime.torch_alloc's
+   read_tensor: *ptr, and the five parts unless parts is NULL; 1 done, 0 not such a
+   tensor, -1 error), once set_tensor_reader installs it; NULL: through Python. */
+typedef int (*read_tensor_t)(PyObject *, PyObject **, PyObject **);
+static read_tensor_t read_tensor = NULL;
+
+/* set_tensor_reader(capsule or None): install (or remove) read_tensor. */
+static PyObject *set_tensor_reader(PyObject *self, PyObject *capsule)
+{
+    if (capsule == Py_None) {
+        read_tensor = NULL;
+        Py_RETURN_NONE;
+    }
+    void *reader = PyCapsule_GetPointer(capsule, "tegula.runtime.read_tensor");
+    if (reader == NULL)
+        return NULL;
+    read_tensor = (read_tensor_t)reader;
+    Py_RETURN_NONE;
+}
+
 static int build_key(PyObject *head, PyObject *args, PyObject **key_out,
                      PyObject **pointers_out)
 {
@@ -86,6 +106,23 @@ static int build_key(PyObject *head, PyObject *args, PyObject **key_out,
     for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *arg = PyTuple_GET_ITEM(args, i);
         PyObject *data_ptr = NULL;
+        if (read_tensor != NULL) {
+            PyObject *ptr, *read[5];
+            int done = read_tensor(arg, &ptr, read);
+            if (done < 0)
+                goto fail;
+            if (done > 0) {
+                PyList_SET_ITEM(pointers, i, ptr);  /* the list owns it */
+                int failed = 0;
+                for (int k = 0; k < 5; k++) {
+                    failed = failed || PyList_Append(parts, read[k]) < 0;
+                    Py_DECREF(read[k]);
+                }
+                if (failed)
+                    goto fail;
+                continue;
+            }
+        }
         if (!PyLong_CheckExact(arg) && !PyFloat_CheckExact(arg) &&
                 PyObject_GetOptionalAttr(arg, s_data_ptr, &data_ptr) < 0)
             goto fail;
@@ -554,8 +591,10 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
         out = PyTuple_GET_ITEM(a[2], PyTuple_GET_SIZE(a[2]) - 1);
         Py_INCREF(out);
     } else {
-        if ((out = PyObject_CallOneArg(allocate, PyTuple_GET_ITEM(a[2], 0))) == NULL ||
-                (ptr = PyObject_CallMethodNoArgs(out, s_data_ptr)) == NULL ||
+        if ((out = PyObject_CallOneArg(allocate, PyTuple_GET_ITEM(a[2], 0))) == NULL)
+            goto done;
+        int read = read_tensor == NULL ? 0 : read_tensor(out, &ptr, NULL);
+        if (read < 0 || (read == 0 && (ptr = PyObject_CallMethodNoArgs(out, s_data_ptr)) == NULL) ||
                 PyList_Append(pointers, ptr) < 0)
             goto done;
     }
@@ -593,6 +632,7 @@ static PyMethodDef methods[] = {
     {"replay_lookup", (PyCFunction)(void (*)(void))replay_lookup, METH_FASTCALL,
      "replay key and lookup"},
     {"plain_keywords", plain_keywords, METH_O, "the keywords' part of a replay key"},
+    {"set_tensor_reader", set_tensor_reader, METH_O, "read plain tensors' key parts in C++"},
 #ifndef Py_GIL_DISABLED
     {"launch_pointers", (PyCFunction)(void (*)(void))launch_pointers, METH_FASTCALL,
      "write data pointers, cuLaunchKernel"},
@@ -641,7 +681,7 @@ def _compiler() -> str | None:
 
 def _cache_key(cc: str, include: str) -> str:
     blob = "\0".join([SOURCE, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                      os.path.realpath(cc), include, "fastcall-10"])
+                      os.path.realpath(cc), include, "fastcall-11"])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -700,4 +740,22 @@ def c_extension(cache=None):
         unavailable = f"{type(e).__name__}: {e}"
         return None
     unavailable = None
+    _LOADED.append(module)
+    use_tensor_reader()
     return module
+
+
+_LOADED: list = []  # every copy of the extension loaded in this process
+
+
+def use_tensor_reader(on: bool = True) -> bool:
+    """Let every loaded copy of the extension read plain torch tensors' replay-key parts
+    from C++ (`tegula.runtime.torch_alloc`'s reader: no call into torch's Python bindings
+    per attribute) where that extension is ready (`on=False`: through Python again, to
+    compare); called again when it becomes ready. Whether the reader is in use."""
+    from tegula.runtime import torch_alloc
+    loaded = torch_alloc.module() if on else None
+    reader = None if loaded is None else loaded.tensor_reader()
+    for module in _LOADED:
+        module.set_tensor_reader(reader)
+    return reader is not None

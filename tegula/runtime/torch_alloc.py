@@ -34,10 +34,14 @@ from typing import Any, Callable
 
 SOURCE = r"""
 #include <Python.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include <stdint.h>
 
 #include <vector>
 
@@ -126,8 +130,83 @@ static PyObject *make_allocator(PyObject *self, PyObject *args)
     END_HANDLE_TH_ERRORS
 }
 
+/* A tuple of Python ints. */
+static PyObject *int_tuple(at::IntArrayRef values)
+{
+    PyObject *tuple = PyTuple_New((Py_ssize_t)values.size());
+    if (tuple == NULL)
+        return NULL;
+    for (size_t i = 0; i < values.size(); i++) {
+        PyObject *n = PyLong_FromLongLong(values[i]);
+        if (n == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, (Py_ssize_t)i, n);
+    }
+    return tuple;
+}
+
+/* The replay key's reads of a torch tensor (tegula/runtime/fastcall.py's build_key) from
+   the C++ tensor instead of through torch's Python bindings (six calls, each parsing
+   its arguments and wrapping its result): *ptr = data_ptr(), and where parts is not
+   NULL parts[0..4] = (data_ptr() & 15, shape as a tuple, stride(), dtype, get_device()),
+   new references equal to (and hashing as) what Python reads. Only for a plain tensor
+   (torch.Tensor or nn.Parameter, strided, with storage and concrete sizes) outside any
+   __torch_function__ mode, whose attributes no Python code can override: returns 1;
+   0 for anything else (and on any C++ error), where the caller reads through Python;
+   -1 with a Python error set where building a Python object failed. */
+static int read_tensor(PyObject *obj, PyObject **ptr, PyObject **parts)
+{
+    if (!THPVariable_CheckExact(obj) || at::impl::torch_function_mode_enabled())
+        return 0;
+    uintptr_t address;
+    int64_t device;
+    at::ScalarType dtype;
+    at::IntArrayRef sizes, strides;
+    try {
+        const at::Tensor &t = THPVariable_Unpack(obj);
+        if (t.layout() != at::kStrided || !t.has_storage() ||
+                t.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+            return 0;
+        address = (uintptr_t)t.data_ptr();
+        device = t.get_device();
+        dtype = t.scalar_type();
+        sizes = t.sizes();
+        strides = t.strides();
+    } catch (...) {
+        return 0;  /* Python's own read raises its error */
+    }
+    if ((*ptr = PyLong_FromVoidPtr((void *)address)) == NULL)
+        return -1;
+    if (parts == NULL)
+        return 1;
+    parts[0] = PyLong_FromLong((long)(address & 15));
+    parts[1] = int_tuple(sizes);
+    parts[2] = int_tuple(strides);
+    parts[3] = (PyObject *)torch::getTHPDtype(dtype);
+    Py_XINCREF(parts[3]);
+    parts[4] = PyLong_FromLongLong(device);
+    for (int k = 0; k < 5; k++) {
+        if (parts[k] == NULL) {
+            for (int j = 0; j < 5; j++)
+                Py_CLEAR(parts[j]);
+            Py_CLEAR(*ptr);
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* tensor_reader() -> a capsule of read_tensor, for tegula_fastcall.set_tensor_reader. */
+static PyObject *tensor_reader(PyObject *self, PyObject *unused)
+{
+    return PyCapsule_New((void *)read_tensor, "tegula.runtime.read_tensor", NULL);
+}
+
 static PyMethodDef methods[] = {
     {"make_allocator", make_allocator, METH_VARARGS, "an allocator of a shape and dtype"},
+    {"tensor_reader", tensor_reader, METH_NOARGS, "the replay key's tensor reads, in C++"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -218,6 +297,8 @@ def _ready(module: Any) -> None:
         _MODULE.append(module)
         callbacks = list(_CALLBACKS)
         unavailable = None
+    from tegula.runtime.fastcall import use_tensor_reader
+    use_tensor_reader()  # the replay key's tensor reads from C++ too
     for callback in callbacks:
         callback(module)
     _DONE.set()

@@ -92,3 +92,67 @@ def test_cuda_replays_allocate_through_it(built):
     for got in results:
         assert torch.allclose(got.double(), want, rtol=2e-3, atol=1e-5)
     assert len({r.data_ptr() for r in results}) == 4
+
+
+def _reader_cases(device: str) -> list:
+    """Tensors of every kind a replay key reads: contiguous, sliced (a pointer off the
+    16-byte class), transposed, 0-d, empty, a Parameter, integer, half."""
+    base = torch.randn(64, 64, device=device)
+    return [base, base[:, 1:], base.T, base[3], torch.tensor(2.5, device=device),
+            torch.empty(0, 4, dtype=torch.float16, device=device),
+            torch.nn.Parameter(torch.randn(3, 5, device=device)),
+            torch.randn(9, dtype=torch.float16, device=device)[1:],
+            torch.arange(6, dtype=torch.int32, device=device).view(2, 3)[:, ::2]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_tensor_reader_reads_the_key_python_reads(built, device):
+    """The C++ reads of a replay key (`fastcall.use_tensor_reader`) give a key equal to,
+    and hashing as, the one read through torch's Python API, and the same pointers, for
+    every kind of tensor; a dict filed under either finds the other."""
+    from tegula.runtime import fastcall, replay
+    module = fastcall.c_extension()
+    if module is None:
+        pytest.skip(f"no C extension here: {fastcall.unavailable}")
+    assert fastcall.use_tensor_reader()
+    head = ("head", int, 7)
+    for t in _reader_cases(device):
+        args = (t, 3, t.T if t.dim() == 2 else t)
+        _, key, pointers = replay._lookup({}, head, args, ())
+        _, fast_key, fast_pointers = module.replay_lookup({}, head, args)
+        assert (fast_key, fast_pointers) == (key, pointers) and hash(fast_key) == hash(key)
+        assert module.replay_lookup({key: "found"}, head, args)[0] == "found"
+
+
+@pytest.mark.slow
+def test_tensor_reader_leaves_subclasses_and_modes_to_python(built):
+    """A tensor subclass or a __torch_function__ mode may answer `shape` (or any read)
+    its own way: the C++ reader declines both, so the key holds what Python reads."""
+    from torch.overrides import TorchFunctionMode
+
+    from tegula.runtime import fastcall, replay
+    module = fastcall.c_extension()
+    if module is None:
+        pytest.skip(f"no C extension here: {fastcall.unavailable}")
+    assert fastcall.use_tensor_reader()
+
+    class Taller(torch.Tensor):  # reports one more row than it has
+        @property
+        def shape(self):
+            return torch.Size((self.size(0) + 1,) + tuple(self.size())[1:])
+
+    class TallerMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            return torch.Size((result[0] + 1,) + tuple(result)[1:]) \
+                if func == torch.Tensor.shape.__get__ else result
+
+    x = torch.randn(4, 6)
+    sub = x.as_subclass(Taller)
+    assert module.replay_lookup({}, ("h",), (sub,))[1][2] == (5, 6)
+    with TallerMode():
+        python_key = replay._lookup({}, ("h",), (x,), ())[1]
+        assert python_key[2] == (5, 6)
+        assert module.replay_lookup({}, ("h",), (x,))[1] == python_key
+    assert module.replay_lookup({}, ("h",), (x,))[1][2] == (4, 6)
