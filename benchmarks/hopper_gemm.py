@@ -20,7 +20,8 @@ in 2-CTA clusters. `--clusters`: the persistent 128x256 kernel alone and in clus
 (`cuOccupancyMaxActiveClusters`); `--decode`: matmul's decode tiles against split-K
 (session 8's rounds 1-2, `docs/performance.md`); `--order`: the persistent 128x256 kernel
 alone and in 2-CTA clusters at several GROUP band heights on 4096^3, 8192^3 and
-4096x14336x4096 (session 9).
+4096x14336x4096 (session 9); `--fp8`: per-tensor FP8 persistent (alone, 2-CTA clusters)
+and blockwise against torch._scaled_mm on 4096^3, 8192^3 and 4096x7168x2048.
 """
 from __future__ import annotations
 
@@ -341,10 +342,71 @@ def order_rows() -> list[tuple[str, str]]:
     return rows
 
 
+#: `--fp8`: the per-tensor FP8 persistent kernel alone and in 2-CTA clusters (b's boxes
+#: multicast), and the blockwise (DeepSeek-V3) kernel, against torch._scaled_mm.
+FP8_CONFIGS = [dict(BM=128, BN=256, BK=128, STAGES=3, GROUP=8, threads=256),
+               dict(BM=128, BN=256, BK=128, STAGES=3, GROUP=8, threads=256, CLUSTER=2),
+               dict(BM=128, BN=128, BK=128, STAGES=4, GROUP=8, threads=256, CLUSTER=2)]
+FP8_BLOCKWISE = dict(BM=128, BN=128, STAGES=4, threads=256)
+FP8_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)]
+
+
+def fp8_rows() -> list[tuple[str, str]]:
+    """torch._scaled_mm, then each FP8_CONFIGS entry and the blockwise kernel: outputs
+    NaN-poisoned, checked against an f32 reference of the same e4m3 inputs (relative
+    Frobenius error), TFLOP/s and the ratio to _scaled_mm."""
+    from tegula.kernels import fp8
+    out_t, rows = tg.bf16, []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n, k in FP8_SHAPES:
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        sa = torch.tensor([[0.5]], device="cuda")
+        sb = torch.tensor([[0.25]], device="cuda")
+        ref = (a.float() @ w.float().T) * 0.125
+        flops = 2 * m * n * k
+        base = 1.0
+        if not COMPILE_ONLY:
+            ms = do_bench(lambda: torch._scaled_mm(a, w.T, sa.view(()), sb.view(()),
+                                                   out_dtype=torch.bfloat16),
+                          warmup=25, rep=100, return_mode="median")
+            base = flops / ms / 1e9
+            rows.append((f"{m}x{n}x{k} fp8 _scaled_mm", f"{base:.0f} TFLOP/s"))
+        runs = [(f"persistent {c['BM']}x{c['BN']}x{c['BK']} C{c.get('CLUSTER', 1)}",
+                 fp8.fp8_persistent_gemm_kernel(out_t),
+                 _persistent.persistent_grid(m, n, sms, c["BM"], c["BN"], c.get("CLUSTER", 1)),
+                 (sa, sb), c) for c in FP8_CONFIGS]
+        scale_a = torch.full((m, k // 128), 0.5, device="cuda")
+        scale_b = torch.full((tg.cdiv(n, 128), k // 128), 0.25, device="cuda")
+        runs.append(("blockwise 128x128", fp8.fp8_blockwise_gemm_kernel(out_t),
+                     (tg.cdiv(m, 128), tg.cdiv(n, 128)), (scale_a, scale_b), FP8_BLOCKWISE))
+        for name, kernel, grid, (s1, s2), cfg in runs:
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            label = f"{m}x{n}x{k} fp8 {name}"
+            try:
+                kernel[grid](a, w, s1, s2, c, **cfg)
+                torch.cuda.synchronize()
+                if COMPILE_ONLY:
+                    rows.append((label, "compiled"))
+                    continue
+                err = float((c.float() - ref).norm() / ref.norm())
+                ms = do_bench(lambda: kernel[grid](a, w, s1, s2, c, **cfg), warmup=25,
+                              rep=100, return_mode="median")
+                tf = flops / ms / 1e9
+                rows.append((label, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x _scaled_mm, "
+                             f"rel err {err:.1e}"))
+            except Exception as e:  # report and go on
+                rows.append((label, f"FAILED {type(e).__name__}: {e}"[:160]))
+            print(rows[-1], flush=True)
+        if COMPILE_ONLY:
+            return rows
+    return rows
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"))
     for flag, make in (("--clusters", cluster_rows), ("--decode", decode_rows),
-                       ("--order", order_rows)):
+                       ("--order", order_rows), ("--fp8", fp8_rows)):
         if flag in sys.argv:
             rows = make()
             width = max(len(r[0]) for r in rows)

@@ -81,6 +81,23 @@ def test_per_tensor_persistent(shape, sms, target):
         check_close(c[keep], ref[keep], magnitude[keep], k, bf16)
 
 
+@pytest.mark.parametrize("shape,sms", [((200, 150, 96), 4), ((70, 90, 48), 2), ((1, 40, 16), 6)])
+def test_per_tensor_persistent_in_clusters(shape, sms):
+    """The persistent per-tensor kernel in 2-CTA clusters (b's boxes multicast, each stage
+    released by both blocks): M and N not multiples of the tile or of the cluster (an odd
+    number of row tiles: one block's last tile lies past M), fewer clusters than tile
+    pairs, idle clusters at M = 1; every element against the float64 product."""
+    m, n, k = shape
+    rng = np.random.default_rng(3 * m + n + k)
+    a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
+    c = matmul_fp8_emulated(a, b, 0.37, 1.9, bf16, persistent=sms, BM=64, BN=32, BK=32,
+                            STAGES=3, GROUP=2, CLUSTER=2)
+    s = 0.37 * 1.9
+    ref = (a.astype(np.float64) @ b.astype(np.float64).T) * s
+    magnitude = (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T) * s
+    check_close(c, ref, magnitude, k, bf16)
+
+
 def test_blockwise_has_no_persistent_form():
     rng = np.random.default_rng(1)
     a, b = e4m3(rng, (16, 128)), e4m3(rng, (32, 128))
