@@ -135,7 +135,7 @@ class LoopHoister:
         wholly invariant division by a run-time value bound before the loop whole."""
         if not isinstance(expr, BinOp):
             return expr
-        if not (variables(expr) & variant) and _divides_at_run_time(expr):
+        if not (variables(expr) & variant) and _run_time_divisions(expr) == {"floor"}:
             # ~25 dependent instructions per run-time division (the persistent GEMM's
             # producer recomputed its tile's grouped coordinates every k-step: 4-6
             # divisions, about a stage's worth of the tensor cores' time), which nvcc does
@@ -159,18 +159,22 @@ class LoopHoister:
         return _combine([var] + moving, op)
 
 
-#: Index operators that divide (C's `/`, `%` and the floor helpers).
-DIVISIONS = ("//", "%", "floordiv", "mod")
+#: Index operators that divide: the floor helpers (defined for every divisor, 0 included)
+#: and C's truncating `/` and `%` (lowering's own, on values it knows to be positive).
+DIVISIONS = {"floordiv": "floor", "mod": "floor", "//": "c", "%": "c"}
 
 
-def _divides_at_run_time(expr: Expr) -> bool:
-    """True if `expr` divides by something other than a constant (a constant divisor
-    compiles to a multiply-high and shifts, cheap enough to leave in place)."""
+def _run_time_divisions(expr: Expr) -> set[str]:
+    """The kinds ("floor", "c") of the divisions in `expr` by something other than a
+    constant (a constant divisor compiles to a multiply-high and shifts, cheap enough to
+    leave in place). Only floor divisions are hoisted whole: evaluated before a loop that
+    may run zero times, C's `/` could divide by a zero that the loop never saw."""
     if not isinstance(expr, BinOp):
-        return False
+        return set()
+    kinds = _run_time_divisions(expr.lhs) | _run_time_divisions(expr.rhs)
     if expr.op in DIVISIONS and not isinstance(expr.rhs, Const):
-        return True
-    return _divides_at_run_time(expr.lhs) or _divides_at_run_time(expr.rhs)
+        kinds.add(DIVISIONS[expr.op])
+    return kinds
 
 
 def _bound_inside(stmts: list[Stmt]) -> set[str]:

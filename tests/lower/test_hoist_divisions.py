@@ -54,6 +54,12 @@ def test_a_wholly_invariant_division_leaves_the_inner_loop():
                   [MBarrierWait("full", Const(0), _bin("floordiv", k, tiles))])
     kept = hoist_loop_invariants([varying])
     assert len(_divisions(kept[-1].body)) == 1
+    # So does C's truncating `/` by a run-time value: before a loop that may run zero
+    # times it could divide by a zero the loop never saw (the floor helpers take 0).
+    unguarded = For(tile, Const(0), Var("n"), 1, [For(k, Const(0), Var("steps"), 1,
+                    [MBarrierWait("full", Const(0), _bin("//", grid, tiles))])])
+    inner_body = hoist_loop_invariants([unguarded])[-1].body[-1].body
+    assert len(_divisions(inner_body)) == 1
 
 
 def _producer_k_loop(source: str) -> str:
