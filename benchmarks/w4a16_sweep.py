@@ -97,13 +97,16 @@ FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False) if name != 
 # blocks (KS=4, less split K: the pipeline's prologue and the split sum amortized) against
 # session 8's winner (KS=2, SPLIT=4) and SPLIT 3/6 (whole waves of ~6 blocks an SM at
 # N = 14336?); at 64 and 128 tokens the weights straight into
-# registers (WSMEM=0: the activations then come by TMA, ~70 fewer SASS a k-step at BT=128).
+# registers (WSMEM=0: the activations then come by TMA, ~70 fewer SASS a k-step at BT=128),
+# and 2-4 warpgroups of weight rows a block (WG) sharing each activation tile.
 _SESSION9_BY_M = {
     16: [dict(BT=16, STAGES=4, KS=2, SPLIT=4), dict(BT=16, STAGES=4, KS=2, SPLIT=3),
          dict(BT=16, STAGES=4, KS=2, SPLIT=6), dict(BT=16, STAGES=3, KS=4, SPLIT=4),
          dict(BT=16, STAGES=3, KS=4, SPLIT=4, WSMEM=0)],
-    128: [dict(BT=128, STAGES=2, KS=2, WSMEM=0), dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0)],
-    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=4, WSMEM=0)],
+    128: [dict(BT=128, STAGES=2, KS=2, WSMEM=0), dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0),
+          dict(BT=128, STAGES=3, KS=2, WG=2), dict(BT=128, STAGES=2, KS=2, WG=2, WSMEM=0)],
+    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, WG=2),
+         dict(BT=64, STAGES=3, KS=2, WG=2, SPLIT=2), dict(BT=64, STAGES=3, KS=2, WG=4, WSMEM=0)],
 }
 SESSION9 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
             for n in (14336, 4096, 11008) for m in (16, 128, 64) for c in _SESSION9_BY_M[m]]

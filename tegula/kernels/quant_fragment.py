@@ -53,26 +53,32 @@ STORED_WORDS = (128, 4)       # the same as 32-bit words (run 32w + 4r + c, s): 
                               # kernel loads (runs one dim: the copies coalesce along it)
 #: Word s of a run holds pair slot p = (h, i) of k16 step s in nibbles p (j = 0) and p + 4
 #: (j = 1): shifted right by 4p and masked with 0x000F000F, both weights of the pair sit in
-#: the mantissas of one 32-bit pair of 16-bit floats. The bitcast (1, KS, …, s, p, j) tile
-#: of KS blocks along K split into (kb, w, r, c, s, h, i, j) ...
+#: the mantissas of one 32-bit pair of 16-bit floats. The bitcast (WG, KS, …, s, p, j)
+#: tile of WG blocks along N by KS along K splits into (nb, kb) + FRAGMENT_SPLIT =
+#: (nb, kb, w, r, c, s, h, i, j) ...
 FRAGMENT_SPLIT = (4, 8, 4, 4, 2, 2, 2)
-#: ... and ordered (w, i, r, kb, s, h, c, j): row-major, rows n = (w, i, r), k = (kb, s,
-#: h, c, j)
-FRAGMENT_PERM = (1, 6, 2, 0, 4, 5, 3, 7)
+#: ... and is ordered (nb, w, i, r, kb, s, h, c, j): row-major, rows n = (nb, w, i, r),
+#: k = (kb, s, h, c, j)
+FRAGMENT_PERM = (0, 2, 7, 3, 1, 5, 6, 4, 8)
 
 
-def stored_tv(blocks: int) -> Layout:
-    """How `blocks` loaded (1, blocks, 128, 4) word blocks are spread over 128 threads:
-    thread t holds run t's 4 words of each block (a 16-byte load each), the words of a
-    block in consecutive registers."""
-    return Layout((128, (4, blocks)), (blocks, (128 * blocks, 1)))
+def stored_tv(blocks: int, row_blocks: int = 1) -> Layout:
+    """How a loaded (row_blocks, blocks, 128, 4) tile of word blocks is spread over
+    128 · row_blocks threads: thread 128b + t (warpgroup b) holds run t's 4 words of each
+    block of row block b (a 16-byte load each), the words of a block in consecutive
+    registers. (Tile coordinates column-major: row block, block, run, word.)"""
+    if row_blocks == 1:
+        return Layout((128, (4, blocks)), (blocks, (128 * blocks, 1)))
+    blocks_in_tile = row_blocks * blocks
+    return Layout(((128, row_blocks), (4, blocks)),
+                  ((blocks_in_tile, 1), (128 * blocks_in_tile, row_blocks)))
 
 
-def stored_shared(blocks: int) -> Layout:
+def stored_shared(blocks: int, row_blocks: int = 1) -> Layout:
     """The ring's stage: the words as they are in memory (thread t's run at byte 16t of
     each block), so that cp.async and the shared load are 16-byte vectors, conflict-free
     (eight threads' runs make one 128-byte wavefront); a swizzle would only split runs."""
-    return Layout((1, blocks) + STORED_WORDS, (512 * blocks, 512, 4, 1))
+    return Layout((row_blocks, blocks) + STORED_WORDS, (512 * blocks, 512, 4, 1))
 #: Per activation type: the magic number of a pair (a 16-bit float whose mantissa's low
 #: bits take a 4-bit value exactly: 1024 for f16, 128 for bf16) and its value.
 MAGIC = {"f16": (0x64006400, 1024.0), "bf16": (0x43004300, 128.0)}
@@ -128,20 +134,21 @@ def _contiguous(x: Any) -> Any:
 
 
 def fragment_weights(words: Any, dtype: DType) -> Any:
-    """Inside a kernel: the loaded (1, KS, 128, 4) words of KS stored blocks as the (64,
-    64·KS) weight tile they hold, each weight as magic + w (`MAGIC`: 1024 + w in f16) —
-    per 32-bit word four shifts and masks, each giving two weights at once, then register
-    reshapes (no data moved)."""
-    blocks = words.shape[1]
-    words = tg.reshape(words, (1, blocks, 4, 8, 4, 4))     # run = (w, r, c)
+    """Inside a kernel: the loaded (WG, KS, 128, 4) words of WG x KS stored blocks (WG
+    along N, KS along K) as the (64·WG, 64·KS) weight tile they hold, each weight as
+    magic + w (`MAGIC`: 1024 + w in f16) — per 32-bit word four shifts and masks, each
+    giving two weights at once, then register reshapes (no data moved)."""
+    row_blocks, blocks = words.shape[0], words.shape[1]
+    words = tg.reshape(words, (row_blocks, blocks, 4, 8, 4, 4))     # run = (w, r, c)
     slots = tuple(words.shape) + (4,)
     slot = tg.indices(slots, len(slots) - 1)   # a constant per register: the shifts fold
     word = words[..., None]
     shifted = tg.where(slot == 0, word, tg.where(
         slot == 1, word // 16, tg.where(slot == 2, word // 256, word // 4096)))
     pairs = tg.bitcast((shifted & 0x000F000F) | MAGIC[dtype.name][0], dtype)
-    split = tg.reshape(pairs, (blocks,) + FRAGMENT_SPLIT)
-    return tg.reshape(tg.permute(split, FRAGMENT_PERM), (FRAGMENT_ROWS, FRAGMENT_K * blocks))
+    split = tg.reshape(pairs, (row_blocks, blocks) + FRAGMENT_SPLIT)
+    return tg.reshape(tg.permute(split, FRAGMENT_PERM),
+                      (FRAGMENT_ROWS * row_blocks, FRAGMENT_K * blocks))
 
 
 def group_constants(dtype: DType, scales: Any, zeros: Any, n: Any, group: Any,
@@ -185,27 +192,32 @@ def _torch_int32() -> Any:
 
 @lru_cache(maxsize=None)
 def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
-    """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64, BT) tiles, the weights in fragment order
-    (`pack_fragments`): each k-step one 16-byte load per thread of the next step's
-    weights (one k-step ahead), dequantized in registers into the MMA's register A
-    operand; the activations, BT tokens by 64 k, the shared B operand in a STAGES-deep
-    ring. G (the group) 32 takes two scales per row and k-step. `partial`: split K as in
+    """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64·WG, BT) tiles, the weights in fragment
+    order (`pack_fragments`): each k-step one 16-byte load per thread and stored block of
+    the weights (KS blocks along K), dequantized in registers into the MMA's register A
+    operand; the activations, BT tokens by 64·KS k, the shared B operand in a
+    STAGES-deep ring. G (the group) 32 takes two scales per row and stored block. WG
+    warpgroups (launched with threads = 128·WG, as `fragment_config` sets) each take 64
+    of the block's weight rows and share its activation tiles: at 64-128 tokens the
+    activations re-read by every block of rows are most of the bytes moved (8x the 4-bit
+    weights' at BT = 128), and WG = 2 halves them. `partial`: split K as in
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
     by `w4a16_split_sum_kernel`)."""
     out_type = f32 if partial else dtype
-    BN = FRAGMENT_ROWS
 
     @tg.kernel(threads=128)
     def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1,
-                       KS: tg.constexpr = 1):
+                       KS: tg.constexpr = 1, WG: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
+        BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
         BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
         S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
         ga = a.tile((BT, BK), (t, None))
-        gw = w.tile((1, KS) + STORED_WORDS, (n, None, 0, 0))
+        gw = w.tile((WG, KS) + STORED_WORDS, (n, None, 0, 0))
+        words_tv = stored_tv(KS, WG)
         steps, start = ga.shape[2], 0
         if partial:                  # this block's slice of the k-steps
             per_split = (steps + SPLIT - 1) // SPLIT
@@ -222,32 +234,32 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                                    k // max(1, G // BK), (BN, S))
 
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
-            sw = tg.shared((1, KS) + STORED_WORDS, i32, stages=STAGES,
-                           layout=stored_shared(KS))
+            sw = tg.shared((WG, KS) + STORED_WORDS, i32, stages=STAGES,
+                           layout=stored_shared(KS, WG))
             # the scales and zeros are loaded one k-step ahead too: a load in the step
             # that uses them put its latency (a DRAM miss: each group's first reader) in
             # every step's path
             ahead_constants = constants(start)
         else:       # in registers: step k+1 dequantized while step k's wgmmas run
-            current = dequantized(tg.load(gw[:, :, :, :, start], layout=stored_tv(KS)),
+            current = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv),
                                   constants(start))
-            ahead = tg.load(gw[:, :, :, :, start + 1], layout=stored_tv(KS))
+            ahead = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
         for k in tg.pipeline(start, steps, stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             if WSMEM:
                 tg.copy(gw[:, :, :, :, k], sw[k])
                 following_constants = constants(k + 1)              # past K: masked, unused
-                words = tg.load(sw[k], layout=stored_tv(KS))
+                words = tg.load(sw[k], layout=words_tv)
                 tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
                 ahead_constants = following_constants
             else:   # loads first, then the gemm, then register work only (overlaps it)
                 following_constants = constants(k + 1)              # past K: masked, unused
-                after = tg.load(gw[:, :, :, :, k + 2], layout=stored_tv(KS))
+                after = tg.load(gw[:, :, :, :, k + 2], layout=words_tv)
                 tg.gemm(acc, current, sa[k])
                 current = dequantized(ahead, following_constants)
                 ahead = after
         if partial:
-            row_tiles = w.shape[0]          # slice z: tile rows z·row_tiles…
+            row_tiles = (w.shape[0] + WG - 1) // WG     # slice z: tile rows z·row_tiles…
             tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
         else:   # rearranged through shared memory: c's rows are tokens, 16-byte stores
             tg.copy(tg.rearrange(acc.to(dtype)), c.T.tile((BN, BT), (n, t)))
@@ -257,12 +269,19 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
 
 def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
                     ) -> tuple[tuple[int, ...], dict]:
-    """(grid, constexprs) of the fragment kernel for an (M, N, K) product: 64 weight rows
-    by BT tokens a block (`quant.token_tile`), SPLIT slices of K along grid axis 2."""
+    """(grid, constexprs) of the fragment kernel for an (M, N, K) product: 64·WG weight
+    rows by BT tokens a block (`quant.token_tile`), SPLIT slices of K along grid axis 2;
+    WG > 1 sets the block's threads to 128·WG (one warpgroup per 64 rows)."""
     from tegula.kernels.quant import token_tile
     constexprs = dict(G=group_size, BT=token_tile(m), STAGES=3, SPLIT=1)
     constexprs.update(tiles)
-    grid = (-(-n // FRAGMENT_ROWS), -(-m // constexprs["BT"]))
+    row_groups = constexprs.get("WG", 1)
+    if row_groups > 1:
+        if constexprs.setdefault("threads", 128 * row_groups) != 128 * row_groups:
+            raise ValueError(f"tegula.kernels.w4a16: WG={row_groups} warpgroups of weight "
+                             f"rows need threads={128 * row_groups}, got "
+                             f"threads={constexprs['threads']}")
+    grid = (-(-n // (FRAGMENT_ROWS * row_groups)), -(-m // constexprs["BT"]))
     return (grid + (constexprs["SPLIT"],) if constexprs["SPLIT"] > 1 else grid), constexprs
 
 
@@ -277,11 +296,12 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
         return launch(w4a16_fragment_kernel(dtype, has_zeros), grid, (*operands, c),
                       constexprs)
     m, n = c.shape
-    parts = empty_f32((split * grid[0] * FRAGMENT_ROWS, m))
+    rows = FRAGMENT_ROWS * constexprs.get("WG", 1)     # per block
+    parts = empty_f32((split * grid[0] * rows, m))
     launch(w4a16_fragment_kernel(dtype, has_zeros, partial=True), grid, (*operands, parts),
            constexprs)
     return launch(w4a16_split_sum_kernel(dtype), grid[:2], (parts, c),
-                  dict(SPLIT=split, BN=FRAGMENT_ROWS, BT=constexprs["BT"]))
+                  dict(SPLIT=split, BN=rows, BT=constexprs["BT"]))
 
 
 __all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",

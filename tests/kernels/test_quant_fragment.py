@@ -54,7 +54,12 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (20, 130, 224, 32, False, dict(KS=2, SPLIT=2)),
     (5, 64, 384, 128, True, dict(KS=2, WSMEM=0)),
     (16, 66, 320, 64, True, dict(KS=4, SPLIT=2)),       # 1.25 steps of 256 k: the last
-]                                                       # step's blocks 2-4 masked
+                                                        # step's blocks 2-4 masked
+    # WG warpgroups of 64 weight rows a block (threads = 128·WG)
+    (100, 77, 192, 32, True, dict(BT=128, STAGES=4, WG=2)),  # rows 77-127 past N
+    (9, 200, 96, 32, True, dict(SPLIT=4, STAGES=2, WG=4)),   # 2 blocks, the second ragged
+    (5, 130, 384, 128, True, dict(KS=2, WSMEM=0, WG=2)),
+]
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
@@ -116,6 +121,14 @@ def test_fragment_config():
     assert c == dict(G=128, BT=128, STAGES=3, SPLIT=2)
     assert w4a16_config(3, 100, 256, 32, FRAGMENT=1)[1:] == ((2, 1), dict(
         G=32, BT=16, STAGES=3, SPLIT=1))
+
+
+def test_fragment_config_sets_the_threads_of_wg_warpgroups():
+    kind, grid, c = w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=2, SPLIT=2)
+    assert grid == (32, 1, 2) and c["threads"] == 256
+    with pytest.raises(ValueError, match=r"WG=4 warpgroups of weight rows need "
+                                         r"threads=512, got threads=256"):
+        w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=4, threads=256)
 
 
 def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
