@@ -62,13 +62,15 @@ def wavefronts(byte_addresses: np.ndarray, access_bytes: int) -> int:
 @dataclass(frozen=True)
 class SharedAccess:
     """One op's access to a shared buffer: `coords[t, v]` is the buffer coordinate (rank
-    entries) that thread t moves in register v; `write` says which direction; `vector`
-    fixes the vector width (for copy partitions), or 0 to let the layout decide;
-    `ldmatrix` allows ldmatrix for 16-bit register reads. `op_name` is for reports."""
+    entries) that thread t moves in register v; `write` says which direction;
+    `elem_bits` the element width (4-bit types are two to a byte: widths and addresses
+    are counted in bits, never rounded up to a byte); `vector` fixes the vector width
+    (for copy partitions), or 0 to let the layout decide; `ldmatrix` allows ldmatrix for
+    16-bit register reads. `op_name` is for reports."""
 
     coords: np.ndarray
     write: bool
-    elem_bytes: int
+    elem_bits: int
     vector: int = 0
     ldmatrix: bool = False
     op_name: str = ""
@@ -95,9 +97,10 @@ class AccessPlan:
         return self.instructions + self.wavefronts
 
 
-def _vector_width(offsets: np.ndarray, elem_bytes: int, cap: int) -> int:
-    """Widest power-of-two run of consecutive registers at consecutive, aligned offsets."""
-    width = max(1, min(cap, 16 // elem_bytes))
+def _vector_width(offsets: np.ndarray, elem_bits: int, cap: int) -> int:
+    """Widest power-of-two run (at most 16 bytes) of consecutive registers at consecutive,
+    aligned offsets."""
+    width = max(1, min(cap, 128 // elem_bits))
     values = offsets.shape[1]
     while width > 1:
         if values % width == 0:
@@ -110,15 +113,16 @@ def _vector_width(offsets: np.ndarray, elem_bytes: int, cap: int) -> int:
 
 
 def _plan_vector_access(access: SharedAccess, offsets: np.ndarray) -> AccessPlan:
-    eb = access.elem_bytes
-    cap = access.vector if access.vector else 16 // eb
-    width = _vector_width(offsets, eb, cap)
+    bits = access.elem_bits
+    cap = access.vector if access.vector else 128 // bits
+    width = _vector_width(offsets, bits, cap)
     threads, values = offsets.shape
-    starts = offsets[:, ::width] * eb                      # threads × instructions
+    starts = offsets[:, ::width] * bits // 8               # byte addresses: threads × instructions
     warps = threads // 32
     per_warp = starts.reshape(warps, 32, -1).transpose(0, 2, 1).reshape(-1, 32)
-    waves = wavefronts(per_warp, width * eb)
-    ideal = per_warp.shape[0] * max(1, (32 * width * eb + 127) // 128)
+    access_bytes = max(1, width * bits // 8)
+    waves = wavefronts(per_warp, access_bytes)
+    ideal = per_warp.shape[0] * max(1, (32 * access_bytes + 127) // 128)
     return AccessPlan("st.shared" if access.write else "ld.shared", width, 0, False,
                       per_warp.shape[0], waves, ideal)
 
@@ -126,7 +130,7 @@ def _plan_vector_access(access: SharedAccess, offsets: np.ndarray) -> AccessPlan
 def _plan_ldmatrix(access: SharedAccess, offsets: np.ndarray) -> AccessPlan | None:
     """Plan the access as ldmatrix (x4, else x2, x1) if some variant's rows line up."""
     threads, values = offsets.shape
-    if not ldmatrix(4).accepts(8 * access.elem_bytes) or threads % 32:
+    if not ldmatrix(4).accepts(access.elem_bits) or threads % 32:
         return None
     warps = offsets.reshape(threads // 32, 32, values)
     for num in (4, 2, 1):
@@ -237,10 +241,11 @@ def check_pinned_shared_layout(alloc: SharedAlloc) -> None:
                              f"writes to the buffer race)", loc=alloc.loc)
 
 
-def candidate_layouts(shape: tuple, elem_bytes: int) -> list:
-    """Every (contiguous dim, swizzle) candidate for a buffer, smallest swizzle first."""
+def candidate_layouts(shape: tuple, elem_bits: int) -> list:
+    """Every (contiguous dim, swizzle) candidate for a buffer, smallest swizzle first; the
+    swizzles permute 16-byte chunks (32 elements of a 4-bit type)."""
     stage_elems = int(np.prod(shape))
-    chunk_bits = max(0, (16 // elem_bytes).bit_length() - 1)
+    chunk_bits = max(0, (128 // elem_bits).bit_length() - 1)
     candidates = []
     for contig in range(len(shape)):
         base = base_layout(shape, contig)
@@ -271,7 +276,7 @@ def synthesize_shared_layout(alloc: SharedAlloc, accesses: list[SharedAccess],
     elif alloc.pinned and alloc.layout is not None:
         candidates = [alloc.layout]
     else:
-        candidates = candidate_layouts(tuple(alloc.shape), _elem_bytes(alloc))
+        candidates = candidate_layouts(tuple(alloc.shape), alloc.dtype.bits)
     best: SharedLayoutChoice | None = None
     for candidate in candidates:
         plans = [plan_access(a, evaluate_offsets(candidate, a.coords)) for a in accesses]
@@ -282,6 +287,3 @@ def synthesize_shared_layout(alloc: SharedAlloc, accesses: list[SharedAccess],
         raise SynthesisError(f"no layout for shared buffer {alloc.name}", loc=alloc.loc)
     return best
 
-
-def _elem_bytes(alloc: SharedAlloc) -> int:
-    return max(1, alloc.dtype.bits // 8)

@@ -361,7 +361,7 @@ def _shared_accesses(kernel: TracedKernel) -> dict:
                     raise SynthesisError(f"copy between two shared tiles is not supported yet "
                                          f"({describe(op.src)} -> {describe(op.dst)})", loc=op.loc)
                 vector = op.choices.get("vector", 0) if not isinstance(other, RegisterTile) else 0
-                access = SharedAccess(_alloc_coords(tile, tv), write, _bytes(tile), vector,
+                access = SharedAccess(_alloc_coords(tile, tv), write, tile.dtype.bits, vector,
                                       ldmatrix=isinstance(other, RegisterTile),
                                       op_name=f"copy line {op.loc.lineno if op.loc else '?'}")
                 accesses[tile.alloc.id].append((op, "dst" if write else "src", access))
@@ -369,14 +369,10 @@ def _shared_accesses(kernel: TracedKernel) -> dict:
             plan = op.choices["plan"]
             for tile, tv, role in ((op.a, plan.a_tv, "a"), (op.b, plan.b_tv, "b")):
                 if isinstance(tile, SharedTile):
-                    access = SharedAccess(_alloc_coords(tile, tv), False, _bytes(tile),
+                    access = SharedAccess(_alloc_coords(tile, tv), False, tile.dtype.bits,
                                           ldmatrix=True, op_name=f"gemm {role.upper()} operand")
                     accesses[tile.alloc.id].append((op, role, access))
     return accesses
-
-
-def _bytes(tile) -> int:
-    return max(1, tile.dtype.bits // 8)
 
 
 def _synthesize_shared(kernel: TracedKernel, result: SynthesisResult) -> None:
