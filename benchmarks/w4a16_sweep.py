@@ -102,7 +102,7 @@ FRAGMENT = [(name, (m, n, 4096), dict(config, warp_specialize=False) if name != 
 _SESSION9_BY_M = {
     16: [dict(BT=16, STAGES=4, KS=2, SPLIT=4), dict(BT=16, STAGES=4, KS=2, SPLIT=3),
          dict(BT=16, STAGES=4, KS=2, SPLIT=6), dict(BT=16, STAGES=3, KS=4, SPLIT=4),
-         dict(BT=16, STAGES=3, KS=4, SPLIT=4, WSMEM=0)],
+         dict(BT=16, STAGES=3, KS=2, SPLIT=4, blocks_per_sm=7)],   # 72 registers, 7 blocks
     128: [dict(BT=128, STAGES=2, KS=2, WSMEM=0), dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0),
           dict(BT=128, STAGES=3, KS=2, WG=2), dict(BT=128, STAGES=2, KS=2, WG=2, WSMEM=0)],
     64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, WG=2),
