@@ -87,6 +87,35 @@ def test_decode_gemm_ops_on_cpu_run_the_emulated_kernels():
         assert torch.all((c.double() - ref).abs() <= 4e-3 * (ref.abs() + 1)), zero_point
 
 
+def _w4a16_fragment_operands(m, n, k, group, zero_point, seed):
+    """`_w4a16_operands` with the weights pre-packed in the fragment order (6-D)."""
+    from tegula.kernels.quant_fragment import pack_fragments
+    a, packed, scales, zeros = _w4a16_operands(m, n, k, group, zero_point, seed)
+    return a, pack_fragments(packed), scales, zeros
+
+
+def test_w4a16_op_takes_fragment_prepacked_weights_as_the_entry_point_does():
+    """`torch.ops.tegula.matmul_w4a16` accepts the 6-D weights of `pack_fragments` (as
+    `tegula.kernels.matmul_w4a16` does): N and K that are not multiples of the 64 x 64
+    blocks (padded), the same result as the row-major weights, fakes of the right shape,
+    and a wrong 6-D shape named."""
+    for m, n, k, group, zero_point in ((3, 16, 64, 32, True), (5, 72, 192, 64, False)):
+        a, packed, scales, zeros = _w4a16_operands(m, n, k, group, zero_point, 6)
+        fragments = _w4a16_fragment_operands(m, n, k, group, zero_point, 6)[1]
+        assert fragments.dim() == 6
+        row_major = torch.ops.tegula.matmul_w4a16(a, packed, scales, zeros, group)
+        prepacked = torch.ops.tegula.matmul_w4a16(a, fragments, scales, zeros, group)
+        assert prepacked.shape == (m, n) and torch.equal(prepacked, row_major)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.tegula.matmul_w4a16(
+                *(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
+                  for t in (a, fragments, scales, zeros)), group)
+            assert (fake.shape, fake.dtype) == ((m, n), torch.float16)
+    with pytest.raises(ValueError, match=r"pre-packed weights \(6-D, from pack_fragments\) "
+                                         r"for N = 72 .* have shape \(2, 3, 4, 8, 4, 16\)"):
+        torch.ops.tegula.matmul_w4a16(a, fragments[:, :, :, :, :, :8], scales, zeros, group)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_row_ops_on_cpu_run_the_emulated_kernels(dtype):
     x, w = _random((5, 300), dtype, 1, 3.0), _random((300,), dtype, 2)
@@ -190,6 +219,7 @@ def test_attention_decode_op_on_cpu_against_float64(paged):
     ("copy", lambda: (_random((9, 33), torch.float16),)),
     ("gemv", lambda: (_random((2, 64), torch.float16), _random((24, 64), torch.float16))),
     ("matmul_w4a16", lambda: _w4a16_operands(3, 16, 64, 32, True, 4) + (32,)),
+    ("matmul_w4a16", lambda: _w4a16_fragment_operands(3, 16, 64, 32, True, 4) + (32,)),
     ("attention_decode", lambda: _decode_operands(3)),
     ("selective_scan", lambda: _scan_operands(5)),
 ])
@@ -423,6 +453,7 @@ def test_torch_op_reports_mistakes_clearly():
     ("copy", lambda: (_random((9, 333), torch.float16),)),
     ("gemv", lambda: (_random((3, 512), torch.float16), _random((256, 512), torch.float16))),
     ("matmul_w4a16", lambda: _w4a16_operands(16, 256, 512, 128, False, 5) + (128,)),
+    ("matmul_w4a16", lambda: _w4a16_fragment_operands(16, 256, 512, 128, False, 5) + (128,)),
     ("attention_decode", lambda: _decode_operands(4, paged=True)),
     ("selective_scan", lambda: _scan_operands(6, torch.bfloat16)),
 ])

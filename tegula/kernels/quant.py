@@ -612,20 +612,10 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
         return replay(*given)
     signature = api._signature(head[0], given, *head[1:]) if out is None else None
     torch = api._torch()
-    dtype = api._check_tensor(fn, "a", a, api._GEMM_DTYPES, ndim=2)
-    api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=6 if fragment else 2)
-    api._check_tensor(fn, "scales", scales, api._GEMM_DTYPES, ndim=2)
+    dtype, (m, n, k) = check_w4a16_args(fn, a, packed, scales, zeros, group_size)
     tensors = {"a": a, "packed": packed, "scales": scales}
     if zeros is not None:
-        api._check_tensor(fn, "zeros", zeros, api._GEMM_DTYPES, ndim=2)
         tensors["zeros"] = zeros
-    api._check_same_dtype(fn, {n: t for n, t in tensors.items() if n != "packed"})
-    n, k = packed.shape[0], 2 * packed.shape[1]
-    if fragment:   # padded to 64 x 64 blocks: N from the scales, K from a
-        n, k = scales.shape[0], a.shape[-1]
-        _check_fragment_shape(fn, tuple(packed.shape), n, k)
-    m = check_w4a16_shapes(fn, tuple(a.shape), n, k, tuple(scales.shape),
-                           None if zeros is None else tuple(zeros.shape), group_size)
     api._check_cuda(fn, tensors)
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
@@ -679,6 +669,31 @@ def fragment_candidates(m: int) -> list[dict]:
     if bt > 64:
         configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
     return configs
+
+
+def check_w4a16_args(fn: str, a: Any, packed: Any, scales: Any, zeros: Any,
+                     group_size: Any) -> tuple[DType, tuple[int, int, int]]:
+    """(a's tegula dtype, (M, N, K)) after checking `matmul_w4a16`'s torch arguments
+    (types, ranks, dtypes, shapes; not the device): `packed` 2-D (N, K/2), or 6-D in the
+    fragment order (`pack_fragments`: padded to 64 x 64 blocks, so N comes from the
+    scales and K from a). The CUDA entry point and the torch op's fake and CPU
+    implementations all check through this."""
+    fragment = getattr(packed, "dim", lambda: 2)() == 6
+    dtype = _api._check_tensor(fn, "a", a, _api._GEMM_DTYPES, ndim=2)
+    _api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=6 if fragment else 2)
+    _api._check_tensor(fn, "scales", scales, _api._GEMM_DTYPES, ndim=2)
+    floats = {"a": a, "scales": scales}
+    if zeros is not None:
+        _api._check_tensor(fn, "zeros", zeros, _api._GEMM_DTYPES, ndim=2)
+        floats["zeros"] = zeros
+    _api._check_same_dtype(fn, floats)
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    if fragment:
+        n, k = scales.shape[0], a.shape[-1]
+        _check_fragment_shape(fn, tuple(packed.shape), n, k)
+    m = check_w4a16_shapes(fn, tuple(a.shape), n, k, tuple(scales.shape),
+                           None if zeros is None else tuple(zeros.shape), group_size)
+    return dtype, (m, n, k)
 
 
 def _check_fragment_shape(fn: str, shape: tuple, n: int, k: int) -> None:

@@ -376,28 +376,18 @@ def _gemv_cpu(x: Tensor, w: Tensor) -> Tensor:
 
 
 def _w4a16_checked(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
-                   group_size: int) -> tuple[DType, tuple[int, int]]:
-    from tegula.dtypes import u4
-    from tegula.kernels.quant import check_w4a16_shapes
-    fn = "matmul_w4a16"
-    dtype = api._check_tensor(fn, "a", a, api._GEMM_DTYPES, ndim=2)
-    api._check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=2)
-    api._check_tensor(fn, "scales", scales, api._GEMM_DTYPES, ndim=2)
-    floats = {"a": a, "scales": scales}
-    if zeros is not None:
-        api._check_tensor(fn, "zeros", zeros, api._GEMM_DTYPES, ndim=2)
-        floats["zeros"] = zeros
-    api._check_same_dtype(fn, floats)
-    n, k = packed.shape[0], 2 * packed.shape[1]
-    m = check_w4a16_shapes(fn, tuple(a.shape), n, k, tuple(scales.shape),
-                           None if zeros is None else tuple(zeros.shape), group_size)
-    return dtype, (m, n)
+                   group_size: int) -> tuple[DType, tuple[int, int, int]]:
+    """(dtype, (M, N, K)): the CUDA entry point's own checks (`packed` 2-D, or 6-D in the
+    fragment order of `pack_fragments`)."""
+    from tegula.kernels.quant import check_w4a16_args
+    return check_w4a16_args("matmul_w4a16", a, packed, scales, zeros, group_size)
 
 
 @torch.library.custom_op("tegula::matmul_w4a16", mutates_args=(), device_types="cuda")
 def matmul_w4a16(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
                  group_size: int) -> Tensor:
-    """`a @ ((w_q - zeros) * scales).T` with `packed` (N, K/2) uint8 4-bit weights:
+    """`a @ ((w_q - zeros) * scales).T` with `packed` (N, K/2) uint8 4-bit weights, or
+    pre-packed in the MMA fragment order (6-D, `tegula.kernels.pack_fragments`):
     `tegula.kernels.matmul_w4a16`."""
     from tegula.kernels.quant import matmul_w4a16 as run
     return run(a, packed, scales, zeros, group_size)
@@ -406,17 +396,20 @@ def matmul_w4a16(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tens
 @matmul_w4a16.register_fake
 def _matmul_w4a16_fake(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
                        group_size: int) -> Tensor:
-    return a.new_empty(_w4a16_checked(a, packed, scales, zeros, group_size)[1])
+    m, n, _ = _w4a16_checked(a, packed, scales, zeros, group_size)[1]
+    return a.new_empty((m, n))
 
 
 @matmul_w4a16.register_kernel("cpu")
 def _matmul_w4a16_cpu(a: Tensor, packed: Tensor, scales: Tensor, zeros: Optional[Tensor],
                       group_size: int) -> Tensor:
     from tegula.kernels.quant import unpack_w4, w4a16_gemm_emulated
-    dtype, (m, n) = _w4a16_checked(a, packed, scales, zeros, group_size)
-    if m == 0 or n == 0 or a.shape[1] == 0:
+    from tegula.kernels.quant_fragment import unpack_fragments
+    dtype, (m, n, k) = _w4a16_checked(a, packed, scales, zeros, group_size)
+    if m == 0 or n == 0 or k == 0:
         return a.new_zeros((m, n))
-    c = w4a16_gemm_emulated(to_numpy(a, dtype), unpack_w4(packed.numpy()),
+    rows = packed.numpy() if packed.dim() == 2 else unpack_fragments(packed.numpy(), n, k)
+    c = w4a16_gemm_emulated(to_numpy(a, dtype), unpack_w4(rows),
                             to_numpy(scales, dtype),
                             None if zeros is None else to_numpy(zeros, dtype), group_size,
                             dtype)
