@@ -59,22 +59,27 @@ def gemv_kernel(dtype: DType) -> tg.Kernel:
         n = tg.block_id(0)
         gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK)
         accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of x
+        def chunks_and_rows(ks):
+            """w's chunks ks, then the rows of x each multiplies (flat lists: a loop
+            carries register tiles held by a name or one list deep)."""
+            return ([tg.load(gw[:, :, k]) for k in ks],
+                    [tg.load(x.tile((1, BK), (r, k))) for k in ks for r in range(M)])
+
         if PREFETCH:  # the first step's chunks, before the loop
-            ahead = [tg.load(gw[:, :, u]) for u in range(UNROLL)]
+            ahead_w, ahead_x = chunks_and_rows(range(UNROLL))
         for step in tg.range(tg.cdiv(gw.shape[2], UNROLL)):
             # UNROLL chunks loaded before any is used: more bytes in flight per thread
             chunks = [step * UNROLL + u for u in range(UNROLL)]
             if PREFETCH:  # the next step's chunks load while this one's multiply (the
                 # last step's lie past K: masked, no memory read)
-                loaded = ahead
-                ahead = [tg.load(gw[:, :, k + UNROLL]) for k in chunks]
+                loaded_w, loaded_x = ahead_w, ahead_x
+                ahead_w, ahead_x = chunks_and_rows([k + UNROLL for k in chunks])
             else:
-                loaded = [tg.load(gw[:, :, k]) for k in chunks]
-            for k, chunk in zip(chunks, loaded):
+                loaded_w, loaded_x = chunks_and_rows(chunks)
+            for u, chunk in enumerate(loaded_w):
                 values = chunk.to(f32)
-                for r in range(M):
-                    row = tg.load(x.tile((1, BK), (r, k))).to(f32)  # broadcast over rows
-                    accs[r] = accs[r] + values * row
+                for r in range(M):   # each row of x broadcast over the chunk's rows
+                    accs[r] = accs[r] + values * loaded_x[u * M + r].to(f32)
         for r in range(M):
             tg.copy(tg.sum(accs[r], 1).to(dtype), y.T.tile((BN, 1), (n, r)))
 
