@@ -196,32 +196,40 @@ def attention_family() -> dict:
 NOISE = 0.02
 
 
-def _compile_one(family_name: str, shape_index: int, cfg: dict) -> dict:
+def _compile_one(family_name: str, shape_index: int, cfg: dict, ptxas: bool = False,
+                 measure_dropped: bool = False) -> dict:
     """Predict and compile one configuration into the disk cache (a worker process: no GPU
     use, the launch later finds the cubin by its source's key). Returns the point's
     prediction fields (`predicted_us`, `bound` or `dropped`), or `error`. A configuration
-    the model drops is not compiled: it is not measured either."""
+    the model drops is compiled only with `measure_dropped` (else it is not measured)."""
     from tegula.runtime import compile_kernel
     family = FAMILIES[family_name]()
     shape = family["shapes"][shape_index]
     _, shapes, scalars, grid, fixed = family["make"](shape, device="meta")
     try:
         candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
-                          lambda c, g=grid: g(c), family["target"], keep_build=True)
+                          lambda c, g=grid: g(c), family["target"], keep_build=True,
+                          ptxas=ptxas)
         if candidate.dropped:
+            if not (measure_dropped and candidate.build is not None):
+                return dict(dropped=candidate.dropped)
+            built = candidate.build
+            compile_kernel(built.thread_kernel, built.target.sm)
             return dict(dropped=candidate.dropped)
         built = candidate.build
         compile_kernel(built.thread_kernel, built.target.sm)
     except Exception as err:  # reported again, in full, by the measuring process
         return dict(error=f"{type(err).__name__}: {err}"[:200])
-    return dict(predicted_us=candidate.seconds * 1e6, bound=candidate.estimate.bound)
+    return dict(predicted_us=candidate.seconds * 1e6, bound=candidate.estimate.bound,
+                registers=candidate.estimate.registers)
 
 
 def _job_key(family_name: str, shape_index: int, cfg: dict) -> str:
     return json.dumps([family_name, shape_index, cfg], sort_keys=True)
 
 
-def precompile(jobs: list, workers: int, log) -> dict:
+def precompile(jobs: list, workers: int, log, ptxas: bool = False,
+               measure_dropped: bool = False) -> dict:
     """Predict and compile `jobs` ((family name, shape index, config), ...) in `workers`
     processes, so the measuring process only loads cubins; returns each job's prediction
     by `_job_key`."""
@@ -230,7 +238,8 @@ def precompile(jobs: list, workers: int, log) -> dict:
     start = time.time()
     context = multiprocessing.get_context("spawn")  # no CUDA state is inherited
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        results = list(pool.map(_compile_one, *zip(*jobs)))
+        results = list(pool.map(_compile_one, *zip(*jobs), [ptxas] * len(jobs),
+                                [measure_dropped] * len(jobs)))
     failed = sum(1 for r in results if "error" in r)
     log(f"precompiled {len(jobs)} configurations in {time.time() - start:.1f} s "
         f"({failed} refused or failed)")
@@ -239,7 +248,8 @@ def precompile(jobs: list, workers: int, log) -> dict:
 
 def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = False,
                predicted: dict | None = None, family_name: str = "",
-               rep_ms: float = 40) -> list[dict]:
+               rep_ms: float = 40, ptxas: bool = False,
+               measure_dropped: bool = False) -> list[dict]:
     """Predict and measure every configuration of `family` at the shapes `shape_indices`
     (`predicted`: the precompile's predictions by `_job_key`, not recomputed)."""
     from triton.testing import do_bench
@@ -266,13 +276,15 @@ def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = F
                 known = (predicted or {}).get(_job_key(family_name, index, cfg))
                 if not known or "error" in known:  # a failure is raised again, in full
                     candidate = score(family["kernel"], dict(cfg), fixed, shapes, scalars,
-                                      lambda c, g=grid: g(c), family["target"])
+                                      lambda c, g=grid: g(c), family["target"], ptxas=ptxas)
                     known = dict(dropped=candidate.dropped) if candidate.dropped else dict(
-                        predicted_us=candidate.seconds * 1e6, bound=candidate.estimate.bound)
+                        predicted_us=candidate.seconds * 1e6, bound=candidate.estimate.bound,
+                        registers=candidate.estimate.registers)
                 if "dropped" in known:
                     point["dropped"] = known["dropped"]
-                    record(point)
-                    continue
+                    if not measure_dropped or "compiler refuses" in known["dropped"]:
+                        record(point)
+                        continue
                 point.update(known)
                 if time.time() > deadline:
                     point["not_measured"] = "the run's time budget (--budget-s) was spent"
@@ -284,7 +296,10 @@ def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = F
                 torch.cuda.synchronize()
                 low, median, high = do_bench(call, warmup=10, rep=rep_ms,
                                              quantiles=[0.2, 0.5, 0.8])
-                point["measured_us"] = median * 1e3
+                # a dropped configuration's time is kept out of the ranking (`repredict`
+                # ranks it where a model, e.g. with ptxas's registers, keeps it)
+                measured = "measured_but_dropped_us" if "dropped" in point else "measured_us"
+                point[measured] = median * 1e3
                 point["spread"] = (high - low) / median
             except Exception as err:  # one config must not hide the rest
                 point["failed"] = f"{type(err).__name__}: {err}"[:300]
@@ -532,11 +547,18 @@ def main() -> None:
     parser.add_argument("--copy-sizes", default="",
                         help="first time torch's copy, read and write at these sizes (MB "
                              "each way, comma-separated): the device's stream bandwidth")
+    parser.add_argument("--ptxas-registers", action="store_true",
+                        help="predict with ptxas's register count (each configuration "
+                             "compiled with its report), not the liveness estimate")
+    parser.add_argument("--measure-dropped", action="store_true",
+                        help="also measure the configurations the model drops for their "
+                             "registers (kept out of the ranking; --repredict ranks them "
+                             "where the model then keeps them)")
     parser.add_argument("--print-points", action="store_true",
                         help="print every point as it is measured")
     options = parser.parse_args()
     if options.repredict:
-        repredict(Path(options.repredict), Path(options.out))
+        repredict(Path(options.repredict), Path(options.out), options.ptxas_registers)
         return
     start = time.time()
     deadline = start + options.budget_s
@@ -560,12 +582,14 @@ def main() -> None:
                 for cfg in (family["space"](family["shapes"][i]) if callable(family["space"])
                             else family["space"])]
         predicted = precompile(jobs, options.jobs,
-                               lambda line: (log(line), print(line, file=sys.stderr)))
+                               lambda line: (log(line), print(line, file=sys.stderr)),
+                               options.ptxas_registers, options.measure_dropped)
     points = []
     for name, (family, indices) in chosen.items():
         family_start = time.time()
         points += run_family(family, log, indices, deadline, options.print_points,
-                             predicted, name, options.rep_ms)
+                             predicted, name, options.rep_ms, options.ptxas_registers,
+                             options.measure_dropped)
         print(f"{name}: {time.time() - family_start:.0f} s", file=sys.stderr, flush=True)
     rows = summarize(points)
     gpu = torch.cuda.get_device_name()
@@ -588,7 +612,7 @@ def print_table(rows: list[dict]) -> None:
               f"{r['model_pick_measured_us']:9.1f}")
 
 
-def repredict(recorded: Path, out: Path) -> None:
+def repredict(recorded: Path, out: Path, ptxas: bool = False) -> None:
     """Re-predict every measured point of `recorded` with the current model (CPU only):
     the measurements stay as recorded, `predicted_us` is today's model's, the recorded
     prediction kept as `recorded_prediction_us`. Families are looked up by their name."""
@@ -604,7 +628,7 @@ def repredict(recorded: Path, out: Path) -> None:
         shape = tuple(shape) if not isinstance(shape, tuple) else shape
         _, shapes, scalars, grid, fixed = family["make"](shape, device="meta")
         candidate = score(family["kernel"], dict(point["config"]), fixed, shapes, scalars,
-                          lambda c, g=grid: g(c), family["target"])
+                          lambda c, g=grid: g(c), family["target"], ptxas=ptxas)
         point = dict(point)
         if "predicted_us" in point:
             point["recorded_prediction_us"] = point["predicted_us"]
@@ -613,8 +637,12 @@ def repredict(recorded: Path, out: Path) -> None:
                 point["measured_but_dropped_us"] = point.pop("measured_us")
             point["dropped"] = candidate.dropped
         else:
+            if "measured_but_dropped_us" in point:
+                point["measured_us"] = point.pop("measured_but_dropped_us")
+            point.pop("dropped", None)
             point["predicted_us"] = candidate.seconds * 1e6
             point["bound"] = candidate.estimate.bound
+            point["registers"] = candidate.estimate.registers
         points.append(point)
     rows = summarize(points)
     out.mkdir(parents=True, exist_ok=True)

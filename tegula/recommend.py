@@ -345,10 +345,12 @@ def _branch_load_path(result: Recommendation, candidate: Candidate, kernel: Any,
 
 def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scalars: dict,
           grid: Any, target: Any, gemm_names: tuple | None = None,
-          keep_build: bool = False) -> Candidate:
+          keep_build: bool = False, ptxas: bool = False) -> Candidate:
     """Build one combination and predict its time, or say why it does not fit; a combo
     with `orientation` "Cᵀ" runs the GEMM c = a @ b.T named by `gemm_names` (a, b, c)
-    transposed. `keep_build` keeps the build on the candidate (to compile it)."""
+    transposed. `keep_build` keeps the build on the candidate (to compile it). `ptxas`
+    compiles it (a CUDA compiler, no GPU) and predicts with ptxas's register count, not
+    the liveness estimate; a build ptxas spills is dropped."""
     from tegula.build import build
     from tegula.ir.ops import walk_ops
     from tegula.synth.cost import estimate
@@ -367,7 +369,17 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
         candidate.dropped = (f"shared memory {tk.shared_bytes} B over the {tgt.name} limit of "
                              f"{tgt.smem_per_block_max} B per block")
         return candidate
-    over = over_limit(tgt, tk.threads, estimate_registers(tk), tk.blocks_per_sm)
+    registers = None
+    if ptxas:
+        from tegula.explain import compile_report
+        report = compile_report(built)
+        if report.spills:
+            candidate.dropped = (f"ptxas spills it ({report.registers} registers, "
+                                 f"{report.spill_stores} B of spill stores)")
+            return candidate
+        registers = report.registers
+    over = [] if ptxas else over_limit(tgt, tk.threads, estimate_registers(tk),
+                                       tk.blocks_per_sm)
     if over:
         candidate.dropped = over[0] + ": would spill"
         return candidate
@@ -385,7 +397,7 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
                               f"tuple or a function of the config, e.g. lambda c: "
                               f"(cdiv(M, c['BM']), cdiv(N, c['BN']))) or --grid")
     candidate.build = built if keep_build else None
-    candidate.estimate = estimate(built, launch_grid, shapes, scalars)
+    candidate.estimate = estimate(built, launch_grid, shapes, scalars, registers)
     candidate.seconds = candidate.estimate.seconds
     candidate.uses_tma = any(getattr(op, "choices", {}).get("instr") == "tma"
                              for op in walk_ops(built.traced.body))

@@ -175,10 +175,12 @@ def _footprint(kernel: TracedKernel, shapes: dict) -> float | None:
 
 
 def estimate(build, grid=None, shapes: dict | None = None,
-             scalars: dict | None = None) -> CostEstimate:
+             scalars: dict | None = None, registers: int | None = None) -> CostEstimate:
     """The cost model's estimate for `build` (a `tegula.build.Build`, or anything with
     `.traced`, `.target` and optionally `.thread_kernel`/`.synthesis`), launched on `grid`
-    (int or tuple, optional) with tensor `shapes` and `scalars` by argument name."""
+    (int or tuple, optional) with tensor `shapes` and `scalars` by argument name.
+    `registers`: the compiler's count per thread where the cubin was built (ptxas's
+    report), used instead of the liveness estimate."""
     kernel, target = build.traced, build.target
     if grid is not None:
         grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
@@ -187,7 +189,7 @@ def estimate(build, grid=None, shapes: dict | None = None,
                        sm_count=target.sm_count)
     weights, unresolved = loop_weights(uses, size, grid)
     thread_kernel = getattr(build, "thread_kernel", None)
-    threads, live = kernel.threads, None
+    threads, live, compiled = kernel.threads, None, registers
     if thread_kernel is not None:
         # Registers from the thread IR's liveness; the block as launched (a warp-specialized
         # kernel adds its producer warpgroup).
@@ -199,6 +201,8 @@ def estimate(build, grid=None, shapes: dict | None = None,
         registers = register_words_from_tiles(kernel) + REGISTER_OVERHEAD
     blocks_wanted = getattr(thread_kernel, "blocks_per_sm", None)
     notes = spill_notes(target, threads, registers, live, blocks_wanted)
+    if compiled is not None:  # the compiler's own count (spills are its report's to say)
+        registers, notes = compiled, []
     if blocks_wanted:
         # __launch_bounds__(threads, B): ptxas holds each thread to B blocks' share of the
         # register file (spilling past it, which the note above reports).
@@ -222,6 +226,8 @@ def estimate(build, grid=None, shapes: dict | None = None,
         weights, _ = loop_weights(uses, size, grid, busiest=True)
     totals = _totals(uses, weights)
     totals["pipeline"] = pipeline_latency_cycles(uses, weights, target)
+    totals["loop-free loads"] = sum(c.use.global_bytes for c in uses
+                                    if not c.loops and c.use.role.startswith("G2"))
     if thread_kernel is not None:
         totals["drained"] = drained_loop_cycles(uses, weights, target,
                                                 drained_wgmma_loops(thread_kernel))
@@ -422,6 +428,32 @@ BARRIER_CYCLES = 500
 ISSUE_WARPS_PER_SCHEDULER = 1.5
 
 
+#: What share of the DRAM's peak bandwidth a kernel streaming reads and writes reaches
+#: (`benchmarks/cost_model_check.py --copy-sizes`: torch's device copy on the H100, timed
+#: like the families, L2 flushed).
+DRAM_STREAM_EFFICIENCY = 0.90
+
+#: A launch's fixed time on the GPU, as the families are timed (CUDA events around one
+#: launch): the copy's time at 1 MB less its bytes at the stream bandwidth.
+LAUNCH_US = 2.0
+
+
+def load_chain_cycles(t: dict, pipe_cycles: float, dram_block: float) -> float:
+    """A block's serial chain where it loads from global memory outside any loop (a row
+    softmax or norm: load the rows, reduce, store): one loaded load latency
+    (`LOADED_LOAD_LATENCY_CYCLES`), its DRAM bytes at its SM's share of the bandwidth,
+    then its work (pipes and barrier stalls), one after another. `_combine` divides it
+    among the blocks resident at once, whose chains overlap: with one block per SM
+    nothing hides the latency and the work (H100, session 8: 8-row softmax blocks of
+    4096, one per SM, ran 16% slower than the copy speed every multi-block one reached,
+    where the model had predicted them all at copy speed). 0 for a kernel whose loads
+    are all in loops (pipelined: `pipeline_latency_cycles`)."""
+    if not t.get("loop-free loads"):
+        return 0.0
+    return (LOADED_LOAD_LATENCY_CYCLES + dram_block + pipe_cycles
+            + t["barriers"] * BARRIER_CYCLES)
+
+
 def _hidden(work: float, wait: float) -> float:
     """A block's time for `work` cycles of its pipes and a load `wait` (its share of the
     wait, the rest filled by the blocks resident with it): the two overlap as two pipes do
@@ -448,7 +480,8 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     ⌈blocks / SMs⌉ blocks, `bps` at a time, and takes the longest of its pipes' work, its
     L2 bytes at its share of L2 bandwidth, and its loads' latency over the loads it keeps
     in flight; the GPU as a whole moves the DRAM bytes (module docstring)."""
-    dram_per_clk = target.dram_gbps / target.clock_ghz  # bytes per SM clock, whole GPU
+    # bytes per SM clock, whole GPU, at what a read + write stream reaches
+    dram_per_clk = target.dram_gbps * DRAM_STREAM_EFFICIENCY / target.clock_ghz
     blocks = int(np.prod(grid)) if grid is not None else 0
     dram_bytes = t["global_bytes"]
     footprint = _footprint(kernel, size.shapes)
@@ -477,6 +510,9 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
         per_block["drained wgmma loop"] = t["drained"] / bps
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
+    chain = load_chain_cycles(t, pipe_cycles, dram_block)
+    if chain:  # one block's serial chain: the blocks resident with it overlap theirs
+        per_block["load chain"] = chain / bps
     resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}
     bound = max(resources, key=lambda k: resources[k])
     block_cycles = resources[bound] + latency
@@ -506,12 +542,15 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     if t.get("drained"):
         sm_cycles["drained wgmma loop"] = on_sm * t["drained"] / resident
     sm_cycles["barrier latency"] = on_sm * t["barriers"] * BARRIER_CYCLES / resident
+    if chain:
+        sm_cycles["load chain"] = on_sm * chain / resident
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
     # Each round of resident blocks waits for its first loads (the fill) unoverlapped.
     rounds = -(-on_sm // resident)
     floor = max(on_sm * max(pipes["tensor"], per_block.get("L2", 0.0)), sm_cycles["DRAM"])
+    launch = LAUNCH_US * 1e3 * target.clock_ghz
     return CostEstimate(**fields, grid=grid, blocks=blocks, waves=waves,
                         dram_bytes=dram_bytes * blocks,
-                        grid_cycles=sm_cycles[grid_bound] + rounds * latency,
-                        floor_cycles=floor + latency)
+                        grid_cycles=sm_cycles[grid_bound] + rounds * latency + launch,
+                        floor_cycles=floor + latency + launch)
