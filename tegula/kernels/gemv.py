@@ -60,8 +60,7 @@ def gemv_kernel(dtype: DType) -> tg.Kernel:
         gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK)
         accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of x
         def chunks_and_rows(ks):
-            """w's chunks ks, then the rows of x each multiplies (flat lists: a loop
-            carries register tiles held by a name or one list deep)."""
+            """w's chunks ks, then the rows of x each multiplies (M per chunk)."""
             return ([tg.load(gw[:, :, k]) for k in ks],
                     [tg.load(x.tile((1, BK), (r, k))) for k in ks for r in range(M)])
 

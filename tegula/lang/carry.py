@@ -4,8 +4,8 @@
 A run-time block is traced once, so `acc = acc * alpha + x` in a loop body only rebinds a
 Python name to a new register tile; the next iteration, being the same traced body, would
 read the old tile again. So each block compares the locals of the user's frame before and
-after it is traced (names, and the register tiles in lists, tuples and dicts they hold, one
-level deep). A name that held a register tile before the block and holds another one after
+after it is traced (names, and the register tiles in the lists, tuples and dicts they hold,
+at any depth). A name that held a register tile before the block and holds another one after
 it is *carried*:
 
 * its value lives in a fresh tile C, set from the old tile just before the block
@@ -44,23 +44,35 @@ from tegula.lang.trace import Scope, TraceContext, user_frame
 
 
 def _labelled_locals(frame: FrameType | None) -> dict[str, Any]:
-    """The frame's locals by label: each name, plus `name[i]` / `name['key']` for the
-    register tiles in a list, tuple or dict a name holds."""
+    """The frame's locals by label: each name, plus `name[i]` / `name['key']` (and
+    `name[i][j]`, … at any depth) for the register tiles in the lists, tuples and dicts a
+    name holds — a tile nested deeper that a block rebinds is carried like any other, not
+    silently left at its value from before the block."""
     if frame is None:
         return {}
     out: dict[str, Any] = {}
     for name, value in list(frame.f_locals.items()):
         out[name] = value
-        if isinstance(value, (list, tuple)):
-            items = enumerate(value)
-        elif isinstance(value, dict):
-            items = ((k, v) for k, v in list(value.items()) if isinstance(k, (str, int)))
-        else:
-            continue
-        for key, item in items:
-            if isinstance(item, RegisterValue):
-                out[f"{name}[{key!r}]"] = item
+        _label_nested(name, value, out, set())
     return out
+
+
+def _label_nested(label: str, value: Any, out: dict[str, Any], seen: set[int]) -> None:
+    """The register tiles inside container `value`, labelled from `label`."""
+    if isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    elif isinstance(value, dict):
+        items = ((k, v) for k, v in list(value.items()) if isinstance(k, (str, int)))
+    else:
+        return
+    if id(value) in seen:   # a container holding itself
+        return
+    seen.add(id(value))
+    for key, item in items:
+        if isinstance(item, RegisterValue):
+            out[f"{label}[{key!r}]"] = item
+        else:
+            _label_nested(f"{label}[{key!r}]", item, out, seen)
 
 
 @dataclass

@@ -377,6 +377,31 @@ def test_lists_dicts_and_tuples_of_tiles_are_carried():
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
 
+@tg.kernel(threads=64)
+def nested_prefetch(x: tg.Tensor[f32], y: tg.Tensor[f32], BM: tg.constexpr = 8,
+                    BN: tg.constexpr = 16):
+    """Tiles loaded a step ahead, held two containers deep (a list of (tile, [tile]))."""
+    m = tg.block_id(0)
+    xs = x.tile((BM, BN), (m, None))
+    acc = tg.zeros((BM, BN), f32)
+    ahead = [(tg.load(xs[:, :, 0]), [tg.load(xs[:, :, 0]) * 2.0])]
+    for k in tg.range(xs.shape[2]):
+        current = ahead
+        ahead = [(tg.load(xs[:, :, k + 1]), [tg.load(xs[:, :, k + 1]) * 2.0])]
+        acc = acc + current[0][0] + current[0][1][0] * 10.0
+    tg.copy(acc, y.tile((BM, BN), (m, 0)))
+
+
+def test_tiles_nested_two_containers_deep_are_carried():
+    """Each step uses the tiles the step before loaded (before the fix, a tile two
+    containers deep was not carried: every step silently reused the first chunk)."""
+    M, N = 6, 40
+    x, y = rand(M, N, seed=91), poisoned(M, 16)
+    tg.emulate(nested_prefetch, (tg.cdiv(M, 8),), x, y)
+    want = sum(t * 21.0 for t in chunks(x, 16))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
 def accumulate(acc, xs, scale):
     """A helper with its own loop: its parameter is carried, the caller's tile is not."""
     for k in tg.range(xs.shape[2]):
