@@ -13,7 +13,7 @@ Three kernels, none with atomics, so every result is the same bit for bit on eve
   row term of softmax's Jacobian (Σ_j P_ij dP_ij = delta_i).
 * `attention_backward_dkdv_kernel` — one program per (key block, kv head, batch): keeps a
   (BN, D) block of K and V in shared memory and walks the query blocks of the G query heads
-  sharing that kv head, in a fixed order, recomputing Pᵀ = exp(scale · K Qᵀ − lse) from the
+  sharing that kv head, in a fixed order (one pipeline over (head, block) pairs), recomputing Pᵀ = exp(scale · K Qᵀ − lse) from the
   saved lse (no second softmax), with
       dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += scale · dSᵀ Q.
   Working in the transposed (key, query) orientation makes each product a plain
@@ -83,30 +83,33 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
         dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
         first = 0
         if CAUSAL:  # the first query block whose last row reaches this block's first key
-            first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
-        for g in tg.range(G):
-            h = hk * G + g
-            q_blocks = q[b, h].tile((BM, D), (None, 0))
-            do_blocks = dout[b, h].tile((BM, D), (None, 0))
-            for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
-                tg.copy(q_blocks[:, :, m], sq[m])
-                tg.copy(do_blocks[:, :, m], sdo[m])
-                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
-                # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
-                # FMA per score
-                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
-                delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
-                s_t = tg.zeros((BN, BM), f32)
-                tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
-                seen = (keys < seq_k) & (queries < seq_q)
-                if CAUSAL:
-                    seen = seen & (keys <= queries + (seq_k - seq_q))
-                p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
-                tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
-                dp_t = tg.zeros((BN, BM), f32)
-                tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
-                ds_t = p_t * (dp_t - delta_m)
-                tg.gemm(dk_acc, ds_t.to(dtype), sq[m].T)         # += dSᵀ Q
+            first = tg.minimum(tg.maximum(n * BN - (seq_k - seq_q), 0) // BM,
+                               tg.cdiv(seq_q, BM))
+        # One pipeline over (query head of the group, query block), heads outer: a loop
+        # of its own, so on sm_90a a TMA producer warpgroup loads Q and dO (a pipeline
+        # inside a G loop stays on cp.async, waiting on its loads every block).
+        blocks = tg.cdiv(seq_q, BM) - first
+        for t in tg.pipeline(G * blocks, stages=STAGES):
+            h = hk * G + t // blocks
+            m = first + t % blocks
+            tg.copy(q[b, h].tile((BM, D), (m, 0)), sq[t])
+            tg.copy(dout[b, h].tile((BM, D), (m, 0)), sdo[t])
+            queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
+            # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
+            # FMA per score
+            lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
+            delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+            s_t = tg.zeros((BN, BM), f32)
+            tg.gemm(s_t, sk, sq[t])                          # K Qᵀ
+            seen = (keys < seq_k) & (queries < seq_q)
+            if CAUSAL:
+                seen = seen & (keys <= queries + (seq_k - seq_q))
+            p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+            tg.gemm(dv_acc, p_t.to(dtype), sdo[t].T)         # += Pᵀ dO
+            dp_t = tg.zeros((BN, BM), f32)
+            tg.gemm(dp_t, sv, sdo[t])                        # V dOᵀ
+            ds_t = p_t * (dp_t - delta_m)
+            tg.gemm(dk_acc, ds_t.to(dtype), sq[t].T)         # += dSᵀ Q
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
