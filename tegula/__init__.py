@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 from tegula.dtypes import (DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, i4, i8, i32, u4,
                            u8)
-from tegula.errors import TegulaError, TraceError
+from tegula.errors import ClusterWarning, TegulaError, TraceError
 from tegula.lang import arange, argmax, argmin, indices
 from tegula.lang import cluster, num_programs, num_sms
 from tegula.lang import cumsum, scan
@@ -41,7 +41,7 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "abs", "tanh", "sigmoid", "erf", "sin", "cos", "maximum", "minimum", "where", "reduce",
            "sum", "max", "min", "argmax", "argmin", "arange", "indices", "rearrange",
            "atomic_add", "range", "pipeline", "if_", "scan", "cumsum", "reshape", "permute", "bitcast",
-           "else_", "eq", "ne"]
+           "else_", "eq", "ne", "ClusterWarning"]
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str
 from tegula.recommend import recommend  # noqa: E402 — tg.recommend(kernel, shapes=...)

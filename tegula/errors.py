@@ -48,6 +48,11 @@ class TegulaError(Exception):
         super().__init__(text)
 
 
+class ClusterWarning(UserWarning):
+    """A kernel declares a thread-block cluster (`tg.cluster`) that multicasts nothing for
+    this build: correct, but the blocks gain nothing from it (`synth/multicast.py`)."""
+
+
 class TraceError(TegulaError):
     """The kernel body used the language wrongly (shapes, dtypes, ranks, arguments)."""
 

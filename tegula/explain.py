@@ -78,8 +78,11 @@ def _header(build: Any) -> str:
     if extra > 128:  # ping-pong: consumer warpgroups each running the tiles (synth/roles.py)
         roles = (f": {(threads - 128) // k.threads} consumer warpgroups of {k.threads} "
                  f"threads, each running whole tiles, + a 128-thread producer warpgroup")
+    unused = getattr(build.synthesis, "cluster_unused", "")  # synth/multicast.py
+    cluster = (f"\nclusters of {k.cluster[0]}x{k.cluster[1]} blocks multicast nothing "
+               f"(ClusterWarning): {unused}" if unused else "")
     return (f"kernel {k.name} ({consts}) for {build.target}\n"
-            f"{threads} threads per block ({threads // 32} warps){roles}")
+            f"{threads} threads per block ({threads // 32} warps){roles}{cluster}")
 
 
 # --------------------------------------------------------------------------- tensors

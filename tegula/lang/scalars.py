@@ -68,7 +68,9 @@ def cluster(x: int, y: int = 1) -> None:
     cluster run at the same time on neighbouring SMs, so a TMA box every block of the
     cluster loads (its coordinates the same for all of them: computed from
     `tg.block_id(0) // x`, not from the rank `tg.block_id(0) % x`) is loaded once and
-    multicast into all of them. `tg.cluster(1)` changes nothing."""
+    multicast into all of them — by a warp-specialized TMA pipeline (sm_90a) only: a
+    build where no box is multicast warns (`tg.ClusterWarning`, at this line) and
+    `explain` says why. `tg.cluster(1)` changes nothing."""
     label = "tg.cluster"
     ctx = current(label)
     for v in (x, y):

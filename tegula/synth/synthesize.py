@@ -36,6 +36,7 @@ from tegula.synth.copies import (global_access_vector, global_vector_limit, need
                                  plan_nested_ring, plan_tma_copy, plan_tma_stores)
 from tegula.synth.gemm import (WgmmaPlan, buffer_swizzle, operand_layout, plan_gemm,
                                plan_mma_sync)
+from tegula.synth.multicast import warn_if_nothing_is_multicast
 from tegula.synth.roles import check_cluster, decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
@@ -60,6 +61,9 @@ class SynthesisResult:
     shared_reasons: dict = field(default_factory=dict)
     #: The end of the staging buffers of TMA-store epilogues (`copies.plan_tma_stores`).
     staging_end: int = 0
+    #: Why the kernel's `tg.cluster` multicasts no TMA box ("" if it does or there is
+    #: none): warned as a `ClusterWarning` (`synth/multicast.py`).
+    cluster_unused: str = ""
 
     @property
     def shared_bytes(self) -> int:
@@ -109,6 +113,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_tma_copies(kernel, facts, load_path)
     check_cluster(kernel, target)
     decide_warp_roles(kernel, warp_specialize, consumers, target)
+    result.cluster_unused = warn_if_nothing_is_multicast(kernel, target)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)
