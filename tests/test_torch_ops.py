@@ -56,8 +56,18 @@ def test_every_entry_point_is_a_registered_op_with_its_schema():
         "Tensor? D=None, Tensor? z=None, Tensor? delta_bias=None, bool delta_softplus=False)"
         " -> Tensor")
     decode = {"gemv", "matmul_w4a16", "attention_forward", "attention_backward",
-              "attention_varlen", "attention_decode", "selective_scan", "moe_gemm"}  # outside api
+              "attention_varlen", "attention_decode", "selective_scan", "moe_gemm",
+              "moe_gemm_w4a16", "moe_mlp"}  # outside api
     assert entry_points | decode == set(torch_ops.OPS)
+    # Every torch entry point that tegula.kernels exports (not the emulator's numpy ones,
+    # not the host-side weight packers), and the MoE modules' (not re-exported), has its
+    # op; `attention` is attention_forward's op with its autograd formula.
+    from tegula.kernels import moe_layer, moe_w4
+    packers = {"quantize_w4", "prepack", "unpack_w4", "pack_fragments"}
+    exported = {name for name in tg.kernels.__all__ if callable(getattr(tg.kernels, name))
+                and not name.endswith("_emulated") and name not in packers}
+    exported |= {moe_layer.moe_mlp.__name__, moe_w4.moe_gemm_w4a16.__name__}
+    assert {"attention_forward" if n == "attention" else n for n in exported} <= set(torch_ops.OPS)
 
 
 def _w4a16_operands(m, n, k, group, zero_point, seed):

@@ -85,16 +85,48 @@ def _gate_up_plan(rows: int, inner: int, experts: int, tiles: dict) -> tuple:
     return plan._replace(gemm_constexprs=gemm)
 
 
-def _check_mlp(fn: str, x: Any, w13: Any, w2: Any, topk_ids: Any) -> tuple[int, Routing]:
-    """(I, the routing) after checking x (T, H), w13 (E, 2I, H), w2 (E, H, I)."""
-    shapes = {name: tuple(a.shape) for name, a in (("x", x), ("w13", w13), ("w2", w2))}
+def check_mlp_shapes(fn: str, x: Any, w13: Any, w2: Any, topk_ids: Any,
+                     topk_weights: Any) -> tuple[int, int]:
+    """(I, E) after checking x (T, H), w13 (E, 2I, H), w2 (E, H, I) and topk_ids and
+    topk_weights (T, k): one token per row of x (routing ids of other tokens would make a
+    result of their row count, silently). Shapes only: the ids' values are checked where
+    they are sorted (`sort_by_expert`), so this also serves the torch op's fake."""
+    shapes = {name: tuple(a.shape) for name, a in (("x", x), ("w13", w13), ("w2", w2),
+                                                    ("topk_ids", topk_ids),
+                                                    ("topk_weights", topk_weights))}
     ok = (len(shapes["x"]) == 2 and len(shapes["w13"]) == 3 and len(shapes["w2"]) == 3)
     if ok:
-        (_, hidden), (experts, two_inner, h13), (e2, h2, inner) = shapes.values()
+        (_, hidden), (experts, two_inner, h13), (e2, h2, inner) = list(shapes.values())[:3]
         ok = (two_inner == 2 * inner and h13 == hidden == h2 and e2 == experts)
     if not ok:
         raise ValueError(f"tegula.kernels.{fn}: expected x (T, H), w13 (E, 2·I, H) and w2 "
-                         f"(E, H, I), got " + ", ".join(f"{n} {s}" for n, s in shapes.items()))
+                         f"(E, H, I), got " + ", ".join(f"{n} {s}" for n, s in
+                                                        list(shapes.items())[:3]))
+    ids, weights = shapes["topk_ids"], shapes["topk_weights"]
+    if len(ids) != 2 or ids[0] != shapes["x"][0] or weights != ids:
+        raise ValueError(f"tegula.kernels.{fn}: topk_ids and topk_weights must both be (T, k) "
+                         f"with T = {shapes['x'][0]} (x's rows), got topk_ids {ids} and "
+                         f"topk_weights {weights}")
+    return inner, experts
+
+
+def check_mlp_args(fn: str, x: Any, w13: Any, w2: Any, topk_ids: Any,
+                   topk_weights: Any) -> tuple[DType, int, int]:
+    """(x's tegula dtype, I, E) after checking `moe_mlp`'s torch arguments' types and
+    shapes (not the device, not the ids' values): the entry point's checks and its torch
+    op's fake's."""
+    from tegula.kernels.api import _check_tensor
+    dtype = _check_tensor(fn, "x", x, {"float16": f16, "bfloat16": bf16}, ndim=2)
+    same = {str(x.dtype)[6:]: dtype}
+    _check_tensor(fn, "w13", w13, same, ndim=3)
+    _check_tensor(fn, "w2", w2, same, ndim=3)
+    return (dtype,) + check_mlp_shapes(fn, x, w13, w2, topk_ids, topk_weights)
+
+
+def _check_mlp(fn: str, x: Any, w13: Any, w2: Any, topk_ids: Any,
+               topk_weights: Any) -> tuple[int, Routing]:
+    """(I, the routing) after `check_mlp_shapes`."""
+    inner, experts = check_mlp_shapes(fn, x, w13, w2, topk_ids, topk_weights)
     return inner, sort_by_expert(topk_ids, experts)
 
 
@@ -107,14 +139,10 @@ def moe_mlp(x: Any, w13: Any, w2: Any, topk_ids: Any, topk_weights: Any, *,
     fused kernel (default `gate_up_tiles`, threads=256)."""
     import torch
 
-    from tegula.kernels.api import _check_cuda, _check_tensor, _launch
+    from tegula.kernels.api import _check_cuda, _launch
     fn = "moe_mlp"
-    dtypes = {"float16": f16, "bfloat16": bf16}
-    dtype = _check_tensor(fn, "x", x, dtypes, ndim=2)
-    same = {str(x.dtype)[6:]: dtype}
-    _check_tensor(fn, "w13", w13, same, ndim=3)
-    _check_tensor(fn, "w2", w2, same, ndim=3)
-    inner, routing = _check_mlp(fn, x, w13, w2, topk_ids)
+    dtype, inner, experts = check_mlp_args(fn, x, w13, w2, topk_ids, topk_weights)
+    routing = sort_by_expert(topk_ids, experts)
     _check_cuda(fn, {"x": x, "w13": w13, "w2": w2, "topk_ids": topk_ids})
     x_sorted = scatter_rows(x, routing)
     act = torch.empty((x_sorted.shape[0], inner), dtype=x.dtype, device=x.device)
@@ -160,7 +188,7 @@ def moe_mlp_emulated(x: np.ndarray, w13: np.ndarray, w2: np.ndarray, topk_ids: n
     dtype=bf16), the result rounded to `dtype`; `tiles` go to both grouped GEMMs."""
     from tegula.emulate.values import round_to
     fn = "moe_mlp_emulated"
-    inner, routing = _check_mlp(fn, x, w13, w2, topk_ids)
+    inner, routing = _check_mlp(fn, x, w13, w2, topk_ids, topk_weights)
     dtype = dtype or dtype_of_array(x, fn, "x")
     if dtype not in MOE_DTYPES:
         raise TypeError(f"tegula.kernels.{fn}: x has type {dtype}; supported: f16, bf16 "
@@ -173,4 +201,4 @@ def moe_mlp_emulated(x: np.ndarray, w13: np.ndarray, w2: np.ndarray, topk_ids: n
 
 
 __all__ = ["moe_gate_up_kernel", "moe_gate_up_emulated", "moe_mlp", "moe_mlp_emulated",
-           "gate_up_tiles"]
+           "gate_up_tiles", "check_mlp_args", "check_mlp_shapes"]

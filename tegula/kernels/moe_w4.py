@@ -163,17 +163,12 @@ def quantize_experts_w4(w: Any, group_size: int = 128, zero_point: bool = True
     return packed, scales, zeros
 
 
-def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_size: int,
-                   expert_offsets: Any, *, config: dict | None = None) -> Any:
-    """The W4A16 grouped GEMM on torch CUDA tensors: x_sorted (R, K) f16/bf16, packed
-    (E, N, K/2) uint8 (`quantize_experts_w4`), scales and zeros (E, N, K/G) of x's dtype
-    (zeros None: zero point 8), expert_offsets (E + 1,) int32 on the device (not checked:
-    no host sync). Returns (R, N); rows past expert_offsets[E] are left unwritten.
-    `config`: tiles (BM, BN, BK, STAGES, GROUP) instead of the defaults."""
-    import torch
-
-    from tegula.kernels.api import _check_cuda, _check_tensor, _launch
-    fn = "moe_gemm_w4a16"
+def check_w4_args(fn: str, x_sorted: Any, packed: Any, scales: Any, zeros: Any,
+                  group_size: int, expert_offsets: Any) -> tuple[DType, tuple]:
+    """(x's tegula dtype, (rows, N, K, experts)) after checking `moe_gemm_w4a16`'s torch
+    arguments (types, ranks, dtypes, shapes; not the device): the entry point's checks and
+    its torch op's fake's."""
+    from tegula.kernels.api import _check_tensor
     dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
                           ndim=2)
     _check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=3)
@@ -183,8 +178,23 @@ def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_si
         _check_tensor(fn, "zeros", zeros, same, ndim=3)
     _check_tensor(fn, "expert_offsets", expert_offsets, {"int32": i32}, ndim=1)
     unpacked = tuple(packed.shape[:-1]) + (2 * packed.shape[-1],)
-    rows, n, k, experts = _check_w4(fn, tuple(x_sorted.shape), unpacked, scales, zeros,
-                                    tuple(expert_offsets.shape), group_size)
+    return dtype, _check_w4(fn, tuple(x_sorted.shape), unpacked, scales, zeros,
+                            tuple(expert_offsets.shape), group_size)
+
+
+def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_size: int,
+                   expert_offsets: Any, *, config: dict | None = None) -> Any:
+    """The W4A16 grouped GEMM on torch CUDA tensors: x_sorted (R, K) f16/bf16, packed
+    (E, N, K/2) uint8 (`quantize_experts_w4`), scales and zeros (E, N, K/G) of x's dtype
+    (zeros None: zero point 8), expert_offsets (E + 1,) int32 on the device (not checked:
+    no host sync). Returns (R, N); rows past expert_offsets[E] are left unwritten.
+    `config`: tiles (BM, BN, BK, STAGES, GROUP) instead of the defaults."""
+    import torch
+
+    from tegula.kernels.api import _check_cuda, _launch
+    fn = "moe_gemm_w4a16"
+    dtype, (rows, n, k, experts) = check_w4_args(fn, x_sorted, packed, scales, zeros,
+                                                 group_size, expert_offsets)
     tensors = {"x_sorted": x_sorted, "packed": packed, "scales": scales,
                "expert_offsets": expert_offsets, **({} if zeros is None else {"zeros": zeros})}
     _check_cuda(fn, tensors)
@@ -207,4 +217,4 @@ def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_si
 
 
 __all__ = ["moe_gemm_w4_kernel", "moe_gemm_w4a16_emulated", "moe_gemm_w4a16",
-           "quantize_experts_w4", "W4_DTYPES"]
+           "check_w4_args", "quantize_experts_w4", "W4_DTYPES"]

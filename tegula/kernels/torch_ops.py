@@ -1,9 +1,10 @@
 """The kernel library's entry points as torch custom ops: `torch.ops.tegula.matmul` (with
 its fused bias + activation), `matmul_fp8`, `rms_norm`, `softmax`, `copy`, the decode
 GEMMs `gemv` and `matmul_w4a16`, the MoE grouped GEMM `moe_gemm`, Mamba's
-`selective_scan`, and (in `tegula.kernels.torch_ops_attention`) `attention_forward` with
+`selective_scan`, (in `tegula.kernels.torch_ops_attention`) `attention_forward` with
 its backward op `attention_backward`, `attention_varlen` and `attention_decode` (each
-returning o and lse).
+returning o and lse), and (in `tegula.kernels.torch_ops_moe`) the 4-bit grouped GEMM
+`moe_gemm_w4a16` and the whole MoE MLP `moe_mlp`.
 
     import tegula.kernels.torch_ops            # registers the ops (needs torch)
     y = torch.ops.tegula.rms_norm(x, w, 1e-6)  # or tegula.kernels.torch_ops.rms_norm(...)
@@ -28,7 +29,8 @@ dtype, as torch's own half-precision matmul; with a fused activation, after reco
 the pre-activation and applying the activation's derivative in f32; the bias gradient is
 the column sum), attention_forward's (of o; lse is non-differentiable) is the
 `attention_backward` op (tegula's backward kernels), matmul_fp8, gemv, matmul_w4a16,
-moe_gemm, attention_varlen, attention_decode and selective_scan (inference kernels) are
+moe_gemm, moe_gemm_w4a16, moe_mlp, attention_varlen, attention_decode and selective_scan
+(inference kernels) are
 forward-only, the row ops' gradients are computed in f32 from the saved output (softmax)
 or inputs (RMSNorm) and rounded to the input's dtype, and copy passes its gradient
 through.
@@ -489,14 +491,17 @@ def _moe_gemm_cpu(x_sorted: Tensor, w: Tensor, expert_offsets: Tensor,
 
 
 # The attention ops (attention_forward with its backward, attention_varlen,
-# attention_decode) live in their own module.
-from tegula.kernels import torch_ops_attention  # noqa: E402
+# attention_decode) and the MoE ones built on the grouped GEMM (moe_gemm_w4a16, moe_mlp)
+# live in their own modules.
+from tegula.kernels import torch_ops_attention, torch_ops_moe  # noqa: E402
 
 OPS.update(gemv=gemv, matmul_w4a16=matmul_w4a16, selective_scan=selective_scan,
-           moe_gemm=moe_gemm, **torch_ops_attention.OPS)
+           moe_gemm=moe_gemm, **torch_ops_attention.OPS, **torch_ops_moe.OPS)
 attention_forward = torch_ops_attention.attention_forward
 attention_backward = torch_ops_attention.attention_backward
 attention_varlen = torch_ops_attention.attention_varlen
 attention_decode = torch_ops_attention.attention_decode
+moe_gemm_w4a16 = torch_ops_moe.moe_gemm_w4a16
+moe_mlp = torch_ops_moe.moe_mlp
 __all__ += ["gemv", "matmul_w4a16", "selective_scan", "moe_gemm",
-            *torch_ops_attention.OPS]
+            *torch_ops_attention.OPS, *torch_ops_moe.OPS]
