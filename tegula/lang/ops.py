@@ -10,6 +10,7 @@ import numbers
 from typing import Any
 
 from tegula.arch.catalogue import mma_accumulators
+from tegula.arch.memory import RED_ADD
 from tegula.dtypes import DType, bool_, i32
 from tegula.ir.ops import AtomicAdd, Copy, Fill, Gemm, Rearrange, Reduce
 from tegula.ir.scalar import BlockIndex
@@ -131,16 +132,26 @@ def load(src: Any, fill: float = 0.0, layout: Any = None) -> RegisterValue:
 
 
 def atomic_add(src: Any, dst: Any) -> None:
-    """`dst[i] += src[i]` atomically, for a register `src` and a global or shared `dst`."""
+    """`dst[i] += src[i]` atomically, for a register `src` and a global `dst` (`red.global`).
+    A shared `dst` is refused: within a block, sum in registers (`tg.sum`, `+=`) and copy
+    the result, or add into a global tensor."""
     op = "tg.atomic_add"
     ctx = current(op)
     s = register_operand(src, op, "source")
     d = _operand(dst, op, "destination")
     if isinstance(d, RegisterTile):
         raise fail(op, f"the destination {describe(d)} is a register tile; use += instead")
+    if not isinstance(d, GlobalTile):
+        raise fail(op, f"the destination {describe(d)} is in shared memory; tg.atomic_add "
+                       f"adds into global memory only (sum within the block in registers "
+                       f"with tg.sum or +=, then copy, or atomic_add into a global tensor)")
     if not same_shape(s.shape, d.shape) or s.dtype != d.dtype:
         raise fail(op, f"source {describe(s)} and destination {describe(d)} must have the "
                        f"same shape and element type")
+    if d.dtype.name not in RED_ADD:  # what the hardware adds atomically (arch/memory.py)
+        raise fail(op, f"no atomic add for {d.dtype} (destination {describe(d)}); "
+                       f"red.global.add takes {', '.join(RED_ADD)}: convert with .to() and "
+                       f"add into a tensor of one of those types")
     require_written(s, op)
     ctx.emit(AtomicAdd(src=s, dst=d))
 
