@@ -68,6 +68,34 @@ def searched_persistent(m: int, n: int, k: int) -> list[dict]:
             for c in found.top]
 
 
+#: What the search decides for decode shapes on sm_90a: the orientation (C, or Cᵀ = b·aᵀ:
+#: the weight's N rows as the wgmma's 64-row M and the few tokens as its N), with the
+#: tile's width and ring depth (BM = 64, BK = 64, one warpgroup fixed).
+ORIENTATION_SPACE = dict(BN=[16, 32], STAGES=[8, 16])
+
+
+@functools.lru_cache(maxsize=None)
+def searched_transposed(m: int, n: int, k: int) -> list[dict]:
+    """The shared-memory kernel computing cᵀ = b·aᵀ for an (M, N, K) bucket on sm_90a,
+    where the search (`tg.recommend` with `orientation=`, both orientations of every
+    config of `ORIENTATION_SPACE`) ranks a transposed configuration first; else [] (on a
+    predicted tie C ranks first). ~1 s once per bucket, no GPU. The kernel then writes
+    out's transpose, an (N, M) view with unit stride along its first dimension."""
+    from tegula.kernels.gemm import gemm_kernel, tile_grid
+    from tegula.recommend import recommend
+
+    def grid(c):
+        rows, cols = (m, n) if c["orientation"] == "C" else (n, m)
+        return tile_grid(rows, cols, 64, c["BN"]) + (1,)
+    found = recommend(gemm_kernel(f16), shapes=dict(a=(m, k), b=(n, k), c=(m, n)),
+                      grid=grid, space=ORIENTATION_SPACE, orientation=("a", "b", "c"),
+                      top_k=1, target="sm_90a", BM=64, BK=64, threads=128, load_path="tma")
+    best = found.ranked[0].config if found.ranked else None
+    if best is None or best["orientation"] != "Cᵀ":
+        return []
+    return [dict(BM=64, BN=best["BN"], BK=64, STAGES=best["STAGES"], orientation="Cᵀ")]
+
+
 def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
                     fused: bool = False) -> list[dict]:
     """GEMM configurations worth timing for an (M, N, K) bucket, the default (untuned)
@@ -142,6 +170,12 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
         split = []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
+    if hopper and not fused and _api._pow2_at_least(m, 1) <= 64:
+        # The orientation, where the search prefers Cᵀ (a bias would run along its
+        # columns, which the kernel's epilogue adds along rows: not offered when fused),
+        # in the last place of a full list (the tuner's 7; the last is a split-K one).
+        transposed = searched_transposed(m, n, k)
+        chosen = chosen[:7 - len(transposed)] + transposed
     return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
 
 
@@ -264,9 +298,11 @@ def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Any:
     `replay((a, b[, bias]), their data pointers)`: one launch on b as given (a free view
     of b) is an `EntryReplay` (one C call where the extension is built); a split-K pair or
     a copied b is a closure doing the same in Python."""
-    first_a = plan[0][2][0]
+    first_a = plan[0][2][plan[0][3].index("a")]
     allocate = _api.fast_empty(first_a, (m, n))
-    if len(plan) == 1 and b_layout == "view":
+    # An EntryReplay passes the call's pointers in the call's order (a, b[, bias], c): only
+    # for a launch taking them in that order (not the transposed orientation's b, a, c).
+    if len(plan) == 1 and b_layout == "view" and plan[0][3] == _call_order(plan[0][3]):
         (ck, grid, args, _), = plan  # args: a, b.T, [bias row,] c: the tensors' pointers
         return _api.EntryReplay(ck, grid, args, allocate)
     launches = [(_api._replayer(ck, grid, args), roles) for ck, grid, args, roles in plan]
@@ -294,6 +330,11 @@ def _matmul_replay(plan: list[tuple], b_layout: str, m: int, n: int) -> Any:
     return replay_matmul
 
 
+def _call_order(roles: tuple) -> tuple:
+    """`roles` sorted into matmul's argument order (a, b, bias, c)."""
+    return tuple(sorted(roles, key=("a", "b", "bias", "c").index))
+
+
 def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: Any,
                    out: Any, epilogue: tuple = (None, None)) -> list[tuple]:
     """Launch one GEMM configuration (`values`: tiles, "kernel", optional "SPLIT") on
@@ -309,6 +350,14 @@ def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: 
     bias_args, bias_roles = ((bias_row,), ("bias",)) if with_bias else ((), ())
     which, split = values.pop("kernel"), values.pop("SPLIT", 1)
     bm, bn = values["BM"], values["BN"]
+    if values.pop("orientation", "C") == "Cᵀ":
+        # cᵀ = b·aᵀ: the kernel's a is b's (N, K) rows, its c the (N, M) view out.T.
+        assert which == "shared" and split == 1 and not with_bias and out.stride(1) == 1
+        grid = gemm.tile_grid(n, m, bm, bn) + (1,)
+        args = (bt, a, out.T)
+        ck = _api._launch(gemm.gemm_kernel(dtype, activation, False), grid, args, values,
+                          threads)
+        return [(ck, grid, args, ("b", "a", "c"))]
     if split == 1:
         factory = {"registers": gemm.gemm_registers_kernel, "shared": gemm.gemm_kernel,
                    "persistent": gemm.persistent_gemm_kernel}[which]
