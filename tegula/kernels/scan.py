@@ -221,7 +221,11 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             if HAS_Z:
                 if not PREFETCH:
                     zt = chunk_of(z, k).to(f32)
-                y = y * zt / (1.0 + tg.exp2(zt * -LOG2E))     # y · silu(z)
+                # y · silu(z) = y·z / (1 + e^-z), the reciprocal as rsqrt(·)² (one MUFU
+                # where an IEEE division is a Newton sequence and a slow-path branch;
+                # 1 + e^-z ≥ 1, so the square stays a normal float down to 2^-126)
+                r = tg.rsqrt(1.0 + tg.exp2(zt * -LOG2E))
+                y = y * zt * (r * r)
             tg.copy(y.to(dtype), out[b].tile((BD, BL), (block, k)))
 
     return selective_scan_fwd
