@@ -7,6 +7,9 @@ CUDA runs (opcheck, compile with inductor, CUDA-graph capture) are marked `gpu`.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -18,10 +21,9 @@ from tegula.errors import TegulaError  # noqa: E402
 from tegula.kernels import torch_ops  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-
-def _random(shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) * scale).to(dtype)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_ops_operands import (_decode_operands, _random, _scan_operands,  # noqa: E402
+                                _w4a16_fragment_operands, _w4a16_operands)
 
 
 def _ulps(dtype) -> float:
@@ -70,13 +72,6 @@ def test_every_entry_point_is_a_registered_op_with_its_schema():
     assert {"attention_forward" if n == "attention" else n for n in exported} <= set(torch_ops.OPS)
 
 
-def _w4a16_operands(m, n, k, group, zero_point, seed):
-    from tegula.kernels.quant import quantize_w4
-    w = _random((n, k), torch.float16, seed, 0.1)
-    packed, scales, zeros = quantize_w4(w, group, zero_point)
-    return _random((m, k), torch.float16, seed + 1), packed, scales, zeros
-
-
 def test_decode_gemm_ops_on_cpu_run_the_emulated_kernels():
     """`torch.ops.tegula.gemv` and `matmul_w4a16` on CPU tensors (the emulator) against
     float64 references: x @ w.T, and a @ dequantized(w).T (symmetric: zero point 8)."""
@@ -95,13 +90,6 @@ def test_decode_gemm_ops_on_cpu_run_the_emulated_kernels():
         ref = a.double() @ torch.from_numpy(np.asarray(w_deq, np.float64)).T
         assert c.shape == (2, 16) and c.dtype == torch.float16
         assert torch.all((c.double() - ref).abs() <= 4e-3 * (ref.abs() + 1)), zero_point
-
-
-def _w4a16_fragment_operands(m, n, k, group, zero_point, seed):
-    """`_w4a16_operands` with the weights pre-packed in the fragment order (6-D)."""
-    from tegula.kernels.quant_fragment import pack_fragments
-    a, packed, scales, zeros = _w4a16_operands(m, n, k, group, zero_point, seed)
-    return a, pack_fragments(packed), scales, zeros
 
 
 def test_w4a16_op_takes_fragment_prepacked_weights_as_the_entry_point_does():
@@ -155,22 +143,6 @@ def test_matmul_and_copy_on_cpu():
     assert torch.equal(torch.ops.tegula.matmul(a[:, :0], b[:0]), torch.zeros(37, 70, dtype=a.dtype))
 
 
-def _scan_operands(seed=0, dtype=torch.float32, bc_dtype=None, options=True):
-    """Mamba-like operands at a ragged size (3 channels, 37 steps, dstate 4)."""
-    batch, dim, length, dstate = 2, 3, 37, 4
-    u = _random((batch, dim, length), dtype, seed)
-    delta = (torch.rand(batch, dim, length, generator=torch.Generator().manual_seed(seed))
-             * 0.5 + 0.05).to(dtype)
-    A = -torch.exp(_random((dim, dstate), seed=seed + 1))
-    B = _random((batch, dstate, length), bc_dtype or dtype, seed + 2)
-    C = _random((batch, dstate, length), bc_dtype or dtype, seed + 3)
-    if not options:
-        return u, delta, A, B, C
-    return (u, delta, A, B, C, _random((dim,), seed=seed + 4),
-            _random((batch, dim, length), dtype, seed + 5), _random((dim,), seed=seed + 6) * 0.2,
-            True)
-
-
 @pytest.mark.parametrize("dtype, bc_dtype, options", [
     (torch.float32, None, True), (torch.float32, None, False),
     (torch.bfloat16, torch.float32, True), (torch.float16, None, True)])
@@ -185,24 +157,6 @@ def test_selective_scan_op_on_cpu_runs_the_emulated_kernel(dtype, bc_dtype, opti
     ref = torch.from_numpy(selective_scan_reference(*arrays))
     tol = 1e-5 if dtype == torch.float32 else 4 * _ulps(dtype)
     assert torch.all((out.double() - ref).abs() <= tol * (ref.abs() + 1))
-
-
-def _decode_operands(seed=0, paged=False):
-    q = _random((2, 4, 1, 32), torch.float16, seed)
-    k = _random((2, 2, 40, 32), torch.float16, seed + 1)
-    v = _random((2, 2, 40, 32), torch.float16, seed + 2)
-    lens = torch.tensor([40, 17], dtype=torch.int32)
-    if not paged:
-        return q, k, v, lens
-    pages = torch.tensor([[3, 0, 4], [1, 5, 2]], dtype=torch.int32)  # 16-token pages
-    pool = torch.zeros(6, 2, 16, 32, dtype=torch.float16)
-    vpool = torch.zeros_like(pool)
-    for b in range(2):
-        for j, page in enumerate(pages[b].tolist()):
-            span = slice(16 * j, min(16 * j + 16, 40))
-            pool[page, :, :span.stop - span.start] = k[b, :, span]
-            vpool[page, :, :span.stop - span.start] = v[b, :, span]
-    return q, pool, vpool, lens, pages
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.gpu
 
 def _operands(name):
     """CPU operands of op `name` (those of its CPU tests)."""
-    import test_torch_ops as ops
     import test_torch_ops_attention as att
     import test_torch_ops_moe as moe
+    import torch_ops_operands as ops
     rand = ops._random
     if name == "matmul":
         return rand((70, 64), torch.float16, 1), rand((64, 40), torch.float16, 2), \
