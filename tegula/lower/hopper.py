@@ -15,8 +15,9 @@ accumulator is complete when the gemm's statements end, and the operand stage ma
 overwritten once every warpgroup has passed them — except in a TMA pipeline whose body is
 just the gemm, which keeps one group in flight (below).
 
-**A TMA pipeline** (`TmaPipeline`), single role (every thread computes; thread 0 also
-issues the copies), `S` stages, iterations `start … stop-1`:
+**A TMA pipeline**, single role (every thread computes; thread 0 also issues the copies),
+`S` stages, iterations `start … stop-1` — the `MBarrierRing` instance of the one pipelining
+transformation, `lower/pipeline.py` (its ring, schedule and protocol live there):
 
     kernel start:  thread 0: init full[0..S-1] (count 1); fence.mbarrier_init; barrier
     prologue:      thread 0: for j < S-1 with start+j < stop: expect_tx(full[(start+j)%S],
@@ -32,8 +33,8 @@ When the body holds more than the one gemm (other ops might read its accumulator
 gemm waits for its own wgmmas (wait_group 0) and the barrier + refill come first in the
 iteration instead.
 
-**Warp-specialized** (synthesis put a `RolesPlan` on the loop, `synth/roles.py`): the
-block is the user's `T` threads plus one producer warpgroup, and after the setup the body
+**Warp-specialized** (synthesis put a `RolesPlan` on the loop, `synth/roles.py`; the same
+`Ring`, full barriers and boxes as one role, `lower/pipeline.py`): the block is the user's `T` threads plus one producer warpgroup, and after the setup the body
 splits into `Roles` (`split_roles`); every tile, layout and statement of the kernel other
 than the copies belongs to the consumer:
 
@@ -134,14 +135,15 @@ from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
-                                   FenceProxyAsync, MBarrierArrive, MBarrierInit, MBarrierWait,
+                                   FenceProxyAsync, MBarrierArrive, MBarrierInit,
                                    SmemDesc, StMatrix, TensorMapParam, TmaLoad, TmaStore, Wgmma,
                                    WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
+from tegula.lower.pipeline import MBarrierRing, Ring, top_level_only
 from tegula.lower.warp_roles import WarpRoles, map_barriers, split_roles, take_turn
 from tegula.lower.wgmma_waits import defer_wgmma_waits
 from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
-                                    SharedBuffer, SharedStore, Stmt, Var, _bin, all_of)
+                                    SharedBuffer, SharedStore, Stmt, Var, all_of)
 
 
 def is_wgmma(op) -> bool:
@@ -290,111 +292,6 @@ def cluster_size(cluster: tuple) -> int:
     return cluster[0] * cluster[1] * cluster[2]
 
 
-class Ring:
-    """Where iteration `it` of a TMA pipeline sits in its mbarrier ring of `S` stages.
-
-    A top-level pipeline runs once, so its use count is `it - start`: stage `it % S` (the
-    stage every access of the buffer computes, `addressing.shared_offset`), parity
-    `((it - start) // S) % 2`. A pipeline inside other run-time loops (synthesis put a
-    `RingPlan` on it) keeps one ring across their iterations: its count is
-    `base + (it - start)`, `base = J * trips` for the J-th run (the flattened index of the
-    enclosing iterations) and the pipeline's trip count `trips` (the same in every run:
-    synthesis checked), stage `count % S`, parity `(count // S) % 2`. `gemm_slot` is the
-    stage the gemm's descriptors must read where it differs from their own `it % S`
-    (nested), else None."""
-
-    def __init__(self, op: ForLoop):
-        self.stages = op.stages
-        self.start, self.stop = scalar_expr(op.start), scalar_expr(op.stop)
-        plan = op.choices.get("ring")
-        self.nested = getattr(plan, "kind", "") == "nested_ring"
-        self.base = _runs_before(plan.enclosing, self.start, self.stop) if self.nested \
-            else Const(0)
-
-    def count(self, it: Expr) -> Expr:
-        return self.base + (it - self.start)
-
-    def slot(self, it: Expr) -> Expr:
-        return self.count(it) % self.stages if self.nested else it % self.stages
-
-    def parity(self, it: Expr) -> Expr:
-        return (self.count(it) // self.stages) % 2
-
-    def gemm_slot(self, it: Expr) -> Expr | None:
-        return self.slot(it) if self.nested else None
-
-
-def _runs_before(enclosing: tuple, start: Expr, stop: Expr) -> Expr:
-    """The ring uses before the current run of a nested pipeline with bounds `start …
-    stop`: (flattened index of the enclosing loops' iterations) * (its trip count).
-    Indices and counts are non-negative, so C's `/` is floor division here."""
-    runs: Expr | None = None
-    for loop in enclosing:
-        index = (Var(loop.var.name) - scalar_expr(loop.start)) // loop.step
-        runs = index if runs is None else runs * trip_count(loop) + index
-    return runs * _bin("max", stop - start, Const(0))
-
-
-def trip_count(loop: ForLoop) -> Expr:
-    """Iterations of a run-time loop with constant step (0 when it does not run)."""
-    start, stop, step = scalar_expr(loop.start), scalar_expr(loop.stop), loop.step
-    span = stop - start if step > 0 else start - stop
-    return _bin("max", (span + (abs(step) - 1)) // abs(step), Const(0))
-
-
-def lower_tma_pipeline(lowering, op: ForLoop, producers: list[Copy]) -> list[Stmt]:
-    """A `tg.pipeline` whose run-ahead copies are TMA boxes (module docstring)."""
-    plan = op.choices.get("roles")
-    if getattr(plan, "kind", "") == "warp_roles":
-        return lower_specialized_pipeline(lowering, op, producers, plan)
-    ctx = lowering.ctx
-    stages, k = op.stages, Var(op.var.name)
-    ring = Ring(op)
-    full = ctx.mbarrier_array("full", stages)
-    ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
-                     + [FenceBarrierInit()]), Barrier()]
-    issuer = TID.eq(0)
-    prologue: list[Stmt] = [Comment(f"pipeline prologue: TMA for {stages - 1} stages, "
-                                    f"mbarrier ring {full.name}[{stages}]")]
-    for j in range(stages - 1):
-        iteration = ring.start + j
-        prologue.append(If(all_of([issuer, iteration.lt(ring.stop)]),
-                           tma_issue(ctx, producers, full.name, ring.slot(iteration),
-                                     iteration, k.name)))
-    ahead = k + (stages - 1)
-    # Refill stage slot(k-1) = slot(k+S-1) with iteration k+S-1, once every thread is done
-    # with iteration k-1 (the barrier; its wgmmas retired by each warpgroup's wait before it).
-    refill = [Barrier(), If(all_of([issuer, ahead.lt(ring.stop)]),
-                            tma_issue(ctx, producers, full.name, ring.slot(ahead), ahead,
-                                      k.name))]
-    wait = MBarrierWait(full.name, ring.slot(k), ring.parity(k))
-    rest = [o for o in op.body if not any(o is p for p in producers)]
-    if _one_gemm_in_flight(rest):
-        # wait_group 1 after this iteration's wgmmas retires iteration k-1's, which read
-        # stage slot(k-1), the one refilled next; iteration k's keep running across the
-        # barrier and the next wait. Only this gemm touches its accumulator in the loop,
-        # and wait_group 0 after the loop completes it before anything reads it (and, in
-        # a nested ring, before the next run's prologue refills its stages).
-        gemm = lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(k))
-        loop = For(k, ring.start, ring.stop, 1, [wait] + gemm + refill)
-        return prologue + [loop, WgmmaWait(0), Barrier()]
-    _top_level_only(ring, op)
-    from tegula.lower.lower import SharedSync
-    inner = SharedSync()
-    body = refill + [wait] + lowering.ops(rest, inner)
-    epilogue = inner.barrier() if inner.dirty else []
-    return prologue + [For(k, ring.start, ring.stop, 1, body)] + epilogue
-
-
-def _top_level_only(ring: Ring, op: ForLoop) -> None:
-    """A body with more than the gemm reads its stages at `k % S` through the ordinary
-    shared addressing, which only a top-level ring matches (synthesis keeps nested rings
-    to a lone gemm)."""
-    if ring.nested:
-        raise SynthesisError("tg.pipeline: a TMA ring across enclosing loops serves only a "
-                             "body of TMA copies and one wgmma gemm", loc=op.loc)
-
-
 # --------------------------------------------------------------------------------------
 # Warp-specialized TMA pipeline: a producer warpgroup and a consumer role
 # --------------------------------------------------------------------------------------
@@ -413,7 +310,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     ring = Ring(op)
     consumers = plan.consumer_threads
     rest = [o for o in op.body if not any(o is p for p in producers)]
-    in_flight = _one_gemm_in_flight(rest)
+    in_flight = one_gemm_in_flight(rest)
     # A stage is released once nothing reads it: with only wgmmas reading it, after the
     # warpgroup's wait_group retired them (lane 0 of each warp arrives; the wait is
     # warp-aligned, so the whole warp has passed it); otherwise every consumer thread
@@ -423,9 +320,12 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     # consumers of all of them released it, each arriving on every block's empty barrier.
     multicast = any(p.choices.get("multicast") is not None for p in producers)
     ctas = cluster_size(plan.cluster) if multicast else 1
-    full = ctx.mbarrier_array("full", stages)
+    # The ring, its full barriers and the producer's boxes are the one-role pipeline's
+    # (`lower/pipeline.py`); warp-specialized, stages are released on empty barriers.
+    ring_protocol = MBarrierRing(lowering, op, producers, ring, plan.cluster)
+    full = ring_protocol.full
     empty = ctx.mbarrier_array("empty", stages)
-    ctx.setup += [If(TID.eq(0), [MBarrierInit(full.name, Const(s), 1) for s in range(stages)]
+    ctx.setup += [If(TID.eq(0), ring_protocol.init_full()
                      + [MBarrierInit(empty.name, Const(s), releasers * ctas)
                         for s in range(stages)]
                      + [FenceBarrierInit()]),
@@ -435,11 +335,9 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     def release(index: Expr, pred: Expr | None = None) -> list[Stmt]:
         return stage_release(empty.name, index, pred, ctas)
 
-    # The producer waits for the stage's previous use to be released: parity `uses ^ 1`,
-    # which a fresh barrier passes at once (the first round of stages).
-    producer_loop = For(k, ring.start, ring.stop, 1, [
-        MBarrierWait(empty.name, ring.slot(k), ring.parity(k) ^ 1)]
-        + tma_issue(ctx, producers, full.name, ring.slot(k), k, k.name, plan.cluster))
+    # The producer waits for the stage's previous use to be released, then issues.
+    producer_loop = For(k, ring.start, ring.stop, 1, [ring_protocol.producer_wait(empty.name, k)]
+                        + ring_protocol.boxes(k))
     where = f"{op.loc.filename}:{op.loc.lineno}" if op.loc is not None else "tg.pipeline"
     pingpong = getattr(plan, "pingpong", False)
     tile_loop = op.choices["ring"].enclosing[0] if pingpong else None
@@ -449,7 +347,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
                 f"{empty.name}[{stages}]"),
         If(TID.eq(producer_thread), [_in_enclosing_loops(op, producer_loop)])], where,
         multicast, tile_loop, tuple(ctx.buffer_of(p.dst.alloc).name for p in producers))
-    wait = MBarrierWait(full.name, ring.slot(k), ring.parity(k))
+    wait, = ring_protocol.acquire(k)
     head = Comment(f"consumer: waits on {full.name}[{stages}], releases stages on "
                    f"{empty.name}[{stages}] ({releasers} arrivals"
                    + (f" on each of the cluster's {ctas} blocks)" if ctas > 1 else ")"))
@@ -480,7 +378,7 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     releases the stage; a barrier ends the body or follows the loop where its shared
     accesses need one."""
     k = Var(op.var.name)
-    _top_level_only(ring, op)
+    top_level_only(ring, op)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
     body = [wait] + defer_wgmma_waits(lowering.ops(rest, inner))
@@ -529,7 +427,7 @@ def _in_enclosing_loops(op: ForLoop, producer_loop: For) -> For:
     return loop
 
 
-def _one_gemm_in_flight(rest: list) -> bool:
+def one_gemm_in_flight(rest: list) -> bool:
     """True if the loop body besides its TMA copies is one wgmma gemm (nothing else reads
     its accumulator or the stages inside the loop), so a wgmma group may stay in flight."""
     return len(rest) == 1 and is_wgmma(rest[0])

@@ -2,24 +2,16 @@
 
 Ops lower one by one (`lower.copy`, `lower.compute`, `lower.gemm`); this driver adds what
 no single op can decide: the kernel signature, barriers between shared-memory writers and
-readers, and loops — plain ones, and software-pipelined ones (`tg.pipeline`), where the
-copies into multi-stage shared buffers run `stages - 1` iterations ahead of the rest:
-
-    prologue:  issue the copies for iterations start … start+S-2, one cp.async group each
-    loop k:    wait until iteration k's group has landed; barrier
-               issue the copies for iteration k+S-1 into stage (k+S-1) % S; commit
-               the rest of the body for iteration k
-
-The barrier at the top of iteration k also guarantees every thread finished iteration
-k-1, whose stage the new copies overwrite. Copies past the end are predicated off by
-their bounds (cp.async zero-fills), so no stage is read that was not written.
+readers, and loops — plain ones, and software-pipelined ones (`tg.pipeline` loops with
+a load stage, `choices["pipeline"]`), which `lower/pipeline.py` lowers for cp.async and
+TMA alike: the copies into multi-stage shared buffers run `stages - 1` iterations ahead
+of the rest over a ring of stages.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from tegula.dtypes import i32
-from tegula.errors import SynthesisError
 from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
                            Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
                            walk_ops)
@@ -35,10 +27,11 @@ from tegula.lower.hoist import hoist_loop_invariants
 from tegula.lower.scalar_loads import bind_scalar_loads
 from tegula.lower.scan import lower_scan
 from tegula.lower.async_ir import SmemDesc
-from tegula.lower.hopper import finish_async, lower_tma_pipeline, tma_producers
-from tegula.lower.thread_ir import (Barrier, BinOp, Comment, Const, CpAsyncCommit, CpAsyncWait,
-                                    Expr, For, If, Reg, ScalarParam, Stmt, TensorParam,
-                                    ThreadKernel, Value, Var, _bin)
+from tegula.lower.hopper import finish_async
+from tegula.lower.pipeline import lower_pipeline
+from tegula.lower.thread_ir import (Barrier, BinOp, CpAsyncWait, Expr, For, If, Reg,
+                                    ScalarParam, Stmt, TensorParam, ThreadKernel, Value, Var,
+                                    _bin)
 
 _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
           Reduce: lower_any_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add,
@@ -181,14 +174,12 @@ class KernelLowering:
 
     def loop(self, op: ForLoop, sync: SharedSync) -> list:
         reads, writes = shared_accesses_within(op.body)
-        if op.stages > 1 and (tma_producers(op) or pipelined_producers(op)):
-            # A pipelined loop orders its own iterations (a barrier at the top of each, or
-            # mbarriers) and leaves shared memory ordered after it.
+        if op.choices.get("pipeline") is not None:
+            # A pipelined loop (`lower/pipeline.py`) orders its own iterations (a barrier
+            # at the top of each, or mbarriers) and leaves shared memory ordered after it.
             pre = sync.barrier() if sync.dirty else []
             sync.nested(reads, writes)
-            if tma_producers(op):  # sm_90a: TMA + mbarrier ring
-                return pre + lower_tma_pipeline(self, op, tma_producers(op))
-            return pre + self.pipelined_loop(op, pipelined_producers(op))
+            return pre + lower_pipeline(self, op)
         # A plain loop: a barrier before it where its accesses race with what came before;
         # one ending its body where the next iteration's first accesses race with this
         # one's last (a buffer read at the end and written at the start); what the body
@@ -202,43 +193,6 @@ class KernelLowering:
         sync.absorb(inner)
         return pre + [For(Var(op.var.name), scalar_expr(op.start), scalar_expr(op.stop),
                           op.step, body)]
-
-    def pipelined_loop(self, op: ForLoop, producers: list[Copy]) -> list:
-        if op.step != 1:
-            raise SynthesisError("tg.pipeline needs a step of 1", loc=op.loc)
-        stages, k = op.stages, Var(op.var.name)
-        start, stop = scalar_expr(op.start), scalar_expr(op.stop)
-        copies = [s for p in producers for s in lower_copy(self.ctx, p)
-                  if not isinstance(s, CpAsyncCommit)]
-
-        def issue(step: Expr) -> list:
-            # Only iterations that exist are fetched: a copy's address may come from a
-            # scalar load (a page table) that is out of bounds past the loop's end. The
-            # commit is unconditional so that every iteration owns one cp.async group.
-            fetch, exists = substitute(copies, {k.name: step}), _bin("<", step, stop)
-            if isinstance(exists, Const):
-                fetch = fetch if exists.value else []
-            else:
-                fetch = [If(exists, fetch, [])]
-            return fetch + [CpAsyncCommit()]
-
-        prologue: list = [Comment(f"pipeline prologue: {stages - 1} stages in flight")]
-        for s in range(stages - 1):
-            prologue += issue(start + s)
-        rest = [o for o in op.body if not any(o is p for p in producers)]
-        inner = SharedSync()
-        body = [CpAsyncWait(stages - 2), Barrier()]
-        body += issue(k + (stages - 1))
-        body += self.ops(rest, inner)
-        epilogue = [CpAsyncWait(0), Barrier()]
-        return prologue + [For(k, start, stop, 1, body)] + epilogue
-
-
-def pipelined_producers(op: ForLoop) -> list[Copy]:
-    """The body's cp.async copies into multi-stage buffers: they run ahead."""
-    return [o for o in op.body if isinstance(o, Copy) and isinstance(o.dst, SharedTile)
-            and isinstance(o.src, GlobalTile) and o.dst.alloc.stages > 1
-            and o.choices.get("instr") == "cp.async"]
 
 
 def substitute(node, mapping: dict):

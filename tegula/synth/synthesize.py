@@ -36,6 +36,7 @@ from tegula.synth.copies import (global_access_vector, global_vector_limit, need
                                  plan_nested_ring, plan_tma_copy, plan_tma_stores)
 from tegula.synth.gemm import (WgmmaPlan, buffer_swizzle, operand_layout, plan_gemm,
                                plan_mma_sync)
+from tegula.synth.pipeline import plan_pipelines
 from tegula.synth.multicast import warn_if_nothing_is_multicast
 from tegula.synth.roles import check_cluster, decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
@@ -117,6 +118,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)
     _settle_async_copies(kernel, target)
+    plan_pipelines(kernel)
     _check_packed_accesses(kernel)
     result.staging_end = plan_tma_stores(kernel, facts, result.shared_bytes,
                                          target.smem_per_block_max)

@@ -1,0 +1,295 @@
+"""Software pipelining, the transformation: one ring, one schedule, two protocols.
+
+Synthesis split a `tg.pipeline` loop into a load stage and a compute stage
+(`synth/pipeline.py` `PipelinePlan`); this module lowers every such loop, cp.async or
+TMA, through the same three pieces:
+
+**The ring** (`Ring`): iteration `it` of the loop uses slot `slot(it)` of the S stage
+buffers, and it is that slot's `n`-th use, `n = count(it) // S`, so a barrier completing
+one phase per use is waited on with phase parity `parity(it) = n % 2`. A top-level loop
+counts from its start (`count = it - start`, slot `it % S`: the stage every access of a
+multi-stage buffer computes, `addressing.shared_offset`); a TMA ring inside other
+run-time loops (`copies.RingPlan`, a persistent kernel's tile loop) continues its count
+across their iterations.
+
+**The schedule** (`run_ahead`), in one role (every thread computes):
+
+    prologue:  issue(start + j) for j < S - 1          (each only if the iteration exists)
+    loop k:    acquire(k)   slot(k) is full: its loads landed and are visible
+               release(k-1) nothing reads slot(k-1) = slot(k+S-1) any more
+               refill       issue(k + S - 1) into it
+               compute(k)   the rest of the body
+    after:     the drain (nothing in flight, shared memory ordered)
+
+in an order the protocol and the body allow (`steps`): the refill always follows the
+release it depends on, and the compute stage the acquire.
+
+**The protocol** says how "full" and "released" are signalled:
+
+- `CpAsyncGroups`: `issue` is the load stage's cp.async copies, predicated on the
+  iteration existing, and one unconditional commit (every iteration owns one group);
+  `acquire` is `cp.async.wait_group S-2` (this thread's group of iteration k landed: at
+  most S-2 younger groups pending) and a block barrier (every thread's landed), which
+  is also the release of slot(k-1): every thread finished iteration k-1. Order: acquire,
+  refill, compute.
+- `MBarrierRing` (TMA): a `full[S]` mbarrier array; `issue` is the issuing thread's
+  expect-tx of the stage's bytes and its boxes; `acquire` waits on `full[slot(k)]` with
+  `parity(k)`; the release is a block barrier. A body that is one wgmma gemm keeps its
+  group in flight (acquire, compute with `wait_group 1` — iteration k-1's wgmmas, the
+  readers of slot(k-1), retired — release, refill); any other body waits for its own
+  wgmmas, so release and refill come first (release, refill, acquire, compute).
+  Warp-specialized (`lower/hopper.py` `lower_specialized_pipeline`), the same ring and
+  `full` barriers serve a producer warpgroup, which issues iteration k once
+  `empty[slot(k)]` completed the release of its previous use (`producer_wait`), and
+  the consumer releases by arriving on `empty` instead of a block barrier.
+"""
+from __future__ import annotations
+
+from tegula.errors import SynthesisError
+from tegula.ir.ops import Copy, ForLoop
+from tegula.lower.addressing import scalar_expr
+from tegula.lower.async_ir import (FenceBarrierInit, MBarrierInit, MBarrierWait, WgmmaWait)
+from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, CpAsyncCommit, CpAsyncWait,
+                                    Expr, For, If, Stmt, Var, _bin, all_of)
+
+
+class Ring:
+    """Where iteration `it` of a pipeline sits in its ring of `S` stages (module docstring).
+
+    A top-level pipeline runs once, so its use count is `it - start`: stage `it % S`,
+    parity `((it - start) // S) % 2`. A pipeline inside other run-time loops (synthesis
+    put a `RingPlan` on it) keeps one ring across their iterations: its count is
+    `base + (it - start)`, `base = J * trips` for the J-th run (the flattened index of the
+    enclosing iterations) and the pipeline's trip count `trips` (the same in every run:
+    synthesis checked), stage `count % S`, parity `(count // S) % 2`. `gemm_slot` is the
+    stage the gemm's descriptors must read where it differs from their own `it % S`
+    (nested), else None."""
+
+    def __init__(self, op: ForLoop):
+        self.stages = op.stages
+        self.var = Var(op.var.name)
+        self.start, self.stop = scalar_expr(op.start), scalar_expr(op.stop)
+        plan = op.choices.get("ring")
+        self.nested = getattr(plan, "kind", "") == "nested_ring"
+        self.base = _runs_before(plan.enclosing, self.start, self.stop) if self.nested \
+            else Const(0)
+
+    def count(self, it: Expr) -> Expr:
+        return self.base + (it - self.start)
+
+    def slot(self, it: Expr) -> Expr:
+        return self.count(it) % self.stages if self.nested else it % self.stages
+
+    def parity(self, it: Expr) -> Expr:
+        return (self.count(it) // self.stages) % 2
+
+    def gemm_slot(self, it: Expr) -> Expr | None:
+        return self.slot(it) if self.nested else None
+
+    def exists(self, it: Expr) -> Expr:
+        """True where iteration `it` is one of the loop's (it is never below `start`)."""
+        return it.lt(self.stop)
+
+
+def _runs_before(enclosing: tuple, start: Expr, stop: Expr) -> Expr:
+    """The ring uses before the current run of a nested pipeline with bounds `start …
+    stop`: (flattened index of the enclosing loops' iterations) * (its trip count).
+    Indices and counts are non-negative, so C's `/` is floor division here."""
+    runs: Expr | None = None
+    for loop in enclosing:
+        index = (Var(loop.var.name) - scalar_expr(loop.start)) // loop.step
+        runs = index if runs is None else runs * trip_count(loop) + index
+    return runs * _bin("max", stop - start, Const(0))
+
+
+def trip_count(loop: ForLoop) -> Expr:
+    """Iterations of a run-time loop with constant step (0 when it does not run)."""
+    start, stop, step = scalar_expr(loop.start), scalar_expr(loop.stop), loop.step
+    span = stop - start if step > 0 else start - stop
+    return _bin("max", (span + (abs(step) - 1)) // abs(step), Const(0))
+
+
+# --------------------------------------------------------------------------------------
+# The schedule
+# --------------------------------------------------------------------------------------
+
+
+def run_ahead(ring: Ring, protocol, steps: tuple[str, ...], compute) -> list[Stmt]:
+    """The pipelined loop in one role (module docstring): the prologue issues the first
+    S-1 iterations, iteration k runs `steps` — "acquire", "release", "refill", "compute",
+    in the order given — and the drain follows. `compute()` lowers the compute stage
+    after the load stage was issued (names are handed out in that order) and returns
+    (its statements, the drain)."""
+    k, ahead = ring.var, ring.stages - 1
+    prologue = [protocol.prologue_comment()]
+    for j in range(ahead):
+        prologue += protocol.issue(ring.start + j)
+    parts = {"refill": protocol.issue(k + ahead), "acquire": protocol.acquire(k),
+             "release": protocol.release(k - 1)}
+    parts["compute"], drain = compute()
+    _check_order(steps)
+    body = [s for step in steps for s in parts[step]]
+    return prologue + [For(k, ring.start, ring.stop, 1, body)] + drain
+
+
+def _check_order(steps: tuple[str, ...]) -> None:
+    """The two dependences of the schedule: a slot is refilled only after its release, and
+    computed on only after its acquire (a protocol whose acquire is its release lists
+    both, the release's statements empty)."""
+    order = {step: i for i, step in enumerate(steps)}
+    if set(order) != {"acquire", "release", "refill", "compute"} \
+            or order["refill"] < order["release"] or order["compute"] < order["acquire"]:
+        raise AssertionError(f"pipeline schedule {steps}: every step once, the refill "
+                             f"after the release, the compute after the acquire")
+
+
+# --------------------------------------------------------------------------------------
+# The protocols
+# --------------------------------------------------------------------------------------
+
+
+class CpAsyncGroups:
+    """cp.async commit groups, one per iteration (module docstring)."""
+
+    #: The block barrier of the acquire is the release: no statements of its own.
+    steps = ("acquire", "release", "refill", "compute")
+
+    def __init__(self, lowering, op: ForLoop, producers: tuple, ring: Ring):
+        from tegula.lower.copy import lower_copy
+        self.ring, self.stages = ring, op.stages
+        self.copies = [s for p in producers for s in lower_copy(lowering.ctx, p)
+                       if not isinstance(s, CpAsyncCommit)]
+
+    def prologue_comment(self) -> Stmt:
+        return Comment(f"pipeline prologue: {self.stages - 1} stages in flight")
+
+    def issue(self, it: Expr) -> list[Stmt]:
+        # Only iterations that exist are fetched: a copy's address may come from a scalar
+        # load (a page table) that is out of bounds past the loop's end. The commit is
+        # unconditional so that every iteration owns one cp.async group.
+        from tegula.lower.lower import substitute
+        fetch, exists = substitute(self.copies, {self.ring.var.name: it}), self.ring.exists(it)
+        if isinstance(exists, Const):
+            fetch = fetch if exists.value else []
+        else:
+            fetch = [If(exists, fetch, [])]
+        return fetch + [CpAsyncCommit()]
+
+    def acquire(self, k: Expr) -> list[Stmt]:
+        return [CpAsyncWait(self.stages - 2), Barrier()]
+
+    def release(self, previous: Expr) -> list[Stmt]:
+        return []
+
+    def drain(self) -> list[Stmt]:
+        return [CpAsyncWait(0), Barrier()]
+
+
+class MBarrierRing:
+    """TMA boxes completing `full` mbarriers, waited on by phase parity (module
+    docstring); thread 0 initializes the barriers at kernel start and issues."""
+
+    def __init__(self, lowering, op: ForLoop, producers: tuple, ring: Ring,
+                 cluster: tuple = (1, 1, 1)):
+        self.ctx, self.ring, self.producers = lowering.ctx, ring, list(producers)
+        self.cluster = cluster  # multicast boxes address the block's rank in it
+        self.full = self.ctx.mbarrier_array("full", op.stages)
+        self.issuer = TID.eq(0)
+
+    def init_full(self) -> list[Stmt]:
+        """Thread 0's inits of the full barriers (one arrival: the issuer's expect-tx)."""
+        return [MBarrierInit(self.full.name, Const(s), 1) for s in range(self.ring.stages)]
+
+    def prologue_comment(self) -> Stmt:
+        stages = self.ring.stages
+        return Comment(f"pipeline prologue: TMA for {stages - 1} stages, mbarrier ring "
+                       f"{self.full.name}[{stages}]")
+
+    def boxes(self, it: Expr) -> list[Stmt]:
+        """The issuing thread's expect-tx and boxes of iteration `it` (`hopper.tma_issue`)."""
+        from tegula.lower.hopper import tma_issue
+        return tma_issue(self.ctx, self.producers, self.full.name, self.ring.slot(it), it,
+                         self.ring.var.name, self.cluster)
+
+    def issue(self, it: Expr) -> list[Stmt]:
+        return [If(all_of([self.issuer, self.ring.exists(it)]), self.boxes(it))]
+
+    def acquire(self, k: Expr) -> list[Stmt]:
+        return [MBarrierWait(self.full.name, self.ring.slot(k), self.ring.parity(k))]
+
+    def release(self, previous: Expr) -> list[Stmt]:
+        return [Barrier()]
+
+    def producer_wait(self, empty: str, it: Expr) -> Stmt:
+        """Warp-specialized: the producer waits until the previous use of slot(it) was
+        released (`empty[slot]`'s phase before this use: parity `parity(it) ^ 1`, which a
+        fresh barrier passes, so the first S iterations go at once)."""
+        return MBarrierWait(empty, self.ring.slot(it), self.ring.parity(it) ^ 1)
+
+
+# --------------------------------------------------------------------------------------
+# Lowering a pipelined loop
+# --------------------------------------------------------------------------------------
+
+
+def lower_pipeline(lowering, op: ForLoop) -> list[Stmt]:
+    """A `tg.pipeline` loop with a load stage (`choices["pipeline"]`)."""
+    plan = op.choices["pipeline"]
+    producers = list(plan.producers)
+    rest = [o for o in op.body if not any(o is p for p in producers)]
+    ring = Ring(op)
+    if plan.protocol == "cp.async":
+        protocol = CpAsyncGroups(lowering, op, plan.producers, ring)
+        return run_ahead(ring, protocol, protocol.steps,
+                         lambda: (_lower_body(lowering, rest)[0], protocol.drain()))
+    roles = op.choices.get("roles")
+    if getattr(roles, "kind", "") == "warp_roles":
+        from tegula.lower.hopper import lower_specialized_pipeline
+        return lower_specialized_pipeline(lowering, op, producers, roles)
+    return _lower_tma_one_role(lowering, op, ring, producers, rest)
+
+
+def _lower_tma_one_role(lowering, op: ForLoop, ring: Ring, producers: list,
+                        rest: list) -> list[Stmt]:
+    from tegula.lower.hopper import lower_wgmma_gemm, one_gemm_in_flight
+    ctx = lowering.ctx
+    protocol = MBarrierRing(lowering, op, producers, ring)
+    ctx.setup += [If(TID.eq(0), protocol.init_full() + [FenceBarrierInit()]), Barrier()]
+    if one_gemm_in_flight(rest):
+        # wait_group 1 after this iteration's wgmmas retires iteration k-1's, which read
+        # stage slot(k-1), the one refilled next; iteration k's keep running across the
+        # barrier and the next wait. Only this gemm touches its accumulator in the loop,
+        # and wait_group 0 after the loop completes it before anything reads it (and, in
+        # a nested ring, before the next run's prologue refills its stages).
+        def gemm():
+            return (lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(ring.var)),
+                    [WgmmaWait(0), Barrier()])
+        return run_ahead(ring, protocol, ("acquire", "compute", "release", "refill"), gemm)
+    top_level_only(ring, op)
+
+    def body():
+        stmts, inner = _lower_body(lowering, rest)
+        return stmts, (inner.barrier() if inner.dirty else [])
+    return run_ahead(ring, protocol, ("release", "refill", "acquire", "compute"), body)
+
+
+def _lower_body(lowering, ops: list) -> tuple[list[Stmt], object]:
+    """The compute stage's statements, and the barrier tracker they leave (`SharedSync`)."""
+    from tegula.lower.lower import SharedSync
+    inner = SharedSync()
+    return lowering.ops(ops, inner), inner
+
+
+def top_level_only(ring: Ring, op: ForLoop) -> None:
+    """A body with more than the gemm reads its stages at `k % S` through the ordinary
+    shared addressing, which only a top-level ring matches (synthesis keeps nested rings
+    to a lone gemm)."""
+    if ring.nested:
+        raise SynthesisError("tg.pipeline: a TMA ring across enclosing loops serves only a "
+                             "body of TMA copies and one wgmma gemm", loc=op.loc)
+
+
+def load_stage(op: ForLoop) -> list[Copy]:
+    """The copies of `op`'s load stage (empty for a loop without a pipeline plan)."""
+    plan = op.choices.get("pipeline")
+    return list(plan.producers) if plan is not None else []
