@@ -290,6 +290,29 @@ def test_doctor_says_why_the_c_launcher_is_not_used(monkeypatch, tmp_path):
     assert on.ok == (fastcall.unavailable is None), on.detail
 
 
+def test_doctor_reports_the_torch_extension(monkeypatch, tmp_path):
+    """The optional C++ extension (runtime/torch_alloc.py): turned off, cannot be built,
+    in the cache, or to be built by the first CUDA entry-point call."""
+    pytest.importorskip("torch")
+    from tegula.doctor import probe_torch_extension
+    from tegula.runtime import torch_alloc
+    monkeypatch.setenv("TEGULA_CACHE_DIR", str(tmp_path / "cache"))  # an empty cache
+    fresh = probe_torch_extension()
+    why = torch_alloc.cannot_build()
+    assert fresh.ok == (why is None)
+    assert ("not built yet" in fresh.detail) if why is None else (why in fresh.detail)
+    monkeypatch.setenv("TEGULA_TORCH_ALLOCATOR", "0")
+    off = probe_torch_extension()
+    assert not off.ok and "TEGULA_TORCH_ALLOCATOR=0" in off.detail and off.fix
+    monkeypatch.delenv("TEGULA_TORCH_ALLOCATOR")
+    monkeypatch.setattr(torch_alloc, "cannot_build", lambda: "no C++ compiler")
+    missing = probe_torch_extension()
+    assert not missing.ok and "cannot be built: no C++ compiler" in missing.detail
+    monkeypatch.setattr(torch_alloc, "cannot_build", lambda: None)
+    monkeypatch.setattr(torch_alloc, "_prepare", lambda build: object())
+    assert probe_torch_extension().detail.startswith("in the cache")
+
+
 def test_doctor_verdicts_give_a_fix_for_each_missing_piece():
     from tegula.doctor import Finding, diagnose, report, verdicts
 

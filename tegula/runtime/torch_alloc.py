@@ -266,22 +266,35 @@ def _build(torch, cxx: str) -> bytes:
         raise RuntimeError(f"{cxx} failed: {errors}")
 
 
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+
+
+def cannot_build() -> str | None:
+    """Why the extension cannot be built here (no C++ compiler, no torch headers), or
+    None."""
+    import torch
+    include, _ = _torch_paths(torch)
+    if _compiler() is None:
+        return "no C++ compiler"
+    if not os.path.exists(os.path.join(include, "torch/csrc/autograd/python_variable.h")):
+        return f"no torch headers under {include}"
+    return None
+
+
 def _prepare(build: bool) -> Any:
     """The extension module, from the cache or (with `build`) compiled; None where it
-    cannot be had (`unavailable` says why)."""
+    cannot be had (`unavailable` says why) or, without `build`, is not in the cache."""
     global unavailable
     import torch
 
     from tegula.runtime.cache import DiskCache
     from tegula.runtime.fastcall import _load
-    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    include, _ = _torch_paths(torch)
-    if cxx is None:
-        unavailable = "no C++ compiler"
+    why = cannot_build()
+    if why is not None:
+        unavailable = why
         return None
-    if not os.path.exists(os.path.join(include, "torch/csrc/autograd/python_variable.h")):
-        unavailable = f"no torch headers under {include}"
-        return None
+    cxx = _compiler()
     disk = DiskCache()
     key = _cache_key(torch, cxx)
     binary = disk.get(key)
