@@ -104,6 +104,7 @@ def main() -> None:
     a8 = torch.randn(64, 256, device="cuda").to(torch.float8_e4m3fn)
     w8 = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn)
     sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
+    w4 = tk.quantize_w4(weight, 128, True)  # (packed, scales, zeros) of the same weight
     # (what, tegula's call, torch's call of the same kind): the targets.
     pairs = [
         ("kernel[grid](x, y) (64x64 copy)", lambda: kernel[(2, 1)](x, y, BM=32, BN=64),
@@ -125,6 +126,8 @@ def main() -> None:
          "a @ b", lambda: a @ b),
         ("tegula.kernels.gemv(x, w) (4x256x512)", lambda: tk.gemv(tokens, weight),
          "F.linear(x, w)", lambda: F.linear(tokens, weight)),
+        ("tk.matmul_w4a16 (4x256x512, g128)", lambda: tk.matmul_w4a16(tokens, *w4, 128),
+         "F.linear(x, w) (f16 w)", lambda: F.linear(tokens, weight)),
         ("tegula.kernels.matmul_fp8 (64x128x256)", lambda: tk.matmul_fp8(a8, w8.T, sa, sb),
          "torch._scaled_mm", lambda: torch._scaled_mm(a8, w8.T, sa, sb,
                                                      out_dtype=torch.bfloat16)),
