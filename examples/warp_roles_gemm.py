@@ -14,6 +14,8 @@ With `threads=128` (one warpgroup's 128x128 tile) synthesis gives the block two 
 warpgroups taking alternate tiles (ping-pong), 384 threads in all: the 40 + 232 budgets
 below are what it would choose itself, so this kernel compiles to the same code as the
 one without the two `with` lines (tests/lower/test_stated_roles.py compares the CUDA).
+`SCHEDULE="cooperative"` (or `"pingpong"`) states the consumer schedule at the block
+instead of leaving it to synthesis (`tg.consumer(schedule=)`, the `consumers=` option).
 Misuse is an error at its line: a consumer without a producer, a buffer written by both,
 a block outside a `tg.pipeline`, budgets over the register file, a target other than
 sm_90a (write the loop without the blocks to run it on sm_80 too).
@@ -31,7 +33,8 @@ from tegula.kernels.schedule import grouped_tile
 def warp_roles_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
                     BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 64,
                     STAGES: tg.constexpr = 4, GROUP: tg.constexpr = 8,
-                    PRODUCER_REGS: tg.constexpr = 40, CONSUMER_REGS: tg.constexpr = 232):
+                    PRODUCER_REGS: tg.constexpr = 40, CONSUMER_REGS: tg.constexpr = 232,
+                    SCHEDULE: tg.constexpr = None):
     tiles_m, tiles_n = tg.cdiv(a.shape[0], BM), tg.cdiv(b.shape[0], BN)
     sa = tg.shared((BM, BK), f16, stages=STAGES)     # one TMA + mbarrier ring for all tiles
     sb = tg.shared((BN, BK), f16, stages=STAGES)
@@ -44,7 +47,7 @@ def warp_roles_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
             with tg.producer(regs=PRODUCER_REGS):    # an extra warpgroup: TMA boxes
                 tg.copy(ga[:, :, k], sa[k])
                 tg.copy(gb[:, :, k], sb[k])
-            with tg.consumer(regs=CONSUMER_REGS):    # the kernel's threads: wgmma
+            with tg.consumer(regs=CONSUMER_REGS, schedule=SCHEDULE):  # the kernel's threads
                 tg.gemm(acc, sa[k], sb[k])
         tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
 

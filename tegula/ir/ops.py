@@ -177,6 +177,9 @@ class RoleRegion:
     ops: list[Op]
     registers: int | None = None
     loc: SourceLocation | None = None
+    #: The consumer's schedule the source asked for (`tg.consumer(schedule=)`:
+    #: "cooperative" or "pingpong"; None: the `consumers=` build option or synthesis).
+    schedule: str | None = None
 
     def holds(self, op: Op) -> bool:
         return any(o is op for o in self.ops)

@@ -43,6 +43,8 @@ from tegula.ir.values import GlobalTile, SharedTile, describe
 from tegula.lang.trace import TraceContext, current, fail, user_location
 
 ROLES = ("producer", "consumer")
+#: The consumer schedules a `tg.consumer` block may state (`synth/roles.py`).
+CONSUMER_SCHEDULES = ("cooperative", "pingpong")
 #: `setmaxnreg`'s range of registers per thread (PTX ISA: a multiple of 8 in 24..256).
 MIN_REGISTERS, MAX_REGISTERS = 24, 256
 
@@ -52,10 +54,11 @@ class RoleBlock:
     go into the pipeline body as usual, and on exit the loop records them as the role's
     region."""
 
-    def __init__(self, role: str, regs: Any):
+    def __init__(self, role: str, regs: Any, schedule: Any = None):
         self.role, self.label = role, f"tg.{role}"
         self.ctx: TraceContext = current(self.label)
         self.registers = _check_registers(self.label, regs)
+        self.schedule = _check_schedule(self.label, schedule)
         self.loc = user_location()
         self.loop: ForLoop | None = None
         self.first = 0
@@ -79,7 +82,7 @@ class RoleBlock:
         if exc_type is not None:
             return False
         ops = self.loop.body[self.first:]
-        region = RoleRegion(self.role, ops, self.registers, self.loc)
+        region = RoleRegion(self.role, ops, self.registers, self.loc, self.schedule)
         if self.role == "producer":
             _check_producer_ops(region)
         self.loop.regions.append(region)
@@ -93,12 +96,16 @@ def producer(regs: int | None = None) -> RoleBlock:
     return RoleBlock("producer", regs)
 
 
-def consumer(regs: int | None = None) -> RoleBlock:
+def consumer(regs: int | None = None, schedule: str | None = None) -> RoleBlock:
     """`with tg.consumer(regs=232):` after the `tg.producer` block of a `tg.pipeline` body:
     the rest of the body (and all of the kernel outside the pipeline) runs on the kernel's
     threads, waiting for each stage the producer fills and releasing it after use, with
-    `regs` registers per thread (None: synthesis chooses)."""
-    return RoleBlock("consumer", regs)
+    `regs` registers per thread (None: synthesis chooses). `schedule="pingpong"` gives the
+    block two consumer warpgroups taking turns at the tensor cores (whole tiles of the
+    enclosing tile loop, or, for a two-warpgroup tile with no tile loop, the gemms inside
+    the loop), `"cooperative"` one consumer role; None: the `consumers=` build option, else
+    synthesis's choice (`synth/roles.py`)."""
+    return RoleBlock("consumer", regs, schedule)
 
 
 def check_pipeline_regions(loop: ForLoop, label: str) -> None:
@@ -190,6 +197,19 @@ def _check_registers(label: str, regs: Any) -> int | None:
                           f"multiple of 8 from {MIN_REGISTERS} to {MAX_REGISTERS} registers per "
                           f"thread (or None: synthesis chooses)")
     return regs
+
+
+def _check_schedule(label: str, schedule: Any) -> str | None:
+    if schedule is None:
+        return None
+    if label != "tg.consumer":
+        raise fail(label, f"schedule={schedule!r}: only the tg.consumer block has a schedule "
+                          f"(the producer is one warpgroup issuing the stage loads)")
+    if schedule not in CONSUMER_SCHEDULES:
+        raise fail(label, f"schedule={schedule!r}: a consumer schedule is one of "
+                          f"{', '.join(map(repr, CONSUMER_SCHEDULES))} (or None: the "
+                          f"consumers= build option, else synthesis chooses)")
+    return schedule
 
 
 def _what(op: Op) -> str:

@@ -205,9 +205,10 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
         if problem:
             loop.choices["roles_skipped"] = problem
             continue
-        turns = consumers == "pingpong" and takes_turns_in_loop(kernel, loop)
-        groups, note = ((1, "consumers='pingpong': turns inside the loop") if turns
-                        else choose_consumers(kernel, loop, consumers))
+        schedule, what = stated_schedule(loop, consumers)
+        turns = schedule == "pingpong" and takes_turns_in_loop(kernel, loop)
+        groups, note = ((1, f"{what}: turns inside the loop") if turns
+                        else choose_consumers(kernel, loop, schedule, what))
         producer, consumer = stated_budgets(kernel, loop, groups)
         loop.choices["roles"] = RolesPlan(kernel.threads, producer, consumer,
                                           ring=loop.choices.get("ring"),
@@ -218,6 +219,23 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
                                           stated_lines=tuple((r.role, r.loc.lineno)
                                                              for r in loop.regions if r.loc),
                                           turns=turns)
+
+
+def stated_schedule(loop: ForLoop, consumers: str | None) -> tuple[str | None, str]:
+    """(the consumer schedule of the specialized pipeline `loop`, how explain and errors
+    name where it came from): a `tg.consumer(schedule=)` block's, else the `consumers=`
+    build option. A block and an option that disagree are a `SynthesisError` at the
+    block's line (neither silently wins)."""
+    block = loop.region("consumer")
+    stated = block.schedule if block is not None else None
+    if stated is None:
+        return consumers, f"consumers={consumers!r}"
+    if consumers is not None and consumers != stated:
+        raise SynthesisError(f"tg.consumer(schedule={stated!r}) and the build option "
+                             f"consumers={consumers!r} disagree; drop one of them",
+                             loc=block.loc, other_loc=loop.loc)
+    where = f" at line {block.loc.lineno}" if block.loc is not None else ""
+    return stated, f"tg.consumer(schedule={stated!r}){where}"
 
 
 def takes_turns_in_loop(kernel: TracedKernel, loop: ForLoop) -> bool:
@@ -304,24 +322,33 @@ def _stated_note(loop: ForLoop) -> str:
     """What explain says about roles the source stated ("" where synthesis chose them)."""
     if not loop.regions:
         return ""
-    parts = [f"tg.{r.role}" + (f"(regs={r.registers})" if r.registers else "")
-             + (f" at line {r.loc.lineno}" if r.loc else "") for r in loop.regions]
+    parts = []
+    for r in loop.regions:
+        args = ([f"regs={r.registers}"] if r.registers else []) + \
+            ([f"schedule={r.schedule!r}"] if r.schedule else [])
+        parts.append(f"tg.{r.role}" + (f"({', '.join(args)})" if args else "")
+                     + (f" at line {r.loc.lineno}" if r.loc else ""))
     return "roles stated in the source: " + ", ".join(parts)
 
 
-def choose_consumers(kernel: TracedKernel, loop: ForLoop,
-                     consumers: str | None) -> tuple[int, str]:
+def choose_consumers(kernel: TracedKernel, loop: ForLoop, consumers: str | None,
+                     asked: str | None = None) -> tuple[int, str]:
     """(consumer groups, why) for the specialized pipeline `loop` under the build option
     `consumers`: "pingpong" requires the ping-pong schedule (a `SynthesisError` saying why
     it cannot run), "cooperative" keeps one consumer role; None takes ping-pong where it
-    applies and is measured faster (`_pingpong_pays`)."""
+    applies and is measured faster (`_pingpong_pays`). `asked` names where the schedule
+    was asked for (a `tg.consumer(schedule=)` block, whose line errors point at)."""
     problem = why_not_pingpong(kernel, loop)
+    asked = asked or f"consumers={consumers!r}"
     if consumers == "pingpong":
         if problem:
-            raise SynthesisError(f"consumers='pingpong': {problem}", loc=loop.loc)
-        return PINGPONG_GROUPS, "consumers='pingpong'"
+            block = loop.region("consumer")
+            stated = block is not None and block.schedule is not None
+            raise SynthesisError(f"{asked}: {problem}", loc=block.loc if stated else loop.loc,
+                                 other_loc=loop.loc if stated else None)
+        return PINGPONG_GROUPS, asked
     if consumers == "cooperative":
-        return 1, "consumers='cooperative'"
+        return 1, asked
     if problem:
         return 1, f"not pingpong: {problem}"
     pays = _pingpong_pays(kernel, loop)

@@ -57,6 +57,10 @@ CONFIGS = {
                                                         GROUP=3)),
     "persistent-cooperative-128x256x64-s4": ("example", dict(BM=128, BN=256, BK=64,
                                                              STAGES=4, threads=256)),
+    # The schedule stated at the tg.consumer block (one warpgroup's tile: synthesis would
+    # take ping-pong; the block asks for one cooperative consumer warpgroup).
+    "persistent-stated-cooperative-64x64x32-s3": ("example", dict(
+        BM=64, BN=64, BK=32, STAGES=3, GROUP=3, SCHEDULE="cooperative")),
     "readme-p24-c240-128x256x64-s4": ("readme", dict(BM=128, BN=256, BK=64, STAGES=4,
                                                      threads=256, P=24, C=240)),
     "readme-c200-64x128x32-s2": ("readme", dict(BM=64, BN=128, BK=32, STAGES=2, C=200)),
