@@ -6,8 +6,9 @@ copies between every pair of scopes with and without `fill`, ragged shapes, tile
 than the block, thread counts that are not powers of two, loops whose state is updated in
 place and by rebinding), writes each as kernel source (`source`), runs it in the emulator
 on random data with NaN and infinities for each target (`runner.TARGETS`: sm_90a, whose
-GEMM-shaped programs take TMA + wgmma — with operands stored transposed too, MN-major, and
-in clusters of two blocks — and warp roles and clustered blocks run in an interleaving
+GEMM-shaped programs take TMA + wgmma — with operands stored transposed too, MN-major, in
+clusters of two blocks, and pipelines written as `tg.producer` / `tg.consumer` blocks —
+and warp roles and clustered blocks run in an interleaving
 drawn per program, and sm_80's cp.async + mma.sync),
 and compares
 every output element with an independent numpy model of the program (`reference`, on `numerics`: rounding written

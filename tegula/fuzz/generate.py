@@ -25,7 +25,8 @@ from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, As
                                  Program, Reduce, Scope, Stash, Store, TensorDecl, TileType, Unary,
                                  Branch,
                                  Unstash, Where, broadcast, check)
-from tegula.fuzz.program import GEMM_ACCUMULATOR
+from tegula.fuzz.program import (GEMM_ACCUMULATOR, ROLE_CONSUMER_REGS, ROLE_PRODUCER_REGS,
+                                 ROLE_SCHEDULES)
 
 DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i8", "u8")
 _DTYPE_WEIGHTS = (6, 3, 3, 1, 1, 3, 2, 2)
@@ -68,6 +69,7 @@ class Switches:
     gemm_programs: bool = True      # GEMM-shaped programs, K loops (tg.range, tg.pipeline)
     transposed_gemm: bool = True    # gemm operands stored K x M / K x N (read through .T)
     clusters: bool = True           # GEMM-shaped programs in clusters of 2 blocks (tg.cluster)
+    roles: bool = True              # pipelines written as tg.producer / tg.consumer blocks
     gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
@@ -413,8 +415,28 @@ class Generator:
             self.tensors.append(TensorDecl(names[-1], dtype, kind + ("_t" if trans else ""),
                                            extent))
         scratch = self.sw.scratch and stages > 0 and self.bm == self.bn and r.random() < 0.5
-        body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb, scratch))
+        tma_like = (self.threads % 128 == 0 and self.bm % 64 == 0 and dtype != "i8" and
+                    extent * GEMM_ELEMENT_BYTES.get(dtype, 1) % 16 == 0)
+        body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb, scratch,
+                         self.role_blocks(stages, 0.6 if tma_like else 0.1)))
         return acc
+
+    def role_blocks(self, stages: int, p: float) -> tuple:
+        """`Gemm.roles` for a pipeline, with probability `p` (high where the pipeline
+        looks like one synthesis splits, TMA + wgmma; low for the near misses, which must
+        be refused at the block's line): the stated producer/consumer split, mostly with
+        the budgets and schedule left to synthesis (else the budgets it would choose, and
+        others, extremes included). Drawn from a stream of its own, seeded by the
+        program's stream without drawing from it, so a seed's programs stay the programs
+        they were before role blocks existed."""
+        if not self.sw.roles or stages < 2:
+            return ()
+        side = random.Random(hash(self.rng.getstate()[1]))  # a tuple of ints: stable
+        if side.random() >= p:
+            return ()
+        pick = lambda choices: None if side.random() < 0.5 else side.choice(choices[1:])  # noqa: E731
+        return (pick(ROLE_PRODUCER_REGS), pick(ROLE_CONSUMER_REGS),
+                None if side.random() < 0.7 else side.choice(ROLE_SCHEDULES[1:]))
 
     def transposed_read(self, dtype: str, route: str) -> str:
         """How one gemm operand is stored and read (`Gemm.ta`): mostly K-major; often, for

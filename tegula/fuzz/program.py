@@ -171,7 +171,14 @@ class Gemm:
     (K x N) tensor — is read (`TRANSPOSED_READS`): "smem", its (bk, BM) tile copied into a
     shared buffer of that shape and multiplied through the buffer's `.T` view (an MN-major
     wgmma operand, `ldmatrix.trans` on mma.sync); "gmem", through the tensor's `.T` global
-    view, tiled (BM, bk) like a K-major operand. "" for a K-major tensor."""
+    view, tiled (BM, bk) like a K-major operand. "" for a K-major tensor.
+
+    `roles` (a pipeline, stages ≥ 2): the loop body written as warp-role blocks,
+    `with tg.producer(regs=p):` around the copies into the staged buffers and `with
+    tg.consumer(regs=c, schedule=s):` around the rest — (p, c, s), each None or a value
+    (`ROLE_PRODUCER_REGS`, `ROLE_CONSUMER_REGS`, `ROLE_SCHEDULES`); () for none. sm_90a
+    only: the stated split of a TMA + wgmma pipeline (other targets and near-miss tiles
+    refuse it at its line)."""
 
     acc: str
     a: str
@@ -182,6 +189,7 @@ class Gemm:
     ta: str = ""
     tb: str = ""
     scratch: bool = False
+    roles: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,11 @@ Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, A
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
 TRANSPOSED_READS = ("smem", "gmem")  # Gemm.ta / Gemm.tb
+#: What a `Gemm.roles` block states: setmaxnreg budgets (multiples of 8 in [24, 256]; 24
+#: and 256 the extremes, 256 over the register file with any producer) and schedules.
+ROLE_PRODUCER_REGS = (None, 40, 24, 56)
+ROLE_CONSUMER_REGS = (None, 232, 240, 216, 256)
+ROLE_SCHEDULES = (None, "cooperative", "pingpong")
 STORE_ROUTES = ("copy", "shared", "shared_reg")
 FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                "sigmoid")
@@ -547,6 +560,9 @@ def _check_gemm(program: Program, s: Gemm, decl: dict, scope: Scope) -> None:
         raise Invalid("a pipelined gemm stages its operands in shared memory")
     if s.scratch and (s.stages == 0 or program.BM != program.BN):
         raise Invalid("a gemm through a scratch tile is a K loop over square tiles")
+    if s.roles and (s.stages < 2 or len(s.roles) != 3 or s.roles[0] not in ROLE_PRODUCER_REGS
+                    or s.roles[1] not in ROLE_CONSUMER_REGS or s.roles[2] not in ROLE_SCHEDULES):
+        raise Invalid("warp-role blocks are a pipeline's, with listed budgets and schedules")
     acc = _operand_type(scope, s.acc)
     if (acc.dtype, acc.shape) != (GEMM_ACCUMULATOR[a.dtype], (True, True)) or \
             len(scope.shared_with[s.acc]) > 1:
@@ -612,7 +628,7 @@ def used_names(s) -> set[str]:
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
-__all__ = ["TRANSPOSED_READS", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+__all__ = ["TRANSPOSED_READS", "ROLE_PRODUCER_REGS", "ROLE_CONSUMER_REGS", "ROLE_SCHEDULES", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
            "Assign", "Alias", "Loop", "Stash", "Unstash", "Branch", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

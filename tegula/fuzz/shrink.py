@@ -131,10 +131,12 @@ def _simpler(s) -> Iterator:
     if isinstance(s, Loop) and s.stages > 1:
         yield replace(s, stages=1)
     if isinstance(s, Gemm):
+        if s.roles:
+            yield replace(s, roles=())
         if s.scratch:
             yield replace(s, scratch=False)
         if s.stages > 1:
-            yield replace(s, stages=s.stages - 1)
+            yield replace(s, stages=s.stages - 1, roles=s.roles if s.stages > 2 else ())
         if s.stages <= 1 and s.route != "register":
             yield replace(s, route="register")
     if isinstance(s, Binary):

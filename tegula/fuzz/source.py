@@ -196,6 +196,9 @@ def _gemm(w: _Writer, s: Gemm) -> None:
         extra = "" if s.stages == 1 else f", stages={s.stages}"
         w.emit(f"for {index} in {loop}({s.a}_t.shape[2]{extra}):")
         w.indent += 1
+        if s.roles:  # the copies are the producer's block
+            w.emit(f"with tg.producer(regs={s.roles[0]!r}):")
+            w.indent += 1
         for (tensor, _, _, trans), buf in zip(sides, buffers or (None, None)):
             view = f"{tensor}_t[:, :, {index}]"
             if buf is None:
@@ -204,6 +207,10 @@ def _gemm(w: _Writer, s: Gemm) -> None:
             target = buf if s.stages == 1 else f"{buf}[{index}]"
             w.emit(f"tg.copy({view}, {target})")
             operands.append(target + (".T" if trans == "smem" else ""))
+        if s.roles:  # the rest is the consumer's
+            w.indent -= 1
+            w.emit(f"with tg.consumer(regs={s.roles[1]!r}, schedule={s.roles[2]!r}):")
+            w.indent += 1
         if s.scratch:  # each K tile's product through the scratch tile, transposed
             w.emit(f"{s.acc}_p = tg.zeros((BM, BN), {acc_dt})")
             w.emit(f"tg.gemm({s.acc}_p, {operands[0]}, {operands[1]})")
@@ -211,7 +218,7 @@ def _gemm(w: _Writer, s: Gemm) -> None:
             w.emit(f"{s.acc} += tg.load({s.acc}_x.T)")
         else:
             w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
-        w.indent -= 1
+        w.indent -= 2 if s.roles else 1
         return
     for tensor, rows, coord, trans in sides:
         if trans == "smem":
