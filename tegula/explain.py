@@ -196,6 +196,8 @@ def _op_lines(ops: list[Op], by_op: dict, lines: list[str], depth: int) -> None:
             if any(o.choices.get("instr") == "tma" for o in op.body):
                 kind += f"; TMA boxes into an mbarrier ring of {op.stages}"
             lines.append(f"{pad}for ({kind}) {loop_label(op)}{_roles_note(op, pad)}")
+            if op.choices.get("pipeline_skipped"):  # synth/pipeline.py: nothing runs ahead
+                lines.append(f"{pad}    not pipelined: {op.choices['pipeline_skipped']}")
             _op_lines(op.body, by_op, lines, depth + 1)
             continue
         if isinstance(op, IfThen):

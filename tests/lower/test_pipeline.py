@@ -143,6 +143,7 @@ def test_a_loop_without_asynchronous_loads_says_why():
     loop = _plan(narrow, "sm_80")
     assert "pipeline" not in loop.choices
     assert "synchronous load" in loop.choices["pipeline_skipped"]
+    assert "not pipelined: the copy into" in tg.explain(narrow, target="sm_80")
     rng = np.random.default_rng(3)
     x = random_input(rng, (32, 5), f16)
     out = poisoned((32, 1), f16)
