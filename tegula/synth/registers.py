@@ -138,8 +138,10 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
     loops: list[tuple[int, int]] = []
     arrays: dict[str, object] = {}
     fragments: set[str] = set()
-    end = _number(body, 0, intervals, loops, arrays, fragments)
+    defs: dict = {}
+    end = _number(body, 0, intervals, loops, arrays, fragments, defs)
     _load_one_k_step_ahead(intervals, fragments)
+    _compute_at_use(intervals, defs, loops)
     # Nested loops: extend until nothing changes (intervals only grow, so this ends).
     while any([_extend_over(loop, intervals) for loop in loops]):
         pass
@@ -171,7 +173,7 @@ def _uses_tensor_cores(body: list) -> bool:
 
 
 def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: dict,
-            fragments: set) -> int:
+            fragments: set, defs: dict) -> int:
     """Give each statement a position, record each register element's mentions and each
     loop's span, and the arrays an mma reads (`fragments`); returns the next free
     position."""
@@ -179,16 +181,20 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
         name = type(stmt).__name__
         if name == "For":
             start = position
-            position = _number(stmt.body, position + 1, intervals, loops, arrays, fragments)
+            position = _number(stmt.body, position + 1, intervals, loops, arrays, fragments,
+                               defs)
             loops.append((start, position))
             position += 1
         elif name == "If":
-            position = _number(stmt.then, position, intervals, loops, arrays, fragments)
-            position = _number(stmt.otherwise, position, intervals, loops, arrays, fragments)
+            position = _number(stmt.then, position, intervals, loops, arrays, fragments, defs)
+            position = _number(stmt.otherwise, position, intervals, loops, arrays, fragments,
+                               defs)
         elif hasattr(stmt, "roles") and isinstance(stmt.roles, list):
             for r in stmt.roles:  # only reached for nested roles: measured together
-                position = _number(r.body, position, intervals, loops, arrays, fragments)
+                position = _number(r.body, position, intervals, loops, arrays, fragments, defs)
         else:
+            if name == "Assign":
+                _record_def(stmt, position, defs)
             for reg, count, is_read in _registers_of(stmt):
                 array = reg.array
                 arrays[array.name] = array
@@ -204,6 +210,46 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
                     iv.mentions.append((position, is_read))
             position += 1
     return position
+
+
+def _record_def(stmt, position: int, defs: dict) -> None:
+    """Note an element assignment whose element and operands are all at constant indices:
+    (position, its operand elements) by the element it writes, and the positions of
+    accumulations (the element written is one of the operands: a reduction's sum)."""
+    regs = _regs_in(stmt.value)
+    if all(_constant(r.index) for r in [stmt.dst] + regs):
+        key, operands = (stmt.dst.array.name, stmt.dst.index.value), \
+            [(r.array.name, r.index.value) for r in regs]
+        defs.setdefault("elements", {})[key] = (position, operands)
+        if key in operands:
+            defs.setdefault("accumulations", set()).add(position)
+
+
+def _constant(index) -> bool:
+    return type(index).__name__ == "Const"
+
+
+def _compute_at_use(intervals: dict, defs: dict, loops: list) -> None:
+    """ptxas folds an element computed for a sum into the accumulation (x * x summed is one
+    FFMA per element): an element assigned once (outside loops) and read once, by an
+    accumulation, where its operands are live anyway, is live only there. Measured (ptxas
+    13, RMSNorm, 4 x 1024 rows on 128 threads): 63 registers, where holding x² and x at
+    once was estimated at 109 (now 76; the f32 weight, which ptxas keeps in f16 until its
+    use, is still counted)."""
+    accumulations = defs.get("accumulations", set())
+
+    def in_loop(position):
+        return any(start <= position <= stop for start, stop in loops)
+
+    for key, (position, operands) in defs.get("elements", {}).items():
+        iv = intervals.get(key)
+        reads = [p for p, is_read in iv.mentions if is_read] if iv else []
+        writes = [p for p, is_read in iv.mentions if not is_read] if iv else []
+        if len(reads) != 1 or reads[0] not in accumulations or writes != [position] \
+                or in_loop(position) or in_loop(reads[0]):
+            continue
+        if all(op in intervals and intervals[op].last >= reads[0] for op in operands):
+            iv.first = iv.last = reads[0]
 
 
 def _load_one_k_step_ahead(intervals: dict, fragments: set) -> None:
