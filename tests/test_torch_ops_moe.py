@@ -36,6 +36,7 @@ def _w4_operands(seed, zero_point, offsets=(0, 5, 5, 14)):
     return x, packed, scales, zeros, 32, torch.tensor(offsets, dtype=torch.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_point", [True, False])
 def test_moe_gemm_w4a16_op_on_cpu_against_float64(zero_point):
     from tegula.kernels.quant import dequantize_w4, unpack_w4
@@ -59,6 +60,7 @@ def _mlp_operands(seed, tokens=11, top_k=2):
         (x, w13, w2, ids, weights)
 
 
+@pytest.mark.slow
 def test_moe_mlp_op_on_cpu_against_float64_token_by_token():
     args, arrays = _mlp_operands(5)
     y = torch.ops.tegula.moe_mlp(*args)
