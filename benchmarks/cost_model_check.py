@@ -321,6 +321,41 @@ def copy_calibration(sizes_mb: list[int], rep_ms: float) -> None:
         print("COPY " + " ".join([str(mb)] + [f"{t:.2f}" for t in times]), flush=True)
 
 
+def matmul_orientation(shapes: list[tuple], rep_ms: float) -> None:
+    """Time matmul's launches at decode shapes in each orientation the entry point may
+    take (`api_matmul._gemm_launches`: the streaming C tiles, the search's Cᵀ pick) and
+    torch's `a @ w.T`, after checking each against torch: does the orientation decision
+    earn its place? One line each: "ORIENT M N K config us ratio-to-torch max-error"."""
+    from triton.testing import do_bench
+
+    from tegula.dtypes import f16
+    from tegula.kernels import api_matmul
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        ref = a.double() @ w.double().T
+        torch_us = do_bench(lambda: a @ w.T, warmup=10, rep=rep_ms) * 1e3
+        print(f"ORIENT {m} {n} {k} torch {torch_us:.2f} 1.00 0", flush=True)
+        configs = [c for c in api_matmul.gemm_candidates(m, n, k, hopper=True)
+                   if c.get("SPLIT", 1) == 1][:2] + api_matmul.searched_transposed(m, n, k)
+        for config in configs:
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            values = dict(config, kernel=config.get("kernel", "shared"))
+            threads = values.pop("threads", None)
+            run = lambda: api_matmul._gemm_launches(f16, dict(values), threads, a, w, out)  # noqa: E731
+            try:
+                run()
+                torch.cuda.synchronize()
+                error = float((out.double() - ref).abs().max())
+                us = do_bench(run, warmup=10, rep=rep_ms) * 1e3
+            except Exception as err:  # one config must not hide the rest
+                print(f"ORIENT {m} {n} {k} {json.dumps(config)} failed {err}"[:300], flush=True)
+                continue
+            name = json.dumps(config, ensure_ascii=False).replace(" ", "")
+            print(f"ORIENT {m} {n} {k} {name} {us:.2f} {torch_us / us:.2f} {error:.3g}",
+                  flush=True)
+
+
 def _point_line(point: dict) -> str:
     """One point as a line of its own JSON after "P " (a log that comes back as text is
     read back by `--repredict`)."""
@@ -554,6 +589,9 @@ def main() -> None:
                         help="also measure the configurations the model drops for their "
                              "registers (kept out of the ranking; --repredict ranks them "
                              "where the model then keeps them)")
+    parser.add_argument("--matmul-orientation", default="",
+                        help="first time matmul's launches in each orientation at these "
+                             "MxNxK shapes (comma-separated) against torch")
     parser.add_argument("--print-points", action="store_true",
                         help="print every point as it is measured")
     options = parser.parse_args()
@@ -567,7 +605,7 @@ def main() -> None:
     log_file = open(out / "cost_model_check.log", "w")
     log = lambda line: (log_file.write(line + "\n"), log_file.flush())  # noqa: E731
     chosen = {}
-    for name in options.families.split(","):
+    for name in filter(None, options.families.split(",")):
         family = FAMILIES[name]()
         if options.only:
             family["space"] = _only(family["space"], options.only, name)
@@ -575,6 +613,11 @@ def main() -> None:
                                                options.quick))
     if options.copy_sizes:
         copy_calibration([int(mb) for mb in options.copy_sizes.split(",")], options.rep_ms)
+    if options.matmul_orientation:
+        matmul_orientation([tuple(int(d) for d in shape.split("x"))
+                            for shape in options.matmul_orientation.split(",")], options.rep_ms)
+    if not chosen:
+        return
     predicted = {}
     if options.jobs:
         jobs = [(name, i, cfg) for name, (family, indices) in chosen.items()
