@@ -12,10 +12,11 @@ view reads along it):
 
 * a `tg.gemm` contracts operand dim 1 of `a` with operand dim 1 of `b` (`c += a @ b.T`):
   the two tensor dims they were loaded along must have equal extents;
-* an element-wise op whose inputs were loaded from *the same coordinates* (the same
-  origin expression, step and tile extent) along a dim of two different tensors reads
-  `x[i]` and `y[i]` together: those tensor dims must have equal extents. Broadcast dims
-  (extent 1) assume nothing; neither do tiles of different coordinates.
+* an element-wise op two of whose inputs were loaded from *the same coordinates* (the
+  same origin expression, step and tile extent) along a dim of two different tensors
+  reads `x[i]` and `y[i]` together: those tensor dims must have equal extents. Broadcast
+  dims (extent 1) assume nothing; neither do tiles of different coordinates, nor the
+  sources of one input (a shared tile written from x, later from y, holds one of them).
 
 Where the coordinates are constants (`x.tile((16, 16), (1, 0))`), the elements read are
 known, and an assumption is broken only if the mask differs on one of them: some element
@@ -34,7 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tegula.ir.ops import Copy, Elementwise, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
+from tegula.ir.ops import (Copy, Elementwise, ForLoop, Gemm, IfThen, Rearrange, Reduce,
+                           TracedKernel)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 
 Sources = frozenset  # of Source: where one tile dim's elements come from
@@ -114,6 +116,31 @@ class _Provenance:
             if d < len(held):
                 held[d] |= sources
 
+    def write(self, tile, dims: list) -> None:
+        """A copy into `tile`: a single-stage shared buffer written whole now holds only
+        what was copied (the sources of an earlier write are gone); anything else adds."""
+        if isinstance(tile, SharedTile) and tile.alloc.stages == 1 and \
+                sorted(tile.shape) == sorted(tile.alloc.shape):
+            self.shared.pop(tile.alloc.id, None)
+        self.add(tile, dims)
+
+    def copy(self) -> "_Provenance":
+        other = _Provenance()
+        for mine, theirs in ((self.registers, other.registers), (self.shared, other.shared)):
+            theirs.update({key: [set(s) for s in dims] for key, dims in mine.items()})
+        return other
+
+    def join(self, other: "_Provenance") -> None:
+        """What either of two control paths left (a branch's arms, a loop's trips)."""
+        for mine, theirs in ((self.registers, other.registers), (self.shared, other.shared)):
+            for key, dims in theirs.items():
+                held = mine.setdefault(key, [set() for _ in dims])
+                for d, sources in enumerate(dims):
+                    held[d] |= sources
+
+    def __eq__(self, other) -> bool:
+        return (self.registers, self.shared) == (other.registers, other.shared)
+
 
 def _constant_span(tile: GlobalTile, dim) -> tuple | None:
     """(first, step, count) of the coordinates `dim` reads along its tensor dim, where
@@ -126,34 +153,8 @@ def _constant_span(tile: GlobalTile, dim) -> tuple | None:
 
 def assumptions(traced: TracedKernel) -> list[Assumption]:
     """Every pair of tensor dims the kernel assumes equal (module docstring)."""
-    prov = _Provenance()
     found: list[Assumption] = []
-    for op in walk_ops(traced.body):
-        if isinstance(op, Copy):
-            prov.add(op.dst, prov.of(op.src))
-        elif isinstance(op, Rearrange):
-            prov.add(op.out, prov.of(op.x))
-        elif isinstance(op, Reduce):
-            dims = prov.of(op.x)
-            prov.add(op.out, [Sources() if d == op.axis else s for d, s in enumerate(dims)])
-        elif isinstance(op, Gemm):
-            a, b = prov.of(op.a), prov.of(op.b)
-            found += [Assumption("tg.gemm", op.loc, (x.tensor, x.dim), (y.tensor, y.dim),
-                                 x.span if x.coords == y.coords else None)
-                      for x in _ordered(a[1]) for y in _ordered(b[1])
-                      if (x.tensor, x.dim) != (y.tensor, y.dim)]
-            prov.add(op.c, [a[0], b[0]])
-        elif isinstance(op, Elementwise):
-            out = [set() for _ in op.out.shape]
-            for tile in op.inputs:
-                shift = len(op.out.shape) - len(tile.shape)
-                for d, sources in enumerate(prov.of(tile)):
-                    if tile.shape[d] != 1 and 0 <= d + shift < len(out):
-                        out[d + shift] |= sources
-            for sources in out:
-                found += _same_coordinates(f"tg.{op.op}" if op.op != "cast" else ".to()",
-                                           op.loc, sources)
-            prov.add(op.out, out)
+    _walk(traced.body, _Provenance(), found)
     unique: dict[tuple, Assumption] = {}
     for a in found:
         unique.setdefault((a.loc, frozenset((a.a, a.b)), a.span), a)
@@ -164,17 +165,78 @@ def _ordered(sources) -> list[Source]:
     return sorted(sources, key=lambda s: (s.tensor, s.dim, str(s.coords)))
 
 
-def _same_coordinates(what: str, loc, sources) -> list[Assumption]:
-    """Pairs of different tensor dims among `sources` read at the same coordinates."""
-    groups: dict[tuple, set] = {}
-    for s in sources:
-        groups.setdefault(s.coords, set()).add(s)
+def _walk(ops: list, prov: _Provenance, found: list) -> None:
+    """Follow provenance through `ops` in program order: a branch's arms each from the
+    state before it, then joined; a loop's body from what the trips before it left, until
+    that stops growing (a later trip reads what an earlier one wrote)."""
+    for op in ops:
+        if isinstance(op, ForLoop):
+            entry = prov.copy()
+            while True:
+                after = entry.copy()
+                _walk(op.body, after, found)
+                after.join(entry)
+                if after == entry:
+                    break
+                entry = after
+            prov.join(entry)
+        elif isinstance(op, IfThen):
+            otherwise = prov.copy()
+            _walk(op.then, prov, found)
+            _walk(op.otherwise, otherwise, found)
+            prov.join(otherwise)
+        else:
+            _visit(op, prov, found)
+
+
+def _visit(op, prov: _Provenance, found: list) -> None:
+    """One op's sources and the assumptions it makes."""
+    if isinstance(op, Copy):
+        prov.write(op.dst, prov.of(op.src))
+    elif isinstance(op, Rearrange):
+        prov.add(op.out, prov.of(op.x))
+    elif isinstance(op, Reduce):
+        dims = prov.of(op.x)
+        prov.add(op.out, [Sources() if d == op.axis else s for d, s in enumerate(dims)])
+    elif isinstance(op, Gemm):
+        a, b = prov.of(op.a), prov.of(op.b)
+        found += [Assumption("tg.gemm", op.loc, (x.tensor, x.dim), (y.tensor, y.dim),
+                             x.span if x.coords == y.coords else None)
+                  for x in _ordered(a[1]) for y in _ordered(b[1])
+                  if (x.tensor, x.dim) != (y.tensor, y.dim)]
+        prov.add(op.c, [a[0], b[0]])
+    elif isinstance(op, Elementwise):
+        inputs = [_out_dims(prov.of(tile), tile.shape, len(op.out.shape))
+                  for tile in op.inputs]
+        found += _combined(f"tg.{op.op}" if op.op != "cast" else ".to()", op.loc, inputs)
+        prov.add(op.out, [set().union(*(dims[d] for dims in inputs))
+                          for d in range(len(op.out.shape))])
+
+
+def _out_dims(dims: list, shape: tuple, rank: int) -> list[set]:
+    """An input's sources per output dim (broadcast dims, extent 1, bring none)."""
+    out: list[set] = [set() for _ in range(rank)]
+    shift = rank - len(shape)
+    for d, sources in enumerate(dims):
+        if shape[d] != 1 and 0 <= d + shift < rank:
+            out[d + shift] |= sources
+    return out
+
+
+def _combined(what: str, loc, inputs: list) -> list[Assumption]:
+    """Pairs of different tensor dims that two *different* inputs read at the same
+    coordinates along one output dim. (One input's sources are alternatives — a shared
+    tile written from x, later from y — never combined with each other.)"""
     pairs = []
-    for group in groups.values():
-        ordered = sorted({(s.tensor, s.dim) for s in group})
-        spans = {s.span for s in group}
-        span = spans.pop() if len(spans) == 1 else None
-        pairs += [Assumption(what, loc, ordered[0], other, span) for other in ordered[1:]]
+    for d in range(len(inputs[0]) if inputs else 0):
+        for i, first in enumerate(inputs):
+            for second in inputs[i + 1:]:
+                for x in _ordered(first[d]):
+                    for y in _ordered(second[d]):
+                        if x.coords == y.coords and (x.tensor, x.dim) != (y.tensor, y.dim):
+                            a, b = sorted(((x.tensor, x.dim), (y.tensor, y.dim)))
+                            span = x.span if x.span == y.span else None
+                            pairs.append(Assumption(what, loc, a, b, span))
     return pairs
 
 

@@ -128,3 +128,70 @@ def test_broken_by_checks_each_coordinate_read(span, extents, broken):
     assumption = Assumption("tg.add", None, ("x", 0), ("y", 0), span)
     assert assumption.broken_by(*extents) is broken
     assert assumption.broken_by(*reversed(extents)) is broken
+
+
+@tg.kernel(threads=64)
+def one_buffer_for_two_tensors(x: tg.Tensor[f32], y: tg.Tensor[f32], z: tg.Tensor[f32],
+                               out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    s = tg.shared((16, 16), f32)
+    tg.copy(x.tile((16, 16), (m, 0)), s)
+    tg.copy(tg.load(s), out.tile((16, 16), (m, 0)))
+    tg.copy(y.tile((16, 16), (m, 0)), s)     # the buffer now holds y: x's rows are gone
+    tg.copy(tg.load(s) * 2.0, out.tile((16, 16), (m, 1)))
+    tg.copy(tg.load(s) + tg.load(z.tile((16, 16), (m, 0))), out.tile((16, 16), (m, 2)))
+
+
+def test_one_inputs_sources_are_alternatives_not_combined():
+    # `load(s) * 2.0` reads y alone: it was refused as combining x's rows with y's
+    x, y, z = _random(32, 16), _random(40, 16), _random(40, 16)
+    out = np.full((32, 48), np.nan, np.float32)
+    tg.emulate(one_buffer_for_two_tensors, (2,), x, y, z, out)
+    assert np.array_equal(out, np.concatenate([x, y[:32] * 2, y[:32] + z[:32]], axis=1))
+
+
+def test_two_inputs_read_together_are_still_checked():
+    x, y, z = _random(32, 16), _random(32, 16), _random(40, 16)
+    with pytest.raises(LaunchError, match=r"tg.add combines element by element y's dim 0 "
+                                          r"\(extent 32\) with z's dim 0 \(extent 40\)"):
+        tg.emulate(one_buffer_for_two_tensors, (2,), x, y, z, np.zeros((32, 48), np.float32))
+
+
+@tg.kernel(threads=64)
+def rewritten_in_a_loop(x: tg.Tensor[f32], y: tg.Tensor[f32], z: tg.Tensor[f32],
+                        out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    s = tg.shared((16, 16), f32)
+    tg.copy(x.tile((16, 16), (m, 0)), s)
+    for i in tg.range(2):
+        tg.copy(tg.load(s) + tg.load(z.tile((16, 16), (m, 0))), out.tile((16, 16), (m, i)))
+        tg.copy(y.tile((16, 16), (m, 0)), s)  # what the next trip's sum reads
+
+
+@tg.kernel(threads=64)
+def rewritten_in_a_branch(x: tg.Tensor[f32], y: tg.Tensor[f32], z: tg.Tensor[f32],
+                          out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    s = tg.shared((16, 16), f32)
+    tg.copy(x.tile((16, 16), (m, 0)), s)
+    with tg.if_(m > 0):
+        tg.copy(y.tile((16, 16), (m, 0)), s)
+    tg.copy(tg.load(s) + tg.load(z.tile((16, 16), (m, 0))), out.tile((16, 16), (m, 0)))
+
+
+@pytest.mark.parametrize("kernel", [rewritten_in_a_loop, rewritten_in_a_branch])
+def test_a_write_a_later_trip_or_path_reads_is_still_checked(kernel):
+    # a whole-buffer write replaces the buffer's sources, but the loop's first trip reads
+    # x and its second y (the branch: x in block 0, y in block 1): both meet z
+    x, y, z = _random(32, 16), _random(40, 16), _random(32, 16)
+    out = np.full((32, 32 if kernel is rewritten_in_a_loop else 16), np.nan, np.float32)
+    with pytest.raises(LaunchError, match=r"tg.add combines element by element y's dim 0 "
+                                          r"\(extent 40\) with z's dim 0 \(extent 32\)"):
+        tg.emulate(kernel, (2,), x, y, z, out)
+    tg.emulate(kernel, (2,), x, y[:32], z, out)
+    first = x + z
+    if kernel is rewritten_in_a_loop:
+        assert np.array_equal(out, np.concatenate([first, y[:32] + z], axis=1))
+    else:
+        assert np.array_equal(out[:16], first[:16])
+        assert np.array_equal(out[16:], (y[:32] + z)[16:])
