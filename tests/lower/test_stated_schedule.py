@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "emulate"))
 sys.path.insert(0, os.path.join(HERE, "..", "lang"))
 from async_kernels import run_with_deadline  # noqa: E402
+from examples.attention import INF, LOG2E, attention_fwd  # noqa: E402
+from examples.attention import reference as attention_reference  # noqa: E402
 from examples.persistent_gemm import persistent_gemm  # noqa: E402
 from source_lines import marked_line  # noqa: E402
 
@@ -146,3 +148,77 @@ def test_pingpong_where_it_cannot_run_is_refused_at_the_block():
     assert "tg.consumer(schedule='pingpong')" in err.message
     assert "each ping-pong consumer is one warpgroup" in err.message
     assert "internal" not in err.message
+
+
+# ------------------------------------------------------------------ turns inside the loop
+
+
+@tg.kernel(threads=128)
+def stated_attention(q: tg.Tensor[f16, 4], k: tg.Tensor[f16, 4], v: tg.Tensor[f16, 4],
+        o: tg.Tensor[f16, 4], lse: tg.Tensor[f32, 3],
+        D: tg.constexpr = 64, QK_SCALE: tg.constexpr = LOG2E / 8,
+        CAUSAL: tg.constexpr = False, BM: tg.constexpr = 64,
+        BN: tg.constexpr = 64, STAGES: tg.constexpr = 2, SCHEDULE: tg.constexpr = None):
+    """examples/attention.py (not causal) with its pipeline body in role blocks."""
+    m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+    kv_head = h // (q.shape[1] // k.shape[1])
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    sq = tg.shared((BM, D), f16)
+    tg.copy(q[b, h].tile((BM, D), (m, 0)), sq)
+    keys = k[b, kv_head].tile((BN, D), (None, 0))
+    values = v[b, kv_head].tile((BN, D), (None, 0))
+    sk = tg.shared((BN, D), f16, stages=STAGES)
+    sv = tg.shared((BN, D), f16, stages=STAGES)
+    rows = tg.arange(BM, offset=m * BM)
+    m_i = tg.full((BM, 1), -INF, f32)
+    l_i = tg.zeros((BM, 1), f32)
+    acc = tg.zeros((BM, D), f32)
+    blocks = tg.cdiv(seq_k, BN)
+    for j in tg.pipeline(blocks, stages=STAGES):
+        with tg.producer():
+            tg.copy(keys[:, :, j], sk[j])
+            tg.copy(values[:, :, j], sv[j])
+        with tg.consumer(schedule=SCHEDULE):
+            s = tg.zeros((BM, BN), f32)
+            tg.gemm(s, sq, sk[j])
+            cols = tg.arange(BN, offset=j * BN)
+            visible = cols[None, :] < seq_k
+            s = tg.where(visible, s * QK_SCALE, -INF)
+            m_new = tg.maximum(m_i, tg.max(s, 1))
+            m_base = tg.where(m_new == -INF, 0.0, m_new)
+            p = tg.exp2(s - m_base)
+            alpha = tg.exp2(m_i - m_base)
+            l_i = l_i * alpha + tg.sum(p, 1)
+            acc *= alpha
+            tg.gemm(acc, p.to(f16), sv[j].T)
+            m_i = m_new
+    unseen = l_i == 0.0
+    l_safe = tg.where(unseen, 1.0, l_i)
+    tg.copy((acc * (1.0 / l_safe)).to(f16), o[b, h].tile((BM, D), (m, 0)))
+    row_lse = tg.where(unseen, -INF, (m_i + tg.log2(l_safe)) * (1.0 / LOG2E))
+    tg.copy(row_lse[:, 0], lse[b, h].tile((BM,), (m,)))
+
+
+def test_a_stated_schedule_takes_turns_inside_an_attention_loop():
+    """A two-warpgroup tile with no tile loop: ping-pong is FlashAttention-3's turns at the
+    gemms inside the loop, the same CUDA as consumers='pingpong' on examples/attention.py,
+    and the same bits in the emulator under a random role order."""
+    stated = code(stated_attention, BM=128, threads=256, SCHEDULE="pingpong")
+    assert "bar.arrive" in stated
+    assert stated == code(attention_fwd, BM=128, threads=256, consumers="pingpong")
+    rng = np.random.default_rng(5)
+    q = random_input(rng, (1, 2, 130, 64), f16)
+    k, v = random_input(rng, (1, 2, 100, 64), f16), random_input(rng, (1, 2, 100, 64), f16)
+    outputs = []
+    for kernel, options in [(stated_attention, dict(SCHEDULE="pingpong")),
+                            (attention_fwd, dict(consumers="pingpong"))]:
+        o, lse = poisoned((1, 2, 130, 64), f16), poisoned((1, 2, 130), f32)
+        run_with_deadline(lambda: tg.emulate(kernel, (2, 2, 1), q, k, v, o, lse,
+                                             target="sm_90a", role_order="random:2", BM=128,
+                                             threads=256, **options))
+        outputs.append((o, lse))
+    assert not np.isnan(outputs[0][0]).any()
+    assert np.array_equal(outputs[0][0].view(np.uint16), outputs[1][0].view(np.uint16))
+    assert np.array_equal(outputs[0][1], outputs[1][1])
+    ref = attention_reference(q, k, v, causal=False)[0]
+    assert np.allclose(outputs[0][0].astype(np.float64), ref, atol=2e-3, rtol=1e-2)
