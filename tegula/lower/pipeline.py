@@ -46,9 +46,9 @@ release it depends on, and the compute stage the acquire.
 from __future__ import annotations
 
 from tegula.errors import SynthesisError
-from tegula.ir.ops import Copy, ForLoop
+from tegula.ir.ops import ForLoop
 from tegula.lower.addressing import scalar_expr
-from tegula.lower.async_ir import (FenceBarrierInit, MBarrierInit, MBarrierWait, WgmmaWait)
+from tegula.lower.async_ir import FenceBarrierInit, MBarrierInit, MBarrierWait, WgmmaWait
 from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, CpAsyncCommit, CpAsyncWait,
                                     Expr, For, If, Stmt, Var, _bin, all_of)
 
@@ -287,9 +287,3 @@ def top_level_only(ring: Ring, op: ForLoop) -> None:
     if ring.nested:
         raise SynthesisError("tg.pipeline: a TMA ring across enclosing loops serves only a "
                              "body of TMA copies and one wgmma gemm", loc=op.loc)
-
-
-def load_stage(op: ForLoop) -> list[Copy]:
-    """The copies of `op`'s load stage (empty for a loop without a pipeline plan)."""
-    plan = op.choices.get("pipeline")
-    return list(plan.producers) if plan is not None else []
