@@ -1,7 +1,8 @@
 """tegula.fuzz: a differential fuzzer for the compiler.
 
 It draws random tile programs (`generate`: element-wise chains over every operator, math
-function and type, `where` with tiles and numbers, casts, reductions on either axis,
+function and type, `where` with tiles and numbers, casts, reductions and cumulative sums
+(`tg.cumsum`, forward and reversed) on either axis,
 copies between every pair of scopes with and without `fill`, ragged shapes, tiles smaller
 than the block, thread counts that are not powers of two, loops whose state is updated in
 place and by rebinding), writes each as kernel source (`source`), runs it in the emulator

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 
 from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import (ARITHMETIC, COMPARISONS, FLOAT_UNARY, Alias, Assign,
-                                 Binary, Cast, Extent, Full, Gemm, Indices, InPlace, Load, Loop,
+                                 Binary, Cast, Cumsum, Extent, Full, Gemm, Indices, InPlace, Load, Loop,
                                  Num,
                                  Program, Reduce, Scope, Stash, Store, TensorDecl, TileType, Unary,
                                  Branch,
@@ -70,6 +70,7 @@ class Switches:
     transposed_gemm: bool = True    # gemm operands stored K x M / K x N (read through .T)
     clusters: bool = True           # GEMM-shaped programs in clusters of 2 blocks (tg.cluster)
     roles: bool = True              # pipelines written as tg.producer / tg.consumer blocks
+    scans: bool = True              # tg.cumsum (forward and reversed) of a value
     gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
     nan_reductions: bool = True     # NaN reaching tg.max/tg.min is checked (else not compared)
@@ -221,6 +222,24 @@ class Generator:
                 kinds.append("gemm")
         kind = self.rng.choice(kinds)
         getattr(self, f"draw_{kind}")(body, scope, in_loop)
+        if in_loop is None:
+            self.maybe_cumsum(body, scope)
+
+    def maybe_cumsum(self, body: list, scope: Scope) -> None:
+        """Now and then rebind a value to its cumulative sum along an axis (`tg.cumsum`,
+        reversed at times). Drawn from a stream of its own, seeded by the program's stream
+        without drawing from it, and the name keeps its type: the rest of the program is
+        what it was before cumulative sums existed. Outside loops only (a loop would
+        carry the rebinding)."""
+        if not self.sw.scans:
+            return
+        side = random.Random(hash(self.rng.getstate()[1]))  # a tuple of ints: stable
+        names = [n for n, t in scope.types.items()
+                 if t.dtype != nx.BOOL and len(scope.shared_with[n]) == 1]
+        if not names or side.random() >= 0.06:
+            return
+        x = side.choice(names)
+        body.append(Cumsum(x, x, side.choice((0, 1)), side.random() < 0.3))
 
     def define(self, body: list, scope: Scope, stmt, dtype: str, shape) -> str:
         body.append(stmt)

@@ -119,6 +119,17 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Cumsum:
+    """`out = tg.cumsum(x, axis, reverse=)`: inclusive, 16/8-bit floats accumulating in
+    f32 (one rounding to x's type), integers wrapping in their own type."""
+
+    out: str
+    x: str
+    axis: int
+    reverse: bool = False
+
+
+@dataclass(frozen=True)
 class InPlace:
     """`target op= x` (op in add sub mul div): writes the tile `target` names."""
 
@@ -238,8 +249,8 @@ class Store:
     route: str = "copy"
 
 
-Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, InPlace, Assign, Alias, Loop,
-             Gemm, Stash, Unstash, Branch, Store]
+Stmt = Union[Load, Full, Indices, Unary, Binary, Where, Cast, Reduce, Cumsum, InPlace, Assign,
+             Alias, Loop, Gemm, Stash, Unstash, Branch, Store]
 
 LOAD_ROUTES = ("load", "copy", "shared", "shared2", "via_register", "transposed")
 TRANSPOSED_READS = ("smem", "gmem")  # Gemm.ta / Gemm.tb
@@ -442,6 +453,11 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
             raise Invalid("reducing bool")
         shape = (False, t.shape[1]) if s.axis == 0 else (t.shape[0], False)
         scope.define(s.out, TileType("i32" if s.kind.startswith("arg") else t.dtype, shape))
+    elif isinstance(s, Cumsum):
+        t = _operand_type(scope, s.x)
+        if t.dtype == BOOL or s.axis not in (0, 1):
+            raise Invalid("a cumulative sum of bool, or along no axis")
+        scope.define(s.out, t)
     elif isinstance(s, (InPlace, Assign)):
         _check_update(s, scope)
     elif isinstance(s, Alias):
@@ -623,12 +639,12 @@ def used_names(s) -> set[str]:
     if isinstance(s, (Loop, Branch)):
         return set().union(*(used_names(b) for b in s.body)) if s.body else set()
     fields = {Gemm: ("acc",), Unary: ("x",), Binary: ("a", "b"), Where: ("cond", "a", "b"), Cast: ("x",),
-              Reduce: ("x",), InPlace: ("target", "x"), Assign: ("target", "x"),
+              Reduce: ("x",), Cumsum: ("x",), InPlace: ("target", "x"), Assign: ("target", "x"),
               Alias: ("src",), Store: ("x",), Stash: ("x",)}.get(type(s), ())
     return {getattr(s, f) for f in fields if isinstance(getattr(s, f), str)}
 
 
-__all__ = ["TRANSPOSED_READS", "ROLE_PRODUCER_REGS", "ROLE_CONSUMER_REGS", "ROLE_SCHEDULES", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "InPlace",
+__all__ = ["TRANSPOSED_READS", "ROLE_PRODUCER_REGS", "ROLE_CONSUMER_REGS", "ROLE_SCHEDULES", "Num", "Extent", "Indices", "Gemm", "GEMM_ACCUMULATOR", "MAX_GEMM_K_TILES", "Load", "Full", "Unary", "Binary", "Where", "Cast", "Reduce", "Cumsum", "InPlace",
            "Assign", "Alias", "Loop", "Stash", "Unstash", "Branch", "Store", "Program", "TensorDecl", "Invalid", "check",
            "TileType", "Scope", "broadcast", "defined_names", "used_names", "LOAD_ROUTES",
            "STORE_ROUTES", "FLOAT_UNARY", "COMPARISONS", "ARITHMETIC", "LOGIC"]

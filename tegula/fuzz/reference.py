@@ -27,7 +27,7 @@ from tegula.fuzz import numerics as nx
 from tegula.fuzz.program import (COMPARISONS, Alias, Assign, Binary, Branch, Cast, Extent, Full,
                                  Gemm,
                                  InPlace, Indices, Load, Loop, Num, Program, Reduce, Stash,
-                                 Store, Unary, Unstash, Where)
+                                 Store, Unary, Unstash, Where, Cumsum)
 
 MATH_ULPS = {"exp": 4, "exp2": 4, "log": 4, "log2": 4, "sqrt": 0, "rsqrt": 4, "sin": 4,
              "cos": 4, "tanh": 4, "sigmoid": 6}
@@ -115,6 +115,8 @@ class Model:
             self.env[s.out] = cast(self.env[s.x], s.dtype)
         elif isinstance(s, Reduce):
             self.env[s.out] = self.reduce(s.kind, self.env[s.x], s.axis)
+        elif isinstance(s, Cumsum):
+            self.env[s.out] = self.cumsum(self.env[s.x], s.axis, s.reverse)
         elif isinstance(s, InPlace):
             target = self.env[s.target]
             new = self.binary(s.op, s.target, s.x)
@@ -414,6 +416,36 @@ class Model:
         e = np.where((v == 0) & mixed_zero, np.maximum(e, _TINY), e)
         e = np.where(has_nan, 0.0, e)
         return Value(a.dtype, v, e, wild)
+
+    def cumsum(self, a: Value, axis: int, reverse: bool) -> Value:
+        """Inclusive prefix sums along `axis` (from the end when `reverse`): each prefix a
+        sum in any order (the scan's tree), integers wrapping in their type, 16- and 8-bit
+        floats summed in f32 and rounded once to their type (`tg.cumsum`)."""
+        ax = 2 + axis
+        if reverse:
+            a = Value(a.dtype, np.flip(a.val, ax), np.flip(a.err, ax), np.flip(a.wild, ax))
+        wild = np.logical_or.accumulate(a.wild, axis=ax)
+        if nx.is_int(a.dtype):
+            v = nx.wrap_int(np.cumsum(a.val.astype(np.int64), axis=ax), a.dtype)
+            out = Value(a.dtype, v, np.zeros(v.shape), wild)
+        else:
+            wide = a if a.dtype == "f32" else cast(a, "f32")
+            prefixes = []
+            for k in range(a.val.shape[ax]):
+                part = [slice(None)] * a.val.ndim
+                part[ax] = slice(0, k + 1)
+                prefix = Value("f32", wide.val[tuple(part)], wide.err[tuple(part)],
+                               wide.wild[tuple(part)])
+                prefixes.append(self.float_sum(prefix, ax, np.any(prefix.wild, axis=ax,
+                                                                   keepdims=True)))
+            out = Value("f32", *(np.concatenate([getattr(p, f) for p in prefixes], axis=ax)
+                                 for f in ("val", "err", "wild")))
+            if a.dtype != "f32":
+                out = cast(out, a.dtype)
+        if reverse:
+            out = Value(out.dtype, np.flip(out.val, ax), np.flip(out.err, ax),
+                        np.flip(out.wild, ax))
+        return out
 
     def float_sum(self, a: Value, ax: int, wild, mma: bool = False) -> Value:
         """A sum in any order, each partial sum rounded to the tile's type (`mma`: tensor

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tegula.fuzz import numerics as nx
-from tegula.fuzz.program import Loop, Program, Reduce, check
+from tegula.fuzz.program import Cumsum, Loop, Program, Reduce, check
 from tegula.fuzz.reference import Features, Value, reference
 from tegula.fuzz.source import forget_kernel, kernel_source, make_kernel
 
@@ -264,8 +264,8 @@ def _order_fixed(program: Program) -> bool:
 
     def fixed(body) -> bool:
         return all(fixed(s.body) if isinstance(s, Loop) else
-                   not (isinstance(s, Reduce) and s.kind == "sum" and
-                        nx.is_float(types[s.x].dtype)) for s in body)
+                   not (isinstance(s, (Reduce, Cumsum)) and getattr(s, "kind", "sum") == "sum"
+                        and nx.is_float(types[s.x].dtype)) for s in body)
     return fixed(program.body)
 
 

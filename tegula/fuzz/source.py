@@ -7,6 +7,7 @@ import linecache
 from tegula.fuzz.program import (GEMM_ACCUMULATOR, Alias, Assign, Binary, Cast, Extent, Full,
                                  Branch, Gemm, InPlace,
                                  Indices, Load, Loop, Num, Program, Reduce, Stash, Store, Unary,
+                                 Cumsum,
                                  Unstash, Where, check)
 
 KERNEL_NAME = "fuzz_kernel"
@@ -270,6 +271,8 @@ def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  #
         w.emit(f"{s.out} = {s.x}.to({_dtype(s.dtype)})")
     elif isinstance(s, Reduce):
         w.emit(f"{s.out} = tg.{s.kind}({s.x}, {s.axis})")
+    elif isinstance(s, Cumsum):
+        w.emit(f"{s.out} = tg.cumsum({s.x}, {s.axis}{', reverse=True' if s.reverse else ''})")
     elif isinstance(s, InPlace):
         w.emit(f"{s.target} {_OPERATOR[s.op]}= {_operand(s.x)}")
     elif isinstance(s, Assign):
