@@ -196,7 +196,9 @@ def _op_lines(ops: list[Op], by_op: dict, lines: list[str], depth: int) -> None:
             if any(o.choices.get("instr") == "tma" for o in op.body):
                 kind += f"; TMA boxes into an mbarrier ring of {op.stages}"
             lines.append(f"{pad}for ({kind}) {loop_label(op)}{_roles_note(op, pad)}")
-            if op.choices.get("pipeline_skipped"):  # synth/pipeline.py: nothing runs ahead
+            if op.choices.get("pipeline") is not None:  # synth/pipeline.py: its load stage
+                lines.append(f"{pad}    load stage: {op.choices['pipeline'].describe()}")
+            elif op.choices.get("pipeline_skipped"):  # nothing runs ahead, and why
                 lines.append(f"{pad}    not pipelined: {op.choices['pipeline_skipped']}")
             _op_lines(op.body, by_op, lines, depth + 1)
             continue

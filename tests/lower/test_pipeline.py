@@ -125,6 +125,7 @@ def test_one_plan_names_the_load_stage_and_the_protocol(target, options, protoco
     text = plan.describe()
     assert "2 iterations ahead into a ring of 3 stages" in text
     assert ("mbarrier" in text) == (protocol == "mbarrier")
+    assert f"load stage: {text}" in tg.explain(gemm, target=target, **options)
 
 
 def test_a_loop_without_asynchronous_loads_says_why():
