@@ -3,6 +3,7 @@ checked against numpy element by element, for running under compute-sanitizer:
 
     compute-sanitizer --tool racecheck python tests/gpu/sync_sanitize.py consumer
     compute-sanitizer --tool synccheck python tests/gpu/sync_sanitize.py plain
+    compute-sanitizer --tool racecheck python tests/gpu/sync_sanitize.py scan
 
 `--missing-barrier` lowers as before the fix of the warp-specialized consumer loop (no
 barrier between one iteration's reads of its scratch tile and the next iteration's write),
@@ -42,13 +43,21 @@ def run_consumer(m: int = 200, n: int = 130, k: int = 328) -> None:
                                rtol=1e-3, atol=1e-2)
 
 
+def run_scan(n: int = 3) -> None:
+    x = K.scan_chain_inputs(n)
+    y = torch.full((2, x.shape[1]), float("nan"), device="cuda")
+    K.scan_chain[(2,)](torch.from_numpy(x).cuda(), y, n)
+    torch.cuda.synchronize()
+    assert np.array_equal(y.cpu().numpy(), K.scan_chain_ref(x, n)), "scan chain"
+
+
 def missing_barrier() -> None:
     """Lower the consumer loop as before the fix (`carried_conflict` never true)."""
     from tegula.lower import lower
     lower.SharedSync.carried_conflict = lambda self, ignore=frozenset(): False
 
 
-CASES = {"plain": run_plain, "consumer": run_consumer}
+CASES = {"plain": run_plain, "consumer": run_consumer, "scan": run_scan}
 
 if __name__ == "__main__":
     if "--missing-barrier" in sys.argv:

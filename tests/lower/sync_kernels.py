@@ -220,3 +220,40 @@ def consumer_scratch_ref(a, b, BM=64, BN=64, BK=32):
             tile = c[m0:m0 + BM, n0:n0 + BN]
             tile[...] = acc[:tile.shape[0], :tile.shape[1]]
     return c
+
+
+# Scans back to back: each cumsum over a row that spans the block's warps passes its warp
+# totals through one shared scratch row, so the next scan's writes must wait for this
+# one's reads — in straight line, across loop trips and after a branch that scans too.
+SCAN_BN = 1024
+
+
+@tg.kernel(threads=128)
+def scan_chain(x: tg.Tensor[f32], y: tg.Tensor[f32], n: int):
+    for i in tg.range(n):
+        t = tg.load(x.tile((1, SCAN_BN), (0, i)))
+        u = tg.cumsum(t, 1)
+        v = tg.cumsum(u, 1, reverse=True)
+        with tg.if_(tg.block_id(0) > 0):
+            v = v + tg.cumsum(t * 2.0, 1)
+        tg.copy(v, y.tile((1, SCAN_BN), (tg.block_id(0), i)))
+
+
+def scan_chain_inputs(n: int = 3, seed: int = 0) -> np.ndarray:
+    """Small integers (sums exact in f32 in any order), ragged: the last tile is partial."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(-3, 4, (1, n * SCAN_BN - 77)).astype(np.float32)
+
+
+def scan_chain_ref(x: np.ndarray, n: int) -> np.ndarray:
+    """Rows of blocks 0 and 1 (block 1 takes the branch)."""
+    padded = np.zeros(n * SCAN_BN)
+    padded[:x.shape[1]] = x[0]
+    rows = []
+    for block in (0, 1):
+        out = []
+        for t in padded.reshape(n, SCAN_BN):
+            v = np.cumsum(np.cumsum(t)[::-1])[::-1]
+            out.append(v + np.cumsum(2 * t) if block else v)
+        rows.append(np.concatenate(out)[:x.shape[1]])
+    return np.stack(rows).astype(np.float32)

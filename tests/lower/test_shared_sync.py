@@ -30,6 +30,14 @@ def test_plain_kernels_are_right_and_race_free(name, kernel, ref, args, target):
     np.testing.assert_allclose(y, ref(x, *args), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_scans_back_to_back_are_right_and_race_free(target):
+    x = K.scan_chain_inputs()
+    y = np.full((2, x.shape[1]), np.nan, np.float32)
+    tg.emulate(K.scan_chain, (2,), x, y, 3, target=target)
+    assert np.array_equal(y, K.scan_chain_ref(x, 3))
+
+
 def _body(kernel, target="sm_80", **constexprs):
     return build(kernel, constexprs, None, target).thread_kernel.body
 
