@@ -1,0 +1,53 @@
+"""The fuzzer's programs with cumulative sums (`tg.cumsum`, tests/fuzz/test_fuzz_scans.py)
+on the GPU (`pytest -m gpu`): each is emulated for the device's target (strict against the
+reference), launched with outputs poisoned, and the GPU's results judged against the
+reference in its loose model; integer-only programs match the emulator bit for bit."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tegula.fuzz import make_program
+from tegula.fuzz import numerics as nx
+from tegula.fuzz.program import Cumsum, check
+from tegula.fuzz.runner import check_outputs, data_seed, emulate_for, program_inputs
+from tegula.fuzz.source import kernel_source
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # gpu_helpers
+from gpu_helpers import launch_fuzz_program  # noqa: E402
+
+SEED, PROGRAMS = 3, 150
+
+
+def test_cumsum_fuzz_programs_agree_on_gpu_and_emulator():
+    from tegula.runtime import default_target
+    target = default_target()
+    compared = 0
+    for index in range(PROGRAMS):
+        program = make_program(SEED, index)
+        if not any(isinstance(s, Cumsum) for s in program.body):
+            continue
+        inputs = program_inputs(program, data_seed(SEED, index))
+        emulated, verdict, _ = emulate_for(program, inputs, target)
+        where = f"python -m tegula.fuzz --seed {SEED} --program {index} ({target})\n" + \
+            kernel_source(program)
+        if verdict is not None:
+            assert verdict.status == "rejected", where + verdict.detail
+            continue
+        assert check_outputs(program, inputs, emulated).status == "pass", where
+        gpu = launch_fuzz_program(program, inputs, target)
+        if all(not nx.is_float(t.dtype) for t in check(program).values()):
+            for name in emulated:
+                assert np.array_equal(gpu[name], emulated[name]), where
+        verdict = check_outputs(program, inputs, gpu, loose=True)
+        assert verdict.status == "pass", where + verdict.detail
+        compared += 1
+    assert compared >= 12, compared
