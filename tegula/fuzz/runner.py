@@ -185,6 +185,10 @@ def emulate_for(program: Program, inputs: dict, target: str, source: str | None 
                 warnings.simplefilter("ignore", tg.ClusterWarning)
                 report = tg.emulate(kernel, program.grid, *arrays, target=target,
                                     role_order=role_order)
+            # The CUDA the same build prints (no compiler needed): a program the emulator
+            # runs but codegen refuses would fail only at a GPU launch.
+            for built in list(getattr(kernel, "_builds", {}).values()):
+                built.cuda_source()
         except Exception as e:  # noqa: BLE001 — every error is classified
             return None, classify_error(e), frozenset()
         paths = frozenset(path for path, kinds in PATH_KINDS.items()
