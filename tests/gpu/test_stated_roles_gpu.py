@@ -120,7 +120,9 @@ def sanitize_child() -> None:
 
     module = _example()
     m, n, k = 200, 150, 200                     # 12 tiles on 3 blocks, 7 k-tiles
-    _, config = CONFIGS["persistent-pingpong-64x64x32-s3"]  # compiled by the child already
+    # TEGULA_STATED_SANITIZE=<config name> sanitizes another persistent config instead.
+    name = os.environ.get("TEGULA_STATED_SANITIZE", "persistent-pingpong-64x64x32-s3")
+    _, config = CONFIGS[name]
     grid = module.persistent_grid(m, n, 3, config["BM"], config["BN"])
     outcome = check_f16_gemm(torch, m, n, k, lambda a, b, c: module.warp_roles_gemm[grid](
         a, b, c, target="sm_90a", **config))
