@@ -7,7 +7,10 @@ compiler on first use (about a third of a second), stored in the private disk ca
 a key naming its source, the Python ABI and the compiler, and loaded from a private
 temporary copy. Where anything of that is missing (no compiler, no Python headers, an
 unusable cache) the launcher keeps the ctypes call: same driver function, same arguments.
-`TEGULA_C_LAUNCHER=0` turns the extension off (to compare the two).
+`TEGULA_C_LAUNCHER=0` turns the extension off (to compare the two). Where the optional
+libtorch extension (`tegula.runtime.torch_alloc`) is loaded too, the replay key's reads of
+a plain torch tensor come from it (`use_tensor_reader`) rather than from torch's Python
+bindings.
 """
 from __future__ import annotations
 

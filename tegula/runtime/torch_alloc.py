@@ -1,5 +1,5 @@
-"""Output allocation from C++ (libtorch): a replayed entry point's output for a fraction of
-what torch's Python API charges.
+"""Output allocation and tensor reads from C++ (libtorch): a replayed entry point's output
+and replay key for a fraction of what torch's Python API charges.
 
 A replayed `tegula.kernels.softmax(x)` spends more host time allocating its output
 through torch's Python API (`torch.empty_like`: argument parsing, the dispatcher, the
@@ -9,7 +9,10 @@ This module builds a tiny C++ extension linked against the running torch whose
 allocators call `at::empty` directly: `allocator(shape, dtype)` returns a function of a
 tensor `t` giving a new contiguous tensor of that shape and dtype on `t`'s device (None
 for the shape/dtype: `t`'s own), the same as `torch.empty(shape, dtype=dtype,
-device=t.device)` but one C call.
+device=t.device)` but one C call. It also reads a plain tensor's replay-key parts (data
+pointer, sizes, strides, dtype, device) from the C++ tensor for `tegula.runtime.fastcall`
+(`tensor_reader`, installed by `fastcall.use_tensor_reader` when this extension becomes
+ready), instead of six calls into torch's Python bindings per replay.
 
 It is optional. The extension is compiled with the system C++ compiler against torch's
 headers (about 15 s, once per machine and torch version: the binary is kept in tegula's
