@@ -10,10 +10,13 @@ per call: runs of 200 back-to-back calls timed up to the last call's return (bef
 synchronize that follows, so the host never waits for the GPU: 200 launches stay below
 the launch queue's depth), the two calls' runs interleaved, the best of 40 each; and the
 ratio of 2000 calls followed by a synchronize ("synced": host- or GPU-bound, whichever is
-slower). The C++ output allocator (`tegula.runtime.torch_alloc`) is built first (once a
-machine) and in use where it builds. Rows: `kernel[grid](...)`, the torch entry points,
-a torch custom op that only allocates (torch.library's own cost per call),
-`attention_forward` against SDPA, and a decode step's replay against its full path.
+slower). The C++ extension (`tegula.runtime.torch_alloc`: output allocation and the
+replay key's tensor reads) is built first (once a machine) and in use where it builds.
+Rows: `kernel[grid](...)` (and through ctypes), the torch entry points (softmax again with
+the key read through torch's Python API), a torch custom op that only allocates
+(torch.library's own cost per call), `matmul_w4a16` against `F.linear` on the f16
+weight, `attention_forward` against SDPA, and a decode step's replay against its full
+path.
 
 `--stubbed`: tegula's own share of a replayed launch, on any machine. The kernel is
 compiled for real (NVRTC) and its first launch takes the full path, but the driver call
