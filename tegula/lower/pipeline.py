@@ -137,7 +137,7 @@ def _check_order(steps: tuple[str, ...]) -> None:
     computed on only after its acquire (a protocol whose acquire is its release lists
     both, the release's statements empty)."""
     order = {step: i for i, step in enumerate(steps)}
-    if set(order) != {"acquire", "release", "refill", "compute"} \
+    if len(steps) != 4 or set(order) != {"acquire", "release", "refill", "compute"} \
             or order["refill"] < order["release"] or order["compute"] < order["acquire"]:
         raise AssertionError(f"pipeline schedule {steps}: every step once, the refill "
                              f"after the release, the compute after the acquire")

@@ -183,7 +183,8 @@ def test_the_schedule_refuses_a_refill_before_its_release():
     for steps in [("refill", "release", "acquire", "compute"),
                   ("acquire", "compute", "refill", "release"),
                   ("compute", "acquire", "release", "refill"),
-                  ("acquire", "refill", "compute")]:
+                  ("acquire", "refill", "compute"),
+                  ("acquire", "release", "refill", "compute", "compute")]:
         with pytest.raises(AssertionError):
             lowering_pipeline._check_order(steps)
 
