@@ -16,7 +16,7 @@ Rows: `kernel[grid](...)` (and through ctypes), the torch entry points (softmax 
 the key read through torch's Python API), a torch custom op that only allocates
 (torch.library's own cost per call), `matmul_w4a16` against `F.linear` on the f16
 weight, `attention_forward` against SDPA, and a decode step's replay against its full
-path.
+path and against SDPA over the whole cache.
 
 `--stubbed`: tegula's own share of a replayed launch, on any machine. The kernel is
 compiled for real (NVRTC) and its first launch takes the full path, but the driver call
@@ -161,8 +161,13 @@ def main() -> None:
         api._REPLAYS.pop(decode_key, None)
         return decode_step()
 
+    def sdpa_decode():  # torch's op of the kind: the whole cache, GQA, no length mask
+        return F.scaled_dot_product_attention(q1, kcache, vcache, enable_gqa=True)
+
     decode = [("tk.attention_decode (4x32/8, 2048)", decode_step,
-               "its full path (before)", decode_full_path)]
+               "its full path (before)", decode_full_path),
+              ("tk.attention_decode (same)", decode_step,
+               "F.sdpa(q, k, v, enable_gqa)", sdpa_decode)]
     failed = {}
     for name, ours, _, theirs in pairs + decode:  # compile (and tune) while it builds
         try:
