@@ -307,3 +307,57 @@ def test_a_refill_before_the_release_is_reported(monkeypatch, fresh_builds, targ
     c = poisoned((64, 64), f16)
     with pytest.raises(EmulationError):
         tg.emulate(gemm, (1, 1), a, b, c, target=target, STAGES=2, **options)
+
+
+# ------------------------------------------------------------------ the ring's arithmetic
+
+
+def _ring_of(kernel, target, **options):
+    from tegula.ir.ops import ForLoop, walk_ops
+    traced = build(kernel, options, target=target).traced
+    loop = next(op for op in walk_ops(traced.body) if isinstance(op, ForLoop) and op.stages > 1)
+    return loop, lowering_pipeline.Ring(loop)
+
+
+def _value(expr, **names):
+    """A thread-IR expression folded to an int with `names` bound (constants fold)."""
+    from tegula.lower.lower import substitute
+    from tegula.lower.thread_ir import Const
+    folded = substitute(expr, {name: Const(v) for name, v in names.items()})
+    assert isinstance(folded, Const), folded
+    return folded.value
+
+
+def test_a_top_level_ring_counts_from_the_loop_start():
+    for stages in (2, 3, 5):
+        loop, ring = _ring_of(gemm, "sm_80", STAGES=stages)
+        k = ring.var
+        assert not ring.nested
+        for it in range(4 * stages):
+            assert _value(ring.slot(k), **{k.name: it}) == it % stages
+            assert _value(ring.parity(k), **{k.name: it}) == (it // stages) % 2
+
+
+def test_a_nested_ring_continues_its_count_across_the_tiles():
+    """The persistent GEMM's K loop: the J-th tile's iteration k is use J * trips + k of the
+    ring (trips = cdiv(K, BK), the same for every tile), whatever K divides."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "persistent_gemm.py")
+    spec = importlib.util.spec_from_file_location("persistent_gemm_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for stages in (2, 3, 4):
+        loop, ring = _ring_of(module.persistent_gemm, "sm_90a", BM=64, BN=64, BK=32,
+                              STAGES=stages)
+        assert ring.nested
+        tile = loop.choices["ring"].enclosing[0].var.name
+        k = ring.var.name
+        for K in (32, 70, 200):
+            trips = -(-K // 32)
+            for J in range(3):
+                for it in range(trips):
+                    count = J * trips + it
+                    names = {tile: J, k: it, "a_shape1": K}
+                    assert _value(ring.slot(ring.var), **names) == count % stages
+                    assert _value(ring.parity(ring.var), **names) == (count // stages) % 2
