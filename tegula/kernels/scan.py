@@ -116,31 +116,50 @@ def _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one, BD: int, BL: i
 
 
 def _states_shared(A, B, C, b, block, k, dt, dtu, y, hs, one, BD: int, BL: int, N: int,
-                   GROUP: int):
+                   GROUP: int, staged=None):
     """Every state of one chunk in a run-time loop over groups of GROUP states (unrolled
     inside: their recurrences share the scan's shuffle rounds; the N % GROUP states left
-    over follow the loop), each state's carry in shared memory (`hs`: one (BD, 1) stage
-    per state), so no register is indexed by the state and no per-state address stays
-    live across the chunk loop. Returns y + Σ_n h_n·C_n."""
+    over follow the loop). State n = g·GROUP + j keeps its carry in shared memory, stage g
+    of `hs[j]` (one buffer per slot j, so a group's carries go to different buffers), so
+    no register is indexed by the state and no per-state address stays live across the
+    chunk loop. With `staged` (BC_PIPE: per slot j, a two-stage (1, BL) shared ring for B
+    and one for C) the loop is a `tg.pipeline`: the next group's B and C rows are copied
+    (cp.async) while this group scans, and read from shared memory without masks; else
+    each iteration loads its rows from global memory and waits on them. Returns
+    y + Σ_n h_n·C_n."""
 
-    def scan_group(states, y):
-        pairs, starts, rows = (), (), []
-        for n in states:
-            a2 = tg.load(A.tile((BD, 1), (block, n))) * LOG2E
-            bn = tg.load(B[b].tile((1, BL), (n, k))).to(f32)
-            rows.append(tg.load(C[b].tile((1, BL), (n, k))).to(f32))
-            pairs += (tg.exp2(dt * a2), dtu * bn)
-            starts += (one, tg.load(hs[n]))
-        scanned, carries = tg.scan(pairs, 1, _compose_each(len(states)), initial=starts)
-        for j, n in enumerate(states):
-            y = y + scanned[2 * j + 1] * rows[j]
-            tg.copy(carries[2 * j + 1], hs[n])
+    def rows_of(states):   # A[:, n], B[n] and C[n] of each state: flat lists
+        return ([tg.load(A.tile((BD, 1), (block, n))) for n in states],
+                [tg.load(B[b].tile((1, BL), (n, k))) for n in states],
+                [tg.load(C[b].tile((1, BL), (n, k))) for n in states])
+
+    def scan_group(stage, y, a_rows, b_rows, c_rows):
+        pairs, starts = (), ()
+        for j, (an, bn) in enumerate(zip(a_rows, b_rows)):
+            pairs += (tg.exp2(dt * (an * LOG2E)), dtu * bn.to(f32))
+            starts += (one, tg.load(hs[j][stage]))
+        scanned, carries = tg.scan(pairs, 1, _compose_each(len(a_rows)), initial=starts)
+        for j, cn in enumerate(c_rows):
+            y = y + scanned[2 * j + 1] * cn.to(f32)
+            tg.copy(carries[2 * j + 1], hs[j][stage])
         return y
 
-    for g in tg.range(N // GROUP):
-        y = scan_group([g * GROUP + j for j in range(GROUP)], y)
+    groups = N // GROUP
+    if groups and staged is not None:   # B and C rows through a shared ring, a group ahead
+        sb, sc = staged
+        for g in tg.pipeline(groups, stages=2):
+            states = [g * GROUP + j for j in range(GROUP)]
+            for j, n in enumerate(states):
+                tg.copy(B[b].tile((1, BL), (n, k)), sb[j][g])
+                tg.copy(C[b].tile((1, BL), (n, k)), sc[j][g])
+            y = scan_group(g, y, [tg.load(A.tile((BD, 1), (block, n))) for n in states],
+                           [tg.load(sb[j][g]) for j in range(GROUP)],
+                           [tg.load(sc[j][g]) for j in range(GROUP)])
+    elif groups:   # B and C rows straight from global memory (L1/L2) each iteration
+        for g in tg.range(groups):
+            y = scan_group(g, y, *rows_of([g * GROUP + j for j in range(GROUP)]))
     if N % GROUP:
-        y = scan_group(list(range(N - N % GROUP, N)), y)
+        y = scan_group(groups, y, *rows_of(range(groups * GROUP, N)))
     return y
 
 
@@ -167,7 +186,7 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
                            HAS_BIAS: tg.constexpr = False, SOFTPLUS: tg.constexpr = False,
                            PREFETCH: tg.constexpr = False, GROUP: tg.constexpr = 1,
                            BC_AHEAD: tg.constexpr = False, STATE_LOOP: tg.constexpr = False,
-                           STATE_SMEM: tg.constexpr = False):
+                           STATE_SMEM: tg.constexpr = False, BC_PIPE: tg.constexpr = False):
         b = tg.block_id(0)
         block = tg.block_id(1)
         channels = (block, 0)
@@ -177,10 +196,14 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
 
         # Per state n: A[:, n] times log2(e), so that exp(delta·A) is one exp2; the state
         # h[n] (BD, 1) is carried from chunk to chunk by the scan itself.
-        if STATE_SMEM:
-            hs = tg.shared((BD, 1), f32, stages=N)
-            for n in tg.range(N):
-                tg.copy(tg.zeros((BD, 1), f32), hs[n])
+        if STATE_SMEM:   # slot j, stage g: state g·GROUP + j (`_states_shared`)
+            hs = [tg.shared((BD, 1), f32, stages=tg.cdiv(N, GROUP)) for _ in range(GROUP)]
+            for g in tg.range(tg.cdiv(N, GROUP)):
+                for slot in hs:
+                    tg.copy(tg.zeros((BD, 1), f32), slot[g])
+            staged = ([tg.shared((1, BL), bc_dtype, stages=2) for _ in range(GROUP)],
+                      [tg.shared((1, BL), bc_dtype, stages=2) for _ in range(GROUP)]) \
+                if BC_PIPE else None
         elif STATE_LOOP:
             states = tg.zeros((BD, N), f32, layout=_states_layout(BD, BL, N, 128))
         else:
@@ -212,7 +235,8 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             # (its decay may differ from 1 with a bias); those steps come last and are
             # never stored.
             if STATE_SMEM:
-                y = _states_shared(A, B, C, b, block, k, dt, dtu, y, hs, one, BD, BL, N, GROUP)
+                y = _states_shared(A, B, C, b, block, k, dt, dtu, y, hs, one, BD, BL, N, GROUP,
+                                   staged)
             elif STATE_LOOP:
                 y, states = _states_looped(A, B, C, b, block, k, dt, dtu, y, states, one,
                                            BD, BL, N)
@@ -253,7 +277,8 @@ def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
     16 lanes of 8 consecutive steps per channel), GROUP states per tuple scan, BC_AHEAD
     (B/C rows a group ahead), PREFETCH (u and delta a chunk ahead), STATE_LOOP (states in a
     run-time loop, not unrolled), STATE_SMEM (a run-time loop over groups of GROUP states,
-    each state's carry in shared memory), and the `blocks_per_sm` build option; the defaults by
+    each state's carry in shared memory), BC_PIPE (with STATE_SMEM: the B/C rows through a
+    cp.async ring a group ahead), and the `blocks_per_sm` build option; the defaults by
     `dtype` (`_DEFAULT_TILES`)."""
     tiles = dict(_DEFAULT_TILES["f32" if dtype == f32 else "16-bit"])
     tiles.update({k: v for k, v in (("BD", BD), ("BL", BL)) if v is not None})

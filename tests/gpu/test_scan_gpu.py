@@ -161,7 +161,9 @@ def test_selective_scan_tiles_agree():
                   dict(GROUP=4, BC_AHEAD=True), dict(BL=256, STATE_LOOP=True),
                   dict(BL=128, STATE_LOOP=True, prefetch=True),
                   dict(STATE_SMEM=True, GROUP=2, BC_AHEAD=False),
-                  dict(BL=256, STATE_SMEM=True, GROUP=3, BC_AHEAD=False)):
+                  dict(BL=256, STATE_SMEM=True, GROUP=3, BC_AHEAD=False),
+                  dict(BD=16, BL=128, STATE_SMEM=True, GROUP=2, BC_AHEAD=False, BC_PIPE=True),
+                  dict(BL=64, STATE_SMEM=True, GROUP=3, BC_AHEAD=False, BC_PIPE=True)):
         other = selective_scan(u, delta, A, B, C, D, z, bias, True,
                                out=torch.full_like(u, float("nan")), **tiles)
         torch.testing.assert_close(other, base, rtol=1e-5, atol=1e-5)

@@ -80,13 +80,16 @@ def test_each_option_alone(options):
                                    dict(BD=4, BL=64, STATE_LOOP=True, PREFETCH=True),
                                    dict(BL=32, STATE_SMEM=True, GROUP=2),
                                    dict(BL=16, STATE_SMEM=True, GROUP=3),
-                                   dict(BD=4, BL=64, STATE_SMEM=True, PREFETCH=True)])
+                                   dict(BD=4, BL=64, STATE_SMEM=True, PREFETCH=True),
+                                   dict(BL=32, STATE_SMEM=True, GROUP=2, BC_PIPE=True),
+                                   dict(BD=16, BL=16, STATE_SMEM=True, GROUP=3, BC_PIPE=True)])
 def test_small_chunks_carry_the_state(tiles):
     """Small chunks (BL 16-64: 1-4 steps per thread): many chunks, so a state dropped or
     carried wrongly between them shows; with u and delta prefetched a chunk ahead, several
     states per scan (3 does not divide 16), B/C rows loaded a group ahead, and the states
     in a run-time loop (carried in registers, or in shared memory: STATE_SMEM, whose
-    groups of 3 leave one state after the loop)."""
+    groups of 3 leave one state after the loop; with BC_PIPE its B/C rows come through
+    a shared ring a group ahead)."""
     u, delta, A, B, C, D, z, bias = inputs(1, 10, 79, 16, seed=5)
     out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, True, **tiles)
     assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, True), 1e-5)
