@@ -92,6 +92,16 @@ def test_decode_gemm_ops_on_cpu_run_the_emulated_kernels():
         assert torch.all((c.double() - ref).abs() <= 4e-3 * (ref.abs() + 1)), zero_point
 
 
+def test_a_forward_only_op_refuses_a_backward_rather_than_dropping_the_gradient():
+    """An inference op (no autograd formula) on an input that requires grad: its backward
+    raises (torch.library.custom_op's autograd kernel), never a silently missing gradient
+    (what an op registered below custom_op would give)."""
+    x = _random((2, 64), torch.float16, 1).requires_grad_()
+    y = torch.ops.tegula.gemv(x, _random((24, 64), torch.float16, 2))
+    with pytest.raises(RuntimeError, match="tegula.gemv.default but no autograd formula"):
+        y.float().sum().backward()
+
+
 def test_w4a16_op_takes_fragment_prepacked_weights_as_the_entry_point_does():
     """`torch.ops.tegula.matmul_w4a16` accepts the 6-D weights of `pack_fragments` (as
     `tegula.kernels.matmul_w4a16` does): N and K that are not multiples of the 64 x 64
