@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tegula.dtypes import bf16  # noqa: E402
-from tegula.kernels import moe, moe_layer  # noqa: E402
+from tegula.kernels import moe_layer  # noqa: E402
 from tegula.kernels import torch_ops  # noqa: E402,F401  (registers torch.ops.tegula.*)
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
