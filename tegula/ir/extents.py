@@ -25,8 +25,9 @@ tensors (or past both) reads the same either way, so extents may differ there; t
 what lets a kernel combine `s.T` (x's top block, transposed) with x's next block.
 
 Provenance flows through copies (global → shared → registers), casts and element-wise
-ops, conversions, and gemm results (c's rows from a, its columns from b); a reduction
-drops the reduced dim; anything else (index tiles, reshapes, values carried around a
+ops, conversions, scans (`tg.scan`/`tg.cumsum`: their tiles are combined element by
+element too), and gemm results (c's rows from a, its columns from b); a reduction drops
+the reduced dim; anything else (index tiles, reshapes, values carried around a
 loop) has no provenance and so assumes nothing. The workaround for a kernel that means
 to read only part of a tensor is to pass a view of that part (`y[:, :n]`).
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tegula.ir.ops import (Copy, Elementwise, ForLoop, Gemm, IfThen, Rearrange, Reduce,
-                           TracedKernel)
+                           Scan, TracedKernel)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 
 Sources = frozenset  # of Source: where one tile dim's elements come from
@@ -211,6 +212,19 @@ def _visit(op, prov: _Provenance, found: list) -> None:
         found += _combined(f"tg.{op.op}" if op.op != "cast" else ".to()", op.loc, inputs)
         prov.add(op.out, [set().union(*(dims[d] for dims in inputs))
                           for d in range(len(op.out.shape))])
+    elif isinstance(op, Scan):
+        # The scanned tiles (and initials) are combined element by element, each out
+        # element from the elements before it along the axis: an element-wise op whose
+        # output keeps every dim's sources; the carries (extent 1 along the axis) none
+        # along it.
+        rank = len(op.outs[0].shape)
+        inputs = [_out_dims(prov.of(tile), tile.shape, rank) for tile in op.xs + op.initials]
+        found += _combined("tg.scan", op.loc, inputs)
+        dims = [set().union(*(sources[d] for sources in inputs)) for d in range(rank)]
+        for out in op.outs:
+            prov.add(out, dims)
+        for carry in op.carries:
+            prov.add(carry, [set() if d == op.axis else s for d, s in enumerate(dims)])
 
 
 def _out_dims(dims: list, shape: tuple, rank: int) -> list[set]:

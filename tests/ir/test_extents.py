@@ -195,3 +195,37 @@ def test_a_write_a_later_trip_or_path_reads_is_still_checked(kernel):
     else:
         assert np.array_equal(out[:16], first[:16])
         assert np.array_equal(out[16:], (y[:32] + z)[16:])
+
+
+@tg.kernel(threads=64)
+def cumsum_plus(x: tg.Tensor[f32], y: tg.Tensor[f32], out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    s = tg.cumsum(tg.load(x.tile((16, 32), (m, 0))), 1)
+    tg.copy(s + tg.load(y.tile((16, 32), (m, 0))), out.tile((16, 32), (m, 0)))
+
+
+@tg.kernel(threads=64)
+def affine_pairs(a: tg.Tensor[f32], b: tg.Tensor[f32], out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    pa, pb = tg.scan((tg.load(a.tile((16, 32), (m, 0))), tg.load(b.tile((16, 32), (m, 0)))),
+                     1, lambda l, r: (l[0] * r[0], l[1] * r[0] + r[1]))
+    tg.copy(pb, out.tile((16, 32), (m, 0)))
+
+
+def test_a_scans_result_keeps_where_it_was_loaded_from():
+    # cumsum(x) + y reads x's and y's rows together: a scan had no provenance, so y's
+    # missing rows silently read as zeros
+    x, y = _random(40, 32), _random(32, 32)
+    with pytest.raises(LaunchError, match=r"tg.add combines element by element x's dim 0 "
+                                          r"\(extent 40\) with y's dim 0 \(extent 32\)"):
+        tg.emulate(cumsum_plus, (3,), x, y, np.zeros((40, 32), np.float32))
+    out = np.full((32, 32), np.nan, np.float32)
+    tg.emulate(cumsum_plus, (2,), x[:32], y, out)
+    np.testing.assert_allclose(out, np.cumsum(x[:32], 1) + y, rtol=1e-5, atol=1e-5)
+
+
+def test_tiles_scanned_together_must_agree():
+    a, b = _random(32, 32), _random(32, 30)
+    with pytest.raises(LaunchError, match=r"tg.scan combines element by element a's dim 1 "
+                                          r"\(extent 32\) with b's dim 1 \(extent 30\)"):
+        tg.emulate(affine_pairs, (2,), a, b, np.zeros((32, 32), np.float32))
