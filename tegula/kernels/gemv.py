@@ -15,9 +15,11 @@ before any is used (more bytes in flight per thread); with PREFETCH the next ste
 load before this step's multiply, so a step's loads overlap the last one's arithmetic.
 Out-of-range rows of w and columns past K load as 0 and add nothing.
 
-Measured (H100, 2026-11-24): 63-65% of the copy bandwidth at 1x4096x4096 for every chunk
-shape and UNROLL tried (torch's cuBLAS is at 59%), 79-81% at 1x11008x4096: the short
-kernel's start and drain, not bytes in flight, hold the small shape back.
+Measured (H100, 2026-11-24, session 9, one process): without prefetching, 51-80% of the
+copy bandwidth at one row (N x K = 4096², 11008 x 4096, 14336 x 4096, 4096 x 14336) — each
+step waited on its own loads; with the default (two chunks of 16 weights, the next step
+prefetched) 72%, 90%, 91%, 91% (torch's cuBLAS: 59%, 78%, 88%, 83%). The 4096² GEMV
+(32 MB, ~15 µs) is held back by the kernel's start and drain.
 
 Entry points: `gemv_emulated` (numpy, the CPU emulator) and `gemv` (torch, autotuned).
 """
@@ -86,15 +88,23 @@ def gemv_kernel(dtype: DType) -> tg.Kernel:
 
 
 def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = None,
-                threads: int = 128, UNROLL: int = 1,
-                PREFETCH: bool = False) -> tuple[tuple[int], dict]:
+                threads: int = 128, UNROLL: int | None = None,
+                PREFETCH: bool | None = None) -> tuple[tuple[int], dict]:
     """(grid, constexprs) for an (M, N, K) GEMV: one block per BN rows of w. Defaults keep
-    32 weights (four 16-byte f16 loads) per thread per chunk for one row of x, 16 for up
-    to 4 rows and 8 beyond, so the M accumulators stay near 32-128 registers."""
+    32 weights (four 16-byte f16 loads) per thread per step for one row of x — two chunks
+    of 16 (UNROLL=2), the next step's loading while this one's multiply (PREFETCH) — 16
+    for up to 4 rows and 8 beyond, so the M accumulators stay near 32-128 registers. One
+    row's default measured best on an H100 (2026-11-24, session 9): 72% of the copy
+    bandwidth at N = K = 4096, 90-91% at 11008 x 4096, 14336 x 4096 and 4096 x 14336,
+    where one chunk of 32 without prefetching streamed at 51-80%."""
     if not 1 <= m <= MAX_GEMV_ROWS:
         raise ValueError(f"tegula.kernels.gemv: x has {m} rows; the GEMV kernel takes 1 to "
                          f"{MAX_GEMV_ROWS} (use tegula.kernels.matmul for more)")
-    per_thread = 32 if m == 1 else 16 if m <= 4 else 8
+    if UNROLL is None:
+        UNROLL = 2 if m == 1 else 1
+    if PREFETCH is None:
+        PREFETCH = m == 1
+    per_thread = 32 // UNROLL if m == 1 else 16 if m <= 4 else 8
     if BK is None:
         BK = 512 if k >= 512 else 256
     if BN is None:
@@ -149,19 +159,24 @@ def gemv_emulated(x: np.ndarray, w: np.ndarray, dtype: DType | None = None,
 # --------------------------------------------------------------------------------------
 
 def gemv_candidates(m: int) -> list[dict]:
-    """Configurations worth timing for M rows of x: chunk shapes around the default's
-    register budget, 256 threads (more bytes in flight per block), and for one row two
-    chunks loaded before either is used (UNROLL)."""
-    bks = (256, 512, 1024) if m == 1 else (128, 256, 512)
+    """Configurations worth timing for M rows of x: for one row, the prefetching chunk
+    shapes that streamed at 70-92% of the copy bandwidth on an H100 (session 9; the
+    default first); otherwise chunk shapes around the default's register budget and 256
+    threads (more bytes in flight per block), for two rows with prefetching too."""
+    if m == 1:
+        return [dict(BN=4, BK=512, UNROLL=2, PREFETCH=True),
+                dict(BN=8, BK=512, UNROLL=2, PREFETCH=True),
+                dict(BN=8, BK=512, PREFETCH=True),
+                dict(BN=4, BK=1024, PREFETCH=True, threads=256)]
     out = []
+    per_thread = 16 if m <= 4 else 8
     for threads in (128, 256):
-        per_thread = 32 if m == 1 else 16 if m <= 4 else 8
-        for bk in bks:
+        for bk in (128, 256, 512):
             bn = per_thread * threads // bk
             if bn >= 1:
                 out.append(dict(BN=bn, BK=bk, threads=threads))
-    if m == 1:  # two chunks in flight per thread: 81% of copy against 79% at N = 11008
-        out.append(dict(BN=2, BK=1024, UNROLL=2))
+    if m == 2:
+        out += [dict(BN=4, BK=512, PREFETCH=True), dict(BN=2, BK=512, UNROLL=2, PREFETCH=True)]
     return out
 
 
