@@ -98,6 +98,20 @@ def test_per_tensor_persistent_in_clusters(shape, sms):
     check_close(c, ref, magnitude, k, bf16)
 
 
+def test_large_shape_candidates_include_the_clustered_persistent_kernel():
+    """matmul_fp8 times the persistent 128x256 kernel alone and in 2-CTA clusters on
+    Hopper for shapes that fill the GPU; the clustered one multicasts b's boxes."""
+    from tegula.build import build
+    from tegula.kernels.api_matmul import fp8_candidates
+    from tegula.kernels.fp8 import fp8_persistent_gemm_kernel
+    found = [c for c in fp8_candidates(4096, 4096, 4096, False) if c.get("CLUSTER") == 2]
+    assert found and all(c["kernel"] == "persistent" for c in found)
+    assert not any(c.get("CLUSTER") for c in fp8_candidates(4096, 4096, 4096, False, False))
+    config = {k: v for k, v in found[0].items() if k != "kernel"}
+    source = build(fp8_persistent_gemm_kernel(bf16), config, None, "sm_90a").cuda_source()
+    assert ".multicast::cluster" in source
+
+
 def test_blockwise_has_no_persistent_form():
     rng = np.random.default_rng(1)
     a, b = e4m3(rng, (16, 128)), e4m3(rng, (32, 128))
