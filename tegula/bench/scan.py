@@ -71,6 +71,16 @@ def make_case(torch: Any, shape: tuple[int, int, int], dtype: str) -> gpu.Case:
                     same_size_copy=torch.empty(io // 2, device="cuda", dtype=torch.uint8).clone)
 
 
+def _default_tiles(dtype: str) -> str:
+    """The entry point's default constexprs for `dtype`, as the notes print them."""
+    from tegula.dtypes import bf16, f16, f32
+    from tegula.kernels.scan import selective_scan_config
+
+    tiles = selective_scan_config(1536, DSTATE, dtype={"f32": f32, "f16": f16,
+                                                       "bf16": bf16}[dtype])
+    return ", ".join(f"{k}={v}" for k, v in tiles.items() if k != "N")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tegula.bench scan",
                                      description=__doc__.splitlines()[0])
@@ -90,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     records, skipped = gpu.run_cases(cases, budget,
                                      timer=functools.partial(gpu.time_ms, flush=args.flush))
     notes = [f"tegula: tegula.kernels.selective_scan (default tiles by type, "
-             f"selective_scan_config: f32 8 channels x 128 steps per block, two states per "
-             f"scan; 16-bit 8 x 256; 128 threads, 16 lanes per channel, the states looped in "
-             f"registers, 3 blocks per SM), dstate {DSTATE}, every option on; torch: "
+             f"selective_scan_config: {_default_tiles(args.dtype)}; 128 threads), "
+             f"dstate {DSTATE}, every option on; torch: "
              f"Mamba's selective_scan_ref in torch (float32, a Python loop over L); median, "
              f"L2 flushed before each run ({args.flush}: {gpu.FLUSH_NOTE[args.flush]})",
              "TB/s counts u, delta, z, out, B, C, A, D and delta_bias once; tegula/copy is "
