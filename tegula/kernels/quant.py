@@ -59,6 +59,7 @@ Entry points: `w4a16_gemm_emulated` (numpy, unpacked weights: the CI entry point
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -205,14 +206,16 @@ def w4a16_swapped_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -
 @lru_cache(maxsize=None)
 def w4a16_split_sum_kernel(dtype: DType) -> tg.Kernel:
     """c (M, N) = the sum of the SPLIT f32 partial cᵀ slices of `w4a16_swapped_kernel(...,
-    partial=True)` (an (SPLIT · Np, M) workspace, slice z at rows z · Np), added in slice
-    order in f32 and rounded once to `dtype`."""
+    partial=True)` (an (SPLIT · Np, M) workspace, slice z at rows z · Np; Np a multiple of
+    BN), added in slice order in f32 and rounded once to `dtype`. Its (BN, BT) tile is its
+    own (`SUM_TILE`): small, so that the grid has blocks enough to keep the reads in
+    flight (the producer's 64-128 x 128 tiles gave 224 blocks for N = 14336: 5-20 µs)."""
 
     @tg.kernel(threads=128)
     def w4a16_split_sum(parts: tg.Tensor[f32], c: tg.Tensor[dtype], SPLIT: tg.constexpr = 2,
                         BN: tg.constexpr = 64, BT: tg.constexpr = 64):
         n, t = tg.block_id(0), tg.block_id(1)
-        row_tiles = (c.shape[1] + BN - 1) // BN          # slice z: tile rows z·row_tiles…
+        row_tiles = parts.shape[0] // SPLIT // BN        # slice z: tile rows z·row_tiles…
         total = tg.load(parts.tile((BN, BT), (n, t)))
         for z in range(1, SPLIT):
             total = total + tg.load(parts.tile((BN, BT), (z * row_tiles + n, t)))
@@ -350,11 +353,24 @@ def launch_w4a16(kind: str, grid: tuple, constexprs: dict, dtype: DType, has_zer
                                      empty_f32)
     if kind != "split":
         return launch(w4a16_kernel(kind, dtype, has_zeros), grid, (*operands, c), constexprs)
-    split, bn, bt = constexprs["SPLIT"], constexprs["BN"], constexprs["BT"]
+    split, bn = constexprs["SPLIT"], constexprs["BN"]
     m, n = c.shape
     parts = empty_f32((split * tg.cdiv(n, bn) * bn, m))
     launch(w4a16_kernel(kind, dtype, has_zeros), grid, (*operands, parts), constexprs)
-    return launch(w4a16_split_sum_kernel(dtype), grid[:2], (parts, c),
+    return launch_split_sum(dtype, split, parts, c, launch)
+
+
+#: The split sum's (BN, BT) tile: 4 values a thread, so many blocks.
+SUM_TILE = (32, 16)
+
+
+def launch_split_sum(dtype: DType, split: int, parts: Any, c: Any, launch: Any) -> Any:
+    """`w4a16_split_sum_kernel` adding the SPLIT slices of `parts` into c (its tile's rows
+    divide a slice's: the producer's row tile, 64 or more)."""
+    (m, n), bt = c.shape, SUM_TILE[1]
+    bn = math.gcd(SUM_TILE[0], parts.shape[0] // split)
+    grid = (tg.cdiv(n, bn), tg.cdiv(m, bt))
+    return launch(w4a16_split_sum_kernel(dtype), grid, (parts, c),
                   dict(SPLIT=split, BN=bn, BT=bt))
 
 
@@ -656,18 +672,23 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
 def fragment_candidates(m: int) -> list[dict]:
     """The fragment kernel's configs worth timing (pre-packed weights), from the H100
-    sweep of session 8 (`docs/performance.md`): two stored 64-k blocks a k-step (KS=2)
-    won at every shape; split K in 4 or 8 (one 64-row weight tile a block leaves N = 4096
-    with 64 blocks: splitting gives the SMs more, and each SM more warps to hide the
-    dequantization's latency), 2 or 4 beyond 16 tokens; the weights through registers
-    (WSMEM=0) at 16 tokens; 64-token tiles as well at 128."""
+    sweeps of sessions 8-9 (`docs/performance.md`): two stored 64-k blocks a k-step (KS=2)
+    or four; split K in 3 or 4 at 16 tokens (one 64-row weight tile a block leaves
+    N = 4096 with 64 blocks: splitting gives the SMs more, and each SM more warps), 3
+    stages at 7 blocks an SM (72 registers); 2 or 4 beyond 16 tokens, the weights through
+    a cp.async ring or straight into registers (WSMEM=0, then the activations come by
+    TMA: 0.91x torch at 128 x 11008 x 4096 where the ring gave 0.68x); 64-token tiles as
+    well at 128."""
     bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
     if bt <= 16:
-        return [dict(base, BT=bt, STAGES=4, SPLIT=4), dict(base, BT=bt, STAGES=4, SPLIT=8),
-                dict(base, BT=bt, STAGES=3, SPLIT=8, WSMEM=0)]
+        return [dict(base, BT=bt, STAGES=4, SPLIT=3), dict(base, BT=bt, STAGES=4, SPLIT=4),
+                dict(base, BT=bt, STAGES=3, SPLIT=3, blocks_per_sm=7),
+                dict(base, BT=bt, STAGES=3, SPLIT=4, blocks_per_sm=7),
+                dict(base, BT=bt, STAGES=3, SPLIT=4, KS=4)]
     configs = [dict(base, BT=bt, STAGES=3, SPLIT=split) for split in (2, 4)]
+    configs.append(dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0))
     if bt > 64:
-        configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
+        configs += [dict(base, BT=bt, STAGES=2, WSMEM=0), dict(base, BT=64, STAGES=3, SPLIT=4)]
     return configs
 
 
@@ -730,7 +751,7 @@ def _w4a16_replay(launched: list, m: int, n: int, unread: Any) -> Any:
 
 
 __all__ = ["w4a16_rows_kernel", "w4a16_gemm_kernel", "w4a16_swapped_kernel", "w4a16_kernel",
-           "w4a16_split_sum_kernel", "launch_w4a16",
+           "w4a16_split_sum_kernel", "launch_w4a16", "launch_split_sum", "SUM_TILE",
            "token_tile", "w4a16_operands", "MAX_ROWS_KERNEL_M", "w4a16_config", "check_w4a16_shapes",
            "prepack", "unpack_w4", "quantize_w4", "dequantize_w4", "w4a16_gemm_emulated",
            "w4a16_candidates", "fragment_candidates", "matmul_w4a16", "W4A16_DTYPES",

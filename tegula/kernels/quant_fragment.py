@@ -290,7 +290,7 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
     """Run the fragment kernel (`launch(kernel, grid, args, constexprs)`) on `operands`
     (a, fragment-ordered weights, scales, zeros) into c; with SPLIT > 1 into an f32
     workspace from `empty_f32(shape)` that `w4a16_split_sum_kernel` adds into c."""
-    from tegula.kernels.quant import w4a16_split_sum_kernel
+    from tegula.kernels.quant import launch_split_sum
     split = constexprs.get("SPLIT", 1)
     if split == 1:
         return launch(w4a16_fragment_kernel(dtype, has_zeros), grid, (*operands, c),
@@ -300,8 +300,7 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
     parts = empty_f32((split * grid[0] * rows, m))
     launch(w4a16_fragment_kernel(dtype, has_zeros, partial=True), grid, (*operands, parts),
            constexprs)
-    return launch(w4a16_split_sum_kernel(dtype), grid[:2], (parts, c),
-                  dict(SPLIT=split, BN=rows, BT=constexprs["BT"]))
+    return launch_split_sum(dtype, split, parts, c, launch)
 
 
 __all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",

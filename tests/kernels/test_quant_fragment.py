@@ -131,6 +131,21 @@ def test_fragment_config_sets_the_threads_of_wg_warpgroups():
         w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=4, threads=256)
 
 
+def test_split_sum_has_its_own_small_tile():
+    """The split sum of 16 x 14336 in 4 slices ran as 224 blocks of the producer's tile
+    (5 µs in ncu for 3.7 MB); its own (32, 16) tile gives 448, and its rows must divide a
+    slice's (a 64-row tile's workspace at 32, a 16-row one's at 16)."""
+    from tegula.kernels.quant import launch_split_sum
+    launched = []
+    record = lambda kernel, grid, args, cx: launched.append((grid, cx))  # noqa: E731
+    launch_split_sum(f16, 4, np.empty((4 * 14336, 16), np.float32),
+                     np.empty((16, 14336), np.float16), record)
+    launch_split_sum(f16, 2, np.empty((2 * 48, 100), np.float32),
+                     np.empty((100, 40), np.float16), record)
+    assert launched == [((448, 1), dict(SPLIT=4, BN=32, BT=16)),
+                        ((3, 7), dict(SPLIT=2, BN=16, BT=16))]
+
+
 def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
     """The point of the layout: each thread's weights of a k-step arrive in one 16-byte
     access (cp.async into the ring, then shared memory into registers) with no layout
