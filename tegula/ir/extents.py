@@ -26,9 +26,10 @@ what lets a kernel combine `s.T` (x's top block, transposed) with x's next block
 
 Provenance flows through copies (global → shared → registers), casts and element-wise
 ops, conversions, scans (`tg.scan`/`tg.cumsum`: their tiles are combined element by
-element too), and gemm results (c's rows from a, its columns from b); a reduction drops
-the reduced dim; anything else (index tiles, reshapes, values carried around a
-loop) has no provenance and so assumes nothing. The workaround for a kernel that means
+element too), permutes and reshapes that only add or drop size-1 dims, bitcasts, and gemm
+results (c's rows from a, its columns from b); a reduction drops the reduced dim; anything
+else (index tiles, reshapes that merge or split dims) has no provenance and so assumes
+nothing. The workaround for a kernel that means
 to read only part of a tensor is to pass a view of that part (`y[:, :n]`).
 """
 from __future__ import annotations
@@ -36,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tegula.ir.ops import (Copy, Elementwise, ForLoop, Gemm, IfThen, Rearrange, Reduce,
-                           Scan, TracedKernel)
+from tegula.ir.ops import (Bitcast, Copy, Elementwise, ForLoop, Gemm, IfThen, Rearrange,
+                           Reduce, Reshape, Scan, TracedKernel)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile
 
 Sources = frozenset  # of Source: where one tile dim's elements come from
@@ -196,6 +197,11 @@ def _visit(op, prov: _Provenance, found: list) -> None:
         prov.write(op.dst, prov.of(op.src))
     elif isinstance(op, Rearrange):
         prov.add(op.out, prov.of(op.x))
+    elif isinstance(op, Reshape):
+        prov.add(op.out, _reshaped(prov.of(op.x), op.x.shape, op.order, op.out.shape))
+    elif isinstance(op, Bitcast):  # the same shape, or 32-bit to 16-bit: a last dim of 2
+        dims = prov.of(op.x)
+        prov.add(op.out, dims if len(op.out.shape) == len(dims) else dims + [set()])
     elif isinstance(op, Reduce):
         dims = prov.of(op.x)
         prov.add(op.out, [Sources() if d == op.axis else s for d, s in enumerate(dims)])
@@ -225,6 +231,19 @@ def _visit(op, prov: _Provenance, found: list) -> None:
             prov.add(out, dims)
         for carry in op.carries:
             prov.add(carry, [set() if d == op.axis else s for d, s in enumerate(dims)])
+
+
+def _reshaped(dims: list, shape: tuple, order: tuple, out_shape: tuple) -> list:
+    """Sources of a `Reshape`'s output dims: `x`'s, transposed by `order`, where only
+    size-1 dims come and go (each other dim keeps its extent and place); none where dims
+    merge or split (their elements mix coordinates of several tensor dims)."""
+    kept = [(shape[i], dims[i]) for i in order if shape[i] != 1]
+    places = [i for i, extent in enumerate(out_shape) if extent != 1]
+    out: list = [set() for _ in out_shape]
+    if [extent for extent, _ in kept] == [out_shape[i] for i in places]:
+        for (_, sources), i in zip(kept, places):
+            out[i] = set(sources)
+    return out
 
 
 def _out_dims(dims: list, shape: tuple, rank: int) -> list[set]:

@@ -229,3 +229,36 @@ def test_tiles_scanned_together_must_agree():
     with pytest.raises(LaunchError, match=r"tg.scan combines element by element a's dim 1 "
                                           r"\(extent 32\) with b's dim 1 \(extent 30\)"):
         tg.emulate(affine_pairs, (2,), a, b, np.zeros((32, 32), np.float32))
+
+
+@tg.kernel(threads=64)
+def permuted_plus(x: tg.Tensor[f32], y: tg.Tensor[f32], out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    t = tg.permute(tg.load(x.tile((32, 16), (0, m))), (1, 0))   # x read by columns
+    tg.copy(t + tg.load(y.tile((16, 32), (m, 0))), out.tile((16, 32), (m, 0)))
+
+
+@tg.kernel(threads=64)
+def row_plus(x: tg.Tensor[f32], y: tg.Tensor[f32], out: tg.Tensor[f32]):
+    m = tg.block_id(0)
+    r = tg.reshape(tg.load(x.tile((1, 32), (0, 0))), (32,))    # a size-1 dim dropped...
+    r = tg.reshape(r, (1, 32))                                    # ...and put back
+    tg.copy(r + tg.load(y.tile((16, 32), (m, 0))), out.tile((16, 32), (m, 0)))
+
+
+def test_permutes_and_size_one_reshapes_keep_where_tiles_were_loaded_from():
+    # both were ops without provenance: the sums below read x and y together unchecked
+    with pytest.raises(LaunchError, match=r"x's dim 1 \(extent 40\) with y's dim 0 "
+                                          r"\(extent 32\)"):
+        tg.emulate(permuted_plus, (2,), _random(32, 40), _random(32, 32),
+                   np.zeros((32, 32), np.float32))
+    with pytest.raises(LaunchError, match=r"x's dim 1 \(extent 30\) with y's dim 1 "
+                                          r"\(extent 32\)"):
+        tg.emulate(row_plus, (2,), _random(1, 30), _random(32, 32),
+                   np.zeros((32, 32), np.float32))
+    x, y = _random(32, 32), _random(32, 32)
+    out = np.full((32, 32), np.nan, np.float32)
+    tg.emulate(permuted_plus, (2,), x, y, out)
+    assert np.array_equal(out, x.T + y)
+    tg.emulate(row_plus, (2,), x[:1], y, out)
+    assert np.array_equal(out, x[:1] + y)
