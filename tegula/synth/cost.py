@@ -439,6 +439,14 @@ DRAM_STREAM_EFFICIENCY = 0.905
 LAUNCH_US = 5.2
 
 
+#: What launching one block costs its SM, however small the block: the SMs take new
+#: blocks at a bounded rate. Fitted on the H100 (session 9): softmax and RMSNorm of 65536
+#: rows of 256, one row (512 B) a block on 32 or 64 threads — 65,536 blocks — ran 44.0-44.8
+#: µs whatever the block did, where the bytes take 27 µs: (44.4 - 5.2) µs over 497 blocks
+#: an SM.
+BLOCK_LAUNCH_CYCLES = 144
+
+
 def load_chain_cycles(t: dict, pipe_cycles: float, dram_block: float) -> float:
     """A block's serial chain where it loads from global memory outside any loop (a row
     softmax or norm: load the rows, reduce, store): one loaded load latency
@@ -549,6 +557,7 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     if chain:
         sm_cycles["load chain"] = on_sm * chain / resident
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
+    sm_cycles["block launches"] = on_sm * BLOCK_LAUNCH_CYCLES
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
     # Each round of resident blocks waits for its first loads (the fill) unoverlapped.
     rounds = -(-on_sm // resident)
