@@ -170,11 +170,13 @@ def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
     trailing dims). (magic + w) - (magic + zero) = w - zero is exact (integers up to 15)
     and the product rounds once: the f32 dequantization rounded to the type, in paired
     16-bit instructions (HADD2, HMUL2; magic + zero is one HADD2 per group and row).
+    `scale` None: w - zero only (exact), for a kernel that scales the MMA's f32 sums.
     Register arithmetic only, so it runs while wgmmas issued before it compute
     (`lower/wgmma_waits.py`)."""
     extra = (None,) * (packed.rank - zero.rank)
     magic_zero = zero + MAGIC[zero.dtype.name][1]
-    return (packed - magic_zero[(..., *extra)]) * scale[(..., *extra)]
+    unscaled = packed - magic_zero[(..., *extra)]
+    return unscaled if scale is None else unscaled * scale[(..., *extra)]
 
 
 def as_words(stored: Any) -> Any:
@@ -202,7 +204,11 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     activations re-read by every block of rows are most of the bytes moved (8x the 4-bit
     weights' at BT = 128), and WG = 2 halves them. `partial`: split K as in
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
-    by `w4a16_split_sum_kernel`)."""
+    by `w4a16_split_sum_kernel`). SCALE_AFTER (cp.async weights, one group a k-step:
+    64·KS ≤ G): the MMA takes w - zero (exact in 16 bits) into a fresh f32 accumulator
+    each step, scaled by the row's scale as it is added to the sums: BT/2 FMAs a thread
+    instead of 32·KS HMUL2 (275 SASS a 128-k step at 16 tokens, was 300); more exact,
+    as no dequantized weight is rounded."""
     out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
@@ -210,7 +216,8 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1,
-                       KS: tg.constexpr = 1, WG: tg.constexpr = 1):
+                       KS: tg.constexpr = 1, WG: tg.constexpr = 1,
+                       SCALE_AFTER: tg.constexpr = 0):
         n, t = tg.block_id(0), tg.block_id(1)
         BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
         BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
@@ -250,7 +257,15 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                 tg.copy(gw[:, :, :, :, k], sw[k])
                 following_constants = constants(k + 1)              # past K: masked, unused
                 words = tg.load(sw[k], layout=words_tv)
-                tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
+                if SCALE_AFTER:   # one group a step: (w - zero) exact in 16 bits, the
+                    zero, scale = ahead_constants       # scale on the step's f32 sums
+                    packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
+                    unscaled = dequantize_in(packed, zero, None)
+                    step = tg.zeros((BN, BT), f32)
+                    tg.gemm(step, tg.reshape(unscaled, (BN, BK)), sa[k])
+                    acc = acc + step * scale.to(f32)
+                else:
+                    tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
                 ahead_constants = following_constants
             else:   # loads first, then the gemm, then register work only (overlaps it)
                 following_constants = constants(k + 1)              # past K: masked, unused
@@ -275,6 +290,11 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
     from tegula.kernels.quant import token_tile
     constexprs = dict(G=group_size, BT=token_tile(m), STAGES=3, SPLIT=1)
     constexprs.update(tiles)
+    if constexprs.get("SCALE_AFTER") and (64 * constexprs.get("KS", 1) > group_size
+                                          or not constexprs.get("WSMEM", 1)):
+        raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 needs one group a k-step "
+                         f"(64·KS = {64 * constexprs.get('KS', 1)} ≤ group_size = "
+                         f"{group_size}) and the cp.async weights (WSMEM=1)")
     row_groups = constexprs.get("WG", 1)
     if row_groups > 1:
         if constexprs.setdefault("threads", 128 * row_groups) != 128 * row_groups:

@@ -281,7 +281,11 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
         ("f16", 128, 14336, 4096, 128, True, dict(BT=128, KS=2, WG=2)),
         ("f16", 64, 4096, 4096, 128, True, dict(BT=64, KS=2, WG=4, SPLIT=2, WSMEM=0)),
         ("f16", 100, 77, 192, 32, True, dict(BT=128, WG=2)),      # rows 77-127 past N
-        ("bf16", 64, 300, 512, 64, False, dict(KS=2, WG=2, SPLIT=3))]],
+        ("bf16", 64, 300, 512, 64, False, dict(KS=2, WG=2, SPLIT=3)),
+        # the scale on each step's f32 sums, 7 blocks an SM
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=2, SPLIT=3, STAGES=3, SCALE_AFTER=1,
+                                                 blocks_per_sm=7)),
+        ("bf16", 13, 70, 192, 64, False, dict(SCALE_AFTER=1))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):

@@ -59,6 +59,9 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (100, 77, 192, 32, True, dict(BT=128, STAGES=4, WG=2)),  # rows 77-127 past N
     (9, 200, 96, 32, True, dict(SPLIT=4, STAGES=2, WG=4)),   # 2 blocks, the second ragged
     (5, 130, 384, 128, True, dict(KS=2, WSMEM=0, WG=2)),
+    # the scale applied to each step's f32 sums (one group a step)
+    (20, 200, 384, 128, False, dict(KS=2, SPLIT=3, SCALE_AFTER=1)),
+    (13, 70, 192, 64, True, dict(SCALE_AFTER=1, BT=16)),
 ]
 
 
@@ -94,7 +97,8 @@ def test_fragment_kernel_scales_follow_their_group():
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
-def test_fragment_kernel_nan_and_inf_reach_only_their_outputs(target):
+@pytest.mark.parametrize("scale_after", [0, 1])
+def test_fragment_kernel_nan_and_inf_reach_only_their_outputs(target, scale_after):
     m, n = 20, 70
     rng = np.random.default_rng(12)
     a = random_input(rng, (m, 128), f16)
@@ -104,7 +108,7 @@ def test_fragment_kernel_nan_and_inf_reach_only_their_outputs(target):
     a[4, 70] = np.inf          # row 4: infinities (and NaN where a weight dequantizes to 0)
     w_q[3, 70] = zeros[3, 1]
     c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, target=target, FRAGMENT=1,
-                            warp_specialize=False)
+                            warp_specialize=False, SCALE_AFTER=scale_after)
     w = dequantize_w4(w_q, scales, zeros, 64)
     with np.errstate(invalid="ignore"):
         ref = a.astype(np.float64) @ w.T
@@ -126,6 +130,9 @@ def test_fragment_config():
 def test_fragment_config_sets_the_threads_of_wg_warpgroups():
     kind, grid, c = w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=2, SPLIT=2)
     assert grid == (32, 1, 2) and c["threads"] == 256
+    with pytest.raises(ValueError, match=r"SCALE_AFTER=1 needs one group a k-step "
+                                         r"\(64·KS = 128 ≤ group_size = 64\)"):
+        w4a16_config(16, 4096, 4096, 64, FRAGMENT=1, KS=2, SCALE_AFTER=1)
     with pytest.raises(ValueError, match=r"WG=4 warpgroups of weight rows need "
                                          r"threads=512, got threads=256"):
         w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=4, threads=256)
@@ -167,11 +174,12 @@ def test_every_fragment_candidate_runs(m):
     at a shape that divides no tile."""
     from tegula.kernels.quant import fragment_candidates
     rng = np.random.default_rng(m)
-    a = random_input(rng, (m, 160), f16)
-    w_q, scales, zeros = random_w4(rng, 70, 160, 32, f16)
-    for tiles in fragment_candidates(m):
-        c = w4a16_gemm_emulated(a, w_q, scales, zeros, 32, **tiles)
-        check_w4a16(c, a, w_q, scales, zeros, 32, f16, dequant_rounded=True)
+    for group, k in ((32, 160), (128, 384)):     # groups of 128 add SCALE_AFTER at 16 tokens
+        a = random_input(rng, (m, k), f16)
+        w_q, scales, zeros = random_w4(rng, 70, k, group, f16)
+        for tiles in fragment_candidates(m, group):
+            c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, **tiles)
+            check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
 
 
 def test_matmul_w4a16_names_a_mismatched_prepacked_weight():
@@ -188,7 +196,9 @@ def test_matmul_w4a16_names_a_mismatched_prepacked_weight():
 
 
 @pytest.mark.parametrize("tiles", [dict(KS=1), dict(KS=2), dict(KS=2, WSMEM=0),
-                                   dict(KS=2, BT=128, STAGES=3)], ids=str)
+                                   dict(KS=2, BT=128, STAGES=3),
+                                   dict(KS=2, STAGES=3, SCALE_AFTER=1, blocks_per_sm=7)],
+                         ids=str)
 def test_fragment_kernel_compiles_without_serialized_wgmmas(tiles):
     """ptxas serializes a register-A wgmma whose input registers other instructions define
     inside its pipeline stage (C7513/C7514/C7519, e.g. when the next step's dequantization
