@@ -644,8 +644,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     args = [t.contiguous() for t in (a, packed, scales)]
     args.append(zeros.contiguous() if zeros is not None
                 else torch.zeros((1, 1), dtype=a.dtype, device=a.device))  # unread
-    candidates = (fragment_candidates(m, group_size) if fragment
-                  else w4a16_candidates(m, group_size))
+    candidates = (fragment_candidates(m) if fragment else w4a16_candidates(m, group_size))
     configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config) -> Any:
@@ -671,7 +670,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     return out
 
 
-def fragment_candidates(m: int, group_size: int = 128) -> list[dict]:
+def fragment_candidates(m: int) -> list[dict]:
     """The fragment kernel's configs worth timing (pre-packed weights), from the H100
     sweeps of sessions 8-9 (`docs/performance.md`): two stored 64-k blocks a k-step (KS=2)
     or four; split K in 3 or 4 at 16 tokens (one 64-row weight tile a block leaves
@@ -679,18 +678,14 @@ def fragment_candidates(m: int, group_size: int = 128) -> list[dict]:
     stages at 7 blocks an SM (72 registers); 2 or 4 beyond 16 tokens, the weights through
     a cp.async ring or straight into registers (WSMEM=0, then the activations come by
     TMA: 0.91x torch at 128 x 11008 x 4096 where the ring gave 0.68x); 64-token tiles as
-    well at 128. With groups of 128, the scale on each step's f32 sums (SCALE_AFTER) at 16
-    tokens."""
+    well at 128. (SCALE_AFTER at KS=2 lost to KS=4 at every 16-token shape of session 9's
+    round 2, and needs one group a k-step: not a candidate.)"""
     bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
     if bt <= 16:
-        configs = [dict(base, BT=bt, STAGES=4, SPLIT=3), dict(base, BT=bt, STAGES=4, SPLIT=4),
-                   dict(base, BT=bt, STAGES=3, SPLIT=3, blocks_per_sm=7),
-                   dict(base, BT=bt, STAGES=3, SPLIT=4, blocks_per_sm=7),
-                   dict(base, BT=bt, STAGES=3, SPLIT=4, KS=4)]
-        if group_size >= 128:
-            configs += [dict(base, BT=bt, STAGES=3, SPLIT=split, blocks_per_sm=7,
-                             SCALE_AFTER=1) for split in (3, 4)]
-        return configs
+        return [dict(base, BT=bt, STAGES=4, SPLIT=3), dict(base, BT=bt, STAGES=4, SPLIT=4),
+                dict(base, BT=bt, STAGES=3, SPLIT=3, blocks_per_sm=7),
+                dict(base, BT=bt, STAGES=3, SPLIT=4, blocks_per_sm=7),
+                dict(base, BT=bt, STAGES=3, SPLIT=4, KS=4)]
     configs = [dict(base, BT=bt, STAGES=3, SPLIT=split) for split in (2, 4)]
     configs.append(dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0))
     if bt > 64:
