@@ -13,8 +13,7 @@ Three kernels, none with atomics, so every result is the same bit for bit on eve
   row term of softmax's Jacobian (Σ_j P_ij dP_ij = delta_i).
 * `attention_backward_dkdv_kernel` — one program per (key block, kv head, batch): keeps a
   (BN, D) block of K and V in shared memory and walks the query blocks of the G query heads
-  sharing that kv head, in a fixed order (one pipeline over (head, block) pairs: Q and
-  dO by TMA on sm_90a), recomputing Pᵀ = exp(scale · K Qᵀ − lse) from the
+  sharing that kv head, in a fixed order, recomputing Pᵀ = exp(scale · K Qᵀ − lse) from the
   saved lse (no second softmax), with
       dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += scale · dSᵀ Q.
   Working in the transposed (key, query) orientation makes each product a plain
@@ -65,11 +64,7 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
     """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads."""
 
-    # One role (no producer warpgroup): the loop's TMA loads are issued by the block itself.
-    # A producer warpgroup measured 2x slower (H100, D=128: 163 against 335 TFLOP/s): with
-    # it the block needs 255 registers a thread of 256 and one block fits an SM, where the
-    # 128-thread block (226 registers) runs two.
-    @tg.kernel(threads=128, warp_specialize=False)
+    @tg.kernel(threads=128)
     def attention_backward_dkdv(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                                 v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                 lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
@@ -88,33 +83,34 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
         dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
         first = 0
         if CAUSAL:  # the first query block whose last row reaches this block's first key
-            first = tg.minimum(tg.maximum(n * BN - (seq_k - seq_q), 0) // BM,
-                               tg.cdiv(seq_q, BM))
-        # One pipeline over (query head of the group, query block), heads outer: a loop
-        # of its own, so on sm_90a Q and dO arrive by TMA into an mbarrier ring (a pipeline
-        # inside a G loop stays on cp.async, waiting on its loads every block).
-        blocks = tg.cdiv(seq_q, BM) - first
-        for t in tg.pipeline(G * blocks, stages=STAGES):
-            h = hk * G + t // blocks
-            m = first + t % blocks
-            tg.copy(q[b, h].tile((BM, D), (m, 0)), sq[t])
-            tg.copy(dout[b, h].tile((BM, D), (m, 0)), sdo[t])
-            queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
-            # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
-            # FMA per score
-            lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
-            delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
-            s_t = tg.zeros((BN, BM), f32)
-            tg.gemm(s_t, sk, sq[t])                          # K Qᵀ
-            seen = (keys < seq_k) & (queries < seq_q)
-            if CAUSAL:
-                seen = seen & (keys <= queries + (seq_k - seq_q))
-            p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
-            tg.gemm(dv_acc, p_t.to(dtype), sdo[t].T)         # += Pᵀ dO
-            dp_t = tg.zeros((BN, BM), f32)
-            tg.gemm(dp_t, sv, sdo[t])                        # V dOᵀ
-            ds_t = p_t * (dp_t - delta_m)
-            tg.gemm(dk_acc, ds_t.to(dtype), sq[t].T)         # += dSᵀ Q
+            first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
+        # The query-block pipeline nested in the G loop stays on cp.async (one block ahead).
+        # One pipeline over (head, block) pairs gets TMA on sm_90a but measured slower
+        # (H100, D=128, session 9: 230 TFLOP/s with the block issuing the TMA ring, 163
+        # with a producer warpgroup at 255 registers, against 359 for this form).
+        for g in tg.range(G):
+            h = hk * G + g
+            q_blocks = q[b, h].tile((BM, D), (None, 0))
+            do_blocks = dout[b, h].tile((BM, D), (None, 0))
+            for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
+                tg.copy(q_blocks[:, :, m], sq[m])
+                tg.copy(do_blocks[:, :, m], sdo[m])
+                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
+                # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
+                # FMA per score
+                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
+                delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+                s_t = tg.zeros((BN, BM), f32)
+                tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
+                seen = (keys < seq_k) & (queries < seq_q)
+                if CAUSAL:
+                    seen = seen & (keys <= queries + (seq_k - seq_q))
+                p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+                tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
+                dp_t = tg.zeros((BN, BM), f32)
+                tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
+                ds_t = p_t * (dp_t - delta_m)
+                tg.gemm(dk_acc, ds_t.to(dtype), sq[m].T)         # += dSᵀ Q
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
