@@ -19,15 +19,18 @@ A chunk is a (BD, BL) tile laid out for `tg.scan` along the steps (`synth/scan.p
 BD = 8 and BL = 256 on 128 threads, 16 lanes per channel, 16 consecutive steps per
 thread, loads of 16 bytes coalesced along the sequence). The recurrence
 h_t = a_t·h_{t-1} + b_t is a scan of the pairs (a, b) under the (associative, not
-commutative) composition `(a1, b1) ∘ (a2, b2) = (a1·a2, a2·b1 + b2)`. The dstate states
-are a Python loop (unrolled at trace time): for state n the kernel scans
+commutative) composition `(a1, b1) ∘ (a2, b2) = (a1·a2, a2·b1 + b2)`. For each of the
+dstate states n the kernel scans
 (exp2(delta·A[:, n]·log2 e), delta·u·B[n]) from the state carried in from the last chunk
 (`tg.scan(..., initial=)`, whose carry is the next chunk's initial) and adds h·C[n] to y,
 so the sum over states stays in each thread's registers (as in Mamba's CUDA kernel, where
 a thread owns a run of steps and loops over the states; there a block scan joins the
 threads, here shuffles across a channel's lanes). u and delta are read once per chunk
-(optionally one chunk ahead: PREFETCH), B[n] and C[n] once per state and chunk by every
-channel of the block (from L1/L2: B and C are batch·dstate·L, small next to u).
+(optionally one chunk ahead: PREFETCH). By default (STATE_SMEM, BC_PIPE) the states are a
+run-time loop over groups of two, their carries kept in shared memory, and each group's
+B[n] and C[n] rows are copied into a shared ring (cp.async) one group ahead and read
+without masks; `_states_unrolled` is the older scheme (every state unrolled, carried in
+registers, B/C rows from L1/L2), kept as an option (STATE_SMEM=False).
 """
 from __future__ import annotations
 
@@ -255,35 +258,64 @@ def selective_scan_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
     return selective_scan_fwd
 
 
-#: The default tiles by element type of u, measured on an H100 (docs/performance.md,
-#: 2026-11-24, 4x1536x2048, dstate 16): f32 at 8 channels x 128 steps with two states per
-#: scan and B/C a group ahead (321 us; 348 us at 8 x 256 one state per scan, 319 us with
-#: the states in a run-time loop); 16-bit at 8 x 256, one state per scan (241 us; 282 us
-#: the f32 choice, 310 us the state loop). Both at 3 blocks per SM (`blocks_per_sm`, which
-#: holds ptxas to 168 registers a thread where it took 180 and fit 2 blocks): ncu showed
-#: the kernel issue-bound at 2 warps per scheduler, and 3 blocks measured 319 -> 236 us
-#: (f32) and 251 -> 187 us (bf16) on an H100, 2026-11-24; 4 blocks (128 registers) were
-#: slower (252 and 263 us).
-_DEFAULT_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True, STATE_LOOP=False,
+#: The default tiles by element type of u: the states in a run-time loop of two per scan,
+#: their carries in shared memory, B/C rows through a cp.async ring a group ahead
+#: (STATE_SMEM, BC_PIPE), 3 blocks per SM (`blocks_per_sm`: ptxas holds 168 registers).
+#: Measured on an H100 (2026-11-24, session 9, one process, every option on, dstate 16;
+#: docs/performance.md): f32 16 channels x 128 steps 158 us at 4x1536x2048 against 254 us
+#: for session 7's unrolled states (`_UNROLLED_TILES`), but 84 against 71 us at 3x1000x777,
+#: where 16 channels a block leave 189 blocks for 132 SMs: there 8 x 128 (69 us; 219 us at
+#: the large shape), chosen by `_FEW_BLOCKS`. 16-bit at 8 x 256: 151 / 79 us against
+#: 192 / 108 us unrolled.
+_DEFAULT_TILES = {"f32": dict(BD=16, BL=128, GROUP=2, STATE_SMEM=True, BC_PIPE=True,
                               blocks_per_sm=3),
-                  "16-bit": dict(BD=8, BL=256, GROUP=1, BC_AHEAD=False, STATE_LOOP=False,
+                  "16-bit": dict(BD=8, BL=256, GROUP=2, STATE_SMEM=True, BC_PIPE=True,
                                  blocks_per_sm=3)}
+#: Below this many blocks (two per SM of an H100) the f32 tile takes 8 channels, not 16.
+_FEW_BLOCKS = 264
+#: Session 7's defaults (every state unrolled, carried in registers; B/C from global
+#: memory): f32 8 x 128 with two states per scan and B/C a group ahead, 16-bit 8 x 256.
+_UNROLLED_TILES = {"f32": dict(BD=8, BL=128, GROUP=2, BC_AHEAD=True, blocks_per_sm=3),
+                   "16-bit": dict(BD=8, BL=256, GROUP=1, blocks_per_sm=3)}
 
 
 def selective_scan_config(dim: int, dstate: int, BD: int | None = None,
                           BL: int | None = None, prefetch: bool | None = None,
-                          dtype: DType = f32) -> dict:
-    """The constexprs: BD channels per block and BL steps per chunk (8 x 128 on 128 threads:
-    16 lanes of 8 consecutive steps per channel), GROUP states per tuple scan, BC_AHEAD
+                          dtype: DType = f32, batch: int = 1) -> dict:
+    """The constexprs: BD channels per block and BL steps per chunk (16 x 128 on 128 threads:
+    8 lanes of 16 consecutive steps per channel), GROUP states per tuple scan, BC_AHEAD
     (B/C rows a group ahead), PREFETCH (u and delta a chunk ahead), STATE_LOOP (states in a
     run-time loop, not unrolled), STATE_SMEM (a run-time loop over groups of GROUP states,
     each state's carry in shared memory), BC_PIPE (with STATE_SMEM: the B/C rows through a
     cp.async ring a group ahead), and the `blocks_per_sm` build option; the defaults by
-    `dtype` (`_DEFAULT_TILES`)."""
+    `dtype` (`_DEFAULT_TILES`; f32 takes 8 channels a block where 16 would leave fewer
+    than `_FEW_BLOCKS` blocks for `batch` x `dim`)."""
     tiles = dict(_DEFAULT_TILES["f32" if dtype == f32 else "16-bit"])
+    if dtype == f32 and batch * -(-dim // tiles["BD"]) < _FEW_BLOCKS:
+        tiles["BD"] = 8
     tiles.update({k: v for k, v in (("BD", BD), ("BL", BL)) if v is not None})
     return dict(N=dstate, **tiles,
                 PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch))
+
+
+def _merged_tiles(fn: str, defaults: dict, tiles: dict) -> dict:
+    """The defaults with the caller's `tiles` over them, refusing a mix of the state
+    schemes (unrolled in registers; STATE_LOOP; STATE_SMEM, optionally BC_PIPE) whose
+    options the chosen scheme would silently ignore. Naming STATE_LOOP alone (or BC_AHEAD)
+    leaves the default STATE_SMEM for it."""
+    merged = dict(defaults, **tiles)
+    if tiles.get("STATE_LOOP") or tiles.get("BC_AHEAD") or tiles.get("STATE_SMEM") is False:
+        if "STATE_SMEM" not in tiles:
+            merged["STATE_SMEM"] = False
+        if "BC_PIPE" not in tiles:
+            merged["BC_PIPE"] = False
+    if merged.get("STATE_SMEM") and (merged.get("STATE_LOOP") or merged.get("BC_AHEAD")):
+        raise ValueError(f"tegula.kernels.{fn}: STATE_SMEM (the states' carries in shared "
+                         f"memory) does not combine with STATE_LOOP or BC_AHEAD, got {tiles}")
+    if merged.get("BC_PIPE") and not merged.get("STATE_SMEM"):
+        raise ValueError(f"tegula.kernels.{fn}: BC_PIPE (B/C rows through a shared ring) "
+                         f"needs STATE_SMEM=True, got {tiles}")
+    return merged
 
 
 # --------------------------------------------------------------------------------------
@@ -364,7 +396,8 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
     if out.size == 0:
         return out
     as32 = lambda x: np.ascontiguousarray(x, np.float32)  # noqa: E731
-    constexprs = {**selective_scan_config(dim, A.shape[1], dtype=dtype), **tiles}
+    constexprs = _merged_tiles(fn, selective_scan_config(dim, A.shape[1], dtype=dtype,
+                                                         batch=batch), tiles)
     grid = (batch, -(-dim // constexprs["BD"]))
     launch_emulated(selective_scan_kernel(dtype, bc_dtype), grid,
                     np.ascontiguousarray(u), np.ascontiguousarray(delta), as32(A),
@@ -433,7 +466,8 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
         _check_out(fn, out, tuple(u.shape), u)
     if out.numel() == 0:
         return out
-    constexprs = {**selective_scan_config(dim, A.shape[1], BD, BL, prefetch, dtype), **tiles}
+    constexprs = _merged_tiles(fn, selective_scan_config(dim, A.shape[1], BD, BL, prefetch,
+                                                         dtype, batch), tiles)
     zeros = torch.zeros(1, dim, device=u.device, dtype=torch.float32)
     args = (u.contiguous(), delta.contiguous(), A.float().contiguous(), B.contiguous(),
             C.contiguous(), D.float()[None, :].contiguous() if D is not None else zeros,

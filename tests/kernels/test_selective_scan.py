@@ -75,11 +75,12 @@ def test_each_option_alone(options):
 @pytest.mark.parametrize("tiles", [dict(BL=32), dict(BL=32, PREFETCH=True),
                                    dict(BD=4, BL=64), dict(BD=16, BL=16, PREFETCH=True),
                                    dict(BL=32, GROUP=2, BC_AHEAD=True), dict(BL=32, GROUP=3),
+                                   dict(BL=32, GROUP=3, STATE_SMEM=False),
                                    dict(BL=16, GROUP=16, BC_AHEAD=True),
                                    dict(BL=32, STATE_LOOP=True),
                                    dict(BD=4, BL=64, STATE_LOOP=True, PREFETCH=True),
-                                   dict(BL=32, STATE_SMEM=True, GROUP=2),
-                                   dict(BL=16, STATE_SMEM=True, GROUP=3),
+                                   dict(BL=32, STATE_SMEM=True, GROUP=2, BC_PIPE=False),
+                                   dict(BL=16, STATE_SMEM=True, GROUP=3, BC_PIPE=False),
                                    dict(BD=4, BL=64, STATE_SMEM=True, PREFETCH=True),
                                    dict(BL=32, STATE_SMEM=True, GROUP=2, BC_PIPE=True),
                                    dict(BD=16, BL=16, STATE_SMEM=True, GROUP=3, BC_PIPE=True)])
@@ -168,18 +169,30 @@ def test_torch_entry_checks_before_launching():
         selective_scan(u, delta, A, B, C, D, z, bias, True)
 
 
+def test_contradicting_state_schemes_are_refused():
+    """Options the chosen state scheme would ignore are an error, not silently dropped."""
+    u, delta, A, B, C, D, z, bias = inputs(1, 4, 10, 4)
+    with pytest.raises(ValueError, match="STATE_SMEM .* does not combine with STATE_LOOP"):
+        selective_scan_emulated(u, delta, A, B, C, STATE_SMEM=True, STATE_LOOP=True)
+    with pytest.raises(ValueError, match="BC_PIPE .* needs STATE_SMEM=True"):
+        selective_scan_emulated(u, delta, A, B, C, STATE_SMEM=False, BC_PIPE=True)
+
+
 @pytest.mark.parametrize("dtype,tiles", [("f32", {}), ("bf16", {}),
-                                         ("f32", dict(BL=256, STATE_LOOP=True))])
+                                         ("f32", dict(BL=256, STATE_LOOP=True)),
+                                         ("f32", dict(STATE_SMEM=False))])
 def test_cuda_compiles_for_sm90a(dtype, tiles):
-    """The default kernels and the state loop compile to a cubin (no GPU needed)."""
+    """The default kernels, the state loop and the unrolled states compile to a cubin (no
+    GPU needed)."""
     from tegula.build import build
     from tegula.dtypes import f32
-    from tegula.kernels.scan import selective_scan_config, selective_scan_kernel
+    from tegula.kernels.scan import (_merged_tiles, selective_scan_config,
+                                     selective_scan_kernel)
     from tegula.runtime.compiler import available_compilers, compile_cuda
     if not available_compilers():
         pytest.skip("no CUDA compiler (NVRTC or nvcc) installed")
     dt = f32 if dtype == "f32" else bf16
-    constexprs = dict(selective_scan_config(1536, 16, dtype=dt), HAS_D=True, HAS_Z=True,
-                      HAS_BIAS=True, SOFTPLUS=True, **tiles)
+    constexprs = dict(_merged_tiles("test", selective_scan_config(1536, 16, dtype=dt), tiles),
+                      HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True)
     source = build(selective_scan_kernel(dt, dt), constexprs, target="sm_90a").cuda_source()
     assert compile_cuda(source, "selective_scan_fwd", "sm_90a")[:4] == b"\x7fELF"
