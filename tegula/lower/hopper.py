@@ -103,12 +103,10 @@ past the tensor still loads (zeros) and releases its share.
 
 **A TMA-store epilogue** (`lower_tma_store`; synthesis put a `TmaStorePlan` on a register
 tile -> global copy of a kernel with a nested ring, `copies.plan_tma_stores`): the tile is
-cut into boxes of one 128-byte (64-, 32-) swizzle span by its rows, staged in `slots`
-box slots of a buffer after the kernel's own (1024-byte aligned, counted in the shared
-budget), `per_round` boxes a round: half the slots where they split in two, the rounds
-alternating halves. Each round: thread 0 waits until the stores that last used the
-round's slots have read them (`cp.async.bulk.wait_group.read 1` with halves — all but the
-newest group, the other half's — else `.read 0`), barrier, every thread stores its registers of
+cut into boxes of one 128-byte (64-, 32-) swizzle span by its rows, staged `slots` boxes
+at a time in a buffer after the kernel's own (1024-byte aligned, counted in the shared
+budget). Each round: thread 0 waits until the previous round's stores have read the
+buffer (`cp.async.bulk.wait_group.read 0`), barrier, every thread stores its registers of
 the round's boxes at their swizzled addresses (`smem_matrix.swizzle_bytes_address`) —
 one `stmatrix.x4` per 8 registers where they form its fragment with 16-byte rows (the
 wgmma accumulator's layout does: `TmaStorePlan.stmatrix`), else `st.shared` —
@@ -443,15 +441,9 @@ def one_gemm_in_flight(rest: list) -> bool:
 def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
     """A register tile -> global copy through a swizzled staging buffer and TMA stores
     (`choices["tma_store"]`, a `TmaStorePlan`; module docstring): in rounds of
-    `plan.per_round` boxes, each: thread 0 waits until the stores that last used the
-    round's slots have read them, barrier, every thread stores its registers of the
-    round's boxes, fences them for the async proxy, barrier, thread 0 issues the round's
-    TMA stores. With an even number of slots the rounds alternate between the buffer's
-    halves (box b in slot b % slots), so a round waits only for the stores of the round
-    before last (`wait_group.read 1`: every bulk group but the newest has read its
-    slots) and writes its boxes while the previous round's stores still read theirs;
-    the rounds of a tile are then even in number, so a tile's first round takes the half
-    its predecessor's second-to-last round used."""
+    `plan.slots` boxes, each: thread 0 waits until the previous round's stores have read
+    the buffer, barrier, every thread stores its registers of the round's boxes, fences
+    them for the async proxy, barrier, thread 0 issues the round's TMA stores."""
     from tegula.layout.tv import tv_coords
     plan, tile, view = op.choices["tma_store"], op.src, op.dst
     eb, width, box_elems = plan.elem_bytes, plan.vector, plan.rows * plan.inner
@@ -467,21 +459,19 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
     box_of = tv_coords(tile.layout, tuple(tile.shape))[0, :, 1] // plan.inner  # same per thread
     issuer = TID.eq(0)
     stmts: list[Stmt] = [Comment(f"epilogue of {describe(view)}: {plan.describe()}")]
-    per_round = plan.per_round
-    pending = 1 if per_round < plan.slots else 0   # the other half's stores may still read
-    for first in range(0, plan.boxes, per_round):
-        stmts += [If(issuer, [BulkWait(pending, read_only=True)]), Barrier()]
+    for first in range(0, plan.boxes, plan.slots):
+        stmts += [If(issuer, [BulkWait(0, read_only=True)]), Barrier()]
         if plan.stmatrix:
-            stmts += _stmatrix_round(ctx, tile, regs, buffer, box_of, first, plan, per_round)
+            stmts += _stmatrix_round(ctx, tile, regs, buffer, box_of, first, plan)
         else:
             for v in range(0, tile.layout[1].size, width):
-                if first <= box_of[v] < first + per_round:
+                if first <= box_of[v] < first + plan.slots:
                     row, col = ctx.coords.coords(tile.layout, tile.shape, v)
                     stmts.append(SharedStore(buffer.name, plan.staging_offset(row, col),
                                              reg(regs, v), width))
         stores = [TmaStore(tmap.name, [origin[inner_dim] + j * plan.inner, origin[row_dim]],
                            buffer.name, Const((j % plan.slots) * box_elems))
-                  for j in range(first, first + per_round)]
+                  for j in range(first, first + plan.slots)]
         # Each thread's generic writes become visible to the async proxy, then the barrier
         # orders all of them before thread 0's stores.
         stmts += [FenceProxyAsync(), Barrier(), If(issuer, stores + [BulkCommit()])]
@@ -489,7 +479,7 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
 
 
 def _stmatrix_round(ctx: LoweringContext, tile, regs, buffer: SharedBuffer, box_of,
-                    first: int, plan, count: int) -> list[Stmt]:
+                    first: int, plan) -> list[Stmt]:
     """One stmatrix.x4 per 8 registers of the round's boxes (synthesis checked they form
     the entry's fragment, `copies._stmatrix_fits`): lane 8j + r addresses row r of matrix
     j, whose first element the entry's TV layout places in register `holder_value` of
@@ -500,7 +490,7 @@ def _stmatrix_round(ctx: LoweringContext, tile, regs, buffer: SharedBuffer, box_
     thread = (TID // 32) * 32 + holder_lane
     stmts: list[Stmt] = []
     for v in range(0, tile.layout[1].size, 8):
-        if not first <= box_of[v] < first + count:
+        if not first <= box_of[v] < first + plan.slots:
             continue
         row, col = ctx.coords.coords(tile.layout, tile.shape, holder_value + v, thread=thread)
         stmts.append(StMatrix([reg(regs, v + x) for x in range(8)], 4, False, buffer.name,

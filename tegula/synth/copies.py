@@ -373,22 +373,14 @@ class TmaStorePlan:
         """One staging buffer's bytes (there are `copies` of them from `offset`)."""
         return self.slots * self.box_bytes
 
-    @property
-    def per_round(self) -> int:
-        """Boxes staged per round: half the slots where they split evenly, so one round's
-        stores read one half while the next round writes the other (`lower_tma_store`)."""
-        return self.slots // 2 if self.slots % 2 == 0 else self.slots
-
     def describe(self) -> str:
-        rounds = self.boxes // self.per_round
+        rounds = self.boxes // self.slots
         where = (f"{self.bytes} B at byte {self.offset}" if self.copies == 1 else
                  f"{self.bytes} B per consumer warpgroup ({self.copies} buffers) from byte "
                  f"{self.offset}")
-        halves = (f", alternating halves of {self.per_round} (a round's stores read one "
-                  f"while the next writes the other)" if self.per_round < self.slots else "")
         return (f"epilogue through shared memory: {self.boxes} swizzled {self.rows}x"
                 f"{self.inner} box{'es' if self.boxes > 1 else ''} ({self.swizzle} B swizzle) "
-                f"in {self.slots} slot{'s' if self.slots > 1 else ''} of {where}{halves} "
+                f"staged {self.slots} at a time in {where} "
                 f"({rounds} round{'s' if rounds > 1 else ''} of {self.shared_store}, "
                 f"fence.proxy.async, TMA store clipped at the tensor's edge)")
 

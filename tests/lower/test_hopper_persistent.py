@@ -191,10 +191,9 @@ def test_explain_shows_the_persistent_ring():
     text = tg.explain(KERNEL, target="sm_90a", BM=128, BN=256, BK=64, STAGES=4, threads=256)
     assert "TMA boxes into an mbarrier ring of 4" in text
     assert "TMA not used" not in text
-    assert ("epilogue through shared memory: 4 swizzled 128x64 boxes (128 B swizzle) in 2 "
-            "slots of 32768 B at byte 196608, alternating halves of 1 (a round's stores read "
-            "one while the next writes the other) (4 rounds of stmatrix.x4, "
-            "fence.proxy.async, TMA store clipped at the tensor's edge)") in text
+    assert ("epilogue through shared memory: 4 swizzled 128x64 boxes (128 B swizzle) staged 2 "
+            "at a time in 32768 B at byte 196608 (2 rounds of stmatrix.x4, fence.proxy.async, "
+            "TMA store clipped at the tensor's edge)") in text
     # the tile loop is the library's (kernels.gemm.persistent_tiles), which the example calls
     source = (ROOT / "tegula" / "kernels" / "gemm.py").read_text().splitlines()
     line = next(i + 1 for i, s in enumerate(source) if "for t in tg.range(" in s)

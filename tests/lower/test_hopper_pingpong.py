@@ -209,9 +209,8 @@ def test_explain_shows_the_schedule_and_why():
     assert ("consumers: pingpong (consumers='pingpong') — 2 consumer warpgroups (threads "
             "0..127, 128..255, setmaxnreg.inc 232 registers each), each computing whole "
             "tiles of the tile loop in turn") in text
-    assert ("epilogue through shared memory: 2 swizzled 128x64 boxes (128 B swizzle) in 2 "
-            "slots of 32768 B per consumer warpgroup (2 buffers) from byte 131072, "
-            "alternating halves of 1") in text
+    assert ("epilogue through shared memory: 2 swizzled 128x64 boxes (128 B swizzle) staged 2 "
+            "at a time in 32768 B per consumer warpgroup (2 buffers) from byte 131072") in text
     default = tg.explain(KERNEL, target="sm_90a", BM=128, BN=256, BK=64, STAGES=4,
                          threads=256)
     assert ("consumers: cooperative (not pingpong: the kernel's tiles span 256 threads; each "
