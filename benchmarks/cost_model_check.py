@@ -611,11 +611,7 @@ def main() -> None:
             family["space"] = _only(family["space"], options.only, name)
         chosen[name] = (family, _shape_indices(options.shapes, name, len(family["shapes"]),
                                                options.quick))
-    if options.copy_sizes:
-        copy_calibration([int(mb) for mb in options.copy_sizes.split(",")], options.rep_ms)
-    if options.matmul_orientation:
-        matmul_orientation([tuple(int(d) for d in shape.split("x"))
-                            for shape in options.matmul_orientation.split(",")], options.rep_ms)
+    _device_checks(options)
     if not chosen:
         return
     predicted = {}
@@ -642,6 +638,15 @@ def main() -> None:
     print(f"{gpu}, {time.strftime('%Y-%m-%d')}, {time.time() - start:.0f} s")
     print_table(rows)
     print_decisions(decision_rows(points))
+
+
+def _device_checks(options) -> None:
+    """The runs before the families: the copy calibration and matmul's orientations."""
+    if options.copy_sizes:
+        copy_calibration([int(mb) for mb in options.copy_sizes.split(",")], options.rep_ms)
+    if options.matmul_orientation:
+        matmul_orientation([tuple(int(d) for d in shape.split("x"))
+                            for shape in options.matmul_orientation.split(",")], options.rep_ms)
 
 
 def print_table(rows: list[dict]) -> None:

@@ -170,13 +170,20 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
         split = []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
-    if hopper and not fused and _api._pow2_at_least(m, 1) <= 64:
-        # The orientation, where the search prefers Cᵀ (a bias would run along its
-        # columns, which the kernel's epilogue adds along rows: not offered when fused),
-        # in the last place of a full list (the tuner's 7; the last is a split-K one).
-        transposed = searched_transposed(m, n, k)
-        chosen = chosen[:7 - len(transposed)] + transposed
+    if hopper and not fused:
+        chosen = _with_orientation(chosen, m, n, k)
     return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
+
+
+def _with_orientation(chosen: list, m: int, n: int, k: int) -> list:
+    """`chosen` with the search's transposed configuration for up to 64 rows, where it
+    ranks Cᵀ first (not with a fused epilogue: cᵀ takes one bias value per row, the
+    kernel's epilogue adds one per column), in the last place of a full list (the tuner's
+    7; the last is a split-K one)."""
+    if _api._pow2_at_least(m, 1) > 64:
+        return chosen
+    transposed = searched_transposed(m, n, k)
+    return chosen[:7 - len(transposed)] + transposed
 
 
 def _check_epilogue_args(fn: str, bias: Any, activation: Any, a: Any, n: int) -> None:

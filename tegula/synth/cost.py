@@ -37,7 +37,13 @@ so synthesis and the autotuner can use them before lowering:
    * clusters: a multicast TMA box is read from L2 once for the cluster but lands whole in
      every SM (the SM's bytes do not drop), and each stage of its ring waits
      `CLUSTER_COUPLING_CYCLES` more (it is free only once every block released it);
-   * DRAM    = the grid's DRAM bytes at the GPU's DRAM bandwidth.
+   * loop-free load chain = where a block loads outside any loop (a row softmax or
+     norm: load, reduce, store), its latency, its DRAM bytes at its SM's share and its
+     work in series (`load_chain_cycles`), overlapped only by the blocks resident with it;
+   * block launches = `BLOCK_LAUNCH_CYCLES` per block on its SM (tiny blocks are not free);
+   * DRAM    = the grid's DRAM bytes at what a stream reaches of the GPU's DRAM bandwidth
+     (`DRAM_STREAM_EFFICIENCY`), and every launch `LAUNCH_US` more (both fitted on torch's
+     device copy, timed as the benchmark times kernels).
 
    The grid takes what its busiest SM takes: it runs ⌈blocks / SMs⌉ blocks (a partial
    last wave costs its blocks, not a whole wave), so its time is the largest of those
@@ -485,6 +491,27 @@ def _issue_stretch(kernel: TracedKernel, bps: int, target: Target) -> float:
     return max(1.0, ISSUE_WARPS_PER_SCHEDULER / warps)
 
 
+def _per_block(t: dict, target: Target, pipe_cycles: float, chain: float,
+               sharing: int) -> dict:
+    """A block's demands in cycles at full SM rates, its waits shared by the `sharing`
+    blocks resident with it: "load latency" is the block's wait alone (see
+    pipeline_latency_cycles), hidden behind the block's work only in part (`_hidden`); a
+    block-wide barrier stalls the block's warps until the last one arrives, exposing the
+    dependency chain before it; a drained wgmma loop and a loop-free load chain are one
+    block's serial chains, which the other resident blocks fill."""
+    per_block = {"pipes": pipe_cycles}
+    if target.l2_bytes_per_clk:
+        per_block["L2"] = t["global_bytes"] * target.sm_count / target.l2_bytes_per_clk
+        per_block["load latency"] = t.get("pipeline", 0.0) / sharing
+        per_block["pipes"] = _hidden(pipe_cycles, per_block["load latency"])
+    per_block["barrier latency"] = t["barriers"] * BARRIER_CYCLES / sharing
+    if t.get("drained"):
+        per_block["drained wgmma loop"] = t["drained"] / sharing
+    if chain:
+        per_block["load chain"] = chain / sharing
+    return per_block
+
+
 def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str,
              registers: int, smem: int, grid, size: ProblemSize, unresolved: tuple,
              notes: tuple, threads: int) -> CostEstimate:
@@ -507,24 +534,10 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
              "issue": t["instrs"] / target.subpartitions * _issue_stretch(kernel, bps, target),
              "special-function": t["sfu"]}
     pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
-    # Per block at full SM rates; "load latency" is the block's wait alone (see
-    # pipeline_latency_cycles), shared by the blocks resident with it, and hidden behind
-    # the block's work only in part (`_hidden`).
-    per_block = {"pipes": pipe_cycles}
-    if target.l2_bytes_per_clk:
-        per_block["L2"] = t["global_bytes"] * target.sm_count / target.l2_bytes_per_clk
-        per_block["load latency"] = t.get("pipeline", 0.0) / bps
-        per_block["pipes"] = _hidden(pipe_cycles, per_block["load latency"])
-    # A block-wide barrier stalls the block's warps until the last one arrives, exposing
-    # the dependency chain before it; other resident blocks may fill the stall.
-    per_block["barrier latency"] = t["barriers"] * BARRIER_CYCLES / bps
-    if t.get("drained"):  # one block's serial chain: other resident blocks fill its waits
-        per_block["drained wgmma loop"] = t["drained"] / bps
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
     chain = load_chain_cycles(t, pipe_cycles, dram_block)
-    if chain:  # one block's serial chain: the blocks resident with it overlap theirs
-        per_block["load chain"] = chain / bps
+    per_block = _per_block(t, target, pipe_cycles, chain, bps)
     resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}
     bound = max(resources, key=lambda k: resources[k])
     block_cycles = resources[bound] + latency
@@ -547,15 +560,8 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     waves = -(-blocks // (target.sm_count * bps))
     on_sm = -(-blocks // target.sm_count)           # blocks the busiest SM runs
     resident = min(bps, on_sm)
-    sm_cycles = {k: on_sm * v for k, v in per_block.items()}
-    if "load latency" in sm_cycles:  # the latency is shared by the blocks resident at once
-        sm_cycles["load latency"] = on_sm * t.get("pipeline", 0.0) / resident
-        sm_cycles["pipes"] = on_sm * _hidden(pipe_cycles, t.get("pipeline", 0.0) / resident)
-    if t.get("drained"):
-        sm_cycles["drained wgmma loop"] = on_sm * t["drained"] / resident
-    sm_cycles["barrier latency"] = on_sm * t["barriers"] * BARRIER_CYCLES / resident
-    if chain:
-        sm_cycles["load chain"] = on_sm * chain / resident
+    sm_cycles = {k: on_sm * v for k, v in
+                 _per_block(t, target, pipe_cycles, chain, resident).items()}
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
     sm_cycles["block launches"] = on_sm * BLOCK_LAUNCH_CYCLES
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
