@@ -28,11 +28,12 @@ from tegula.runtime.autotune import Config
 
 #: The persistent kernel's configurations on sm_90a (kernels.gemm.persistent_gemm_kernel):
 #: 128×256×64 in 4 stages on two cooperative consumer warpgroups is the H100's best
-#: measured (0.84× cuBLAS at 4096³, session 8), the same in 2-CTA clusters multicasting
-#: b (cuBLAS's own configuration there; 0.85× against 0.80× unclustered at
-#: 4096×14336×4096, 0.80× at 4096³: the tuner picks per shape). These kernels run at the
-#: L2's bandwidth (~5.5 TB/s of operand reads on an H100, session 8's ncu), so the tile's
-#: bytes per FLOP decide.
+#: measured, alone or in 2-CTA clusters multicasting b (cuBLAS's own configuration),
+#: within a few percent of each other and either ahead by shape (session 9, with the
+#: producer's tile coordinates out of its k loop: 0.90–0.93× cuBLAS at 4096³, 0.98–1.08×
+#: at 8192³ and 4096×14336×4096; tensor pipe 91–92% busy at 4096³): the tuner picks per
+#: shape. (Session 8 had them at 0.80–0.85×, L2-bound: the producer's ~25-instruction
+#: divisions each k-step kept the ring from running ahead.)
 PERSISTENT = [dict(kernel="persistent", BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
               dict(kernel="persistent", BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256,
                    CLUSTER=2)]
