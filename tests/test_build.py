@@ -269,9 +269,13 @@ def test_scalars_are_checked_as_a_launch_checks_them(factor):
 # --------------------------------------------------------------------------------------
 
 def _scan_build(**options):
-    from tegula.kernels.scan import selective_scan_config, selective_scan_kernel
+    """The selective scan with its 16 states unrolled (session 7's scheme, register-heavy:
+    the default since session 9 keeps the states in a loop and needs far fewer)."""
+    from tegula.kernels.scan import (_UNROLLED_TILES, selective_scan_config,
+                                     selective_scan_kernel)
 
     cfg = selective_scan_config(64, 16, dtype=f32)
+    cfg.update(_UNROLLED_TILES["f32"], STATE_SMEM=False, BC_PIPE=False)
     cfg.update(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, **options)
     return build(selective_scan_kernel(f32, f32), cfg)
 
