@@ -42,8 +42,12 @@ Variants, a constexpr each, so the autotuner can time them:
   softmax after the `wgmma.wait_group 0` (its `WARPGROUP.DEPBAR.LE gsb0, 0x0` comes two
   instructions after the `0x1`, and the stage release with it), since register
   arithmetic may move across the wait and the empty-asm operand fences leave no trace in
-  PTX: nothing overlaps, and the loop pays the extra live tile. Not among the
-  autotuner's candidates; the overlap between warpgroups is next.
+  PTX: nothing overlaps, and the loop pays the extra live tile. Session 9: the PTX
+  does hold the softmax between the two waits; ptxas places the `DEPBAR 0x0` right after
+  the first row-max shuffle even with the stage release, the mask branch or the operand
+  fences of the in-flight accumulator taken out. Not among the autotuner's candidates.
+  (ncu, session 9, the plain loop at D = 128: a third of the warp samples are each
+  warpgroup waiting for its own wgmmas, `WARPGROUP.DEPBAR`.)
 
 * `consumers="pingpong"` (a build option, with BM=128 on 256 threads; sm_90a): the two
   consumer warpgroups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
