@@ -2,8 +2,8 @@
 
 The generated source includes no header at all (see `expr.py` for why), so conversions and
 atomic adds are helper functions around inline PTX. The PTX of each comes from its
-catalogue entry (`arch.convert`, `arch.memory.RED_ADD`, printed by `format_asm`); only
-the NaN-propagating max/min and the software f8 and bf16-CAS fallbacks are written here.
+catalogue entry (`arch.convert`, `arch.minmax`, `arch.memory.RED_ADD`, printed by
+`format_asm`); only the software f8 and bf16-CAS fallbacks are written here.
 Helpers are emitted only when the kernel uses them (`prelude(used)`), so a plain copy
 kernel stays short.
 
@@ -20,6 +20,7 @@ import re
 from tegula.arch.convert import cvt
 from tegula.arch.instructions import PTX_TYPE, MmaInstr
 from tegula.arch.memory import RED_ADD
+from tegula.arch.minmax import nan_minmax
 from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.codegen.expr import CodegenError
 
@@ -48,15 +49,11 @@ def _red(dtype_name: str) -> str:
 #: exist from sm_89; older targets get an exact software version.
 _HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
     # max/min where a NaN operand gives NaN (torch.maximum semantics; fmaxf drops it):
-    # PTX max.NaN / min.NaN, one instruction from sm_80.
-    "tg_max_nan": ("""\
-__device__ __forceinline__ float tg_max_nan(float a, float b) {
-  float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
-}""", ()),
-    "tg_min_nan": ("""\
-__device__ __forceinline__ float tg_min_nan(float a, float b) {
-  float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
-}""", ()),
+    # the catalogue's max.NaN / min.NaN entries (`arch.minmax`), one instruction.
+    **{f"tg_{op}_nan": (f"""\
+__device__ __forceinline__ float tg_{op}_nan(float a, float b) {{
+  float r; {nan_minmax(op).format_asm(d="r", a="a", b="b")} return r;
+}}""", ()) for op in ("max", "min")},
     # Integer / (truncating, as C) and // and % with floor semantics (torch.floor_divide /
     # torch.remainder, as the emulator). C leaves x / 0 and INT_MIN / -1 undefined, so both
     # are defined here as the emulator computes them: x / 0 == x // 0 == -1, x % 0 == x

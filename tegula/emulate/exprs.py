@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tegula.arch.minmax import nan_minmax
 from tegula.dtypes import DType, bool_
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.values import from_bits, round_to, to_bits
@@ -183,10 +184,9 @@ def _float_binary(op: str, x, y):
             return xf * yf
         if op == "div":
             return xf / yf
-        if op == "max":
-            return np.maximum(xf, yf)  # a NaN operand gives NaN (torch; PTX max.NaN)
-        if op == "min":
-            return np.minimum(xf, yf)
+        if op in ("max", "min"):
+            # What the emitted instruction computes (a NaN operand gives NaN, as torch).
+            return nan_minmax(op).execute(xf, yf)
         if op == "pow":
             return np.power(xf, yf)
     raise EmulationError(f"operator {op!r} is not defined on floats")
