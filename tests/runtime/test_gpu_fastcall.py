@@ -57,6 +57,10 @@ def test_replays_through_the_c_key_and_pointer_launch_read_fresh_tensors():
         x = base[call % 2:call % 2 + 37 * 130].view(37, 130)  # odd calls: 4-byte aligned
         y = torch.full((37, 130), float("nan"), device="cuda")
         if call >= 4:
+            # x and y were written on the current stream: the side stream must wait for
+            # them, or the copy can run before y's NaN fill lands (a race in the test
+            # itself, which a faster replay exposed in session 9's final GPU run)
+            side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 kernel[grid](x, y, BM=16, BN=64)
             side.synchronize()
