@@ -7,12 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tegula.fuzz import make_program
-from tegula.fuzz import numerics as nx
-from tegula.fuzz.program import Cumsum, check
+from tegula.fuzz.program import Cumsum
 from tegula.fuzz.runner import check_outputs, data_seed, emulate_for, program_inputs
 from tegula.fuzz.source import kernel_source
 
@@ -22,7 +20,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))  # gpu_helpers
-from gpu_helpers import launch_fuzz_program  # noqa: E402
+from gpu_helpers import assert_fuzz_program_right_on_gpu  # noqa: E402
 
 SEED, PROGRAMS = 3, 150
 
@@ -43,11 +41,6 @@ def test_cumsum_fuzz_programs_agree_on_gpu_and_emulator():
             assert verdict.status == "rejected", where + verdict.detail
             continue
         assert check_outputs(program, inputs, emulated).status == "pass", where
-        gpu = launch_fuzz_program(program, inputs, target)
-        if all(not nx.is_float(t.dtype) for t in check(program).values()):
-            for name in emulated:
-                assert np.array_equal(gpu[name], emulated[name]), where
-        verdict = check_outputs(program, inputs, gpu, loose=True)
-        assert verdict.status == "pass", where + verdict.detail
+        assert_fuzz_program_right_on_gpu(program, inputs, emulated, where, target)
         compared += 1
     assert compared >= 12, compared

@@ -26,7 +26,7 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "gpu"))  # gpu_helpers
 sys.path.insert(0, str(HERE))
-from gpu_helpers import launch_fuzz_program  # noqa: E402
+from gpu_helpers import assert_fuzz_program_right_on_gpu  # noqa: E402
 from test_fuzz_transposed import CASES, transposed_gemm  # noqa: E402
 
 SEED = 909
@@ -42,9 +42,7 @@ def check_on_gpu(program, data: int, target: str):
         assert verdict.status == "rejected", where + verdict.detail
         return "rejected"
     assert check_outputs(program, inputs, emulated).status == "pass", where
-    gpu = launch_fuzz_program(program, inputs, target)
-    verdict = check_outputs(program, inputs, gpu, loose=True)
-    assert verdict.status == "pass", where + verdict.detail
+    assert_fuzz_program_right_on_gpu(program, inputs, emulated, where, target)
     return paths
 
 

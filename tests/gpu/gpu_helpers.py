@@ -188,6 +188,26 @@ def launch_fuzz_program(program, inputs: dict, target: str | None = None) -> dic
         forget_kernel(filename)
 
 
+def assert_fuzz_program_right_on_gpu(program, inputs: dict, emulated: dict, where: str,
+                                     target: str | None = None) -> None:
+    """Launch a fuzzer program the emulator ran (its outputs `emulated`) on the GPU for
+    `target` (None: the device's), outputs poisoned: the GPU's outputs must pass the
+    reference in its loose model, and an integer-only program's must equal the
+    emulator's bit for bit. An AssertionError starting with `where` otherwise."""
+    import numpy as np
+
+    from tegula.fuzz import numerics as nx
+    from tegula.fuzz.program import check
+    from tegula.fuzz.runner import check_outputs
+
+    gpu = launch_fuzz_program(program, inputs, target)
+    if all(not nx.is_float(t.dtype) for t in check(program).values()):
+        for name in emulated:
+            assert np.array_equal(gpu[name], emulated[name]), where
+    verdict = check_outputs(program, inputs, gpu, loose=True)
+    assert verdict.status == "pass", where + verdict.detail
+
+
 def run_child_cases(script: str, root, time_limit_s: float) -> tuple[dict, bool, str]:
     """Run `script --child` in a fresh process under a time limit; the child prints one JSON
     line `[case id, outcome]` per case as it goes. A hang (a pipeline protocol mistake)

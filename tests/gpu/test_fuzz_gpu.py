@@ -12,13 +12,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tegula.fuzz import make_program
-from tegula.fuzz import numerics as nx
 from tegula.fuzz.generate import Switches
-from tegula.fuzz.program import check
 from tegula.fuzz.runner import check_outputs, data_seed, program_inputs, run_emulator
 from tegula.fuzz.source import kernel_source
 
@@ -28,15 +25,11 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import launch_fuzz_program  # noqa: E402
+from gpu_helpers import assert_fuzz_program_right_on_gpu  # noqa: E402
 
 SEED = 4242
 PROGRAMS = 150
 SWITCHES = Switches()  # everything, as tests/fuzz's CI run
-
-
-def _integer_only(program) -> bool:
-    return all(not nx.is_float(t.dtype) for t in check(program).values())
 
 
 @pytest.mark.parametrize("chunk", range(5))
@@ -50,13 +43,8 @@ def test_fuzz_programs_agree_on_gpu_and_emulator(chunk):
             assert verdict.status == "rejected", f"program {index}: {verdict.detail}"
             continue
         assert check_outputs(program, inputs, emulated).status == "pass", index
-        gpu = launch_fuzz_program(program, inputs)
         where = f"python -m tegula.fuzz --seed {SEED} --program {index}\n" + \
             kernel_source(program)
-        if _integer_only(program):
-            for name in emulated:
-                assert np.array_equal(gpu[name], emulated[name]), where
-        verdict = check_outputs(program, inputs, gpu, loose=True)
-        assert verdict.status == "pass", where + verdict.detail
+        assert_fuzz_program_right_on_gpu(program, inputs, emulated, where)
         compared += 1
     assert compared >= 5  # the sample must reach the GPU, not only collect refusals
