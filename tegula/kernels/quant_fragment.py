@@ -193,6 +193,19 @@ def _torch_int32() -> Any:
 
 
 @lru_cache(maxsize=None)
+def _gemm_scaled_after(acc, words, constants, activations, dtype: DType, S: int):
+    """acc + scale * ((w - zero) @ activations.T) for one k-step of one group (SCALE_AFTER):
+    the MMA takes w - zero, exact in 16 bits, into a fresh f32 sum, and the row's scale
+    multiplies that sum as it is added, so no dequantized weight is rounded."""
+    zero, scale = constants
+    BN, BK = acc.shape[0], activations.shape[1]
+    packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
+    unscaled = dequantize_in(packed, zero, None)
+    step = tg.zeros(acc.shape, f32)
+    tg.gemm(step, tg.reshape(unscaled, (BN, BK)), activations)
+    return acc + step * scale.to(f32)
+
+
 def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
     """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64·WG, BT) tiles, the weights in fragment
     order (`pack_fragments`): each k-step one 16-byte load per thread and stored block of
@@ -257,13 +270,8 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                 tg.copy(gw[:, :, :, :, k], sw[k])
                 following_constants = constants(k + 1)              # past K: masked, unused
                 words = tg.load(sw[k], layout=words_tv)
-                if SCALE_AFTER:   # one group a step: (w - zero) exact in 16 bits, the
-                    zero, scale = ahead_constants       # scale on the step's f32 sums
-                    packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-                    unscaled = dequantize_in(packed, zero, None)
-                    step = tg.zeros((BN, BT), f32)
-                    tg.gemm(step, tg.reshape(unscaled, (BN, BK)), sa[k])
-                    acc = acc + step * scale.to(f32)
+                if SCALE_AFTER:
+                    acc = _gemm_scaled_after(acc, words, ahead_constants, sa[k], dtype, S)
                 else:
                     tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
                 ahead_constants = following_constants
