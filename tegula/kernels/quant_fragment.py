@@ -217,11 +217,9 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     activations re-read by every block of rows are most of the bytes moved (8x the 4-bit
     weights' at BT = 128), and WG = 2 halves them. `partial`: split K as in
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
-    by `w4a16_split_sum_kernel`). SCALE_AFTER (cp.async weights, one group a k-step:
-    64·KS ≤ G): the MMA takes w - zero (exact in 16 bits) into a fresh f32 accumulator
-    each step, scaled by the row's scale as it is added to the sums: BT/2 FMAs a thread
-    instead of 32·KS HMUL2 (275 SASS a 128-k step at 16 tokens, was 300); more exact,
-    as no dequantized weight is rounded."""
+    by `w4a16_split_sum_kernel`). SCALE_AFTER (cp.async weights, 64·KS ≤ G): scales
+    the step's f32 sums (`_gemm_scaled_after`): BT/2 FMAs a thread instead of 32·KS
+    HMUL2 (275 SASS a 128-k step at 16 tokens, was 300)."""
     out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
