@@ -1,0 +1,196 @@
+"""Time `tegula.kernels.matmul`'s candidate configurations one by one against cuBLAS (a
+tuning aid for issue 10, not a test).
+
+    PYTHONPATH=. python3 benchmarks/gemm_candidates.py --shapes 64x4096x4096,1024x1024x1024 \
+        [--extra '{"64x4096x4096": [{"BM": 64, "BN": 32, "BK": 64, "STAGES": 12}]}'] \
+        [--jobs 16] [--rep-ms 30]
+
+For each shape (a (M, K) @ w.T with w (N, K), f16): every configuration `gemm_candidates`
+offers the tuner for the shape's bucket, plus `--extra` ones (for every shape, or per
+shape), launched exactly as `matmul`
+launches them (`api_matmul._gemm_launches`) into a NaN-poisoned output, checked against
+cuBLAS's result, and timed with the bench's timer (median, L2 emptied before each run) with
+more repetitions than the tuner takes — so a pick that was noise shows as one. cuBLAS is
+timed before and after the candidates (their spread is the noise floor). The candidates
+are compiled first in `--jobs` processes (no GPU use: each builds from the launch's tensor
+facts into the disk cache, where the launch finds the cubin), so a cold cache costs
+seconds, not minutes. `--profile MxNxK CONFIG_JSON`: launch that configuration and cuBLAS
+three times each after one warm-up, for `ncu` to profile, and nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import sys
+import time
+
+TARGET = "sm_90a"
+
+
+def _pow2(n: int) -> int:
+    from tegula.kernels.api import _pow2_at_least
+    return _pow2_at_least(n, 1)
+
+
+def candidates(shape: tuple, extra: list[dict]) -> list[dict]:
+    """matmul's candidates for the shape's bucket on an H100, then the extra ones (each
+    once; "kernel" defaults to "shared" as in `gemm_candidates`)."""
+    from tegula.kernels.api_matmul import gemm_candidates
+    m, n, k = shape
+    found = gemm_candidates(_pow2(m), _pow2(n), _pow2(k), True, False)
+    for c in extra:
+        c = dict(c, kernel=c.get("kernel", "shared"))
+        if c not in found:
+            found.append(c)
+    return found
+
+
+def _compile_only(kernel, grid, args, constexprs, threads) -> None:
+    """`api._launch` for the precompile: build and compile (disk cache) for the facts a
+    launch with these arguments would have; launch nothing. Tensors are `meta` tensors,
+    given the alignment a CUDA allocation has."""
+    from tegula.build import BUILD_OPTIONS, compiled, split_arguments
+    from tegula.synth.facts import TensorFacts
+
+    extra = {} if threads is None or threads == kernel.threads else {"threads": threads}
+    tensors, _, values = split_arguments(kernel, args, {**constexprs, **extra})
+    options = {k: values.pop(k) for k in BUILD_OPTIONS if k in values}
+    facts = {name: TensorFacts.of(tuple(t.shape), tuple(t.stride()),
+                                  (1 << 20) + t.storage_offset() * t.element_size(),
+                                  t.element_size())
+             for name, t in tensors.items()}
+    compiled(kernel, dict(kernel.constexpr_values(values), **options), facts, TARGET)
+
+
+def _operands(torch, shape: tuple, device: str):
+    m, n, k = shape
+    a = torch.randn(m, k, device=device, dtype=torch.float16)
+    w = torch.randn(n, k, device=device, dtype=torch.float16)
+    return a, w
+
+
+def _launch(config: dict, a, w, out) -> list:
+    """matmul's launches of one configuration (its `run`, without the tuner)."""
+    from tegula.dtypes import f16
+    from tegula.kernels import api_matmul
+    from tegula.runtime.autotune import Config
+    c = Config.of(config)
+    return api_matmul._gemm_launches(f16, c.kwargs, c.threads, a, w, out)
+
+
+def compile_job(shape: tuple, config: dict) -> str:
+    """Worker: compile one configuration's kernels for one shape; '' or the error."""
+    import torch
+    from tegula.kernels import api
+    api._launch = _compile_only
+    a, w = _operands(torch, shape, "meta")
+    out = torch.empty((shape[0], shape[1]), device="meta", dtype=torch.float16)
+    try:
+        _launch(config, a, w, out)
+    except Exception as e:  # noqa: BLE001 — reported with the config, the others go on
+        return f"{type(e).__name__}: {str(e)[:160]}"
+    return ""
+
+
+def precompile(jobs: list[tuple], workers: int) -> dict:
+    start = time.time()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        errors = list(pool.map(compile_job, *zip(*jobs)))
+    print(f"precompiled {len(jobs)} configurations in {time.time() - start:.1f} s", flush=True)
+    return {json.dumps(job, sort_keys=True): e for job, e in zip(jobs, errors) if e}
+
+
+def measure_shape(torch, shape: tuple, configs: list[dict], rep_ms: float) -> list[tuple]:
+    """Rows (config text, µs, TFLOP/s, × cuBLAS, check) for one shape."""
+    from tegula.bench.gpu import time_ms
+    m, n, k = shape
+    a, w = _operands(torch, shape, "cuda")
+    ref = torch.matmul(a, w.T)
+    ref32 = a.float() @ w.float().T
+    flops = 2.0 * m * n * k
+    base = [time_ms(lambda: torch.matmul(a, w.T), 10, rep_ms)]
+    rows = []
+    for config in configs:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        try:
+            _launch(config, a, w, out)
+            torch.cuda.synchronize()
+            err = float((out.float() - ref32).norm() / ref32.norm())
+            bad = int((~torch.isfinite(out)).sum())
+            ms = time_ms(lambda c=config: _launch(c, a, w, out), 10, rep_ms)
+            rows.append((config, ms, f"err {err:.1e} nan {bad}"))
+        except Exception as e:  # noqa: BLE001
+            rows.append((config, None, f"FAILED {type(e).__name__}: {str(e)[:120]}"))
+    base.append(time_ms(lambda: torch.matmul(a, w.T), 10, rep_ms))
+    cublas = min(base)
+    del ref
+    out_rows = [(f"cuBLAS ({base[0] * 1e3:.1f} / {base[1] * 1e3:.1f} us)", cublas, "")]
+    out_rows += rows
+    return [(text if isinstance(text, str) else _short(text), ms,
+             None if ms is None else flops / ms / 1e9,
+             None if ms is None else cublas / ms, check) for text, ms, check in out_rows]
+
+
+def _short(config: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(config.items()) if k != "B")
+
+
+def profile(torch, shape: tuple, config: dict) -> None:
+    a, w = _operands(torch, shape, "cuda")
+    out = torch.empty((shape[0], shape[1]), device="cuda", dtype=torch.float16)
+    _launch(config, a, w, out)
+    torch.matmul(a, w.T)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        _launch(config, a, w, out)
+        torch.matmul(a, w.T)
+    torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="64x4096x4096")
+    parser.add_argument("--extra", default="[]",
+                        help="JSON: a list of extra configurations for every shape, or an "
+                             "object {\"MxNxK\": [configurations]} per shape")
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--rep-ms", type=float, default=30.0)
+    parser.add_argument("--profile", nargs=2, metavar=("SHAPE", "CONFIG_JSON"))
+    args = parser.parse_args(argv)
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if args.profile:
+        shape = tuple(int(x) for x in args.profile[0].split("x"))
+        config = json.loads(args.profile[1])
+        compile_job(shape, config)
+        profile(torch, shape, config)
+        return 0
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    extra = json.loads(args.extra)
+    per_shape = {s: candidates(s, extra if isinstance(extra, list)
+                               else extra.get("x".join(map(str, s)), [])) for s in shapes}
+    errors = precompile([(s, c) for s in shapes for c in per_shape[s]], args.jobs)
+    table = []
+    for shape in shapes:
+        configs = [c for c in per_shape[shape]
+                   if json.dumps((shape, c), sort_keys=True) not in errors]
+        for c in per_shape[shape]:
+            e = errors.get(json.dumps((shape, c), sort_keys=True))
+            if e:
+                table.append((shape, _short(c), None, None, None, f"REFUSED {e}"))
+        table += [(shape, *row) for row in measure_shape(torch, shape, configs, args.rep_ms)]
+        print(f"{'x'.join(map(str, shape))} measured", flush=True)
+    print(f"{'shape':16} {'configuration':72} {'us':>7} {'TFLOP/s':>8} {'xcuBLAS':>7}  check")
+    for shape, text, ms, tflops, ratio, check in table:
+        cells = ("-", "-", "-") if ms is None else (f"{ms * 1e3:.1f}", f"{tflops:.0f}",
+                                                      f"{ratio:.2f}")
+        print(f"{'x'.join(map(str, shape)):16} {text:72} {cells[0]:>7} {cells[1]:>8} "
+              f"{cells[2]:>7}  {check}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
