@@ -14,7 +14,8 @@ more repetitions than the tuner takes — so a pick that was noise shows as one.
 timed before and after the candidates (their spread is the noise floor). The candidates
 are compiled first in `--jobs` processes (no GPU use: each builds from the launch's tensor
 facts into the disk cache, where the launch finds the cubin), so a cold cache costs
-seconds, not minutes. `--profile MxNxK CONFIG_JSON`: launch that configuration and cuBLAS
+seconds, not minutes. `--precompile-bench plain|epilogue` only compiles what `tegula bench
+gemm` will time (before a run on a cold cache). `--profile MxNxK CONFIG_JSON`: launch that configuration and cuBLAS
 three times each after one warm-up, for `ncu` to profile, and nothing else.
 """
 from __future__ import annotations
@@ -34,12 +35,13 @@ def _pow2(n: int) -> int:
     return _pow2_at_least(n, 1)
 
 
-def candidates(shape: tuple, extra: list[dict]) -> list[dict]:
-    """matmul's candidates for the shape's bucket on an H100, then the extra ones (each
-    once; "kernel" defaults to "shared" as in `gemm_candidates`)."""
+def candidates(shape: tuple, extra: list[dict], fused: bool = False) -> list[dict]:
+    """matmul's candidates for the shape's bucket on an H100 (`fused`: with a bias or
+    activation), then the extra ones (each once; "kernel" defaults to "shared" as in
+    `gemm_candidates`)."""
     from tegula.kernels.api_matmul import gemm_candidates
     m, n, k = shape
-    found = gemm_candidates(_pow2(m), _pow2(n), _pow2(k), True, False)
+    found = gemm_candidates(_pow2(m), _pow2(n), _pow2(k), True, fused)
     for c in extra:
         c = dict(c, kernel=c.get("kernel", "shared"))
         if c not in found:
@@ -71,27 +73,45 @@ def _operands(torch, shape: tuple, device: str):
     return a, w
 
 
-def _launch(config: dict, a, w, out) -> list:
+def _launch(config: dict, a, w, out, epilogue: tuple = (None, None)) -> list:
     """matmul's launches of one configuration (its `run`, without the tuner)."""
     from tegula.dtypes import f16
     from tegula.kernels import api_matmul
     from tegula.runtime.autotune import Config
     c = Config.of(config)
-    return api_matmul._gemm_launches(f16, c.kwargs, c.threads, a, w, out)
+    return api_matmul._gemm_launches(f16, c.kwargs, c.threads, a, w, out, epilogue)
 
 
-def compile_job(shape: tuple, config: dict) -> str:
-    """Worker: compile one configuration's kernels for one shape; '' or the error."""
+def compile_job(shape: tuple, config: dict, activation: str | None = None) -> str:
+    """Worker: compile one configuration's kernels for one shape (with `activation`: the
+    bias + activation epilogue); '' or the error."""
     import torch
     from tegula.kernels import api
     api._launch = _compile_only
     a, w = _operands(torch, shape, "meta")
     out = torch.empty((shape[0], shape[1]), device="meta", dtype=torch.float16)
+    bias = None if activation is None else torch.empty((1, shape[1]), device="meta",
+                                                       dtype=torch.float16)
     try:
-        _launch(config, a, w, out)
+        _launch(config, a, w, out, (activation, bias))
     except Exception as e:  # noqa: BLE001 — reported with the config, the others go on
         return f"{type(e).__name__}: {str(e)[:160]}"
     return ""
+
+
+def bench_jobs(shapes: list[tuple], activation: str | None) -> list[tuple]:
+    """(shape, config, activation) of every candidate matmul times on these shapes, each
+    compiled cubin once: a configuration's source depends on the shape only through its
+    facts (divisibility, index width), so one shape of each fact class is enough."""
+    jobs, seen = [], set()
+    for shape in shapes:
+        for c in candidates(shape, [], activation is not None):
+            key = (json.dumps(c, sort_keys=True), tuple(s % 16 == 0 for s in shape),
+                   max(shape[0], shape[1]) * shape[2] >= 2 ** 31)
+            if key not in seen:
+                seen.add(key)
+                jobs.append((shape, c, activation))
+    return jobs
 
 
 def precompile(jobs: list[tuple], workers: int) -> dict:
@@ -159,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep-ms", type=float, default=30.0)
     parser.add_argument("--profile", nargs=2, metavar=("SHAPE", "CONFIG_JSON"))
+    parser.add_argument("--precompile-bench", choices=("plain", "epilogue"),
+                        help="only compile every candidate `tegula bench gemm` (that mode, "
+                             "its default shapes or --shapes) will time, into the disk cache")
+    parser.add_argument("--activation", default="gelu", help="--precompile-bench epilogue's")
     args = parser.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -169,6 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         profile(torch, shape, config)
         return 0
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    if args.precompile_bench:
+        from tegula.bench import gemm as bench
+        default = {"plain": bench.SQUARES + bench.LLM + bench.DECODE,
+                   "epilogue": bench.EPILOGUE_SHAPES}[args.precompile_bench]
+        chosen = shapes if "--shapes" in (argv or sys.argv) else default
+        precompile(bench_jobs(chosen, args.activation if args.precompile_bench == "epilogue"
+                              else None), args.jobs)
+        return 0
     extra = json.loads(args.extra)
     per_shape = {s: candidates(s, extra if isinstance(extra, list)
                                else extra.get("x".join(map(str, s)), [])) for s in shapes}
