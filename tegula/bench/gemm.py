@@ -1,6 +1,6 @@
 """GEMM: tegula against cuBLAS (torch.matmul) and Triton: `python -m tegula.bench gemm`.
 
-Shapes: squares 1024–8192; LLM projections (M = 4096, N and K from {4096, 11008, 14336});
+Shapes: squares 1024–8192 plus 6144; LLM projections (M = 4096, N and K from {4096, 11008, 14336});
 decode (M = 16, 64, 128 against the same weights). On an H100/H200 the tuner's first
 candidate for large shapes is the persistent kernel, for decode shapes with long K split-K;
 the note after the table says which configuration each shape bucket chose. Each computes `a @ b` with a
@@ -26,7 +26,7 @@ from typing import Any
 
 from tegula.bench import gpu
 
-SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
+SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 6144, 8192)]
 LLM = [(4096, n, k) for n in (4096, 11008, 14336) for k in (4096, 11008, 14336)]
 #: Decode: few rows against every LLM weight shape (N, K ∈ {4096, 11008, 14336}); the
 #: tuner picks split-K (deterministic, partials summed in order) where K is long.
