@@ -195,35 +195,40 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
 
 def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
                          masked_scores, pv_gemm):
-    """The key loop software-pipelined by one block (FlashAttention-3's intra-warpgroup
-    overlap). Iteration j issues two gemms, s_{j+1} = q @ k_{j+1}.T and acc += p_j @ v_j,
-    then runs block j+1's softmax while the tensor cores compute them, and rescales acc
-    once p_j @ v_j is done: `lower/wgmma_waits.py` puts a `wgmma.wait_group 1` (s_{j+1}
-    only) before the softmax and a `wait_group 0` before the rescale. Stage j of the ring
-    holds k_{j+1} and v_j; block 0's keys come through a buffer of their own and its
-    softmax runs before the loop. Loop invariant: acc = Σ_{i<j} exp2(s_i − m_j)·v_i, p_j =
-    exp2(s_j − m_j). The last iteration's scores are of the block past the last one (keys
-    out of bounds load as 0, causally hidden keys are masked): all −inf, so p = 0 and
-    alpha = 1 and they change nothing."""
+    """The key loop software-pipelined by one block, in FlashAttention-3's order (its
+    intra-warpgroup overlap). Iteration j issues s_{j+1} = q @ k_{j+1}.T, rescales acc by
+    alpha_j, issues acc += p_j @ v_j, and runs block j+1's softmax while the tensor cores
+    compute both: `lower/wgmma_waits.py` puts a `wgmma.wait_group 1` (s_{j+1} only) before
+    the softmax and the `wait_group 0` at the end of the body. Nothing in the softmax
+    touches the registers of the in-flight p_j @ v_j (acc and p_j's f16 fragment): the
+    probabilities cross the iteration in f32 and become the wgmma's f16 A fragment only
+    at the next issue, and acc is rescaled before its gemm, not after. Otherwise ptxas,
+    which places a `WARPGROUP.DEPBAR` just ahead of the first instruction needing it,
+    hoists the wait above the exponentials to interleave the f16 packing with them, and
+    nothing overlaps (sessions 7-9 measured this loop slower than the plain one for it).
+    Stage j of the ring holds k_{j+1} and v_j; block 0's keys come through a buffer of
+    their own and its softmax runs before the loop. Loop invariant at iteration j: acc =
+    Σ_{i<j} exp2(s_i − m_{j−1})·v_i, p_j = exp2(s_j − m_j), alpha_j = exp2(m_{j−1} − m_j),
+    l_i = Σ_{i≤j} exp2(s_i − m_j). The last iteration's scores are of the block past the
+    last one (keys out of bounds load as 0, causally hidden keys are masked): all −inf,
+    so p = 0 and alpha = 1 (0 for a row that saw no key, whose acc is 0)."""
     m_i, l_i, acc = _softmax_state(sq)
     sk_first = tg.shared((BN, sq.shape[1]), dtype)
     tg.copy(keys[:, :, 0], sk_first)
     s_first = tg.zeros((sq.shape[0], BN), f32)  # named apart: `s` in the loop is not carried
     tg.gemm(s_first, sq, sk_first)                        # s_0
     p, m_i, alpha = online_softmax_probs(*masked_scores(s_first, 0), m_i)
-    l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: nothing to rescale
-    p = p.to(dtype)
+    l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: alpha_0 rescales nothing
     for j in tg.pipeline(blocks, stages=STAGES):
         tg.copy(keys[:, :, j + 1], sk[j])
         tg.copy(values[:, :, j], sv[j])
         s = tg.zeros((sq.shape[0], BN), f32)
-        tg.gemm(s, sq, sk[j])                             # s_{j+1}     } both in flight
-        pv_gemm(p, sv[j], acc)                            # acc += p_j @ v_j } during ...
-        p_next, m_new, alpha = online_softmax_probs(*masked_scores(s, j + 1), m_i)
-        l_i = l_i * alpha + tg.sum(p_next, 1)
-        acc *= alpha
-        p = p_next.to(dtype)
-        m_i = m_new
+        tg.gemm(s, sq, sk[j])                             # s_{j+1}          } both in flight
+        acc *= alpha                                      #                  } during block
+        pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p_j @ v_j } j+1's softmax
+        p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1), m_i)
+        l_i = l_i * alpha + tg.sum(p, 1)
+    acc *= alpha                                          # the block past the last: 1 or 0
     return m_i, l_i, acc
 
 
