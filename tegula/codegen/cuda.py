@@ -34,6 +34,7 @@ from tegula.lower.thread_ir import (
     SharedBuffer, SharedLoad, SharedStore, Shuffle, Stmt, TensorParam, ThreadKernel, Value,
 )
 
+from tegula.codegen import lop3
 from tegula.codegen.async_stmts import AsyncStatements, tensor_maps, uses_async
 from tegula.codegen.expr import (
     CodegenError, ValuePrinter, element_bits, index_c, index_helpers, storage_type,
@@ -271,14 +272,37 @@ class _Emitter(AsyncStatements):
         self.depth -= 1
 
     def statements(self, stmts: list[Stmt]) -> None:
-        """Print `stmts` in order, adjacent 16-bit roundings as pairs (`_rounded_pair`)."""
-        i = 0
+        """Print `stmts` in order, adjacent 16-bit roundings as pairs (`_rounded_pair`),
+        two chained bitwise ops with constants as one lop3 (`codegen/lop3.py`)."""
+        i, bitwise = 0, {}   # straight-line facts for lop3: cleared at any other statement
         while i < len(stmts):
             if i + 1 < len(stmts) and self._rounded_pair(stmts[i], stmts[i + 1]):
+                for s in stmts[i:i + 2]:
+                    lop3.note(bitwise, s)
                 i += 2
                 continue
-            self.stmt(stmts[i])
+            s = stmts[i]
+            if isinstance(s, Assign):
+                self._assign_lop3(s, bitwise)
+                lop3.note(bitwise, s)
+            else:
+                if not isinstance(s, Comment):
+                    bitwise.clear()
+                self.stmt(s)
             i += 1
+
+    def _assign_lop3(self, s: Assign, bitwise: dict) -> None:
+        """Print Assign `s`, as one `tg_lop3` where it is `(x op b) op c` through a
+        register `bitwise` knows (`lop3.fused`)."""
+        found = lop3.fused(bitwise, s)
+        if found is None:
+            self.stmt(s)
+            return
+        x, lut, b, c = found
+        self.values.used.add("tg_lop3")
+        word = self.values.compute(x)
+        self.line(f"{self.reg(s.dst)} = ({storage_type(s.dst.array.dtype)})"
+                  f"tg_lop3<{lut:#x}u, {b:#x}u, {c:#x}u>((unsigned)({word}));")
 
     def _rounded_pair(self, lo: Stmt, hi: Stmt) -> bool:
         """Print two Assigns to adjacent elements (even, odd) of one f16/bf16 register

@@ -2,7 +2,7 @@
 
 The generated source includes no header at all (see `expr.py` for why), so conversions and
 atomic adds are helper functions around inline PTX. The PTX of each comes from its
-catalogue entry (`arch.convert`, `arch.minmax`, `arch.memory.RED_ADD`, printed by
+catalogue entry (`arch.convert`, `arch.minmax`, `arch.logic`, `arch.memory.RED_ADD`, printed by
 `format_asm`); only the software f8 and bf16-CAS fallbacks are written here.
 Helpers are emitted only when the kernel uses them (`prelude(used)`), so a plain copy
 kernel stays short.
@@ -19,6 +19,7 @@ import re
 
 from tegula.arch.convert import cvt
 from tegula.arch.instructions import PTX_TYPE, MmaInstr
+from tegula.arch.logic import LOP3
 from tegula.arch.memory import RED_ADD
 from tegula.arch.minmax import nan_minmax
 from tegula.arch.mma import MMA_INSTRUCTIONS
@@ -54,6 +55,13 @@ _HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
 __device__ __forceinline__ float tg_{op}_nan(float a, float b) {{
   float r; {nan_minmax(op).format_asm(d="r", a="a", b="b")} return r;
 }}""", ()) for op in ("max", "min")},
+    # Two bitwise ops with constants, `(a op1 B) op2 C`, as one lop3 (`arch.logic`): the
+    # constants immediate, so ptxas keeps them in registers instead of a MOV a use.
+    "tg_lop3": (f"""\
+template <unsigned LUT, unsigned B, unsigned C>
+__device__ __forceinline__ unsigned tg_lop3(unsigned a) {{
+  unsigned d; {LOP3.format_asm(d="d", a="a", b="B", c="C", lut="LUT")} return d;
+}}""", ()),
     # Integer / (truncating, as C) and // and % with floor semantics (torch.floor_divide /
     # torch.remainder, as the emulator). C leaves x / 0 and INT_MIN / -1 undefined, so both
     # are defined here as the emulator computes them: x / 0 == x // 0 == -1, x % 0 == x
