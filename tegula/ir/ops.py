@@ -258,6 +258,19 @@ def tiles_read(op: Op) -> list[Tile]:
     return []
 
 
+def wgmma_stage_reads_only(ops: list[Op], allocs: set) -> bool:
+    """True if every read of the shared allocations `allocs` in `ops` is a shared operand
+    of a gemm planned on wgmma (its descriptors can address any stage: a TMA ring running
+    across enclosing loops gives them its own, `lower/pipeline.py: nested_stage_slots`)."""
+    for op in walk_ops(ops):
+        wgmma = isinstance(op, Gemm) and getattr(op.choices.get("plan"), "kind", "") == "wgmma"
+        reads = [t for t in tiles_read(op)
+                 if getattr(t, "alloc", None) is not None and t.alloc.id in allocs]
+        if reads and not (wgmma and all(t is op.a or t is op.b for t in reads)):
+            return False
+    return True
+
+
 def tiles_written(op: Op) -> list[Tile]:
     """The tiles an op writes."""
     if isinstance(op, Copy):

@@ -75,11 +75,66 @@ def fp8_persistent_gemm_kernel(out_t: DType) -> tg.Kernel:
     return fp8_persistent_gemm
 
 
+def blockwise_parts(BN: int) -> tuple[int, int]:
+    """(parts, width): a (BM, BN) tile of the blockwise kernel is `parts` column parts of
+    `width` = min(BN, 128) columns, each inside one 128-row block of b's scales, so each
+    part's K-block product is scaled by one (BM, 1) column of factors. BN = 256 is two
+    parts: the a tile is loaded once for both (as a 128×256 tile), while a thread holds
+    two 128-wide accumulators and one fresh partial product, not two."""
+    width = min(BN, SCALE_BLOCK)
+    return BN // width, width
+
+
+def blockwise_buffers(BM: int, BN: int, STAGES: int) -> tuple:
+    """The staged shared tiles of `blockwise_product`: a's (BM, 128) and one (width, 128)
+    tile of b per column part, STAGES deep."""
+    parts, width = blockwise_parts(BN)
+    return (tg.shared((BM, SCALE_BLOCK), f8e4m3, stages=STAGES),
+            [tg.shared((width, SCALE_BLOCK), f8e4m3, stages=STAGES) for _ in range(parts)])
+
+
+def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
+                      buffers: tuple) -> list:
+    """The (BM, BN) tile (m, n) of the blockwise-scaled a @ b.T as a list of its column
+    parts' f32 (BM, width) tiles (trace time). Per 128-wide K block and part: a *fresh*
+    f32 product, scaled by a's row scales times the part's b block scale and added to the
+    part's accumulator (the promotion every 128 of K). The scales are loaded before the
+    gemms, so their loads fly while the tensor cores run (after them they waited for the
+    wgmmas: 802 against 791 TFLOP/s on an H100)."""
+    parts, width = blockwise_parts(BN)
+    sa, sbs = buffers
+    ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, K/128)
+    gbs = [b.tile((width, SCALE_BLOCK), (n * parts + j, None)) for j in range(parts)]
+    row_scales = scale_a.tile((BM, 1), (m, None))              # (BM, 1, K/128)
+    block_scales = [scale_b.tile((1, 1), (((n * parts + j) * width) // SCALE_BLOCK, None))
+                    for j in range(parts)]
+    accs = [tg.zeros((BM, width), f32) for _ in range(parts)]
+    for k in tg.pipeline(ga.shape[2], stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        for gb, sb in zip(gbs, sbs):
+            tg.copy(gb[:, :, k], sb[k])
+        row = tg.load(row_scales[:, :, k])
+        scales = [row * tg.load(bs[:, :, k]) for bs in block_scales]   # (BM, 1) each
+        promoted = []
+        for acc, sb, scale in zip(accs, sbs, scales):
+            part = tg.zeros((BM, width), f32)                  # promoted every 128 of K
+            tg.gemm(part, sa[k], sb[k])
+            promoted.append(acc + part * scale)
+        accs = promoted
+    return accs
+
+
+def store_parts(accs: list, c, m, n, out_t: DType, BM: int, BN: int) -> None:
+    """Each column part of a blockwise tile rounded once to `out_t` and stored."""
+    parts, width = blockwise_parts(BN)
+    for j, acc in enumerate(accs):
+        tg.copy(acc.to(out_t), c.tile((BM, width), (m, n * parts + j)))
+
+
 @lru_cache(maxsize=None)
 def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
-    """The blockwise-scaled FP8 GEMM (DeepSeek-V3): per 128-wide K block, a fresh f32
-    partial product, scaled by a's row scales and b's block scale, added to the main
-    accumulator. BN must divide 128, so that a block's columns share one b scale row.
+    """The blockwise-scaled FP8 GEMM (DeepSeek-V3), one block per (BM, BN) tile of c
+    (`blockwise_product`). BN divides 128, or is 256 (two column parts).
     (Promoting one K block late, so the multiply-adds could run during the next block's
     wgmmas, measured slower on an H100: 702 against 802 TFLOP/s at 4096³, with a third
     live 128×128 f32 tile.)"""
@@ -90,25 +145,38 @@ def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
                            c: tg.Tensor[out_t], BM: tg.constexpr = 128,
                            BN: tg.constexpr = 128, STAGES: tg.constexpr = 3):
         m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, 128), (m, None))               # (BM, 128, K/128)
-        gb = b.tile((BN, 128), (n, None))
-        row_scales = scale_a.tile((BM, 1), (m, None))   # (BM, 1, K/128)
-        block_scales = scale_b.tile((1, 1), ((n * BN) // 128, None))
-        acc = tg.zeros((BM, BN), f32)
-        sa = tg.shared((BM, 128), f8e4m3, stages=STAGES)
-        sb = tg.shared((BN, 128), f8e4m3, stages=STAGES)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            # The scales before the gemm: their loads fly while the tensor cores run
-            # (after it they waited for the wgmmas: 802 against 791 TFLOP/s on an H100).
-            scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
-            part = tg.zeros((BM, BN), f32)              # promoted every 128 of K
-            tg.gemm(part, sa[k], sb[k])
-            acc += part * scale                          # (BM, 1) scales broadcast
-        tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
+        accs = blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
+                                 blockwise_buffers(BM, BN, STAGES))
+        store_parts(accs, c, m, n, out_t, BM, BN)
 
     return fp8_blockwise_gemm
+
+
+@lru_cache(maxsize=None)
+def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
+    """The blockwise-scaled FP8 GEMM as a persistent kernel: `gemm.persistent_tiles`'s
+    walk (one block per SM, grouped-rows order, one TMA ring for the block's life on
+    sm_90a, so the producer warpgroup loads the next tile while the consumers store this
+    one) around `blockwise_product`. On sm_90a the scale loads and the promotion run in
+    the consumer warpgroups, between each K block's wgmma wait and the next K block."""
+
+    @tg.kernel(threads=128)
+    def fp8_blockwise_persistent(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
+                                 scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
+                                 c: tg.Tensor[out_t], BM: tg.constexpr = 128,
+                                 BN: tg.constexpr = 128, STAGES: tg.constexpr = 4,
+                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
+        def make_product():
+            buffers = blockwise_buffers(BM, BN, STAGES)
+            return lambda m, n: blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN,
+                                                  STAGES, buffers)
+
+        def finish(accs, m, n):
+            store_parts(accs, c, m, n, out_t, BM, BN)
+        persistent_tiles(a, b, f8e4m3, BM, BN, SCALE_BLOCK, STAGES, GROUP, finish, CLUSTER,
+                         make_product)
+
+    return fp8_blockwise_persistent
 
 
 def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple, dict]:
@@ -118,10 +186,10 @@ def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple,
     defaults = dict(BM=128, BN=128, STAGES=3) if block_scales else \
         dict(BM=128, BN=128, BK=64, STAGES=3)
     constexprs = {**defaults, **tiles}
-    if block_scales and SCALE_BLOCK % constexprs["BN"]:
+    if block_scales and SCALE_BLOCK % constexprs["BN"] and constexprs["BN"] != 2 * SCALE_BLOCK:
         raise ValueError(f"tegula.kernels.fp8: the blockwise kernel needs BN dividing "
-                         f"{SCALE_BLOCK} (one b scale per block's columns), got BN = "
-                         f"{constexprs['BN']}")
+                         f"{SCALE_BLOCK} or BN = {2 * SCALE_BLOCK} (one b scale per column "
+                         f"part of a tile), got BN = {constexprs['BN']}")
     return (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"])), constexprs
 
 
@@ -180,8 +248,8 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
     """`(a · scale_a) @ (b · scale_b).T` by the emulated FP8 kernel. a (M, K) and b (N, K)
     are e4m3 values as float32 arrays (rounded to e4m3 as the kernel loads them) or raw
     uint8 bit patterns; scales are f32: numbers or (1, 1) arrays per tensor, or the
-    blockwise shapes of `scale_shapes`. `persistent` > 0 (per-tensor only): the persistent
-    kernel on a GPU of that many SMs. Returns out_dtype values (bf16 as float32)."""
+    blockwise shapes of `scale_shapes`. `persistent` > 0: the persistent kernel on a GPU
+    of that many SMs. Returns out_dtype values (bf16 as float32)."""
     fn = "matmul_fp8_emulated"
     check_fp8_target(fn, target)
     check_array(fn, "a", a, ndim=2)
@@ -204,10 +272,8 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
     grid, constexprs = fp8_config(m, n, block_scales, **tiles)
     kernel = fp8_blockwise_gemm_kernel(out_dtype) if block_scales else fp8_gemm_kernel(out_dtype)
     if persistent:
-        if block_scales:
-            raise ValueError(f"tegula.kernels.{fn}: the blockwise kernel has no persistent "
-                             f"form (persistent={persistent} with block_scales=True)")
-        kernel = fp8_persistent_gemm_kernel(out_dtype)
+        kernel = fp8_blockwise_persistent_kernel(out_dtype) if block_scales else \
+            fp8_persistent_gemm_kernel(out_dtype)
         grid = persistent_grid(m, n, persistent, constexprs["BM"], constexprs["BN"],
                                constexprs.get("CLUSTER", 1))
     launch_emulated(kernel, grid, a, b, np.ascontiguousarray(sa), np.ascontiguousarray(sb), c,
@@ -215,6 +281,8 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
     return c
 
 
-__all__ = ["fp8_gemm_kernel", "fp8_persistent_gemm_kernel", "fp8_blockwise_gemm_kernel", "fp8_config", "scale_shapes",
+__all__ = ["fp8_gemm_kernel", "fp8_persistent_gemm_kernel", "fp8_blockwise_gemm_kernel",
+           "fp8_blockwise_persistent_kernel", "blockwise_product", "blockwise_buffers",
+           "blockwise_parts", "store_parts", "fp8_config", "scale_shapes",
            "check_fp8_shapes", "check_scales", "check_fp8_target", "matmul_fp8_emulated", "FP8_OUT_DTYPES",
            "SCALE_BLOCK", "K_ALIGN"]

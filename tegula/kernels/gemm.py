@@ -97,7 +97,7 @@ def staged_buffers(dtype: DType, BM: int, BN: int, BK: int, STAGES: int) -> tupl
 
 
 def persistent_tiles(a, b, dtype: DType, BM: int, BN: int, BK: int, STAGES: int,
-                     GROUP: int, finish, CLUSTER: int = 1) -> None:
+                     GROUP: int, finish, CLUSTER: int = 1, make_product=None) -> None:
     """The persistent GEMM's body (trace time; first in the kernel, as it declares the
     cluster): this block walks output tiles b, b + grid, b + 2·grid, … in grouped-rows
     order (`schedule.grouped_tile`, GROUP row tiles a band, so blocks running together
@@ -107,16 +107,24 @@ def persistent_tiles(a, b, dtype: DType, BM: int, BN: int, BK: int, STAGES: int,
     (m, n). With CLUSTER > 1 the blocks go in clusters of CLUSTER along the rows
     (`tg.cluster`): a cluster walks units of CLUSTER row tiles of one column tile, so its
     blocks load the same b tile, which TMA multicasts to all of them; a row tile past a's
-    rows computes zeros and stores nothing."""
+    rows computes zeros and stores nothing. `make_product()` (called once, after the
+    cluster is declared) returns another `product(m, n)` for the tile, making its own
+    shared ring (the blockwise FP8 kernel's); by default `pipelined_product`."""
     tg.cluster(CLUSTER)
     tiles_m = tg.cdiv(tg.cdiv(a.shape[0], BM), CLUSTER)   # in units of CLUSTER row tiles
     tiles_n = tg.cdiv(b.shape[0], BN)
-    buffers = staged_buffers(dtype, BM, BN, BK, STAGES)
+    if make_product is None:
+        buffers = staged_buffers(dtype, BM, BN, BK, STAGES)
+
+        def product(m, n):
+            return pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES, buffers)
+    else:
+        product = make_product()
     for t in tg.range(tg.block_id(0) // CLUSTER, tiles_m * tiles_n,
                       tg.num_programs(0) // CLUSTER):
         mc, n = grouped_tile(t, tiles_m, tiles_n, GROUP)
         m = mc * CLUSTER + tg.block_id(0) % CLUSTER
-        finish(pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES, buffers), m, n)
+        finish(product(m, n), m, n)
 
 
 def register_product(a, b, m, n, dtype: DType, BM: int, BN: int, BK: int) -> RegisterValue:

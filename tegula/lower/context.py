@@ -39,6 +39,9 @@ class LoweringContext:
         # A warp-specialized pipeline's producer role (`lower/hopper.py: WarpRoles`), set
         # when its loop is lowered; the kernel body then splits into Roles around it.
         self.warp_roles = None
+        # alloc id -> the stage its wgmma descriptors read, where a TMA ring running across
+        # enclosing loops decides it (`lower/pipeline.py: Ring.slot`) rather than `k % S`.
+        self.ring_slots: dict = {}
 
     def unique(self, base: str) -> str:
         """`base`, or `base_2`, `base_3`, … — the first name not yet handed out."""

@@ -139,7 +139,7 @@ from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBa
                                    SmemDesc, StMatrix, TensorMapParam, TmaLoad, TmaStore, Wgmma,
                                    WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
-from tegula.lower.pipeline import MBarrierRing, Ring, top_level_only
+from tegula.lower.pipeline import MBarrierRing, Ring, nested_stage_slots
 from tegula.lower.warp_roles import WarpRoles, map_barriers, split_roles, take_turn
 from tegula.lower.wgmma_waits import defer_wgmma_waits
 from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
@@ -170,6 +170,8 @@ def operand_desc(ctx: LoweringContext, tile: SharedTile, first_row: Expr, k_offs
     leading, stride = operand_descriptor_strides(rows, k, tile.dtype, swizzle, not trans)
     stage = Const(0)
     if tile.alloc.stages > 1:
+        if slot is None:
+            slot = ctx.ring_slots.get(tile.alloc.id)
         if slot is None:
             slot = scalar_expr(tile.stage) % tile.alloc.stages
         stage = slot * (rows * k)
@@ -378,7 +380,7 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     releases the stage; a barrier ends the body or follows the loop where its shared
     accesses need one."""
     k = Var(op.var.name)
-    top_level_only(ring, op)
+    nested_stage_slots(lowering.ctx, ring, op, rest, producers)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
     body = [wait] + defer_wgmma_waits(lowering.ops(rest, inner))

@@ -265,7 +265,7 @@ def _lower_tma_one_role(lowering, op: ForLoop, ring: Ring, producers: list,
             return (lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(ring.var)),
                     [WgmmaWait(0), Barrier()])
         return run_ahead(ring, protocol, ("acquire", "compute", "release", "refill"), gemm)
-    top_level_only(ring, op)
+    nested_stage_slots(ctx, ring, op, rest, producers)
 
     def body():
         stmts, inner = _lower_body(lowering, rest)
@@ -280,10 +280,18 @@ def _lower_body(lowering, ops: list) -> tuple[list[Stmt], object]:
     return lowering.ops(ops, inner), inner
 
 
-def top_level_only(ring: Ring, op: ForLoop) -> None:
-    """A body with more than the gemm reads its stages at `k % S` through the ordinary
-    shared addressing, which only a top-level ring matches (synthesis keeps nested rings
-    to a lone gemm)."""
-    if ring.nested:
+def nested_stage_slots(ctx, ring: Ring, op: ForLoop, rest: list, producers: list) -> None:
+    """A nested ring's stage is `ring.slot(k)`, not the `k % S` of the ordinary shared
+    addressing: the wgmma descriptors of a body with more than one gemm (the blockwise
+    FP8 GEMM's promotion) read it from `ctx.ring_slots`. Synthesis keeps nested rings to
+    bodies whose only reads of the stages are wgmma operands; anything else would read
+    the wrong stage, so it is refused here too."""
+    if not ring.nested:
+        return
+    from tegula.ir.ops import wgmma_stage_reads_only
+    staged = {p.dst.alloc.id for p in producers}
+    if not wgmma_stage_reads_only(rest, staged):
         raise SynthesisError("tg.pipeline: a TMA ring across enclosing loops serves only a "
-                             "body of TMA copies and one wgmma gemm", loc=op.loc)
+                             "body whose reads of the staged tiles are wgmma operands",
+                             loc=op.loc)
+    ctx.ring_slots.update({alloc: ring.slot(ring.var) for alloc in staged})

@@ -239,7 +239,7 @@ class RingPlan:
                 f"of the pipeline to the next")
 
 
-def plan_nested_ring(body: list, loop, is_lone_gemm: bool) -> tuple[RingPlan | None, str]:
+def plan_nested_ring(body: list, loop, wgmma_reads_only: bool) -> tuple[RingPlan | None, str]:
     """(RingPlan, "") if the TMA pipeline `loop`, inside other run-time loops of the kernel
     `body`, can keep one ring across their iterations, else (None, why not).
 
@@ -247,8 +247,9 @@ def plan_nested_ring(body: list, loop, is_lone_gemm: bool) -> tuple[RingPlan | N
     happens (no `tg.if_` between the outermost enclosing loop and it), and the trip counts
     of the pipeline and of the enclosing loops inside the outermost do not depend on an
     enclosing loop's index. The stage is then a function of the count rather than of the
-    pipeline's index, which lowering applies to the one gemm's descriptors: the body must
-    be the TMA copies and one wgmma gemm (`is_lone_gemm`)."""
+    pipeline's index, which lowering applies to the gemms' descriptors: the body's only
+    reads of its stages must be wgmma gemm operands (`wgmma_reads_only`; the blockwise FP8
+    GEMM also scales and adds a fresh product per K block)."""
     path = enclosing_ops(body, loop) or []
     first_loop = next((i for i, op in enumerate(path) if _is_loop(op)), len(path))
     inner = path[first_loop:]
@@ -263,10 +264,10 @@ def plan_nested_ring(body: list, loop, is_lone_gemm: bool) -> tuple[RingPlan | N
             return None, (f"{what} trip count depends on the index of an enclosing loop "
                           f"({', '.join(sorted(used & indices))}), so the ring's running "
                           f"count across the enclosing loop is not known")
-    if not is_lone_gemm:
-        return None, ("the pipeline is inside another run-time loop and its body is more "
-                      "than the TMA copies and one wgmma gemm (the ring's running stage is "
-                      "applied to a lone gemm's descriptors)")
+    if not wgmma_reads_only:
+        return None, ("the pipeline is inside another run-time loop and something other "
+                      "than a wgmma gemm reads its staged tiles (the ring's running stage is "
+                      "applied to wgmma descriptors only)")
     return RingPlan(tuple(inner)), ""
 
 

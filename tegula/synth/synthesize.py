@@ -28,7 +28,8 @@ import numpy as np
 from tegula.arch.catalogue import cp_async_sizes
 from tegula.arch.targets import Target
 from tegula.errors import ResourceError, SynthesisError
-from tegula.ir.ops import Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops
+from tegula.ir.ops import (Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops,
+                           wgmma_stage_reads_only)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.chains import choose_chained_plans, gemm_chains
 from tegula.synth.convert import choose_conversion
@@ -463,9 +464,9 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = 
         ring = None
         if not problem and depth > 0:  # e.g. a persistent kernel's tile loop around it
             rest = [o for o in loop.body if not any(o is p for p in producers)]
-            lone_gemm = (len(rest) == 1 and isinstance(rest[0], Gemm)
-                         and isinstance(rest[0].choices.get("plan"), WgmmaPlan))
-            ring, problem = plan_nested_ring(kernel.body, loop, lone_gemm)
+            staged = {op.dst.alloc.id for op in producers}
+            ring, problem = plan_nested_ring(kernel.body, loop,
+                                             wgmma_stage_reads_only(rest, staged))
         if not problem and loop.step != 1:
             problem = "the pipeline's step is not 1"
         if not problem:

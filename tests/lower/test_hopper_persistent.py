@@ -317,7 +317,8 @@ def k_depends_on_tile(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16]):
 
 @tg.kernel(threads=128)
 def counted_steps(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16]):
-    """More than the gemm in a nested pipeline's body (cp.async, with the reason)."""
+    """More than the gemm in a nested pipeline's body, the stages read by the wgmma only:
+    the TMA ring runs across the tiles, its running stage given to the descriptors."""
     tiles_n = tg.cdiv(b.shape[0], 64)
     sa, sb = tg.shared((64, 32), f16, stages=2), tg.shared((64, 32), f16, stages=2)
     for t in tg.range(tg.block_id(0), tg.cdiv(a.shape[0], 64) * tiles_n, tg.num_programs(0)):
@@ -354,13 +355,52 @@ def test_a_k_loop_whose_length_depends_on_the_tile_keeps_cp_async_and_is_right()
         check_gemm(c[rows, cols], a[rows, :kk], b[cols, :kk], f16)
 
 
-def test_a_nested_body_with_more_than_the_gemm_keeps_cp_async_and_is_right():
-    reasons = skipped_reasons(counted_steps)
-    assert any("body is more than the TMA copies and one wgmma gemm" in r for r in reasons)
+@tg.kernel(threads=128)
+def stage_read_in_registers(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16]):
+    """A nested pipeline whose a stage is also loaded into registers (not through a wgmma
+    descriptor: ordinary shared addressing reads stage k % S, not the ring's running
+    stage), so it keeps cp.async, with the reason. The load adds 0 · (row sums of a)."""
+    tiles_n = tg.cdiv(b.shape[0], 64)
+    sa, sb = tg.shared((64, 32), f16, stages=2), tg.shared((64, 32), f16, stages=2)
+    for t in tg.range(tg.block_id(0), tg.cdiv(a.shape[0], 64) * tiles_n, tg.num_programs(0)):
+        m, n = grouped_tile(t, tg.cdiv(a.shape[0], 64), tiles_n, 2)
+        ga, gb = a.tile((64, 32), (m, None)), b.tile((64, 32), (n, None))
+        acc = tg.zeros((64, 64), f32)
+        for k in tg.pipeline(ga.shape[2], stages=2):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+            acc = acc + tg.sum(tg.load(sa[k]).to(f32), 1) * 0.0     # (64, 1) broadcast
+        tg.copy(acc.to(f16), c.tile((64, 64), (m, n)))
+
+
+@pytest.mark.parametrize("role_order", [None, "random:3"])
+def test_a_nested_body_with_more_than_the_gemm_keeps_the_ring_and_is_right(role_order):
+    """Session 10: the stage of a nested ring is the ring's running count for every wgmma
+    of the body (the blockwise FP8 GEMM's scaled promotion), not only a lone gemm's; three
+    blocks walk 6 tiles of 3 k-steps each over a 2-stage ring, so the running stage differs
+    from k % 2 on every other tile."""
+    assert not skipped_reasons(counted_steps)
+    source = build(counted_steps, {}, None, "sm_90a").cuda_source()
+    assert "cp.async.bulk.tensor" in source and "cp.async.cg" not in source
     rng = np.random.default_rng(5)
     a, b = random_input(rng, (130, 72), f16), random_input(rng, (100, 72), f16)
     c = poisoned((130, 100), f16)
-    run_with_deadline(lambda: tg.emulate(counted_steps, (3,), a, b, c, target="sm_90a"))
+    options = {"role_order": role_order} if role_order else {}
+    run_with_deadline(lambda: tg.emulate(counted_steps, (3,), a, b, c, target="sm_90a",
+                                         **options))
+    check_gemm(c, a, b, f16)
+
+
+def test_a_nested_stage_read_outside_a_wgmma_keeps_cp_async_and_is_right():
+    reasons = skipped_reasons(stage_read_in_registers)
+    assert any("something other than a wgmma gemm reads its staged tiles" in r
+               for r in reasons)
+    rng = np.random.default_rng(6)
+    a, b = random_input(rng, (130, 72), f16), random_input(rng, (100, 72), f16)
+    c = poisoned((130, 100), f16)
+    run_with_deadline(lambda: tg.emulate(stage_read_in_registers, (3,), a, b, c,
+                                         target="sm_90a"))
     check_gemm(c, a, b, f16)
 
 

@@ -1,0 +1,153 @@
+"""Blockwise (DeepSeek-V3) FP8 GEMM against tegula's per-tensor FP8 and torch._scaled_mm,
+in one process (session 10, issue 10):
+
+    PYTHONPATH=. python3 benchmarks/fp8_blockwise.py [--moe]
+
+For 4096^3, 8192^3 and 4096x7168x2048: torch._scaled_mm (per-tensor), tegula's per-tensor
+persistent kernel (128x256x128, the session-9 winner), the one-block-per-tile blockwise
+kernel and the persistent warp-specialized blockwise kernel in several tilings. Blockwise
+scales are random over two decades (1x128 for a, 128x128 for b), outputs NaN-poisoned and
+checked against a float32 reference of the same e4m3 inputs and scales (relative
+Frobenius error). `--moe`: the MoE grouped GEMM's 64-expert top-6 case (balanced) in
+several tilings against dense cuBLAS at equal FLOPs. A table last (TFLOP/s; nothing is
+asserted about time).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+import tegula as tg
+
+START = time.time()
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)]
+PER_TENSOR = dict(BM=128, BN=256, BK=128, STAGES=3, GROUP=8, threads=256)
+BLOCKWISE_TILES = dict(BM=128, BN=128, STAGES=4, threads=256)
+BLOCKWISE_PERSISTENT = [dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
+                        dict(BM=128, BN=128, STAGES=6, GROUP=8, threads=256),
+                        dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256, CLUSTER=2),
+                        dict(BM=128, BN=256, STAGES=3, GROUP=8, threads=256)]
+
+
+def bench(fn) -> float:
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def fp8_rows(budget: float) -> list[tuple[str, str]]:
+    from tegula.kernels import fp8
+    from tegula.kernels.gemm import persistent_grid
+    rows, out_t = [], tg.bf16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n, k in SHAPES:
+        if time.time() - START > budget:
+            rows.append((f"{m}x{n}x{k}", "skipped (time)"))
+            continue
+        g = torch.Generator(device="cuda").manual_seed(m + n + k)
+        a = (torch.randn(m, k, device="cuda", generator=g) * 4).to(torch.float8_e4m3fn)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 4).to(torch.float8_e4m3fn)
+        sa = torch.tensor([[0.5]], device="cuda")
+        sb = torch.tensor([[0.25]], device="cuda")
+        block_a = 10 ** (torch.rand(m, k // 128, device="cuda", generator=g) * 2 - 1)
+        block_b = 10 ** (torch.rand(tg.cdiv(n, 128), k // 128, device="cuda", generator=g) * 2 - 1)
+        flops = 2 * m * n * k
+        ref_tensor = (a.float() @ w.float().T) * 0.125
+        a_scaled = a.float() * block_a.repeat_interleave(128, 1)
+        w_scaled = w.float() * block_b.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+        ref_block = a_scaled @ w_scaled.T
+        del a_scaled, w_scaled
+        ms = bench(lambda: torch._scaled_mm(a, w.T, sa.view(()), sb.view(()),
+                                            out_dtype=torch.bfloat16))
+        base = flops / ms / 1e9
+        rows.append((f"{m}x{n}x{k} _scaled_mm", f"{base:.0f} TFLOP/s"))
+        runs = [("per-tensor persistent 128x256", fp8.fp8_persistent_gemm_kernel(out_t),
+                 persistent_grid(m, n, sms, 128, 256), (sa, sb), PER_TENSOR, ref_tensor),
+                ("blockwise tiles 128x128 S4", fp8.fp8_blockwise_gemm_kernel(out_t),
+                 (tg.cdiv(m, 128), tg.cdiv(n, 128)), (block_a, block_b), BLOCKWISE_TILES,
+                 ref_block)]
+        for c in BLOCKWISE_PERSISTENT:
+            runs.append((f"blockwise persistent {c['BM']}x{c['BN']} S{c['STAGES']} "
+                         f"C{c.get('CLUSTER', 1)}", fp8.fp8_blockwise_persistent_kernel(out_t),
+                         persistent_grid(m, n, sms, c["BM"], c["BN"], c.get("CLUSTER", 1)),
+                         (block_a, block_b), c, ref_block))
+        per_tensor = None
+        for name, kernel, grid, (s1, s2), cfg, ref in runs:
+            label = f"{m}x{n}x{k} {name}"
+            try:
+                c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                kernel[grid](a, w, s1, s2, c, **cfg)
+                torch.cuda.synchronize()
+                err = float((c.float() - ref).norm() / ref.norm())
+                nans = int(torch.isnan(c).sum())
+                ms = bench(lambda: kernel[grid](a, w, s1, s2, c, **cfg))
+                tf = flops / ms / 1e9
+                per_tensor = per_tensor or tf
+                rows.append((label, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x _scaled_mm = "
+                             f"{tf / per_tensor:.2f}x per-tensor, rel err {err:.1e}, "
+                             f"{nans} NaN"))
+            except Exception as e:  # report and go on
+                rows.append((label, f"FAILED {type(e).__name__}: {e}"[:200]))
+            print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
+    return rows
+
+
+MOE_CONFIGS = [dict(BM=128, BN=128, BK=64, STAGES=4, GROUP=8, threads=256, STAGED=True),
+               dict(BM=128, BN=256, BK=64, STAGES=3, GROUP=8, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=8, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=16, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=8, threads=256)]
+
+
+def moe_rows(budget: float) -> list[tuple[str, str]]:
+    from tegula.bench.moe import make_problem, reference
+    from tegula.kernels import moe
+    rows = []
+    tokens, k, experts, kdim, n = 4096, 6, 64, 2048, 1408
+    p = make_problem(torch, tokens, k, experts, kdim, n, True)
+    xs, w, offsets = p["x_sorted"], p["w"], p["routing"].expert_offsets
+    ref = reference(torch, xs, w, offsets.tolist())
+    flops = 2.0 * xs.shape[0] * n * kdim
+    a = torch.randn(xs.shape[0], kdim, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(kdim, n, device="cuda", dtype=torch.bfloat16)
+    dense = flops / bench(lambda: a @ b) / 1e9
+    rows.append(("e64-k6 dense cuBLAS", f"{dense:.0f} TFLOP/s"))
+    for cfg in MOE_CONFIGS:
+        label = "e64-k6 " + " ".join(f"{key}={v}" for key, v in cfg.items()
+                                     if key not in ("BK", "threads"))
+        if time.time() - START > budget:
+            rows.append((label, "skipped (time)"))
+            continue
+        try:
+            out = torch.full((xs.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            moe.moe_gemm(xs, w, offsets, out=out, config=cfg)
+            torch.cuda.synchronize()
+            err = float((out.float() - ref).abs().max() / ref.abs().max())
+            nans = int(torch.isnan(out).sum())
+            tf = flops / bench(lambda: moe.moe_gemm(xs, w, offsets, out=out, config=cfg)) / 1e9
+            rows.append((label, f"{tf:.0f} TFLOP/s = {tf / dense:.2f}x dense, max err "
+                         f"{err:.1e}, {nans} NaN"))
+        except Exception as e:
+            rows.append((label, f"FAILED {type(e).__name__}: {e}"[:200]))
+        print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
+    return rows
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
+    rows = []
+    if "--fp8" in sys.argv or "--moe" not in sys.argv:
+        rows += fp8_rows(float(sys.argv[sys.argv.index("--budget") + 1])
+                         if "--budget" in sys.argv else 600)
+    if "--moe" in sys.argv:
+        rows += moe_rows(float(sys.argv[sys.argv.index("--moe-budget") + 1])
+                         if "--moe-budget" in sys.argv else 600)
+    width = max(len(r[0]) for r in rows)
+    print("== table")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()
