@@ -1,0 +1,160 @@
+"""The selective scan with the states split over threads: each thread runs its steps in order.
+
+The formulas and arguments are `tegula.kernels.scan`'s (Mamba's `selective_scan_ref`). That
+module's kernel scans each state's recurrence h_t = a_t·h_{t-1} + b_t *across* the lanes of a
+channel (a run of steps per thread, then shuffles), which costs, per (state, step), the run's
+own scan (a product and a multiply-add), the lanes' fold (one more multiply-add) and the
+shuffles, on top of the recurrence's work: 12.1 SASS per (state, step) in session 9, issue-
+bound at 4x1536x2048.
+
+Here a block owns BD channels; the channel's N states are split over G threads (S = N / G
+states each, held in registers); every thread walks the chunk's BL steps one after the
+other, so a (state, step) costs exp2(delta·A·log2 e) (one multiply, one MUFU), delta·u·B
+(one multiply), the recurrence (one multiply-add) and its share of y (one multiply-add). The
+tile is (BD, N, BL), scanned along the steps with `tg.scan` (whose layout gives each thread
+whole rows: no shuffle); the product of the (a, b) pairs' first halves is never used, so the
+compiler drops it.
+
+Per chunk of BL steps, in a `tg.pipeline` of STAGES cp.async stages:
+1. u, delta, B and C (and z) are copied into shared rings a chunk or more ahead;
+2. each (channel, step)'s delta (bias, softplus) and delta·u are computed once, in f32, into
+   shared scratch, and 16-bit B and C rows are converted to f32 once (every thread of a
+   channel and every channel of the block read them: converting where they are read would
+   repeat each conversion BD·G times);
+3. the states scan: each thread reads its channel's delta and delta·u and its states' B and C
+   as 16-byte broadcasts, and sums its S states' h·C in registers;
+4. the G partial sums of a channel go through shared memory and are added by the thread that
+   stores the output (4 consecutive steps of one channel: 16-byte stores along the
+   sequence), which also applies D·u and the silu gate once per element.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import tegula as tg
+from tegula import f32
+from tegula.dtypes import DType
+from tegula.kernels.scan import LN2, LOG2E, SOFTPLUS_THRESHOLD, _compose
+from tegula.layout.cute import Layout
+
+THREADS = 128
+#: Steps per thread of the output layout (one 16-byte f32 store, 8 bytes for 16-bit types).
+OUT_RUN = 4
+
+
+def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
+                 G: int | None = None, STAGES: int = 2) -> dict:
+    """The split kernel's constexprs for `dstate` states: G threads per channel (4 where it
+    divides dstate, else the largest power of two that does), BD = THREADS / G channels a
+    block, BL steps a chunk (16, or the power of two that keeps a thread's (state, step)
+    values at 64 or fewer). Raises ValueError for tiles the kernel cannot run."""
+    if G is None:
+        G = next(g for g in (4, 2, 1) if dstate % g == 0)
+    if BD is None:
+        BD = THREADS // G
+    if BL is None:   # a power of two: the output's threads along the steps are lanes
+        BL = max(OUT_RUN, min(16, 1 << (64 // (dstate // G)).bit_length() - 1))
+    if dstate % G or BD * G != THREADS or BL < OUT_RUN or BL & (BL - 1):
+        raise ValueError(f"tegula.kernels.selective_scan: the split-state kernel needs G "
+                         f"dividing dstate, BD·G = {THREADS} threads and BL a multiple of "
+                         f"{OUT_RUN}; got dstate={dstate}, BD={BD}, G={G}, BL={BL}")
+    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES)
+
+
+def _runs_layout(rows: int, BL: int, *more: int) -> Layout:
+    """A (rows, *more, BL) tile with each thread holding OUT_RUN consecutive steps of one
+    row and all of `more` (summed or used in registers): threads along the steps first,
+    then the rows; rows beyond the threads go to registers, threads beyond the rows hold
+    copies. Tiles are indexed column-major (row + rows·m + rows·M·step)."""
+    lanes = BL // OUT_RUN
+    on_rows = min(rows, THREADS // lanes)
+    inner = 1
+    for m in more:
+        inner *= m
+    copies = THREADS // (lanes * on_rows)
+    value_shape = (OUT_RUN,) + tuple(more) + (rows // on_rows,)
+    value_stride = [rows * inner]
+    running = rows
+    for m in more:
+        value_stride.append(running)
+        running *= m
+    value_stride.append(on_rows)
+    return Layout(((lanes, on_rows, copies), value_shape),
+                  ((OUT_RUN * rows * inner, 1, 0), tuple(value_stride)))
+
+
+@lru_cache(maxsize=None)
+def selective_scan_split_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
+    """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype` (the arguments
+    of `scan.selective_scan_kernel`, so the entry points launch either)."""
+
+    @tg.kernel(threads=THREADS)
+    def selective_scan_split(u: tg.Tensor[dtype, 3], delta: tg.Tensor[dtype, 3],
+                             A: tg.Tensor[f32], B: tg.Tensor[bc_dtype, 3],
+                             C: tg.Tensor[bc_dtype, 3], D: tg.Tensor[f32],
+                             z: tg.Tensor[dtype, 3], delta_bias: tg.Tensor[f32],
+                             out: tg.Tensor[dtype, 3], N: tg.constexpr, BD: tg.constexpr = 32,
+                             BL: tg.constexpr = 16, G: tg.constexpr = 4,
+                             STAGES: tg.constexpr = 2, HAS_D: tg.constexpr = False,
+                             HAS_Z: tg.constexpr = False, HAS_BIAS: tg.constexpr = False,
+                             SOFTPLUS: tg.constexpr = False):
+        b, block = tg.block_id(0), tg.block_id(1)
+        a2 = tg.reshape(tg.load(A.tile((BD, N), (block, 0))) * LOG2E, (BD, N, 1))
+        h = tg.zeros((BD, N, 1), f32)           # the states, carried from chunk to chunk
+        one = tg.full((BD, N, 1), 1.0, f32)
+        rings = {name: tg.shared(shape, t, stages=STAGES) for name, shape, t in
+                 (("u", (BD, BL), dtype), ("delta", (BD, BL), dtype), ("B", (N, BL), bc_dtype),
+                  ("C", (N, BL), bc_dtype)) + ((("z", (BD, BL), dtype),) if HAS_Z else ())}
+        s_dt, s_dtu = tg.shared((BD, BL), f32), tg.shared((BD, BL), f32)
+        s_bc = (tg.shared((N, BL), f32), tg.shared((N, BL), f32)) if bc_dtype != f32 else None
+        partial = tg.shared((BD, G, BL), f32)
+        by_run = _runs_layout(BD, BL)              # (BD, BL): u, delta, z, out
+        by_output = _runs_layout(BD, BL, G)        # (BD, G, BL): the partial sums
+        channels = (block, 0)
+        if HAS_BIAS:
+            bias = tg.load(delta_bias.transpose(1, 0).tile((BD, 1), channels))
+        if HAS_D:
+            d_skip = tg.load(D.transpose(1, 0).tile((BD, 1), channels))
+        sources = {"u": u, "delta": delta, "z": z}
+        for k in tg.pipeline(tg.cdiv(u.shape[2], BL), stages=STAGES):
+            for name, ring in rings.items():
+                src = B if name == "B" else C if name == "C" else sources[name]
+                rows = (0, k) if name in ("B", "C") else (block, k)
+                tg.copy(src[b].tile(tuple(ring.shape), rows), ring[k])
+            # 2. Once per (channel, step): delta, delta·u; B and C in f32.
+            dt = tg.load(rings["delta"][k], layout=by_run).to(f32)
+            if HAS_BIAS:
+                dt = dt + bias
+            if SOFTPLUS:  # log(1 + e^x) as ln 2 · log2(1 + 2^(x·log2 e)); x > 20: x
+                dt = tg.where(dt > SOFTPLUS_THRESHOLD, dt,
+                              LN2 * tg.log2(1.0 + tg.exp2(dt * LOG2E)))
+            tg.copy(dt, s_dt)
+            tg.copy(dt * tg.load(rings["u"][k], layout=by_run).to(f32), s_dtu)
+            if s_bc is not None:
+                for ring, converted in zip((rings["B"], rings["C"]), s_bc):
+                    tg.copy(tg.load(ring[k], layout=_runs_layout(N, BL)).to(f32), converted)
+                bt, ct = tg.load(s_bc[0]), tg.load(s_bc[1])
+            else:
+                bt, ct = tg.load(rings["B"][k]), tg.load(rings["C"][k])
+            # 3. The states, each thread its S states' steps in order.
+            decay = tg.exp2(tg.reshape(tg.load(s_dt), (BD, 1, BL)) * a2)
+            inject = tg.reshape(tg.load(s_dtu), (BD, 1, BL)) * tg.reshape(bt, (1, N, BL))
+            (_, hs), (_, h) = tg.scan((decay, inject), 2, _compose, initial=(one, h))
+            # Each thread's S states, summed in its registers (the SASS has one FFMA per
+            # (state, step) here and no shuffle), then the G threads' partial sums.
+            mine = tg.sum(tg.reshape(hs * tg.reshape(ct, (1, N, BL)), (BD, N // G, G, BL)), 1)
+            tg.copy(tg.reshape(mine, (BD, G, BL)), partial)
+            # 4. The channel's G partial sums, D·u and the gate, once per output element.
+            y = tg.reshape(tg.sum(tg.load(partial, layout=by_output), 1), (BD, BL))
+            if HAS_D:
+                y = y + tg.load(rings["u"][k], layout=by_run).to(f32) * d_skip
+            if HAS_Z:
+                zt = tg.load(rings["z"][k], layout=by_run).to(f32)
+                r = tg.rsqrt(1.0 + tg.exp2(zt * -LOG2E))  # silu's 1/(1 + e^-z), one MUFU
+                y = y * zt * (r * r)
+            tg.copy(y.to(dtype), out[b].tile((BD, BL), (block, k)))
+
+    return selective_scan_split
+
+
+__all__ = ["selective_scan_split_kernel", "split_config"]
