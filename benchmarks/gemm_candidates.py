@@ -170,6 +170,15 @@ def profile(torch, shape: tuple, config: dict) -> None:
     torch.cuda.synchronize()
 
 
+def _print_rows(rows: list[tuple]) -> None:
+    print(f"{'shape':16} {'configuration':72} {'us':>7} {'TFLOP/s':>8} {'xcuBLAS':>7}  check")
+    for shape, text, ms, tflops, ratio, check in rows:
+        cells = ("-", "-", "-") if ms is None else (f"{ms * 1e3:.1f}", f"{tflops:.0f}",
+                                                      f"{ratio:.2f}")
+        print(f"{'x'.join(map(str, shape)):16} {text:72} {cells[0]:>7} {cells[1]:>8} "
+              f"{cells[2]:>7}  {check}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="64x4096x4096")
@@ -178,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                              "object {\"MxNxK\": [configurations]} per shape")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep-ms", type=float, default=30.0)
+    parser.add_argument("--max-seconds", type=float, default=1e9,
+                        help="measure no new shape after this many seconds of measuring")
     parser.add_argument("--profile", nargs=2, metavar=("SHAPE", "CONFIG_JSON"))
     parser.add_argument("--precompile-bench", choices=("plain", "epilogue"),
                         help="only compile every candidate `tegula bench gemm` (that mode, "
@@ -205,22 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     per_shape = {s: candidates(s, extra if isinstance(extra, list)
                                else extra.get("x".join(map(str, s)), [])) for s in shapes}
     errors = precompile([(s, c) for s in shapes for c in per_shape[s]], args.jobs)
-    table = []
+    start = time.time()
     for shape in shapes:
+        if time.time() - start > args.max_seconds:
+            print(f"{'x'.join(map(str, shape))} skipped (--max-seconds)")
+            continue
         configs = [c for c in per_shape[shape]
                    if json.dumps((shape, c), sort_keys=True) not in errors]
-        for c in per_shape[shape]:
-            e = errors.get(json.dumps((shape, c), sort_keys=True))
-            if e:
-                table.append((shape, _short(c), None, None, None, f"REFUSED {e}"))
-        table += [(shape, *row) for row in measure_shape(torch, shape, configs, args.rep_ms)]
-        print(f"{'x'.join(map(str, shape))} measured", flush=True)
-    print(f"{'shape':16} {'configuration':72} {'us':>7} {'TFLOP/s':>8} {'xcuBLAS':>7}  check")
-    for shape, text, ms, tflops, ratio, check in table:
-        cells = ("-", "-", "-") if ms is None else (f"{ms * 1e3:.1f}", f"{tflops:.0f}",
-                                                      f"{ratio:.2f}")
-        print(f"{'x'.join(map(str, shape)):16} {text:72} {cells[0]:>7} {cells[1]:>8} "
-              f"{cells[2]:>7}  {check}")
+        rows = [(shape, _short(c), None, None, None, f"REFUSED {errors[key]}")
+                for c in per_shape[shape]
+                if (key := json.dumps((shape, c), sort_keys=True)) in errors]
+        rows += [(shape, *row) for row in measure_shape(torch, shape, configs, args.rep_ms)]
+        _print_rows(rows)  # as it goes: a round cut short keeps what it measured
     return 0
 
 
