@@ -199,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.profile:
         shape = tuple(int(x) for x in args.profile[0].split("x"))
-        config = json.loads(args.profile[1])
-        compile_job(shape, config)
-        profile(torch, shape, config)
+        profile(torch, shape, json.loads(args.profile[1]))
         return 0
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.precompile_bench:
