@@ -143,10 +143,11 @@ def row_family(which: str) -> dict:
     # each way) where fewer rows per SM leave occupancy and tails to matter (sessions 5-8,
     # where most configurations ran at copy speed); then (session 9) rows of 256 to 8192,
     # 8-32 MB, where waves, occupancy and latency separate the configurations; the last
-    # two held out of the session-9 fit.
+    # two held out of the session-9 fit; the last four held out of session 10's.
     shapes = [(131072, 1024), (32768, 4096), (262144, 512), (16384, 1024), (4096, 4096),
               (65536, 256), (8192, 2048), (2048, 8192), (4096, 1024), (1024, 4096),
-              (32768, 512), (1536, 8192)]
+              (32768, 512), (1536, 8192), (4096, 2048), (768, 8192), (2048, 2048),
+              (12288, 1024)]
 
     def make(shape, device="cuda"):
         m, n = shape
