@@ -37,41 +37,42 @@ from tegula.dtypes import DType
 from tegula.kernels.scan import LN2, LOG2E, SOFTPLUS_THRESHOLD, _compose
 from tegula.layout.cute import Layout
 
+#: Threads a block by default (`split_config`'s `threads`).
 THREADS = 128
 #: Steps per thread of the output layout (one 16-byte f32 store, 8 bytes for 16-bit types).
 OUT_RUN = 4
 
 
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
-                 G: int | None = None, STAGES: int = 2) -> dict:
+                 G: int | None = None, STAGES: int = 2, threads: int = THREADS) -> dict:
     """The split kernel's constexprs for `dstate` states: G threads per channel (4 where it
-    divides dstate, else the largest power of two that does), BD = THREADS / G channels a
+    divides dstate, else the largest power of two that does), BD = threads / G channels a
     block, BL steps a chunk (16, or the power of two that keeps a thread's (state, step)
     values at 64 or fewer). Raises ValueError for tiles the kernel cannot run."""
     if G is None:
         G = next(g for g in (4, 2, 1) if dstate % g == 0)
     if BD is None:
-        BD = THREADS // G
+        BD = threads // G
     if BL is None:   # a power of two: the output's threads along the steps are lanes
         BL = max(OUT_RUN, min(16, 1 << (64 // (dstate // G)).bit_length() - 1))
-    if dstate % G or BD * G != THREADS or BL < OUT_RUN or BL & (BL - 1):
+    if dstate % G or BD * G != threads or BL < OUT_RUN or BL & (BL - 1):
         raise ValueError(f"tegula.kernels.selective_scan: the split-state kernel needs G "
-                         f"dividing dstate, BD·G = {THREADS} threads and BL a multiple of "
-                         f"{OUT_RUN}; got dstate={dstate}, BD={BD}, G={G}, BL={BL}")
-    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES)
+                         f"dividing dstate, BD·G = {threads} threads and BL a power of two "
+                         f"from {OUT_RUN}; got dstate={dstate}, BD={BD}, G={G}, BL={BL}")
+    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads)
 
 
-def _runs_layout(rows: int, BL: int, *more: int) -> Layout:
+def _runs_layout(threads: int, rows: int, BL: int, *more: int) -> Layout:
     """A (rows, *more, BL) tile with each thread holding OUT_RUN consecutive steps of one
     row and all of `more` (summed or used in registers): threads along the steps first,
     then the rows; rows beyond the threads go to registers, threads beyond the rows hold
     copies. Tiles are indexed column-major (row + rows·m + rows·M·step)."""
     lanes = BL // OUT_RUN
-    on_rows = min(rows, THREADS // lanes)
+    on_rows = min(rows, threads // lanes)
     inner = 1
     for m in more:
         inner *= m
-    copies = THREADS // (lanes * on_rows)
+    copies = threads // (lanes * on_rows)
     value_shape = (OUT_RUN,) + tuple(more) + (rows // on_rows,)
     value_stride = [rows * inner]
     running = rows
@@ -84,11 +85,13 @@ def _runs_layout(rows: int, BL: int, *more: int) -> Layout:
 
 
 @lru_cache(maxsize=None)
-def selective_scan_split_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
-    """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype` (the arguments
-    of `scan.selective_scan_kernel`, so the entry points launch either)."""
+def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
+                                threads: int = THREADS) -> tg.Kernel:
+    """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype` on `threads`
+    threads a block (the arguments of `scan.selective_scan_kernel`, so the entry points
+    launch either)."""
 
-    @tg.kernel(threads=THREADS)
+    @tg.kernel(threads=threads)
     def selective_scan_split(u: tg.Tensor[dtype, 3], delta: tg.Tensor[dtype, 3],
                              A: tg.Tensor[f32], B: tg.Tensor[bc_dtype, 3],
                              C: tg.Tensor[bc_dtype, 3], D: tg.Tensor[f32],
@@ -108,8 +111,8 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
         s_dt, s_dtu = tg.shared((BD, BL), f32), tg.shared((BD, BL), f32)
         s_bc = (tg.shared((N, BL), f32), tg.shared((N, BL), f32)) if bc_dtype != f32 else None
         partial = tg.shared((BD, G, BL), f32)
-        by_run = _runs_layout(BD, BL)              # (BD, BL): u, delta, z, out
-        by_output = _runs_layout(BD, BL, G)        # (BD, G, BL): the partial sums
+        by_run = _runs_layout(threads, BD, BL)            # (BD, BL): u, delta, z, out
+        by_output = _runs_layout(threads, BD, BL, G)      # (BD, G, BL): the partial sums
         channels = (block, 0)
         if HAS_BIAS:
             bias = tg.load(delta_bias.transpose(1, 0).tile((BD, 1), channels))
@@ -131,8 +134,9 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType) -> tg.Kernel:
             tg.copy(dt, s_dt)
             tg.copy(dt * tg.load(rings["u"][k], layout=by_run).to(f32), s_dtu)
             if s_bc is not None:
+                by_state = _runs_layout(threads, N, BL)
                 for ring, converted in zip((rings["B"], rings["C"]), s_bc):
-                    tg.copy(tg.load(ring[k], layout=_runs_layout(N, BL)).to(f32), converted)
+                    tg.copy(tg.load(ring[k], layout=by_state).to(f32), converted)
                 bt, ct = tg.load(s_bc[0]), tg.load(s_bc[1])
             else:
                 bt, ct = tg.load(rings["B"][k]), tg.load(rings["C"][k])
