@@ -23,56 +23,131 @@ use instead of a round trip through f32 (`codegen/expr.py`):
 (PTX ISA "cvt", "Half Precision Floating-Point Instructions"; f8 forms from PTX 7.8 /
 sm_89; the explicit `.rn` keeps ptxas from fusing a multiply and an add into one
 rounding, which would differ from the emulator.) Every entry is `pure`: it prints as
-plain `asm(...)`, so the compiler may schedule them like arithmetic. What a conversion
-computes in the emulator is `tegula.emulate.values.round_to` (round to nearest even,
-f8 saturating to the largest finite value), held against these instructions on hardware
-by tests/gpu/test_cvt_entries.py.
+plain `asm(...)`, so the compiler may schedule them like arithmetic.
+
+Each entry also states what it computes, which the emulator calls: a conversion's
+`convert(x)` (each source element to the result type: round to nearest even, f8
+saturating to the largest finite value, `arch.formats`), a 16-bit operation's
+`execute(a, b)` (the f32 operation rounded once to the type). `rounding_to(dtype)` is the
+entry that rounds f32 to a 16- or 8-bit float (`emulate.values.round_to` rounds every
+register and memory write through it) and `half_arithmetic(op, dtype)` the one for a 16-bit
++ - *. Held against hardware bit for bit by tests/gpu/test_cvt_entries.py (conversions, through
+the emulator) and tests/gpu/test_entry_semantics_gpu.py (16-bit arithmetic, and the
+emitter's software forms below each entry's min_cc).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
+from tegula.arch.formats import bf16_bits, bf16_from_bits, f8_decode, f8_encode
 from tegula.arch.instructions import AsmOperand, Instruction
+from tegula.dtypes import DType, bf16, f8e4m3, f8e5m2, f16, f32
 from tegula.errors import TegulaError
 
 _SOURCE = "PTX ISA cvt; latency: ALU conversion, a few cycles (approximate)"
 _HALF_SOURCE = ("PTX ISA half precision add/sub/mul; latency: HADD2/HMUL2 on the FMA pipe, "
                 "a few cycles (approximate)")
 
-# PTX name -> (destination constraint, source constraints, min_cc)
+# PTX name -> (destination constraint, source constraints, min_cc, result type)
 _FORMS = {
-    "cvt.f32.f16": ("f", ("h",), 53),
-    "cvt.rn.f16.f32": ("h", ("f",), 53),
-    "cvt.rn.bf16.f32": ("h", ("f",), 80),
-    "cvt.rn.f16x2.f32": ("r", ("f", "f"), 80),
-    "cvt.rn.bf16x2.f32": ("r", ("f", "f"), 80),
-    "cvt.rn.satfinite.e4m3x2.f32": ("h", ("f", "f"), 89),
-    "cvt.rn.satfinite.e5m2x2.f32": ("h", ("f", "f"), 89),
-    "cvt.rn.f16x2.e4m3x2": ("r", ("h",), 89),
-    "cvt.rn.f16x2.e5m2x2": ("r", ("h",), 89),
+    "cvt.f32.f16": ("f", ("h",), 53, f32),
+    "cvt.rn.f16.f32": ("h", ("f",), 53, f16),
+    "cvt.rn.bf16.f32": ("h", ("f",), 80, bf16),
+    "cvt.rn.f16x2.f32": ("r", ("f", "f"), 80, f16),
+    "cvt.rn.bf16x2.f32": ("r", ("f", "f"), 80, bf16),
+    "cvt.rn.satfinite.e4m3x2.f32": ("h", ("f", "f"), 89, f8e4m3),
+    "cvt.rn.satfinite.e5m2x2.f32": ("h", ("f", "f"), 89, f8e5m2),
+    "cvt.rn.f16x2.e4m3x2": ("r", ("h",), 89, f16),
+    "cvt.rn.f16x2.e5m2x2": ("r", ("h",), 89, f16),
 }
 
 
-def _cvt(ptx: str, dst: str, srcs: tuple[str, ...], min_cc: int,
-         kind: str = "cvt", source: str = _SOURCE) -> Instruction:
+def round_f32(x, to: DType) -> np.ndarray:
+    """float32 values `x` rounded to nearest even into `to` (f32, f16, bf16 or an f8,
+    saturating), in `to`'s emulator storage (float16 for f16, float32 otherwise)."""
+    x = np.asarray(x, dtype=np.float32)
+    if to == f32:
+        return x
+    if to == f16:
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
+    if to == bf16:
+        return bf16_from_bits(bf16_bits(x))
+    return f8_decode(f8_encode(x, to), to)
+
+
+@dataclass(frozen=True)
+class ConvertInstr(Instruction):
+    """A `cvt` entry; `to` the type each source element becomes (an x2 form converts
+    both of its sources alike)."""
+
+    to: DType = f32
+
+    def convert(self, x) -> np.ndarray:
+        """What the instruction makes of each source element, in `to`'s emulator storage.
+        Sources narrower than the result (f16 -> f32, f8 -> f16) convert exactly."""
+        return round_f32(np.asarray(x, dtype=np.float32), self.to)
+
+
+@dataclass(frozen=True)
+class HalfArithInstr(Instruction):
+    """`{add,sub,mul}.rn.{f16,bf16}[x2]`: one correctly rounded 16-bit operation (on each
+    half of a 32-bit word for x2)."""
+
+    to: DType = f16
+    op: str = "add"
+
+    def execute(self, a, b) -> np.ndarray:
+        """The operation on (f32 values of) a and b, rounded once to `to`: equal to the
+        instruction's correctly rounded result (double rounding is innocuous for + - *
+        when 24 >= 2p + 2 bits: p = 11 for f16, 8 for bf16)."""
+        a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+        with np.errstate(all="ignore"):
+            exact = a + b if self.op == "add" else a - b if self.op == "sub" else a * b
+        return round_f32(exact, self.to)
+
+
+def _cvt(ptx: str, dst: str, srcs: tuple[str, ...], min_cc: int, to: DType,
+         op: str = "") -> Instruction:
     names = ("a", "b")[:len(srcs)]
     operands = (AsmOperand("d", "out", 1, dst),) + tuple(
         AsmOperand(n, "in", 1, c) for n, c in zip(names, srcs))
     template = ptx + " {d}, " + ", ".join("{" + n + "}" for n in names) + ";"
-    return Instruction(name=ptx, kind=kind, ptx=ptx, template=template, operands=operands,
-                       min_cc=min_cc, issue_cycles=1.0, latency_cycles=4.0, source=source,
-                       pipe="alu", pure=True)
+    common = dict(name=ptx, ptx=ptx, template=template, operands=operands, min_cc=min_cc,
+                  issue_cycles=1.0, latency_cycles=4.0, pipe="alu", pure=True, to=to)
+    if op:
+        return HalfArithInstr(kind="half", source=_HALF_SOURCE, op=op, **common)
+    return ConvertInstr(kind="cvt", source=_SOURCE, **common)
 
 
-#: 16-bit float arithmetic: PTX name -> min_cc. One correctly rounded operation equals
-#: the emulator's f32 operation rounded once (double rounding is innocuous for + - * when
-#: 24 >= 2p + 2 bits: p = 11 for f16, 8 for bf16).
-_HALF_ARITHMETIC = {f"{op}.rn.{t}{x2}": cc for t, cc in (("f16", 53), ("bf16", 90))
+#: 16-bit float arithmetic: PTX name -> (op, type, min_cc).
+_HALF_ARITHMETIC = {f"{op}.rn.{t.name}{x2}": (op, t, cc) for t, cc in ((f16, 53), (bf16, 90))
                     for op in ("add", "sub", "mul") for x2 in ("", "x2")}
 
 CONVERT_INSTRUCTIONS: tuple[Instruction, ...] = tuple(
     _cvt(ptx, *form) for ptx, form in _FORMS.items()) + tuple(
-    _cvt(ptx, *(("r", ("r", "r")) if ptx.endswith("x2") else ("h", ("h", "h"))), cc,
-         kind="half", source=_HALF_SOURCE) for ptx, cc in _HALF_ARITHMETIC.items())
+    _cvt(ptx, *(("r", ("r", "r")) if ptx.endswith("x2") else ("h", ("h", "h"))), cc, t, op)
+    for ptx, (op, t, cc) in _HALF_ARITHMETIC.items())
 _BY_PTX = {i.name: i for i in CONVERT_INSTRUCTIONS}
+_ROUNDING = {f16: "cvt.rn.f16.f32", bf16: "cvt.rn.bf16.f32",
+             f8e4m3: "cvt.rn.satfinite.e4m3x2.f32", f8e5m2: "cvt.rn.satfinite.e5m2x2.f32"}
+
+
+def rounding_to(dt: DType) -> ConvertInstr:
+    """The entry that rounds f32 to the 16- or 8-bit float type `dt`."""
+    try:
+        return _BY_PTX[_ROUNDING[dt]]
+    except KeyError:
+        raise TegulaError(f"no conversion from f32 to {dt} in the catalogue; it rounds to "
+                          f"{', '.join(map(str, _ROUNDING))}") from None
+
+
+def half_arithmetic(op: str, dt: DType, pair: bool = False) -> HalfArithInstr:
+    """The 16-bit float entry computing `op` ("add", "sub", "mul") on `dt` (f16, bf16),
+    the x2 form if `pair`."""
+    return cvt(f"{op}.rn.{dt.name}{'x2' if pair else ''}")
 
 
 def cvt(ptx: str) -> Instruction:

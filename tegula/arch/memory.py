@@ -27,10 +27,15 @@ pipe (128 B/clk/SM) — bank conflicts add wavefronts, the emulator counts them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+import numpy as np
+
+from tegula.arch.convert import round_f32
 from tegula.arch.instructions import AsmOperand, MatrixInstr, MemInstr, ShuffleInstr
+from tegula.dtypes import DType, bf16, f16, f32, i32
 from tegula.layout import Layout
 
 _MEM_SOURCE = ("PTX ISA ld/st/cp.async; latency: Abdelkhalik et al. HPEC 2022, "
@@ -110,24 +115,43 @@ def cp_async_wait(pending: int) -> MemInstr:
 # tegula dtype name -> (PTX type with modifiers, constraint, min_cc, bytes). `red` is the
 # fire-and-forget atomic (no result returned): f32/s32 on every target, f16 (.noftz) from
 # sm_70, bf16 from sm_90 (PTX ISA "red"); the emitter's helper falls back to a
-# compare-and-swap loop for bf16 below sm_90.
+# compare-and-swap loop for bf16 below sm_90 (`codegen/ptx.py`, which computes the same).
 _RED_FORMS = {"f32": ("f32", "f", 50, 4), "i32": ("s32", "r", 50, 4),
               "f16": ("noftz.f16", "h", 70, 2), "bf16": ("noftz.bf16", "h", 90, 2)}
+_RED_TYPES = {"f32": f32, "i32": i32, "f16": f16, "bf16": bf16}
 
 
-def _red_add(ptx_type: str, constraint: str, min_cc: int, nbytes: int) -> MemInstr:
+@dataclass(frozen=True)
+class RedAddInstr(MemInstr):
+    """`red.global.add.T`: memory[addr] += v, atomically; `dtype` the element type."""
+
+    dtype: DType = f32
+
+    def execute(self, old, v) -> np.ndarray:
+        """The new memory values from the `old` ones and the added `v` (emulator storage
+        values of `dtype`): s32 wraps around; floats add once, rounded to nearest even
+        to `dtype` (the exact sum of two 16-bit floats rounds the same through f32)."""
+        if self.dtype == i32:
+            return (np.asarray(old, np.int64) + np.asarray(v, np.int64)).astype(np.int32)
+        with np.errstate(all="ignore"):
+            total = np.asarray(old, np.float32) + np.asarray(v, np.float32)
+        return round_f32(total, self.dtype)
+
+
+def _red_add(ptx_type: str, constraint: str, min_cc: int, nbytes: int,
+             dtype: DType) -> RedAddInstr:
     ptx = f"red.global.add.{ptx_type}"
-    return MemInstr(
+    return RedAddInstr(
         name=ptx, kind="red.global", ptx=ptx, template=ptx + " [{addr}], {v};",
         operands=(AsmOperand("addr", "in", 1, "l"), AsmOperand("v", "in", 1, constraint)),
         min_cc=min_cc, issue_cycles=1.0, latency_cycles=470.0, align_bytes=nbytes,
         clobbers_memory=True, source="PTX ISA red; latency as a global access (approximate)",
-        pipe="global", space="global", nbytes=nbytes)
+        pipe="global", space="global", nbytes=nbytes, dtype=dtype)
 
 
 #: The global atomic-add entry for each element type that has one (tegula dtype name).
-RED_ADD: Mapping[str, MemInstr] = MappingProxyType(
-    {name: _red_add(*form) for name, form in _RED_FORMS.items()})
+RED_ADD: Mapping[str, RedAddInstr] = MappingProxyType(
+    {name: _red_add(*form, _RED_TYPES[name]) for name, form in _RED_FORMS.items()})
 
 
 # ---------------------------------------------------------------- ldmatrix / stmatrix

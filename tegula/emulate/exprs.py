@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tegula.arch.convert import half_arithmetic
 from tegula.arch.minmax import nan_minmax
-from tegula.dtypes import DType, bool_
+from tegula.dtypes import DType, bf16, bool_, f16
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.values import from_bits, round_to, to_bits
 from tegula.lower.thread_ir import (BinOp, Binary, Bits, Cast, Const, Expr, IndexValue, Literal,
@@ -305,6 +306,10 @@ def compile_value(v: Value, reg_index: Callable) -> Callable[[Any], Any]:
         if op in _CMP:
             cmp = _CMP[op]
             return lambda state: cmp(x(state), y(state))
+        if dt in (f16, bf16) and op in ("add", "sub", "mul"):
+            # What the emitted code computes: the catalogue's 16-bit entry (add.rn.f16, ...).
+            entry = half_arithmetic(op, dt)
+            return lambda state: entry.execute(x(state), y(state))
         if dt.is_float:
             return lambda state: round_to(_float_binary(op, x(state), y(state)), dt)
         return lambda state: round_to(_int_binary(op, x(state), y(state), dt), dt)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tegula.arch.memory import RED_ADD
 from tegula.dtypes import DType, bf16, f8e4m3, f8e5m2
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.order import HappensBefore
@@ -152,18 +153,25 @@ class GlobalTensor:
         self.flat[offs] = to_bits(values, self.dtype) if self.bits else values
 
     def atomic_add(self, offs: np.ndarray, values: np.ndarray) -> None:
-        """tensor[offs] += values, duplicates accumulated (as atomics would), rounded."""
-        if self.bits or self.packed:
-            raise EmulationError(f"atomic_add on tensor {self.name!r} of type {self.dtype} "
-                                 "is not supported by the emulator")
+        """tensor[offs] += values as the catalogue's `red.global.add` entry for the
+        tensor's type computes it (`RED_ADD[dtype].execute`), one add after another where
+        several values hit one element (in the order given, as the threads' atomics may)."""
+        entry = RED_ADD.get(self.dtype.name)
+        if entry is None or self.packed:
+            raise EmulationError(f"atomic_add on tensor {self.name!r} of type {self.dtype}: "
+                                 f"the catalogue has red.global.add for {', '.join(RED_ADD)}")
         offs, values = offs.ravel(), values.ravel()
         if self.written is not None:
             self.written[offs] = True
-        if self.dtype in (bf16, f8e4m3, f8e5m2):
-            for o, v in zip(offs.tolist(), values.tolist()):  # round after every add
-                self.flat[o] = round_to(np.float32(self.flat[o]) + np.float32(v), self.dtype)
-            return
-        np.add.at(self.flat, offs, values.astype(self.flat.dtype))
+        # The k-th add to each element goes in round k: each round touches an element once.
+        order = np.argsort(offs, kind="stable")
+        sorted_offs = offs[order]
+        starts = np.flatnonzero(np.r_[True, sorted_offs[1:] != sorted_offs[:-1]])
+        rank = np.arange(offs.size) - np.repeat(starts, np.diff(np.r_[starts, offs.size]))
+        for k in range(int(rank.max(initial=-1)) + 1):
+            pick = order[rank == k]
+            old = self.load(offs[pick])
+            self.store(offs[pick], entry.execute(old, values[pick]))
 
 
 def several_writers(addrs: np.ndarray, tids: np.ndarray) -> np.ndarray | None:

@@ -115,11 +115,15 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
 @pytest.mark.parametrize("shape,tiles,sms", [
     ((130, 300, 384), dict(BM=64, BN=256, GROUP=2, threads=256), 3),   # two column parts
     ((200, 129, 256), dict(BM=128, BN=128, GROUP=2, threads=256), 2),
-    ((5, 40, 128), dict(BM=64, BN=64, GROUP=1), 4)])                    # idle blocks
+    ((5, 40, 128), dict(BM=64, BN=64, GROUP=1), 4),                     # idle blocks
+    ((200, 150, 384), dict(BM=64, BN=64, GROUP=2, CLUSTER=2), 4),       # b multicast
+    ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2)])
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
-    blocks, ragged M and N, a 256-wide tile of two b scale blocks, scales over four
-    decades; every element against the float64 reference."""
+    blocks, ragged M and N, a 256-wide tile of two b scale blocks, 2-CTA clusters (b's
+    boxes multicast, a stage released by each warp of both blocks once its wgmmas retired;
+    an odd number of row tiles), random role interleavings, scales over four decades;
+    every element against the float64 reference."""
     m, n, k = shape
     rng = np.random.default_rng(m + 3 * n + k)
     a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
@@ -149,9 +153,9 @@ def test_per_tensor_scales_as_arrays_and_f8_bits():
     rng = np.random.default_rng(3)
     a, b = e4m3(rng, (20, 32)), e4m3(rng, (24, 32))
     by_value = matmul_fp8_emulated(a, b, 0.5, 2.0, f32, BM=64, BN=64, BK=32, STAGES=2)
-    from tegula.emulate.values import _f8_encode  # the emulator's own e4m3 encoder
-    raw_a = _f8_encode(a, f8e4m3).astype(np.uint8).reshape(a.shape)
-    raw_b = _f8_encode(b, f8e4m3).astype(np.uint8).reshape(b.shape)
+    from tegula.emulate.values import to_bits  # the emulator's own e4m3 encoder
+    raw_a = to_bits(a, f8e4m3).astype(np.uint8).reshape(a.shape)
+    raw_b = to_bits(b, f8e4m3).astype(np.uint8).reshape(b.shape)
     by_bits = matmul_fp8_emulated(raw_a, raw_b, np.full((1, 1), 0.5, np.float32),
                                   np.full((1, 1), 2.0, np.float32), f32, BM=64, BN=64, BK=32,
                                   STAGES=2)
