@@ -82,6 +82,18 @@ def stored_shared(blocks: int, row_blocks: int = 1) -> Layout:
 #: Per activation type: the magic number of a pair (a 16-bit float whose mantissa's low
 #: bits take a 4-bit value exactly: 1024 for f16, 128 for bf16) and its value.
 MAGIC = {"f16": (0x64006400, 1024.0), "bf16": (0x43004300, 128.0)}
+#: Per activation type, how pair slot p of a word becomes magic + w in both halves:
+#: (right shift, mask, magic number, its value). bf16 shifts slot p's nibbles to bits 0-3
+#: (three shifts a word). f16 reads the odd slots where they are, in bits 4-7, under the
+#: magic number 64.0 (0x5400: its mantissa's bit 4 is worth 1, so 64 + w exactly, the
+#: low nibble masked off), and slots 2-3 after one shift by 8: one shift a word
+#: (Marlin's trick without its fused multiply-add). Odd slots are the rows 8-15 of each
+#: 16 (p = 2h + i), so the magic to subtract is a constant per row (`dequantize_in`).
+NIBBLE_SLOTS = {
+    "f16": ((0, 0x000F000F, 0x64006400, 1024.0), (0, 0x00F000F0, 0x54005400, 64.0),
+            (8, 0x000F000F, 0x64006400, 1024.0), (8, 0x00F000F0, 0x54005400, 64.0)),
+    "bf16": tuple((4 * p, 0x000F000F, 0x43004300, 128.0) for p in range(4)),
+}
 
 
 def fragment_shape(n: int, k: int) -> tuple[int, ...]:
@@ -136,16 +148,22 @@ def _contiguous(x: Any) -> Any:
 def fragment_weights(words: Any, dtype: DType) -> Any:
     """Inside a kernel: the loaded (WG, KS, 128, 4) words of WG x KS stored blocks (WG
     along N, KS along K) as the (64·WG, 64·KS) weight tile they hold, each weight as
-    magic + w (`MAGIC`: 1024 + w in f16) — per 32-bit word four shifts and masks, each
-    giving two weights at once, then register reshapes (no data moved)."""
+    magic + w (`NIBBLE_SLOTS`: 1024 + w or 64 + w in f16) — per 32-bit word one mask and
+    OR a pair slot (one lop3, `arch/logic.py`) after at most one shift (three in bf16),
+    then register reshapes (no data moved)."""
     row_blocks, blocks = words.shape[0], words.shape[1]
     words = tg.reshape(words, (row_blocks, blocks, 4, 8, 4, 4))     # run = (w, r, c)
     slots = tuple(words.shape) + (4,)
-    slot = tg.indices(slots, len(slots) - 1)   # a constant per register: the shifts fold
-    word = words[..., None]
-    shifted = tg.where(slot == 0, word, tg.where(
-        slot == 1, word // 16, tg.where(slot == 2, word // 256, word // 4096)))
-    pairs = tg.bitcast((shifted & 0x000F000F) | MAGIC[dtype.name][0], dtype)
+    slot = tg.indices(slots, len(slots) - 1)   # a constant per register: the where folds
+    word, shifted = words[..., None], {}
+    pair_slots = []
+    for shift, mask, magic, _ in NIBBLE_SLOTS[dtype.name]:
+        if shift not in shifted:
+            shifted[shift] = word // (1 << shift) if shift else word
+        pair_slots.append((shifted[shift] & mask) | magic)
+    bits = tg.where(slot == 0, pair_slots[0], tg.where(
+        slot == 1, pair_slots[1], tg.where(slot == 2, pair_slots[2], pair_slots[3])))
+    pairs = tg.bitcast(bits, dtype)
     split = tg.reshape(pairs, (row_blocks, blocks) + FRAGMENT_SPLIT)
     return tg.reshape(tg.permute(split, FRAGMENT_PERM),
                       (FRAGMENT_ROWS * row_blocks, FRAGMENT_K * blocks))
@@ -174,7 +192,12 @@ def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
     Register arithmetic only, so it runs while wgmmas issued before it compute
     (`lower/wgmma_waits.py`)."""
     extra = (None,) * (packed.rank - zero.rank)
-    magic_zero = zero + MAGIC[zero.dtype.name][1]
+    (_, _, _, even), (_, _, _, odd) = NIBBLE_SLOTS[zero.dtype.name][:2]
+    magic = tg.full(zero.shape, even, zero.dtype)
+    if odd != even:   # rows 8-15 of each 16 hold odd slots (`NIBBLE_SLOTS`)
+        odd_rows = (tg.indices(zero.shape, 0) // 8) % 2 == 1   # a constant per register
+        magic = tg.where(odd_rows, tg.full(zero.shape, odd, zero.dtype), magic)
+    magic_zero = zero + magic
     unscaled = packed - magic_zero[(..., *extra)]
     return unscaled if scale is None else unscaled * scale[(..., *extra)]
 
