@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10] [--only PREFIX]
 [--budget SECONDS]`.
 
 `--set swapped` times the swapped-orientation W4A16 kernel (the weights as the MMA's A
@@ -110,8 +110,22 @@ _SESSION9_BY_M = {
 }
 SESSION9 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
             for n in (14336, 4096, 11008) for m in (16, 128, 64) for c in _SESSION9_BY_M[m]]
+# Session 10: the k-step's dequantization in fewer SASS (mask and magic number as one lop3;
+# f16's odd pair slots read in place: one shift a word) — at 16 tokens the autotuner's
+# candidates and fewer, longer blocks (the prologue amortized); at 64/128 session 9's
+# winners, to see what the cheaper k-step moves there.
+_SESSION10_BY_M = {
+    16: [dict(BT=16, STAGES=3, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=3),
+         dict(BT=16, STAGES=3, KS=4, SPLIT=2), dict(BT=16, STAGES=4, KS=2, SPLIT=3),
+         dict(BT=16, STAGES=3, KS=2, SPLIT=4, blocks_per_sm=7)],
+    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=2)],
+    128: [dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=128, STAGES=2, KS=2, WSMEM=0)],
+}
+SESSION10 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
+             for m, ns in ((16, (14336, 4096, 11008)), (64, (14336,)), (128, (14336,)))
+             for n in ns for c in _SESSION10_BY_M[m]]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
-        "session9": SESSION9}
+        "session9": SESSION9, "session10": SESSION10}
 
 
 GROUP = 128
