@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="plain GEMM (default), GEMM + bias + activation, or FP8 e4m3")
     parser.add_argument("--activation", choices=("relu", "gelu", "gelu_tanh", "silu"),
                         default="gelu", help="the epilogue's activation (--mode epilogue)")
+    parser.add_argument("--rep-ms", type=float, default=100.0,
+                        help="milliseconds of timed runs per implementation and shape "
+                             "(default 100; less fits the full list in a short GPU slot)")
     args = parser.parse_args(argv)
     default_shapes = {"plain": SQUARES + LLM + DECODE, "epilogue": EPILOGUE_SHAPES,
                       "fp8": FP8_SHAPES}[args.mode]
@@ -181,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               lambda s=(m, n, k): make_case(torch, s, args.dtype, args.b_major, triton_kernels))
              for m, n, k in shapes]
     records, skipped = gpu.run_cases(cases, budget,
-                                     timer=functools.partial(gpu.time_ms, flush=args.flush))
+                                     timer=functools.partial(gpu.time_ms, flush=args.flush,
+                                                             rep_ms=args.rep_ms))
     impls = ["tegula", "torch"] + (["triton"] if triton_kernels is not None else [])
     peers = impls[1:]
     notes = [triton_note,
@@ -218,7 +222,8 @@ def _main_fused(torch: Any, args: argparse.Namespace, shapes: list) -> int:
                  "per-tensor (cuBLASLt); blockwise: tegula.kernels.matmul_fp8(block_scales=True)"
                  ", 1x128 / 128x128 scales, f32 promotion every 128 of K"]
     records, skipped = gpu.run_cases(cases, budget,
-                                     timer=functools.partial(gpu.time_ms, flush=args.flush))
+                                     timer=functools.partial(gpu.time_ms, flush=args.flush,
+                                                             rep_ms=args.rep_ms))
     notes += gpu.autotune_notes(tuner) + peak_fractions(records, impls, PEAK_TFLOPS["f16"])
     if peak != PEAK_TFLOPS["f16"]:  # FP8: also against its own (twice as high) peak
         notes += peak_fractions(records, impls, peak)

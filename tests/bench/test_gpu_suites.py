@@ -220,7 +220,7 @@ def test_a_suite_runs_end_to_end_on_a_fake_gpu(suite, shapes, tmp_path, monkeypa
     ERROR: its entry points refuse CPU tensors)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(gpu, "load_torch", lambda name: (_FakeTorch(torch), None))
-    monkeypatch.setattr(gpu, "time_ms", lambda fn, flush: (fn(), 0.05)[1])
+    monkeypatch.setattr(gpu, "time_ms", lambda fn, flush, **_: (fn(), 0.05)[1])
     monkeypatch.setattr(gpu, "copy_bandwidth",  # 1 GiB is slow on a CPU
                         lambda torch, flush: 3.0e12)
     assert bench_main([suite, "--shapes", shapes, "--no-triton", "--out", str(tmp_path)]) == 0
