@@ -43,8 +43,8 @@ from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
     walk_ops
-from tegula.ir.values import SharedTile, describe
-from tegula.synth.copies import cluster_uniform, enclosing_ops
+from tegula.ir.values import GlobalTile, SharedTile, describe
+from tegula.synth.copies import _loop_indices, cluster_uniform, enclosing_ops
 
 #: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
 #: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
@@ -404,6 +404,36 @@ def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:
             if isinstance(tile, SharedTile) and tile.alloc.id not in stages:
                 return (f"{describe(tile)} (line {op.loc.lineno if op.loc else '?'}) is in "
                         f"shared memory, which both consumer warpgroups would use at once")
+    return _tile_loop_dependence(kernel, around[0])
+
+
+def _tile_loop_dependence(kernel: TracedKernel, tile_loop: ForLoop) -> str:
+    """Why the iterations of `tile_loop` may depend on each other ("" where none is
+    seen): ping-pong gives each consumer warpgroup every other iteration, with registers of
+    its own and no order between the two, so a register tile carried from one iteration to
+    the next (`acc` accumulated over the loop rather than made in it: each warpgroup would
+    hold half the sum) or a global tile every iteration stores to (the last store could be
+    any warpgroup's) would be a silent wrong result. Stores whose coordinates read the loop
+    index are taken as distinct per iteration (a persistent kernel's tiles); a
+    coordinate map that sends two iterations to one tile is not detected."""
+    inside = list(walk_ops(tile_loop.body))
+    written = {id(t) for op in inside for t in tiles_written(op)
+               if not isinstance(t, (SharedTile, GlobalTile))}
+    for op in walk_ops(kernel.body):
+        if any(op is o for o in inside):
+            continue
+        for tile in tiles_read(op) + tiles_written(op):
+            if id(tile) in written:
+                return (f"{describe(tile)} is written in the tile loop (line "
+                        f"{tile_loop.loc.lineno if tile_loop.loc else '?'}) and used outside "
+                        f"it (line {op.loc.lineno if op.loc else '?'}), so its iterations "
+                        f"are not independent: each consumer warpgroup would hold its own")
+    for op in inside:
+        if isinstance(op, Copy) and isinstance(op.dst, GlobalTile) and not any(
+                tile_loop.var.name in _loop_indices(c) for c in op.dst.origin):
+            return (f"the store to {describe(op.dst)} (line "
+                    f"{op.loc.lineno if op.loc else '?'}) writes the same elements in every "
+                    f"iteration of the tile loop, whose last write ping-pong would not order")
     return ""
 
 
