@@ -92,3 +92,16 @@ def test_asking_for_pingpong_there_is_refused_with_the_reason(kernel):
     c = np.full(ab.shape, np.nan, np.float32)
     with pytest.raises(SynthesisError, match="consumers='pingpong': .*(tile loop|iteration)"):
         tg.emulate(kernel, (1, 1), a, b, c, 2, consumers="pingpong")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,reps", [(repeated_gemm, 3), (restored_gemm, 3)])
+def test_the_repeated_gemms_on_the_gpu(kernel, reps):
+    import torch
+    a, b, ab = _operands(130, 70, 96)
+    c = torch.full(ab.shape, float("nan"), device="cuda")
+    kernel[(tg.cdiv(130, 64), tg.cdiv(70, 64))](torch.from_numpy(a).cuda(),
+                                                 torch.from_numpy(b).cuda(), c, reps)
+    torch.cuda.synchronize()
+    bound = 1e-5 * reps * (np.abs(a).astype(np.float64) @ np.abs(b).T.astype(np.float64))
+    assert np.all(np.abs(c.cpu().numpy() - reps * ab) <= bound)
