@@ -269,7 +269,7 @@ def test_bench_modes_run_end_to_end_on_a_fake_gpu(mode, tmp_path, monkeypatch, c
     suites = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suites)
     monkeypatch.setattr(gpu, "load_torch", lambda name: (suites._FakeTorch(torch), None))
-    monkeypatch.setattr(gpu, "time_ms", lambda fn, flush: (fn(), 0.05)[1])
+    monkeypatch.setattr(gpu, "time_ms", lambda fn, flush, **_: (fn(), 0.05)[1])
     assert bench_main(["gemm", "--mode", mode, "--shapes", "64x32x256,16x40x128",
                        "--out", str(tmp_path), "--dtype", "bf16"]) == 0
     printed = capsys.readouterr().out
