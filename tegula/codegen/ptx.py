@@ -231,6 +231,24 @@ __device__ __forceinline__ void tg_red_add_bf16(unsigned short* p, unsigned shor
 }
 
 
+#: The helpers holding a software form of a catalogue entry (their `#else` branch, what
+#: targets before the entry's min_cc run): helper -> the entry it stands in for. A form
+#: computes what its entry does (`convert` / `execute`, which the emulator calls):
+#: tests/codegen/test_software_forms.py runs the f8 and bf16-atomic forms' C on the CPU
+#: against the entries, tests/gpu/test_entry_semantics_gpu.py every form on the GPU
+#: (guards forced false); a helper with an `#else` missing here fails the first.
+SOFTWARE_FORMS: dict[str, str] = {
+    "tg_f32x2_to_f16x2": "cvt.rn.f16x2.f32",
+    "tg_f32_to_e4m3": "cvt.rn.satfinite.e4m3x2.f32",
+    "tg_f32_to_e5m2": "cvt.rn.satfinite.e5m2x2.f32",
+    "tg_e4m3_to_f32": "cvt.rn.f16x2.e4m3x2",
+    "tg_e5m2_to_f32": "cvt.rn.f16x2.e5m2x2",
+    "tg_red_add_bf16": "red.global.add.noftz.bf16",
+    **{f"tg_{t}{x2}_{op}": f"{op}.rn.{t}{x2}" for t in ("f16", "bf16") for x2 in ("", "x2")
+       for op in ("add", "sub", "mul")},
+}
+
+
 def _half_helper(op: str, dtype: str) -> tuple[str, tuple[str, ...]]:
     """`tg_{dtype}_{op}(a, b)`: one 16-bit float + - or * on storage bits, the catalogue's
     `{op}.rn.{dtype}` (ptxas pairs neighbours into HADD2/HMUL2); before the entry's
