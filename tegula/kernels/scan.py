@@ -318,6 +318,46 @@ def _merged_tiles(fn: str, defaults: dict, tiles: dict) -> dict:
     return merged
 
 
+#: Options only the lane-scan kernel above takes, and options only the split-state kernel
+#: (`tegula.kernels.scan_split`) takes: naming one picks its kernel (`SPLIT=` says it).
+_LANE_OPTIONS = ("GROUP", "BC_AHEAD", "STATE_LOOP", "STATE_SMEM", "BC_PIPE", "PREFETCH")
+_SPLIT_OPTIONS = ("G", "STAGES", "threads")
+#: Whether the split-state kernel runs when no option names a kernel.
+DEFAULT_SPLIT = False
+
+
+def _launch_plan(fn: str, dim: int, dstate: int, dtype: DType, bc_dtype: DType, batch: int,
+                 BD: int | None, BL: int | None, prefetch: bool | None,
+                 tiles: dict) -> tuple[tg.Kernel, tuple, dict]:
+    """(kernel, grid, constexprs but the HAS_*/SOFTPLUS flags) for the entry points: the
+    split-state kernel (`SPLIT=True`, or `DEFAULT_SPLIT` where no lane-scan option is
+    named) or the lane-scan kernel, refusing options of the other kernel."""
+    from tegula.kernels.scan_split import selective_scan_split_kernel, split_config
+
+    tiles = dict(tiles)
+    split = tiles.pop("SPLIT", None)
+    lane_named = [k for k in tiles if k in _LANE_OPTIONS] + \
+        (["prefetch"] if prefetch is not None else [])
+    split_named = [k for k in tiles if k in _SPLIT_OPTIONS]
+    if split is None:
+        split = bool(split_named) or (DEFAULT_SPLIT and not lane_named)
+    if split and lane_named:
+        raise ValueError(f"tegula.kernels.{fn}: {', '.join(lane_named)} are options of the "
+                         f"lane-scan kernel; the split-state kernel (SPLIT=True) does not "
+                         f"take them")
+    if not split and split_named:
+        raise ValueError(f"tegula.kernels.{fn}: {', '.join(split_named)} are options of the "
+                         f"split-state kernel; they need SPLIT=True")
+    if split:
+        constexprs = split_config(dstate, BD, BL, **tiles)
+        kernel = selective_scan_split_kernel(dtype, bc_dtype, constexprs.pop("threads"))
+    else:
+        constexprs = _merged_tiles(fn, selective_scan_config(dim, dstate, BD, BL, prefetch,
+                                                             dtype, batch), tiles)
+        kernel = selective_scan_kernel(dtype, bc_dtype)
+    return kernel, (batch, -(-dim // constexprs["BD"])), constexprs
+
+
 # --------------------------------------------------------------------------------------
 # Reference (numpy, the loop of Mamba's selective_scan_ref) and the emulated entry point
 # --------------------------------------------------------------------------------------
@@ -396,10 +436,11 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
     if out.size == 0:
         return out
     as32 = lambda x: np.ascontiguousarray(x, np.float32)  # noqa: E731
-    constexprs = _merged_tiles(fn, selective_scan_config(dim, A.shape[1], dtype=dtype,
-                                                         batch=batch), tiles)
-    grid = (batch, -(-dim // constexprs["BD"]))
-    launch_emulated(selective_scan_kernel(dtype, bc_dtype), grid,
+    tiles = dict(tiles)
+    kernel, grid, constexprs = _launch_plan(fn, dim, A.shape[1], dtype, bc_dtype, batch,
+                                            tiles.pop("BD", None), tiles.pop("BL", None),
+                                            None, tiles)
+    launch_emulated(kernel, grid,
                     np.ascontiguousarray(u), np.ascontiguousarray(delta), as32(A),
                     np.ascontiguousarray(B), np.ascontiguousarray(C),
                     as32(D if D is not None else np.zeros(dim))[None, :],
@@ -466,15 +507,14 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
         _check_out(fn, out, tuple(u.shape), u)
     if out.numel() == 0:
         return out
-    constexprs = _merged_tiles(fn, selective_scan_config(dim, A.shape[1], BD, BL, prefetch,
-                                                         dtype, batch), tiles)
+    kernel, grid, constexprs = _launch_plan(fn, dim, A.shape[1], dtype, bc_dtype, batch, BD,
+                                            BL, prefetch, tiles)
     zeros = torch.zeros(1, dim, device=u.device, dtype=torch.float32)
     args = (u.contiguous(), delta.contiguous(), A.float().contiguous(), B.contiguous(),
             C.contiguous(), D.float()[None, :].contiguous() if D is not None else zeros,
             z.contiguous() if z is not None else u.contiguous(),
             delta_bias.float()[None, :].contiguous() if delta_bias is not None else zeros, out)
-    grid = (batch, -(-dim // constexprs["BD"]))
-    _launch(selective_scan_kernel(dtype, bc_dtype), grid, args,
+    _launch(kernel, grid, args,
             dict(constexprs, HAS_D=D is not None, HAS_Z=z is not None,
                  HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus)), None)
     return out
