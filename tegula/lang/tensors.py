@@ -251,6 +251,11 @@ def _check_perm(perm: tuple, rank: int, op: str) -> tuple[int, ...]:
 
 
 # -- shared memory --------------------------------------------------------------------------
+#: Why `buf[0:8, :]` is refused: a part of a stage has no shared layout of its own.
+_SHARED_UNSLICEABLE = ("is used whole by tg.copy, tg.load and tg.gemm and cannot be sliced; "
+                       "slice the global view before copying it in, or allocate a shared "
+                       "buffer of the part's shape")
+
 class SharedView(TileHandle):
     """One stage of a shared buffer (`SharedTile`), possibly with permuted dims."""
 
@@ -278,9 +283,7 @@ class SharedView(TileHandle):
     def __getitem__(self, index: Any) -> SharedView:
         # A stage is used whole (copy, load, gemm); a part of it has no shared layout of
         # its own. Say so at the user's line rather than Python's "not subscriptable".
-        raise fail("shared stage[...]", "a stage of a shared buffer is used whole by "
-                   "tg.copy, tg.load and tg.gemm and cannot be sliced; slice the global view "
-                   "before copying it in, or allocate a shared buffer of the part's shape")
+        raise fail("shared stage[...]", f"a stage of a shared buffer {_SHARED_UNSLICEABLE}")
 
 
 class SharedBuffer(SharedView):
@@ -292,6 +295,10 @@ class SharedBuffer(SharedView):
         self._stage0: SharedTile | None = None
 
     def __getitem__(self, stage: Any) -> SharedView:
+        if isinstance(stage, (tuple, slice)) or stage is None or stage is Ellipsis:
+            # `buf[0:8, :]` reads as slicing the tile, not picking a stage: say that.
+            raise fail("shared[...]", f"%{self.alloc.name} is indexed only by a stage "
+                       f"(buf[k]); a shared buffer {_SHARED_UNSLICEABLE}")
         stage = index_value(stage, "shared[stage]", "a stage index")
         if isinstance(stage, int) and stage < 0:
             raise fail("shared[stage]", f"stage index {stage} is negative")
