@@ -18,9 +18,9 @@ compiler drops it.
 Per chunk of BL steps, in a `tg.pipeline` of STAGES cp.async stages:
 1. u, delta, B and C (and z) are copied into shared rings a chunk or more ahead;
 2. each (channel, step)'s delta (bias, softplus) and delta·u are computed once, in f32, into
-   shared scratch, and 16-bit B and C rows are converted to f32 once (every thread of a
-   channel and every channel of the block read them: converting where they are read would
-   repeat each conversion BD·G times);
+   shared scratch, and B and C rows are converted to f32 once (every thread of a channel and
+   every channel of the block read them: converting where they are read would repeat each
+   conversion BD·G times);
 3. the states scan: each thread reads its channel's delta and delta·u and its states' B and C
    as 16-byte broadcasts, and sums its S states' h·C in registers;
 4. the G partial sums of a channel go through shared memory and are added by the thread that
@@ -109,7 +109,8 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
                  (("u", (BD, BL), dtype), ("delta", (BD, BL), dtype), ("B", (N, BL), bc_dtype),
                   ("C", (N, BL), bc_dtype)) + ((("z", (BD, BL), dtype),) if HAS_Z else ())}
         s_dt, s_dtu = tg.shared((BD, BL), f32), tg.shared((BD, BL), f32)
-        s_bc = (tg.shared((N, BL), f32), tg.shared((N, BL), f32)) if bc_dtype != f32 else None
+        s_bc = (tg.shared((N, BL), f32), tg.shared((N, BL), f32))
+        by_state = _runs_layout(threads, N, BL)           # (N, BL): B and C
         partial = tg.shared((BD, G, BL), f32)
         by_run = _runs_layout(threads, BD, BL)            # (BD, BL): u, delta, z, out
         by_output = _runs_layout(threads, BD, BL, G)      # (BD, G, BL): the partial sums
@@ -133,13 +134,11 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
                               LN2 * tg.log2(1.0 + tg.exp2(dt * LOG2E)))
             tg.copy(dt, s_dt)
             tg.copy(dt * tg.load(rings["u"][k], layout=by_run).to(f32), s_dtu)
-            if s_bc is not None:
-                by_state = _runs_layout(threads, N, BL)
-                for ring, converted in zip((rings["B"], rings["C"]), s_bc):
-                    tg.copy(tg.load(ring[k], layout=by_state).to(f32), converted)
-                bt, ct = tg.load(s_bc[0]), tg.load(s_bc[1])
-            else:
-                bt, ct = tg.load(rings["B"][k]), tg.load(rings["C"][k])
+            # (f32 B and C are copied too: read straight from the ring, ptxas hoists all of
+            # a thread's B and C reads above the loop's barrier, 216 registers against 96.)
+            for ring, converted in zip((rings["B"], rings["C"]), s_bc):
+                tg.copy(tg.load(ring[k], layout=by_state).to(f32), converted)
+            bt, ct = tg.load(s_bc[0]), tg.load(s_bc[1])
             # 3. The states, each thread its S states' steps in order.
             decay = tg.exp2(tg.reshape(tg.load(s_dt), (BD, 1, BL)) * a2)
             inject = tg.reshape(tg.load(s_dtu), (BD, 1, BL)) * tg.reshape(bt, (1, N, BL))
