@@ -29,6 +29,7 @@ Per chunk of BL steps, in a `tg.pipeline` of STAGES cp.async stages:
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import tegula as tg
@@ -65,10 +66,10 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
 def _runs_layout(threads: int, rows: int, BL: int, *more: int) -> Layout:
     """A (rows, *more, BL) tile with each thread holding OUT_RUN consecutive steps of one
     row and all of `more` (summed or used in registers): threads along the steps first,
-    then the rows; rows beyond the threads go to registers, threads beyond the rows hold
-    copies. Tiles are indexed column-major (row + rows·m + rows·M·step)."""
+    then the rows (as many threads as divide both); the other rows go to registers, threads
+    beyond the rows hold copies. Tiles are indexed column-major (row + rows·m + rows·M·step)."""
     lanes = BL // OUT_RUN
-    on_rows = min(rows, threads // lanes)
+    on_rows = math.gcd(rows, threads // lanes)
     inner = 1
     for m in more:
         inner *= m
