@@ -131,13 +131,16 @@ def mamba_inputs(batch, dim, length, dstate, dtype, seed):
     (1, 64, 4097, 16), (2, 24, 100, 7), (1, 16, 1, 16), (4, 256, 511, 4), (2, 13, 300, 1)])
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
 @pytest.mark.parametrize("options", ["plain", "all"])
-def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtype, options):
+@pytest.mark.parametrize("split", [False, True], ids=["lane", "split"])
+def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtype, options,
+                                                split):
+    """Both kernels (the lane scan and the split-state one) into NaN-poisoned outputs."""
     from tegula.kernels import selective_scan
     u, delta, A, B, C, D, z, bias = mamba_inputs(batch, dim, length, dstate, dtype,
                                                  batch * dim + length)
     extra = dict(D=D, z=z, delta_bias=bias, delta_softplus=True) if options == "all" else {}
     out = torch.full_like(u, float("nan"))
-    got = selective_scan(u, delta, A, B, C, out=out, **extra)
+    got = selective_scan(u, delta, A, B, C, out=out, SPLIT=split, **extra)
     torch.cuda.synchronize()
     assert got is out and not torch.isnan(out).any(), "unwritten (poisoned) outputs remain"
     want = selective_scan_ref(u, delta, A, B, C, **extra)
@@ -150,8 +153,9 @@ def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtyp
 
 def test_selective_scan_tiles_agree():
     """Other chunk and channel tilings, with and without prefetching, several states per
-    scan, the states in a run-time loop: the same result (within f32 reassociation);
-    outputs poisoned first."""
+    scan, the states in a run-time loop, the split-state kernel's tiles (threads, chunk,
+    stages, states a thread): the same result (within f32 reassociation); outputs poisoned
+    first."""
     from tegula.kernels import selective_scan
     u, delta, A, B, C, D, z, bias = mamba_inputs(2, 64, 700, 16, "f32", 1)
     base = selective_scan(u, delta, A, B, C, D, z, bias, True, prefetch=False)
@@ -163,7 +167,9 @@ def test_selective_scan_tiles_agree():
                   dict(STATE_SMEM=True, GROUP=2, BC_AHEAD=False),
                   dict(BL=256, STATE_SMEM=True, GROUP=3, BC_AHEAD=False),
                   dict(BD=16, BL=128, STATE_SMEM=True, GROUP=2, BC_AHEAD=False, BC_PIPE=True),
-                  dict(BL=64, STATE_SMEM=True, GROUP=3, BC_AHEAD=False, BC_PIPE=True)):
+                  dict(BL=64, STATE_SMEM=True, GROUP=3, BC_AHEAD=False, BC_PIPE=True),
+                  dict(SPLIT=True), dict(threads=64), dict(BL=32, STAGES=3),
+                  dict(G=8, BD=16), dict(G=2, BD=64, BL=8), dict(G=1, BD=128, BL=4)):
         other = selective_scan(u, delta, A, B, C, D, z, bias, True,
                                out=torch.full_like(u, float("nan")), **tiles)
         torch.testing.assert_close(other, base, rtol=1e-5, atol=1e-5)
