@@ -94,13 +94,17 @@ def blockwise_buffers(BM: int, BN: int, STAGES: int) -> tuple:
 
 
 def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
-                      buffers: tuple) -> list:
+                      buffers: tuple, AHEAD: bool = False, LATE: bool = False) -> list:
     """The (BM, BN) tile (m, n) of the blockwise-scaled a @ b.T as a list of its column
     parts' f32 (BM, width) tiles (trace time). Per 128-wide K block and part: a *fresh*
     f32 product, scaled by a's row scales times the part's b block scale and added to the
     part's accumulator (the promotion every 128 of K). The scales are loaded before the
     gemms, so their loads fly while the tensor cores run (after them they waited for the
-    wgmmas: 802 against 791 TFLOP/s on an H100)."""
+    wgmmas: 802 against 791 TFLOP/s on an H100); with AHEAD one K block earlier still
+    (carried through the loop). With LATE, K block k's product is promoted in iteration
+    k + 1, after that iteration's wgmmas are issued, so the multiply-adds run while the
+    tensor cores do: one more live f32 tile a part (its scales, loaded an iteration before
+    their use, need no AHEAD: LATE ignores it)."""
     parts, width = blockwise_parts(BN)
     sa, sbs = buffers
     ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, K/128)
@@ -108,19 +112,34 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     row_scales = scale_a.tile((BM, 1), (m, None))              # (BM, 1, K/128)
     block_scales = [scale_b.tile((1, 1), (((n * parts + j) * width) // SCALE_BLOCK, None))
                     for j in range(parts)]
+
+    def scales_of(k):                                          # (BM, 1) factors a part
+        row = tg.load(row_scales[:, :, k])
+        return [row * tg.load(bs[:, :, k]) for bs in block_scales]
+
     accs = [tg.zeros((BM, width), f32) for _ in range(parts)]
+    AHEAD = AHEAD and not LATE
+    ahead = scales_of(0) if AHEAD else None
+    late = ([tg.zeros((BM, width), f32) for _ in range(parts)],
+            [tg.zeros((BM, 1), f32) for _ in range(parts)]) if LATE else None
     for k in tg.pipeline(ga.shape[2], stages=STAGES):
         tg.copy(ga[:, :, k], sa[k])
         for gb, sb in zip(gbs, sbs):
             tg.copy(gb[:, :, k], sb[k])
-        row = tg.load(row_scales[:, :, k])
-        scales = [row * tg.load(bs[:, :, k]) for bs in block_scales]   # (BM, 1) each
-        promoted = []
-        for acc, sb, scale in zip(accs, sbs, scales):
+        if AHEAD:   # the last iteration reloads its own block's (a clamped index)
+            scales, ahead = ahead, scales_of(tg.minimum(k + 1, ga.shape[2] - 1))
+        else:
+            scales = scales_of(k)
+        fresh = []
+        for sb in sbs:
             part = tg.zeros((BM, width), f32)                  # promoted every 128 of K
             tg.gemm(part, sa[k], sb[k])
-            promoted.append(acc + part * scale)
-        accs = promoted
+            fresh.append(part)
+        if LATE:    # promote the previous block's (zeros times zero at k = 0)
+            (fresh, scales), late = late, (fresh, scales)
+        accs = [acc + part * scale for acc, part, scale in zip(accs, fresh, scales)]
+    if LATE:
+        accs = [acc + part * scale for acc, part, scale in zip(accs, *late)]
     return accs
 
 
@@ -165,11 +184,12 @@ def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
                                  scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
                                  c: tg.Tensor[out_t], BM: tg.constexpr = 128,
                                  BN: tg.constexpr = 128, STAGES: tg.constexpr = 4,
-                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
+                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1,
+                                 AHEAD: tg.constexpr = False, LATE: tg.constexpr = False):
         def make_product():
             buffers = blockwise_buffers(BM, BN, STAGES)
             return lambda m, n: blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN,
-                                                  STAGES, buffers)
+                                                  STAGES, buffers, AHEAD, LATE)
 
         def finish(accs, m, n):
             store_parts(accs, c, m, n, out_t, BM, BN)

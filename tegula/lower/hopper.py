@@ -126,11 +126,12 @@ become visible to the async proxy before the barrier that orders them before the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
-from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops
+from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops, wgmma_stage_reads_only
 from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
@@ -265,10 +266,11 @@ def tma_issue(ctx: LoweringContext, producers: list[Copy], barrier: str, slot: E
         origin = [scalar_expr(o) for o in p.src.origin]
         coords = substitute([origin[d] for d in tmap.dims], {loop_var: iteration})
         coords[-1] = coords[-1] + first if multicast is not None else coords[-1]
-        rows, cols = p.dst.alloc.shape
+        size = math.prod(p.dst.alloc.shape)   # a stage: 2-D wgmma operands, or a pinned
+        rows = size // p.dst.alloc.shape[-1]  # row-major tile of any rank (one block)
         width = plan.box[0]
         for block in range(plan.blocks):
-            offset = slot * (rows * cols) + block * (rows * width)
+            offset = slot * size + block * (rows * width)
             if multicast is not None:
                 offset = offset + first * width
             inner = coords[0] + block * width if block else coords[0]
@@ -313,11 +315,15 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     consumers = plan.consumer_threads
     rest = [o for o in op.body if not any(o is p for p in producers)]
     in_flight = one_gemm_in_flight(rest)
-    # A stage is released once nothing reads it: with only wgmmas reading it, after the
-    # warpgroup's wait_group retired them (lane 0 of each warp arrives; the wait is
-    # warp-aligned, so the whole warp has passed it); otherwise every consumer thread
-    # arrives after its own reads.
-    releasers = consumers // 32 if in_flight else consumers
+    # A stage is released once nothing reads it: with only wgmmas reading it (a lone gemm,
+    # or a body whose other ops never touch the stages: the blockwise FP8 promotion),
+    # after the warpgroup's wait_group retired them (lane 0 of each warp arrives; the wait
+    # is warp-aligned, so the whole warp has passed it, and the body's deferred waits
+    # retire every group before the release); otherwise every consumer thread arrives
+    # after its own reads.
+    wgmma_reads_only = in_flight or wgmma_stage_reads_only(
+        rest, {p.dst.alloc.id for p in producers})
+    releasers = consumers // 32 if wgmma_reads_only else consumers
     # Multicast boxes land in every block of the cluster: a stage is free once the
     # consumers of all of them released it, each arriving on every block's empty barrier.
     multicast = any(p.choices.get("multicast") is not None for p in producers)
@@ -369,8 +375,9 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
         if pingpong:
             return [head] + take_turn(tile_loop, loop) + after + [Barrier()]
         return [head, loop] + after + [Barrier()]
+    lane0 = (TID % 32).eq(0) if wgmma_reads_only else None
     return [head] + _specialized_consumer_loop(lowering, op, ring, rest, producers, wait,
-                                               release)
+                                               lambda index: release(index, lane0))
 
 
 def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,

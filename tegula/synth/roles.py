@@ -42,7 +42,7 @@ from tegula.arch.tma import register_share
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
-    walk_ops
+    walk_ops, wgmma_stage_reads_only
 from tegula.ir.values import GlobalTile, SharedTile, describe
 from tegula.synth.copies import _loop_indices, cluster_uniform, enclosing_ops
 
@@ -496,9 +496,9 @@ def decide_multicast(kernel: TracedKernel, loop: ForLoop) -> str:
 def _why_no_multicast(kernel: TracedKernel, loop: ForLoop, copies: list) -> str:
     """Why the copies of `loop` cannot be multicast at all ("" if they may be)."""
     rest = [o for o in loop.body if not any(o is c for c in copies)]
-    if len(rest) != 1 or not isinstance(rest[0], Gemm):
-        return ("the pipeline's body is more than its TMA copies and one wgmma gemm (only "
-                "that release is extended to the cluster)")
+    if not wgmma_stage_reads_only(rest, {c.dst.alloc.id for c in copies}):
+        return ("something other than a wgmma gemm reads the pipeline's staged tiles (a "
+                "stage is released to the cluster by each warp once its wgmmas retired)")
     loops = {op.var.name: op for op in walk_ops(kernel.body) if isinstance(op, ForLoop)}
     for op in (enclosing_ops(kernel.body, loop) or []) + [loop]:
         if isinstance(op, ForLoop) and not all(cluster_uniform(b, kernel.cluster, loops)
