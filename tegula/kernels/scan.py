@@ -415,7 +415,8 @@ def selective_scan_emulated(u: np.ndarray, delta: np.ndarray, A: np.ndarray, B: 
                             bc_dtype: DType | None = None, **tiles: int) -> np.ndarray:
     """The selective scan on the CPU emulator (numpy arrays; f32 or f16, or `dtype=bf16`
     for bf16 data held in float32 arrays; `bc_dtype` likewise for B and C, by default u's
-    type where their arrays' types agree). Returns `out` (batch, dim, L) of u's type."""
+    type where their arrays' types agree). Returns `out` (batch, dim, L) of u's type.
+    `tiles`: BD, BL and either kernel's options, as `selective_scan` takes them."""
     fn = "selective_scan_emulated"
     for name, x in (("u", u), ("delta", delta), ("B", B), ("C", C)):
         check_array(fn, name, x, ndim=3)
@@ -488,8 +489,10 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
                    prefetch: bool | None = None, **tiles: Any) -> Any:
     """Mamba's selective scan forward on CUDA tensors (see the module docstring for the
     shapes and formulas); returns `out` (batch, dim, L) of u's dtype (written into `out=`
-    when given: contiguous, u's shape, dtype and device). BD, BL, prefetch and `tiles`
-    (GROUP, BC_AHEAD, STATE_LOOP): the constexprs of `selective_scan_config`."""
+    when given: contiguous, u's shape, dtype and device). BD, BL, prefetch and `tiles`:
+    SPLIT (the split-state kernel of `tegula.kernels.scan_split`, with G, STAGES and
+    threads: `split_config`) or the lane-scan kernel's GROUP, BC_AHEAD, STATE_LOOP,
+    STATE_SMEM, BC_PIPE (`selective_scan_config`); naming one kernel's options picks it."""
     import torch
 
     from tegula.kernels.api import _check_cuda, _check_out, _launch
