@@ -164,6 +164,34 @@ def test_blockwise_kernel(m, n, k, target, out_t):
         check(c, ref, magnitude, 4 if target == "sm_90a" else 0, out_t, f"{config}")
 
 
+BLOCKWISE_PERSISTENT_CONFIGS = [
+    dict(BM=128, BN=128, STAGES=4, threads=256), dict(BM=128, BN=128, STAGES=4, threads=256,
+                                                      AHEAD=True),
+    dict(BM=128, BN=128, STAGES=4, threads=256, LATE=True),
+    dict(BM=128, BN=128, STAGES=4, threads=256, AHEAD=True, CLUSTER=2),
+    dict(BM=128, BN=256, STAGES=3, threads=256, AHEAD=True), dict(BM=64, BN=64, STAGES=2,
+                                                                  GROUP=3)]
+
+
+@pytest.mark.parametrize("config", BLOCKWISE_PERSISTENT_CONFIGS,
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("m,n,k", BLOCKWISE_SHAPES + [(1000, 1030, 640)])
+def test_blockwise_persistent_kernel(m, n, k, config):
+    """The persistent warp-specialized blockwise kernel (session 10) on min(tiles, SMs)
+    blocks: its TMA ring runs across the tiles with the promotion in the consumers; in
+    2-CTA clusters b's boxes are multicast; BN = 256 is two 128-wide column parts."""
+    from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
+    from tegula.kernels.gemm import persistent_grid
+
+    a, w, sa, sb, ref, magnitude = blockwise_operands(m, n, k, m + 7 * n + k)
+    c = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    grid = persistent_grid(m, n, sms, config["BM"], config["BN"], config.get("CLUSTER", 1))
+    fp8_blockwise_persistent_kernel(bf16)[grid](a, w, sa, sb, c, **config)
+    torch.cuda.synchronize()
+    check(c, ref, magnitude, 4, bf16, f"{config}")
+
+
 @pytest.mark.parametrize("m,n,k", [(257, 129, 384), (2048, 2048, 7168), (64, 4096, 4096)])
 def test_blockwise_entry_point(m, n, k):
     import tegula.kernels as tk
