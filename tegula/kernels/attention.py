@@ -139,18 +139,31 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     # or the last key): key blocks within it skip the mask's per-score compares.
     seen = m * BM + seq_k - seq_q if CAUSAL else seq_k - 1
 
-    def masked_scores(s, j):
+    def masked_scores(s, j, mask=None):
         """Block j's scores with the keys past the end and causally hidden at −inf, and
-        the scale the softmax applies (`masked_for_softmax`); only a block reaching past
-        `seen` is masked (a branch on block-uniform scalars)."""
+        the scale the softmax applies (`masked_for_softmax`). `mask` None: only a block
+        reaching past `seen` is masked (a branch on block-uniform scalars, `needs_mask`);
+        True or False: the caller branched already."""
         s, scale = masked_for_softmax(None, s, QK_SCALE)
-        with tg.if_((j + 1) * BN - 1 > seen):
-            cols = tg.arange(BN, offset=j * BN)
-            visible = cols[None, :] < seq_k
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
-            s = tg.where(visible, s, -INF)
+        if mask is None:
+            with tg.if_(needs_mask(j)):
+                s = hide_keys(s, j)
+        elif mask:
+            s = hide_keys(s, j)
         return s, scale
+
+    def hide_keys(s, j):
+        """`s` with block j's keys past the end and (causal) after each row's diagonal at
+        −inf."""
+        cols = tg.arange(BN, offset=j * BN)
+        visible = cols[None, :] < seq_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + (seq_k - seq_q))
+        return tg.where(visible, s, -INF)
+
+    def needs_mask(j):
+        """Whether key block j reaches past `seen` (the first key some row must not see)."""
+        return (j + 1) * BN - 1 > seen
 
     def pv_gemm(p, v_block, acc):
         """acc += p @ v, p (registers) through shared memory where P_SHARED."""
@@ -159,6 +172,7 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
             p = sp
         tg.gemm(acc, p, v_block if V_KMAJOR else v_block.T)
 
+    masked_scores.needs_mask = needs_mask
     key_loop = _overlapped_key_loop if OVERLAP else _key_loop
     m_i, l_i, acc = key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
                              masked_scores, pv_gemm)
@@ -226,8 +240,16 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
         tg.gemm(s, sq, sk[j])                             # s_{j+1}          } both in flight
         acc *= alpha                                      #                  } during block
         pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p_j @ v_j } j+1's softmax
-        p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1), m_i)
-        l_i = l_i * alpha + tg.sum(p, 1)
+        # The mask's branch holds the whole softmax (each side a copy of it), so the body
+        # ends in a join holding the wait for p_j @ v_j: ptxas places a WARPGROUP.DEPBAR
+        # anywhere before its first use within a basic block (at D = 64 it filled a stall
+        # of the row-max chain with it), never across blocks.
+        with tg.if_(masked_scores.needs_mask(j + 1)):
+            p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, True), m_i)
+            l_i = l_i * alpha + tg.sum(p, 1)
+        with tg.else_():
+            p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, False), m_i)
+            l_i = l_i * alpha + tg.sum(p, 1)
     acc *= alpha                                          # the block past the last: 1 or 0
     return m_i, l_i, acc
 

@@ -130,6 +130,28 @@ def test_turn_taking_warpgroups_into_poisoned_outputs(d, bn, overlap, causal, re
           f"D={d} pingpong OVERLAP={overlap} causal={causal}")
 
 
+@pytest.mark.parametrize("d,bm,bn", [(64, 128, 128), (128, 128, 128), (256, 128, 64),
+                                     (128, 64, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_overlapped_loop_into_poisoned_outputs(d, bm, bn, causal, request):
+    """OVERLAP (FlashAttention-3's order: s_{j+1} and p_j @ v_j in flight during block
+    j+1's softmax, p carried in f32, the softmax copied into both sides of the mask's
+    branch) on one or two consumer warpgroups: every element, odd lengths with many key
+    blocks, GQA 2:1, rows that see no key when causal (Sq > Sk)."""
+    # Sq < Sk: many key blocks, a diagonal when causal; Sq > Sk: rows 0..573 see no key
+    for sq, sk in ((203, 777), (777, 203)):
+        b, h, h_kv = 2, 4, 2
+        q, k, v = random_qkv(seed_of(request) + sq, b, h, h_kv, sq, sk, d, torch.float16)
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((b, h, sq), float("nan"), device="cuda")
+        attention_kernel(TEGULA_DTYPES[torch.float16])[(-(-sq // bm), h, b)](
+            q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal, BM=bm, BN=bn,
+            OVERLAP=True, threads=2 * bm)
+        torch.cuda.synchronize()
+        check(o, lse, *reference(q, k, v, causal), torch.float16,
+              f"D={d} BM={bm} BN={bn} OVERLAP causal={causal} Sq={sq} Sk={sk}")
+
+
 # -- the torch entry points -----------------------------------------------------------------
 # (B, H, H_kv, Sq, Sk, D, causal, dtype)
 SHAPES = [

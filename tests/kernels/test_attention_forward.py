@@ -250,11 +250,11 @@ def test_the_overlapped_loop_runs_the_softmax_while_both_gemms_are_in_flight():
     """OVERLAP on sm_90a: iteration j issues s_{j+1} = q @ k_{j+1}.T and acc += p_j @ v_j
     on wgmma, then waits for the first alone (wait_group 1) before block j+1's softmax
     (its row max and sum are warp shuffles) and for the second (wait_group 0) only after
-    it, before acc is rescaled: the tensor cores work while the softmax runs. Without
+    it, at the end of the body: the tensor cores work while the softmax runs. Without
     OVERLAP the one wait comes before the softmax, which reads the scores."""
     from tegula.build import build
-    from tegula.lower.async_ir import WgmmaCommit, WgmmaWait
-    from tegula.lower.thread_ir import For, Shuffle, walk
+    from tegula.lower.async_ir import MBarrierArrive, WgmmaCommit, WgmmaWait
+    from tegula.lower.thread_ir import Assign, Comment, For, If, Shuffle, walk
 
     def loop_body(overlap):
         kernel = build(attention_kernel(tg.f16), dict(D=128, QK_SCALE=0.1, CAUSAL=False,
@@ -268,10 +268,18 @@ def test_the_overlapped_loop_runs_the_softmax_while_both_gemms_are_in_flight():
         return [i for i, s in enumerate(body) if isinstance(s, kind)]
 
     body = loop_body(True)
-    commits, waits, shuffles = (positions(body, kind)
-                                for kind in (WgmmaCommit, WgmmaWait, Shuffle))
+    commits, waits, branches = (positions(body, kind) for kind in (WgmmaCommit, WgmmaWait, If))
     assert [body[i].pending for i in waits] == [1, 0]
-    assert commits[1] < waits[0] < shuffles[0] and shuffles[-1] < waits[1]
+    # the softmax (its row max and sum: warp shuffles) runs in the mask's branch, one copy
+    # masked and one not; the join holds the carried values' copies, the second wait and
+    # the stage's release
+    softmax, = branches
+    assert commits[1] < waits[0] < softmax < waits[1]
+    assert all(isinstance(x, (Assign, Comment)) for x in body[softmax + 1:waits[1]])
+    assert [type(x) for x in body[waits[1] + 1:]] == [MBarrierArrive]
+    for side in (body[softmax].then, body[softmax].otherwise):
+        assert any(isinstance(x, Shuffle) for x in walk(side))
+        assert not any(isinstance(x, (WgmmaWait, WgmmaCommit)) for x in walk(side))
     body = loop_body(False)
     assert positions(body, WgmmaWait)[0] < positions(body, Shuffle)[0]
 
