@@ -71,14 +71,18 @@ def make_case(torch: Any, shape: tuple[int, int, int], dtype: str) -> gpu.Case:
                     same_size_copy=torch.empty(io // 2, device="cuda", dtype=torch.uint8).clone)
 
 
-def _default_tiles(dtype: str) -> str:
-    """The entry point's default constexprs for `dtype`, as the notes print them."""
+def _default_tiles(dtype: str, shape: tuple[int, int, int] = (4, 1536, 2048)) -> str:
+    """The entry point's default kernel and constexprs for `dtype` at `shape`, as the notes
+    print them."""
     from tegula.dtypes import bf16, f16, f32
-    from tegula.kernels.scan import selective_scan_config
+    from tegula.kernels.scan import selective_scan_launch_config
 
-    tiles = selective_scan_config(1536, DSTATE, dtype={"f32": f32, "f16": f16,
-                                                       "bf16": bf16}[dtype])
-    return ", ".join(f"{k}={v}" for k, v in tiles.items() if k != "N")
+    batch, dim, _ = shape
+    split, tiles = selective_scan_launch_config(
+        dim, DSTATE, {"f32": f32, "f16": f16, "bf16": bf16}[dtype], batch)
+    kernel = "split-state kernel (scan_split.py)" if split else \
+        "lane-scan kernel (selective_scan_config), 128 threads"
+    return f"{kernel}: " + ", ".join(f"{k}={v}" for k, v in tiles.items() if k != "N")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
              for s in chosen]
     records, skipped = gpu.run_cases(cases, budget,
                                      timer=functools.partial(gpu.time_ms, flush=args.flush))
-    notes = [f"tegula: tegula.kernels.selective_scan (default tiles by type, "
-             f"selective_scan_config: {_default_tiles(args.dtype)}; 128 threads), "
+    notes = [f"tegula: tegula.kernels.selective_scan (its default at "
+             f"{'x'.join(map(str, chosen[0]))}: {_default_tiles(args.dtype, chosen[0])}), "
              f"dstate {DSTATE}, every option on; torch: "
              f"Mamba's selective_scan_ref in torch (float32, a Python loop over L); median, "
              f"L2 flushed before each run ({args.flush}: {gpu.FLUSH_NOTE[args.flush]})",

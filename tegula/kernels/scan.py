@@ -326,21 +326,29 @@ _SPLIT_OPTIONS = ("G", "STAGES", "threads")
 DEFAULT_SPLIT = False
 
 
-def _launch_plan(fn: str, dim: int, dstate: int, dtype: DType, bc_dtype: DType, batch: int,
-                 BD: int | None, BL: int | None, prefetch: bool | None,
-                 tiles: dict) -> tuple[tg.Kernel, tuple, dict]:
-    """(kernel, grid, constexprs but the HAS_*/SOFTPLUS flags) for the entry points: the
-    split-state kernel (`SPLIT=True`, or `DEFAULT_SPLIT` where no lane-scan option is
-    named) or the lane-scan kernel, refusing options of the other kernel."""
-    from tegula.kernels.scan_split import selective_scan_split_kernel, split_config
+def _split_by_default(dim: int, dstate: int, dtype: DType, batch: int) -> bool:
+    """The kernel the entry points run where no option names one."""
+    return DEFAULT_SPLIT
 
-    tiles = dict(tiles)
+
+def selective_scan_launch_config(dim: int, dstate: int, dtype: DType = f32, batch: int = 1,
+                                 BD: int | None = None, BL: int | None = None,
+                                 prefetch: bool | None = None, fn: str = "selective_scan",
+                                 **tiles: Any) -> tuple[bool, dict]:
+    """(whether the split-state kernel runs, its constexprs but the HAS_*/SOFTPLUS flags)
+    as the entry points choose them: the split-state kernel (`SPLIT=True`, its options
+    named, or `_split_by_default` where no lane-scan option is named; its constexprs
+    include `threads`, the block's) or the lane-scan kernel, refusing options of the
+    other kernel."""
+    from tegula.kernels.scan_split import split_config
+
     split = tiles.pop("SPLIT", None)
     lane_named = [k for k in tiles if k in _LANE_OPTIONS] + \
         (["prefetch"] if prefetch is not None else [])
     split_named = [k for k in tiles if k in _SPLIT_OPTIONS]
     if split is None:
-        split = bool(split_named) or (DEFAULT_SPLIT and not lane_named)
+        split = bool(split_named) or (not lane_named and
+                                      _split_by_default(dim, dstate, dtype, batch))
     if split and lane_named:
         raise ValueError(f"tegula.kernels.{fn}: {', '.join(lane_named)} are options of the "
                          f"lane-scan kernel; the split-state kernel (SPLIT=True) does not "
@@ -349,11 +357,23 @@ def _launch_plan(fn: str, dim: int, dstate: int, dtype: DType, bc_dtype: DType, 
         raise ValueError(f"tegula.kernels.{fn}: {', '.join(split_named)} are options of the "
                          f"split-state kernel; they need SPLIT=True")
     if split:
-        constexprs = split_config(dstate, BD, BL, **tiles)
+        return True, split_config(dstate, BD, BL, **tiles)
+    return False, _merged_tiles(fn, selective_scan_config(dim, dstate, BD, BL, prefetch,
+                                                          dtype, batch), tiles)
+
+
+def _launch_plan(fn: str, dim: int, dstate: int, dtype: DType, bc_dtype: DType, batch: int,
+                 BD: int | None, BL: int | None, prefetch: bool | None,
+                 tiles: dict) -> tuple[tg.Kernel, tuple, dict]:
+    """(kernel, grid, constexprs but the HAS_*/SOFTPLUS flags) for the entry points
+    (`selective_scan_launch_config`)."""
+    from tegula.kernels.scan_split import selective_scan_split_kernel
+
+    split, constexprs = selective_scan_launch_config(dim, dstate, dtype, batch, BD, BL,
+                                                     prefetch, fn, **tiles)
+    if split:
         kernel = selective_scan_split_kernel(dtype, bc_dtype, constexprs.pop("threads"))
     else:
-        constexprs = _merged_tiles(fn, selective_scan_config(dim, dstate, BD, BL, prefetch,
-                                                             dtype, batch), tiles)
         kernel = selective_scan_kernel(dtype, bc_dtype)
     return kernel, (batch, -(-dim // constexprs["BD"])), constexprs
 
@@ -524,5 +544,6 @@ def selective_scan(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z:
 
 
 __all__ = ["selective_scan", "selective_scan_emulated", "selective_scan_reference",
-           "selective_scan_kernel", "selective_scan_config", "check_selective_scan",
+           "selective_scan_kernel", "selective_scan_config", "selective_scan_launch_config",
+           "check_selective_scan",
            "SELECTIVE_SCAN_DTYPES"]
