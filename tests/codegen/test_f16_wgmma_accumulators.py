@@ -7,7 +7,9 @@ no temporaries unpacked after the asm), which compile to HGMMA.F16 with no local
 Before, codegen refused "f16 accumulators are not emitted yet"."""
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -20,22 +22,11 @@ from tegula.lower.async_ir import SmemDesc, Wgmma
 from tegula.lower.thread_ir import Const, Reg, RegArray, SharedBuffer, ThreadKernel, walk
 from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm  # noqa: E402
 
-@tg.kernel(threads=128)
-def gemm_f16_acc(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
-                 BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 64,
-                 STAGES: tg.constexpr = 2):
-    m, n = tg.block_id(0), tg.block_id(1)
-    ga = a.tile((BM, BK), (m, None))
-    gb = b.tile((BN, BK), (n, None))
-    acc = tg.zeros((BM, BN), f16)
-    sa = tg.shared((BM, BK), f16, stages=STAGES)
-    sb = tg.shared((BN, BK), f16, stages=STAGES)
-    for k in tg.pipeline(ga.shape[2], stages=STAGES):
-        tg.copy(ga[:, :, k], sa[k])
-        tg.copy(gb[:, :, k], sb[k])
-        tg.gemm(acc, sa[k], sb[k])
-    tg.copy(acc, c.tile((BM, BN), (m, n)))
+
+gemm_f16_acc = readme_gemm(f16, f16, BM=64, BN=64, BK=64, STAGES=2, name="gemm_f16_acc")
 
 
 def f16_steps_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from examples.gemm import gemm as readme_gemm  # noqa: E402
 from test_gemm import check_gemm  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm as gemm_fixture  # noqa: E402
+
 #: The README kernel for each operand type: f16 is examples/gemm.py itself; bf16 is the
 #: library's copy of the same text with the operand type swapped.
 KERNELS = {f16: readme_gemm, bf16: gemm_kernel(bf16)}
@@ -219,22 +222,8 @@ def test_a_pipeline_body_with_more_than_the_gemm_waits_inside_each_iteration():
 
 def f8_gemm(a_t, b_t):
     """The README kernel's text for 8-bit float operands (64-byte K rows, BK = 64)."""
-    @tg.kernel(threads=128)
-    def gemm_f8(a: tg.Tensor[a_t], b: tg.Tensor[b_t], c: tg.Tensor[tg.f32],
-                BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 64,
-                STAGES: tg.constexpr = 3):
-        m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), tg.f32)
-        sa = tg.shared((BM, BK), a_t, stages=STAGES)
-        sb = tg.shared((BN, BK), b_t, stages=STAGES)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
-        tg.copy(acc, c.tile((BM, BN), (m, n)))
-    return gemm_f8
+    return gemm_fixture(a_t, tg.f32, tg.f32, b_dtype=b_t, BM=64, BN=64, BK=64, STAGES=3,
+                        name="gemm_f8")
 
 
 @pytest.mark.parametrize("a_t,b_t", [(tg.f8e4m3, tg.f8e4m3), (tg.f8e4m3, tg.f8e5m2),

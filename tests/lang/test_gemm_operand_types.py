@@ -3,6 +3,8 @@ every entry's (a, b, c) types trace, and the mixed-signedness i8 x u8 entry — 
 language's old hand-written table refused — computes the right products in the emulator."""
 from __future__ import annotations
 
+import os
+import sys
 import numpy as np
 import pytest
 
@@ -11,23 +13,12 @@ from tegula.arch import MMA_INSTRUCTIONS, mma_accumulators
 from tegula.dtypes import f16, i8, i32, u8
 from tegula.kernels.common import poisoned, random_input
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm  # noqa: E402
+
 
 def _gemm_kernel(a_t, b_t, c_t):
-    @tg.kernel(threads=128)
-    def gemm(a: tg.Tensor[a_t], b: tg.Tensor[b_t], c: tg.Tensor[c_t],
-             BM: tg.constexpr = 32, BN: tg.constexpr = 32, BK: tg.constexpr = 32):
-        m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), c_t)
-        sa = tg.shared((BM, BK), a_t, stages=2)
-        sb = tg.shared((BN, BK), b_t, stages=2)
-        for k in tg.pipeline(ga.shape[2], stages=2):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
-        tg.copy(acc, c.tile((BM, BN), (m, n)))
-    return gemm
+    return readme_gemm(a_t, c_t, c_t, b_dtype=b_t, BM=32, BN=32, BK=32, STAGES=2)
 
 
 def test_language_accepts_exactly_the_catalogue_types():

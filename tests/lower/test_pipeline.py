@@ -7,6 +7,9 @@ there is none); a schedule that refills a slot before its release is refused, an
 same schedule forced through is reported by the emulator (the tests can fail)."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -18,23 +21,11 @@ from tegula.errors import SynthesisError
 from tegula.kernels.common import poisoned, random_input
 from tegula.lower import pipeline as lowering_pipeline
 from tegula.lower.thread_ir import Barrier, CpAsyncWait, For, walk
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm  # noqa: E402
 
 
-@tg.kernel(threads=128)
-def gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
-         BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32,
-         STAGES: tg.constexpr = 3):
-    m, n = tg.block_id(0), tg.block_id(1)
-    ga = a.tile((BM, BK), (m, None))
-    gb = b.tile((BN, BK), (n, None))
-    acc = tg.zeros((BM, BN), f32)
-    sa = tg.shared((BM, BK), f16, stages=STAGES)
-    sb = tg.shared((BN, BK), f16, stages=STAGES)
-    for k in tg.pipeline(ga.shape[2], stages=STAGES):
-        tg.copy(ga[:, :, k], sa[k])
-        tg.copy(gb[:, :, k], sb[k])
-        tg.gemm(acc, sa[k], sb[k])
-    tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
+gemm = readme_gemm(BM=64, BN=64)
 
 
 @tg.kernel(threads=128)

@@ -3,6 +3,9 @@ the cost model independent of enumeration order, limits with reasons, a visible 
 grid inference, `tg.constexpr(choices=)` and `tegula explain --recommend`."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 import tegula as tg
@@ -11,27 +14,14 @@ from tegula.cli import main
 from tegula.errors import TegulaError, TraceError
 from tegula.recommend import DEFAULT_VALUES, combinations, infer_grid, open_constexprs, recommend
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm  # noqa: E402
+
 SHAPES = {"a": (1000, 4096), "b": (3000, 4096), "c": (1000, 3000)}
 
 
 def make_gemm(bm_choices, bn_choices):
-    @tg.kernel(threads=128)
-    def gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
-             BM: tg.constexpr(choices=bm_choices) = bm_choices[0],
-             BN: tg.constexpr(choices=bn_choices) = bn_choices[0],
-             BK: tg.constexpr = 32, STAGES: tg.constexpr = 3):
-        m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), f32)
-        sa = tg.shared((BM, BK), f16, stages=STAGES)
-        sb = tg.shared((BN, BK), f16, stages=STAGES)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
-        tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
-    return gemm
+    return readme_gemm(bm_choices=bm_choices, bn_choices=bn_choices)
 
 
 @tg.kernel(threads=128)

@@ -3,6 +3,9 @@ free of bank conflicts (checked three ways: synthesis's own plans, the emulator'
 and the F2 optimal swizzle), determinism, and the register-only GEMM dataflow."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -18,6 +21,8 @@ from tegula.layout.cute_bridge import linear_from_cute, linear_from_cute_tv
 from tegula.layout.optimal_swizzle import optimal_swizzle, swizzle_cost
 from tegula.layout.tv import tv_table
 from tegula.synth.cost import op_uses
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm  # noqa: E402
 
 # Power-of-two GEMM tiles (BM, BN, BK) the golden checks run over.
 TILES = [(128, 128, 32), (64, 64, 32), (128, 128, 64), (64, 128, 64)]
@@ -25,22 +30,7 @@ TILES = [(128, 128, 32), (64, 64, 32), (128, 128, 64), (64, 128, 64)]
 
 def make_gemm() -> tg.Kernel:
     """A fresh DESIGN.md GEMM (a new Kernel object, so nothing is cached between builds)."""
-    @tg.kernel(threads=128)
-    def gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
-             BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 32,
-             STAGES: tg.constexpr = 3):
-        m, n = tg.block_id(0), tg.block_id(1)
-        ga = a.tile((BM, BK), (m, None))
-        gb = b.tile((BN, BK), (n, None))
-        acc = tg.zeros((BM, BN), f32)
-        sa = tg.shared((BM, BK), f16, stages=STAGES)
-        sb = tg.shared((BN, BK), f16, stages=STAGES)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
-        tg.copy(acc.to(f16), c.tile((BM, BN), (m, n)))
-    return gemm
+    return readme_gemm()
 
 
 GEMM = make_gemm()

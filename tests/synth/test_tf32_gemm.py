@@ -4,7 +4,9 @@ step); on a target without wgmma, or where the wgmma does not fit, it is a clear
 the gemm's line (no mma.sync multiplies f32)."""
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -19,22 +21,11 @@ from tegula.lower.async_ir import Wgmma
 from tegula.lower.thread_ir import walk
 from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gemm_fixtures import readme_gemm  # noqa: E402
 
-@tg.kernel(threads=128)
-def gemm_f32(a: tg.Tensor[f32], b: tg.Tensor[f32], c: tg.Tensor[f32],
-             BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32,
-             STAGES: tg.constexpr = 2):
-    m, n = tg.block_id(0), tg.block_id(1)
-    ga = a.tile((BM, BK), (m, None))
-    gb = b.tile((BN, BK), (n, None))
-    acc = tg.zeros((BM, BN), f32)
-    sa = tg.shared((BM, BK), f32, stages=STAGES)
-    sb = tg.shared((BN, BK), f32, stages=STAGES)
-    for k in tg.pipeline(ga.shape[2], stages=STAGES):
-        tg.copy(ga[:, :, k], sa[k])
-        tg.copy(gb[:, :, k], sb[k])
-        tg.gemm(acc, sa[k], sb[k])
-    tg.copy(acc, c.tile((BM, BN), (m, n)))
+
+gemm_f32 = readme_gemm(f32, f32, BM=64, BN=64, BK=32, STAGES=2, name="gemm_f32")
 
 
 @tg.kernel(threads=128)
