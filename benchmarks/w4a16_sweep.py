@@ -111,13 +111,16 @@ _SESSION9_BY_M = {
 SESSION9 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
             for n in (14336, 4096, 11008) for m in (16, 128, 64) for c in _SESSION9_BY_M[m]]
 # Session 10: the k-step's dequantization in fewer SASS (mask and magic number as one lop3;
-# f16's odd pair slots read in place: one shift a word) — at 16 tokens the autotuner's
-# candidates and fewer, longer blocks (the prologue amortized); at 64/128 session 9's
-# winners, to see what the cheaper k-step moves there.
+# f16's odd pair slots read in place: one shift a word) and both copies as TMA boxes (the
+# weight words' pinned row-major stage too; load_path="cp.async" is the old path, side by
+# side) — at 16 tokens fewer, longer blocks (the prologue amortized); at 64/128 session
+# 9's winners, to see what the cheaper k-step moves there.
 _SESSION10_BY_M = {
-    16: [dict(BT=16, STAGES=3, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=3),
-         dict(BT=16, STAGES=3, KS=4, SPLIT=2), dict(BT=16, STAGES=4, KS=2, SPLIT=3),
-         dict(BT=16, STAGES=3, KS=2, SPLIT=4, blocks_per_sm=7)],
+    16: [dict(BT=16, STAGES=3, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=4,
+                                                     load_path="cp.async"),
+         dict(BT=16, STAGES=3, KS=4, SPLIT=3), dict(BT=16, STAGES=3, KS=4, SPLIT=2),
+         dict(BT=16, STAGES=4, KS=2, SPLIT=3), dict(BT=16, STAGES=4, KS=2, SPLIT=3,
+                                                    load_path="cp.async")],
     64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=2)],
     128: [dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=128, STAGES=2, KS=2, WSMEM=0)],
 }

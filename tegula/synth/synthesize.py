@@ -453,11 +453,15 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = 
             problem = "the build option load_path='cp.async' (the caller's or the search's)"
         for op in producers if not problem else ():
             layout = wgmma_buffers.get(op.dst.alloc.id)
-            if layout is None:
+            if layout is not None:
+                plan, problem = plan_tma_copy(op, facts, _swizzle_bytes(op.dst))
+            elif _pinned_row_major(op.dst.alloc):
+                # a stage the threads read themselves, in the row-major order the kernel
+                # pinned (the W4A16 fragment kernel's weight words): one unswizzled box
+                plan, problem = plan_tma_copy(op, facts, 0)
+            else:
                 problem = f"{describe(op.dst)} is not a wgmma operand buffer"
                 plan = None
-            else:
-                plan, problem = plan_tma_copy(op, facts, _swizzle_bytes(op.dst))
             if problem:
                 break
             plans.append(plan)
@@ -479,6 +483,18 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = 
                 op.choices.update(instr="tma", tma=plans[producers.index(op)])
         if ring is not None and not problem:
             loop.choices["ring"] = ring
+
+
+def _pinned_row_major(alloc) -> bool:
+    """Whether a shared buffer's layout is one the kernel pinned to its tile's row-major
+    order (what a TMA box with no swizzle writes)."""
+    if not alloc.pinned or alloc.layout is None:
+        return False
+    shape = tuple(alloc.shape)
+    strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+    layout = alloc.layout
+    return (tuple(layout.shape) == shape and all(
+        e == 1 or got == want for e, got, want in zip(shape, tuple(layout.stride), strides)))
 
 
 def _other_stage_read(loop, allocs: set) -> str:

@@ -155,11 +155,17 @@ def test_split_sum_has_its_own_small_tile():
 
 def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
     """The point of the layout: each thread's weights of a k-step arrive in one 16-byte
-    access (cp.async into the ring, then shared memory into registers) with no layout
-    conversion, and the CUDA dequantizes with paired 16-bit instructions."""
+    access (a TMA box of the block's words into the ring, or cp.async where TMA is off,
+    then shared memory into registers) with no layout conversion, and the CUDA
+    dequantizes with paired 16-bit instructions."""
     from tegula.build import build
     kernel = w4a16_fragment_kernel(f16, True)
     text = tg.explain(kernel, G=128, BT=16, STAGES=4, warp_specialize=False)
+    assert "layout conversions: none" in text
+    assert "TMA box 4x128x1x1 of w" in text and "tma.load.4d" in text
+    assert "ld.shared.v4.b32" in text and "cp.async" not in text
+    text = tg.explain(kernel, G=128, BT=16, STAGES=4, warp_specialize=False,
+                      load_path="cp.async")
     assert "layout conversions: none" in text
     assert "cp.async.cg.shared.global.16" in text and "ld.shared.v4.b32" in text
     result = build(kernel, dict(G=128, BT=16, STAGES=4, warp_specialize=False))
