@@ -134,10 +134,15 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
         for sb in sbs:
             part = tg.zeros((BM, width), f32)                  # promoted every 128 of K
             tg.gemm(part, sa[k], sb[k])
-            fresh.append(part)
+            if LATE:
+                fresh.append(part)
+            else:   # each part's product promoted before the next part's gemm: one
+                # fresh tile live at a time (a 128x256 tile's two parts fit 232 registers)
+                fresh.append(accs[len(fresh)] + part * scales[len(fresh)])
         if LATE:    # promote the previous block's (zeros times zero at k = 0)
             (fresh, scales), late = late, (fresh, scales)
-        accs = [acc + part * scale for acc, part, scale in zip(accs, fresh, scales)]
+            fresh = [acc + part * scale for acc, part, scale in zip(accs, fresh, scales)]
+        accs = fresh
     if LATE:
         accs = [acc + part * scale for acc, part, scale in zip(accs, *late)]
     return accs

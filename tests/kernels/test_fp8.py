@@ -117,12 +117,15 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
     ((200, 129, 256), dict(BM=128, BN=128, GROUP=2, threads=256), 2),
     ((5, 40, 128), dict(BM=64, BN=64, GROUP=1), 4),                     # idle blocks
     ((200, 150, 384), dict(BM=64, BN=64, GROUP=2, CLUSTER=2), 4),       # b multicast
-    ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2)])
+    ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2),
+    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, AHEAD=True), 2),
+    ((130, 300, 384), dict(BM=64, BN=256, GROUP=2, threads=256, LATE=True), 3)])
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
     blocks, ragged M and N, a 256-wide tile of two b scale blocks, 2-CTA clusters (b's
     boxes multicast, a stage released by each warp of both blocks once its wgmmas retired;
-    an odd number of row tiles), random role interleavings, scales over four decades;
+    an odd number of row tiles), random role interleavings, scales loaded a K block
+    ahead (AHEAD) and products promoted a K block late (LATE), scales over four decades;
     every element against the float64 reference."""
     m, n, k = shape
     rng = np.random.default_rng(m + 3 * n + k)
