@@ -193,11 +193,13 @@ def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
     (`lower/wgmma_waits.py`)."""
     extra = (None,) * (packed.rank - zero.rank)
     (_, _, _, even), (_, _, _, odd) = NIBBLE_SLOTS[zero.dtype.name][:2]
-    magic = tg.full(zero.shape, even, zero.dtype)
-    if odd != even:   # rows 8-15 of each 16 hold odd slots (`NIBBLE_SLOTS`)
-        odd_rows = (tg.indices(zero.shape, 0) // 8) % 2 == 1   # a constant per register
-        magic = tg.where(odd_rows, tg.full(zero.shape, odd, zero.dtype), magic)
-    magic_zero = zero + magic
+    if odd == even:
+        magic_zero = zero + even
+    else:   # rows 8-15 of each 16 hold odd slots (`NIBBLE_SLOTS`): split off the row bit
+        rows, groups = zero.shape   # 3, a register's own, so the where folds (an index of
+        split = tg.reshape(zero, (rows // 16, 2, 8, groups))   # the row would not)
+        odd_rows = tg.indices(split.shape, 1) == 1
+        magic_zero = tg.reshape(tg.where(odd_rows, split + odd, split + even), zero.shape)
     unscaled = packed - magic_zero[(..., *extra)]
     return unscaled if scale is None else unscaled * scale[(..., *extra)]
 
