@@ -70,6 +70,7 @@ class Switches:
     transposed_gemm: bool = True    # gemm operands stored K x M / K x N (read through .T)
     clusters: bool = True           # GEMM-shaped programs in clusters of 2 blocks (tg.cluster)
     roles: bool = True              # pipelines written as tg.producer / tg.consumer blocks
+    repeats: bool = True            # a K loop run again inside a tg.range, same accumulator
     scans: bool = True              # tg.cumsum (forward and reversed) of a value
     gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
@@ -437,8 +438,18 @@ class Generator:
         tma_like = (self.threads % 128 == 0 and self.bm % 64 == 0 and dtype != "i8" and
                     extent * GEMM_ELEMENT_BYTES.get(dtype, 1) % 16 == 0)
         body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb, scratch,
-                         self.role_blocks(stages, 0.6 if tma_like else 0.1)))
+                         self.role_blocks(stages, 0.6 if tma_like else 0.1),
+                         self.repeat_count(stages)))
         return acc
+
+    def repeat_count(self, stages: int) -> int:
+        """`Gemm.repeat`: now and then a K loop runs 2 or 3 times into one accumulator
+        (a pipeline inside a run-time loop that carries its accumulator). Drawn from a
+        stream of its own, as `role_blocks` is, so a seed's programs stay what they were."""
+        if not self.sw.repeats or stages < 1:
+            return 1
+        side = random.Random(hash(self.rng.getstate()[1]) ^ 0x5EED)
+        return side.choice((2, 3)) if side.random() < 0.2 else 1
 
     def role_blocks(self, stages: int, p: float) -> tuple:
         """`Gemm.roles` for a pipeline, with probability `p` (high where the pipeline

@@ -189,7 +189,13 @@ class Gemm:
     tg.consumer(regs=c, schedule=s):` around the rest — (p, c, s), each None or a value
     (`ROLE_PRODUCER_REGS`, `ROLE_CONSUMER_REGS`, `ROLE_SCHEDULES`); () for none. sm_90a
     only: the stated split of a TMA + wgmma pipeline (other targets and near-miss tiles
-    refuse it at its line)."""
+    refuse it at its line).
+
+    `repeat` (a K loop, stages ≥ 1): the K loop runs that many times inside a `tg.range`
+    around it, accumulating into the same `acc` (acc + repeat · a @ b.T): a pipeline in
+    a run-time loop whose iterations are *not* independent, which the ping-pong consumer
+    split must not take for a persistent kernel's tile loop (session 10: it did, and
+    each warpgroup summed every other repetition)."""
 
     acc: str
     a: str
@@ -201,6 +207,7 @@ class Gemm:
     tb: str = ""
     scratch: bool = False
     roles: tuple = ()
+    repeat: int = 1
 
 
 @dataclass(frozen=True)
@@ -569,6 +576,8 @@ def _check_gemm(program: Program, s: Gemm, decl: dict, scope: Scope) -> None:
     if any(t not in ("",) + TRANSPOSED_READS for t in (s.ta, s.tb)) or \
             (s.route == "register" and "smem" in (s.ta, s.tb)):
         raise Invalid("a transposed gemm operand is read through a shared or global .T view")
+    if s.repeat < 1 or (s.repeat > 1 and s.stages == 0):
+        raise Invalid("a repeated gemm is a K loop run one or more times")
     if a.dtype != b.dtype or a.dtype not in GEMM_ACCUMULATOR or a.extent != b.extent or \
             not 0 < a.extent <= (s.bk if s.stages == 0 else MAX_GEMM_K_TILES * s.bk):
         raise Invalid("gemm operand types or extents")

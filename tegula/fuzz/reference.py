@@ -207,8 +207,8 @@ class Model:
         return Value.exact("i32", np.broadcast_to(coord, (gm, gn, h, w)).copy())
 
     def gemm(self, s: Gemm) -> Value:
-        """acc + a @ b.T over all of K (zero-padded to whole tiles of bk), summed in any
-        order (tensor cores fix none), in acc's type."""
+        """acc + a @ b.T over all of K (zero-padded to whole tiles of bk), `s.repeat`
+        times, summed in any order (tensor cores fix none), in acc's type."""
         p, acc = self.p, self.env[s.acc]
         gm, gn = p.grid
         k = s.bk * -(-p.tensor(s.a).extent // s.bk)
@@ -221,6 +221,7 @@ class Model:
             products = a[:, :, :, None, :].astype(np.float64) * b[:, :, None, :, :]
         if s.scratch:  # each K tile's product is added transposed (square tiles)
             products = products.transpose(0, 1, 3, 2, 4)
+        products = np.concatenate([products] * s.repeat, axis=4)   # the K loop run again
         terms = np.concatenate([products, acc.val[..., None].astype(np.float64)], axis=4)
         if nx.is_int(acc.dtype):
             total = nx.wrap_int(np.sum(terms.astype(np.int64), axis=4), acc.dtype)
@@ -237,7 +238,7 @@ class Model:
             # 81, e5m2: 2^-11.75 of the result over 2). Allowed: 2^-11 per instruction.
             with np.errstate(all="ignore"):
                 magnitude = np.sum(np.where(np.isfinite(terms), np.abs(terms), 0), axis=4)
-            e = e + -(-k // 32) * 2.0 ** -11 * magnitude
+            e = e + -(-k // 32) * s.repeat * 2.0 ** -11 * magnitude
         return Value(acc.dtype, summed.val[..., 0], e, summed.wild[..., 0])
 
     def _loop(self, loop_id: int) -> Loop:

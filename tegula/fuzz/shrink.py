@@ -133,6 +133,8 @@ def _simpler(s) -> Iterator:
     if isinstance(s, Gemm):
         if s.roles:
             yield replace(s, roles=())
+        if s.repeat > 1:
+            yield replace(s, repeat=1)
         if s.scratch:
             yield replace(s, scratch=False)
         if s.stages > 1:

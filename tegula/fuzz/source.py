@@ -195,6 +195,9 @@ def _gemm(w: _Writer, s: Gemm) -> None:
             w.emit(f"{s.acc}_x = tg.shared((BM, BN), {acc_dt})")
         loop = "tg.range" if s.stages == 1 else "tg.pipeline"
         extra = "" if s.stages == 1 else f", stages={s.stages}"
+        if s.repeat > 1:  # the whole K loop again, into the same accumulator
+            w.emit(f"for {s.a}_r in tg.range({s.repeat}):")
+            w.indent += 1
         w.emit(f"for {index} in {loop}({s.a}_t.shape[2]{extra}):")
         w.indent += 1
         if s.roles:  # the copies are the producer's block
@@ -219,7 +222,7 @@ def _gemm(w: _Writer, s: Gemm) -> None:
             w.emit(f"{s.acc} += tg.load({s.acc}_x.T)")
         else:
             w.emit(f"tg.gemm({s.acc}, {operands[0]}, {operands[1]})")
-        w.indent -= 2 if s.roles else 1
+        w.indent -= (2 if s.roles else 1) + (1 if s.repeat > 1 else 0)
         return
     for tensor, rows, coord, trans in sides:
         if trans == "smem":

@@ -27,8 +27,9 @@ EMULATOR = importlib.import_module("tegula.emulate")
 
 
 def _release_before_the_wait(stmts: list) -> int:
-    """Swap every `WgmmaWait; MBarrierArrive` pair (the consumer's release of the stage the
-    retired wgmma group read) in `stmts` and nested bodies: a release too early."""
+    """Swap every `WgmmaWait; <release>` pair (the consumer's release of the stage the
+    retired wgmma group read, `_is_release`) in `stmts` and nested bodies: a release too
+    early."""
     swapped = 0
     for s in stmts:
         if isinstance(s, For):
@@ -37,10 +38,19 @@ def _release_before_the_wait(stmts: list) -> int:
             swapped += _release_before_the_wait(s.then) + \
                 _release_before_the_wait(s.otherwise or [])
     for i in range(len(stmts) - 1):
-        if isinstance(stmts[i], WgmmaWait) and isinstance(stmts[i + 1], MBarrierArrive):
+        if isinstance(stmts[i], WgmmaWait) and _is_release(stmts[i + 1]):
             stmts[i], stmts[i + 1] = stmts[i + 1], stmts[i]
             swapped += 1
     return swapped
+
+
+def _is_release(s) -> bool:
+    """An arrive on an empty barrier, or a branch of nothing else (the arrive of one
+    elected lane per warp: `If(elect, [MBarrierArrive])`)."""
+    if isinstance(s, If):
+        return bool(s.then) and not s.otherwise and all(
+            isinstance(t, MBarrierArrive) for t in s.then)
+    return isinstance(s, MBarrierArrive)
 
 
 @pytest.fixture
