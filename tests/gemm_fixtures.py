@@ -15,14 +15,15 @@ from tegula import f16, f32
 
 
 def readme_gemm(dtype=f16, acc_dtype=f32, out_dtype=None, *, b_dtype=None, BM=128, BN=128,
-                BK=32, STAGES=3, threads=128, bm_choices=None, bn_choices=None, name="gemm"):
+                BK=32, STAGES=3, threads=128, warp_specialize=None, bm_choices=None,
+                bn_choices=None, name="gemm"):
     """The README GEMM: c = a @ b.T over a `tg.pipeline` K loop of STAGES shared stages.
 
     `dtype` is a's (and its shared buffer's) type, `b_dtype` b's (default: `dtype`),
     `acc_dtype` the accumulator's and `out_dtype` c's (default: `dtype`; the accumulator
     is rounded to it with `.to` where the two differ). The keywords are the constexprs' defaults (`bm_choices` /
     `bn_choices`: `tg.constexpr(choices=...)` for BM / BN, their first value the default),
-    the block's threads and the kernel's name."""
+    the block's threads, `@tg.kernel`'s `warp_specialize` and the kernel's name."""
     out_dtype = dtype if out_dtype is None else out_dtype
     b_dtype = dtype if b_dtype is None else b_dtype
     bm_type = tg.constexpr(choices=bm_choices) if bm_choices else tg.constexpr
@@ -47,4 +48,4 @@ def readme_gemm(dtype=f16, acc_dtype=f32, out_dtype=None, *, b_dtype=None, BM=12
                 c.tile((BM, BN), (m, n)))
 
     gemm.__name__ = gemm.__qualname__ = name
-    return tg.kernel(threads=threads)(gemm)
+    return tg.kernel(threads=threads, warp_specialize=warp_specialize)(gemm)
