@@ -176,10 +176,21 @@ def group_constants(dtype: DType, scales: Any, zeros: Any, n: Any, group: Any,
     kernel loads them a k-step before `dequantize_in` uses them, and arithmetic on them
     here would wait for the load where it is issued."""
     from tegula.kernels.quant import SYMMETRIC_ZERO
-    scale = tg.load(scales.tile(groups_shape, (n, group)))
-    zero = (tg.load(zeros.tile(groups_shape, (n, group))) if zeros is not None
+    tv = constants_tv(*groups_shape)
+    scale = tg.load(scales.tile(groups_shape, (n, group)), layout=tv)
+    zero = (tg.load(zeros.tile(groups_shape, (n, group)), layout=tv) if zeros is not None
             else tg.full(groups_shape, SYMMETRIC_ZERO, dtype))
     return zero, scale
+
+
+def constants_tv(rows: int, groups: int) -> Layout:
+    """How a (rows, groups) tile of scales (zeros) is loaded: thread 128b + 32w + 4r + c
+    holds rows 64b + 16w + r (+8), the rows its A fragments hold, each row's groups in
+    consecutive registers — adjacent in memory, so one vector load a row (a 4-byte load
+    for two groups a k-step) instead of one 2-byte load a value. (Tile coordinates
+    column-major: row + rows·group.)"""
+    return Layout(((4, 8, 4, rows // FRAGMENT_ROWS), (groups, 2)),
+                  ((0, 1, 16, FRAGMENT_ROWS), (rows, 8)))
 
 
 def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
