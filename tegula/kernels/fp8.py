@@ -122,6 +122,7 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     ahead = scales_of(0) if AHEAD else None
     late = ([tg.zeros((BM, width), f32) for _ in range(parts)],
             [tg.zeros((BM, 1), f32) for _ in range(parts)]) if LATE else None
+    part = tg.zeros((BM, width), f32)   # one fresh-product tile for every part and K block
     for k in tg.pipeline(ga.shape[2], stages=STAGES):
         tg.copy(ga[:, :, k], sa[k])
         for gb, sb in zip(gbs, sbs):
@@ -130,19 +131,21 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
             scales, ahead = ahead, scales_of(tg.minimum(k + 1, ga.shape[2] - 1))
         else:
             scales = scales_of(k)
-        fresh = []
-        for sb in sbs:
-            part = tg.zeros((BM, width), f32)                  # promoted every 128 of K
-            tg.gemm(part, sa[k], sb[k])
-            if LATE:
-                fresh.append(part)
-            else:   # each part's product promoted before the next part's gemm: one
-                # fresh tile live at a time (a 128x256 tile's two parts fit 232 registers)
-                fresh.append(accs[len(fresh)] + part * scales[len(fresh)])
-        if LATE:    # promote the previous block's (zeros times zero at k = 0)
+        if LATE:
+            fresh = []
+            for sb in sbs:
+                fresh.append(tg.zeros((BM, width), f32))
+                tg.gemm(fresh[-1], sa[k], sb[k])
+            # promote the previous block's (zeros times zero at k = 0)
             (fresh, scales), late = late, (fresh, scales)
-            fresh = [acc + part * scale for acc, part, scale in zip(accs, fresh, scales)]
-        accs = fresh
+            accs = [acc + p * s for acc, p, s in zip(accs, fresh, scales)]
+        else:
+            for acc, sb, scale in zip(accs, sbs, scales):
+                # Promoted every 128 of K, each part's product before the next part's
+                # gemm, in one register tile written in place.
+                part.assign(0.0)
+                tg.gemm(part, sa[k], sb[k])
+                acc += part * scale
     if LATE:
         accs = [acc + part * scale for acc, part, scale in zip(accs, *late)]
     return accs
