@@ -121,12 +121,17 @@ _SESSION10_BY_M = {
          dict(BT=16, STAGES=3, KS=4, SPLIT=3), dict(BT=16, STAGES=3, KS=4, SPLIT=2),
          dict(BT=16, STAGES=4, KS=2, SPLIT=3), dict(BT=16, STAGES=4, KS=2, SPLIT=3,
                                                     load_path="cp.async")],
-    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=2)],
-    128: [dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=128, STAGES=2, KS=2, WSMEM=0)],
+    # 64-128 tokens: one 64-k block a step (KS=1) halves the stage and the A registers,
+    # so more blocks fit an SM (the MMA of one block overlaps another's dequantization)
+    64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=2),
+         dict(BT=64, STAGES=4, KS=1, SPLIT=2)],
+    128: [dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=128, STAGES=2, KS=2, SPLIT=2),
+          dict(BT=128, STAGES=4, KS=1, SPLIT=2)],
 }
 SESSION10 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
-             for m, ns in ((16, (14336, 4096, 11008)), (64, (14336,)), (128, (14336,)))
-             for n in ns for c in _SESSION10_BY_M[m]]
+             for m, n in ((16, 14336), (128, 14336), (64, 14336), (16, 4096), (128, 4096),
+                          (16, 11008))
+             for c in _SESSION10_BY_M[m]]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10}
 
