@@ -400,14 +400,20 @@ def fp8_candidates(m: int, n: int, k: int, block_scales: bool,
     k-step (BK = 128) gets the 128-byte swizzle; 128×128 f32 accumulators take two
     consumer warpgroups (threads=256) to stay under 255 registers a thread with the
     blockwise kernel's second (per-K-block) accumulator. The blockwise kernel's BK is its
-    scale block, 128, and its BN must divide 128. Per-tensor on Hopper, shapes that fill
-    the GPU try the persistent kernel first (`kernel="persistent"`, as `matmul`'s)."""
+    scale block, 128, and its BN must divide 128 (or be 256, two column parts). On Hopper,
+    shapes that fill the GPU try the persistent kernel first (`kernel="persistent"`, as
+    `matmul`'s), blockwise too (session 10: its warp-specialized form)."""
     if block_scales:
         chosen = [dict(BM=128, BN=128, STAGES=4, threads=256),
                   dict(BM=128, BN=128, STAGES=3, threads=256),
                   dict(BM=64, BN=128, STAGES=4)]
         if m <= 64:
             chosen = [dict(BM=64, BN=128, STAGES=4), dict(BM=64, BN=64, STAGES=4)]
+        elif hopper and m * n > 1024 * 1024:
+            chosen = [dict(kernel="persistent", BM=128, BN=128, STAGES=4, GROUP=8,
+                           threads=256, AHEAD=True),
+                      dict(kernel="persistent", BM=128, BN=128, STAGES=4, GROUP=8,
+                           threads=256, AHEAD=True, CLUSTER=2)] + chosen
         return chosen
     chosen = [dict(BM=128, BN=128, BK=128, STAGES=4, threads=256),
               dict(BM=128, BN=256, BK=128, STAGES=3, threads=256),
@@ -491,7 +497,9 @@ def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None
     a = a if a.stride(1) == 1 else a.contiguous()
     bt = b.T if b.T.stride(1) == 1 else b.T.contiguous()
     kernels = {"tiles": fp8.fp8_blockwise_gemm_kernel(out_t) if block_scales else
-               fp8.fp8_gemm_kernel(out_t), "persistent": fp8.fp8_persistent_gemm_kernel(out_t)}
+               fp8.fp8_gemm_kernel(out_t),
+               "persistent": fp8.fp8_blockwise_persistent_kernel(out_t) if block_scales else
+               fp8.fp8_persistent_gemm_kernel(out_t)}
     configs = tuple(Config.of(c) for c in fp8_candidates(
         _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1), k, block_scales,
         _is_hopper(a.device)))

@@ -139,6 +139,22 @@ def test_blockwise_persistent(shape, tiles, sms):
     check_close(c, (a * sa) @ (b * sb).T, np.abs(a * sa) @ np.abs(b * sb).T, k, f32)
 
 
+def test_large_blockwise_candidates_start_with_the_persistent_kernel():
+    """matmul_fp8(block_scales=True) times the persistent blockwise kernel first on Hopper
+    for shapes that fill the GPU (alone and in 2-CTA clusters, which multicast b), not on
+    other GPUs or for decode shapes."""
+    from tegula.build import build
+    from tegula.kernels.api_matmul import fp8_candidates
+    from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
+    first, clustered = fp8_candidates(4096, 4096, 4096, True)[:2]
+    assert first["kernel"] == "persistent" and clustered.get("CLUSTER") == 2
+    assert not any(c.get("kernel") for c in fp8_candidates(4096, 4096, 4096, True, False))
+    assert not any(c.get("kernel") for c in fp8_candidates(64, 4096, 4096, True))
+    config = {k: v for k, v in clustered.items() if k != "kernel"}
+    source = build(fp8_blockwise_persistent_kernel(bf16), config, None, "sm_90a").cuda_source()
+    assert ".multicast::cluster" in source
+
+
 def test_blockwise_persistent_keeps_the_tma_ring_across_tiles():
     """The promotion in the K loop's body no longer sends a persistent kernel back to
     cp.async: the ring runs across the tiles, warp-specialized."""
