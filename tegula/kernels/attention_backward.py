@@ -7,7 +7,8 @@ h reads kv head h // G, G = H / Hkv). Causal masks are aligned bottom-right as i
 FlashAttention (query i sees keys j ≤ i + Sk − Sq), so a query row may see no key at all;
 the forward gives such a row o = 0, and every gradient through it is 0 here.
 
-Three kernels, none with atomics, so every result is the same bit for bit on every run:
+Three kernels, none with atomics, so every result is the same bit for bit on every run
+(the default):
 
 * `attention_backward_preprocess_kernel` — delta_i = Σ_d dO[i, d] · O[i, d] (f32), the
   row term of softmax's Jacobian (Σ_j P_ij dP_ij = delta_i).
@@ -23,6 +24,12 @@ Three kernels, none with atomics, so every result is the same bit for bit on eve
 * `attention_backward_dq_kernel` — one program per (query block, head, batch), walking the
   key blocks: S = scale · Q Kᵀ, P = exp(S − lse), dP = dO Vᵀ, dS = P ∘ (dP − delta),
   dQ += scale · dS K. Recomputes S a second time rather than adding dQ with float atomics.
+
+With `deterministic=False` (an option; FlashAttention's default) the dK/dV kernel also adds
+each query block's dS K into an f32 dQ with `red.global.add` (`attention_backward_dkdvdq_
+kernel`: dS goes through shared memory as the wgmma's MN-major A operand) and
+`attention_backward_dq_convert_kernel` scales and converts it: 5 gemm passes instead of 7,
+but the additions' order, so dQ's last bits, vary from run to run.
 
 Masks come from tile coordinates: keys past Sk, queries past Sq and (causal) keys after
 the query's diagonal get P = 0 (selected, so a fully masked row's lse of ±inf never turns
@@ -60,6 +67,60 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
     return attention_backward_preprocess
 
 
+def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
+                         D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
+                         STAGES: int):
+    """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
+    query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
+    f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
+    float atomics (`attention_backward_dkdvdq_kernel`)."""
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
+    tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
+    tg.copy(v[b, hk].tile((BN, D), (n, 0)), sv)
+    sq = tg.shared((BM, D), dtype, stages=STAGES)
+    sdo = tg.shared((BM, D), dtype, stages=STAGES)
+    sds = tg.shared((BN, BM), dtype) if dq_accum is not None else None
+    keys = tg.arange(BN, offset=n * BN)[:, None]            # (BN, 1) key positions
+    dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
+    first = 0
+    if CAUSAL:  # the first query block whose last row reaches this block's first key
+        first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
+    # The query-block pipeline nested in the G loop stays on cp.async (one block ahead).
+    # One pipeline over (head, block) pairs gets TMA on sm_90a but measured slower
+    # (H100, D=128, session 9: 230 TFLOP/s with the block issuing the TMA ring, 163
+    # with a producer warpgroup at 255 registers, against 359 for this form).
+    for g in tg.range(G):
+        h = hk * G + g
+        q_blocks = q[b, h].tile((BM, D), (None, 0))
+        do_blocks = dout[b, h].tile((BM, D), (None, 0))
+        for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
+            tg.copy(q_blocks[:, :, m], sq[m])
+            tg.copy(do_blocks[:, :, m], sdo[m])
+            queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
+            # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
+            # FMA per score
+            lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
+            delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+            s_t = tg.zeros((BN, BM), f32)
+            tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
+            seen = (keys < seq_k) & (queries < seq_q)
+            if CAUSAL:
+                seen = seen & (keys <= queries + (seq_k - seq_q))
+            p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+            tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
+            dp_t = tg.zeros((BN, BM), f32)
+            tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
+            ds_t = (p_t * (dp_t - delta_m)).to(dtype)
+            tg.gemm(dk_acc, ds_t, sq[m].T)                   # += dSᵀ Q
+            if dq_accum is not None:                         # dQ += dS K, atomically
+                tg.copy(ds_t, sds)
+                dq_part = tg.zeros((BM, D), f32)
+                tg.gemm(dq_part, sds.T, sk.T)
+                tg.atomic_add(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
+    return dk_acc, dv_acc
+
+
 @lru_cache(maxsize=None)
 def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
     """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads."""
@@ -73,48 +134,51 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
                                 G: tg.constexpr = 1, BM: tg.constexpr = 64,
                                 BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
-        seq_q, seq_k = q.shape[2], k.shape[2]
-        sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
-        tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
-        tg.copy(v[b, hk].tile((BN, D), (n, 0)), sv)
-        sq = tg.shared((BM, D), dtype, stages=STAGES)
-        sdo = tg.shared((BM, D), dtype, stages=STAGES)
-        keys = tg.arange(BN, offset=n * BN)[:, None]            # (BN, 1) key positions
-        dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
-        first = 0
-        if CAUSAL:  # the first query block whose last row reaches this block's first key
-            first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
-        # The query-block pipeline nested in the G loop stays on cp.async (one block ahead).
-        # One pipeline over (head, block) pairs gets TMA on sm_90a but measured slower
-        # (H100, D=128, session 9: 230 TFLOP/s with the block issuing the TMA ring, 163
-        # with a producer warpgroup at 255 registers, against 359 for this form).
-        for g in tg.range(G):
-            h = hk * G + g
-            q_blocks = q[b, h].tile((BM, D), (None, 0))
-            do_blocks = dout[b, h].tile((BM, D), (None, 0))
-            for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
-                tg.copy(q_blocks[:, :, m], sq[m])
-                tg.copy(do_blocks[:, :, m], sdo[m])
-                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
-                # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
-                # FMA per score
-                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
-                delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
-                s_t = tg.zeros((BN, BM), f32)
-                tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
-                seen = (keys < seq_k) & (queries < seq_q)
-                if CAUSAL:
-                    seen = seen & (keys <= queries + (seq_k - seq_q))
-                p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
-                tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
-                dp_t = tg.zeros((BN, BM), f32)
-                tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
-                ds_t = p_t * (dp_t - delta_m)
-                tg.gemm(dk_acc, ds_t.to(dtype), sq[m].T)         # += dSᵀ Q
+        dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, None, n, hk, b,
+                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
     return attention_backward_dkdv
+
+
+@lru_cache(maxsize=None)
+def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
+    """The dK/dV kernel that also adds each block's dS K into `dq_accum` (f32, zeros before)
+    with float atomics: the backward without the dQ kernel's second pass over S and dP
+    (5 gemms instead of 7), at the price of an order of the additions that varies."""
+
+    @tg.kernel(threads=128)
+    def attention_backward_dkdvdq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                                  v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
+                                  lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
+                                  dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
+                                  dq_accum: tg.Tensor[f32, 4],
+                                  D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
+                                  G: tg.constexpr = 1, BM: tg.constexpr = 64,
+                                  BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
+        n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b,
+                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES)
+        tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
+        tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
+
+    return attention_backward_dkdvdq
+
+
+@lru_cache(maxsize=None)
+def attention_backward_dq_convert_kernel(dtype: DType) -> tg.Kernel:
+    """dq = (dq_accum · SCALE) in `dtype`, one (BM, D) block of rows per program."""
+
+    @tg.kernel(threads=128)
+    def attention_backward_dq_convert(dq_accum: tg.Tensor[f32, 4], dq: tg.Tensor[dtype, 4],
+                                      D: tg.constexpr, SCALE: tg.constexpr,
+                                      BM: tg.constexpr = 64):
+        m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        rows = tg.load(dq_accum[b, h].tile((BM, D), (m, 0)))
+        tg.copy((rows * SCALE).to(dtype), dq[b, h].tile((BM, D), (m, 0)))
+
+    return attention_backward_dq_convert
 
 
 @lru_cache(maxsize=None)
@@ -249,17 +313,28 @@ def backward_candidates(head_dim: int) -> list[dict]:
 
 
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
-                      scale: float, causal: bool, **tiles: int) -> list[tuple]:
+                      scale: float, causal: bool, deterministic: bool = True,
+                      **tiles: int) -> list[tuple]:
     """The three launches of the backward as (kernel, grid, argument names, constexprs), in
-    order; argument names refer to q, k, v, o, do, lse, delta, dq, dk, dv. `tiles`: BM,
-    BN, STAGES and `threads` (the block size) of the dK/dV and dQ kernels."""
+    order; argument names refer to q, k, v, o, do, lse, delta, dq, dk, dv and, when not
+    `deterministic`, dq_accum (f32 like q, zeros before the launches): the dK/dV kernel
+    then adds dQ into it atomically and the last launch converts it. `tiles`: BM, BN,
+    STAGES and `threads` (the block size) of the dK/dV and dQ kernels."""
     t = backward_tiles(D, Sq, Sk, **tiles)
     common = dict(D=D, SCALE=scale, CAUSAL=bool(causal), G=H // Hkv, **t)
+    preprocess = (attention_backward_preprocess_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
+                  ("o", "do", "delta"), dict(D=D, BM=t["BM"]))
+    key_blocks = (tg.cdiv(Sk, t["BN"]), Hkv, B)
+    gradients = ("q", "k", "v", "do", "lse", "delta", "dk", "dv")
+    if not deterministic:
+        return [preprocess,
+                (attention_backward_dkdvdq_kernel(dtype), key_blocks,
+                 gradients + ("dq_accum",), common),
+                (attention_backward_dq_convert_kernel(dtype), (tg.cdiv(Sq, 64), H, B),
+                 ("dq_accum", "dq"), dict(D=D, SCALE=scale, BM=64))]
     return [
-        (attention_backward_preprocess_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
-         ("o", "do", "delta"), dict(D=D, BM=t["BM"])),
-        (attention_backward_dkdv_kernel(dtype), (tg.cdiv(Sk, t["BN"]), Hkv, B),
-         ("q", "k", "v", "do", "lse", "delta", "dk", "dv"), common),
+        preprocess,
+        (attention_backward_dkdv_kernel(dtype), key_blocks, gradients, common),
         (attention_backward_dq_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
          ("q", "k", "v", "do", "lse", "delta", "dq"), common),
     ]
@@ -268,11 +343,13 @@ def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, 
 def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
                                 lse: np.ndarray, do: np.ndarray, causal: bool = False,
                                 scale: float | None = None, dtype: DType | None = None,
-                                target: str | None = None, **tiles: int):
+                                target: str | None = None, deterministic: bool = True,
+                                **tiles: int):
     """(dq, dk, dv) by the emulated backward kernels. q, o, do: (B, H, Sq, D); k, v:
     (B, Hkv, Sk, D); lse: (B, H, Sq) float32 (natural log). float16 arrays are f16; bf16
     data comes as float32 arrays holding bf16 values with `dtype=bf16` (the gradients
-    then come back the same way). `tiles`: BM, BN overrides."""
+    then come back the same way). `deterministic=False`: dQ by atomics from the dK/dV
+    kernel (`backward_launches`). `tiles`: BM, BN overrides."""
     fn = "attention_backward_emulated"
     arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do)
     for name, x in arrays.items():
@@ -293,11 +370,13 @@ def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: 
     values["dq"] = poisoned(q.shape, dtype)
     values["dk"] = poisoned(k.shape, dtype)
     values["dv"] = poisoned(v.shape, dtype)
+    values["dq_accum"] = np.zeros(q.shape, np.float32)
     scale = default_scale(scale, D, fn)
     if q.size and k.size:
         extra = {} if target is None else {"target": target}
         for kernel, grid, names, constexprs in backward_launches(dtype, B, H, Hkv, Sq, Sk, D,
-                                                                 scale, causal, **tiles):
+                                                                 scale, causal, deterministic,
+                                                                 **tiles):
             with np.errstate(invalid="ignore", over="ignore"):  # padded rows: never stored
                 launch_emulated(kernel, grid, *(values[n] for n in names), **constexprs,
                                 **extra)
@@ -315,10 +394,13 @@ _TORCH_DTYPES = {"float16": f16, "bfloat16": bf16}
 
 
 def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
-                       **tiles: int):
+                       deterministic: bool = True, **tiles: int):
     """(dq, dk, dv) on CUDA tensors: q, o, do (B, H, Sq, D) and k, v (B, Hkv, Sk, D) of one
     dtype (f16/bf16), lse (B, H, Sq) float32 as `attention_forward` returns it. Any strides
-    (inputs whose last dim is not contiguous are copied); the gradients are contiguous."""
+    (inputs whose last dim is not contiguous are copied); the gradients are contiguous.
+    `deterministic=False` adds dQ with float atomics from the dK/dV kernel (5 gemms, not
+    7; the sums' order, so dq's last bits, vary from run to run), untuned: `tiles` or
+    `backward_tiles`."""
     import torch
 
     from tegula.build import launch
@@ -342,7 +424,13 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float |
         for name in ("dq", "dk", "dv"):
             values[name].zero_()
         return values["dq"], values["dk"], values["dv"]
-    launches = backward_launches(dtype, B, H, Hkv, Sq, Sk, D, scale, causal, **tiles)
+    launches = backward_launches(dtype, B, H, Hkv, Sq, Sk, D, scale, causal,
+                                 bool(deterministic), **tiles)
+    if not deterministic:  # every timed run would add into dq_accum again: no tuning
+        values["dq_accum"] = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for kernel, grid, names, constexprs in launches:
+            launch(kernel, grid, *(values[n] for n in names), **constexprs)
+        return values["dq"], values["dk"], values["dv"]
     preprocess, grid, names, constexprs = launches[0]
     launch(preprocess, grid, *(values[n] for n in names), **constexprs)
     for (kernel, grid, names, constexprs), grid_of in zip(launches[1:], (
@@ -425,7 +513,8 @@ def _dtype_of(fn: str, x: np.ndarray) -> DType:
 
 
 __all__ = ["attention_backward_preprocess_kernel", "attention_backward_dkdv_kernel",
-           "attention_backward_dq_kernel", "attention_backward_emulated", "attention_backward",
+           "attention_backward_dq_kernel", "attention_backward_dkdvdq_kernel",
+           "attention_backward_dq_convert_kernel", "attention_backward_emulated", "attention_backward",
            "attention_differentiable",
            "check_backward_shapes", "backward_launches", "default_scale",
            "ATTENTION_BACKWARD_DTYPES"]

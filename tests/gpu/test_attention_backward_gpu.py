@@ -1,7 +1,8 @@
 """Attention backward on the GPU against torch autograd of a float32 reference with an
 explicit mask (bottom-right causal), every element: the three kernels launched directly
-into NaN-poisoned outputs, the `attention_backward` entry point (twice: bit-identical, as
-no atomics are used), and `attention_differentiable` end to end through the forward.
+into NaN-poisoned outputs (also with dQ added by atomics), the `attention_backward` entry
+point (twice: bit-identical, as no atomics are used by default), and
+`attention_differentiable` end to end through the forward.
 """
 from __future__ import annotations
 
@@ -94,8 +95,11 @@ def _id(shape):
     return f"B{B}H{H}kv{Hkv}-{Sq}x{Sk}-D{D}-{'causal' if causal else 'full'}-{dtype}"
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic-dq"])
 @pytest.mark.parametrize("shape", SHAPES, ids=_id)
-def test_backward_kernels_into_poisoned_outputs(shape):
+def test_backward_kernels_into_poisoned_outputs(shape, deterministic):
+    """The backward's launches into NaN-poisoned outputs, deterministic (dK/dV, then dQ
+    walking the key blocks again) and with dQ added by f32 atomics from the dK/dV kernel."""
     from tegula.build import launch
     from tegula.kernels.attention_backward import backward_launches
     B, H, Hkv, Sq, Sk, D, causal, dtype = shape
@@ -105,14 +109,30 @@ def test_backward_kernels_into_poisoned_outputs(shape):
     values = dict(q=q, k=k, v=v, do=do, o=o.to(q.dtype), lse=lse.contiguous(),
                   delta=poison(torch.empty(B, H, Sq, device="cuda")),
                   dq=poison(torch.empty_like(q)), dk=poison(torch.empty_like(k)),
-                  dv=poison(torch.empty_like(v)))
+                  dv=poison(torch.empty_like(v)),
+                  dq_accum=torch.zeros(q.shape, dtype=torch.float32, device="cuda"))
     tg_dtype = f16 if dtype == "float16" else bf16
     for kernel, grid, names, constexprs in backward_launches(tg_dtype, B, H, Hkv, Sq, Sk, D,
-                                                             scale, causal):
+                                                             scale, causal, deterministic):
         launch(kernel, grid, *(values[n] for n in names), **constexprs)
     torch.cuda.synchronize()
     for name, w in zip(("dq", "dk", "dv"), want):
         assert_close(name, values[name], w, dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES[2:6], ids=_id)
+def test_backward_entry_point_with_atomic_dq(shape):
+    """attention_backward(deterministic=False): right (every element), and dk, dv, which
+    no atomic touches, bit-identical to the deterministic entry's."""
+    from tegula.kernels.attention_backward import attention_backward
+    B, H, Hkv, Sq, Sk, D, causal, dtype = shape
+    q, k, v, do = make_case(B, H, Hkv, Sq, Sk, D, dtype, 11)
+    o, lse, *want = reference_gradients(q, k, v, do, causal, D ** -0.5)
+    atomic = attention_backward(q, k, v, o.to(q.dtype), lse, do, causal, deterministic=False)
+    for name, a, w in zip(("dq", "dk", "dv"), atomic, want):
+        assert_close(name, a, w, dtype)
+    _, dk, dv = attention_backward(q, k, v, o.to(q.dtype), lse, do, causal, BM=64, BN=64)
+    assert torch.equal(dk, atomic[1]) and torch.equal(dv, atomic[2])
 
 
 @pytest.mark.parametrize("shape", SHAPES[2:6], ids=_id)

@@ -111,6 +111,21 @@ def test_backward_matches_analytic_gradients(B, H, Hkv, Sq, Sk, D, causal, tiles
     run_case(B, H, Hkv, Sq, Sk, D, causal, target=target, seed=Sq * 100 + Sk, **tiles)
 
 
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,causal,tiles", [
+    pytest.param(1, 2, 2, 19, 23, 32, False, {}, id="ragged"),
+    pytest.param(2, 2, 1, 45, 37, 32, True, dict(BM=16, BN=32), id="causal-Sq>Sk-masked-rows"),
+    pytest.param(1, 4, 2, 13, 70, 32, True, dict(BM=16, BN=32), id="causal-Sq<Sk-gqa2"),
+    pytest.param(1, 1, 1, 70, 75, 64, False, dict(BM=32, BN=32), id="d64-several-key-blocks"),
+])
+def test_atomic_dq_matches_analytic_gradients(B, H, Hkv, Sq, Sk, D, causal, tiles, target):
+    """deterministic=False: the dK/dV kernel adds each key block's dS K into an f32 dQ
+    (float atomics, summed over key blocks and, with GQA, nothing else: each query head has
+    its own rows) and a last kernel scales and converts it: the same gradients."""
+    run_case(B, H, Hkv, Sq, Sk, D, causal, target=target, seed=Sq * 100 + Sk + 1,
+             deterministic=False, **tiles)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_every_tuning_candidate_is_right(D):
