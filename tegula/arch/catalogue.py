@@ -18,7 +18,8 @@ Names are the catalogue keys thread IR uses:
   ``wgmma.fence``, ``wgmma.commit_group``, ``wgmma.wait_group.N``, ``bar.sync``,
   ``bar.arrive``, ``setmaxnreg.{inc,dec}.N``, ``elect.sync``;
 * conversions and 16-bit arithmetic (`tegula.arch.convert`): ``cvt.rn.bf16.f32``,
-  ``add.rn.f16x2`` …; NaN-propagating ``max.NaN.f32`` / ``min.NaN.f32`` (`tegula.arch.minmax`).
+  ``add.rn.f16x2`` …; NaN-propagating ``max.NaN.f32`` / ``min.NaN.f32`` (`tegula.arch.minmax`);
+  ``lop3.b32`` with constant operands (`tegula.arch.logic`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tegula.arch.convert import CONVERT_INSTRUCTIONS
 from tegula.arch.instructions import Instruction, MatrixInstr, MemInstr, MmaInstr, ShuffleInstr
 from tegula.arch.memory import (MATRIX_INSTRUCTIONS, MEMORY_INSTRUCTIONS, SHUFFLE_INSTRUCTIONS,
                                 cp_async_wait)
+from tegula.arch.logic import LOGIC_INSTRUCTIONS
 from tegula.arch.minmax import MINMAX_INSTRUCTIONS
 from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.arch.tma import ASYNC_INSTRUCTIONS, get_async
@@ -39,7 +41,8 @@ from tegula.errors import TegulaError
 
 ALL_INSTRUCTIONS: tuple[Instruction, ...] = (
     MMA_INSTRUCTIONS + MEMORY_INSTRUCTIONS + MATRIX_INSTRUCTIONS + SHUFFLE_INSTRUCTIONS
-    + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS + CONVERT_INSTRUCTIONS + MINMAX_INSTRUCTIONS)
+    + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS + CONVERT_INSTRUCTIONS + MINMAX_INSTRUCTIONS
+    + LOGIC_INSTRUCTIONS)
 
 _BY_NAME: Mapping[str, Instruction] = MappingProxyType({i.name: i for i in ALL_INSTRUCTIONS})
 _SHUFFLE_BY_IR_MODE = {s.ir_mode: s for s in SHUFFLE_INSTRUCTIONS}

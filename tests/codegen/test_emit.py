@@ -198,6 +198,7 @@ def test_catalogue_entries_have_emitters():
                      "cp.async.commit", "cp.async.wait", "ldmatrix", "shfl", "red.global", "cvt",
                      "half",  # 16-bit float arithmetic: helpers (tests/codegen/test_half_ops.py)
                      "minmax",  # float max/min helpers (tests/arch/test_minmax_entries.py)
+                     "logic",  # lop3 of two chained bitwise ops (tests/codegen/test_lop3.py)
                      # async_stmts.py (tests/codegen/test_async_emit.py compiles each)
                      "wgmma", "tma.load", "tma.store", "bulk.commit", "bulk.wait",
                      "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx",
