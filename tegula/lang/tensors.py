@@ -179,6 +179,14 @@ class GlobalView(TileHandle):
                     raise fail(op, "slices of a global view cannot have a step")
                 start = 0 if item.start is None else index_value(item.start, op, "a start")
                 stop = dim.extent if item.stop is None else index_value(item.stop, op, "a stop")
+                for name, bound in (("start", start), ("stop", stop)):
+                    if isinstance(bound, int) and bound < 0:
+                        # Python counts these from the end; tegula's count from the
+                        # tensor's start (a negative one reaches before it): say so.
+                        raise fail(op, f"slice {name} {bound} is negative: a view's slice "
+                                       f"bounds count from the start of the dim, not from "
+                                       f"its end; write the bound from the dim's extent "
+                                       f"(view.shape[d] - {-bound} for dim d)")
                 if item.stop is not None:
                     # Tiles cut from this view may reach past `stop` (a partial last
                     # tile): those elements must be out of bounds, as past the tensor's end.

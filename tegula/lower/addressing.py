@@ -164,10 +164,22 @@ def global_address(view: GlobalTile, coords: list, contiguous_dim: int | None) -
     for d, c in enumerate(tensor_coords):
         stride = Const(1) if d == contiguous_dim else Var(f"{name}_stride{d}")
         index = index + c * stride
+        if not _starts_in_tensor(view, d):
+            # `x.tile(t, (m - 1, n))`, an int argument or a loaded offset: a coordinate
+            # before the tensor's start is out of bounds too (it read memory before it).
+            bounds.append(c.ge(Const(0)))
         bounds.append(c.lt(Var(f"{name}_shape{d}")))
     for d, upper in view.limits:  # where a slice narrowed the view (`a[start:end]`)
         bounds.append(tensor_coords[d].lt(scalar_expr(upper)))
     return index, all_of(bounds)
+
+
+def _starts_in_tensor(view: GlobalTile, tensor_dim: int) -> bool:
+    """True if every coordinate of `view` along `tensor_dim` is known to be >= 0: its
+    origin there is (block and loop indices, extents, their sums and products) and its
+    steps are, so the tile coordinates (>= 0) only add to it."""
+    return known_non_negative(view.origin[tensor_dim]) and all(
+        known_non_negative(dim.step) for dim in view.dims if dim.tensor_dim == tensor_dim)
 
 
 # --------------------------------------------------------------------------------------
