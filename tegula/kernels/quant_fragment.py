@@ -15,16 +15,18 @@ nibbles are one 16-byte run, and the kernel source says which weight each one is
 (wgmma m64k16 over four warps: warp w, lane 4r + c holds rows 16w + r (+8) and k pairs
 2c (+8) of each k16 step.) The kernel reads the bytes as (N/64, K/64, 128, 4) i32 words
 (`as_words`: run t = 32w + 4r + c, so copies coalesce along t) and loads a run as four
-words (a pinned layout: thread t holds run t), and `fragment_weights` shifts each word right by 4p
-and masks it with 0x000F000F: both weights of pair p (k and k + 1: j = 0, 1) sit in the
-low mantissa bits of two 16-bit halves, OR-ed with a magic number (1024.0 as f16, 128.0
-as bf16) that makes each half magic + w exactly; `tg.bitcast` reads the word as two
+words (a pinned layout: thread t holds run t), and `fragment_weights` masks each word (bf16:
+shifted right by 4p; f16: by 0 or 8, `NIBBLE_SLOTS`) so that both weights of pair p (k and
+k + 1: j = 0, 1) sit in the mantissa of two 16-bit halves, OR-ed with a magic number
+(1024.0 or 64.0 as f16, 128.0 as bf16) that makes each half magic + w exactly — mask and
+OR print as one lop3 (`codegen/lop3.py`); `tg.bitcast` reads the word as two
 f16s, and `tg.reshape` / `tg.permute` name the (64, 64) weight tile those registers hold
 (no data moves: synthesis renames the registers' elements; the MMA fragment's register
 order is reached by register copies inside each thread). `dequantize_in` then subtracts
 magic + zero and multiplies by the scale in f16x2 (one HADD2 and one HMUL2 a pair; the
-emitter pairs the two halves of a word, `codegen/expr.py`). About 2.3 SASS a weight,
-against ~9 for the register-A kernel's one-byte loads and f32 dequantization.
+emitter pairs the two halves of a word, `codegen/expr.py`). About 1.6 SASS a weight in
+f16 (a 16-token 256-k step: ~360 SASS a thread in all for its 128 weights), against ~9
+for the register-A kernel's one-byte loads and f32 dequantization.
 
 The arrangement is what the kernel source says, on any target: if a target's fragment
 differs, the result is still exact and only the load narrows (tests check both
@@ -32,7 +34,9 @@ targets). `pack_fragments` writes this order from the row-major packed bytes of
 `quantize_w4` / `prepack` (N and K padded with zero weights to multiples of 64: padded
 rows are never stored, and padded k meet the zero activations a masked load gives past
 K); the kernels read it as words (`as_words`, a view). Words go through a STAGES-deep
-cp.async ring (WSMEM=1, default) or straight into registers one k-step ahead.
+ring (WSMEM=1, default: TMA boxes into the stage `stored_shared` pins, with the
+activations', or cp.async where TMA does not qualify) or straight into registers one
+k-step ahead.
 """
 from __future__ import annotations
 
