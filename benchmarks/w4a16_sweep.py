@@ -1,6 +1,7 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
 their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10] [--only PREFIX]
-[--budget SECONDS]`.
+[--budget SECONDS] [--index ROW ...] [--profile]` (`--profile`: each selected row launched once more,
+untimed, for ncu).
 
 `--set swapped` times the swapped-orientation W4A16 kernel (the weights as the MMA's A
 operand) against the session-6 GEMM kernel at M = 16, 64, 128 on N=K=4096 and N=14336,
@@ -219,6 +220,10 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=35.0, help="seconds in all")
     parser.add_argument("--rep-ms", type=float, default=100.0,
                         help="milliseconds of timed runs per config (default 100)")
+    parser.add_argument("--index", type=int, nargs="*", default=None,
+                        help="only these rows of the set (0-based)")
+    parser.add_argument("--profile", action="store_true",
+                        help="launch each config once after its check, untimed (under ncu)")
     args = parser.parse_args()
     import torch
 
@@ -232,8 +237,10 @@ def main() -> int:
           f"{'xtorch':>6} {'relerr':>8}")
     timer = lambda fn: time_ms(fn, warmup_ms=args.rep_ms / 4, rep_ms=args.rep_ms)  # noqa: E731
     tensors_of = {}  # the current shape's tensors (quantizing each config again is slow)
-    for name, shape, config in SETS[args.set]:
+    for row, (name, shape, config) in enumerate(SETS[args.set]):
         if not name.startswith(args.only) or time.time() - start > args.budget:
+            continue
+        if args.index is not None and row not in args.index:
             continue
         key = (name == "gemv", shape)
         if key not in tensors_of:
@@ -248,6 +255,11 @@ def main() -> int:
             torch.cuda.synchronize()
             ref = t["ref"]()
             err = ((t["out"].double() - ref).norm() / ref.norm()).item()
+            if args.profile:
+                run()
+                torch.cuda.synchronize()
+                print(f"profiled {name} {shape} {config}: relerr {err:.1e}", flush=True)
+                continue
             us = timer(run) * 1e3
         except Exception as e:  # noqa: BLE001 — a config that fails is a row, not the end
             _print_row((name, shape, config, f"{type(e).__name__}: {str(e)[:60]}"))
