@@ -21,6 +21,9 @@ what CUDA keeps in registers (their indices are constants after unrolling). The 
 5. An mma's operand fragments are live from the group of loads one k-step before their
    own (ptxas loads the next k-step's fragments while this one's mmas run):
    `_load_one_k_step_ahead`.
+6. Outside loops some values are computed where they are used (`_compute_at_use`): a
+   widening conversion (f16 to f32) at each of its reads, a product only a sum reads
+   inside the sum.
 
 `ADDRESS_OVERHEAD` is calibrated against ptxas (`nvcc 13.0`, `--ptxas-options=-v`) on the
 library's kernels: see `tests/synth/test_cost_registers.py`, which records the measured
@@ -155,7 +158,7 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
         pressure.append(running)
     peak = max(range(len(pressure)), key=lambda p: pressure[p], default=0)
     live: dict[str, int] = {}
-    for (name, _), iv in intervals.items():
+    for (name, *_), iv in intervals.items():
         if iv.first <= peak <= iv.last:
             live[name] = live.get(name, 0) + 1
     described = tuple(f"{name}: {count} of {arrays[name].size} {arrays[name].dtype}"
@@ -195,6 +198,8 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
         else:
             if name == "Assign":
                 _record_def(stmt, position, defs)
+            elif name in ("Barrier", "Shuffle"):   # a reduction's exchanges
+                defs.setdefault("exchanges", []).append(position)
             for reg, count, is_read in _registers_of(stmt):
                 array = reg.array
                 arrays[array.name] = array
@@ -214,8 +219,8 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
 
 def _record_def(stmt, position: int, defs: dict) -> None:
     """Note an element assignment whose element and operands are all at constant indices:
-    (position, its operand elements) by the element it writes, and the positions of
-    accumulations (the element written is one of the operands: a reduction's sum)."""
+    (position, its operand elements) by the element it writes, and which of them widen a
+    16-bit float to f32."""
     regs = _regs_in(stmt.value)
     if all(_constant(r.index) for r in [stmt.dst] + regs):
         key, operands = (stmt.dst.array.name, stmt.dst.index.value), \
@@ -223,6 +228,8 @@ def _record_def(stmt, position: int, defs: dict) -> None:
         defs.setdefault("elements", {})[key] = (position, operands)
         if key in operands:
             defs.setdefault("accumulations", set()).add(position)
+        if _is_widening(stmt.value):
+            defs.setdefault("widened", set()).add(key)
 
 
 def _constant(index) -> bool:
@@ -230,26 +237,70 @@ def _constant(index) -> bool:
 
 
 def _compute_at_use(intervals: dict, defs: dict, loops: list) -> None:
-    """ptxas folds an element computed for a sum into the accumulation (x * x summed is one
-    FFMA per element): an element assigned once (outside loops) and read once, by an
-    accumulation, where its operands are live anyway, is live only there. Measured (ptxas
-    13, RMSNorm, 4 x 1024 rows on 128 threads): 63 registers, where holding x² and x at
-    once was estimated at 109 (now 76; the f32 weight, which ptxas keeps in f16 until its
-    use, is still counted)."""
-    accumulations = defs.get("accumulations", set())
+    """ptxas computes a value where it is used, not where the tile program puts it (one
+    op over the whole tile, then the next): step 6 of the module docstring. Outside loops,
+    for an element assigned once at constant indices, from the last such assignment to
+    the first:
 
+    * a widening conversion (f16/bf16 to f32) read across a reduction's exchanges
+      (shuffles, barriers) is redone at each of its reads: the element is live only
+      there, its 16-bit source until the last of them. Measured (ptxas 13, sm_90a):
+      RMSNorm keeps x and the weight in 16 bits across its reduction (64 of 1024 per
+      thread on 1024 threads: 32 registers, estimated 46 holding x in f32); an
+      elementwise silu(a) * b, with no exchange, keeps a and b in f32 (63 registers on
+      sm_80, estimated 46 with the conversions moved);
+    * a value read only by a sum, whose operands are live there anyway, is folded into
+      the sum (x * x summed is one FFMA an element: RMSNorm 4 x 1024 on 128 threads, 63
+      registers, was estimated at 109 holding x and x * x at once).
+
+    (Computing every value read once at its read, where it keeps no more operand bits
+    alive than it frees, as ptxas interleaves elementwise chains, took blocks per SM
+    from the estimate = ptxas's on 312 softmax/RMSNorm configurations from 252 down to
+    215: it undercounts by up to 31 registers.)"""
     def in_loop(position):
         return any(start <= position <= stop for start, stop in loops)
 
-    for key, (position, operands) in defs.get("elements", {}).items():
+    elements = defs.get("elements", {})
+    for key, (position, operands) in sorted(elements.items(), key=lambda kv: -kv[1][0]):
         iv = intervals.get(key)
-        reads = [p for p, is_read in iv.mentions if is_read] if iv else []
-        writes = [p for p, is_read in iv.mentions if not is_read] if iv else []
-        if len(reads) != 1 or reads[0] not in accumulations or writes != [position] \
-                or in_loop(position) or in_loop(reads[0]):
+        if iv is None or in_loop(position):
             continue
-        if all(op in intervals and intervals[op].last >= reads[0] for op in operands):
-            iv.first = iv.last = reads[0]
+        reads = sorted(p for p, is_read in iv.mentions if is_read)
+        writes = [p for p, is_read in iv.mentions if not is_read]
+        if writes != [position] or not reads or any(in_loop(p) for p in reads) \
+                or any(op not in intervals for op in operands):
+            continue
+        if key in defs.get("widened", ()) and any(position < x < reads[-1]
+                                                  for x in defs.get("exchanges", ())):
+            _move_reads(intervals[operands[0]], position, reads)
+            del intervals[key]
+            for i, read in enumerate(reads):
+                intervals[key + (i,)] = _Interval(iv.bits, read, read, [(read, True)])
+            continue
+        use = reads[0]
+        if len(reads) != 1 or use not in defs.get("accumulations", ()) \
+                or any(intervals[op].last < use for op in operands):
+            continue
+        for op in operands:
+            _move_reads(intervals[op], position, [use])
+        iv.first = iv.last = use
+        iv.mentions = [(use, False), (use, True)]
+
+
+def _move_reads(iv: "_Interval", position: int, to: list) -> None:
+    """An operand read at `position` is read at the positions `to` instead."""
+    if (position, True) in iv.mentions:
+        iv.mentions.remove((position, True))
+    iv.mentions += [(p, True) for p in to]
+    iv.last = max([iv.last] + list(to))
+
+
+def _is_widening(value) -> bool:
+    """Whether `value` converts one register element of a narrower float type to a wider
+    one (f16/bf16 to f32)."""
+    return (type(value).__name__ == "Cast" and type(value.x).__name__ == "RegRead"
+            and value.dtype.is_float and value.x.dtype.is_float
+            and value.x.dtype.bits < value.dtype.bits)
 
 
 def _load_one_k_step_ahead(intervals: dict, fragments: set) -> None:
