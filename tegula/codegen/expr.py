@@ -34,6 +34,7 @@ import numpy as np
 from tegula.dtypes import DType
 from tegula.dtypes import i32 as _INDEX_DTYPE  # an IndexValue converts like an i32 value
 from tegula.errors import TegulaError
+from tegula.lower.async_ir import Elect
 from tegula.lower.thread_ir import (
     BinOp, Binary, Bits, Cast, Const, Expr, IndexValue, Literal, LoadScalar, Reg, RegRead, Select,
     Unary, Value, Var, Where,
@@ -243,8 +244,8 @@ _FLOOR_HELPERS = {"floordiv": "tg_floordiv", "mod": "tg_mod"}
 
 
 def index_helpers(text: str) -> set[str]:
-    """The helpers of `_FLOOR_HELPERS` that generated C text calls."""
-    return {h for h in _FLOOR_HELPERS.values() if f"{h}(" in text}
+    """The helpers of `_FLOOR_HELPERS` (and `tg_elect_one`) that generated C text calls."""
+    return {h for h in (*_FLOOR_HELPERS.values(), "tg_elect_one") if f"{h}(" in text}
 
 
 def index_c(e: Expr, rename: Callable[[str], str] | None = None) -> str:
@@ -260,6 +261,8 @@ def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
         return (f"({text})", 0) if v < 0 else (text, 0)
     if isinstance(e, Var):
         return rename(e.name), 0
+    if isinstance(e, Elect):  # the catalogue's elect.sync (`codegen/ptx.py`)
+        return "tg_elect_one()", 0
     if isinstance(e, BinOp):
         if e.op in ("min", "max"):
             return (f"{e.op}({_index(e.lhs, rename)[0]}, {_index(e.rhs, rename)[0]})", 0)

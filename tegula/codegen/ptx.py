@@ -22,6 +22,7 @@ from tegula.arch.instructions import PTX_TYPE, MmaInstr
 from tegula.arch.logic import LOP3
 from tegula.arch.memory import RED_ADD
 from tegula.arch.minmax import nan_minmax
+from tegula.arch.tma import get_async
 from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.codegen.expr import CodegenError
 
@@ -61,6 +62,11 @@ __device__ __forceinline__ float tg_{op}_nan(float a, float b) {{
 template <unsigned LUT, unsigned B, unsigned C>
 __device__ __forceinline__ unsigned tg_lop3(unsigned a) {{
   unsigned d; {LOP3.format_asm(d="d", a="a", b="B", c="C", lut="LUT")} return d;
+}}""", ()),
+    # One lane of the warp (the catalogue's elect.sync, full mask): `Elect` in conditions.
+    "tg_elect_one": (f"""\
+__device__ __forceinline__ unsigned tg_elect_one() {{
+  unsigned elected; {get_async("elect.sync").format_asm(d="elected")} return elected;
 }}""", ()),
     # Integer / (truncating, as C) and // and % with floor semantics (torch.floor_divide /
     # torch.remainder, as the emulator). C leaves x / 0 and INT_MIN / -1 undefined, so both

@@ -25,9 +25,10 @@ from tegula.arch.minmax import nan_minmax
 from tegula.dtypes import DType, bf16, bool_, f16
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.values import from_bits, round_to, to_bits
+from tegula.lower.async_ir import Elect
 from tegula.lower.thread_ir import (BinOp, Binary, Bits, Cast, Const, Expr, IndexValue, Literal,
-                                    LoadScalar, RegRead, Select, Unary, Value, Var, Where,
-                                    floor_div, floor_mod)
+                                    LoadScalar, RegRead, Select, TID, Unary, Value, Var,
+                                    Where, floor_div, floor_mod)
 
 Env = dict
 
@@ -113,6 +114,8 @@ def compile_expr(e: Expr) -> Callable[[Env], Any]:
         return select
     if isinstance(e, LoadScalar):
         return _compile_load(e)
+    if isinstance(e, Elect):  # lane 0 of each warp (the machine checks the warp is whole)
+        return lambda env: env[TID.name] % 32 == 0
     if isinstance(e, int) and not isinstance(e, bool):
         return lambda env: e
     raise EmulationError(f"not an index expression: {e!r}")

@@ -38,11 +38,12 @@ from tegula.emulate.roles import (Cluster, check_role_order, compile_roles, run_
                                   yield_point)
 from tegula.emulate.stats import EmulationReport, OpStats
 from tegula.emulate.values import round_to
-from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
-                                    For, GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix,
-                                    Mma, ScalarParam, SharedLoad, SharedStore, Shuffle, Stmt,
-                                    TensorParam, ThreadKernel, walk)
-from tegula.lower.async_ir import ASYNC_STATEMENTS, Roles, TensorMapParam, Wgmma
+from tegula.lower.thread_ir import (Assign, Barrier, BinOp, Comment, CpAsync, CpAsyncCommit,
+                                    CpAsyncWait, For, GlobalAtomicAdd, GlobalLoad, GlobalStore,
+                                    If, LdMatrix, Mma, ScalarParam, SharedLoad, SharedStore,
+                                    Shuffle, Stmt, TensorParam, ThreadKernel, all_of, walk)
+from tegula.lower.async_ir import (ASYNC_STATEMENTS, Elect, Roles, TensorMapParam, Wgmma,
+                                   contains_elect)
 
 Run = Callable[[BlockState], None]
 
@@ -160,8 +161,10 @@ class Compiler:
     def _Let(self, s, st: OpStats, what: str) -> Run:
         """Bind a per-thread integer (an array over the block's threads) to a name."""
         value, name = compile_expr(s.value), s.var.name
+        check = _whole_warps_elect(s.value, what)
 
         def run(state: BlockState) -> None:
+            check(state)
             state.env[name] = value(state.env)
         return run
 
@@ -194,8 +197,10 @@ class Compiler:
         cond = compile_expr(s.cond)
         then = self.block(s.then)
         other = self.block(s.otherwise) if s.otherwise else None
+        check = _whole_warps_elect(s.cond, what)
 
         def run(state: BlockState) -> None:
+            check(state)
             c = cond(state.env)
             if not isinstance(c, np.ndarray):
                 if c:
@@ -217,6 +222,47 @@ class Compiler:
                 finally:
                     state.mask, state.full = mask, full
         return run
+
+
+def _whole_warps_elect(cond, what: str) -> Run:
+    """A check (state -> None) for a condition holding an `Elect`: elect.sync with the full
+    member mask needs every lane of a warp to take part, so each warp that reaches the
+    election (its active lanes where the conjuncts before it hold; C's `&&` stops before
+    it elsewhere) must have all 32 lanes there. The election itself is lane 0
+    (`compile_expr`), which is what it gives when that holds."""
+    if not contains_elect(cond):
+        return lambda state: None
+    terms = _conjuncts(cond)
+    at = next(i for i, t in enumerate(terms) if contains_elect(t))
+    if not isinstance(terms[at], Elect):
+        raise EmulationError(f"{what}: an Elect may only be a conjunct of a condition "
+                             f"(`all_of([..., Elect()])`), not inside {terms[at]!r}")
+    before = all_of(terms[:at])
+    before_fn = compile_expr(before) if before is not None else None
+
+    def check(state: BlockState) -> None:
+        take = state.mask.copy()
+        if before_fn is not None:
+            take &= np.broadcast_to(np.asarray(before_fn(state.env), dtype=bool), take.shape)
+        lanes = np.zeros(state.warps * 32, dtype=bool)
+        lanes[:state.threads] = take
+        lanes = lanes.reshape(-1, 32)
+        partial = np.flatnonzero(lanes.any(1) & ~lanes.all(1))
+        if partial.size:
+            w = int(partial[0])
+            missing = np.flatnonzero(~lanes[w])
+            raise EmulationError(
+                f"{what}: elect.sync in warp {w} with lanes {', '.join(map(str, missing[:8]))}"
+                f"{' ...' if missing.size > 8 else ''} not taking part (inactive, or the "
+                f"condition before the election is false there); the full-mask election "
+                f"needs all 32 lanes of the warp")
+    return check
+
+
+def _conjuncts(e) -> list:
+    if isinstance(e, BinOp) and e.op == "and":
+        return _conjuncts(e.lhs) + _conjuncts(e.rhs)
+    return [e]
 
 
 def _between_yields(run: Run) -> Run:

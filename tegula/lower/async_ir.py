@@ -99,6 +99,24 @@ class TensorMapParam:
         return n * self.dtype.bits // 8
 
 
+@dataclass(frozen=True, eq=True)
+class Elect(Expr):
+    """True in one lane of each warp that evaluates it (`elect.sync` with the full member
+    mask: the warp's lowest lane, lane 0, since every lane must take part), false in the
+    others. Where one thread of a warp issues (TMA boxes, an mbarrier arrive for its
+    warp), `all_of([<warp-uniform condition>, Elect()])` picks it; C's `&&` evaluates
+    the election only in warps where the conditions before it hold, which must hold for
+    all 32 lanes of such a warp (the emulator checks)."""
+
+
+def contains_elect(e) -> bool:
+    """True if the index expression `e` has an `Elect` in it."""
+    if isinstance(e, Elect):
+        return True
+    return any(contains_elect(getattr(e, f)) for f in ("lhs", "rhs", "cond", "if_true",
+                                                         "if_false") if hasattr(e, f))
+
+
 # --------------------------------------------------------------------------------------
 # mbarriers
 # --------------------------------------------------------------------------------------

@@ -39,13 +39,13 @@ splits into `Roles` (`split_roles`); every tile, layout and statement of the ker
 than the copies belongs to the consumer:
 
     kernel start:  thread 0: init full[S] (count 1), empty[S] (count R); fence; barrier
-    producer (tid >= T, setmaxnreg.dec): thread T only, for k in start … stop-1:
+    producer (tid >= T, setmaxnreg.dec): one elected lane of warp T / 32, for k in start … stop-1:
                    wait empty[k%S] with parity (((k - start) // S) % 2) ^ 1
                    expect_tx(full[k%S], box bytes) and the TMA boxes of iteration k
     consumer (tid < T, setmaxnreg.inc where the budget allows), loop k:
                    wait full[k%S] with parity ((k - start) // S) % 2
                    the gemm's wgmmas; commit; wait_group 1 (iteration k-1's retire)
-                   lane 0 of each warp, if k > start: arrive empty[(k-1) % S]   (R = T / 32)
+                   one elected lane of each warp, if k > start: arrive empty[(k-1) % S]   (R = T / 32)
     after:         wait_group 0; the rest of the kernel; its barriers are named barriers
                    `bar.sync 1, T` (the producer never reaches them)
 
@@ -135,8 +135,9 @@ from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops, wgmma_stage_reads_only
 from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
-from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
-                                   FenceProxyAsync, MBarrierArrive, MBarrierInit,
+from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, Elect,
+                                   FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
+                                   MBarrierInit, contains_elect,
                                    SmemDesc, StMatrix, TensorMapParam, TmaLoad, TmaStore, Wgmma,
                                    WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
@@ -317,7 +318,7 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     in_flight = one_gemm_in_flight(rest)
     # A stage is released once nothing reads it: with only wgmmas reading it (a lone gemm,
     # or a body whose other ops never touch the stages: the blockwise FP8 promotion),
-    # after the warpgroup's wait_group retired them (lane 0 of each warp arrives; the wait
+    # after the warpgroup's wait_group retired them (one elected lane of each warp arrives; the wait
     # is warp-aligned, so the whole warp has passed it, and the body's deferred waits
     # retire every group before the release); otherwise every consumer thread arrives
     # after its own reads.
@@ -353,7 +354,8 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     ctx.warp_roles = WarpRoles(plan, [
         Comment(f"producer: TMA boxes into {full.name}[{stages}], stages released on "
                 f"{empty.name}[{stages}]"),
-        If(TID.eq(producer_thread), [_in_enclosing_loops(op, producer_loop)])], where,
+        If(all_of([TID.ge(producer_thread), TID.lt(producer_thread + 32), Elect()]),
+           [_in_enclosing_loops(op, producer_loop)])], where,
         multicast, tile_loop, tuple(ctx.buffer_of(p.dst.alloc).name for p in producers))
     wait, = ring_protocol.acquire(k)
     head = Comment(f"consumer: waits on {full.name}[{stages}], releases stages on "
@@ -362,8 +364,8 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     if in_flight:
         # wait_group 1 retires iteration k-1's wgmmas, which read stage slot(k-1).
         gemm = lower_wgmma_gemm(ctx, rest[0], pending=1, slot=ring.gemm_slot(k))
-        lane0 = (TID % 32).eq(0)
-        releases = release(ring.slot(k - 1), all_of([ring.start.lt(k), lane0]))
+        one_lane = Elect()  # one lane of each warp: the warp passed its wait_group together
+        releases = release(ring.slot(k - 1), all_of([ring.start.lt(k), one_lane]))
         loop = For(k, ring.start, ring.stop, 1, [wait] + gemm + releases)
         after: list[Stmt] = [WgmmaWait(0)]
         if ring.nested:
@@ -371,13 +373,13 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
             # that wait_group 0 retired its wgmmas, so the producer refills it (with the
             # next run's boxes) while this role runs the code after the loop (epilogue).
             last = ring.stop - 1
-            after += release(ring.slot(last), all_of([ring.start.lt(ring.stop), lane0]))
+            after += release(ring.slot(last), all_of([ring.start.lt(ring.stop), one_lane]))
         if pingpong:
             return [head] + take_turn(tile_loop, loop) + after + [Barrier()]
         return [head, loop] + after + [Barrier()]
-    lane0 = (TID % 32).eq(0) if wgmma_reads_only else None
+    one_lane = Elect() if wgmma_reads_only else None
     return [head] + _specialized_consumer_loop(lowering, op, ring, rest, producers, wait,
-                                               lambda index: release(index, lane0))
+                                               lambda index: release(index, one_lane))
 
 
 def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
@@ -417,6 +419,8 @@ def stage_release(empty: str, index: Expr, pred: Expr | None, ctas: int) -> list
     """The arrivals releasing stage `index` of the empty barriers `empty`: on this block's
     own (`ctas` 1), or on the barrier of every block of the cluster whose multicast boxes
     the stage receives (`ctas` blocks, remote arrives through `mapa`)."""
+    if pred is not None and contains_elect(pred):  # one lane of each warp: a branch
+        return [If(pred, stage_release(empty, index, None, ctas))]
     if ctas == 1:
         return [MBarrierArrive(empty, index, pred=pred)]
     return [MBarrierArrive(empty, index, pred=pred, cta=Const(r)) for r in range(ctas)]

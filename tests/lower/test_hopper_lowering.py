@@ -19,7 +19,7 @@ from tegula.build import build
 from tegula.dtypes import f16
 from tegula.ir.ops import Gemm, walk_ops
 from tegula.layout.tv import tv_coords, tv_table
-from tegula.lower.async_ir import (FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
+from tegula.lower.async_ir import (Elect, FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
                                    MBarrierInit, MBarrierWait, TensorMapParam, TmaLoad, Wgmma,
                                    WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.thread_ir import (_FOLD, Barrier, BinOp, Const, CpAsync, For, If, Let,
@@ -34,6 +34,8 @@ from examples.gemm import gemm as readme_gemm  # noqa: E402
 def value(expr, env: dict) -> int:
     if isinstance(expr, int):
         return expr
+    if isinstance(expr, Elect):  # elect.sync over a whole warp: its lane 0
+        return int(env["tid"] % 32 == 0)
     if isinstance(expr, Const):
         return expr.value
     if isinstance(expr, Var):

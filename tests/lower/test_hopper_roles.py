@@ -17,8 +17,8 @@ from tegula.build import build
 from tegula.dtypes import f16
 from tegula.errors import SynthesisError, TegulaError
 from tegula.ir.ops import ForLoop, walk_ops
-from tegula.lower.async_ir import (MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
-                                   Roles, TmaLoad, Wgmma, WgmmaWait)
+from tegula.lower.async_ir import (Elect, MBarrierArrive, MBarrierInit, MBarrierWait,
+                                   NamedBarrier, Roles, TmaLoad, Wgmma, WgmmaWait)
 from tegula.lower.thread_ir import (_FOLD, Barrier, BinOp, Const, For, If, Let, Reg, RegArray,
                                     Var, walk)
 from tegula.synth.facts import TensorFacts
@@ -32,6 +32,8 @@ from gemm_fixtures import readme_gemm as gemm_fixture  # noqa: E402
 
 
 def value(expr, env: dict) -> int:
+    if isinstance(expr, Elect):  # elect.sync over a whole warp: its lane 0
+        return int(env["tid"] % 32 == 0)
     if isinstance(expr, Const):
         return expr.value
     if isinstance(expr, Var):
@@ -111,7 +113,7 @@ def test_producer_holds_no_tile_and_issues_every_iteration(specialized):
     assert producer.max_registers == PRODUCER_REGISTERS
     kinds = {type(s) for s in walk(producer.body)}
     assert Wgmma not in kinds and NamedBarrier not in kinds and Barrier not in kinds
-    # One elected thread (tid == threads) runs the whole loop.
+    # One elected lane of the first producer warp (tid == threads) runs the whole loop.
     (guard,) = [s for s in producer.body if isinstance(s, If)]
     assert value(guard.cond, {"tid": threads}) and not value(guard.cond, {"tid": threads + 1})
     (loop,) = guard.then
@@ -143,11 +145,14 @@ def test_consumer_waits_multiplies_and_releases_each_stage_once(specialized):
     (loop,) = [s for s in consumer.body if isinstance(s, For)]
     wait = loop.body[0]
     assert isinstance(wait, MBarrierWait) and wait.barrier.startswith("full")
-    (release,) = [s for s in loop.body if isinstance(s, MBarrierArrive)]
+    # One elected lane of each warp arrives: a branch around the arrive.
+    (branch,) = [s for s in loop.body if isinstance(s, If)]
+    (release,) = branch.then
+    assert isinstance(release, MBarrierArrive) and release.pred is None
     assert release.barrier.startswith("empty") and release.tx_bytes == 0
     # The release follows the wait_group that retired the previous iteration's wgmmas.
     waits = [i for i, s in enumerate(loop.body) if isinstance(s, WgmmaWait)]
-    assert waits and loop.body[waits[-1]].pending == 1 and loop.body.index(release) > waits[-1]
+    assert waits and loop.body[waits[-1]].pending == 1 and loop.body.index(branch) > waits[-1]
     empty = next(m for m in tk.mbarriers if m.name == release.barrier)
     inits = [s for s in walk(tk.body) if isinstance(s, MBarrierInit) and s.barrier == empty.name]
     assert {s.count for s in inits} == {threads // 32}
@@ -156,7 +161,7 @@ def test_consumer_waits_multiplies_and_releases_each_stage_once(specialized):
         env = {loop.var.name: k}
         assert (value(wait.index, env), value(wait.parity, env)) == (k % 3, (k // 3) % 2)
         lets = [x for x in tk.body + consumer.body if isinstance(x, Let)]
-        arriving = per_thread(release.pred, env, tid, lets)
+        arriving = per_thread(branch.cond, env, tid, lets)
         # lane 0 of every warp, for stage (k-1) % 3 — none in the first iteration
         assert np.array_equal(np.flatnonzero(arriving), tid[::32] if k else [])
         if k:

@@ -18,7 +18,7 @@ from tegula.dtypes import bf16, f8e4m3, f16, f32
 from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, Gemm, walk_ops
 from tegula.kernels.common import random_input
-from tegula.lower.async_ir import TmaLoad, Wgmma
+from tegula.lower.async_ir import Elect, TmaLoad, Wgmma
 from tegula.lower.thread_ir import walk
 from tegula.synth.gemm import GemmPlan, WgmmaPlan, block_width, operand_layout
 from tegula.synth.shared import evaluate_offsets
@@ -198,6 +198,8 @@ def _value(expr, env):
     from tegula.lower.thread_ir import _FOLD, BinOp, Const, Var
     if isinstance(expr, int):
         return expr
+    if isinstance(expr, Elect):  # elect.sync over a whole warp: its lane 0
+        return int(env["tid"] % 32 == 0)
     if isinstance(expr, Const):
         return expr.value
     if isinstance(expr, Var):
