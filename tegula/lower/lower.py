@@ -15,6 +15,7 @@ from tegula.dtypes import i32
 from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
                            Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
                            walk_ops)
+from tegula.ir.scalar import LoopIndex, ScalarBinOp, ScalarConst
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
 from tegula.lower.arg_reduce import lower_any_reduce
@@ -56,6 +57,11 @@ class SharedSync:
         self.head_read: set[int] = set()
         self.head_written: set[int] = set()
         self.head_open = True  # no barrier in this body yet
+        # The same accesses with the stage each touched (`stage_key`; None: unknown), as
+        # (alloc id, key, is_write): what lets a loop over a multi-stage buffer skip the
+        # barrier ending its body where the next iteration touches another stage.
+        self.tail_stages: set[tuple] = set()
+        self.head_stages: set[tuple] = set()
 
     def before(self, op: Op) -> list:
         reads, writes = shared_accesses(op)
@@ -68,20 +74,28 @@ class SharedSync:
     def after(self, op: Op) -> None:
         reads, writes = shared_accesses(op)
         cp_async = isinstance(op, Copy) and op.choices.get("instr") == "cp.async"
-        self.note(reads, writes, cp_async)
+        self.note(reads, writes, cp_async, shared_stage_accesses(op))
 
-    def note(self, reads: set, writes: set, cp_async: bool = False) -> None:
+    def note(self, reads: set, writes: set, cp_async: bool = False,
+             staged: set | None = None) -> None:
+        """Accesses to the buffers `reads`, `writes`; `staged` the same as (alloc id,
+        stage key, is_write) where known (else every stage counts as touched)."""
+        if staged is None:
+            staged = {(a, None, False) for a in reads} | {(a, None, True) for a in writes}
         self.read |= reads
         self.written |= writes
         self.async_pending |= cp_async
+        self.tail_stages |= staged
         if self.head_open:
             self.head_read |= reads
             self.head_written |= writes
+            self.head_stages |= staged
 
     def barrier(self) -> list:
         stmts = [CpAsyncWait(0)] if self.async_pending else []
         self.written.clear()
         self.read.clear()
+        self.tail_stages.clear()
         self.async_pending = False
         self.head_open = False
         return stmts + [Barrier()]
@@ -92,6 +106,7 @@ class SharedSync:
         self.read |= inner.read
         self.written |= inner.written
         self.async_pending |= inner.async_pending
+        self.tail_stages |= inner.tail_stages
 
     def nested(self, reads: set, writes: set) -> None:
         """A nested loop or branch may touch `reads`, `writes`: all of it belongs to this
@@ -100,16 +115,28 @@ class SharedSync:
         if self.head_open:
             self.head_read |= reads
             self.head_written |= writes
+            self.head_stages |= {(a, None, False) for a in reads} | \
+                {(a, None, True) for a in writes}
 
-    def carried_conflict(self, ignore: set = frozenset()) -> bool:
+    def carried_conflict(self, ignore: set = frozenset(), advance: tuple | None = None) -> bool:
         """Would the next iteration of a loop whose body this is race with this one's end
         (the accesses after its last barrier against those before its first), were no
         barrier to end the body? `ignore`: buffers ordered otherwise (a TMA ring's stages,
-        by its mbarriers)."""
+        by its mbarriers). `advance`: (the loop's index name, its constant step), where
+        the accesses of a multi-stage buffer at stages `k + c` can be told apart from the
+        next iteration's: only those that may meet the same stage count."""
         written, read = self.written - ignore, self.read - ignore
         head_read, head_written = self.head_read - ignore, self.head_written - ignore
-        return (self.async_pending or bool(written & (head_read | head_written))
-                or bool(read & head_written))
+        if self.async_pending:
+            return True
+        clash = (written & (head_read | head_written)) | (read & head_written)
+        if not clash or advance is None or self.head_open:
+            # With no barrier in the body, the iteration after next is unordered too.
+            return bool(clash)
+        return any(_may_meet(tail, head, advance)
+                   for tail in self.tail_stages if tail[0] in clash
+                   for head in self.head_stages if head[0] == tail[0]
+                   and (tail[2] or head[2]))
 
     @property
     def dirty(self) -> bool:
@@ -127,6 +154,54 @@ def shared_accesses(op: Op) -> tuple[set, set]:
     elif isinstance(op, Gemm):
         reads |= {t.alloc.id for t in (op.a, op.b) if isinstance(t, SharedTile)}
     return reads, writes
+
+
+def shared_stage_accesses(op: Op) -> set:
+    """(alloc id, `stage_key`, is_write) of each shared access of one op."""
+    accesses = set()
+    if isinstance(op, Copy):
+        for tile, write in ((op.src, False), (op.dst, True)):
+            if isinstance(tile, SharedTile):
+                accesses.add((tile.alloc.id, stage_key(tile), write))
+    elif isinstance(op, Gemm):
+        accesses |= {(t.alloc.id, stage_key(t), False) for t in (op.a, op.b)
+                     if isinstance(t, SharedTile)}
+    return accesses
+
+
+def stage_key(tile: SharedTile) -> tuple | None:
+    """The stage a shared tile touches as (stages, loop index name or None, constant):
+    stage `(index + constant) % stages`, or `constant % stages` without an index; None
+    where it is another expression (or the buffer has one stage: one key for all)."""
+    stages, stage = tile.alloc.stages, tile.stage
+    if stages == 1:
+        return None
+    if isinstance(stage, ScalarConst):
+        stage = stage.value
+    if isinstance(stage, int):
+        return (stages, None, stage)
+    if isinstance(stage, LoopIndex):
+        return (stages, stage.name, 0)
+    if isinstance(stage, ScalarBinOp) and stage.op in ("+", "-") and \
+            isinstance(stage.lhs, LoopIndex) and isinstance(stage.rhs, (int, ScalarConst)):
+        c = stage.rhs.value if isinstance(stage.rhs, ScalarConst) else stage.rhs
+        return (stages, stage.lhs.name, c if stage.op == "+" else -c)
+    return None
+
+
+def _may_meet(tail: tuple, head: tuple, advance: tuple) -> bool:
+    """May access `tail` (this iteration, after its last barrier) and access `head` (the
+    next iteration's, before its first) touch the same stage of their buffer? The next
+    iteration's index is this one's plus the step."""
+    a, b = tail[1], head[1]
+    if a is None or b is None or a[0] != b[0]:
+        return True
+    stages, index, step = a[0], advance[0], advance[1]
+    if a[1] is None and b[1] is None:
+        return (a[2] - b[2]) % stages == 0
+    if a[1] == b[1] == index:
+        return (b[2] + step - a[2]) % stages == 0
+    return True
 
 
 def shared_accesses_within(ops: list[Op]) -> tuple[set, set]:
@@ -188,7 +263,8 @@ class KernelLowering:
         sync.nested(reads, writes)
         inner = SharedSync()
         body = self.ops(op.body, inner)
-        if inner.carried_conflict():
+        advance = (op.var.name, op.step) if isinstance(op.step, int) else None
+        if inner.carried_conflict(advance=advance):
             body += inner.barrier()
         sync.absorb(inner)
         return pre + [For(Var(op.var.name), scalar_expr(op.start), scalar_expr(op.stop),

@@ -41,7 +41,7 @@ def test_a_tile_carried_through_shared_memory_runs_and_passes(stages):
 def test_without_the_loop_carried_barrier_the_race_is_reported(monkeypatch):
     from tegula.lower import lower
     monkeypatch.setattr(lower.SharedSync, "carried_conflict",
-                        lambda self, ignore=frozenset(): False)
+                        lambda self, ignore=frozenset(), advance=None: False)
     verdict = fuzz_program(_carried_through_shared(), 1, 0)
     assert verdict.status == "internal" and "shared-memory race" in verdict.reason, verdict
 
@@ -111,7 +111,7 @@ def test_a_k_loop_through_a_scratch_tile_runs_and_passes(dtype):
 def test_without_its_barrier_the_consumer_scratch_race_is_reported(monkeypatch):
     from tegula.lower import lower
     monkeypatch.setattr(lower.SharedSync, "carried_conflict",
-                        lambda self, ignore=frozenset(): False)
+                        lambda self, ignore=frozenset(), advance=None: False)
     verdict = fuzz_program(_gemm_through_scratch(), 1, 0, targets=("sm_90a",))
     assert verdict.status == "internal" and "shared-memory race" in verdict.reason, verdict
 

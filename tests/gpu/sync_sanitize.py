@@ -54,7 +54,7 @@ def run_scan(n: int = 3) -> None:
 def missing_barrier() -> None:
     """Lower the consumer loop as before the fix (`carried_conflict` never true)."""
     from tegula.lower import lower
-    lower.SharedSync.carried_conflict = lambda self, ignore=frozenset(): False
+    lower.SharedSync.carried_conflict = lambda self, ignore=frozenset(), advance=None: False
 
 
 CASES = {"plain": run_plain, "consumer": run_consumer, "scan": run_scan}
