@@ -3,7 +3,8 @@
 The generated source includes no header at all (see `expr.py` for why), so conversions and
 atomic adds are helper functions around inline PTX. The PTX of each comes from its
 catalogue entry (`arch.convert`, `arch.minmax`, `arch.logic`, `arch.memory.RED_ADD`, printed by
-`format_asm`); only the software f8 and bf16-CAS fallbacks are written here.
+`format_asm`); only the software forms below an entry's min_cc (f8 conversions, 16-bit
+arithmetic, the bf16-CAS add: `SOFTWARE_FORMS`, checked against their entries) are C.
 Helpers are emitted only when the kernel uses them (`prelude(used)`), so a plain copy
 kernel stays short.
 

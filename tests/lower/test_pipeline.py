@@ -20,7 +20,7 @@ from tegula.emulate import EmulationError
 from tegula.errors import SynthesisError
 from tegula.kernels.common import poisoned, random_input
 from tegula.lower import pipeline as lowering_pipeline
-from tegula.lower.thread_ir import Barrier, CpAsyncWait, For, walk
+from tegula.lower.thread_ir import Barrier, CpAsyncCommit, CpAsyncWait, For, walk
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from gemm_fixtures import readme_gemm  # noqa: E402
 
@@ -208,6 +208,26 @@ def test_cp_async_keeps_stages_minus_two_groups_in_flight():
         kernel = build(gemm, {"STAGES": stages}, target="sm_80").thread_kernel
         loop = next(s for s in walk(kernel.body) if isinstance(s, For))
         assert loop.body[:2] == [CpAsyncWait(stages - 2), Barrier()]
+
+
+def test_cp_async_groups_count_the_rings_uses():
+    """Why the cp.async protocol needs no phase parity (docs/compiler.md, "Counting
+    groups is the ring's phase"): S-1 unconditional commits before the loop and exactly
+    one unconditional commit per iteration, after its wait, make a thread's g-th group the
+    ring's fill number g; at acquire(k) it has committed count(k) + S - 1 groups, so
+    `wait_group S-2` completes exactly the fills up to count(k)."""
+    for stages in (2, 3, 5):
+        body = build(gemm, {"STAGES": stages}, target="sm_80").thread_kernel.body
+        at = next(i for i, s in enumerate(body) if isinstance(s, For))
+        loop = body[at]
+
+        def commits(stmts, top_level: bool) -> int:
+            found = stmts if top_level else list(walk(stmts))
+            return sum(isinstance(s, CpAsyncCommit) for s in found)
+        assert commits(body[:at], True) == commits(body[:at], False) == stages - 1
+        assert commits(loop.body, True) == commits(loop.body, False) == 1
+        commit = next(i for i, s in enumerate(loop.body) if isinstance(s, CpAsyncCommit))
+        assert loop.body[0] == CpAsyncWait(stages - 2) and commit > 0
 
 
 # ------------------------------------------------------------------ right in the emulator
