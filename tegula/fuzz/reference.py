@@ -470,6 +470,11 @@ class Model:
             rounding = (n - 1) * fmt.unit_roundoff * magnitude * (2 if mma else 1)
             e = np.sum(np.where(finite, ex, 0), axis=ax, keepdims=True) + \
                 np.where(exact, 0.0, rounding)
+            # A sum of zeros with a -0.0 among them is -0.0 or +0.0 by whether the
+            # implementation adds a +0 of its own (a scan's or a tree's identity, an empty
+            # lane): numpy's sum always does (+0.0), the kernel's adds may not (-0.0).
+            negative_zero = np.any((xf == 0) & np.signbit(xf), axis=ax, keepdims=True)
+            e = np.where((z == 0) & negative_zero, np.maximum(e, _TINY), e)
             if self.loose and n > 1:
                 e = e + (n - 1) * nx.FLOATS["f32"].unit_roundoff * magnitude
         overflow_possible = (magnitude >= fmt.overflow_threshold) & (not fmt.saturates)

@@ -70,3 +70,12 @@ def test_a_cumsum_of_bool_is_not_a_program():
     with pytest.raises(Invalid, match="cumulative sum of bool"):
         check(replace(program, body=program.body[:2] + (compare, Cumsum("vb", "vb", 0))
                       + program.body[2:]))
+
+
+def test_a_cumsum_of_negative_zero_may_keep_its_sign():
+    """Seed 1002 program 605 (session 10): a cumsum of a lone -0.0 is -0.0 in the kernel
+    (the scan adds nothing to the first element), +0.0 in numpy's sum, which the reference
+    used; rsqrt then gave -inf against an expected +inf. A zero sum with a -0.0 among its
+    terms now has either sign."""
+    verdict = fuzz_program(make_program(1002, 605), 1002, 605)
+    assert verdict.status == "pass", verdict.detail
