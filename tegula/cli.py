@@ -372,8 +372,15 @@ def _demo_gemm() -> bool:
 
 def _add_explain_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `tegula explain`."""
-    p.add_argument("kernel", metavar="FILE.py:KERNEL",
+    p.add_argument("kernel", metavar="FILE.py:KERNEL", nargs="?",
                    help="a Python file and the @tg.kernel in it, e.g. examples/gemm.py:gemm")
+    p.add_argument("--w4a16", default=None, metavar="MxNxK",
+                   help="instead of a kernel: rank W4A16's launch plans for an (M, N, K) "
+                        "product on both stored weight layouts (plain, or pre-packed in the "
+                        "MMA fragment's order), the layout a coordinate of the search "
+                        "(--group G, --top, --budget)")
+    p.add_argument("--group", type=int, default=128, metavar="G",
+                   help="with --w4a16: the quantization group size (default 128)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                    help="set a constexpr, e.g. -D BM=64 (repeatable)")
     p.add_argument("--target", default="sm_90a", help="sm_80, sm_89, sm_90a, h200 (default sm_90a)")
@@ -482,6 +489,11 @@ def _run_explain(args: argparse.Namespace) -> int:
     grid = parse_tile(args.grid) if args.grid else None
     if args.svg_only and not args.svg:
         raise UsageError("--svg-only selects what --svg draws; give --svg DIR too")
+    if args.w4a16:
+        return _run_w4a16_layout(args)
+    if not args.kernel:
+        raise UsageError("explain: give FILE.py:KERNEL (e.g. examples/gemm.py:gemm), or "
+                         "--w4a16 MxNxK")
     _, kernel = load_kernel(args.kernel, "explain")
     if args.recommend:
         return _run_recommend(args, kernel, constexprs, shapes, grid)
@@ -505,6 +517,29 @@ def _run_explain(args: argparse.Namespace) -> int:
         if not written:
             print("nothing to draw (pictures are drawn for tiles of rank 1 or 2)")
     return 0
+
+
+def _run_w4a16_layout(args: argparse.Namespace) -> int:
+    """`tegula explain --w4a16 MxNxK`: W4A16's plans on both weight layouts, ranked by the
+    cost model (tegula.kernels.prepack_search)."""
+    from tegula.kernels.prepack_search import recommend_w4a16_layout
+    from tegula.recommend import DEFAULT_BUDGET
+
+    try:
+        dims = tuple(int(d) for d in args.w4a16.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) <= 0 or args.top <= 0:
+        raise UsageError(f"--w4a16 {args.w4a16!r} --top {args.top}: expected MxNxK, e.g. "
+                         f"16x4096x4096, and a positive --top")
+    try:
+        result = recommend_w4a16_layout(*dims, group_size=args.group, top_k=args.top,
+                                        target=args.target,
+                                        budget=args.budget or DEFAULT_BUDGET)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(result)
+    return 0 if result.ranked else 1
 
 
 def _run_recommend(args: argparse.Namespace, kernel: Any, fixed: dict, shapes: dict,
@@ -538,8 +573,15 @@ def _run_recommend(args: argparse.Namespace, kernel: Any, fixed: dict, shapes: d
 
 def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `tegula compile`."""
-    p.add_argument("kernel", metavar="FILE.py:KERNEL",
+    p.add_argument("kernel", metavar="FILE.py:KERNEL", nargs="?",
                    help="a Python file and the @tg.kernel in it, e.g. examples/gemm.py:gemm")
+    p.add_argument("--w4a16", default=None, metavar="MxNxK",
+                   help="instead of a kernel: rank W4A16's launch plans for an (M, N, K) "
+                        "product on both stored weight layouts (plain, or pre-packed in the "
+                        "MMA fragment's order), the layout a coordinate of the search "
+                        "(--group G, --top, --budget)")
+    p.add_argument("--group", type=int, default=128, metavar="G",
+                   help="with --w4a16: the quantization group size (default 128)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                    help="set a constexpr (or threads=N), e.g. -D BM=64 (repeatable)")
     p.add_argument("--target", default="sm_90a", help="sm_80, sm_89, sm_90a (default sm_90a)")

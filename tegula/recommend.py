@@ -69,6 +69,7 @@ class Candidate:
     dropped: str | None = None
     uses_tma: bool = False            # some pipelined copy of its build is a TMA box
     build: Any = field(default=None, repr=False)   # what was built, with score(keep_build=)
+    launches: str = ""               # a plan's kernels (recommend_plans)
 
     @property
     def key(self) -> str:
@@ -114,8 +115,9 @@ class Recommendation:
             lines.append("  no combination fits (see the reasons below)")
         best = self.ranked[0] if self.ranked else None
         for i, c in enumerate(self.top, 1):
+            runs = f"{c.launches}; " if c.launches else ""
             lines.append(f"  {i}. {c.key}: {c.seconds * 1e6:.2f} us predicted "
-                         f"({_summary(c.estimate)})" + ("" if c is best else
+                         f"({runs}{_summary(c.estimate)})" + ("" if c is best else
                                                        f"; {_why_lost(c, best)}"))
         rest = self.ranked[self.top_k:]
         if rest:
@@ -126,7 +128,7 @@ class Recommendation:
             lines.append(f"  dropped ({len(self.dropped)}):")
             lines += [f"    {c.key}: {c.dropped}" for c in self.dropped]
         if self.pruned:
-            lines.append(f"  load-path branches pruned by the bound, not built "
+            lines.append(f"  branches pruned by the bound, not built "
                          f"({len(self.pruned)}):")
             lines += [f"    {c.key}: {c.dropped}" for c in self.pruned]
         return "\n".join(lines)
@@ -404,6 +406,83 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     return candidate
 
 
+@dataclass
+class Launch:
+    """One kernel launch of a plan: `args` the launch's tensors (arrays of the right
+    shapes, or shape tuples) and scalars in parameter order, `constexprs` with the build
+    options (`threads`, `warp_specialize`, ...)."""
+
+    kernel: Any
+    grid: tuple
+    args: tuple
+    constexprs: dict
+
+
+def recommend_plans(name: str, coordinate: str, plans: Mapping[str, list], top_k: int = 5,
+                    target: str | None = None, budget: int = DEFAULT_BUDGET
+                    ) -> Recommendation:
+    """Rank whole launch plans where a decision changes more than constexprs: each value
+    of `coordinate` (e.g. a constant operand's pre-packed layout: "plain" or "fragment")
+    has its own kernels, so `plans[value]` lists (config, [Launch, ...]) pairs, and a
+    plan's predicted time is the sum of its launches' (a split-K product and its sum).
+    One ranking over every value, `config[coordinate]` naming it: the decision is a
+    coordinate of the same decision vector the constexprs are. Branch and bound: a plan
+    whose first launch's floor (`CostEstimate.floor_cycles`) is over the k-th best total
+    found so far is pruned, not scored further (its total is at least that floor, so the
+    top k is exact in any visiting order). At most `budget` plans are scored, spread
+    evenly over the values in sorted order; the rest are reported as not tried."""
+    from tegula.build import DEFAULT_TARGET
+
+    target = target or DEFAULT_TARGET
+    listed = [(value, config, launches) for value in sorted(plans)
+              for config, launches in plans[value]]
+    if budget <= 0:
+        raise TegulaError(f"recommend {name}: the budget must be positive, got {budget}")
+    picks = range(len(listed)) if len(listed) <= budget else \
+        sorted({i * len(listed) // budget for i in range(budget)})
+    result = Recommendation(name, str(target), (coordinate,), combinations=len(listed),
+                            not_tried=len(listed) - len(picks), top_k=top_k)
+    for i in picks:
+        value, config, launches = listed[i]
+        candidate = _score_plan({coordinate: value, **config}, launches, target, result)
+        found = result.ranked if candidate.seconds is not None else \
+            result.pruned if candidate.dropped.startswith("pruned") else result.dropped
+        found.append(candidate)
+    result.ranked.sort(key=lambda c: (c.seconds, c.key))
+    for found in (result.dropped, result.pruned):
+        found.sort(key=lambda c: c.key)
+    return result
+
+
+def _score_plan(config: dict, launches: list, target: Any,
+                result: Recommendation) -> Candidate:
+    """A plan's candidate: the sum of its launches' predicted times (the first launch's
+    estimate kept for the report), dropped with the first launch that does not fit, or
+    pruned by the first launch's floor (`recommend_plans`)."""
+    total, first = 0.0, None
+    for number, launch in enumerate(launches):
+        shapes, scalars = shapes_of(launch.kernel, launch.args, None)
+        scored = score(launch.kernel, launch.constexprs, {}, shapes, scalars,
+                       tuple(launch.grid), target)
+        if scored.dropped:
+            return Candidate(config, dropped=f"{launch.kernel.name}: {scored.dropped}")
+        if number == 0:
+            first = scored.estimate
+            times = sorted(c.seconds for c in result.ranked)
+            kth = times[result.top_k - 1] if len(times) >= result.top_k else None
+            floor = first.floor_cycles / (first.clock_ghz * 1e9)
+            if kth is not None and floor > kth:
+                return Candidate(config, dropped=(
+                    f"pruned: {launch.kernel.name}'s floor (tensor work, L2 and DRAM bytes) "
+                    f"is {floor * 1e6:.2f} us, over the #{result.top_k} time found before "
+                    f"it, {kth * 1e6:.2f} us"))
+        total += scored.seconds
+    more = f" + {len(launches) - 1} more launch(es)" if len(launches) > 1 else ""
+    candidate = Candidate(config, seconds=total, estimate=first)
+    candidate.launches = f"{launches[0].kernel.name}{more}"
+    return candidate
+
+
 #: The two orientations of a GEMM c = a @ b.T: as written, or transposed — the kernel
 #: computes cᵀ = b @ aᵀ, with a and b exchanged and c stored as its (N, M) transpose.
 ORIENTATIONS = ("C", "Cᵀ")
@@ -461,5 +540,6 @@ def _prod(xs) -> int:
     return out
 
 
-__all__ = ["recommend", "Recommendation", "Candidate", "infer_grid", "open_constexprs",
+__all__ = ["recommend", "recommend_plans", "Launch", "Recommendation", "Candidate",
+           "infer_grid", "open_constexprs",
            "combinations", "DEFAULT_VALUES", "DEFAULT_BUDGET"]
