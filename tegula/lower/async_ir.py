@@ -106,7 +106,10 @@ class Elect(Expr):
     others. Where one thread of a warp issues (TMA boxes, an mbarrier arrive for its
     warp), `all_of([<warp-uniform condition>, Elect()])` picks it; C's `&&` evaluates
     the election only in warps where the conditions before it hold, which must hold for
-    all 32 lanes of such a warp (the emulator checks)."""
+    all 32 lanes of such a warp (the emulator checks). Only work that does not care which
+    lane does it may be elected — TMA loads and mbarrier arrives complete on the barrier —
+    never per-thread state a later statement depends on (a bulk-store group the same
+    thread must wait for keeps `tid == 0`): the PTX ISA promises one leader, not lane 0."""
 
 
 def contains_elect(e) -> bool:
