@@ -160,3 +160,31 @@ def test_atomic_add_values(name, software):
     emu = start.copy()
     run_thread_kernel(red_kernel(dtype), N // 128, dict(x=x, out=emu))
     assert np.array_equal(storage_bits(emu, dtype), storage_bits(want, dtype))
+
+
+# ---------------------------------------------------------------- elect.sync
+
+def test_elect_picks_the_lane_the_emulator_picks():
+    """`Elect()` (elect.sync, full mask) in every warp of 4 blocks of 128 threads, and in
+    the second half of a block only (the first warps skip it): the lanes that store are
+    the emulator's (lane 0 of each warp that elects)."""
+    from tegula.lower.async_ir import Elect
+    from tegula.lower.thread_ir import If, TID, all_of
+    r = RegArray("r", f32, 1)
+    i = BLOCK_IDS[0] * 128 + TID
+    kernel = ThreadKernel(
+        "elected_lanes", 128, [TensorParam("x", f32, 1), TensorParam("out", f32, 1, True)],
+        [r], [], [GlobalLoad(Reg(r, Const(0)), "x", i, 1),
+                  If(Elect(), [GlobalStore("out", i, Reg(r, Const(0)), 1)]),
+                  If(all_of([TID.ge(64), Elect()]),
+                     [GlobalStore("out", i + 1, Reg(r, Const(0)), 1)])])
+    x = np.arange(1, 4 * 128 + 1, dtype=np.float32)
+    out = poison(torch.empty(4 * 128 + 1, dtype=torch.float32, device="cuda"))
+    launch(kernel, 4, to_device(x, f32), out)
+    emu = np.full(4 * 128 + 1, np.nan, np.float32)
+    run_thread_kernel(kernel, 4, dict(x=x, out=emu))
+    got = out.cpu().numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(emu)), (
+        f"elected on the GPU: {np.flatnonzero(~np.isnan(got)).tolist()}, in the emulator: "
+        f"{np.flatnonzero(~np.isnan(emu)).tolist()}")
+    assert np.array_equal(got[~np.isnan(got)], emu[~np.isnan(emu)])
