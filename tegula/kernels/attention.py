@@ -36,18 +36,17 @@ Variants, a constexpr each, so the autotuner can time them:
   warpgroup (`_overlapped_key_loop`): iteration j issues s_{j+1} = q @ k_{j+1}.T and
   acc += p_j @ v_j, and block j+1's softmax runs while the tensor cores compute them
   (`lower/wgmma_waits.py` places the waits: wait_group 1 before the softmax reads s,
-  wait_group 0 before acc is rescaled). One (BN, D) shared buffer more (block 0's keys).
-  Measured slower than the plain loop on an H100 (session 7: D=128 causal 413 → 360
-  TFLOP/s, D=64 and D=256 too). Why (session 8, the SASS): ptxas schedules the whole
-  softmax after the `wgmma.wait_group 0` (its `WARPGROUP.DEPBAR.LE gsb0, 0x0` comes two
-  instructions after the `0x1`, and the stage release with it), since register
-  arithmetic may move across the wait and the empty-asm operand fences leave no trace in
-  PTX: nothing overlaps, and the loop pays the extra live tile. Session 9: the PTX
-  does hold the softmax between the two waits; ptxas places the `DEPBAR 0x0` right after
-  the first row-max shuffle even with the stage release, the mask branch or the operand
-  fences of the in-flight accumulator taken out. Not among the autotuner's candidates.
-  (ncu, session 9, the plain loop at D = 128: a third of the warp samples are each
-  warpgroup waiting for its own wgmmas, `WARPGROUP.DEPBAR`.)
+  wait_group 0 at the end of the body). One (BN, D) shared buffer more (block 0's keys).
+  Sessions 7-9 measured it slower than the plain loop: ptxas placed the `WARPGROUP.DEPBAR
+  0x0` right after the first row max, before the exponentials, because the body wrote
+  registers of the in-flight p_j @ v_j (the rescale of acc, the f16 packing of p_{j+1})
+  and ptxas puts a DEPBAR just ahead of its first use, or anywhere in its basic block
+  (session 10, the SASS). Now nothing in the softmax touches them (acc is rescaled
+  before its gemm, p crosses the iteration in f32) and the softmax sits in the mask's
+  branch, so every `MUFU.EX2` lies between the two waits. Measured (H100, session 10):
+  D=256 698 TFLOP/s against the plain loop's 669 (an autotuner candidate there); D=128
+  563 against 583 and D=64 404 against 410 (the two consumer warpgroups already overlap
+  each other's softmax, and the loop holds more registers).
 
 * `consumers="pingpong"` (a build option, with BM=128 on 256 threads; sm_90a): the two
   consumer warpgroups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -488,7 +487,7 @@ def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
     already 128 f32 registers a thread. The default dataflow (v as it comes, p in
     registers: both gemms on wgmma on sm_90a) tries 64- and 128-key blocks where registers
     allow; on sm_90a also p through shared memory and v transposed (the previous all-wgmma
-    form, kept for the tuner to compare)."""
+    form, kept for the tuner to compare), and the overlapped loop at D = 256."""
     rows = [dict(BM=128, threads=256), dict(BM=64)]
     # 128-key blocks: D=128 spills on mma.sync, and D=256's two stages of K and V
     # (4 x 64 KB) overflow the shared memory.
@@ -499,6 +498,11 @@ def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
         configs = [t for t in configs if t["BM"] == 64]
     if wgmma:
         configs += [dict(rows[0], BN=64, V_KMAJOR=True, P_SHARED=True)]
+    if wgmma and head_dim == 256:
+        # FlashAttention-3's overlap within a warpgroup: 698 TFLOP/s against the plain
+        # loop's 669 at 2x8x8192 (H100, session 10); at D = 128 and 64 it measured slower
+        # (563 against 583, 404 against 410: more live registers where the gemms weigh less).
+        configs += [dict(rows[0], BN=64, V_KMAJOR=False, P_SHARED=False, OVERLAP=True)]
     if wgmma and head_dim == 64:
         # The two warpgroups taking turns at the tensor cores (FA3's ping-pong), with and
         # without the overlapped loop: at D = 64, where the softmax weighs most against the
