@@ -232,7 +232,6 @@ def _torch_int32() -> Any:
     return torch.int32
 
 
-@lru_cache(maxsize=None)
 def _gemm_scaled_after(acc, words, constants, activations, dtype: DType, S: int):
     """acc + scale * ((w - zero) @ activations.T) for one k-step of one group (SCALE_AFTER):
     the MMA takes w - zero, exact in 16 bits, into a fresh f32 sum, and the row's scale
@@ -246,6 +245,7 @@ def _gemm_scaled_after(acc, words, constants, activations, dtype: DType, S: int)
     return acc + step * scale.to(f32)
 
 
+@lru_cache(maxsize=None)   # one kernel object per variant: its compiled builds and replays
 def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
     """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64·WG, BT) tiles, the weights in fragment
     order (`pack_fragments`): each k-step one 16-byte load per thread and stored block of

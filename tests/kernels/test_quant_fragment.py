@@ -219,3 +219,16 @@ def test_fragment_kernel_compiles_without_serialized_wgmmas(tiles):
                                     result.target.sm)
     assert not report.spills
     assert not [w for w in report.warnings if "C75" in w], report.warnings
+
+
+def test_fragment_kernel_factory_returns_one_kernel_per_variant():
+    """Compiled builds and launch replays live on the kernel object: a factory that made a
+    new one per call rebuilt the kernel at every launch (~0.3 s; session 10's first GPU
+    round timed 330 ms a call). And the SCALE_AFTER step, called while tracing with tiles,
+    must not be memoized on them."""
+    from tegula.kernels import quant_fragment as qf
+    for partial in (False, True):
+        assert (qf.w4a16_fragment_kernel(f16, True, partial)
+                is qf.w4a16_fragment_kernel(f16, True, partial))
+    assert qf.w4a16_fragment_kernel(f16, True) is not qf.w4a16_fragment_kernel(bf16, True)
+    assert not hasattr(qf._gemm_scaled_after, "cache_info")
