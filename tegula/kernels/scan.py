@@ -321,7 +321,7 @@ def _merged_tiles(fn: str, defaults: dict, tiles: dict) -> dict:
 #: Options only the lane-scan kernel above takes, and options only the split-state kernel
 #: (`tegula.kernels.scan_split`) takes: naming one picks its kernel (`SPLIT=` says it).
 _LANE_OPTIONS = ("GROUP", "BC_AHEAD", "STATE_LOOP", "STATE_SMEM", "BC_PIPE", "PREFETCH")
-_SPLIT_OPTIONS = ("G", "STAGES", "threads")
+_SPLIT_OPTIONS = ("G", "STAGES", "threads")  # and blocks_per_sm, which both take
 #: Whether the split-state kernel runs when no option names a kernel.
 DEFAULT_SPLIT = False
 

@@ -45,11 +45,14 @@ OUT_RUN = 4
 
 
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
-                 G: int | None = None, STAGES: int = 2, threads: int = THREADS) -> dict:
+                 G: int | None = None, STAGES: int = 2, threads: int = THREADS,
+                 blocks_per_sm: int | None = None) -> dict:
     """The split kernel's constexprs for `dstate` states: G threads per channel (4 where it
     divides dstate, else the largest power of two that does), BD = threads / G channels a
     block, BL steps a chunk (16, or the power of two that keeps a thread's (state, step)
-    values at 64 or fewer). Raises ValueError for tiles the kernel cannot run."""
+    values at 64 or fewer), and `threads` and `blocks_per_sm` (build options: the
+    register cap of `__launch_bounds__`) where given. Raises ValueError for tiles the
+    kernel cannot run."""
     if G is None:
         G = next(g for g in (4, 2, 1) if dstate % g == 0)
     if BD is None:
@@ -60,7 +63,8 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
         raise ValueError(f"tegula.kernels.selective_scan: the split-state kernel needs G "
                          f"dividing dstate, BD·G = {threads} threads and BL a power of two "
                          f"from {OUT_RUN}; got dstate={dstate}, BD={BD}, G={G}, BL={BL}")
-    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads)
+    caps = {} if blocks_per_sm is None else {"blocks_per_sm": blocks_per_sm}
+    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads, **caps)
 
 
 def _runs_layout(threads: int, rows: int, BL: int, *more: int) -> Layout:
