@@ -123,30 +123,48 @@ _RED_TYPES = {"f32": f32, "i32": i32, "f16": f16, "bf16": bf16}
 
 @dataclass(frozen=True)
 class RedAddInstr(MemInstr):
-    """`red.global.add.T`: memory[addr] += v, atomically; `dtype` the element type."""
+    """`red.global.add.T`: memory[addr] += v, atomically; `dtype` the element type.
+    `flushes_subnormals`: the f32 form flushes subnormal inputs and results to
+    sign-preserving zero (PTX ISA "red"/"atom": `.add.f32` "flushes subnormal inputs and
+    results"; measured on the H100, session 10 round 1); the 16-bit forms are `.noftz`."""
 
     dtype: DType = f32
+    flushes_subnormals: bool = False
 
     def execute(self, old, v) -> np.ndarray:
         """The new memory values from the `old` ones and the added `v` (emulator storage
         values of `dtype`): s32 wraps around; floats add once, rounded to nearest even
-        to `dtype` (the exact sum of two 16-bit floats rounds the same through f32)."""
+        to `dtype` (the exact sum of two 16-bit floats rounds the same through f32), f32
+        with subnormal operands and results flushed to zero of their sign."""
         if self.dtype == i32:
             return (np.asarray(old, np.int64) + np.asarray(v, np.int64)).astype(np.int32)
+        old, v = np.asarray(old, np.float32), np.asarray(v, np.float32)
+        if self.flushes_subnormals:
+            old, v = _flush_subnormals(old), _flush_subnormals(v)
         with np.errstate(all="ignore"):
-            total = np.asarray(old, np.float32) + np.asarray(v, np.float32)
+            total = old + v
+        if self.flushes_subnormals:
+            total = _flush_subnormals(total)
         return round_f32(total, self.dtype)
+
+
+def _flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """f32 values with every subnormal replaced by a zero of its sign."""
+    tiny = np.abs(x) < np.finfo(np.float32).tiny
+    return np.where(tiny & (x != 0), np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
 def _red_add(ptx_type: str, constraint: str, min_cc: int, nbytes: int,
              dtype: DType) -> RedAddInstr:
+    # Without .noftz a float red flushes subnormals (only f32 has no .noftz form here).
     ptx = f"red.global.add.{ptx_type}"
     return RedAddInstr(
         name=ptx, kind="red.global", ptx=ptx, template=ptx + " [{addr}], {v};",
         operands=(AsmOperand("addr", "in", 1, "l"), AsmOperand("v", "in", 1, constraint)),
         min_cc=min_cc, issue_cycles=1.0, latency_cycles=470.0, align_bytes=nbytes,
         clobbers_memory=True, source="PTX ISA red; latency as a global access (approximate)",
-        pipe="global", space="global", nbytes=nbytes, dtype=dtype)
+        pipe="global", space="global", nbytes=nbytes, dtype=dtype,
+        flushes_subnormals=dtype.is_float and "noftz" not in ptx_type)
 
 
 #: The global atomic-add entry for each element type that has one (tegula dtype name).

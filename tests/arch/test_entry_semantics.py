@@ -92,11 +92,37 @@ def test_atomic_add_entries_match_torch(name):
         ref = (torch.from_numpy(old) + torch.from_numpy(v)).numpy()  # wraps around
     else:
         old, v = (round_to(hard_f32(rng, 5000, 1e4), entry.dtype) for _ in range(2))
-        ref = (torch.from_numpy(np.asarray(old, np.float32)).to(TORCH[entry.dtype])
-               + torch.from_numpy(np.asarray(v, np.float32)).to(TORCH[entry.dtype]))
-        ref = ref.to(TORCH[entry.dtype]).float().numpy()
+        # Subnormal operands and sums (f32's below 2^-126; f16's below 2^-14).
+        tiny = 1e-38 if name in ("f32", "bf16") else 3e-5
+        old[:500], v[:500] = (round_to(rng.standard_normal(500) * tiny, entry.dtype)
+                              for _ in range(2))
+        operands = [torch.from_numpy(np.asarray(x, np.float32)).to(TORCH[entry.dtype])
+                    for x in (old, v)]
+        if name == "f32":  # red.global.add.f32 flushes subnormal inputs and results
+            operands = [flush(x) for x in operands]
+        ref = (operands[0] + operands[1]).to(TORCH[entry.dtype])
+        ref = (flush(ref) if name == "f32" else ref).float().numpy()
     got = entry.execute(old, v)
     np.testing.assert_array_equal(np.asarray(got, ref.dtype), ref)
+    number = ~np.isnan(ref)
+    assert np.array_equal(np.signbit(np.asarray(got, ref.dtype))[number], np.signbit(ref)[number])
+
+
+def flush(t):
+    """A torch f32 tensor with subnormals replaced by zeros of their sign."""
+    subnormal = (t.abs() < torch.finfo(torch.float32).tiny) & (t != 0)
+    return torch.where(subnormal, torch.copysign(torch.zeros_like(t), t), t)
+
+
+def test_f32_atomic_add_flushes_subnormals_as_the_h100_does():
+    """Measured on the H100 (session 10 round 1, red.global.add.f32): a subnormal addend
+    leaves a normal value as it was, two subnormals give a zero of their sign."""
+    entry = RED_ADD["f32"]
+    got = entry.execute(np.float32([1.5095104e-38, -9.215631e-39, 3e-39]),
+                        np.float32([9.49258e-40, -6.512791e-39, -3e-39]))
+    np.testing.assert_array_equal(got, np.float32([1.5095104e-38, -0.0, 0.0]))
+    assert list(np.signbit(got)) == [False, True, False]
+    assert not RED_ADD["f16"].flushes_subnormals and not RED_ADD["bf16"].flushes_subnormals
 
 
 def test_rounding_to_a_type_without_an_entry_is_refused():
