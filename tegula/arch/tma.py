@@ -170,11 +170,11 @@ class AsyncInstr(Instruction):
 
 def _entry(name: str, kind: str, template: str, operands: tuple[AsmOperand, ...] = (),
            pipe: str = "sync", latency: float = 1.0, min_cc: int = 90, ptx: str = "",
-           **extra) -> AsyncInstr:
+           clobbers_memory: bool = True, **extra) -> AsyncInstr:
     ptx = ptx or template.split(" ", 1)[0].rstrip(";")
     return AsyncInstr(name=name, kind=kind, ptx=ptx, template=template, operands=operands,
                       min_cc=min_cc, issue_cycles=1.0, latency_cycles=latency,
-                      clobbers_memory=True, source=_SOURCE, pipe=pipe, **extra)
+                      clobbers_memory=clobbers_memory, source=_SOURCE, pipe=pipe, **extra)
 
 
 def _in(name: str, constraint: str = "r", count: int = 1, vector: bool = False) -> AsmOperand:
@@ -247,7 +247,8 @@ ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
            (_in("id"), _in("threads")), min_cc=70),
     _entry("elect.sync", "elect",
            "{{ .reg .pred P; elect.sync _|P, 0xffffffff; selp.u32 {d}, 1, 0, P; }}",
-           (AsmOperand("d", "out", 1, "r"),), pipe="alu", ptx="elect.sync"),
+           (AsmOperand("d", "out", 1, "r"),), pipe="alu", ptx="elect.sync",
+           clobbers_memory=False),  # touches no memory: loads may move across it
 )
 _ASYNC_BY_NAME = {i.name: i for i in ASYNC_INSTRUCTIONS}
 

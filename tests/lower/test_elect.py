@@ -85,15 +85,19 @@ GEMM = readme_gemm(out_dtype=f32, BM=128, BN=128)
                                      {"consumers": "cooperative"}],
                          ids=["pingpong", "one-role", "cooperative"])
 def test_tma_issue_and_stage_releases_elect_one_lane(options):
+    """Warp-specialized: the producer lane and the consumers' releasing lanes are elected;
+    the barrier inits keep thread 0. One role: thread 0 still issues (electing there
+    was measured worse, `lower/pipeline.py` `MBarrierRing`)."""
     source = build(GEMM, dict(options), target="sm_90a").cuda_source()
-    # No thread is singled out by number except the barrier inits' thread 0.
-    assert re.findall(r"tid == \d+", source) == ["tid == 0"]
-    assert "tid % 32 == 0" not in source and "tg_elect_one()" in source
+    assert "tid % 32 == 0" not in source
     if options.get("warp_specialize", True):
+        # No thread is singled out by number except the barrier inits' thread 0.
+        assert re.findall(r"tid == \d+", source) == ["tid == 0"]
         assert re.search(r"if \(tid >= 256 && tid < 288 && tg_elect_one\(\)\) \{", source) or \
             re.search(r"if \(tid >= 128 && tid < 160 && tg_elect_one\(\)\) \{", source), source
+        assert "= tg_elect_one();" in source  # the releases' election, hoisted
     else:
-        assert "tid < 32 && tg_elect_one()" in source
+        assert "tg_elect_one" not in source and "if (tid == 0 && " in source
 
 
 @pytest.mark.parametrize("options", [{}, {"warp_specialize": False}],
