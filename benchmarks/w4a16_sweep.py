@@ -121,7 +121,10 @@ _SESSION10_BY_M = {
                                                      load_path="cp.async"),
          dict(BT=16, STAGES=3, KS=4, SPLIT=3), dict(BT=16, STAGES=3, KS=4, SPLIT=2),
          dict(BT=16, STAGES=4, KS=2, SPLIT=3), dict(BT=16, STAGES=4, KS=2, SPLIT=3,
-                                                    load_path="cp.async")],
+                                                    load_path="cp.async"),
+         # no split sum at all: with TMA one warp issues the block's loads, and a deeper
+         # ring keeps a block's bytes in flight where the grid is ~1.7 blocks an SM
+         dict(BT=16, STAGES=4, KS=4, SPLIT=1), dict(BT=16, STAGES=5, KS=4, SPLIT=1)],
     # 64-128 tokens: one 64-k block a step (KS=1) halves the stage and the A registers,
     # so more blocks fit an SM (the MMA of one block overlaps another's dequantization)
     64: [dict(BT=64, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=64, STAGES=3, KS=2, SPLIT=2),
