@@ -132,10 +132,17 @@ _SESSION10_BY_M = {
     128: [dict(BT=128, STAGES=3, KS=2, SPLIT=2, WSMEM=0), dict(BT=128, STAGES=2, KS=2, SPLIT=2),
           dict(BT=128, STAGES=4, KS=1, SPLIT=2)],
 }
+_SESSION10_BY_N = {   # 16 tokens at the smaller N: the split that fills the SMs
+    4096: [dict(BT=16, STAGES=3, KS=4, SPLIT=4), dict(BT=16, STAGES=3, KS=4, SPLIT=8),
+           dict(BT=16, STAGES=4, KS=2, SPLIT=8)],
+    11008: [dict(BT=16, STAGES=3, KS=4, SPLIT=3), dict(BT=16, STAGES=3, KS=4, SPLIT=2),
+            dict(BT=16, STAGES=4, KS=4, SPLIT=1)],
+}
 SESSION10 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
              for m, n in ((16, 14336), (128, 14336), (64, 14336), (16, 4096), (128, 4096),
                           (16, 11008))
-             for c in _SESSION10_BY_M[m]]
+             for c in (_SESSION10_BY_N[n] if m == 16 and n in _SESSION10_BY_N
+                       else _SESSION10_BY_M[m])]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10}
 
