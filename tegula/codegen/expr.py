@@ -389,6 +389,10 @@ class ValuePrinter:
         """C expression of one 32-bit word holding `lo` (low half) and `hi` converted to
         the 16-bit float `dtype` by one paired conversion (`tg_f32x2_to_f16x2`, rounding
         each as `store` does), or None for other types."""
+        if dtype.bits != 16:
+            # Only 16-bit halves pair into a word (an i32 tg.bitcast of f32 values was
+            # packed into 16-bit halves here, truncating every element: session 10).
+            return None
         helper = _PAIR_FROM_FLOAT.get(dtype.name)
         if lo.dtype == hi.dtype == dtype and (_same_half_op(lo, hi) or (
                 isinstance(lo, Bits) and isinstance(hi, Bits))):
