@@ -100,80 +100,126 @@ def searched_transposed(m: int, n: int, k: int) -> list[dict]:
 def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
                     fused: bool = False) -> list[dict]:
     """GEMM configurations worth timing for an (M, N, K) bucket, the default (untuned)
-    first. `kernel` picks the dataflow ("persistent": one block per SM walking the tiles
-    in grouped-rows order, on sm_90a one TMA ring across them, only offered where
-    `hopper`, and first there for shapes that fill the GPU unless a bias or activation
-    is `fused` — its one consumer role runs the epilogue while the tensor cores wait (on
-    an H100 at 4096³ with bias + GELU: 398 TFLOP/s, one block per tile 617); "shared": one
-    block per tile,
-    multi-stage shared-memory pipeline; "registers": global -> registers -> MMA). Large
-    tiles take 256 threads, keeping accumulators at ≤ 128 f32 registers a thread. Decode
-    shapes (few rows) get narrow tiles: with M = 16 a 128-wide N tile gives only N/128
-    blocks (32 for N = 4096, a quarter of an H100), so narrower N tiles trade reuse, which
-    few rows cannot use anyway, for blocks; with a long K, splitting it (SPLIT partial
-    sums, then a deterministic reduction) multiplies the blocks again (128×4096 in 64×128
-    tiles is 64 blocks; split 4 ways, 256). On sm_90a decode shapes stream the weight
-    unsplit through wgmma tiles with deep rings: up to 64 rows one 64×32 tile, N/32
-    blocks, 16 stages of 64 (or 6 of 128) in flight — 0.99× cuBLAS at 16×4096×4096 and
-    64×4096×4096, where split-K ran 0.84× / 0.81× and 8 stages 0.83× / 0.90× (H100,
-    session 8: the depth, not the tile, was the limit); 128 rows in 64×64 tiles, 8
-    stages, or 128×32 on two warpgroups (0.94× / 0.88× at 128×4096×4096, 1.02× / 0.98×
-    at K = 14336; split-K 0.74× / 0.88×)."""
-    registers = dict(kernel="registers", BM=64, BN=64, BK=32)
-    streaming = [dict(BM=64, BN=32, BK=64, STAGES=16),
-                 dict(BM=64, BN=32, BK=128, STAGES=6)] if hopper else []
-    # On sm_90a the streaming tiles take the places of the older decode candidates last
-    # in each list (the tuner times at most 7 per bucket).
-    keep = -len(streaming) or None
-    if _api._pow2_at_least(m, 1) <= 16:
-        chosen = streaming + [dict(BM=16, BN=32, BK=128, STAGES=4),
-                              dict(BM=16, BN=64, BK=64, STAGES=4),
-                              dict(BM=32, BN=64, BK=64, STAGES=4), registers][:keep]
-        split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
-                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
-                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
-    elif _api._pow2_at_least(m, 1) <= 64:
-        chosen = streaming + [dict(BM=32, BN=64, BK=64, STAGES=4),
-                              dict(BM=64, BN=64, BK=64, STAGES=4),
-                              dict(BM=64, BN=128, BK=64, STAGES=4),
-                              dict(BM=32, BN=128, BK=64, STAGES=4), registers][:keep]
-        split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
-                 dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2),
-                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)][:-1 if streaming else None]
-    elif _api._pow2_at_least(m, 1) <= 256:
-        chosen = [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
-                  dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
-                  dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)]
-        split = [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
-                 dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
-        if hopper:
-            chosen = [dict(BM=64, BN=64, BK=64, STAGES=8),
-                      dict(BM=128, BN=32, BK=64, STAGES=8, threads=256),
-                      chosen[0], chosen[2], PERSISTENT_PINGPONG]
+    first; at most 7 (what the tuner times). `kernel` picks the dataflow ("persistent":
+    one block per SM walking the tiles in grouped-rows order, on sm_90a one TMA ring
+    across them, only offered where `hopper`; "shared": one block per tile, multi-stage
+    shared-memory pipeline — on sm_90a TMA + wgmma; "registers": global -> registers ->
+    MMA). Few rows (`_few_rows_candidates`) stream the weight through narrow tiles with
+    deep rings, with split-K (SPLIT partial sums, then a deterministic reduction) where K
+    is long; many rows (`_many_rows_candidates`) take the persistent kernel first on
+    sm_90a unless a bias or activation is `fused` (its one consumer role runs the
+    epilogue while the tensor cores wait: on an H100 at 4096³ with bias + GELU 398
+    TFLOP/s, one block per tile 617). Large tiles take 256 threads, keeping accumulators
+    at ≤ 128 f32 registers a thread."""
+    if _api._pow2_at_least(m, 1) <= 256:
+        chosen, split = _few_rows_candidates(m, hopper)
     else:
-        chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
-                  dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
-                  dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
-                  dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
-                  dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
-                  dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
-        if m * n <= 1024 * 1024:  # 64 blocks of 128×128 leave half an H100 idle:
-            chosen = [c for c in chosen if c["BM"] * c["BN"] <= 128 * 128]  # smaller tiles
-            chosen += [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4)]
-        elif hopper:  # enough tiles to fill the SMs: the persistent kernel first, then
-            # the two-warpgroup tiles (one 128-thread warpgroup holds 128 accumulators)
-            wide = [c for c in chosen if c.get("threads") == 256]
-            epilogue_first = [c for c in wide if (c["BN"], c["BK"]) == (256, 64)]
-            persistent = searched_persistent(m, n, k)
-            chosen = epilogue_first + persistent + [c for c in wide
-                                                    if c not in epilogue_first] if fused \
-                else persistent + wide
-        split = []
+        chosen, split = _many_rows_candidates(m, n, k, hopper, fused), []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
     if hopper and not fused:
         chosen = _with_orientation(chosen, m, n, k)
     return [dict(c, kernel=c.get("kernel", "shared")) for c in chosen]
+
+
+#: sm_90a, up to 64 rows: the weight streamed through 64×32 wgmma tiles (N/32 blocks),
+#: the ring as deep as shared memory allows. Measured on an H100 (session 10, each
+#: candidate against cuBLAS in one process, `benchmarks/gemm_candidates.py`) at
+#: 64×4096×4096: 64×32×128 in 6 stages 1.04×, 64×32×64 in 16 0.98×, the same in 2-block
+#: clusters multicasting a 0.94×; 64×64 / 64×128 / 32×64 tiles in 4 stages and split-K
+#: 0.65–0.77× (each k-step's fixed cost — the full/empty barrier round, the wgmma
+#: commit and wait — is paid per 64 of K: the wider the step and the deeper the ring,
+#: the closer to the memory's rate).
+STREAM_64 = [dict(BM=64, BN=32, BK=128, STAGES=6), dict(BM=64, BN=32, BK=64, STAGES=16),
+             dict(BM=64, BN=64, BK=128, STAGES=6),
+             dict(BM=64, BN=32, BK=64, STAGES=16, CLUSTER_N=2)]
+#: sm_90a, 65–256 rows: 64×64 tiles in 12 stages 0.99× cuBLAS at 128×4096×4096 (8 stages
+#: 0.96×, 128×32 on two warpgroups 0.94×, split-K 0.65–0.76×); with a long weight
+#: (128×11008×14336) every tile ran 0.76–0.81× and the ping-pong persistent 64×256 0.87×:
+#: 128×128 tiles on two warpgroups in 6 stages read the weight once and a half as often.
+STREAM_128 = [dict(BM=64, BN=64, BK=64, STAGES=12), dict(BM=64, BN=64, BK=128, STAGES=6),
+              dict(BM=128, BN=32, BK=64, STAGES=8, threads=256),
+              dict(BM=128, BN=128, BK=64, STAGES=6, threads=256)]
+
+
+def _few_rows_candidates(m: int, hopper: bool) -> tuple[list[dict], list[dict]]:
+    """(unsplit, split-K) candidates for decode shapes (up to 256 rows). With M = 16 a
+    128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
+    narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
+    long K, splitting it multiplies the blocks again (128×4096 in 64×128 tiles is 64
+    blocks; split 4 ways, 256). On sm_90a the streaming tiles (`STREAM_64`,
+    `STREAM_128`) come first."""
+    registers = dict(kernel="registers", BM=64, BN=64, BK=32)
+    rows = _api._pow2_at_least(m, 1)
+    if rows <= 16:
+        # 16 rows on sm_90a: 64×32 tiles, 16 stages of 64 or 6 of 128 (0.99–1.10×
+        # cuBLAS, session 9), then the mma.sync-sized 16-row tiles.
+        streaming = [dict(BM=64, BN=32, BK=64, STAGES=16),
+                     dict(BM=64, BN=32, BK=128, STAGES=6)] if hopper else []
+        chosen = streaming + [dict(BM=16, BN=32, BK=128, STAGES=4),
+                              dict(BM=16, BN=64, BK=64, STAGES=4),
+                              dict(BM=32, BN=64, BK=64, STAGES=4), registers][:-2 if hopper
+                                                                            else None]
+        split = [dict(BM=16, BN=64, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
+                 dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
+        return chosen, split
+    if rows <= 64:
+        if hopper:
+            return STREAM_64 + [dict(BM=32, BN=64, BK=64, STAGES=4)], \
+                [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
+        return [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
+                dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
+                registers], [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
+                             dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2),
+                             dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)]
+    if hopper:
+        return STREAM_128 + [PERSISTENT_PINGPONG], \
+            [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2)]
+    return [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
+            dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+            dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)], \
+        [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
+         dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
+
+
+#: sm_90a, outputs up to 1024×1024 (64 tiles of 128×128 leave half an H100 idle): tiles
+#: of 128×64 on two warpgroups or 64×128, 128 blocks, deep rings. At 1024³ (H100, session
+#: 10): 128×64 in 8 stages 0.88× cuBLAS, 64×128×128 in 4 0.81×, 64×128 in 8 0.79×, where
+#: 128×128 tiles ran 0.57–0.65× (the previous pick).
+SMALL_SQUARES = [dict(BM=128, BN=64, BK=64, STAGES=8, threads=256),
+                 dict(BM=128, BN=64, BK=128, STAGES=4, threads=256),
+                 dict(BM=64, BN=128, BK=128, STAGES=4), dict(BM=64, BN=128, BK=64, STAGES=8),
+                 dict(BM=128, BN=128, BK=64, STAGES=6, threads=256)]
+
+
+def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool) -> list[dict]:
+    """Candidates for more than 256 rows. On sm_90a, where the tiles fill the GPU, the
+    searched persistent configurations (`searched_persistent`) and the persistent kernel
+    with taller row bands, then one block per 128×256 tile (first with a `fused`
+    epilogue); the two-warpgroup shared-pipeline tiles with 32-wide k-steps ran 0.54–0.66×
+    cuBLAS at 2048³ and 4096×4096×14336 (session 10) and are no longer offered there."""
+    chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
+              dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
+              dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
+              dict(BM=256, BN=128, BK=32, STAGES=3, threads=256),
+              dict(BM=128, BN=128, BK=64, STAGES=3, threads=256),
+              dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)]
+    if m * n <= 1024 * 1024:
+        if hopper:
+            return list(SMALL_SQUARES)
+        chosen = [c for c in chosen if c["BM"] * c["BN"] <= 128 * 128]  # smaller tiles
+        return chosen + [dict(BM=64, BN=128, BK=64, STAGES=4),
+                         dict(BM=64, BN=64, BK=64, STAGES=4)]
+    if not hopper:
+        return chosen
+    persistent = searched_persistent(m, n, k)
+    taller = dict(persistent[0], GROUP=16)
+    one_per_tile = [dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
+                    dict(BM=128, BN=256, BK=64, STAGES=4, threads=256)]
+    if fused:
+        return one_per_tile[:1] + persistent + [taller] + one_per_tile[1:]
+    return persistent + [taller] + one_per_tile
 
 
 def _with_orientation(chosen: list, m: int, n: int, k: int) -> list:

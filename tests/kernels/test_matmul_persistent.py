@@ -133,6 +133,10 @@ def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes()
     assert sorted(map(str, fused)) == sorted(map(str, large))
     # Few tiles (1024²: 32 of 128×256) or decode rows: one block per tile leads.
     assert gemm_candidates(1024, 1024, 1024)[0]["kernel"] == "shared"
+    # The shared-pipeline tiles with 32-wide k-steps (0.54–0.66× cuBLAS, session 10) are
+    # no longer timed for large shapes on sm_90a; the persistent kernel with taller bands is.
+    assert all(c["BK"] == 64 for c in large)
+    assert dict(PERSISTENT[0], GROUP=16) in large
     decode = gemm_candidates(16, 4096, 16384)
     assert decode[0]["kernel"] != "persistent"
     assert any(c.get("SPLIT", 1) > 1 for c in decode)
@@ -140,18 +144,33 @@ def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes()
 
 @pytest.mark.parametrize("m", [1, 16, 64, 128])
 def test_decode_candidates_stream_the_weight_through_deep_wgmma_rings_on_hopper(m):
-    """sm_90a decode shapes: up to 64 rows 64×32 tiles, 16 stages of 64 or 6 of 128; 128
-    rows 64×64 in 8 stages or 128×32 on two warpgroups (measured faster than split-K,
-    session 8), first, within the tuner's 7; none of them elsewhere."""
+    """sm_90a decode shapes: up to 16 rows 64×32 tiles in 16 stages of 64 or 6 of 128;
+    up to 64 rows the session-10 order (64×32×128 in 6 stages first: 1.04× cuBLAS at
+    64×4096×4096); 128 rows 64×64 in 12 stages first (0.99×), then 64×64×128 in 6 —
+    within the tuner's 7, split-K still timed; none of them on older GPUs."""
+    from tegula.kernels.api_matmul import STREAM_64, STREAM_128
     hopper = gemm_candidates(m, 4096, 16384, hopper=True)
-    streaming = ([dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=16),
-                  dict(kernel="shared", BM=64, BN=32, BK=128, STAGES=6)] if m <= 64 else
-                 [dict(kernel="shared", BM=64, BN=64, BK=64, STAGES=8),
-                  dict(kernel="shared", BM=128, BN=32, BK=64, STAGES=8, threads=256)])
-    assert hopper[:2] == streaming and len(hopper) <= 7
+    streaming = [dict(kernel="shared", BM=64, BN=32, BK=64, STAGES=16),
+                 dict(kernel="shared", BM=64, BN=32, BK=128, STAGES=6)] if m <= 16 else \
+        [dict(c, kernel="shared") for c in (STREAM_64 if m <= 64 else STREAM_128)]
+    assert hopper[:len(streaming)] == streaming and len(hopper) <= 7
     assert any(c.get("SPLIT", 1) > 1 for c in hopper)      # split-K is still timed
     older = gemm_candidates(m, 4096, 16384, hopper=False)
     assert not any(c in older for c in streaming)
+    # Deep rings: every streaming stage ring holds at least 96 KB in flight.
+    assert all(c["STAGES"] * (c["BM"] + c["BN"]) * c["BK"] * 2 >= 96 * 1024
+               for c in streaming)
+
+
+def test_small_squares_on_hopper_take_tiles_that_give_every_sm_a_block():
+    """1024³ in 128×128 tiles is 64 blocks for 132 SMs (0.57–0.65× cuBLAS); the sm_90a
+    candidates for outputs up to 1024×1024 are 128×64 or 64×128 tiles with deep rings
+    (128 blocks), 128×128 last."""
+    found = gemm_candidates(1024, 1024, 1024, hopper=True)
+    blocks = [(1024 // c["BM"]) * (1024 // c["BN"]) for c in found]
+    assert blocks[:-1] == [128] * (len(found) - 1) and blocks[-1] == 64
+    assert found[0] == dict(kernel="shared", BM=128, BN=64, BK=64, STAGES=8, threads=256)
+    assert gemm_candidates(1024, 1024, 1024, hopper=False)[0]["BK"] == 32  # mma.sync's
 
 
 def test_persistent_candidates_fit_the_h100(monkeypatch):

@@ -1,0 +1,49 @@
+"""matmul's sm_90a tile configurations (`api_matmul.STREAM_64`, `STREAM_128`,
+`SMALL_SQUARES`: deep TMA rings, 128-wide k-steps, two consumer warpgroups, 2-block
+clusters multicasting a) in the emulator against numpy, every element, each at a shape of
+the row class it is chosen for with N and K no multiple of the tile (the last k-step
+partial; one shape with fewer k-steps than stages) — K a multiple of 8, so rows stay
+16-byte aligned and the operands take TMA, as at the bench's shapes — outputs poisoned
+first. The GPU runs
+the same configurations through matmul's launch path in
+tests/gpu/test_matmul_candidates_gpu.py."""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from tegula.dtypes import f16
+from tegula.kernels.api_matmul import SMALL_SQUARES, STREAM_64, STREAM_128
+from tegula.kernels.common import random_input
+from tegula.kernels.gemm import gemm_emulated
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_gemm import check_gemm  # noqa: E402
+
+#: (configurations, the (M, N, K) they run at): rows of their class, ragged N and K.
+CASES = [(STREAM_64, (50, 100, 328)), (STREAM_128, (100, 150, 200)),
+         (SMALL_SQUARES, (140, 90, 136))]
+PARAMS = [pytest.param(config, shape, id=",".join(f"{k}={v}" for k, v in config.items()))
+          for configs, shape in CASES for config in configs]
+
+
+@pytest.mark.parametrize("config,shape", PARAMS)
+def test_sm90a_candidate_matches_numpy_at_a_ragged_shape(config, shape):
+    m, n, k = shape
+    rng = np.random.default_rng(m + n + k + config["STAGES"])
+    a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a cluster that multicasts nothing warns
+        c = gemm_emulated(a, b, f16, target="sm_90a", **config)
+    check_gemm(c, a, b, f16)
+
+
+def test_fewer_k_steps_than_stages():
+    """K = 72: two k-steps of 64 (one partial) into a 12-stage ring."""
+    rng = np.random.default_rng(3)
+    a, b = random_input(rng, (70, 72), f16), random_input(rng, (100, 72), f16)
+    check_gemm(gemm_emulated(a, b, f16, target="sm_90a", **STREAM_128[0]), a, b, f16)
