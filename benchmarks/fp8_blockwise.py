@@ -29,12 +29,16 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)]
 PER_TENSOR = [dict(BM=128, BN=256, BK=128, STAGES=3, GROUP=8, threads=256),
               dict(BM=128, BN=128, BK=128, STAGES=4, GROUP=8, threads=256)]
 BLOCKWISE_TILES = dict(BM=128, BN=128, STAGES=4, threads=256)
+#: Round 1 (session 10): one K block a stage 949 / 863 / 901 TFLOP/s; scales carried a block
+#: ahead 815 / 816 / 731 (a (BM, 1) tile carried is 64 registers and moves), promotion a
+#: block late 800 / 783 / 755 (ptxas waits for the wgmmas before the copies), 2-CTA clusters
+#: no better, 128x256 as two column parts 341-399 (spills).
 BLOCKWISE_PERSISTENT = [dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
-                        dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256, AHEAD=True),
-                        dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256, AHEAD=True,
-                             CLUSTER=2),
-                        dict(BM=128, BN=256, STAGES=3, GROUP=8, threads=256, AHEAD=True),
-                        dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256, LATE=True)]
+                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True),
+                        dict(BM=128, BN=128, STAGES=2, GROUP=8, threads=256, PAIR=True),
+                        dict(BM=128, BN=128, STAGES=3, GROUP=16, threads=256, PAIR=True),
+                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True,
+                             CLUSTER=2)]
 
 
 def bench(fn) -> float:
@@ -74,9 +78,8 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
                      (tg.cdiv(m, 128), tg.cdiv(n, 128)), (block_a, block_b), BLOCKWISE_TILES,
                      ref_block))
         for c in BLOCKWISE_PERSISTENT:
-            options = "".join(f" {o}" for o in ("AHEAD", "LATE") if c.get(o))
             runs.append((f"blockwise persistent {c['BM']}x{c['BN']} S{c['STAGES']} "
-                         f"C{c.get('CLUSTER', 1)}{options}",
+                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}{' PAIR' * c.get('PAIR', 0)}",
                          fp8.fp8_blockwise_persistent_kernel(out_t),
                          persistent_grid(m, n, sms, c["BM"], c["BN"], c.get("CLUSTER", 1)),
                          (block_a, block_b), c, ref_block))
@@ -109,14 +112,16 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
 #: puts one expert's three 128-row tiles (384 rows each, balanced) in a band. 64-row tiles
 #: on one warpgroup (threads=128, unstaged) run ping-pong: one consumer warpgroup's
 #: epilogue overlaps the other's main loop (K = 2048 is 32 k-steps a tile).
-MOE_CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=3, GROUP=8, threads=256, STAGED=True),
-               dict(BM=128, BN=240, BK=64, STAGES=3, GROUP=8, threads=256, STAGED=True),
-               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=8, threads=256, STAGED=True),
-               dict(BM=64, BN=256, BK=64, STAGES=4, GROUP=8),
-               dict(BM=64, BN=176, BK=64, STAGES=5, GROUP=8),
-               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=3, threads=256, STAGED=True),
-               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=8, threads=256),
-               dict(BM=128, BN=128, BK=64, STAGES=4, GROUP=8, threads=256, STAGED=True)]
+#: Round 1 (session 10, dense 730 TFLOP/s): 128x256 G8 515, 128x240 G8 506, 128x176 G8 530,
+#: 128x176 G3 555 (0.76x), unstaged 493, 128x128 503, ping-pong 64x256 437 / 64x176 479.
+MOE_CONFIGS = [dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=3, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=6, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=1, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=64, STAGES=3, GROUP=3, threads=256, STAGED=True),
+               dict(BM=128, BN=256, BK=64, STAGES=3, GROUP=3, threads=256, STAGED=True),
+               dict(BM=128, BN=240, BK=64, STAGES=3, GROUP=3, threads=256, STAGED=True),
+               dict(BM=128, BN=128, BK=64, STAGES=4, GROUP=3, threads=256, STAGED=True),
+               dict(BM=128, BN=176, BK=128, STAGES=2, GROUP=3, threads=256, STAGED=True)]
 
 
 def moe_rows(budget: float) -> list[tuple[str, str]]:
@@ -134,7 +139,7 @@ def moe_rows(budget: float) -> list[tuple[str, str]]:
     rows.append(("e64-k6 dense cuBLAS", f"{dense:.0f} TFLOP/s"))
     for cfg in MOE_CONFIGS:
         label = "e64-k6 " + " ".join(f"{key}={v}" for key, v in cfg.items()
-                                     if key not in ("BK", "threads"))
+                                     if key != "threads")
         if time.time() - START > budget:
             rows.append((label, "skipped (time)"))
             continue
@@ -153,7 +158,32 @@ def moe_rows(budget: float) -> list[tuple[str, str]]:
     return rows
 
 
+def profile_once() -> None:
+    """`--profile`: one launch each (after a warm-up) of the e64 MoE GEMM at 128x176 GROUP
+    3 and of the persistent blockwise kernel at 4096^3 with one and two K blocks a stage,
+    for ncu to measure (`--kernel-name regex:moe_gemm|fp8_blockwise`)."""
+    from tegula.bench.moe import make_problem
+    from tegula.kernels import fp8, moe
+    from tegula.kernels.gemm import persistent_grid
+    p = make_problem(torch, 4096, 6, 64, 2048, 1408, True)
+    for _ in range(2):
+        moe.moe_gemm(p["x_sorted"], p["w"], p["routing"].expert_offsets, config=MOE_CONFIGS[0])
+    m = n = k = 4096
+    a = (torch.randn(m, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    sa, sb = torch.ones(m, k // 128, device="cuda"), torch.ones(n // 128, k // 128, device="cuda")
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cfg in BLOCKWISE_PERSISTENT[:2]:
+        for _ in range(2):
+            fp8.fp8_blockwise_persistent_kernel(tg.bf16)[persistent_grid(m, n, sms)](
+                a, w, sa, sb, c, **cfg)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
+    if "--profile" in sys.argv:
+        return profile_once()
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     rows = []
     if "--fp8" in sys.argv or "--moe" not in sys.argv:

@@ -446,9 +446,10 @@ def fp8_candidates(m: int, n: int, k: int, block_scales: bool,
     k-step (BK = 128) gets the 128-byte swizzle; 128×128 f32 accumulators take two
     consumer warpgroups (threads=256) to stay under 255 registers a thread with the
     blockwise kernel's second (per-K-block) accumulator. The blockwise kernel's BK is its
-    scale block, 128, and its BN must divide 128 (or be 256, two column parts). On Hopper,
-    shapes that fill the GPU try the persistent kernel first (`kernel="persistent"`, as
-    `matmul`'s), blockwise too (session 10: its warp-specialized form)."""
+    scale block, 128, and its BN must divide 128. On Hopper, shapes that fill the GPU try
+    the persistent kernel first (`kernel="persistent"`, as `matmul`'s), blockwise too
+    (session 10: its warp-specialized form, 1.2-1.4x the one block per tile; PAIR: two K
+    blocks a stage)."""
     if block_scales:
         chosen = [dict(BM=128, BN=128, STAGES=4, threads=256),
                   dict(BM=128, BN=128, STAGES=3, threads=256),
@@ -457,9 +458,9 @@ def fp8_candidates(m: int, n: int, k: int, block_scales: bool,
             chosen = [dict(BM=64, BN=128, STAGES=4), dict(BM=64, BN=64, STAGES=4)]
         elif hopper and m * n > 1024 * 1024:
             chosen = [dict(kernel="persistent", BM=128, BN=128, STAGES=4, GROUP=8,
-                           threads=256, AHEAD=True),
-                      dict(kernel="persistent", BM=128, BN=128, STAGES=4, GROUP=8,
-                           threads=256, AHEAD=True, CLUSTER=2)] + chosen
+                           threads=256),
+                      dict(kernel="persistent", BM=128, BN=128, STAGES=3, GROUP=8,
+                           threads=256, PAIR=True)] + chosen
         return chosen
     chosen = [dict(BM=128, BN=128, BK=128, STAGES=4, threads=256),
               dict(BM=128, BN=256, BK=128, STAGES=3, threads=256),

@@ -75,93 +75,53 @@ def fp8_persistent_gemm_kernel(out_t: DType) -> tg.Kernel:
     return fp8_persistent_gemm
 
 
-def blockwise_parts(BN: int) -> tuple[int, int]:
-    """(parts, width): a (BM, BN) tile of the blockwise kernel is `parts` column parts of
-    `width` = min(BN, 128) columns, each inside one 128-row block of b's scales, so each
-    part's K-block product is scaled by one (BM, 1) column of factors. BN = 256 is two
-    parts: the a tile is loaded once for both (as a 128×256 tile), while a thread holds
-    two 128-wide accumulators and one fresh partial product, not two."""
-    width = min(BN, SCALE_BLOCK)
-    return BN // width, width
-
-
-def blockwise_buffers(BM: int, BN: int, STAGES: int) -> tuple:
-    """The staged shared tiles of `blockwise_product`: a's (BM, 128) and one (width, 128)
-    tile of b per column part, STAGES deep."""
-    parts, width = blockwise_parts(BN)
-    return (tg.shared((BM, SCALE_BLOCK), f8e4m3, stages=STAGES),
-            [tg.shared((width, SCALE_BLOCK), f8e4m3, stages=STAGES) for _ in range(parts)])
+def blockwise_buffers(BM: int, BN: int, STAGES: int, PAIR: bool = False) -> list:
+    """The staged shared tiles of `blockwise_product`, STAGES deep: (a's (BM, 128), b's
+    (BN, 128)) for each K block of a stage — one, or two with PAIR."""
+    return [(tg.shared((BM, SCALE_BLOCK), f8e4m3, stages=STAGES),
+             tg.shared((BN, SCALE_BLOCK), f8e4m3, stages=STAGES)) for _ in range(1 + PAIR)]
 
 
 def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
-                      buffers: tuple, AHEAD: bool = False, LATE: bool = False) -> list:
-    """The (BM, BN) tile (m, n) of the blockwise-scaled a @ b.T as a list of its column
-    parts' f32 (BM, width) tiles (trace time). Per 128-wide K block and part: a *fresh*
-    f32 product, scaled by a's row scales times the part's b block scale and added to the
-    part's accumulator (the promotion every 128 of K). The scales are loaded before the
-    gemms, so their loads fly while the tensor cores run (after them they waited for the
-    wgmmas: 802 against 791 TFLOP/s on an H100); with AHEAD one K block earlier still
-    (carried through the loop). With LATE, K block k's product is promoted in iteration
-    k + 1, after that iteration's wgmmas are issued, so the multiply-adds run while the
-    tensor cores do: one more live f32 tile a part (its scales, loaded an iteration before
-    their use, need no AHEAD: LATE ignores it)."""
-    parts, width = blockwise_parts(BN)
-    sa, sbs = buffers
+                      buffers: list):
+    """The f32 (BM, BN) tile (m, n) of the blockwise-scaled a @ b.T (trace time). Per
+    128-wide K block: a *fresh* f32 product, scaled by a's row scales times b's block
+    scale and added to the accumulator (the promotion every 128 of K). The scales are
+    loaded before the gemms, so their loads fly while the tensor cores run (after them
+    they waited for the wgmmas: 802 against 791 TFLOP/s on an H100).
+
+    With two `buffers` (PAIR) a stage holds two K blocks, each multiplied into its own
+    product tile; both gemms are issued before either promotion, so the first block's
+    multiply-adds run while the tensor cores work on the second (without, a warpgroup's
+    tensor cores wait through its own multiply-adds every K block). A K block past K
+    (an odd count) loads as zeros, its scales too."""
+    blocks = len(buffers)
     ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, K/128)
-    gbs = [b.tile((width, SCALE_BLOCK), (n * parts + j, None)) for j in range(parts)]
+    gb = b.tile((BN, SCALE_BLOCK), (n, None))
     row_scales = scale_a.tile((BM, 1), (m, None))              # (BM, 1, K/128)
-    block_scales = [scale_b.tile((1, 1), (((n * parts + j) * width) // SCALE_BLOCK, None))
-                    for j in range(parts)]
-
-    def scales_of(k):                                          # (BM, 1) factors a part
-        row = tg.load(row_scales[:, :, k])
-        return [row * tg.load(bs[:, :, k]) for bs in block_scales]
-
-    accs = [tg.zeros((BM, width), f32) for _ in range(parts)]
-    AHEAD = AHEAD and not LATE
-    ahead = scales_of(0) if AHEAD else None
-    late = ([tg.zeros((BM, width), f32) for _ in range(parts)],
-            [tg.zeros((BM, 1), f32) for _ in range(parts)]) if LATE else None
-    part = tg.zeros((BM, width), f32)   # one fresh-product tile for every part and K block
-    for k in tg.pipeline(ga.shape[2], stages=STAGES):
-        tg.copy(ga[:, :, k], sa[k])
-        for gb, sb in zip(gbs, sbs):
-            tg.copy(gb[:, :, k], sb[k])
-        if AHEAD:   # the last iteration reloads its own block's (a clamped index)
-            scales, ahead = ahead, scales_of(tg.minimum(k + 1, ga.shape[2] - 1))
-        else:
-            scales = scales_of(k)
-        if LATE:
-            fresh = []
-            for sb in sbs:
-                fresh.append(tg.zeros((BM, width), f32))
-                tg.gemm(fresh[-1], sa[k], sb[k])
-            # promote the previous block's (zeros times zero at k = 0)
-            (fresh, scales), late = late, (fresh, scales)
-            accs = [acc + p * s for acc, p, s in zip(accs, fresh, scales)]
-        else:
-            for acc, sb, scale in zip(accs, sbs, scales):
-                # Promoted every 128 of K, each part's product before the next part's
-                # gemm, in one register tile written in place.
-                part.assign(0.0)
-                tg.gemm(part, sa[k], sb[k])
-                acc += part * scale
-    if LATE:
-        accs = [acc + part * scale for acc, part, scale in zip(accs, *late)]
-    return accs
-
-
-def store_parts(accs: list, c, m, n, out_t: DType, BM: int, BN: int) -> None:
-    """Each column part of a blockwise tile rounded once to `out_t` and stored."""
-    parts, width = blockwise_parts(BN)
-    for j, acc in enumerate(accs):
-        tg.copy(acc.to(out_t), c.tile((BM, width), (m, n * parts + j)))
+    block_scales = scale_b.tile((1, 1), ((n * BN) // SCALE_BLOCK, None))
+    acc = tg.zeros((BM, BN), f32)
+    parts = [tg.zeros((BM, BN), f32) for _ in buffers]         # written in place
+    for k in tg.pipeline(tg.cdiv(ga.shape[2], blocks), stages=STAGES):
+        for i, (sa, sb) in enumerate(buffers):
+            tg.copy(ga[:, :, k * blocks + i], sa[k])
+            tg.copy(gb[:, :, k * blocks + i], sb[k])
+        scales = [tg.load(row_scales[:, :, k * blocks + i]) *
+                  tg.load(block_scales[:, :, k * blocks + i]) for i in range(blocks)]
+        for part in parts:      # zeroed before any gemm is issued: a product tile written
+            part.assign(0.0)    # while another's wgmmas run made ptxas wait for them
+        for part, (sa, sb) in zip(parts, buffers):
+            tg.gemm(part, sa[k], sb[k])                        # promoted every 128 of K
+        for part, scale in zip(parts, scales):
+            acc += part * scale                                # (BM, 1) scales broadcast
+    return acc
 
 
 @lru_cache(maxsize=None)
 def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
     """The blockwise-scaled FP8 GEMM (DeepSeek-V3), one block per (BM, BN) tile of c
-    (`blockwise_product`). BN divides 128, or is 256 (two column parts).
+    (`blockwise_product`). BN must divide 128, so that a block's columns share one b
+    scale row.
     (Promoting one K block late, so the multiply-adds could run during the next block's
     wgmmas, measured slower on an H100: 702 against 802 TFLOP/s at 4096³, with a third
     live 128×128 f32 tile.)"""
@@ -172,9 +132,9 @@ def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
                            c: tg.Tensor[out_t], BM: tg.constexpr = 128,
                            BN: tg.constexpr = 128, STAGES: tg.constexpr = 3):
         m, n = tg.block_id(0), tg.block_id(1)
-        accs = blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
-                                 blockwise_buffers(BM, BN, STAGES))
-        store_parts(accs, c, m, n, out_t, BM, BN)
+        acc = blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
+                                blockwise_buffers(BM, BN, STAGES))
+        tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
 
     return fp8_blockwise_gemm
 
@@ -185,7 +145,8 @@ def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
     walk (one block per SM, grouped-rows order, one TMA ring for the block's life on
     sm_90a, so the producer warpgroup loads the next tile while the consumers store this
     one) around `blockwise_product`. On sm_90a the scale loads and the promotion run in
-    the consumer warpgroups, between each K block's wgmma wait and the next K block."""
+    the consumer warpgroups, between each K block's wgmma wait and the next K block; with
+    PAIR a stage holds two K blocks, the first promoted while the second's wgmmas run."""
 
     @tg.kernel(threads=128)
     def fp8_blockwise_persistent(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
@@ -193,14 +154,14 @@ def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
                                  c: tg.Tensor[out_t], BM: tg.constexpr = 128,
                                  BN: tg.constexpr = 128, STAGES: tg.constexpr = 4,
                                  GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1,
-                                 AHEAD: tg.constexpr = False, LATE: tg.constexpr = False):
+                                 PAIR: tg.constexpr = False):
         def make_product():
-            buffers = blockwise_buffers(BM, BN, STAGES)
+            buffers = blockwise_buffers(BM, BN, STAGES, PAIR)
             return lambda m, n: blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN,
-                                                  STAGES, buffers, AHEAD, LATE)
+                                                  STAGES, buffers)
 
-        def finish(accs, m, n):
-            store_parts(accs, c, m, n, out_t, BM, BN)
+        def finish(acc, m, n):
+            tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
         persistent_tiles(a, b, f8e4m3, BM, BN, SCALE_BLOCK, STAGES, GROUP, finish, CLUSTER,
                          make_product)
 
@@ -214,10 +175,10 @@ def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple,
     defaults = dict(BM=128, BN=128, STAGES=3) if block_scales else \
         dict(BM=128, BN=128, BK=64, STAGES=3)
     constexprs = {**defaults, **tiles}
-    if block_scales and SCALE_BLOCK % constexprs["BN"] and constexprs["BN"] != 2 * SCALE_BLOCK:
+    if block_scales and SCALE_BLOCK % constexprs["BN"]:
         raise ValueError(f"tegula.kernels.fp8: the blockwise kernel needs BN dividing "
-                         f"{SCALE_BLOCK} or BN = {2 * SCALE_BLOCK} (one b scale per column "
-                         f"part of a tile), got BN = {constexprs['BN']}")
+                         f"{SCALE_BLOCK} (one b scale per block's columns), got BN = "
+                         f"{constexprs['BN']}")
     return (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"])), constexprs
 
 
@@ -311,6 +272,6 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
 
 __all__ = ["fp8_gemm_kernel", "fp8_persistent_gemm_kernel", "fp8_blockwise_gemm_kernel",
            "fp8_blockwise_persistent_kernel", "blockwise_product", "blockwise_buffers",
-           "blockwise_parts", "store_parts", "fp8_config", "scale_shapes",
+           "fp8_config", "scale_shapes",
            "check_fp8_shapes", "check_scales", "check_fp8_target", "matmul_fp8_emulated", "FP8_OUT_DTYPES",
            "SCALE_BLOCK", "K_ALIGN"]

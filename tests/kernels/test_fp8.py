@@ -113,20 +113,20 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
 
 
 @pytest.mark.parametrize("shape,tiles,sms", [
-    ((130, 300, 384), dict(BM=64, BN=256, GROUP=2, threads=256), 3),   # two column parts
     ((200, 129, 256), dict(BM=128, BN=128, GROUP=2, threads=256), 2),
     ((5, 40, 128), dict(BM=64, BN=64, GROUP=1), 4),                     # idle blocks
     ((200, 150, 384), dict(BM=64, BN=64, GROUP=2, CLUSTER=2), 4),       # b multicast
     ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2),
-    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, AHEAD=True), 2),
-    ((130, 300, 384), dict(BM=64, BN=256, GROUP=2, threads=256, LATE=True), 3)])
+    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True), 2),  # odd
+    ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, PAIR=True, role_order="random:3"), 3),
+    ((9, 64, 128), dict(BM=64, BN=64, PAIR=True), 2)])                  # one block, odd
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
-    blocks, ragged M and N, a 256-wide tile of two b scale blocks, 2-CTA clusters (b's
-    boxes multicast, a stage released by each warp of both blocks once its wgmmas retired;
-    an odd number of row tiles), random role interleavings, scales loaded a K block
-    ahead (AHEAD) and products promoted a K block late (LATE), scales over four decades;
-    every element against the float64 reference."""
+    blocks, ragged M and N, 2-CTA clusters (b's boxes multicast, a stage released by each
+    warp of both blocks once its wgmmas retired; an odd number of row tiles), random role
+    interleavings, two K blocks a stage (PAIR; an odd K block count, whose last pair's
+    second block loads as zeros), scales over four decades; every element against the
+    float64 reference."""
     m, n, k = shape
     rng = np.random.default_rng(m + 3 * n + k)
     a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
@@ -141,18 +141,18 @@ def test_blockwise_persistent(shape, tiles, sms):
 
 def test_large_blockwise_candidates_start_with_the_persistent_kernel():
     """matmul_fp8(block_scales=True) times the persistent blockwise kernel first on Hopper
-    for shapes that fill the GPU (alone and in 2-CTA clusters, which multicast b), not on
-    other GPUs or for decode shapes."""
-    from tegula.build import build
+    for shapes that fill the GPU (one K block a stage, and two), not on other GPUs or for
+    decode shapes; both build to the warp-specialized TMA ring."""
+    import tegula as tg
     from tegula.kernels.api_matmul import fp8_candidates
     from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
-    first, clustered = fp8_candidates(4096, 4096, 4096, True)[:2]
-    assert first["kernel"] == "persistent" and clustered.get("CLUSTER") == 2
+    first, paired = fp8_candidates(4096, 4096, 4096, True)[:2]
+    assert first["kernel"] == paired["kernel"] == "persistent" and paired["PAIR"]
     assert not any(c.get("kernel") for c in fp8_candidates(4096, 4096, 4096, True, False))
     assert not any(c.get("kernel") for c in fp8_candidates(64, 4096, 4096, True))
-    config = {k: v for k, v in clustered.items() if k != "kernel"}
-    source = build(fp8_blockwise_persistent_kernel(bf16), config, None, "sm_90a").cuda_source()
-    assert ".multicast::cluster" in source
+    config = {k: v for k, v in paired.items() if k != "kernel"}
+    text = tg.explain(fp8_blockwise_persistent_kernel(bf16), **config)
+    assert "the ring runs across the enclosing loop" in text and "producer warpgroup" in text
 
 
 def test_blockwise_persistent_keeps_the_tma_ring_across_tiles():
@@ -268,8 +268,8 @@ def test_argument_type_errors():
         matmul_fp8_emulated(a, a, 1.0, 1.0, out_dtype=f8e4m3)
     with pytest.raises(ValueError, match=r"a is \(M, K\) and b has the same K"):
         matmul_fp8_emulated(a, np.ones((16, 48), np.float32), 1.0, 1.0)
-    with pytest.raises(ValueError, match=r"BN dividing 128 or BN = 256"):
-        fp8_config(64, 64, True, BN=192)
+    with pytest.raises(ValueError, match=r"BN dividing 128"):
+        fp8_config(64, 64, True, BN=256)
 
 
 def test_blockwise_sm90a_keeps_tma_and_wgmma():
