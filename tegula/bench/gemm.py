@@ -1,13 +1,17 @@
 """GEMM: tegula against cuBLAS (torch.matmul) and Triton: `python -m tegula.bench gemm`.
 
-Shapes: squares 1024–8192 plus 6144; LLM projections (M = 4096, N and K from {4096, 11008, 14336});
-decode (M = 16, 64, 128 against the same weights). On an H100/H200 the tuner's first
-candidate for large shapes is the persistent kernel, for decode shapes with long K split-K;
-the note after the table says which configuration each shape bucket chose. Each computes `a @ b` with a
-(M, K) and b (K, N) f16/bf16; by default b is the transpose of a K-major (N, K) weight,
-as `x @ w.T` in a linear layer (`--b-major n` gives a row-major (K, N) b instead).
-The floor per shape: 2·M·N·K FLOPs, (M·K + K·N + M·N)·itemsize bytes. Reported in TFLOP/s
-with tegula's ratio to cuBLAS and Triton; the target is ≥ 0.5× cuBLAS (geomean, large).
+Shapes: squares 1024–8192 plus 6144; LLM projections (M = 4096, N and K from {4096,
+11008, 14336}); decode (M = 16, 64, 128 against the same weights). On an H100/H200 the
+tuner's first candidate for large shapes is the persistent kernel, for decode shapes a
+narrow wgmma tile streaming the weight through a deep ring (split-K is timed beside it;
+`api_matmul.gemm_candidates`); the table's last column says which configuration each
+shape bucket chose. Each computes `a @ b` with a (M, K) and b (K, N) f16/bf16; by
+default b is the transpose of a K-major (N, K) weight, as `x @ w.T` in a linear layer
+(`--b-major n` gives a row-major (K, N) b instead). The floor per shape: 2·M·N·K FLOPs,
+(M·K + K·N + M·N)·itemsize bytes. Reported in TFLOP/s with tegula's ratio to cuBLAS and
+Triton (issue 10's targets: large geomean ≥ 1.03× cuBLAS with no shape under 0.95×,
+decode ≥ 1.0×, ≥ 1.15× Triton). `--rep-ms` shortens the timed runs (the full list in a
+one-minute GPU slot, with `benchmarks/gemm_candidates.py --precompile-bench` first).
 
 `--mode epilogue`: `tegula.kernels.matmul(a, b, bias, "gelu")` (one kernel) against torch's
 matmul followed by the bias add and `F.gelu` (`--activation` picks relu/gelu/gelu_tanh/silu).
