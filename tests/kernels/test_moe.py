@@ -86,6 +86,22 @@ def test_grouped_gemm_with_tile_widths_that_are_not_powers_of_two(bn, n, staged)
     assert np.isnan(out[offsets[-1]:]).all(), "rows of no expert were written"
 
 
+def test_candidates_fit_the_column_tile_to_n_and_the_bands_to_an_expert():
+    """The autotuner's first candidate for the 64-expert top-6 model (N = 1408, 384 rows
+    an expert) is 176 columns wide in bands of 3 row tiles; Mixtral's (N = 14336, 1024
+    rows an expert) keeps 256 columns and bands of 8; every candidate's tiles divide into
+    whole 16-column wgmma steps."""
+    assert [moe.column_tile(n) for n in (1408, 14336, 4096, 11008, 1000, 100)] == \
+        [176, 256, 256, 256, 256, 256]
+    e64 = moe.moe_candidates(4096 * 6, 64, False, 1408)
+    assert (e64[0]["BN"], e64[0]["GROUP"]) == (176, 3)
+    mixtral = moe.moe_candidates(4096 * 2, 8, False, 14336)
+    assert (mixtral[0]["BN"], mixtral[0]["GROUP"]) == (256, 8)
+    decode = moe.moe_candidates(64 * 2, 8, False, 14336)
+    assert decode[0]["BM"] == 64 and decode[0]["GROUP"] == 1
+    assert all(c["BN"] % 16 == 0 for c in e64 + mixtral + decode)
+
+
 def test_f16_with_routing_k1_and_k2_and_default_tiles():
     rng = np.random.default_rng(7)
     tokens, experts, n, k = 45, 6, 36, 40
