@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compile every candidate `tegula bench gemm` (that mode, "
                              "its default shapes or --shapes) will time, into the disk cache")
     parser.add_argument("--activation", default="gelu", help="--precompile-bench epilogue's")
+    parser.add_argument("--no-precompile", action="store_true",
+                        help="compile as the launches need (the cache is already warm)")
     args = parser.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -213,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = json.loads(args.extra)
     per_shape = {s: candidates(s, extra if isinstance(extra, list)
                                else extra.get("x".join(map(str, s)), [])) for s in shapes}
-    errors = precompile([(s, c) for s in shapes for c in per_shape[s]], args.jobs)
+    errors = {} if args.no_precompile else \
+        precompile([(s, c) for s in shapes for c in per_shape[s]], args.jobs)
     start = time.time()
     for shape in shapes:
         if time.time() - start > args.max_seconds:
