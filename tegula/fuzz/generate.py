@@ -71,6 +71,7 @@ class Switches:
     clusters: bool = True           # GEMM-shaped programs in clusters of 2 blocks (tg.cluster)
     roles: bool = True              # pipelines written as tg.producer / tg.consumer blocks
     repeats: bool = True            # a K loop run again inside a tg.range, same accumulator
+    bitcasts: bool = True           # some f32 <-> i32 casts are tg.bitcast instead
     scans: bool = True              # tg.cumsum (forward and reversed) of a value
     gemm_max_tile: int = 8192       # largest BM * BN of a GEMM-shaped program
     floor_division: bool = True     # integer // and %
@@ -353,7 +354,18 @@ class Generator:
         x = self.pick(scope)
         t = scope.types[x]
         dtype = self.rng.choice([d for d in DTYPES if d != t.dtype])
-        self.define(body, scope, Cast(self.fresh(), x, dtype), dtype, t.shape)
+        bits = self.bitcast_instead(t.dtype)
+        if bits:
+            dtype = "i32" if t.dtype == "f32" else "f32"
+        self.define(body, scope, Cast(self.fresh(), x, dtype, bits), dtype, t.shape)
+
+    def bitcast_instead(self, dtype: str) -> bool:
+        """Now and then a cast of an f32 or i32 value is `tg.bitcast` to the other 32-bit
+        type (session 10: the emitter truncated those to 16 bits on the GPU). Drawn from a
+        stream of its own, so a seed's programs stay what they were otherwise."""
+        if not self.sw.bitcasts or dtype not in ("f32", "i32"):
+            return False
+        return random.Random(hash(self.rng.getstate()[1]) ^ 0xB17).random() < 0.5
 
     def draw_reduce(self, body, scope, in_loop) -> None:
         x = self.pick(scope, lambda t: t.dtype != nx.BOOL)

@@ -105,9 +105,11 @@ class Where:
 
 @dataclass(frozen=True)
 class Cast:
+    """`x.to(dtype)`; with `bits`, `tg.bitcast(x, dtype)` (f32 <-> i32: the same bits)."""
     out: str
     x: str
     dtype: str
+    bits: bool = False
 
 
 @dataclass(frozen=True)
@@ -453,6 +455,8 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
             raise Invalid("a no-op cast (it would return the same tile)")
         if s.dtype == BOOL:
             raise Invalid("casts to bool are not generated")
+        if s.bits and {t.dtype, s.dtype} != {"f32", "i32"}:
+            raise Invalid("bitcasts are generated between f32 and i32")
         scope.define(s.out, TileType(s.dtype, t.shape))
     elif isinstance(s, Reduce):
         t = _operand_type(scope, s.x)

@@ -112,7 +112,8 @@ class Model:
         elif isinstance(s, Where):
             self.env[s.out] = self.where(s)
         elif isinstance(s, Cast):
-            self.env[s.out] = cast(self.env[s.x], s.dtype)
+            x = self.env[s.x]
+            self.env[s.out] = bitcast(x, s.dtype) if s.bits else cast(x, s.dtype)
         elif isinstance(s, Reduce):
             self.env[s.out] = self.reduce(s.kind, self.env[s.x], s.axis)
         elif isinstance(s, Cumsum):
@@ -564,6 +565,19 @@ def _compare(op: str, a: Value, b: Value, wild) -> Value:
             slack = a.err + b.err
             wild = wild | ((slack > 0) & (np.abs(a.val - b.val) <= slack))
     return Value(nx.BOOL, v, np.zeros(v.shape), wild)
+
+
+def bitcast(a: Value, dtype: str) -> Value:
+    """`tg.bitcast` between f32 and i32: the same bits, known only where the value is
+    exact (a bound, a zero of either sign, a NaN's payload: any bits)."""
+    if a.dtype == "f32":
+        x = np.asarray(a.val, np.float32)
+        wild = a.wild | (a.err > 0) | np.isnan(x)
+        v = x.view(np.int32).astype(np.int64)
+    else:
+        v = np.asarray(a.val, np.int64).astype(np.int32).view(np.float32).astype(np.float64)
+        wild = a.wild | np.isnan(v)
+    return Value(dtype, v, np.zeros(v.shape), wild)
 
 
 def cast(a: Value, dtype: str) -> Value:

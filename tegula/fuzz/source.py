@@ -270,6 +270,8 @@ def _statement(w: _Writer, s, types: dict, loop: Loop | None = None) -> None:  #
             w.emit(f"{s.out} = {a} {_OPERATOR[s.op]} {b}")
     elif isinstance(s, Where):
         w.emit(f"{s.out} = tg.where({s.cond}, {_operand(s.a)}, {_operand(s.b)})")
+    elif isinstance(s, Cast) and s.bits:
+        w.emit(f"{s.out} = tg.bitcast({s.x}, {_dtype(s.dtype)})")
     elif isinstance(s, Cast):
         w.emit(f"{s.out} = {s.x}.to({_dtype(s.dtype)})")
     elif isinstance(s, Reduce):
