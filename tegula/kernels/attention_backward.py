@@ -69,7 +69,7 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 
 def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
-                         STAGES: int):
+                         STAGES: int, LSE_SHARED: bool = True):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
@@ -81,6 +81,10 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     sq = tg.shared((BM, D), dtype, stages=STAGES)
     sdo = tg.shared((BM, D), dtype, stages=STAGES)
     sds = tg.shared((BN, BM), dtype) if dq_accum is not None else None
+    # LSE_SHARED: lse and delta of the query block ride the pipeline too (loaded in the loop
+    # body, their global latency can stall every iteration; the dQ kernel loads them once)
+    if LSE_SHARED:
+        slse, sdelta = tg.shared((BM,), f32, stages=STAGES), tg.shared((BM,), f32, stages=STAGES)
     keys = tg.arange(BN, offset=n * BN)[:, None]            # (BN, 1) key positions
     dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
     first = 0
@@ -94,14 +98,18 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
         h = hk * G + g
         q_blocks = q[b, h].tile((BM, D), (None, 0))
         do_blocks = dout[b, h].tile((BM, D), (None, 0))
+        lse_blocks, delta_blocks = lse[b, h].tile((BM,), (None,)), delta[b, h].tile((BM,), (None,))
         for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
             tg.copy(q_blocks[:, :, m], sq[m])
             tg.copy(do_blocks[:, :, m], sdo[m])
+            if LSE_SHARED:
+                tg.copy(lse_blocks[:, m], slse[m])
+                tg.copy(delta_blocks[:, m], sdelta[m])
             queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
             # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
             # FMA per score
-            lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
-            delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+            lse_m = tg.load(slse[m] if LSE_SHARED else lse_blocks[:, m])[None, :] * LOG2E
+            delta_m = tg.load(sdelta[m] if LSE_SHARED else delta_blocks[:, m])[None, :]
             s_t = tg.zeros((BN, BM), f32)
             tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
             seen = (keys < seq_k) & (queries < seq_q)
@@ -132,10 +140,12 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
                                 dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
                                 D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                 G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
+                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
+                                LSE_SHARED: tg.constexpr = True):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, None, n, hk, b,
-                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES)
+                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
+                                              LSE_SHARED)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
