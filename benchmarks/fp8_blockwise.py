@@ -35,6 +35,8 @@ BLOCKWISE_TILES = dict(BM=128, BN=128, STAGES=4, threads=256)
 #: no better, 128x256 as two column parts 341-399 (spills).
 BLOCKWISE_PERSISTENT = [dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
                         dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True),
+                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True,
+                             ROTATE=False),
                         dict(BM=128, BN=128, STAGES=2, GROUP=8, threads=256, PAIR=True),
                         dict(BM=128, BN=128, STAGES=3, GROUP=16, threads=256, PAIR=True),
                         dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True,
@@ -79,7 +81,8 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
                      ref_block))
         for c in BLOCKWISE_PERSISTENT:
             runs.append((f"blockwise persistent {c['BM']}x{c['BN']} S{c['STAGES']} "
-                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}{' PAIR' * c.get('PAIR', 0)}",
+                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}{' PAIR' * c.get('PAIR', 0)}"
+                         f"{' unrotated' * (c.get('ROTATE') is False)}",
                          fp8.fp8_blockwise_persistent_kernel(out_t),
                          persistent_grid(m, n, sms, c["BM"], c["BN"], c.get("CLUSTER", 1)),
                          (block_a, block_b), c, ref_block))

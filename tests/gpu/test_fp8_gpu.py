@@ -167,6 +167,7 @@ def test_blockwise_kernel(m, n, k, target, out_t):
 BLOCKWISE_PERSISTENT_CONFIGS = [
     dict(BM=128, BN=128, STAGES=4, threads=256),
     dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True),
+    dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True, ROTATE=False),
     dict(BM=128, BN=128, STAGES=4, threads=256, CLUSTER=2),
     dict(BM=64, BN=64, STAGES=2, GROUP=3), dict(BM=64, BN=128, STAGES=2, GROUP=3, PAIR=True)]
 

@@ -119,7 +119,8 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
     ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2),
     ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True), 2),  # odd
     ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, PAIR=True, role_order="random:3"), 3),
-    ((9, 64, 128), dict(BM=64, BN=64, PAIR=True), 2)])                  # one block, odd
+    ((9, 64, 128), dict(BM=64, BN=64, PAIR=True), 2),                   # one block, odd
+    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True, ROTATE=False), 2)])
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
     blocks, ragged M and N, 2-CTA clusters (b's boxes multicast, a stage released by each
@@ -153,6 +154,21 @@ def test_large_blockwise_candidates_start_with_the_persistent_kernel():
     config = {k: v for k, v in paired.items() if k != "kernel"}
     text = tg.explain(fp8_blockwise_persistent_kernel(bf16), **config)
     assert "the ring runs across the enclosing loop" in text and "producer warpgroup" in text
+
+
+def test_a_zero_fill_before_a_wgmma_becomes_its_scale_d():
+    """Lowering drops `part = 0` right before the wgmma gemm into `part` and issues the
+    gemm's first k-step with scale-d 0 (the fill would write registers while the other
+    product's wgmmas run, for which ptxas waits); later k-steps accumulate. The results
+    are the emulator tests above."""
+    from tegula.build import build
+    from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
+    from tegula.lower.async_ir import Wgmma
+    from tegula.lower.thread_ir import walk
+    built = build(fp8_blockwise_persistent_kernel(bf16),
+                  dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True), None, "sm_90a")
+    scale_d = [str(s.scale_d) for s in walk(built.thread_kernel.body) if isinstance(s, Wgmma)]
+    assert scale_d == ["0", "1", "1", "1"] * 2      # two gemms of four k32 steps
 
 
 def test_blockwise_persistent_keeps_the_tma_ring_across_tiles():
