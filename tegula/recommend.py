@@ -145,8 +145,11 @@ def _why_lost(c: Candidate, best: Candidate) -> str:
     if c.seconds <= best.seconds * (1 + 1e-9):
         return "tied with #1 (the same predicted time; ties are ordered by the config key)"
     slower = f"{(c.seconds / best.seconds - 1) * 100:.1f}% slower than #1"
-    reasons = [f"{a.waves} wave(s) x {a.block_cycles:,.0f} cycles vs {b.waves} x "
+    first = "first launch " if c.launches else ""   # a plan's figures: its first launch's
+    reasons = [f"{first}{a.waves} wave(s) x {a.block_cycles:,.0f} cycles vs {b.waves} x "
                f"{b.block_cycles:,.0f}"]
+    if c.launches != best.launches:
+        reasons.insert(0, f"runs {c.launches} where #1 runs {best.launches}")
     if a.blocks_per_sm != b.blocks_per_sm:
         reasons.append(f"{a.blocks_per_sm} block(s)/SM vs {b.blocks_per_sm} "
                        f"(limited by {a.occupancy_limit})")
