@@ -34,6 +34,8 @@ BLOCKWISE_TILES = dict(BM=128, BN=128, STAGES=4, threads=256)
 #: block late 800 / 783 / 755 (ptxas waits for the wgmmas before the copies), 2-CTA clusters
 #: no better, 128x256 as two column parts 341-399 (spills).
 BLOCKWISE_PERSISTENT = [dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
+                        dict(BM=192, BN=128, STAGES=4, GROUP=8, threads=384),
+                        dict(BM=192, BN=128, STAGES=3, GROUP=8, threads=384),
                         dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True),
                         dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True,
                              ROTATE=False),
@@ -163,8 +165,8 @@ def moe_rows(budget: float) -> list[tuple[str, str]]:
 
 def profile_once() -> None:
     """`--profile`: one launch each (after a warm-up) of the e64 MoE GEMM at 128x176 GROUP
-    3 and of the persistent blockwise kernel at 4096^3 with one and two K blocks a stage,
-    for ncu to measure (`--kernel-name regex:moe_gemm|fp8_blockwise`)."""
+    3 and of the persistent blockwise kernel at 4096^3 in 128x128 tiles (two consumer
+    warpgroups) and 192x128 (three), for ncu to measure (`--kernel-name regex:moe_gemm|fp8_blockwise`)."""
     from tegula.bench.moe import make_problem
     from tegula.kernels import fp8, moe
     from tegula.kernels.gemm import persistent_grid
@@ -179,8 +181,8 @@ def profile_once() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in BLOCKWISE_PERSISTENT[:2]:
         for _ in range(2):
-            fp8.fp8_blockwise_persistent_kernel(tg.bf16)[persistent_grid(m, n, sms)](
-                a, w, sa, sb, c, **cfg)
+            fp8.fp8_blockwise_persistent_kernel(tg.bf16)[persistent_grid(
+                m, n, sms, cfg["BM"], cfg["BN"])](a, w, sa, sb, c, **cfg)
     torch.cuda.synchronize()
 
 

@@ -169,6 +169,7 @@ BLOCKWISE_PERSISTENT_CONFIGS = [
     dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True),
     dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True, ROTATE=False),
     dict(BM=128, BN=128, STAGES=4, threads=256, CLUSTER=2),
+    dict(BM=192, BN=128, STAGES=4, threads=384),
     dict(BM=64, BN=64, STAGES=2, GROUP=3), dict(BM=64, BN=128, STAGES=2, GROUP=3, PAIR=True)]
 
 

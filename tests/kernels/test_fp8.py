@@ -120,7 +120,8 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
     ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True), 2),  # odd
     ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, PAIR=True, role_order="random:3"), 3),
     ((9, 64, 128), dict(BM=64, BN=64, PAIR=True), 2),                   # one block, odd
-    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True, ROTATE=False), 2)])
+    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True, ROTATE=False), 2),
+    ((250, 100, 256), dict(BM=192, BN=64, GROUP=2, threads=384), 2)])   # 3 consumers
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
     blocks, ragged M and N, 2-CTA clusters (b's boxes multicast, a stage released by each
