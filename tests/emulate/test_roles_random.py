@@ -28,6 +28,7 @@ from tegula.dtypes import f16
 from tegula.emulate import EmulationError, run_thread_kernel
 from tegula.kernels.common import poisoned, random_input
 from tegula.lower.async_ir import MBarrierArrive, WgmmaFence, WgmmaWait
+from tegula.lower.thread_ir import If
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "emulate"))
@@ -158,6 +159,12 @@ def test_a_random_order_is_deterministic_per_seed():
     assert "ok" in outcomes and any(o != "ok" for o in outcomes)  # seeds differ
 
 
+def _remote_arrives(s) -> bool:
+    if isinstance(s, If):
+        return bool(s.then) and all(map(_remote_arrives, s.then)) and not s.otherwise
+    return isinstance(s, MBarrierArrive) and s.cta is not None
+
+
 def _cluster_kernel_releasing_remotely_before_the_wait():
     tk = copy.deepcopy(build(PERSISTENT.persistent_gemm, dict(SMALL, CLUSTER=2), None,
                              "sm_90a").thread_kernel)
@@ -168,7 +175,8 @@ def _cluster_kernel_releasing_remotely_before_the_wait():
             body = getattr(s, "body", None)
             if isinstance(body, list) and move_up(body):
                 return True
-        remote = [s for s in stmts if isinstance(s, MBarrierArrive) and s.cta is not None]
+        # A release is remote arrives, or one elected lane's branch around them.
+        remote = [s for s in stmts if _remote_arrives(s)]
         waits = [s for s in stmts if isinstance(s, WgmmaWait)]
         if not remote or not waits:
             return False
