@@ -230,7 +230,9 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     poisoned (NaN / 0xA5 bytes) before the run; tensors the kernel also reads are left
     as given. `check_coverage=False` turns this off for a kernel that writes part of an
     output on purpose (the array is then neither poisoned nor checked); a list of names
-    checks only those outputs.
+    checks only those outputs. With it, two blocks (clusters) storing different values to
+    one element of an output is an `EmulationError` too: on the GPU the element holds
+    whichever block ran last.
 
     `num_sms` is what `tg.num_sms()` reads in the kernel: by default the target's SM count
     (132 for sm_90a), or any positive int to emulate another variant of the device.

@@ -80,8 +80,10 @@ class GlobalTensor:
         self.packed = dtype.is_packed
         scale = 2 if self.packed else 1
         self.size = extent * scale
-        # Element offsets stored to (`track_writes`), for tg.emulate's coverage check.
+        # Element offsets stored to (`track_writes`), for tg.emulate's coverage check, and
+        # which block (cluster) stored each last (-1: none), for `_check_overlap`.
         self.written: np.ndarray | None = None
+        self.writer: np.ndarray | None = None
         self.shape = tuple(array.shape[:-1]) + ((array.shape[-1] * scale,) if array.ndim else ())
         # In elements: a packed row's nibbles are consecutive (last stride 1), the other
         # strides count twice their bytes.
@@ -136,13 +138,18 @@ class GlobalTensor:
         return round_to(raw, self.dtype)
 
     def track_writes(self) -> None:
-        """From now on, remember which element offsets are stored to (`written`)."""
+        """From now on, remember which element offsets are stored to (`written`) and by
+        which block (`writer`)."""
         self.written = np.zeros(self.size, dtype=bool)
+        self.writer = np.full(self.size, -1, dtype=np.int64)
 
-    def store(self, offs: np.ndarray, values: np.ndarray) -> None:
-        """Write storage values at element offsets."""
+    def store(self, offs: np.ndarray, values: np.ndarray, writer: int | None = None) -> None:
+        """Write storage values at element offsets; `writer` identifies the storing block
+        (or cluster: its blocks can order their stores) where overlaps are checked."""
         if self.written is not None:
             self.written[offs] = True
+        if self.writer is not None and writer is not None:
+            self._check_overlap(offs, values, writer)
         if self.packed:
             for col in range(offs.shape[-1]):  # read-modify-write one nibble column at a time
                 o, v = offs[..., col], values[..., col].astype(np.uint8) & 0xF
@@ -151,6 +158,27 @@ class GlobalTensor:
                 self.flat[o // 2] = (byte & ~(np.uint8(0xF) << shift)) | (v << shift)
             return
         self.flat[offs] = to_bits(values, self.dtype) if self.bits else values
+
+    def _check_overlap(self, offs: np.ndarray, values: np.ndarray, writer: int) -> None:
+        """Two blocks storing different values to one element: on the GPU the result is
+        whichever runs last (no order between blocks), in the emulator the later block's
+        — a silent difference. The same value stored twice (a replicated row) is fine."""
+        before = self.writer[offs]
+        other = (before >= 0) & (before != writer)
+        if other.any() and not self.packed:
+            old = self.load(offs[other])
+            new = np.asarray(values)[other]
+            same = (old == new) | (np.isnan(old) & np.isnan(new)) if old.dtype.kind == "f" \
+                else old == new
+            if not np.all(same):
+                at = int(offs[other][~same][0])
+                raise EmulationError(
+                    f"tensor {self.name!r}: element offset {at} is stored by two blocks "
+                    f"(or clusters) with different values ({old[~same][0]!r}, then "
+                    f"{new[~same][0]!r}): their tiles overlap, and on the GPU the result is "
+                    f"whichever block runs last; give each block its own tiles (or "
+                    f"tg.atomic_add to sum them)")
+        self.writer[offs] = writer
 
     def atomic_add(self, offs: np.ndarray, values: np.ndarray) -> None:
         """tensor[offs] += values as the catalogue's `red.global.add` entry for the
@@ -172,6 +200,15 @@ class GlobalTensor:
             pick = order[rank == k]
             old = self.load(offs[pick])
             self.store(offs[pick], entry.execute(old, values[pick]))
+
+
+def block_writer(bid: tuple, cluster) -> int:
+    """One number per block for `GlobalTensor.store`'s overlap check — per cluster in a
+    clustered launch, whose blocks may order their stores (cluster barrier)."""
+    if cluster is not None:
+        bid = cluster.blocks[0].bid
+    x, y, z = bid
+    return x + (y << 31) + (z << 47)
 
 
 def several_writers(addrs: np.ndarray, tids: np.ndarray) -> np.ndarray | None:

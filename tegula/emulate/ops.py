@@ -12,7 +12,7 @@ from tegula.arch.instructions import MmaInstr
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
-from tegula.emulate.memory import bank_wavefronts, several_writers
+from tegula.emulate.memory import bank_wavefronts, block_writer, several_writers
 from tegula.emulate.state import BlockState, RegFile, lanes_doing, per_thread, write_regs
 from tegula.emulate.stats import OpStats
 from tegula.emulate.values import bits_dtype, from_bits, round_to, to_bits
@@ -124,7 +124,7 @@ def compile_global(s: GlobalLoad | GlobalStore, ctx: Ctx, st: OpStats, what: str
         else:
             if state.smem.check_races:
                 _one_writer_each(offs, lanes, name, what)
-            t.store(offs, arr[lanes, col:col + count])
+            t.store(offs, arr[lanes, col:col + count], block_writer(state.bid, state.cluster))
         st.add(state.active_warps(), len(lanes) * bits)
     return run
 
