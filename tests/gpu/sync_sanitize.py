@@ -4,6 +4,7 @@ checked against numpy element by element, for running under compute-sanitizer:
     compute-sanitizer --tool racecheck python tests/gpu/sync_sanitize.py consumer
     compute-sanitizer --tool synccheck python tests/gpu/sync_sanitize.py plain
     compute-sanitizer --tool racecheck python tests/gpu/sync_sanitize.py scan
+    compute-sanitizer --tool racecheck python tests/gpu/sync_sanitize.py stages
 
 `--missing-barrier` lowers as before the fix of the warp-specialized consumer loop (no
 barrier between one iteration's reads of its scratch tile and the next iteration's write),
@@ -51,13 +52,26 @@ def run_scan(n: int = 3) -> None:
     assert np.array_equal(y.cpu().numpy(), K.scan_chain_ref(x, n)), "scan chain"
 
 
+def run_stages() -> None:
+    """The double-buffered loop with one barrier per iteration (STEP 1: the next iteration
+    writes the other stage) and the loops that keep two (STEP 2, a write one ahead)."""
+    x = K.stage_inputs()
+    xt = torch.from_numpy(x).cuda()
+    for step, ahead in ((1, 0), (2, 0), (1, 1)):
+        y = torch.full((16, 32), float("nan"), device="cuda")
+        K.stage_per_iteration[(2,)](xt, y, STEP=step, AHEAD=ahead)
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(y.cpu().numpy(), K.stage_reference(x, step), rtol=1e-5,
+                                   atol=1e-5, err_msg=f"step {step}, ahead {ahead}")
+
+
 def missing_barrier() -> None:
     """Lower the consumer loop as before the fix (`carried_conflict` never true)."""
     from tegula.lower import lower
     lower.SharedSync.carried_conflict = lambda self, ignore=frozenset(), advance=None: False
 
 
-CASES = {"plain": run_plain, "consumer": run_consumer, "scan": run_scan}
+CASES = {"plain": run_plain, "consumer": run_consumer, "scan": run_scan, "stages": run_stages}
 
 if __name__ == "__main__":
     if "--missing-barrier" in sys.argv:

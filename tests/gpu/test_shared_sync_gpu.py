@@ -36,7 +36,11 @@ def test_the_scan_chain_is_right_on_the_gpu():
     sync_sanitize.run_scan()
 
 
-@pytest.mark.parametrize("case", ["consumer", "scan"])
+def test_the_stage_loops_are_right_on_the_gpu():
+    sync_sanitize.run_stages()
+
+
+@pytest.mark.parametrize("case", ["consumer", "scan", "stages"])
 @pytest.mark.parametrize("tool", ["racecheck", "synccheck"])
 def test_the_consumer_loop_and_the_scan_chain_are_clean_under_compute_sanitizer(tool, case):
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"

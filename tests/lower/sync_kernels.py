@@ -257,3 +257,35 @@ def scan_chain_ref(x: np.ndarray, n: int) -> np.ndarray:
             out.append(v + np.cumsum(2 * t) if block else v)
         rows.append(np.concatenate(out)[:x.shape[1]])
     return np.stack(rows).astype(np.float32)
+
+
+# A loop over the stages of one 2-stage buffer (SharedSync's per-stage carried barrier).
+@tg.kernel(threads=64)
+def stage_per_iteration(x: tg.Tensor[f32], y: tg.Tensor[f32], STEP: tg.constexpr = 1,
+                        AHEAD: tg.constexpr = 0, B: tg.constexpr = 16):
+    """Iteration k writes stage k + AHEAD of a 2-stage buffer and reads stage k through
+    `.T` (other threads' elements): the write must wait for the reads of its stage."""
+    m = tg.block_id(0)
+    xv = x.tile((B, B), (m, None))
+    s = tg.shared((B, B), f32, stages=2)
+    acc = tg.zeros((B, B), f32)
+    if AHEAD:
+        tg.copy(xv[:, :, 0], s[0])
+    for k in tg.range(0, xv.shape[2], STEP):
+        tg.copy(xv[:, :, k + AHEAD], s[k + AHEAD])
+        acc = acc + tg.load(s[k].T) * (k + 1)
+    tg.copy(acc, y.tile((B, B), (0, m)))
+
+
+def stage_reference(x, step):
+    xp = np.pad(x, ((0, 0), (0, -x.shape[1] % 16 + 16))).astype(np.float64)
+    blocks = []
+    for b in range(x.shape[0] // 16):
+        rows = xp[16 * b:16 * b + 16]
+        blocks.append(sum(rows[:, 16 * k:16 * k + 16].T * (k + 1)
+                          for k in range(0, -(-x.shape[1] // 16), step)))
+    return np.concatenate(blocks, axis=1)
+
+
+def stage_inputs(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((32, 70)).astype(np.float32)

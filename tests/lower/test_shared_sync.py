@@ -118,33 +118,6 @@ def test_the_consumer_scratch_kernel_is_right_under_every_role_order(kernel, sha
 
 
 # -- a loop over the stages of one buffer (session 10: barriers per stage) ------------------
-@tg.kernel(threads=64)
-def _stage_per_iteration(x: tg.Tensor[tg.f32], y: tg.Tensor[tg.f32], STEP: tg.constexpr = 1,
-                         AHEAD: tg.constexpr = 0, B: tg.constexpr = 16):
-    """Iteration k writes stage k + AHEAD of a 2-stage buffer and reads stage k through
-    `.T` (other threads' elements): the write must wait for the reads of its stage."""
-    m = tg.block_id(0)
-    xv = x.tile((B, B), (m, None))
-    s = tg.shared((B, B), tg.f32, stages=2)
-    acc = tg.zeros((B, B), tg.f32)
-    if AHEAD:
-        tg.copy(xv[:, :, 0], s[0])
-    for k in tg.range(0, xv.shape[2], STEP):
-        tg.copy(xv[:, :, k + AHEAD], s[k + AHEAD])
-        acc = acc + tg.load(s[k].T) * (k + 1)
-    tg.copy(acc, y.tile((B, B), (0, m)))
-
-
-def _stage_reference(x, step):
-    xp = np.pad(x, ((0, 0), (0, -x.shape[1] % 16 + 16))).astype(np.float64)
-    blocks = []
-    for b in range(x.shape[0] // 16):
-        rows = xp[16 * b:16 * b + 16]
-        blocks.append(sum(rows[:, 16 * k:16 * k + 16].T * (k + 1)
-                          for k in range(0, -(-x.shape[1] // 16), step)))
-    return np.concatenate(blocks, axis=1)
-
-
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("step,ahead,barriers", [
     (1, 0, 1),   # the next iteration writes the other stage: no barrier ends the body
@@ -153,22 +126,22 @@ def _stage_reference(x, step):
 ])
 def test_a_loop_over_stages_ends_in_a_barrier_only_where_the_next_write_meets_a_read(
         step, ahead, barriers, target):
-    loop, = _loops(_body(_stage_per_iteration, target, STEP=step, AHEAD=ahead))
+    loop, = _loops(_body(K.stage_per_iteration, target, STEP=step, AHEAD=ahead))
     assert sum(map(_is_barrier, loop.body)) == barriers
     x = np.random.default_rng(step + 2 * ahead).standard_normal((32, 70)).astype(np.float32)
     y = np.full((16, 32), np.nan, np.float32)
     if ahead:  # the last iteration reads one tile past the end: zeros
-        tg.emulate(_stage_per_iteration, (2,), x, y, STEP=step, AHEAD=ahead, target=target)
+        tg.emulate(K.stage_per_iteration, (2,), x, y, STEP=step, AHEAD=ahead, target=target)
     else:
-        tg.emulate(_stage_per_iteration, (2,), x, y, STEP=step, target=target)
-    np.testing.assert_allclose(y, _stage_reference(x, step), rtol=1e-5, atol=1e-5)
+        tg.emulate(K.stage_per_iteration, (2,), x, y, STEP=step, target=target)
+    np.testing.assert_allclose(y, K.stage_reference(x, step), rtol=1e-5, atol=1e-5)
 
 
 def test_without_the_stage_rule_the_emulator_reports_the_race(monkeypatch):
     import tegula.lower.lower as lowering
     monkeypatch.setattr(lowering, "_may_meet", lambda tail, head, advance: False)
     x = np.random.default_rng(0).standard_normal((32, 70)).astype(np.float32)
-    fresh = tg.kernel(threads=64)(_stage_per_iteration.fn)   # built anew, not cached
+    fresh = tg.kernel(threads=64)(K.stage_per_iteration.fn)   # built anew, not cached
     loop, = _loops(_body(fresh, "sm_80", STEP=2))
     assert sum(map(_is_barrier, loop.body)) == 1
     with pytest.raises(Exception, match="race"):
