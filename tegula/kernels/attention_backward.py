@@ -69,7 +69,7 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 
 def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
-                         STAGES: int, LSE_SHARED: bool = True):
+                         STAGES: int):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
@@ -81,35 +81,29 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     sq = tg.shared((BM, D), dtype, stages=STAGES)
     sdo = tg.shared((BM, D), dtype, stages=STAGES)
     sds = tg.shared((BN, BM), dtype) if dq_accum is not None else None
-    # LSE_SHARED: lse and delta of the query block ride the pipeline too (loaded in the loop
-    # body, their global latency can stall every iteration; the dQ kernel loads them once)
-    if LSE_SHARED:
-        slse, sdelta = tg.shared((BM,), f32, stages=STAGES), tg.shared((BM,), f32, stages=STAGES)
     keys = tg.arange(BN, offset=n * BN)[:, None]            # (BN, 1) key positions
     dk_acc, dv_acc = tg.zeros((BN, D), f32), tg.zeros((BN, D), f32)
     first = 0
     if CAUSAL:  # the first query block whose last row reaches this block's first key
         first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
-    # The query-block pipeline nested in the G loop stays on cp.async (one block ahead).
-    # One pipeline over (head, block) pairs gets TMA on sm_90a but measured slower
-    # (H100, D=128, session 9: 230 TFLOP/s with the block issuing the TMA ring, 163
-    # with a producer warpgroup at 255 registers, against 359 for this form).
+    # The kernels keep one role (`warp_specialize=False`: the block issues its TMA ring).
+    # A producer warpgroup, which this nested pipeline gets by default since session 10,
+    # measured slower (H100, D=128, 4x16x4096, 64x64 blocks: dK/dV 2.72 ms against 2.00,
+    # 2.18 on cp.async; dQ 1.62 against 1.37). One pipeline over (head, block) pairs was
+    # slower too (session 9: 230 TFLOP/s with the block issuing the ring, 163 with a
+    # producer warpgroup at 255 registers, against 359 for this form).
     for g in tg.range(G):
         h = hk * G + g
         q_blocks = q[b, h].tile((BM, D), (None, 0))
         do_blocks = dout[b, h].tile((BM, D), (None, 0))
-        lse_blocks, delta_blocks = lse[b, h].tile((BM,), (None,)), delta[b, h].tile((BM,), (None,))
         for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
             tg.copy(q_blocks[:, :, m], sq[m])
             tg.copy(do_blocks[:, :, m], sdo[m])
-            if LSE_SHARED:
-                tg.copy(lse_blocks[:, m], slse[m])
-                tg.copy(delta_blocks[:, m], sdelta[m])
             queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
             # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
             # FMA per score
-            lse_m = tg.load(slse[m] if LSE_SHARED else lse_blocks[:, m])[None, :] * LOG2E
-            delta_m = tg.load(sdelta[m] if LSE_SHARED else delta_blocks[:, m])[None, :]
+            lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
+            delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
             s_t = tg.zeros((BN, BM), f32)
             tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
             seen = (keys < seq_k) & (queries < seq_q)
@@ -133,19 +127,17 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
 def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
     """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads."""
 
-    @tg.kernel(threads=128)
+    @tg.kernel(threads=128, warp_specialize=False)
     def attention_backward_dkdv(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                                 v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                 lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
                                 dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
                                 D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                 G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
-                                LSE_SHARED: tg.constexpr = True):
+                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, None, n, hk, b,
-                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
-                                              LSE_SHARED)
+                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
@@ -158,7 +150,7 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
     with float atomics: the backward without the dQ kernel's second pass over S and dP
     (5 gemms instead of 7), at the price of an order of the additions that varies."""
 
-    @tg.kernel(threads=128)
+    @tg.kernel(threads=128, warp_specialize=False)
     def attention_backward_dkdvdq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                                   v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                   lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
@@ -195,7 +187,7 @@ def attention_backward_dq_convert_kernel(dtype: DType) -> tg.Kernel:
 def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
     """dQ of one (BM, D) query block of head `h`, walking the key blocks in order."""
 
-    @tg.kernel(threads=128)
+    @tg.kernel(threads=128, warp_specialize=False)
     def attention_backward_dq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                               v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                               lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
