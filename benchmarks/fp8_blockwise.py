@@ -29,20 +29,16 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)]
 PER_TENSOR = [dict(BM=128, BN=256, BK=128, STAGES=3, GROUP=8, threads=256),
               dict(BM=128, BN=128, BK=128, STAGES=4, GROUP=8, threads=256)]
 BLOCKWISE_TILES = dict(BM=128, BN=128, STAGES=4, threads=256)
-#: Round 1 (session 10): one K block a stage 949 / 863 / 901 TFLOP/s; scales carried a block
-#: ahead 815 / 816 / 731 (a (BM, 1) tile carried is 64 registers and moves), promotion a
-#: block late 800 / 783 / 755 (ptxas waits for the wgmmas before the copies), 2-CTA clusters
-#: no better, 128x256 as two column parts 341-399 (spills).
-BLOCKWISE_PERSISTENT = [dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
-                        dict(BM=192, BN=128, STAGES=4, GROUP=8, threads=384),
-                        dict(BM=192, BN=128, STAGES=3, GROUP=8, threads=384),
-                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True),
-                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True,
-                             ROTATE=False),
-                        dict(BM=128, BN=128, STAGES=2, GROUP=8, threads=256, PAIR=True),
-                        dict(BM=128, BN=128, STAGES=3, GROUP=16, threads=256, PAIR=True),
-                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, PAIR=True,
-                             CLUSTER=2)]
+#: Rounds 1-2 (session 10, TFLOP/s at 4096^3 / 8192^3 / 4096x7168x2048): 128x128 on two
+#: consumer warpgroups 927-949 / 863-878 / 876-901; 192x128 on three 948 / 1014 / 957 (3
+#: stages; 4: 825 / 894 / 930). Slower, dropped: scales carried a K block ahead (815 / 816 /
+#: 731), promotion a block late (800 / 783 / 755), two K blocks a stage (879-928 / 871-903 /
+#: 820-868), 2-CTA clusters (no gain), 128x256 as two column parts (341-399, spills).
+BLOCKWISE_PERSISTENT = [dict(BM=192, BN=128, STAGES=3, GROUP=8, threads=384),
+                        dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
+                        dict(BM=192, BN=128, STAGES=2, GROUP=8, threads=384),
+                        dict(BM=192, BN=128, STAGES=3, GROUP=4, threads=384),
+                        dict(BM=192, BN=128, STAGES=3, GROUP=16, threads=384)]
 
 
 def bench(fn) -> float:
@@ -83,11 +79,16 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
                      ref_block))
         for c in BLOCKWISE_PERSISTENT:
             runs.append((f"blockwise persistent {c['BM']}x{c['BN']} S{c['STAGES']} "
-                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}{' PAIR' * c.get('PAIR', 0)}"
-                         f"{' unrotated' * (c.get('ROTATE') is False)}",
+                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}",
                          fp8.fp8_blockwise_persistent_kernel(out_t),
                          persistent_grid(m, n, sms, c["BM"], c["BN"], c.get("CLUSTER", 1)),
                          (block_a, block_b), c, ref_block))
+        import tegula.kernels as tk
+
+        def entry(a, w, s1, s2, c, **_):      # matmul_fp8 as users call it (autotuned)
+            return tk.matmul_fp8(a, w.T, s1, s2, torch.bfloat16, True, out=c)
+        runs.append(("blockwise tk.matmul_fp8 (autotuned)", {(): entry}, (),  # entry[()]: as
+                     (block_a, block_b), {}, ref_block))                    # a kernel[grid]
         per_tensor = None
         for name, kernel, grid, (s1, s2), cfg, ref in runs:
             label = f"{m}x{n}x{k} {name}"
@@ -117,16 +118,15 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
 #: puts one expert's three 128-row tiles (384 rows each, balanced) in a band. 64-row tiles
 #: on one warpgroup (threads=128, unstaged) run ping-pong: one consumer warpgroup's
 #: epilogue overlaps the other's main loop (K = 2048 is 32 k-steps a tile).
-#: Round 1 (session 10, dense 730 TFLOP/s): 128x256 G8 515, 128x240 G8 506, 128x176 G8 530,
-#: 128x176 G3 555 (0.76x), unstaged 493, 128x128 503, ping-pong 64x256 437 / 64x176 479.
+#: Rounds 1-2 (session 10, dense 723-730 TFLOP/s): 128x256 in bands of 8 row tiles 515,
+#: 128x176 in bands of 8 530, of 3 (one expert) 554-555 (0.77x), of 6 544, of 1 538;
+#: 128x176 3 stages 479, BK 128 386; 128x240 506-522, 128x128 503-527; ping-pong 64x256 437
+#: / 64x176 479. ncu (128x176, bands of 3): 263 us, 479 MB from DRAM (61% of its peak),
+#: tensor pipe 77% active. Round 3: 192-row tiles on three consumer warpgroups (an
+#: expert's 384 rows are two of them).
 MOE_CONFIGS = [dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=3, threads=256, STAGED=True),
-               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=6, threads=256, STAGED=True),
-               dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=1, threads=256, STAGED=True),
-               dict(BM=128, BN=176, BK=64, STAGES=3, GROUP=3, threads=256, STAGED=True),
-               dict(BM=128, BN=256, BK=64, STAGES=3, GROUP=3, threads=256, STAGED=True),
-               dict(BM=128, BN=240, BK=64, STAGES=3, GROUP=3, threads=256, STAGED=True),
-               dict(BM=128, BN=128, BK=64, STAGES=4, GROUP=3, threads=256, STAGED=True),
-               dict(BM=128, BN=176, BK=128, STAGES=2, GROUP=3, threads=256, STAGED=True)]
+               dict(BM=192, BN=176, BK=64, STAGES=3, GROUP=2, threads=384, STAGED=True),
+               dict(BM=192, BN=128, BK=64, STAGES=4, GROUP=2, threads=384, STAGED=True)]
 
 
 def moe_rows(budget: float) -> list[tuple[str, str]]:
@@ -159,6 +159,28 @@ def moe_rows(budget: float) -> list[tuple[str, str]]:
                          f"{err:.1e}, {nans} NaN"))
         except Exception as e:
             rows.append((label, f"FAILED {type(e).__name__}: {e}"[:200]))
+        print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
+    rows += moe_bench_rows(budget)
+    return rows
+
+
+def moe_bench_rows(budget: float) -> list[tuple[str, str]]:
+    """`tegula bench moe`'s three balanced bf16 cases (`bench.moe.bench_case`: moe_gemm
+    autotuned as users call it, checked against the torch loop, L2 flushed clean; dense
+    cuBLAS at equal FLOPs), while the budget lasts."""
+    from tegula.bench.moe import CASES, bench_case
+    rows = []
+    for label, *dims in CASES:
+        if time.time() - START > budget:
+            rows.append((f"{label} bench moe", "skipped (time)"))
+            continue
+        res = bench_case(torch, label, tuple(dims), True, False, None, None, "clean")["results"]
+        if "tflops" not in res["tegula"]:
+            rows.append((f"{label} bench moe (autotuned)", str(res["tegula"])))
+        else:
+            t, d = res["tegula"]["tflops"], res["dense"]["tflops"]
+            rows.append((f"{label} bench moe (autotuned)", f"{t:.0f} TFLOP/s = {t / d:.2f}x "
+                         f"dense ({d:.0f}), max err {res['tegula']['rel_err']:.1e}"))
         print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
     return rows
 

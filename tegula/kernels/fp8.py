@@ -75,68 +75,40 @@ def fp8_persistent_gemm_kernel(out_t: DType) -> tg.Kernel:
     return fp8_persistent_gemm
 
 
-def blockwise_buffers(BM: int, BN: int, STAGES: int, PAIR: bool = False) -> list:
-    """The staged shared tiles of `blockwise_product`, STAGES deep: (a's (BM, 128), b's
-    (BN, 128)) for each K block of a stage — one, or two with PAIR."""
-    return [(tg.shared((BM, SCALE_BLOCK), f8e4m3, stages=STAGES),
-             tg.shared((BN, SCALE_BLOCK), f8e4m3, stages=STAGES)) for _ in range(1 + PAIR)]
+def blockwise_buffers(BM: int, BN: int, STAGES: int) -> tuple:
+    """The staged shared tiles of `blockwise_product`: a's (BM, 128) and b's (BN, 128),
+    STAGES deep."""
+    return (tg.shared((BM, SCALE_BLOCK), f8e4m3, stages=STAGES),
+            tg.shared((BN, SCALE_BLOCK), f8e4m3, stages=STAGES))
 
 
 def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
-                      buffers: list, ROTATE: bool = True):
+                      buffers: tuple):
     """The f32 (BM, BN) tile (m, n) of the blockwise-scaled a @ b.T (trace time). Per
     128-wide K block: a *fresh* f32 product, scaled by a's row scales times b's block
     scale and added to the accumulator (the promotion every 128 of K). The scales are
-    loaded before the gemms, so their loads fly while the tensor cores run (after them
-    they waited for the wgmmas: 802 against 791 TFLOP/s on an H100).
-
-    With two `buffers` (PAIR) a stage holds two K blocks, each multiplied into its own
-    product tile, and every promotion runs while the other tile's wgmmas do (without, a
-    warpgroup's tensor cores wait through its own multiply-adds every K block): block 2k's
-    gemm is issued, then block 2k-1's product (left from the iteration before) promoted,
-    then block 2k+1's gemm issued and block 2k's promoted. Block 2k-1's scales are loaded
-    again rather than carried (a carried (BM, 1) tile is 64 registers and moves a thread);
-    the zero fill before each gemm becomes the wgmma's scale-d 0 (lowering), so no fill
-    writes a tile while the other's wgmmas run. A K block past K (an odd count) loads as
-    zeros, its scales too. ROTATE=False (to measure): both gemms issued, then both
-    promotions (only the first overlaps a gemm; ptxas does not wait between the gemms)."""
-    blocks = len(buffers)
+    loaded before the gemm, so their loads fly while the tensor cores run (after it they
+    waited for the wgmmas: 802 against 791 TFLOP/s on an H100). A warpgroup's tensor
+    cores wait through its own multiply-adds every K block; the other consumer warpgroups'
+    wgmmas fill them (session 10, H100: three warpgroups on 192x128 tiles beat two on
+    128x128 by 2-9%). Measured slower and dropped: scales carried a K block ahead (a
+    carried (BM, 1) tile is 64 registers and moves a thread), the promotion a block late
+    (ptxas waits for the wgmmas before the copies), two K blocks a stage with one promoted
+    during the other's wgmmas (ptxas schedules the multiply-adds before the gemm issue),
+    128x256 tiles as two 128-wide parts (spills)."""
+    sa, sb = buffers
     ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, K/128)
     gb = b.tile((BN, SCALE_BLOCK), (n, None))
     row_scales = scale_a.tile((BM, 1), (m, None))              # (BM, 1, K/128)
     block_scales = scale_b.tile((1, 1), ((n * BN) // SCALE_BLOCK, None))
-
-    def scale_of(j):                                           # (BM, 1): K block j's
-        return tg.load(row_scales[:, :, j]) * tg.load(block_scales[:, :, j])
-
     acc = tg.zeros((BM, BN), f32)
-    parts = [tg.zeros((BM, BN), f32) for _ in buffers]         # written in place
-    for k in tg.pipeline(tg.cdiv(ga.shape[2], blocks), stages=STAGES):
-        for i, (sa, sb) in enumerate(buffers):
-            tg.copy(ga[:, :, k * blocks + i], sa[k])
-            tg.copy(gb[:, :, k * blocks + i], sb[k])
-        first = scale_of(k * blocks)
-        if blocks == 2 and not ROTATE:
-            second = scale_of(k * blocks + 1)
-            for part in parts:
-                part.assign(0.0)
-            for part, (sa, sb) in zip(parts, buffers):
-                tg.gemm(part, sa[k], sb[k])
-            acc += parts[0] * first
-            acc += parts[1] * second
-            continue
-        if blocks == 2:     # block 2k-1's scales (k = 0: block 0's, times a zero product)
-            before = scale_of(tg.maximum(2 * k - 1, 0))
-        parts[0].assign(0.0)                                   # promoted every 128 of K
-        tg.gemm(parts[0], buffers[0][0][k], buffers[0][1][k])
-        if blocks == 2:
-            acc += parts[1] * before
-            parts[1].assign(0.0)
-            tg.gemm(parts[1], buffers[1][0][k], buffers[1][1][k])
-        acc += parts[0] * first                                # (BM, 1) scales broadcast
-    if blocks == 2 and ROTATE:  # the last block's product (its scales: a clamped index)
-        acc += parts[1] * scale_of(tg.minimum(tg.cdiv(ga.shape[2], 2) * 2 - 1,
-                                              ga.shape[2] - 1))
+    for k in tg.pipeline(ga.shape[2], stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
+        part = tg.zeros((BM, BN), f32)                         # promoted every 128 of K
+        tg.gemm(part, sa[k], sb[k])
+        acc += part * scale                                    # (BM, 1) scales broadcast
     return acc
 
 
@@ -168,20 +140,19 @@ def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
     walk (one block per SM, grouped-rows order, one TMA ring for the block's life on
     sm_90a, so the producer warpgroup loads the next tile while the consumers store this
     one) around `blockwise_product`. On sm_90a the scale loads and the promotion run in
-    the consumer warpgroups, between each K block's wgmma wait and the next K block; with
-    PAIR a stage holds two K blocks, the first promoted while the second's wgmmas run."""
+    the consumer warpgroups, between each K block's wgmma wait and the next K block. On an
+    H100 its best tile is 192x128 on three consumer warpgroups (threads=384), 3 stages."""
 
     @tg.kernel(threads=128)
     def fp8_blockwise_persistent(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
                                  scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
                                  c: tg.Tensor[out_t], BM: tg.constexpr = 128,
                                  BN: tg.constexpr = 128, STAGES: tg.constexpr = 4,
-                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1,
-                                 PAIR: tg.constexpr = False, ROTATE: tg.constexpr = True):
+                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
         def make_product():
-            buffers = blockwise_buffers(BM, BN, STAGES, PAIR)
+            buffers = blockwise_buffers(BM, BN, STAGES)
             return lambda m, n: blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN,
-                                                  STAGES, buffers, ROTATE)
+                                                  STAGES, buffers)
 
         def finish(acc, m, n):
             tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))

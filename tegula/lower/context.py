@@ -42,9 +42,6 @@ class LoweringContext:
         # alloc id -> the stage its wgmma descriptors read, where a TMA ring running across
         # enclosing loops decides it (`lower/pipeline.py: Ring.slot`) rather than `k % S`.
         self.ring_slots: dict = {}
-        # ids of wgmma gemms whose fill with zeros lowering dropped: their first k-step
-        # runs with scale-d 0 (`lower/lower.py: zero_fill_of_wgmma`).
-        self.zero_init: set = set()
 
     def unique(self, base: str) -> str:
         """`base`, or `base_2`, `base_3`, … — the first name not yet handed out."""

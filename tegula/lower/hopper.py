@@ -205,9 +205,8 @@ def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0,
             raise SynthesisError(f"gemm: operand a {describe(op.a)} is not in the A fragment "
                                  f"layout of {plan.describe()}", loc=op.loc)
     a_values = atom.a_tv[1].size
-    fresh = id(op) in ctx.zero_init     # its fill with zeros dropped: scale-d 0 at k-step 0
-    stmts: list = [Comment(f"gemm {describe(op.c)} {'=' if fresh else '+='} {describe(op.a)} @ "
-                           f"{describe(op.b)}^T: {plan.describe()}"), WgmmaFence()]
+    stmts: list = [Comment(f"gemm {describe(op.c)} += {describe(op.a)} @ {describe(op.b)}^T: "
+                           f"{plan.describe()}"), WgmmaFence()]
     for rk in range(rk_count):
         for rm in range(rm_count):
             if a_regs is not None:
@@ -221,7 +220,7 @@ def lower_wgmma_gemm(ctx: LoweringContext, op: Gemm, pending: int = 0,
                                  plan.swizzle_b, plan.trans_b, slot)
                 first = values * (rm + rm_count * rn)
                 d = [reg(c_regs, c_map[first + x]) for x in range(values)]
-                stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(0 if fresh and rk == 0 else 1),
+                stmts.append(Wgmma(atom.name, d, a, b, scale_d=Const(1),
                                    trans_a=plan.trans_a, trans_b=plan.trans_b))
     return stmts + [WgmmaCommit(), WgmmaWait(pending)]
 

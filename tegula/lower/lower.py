@@ -214,13 +214,6 @@ def shared_accesses_within(ops: list[Op]) -> tuple[set, set]:
     return reads, writes
 
 
-def zero_fill_of_wgmma(op: Op, following: list[Op]) -> bool:
-    """True for `tile = 0` right before a wgmma gemm accumulating into that tile."""
-    from tegula.lower.hopper import is_wgmma
-    return (isinstance(op, Fill) and op.value == 0 and bool(following)
-            and is_wgmma(following[0]) and following[0].c is op.dst)
-
-
 class KernelLowering:
     def __init__(self, kernel: TracedKernel, ctx: LoweringContext):
         self.kernel = kernel
@@ -228,13 +221,7 @@ class KernelLowering:
 
     def ops(self, ops: list[Op], sync: SharedSync) -> list:
         stmts: list = []
-        for i, op in enumerate(ops):
-            if zero_fill_of_wgmma(op, ops[i + 1:i + 2]):
-                # The gemm's first k-step starts from zero itself (wgmma scale-d 0): the
-                # fill would write registers that other wgmmas may still have in flight,
-                # for which ptxas waits (C7517).
-                self.ctx.zero_init.add(id(ops[i + 1]))
-                continue
+        for op in ops:
             if isinstance(op, ForLoop):
                 stmts += self.loop(op, sync)
             elif isinstance(op, IfThen):

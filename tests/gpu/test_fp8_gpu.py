@@ -166,11 +166,8 @@ def test_blockwise_kernel(m, n, k, target, out_t):
 
 BLOCKWISE_PERSISTENT_CONFIGS = [
     dict(BM=128, BN=128, STAGES=4, threads=256),
-    dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True),
-    dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True, ROTATE=False),
     dict(BM=128, BN=128, STAGES=4, threads=256, CLUSTER=2),
-    dict(BM=192, BN=128, STAGES=4, threads=384),
-    dict(BM=64, BN=64, STAGES=2, GROUP=3), dict(BM=64, BN=128, STAGES=2, GROUP=3, PAIR=True)]
+    dict(BM=192, BN=128, STAGES=3, threads=384), dict(BM=64, BN=64, STAGES=2, GROUP=3)]
 
 
 @pytest.mark.parametrize("config", BLOCKWISE_PERSISTENT_CONFIGS,
@@ -179,8 +176,7 @@ BLOCKWISE_PERSISTENT_CONFIGS = [
 def test_blockwise_persistent_kernel(m, n, k, config):
     """The persistent warp-specialized blockwise kernel (session 10) on min(tiles, SMs)
     blocks: its TMA ring runs across the tiles with the promotion in the consumers; in
-    2-CTA clusters b's boxes are multicast; PAIR stages two K blocks (an odd count of
-    them at K = 128, 384, 640: the last pair's second block is zeros)."""
+    2-CTA clusters b's boxes are multicast; 192x128 tiles on three consumer warpgroups."""
     from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
     from tegula.kernels.gemm import persistent_grid
 

@@ -117,18 +117,15 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
     ((5, 40, 128), dict(BM=64, BN=64, GROUP=1), 4),                     # idle blocks
     ((200, 150, 384), dict(BM=64, BN=64, GROUP=2, CLUSTER=2), 4),       # b multicast
     ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2),
-    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True), 2),  # odd
-    ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, PAIR=True, role_order="random:3"), 3),
-    ((9, 64, 128), dict(BM=64, BN=64, PAIR=True), 2),                   # one block, odd
-    ((200, 129, 384), dict(BM=128, BN=128, GROUP=2, threads=256, PAIR=True, ROTATE=False), 2),
+    ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, role_order="random:3"), 3),
+    ((9, 64, 128), dict(BM=64, BN=64), 2),                              # one block
     ((250, 100, 256), dict(BM=192, BN=64, GROUP=2, threads=384), 2)])   # 3 consumers
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
     blocks, ragged M and N, 2-CTA clusters (b's boxes multicast, a stage released by each
     warp of both blocks once its wgmmas retired; an odd number of row tiles), random role
-    interleavings, two K blocks a stage (PAIR; an odd K block count, whose last pair's
-    second block loads as zeros), scales over four decades; every element against the
-    float64 reference."""
+    interleavings, three consumer warpgroups (threads=384), scales over four decades;
+    every element against the float64 reference."""
     m, n, k = shape
     rng = np.random.default_rng(m + 3 * n + k)
     a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
@@ -143,33 +140,20 @@ def test_blockwise_persistent(shape, tiles, sms):
 
 def test_large_blockwise_candidates_start_with_the_persistent_kernel():
     """matmul_fp8(block_scales=True) times the persistent blockwise kernel first on Hopper
-    for shapes that fill the GPU (one K block a stage, and two), not on other GPUs or for
-    decode shapes; both build to the warp-specialized TMA ring."""
+    for shapes that fill the GPU (192x128 on three consumer warpgroups, then 128x128 on
+    two), not on other GPUs or for decode shapes; both build to the warp-specialized TMA
+    ring."""
     import tegula as tg
     from tegula.kernels.api_matmul import fp8_candidates
     from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
-    first, paired = fp8_candidates(4096, 4096, 4096, True)[:2]
-    assert first["kernel"] == paired["kernel"] == "persistent" and paired["PAIR"]
+    first, second = fp8_candidates(4096, 4096, 4096, True)[:2]
+    assert first["kernel"] == second["kernel"] == "persistent"
+    assert (first["BM"], first["threads"], second["BM"]) == (192, 384, 128)
     assert not any(c.get("kernel") for c in fp8_candidates(4096, 4096, 4096, True, False))
     assert not any(c.get("kernel") for c in fp8_candidates(64, 4096, 4096, True))
-    config = {k: v for k, v in paired.items() if k != "kernel"}
+    config = {k: v for k, v in first.items() if k != "kernel"}
     text = tg.explain(fp8_blockwise_persistent_kernel(bf16), **config)
     assert "the ring runs across the enclosing loop" in text and "producer warpgroup" in text
-
-
-def test_a_zero_fill_before_a_wgmma_becomes_its_scale_d():
-    """Lowering drops `part = 0` right before the wgmma gemm into `part` and issues the
-    gemm's first k-step with scale-d 0 (the fill would write registers while the other
-    product's wgmmas run, for which ptxas waits); later k-steps accumulate. The results
-    are the emulator tests above."""
-    from tegula.build import build
-    from tegula.kernels.fp8 import fp8_blockwise_persistent_kernel
-    from tegula.lower.async_ir import Wgmma
-    from tegula.lower.thread_ir import walk
-    built = build(fp8_blockwise_persistent_kernel(bf16),
-                  dict(BM=128, BN=128, STAGES=3, threads=256, PAIR=True), None, "sm_90a")
-    scale_d = [str(s.scale_d) for s in walk(built.thread_kernel.body) if isinstance(s, Wgmma)]
-    assert scale_d == ["0", "1", "1", "1"] * 2      # two gemms of four k32 steps
 
 
 def test_blockwise_persistent_keeps_the_tma_ring_across_tiles():
