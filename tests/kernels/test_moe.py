@@ -70,18 +70,21 @@ def test_grouped_gemm_matches_loop_over_experts(counts, n, k, persistent, staged
     assert np.isnan(out[offsets[-1]:]).all(), "rows of no expert were written"
 
 
-@pytest.mark.parametrize("bn, n, staged", [(48, 100, True), (48, 96, False), (40, 120, True)])
-def test_grouped_gemm_with_tile_widths_that_are_not_powers_of_two(bn, n, staged):
+@pytest.mark.parametrize("bm, bn, n, staged", [(64, 48, 100, True), (64, 48, 96, False),
+                                               (64, 40, 120, True), (192, 48, 100, True)])
+def test_grouped_gemm_with_tile_widths_that_are_not_powers_of_two(bm, bn, n, staged):
     """Column tiles a wgmma n48 / n40 wide (session 10: N = 1408, the 64-expert model's,
     is 8 tiles of 176 or 6 of 240, where 256 wastes a ninth): ragged and exact N, 70 rows
     over two 64-row tiles, an empty expert, K not a multiple of BK, on sm_90a's warp-
-    specialized TMA pipeline."""
-    rng = np.random.default_rng(bn + n)
+    specialized TMA pipeline; and 192-row tiles on three consumer warpgroups, each
+    expert's rows a fraction of one."""
+    rng = np.random.default_rng(bn + n + bm)
     offsets = offsets_of([70, 0, 5, 64])
     x = random_input(rng, (offsets[-1] + 2, 40), bf16)
     w = random_input(rng, (4, n, 40), bf16)
     out = moe.moe_gemm_emulated(x, w, offsets, dtype=bf16, target="sm_90a", STAGED=staged,
-                                BM=64, BN=bn, BK=16, STAGES=2, GROUP=2)
+                                BM=bm, BN=bn, BK=16, STAGES=2, GROUP=2,
+                                **({"threads": 384} if bm == 192 else {}))
     check_rows(out, x, w, offsets, bf16)
     assert np.isnan(out[offsets[-1]:]).all(), "rows of no expert were written"
 
