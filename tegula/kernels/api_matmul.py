@@ -112,7 +112,7 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
     TFLOP/s, one block per tile 617). Large tiles take 256 threads, keeping accumulators
     at ≤ 128 f32 registers a thread."""
     if _api._pow2_at_least(m, 1) <= 256:
-        chosen, split = _few_rows_candidates(m, hopper)
+        chosen, split = _few_rows_candidates(m, n, hopper)
     else:
         chosen, split = _many_rows_candidates(m, n, k, hopper, fused), []
     # Split K only where each split still has a few k-tiles to pipeline.
@@ -140,15 +140,22 @@ STREAM_64 = [dict(BM=64, BN=32, BK=128, STAGES=6), dict(BM=64, BN=32, BK=64, STA
 STREAM_128 = [dict(BM=64, BN=64, BK=64, STAGES=12), dict(BM=64, BN=64, BK=128, STAGES=6),
               dict(BM=128, BN=32, BK=64, STAGES=8, threads=256),
               dict(BM=128, BN=128, BK=64, STAGES=6, threads=256)]
+#: sm_90a, weights of more than 8192 rows (N): tiles 112 wide, so N = 14336 is 128 blocks
+#: (one per SM, one wave) and 11008 99. At 64×14336×14336: 64×112×128 in 4 stages 1.02×
+#: cuBLAS, 64×64×128 in 6 1.00×, 64×32 0.92–0.93× (the previous picks); at
+#: 128×11008×14336: 128×96 0.95×, 128×128 0.94×, 128×112 0.93×, ping-pong 0.87× (H100,
+#: session 10, round 2).
+WIDE_N_64 = dict(BM=64, BN=112, BK=128, STAGES=4)
+WIDE_N_128 = dict(BM=128, BN=112, BK=64, STAGES=7, threads=256)
 
 
-def _few_rows_candidates(m: int, hopper: bool) -> tuple[list[dict], list[dict]]:
+def _few_rows_candidates(m: int, n: int, hopper: bool) -> tuple[list[dict], list[dict]]:
     """(unsplit, split-K) candidates for decode shapes (up to 256 rows). With M = 16 a
     128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
     narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
     long K, splitting it multiplies the blocks again (128×4096 in 64×128 tiles is 64
     blocks; split 4 ways, 256). On sm_90a the streaming tiles (`STREAM_64`,
-    `STREAM_128`) come first."""
+    `STREAM_128`, and 112-wide ones for weights of more than 8192 rows) come first."""
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
     rows = _api._pow2_at_least(m, 1)
     if rows <= 16:
@@ -164,9 +171,10 @@ def _few_rows_candidates(m: int, hopper: bool) -> tuple[list[dict], list[dict]]:
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
         return chosen, split
+    wide_n = _api._pow2_at_least(n, 1) > 8192
     if rows <= 64:
         if hopper:
-            return STREAM_64 + [dict(BM=32, BN=64, BK=64, STAGES=4)], \
+            return STREAM_64 + [WIDE_N_64] * wide_n + [dict(BM=32, BN=64, BK=64, STAGES=4)], \
                 [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
         return [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
                 dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
@@ -174,7 +182,7 @@ def _few_rows_candidates(m: int, hopper: bool) -> tuple[list[dict], list[dict]]:
                              dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2),
                              dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)]
     if hopper:
-        return STREAM_128 + [PERSISTENT_PINGPONG], \
+        return STREAM_128 + [WIDE_N_128] * wide_n + [PERSISTENT_PINGPONG], \
             [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2)]
     return [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
             dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),

@@ -1,5 +1,5 @@
 """matmul's sm_90a tile configurations (`api_matmul.STREAM_64`, `STREAM_128`,
-`SMALL_SQUARES`: deep TMA rings, 128-wide k-steps, two consumer warpgroups, 2-block
+`SMALL_SQUARES`, `WIDE_N_64`, `WIDE_N_128`: deep TMA rings, 112-wide tiles, 128-wide k-steps, two consumer warpgroups, 2-block
 clusters multicasting a) in the emulator against numpy, every element, each at a shape of
 the row class it is chosen for with N and K no multiple of the tile (the last k-step
 partial; one shape with fewer k-steps than stages) — K a multiple of 8, so rows stay
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from tegula.dtypes import f16
-from tegula.kernels.api_matmul import SMALL_SQUARES, STREAM_64, STREAM_128
+from tegula.kernels.api_matmul import (SMALL_SQUARES, STREAM_64, STREAM_128, WIDE_N_64,
+                                       WIDE_N_128)
 from tegula.kernels.common import random_input
 from tegula.kernels.gemm import gemm_emulated
 
@@ -26,7 +27,8 @@ from test_gemm import check_gemm  # noqa: E402
 
 #: (configurations, the (M, N, K) they run at): rows of their class, ragged N and K.
 CASES = [(STREAM_64, (50, 100, 328)), (STREAM_128, (100, 150, 200)),
-         (SMALL_SQUARES, (140, 90, 136))]
+         (SMALL_SQUARES, (140, 90, 136)), ([WIDE_N_64], (40, 300, 392)),
+         ([WIDE_N_128], (128, 230, 136))]
 PARAMS = [pytest.param(config, shape, id=",".join(f"{k}={v}" for k, v in config.items()))
           for configs, shape in CASES for config in configs]
 
