@@ -99,13 +99,21 @@ def compile_job(shape: tuple, config: dict, activation: str | None = None) -> st
     return ""
 
 
-def bench_jobs(shapes: list[tuple], activation: str | None) -> list[tuple]:
+def _bucket_candidates(shape: tuple, fused: bool) -> list[dict]:
+    return candidates(shape, [], fused)
+
+
+def bench_jobs(shapes: list[tuple], activation: str | None, pool=None) -> list[tuple]:
     """(shape, config, activation) of every candidate matmul times on these shapes, each
     compiled cubin once: a configuration's source depends on the shape only through its
-    facts (divisibility, index width), so one shape of each fact class is enough."""
+    facts (divisibility, index width), so one shape of each fact class is enough. With a
+    `pool` the candidate lists (a cost-model search for some buckets, ~1 s each) are made
+    in its processes."""
+    fused = [activation is not None] * len(shapes)
+    lists = (pool.map if pool is not None else map)(_bucket_candidates, shapes, fused)
     jobs, seen = [], set()
-    for shape in shapes:
-        for c in candidates(shape, [], activation is not None):
+    for shape, found in zip(shapes, lists):
+        for c in found:
             key = (json.dumps(c, sort_keys=True), tuple(s % 16 == 0 for s in shape),
                    max(shape[0], shape[1]) * shape[2] >= 2 ** 31)
             if key not in seen:
@@ -114,10 +122,19 @@ def bench_jobs(shapes: list[tuple], activation: str | None) -> list[tuple]:
     return jobs
 
 
-def precompile(jobs: list[tuple], workers: int) -> dict:
+def compile_pool(workers: int):
+    return concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"))  # no CUDA state inherited
+
+
+def precompile(jobs: list[tuple], workers: int, pool=None) -> dict:
+    """Compile `jobs` ((shape, config[, activation]) each) in `workers` processes (or in
+    `pool`); the errors by job."""
     start = time.time()
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    if pool is None:
+        with compile_pool(workers) as pool:
+            errors = list(pool.map(compile_job, *zip(*jobs)))
+    else:
         errors = list(pool.map(compile_job, *zip(*jobs)))
     print(f"precompiled {len(jobs)} configurations in {time.time() - start:.1f} s", flush=True)
     return {json.dumps(job, sort_keys=True): e for job, e in zip(jobs, errors) if e}
@@ -209,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         default = {"plain": bench.SQUARES + bench.LLM + bench.DECODE,
                    "epilogue": bench.EPILOGUE_SHAPES}[args.precompile_bench]
         chosen = shapes if "--shapes" in (argv or sys.argv) else default
-        precompile(bench_jobs(chosen, args.activation if args.precompile_bench == "epilogue"
-                              else None), args.jobs)
+        activation = args.activation if args.precompile_bench == "epilogue" else None
+        with compile_pool(args.jobs) as pool:
+            precompile(bench_jobs(chosen, activation, pool), args.jobs, pool)
         return 0
     extra = json.loads(args.extra)
     per_shape = {s: candidates(s, extra if isinstance(extra, list)
