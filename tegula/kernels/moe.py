@@ -563,7 +563,8 @@ def moe_candidates(rows: int, experts: int, fp8: bool, n: int = 0) -> list[dict]
     not divide N, a `column_tile` wide tile comes first. The schedule's bands (GROUP) are
     an average expert's row tiles, so the items running together read one expert's weight
     tiles while they are in L2 (64 experts top-6 on an H100, session 10: 128x176 tiles
-    0.73x dense in bands of 8 row tiles, 0.76x in bands of 3, one expert's)."""
+    0.73x dense in bands of 8 row tiles, 0.76x in bands of 3, one expert's); where that
+    column tile is at most 176 wide, 192-row tiles on three consumer warpgroups too."""
     bk = 128 if fp8 else 64
 
     def group(bm: int) -> int:
@@ -578,6 +579,9 @@ def moe_candidates(rows: int, experts: int, fp8: bool, n: int = 0) -> list[dict]
     if column_tile(n) != 256:
         options.insert(0, dict(BM=128, BN=column_tile(n), BK=bk, STAGES=4, GROUP=group(128),
                                threads=256, STAGED=True))
+    if column_tile(n) <= 176:   # 192 rows on three consumer warpgroups (fits 3 stages)
+        options.insert(1, dict(BM=192, BN=column_tile(n), BK=bk, STAGES=3, GROUP=group(192),
+                               threads=384, STAGED=True))
     if rows < 128 * experts:
         options = [dict(BM=64, BN=128, BK=bk, STAGES=4, GROUP=group(64), STAGED=True),
                    dict(BM=64, BN=256, BK=bk, STAGES=3, GROUP=group(64), STAGED=True)] + \

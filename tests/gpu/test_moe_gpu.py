@@ -23,7 +23,11 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
 CONFIGS = [dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
            dict(BM=128, BN=256, BK=64, STAGES=3, GROUP=8, threads=256, STAGED=True),
            dict(BM=128, BN=128, BK=64, STAGES=4, GROUP=8),
-           dict(BM=64, BN=128, BK=64, STAGES=3, GROUP=4, PERSISTENT=False)]
+           dict(BM=64, BN=128, BK=64, STAGES=3, GROUP=4, PERSISTENT=False),
+           # session 10's 64-expert candidates: a 176-wide column tile, 192 rows on three
+           # consumer warpgroups, bands of 3 / 2 row tiles
+           dict(BM=128, BN=176, BK=64, STAGES=4, GROUP=3, threads=256, STAGED=True),
+           dict(BM=192, BN=176, BK=64, STAGES=3, GROUP=2, threads=384, STAGED=True)]
 
 
 def problem(counts, n, k, seed, extra_rows=5):
@@ -68,7 +72,8 @@ CASES = [([300, 0, 517, 1, 129, 0, 64, 200], 1000, 520),   # empty experts, ragg
 
 
 @pytest.mark.parametrize("config", CONFIGS,
-                         ids=["p128x256", "p128x256staged", "p128x128", "np64x128"])
+                         ids=["p128x256", "p128x256staged", "p128x128", "np64x128",
+                              "p128x176staged", "p192x176staged"])
 @pytest.mark.parametrize("counts, n, k", CASES, ids=["ragged", "one-expert", "few-rows"])
 def test_moe_gemm_matches_torch_loop(counts, n, k, config):
     x, w, offsets = problem(counts, n, k, seed=n + k)

@@ -91,13 +91,15 @@ def test_grouped_gemm_with_tile_widths_that_are_not_powers_of_two(bm, bn, n, sta
 
 def test_candidates_fit_the_column_tile_to_n_and_the_bands_to_an_expert():
     """The autotuner's first candidate for the 64-expert top-6 model (N = 1408, 384 rows
-    an expert) is 176 columns wide in bands of 3 row tiles; Mixtral's (N = 14336, 1024
+    an expert) is 176 columns wide in bands of 3 row tiles, then 192 rows on three
+    consumer warpgroups in bands of 2; Mixtral's (N = 14336, 1024
     rows an expert) keeps 256 columns and bands of 8; every candidate's tiles divide into
     whole 16-column wgmma steps."""
     assert [moe.column_tile(n) for n in (1408, 14336, 4096, 11008, 1000, 100)] == \
         [176, 256, 256, 256, 256, 256]
     e64 = moe.moe_candidates(4096 * 6, 64, False, 1408)
     assert (e64[0]["BN"], e64[0]["GROUP"]) == (176, 3)
+    assert (e64[1]["BM"], e64[1]["GROUP"], e64[1]["threads"]) == (192, 2, 384)
     mixtral = moe.moe_candidates(4096 * 2, 8, False, 14336)
     assert (mixtral[0]["BN"], mixtral[0]["GROUP"]) == (256, 8)
     decode = moe.moe_candidates(64 * 2, 8, False, 14336)
