@@ -47,18 +47,21 @@ OUT_RUN = 4
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
                  G: int | None = None, STAGES: int = 2, threads: int = THREADS,
                  blocks_per_sm: int | None = None) -> dict:
-    """The split kernel's constexprs for `dstate` states: G threads per channel (4 where it
+    """The split kernel's constexprs for `dstate` states: G threads per channel (8 where it
     divides dstate, else the largest power of two that does), BD = threads / G channels a
-    block, BL steps a chunk (16, or the power of two that keeps a thread's (state, step)
+    block, BL steps a chunk (32, or the power of two that keeps a thread's (state, step)
     values at 64 or fewer), and `threads` and `blocks_per_sm` (build options: the
     register cap of `__launch_bounds__`) where given. Raises ValueError for tiles the
-    kernel cannot run."""
+    kernel cannot run. The defaults measured best on an H100 at 4x1536x2048, dstate 16
+    (session 10, `benchmarks/results/h100-2026-11-24-session10-scan.txt`): G=8, BL=32
+    128 / 122 µs (f32 / bf16) against 150-178 µs for G=4 at 16 or 32 steps — more warps
+    (2 states a thread) outweigh the per-chunk work they repeat."""
     if G is None:
-        G = next(g for g in (4, 2, 1) if dstate % g == 0)
+        G = next(g for g in (8, 4, 2, 1) if dstate % g == 0)
     if BD is None:
         BD = threads // G
     if BL is None:   # a power of two: the output's threads along the steps are lanes
-        BL = max(OUT_RUN, min(16, 1 << (64 // (dstate // G)).bit_length() - 1))
+        BL = max(OUT_RUN, min(32, 1 << (64 // (dstate // G)).bit_length() - 1))
     if dstate % G or BD * G != threads or BL < OUT_RUN or BL & (BL - 1):
         raise ValueError(f"tegula.kernels.selective_scan: the split-state kernel needs G "
                          f"dividing dstate, BD·G = {threads} threads and BL a power of two "

@@ -48,9 +48,12 @@ def assert_close(out, want, rtol):
     (2, 3, 20, 1),       # dstate 1
     (1, 6, 1, 16),       # one step
 ])
-def test_all_options_equal_reference(batch, dim, length, dstate):
+@pytest.mark.parametrize("split", [None, False], ids=["default", "lane"])
+def test_all_options_equal_reference(batch, dim, length, dstate, split):
+    """The default kernel (the split-state one) and the lane-scan kernel."""
     u, delta, A, B, C, D, z, bias = inputs(batch, dim, length, dstate)
-    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, delta_softplus=True)
+    kernel = {} if split is None else dict(SPLIT=split)
+    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, delta_softplus=True, **kernel)
     want = selective_scan_reference(u, delta, A, B, C, D, z, bias, delta_softplus=True)
     assert out.shape == u.shape and out.dtype == np.float32
     assert_close(out, want, 1e-5)
@@ -72,8 +75,9 @@ def test_each_option_alone(options):
     assert_close(out, selective_scan_reference(u, delta, A, B, C, **given), 1e-5)
 
 
-@pytest.mark.parametrize("tiles", [dict(BL=32), dict(BL=32, PREFETCH=True),
-                                   dict(BD=4, BL=64), dict(BD=16, BL=16, PREFETCH=True),
+@pytest.mark.parametrize("tiles", [dict(BL=32, SPLIT=False), dict(BL=32, PREFETCH=True),
+                                   dict(BD=4, BL=64, SPLIT=False),
+                                   dict(BD=16, BL=16, PREFETCH=True),
                                    dict(BL=32, GROUP=2, BC_AHEAD=True), dict(BL=32, GROUP=3),
                                    dict(BL=32, GROUP=3, STATE_SMEM=False),
                                    dict(BL=16, GROUP=16, BC_AHEAD=True),
@@ -85,7 +89,7 @@ def test_each_option_alone(options):
                                    dict(BL=32, STATE_SMEM=True, GROUP=2, BC_PIPE=True),
                                    dict(BD=16, BL=16, STATE_SMEM=True, GROUP=3, BC_PIPE=True)])
 def test_small_chunks_carry_the_state(tiles):
-    """Small chunks (BL 16-64: 1-4 steps per thread): many chunks, so a state dropped or
+    """The lane-scan kernel's small chunks (BL 16-64: 1-4 steps per thread): many chunks, so a state dropped or
     carried wrongly between them shows; with u and delta prefetched a chunk ahead, several
     states per scan (3 does not divide 16), B/C rows loaded a group ahead, and the states
     in a run-time loop (carried in registers, or in shared memory: STATE_SMEM, whose

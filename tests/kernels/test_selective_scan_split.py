@@ -20,12 +20,13 @@ ALL = dict(delta_softplus=True)
 
 
 @pytest.mark.parametrize("batch,dim,length,dstate,tiles", [
-    (2, 40, 37, 16, {}),                  # 3 chunks of 16 (last ragged), 40 channels / 32
+    (2, 40, 37, 16, {}),                  # 2 chunks of 32 (last ragged), 40 channels / 16
     (1, 33, 50, 5, {}),                   # dstate 5: G = 1, 128 channels a block, BL 8
     (1, 3, 9, 7, {}),                     # dstate 7, one ragged chunk, 3 of 128 channels
     (2, 3, 20, 1, {}),                    # dstate 1
     (1, 6, 1, 16, {}),                    # one step
-    (3, 70, 41, 12, {}),                  # 3 states a thread
+    (3, 70, 41, 12, {}),                  # 3 states a thread (G = 4)
+    (1, 20, 45, 16, dict(G=4)),           # 4 states a thread, 32 channels a block
     (1, 20, 45, 16, dict(threads=64)),    # 16 channels a block of 64 threads
     (2, 19, 41, 16, dict(G=8, BD=16)),    # 2 states a thread
     (1, 70, 41, 16, dict(G=2, BD=64, BL=8)),
@@ -81,7 +82,7 @@ def test_nan_propagates_along_the_sequence_only(where):
     u, delta, A, B, C, D, z, bias = inputs(2, 40, 60, 16, seed=13)
     given = dict(u=u, delta=delta, B=B)
     given[where] = given[where].copy()
-    given[where][1, 3, 37] = np.nan           # step 37: the third chunk of 16
+    given[where][1, 3, 37] = np.nan           # step 37: the second chunk of 32
     args = (given["u"], given["delta"], A, given["B"], C, D, z, bias)
     out = selective_scan_emulated(*args, SPLIT=True, **ALL)
     want = selective_scan_reference(*args, **ALL)
@@ -93,10 +94,11 @@ def test_nan_propagates_along_the_sequence_only(where):
 
 
 def test_split_config_defaults_and_refusals():
-    assert split_config(16) == dict(N=16, BD=32, BL=16, G=4, STAGES=2, threads=128)
+    assert split_config(16) == dict(N=16, BD=16, BL=32, G=8, STAGES=2, threads=128)
     assert split_config(6)["G"] == 2 and split_config(7)["G"] == 1
-    assert split_config(64)["BL"] == 4 and split_config(5)["BL"] == 8
-    for bad in (dict(G=3), dict(BD=16), dict(BL=12), dict(BL=2)):
+    assert split_config(64)["BL"] == 8 and split_config(5)["BL"] == 8
+    assert split_config(16, blocks_per_sm=3)["blocks_per_sm"] == 3
+    for bad in (dict(G=3), dict(BD=32), dict(BL=12), dict(BL=2)):
         with pytest.raises(ValueError, match="split-state kernel needs"):
             split_config(16, **bad)
 
