@@ -171,10 +171,12 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
             p = sp
         tg.gemm(acc, p, v_block if V_KMAJOR else v_block.T)
 
-    masked_scores.needs_mask = needs_mask
-    key_loop = _overlapped_key_loop if OVERLAP else _key_loop
-    m_i, l_i, acc = key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                             masked_scores, pv_gemm)
+    if OVERLAP:
+        m_i, l_i, acc = _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype,
+                                             STAGES, masked_scores, needs_mask, pv_gemm)
+    else:
+        m_i, l_i, acc = _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
+                                  masked_scores, pv_gemm)
     unseen = l_i == 0.0                                   # the row saw no key (NaN: it did)
     l_safe = tg.where(unseen, 1.0, l_i)
     tg.copy((acc * (1.0 / l_safe)).to(dtype), ov.tile((BM, D), (m, 0)))
@@ -207,7 +209,7 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
 
 
 def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                         masked_scores, pv_gemm):
+                         masked_scores, needs_mask, pv_gemm):
     """The key loop software-pipelined by one block, in FlashAttention-3's order (its
     intra-warpgroup overlap). Iteration j issues s_{j+1} = q @ k_{j+1}.T, rescales acc by
     alpha_j, issues acc += p_j @ v_j, and runs block j+1's softmax while the tensor cores
@@ -243,7 +245,7 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
         # ends in a join holding the wait for p_j @ v_j: ptxas places a WARPGROUP.DEPBAR
         # anywhere before its first use within a basic block (at D = 64 it filled a stall
         # of the row-max chain with it), never across blocks.
-        with tg.if_(masked_scores.needs_mask(j + 1)):
+        with tg.if_(needs_mask(j + 1)):
             p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, True), m_i)
             l_i = l_i * alpha + tg.sum(p, 1)
         with tg.else_():
