@@ -208,6 +208,27 @@ def assert_fuzz_program_right_on_gpu(program, inputs: dict, emulated: dict, wher
     assert verdict.status == "pass", where + verdict.detail
 
 
+def judge_fuzz_program_on_gpu(program, data: int, target: str, where: str = "",
+                              **emulate_options) -> frozenset | None:
+    """The one check of a fuzzer program on the GPU: emulate it for `target` on the inputs
+    of data seed `data` (strict against the reference; `emulate_options` such as
+    `role_order=`), then launch and judge it (`assert_fuzz_program_right_on_gpu`). None
+    where the target refuses it (a clean refusal is asserted), else the paths the
+    emulated build took. `where` (e.g. the reproducing command) starts every message."""
+    from tegula.fuzz.runner import check_outputs, emulate_for, program_inputs
+    from tegula.fuzz.source import kernel_source
+
+    inputs = program_inputs(program, data)
+    emulated, verdict, paths = emulate_for(program, inputs, target, **emulate_options)
+    where = f"{where} ({target})\n{kernel_source(program)}"
+    if verdict is not None:
+        assert verdict.status == "rejected", where + verdict.detail
+        return None
+    assert check_outputs(program, inputs, emulated).status == "pass", where
+    assert_fuzz_program_right_on_gpu(program, inputs, emulated, where, target)
+    return paths
+
+
 def run_child_cases(script: str, root, time_limit_s: float) -> tuple[dict, bool, str]:
     """Run `script --child` in a fresh process under a time limit; the child prints one JSON
     line `[case id, outcome]` per case as it goes. A hang (a pipeline protocol mistake)
