@@ -672,22 +672,28 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
 def fragment_candidates(m: int) -> list[dict]:
     """The fragment kernel's configs worth timing (pre-packed weights), from the H100
-    sweeps of sessions 8-9 (`docs/performance.md`): two stored 64-k blocks a k-step (KS=2)
-    or four; split K in 3 or 4 at 16 tokens (one 64-row weight tile a block leaves
-    N = 4096 with 64 blocks: splitting gives the SMs more, and each SM more warps), 3
-    stages at 7 blocks an SM (72 registers); 2 or 4 beyond 16 tokens, the weights through
-    a cp.async ring or straight into registers (WSMEM=0, then the activations come by
-    TMA: 0.91x torch at 128 x 11008 x 4096 where the ring gave 0.68x); 64-token tiles as
-    well at 128. (SCALE_AFTER at KS=2 lost to KS=4 at every 16-token shape of session 9's
-    round 2, and needs one group a k-step: not a candidate.)"""
+    sweeps of sessions 8-10 (`docs/performance.md`). At 16 tokens the weights and
+    activations through a cp.async ring (`load_path="cp.async"`: session 10's sweep timed
+    the one-role TMA ring 20-30% slower there, its per-step block barrier waiting on the
+    issuing warp), two stored 64-k blocks a k-step (KS=2) or four, split K in 3 or 4 (one
+    64-row weight tile a block leaves N = 4096 with 64 blocks: splitting gives the SMs
+    more, and each SM more warps); and one TMA config with no split at all (no split-sum
+    launch, a 5-stage ring). Beyond 16 tokens split 2: the weights straight into registers
+    (WSMEM=0, the activations by TMA: 1.34x torch at 64 x 14336 x 4096), or both through
+    the TMA ring (2 stages: 0.92x / 0.82x at 128 x 14336 / 4096 x 4096, where WSMEM=0 gave
+    0.84x / 0.66x), or a cp.async ring, and split 4; 64-token tiles as well at 128.
+    (SCALE_AFTER at KS=2 lost to KS=4 at every 16-token shape of session 9's round 2, and
+    needs one group a k-step: not a candidate.)"""
     bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
     if bt <= 16:
-        return [dict(base, BT=bt, STAGES=4, SPLIT=3), dict(base, BT=bt, STAGES=4, SPLIT=4),
-                dict(base, BT=bt, STAGES=3, SPLIT=3, blocks_per_sm=7),
-                dict(base, BT=bt, STAGES=3, SPLIT=4, blocks_per_sm=7),
-                dict(base, BT=bt, STAGES=3, SPLIT=4, KS=4)]
-    configs = [dict(base, BT=bt, STAGES=3, SPLIT=split) for split in (2, 4)]
-    configs.append(dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0))
+        ring = dict(base, BT=bt, load_path="cp.async")
+        return [dict(ring, STAGES=3, SPLIT=4, KS=4), dict(ring, STAGES=3, SPLIT=3, KS=4),
+                dict(ring, STAGES=4, SPLIT=3), dict(ring, STAGES=4, SPLIT=4),
+                dict(base, BT=bt, STAGES=5, SPLIT=1, KS=4)]
+    configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
+               dict(base, BT=bt, STAGES=2, SPLIT=2), dict(base, BT=bt, STAGES=3, SPLIT=2),
+               dict(base, BT=bt, STAGES=3, SPLIT=4),
+               dict(base, BT=bt, STAGES=3, SPLIT=2, load_path="cp.async")]
     if bt > 64:
         configs += [dict(base, BT=bt, STAGES=2, WSMEM=0), dict(base, BT=64, STAGES=3, SPLIT=4)]
     return configs
