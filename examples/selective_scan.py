@@ -10,9 +10,11 @@ composition is associative, so `tg.scan` over the pairs (a, b) with
 the sequence in chunks of BL steps; for each state n (a Python loop, unrolled) it scans the
 chunk starting from the state the last chunk ended with (`initial=`), and the scan hands
 back the state this chunk ends with (the carry), which `h[n]` carries to the next chunk.
-The sum over states stays in each thread's registers. The library's version
-(`tegula/kernels/scan.py`) adds z (silu gate), delta_bias, softplus and f16/bf16 inputs;
-`main` checks both.
+The sum over states stays in each thread's registers. The library's version of this kernel
+(`tegula/kernels/scan.py`, `SPLIT=False`) adds z (silu gate), delta_bias, softplus and
+f16/bf16 inputs; its default (`tegula/kernels/scan_split.py`) instead splits each channel's
+states over threads that walk the steps in order (no shuffles; faster on an H100). `main`
+checks this kernel and the library's default.
 
     python examples/selective_scan.py
     tegula explain examples/selective_scan.py:selective_scan
