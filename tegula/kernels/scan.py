@@ -14,7 +14,13 @@ bf16; A, D, delta_bias are read as f32) and `out` has u's type, as in the refere
 Not supported: complex A, B or C of shape (dim, dstate) (fixed over time), grouped B/C
 (rank 4), returning the last state.
 
-The kernel: one block per (batch, BD channels), a `tg.range` over chunks of BL time steps.
+Two kernels: the entry points run the split-state kernel of `tegula.kernels.scan_split` by
+default (each channel's states split over threads that walk the steps in order; faster on
+an H100, see `DEFAULT_SPLIT`), and this module's lane-scan kernel with `SPLIT=False` or any
+of its options named.
+
+The lane-scan kernel: one block per (batch, BD channels), a `tg.range` over chunks of BL
+time steps.
 A chunk is a (BD, BL) tile laid out for `tg.scan` along the steps (`synth/scan.py`: with
 BD = 8 and BL = 256 on 128 threads, 16 lanes per channel, 16 consecutive steps per
 thread, loads of 16 bytes coalesced along the sequence). The recurrence
