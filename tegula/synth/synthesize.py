@@ -487,8 +487,10 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = 
 
 def _pinned_row_major(alloc) -> bool:
     """Whether a shared buffer's layout is one the kernel pinned to its tile's row-major
-    order (what a TMA box with no swizzle writes)."""
-    if not alloc.pinned or alloc.layout is None:
+    order (what a TMA box with no swizzle writes), its stages whole 128-byte lines (where
+    TMA writes a box: buffers start on one)."""
+    stage_bytes = int(np.prod(alloc.shape)) * alloc.dtype.bits // 8
+    if not alloc.pinned or alloc.layout is None or stage_bytes % 128:
         return False
     shape = tuple(alloc.shape)
     strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))

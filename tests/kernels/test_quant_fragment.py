@@ -232,3 +232,25 @@ def test_fragment_kernel_factory_returns_one_kernel_per_variant():
                 is qf.w4a16_fragment_kernel(f16, True, partial))
     assert qf.w4a16_fragment_kernel(f16, True) is not qf.w4a16_fragment_kernel(bf16, True)
     assert not hasattr(qf._gemm_scaled_after, "cache_info")
+
+
+def test_a_pinned_row_major_stage_is_a_tma_box_only_on_whole_128_byte_lines():
+    """TMA writes a box at a 128-byte-aligned shared address: a pinned row-major stage
+    of 48 bytes stays cp.async (its stages would start off a line), one of 2048 takes a
+    box (the fragment kernel's words)."""
+    from tegula.dtypes import i32
+    from tegula.layout.cute import Layout
+
+    def staged(rows):
+        @tg.kernel(threads=128)
+        def copy_stages(x: tg.Tensor[i32], out: tg.Tensor[i32]):
+            acc = tg.zeros((rows, 4), i32)
+            buf = tg.shared((rows, 4), i32, stages=3, layout=Layout((rows, 4), (4, 1)))
+            for k in tg.pipeline(0, x.shape[0] // rows, stages=3):
+                tg.copy(x.tile((rows, 4), (k, 0)), buf[k])
+                acc = acc + tg.load(buf[k])
+            tg.copy(acc, out.tile((rows, 4), (0, 0)))
+        return copy_stages
+
+    assert "tma.load" not in tg.explain(staged(3), warp_specialize=False)
+    assert "tma.load.2d" in tg.explain(staged(128), warp_specialize=False)
