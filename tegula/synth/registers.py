@@ -143,6 +143,7 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
     fragments: set[str] = set()
     defs: dict = {}
     end = _number(body, 0, intervals, loops, arrays, fragments, defs)
+    _fold_constants(intervals, defs)
     _load_one_k_step_ahead(intervals, fragments)
     _compute_at_use(intervals, defs, loops)
     # Nested loops: extend until nothing changes (intervals only grow, so this ends).
@@ -196,11 +197,10 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
             for r in stmt.roles:  # only reached for nested roles: measured together
                 position = _number(r.body, position, intervals, loops, arrays, fragments, defs)
         else:
-            if name == "Assign":
-                _record_def(stmt, position, defs)
-            elif name in ("Barrier", "Shuffle"):   # a reduction's exchanges
+            constant = name == "Assign" and _record_def(stmt, position, defs)
+            if name in ("Barrier", "Shuffle"):   # a reduction's exchanges
                 defs.setdefault("exchanges", []).append(position)
-            for reg, count, is_read in _registers_of(stmt):
+            for reg, count, is_read, written in _registers_of(stmt):
                 array = reg.array
                 arrays[array.name] = array
                 elements = _elements(reg, count)
@@ -208,6 +208,8 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
                     fragments.add(array.name)
                 for element in elements:
                     key = (array.name, element)
+                    if written and not constant:   # written by a load, an mma, ...
+                        defs.setdefault("varying", set()).add(key)
                     iv = intervals.get(key)
                     if iv is None:
                         iv = intervals[key] = _Interval(array.dtype.bits, position, position)
@@ -217,10 +219,10 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
     return position
 
 
-def _record_def(stmt, position: int, defs: dict) -> None:
+def _record_def(stmt, position: int, defs: dict) -> bool:
     """Note an element assignment whose element and operands are all at constant indices:
     (position, its operand elements) by the element it writes, and which of them widen a
-    16-bit float to f32."""
+    16-bit float to f32; True when the value is a compile-time constant."""
     regs = _regs_in(stmt.value)
     if all(_constant(r.index) for r in [stmt.dst] + regs):
         key, operands = (stmt.dst.array.name, stmt.dst.index.value), \
@@ -230,6 +232,10 @@ def _record_def(stmt, position: int, defs: dict) -> None:
             defs.setdefault("accumulations", set()).add(position)
         if _is_widening(stmt.value):
             defs.setdefault("widened", set()).add(key)
+        if _is_constant(stmt.value, defs.get("constants", {})):
+            defs.setdefault("constants", {}).setdefault(key, []).extend(operands)
+            return True
+    return False
 
 
 def _constant(index) -> bool:
@@ -295,6 +301,39 @@ def _move_reads(iv: "_Interval", position: int, to: list) -> None:
     iv.last = max([iv.last] + list(to))
 
 
+def _is_constant(value, constants: dict) -> bool:
+    """Whether `value` is known when the kernel is compiled: literals, constant indices
+    (`tg.indices` along a thread's own elements), and elements already known so."""
+    kind = type(value).__name__
+    if kind == "Literal":
+        return True
+    if kind == "IndexValue":
+        return _constant(value.expr)
+    if kind == "RegRead":
+        return _constant(value.reg.index) and \
+            (value.reg.array.name, value.reg.index.value) in constants   # so far
+    parts = [getattr(value, f.name) for f in fields(value)] if is_dataclass(value) else []
+    operands = [part for part in parts if hasattr(part, "dtype") and is_dataclass(part)]
+    return bool(operands) and all(_is_constant(part, constants) for part in operands)
+
+
+def _fold_constants(intervals: dict, defs: dict) -> None:
+    """ptxas folds what the compiler knows: an element every assignment of which is a
+    compile-time constant holds no register (W4A16's fragment kernel selects each word's
+    pair slot by `tg.indices`, a constant per element: its 64 slot indices and 128
+    comparisons were estimated live at once, 117 registers where ptxas uses 66)."""
+    varying = defs.get("varying", set())
+    folded = {key for key in defs.get("constants", {}) if key not in varying}
+    while True:   # an operand assigned a varying value elsewhere (a loop) unfolds its users
+        unfold = {key for key in folded
+                  if any(op not in folded for op in defs["constants"][key])}
+        if not unfold:
+            break
+        folded -= unfold
+    for key in folded:
+        intervals.pop(key, None)
+
+
 def _is_widening(value) -> bool:
     """Whether `value` converts one register element of a narrower float type to a wider
     one (f16/bf16 to f32)."""
@@ -351,7 +390,7 @@ def _extend_over(loop: tuple[int, int], intervals: dict) -> bool:
 
 
 def _registers_of(stmt) -> list:
-    """(Reg, consecutive elements, is_read) for every register a statement names (values
+    """(Reg, consecutive elements, is_read, written) for every register a statement names (values
     and lists of them walked), by field: `dst`/`d` are written, the rest read. Vector
     memory statements move `count` consecutive registers (ldmatrix: two 16-bit values per
     matrix)."""
@@ -366,7 +405,7 @@ def _registers_of(stmt) -> list:
         written = f.name in _WRITTEN
         for reg in _regs_in(getattr(stmt, f.name)):
             vector = count if f.name in ("dst", "src") else 1
-            found.append((reg, vector, not written or read_too))
+            found.append((reg, vector, not written or read_too, written))
     return found
 
 
