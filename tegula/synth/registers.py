@@ -24,6 +24,8 @@ what CUDA keeps in registers (their indices are constants after unrolling). The 
 6. Outside loops some values are computed where they are used (`_compute_at_use`): a
    widening conversion (f16 to f32) at each of its reads, a product only a sum reads
    inside the sum.
+7. Compile-time constants (literals, constant indices, what only they compute) hold no
+   registers: `_fold_constants`.
 
 `ADDRESS_OVERHEAD` is calibrated against ptxas (`nvcc 13.0`, `--ptxas-options=-v`) on the
 library's kernels: see `tests/synth/test_cost_registers.py`, which records the measured
