@@ -677,8 +677,10 @@ def fragment_candidates(m: int) -> list[dict]:
     the one-role TMA ring 20-30% slower there, its per-step block barrier waiting on the
     issuing warp), two stored 64-k blocks a k-step (KS=2) or four, split K in 3 or 4 (one
     64-row weight tile a block leaves N = 4096 with 64 blocks: splitting gives the SMs
-    more, and each SM more warps); and one TMA config with no split at all (no split-sum
-    launch, a 5-stage ring). Beyond 16 tokens split 2: the weights straight into registers
+    more, and each SM more warps). No config without split K: the tuner times with the
+    weights in L2 and picked them (round 3: 1.04x at 16x4096x14336, 0.44x at 128x4096x4096
+    where split configs give 2x and 0.82x with L2 flushed). Beyond 16 tokens split 2: the
+    weights straight into registers
     (WSMEM=0, the activations by TMA: 1.34x torch at 64 x 14336 x 4096), or both through
     the TMA ring (2 stages: 0.92x / 0.82x at 128 x 14336 / 4096 x 4096, where WSMEM=0 gave
     0.84x / 0.66x), or a cp.async ring, and split 4; 64-token tiles as well at 128.
@@ -688,14 +690,13 @@ def fragment_candidates(m: int) -> list[dict]:
     if bt <= 16:
         ring = dict(base, BT=bt, load_path="cp.async")
         return [dict(ring, STAGES=3, SPLIT=4, KS=4), dict(ring, STAGES=3, SPLIT=3, KS=4),
-                dict(ring, STAGES=4, SPLIT=3), dict(ring, STAGES=4, SPLIT=4),
-                dict(base, BT=bt, STAGES=5, SPLIT=1, KS=4)]
+                dict(ring, STAGES=4, SPLIT=3), dict(ring, STAGES=4, SPLIT=4)]
     configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
                dict(base, BT=bt, STAGES=2, SPLIT=2), dict(base, BT=bt, STAGES=3, SPLIT=2),
                dict(base, BT=bt, STAGES=3, SPLIT=4),
                dict(base, BT=bt, STAGES=3, SPLIT=2, load_path="cp.async")]
     if bt > 64:
-        configs += [dict(base, BT=bt, STAGES=2, WSMEM=0), dict(base, BT=64, STAGES=3, SPLIT=4)]
+        configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
     return configs
 
 
