@@ -159,11 +159,18 @@ class TmaPlan:
     blocks: int = 1
 
 
-def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
+def plan_tma_copy(op, facts: dict, swizzle: int,
+                  row_major: bool = False) -> tuple[TmaPlan | None, str]:
     """(TmaPlan, "") if the copy global -> shared `op` can be one TMA box per stage under
     the specialization facts, else (None, why not). The destination buffer holds the
     tile row-major (its last dim contiguous) under `swizzle`, which is how TMA writes a
-    box whose first map dim is the tensor's contiguous dim."""
+    box whose first map dim is the tensor's contiguous dim.
+
+    A wgmma operand buffer is column blocks of one swizzle span each (`blocks` boxes);
+    `row_major` (a stage the kernel pinned to its tile's plain row-major order, no
+    swizzle) is one box of whole rows: boxes one 16-byte span wide would land dense,
+    block after block, where the pinned rows have a pitch of the whole contiguous extent
+    (the silent wrong result of an (8, 256) f16 stage read as 32 boxes of 8x8)."""
     view, tile = op.src, op.dst
     name = view.arg.name
     tensor_facts = facts[name]
@@ -205,6 +212,11 @@ def plan_tma_copy(op, facts: dict, swizzle: int) -> tuple[TmaPlan | None, str]:
     box = tuple(extent_of.get(d, 1) for d in order)
     box_bytes = int(np.prod(box)) * eb
     width = max(swizzle, 16) // eb  # one block of the buffer along its contiguous dim
+    if row_major:
+        if swizzle or (box[0] * eb) % TMA_ALIGN_BYTES:
+            return None, (f"the tile's contiguous extent {box[0]} is not a multiple of "
+                          f"{TMA_ALIGN_BYTES} bytes (an unswizzled TMA box's row)")
+        width = box[0]  # the whole row: the box lands exactly in the pinned order
     if box[0] % width:
         return None, (f"the tile's contiguous extent {box[0]} is not a multiple of its "
                       f"buffer's {width}-element swizzle block")

@@ -112,7 +112,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
         tile.layout = state.get(tile)
     _plan_conversions(kernel)
     _plan_global_copies(kernel, facts, target)
-    _plan_tma_copies(kernel, facts, load_path)
+    _plan_tma_copies(kernel, facts, load_path, target)
     check_cluster(kernel, target)
     decide_warp_roles(kernel, warp_specialize, consumers, target)
     result.cluster_unused = warn_if_nothing_is_multicast(kernel, target)
@@ -436,7 +436,8 @@ def wgmma_operand_layouts(kernel: TracedKernel) -> dict:
     return layouts
 
 
-def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = None) -> None:
+def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = None,
+                     target=None) -> None:
     """Copies a `tg.pipeline` runs ahead into wgmma operand buffers become TMA boxes, with
     an mbarrier ring (`lower/hopper.py`), when every such copy of the loop qualifies (one
     mechanism per loop); otherwise they stay cp.async/ld+st, and lowering fences them for
@@ -455,10 +456,13 @@ def _plan_tma_copies(kernel: TracedKernel, facts: dict, load_path: str | None = 
             layout = wgmma_buffers.get(op.dst.alloc.id)
             if layout is not None:
                 plan, problem = plan_tma_copy(op, facts, _swizzle_bytes(op.dst))
-            elif _pinned_row_major(op.dst.alloc):
+            elif _pinned_row_major(op.dst.alloc) and (target is None or target.cc >= 90):
                 # a stage the threads read themselves, in the row-major order the kernel
-                # pinned (the W4A16 fragment kernel's weight words): one unswizzled box
-                plan, problem = plan_tma_copy(op, facts, 0)
+                # pinned (the W4A16 fragment kernel's weight words): one unswizzled box of
+                # whole rows (`row_major`: boxes of 16-byte columns would land densely,
+                # not at the pinned row pitch). TMA exists from sm_90 on: sm_80/sm_89 keep
+                # cp.async (they were planned TMA boxes here, which their code cannot issue)
+                plan, problem = plan_tma_copy(op, facts, 0, row_major=True)
             else:
                 problem = f"{describe(op.dst)} is not a wgmma operand buffer"
                 plan = None
