@@ -262,6 +262,7 @@ def test_every_catalogue_entry_of_the_device_is_covered():
                      "half",  # tests/gpu/test_half_ops_gpu.py (every 16-bit pattern)
                      # tests/gpu/test_issue8_regressions.py::test_nan_propagates_through_max_and_min
                      "minmax",
+                     "logic",  # tests/gpu/test_lop3_gpu.py (lop3.b32 chains vs the emulator)
                      # Hopper entries: tests/gpu/test_hopper_instructions.py (TMA loads of
                      # rank 2 and stores of rank 1 run; other ranks and multicast are only
                      # assembled, by tests/arch/test_tma.py)

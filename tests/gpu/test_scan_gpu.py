@@ -159,17 +159,20 @@ def test_selective_scan_tiles_agree():
     from tegula.kernels import selective_scan
     u, delta, A, B, C, D, z, bias = mamba_inputs(2, 64, 700, 16, "f32", 1)
     base = selective_scan(u, delta, A, B, C, D, z, bias, True, prefetch=False)
-    for tiles in (dict(BL=8), dict(BL=64), dict(BD=4, BL=16), dict(BD=16, BL=32),
-                  dict(prefetch=True), dict(BD=4, BL=512, prefetch=True),
-                  dict(BD=16, BL=128), dict(BL=256, GROUP=1, BC_AHEAD=False),
-                  dict(GROUP=4, BC_AHEAD=True), dict(BL=256, STATE_LOOP=True),
-                  dict(BL=128, STATE_LOOP=True, prefetch=True),
-                  dict(STATE_SMEM=True, GROUP=2, BC_AHEAD=False),
-                  dict(BL=256, STATE_SMEM=True, GROUP=3, BC_AHEAD=False),
-                  dict(BD=16, BL=128, STATE_SMEM=True, GROUP=2, BC_AHEAD=False, BC_PIPE=True),
-                  dict(BL=64, STATE_SMEM=True, GROUP=3, BC_AHEAD=False, BC_PIPE=True),
-                  dict(SPLIT=True), dict(threads=64), dict(BL=32, STAGES=3),
-                  dict(G=8, BD=16), dict(G=2, BD=64, BL=8), dict(G=1, BD=128, BL=4)):
+    # the lane-scan kernel's tilings name SPLIT=False: the split-state kernel is the
+    # default and refuses tiles that are not its own (BD=4 is not 128 threads of G=8)
+    lane = (dict(BL=8), dict(BL=64), dict(BD=4, BL=16), dict(BD=16, BL=32),
+            dict(prefetch=True), dict(BD=4, BL=512, prefetch=True),
+            dict(BD=16, BL=128), dict(BL=256, GROUP=1, BC_AHEAD=False),
+            dict(GROUP=4, BC_AHEAD=True), dict(BL=256, STATE_LOOP=True),
+            dict(BL=128, STATE_LOOP=True, prefetch=True),
+            dict(STATE_SMEM=True, GROUP=2, BC_AHEAD=False),
+            dict(BL=256, STATE_SMEM=True, GROUP=3, BC_AHEAD=False),
+            dict(BD=16, BL=128, STATE_SMEM=True, GROUP=2, BC_AHEAD=False, BC_PIPE=True),
+            dict(BL=64, STATE_SMEM=True, GROUP=3, BC_AHEAD=False, BC_PIPE=True))
+    split = (dict(SPLIT=True), dict(threads=64), dict(BL=32, STAGES=3),
+             dict(G=8, BD=16), dict(G=2, BD=64, BL=8), dict(G=1, BD=128, BL=4))
+    for tiles in [dict(t, SPLIT=False) for t in lane] + list(split):
         other = selective_scan(u, delta, A, B, C, D, z, bias, True,
                                out=torch.full_like(u, float("nan")), **tiles)
         torch.testing.assert_close(other, base, rtol=1e-5, atol=1e-5)
