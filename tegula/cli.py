@@ -573,15 +573,8 @@ def _run_recommend(args: argparse.Namespace, kernel: Any, fixed: dict, shapes: d
 
 def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `tegula compile`."""
-    p.add_argument("kernel", metavar="FILE.py:KERNEL", nargs="?",
+    p.add_argument("kernel", metavar="FILE.py:KERNEL",
                    help="a Python file and the @tg.kernel in it, e.g. examples/gemm.py:gemm")
-    p.add_argument("--w4a16", default=None, metavar="MxNxK",
-                   help="instead of a kernel: rank W4A16's launch plans for an (M, N, K) "
-                        "product on both stored weight layouts (plain, or pre-packed in the "
-                        "MMA fragment's order), the layout a coordinate of the search "
-                        "(--group G, --top, --budget)")
-    p.add_argument("--group", type=int, default=128, metavar="G",
-                   help="with --w4a16: the quantization group size (default 128)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                    help="set a constexpr (or threads=N), e.g. -D BM=64 (repeatable)")
     p.add_argument("--target", default="sm_90a", help="sm_80, sm_89, sm_90a (default sm_90a)")
