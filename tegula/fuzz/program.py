@@ -417,6 +417,18 @@ def _check_block(program: Program, body, scope: Scope, loop: Loop | None, output
         _check_stmt(program, s, scope, loop, outputs)
 
 
+def _check_cast(s: "Cast", scope: Scope) -> None:
+    """A value conversion or a bitcast (only between f32 and i32 is generated)."""
+    t = _operand_type(scope, s.x)
+    if t.dtype == s.dtype:
+        raise Invalid("a no-op cast (it would return the same tile)")
+    if s.dtype == BOOL:
+        raise Invalid("casts to bool are not generated")
+    if s.bits and {t.dtype, s.dtype} != {"f32", "i32"}:
+        raise Invalid("bitcasts are generated between f32 and i32")
+    scope.define(s.out, TileType(s.dtype, t.shape))
+
+
 def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None:  # noqa: C901
     decl = {t.name: t for t in program.tensors}
     if isinstance(s, Load):
@@ -450,14 +462,7 @@ def _check_stmt(program: Program, s, scope: Scope, loop, outputs: set) -> None: 
         dtype, shape = _value_dtype(scope, s.a, s.b)
         scope.define(s.out, TileType(dtype, broadcast(shape, c.shape)))
     elif isinstance(s, Cast):
-        t = _operand_type(scope, s.x)
-        if t.dtype == s.dtype:
-            raise Invalid("a no-op cast (it would return the same tile)")
-        if s.dtype == BOOL:
-            raise Invalid("casts to bool are not generated")
-        if s.bits and {t.dtype, s.dtype} != {"f32", "i32"}:
-            raise Invalid("bitcasts are generated between f32 and i32")
-        scope.define(s.out, TileType(s.dtype, t.shape))
+        _check_cast(s, scope)
     elif isinstance(s, Reduce):
         t = _operand_type(scope, s.x)
         if t.dtype == BOOL:
