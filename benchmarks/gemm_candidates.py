@@ -11,7 +11,9 @@ shape), launched exactly as `matmul`
 launches them (`api_matmul._gemm_launches`) into a NaN-poisoned output, checked against
 cuBLAS's result, and timed with the bench's timer (median, L2 emptied before each run) with
 more repetitions than the tuner takes — so a pick that was noise shows as one. cuBLAS is
-timed before and after the candidates (their spread is the noise floor). The candidates
+timed before and after the candidates (their spread is the noise floor). `--epilogue
+relu|gelu|silu`: the fused lists (`gemm_candidates(..., fused=True)`) with a bias and that
+activation in the kernel, against torch's matmul + bias + activation. The candidates
 are compiled first in `--jobs` processes (no GPU use: each builds from the launch's tensor
 facts into the disk cache, where the launch finds the cubin), so a cold cache costs
 seconds, not minutes. `--precompile-bench plain|epilogue` only compiles what `tegula bench
@@ -140,31 +142,47 @@ def precompile(jobs: list[tuple], workers: int, pool=None) -> dict:
     return {json.dumps(job, sort_keys=True): e for job, e in zip(jobs, errors) if e}
 
 
-def measure_shape(torch, shape: tuple, configs: list[dict], rep_ms: float) -> list[tuple]:
-    """Rows (config text, µs, TFLOP/s, × cuBLAS, check) for one shape."""
+def _torch_baseline(torch, a, w, activation: str | None):
+    """(what the candidates are compared with, its f32 reference, the (1, N) bias row or
+    None): cuBLAS's matmul, or with an `activation` torch's matmul + bias + activation
+    (three kernels, what `tegula bench gemm --mode epilogue` compares with)."""
+    if activation is None:
+        return (lambda: torch.matmul(a, w.T)), a.float() @ w.float().T, None
+    from tegula.bench.gemm import _activation
+    act = _activation(torch, activation)
+    bias = torch.randn(w.shape[0], device="cuda", dtype=torch.float16)
+    return (lambda: act(torch.matmul(a, w.T) + bias)), \
+        act(a.float() @ w.float().T + bias.float()), bias.view(1, -1)
+
+
+def measure_shape(torch, shape: tuple, configs: list[dict], rep_ms: float,
+                  activation: str | None = None) -> list[tuple]:
+    """Rows (config text, µs, TFLOP/s, × the baseline, check) for one shape; with an
+    `activation` every candidate runs the fused bias + activation epilogue and the
+    baseline is torch's unfused ops."""
     from tegula.bench.gpu import time_ms
     m, n, k = shape
     a, w = _operands(torch, shape, "cuda")
-    ref = torch.matmul(a, w.T)
-    ref32 = a.float() @ w.float().T
+    baseline, ref32, bias = _torch_baseline(torch, a, w, activation)
+    epilogue = (activation, bias)
     flops = 2.0 * m * n * k
-    base = [time_ms(lambda: torch.matmul(a, w.T), 10, rep_ms)]
+    base = [time_ms(baseline, 10, rep_ms)]
     rows = []
     for config in configs:
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
         try:
-            _launch(config, a, w, out)
+            _launch(config, a, w, out, epilogue)
             torch.cuda.synchronize()
             err = float((out.float() - ref32).norm() / ref32.norm())
             bad = int((~torch.isfinite(out)).sum())
-            ms = time_ms(lambda c=config: _launch(c, a, w, out), 10, rep_ms)
+            ms = time_ms(lambda c=config: _launch(c, a, w, out, epilogue), 10, rep_ms)
             rows.append((config, ms, f"err {err:.1e} nan {bad}"))
         except Exception as e:  # noqa: BLE001
             rows.append((config, None, f"FAILED {type(e).__name__}: {str(e)[:120]}"))
-    base.append(time_ms(lambda: torch.matmul(a, w.T), 10, rep_ms))
+    base.append(time_ms(baseline, 10, rep_ms))
     cublas = min(base)
-    del ref
-    out_rows = [(f"cuBLAS ({base[0] * 1e3:.1f} / {base[1] * 1e3:.1f} us)", cublas, "")]
+    name = "cuBLAS" if activation is None else f"torch mm+bias+{activation}"
+    out_rows = [(f"{name} ({base[0] * 1e3:.1f} / {base[1] * 1e3:.1f} us)", cublas, "")]
     out_rows += rows
     return [(text if isinstance(text, str) else _short(text), ms,
              None if ms is None else flops / ms / 1e9,
@@ -188,7 +206,7 @@ def profile(torch, shape: tuple, config: dict) -> None:
 
 
 def _print_rows(rows: list[tuple]) -> None:
-    print(f"{'shape':16} {'configuration':72} {'us':>7} {'TFLOP/s':>8} {'xcuBLAS':>7}  check")
+    print(f"{'shape':16} {'configuration':72} {'us':>7} {'TFLOP/s':>8} {'xbase':>7}  check")
     for shape, text, ms, tflops, ratio, check in rows:
         cells = ("-", "-", "-") if ms is None else (f"{ms * 1e3:.1f}", f"{tflops:.0f}",
                                                       f"{ratio:.2f}")
@@ -211,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compile every candidate `tegula bench gemm` (that mode, "
                              "its default shapes or --shapes) will time, into the disk cache")
     parser.add_argument("--activation", default="gelu", help="--precompile-bench epilogue's")
+    parser.add_argument("--epilogue", choices=("relu", "gelu", "gelu_tanh", "silu"),
+                        help="time the candidates with a bias + this activation fused (the "
+                             "fused lists), against torch's matmul + bias + activation")
     parser.add_argument("--no-precompile", action="store_true",
                         help="compile as the launches need (the cache is already warm)")
     args = parser.parse_args(argv)
@@ -231,21 +252,24 @@ def main(argv: list[str] | None = None) -> int:
             precompile(bench_jobs(chosen, activation, pool), args.jobs, pool)
         return 0
     extra = json.loads(args.extra)
+    activation = args.epilogue
     per_shape = {s: candidates(s, extra if isinstance(extra, list)
-                               else extra.get("x".join(map(str, s)), [])) for s in shapes}
+                               else extra.get("x".join(map(str, s)), []), activation is not None)
+                 for s in shapes}
     errors = {} if args.no_precompile else \
-        precompile([(s, c) for s in shapes for c in per_shape[s]], args.jobs)
+        precompile([(s, c, activation) for s in shapes for c in per_shape[s]], args.jobs)
     start = time.time()
     for shape in shapes:
         if time.time() - start > args.max_seconds:
             print(f"{'x'.join(map(str, shape))} skipped (--max-seconds)")
             continue
         configs = [c for c in per_shape[shape]
-                   if json.dumps((shape, c), sort_keys=True) not in errors]
+                   if json.dumps((shape, c, activation), sort_keys=True) not in errors]
         rows = [(shape, _short(c), None, None, None, f"REFUSED {errors[key]}")
                 for c in per_shape[shape]
-                if (key := json.dumps((shape, c), sort_keys=True)) in errors]
-        rows += [(shape, *row) for row in measure_shape(torch, shape, configs, args.rep_ms)]
+                if (key := json.dumps((shape, c, activation), sort_keys=True)) in errors]
+        rows += [(shape, *row) for row in measure_shape(torch, shape, configs, args.rep_ms,
+                                                        activation)]
         _print_rows(rows)  # as it goes: a round cut short keeps what it measured
     return 0
 
