@@ -1,7 +1,7 @@
 """Blockwise (DeepSeek-V3) FP8 GEMM against tegula's per-tensor FP8 and torch._scaled_mm,
 in one process (session 10, issue 10):
 
-    PYTHONPATH=. python3 benchmarks/fp8_blockwise.py [--moe]
+    PYTHONPATH=. python3 benchmarks/fp8_blockwise.py [--moe] [--variants]
 
 For 4096^3, 8192^3 and 4096x7168x2048: torch._scaled_mm (per-tensor), tegula's per-tensor
 persistent kernel (128x256x128, the session-9 winner), the one-block-per-tile blockwise
@@ -9,7 +9,8 @@ kernel and the persistent warp-specialized blockwise kernel in several tilings. 
 scales are random over two decades (1x128 for a, 128x128 for b), outputs NaN-poisoned and
 checked against a float32 reference of the same e4m3 inputs and scales (relative
 Frobenius error). `--moe`: the MoE grouped GEMM's 64-expert top-6 case (balanced) in
-several tilings against dense cuBLAS at equal FLOPs. A table last (TFLOP/s; nothing is
+several tilings against dense cuBLAS at equal FLOPs. `--variants`: the measurement-only
+variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows). A table last (TFLOP/s; nothing is
 asserted about time).
 """
 from __future__ import annotations
@@ -105,6 +106,76 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
                 rows.append((label, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x _scaled_mm = "
                              f"{tf / per_tensor:.2f}x per-tensor, rel err {err:.1e}, "
                              f"{nans} NaN"))
+            except Exception as e:  # report and go on
+                rows.append((label, f"FAILED {type(e).__name__}: {e}"[:200]))
+            print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
+    return rows
+
+
+#: Session 11 round 1: what keeps blockwise below per-tensor (`fp8_blockwise_variants`):
+#: (label, mode, config, scale layout). "unit" runs with every scale 1 (the ablations are
+#: right only then), "colmajor" passes scale_a as a column-major (M, K/128) view.
+_T192 = dict(BM=192, BN=128, STAGES=3, GROUP=8, threads=384)
+_T128 = dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256)
+VARIANTS = [("per-tensor 192x128 S3 (same tile, no promotion)", None, {**_T192, "BK": 128}, "unit"),
+            ("per-tensor 128x128 S4 (same tile, no promotion)", None, {**_T128, "BK": 128}, "unit"),
+            ("base 192x128 S3", "base", _T192, "random"),
+            ("tilescale 192x128 S3 (no loads in the K loop)", "tilescale", _T192, "unit"),
+            ("ahead 192x128 S3", "ahead", _T192, "random"),
+            ("ahead 192x128 S4", "ahead", {**_T192, "STAGES": 4}, "random"),
+            ("ahead 192x128 S3 C2", "ahead", {**_T192, "CLUSTER": 2}, "random"),
+            ("per-tensor 192x128 S3 C2", None, {**_T192, "BK": 128, "CLUSTER": 2}, "unit"),
+            ("base 128x128 S4", "base", _T128, "random"),
+            ("ahead 128x128 S4", "ahead", _T128, "random"),
+            ("ahead 128x128 S6", "ahead", {**_T128, "STAGES": 6}, "random"),
+            ("ahead 192x128 S3 colmajor scale_a", "ahead", _T192, "colmajor")]
+
+
+def variant_rows(budget: float) -> list[tuple[str, str]]:
+    """`VARIANTS` at every shape, against the per-tensor 128x256 kernel in the same process;
+    every output NaN-poisoned and checked against a float32 reference of its scales."""
+    from fp8_blockwise_variants import variant_kernel
+    from tegula.kernels import fp8
+    from tegula.kernels.gemm import persistent_grid
+    rows, out_t = [], tg.bf16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n, k in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(m + n + k)
+        a = (torch.randn(m, k, device="cuda", generator=g) * 4).to(torch.float8_e4m3fn)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 4).to(torch.float8_e4m3fn)
+        block_a = 10 ** (torch.rand(m, k // 128, device="cuda", generator=g) * 2 - 1)
+        block_b = 10 ** (torch.rand(tg.cdiv(n, 128), k // 128, device="cuda", generator=g) * 2 - 1)
+        ones_a, ones_b = torch.ones_like(block_a), torch.ones_like(block_b)
+        scales = {"random": (block_a, block_b), "unit": (ones_a, ones_b),
+                  "colmajor": (block_a.t().contiguous().t(), block_b)}
+        ref_unit = a.float() @ w.float().T
+        ref_block = (a.float() * block_a.repeat_interleave(128, 1)) @ \
+            (w.float() * block_b.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)).T
+        flops, base = 2 * m * n * k, None
+        c_cfg = PER_TENSOR[0]
+        runs = [("per-tensor persistent 128x256", fp8.fp8_persistent_gemm_kernel(out_t), c_cfg,
+                 (torch.ones(1, 1, device="cuda"),) * 2, ref_unit)]
+        for label, mode, cfg, layout in VARIANTS:
+            kernel = fp8.fp8_persistent_gemm_kernel(out_t) if mode is None else \
+                variant_kernel(out_t, mode)
+            s = (torch.ones(1, 1, device="cuda"),) * 2 if mode is None else scales[layout]
+            runs.append((label, kernel, cfg, s, ref_block if layout != "unit" else ref_unit))
+        for label, kernel, cfg, (s1, s2), ref in runs:
+            label = f"{m}x{n}x{k} {label}"
+            if time.time() - START > budget:
+                rows.append((label, "skipped (time)"))
+                continue
+            try:
+                grid = persistent_grid(m, n, sms, cfg["BM"], cfg["BN"], cfg.get("CLUSTER", 1))
+                c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                kernel[grid](a, w, s1, s2, c, **cfg)
+                torch.cuda.synchronize()
+                err = float((c.float() - ref).norm() / ref.norm())
+                nans = int(torch.isnan(c).sum())
+                tf = flops / bench(lambda: kernel[grid](a, w, s1, s2, c, **cfg)) / 1e9
+                base = base or tf
+                rows.append((label, f"{tf:.0f} TFLOP/s = {tf / base:.2f}x per-tensor 128x256, "
+                             f"rel err {err:.1e}, {nans} NaN"))
             except Exception as e:  # report and go on
                 rows.append((label, f"FAILED {type(e).__name__}: {e}"[:200]))
             print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
@@ -210,7 +281,10 @@ def main() -> None:
         return profile_once()
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     rows = []
-    if "--fp8" in sys.argv or "--moe" not in sys.argv:
+    if "--variants" in sys.argv:
+        rows += variant_rows(float(sys.argv[sys.argv.index("--budget") + 1])
+                             if "--budget" in sys.argv else 600)
+    elif "--fp8" in sys.argv or "--moe" not in sys.argv:
         rows += fp8_rows(float(sys.argv[sys.argv.index("--budget") + 1])
                          if "--budget" in sys.argv else 600)
     if "--moe" in sys.argv:
