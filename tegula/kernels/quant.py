@@ -14,9 +14,11 @@ The layouts the kernels want (what `quantize_w4` and `prepack` write):
   that writes this order, so that a pre-packed order chosen by synthesis (the MMA's
   fragment order, issue 13) changes one function and the kernels' annotations.
 * `scales`: (N, K/group_size) in the activations' dtype.
-* `zeros`: (N, K/group_size) in the activations' dtype, holding the integers 0..15 (a
-  float zero point costs the kernel no conversion), or None for symmetric quantization
-  (zero point 8: `quantize_w4(..., zero_point=False)`).
+* `zeros`: (N, K/group_size) in the activations' dtype (a float zero point costs the
+  kernel no conversion): `quantize_w4` writes the integers 0..15, and fractional zero
+  points (HQQ style) are computed as exactly as integer ones (`quant_fragment.
+  dequantize_in`); or None for symmetric quantization (zero point 8:
+  `quantize_w4(..., zero_point=False)`).
 
 K must be a multiple of the group size (and so even): a ragged last group has no
 well-defined scale in the checkpoints this format comes from, so it is refused with an

@@ -197,25 +197,36 @@ def constants_tv(rows: int, groups: int) -> Layout:
                   ((0, 1, 16, FRAGMENT_ROWS), (rows, 8)))
 
 
-def dequantize_in(packed: Any, zero: Any, scale: Any) -> Any:
+def dequantize_in(packed: Any, zero: Any, scale: Any, fractional_zero: bool = True) -> Any:
     """(w - zero) * scale in the activations' type from weights held as magic + w
     (`fragment_weights`) and `group_constants` (broadcast over each group's weights:
-    trailing dims). (magic + w) - (magic + zero) = w - zero is exact (integers up to 15)
-    and the product rounds once: the f32 dequantization rounded to the type, in paired
-    16-bit instructions (HADD2, HMUL2; magic + zero is one HADD2 per group and row).
-    `scale` None: w - zero only (exact), for a kernel that scales the MMA's f32 sums.
-    Register arithmetic only, so it runs while wgmmas issued before it compute
-    (`lower/wgmma_waits.py`)."""
+    trailing dims), in paired 16-bit instructions (HADD2, HMUL2). magic + zero rounds
+    the zero to the magic's grid (integers: 1 for f16's 1024 and bf16's 128, 1/16 for
+    f16's 64), so (magic + w) - (magic + zero) = w - round(zero) exactly; with
+    `fractional_zero` (a zeros tensor: any values) its residue zero - round(zero)
+    (exact; 0 for integer zeros, which so give the same bits) is subtracted next, w -
+    zero rounded once, one more HADD2 a pair — without it a fractional zero point would
+    be silently rounded (the bug of session 10). Then the product rounds once. Exact
+    steps for zeros in [-32, 64] (f16; bf16 [-64, 128]), where the magic + zero
+    differences are exact (Sterbenz); magic + zero, its residue, once per group and row.
+    `fractional_zero=False`: the symmetric zero point 8, an integer. `scale` None: w -
+    zero only, for a kernel that scales the MMA's f32 sums. Register arithmetic only, so
+    it runs while wgmmas issued before it compute (`lower/wgmma_waits.py`)."""
     extra = (None,) * (packed.rank - zero.rank)
     (_, _, _, even), (_, _, _, odd) = NIBBLE_SLOTS[zero.dtype.name][:2]
     if odd == even:
-        magic_zero = zero + even
+        magic = tg.full(zero.shape, even, zero.dtype)
     else:   # rows 8-15 of each 16 hold odd slots (`NIBBLE_SLOTS`): split off the row bit
         rows, groups = zero.shape   # 3, a register's own, so the where folds (an index of
-        split = tg.reshape(zero, (rows // 16, 2, 8, groups))   # the row would not)
-        odd_rows = tg.indices(split.shape, 1) == 1
-        magic_zero = tg.reshape(tg.where(odd_rows, split + odd, split + even), zero.shape)
+        split_shape = (rows // 16, 2, 8, groups)   # the row would not)
+        odd_rows = tg.indices(split_shape, 1) == 1
+        magic = tg.reshape(tg.where(odd_rows, tg.full(split_shape, odd, zero.dtype),
+                                    tg.full(split_shape, even, zero.dtype)), zero.shape)
+    magic_zero = zero + magic
     unscaled = packed - magic_zero[(..., *extra)]
+    if fractional_zero:
+        residue = zero - (magic_zero - magic)
+        unscaled = unscaled - residue[(..., *extra)]
     return unscaled if scale is None else unscaled * scale[(..., *extra)]
 
 
@@ -232,14 +243,16 @@ def _torch_int32() -> Any:
     return torch.int32
 
 
-def _gemm_scaled_after(acc, words, constants, activations, dtype: DType, S: int):
+def _gemm_scaled_after(acc, words, constants, activations, dtype: DType, S: int,
+                       has_zeros: bool):
     """acc + scale * ((w - zero) @ activations.T) for one k-step of one group (SCALE_AFTER):
-    the MMA takes w - zero, exact in 16 bits, into a fresh f32 sum, and the row's scale
-    multiplies that sum as it is added, so no dequantized weight is rounded."""
+    the MMA takes w - zero (exact in 16 bits for integer zeros; a fractional zero's
+    difference rounds once, `dequantize_in`) into a fresh f32 sum, and the row's scale
+    multiplies that sum as it is added, so no scaled weight is rounded."""
     zero, scale = constants
     BN, BK = acc.shape[0], activations.shape[1]
     packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-    unscaled = dequantize_in(packed, zero, None)
+    unscaled = dequantize_in(packed, zero, None, has_zeros)
     step = tg.zeros(acc.shape, f32)
     tg.gemm(step, tg.reshape(unscaled, (BN, BK)), activations)
     return acc + step * scale.to(f32)
@@ -285,7 +298,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         def dequantized(words, constants):   # the (BN, BK) weights of one k-step
             packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-            return tg.reshape(dequantize_in(packed, *constants), (BN, BK))
+            return tg.reshape(dequantize_in(packed, *constants, has_zeros), (BN, BK))
 
         def constants(k):                     # the k-step's zeros and scales (loads)
             return group_constants(dtype, scales, zeros if has_zeros else None, n,
@@ -309,7 +322,8 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                 following_constants = constants(k + 1)              # past K: masked, unused
                 words = tg.load(sw[k], layout=words_tv)
                 if SCALE_AFTER:
-                    acc = _gemm_scaled_after(acc, words, ahead_constants, sa[k], dtype, S)
+                    acc = _gemm_scaled_after(acc, words, ahead_constants, sa[k], dtype, S,
+                                             has_zeros)
                 else:
                     tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
                 ahead_constants = following_constants

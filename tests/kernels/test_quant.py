@@ -4,6 +4,9 @@ GEMM beyond), every group size, with and without zero points, both targets, shap
 divide no tile; the host-side quantization and packing; NaN; and the argument checks."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -13,34 +16,14 @@ from tegula.kernels.quant import (GROUP_SIZES, MAX_ROWS_KERNEL_M, SYMMETRIC_ZERO
                                   dequantize_w4, prepack, quantize_w4, unpack_w4,
                                   w4a16_config, w4a16_gemm_emulated)
 
+sys.path.insert(0, os.path.dirname(__file__))
+from w4a16_checks import check_w4a16, random_w4  # noqa: E402,F401 — used here and imported from here
+
 
 def rounds_weights(m: int, tiles: dict = {}) -> bool:  # noqa: B006 — read only
     """Whether the kernel chosen for m rows rounds the dequantized weights to the MMA's
     operand type (the GEMM and swapped kernels) or keeps them in f32 (the rows kernel)."""
     return m > MAX_ROWS_KERNEL_M or "BM" in tiles or "BT" in tiles
-
-
-def random_w4(rng, n: int, k: int, group: int, dtype, zero_point: bool = True):
-    """Random unpacked weights 0..15, positive scales of the type, integer zeros (or None)."""
-    w_q = rng.integers(0, 16, (n, k), dtype=np.uint8)
-    scales = np.abs(random_input(rng, (n, k // group), dtype, 0.05)) + np.float32(2 ** -8)
-    scales = scales.astype(np.float16 if dtype == f16 else np.float32)
-    zeros = (rng.integers(0, 16, (n, k // group)).astype(scales.dtype) if zero_point
-             else None)
-    return w_q, scales, zeros
-
-
-def check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded: bool) -> None:
-    """Every element within the output's rounding plus, for the GEMM kernel, which rounds
-    each dequantized weight to `dtype` for the tensor cores, half an ulp of every |a·w|."""
-    w = dequantize_w4(w_q, scales, zeros, group)
-    ref = a.astype(np.float64) @ w.T
-    scale = np.abs(a.astype(np.float64)) @ np.abs(w).T
-    ulp = 2.0 ** -dtype.mantissa_bits
-    bound = ulp * np.abs(ref) + (ulp if dequant_rounded else 2.0 ** -16) * scale
-    assert not np.isnan(c).any(), "unwritten (poisoned) outputs remain"
-    err = np.abs(c.astype(np.float64) - ref)
-    assert np.all(err <= bound), f"max error {err.max():.3g}"
 
 
 CASES = [  # m, n, k, group, zero_point

@@ -21,7 +21,7 @@ from tegula.kernels.quant_fragment import (fragment_shape, pack_fragments,
                                            unpack_fragments, w4a16_fragment_kernel)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_quant import check_w4a16, random_w4  # noqa: E402
+from w4a16_checks import check_w4a16, random_w4  # noqa: E402
 
 
 @pytest.mark.parametrize("n,k", [(64, 64), (70, 192), (1, 32), (130, 96)])
@@ -84,6 +84,35 @@ def test_fragment_kernel_bf16():
     c = w4a16_gemm_emulated(a, w_q, scales, zeros, 64, dtype=bf16, FRAGMENT=1,
                             warp_specialize=False)
     check_w4a16(c, a, w_q, scales, zeros, 64, bf16, dequant_rounded=True)
+
+
+FRACTIONAL_CASES = [  # dtype, m, n, k, group, tiles
+    (f16, 5, 70, 256, 64, {}),                            # one 16-byte block a k-step
+    (f16, 16, 130, 320, 32, dict(KS=2, SPLIT=2)),         # two groups a stored block
+    (f16, 13, 70, 192, 64, dict(SCALE_AFTER=1, BT=16)),   # w - zero into the MMA
+    (f16, 9, 64, 384, 128, dict(KS=2, WSMEM=0)),          # weights through registers
+    (bf16, 20, 66, 192, 64, {}),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("dtype,m,n,k,group,tiles", FRACTIONAL_CASES)
+def test_fragment_kernel_fractional_zero_points(dtype, m, n, k, group, tiles, target):
+    """Zero points with fractions (HQQ-style, or any float a user passes): magic + zero
+    rounds a zero to an integer (f16: 1024 + z), so the kernel must subtract the residue
+    too; it once dropped it, silently, by up to half a scale a weight."""
+    rng = np.random.default_rng(m * 7 + n + k + group)
+    a = random_input(rng, (m, k), dtype)
+    w_q, scales, zeros = random_w4(rng, n, k, group, dtype, fractional=True)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, dtype=dtype, target=target,
+                            FRAGMENT=1, warp_specialize=False, **tiles)
+    check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded=True)
+    # the check fails the old answer (the zeros rounded to integers): it can tell
+    rounded = np.round(zeros).astype(zeros.dtype)
+    wrong = a.astype(np.float64) @ dequantize_w4(w_q, scales, rounded, group).T
+    with pytest.raises(AssertionError, match="max error"):
+        check_w4a16(wrong.astype(c.dtype), a, w_q, scales, zeros, group, dtype,
+                    dequant_rounded=True)
 
 
 def test_fragment_kernel_scales_follow_their_group():

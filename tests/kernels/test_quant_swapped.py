@@ -19,7 +19,7 @@ from tegula.kernels.common import random_input
 from tegula.kernels.quant import dequantize_w4, w4a16_config, w4a16_gemm_emulated
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_quant import check_w4a16, random_w4  # noqa: E402
+from w4a16_checks import check_w4a16, random_w4  # noqa: E402
 
 CASES = [  # m, n, k, group, zero_point, tiles
     (1, 37, 256, 128, True, dict(BT=16)),
