@@ -333,3 +333,64 @@ def test_matmul_w4a16_prepacked_fragments_match_torch(dtype, m, n, k, group, zer
               scales, zeros, group, dequant_rounded=True)
     with pytest.raises(ValueError, match="pre-packed weights"):
         tk.matmul_w4a16(a, stored[:, :-1], scales, zeros, group)
+
+
+def fractional_zeros(zeros, g):
+    """zeros + a fraction in (-0.5, 0.5): any f16 value, multiples of 1/16 in bf16 (its 8
+    bits below 16). Zero points like these (HQQ) were silently rounded by the fragment
+    kernel before session 11."""
+    if zeros.dtype == torch.float16:
+        fraction = torch.rand(zeros.shape, device="cuda", generator=g) * 0.998 - 0.499
+    else:
+        fraction = torch.randint(-7, 8, zeros.shape, device="cuda", generator=g) / 16
+    out = (zeros.float() + fraction).to(zeros.dtype)
+    assert bool((out != out.round()).any())
+    return out
+
+
+@pytest.mark.parametrize("dtype,m,n,k,group,tiles", [
+    ("f16", 16, 4096, 4096, 128, dict(KS=4, SPLIT=4, STAGES=3, load_path="cp.async")),
+    ("f16", 13, 70, 192, 64, {}),
+    ("f16", 128, 4096, 4096, 128, dict(BT=128, KS=2, SPLIT=2, WSMEM=0)),
+    ("f16", 16, 14336, 4096, 128, dict(KS=2, SPLIT=3, SCALE_AFTER=1)),
+    ("bf16", 20, 300, 512, 64, dict(KS=2, SPLIT=2))],
+    ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
+    if isinstance(v, dict) else None)
+def test_w4a16_fragment_fractional_zero_points(dtype, m, n, k, group, tiles):
+    """The fragment kernel with fractional zero points, into NaN-poisoned outputs, every
+    element against float64 (the old kernel rounded them: errors of half a scale)."""
+    from tegula.dtypes import bf16, f16
+    from tegula.kernels import quant_fragment as qf
+    from tegula.kernels.quant import prepack
+    g, w_q, scales, zeros = random_w4(n, k, group, dtype, True, m * 31 + n + k)
+    zeros = fractional_zeros(zeros, g)
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    grid, constexprs = qf.fragment_config(m, n, k, group, warp_specialize=False, **tiles)
+    operands = (a, qf.as_words(qf.pack_fragments(prepack(w_q))), scales, zeros)
+    qf.launch_w4a16_fragment(grid, constexprs, f16 if dtype == "f16" else bf16, True,
+                             operands, c,
+                             lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
+                             lambda shape: torch.full(shape, float("nan"), device="cuda"))
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+
+
+@pytest.mark.parametrize("prepacked", [True, False])
+@pytest.mark.parametrize("m", [1, 16, 128])
+def test_matmul_w4a16_fractional_zero_points(m, prepacked):
+    """The entry point (tuned, then replayed) with fractional zero points, on fragment
+    pre-packed or row-major packed weights."""
+    import tegula.kernels as tk
+    n, k, group = 4096, 4096, 128
+    g, w_q, scales, zeros = random_w4(n, k, group, "f16", True, 7 * m + prepacked)
+    zeros = fractional_zeros(zeros, g)
+    packed = tk.prepack(w_q)
+    weights = tk.pack_fragments(packed) if prepacked else packed
+    for _ in range(2):
+        a = torch.randn(m, k, device="cuda", generator=g, dtype=torch.float16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        assert tk.matmul_w4a16(a, weights, scales, zeros, group, out=out) is out
+        check(out, a, w_q, scales, zeros, group, dequant_rounded=m > 2 or prepacked)
+        check(tk.matmul_w4a16(a, weights, scales, zeros, group), a, w_q, scales, zeros,
+              group, dequant_rounded=m > 2 or prepacked)
