@@ -137,7 +137,7 @@ def tuning_enabled() -> bool:
 
 
 def cuda_event_timer(warmup: int = 2, reps: int = 7, max_seconds: float = 0.2,
-                     flush_l2: bool = True) -> Timer:
+                     flush_l2: bool = True, cover_launch: bool = True) -> Timer:
     """A timer with torch CUDA events on the current stream: `warmup` launches, then the
     median of up to `reps` single-launch timings (fewer when a launch is slow, so one
     candidate costs at most about `max_seconds`).
@@ -145,18 +145,31 @@ def cuda_event_timer(warmup: int = 2, reps: int = 7, max_seconds: float = 0.2,
     With `flush_l2`, L2 is emptied before each timed launch by reading a buffer twice its
     size, as the benchmarks do: otherwise a problem that fits in L2 (32 MB on a 50 MB
     H200 L2) is timed on cached inputs, and the ranking favours configurations that are
-    not the fastest from DRAM."""
+    not the fastest from DRAM.
+
+    With `cover_launch`, the GPU is kept busy (a spin kernel, `torch.cuda._sleep`) for
+    about twice the host time of one call of `fn` before the start event, so the launch
+    is queued when the GPU reaches it. Otherwise each sample, the GPU idle after the
+    previous one's synchronization, times the host's launch as well whenever it takes
+    longer than the flush: the library's first-call launch path takes tens of µs in
+    Python per kernel, so a plan of two launches (split K and its sum) read slower than
+    one launch that is slower on the GPU (W4A16's tuner picked unsplit configs)."""
 
     def timer(fn: Callable[[], None]) -> float:
         import torch
 
         empty_l2 = l2_emptier(torch) if flush_l2 else (lambda: None)
+        host = math.inf
         for _ in range(warmup):
+            began = time.perf_counter()
             fn()
+            host = min(host, time.perf_counter() - began)
+        cover = _gpu_spinner(torch, host if cover_launch and warmup else 0.0)
         samples: list[float] = []
         count = reps
         while len(samples) < count:
             empty_l2()
+            cover()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -168,6 +181,24 @@ def cuda_event_timer(warmup: int = 2, reps: int = 7, max_seconds: float = 0.2,
         return statistics.median(samples)
 
     return timer
+
+
+#: The spin before a timed launch covers twice the launch's host time plus this, at most
+#: MAX_COVER_SECONDS (a host call slower than that is not a launch worth hiding).
+COVER_SLACK_SECONDS, MAX_COVER_SECONDS = 20e-6, 2e-3
+
+
+def _gpu_spinner(torch: Any, host_seconds: float) -> Callable[[], Any]:
+    """A function that enqueues a GPU spin of 2 · host_seconds + COVER_SLACK_SECONDS
+    (at most MAX_COVER_SECONDS; nothing for 0, or without `torch.cuda._sleep`). The spin
+    counts clock cycles: 2 GHz is above the boost clocks of the GPUs tuned on, so the
+    spin is at least that long."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if not host_seconds or not math.isfinite(host_seconds) or sleep is None:
+        return lambda: None
+    seconds = min(2 * host_seconds + COVER_SLACK_SECONDS, MAX_COVER_SECONDS)
+    cycles = int(seconds * 2e9)
+    return lambda: sleep(cycles)
 
 
 def l2_emptier(torch: Any, mode: str = "clean",

@@ -346,3 +346,22 @@ def test_the_tuning_file_lives_in_private_directories(tmp_path):
     for path in (tmp_path / "c", tmp_path / "c" / "autotune"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / "c" / "autotune" / "gemm.json").stat().st_mode) == 0o600
+
+
+def test_timer_spin_covers_twice_the_launchs_host_time_within_bounds():
+    """The spin before each timed launch (`cuda_event_timer(cover_launch=True)`): twice
+    the host time plus the slack, in 2 GHz cycles, capped; nothing without a host time or
+    without torch.cuda._sleep."""
+    from types import SimpleNamespace
+
+    from tegula.runtime.autotune import (COVER_SLACK_SECONDS, MAX_COVER_SECONDS,
+                                         _gpu_spinner)
+    spins = []
+    fake = SimpleNamespace(cuda=SimpleNamespace(_sleep=spins.append))
+    _gpu_spinner(fake, 40e-6)()
+    _gpu_spinner(fake, 1.0)()
+    assert spins == [int((80e-6 + COVER_SLACK_SECONDS) * 2e9), int(MAX_COVER_SECONDS * 2e9)]
+    for host in (0.0, float("inf")):
+        assert _gpu_spinner(fake, host)() is None
+    assert _gpu_spinner(SimpleNamespace(cuda=SimpleNamespace()), 40e-6)() is None
+    assert len(spins) == 2
