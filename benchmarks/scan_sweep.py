@@ -1,0 +1,109 @@
+"""Selective-scan tile sweep on the GPU (a tuning aid): fixed configurations of
+`tegula.kernels.selective_scan` at one shape, each checked against Mamba's reference in
+float64 (every element, into a NaN-poisoned output) before it is timed with L2 flushed.
+
+    python benchmarks/scan_sweep.py --shape 4x1536x2048 --dtype f32 \
+        --variant "" --variant "G=16,BL=16" --variant "SPLIT=0"
+
+A variant is comma-separated NAME=INT options of `selective_scan` ("" is the entry point's
+default; SPLIT=0 the lane-scan kernel). Prints, per variant, µs, the fraction of the copy
+bandwidth (1 GiB copy measured in this process) on the bench's bytes (u, delta, z, out,
+B, C, A, D, delta_bias), the ratio to the first variant and the relative error.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from tegula.bench import gpu
+from tegula.bench.scan import DSTATE, reference_loop
+from tegula.kernels import selective_scan
+
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+#: ‖out − ref‖∞ / ‖ref‖∞ allowed: the kernel computes in f32 from the same rounded inputs.
+TOLERANCE = {"f32": 1e-4, "f16": 2e-3, "bf16": 1e-2}
+
+
+def parse_variant(text: str) -> dict:
+    """'G=16,BL=32' -> {'G': 16, 'BL': 32}; SPLIT as a bool."""
+    out = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, value = item.split("=")
+        out[name] = bool(int(value)) if name == "SPLIT" else int(value)
+    return out
+
+
+def inputs(shape: tuple[int, int, int], dtype: str, seed: int = 0) -> tuple:
+    """The bench's Mamba-like inputs (`tegula.bench.scan.make_case`)."""
+    batch, dim, length = shape
+    t = TORCH[dtype]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rand = lambda *s, dt=t: torch.randn(*s, device="cuda", generator=g).to(dt)  # noqa: E731
+    delta = (torch.rand(batch, dim, length, device="cuda", generator=g) * 0.1 - 4.0).to(t)
+    return (rand(batch, dim, length), delta, -torch.exp(rand(dim, DSTATE, dt=torch.float32)),
+            rand(batch, DSTATE, length), rand(batch, DSTATE, length),
+            rand(dim, dt=torch.float32), rand(batch, dim, length),
+            torch.rand(dim, device="cuda", generator=g) * 0.5)
+
+
+def io_bytes(shape: tuple[int, int, int], dtype: str) -> int:
+    batch, dim, length = shape
+    size = TORCH[dtype].itemsize
+    return 4 * batch * dim * length * size + 2 * batch * DSTATE * length * size + \
+        (dim * DSTATE + 2 * dim) * 4
+
+
+def sweep(shape, dtype: str, variants: list[str], copy_bps: float, flush: str) -> None:
+    args = inputs(shape, dtype)
+    want = reference_loop(torch, *args, dtype=torch.float64)
+    scale = want.abs().max().item()
+    nbytes = io_bytes(shape, dtype)
+    first = None
+    label = "x".join(map(str, shape))
+    for text in variants:
+        tiles = parse_variant(text)
+        out = torch.full_like(args[0], float("nan"))
+        try:
+            selective_scan(*args, True, out=out, **tiles)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 — a refused variant is a row, not the end
+            print(f"| {label} | {dtype} | {text or 'default'} | refused: "
+                  f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]} |")
+            continue
+        err = ((out.double() - want).abs().max().item()) / scale
+        finite = bool(torch.isfinite(out).all())
+        if not finite or err > TOLERANCE[dtype]:
+            print(f"| {label} | {dtype} | {text or 'default'} | WRONG: rel err {err:.1e}, "
+                  f"all finite {finite} |")
+            continue
+        ms = gpu.time_ms(lambda: selective_scan(*args, True, out=out, **tiles), flush=flush)
+        first = first or ms
+        print(f"| {label} | {dtype} | {text or 'default'} | {ms * 1e3:.1f} us | "
+              f"{nbytes / (ms * 1e-3) / copy_bps:.0%} copy | {first / ms:.2f}x first | "
+              f"err {err:.1e} |", flush=True)
+    del args, want
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", required=True, help="BxDxL, repeatable")
+    parser.add_argument("--dtype", action="append", choices=tuple(TORCH), required=True)
+    parser.add_argument("--variant", action="append", default=None)
+    parser.add_argument("--flush", choices=gpu.FLUSH_MODES, default="clean")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    copy_bps = gpu.copy_bandwidth(torch, flush=args.flush)
+    print(f"copy {copy_bps / 1e12:.2f} TB/s (1 GiB, read + written)")
+    print("| shape | dtype | variant | us | % copy | vs first | rel err |")
+    for shape in args.shape:
+        for dtype in args.dtype:
+            sweep(tuple(int(s) for s in shape.split("x")), dtype, args.variant or [""],
+                  copy_bps, args.flush)
+            print(f"# {shape} {dtype} done at {time.monotonic() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
