@@ -39,11 +39,11 @@ def _pow2(n: int) -> int:
 
 def candidates(shape: tuple, extra: list[dict], fused: bool = False) -> list[dict]:
     """matmul's candidates for the shape's bucket on an H100 (`fused`: with a bias or
-    activation), then the extra ones (each once; "kernel" defaults to "shared" as in
+    activation; decode tiles fitted to the shape's N, as matmul's), then the extra ones (each once; "kernel" defaults to "shared" as in
     `gemm_candidates`)."""
-    from tegula.kernels.api_matmul import gemm_candidates
+    from tegula.kernels.api_matmul import fitted_n, gemm_candidates
     m, n, k = shape
-    found = gemm_candidates(_pow2(m), _pow2(n), _pow2(k), True, fused)
+    found = gemm_candidates(_pow2(m), _pow2(n), _pow2(k), True, fused, fitted_n(m, n, True))
     for c in extra:
         c = dict(c, kernel=c.get("kernel", "shared"))
         if c not in found:

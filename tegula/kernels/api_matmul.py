@@ -98,7 +98,7 @@ def searched_transposed(m: int, n: int, k: int) -> list[dict]:
 
 
 def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
-                    fused: bool = False) -> list[dict]:
+                    fused: bool = False, n_exact: int | None = None) -> list[dict]:
     """GEMM configurations worth timing for an (M, N, K) bucket, the default (untuned)
     first; at most 7 (what the tuner times). `kernel` picks the dataflow ("persistent":
     one block per SM walking the tiles in grouped-rows order, on sm_90a one TMA ring
@@ -110,9 +110,10 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
     sm_90a unless a bias or activation is `fused` (its one consumer role runs the
     epilogue while the tensor cores wait: on an H100 at 4096³ with bias + GELU 398
     TFLOP/s, one block per tile 617). Large tiles take 256 threads, keeping accumulators
-    at ≤ 128 f32 registers a thread."""
+    at ≤ 128 f32 registers a thread. `n_exact`: the true N of a decode shape
+    (`fitted_n`), which its `wave_fitted` tiles are cut to (by default the bucket's n)."""
     if _api._pow2_at_least(m, 1) <= 256:
-        chosen, split = _few_rows_candidates(m, n, hopper)
+        chosen, split = _few_rows_candidates(m, n, hopper, n_exact or n)
     else:
         chosen, split = _many_rows_candidates(m, n, k, hopper, fused), []
     # Split K only where each split still has a few k-tiles to pipeline.
@@ -149,7 +150,26 @@ WIDE_N_64 = dict(BM=64, BN=112, BK=128, STAGES=4)
 WIDE_N_128 = dict(BM=128, BN=112, BK=64, STAGES=7, threads=256)
 
 
-def _few_rows_candidates(m: int, n: int, hopper: bool) -> tuple[list[dict], list[dict]]:
+def wave_fitted(rows: int, n: int, bm: int, bk: int, sms: int,
+                smem: int = 232448, max_stages: int = 16) -> dict:
+    """A decode tile (sm_90a, shared kernel) whose width makes one whole wave: BN the
+    narrowest multiple of 8 (wgmma's N step, ≤ 256) that gives at most `sms` blocks for
+    `rows` rows of BM and N columns, and the deepest ring of (BM + BN)·BK f16 stages that
+    fits `smem` (less a kilobyte: the barriers), at most `max_stages`. The pow2 lists' 64-
+    or 128-wide tiles leave a last partial wave at N = 11008 / 14336 (128×14336 in 64×64
+    tiles is 448 blocks, 3.4 waves of 132); these leave none (88 wide: 126 blocks at
+    N = 11008, 112: 128 at 14336; 64 rows of 64 at N = 4096: 32 wide, the measured best).
+    BM = 128 takes two consumer warpgroups (threads=256)."""
+    tiles_m = -(-rows // bm)
+    per_wave = max(1, sms // tiles_m)
+    bn = min(256, 8 * -(-n // (8 * per_wave)))
+    stages = min(max_stages, (smem - 1024) // ((bm + bn) * bk * 2))
+    config = dict(BM=bm, BN=bn, BK=bk, STAGES=stages)
+    return dict(config, threads=256) if bm == 128 else config
+
+
+def _few_rows_candidates(m: int, n: int, hopper: bool,
+                         n_exact: int) -> tuple[list[dict], list[dict]]:
     """(unsplit, split-K) candidates for decode shapes (up to 256 rows). With M = 16 a
     128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
     narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
@@ -171,24 +191,45 @@ def _few_rows_candidates(m: int, n: int, hopper: bool) -> tuple[list[dict], list
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=4),
                  dict(BM=16, BN=128, BK=64, STAGES=4, SPLIT=8)]
         return chosen, split
-    wide_n = _api._pow2_at_least(n, 1) > 8192
+    if hopper and rows <= 128:
+        return _hopper_decode(rows, n_exact)
     if rows <= 64:
-        if hopper:
-            return STREAM_64 + [WIDE_N_64] * wide_n + [dict(BM=32, BN=64, BK=64, STAGES=4)], \
-                [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
         return [dict(BM=32, BN=64, BK=64, STAGES=4), dict(BM=64, BN=64, BK=64, STAGES=4),
                 dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=32, BN=128, BK=64, STAGES=4),
                 registers], [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4),
                              dict(BM=32, BN=128, BK=64, STAGES=4, SPLIT=2),
                              dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=8)]
     if hopper:
-        return STREAM_128 + [WIDE_N_128] * wide_n + [PERSISTENT_PINGPONG], \
-            [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2)]
+        return STREAM_128 + [PERSISTENT_PINGPONG], [dict(BM=64, BN=128, BK=64, STAGES=4,
+                                                         SPLIT=2)]
     return [dict(BM=64, BN=128, BK=64, STAGES=4), dict(BM=128, BN=128, BK=32, STAGES=4),
             dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
             dict(BM=128, BN=256, BK=32, STAGES=3, threads=256)], \
         [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2),
          dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
+
+
+def _hopper_decode(rows: int, n: int) -> tuple[list[dict], list[dict]]:
+    """sm_90a, 17–128 rows: the streaming tiles (`STREAM_64` / `STREAM_128`), then the
+    `wave_fitted` ones cut to N, then the rest; split K last."""
+    from tegula.arch import get_target
+    sms = get_target("sm_90a").sm_count
+    if rows <= 64:
+        fitted = [wave_fitted(rows, n, 64, 128, sms), wave_fitted(rows, n, 64, 64, sms)]
+        chosen = _merge_tiles(STREAM_64, fitted) + [dict(BM=32, BN=64, BK=64, STAGES=4)]
+        return chosen, [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
+    fitted = [wave_fitted(rows, n, 128, 64, sms), wave_fitted(rows, n, 64, 64, sms)]
+    chosen = _merge_tiles(STREAM_128, fitted) + [PERSISTENT_PINGPONG]
+    return chosen, [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2)]
+
+
+def _merge_tiles(listed: list[dict], fitted: list[dict]) -> list[dict]:
+    """`listed`, then the fitted configs of a (BM, BN, BK) not listed (at N = 4096 the
+    fitted tiles are the listed ones, whose measured ring depths stay)."""
+    def tile(c):
+        return c["BM"], c["BN"], c["BK"]
+    have = {tile(c) for c in listed}
+    return listed + [c for c in fitted if tile(c) not in have]
 
 
 #: sm_90a, outputs up to 1024×1024 (64 tiles of 128×128 leave half an H100 idle): tiles
@@ -310,9 +351,12 @@ def matmul(a: Any, b: Any, bias: Any = None, activation: str | None = None, *,
     bt = b.T
     layouts = ["view"] if bt.stride(1) == 1 else (["view", "copy"] if bt.stride(0) == 1
                                                   else ["copy"])
+    hopper = _is_hopper(a.device)
+    n_exact = fitted_n(m, n, hopper)
     configs = _api._configs("gemm", _api._pow2_at_least(m, 1), _api._pow2_at_least(n, 1),
-                            _api._pow2_at_least(k, 1), _is_hopper(a.device),
-                            bias is not None or activation is not None, tuple(layouts))
+                            _api._pow2_at_least(k, 1), hopper,
+                            bias is not None or activation is not None, n_exact,
+                            tuple(layouts))
     epilogue = (activation, bias_row)
 
     def run(config: Config) -> Any:
@@ -327,11 +371,21 @@ def matmul(a: Any, b: Any, bias: Any = None, activation: str | None = None, *,
     # one consumer role runs the epilogue while the tensor cores wait).
     fused = "" if bias is None and activation is None else \
         f"/{activation}{'+bias' if bias is not None else ''}"
+    fused += "" if n_exact is None else f"/n={n_exact}"   # its own tiles: its own pick
     plan, b_layout = _api._tune_and_run("matmul", a.device.index, configs, (m, n, k),
                                         f"{dtype}/{'+'.join(layouts)}{fused}", run)
     if signature is not None and a_contiguous and (bias is None or bias.stride(0) == 1):
         _api._remember(signature, _matmul_replay(plan, b_layout, m, n))
     return out
+
+
+def fitted_n(m: int, n: int, hopper: bool) -> int | None:
+    """N itself where the candidates depend on it, not only on its power-of-two bucket:
+    sm_90a decode shapes of 17–128 rows, whose `wave_fitted` tiles are cut to the weight's
+    N (11008 and 14336 share the bucket 16384, and the 88- and 112-wide tiles that fill an
+    H100's SMs at each would leave the other with a partial wave); else None. The tuner
+    then keeps one pick per N (an LLM has a few weight shapes)."""
+    return n if hopper and 16 < _api._pow2_at_least(m, 1) <= 128 else None
 
 
 @functools.lru_cache(maxsize=None)
