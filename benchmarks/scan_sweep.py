@@ -6,7 +6,8 @@ float64 (every element, into a NaN-poisoned output) before it is timed with L2 f
         --variant "" --variant "G=16,BL=16" --variant "SPLIT=0"
 
 A variant is comma-separated NAME=INT options of `selective_scan` ("" is the entry point's
-default; SPLIT=0 the lane-scan kernel). Prints, per variant, µs, the fraction of the copy
+default; SPLIT=0 the lane-scan kernel); `--probe` runs each once, unchecked and untimed,
+for a profiler. Prints, per variant, µs, the fraction of the copy
 bandwidth (1 GiB copy measured in this process) on the bench's bytes (u, delta, z, out,
 B, C, A, D, delta_bias), the ratio to the first variant and the relative error.
 """
@@ -93,8 +94,19 @@ def main() -> None:
     parser.add_argument("--dtype", action="append", choices=tuple(TORCH), required=True)
     parser.add_argument("--variant", action="append", default=None)
     parser.add_argument("--flush", choices=gpu.FLUSH_MODES, default="clean")
+    parser.add_argument("--probe", action="store_true",
+                        help="run each variant once, unchecked and untimed (for ncu)")
     args = parser.parse_args()
     t0 = time.monotonic()
+    if args.probe:
+        for shape in args.shape:
+            for dtype in args.dtype:
+                data = inputs(tuple(int(s) for s in shape.split("x")), dtype)
+                for text in args.variant or [""]:
+                    selective_scan(*data, True, **parse_variant(text))
+        torch.cuda.synchronize()
+        print(f"probe done at {time.monotonic() - t0:.0f} s")
+        return
     copy_bps = gpu.copy_bandwidth(torch, flush=args.flush)
     print(f"copy {copy_bps / 1e12:.2f} TB/s (1 GiB, read + written)")
     print("| shape | dtype | variant | us | % copy | vs first | rel err |")
