@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11] [--only PREFIX]
 [--budget SECONDS] [--index ROW ...] [--profile]` (`--profile`: each selected row launched once more,
 untimed, for ncu).
 
@@ -12,7 +12,9 @@ as it is measured): the kernel, its (M, N, K), its constexprs, the median µs (L
 W4A16, the weights for GEMV) and their fraction of the device copy bandwidth; torch's f16
 matmul of the same shape (`a @ w.T`, cuBLAS) for comparison. Every tegula result is
 checked against a float64 reference first, into a NaN-poisoned output (a wrong fast
-kernel is not a result; relerr NaN means outputs were left unwritten).
+kernel is not a result; relerr NaN means outputs were left unwritten). Last column: the
+host µs of one launch (the timer queues samples behind a 256 MB flush of ~85 µs; a
+launch path slower than that would be timed too).
 """
 from __future__ import annotations
 
@@ -143,8 +145,30 @@ SESSION10 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
                           (16, 11008))
              for c in (_SESSION10_BY_N[n] if m == 16 and n in _SESSION10_BY_N
                        else _SESSION10_BY_M[m])]
+# Session 11: 16 tokens (and 1) with the cp.async ring (session 10's best), the split
+# factor against the SMs (N = 14336: 224 row tiles; 4 blocks an SM by registers), deeper
+# rings where blocks are few and long, 512 k a step (KS=8), fewer registers for more
+# blocks (blocks_per_sm); row 0 is session 10's best (ncu'd in the round).
+_CP = dict(BT=16, load_path="cp.async")
+_SESSION11_BY_N = {
+    14336: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=2, STAGES=3),
+            dict(_CP, KS=4, SPLIT=2, STAGES=4), dict(_CP, KS=4, SPLIT=1, STAGES=4),
+            dict(_CP, KS=4, SPLIT=1, STAGES=6), dict(_CP, KS=4, SPLIT=3, STAGES=4),
+            dict(_CP, KS=2, SPLIT=4, STAGES=6), dict(_CP, KS=8, SPLIT=2, STAGES=3),
+            dict(_CP, KS=4, SPLIT=4, STAGES=3, blocks_per_sm=5),
+            dict(_CP, KS=2, SPLIT=4, STAGES=4, blocks_per_sm=6)],
+    4096: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=8, STAGES=3),
+           dict(_CP, KS=2, SPLIT=8, STAGES=4), dict(_CP, KS=4, SPLIT=4, STAGES=5)],
+}
+SESSION11 = ([("w4frag", (16, n, 4096), dict(c, warp_specialize=False))
+              for n in (14336, 4096) for c in _SESSION11_BY_N[n]]
+             + [("w4frag", (16, 4096, 14336), dict(_CP, KS=4, SPLIT=s, STAGES=st,
+                                                    warp_specialize=False))
+                for s, st in ((4, 3), (8, 3), (7, 4))]
+             + [("w4frag", (1, 14336, 4096), dict(_CP, KS=4, SPLIT=3, STAGES=3,
+                                                   warp_specialize=False))])
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
-        "session9": SESSION9, "session10": SESSION10}
+        "session9": SESSION9, "session10": SESSION10, "session11": SESSION11}
 
 
 GROUP = 128
@@ -219,7 +243,7 @@ def _print_row(r) -> None:
         print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]}", flush=True)
     else:
         print(f"{r[0]:7} {shape:>14} {cfg:44} {r[3]:7.1f} {r[4]:5.2f} {r[5]:5.0%} "
-              f"{r[6]:6.2f} {r[7]:8.1e}", flush=True)
+              f"{r[6]:6.2f} {r[7]:8.1e} {r[8]:6.0f}", flush=True)
 
 
 def main() -> int:
@@ -244,8 +268,9 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e12:.2f} TB/s")
     torch_us = {}
     print(f"{'kernel':7} {'MxNxK':>14} {'config':44} {'us':>7} {'TB/s':>5} {'copy':>5} "
-          f"{'xtorch':>6} {'relerr':>8}")
+          f"{'xtorch':>6} {'relerr':>8} {'host':>6}")
     timer = lambda fn: time_ms(fn, warmup_ms=args.rep_ms / 4, rep_ms=args.rep_ms)  # noqa: E731
+    host_us = [0.0]
     tensors_of = {}  # the current shape's tensors (quantizing each config again is slow)
     for row, (name, shape, config) in enumerate(SETS[args.set]):
         if not name.startswith(args.only) or time.time() - start > args.budget:
@@ -270,6 +295,10 @@ def main() -> int:
                 torch.cuda.synchronize()
                 print(f"profiled {name} {shape} {config}: relerr {err:.1e}", flush=True)
                 continue
+            began = time.perf_counter()
+            run()
+            host_us[0] = (time.perf_counter() - began) * 1e6   # the launch path's host time
+            torch.cuda.synchronize()
             us = timer(run) * 1e3
         except Exception as e:  # noqa: BLE001 — a config that fails is a row, not the end
             _print_row((name, shape, config, f"{type(e).__name__}: {str(e)[:60]}"))
@@ -280,7 +309,7 @@ def main() -> int:
                   f"{torch_us[key]:7.1f}", flush=True)
         floor = t["floor"]
         _print_row((name, shape, config, us, floor / us / 1e6,
-                    floor / us / 1e6 / (copy / 1e12), torch_us[key] / us, err))
+                    floor / us / 1e6 / (copy / 1e12), torch_us[key] / us, err, host_us[0]))
     return 0
 
 
