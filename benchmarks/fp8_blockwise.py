@@ -117,24 +117,29 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
 #: right only then), "colmajor" passes scale_a as a column-major (M, K/128) view.
 _T192 = dict(BM=192, BN=128, STAGES=3, GROUP=8, threads=384)
 _T128 = dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256)
-VARIANTS = [("per-tensor 192x128 S3 (same tile, no promotion)", None, {**_T192, "BK": 128}, "unit"),
-            ("per-tensor 128x128 S4 (same tile, no promotion)", None, {**_T128, "BK": 128}, "unit"),
-            ("base 192x128 S3", "base", _T192, "random"),
-            ("tilescale 192x128 S3 (no loads in the K loop)", "tilescale", _T192, "unit"),
+_T256 = dict(BM=256, BN=128, STAGES=3, GROUP=8, threads=256)
+VARIANTS = [("base 192x128 S3", "base", _T192, "random"),
             ("ahead 192x128 S3", "ahead", _T192, "random"),
+            ("tilescale 192x128 S3 (no loads in the K loop)", "tilescale", _T192, "unit"),
+            ("halves 256x128 S3 (split_halves)", "halves", _T256, "random"),
+            ("per-tensor 256x128 S3 (same tile, no promotion)", None, {**_T256, "BK": 128}, "unit"),
+            ("per-tensor 192x128 S3 (same tile, no promotion)", None, {**_T192, "BK": 128}, "unit"),
+            ("ahead 128x128 S4", "ahead", _T128, "random"),
+            ("base 128x128 S4", "base", _T128, "random"),
             ("ahead 192x128 S4", "ahead", {**_T192, "STAGES": 4}, "random"),
             ("ahead 192x128 S3 C2", "ahead", {**_T192, "CLUSTER": 2}, "random"),
-            ("per-tensor 192x128 S3 C2", None, {**_T192, "BK": 128, "CLUSTER": 2}, "unit"),
-            ("base 128x128 S4", "base", _T128, "random"),
-            ("ahead 128x128 S4", "ahead", _T128, "random"),
+            ("halves 256x128 S4 (split_halves)", "halves", {**_T256, "STAGES": 4}, "random"),
             ("ahead 128x128 S6", "ahead", {**_T128, "STAGES": 6}, "random"),
+            ("per-tensor 128x128 S4 (same tile, no promotion)", None, {**_T128, "BK": 128}, "unit"),
+            ("per-tensor 192x128 S3 C2", None, {**_T192, "BK": 128, "CLUSTER": 2}, "unit"),
             ("ahead 192x128 S3 colmajor scale_a", "ahead", _T192, "colmajor")]
 
 
 def variant_rows(budget: float) -> list[tuple[str, str]]:
     """`VARIANTS` at every shape, against the per-tensor 128x256 kernel in the same process;
     every output NaN-poisoned and checked against a float32 reference of its scales."""
-    from fp8_blockwise_variants import variant_kernel
+    from fp8_blockwise_variants import install_split_halves, variant_kernel
+    install_split_halves()
     from tegula.kernels import fp8
     from tegula.kernels.gemm import persistent_grid
     rows, out_t = [], tg.bf16

@@ -10,7 +10,15 @@ to find what keeps it below the per-tensor kernel. Each variant is `kernels/fp8.
 * "tilescale": the promotion `acc += part * s` with one scale loaded per output tile (no
   loads in the K loop) -- the same ablation of the loads that keeps the multiply-adds
   ("noscale" lets ptxas accumulate straight into `acc`: the per-tensor kernel's code);
-* "ahead": a K block's scales loaded one iteration earlier and carried.
+* "ahead": a K block's scales loaded one iteration earlier and carried;
+* "halves": a (BM, BN) tile as two (BM/2, BN) row halves sharing b's stage, each K block
+  multiplied and promoted half after half into one product tile (BM = 256 on two consumer
+  warpgroups has the per-tensor 128x256 tile's bytes per FLOP), scales one block ahead.
+  ptxas hoists the second half's wgmmas above the first half's multiply-adds, giving the
+  second product its own 64 registers (256 live: spills); `split_halves` (a source patch,
+  measurement only) repeats the stage's full-mbarrier wait between the halves -- its
+  phase is complete, so it returns at once, but its branch ends ptxas's scheduling
+  region, and both halves share one product tile (no spills).
 
 Used by `benchmarks/fp8_blockwise.py --variants`; nothing here is a library kernel.
 """
@@ -24,7 +32,7 @@ from tegula.dtypes import DType, f8e4m3
 from tegula.kernels.fp8 import SCALE_BLOCK, blockwise_buffers
 from tegula.kernels.gemm import persistent_tiles
 
-MODES = ("base", "noscale", "tilescale", "ahead")
+MODES = ("base", "noscale", "tilescale", "ahead", "halves")
 
 
 def variant_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
@@ -59,12 +67,74 @@ def variant_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
     return acc
 
 
+def halves_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
+                   buffers: tuple):
+    """Mode "halves": the (acc_lo, acc_hi) f32 (BM/2, BN) row halves of tile (m, n)."""
+    half = BM // 2
+    sa_lo, sa_hi, sb = buffers
+    ga = [a.tile((half, SCALE_BLOCK), (2 * m + h, None)) for h in range(2)]
+    gb = b.tile((BN, SCALE_BLOCK), (n, None))
+    row_scales = [scale_a.tile((half, 1), (2 * m + h, None)) for h in range(2)]
+    block_scales = scale_b.tile((1, 1), ((n * BN) // SCALE_BLOCK, None))
+
+    def scales_of(k):
+        block = tg.load(block_scales[:, :, k])
+        return [tg.load(rs[:, :, k]) * block for rs in row_scales]
+
+    accs = [tg.zeros((half, BN), f32) for _ in range(2)]
+    part = tg.zeros((half, BN), f32)        # one product tile for both halves
+    ahead = scales_of(0)
+    for k in tg.pipeline(gb.shape[2], stages=STAGES):
+        tg.copy(ga[0][:, :, k], sa_lo[k])
+        tg.copy(ga[1][:, :, k], sa_hi[k])
+        tg.copy(gb[:, :, k], sb[k])
+        scales, ahead = ahead, scales_of(tg.minimum(k + 1, gb.shape[2] - 1))
+        for acc, sa, scale in zip(accs, (sa_lo, sa_hi), scales):
+            part.assign(0.0)
+            tg.gemm(part, sa[k], sb[k])
+            acc += part * scale
+    return accs
+
+
+def split_halves(source: str) -> str:
+    """The "halves" kernel's CUDA source with the consumer's full-mbarrier wait repeated
+    before the product tile's fill for the second half (module docstring): the first fill
+    after the first half's wgmma commit, which must come before the second half's wgmmas."""
+    lines = source.split("\n")
+
+    def first(start: int, *marks: str) -> int:
+        return next(i for i in range(start, len(lines)) if all(m in lines[i] for m in marks))
+    wait = first(0, "mbarrier.try_wait.parity", "full_saddr")
+    fill = first(first(wait, "wgmma.commit_group"), "// tile op: fill", "with 0.0")
+    if first(fill, "wgmma.mma_async") > first(fill, "wgmma.commit_group"):
+        raise ValueError("split_halves: no second-half gemm after the fill")
+    lines.insert(fill, lines[wait] + "  // split_halves: ends ptxas's scheduling region")
+    return "\n".join(lines)
+
+
+def install_split_halves() -> None:
+    """Patch `tegula.runtime.launcher.emit_cuda` so the "halves" kernel compiles through
+    `split_halves` (this process only; the cache key is the patched source)."""
+    from tegula.runtime import launcher
+    emit = launcher.emit_cuda
+    if getattr(emit, "split_halves", False):
+        return
+
+    def patched(kernel, target):
+        source = emit(kernel, target)
+        return split_halves(source) if kernel.name == "fp8_blockwise_halves" else source
+    patched.split_halves = True
+    launcher.emit_cuda = patched
+
+
 @lru_cache(maxsize=None)
 def variant_kernel(out_t: DType, mode: str) -> tg.Kernel:
     """The persistent blockwise kernel (`fp8_blockwise_persistent_kernel`'s walk) around
     `variant_product` in `mode`."""
     if mode not in MODES:
         raise ValueError(f"fp8_blockwise_variants: mode {mode!r}, one of {MODES}")
+    if mode == "halves":
+        return halves_kernel(out_t)
 
     @tg.kernel(threads=128)
     def fp8_blockwise_variant(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
@@ -83,3 +153,28 @@ def variant_kernel(out_t: DType, mode: str) -> tg.Kernel:
                          make_product)
 
     return fp8_blockwise_variant
+
+
+@lru_cache(maxsize=None)
+def halves_kernel(out_t: DType) -> tg.Kernel:
+    """Mode "halves" as its own kernel (its name selects `split_halves`)."""
+
+    @tg.kernel(threads=128)
+    def fp8_blockwise_halves(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
+                             scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
+                             c: tg.Tensor[out_t], BM: tg.constexpr = 256,
+                             BN: tg.constexpr = 128, STAGES: tg.constexpr = 3,
+                             GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
+        def make_product():
+            buffers = (tg.shared((BM // 2, SCALE_BLOCK), f8e4m3, stages=STAGES),
+                       *blockwise_buffers(BM // 2, BN, STAGES))
+            return lambda m, n: halves_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
+                                               buffers)
+
+        def finish(accs, m, n):
+            for h in range(2):
+                tg.copy(accs[h].to(out_t), c.tile((BM // 2, BN), (2 * m + h, n)))
+        persistent_tiles(a, b, f8e4m3, BM, BN, SCALE_BLOCK, STAGES, GROUP, finish, CLUSTER,
+                         make_product)
+
+    return fp8_blockwise_halves
