@@ -1,5 +1,9 @@
 """GEMM: tegula against cuBLAS (torch.matmul) and Triton: `python -m tegula.bench gemm`.
 
+Triton is two kernels in `tegula.bench.triton_kernels`: the tutorial-style tiled matmul
+("Triton") and, on Hopper, a persistent TMA kernel ("Triton TMA"); the notes give tegula's
+geomean against the faster of the two per shape.
+
 Shapes: squares 1024–8192 plus 6144; LLM projections (M = 4096, N and K from {4096,
 11008, 14336}); decode (M = 16, 64, 128 against the same weights). On an H100/H200 the
 tuner's first candidate for large shapes is the persistent kernel, for decode shapes a
@@ -44,7 +48,8 @@ FP8_SHAPES = EPILOGUE_SHAPES
 PEAK_TFLOPS = {"f16": 989.0, "fp8": 1979.0}
 # ‖out − ref‖/‖ref‖ allowed: a few output roundings (f16: 2^-11, bf16: 2^-8 relative).
 TOLERANCE = {"f16": 2e-3, "bf16": 1e-2}
-LABELS = {"tegula": "tegula", "torch": "cuBLAS", "triton": "Triton", "unfused": "torch",
+LABELS = {"tegula": "tegula", "torch": "cuBLAS", "triton": "Triton", "triton_tma": "Triton TMA",
+          "unfused": "torch",
           "scaled_mm": "_scaled_mm", "blockwise": "blockwise"}
 
 
@@ -77,6 +82,9 @@ def make_case(torch: Any, shape: tuple[int, int, int], dtype: str, b_major: str,
              gpu.Impl("torch", lambda: torch.matmul(a, b))]
     if triton_kernels is not None:
         impls.append(gpu.Impl("triton", lambda: triton_kernels.matmul(a, b)))
+        if torch.cuda.get_device_capability() >= (9, 0):  # TMA descriptors: Hopper on
+            impls.append(gpu.Impl("triton_tma",
+                                  lambda: triton_kernels.matmul_tma_persistent(a, b)))
     itemsize = a.element_size()
     return gpu.Case(label=f"{m}x{n}x{k}", dims=shape, flops=2.0 * m * n * k,
                     bytes=float((m * k + k * n + m * n) * itemsize),
@@ -154,6 +162,23 @@ def peak_fractions(records: list[dict], impls: list[str], peak: float) -> list[s
     return lines
 
 
+def best_triton_lines(records: list[dict]) -> list[str]:
+    """tegula against the faster of the two Triton kernels (plain, persistent TMA) per
+    shape, as geomeans per group (issue 10's target: >= 1.15x the best Triton)."""
+    def best_ratio(r: dict) -> float | None:
+        rates = [x for x in (gpu.rate(r, "triton", "tflops"),
+                             gpu.rate(r, "triton_tma", "tflops")) if x]
+        t = gpu.rate(r, "tegula", "tflops")
+        return t / max(rates) if t and rates else None
+    lines = []
+    for group in ("large", "decode"):
+        ratios = [x for r in records if group in r.get("tags", ()) if (x := best_ratio(r))]
+        if ratios:
+            lines.append(f"tegula / best Triton per shape, geomean ({group}, {len(ratios)} "
+                         f"shapes): {gpu.geomean(ratios):.2f}x")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tegula.bench gemm",
                                      description=__doc__.splitlines()[0])
@@ -190,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     records, skipped = gpu.run_cases(cases, budget,
                                      timer=functools.partial(gpu.time_ms, flush=args.flush,
                                                              rep_ms=args.rep_ms))
-    impls = ["tegula", "torch"] + (["triton"] if triton_kernels is not None else [])
+    impls = ["tegula", "torch"] + (["triton"] if triton_kernels is not None else []) + \
+        (["triton_tma"] if any("triton_tma" in r.get("results", {}) for r in records) else [])
     peers = impls[1:]
     notes = [triton_note,
              "tegula: tegula.kernels.matmul as users call it (autotuned on its first call per "
@@ -198,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
              f"run ({args.flush}: {gpu.FLUSH_NOTE[args.flush]})",
              "b is " + ("the transpose of a K-major (N, K) tensor" if args.b_major == "k"
                         else "row-major (K, N)")] + gpu.autotune_notes("matmul") \
-        + peak_fractions(records, impls, PEAK_TFLOPS["f16"])
+        + peak_fractions(records, impls, PEAK_TFLOPS["f16"]) + best_triton_lines(records)
     groups = {"large": lambda r: "large" in r.get("tags", ()),
               "decode": lambda r: "decode" in r.get("tags", ()), "all": lambda r: True}
     return gpu.finish("gemm", torch, args, records, skipped, impls, peers, "tflops", notes,
@@ -240,4 +266,5 @@ def _main_fused(torch: Any, args: argparse.Namespace, shapes: list) -> int:
 
 
 __all__ = ["main", "make_case", "make_epilogue_case", "make_fp8_case", "peak_fractions",
+           "best_triton_lines",
            "tags", "SQUARES", "LLM", "DECODE", "QUICK", "EPILOGUE_SHAPES", "FP8_SHAPES"]

@@ -253,3 +253,19 @@ def test_autotune_notes_name_each_skip_reason(monkeypatch):
     tuner.select([{"BM": 1}, {"BM": 2, "threads": 256}, {"BM": 4, "threads": 256}], (64,), run)
     (line,) = gpu.autotune_notes("copy")
     assert "2 skipped" in line and "no parameter 'threads'" in line
+
+
+def test_gemm_reports_tegula_against_the_faster_triton_kernel_per_shape():
+    """`bench gemm`'s note: per shape the faster of the plain and the persistent TMA
+    Triton kernels, geomean per group; a shape where neither ran is left out."""
+    from tegula.bench.gemm import best_triton_lines
+
+    def record(tags, tegula, plain, tma):
+        results = {"tegula": {"status": "ok", "tflops": tegula}}
+        for name, value in (("triton", plain), ("triton_tma", tma)):
+            if value is not None:
+                results[name] = {"status": "ok", "tflops": value}
+        return {"tags": [tags], "results": results}
+    lines = best_triton_lines([record("large", 600, 500, 400), record("large", 600, 300, 400),
+                               record("decode", 100, None, None)])
+    assert lines == ["tegula / best Triton per shape, geomean (large, 2 shapes): 1.34x"]  # 1.2, 1.5
