@@ -23,9 +23,9 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_matmul_epilogue_gpu import check, operands, poisoned  # noqa: E402
 
-#: (bucket the candidates come from, ragged shape they run at): the ragged shape has the
-#: bucket's row class (≤ 16, ≤ 64, ≤ 128 rows, or many) so a decode tile meets the few
-#: rows it was chosen for.
+#: (bucket the candidates come from [+ the true N they are fitted to], ragged shape they
+#: run at): the ragged shape has the bucket's row class (≤ 16, ≤ 64, ≤ 128 rows, or many)
+#: so a decode tile meets the few rows it was chosen for.
 CASES = {
     "16": ((16, 4096, 4096), (13, 1000, 520)),
     "16-longk": ((16, 16384, 16384), (9, 300, 1100)),
@@ -36,6 +36,11 @@ CASES = {
     "1024": ((1024, 1024, 1024), (300, 520, 264)),
     "2048": ((2048, 2048, 2048), (700, 1000, 520)),
     "large-longk": ((4096, 4096, 16384), (520, 1000, 1100)),
+    # The decode tiles cut to a weight's true N (`wave_fitted`: 88, 112, 168, 224 wide).
+    "64-n11008": ((64, 16384, 4096, 11008), (50, 1000, 520)),
+    "64-n14336": ((64, 16384, 4096, 14336), (64, 700, 392)),
+    "128-n11008": ((128, 16384, 4096, 11008), (100, 1000, 520)),
+    "128-n14336": ((128, 16384, 4096, 14336), (127, 900, 264)),
 }
 
 
@@ -49,7 +54,9 @@ def test_every_candidate_is_right_at_a_ragged_shape(case):
     bucket, (m, n, k) = CASES[case]
     a, w, _ = operands(m, n, k, f16, m * 7 + n + k)
     failures = []
-    for config in gemm_candidates(*bucket, hopper=True):
+    m_bucket, n_bucket, k_bucket, *n_exact = bucket
+    for config in gemm_candidates(m_bucket, n_bucket, k_bucket, hopper=True,
+                                  n_exact=n_exact[0] if n_exact else None):
         c = poisoned(m, n, f16)
         spec = Config.of(config)
         try:
