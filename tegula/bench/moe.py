@@ -6,7 +6,8 @@ expert gets T·k / E rows), the rows are sorted by expert (`tegula.kernels.moe`)
 things run on the same sorted problem:
 
 * tegula: `tegula.kernels.moe.moe_gemm` (bf16, or FP8 weights with `--fp8`), one config
-  or autotuned;
+  or autotuned; with `--w4`, 4-bit weights (`moe_w4.moe_gemm_w4a16`, group 128 with zero
+  points, its default tiles or `--config`), checked against the dequantized weights;
 * triton: `grouped_gemm_triton` below, a Triton grouped GEMM in one launch: program v
   of each column is *virtual* row tile v, expert e owning `offsets[e] // BM + e …` (so
   the grid comes from shapes alone; tiles past an expert's rows exit), the expert found
@@ -106,23 +107,47 @@ def reference(torch: Any, x_sorted: Any, w: Any, offsets: list[int]) -> Any:
     return out
 
 
+#: The group size of `--w4`'s 4-bit weights.
+W4_GROUP = 128
+
+
+def dequantized_w4(torch: Any, packed: Any, scales: Any, zeros: Any) -> Any:
+    """The f32 (E, N, K) weights that `moe_w4`'s packed ones stand for (on the GPU)."""
+    from tegula.kernels.quant import unpack_w4
+    zero = 8.0 if zeros is None else zeros.float().repeat_interleave(W4_GROUP, -1)
+    return (unpack_w4(packed).float() - zero) * scales.float().repeat_interleave(W4_GROUP, -1)
+
+
 def bench_case(torch: Any, label: str, dims: tuple, balanced: bool, fp8: bool,
-               config: dict | None, triton_run: Any, flush: str) -> dict:
-    """One case: check tegula and Triton against the torch loop, then time all three."""
-    from tegula.kernels import moe
+               config: dict | None, triton_run: Any, flush: str, w4: bool = False) -> dict:
+    """One case: check tegula and Triton against the torch loop, then time all three
+    (`fp8` / `w4`: tegula with quantized weights, checked against what they stand for;
+    no Triton run)."""
+    from tegula.kernels import moe, moe_w4
     tokens, k, experts, kdim, n = dims
     p = make_problem(torch, tokens, k, experts, kdim, n, balanced)
     xs, w, offsets = p["x_sorted"], p["w"], p["routing"].expert_offsets
     rows, flops = xs.shape[0], 2.0 * xs.shape[0] * n * kdim
     host_offsets = offsets.tolist()
     w_scale = None
+
+    def run():
+        return moe.moe_gemm(xs, w, offsets, w_scale, config=config)
     if fp8:
         w, w_scale = moe.quantize_experts_fp8(w)
         ref = reference(torch, xs, (w.float() * w_scale[:, None, None]).to(torch.bfloat16),
                         host_offsets)
+    elif w4:
+        packed, scales, zeros = moe_w4.quantize_experts_w4(w, W4_GROUP)
+        ref = reference(torch, xs, dequantized_w4(torch, packed, scales, zeros), host_offsets)
+
+        def run():
+            return moe_w4.moe_gemm_w4a16(xs, packed, scales, zeros, W4_GROUP, offsets,
+                                         config=config)
     else:
         ref = reference(torch, xs, w, host_offsets)
-    record = {"label": label, "dims": dims, "balanced": balanced, "fp8": fp8, "results": {}}
+    record = {"label": label, "dims": dims, "balanced": balanced, "fp8": fp8, "w4": w4,
+              "results": {}}
 
     def check(name: str, out: Any, tol: float) -> bool:
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
@@ -130,12 +155,12 @@ def bench_case(torch: Any, label: str, dims: tuple, balanced: bool, fp8: bool,
         record["results"][name] = {"rel_err": err, "status": "ok" if ok else "WRONG"}
         return ok
 
-    impls = {"tegula": lambda: moe.moe_gemm(xs, w, offsets, w_scale, config=config)}
-    if triton_run is not None and not fp8:
+    impls = {"tegula": run}
+    if triton_run is not None and not fp8 and not w4:
         out_t = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
         impls["triton"] = lambda: triton_run(xs, w, offsets, out_t)
     for name, fn in impls.items():
-        if check(name, fn(), 0.05 if fp8 else 0.01):
+        if check(name, fn(), 0.05 if fp8 else 0.01):   # w4: the reference is its weights
             record["results"][name]["tflops"] = flops / time_ms(fn, flush=flush) / 1e9
     a = torch.randn(rows, kdim, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(kdim, n, device="cuda", dtype=torch.bfloat16)
@@ -147,7 +172,10 @@ def bench_case(torch: Any, label: str, dims: tuple, balanced: bool, fp8: bool,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tegula.bench moe", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the first case only")
-    parser.add_argument("--fp8", action="store_true", help="FP8 e4m3 weights")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--fp8", action="store_true", help="FP8 e4m3 weights")
+    weights.add_argument("--w4", action="store_true",
+                        help=f"4-bit weights (group {W4_GROUP}, zero points)")
     parser.add_argument("--random", action="store_true",
                         help="random routing (default: balanced)")
     parser.add_argument("--config", default=None,
@@ -169,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for label, *dims in (QUICK if args.quick else CASES):
         records.append(bench_case(torch, label, tuple(dims), not args.random, args.fp8,
-                                  config, triton_run, args.flush))
+                                  config, triton_run, args.flush, args.w4))
     gpu = gpu_info(torch)
     rows = []
     for r in records:
@@ -182,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"{r['label']:<14} {str(r['dims']):<32} {cell['tegula']:>7} "
                     f"{cell['triton']:>7} {cell['dense']:>7} "
                     f"{'-' if ratio is None else f'{ratio:.2f}x':>8}")
+    weights = "fp8" if args.fp8 else "w4" if args.w4 else "bf16"
     if not args.no_write:
-        print(f"wrote {write_record('moe', gpu, {'dtype': 'fp8' if args.fp8 else 'bf16', 'cases': records}, args.out)}")
-    print(f"moe grouped GEMM ({'fp8' if args.fp8 else 'bf16'}, "
+        print(f"wrote {write_record('moe', gpu, {'dtype': weights, 'cases': records}, args.out)}")
+    print(f"moe grouped GEMM ({weights} weights, "
           f"{'random' if args.random else 'balanced'} routing) on {gpu['name']}, TFLOP/s")
     print(f"{'case':<14} {'(T, k, E, K, N)':<32} {'tegula':>7} {'triton':>7} {'dense':>7} "
           f"{'vs dense':>8}")
