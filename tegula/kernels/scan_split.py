@@ -75,18 +75,29 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
     return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads, **caps)
 
 
+def _run_length(threads: int, rows: int, BL: int) -> int:
+    """Consecutive steps a thread holds of a (rows, BL) tile: OUT_RUN, halved while the
+    tile has fewer runs than threads (the threads beyond would compute copies of the same
+    outputs: G=16 at BL=32 has 8 channels of 8 runs for 128 threads)."""
+    run = OUT_RUN
+    while run > 1 and rows * BL // run < threads:
+        run //= 2
+    return run
+
+
 def _runs_layout(threads: int, rows: int, BL: int, *more: int) -> Layout:
-    """A (rows, *more, BL) tile with each thread holding OUT_RUN consecutive steps of one
-    row and all of `more` (summed or used in registers): threads along the steps first,
+    """A (rows, *more, BL) tile with each thread holding `_run_length` consecutive steps of
+    one row and all of `more` (summed or used in registers): threads along the steps first,
     then the rows (as many threads as divide both); the other rows go to registers, threads
     beyond the rows hold copies. Tiles are indexed column-major (row + rows·m + rows·M·step)."""
-    lanes = BL // OUT_RUN
+    run = _run_length(threads, rows, BL)
+    lanes = BL // run
     on_rows = math.gcd(rows, threads // lanes)
     inner = 1
     for m in more:
         inner *= m
     copies = threads // (lanes * on_rows)
-    value_shape = (OUT_RUN,) + tuple(more) + (rows // on_rows,)
+    value_shape = (run,) + tuple(more) + (rows // on_rows,)
     value_stride = [rows * inner]
     running = rows
     for m in more:
@@ -94,7 +105,7 @@ def _runs_layout(threads: int, rows: int, BL: int, *more: int) -> Layout:
         running *= m
     value_stride.append(on_rows)
     return Layout(((lanes, on_rows, copies), value_shape),
-                  ((OUT_RUN * rows * inner, 1, 0), tuple(value_stride)))
+                  ((run * rows * inner, 1, 0), tuple(value_stride)))
 
 
 @lru_cache(maxsize=None)

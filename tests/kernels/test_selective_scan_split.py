@@ -32,7 +32,7 @@ ALL = dict(delta_softplus=True)
     (1, 70, 41, 16, dict(G=2, BD=64, BL=8)),
     (1, 40, 70, 16, dict(BL=32, STAGES=3)),
     (1, 9, 23, 6, dict(G=2, BL=4)),       # BL 4: one output run per channel
-    (2, 19, 41, 16, dict(G=16, BL=16, STAGES=4)),   # 1 state a thread, a 4-stage ring
+    (2, 19, 41, 16, dict(G=16, BL=16, STAGES=4)),   # 1 state a thread, runs of 1 step
     (1, 11, 70, 16, dict(threads=64, STAGES=4)),    # 8 channels a block, 3 chunks ahead
 ])
 def test_all_options_equal_reference(batch, dim, length, dstate, tiles):
