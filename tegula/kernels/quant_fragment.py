@@ -272,7 +272,9 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
     by `w4a16_split_sum_kernel`). SCALE_AFTER (cp.async weights, 64·KS ≤ G): scales
     the step's f32 sums (`_gemm_scaled_after`): BT/2 FMAs a thread instead of 32·KS
-    HMUL2 (275 SASS a 128-k step at 16 tokens, was 300)."""
+    HMUL2 (275 SASS a 128-k step at 16 tokens, was 300). PARTS > 1 (WSMEM=1): the
+    k-step in parts whose dequantization overlaps the previous part's wgmmas
+    (`_gemm_in_parts`)."""
     out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
@@ -281,7 +283,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1,
                        KS: tg.constexpr = 1, WG: tg.constexpr = 1,
-                       SCALE_AFTER: tg.constexpr = 0):
+                       SCALE_AFTER: tg.constexpr = 0, PARTS: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
         BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
         BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
@@ -294,6 +296,11 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
             per_split = (steps + SPLIT - 1) // SPLIT
             start = tg.block_id(2) * per_split
             steps = tg.minimum(start + per_split, steps)
+        if PARTS > 1:   # the k-step in parts, each part's dequantization overlapping
+            acc = _gemm_in_parts(a, w, scales, zeros if has_zeros else None, dtype, n, t,
+                                 start, steps, G, BT, STAGES, KS, WG, PARTS)
+            _store_result(acc, c, w, n, t, dtype, partial, WG)
+            return
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         def dequantized(words, constants):   # the (BN, BK) weights of one k-step
@@ -333,13 +340,61 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                 tg.gemm(acc, current, sa[k])
                 current = dequantized(ahead, following_constants)
                 ahead = after
-        if partial:
-            row_tiles = (w.shape[0] + WG - 1) // WG     # slice z: tile rows z·row_tiles…
-            tg.copy(acc, c.tile((BN, BT), (tg.block_id(2) * row_tiles + n, t)))
-        else:   # rearranged through shared memory: c's rows are tokens, 16-byte stores
-            tg.copy(tg.rearrange(acc.to(dtype)), c.T.tile((BN, BT), (n, t)))
+        _store_result(acc, c, w, n, t, dtype, partial, WG)
 
     return w4a16_fragment
+
+
+def _store_result(acc, c, w, n, t, dtype: DType, partial: bool, WG: int) -> None:
+    """The block's (BN, BT) f32 cᵀ tile out: into split K's f32 workspace, or rounded to
+    `dtype` and rearranged through shared memory (c's rows are tokens: 16-byte stores)."""
+    if partial:
+        row_tiles = (w.shape[0] + WG - 1) // WG     # slice z: tile rows z·row_tiles…
+        tg.copy(acc, c.tile(acc.shape, (tg.block_id(2) * row_tiles + n, t)))
+    else:
+        tg.copy(tg.rearrange(acc.to(dtype)), c.T.tile(acc.shape, (n, t)))
+
+
+def _gemm_in_parts(a, w, scales, zeros, dtype: DType, n, t, start, steps, G: int, BT: int,
+                   STAGES: int, KS: int, WG: int, PARTS: int):
+    """The fragment kernel's K loop (cp.async rings) with each k-step of KS stored blocks
+    in PARTS parts of KS/PARTS blocks: part p's activations and words have their own
+    rings, its wgmmas their own f32 accumulator, and the wait after part p's gemm is
+    deferred past part p+1's dequantization (`lower/pipeline.py`: a body of several
+    gemms), so the tensor cores work while the next part is dequantized; without it each
+    step was LDS → dequantization → wgmmas → wait, in series. (One accumulator would make
+    part p+1's wgmmas wait for part p's; the next step's parts, carried around the loop,
+    would make ptxas serialize the wgmmas, C7513.) Returns the summed (64·WG, BT) f32
+    tile."""
+    BN, PK = FRAGMENT_ROWS * WG, FRAGMENT_K * KS // PARTS   # k per part
+    S = max(1, PK // G)                                    # groups per part
+    ga = a.tile((BT, PK), (t, None))
+    gw = w.tile((WG, KS // PARTS) + STORED_WORDS, (n, None, 0, 0))
+    words_tv = stored_tv(KS // PARTS, WG)
+    sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(PARTS)]
+    sw = [tg.shared((WG, KS // PARTS) + STORED_WORDS, i32, stages=STAGES,
+                    layout=stored_shared(KS // PARTS, WG)) for _ in range(PARTS)]
+    accs = [tg.zeros((BN, BT), f32) for _ in range(PARTS)]
+
+    def constants(part):   # a part's zeros and scales (loads), a k-step ahead of their use
+        return group_constants(dtype, scales, zeros, n, part // max(1, G // PK), (BN, S))
+
+    ahead = [constants(PARTS * start + p) for p in range(PARTS)]
+    for k in tg.pipeline(start, steps, stages=STAGES):
+        for p in range(PARTS):
+            tg.copy(ga[:, :, PARTS * k + p], sa[p][k])
+            tg.copy(gw[:, :, :, :, PARTS * k + p], sw[p][k])
+        following = [constants(PARTS * (k + 1) + p) for p in range(PARTS)]  # past K: unused
+        words = [tg.load(sw[p][k], layout=words_tv) for p in range(PARTS)]   # memory first
+        for p in range(PARTS):   # then register work and gemms only
+            packed = tg.reshape(fragment_weights(words[p], dtype), (BN, S, PK // S))
+            weights = dequantize_in(packed, *ahead[p], zeros is not None)
+            tg.gemm(accs[p], tg.reshape(weights, (BN, PK)), sa[p][k])
+        ahead = following
+    total = accs[0]
+    for part in accs[1:]:
+        total = total + part
+    return total
 
 
 def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
@@ -355,6 +410,13 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
         raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 needs one group a k-step "
                          f"(64·KS = {64 * constexprs.get('KS', 1)} ≤ group_size = "
                          f"{group_size}) and the cp.async weights (WSMEM=1)")
+    parts = constexprs.get("PARTS", 1)
+    if parts > 1 and (constexprs.get("KS", 1) % parts or constexprs.get("SCALE_AFTER")
+                      or not constexprs.get("WSMEM", 1)):
+        raise ValueError(f"tegula.kernels.w4a16: PARTS={parts} splits a k-step's KS = "
+                         f"{constexprs.get('KS', 1)} stored blocks into equal parts (KS a "
+                         f"multiple of PARTS) of the cp.async/TMA ring (WSMEM=1), without "
+                         f"SCALE_AFTER")
     row_groups = constexprs.get("WG", 1)
     if row_groups > 1:
         if constexprs.setdefault("threads", 128 * row_groups) != 128 * row_groups:
