@@ -217,7 +217,11 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     the softmax and the `wait_group 0` at the end of the body. Nothing in the softmax
     touches the registers of the in-flight p_j @ v_j (acc and p_j's f16 fragment): the
     probabilities cross the iteration in f32 and become the wgmma's f16 A fragment only
-    at the next issue, and acc is rescaled before its gemm, not after. Otherwise ptxas,
+    at the next issue, and acc is rescaled before its gemm, not after. They cross it in
+    the scores' own registers (`s.assign(p)`, as FlashAttention-3 exponentiates in place):
+    codegen's operand fences keep every wgmma accumulator live across the loop, so a p
+    of its own was a fourth 64-register tile at D = 128 with 128-key blocks (s, p, acc,
+    p_j's f16 fragment: ptxas spilled ~60 B there). Otherwise ptxas,
     which places a `WARPGROUP.DEPBAR` just ahead of the first instruction needing it,
     hoists the wait above the exponentials to interleave the f16 packing with them, and
     nothing overlaps (sessions 7-9 measured this loop slower than the plain one for it).
@@ -230,17 +234,19 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     m_i, l_i, acc = _softmax_state(sq)
     sk_first = tg.shared((BN, sq.shape[1]), dtype)
     tg.copy(keys[:, :, 0], sk_first)
-    s_first = tg.zeros((sq.shape[0], BN), f32)  # named apart: `s` in the loop is not carried
-    tg.gemm(s_first, sq, sk_first)                        # s_0
-    p, m_i, alpha = online_softmax_probs(*masked_scores(s_first, 0), m_i)
+    s = tg.zeros((sq.shape[0], BN), f32)
+    tg.gemm(s, sq, sk_first)                              # s_0
+    p, m_i, alpha = online_softmax_probs(*masked_scores(s, 0), m_i)
     l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: alpha_0 rescales nothing
+    s.assign(p)
     for j in tg.pipeline(blocks, stages=STAGES):
         tg.copy(keys[:, :, j + 1], sk[j])
         tg.copy(values[:, :, j], sv[j])
-        s = tg.zeros((sq.shape[0], BN), f32)
+        p16 = s.to(dtype)
+        s.assign(0.0)
         tg.gemm(s, sq, sk[j])                             # s_{j+1}          } both in flight
         acc *= alpha                                      #                  } during block
-        pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p_j @ v_j } j+1's softmax
+        pv_gemm(p16, sv[j], acc)                          # acc += p_j @ v_j } j+1's softmax
         # The mask's branch holds the whole softmax (each side a copy of it), so the body
         # ends in a join holding the wait for p_j @ v_j: ptxas places a WARPGROUP.DEPBAR
         # anywhere before its first use within a basic block (at D = 64 it filled a stall
@@ -248,9 +254,11 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
         with tg.if_(needs_mask(j + 1)):
             p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, True), m_i)
             l_i = l_i * alpha + tg.sum(p, 1)
+            s.assign(p)
         with tg.else_():
             p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, False), m_i)
             l_i = l_i * alpha + tg.sum(p, 1)
+            s.assign(p)
     acc *= alpha                                          # the block past the last: 1 or 0
     return m_i, l_i, acc
 

@@ -1,0 +1,153 @@
+"""Attention forward variants on the GPU, each launched directly with its constexprs,
+against torch SDPA's cuDNN and flash backends timed in the same process.
+
+    python benchmarks/attention_variants.py @128:both plain:BN=128 ovl:BN=128,OVERLAP=1 \
+        @64:no pp:BN=128,consumers=pingpong
+
+`@D:CAUSAL` (CAUSAL no, yes or both) starts a group: the variants after it run at head
+dim D (one process for every group: torch and the SDPA baselines load once).
+
+Each variant is `name:KEY=VALUE,...` over the defaults BM=128, threads=256, STAGES=2,
+V_KMAJOR=0, P_SHARED=0, OVERLAP=0 (`consumers`, `warp_specialize`, `load_path` are build
+options). Shapes are the session-10 anchors (B, H, S): D=64 4x32x4096, D=128 4x16x4096,
+D=256 2x8x8192, Sq = Sk, so the bottom-right causal mask is SDPA's `is_causal`.
+
+Every variant first writes into NaN-poisoned outputs and is compared with cuDNN's output
+(every element: no NaN left, max |o - cuDNN o| printed as e, FAIL above 1e-2); its timing
+is the minimum over 3 passes of 8 back-to-back calls (CUDA events; attention at these
+sizes is compute-bound, so L2 is not flushed). TFLOP/s = 4·B·H·S²·D, halved when causal.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+SHAPES = {64: (4, 32, 4096), 128: (4, 16, 4096), 256: (2, 8, 8192)}
+DEFAULTS = dict(BM=128, threads=256, STAGES=2, V_KMAJOR=False, P_SHARED=False, OVERLAP=False)
+BUILD_STRINGS = ("consumers", "load_path")
+TOLERANCE = 1e-2
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """`name:KEY=VALUE,...` -> (name, constexprs over DEFAULTS); ints and 0/1 booleans."""
+    name, _, rest = text.partition(":")
+    config = dict(DEFAULTS)
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key in BUILD_STRINGS:
+            config[key] = value
+        elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize"):
+            config[key] = bool(int(value))
+        else:
+            config[key] = int(value)
+    return name, config
+
+
+def best_ms(torch, fn, passes: int = 3, calls: int = 8) -> float:
+    """Minimum over `passes` of the mean time of `calls` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(passes):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / calls)
+    return best
+
+
+def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
+    """(launch function, max error against `ref`, or a failure text)."""
+    from tegula.dtypes import f16
+    from tegula.kernels.attention import attention_kernel, qk_scale
+    b, h, s, d = q.shape
+    values = dict(config)
+    threads = values.pop("threads")
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, s), float("nan"), device="cuda")
+    kernel = attention_kernel(f16)
+    grid = (-(-s // values["BM"]), h, b)
+
+    def launch():
+        kernel[grid](q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal,
+                     threads=threads, **values)
+    launch()
+    torch.cuda.synchronize()
+    if torch.isnan(o).any() or torch.isnan(lse).any():
+        return launch, "FAIL: NaN left in the poisoned outputs"
+    err = (o.float() - ref).abs().max().item()
+    return launch, err if err <= TOLERANCE else f"FAIL: max error {err:.2e}"
+
+
+def parse_groups(tokens: list[str]) -> list[tuple[int, tuple[bool, ...], list]]:
+    """`@D:CAUSAL name:... name:... @D:CAUSAL ...` -> [(D, causal settings, variants)]."""
+    groups: list[tuple[int, tuple[bool, ...], list]] = []
+    for token in tokens:
+        if token.startswith("@"):
+            d, _, causal = token[1:].partition(":")
+            modes = {"no": (False,), "yes": (True,), "both": (False, True)}[causal or "no"]
+            groups.append((int(d), modes, []))
+        elif not groups:
+            raise SystemExit(f"{token}: a variant before any @D:CAUSAL group")
+        else:
+            groups[-1][2].append(parse_variant(token))
+    return groups
+
+
+def sdpa_baselines(torch, q, k, v, causal: bool):
+    """(cuDNN's output in f32, cuDNN ms, flash ms)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def backend(which):
+        def run():
+            with sdpa_kernel(which):
+                return sdpa(q, k, v, is_causal=causal)
+        return run
+    cudnn = backend(SDPBackend.CUDNN_ATTENTION)
+    return (cudnn().float(), best_ms(torch, cudnn),
+            best_ms(torch, backend(SDPBackend.FLASH_ATTENTION)))
+
+
+def run_group(torch, d: int, causal: bool, variants: list) -> str:
+    """One table row: the SDPA baselines and each variant's TFLOP/s and ratio to cuDNN."""
+    b, h, s = SHAPES[d]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+    ref, cudnn_ms, flash_ms = sdpa_baselines(torch, q, k, v, causal)
+    base = flops / cudnn_ms / 1e9
+    row = (f"D{d} {'causal' if causal else 'full  '} {b}x{h}x{s}: cuDNN {base:6.1f} "
+           f"flash {flops / flash_ms / 1e9:6.1f} |")
+    for name, config in variants:
+        t0 = time.time()
+        try:
+            launch, err = run_variant(torch, q, k, v, causal, config, ref)
+        except Exception as e:  # a variant that does not build is reported, not fatal
+            row += f" {name} ERROR {type(e).__name__}: {str(e)[:160]} |"
+            continue
+        if isinstance(err, str):
+            row += f" {name} {err} |"
+            continue
+        rate = flops / best_ms(torch, launch) / 1e9
+        row += f" {name} {rate:6.1f} {rate / base:.3f}x e{err:.0e} ({time.time() - t0:.0f}s) |"
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tokens", nargs="+", help="@D:CAUSAL, then name:KEY=VALUE,...")
+    args = parser.parse_args(argv)
+    import torch
+    for d, modes, variants in parse_groups(args.tokens):
+        for causal in modes:
+            print(run_group(torch, d, causal, variants), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
