@@ -220,8 +220,10 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     at the next issue, and acc is rescaled before its gemm, not after. They cross it in
     the scores' own registers (`s.assign(p)`, as FlashAttention-3 exponentiates in place):
     codegen's operand fences keep every wgmma accumulator live across the loop, so a p
-    of its own was a fourth 64-register tile at D = 128 with 128-key blocks (s, p, acc,
-    p_j's f16 fragment: ptxas spilled ~60 B there). Otherwise ptxas,
+    of its own (and block 0's scores apart) would be more 64-register tiles held through
+    it. At D = 128 with 128-key blocks, s, acc and p_j's f16 fragment still leave too few
+    of the 232 registers: ptxas spills ~60 B of scalars, as it did before; with 112-key
+    blocks nothing. Otherwise ptxas,
     which places a `WARPGROUP.DEPBAR` just ahead of the first instruction needing it,
     hoists the wait above the exponentials to interleave the f16 packing with them, and
     nothing overlaps (sessions 7-9 measured this loop slower than the plain one for it).
