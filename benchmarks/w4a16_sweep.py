@@ -148,20 +148,27 @@ SESSION10 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
 # Session 11: 16 tokens (and 1) with the cp.async ring (session 10's best), the k-step in
 # PARTS whose dequantization overlaps the previous part's wgmmas (one wgmma wait a step),
 # the split factor against the SMs (N = 14336: 224 row tiles; 4 blocks an SM by
-# registers), deeper rings; 64/128 tokens with parts on session 10's best. Row 0 is
+# registers), deeper rings, 2-4 warpgroups of rows sharing the activations (WG); 64/128
+# tokens with parts on session 10's best. Row 0 is
 # session 10's best (ncu'd in the round, beside row 1: the same config in 2 parts).
 _CP = dict(BT=16, load_path="cp.async")
 _SESSION11_BY_N = {
     14336: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=2),
             dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=4),
             dict(_CP, KS=2, SPLIT=4, STAGES=4, PARTS=2),
+            # two/four warpgroups of weight rows share each activation tile: the 16-token
+            # activations re-read per 64-row tile (from L2) are as many bytes as the weights
+            dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=2, WG=2),
+            dict(_CP, KS=2, SPLIT=4, STAGES=4, PARTS=2, WG=2),
+            dict(_CP, KS=2, SPLIT=4, STAGES=4, PARTS=2, WG=4),
             dict(_CP, KS=4, SPLIT=2, STAGES=4, PARTS=2),
             dict(BT=16, KS=4, SPLIT=4, STAGES=3, PARTS=2),            # the TMA ring
             dict(_CP, KS=4, SPLIT=2, STAGES=4), dict(_CP, KS=4, SPLIT=1, STAGES=6),
             dict(_CP, KS=8, SPLIT=2, STAGES=3, PARTS=4)],
     4096: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=2),
            dict(_CP, KS=2, SPLIT=8, STAGES=4, PARTS=2), dict(_CP, KS=4, SPLIT=8, STAGES=3,
-                                                              PARTS=2)],
+                                                              PARTS=2),
+           dict(_CP, KS=2, SPLIT=8, STAGES=4, PARTS=2, WG=2)],
 }
 SESSION11 = ([("w4frag", (16, n, 4096), dict(c, warp_specialize=False))
               for n in (14336, 4096) for c in _SESSION11_BY_N[n]]
