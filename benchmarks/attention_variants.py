@@ -98,8 +98,9 @@ def parse_groups(tokens: list[str]) -> list[tuple[int, tuple[bool, ...], list]]:
     return groups
 
 
-def sdpa_baselines(torch, q, k, v, causal: bool):
-    """(cuDNN's output in f32, cuDNN ms, flash ms)."""
+def sdpa_baselines(torch, q, k, v, causal: bool, profile: bool = False):
+    """(cuDNN's output in f32, cuDNN ms, flash ms); with `profile` one cuDNN call and no
+    timing (NaN ms)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -109,17 +110,20 @@ def sdpa_baselines(torch, q, k, v, causal: bool):
                 return sdpa(q, k, v, is_causal=causal)
         return run
     cudnn = backend(SDPBackend.CUDNN_ATTENTION)
+    if profile:
+        return cudnn().float(), math.nan, math.nan
     return (cudnn().float(), best_ms(torch, cudnn),
             best_ms(torch, backend(SDPBackend.FLASH_ATTENTION)))
 
 
-def run_group(torch, d: int, causal: bool, variants: list) -> str:
-    """One table row: the SDPA baselines and each variant's TFLOP/s and ratio to cuDNN."""
+def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False) -> str:
+    """One table row: the SDPA baselines and each variant's TFLOP/s and ratio to cuDNN
+    (`profile`: one cuDNN call and one checked launch of each variant, for ncu)."""
     b, h, s = SHAPES[d]
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
     flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
-    ref, cudnn_ms, flash_ms = sdpa_baselines(torch, q, k, v, causal)
+    ref, cudnn_ms, flash_ms = sdpa_baselines(torch, q, k, v, causal, profile)
     base = flops / cudnn_ms / 1e9
     row = (f"D{d} {'causal' if causal else 'full  '} {b}x{h}x{s}: cuDNN {base:6.1f} "
            f"flash {flops / flash_ms / 1e9:6.1f} |")
@@ -130,8 +134,8 @@ def run_group(torch, d: int, causal: bool, variants: list) -> str:
         except Exception as e:  # a variant that does not build is reported, not fatal
             row += f" {name} ERROR {type(e).__name__}: {str(e)[:160]} |"
             continue
-        if isinstance(err, str):
-            row += f" {name} {err} |"
+        if isinstance(err, str) or profile:
+            row += f" {name} {err if isinstance(err, str) else f'e{err:.0e}'} |"
             continue
         rate = flops / best_ms(torch, launch) / 1e9
         row += f" {name} {rate:6.1f} {rate / base:.3f}x e{err:.0e} ({time.time() - t0:.0f}s) |"
@@ -141,11 +145,13 @@ def run_group(torch, d: int, causal: bool, variants: list) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tokens", nargs="+", help="@D:CAUSAL, then name:KEY=VALUE,...")
+    parser.add_argument("--profile", action="store_true",
+                        help="no timing: one cuDNN call and one launch per variant (for ncu)")
     args = parser.parse_args(argv)
     import torch
     for d, modes, variants in parse_groups(args.tokens):
         for causal in modes:
-            print(run_group(torch, d, causal, variants), flush=True)
+            print(run_group(torch, d, causal, variants, args.profile), flush=True)
     return 0
 
 

@@ -15,6 +15,7 @@ from tegula.arch.tma import tma_box_addresses, tma_box_copy, tma_store_box
 from tegula.arch.wgmma import WARPGROUP, get_wgmma
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
+from tegula.emulate.global_races import check_box
 from tegula.emulate.ops import Ctx, bytes_to_values, values_to_bytes, _check_dtype
 from tegula.emulate.roles import Wait, block_until, release_block
 from tegula.emulate.state import BlockState, lanes_doing, per_thread, uniform_int
@@ -323,6 +324,7 @@ def compile_tma_load(s: TmaLoad, ctx: Ctx, st: OpStats, what: str) -> Run:
         for lane in np.flatnonzero(lanes_doing(state, pred)).tolist():
             t, view = _global_view(state, tm, what)
             c = [_at(f(state.env), lane) for f in coords]
+            check_box(state, t, tm, c, lane, what)
             box = tma_box_copy(view, c, tm.box)  # zero outside the tensor
             values = from_bits(box, tm.dtype) if t.bits else round_to(box, tm.dtype)
             index = _at(bindex(state.env), lane)
@@ -376,6 +378,9 @@ def compile_tma_store(s: TmaStore, ctx: Ctx, st: OpStats, what: str) -> Run:
                 a.async_read(addrs, tids[:, None], what, state.smem.buffer_at)
                 a.bulk_store_issued(lane, addrs)
             values = bytes_to_values(data.reshape(1, -1), tm.dtype, len(addrs)).reshape(shape)
+            if not getattr(s, "reduce", False):  # a reduce-add commutes: no race
+                check_box(state, t, tm, c, lane, what, round_to(values, tm.dtype)
+                          if not t.bits else from_bits(to_bits(values, tm.dtype), tm.dtype))
             tma_store_box(view, c, to_bits(values, tm.dtype) if t.bits else values)
             if t.written is not None:
                 _mark_written(t, tm, c)

@@ -26,7 +26,9 @@ their group; reading them before, or from another thread not ordered after that 
 the same byte within *one* statement is a race too (a replicated value must have exactly
 one writer: on the GPU the writes land in an unspecified order, and a cp.async replica
 with src-size 0 writes zeros).
-The same holds for global stores (`several_writers`).
+The same holds for global stores (`several_writers`). Global memory has the block-internal
+races too (two threads of a block storing one element with different values, or reading
+one another thread stored, with no barrier between): `global_races`, on the same clocks.
 
 Bank conflicts
 --------------
@@ -84,6 +86,8 @@ class GlobalTensor:
         # which block (cluster) stored each last (-1: none), for `_check_overlap`.
         self.written: np.ndarray | None = None
         self.writer: np.ndarray | None = None
+        # The block-internal race record (`global_races.GlobalRaces`), made on first use.
+        self.races = None
         self.shape = tuple(array.shape[:-1]) + ((array.shape[-1] * scale,) if array.ndim else ())
         # In elements: a packed row's nibbles are consecutive (last stride 1), the other
         # strides count twice their bytes.

@@ -12,6 +12,7 @@ from tegula.arch.instructions import MmaInstr
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
+from tegula.emulate.global_races import tracker
 from tegula.emulate.memory import bank_wavefronts, block_writer, several_writers
 from tegula.emulate.state import BlockState, RegFile, lanes_doing, per_thread, write_regs
 from tegula.emulate.stats import OpStats
@@ -120,11 +121,17 @@ def compile_global(s: GlobalLoad | GlobalStore, ctx: Ctx, st: OpStats, what: str
                 skip = state.mask & ~do
                 if skip.any():
                     arr[skip, col:col + count] = fill
+            if state.smem.check_races:
+                tracker(t).read(t, offs, lanes[:, None], block_writer(state.bid, None),
+                                state.smem.order, what)
             arr[lanes, col:col + count] = t.load(offs)
         else:
+            values = arr[lanes, col:col + count]
             if state.smem.check_races:
                 _one_writer_each(offs, lanes, name, what)
-            t.store(offs, arr[lanes, col:col + count], block_writer(state.bid, state.cluster))
+                tracker(t).write(t, offs, values, lanes[:, None],
+                                 block_writer(state.bid, None), state.smem.order, what)
+            t.store(offs, values, block_writer(state.bid, state.cluster))
         st.add(state.active_warps(), len(lanes) * bits)
     return run
 
@@ -233,6 +240,9 @@ def compile_cp_async(s: CpAsync, ctx: Ctx, st: OpStats, what: str) -> Run:
             goffs = idx[:, None] + ar
             t.check(goffs, what)
             _misaligned(what, f"tensor {name!r}", idx * dt.bits // 8, nbytes)
+            if state.smem.check_races:
+                tracker(t).read(t, goffs, lanes[sel][:, None], block_writer(state.bid, None),
+                                state.smem.order, what)
             data[sel] = values_to_bytes(t.load(goffs), dt)
         group = state.smem.open_group(lanes)
         state.smem.write(baddr[:, None] + bytes_ar, data, lanes, what, async_group=group)

@@ -44,7 +44,8 @@ from tegula.errors import SynthesisError
 from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
     walk_ops, wgmma_stage_reads_only
 from tegula.ir.values import GlobalTile, SharedTile, describe
-from tegula.synth.copies import _loop_indices, cluster_uniform, enclosing_ops
+from tegula.synth.copies import cluster_uniform, enclosing_ops
+from tegula.synth.tile_map import global_dependence
 
 #: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
 #: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
@@ -413,9 +414,9 @@ def _tile_loop_dependence(kernel: TracedKernel, tile_loop: ForLoop) -> str:
     its own and no order between the two, so a register tile carried from one iteration to
     the next (`acc` accumulated over the loop rather than made in it: each warpgroup would
     hold half the sum) or a global tile every iteration stores to (the last store could be
-    any warpgroup's) would be a silent wrong result. Stores whose coordinates read the loop
-    index are taken as distinct per iteration (a persistent kernel's tiles); a
-    coordinate map that sends two iterations to one tile is not detected."""
+    any warpgroup's) would be a silent wrong result, as would two iterations storing one
+    global element, or one reading what another stored: `tile_map.global_dependence`
+    proves they do not (or says why it cannot)."""
     inside = list(walk_ops(tile_loop.body))
     written = {id(t) for op in inside for t in tiles_written(op)
                if not isinstance(t, (SharedTile, GlobalTile))}
@@ -428,13 +429,7 @@ def _tile_loop_dependence(kernel: TracedKernel, tile_loop: ForLoop) -> str:
                         f"{tile_loop.loc.lineno if tile_loop.loc else '?'}) and used outside "
                         f"it (line {op.loc.lineno if op.loc else '?'}), so its iterations "
                         f"are not independent: each consumer warpgroup would hold its own")
-    for op in inside:
-        if isinstance(op, Copy) and isinstance(op.dst, GlobalTile) and not any(
-                tile_loop.var.name in _loop_indices(c) for c in op.dst.origin):
-            return (f"the store to {describe(op.dst)} (line "
-                    f"{op.loc.lineno if op.loc else '?'}) writes the same elements in every "
-                    f"iteration of the tile loop, whose last write ping-pong would not order")
-    return ""
+    return global_dependence(tile_loop, kernel.cluster)
 
 
 @dataclass(frozen=True)
