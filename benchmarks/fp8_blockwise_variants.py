@@ -32,7 +32,7 @@ from tegula.dtypes import DType, f8e4m3
 from tegula.kernels.fp8 import SCALE_BLOCK, blockwise_buffers
 from tegula.kernels.gemm import persistent_tiles
 
-MODES = ("base", "noscale", "tilescale", "ahead", "halves")
+MODES = ("base", "noscale", "tilescale", "ahead", "halves", "halves_membar")
 
 
 def variant_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
@@ -96,10 +96,16 @@ def halves_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
     return accs
 
 
-def split_halves(source: str) -> str:
-    """The "halves" kernel's CUDA source with the consumer's full-mbarrier wait repeated
-    before the product tile's fill for the second half (module docstring): the first fill
-    after the first half's wgmma commit, which must come before the second half's wgmmas."""
+#: How `split_halves` ends ptxas's scheduling region between the halves, by kernel name:
+#: the stage's full-mbarrier wait repeated (its phase is complete), or a memory fence
+#: (which also waits for the thread's loads in flight: the next block's scales).
+SPLITS = {"fp8_blockwise_halves": "wait", "fp8_blockwise_halves_membar": "membar"}
+
+
+def split_halves(source: str, how: str = "wait") -> str:
+    """The "halves" kernel's CUDA source with a region end (`SPLITS`) before the product
+    tile's fill for the second half (module docstring): the first fill after the first
+    half's wgmma commit, which must come before the second half's wgmmas."""
     lines = source.split("\n")
 
     def first(start: int, *marks: str) -> int:
@@ -108,12 +114,14 @@ def split_halves(source: str) -> str:
     fill = first(first(wait, "wgmma.commit_group"), "// tile op: fill", "with 0.0")
     if first(fill, "wgmma.mma_async") > first(fill, "wgmma.commit_group"):
         raise ValueError("split_halves: no second-half gemm after the fill")
-    lines.insert(fill, lines[wait] + "  // split_halves: ends ptxas's scheduling region")
+    region_end = lines[wait] if how == "wait" else \
+        '        asm volatile("fence.acq_rel.cta;\\n" :  :  : "memory");'
+    lines.insert(fill, region_end + "  // split_halves: ends ptxas's scheduling region")
     return "\n".join(lines)
 
 
 def install_split_halves() -> None:
-    """Patch `tegula.runtime.launcher.emit_cuda` so the "halves" kernel compiles through
+    """Patch `tegula.runtime.launcher.emit_cuda` so the "halves" kernels compile through
     `split_halves` (this process only; the cache key is the patched source)."""
     from tegula.runtime import launcher
     emit = launcher.emit_cuda
@@ -122,7 +130,8 @@ def install_split_halves() -> None:
 
     def patched(kernel, target):
         source = emit(kernel, target)
-        return split_halves(source) if kernel.name == "fp8_blockwise_halves" else source
+        how = SPLITS.get(kernel.name)
+        return source if how is None else split_halves(source, how)
     patched.split_halves = True
     launcher.emit_cuda = patched
 
@@ -133,8 +142,8 @@ def variant_kernel(out_t: DType, mode: str) -> tg.Kernel:
     `variant_product` in `mode`."""
     if mode not in MODES:
         raise ValueError(f"fp8_blockwise_variants: mode {mode!r}, one of {MODES}")
-    if mode == "halves":
-        return halves_kernel(out_t)
+    if mode.startswith("halves"):
+        return halves_kernel(out_t, mode == "halves_membar")
 
     @tg.kernel(threads=128)
     def fp8_blockwise_variant(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
@@ -155,9 +164,24 @@ def variant_kernel(out_t: DType, mode: str) -> tg.Kernel:
     return fp8_blockwise_variant
 
 
+def halves_body(a, b, scale_a, scale_b, c, out_t, BM, BN, STAGES, GROUP, CLUSTER) -> None:
+    """The "halves" kernels' body (trace time): the persistent walk around `halves_product`."""
+    def make_product():
+        buffers = (tg.shared((BM // 2, SCALE_BLOCK), f8e4m3, stages=STAGES),
+                   *blockwise_buffers(BM // 2, BN, STAGES))
+        return lambda m, n: halves_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
+                                           buffers)
+
+    def finish(accs, m, n):
+        for h in range(2):
+            tg.copy(accs[h].to(out_t), c.tile((BM // 2, BN), (2 * m + h, n)))
+    persistent_tiles(a, b, f8e4m3, BM, BN, SCALE_BLOCK, STAGES, GROUP, finish, CLUSTER,
+                     make_product)
+
+
 @lru_cache(maxsize=None)
-def halves_kernel(out_t: DType) -> tg.Kernel:
-    """Mode "halves" as its own kernel (its name selects `split_halves`)."""
+def halves_kernel(out_t: DType, membar: bool = False) -> tg.Kernel:
+    """Mode "halves" (or "halves_membar") as its own kernel: its name selects the split."""
 
     @tg.kernel(threads=128)
     def fp8_blockwise_halves(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
@@ -165,16 +189,14 @@ def halves_kernel(out_t: DType) -> tg.Kernel:
                              c: tg.Tensor[out_t], BM: tg.constexpr = 256,
                              BN: tg.constexpr = 128, STAGES: tg.constexpr = 3,
                              GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
-        def make_product():
-            buffers = (tg.shared((BM // 2, SCALE_BLOCK), f8e4m3, stages=STAGES),
-                       *blockwise_buffers(BM // 2, BN, STAGES))
-            return lambda m, n: halves_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
-                                               buffers)
+        halves_body(a, b, scale_a, scale_b, c, out_t, BM, BN, STAGES, GROUP, CLUSTER)
 
-        def finish(accs, m, n):
-            for h in range(2):
-                tg.copy(accs[h].to(out_t), c.tile((BM // 2, BN), (2 * m + h, n)))
-        persistent_tiles(a, b, f8e4m3, BM, BN, SCALE_BLOCK, STAGES, GROUP, finish, CLUSTER,
-                         make_product)
+    @tg.kernel(threads=128)
+    def fp8_blockwise_halves_membar(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
+                                    scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
+                                    c: tg.Tensor[out_t], BM: tg.constexpr = 256,
+                                    BN: tg.constexpr = 128, STAGES: tg.constexpr = 3,
+                                    GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
+        halves_body(a, b, scale_a, scale_b, c, out_t, BM, BN, STAGES, GROUP, CLUSTER)
 
-    return fp8_blockwise_halves
+    return fp8_blockwise_halves_membar if membar else fp8_blockwise_halves
