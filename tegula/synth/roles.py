@@ -19,8 +19,11 @@ consumer keeps the share (no `setmaxnreg` for it).
 
 `decide_warp_roles` records the decision on the loop: `choices["roles"]` (a `RolesPlan`)
 when specialized, otherwise `choices["roles_skipped"]`, the reason `tegula explain`
-prints. The kernel option `warp_specialize` (None: where the rule applies; True: required,
-a `SynthesisError` with the reason where it cannot; False: never) chooses.
+prints. The kernel option `warp_specialize` (None: where the rule applies and the cost
+model prices the producer warpgroup below one role, `synth/cost_roles.py`; True: required,
+a `SynthesisError` with the reason where it cannot; False: never) chooses. A consumer
+schedule asked for (`consumers=`, `tg.consumer(schedule=)`) or stated roles skip the
+price: they need the producer.
 
 **Cluster multicast** (a kernel launched in clusters, `tg.cluster(x, y)`): a TMA copy of a
 specialized pipeline whose box is provably the same in every block of the cluster
@@ -46,6 +49,7 @@ from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read,
 from tegula.ir.values import GlobalTile, SharedTile, describe
 from tegula.synth.copies import cluster_uniform, enclosing_ops
 from tegula.synth.tile_map import global_dependence
+from tegula.synth.cost_roles import why_no_producer
 
 #: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
 #: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
@@ -197,6 +201,8 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
     for loop in loops:
         stated = loop.region("producer")
         problem = _why_not(kernel, loop, loops, True if stated else option)
+        if not problem and option is None and consumers is None and not stated:
+            problem = why_no_producer(kernel, loop, target)  # the cost model's choice
         if problem and (option or consumers == "pingpong" or stated):
             what = ("tg.producer / tg.consumer" if stated else
                     "warp_specialize=True" if option else "consumers='pingpong'")

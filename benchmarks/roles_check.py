@@ -1,0 +1,309 @@
+"""Warp roles on the GPU: each TMA pipeline timed in one role and warp-specialized, beside
+the cost model's price of both (`tegula/synth/cost_roles.py`) and the form synthesis picks
+by default (issue 11: the decision belongs to the model, not to a pin in the kernel).
+
+    PYTHONPATH=. python3 benchmarks/roles_check.py [--cases 0,3] [--jobs 16] [--entry]
+
+Per case (the attention backward's dK/dV and dQ kernels, the attention forward, the
+blockwise FP8 GEMM's 64x128 tile, the README GEMM): both forms are built (`warp_specialize=False` / `True`) and compiled in
+worker processes, run once into outputs poisoned with NaN and checked element by element
+against a float32 torch reference, then timed (`triton.testing.do_bench`, median, one
+process). Printed last: measured specialized / one-role time, the model's ratio, and the
+default's form. `--entry` instead times the library entry points as users call them
+(tuned `attention_backward` at 4x16x4096, D = 128; `matmul` at 4096^3 against torch):
+the no-regression check after the default changed. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib
+import math
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+B, H, S = 4, 16, 4096
+GEMM_SIZE = 4096
+
+
+def _bwd(name: str, d: int, **tiles) -> dict:
+    return dict(family="bwd_" + name, D=d, tiles=tiles)
+
+
+#: (label, case): the backward kernels at the session-10 shape (4x16x4096), the forward
+#: at the same, the README GEMM at 4096^3.
+CASES = [
+    ("bwd dK/dV D=128 64x64 128t", _bwd("dkdv", 128, BM=64, BN=64)),
+    ("bwd dQ   D=128 64x64 128t", _bwd("dq", 128, BM=64, BN=64)),
+    ("bwd dK/dV D=128 64x128 256t", _bwd("dkdv", 128, BM=64, BN=128, threads=256)),
+    ("bwd dQ   D=128 128x64 256t", _bwd("dq", 128, BM=128, BN=64, threads=256)),
+    ("bwd dK/dV D=64 64x64 128t", _bwd("dkdv", 64, BM=64, BN=64)),
+    ("fwd D=128 64x64 128t", dict(family="fwd", D=128, tiles=dict(BM=64, BN=64))),
+    ("fwd D=128 128x64 256t", dict(family="fwd", D=128, tiles=dict(BM=128, BN=64,
+                                                                    threads=256))),
+    ("fp8 blockwise 64x128 S4 128t", dict(family="fp8bw", tiles=dict(BM=64, BN=128,
+                                                                     STAGES=4))),
+    ("gemm 128x128x32 S3 128t", dict(family="gemm", tiles=dict(BM=128, BN=128, BK=32,
+                                                               STAGES=3))),
+    ("gemm 128x128x64 S3 128t", dict(family="gemm", tiles=dict(BM=128, BN=128, BK=64,
+                                                               STAGES=3))),
+    ("gemm 128x128x64 S4 128t", dict(family="gemm", tiles=dict(BM=128, BN=128, BK=64,
+                                                               STAGES=4))),
+]
+
+
+def kernel_and_setup(case: dict):
+    """(kernel, constexprs, argument names, shapes by name, grid) of a case."""
+    from tegula.dtypes import f16
+    fam, tiles = case["family"], dict(case["tiles"])
+    if fam == "gemm":
+        spec = importlib.util.spec_from_file_location("readme_gemm", ROOT / "examples" / "gemm.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        n = GEMM_SIZE
+        grid = (-(-n // tiles["BM"]), -(-n // tiles["BN"]))
+        return (module.gemm, tiles, ("a", "b", "c"),
+                dict(a=(n, n), b=(n, n), c=(n, n)), grid)
+    if fam == "fp8bw":
+        from tegula.dtypes import bf16
+        fp8 = importlib.import_module("tegula.kernels.fp8")
+        n = GEMM_SIZE
+        shapes = dict(a=(n, n), b=(n, n), scale_a=(n, n // 128), scale_b=(n // 128, n // 128),
+                      c=(n, n))
+        return (fp8.fp8_blockwise_gemm_kernel(bf16), tiles,
+                ("a", "b", "scale_a", "scale_b", "c"), shapes,
+                (-(-n // tiles["BM"]), -(-n // tiles["BN"])))
+    d = case["D"]
+    if fam == "fwd":
+        at = importlib.import_module("tegula.kernels.attention")
+        cx = dict(at.default_tiles(d), **tiles, D=d, QK_SCALE=at.qk_scale(None, d))
+        shapes = dict(q=(B, H, S, d), k=(B, H, S, d), v=(B, H, S, d), o=(B, H, S, d),
+                      lse=(B, H, S))
+        return (at.attention_kernel(f16), cx, ("q", "k", "v", "o", "lse"), shapes,
+                (-(-S // cx["BM"]), H, B))
+    ab = importlib.import_module("tegula.kernels.attention_backward")
+    cx = dict(tiles, D=d, SCALE=1 / math.sqrt(d), CAUSAL=False, G=1)
+    common = dict(q=(B, H, S, d), k=(B, H, S, d), v=(B, H, S, d), dout=(B, H, S, d),
+                  lse=(B, H, S), delta=(B, H, S))
+    if fam == "bwd_dkdv":
+        names = ("q", "k", "v", "dout", "lse", "delta", "dk", "dv")
+        shapes = dict(common, dk=(B, H, S, d), dv=(B, H, S, d))
+        return (ab.attention_backward_dkdv_kernel(f16), cx, names, shapes,
+                (-(-S // tiles["BN"]), H, B))
+    names = ("q", "k", "v", "dout", "lse", "delta", "dq")
+    return (ab.attention_backward_dq_kernel(f16), cx, names, dict(common, dq=(B, H, S, d)),
+            (-(-S // tiles["BM"]), H, B))
+
+
+def predict(index: int) -> dict:
+    """The model's price of both forms and the default's form (worker-safe, no GPU)."""
+    from tegula.build import build
+    from tegula.ir.ops import ForLoop, walk_ops
+    from tegula.recommend import _facts
+    from tegula.synth.cost_roles import roles_cost
+    kernel, cx, _, shapes, _ = kernel_and_setup(CASES[index][1])
+    facts = _facts(kernel, shapes)
+    forced = build(kernel, dict(cx, warp_specialize=True), facts, "sm_90a")
+    loop = next(op for op in walk_ops(forced.traced.body)
+                if isinstance(op, ForLoop) and "roles" in op.choices)
+    priced = roles_cost(forced.traced, loop, forced.target)
+    default = build(kernel, dict(cx, warp_specialize=None), facts, "sm_90a")
+    specialized = any("roles" in op.choices for op in walk_ops(default.traced.body)
+                      if isinstance(op, ForLoop))
+    return dict(model_ratio=priced.specialized / priced.one_role,
+                default="specialized" if specialized else "one role",
+                blocks=priced.one_role_blocks)
+
+
+def compile_case(index: int, form: bool) -> str:
+    """Build and compile one form into the disk cache ("" or the error)."""
+    from tegula.build import build
+    from tegula.recommend import _facts
+    from tegula.runtime import compile_kernel
+    try:
+        kernel, cx, _, shapes, _ = kernel_and_setup(CASES[index][1])
+        built = build(kernel, dict(cx, warp_specialize=form), _facts(kernel, shapes), "sm_90a")
+        compile_kernel(built.thread_kernel, built.target.sm)
+    except Exception as err:  # noqa: BLE001 (reported by the measuring process)
+        return f"{type(err).__name__}: {err}"[:200]
+    return ""
+
+
+# ------------------------------------------------------------------ references (torch f32)
+
+def attention_reference(q, k, v, do=None):
+    """Per (batch, head), in float32: o, lse (natural log) and, with `do`, dq, dk, dv."""
+    import torch
+    scale = 1 / math.sqrt(q.shape[-1])
+    out = {n: [] for n in ("o", "lse", "dq", "dk", "dv")}
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            qf, kf, vf = (t[b, h].float() for t in (q, k, v))
+            s = qf @ kf.T * scale
+            lse = torch.logsumexp(s, 1)
+            p = torch.exp(s - lse[:, None])
+            o = p @ vf
+            out["o"].append(o)
+            out["lse"].append(lse)
+            if do is not None:
+                dof = do[b, h].float()
+                delta = (dof * o.to(q.dtype).float()).sum(1)
+                ds = p * (dof @ vf.T - delta[:, None])
+                out["dq"].append(ds @ kf * scale)
+                out["dk"].append(ds.T @ qf * scale)
+                out["dv"].append(p.T @ dof)
+    shape = q.shape[:2]
+    return {n: torch.stack(x).reshape(*shape, *x[0].shape) for n, x in out.items() if x}
+
+
+def worst_error(got, want) -> float:
+    """Largest |got - want| over max |want| (NaN where an element was never written)."""
+    import torch
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+
+
+def tensors_for(case: dict, device="cuda") -> tuple[dict, dict]:
+    """(the launch's tensors by name, reference results by output name)."""
+    import torch
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, generator=gen, dtype=torch.float16)
+
+    if case["family"] == "gemm":
+        n = GEMM_SIZE
+        a, b = randn(n, n), randn(n, n)
+        c = torch.full((n, n), float("nan"), device=device, dtype=torch.float16)
+        return dict(a=a, b=b, c=c), dict(c=a.float() @ b.float().T)
+    if case["family"] == "fp8bw":
+        n = GEMM_SIZE
+        a8, b8 = (randn(n, n).to(torch.float8_e4m3fn) for _ in range(2))
+        sa = torch.rand(n, n // 128, device=device, generator=gen) + 0.5
+        sb = torch.rand(n // 128, n // 128, device=device, generator=gen) + 0.5
+        af = a8.float() * sa.repeat_interleave(128, 1)
+        bf = b8.float() * sb.repeat_interleave(128, 0).repeat_interleave(128, 1)
+        c = torch.full((n, n), float("nan"), device=device, dtype=torch.bfloat16)
+        return dict(a=a8, b=b8, scale_a=sa, scale_b=sb, c=c), dict(c=af @ bf.T)
+    d = case["D"]
+    q, k, v, do = (randn(B, H, S, d) for _ in range(4))
+    ref = attention_reference(q, k, v, do if case["family"] != "fwd" else None)
+    nan = lambda *s, dt=torch.float16: torch.full(s, float("nan"), device=device, dtype=dt)  # noqa: E731
+    if case["family"] == "fwd":
+        return dict(q=q, k=k, v=v, o=nan(B, H, S, d), lse=nan(B, H, S, dt=torch.float32)), \
+            dict(o=ref["o"], lse=ref["lse"])
+    o = ref["o"].to(torch.float16)
+    delta = (do.float() * o.float()).sum(-1)
+    lse = ref["lse"]  # natural log, as the forward returns it
+    names = dict(q=q, k=k, v=v, dout=do, lse=lse, delta=delta)
+    if case["family"] == "bwd_dkdv":
+        return dict(names, dk=nan(B, H, S, d), dv=nan(B, H, S, d)), \
+            dict(dk=ref["dk"], dv=ref["dv"])
+    return dict(names, dq=nan(B, H, S, d)), dict(dq=ref["dq"])
+
+
+def measure(index: int, form: bool, log) -> dict:
+    """Run the form once (checked) and time it."""
+    import torch
+    from triton.testing import do_bench
+
+    from tegula.build import launch
+    label, case = CASES[index]
+    kernel, cx, names, _, grid = kernel_and_setup(case)
+    values, want = tensors_for(case)
+    args = [values[n] for n in names]
+    run = lambda: launch(kernel, grid, *args, warp_specialize=form, **cx)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    errors = {n: worst_error(values[n], want[n]) for n in want}
+    bad = {n: e for n, e in errors.items() if not e < 2e-2}
+    if bad:
+        log(f"  {label} warp_specialize={form}: WRONG {bad}")
+        return dict(error=f"wrong {bad}")
+    ms = do_bench(run, warmup=10, rep=60)
+    return dict(ms=ms, err=max(errors.values()))
+
+
+def entry_points(log) -> None:
+    """The library entry points as users call them (tuned): the backward and a GEMM."""
+    import torch
+    from triton.testing import do_bench
+
+    from tegula.kernels import attention_backward, attention_forward, matmul
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, do = (torch.randn(B, H, S, 128, device="cuda", generator=gen,
+                               dtype=torch.float16) for _ in range(4))
+    o, lse = attention_forward(q, k, v)
+    ref = attention_reference(q[:1, :2], k[:1, :2], v[:1, :2], do[:1, :2])
+    dq, dk, dv = attention_backward(q, k, v, o, lse, do)
+    errs = [worst_error(g[:1, :2], ref[n]) for g, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
+    ms = do_bench(lambda: attention_backward(q, k, v, o, lse, do), warmup=5, rep=100)
+    qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+    torch_ms = do_bench(lambda: out.backward(do, retain_graph=True), warmup=5, rep=100)
+    flops = 2.5 * 4 * B * H * S * S * 128  # 5 gemms of 2*S*S*D
+    log(f"entry attention_backward 4x16x4096 D=128: {ms:.3f} ms, {flops / ms / 1e9:.0f} "
+        f"TFLOP/s; torch SDPA backward {torch_ms:.3f} ms; ratio torch/tegula "
+        f"{torch_ms / ms:.3f}; max rel err (b0, h0-1) {max(errs):.2e}")
+    n = GEMM_SIZE
+    a, b = (torch.randn(n, n, device="cuda", generator=gen, dtype=torch.float16)
+            for _ in range(2))
+    c = matmul(a, b.T)
+    err = worst_error(c, a.float() @ b.float())
+    ms = do_bench(lambda: matmul(a, b.T), warmup=10, rep=100)
+    torch_ms = do_bench(lambda: a @ b, warmup=10, rep=100)
+    log(f"entry matmul {n}^3 f16: {ms:.3f} ms, {2 * n ** 3 / ms / 1e9:.0f} TFLOP/s; cuBLAS "
+        f"{torch_ms:.3f} ms; ratio cuBLAS/tegula {torch_ms / ms:.3f}; max rel err {err:.2e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=None, help="case indices, e.g. 0,1,7")
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--entry", action="store_true")
+    options = parser.parse_args()
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    if options.entry:
+        entry_points(log)
+        return
+    picked = ([int(i) for i in options.cases.split(",")] if options.cases
+              else list(range(len(CASES))))
+    start = time.time()
+    context = multiprocessing.get_context("spawn")
+    jobs = [(i, f) for i in picked for f in (False, True)]
+    with concurrent.futures.ProcessPoolExecutor(options.jobs, mp_context=context) as pool:
+        compiled = list(pool.map(compile_case, *zip(*jobs)))
+        predicted = list(pool.map(predict, picked))
+    log(f"compiled {len(jobs)} builds in {time.time() - start:.1f} s")
+    rows = []
+    for i, model in zip(picked, predicted):
+        label = CASES[i][0]
+        got = {}
+        for form in (False, True):
+            problem = compiled[jobs.index((i, form))]
+            got[form] = dict(error=problem) if problem else measure(i, form, log)
+        rows.append((label, got, model))
+    log(f"{'case':30s} {'1 role ms':>9s} {'spec ms':>8s} {'spec/1role':>10s} "
+        f"{'model':>6s} {'1role blk':>9s} default")
+    for label, got, model in rows:
+        one, spec = got[False].get("ms"), got[True].get("ms")
+        ratio = f"{spec / one:10.3f}" if one and spec else f"{'-':>10s}"
+        log(f"{label:30s} {one or float('nan'):9.3f} {spec or float('nan'):8.3f} {ratio} "
+            f"{model['model_ratio']:6.2f} {model['blocks']:9d} {model['default']}")
+        for form in (False, True):
+            if "error" in got[form]:
+                log(f"  warp_specialize={form}: {got[form]['error']}")
+
+
+if __name__ == "__main__":
+    main()

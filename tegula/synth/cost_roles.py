@@ -1,0 +1,156 @@
+"""Whether a producer warpgroup pays for a TMA pipeline: the cost model's side of the
+warp-roles decision (`synth/roles.py` asks it where the kernel leaves `warp_specialize`
+open).
+
+A TMA + wgmma pipeline runs in one role (every warp waits on the stage's mbarrier and
+computes; thread 0 refills a stage after a block barrier) or warp-specialized (a producer
+warpgroup issues the boxes; the consumers never meet at a block barrier). What each form
+costs, per iteration of the pipeline, on the SM (cycles at full SM rates, the counts of
+`synth/uses.py` and the constants of `synth/cost.py`):
+
+* **work.** The body's tensor, issue and special-function cycles. Where the body is more
+  than its copies and one gemm, every gemm waits for its own wgmmas before the register
+  work that reads them (`lower/hopper.py`), so one block's tensor and register work run
+  one after the other: its chain is their *sum*, and only other resident blocks fill the
+  gaps. A lone gemm keeps a wgmma group in flight: its chain is the pipes' 2-norm.
+* **one role** runs as many blocks per SM as threads, shared memory and registers allow
+  (`r`); each iteration waits a load latency over the `S - 1` stages in flight and one
+  block barrier (`BARRIER_CYCLES`), shared by the `r` blocks' chains.
+* **warp-specialized** runs one block per SM (the roles' `setmaxnreg` budgets are the
+  block's share of the register file), and with few consumer warps a scheduler issues at
+  part rate (`ISSUE_WARPS_PER_SCHEDULER`); no block barrier, and `S` stages in flight.
+
+The SM's time per block-iteration is the larger of its pipes' 2-norm and the chain over
+the resident blocks; the producer pays where that is shorter specialized. The model
+decides only for bodies of two gemms or more (the measured case: multi-gemm bodies with
+few loads per gemm); a body of one gemm keeps its producer. So it pays
+where one role could not run a second block anyway (a deep ring filling shared memory, a
+persistent kernel, a tile of two warpgroups' registers), and loses where one role runs
+two and the body's dependent gemms leave the tensor cores idle during the register work
+(the attention backward: H100, session 10, D = 128, 64x64 blocks, dK/dV 2.72 ms
+specialized against 2.00 in one role, dQ 1.62 against 1.37; modelled 1.34x and 1.18x).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tegula.arch.targets import Target
+from tegula.ir.ops import Copy, ForLoop, Gemm, TracedKernel, walk_ops
+from tegula.ir.scalar import GridSize, ScalarBinOp, SMCount
+
+
+@dataclass(frozen=True)
+class RolesCost:
+    """The model's cycles per block-iteration of one pipeline on its SM, in one role and
+    warp-specialized, and what set them (for explain and the decision's reason)."""
+
+    one_role: float
+    specialized: float
+    one_role_blocks: int
+    one_role_limit: str
+    serial: bool
+    gemms: int
+    tensor: float
+    register_work: float
+    load_wait: float
+
+    @property
+    def producer_pays(self) -> bool:
+        """Ties keep the producer (the form the pipeline had before the model chose)."""
+        return self.specialized <= self.one_role
+
+    def describe(self) -> str:
+        body = ("its gemms wait for their wgmmas before the register work that reads them "
+                "(tensor and register work one after the other in a block)" if self.serial
+                else "a lone gemm keeps its wgmmas in flight")
+        return (f"cost model per iteration: one role {self.one_role:,.0f} cycles at "
+                f"{self.one_role_blocks} block(s) per SM (limited by {self.one_role_limit}), "
+                f"warp-specialized {self.specialized:,.0f} at 1 block per SM; tensor "
+                f"{self.tensor:,.0f}, register work {self.register_work:,.0f}, a stage's "
+                f"load {self.load_wait:,.0f} cycles; {body}")
+
+
+def roles_cost(kernel: TracedKernel, loop: ForLoop, target: Target) -> RolesCost:
+    """The two forms' cycles for the TMA pipeline `loop` of `kernel` (module docstring)."""
+    from tegula.synth import cost
+    from tegula.synth.uses import (REGISTER_OVERHEAD, occupancy, op_uses,
+                                   register_words_from_tiles)
+    tensor = issue = sfu = barriers = tma_bytes = 0.0
+    for op in walk_ops(loop.body):
+        for u in op_uses(op, kernel, target):
+            issue += u.warp_instructions / target.subpartitions
+            barriers += u.barriers
+            if u.pipe == "tensor":
+                tensor += u.warp_instructions * u.pipe_cycles
+            elif u.pipe == "sfu":
+                sfu += u.warp_instructions * u.pipe_cycles
+            elif u.pipe == "tma":
+                tma_bytes += u.global_bytes
+    rest = [o for o in loop.body if not (isinstance(o, Copy) and o.choices.get("instr") == "tma")]
+    gemms = sum(isinstance(o, Gemm) for o in walk_ops(loop.body))
+    serial = not (len(rest) == 1 and isinstance(rest[0], Gemm))
+    load = cost.TMA_LATENCY_CYCLES + tma_bytes / cost.TMA_BYTES_PER_CLK
+    stages = max(2, loop.stages)
+    warps = max(1, kernel.threads // 32)
+
+    def per_iteration(blocks: int, in_flight: int, barrier: float) -> float:
+        stretch = max(1.0, cost.ISSUE_WARPS_PER_SCHEDULER * target.subpartitions
+                      / (blocks * warps))
+        pipes = [tensor, issue * stretch, sfu]
+        norm = sum(p ** cost.PIPE_OVERLAP_NORM for p in pipes) ** (1 / cost.PIPE_OVERLAP_NORM)
+        chain = (sum(pipes) if serial else norm) + barriers * cost.BARRIER_CYCLES
+        chain = cost._hidden(chain, load / in_flight) + barrier
+        return max(norm, chain / blocks)
+
+    registers = min(register_words_from_tiles(kernel) + REGISTER_OVERHEAD,
+                    target.regs_per_thread_max)
+    smem = sum(int(a.dtype.bits) * a.stages * _elements(a.shape) // 8
+               for a in kernel.shared_allocs)
+    blocks, limit = occupancy(target, kernel.threads, smem, registers)
+    if _persistent(kernel, loop):
+        blocks, limit = 1, "the grid (a persistent tile loop: one block per SM)"
+    blocks = max(1, blocks)
+    return RolesCost(one_role=per_iteration(blocks, stages - 1, cost.BARRIER_CYCLES),
+                     specialized=per_iteration(1, stages, 0.0),
+                     one_role_blocks=blocks, one_role_limit=limit, serial=serial, gemms=gemms,
+                     tensor=tensor, register_work=issue + sfu, load_wait=load)
+
+
+def why_no_producer(kernel: TracedKernel, loop: ForLoop, target: Target | None) -> str:
+    """Why the cost model keeps the TMA pipeline `loop` in one role ("" where the producer
+    warpgroup pays, or without a target to price it)."""
+    if target is None:
+        return ""
+    priced = roles_cost(kernel, loop, target)
+    if priced.producer_pays or priced.gemms < 2:
+        # The model decides where it was checked against the GPU: bodies of dependent gemms
+        # (the attention backward and forward). A body of one gemm keeps its producer: the
+        # one-role forms of a lone gemm and of one gemm with register work (the blockwise
+        # FP8 promotion) are being measured (benchmarks/roles_check.py).
+        return ""
+    return (f"a producer warpgroup does not pay here: {priced.describe()} "
+            f"(warp_specialize=True forces it)")
+
+
+def _elements(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _persistent(kernel: TracedKernel, loop: ForLoop) -> bool:
+    """Whether a loop around `loop` walks tiles by the grid's size (`tg.num_programs`,
+    `tg.num_sms`): a persistent kernel, whose grid holds one block per SM whatever its
+    occupancy would allow."""
+    from tegula.synth.copies import enclosing_ops
+    return any(isinstance(op, ForLoop) and (_reads_grid(op.start) or _reads_grid(op.stop))
+               for op in enclosing_ops(kernel.body, loop) or [])
+
+
+def _reads_grid(x) -> bool:
+    if isinstance(x, (GridSize, SMCount)):
+        return True
+    if isinstance(x, ScalarBinOp):
+        return _reads_grid(x.lhs) or _reads_grid(x.rhs)
+    return False

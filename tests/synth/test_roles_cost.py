@@ -1,0 +1,112 @@
+"""The warp-roles decision priced by the cost model (`synth/cost_roles.py`): where the kernel
+leaves `warp_specialize` open, synthesis gives a TMA pipeline a producer warpgroup only where
+the model prices it below one role. Golden decisions: the attention backward's kernels (four
+dependent gemms and their register work per query block, two blocks per SM in one role)
+keep one role; the library's GEMMs (a lone gemm, a ring filling shared memory or a
+persistent tile loop) keep their producer; an explicit option or a consumer schedule still
+decides."""
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+
+from tegula.arch.targets import get_target
+from tegula.build import build
+from tegula.dtypes import f16
+from tegula.ir.ops import ForLoop, walk_ops
+from tegula.synth.cost_roles import roles_cost
+
+backward = importlib.import_module("tegula.kernels.attention_backward")
+attention = importlib.import_module("tegula.kernels.attention")
+gemm = importlib.import_module("tegula.kernels.gemm")
+
+
+def tma_loops(result) -> list[ForLoop]:
+    return [op for op in walk_ops(result.traced.body) if isinstance(op, ForLoop)
+            and ("roles" in op.choices or "roles_skipped" in op.choices)]
+
+
+def backward_build(which: str, d: int, **options):
+    kernel = {"dkdv": backward.attention_backward_dkdv_kernel,
+              "dq": backward.attention_backward_dq_kernel,
+              "dkdvdq": backward.attention_backward_dkdvdq_kernel}[which](f16)
+    options = dict(dict(warp_specialize=None), **options)   # the decision left open
+    return build(kernel, dict(D=d, SCALE=1 / math.sqrt(d), CAUSAL=False, **options),
+                 None, "sm_90a")
+
+
+@pytest.mark.parametrize("which", ["dkdv", "dq", "dkdvdq"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_backward_keeps_one_role_by_the_model(which, d):
+    result = backward_build(which, d)
+    (loop,) = tma_loops(result)
+    assert "roles" not in loop.choices
+    assert loop.choices["roles_skipped"].startswith("a producer warpgroup does not pay")
+    assert result.thread_kernel.threads == 128        # no producer warpgroup added
+    priced = roles_cost(result.traced, loop, result.target)
+    assert priced.serial and priced.one_role_blocks == 2
+    assert priced.specialized > priced.one_role
+
+
+def test_forcing_the_producer_still_specializes_the_backward():
+    result = backward_build("dkdv", 128, warp_specialize=True)
+    (loop,) = tma_loops(result)
+    assert "roles" in loop.choices and result.thread_kernel.threads == 256
+
+
+@pytest.mark.parametrize("tiles", [
+    dict(BM=128, BN=256, BK=64, STAGES=4, GROUP=8, threads=256),
+    dict(BM=64, BN=256, BK=64, STAGES=4, GROUP=8, threads=128)],
+    ids=["persistent-128x256", "persistent-pingpong-64x256"])
+def test_the_persistent_gemm_keeps_its_producer(tiles):
+    result = build(gemm.persistent_gemm_kernel(f16), tiles, None, "sm_90a")
+    (loop,) = tma_loops(result)
+    assert "roles" in loop.choices
+    priced = roles_cost(result.traced, loop, result.target)
+    assert priced.one_role_blocks == 1 and priced.producer_pays
+
+
+@pytest.mark.parametrize("tiles", [dict(BM=64, BN=32, BK=128, STAGES=6),
+                                   dict(BM=128, BN=256, BK=64, STAGES=3, threads=256)])
+def test_the_tile_gemm_keeps_its_producer(tiles):
+    result = build(gemm.gemm_kernel(f16), tiles, None, "sm_90a")
+    (loop,) = tma_loops(result)
+    assert "roles" in loop.choices
+
+
+def test_the_fused_epilogue_gemm_keeps_its_producer():
+    """Bias + GELU after the K loop: the loop body is still a lone gemm."""
+    result = build(gemm.gemm_kernel(f16, "gelu", True),
+                   dict(BM=128, BN=256, BK=64, STAGES=3, threads=256), None, "sm_90a")
+    (loop,) = tma_loops(result)
+    assert "roles" in loop.choices
+
+
+def test_attention_forward_one_warpgroup_takes_one_role_two_take_the_producer():
+    """The forward's body (two gemms and the softmax between them): at 64 query rows on
+    one warpgroup two blocks fit an SM in one role (measured ~1.5x faster than one
+    specialized block, session 8); 128 rows on two warpgroups fit one either way."""
+    d = 128
+    fixed = dict(attention.default_tiles(d), D=d, QK_SCALE=attention.qk_scale(None, d))
+    small = build(attention.attention_kernel(f16), fixed, None, "sm_90a")
+    assert all("roles" not in loop.choices for loop in tma_loops(small))
+    large = build(attention.attention_kernel(f16), dict(fixed, BM=128, threads=256), None,
+                  "sm_90a")
+    assert all("roles" in loop.choices for loop in tma_loops(large))
+
+
+def test_a_consumer_schedule_asked_for_keeps_the_producer():
+    d = 64
+    fixed = dict(attention.default_tiles(d), D=d, QK_SCALE=attention.qk_scale(None, d),
+                 BM=128, BN=128, threads=256, consumers="pingpong")
+    result = build(attention.attention_kernel(f16), fixed, None, "sm_90a")
+    assert all("roles" in loop.choices for loop in tma_loops(result))
+
+
+def test_the_price_is_explained():
+    result = backward_build("dq", 128)
+    (loop,) = tma_loops(result)
+    text = roles_cost(result.traced, loop, get_target("sm_90a")).describe()
+    assert "one role" in text and "2 block(s) per SM" in text and "warp-specialized" in text
