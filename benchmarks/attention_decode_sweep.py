@@ -6,10 +6,13 @@ blocks (BN) and split counts, torch SDPA and the device's copy bandwidth, in one
 
 Shapes are BxHxHkvxDxS (one query token per sequence, every sequence S keys long); paged
 caches are cut into 256-key pages in shuffled order (`tegula.bench.attention_decode`).
-`--splits` multiplies the picked split count. Every configuration is first checked
-against a float32 reference (relative error ≤ 5e-3, no NaN); the time is the median of
-`tegula.bench.gpu.time_ms` with L2 flushed before each run (a decode step reads the cache
-from DRAM). TB/s counts K and V read once; `copy` is the fraction of the copy bandwidth.
+`--splits` multiplies the picked split count; `--threads` / `--stages` override the split
+kernel's block size (32: one warp per program, no cross-warp reductions per key block) and
+its K/V ring (the launches of `decode_launches`, run here as the entry point runs them).
+Every configuration is first checked against a float32 reference (relative error ≤ 5e-3,
+no NaN); the time is the median of `tegula.bench.gpu.time_ms` with L2 flushed before each
+run (a decode step reads the cache from DRAM). TB/s counts K and V read once; the
+percentage is of the copy bandwidth, the ratio is to SDPA.
 """
 from __future__ import annotations
 
@@ -18,14 +21,48 @@ import argparse
 TOLERANCE = 5e-3
 
 
+def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, split_extra: dict):
+    """A function launching the split and combine kernels for `config` (chunk, splits, BN)
+    with `split_extra` merged into the split kernel's constexprs, as `attention_decode`
+    launches them; returns o (B, H, 1, D)."""
+    from tegula.build import launch
+    from tegula.dtypes import f16
+    from tegula.kernels.attention_decode import decode_launches
+    B, H, _, D = q.shape
+    kv_heads = cache_k.shape[1]
+    page = cache_k.shape[2] if table is not None else 0
+    capacity = page * table.shape[1] if page else cache_k.shape[2]
+    _, launches = decode_launches(f16, B, H, kv_heads, 1, D, capacity, page, D ** -0.5, False,
+                                  config["splits"], config["BN"])
+    R = H // kv_heads
+    values = dict(q=q.view(B, kv_heads, R, D), k=cache_k, v=cache_v, seqlens=lengths,
+                  block_table=table,
+                  o_part=torch.empty((B, kv_heads, config["splits"], R, D), device="cuda"),
+                  lse_part=torch.empty((B, kv_heads, config["splits"], R), device="cuda"),
+                  o=torch.empty((B, kv_heads, R, D), dtype=q.dtype, device="cuda"),
+                  lse=torch.empty((B, kv_heads, R), device="cuda"))
+    calls = []
+    for i, (kernel, grid, names, scalars, constexprs) in enumerate(launches):
+        extra = split_extra if i == 0 else {}
+        calls.append((kernel, grid, (*(values[n] for n in names), *scalars),
+                      dict(constexprs, **extra)))
+
+    def run():
+        for kernel, grid, args, constexprs in calls:
+            launch(kernel, grid, *args, **constexprs)
+        return values["o"].view(B, H, 1, D)
+    return run
+
+
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
-              copy_bw: float) -> str:
-    """One row: SDPA, the picked configuration, then each (BN, split multiplier)."""
+              extras: list, copy_bw: float) -> str:
+    """One row: SDPA, then each (BN, split multiplier, split-kernel override); the
+    configuration `decode_config` picks is starred."""
     import torch.nn.functional as F
 
     from tegula.bench import gpu
     from tegula.bench.attention_decode import PAGE, page_cache, reference
-    from tegula.kernels.attention_decode import attention_decode, decode_config
+    from tegula.kernels.attention_decode import decode_config
     B, H, kv_heads, D, S = shape
     q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(B, kv_heads, S, D, device="cuda", dtype=torch.float16)
@@ -45,20 +82,24 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
         for mult in multipliers:
             splits = max(1, round(base["splits"] * mult))
             config = decode_config(B, kv_heads, S, D, page, num_splits=splits, BN=bn or None)
-
-            def run(config=config):
-                return attention_decode(q, cache_k, cache_v, lengths, table,
-                                        num_splits=config["splits"], BN=config["BN"])
-            out = run()
-            torch.cuda.synchronize()
-            err = gpu.rel_error(out.float(), want)
-            mark = "*" if config == picked else ""
-            label = f"BN{config['BN']}/{config['splits']}{mark}"
-            if torch.isnan(out).any() or err > TOLERANCE:
-                row += f" {label} FAIL err {err:.1e} |"
-                continue
-            rate = tbps(gpu.time_ms(run))
-            row += f" {label} {rate:.2f} {rate / copy_bw:.0%} {rate / sdpa:.2f}x |"
+            for extra in extras:
+                label = f"BN{config['BN']}/{config['splits']}" + "".join(
+                    f"/{k[0]}{v}" for k, v in extra.items()) + ("*" if config == picked and
+                                                                not extra else "")
+                try:
+                    run = decode_runner(torch, q, cache_k, cache_v, lengths, table, config,
+                                        extra)
+                    out = run()
+                    torch.cuda.synchronize()
+                except Exception as e:  # a configuration that does not build is reported
+                    row += f" {label} ERROR {type(e).__name__}: {str(e)[:100]} |"
+                    continue
+                err = gpu.rel_error(out.float(), want)
+                if torch.isnan(out).any() or err > TOLERANCE:
+                    row += f" {label} FAIL err {err:.1e} |"
+                    continue
+                rate = tbps(gpu.time_ms(run))
+                row += f" {label} {rate:.2f} {rate / copy_bw:.0%} {rate / sdpa:.2f}x |"
     return row
 
 
@@ -68,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bn", default="0", help="key blocks, comma-separated (0: picked)")
     parser.add_argument("--splits", default="1", help="split-count multipliers")
     parser.add_argument("--paged", choices=("no", "yes", "both"), default="both")
+    parser.add_argument("--threads", default="0", help="split-kernel block sizes (0: its own)")
+    parser.add_argument("--stages", default="0", help="split-kernel K/V ring stages (0: its own)")
     args = parser.parse_args(argv)
     import torch
 
@@ -75,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = gpu.copy_bandwidth(torch) / 1e12
     bns = [int(x) for x in args.bn.split(",")]
     multipliers = [float(x) for x in args.splits.split(",")]
+    extras = [{k: v for k, v in (("threads", t), ("STAGES", st)) if v}
+              for t in map(int, args.threads.split(",")) for st in map(int, args.stages.split(","))]
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
-            print(run_shape(torch, shape, paged, bns, multipliers, copy_bw), flush=True)
+            print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw), flush=True)
     return 0
 
 

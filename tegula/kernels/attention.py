@@ -217,16 +217,16 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     the softmax and the `wait_group 0` at the end of the body. Nothing in the softmax
     touches the registers of the in-flight p_j @ v_j (acc and p_j's f16 fragment): the
     probabilities cross the iteration in f32 and become the wgmma's f16 A fragment only
-    at the next issue, and acc is rescaled before its gemm, not after. They cross it in
-    the scores' own registers (`s.assign(p)`, as FlashAttention-3 exponentiates in place):
-    codegen's operand fences keep every wgmma accumulator live across the loop, so a p
-    of its own (and block 0's scores apart) would be more 64-register tiles held through
-    it. At D = 128 with 128-key blocks, s, acc and p_j's f16 fragment still leave too few
-    of the 232 registers: ptxas spills ~60 B of scalars, as it did before; with 112-key
-    blocks nothing. Otherwise ptxas,
+    at the next issue, and acc is rescaled before its gemm, not after. Otherwise ptxas,
     which places a `WARPGROUP.DEPBAR` just ahead of the first instruction needing it,
     hoists the wait above the exponentials to interleave the f16 packing with them, and
     nothing overlaps (sessions 7-9 measured this loop slower than the plain one for it).
+    The probabilities cross the iteration in the scores' own registers (`s.assign(p)`, as
+    FlashAttention-3 exponentiates in place): codegen's operand fences keep every wgmma
+    accumulator live across the loop, so a p of its own (or block 0's scores apart) would
+    be another 64-register tile held through it. At D = 128 with 128-key blocks s, acc and
+    p_j's f16 fragment still leave too few of the 232 registers (ptxas spills ~60 B of
+    scalars, as before); with 112-key blocks nothing spills.
     Stage j of the ring holds k_{j+1} and v_j; block 0's keys come through a buffer of
     their own and its softmax runs before the loop. Loop invariant at iteration j: acc =
     Σ_{i<j} exp2(s_i − m_{j−1})·v_i, p_j = exp2(s_j − m_j), alpha_j = exp2(m_{j−1} − m_j),
