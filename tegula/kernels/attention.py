@@ -277,6 +277,8 @@ def attention_kernel(dtype: DType) -> tg.Kernel:
                       V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
                       OVERLAP: tg.constexpr = False):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        if CAUSAL:  # the query blocks seeing the most keys first: the last wave runs short ones
+            m = tg.num_programs(0) - 1 - m
         kv_head = h // (q.shape[1] // k.shape[1])
         _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
                 QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP)
