@@ -17,7 +17,9 @@ from the formats' definitions, error bounds for math functions and reductions) a
 other (bit for bit where the arithmetic's order is fixed). Failures
 shrink to a minimal kernel (`shrink`). `python -m tegula.fuzz --minutes N` is the long
 mode; tests/fuzz runs a seeded sample in CI and tests/gpu/test_fuzz_gpu.py compares the
-GPU with the emulator on the same programs.
+GPU with the emulator on the same programs. `tile_loops` draws persistent tile loops with
+random tile maps and global reads (which ping-pong consumers must not split) and checks
+them against a sequential model; the long mode runs one every few programs.
 
 Like `tegula.cli`, this package sits above the compiler and uses it only through the
 public language (`tegula.lang`) and `tg.emulate` (`tegula.build`).

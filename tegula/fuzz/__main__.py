@@ -6,6 +6,7 @@
     python -m tegula.fuzz --switches=-loop_rebind,-npot_tiles   # leave features out
     python -m tegula.fuzz --targets sm_90a,sm_80,sm_90  # targets each program runs for
     python -m tegula.fuzz --role-order listed           # warp roles in the fixed order
+    python -m tegula.fuzz --seed 7 --tile-loop 12       # show and rerun one tile loop
 
 Every program runs for each target (default sm_90a and sm_80; sm_89 where sm_80 refuses,
 e.g. 8-bit float GEMMs), against numpy and the targets against each other; the warp roles
@@ -14,6 +15,10 @@ random`, the default; reproducible from the seed and program). The summary says 
 wgmma, TMA, cp.async, mma.sync and ldmatrix. Each failure (a wrong answer or an internal
 error, naming its target) is printed as source and shrunk to a minimal kernel, printed
 as source with the command that reproduces it. The exit status is 1 if any program failed.
+
+Every `TILE_LOOP_EVERY`-th program is followed by a persistent tile-loop program
+(`tile_loops`: tile maps and global reads that ping-pong consumers must not split), run
+for sm_90a (synthesis's choice and ping-pong forced) and sm_80 against a sequential model.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from tegula.fuzz.shrink import shrink
 from tegula.fuzz.source import kernel_source
 
 SHRINKS_PER_REASON = 2
+#: A tile-loop program after every this many generated programs (each ~3 emulations).
+TILE_LOOP_EVERY = 10
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -37,6 +44,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--minutes", type=float, default=None, help="run for this long")
     ap.add_argument("--programs", type=int, default=None, help="run this many programs")
     ap.add_argument("--program", type=int, default=None, help="show and run one program")
+    ap.add_argument("--tile-loop", type=int, default=None,
+                    help="show and run one tile-loop program")
     ap.add_argument("--start", type=int, default=0, help="index of the first program")
     ap.add_argument("--switches", default="", help="e.g. -loop_rebind,-pipelines,max_tile=256")
     ap.add_argument("--targets", default=",".join(TARGETS),
@@ -109,10 +118,12 @@ def main(argv=None) -> int:
     switches = Switches.parse(args.switches)
     if args.program is not None:
         return _show_one(args, switches)
+    if args.tile_loop is not None:
+        return _run_tile_loop(args.seed, args.tile_loop, {}, show=True)
     if args.minutes is None and args.programs is None:
         args.programs = 100
     deadline = time.monotonic() + 60 * args.minutes if args.minutes is not None else None
-    tally, shrunk = Tally(), {}
+    tally, shrunk, loops = Tally(), {}, {}
     features = _features(switches)
     index = args.start
     started = time.monotonic()
@@ -127,6 +138,8 @@ def main(argv=None) -> int:
         tally.add(verdict)
         if verdict.failed:
             _report_failure(args, switches, index, program, verdict, shrunk)
+        if index % TILE_LOOP_EVERY == 0:
+            _run_tile_loop(args.seed, index // TILE_LOOP_EVERY, loops)
         index += 1
         if tally.programs % 500 == 0:
             print(f"[{time.monotonic() - started:.0f}s] {tally.report().splitlines()[0]}",
@@ -134,7 +147,20 @@ def main(argv=None) -> int:
     print(f"\nseed {args.seed}, programs {args.start}..{index - 1}, "
           f"{time.monotonic() - started:.0f} s")
     print(tally.report())
-    return 1 if tally.failures else 0
+    print("tile loops: " + (", ".join(f"{k} {v}" for k, v in sorted(loops.items())) or "none"))
+    return 1 if tally.failures or loops.get("mismatch") or loops.get("internal") else 0
+
+
+def _run_tile_loop(seed: int, index: int, counts: dict, show: bool = False) -> int:
+    """Run tile-loop program `index` of `seed`, count its status, print a failure."""
+    from tegula.fuzz.tile_loops import check_tile_loop, make_tile_loop
+    loop = make_tile_loop(seed, index)
+    status, reason, detail = check_tile_loop(loop, seed * 100003 + index)
+    counts[status] = counts.get(status, 0) + 1
+    if show or status in ("mismatch", "internal"):
+        print(f"\n=== tile loop {index} (seed {seed}): {status}: {reason}\n{detail}\n"
+              f"reproduce: python -m tegula.fuzz --seed {seed} --tile-loop {index}", flush=True)
+    return 1 if status in ("mismatch", "internal") else 0
 
 
 if __name__ == "__main__":
