@@ -265,7 +265,8 @@ class AsyncStatements:
     def _MBarrierWait(self, s: MBarrierWait) -> None:
         # The entry's PTX retries try_wait until the phase has completed.
         self.line(f"// wait: phase of {s.barrier}[{index_c(s.index)}] with parity "
-                  f"{index_c(s.parity)}")
+                  f"{index_c(s.parity)}" + (" again (ends ptxas's scheduling region)"
+                                            if s.repeat else ""))
         self.line(self.entry("mbarrier.try_wait.parity", s).format_asm(
             bar=self.mbarrier(s.barrier, s.index, s),
             parity=f"(unsigned)({index_c(s.parity)})"))

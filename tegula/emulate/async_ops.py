@@ -205,7 +205,7 @@ def compile_mbarrier_wait(s: MBarrierWait, ctx: Ctx, st: OpStats, what: str) -> 
         block_until(state, Wait(lambda: bar.phase % 2 != p,
                                 lambda: f"{what} [{s.barrier}[{idx}] parity {p}]: "
                                         f"{bar.describe()}"))
-        a.observe(gid, lanes, what)
+        a.observe(gid, lanes, what, repeat=s.repeat)
         state.smem.acquire(lanes, bar.completed)
         st.add(state.active_warps())
     return run

@@ -387,12 +387,23 @@ class AsyncState:
     def fence_proxy(self, lanes: np.ndarray) -> None:
         self.fence_seq[lanes] = self.tick()
 
-    def observe(self, gid: int, lanes: np.ndarray, what: str) -> None:
+    def observe(self, gid: int, lanes: np.ndarray, what: str, repeat: bool = False) -> None:
         """Threads `lanes` passed a wait on barrier `gid`. Each wait of a thread must see a
         phase its previous wait did not: passing again at the same phase count means the
         parity it waited for belongs to a phase it already consumed (the parity tracking
-        fell a round behind), and on the GPU it would read the stage's old data."""
+        fell a round behind), and on the GPU it would read the stage's old data. A
+        `repeat` wait is the opposite: it must pass at exactly its previous wait's phase
+        (else a phase completed in between, and it waited for a newer one)."""
         phase = self.bars[gid].phase
+        if repeat:
+            moved = self.waited_at[gid, lanes] != phase
+            if moved.any():
+                t = int(lanes[moved][0])
+                raise EmulationError(
+                    f"{what}: thread {t} repeats its wait on mbarrier {self.bars[gid].name}, "
+                    f"but its phase moved on since (now {phase} completed, then "
+                    f"{int(self.waited_at[gid, t])})")
+            return
         again = self.waited_at[gid, lanes] == phase
         if again.any():
             t = int(lanes[again][0])

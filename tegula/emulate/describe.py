@@ -32,7 +32,8 @@ def _describe_async(s: Stmt) -> str | None:
         tx = f" expect_tx {s.tx_bytes}" if s.tx_bytes else ""
         return f"MBarrierArrive {s.barrier}[{s.index}]{tx}{_pred(s.pred)}"
     if isinstance(s, MBarrierWait):
-        return f"MBarrierWait {s.barrier}[{s.index}] parity {s.parity}"
+        return (f"MBarrierWait {s.barrier}[{s.index}] parity {s.parity}"
+                + (" (repeated)" if s.repeat else ""))
     if isinstance(s, TmaLoad):
         return (f"TmaLoad {s.buffer}[{s.offset}] <- {s.tensor_map}"
                 f"[{', '.join(map(str, s.coords))}] on {s.barrier}[{s.barrier_index}]"

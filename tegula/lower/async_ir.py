@@ -164,11 +164,15 @@ class MBarrierArrive(Stmt):
 @dataclass
 class MBarrierWait(Stmt):
     """Every active thread waits until the phase of `barrier[index]` with parity `parity`
-    (0 or 1, an index expression) has completed (`mbarrier.try_wait.parity` in a loop)."""
+    (0 or 1, an index expression) has completed (`mbarrier.try_wait.parity` in a loop).
+    `repeat`: the thread's previous wait on this barrier again, at the phase it already
+    observed (returns at once; `wgmma_waits.split_reused_products` uses one to end
+    ptxas's scheduling region); the emulator checks that no phase completed between."""
 
     barrier: str
     index: Expr
     parity: Expr
+    repeat: bool = False
 
 
 # --------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, Elect,
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.pipeline import MBarrierRing, Ring, nested_stage_slots
 from tegula.lower.warp_roles import WarpRoles, map_barriers, split_roles, take_turn
-from tegula.lower.wgmma_waits import defer_wgmma_waits
+from tegula.lower.wgmma_waits import defer_wgmma_waits, split_reused_products
 from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
                                     SharedBuffer, SharedStore, Stmt, Var, all_of)
 
@@ -392,7 +392,7 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     nested_stage_slots(lowering.ctx, ring, op, rest, producers)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
-    body = [wait] + defer_wgmma_waits(lowering.ops(rest, inner))
+    body = [wait] + split_reused_products(defer_wgmma_waits(lowering.ops(rest, inner)), wait)
     # No refill barrier orders one iteration's shared accesses before the next's, so the
     # body ends in one where they could race: a consumer wrote shared memory since the
     # body's last barrier (or has cp.async copies in flight), or it reads a buffer there

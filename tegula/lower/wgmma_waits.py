@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tegula.lower.async_ir import Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
+from tegula.lower.async_ir import MBarrierWait, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
 from tegula.lower.thread_ir import Assign, Comment, If, LoadScalar, Reg, Shuffle, Stmt, walk
 
 #: Statements a wait may move past: register-only arithmetic, warp shuffles (registers of
@@ -155,4 +155,30 @@ def _gemm_registers(stmts: list[Stmt], fence: int) -> set[str]:
     return arrays
 
 
-__all__ = ["defer_wgmma_waits", "register_arrays"]
+def split_reused_products(stmts: list[Stmt], stage_wait: MBarrierWait) -> list[Stmt]:
+    """`stmts` (a consumer's loop body after `defer_wgmma_waits`) with `stage_wait` — the
+    body's wait on its stage's full mbarrier — repeated before the first write of a
+    product tile that an earlier gemm of the body wrote and register statements since
+    read (a tile reused for a second gemm: the blockwise FP8 kernel's row halves). Its
+    phase is complete (the body holds the stage), so it returns at once; but its loop
+    ends ptxas's scheduling region, and without it ptxas hoists the second gemm's
+    wgmmas above the reads of the first product, giving the second its own registers
+    (a 256x128 tile on two warpgroups: 64 more a thread, spills)."""
+    again = dataclasses.replace(stage_wait, repeat=True)
+    out: list[Stmt] = []
+    products: set[str] = set()      # accumulators of the wgmmas issued so far
+    read: set[str] = set()          # of those, read by register statements since
+    for stmt in stmts:
+        if isinstance(stmt, Assign) and stmt.dst.array.name in read and \
+                stmt.dst.array.name not in register_arrays(stmt.value):
+            out.append(again)
+            read.clear()
+        elif isinstance(stmt, _REGISTER_ONLY):    # what it reads (an Assign's target is not)
+            read |= products & register_arrays(stmt.value if isinstance(stmt, Assign) else stmt)
+        if isinstance(stmt, Wgmma):
+            products |= register_arrays(stmt.d)
+        out.append(stmt)
+    return out
+
+
+__all__ = ["defer_wgmma_waits", "register_arrays", "split_reused_products"]

@@ -345,3 +345,26 @@ def test_an_overlapped_attention_loop_with_a_wait_short_by_one_group_is_reported
     with pytest.raises(EmulationError, match="still in flight"):   # scale: a fresh build
         attention_emulated(q, k, v, True, 0.12, target="sm_90a", OVERLAP=True,
                            warp_specialize=True)
+
+
+def test_a_product_tile_refilled_for_a_second_gemm_gets_the_stage_wait_repeated():
+    """`split_reused_products`: a product tile that a gemm wrote and a promotion read,
+    then filled again for the body's second gemm (the blockwise FP8 kernel's row halves),
+    gets the stage's wait repeated before the fill (ptxas would otherwise issue the second
+    gemm first, into other registers); a body whose tile is filled only before its one
+    gemm, or whose reads write back into the product itself, gets none."""
+    from tegula.lower.async_ir import MBarrierWait
+    from tegula.lower.wgmma_waits import split_reused_products
+    stage = MBarrierWait("full", Const(0), Const(1))
+    fill = Assign(Reg(ACC, Const(0)), Const(0.0))
+    gemm = [WgmmaFence(), _wgmma(), WgmmaCommit(), WgmmaWait(0)]
+    halves = [fill, *gemm, _assign(OTHER, ACC), fill, *gemm, _assign(OTHER, ACC)]
+    out = split_reused_products(halves, stage)
+    repeats = [i for i, s in enumerate(out) if isinstance(s, MBarrierWait)]
+    assert len(repeats) == 1 and out[repeats[0] + 1] is fill and repeats[0] > 5
+    assert out[repeats[0]].repeat and not stage.repeat
+    assert out[:repeats[0]] + out[repeats[0] + 1:] == halves
+    one = [fill, *gemm, _assign(OTHER, ACC), _assign(SCALE, OTHER)]
+    in_place = [fill, *gemm, _assign(ACC, ACC), _assign(OTHER, ACC)]
+    assert split_reused_products(one, stage) == one
+    assert split_reused_products(in_place, stage) == in_place
