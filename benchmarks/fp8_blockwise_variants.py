@@ -14,11 +14,11 @@ to find what keeps it below the per-tensor kernel. Each variant is `kernels/fp8.
 * "halves": a (BM, BN) tile as two (BM/2, BN) row halves sharing b's stage, each K block
   multiplied and promoted half after half into one product tile (BM = 256 on two consumer
   warpgroups has the per-tensor 128x256 tile's bytes per FLOP), scales one block ahead.
-  ptxas hoists the second half's wgmmas above the first half's multiply-adds, giving the
-  second product its own 64 registers (256 live: spills); `split_halves` (a source patch,
-  measurement only) repeats the stage's full-mbarrier wait between the halves -- its
-  phase is complete, so it returns at once, but its branch ends ptxas's scheduling
-  region, and both halves share one product tile (no spills).
+  ptxas would hoist the second half's wgmmas above the first half's multiply-adds, giving
+  the second product its own 64 registers (256 live: spills); the lowering repeats the
+  stage's full-mbarrier wait between the halves (`split_reused_products`), which ends
+  ptxas's scheduling region; "halves_membar" has a memory fence there instead
+  (`split_halves`, a source patch, measurement only).
 
 Used by `benchmarks/fp8_blockwise.py --variants`; nothing here is a library kernel.
 """
@@ -96,27 +96,23 @@ def halves_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
     return accs
 
 
-#: How `split_halves` ends ptxas's scheduling region between the halves, by kernel name:
-#: the stage's full-mbarrier wait repeated (its phase is complete), or a memory fence
+#: How the halves kernels end ptxas's scheduling region between the halves, by kernel
+#: name: the lowering's repeated stage wait (`lower.wgmma_waits.split_reused_products`,
+#: its phase is complete), or, patched in its place by `split_halves`, a memory fence
 #: (which also waits for the thread's loads in flight: the next block's scales).
-SPLITS = {"fp8_blockwise_halves": "wait", "fp8_blockwise_halves_membar": "membar"}
+SPLITS = {"fp8_blockwise_halves_membar": "membar"}
 
 
-def split_halves(source: str, how: str = "wait") -> str:
-    """The "halves" kernel's CUDA source with a region end (`SPLITS`) before the product
-    tile's fill for the second half (module docstring): the first fill after the first
-    half's wgmma commit, which must come before the second half's wgmmas."""
+def split_halves(source: str, how: str = "membar") -> str:
+    """The halves kernel's CUDA source with the lowering's repeated stage wait replaced by
+    a `fence.acq_rel.cta` (`SPLITS`)."""
+    if how != "membar":
+        raise ValueError(f"split_halves: unknown split {how!r}")
     lines = source.split("\n")
-
-    def first(start: int, *marks: str) -> int:
-        return next(i for i in range(start, len(lines)) if all(m in lines[i] for m in marks))
-    wait = first(0, "mbarrier.try_wait.parity", "full_saddr")
-    fill = first(first(wait, "wgmma.commit_group"), "// tile op: fill", "with 0.0")
-    if first(fill, "wgmma.mma_async") > first(fill, "wgmma.commit_group"):
-        raise ValueError("split_halves: no second-half gemm after the fill")
-    region_end = lines[wait] if how == "wait" else \
-        '        asm volatile("fence.acq_rel.cta;\\n" :  :  : "memory");'
-    lines.insert(fill, region_end + "  // split_halves: ends ptxas's scheduling region")
+    mark = next(i for i, line in enumerate(lines) if "again (ends ptxas" in line)
+    if "mbarrier.try_wait.parity" not in lines[mark + 1]:
+        raise ValueError("split_halves: the repeated wait's asm does not follow its comment")
+    lines[mark + 1] = '        asm volatile("fence.acq_rel.cta;\\n" :  :  : "memory");'
     return "\n".join(lines)
 
 
