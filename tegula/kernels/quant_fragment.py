@@ -270,7 +270,8 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     activations re-read by every block of rows are most of the bytes moved (8x the 4-bit
     weights' at BT = 128), and WG = 2 halves them. `partial`: split K as in
     `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
-    by `w4a16_split_sum_kernel`). SCALE_AFTER (cp.async weights, 64·KS ≤ G): scales
+    by `w4a16_split_sum_kernel`), SPLIT being the grid's axis 2 — a launch value, not a
+    constexpr, so the tuner's splits share one build. SCALE_AFTER (cp.async weights, 64·KS ≤ G): scales
     the step's f32 sums (`_gemm_scaled_after`): BT/2 FMAs a thread instead of 32·KS
     HMUL2 (275 SASS a 128-k step at 16 tokens, was 300). PARTS > 1 (WSMEM=1): the
     k-step in parts whose dequantization overlaps the previous part's wgmmas
@@ -281,7 +282,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
-                       SPLIT: tg.constexpr = 1, WSMEM: tg.constexpr = 1,
+                       WSMEM: tg.constexpr = 1,
                        KS: tg.constexpr = 1, WG: tg.constexpr = 1,
                        SCALE_AFTER: tg.constexpr = 0, PARTS: tg.constexpr = 1):
         n, t = tg.block_id(0), tg.block_id(1)
@@ -292,8 +293,9 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
         gw = w.tile((WG, KS) + STORED_WORDS, (n, None, 0, 0))
         words_tv = stored_tv(KS, WG)
         steps, start = ga.shape[2], 0
-        if partial:                  # this block's slice of the k-steps
-            per_split = (steps + SPLIT - 1) // SPLIT
+        if partial:   # this block's slice of the k-steps: grid axis 2 holds the SPLIT
+            splits = tg.num_programs(2)   # slices (a launch value: one build, any split)
+            per_split = (steps + splits - 1) // splits
             start = tg.block_id(2) * per_split
             steps = tg.minimum(start + per_split, steps)
         if PARTS > 1:   # the k-step in parts, each part's dequantization overlapping
@@ -434,6 +436,8 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
     workspace from `empty_f32(shape)` that `w4a16_split_sum_kernel` adds into c."""
     from tegula.kernels.quant import launch_split_sum
     split = constexprs.get("SPLIT", 1)
+    # SPLIT is the grid's axis 2, not a kernel constexpr: one build serves every split
+    constexprs = {name: value for name, value in constexprs.items() if name != "SPLIT"}
     if split == 1:
         return launch(w4a16_fragment_kernel(dtype, has_zeros), grid, (*operands, c),
                       constexprs)
