@@ -33,11 +33,18 @@ DEFAULT_TARGET = "sm_90a"
 #: schedule of a warp-specialized pipeline (`consumers=`: None, "cooperative" or
 #: "pingpong", `synth/roles.py`), and how many blocks of the kernel an SM must be able to
 #: hold at once (`blocks_per_sm=`: `__launch_bounds__`'s second argument, which caps each
-#: thread's registers at the register file's share of that many blocks; None: no minimum).
-BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers", "blocks_per_sm")
+#: thread's registers at the register file's share of that many blocks; None: no minimum),
+#: and the path of `tg.atomic_add`s of register tiles (`atomic_path=`: None for TMA
+#: reduce-adds staged in shared memory where they qualify, sm_90, and the staging costs no
+#: blocks per SM; "bulk" where they qualify even if it does; "red" for a `red.global.add`
+#: per element always; `synth/copies.py: plan_bulk_adds`).
+BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers", "blocks_per_sm",
+                 "atomic_path")
 
 #: The values of the `load_path` build option.
 LOAD_PATHS = (None, "tma", "cp.async")
+#: The values of the `atomic_path` build option.
+ATOMIC_PATHS = (None, "bulk", "red")
 
 
 @dataclass
@@ -75,7 +82,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     """Compile `kernel` for these constexprs, argument facts and target (cached).
     `constexprs` may hold `threads` (the block size override), `warp_specialize` (None,
     True or False; overrides the kernel's option), `load_path` (`LOAD_PATHS`),
-    `consumers` (`CONSUMER_SCHEDULES`) and `blocks_per_sm` (`check_blocks_per_sm`)."""
+    `consumers` (`CONSUMER_SCHEDULES`), `blocks_per_sm` (`check_blocks_per_sm`) and
+    `atomic_path` (`ATOMIC_PATHS`)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
     threads = kernel.check_threads(constexprs.pop("threads", None))
@@ -93,18 +101,23 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
                           f"{', '.join(map(repr, CONSUMER_SCHEDULES))}")
     blocks_per_sm = check_blocks_per_sm(kernel, target, threads,
                                         constexprs.pop("blocks_per_sm", None))
+    atomic_path = constexprs.pop("atomic_path", None)
+    if atomic_path not in ATOMIC_PATHS:
+        raise TegulaError(f"kernel {kernel.name}: atomic_path={atomic_path!r} must be one of "
+                          f"{', '.join(map(repr, ATOMIC_PATHS))}")
     values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank,
                                                       elem_bits=p.spec.dtype.bits)
                  for p in kernel.params if p.kind == "tensor"}
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
-           load_path, consumers, blocks_per_sm, _facts_key(facts), target.name)
+           load_path, consumers, blocks_per_sm, atomic_path, _facts_key(facts), target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
         traced = kernel.trace_fresh(threads, **values)
         try:
-            result = synthesize(traced, target, facts, warp_specialize, load_path, consumers)
+            result = synthesize(traced, target, facts, warp_specialize, load_path, consumers,
+                                atomic_path)
             thread_kernel = lower(result)
             thread_kernel.blocks_per_sm = blocks_per_sm
             _check_register_budgets(kernel, thread_kernel)
@@ -120,6 +133,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
             options["consumers"] = consumers
         if blocks_per_sm is not None:
             options["blocks_per_sm"] = blocks_per_sm
+        if atomic_path is not None:
+            options["atomic_path"] = atomic_path
         cache[key] = Build(kernel, dict(values, **options), facts, target, traced, result,
                            thread_kernel)
     return cache[key]

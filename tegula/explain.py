@@ -245,6 +245,10 @@ def _op_note(op: Op) -> str:
         return f"\n      {op.choices['scan'].describe()}"
     if op.choices.get("tma_store") is not None:  # synth/copies.py's TmaStorePlan
         return f"\n      {op.choices['tma_store'].describe()}"
+    if op.choices.get("bulk_add") is not None:  # a tg.atomic_add's (plan_bulk_adds)
+        return f"\n      {op.choices['bulk_add'].describe()}"
+    if op.choices.get("bulk_add_skipped"):
+        return f"\n      one red.global.add per element: {op.choices['bulk_add_skipped']}"
     if op.choices.get("instr") == "tma":
         box = op.choices["tma"]
         boxes = f"{box.blocks} TMA boxes" if box.blocks > 1 else "TMA box"  # one per span

@@ -35,7 +35,8 @@ from tegula.arch.smem_matrix import (MatrixDescriptor, canonical_smem_layout,
                                      swizzle_bytes_address)
 from tegula.arch.targets import SM80, SM89, SM90, SM90A, TARGETS, Target, get_target, target_for_cc
 from tegula.arch.tma import (ASYNC_INSTRUCTIONS, AsyncInstr, bulk_wait, get_async, setmaxnreg,
-                             tma_box_addresses, tma_box_copy, tma_load, tma_store, wgmma_wait)
+                             tma_box_addresses, tma_box_copy, tma_load, tma_reduce_add, tma_store,
+                             wgmma_wait)
 from tegula.arch.wgmma import WGMMA_INSTRUCTIONS, WgmmaInstr, get_wgmma, wgmma_for
 
 __all__ = [
@@ -47,7 +48,8 @@ __all__ = [
     "describe_mma", "MatrixDescriptor", "canonical_smem_layout", "decode_descriptor",
     "descriptor_element_addresses", "encode_descriptor", "operand_descriptor",
     "swizzle_bytes_address", "ASYNC_INSTRUCTIONS", "AsyncInstr", "bulk_wait", "get_async",
-    "setmaxnreg", "tma_box_addresses", "tma_box_copy", "tma_load", "tma_store", "wgmma_wait",
+    "setmaxnreg", "tma_box_addresses", "tma_box_copy", "tma_load", "tma_reduce_add", "tma_store",
+    "wgmma_wait",
     "WGMMA_INSTRUCTIONS", "WgmmaInstr", "get_wgmma", "wgmma_for",
 ]
 

@@ -11,7 +11,8 @@ Names are the catalogue keys thread IR uses:
 * ``ldmatrix.x4``, ``ldmatrix.x2.trans``, ``stmatrix.x1`` …;
 * ``shfl.sync.bfly.b32``, ``shfl.sync.idx.b32``, ``shfl.sync.down.b32``, ``shfl.sync.up.b32``;
 * Hopper (`tegula.arch.wgmma`, `tegula.arch.tma`): ``wgmma.m64n128k16.f32.f16.f16`` …;
-  ``tma.load.2d``, ``tma.load.2d.multicast``, ``tma.store.2d``, ``cp.async.bulk.commit_group``,
+  ``tma.load.2d``, ``tma.load.2d.multicast``, ``tma.store.2d``, ``tma.reduce.add.2d``,
+  ``cp.async.bulk.commit_group``,
   ``cp.async.bulk.wait_group[.read].N``, ``mbarrier.init``, ``mbarrier.arrive``,
   ``mbarrier.arrive.expect_tx``, ``mbarrier.try_wait.parity``,
   ``fence.proxy.async.shared::cta``, ``fence.mbarrier_init.release.cluster``,

@@ -15,8 +15,9 @@ read through). Rules, each refused with a TegulaError naming it:
 * every box extent is in 1 .. 256, rank 1 .. 5.
 
 `tma_box_copy` is the load's numpy semantics (elements outside the tensor read as zero);
-`tma_store_box` the store's (elements outside are not written). The emulator and the GPU
-tests share them.
+`tma_store_box` the store's (elements outside are not written); `tma_box_window` which
+elements of a box lie inside the tensor (the reduce-add adds only those, each as
+`TmaReduceInstr.execute` says). The emulator and the GPU tests share them.
 
 PTX forms (PTX ISA "cp.async.bulk.tensor", "mbarrier", "fence.proxy", "wgmma.fence",
 "bar.sync", "setmaxnreg", "elect.sync"); shared addresses are 32-bit shared-window
@@ -26,6 +27,9 @@ parameter ("l"), coordinates int32 ("r"), element coordinates in tensor-map dim 
     cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
         [dst], [tmap, {c0, c1}], [bar];             (load; .multicast::cluster adds a 16-bit CTA mask)
     cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [tmap, {c0, c1}], [src];   (store)
+    cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [tmap, {c0, c1}], [src];
+        (reduce-add: each element of the box is added atomically into the tensor; the
+        element type is the map's, f32 only here; completes like a store, by bulk group)
     cp.async.bulk.commit_group;  cp.async.bulk.wait_group[.read] N;
     mbarrier.init.shared::cta.b64 [bar], count;
     mbarrier.arrive[.expect_tx].shared::cta.b64 _, [bar][, tx_bytes];
@@ -54,7 +58,8 @@ import numpy as np
 from tegula.arch.instructions import AsmOperand, Instruction
 from tegula.arch.smem_matrix import (  # noqa: F401  (re-exported: one definition)
     SWIZZLE_MODES, swizzle_atom_bytes, swizzle_bytes_address)
-from tegula.dtypes import DType
+from tegula.arch.memory import RED_ADD
+from tegula.dtypes import DType, f32
 from tegula.errors import TegulaError
 
 _SOURCE = ("PTX ISA cp.async.bulk.tensor / mbarrier / fence.proxy / bar / setmaxnreg; "
@@ -133,6 +138,13 @@ def tma_box_copy(global_view: np.ndarray, coords: Sequence[int],
     return out
 
 
+def tma_box_window(shape: Sequence[int], coords: Sequence[int], box: Sequence[int]):
+    """(slices of the tensor, matching slices of the box), both in numpy order, of the part
+    of a box at `coords` (tensor-map order) inside a tensor of numpy `shape`; None if the
+    box lies wholly outside."""
+    return _box_window(tuple(shape)[::-1], coords, box)
+
+
 def tma_store_box(global_view: np.ndarray, coords: Sequence[int], data: np.ndarray) -> None:
     """A TMA store: writes `data` (shape `reversed(box)`) into `global_view` at `coords`
     (tensor-map order), skipping elements outside the tensor."""
@@ -151,7 +163,7 @@ def tma_store_box(global_view: np.ndarray, coords: Sequence[int], data: np.ndarr
 class AsyncInstr(Instruction):
     """An asynchronous-copy, barrier, fence or register-budget instruction (Hopper).
 
-    `kind` is the family ("tma.load", "tma.store", "bulk.commit", "bulk.wait",
+    `kind` is the family ("tma.load", "tma.store", "tma.reduce", "bulk.commit", "bulk.wait",
     "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx", "mbarrier.arrive_remote",
     "mbarrier.wait", "cluster.arrive", "cluster.wait",
     "fence.proxy_async", "fence.mbarrier_init", "wgmma.fence", "wgmma.commit",
@@ -200,6 +212,37 @@ def _tma_store(rank: int) -> AsyncInstr:
                   operands, pipe="tma", latency=500.0, rank=rank)
 
 
+@dataclass(frozen=True)
+class TmaReduceInstr(AsyncInstr):
+    """`cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.add.tile.bulk_group` (PTX ISA
+    8.0, sm_90): one thread adds a box of shared memory into the tensor the map describes,
+    element by element and atomically per element (other blocks' adds and `red`s to the
+    same elements interleave safely), elements outside the tensor skipped. Completion as a
+    TMA store's: `cp.async.bulk.commit_group`, then `wait_group.read` before the shared
+    box is written again and `wait_group` before the block exits. The shared data must be
+    fenced (`fence.proxy.async.shared::cta`) after the threads wrote it. `dtype`: the
+    element type tegula issues it for (the map's: f32; other types add with
+    `red.global`)."""
+
+    dtype: DType = f32
+
+    def execute(self, old, v) -> np.ndarray:
+        """The new memory values from `old` and the added `v`: the f32 add of
+        `red.global.add.f32` (`arch/memory.py`: rounded to nearest even, subnormal inputs
+        and results flushed to zero of their sign, as the f32 atomic add does)."""
+        return RED_ADD[self.dtype.name].execute(old, v)
+
+
+def _tma_reduce_add(rank: int) -> TmaReduceInstr:
+    ptx = f"cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.add.tile.bulk_group"
+    operands = (_in("tmap", "l"), _in("coords", count=rank, vector=True), _in("src"))
+    return TmaReduceInstr(
+        name=f"tma.reduce.add.{rank}d", kind="tma.reduce", ptx=ptx,
+        template=ptx + " [{tmap}, {coords}], [{src}];", operands=operands, min_cc=90,
+        issue_cycles=1.0, latency_cycles=500.0, clobbers_memory=True, source=_SOURCE,
+        pipe="tma", rank=rank)
+
+
 #: try_wait in a retry loop; `%=` makes the labels unique per asm statement.
 _WAIT_LOOP = ("{{ .reg .pred P; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 P, [{bar}], "
               "{parity}; @P bra DONE_%=; bra WAIT_%=; DONE_%=: }}")
@@ -217,6 +260,7 @@ ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
     *[_tma_load(r, False) for r in range(1, MAX_RANK + 1)],
     *[_tma_load(r, True) for r in range(1, MAX_RANK + 1)],
     *[_tma_store(r) for r in range(1, MAX_RANK + 1)],
+    *[_tma_reduce_add(r) for r in range(1, MAX_RANK + 1)],
     _entry("cp.async.bulk.commit_group", "bulk.commit", "cp.async.bulk.commit_group;"),
     _entry("mbarrier.init", "mbarrier.init", "mbarrier.init.shared::cta.b64 [{bar}], {count};",
            (_in("bar"), _in("count"))),
@@ -300,6 +344,11 @@ def tma_store(rank: int) -> AsyncInstr:
     return get_async(f"tma.store.{rank}d")
 
 
+def tma_reduce_add(rank: int) -> TmaReduceInstr:
+    """The TMA reduce-add entry (f32) of tensor rank `rank` (1..5)."""
+    return get_async(f"tma.reduce.add.{rank}d")
+
+
 def get_async(name: str) -> AsyncInstr:
     """The entry called `name` (also ``cp.async.bulk.wait_group[.read].N``,
     ``wgmma.wait_group.N``, ``setmaxnreg.{inc,dec}.N``)."""
@@ -319,7 +368,8 @@ def get_async(name: str) -> AsyncInstr:
 
 __all__ = [
     "MAX_RANK", "MAX_BOX", "TMA_SMEM_ALIGN", "check_tma_box", "tma_box_addresses",
-    "tma_box_copy", "tma_store_box", "AsyncInstr", "ASYNC_INSTRUCTIONS", "bulk_wait",
+    "tma_box_copy", "tma_box_window", "tma_store_box", "AsyncInstr", "TmaReduceInstr",
+    "tma_reduce_add", "ASYNC_INSTRUCTIONS", "bulk_wait",
     "wgmma_wait", "setmaxnreg", "tma_load", "tma_store", "get_async",
     "swizzle_bytes_address", "swizzle_atom_bytes", "SWIZZLE_MODES",
 ]

@@ -313,7 +313,14 @@ class AsyncStatements:
 
     def _TmaStore(self, s: TmaStore) -> None:
         tmap, ops = self.tma_operands(s)
-        instr = self.require(tma_entries.tma_store(len(tmap.dims)), s)
+        if s.reduce not in ("", "add"):
+            raise CodegenError(f"TmaStore {s.tensor_map} <- {s.buffer}: no bulk reduction "
+                               f"{s.reduce!r} (the catalogue has add)")
+        entry = tma_entries.tma_reduce_add if s.reduce else tma_entries.tma_store
+        instr = self.require(entry(len(tmap.dims)), s)
+        if s.reduce and tmap.dtype != instr.dtype:
+            raise CodegenError(f"TmaStore {s.tensor_map} <- {s.buffer}: the bulk add is "
+                               f"issued for {instr.dtype} tensors, not {tmap.dtype}")
         self.guarded(s.pred, instr.format_asm(tmap=ops["tmap"], coords=ops["coords"],
                                               src=ops["smem"]))
 

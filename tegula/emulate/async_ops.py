@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from tegula.arch.smem_matrix import MatrixDescriptor, descriptor_element_addresses
-from tegula.arch.tma import tma_box_addresses, tma_box_copy, tma_store_box
+from tegula.arch.tma import (tma_box_addresses, tma_box_copy, tma_box_window, tma_reduce_add,
+                             tma_store_box)
 from tegula.arch.wgmma import WARPGROUP, get_wgmma
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
@@ -381,11 +382,30 @@ def compile_tma_store(s: TmaStore, ctx: Ctx, st: OpStats, what: str) -> Run:
             if not getattr(s, "reduce", False):  # a reduce-add commutes: no race
                 check_box(state, t, tm, c, lane, what, round_to(values, tm.dtype)
                           if not t.bits else from_bits(to_bits(values, tm.dtype), tm.dtype))
+            if s.reduce:
+                _reduce_box(t, tm, c, values, what)
+                st.add(1, tm.box_bytes)
+                continue
             tma_store_box(view, c, to_bits(values, tm.dtype) if t.bits else values)
             if t.written is not None:
                 _mark_written(t, tm, c)
             st.add(1, tm.box_bytes)
     return run
+
+
+def _reduce_box(t, tm, coords, values: np.ndarray, what: str) -> None:
+    """A TMA reduce-add: the box's elements inside the tensor are added into it as the
+    catalogue entry computes (`TmaReduceInstr.execute`), atomically per element."""
+    entry = tma_reduce_add(len(tm.box))
+    if t.dtype != entry.dtype or t.bits:
+        raise EmulationError(f"{what}: the bulk add is modelled for {entry.dtype} tensors, "
+                             f"not {t.dtype}")
+    strides = np.array(t.array.strides, dtype=np.int64) // t.array.itemsize
+    offsets = np.tensordot(strides, np.indices(t.array.shape, dtype=np.int64), axes=1)
+    offsets = np.transpose(offsets, tuple(reversed(tm.dims)))  # numpy order of the map
+    window = tma_box_window(offsets.shape, coords, tm.box)
+    if window is not None:
+        t.atomic_add(offsets[window[0]], values[window[1]], entry)
 
 
 def _mark_written(t, tm, coords) -> None:

@@ -5,7 +5,7 @@ elements unwritten, and on a zero-initialized output they pass for results. `tg.
 therefore, by default:
 
 1. finds the kernel's outputs in its thread IR: tensors it stores to or adds to
-   atomically (`tensor_roles`);
+   atomically, TMA stores and reduce-adds included (`tensor_roles`);
 2. poisons the *write-only* ones (NaN for floats, a byte pattern for integers and raw
    bits), so nothing downstream can mistake an unwritten element for a value. Tensors the
    kernel also reads (read-modify-write, atomics) are never poisoned: their contents are
@@ -25,6 +25,7 @@ import numpy as np
 
 from tegula.dtypes import DType
 from tegula.emulate.errors import EmulationError
+from tegula.lower.async_ir import TensorMapParam, TmaLoad, TmaStore
 from tegula.lower.thread_ir import (CpAsync, GlobalAtomicAdd, GlobalLoad, GlobalStore,
                                     TensorParam, ThreadKernel, scalar_loaded_tensors, walk)
 
@@ -36,6 +37,8 @@ def tensor_roles(kernel: ThreadKernel) -> tuple[set[str], set[str]]:
     """(tensors the kernel writes, tensors it reads), from its thread IR."""
     written: set[str] = set()
     read: set[str] = set()
+    # TMA statements name a tensor map; the map names its tensor.
+    mapped = {p.name: p.tensor for p in kernel.params if isinstance(p, TensorMapParam)}
     for stmt in walk(kernel.body):
         if isinstance(stmt, GlobalStore):
             written.add(stmt.tensor)
@@ -44,6 +47,12 @@ def tensor_roles(kernel: ThreadKernel) -> tuple[set[str], set[str]]:
             read.add(stmt.tensor)  # an atomic add reads what is there
         elif isinstance(stmt, (GlobalLoad, CpAsync)):
             read.add(stmt.tensor)
+        elif isinstance(stmt, TmaStore):
+            written.add(mapped[stmt.tensor_map])
+            if stmt.reduce:  # a TMA reduce-add reads what is there
+                read.add(mapped[stmt.tensor_map])
+        elif isinstance(stmt, TmaLoad):
+            read.add(mapped[stmt.tensor_map])
     read |= scalar_loaded_tensors(kernel.body)  # `offsets[e]` in any index expression
     return written, read
 

@@ -184,11 +184,12 @@ class GlobalTensor:
                     f"tg.atomic_add to sum them)")
         self.writer[offs] = writer
 
-    def atomic_add(self, offs: np.ndarray, values: np.ndarray) -> None:
+    def atomic_add(self, offs: np.ndarray, values: np.ndarray, entry=None) -> None:
         """tensor[offs] += values as the catalogue's `red.global.add` entry for the
-        tensor's type computes it (`RED_ADD[dtype].execute`), one add after another where
-        several values hit one element (in the order given, as the threads' atomics may)."""
-        entry = RED_ADD.get(self.dtype.name)
+        tensor's type computes it (`RED_ADD[dtype].execute`; `entry`: another entry's
+        `execute`, a TMA reduce-add's), one add after another where several values hit
+        one element (in the order given, as the threads' atomics may)."""
+        entry = entry if entry is not None else RED_ADD.get(self.dtype.name)
         if entry is None or self.packed:
             raise EmulationError(f"atomic_add on tensor {self.name!r} of type {self.dtype}: "
                                  f"the catalogue has red.global.add for {', '.join(RED_ADD)}")

@@ -132,9 +132,11 @@ def load(src: Any, fill: float = 0.0, layout: Any = None) -> RegisterValue:
 
 
 def atomic_add(src: Any, dst: Any) -> None:
-    """`dst[i] += src[i]` atomically, for a register `src` and a global `dst` (`red.global`).
-    A shared `dst` is refused: within a block, sum in registers (`tg.sum`, `+=`) and copy
-    the result, or add into a global tensor."""
+    """`dst[i] += src[i]` atomically, for a register `src` and a global `dst` (`red.global`
+    per element; on sm_90 an f32 2-D tile is staged in shared memory and added by TMA
+    reduce-adds where `synth/copies.py: plan_bulk_adds` allows; `atomic_path="red"`
+    keeps `red`). A shared `dst` is refused: within a block, sum in registers (`tg.sum`,
+    `+=`) and copy the result, or add into a global tensor."""
     op = "tg.atomic_add"
     ctx = current(op)
     s = register_operand(src, op, "source")

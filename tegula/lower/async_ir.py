@@ -205,13 +205,16 @@ class TmaStore(Stmt):
     """`cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group`: shared buffer `buffer`
     at `offset` → the box at `coords` of `tensor_map`; out-of-bounds elements are not
     written. Issued by the threads where `pred`; completion via `BulkCommit`/`BulkWait`.
-    The shared data must be written and `FenceProxyAsync`-ed before."""
+    The shared data must be written and `FenceProxyAsync`-ed before. `reduce="add"`: the
+    box is added into the tensor, atomically per element (`cp.reduce.async.bulk.tensor`
+    ... `.add`, the catalogue's `tma.reduce.add.{rank}d`) instead of stored."""
 
     tensor_map: str
     coords: list[Expr]
     buffer: str
     offset: Expr
     pred: Expr | None = None
+    reduce: str = ""
 
 
 @dataclass

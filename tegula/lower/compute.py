@@ -212,6 +212,10 @@ def lower_atomic_add(ctx: LoweringContext, op: AtomicAdd) -> list:
     if not isinstance(op.dst, GlobalTile):
         raise SynthesisError(f"atomic_add needs a global destination, got {describe(op.dst)}",
                              loc=op.loc)
+    if "bulk_add" in op.choices:  # sm_90: staged in shared memory, TMA reduce-adds
+        from tegula.lower.hopper import lower_tma_store
+        return [Comment(f"atomic_add {describe(op.src)} -> {describe(op.dst)}")] + \
+            lower_tma_store(ctx, op)
     src = op.src
     array = ctx.regs_of(src)
     owner = replica_predicate(src.layout)

@@ -112,7 +112,9 @@ one `stmatrix.x4` per 8 registers where they form its fragment with 16-byte rows
 wgmma accumulator's layout does: `TmaStorePlan.stmatrix`), else `st.shared` —
 `fence.proxy.async`, barrier, thread 0 issues one TMA store per box (clipped at the
 tensor's edge) and commits them; the block ends with thread 0's `wait_group 0`. The
-consumer goes on at once (to the next tile's waits) while the stores drain.
+consumer goes on at once (to the next tile's waits) while the stores drain. A
+`tg.atomic_add` with a bulk plan (`copies.plan_bulk_adds`, any sm_90 kernel) is lowered
+the same way, its boxes added into the tensor by TMA reduce-adds (`TmaStore.reduce`).
 
 **Ping-pong consumers** (a `RolesPlan` with two consumer groups): the pipeline is lowered
 as above for one consumer warpgroup, its K loop between the turn barriers of `take_turn`,
@@ -131,7 +133,7 @@ from dataclasses import replace
 
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
-from tegula.ir.ops import Copy, ForLoop, Gemm, walk_ops, wgmma_stage_reads_only
+from tegula.ir.ops import AtomicAdd, Copy, ForLoop, Gemm, walk_ops, wgmma_stage_reads_only
 from tegula.ir.values import SharedTile, describe
 from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
@@ -451,14 +453,17 @@ def one_gemm_in_flight(rest: list) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
+def lower_tma_store(ctx: LoweringContext, op) -> list[Stmt]:
     """A register tile -> global copy through a swizzled staging buffer and TMA stores
     (`choices["tma_store"]`, a `TmaStorePlan`; module docstring): in rounds of
     `plan.slots` boxes, each: thread 0 waits until the previous round's stores have read
     the buffer, barrier, every thread stores its registers of the round's boxes, fences
-    them for the async proxy, barrier, thread 0 issues the round's TMA stores."""
+    them for the async proxy, barrier, thread 0 issues the round's TMA stores. A
+    `tg.atomic_add` with `choices["bulk_add"]` (the plan's `reduce="add"`) is the same
+    with TMA reduce-adds in place of the stores."""
     from tegula.layout.tv import tv_coords
-    plan, tile, view = op.choices["tma_store"], op.src, op.dst
+    plan = op.choices["bulk_add"] if "bulk_add" in op.choices else op.choices["tma_store"]
+    tile, view = op.src, op.dst
     eb, width, box_elems = plan.elem_bytes, plan.vector, plan.rows * plan.inner
     regs = ctx.regs_of(tile)
     buffer = SharedBuffer(ctx.unique(f"staging_{view.arg.name}"), view.dtype,
@@ -468,10 +473,11 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
         ctx.warp_roles.staging[buffer.name] = plan.bytes // eb
     tmap = tensor_map(ctx, view, plan)
     origin = [scalar_expr(o) for o in view.origin]
-    inner_dim, row_dim = plan.dims
+    inner_dim, row_dim = plan.dims[:2]
     box_of = tv_coords(tile.layout, tuple(tile.shape))[0, :, 1] // plan.inner  # same per thread
     issuer = TID.eq(0)
-    stmts: list[Stmt] = [Comment(f"epilogue of {describe(view)}: {plan.describe()}")]
+    what = "bulk add into" if plan.reduce else "epilogue of"
+    stmts: list[Stmt] = [Comment(f"{what} {describe(view)}: {plan.describe()}")]
     for first in range(0, plan.boxes, plan.slots):
         stmts += [If(issuer, [BulkWait(0, read_only=True)]), Barrier()]
         if plan.stmatrix:
@@ -482,8 +488,10 @@ def lower_tma_store(ctx: LoweringContext, op: Copy) -> list[Stmt]:
                     row, col = ctx.coords.coords(tile.layout, tile.shape, v)
                     stmts.append(SharedStore(buffer.name, plan.staging_offset(row, col),
                                              reg(regs, v), width))
-        stores = [TmaStore(tmap.name, [origin[inner_dim] + j * plan.inner, origin[row_dim]],
-                           buffer.name, Const((j % plan.slots) * box_elems))
+        fixed = [origin[d] for d in plan.dims[2:]]  # dims of a higher-rank tensor
+        stores = [TmaStore(tmap.name, [origin[inner_dim] + j * plan.inner, origin[row_dim]]
+                           + fixed, buffer.name, Const((j % plan.slots) * box_elems),
+                           reduce=plan.reduce)
                   for j in range(first, first + plan.slots)]
         # Each thread's generic writes become visible to the async proxy, then the barrier
         # orders all of them before thread 0's stores.
@@ -512,7 +520,10 @@ def _stmatrix_round(ctx: LoweringContext, tile, regs, buffer: SharedBuffer, box_
 
 
 def has_tma_stores(kernel) -> bool:
-    return any(isinstance(op, Copy) and "tma_store" in op.choices for op in walk_ops(kernel.body))
+    """True if the kernel issues TMA stores or TMA reduce-adds (bulk groups to drain)."""
+    return any(isinstance(op, Copy) and "tma_store" in op.choices
+               or isinstance(op, AtomicAdd) and "bulk_add" in op.choices
+               for op in walk_ops(kernel.body))
 
 
 # --------------------------------------------------------------------------------------

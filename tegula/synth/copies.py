@@ -372,10 +372,15 @@ class TmaStorePlan:
     #: Staging buffers, back to back: one per ping-pong consumer warpgroup (each stores its
     #: own tiles at its own time, `lower/hopper.py` `consumer_group`), else 1.
     copies: int = 1
+    #: "add": a `tg.atomic_add` whose boxes are added into the tensor (`tma.reduce.add`
+    #: entries, `plan_bulk_adds`) instead of stored; "" a store.
+    reduce: str = ""
 
     @property
     def box(self) -> tuple:
-        return (self.inner, self.rows)
+        """Box extents in map order: the tile's columns and rows, 1 in the dims after
+        (those of a higher-rank tensor the view does not walk)."""
+        return (self.inner, self.rows) + (1,) * (len(self.dims) - 2)
 
     @property
     def box_bytes(self) -> int:
@@ -391,11 +396,14 @@ class TmaStorePlan:
         where = (f"{self.bytes} B at byte {self.offset}" if self.copies == 1 else
                  f"{self.bytes} B per consumer warpgroup ({self.copies} buffers) from byte "
                  f"{self.offset}")
-        return (f"epilogue through shared memory: {self.boxes} swizzled {self.rows}x"
+        what = ("atomic add" if self.reduce else "epilogue") + " through shared memory"
+        issue = ("TMA reduce-add (cp.reduce.async.bulk.tensor .add)" if self.reduce
+                 else "TMA store")
+        return (f"{what}: {self.boxes} swizzled {self.rows}x"
                 f"{self.inner} box{'es' if self.boxes > 1 else ''} ({self.swizzle} B swizzle) "
                 f"staged {self.slots} at a time in {where} "
                 f"({rounds} round{'s' if rounds > 1 else ''} of {self.shared_store}, "
-                f"fence.proxy.async, TMA store clipped at the tensor's edge)")
+                f"fence.proxy.async, {issue} clipped at the tensor's edge)")
 
     @property
     def shared_store(self) -> str:
@@ -417,25 +425,32 @@ class TmaStorePlan:
         return self.staging_offset(coords[..., 0], coords[..., 1])
 
 
-def plan_tma_store(op, facts: dict, shared_end: int, limit: int, copies: int = 1) -> tuple:
+def plan_tma_store(op, facts: dict, shared_end: int, limit: int, copies: int = 1,
+                   bulk_add: bool = False) -> tuple:
     """(TmaStorePlan, "") if the copy register tile -> global `op` can go through a
     swizzled staging buffer (`copies` of them, back to back) and TMA stores, with the
     buffers placed at `shared_end` under the block's shared-memory `limit`; else (None,
-    why not)."""
+    why not). `bulk_add` (a `tg.atomic_add`, `plan_bulk_adds`): the tensor may have more
+    than 2 dims (a 2-D tile of it, the other dims fixed by the view's origin: boxes of
+    extent 1 there), and a layout whose registers hold elements of different boxes in
+    different threads is staged in one round of all its boxes."""
     tile, view = op.src, op.dst
     name, eb = view.arg.name, view.dtype.bits // 8
     tensor_facts = facts[name]
     c = tensor_facts.contiguous_dim
     if view.dtype.bits not in (16, 32) or tile.dtype != view.dtype:
         return None, "only 16- and 32-bit tiles of the tensor's type are staged"
-    if len(tile.shape) != 2 or tensor_facts.rank != 2 or view.limits:
+    rank_ok = 2 <= tensor_facts.rank <= TMA_MAX_RANK if bulk_add else tensor_facts.rank == 2
+    if len(tile.shape) != 2 or not rank_ok or view.limits:
         return None, f"the view of {name} is not a whole 2-D tile"
     walked = [dim.tensor_dim for dim in view.dims]
-    if c is None or walked != [1 - c, c] or any(dim.step != 1 for dim in view.dims):
+    if c is None or len(walked) != 2 or walked[1] != c or walked[0] == c \
+            or any(dim.step != 1 for dim in view.dims):
         return None, f"the tile's last dim does not walk {name}'s contiguous dim"
-    if tensor_facts.align_bytes < TMA_ALIGN_BYTES or \
-            (tensor_facts.stride_divisors[1 - c] * eb) % TMA_ALIGN_BYTES:
-        return None, f"{name} is not known 16-byte aligned with 16-byte row strides"
+    if tensor_facts.align_bytes < TMA_ALIGN_BYTES or any(
+            (tensor_facts.stride_divisors[d] * eb) % TMA_ALIGN_BYTES
+            for d in range(tensor_facts.rank) if d != c):
+        return None, f"{name} is not known 16-byte aligned with 16-byte strides"
     held = tv_table(tile.layout).ravel()
     if held.size != int(np.prod(tile.shape)) or np.unique(held).size != held.size:
         return None, "the register tile's layout holds some elements twice (or not at all)"
@@ -447,17 +462,24 @@ def plan_tma_store(op, facts: dict, shared_end: int, limit: int, copies: int = 1
     # Each register's box must be the same for every thread, so a round of boxes is a
     # fixed set of registers.
     box_of = tv_coords(tile.layout, tuple(tile.shape))[:, :, 1] // inner
-    if not (box_of == box_of[:1]).all():
+    mixed = not (box_of == box_of[:1]).all()
+    if mixed and not bulk_add:
         return None, "a register holds elements of different boxes in different threads"
     offset = -(-shared_end // 1024) * 1024
     boxes, box_bytes = cols // inner, rows * inner * eb
     room = (limit - _MBARRIER_HEADROOM - offset) // (box_bytes * copies)
     slots = max([d for d in range(1, boxes + 1) if boxes % d == 0 and d <= room], default=0)
+    if mixed and slots < boxes:  # rounds are sets of registers: all boxes in one
+        return None, (f"a register holds elements of different boxes in different "
+                      f"threads, and the {boxes} boxes ({boxes * box_bytes} B) do not fit "
+                      f"the shared memory left ({limit - shared_end} B) in one round")
     if not slots:
         return None, (f"a {box_bytes} B staging box does not fit the shared memory left "
                       f"({limit - shared_end} B)")
     vector = register_run_length(tile.layout, tuple(tile.shape), 1, 16 // eb)
-    plan = TmaStorePlan((c, 1 - c), rows, inner, boxes, inner * eb, offset, eb, vector, slots,
+    dims = (c, walked[0]) + tuple(d for d in reversed(range(tensor_facts.rank))
+                                  if d not in walked)
+    plan = TmaStorePlan(dims, rows, inner, boxes, inner * eb, offset, eb, vector, slots,
                         copies=copies)
     return replace(plan, stmatrix=_stmatrix_fits(tile, plan)), ""
 
@@ -515,3 +537,72 @@ def plan_tma_stores(kernel, facts: dict, shared_end: int, limit: int) -> int:
             op.choices["tma_store"] = plan
             shared_end = plan.offset + plan.bytes * plan.copies
     return shared_end
+
+
+def plan_bulk_adds(kernel, facts: dict, shared_end: int, target,
+                   keep_occupancy: bool = True) -> int:
+    """Stage each `tg.atomic_add` of a register tile into an f32 global tile through shared
+    memory and TMA reduce-adds (`cp.reduce.async.bulk.tensor ... .add`, sm_90), where
+    `plan_tma_store` allows: one bulk add per box instead of a `red.global.add` per
+    element (FlashAttention-3's dQ). The staging takes only the shared memory that keeps
+    the blocks per SM the kernel's own buffers allow (`keep_occupancy`; else any up to the
+    block's maximum: the build option `atomic_path="bulk"`). Records `choices["bulk_add"]` (a
+    `TmaStorePlan` with `reduce="add"`) or `"bulk_add_skipped"` (why not); returns the
+    shared-memory end after the staging buffers."""
+    from tegula.arch.tma import tma_reduce_add
+    from tegula.ir.ops import AtomicAdd, tiles_read, tiles_written, walk_ops
+    from tegula.ir.values import RegisterTile
+    ops = list(walk_ops(kernel.body))
+    entry = tma_reduce_add(2)
+    copies = max([getattr(op.choices.get("roles"), "consumer_groups", 1) for op in ops
+                  if isinstance(op, ForLoop)], default=1)
+    for op in ops:
+        if not (isinstance(op, AtomicAdd) and isinstance(op.src, RegisterTile)
+                and isinstance(op.dst, GlobalTile)):
+            continue
+        name = op.dst.arg.name
+        # A bulk add lands asynchronously: other atomic adds commute with it, but the
+        # block's own reads or writes of the tensor would not be ordered after it.
+        others = [o for o in ops if not isinstance(o, AtomicAdd) and any(
+            isinstance(t, GlobalTile) and t.arg.name == name
+            for t in tiles_read(o) + tiles_written(o))]
+        plan, problem = None, ""
+        if not entry.available_on(target):
+            problem = f"{entry.ptx} needs sm_90 (target {target.name})"
+        elif op.dst.dtype != entry.dtype:
+            problem = f"the bulk add is issued for {entry.dtype} tensors, not {op.dst.dtype}"
+        elif others:
+            problem = (f"{name} is also accessed at line "
+                       f"{others[0].loc.lineno if others[0].loc else '?'} (a bulk add "
+                       f"completes asynchronously)")
+        else:
+            limit = _same_occupancy_limit(shared_end, kernel.threads, target) \
+                if keep_occupancy else target.smem_per_block_max
+            plan, problem = plan_tma_store(op, facts, shared_end, limit, copies, bulk_add=True)
+        if plan is None:
+            op.choices["bulk_add_skipped"] = problem
+            continue
+        op.choices["bulk_add"] = replace(plan, reduce="add")
+        shared_end = plan.offset + plan.bytes * plan.copies
+    return shared_end
+
+
+#: Shared memory the hardware reserves per block (sm_80 on: smem per SM less the opt-in
+#: maximum per block, CUDA programming guide).
+_RESERVED_PER_BLOCK = 1024
+
+
+#: Registers per thread assumed when bounding blocks per SM before ptxas has counted them
+#: (a kernel with register tiles rarely takes fewer).
+_ASSUMED_REGISTERS = 64
+
+
+def _same_occupancy_limit(shared_end: int, threads: int, target) -> int:
+    """The most shared memory a block of `threads` may take and still fit as many blocks
+    per SM as `shared_end` bytes, its threads and `_ASSUMED_REGISTERS` registers each
+    allow (capped at the per-block maximum)."""
+    blocks = min(target.smem_per_sm // (shared_end + _MBARRIER_HEADROOM + _RESERVED_PER_BLOCK),
+                 target.max_threads_per_sm // threads, target.max_blocks_per_sm,
+                 target.regs_per_sm // (threads * _ASSUMED_REGISTERS))
+    return min(target.smem_per_block_max,
+               target.smem_per_sm // max(1, blocks) - _RESERVED_PER_BLOCK)

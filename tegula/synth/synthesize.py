@@ -34,7 +34,8 @@ from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
 from tegula.synth.chains import choose_chained_plans, gemm_chains
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
-                                 plan_nested_ring, plan_tma_copy, plan_tma_stores)
+                                 plan_nested_ring, plan_tma_copy, plan_tma_stores,
+                                 plan_bulk_adds)
 from tegula.synth.gemm import (WgmmaPlan, buffer_swizzle, operand_layout, plan_gemm,
                                plan_mma_sync)
 from tegula.synth.pipeline import plan_pipelines
@@ -83,14 +84,18 @@ def alloc_bytes(alloc) -> int:
 def synthesize(kernel: TracedKernel, target: Target, facts: dict,
                warp_specialize: bool | None = None,
                load_path: str | None = None,
-               consumers: str | None = None) -> SynthesisResult:
+               consumers: str | None = None,
+               atomic_path: str | None = None) -> SynthesisResult:
     """Decide every layout and instruction of `kernel` for `target` under `facts`
     (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input.
     `warp_specialize` is the kernel option (`synth/roles.py`): None splits a TMA + wgmma
     pipeline into producer/consumer roles where the rule applies, True requires it, False
     keeps one role. `load_path` is the build option: "cp.async" keeps pipelined copies off
     TMA, None or "tma" takes TMA where it qualifies. `consumers` is the build option of a
-    warp-specialized pipeline's consumer schedule (`synth/roles.py` `CONSUMER_SCHEDULES`)."""
+    warp-specialized pipeline's consumer schedule (`synth/roles.py` `CONSUMER_SCHEDULES`).
+    `atomic_path` is the build option of `tg.atomic_add`s: "red" keeps them element-wise,
+    None stages them for TMA reduce-adds where they qualify without costing blocks per SM,
+    "bulk" where they qualify at all (`plan_bulk_adds`)."""
     _check_static_shapes(kernel)
     state = LayoutState()
     for tile in _register_tiles(kernel):
@@ -123,6 +128,9 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _check_packed_accesses(kernel)
     result.staging_end = plan_tma_stores(kernel, facts, result.shared_bytes,
                                          target.smem_per_block_max)
+    if atomic_path != "red":
+        result.staging_end = plan_bulk_adds(kernel, facts, result.shared_bytes, target,
+                                            keep_occupancy=atomic_path is None)
     _check_shared_budget(result)
     return result
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
 from tegula.arch.memory import RED_ADD
-from tegula.arch.tma import tma_load
+from tegula.arch.tma import tma_load, tma_reduce_add
 from tegula.arch.targets import Target
 from tegula.ir.ops import (AtomicAdd, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen, Indices,
                            Op, Rearrange, Reduce, TracedKernel, walk_ops)
@@ -292,6 +292,8 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         out = op.dst if isinstance(op, Fill) else op.out
         alu = InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")
         return [alu] + _special_function_uses(op, alu.warp_instructions)
+    if isinstance(op, AtomicAdd) and "bulk_add" in op.choices:
+        return _bulk_add_uses(op, kernel)
     if isinstance(op, AtomicAdd):
         eb = _elem_bytes(op.src)
         entry = RED_ADD.get(op.dst.dtype.name) if isinstance(op.dst, GlobalTile) else None
@@ -299,6 +301,22 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         return [InstrUse("R2G", instr, 1, eb, _values(op.src) * _warps(kernel), "global",
                          global_bytes=_elements(op.dst) * eb)]
     return []
+
+
+def _bulk_add_uses(op: AtomicAdd, kernel: TracedKernel) -> list[InstrUse]:
+    """A `tg.atomic_add` staged through shared memory (`choices["bulk_add"]`, lowered by
+    `lower/hopper.py: lower_tma_store`): the threads' st.shared of the tile, two barriers
+    per round, and one TMA reduce-add per box, which moves the tile's bytes."""
+    plan = op.choices["bulk_add"]
+    warps, eb = _warps(kernel), _elem_bytes(op.src)
+    st = vector_access("st", "shared", plan.vector * eb)
+    rounds = plan.boxes // plan.slots
+    reduce = tma_reduce_add(len(plan.dims))
+    return [InstrUse("R2S", st.name, plan.vector, plan.vector * eb,
+                     _register_instructions(op.src, plan.vector, warps), st.pipe,
+                     barriers=2 * rounds),
+            InstrUse("S2G", reduce.name, 0, 0, plan.boxes, reduce.pipe,
+                     global_bytes=_elements(op.dst) * eb)]
 
 
 #: Special-function unit results per clock per SM (ex2, lg2, rsqrt, sin, cos, tanh.approx:

@@ -10,8 +10,8 @@ import pytest
 
 from tegula.arch import catalogue, get_instruction, get_target
 from tegula.arch.tma import (ASYNC_INSTRUCTIONS, bulk_wait, get_async, setmaxnreg,
-                             tma_box_addresses, tma_box_copy, tma_load, tma_store,
-                             tma_store_box, wgmma_wait)
+                             tma_box_addresses, tma_box_copy, tma_box_window, tma_load,
+                             tma_reduce_add, tma_store, tma_store_box, wgmma_wait)
 from tegula.dtypes import f16, f32, u8
 from tegula.errors import TegulaError
 from tegula.runtime.compiler import available_compilers, compile_cuda
@@ -100,6 +100,25 @@ def test_async_entries_lookup_and_targets():
     assert {"mbarrier.try_wait.parity", "tma.load.2d", "fence.proxy.async.shared::cta"} <= names
     wait = get_async("mbarrier.try_wait.parity").asm_text()
     assert "WAIT_%=:" in wait and "bra WAIT_%=;" in wait  # labels unique per asm statement
+
+
+def test_reduce_add_entry_form_and_semantics():
+    """`cp.reduce.async.bulk.tensor` .add (PTX ISA 8.0, sm_90): the tensor form with the
+    map's element type, completed by bulk group; the emulator adds as red.add.f32 does."""
+    entry = tma_reduce_add(3)
+    assert entry.name == "tma.reduce.add.3d" and entry.pipe == "tma" and entry.dtype == f32
+    assert entry.asm_text() == ("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile"
+                                ".bulk_group [%0, {%1, %2, %3}], [%4];")
+    assert entry.available_on(get_target("sm_90a")) and entry.available_on(get_target("sm_90"))
+    assert not entry.available_on(get_target("sm_89"))
+    old = np.array([1.0, 16777216.0, 1e-39, 3.0], np.float32)
+    add = np.array([2.0, 1.0, 0.0, -1e-39], np.float32)
+    # 2^24 + 1 rounds to even; subnormal inputs flush to zero of their sign
+    assert np.array_equal(entry.execute(old, add), np.array([3.0, 16777216.0, 0.0, 3.0],
+                                                             np.float32))
+    g, b = tma_box_window((5, 7), (6, 3), (4, 4))   # map order: column 6, row 3
+    assert (g, b) == ((slice(3, 5), slice(6, 7)), (slice(0, 2), slice(0, 1)))
+    assert tma_box_window((5, 7), (7, 0), (4, 4)) is None
 
 
 @pytest.mark.parametrize("call,match", [

@@ -201,6 +201,7 @@ def test_catalogue_entries_have_emitters():
                      "logic",  # lop3 of two chained bitwise ops (tests/codegen/test_lop3.py)
                      # async_stmts.py (tests/codegen/test_async_emit.py compiles each)
                      "wgmma", "tma.load", "tma.store", "bulk.commit", "bulk.wait",
+                     "tma.reduce",  # TmaStore(reduce="add") (tests/lower/test_bulk_add.py)
                      "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx",
                      "mbarrier.wait", "fence.proxy_async", "fence.mbarrier_init",
                      "wgmma.fence", "wgmma.commit", "wgmma.wait", "bar.named", "setmaxnreg",
