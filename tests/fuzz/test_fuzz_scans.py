@@ -59,6 +59,8 @@ def test_a_cumsum_in_the_wrong_direction_is_caught(monkeypatch):
         program = make_program(SEED, index)
         if _cumsums(program):
             caught += fuzz_program(program, SEED, index).status == "mismatch"
+        if caught >= 5:   # enough: the rest of the programs would only cost CI time
+            break
     assert caught >= 5, caught
 
 
