@@ -15,8 +15,9 @@ with the same happens-before clocks, at element granularity:
 * **read after write**: an element last stored by another thread of the same block, that
   store not ordered before this read (a thread's own stores are always ordered).
 
-Kept cheap: per tensor three arrays over its elements (allocated at the first tracked
-access), one vectorized lookup per access. Only generic loads/stores, cp.async reads and
+Kept cheap: per stored-to tensor three arrays over its elements (allocated at its first
+tracked store; a tensor only read has none and its reads are not looked up), one
+vectorized lookup per access. Only generic loads/stores, cp.async reads and
 TMA copies (the issuing lane) are tracked; atomics commute and are not. Accesses of
 *different* blocks are `GlobalTensor._check_overlap`'s (blocks have no order at all).
 """
@@ -120,11 +121,13 @@ def check_box(state, tensor, tm, coords, lane: int, what: str, values=None) -> N
     offs, inside = box_offsets(tensor, tm.dims, coords, tm.box)
     if not offs.size:
         return
-    block, order, races = block_writer(state.bid, None), state.smem.order, tracker(tensor)
+    block, order = block_writer(state.bid, None), state.smem.order
     if values is None:
-        races.read(tensor, offs, np.int64(lane), block, order, what)
+        if tensor.races is not None:   # never stored to: nothing to read after
+            tensor.races.read(tensor, offs, np.int64(lane), block, order, what)
     else:
-        races.write(tensor, offs, values[inside], np.int64(lane), block, order, what)
+        tracker(tensor).write(tensor, offs, values[inside], np.int64(lane), block, order,
+                              what)
 
 
 __all__ = ["GlobalRaces", "tracker", "box_offsets", "check_box"]

@@ -121,9 +121,9 @@ def compile_global(s: GlobalLoad | GlobalStore, ctx: Ctx, st: OpStats, what: str
                 skip = state.mask & ~do
                 if skip.any():
                     arr[skip, col:col + count] = fill
-            if state.smem.check_races:
-                tracker(t).read(t, offs, lanes[:, None], block_writer(state.bid, None),
-                                state.smem.order, what)
+            if state.smem.check_races and t.races is not None:  # stored to: RAW possible
+                t.races.read(t, offs, lanes[:, None], block_writer(state.bid, None),
+                             state.smem.order, what)
             arr[lanes, col:col + count] = t.load(offs)
         else:
             values = arr[lanes, col:col + count]
@@ -240,9 +240,9 @@ def compile_cp_async(s: CpAsync, ctx: Ctx, st: OpStats, what: str) -> Run:
             goffs = idx[:, None] + ar
             t.check(goffs, what)
             _misaligned(what, f"tensor {name!r}", idx * dt.bits // 8, nbytes)
-            if state.smem.check_races:
-                tracker(t).read(t, goffs, lanes[sel][:, None], block_writer(state.bid, None),
-                                state.smem.order, what)
+            if state.smem.check_races and t.races is not None:
+                t.races.read(t, goffs, lanes[sel][:, None], block_writer(state.bid, None),
+                             state.smem.order, what)
             data[sel] = values_to_bytes(t.load(goffs), dt)
         group = state.smem.open_group(lanes)
         state.smem.write(baddr[:, None] + bytes_ar, data, lanes, what, async_group=group)
