@@ -48,3 +48,13 @@ def test_decisions_compare_the_models_choice_with_the_gpus():
     assert rows["orientation"]["problem"] == [16, 4096, 4096]
     assert (rows["orientation"]["agree"], rows["orientation"]["pick_choice"],
             rows["orientation"]["best_choice"]) == (1, "Cᵀ", "Cᵀ")
+
+
+def test_spearman_ranks_ties_by_their_mean_rank_whatever_the_order():
+    """The model predicts many row-kernel configurations at one DRAM floor: tied, not
+    ordered by their place in the list (session 11's fix of the statistic)."""
+    predicted, measured = [1.0, 1.0, 2.0, 3.0], [4.0, 1.0, 2.0, 3.0]
+    value = check.spearman(predicted, measured)
+    assert value == pytest.approx(check.spearman(predicted[::-1], measured[::-1]))
+    assert list(check.average_ranks([5.0, 1.0, 5.0, 2.0])) == [3.5, 1.0, 3.5, 2.0]
+    assert check.spearman([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == pytest.approx(1.0)
