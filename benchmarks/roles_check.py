@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import importlib
+import importlib.util
 import math
 import multiprocessing
 import sys
