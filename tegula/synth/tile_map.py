@@ -18,7 +18,8 @@ reads what another stored. `global_dependence` proves both or says why it cannot
 * **One tile per tensor.** Several stores to one tensor must address the same tile (the
   same origin and shape); a read of a tensor the loop stores to must read exactly that
   tile (its own iteration's, in program order); atomics to a tensor the loop also reads
-  are refused alike (another iteration's adds land in no order with the read).
+  are refused alike (another iteration's adds land in no order with the read), and so is
+  a tile addressed through an index table the loop writes.
 
 Conservative by design: what is not proven is refused (cooperative consumers), with the
 reason `tegula explain` prints. Run-time aliasing of two tensor arguments is not seen
@@ -76,6 +77,15 @@ def _positive_count(x, cluster: tuple) -> bool:
     return (isinstance(x, ScalarBinOp) and x.op == "//" and isinstance(x.lhs, GridSize)
             and isinstance(x.rhs, ScalarConst) and x.rhs.value >= 1
             and tuple(cluster)[x.lhs.axis] % x.rhs.value == 0)
+
+
+def _tables(x) -> set:
+    """Names of the tensors a kernel scalar loads from (index tables)."""
+    if isinstance(x, ScalarBinOp):
+        return _tables(x.lhs) | _tables(x.rhs)
+    if isinstance(x, ScalarLoad):
+        return {x.tensor}.union(*(_tables(c) for c in x.coords))
+    return set()
 
 
 def _nonzero(x, cluster: tuple) -> bool:
@@ -252,6 +262,14 @@ def global_dependence(tile_loop: ForLoop, cluster: tuple = (1, 1, 1)) -> str:
                     f"map like t % 4 or t // 2, or an index table, may send two iterations "
                     f"to one tile, whose last write ping-pong would not order)")
     added = {op.dst.arg.name: op for op in adds}
+    for op in inside:
+        for tile in [t for t in (getattr(op, "src", None), getattr(op, "dst", None))
+                     if isinstance(t, GlobalTile)]:
+            for name in set().union(*(_tables(c) for c in tile.origin)) & (set(stored) |
+                                                                           set(added)):
+                return (f"{describe(tile)} (line {_line(op)}) is addressed through "
+                        f"{name}, which the tile loop also writes: an iteration may read an "
+                        f"entry another wrote, in no order under ping-pong")
     for op in inside:
         if not (isinstance(op, Copy) and isinstance(op.src, GlobalTile)):
             continue

@@ -175,3 +175,29 @@ def test_the_grouped_tile_order_is_proven_one_to_one(group, cluster):
                   consumers="pingpong")
     built = build(_persistent_gemm(), config, None, "sm_90a")
     assert "consumers: pingpong" in built.explain()
+
+
+@tg.kernel(threads=128)
+def self_indexed_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                       order: tg.Tensor[i32, 1], BK: tg.constexpr = 32,
+                       STAGES: tg.constexpr = 2):
+    """Row tile t (proven apart) of column tile order[0], and the loop writes order (each
+    entry moved on by one): iteration 0 changes the column the later ones store to."""
+    sa = tg.shared((BM, BK), f16, stages=STAGES)
+    sb = tg.shared((BN, BK), f16, stages=STAGES)
+    gb = b.tile((BN, BK), (0, None))
+    for t in tg.range(tg.cdiv(a.shape[0], BM)):
+        ga = a.tile((BM, BK), (t, None))
+        acc = tg.zeros((BM, BN), f32)
+        for k in tg.pipeline(ga.shape[2], stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gb[:, :, k], sb[k])
+            tg.gemm(acc, sa[k], sb[k])
+        tg.copy(acc, c.tile((BM, BN), (t, order[0])))
+        tg.copy(tg.load(order.tile((1,), (t,))) + 1, order.tile((1,), (t,)))
+
+
+def test_an_index_table_the_loop_writes_keeps_one_consumer():
+    said = consumers(self_indexed_tiles)
+    assert said.startswith(" cooperative (not pingpong: "), said
+    assert "is addressed through order, which the tile loop also writes" in said, said
