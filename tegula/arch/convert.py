@@ -11,6 +11,15 @@ emitter's helper functions, `codegen/ptx.py`).
     cvt.rn.satfinite.e5m2x2.f32      h    f, f        sm_89  byte, b low), saturating
     cvt.rn.f16x2.e4m3x2              r    h           sm_89  two e4m3/e5m2 -> two f16
     cvt.rn.f16x2.e5m2x2              r    h           sm_89  (exact)
+    cvt.rzi.s32.f32                  r    f           all    f32 -> s32 toward zero,
+                                                             saturating, NaN -> 0
+    cvt.rn.f32.s32                   f    r           all    s32 -> f32, nearest even
+
+The two integer conversions run at a quarter of the FP32 rate (16 a clock per SM on
+sm_80 and sm_90: the CUDA programming guide's throughput table), on the unit of the
+special functions (`pipe="sfu"`); narrower integer types convert through them (a clamp
+to i8/u8 after `cvt.rzi.s32.f32`; i8/u8/i4/u4 to float by the emitter's magic-number
+add instead, two ALU operations, `codegen/expr.py`).
 
 and 16-bit float arithmetic, which narrow-integer conversions and f16/bf16 element ops
 use instead of a round trip through f32 (`codegen/expr.py`):
@@ -43,7 +52,7 @@ import numpy as np
 
 from tegula.arch.formats import bf16_bits, bf16_from_bits, f8_decode, f8_encode
 from tegula.arch.instructions import AsmOperand, Instruction
-from tegula.dtypes import DType, bf16, f8e4m3, f8e5m2, f16, f32
+from tegula.dtypes import DType, bf16, f8e4m3, f8e5m2, f16, f32, i32
 from tegula.errors import TegulaError
 
 _SOURCE = "PTX ISA cvt; latency: ALU conversion, a few cycles (approximate)"
@@ -109,6 +118,35 @@ class HalfArithInstr(Instruction):
         return round_f32(exact, self.to)
 
 
+@dataclass(frozen=True)
+class IntConvertInstr(ConvertInstr):
+    """`cvt.rzi.s32.f32` (`to` i32) or `cvt.rn.f32.s32` (`to` f32): conversions between
+    f32 and s32 (PTX ISA cvt: a float-to-integer conversion saturates to the destination
+    range by default, NaN giving 0)."""
+
+    def convert(self, x) -> np.ndarray:
+        """f32 -> s32: toward zero, saturating, NaN -> 0 (int32); s32 -> f32: nearest even
+        (float32). Float inputs are taken exactly (float64 sums too), integer ones as
+        int64."""
+        x = np.asarray(x)
+        if self.to == i32:
+            with np.errstate(invalid="ignore"):
+                t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+            return np.clip(t, -2.0**31, 2.0**31 - 1).astype(np.int32)
+        return x.astype(np.int64).astype(np.float32)  # rounds to nearest even
+
+
+def _int_cvt(ptx: str, dst: str, src: str, to: DType) -> IntConvertInstr:
+    # 16 results a clock per SM (a warp instruction every 8 cycles on each of the four
+    # sub-partitions), as the special-function unit's.
+    return IntConvertInstr(
+        name=ptx, kind="cvt", ptx=ptx, template=ptx + " {d}, {a};",
+        operands=(AsmOperand("d", "out", 1, dst), AsmOperand("a", "in", 1, src)),
+        min_cc=50, issue_cycles=8.0, latency_cycles=6.0, pipe="sfu", pure=True, to=to,
+        source="PTX ISA cvt; rate: CUDA programming guide's arithmetic throughput table "
+               "(conversions from and to 32-bit integers, 16/clk/SM on cc 8.x and 9.0)")
+
+
 def _cvt(ptx: str, dst: str, srcs: tuple[str, ...], min_cc: int, to: DType,
          op: str = "") -> Instruction:
     names = ("a", "b")[:len(srcs)]
@@ -126,10 +164,14 @@ def _cvt(ptx: str, dst: str, srcs: tuple[str, ...], min_cc: int, to: DType,
 _HALF_ARITHMETIC = {f"{op}.rn.{t.name}{x2}": (op, t, cc) for t, cc in ((f16, 53), (bf16, 90))
                     for op in ("add", "sub", "mul") for x2 in ("", "x2")}
 
+#: The conversions between f32 and s32.
+FLOAT_TO_INT = _int_cvt("cvt.rzi.s32.f32", "r", "f", i32)
+INT_TO_FLOAT = _int_cvt("cvt.rn.f32.s32", "f", "r", f32)
+
 CONVERT_INSTRUCTIONS: tuple[Instruction, ...] = tuple(
     _cvt(ptx, *form) for ptx, form in _FORMS.items()) + tuple(
     _cvt(ptx, *(("r", ("r", "r")) if ptx.endswith("x2") else ("h", ("h", "h"))), cc, t, op)
-    for ptx, (op, t, cc) in _HALF_ARITHMETIC.items())
+    for ptx, (op, t, cc) in _HALF_ARITHMETIC.items()) + (FLOAT_TO_INT, INT_TO_FLOAT)
 _BY_PTX = {i.name: i for i in CONVERT_INSTRUCTIONS}
 _ROUNDING = {f16: "cvt.rn.f16.f32", bf16: "cvt.rn.bf16.f32",
              f8e4m3: "cvt.rn.satfinite.e4m3x2.f32", f8e5m2: "cvt.rn.satfinite.e5m2x2.f32"}

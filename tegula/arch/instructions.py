@@ -84,8 +84,9 @@ class Instruction:
     `timing`); `source` says where the numbers come from. `pipe` is the SM unit the
     instruction occupies, the resource the cost model charges it to: "tensor" (MMA),
     "shared" (ld/st.shared, ldmatrix/stmatrix: the 128 B/clk shared-memory pipe),
-    "global" (ld/st.global, cp.async), "tma", "alu" (shuffles and other ALU work) or
-    "sync" (barriers, fences, group commit/wait).
+    "global" (ld/st.global, cp.async), "tma", "alu" (shuffles and other ALU work), "sfu"
+    (the special-function unit's rate: conversions between f32 and s32) or "sync"
+    (barriers, fences, group commit/wait).
     """
 
     name: str

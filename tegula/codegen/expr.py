@@ -515,11 +515,17 @@ class ValuePrinter:
             return c
         if d == "float" and src.name in _MAGIC_TO_FLOAT:
             return _MAGIC_TO_FLOAT[src.name].format(c)
-        if s == "float" and dst.name in _NARROW_INT_RANGE:
-            # (int) is cvt.rzi.s32.f32 (saturating, NaN -> 0); storing it in 8 bits would
-            # then wrap (300.0 -> 44), so clamp to the type first, as the emulator does.
-            low, high = _NARROW_INT_RANGE[dst.name]
-            return f"max({low}, min({high}, (int)({c})))"
+        if s == "float" and d == "int":
+            # The catalogue's cvt.rzi.s32.f32 (saturating, NaN -> 0); storing it in 8 bits
+            # would then wrap (300.0 -> 44), so clamp to the type first, as the emulator.
+            self.used.add("tg_f32_to_i32")
+            if dst.name in _NARROW_INT_RANGE:
+                low, high = _NARROW_INT_RANGE[dst.name]
+                return f"max({low}, min({high}, tg_f32_to_i32({c})))"
+            return f"tg_f32_to_i32({c})"
+        if s == "int" and d == "float":  # the catalogue's cvt.rn.f32.s32
+            self.used.add("tg_i32_to_f32")
+            return f"tg_i32_to_f32({c})"
         return f"({d})({c})"
 
     def _unary(self, v: Unary) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from tegula.arch.convert import cvt
+from tegula.arch.convert import FLOAT_TO_INT, INT_TO_FLOAT, cvt
 from tegula.arch.instructions import PTX_TYPE, MmaInstr
 from tegula.arch.logic import LOP3
 from tegula.arch.memory import RED_ADD
@@ -106,6 +106,14 @@ __device__ __forceinline__ int tg_mod(int a, int b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }""", ()),
     # Conversions print the catalogue's cvt entries (`arch.convert`).
+    "tg_f32_to_i32": (f"""\
+__device__ __forceinline__ int tg_f32_to_i32(float f) {{
+  int i; {FLOAT_TO_INT.format_asm(d="i", a="f")} return i;
+}}""", ()),
+    "tg_i32_to_f32": (f"""\
+__device__ __forceinline__ float tg_i32_to_f32(int i) {{
+  float f; {INT_TO_FLOAT.format_asm(d="f", a="i")} return f;
+}}""", ()),
     "tg_f16_to_f32": (f"""\
 __device__ __forceinline__ float tg_f16_to_f32(unsigned short h) {{
   float f; {_cvt("cvt.f32.f16", d="f", a="h")} return f;

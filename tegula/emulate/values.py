@@ -10,10 +10,12 @@ memory goes through `round_to`, which is what the hardware's conversions produce
   `cvt.rn.satfinite.{e4m3,e5m2}x2.f32`; round to nearest even, f8 saturating to the
   largest finite value, NaN stays NaN; bit patterns in `arch.formats`). float64 values
   (exact sums) are first rounded to odd in float32, so that the result is rounded once.
-* **float -> int**: truncate toward zero and saturate to the type's range, NaN -> 0
-  (`cvt.rzi.sat`, which is PTX's default for float-to-int).
+* **float -> int**: truncate toward zero and saturate to the s32 range, NaN -> 0 (the
+  catalogue's `cvt.rzi.s32.f32`, `arch.convert.FLOAT_TO_INT`), then clamp to i8/u8's
+  range (the emitter's clamp) or keep the low 4 bits (i4/u4).
 * **int -> int**: C wraparound (two's complement truncation).
-* **int -> float**: round to nearest even.
+* **int -> float**: round to nearest even (`cvt.rn.f32.s32`, `INT_TO_FLOAT`; then to a
+  narrower float as any f32 value).
 
 Packed 4-bit types (i4, u4) are held one nibble per register element (0..15, uint8).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tegula.arch.convert import rounding_to
+from tegula.arch.convert import FLOAT_TO_INT, INT_TO_FLOAT, rounding_to
 from tegula.arch.formats import (F8_TYPES, bf16_bits, bf16_from_bits, f8_decode, f8_encode,
                                  f8_max_finite)
 from tegula.dtypes import DType, bf16
@@ -64,19 +66,22 @@ def round_to(x, dt: DType) -> np.ndarray:
     x = np.asarray(x)
     store = storage_dtype(dt)
     if dt.is_float:
+        if x.dtype.kind in "iu":  # the cvt entries the emitted code uses, as below
+            x = INT_TO_FLOAT.convert(x)
         if dt.name == "f32":
             return x.astype(np.float32) if x.dtype != np.float32 else x
         xf = _round_to_odd_f32(x) if x.dtype == np.float64 else x.astype(np.float32)
         return rounding_to(dt).convert(xf)  # the cvt entry the emitted code uses
     if dt.name == "bool":
         return x.astype(bool)
+    if x.dtype.kind == "f":
+        s32 = FLOAT_TO_INT.convert(x)
+        if dt.is_packed:
+            return (s32.astype(np.int64) & 0xF).astype(np.uint8)
+        info = np.iinfo(store)
+        return np.clip(s32, info.min, info.max).astype(store)
     if dt.is_packed:
         return (_to_int(x, np.int64) & 0xF).astype(np.uint8)
-    if x.dtype.kind == "f":
-        info = np.iinfo(store)
-        with np.errstate(invalid="ignore"):
-            t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
-        return np.clip(t, info.min, info.max).astype(store)
     return _to_int(x, store)
 
 

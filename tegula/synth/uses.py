@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
+from tegula.arch.convert import FLOAT_TO_INT, INT_TO_FLOAT
 from tegula.arch.memory import RED_ADD
 from tegula.arch.tma import tma_load, tma_reduce_add
 from tegula.arch.targets import Target
@@ -288,6 +289,8 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
         return _reduce_uses(op, kernel)
     if isinstance(op, Rearrange):
         return _conversion_uses(op, kernel)
+    if isinstance(op, Elementwise) and _int_conversion(op) is not None:
+        return _conversion_entry_uses(op, kernel, target)
     if isinstance(op, (Elementwise, Fill, Indices)):
         out = op.dst if isinstance(op, Fill) else op.out
         alu = InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")
@@ -317,6 +320,33 @@ def _bulk_add_uses(op: AtomicAdd, kernel: TracedKernel) -> list[InstrUse]:
                      barriers=2 * rounds),
             InstrUse("S2G", reduce.name, 0, 0, plan.boxes, reduce.pipe,
                      global_bytes=_elements(op.dst) * eb)]
+
+
+def _int_conversion(op: Elementwise):
+    """The catalogue's cvt entry a cast between a float and an integer type issues per
+    element (`codegen/expr.py`), or None (also for i8/u8/i4/u4 to float: two ALU
+    operations by the magic-number add)."""
+    if op.op != "cast" or not op.inputs or not isinstance(op.inputs[0], RegisterTile):
+        return None
+    src, dst = op.inputs[0].dtype, op.out.dtype
+    if src.is_float and not dst.is_float and dst.name != "bool":
+        return FLOAT_TO_INT
+    if dst.is_float and src.name == "i32":
+        return INT_TO_FLOAT
+    return None
+
+
+def _conversion_entry_uses(op: Elementwise, kernel: TracedKernel,
+                           target: Target) -> list[InstrUse]:
+    """A float <-> int cast: one cvt a register on the entry's pipe (the special-function
+    unit's rate), and for i8/u8 the emitter's clamp (two ALU operations)."""
+    entry, warps = _int_conversion(op), _warps(kernel)
+    count = _values(op.out) * warps
+    uses = [InstrUse("CVT", entry.name, 1, 0, count, entry.pipe,
+                     pipe_cycles=1 / entry.throughput(target))]
+    if op.out.dtype.name in ("i8", "u8"):
+        uses.append(InstrUse("ALU", "alu", 1, 0, 2 * count, "alu"))
+    return uses
 
 
 #: Special-function unit results per clock per SM (ex2, lg2, rsqrt, sin, cos, tanh.approx:

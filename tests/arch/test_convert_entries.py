@@ -6,14 +6,18 @@ from __future__ import annotations
 import pytest
 
 from tegula.arch.catalogue import get_instruction
-from tegula.arch.convert import CONVERT_INSTRUCTIONS, cvt
+import numpy as np
+
+from tegula.arch.convert import CONVERT_INSTRUCTIONS, FLOAT_TO_INT, INT_TO_FLOAT, cvt
 from tegula.codegen.ptx import prelude
 from tegula.errors import TegulaError
 
 
 def test_conversions_print_as_plain_asm():
     for instr in CONVERT_INSTRUCTIONS:
-        assert instr.pure and instr.kind in ("cvt", "half") and instr.pipe == "alu"
+        assert instr.pure and instr.kind in ("cvt", "half")
+        # f32 <-> s32 run at the special-function unit's rate; the others on the ALUs
+        assert instr.pipe == ("sfu" if instr in (FLOAT_TO_INT, INT_TO_FLOAT) else "alu")
         assert get_instruction(instr.name) is instr
         text = instr.format_asm(**{o.name: "x" for o in instr.operands})
         assert text.startswith(f'asm("{instr.ptx} ') and "volatile" not in text
@@ -36,7 +40,7 @@ def test_min_cc_and_operands():
 def test_helpers_print_the_entries():
     names = {"tg_f16_to_f32", "tg_f32_to_f16", "tg_f32_to_bf16", "tg_f32_to_e4m3",
              "tg_f32_to_e5m2", "tg_e4m3_to_f32", "tg_e5m2_to_f32", "tg_f32x2_to_f16x2",
-             "tg_f32x2_to_bf16x2"}
+             "tg_f32x2_to_bf16x2", "tg_f32_to_i32", "tg_i32_to_f32"}
     source = prelude(names)
     for instr in CONVERT_INSTRUCTIONS:
         if instr.kind == "cvt":
@@ -50,3 +54,21 @@ def test_helpers_print_the_entries():
         if instr.kind == "half":
             assert f'asm("{instr.ptx} ' in half, instr.name
     assert half.count("__CUDA_ARCH__ >= 530") == 6 and half.count("__CUDA_ARCH__ >= 900") == 6
+
+
+def test_integer_conversions_state_what_they_compute():
+    """f32 -> s32 toward zero, saturating, NaN -> 0 (PTX's default for float-to-integer);
+    s32 -> f32 to nearest even (2^24 + 1 ties to 2^24, 2^24 + 3 to 2^24 + 4); a quarter of
+    the FP32 rate: 16 a clock per SM."""
+    assert FLOAT_TO_INT.asm_text() == "cvt.rzi.s32.f32 %0, %1;"
+    assert INT_TO_FLOAT.asm_text() == "cvt.rn.f32.s32 %0, %1;"
+    x = np.array([np.nan, np.inf, -np.inf, -2.7, 2.7, -0.5, 3e9, -3e9, 2147483520.0],
+                 np.float32)
+    assert FLOAT_TO_INT.convert(x).tolist() == [0, 2**31 - 1, -2**31, -2, 2, 0, 2**31 - 1,
+                                                -2**31, 2147483520]
+    ints = np.array([16777217, 16777219, -16777217, 2**31 - 1, -2**31, 7], np.int32)
+    assert INT_TO_FLOAT.convert(ints).tolist() == [16777216.0, 16777220.0, -16777216.0,
+                                                   2.0**31, -2.0**31, 7.0]
+    from tegula.arch.targets import get_target
+    for target in ("sm_80", "sm_90a"):
+        assert 32 * FLOAT_TO_INT.throughput(get_target(target)) == 16

@@ -15,7 +15,7 @@ from tegula.kernels.gemm import gemm_kernel
 from tegula.kernels.softmax import softmax_kernel
 from tegula.synth.cost import instruction_uses
 
-PIPES = {"tensor", "shared", "global", "tma", "alu", "sync"}
+PIPES = {"tensor", "shared", "global", "tma", "alu", "sync", "sfu"}
 
 
 def test_every_entry_names_a_known_pipe():

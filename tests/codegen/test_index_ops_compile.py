@@ -54,7 +54,7 @@ def test_kernel_scalar_in_f16_arithmetic_is_rounded_to_f16_in_cuda_and_emulator(
     """2049 is not an f16: the emulator rounds it to 2048 before the multiply (3 * 2048 =
     6144), so the CUDA must too (unrounded, 3 * 2049 = 6147 would round to 6148)."""
     source = build(scale_by_scalar, {}).cuda_source()
-    assert "tg_f32_to_f16((float)((n)))" in source
+    assert "tg_f32_to_f16(tg_i32_to_f32((n)))" in source  # cvt.rn.f32.s32, then to f16
     x, y = np.full(32, 3.0, np.float16), np.zeros(32, np.float16)
     tg.emulate(scale_by_scalar, (1,), x, y, 2049)
     assert np.all(y == np.float16(6144.0))
