@@ -10,7 +10,8 @@ scales are random over two decades (1x128 for a, 128x128 for b), outputs NaN-poi
 checked against a float32 reference of the same e4m3 inputs and scales (relative
 Frobenius error). `--moe`: the MoE grouped GEMM's 64-expert top-6 case (balanced) in
 several tilings against dense cuBLAS at equal FLOPs. `--variants`: the measurement-only
-variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows). A table last (TFLOP/s; nothing is
+variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows); `--ceilings`:
+per-tensor ceilings of other tiles (`CEILINGS`). A table last (TFLOP/s; nothing is
 asserted about time).
 """
 from __future__ import annotations
@@ -136,8 +137,23 @@ VARIANTS = [("base 192x128 S3", "base", _T192, "random"),
             ("ahead 192x128 S3 colmajor scale_a", "ahead", _T192, "colmajor")]
 
 
-def variant_rows(budget: float) -> list[tuple[str, str]]:
-    """`VARIANTS` at every shape, against the per-tensor 128x256 kernel in the same process;
+#: Session 11 round 2: round 1 found blockwise 192x128 at its tile's per-tensor ceiling
+#: (0.90-1.00x) and that ceiling low (0.74-0.83x the per-tensor 128x256); the per-tensor
+#: ceilings of the 2-warpgroup tiles whose blockwise form fits the registers (an f32
+#: accumulator and a product a thread: m64n160/n192, not n224 or n256), with the
+#: library's blockwise 192x128 as the reference row.
+CEILINGS = [("blockwise 192x128 S3 (the library's)", "base", _T192, "random"),
+            ("per-tensor 192x128 S3", None, {**_T192, "BK": 128}, "unit"),
+            ("per-tensor 128x192 S3", None, {**_T128, "BN": 192, "BK": 128, "STAGES": 3}, "unit"),
+            ("per-tensor 128x192 S4", None, {**_T128, "BN": 192, "BK": 128}, "unit"),
+            ("per-tensor 128x160 S4", None, {**_T128, "BN": 160, "BK": 128}, "unit"),
+            ("per-tensor 128x224 S3", None, {**_T128, "BN": 224, "BK": 128, "STAGES": 3}, "unit"),
+            ("per-tensor 256x128 S3", None, {**_T256, "BK": 128}, "unit"),
+            ("per-tensor 128x128 S4", None, {**_T128, "BK": 128}, "unit")]
+
+
+def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
+    """`variants` at every shape, against the per-tensor 128x256 kernel in the same process;
     every output NaN-poisoned and checked against a float32 reference of its scales."""
     from fp8_blockwise_variants import install_split_halves, variant_kernel
     install_split_halves()
@@ -161,7 +177,7 @@ def variant_rows(budget: float) -> list[tuple[str, str]]:
         c_cfg = PER_TENSOR[0]
         runs = [("per-tensor persistent 128x256", fp8.fp8_persistent_gemm_kernel(out_t), c_cfg,
                  (torch.ones(1, 1, device="cuda"),) * 2, ref_unit)]
-        for label, mode, cfg, layout in VARIANTS:
+        for label, mode, cfg, layout in variants:
             kernel = fp8.fp8_persistent_gemm_kernel(out_t) if mode is None else \
                 variant_kernel(out_t, mode)
             s = (torch.ones(1, 1, device="cuda"),) * 2 if mode is None else scales[layout]
@@ -287,12 +303,11 @@ def main() -> None:
         return profile_once()
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     rows = []
-    if "--variants" in sys.argv:
-        rows += variant_rows(float(sys.argv[sys.argv.index("--budget") + 1])
-                             if "--budget" in sys.argv else 600)
+    budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
+    if "--variants" in sys.argv or "--ceilings" in sys.argv:
+        rows += variant_rows(budget, VARIANTS if "--variants" in sys.argv else CEILINGS)
     elif "--fp8" in sys.argv or "--moe" not in sys.argv:
-        rows += fp8_rows(float(sys.argv[sys.argv.index("--budget") + 1])
-                         if "--budget" in sys.argv else 600)
+        rows += fp8_rows(budget)
     if "--moe" in sys.argv:
         rows += moe_rows(float(sys.argv[sys.argv.index("--moe-budget") + 1])
                          if "--moe-budget" in sys.argv else 600)
