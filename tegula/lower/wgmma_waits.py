@@ -29,6 +29,11 @@ committed groups (the register arrays each one's wgmmas read or write: the accum
 
 The emulator checks the result: it keeps a wgmma's registers busy until the wait that
 retires it and reports any other statement touching them.
+
+`split_reused_products` serves a body that fills a product tile again for a second gemm
+after reading the first product: it repeats the stage's wait before the refill, which
+ends ptxas's scheduling region (else ptxas issues the second gemm first, into registers
+of its own).
 """
 from __future__ import annotations
 
