@@ -55,7 +55,7 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
 
 
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
-              extras: list, copy_bw: float) -> str:
+              extras: list, copy_bw: float, warm: bool = False) -> str:
     """One row: SDPA, then each (BN, split multiplier, split-kernel override); the
     configuration `decode_config` picks is starred."""
     import torch.nn.functional as F
@@ -72,7 +72,8 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
     want = reference(torch, q, k, v)
     kv_bytes = 2 * B * kv_heads * S * D * 2
     tbps = lambda ms: kv_bytes / ms / 1e9  # noqa: E731
-    sdpa = tbps(gpu.time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)))
+    sdpa = 1.0 if warm else tbps(gpu.time_ms(
+        lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)))
     row = (f"{B}x{H}/{kv_heads}x{D} S={S}{' paged' if paged else ''}: copy {copy_bw:.2f} "
            f"sdpa {sdpa:.2f} TB/s |")
     page = PAGE if paged else 0
@@ -98,6 +99,9 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
                 if torch.isnan(out).any() or err > TOLERANCE:
                     row += f" {label} FAIL err {err:.1e} |"
                     continue
+                if warm:
+                    row += f" {label} ok |"
+                    continue
                 rate = tbps(gpu.time_ms(run))
                 row += f" {label} {rate:.2f} {rate / copy_bw:.0%} {rate / sdpa:.2f}x |"
     return row
@@ -111,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paged", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--threads", default="0", help="split-kernel block sizes (0: its own)")
     parser.add_argument("--stages", default="0", help="split-kernel K/V ring stages (0: its own)")
+    parser.add_argument("--warm", action="store_true",
+                        help="compile and check each configuration only (no timing)")
     args = parser.parse_args(argv)
     import torch
 
     from tegula.bench import gpu
-    copy_bw = gpu.copy_bandwidth(torch) / 1e12
+    copy_bw = 1.0 if args.warm else gpu.copy_bandwidth(torch) / 1e12
     bns = [int(x) for x in args.bn.split(",")]
     multipliers = [float(x) for x in args.splits.split(",")]
     extras = [{k: v for k, v in (("threads", t), ("STAGES", st)) if v}
@@ -123,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
-            print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw), flush=True)
+            print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm),
+                  flush=True)
     return 0
 
 

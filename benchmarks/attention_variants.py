@@ -9,7 +9,8 @@ dim D (one process for every group: torch and the SDPA baselines load once).
 
 Each variant is `name:KEY=VALUE,...` over the defaults BM=128, threads=256, STAGES=2,
 V_KMAJOR=0, P_SHARED=0, OVERLAP=0 (`consumers`, `warp_specialize`, `load_path` are build
-options). Shapes are the session-10 anchors (B, H, S): D=64 4x32x4096, D=128 4x16x4096,
+options; `src=s10` takes the kernel of session 10, `benchmarks/experiments/
+attention_session10.py`, for an A/B in one process). Shapes are the session-10 anchors (B, H, S): D=64 4x32x4096, D=128 4x16x4096,
 D=256 2x8x8192, Sq = Sk, so the bottom-right causal mask is SDPA's `is_causal`.
 
 Every variant first writes into NaN-poisoned outputs and is compared with cuDNN's output
@@ -35,7 +36,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
     config = dict(DEFAULTS)
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        if key in BUILD_STRINGS:
+        if key in BUILD_STRINGS or key == "src":
             config[key] = value
         elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize"):
             config[key] = bool(int(value))
@@ -67,6 +68,14 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     b, h, s, d = q.shape
     values = dict(config)
     threads = values.pop("threads")
+    if values.pop("src", None) == "s10":
+        import importlib.util
+        from pathlib import Path
+        path = Path(__file__).resolve().parent / "experiments" / "attention_session10.py"
+        spec = importlib.util.spec_from_file_location("attention_session10", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        attention_kernel = module.attention_kernel
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     kernel = attention_kernel(f16)
@@ -116,30 +125,31 @@ def sdpa_baselines(torch, q, k, v, causal: bool, profile: bool = False):
             best_ms(torch, backend(SDPBackend.FLASH_ATTENTION)))
 
 
-def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False) -> str:
-    """One table row: the SDPA baselines and each variant's TFLOP/s and ratio to cuDNN
-    (`profile`: one cuDNN call and one checked launch of each variant, for ncu)."""
+def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False) -> None:
+    """Prints the SDPA baselines, then each variant's TFLOP/s and ratio to cuDNN as soon as
+    it is measured (`profile`: one cuDNN call and one checked launch of each, for ncu)."""
     b, h, s = SHAPES[d]
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
     flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
     ref, cudnn_ms, flash_ms = sdpa_baselines(torch, q, k, v, causal, profile)
     base = flops / cudnn_ms / 1e9
-    row = (f"D{d} {'causal' if causal else 'full  '} {b}x{h}x{s}: cuDNN {base:6.1f} "
-           f"flash {flops / flash_ms / 1e9:6.1f} |")
+    label = f"D{d} {'causal' if causal else 'full  '} {b}x{h}x{s}"
+    print(f"{label}: cuDNN {base:6.1f} flash {flops / flash_ms / 1e9:6.1f} TFLOP/s", flush=True)
     for name, config in variants:
         t0 = time.time()
         try:
             launch, err = run_variant(torch, q, k, v, causal, config, ref)
         except Exception as e:  # a variant that does not build is reported, not fatal
-            row += f" {name} ERROR {type(e).__name__}: {str(e)[:160]} |"
+            print(f"  {label} {name:10s} ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         if isinstance(err, str) or profile:
-            row += f" {name} {err if isinstance(err, str) else f'e{err:.0e}'} |"
+            print(f"  {label} {name:10s} {err if isinstance(err, str) else f'e{err:.0e}'}",
+                  flush=True)
             continue
         rate = flops / best_ms(torch, launch) / 1e9
-        row += f" {name} {rate:6.1f} {rate / base:.3f}x e{err:.0e} ({time.time() - t0:.0f}s) |"
-    return row
+        print(f"  {label} {name:10s} {rate:6.1f} {rate / base:.3f}x cuDNN e{err:.0e} "
+              f"({time.time() - t0:.0f}s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     for d, modes, variants in parse_groups(args.tokens):
         for causal in modes:
-            print(run_group(torch, d, causal, variants, args.profile), flush=True)
+            run_group(torch, d, causal, variants, args.profile)
     return 0
 
 
