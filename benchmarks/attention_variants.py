@@ -10,8 +10,9 @@ dim D (one process for every group: torch and the SDPA baselines load once).
 Each variant is `name:KEY=VALUE,...` over the defaults BM=128, threads=256, STAGES=2,
 V_KMAJOR=0, P_SHARED=0, OVERLAP=0 (`consumers`, `warp_specialize`, `load_path` are build
 options; `src=s10` takes the kernel of session 10, `benchmarks/experiments/
-attention_session10.py`, for an A/B in one process). Shapes are the session-10 anchors (B, H, S): D=64 4x32x4096, D=128 4x16x4096,
-D=256 2x8x8192, Sq = Sk, so the bottom-right causal mask is SDPA's `is_causal`.
+attention_session10.py`, for an A/B in one process). Shapes are the session-10 anchors
+(B, H, S): D=64 4x32x4096, D=128 4x16x4096, D=256 2x8x8192, Sq = Sk, so the bottom-right
+causal mask is SDPA's `is_causal`.
 
 Every variant first writes into NaN-poisoned outputs and is compared with cuDNN's output
 (every element: no NaN left, max |o - cuDNN o| printed as e, FAIL above 1e-2); its timing
