@@ -168,13 +168,16 @@ def split_reused_products(stmts: list[Stmt], stage_wait: MBarrierWait) -> list[S
     phase is complete (the body holds the stage), so it returns at once; but its loop
     ends ptxas's scheduling region, and without it ptxas hoists the second gemm's
     wgmmas above the reads of the first product, giving the second its own registers
-    (a 256x128 tile on two warpgroups: 64 more a thread, spills)."""
+    (a 256x128 tile on two warpgroups: 64 more a thread, spills). Only where no wgmma
+    group is in flight: ptxas retires every group before a branch (C7517), so a repeat
+    there would cost a wait that the deferral had saved."""
     again = dataclasses.replace(stage_wait, repeat=True)
     out: list[Stmt] = []
     products: set[str] = set()      # accumulators of the wgmmas issued so far
     read: set[str] = set()          # of those, read by register statements since
+    in_flight = 0                   # wgmma groups committed and not yet waited for
     for stmt in stmts:
-        if isinstance(stmt, Assign) and stmt.dst.array.name in read and \
+        if isinstance(stmt, Assign) and stmt.dst.array.name in read and not in_flight and \
                 stmt.dst.array.name not in register_arrays(stmt.value):
             out.append(again)
             read.clear()
@@ -182,6 +185,8 @@ def split_reused_products(stmts: list[Stmt], stage_wait: MBarrierWait) -> list[S
             read |= products & register_arrays(stmt.value if isinstance(stmt, Assign) else stmt)
         if isinstance(stmt, Wgmma):
             products |= register_arrays(stmt.d)
+        in_flight = stmt.pending if isinstance(stmt, WgmmaWait) else \
+            in_flight + isinstance(stmt, WgmmaCommit)
         out.append(stmt)
     return out
 

@@ -352,7 +352,8 @@ def test_a_product_tile_refilled_for_a_second_gemm_gets_the_stage_wait_repeated(
     then filled again for the body's second gemm (the blockwise FP8 kernel's row halves),
     gets the stage's wait repeated before the fill (ptxas would otherwise issue the second
     gemm first, into other registers); a body whose tile is filled only before its one
-    gemm, or whose reads write back into the product itself, gets none."""
+    gemm, or whose reads write back into the product itself, or with another gemm's wgmmas
+    in flight at the refill, gets none."""
     from tegula.lower.async_ir import MBarrierWait
     from tegula.lower.wgmma_waits import split_reused_products
     stage = MBarrierWait("full", Const(0), Const(1))
@@ -368,3 +369,8 @@ def test_a_product_tile_refilled_for_a_second_gemm_gets_the_stage_wait_repeated(
     in_place = [fill, *gemm, _assign(ACC, ACC), _assign(OTHER, ACC)]
     assert split_reused_products(one, stage) == one
     assert split_reused_products(in_place, stage) == in_place
+    # Another product's wgmmas in flight at the refill: no repeat (ptxas would retire them
+    # before the repeat's branch).
+    other_gemm = [WgmmaFence(), _wgmma(OTHER), WgmmaCommit()]
+    overlapped = [fill, *gemm, *other_gemm, _assign(SCALE, ACC), fill, *gemm]
+    assert split_reused_products(overlapped, stage) == overlapped
