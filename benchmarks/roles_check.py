@@ -10,8 +10,9 @@ worker processes, run once into outputs poisoned with NaN and checked element by
 against a float32 torch reference, then timed (`triton.testing.do_bench`, median, one
 process). Printed last: measured specialized / one-role time, the model's ratio, and the
 default's form. `--entry` instead times the library entry points as users call them
-(tuned `attention_backward` at 4x16x4096, D = 128; `matmul` at 4096^3 against torch):
-the no-regression check after the default changed. Nothing is asserted.
+(tuned `attention_backward` at 4x16x4096, D = 128, against torch's cuDNN and flash; the
+persistent GEMM at 4096^3 against cuBLAS): the no-regression check after the default
+changed. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ CASES = [
     ("bwd dK/dV D=128 64x128 256t", _bwd("dkdv", 128, BM=64, BN=128, threads=256)),
     ("bwd dQ   D=128 128x64 256t", _bwd("dq", 128, BM=128, BN=64, threads=256)),
     ("bwd dK/dV D=64 64x64 128t", _bwd("dkdv", 64, BM=64, BN=64)),
+    ("bwd dK/dV D=256 64x64 256t", _bwd("dkdv", 256, BM=64, BN=64, threads=256)),
+    ("bwd dQ   D=256 64x64 256t", _bwd("dq", 256, BM=64, BN=64, threads=256)),
     ("fwd D=128 64x64 128t", dict(family="fwd", D=128, tiles=dict(BM=64, BN=64))),
     ("fwd D=128 128x64 256t", dict(family="fwd", D=128, tiles=dict(BM=128, BN=64,
                                                                     threads=256))),
@@ -232,16 +235,59 @@ def measure(index: int, form: bool, log) -> dict:
     return dict(ms=ms, err=max(errors.values()))
 
 
-def entry_points(log) -> None:
-    """The library entry points as users call them (tuned): the backward at 4x16x4096,
+def backward_jobs() -> list[tuple]:
+    """(kernel name, constexprs) of every build the tuned backward entry point times at
+    4x16x4096, D = 128 (its candidates' dK/dV and dQ kernels, and the preprocess)."""
+    ab = importlib.import_module("tegula.kernels.attention_backward")
+    jobs = [("preprocess", dict(D=128, BM=64))]
+    for c in ab.backward_candidates(128):
+        common = dict(D=128, SCALE=ab.default_scale(None, 128), CAUSAL=False, G=1, **c)
+        jobs += [("dkdv", common), ("dq", common)]
+    return jobs
+
+
+def compile_backward(which: str, cx: dict) -> str:
+    """Build and compile one of `backward_jobs` into the disk cache ("" or the error)."""
+    from tegula.build import build
+    from tegula.dtypes import f16
+    from tegula.recommend import _facts
+    from tegula.runtime import compile_kernel
+    ab = importlib.import_module("tegula.kernels.attention_backward")
+    kernel = {"preprocess": ab.attention_backward_preprocess_kernel,
+              "dkdv": ab.attention_backward_dkdv_kernel,
+              "dq": ab.attention_backward_dq_kernel}[which](f16)
+    full = (B, H, S, 128)
+    shapes = {p.name: ((B, H, S) if p.name in ("lse", "delta") else full)
+              for p in kernel.params if p.kind == "tensor"}
+    try:
+        built = build(kernel, dict(cx), _facts(kernel, shapes), "sm_90a")
+        compile_kernel(built.thread_kernel, built.target.sm)
+    except Exception as err:  # noqa: BLE001 (the entry point compiles it again)
+        return f"{which}: {type(err).__name__}: {err}"[:200]
+    return ""
+
+
+def entry_points(log, jobs: int) -> None:
+    """The backward as users call it (tuned over `backward_candidates`) at 4x16x4096,
     D = 128 (q, k, v, dO random; o and lse from the float32 reference) against torch's
-    cuDNN and flash backward in this process, and matmul at 4096^3 against cuBLAS. Every
-    gradient element is checked before timing."""
+    cuDNN and flash backward in this process; the persistent GEMM's first candidate at
+    4096^3 against cuBLAS (its warp roles did not change). Every element is checked
+    before timing."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
-    from tegula.kernels import attention_backward, matmul
+    from tegula.build import launch
+    from tegula.dtypes import f16
+    from tegula.kernels import attention_backward
+    from tegula.kernels.api_matmul import PERSISTENT
+    from tegula.kernels.gemm import persistent_gemm_kernel, persistent_grid
+    start = time.time()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        problems = [p for p in pool.map(compile_backward, *zip(*backward_jobs())) if p]
+    log(f"precompiled the backward's candidates in {time.time() - start:.1f} s"
+        + "".join(f"\n  {p}" for p in problems))
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v, do = (torch.randn(B, H, S, 128, device="cuda", generator=gen,
                                dtype=torch.float16) for _ in range(4))
@@ -251,9 +297,9 @@ def entry_points(log) -> None:
     errs = [worst_error(g, ref[n]) for g, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
     ms = do_bench(lambda: attention_backward(q, k, v, o, lse, do), warmup=5, rep=100)
     flops = 2.5 * 4 * B * H * S * S * 128  # 5 gemms of 2*S*S*D
-    line = (f"entry attention_backward 4x16x4096 D=128: {ms:.3f} ms, "
-            f"{flops / ms / 1e9:.0f} TFLOP/s, max rel err {max(errs):.2e}"
-            f"{'' if max(errs) < 2e-2 else ' WRONG'}")
+    line = (f"entry attention_backward 4x16x4096 D=128 (tuned, {time.time() - start:.0f} s "
+            f"so far): {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s, max rel err "
+            f"{max(errs):.2e}{'' if max(errs) < 2e-2 else ' WRONG'}")
     qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
     for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
                           ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -269,13 +315,19 @@ def entry_points(log) -> None:
     n = GEMM_SIZE
     a, b = (torch.randn(n, n, device="cuda", generator=gen, dtype=torch.float16)
             for _ in range(2))
-    c = matmul(a, b.T)
-    err = worst_error(c, a.float() @ b.float())
-    ms = do_bench(lambda: matmul(a, b.T), warmup=10, rep=100)
-    torch_ms = do_bench(lambda: a @ b, warmup=10, rep=100)
-    log(f"entry matmul {n}^3 f16: {ms:.3f} ms, {2 * n ** 3 / ms / 1e9:.0f} TFLOP/s; cuBLAS "
-        f"{torch_ms:.3f} ms; tegula {torch_ms / ms:.3f}x cuBLAS; max rel err {err:.2e}"
-        f"{'' if err < 2e-2 else ' WRONG'}")
+    c = torch.full((n, n), float("nan"), device="cuda", dtype=torch.float16)
+    cfg = {key: val for key, val in PERSISTENT[0].items() if key != "kernel"}
+    grid = persistent_grid(n, n, torch.cuda.get_device_properties(0).multi_processor_count,
+                           cfg["BM"], cfg["BN"])
+    kernel = persistent_gemm_kernel(f16)
+    run = lambda: launch(kernel, grid, a, b, c, **cfg)  # noqa: E731
+    run()
+    err = worst_error(c, a.float() @ b.float().T)
+    ms = do_bench(run, warmup=10, rep=100)
+    torch_ms = do_bench(lambda: a @ b.T, warmup=10, rep=100)
+    log(f"persistent GEMM {cfg} {n}^3 f16: {ms:.3f} ms, {2 * n ** 3 / ms / 1e9:.0f} "
+        f"TFLOP/s; cuBLAS {torch_ms:.3f} ms; tegula {torch_ms / ms:.3f}x cuBLAS; max rel "
+        f"err {err:.2e}{'' if err < 2e-2 else ' WRONG'}")
 
 
 def main() -> None:
@@ -289,7 +341,7 @@ def main() -> None:
         print(text, flush=True)
 
     if options.entry:
-        entry_points(log)
+        entry_points(log, options.jobs)
         return
     picked = ([int(i) for i in options.cases.split(",")] if options.cases
               else list(range(len(CASES))))

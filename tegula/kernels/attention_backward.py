@@ -86,12 +86,13 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     first = 0
     if CAUSAL:  # the first query block whose last row reaches this block's first key
         first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
-    # The kernels keep one role (`warp_specialize=False`: the block issues its TMA ring).
-    # A producer warpgroup, which this nested pipeline gets by default since session 10,
-    # measured slower (H100, D=128, 4x16x4096, 64x64 blocks: dK/dV 2.72 ms against 2.00,
-    # 2.18 on cp.async; dQ 1.62 against 1.37). One pipeline over (head, block) pairs was
-    # slower too (session 9: 230 TFLOP/s with the block issuing the ring, 163 with a
-    # producer warpgroup at 255 registers, against 359 for this form).
+    # Warp roles are the cost model's choice (`synth/cost_roles.py`): 64x64 blocks on 128
+    # threads keep one role, the block issuing its TMA ring (a producer warpgroup measured
+    # 1.17-1.73x slower: two blocks per SM in one role, one specialized, and four dependent
+    # gemms an iteration); 256-thread blocks, one per SM either way, get the producer
+    # (0.89-0.96x). One pipeline over (head, block) pairs was slower (session 9: 230
+    # TFLOP/s with the block issuing the ring, 163 with a producer warpgroup at 255
+    # registers, against 359 for this form).
     for g in tg.range(G):
         h = hk * G + g
         q_blocks = q[b, h].tile((BM, D), (None, 0))
@@ -127,7 +128,7 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
 def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
     """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads."""
 
-    @tg.kernel(threads=128, warp_specialize=False)
+    @tg.kernel(threads=128)
     def attention_backward_dkdv(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                                 v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                 lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
@@ -150,7 +151,7 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
     with float atomics: the backward without the dQ kernel's second pass over S and dP
     (5 gemms instead of 7), at the price of an order of the additions that varies."""
 
-    @tg.kernel(threads=128, warp_specialize=False)
+    @tg.kernel(threads=128)
     def attention_backward_dkdvdq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                                   v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                                   lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
@@ -187,7 +188,7 @@ def attention_backward_dq_convert_kernel(dtype: DType) -> tg.Kernel:
 def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
     """dQ of one (BM, D) query block of head `h`, walking the key blocks in order."""
 
-    @tg.kernel(threads=128, warp_specialize=False)
+    @tg.kernel(threads=128)
     def attention_backward_dq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
                               v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
                               lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],

@@ -18,17 +18,26 @@ costs, per iteration of the pipeline, on the SM (cycles at full SM rates, the co
   block barrier (`BARRIER_CYCLES`), shared by the `r` blocks' chains.
 * **warp-specialized** runs one block per SM (the roles' `setmaxnreg` budgets are the
   block's share of the register file), and with few consumer warps a scheduler issues at
-  part rate (`ISSUE_WARPS_PER_SCHEDULER`); no block barrier, and `S` stages in flight.
+  part rate (`ISSUE_WARPS_PER_SCHEDULER`); no block barrier, and `S - 1` stages in flight
+  too (a stage is released once the next iteration's wgmmas were issued).
 
 The SM's time per block-iteration is the larger of its pipes' 2-norm and the chain over
-the resident blocks; the producer pays where that is shorter specialized. The model
-decides only for bodies of two gemms or more (the measured case: multi-gemm bodies with
-few loads per gemm); a body of one gemm keeps its producer. So it pays
-where one role could not run a second block anyway (a deep ring filling shared memory, a
-persistent kernel, a tile of two warpgroups' registers), and loses where one role runs
-two and the body's dependent gemms leave the tensor cores idle during the register work
-(the attention backward: H100, session 10, D = 128, 64x64 blocks, dK/dV 2.72 ms
-specialized against 2.00 in one role, dQ 1.62 against 1.37; modelled 1.34x and 1.18x).
+the resident blocks; the producer pays where that is shorter specialized: where one role
+could not run a second block anyway (a deep ring filling shared memory, a persistent
+kernel, a tile of two warpgroups' registers), not where one role runs two and the body's
+dependent gemms leave the tensor cores idle during the register work.
+
+Measured (H100, session 11 round 1, `benchmarks/roles_check.py`, specialized / one-role
+time; the model's ratio in brackets): attention backward dK/dV and dQ at D = 128, 64x64
+on 128 threads 1.32 [1.81] and 1.17 [1.78], dK/dV at D = 64 1.73 [1.75]; on 256 threads
+(one block per SM either way) 0.96 [0.90] and 0.89 [0.88]; the forward at D = 128, 64x64
+on 128 threads 1.36 [2.07] — all decided right — but 128x64 on 256 threads 1.10 [0.93],
+decided wrong (ptxas: 168 registers, one block per SM in both forms; the barrier the
+model charges one role is not what separates them). One-gemm bodies, right in direction
+but not decided by the model yet (a body of one gemm keeps its producer, as the tests
+and the fuzzer's programs assume): the README GEMM 128x128x32 / 128x128x64 in 3 stages
+(two blocks per SM in one role) 1.57 [1.26] / 1.15 [1.45], 4 stages (one block) 0.64
+[0.66]; blockwise FP8 64x128 1.11 [1.39].
 """
 from __future__ import annotations
 
@@ -110,8 +119,11 @@ def roles_cost(kernel: TracedKernel, loop: ForLoop, target: Target) -> RolesCost
     if _persistent(kernel, loop):
         blocks, limit = 1, "the grid (a persistent tile loop: one block per SM)"
     blocks = max(1, blocks)
+    # Both forms keep S - 1 stages in flight: a stage is refilled once the wgmmas of the
+    # iteration after it were issued and its own retired (wait_group 1), whether thread 0
+    # refills it after the block barrier or the producer after the consumers' release.
     return RolesCost(one_role=per_iteration(blocks, stages - 1, cost.BARRIER_CYCLES),
-                     specialized=per_iteration(1, stages, 0.0),
+                     specialized=per_iteration(1, stages - 1, 0.0),
                      one_role_blocks=blocks, one_role_limit=limit, serial=serial, gemms=gemms,
                      tensor=tensor, register_work=issue + sfu, load_wait=load)
 
