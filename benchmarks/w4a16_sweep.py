@@ -145,41 +145,30 @@ SESSION10 = [("w4frag", (m, n, 4096), dict(c, warp_specialize=False))
                           (16, 11008))
              for c in (_SESSION10_BY_N[n] if m == 16 and n in _SESSION10_BY_N
                        else _SESSION10_BY_M[m])]
-# Session 11: 16 tokens (and 1) with the cp.async ring (session 10's best), the k-step in
-# PARTS whose dequantization overlaps the previous part's wgmmas (one wgmma wait a step),
-# the split factor against the SMs (N = 14336: 224 row tiles; 4 blocks an SM by
-# registers), deeper rings, 2-4 warpgroups of rows sharing the activations (WG); 64/128
-# tokens with parts on session 10's best. Row 0 is
-# session 10's best (ncu'd in the round, beside row 1: the same config in 2 parts).
+# Session 11: 16 tokens (and 1) with the cp.async ring (session 10's best): the split
+# factor against the SMs (N = 14336: 224 row tiles; 4 blocks an SM by registers; the split
+# is read from the grid, one build for all), deeper rings for fewer, longer blocks, 2-4
+# warpgroups of rows sharing the activations (WG). Round 1 also timed the k-step in
+# parts (PARTS: each part's dequantization overlapping the last part's wgmmas): slower
+# at every shape (results file), removed. Row 0 is session 10's best (ncu'd in round 1).
 _CP = dict(BT=16, load_path="cp.async")
 _SESSION11_BY_N = {
-    14336: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=2),
-            dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=4),
-            dict(_CP, KS=2, SPLIT=4, STAGES=4, PARTS=2),
-            # two/four warpgroups of weight rows share each activation tile: the 16-token
-            # activations re-read per 64-row tile (from L2) are as many bytes as the weights
-            dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=2, WG=2),
-            dict(_CP, KS=2, SPLIT=4, STAGES=4, PARTS=2, WG=2),
-            dict(_CP, KS=2, SPLIT=4, STAGES=4, PARTS=2, WG=4),
-            dict(_CP, KS=4, SPLIT=2, STAGES=4, PARTS=2),
-            dict(BT=16, KS=4, SPLIT=4, STAGES=3, PARTS=2),            # the TMA ring
+    14336: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=3, STAGES=3),
             dict(_CP, KS=4, SPLIT=2, STAGES=4), dict(_CP, KS=4, SPLIT=1, STAGES=6),
-            dict(_CP, KS=8, SPLIT=2, STAGES=3, PARTS=4)],
-    4096: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=4, STAGES=3, PARTS=2),
-           dict(_CP, KS=2, SPLIT=8, STAGES=4, PARTS=2), dict(_CP, KS=4, SPLIT=8, STAGES=3,
-                                                              PARTS=2),
-           dict(_CP, KS=2, SPLIT=8, STAGES=4, PARTS=2, WG=2)],
+            dict(_CP, KS=4, SPLIT=1, STAGES=5), dict(_CP, KS=4, SPLIT=6, STAGES=3),
+            dict(_CP, KS=4, SPLIT=4, STAGES=3, WG=2)],
+    4096: [dict(_CP, KS=4, SPLIT=4, STAGES=3), dict(_CP, KS=4, SPLIT=6, STAGES=3),
+           dict(_CP, KS=4, SPLIT=8, STAGES=3), dict(_CP, KS=2, SPLIT=8, STAGES=4)],
 }
 SESSION11 = ([("w4frag", (16, n, 4096), dict(c, warp_specialize=False))
               for n in (14336, 4096) for c in _SESSION11_BY_N[n]]
-             + [("w4frag", (16, 4096, 14336), dict(_CP, KS=4, SPLIT=s, STAGES=3, PARTS=p,
-                                                    warp_specialize=False))
-                for s, p in ((4, 1), (4, 2), (7, 2))]
-             + [("w4frag", (1, 14336, 4096), dict(_CP, KS=4, SPLIT=3, STAGES=3, PARTS=p,
-                                                   warp_specialize=False)) for p in (1, 2)]
-             + [("w4frag", (m, n, 4096), dict(BT=m, KS=2, SPLIT=2, STAGES=st, PARTS=p,
-                                              warp_specialize=False))
-                for m, n, st in ((128, 4096, 2), (64, 14336, 3)) for p in (1, 2)])
+             + [("w4frag", (16, 4096, 14336), dict(_CP, KS=4, SPLIT=s, STAGES=3,
+                                                    warp_specialize=False)) for s in (4, 8)]
+             + [("w4frag", (1, 14336, 4096), dict(_CP, KS=4, SPLIT=s, STAGES=st,
+                                                   warp_specialize=False))
+                for s, st in ((3, 3), (1, 6))]
+             + [("w4frag", (128, 4096, 4096), dict(BT=128, KS=2, SPLIT=s, STAGES=3,
+                                                   warp_specialize=False)) for s in (4, 8)])
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11}
 

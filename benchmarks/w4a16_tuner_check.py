@@ -98,7 +98,7 @@ def main() -> int:
         a, stored, scales, zeros, ref = _problem(torch, m, n, k)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
         run = _tuner_run(a, stored, scales, zeros, out, m, n, k)
-        specs = fragment_candidates(m) + [UNSPLIT[token_tile(m)]] * (token_tile(m) in UNSPLIT)
+        specs = fragment_candidates(m, n, k) + [UNSPLIT[token_tile(m)]] * (token_tile(m) in UNSPLIT)
         picks: dict = {}
         for spec in specs:
             if time.time() - start > args.budget:

@@ -16,8 +16,9 @@ vector next to the kernels' constexprs.
 
 `tegula explain --w4a16 MxNxK [--group G]` prints the same report. The plans are exactly
 what `matmul_w4a16` times on each layout (`quant.w4a16_candidates`,
-`quant.fragment_candidates`), launched as `quant.launch_w4a16` launches them; nothing is
-built for a GPU and no memory is touched (the arrays are shape stand-ins).
+`quant.fragment_candidates`, its splits fitted to a 132-SM H100), launched as
+`quant.launch_w4a16` launches them; nothing is built for a GPU and no memory is touched
+(the arrays are shape stand-ins).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def w4a16_layout_plans(m: int, n: int, k: int, group_size: int = 128, dtype: DTy
     zeros = stand_in((n, groups)) if has_zeros else stand_in((1, 1))
     stored = {"plain": (stand_in((n, k // 2), np.uint8), w4a16_candidates(m, group_size)),
               "fragment": (stand_in(fragment_shape(n, k)[:5] + (16,), np.uint8),
-                           fragment_candidates(m))}
+                           fragment_candidates(m, n, k))}
     plans: dict[str, list] = {}
     for layout in WEIGHT_LAYOUTS:
         packed, candidates = stored[layout]

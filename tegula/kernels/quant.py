@@ -74,6 +74,7 @@ from tegula.kernels.common import check_array, dtype_of_array, launch_emulated, 
 from tegula.kernels import api as _api
 from tegula.kernels.gemv import MAX_GEMV_ROWS
 from tegula.runtime.autotune import Autotuner
+from tegula.kernels.quant_fragment import fragment_candidates  # noqa: E402 — re-exported
 
 W4A16_DTYPES = (f16, bf16)
 GROUP_SIZES = (32, 64, 128)
@@ -646,7 +647,8 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     args = [t.contiguous() for t in (a, packed, scales)]
     args.append(zeros.contiguous() if zeros is not None
                 else torch.zeros((1, 1), dtype=a.dtype, device=a.device))  # unread
-    candidates = (fragment_candidates(m) if fragment else w4a16_candidates(m, group_size))
+    candidates = (fragment_candidates(m, n, k, _sm_count(torch, a.device)) if fragment
+                  else w4a16_candidates(m, group_size))
     configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config) -> Any:
@@ -672,34 +674,8 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     return out
 
 
-def fragment_candidates(m: int) -> list[dict]:
-    """The fragment kernel's configs worth timing (pre-packed weights), from the H100
-    sweeps of sessions 8-10 (`docs/performance.md`). At 16 tokens the weights and
-    activations through a cp.async ring (`load_path="cp.async"`: session 10's sweep timed
-    the one-role TMA ring 20-30% slower there, its per-step block barrier waiting on the
-    issuing warp), two stored 64-k blocks a k-step (KS=2) or four, split K in 3 or 4 (one
-    64-row weight tile a block leaves N = 4096 with 64 blocks: splitting gives the SMs
-    more, and each SM more warps). No config without split K: the tuner times with the
-    weights in L2 and picked them (round 3: 1.04x at 16x4096x14336, 0.44x at 128x4096x4096
-    where split configs give 2x and 0.82x with L2 flushed). Beyond 16 tokens split 2: the
-    weights straight into registers
-    (WSMEM=0, the activations by TMA: 1.34x torch at 64 x 14336 x 4096), or both through
-    the TMA ring (2 stages: 0.92x / 0.82x at 128 x 14336 / 4096 x 4096, where WSMEM=0 gave
-    0.84x / 0.66x), or a cp.async ring, and split 4; 64-token tiles as well at 128.
-    (SCALE_AFTER at KS=2 lost to KS=4 at every 16-token shape of session 9's round 2, and
-    needs one group a k-step: not a candidate.)"""
-    bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
-    if bt <= 16:
-        ring = dict(base, BT=bt, load_path="cp.async")
-        return [dict(ring, STAGES=3, SPLIT=4, KS=4), dict(ring, STAGES=3, SPLIT=3, KS=4),
-                dict(ring, STAGES=4, SPLIT=3), dict(ring, STAGES=4, SPLIT=4)]
-    configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
-               dict(base, BT=bt, STAGES=2, SPLIT=2), dict(base, BT=bt, STAGES=3, SPLIT=2),
-               dict(base, BT=bt, STAGES=3, SPLIT=4),
-               dict(base, BT=bt, STAGES=3, SPLIT=2, load_path="cp.async")]
-    if bt > 64:
-        configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
-    return configs
+def _sm_count(torch: Any, device: Any) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def check_w4a16_args(fn: str, a: Any, packed: Any, scales: Any, zeros: Any,

@@ -273,9 +273,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     by `w4a16_split_sum_kernel`), SPLIT being the grid's axis 2 — a launch value, not a
     constexpr, so the tuner's splits share one build. SCALE_AFTER (cp.async weights, 64·KS ≤ G): scales
     the step's f32 sums (`_gemm_scaled_after`): BT/2 FMAs a thread instead of 32·KS
-    HMUL2 (275 SASS a 128-k step at 16 tokens, was 300). PARTS > 1 (WSMEM=1): the
-    k-step in parts whose dequantization overlaps the previous part's wgmmas
-    (`_gemm_in_parts`)."""
+    HMUL2 (275 SASS a 128-k step at 16 tokens, was 300)."""
     out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
@@ -284,7 +282,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        WSMEM: tg.constexpr = 1,
                        KS: tg.constexpr = 1, WG: tg.constexpr = 1,
-                       SCALE_AFTER: tg.constexpr = 0, PARTS: tg.constexpr = 1):
+                       SCALE_AFTER: tg.constexpr = 0):
         n, t = tg.block_id(0), tg.block_id(1)
         BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
         BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
@@ -298,11 +296,6 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
             per_split = (steps + splits - 1) // splits
             start = tg.block_id(2) * per_split
             steps = tg.minimum(start + per_split, steps)
-        if PARTS > 1:   # the k-step in parts, each part's dequantization overlapping
-            acc = _gemm_in_parts(a, w, scales, zeros if has_zeros else None, dtype, n, t,
-                                 start, steps, G, BT, STAGES, KS, WG, PARTS)
-            _store_result(acc, c, w, n, t, dtype, partial, WG)
-            return
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         def dequantized(words, constants):   # the (BN, BK) weights of one k-step
@@ -357,48 +350,6 @@ def _store_result(acc, c, w, n, t, dtype: DType, partial: bool, WG: int) -> None
         tg.copy(tg.rearrange(acc.to(dtype)), c.T.tile(acc.shape, (n, t)))
 
 
-def _gemm_in_parts(a, w, scales, zeros, dtype: DType, n, t, start, steps, G: int, BT: int,
-                   STAGES: int, KS: int, WG: int, PARTS: int):
-    """The fragment kernel's K loop (cp.async rings) with each k-step of KS stored blocks
-    in PARTS parts of KS/PARTS blocks: part p's activations and words have their own
-    rings, its wgmmas their own f32 accumulator, and the wait after part p's gemm is
-    deferred past part p+1's dequantization (`lower/pipeline.py`: a body of several
-    gemms), so the tensor cores work while the next part is dequantized; without it each
-    step was LDS → dequantization → wgmmas → wait, in series. (One accumulator would make
-    part p+1's wgmmas wait for part p's; the next step's parts, carried around the loop,
-    would make ptxas serialize the wgmmas, C7513.) Returns the summed (64·WG, BT) f32
-    tile."""
-    BN, PK = FRAGMENT_ROWS * WG, FRAGMENT_K * KS // PARTS   # k per part
-    S = max(1, PK // G)                                    # groups per part
-    ga = a.tile((BT, PK), (t, None))
-    gw = w.tile((WG, KS // PARTS) + STORED_WORDS, (n, None, 0, 0))
-    words_tv = stored_tv(KS // PARTS, WG)
-    sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(PARTS)]
-    sw = [tg.shared((WG, KS // PARTS) + STORED_WORDS, i32, stages=STAGES,
-                    layout=stored_shared(KS // PARTS, WG)) for _ in range(PARTS)]
-    accs = [tg.zeros((BN, BT), f32) for _ in range(PARTS)]
-
-    def constants(part):   # a part's zeros and scales (loads), a k-step ahead of their use
-        return group_constants(dtype, scales, zeros, n, part // max(1, G // PK), (BN, S))
-
-    ahead = [constants(PARTS * start + p) for p in range(PARTS)]
-    for k in tg.pipeline(start, steps, stages=STAGES):
-        for p in range(PARTS):
-            tg.copy(ga[:, :, PARTS * k + p], sa[p][k])
-            tg.copy(gw[:, :, :, :, PARTS * k + p], sw[p][k])
-        following = [constants(PARTS * (k + 1) + p) for p in range(PARTS)]  # past K: unused
-        words = [tg.load(sw[p][k], layout=words_tv) for p in range(PARTS)]   # memory first
-        for p in range(PARTS):   # then register work and gemms only
-            packed = tg.reshape(fragment_weights(words[p], dtype), (BN, S, PK // S))
-            weights = dequantize_in(packed, *ahead[p], zeros is not None)
-            tg.gemm(accs[p], tg.reshape(weights, (BN, PK)), sa[p][k])
-        ahead = following
-    total = accs[0]
-    for part in accs[1:]:
-        total = total + part
-    return total
-
-
 def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
                     ) -> tuple[tuple[int, ...], dict]:
     """(grid, constexprs) of the fragment kernel for an (M, N, K) product: 64·WG weight
@@ -412,13 +363,6 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
         raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 needs one group a k-step "
                          f"(64·KS = {64 * constexprs.get('KS', 1)} ≤ group_size = "
                          f"{group_size}) and the cp.async weights (WSMEM=1)")
-    parts = constexprs.get("PARTS", 1)
-    if parts > 1 and (constexprs.get("KS", 1) % parts or constexprs.get("SCALE_AFTER")
-                      or not constexprs.get("WSMEM", 1)):
-        raise ValueError(f"tegula.kernels.w4a16: PARTS={parts} splits a k-step's KS = "
-                         f"{constexprs.get('KS', 1)} stored blocks into equal parts (KS a "
-                         f"multiple of PARTS) of the cp.async/TMA ring (WSMEM=1), without "
-                         f"SCALE_AFTER")
     row_groups = constexprs.get("WG", 1)
     if row_groups > 1:
         if constexprs.setdefault("threads", 128 * row_groups) != 128 * row_groups:
@@ -427,6 +371,55 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
                              f"threads={constexprs['threads']}")
     grid = (-(-n // (FRAGMENT_ROWS * row_groups)), -(-m // constexprs["BT"]))
     return (grid + (constexprs["SPLIT"],) if constexprs["SPLIT"] > 1 else grid), constexprs
+
+
+#: Split-K factors the tuner may time, each kept where the grid gets at least one block an
+#: SM and at most MAX_WAVES blocks an SM (four fit by registers at 16 tokens) and each
+#: slice keeps two k-steps. The split is a launch value (the grid's axis 2): one build
+#: serves them all, so each costs the tuner one timing, not a compile.
+SPLITS, MAX_WAVES = (2, 3, 4, 6, 8), 8
+
+
+def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
+                        sms: int = 132) -> list[dict]:
+    """The fragment kernel's configs worth timing (pre-packed weights) for an (M, N, K)
+    product on `sms` SMs, from the H100 sweeps of sessions 8-11 (`docs/performance.md`).
+    At 16 tokens the weights and activations ride a cp.async ring (session 10: the
+    one-role TMA ring 20-30% slower, its per-step block barrier waiting on the issuing
+    warp), four stored 64-k blocks a step (KS=4; KS=2 kept at split 4), 3 stages, split K
+    by the grid (`SPLITS`: 1.7 waves of 4 blocks an SM at 16x14336x4096 with split 4, whose
+    ncu shows 64% issue-active — the kernel issues about as fast as it can), and where the
+    row tiles fill the SMs unsplit, a 6-stage ring in one launch (no split sum: 25.1 µs
+    against ~24 split 4 at 16x14336x4096). Beyond 16 tokens both operands through the
+    TMA ring (2-3 stages; split 4 best at 128x4096x4096, 21.1 µs), the weights straight
+    into registers (WSMEM=0: 1.34x torch at 64x14336x4096), or a cp.async ring; 64-token
+    tiles at 128. Without (N, K) the splits are session 10's fixed ones. (SCALE_AFTER lost
+    to KS=4 at every 16-token shape of session 9; the k-step in parts, its dequantization
+    overlapping the last part's wgmmas, lost at every shape of session 11.)"""
+    from tegula.kernels.quant import token_tile
+    bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
+    token_tiles = -(-m // bt)
+
+    def splits(step_k: int, fixed: tuple) -> tuple:
+        if n is None or k is None:
+            return fixed
+        row_tiles, steps = -(-n // FRAGMENT_ROWS) * token_tiles, -(-k // step_k)
+        return tuple(s for s in SPLITS if sms <= row_tiles * s <= MAX_WAVES * sms
+                     and steps >= 2 * s) or fixed
+
+    if bt <= 16:
+        ring = dict(base, BT=bt, load_path="cp.async")
+        configs = [dict(ring, KS=4, STAGES=3, SPLIT=s) for s in splits(256, (3, 4))]
+        if n is not None and -(-n // FRAGMENT_ROWS) >= sms:
+            configs.append(dict(ring, KS=4, STAGES=6, SPLIT=1))
+        return configs + [dict(ring, STAGES=4, SPLIT=4)]
+    configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
+               dict(base, BT=bt, STAGES=2, SPLIT=2),
+               dict(base, BT=bt, STAGES=3, SPLIT=2, load_path="cp.async")]
+    configs += [dict(base, BT=bt, STAGES=3, SPLIT=s) for s in splits(128, (2, 4))]
+    if bt > 64:
+        configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
+    return configs
 
 
 def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
@@ -449,5 +442,5 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
     return launch_split_sum(dtype, split, parts, c, launch)
 
 
-__all__ = ["fragment_config", "launch_w4a16_fragment", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
+__all__ = ["fragment_config", "launch_w4a16_fragment", "fragment_candidates", "SPLITS", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
            "pack_fragments", "unpack_fragments", "fragment_weights", "w4a16_fragment_kernel"]

@@ -279,36 +279,10 @@ def _lower_tma_one_role(lowering, op: ForLoop, ring: Ring, producers: list,
 
 
 def _lower_body(lowering, ops: list) -> tuple[list[Stmt], object]:
-    """The compute stage's statements, and the barrier tracker they leave (`SharedSync`).
-    A body of several wgmma gemms whose accumulators nothing else in it touches (a K
-    loop's parts, `_accumulating_gemms`) has each gemm's wait deferred past the register
-    work that follows it (`defer_wgmma_waits`: paid before any memory access or barrier
-    and at the end of the body), so that work runs while the wgmmas compute — W4A16's
-    k-step in parts (`quant_fragment`, PARTS): part p+1 dequantized while part p's wgmmas
-    run. Other bodies keep each wait right after its gemm: after a lone gemm comes the
-    next iteration's register A operand, carried around the loop, and ptxas serializes
-    register-A wgmmas whose inputs are redefined while they run (C7513); bodies that read
-    an accumulator (attention's scores) are left as they were measured."""
+    """The compute stage's statements, and the barrier tracker they leave (`SharedSync`)."""
     from tegula.lower.lower import SharedSync
-    from tegula.lower.wgmma_waits import defer_wgmma_waits
     inner = SharedSync()
-    stmts = lowering.ops(ops, inner)
-    if _accumulating_gemms(ops):
-        stmts = defer_wgmma_waits(stmts)
-    return stmts, inner
-
-
-def _accumulating_gemms(ops: list) -> bool:
-    """True if `ops` hold more than one wgmma gemm and no op besides a gemm reads or
-    writes any of their accumulators (only read after the loop)."""
-    from tegula.ir.ops import Gemm, tiles_read, tiles_written, walk_ops
-    from tegula.lower.hopper import is_wgmma
-    gemms = [op for op in walk_ops(ops) if is_wgmma(op)]
-    if len(gemms) < 2 or len(gemms) != sum(isinstance(op, Gemm) for op in walk_ops(ops)):
-        return False
-    accumulators = {id(op.c) for op in gemms}
-    return not any(id(t) in accumulators for op in walk_ops(ops) if not isinstance(op, Gemm)
-                   for t in tiles_read(op) + tiles_written(op))
+    return lowering.ops(ops, inner), inner
 
 
 def nested_stage_slots(ctx, ring: Ring, op: ForLoop, rest: list, producers: list) -> None:

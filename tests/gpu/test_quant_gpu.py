@@ -286,14 +286,11 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
         ("f16", 16, 14336, 4096, 128, True, dict(KS=2, SPLIT=3, STAGES=3, SCALE_AFTER=1,
                                                  blocks_per_sm=7)),
         ("bf16", 13, 70, 192, 64, False, dict(SCALE_AFTER=1)),
-        # the k-step in parts, each part's dequantization overlapping the last's wgmmas
-        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, SPLIT=4, PARTS=2,
-                                                 load_path="cp.async")),
-        ("f16", 13, 70, 192, 64, True, dict(KS=2, PARTS=2)),
-        ("bf16", 16, 4096, 4096, 128, False, dict(KS=2, SPLIT=4, STAGES=4, PARTS=2, WG=2,
-                                                  load_path="cp.async")),
-        ("f16", 128, 4096, 4096, 128, True, dict(BT=128, KS=2, SPLIT=2, STAGES=2, PARTS=2)),
-        ("f16", 5, 300, 1280, 128, True, dict(KS=4, SPLIT=3, PARTS=4, load_path="cp.async"))]],
+        # the split read from the grid (one build for every split): splits of 3 to 8
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, SPLIT=3, load_path="cp.async")),
+        ("f16", 16, 4096, 4096, 128, True, dict(KS=4, SPLIT=8, load_path="cp.async")),
+        ("bf16", 5, 300, 1280, 128, True, dict(KS=4, SPLIT=6, load_path="cp.async")),
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=6, load_path="cp.async"))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):

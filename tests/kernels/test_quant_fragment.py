@@ -59,10 +59,8 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (100, 77, 192, 32, True, dict(BT=128, STAGES=4, WG=2)),  # rows 77-127 past N
     (9, 200, 96, 32, True, dict(SPLIT=4, STAGES=2, WG=4)),   # 2 blocks, the second ragged
     (5, 130, 384, 128, True, dict(KS=2, WSMEM=0, WG=2)),
-    # the k-step in parts (own rings and accumulators), overlapping dequantization
-    (16, 70, 1280, 128, True, dict(KS=4, SPLIT=2, PARTS=2, load_path="cp.async")),
-    (5, 64, 576, 64, True, dict(KS=4, SPLIT=3, PARTS=4)),     # 3 slices of 1 step, masked
-    (20, 130, 224, 32, False, dict(KS=2, PARTS=2, WG=2)),     # 1.75 steps, 2 groups a part
+    # split K read from the grid: 3 slices of one 256-k step (the last one masked)
+    (5, 64, 576, 64, True, dict(KS=4, SPLIT=3)),
     # the scale applied to each step's f32 sums (one group a step)
     (20, 200, 384, 128, False, dict(KS=2, SPLIT=3, SCALE_AFTER=1)),
     (13, 70, 192, 64, True, dict(SCALE_AFTER=1, BT=16)),
@@ -160,13 +158,6 @@ def test_fragment_config():
         G=32, BT=16, STAGES=3, SPLIT=1))
 
 
-def test_fragment_config_names_parts_that_do_not_divide_the_step():
-    for tiles in (dict(KS=4, PARTS=3), dict(KS=2, PARTS=2, WSMEM=0),
-                  dict(KS=2, PARTS=2, SCALE_AFTER=1)):
-        with pytest.raises(ValueError, match="PARTS=.* splits a k-step"):
-            w4a16_config(16, 4096, 4096, 128, FRAGMENT=1, **tiles)
-
-
 def test_fragment_config_sets_the_threads_of_wg_warpgroups():
     kind, grid, c = w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=2, SPLIT=2)
     assert grid == (32, 1, 2) and c["threads"] == 256
@@ -243,7 +234,6 @@ def test_matmul_w4a16_names_a_mismatched_prepacked_weight():
 
 @pytest.mark.parametrize("tiles", [dict(KS=1), dict(KS=2), dict(KS=2, WSMEM=0),
                                    dict(KS=2, BT=128, STAGES=3),
-                                   dict(KS=4, PARTS=2, load_path="cp.async"),
                                    dict(KS=2, STAGES=3, SCALE_AFTER=1, blocks_per_sm=7)],
                          ids=str)
 def test_fragment_kernel_compiles_without_serialized_wgmmas(tiles):
@@ -260,11 +250,6 @@ def test_fragment_kernel_compiles_without_serialized_wgmmas(tiles):
                                     result.target.sm)
     assert not report.spills
     assert not [w for w in report.warnings if "C75" in w], report.warnings
-    # the parts' gemms keep their wgmmas in flight across the next part's dequantization:
-    # one wait a k-step, at its end (`lower/pipeline.py`), not one after each gemm
-    loop = result.cuda_source().split("for (int i0", 1)[1]
-    waits = loop.split("cp.async.wait_group 0", 1)[0].count("wgmma.wait_group")
-    assert waits == 1 if tiles.get("PARTS", 1) > 1 else waits >= 1
 
 
 def test_fragment_kernel_factory_returns_one_kernel_per_variant():

@@ -29,7 +29,7 @@ def ranked(plans):
 def test_both_layouts_are_planned_as_matmul_w4a16_times_them(plans):
     assert tuple(plans) == WEIGHT_LAYOUTS
     assert [c for c, _ in plans["plain"]] == w4a16_candidates(M, 128)
-    assert [c for c, _ in plans["fragment"]] == fragment_candidates(M)
+    assert [c for c, _ in plans["fragment"]] == fragment_candidates(M, N, K)
     names = {launches[0].kernel.name for _, launches in plans["fragment"]}
     assert names == {"w4a16_fragment"}
     split = [launches for config, launches in plans["fragment"] if config.get("SPLIT", 1) > 1]
@@ -42,7 +42,8 @@ def test_one_ranking_over_both_layouts_by_predicted_time(ranked):
     assert layouts == set(WEIGHT_LAYOUTS)
     times = [c.seconds for c in ranked.ranked]
     assert times == sorted(times) and ranked.open_names == ("w_layout",)
-    assert ranked.combinations == len(w4a16_candidates(M, 128)) + len(fragment_candidates(M))
+    assert ranked.combinations == (len(w4a16_candidates(M, 128))
+                                   + len(fragment_candidates(M, N, K)))
     assert "w_layout='fragment'" in str(ranked) and "w_layout='plain'" in str(ranked)
 
 
