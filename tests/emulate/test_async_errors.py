@@ -265,3 +265,26 @@ def test_tensor_map_whose_box_rank_differs_from_its_dims_is_refused():
     kernel.params[i] = type(m)(m.name, m.tensor, m.dtype, dims=(1, 0), box=(32, 64, 1),
                                swizzle=m.swizzle)
     assert "tensor map 'x_map' has 2 dims but a box of rank 3" in _round_trip_error(kernel)
+
+
+@pytest.mark.parametrize("producer_first", [False, True])
+def test_a_repeated_wait_passes_at_its_phase_and_is_reported_before_one(producer_first):
+    """`MBarrierWait.repeat` (the lowering's `split_reused_products`): right after the
+    stage's own wait it passes and the GEMM stays right; placed before that wait (the
+    thread never observed this phase) the emulator reports it."""
+    import dataclasses
+    order = "reversed" if producer_first else "listed"
+    kernel = gemm_kernel()
+    body = loop_body(role_body(kernel, "consumer"))
+    at, wait = next((i, s) for i, s in enumerate(body) if isinstance(s, MBarrierWait))
+    body.insert(at + 1, dataclasses.replace(wait, repeat=True))
+    a, b, c = gemm_inputs(97, 70, 330)
+    run_gemm(kernel, a, b, c, role_order=order)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.abs(c - ref).max() <= 1e-2 * np.abs(ref).max()
+    kernel = gemm_kernel()
+    body = loop_body(role_body(kernel, "consumer"))
+    at, wait = next((i, s) for i, s in enumerate(body) if isinstance(s, MBarrierWait))
+    body.insert(at, dataclasses.replace(wait, repeat=True))
+    msg = _gemm_error(kernel, role_order=order)
+    assert "repeats its wait on mbarrier full" in msg and "moved on" in msg
