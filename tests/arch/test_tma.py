@@ -104,18 +104,20 @@ def test_async_entries_lookup_and_targets():
 
 def test_reduce_add_entry_form_and_semantics():
     """`cp.reduce.async.bulk.tensor` .add (PTX ISA 8.0, sm_90): the tensor form with the
-    map's element type, completed by bulk group; the emulator adds as red.add.f32 does."""
+    map's element type, completed by bulk group; the emulator adds in f32 to nearest even
+    keeping subnormals (as the H100 does; red.add.f32 flushes them)."""
     entry = tma_reduce_add(3)
     assert entry.name == "tma.reduce.add.3d" and entry.pipe == "tma" and entry.dtype == f32
     assert entry.asm_text() == ("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile"
                                 ".bulk_group [%0, {%1, %2, %3}], [%4];")
     assert entry.available_on(get_target("sm_90a")) and entry.available_on(get_target("sm_90"))
     assert not entry.available_on(get_target("sm_89"))
-    old = np.array([1.0, 16777216.0, 1e-39, 3.0], np.float32)
-    add = np.array([2.0, 1.0, 0.0, -1e-39], np.float32)
-    # 2^24 + 1 rounds to even; subnormal inputs flush to zero of their sign
-    assert np.array_equal(entry.execute(old, add), np.array([3.0, 16777216.0, 0.0, 3.0],
-                                                             np.float32))
+    tiny = np.finfo(np.float32).tiny
+    old = np.array([1.0, 16777216.0, 1e-39, 1.5 * tiny, tiny / 16], np.float32)
+    add = np.array([2.0, 1.0, 0.0, -tiny / 2, tiny / 8], np.float32)
+    # 2^24 + 1 rounds to even; subnormal operands and results are kept
+    assert np.array_equal(entry.execute(old, add), np.array(
+        [3.0, 16777216.0, 1e-39, tiny, 3 * tiny / 16], np.float32))
     g, b = tma_box_window((5, 7), (6, 3), (4, 4))   # map order: column 6, row 3
     assert (g, b) == ((slice(3, 5), slice(6, 7)), (slice(0, 2), slice(0, 1)))
     assert tma_box_window((5, 7), (7, 0), (4, 4)) is None
