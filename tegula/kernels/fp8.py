@@ -91,11 +91,16 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     waited for the wgmmas: 802 against 791 TFLOP/s on an H100). A warpgroup's tensor
     cores wait through its own multiply-adds every K block; the other consumer warpgroups'
     wgmmas fill them (session 10, H100: three warpgroups on 192x128 tiles beat two on
-    128x128 by 2-9%). Measured slower and dropped: scales carried a K block ahead (a
-    carried (BM, 1) tile is 64 registers and moves a thread), the promotion a block late
-    (ptxas waits for the wgmmas before the copies), two K blocks a stage with one promoted
-    during the other's wgmmas (ptxas schedules the multiply-adds before the gemm issue),
-    128x256 tiles as two 128-wide parts (spills)."""
+    128x128 by 2-9%; session 11: the 192x128 kernel runs at 0.90-1.00x the per-tensor
+    kernel on the same tile, so the promotion is not what it loses against per-tensor
+    128x256). Measured slower and dropped: scales carried a K block ahead (session 11:
+    9-14% slower even in two registers; no scale loads in the loop at all, too), the
+    promotion a block late (ptxas waits for the wgmmas before the copies), two K blocks a
+    stage with one promoted during the other's wgmmas (ptxas schedules the multiply-adds
+    before the gemm issue), 128x256 tiles as two 128-wide parts (spills), 256x128 as two
+    row halves promoted one after the other (no spills with the lowering's repeated stage
+    wait, but 0.53x per-tensor: each warpgroup's two gemms serialize;
+    `benchmarks/fp8_blockwise_variants.py`)."""
     sa, sb = buffers
     ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, K/128)
     gb = b.tile((BN, SCALE_BLOCK), (n, None))
