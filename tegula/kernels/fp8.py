@@ -94,7 +94,7 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     128x128 by 2-9%; session 11: the 192x128 kernel runs at 0.90-1.00x the per-tensor
     kernel on the same tile, so the promotion is not what it loses against per-tensor
     128x256). Measured slower and dropped: scales carried a K block ahead (session 11:
-    9-14% slower even in two registers; no scale loads in the loop at all, too), the
+    10-14% slower even in two registers; no scale loads in the loop at all, 9-16%), the
     promotion a block late (ptxas waits for the wgmmas before the copies), two K blocks a
     stage with one promoted during the other's wgmmas (ptxas schedules the multiply-adds
     before the gemm issue), 128x256 tiles as two 128-wide parts (spills), 256x128 as two
