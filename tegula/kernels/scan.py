@@ -16,7 +16,8 @@ Not supported: complex A, B or C of shape (dim, dstate) (fixed over time), group
 
 Two kernels: the entry points run the split-state kernel of `tegula.kernels.scan_split` by
 default (each channel's states split over threads that walk the steps in order; faster on
-an H100, see `DEFAULT_SPLIT`), and this module's lane-scan kernel with `SPLIT=False` or any
+an H100, see `DEFAULT_SPLIT`; 16-bit inputs with fewer blocks than SMs excepted, see
+`SPLIT_MIN_BLOCKS_16BIT`), and this module's lane-scan kernel with `SPLIT=False` or any
 of its options named.
 
 The lane-scan kernel: one block per (batch, BD channels), a `tg.range` over chunks of BL
@@ -327,16 +328,33 @@ def _merged_tiles(fn: str, defaults: dict, tiles: dict) -> dict:
 #: Options only the lane-scan kernel above takes, and options only the split-state kernel
 #: (`tegula.kernels.scan_split`) takes: naming one picks its kernel (`SPLIT=` says it).
 _LANE_OPTIONS = ("GROUP", "BC_AHEAD", "STATE_LOOP", "STATE_SMEM", "BC_PIPE", "PREFETCH")
-_SPLIT_OPTIONS = ("G", "STAGES", "threads")  # and blocks_per_sm, which both take
+_SPLIT_OPTIONS = ("G", "STAGES", "threads", "FMA_CHAIN")  # and blocks_per_sm (both take it)
 #: Whether the split-state kernel runs when no option names a kernel: yes, measured on an
 #: H100 (session 10, every option on, 4x1536x2048): 128 / 122 µs f32 / bf16 against 158 /
 #: 151 µs for the lane-scan kernel's defaults (docs/performance.md, selective scan).
 DEFAULT_SPLIT = True
 
 
+#: Below this many blocks of the split kernel's default tile (one per SM of an H100), 16-bit
+#: inputs run the lane-scan kernel by default: at 1x2048x2048 bf16 (128 blocks of 16
+#: channels, one warp a scheduler) the lane scan measured 1.33x the split kernel (68 against
+#: 91 µs, session 11 round 1); at 3x1000x777 (189 blocks) the split kernel 1.03x (session
+#: 10). f32 keeps the split kernel (1.24x the lane scan at 1x2048x2048, session 10), whose
+#: lane-scan tiles are another shape.
+SPLIT_MIN_BLOCKS_16BIT = 132
+
+
 def _split_by_default(dim: int, dstate: int, dtype: DType, batch: int) -> bool:
-    """The kernel the entry points run where no option names one."""
-    return DEFAULT_SPLIT
+    """The kernel the entry points run where no option names one: the split-state kernel
+    (`DEFAULT_SPLIT`), but the lane scan for 16-bit inputs with fewer than
+    `SPLIT_MIN_BLOCKS_16BIT` blocks of the split kernel's default tile."""
+    from tegula.kernels.scan_split import split_config
+
+    if not DEFAULT_SPLIT:
+        return False
+    if dtype == f32:
+        return True
+    return batch * -(-dim // split_config(dstate)["BD"]) >= SPLIT_MIN_BLOCKS_16BIT
 
 
 def selective_scan_launch_config(dim: int, dstate: int, dtype: DType = f32, batch: int = 1,

@@ -50,17 +50,20 @@ OUT_RUN = 4
 
 
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
-                 G: int | None = None, STAGES: int = 2, threads: int = THREADS,
-                 blocks_per_sm: int | None = None) -> dict:
+                 G: int | None = None, STAGES: int = 3, threads: int = THREADS,
+                 blocks_per_sm: int | None = None, FMA_CHAIN: bool = True) -> dict:
     """The split kernel's constexprs for `dstate` states: G threads per channel (8 where it
     divides dstate, else the largest power of two that does), BD = threads / G channels a
     block, BL steps a chunk (32, or the power of two that keeps a thread's (state, step)
-    values at 64 or fewer), and `threads` and `blocks_per_sm` (build options: the
-    register cap of `__launch_bounds__`) where given. Raises ValueError for tiles the
-    kernel cannot run. The defaults measured best on an H100 at 4x1536x2048, dstate 16
-    (session 10, `benchmarks/results/h100-2026-11-24-session10-scan.txt`): G=8, BL=32
-    128 / 122 µs (f32 / bf16) against 150-178 µs for G=4 at 16 or 32 steps — more warps
-    (2 states a thread) outweigh the per-chunk work they repeat."""
+    values at 64 or fewer), STAGES chunks in the cp.async ring (3: two chunks ahead),
+    FMA_CHAIN (the recurrence as one FFMA a step, see the kernel), and `threads` and
+    `blocks_per_sm` (build options: the register cap of `__launch_bounds__`) where given.
+    Raises ValueError for tiles the kernel cannot run. The defaults measured best on an
+    H100 at 4x1536x2048, dstate 16 (session 10, `benchmarks/results/h100-2026-11-24-
+    session10-scan.txt`): G=8, BL=32 128 / 122 µs (f32 / bf16) against 150-178 µs for G=4
+    at 16 or 32 steps — more warps (2 states a thread) outweigh the per-chunk work they
+    repeat; session 11: 3 stages 126 / 119 µs against 132 / 125 µs for 2 (4: 127 / 125),
+    where 64-thread blocks (150 / 140) and G=16 (196-210 / 191-204) lost."""
     if G is None:
         G = next(g for g in (8, 4, 2, 1) if dstate % g == 0)
     if BD is None:
@@ -72,7 +75,8 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
                          f"dividing dstate, BD·G = {threads} threads and BL a power of two "
                          f"from {OUT_RUN}; got dstate={dstate}, BD={BD}, G={G}, BL={BL}")
     caps = {} if blocks_per_sm is None else {"blocks_per_sm": blocks_per_sm}
-    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads, **caps)
+    return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads,
+                FMA_CHAIN=bool(FMA_CHAIN), **caps)
 
 
 def _run_length(threads: int, rows: int, BL: int) -> int:
@@ -124,7 +128,7 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
                              BL: tg.constexpr = 16, G: tg.constexpr = 4,
                              STAGES: tg.constexpr = 2, HAS_D: tg.constexpr = False,
                              HAS_Z: tg.constexpr = False, HAS_BIAS: tg.constexpr = False,
-                             SOFTPLUS: tg.constexpr = False):
+                             SOFTPLUS: tg.constexpr = False, FMA_CHAIN: tg.constexpr = True):
         b, block = tg.block_id(0), tg.block_id(1)
         a2 = tg.reshape(tg.load(A.tile((BD, N), (block, 0))) * LOG2E, (BD, N, 1))
         h = tg.zeros((BD, N, 1), f32)           # the states, carried from chunk to chunk
@@ -166,6 +170,10 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
             # 3. The states, each thread its S states' steps in order.
             decay = tg.exp2(tg.reshape(tg.load(s_dt), (BD, 1, BL)) * a2)
             inject = tg.reshape(tg.load(s_dtu), (BD, 1, BL)) * tg.reshape(bt, (1, N, BL))
+            if FMA_CHAIN:  # + 0.0 (not folded: -0.0 + 0.0 is +0.0) makes δu·B an FFMA, so
+                # the compiler cannot fuse it into the recurrence's add and fuses a·h
+                # instead: one FFMA (4 cycles) a step on the state's chain, not FMUL + FFMA
+                inject = inject + 0.0
             (_, hs), (_, h) = tg.scan((decay, inject), 2, _compose, initial=(one, h))
             # Each thread's S states, summed in its registers (the SASS has one FFMA per
             # (state, step) here and no shuffle), then the G threads' partial sums.

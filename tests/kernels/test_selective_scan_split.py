@@ -96,13 +96,42 @@ def test_nan_propagates_along_the_sequence_only(where):
 
 
 def test_split_config_defaults_and_refusals():
-    assert split_config(16) == dict(N=16, BD=16, BL=32, G=8, STAGES=2, threads=128)
+    assert split_config(16) == dict(N=16, BD=16, BL=32, G=8, STAGES=3, threads=128,
+                                    FMA_CHAIN=True)
     assert split_config(6)["G"] == 2 and split_config(7)["G"] == 1
     assert split_config(64)["BL"] == 8 and split_config(5)["BL"] == 8
     assert split_config(16, blocks_per_sm=3)["blocks_per_sm"] == 3
     for bad in (dict(G=3), dict(BD=32), dict(BL=12), dict(BL=2)):
         with pytest.raises(ValueError, match="split-state kernel needs"):
             split_config(16, **bad)
+
+
+def test_default_kernel_by_size_and_type():
+    """16-bit inputs with fewer split-kernel blocks than SMs run the lane scan by default
+    (1x2048x2048 bf16: 128 blocks); f32 and larger grids the split kernel; a named option
+    of either kernel decides."""
+    from tegula.dtypes import f16, f32
+    from tegula.kernels.scan import SPLIT_MIN_BLOCKS_16BIT, selective_scan_launch_config
+    assert SPLIT_MIN_BLOCKS_16BIT == 132
+    assert not selective_scan_launch_config(2048, 16, bf16, 1)[0]
+    assert not selective_scan_launch_config(2048, 16, f16, 1)[0]
+    assert selective_scan_launch_config(2048, 16, f32, 1)[0]
+    assert selective_scan_launch_config(1000, 16, bf16, 3)[0]      # 189 blocks
+    assert selective_scan_launch_config(2112, 16, bf16, 1)[0]      # 132 blocks
+    assert selective_scan_launch_config(2097, 16, bf16, 1)[0]      # 132, the last ragged
+    assert not selective_scan_launch_config(2096, 16, bf16, 1)[0]  # 131 blocks
+    assert selective_scan_launch_config(2048, 16, bf16, 1, STAGES=2)[0]
+    assert selective_scan_launch_config(2048, 16, bf16, 1, SPLIT=True)[0]
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_fma_chain_either_way(chain):
+    """The recurrence's add with δu·B fused (FMA_CHAIN=False) or a·h fused (True): the same
+    result within f32 rounding, NaN poisoned outputs written."""
+    u, delta, A, B, C, D, z, bias = inputs(2, 21, 45, 16, seed=21)
+    out = selective_scan_emulated(u, delta, A, B, C, D, z, bias, SPLIT=True, FMA_CHAIN=chain,
+                                  **ALL)
+    assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, **ALL), 1e-5)
 
 
 def test_kernel_choice_errors():
