@@ -5,9 +5,10 @@ on sm_90, `atomic_path="bulk"`) against one `red.global.add.f32` per element
 1. `tile_adds` (tests/lower/test_bulk_add.py): every block adds a 64x64 f32 tile REPEAT
    times into a (M, N) slice; `Z` blocks add into each tile. Checked first: the result
    of each path equals numpy exactly (small integers).
-2. The attention backward's dK/dV kernel that adds dQ atomically
-   (`attention_backward_dkdvdq_kernel`, `deterministic=False`), both paths on the same
-   inputs: the dq_accum of each checked against the other (relative 1e-4), then timed.
+2. The attention backward after its preprocess kernel: the dK/dV kernel that adds dQ
+   atomically (`deterministic=False`) then dQ's conversion, on each atomic path (the
+   default, `atomic_path="bulk"`, `"red"`), and the deterministic dK/dV + dQ kernels, on
+   the same inputs: dQ of each checked (module `ATTENTION_VARIANTS`), then timed.
 
 Times are medians of CUDA-event pairs (`tegula.bench.gpu.time_ms`), L2 flushed ("clean")
 before each run. Usage: `python3 benchmarks/bulk_add.py [--quick]`.
@@ -65,49 +66,69 @@ def tile_adds_rows(torch, quick: bool) -> list[tuple]:
     return rows
 
 
+#: The attention variants: the dK/dV/dQ kernel (then dQ's conversion) on each atomic path
+#: (None: the default, bulk where the staging keeps the blocks per SM; "bulk": one round
+#: of every box whatever it costs; "red"), and the deterministic dK/dV + dQ kernels.
+ATTENTION_VARIANTS = (("atomic default", None), ("atomic bulk", "bulk"), ("atomic red", "red"),
+                      ("deterministic", "det"))
+
+
 def attention_rows(torch, quick: bool) -> list[tuple]:
+    """(label, ms, TFLOP/s) of each variant of the backward after the preprocess kernel,
+    dQ of every atomic variant checked against red's (f32, relative 1e-4) and the final
+    dq of each against the deterministic one (f16, relative 1e-2)."""
     from tegula.bench.gpu import time_ms
     from tegula.build import launch
     from tegula.dtypes import f16
     from tegula.kernels.attention import attention_forward
     from tegula.kernels.attention_backward import backward_launches
     shapes = [(4, 16, 4096, 128, False)] if quick else [
-        (4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False),
-        (2, 16, 8192, 128, False)]
+        (4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False)]
     rows = []
     for B, H, S, D, causal in shapes:
         torch.manual_seed(0)
         q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
                        for _ in range(4))
         o, lse = attention_forward(q, k, v, causal=causal)
-        scale = D ** -0.5
-        launches = backward_launches(f16, B, H, H, S, S, D, scale, causal, False)
         values = dict(q=q, k=k, v=v, o=o, do=do, lse=lse,
                       delta=torch.empty(B, H, S, device="cuda", dtype=torch.float32),
-                      dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
-        pre, grid, names, constexprs = launches[0]
-        launch(pre, grid, *(values[n] for n in names), **constexprs)
-        kernel, grid, names, constexprs = launches[1]
-        accums, ms = {}, {}
-        for path in PATHS:
-            values["dq_accum"] = torch.zeros(B, H, S, D, device="cuda", dtype=torch.float32)
-            args = [values[n] for n in names]
-            launch(kernel, grid, *args, atomic_path=path, **constexprs)
+                      dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
+                      dq_accum=torch.zeros(B, H, S, D, device="cuda", dtype=torch.float32))
+        label = f"{B}x{H}x{S}x{D}{' causal' if causal else ''}"
+        accums, dqs = {}, {}
+        for name, path in ATTENTION_VARIANTS:
+            launches = backward_launches(f16, B, H, H, S, S, D, D ** -0.5, causal,
+                                         path == "det")
+            pre, grid, names, constexprs = launches[0]
+            launch(pre, grid, *(values[n] for n in names), **constexprs)
+            steps = [(kernel, grid, [values[n] for n in names],
+                      dict(constexprs, **({"atomic_path": path} if path != "det" and
+                                          kernel.name.endswith("dkdvdq") else {})))
+                     for kernel, grid, names, constexprs in launches[1:]]
+
+            def run():
+                for kernel, grid, args, constexprs in steps:
+                    launch(kernel, grid, *args, **constexprs)
+            values["dq_accum"].zero_()
+            run()
             torch.cuda.synchronize()
-            accums[path] = values["dq_accum"].clone()
-            ms[path] = time_ms(lambda: launch(kernel, grid, *args, atomic_path=path,
-                                              **constexprs))
-        print(f"  plan {B}x{H}x{S}x{D}:", _plan_note(kernel, tuple(args), constexprs))
-        ref = accums["red"].double()
-        err = ((accums["bulk"].double() - ref).abs().max() / ref.abs().max()).item()
-        finite = bool(torch.isfinite(accums["bulk"]).all())
-        print(f"attention dkdvdq {B}x{H}x{S}x{D}{' causal' if causal else ''}: "
-              f"max |bulk - red| / max |red| = {err:.2e}, finite={finite}")
-        if not finite or err > 1e-4:
-            raise SystemExit("the bulk dQ differs from the red dQ")
-        flops = 10 * B * H * S * S * D * (0.5 if causal else 1.0)  # 5 gemms of 2*S*S*D
-        rows.append((f"attn dkdvdq {B}x{H}x{S}x{D}{' causal' if causal else ''}",
-                     ms["bulk"], ms["red"], flops / ms["bulk"] / 1e9, flops / ms["red"] / 1e9))
+            dqs[name] = values["dq"].clone()
+            if path != "det":
+                accums[name] = values["dq_accum"].clone()
+                kernel, _, args, constexprs = steps[0]
+                print(f"  {label} {name}:", _plan_note(kernel, tuple(args), constexprs))
+            ms = time_ms(run)
+            flops = 10 * B * H * S * S * D * (0.5 if causal else 1.0)  # 5 gemms' worth
+            rows.append((f"attn bwd {label} {name}", ms, flops / ms / 1e9))
+        ref = accums["atomic red"].double()
+        for name in accums:
+            err = ((accums[name].double() - ref).abs().max() / ref.abs().max()).item()
+            dq_err = ((dqs[name].double() - dqs["deterministic"].double()).abs().max()
+                      / dqs["deterministic"].double().abs().max()).item()
+            print(f"  {label} {name}: dQ accum vs red {err:.1e}, dq vs deterministic "
+                  f"{dq_err:.1e}")
+            if not torch.isfinite(accums[name]).all() or err > 1e-4 or dq_err > 1e-2:
+                raise SystemExit(f"{label} {name}: dQ differs")
     return rows
 
 
@@ -116,15 +137,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-attention", action="store_true")
+    parser.add_argument("--skip-tiles", action="store_true")
     args = parser.parse_args()
-    rows = tile_adds_rows(torch, args.quick)
-    if not args.skip_attention:
-        rows += attention_rows(torch, args.quick)
-    print(f"\n{'case':40s} {'bulk ms':>9s} {'red ms':>9s} {'red/bulk':>9s}  rate bulk / red "
-          f"(tile_adds: GB/s added; attention: TFLOP/s)")
+    rows = [] if args.skip_tiles else tile_adds_rows(torch, args.quick)
+    attention = [] if args.skip_attention else attention_rows(torch, args.quick)
+    if rows:
+        print(f"\n{'case':40s} {'bulk ms':>9s} {'red ms':>9s} {'red/bulk':>9s}  GB/s added "
+              f"bulk / red")
     for label, bulk, red, rate_bulk, rate_red in rows:
         print(f"{label:40s} {bulk:9.4f} {red:9.4f} {red / bulk:9.2f}x  "
               f"{rate_bulk:.1f} / {rate_red:.1f}")
+    if attention:
+        print(f"\n{'backward after the preprocess':44s} {'ms':>8s} {'TFLOP/s':>8s}  (10 B H S^2 D "
+              f"flops, halved if causal)")
+    for label, ms, tflops in attention:
+        print(f"{label:44s} {ms:8.3f} {tflops:8.1f}")
 
 
 if __name__ == "__main__":
