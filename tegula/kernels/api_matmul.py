@@ -126,28 +126,20 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
 #: sm_90a, up to 64 rows: the weight streamed through 64×32 wgmma tiles (N/32 blocks),
 #: the ring as deep as shared memory allows. Measured on an H100 (session 10, each
 #: candidate against cuBLAS in one process, `benchmarks/gemm_candidates.py`) at
-#: 64×4096×4096: 64×32×128 in 6 stages 1.04×, 64×32×64 in 16 0.98×, the same in 2-block
-#: clusters multicasting a 0.94×; 64×64 / 64×128 / 32×64 tiles in 4 stages and split-K
-#: 0.65–0.77× (each k-step's fixed cost — the full/empty barrier round, the wgmma
-#: commit and wait — is paid per 64 of K: the wider the step and the deeper the ring,
-#: the closer to the memory's rate).
+#: 64×4096×4096: 64×32×128 in 6 stages 1.04×, 64×32×64 in 16 0.98×; 64×64 / 64×128 /
+#: 32×64 tiles in 4 stages and split-K 0.65–0.77× (each k-step's fixed cost — the
+#: full/empty barrier round, the wgmma commit and wait — is paid per 64 of K: the wider
+#: the step and the deeper the ring, the closer to the memory's rate). Dropped in session
+#: 11, never the fastest: the 64×32 tile in 2-block clusters multicasting a (0.82–0.94×)
+#: and 32×64 in 4 stages (0.93–0.94×).
 STREAM_64 = [dict(BM=64, BN=32, BK=128, STAGES=6), dict(BM=64, BN=32, BK=64, STAGES=16),
-             dict(BM=64, BN=64, BK=128, STAGES=6),
-             dict(BM=64, BN=32, BK=64, STAGES=16, CLUSTER_N=2)]
-#: sm_90a, 65–256 rows: 64×64 tiles in 12 stages 0.99× cuBLAS at 128×4096×4096 (8 stages
-#: 0.96×, 128×32 on two warpgroups 0.94×, split-K 0.65–0.76×); with a long weight
-#: (128×11008×14336) every tile ran 0.76–0.81× and the ping-pong persistent 64×256 0.87×:
-#: 128×128 tiles on two warpgroups in 6 stages read the weight once and a half as often.
+             dict(BM=64, BN=64, BK=128, STAGES=6)]
+#: sm_90a, 65–128 rows: 64×64 tiles in 12 stages 0.99× cuBLAS at 128×4096×4096 (8 stages
+#: 0.96×), 64×64×128 in 6 0.97×; then 128×128 on two warpgroups in 6 stages (0.94–0.96×
+#: with long weights, which 64-row tiles read twice). Dropped in session 11, never the
+#: fastest: 128×32 in 8 stages (0.77–0.94×), the ping-pong persistent 64×256 (0.61–0.93×).
 STREAM_128 = [dict(BM=64, BN=64, BK=64, STAGES=12), dict(BM=64, BN=64, BK=128, STAGES=6),
-              dict(BM=128, BN=32, BK=64, STAGES=8, threads=256),
               dict(BM=128, BN=128, BK=64, STAGES=6, threads=256)]
-#: sm_90a, weights of more than 8192 rows (N): tiles 112 wide, so N = 14336 is 128 blocks
-#: (one per SM, one wave) and 11008 99. At 64×14336×14336: 64×112×128 in 4 stages 1.02×
-#: cuBLAS, 64×64×128 in 6 1.00×, 64×32 0.92–0.93× (the previous picks); at
-#: 128×11008×14336: 128×96 0.95×, 128×128 0.94×, 128×112 0.93×, ping-pong 0.87× (H100,
-#: session 10, round 2).
-WIDE_N_64 = dict(BM=64, BN=112, BK=128, STAGES=4)
-WIDE_N_128 = dict(BM=128, BN=112, BK=64, STAGES=7, threads=256)
 
 
 def wave_fitted(rows: int, n: int, bm: int, bk: int, sms: int,
@@ -174,8 +166,8 @@ def _few_rows_candidates(m: int, n: int, hopper: bool,
     128-wide N tile gives only N/128 blocks (32 for N = 4096, a quarter of an H100), so
     narrower N tiles trade reuse, which few rows cannot use anyway, for blocks; with a
     long K, splitting it multiplies the blocks again (128×4096 in 64×128 tiles is 64
-    blocks; split 4 ways, 256). On sm_90a the streaming tiles (`STREAM_64`,
-    `STREAM_128`, and 112-wide ones for weights of more than 8192 rows) come first."""
+    blocks; split 4 ways, 256). On sm_90a the streaming tiles come first: for 17–128
+    rows `_hopper_decode`'s (tiles cut to N, `STREAM_64` / `STREAM_128`)."""
     registers = dict(kernel="registers", BM=64, BN=64, BK=32)
     rows = _api._pow2_at_least(m, 1)
     if rows <= 16:
@@ -210,26 +202,32 @@ def _few_rows_candidates(m: int, n: int, hopper: bool,
 
 
 def _hopper_decode(rows: int, n: int) -> tuple[list[dict], list[dict]]:
-    """sm_90a, 17–128 rows: the streaming tiles (`STREAM_64` / `STREAM_128`), then the
-    `wave_fitted` ones cut to N, then the rest; split K last."""
+    """sm_90a, 17–128 rows: the `wave_fitted` tiles cut to N where N is no power of two
+    (first: measured on an H100, session 11, at N = 11008 / 14336 and K = 4096, 0.96–1.02×
+    cuBLAS where the listed tiles ran 0.81–0.98×), then `STREAM_64` / `STREAM_128`, at
+    most 6 unsplit, split K last (dropped by `gemm_candidates` where K is short). At
+    128 rows 64-row tiles in BK = 128 (64×168 at 11008: 1.01×) lead, then two consumer
+    warpgroups on 128 rows (128×112 at 14336: 0.96×)."""
     from tegula.arch import get_target
     sms = get_target("sm_90a").sm_count
     if rows <= 64:
-        fitted = [wave_fitted(rows, n, 64, 128, sms), wave_fitted(rows, n, 64, 64, sms)]
-        chosen = _merge_tiles(STREAM_64, fitted) + [dict(BM=32, BN=64, BK=64, STAGES=4)]
-        return chosen, [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)]
-    fitted = [wave_fitted(rows, n, 128, 64, sms), wave_fitted(rows, n, 64, 64, sms)]
-    chosen = _merge_tiles(STREAM_128, fitted) + [PERSISTENT_PINGPONG]
-    return chosen, [dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2)]
+        fitted = [wave_fitted(rows, n, 64, bk, sms) for bk in (128, 64)]
+        listed, split = STREAM_64, dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)
+    else:
+        fitted = [wave_fitted(rows, n, bm, bk, sms) for bk in (128, 64) for bm in (64, 128)]
+        listed, split = STREAM_128, dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2)
+    return _merge_tiles(fitted, listed)[:6], [split]
 
 
-def _merge_tiles(listed: list[dict], fitted: list[dict]) -> list[dict]:
-    """`listed`, then the fitted configs of a (BM, BN, BK) not listed (at N = 4096 the
-    fitted tiles are the listed ones, whose measured ring depths stay)."""
+def _merge_tiles(fitted: list[dict], listed: list[dict]) -> list[dict]:
+    """The fitted configs whose width is no power of two (cut to an N such as 11008),
+    then `listed`, then the other fitted ones whose (BM, BN, BK) is not listed (at
+    N = 4096 the fitted tiles are the listed ones, whose measured ring depths stay)."""
     def tile(c):
         return c["BM"], c["BN"], c["BK"]
-    have = {tile(c) for c in listed}
-    return listed + [c for c in fitted if tile(c) not in have]
+    cut = [c for c in fitted if c["BN"] & (c["BN"] - 1)]
+    have = {tile(c) for c in cut + listed}
+    return cut + listed + [c for c in fitted if c not in cut and tile(c) not in have]
 
 
 #: sm_90a, outputs up to 1024×1024 (64 tiles of 128×128 leave half an H100 idle): tiles

@@ -1,7 +1,6 @@
 """matmul's sm_90a tile configurations (`api_matmul.STREAM_64`, `STREAM_128`,
-`SMALL_SQUARES`, `WIDE_N_64`, `WIDE_N_128`, `wave_fitted`: deep TMA rings, 88- to
-224-wide tiles, 128-wide k-steps, two consumer warpgroups, 2-block
-clusters multicasting a) in the emulator against numpy, every element, each at a shape of
+`SMALL_SQUARES`, `wave_fitted`: deep TMA rings, 88- to 224-wide tiles, 128-wide k-steps,
+two consumer warpgroups) in the emulator against numpy, every element, each at a shape of
 the row class it is chosen for with N and K no multiple of the tile (the last k-step
 partial; one shape with fewer k-steps than stages) — K a multiple of 8, so rows stay
 16-byte aligned and the operands take TMA, as at the bench's shapes — outputs poisoned
@@ -18,8 +17,8 @@ import numpy as np
 import pytest
 
 from tegula.dtypes import f16
-from tegula.kernels.api_matmul import (SMALL_SQUARES, STREAM_64, STREAM_128, WIDE_N_64,
-                                       WIDE_N_128, gemm_candidates, wave_fitted)
+from tegula.kernels.api_matmul import (SMALL_SQUARES, STREAM_64, STREAM_128, gemm_candidates,
+                                       wave_fitted)
 from tegula.kernels.common import random_input
 from tegula.kernels.gemm import gemm_emulated
 
@@ -28,16 +27,17 @@ from test_gemm import check_gemm  # noqa: E402
 
 #: (configurations, the (M, N, K) they run at): rows of their class, ragged N and K.
 CASES = [(STREAM_64, (50, 100, 328)), (STREAM_128, (100, 150, 200)),
-         (SMALL_SQUARES, (140, 90, 136)), ([WIDE_N_64], (40, 300, 392)),
-         ([WIDE_N_128], (128, 230, 136))]
+         (SMALL_SQUARES, (140, 90, 136))]
 #: The wave-fitted decode tiles matmul offers at N = 11008 / 14336 on an H100 (88, 112,
 #: 168 and 224 wide; two consumer warpgroups at BM = 128), at ragged shapes of their rows.
 FITTED = [wave_fitted(rows, n, bm, bk, 132) for rows, n, bm, bk in
           [(64, 11008, 64, 128), (64, 14336, 64, 64), (128, 11008, 128, 64),
-           (128, 11008, 64, 64), (128, 14336, 64, 64), (128, 11008, 128, 128)]]
+           (128, 11008, 64, 64), (128, 14336, 64, 64), (128, 11008, 128, 128),
+           (128, 14336, 64, 128), (128, 14336, 128, 64)]]
 CASES += [([FITTED[0]], (40, 300, 392)), ([FITTED[1]], (64, 200, 200)),
           ([FITTED[2]], (100, 300, 200)), ([FITTED[3]], (127, 400, 136)),
-          ([FITTED[4]], (70, 500, 136)), ([FITTED[5]], (128, 100, 264))]
+          ([FITTED[4]], (70, 500, 136)), ([FITTED[5]], (128, 100, 264)),
+          ([FITTED[6]], (90, 300, 392)), ([FITTED[7]], (128, 230, 136))]
 PARAMS = [pytest.param(config, shape, id=",".join(f"{k}={v}" for k, v in config.items()))
           for configs, shape in CASES for config in configs]
 
