@@ -17,9 +17,12 @@ Out-of-range rows of w and columns past K load as 0 and add nothing.
 
 Measured (H100, 2026-11-24, session 9, one process): without prefetching, 51-80% of the
 copy bandwidth at one row (N x K = 4096², 11008 x 4096, 14336 x 4096, 4096 x 14336) — each
-step waited on its own loads; with the default (two chunks of 16 weights, the next step
-prefetched) 72%, 90%, 91%, 91% (torch's cuBLAS: 59%, 78%, 88%, 83%). The 4096² GEMV
-(32 MB, ~15 µs) is held back by the kernel's start and drain.
+step waited on its own loads; with two chunks of 16 weights, the next step prefetched,
+72%, 90%, 91%, 91% (torch's cuBLAS: 59%, 78%, 88%, 83%). Session 11: four chunks of 8 on two
+rows a block (the default) 73% / 90% at 4096² / 11008 x 4096. The 4096² GEMV (32 MB, ~15 µs)
+is held back by the kernel's start and drain: ncu times the kernel at 13.9 µs (79% of the
+copy rate) where CUDA events measure 15.8, and a torch clone of the same 32 MB reaches only
+83% of the 1 GiB copy's rate (13.3 µs).
 
 Entry points: `gemv_emulated` (numpy, the CPU emulator) and `gemv` (torch, autotuned).
 """
@@ -91,17 +94,19 @@ def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = 
                 threads: int = 128, UNROLL: int | None = None,
                 PREFETCH: bool | None = None) -> tuple[tuple[int], dict]:
     """(grid, constexprs) for an (M, N, K) GEMV: one block per BN rows of w. Defaults keep
-    32 weights (four 16-byte f16 loads) per thread per step for one row of x — two chunks
-    of 16 (UNROLL=2), the next step's loading while this one's multiply (PREFETCH) — 16
-    for up to 4 rows and 8 beyond, so the M accumulators stay near 32-128 registers. One
-    row's default measured best on an H100 (2026-11-24, session 9): 72% of the copy
-    bandwidth at N = K = 4096, 90-91% at 11008 x 4096, 14336 x 4096 and 4096 x 14336,
-    where one chunk of 32 without prefetching streamed at 51-80%."""
+    32 weights (four 16-byte f16 loads) per thread per step for one row of x — four chunks
+    of 8 (UNROLL=4: BN=2 rows a block of 4 warps, 512 columns a chunk), the next step's
+    loading while this one's multiply (PREFETCH) — 16 for up to 4 rows and 8 beyond, so
+    the M accumulators stay near 32-128 registers. One row's default measured best on an
+    H100 (session 11 round 1, L2 flushed): 15.2 / 33.0 µs at 4096² / 11008 x 4096 (73% /
+    90% of the 1 GiB copy, 88% / 87% of a clone of the same bytes) against 15.8 / 34.0 µs
+    for session 9's two chunks of 16 on 4 rows (where one chunk of 32 without prefetching
+    streamed at 51-80%)."""
     if not 1 <= m <= MAX_GEMV_ROWS:
         raise ValueError(f"tegula.kernels.gemv: x has {m} rows; the GEMV kernel takes 1 to "
                          f"{MAX_GEMV_ROWS} (use tegula.kernels.matmul for more)")
     if UNROLL is None:
-        UNROLL = 2 if m == 1 else 1
+        UNROLL = 4 if m == 1 else 1
     if PREFETCH is None:
         PREFETCH = m == 1
     per_thread = 32 // UNROLL if m == 1 else 16 if m <= 4 else 8
@@ -160,14 +165,14 @@ def gemv_emulated(x: np.ndarray, w: np.ndarray, dtype: DType | None = None,
 
 def gemv_candidates(m: int) -> list[dict]:
     """Configurations worth timing for M rows of x: for one row, the prefetching chunk
-    shapes that streamed at 70-92% of the copy bandwidth on an H100 (session 9; the
-    default first); otherwise chunk shapes around the default's register budget and 256
-    threads (more bytes in flight per block), for two rows with prefetching too."""
+    shapes that streamed at 70-92% of the copy bandwidth on an H100 (sessions 9 and 11;
+    the default first); otherwise chunk shapes around the default's register budget and
+    256 threads (more bytes in flight per block), for two rows with prefetching too."""
     if m == 1:
-        return [dict(BN=4, BK=512, UNROLL=2, PREFETCH=True),
-                dict(BN=8, BK=512, UNROLL=2, PREFETCH=True),
-                dict(BN=8, BK=512, PREFETCH=True),
-                dict(BN=4, BK=1024, PREFETCH=True, threads=256)]
+        return [dict(BN=2, BK=512, UNROLL=4, PREFETCH=True),
+                dict(BN=2, BK=1024, UNROLL=2, PREFETCH=True),
+                dict(BN=4, BK=512, UNROLL=2, PREFETCH=True),
+                dict(BN=8, BK=512, PREFETCH=True)]
     out = []
     per_thread = 16 if m <= 4 else 8
     for threads in (128, 256):

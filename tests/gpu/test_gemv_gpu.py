@@ -42,6 +42,7 @@ def _inputs(m, n, k, dtype, seed):
                                    dict(BN=1, BK=32), dict(BN=3, BK=64),
                                    dict(BN=2, BK=1024, UNROLL=2), dict(BN=3, BK=64, UNROLL=3),
                                    dict(BN=8, BK=512, PREFETCH=True),
+                                   dict(BN=2, BK=1024, UNROLL=2, PREFETCH=True),
                                    dict(BN=3, BK=64, UNROLL=2, PREFETCH=True)],
                          ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()) or "default")
 @pytest.mark.parametrize("m,n,k", SHAPES)

@@ -86,7 +86,7 @@ def test_gemv_empty_dims():
 
 def test_gemv_config_shrinks_the_chunk_as_rows_grow():
     """Weights per thread per step (BN·BK·UNROLL/threads; M accumulators of BN·BK/threads
-    f32 each): 32 for one row (two chunks of 16), 16 for 4 rows, 8 for 16."""
+    f32 each): 32 for one row (four chunks of 8), 16 for 4 rows, 8 for 16."""
     for m, per_thread in [(1, 32), (4, 16), (16, 8)]:
         _, c = gemv_config(m, 4096, 4096)
         assert c["BN"] * c["BK"] * c["UNROLL"] // 128 == per_thread and c["M"] == m
