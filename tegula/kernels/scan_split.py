@@ -10,8 +10,9 @@ bound at 4x1536x2048.
 Here a block owns BD channels; the channel's N states are split over G threads (S = N / G
 states each, held in registers); every thread walks the chunk's BL steps one after the
 other, so a (state, step) costs exp2(delta·A·log2 e) (one multiply, one MUFU), delta·u·B
-(one multiply), the recurrence (one multiply-add) and its share of y (one multiply-add). The
-tile is (BD, N, BL), scanned along the steps with `tg.scan` (whose layout gives each thread
+(one multiply), the recurrence (one multiply-add) and its share of y (one multiply-add);
+with FMA_CHAIN (default) the multiply-add on the state's dependency chain is a·h + (δu·B),
+one FFMA a step (see the kernel body). The tile is (BD, N, BL), scanned along the steps with `tg.scan` (whose layout gives each thread
 whole rows: no shuffle); the product of the (a, b) pairs' first halves is never used, so the
 compiler drops it.
 
@@ -24,13 +25,16 @@ Per chunk of BL steps, in a `tg.pipeline` of STAGES cp.async stages:
 3. the states scan: each thread reads its channel's delta and delta·u and its states' B and C
    as 16-byte broadcasts, and sums its S states' h·C in registers;
 4. the G partial sums of a channel go through shared memory and are added by the thread that
-   stores the output (4 consecutive steps of one channel: 16-byte stores along the
+   stores the output (up to 4 consecutive steps of one channel: 16-byte stores along the
    sequence), which also applies D·u and the silu gate once per element.
 
 Measured on an H100 (session 10, every option on, 4x1536x2048, dstate 16): 128 / 122 µs
 f32 / bf16 at the default tiles (8 threads a channel, 32 steps a chunk), 52% / 27% of the
 copy bandwidth, against 158 / 151 µs for the lane scan; 7.4-8.4 SASS per (state, step), but
 latency-bound (ncu: 0.59 instructions issued per cycle per scheduler; docs/performance.md).
+Session 11: 3 stages (two chunks ahead) by default, 126 / 119 µs against 132 / 125 µs for 2
+in one process; ncu's leading stalls were the short scoreboard (MUFU, shared loads) and the
+fixed-latency chain, which FMA_CHAIN shortens (docs/performance.md, session 11).
 """
 from __future__ import annotations
 
