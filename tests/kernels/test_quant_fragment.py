@@ -208,13 +208,16 @@ def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
 @pytest.mark.parametrize("m", [1, 16, 100])
 def test_every_fragment_candidate_runs(m):
     """Each config the torch entry point's tuner may pick for pre-packed weights, emulated
-    at a shape that divides no tile."""
+    at a shape that divides no tile: the fixed list, and what a shape adds (on one SM
+    the two row tiles fill it: the unsplit 6-stage ring)."""
     from tegula.kernels.quant import fragment_candidates
     rng = np.random.default_rng(m)
     for group, k in ((32, 160), (128, 384)):
         a = random_input(rng, (m, k), f16)
         w_q, scales, zeros = random_w4(rng, 70, k, group, f16)
-        for tiles in fragment_candidates(m):
+        candidates = fragment_candidates(m)
+        candidates += [c for c in fragment_candidates(m, 70, k, sms=1) if c not in candidates]
+        for tiles in candidates:
             c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, **tiles)
             check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
 
