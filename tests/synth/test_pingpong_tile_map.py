@@ -21,20 +21,31 @@ from tegula.errors import SynthesisError
 BM = BN = 64
 
 
-@tg.kernel(threads=128)
-def folded_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
-                 BK: tg.constexpr = 32, STAGES: tg.constexpr = 2):
-    """Row tile t of a @ b.T into row tile t // 2 of c: the odd iteration's is left."""
+def row_tile_product(a, b, BK, STAGES):
+    """(trace time) `product(t)`: row tile t of a @ b.T (b's first BN rows) through a
+    TMA + wgmma ring made here, shared by every call (the tile loop's)."""
     sa = tg.shared((BM, BK), f16, stages=STAGES)
     sb = tg.shared((BN, BK), f16, stages=STAGES)
     gb = b.tile((BN, BK), (0, None))
-    for t in tg.range(tg.cdiv(a.shape[0], BM)):
+
+    def product(t):
         ga = a.tile((BM, BK), (t, None))
         acc = tg.zeros((BM, BN), f32)
         for k in tg.pipeline(ga.shape[2], stages=STAGES):
             tg.copy(ga[:, :, k], sa[k])
             tg.copy(gb[:, :, k], sb[k])
             tg.gemm(acc, sa[k], sb[k])
+        return acc
+    return product
+
+
+@tg.kernel(threads=128)
+def folded_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                 BK: tg.constexpr = 32, STAGES: tg.constexpr = 2):
+    """Row tile t of a @ b.T into row tile t // 2 of c: the odd iteration's is left."""
+    product = row_tile_product(a, b, BK, STAGES)
+    for t in tg.range(tg.cdiv(a.shape[0], BM)):
+        acc = product(t)
         tg.copy(acc, c.tile((BM, BN), (t // 2, 0)))
 
 
@@ -43,16 +54,9 @@ def running_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                   BK: tg.constexpr = 32, STAGES: tg.constexpr = 2):
     """c tile t = a_t @ b.T + c tile t - 1 (tile 0 adds c's own first tile): a running
     sum over row tiles, each iteration reading what the previous one stored."""
-    sa = tg.shared((BM, BK), f16, stages=STAGES)
-    sb = tg.shared((BN, BK), f16, stages=STAGES)
-    gb = b.tile((BN, BK), (0, None))
+    product = row_tile_product(a, b, BK, STAGES)
     for t in tg.range(tg.cdiv(a.shape[0], BM)):
-        ga = a.tile((BM, BK), (t, None))
-        acc = tg.zeros((BM, BN), f32)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
+        acc = product(t)
         before = tg.load(c.tile((BM, BN), (tg.maximum(t - 1, 0), 0)))
         tg.copy(acc + before, c.tile((BM, BN), (t, 0)))
 
@@ -61,16 +65,9 @@ def running_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
 def table_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                 order: tg.Tensor[i32, 1], BK: tg.constexpr = 32, STAGES: tg.constexpr = 2):
     """Row tile t of a @ b.T into row tile order[t] of c (a user's index table)."""
-    sa = tg.shared((BM, BK), f16, stages=STAGES)
-    sb = tg.shared((BN, BK), f16, stages=STAGES)
-    gb = b.tile((BN, BK), (0, None))
+    product = row_tile_product(a, b, BK, STAGES)
     for t in tg.range(tg.cdiv(a.shape[0], BM)):
-        ga = a.tile((BM, BK), (t, None))
-        acc = tg.zeros((BM, BN), f32)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
+        acc = product(t)
         tg.copy(acc, c.tile((BM, BN), (order[t], 0)))
 
 
@@ -183,16 +180,9 @@ def self_indexed_tiles(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                        STAGES: tg.constexpr = 2):
     """Row tile t (proven apart) of column tile order[0], and the loop writes order (each
     entry moved on by one): iteration 0 changes the column the later ones store to."""
-    sa = tg.shared((BM, BK), f16, stages=STAGES)
-    sb = tg.shared((BN, BK), f16, stages=STAGES)
-    gb = b.tile((BN, BK), (0, None))
+    product = row_tile_product(a, b, BK, STAGES)
     for t in tg.range(tg.cdiv(a.shape[0], BM)):
-        ga = a.tile((BM, BK), (t, None))
-        acc = tg.zeros((BM, BN), f32)
-        for k in tg.pipeline(ga.shape[2], stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
-            tg.copy(gb[:, :, k], sb[k])
-            tg.gemm(acc, sa[k], sb[k])
+        acc = product(t)
         tg.copy(acc, c.tile((BM, BN), (t, order[0])))
         tg.copy(tg.load(order.tile((1,), (t,))) + 1, order.tile((1,), (t,)))
 
