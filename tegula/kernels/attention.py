@@ -176,7 +176,7 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
                                              STAGES, masked_scores, needs_mask, pv_gemm)
     else:
         m_i, l_i, acc = _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                                  masked_scores, needs_mask, pv_gemm)
+                                  masked_scores, pv_gemm)
     unseen = l_i == 0.0                                   # the row saw no key (NaN: it did)
     l_safe = tg.where(unseen, 1.0, l_i)
     tg.copy((acc * (1.0 / l_safe)).to(dtype), ov.tile((BM, D), (m, 0)))
@@ -193,27 +193,18 @@ def _softmax_state(sq):
 
 
 def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores,
-              needs_mask, pv_gemm):
+              pv_gemm):
     """The key loop: block j's scores, their online softmax (rescaling acc), then
-    acc += p_j @ v_j; returns (m_i, l_i, acc). The softmax, down to p's f16 fragment, is
-    written into both sides of the mask's branch: the compiler sinks arithmetic towards
-    its first use, and the two consumer warpgroups' ping-pong takes its turn (a bar.sync)
-    right before p @ v, so a softmax after the join ran after the turn was taken, with
-    the other warpgroup's gemms waiting for it (SASS, D = 64 / 128: every MUFU.EX2 after
-    the BAR.SYNC); out of a branch it is not moved past the join."""
+    acc += p_j @ v_j; returns (m_i, l_i, acc)."""
     m_i, l_i, acc = _softmax_state(sq)
     for j in tg.pipeline(blocks, stages=STAGES):
         tg.copy(keys[:, :, j], sk[j])
         tg.copy(values[:, :, j], sv[j])
         s = tg.zeros((sq.shape[0], BN), f32)
         tg.gemm(s, sq, sk[j])                             # s = q @ k.T
-        with tg.if_(needs_mask(j)):
-            p, m_i, l_i = online_softmax_step(*masked_scores(s, j, True), m_i, l_i, acc)
-            p16 = p.to(dtype)
-        with tg.else_():
-            p, m_i, l_i = online_softmax_step(*masked_scores(s, j, False), m_i, l_i, acc)
-            p16 = p.to(dtype)
-        pv_gemm(p16, sv[j], acc)                          # acc += p @ v
+        p, m_new, l_i = online_softmax_step(*masked_scores(s, j), m_i, l_i, acc)
+        pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p @ v
+        m_i = m_new
     return m_i, l_i, acc
 
 

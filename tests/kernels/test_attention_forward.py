@@ -283,19 +283,14 @@ def test_the_overlapped_loop_runs_the_softmax_while_both_gemms_are_in_flight():
         assert any(isinstance(x, Shuffle) for x in walk(side))
         assert not any(isinstance(x, (WgmmaWait, WgmmaCommit)) for x in walk(side))
     body = loop_body(False)
-    # the plain loop's softmax is in the mask's branch too (both sides), after the wait
-    shuffles = [i for i, s in enumerate(body) if any(isinstance(x, Shuffle) for x in walk([s]))]
-    assert shuffles and positions(body, WgmmaWait)[0] < shuffles[0]
-    assert all(isinstance(body[i], If) for i in shuffles)
+    assert positions(body, WgmmaWait)[0] < positions(body, Shuffle)[0]
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_only_key_blocks_past_the_diagonal_or_the_end_are_masked(causal):
     """The mask's compares and selects sit in a branch on the key block's index, taken by
-    blocks reaching past the first row's last visible key (causal) or the last key; its
-    other side is the same softmax without them (both sides hold the softmax, so that the
-    compiler does not sink it below the join), and the waits stay outside it, so the
-    interior blocks run no mask code."""
+    blocks reaching past the first row's last visible key (causal) or the last key; the
+    waits stay outside it, so the interior blocks run no mask code."""
     from tegula.build import build
     from tegula.lower.async_ir import MBarrierArrive, WgmmaCommit, WgmmaWait
     from tegula.lower.thread_ir import Assign, For, If, walk
@@ -308,10 +303,9 @@ def test_only_key_blocks_past_the_diagonal_or_the_end_are_masked(causal):
     branches = [s for s in loop.body if isinstance(s, If)
                 and not any(isinstance(x, MBarrierArrive) for x in walk(s.then))]
     assert len(branches) == 1 and "i0" in str(branches[0].cond)
-    masked, unmasked = list(walk(branches[0].then)), list(walk(branches[0].otherwise))
-    assigns = [len([x for x in side if isinstance(x, Assign)]) for side in (masked, unmasked)]
-    assert assigns[0] >= assigns[1] + 32 and assigns[1] >= 64   # a select per score more
-    assert not any(isinstance(x, WgmmaWait) for x in masked + unmasked)
+    inside = list(walk(branches[0].then))
+    assert len([x for x in inside if isinstance(x, Assign)]) >= 32   # a select per score
+    assert not any(isinstance(x, WgmmaWait) for x in inside) and not branches[0].otherwise
 
 
 # -- bad input: a clear error naming the argument, before anything is traced -------------------
