@@ -195,7 +195,14 @@ def _softmax_state(sq):
 def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores,
               pv_gemm):
     """The key loop: block j's scores, their online softmax (rescaling acc), then
-    acc += p_j @ v_j; returns (m_i, l_i, acc)."""
+    acc += p_j @ v_j; returns (m_i, l_i, acc). With consumers="pingpong" the compiler
+    sinks this softmax below the turn's bar.sync before p @ v (SASS, D = 64 and 128: every
+    MUFU.EX2 after the BAR.SYNC), so a warpgroup holds the turn through it. Copying the
+    softmax into both sides of the mask's branch keeps it above the barrier, but measured
+    worse (session 11, H100: D = 128 plain 0.881x cuDNN against 0.895x, ping-pong no
+    better, and the D = 64 ping-pong launch at 4x32x4096 did not finish within 55 s);
+    keeping the softmax above the turn is for the lowering (an operand fence of p's
+    fragment before the bar.sync)."""
     m_i, l_i, acc = _softmax_state(sq)
     for j in tg.pipeline(blocks, stages=STAGES):
         tg.copy(keys[:, :, j], sk[j])
