@@ -8,6 +8,10 @@ each program, target and output, the distinct bit patterns of NaN elements (as t
 outputs' own bits, or the f32 values of bitcast integers) on the GPU and in the emulator.
 
     PYTHONPATH=. python3 benchmarks/nan_payload_probe.py
+
+Session 11 round 2 (H100, sm_90a): the GPU's accumulator NaN is 0x7fffffff (canonical)
+where the emulator's wgmma path gives 0x7fc00000 and its mma.sync path 0xffc00000; an
+sm_80 cubin does not load on the H100, so the mma.sync column needs an Ampere GPU.
 """
 from __future__ import annotations
 
