@@ -11,8 +11,8 @@ Here a block owns BD channels; the channel's N states are split over G threads (
 states each, held in registers); every thread walks the chunk's BL steps one after the
 other, so a (state, step) costs exp2(delta·A·log2 e) (one multiply, one MUFU), delta·u·B
 (one multiply), the recurrence (one multiply-add) and its share of y (one multiply-add);
-with FMA_CHAIN (default) the multiply-add on the state's dependency chain is a·h + (δu·B),
-one FFMA a step (see the kernel body). The tile is (BD, N, BL), scanned along the steps with `tg.scan` (whose layout gives each thread
+with FMA_CHAIN the multiply-add on the state's dependency chain is a·h + (δu·B), one FFMA a
+step (see the kernel body; off by default, measured no faster). The tile is (BD, N, BL), scanned along the steps with `tg.scan` (whose layout gives each thread
 whole rows: no shuffle); the product of the (a, b) pairs' first halves is never used, so the
 compiler drops it.
 
@@ -34,7 +34,8 @@ copy bandwidth, against 158 / 151 µs for the lane scan; 7.4-8.4 SASS per (state
 latency-bound (ncu: 0.59 instructions issued per cycle per scheduler; docs/performance.md).
 Session 11: 3 stages (two chunks ahead) by default, 126 / 119 µs against 132 / 125 µs for 2
 in one process; ncu's leading stalls were the short scoreboard (MUFU, shared loads) and the
-fixed-latency chain, which FMA_CHAIN shortens (docs/performance.md, session 11).
+fixed-latency chain, which FMA_CHAIN shortens, at 40 more registers a thread: no faster at
+4x1536x2048 (127.0 / 122.3 µs against 125.4 / 119.2), so off by default.
 """
 from __future__ import annotations
 
@@ -55,12 +56,14 @@ OUT_RUN = 4
 
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
                  G: int | None = None, STAGES: int = 3, threads: int = THREADS,
-                 blocks_per_sm: int | None = None, FMA_CHAIN: bool = True) -> dict:
+                 blocks_per_sm: int | None = None, FMA_CHAIN: bool = False) -> dict:
     """The split kernel's constexprs for `dstate` states: G threads per channel (8 where it
     divides dstate, else the largest power of two that does), BD = threads / G channels a
     block, BL steps a chunk (32, or the power of two that keeps a thread's (state, step)
     values at 64 or fewer), STAGES chunks in the cp.async ring (3: two chunks ahead),
-    FMA_CHAIN (the recurrence as one FFMA a step, see the kernel), and `threads` and
+    FMA_CHAIN (the recurrence as one FFMA a step, see the kernel; off by default: 1-3%
+    slower at 4x1536x2048 in session 11 round 2, its 168 registers against 128 leave 3
+    blocks an SM, 3% at 8x2048x1024 f32), and `threads` and
     `blocks_per_sm` (build options: the register cap of `__launch_bounds__`) where given.
     Raises ValueError for tiles the kernel cannot run. The defaults measured best on an
     H100 at 4x1536x2048, dstate 16 (session 10, `benchmarks/results/h100-2026-11-24-
@@ -132,7 +135,7 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
                              BL: tg.constexpr = 16, G: tg.constexpr = 4,
                              STAGES: tg.constexpr = 2, HAS_D: tg.constexpr = False,
                              HAS_Z: tg.constexpr = False, HAS_BIAS: tg.constexpr = False,
-                             SOFTPLUS: tg.constexpr = False, FMA_CHAIN: tg.constexpr = True):
+                             SOFTPLUS: tg.constexpr = False, FMA_CHAIN: tg.constexpr = False):
         b, block = tg.block_id(0), tg.block_id(1)
         a2 = tg.reshape(tg.load(A.tile((BD, N), (block, 0))) * LOG2E, (BD, N, 1))
         h = tg.zeros((BD, N, 1), f32)           # the states, carried from chunk to chunk

@@ -97,7 +97,7 @@ def test_nan_propagates_along_the_sequence_only(where):
 
 def test_split_config_defaults_and_refusals():
     assert split_config(16) == dict(N=16, BD=16, BL=32, G=8, STAGES=3, threads=128,
-                                    FMA_CHAIN=True)
+                                    FMA_CHAIN=False)
     assert split_config(6)["G"] == 2 and split_config(7)["G"] == 1
     assert split_config(64)["BL"] == 8 and split_config(5)["BL"] == 8
     assert split_config(16, blocks_per_sm=3)["blocks_per_sm"] == 3
