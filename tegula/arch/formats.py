@@ -18,6 +18,30 @@ import numpy as np
 
 from tegula.dtypes import DType, f8e4m3, f8e5m2
 
+# ---------------------------------------------------------------------- tensor-core NaN
+
+#: The NaN a tensor core writes into a float accumulator, whatever NaN arose: the GPU does
+#: not propagate payloads. Measured for wgmma's f32 accumulator on an H100 (session 11,
+#: `benchmarks/nan_payload_probe.py`: 0x7fffffff on every NaN element); mma.sync is taken to
+#: write the same (NVIDIA's canonical NaN; an sm_80 cubin cannot run on the H100 to check).
+_TENSOR_CORE_NAN = {np.dtype(np.float32): np.uint32(0x7FFFFFFF),
+                    np.dtype(np.float16): np.uint16(0x7FFF)}
+
+
+def tensor_core_nan(values: np.ndarray) -> np.ndarray:
+    """Accumulator `values` (float32 or float16; other types pass through) with every NaN
+    replaced by the tensor cores' canonical NaN, so the emulator's wgmma and mma.sync paths
+    agree with the GPU and with each other bit for bit (numpy would keep x86's NaN of the
+    operation that made it, which differs between the two paths)."""
+    values = np.asarray(values)
+    canon = _TENSOR_CORE_NAN.get(values.dtype)
+    if canon is None or not np.isnan(values).any():
+        return values
+    bits = np.ascontiguousarray(values).view(canon.dtype).copy()
+    bits[np.isnan(values)] = canon
+    return bits.view(values.dtype)
+
+
 # ---------------------------------------------------------------------- f8
 
 

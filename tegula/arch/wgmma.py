@@ -63,6 +63,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from tegula.arch.formats import tensor_core_nan
 from tegula.arch.instructions import AsmOperand, Instruction, ptx_type, tv_table
 from tegula.arch.smem_matrix import (  # noqa: F401  (re-exported: one definition)
     MatrixDescriptor, canonical_smem_layout, decode_descriptor, descriptor_element_addresses,
@@ -217,7 +218,8 @@ class WgmmaInstr(Instruction):
                 if d is None or np.shape(d) != (self.m, self.n):
                     raise TegulaError(f"{self.name}: scale-d 1 reads D ({self.m}, {self.n})")
                 out = out + np.asarray(d, dtype=np.float64)
-            return out.astype(np.float32 if self.acc_dtype == f32 else np.float16)
+            return tensor_core_nan(out.astype(np.float32 if self.acc_dtype == f32
+                                              else np.float16))
 
     def timing(self, target) -> tuple[float, float]:
         """(issue cycles of the warpgroup's instruction on one SM, latency cycles)."""

@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from tegula.arch import cp_async_sizes, get_mma, ldmatrix, shuffle
+from tegula.arch.formats import tensor_core_nan
 from tegula.arch.memory import VECTOR_BYTES, vector_refusal  # the catalogue's ld/st widths
 from tegula.arch.instructions import MmaInstr
 from tegula.dtypes import DType
@@ -348,7 +349,7 @@ def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
         a, b, c = (_gather(loc, state, lanes).astype(work).reshape(nw, 32, -1)
                    for loc in (la, lb, lc))
         vals = instr.execute(a, b, c)  # [W, 32, Vc], the entry's semantics
-        _scatter(ld, state, lanes, round_to(vals.reshape(nw * 32, -1), cdt))
+        _scatter(ld, state, lanes, tensor_core_nan(round_to(vals.reshape(nw * 32, -1), cdt)))
         st.add(nw)
     return run
 
