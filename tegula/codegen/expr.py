@@ -32,7 +32,6 @@ from typing import Callable
 import numpy as np
 
 from tegula.dtypes import DType
-from tegula.dtypes import i32 as _INDEX_DTYPE  # an IndexValue converts like an i32 value
 from tegula.errors import TegulaError
 from tegula.lower.async_ir import Elect
 from tegula.lower.thread_ir import (
@@ -485,7 +484,7 @@ class ValuePrinter:
         if isinstance(v, Literal):
             return self._literal(v)
         if isinstance(v, IndexValue):  # rounded to its type like any value (2049 in f16)
-            text = self._convert(f"({self.index_c(v.expr)})", _INDEX_DTYPE, v.dtype)
+            text = self._convert(f"({self.index_c(v.expr)})", v.source, v.dtype)
         elif isinstance(v, Cast):
             text = self._convert(self.compute(v.x), v.x.dtype, v.dtype)
         elif isinstance(v, Unary):

@@ -213,7 +213,7 @@ def elementwise_zoo(threads: int = 128) -> ThreadKernel:
     body = [GlobalLoad(Reg(x, Const(0)), "x", idx * Var("x_stride0"), 2, pred=inside, fill=-1.0)]
     for k in range(2):
         xv = RegRead(Reg(x, Const(k)))
-        big = Binary("gt", Cast(xv, f32), IndexValue(Var("alpha"), f32), bool_)
+        big = Binary("gt", Cast(xv, f32), IndexValue(Var("alpha"), f32, source=f32), bool_)
         val = Where(big, Binary("mul", Unary("exp", xv, f16), Literal(2.0, f16), f16),
                     Unary("neg", xv, f16), f16)
         body += [Assign(Reg(q, Const(k)), Cast(xv, f8e4m3)),

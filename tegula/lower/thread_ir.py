@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from tegula.dtypes import DType
+from tegula.dtypes import DType, i32
 
 # --------------------------------------------------------------------------------------
 # Index expressions
@@ -262,10 +262,15 @@ class Literal(Value):
 
 @dataclass(frozen=True)
 class IndexValue(Value):
-    """An index expression used as a value (e.g. a coordinate, to mask out-of-range elements)."""
+    """An index expression used as a value (e.g. a coordinate, to mask out-of-range elements),
+    converted from `source`, the type of `expr`'s value, to `dtype`. Every index expression
+    the lowering makes is i32; a float scalar parameter of a hand-written thread kernel
+    (`ScalarParam("alpha", f32)`) says `source=f32`, so the emitter does not convert it as
+    an integer (it would pass 0.25 to the i32 -> f32 entry as 0)."""
 
     expr: Expr
     dtype: DType
+    source: DType = i32
 
 
 #: Unary ops on values: neg, abs, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh,

@@ -58,3 +58,17 @@ def test_gpu_saturates_like_the_emulator(dtype):
     kernel[(1,)](x, out)
     torch.cuda.synchronize()
     assert np.array_equal(out.cpu().numpy(), emulated)
+
+
+def test_a_float_scalar_parameter_is_not_converted_as_an_integer():
+    """Session 11: once int -> float casts went through the cvt.rn.f32.s32 entry, an
+    IndexValue over the f32 parameter `alpha` (codegen sample `elementwise_zoo`) was printed
+    `tg_i32_to_f32((alpha))`, so 0.25 compared as 0 on the GPU (the H100 run of
+    tests/runtime/test_gpu_launch.py found it). An IndexValue says its expression's type."""
+    from tegula.codegen import emit_cuda
+    from tegula.codegen.samples import elementwise_zoo
+    emitted = emit_cuda(elementwise_zoo())
+    source = emitted if isinstance(emitted, str) else emitted.source
+    assert "tg_i32_to_f32((alpha))" not in source
+    assert "> (alpha))" in source
+    assert "tg_i32_to_f32(nv[0])" in source  # the i32 register still converts by the entry
