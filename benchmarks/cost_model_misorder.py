@@ -19,9 +19,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cost_model_check import average_ranks  # noqa: E402  (Spearman's ranks, ties averaged)
 
 
 def load_points(paths: list[str], families: set) -> list[dict]:
@@ -38,20 +42,6 @@ def load_points(paths: list[str], families: set) -> list[dict]:
                 found[(p["family"], json.dumps(p["shape"]), json.dumps(p["config"],
                                                                       sort_keys=True))] = p
     return list(found.values())
-
-
-def ranks(values: list[float]) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    out = np.empty(len(values))
-    values = np.asarray(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        out[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
 
 
 def describe(p: dict) -> dict:
@@ -75,8 +65,8 @@ def ceiling(points: list[dict], rng) -> float:
     sigma = np.array([p.get("spread", 0.05) for p in points]) / 1.68 / 2
     draws = []
     for _ in range(200):
-        a = ranks(list(measured * (1 + rng.normal(0, sigma))))
-        b = ranks(list(measured * (1 + rng.normal(0, sigma))))
+        a = average_ranks(list(measured * (1 + rng.normal(0, sigma))))
+        b = average_ranks(list(measured * (1 + rng.normal(0, sigma))))
         draws.append(np.corrcoef(a, b)[0, 1])
     return float(np.mean(draws))
 
@@ -95,7 +85,8 @@ def main() -> None:
     print(f"{'family':9s} {'shape':14s} configs spearman noise-ceiling")
     for (family, shape), here in sorted(by_shape.items()):
         n = len(here)
-        rp, rm = ranks([p["predicted_us"] for p in here]), ranks([p["measured_us"] for p in here])
+        rp = average_ranks([p["predicted_us"] for p in here])
+        rm = average_ranks([p["measured_us"] for p in here])
         d = rp - rm
         loss = 6 * d ** 2 / (n * (n * n - 1))   # exact without ties, a share with them
         charged += [(l, dd, p) for l, dd, p in zip(loss, d, here)]

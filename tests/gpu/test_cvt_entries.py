@@ -28,17 +28,20 @@ from gpu_helpers import assert_matches_emulator, launch, poison, to_device, torc
 N = 4096
 
 
-def round_trip_kernel(dtype) -> ThreadKernel:
-    """y = dtype(x), z = f32(y): one element per thread, blocks of 128 (grid N / 128)."""
-    a, b, c = RegArray("a", f32, 1), RegArray("b", dtype, 1), RegArray("c", f32, 1)
+def round_trip_kernel(dtype, src=f32) -> ThreadKernel:
+    """y = dtype(x), z = src(y) with x of type `src`: one element per thread, blocks of 128
+    (grid N / 128). The float formats round-trip through f32; the integer conversions'
+    test (test_int_cvt_entries_gpu.py) passes other sources."""
+    a, b, c = RegArray("a", src, 1), RegArray("b", dtype, 1), RegArray("c", src, 1)
     i = BLOCK_IDS[0] * 128 + TID
     r = lambda arr: Reg(arr, Const(0))  # noqa: E731
+    name = f"cvt_{dtype.name}" if src == f32 else f"cvt_{src.name}_{dtype.name}"
     return ThreadKernel(
-        f"cvt_{dtype.name}", 128,
-        [TensorParam("x", f32, 1), TensorParam("y", dtype, 1, True),
-         TensorParam("z", f32, 1, True)], [a, b, c], [],
+        name, 128,
+        [TensorParam("x", src, 1), TensorParam("y", dtype, 1, True),
+         TensorParam("z", src, 1, True)], [a, b, c], [],
         [GlobalLoad(r(a), "x", i, 1), Assign(r(b), Cast(RegRead(r(a)), dtype)),
-         GlobalStore("y", i, r(b), 1), Assign(r(c), Cast(RegRead(r(b)), f32)),
+         GlobalStore("y", i, r(b), 1), Assign(r(c), Cast(RegRead(r(b)), src)),
          GlobalStore("z", i, r(c), 1)])
 
 

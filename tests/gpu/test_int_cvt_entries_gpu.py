@@ -24,22 +24,9 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
 from gpu_helpers import bits_of, launch, poison, to_device, torch_dtype  # noqa: E402
+from test_cvt_entries import round_trip_kernel  # noqa: E402  (y = mid(x), z = src(y))
 
 N = 4096
-
-
-def round_trip_kernel(src, mid) -> ThreadKernel:
-    """y = mid(x), z = src(y): one element per thread, blocks of 128."""
-    a, b, c = RegArray("a", src, 1), RegArray("b", mid, 1), RegArray("c", src, 1)
-    i = BLOCK_IDS[0] * 128 + TID
-    r = lambda arr: Reg(arr, Const(0))  # noqa: E731
-    return ThreadKernel(
-        f"cvt_{src.name}_{mid.name}", 128,
-        [TensorParam("x", src, 1), TensorParam("y", mid, 1, True),
-         TensorParam("z", src, 1, True)], [a, b, c], [],
-        [GlobalLoad(r(a), "x", i, 1), Assign(r(b), Cast(RegRead(r(a)), mid)),
-         GlobalStore("y", i, r(b), 1), Assign(r(c), Cast(RegRead(r(b)), src)),
-         GlobalStore("z", i, r(c), 1)])
 
 
 def float_inputs(rng) -> np.ndarray:
@@ -64,7 +51,7 @@ def int_inputs(rng) -> np.ndarray:
 def test_integer_conversions_like_the_emulator(src, mid):
     rng = np.random.default_rng(sum(map(ord, src.name + mid.name)))
     x = int_inputs(rng) if src == i32 else float_inputs(rng)
-    kernel = round_trip_kernel(src, mid)
+    kernel = round_trip_kernel(mid, src)
     y = poison(torch.empty(N, dtype=torch_dtype(mid), device="cuda"))
     z = poison(torch.empty(N, dtype=torch_dtype(src), device="cuda"))
     launch(kernel, N // 128, to_device(x, src), y, z)
