@@ -10,7 +10,6 @@ from typing import Callable
 
 import numpy as np
 
-from tegula.arch.formats import tensor_core_nan
 from tegula.arch.smem_matrix import MatrixDescriptor, descriptor_element_addresses
 from tegula.arch.tma import (tma_box_addresses, tma_box_copy, tma_box_window, tma_reduce_add,
                              tma_store_box)
@@ -597,7 +596,8 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
                 a.async_read(addrs, np.int64(lanes[0]), what, state.smem.buffer_at,
                              written=True)
             out = instr.execute(d if scale else None, a_vals, b_vals, scale)
-            vals = tensor_core_nan(round_to(out.T.ravel()[acc_table], acc_dt))  # [128, values]
+            # the entry's result already holds the tensor cores' NaN; round_to keeps it
+            vals = round_to(out.T.ravel()[acc_table], acc_dt)  # [128, values]
             for v, (arr, col) in enumerate(d_where):
                 arr[lanes, col] = vals[:, v]
             a.wgmma_issued(g, what, lanes, [(name, col) for (name, _), (_, col)

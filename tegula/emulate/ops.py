@@ -349,6 +349,7 @@ def compile_mma(s: Mma, ctx: Ctx, st: OpStats, what: str) -> Run:
         a, b, c = (_gather(loc, state, lanes).astype(work).reshape(nw, 32, -1)
                    for loc in (la, lb, lc))
         vals = instr.execute(a, b, c)  # [W, 32, Vc], the entry's semantics
+        # mma.sync's entry computes in the working type; its NaN is canonical once rounded
         _scatter(ld, state, lanes, tensor_core_nan(round_to(vals.reshape(nw * 32, -1), cdt)))
         st.add(nw)
     return run
