@@ -11,7 +11,8 @@ checked against a float32 reference of the same e4m3 inputs and scales (relative
 Frobenius error). `--moe`: the MoE grouped GEMM's 64-expert top-6 case (balanced) in
 several tilings against dense cuBLAS at equal FLOPs. `--variants`: the measurement-only
 variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows); `--ceilings`:
-per-tensor ceilings of other tiles (`CEILINGS`). A table last (TFLOP/s; nothing is
+per-tensor ceilings of other tiles (`CEILINGS`); `--wide`: the library's blockwise kernel on
+wider tiles with per-column b scales (`WIDE`). A table last (TFLOP/s; nothing is
 asserted about time).
 """
 from __future__ import annotations
@@ -152,6 +153,17 @@ CEILINGS = [("blockwise 192x128 S3 (the library's)", "base", _T192, "random"),
             ("per-tensor 128x128 S4", None, {**_T128, "BK": 128}, "unit")]
 
 
+#: Session 12: the library's blockwise kernel ("library": `blockwise_product`, whose
+#: promotion takes a per-column b scale, one of two, where BN does not divide 128) on the
+#: 2-warpgroup tiles whose per-tensor ceiling is above 192x128's, beside those ceilings.
+WIDE = [("blockwise 192x128 S3 (session 11's pick)", "library", _T192, "random"),
+        ("blockwise 128x192 S4", "library", {**_T128, "BN": 192}, "random"),
+        ("blockwise 128x192 S3", "library", {**_T128, "BN": 192, "STAGES": 3}, "random"),
+        ("blockwise 128x192 S4 C2", "library", {**_T128, "BN": 192, "CLUSTER": 2}, "random"),
+        ("blockwise 128x192 S5", "library", {**_T128, "BN": 192, "STAGES": 5}, "random"),
+        ("per-tensor 128x192 S4 (ceiling)", None, {**_T128, "BN": 192, "BK": 128}, "unit")]
+
+
 def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
     """`variants` at every shape, against the per-tensor 128x256 kernel in the same process;
     every output NaN-poisoned and checked against a float32 reference of its scales."""
@@ -179,6 +191,7 @@ def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
                  (torch.ones(1, 1, device="cuda"),) * 2, ref_unit)]
         for label, mode, cfg, layout in variants:
             kernel = fp8.fp8_persistent_gemm_kernel(out_t) if mode is None else \
+                fp8.fp8_blockwise_persistent_kernel(out_t) if mode == "library" else \
                 variant_kernel(out_t, mode)
             s = (torch.ones(1, 1, device="cuda"),) * 2 if mode is None else scales[layout]
             runs.append((label, kernel, cfg, s, ref_block if layout != "unit" else ref_unit))
@@ -304,8 +317,9 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     rows = []
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
-    if "--variants" in sys.argv or "--ceilings" in sys.argv:
-        rows += variant_rows(budget, VARIANTS if "--variants" in sys.argv else CEILINGS)
+    if "--variants" in sys.argv or "--ceilings" in sys.argv or "--wide" in sys.argv:
+        rows += variant_rows(budget, VARIANTS if "--variants" in sys.argv else
+                             CEILINGS if "--ceilings" in sys.argv else WIDE)
     elif "--fp8" in sys.argv or "--moe" not in sys.argv:
         rows += fp8_rows(budget)
     if "--moe" in sys.argv:

@@ -560,9 +560,9 @@ def matmul_fp8(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any = None
 
     * per-tensor (`block_scales=False`): scale_a and scale_b are one f32 value each (0-D,
       (1,) or (1, 1) tensors); K a multiple of 16.
-    * blockwise (`block_scales=True`, DeepSeek-V3): scale_a is (M, K/128) — one scale per
-      row and 128 of K — and scale_b is (⌈N/128⌉, K/128) — one per 128×128 block of the
-      (N, K) weight whose transpose b is; K a multiple of 128. Each 128-wide K block is
+    * blockwise (`block_scales=True`, DeepSeek-V3): scale_a is (M, ⌈K/128⌉) — one scale
+      per row and 128 of K — and scale_b is (⌈N/128⌉, ⌈K/128⌉) — one per 128×128 block of
+      the (N, K) weight whose transpose b is; K a multiple of 16. Each 128-wide K block is
       multiplied into a fresh f32 accumulator, scaled, and added to the main one.
 
     As with `_scaled_mm`, b is best the transpose of a K-major (N, K) weight (`w.T`, a free

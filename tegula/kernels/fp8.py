@@ -3,8 +3,9 @@ K-major, accumulated in f32 and stored as bf16, f16 or f32. Two scalings:
 
 * per-tensor (`fp8_gemm_kernel`), as `torch._scaled_mm`: one f32 scale each for a and b
   (passed as (1, 1) tensors), applied once to the f32 accumulator before the store;
-* blockwise (`fp8_blockwise_gemm_kernel`), as DeepSeek-V3: a's scales are (M, K/128), one
-  per row and 128-wide K block (1×128); b's are (⌈N/128⌉, K/128), one per 128×128 block.
+* blockwise (`fp8_blockwise_gemm_kernel`), as DeepSeek-V3: a's scales are (M, ⌈K/128⌉),
+  one per row and 128-wide K block (1×128); b's are (⌈N/128⌉, ⌈K/128⌉), one per 128×128
+  block (a last K block shorter than 128 has its scales too; the tiles past K read zeros).
   Each 128-wide K block is multiplied into a *fresh* f32 accumulator, which is then scaled
   by its two scales and added into the main one: the scales differ per K block, so they
   must be applied per block anyway, and the promotion matters for accuracy besides — the
@@ -14,11 +15,14 @@ K-major, accumulated in f32 and stored as bf16, f16 or f32. Two scalings:
 
 FP8 tensor-core instructions exist from sm_89 (mma.sync) and on sm_90a (wgmma); on sm_80
 the compiler refuses `tg.gemm` on f8 operands with an error naming the instruction.
-K must be a multiple of 16 (one e4m3 row of a k-step is 16 bytes, the copy and TMA unit),
-and of 128 for the blockwise form (whole scale blocks).
+K must be a multiple of 16 (one e4m3 row of a k-step is 16 bytes, the copy and TMA unit).
+A blockwise tile's columns may reach two of b's scale blocks (BN = 192: 128x192 tiles, whose
+per-tensor ceiling is above the 192x128 ones'); the promotion then takes per column one of
+the two block scales (`blockwise_product`).
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -100,28 +104,49 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     before the gemm issue), 128x256 tiles as two 128-wide parts (spills), 256x128 as two
     row halves promoted one after the other (no spills with the lowering's repeated stage
     wait, but 0.53x per-tensor: each warpgroup's two gemms serialize;
-    `benchmarks/fp8_blockwise_variants.py`)."""
+    `benchmarks/fp8_blockwise_variants.py`).
+    Where BN does not divide 128 (192: the 2-warpgroup tile whose per-tensor ceiling is
+    above 192x128's), a tile's columns reach two of b's scale blocks, the boundary at a
+    run-time column that is a multiple of gcd(BN, 128): the product is promoted in chunks
+    of that many columns, each taking the first or the second block's scale (DeepGEMM's
+    two-scale promotion). The chunk index is a register dim of its own, so each thread
+    selects per chunk, not per column (a per-column `arange(BN) < bound` kept a predicate
+    a column live across the loop: 736 B of spills at 128x192)."""
     sa, sb = buffers
-    ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, K/128)
+    ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, ⌈K/128⌉)
     gb = b.tile((BN, SCALE_BLOCK), (n, None))
-    row_scales = scale_a.tile((BM, 1), (m, None))              # (BM, 1, K/128)
-    block_scales = scale_b.tile((1, 1), ((n * BN) // SCALE_BLOCK, None))
+    row_scales = scale_a.tile((BM, 1), (m, None))              # (BM, 1, ⌈K/128⌉)
+    first_block = (n * BN) // SCALE_BLOCK                      # b's scale row of column 0
+    block_scales = scale_b.tile((1, 1), (first_block, None))
+    if SCALE_BLOCK % BN:                                       # columns span two scale rows
+        next_scales = scale_b.tile((1, 1), (first_block + 1, None))
     acc = tg.zeros((BM, BN), f32)
     for k in tg.pipeline(ga.shape[2], stages=STAGES):
         tg.copy(ga[:, :, k], sa[k])
         tg.copy(gb[:, :, k], sb[k])
-        scale = tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
+        rows = tg.load(row_scales[:, :, k])
+        scale = rows * tg.load(block_scales[:, :, k])          # (BM, 1)
+        if SCALE_BLOCK % BN:
+            next_scale = rows * tg.load(next_scales[:, :, k])
         part = tg.zeros((BM, BN), f32)                         # promoted every 128 of K
         tg.gemm(part, sa[k], sb[k])
-        acc += part * scale                                    # (BM, 1) scales broadcast
+        if SCALE_BLOCK % BN:                                   # per column: one of two
+            chunk = math.gcd(BN, SCALE_BLOCK)                  # columns sharing a scale
+            in_first = tg.arange(BN // chunk) < \
+                ((first_block + 1) * SCALE_BLOCK - n * BN) // chunk
+            chunked = tg.where(in_first[None, :, None], scale[:, :, None],
+                               next_scale[:, :, None])         # (BM, BN / chunk, 1)
+            acc += tg.reshape(tg.reshape(part, (BM, BN // chunk, chunk)) * chunked, (BM, BN))
+        else:
+            acc += part * scale                                # (BM, 1) scales broadcast
     return acc
 
 
 @lru_cache(maxsize=None)
 def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
     """The blockwise-scaled FP8 GEMM (DeepSeek-V3), one block per (BM, BN) tile of c
-    (`blockwise_product`). BN must divide 128, so that a block's columns share one b
-    scale row.
+    (`blockwise_product`). A tile's columns may reach two of b's scale rows at most
+    (`spans_two_scale_blocks`).
     (Promoting one K block late, so the multiply-adds could run during the next block's
     wgmmas, measured slower on an H100: 702 against 802 TFLOP/s at 4096³, with a third
     live 128×128 f32 tile.)"""
@@ -167,6 +192,13 @@ def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
     return fp8_blockwise_persistent
 
 
+def spans_two_scale_blocks(bn: int) -> bool:
+    """Whether every BN-wide tile of c's columns meets at most two of b's 128-column scale
+    blocks (`blockwise_product` picks one of two scales per column). A tile starts at a
+    multiple of gcd(BN, 128) within its first block."""
+    return SCALE_BLOCK % bn == 0 or bn + SCALE_BLOCK - math.gcd(bn, SCALE_BLOCK) <= 2 * SCALE_BLOCK
+
+
 def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple, dict]:
     """(grid, constexprs) for an FP8 GEMM: one block per (BM, BN) tile of c. Defaults:
     128×128 tiles, BK = 64 (64 bytes a row, as the f16 kernel's BK = 32) for per-tensor,
@@ -174,9 +206,10 @@ def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple,
     defaults = dict(BM=128, BN=128, STAGES=3) if block_scales else \
         dict(BM=128, BN=128, BK=64, STAGES=3)
     constexprs = {**defaults, **tiles}
-    if block_scales and SCALE_BLOCK % constexprs["BN"]:
-        raise ValueError(f"tegula.kernels.fp8: the blockwise kernel needs BN dividing "
-                         f"{SCALE_BLOCK} (one b scale per block's columns), got BN = "
+    if block_scales and not spans_two_scale_blocks(constexprs["BN"]):
+        raise ValueError(f"tegula.kernels.fp8: the blockwise kernel needs a BN whose tiles "
+                         f"reach at most two of b's {SCALE_BLOCK}-column scale blocks (BN "
+                         f"dividing {SCALE_BLOCK}, or 192, 256, ...), got BN = "
                          f"{constexprs['BN']}")
     return (tg.cdiv(m, constexprs["BM"]), tg.cdiv(n, constexprs["BN"])), constexprs
 
@@ -185,7 +218,7 @@ def scale_shapes(m: int, n: int, k: int, block_scales: bool) -> tuple[tuple, tup
     """The shapes scale_a and scale_b must have (per-tensor: one value each)."""
     if not block_scales:
         return (1, 1), (1, 1)
-    kb = k // SCALE_BLOCK
+    kb = -(-k // SCALE_BLOCK)                     # a last K block past K reads zeros
     return (m, kb), (-(-n // SCALE_BLOCK), kb)
 
 
@@ -197,12 +230,9 @@ def check_fp8_shapes(fn: str, a_shape: tuple, b_shape: tuple, block_scales: bool
     if k != k2:
         raise ValueError(f"tegula.kernels.{fn}: a is (M, K) and {b_name} has the same K, got "
                          f"a of shape {tuple(a_shape)}, {b_name} {tuple(b_shape)}")
-    align = SCALE_BLOCK if block_scales else K_ALIGN
-    if k % align:
-        why = "whole 128-wide scale blocks (block_scales=True)" if block_scales else \
-            "16-byte e4m3 rows"
+    if k % K_ALIGN:
         raise ValueError(f"tegula.kernels.{fn}: K = {k} (a's columns) must be a multiple of "
-                         f"{align} ({why}); pad a and b with zeros along K")
+                         f"{K_ALIGN} (16-byte e4m3 rows); pad a and b with zeros along K")
     return m, n, k
 
 
@@ -210,7 +240,8 @@ def check_scales(fn: str, scale_a_shape: tuple, scale_b_shape: tuple, m: int, n:
                  k: int, block_scales: bool) -> None:
     """The scales' shapes against `scale_shapes`, or a ValueError naming the argument."""
     want_a, want_b = scale_shapes(m, n, k, block_scales)
-    form = ("blockwise (block_scales=True): scale_a is (M, K/128), scale_b (⌈N/128⌉, K/128)"
+    form = ("blockwise (block_scales=True): scale_a is (M, ⌈K/128⌉), scale_b (⌈N/128⌉, "
+            "⌈K/128⌉)"
             if block_scales else "per-tensor: one value each")
     for name, got, want in (("scale_a", scale_a_shape, want_a), ("scale_b", scale_b_shape,
                                                                  want_b)):
@@ -271,6 +302,6 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
 
 __all__ = ["fp8_gemm_kernel", "fp8_persistent_gemm_kernel", "fp8_blockwise_gemm_kernel",
            "fp8_blockwise_persistent_kernel", "blockwise_product", "blockwise_buffers",
-           "fp8_config", "scale_shapes",
+           "fp8_config", "scale_shapes", "spans_two_scale_blocks",
            "check_fp8_shapes", "check_scales", "check_fp8_target", "matmul_fp8_emulated", "FP8_OUT_DTYPES",
            "SCALE_BLOCK", "K_ALIGN"]

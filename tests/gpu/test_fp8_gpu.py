@@ -129,9 +129,10 @@ def test_per_tensor_entry_point_against_scaled_mm(m, n, k):
 
 
 BLOCKWISE_SHAPES = [(128, 128, 128), (257, 129, 384), (33, 200, 256), (1, 300, 128),
-                    (512, 640, 4096)]
+                    (512, 640, 4096), (300, 500, 336)]          # K ends in a partial block
 BLOCKWISE_CONFIGS = [dict(BM=64, BN=128, STAGES=4), dict(BM=128, BN=128, STAGES=3, threads=256),
-                     dict(BM=64, BN=64, STAGES=2), dict(BM=128, BN=32, STAGES=2)]
+                     dict(BM=64, BN=64, STAGES=2), dict(BM=128, BN=32, STAGES=2),
+                     dict(BM=128, BN=192, STAGES=3, threads=256)]   # two b scales a tile
 
 
 def blockwise_operands(m, n, k, seed):
@@ -167,7 +168,9 @@ def test_blockwise_kernel(m, n, k, target, out_t):
 BLOCKWISE_PERSISTENT_CONFIGS = [
     dict(BM=128, BN=128, STAGES=4, threads=256),
     dict(BM=128, BN=128, STAGES=4, threads=256, CLUSTER=2),
-    dict(BM=192, BN=128, STAGES=3, threads=384), dict(BM=64, BN=64, STAGES=2, GROUP=3)]
+    dict(BM=192, BN=128, STAGES=3, threads=384), dict(BM=64, BN=64, STAGES=2, GROUP=3),
+    dict(BM=128, BN=192, STAGES=4, threads=256),                  # session 12: per-column
+    dict(BM=128, BN=192, STAGES=4, threads=256, CLUSTER=2)]       # b scales, one of two
 
 
 @pytest.mark.parametrize("config", BLOCKWISE_PERSISTENT_CONFIGS,

@@ -119,7 +119,8 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
     ((70, 90, 256), dict(BM=64, BN=128, GROUP=2, CLUSTER=2, role_order="random:7"), 2),
     ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, role_order="random:3"), 3),
     ((9, 64, 128), dict(BM=64, BN=64), 2),                              # one block
-    ((250, 100, 256), dict(BM=192, BN=64, GROUP=2, threads=384), 2)])   # 3 consumers
+    ((250, 100, 256), dict(BM=192, BN=64, GROUP=2, threads=384), 2),    # 3 consumers
+    ((70, 400, 208), dict(BM=64, BN=192, GROUP=1), 2)])                 # two b scales a tile
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
     blocks, ragged M and N, 2-CTA clusters (b's boxes multicast, a stage released by each
@@ -200,10 +201,14 @@ def test_per_tensor_nan_propagates_to_its_row_and_column():
 @pytest.mark.parametrize("out_dtype", [bf16, f32])
 @pytest.mark.parametrize("shape,tiles", [((70, 200, 256), dict(BM=64, BN=64)),
                                          ((130, 129, 384), dict(BM=64, BN=128)),
-                                         ((5, 40, 128), dict(BM=64, BN=32))])
+                                         ((5, 40, 128), dict(BM=64, BN=32)),
+                                         ((70, 400, 208), dict(BM=64, BN=192)),
+                                         ((33, 300, 176), dict(BM=64, BN=96))])
 def test_blockwise(shape, tiles, out_dtype, target):
     """Scales spread over four decades, so a scale applied to the wrong rows, columns or
-    K block is far outside the bound."""
+    K block is far outside the bound. BN = 192 and 96 tiles reach two of b's scale blocks,
+    split at column 128 or 64 (192), 96, 64 or 32 (96); K = 208 and 176 end in a partial
+    scale block; N = 400 and 300 end in a partial tile."""
     m, n, k = shape
     rng = np.random.default_rng(m + n + k)
     a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
@@ -242,7 +247,7 @@ def test_sm80_refuses_fp8():
 
 @pytest.mark.parametrize("kwargs,k,message", [
     (dict(), 40, r"K = 40 .*multiple of 16"),
-    (dict(block_scales=True), 192, r"K = 192 .*multiple of 128"),
+    (dict(block_scales=True), 200, r"K = 200 .*multiple of 16"),
 ])
 def test_k_alignment_errors(kwargs, k, message):
     a = np.ones((16, k), np.float32)
@@ -269,8 +274,8 @@ def test_argument_type_errors():
         matmul_fp8_emulated(a, a, 1.0, 1.0, out_dtype=f8e4m3)
     with pytest.raises(ValueError, match=r"a is \(M, K\) and b has the same K"):
         matmul_fp8_emulated(a, np.ones((16, 48), np.float32), 1.0, 1.0)
-    with pytest.raises(ValueError, match=r"BN dividing 128"):
-        fp8_config(64, 64, True, BN=256)
+    with pytest.raises(ValueError, match=r"at most two of b's 128-column scale blocks.*BN = 224"):
+        fp8_config(64, 64, True, BN=224)      # a tile at column 96 reaches three blocks
 
 
 def test_blockwise_sm90a_keeps_tma_and_wgmma():

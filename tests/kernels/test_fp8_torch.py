@@ -90,8 +90,8 @@ def test_torch_entry_point_argument_errors():
     with pytest.raises(ValueError, match=r"matmul_fp8: scale_a has shape \(16, 1\), "
                                          r"expected \(16, 2\)"):
         tk.matmul_fp8(a, w.T, torch.ones(16, 1), torch.ones(1, 2), block_scales=True)
-    with pytest.raises(ValueError, match=r"matmul_fp8: K = 200 .*multiple of 128"):
-        tk.matmul_fp8(a[:, :200], w[:, :200].T, torch.ones(16, 1), torch.ones(1, 1),
+    with pytest.raises(ValueError, match=r"matmul_fp8: K = 200 .*multiple of 16"):
+        tk.matmul_fp8(a[:, :200], w[:, :200].T, torch.ones(16, 2), torch.ones(1, 2),
                       block_scales=True)
     with pytest.raises(ValueError, match=r"matmul_fp8: K = 40 .*multiple of 16"):
         tk.matmul_fp8(a[:, :40], w[:, :40].T, one, one)
