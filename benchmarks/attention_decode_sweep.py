@@ -21,10 +21,12 @@ import argparse
 TOLERANCE = 5e-3
 
 
-def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, split_extra: dict):
+def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, split_extra: dict,
+                  parts: slice = slice(None)):
     """A function launching the split and combine kernels for `config` (chunk, splits, BN)
     with `split_extra` merged into the split kernel's constexprs, as `attention_decode`
-    launches them; returns o (B, H, 1, D)."""
+    launches them; returns o (B, H, 1, D). `parts`: which of the launches run (slice(0, 1):
+    the split kernel alone, to time the combine's share)."""
     from tegula.build import launch
     from tegula.dtypes import f16
     from tegula.kernels.attention_decode import decode_launches
@@ -48,16 +50,17 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
                       dict(constexprs, **extra)))
 
     def run():
-        for kernel, grid, args, constexprs in calls:
+        for kernel, grid, args, constexprs in calls[parts]:
             launch(kernel, grid, *args, **constexprs)
         return values["o"].view(B, H, 1, D)
     return run
 
 
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
-              extras: list, copy_bw: float, warm: bool = False) -> str:
+              extras: list, copy_bw: float, warm: bool = False, parts: bool = False) -> str:
     """One row: SDPA, then each (BN, split multiplier, split-kernel override); the
-    configuration `decode_config` picks is starred."""
+    configuration `decode_config` picks is starred. `parts`: also the split kernel timed
+    alone (µs, and the whole step's µs beside it)."""
     import torch.nn.functional as F
 
     from tegula.bench import gpu
@@ -102,8 +105,13 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
                 if warm:
                     row += f" {label} ok |"
                     continue
-                rate = tbps(gpu.time_ms(run))
+                ms = gpu.time_ms(run)
+                rate = tbps(ms)
                 row += f" {label} {rate:.2f} {rate / copy_bw:.0%} {rate / sdpa:.2f}x |"
+                if parts:
+                    alone = gpu.time_ms(decode_runner(torch, q, cache_k, cache_v, lengths,
+                                                      table, config, extra, slice(0, 1)))
+                    row += f" split alone {alone * 1e3:.1f} of {ms * 1e3:.1f} us |"
     return row
 
 
@@ -115,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paged", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--threads", default="0", help="split-kernel block sizes (0: its own)")
     parser.add_argument("--stages", default="0", help="split-kernel K/V ring stages (0: its own)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also time the split kernel alone (the combine's share)")
     parser.add_argument("--warm", action="store_true",
                         help="compile and check each configuration only (no timing)")
     args = parser.parse_args(argv)
@@ -129,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
-            print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm),
-                  flush=True)
+            print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm,
+                            args.parts), flush=True)
     return 0
 
 
