@@ -20,7 +20,8 @@ Names are the catalogue keys thread IR uses:
   ``bar.arrive``, ``setmaxnreg.{inc,dec}.N``, ``elect.sync``;
 * conversions and 16-bit arithmetic (`tegula.arch.convert`): ``cvt.rn.bf16.f32``,
   ``add.rn.f16x2`` …; NaN-propagating ``max.NaN.f32`` / ``min.NaN.f32`` (`tegula.arch.minmax`);
-  ``lop3.b32`` with constant operands (`tegula.arch.logic`).
+  ``lop3.b32`` with constant operands (`tegula.arch.logic`);
+* special functions on the MUFU unit (`tegula.arch.special`): ``lg2.approx.f32``.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from tegula.arch.memory import (MATRIX_INSTRUCTIONS, MEMORY_INSTRUCTIONS, SHUFFL
 from tegula.arch.logic import LOGIC_INSTRUCTIONS
 from tegula.arch.minmax import MINMAX_INSTRUCTIONS
 from tegula.arch.mma import MMA_INSTRUCTIONS
+from tegula.arch.special import SPECIAL_INSTRUCTIONS
 from tegula.arch.tma import ASYNC_INSTRUCTIONS, get_async
 from tegula.arch.wgmma import WGMMA_INSTRUCTIONS
 from tegula.arch.targets import Target, get_target
@@ -43,7 +45,7 @@ from tegula.errors import TegulaError
 ALL_INSTRUCTIONS: tuple[Instruction, ...] = (
     MMA_INSTRUCTIONS + MEMORY_INSTRUCTIONS + MATRIX_INSTRUCTIONS + SHUFFLE_INSTRUCTIONS
     + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS + CONVERT_INSTRUCTIONS + MINMAX_INSTRUCTIONS
-    + LOGIC_INSTRUCTIONS)
+    + LOGIC_INSTRUCTIONS + SPECIAL_INSTRUCTIONS)
 
 _BY_NAME: Mapping[str, Instruction] = MappingProxyType({i.name: i for i in ALL_INSTRUCTIONS})
 _SHUFFLE_BY_IR_MODE = {s.ir_mode: s for s in SHUFFLE_INSTRUCTIONS}

@@ -16,7 +16,9 @@ them — so relying on them would tie every compile to a toolkit install). Inste
 Math functions use CUDA's accurate single-precision library (`expf`, `logf`, `tanhf`,
 `sqrtf` with IEEE rounding, …: a few ulp at most), not the `__expf` intrinsics whose error
 grows with |x|. Lowering that wants the fast path can express it (e.g. `exp2` of a
-pre-scaled value: `tg_exp2` is one `ex2.approx.ftz`, results below 2^-126 flushed to 0).
+pre-scaled value: `tg_exp2` is one `ex2.approx.ftz`, results below 2^-126 flushed to 0;
+`tg_log2` is the catalogue's `lg2.approx.f32`, |error| <= 2^-22 near 1, `arch.special`):
+the base-2 functions are the fast ones.
 
 Index width: extents are `int` kernel parameters and strides `long long`, so any index
 that multiplies a coordinate by a stride is computed in 64 bits by C's usual conversions
@@ -294,7 +296,7 @@ def _index(e: Expr, rename: Callable[[str], str]) -> tuple[str, int]:
 # Element values
 # --------------------------------------------------------------------------------------
 
-_FLOAT_UNARY = {"exp": "expf({})", "exp2": "tg_exp2({})", "log": "logf({})", "log2": "log2f({})",
+_FLOAT_UNARY = {"exp": "expf({})", "exp2": "tg_exp2({})", "log": "logf({})", "log2": "tg_log2({})",
                 "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "sin": "sinf({})",
                 "cos": "cosf({})", "tanh": "tanhf({})", "abs": "fabsf({})",
                 "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "erf": "erff({})",
@@ -536,8 +538,8 @@ class ValuePrinter:
             raise CodegenError(f"unary op {v.op!r} is not defined for {v.dtype}")
         if table is _INT_UNARY and v.op == "abs":
             self.used.add("tg_abs_int")
-        if table is _FLOAT_UNARY and v.op == "exp2":
-            self.used.add("tg_exp2")
+        if table is _FLOAT_UNARY and v.op in ("exp2", "log2"):
+            self.used.add(f"tg_{v.op}")
         return table[v.op].format(x)
 
     def _binary(self, v: Binary) -> str:

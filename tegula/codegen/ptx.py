@@ -2,9 +2,10 @@
 
 The generated source includes no header at all (see `expr.py` for why), so conversions and
 atomic adds are helper functions around inline PTX. The PTX of each comes from its
-catalogue entry (`arch.convert`, `arch.minmax`, `arch.logic`, `arch.memory.RED_ADD`, printed by
-`format_asm`); only the software forms below an entry's min_cc (f8 conversions, 16-bit
-arithmetic, the bf16-CAS add: `SOFTWARE_FORMS`, checked against their entries) are C.
+catalogue entry (`arch.convert`, `arch.minmax`, `arch.logic`, `arch.special`,
+`arch.memory.RED_ADD`, printed by `format_asm`); only the software forms below an entry's
+min_cc (f8 conversions, 16-bit arithmetic, the bf16-CAS add: `SOFTWARE_FORMS`, checked
+against their entries) are C.
 Helpers are emitted only when the kernel uses them (`prelude(used)`), so a plain copy
 kernel stays short.
 
@@ -23,6 +24,7 @@ from tegula.arch.instructions import PTX_TYPE, MmaInstr
 from tegula.arch.logic import LOP3
 from tegula.arch.memory import RED_ADD
 from tegula.arch.minmax import nan_minmax
+from tegula.arch.special import LG2_APPROX
 from tegula.arch.tma import get_async
 from tegula.arch.mma import MMA_INSTRUCTIONS
 from tegula.codegen.expr import CodegenError
@@ -81,6 +83,13 @@ __device__ __forceinline__ unsigned tg_elect_one() {{
 __device__ __forceinline__ float tg_exp2(float x) {
   float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
 }""", ()),
+    # log2 as the catalogue's lg2.approx.f32 (`arch.special`: MUFU.LG2, subnormal inputs
+    # scaled by ptxas, |error| <= 2^-22 near 1, 2 ulp elsewhere) where `log2f` is ~20
+    # instructions.
+    "tg_log2": (f"""\
+__device__ __forceinline__ float tg_log2(float x) {{
+  float r; {LG2_APPROX.format_asm(d="r", a="x")} return r;
+}}""", ()),
     "tg_abs_int": ("""\
 __device__ __forceinline__ int tg_abs_int(int a) {
   return a < 0 ? (int)(0u - (unsigned)a) : a;

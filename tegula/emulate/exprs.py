@@ -22,6 +22,7 @@ import numpy as np
 
 from tegula.arch.convert import half_arithmetic
 from tegula.arch.minmax import nan_minmax
+from tegula.arch.special import LG2_APPROX
 from tegula.dtypes import DType, bf16, bool_, f16
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.values import from_bits, round_to, to_bits
@@ -251,8 +252,8 @@ def _unary(op: str, x, dt: DType):
             return np.where(np.abs(r) < np.float32(2.0 ** -126), np.float32(0), r)
         if op == "log":
             return np.log(f)
-        if op == "log2":
-            return np.log2(f)
+        if op == "log2":  # the catalogue's lg2.approx.f32 (`arch.special`)
+            return LG2_APPROX.execute(f)
         if op == "sqrt":
             return np.sqrt(f)
         if op == "rsqrt":

@@ -33,6 +33,9 @@ MATH_ULPS = {"exp": 4, "exp2": 4, "log": 4, "log2": 4, "sqrt": 0, "rsqrt": 4, "s
              "cos": 4, "tanh": 4, "sigmoid": 6}
 _TINY = 2.0 ** -149  # the sign of a zero chosen by fmax/fmin is unspecified: a tiny error
 _F32_TINY_NORMAL = 2.0 ** -126  # how far underflowing exp/sigmoid implementations may differ
+#: On the GPU tg.log2 is lg2.approx.f32: |error| <= 2^-22 for inputs in [0.5, 2] (the CUDA
+#: programming guide's bound for __log2f), many ulps of a result near 0; 2 ulp elsewhere.
+_LG2_APPROX_ABS = 2.0 ** -22
 _MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
          "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
          "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
@@ -283,6 +286,8 @@ class Model:
             e = spread + MATH_ULPS[op] * nx.ulp(np.where(np.isfinite(big), big, 0), "f32")
             if op in ("exp", "exp2", "sigmoid"):
                 e = e + _F32_TINY_NORMAL
+            if op == "log2" and self.loose:
+                e = e + _LG2_APPROX_ABS
         # Special inputs (zeros, infinities, NaN) have exactly specified results.
         special = (ea == 0) & ((x == 0) | ~np.isfinite(x))
         e = np.where(special, 0.0, e)

@@ -19,6 +19,7 @@ import numpy as np
 
 from tegula.arch.catalogue import cp_async, get_instruction, ldmatrix, vector_access
 from tegula.arch.convert import FLOAT_TO_INT, INT_TO_FLOAT
+from tegula.arch.special import special_function
 from tegula.arch.memory import RED_ADD
 from tegula.arch.tma import tma_load, tma_reduce_add
 from tegula.arch.targets import Target
@@ -294,7 +295,7 @@ def op_uses(op: Op, kernel: TracedKernel, target: Target) -> list[InstrUse]:
     if isinstance(op, (Elementwise, Fill, Indices)):
         out = op.dst if isinstance(op, Fill) else op.out
         alu = InstrUse("ALU", "alu", 1, 0, _values(out) * _warps(kernel), "alu")
-        return [alu] + _special_function_uses(op, alu.warp_instructions)
+        return [alu] + _special_function_uses(op, alu.warp_instructions, target)
     if isinstance(op, AtomicAdd) and "bulk_add" in op.choices:
         return _bulk_add_uses(op, kernel)
     if isinstance(op, AtomicAdd):
@@ -361,14 +362,21 @@ SPECIAL_FUNCTION_OPS = {"exp": 1, "exp2": 1, "log": 1, "log2": 1, "sqrt": 1, "rs
                         "sin": 1, "cos": 1, "tanh": 1, "div": 1, "pow": 2, "sigmoid": 2}
 
 
-def _special_function_uses(op: Op, warp_instructions: int) -> list[InstrUse]:
+def _special_function_uses(op: Op, warp_instructions: int, target: Target) -> list[InstrUse]:
     """The special-function unit's share of a floating-point elementwise op: 16 lanes per
     clock per SM (`SFU_LANES_PER_CLK`), so a warp instruction holds it 2 SM cycles — in
     the attention forward, the exponentials of the scores take about half the tensor
-    cores' time (FlashAttention-3 §3)."""
+    cores' time (FlashAttention-3 §3). An op with a catalogue entry (`tg.log2`:
+    `arch.special`) is charged at the entry's rate, with the ALU instructions ptxas adds
+    around it."""
     count = SPECIAL_FUNCTION_OPS.get(getattr(op, "op", ""), 0)
     if not count or not op.out.dtype.is_float:
         return []
+    entry = special_function(op.op)
+    if entry is not None:
+        return [InstrUse("SFU", entry.name, 1, 0, warp_instructions, entry.pipe,
+                         pipe_cycles=1 / entry.throughput(target)),
+                InstrUse("ALU", "alu", 1, 0, entry.extra_alu * warp_instructions, "alu")]
     # Arithmetic, so no catalogue entry names it ("alu"); the role and pipe say which unit.
     return [InstrUse("SFU", "alu", 1, 0, count * warp_instructions, "sfu",
                      pipe_cycles=32 / SFU_LANES_PER_CLK)]

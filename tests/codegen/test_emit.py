@@ -199,6 +199,7 @@ def test_catalogue_entries_have_emitters():
                      "half",  # 16-bit float arithmetic: helpers (tests/codegen/test_half_ops.py)
                      "minmax",  # float max/min helpers (tests/arch/test_minmax_entries.py)
                      "logic",  # lop3 of two chained bitwise ops (tests/codegen/test_lop3.py)
+                     "sfu",  # tg.log2's helper (tests/arch/test_lg2_entry.py)
                      # async_stmts.py (tests/codegen/test_async_emit.py compiles each)
                      "wgmma", "tma.load", "tma.store", "bulk.commit", "bulk.wait",
                      "tma.reduce",  # TmaStore(reduce="add") (tests/lower/test_bulk_add.py)
