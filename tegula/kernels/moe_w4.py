@@ -7,9 +7,16 @@ The work list is `tegula.kernels.moe`'s (`moe_schedule_kernel`: the experts' off
 on the device, one item per output tile with rows); each block takes one item and runs the
 W4A16 GEMM's K loop on it (each k-step's (BN, BK) weight tile is loaded packed,
 dequantized in registers — `quant.dequantize`, w·s − z·s — stored to a shared tile of the
-activations' type and fed with the pipelined activation tile to `tg.gemm`). One block per item, not persistent: the
-dequantization in the loop body keeps the sm_90a TMA ring from running across items (it
-serves a body of TMA copies and one gemm), and items past the work count run no K step.
+activations' type and fed with the pipelined activation tile to `tg.gemm`). One block per
+item, not persistent (the dequantized tile's shared buffer is written in the loop body, so
+the sm_90a TMA ring does not run across items); items past the work count run no K step.
+
+`SWAPPED=True` (`moe_gemm_w4_swapped_kernel`, session 12) computes outᵀ tiles instead, as
+`quant.w4a16_swapped_kernel` does: the dequantized weights are the MMA's register operand
+and the token rows the shared one, so the loop body is one TMA copy and one gemm, the
+kernel is persistent (about one block per SM walking the items) and on sm_90a one TMA ring
+of token tiles runs across a block's items. The schedule's row tile (BM) is then the
+token tile BT.
 
 Entry points: `moe_gemm_w4a16_emulated` (numpy, unpacked weights, the CI one),
 `moe_gemm_w4a16` (torch, packed weights), `quantize_experts_w4` (each expert through
@@ -64,6 +71,62 @@ def moe_gemm_w4_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     return moe_gemm_w4
 
 
+def _swapped_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: Any, t: Any,
+                  sa: Any, G: int, BN: int, BT: int, BK: int, STAGES: int,
+                  PERSISTENT: bool) -> None:
+    """Work item t of the swapped W4A16 grouped GEMM (trace time): outᵀ's (BN, BT) tile =
+    dequant(w[e]) rows n·BN… @ x rows first… .T, the dequantized weights the MMA's
+    register A operand (no 16-bit weight goes through shared memory), the BT token rows
+    the shared B operand in a STAGES-deep ring (TMA on sm_90a), the packed weights loaded
+    one k-step ahead of their use."""
+    e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
+    n = schedule[COLUMN_TILE, t]
+    ga = x[first:, :].tile((BT, BK), (0, None))
+    gw = w[e].tile((BN, BK), (n, None))
+    steps = ga.shape[2] if PERSISTENT else ga.shape[2] * has_rows(first, end)
+    acc = tg.zeros((BN, BT), f32)                       # outᵀ: weight rows x tokens
+    ahead = tg.load(gw[:, :, 0])
+    for k in tg.pipeline(steps, stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        packed = ahead
+        ahead = tg.load(gw[:, :, k + 1])                # past K: masked, never used
+        weights = dequantize(packed, scales[e], zeros[e] if zeros is not None else None, n,
+                             k // (G // BK), (BN, 1))
+        tg.gemm(acc, weights.to(x.dtype), sa[k])        # acc += w @ x rows.T
+    # Rearranged through shared memory: out's rows are tokens, 16-byte stores along N.
+    tg.copy(tg.rearrange(acc.to(x.dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
+
+
+@lru_cache(maxsize=None)
+def moe_gemm_w4_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
+    """The W4A16 grouped GEMM the other way round (`quant.w4a16_swapped_kernel`'s
+    orientation, CUTLASS's "Machete"): outᵀ tiles of BN weight rows by BT tokens, so each
+    weight is dequantized once per BT tokens into the MMA's register operand. With
+    PERSISTENT a block walks the work count's items (`moe.plan_launches`: about one block
+    per SM), and on sm_90a one TMA ring of token tiles runs across its items. The
+    schedule's row tile (its BM) is BT."""
+
+    @tg.kernel(threads=128)
+    def moe_gemm_w4_swapped(x: tg.Tensor[dtype], w: tg.Tensor[u4, 3],
+                            scales: tg.Tensor[dtype, 3], zeros: tg.Tensor[dtype, 3],
+                            schedule: tg.Tensor[i32, 2], work_count: tg.Tensor[i32, 1],
+                            out: tg.Tensor[dtype], G: tg.constexpr = 128,
+                            BN: tg.constexpr = 128, BT: tg.constexpr = 128,
+                            BK: tg.constexpr = 64, STAGES: tg.constexpr = 4,
+                            PERSISTENT: tg.constexpr = True):
+        sa = tg.shared((BT, BK), dtype, stages=STAGES)
+        z = zeros if has_zeros else None
+        if PERSISTENT:
+            for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
+                _swapped_item(x, w, scales, z, schedule, out, t, sa, G, BN, BT, BK, STAGES,
+                              True)
+        else:
+            _swapped_item(x, w, scales, z, schedule, out, tg.block_id(0), sa, G, BN, BT, BK,
+                          STAGES, False)
+
+    return moe_gemm_w4_swapped
+
+
 def default_tiles(group_size: int) -> dict:
     """64×64 tiles, BK 64 (it must divide the group), 3 activation stages; one block per
     item (PERSISTENT=False: the schedule's plan then launches its capacity)."""
@@ -91,7 +154,8 @@ def _check_w4(fn: str, x_shape: tuple, w_shape: tuple, scales: Any, zeros: Any,
 def moe_gemm_w4a16_emulated(x_sorted: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
                             zeros: np.ndarray | None, group_size: int,
                             expert_offsets: np.ndarray, dtype: DType | None = None,
-                            target: str = "sm_90a", **tiles: int) -> np.ndarray:
+                            target: str = "sm_90a", num_sms: int = 4,
+                            **tiles: int) -> np.ndarray:
     """The W4A16 grouped GEMM in the emulator with UNPACKED weights, as
     `w4a16_gemm_emulated`: x_sorted (R, K) f16 (or float32 holding bf16 values with
     dtype=bf16), w_q (E, N, K) uint8 values 0..15, scales and zeros (E, N, K / group_size)
@@ -119,19 +183,20 @@ def moe_gemm_w4a16_emulated(x_sorted: np.ndarray, w_q: np.ndarray, scales: np.nd
     storage = x_sorted.dtype
     zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
                  else np.zeros((1, 1, 1), dtype=storage))  # unread: the kernel uses 8
-    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **tiles}, 4)
+    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **tiles}, num_sms)
     _check_chunk(fn, plan.gemm_constexprs["BK"], group_size)
 
     def launch(kernel, grid, args, constexprs, threads, writes_all):
         from tegula.kernels.common import launch_emulated
+        extra = {} if threads is None else {"threads": threads}
         launch_emulated(kernel, grid, *args, target=target, check_coverage=writes_all,
-                        **constexprs)
+                        num_sms=num_sms, **constexprs, **extra)
 
     operands = (np.ascontiguousarray(x_sorted), prepack(w_q),
                 np.ascontiguousarray(scales, dtype=storage), zeros_arg)
-    plan, kernel = _w4_plan(plan, dtype, zeros is not None, group_size)
+    plan, kernel, threads = _w4_plan(plan, dtype, zeros is not None, group_size)
     run_plan(plan, kernel, operands, expert_offsets, (), out, launch,
-             lambda shape: poisoned(shape, i32), None)
+             lambda shape: poisoned(shape, i32), threads)
     return out
 
 
@@ -142,14 +207,21 @@ def _check_chunk(fn: str, bk: int, group_size: int) -> None:
 
 
 def _w4_plan(plan, dtype: DType, has_zeros: bool, group_size: int) -> tuple:
-    """(the plan with the W4A16 kernel's constexprs — G added; PERSISTENT, which must be
-    False, dropped — and the kernel)."""
+    """(the plan with the W4A16 kernel's constexprs — G added, `threads` taken out —, the
+    kernel, its threads or None). SWAPPED: `moe_gemm_w4_swapped_kernel`, whose token tile
+    BT is the schedule's BM; else `moe_gemm_w4_kernel`, which must have PERSISTENT=False."""
     tiles = dict(plan.gemm_constexprs)
+    threads = tiles.pop("threads", None)
+    if tiles.pop("SWAPPED", False):
+        tiles["BT"] = tiles.pop("BM")
+        return plan._replace(gemm_constexprs=dict(tiles, G=group_size)), \
+            moe_gemm_w4_swapped_kernel(dtype, has_zeros), threads
     if tiles.pop("PERSISTENT"):
-        raise ValueError("tegula.kernels.moe_w4: the W4A16 grouped GEMM runs one block per "
-                         "work item (PERSISTENT=False)")
+        raise ValueError("tegula.kernels.moe_w4: the W4A16 grouped GEMM with the weights as "
+                         "the MMA's shared operand runs one block per work item "
+                         "(PERSISTENT=False; SWAPPED=True walks the items persistently)")
     return plan._replace(gemm_constexprs=dict(tiles, G=group_size)), \
-        moe_gemm_w4_kernel(dtype, has_zeros)
+        moe_gemm_w4_kernel(dtype, has_zeros), threads
 
 
 def quantize_experts_w4(w: Any, group_size: int = 128, zero_point: bool = True
@@ -183,25 +255,34 @@ def check_w4_args(fn: str, x_sorted: Any, packed: Any, scales: Any, zeros: Any,
 
 
 def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_size: int,
-                   expert_offsets: Any, *, config: dict | None = None) -> Any:
+                   expert_offsets: Any, *, config: dict | None = None,
+                   out: Any = None) -> Any:
     """The W4A16 grouped GEMM on torch CUDA tensors: x_sorted (R, K) f16/bf16, packed
     (E, N, K/2) uint8 (`quantize_experts_w4`), scales and zeros (E, N, K/G) of x's dtype
     (zeros None: zero point 8), expert_offsets (E + 1,) int32 on the device (not checked:
-    no host sync). Returns (R, N); rows past expert_offsets[E] are left unwritten.
-    `config`: tiles (BM, BN, BK, STAGES, GROUP) instead of the defaults."""
+    no host sync). Returns (R, N) (`out` when given); rows past expert_offsets[E] are left
+    unwritten. `config`: tiles (BM, BN, BK, STAGES, GROUP, PERSISTENT, SWAPPED, threads)
+    instead of the defaults."""
     import torch
 
-    from tegula.kernels.api import _check_cuda, _launch
+    from tegula.kernels.api import _check_cuda, _check_out, _launch
     fn = "moe_gemm_w4a16"
     dtype, (rows, n, k, experts) = check_w4_args(fn, x_sorted, packed, scales, zeros,
                                                  group_size, expert_offsets)
     tensors = {"x_sorted": x_sorted, "packed": packed, "scales": scales,
                "expert_offsets": expert_offsets, **({} if zeros is None else {"zeros": zeros})}
     _check_cuda(fn, tensors)
-    out = torch.empty((rows, n), dtype=x_sorted.dtype, device=x_sorted.device)
+    if out is None:
+        out = torch.empty((rows, n), dtype=x_sorted.dtype, device=x_sorted.device)
+    else:
+        _check_out(fn, out, (rows, n), x_sorted)
     if rows == 0 or n == 0:
         return out
-    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **(config or {})}, 1)
+    # CPU tensors reach here only through the test suite's emulated launches.
+    sms = (torch.cuda.get_device_properties(x_sorted.device).multi_processor_count
+           if x_sorted.device.type == "cuda" else 4)
+    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **(config or {})},
+                         sms)
     _check_chunk(fn, plan.gemm_constexprs["BK"], group_size)
     zeros_arg = zeros.contiguous() if zeros is not None else scales.new_zeros((1, 1, 1))
     operands = (x_sorted.contiguous(), packed.contiguous(), scales.contiguous(), zeros_arg)
@@ -209,10 +290,10 @@ def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_si
     def launch(kernel, grid, args, constexprs, threads, writes_all):
         return _launch(kernel, grid, args, constexprs, threads)
 
-    plan, kernel = _w4_plan(plan, dtype, zeros is not None, group_size)
+    plan, kernel, threads = _w4_plan(plan, dtype, zeros is not None, group_size)
     run_plan(plan, kernel, operands, expert_offsets.contiguous(), (), out, launch,
              lambda shape: torch.empty(shape, dtype=torch.int32, device=x_sorted.device),
-             None)
+             threads)
     return out
 
 

@@ -123,14 +123,28 @@ def test_routing_on_device_and_autotuned_entry_point():
         assert float((y.float() - ref).abs().max()) <= 0.02 * float(ref.abs().max())
 
 
-def test_w4a16_weights():
+W4_CONFIGS = [None,                       # the default tiles
+              dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4, threads=256),
+              dict(SWAPPED=True, BM=256, BN=128, BK=64, STAGES=3, threads=256),
+              dict(SWAPPED=True, BM=64, BN=64, BK=64, STAGES=4, PERSISTENT=False)]
+
+
+@pytest.mark.parametrize("config", W4_CONFIGS, ids=["default", "swapped128x128",
+                                                    "swapped128x256", "swapped-np64"])
+@pytest.mark.parametrize("counts, n, k", [([90, 0, 200, 33], 200, 256),
+                                          ([300, 0, 517, 1, 129, 0, 64, 200], 1000, 512)])
+def test_w4a16_weights(config, counts, n, k):
+    """The 4-bit-weight grouped GEMM into a NaN-poisoned output: session 12's swapped
+    kernel (persistent: 132 blocks walk the items; one block an item) and the default."""
     from tegula.kernels import moe_w4
     from tegula.kernels.quant import dequantize_w4, unpack_w4
-    x, w, offsets = problem([90, 0, 200, 33], 200, 256, seed=2)
+    x, w, offsets = problem(counts, n, k, seed=2)
     x = x.half()
     packed, scales, zeros = moe_w4.quantize_experts_w4(w.half(), 128)
-    out = moe_w4.moe_gemm_w4a16(x, packed, scales, zeros, 128, offsets)
+    out = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.float16)
+    moe_w4.moe_gemm_w4a16(x, packed, scales, zeros, 128, offsets, config=config, out=out)
     torch.cuda.synchronize()
+    assert torch.isnan(out[int(offsets[-1]):].float()).all(), "rows of no expert written"
     w_q = unpack_w4(packed.cpu().numpy())
     bounds = offsets.tolist()
     for e in range(w.shape[0]):

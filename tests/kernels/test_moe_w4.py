@@ -54,6 +54,28 @@ def test_w4a16_grouped_gemm(counts, n, k, group, zero_point, dtype, target):
     check(out, x, w_q, scales, zeros, group, offsets, dtype)
 
 
+@pytest.mark.parametrize("counts, n, k, group, zero_point, dtype, target, tiles", [
+    ([20, 0, 37, 9], 40, 128, 32, True, f16, "sm_90a", dict(BM=16, BN=64, BK=32)),
+    ([0, 0, 45], 72, 256, 64, False, bf16, "sm_90a",
+     dict(BM=32, BN=64, BK=32, PERSISTENT=False)),
+    ([3, 17, 0, 30, 1], 24, 128, 128, True, bf16, "sm_80", dict(BM=16, BN=32, BK=32)),
+    ([20, 0, 37, 9], 140, 128, 32, True, f16, "sm_90a",            # two consumer warpgroups
+     dict(BM=16, BN=128, BK=32, threads=256)),
+])
+def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
+    """The swapped kernel (session 12: outᵀ tiles, the dequantized weights the MMA's
+    register operand), persistent on 3 SMs (blocks walk several items, the sm_90a TMA ring
+    across them) or one block an item: ragged N, empty experts, every group size."""
+    rng = np.random.default_rng(n + group + 1)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = random_input(rng, (offsets[-1] + 3, k), dtype)
+    w_q, scales, zeros = random_w4(rng, len(counts), n, k, group, dtype, zero_point)
+    out = moe_w4.moe_gemm_w4a16_emulated(x, w_q, scales, zeros, group, offsets, dtype=dtype,
+                                         target=target, num_sms=3, SWAPPED=True, STAGES=2,
+                                         **tiles)
+    check(out, x, w_q, scales, zeros, group, offsets, dtype)
+
+
 def test_quantize_experts_and_the_torch_entry_point(on_cpu):
     torch = on_cpu
     rng = np.random.default_rng(4)
@@ -67,6 +89,14 @@ def test_quantize_experts_and_the_torch_entry_point(on_cpu):
                                 torch.from_numpy(offsets), config=dict(BM=16, BN=32, BK=32))
     check(out.numpy(), x, unpack_w4(packed.numpy()), scales.numpy(), zeros.numpy(), group,
           offsets, f16)
+    given = torch.full((offsets[-1], n), float("nan"), dtype=torch.float16)
+    swapped = moe_w4.moe_gemm_w4a16(torch.from_numpy(x), packed, scales, zeros, group,
+                                    torch.from_numpy(offsets), out=given,
+                                    config=dict(SWAPPED=True, BM=16, BN=64, BK=32,
+                                                STAGES=2))
+    assert swapped is given
+    check(swapped.numpy(), x, unpack_w4(packed.numpy()), scales.numpy(), zeros.numpy(),
+          group, offsets, f16)
 
 
 def test_bad_arguments_are_named():

@@ -1,0 +1,94 @@
+"""The 4-bit-weight MoE grouped GEMM (`tegula.kernels.moe_w4`) in several tilings against
+dense bf16 cuBLAS at equal FLOPs, in one process (session 12, issue 13):
+
+    PYTHONPATH=. python3 benchmarks/moe_w4.py [--budget S] [--bf16]
+
+`tegula bench moe`'s three balanced cases (Mixtral 8x7B's up and down projections, a
+64-expert top-6 model; 4096 tokens, group 128 with zero points). Every output is written
+into a NaN-poisoned tensor and checked, every element, against the torch loop over experts
+on the weights the packed ones stand for (error relative to the largest |reference|),
+then timed with L2 flushed (`bench.gpu.time_ms`; the schedule launch included). `--bf16`
+adds the bf16 grouped GEMM as users call it (autotuned). A table last (TFLOP/s; nothing
+is asserted about time).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+START = time.time()
+#: Session 11's kernel (one block per item, the dequantized weights through shared memory)
+#: first, then the swapped persistent kernel (weights the MMA's register operand).
+CONFIGS = [("shared-operand 64x64 (session 11)", dict(BM=64, BN=64, BK=64, STAGES=3,
+                                                      PERSISTENT=False)),
+           ("swapped BN128 BT128 S4", dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4,
+                                          threads=256)),
+           ("swapped BN128 BT256 S3", dict(SWAPPED=True, BM=256, BN=128, BK=64, STAGES=3,
+                                          threads=256)),
+           ("swapped BN64 BT256 S4", dict(SWAPPED=True, BM=256, BN=64, BK=64, STAGES=4)),
+           ("swapped BN128 BT128 S4 one block an item",
+            dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4, threads=256,
+                 PERSISTENT=False)),
+           ("swapped BN128 BT64 S4", dict(SWAPPED=True, BM=64, BN=128, BK=64, STAGES=4,
+                                         threads=256))]
+
+
+def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
+    from tegula.bench.gpu import time_ms
+    from tegula.bench.moe import W4_GROUP, dequantized_w4, make_problem, reference
+    from tegula.kernels import moe, moe_w4
+    tokens, k, experts, kdim, n = dims
+    p = make_problem(torch, tokens, k, experts, kdim, n, True)
+    xs, w, offsets = p["x_sorted"], p["w"], p["routing"].expert_offsets
+    rows, flops = xs.shape[0], 2.0 * xs.shape[0] * n * kdim
+    packed, scales, zeros = moe_w4.quantize_experts_w4(w, W4_GROUP)
+    ref = reference(torch, xs, dequantized_w4(torch, packed, scales, zeros), offsets.tolist())
+    a = torch.randn(rows, kdim, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(kdim, n, device="cuda", dtype=torch.bfloat16)
+    dense = flops / time_ms(lambda: a @ b) / 1e9
+    out = [(f"{label} dense bf16 cuBLAS", f"{dense:.0f} TFLOP/s")]
+    runs = [(name, lambda c=cfg, o=None: moe_w4.moe_gemm_w4a16(
+        xs, packed, scales, zeros, W4_GROUP, offsets, config=c, out=o)) for name, cfg in CONFIGS]
+    if with_bf16:
+        bf16_ref = reference(torch, xs, w, offsets.tolist())
+        runs.append(("bf16 moe_gemm (autotuned)", lambda o=None: moe.moe_gemm(xs, w, offsets,
+                                                                            out=o)))
+    for name, run in runs:
+        row = f"{label} {name}"
+        if time.time() - START > budget:
+            out.append((row, "skipped (time)"))
+            continue
+        try:
+            c = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            run(o=c)
+            torch.cuda.synchronize()
+            want = bf16_ref if name.startswith("bf16") else ref
+            err = float((c.float() - want).abs().max() / want.abs().max())
+            nans = int(torch.isnan(c).sum())
+            status = "" if err < 1e-2 and nans == 0 else " WRONG"
+            tf = flops / time_ms(lambda: run(o=c)) / 1e9
+            out.append((row, f"{tf:.0f} TFLOP/s = {tf / dense:.2f}x dense, max err "
+                             f"{err:.1e}, {nans} NaN{status}"))
+        except Exception as e:  # report and go on
+            out.append((row, f"FAILED {type(e).__name__}: {e}"[:200]))
+        print(out[-1], f"t={time.time() - START:.0f}s", flush=True)
+    return out
+
+
+def main() -> None:
+    from tegula.bench.moe import CASES
+    print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
+    budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
+    rows = []
+    for label, *dims in CASES:
+        rows += case_rows(label, tuple(dims), budget, "--bf16" in sys.argv)
+    width = max(len(r[0]) for r in rows)
+    print("== table")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()
