@@ -111,11 +111,12 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
     epilogue while the tensor cores wait: on an H100 at 4096³ with bias + GELU 398
     TFLOP/s, one block per tile 617). Large tiles take 256 threads, keeping accumulators
     at ≤ 128 f32 registers a thread. `n_exact`: the true N of a decode shape
-    (`fitted_n`), which its `wave_fitted` tiles are cut to (by default the bucket's n)."""
+    (`fitted_n`), which its `wave_fitted` tiles, or many rows' `persistent_fitted` ones,
+    are cut to (by default the bucket's n)."""
     if _api._pow2_at_least(m, 1) <= 256:
         chosen, split = _few_rows_candidates(m, n, hopper, n_exact or n)
     else:
-        chosen, split = _many_rows_candidates(m, n, k, hopper, fused), []
+        chosen, split = _many_rows_candidates(m, n, k, hopper, fused, n_exact or n), []
     # Split K only where each split still has a few k-tiles to pipeline.
     chosen += [c for c in split if k // c["BK"] // c["SPLIT"] >= 8]
     if hopper and not fused:
@@ -240,12 +241,33 @@ SMALL_SQUARES = [dict(BM=128, BN=64, BK=64, STAGES=8, threads=256),
                  dict(BM=128, BN=128, BK=64, STAGES=6, threads=256)]
 
 
-def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool) -> list[dict]:
+def persistent_width(m: int, n: int, sms: int, bm: int = 128, narrowest: int = 224,
+                     gain: float = 0.03) -> int:
+    """The persistent kernel's tile width for an (M, N) result on `sms` SMs: of the
+    multiples of 8 from `narrowest` to 256 (wgmma's N step), the one whose tiles cost the
+    SMs least time — whole waves times the width, as a last partial wave costs a whole
+    one — if that saves at least `gain` of 256's, else 256 (a width that is no multiple
+    of 64 loses the TMA-store epilogue). At 4096×11008, 256 wide is 32 × 43 = 1376 tiles,
+    10.4 waves of 132 (11, the last 42% full); 248 wide is 32 × 45 = 1440, 10.9 (11 waves
+    of 3% narrower tiles). Widths under `narrowest` read a's tile more often per product
+    than the tensor cores can afford (128×128 ran 0.87–0.91× the 128×256 tile)."""
+    tiles_m = -(-m // bm)
+
+    def cost(bn: int) -> int:
+        return -(-tiles_m * -(-n // bn) // sms) * bn
+    best = min(range(256, narrowest - 1, -8), key=cost)
+    return best if cost(best) <= (1 - gain) * cost(256) else 256
+
+
+def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool,
+                          n_exact: int | None = None) -> list[dict]:
     """Candidates for more than 256 rows. On sm_90a, where the tiles fill the GPU, the
-    searched persistent configurations (`searched_persistent`) and the persistent kernel
-    with taller row bands, then one block per 128×256 tile (first with a `fused`
-    epilogue); the two-warpgroup shared-pipeline tiles with 32-wide k-steps ran 0.54–0.66×
-    cuBLAS at 2048³ and 4096×4096×14336 (session 10) and are no longer offered there."""
+    searched persistent configurations (`searched_persistent`), then, where N (`n_exact`,
+    by default the bucket's n) leaves a partial last wave of 128×256 tiles, the width
+    `persistent_width` fits to it, then the persistent kernel with taller row bands, then
+    one block per 128×256 tile (first with a `fused` epilogue); the two-warpgroup
+    shared-pipeline tiles with 32-wide k-steps ran 0.54–0.66× cuBLAS at 2048³ and
+    4096×4096×14336 (session 10) and are no longer offered there."""
     chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
               dict(BM=128, BN=128, BK=32, STAGES=4, threads=256),
               dict(BM=128, BN=256, BK=32, STAGES=3, threads=256),
@@ -262,6 +284,10 @@ def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool) -> 
         return chosen
     persistent = searched_persistent(m, n, k)
     taller = dict(persistent[0], GROUP=16)
+    from tegula.arch import get_target
+    width = persistent_width(m, n_exact or n, get_target("sm_90a").sm_count)
+    if width != 256:
+        persistent = persistent + [dict(PERSISTENT[0], BN=width)]
     one_per_tile = [dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
                     dict(BM=128, BN=256, BK=64, STAGES=4, threads=256)]
     if fused:
@@ -381,9 +407,19 @@ def fitted_n(m: int, n: int, hopper: bool) -> int | None:
     """N itself where the candidates depend on it, not only on its power-of-two bucket:
     sm_90a decode shapes of 17–128 rows, whose `wave_fitted` tiles are cut to the weight's
     N (11008 and 14336 share the bucket 16384, and the 88- and 112-wide tiles that fill an
-    H100's SMs at each would leave the other with a partial wave); else None. The tuner
-    then keeps one pick per N (an LLM has a few weight shapes)."""
-    return n if hopper and 16 < _api._pow2_at_least(m, 1) <= 128 else None
+    H100's SMs at each would leave the other with a partial wave), and shapes of more
+    rows whose persistent tiles `persistent_width` narrows at this N (for the rows of
+    M's bucket); else None. The tuner then keeps one pick per N (an LLM has a few weight
+    shapes)."""
+    if not hopper:
+        return None
+    rows = _api._pow2_at_least(m, 1)
+    if 16 < rows <= 128:
+        return n
+    from tegula.arch import get_target
+    large = rows > 256 and rows * _api._pow2_at_least(n, 1) > 1024 * 1024
+    return n if large and persistent_width(rows, n, get_target("sm_90a").sm_count) != 256 \
+        else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -121,6 +121,38 @@ def test_grid_is_one_block_per_sm_or_per_tile():
     assert persistent_grid(300, 256, 132, 128, 256, cluster=2) == (4,)   # 3 rows: 2 units
 
 
+def test_persistent_width_fills_the_last_wave_where_n_leaves_it_partial(monkeypatch):
+    """4096×11008 in 128×256 tiles is 1376 tiles, 10.4 waves of 132 SMs; 128×248 tiles are
+    1440, 10.9: the same 11 waves of 3% narrower tiles, so matmul also times those (keyed
+    by N). Where 256 wide fills its waves, or a narrower tile saves under 3%, 256 stays.
+    (The cost-model search behind the first candidates is replaced: seconds, not tested
+    here.)"""
+    from tegula.kernels import api_matmul
+    from tegula.kernels.api_matmul import fitted_n, persistent_width
+    monkeypatch.setattr(api_matmul, "searched_persistent", lambda m, n, k: list(PERSISTENT))
+    assert persistent_width(4096, 11008, 132) == 248
+    for m, n in [(4096, 4096), (4096, 14336), (8192, 8192), (2048, 2048), (6144, 6144)]:
+        assert persistent_width(m, n, 132) == 256, (m, n)
+    assert fitted_n(4096, 11008, True) == 11008 and fitted_n(4096, 11008, False) is None
+    fitted = dict(PERSISTENT[0], BN=248)
+    found = gemm_candidates(4096, 16384, 16384, hopper=True, n_exact=11008)
+    assert fitted in found and len(found) <= 7 and found[:len(PERSISTENT)] == PERSISTENT
+    assert fitted not in gemm_candidates(4096, 16384, 16384, hopper=True)
+
+
+def test_fitted_width_at_a_ragged_shape():
+    """The 248-wide persistent tile (no multiple of 64, so register stores rather than
+    the TMA-store epilogue) on sm_90a: a ragged column tile, a partial k-step, more tiles
+    than blocks; every element against float64."""
+    from tegula.kernels.api_matmul import PERSISTENT
+    rng = np.random.default_rng(248)
+    a, b, _ = operands(rng, 130, 260, 72, f16)
+    config = {k: v for k, v in PERSISTENT[0].items() if k not in ("kernel", "threads")}
+    c = gemm_emulated(a, b, f16, persistent=3, target="sm_90a",
+                      **dict(config, BN=248, threads=256))
+    check_gemm(c, a, b, f16)
+
+
 def test_candidates_put_the_persistent_kernel_first_on_hopper_for_large_shapes():
     large = gemm_candidates(4096, 4096, 4096, hopper=True)
     assert large[:len(PERSISTENT)] == PERSISTENT
