@@ -10,6 +10,13 @@ threads=N the block size). Every tegula output is written into a NaN-poisoned bu
 checked element by element against a float64 reference before it is timed, L2 flushed
 before each run. Columns: µs, TB/s on w's bytes, the fraction of the 1 GiB copy bandwidth
 (measured in this process) and of the same-size clone's.
+
+`--breakdown` (issue 13: how much of a small GEMV is the launch) times each of the clone,
+torch's `x @ w.T`, the tuned entry and the default kernel launch three ways, L2 flushed
+before each run: CUDA events around the call (as above: launch latency, the block
+scheduler's ramp and the kernel), the kernels' own durations as CUPTI records them
+(torch.profiler: from the first block's start to the last's end, no launch), and events
+around the replay of a CUDA graph holding the call (no Python or driver launch path).
 """
 from __future__ import annotations
 
@@ -84,16 +91,107 @@ def sweep(n: int, k: int, dtype: str, variants: list[str], copy_bps: float,
         row(f"{constexprs} t{threads}", time_ms(launch), f"err/bound {err:.2f}")
 
 
+def _kernel_us(torch, fn, empty_l2, runs: int = 30) -> float:
+    """Median summed duration (µs) of the GPU kernels one `fn()` runs, from the CUPTI
+    activity records torch.profiler keeps for `runs` calls, each after an L2 flush (whose
+    kernels are told apart by name: those of a flush-only run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(body) -> list:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            body()
+            torch.cuda.synchronize()
+        found = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        return sorted(found, key=lambda e: e.time_range.start)
+
+    flush_names = {e.name for e in kernels(lambda: [empty_l2() for _ in range(3)])}
+
+    def body() -> None:
+        for _ in range(runs):
+            empty_l2()
+            fn()
+
+    mine = [e for e in kernels(body) if e.name not in flush_names]
+    per_call = len(mine) // runs
+    if per_call == 0 or len(mine) % runs:
+        raise RuntimeError(f"{len(mine)} kernels for {runs} calls")
+    sums = sorted(sum(e.time_range.elapsed_us() for e in mine[i:i + per_call])
+                  for i in range(0, len(mine), per_call))
+    return sums[len(sums) // 2]
+
+
+def _graph_ms(torch, fn, flush: str) -> float:
+    """Median ms of replaying a CUDA graph that holds `fn()` (captured after a warm-up
+    call), L2 flushed before each replay, as `gpu.time_ms` times calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return gpu.time_ms(graph.replay, flush=flush)
+
+
+def breakdown(n: int, k: int, dtype: str, flush: str) -> None:
+    """Per implementation: µs by events, by CUPTI's kernel durations, by graph replay."""
+    from tegula.runtime.autotune import l2_emptier
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(1, k, device="cuda", generator=g).to(TORCH[dtype])
+    w = torch.randn(n, k, device="cuda", generator=g).to(TORCH[dtype])
+    out = torch.full((1, n), float("nan"), device="cuda", dtype=w.dtype)
+    tk.gemv(x, w, out=out)
+    if check(out, x, w) > 1:
+        print(f"| {n}x{k} {dtype} | tk.gemv | WRONG |")
+        return
+    kernel = gemv_kernel(f16 if dtype == "f16" else bf16)
+    grid, constexprs = gemv_config(1, n, k)
+    half = w.view(-1)[: n * k // 2]
+    empty_l2 = l2_emptier(torch, flush, 256 * 1024 * 1024)
+    fns = {"same-size clone": half.clone, "torch x @ w.T": lambda: x @ w.T,
+           "tk.gemv (tuned)": lambda: tk.gemv(x, w, out=out),
+           f"gemv_kernel {constexprs}":
+               lambda: _launch(kernel, grid, (x, w, out), constexprs, 128)}
+    nbytes = n * k * w.element_size()
+    for name, fn in fns.items():
+        event_us = gpu.time_ms(fn, flush=flush) * 1e3
+        try:
+            kernel_us = _kernel_us(torch, fn, empty_l2)
+        except Exception as e:  # noqa: BLE001 — no CUPTI here is a cell, not the end
+            kernel_us = float("nan")
+            print(f"# CUPTI durations unavailable: {type(e).__name__}: {e}")
+        try:
+            graph_us = _graph_ms(torch, fn, flush) * 1e3
+        except Exception as e:  # noqa: BLE001
+            graph_us = float("nan")
+            print(f"# graph capture failed for {name}: {type(e).__name__}: {e}")
+        print(f"| {n}x{k} {dtype} | {name} | events {event_us:.1f} us | kernel {kernel_us:.1f} "
+              f"us ({nbytes / (kernel_us * 1e-6) / 1e12:.2f} TB/s) | graph {graph_us:.1f} us "
+              f"| launch+ramp {event_us - kernel_us:.1f} us |", flush=True)
+    if check(out, x, w) > 1:  # the timed runs wrote out too
+        print(f"| {n}x{k} {dtype} | after timing | WRONG |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", required=True, help="NxK, repeatable")
     parser.add_argument("--dtype", choices=tuple(TORCH), default="f16")
     parser.add_argument("--variant", action="append", default=None)
     parser.add_argument("--flush", choices=gpu.FLUSH_MODES, default="clean")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="events vs CUPTI kernel durations vs CUDA-graph replay")
     args = parser.parse_args()
     t0 = time.monotonic()
     copy_bps = gpu.copy_bandwidth(torch, flush=args.flush)
     print(f"copy {copy_bps / 1e12:.2f} TB/s (1 GiB, read + written)")
+    if args.breakdown:
+        print("| shape | what | CUDA events | CUPTI kernel time | graph replay | events - kernel |")
+        for shape in args.shape:
+            n, k = (int(s) for s in shape.split("x"))
+            breakdown(n, k, args.dtype, args.flush)
+            print(f"# {shape} breakdown done at {time.monotonic() - t0:.0f} s", flush=True)
+        return
     print("| shape | what | us | TB/s on w | % 1 GiB copy | % same-size clone | note |")
     for shape in args.shape:
         n, k = (int(s) for s in shape.split("x"))
