@@ -25,6 +25,8 @@ CONFIGS = [("shared-operand 64x64 (session 11)", dict(BM=64, BN=64, BK=64, STAGE
                                                       PERSISTENT=False)),
            ("swapped BN128 BT128 S4", dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4,
                                           threads=256)),
+           ("swapped BN128 BT128 S4 AHEAD=0 (scales loaded where used)",
+            dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4, threads=256, AHEAD=0)),
            ("swapped BN128 BT256 S3", dict(SWAPPED=True, BM=256, BN=128, BK=64, STAGES=3,
                                           threads=256)),
            ("swapped BN64 BT256 S4", dict(SWAPPED=True, BM=256, BN=64, BK=64, STAGES=4)),

@@ -35,7 +35,8 @@ from tegula.dtypes import DType, bf16, f16
 from tegula.kernels.common import check_array, dtype_of_array, poisoned
 from tegula.kernels.moe import (COLUMN_TILE, END_ROW, EXPERT, FIRST_ROW, check_offsets,
                                 check_problem, has_rows, plan_launches, run_plan)
-from tegula.kernels.quant import GROUP_SIZES, dequantize, prepack, quantize_w4
+from tegula.kernels.quant import (GROUP_SIZES, SYMMETRIC_ZERO, dequantize, prepack,
+                                  quantize_w4)
 
 W4_DTYPES = (f16, bf16)
 
@@ -71,27 +72,50 @@ def moe_gemm_w4_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     return moe_gemm_w4
 
 
+def _group_loads(scales_e: Any, zeros_e: Any, n: Any, group: Any, BN: int) -> tuple:
+    """The (BN, 1) scales (and zero points, if any) of weight rows n·BN… at group `group`,
+    as loaded (past K: zeros): carried to the next k-step unconverted, so that nothing
+    waits for the loads in the step that issues them."""
+    scale = tg.load(scales_e.tile((BN, 1), (n, group)))
+    return (scale,) if zeros_e is None else (scale, tg.load(zeros_e.tile((BN, 1), (n, group))))
+
+
+def _dequantize_with(packed: Any, loads: tuple, BN: int) -> Any:
+    """`quant.dequantize`'s w·s − z·s in f32 from `_group_loads`' tiles."""
+    scale = loads[0].to(f32)
+    zero = loads[1].to(f32) if len(loads) > 1 else tg.full((BN, 1), SYMMETRIC_ZERO, f32)
+    return packed.to(f32) * scale - zero * scale
+
+
 def _swapped_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: Any, t: Any,
                   sa: Any, G: int, BN: int, BT: int, BK: int, STAGES: int,
-                  PERSISTENT: bool) -> None:
+                  PERSISTENT: bool, AHEAD: bool) -> None:
     """Work item t of the swapped W4A16 grouped GEMM (trace time): outᵀ's (BN, BT) tile =
     dequant(w[e]) rows n·BN… @ x rows first… .T, the dequantized weights the MMA's
     register A operand (no 16-bit weight goes through shared memory), the BT token rows
     the shared B operand in a STAGES-deep ring (TMA on sm_90a), the packed weights loaded
-    one k-step ahead of their use."""
+    one k-step ahead of their use, and with AHEAD their group's scales and zeros too (else
+    loaded in the step that uses them, their latency paid every step)."""
     e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
     n = schedule[COLUMN_TILE, t]
     ga = x[first:, :].tile((BT, BK), (0, None))
     gw = w[e].tile((BN, BK), (n, None))
     steps = ga.shape[2] if PERSISTENT else ga.shape[2] * has_rows(first, end)
+    z_e = zeros[e] if zeros is not None else None
     acc = tg.zeros((BN, BT), f32)                       # outᵀ: weight rows x tokens
     ahead = tg.load(gw[:, :, 0])
+    if AHEAD:
+        loads_ahead = _group_loads(scales[e], z_e, n, 0, BN)
     for k in tg.pipeline(steps, stages=STAGES):
         tg.copy(ga[:, :, k], sa[k])
         packed = ahead
         ahead = tg.load(gw[:, :, k + 1])                # past K: masked, never used
-        weights = dequantize(packed, scales[e], zeros[e] if zeros is not None else None, n,
-                             k // (G // BK), (BN, 1))
+        if AHEAD:
+            loads = loads_ahead
+            loads_ahead = _group_loads(scales[e], z_e, n, (k + 1) // (G // BK), BN)
+            weights = _dequantize_with(packed, loads, BN)
+        else:
+            weights = dequantize(packed, scales[e], z_e, n, k // (G // BK), (BN, 1))
         tg.gemm(acc, weights.to(x.dtype), sa[k])        # acc += w @ x rows.T
     # Rearranged through shared memory: out's rows are tokens, 16-byte stores along N.
     tg.copy(tg.rearrange(acc.to(x.dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
@@ -113,16 +137,16 @@ def moe_gemm_w4_swapped_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
                             out: tg.Tensor[dtype], G: tg.constexpr = 128,
                             BN: tg.constexpr = 128, BT: tg.constexpr = 128,
                             BK: tg.constexpr = 64, STAGES: tg.constexpr = 4,
-                            PERSISTENT: tg.constexpr = True):
+                            PERSISTENT: tg.constexpr = True, AHEAD: tg.constexpr = 1):
         sa = tg.shared((BT, BK), dtype, stages=STAGES)
         z = zeros if has_zeros else None
         if PERSISTENT:
             for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
                 _swapped_item(x, w, scales, z, schedule, out, t, sa, G, BN, BT, BK, STAGES,
-                              True)
+                              True, AHEAD)
         else:
             _swapped_item(x, w, scales, z, schedule, out, tg.block_id(0), sa, G, BN, BT, BK,
-                          STAGES, False)
+                          STAGES, False, AHEAD)
 
     return moe_gemm_w4_swapped
 

@@ -59,13 +59,17 @@ def test_w4a16_grouped_gemm(counts, n, k, group, zero_point, dtype, target):
     ([0, 0, 45], 72, 256, 64, False, bf16, "sm_90a",
      dict(BM=32, BN=64, BK=32, PERSISTENT=False)),
     ([3, 17, 0, 30, 1], 24, 128, 128, True, bf16, "sm_80", dict(BM=16, BN=32, BK=32)),
+    ([3, 17, 0, 30, 1], 24, 128, 32, True, bf16, "sm_90a",         # scales loaded where used
+     dict(BM=16, BN=32, BK=32, AHEAD=0)),
     ([20, 0, 37, 9], 140, 128, 32, True, f16, "sm_90a",            # two consumer warpgroups
      dict(BM=16, BN=128, BK=32, threads=256)),
 ])
 def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
     """The swapped kernel (session 12: outᵀ tiles, the dequantized weights the MMA's
     register operand), persistent on 3 SMs (blocks walk several items, the sm_90a TMA ring
-    across them) or one block an item: ragged N, empty experts, every group size."""
+    across them) or one block an item, the scales loaded a k-step ahead (AHEAD, default)
+    or where used: ragged N, empty experts, every group size (K = 128 in groups of 32 is
+    four groups, so a step's scales differ from the last's)."""
     rng = np.random.default_rng(n + group + 1)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     x = random_input(rng, (offsets[-1] + 3, k), dtype)
