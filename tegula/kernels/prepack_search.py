@@ -51,7 +51,7 @@ def w4a16_layout_plans(m: int, n: int, k: int, group_size: int = 128, dtype: DTy
     zeros = stand_in((n, groups)) if has_zeros else stand_in((1, 1))
     stored = {"plain": (stand_in((n, k // 2), np.uint8), w4a16_candidates(m, group_size)),
               "fragment": (stand_in(fragment_shape(n, k)[:5] + (16,), np.uint8),
-                           fragment_candidates(m, n, k))}
+                           fragment_candidates(m, n, k, group_size=group_size))}
     plans: dict[str, list] = {}
     for layout in WEIGHT_LAYOUTS:
         packed, candidates = stored[layout]

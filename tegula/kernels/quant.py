@@ -17,7 +17,9 @@ The layouts the kernels want (what `quantize_w4` and `prepack` write):
 * `zeros`: (N, K/group_size) in the activations' dtype (a float zero point costs the
   kernel no conversion): `quantize_w4` writes the integers 0..15, and fractional zero
   points (HQQ style) are computed as exactly as integer ones (`quant_fragment.
-  dequantize_in`); or None for symmetric quantization (zero point 8:
+  dequantize_in`), at one more HADD2 a weight pair, which the fragment kernel skips where
+  every zero is an integer (`quant_fragment.zeros_are_integers`, checked once per tensor
+  version); or None for symmetric quantization (zero point 8:
   `quantize_w4(..., zero_point=False)`).
 
 K must be a multiple of the group size (and so even): a ragged last group has no
@@ -75,6 +77,7 @@ from tegula.kernels import api as _api
 from tegula.kernels.gemv import MAX_GEMV_ROWS
 from tegula.runtime.autotune import Autotuner
 from tegula.kernels.quant_fragment import fragment_candidates  # re-exported: it lives by its kernel
+from tegula.kernels.quant_fragment import zeros_are_integers
 
 W4A16_DTYPES = (f16, bf16)
 GROUP_SIZES = (32, 64, 128)
@@ -550,6 +553,13 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
     zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
                  else np.zeros((1, 1), dtype=storage))  # unread: the kernel uses 8
     kind, grid, constexprs = w4a16_config(m, n, k, group_size, **tiles)
+    if kind == "fragment":   # integer zeros skip the residue step; fractional ones need it
+        integer = zeros is not None and bool(np.all(zeros == np.round(zeros)))
+        if constexprs.get("INTEGER_ZEROS") and not integer:
+            raise ValueError(f"tegula.kernels.{fn}: INTEGER_ZEROS=1 needs integer zero "
+                             f"points (a zeros tensor of integers), got "
+                             f"{'no zeros' if zeros is None else 'fractional zeros'}")
+        constexprs.setdefault("INTEGER_ZEROS", int(integer))
     options = {} if target is None else {"target": target}
     operands = (*w4a16_operands(kind, np.ascontiguousarray(a), prepack(w_q), group_size),
                 np.ascontiguousarray(scales, dtype=storage), zeros_arg)
@@ -625,7 +635,9 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     fn = "matmul_w4a16"
     fragment = getattr(packed, "dim", lambda: 2)() == 6   # pre-packed: `pack_fragments`
     given = (a, packed, scales) + ((zeros,) if zeros is not None else ())
-    head = (fn, type(group_size), group_size, zeros is None)
+    # integer zeros (quantize_w4's) let the fragment kernel skip the residue step
+    integer_zeros = fragment and zeros is not None and zeros_are_integers(zeros)
+    head = (fn, type(group_size), group_size, zeros is None, integer_zeros)
     replay = api._replay_of(given, *head) if out is None else None
     if replay is not None:
         return replay(*given)
@@ -647,12 +659,16 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
     args = [t.contiguous() for t in (a, packed, scales)]
     args.append(zeros.contiguous() if zeros is not None
                 else torch.zeros((1, 1), dtype=a.dtype, device=a.device))  # unread
-    candidates = (fragment_candidates(m, n, k, _sm_count(torch, a.device)) if fragment
+    zeros_kind = "iz" if integer_zeros else "z" if zeros is not None else "sym"
+    candidates = (fragment_candidates(m, n, k, _sm_count(torch, a.device), group_size)
+                  if fragment
                   else w4a16_candidates(m, group_size))
     configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config) -> Any:
         kind, grid, constexprs = w4a16_config(m, n, k, group_size, **config.kwargs)
+        if integer_zeros:
+            constexprs["INTEGER_ZEROS"] = 1
         operands = (*w4a16_operands(kind, args[0], args[1], group_size), *args[2:])
         launched = []
 
@@ -667,7 +683,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
     launched = api._tune_and_run(
         fn, a.device.index, configs, (m, n, k),
-        f"{dtype}/g{group_size}/{'z' if zeros is not None else 'sym'}", run)
+        f"{dtype}/g{group_size}/{zeros_kind}", run)
     if signature is not None and api._views_of(args[:len(given)], given):
         # the rows kernel's 4-D operands are views of args: the same data pointers
         api._remember(signature, _w4a16_replay(launched, m, n, args[3]))

@@ -243,19 +243,43 @@ def _torch_int32() -> Any:
     return torch.int32
 
 
-def _gemm_scaled_after(acc, words, constants, activations, dtype: DType, S: int,
-                       has_zeros: bool):
-    """acc + scale * ((w - zero) @ activations.T) for one k-step of one group (SCALE_AFTER):
-    the MMA takes w - zero (exact in 16 bits for integer zeros; a fractional zero's
-    difference rounds once, `dequantize_in`) into a fresh f32 sum, and the row's scale
-    multiplies that sum as it is added, so no scaled weight is rounded."""
+def _gemm_scaled_after(acc, words, constants, activations, dtype: DType,
+                       fractional_zero: bool):
+    """acc + scale * ((w - zero) @ activations.T) for one part of a k-step, one group
+    (SCALE_AFTER): the MMA takes w - zero (exact in 16 bits for integer zeros; a
+    fractional zero's difference rounds once, `dequantize_in`) into a fresh f32 sum, and
+    the row's scale multiplies that sum as it is added (BT/2 FMAs a thread instead of
+    one HMUL2 a weight pair), so no scaled weight is rounded."""
     zero, scale = constants
     BN, BK = acc.shape[0], activations.shape[1]
-    packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-    unscaled = dequantize_in(packed, zero, None, has_zeros)
+    packed = tg.reshape(fragment_weights(words, dtype), (BN, 1, BK))
+    unscaled = dequantize_in(packed, zero, None, fractional_zero)
     step = tg.zeros(acc.shape, f32)
     tg.gemm(step, tg.reshape(unscaled, (BN, BK)), activations)
     return acc + step * scale.to(f32)
+
+
+def _split_slice(steps):
+    """(first k-step, end) of this block's slice of `steps` k-steps under split K: grid
+    axis 2 holds the SPLIT slices (a launch value: one build serves any split)."""
+    splits = tg.num_programs(2)
+    per_split = (steps + splits - 1) // splits
+    start = tg.block_id(2) * per_split
+    return start, tg.minimum(start + per_split, steps)
+
+
+def _gemm_parts(acc, words_stages, activation_stages, words_tv, constants, dequantized,
+                dtype: DType, scale_after: bool, fractional_zero: bool):
+    """acc after one k-step's gemms from the rings' stages, part by part (one part, or
+    one a group with SCALE_AFTER): acc += dequant(w) @ activations.T."""
+    for part, (stage, activations) in enumerate(zip(words_stages, activation_stages)):
+        words = tg.load(stage, layout=words_tv)
+        if scale_after:
+            acc = _gemm_scaled_after(acc, words, constants[part], activations, dtype,
+                                     fractional_zero)
+        else:
+            tg.gemm(acc, dequantized(words, constants[part]), activations)
+    return acc
 
 
 @lru_cache(maxsize=None)   # one kernel object per variant: its compiled builds and replays
@@ -263,76 +287,76 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64·WG, BT) tiles, the weights in fragment
     order (`pack_fragments`): each k-step one 16-byte load per thread and stored block of
     the weights (KS blocks along K), dequantized in registers into the MMA's register A
-    operand; the activations, BT tokens by 64·KS k, the shared B operand in a
-    STAGES-deep ring. G (the group) 32 takes two scales per row and stored block. WG
-    warpgroups (launched with threads = 128·WG, as `fragment_config` sets) each take 64
-    of the block's weight rows and share its activation tiles: at 64-128 tokens the
-    activations re-read by every block of rows are most of the bytes moved (8x the 4-bit
-    weights' at BT = 128), and WG = 2 halves them. `partial`: split K as in
-    `quant.w4a16_swapped_kernel` (SPLIT slices of the k-steps, an f32 workspace summed
-    by `w4a16_split_sum_kernel`), SPLIT being the grid's axis 2 — a launch value, not a
-    constexpr, so the tuner's splits share one build. SCALE_AFTER (cp.async weights, 64·KS ≤ G): scales
-    the step's f32 sums (`_gemm_scaled_after`): BT/2 FMAs a thread instead of 32·KS
-    HMUL2 (275 SASS a 128-k step at 16 tokens, was 300)."""
+    operand; the activations (BT tokens by 64·KS k) the shared B operand, both in a
+    STAGES-deep ring. WG warpgroups (threads = 128·WG, `fragment_config`) each take 64
+    of the block's rows and share its activation tiles (at 128 tokens the activations
+    re-read by every row block are 8x the weights' bytes). `partial`: split K, SPLIT
+    slices of the k-steps (the grid's axis 2: a launch value, one build for every
+    split) into an f32 workspace that `w4a16_split_sum_kernel` sums. SCALE_AFTER
+    (cp.async weights, G ≥ 64): the scale multiplies each group's f32 sums
+    (`_gemm_scaled_after`), a step of several groups taken in parts of one group
+    (rings, gemm and sum each): one FMA a thread and 2 tokens instead of one HMUL2 a
+    weight pair (SASS a weight at 16 tokens: benchmarks/w4a16_sass.py). INTEGER_ZEROS:
+    the zeros are integers (`zeros_are_integers`), no residue step (`dequantize_in`)."""
     out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
     def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4], scales: tg.Tensor[dtype],
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
-                       WSMEM: tg.constexpr = 1,
-                       KS: tg.constexpr = 1, WG: tg.constexpr = 1,
-                       SCALE_AFTER: tg.constexpr = 0):
+                       WSMEM: tg.constexpr = 1, KS: tg.constexpr = 1, WG: tg.constexpr = 1,
+                       SCALE_AFTER: tg.constexpr = 0, INTEGER_ZEROS: tg.constexpr = 0):
         n, t = tg.block_id(0), tg.block_id(1)
+        fractional = has_zeros and not INTEGER_ZEROS   # residue step needed (`dequantize_in`)
         BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
         BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
-        S = max(1, BK // G)                        # groups per k-step (2 for G = 32)
-        ga = a.tile((BT, BK), (t, None))
-        gw = w.tile((WG, KS) + STORED_WORDS, (n, None, 0, 0))
-        words_tv = stored_tv(KS, WG)
-        steps, start = ga.shape[2], 0
-        if partial:   # this block's slice of the k-steps: grid axis 2 holds the SPLIT
-            splits = tg.num_programs(2)   # slices (a launch value: one build, any split)
-            per_split = (steps + splits - 1) // splits
-            start = tg.block_id(2) * per_split
-            steps = tg.minimum(start + per_split, steps)
+        # SCALE_AFTER: a step of several groups in parts of one group (each its own rings,
+        # gemm and f32 sum); otherwise one part, S groups (2 for G = 32)
+        P = max(1, BK // G) if SCALE_AFTER else 1
+        PK = BK // P                               # k per part
+        S = max(1, PK // G)                        # groups per part
+        steps, start = a.tile((BT, BK), (t, None)).shape[2], 0
+        ga = a.tile((BT, PK), (t, None))
+        gw = w.tile((WG, KS // P) + STORED_WORDS, (n, None, 0, 0))
+        words_tv = stored_tv(KS // P, WG)
+        if partial:
+            start, steps = _split_slice(steps)
         acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
-        sa = tg.shared((BT, BK), dtype, stages=STAGES)
-        def dequantized(words, constants):   # the (BN, BK) weights of one k-step
-            packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-            return tg.reshape(dequantize_in(packed, *constants, has_zeros), (BN, BK))
+        sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(P)]
 
-        def constants(k):                     # the k-step's zeros and scales (loads)
-            return group_constants(dtype, scales, zeros if has_zeros else None, n,
-                                   k // max(1, G // BK), (BN, S))
+        def dequantized(words, constants):   # the (BN, PK) weights of one part
+            packed = tg.reshape(fragment_weights(words, dtype), (BN, S, PK // S))
+            return tg.reshape(dequantize_in(packed, *constants, fractional), (BN, PK))
+
+        def constants(k):                     # step k's zeros and scales, a part each (loads)
+            return [group_constants(dtype, scales, zeros if has_zeros else None, n,
+                                    (k * P + part) // max(1, G // PK), (BN, S))
+                    for part in range(P)]
 
         if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
-            sw = tg.shared((WG, KS) + STORED_WORDS, i32, stages=STAGES,
-                           layout=stored_shared(KS, WG))
-            # the scales and zeros are loaded one k-step ahead too: a load in the step
-            # that uses them put its latency (a DRAM miss: each group's first reader) in
-            # every step's path
+            sw = [tg.shared((WG, KS // P) + STORED_WORDS, i32, stages=STAGES,
+                            layout=stored_shared(KS // P, WG)) for _ in range(P)]
+            # scales and zeros a k-step ahead too (a DRAM miss in the step's path otherwise)
             ahead_constants = constants(start)
         else:       # in registers: step k+1 dequantized while step k's wgmmas run
             current = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv),
-                                  constants(start))
+                                  constants(start)[0])
             ahead = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
         for k in tg.pipeline(start, steps, stages=STAGES):
-            tg.copy(ga[:, :, k], sa[k])
+            for part in range(P):
+                tg.copy(ga[:, :, k * P + part], sa[part][k])
             if WSMEM:
-                tg.copy(gw[:, :, :, :, k], sw[k])
+                for part in range(P):
+                    tg.copy(gw[:, :, :, :, k * P + part], sw[part][k])
                 following_constants = constants(k + 1)              # past K: masked, unused
-                words = tg.load(sw[k], layout=words_tv)
-                if SCALE_AFTER:
-                    acc = _gemm_scaled_after(acc, words, ahead_constants, sa[k], dtype, S,
-                                             has_zeros)
-                else:
-                    tg.gemm(acc, dequantized(words, ahead_constants), sa[k])  # acc += w @ sa.T
+                acc = _gemm_parts(acc, [ring[k] for ring in sw], [ring[k] for ring in sa],
+                                  words_tv, ahead_constants, dequantized, dtype,
+                                  SCALE_AFTER, fractional)
                 ahead_constants = following_constants
             else:   # loads first, then the gemm, then register work only (overlaps it)
-                following_constants = constants(k + 1)              # past K: masked, unused
+                following_constants = constants(k + 1)[0]           # past K: masked, unused
                 after = tg.load(gw[:, :, :, :, k + 2], layout=words_tv)
-                tg.gemm(acc, current, sa[k])
+                tg.gemm(acc, current, sa[0][k])
                 current = dequantized(ahead, following_constants)
                 ahead = after
         _store_result(acc, c, w, n, t, dtype, partial, WG)
@@ -358,11 +382,12 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
     from tegula.kernels.quant import token_tile
     constexprs = dict(G=group_size, BT=token_tile(m), STAGES=3, SPLIT=1)
     constexprs.update(tiles)
-    if constexprs.get("SCALE_AFTER") and (64 * constexprs.get("KS", 1) > group_size
+    if constexprs.get("SCALE_AFTER") and (group_size < FRAGMENT_K
                                           or not constexprs.get("WSMEM", 1)):
-        raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 needs one group a k-step "
-                         f"(64·KS = {64 * constexprs.get('KS', 1)} ≤ group_size = "
-                         f"{group_size}) and the cp.async weights (WSMEM=1)")
+        raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 needs groups of whole "
+                         f"stored blocks (group_size = {group_size} ≥ {FRAGMENT_K}: each "
+                         f"group's gemm takes 64-k blocks) and the cp.async weights "
+                         f"(WSMEM=1)")
     row_groups = constexprs.get("WG", 1)
     if row_groups > 1:
         if constexprs.setdefault("threads", 128 * row_groups) != 128 * row_groups:
@@ -381,7 +406,7 @@ SPLITS, MAX_WAVES = (2, 3, 4, 6, 8), 8
 
 
 def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
-                        sms: int = 132) -> list[dict]:
+                        sms: int = 132, group_size: int = 128) -> list[dict]:
     """The fragment kernel's configs worth timing (pre-packed weights) for an (M, N, K)
     product on `sms` SMs, from the H100 sweeps of sessions 8-11 (`docs/performance.md`).
     At 16 tokens the weights and activations ride a cp.async ring (session 10: the
@@ -412,6 +437,9 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
         configs = [dict(ring, KS=4, STAGES=3, SPLIT=s) for s in splits(256, (3, 4))]
         if n is not None and -(-n // FRAGMENT_ROWS) >= sms:
             configs.append(dict(ring, KS=4, STAGES=6, SPLIT=1))
+        if group_size >= 128:   # the same with the scale on each group's f32 sums (two
+            # parts a step): ~10% fewer SASS a weight than scaling every pair (session 12)
+            configs += [dict(c, SCALE_AFTER=1) for c in configs]
         return configs + [dict(ring, STAGES=4, SPLIT=4)]
     configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
                dict(base, BT=bt, STAGES=2, SPLIT=2),
@@ -420,6 +448,33 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
     if bt > 64:
         configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
     return configs
+
+
+#: zeros_are_integers' answers: id(zeros) -> (weak reference, version, data pointer, answer)
+_INTEGER_ZEROS: dict = {}
+
+
+def zeros_are_integers(zeros: Any) -> bool:
+    """Whether every zero point of a torch tensor is an integer (what `quantize_w4`
+    writes), so that the fragment kernel may skip the residue step of `dequantize_in`
+    (INTEGER_ZEROS=1: one HADD2 a weight pair less). Checked on the device once per
+    tensor and version: the answer is kept with a weak reference, torch's version counter
+    (bumped by every in-place write, shared by views) and the data pointer, and checked
+    again when any of them changed. False (the exact path for any zeros) for what cannot
+    be tracked so: inference-mode tensors (no version counter) and non-tensors."""
+    import weakref
+    try:
+        version, pointer = zeros._version, zeros.data_ptr()
+    except (AttributeError, RuntimeError):      # not a tensor; an inference tensor
+        return False
+    key = id(zeros)
+    kept = _INTEGER_ZEROS.get(key)
+    if kept is not None and kept[0]() is zeros and kept[1:3] == (version, pointer):
+        return kept[3]
+    answer = bool((zeros == zeros.round()).all())   # NaN != NaN: a NaN zero is no integer
+    reference = weakref.ref(zeros, lambda _: _INTEGER_ZEROS.pop(key, None))
+    _INTEGER_ZEROS[key] = (reference, version, pointer, answer)
+    return answer
 
 
 def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
@@ -442,5 +497,5 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
     return launch_split_sum(dtype, split, parts, c, launch)
 
 
-__all__ = ["fragment_config", "launch_w4a16_fragment", "fragment_candidates", "SPLITS", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
+__all__ = ["fragment_config", "zeros_are_integers", "launch_w4a16_fragment", "fragment_candidates", "SPLITS", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
            "pack_fragments", "unpack_fragments", "fragment_weights", "w4a16_fragment_kernel"]

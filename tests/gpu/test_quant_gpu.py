@@ -290,7 +290,20 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
         ("f16", 16, 14336, 4096, 128, True, dict(KS=4, SPLIT=3, load_path="cp.async")),
         ("f16", 16, 4096, 4096, 128, True, dict(KS=4, SPLIT=8, load_path="cp.async")),
         ("bf16", 5, 300, 1280, 128, True, dict(KS=4, SPLIT=6, load_path="cp.async")),
-        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=6, load_path="cp.async"))]],
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=6, load_path="cp.async")),
+        # session 12: integer zeros without the residue step; the scale on each group's
+        # f32 sums with several groups a step (one part, rings and gemm a group)
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=6, INTEGER_ZEROS=1,
+                                                 load_path="cp.async")),
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=6, SCALE_AFTER=1,
+                                                 INTEGER_ZEROS=1, load_path="cp.async")),
+        ("bf16", 16, 4096, 4096, 128, True, dict(KS=8, STAGES=4, SCALE_AFTER=1, SPLIT=2,
+                                                 INTEGER_ZEROS=1, load_path="cp.async")),
+        ("f16", 13, 70, 320, 64, True, dict(KS=4, SCALE_AFTER=1, INTEGER_ZEROS=1,
+                                            load_path="cp.async")),
+        ("f16", 9, 300, 1024, 128, False, dict(KS=4, SCALE_AFTER=1, SPLIT=3,
+                                               load_path="cp.async")),
+        ("f16", 128, 4096, 4096, 128, True, dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
@@ -358,6 +371,7 @@ def fractional_zeros(zeros, g):
     ("f16", 13, 70, 192, 64, {}),
     ("f16", 128, 4096, 4096, 128, dict(BT=128, KS=2, SPLIT=2, WSMEM=0)),
     ("f16", 16, 14336, 4096, 128, dict(KS=2, SPLIT=3, SCALE_AFTER=1)),
+    ("f16", 16, 14336, 4096, 128, dict(KS=4, STAGES=6, SCALE_AFTER=1, load_path="cp.async")),
     ("bf16", 20, 300, 512, 64, dict(KS=2, SPLIT=2))],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)

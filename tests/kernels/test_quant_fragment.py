@@ -64,6 +64,14 @@ CASES = [  # m, n, k, group, zero_point, tiles
     # the scale applied to each step's f32 sums (one group a step)
     (20, 200, 384, 128, False, dict(KS=2, SPLIT=3, SCALE_AFTER=1)),
     (13, 70, 192, 64, True, dict(SCALE_AFTER=1, BT=16)),
+    # several groups a step, each its own gemm and f32 sum (SCALE_AFTER with KS·64 > G):
+    # 320 k = 1.25 steps of 256 (the last step's second group past K), N ragged
+    (16, 70, 320, 64, True, dict(KS=4, SCALE_AFTER=1, INTEGER_ZEROS=1)),
+    (5, 130, 384, 128, True, dict(KS=4, SCALE_AFTER=1, SPLIT=2, INTEGER_ZEROS=1)),
+    (9, 64, 256, 128, False, dict(KS=4, SCALE_AFTER=1, STAGES=6)),
+    # integer zeros (what quantize_w4 writes): no residue step
+    (16, 70, 320, 64, True, dict(KS=4, INTEGER_ZEROS=1)),
+    (33, 130, 224, 32, True, dict(BT=16, INTEGER_ZEROS=1)),
 ]
 
 
@@ -94,6 +102,7 @@ FRACTIONAL_CASES = [  # dtype, m, n, k, group, tiles
     (f16, 13, 70, 192, 64, dict(SCALE_AFTER=1, BT=16)),   # w - zero into the MMA
     (f16, 9, 64, 384, 128, dict(KS=2, WSMEM=0)),          # weights through registers
     (bf16, 20, 66, 192, 64, {}),
+    (f16, 16, 70, 512, 128, dict(KS=4, SCALE_AFTER=1)),   # two groups a step, in parts
 ]
 
 
@@ -115,6 +124,34 @@ def test_fragment_kernel_fractional_zero_points(dtype, m, n, k, group, tiles, ta
     with pytest.raises(AssertionError, match="max error"):
         check_w4a16(wrong.astype(c.dtype), a, w_q, scales, zeros, group, dtype,
                     dequant_rounded=True)
+
+
+def test_integer_zeros_flag_is_refused_for_fractional_zeros():
+    """INTEGER_ZEROS=1 skips the residue step: the entry sets it from the zeros and
+    refuses it where they have fractions (it would round them silently)."""
+    rng = np.random.default_rng(12)
+    a = random_input(rng, (5, 128), f16)
+    w_q, scales, zeros = random_w4(rng, 64, 128, 64, f16, fractional=True)
+    with pytest.raises(ValueError, match="INTEGER_ZEROS=1 needs integer zero points"):
+        w4a16_gemm_emulated(a, w_q, scales, zeros, 64, FRAGMENT=1, warp_specialize=False,
+                            INTEGER_ZEROS=1)
+
+
+def test_zeros_are_integers_follows_in_place_writes():
+    """The torch entry's integer-zeros answer is kept per tensor and version: an in-place
+    write (through a view too) asks again; NaN and inference tensors answer False."""
+    torch = pytest.importorskip("torch")
+    from tegula.kernels.quant_fragment import zeros_are_integers
+    z = torch.tensor([[3.0, 7.0], [0.0, 15.0]], dtype=torch.float16)
+    assert zeros_are_integers(z) and zeros_are_integers(z)
+    z[1].add_(0.5)
+    assert not zeros_are_integers(z)
+    z.round_()
+    assert zeros_are_integers(z)
+    assert not zeros_are_integers(torch.tensor([[float("nan")]]))
+    with torch.inference_mode():
+        untracked = torch.zeros(2, 2)
+    assert not zeros_are_integers(untracked)
 
 
 def test_fragment_kernel_scales_follow_their_group():
@@ -161,9 +198,9 @@ def test_fragment_config():
 def test_fragment_config_sets_the_threads_of_wg_warpgroups():
     kind, grid, c = w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=2, SPLIT=2)
     assert grid == (32, 1, 2) and c["threads"] == 256
-    with pytest.raises(ValueError, match=r"SCALE_AFTER=1 needs one group a k-step "
-                                         r"\(64·KS = 128 ≤ group_size = 64\)"):
-        w4a16_config(16, 4096, 4096, 64, FRAGMENT=1, KS=2, SCALE_AFTER=1)
+    with pytest.raises(ValueError, match=r"SCALE_AFTER=1 needs groups of whole stored "
+                                         r"blocks \(group_size = 32 ≥ 64"):
+        w4a16_config(16, 4096, 4096, 32, FRAGMENT=1, KS=2, SCALE_AFTER=1)
     with pytest.raises(ValueError, match=r"WG=4 warpgroups of weight rows need "
                                          r"threads=512, got threads=256"):
         w4a16_config(100, 4096, 4096, 128, FRAGMENT=1, WG=4, threads=256)
@@ -205,18 +242,20 @@ def test_fragment_weights_are_one_16_byte_load_and_dequantized_in_16_bits():
     assert "8388608.0f" not in source    # no f32 magic-number conversion left
 
 
-@pytest.mark.parametrize("m", [1, 16, 100])
+@pytest.mark.parametrize("m", [1, 100])
 def test_every_fragment_candidate_runs(m):
     """Each config the torch entry point's tuner may pick for pre-packed weights, emulated
     at a shape that divides no tile: the fixed list, and what a shape adds (on one SM
-    the two row tiles fill it: the unsplit 6-stage ring)."""
+    the two row tiles fill it: the unsplit 6-stage ring). (16 tokens have 1 token's
+    configs, in a full token tile: 1 is the ragged one.)"""
     from tegula.kernels.quant import fragment_candidates
     rng = np.random.default_rng(m)
     for group, k in ((32, 160), (128, 384)):
         a = random_input(rng, (m, k), f16)
         w_q, scales, zeros = random_w4(rng, 70, k, group, f16)
-        candidates = fragment_candidates(m)
-        candidates += [c for c in fragment_candidates(m, 70, k, sms=1) if c not in candidates]
+        candidates = fragment_candidates(m, group_size=group)
+        candidates += [c for c in fragment_candidates(m, 70, k, sms=1, group_size=group)
+                       if c not in candidates]
         for tiles in candidates:
             c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, **tiles)
             check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
