@@ -172,7 +172,9 @@ SESSION11 = ([("w4frag", (16, n, 4096), dict(c, warp_specialize=False))
 # Session 12: fewer SASS a weight (benchmarks/w4a16_sass.py: 4.22 at session 11's best):
 # INTEGER_ZEROS=1 (quantize_w4's integer zeros: no residue HADD2, 3.71), SCALE_AFTER=1 at
 # KS=4/8 (the scale on each group's f32 sums, the step in parts of a group: 3.39 / 3.04),
-# against session 11's best per shape (row 0 of each shape), the cp.async ring and TMA.
+# against session 11's best per shape (row 0 of each shape), the cp.async ring and TMA;
+# WG = 2-4 warpgroups of rows a block (more warps an SM at 16 tokens; at 64-128 tokens
+# fewer row blocks re-reading the activations from L2).
 _IZ = dict(_CP, INTEGER_ZEROS=1)
 _SA = dict(_IZ, SCALE_AFTER=1)
 SESSION12 = ([("w4frag", (16, 14336, 4096), dict(c, warp_specialize=False)) for c in (
@@ -182,19 +184,27 @@ SESSION12 = ([("w4frag", (16, 14336, 4096), dict(c, warp_specialize=False)) for 
     dict({k: v for k, v in _SA.items() if k != "load_path"}, KS=4, STAGES=6),
     # two warpgroups of rows a block: twice the warps an SM, half the activation bytes
     dict(_SA, KS=4, STAGES=4, WG=2, SPLIT=2), dict(_SA, KS=4, STAGES=4, WG=2))]
-    + [("w4frag", (16, 4096, 4096), dict(c, warp_specialize=False)) for c in (
-        dict(_CP, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=4),
-        dict(_SA, KS=8, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=8))]
-    + [("w4frag", (16, 4096, 14336), dict(c, warp_specialize=False)) for c in (
-        dict(_CP, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=4),
-        dict(_SA, KS=8, STAGES=3, SPLIT=4))]
     + [("w4frag", (128, 4096, 4096), dict(c, warp_specialize=False)) for c in (
         dict(BT=128, KS=2, STAGES=3, SPLIT=4), dict(BT=128, KS=2, STAGES=3, SPLIT=4,
                                                      INTEGER_ZEROS=1),
-        dict(BT=128, KS=2, STAGES=3, SPLIT=4, INTEGER_ZEROS=1, WG=2))]
+        dict(BT=128, KS=2, STAGES=3, SPLIT=4, INTEGER_ZEROS=1, WG=2),
+        # more rows a block: every row block re-reads the activations from L2 (64 MB at
+        # BN = 64, 8x the weights' bytes), 128 / 256 rows a block cut that to 1/2, 1/4
+        dict(BT=128, KS=2, STAGES=3, SPLIT=8, INTEGER_ZEROS=1, WG=2),
+        dict(BT=128, KS=2, STAGES=3, SPLIT=8, INTEGER_ZEROS=1, WG=4))]
+    + [("w4frag", (16, 4096, 4096), dict(c, warp_specialize=False)) for c in (
+        dict(_CP, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=4),
+        dict(_SA, KS=8, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=8))]
     + [("w4frag", (64, 14336, 4096), dict(c, warp_specialize=False)) for c in (
         dict(BT=64, KS=2, STAGES=2, SPLIT=2), dict(BT=64, KS=2, STAGES=2, SPLIT=2,
-                                                   INTEGER_ZEROS=1))])
+                                                   INTEGER_ZEROS=1),
+        dict(BT=64, KS=2, STAGES=3, SPLIT=2, INTEGER_ZEROS=1, WG=2))]
+    + [("w4frag", (16, 4096, 14336), dict(c, warp_specialize=False)) for c in (
+        dict(_CP, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=4),
+        dict(_SA, KS=8, STAGES=3, SPLIT=4))]
+    + [("w4frag", (128, 14336, 4096), dict(c, warp_specialize=False)) for c in (
+        dict(BT=128, KS=2, STAGES=3, SPLIT=2), dict(BT=128, KS=2, STAGES=3, SPLIT=2,
+                                                    INTEGER_ZEROS=1, WG=2))])
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
         "session12": SESSION12}
