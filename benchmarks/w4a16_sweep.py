@@ -179,8 +179,10 @@ _IZ = dict(_CP, INTEGER_ZEROS=1)
 _SA = dict(_IZ, SCALE_AFTER=1)
 SESSION12 = ([("w4frag", (16, 14336, 4096), dict(c, warp_specialize=False)) for c in (
     dict(_CP, KS=4, STAGES=6), dict(_IZ, KS=4, STAGES=6), dict(_SA, KS=4, STAGES=6),
-    dict(_SA, KS=8, STAGES=4), dict(_SA, KS=4, STAGES=4, SPLIT=2),
-    dict(_SA, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=8, STAGES=3, SPLIT=2),
+    # splits in one wave: KS=4 SA (96 registers, 48 KB) 4 blocks an SM, 448 blocks at
+    # split 2; KS=2 SA (80 registers, 32 KB) 6 an SM, 672 at split 3
+    dict(_SA, KS=8, STAGES=4), dict(_SA, KS=4, STAGES=3, SPLIT=2),
+    dict(_SA, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=2, STAGES=4, SPLIT=3),
     dict({k: v for k, v in _SA.items() if k != "load_path"}, KS=4, STAGES=6),
     # two warpgroups of rows a block: twice the warps an SM, half the activation bytes
     dict(_SA, KS=4, STAGES=4, WG=2, SPLIT=2), dict(_SA, KS=4, STAGES=4, WG=2))]
@@ -194,14 +196,14 @@ SESSION12 = ([("w4frag", (16, 14336, 4096), dict(c, warp_specialize=False)) for 
         dict(BT=128, KS=2, STAGES=3, SPLIT=8, INTEGER_ZEROS=1, WG=4))]
     + [("w4frag", (16, 4096, 4096), dict(c, warp_specialize=False)) for c in (
         dict(_CP, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=4),
-        dict(_SA, KS=8, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=8))]
+        dict(_SA, KS=8, STAGES=3, SPLIT=4), dict(_SA, KS=2, STAGES=4, SPLIT=8))]
     + [("w4frag", (64, 14336, 4096), dict(c, warp_specialize=False)) for c in (
         dict(BT=64, KS=2, STAGES=2, SPLIT=2), dict(BT=64, KS=2, STAGES=2, SPLIT=2,
                                                    INTEGER_ZEROS=1),
         dict(BT=64, KS=2, STAGES=3, SPLIT=2, INTEGER_ZEROS=1, WG=2))]
     + [("w4frag", (16, 4096, 14336), dict(c, warp_specialize=False)) for c in (
         dict(_CP, KS=4, STAGES=3, SPLIT=4), dict(_SA, KS=4, STAGES=3, SPLIT=4),
-        dict(_SA, KS=8, STAGES=3, SPLIT=4))]
+        dict(_SA, KS=2, STAGES=4, SPLIT=8))]
     + [("w4frag", (128, 14336, 4096), dict(c, warp_specialize=False)) for c in (
         dict(BT=128, KS=2, STAGES=3, SPLIT=2), dict(BT=128, KS=2, STAGES=3, SPLIT=2,
                                                     INTEGER_ZEROS=1, WG=2))])
