@@ -20,7 +20,9 @@ import torch
 
 START = time.time()
 #: Session 11's kernel (one block per item, the dequantized weights through shared memory)
-#: first, then the swapped persistent kernel (weights the MMA's register operand).
+#: first, then the swapped persistent kernel (weights the MMA's register operand, f32
+#: dequantization) and the fragment kernel (`moe_w4_fragment`: weights pre-packed in the
+#: MMA fragment's order, paired 16-bit dequantization overlapping the previous gemm).
 CONFIGS = [("shared-operand 64x64 (session 11)", dict(BM=64, BN=64, BK=64, STAGES=3,
                                                       PERSISTENT=False)),
            ("swapped BN128 BT128 S4", dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4,
@@ -29,30 +31,32 @@ CONFIGS = [("shared-operand 64x64 (session 11)", dict(BM=64, BN=64, BK=64, STAGE
             dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4, threads=256, AHEAD=0)),
            ("swapped BN128 BT256 S3", dict(SWAPPED=True, BM=256, BN=128, BK=64, STAGES=3,
                                           threads=256)),
-           ("swapped BN64 BT256 S4", dict(SWAPPED=True, BM=256, BN=64, BK=64, STAGES=4)),
-           ("swapped BN128 BT128 S4 one block an item",
-            dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4, threads=256,
-                 PERSISTENT=False)),
-           ("swapped BN128 BT64 S4", dict(SWAPPED=True, BM=64, BN=128, BK=64, STAGES=4,
-                                         threads=256))]
+           ("fragment WG2 BT128 S4", dict(FRAGMENT=True, BM=128, WG=2, STAGES=4)),
+           ("fragment WG2 BT256 S3", dict(FRAGMENT=True, BM=256, WG=2, STAGES=3)),
+           ("fragment WG2 BT128 KS2 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3)),
+           ("fragment WG2 BT128 S4 one block an item",
+            dict(FRAGMENT=True, BM=128, WG=2, STAGES=4, PERSISTENT=False))]
 
 
 def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
     from tegula.bench.gpu import time_ms
     from tegula.bench.moe import W4_GROUP, dequantized_w4, make_problem, reference
     from tegula.kernels import moe, moe_w4
+    from tegula.kernels.moe_w4_fragment import pack_experts_fragments
     tokens, k, experts, kdim, n = dims
     p = make_problem(torch, tokens, k, experts, kdim, n, True)
     xs, w, offsets = p["x_sorted"], p["w"], p["routing"].expert_offsets
     rows, flops = xs.shape[0], 2.0 * xs.shape[0] * n * kdim
     packed, scales, zeros = moe_w4.quantize_experts_w4(w, W4_GROUP)
+    stored = pack_experts_fragments(packed)          # once per weight, as a model would
     ref = reference(torch, xs, dequantized_w4(torch, packed, scales, zeros), offsets.tolist())
     a = torch.randn(rows, kdim, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(kdim, n, device="cuda", dtype=torch.bfloat16)
     dense = flops / time_ms(lambda: a @ b) / 1e9
     out = [(f"{label} dense bf16 cuBLAS", f"{dense:.0f} TFLOP/s")]
     runs = [(name, lambda c=cfg, o=None: moe_w4.moe_gemm_w4a16(
-        xs, packed, scales, zeros, W4_GROUP, offsets, config=c, out=o)) for name, cfg in CONFIGS]
+        xs, stored if c.get("FRAGMENT") else packed, scales, zeros, W4_GROUP, offsets,
+        config=c, out=o)) for name, cfg in CONFIGS]
     if with_bf16:
         bf16_ref = reference(torch, xs, w, offsets.tolist())
         runs.append(("bf16 moe_gemm (autotuned)", lambda o=None: moe.moe_gemm(xs, w, offsets,

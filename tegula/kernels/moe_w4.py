@@ -35,8 +35,11 @@ from tegula.dtypes import DType, bf16, f16
 from tegula.kernels.common import check_array, dtype_of_array, poisoned
 from tegula.kernels.moe import (COLUMN_TILE, END_ROW, EXPERT, FIRST_ROW, check_offsets,
                                 check_problem, has_rows, plan_launches, run_plan)
+from tegula.kernels.moe_w4_fragment import (expert_words, moe_gemm_w4_fragment_kernel,
+                                            pack_experts_fragments)
 from tegula.kernels.quant import (GROUP_SIZES, SYMMETRIC_ZERO, dequantize, prepack,
                                   quantize_w4)
+from tegula.kernels.quant_fragment import FRAGMENT_ROWS, fragment_shape, zeros_are_integers
 
 W4_DTYPES = (f16, bf16)
 
@@ -207,8 +210,8 @@ def moe_gemm_w4a16_emulated(x_sorted: np.ndarray, w_q: np.ndarray, scales: np.nd
     storage = x_sorted.dtype
     zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
                  else np.zeros((1, 1, 1), dtype=storage))  # unread: the kernel uses 8
-    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **tiles}, num_sms)
-    _check_chunk(fn, plan.gemm_constexprs["BK"], group_size)
+    full_tiles = _w4_tiles(fn, group_size, tiles, bool(tiles.get("FRAGMENT")))
+    plan = plan_launches(rows, n, experts, full_tiles, num_sms)
 
     def launch(kernel, grid, args, constexprs, threads, writes_all):
         from tegula.kernels.common import launch_emulated
@@ -216,7 +219,10 @@ def moe_gemm_w4a16_emulated(x_sorted: np.ndarray, w_q: np.ndarray, scales: np.nd
         launch_emulated(kernel, grid, *args, target=target, check_coverage=writes_all,
                         num_sms=num_sms, **constexprs, **extra)
 
-    operands = (np.ascontiguousarray(x_sorted), prepack(w_q),
+    weights = prepack(w_q)
+    if full_tiles.get("FRAGMENT"):
+        weights = expert_words(pack_experts_fragments(weights))
+    operands = (np.ascontiguousarray(x_sorted), weights,
                 np.ascontiguousarray(scales, dtype=storage), zeros_arg)
     plan, kernel, threads = _w4_plan(plan, dtype, zeros is not None, group_size)
     run_plan(plan, kernel, operands, expert_offsets, (), out, launch,
@@ -230,12 +236,33 @@ def _check_chunk(fn: str, bk: int, group_size: int) -> None:
                          f"{group_size} (a k-step reads one scale per row)")
 
 
+def _w4_tiles(fn: str, group_size: int, config: dict, fragment: bool) -> dict:
+    """The tiles of a launch: `config` over the defaults. FRAGMENT (fragment-ordered
+    weights, `moe_w4_fragment`): 128-token tiles (BM), WG=2 warpgroups of 64 weight rows
+    (BN = 64·WG, threads = 128·WG), KS=1 stored block a step, 4 stages, persistent."""
+    if not fragment:
+        tiles = {**default_tiles(group_size), **config}
+        _check_chunk(fn, tiles["BK"], group_size)
+        return tiles
+    tiles = {**dict(BM=128, WG=2, KS=1, STAGES=4, GROUP=8, PERSISTENT=True), **config,
+             "FRAGMENT": True}
+    tiles["BN"] = FRAGMENT_ROWS * tiles["WG"]
+    tiles.setdefault("threads", 128 * tiles["WG"])
+    return tiles
+
+
 def _w4_plan(plan, dtype: DType, has_zeros: bool, group_size: int) -> tuple:
     """(the plan with the W4A16 kernel's constexprs — G added, `threads` taken out —, the
-    kernel, its threads or None). SWAPPED: `moe_gemm_w4_swapped_kernel`, whose token tile
-    BT is the schedule's BM; else `moe_gemm_w4_kernel`, which must have PERSISTENT=False."""
+    kernel, its threads or None). FRAGMENT: `moe_w4_fragment`'s kernel; SWAPPED:
+    `moe_gemm_w4_swapped_kernel`; both take the schedule's BM as their token tile BT.
+    Else `moe_gemm_w4_kernel`, which must have PERSISTENT=False."""
     tiles = dict(plan.gemm_constexprs)
     threads = tiles.pop("threads", None)
+    if tiles.pop("FRAGMENT", False):
+        tiles["BT"] = tiles.pop("BM")
+        del tiles["BN"]
+        return plan._replace(gemm_constexprs=dict(tiles, G=group_size)), \
+            moe_gemm_w4_fragment_kernel(dtype, has_zeros), threads
     if tiles.pop("SWAPPED", False):
         tiles["BT"] = tiles.pop("BM")
         return plan._replace(gemm_constexprs=dict(tiles, G=group_size)), \
@@ -267,13 +294,22 @@ def check_w4_args(fn: str, x_sorted: Any, packed: Any, scales: Any, zeros: Any,
     from tegula.kernels.api import _check_tensor
     dtype = _check_tensor(fn, "x_sorted", x_sorted, {"float16": f16, "bfloat16": bf16},
                           ndim=2)
-    _check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=3)
+    fragment = getattr(packed, "dim", lambda: 3)() == 7    # `pack_experts_fragments`
+    _check_tensor(fn, "packed", packed, {"uint8": u4}, ndim=7 if fragment else 3)
     same = {str(x_sorted.dtype)[6:]: dtype}
     _check_tensor(fn, "scales", scales, same, ndim=3)
     if zeros is not None:
         _check_tensor(fn, "zeros", zeros, same, ndim=3)
     _check_tensor(fn, "expert_offsets", expert_offsets, {"int32": i32}, ndim=1)
     unpacked = tuple(packed.shape[:-1]) + (2 * packed.shape[-1],)
+    if fragment:    # N from the scales, K from x; the blocks must be theirs
+        unpacked = (packed.shape[0], scales.shape[1], x_sorted.shape[1])
+        want = (unpacked[0],) + fragment_shape(*unpacked[1:])[:2] + (4, 8, 4, 16)
+        if tuple(packed.shape) != want:
+            raise ValueError(f"tegula.kernels.{fn}: fragment-ordered packed must be (experts, "
+                             f"⌈N/64⌉, ⌈K/64⌉, 4, 8, 4, 16) = {want} for N = {unpacked[1]} "
+                             f"(scales) and K = {unpacked[2]} (x_sorted), got "
+                             f"{tuple(packed.shape)}")
     return dtype, _check_w4(fn, tuple(x_sorted.shape), unpacked, scales, zeros,
                             tuple(expert_offsets.shape), group_size)
 
@@ -285,8 +321,11 @@ def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_si
     (E, N, K/2) uint8 (`quantize_experts_w4`), scales and zeros (E, N, K/G) of x's dtype
     (zeros None: zero point 8), expert_offsets (E + 1,) int32 on the device (not checked:
     no host sync). Returns (R, N) (`out` when given); rows past expert_offsets[E] are left
-    unwritten. `config`: tiles (BM, BN, BK, STAGES, GROUP, PERSISTENT, SWAPPED, threads)
-    instead of the defaults."""
+    unwritten. `packed` may be fragment-ordered instead, (E, ⌈N/64⌉, ⌈K/64⌉, 4, 8, 4, 16)
+    (`moe_w4_fragment.pack_experts_fragments`, once per weight): the fragment kernel,
+    16-byte weight loads and paired 16-bit dequantization. `config`: tiles (BM, BN, BK,
+    STAGES, GROUP, PERSISTENT, SWAPPED, threads; FRAGMENT with WG, KS) instead of the
+    defaults."""
     import torch
 
     from tegula.kernels.api import _check_cuda, _check_out, _launch
@@ -305,11 +344,17 @@ def moe_gemm_w4a16(x_sorted: Any, packed: Any, scales: Any, zeros: Any, group_si
     # CPU tensors reach here only through the test suite's emulated launches.
     sms = (torch.cuda.get_device_properties(x_sorted.device).multi_processor_count
            if x_sorted.device.type == "cuda" else 4)
-    plan = plan_launches(rows, n, experts, {**default_tiles(group_size), **(config or {})},
-                         sms)
-    _check_chunk(fn, plan.gemm_constexprs["BK"], group_size)
+    fragment = packed.dim() == 7 or bool((config or {}).get("FRAGMENT"))
+    tiles = _w4_tiles(fn, group_size, config or {}, fragment)
+    if fragment and zeros is not None and zeros_are_integers(zeros):
+        tiles.setdefault("INTEGER_ZEROS", 1)        # no residue step (`dequantize_in`)
+    plan = plan_launches(rows, n, experts, tiles, sms)
     zeros_arg = zeros.contiguous() if zeros is not None else scales.new_zeros((1, 1, 1))
-    operands = (x_sorted.contiguous(), packed.contiguous(), scales.contiguous(), zeros_arg)
+    weights = packed.contiguous()
+    if fragment:    # pre-packed (7-D) or, a copy each call, packed here
+        weights = expert_words(weights if weights.dim() == 7 else
+                               pack_experts_fragments(weights))
+    operands = (x_sorted.contiguous(), weights, scales.contiguous(), zeros_arg)
 
     def launch(kernel, grid, args, constexprs, threads, writes_all):
         return _launch(kernel, grid, args, constexprs, threads)

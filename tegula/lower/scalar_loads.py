@@ -48,7 +48,8 @@ class _LoadBinder:
             for load in self._surely_read(s):
                 if load not in bound:
                     value = _replace(load, bound)  # its coordinates may read bound loads
-                    var = Var(f"tg_ld{next(self.names)}")  # tg_ names are the compiler's
+                    # tg_ names are the compiler's; not tg_ld<n>, the emitter's load temps
+                    var = Var(f"tg_ld_s{next(self.names)}")
                     out.append(Let(var, value, wide=load.dtype.bits > 32))
                     bound[load] = var
             out.append(self._statement(s, bound))

@@ -10,7 +10,7 @@ import pytest
 from tegula.dtypes import bf16, f16
 from tegula.kernels import moe_w4
 from tegula.kernels.common import random_input
-from tegula.kernels.quant import dequantize_w4, unpack_w4
+from tegula.kernels.quant import dequantize_w4, prepack, unpack_w4
 
 
 def random_w4(rng, experts, n, k, group, dtype, zero_point=True):
@@ -78,6 +78,51 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
                                          target=target, num_sms=3, SWAPPED=True, STAGES=2,
                                          **tiles)
     check(out, x, w_q, scales, zeros, group, offsets, dtype)
+
+
+@pytest.mark.parametrize("counts, n, k, group, zero_point, dtype, target, tiles", [
+    ([20, 0, 37, 9], 40, 128, 32, True, f16, "sm_90a", dict(BM=16, WG=1)),
+    ([0, 0, 45], 72, 128, 64, False, bf16, "sm_90a",
+     dict(BM=32, WG=1, STAGES=2, PERSISTENT=False)),
+    ([3, 17, 0, 30, 1], 24, 256, 128, True, bf16, "sm_80", dict(BM=16, WG=1, STAGES=2)),
+    ([9, 0, 13, 5], 72, 256, 32, True, f16, "sm_90a",              # two warpgroups, 128-k
+     dict(BM=16, WG=2, KS=2, STAGES=2)),                           # steps of four groups
+])
+def test_fragment_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
+    """The fragment kernel (session 12: `moe_w4_fragment`, weights pre-packed in the MMA
+    fragment's order, dequantized in paired 16-bit registers while the previous step's
+    gemm runs), persistent on 3 SMs or one block an item: N and K not multiples of the
+    64-row blocks' padding, empty experts, every group size."""
+    rng = np.random.default_rng(n + group + 2)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = random_input(rng, (offsets[-1] + 3, k), dtype)
+    w_q, scales, zeros = random_w4(rng, len(counts), n, k, group, dtype, zero_point)
+    out = moe_w4.moe_gemm_w4a16_emulated(x, w_q, scales, zeros, group, offsets, dtype=dtype,
+                                         target=target, num_sms=3, FRAGMENT=True, **tiles)
+    check(out, x, w_q, scales, zeros, group, offsets, dtype)
+
+
+def test_fragment_entry_point_takes_pre_packed_experts(on_cpu):
+    """moe_gemm_w4a16 with (E, N/64, K/64, 4, 8, 4, 16) pre-packed weights runs the
+    fragment kernel (fractional zeros: the residue step); a wrong block count is named."""
+    torch = on_cpu
+    from tegula.kernels.moe_w4_fragment import pack_experts_fragments
+    rng = np.random.default_rng(6)
+    counts, n, k, group = [11, 0, 26], 80, 128, 64
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    w_q, scales, _ = random_w4(rng, 3, n, k, group, f16)
+    zeros = (rng.integers(0, 16, scales.shape) + 0.25).astype(np.float16)
+    stored = pack_experts_fragments(torch.from_numpy(prepack(w_q)))
+    assert stored.shape == (3, 2, 2, 4, 8, 4, 16)
+    x = random_input(rng, (offsets[-1], k), f16)
+    out = moe_w4.moe_gemm_w4a16(torch.from_numpy(x), stored, torch.from_numpy(scales),
+                                torch.from_numpy(zeros), group, torch.from_numpy(offsets),
+                                config=dict(BM=16, WG=1, STAGES=2))
+    check(out.numpy(), x, w_q, scales, zeros, group, offsets, f16)
+    with pytest.raises(ValueError, match=r"fragment-ordered packed must be .*\(3, 2, 2, 4, "
+                                         r"8, 4, 16\) for N = 80"):
+        moe_w4.moe_gemm_w4a16(torch.from_numpy(x), stored[:, :1], torch.from_numpy(scales),
+                              None, group, torch.from_numpy(offsets))
 
 
 def test_quantize_experts_and_the_torch_entry_point(on_cpu):

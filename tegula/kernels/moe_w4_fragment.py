@@ -1,0 +1,123 @@
+"""The 4-bit-weight MoE grouped GEMM on weights pre-packed in the MMA fragment's order
+(session 12, issue 13): `quant_fragment.w4a16_fragment_kernel`'s k-step inside
+`moe_w4`'s work items.
+
+Each expert's (N, K) weight is stored as `quant_fragment.pack_fragments` stores one
+(`pack_experts_fragments`: (E, N/64, K/64, 4, 8, 4, 16) bytes, read as (E, N/64, K/64,
+128, 4) i32 words), so a thread's weights of a 64-k block are one 16-byte load, turned
+into 16-bit magic + w by one lop3 a pair and dequantized two at a time
+(`dequantize_in`: HADD2 and HMUL2) — about 1.6 SASS a weight against ~9 for the byte
+loads and f32 arithmetic of `moe_w4`'s swapped kernel. A work item computes outᵀ's
+(64·WG, BT) tile: the dequantized weights are the MMA's register A operand, the BT token
+rows of the item the shared B operand in a STAGES-deep ring (TMA on sm_90a, one ring
+across a persistent block's items), and the loop runs W's register pipeline: the words
+of step k+2 and the scales of step k+1 are loaded first, then step k's gemm is issued,
+then step k+1's weights are dequantized while its wgmmas run (register work only,
+`lower/wgmma_waits.py`).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import tegula as tg
+from tegula import f32, i32
+from tegula.dtypes import DType
+from tegula.kernels.moe import COLUMN_TILE, END_ROW, EXPERT, FIRST_ROW, has_rows
+from tegula.kernels.quant_fragment import (FRAGMENT_K, FRAGMENT_ROWS, STORED_WORDS,
+                                           as_words, dequantize_in, fragment_weights,
+                                           group_constants, pack_fragments, stored_tv)
+
+
+def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: Any, t: Any,
+                   sa: Any, dtype: DType, fractional: bool, G: int, BT: int, KS: int,
+                   WG: int, STAGES: int, PERSISTENT: bool) -> None:
+    """Work item t (trace time): outᵀ's (64·WG, BT) tile of rows first… of expert e at
+    weight row block n, over K in steps of 64·KS."""
+    e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
+    n = schedule[COLUMN_TILE, t]
+    BN, BK = FRAGMENT_ROWS * WG, FRAGMENT_K * KS
+    S = max(1, BK // G)                                  # groups a step
+    ga = x[first:, :].tile((BT, BK), (0, None))
+    gw = w[e].tile((WG, KS) + STORED_WORDS, (n, None, 0, 0))
+    words_tv = stored_tv(KS, WG)
+    steps = ga.shape[2] if PERSISTENT else ga.shape[2] * has_rows(first, end)
+    z_e = zeros[e] if zeros is not None else None
+
+    def dequantized(words, constants):                   # the (BN, BK) weights of a step
+        packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
+        return tg.reshape(dequantize_in(packed, *constants, fractional), (BN, BK))
+
+    def constants(k):                                    # step k's zeros and scales (loads)
+        return group_constants(dtype, scales[e], z_e, n, k // max(1, G // BK), (BN, S))
+
+    acc = tg.zeros((BN, BT), f32)                        # outᵀ: weight rows x tokens
+    current = dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0))
+    ahead = tg.load(gw[:, :, :, :, 1], layout=words_tv)
+    for k in tg.pipeline(steps, stages=STAGES):
+        tg.copy(ga[:, :, k], sa[k])
+        following = constants(k + 1)                     # past K: masked, never used
+        after = tg.load(gw[:, :, :, :, k + 2], layout=words_tv)
+        tg.gemm(acc, current, sa[k])                     # acc += w @ x rows.T
+        current = dequantized(ahead, following)          # while the wgmmas run
+        ahead = after
+    # Rearranged through shared memory: out's rows are tokens, 16-byte stores along N.
+    tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
+
+
+@lru_cache(maxsize=None)
+def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
+    """out (R, N) = x_sorted (R, K) @ dequant(w[e]).T per expert e's rows, w the
+    fragment-ordered words (E, N/64, K/64, 128, 4) i32 (`pack_experts_fragments`,
+    `as_words`), scales and zeros (E, N, K/G) of `dtype` (zeros unread without
+    `has_zeros`: zero point 8). WG warpgroups (threads = 128·WG) take 64 weight rows
+    each; KS stored blocks a k-step (BK = 64·KS divides G or is a multiple of it);
+    INTEGER_ZEROS skips the fractional zero's residue step. PERSISTENT: a block walks
+    the work count's items; else one block an item. The schedule's row tile is BT."""
+
+    @tg.kernel(threads=128)
+    def moe_gemm_w4_fragment(x: tg.Tensor[dtype], w: tg.Tensor[i32, 5],
+                             scales: tg.Tensor[dtype, 3], zeros: tg.Tensor[dtype, 3],
+                             schedule: tg.Tensor[i32, 2], work_count: tg.Tensor[i32, 1],
+                             out: tg.Tensor[dtype], G: tg.constexpr = 128,
+                             BT: tg.constexpr = 128, KS: tg.constexpr = 1,
+                             WG: tg.constexpr = 2, STAGES: tg.constexpr = 4,
+                             PERSISTENT: tg.constexpr = True,
+                             INTEGER_ZEROS: tg.constexpr = 0):
+        sa = tg.shared((BT, FRAGMENT_K * KS), dtype, stages=STAGES)
+        z = zeros if has_zeros else None
+        fractional = has_zeros and not INTEGER_ZEROS
+        args = (sa, dtype, fractional, G, BT, KS, WG, STAGES)
+        if PERSISTENT:
+            for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
+                _fragment_item(x, w, scales, z, schedule, out, t, *args, True)
+        else:
+            _fragment_item(x, w, scales, z, schedule, out, tg.block_id(0), *args, False)
+
+    return moe_gemm_w4_fragment
+
+
+def pack_experts_fragments(packed: Any) -> Any:
+    """Row-major packed experts ((E, N, K/2) uint8, `moe_w4.quantize_experts_w4`; numpy
+    or torch) -> the fragment order, (E, N/64, K/64, 4, 8, 4, 16) uint8, each expert by
+    `pack_fragments` (N and K padded with zero weights to multiples of 64). Done once
+    per weight."""
+    if len(packed.shape) != 3:
+        raise ValueError(f"tegula.kernels.pack_experts_fragments: packed must be 3-D "
+                         f"(experts, N, K/2) uint8, got shape {tuple(packed.shape)}")
+    parts = [pack_fragments(packed[e]) for e in range(packed.shape[0])]
+    if hasattr(packed, "numpy"):
+        import torch
+        return torch.stack(parts)
+    import numpy as np
+    return np.stack(parts)
+
+
+def expert_words(stored: Any) -> Any:
+    """The (E, N/64, K/64, 4, 8, 4, 16) fragment bytes as the (E, N/64, K/64, 128, 4) i32
+    words the kernel reads (a view)."""
+    flat = stored.reshape((stored.shape[0] * stored.shape[1],) + tuple(stored.shape[2:]))
+    return as_words(flat).reshape(tuple(stored.shape[:3]) + STORED_WORDS)
+
+
+__all__ = ["moe_gemm_w4_fragment_kernel", "pack_experts_fragments", "expert_words"]
