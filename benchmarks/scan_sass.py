@@ -66,7 +66,7 @@ def main() -> None:
             cubin, report = compile_cuda_report(built.cuda_source(), built.thread_kernel.name, args.target)
             sass = disassemble(cubin)
             body = loop_body(sass_lines(sass)) if sass else []
-            steps = constexprs["BD"] * constexprs["N"] * constexprs["BL"] // threads
+            steps = constexprs["BD"] * constexprs["N"] * constexprs["BL"] * constexprs["SUBS"] // threads
             print(f"{dtype} {text or 'default'}: {report.registers} registers, spills "
                   f"{report.spill_stores}/{report.spill_loads}; {summary(body)}; "
                   f"{len(body) / steps:.2f} a (state, step)", flush=True)

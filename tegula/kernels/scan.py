@@ -328,7 +328,7 @@ def _merged_tiles(fn: str, defaults: dict, tiles: dict) -> dict:
 #: Options only the lane-scan kernel above takes, and options only the split-state kernel
 #: (`tegula.kernels.scan_split`) takes: naming one picks its kernel (`SPLIT=` says it).
 _LANE_OPTIONS = ("GROUP", "BC_AHEAD", "STATE_LOOP", "STATE_SMEM", "BC_PIPE", "PREFETCH")
-_SPLIT_OPTIONS = ("G", "STAGES", "threads", "FMA_CHAIN")  # and blocks_per_sm (both take it)
+_SPLIT_OPTIONS = ("G", "STAGES", "threads", "FMA_CHAIN", "SUBS")  # and blocks_per_sm (both take it)
 #: Whether the split-state kernel runs when no option names a kernel: yes, measured on an
 #: H100 (session 10, every option on, 4x1536x2048): 128 / 122 µs f32 / bf16 against 158 /
 #: 151 µs for the lane-scan kernel's defaults (docs/performance.md, selective scan).

@@ -16,7 +16,9 @@ step (see the kernel body; off by default, measured no faster). The tile is (BD,
 whole rows: no shuffle); the product of the (a, b) pairs' first halves is never used, so the
 compiler drops it.
 
-Per chunk of BL steps, in a `tg.pipeline` of STAGES cp.async stages:
+Per chunk of BL steps (SUBS chunks a pipeline step: each step below done for all of them
+before the next, so the barriers between steps come once per SUBS·BL steps), in a
+`tg.pipeline` of STAGES cp.async stages:
 1. u, delta, B and C (and z) are copied into shared rings a chunk or more ahead;
 2. each (channel, step)'s delta (bias, softplus) and delta·u are computed once, in f32, into
    shared scratch, and B and C rows are converted to f32 once (every thread of a channel and
@@ -56,14 +58,16 @@ OUT_RUN = 4
 
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
                  G: int | None = None, STAGES: int = 3, threads: int = THREADS,
-                 blocks_per_sm: int | None = None, FMA_CHAIN: bool = False) -> dict:
+                 blocks_per_sm: int | None = None, FMA_CHAIN: bool = False,
+                 SUBS: int = 1) -> dict:
     """The split kernel's constexprs for `dstate` states: G threads per channel (8 where it
     divides dstate, else the largest power of two that does), BD = threads / G channels a
     block, BL steps a chunk (32, or the power of two that keeps a thread's (state, step)
     values at 64 or fewer), STAGES chunks in the cp.async ring (3: two chunks ahead),
     FMA_CHAIN (the recurrence as one FFMA a step, see the kernel; off by default: 1-3%
     slower at 4x1536x2048 in session 11 round 2, its 168 registers against 128 leave 3
-    blocks an SM, 3% at 8x2048x1024 f32), and `threads` and
+    blocks an SM, 3% at 8x2048x1024 f32), SUBS (sub-chunks of BL steps a pipeline step,
+    each step of the body done for all of them: fewer barriers a step), and `threads` and
     `blocks_per_sm` (build options: the register cap of `__launch_bounds__`) where given.
     Raises ValueError for tiles the kernel cannot run. The defaults measured best on an
     H100 at 4x1536x2048, dstate 16 (session 10, `benchmarks/results/h100-2026-11-24-
@@ -77,13 +81,14 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
         BD = threads // G
     if BL is None:   # a power of two: the output's threads along the steps are lanes
         BL = max(OUT_RUN, min(32, 1 << (64 // (dstate // G)).bit_length() - 1))
-    if dstate % G or BD * G != threads or BL < OUT_RUN or BL & (BL - 1):
+    if dstate % G or BD * G != threads or BL < OUT_RUN or BL & (BL - 1) or SUBS < 1:
         raise ValueError(f"tegula.kernels.selective_scan: the split-state kernel needs G "
                          f"dividing dstate, BD·G = {threads} threads and BL a power of two "
-                         f"from {OUT_RUN}; got dstate={dstate}, BD={BD}, G={G}, BL={BL}")
+                         f"from {OUT_RUN} (SUBS >= 1 sub-chunks a step); got dstate={dstate}, "
+                         f"BD={BD}, G={G}, BL={BL}, SUBS={SUBS}")
     caps = {} if blocks_per_sm is None else {"blocks_per_sm": blocks_per_sm}
     return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads,
-                FMA_CHAIN=bool(FMA_CHAIN), **caps)
+                FMA_CHAIN=bool(FMA_CHAIN), SUBS=SUBS, **caps)
 
 
 def _run_length(threads: int, rows: int, BL: int) -> int:
@@ -119,12 +124,51 @@ def _runs_layout(threads: int, rows: int, BL: int, *more: int) -> Layout:
                   ((run * rows * inner, 1, 0), tuple(value_stride)))
 
 
+def _chunk_inputs(ring_of, k, s_dt, s_dtu, s_bc, by_run, by_state, bias, HAS_BIAS, SOFTPLUS):
+    """Step 2 for one sub-chunk: delta (bias, softplus) and delta·u of each (channel, step)
+    into shared scratch, B and C rows in f32 (traced inline)."""
+    dt = tg.load(ring_of["delta"][k], layout=by_run).to(f32)
+    if HAS_BIAS:
+        dt = dt + bias
+    if SOFTPLUS:  # log(1 + e^x) as ln 2 · log2(1 + 2^(x·log2 e)); x > 20: x. One ex2 and
+        # one lg2.approx (|error| <= 2^-22 near 1: delta within ~2e-7 absolute)
+        dt = tg.where(dt > SOFTPLUS_THRESHOLD, dt,
+                      LN2 * tg.log2(1.0 + tg.exp2(dt * LOG2E)))
+    tg.copy(dt, s_dt)
+    tg.copy(dt * tg.load(ring_of["u"][k], layout=by_run).to(f32), s_dtu)
+    # (f32 B and C are copied too: read straight from the ring, ptxas hoists all of a
+    # thread's B and C reads above the loop's barrier, 216 registers against 96.)
+    for ring, converted in zip((ring_of["B"], ring_of["C"]), s_bc):
+        tg.copy(tg.load(ring[k], layout=by_state).to(f32), converted)
+
+
+def _chunk_states(h, one, a2, s_dt, s_dtu, s_bc, partial, shape, FMA_CHAIN):
+    """Step 3 for one sub-chunk: each thread its S states' steps in order from the carried
+    h; their h·C summed in registers into the channel's G partial sums. Returns the new h."""
+    BD, N, G, BL = shape
+    bt, ct = tg.load(s_bc[0]), tg.load(s_bc[1])
+    decay = tg.exp2(tg.reshape(tg.load(s_dt), (BD, 1, BL)) * a2)
+    inject = tg.reshape(tg.load(s_dtu), (BD, 1, BL)) * tg.reshape(bt, (1, N, BL))
+    if FMA_CHAIN:  # + 0.0 (not folded: -0.0 + 0.0 is +0.0) makes δu·B an FFMA, so the
+        # compiler cannot fuse it into the recurrence's add and fuses a·h instead: one
+        # FFMA (4 cycles) a step on the state's chain, not FMUL + FFMA
+        inject = inject + 0.0
+    (_, hs), (_, h) = tg.scan((decay, inject), 2, _compose, initial=(one, h))
+    # Each thread's S states, summed in its registers (the SASS has one FFMA per (state,
+    # step) here and no shuffle), then the G threads' partial sums.
+    mine = tg.sum(tg.reshape(hs * tg.reshape(ct, (1, N, BL)), (BD, N // G, G, BL)), 1)
+    tg.copy(tg.reshape(mine, (BD, G, BL)), partial)
+    return h
+
+
 @lru_cache(maxsize=None)
 def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
                                 threads: int = THREADS) -> tg.Kernel:
     """The forward kernel for u/delta/z/out of `dtype` and B/C of `bc_dtype` on `threads`
     threads a block (the arguments of `scan.selective_scan_kernel`, so the entry points
-    launch either)."""
+    launch either). With SUBS > 1 a pipeline step holds SUBS sub-chunks of BL steps, each
+    step of the body done for all of them before the next (one barrier per step per
+    SUBS·BL steps, not per BL)."""
 
     @tg.kernel(threads=threads)
     def selective_scan_split(u: tg.Tensor[dtype, 3], delta: tg.Tensor[dtype, 3],
@@ -135,66 +179,48 @@ def selective_scan_split_kernel(dtype: DType, bc_dtype: DType,
                              BL: tg.constexpr = 16, G: tg.constexpr = 4,
                              STAGES: tg.constexpr = 2, HAS_D: tg.constexpr = False,
                              HAS_Z: tg.constexpr = False, HAS_BIAS: tg.constexpr = False,
-                             SOFTPLUS: tg.constexpr = False, FMA_CHAIN: tg.constexpr = False):
+                             SOFTPLUS: tg.constexpr = False, FMA_CHAIN: tg.constexpr = False,
+                             SUBS: tg.constexpr = 1):
         b, block = tg.block_id(0), tg.block_id(1)
         a2 = tg.reshape(tg.load(A.tile((BD, N), (block, 0))) * LOG2E, (BD, N, 1))
         h = tg.zeros((BD, N, 1), f32)           # the states, carried from chunk to chunk
         one = tg.full((BD, N, 1), 1.0, f32)
-        rings = {name: tg.shared(shape, t, stages=STAGES) for name, shape, t in
-                 (("u", (BD, BL), dtype), ("delta", (BD, BL), dtype), ("B", (N, BL), bc_dtype),
-                  ("C", (N, BL), bc_dtype)) + ((("z", (BD, BL), dtype),) if HAS_Z else ())}
-        s_dt, s_dtu = tg.shared((BD, BL), f32), tg.shared((BD, BL), f32)
-        s_bc = (tg.shared((N, BL), f32), tg.shared((N, BL), f32))
+        names = (("u", (BD, BL), dtype), ("delta", (BD, BL), dtype), ("B", (N, BL), bc_dtype),
+                 ("C", (N, BL), bc_dtype)) + ((("z", (BD, BL), dtype),) if HAS_Z else ())
+        rings = [{name: tg.shared(shape, t, stages=STAGES) for name, shape, t in names}
+                 for _ in range(SUBS)]
+        s_dt = [tg.shared((BD, BL), f32) for _ in range(SUBS)]
+        s_dtu = [tg.shared((BD, BL), f32) for _ in range(SUBS)]
+        s_bc = [(tg.shared((N, BL), f32), tg.shared((N, BL), f32)) for _ in range(SUBS)]
+        partial = [tg.shared((BD, G, BL), f32) for _ in range(SUBS)]
         by_state = _runs_layout(threads, N, BL)           # (N, BL): B and C
-        partial = tg.shared((BD, G, BL), f32)
         by_run = _runs_layout(threads, BD, BL)            # (BD, BL): u, delta, z, out
         by_output = _runs_layout(threads, BD, BL, G)      # (BD, G, BL): the partial sums
         channels = (block, 0)
-        if HAS_BIAS:
-            bias = tg.load(delta_bias.transpose(1, 0).tile((BD, 1), channels))
+        bias = tg.load(delta_bias.transpose(1, 0).tile((BD, 1), channels)) if HAS_BIAS else None
         if HAS_D:
             d_skip = tg.load(D.transpose(1, 0).tile((BD, 1), channels))
-        sources = {"u": u, "delta": delta, "z": z}
-        for k in tg.pipeline(tg.cdiv(u.shape[2], BL), stages=STAGES):
-            for name, ring in rings.items():
-                src = B if name == "B" else C if name == "C" else sources[name]
-                rows = (0, k) if name in ("B", "C") else (block, k)
-                tg.copy(src[b].tile(tuple(ring.shape), rows), ring[k])
-            # 2. Once per (channel, step): delta, delta·u; B and C in f32.
-            dt = tg.load(rings["delta"][k], layout=by_run).to(f32)
-            if HAS_BIAS:
-                dt = dt + bias
-            if SOFTPLUS:  # log(1 + e^x) as ln 2 · log2(1 + 2^(x·log2 e)); x > 20: x
-                dt = tg.where(dt > SOFTPLUS_THRESHOLD, dt,
-                              LN2 * tg.log2(1.0 + tg.exp2(dt * LOG2E)))
-            tg.copy(dt, s_dt)
-            tg.copy(dt * tg.load(rings["u"][k], layout=by_run).to(f32), s_dtu)
-            # (f32 B and C are copied too: read straight from the ring, ptxas hoists all of
-            # a thread's B and C reads above the loop's barrier, 216 registers against 96.)
-            for ring, converted in zip((rings["B"], rings["C"]), s_bc):
-                tg.copy(tg.load(ring[k], layout=by_state).to(f32), converted)
-            bt, ct = tg.load(s_bc[0]), tg.load(s_bc[1])
-            # 3. The states, each thread its S states' steps in order.
-            decay = tg.exp2(tg.reshape(tg.load(s_dt), (BD, 1, BL)) * a2)
-            inject = tg.reshape(tg.load(s_dtu), (BD, 1, BL)) * tg.reshape(bt, (1, N, BL))
-            if FMA_CHAIN:  # + 0.0 (not folded: -0.0 + 0.0 is +0.0) makes δu·B an FFMA, so
-                # the compiler cannot fuse it into the recurrence's add and fuses a·h
-                # instead: one FFMA (4 cycles) a step on the state's chain, not FMUL + FFMA
-                inject = inject + 0.0
-            (_, hs), (_, h) = tg.scan((decay, inject), 2, _compose, initial=(one, h))
-            # Each thread's S states, summed in its registers (the SASS has one FFMA per
-            # (state, step) here and no shuffle), then the G threads' partial sums.
-            mine = tg.sum(tg.reshape(hs * tg.reshape(ct, (1, N, BL)), (BD, N // G, G, BL)), 1)
-            tg.copy(tg.reshape(mine, (BD, G, BL)), partial)
-            # 4. The channel's G partial sums, D·u and the gate, once per output element.
-            y = tg.reshape(tg.sum(tg.load(partial, layout=by_output), 1), (BD, BL))
-            if HAS_D:
-                y = y + tg.load(rings["u"][k], layout=by_run).to(f32) * d_skip
-            if HAS_Z:
-                zt = tg.load(rings["z"][k], layout=by_run).to(f32)
-                r = tg.rsqrt(1.0 + tg.exp2(zt * -LOG2E))  # silu's 1/(1 + e^-z), one MUFU
-                y = y * zt * (r * r)
-            tg.copy(y.to(dtype), out[b].tile((BD, BL), (block, k)))
+        sources = {"u": u, "delta": delta, "z": z, "B": B, "C": C}
+        for k in tg.pipeline(tg.cdiv(u.shape[2], BL * SUBS), stages=STAGES):
+            for j in range(SUBS):  # 1. this step's sub-chunks into the rings
+                for name, ring in rings[j].items():
+                    rows = (0, k * SUBS + j) if name in ("B", "C") else (block, k * SUBS + j)
+                    tg.copy(sources[name][b].tile(tuple(ring.shape), rows), ring[k])
+            for j in range(SUBS):  # 2. once per (channel, step): delta, delta·u; B, C in f32
+                _chunk_inputs(rings[j], k, s_dt[j], s_dtu[j], s_bc[j], by_run, by_state, bias,
+                              HAS_BIAS, SOFTPLUS)
+            for j in range(SUBS):  # 3. the states, each thread its S states' steps in order
+                h = _chunk_states(h, one, a2, s_dt[j], s_dtu[j], s_bc[j], partial[j],
+                                  (BD, N, G, BL), FMA_CHAIN)
+            for j in range(SUBS):  # 4. the G partial sums, D·u and the gate, once an output
+                y = tg.reshape(tg.sum(tg.load(partial[j], layout=by_output), 1), (BD, BL))
+                if HAS_D:
+                    y = y + tg.load(rings[j]["u"][k], layout=by_run).to(f32) * d_skip
+                if HAS_Z:
+                    zt = tg.load(rings[j]["z"][k], layout=by_run).to(f32)
+                    r = tg.rsqrt(1.0 + tg.exp2(zt * -LOG2E))  # silu's 1/(1 + e^-z), one MUFU
+                    y = y * zt * (r * r)
+                tg.copy(y.to(dtype), out[b].tile((BD, BL), (block, k * SUBS + j)))
 
     return selective_scan_split
 

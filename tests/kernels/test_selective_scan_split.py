@@ -34,6 +34,7 @@ ALL = dict(delta_softplus=True)
     (1, 9, 23, 6, dict(G=2, BL=4)),       # BL 4: one output run per channel
     (2, 19, 41, 16, dict(G=16, BL=16, STAGES=4)),   # 1 state a thread, runs of 1 step
     (1, 11, 70, 16, dict(threads=64, STAGES=4)),    # 8 channels a block, 3 chunks ahead
+    (1, 5, 75, 16, dict(SUBS=2)),         # two sub-chunks a step, the second of the last ragged
 ])
 def test_all_options_equal_reference(batch, dim, length, dstate, tiles):
     u, delta, A, B, C, D, z, bias = inputs(batch, dim, length, dstate, seed=dim + length)
@@ -97,11 +98,11 @@ def test_nan_propagates_along_the_sequence_only(where):
 
 def test_split_config_defaults_and_refusals():
     assert split_config(16) == dict(N=16, BD=16, BL=32, G=8, STAGES=3, threads=128,
-                                    FMA_CHAIN=False)
+                                    FMA_CHAIN=False, SUBS=1)
     assert split_config(6)["G"] == 2 and split_config(7)["G"] == 1
     assert split_config(64)["BL"] == 8 and split_config(5)["BL"] == 8
     assert split_config(16, blocks_per_sm=3)["blocks_per_sm"] == 3
-    for bad in (dict(G=3), dict(BD=32), dict(BL=12), dict(BL=2)):
+    for bad in (dict(G=3), dict(BD=32), dict(BL=12), dict(BL=2), dict(SUBS=0)):
         with pytest.raises(ValueError, match="split-state kernel needs"):
             split_config(16, **bad)
 
@@ -143,7 +144,8 @@ def test_kernel_choice_errors():
         selective_scan_emulated(u, delta, A, B, C, SPLIT=False, G=2, STAGES=3)
 
 
-@pytest.mark.parametrize("dtype,tiles", [("f32", {}), ("bf16", {}), ("f32", dict(threads=64))])
+@pytest.mark.parametrize("dtype,tiles", [("f32", {}), ("bf16", {}), ("f32", dict(threads=64)),
+                                         ("bf16", dict(SUBS=2))])
 def test_cuda_compiles_for_sm90a(dtype, tiles):
     from tegula.build import build
     from tegula.dtypes import f32
