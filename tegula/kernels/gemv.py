@@ -53,46 +53,59 @@ GEMV_KERNEL_ROWS = 2
 _api.TUNERS.setdefault("gemv", Autotuner("gemv"))
 
 
+def _row_block(x, w, y, n, M, BN, BK, UNROLL, PREFETCH, dtype) -> None:
+    """The BN outputs of row block `n`: w's rows walked along K (traced inline)."""
+    gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK)
+    accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of x
+
+    def chunks_and_rows(ks):
+        """w's chunks ks, then the rows of x each multiplies (M per chunk)."""
+        return ([tg.load(gw[:, :, k]) for k in ks],
+                [tg.load(x.tile((1, BK), (r, k))) for k in ks for r in range(M)])
+
+    if PREFETCH:  # the first step's chunks, before the loop
+        ahead_w, ahead_x = chunks_and_rows(range(UNROLL))
+    for step in tg.range(tg.cdiv(gw.shape[2], UNROLL)):
+        # UNROLL chunks loaded before any is used: more bytes in flight per thread
+        chunks = [step * UNROLL + u for u in range(UNROLL)]
+        if PREFETCH:  # the next step's chunks load while this one's multiply (the last
+            # step's lie past K: masked, no memory read)
+            loaded_w, loaded_x = ahead_w, ahead_x
+            ahead_w, ahead_x = chunks_and_rows([k + UNROLL for k in chunks])
+        else:
+            loaded_w, loaded_x = chunks_and_rows(chunks)
+        for u, chunk in enumerate(loaded_w):
+            values = chunk.to(f32)
+            for r in range(M):   # each row of x broadcast over the chunk's rows
+                accs[r] = accs[r] + values * loaded_x[u * M + r].to(f32)
+    for r in range(M):
+        tg.copy(tg.sum(accs[r], 1).to(dtype), y.T.tile((BN, 1), (n, r)))
+
+
 @lru_cache(maxsize=None)
 def gemv_kernel(dtype: DType) -> tg.Kernel:
-    """y (M, N) = x (M, K) @ w (N, K).T in f32, stored in `dtype`; M is a constexpr."""
+    """y (M, N) = x (M, K) @ w (N, K).T in f32, stored in `dtype`; M is a constexpr. With
+    PERSISTENT each block walks row blocks block_id, block_id + grid, ... (a grid sized to
+    the SMs, `gemv_config`), else one row block a block."""
 
     @tg.kernel(threads=128)
     def gemv(x: tg.Tensor[dtype], w: tg.Tensor[dtype], y: tg.Tensor[dtype],
              M: tg.constexpr = 1, BN: tg.constexpr = 8, BK: tg.constexpr = 512,
-             UNROLL: tg.constexpr = 1, PREFETCH: tg.constexpr = False):
-        n = tg.block_id(0)
-        gw = w.tile((BN, BK), (n, None))                    # (BN, BK, K/BK)
-        accs = [tg.zeros((BN, BK), f32) for _ in range(M)]  # one per row of x
-        def chunks_and_rows(ks):
-            """w's chunks ks, then the rows of x each multiplies (M per chunk)."""
-            return ([tg.load(gw[:, :, k]) for k in ks],
-                    [tg.load(x.tile((1, BK), (r, k))) for k in ks for r in range(M)])
-
-        if PREFETCH:  # the first step's chunks, before the loop
-            ahead_w, ahead_x = chunks_and_rows(range(UNROLL))
-        for step in tg.range(tg.cdiv(gw.shape[2], UNROLL)):
-            # UNROLL chunks loaded before any is used: more bytes in flight per thread
-            chunks = [step * UNROLL + u for u in range(UNROLL)]
-            if PREFETCH:  # the next step's chunks load while this one's multiply (the
-                # last step's lie past K: masked, no memory read)
-                loaded_w, loaded_x = ahead_w, ahead_x
-                ahead_w, ahead_x = chunks_and_rows([k + UNROLL for k in chunks])
-            else:
-                loaded_w, loaded_x = chunks_and_rows(chunks)
-            for u, chunk in enumerate(loaded_w):
-                values = chunk.to(f32)
-                for r in range(M):   # each row of x broadcast over the chunk's rows
-                    accs[r] = accs[r] + values * loaded_x[u * M + r].to(f32)
-        for r in range(M):
-            tg.copy(tg.sum(accs[r], 1).to(dtype), y.T.tile((BN, 1), (n, r)))
+             UNROLL: tg.constexpr = 1, PREFETCH: tg.constexpr = False,
+             PERSISTENT: tg.constexpr = False):
+        if PERSISTENT:
+            for n in tg.range(tg.block_id(0), tg.cdiv(w.shape[0], BN), tg.num_programs(0)):
+                _row_block(x, w, y, n, M, BN, BK, UNROLL, PREFETCH, dtype)
+        else:
+            _row_block(x, w, y, tg.block_id(0), M, BN, BK, UNROLL, PREFETCH, dtype)
 
     return gemv
 
 
 def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = None,
                 threads: int = 128, UNROLL: int | None = None,
-                PREFETCH: bool | None = None) -> tuple[tuple[int], dict]:
+                PREFETCH: bool | None = None, PERSISTENT: bool = False,
+                blocks: int = 8 * 132) -> tuple[tuple[int], dict]:
     """(grid, constexprs) for an (M, N, K) GEMV: one block per BN rows of w. Defaults keep
     32 weights (four 16-byte f16 loads) per thread per step for one row of x — four chunks
     of 8 (UNROLL=4: BN=2 rows a block of 4 warps, 512 columns a chunk), the next step's
@@ -101,7 +114,8 @@ def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = 
     H100 (session 11 round 1, L2 flushed): 15.2 / 33.0 µs at 4096² / 11008 x 4096 (73% /
     90% of the 1 GiB copy, 88% / 87% of a clone of the same bytes) against 15.8 / 34.0 µs
     for session 9's two chunks of 16 on 4 rows (where one chunk of 32 without prefetching
-    streamed at 51-80%)."""
+    streamed at 51-80%). PERSISTENT: a grid of at most `blocks` blocks (default eight an SM
+    of an H100), each walking row blocks by the grid, in place of one block a row block."""
     if not 1 <= m <= MAX_GEMV_ROWS:
         raise ValueError(f"tegula.kernels.gemv: x has {m} rows; the GEMV kernel takes 1 to "
                          f"{MAX_GEMV_ROWS} (use tegula.kernels.matmul for more)")
@@ -114,7 +128,10 @@ def gemv_config(m: int, n: int, k: int, BN: int | None = None, BK: int | None = 
         BK = 512 if k >= 512 else 256
     if BN is None:
         BN = max(1, per_thread * threads // BK)
-    return (tg.cdiv(n, BN),), dict(M=m, BN=BN, BK=BK, UNROLL=UNROLL, PREFETCH=bool(PREFETCH))
+    tiles = tg.cdiv(n, BN)
+    grid = (max(1, min(tiles, blocks)),) if PERSISTENT else (tiles,)
+    return grid, dict(M=m, BN=BN, BK=BK, UNROLL=UNROLL, PREFETCH=bool(PREFETCH),
+                      PERSISTENT=bool(PERSISTENT))
 
 
 def _check_gemv_shapes(fn: str, x_shape: tuple, w_shape: tuple) -> tuple[int, int, int]:

@@ -43,7 +43,9 @@ def _inputs(m, n, k, dtype, seed):
                                    dict(BN=2, BK=1024, UNROLL=2), dict(BN=3, BK=64, UNROLL=3),
                                    dict(BN=8, BK=512, PREFETCH=True),
                                    dict(BN=2, BK=1024, UNROLL=2, PREFETCH=True),
-                                   dict(BN=3, BK=64, UNROLL=2, PREFETCH=True)],
+                                   dict(BN=3, BK=64, UNROLL=2, PREFETCH=True),
+                                   dict(BN=1, BK=1024, UNROLL=4, PREFETCH=True, PERSISTENT=True),
+                                   dict(BN=3, BK=64, PERSISTENT=True, blocks=7)],
                          ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()) or "default")
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype", list(DTYPES))

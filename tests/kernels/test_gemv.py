@@ -54,6 +54,18 @@ def test_gemv_tiles_smaller_than_the_block_and_odd_row_counts(tiles):
     check_gemv(gemv_emulated(x, w, **tiles), x, w, f16)
 
 
+@pytest.mark.parametrize("tiles", [dict(PERSISTENT=True, blocks=3, BN=2, BK=64),
+                                   dict(PERSISTENT=True, blocks=4, BN=1, BK=32, UNROLL=2,
+                                        PREFETCH=True),
+                                   dict(PERSISTENT=True, blocks=64, BN=2, BK=64)])
+def test_persistent_gemv_walks_every_row_block(tiles):
+    """A grid of fewer blocks than row blocks (11 rows of BN 1-2: 6 or 11 row blocks on 3 or
+    4 blocks, uneven), or of more (64: clamped to the row blocks); K=100 is ragged."""
+    rng = np.random.default_rng(12)
+    x, w = random_input(rng, (1, 100), f16), random_input(rng, (11, 100), f16)
+    check_gemv(gemv_emulated(x, w, **tiles), x, w, f16)
+
+
 def test_gemv_accumulates_in_f32_not_f16():
     """Sums whose partials leave f16's range (and lose its precision) come out right."""
     x = np.full((1, 4000), 16.0, np.float16)
