@@ -471,7 +471,10 @@ def zeros_are_integers(zeros: Any) -> bool:
     kept = _INTEGER_ZEROS.get(key)
     if kept is not None and kept[0]() is zeros and kept[1:3] == (version, pointer):
         return kept[3]
-    answer = bool((zeros == zeros.round()).all())   # NaN != NaN: a NaN zero is no integer
+    try:   # NaN != NaN: a NaN zero is no integer; a wrong type is the checks' to name
+        answer = bool((zeros == zeros.round()).all())
+    except (RuntimeError, TypeError):
+        return False
     reference = weakref.ref(zeros, lambda _: _INTEGER_ZEROS.pop(key, None))
     _INTEGER_ZEROS[key] = (reference, version, pointer, answer)
     return answer
