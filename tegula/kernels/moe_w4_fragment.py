@@ -9,11 +9,10 @@ into 16-bit magic + w by one lop3 a pair and dequantized two at a time
 (`dequantize_in`: HADD2 and HMUL2) — about 1.6 SASS a weight against ~9 for the byte
 loads and f32 arithmetic of `moe_w4`'s swapped kernel. A work item computes outᵀ's
 (64·WG, BT) tile: the dequantized weights are the MMA's register A operand, the BT token
-rows of the item the shared B operand in a STAGES-deep ring (TMA on sm_90a, one ring
-across a persistent block's items), and the loop runs W's register pipeline: the words
-of step k+2 and the scales of step k+1 are loaded first, then step k's gemm is issued,
-then step k+1's weights are dequantized while its wgmmas run (register work only,
-`lower/wgmma_waits.py`).
+rows of the item the shared B operand in a STAGES-deep ring, the words in a ring of their
+own (WSMEM=1, default) or loaded straight into registers two steps ahead with step k+1
+dequantized while step k's wgmmas run (WSMEM=0: ptxas then serializes the register-A
+wgmmas, C7513).
 """
 from __future__ import annotations
 
@@ -26,14 +25,19 @@ from tegula.dtypes import DType
 from tegula.kernels.moe import COLUMN_TILE, END_ROW, EXPERT, FIRST_ROW, has_rows
 from tegula.kernels.quant_fragment import (FRAGMENT_K, FRAGMENT_ROWS, STORED_WORDS,
                                            as_words, dequantize_in, fragment_weights,
-                                           group_constants, pack_fragments, stored_tv)
+                                           group_constants, pack_fragments,
+                                           stored_shared, stored_tv)
 
 
 def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: Any, t: Any,
-                   sa: Any, dtype: DType, fractional: bool, G: int, BT: int, KS: int,
+                   sa: Any, sw: Any, dtype: DType, fractional: bool, G: int, BT: int, KS: int,
                    WG: int, STAGES: int, PERSISTENT: bool) -> None:
     """Work item t (trace time): outᵀ's (64·WG, BT) tile of rows first… of expert e at
-    weight row block n, over K in steps of 64·KS."""
+    weight row block n, over K in steps of 64·KS. `sw` None: the words straight into
+    registers, step k+1 dequantized after step k's gemm is issued (ptxas then serializes
+    the register-A wgmmas, C7513, as for `w4a16_fragment_kernel`'s WSMEM=0); else the
+    words' ring, each step dequantized before its gemm, the other warpgroup's wgmmas
+    filling the tensor cores meanwhile."""
     e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
     n = schedule[COLUMN_TILE, t]
     BN, BK = FRAGMENT_ROWS * WG, FRAGMENT_K * KS
@@ -52,6 +56,17 @@ def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: 
         return group_constants(dtype, scales[e], z_e, n, k // max(1, G // BK), (BN, S))
 
     acc = tg.zeros((BN, BT), f32)                        # outᵀ: weight rows x tokens
+    if sw is not None:
+        ahead_constants = constants(0)                   # a k-step ahead, as loaded
+        for k in tg.pipeline(steps, stages=STAGES):
+            tg.copy(ga[:, :, k], sa[k])
+            tg.copy(gw[:, :, :, :, k], sw[k])
+            following = constants(k + 1)                 # past K: masked, never used
+            words = tg.load(sw[k], layout=words_tv)
+            tg.gemm(acc, dequantized(words, ahead_constants), sa[k])
+            ahead_constants = following
+        tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
+        return
     current = dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0))
     ahead = tg.load(gw[:, :, :, :, 1], layout=words_tv)
     for k in tg.pipeline(steps, stages=STAGES):
@@ -70,8 +85,8 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     """out (R, N) = x_sorted (R, K) @ dequant(w[e]).T per expert e's rows, w the
     fragment-ordered words (E, N/64, K/64, 128, 4) i32 (`pack_experts_fragments`,
     `as_words`), scales and zeros (E, N, K/G) of `dtype` (zeros unread without
-    `has_zeros`: zero point 8). WG warpgroups (threads = 128·WG) take 64 weight rows
-    each; KS stored blocks a k-step (BK = 64·KS divides G or is a multiple of it);
+    `has_zeros`: zero point 8). WSMEM=1: the words through a STAGES-deep shared ring
+    (`_fragment_item`). WG warpgroups (threads = 128·WG) take 64 weight rows each; KS stored blocks a k-step (BK = 64·KS divides G or is a multiple of it);
     INTEGER_ZEROS skips the fractional zero's residue step. PERSISTENT: a block walks
     the work count's items; else one block an item. The schedule's row tile is BT."""
 
@@ -82,12 +97,14 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
                              out: tg.Tensor[dtype], G: tg.constexpr = 128,
                              BT: tg.constexpr = 128, KS: tg.constexpr = 1,
                              WG: tg.constexpr = 2, STAGES: tg.constexpr = 4,
-                             PERSISTENT: tg.constexpr = True,
+                             PERSISTENT: tg.constexpr = True, WSMEM: tg.constexpr = 1,
                              INTEGER_ZEROS: tg.constexpr = 0):
         sa = tg.shared((BT, FRAGMENT_K * KS), dtype, stages=STAGES)
+        sw = tg.shared((WG, KS) + STORED_WORDS, i32, stages=STAGES,
+                       layout=stored_shared(KS, WG)) if WSMEM else None
         z = zeros if has_zeros else None
         fractional = has_zeros and not INTEGER_ZEROS
-        args = (sa, dtype, fractional, G, BT, KS, WG, STAGES)
+        args = (sa, sw, dtype, fractional, G, BT, KS, WG, STAGES)
         if PERSISTENT:
             for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
                 _fragment_item(x, w, scales, z, schedule, out, t, *args, True)

@@ -128,13 +128,13 @@ W4_CONFIGS = [None,                       # the default tiles
               dict(SWAPPED=True, BM=256, BN=128, BK=64, STAGES=3, threads=256),
               dict(SWAPPED=True, BM=64, BN=64, BK=64, STAGES=4, PERSISTENT=False),
               dict(FRAGMENT=True, BM=128, WG=2, STAGES=4),
-              dict(FRAGMENT=True, BM=256, WG=2, STAGES=3),
+              dict(FRAGMENT=True, BM=256, WG=2, STAGES=3, WSMEM=0),
               dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3, PERSISTENT=False)]
 
 
 @pytest.mark.parametrize("config", W4_CONFIGS, ids=["default", "swapped128x128",
                                                     "swapped128x256", "swapped-np64",
-                                                    "fragment128", "fragment256",
+                                                    "fragment128", "fragment256-wsmem0",
                                                     "fragment-ks2-np"])
 @pytest.mark.parametrize("counts, n, k", [([90, 0, 200, 33], 200, 256),
                                           ([300, 0, 517, 1, 129, 0, 64, 200], 1000, 512)])

@@ -87,12 +87,15 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
     ([3, 17, 0, 30, 1], 24, 256, 128, True, bf16, "sm_80", dict(BM=16, WG=1, STAGES=2)),
     ([9, 0, 13, 5], 72, 256, 32, True, f16, "sm_90a",              # two warpgroups, 128-k
      dict(BM=16, WG=2, KS=2, STAGES=2)),                           # steps of four groups
+    ([9, 0, 13, 5], 72, 256, 64, True, bf16, "sm_90a",             # words into registers,
+     dict(BM=16, WG=1, STAGES=2, WSMEM=0)),                        # dequantized a step early
 ])
 def test_fragment_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
     """The fragment kernel (session 12: `moe_w4_fragment`, weights pre-packed in the MMA
-    fragment's order, dequantized in paired 16-bit registers while the previous step's
-    gemm runs), persistent on 3 SMs or one block an item: N and K not multiples of the
-    64-row blocks' padding, empty experts, every group size."""
+    fragment's order, dequantized in paired 16-bit registers; their words through a
+    shared ring or, WSMEM=0, into registers two steps ahead), persistent on 3 SMs or one
+    block an item: N and K not multiples of the 64-row blocks' padding, empty experts,
+    every group size."""
     rng = np.random.default_rng(n + group + 2)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     x = random_input(rng, (offsets[-1] + 3, k), dtype)
