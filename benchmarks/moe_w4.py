@@ -34,8 +34,8 @@ CONFIGS = [("shared-operand 64x64 (session 11)", dict(BM=64, BN=64, BK=64, STAGE
             dict(FRAGMENT=True, BM=128, WG=2, STAGES=4, WSMEM=0)),
            ("fragment WG2 BT256 S3", dict(FRAGMENT=True, BM=256, WG=2, STAGES=3)),
            ("fragment WG2 BT128 KS2 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3)),
-           ("fragment WG2 BT128 S4 one block an item",
-            dict(FRAGMENT=True, BM=128, WG=2, STAGES=4, PERSISTENT=False))]
+           ("fragment WG4 BT128 S3", dict(FRAGMENT=True, BM=128, WG=4, STAGES=3)),
+           ("fragment WG2 BT192 S4", dict(FRAGMENT=True, BM=192, WG=2, STAGES=4))]
 
 
 def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
