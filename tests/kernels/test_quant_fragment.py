@@ -69,6 +69,7 @@ CASES = [  # m, n, k, group, zero_point, tiles
     (16, 70, 320, 64, True, dict(KS=4, SCALE_AFTER=1, INTEGER_ZEROS=1)),
     (5, 130, 384, 128, True, dict(KS=4, SCALE_AFTER=1, SPLIT=2, INTEGER_ZEROS=1)),
     (9, 64, 256, 128, False, dict(KS=4, SCALE_AFTER=1, STAGES=6)),
+    (7, 130, 512, 128, True, dict(KS=4, SCALE_AFTER=1, WG=2, SPLIT=2, INTEGER_ZEROS=1)),
     # integer zeros (what quantize_w4 writes): no residue step
     (16, 70, 320, 64, True, dict(KS=4, INTEGER_ZEROS=1)),
     (33, 130, 224, 32, True, dict(BT=16, INTEGER_ZEROS=1)),
