@@ -39,6 +39,7 @@ from tegula.lower.thread_ir import (
 )
 
 from tegula.codegen.expr import CodegenError, index_c
+from tegula.codegen.wgmma_fences import accumulator_arrays, fenced_accumulators
 
 
 def uses_async(kernel: ThreadKernel) -> bool:
@@ -387,7 +388,7 @@ class AsyncStatements:
 
     def _WgmmaFence(self, s: WgmmaFence) -> None:
         instr = self.entry("wgmma.fence", s)
-        self.fence_accumulators("finish writing the accumulators before wgmma.fence")
+        self.fence_accumulators(s, "finish writing the accumulators before wgmma.fence")
         self.line(instr.format_asm())
 
     def _WgmmaCommit(self, s: WgmmaCommit) -> None:
@@ -395,19 +396,26 @@ class AsyncStatements:
 
     def _WgmmaWait(self, s: WgmmaWait) -> None:
         self.line(self.entry(f"wgmma.wait_group.{s.pending}", s).format_asm())
-        self.fence_accumulators("no accumulator access moves above the wait")
+        self.fence_accumulators(s, "no accumulator access moves above the wait")
 
-    def fence_accumulators(self, why: str) -> None:
-        """An empty asm reading and writing every wgmma accumulator register (CUTLASS's
+    def fence_accumulators(self, s: WgmmaFence | WgmmaWait, why: str) -> None:
+        """An empty asm reading and writing wgmma accumulator registers (CUTLASS's
         `warpgroup_fence_operand`). The wgmma asm writes them, but *when* they hold the
         result is decided by `wgmma.wait_group`, which names no register: without this,
         the C compiler may move a read of an accumulator above the wait, or a write (the
         next tile's zeroing) below `wgmma.fence` — reading or clobbering registers an
-        in-flight wgmma still owns (undefined in PTX)."""
-        arrays = self.accumulator_arrays()
+        in-flight wgmma still owns (undefined in PTX). It names only the accumulators of
+        the wgmmas the fence opens, or that may be in flight at the wait
+        (`wgmma_fences.py`): a named register is read there, so naming a dead one would
+        keep it alive."""
+        if getattr(self, "_fenced", None) is None:
+            self._fenced = fenced_accumulators(self.kernel.body)
+        arrays = self._fenced.get(id(s))
+        if arrays is None:   # not reached by the flow: fence everything, as is safe
+            arrays = self.accumulator_arrays()
         if not arrays:
             return
-        self.line(f"// {why} (operand fence)")
+        self.line(f"// {why} (operand fence: {', '.join(a.name for a in arrays)})")
         for array in arrays:
             if array.dtype.bits == 16:  # packed pairs, as the wgmma reads them
                 regs = [f'"+r"(*reinterpret_cast<unsigned*>(&{array.name}[{i}]))'
@@ -421,12 +429,7 @@ class AsyncStatements:
     def accumulator_arrays(self) -> list:
         """The register arrays any `Wgmma` of the kernel accumulates into (computed once)."""
         if getattr(self, "_accumulator_arrays", None) is None:
-            found = []
-            for st in walk(self.kernel.body):
-                for r in st.d if isinstance(st, Wgmma) else ():
-                    if r.array not in found:
-                        found.append(r.array)
-            self._accumulator_arrays = found
+            self._accumulator_arrays = accumulator_arrays(self.kernel.body)
         return self._accumulator_arrays
 
     def _Wgmma(self, s: Wgmma) -> None:
@@ -496,8 +499,24 @@ class AsyncStatements:
         if s.threads <= 0 or s.threads % 32 or s.threads > self.kernel.threads:
             raise CodegenError(f"NamedBarrier {s.id}: {s.threads} threads is not a positive "
                                f"multiple of 32 up to the block's {self.kernel.threads}")
+        if s.after and not s.arrive:
+            self.line(self.entry("bar.sync.after", s).format_asm(
+                id=str(s.id), threads=str(s.threads), after=self.register_words_xor(s.after)))
+            return
         name = "bar.arrive" if s.arrive else "bar.sync"
         self.line(self.entry(name, s).format_asm(id=str(s.id), threads=str(s.threads)))
+
+    def register_words_xor(self, regs) -> str:
+        """The xor of `regs`' 32-bit words (narrower registers packed as an mma's inputs,
+        consecutive ones sharing a word): one value depending on every one of them."""
+        regs = list(regs)
+        dtype = regs[0].array.dtype
+        if any(r.array.dtype != dtype for r in regs) or dtype.bits > 32 or \
+                len(regs) % (32 // dtype.bits):
+            raise CodegenError(f"NamedBarrier after: registers of one type of at most 32 "
+                               f"bits filling whole words, got {[self.reg(r) for r in regs]}")
+        words = self.mma_inputs(regs)
+        return "(" + " ^ ".join(words) + ")"
 
     def _Roles(self, s: Roles) -> None:
         if not s.roles:
