@@ -289,6 +289,14 @@ ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
            pipe="tensor"),
     _entry("bar.sync", "bar.named", "bar.sync {id}, {threads};", (_in("id"), _in("threads")),
            latency=20.0, min_cc=70),
+    # bar.sync whose barrier id waits for register values: ptxas moves register work
+    # across a bar.sync (it names no register), so a ping-pong turn's sync carries a data
+    # dependency on the operands its gemms read (`lower/warp_roles.py`): min.u32 with 0
+    # is 0 for any `after`, which ptxas does not fold.
+    _entry("bar.sync.after", "bar.named",
+           "{{ .reg .u32 t; min.u32 t, {after}, 0; add.u32 t, t, {id}; bar.sync t, {threads}; }}",
+           (_in("id"), _in("threads"), _in("after")), latency=20.0, min_cc=70,
+           ptx="bar.sync"),
     _entry("bar.arrive", "bar.named", "bar.arrive {id}, {threads};",
            (_in("id"), _in("threads")), min_cc=70),
     _entry("elect.sync", "elect",

@@ -307,11 +307,15 @@ class NamedBarrier(Stmt):
     """`bar.sync id, threads`: the `threads` threads (a multiple of 32) that execute it with
     this `id` (1–15; 0 is `__syncthreads`) wait for each other. With `arrive`,
     `bar.arrive id, threads`: the threads count towards the barrier without waiting (a
-    producer's signal; the ping-pong consumers' turn-taking, `lower/hopper.py`)."""
+    producer's signal; the ping-pong consumers' turn-taking, `lower/hopper.py`). `after`:
+    registers whose values a sync waits for (ptxas moves register work across a bar.sync,
+    which names none; a ping-pong turn's sync names the fragments its gemms read, so that
+    the softmax making them stays before it: `lower/warp_roles.py`)."""
 
     id: int
     threads: int
     arrive: bool = False
+    after: tuple = ()
 
 
 @dataclass

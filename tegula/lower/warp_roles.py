@@ -39,7 +39,8 @@ from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
 from tegula.ir.ops import ForLoop
 from tegula.lower.addressing import scalar_expr
-from tegula.lower.async_ir import NamedBarrier, Role, Roles, SmemDesc, WgmmaCommit, WgmmaFence
+from tegula.lower.async_ir import (NamedBarrier, Role, Roles, SmemDesc, Wgmma, WgmmaCommit,
+                                   WgmmaFence)
 from tegula.lower.thread_ir import (TID, Assign, Barrier, Comment, Expr, For, If, Shuffle, Stmt,
                                     Var, all_of, walk)
 from tegula.lower.wgmma_waits import register_arrays
@@ -211,12 +212,13 @@ def take_turns_in_loop(body: list, loc: str) -> list:
     return out
 
 
-def _turn(arrive: bool, iteration_guard: Expr | None = None) -> Stmt:
+def _turn(arrive: bool, iteration_guard: Expr | None = None, after: tuple = ()) -> Stmt:
     """Warpgroup g's sync on its own turn barrier, or its arrive on the other's; a guard
-    (warpgroup 1's arrive) skips the arrive where it is false."""
+    (warpgroup 1's arrive) skips the arrive where it is false. `after`: the registers the
+    sync waits for (`_turn_operands`)."""
     threads = 2 * WARPGROUP
-    first = NamedBarrier(TURN_BARRIER + (1 if arrive else 0), threads, arrive)
-    second = NamedBarrier(TURN_BARRIER + (0 if arrive else 1), threads, arrive)
+    first = NamedBarrier(TURN_BARRIER + (1 if arrive else 0), threads, arrive, after)
+    second = NamedBarrier(TURN_BARRIER + (0 if arrive else 1), threads, arrive, after)
     return If(TID.lt(WARPGROUP), [first],
               [If(iteration_guard, [second])] if iteration_guard is not None else [second])
 
@@ -226,9 +228,26 @@ def _is_register_work(s: Stmt) -> bool:
     return isinstance(s, Shuffle) or (isinstance(s, Assign) and bool(register_arrays(s.value)))
 
 
+def _turn_operands(stmts: list[Stmt]) -> tuple:
+    """The register operands (A fragments) of the wgmmas in `stmts`, each once, in order.
+
+    A turn's sync waits for them (`NamedBarrier.after`): ptxas schedules register work
+    across a bar.sync, which names no register, and sank the plain loop's whole softmax
+    (every MUFU.EX2, SASS at D = 64 and 128) below the sync before `acc += p @ v`, its only
+    reader: the warpgroup then held the tensor cores through its softmax and the turns
+    overlapped nothing. With the sync's barrier id depending on p's fragment, the softmax
+    that makes it runs before the turn is taken."""
+    found: list = []
+    for s in stmts:
+        if isinstance(s, Wgmma) and not isinstance(s.a, SmemDesc):
+            found += [r for r in s.a if r not in found]
+    return tuple(found)
+
+
 def _loop_with_turns(loop: For) -> list[Stmt]:
     """`loop` with the turn barriers of `take_turns_in_loop` (and warpgroup 1's opening
-    arrive before it where the turn lies inside one iteration)."""
+    arrive before it where the turn lies inside one iteration); each sync waits for the
+    register operands of the gemms its turn issues (`_turn_operands`)."""
     body = loop.body
     fences = [i for i, s in enumerate(body) if isinstance(s, WgmmaFence)]
     commits = [i for i, s in enumerate(body) if isinstance(s, WgmmaCommit)]
@@ -244,11 +263,13 @@ def _loop_with_turns(loop: For) -> list[Stmt]:
     first = (last + 1) % n                         # ... and starts with the one after
     sync_at, arrive_at = fences[first], commits[last] + 1
     if arrive_at <= sync_at:  # the turn crosses the back edge: arrive, then sync
+        after = _turn_operands(body[sync_at:] + body[:arrive_at])
         new = (body[:arrive_at] + [_turn(arrive=True)] + body[arrive_at:sync_at]
-               + [_turn(arrive=False)] + body[sync_at:])
+               + [_turn(arrive=False, after=after)] + body[sync_at:])
         return [For(loop.var, loop.start, loop.stop, loop.step, new, loop.unroll)]
     more = (loop.var + loop.step).lt(loop.stop)
-    new = (body[:sync_at] + [_turn(arrive=False)] + body[sync_at:arrive_at]
+    after = _turn_operands(body[sync_at:arrive_at])
+    new = (body[:sync_at] + [_turn(arrive=False, after=after)] + body[sync_at:arrive_at]
            + [_turn(arrive=True, iteration_guard=more)] + body[arrive_at:])
     opener = If(all_of([TID.ge(WARPGROUP), loop.start.lt(loop.stop)]),
                 [NamedBarrier(TURN_BARRIER, 2 * WARPGROUP, arrive=True)])

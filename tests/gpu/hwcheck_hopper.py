@@ -324,7 +324,7 @@ def raw_every_template_kernel(wgmma_ns: tuple[int, ...] = (8, 136, 256)) -> hw.R
     from tegula.arch.wgmma import WGMMA_INSTRUCTIONS
     values = {"dst": "base", "bar": "base", "src": "base", "tmap": "(unsigned long long)&tmap",
               "count": "1u", "tx": "16u", "parity": "0u", "id": "1u", "threads": "128u",
-              "mask": "(unsigned short)3", "d": "r0", "cta": "0u"}
+              "mask": "(unsigned short)3", "d": "r0", "cta": "0u", "after": "r0"}
     body = [*_ALIGN, "unsigned r0 = 0;", "int branch = 0;"]
     entries = list(ASYNC_INSTRUCTIONS) + [bulk_wait(1), bulk_wait(2, read=True), wgmma_wait(1),
                                           setmaxnreg(24, False), setmaxnreg(256, True)]

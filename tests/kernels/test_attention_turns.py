@@ -14,7 +14,7 @@ import tegula as tg
 from tegula.emulate.errors import EmulationError
 from tegula.kernels.attention import attention_emulated, attention_kernel, qk_scale
 from tegula.lower import warp_roles
-from tegula.lower.async_ir import NamedBarrier, Roles, WgmmaCommit, WgmmaFence
+from tegula.lower.async_ir import NamedBarrier, Roles, Wgmma, WgmmaCommit, WgmmaFence
 from tegula.lower.thread_ir import For, If, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,6 +80,57 @@ def test_the_plain_loop_hands_over_after_the_scores_and_waits_before_p_v():
     assert _turns(loop.body) == [(commits[0] + 1, True), (fences[1] - 1, False)]
 
 
+def _syncs(stmts):
+    """The turn syncs (named barriers 8/9 that wait) among `stmts`, each If's two."""
+    return [x for x in walk(stmts) if isinstance(x, NamedBarrier) and x.id in (8, 9)
+            and not x.arrive]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_turn_sync_waits_for_p_s_fragment(overlap):
+    """Each turn's sync names the register A fragment of the gemms it opens (p's f16
+    fragment, read by acc += p @ v): ptxas moves register work across a bar.sync that names
+    no register, and sank the whole softmax below it. The arrive names nothing."""
+    _, (c0, _, _) = _consumer_roles(overlap)
+    loop, = [s for s in walk(c0.body) if isinstance(s, For)
+             and any(isinstance(x, WgmmaCommit) for x in s.body)]
+    p_v = [r for x in walk(loop.body) if isinstance(x, Wgmma) and isinstance(x.a, list)
+           for r in x.a]                                  # its 8 k-steps' A registers
+    syncs = _syncs(loop.body)
+    assert len(syncs) == 2 and all(x.after == tuple(p_v) for x in syncs)
+    assert len({r.array.name for r in p_v}) == 1 and len(set(p_v)) == 64  # 64x128 f16
+    assert all(not x.after for x in walk(loop.body) if isinstance(x, NamedBarrier)
+               and x.arrive)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_exponential_runs_before_the_turn_sync_in_the_sass(d):
+    """The compiled plain loop (nvcc/NVRTC and cuobjdump on the CPU): every MUFU.EX2 of
+    the loop comes before the turn's BAR.SYNC, the wgmmas of p @ v after it (before the
+    sync named p's fragment, all 64 + 2 exponentials of a thread were sunk below it)."""
+    from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
+    if not available_compilers():
+        pytest.skip("neither NVRTC nor nvcc found")
+    from tegula.build import build
+    kernel = build(attention_kernel(tg.f16), dict(D=d, QK_SCALE=qk_scale(None, d),
+                                                  CAUSAL=False, BM=128, BN=128,
+                                                  threads=256, consumers="pingpong"),
+                   None, "sm_90a")
+    sass = disassemble(compile_cuda(kernel.cuda_source(), kernel.thread_kernel.name,
+                                    "sm_90a"))
+    if sass is None:
+        pytest.skip("cuobjdump/nvdisasm not available")
+    ops = [op for line in sass.splitlines() for op in ("BAR.SYNC", "MUFU.EX2", "HGMMA")
+           if op in line]
+    # the key loop: from the scores' first HGMMA to the last of p @ v
+    hgmma = [i for i, op in enumerate(ops) if op == "HGMMA"]
+    loop = ops[hgmma[0]:hgmma[-1] + 1]
+    sync = loop.index("BAR.SYNC")
+    assert loop[:sync].count("HGMMA") == d // 16          # s = q @ k.T, k-steps of 16
+    assert loop[:sync].count("MUFU.EX2") == 66            # 64 scores and 2 rescales a thread
+    assert loop[sync:].count("HGMMA") == 128 // 16 and "MUFU.EX2" not in loop[sync:]
+
+
 def test_the_overlapped_loop_takes_both_gemms_in_one_turn_and_is_opened_once():
     """OVERLAP issues s_{j+1} and acc += p_j @ v_j together: one turn holds both (sync
     before the first fence, arrive after the second commit); warpgroup 1 opens warpgroup
@@ -108,7 +159,7 @@ def test_a_hand_over_left_at_exit_is_reported(monkeypatch):
     emulator reports the named barrier still arrived at the block's end."""
     real = warp_roles._turn
     monkeypatch.setattr(warp_roles, "_turn",
-                        lambda arrive, iteration_guard=None: real(arrive))
+                        lambda arrive, iteration_guard=None, after=(): real(arrive, after=after))
     q, k, v = inputs(2, 1, 1, 1, 64, 130, 64)
     with pytest.raises(EmulationError, match="named barrier 8 ends with 128 of 256"):
         attention_emulated(q, k, v, False, BN=64, OVERLAP=True, **TURNS)
