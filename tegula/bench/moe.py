@@ -7,7 +7,9 @@ things run on the same sorted problem:
 
 * tegula: `tegula.kernels.moe.moe_gemm` (bf16, or FP8 weights with `--fp8`), one config
   or autotuned; with `--w4`, 4-bit weights (`moe_w4.moe_gemm_w4a16`, group 128 with zero
-  points, its default tiles or `--config`), checked against the dequantized weights;
+  points, pre-packed once in the MMA fragment's order — `pack_experts_fragments` — as a
+  model loader would; its default tiles or `--config`), checked against the dequantized
+  weights;
 * triton: `grouped_gemm_triton` below, a Triton grouped GEMM in one launch: program v
   of each column is *virtual* row tile v, expert e owning `offsets[e] // BM + e …` (so
   the grid comes from shapes alone; tiles past an expert's rows exit), the expert found
@@ -138,12 +140,16 @@ def bench_case(torch: Any, label: str, dims: tuple, balanced: bool, fp8: bool,
         ref = reference(torch, xs, (w.float() * w_scale[:, None, None]).to(torch.bfloat16),
                         host_offsets)
     elif w4:
+        from tegula.kernels.moe_w4_fragment import pack_experts_fragments
         packed, scales, zeros = moe_w4.quantize_experts_w4(w, W4_GROUP)
         ref = reference(torch, xs, dequantized_w4(torch, packed, scales, zeros), host_offsets)
+        stored = pack_experts_fragments(packed)     # once per weight, as a model loader would
+        # written into NaNs: the check below sees any element left unwritten
+        out_w4 = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
 
         def run():
-            return moe_w4.moe_gemm_w4a16(xs, packed, scales, zeros, W4_GROUP, offsets,
-                                         config=config)
+            return moe_w4.moe_gemm_w4a16(xs, stored, scales, zeros, W4_GROUP, offsets,
+                                         config=config, out=out_w4)
     else:
         ref = reference(torch, xs, w, host_offsets)
     record = {"label": label, "dims": dims, "balanced": balanced, "fp8": fp8, "w4": w4,
