@@ -174,7 +174,7 @@ def test_selective_scan_tiles_agree():
              dict(G=8, BD=16), dict(G=2, BD=64, BL=8), dict(G=1, BD=128, BL=4),
              dict(STAGES=4), dict(threads=64, STAGES=4), dict(G=16, BL=32, STAGES=3),
              dict(G=16, BL=16, STAGES=4, blocks_per_sm=6), dict(FMA_CHAIN=False, STAGES=2),
-             dict(SUBS=2), dict(SUBS=2, STAGES=2))
+             dict(SUBS=2), dict(SUBS=2, STAGES=2), dict(SKEW=True), dict(SKEW=True, STAGES=2))
     for tiles in [dict(t, SPLIT=False) for t in lane] + list(split):
         other = selective_scan(u, delta, A, B, C, D, z, bias, True,
                                out=torch.full_like(u, float("nan")), **tiles)
