@@ -131,16 +131,18 @@ def mamba_inputs(batch, dim, length, dstate, dtype, seed):
     (1, 64, 4097, 16), (2, 24, 100, 7), (1, 16, 1, 16), (4, 256, 511, 4), (2, 13, 300, 1)])
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
 @pytest.mark.parametrize("options", ["plain", "all"])
-@pytest.mark.parametrize("split", [False, True], ids=["lane", "split"])
+@pytest.mark.parametrize("split", [False, True, "skew"], ids=["lane", "split", "skew"])
 def test_selective_scan_matches_mamba_reference(batch, dim, length, dstate, dtype, options,
                                                 split):
-    """Both kernels (the lane scan and the split-state one) into NaN-poisoned outputs."""
+    """Both kernels (the lane scan and the split-state one, also skewed) into NaN-poisoned
+    outputs."""
     from tegula.kernels import selective_scan
     u, delta, A, B, C, D, z, bias = mamba_inputs(batch, dim, length, dstate, dtype,
                                                  batch * dim + length)
     extra = dict(D=D, z=z, delta_bias=bias, delta_softplus=True) if options == "all" else {}
     out = torch.full_like(u, float("nan"))
-    got = selective_scan(u, delta, A, B, C, out=out, SPLIT=split, **extra)
+    kernel = dict(SPLIT=True, SKEW=True) if split == "skew" else dict(SPLIT=split)
+    got = selective_scan(u, delta, A, B, C, out=out, **kernel, **extra)
     torch.cuda.synchronize()
     assert got is out and not torch.isnan(out).any(), "unwritten (poisoned) outputs remain"
     want = selective_scan_ref(u, delta, A, B, C, **extra)
