@@ -103,15 +103,16 @@ def gemm_candidates(m: int, n: int, k: int, hopper: bool = True,
     first; at most 7 (what the tuner times). `kernel` picks the dataflow ("persistent":
     one block per SM walking the tiles in grouped-rows order, on sm_90a one TMA ring
     across them, only offered where `hopper`; "shared": one block per tile, multi-stage
-    shared-memory pipeline — on sm_90a TMA + wgmma; "registers": global -> registers ->
-    MMA). Few rows (`_few_rows_candidates`) stream the weight through narrow tiles with
+    shared-memory pipeline — on sm_90a TMA + wgmma; "staged": the same with the persistent
+    kernel's TMA-store epilogue (`gemm.staged_gemm_kernel`); "registers": global ->
+    registers -> MMA). Few rows (`_few_rows_candidates`) stream the weight through narrow tiles with
     deep rings, with split-K (SPLIT partial sums, then a deterministic reduction) where K
     is long; many rows (`_many_rows_candidates`) take the persistent kernel first on
     sm_90a unless a bias or activation is `fused` (its one consumer role runs the
     epilogue while the tensor cores wait: on an H100 at 4096³ with bias + GELU 398
     TFLOP/s, one block per tile 617). Large tiles take 256 threads, keeping accumulators
     at ≤ 128 f32 registers a thread. `n_exact`: the true N of a decode shape
-    (`fitted_n`), which its `wave_fitted` tiles, or many rows' `persistent_fitted` ones,
+    (`fitted_n`), which its `wave_fitted` tiles, or many rows' `persistent_width` ones,
     are cut to (by default the bucket's n)."""
     if _api._pow2_at_least(m, 1) <= 256:
         chosen, split = _few_rows_candidates(m, n, hopper, n_exact or n)
@@ -264,8 +265,11 @@ def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool,
     """Candidates for more than 256 rows. On sm_90a, where the tiles fill the GPU, the
     searched persistent configurations (`searched_persistent`), then, where N (`n_exact`,
     by default the bucket's n) leaves a partial last wave of 128×256 tiles, the width
-    `persistent_width` fits to it, then the persistent kernel with taller row bands, then
-    one block per 128×256 tile (first with a `fused` epilogue); the two-warpgroup
+    `persistent_width` fits to it, then one block per 128×256 tile with the persistent
+    kernel's TMA-store epilogue (`kernel="staged"`: at 2048³, 128 tiles for 132 SMs, the
+    persistent kernel runs one tile a block too, after a few divisions), the persistent
+    kernel with taller row bands, then one block per 128×256 tile storing registers (first
+    with a `fused` epilogue); the two-warpgroup
     shared-pipeline tiles with 32-wide k-steps ran 0.54–0.66× cuBLAS at 2048³ and
     4096×4096×14336 (session 10) and are no longer offered there."""
     chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
@@ -290,9 +294,10 @@ def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool,
         persistent = persistent + [dict(PERSISTENT[0], BN=width)]
     one_per_tile = [dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
                     dict(BM=128, BN=256, BK=64, STAGES=4, threads=256)]
+    staged = dict(kernel="staged", BM=128, BN=256, BK=64, STAGES=4, threads=256)
     if fused:
-        return one_per_tile[:1] + persistent + [taller] + one_per_tile[1:]
-    return persistent + [taller] + one_per_tile
+        return one_per_tile[:1] + [staged] + persistent + [taller] + one_per_tile[1:]
+    return persistent + [staged, taller] + one_per_tile
 
 
 def _with_orientation(chosen: list, m: int, n: int, k: int) -> list:
@@ -510,7 +515,8 @@ def _gemm_launches(dtype: DType, values: dict, threads: int | None, a: Any, bt: 
         return [(ck, grid, args, ("b", "a", "c"))]
     if split == 1:
         factory = {"registers": gemm.gemm_registers_kernel, "shared": gemm.gemm_kernel,
-                   "persistent": gemm.persistent_gemm_kernel}[which]
+                   "persistent": gemm.persistent_gemm_kernel,
+                   "staged": gemm.staged_gemm_kernel}[which]
         grid = gemm.tile_grid(m, n, bm, bn, values.get("CLUSTER_M", 1),
                               values.get("CLUSTER_N", 1)) + (1,)
         if which == "persistent":

@@ -223,6 +223,47 @@ def gemm_registers_kernel(dtype: DType, activation: str | None = None,
 
 
 @lru_cache(maxsize=None)
+def staged_gemm_kernel(dtype: DType, activation: str | None = None,
+                       with_bias: bool = False) -> tg.Kernel:
+    """One block per (BM, BN) tile of c, as `gemm_kernel`, with the persistent kernel's
+    epilogue: on sm_90a the tile goes to c through swizzled shared-memory boxes and TMA
+    stores (whole 128-byte lines) where `gemm_kernel` stores registers (4-byte pieces of
+    8 rows a warp instruction), and the block's tile comes from its grid position, with
+    none of the persistent loop's divisions before the first load (`tile_grid`). For
+    shapes with no more tiles than SMs (2048³: 128 tiles of 128×256), where the
+    persistent kernel runs one tile a block anyway; `with_bias`: a (1, N) `bias`
+    parameter after b."""
+    _check_epilogue(dtype, activation)
+    out_t = output_type(dtype)
+
+    def tile(a, b, bias, c, BM, BN, BK, STAGES):
+        # A loop of one trip around the tile: the TMA ring then runs across an enclosing
+        # loop, which is what synthesis stages register -> global copies through shared
+        # memory for (`copies.plan_tma_stores`); one trip, so nothing else changes.
+        for _ in tg.range(0, 1):
+            m, n = tg.block_id(0), tg.block_id(1)
+            acc = pipelined_product(a, b, m, n, dtype, BM, BN, BK, STAGES)
+            row = None if bias is None else tg.load(bias.tile((1, BN), (0, n)))
+            tg.copy(epilogue(acc, row, activation).to(out_t), c.tile((BM, BN), (m, n)))
+
+    if with_bias:
+        @tg.kernel(threads=128)
+        def staged_gemm_bias(a: tg.Tensor[dtype], b: tg.Tensor[dtype], bias: tg.Tensor[out_t],
+                             c: tg.Tensor[out_t], BM: tg.constexpr = 128,
+                             BN: tg.constexpr = 128, BK: tg.constexpr = 64,
+                             STAGES: tg.constexpr = 4):
+            tile(a, b, bias, c, BM, BN, BK, STAGES)
+        return staged_gemm_bias
+
+    @tg.kernel(threads=128)
+    def staged_gemm(a: tg.Tensor[dtype], b: tg.Tensor[dtype], c: tg.Tensor[out_t],
+                    BM: tg.constexpr = 128, BN: tg.constexpr = 128, BK: tg.constexpr = 64,
+                    STAGES: tg.constexpr = 4):
+        tile(a, b, None, c, BM, BN, BK, STAGES)
+    return staged_gemm
+
+
+@lru_cache(maxsize=None)
 def persistent_gemm_kernel(dtype: DType, activation: str | None = None,
                            with_bias: bool = False) -> tg.Kernel:
     """The persistent GEMM (`persistent_tiles`) for operands of `dtype`, with the fused
@@ -367,10 +408,11 @@ def tile_grid(m: int, n: int, bm: int, bn: int, cluster_m: int = 1,
 def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
                   shared: bool = True, split: int = 1, bias: np.ndarray | None = None,
                   activation: str | None = None, target: str = "sm_90a",
-                  persistent: int = 0, **tiles: int) -> np.ndarray:
+                  persistent: int = 0, staged: bool = False, **tiles: int) -> np.ndarray:
     """`activation(a @ b.T + bias)` by the emulated kernel (`shared=False`: the
     register-only dataflow; `split` > 1: K split that many ways, then the partials reduced
-    with the epilogue; `persistent` > 0: the persistent kernel on a GPU of that many SMs).
+    with the epilogue; `persistent` > 0: the persistent kernel on a GPU of that many SMs;
+    `staged`: `staged_gemm_kernel`, one block per tile).
     `bias` is (N,) in c's type (f32 arrays for bf16, as everywhere)."""
     fn = "gemm_emulated"
     check_array(fn, "a", a, ndim=2)
@@ -410,7 +452,7 @@ def gemm_emulated(a: np.ndarray, b: np.ndarray, dtype: DType | None = None,
                         SPLIT=split, target=target)
         return c
     grid, constexprs = gemm_config(m, n, k, dtype, shared, **tiles)
-    factory = gemm_kernel if shared else gemm_registers_kernel
+    factory = staged_gemm_kernel if staged else gemm_kernel if shared else gemm_registers_kernel
     if persistent:
         factory = persistent_gemm_kernel
         grid = persistent_grid(m, n, persistent, constexprs["BM"], constexprs["BN"],
@@ -426,7 +468,7 @@ def split_k_reduce_grid(m: int, n: int, bm: int = 16, bn: int = 256) -> tuple[in
 
 
 __all__ = ["gemm_kernel", "gemm_registers_kernel", "persistent_gemm_kernel",
-           "persistent_tiles", "persistent_grid", "staged_buffers", "gemm_split_k_kernel",
+           "staged_gemm_kernel", "persistent_tiles", "persistent_grid", "staged_buffers", "gemm_split_k_kernel",
            "split_k_reduce_kernel", "split_k_rows", "split_k_reduce_grid", "gemm_config",
            "tile_grid",
            "gemm_emulated", "pipelined_product", "register_product", "epilogue", "activate",
