@@ -17,8 +17,9 @@ activation in the kernel, against torch's matmul + bias + activation. The candid
 are compiled first in `--jobs` processes (no GPU use: each builds from the launch's tensor
 facts into the disk cache, where the launch finds the cubin), so a cold cache costs
 seconds, not minutes. `--precompile-bench plain|epilogue` only compiles what `tegula bench
-gemm` will time (before a run on a cold cache). `--profile MxNxK CONFIG_JSON`: launch that configuration and cuBLAS
-three times each after one warm-up, for `ncu` to profile, and nothing else.
+gemm` will time (before a run on a cold cache). `--profile MxNxK CONFIG_JSON`: launch that configuration (or each
+of a JSON list) and cuBLAS three times each after one warm-up, for `ncu` to profile, and
+nothing else.
 """
 from __future__ import annotations
 
@@ -193,16 +194,15 @@ def _short(config: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(config.items()) if k != "B")
 
 
-def profile(torch, shape: tuple, config: dict) -> None:
+def profile(torch, shape: tuple, configs: list[dict]) -> None:
+    """Each configuration (then cuBLAS) once as a warm-up, then 3 times each in turn."""
     a, w = _operands(torch, shape, "cuda")
     out = torch.empty((shape[0], shape[1]), device="cuda", dtype=torch.float16)
-    _launch(config, a, w, out)
-    torch.matmul(a, w.T)
-    torch.cuda.synchronize()
-    for _ in range(3):
-        _launch(config, a, w, out)
+    for _ in range(4):
+        for config in configs:
+            _launch(config, a, w, out)
         torch.matmul(a, w.T)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
 
 
 def _print_rows(rows: list[tuple]) -> None:
@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.profile:
         shape = tuple(int(x) for x in args.profile[0].split("x"))
-        profile(torch, shape, json.loads(args.profile[1]))
+        found = json.loads(args.profile[1])
+        profile(torch, shape, found if isinstance(found, list) else [found])
         return 0
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.precompile_bench:
