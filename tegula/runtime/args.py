@@ -21,6 +21,7 @@ from tegula.lower.async_ir import TensorMapParam
 from tegula.lower.thread_ir import ScalarParam, TensorParam, ThreadKernel
 
 from tegula.codegen import element_value, global_access_bytes, vectorized_tensors
+from tegula.runtime.aliasing import alias_rules, check_views
 from tegula.runtime.tensor_map import TENSOR_MAPS, TensorMapCache
 
 _INT32_MAX = 2**31 - 1
@@ -126,6 +127,9 @@ class ArgumentPlan:
         self.expected = {p.name: _expected_dtype_names(p.dtype)
                          for p in self.params if isinstance(p, TensorParam)}
         self._torch_dtypes: dict[str, tuple] = {}  # resolved on first torch argument
+        # Written tensors against the others: their memory must not overlap (aliasing.py).
+        self.alias_rules = alias_rules(kernel)
+        self.bits = {p.name: p.dtype.bits for p in self.params if isinstance(p, TensorParam)}
 
     def flatten(self, args: Sequence[Any]) -> tuple[list, int]:
         """(parameter values in `param_list` order, the tensors' CUDA device)."""
@@ -145,9 +149,30 @@ class ArgumentPlan:
                     device = dev
             else:
                 values.append(self.check_scalar(p, arg))
+        if self.alias_rules:
+            self.check_aliasing(values)
         if self.map_slots:
             self._insert_tensor_maps(values)
         return values, (device if device is not None else -1)
+
+    def tensor_views(self, values: Sequence) -> dict[str, tuple]:
+        """Per tensor parameter, (pointer, extents, strides) read from flattened `values`
+        (before tensor maps are inserted)."""
+        views, at = {}, 0
+        for p in self.params:
+            if isinstance(p, TensorParam):
+                r = p.rank
+                views[p.name] = (values[at], tuple(values[at + 1:at + 1 + r]),
+                                 tuple(values[at + 1 + r:at + 1 + 2 * r]))
+                at += 1 + 2 * r
+            else:
+                at += 1
+        return views
+
+    def check_aliasing(self, values: Sequence) -> None:
+        """Raise `LaunchError` where a tensor the kernel writes shares memory with another
+        argument (`tegula.runtime.aliasing`)."""
+        check_views(self.kernel_name, self.alias_rules, self.tensor_views(values), self.bits)
 
     def _insert_tensor_maps(self, values: list) -> None:
         """Insert each tensor map's value at its slot, read from its tensor's flattened

@@ -276,6 +276,36 @@ fail:
 #define MAX_POINTERS 64  /* launches with more data pointers keep the Python path */
 #define MAX_MAPS 16
 
+/* runtime/aliasing.py's AliasCheck.c_pairs (i, lo_i, hi_i, j, lo_j, hi_j, same_ok) on these
+   pointers: 1 where the byte ranges [p_i + lo_i, p_i + hi_i), [p_j + lo_j, p_j + hi_j)
+   overlap (not same_ok with equal pointers: in place), 0 where none does, -1 error. */
+static int alias_overlap(PyObject *pairs, PyObject *pointers)
+{
+    if (!PyTuple_Check(pairs))
+        return PyErr_SetString(PyExc_TypeError, "launch_pointers: aliases: a tuple"), -1;
+    Py_ssize_t have = PySequence_Fast_GET_SIZE(pointers);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(pairs); k++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, k);
+        long long v[7];
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 7)
+            return PyErr_SetString(PyExc_TypeError, "launch_pointers: an alias: 7 ints"), -1;
+        for (int i = 0; i < 7; i++) {
+            v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, i));
+            if (v[i] == -1 && PyErr_Occurred())
+                return -1;
+        }
+        if (v[0] < 0 || v[0] >= have || v[3] < 0 || v[3] >= have)
+            return PyErr_SetString(PyExc_IndexError, "launch_pointers: alias index"), -1;
+        long long pi = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(pointers, v[0]));
+        long long pj = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(pointers, v[3]));
+        if ((pi == -1 || pj == -1) && PyErr_Occurred())
+            return -1;
+        if (pi + v[1] < pj + v[5] && pj + v[4] < pi + v[2] && !(v[6] && pi == pj))
+            return 1;
+    }
+    return 0;
+}
+
 /* Write pointers[indices[i]] as 8-byte values at dest + 8 i, then the scalars
    args[scalar_indices[j]] as 4-byte values after them (kinds[j] 'i': a Python int in
    32-bit range; 'f': a Python float as an f32, rounded as struct's "f" packs it), then
@@ -283,7 +313,8 @@ fail:
    tensor's pointer, the offset, a dict from that pointer to the encoded map)), then
    cuLaunchKernel on grid g[0..2] and stream g[3]; spec = (cuLaunchKernel address,
    function, threads, shared bytes, parameter array, dest, indices[, scalar_indices,
-   kinds, maps]). Every value is converted or found before any is written. The GIL is
+   kinds, maps][, aliases]). Aliases (alias_overlap) are checked first: an overlap
+   returns 1. Every value is converted or found before any is written. The GIL is
    held from the first write to the driver's return (the driver copies the values during
    the call), so no other Python thread can rewrite the buffer in between: no lock
    needed. 0 with *code set (the CUresult); 1 where a scalar is not of its kind's exact
@@ -292,7 +323,8 @@ fail:
 static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject *pointers,
                          PyObject *args, int *code)
 {
-    if (!PyTuple_Check(spec) || (PyTuple_GET_SIZE(spec) != 7 && PyTuple_GET_SIZE(spec) != 10) ||
+    Py_ssize_t spec_size = PyTuple_Check(spec) ? PyTuple_GET_SIZE(spec) : 0;
+    if ((spec_size != 7 && spec_size != 8 && spec_size != 10 && spec_size != 11) ||
             !(PyList_Check(pointers) || PyTuple_Check(pointers))) {
         PyErr_SetString(PyExc_TypeError, "launch_pointers(spec, gx, gy, gz, stream, list or tuple)");
         return -1;
@@ -309,7 +341,10 @@ static int launch_direct(PyObject *spec, const unsigned long long g[4], PyObject
         return -1;
     }
     PyObject *indices = PyTuple_GET_ITEM(spec, 6);
-    int full = PyTuple_GET_SIZE(spec) == 10;
+    int full = spec_size >= 10;
+    if ((spec_size == 8 || spec_size == 11) &&
+            alias_overlap(PyTuple_GET_ITEM(spec, spec_size - 1), pointers) != 0)
+        return PyErr_Occurred() ? -1 : 1;  /* shared memory: Python decides or raises */
     PyObject *scalars = full ? PyTuple_GET_ITEM(spec, 7) : NULL;
     PyObject *kinds = full ? PyTuple_GET_ITEM(spec, 8) : NULL;
     PyObject *maps = full ? PyTuple_GET_ITEM(spec, 9) : NULL;
@@ -584,8 +619,8 @@ static PyObject *entry_launch(PyObject *self, PyObject *const *a, Py_ssize_t n)
             (grid = PyObject_GetAttr(hit, s_grid)) == NULL)
         goto done;
     unsigned long long g[4];
-    if (!PyTuple_Check(direct) || !plain_grid(grid, g) || (PyTuple_GET_SIZE(direct) != 7 &&
-            (PyTuple_GET_SIZE(direct) != 10 || !PyTuple_Check(PyTuple_GET_ITEM(direct, 7)) ||
+    if (!PyTuple_Check(direct) || !plain_grid(grid, g) || (PyTuple_GET_SIZE(direct) > 8 &&
+            (!PyTuple_Check(PyTuple_GET_ITEM(direct, 7)) ||
              PyTuple_GET_SIZE(PyTuple_GET_ITEM(direct, 7)) != 0)))
         goto python;  /* (scalars: no entry point's) */
     if ((allocate = PyObject_GetAttr(hit, s_allocate)) == NULL)

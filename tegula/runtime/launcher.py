@@ -22,10 +22,11 @@ from operator import itemgetter
 from typing import Any, Sequence
 
 from tegula.errors import LaunchError
-from tegula.lower.thread_ir import ScalarParam, ThreadKernel
+from tegula.lower.thread_ir import ScalarParam, TensorParam, ThreadKernel
 
 from tegula.codegen import emit_cuda, param_list
 from tegula.runtime import driver as drv
+from tegula.runtime.aliasing import AliasCheck
 from tegula.runtime.args import EMPTY_TENSOR_MAP, ArgumentPlan, TensorRequirement
 from tegula.runtime.cache import DiskCache, cache_key
 from tegula.runtime.compiler import compile_cuda, default_compiler
@@ -299,7 +300,7 @@ class PreparedLaunch:
     """
 
     __slots__ = ("kernel", "device", "constexprs", "buffer", "take_pointers", "scalars",
-                 "maps", "map_values", "slots", "pointer_indices", "direct")
+                 "maps", "map_values", "slots", "pointer_indices", "direct", "aliases")
 
     def __init__(self, kernel: CompiledKernel, values: list, device: int,
                  constexprs: dict | None = None, arg_index: dict[str, int] | None = None):
@@ -329,6 +330,18 @@ class PreparedLaunch:
         # Per map, its encodings by data pointer (everything else it encodes is fixed for
         # this prepared launch), filled by Python launches, read by the C launch.
         self.map_values = [{} for _ in self.maps]
+        # Written tensors against the others (runtime/aliasing.py): byte ranges fixed here.
+        self.aliases = None
+        if kernel.plan.alias_rules:
+            tensors = {p.name: p.rank for p in kernel.plan.params if isinstance(p, TensorParam)}
+            views = {name: (tuple(values[pointer_slots[name] + 1:pointer_slots[name] + 1 + r]),
+                            tuple(values[pointer_slots[name] + 1 + r:
+                                         pointer_slots[name] + 1 + 2 * r]))
+                     for name, r in tensors.items()}
+            check = AliasCheck(kernel.name, kernel.plan.alias_rules,
+                               {name: arg_index[name] for name in tensors}, views,
+                               kernel.plan.bits)
+            self.aliases = check if check.c_pairs else None
         # Buffer order: pointers, scalars, maps (rewritten per launch), then the rest.
         changing = ([slot for slot, _ in pointers]
                     + [slot for slot, spec in enumerate(specs) if spec.kind == "scalar"]
@@ -363,6 +376,8 @@ class PreparedLaunch:
                 if code != 0:
                     self.kernel.check_result(code, grid[0], grid[1], grid[2])
                 return
+        if self.aliases is not None:
+            self.aliases.check(pointers)
         changing = self.take_pointers(pointers)
         if self.scalars or self.maps:
             changing = self._with_scalars_and_maps(changing, args, pointers)
@@ -407,11 +422,12 @@ class PreparedLaunch:
         dest = ctypes.addressof(buffer.buffer) + buffer.start
         spec = (_C_POINTERS[0][1], int(ck.function(self.device)), ck.threads,
                 ck.shared_bytes, buffer.address_value, dest, self.pointer_indices)
+        aliases = (self.aliases.c_pairs,) if self.aliases is not None else ()
         if not kinds and not self.maps:
-            return spec
+            return spec + aliases
         maps = tuple((i, buffer.offsets[written + n], values)  # maps follow the scalars
                      for n, ((i, *_), values) in enumerate(zip(self.maps, self.map_values)))
-        return spec + (tuple(i for i, _ in self.scalars), kinds.encode(), maps)
+        return spec + (tuple(i for i, _ in self.scalars), kinds.encode(), maps) + aliases
 
     def _with_scalars_and_maps(self, pointer_values: tuple, args: Sequence[Any],
                                pointers: Sequence[int | None]) -> list:

@@ -130,7 +130,7 @@ def test_compiled_kernel_without_gpu_packs(tmp_path):
     """A CompiledKernel can be built (and its packing checked) without a GPU."""
     kernel = vector_copy(f32, 4)
     ck = CompiledKernel(kernel, b"\x7fELF", "source", "sm_90a")
-    values, _ = ck.plan.flatten([FakeCudaArray((16,), "<f4"), FakeCudaArray((16,), "<f4")])
+    values, _ = ck.plan.flatten([FakeCudaArray((16,), "<f4"), FakeCudaArray((16,), "<f4", ptr=0x7F0000001000)])
     blob = ck.pack(values)
     assert len(blob) == ck._args.struct.size == 48
     assert ck[(1,)] is not None

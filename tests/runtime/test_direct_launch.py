@@ -168,7 +168,7 @@ def test_tensor_maps_ride_the_c_launch_once_encoded(direct, monkeypatch):
         prepared((2, 1, 1), args, pointers_of(args))
         assert driver.launches[-1][6] == expected_bytes(ck, ck.plan.flatten(args)[0]), base
         assert bool(python) == through_python, base
-        assert isinstance(prepared.direct, tuple) and len(prepared.direct) == 10
+        assert isinstance(prepared.direct, tuple) and len(prepared.direct) == 11  # the last: alias pairs
     empty = PreparedLaunch(ck, ck.plan.flatten(args_at(BASE, rows=0))[0], device=0)
     for _ in range(2):
         with pytest.raises(LaunchError, match="is empty"):

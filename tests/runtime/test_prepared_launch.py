@@ -32,14 +32,14 @@ def with_scalar(index_bits=64):
 
 
 def arrays(kernel, base):
-    """One argument per parameter: (37, 53)-ish arrays at distinct 1 KiB-aligned addresses
+    """One argument per parameter: (37, 53)-ish arrays at distinct 64 KiB-aligned addresses
     for tensors (shape by rank), a number for scalars."""
     typestr = {"f16": "<f2", "f32": "<f4", "u8": "|u1"}
     out = []
     for i, p in enumerate(launcher.ArgumentPlan(kernel).params):
         if isinstance(p, TensorParam):
             shape = (37, 56)[:p.rank] if p.rank == 2 else (4000,)
-            out.append(FakeCudaArray(shape, typestr[p.dtype.name], base + i * 1024))
+            out.append(FakeCudaArray(shape, typestr[p.dtype.name], base + i * 0x10000))
         else:
             out.append(0.75)
     return out
