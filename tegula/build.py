@@ -278,6 +278,7 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
                           f"(the emulated device's SM count), got {num_sms!r}")
     scalars = {p.name: scalar_value(p, scalars[p.name]) for p in result.thread_kernel.params
                if isinstance(p, ScalarParam) and p.name in scalars}  # as a launch checks them
+    same_memory = _emulated_aliases(result.thread_kernel, tensors)
     # Every argument is checked: from here on the arrays may be changed.
     written, read = tensor_roles(result.thread_kernel)
     checked = _coverage_names(kernel, check_coverage, written)
@@ -290,9 +291,28 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
         poison(tensors[name])
     report = run_thread_kernel(result.thread_kernel, grid3, tensors, scalars,
                                check_races=check_races, track_writes=checked,
-                               num_sms=int(num_sms), role_order=role_order)
+                               num_sms=int(num_sms), role_order=role_order,
+                               same_memory=same_memory)
     check_written(result.thread_kernel, grid3, tensors, report.written, poisoned)
     return report
+
+
+def _emulated_aliases(thread_kernel, tensors: dict) -> dict[str, str]:
+    """`tg.emulate`'s arrays checked as a launch checks tensors (`runtime/aliasing.py`:
+    an output sharing memory with another argument is a `LaunchError`, except the
+    identical array of an element-wise in-place kernel); returns those identical pairs
+    (other name -> written name) for the emulator's shared race records."""
+    from tegula.runtime.aliasing import alias_rules, check_views
+
+    rules = alias_rules(thread_kernel)
+    if not rules:
+        return {}
+    views = {name: (a.__array_interface__["data"][0], a.shape,
+                    tuple(st // a.itemsize for st in a.strides)) for name, a in tensors.items()}
+    check_views(thread_kernel.name, rules, views,
+                {name: 8 * a.itemsize for name, a in tensors.items()}, where="tg.emulate")
+    return {r.other: r.written for r in rules if views[r.other] == views[r.written]
+            and tensors[r.other].dtype == tensors[r.written].dtype}
 
 
 def _array_facts(kernel, tensors: dict) -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ from tegula.arch.tma import (tma_box_addresses, tma_box_copy, tma_box_window, tm
 from tegula.arch.wgmma import WARPGROUP, get_wgmma
 from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
-from tegula.emulate.global_races import check_box
+from tegula.emulate.global_races import check_box, issue_tma_store
 from tegula.emulate.ops import Ctx, bytes_to_values, values_to_bytes, _check_dtype
 from tegula.emulate.roles import Wait, block_until, release_block
 from tegula.emulate.state import BlockState, lanes_doing, per_thread, uniform_int
@@ -382,6 +382,7 @@ def compile_tma_store(s: TmaStore, ctx: Ctx, st: OpStats, what: str) -> Run:
             if not getattr(s, "reduce", False):  # a reduce-add commutes: no race
                 check_box(state, t, tm, c, lane, what, round_to(values, tm.dtype)
                           if not t.bits else from_bits(to_bits(values, tm.dtype), tm.dtype))
+            issue_tma_store(state, t, tm, c, lane)  # in flight until the bulk wait
             if s.reduce:
                 _reduce_box(t, tm, c, values, what)
                 st.add(1, tm.box_bytes)
@@ -425,12 +426,13 @@ def compile_bulk_commit(s: BulkCommit, ctx: Ctx, st: OpStats, what: str) -> Run:
 
 
 def compile_bulk_wait(s: BulkWait, ctx: Ctx, st: OpStats, what: str) -> Run:
-    # TMA stores write global memory at issue in this model, so `.read` and the full wait
-    # retire the same groups: what matters here is when their shared source may change.
-    pending = s.pending
+    # TMA stores write global memory at issue in this model, but their elements stay in
+    # flight (`global_races.issue_tma_store`) until a full wait retires the group; `.read`
+    # only frees their shared source.
+    pending, read_only = s.pending, s.read_only
 
     def run(state: BlockState) -> None:
-        state.asyncs.bulk_wait(np.flatnonzero(state.mask), pending)
+        state.asyncs.bulk_wait(np.flatnonzero(state.mask), pending, read_only)
         st.add(state.active_warps())
     return run
 

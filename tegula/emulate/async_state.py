@@ -122,6 +122,10 @@ class AsyncState:
         # TMA stores: per thread, the open group and committed groups (their source bytes).
         self.bulk_open: dict[int, list[np.ndarray]] = {}
         self.bulk_committed: dict[int, list[list[np.ndarray]]] = {}
+        # Per thread, the global elements of its TMA stores in flight ((race record,
+        # element offsets), `global_races.issue_tma_store`), grouped like bulk_committed.
+        self.bulk_global_open: dict[int, list[tuple]] = {}
+        self.bulk_global_committed: dict[int, list[list[tuple]]] = {}
         # Shared memory seen by the async proxy (per byte), and per-thread observations.
         self.tma_bar = np.full(smem_bytes, -1, dtype=np.int32)
         self.tma_phase = np.zeros(smem_bytes, dtype=np.int64)
@@ -345,17 +349,41 @@ class AsyncState:
         self._count_readers(flat, 1)
         self.bulk_open.setdefault(lane, []).append(flat)
 
+    def bulk_global_issued(self, lane: int, record, offs: np.ndarray) -> None:
+        """A TMA store by thread `lane` writes global elements `offs` of the tensor whose
+        race record is `record` until a full bulk wait retires its group."""
+        self.bulk_global_open.setdefault(lane, []).append((record, offs))
+
     def bulk_commit(self, lanes: np.ndarray) -> None:
         for t in lanes.tolist():
             if t in self.bulk_open or t in self.bulk_committed:
                 self.bulk_committed.setdefault(t, []).append(self.bulk_open.pop(t, []))
+                self.bulk_global_committed.setdefault(t, []).append(
+                    self.bulk_global_open.pop(t, []))
 
-    def bulk_wait(self, lanes: np.ndarray, pending: int) -> None:
+    def bulk_wait(self, lanes: np.ndarray, pending: int, read_only: bool = False) -> None:
+        """`cp.async.bulk.wait_group[.read] pending` by threads `lanes`: their groups but
+        the newest `pending` stop reading shared memory; without `.read` their global
+        writes are complete too."""
         for t in lanes.tolist():
             groups = self.bulk_committed.get(t, [])
             while len(groups) > pending:
                 for flat in groups.pop(0):
                     self._count_readers(flat, -1)
+            written = self.bulk_global_committed.get(t, [])
+            while not read_only and len(written) > pending:
+                for record, offs in written.pop(0):
+                    record.retire_bulk(offs)
+
+    def retire_global_writes(self) -> None:
+        """At the end of the block: every TMA store has landed (the kernel's exit waits)."""
+        for groups in [[g] for g in self.bulk_global_open.values()] + \
+                list(self.bulk_global_committed.values()):
+            for group in groups:
+                for record, offs in group:
+                    record.retire_bulk(offs)
+        self.bulk_global_open.clear()
+        self.bulk_global_committed.clear()
 
     def wgmma_issued(self, group: int, what: str, lanes: np.ndarray,
                      regs: list[tuple[str, int]], smem: np.ndarray) -> None:

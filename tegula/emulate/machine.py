@@ -306,12 +306,49 @@ def _bind(kernel: ThreadKernel, tensors: Mapping[str, np.ndarray],
     return env, bound
 
 
+def _grid3(kernel: ThreadKernel, grid: tuple) -> tuple[int, int, int]:
+    """The grid's three block counts, checked (whole clusters)."""
+    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
+        raise EmulationError(f"grid must be 1 to 3 non-negative block counts, got {grid}")
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    if any(g % c for g, c in zip((gx, gy, gz), kernel.cluster)):
+        raise EmulationError(f"kernel {kernel.name}: grid {(gx, gy, gz)} is not a multiple of "
+                             f"its cluster dimensions {tuple(kernel.cluster)} (a launch with "
+                             "clusters needs whole clusters)")
+    return gx, gy, gz
+
+
+def _add_stats(report: EmulationReport, comp: Compiler) -> None:
+    """Each executed statement's counts into the report, by statement and by kind."""
+    for i, (kind, what, st) in enumerate(comp.stmt_stats):
+        if st.count:
+            report.by_stmt[i] = (what, st)
+            report.by_kind.setdefault(kind, OpStats()).add(st.count, st.bytes, st.wavefronts,
+                                                           st.ideal_wavefronts)
+
+
+def _race_records(kernel: ThreadKernel, bound: dict, same_memory) -> None:
+    """Make the race record of every tensor the kernel writes before the launch runs (so
+    reads before the first store are recorded too), one per memory for `same_memory`."""
+    from tegula.emulate.coverage import tensor_roles
+    from tegula.emulate.global_races import tracker
+    written, _ = tensor_roles(kernel)
+    for name in sorted(written):
+        tracker(bound[name])
+    for name, other in (same_memory or {}).items():
+        if bound[name].races is None and bound[other].races is None:
+            continue
+        bound[name].races = bound[other].races = tracker(bound[other]) \
+            if bound[other].races is not None else tracker(bound[name])
+
+
 def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                       tensors: Mapping[str, np.ndarray],
                       scalars: Mapping[str, object] | None = None,
                       *, check_races: bool = True,
                       track_writes: Iterable[str] = (),
-                      num_sms: int = 132, role_order: str = "listed") -> EmulationReport:
+                      num_sms: int = 132, role_order: str = "listed",
+                      same_memory: Mapping[str, str] | None = None) -> EmulationReport:
     """Execute `kernel` on the CPU over `grid` (1-3 block counts); tensors are updated in
     place. Returns the statistics; raises `EmulationError` on a bug in the thread IR.
     For the tensors named in `track_writes`, `report.written[name]` is a boolean mask over
@@ -321,18 +358,16 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
     statement first get to run: each runs until it blocks, so the two orders are two
     different interleavings (a correct kernel is right under both). "random:SEED" draws
     the interleaving at every asynchronous statement from a stream seeded by SEED (and the
-    block): one more interleaving per seed (`roles.yield_point`)."""
+    block): one more interleaving per seed (`roles.yield_point`).
+    `same_memory`: tensor -> the tensor whose identical array it is (an in-place kernel,
+    `tegula.runtime.aliasing`); the two share one race record (`global_races`)."""
     check_role_order(role_order)
     t0 = time.perf_counter()
     grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
-    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
-        raise EmulationError(f"grid must be 1 to 3 non-negative block counts, got {grid}")
-    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    if any(g % c for g, c in zip((gx, gy, gz), kernel.cluster)):
-        raise EmulationError(f"kernel {kernel.name}: grid {(gx, gy, gz)} is not a multiple of "
-                             f"its cluster dimensions {tuple(kernel.cluster)} (a launch with "
-                             "clusters needs whole clusters)")
+    gx, gy, gz = _grid3(kernel, grid)
     base_env, bound = _bind(kernel, tensors, scalars or {})
+    if check_races:
+        _race_records(kernel, bound, same_memory)
     base_env.update(tg_grid_x=gx, tg_grid_y=gy, tg_grid_z=gz, tg_num_sms=int(num_sms))
     for name in track_writes:
         bound[name].track_writes()
@@ -359,6 +394,8 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
             if unfinished:
                 raise EmulationError(f"the block ends with asynchronous work "
                                      f"outstanding: {unfinished}")
+            if state.asyncs is not None:
+                state.asyncs.retire_global_writes()
         except EmulationError as e:
             raise EmulationError(f"{e.message}\n  at {state.where()}") from None
         report.blocks += 1
@@ -378,11 +415,7 @@ def run_thread_kernel(kernel: ThreadKernel, grid: tuple[int, ...] | int,
                 for rank, state in enumerate(blocks):
                     state.cluster, state.rank = cluster, rank
                 run_cluster(cluster, run_block, role_order)
-    for i, (kind, what, st) in enumerate(comp.stmt_stats):
-        if st.count:
-            report.by_stmt[i] = (what, st)
-            report.by_kind.setdefault(kind, OpStats()).add(st.count, st.bytes, st.wavefronts,
-                                                           st.ideal_wavefronts)
+    _add_stats(report, comp)
     report.written = {name: bound[name].written for name in track_writes}
     report.seconds = time.perf_counter() - t0
     return report

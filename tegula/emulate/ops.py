@@ -122,16 +122,14 @@ def compile_global(s: GlobalLoad | GlobalStore, ctx: Ctx, st: OpStats, what: str
                 skip = state.mask & ~do
                 if skip.any():
                     arr[skip, col:col + count] = fill
-            if state.smem.check_races and t.races is not None:  # stored to: RAW possible
-                t.races.read(t, offs, lanes[:, None], block_writer(state.bid, None),
-                             state.smem.order, what)
+            if state.smem.check_races and t.races is not None:  # written: races possible
+                t.races.read(t, offs, lanes[:, None], state, what)
             arr[lanes, col:col + count] = t.load(offs)
         else:
             values = arr[lanes, col:col + count]
             if state.smem.check_races:
                 _one_writer_each(offs, lanes, name, what)
-                tracker(t).write(t, offs, values, lanes[:, None],
-                                 block_writer(state.bid, None), state.smem.order, what)
+                tracker(t).write(t, offs, values, lanes[:, None], state, what)
             t.store(offs, values, block_writer(state.bid, state.cluster))
         st.add(state.active_warps(), len(lanes) * bits)
     return run
@@ -163,6 +161,8 @@ def compile_atomic(s: GlobalAtomicAdd, ctx: Ctx, st: OpStats, what: str) -> Run:
         t = state.tensors[name]
         offs = per_thread(index(state.env), state.threads)[lanes]
         t.check(offs, what)
+        if state.smem.check_races:  # adds commute with adds, not with other blocks' reads
+            tracker(t).write(t, offs, arr[lanes, col], lanes, state, what, commutes=True)
         t.atomic_add(offs, arr[lanes, col])
         st.add(state.active_warps(), len(lanes) * max(1, dt.bits // 8))
     return run
@@ -242,8 +242,7 @@ def compile_cp_async(s: CpAsync, ctx: Ctx, st: OpStats, what: str) -> Run:
             t.check(goffs, what)
             _misaligned(what, f"tensor {name!r}", idx * dt.bits // 8, nbytes)
             if state.smem.check_races and t.races is not None:
-                t.races.read(t, goffs, lanes[sel][:, None], block_writer(state.bid, None),
-                             state.smem.order, what)
+                t.races.read(t, goffs, lanes[sel][:, None], state, what)
             data[sel] = values_to_bytes(t.load(goffs), dt)
         group = state.smem.open_group(lanes)
         state.smem.write(baddr[:, None] + bytes_ar, data, lanes, what, async_group=group)

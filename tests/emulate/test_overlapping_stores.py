@@ -2,7 +2,8 @@
 wrong tile coordinate, a grid larger than the tiles) give whichever block runs last on
 the GPU, and the later block's in the emulator, whose blocks run in order — a test that
 passes on the CPU and not on the GPU. Session 10: `tg.emulate` refuses it (with the
-coverage check), at the store's line; the same value stored twice, and atomics, pass."""
+coverage check; since session 12 with race checking alone, `global_races`), at the store's
+line; the same value stored twice, and atomics, pass."""
 import numpy as np
 import pytest
 
@@ -40,10 +41,11 @@ def _x(rows=16):
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 def test_two_blocks_storing_different_values_to_one_element_is_an_error(target):
     y = np.full((8, 16), np.nan, np.float32)
-    with pytest.raises(EmulationError, match=r"tensor 'y': .* stored by two blocks .* with "
-                                             r"different values .* overlap") as err:
+    with pytest.raises(EmulationError, match=r"race between blocks on element \d+ of tensor "
+                                             r"'y': block .* stores .*, block .* stored .* "
+                                             r"overlap") as err:
         tg.emulate(halved_rows, (4,), _x(), y, target=target)
-    assert "(line 17)" in str(err.value)
+    assert "(line 18)" in str(err.value)
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
