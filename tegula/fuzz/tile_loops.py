@@ -8,7 +8,11 @@ the iteration to the output tile — one-to-one (`t`, `t + s`, `T - 1 - t`, the 
 table with repeats) — and a random **global read** of
 the output (none, the iteration's own tile, the tile the previous iteration stored), in
 one block or, where the map is one-to-one and nothing is read across iterations, as a
-persistent loop over several blocks (`tg.range(block, T, blocks)`).
+persistent loop over several blocks (`tg.range(block, T, blocks)`). Some programs add
+their tiles into c with `tg.atomic_add` instead of storing them (`TileLoop.add`: the
+build's own choice, TMA bulk reduce-adds forced, or `red.global.add` per element), on
+any map and any number of blocks: adds commute, so the model sums every iteration's
+tile into c.
 
 Each program runs in the emulator for sm_90a with synthesis's own choice and with
 `consumers="pingpong"` forced, and for sm_80, against a sequential numpy model (the last
@@ -21,13 +25,16 @@ interleaving happened to agree). Ping-pong refused where they do not is counted
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 #: Tile maps: one-to-one on the iterations or not (`TileLoop.injective`).
 MAPS = ("row", "shifted", "reversed", "pair", "grouped", "div", "mod", "table")
 READS = ("none", "own", "previous")
+#: How a tile reaches c: stored, or added atomically on the build's path (`atomic_path`
+#: None), on TMA bulk reduce-adds, or per element with red.global.add.
+ADDS = ("", "auto", "bulk", "red")
 BM = BN = 64
 
 
@@ -45,6 +52,7 @@ class TileLoop:
     blocks: int
     stages: int
     table: tuple = ()
+    add: str = ""   # "": store; "auto" / "bulk" / "red": tg.atomic_add (ADDS), read none
 
     def tile_of(self, t: int) -> tuple[int, int]:
         """(row tile, column tile) of c that iteration t stores (the numpy model's map)."""
@@ -83,13 +91,17 @@ class TileLoop:
         return len({self.tile_of(t) for t in range(self.tiles)}) == self.tiles
 
     def dependent(self) -> bool:
-        """Whether two iterations touch one element of c, one storing (ground truth)."""
+        """Whether two iterations touch one element of c, one storing (ground truth);
+        atomic adds commute."""
+        if self.add:
+            return False
         return not self.injective() or (self.read == "previous" and self.tiles > 1)
 
     def describe(self) -> str:
         table = f" table={list(self.table)}" if self.table else ""
+        add = f", atomic add ({self.add})" if self.add else ""
         return (f"tile loop: {self.tiles} tiles, K={self.k}, map {self.map} (w={self.w}), "
-                f"read {self.read}, {self.blocks} block(s), {self.stages} stages{table}")
+                f"read {self.read}, {self.blocks} block(s), {self.stages} stages{table}{add}")
 
 
 def make_tile_loop(seed: int, index: int) -> TileLoop:
@@ -116,6 +128,9 @@ def make_tile_loop(seed: int, index: int) -> TileLoop:
     if not loop.dependent() and rng.random() < 0.5:
         loop = TileLoop(loop.tiles, loop.k, kind, w, read, rng.choice((2, 3)), loop.stages,
                         table)
+    if rng.random() < 0.3:   # drawn last: earlier seeds keep their other choices
+        loop = replace(loop, add=rng.choice(ADDS[1:]), read="none",
+                       blocks=rng.choice((1, 2, 3)))
     return loop
 
 
@@ -131,7 +146,7 @@ def _kernel():
     @tg.kernel(threads=128)
     def tile_loop(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                   table: tg.Tensor[i32, 1], MAP: tg.constexpr = 0, W: tg.constexpr = 1,
-                  READ: tg.constexpr = 0, ROWS: tg.constexpr = 1,
+                  READ: tg.constexpr = 0, ROWS: tg.constexpr = 1, ADD: tg.constexpr = 0,
                   BK: tg.constexpr = 32, STAGES: tg.constexpr = 2):
         sa = tg.shared((BM, BK), f16, stages=STAGES)
         sb = tg.shared((BN, BK), f16, stages=STAGES)
@@ -166,7 +181,10 @@ def _kernel():
                 acc = acc + tg.load(c.tile((BM, BN), (r, col)))
             elif READ == reads["previous"]:
                 acc = acc + tg.load(c.tile((BM, BN), (tg.maximum(t - 1, 0), 0)))
-            tg.copy(acc, c.tile((BM, BN), (r, col)))
+            if ADD:
+                tg.atomic_add(acc, c.tile((BM, BN), (r, col)))
+            else:
+                tg.copy(acc, c.tile((BM, BN), (r, col)))
 
     return tile_loop
 
@@ -207,7 +225,10 @@ def expected(loop: TileLoop, x: dict) -> tuple[np.ndarray, np.ndarray]:
         rs, cs = slice(t * BM, (t + 1) * BM), slice(r * BM, (r + 1) * BM)
         ns = slice(col * BN, (col + 1) * BN)
         value, bound = a[rs] @ b.T, per[rs]
-        if loop.read == "own":
+        if loop.add:   # added into c: each add rounds once more
+            value = value + c[cs, ns]
+            bound = bound + err[cs, ns] + np.abs(c[cs, ns]) * 2.0 ** -23
+        elif loop.read == "own":
             value, bound = value + c[cs, ns], bound + err[cs, ns]
         elif loop.read == "previous":
             p = slice(max(t - 1, 0) * BM, max(t, 1) * BM)
@@ -218,8 +239,10 @@ def expected(loop: TileLoop, x: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _constexprs(loop: TileLoop) -> dict:
+    paths = {"auto": {}, "bulk": {"atomic_path": "bulk"}, "red": {"atomic_path": "red"}}
     return dict(MAP=MAPS.index(loop.map), W=loop.w, READ=READS.index(loop.read),
-                ROWS=loop.w_rows() if loop.map == "grouped" else 1, STAGES=loop.stages)
+                ROWS=loop.w_rows() if loop.map == "grouped" else 1, STAGES=loop.stages,
+                ADD=int(bool(loop.add)), **paths.get(loop.add, {}))
 
 
 def _run(loop: TileLoop, x: dict, target: str, role_order: str, consumers=None):
@@ -280,4 +303,4 @@ def check_tile_loop(loop: TileLoop, seed: int, role_order: str = "random:0") -> 
     return ("pass", "", loop.describe())
 
 
-__all__ = ["TileLoop", "make_tile_loop", "check_tile_loop", "MAPS", "READS"]
+__all__ = ["TileLoop", "make_tile_loop", "check_tile_loop", "MAPS", "READS", "ADDS"]

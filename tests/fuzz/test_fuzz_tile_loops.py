@@ -1,8 +1,9 @@
 """The fuzzer's persistent tile loops (`tegula.fuzz.tile_loops`): tile maps and global
 reads that ping-pong consumer warpgroups must not split (session 11). A seeded sample in
-CI — a one-to-one map over several blocks, a map sending two iterations to one tile, and
-a read of the previous iteration's tile — and the checker's own teeth: with the
-independence proof switched off, ping-pong is taken and the check fails."""
+CI — a one-to-one map over several blocks, a map sending two iterations to one tile, a
+read of the previous iteration's tile, and (session 12) TMA bulk adds of several blocks
+into shared tiles — and the checker's own teeth: with the independence proof switched
+off, ping-pong is taken and the check fails."""
 from __future__ import annotations
 
 import pytest
@@ -20,6 +21,8 @@ SAMPLES = {
     "one-to-one, several blocks": lambda p: p.blocks > 1 and p.map in ("grouped", "pair"),
     "two iterations, one tile": lambda p: not p.injective() and p.read == "none",
     "reads the previous tile": lambda p: p.read == "previous" and p.injective(),
+    "bulk adds, two iterations a tile, blocks": lambda p: p.add == "bulk" and p.blocks > 1
+    and not p.injective(),
 }
 
 
