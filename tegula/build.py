@@ -245,9 +245,12 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     poisoned (NaN / 0xA5 bytes) before the run; tensors the kernel also reads are left
     as given. `check_coverage=False` turns this off for a kernel that writes part of an
     output on purpose (the array is then neither poisoned nor checked); a list of names
-    checks only those outputs. With it, two blocks (clusters) storing different values to
-    one element of an output is an `EmulationError` too: on the GPU the element holds
-    whichever block ran last.
+    checks only those outputs. Two blocks (clusters) storing different values to one
+    element, or one reading an element another stores, is an `EmulationError` (with race
+    checking on, `check_races`): on the GPU the answer depends on which block ran first.
+    An output sharing memory with another argument is a `LaunchError` as at launch
+    (`tegula/runtime/aliasing.py`), except the identical array of an element-wise
+    in-place kernel.
 
     `num_sms` is what `tg.num_sms()` reads in the kernel: by default the target's SM count
     (132 for sm_90a), or any positive int to emulate another variant of the device.
