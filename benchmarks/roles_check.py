@@ -5,11 +5,12 @@ by default (issue 11: the decision belongs to the model, not to a pin in the ker
     PYTHONPATH=. python3 benchmarks/roles_check.py [--cases 0,3] [--jobs 16] [--entry]
 
 Per case (the attention backward's dK/dV and dQ kernels, the attention forward, the
-blockwise FP8 GEMM's 64x128 tile, the README GEMM): both forms are built (`warp_specialize=False` / `True`) and compiled in
+blockwise FP8 GEMM's 64x128 tile, the README GEMM; `--one-gemm`: the bodies of one gemm,
+README GEMM tiles and the library's split-K and FP8 candidates at their shapes): both forms are built (`warp_specialize=False` / `True`) and compiled in
 worker processes, run once into outputs poisoned with NaN and checked element by element
 against a float32 torch reference, then timed (`triton.testing.do_bench`, median, one
-process). Printed last: measured specialized / one-role time, the model's ratio, and the
-default's form. `--entry` instead times the library entry points as users call them
+process). Printed last: measured specialized / one-role time, the model's ratio, the
+default's form, and whether the model's pick is the faster form. `--entry` instead times the library entry points as users call them
 (tuned `attention_backward` at 4x16x4096, D = 128, against torch's cuDNN and flash; the
 persistent GEMM at 4096^3 against cuBLAS): the no-regression check after the default
 changed. Nothing is asserted.
@@ -60,28 +61,60 @@ CASES = [
                                                                STAGES=4))),
 ]
 
+#: One-gemm bodies (issue 11: the model decides their roles too since session 12): more
+#: README GEMM tiles, and every library candidate whose default form the model changed
+#: (`benchmarks/roles_inventory.py`), at the shape its entry point times it for.
+ONE_GEMM_CASES = [
+    ("gemm 128x128x32 S4 128t", dict(family="gemm", tiles=dict(BM=128, BN=128, BK=32,
+                                                               STAGES=4))),
+    ("gemm 64x128x64 S4 128t", dict(family="gemm", tiles=dict(BM=64, BN=128, BK=64,
+                                                              STAGES=4))),
+    ("gemm 128x256x64 S3 256t", dict(family="gemm", tiles=dict(BM=128, BN=256, BK=64,
+                                                               STAGES=3, threads=256))),
+    ("splitk 64x128x64 S4 /4 @64", dict(family="splitk", mnk=(64, 4096, 4096),
+                                        tiles=dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4))),
+    ("splitk 64x128x64 S4 /2 @128", dict(family="splitk", mnk=(128, 4096, 4096),
+                                         tiles=dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=2))),
+    ("fp8 64x128x128 S4 @64", dict(family="fp8", mnk=(64, 4096, 4096),
+                                   tiles=dict(BM=64, BN=128, BK=128, STAGES=4))),
+    ("fp8 64x64x128 S4 @64", dict(family="fp8", mnk=(64, 4096, 4096),
+                                  tiles=dict(BM=64, BN=64, BK=128, STAGES=4))),
+    ("fp8 128x128x64 S4 128t", dict(family="fp8", tiles=dict(BM=128, BN=128, BK=64,
+                                                             STAGES=4))),
+    ("fp8 blockwise 64x128 S4 @64", dict(family="fp8bw", mnk=(64, 4096, 4096),
+                                         tiles=dict(BM=64, BN=128, STAGES=4))),
+    ("fp8 blockwise 64x64 S4 @64", dict(family="fp8bw", mnk=(64, 4096, 4096),
+                                        tiles=dict(BM=64, BN=64, STAGES=4))),
+]
+CASES = CASES + ONE_GEMM_CASES
+
 
 def kernel_and_setup(case: dict):
     """(kernel, constexprs, argument names, shapes by name, grid) of a case."""
     from tegula.dtypes import f16
     fam, tiles = case["family"], dict(case["tiles"])
+    m, n, k = case.get("mnk", (GEMM_SIZE,) * 3)
+    grid = (-(-m // tiles["BM"]), -(-n // tiles["BN"]))
     if fam == "gemm":
         spec = importlib.util.spec_from_file_location("readme_gemm", ROOT / "examples" / "gemm.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        n = GEMM_SIZE
-        grid = (-(-n // tiles["BM"]), -(-n // tiles["BN"]))
         return (module.gemm, tiles, ("a", "b", "c"),
-                dict(a=(n, n), b=(n, n), c=(n, n)), grid)
-    if fam == "fp8bw":
+                dict(a=(m, k), b=(n, k), c=(m, n)), grid)
+    if fam == "splitk":
+        gemm = importlib.import_module("tegula.kernels.gemm")
+        rows = tiles["SPLIT"] * grid[0] * tiles["BM"]
+        return (gemm.gemm_split_k_kernel(f16), tiles, ("a", "b", "partial"),
+                dict(a=(m, k), b=(n, k), partial=(rows, n)), grid + (tiles["SPLIT"],))
+    if fam in ("fp8", "fp8bw"):
         from tegula.dtypes import bf16
         fp8 = importlib.import_module("tegula.kernels.fp8")
-        n = GEMM_SIZE
-        shapes = dict(a=(n, n), b=(n, n), scale_a=(n, n // 128), scale_b=(n // 128, n // 128),
-                      c=(n, n))
-        return (fp8.fp8_blockwise_gemm_kernel(bf16), tiles,
-                ("a", "b", "scale_a", "scale_b", "c"), shapes,
-                (-(-n // tiles["BM"]), -(-n // tiles["BN"])))
+        blockwise = fam == "fp8bw"
+        scales = (dict(scale_a=(m, k // 128), scale_b=(n // 128, k // 128)) if blockwise
+                  else dict(scale_a=(1, 1), scale_b=(1, 1)))
+        factory = fp8.fp8_blockwise_gemm_kernel if blockwise else fp8.fp8_gemm_kernel
+        return (factory(bf16), tiles, ("a", "b", "scale_a", "scale_b", "c"),
+                dict(a=(m, k), b=(n, k), c=(m, n), **scales), grid)
     d = case["D"]
     if fam == "fwd":
         at = importlib.import_module("tegula.kernels.attention")
@@ -182,19 +215,33 @@ def tensors_for(case: dict, device="cuda") -> tuple[dict, dict]:
     def randn(*shape):
         return torch.randn(*shape, device=device, generator=gen, dtype=torch.float16)
 
+    m, n, k = case.get("mnk", (GEMM_SIZE,) * 3)
     if case["family"] == "gemm":
-        n = GEMM_SIZE
-        a, b = randn(n, n), randn(n, n)
-        c = torch.full((n, n), float("nan"), device=device, dtype=torch.float16)
+        a, b = randn(m, k), randn(n, k)
+        c = torch.full((m, n), float("nan"), device=device, dtype=torch.float16)
         return dict(a=a, b=b, c=c), dict(c=a.float() @ b.float().T)
-    if case["family"] == "fp8bw":
-        n = GEMM_SIZE
-        a8, b8 = (randn(n, n).to(torch.float8_e4m3fn) for _ in range(2))
-        sa = torch.rand(n, n // 128, device=device, generator=gen) + 0.5
-        sb = torch.rand(n // 128, n // 128, device=device, generator=gen) + 0.5
+    if case["family"] == "splitk":
+        tiles = case["tiles"]
+        a, b = randn(m, k), randn(n, k)
+        rows = -(-m // tiles["BM"]) * tiles["BM"]
+        partial = torch.full((tiles["SPLIT"] * rows, n), float("nan"), device=device)
+        # What the launch's correctness check compares: the partials summed over the
+        # splits (each split's rows past M hold zeros, from the zero-filled loads).
+        want = torch.zeros(rows, n, device=device)
+        want[:m] = a.float() @ b.float().T
+        return dict(a=a, b=b, partial=partial), dict(partial=want)
+    if case["family"] in ("fp8", "fp8bw"):
+        a8, b8 = randn(m, k).to(torch.float8_e4m3fn), randn(n, k).to(torch.float8_e4m3fn)
+        c = torch.full((m, n), float("nan"), device=device, dtype=torch.bfloat16)
+        if case["family"] == "fp8":
+            sa = torch.full((1, 1), 0.75, device=device)
+            sb = torch.full((1, 1), 1.25, device=device)
+            return dict(a=a8, b=b8, scale_a=sa, scale_b=sb, c=c), \
+                dict(c=(a8.float() @ b8.float().T) * (0.75 * 1.25))
+        sa = torch.rand(m, k // 128, device=device, generator=gen) + 0.5
+        sb = torch.rand(n // 128, k // 128, device=device, generator=gen) + 0.5
         af = a8.float() * sa.repeat_interleave(128, 1)
         bf = b8.float() * sb.repeat_interleave(128, 0).repeat_interleave(128, 1)
-        c = torch.full((n, n), float("nan"), device=device, dtype=torch.bfloat16)
         return dict(a=a8, b=b8, scale_a=sa, scale_b=sb, c=c), dict(c=af @ bf.T)
     d = case["D"]
     q, k, v, do = (randn(B, H, S, d) for _ in range(4))
@@ -226,7 +273,14 @@ def measure(index: int, form: bool, log) -> dict:
     run = lambda: launch(kernel, grid, *args, warp_specialize=form, **cx)  # noqa: E731
     run()
     torch.cuda.synchronize()
-    errors = {n: worst_error(values[n], want[n]) for n in want}
+    got = dict(values)
+    if case["family"] == "splitk":   # every split's partial rows written, then summed
+        split = case["tiles"]["SPLIT"]
+        if not torch.isfinite(values["partial"]).all():
+            got["partial"] = values["partial"]
+        else:
+            got["partial"] = values["partial"].reshape(split, -1, values["partial"].shape[1]).sum(0)
+    errors = {n: worst_error(got[n], want[n]) for n in want}
     bad = {n: e for n, e in errors.items() if not e < 2e-2}
     if bad:
         log(f"  {label} warp_specialize={form}: WRONG {bad}")
@@ -335,6 +389,8 @@ def main() -> None:
     parser.add_argument("--cases", default=None, help="case indices, e.g. 0,1,7")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--entry", action="store_true")
+    parser.add_argument("--one-gemm", action="store_true",
+                        help="the one-gemm bodies: the README GEMM's and ONE_GEMM_CASES")
     options = parser.parse_args()
 
     def log(text: str) -> None:
@@ -344,6 +400,9 @@ def main() -> None:
         entry_points(log, options.jobs)
         return
     picked = ([int(i) for i in options.cases.split(",")] if options.cases
+              else [i for i, (_, case) in enumerate(CASES)
+                    if case["family"] in ("gemm", "splitk", "fp8", "fp8bw")
+                    and not case["family"].startswith("bwd")] if options.one_gemm
               else list(range(len(CASES))))
     start = time.time()
     context = multiprocessing.get_context("spawn")
@@ -361,15 +420,24 @@ def main() -> None:
             got[form] = dict(error=problem) if problem else measure(i, form, log)
         rows.append((label, got, model))
     log(f"{'case':30s} {'1 role ms':>9s} {'spec ms':>8s} {'spec/1role':>10s} "
-        f"{'model':>6s} {'1role blk':>9s} default")
+        f"{'model':>6s} {'1role blk':>9s} {'default':11s} right")
+    right = decided = 0
     for label, got, model in rows:
         one, spec = got[False].get("ms"), got[True].get("ms")
         ratio = f"{spec / one:10.3f}" if one and spec else f"{'-':>10s}"
+        verdict = "-"
+        if one and spec:   # the model is right where it prices the faster form lower
+            decided += 1
+            ok = (model["model_ratio"] > 1) == (spec > one)
+            right += ok
+            verdict = "yes" if ok else "NO"
         log(f"{label:30s} {one or float('nan'):9.3f} {spec or float('nan'):8.3f} {ratio} "
-            f"{model['model_ratio']:6.2f} {model['blocks']:9d} {model['default']}")
+            f"{model['model_ratio']:6.2f} {model['blocks']:9d} {model['default']:11s} {verdict}")
         for form in (False, True):
             if "error" in got[form]:
                 log(f"  warp_specialize={form}: {got[form]['error']}")
+    log(f"the model's pick (one role where its ratio > 1) right on {right} of {decided} "
+        f"cases measured both ways")
 
 
 if __name__ == "__main__":
