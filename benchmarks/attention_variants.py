@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import time
 
 SHAPES = {64: (4, 32, 4096), 128: (4, 16, 4096), 256: (2, 8, 8192)}
@@ -31,48 +30,17 @@ DEFAULTS = dict(BM=128, threads=256, STAGES=2, V_KMAJOR=False, P_SHARED=False, O
 BUILD_STRINGS = ("consumers", "load_path")
 TOLERANCE = 1e-2
 
-# `turndep=1`: a measurement of the turn placement before the lowering carries it. ptxas
-# schedules register work across `bar.sync` (it names no register): with the plain loop's
-# turn crossing the back edge it sinks every MUFU.EX2 of the softmax below the turn's
-# BAR.SYNC, so the warpgroup holds the tensor cores through its softmax. The patch gives
-# the turn's bar.sync a data dependency on the p fragment the turn's first gemm reads:
-# its barrier id plus min.u32(xor of the fragment's words, 0), which is 0 for any input
-# but which ptxas does not fold (SASS: every MUFU.EX2 above the BAR.SYNC).
-TURN_SYNC = re.compile(
-    r'( *)if \(tid < 128\) \{\n *asm volatile\("bar\.sync %0, %1;\\n" :  : "r"\(8\), '
-    r'"r"\(256\) : "memory"\);\n *\} else \{\n *asm volatile\("bar\.sync %0, %1;\\n" :'
-    r'  : "r"\(9\), "r"\(256\) : "memory"\);\n *\}\n')
-A_WORD = re.compile(r'"r"\((\(\(unsigned\)r\d+\[\d+\] \| \(\(unsigned\)r\d+\[\d+\] << 16\)\))\)')
+# `noafter=1`: the turn syncs as before 45dbd68, naming no register (`lower/warp_roles.py`
+# `_turn_operands` returning nothing), for an A/B in one process: ptxas then sinks the
+# plain loop's softmax below the turn's BAR.SYNC.
 
 
-def turn_dependency(source: str) -> str:
-    """`source` with each turn sync followed by register-A wgmmas made to wait for the A
-    words of the wgmmas up to the next commit (see TURN_SYNC's comment)."""
-    out, pos = [], 0
-    for match in TURN_SYNC.finditer(source):
-        commit = source.find("wgmma.commit_group", match.end())
-        words = list(dict.fromkeys(A_WORD.findall(source, match.end(), commit)))
-        if not words:
-            continue
-        pad = match.group(1)
-        xor = " ^ ".join(words)
-        out += [source[pos:match.start()],
-                f"{pad}{{ unsigned tg_turn_zero; asm(\"min.u32 %0, %1, 0;\" : \"=r\"(tg_turn_zero)"
-                f" : \"r\"({xor}));\n",
-                f"{pad}  asm volatile(\"bar.sync %0, %1;\\n\" :  : \"r\"(8 + (tid >= 128) + "
-                f"tg_turn_zero), \"r\"(256) : \"memory\"); }}\n"]
-        pos = match.end()
-    if not out:
-        raise ValueError("turndep=1: no turn sync before a register-A wgmma in the source")
-    return "".join(out) + source[pos:]
-
-
-def patched_emitter(patch):
-    """Route the launcher's CUDA emission through `patch` (a benchmark-only experiment)."""
-    from tegula.runtime import launcher
-    real = launcher.emit_cuda
-    launcher.emit_cuda = lambda kernel, target: patch(real(kernel, target))
-    return lambda: setattr(launcher, "emit_cuda", real)
+def turn_syncs_without_operands():
+    """Build with the turn syncs naming no register until the returned undo is called."""
+    from tegula.lower import warp_roles
+    real = warp_roles._turn_operands
+    warp_roles._turn_operands = lambda stmts: ()
+    return lambda: setattr(warp_roles, "_turn_operands", real)
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -83,7 +51,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key in BUILD_STRINGS or key == "src":
             config[key] = value
-        elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize", "turndep"):
+        elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize", "noafter"):
             config[key] = bool(int(value))
         else:
             config[key] = int(value)
@@ -115,8 +83,8 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     threads = values.pop("threads")
     if values.pop("src", None):
         raise ValueError("src=: the session-10 copy of the kernel was removed after its A/B")
-    patch = values.pop("turndep", False)
-    restore = patched_emitter(turn_dependency) if patch else None
+    patch = values.pop("noafter", False)
+    restore = turn_syncs_without_operands() if patch else None
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     # a kernel object of its own: its launch cache must not serve the unpatched variant
@@ -127,7 +95,7 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
         kernel[grid](q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal,
                      threads=threads, **values)
     try:
-        launch()  # compiles (the patched source where asked) and caches the launch
+        launch()  # builds (the old turn syncs where asked) and caches the launch
     finally:
         if restore:
             restore()
