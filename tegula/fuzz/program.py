@@ -305,6 +305,10 @@ class Program:
     #: Blocks per thread-block cluster along grid axis 0 (`tg.cluster(2)`: blocks m = 2c and
     #: 2c + 1 share tile column n, so b's box may be multicast); the grid's rows divide it.
     cluster: int = 1
+    #: The sm_90a build's `warp_specialize` (None: the cost model decides a TMA pipeline's
+    #: roles, and keeps small one-gemm tiles in one role; True forces the producer
+    #: warpgroup). Other targets have no warp roles and build without it.
+    warp_specialize: bool | None = None
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -183,8 +183,10 @@ def emulate_for(program: Program, inputs: dict, target: str, source: str | None 
             # program whose near-miss tiles take no multicasting pipeline
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", tg.ClusterWarning)
+                roles = ({} if program.warp_specialize is None or target != "sm_90a"
+                         else {"warp_specialize": program.warp_specialize})
                 report = tg.emulate(kernel, program.grid, *arrays, target=target,
-                                    role_order=role_order)
+                                    role_order=role_order, **roles)
             # The CUDA the same build prints (no compiler needed): a program the emulator
             # runs but codegen refuses would fail only at a GPU launch.
             for built in list(getattr(kernel, "_builds", {}).values()):

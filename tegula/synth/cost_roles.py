@@ -33,11 +33,12 @@ on 128 threads 1.32 [1.81] and 1.17 [1.78], dK/dV at D = 64 1.73 [1.75]; on 256 
 (one block per SM either way) 0.96 [0.90] and 0.89 [0.88]; the forward at D = 128, 64x64
 on 128 threads 1.36 [2.07] — all decided right — but 128x64 on 256 threads 1.10 [0.93],
 decided wrong (ptxas: 168 registers, one block per SM in both forms; the barrier the
-model charges one role is not what separates them). One-gemm bodies, right in direction
-but not decided by the model yet (a body of one gemm keeps its producer, as the tests
-and the fuzzer's programs assume): the README GEMM 128x128x32 / 128x128x64 in 3 stages
-(two blocks per SM in one role) 1.57 [1.26] / 1.15 [1.45], 4 stages (one block) 0.64
-[0.66]; blockwise FP8 64x128 1.11 [1.39].
+model charges one role is not what separates them). One-gemm bodies, all right in
+direction: the README GEMM 128x128x32 / 128x128x64 in 3 stages (two blocks per SM in one
+role) 1.57 [1.26] / 1.15 [1.45], 4 stages (one block) 0.64 [0.66]; blockwise FP8 64x128
+1.11 [1.39]. Since session 12 the model decides bodies of one gemm too (before, they kept
+the producer): the README GEMM's default tile runs in one role, two blocks per SM; tests
+and fuzz programs that exercise the specialized lowering ask for it (`warp_specialize=True`).
 """
 from __future__ import annotations
 
@@ -133,12 +134,12 @@ def why_no_producer(kernel: TracedKernel, loop: ForLoop, target: Target | None) 
     warpgroup pays, or without a target to price it)."""
     if target is None:
         return ""
+    if _elements(kernel.cluster) > 1:
+        # Launched in clusters: only a producer warpgroup's ring multicasts its boxes
+        # (`synth/roles.py`), which is what the cluster was asked for; not priced.
+        return ""
     priced = roles_cost(kernel, loop, target)
-    if priced.producer_pays or priced.gemms < 2:
-        # The model decides where it was checked against the GPU: bodies of dependent gemms
-        # (the attention backward and forward). A body of one gemm keeps its producer: the
-        # one-role forms of a lone gemm and of one gemm with register work (the blockwise
-        # FP8 promotion) are being measured (benchmarks/roles_check.py).
+    if priced.producer_pays:
         return ""
     return (f"a producer warpgroup does not pay here: {priced.describe()} "
             f"(warp_specialize=True forces it)")

@@ -22,8 +22,8 @@ when specialized, otherwise `choices["roles_skipped"]`, the reason `tegula expla
 prints. The kernel option `warp_specialize` (None: where the rule applies and the cost
 model prices the producer warpgroup below one role, `synth/cost_roles.py`; True: required,
 a `SynthesisError` with the reason where it cannot; False: never) chooses. A consumer
-schedule asked for (`consumers=`, `tg.consumer(schedule=)`) or stated roles skip the
-price: they need the producer.
+schedule asked for (`consumers=`, `tg.consumer(schedule=)`), stated roles or a launch in
+clusters skip the price: they need the producer (only its ring multicasts).
 
 **Cluster multicast** (a kernel launched in clusters, `tg.cluster(x, y)`): a TMA copy of a
 specialized pipeline whose box is provably the same in every block of the cluster

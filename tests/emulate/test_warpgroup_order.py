@@ -43,7 +43,7 @@ SPLIT_ORDERS = ["reversed", "random:0", "random:1", "random:2"]
 
 
 # -- two cooperative consumer warpgroups --------------------------------------------------
-TWO_CONSUMERS = dict(BM=128, BN=64, BK=32, STAGES=2, threads=256)
+TWO_CONSUMERS = dict(BM=128, BN=64, BK=32, STAGES=2, threads=256, warp_specialize=True)
 
 
 def _two_consumer_gemm():
@@ -160,8 +160,8 @@ def test_the_consumer_scratch_race_is_reported_when_the_lowering_misses_its_barr
     from tegula.lower import lower as lowering
     monkeypatch.setattr(lowering.SharedSync, "carried_conflict",
                         lambda self, ignore=frozenset(): False)
-    tk = build(K.consumer_scratch, dict(threads=128, BM=64, BN=64, BK=32, STAGES=3), None,
-               "sm_90a").thread_kernel
+    tk = build(K.consumer_scratch, dict(threads=128, BM=64, BN=64, BK=32, STAGES=3,
+                                        warp_specialize=True), None, "sm_90a").thread_kernel
     a, b = K.consumer_scratch_inputs(64, 64, 96)
     c = np.full((64, 64), np.nan, np.float32)
     with pytest.raises(EmulationError, match="shared-memory race .write after read."):

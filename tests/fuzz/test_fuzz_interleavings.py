@@ -70,7 +70,8 @@ def early_release_lowering(monkeypatch):
 
 
 def test_the_fuzzer_finds_an_early_release_the_fixed_orders_miss(early_release_lowering):
-    program = transposed_gemm("", "", stages=3, extent=88)       # 6 K tiles (of 16), 3 stages
+    program = replace(transposed_gemm("", "", stages=3, extent=88),  # 6 K tiles (of 16),
+                      warp_specialize=True)                       # 3 stages, warp roles
     for order in ("listed", "reversed"):
         verdict = fuzz_program(program, 1, 0, role_order=order)
         assert verdict.status == "pass", (order, verdict.detail)
@@ -93,7 +94,8 @@ def test_the_interleaving_is_drawn_from_the_programs_data_seed():
 def test_a_clustered_program_multicasts_and_falls_back_to_sm_90_for_the_ampere_path():
     """`tg.cluster(2)`: sm_80 and sm_89 refuse clusters, sm_90 (the Ampere path on the
     H100) takes the second turn; the two blocks of each cluster run interleaved at random."""
-    program = replace(transposed_gemm("", "smem", m=120, n=40, extent=88), cluster=2)
+    program = replace(transposed_gemm("", "smem", m=120, n=40, extent=88), cluster=2,
+                      warp_specialize=True)
     assert "    tg.cluster(2)\n" in kernel_source(program)
     verdict = fuzz_program(program, 1, 0)
     assert verdict.status == "pass", verdict.detail

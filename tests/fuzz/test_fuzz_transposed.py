@@ -58,7 +58,8 @@ def test_transposed_operands_are_right_on_both_targets(case, dtype):
 
 @pytest.mark.parametrize("ta,tb", [("", "smem"), ("smem", ""), ("smem", "smem")])
 def test_a_pipelined_mn_major_operand_takes_tma_and_wgmma(ta, tb):
-    verdict = fuzz_program(transposed_gemm(ta, tb), 7, 0)
+    # Warp roles forced: the cost model keeps this small tile in one role by default.
+    verdict = fuzz_program(replace(transposed_gemm(ta, tb), warp_specialize=True), 7, 0)
     assert verdict.status == "pass", verdict.detail
     assert {"wgmma", "TMA", "warp roles"} <= verdict.targets["sm_90a"][2], verdict.targets
     assert "ldmatrix" in verdict.targets["sm_80"][2], verdict.targets

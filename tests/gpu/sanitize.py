@@ -23,8 +23,9 @@ from tegula.kernels.softmax import softmax_config, softmax_kernel
 
 def run_gemm(target: str | None = None, warp_specialize: bool | None = None) -> None:
     """The DESIGN GEMM (examples/gemm.py), 3-stage pipeline, ragged M, N, K: on an H100 the
-    default target is sm_90a (TMA + mbarrier ring + wgmma; warp-specialized by default: a
-    producer warpgroup and a consumer role, `warp_specialize=False` keeps one role);
+    default target is sm_90a (TMA + mbarrier ring + wgmma; `warp_specialize=True`: a
+    producer warpgroup and a consumer role, `False` one role; at this 64x64 tile the cost
+    model's default is one role);
     `target="sm_90"` is the Ampere path (cp.async + ldmatrix + mma.sync) built for Hopper."""
     path = Path(__file__).resolve().parents[2] / "examples" / "gemm.py"
     spec = importlib.util.spec_from_file_location("tegula_example_gemm_sanitize", path)
@@ -113,7 +114,7 @@ def run_planted_oob() -> None:
     torch.cuda.synchronize()
 
 
-CASES = {"gemm": run_gemm, "gemm_ampere": lambda: run_gemm("sm_90"),
+CASES = {"gemm": lambda: run_gemm(warp_specialize=True), "gemm_ampere": lambda: run_gemm("sm_90"),
          "gemm_one_role": lambda: run_gemm(warp_specialize=False),
          "warp_specialized": run_warp_specialized, "softmax": run_softmax,
          "persistent_gemm": run_persistent_gemm,

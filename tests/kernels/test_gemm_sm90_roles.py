@@ -1,4 +1,5 @@
-"""The README's design-sketch GEMM, unchanged, warp-specialized by synthesis on sm_90a: a
+"""The README's design-sketch GEMM, unchanged, warp-specialized by synthesis on sm_90a
+(`warp_specialize=True`: at these tiles the cost model's default is one role): a
 producer warpgroup issuing the TMA boxes and a consumer role running the wgmmas meet at
 full/empty mbarriers. In the emulator against numpy at shapes that do not divide the tiles,
 with K long enough that every stage is reused several times, under both role orders
@@ -44,6 +45,7 @@ CASES = [
 
 
 def run(dtype, m, n, k, seed, role_order="listed", **tiles):
+    tiles.setdefault("warp_specialize", True)
     rng = np.random.default_rng(seed)
     a, b = random_input(rng, (m, k), dtype), random_input(rng, (n, k), dtype)
     c = poisoned((m, n), dtype)
@@ -61,7 +63,7 @@ def ran_specialized(report, threads: int = 128) -> bool:
 
 
 def specialized(dtype, **tiles):
-    tk = build(KERNELS[dtype], tiles, None, "sm_90a").thread_kernel
+    tk = build(KERNELS[dtype], dict(tiles, warp_specialize=True), None, "sm_90a").thread_kernel
     return any(isinstance(s, Roles) for s in tk.body)
 
 
@@ -88,7 +90,8 @@ def test_k_shorter_than_the_ring_and_empty_k():
     assert ran_specialized(report)
     check_gemm(c, a, b, f16)
     # K = 0 arrays prove no TMA facts, so run the specialized build's thread IR directly.
-    tk = build(readme_gemm, dict(BM=64, BN=64, STAGES=3), None, "sm_90a").thread_kernel
+    tk = build(readme_gemm, dict(BM=64, BN=64, STAGES=3, warp_specialize=True), None,
+               "sm_90a").thread_kernel
     assert tk.threads == 256
     a, b = np.zeros((65, 0), np.float16), np.zeros((48, 0), np.float16)
     c = poisoned((65, 48), f16)                 # 48 columns: the default facts' alignment
@@ -106,14 +109,15 @@ def test_split_k_pipeline_starting_past_zero(role_order):
     # 22 k-tiles: splits start at 0 and 11 (a parity counted from 0 would be off by one
     # round for the second); rows of 2704 bytes, a multiple of 16, so TMA is proven.
     m, n, k, split, bm, bn = 70, 100, 1352, 2, 64, 128
-    assert any(isinstance(s, Roles) for s in build(kernel, {}, None, "sm_90a").thread_kernel.body)
+    forced = dict(warp_specialize=True)
+    assert any(isinstance(s, Roles) for s in build(kernel, forced, None, "sm_90a").thread_kernel.body)
     rng = np.random.default_rng(12)
     a, b = random_input(rng, (m, k), f16), random_input(rng, (n, k), f16)
     m_tiles = tg.cdiv(m, bm)
     partial = poisoned((split * m_tiles * bm, n), tg.f32)
     report = run_with_deadline(lambda: tg.emulate(
         kernel, (m_tiles, tg.cdiv(n, bn), split), a, b, partial, target="sm_90a",
-        role_order=role_order))
+        role_order=role_order, **forced))
     assert ran_specialized(report)
     total = sum(partial[s * m_tiles * bm:s * m_tiles * bm + m].astype(np.float64)
                 for s in range(split))
@@ -122,7 +126,7 @@ def test_split_k_pipeline_starting_past_zero(role_order):
     assert np.all(np.abs(total - af @ bf.T) <= bound)
 
 
-@tg.kernel(threads=128)
+@tg.kernel(threads=128, warp_specialize=True)
 def gemm_count_staged(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f16],
                       steps: tg.Tensor[tg.f32]):
     """More than the gemm in the pipeline body (the wgmmas retire inside each iteration,
@@ -166,7 +170,8 @@ def test_a_body_with_more_than_the_gemm_and_a_shared_epilogue(role_order):
 
 
 def readme_thread_kernel(**tiles):
-    return copy.deepcopy(build(readme_gemm, tiles, None, "sm_90a").thread_kernel)
+    return copy.deepcopy(build(readme_gemm, dict(tiles, warp_specialize=True), None,
+                               "sm_90a").thread_kernel)
 
 
 def run_kernel(tk, m, n, k, role_order, bm=64, bn=64):
@@ -227,7 +232,7 @@ def test_warp_specialized_gemm_compiles_to_hgmma_without_spills(config):
     from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
     if not available_compilers():
         pytest.skip("neither NVRTC nor nvcc found")
-    result = build(readme_gemm, config, None, "sm_90a")
+    result = build(readme_gemm, dict(config, warp_specialize=True), None, "sm_90a")
     source = result.cuda_source()
     assert "setmaxnreg.dec.sync.aligned.u32 40" in source
     consumer = next(r for s in result.thread_kernel.body if isinstance(s, Roles)
@@ -249,7 +254,7 @@ def test_the_launch_uses_the_block_with_the_producer_warpgroup():
     if not available_compilers():
         pytest.skip("neither NVRTC nor nvcc found")
     from tegula.runtime import compile_kernel
-    result = build(readme_gemm, {}, None, "sm_90a")
+    result = build(readme_gemm, dict(warp_specialize=True), None, "sm_90a")
     assert compile_kernel(result.thread_kernel, "sm_90a").threads == 256
     assert "__launch_bounds__(256, 1)" in result.cuda_source()
 
@@ -271,7 +276,7 @@ GPU_CONFIGS = [dict(), dict(BM=64, BN=64, BK=32, STAGES=2), dict(BM=128, BN=64, 
 @pytest.mark.parametrize("dtype", [f16, bf16], ids=str)
 def test_warp_specialized_gemm_on_the_gpu_against_torch(dtype, m, n, k, config, roles):
     """The README kernel for sm_90a on an H100, warp-specialized and in one role (the
-    default is specialized, so test_gemm_sm90.py's GPU test covers that form too), outputs
+    default, the cost model's pick, is one of the two), outputs
     poisoned (NaN) first, every element within the f32-accumulation bound of a float64
     reference."""
     torch = pytest.importorskip("torch")

@@ -81,7 +81,7 @@ def test_printed_through_the_entry_and_refused_before_sm_90():
 GEMM = readme_gemm(out_dtype=f32, BM=128, BN=128)
 
 
-@pytest.mark.parametrize("options", [{}, {"warp_specialize": False},
+@pytest.mark.parametrize("options", [{"warp_specialize": True}, {"warp_specialize": False},
                                      {"consumers": "cooperative"}],
                          ids=["pingpong", "one-role", "cooperative"])
 def test_tma_issue_and_stage_releases_elect_one_lane(options):

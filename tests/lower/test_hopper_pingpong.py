@@ -229,7 +229,8 @@ def test_the_default_is_pingpong_for_a_one_warpgroup_tile_and_cooperative_otherw
     assert "pingpong applies but is not the default in clusters" in clustered.explain()
     two = build(KERNEL, dict(SMALL, BM=128, threads=256), None, "sm_90a")
     assert two.thread_kernel.threads == 384 and "consumers: cooperative" in two.explain()
-    readme = build(_example("gemm").gemm, dict(BM=64, BN=64, BK=32, STAGES=3), None, "sm_90a")
+    readme = build(_example("gemm").gemm, dict(BM=64, BN=64, BK=32, STAGES=3,
+                                               warp_specialize=True), None, "sm_90a")
     assert readme.thread_kernel.threads == 256
     assert "consumers: cooperative (not pingpong: the pipeline is not inside a tile loop" \
         in readme.explain()

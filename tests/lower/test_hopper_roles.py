@@ -69,7 +69,9 @@ def pipeline_loop(result) -> ForLoop:
 def specialized(request):
     threads = request.param
     tiles = dict(BM=64 * threads // 128, BN=64, BK=32, STAGES=3)
-    return threads, build(readme_gemm, dict(tiles, threads=threads), None, "sm_90a")
+    # Forced: at these tiles the cost model's default is one role (two blocks per SM).
+    return threads, build(readme_gemm, dict(tiles, threads=threads, warp_specialize=True),
+                          None, "sm_90a")
 
 
 def test_block_is_the_users_threads_plus_a_producer_warpgroup(specialized):
@@ -191,7 +193,8 @@ def test_register_budgets_fit_the_block_register_file(threads):
 
 
 def test_budget_is_on_the_roles_and_shown_by_explain():
-    result = build(readme_gemm, dict(BM=128, BN=64, threads=256), None, "sm_90a")
+    result = build(readme_gemm, dict(BM=128, BN=64, threads=256, warp_specialize=True), None,
+                   "sm_90a")
     consumer, producer = roles_of(result.thread_kernel).roles
     assert (consumer.max_registers, producer.max_registers) == register_budgets(256)[::-1]
     text = result.explain()
@@ -216,7 +219,7 @@ def test_the_kernel_option_chooses_and_a_build_keyword_overrides_it():
     gemm = gemm_fixture(BM=64, BN=64, BK=32, STAGES=2, warp_specialize=False)
 
     assert build(gemm, {}, None, "sm_90a").thread_kernel.threads == 128
-    assert build(gemm, dict(warp_specialize=None), None, "sm_90a").thread_kernel.threads == 256
+    assert build(gemm, dict(warp_specialize=True), None, "sm_90a").thread_kernel.threads == 256
     with pytest.raises(TegulaError, match="warp_specialize='yes'"):
         build(gemm, dict(warp_specialize="yes"), None, "sm_90a")
     with pytest.raises(TegulaError, match="warp_specialize=1"):
@@ -276,7 +279,7 @@ def test_cost_model_counts_the_launched_block_and_its_register_budget():
     SM (setmaxnreg under __launch_bounds__(256, 1)); the model counted 128 threads and
     ~216 registers each, 2 blocks per SM."""
     from tegula.synth.cost import estimate
-    specialized = estimate(build(readme_gemm, {}, None, "sm_90a"))
+    specialized = estimate(build(readme_gemm, dict(warp_specialize=True), None, "sm_90a"))
     assert (specialized.threads, specialized.blocks_per_sm) == (256, 1)
     single = estimate(build(readme_gemm, dict(warp_specialize=False), None, "sm_90a"))
     assert single.threads == 128

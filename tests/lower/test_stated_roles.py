@@ -75,7 +75,9 @@ def code(kernel, **options) -> str:
 def test_stated_roles_compile_to_the_synthesized_split(tiles):
     stated = code(stated_gemm, **tiles)
     assert "setmaxnreg" in stated or tiles.get("threads", 128) == 128
-    assert stated == code(readme_gemm, **tiles)
+    # Forced: the synthesized split the stated blocks are compared with (the cost model
+    # keeps some of these tiles in one role by default).
+    assert stated == code(readme_gemm, warp_specialize=True, **tiles)
 
 
 @pytest.mark.parametrize("config", [
@@ -355,7 +357,7 @@ def test_a_consumer_block_with_more_than_the_gemm_and_a_loop_carried_tile():
     assert "setmaxnreg.dec.sync.aligned.u32 200" in source
     def without_budgets(text):
         return "\n".join(line for line in text.splitlines() if "setmaxnreg" not in line)
-    assert without_budgets(source) == without_budgets(code(plain))
+    assert without_budgets(source) == without_budgets(code(plain, warp_specialize=True))
     rng = np.random.default_rng(7)
     a, b = random_input(rng, (100, 328), f16), random_input(rng, (70, 328), f16)
     c, steps = poisoned((100, 70), f16), poisoned((100, 70), f32)

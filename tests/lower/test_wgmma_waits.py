@@ -141,7 +141,7 @@ def test_a_lagged_promotion_runs_while_the_wgmmas_do():
     assert between.count("Assign") == 32
 
 
-@tg.kernel(threads=128)
+@tg.kernel(threads=128, warp_specialize=True)
 def _reads_too_early(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                      BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32):
     ga = a.tile((BM, BK), (0, None))
@@ -206,7 +206,7 @@ def test_a_consumer_that_only_reads_the_stages_ends_its_iterations_without_a_bar
     assert not any(isinstance(s, NamedBarrier) for s in loop.body)
 
 
-@tg.kernel(threads=128)
+@tg.kernel(threads=128, warp_specialize=True)
 def _writes_shared(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                    BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32):
     ga = a.tile((BM, BK), (0, None))
@@ -237,7 +237,7 @@ def test_a_consumer_that_writes_shared_memory_keeps_the_barrier_and_is_right():
     assert np.allclose(c, a.astype(np.float64) @ b.astype(np.float64).T, rtol=1e-5, atol=1e-3)
 
 
-@tg.kernel(threads=256)
+@tg.kernel(threads=256, warp_specialize=True)
 def _reads_a_then_rewrites_it(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
                               d: tg.Tensor[f16], BM: tg.constexpr = 128, BN: tg.constexpr = 64,
                               BK: tg.constexpr = 64):

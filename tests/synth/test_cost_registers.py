@@ -63,7 +63,7 @@ def test_live_words_golden(kernel, constexprs, target, live):
 
 
 def test_warp_roles_measured_apart():
-    tk = build(gemm, {}, target="sm_90a").thread_kernel
+    tk = build(gemm, {"warp_specialize": True}, target="sm_90a").thread_kernel
     found = estimate_registers(tk)
     by_role = {r.role.split(" (")[0]: r for r in found.roles}
     assert by_role["consumer"].live_words == 129 and by_role["producer"].live_words == 0
@@ -141,7 +141,7 @@ def test_spill_warning_past_the_launch_limit():
 
 
 def test_role_over_its_budget_is_named():
-    built = build(gemm, {"BM": 128, "BN": 256}, target="sm_90a")
+    built = build(gemm, {"BM": 128, "BN": 256, "warp_specialize": True}, target="sm_90a")
     reasons = over_limit(built.target, built.thread_kernel.threads,
                          estimate_registers(built.thread_kernel))
     assert len(reasons) == 1 and reasons[0].startswith("warp role consumer: ~281 registers")
@@ -232,7 +232,10 @@ def _selects(slot_value):
     more words."""
     x, slot, pick, s = (RegArray("x", f32, 16), RegArray("slot", f32, 16),
                         RegArray("pick", f32, 16), RegArray("s", f32, 1))
-    body = [Assign(Reg(slot, Const(j)), slot_value(j)) for j in range(16)]
+    if slot_value is None:   # slots from memory: 16 values known only at run time
+        body = [GlobalLoad(Reg(slot, Const(0)), "slots", Const(0), 16)]
+    else:
+        body = [Assign(Reg(slot, Const(j)), slot_value(j)) for j in range(16)]
     body += [GlobalLoad(Reg(x, Const(0)), "x", Var("i"), 16)]
     body += [Assign(Reg(pick, Const(j)), Binary("mul", RegRead(Reg(x, Const(j))),
                                                 RegRead(Reg(slot, Const(j))), f32))
@@ -248,9 +251,17 @@ def test_compile_time_constants_hold_no_registers():
     # computed from it alone are folded by ptxas: W4A16's fragment kernel was estimated at
     # 117 registers (its 64 slot indices and their comparisons live at once), ptxas 66.
     constant = estimate_registers(_selects(lambda j: IndexValue(Const(j % 4), f32)))
-    varying = estimate_registers(_selects(lambda j: IndexValue(Var("tid"), f32)))
+    varying = estimate_registers(_selects(None))
     assert varying.live_words - constant.live_words == 16
     assert not any(a.startswith("slot") for a in constant.peak_arrays)
+
+
+def test_index_expressions_hold_no_registers():
+    # A scalar plus a constant per element (tg.arange offset by a loop's block, the
+    # attention mask's key indices): ptxas adds the constant where the value is read.
+    index = estimate_registers(_selects(lambda j: IndexValue(Var("tid") * 4 + j, f32)))
+    constant = estimate_registers(_selects(lambda j: IndexValue(Const(j % 4), f32)))
+    assert index.live_words == constant.live_words
 
 
 def test_a_constant_overwritten_in_a_loop_is_not_folded():

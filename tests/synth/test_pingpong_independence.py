@@ -13,7 +13,7 @@ from tegula.errors import SynthesisError
 from tegula import f16, f32
 
 
-@tg.kernel(threads=128)
+@tg.kernel(threads=128, warp_specialize=True)
 def repeated_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32], reps: int,
                   BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32,
                   STAGES: tg.constexpr = 3):
@@ -30,7 +30,7 @@ def repeated_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32], reps:
     tg.copy(acc, c.tile((BM, BN), (m, n)))
 
 
-@tg.kernel(threads=128)
+@tg.kernel(threads=128, warp_specialize=True)
 def restored_gemm(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32], reps: int,
                   BM: tg.constexpr = 64, BN: tg.constexpr = 64, BK: tg.constexpr = 32,
                   STAGES: tg.constexpr = 3):
