@@ -195,14 +195,12 @@ def _softmax_state(sq):
 def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores,
               pv_gemm):
     """The key loop: block j's scores, their online softmax (rescaling acc), then
-    acc += p_j @ v_j; returns (m_i, l_i, acc). With consumers="pingpong" the compiler
-    sinks this softmax below the turn's bar.sync before p @ v (SASS, D = 64 and 128: every
-    MUFU.EX2 after the BAR.SYNC), so a warpgroup holds the turn through it. Copying the
-    softmax into both sides of the mask's branch keeps it above the barrier, but measured
-    worse (session 11, H100: D = 128 plain 0.881x cuDNN against 0.895x, ping-pong no
-    better, and the D = 64 ping-pong launch at 4x32x4096 did not finish within 55 s);
-    keeping the softmax above the turn is for the lowering (an operand fence of p's
-    fragment before the bar.sync)."""
+    acc += p_j @ v_j; returns (m_i, l_i, acc). With consumers="pingpong" each turn's
+    sync waits for p's f16 fragment (`lower/warp_roles.py` `_turn_operands`), so this
+    softmax runs before the warpgroup takes its turn at the tensor cores (without that
+    dependency ptxas sank every MUFU.EX2 below the turn's BAR.SYNC). Session 11 kept it
+    above by copying the softmax into both sides of the mask's branch instead: 0.881x
+    cuDNN against 0.895x at D = 128 (H100), reverted."""
     m_i, l_i, acc = _softmax_state(sq)
     for j in tg.pipeline(blocks, stages=STAGES):
         tg.copy(keys[:, :, j], sk[j])
@@ -229,11 +227,12 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     hoists the wait above the exponentials to interleave the f16 packing with them, and
     nothing overlaps (sessions 7-9 measured this loop slower than the plain one for it).
     The probabilities cross the iteration in the scores' own registers (`s.assign(p)`, as
-    FlashAttention-3 exponentiates in place): codegen's operand fences keep every wgmma
-    accumulator live across the loop, so a p of its own (or block 0's scores apart) would
-    be another 64-register tile held through it. At D = 128 with 128-key blocks s, acc and
-    p_j's f16 fragment still leave too few of the 232 registers (ptxas spills ~60 B of
-    scalars, as before); with 112-key blocks nothing spills.
+    FlashAttention-3 exponentiates in place): a p of its own (or block 0's scores apart)
+    would be another 64-register tile live through the loop. At D = 128 with 128-key
+    blocks on the cooperative consumer, s, acc and p_j's f16 fragment still leave too few
+    of the 232 registers (ptxas spills ~60 B of scalars; the operand fences were not the
+    cause, 19ad5f4); with 112-key blocks, or with consumers="pingpong" (whose turn sync
+    waits for p_j's fragment), the SASS has no local loads or stores.
     Stage j of the ring holds k_{j+1} and v_j; block 0's keys come through a buffer of
     their own and its softmax runs before the loop. Loop invariant at iteration j: acc =
     Σ_{i<j} exp2(s_i − m_{j−1})·v_i, p_j = exp2(s_j − m_j), alpha_j = exp2(m_{j−1} − m_j),
