@@ -238,8 +238,9 @@ def _op_note(op: Op) -> str:
         for candidate in others:
             parts = candidate if isinstance(candidate, tuple) else (candidate,)
             note += "\n        over: " + ", ".join(_candidate_part(x) for x in parts)
-        if op.choices.get("chain_search") is not None:  # synth/chains.py's ChainSearch
-            note += f"\n      {op.choices['chain_search'].describe()}"
+        search = op.choices.get("search")  # synth/search.py's JointSearch, on the first gemm
+        if search is not None and (search.groups > 1 or search.truncated):
+            note += f"\n      {search.describe()}"
         return note
     if op.choices.get("scan") is not None:  # synth/scan.py's ScanPlan
         return f"\n      {op.choices['scan'].describe()}"

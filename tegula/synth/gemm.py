@@ -59,7 +59,7 @@ class GemmPlan:
     candidates: tuple = ()  # (instruction, warp grid, score) of every candidate, best first
     #: On a wgmma target: why this gemm does not use wgmma ("" when not considered).
     wgmma_skipped: str = ""
-    #: Why the warp grid was chosen together with another gemm's (`synth/chains.py`).
+    #: Why the warp grid was chosen together with another gemm's (`synth/search.py`).
     joint: str = ""
     kind = "mma.sync"
 

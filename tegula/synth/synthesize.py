@@ -31,19 +31,19 @@ from tegula.errors import ResourceError, SynthesisError
 from tegula.ir.ops import (Copy, Gemm, Rearrange, Reduce, TracedKernel, walk_ops,
                            wgmma_stage_reads_only)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, describe
-from tegula.synth.chains import choose_chained_plans, gemm_chains
+from tegula.synth.chains import gemm_chains
 from tegula.synth.convert import choose_conversion
 from tegula.synth.copies import (global_access_vector, global_vector_limit, needs_tail,
                                  plan_nested_ring, plan_tma_copy, plan_tma_stores,
                                  plan_bulk_adds)
-from tegula.synth.gemm import (WgmmaPlan, buffer_swizzle, operand_layout, plan_gemm,
-                               plan_mma_sync)
+from tegula.synth.gemm import WgmmaPlan, buffer_swizzle, operand_layout
 from tegula.synth.pipeline import plan_pipelines
 from tegula.synth.multicast import warn_if_nothing_is_multicast
 from tegula.synth.roles import check_cluster, decide_warp_roles
 from tegula.synth.propagate import (LayoutState, default_layout_for_unused,
                                     first_undecided_global_copy, insert_conversions, propagate)
 from tegula.synth.scan import anchor_scans
+from tegula.synth.search import search_plans
 from tegula.synth.shared import SharedAccess, check_pinned_shared_layout, synthesize_shared_layout
 from tegula.layout.cute import Layout
 from tegula.layout.tv import coalesced_tv, match_values, tv_coords, tv_table
@@ -181,7 +181,11 @@ def _check_pinned_layout(tile: RegisterTile, threads: int) -> None:
 
 def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> None:
     gemms = [op for op in walk_ops(kernel.body) if isinstance(op, Gemm)]
-    plans = _agreeing_plans(gemms, gemm_chains(gemms, kernel.body), kernel.threads, target)
+    if not gemms:
+        return
+    plans, search = search_plans(gemms, gemm_chains(gemms, kernel.body), kernel.threads,
+                                 target)
+    gemms[0].choices["search"] = search  # printed by explain
     for op in gemms:
         plan = plans[id(op)]
         op.choices["plan"] = plan
@@ -195,28 +199,6 @@ def _anchor_gemms(kernel: TracedKernel, state: LayoutState, target: Target) -> N
             if isinstance(operand, RegisterTile) and \
                     not state.set(operand, tv, f"{role} operand of {plan.atom.name}"):
                 _check_register_operand(op, operand, tv, role, plan, state)
-
-
-def _agreeing_plans(gemms: list, chains: list, threads: int, target: Target) -> dict:
-    """Each gemm's plan (by id), chained gemms planned together (`synth/chains.py`), such
-    that gemms updating one accumulator agree on its layout: if one of them cannot run on
-    wgmma, they all take mma.sync (whose plans agree whenever the tiles do, as before
-    wgmma existed)."""
-    plans = {id(op): plan_gemm(op, threads, target) for op in gemms}
-    choose_chained_plans(chains, plans, threads, target, gemms)
-    for op in gemms:
-        sharing = [g for g in gemms if g.c.id == op.c.id]
-        kinds = {isinstance(plans[id(g)], WgmmaPlan) for g in sharing}
-        c_layouts = {str(plans[id(g)].c_tv) for g in sharing}
-        if isinstance(plans[id(op)], WgmmaPlan) and (len(kinds) > 1 or len(c_layouts) > 1):
-            other = next(g for g in sharing if g is not op and
-                         str(plans[id(g)].c_tv) != str(plans[id(op)].c_tv))
-            why = (f"the accumulator is also updated by the gemm at line "
-                   f"{other.loc.lineno if other.loc else '?'}, which runs on "
-                   f"{plans[id(other)].atom.name}")
-            plans[id(op)] = dataclasses.replace(plan_mma_sync(op, threads, target),
-                                                wgmma_skipped=why)
-    return plans
 
 
 def _check_register_operand(op: Gemm, operand: RegisterTile, tv: Layout, role: str, plan,
