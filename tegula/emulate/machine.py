@@ -330,11 +330,10 @@ def _add_stats(report: EmulationReport, comp: Compiler) -> None:
 def _race_records(kernel: ThreadKernel, bound: dict, same_memory) -> None:
     """Make the race record of every tensor the kernel writes before the launch runs (so
     reads before the first store are recorded too), one per memory for `same_memory`."""
-    from tegula.emulate.coverage import tensor_roles
     from tegula.emulate.global_races import tracker
-    written, _ = tensor_roles(kernel)
-    for name in sorted(written):
-        tracker(bound[name])
+    for p in kernel.params:
+        if isinstance(p, TensorParam) and p.writes:  # (codegen's const-ness reads it too)
+            tracker(bound[p.name])
     for name, other in (same_memory or {}).items():
         if bound[name].races is None and bound[other].races is None:
             continue

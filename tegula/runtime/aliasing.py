@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -46,16 +46,26 @@ from tegula.lower.thread_ir import (Assign, BinOp, Comment, CpAsync, For, Global
 EXACT_LIMIT = 1 << 22
 
 
-@dataclass(frozen=True)
 class AliasRule:
     """One checked pair: `written` (a tensor the kernel writes) against `other` (any other
-    tensor argument), by their positions among the tensor parameters; `reason` is None
-    where the identical tensor may be passed as both (element-wise in place), else why
-    not."""
+    tensor argument); `reason` is None where the identical tensor may be passed as both
+    (element-wise in place), else why not — worked out from the thread IR on first use
+    only (most launches never share memory, and the walk costs a few ms)."""
 
-    written: str
-    other: str
-    reason: str | None
+    __slots__ = ("kernel", "written", "other", "_reason")
+
+    def __init__(self, kernel: ThreadKernel, written: str, other: str):
+        self.kernel, self.written, self.other = kernel, written, other
+        self._reason: list = []
+
+    @property
+    def reason(self) -> str | None:
+        if not self._reason:
+            self._reason.append(in_place_reason(self.kernel, self.written, self.other))
+        return self._reason[0]
+
+    def __repr__(self) -> str:
+        return f"AliasRule({self.written!r} written, {self.other!r})"
 
 
 def alias_rules(kernel: ThreadKernel) -> tuple[AliasRule, ...]:
@@ -69,7 +79,7 @@ def alias_rules(kernel: ThreadKernel) -> tuple[AliasRule, ...]:
             if o.name == w.name or frozenset((w.name, o.name)) in seen:
                 continue
             seen.add(frozenset((w.name, o.name)))
-            rules.append(AliasRule(w.name, o.name, in_place_reason(kernel, w.name, o.name)))
+            rules.append(AliasRule(kernel, w.name, o.name))
     return tuple(rules)
 
 
@@ -312,7 +322,7 @@ class AliasCheck:
             if ra is None or rb is None:
                 continue
             same = (views[r.written] == views[r.other] and bits[r.written] == bits[r.other]
-                    and r.reason is None)
+                    and r.reason is None)   # (the reason is worked out only where equal)
             pairs.append((positions[r.written], ra[0], ra[1], positions[r.other], rb[0],
                           rb[1], int(same)))
         self.c_pairs = tuple(pairs)
