@@ -2,7 +2,8 @@
 
 It draws random tile programs (`generate`: element-wise chains over every operator, math
 function and type, `where` with tiles and numbers, casts, reductions and cumulative sums
-(`tg.cumsum`, forward and reversed) on either axis,
+(`tg.cumsum`, forward and reversed) on either axis (also inside loops, folded into the
+loop's carried tiles),
 copies between every pair of scopes with and without `fill`, ragged shapes, tiles smaller
 than the block, thread counts that are not powers of two, loops whose state is updated in
 place and by rebinding), writes each as kernel source (`source`), runs it in the emulator

@@ -134,6 +134,7 @@ class Generator:
         self.threads, self.bm, self.bn = threads, bm, bn
         self.tensors: list[TensorDecl] = []
         self.names = 0
+        self.scans = 0   # cumsums inside loops (`carried_scan`)
         self.loops = 0
         body: list = []
         scope = Scope()
@@ -242,6 +243,19 @@ class Generator:
             return
         x = side.choice(names)
         body.append(Cumsum(x, x, side.choice((0, 1)), side.random() < 0.3))
+
+    def carried_scan(self, body: list, scope: Scope, source: str) -> str:
+        """`source`, or now and then a fresh `tg.cumsum` of it inside the loop (so the
+        carried tile accumulates running sums iteration after iteration). Drawn from a
+        side stream, as `maybe_cumsum`: programs that take none are what they were."""
+        side = random.Random(hash(self.rng.getstate()[1]) ^ 0x5CA7)
+        t = scope.types[source]
+        if not self.sw.scans or t.dtype == nx.BOOL or side.random() >= 0.15:
+            return source
+        self.scans += 1  # names of their own: the other statements keep theirs
+        return self.define(body, scope, Cumsum(f"scan{self.scans}", source,
+                                               side.choice((0, 1)), side.random() < 0.3),
+                           t.dtype, t.shape)
 
     def define(self, body: list, scope: Scope, stmt, dtype: str, shape) -> str:
         body.append(stmt)
@@ -626,10 +640,11 @@ class Generator:
         return carried
 
     def _update(self, body, scope, c: str, source: str) -> None:
-        """Fold `source` (cast and reduced to fit) into the carried tile `c`."""
+        """Fold `source` (cast and reduced to fit) into the carried tile `c`; now and then
+        its cumulative sum instead (`carried_scan`: a scan feeding loop-carried state)."""
         r = self.rng
         t = scope.types[c]
-        w = source
+        w = self.carried_scan(body, scope, source)
         if scope.types[w].dtype != t.dtype:
             w = self.define(body, scope, Cast(self.fresh(), w, t.dtype), t.dtype,
                             scope.types[w].shape)

@@ -1,6 +1,7 @@
 """The fuzzer rebinds values to their cumulative sums (`tg.cumsum`, forward and reversed,
 along either axis; `program.Cumsum`), modelled in the reference as prefix sums in any
-order (integers wrapping, 16/8-bit floats summed in f32 and rounded once)."""
+order (integers wrapping, 16/8-bit floats summed in f32 and rounded once); since session
+12 also inside loops, folded into the loop's carried tiles."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,7 @@ import pytest
 import tegula as tg
 from tegula.fuzz import fuzz_program, make_program
 from tegula.fuzz.generate import Switches
-from tegula.fuzz.program import Binary, Cumsum, Invalid, Num, check
+from tegula.fuzz.program import Binary, Cumsum, Invalid, Loop, Num, check
 from tegula.fuzz.source import kernel_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -25,6 +26,12 @@ def _cumsums(program) -> list:
     return [s for s in program.body if isinstance(s, Cumsum)]
 
 
+def _loop_cumsums(program) -> list:
+    """Cumsums inside loops (`Generator.carried_scan`: folded into carried state)."""
+    return [x for s in program.body if isinstance(s, Loop) for x in s.body
+            if isinstance(x, Cumsum)]
+
+
 def test_cumsums_are_generated_without_changing_the_other_statements():
     with_scans = [make_program(SEED, i) for i in range(PROGRAMS)]
     without = [make_program(SEED, i, Switches(scans=False)) for i in range(PROGRAMS)]
@@ -32,8 +39,13 @@ def test_cumsums_are_generated_without_changing_the_other_statements():
     assert len(drawn) >= 15, len(drawn)
     assert {s.axis for p in drawn for s in _cumsums(p)} == {0, 1}
     assert {s.reverse for p in drawn for s in _cumsums(p)} == {False, True}
+    in_loops = 0
     for p, q in zip(with_scans, without):
+        if _loop_cumsums(p):   # a scan folded into a loop's carried tile changes the fold
+            in_loops += 1
+            continue
         assert replace(p, body=tuple(s for s in p.body if not isinstance(s, Cumsum))) == q
+    assert in_loops >= 2, in_loops
     source = kernel_source(drawn[0])
     s = _cumsums(drawn[0])[0]
     assert f"{s.out} = tg.cumsum({s.x}, {s.axis}" in source
@@ -81,3 +93,12 @@ def test_a_cumsum_of_negative_zero_may_keep_its_sign():
     terms now has either sign."""
     verdict = fuzz_program(make_program(1002, 605), 1002, 605)
     assert verdict.status == "pass", verdict.detail
+
+
+def test_scans_folded_into_loop_carried_tiles_pass():
+    drawn = [(i, p) for i in range(PROGRAMS) if _loop_cumsums(p := make_program(SEED, i))]
+    assert len(drawn) >= 2, len(drawn)
+    for index, program in drawn[:3]:
+        assert "tg.cumsum(" in kernel_source(program)
+        verdict = fuzz_program(program, SEED, index)
+        assert not verdict.failed, (index, verdict.detail)
