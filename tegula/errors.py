@@ -29,6 +29,27 @@ class SourceLocation:
         return where
 
 
+def call_site() -> SourceLocation | None:
+    """The innermost caller outside tegula's compiler and runtime: the user's launch,
+    `tg.emulate`, `trace` or `explain` call (where the user can fix what was passed). The
+    kernel library (`tegula/kernels`) counts as a user."""
+    import linecache
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    library = os.path.join(package, "kernels") + os.sep
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(package) or filename.startswith(library):
+            return SourceLocation(filename, frame.f_lineno,
+                                  linecache.getline(filename, frame.f_lineno).strip(),
+                                  frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
 class TegulaError(Exception):
     """A kernel, or its inputs, cannot be compiled or run as written.
 
@@ -73,5 +94,5 @@ class LaunchError(TegulaError):
     """The arguments given at launch do not match the kernel's signature."""
 
 
-__all__ = ["SourceLocation", "TegulaError", "TraceError", "SynthesisError", "ResourceError",
+__all__ = ["SourceLocation", "call_site", "TegulaError", "TraceError", "SynthesisError", "ResourceError",
            "CompileError", "LaunchError", "LayoutError"]

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from tegula.dtypes import DType
 from tegula.errors import SourceLocation, TegulaError, TraceError
+from tegula.errors import call_site as _call_site  # the user's launch line
 from tegula.ir.ops import TracedKernel
 from tegula.ir.scalar import ScalarArg, TensorExtent
 from tegula.ir.values import GlobalArg
@@ -205,26 +206,6 @@ def _check_kernel_name(fn: Callable, loc: SourceLocation) -> None:
         raise TraceError(f"kernel {fn.__name__}: CUDA already has a function (or keyword) of "
                          f"this name, and the kernel's CUDA function carries the kernel's "
                          f"name; rename the kernel (e.g. {fn.__name__}_kernel)", loc)
-
-
-def _call_site() -> SourceLocation | None:
-    """The innermost caller outside tegula's compiler: the user's launch, `tg.emulate`,
-    `trace` or `explain` call (constexprs are checked deep inside the build, which is not
-    where the user can fix them). The kernel library counts as a user."""
-    import os
-    import sys
-
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    library = os.path.join(package, "kernels") + os.sep
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(package) or filename.startswith(library):
-            return SourceLocation(filename, frame.f_lineno,
-                                  linecache.getline(filename, frame.f_lineno).strip(),
-                                  frame.f_code.co_name)
-        frame = frame.f_back
-    return None
 
 
 def _cache_key(values: dict) -> tuple:

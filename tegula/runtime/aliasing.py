@@ -28,14 +28,12 @@ elements interleave without sharing a byte, and raises otherwise.
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
-from tegula.errors import LaunchError, SourceLocation
+from tegula.errors import LaunchError, call_site
 from tegula.lower.async_ir import TensorMapParam
 from tegula.lower.thread_ir import (Assign, BinOp, Comment, CpAsync, For, GlobalAtomicAdd,
                                     GlobalLoad, GlobalStore, If, Let, Select, TensorParam,
@@ -241,23 +239,6 @@ def writes_itself(shape: Sequence[int], strides: Sequence[int]) -> bool:
 # The checks
 # --------------------------------------------------------------------------------------
 
-def call_site() -> SourceLocation | None:
-    """The innermost caller outside tegula's compiler and runtime (the kernel library
-    counts as a user): the line that launched."""
-    import linecache
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    library = os.path.join(package, "kernels") + os.sep
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(package) or name.startswith(library):
-            return SourceLocation(name, frame.f_lineno,
-                                  linecache.getline(name, frame.f_lineno).strip(),
-                                  frame.f_code.co_name)
-        frame = frame.f_back
-    return None
-
-
 def check_views(kernel_name: str, rules: Sequence[AliasRule], views: dict,
                 bits: dict, where: str = "launch") -> None:
     """Raise `LaunchError` where a rule's two tensors share memory other than as the
@@ -344,4 +325,4 @@ class AliasCheck:
 
 __all__ = ["AliasRule", "AliasCheck", "alias_rules", "in_place_reason", "byte_range",
            "elements_share_bytes", "writes_itself", "check_views", "raise_if_shared",
-           "call_site", "EXACT_LIMIT"]
+           "EXACT_LIMIT"]
