@@ -24,14 +24,23 @@ what CUDA keeps in registers (their indices are constants after unrolling). The 
 6. Outside loops some values are computed where they are used (`_compute_at_use`): a
    widening conversion (f16 to f32) at each of its reads, a product only a sum reads
    inside the sum.
-7. Compile-time constants (literals, constant indices, what only they compute) hold no
-   registers: `_fold_constants`.
+7. Compile-time constants (literals, constant indices, what only they compute) and index
+   expressions (a scalar plus a constant per element) hold no registers:
+   `_fold_constants`.
+8. A copy shares its source's register where the source is not overwritten while the
+   copy is read (`_coalesce_copies`): a row vector of a wgmma tile is one value per row
+   copied into each of a thread's elements, and tile copies rename.
+9. Where the tile ops' order would hold more than the launch allows (`_estimate_under`),
+   element-wise chains are evaluated element by element (`_sink_elementwise`): a tile
+   temporary is computed just above its first element-wise reader where that costs no
+   bits, so `gelu(acc)` holds the accumulator and a few values, not whole-tile
+   temporaries.
 
 `ADDRESS_OVERHEAD` is calibrated against ptxas (`nvcc 13.0`, `--ptxas-options=-v`) on the
 library's kernels: see `tests/synth/test_cost_registers.py`, which records the measured
-counts next to the estimates. Liveness is per element where an index is a constant, so
-the estimate errs by tens of registers either way (mma.sync GEMM tiles on sm_90: -26 to
-+16 against ptxas), never by the ~4× of summing every array (what the model did before).
+counts next to the estimates, and `benchmarks/register_table.py`, which compares the
+estimate with the registers the SASS uses on the library's kernels (sm_90a and sm_80;
+the errors are in docs/performance.md, session 12).
 """
 from __future__ import annotations
 
@@ -109,12 +118,13 @@ def over_limit(target, threads: int, live: RegisterEstimate,
 def estimate_registers(thread_kernel) -> RegisterEstimate:
     """The liveness estimate of a lowered kernel (see the module docstring)."""
     roles = _roles_statement(thread_kernel.body)
+    cap = _launch_cap(thread_kernel)
     if roles is None:
-        return _estimate(thread_kernel.body, "")
+        return _estimate_under(thread_kernel.body, "", cap)
     per_role = []
     for role in roles.roles:
         body = [s for s in thread_kernel.body if s is not roles] + list(role.body)
-        estimate = _estimate(body, role.name)
+        estimate = _estimate_under(body, role.name, role.max_registers or cap)
         if role.max_registers is not None:
             estimate.role = f"{role.name} (setmaxnreg {role.max_registers})"
             estimate.budget = role.max_registers
@@ -122,6 +132,27 @@ def estimate_registers(thread_kernel) -> RegisterEstimate:
     top = max(per_role, key=lambda e: e.registers)
     return RegisterEstimate(top.live_words, top.peak_arrays, overhead=top.overhead,
                             role=top.role, roles=per_role)
+
+
+def _launch_cap(thread_kernel) -> int:
+    """The registers a thread may hold under the kernel's launch bounds: 65536 a block
+    (an SM's register file on sm_80 and sm_90), shared by `blocks_per_sm` blocks, in
+    units of 8, at most 255 (as `per_thread_limit`, which needs the target)."""
+    share = 65536 // max(1, thread_kernel.threads * (thread_kernel.blocks_per_sm or 1))
+    return min(255, share // 8 * 8)
+
+
+def _estimate_under(body: list, role: str, cap: int) -> "RegisterEstimate":
+    """The estimate of `body`, its element-wise chains interleaved (`_sink_elementwise`)
+    only where the tile-op order would exceed `cap`: ptxas keeps the lowering's order and
+    its whole-tile temporaries while registers allow (silu(a) * b on sm_80: 63 registers,
+    the order's count), and computes element by element when they do not (the bias+silu
+    GEMM epilogue: 168 registers, where the order holds 281)."""
+    estimate = _estimate(body, role, sink=False)
+    if estimate.registers <= cap:
+        return estimate
+    sunk = _estimate(body, role, sink=True)
+    return sunk if sunk.registers < estimate.registers else estimate
 
 
 def _roles_statement(body: list):
@@ -138,7 +169,7 @@ class _Interval:
     mentions: list = field(default_factory=list)   # (position, is_read)
 
 
-def _estimate(body: list, role: str) -> RegisterEstimate:
+def _estimate(body: list, role: str, sink: bool = True) -> RegisterEstimate:
     intervals: dict[tuple, _Interval] = {}
     loops: list[tuple[int, int]] = []
     arrays: dict[str, object] = {}
@@ -148,6 +179,9 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
     _fold_constants(intervals, defs)
     _load_one_k_step_ahead(intervals, fragments)
     _compute_at_use(intervals, defs, loops)
+    if sink:
+        _sink_elementwise(intervals, defs)
+    intervals = _coalesce_copies(intervals, defs.get("copies", {}), loops)
     # Nested loops: extend until nothing changes (intervals only grow, so this ends).
     while any([_extend_over(loop, intervals) for loop in loops]):
         pass
@@ -161,9 +195,8 @@ def _estimate(body: list, role: str) -> RegisterEstimate:
         pressure.append(running)
     peak = max(range(len(pressure)), key=lambda p: pressure[p], default=0)
     live: dict[str, int] = {}
-    for (name, *_), iv in intervals.items():
-        if iv.first <= peak <= iv.last:
-            live[name] = live.get(name, 0) + 1
+    for name, _ in {key[:2] for key, iv in intervals.items() if iv.first <= peak <= iv.last}:
+        live[name] = live.get(name, 0) + 1   # elements (one may hold two values at once)
     described = tuple(f"{name}: {count} of {arrays[name].size} {arrays[name].dtype}"
                       for name, count in sorted(live.items(), key=lambda kv: -kv[1] *
                                                 arrays[kv[0]].dtype.bits))
@@ -190,16 +223,29 @@ def _number(stmts: list, position: int, intervals: dict, loops: list, arrays: di
             position = _number(stmt.body, position + 1, intervals, loops, arrays, fragments,
                                defs)
             loops.append((start, position))
+            defs.setdefault("regions", []).append((start + 1, position - 1))
             position += 1
         elif name == "If":
-            position = _number(stmt.then, position, intervals, loops, arrays, fragments, defs)
-            position = _number(stmt.otherwise, position, intervals, loops, arrays, fragments,
-                               defs)
+            for branch in (stmt.then, stmt.otherwise):
+                start = position
+                position = _number(branch, position, intervals, loops, arrays, fragments,
+                                   defs)
+                defs.setdefault("regions", []).append((start, position - 1))
         elif hasattr(stmt, "roles") and isinstance(stmt.roles, list):
             for r in stmt.roles:  # only reached for nested roles: measured together
                 position = _number(r.body, position, intervals, loops, arrays, fragments, defs)
         else:
             constant = name == "Assign" and _record_def(stmt, position, defs)
+            if name == "Assign":
+                defs.setdefault("assigns", set()).add(position)
+            if name == "Assign" and type(stmt.value).__name__ == "RegRead" and \
+                    _constant(stmt.dst.index) and _constant(stmt.value.reg.index):
+                defs.setdefault("copies", {})[(position, _key(stmt.dst))] = \
+                    _key(stmt.value.reg)
+            elif name == "Assign" and type(stmt.value).__name__ == "Literal" and \
+                    _constant(stmt.dst.index):   # a constant: copied from no register
+                defs.setdefault("copies", {})[(position, _key(stmt.dst))] = \
+                    ("literal", repr(stmt.value))
             if name in ("Barrier", "Shuffle"):   # a reduction's exchanges
                 defs.setdefault("exchanges", []).append(position)
             for reg, count, is_read, written in _registers_of(stmt):
@@ -234,7 +280,11 @@ def _record_def(stmt, position: int, defs: dict) -> bool:
             defs.setdefault("accumulations", set()).add(position)
         if _is_widening(stmt.value):
             defs.setdefault("widened", set()).add(key)
-        if _is_constant(stmt.value, defs.get("constants", {})):
+        # An index expression (`tg.arange` plus a loop's offset: a scalar plus a constant
+        # per element) holds no register either: ptxas adds the constant where it is read,
+        # or folds it into a compare's immediate (the attention mask's key indices).
+        if _is_constant(stmt.value, defs.get("constants", {})) or \
+                type(stmt.value).__name__ == "IndexValue":
             defs.setdefault("constants", {}).setdefault(key, []).extend(operands)
             return True
     return False
@@ -293,6 +343,128 @@ def _compute_at_use(intervals: dict, defs: dict, loops: list) -> None:
             _move_reads(intervals[op], position, [use])
         iv.first = iv.last = use
         iv.mentions = [(use, False), (use, True)]
+
+
+def _sink_elementwise(intervals: dict, defs: dict) -> None:
+    """ptxas evaluates a chain of element-wise tile ops element by element (step 9 of the
+    module docstring): the lowering writes `t = -x` over the whole tile, then `e = exp(t)`
+    over it, but ptxas computes each element of t just before the exp that reads it, so a
+    tile temporary holds no register of its own. An element written once, at constant
+    indices (not a widening conversion: outside the exchanges of `_compute_at_use`
+    ptxas converts 16-bit values up front, silu(a) * b on sm_80 holds a and b in f32),
+    moves down to its first read when that read is an element-wise statement
+    (not an mma reading a whole fragment) in the same loop body or branch, none of its
+    operands is written in between, and the move costs no bits: the operands it keeps
+    alive longer gain fewer bit-positions than the element frees (an operand live there
+    anyway gains none; the latest elements first, so whole chains collapse).
+    Measured (ptxas 13, sm_90a): the bias+silu GEMM epilogue held the 128-element
+    accumulator and two 128-element temporaries (281 estimated), where ptxas uses 168."""
+    elements, assigns = defs.get("elements", {}), defs.get("assigns", set())
+    widened = defs.get("widened", set())   # converted up front: ptxas holds them in f32
+    regions = sorted(defs.get("regions", []), key=lambda span: span[1] - span[0])
+
+    def region(position):
+        return next((span for span in regions if span[0] <= position <= span[1]), None)
+
+    for key, (position, operands) in sorted(elements.items(), key=lambda kv: -kv[1][0]):
+        iv = intervals.get(key)
+        if iv is None or key in operands or key in widened or \
+                [p for p, is_read in iv.mentions if not is_read] != [position]:
+            continue
+        reads = sorted(p for p, is_read in iv.mentions if is_read)
+        if not reads or reads[0] <= position or reads[0] not in assigns or \
+                region(reads[0]) != region(position):
+            continue
+        use = reads[0]
+        live = [op for op in dict.fromkeys(operands) if op in intervals]   # folded: none
+        if any(position < p < use for op in live
+               for p, is_read in intervals[op].mentions if not is_read):
+            continue
+        # bit-positions the operands gain (live on to the new place) against those the
+        # element frees (its own value from here to there)
+        gained = sum(intervals[op].bits * (use - 1 - max(intervals[op].last, position))
+                     for op in live if intervals[op].last < use - 1)
+        if gained > iv.bits * (use - 1 - position):
+            continue
+        # Just above the reader (one position up: a write at its reader's position would
+        # read as a value carried into the loop, `_extend_over`)
+        for op in live:
+            _move_reads(intervals[op], position, [use - 1])
+        iv.mentions = [(use - 1 if (p, r) == (position, False) else p, r)
+                       for p, r in iv.mentions]
+        iv.first = use - 1
+
+
+def _key(reg) -> tuple:
+    return (reg.array.name, reg.index.value)
+
+
+def _coalesce_copies(intervals: dict, copies: dict, loops: list) -> dict:
+    """A copy holds no register of its own: ptxas gives a register's copy the register
+    itself where the source is not overwritten while the copy is read (step 8 of the module
+    docstring). The lowering writes many: a row vector of a wgmma tile (attention's m_i and
+    l_i) holds one value per row in each of the 32 elements a thread has, written as copies
+    of the row's first element, and tile copies (`s.assign(p)`, the masked scores) rename.
+    An element all of whose writes are such copies (a copy of a folded constant aside)
+    joins its sources' register; elements of one register share one interval (the union
+    of theirs). Returns the intervals by register."""
+    writes: dict = {}
+    reads: dict = {}
+    for key, iv in intervals.items():
+        writes[key] = sorted(p for p, is_read in iv.mentions if not is_read)
+        reads[key] = sorted(p for p, is_read in iv.mentions if is_read)
+    parent: dict = {}
+    starts: dict = {}
+
+    def find(key):
+        while parent.get(key, key) != key:
+            key = parent[key]
+        return key
+
+    for key in intervals:
+        sources = [copies.get((p, key)) for p in writes[key]]
+        if not sources or None in sources:
+            continue
+        kept = [(p, src) for p, src in zip(writes[key], sources) if src in intervals]
+        if kept and all(_copy_holds(p, key, src, writes, reads, loops) for p, src in kept):
+            for _, src in kept:
+                root, other = find(src), find(key)
+                if root != other:
+                    parent[other] = root
+            # the constants it starts from (a literal, a folded tile's element): elements
+            # starting from different ones are different values until the first copy
+            starts[key] = tuple(sorted({repr(src) for src in sources if src not in intervals}))
+    if not parent:
+        return intervals
+    merged: dict = {}
+    for key, iv in intervals.items():
+        root = find(key) + starts.get(key, ())
+        into = merged.get(root)
+        if into is None:
+            merged[root] = _Interval(iv.bits, iv.first, iv.last, list(iv.mentions))
+        else:
+            into.bits = max(into.bits, iv.bits)
+            into.first, into.last = min(into.first, iv.first), max(into.last, iv.last)
+            into.mentions += iv.mentions
+    return merged
+
+
+def _copy_holds(position: int, dst: tuple, src: tuple, writes: dict, reads: dict,
+                loops: list) -> bool:
+    """Whether no write of `src` falls between the copy into `dst` at `position` and a read
+    of `dst` that copy reaches: the later reads up to dst's next write, and where no write
+    of dst follows in the innermost loop holding the copy, the reads at that loop's top
+    before its first write of dst (the next iteration's)."""
+    later = [p for p in writes[dst] if p > position]
+    stop = later[0] if later else float("inf")
+    spans = [(position, r) for r in reads[dst] if position < r < stop]
+    inner = [loop for loop in loops if loop[0] <= position <= loop[1]]
+    if inner:
+        start, end = min(inner, key=lambda loop: loop[1] - loop[0])
+        if not any(position < p <= end for p in writes[dst]):
+            top = min([p for p in writes[dst] if p >= start] + [end + 1])
+            spans += [(position, end), *((start - 1, r) for r in reads[dst] if start <= r < top)]
+    return not any(a < p < b for a, b in spans for p in writes[src])
 
 
 def _move_reads(iv: "_Interval", position: int, to: list) -> None:
