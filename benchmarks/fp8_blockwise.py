@@ -156,6 +156,9 @@ CEILINGS = [("blockwise 192x128 S3 (the library's)", "base", _T192, "random"),
 #: Session 12: the library's blockwise kernel ("library": `blockwise_product`, whose
 #: promotion takes a per-column b scale, one of two, where BN does not divide 128) on the
 #: 2-warpgroup tiles whose per-tensor ceiling is above 192x128's, beside those ceilings.
+#: Round 1 (H100, 4096^3 / 8192^3 / 4096x7168x2048, x per-tensor 128x256): 192x128 S3
+#: 0.73 / 0.70 / 0.88; 128x192 S3 0.63 / 0.63 / 0.76 (S4 0.60 / 0.59 / 0.73, S5 0.62 /
+#: 0.61 / 0.73, S4 C2 0.60 / 0.61 / 0.72); per-tensor 128x192 S4 0.91 / 0.98 / 1.08.
 WIDE = [("blockwise 192x128 S3 (session 11's pick)", "library", _T192, "random"),
         ("blockwise 128x192 S4", "library", {**_T128, "BN": 192}, "random"),
         ("blockwise 128x192 S3", "library", {**_T128, "BN": 192, "STAGES": 3}, "random"),

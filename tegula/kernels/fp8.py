@@ -16,9 +16,10 @@ K-major, accumulated in f32 and stored as bf16, f16 or f32. Two scalings:
 FP8 tensor-core instructions exist from sm_89 (mma.sync) and on sm_90a (wgmma); on sm_80
 the compiler refuses `tg.gemm` on f8 operands with an error naming the instruction.
 K must be a multiple of 16 (one e4m3 row of a k-step is 16 bytes, the copy and TMA unit).
-A blockwise tile's columns may reach two of b's scale blocks (BN = 192: 128x192 tiles, whose
-per-tensor ceiling is above the 192x128 ones'); the promotion then takes per column one of
-the two block scales (`blockwise_product`).
+A blockwise tile's columns may reach two of b's scale blocks (BN = 192); the promotion then
+takes per column one of the two block scales (`blockwise_product`). On an H100 the
+128x192 blockwise tile measured slower than 192x128 (session 12: 0.59-0.76x against
+0.70-0.88x the per-tensor 128x256), so the entry point keeps 192x128.
 """
 from __future__ import annotations
 
@@ -106,7 +107,10 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     wait, but 0.53x per-tensor: each warpgroup's two gemms serialize;
     `benchmarks/fp8_blockwise_variants.py`).
     Where BN does not divide 128 (192: the 2-warpgroup tile whose per-tensor ceiling is
-    above 192x128's), a tile's columns reach two of b's scale blocks, the boundary at a
+    0.91-1.08x the per-tensor 128x256, but whose blockwise form measured 0.59-0.76x, below
+    192x128's 0.70-0.88x on three warpgroups: with two, one warpgroup's promotion is not
+    hidden by the other's wgmmas; session 12, H100), a tile's columns reach two of b's
+    scale blocks, the boundary at a
     run-time column that is a multiple of gcd(BN, 128): the product is promoted in chunks
     of that many columns, each taking the first or the second block's scale (DeepGEMM's
     two-scale promotion). The chunk index is a register dim of its own, so each thread
