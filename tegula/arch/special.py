@@ -2,8 +2,8 @@
 
     entry            d    a    from   what it does
     lg2.approx.f32   f    f    all    log2(a), approximate: |error| <= 2^-22 for a in
-                                      [0.5, 2], else <= 2 ulp of the result; subnormal
-                                      inputs kept (not flushed)
+                                      [0.5, 2], else <= 2 ulp from the correctly rounded
+                                      result; subnormal inputs kept (not flushed)
 
 (PTX ISA "lg2"; the error bound is the CUDA programming guide's for `__log2f`, which is this
 instruction.) `tg.log2` prints it (the emitter's `tg_log2` helper, `codegen/ptx.py`) where
@@ -61,14 +61,16 @@ class SpecialFunctionInstr(Instruction):
 
     def error_bound(self, x) -> np.ndarray:
         """The largest |hardware − exact| the documentation allows at each input `x`
-        (float64; 0 where the result is exact: zeros, infinities, NaN, negatives)."""
+        (float64; 0 where the result is exact: zeros, infinities, NaN, negatives). Its ulp
+        bound counts from the correctly rounded result, so from the exact value it is half
+        an ulp more (measured on an H100: 2.06 ulp at x = 0.26437166, session 12)."""
         x = np.asarray(x, dtype=np.float64)
         with np.errstate(all="ignore"):
             exact = np.log2(x)
             finite = np.isfinite(exact)
             ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
             near_one = (x >= self.abs_range[0]) & (x <= self.abs_range[1])
-            bound = np.where(near_one, self.abs_error, self.ulp_error * ulp)
+            bound = np.where(near_one, self.abs_error, (self.ulp_error + 0.5) * ulp)
         return np.where(finite, bound, 0.0)
 
 

@@ -95,11 +95,11 @@ def test_emulator_computes_through_the_entry(monkeypatch):
     assert (out == 7.0).all()
 
 
-def test_error_bound_is_absolute_near_one_and_two_ulp_elsewhere():
+def test_error_bound_is_absolute_near_one_and_two_ulp_from_rounded_elsewhere():
     x = np.array([1.0, 0.5, 2.0, 4.0, 0.25, 1e-40, 0.0, np.inf, np.nan, -3.0])
     bound = LG2_APPROX.error_bound(x)
     assert (bound[:3] == 2.0 ** -22).all()
-    assert bound[3] == 2 * np.spacing(np.float32(2.0)) and bound[4] == bound[3]
+    assert bound[3] == 2.5 * np.spacing(np.float32(2.0)) and bound[4] == bound[3]
     assert 0 < bound[5] < 1e-4 and (bound[6:] == 0).all()
 
 

@@ -48,13 +48,14 @@ def test_lg2_within_its_bound_everywhere(shape):
     error = np.abs(got[finite].astype(np.float64) - exact[finite])
     bound = LG2_APPROX.error_bound(x)[finite]
     worst = int(np.argmax(error / np.where(bound > 0, bound, 1)))
-    assert (error <= bound).all(), (f"x={x[finite][worst]!r}: got {got[finite][worst]!r}, "
-                                    f"exact {exact[finite][worst]!r}, bound {bound[worst]:.3g}")
     near = (x[finite] >= 0.5) & (x[finite] <= 2.0)
     ulps = error[~near] / np.spacing(np.abs(exact[finite][~near]).astype(np.float32))
     print(f"\nlg2.approx.f32 {shape}: max |err| in [0.5, 2] {error[near].max():.3g} "
-          f"(bound 2^-22 = {2.0 ** -22:.3g}), max ulp elsewhere {ulps.max():.2f} (bound 2); "
+          f"(bound 2^-22 = {2.0 ** -22:.3g}), max ulp elsewhere {ulps.max():.2f} from the "
+          f"exact value (bound 2 from the rounded one); "
           f"equal to the emulator's f32 bits: {np.mean(got == _emulated(x)):.1%}")
+    assert (error <= bound).all(), (f"x={x[finite][worst]!r}: got {got[finite][worst]!r}, "
+                                    f"exact {exact[finite][worst]!r}, bound {bound[worst]:.3g}")
 
 
 def _emulated(x: np.ndarray) -> np.ndarray:
@@ -67,7 +68,7 @@ def test_subnormal_inputs_are_kept_not_flushed():
     x = np.array([[1e-45, 1e-44, 3e-39, 1.1754942e-38] * 32] * 8, np.float32)
     got = _on_gpu(x)
     exact = np.log2(x.astype(np.float64))
-    assert np.isfinite(got).all() and (got < -126).all()
+    assert np.isfinite(got).all() and (got <= -126).all()  # log2 of the largest: -126.0
     assert (np.abs(got - exact) <= LG2_APPROX.error_bound(x)).all()
 
 
