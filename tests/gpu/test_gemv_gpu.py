@@ -76,6 +76,10 @@ def test_gemv_torch_entry_matches_torch(dtype, m, n, k):
     y = tk.gemv(x[0], w)                  # a vector gives a vector
     assert y.shape == (n,)
     check(y, x[:1], w)
+    for _ in range(2):                    # out= again: replayed, into a new poisoned out
+        out2 = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+        assert tk.gemv(x2, w, out=out2) is out2
+        check(out2, x2, w)
 
 
 def test_gemv_torch_entry_takes_strided_views():
