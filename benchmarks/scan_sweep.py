@@ -6,7 +6,9 @@ float64 (every element, into a NaN-poisoned output) before it is timed with L2 f
         --variant "" --variant "G=16,BL=16" --variant "SPLIT=0"
 
 A variant is comma-separated NAME=INT options of `selective_scan` ("" is the entry point's
-default; SPLIT=0 the lane-scan kernel); `--probe` runs each once, unchecked and untimed,
+default; SPLIT=0 the lane-scan kernel; LOG2F=1, not a kernel option, builds that variant with
+CUDA's library `log2f` for `tg.log2` instead of the catalogue's `lg2.approx.f32`: session
+11's code, for an A/B in one process); `--probe` runs each once, unchecked and untimed,
 for a profiler. Prints, per variant, µs, the fraction of the copy
 bandwidth (1 GiB copy measured in this process) on the bench's bytes (u, delta, z, out,
 B, C, A, D, delta_bias), the ratio to the first variant and the relative error.
@@ -14,6 +16,7 @@ B, C, A, D, delta_bias), the ratio to the first variant and the relative error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -34,6 +37,32 @@ def parse_variant(text: str) -> dict:
         name, value = item.split("=")
         out[name] = bool(int(value)) if name == "SPLIT" else int(value)
     return out
+
+
+@contextlib.contextmanager
+def library_log2(on: bool):
+    """While `on`: `tg.log2` printed as CUDA's `log2f` (session 11's emitter), with the
+    scan kernels' builds and compiled launches forgotten before and after (they are cached
+    on the kernel objects), so the variant and the ones after it are built afresh."""
+    from tegula.codegen import expr
+    from tegula.kernels import scan, scan_skew, scan_split
+
+    def forget() -> None:
+        for make in (scan_split.selective_scan_split_kernel,
+                     scan_skew.selective_scan_skewed_kernel, scan.selective_scan_kernel):
+            make.cache_clear()
+
+    if not on:
+        yield
+        return
+    forget()
+    saved = expr._FLOAT_UNARY["log2"]
+    expr._FLOAT_UNARY["log2"] = "log2f({})"
+    try:
+        yield
+    finally:
+        expr._FLOAT_UNARY["log2"] = saved
+        forget()
 
 
 def inputs(shape: tuple[int, int, int], dtype: str, seed: int = 0) -> tuple:
@@ -65,27 +94,34 @@ def sweep(shape, dtype: str, variants: list[str], copy_bps: float, flush: str) -
     label = "x".join(map(str, shape))
     for text in variants:
         tiles = parse_variant(text)
-        out = torch.full_like(args[0], float("nan"))
-        try:
-            selective_scan(*args, True, out=out, **tiles)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 — a refused variant is a row, not the end
-            print(f"| {label} | {dtype} | {text or 'default'} | refused: "
-                  f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]} |")
+        log2f = bool(tiles.pop("LOG2F", 0))
+        with library_log2(log2f):
+            row = _measure(args, tiles, want, scale, dtype, flush)
+        if isinstance(row, str):
+            print(f"| {label} | {dtype} | {text or 'default'} | {row} |")
             continue
-        err = ((out.double() - want).abs().max().item()) / scale
-        finite = bool(torch.isfinite(out).all())
-        if not finite or err > TOLERANCE[dtype]:
-            print(f"| {label} | {dtype} | {text or 'default'} | WRONG: rel err {err:.1e}, "
-                  f"all finite {finite} |")
-            continue
-        ms = gpu.time_ms(lambda: selective_scan(*args, True, out=out, **tiles), flush=flush)
+        ms, err = row
         first = first or ms
         print(f"| {label} | {dtype} | {text or 'default'} | {ms * 1e3:.1f} us | "
               f"{nbytes / (ms * 1e-3) / copy_bps:.0%} copy | {first / ms:.2f}x first | "
               f"err {err:.1e} |", flush=True)
     del args, want
     torch.cuda.empty_cache()
+
+
+def _measure(args, tiles: dict, want, scale: float, dtype: str, flush: str):
+    """(ms, relative error) of one variant checked against the reference, or why not."""
+    out = torch.full_like(args[0], float("nan"))
+    try:
+        selective_scan(*args, True, out=out, **tiles)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 — a refused variant is a row, not the end
+        return f"refused: {type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
+    err = ((out.double() - want).abs().max().item()) / scale
+    finite = bool(torch.isfinite(out).all())
+    if not finite or err > TOLERANCE[dtype]:
+        return f"WRONG: rel err {err:.1e}, all finite {finite}"
+    return gpu.time_ms(lambda: selective_scan(*args, True, out=out, **tiles), flush=flush), err
 
 
 def main() -> None:
