@@ -432,14 +432,25 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
         return tuple(s for s in SPLITS if sms <= row_tiles * s <= MAX_WAVES * sms
                      and steps >= 2 * s) or fixed
 
+    def wide_splits() -> tuple:   # two warpgroups' 128-row tiles: at most 2 blocks an SM
+        if n is None or k is None:
+            return (1,)
+        row_tiles, steps = -(-n // (2 * FRAGMENT_ROWS)) * token_tiles, -(-k // 256)
+        return tuple(s for s in (1, 2, 4) if row_tiles * s <= 2 * sms and steps >= 2 * s)
+
     if bt <= 16:
         ring = dict(base, BT=bt, load_path="cp.async")
         configs = [dict(ring, KS=4, STAGES=3, SPLIT=s) for s in splits(256, (3, 4))]
         if n is not None and -(-n // FRAGMENT_ROWS) >= sms:
             configs.append(dict(ring, KS=4, STAGES=6, SPLIT=1))
         if group_size >= 128:   # the same with the scale on each group's f32 sums (two
-            # parts a step): ~10% fewer SASS a weight than scaling every pair (session 12)
+            # parts a step): ~10% fewer SASS a weight than scaling every pair, and two
+            # warpgroups of rows a block (8 warps: the kernel is latency-bound at ~2
+            # warps a scheduler), unsplit or split where the 128-row tiles are few
+            # (session 12, H100: 21.5 µs at 16x14336x4096, was 24.7)
             configs += [dict(c, SCALE_AFTER=1) for c in configs]
+            configs += [dict(ring, KS=4, STAGES=4, WG=2, SCALE_AFTER=1, SPLIT=s)
+                        for s in wide_splits()]
         return configs + [dict(ring, STAGES=4, SPLIT=4)]
     configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
                dict(base, BT=bt, STAGES=2, SPLIT=2),
@@ -447,6 +458,8 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
     configs += [dict(base, BT=bt, STAGES=3, SPLIT=s) for s in splits(128, (2, 4))]
     if bt > 64:
         configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
+    else:   # 128 rows a block: half the activations' L2 re-reads (session 12: 32.5 µs at
+        configs.append(dict(base, BT=bt, STAGES=3, SPLIT=2, WG=2))   # 64x14336x4096, was 35.3)
     return configs
 
 

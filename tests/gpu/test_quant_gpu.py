@@ -303,7 +303,14 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
                                             load_path="cp.async")),
         ("f16", 9, 300, 1024, 128, False, dict(KS=4, SCALE_AFTER=1, SPLIT=3,
                                                load_path="cp.async")),
-        ("f16", 128, 4096, 4096, 128, True, dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1))]],
+        ("f16", 128, 4096, 4096, 128, True, dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1)),
+        # two warpgroups of rows: the tuner's 16-token pick of session 12, 64 tokens split 2
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=4, WG=2, SCALE_AFTER=1,
+                                                 INTEGER_ZEROS=1, load_path="cp.async")),
+        ("bf16", 5, 300, 1280, 128, True, dict(KS=4, STAGES=4, WG=2, SCALE_AFTER=1, SPLIT=2,
+                                               INTEGER_ZEROS=1, load_path="cp.async")),
+        ("f16", 64, 14336, 4096, 128, True, dict(BT=64, KS=2, STAGES=3, SPLIT=2, WG=2,
+                                                 INTEGER_ZEROS=1))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
