@@ -418,9 +418,12 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
     against ~24 split 4 at 16x14336x4096). Beyond 16 tokens both operands through the
     TMA ring (2-3 stages; split 4 best at 128x4096x4096, 21.1 µs), the weights straight
     into registers (WSMEM=0: 1.34x torch at 64x14336x4096), or a cp.async ring; 64-token
-    tiles at 128. Without (N, K) the splits are session 10's fixed ones. (SCALE_AFTER lost
-    to KS=4 at every 16-token shape of session 9; the k-step in parts, its dequantization
-    overlapping the last part's wgmmas, lost at every shape of session 11.)"""
+    tiles at 128. Without (N, K) the splits are session 10's fixed ones. Session 12 (group
+    ≥ 128): each 16-token ring again with the scale on each group's f32 sums (SCALE_AFTER
+    at KS=4: two parts a step, 3.39 SASS a weight against 3.71), and two warpgroups of
+    rows a block (WG=2, 8 warps: the kernel is latency-bound at ~2 warps a scheduler;
+    21.5 µs unsplit at 16x14336x4096), split where the 128-row tiles are few; WG=2 at 64
+    tokens (1.39x at 64x14336x4096). (SCALE_AFTER at KS=2 lost to KS=4 in session 9.)"""
     from tegula.kernels.quant import token_tile
     bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
     token_tiles = -(-m // bt)
