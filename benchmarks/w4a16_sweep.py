@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b] [--only PREFIX]
 [--budget SECONDS] [--index ROW ...] [--profile]` (`--profile`: each selected row launched once more,
 untimed, for ncu).
 
@@ -207,9 +207,17 @@ SESSION12 = ([("w4frag", (16, 14336, 4096), dict(c, warp_specialize=False)) for 
     + [("w4frag", (128, 14336, 4096), dict(c, warp_specialize=False)) for c in (
         dict(BT=128, KS=2, STAGES=3, SPLIT=2), dict(BT=128, KS=2, STAGES=3, SPLIT=2,
                                                     INTEGER_ZEROS=1, WG=2))])
+# Session 12, round 2: around round 1's best (two warpgroups of rows, unsplit, 21.5 µs at
+# 16x14336x4096): ring depth, KS=2, without the scale after, and at 11008 rows.
+_WG2 = dict(_SA, WG=2)
+SESSION12B = [("w4frag", shape, dict(c, warp_specialize=False)) for shape, c in (
+    ((16, 14336, 4096), dict(_WG2, KS=4, STAGES=4)), ((16, 14336, 4096), dict(_WG2, KS=4, STAGES=3)),
+    ((16, 14336, 4096), dict(_WG2, KS=4, STAGES=6)), ((16, 14336, 4096), dict(_WG2, KS=2, STAGES=6)),
+    ((16, 14336, 4096), dict(_IZ, WG=2, KS=4, STAGES=4)),
+    ((16, 11008, 4096), dict(_WG2, KS=4, STAGES=4)), ((16, 11008, 4096), dict(_SA, KS=4, STAGES=6)))]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
-        "session12": SESSION12}
+        "session12": SESSION12, "session12b": SESSION12B}
 
 
 GROUP = 128
