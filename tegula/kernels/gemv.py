@@ -22,7 +22,11 @@ step waited on its own loads; with two chunks of 16 weights, the next step prefe
 rows a block (the default) 73% / 90% at 4096² / 11008 x 4096. The 4096² GEMV (32 MB, ~15 µs)
 is held back by the kernel's start and drain: ncu times the kernel at 13.9 µs (79% of the
 copy rate) where CUDA events measure 15.8, and a torch clone of the same 32 MB reaches only
-83% of the 1 GiB copy's rate (13.3 µs).
+83% of the 1 GiB copy's rate (13.3 µs). Session 12 (CUPTI kernel durations against CUDA
+events, `benchmarks/gemv_sweep.py --breakdown`): the kernel itself streams 4096² / 4096 x
+11008 / 11008 x 4096 at 90 / 94 / 99% of the copy rate (12.3 / 31.5 / 30.2 µs); events add
+2.6-3.9 µs a launch (a CUDA graph no less), as they do to torch's clone. PERSISTENT (a grid
+sized to the SMs) measured no faster.
 
 Entry points: `gemv_emulated` (numpy, the CPU emulator) and `gemv` (torch, autotuned).
 """

@@ -17,6 +17,12 @@ same threads hold both: the run layout). The first two intervals' steps 3 and 4 
 chunks −1 and −2: their scratch is zeroed (decay 1, no input: the state stays 0) and their
 stores are skipped; one more pipeline step drains the last chunks (copies past L load as 0,
 stores past L are masked).
+
+Measured slower (H100, session 12 round 1, 4x1536x2048): 170.2 / 137.0 µs f32 / bf16
+against 129.9 / 113.7 for the plain form: the doubled rings and scratch (~108 KB a block in
+f32) leave 2 blocks an SM where the grid needs 2.9; with STAGES=2 bf16 fits 3 and ties it
+(113.7 µs). So with the barriers gone at equal occupancy nothing is gained: the MUFU and
+shared-load waits are the loss, not the barriers. Kept as an option, off by default.
 """
 from __future__ import annotations
 

@@ -67,7 +67,8 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
     FMA_CHAIN (the recurrence as one FFMA a step, see the kernel; off by default: 1-3%
     slower at 4x1536x2048 in session 11 round 2, its 168 registers against 128 leave 3
     blocks an SM, 3% at 8x2048x1024 f32), SUBS (sub-chunks of BL steps a pipeline step,
-    each step of the body done for all of them: fewer barriers a step), SKEW (the kernel of
+    each step of the body done for all of them: fewer barriers a step; 0.81 / 0.83x at
+    4x1536x2048 f32 / bf16 in session 12 round 1), SKEW (the kernel of
     `tegula.kernels.scan_skew`: the steps of three chunks between two barriers, one a
     chunk; SUBS stays 1 there), and `threads` and
     `blocks_per_sm` (build options: the register cap of `__launch_bounds__`) where given.
