@@ -39,6 +39,10 @@ role) 1.57 [1.26] / 1.15 [1.45], 4 stages (one block) 0.64 [0.66]; blockwise FP8
 1.11 [1.39]. Since session 12 the model decides bodies of one gemm too (before, they kept
 the producer): the README GEMM's default tile runs in one role, two blocks per SM; tests
 and fuzz programs that exercise the specialized lowering ask for it (`warp_specialize=True`).
+Session 12 round 1: right on all 8 one-gemm bodies at full grids (README GEMM 128x128x32 S3
+1.62 [1.26]), wrong on all 6 small-grid library candidates (split-K and FP8 at 64-128 rows,
+at most one block an SM: 0.86-1.00 [1.05-1.39]) — one role's second block per SM needs a
+grid that has it, and the build does not know the grid.
 """
 from __future__ import annotations
 
