@@ -16,7 +16,6 @@ import re
 
 from tegula.build import build
 from tegula.dtypes import bf16, f16, f32
-from tegula.kernels.scan_skew import selective_scan_skewed_kernel
 from tegula.kernels.scan_split import selective_scan_split_kernel, split_config
 from tegula.runtime.compiler import compile_cuda_report, disassemble
 
@@ -61,19 +60,13 @@ def main() -> None:
             tiles = {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
             constexprs = split_config(args.dstate, **tiles)
             threads = constexprs.pop("threads")
-            if constexprs.pop("SKEW"):
-                subs = 2  # a pipeline step of the skewed kernel is a pair of chunks
-                constexprs.pop("SUBS")
-                kernel = selective_scan_skewed_kernel(DTYPES[dtype], DTYPES[dtype], threads)
-            else:
-                subs = constexprs["SUBS"]
-                kernel = selective_scan_split_kernel(DTYPES[dtype], DTYPES[dtype], threads)
+            kernel = selective_scan_split_kernel(DTYPES[dtype], DTYPES[dtype], threads)
             flags = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True)
             built = build(kernel, dict(constexprs, threads=threads, **flags), target=args.target)
             cubin, report = compile_cuda_report(built.cuda_source(), built.thread_kernel.name, args.target)
             sass = disassemble(cubin)
             body = loop_body(sass_lines(sass)) if sass else []
-            steps = constexprs["BD"] * constexprs["N"] * constexprs["BL"] * subs // threads
+            steps = constexprs["BD"] * constexprs["N"] * constexprs["BL"] * constexprs["SUBS"] // threads
             print(f"{dtype} {text or 'default'}: {report.registers} registers, spills "
                   f"{report.spill_stores}/{report.spill_loads}; {summary(body)}; "
                   f"{len(body) / steps:.2f} a (state, step)", flush=True)

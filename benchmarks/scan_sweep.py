@@ -45,11 +45,10 @@ def library_log2(on: bool):
     scan kernels' builds and compiled launches forgotten before and after (they are cached
     on the kernel objects), so the variant and the ones after it are built afresh."""
     from tegula.codegen import expr
-    from tegula.kernels import scan, scan_skew, scan_split
+    from tegula.kernels import scan, scan_split
 
     def forget() -> None:
-        for make in (scan_split.selective_scan_split_kernel,
-                     scan_skew.selective_scan_skewed_kernel, scan.selective_scan_kernel):
+        for make in (scan_split.selective_scan_split_kernel, scan.selective_scan_kernel):
             make.cache_clear()
 
     if not on:

@@ -14,12 +14,11 @@ bf16; A, D, delta_bias are read as f32) and `out` has u's type, as in the refere
 Not supported: complex A, B or C of shape (dim, dstate) (fixed over time), grouped B/C
 (rank 4), returning the last state.
 
-Two kernels (the split one in two forms): the entry points run the split-state kernel of
+Two kernels: the entry points run the split-state kernel of
 `tegula.kernels.scan_split` by default (each channel's states split over threads that walk
 the steps in order; faster on an H100, see `DEFAULT_SPLIT`; 16-bit inputs with fewer blocks than SMs excepted, see
 `SPLIT_MIN_BLOCKS_16BIT`), and this module's lane-scan kernel with `SPLIT=False` or any
-of its options named; `SKEW=True` runs the split kernel's skewed form
-(`tegula.kernels.scan_skew`: one barrier a chunk).
+of its options named.
 
 The lane-scan kernel: one block per (batch, BD channels), a `tg.range` over chunks of BL
 time steps.
@@ -329,7 +328,7 @@ def _merged_tiles(fn: str, defaults: dict, tiles: dict) -> dict:
 #: Options only the lane-scan kernel above takes, and options only the split-state kernel
 #: (`tegula.kernels.scan_split`) takes: naming one picks its kernel (`SPLIT=` says it).
 _LANE_OPTIONS = ("GROUP", "BC_AHEAD", "STATE_LOOP", "STATE_SMEM", "BC_PIPE", "PREFETCH")
-_SPLIT_OPTIONS = ("G", "STAGES", "threads", "FMA_CHAIN", "SUBS", "SKEW")  # and blocks_per_sm (both take it)
+_SPLIT_OPTIONS = ("G", "STAGES", "threads", "FMA_CHAIN", "SUBS")  # and blocks_per_sm (both take it)
 #: Whether the split-state kernel runs when no option names a kernel: yes, measured on an
 #: H100 (session 10, every option on, 4x1536x2048): 128 / 122 µs f32 / bf16 against 158 /
 #: 151 µs for the lane-scan kernel's defaults (docs/performance.md, selective scan).
@@ -394,15 +393,11 @@ def _launch_plan(fn: str, dim: int, dstate: int, dtype: DType, bc_dtype: DType, 
                  tiles: dict) -> tuple[tg.Kernel, tuple, dict]:
     """(kernel, grid, constexprs but the HAS_*/SOFTPLUS flags) for the entry points
     (`selective_scan_launch_config`)."""
-    from tegula.kernels.scan_skew import selective_scan_skewed_kernel
     from tegula.kernels.scan_split import selective_scan_split_kernel
 
     split, constexprs = selective_scan_launch_config(dim, dstate, dtype, batch, BD, BL,
                                                      prefetch, fn, **tiles)
-    if split and constexprs.pop("SKEW"):
-        constexprs.pop("SUBS")
-        kernel = selective_scan_skewed_kernel(dtype, bc_dtype, constexprs.pop("threads"))
-    elif split:
+    if split:
         kernel = selective_scan_split_kernel(dtype, bc_dtype, constexprs.pop("threads"))
     else:
         kernel = selective_scan_kernel(dtype, bc_dtype)

@@ -59,7 +59,7 @@ OUT_RUN = 4
 def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
                  G: int | None = None, STAGES: int = 3, threads: int = THREADS,
                  blocks_per_sm: int | None = None, FMA_CHAIN: bool = False,
-                 SUBS: int = 1, SKEW: bool = False) -> dict:
+                 SUBS: int = 1) -> dict:
     """The split kernel's constexprs for `dstate` states: G threads per channel (8 where it
     divides dstate, else the largest power of two that does), BD = threads / G channels a
     block, BL steps a chunk (32, or the power of two that keeps a thread's (state, step)
@@ -68,9 +68,7 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
     slower at 4x1536x2048 in session 11 round 2, its 168 registers against 128 leave 3
     blocks an SM, 3% at 8x2048x1024 f32), SUBS (sub-chunks of BL steps a pipeline step,
     each step of the body done for all of them: fewer barriers a step; 0.81 / 0.83x at
-    4x1536x2048 f32 / bf16 in session 12 round 1), SKEW (the kernel of
-    `tegula.kernels.scan_skew`: the steps of three chunks between two barriers, one a
-    chunk; SUBS stays 1 there), and `threads` and
+    4x1536x2048 f32 / bf16 in session 12 round 1), and `threads` and
     `blocks_per_sm` (build options: the register cap of `__launch_bounds__`) where given.
     Raises ValueError for tiles the kernel cannot run. The defaults measured best on an
     H100 at 4x1536x2048, dstate 16 (session 10, `benchmarks/results/h100-2026-11-24-
@@ -84,17 +82,14 @@ def split_config(dstate: int, BD: int | None = None, BL: int | None = None,
         BD = threads // G
     if BL is None:   # a power of two: the output's threads along the steps are lanes
         BL = max(OUT_RUN, min(32, 1 << (64 // (dstate // G)).bit_length() - 1))
-    if dstate % G or BD * G != threads or BL < OUT_RUN or BL & (BL - 1) or SUBS < 1 \
-            or (SKEW and SUBS != 1):
+    if dstate % G or BD * G != threads or BL < OUT_RUN or BL & (BL - 1) or SUBS < 1:
         raise ValueError(f"tegula.kernels.selective_scan: the split-state kernel needs G "
                          f"dividing dstate, BD·G = {threads} threads and BL a power of two "
-                         f"from {OUT_RUN} (SUBS >= 1 sub-chunks a step, 1 with SKEW); got "
-                         f"dstate={dstate}, BD={BD}, G={G}, BL={BL}, SUBS={SUBS}, SKEW={SKEW}")
-    if blocks_per_sm is None and SKEW:  # bf16 takes 182 registers uncapped (2 blocks an
-        blocks_per_sm = 3                 # SM), 154 with no spill at 3
+                         f"from {OUT_RUN} (SUBS >= 1 sub-chunks a step); got dstate={dstate}, "
+                         f"BD={BD}, G={G}, BL={BL}, SUBS={SUBS}")
     caps = {} if blocks_per_sm is None else {"blocks_per_sm": blocks_per_sm}
     return dict(N=dstate, BD=BD, BL=BL, G=G, STAGES=STAGES, threads=threads,
-                FMA_CHAIN=bool(FMA_CHAIN), SUBS=SUBS, SKEW=bool(SKEW), **caps)
+                FMA_CHAIN=bool(FMA_CHAIN), SUBS=SUBS, **caps)
 
 
 def _run_length(threads: int, rows: int, BL: int) -> int:

@@ -35,7 +35,6 @@ ALL = dict(delta_softplus=True)
     (2, 19, 41, 16, dict(G=16, BL=16, STAGES=4)),   # 1 state a thread, runs of 1 step
     (1, 11, 70, 16, dict(threads=64, STAGES=4)),    # 8 channels a block, 3 chunks ahead
     (1, 5, 75, 16, dict(SUBS=2)),         # two sub-chunks a step, the second of the last ragged
-    (1, 5, 75, 16, dict(SKEW=True)),      # three chunks' steps between barriers, 3 chunks
 ])
 def test_all_options_equal_reference(batch, dim, length, dstate, tiles):
     u, delta, A, B, C, D, z, bias = inputs(batch, dim, length, dstate, seed=dim + length)
@@ -99,13 +98,11 @@ def test_nan_propagates_along_the_sequence_only(where):
 
 def test_split_config_defaults_and_refusals():
     assert split_config(16) == dict(N=16, BD=16, BL=32, G=8, STAGES=3, threads=128,
-                                    FMA_CHAIN=False, SUBS=1, SKEW=False)
+                                    FMA_CHAIN=False, SUBS=1)
     assert split_config(6)["G"] == 2 and split_config(7)["G"] == 1
     assert split_config(64)["BL"] == 8 and split_config(5)["BL"] == 8
     assert split_config(16, blocks_per_sm=3)["blocks_per_sm"] == 3
-    assert split_config(16, SKEW=True)["blocks_per_sm"] == 3
-    for bad in (dict(G=3), dict(BD=32), dict(BL=12), dict(BL=2), dict(SUBS=0),
-                dict(SKEW=True, SUBS=2)):
+    for bad in (dict(G=3), dict(BD=32), dict(BL=12), dict(BL=2), dict(SUBS=0)):
         with pytest.raises(ValueError, match="split-state kernel needs"):
             split_config(16, **bad)
 
@@ -138,14 +135,6 @@ def test_fma_chain_either_way(chain):
     assert_close(out, selective_scan_reference(u, delta, A, B, C, D, z, bias, **ALL), 1e-5)
 
 
-def test_skewed_kernel_without_options():
-    """The skewed kernel with no D, z, bias or softplus: y alone (no epilogue terms carried),
-    one step: the pipeline's one pair then the drain."""
-    u, delta, A, B, C, _, _, _ = inputs(1, 7, 1, 16, seed=1)
-    out = selective_scan_emulated(u, delta, A, B, C, SKEW=True)
-    assert_close(out, selective_scan_reference(u, delta, A, B, C), 1e-5)
-
-
 def test_kernel_choice_errors():
     """Options of one kernel under the other are refused, not dropped."""
     u, delta, A, B, C, D, z, bias = inputs(1, 4, 10, 4)
@@ -156,7 +145,7 @@ def test_kernel_choice_errors():
 
 
 @pytest.mark.parametrize("dtype,tiles", [("f32", {}), ("bf16", {}), ("f32", dict(threads=64)),
-                                         ("bf16", dict(SUBS=2)), ("bf16", dict(SKEW=True))])
+                                         ("bf16", dict(SUBS=2))])
 def test_cuda_compiles_for_sm90a(dtype, tiles):
     from tegula.build import build
     from tegula.dtypes import f32
@@ -167,12 +156,6 @@ def test_cuda_compiles_for_sm90a(dtype, tiles):
     dt = f32 if dtype == "f32" else bf16
     constexprs = dict(split_config(16, **tiles), HAS_D=True, HAS_Z=True, HAS_BIAS=True,
                       SOFTPLUS=True)
-    threads, name = constexprs.pop("threads"), "selective_scan_split"
-    if constexprs.pop("SKEW"):
-        from tegula.kernels.scan_skew import selective_scan_skewed_kernel
-        constexprs.pop("SUBS")
-        kernel, name = selective_scan_skewed_kernel(dt, dt, threads), "selective_scan_skewed"
-    else:
-        kernel = selective_scan_split_kernel(dt, dt, threads)
+    kernel = selective_scan_split_kernel(dt, dt, constexprs.pop("threads"))
     source = build(kernel, constexprs, target="sm_90a").cuda_source()
-    assert compile_cuda(source, name, "sm_90a")[:4] == b"\x7fELF"
+    assert compile_cuda(source, "selective_scan_split", "sm_90a")[:4] == b"\x7fELF"
