@@ -266,10 +266,13 @@ def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool,
     searched persistent configurations (`searched_persistent`), then, where N (`n_exact`,
     by default the bucket's n) leaves a partial last wave of 128×256 tiles, the width
     `persistent_width` fits to it, then one block per 128×256 tile with the persistent
-    kernel's TMA-store epilogue (`kernel="staged"`: at 2048³, 128 tiles for 132 SMs, the
-    persistent kernel runs one tile a block too, after a few divisions), the persistent
-    kernel with taller row bands, then one block per 128×256 tile storing registers (first
-    with a `fused` epilogue); the two-warpgroup
+    kernel's TMA-store epilogue (`kernel="staged"`, with and without a producer
+    warpgroup; first where the tiles make one nearly full wave: at 2048³, 128 tiles for
+    132 SMs, it ran 0.94–0.95× cuBLAS where the persistent kernel, one tile a block after
+    five divisions, ran 0.89–0.91×, H100 session 12), then the persistent kernel with
+    taller row bands, alone and in clusters. One block per 128×256 tile storing registers
+    (0.78–0.86× at 2048³, 4096×11008² and 8192³) is only timed with a `fused` epilogue,
+    where it comes first; the two-warpgroup
     shared-pipeline tiles with 32-wide k-steps ran 0.54–0.66× cuBLAS at 2048³ and
     4096×4096×14336 (session 10) and are no longer offered there."""
     chosen = [dict(BM=128, BN=128, BK=32, STAGES=4),
@@ -289,15 +292,24 @@ def _many_rows_candidates(m: int, n: int, k: int, hopper: bool, fused: bool,
     persistent = searched_persistent(m, n, k)
     taller = dict(persistent[0], GROUP=16)
     from tegula.arch import get_target
-    width = persistent_width(m, n_exact or n, get_target("sm_90a").sm_count)
+    sms = get_target("sm_90a").sm_count
+    width = persistent_width(m, n_exact or n, sms)
     if width != 256:
         persistent = persistent + [dict(PERSISTENT[0], BN=width)]
     one_per_tile = [dict(BM=128, BN=256, BK=64, STAGES=3, threads=256),
                     dict(BM=128, BN=256, BK=64, STAGES=4, threads=256)]
-    staged = dict(kernel="staged", BM=128, BN=256, BK=64, STAGES=4, threads=256)
+    staged = [dict(kernel="staged", BM=128, BN=256, BK=64, STAGES=4, threads=256),
+              dict(kernel="staged", BM=128, BN=256, BK=64, STAGES=4, threads=256,
+                   warp_specialize=False)]
     if fused:
-        return one_per_tile[:1] + [staged] + persistent + [taller] + one_per_tile[1:]
-    return persistent + [staged, taller] + one_per_tile
+        return one_per_tile[:1] + staged[:1] + persistent + [taller] + one_per_tile[1:]
+    # Clusters of 2 walk units of 2 row tiles: GROUP=4 bands 8 row tiles, as GROUP=8 alone
+    # (8192³, H100 session 12: 1.05× cuBLAS measured last of its shape, GROUP=8 0.94×).
+    banded = [dict(c, GROUP=4) for c in persistent if c.get("CLUSTER", 1) == 2]
+    tiles = -(-m // 128) * -(-(n_exact or n) // 256)
+    if 0.9 * sms <= tiles <= sms:   # one nearly full wave, a tile a block: staged first
+        return (staged + persistent + [taller] + banded)[:7]
+    return (persistent + staged + [taller] + banded)[:7]
 
 
 def _with_orientation(chosen: list, m: int, n: int, k: int) -> list:
