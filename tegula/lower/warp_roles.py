@@ -191,11 +191,13 @@ def take_turns_in_loop(body: list, loc: str) -> list:
     issued, then does its register work while the other warpgroup's wgmmas run.
 
     Where the run crosses the loop's back edge (the plain loop: `acc += p_j @ v_j`, then
-    `s_{j+1}`), each iteration arrives before it syncs and both warpgroups start with their
-    first gemm: every barrier gets one arrive and one sync per iteration. Where it lies in
-    one iteration (the overlapped loop issues `s_{j+1}` and `acc += p_j @ v_j` together),
-    warpgroup 0 goes first: warpgroup 1 opens its first turn before the loop and skips its
-    last hand-over, so that no arrive is left at exit."""
+    `s_{j+1}`), both warpgroups issue `s_0` outside any turn, then take turns strictly:
+    warpgroup 1 opens warpgroup 0's first turn, iteration 0 hands nothing over and
+    warpgroup 0 hands its last turn over after the loop (`_turns_across_the_back_edge`:
+    why a warpgroup must sync before it arrives again). Where it lies in one iteration
+    (the overlapped loop issues `s_{j+1}` and `acc += p_j @ v_j` together), warpgroup 0
+    goes first: warpgroup 1 opens its first turn before the loop and skips its last
+    hand-over, so that no arrive is left at exit."""
     found: list = []
 
     def rewrite(s):
@@ -262,19 +264,42 @@ def _loop_with_turns(loop: For) -> list[Stmt]:
     last = max(range(n), key=lambda i: work[i])   # the turn ends with gemm `last` ...
     first = (last + 1) % n                         # ... and starts with the one after
     sync_at, arrive_at = fences[first], commits[last] + 1
-    if arrive_at <= sync_at:  # the turn crosses the back edge: arrive, then sync
-        after = _turn_operands(body[sync_at:] + body[:arrive_at])
-        new = (body[:arrive_at] + [_turn(arrive=True)] + body[arrive_at:sync_at]
-               + [_turn(arrive=False, after=after)] + body[sync_at:])
-        return [For(loop.var, loop.start, loop.stop, loop.step, new, loop.unroll)]
+    opener = If(all_of([TID.ge(WARPGROUP), loop.start.lt(loop.stop)]),
+                [NamedBarrier(TURN_BARRIER, 2 * WARPGROUP, arrive=True)])
+    if arrive_at <= sync_at:  # the turn crosses the back edge: sync, then arrive next time
+        return _turns_across_the_back_edge(loop, sync_at, arrive_at, opener)
     more = (loop.var + loop.step).lt(loop.stop)
     after = _turn_operands(body[sync_at:arrive_at])
     new = (body[:sync_at] + [_turn(arrive=False, after=after)] + body[sync_at:arrive_at]
            + [_turn(arrive=True, iteration_guard=more)] + body[arrive_at:])
-    opener = If(all_of([TID.ge(WARPGROUP), loop.start.lt(loop.stop)]),
-                [NamedBarrier(TURN_BARRIER, 2 * WARPGROUP, arrive=True)])
     return [Comment("turns: consumer warpgroup 1 opens warpgroup 0's first turn"), opener,
             For(loop.var, loop.start, loop.stop, loop.step, new, loop.unroll)]
+
+
+def _turns_across_the_back_edge(loop: For, sync_at: int, arrive_at: int,
+                                opener: Stmt) -> list[Stmt]:
+    """The plain loop's turns: turn j is `acc += p_j @ v_j` and `s_{j+1}` (sync before the
+    first, arrive after the second's commit, in the next iteration), taken strictly in
+    turn: warpgroup 1 opens warpgroup 0's first turn, iteration 0's arrive is skipped
+    (`s_0` ends no turn), and warpgroup 0 hands its last turn over after the loop.
+
+    A warpgroup must never arrive twice on the other's barrier before the other syncs
+    there once: the second arrive would complete the barrier alone (two arrivals of 128
+    make the 256), and the other's sync would then wait for a third that never comes.
+    With each iteration arriving before it syncs (before 2026-11-25), warpgroup 1 could
+    pass its own sync (warpgroup 0 arrives right after its scores' gemm) and arrive again
+    while warpgroup 0 still ran its softmax ahead of its sync: once the softmax stayed
+    above the sync (`_turn_operands`), the 4x32x4096 D=64 forward hung on the H100."""
+    body = loop.body
+    after = _turn_operands(body[sync_at:] + body[:arrive_at])
+    handover = If(loop.start.lt(loop.var), [_turn(arrive=True)])
+    new = (body[:arrive_at] + [handover] + body[arrive_at:sync_at]
+           + [_turn(arrive=False, after=after)] + body[sync_at:])
+    closer = If(all_of([TID.lt(WARPGROUP), loop.start.lt(loop.stop)]),
+                [NamedBarrier(TURN_BARRIER + 1, 2 * WARPGROUP, arrive=True)])
+    return [Comment("turns: consumer warpgroup 1 opens warpgroup 0's first turn"), opener,
+            For(loop.var, loop.start, loop.stop, loop.step, new, loop.unroll),
+            Comment("turns: warpgroup 0 hands its last turn to warpgroup 1"), closer]
 
 
 def _check_private_shared(body: list, roles: WarpRoles) -> None:

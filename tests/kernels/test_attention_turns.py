@@ -15,12 +15,13 @@ from tegula.emulate.errors import EmulationError
 from tegula.kernels.attention import attention_emulated, attention_kernel, qk_scale
 from tegula.lower import warp_roles
 from tegula.lower.async_ir import NamedBarrier, Roles, Wgmma, WgmmaCommit, WgmmaFence
-from tegula.lower.thread_ir import For, If, walk
+from tegula.lower.thread_ir import Assign, Const, For, If, Reg, RegArray, RegRead, Var, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_attention_forward import check, inputs, reference  # noqa: E402
 
 TURNS = dict(target="sm_90a", BM=128, threads=256, consumers="pingpong")
+_R = Reg(RegArray("x", tg.f32, 1), Const(0))  # a register for synthetic loop bodies
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -151,7 +152,8 @@ def test_the_gpu_runs_one_copy_of_the_consumer_code():
     kernel, _ = _consumer_roles(False)
     source = kernel.cuda_source()
     assert source.count("// role consumer") == 1 and "if (tid < 128 || tid < 256)" in source
-    assert source.count("bar.arrive") == 2 and source.count("wgmma.mma_async") == 16
+    # the hand-over in the loop (one per warpgroup), the opener and the closer
+    assert source.count("bar.arrive") == 4 and source.count("wgmma.mma_async") == 16
 
 
 def test_a_hand_over_left_at_exit_is_reported(monkeypatch):
@@ -184,3 +186,82 @@ def test_the_tuned_turn_candidates_give_every_element(overlap):
     o, lse = attention_emulated(q, k, v, True, return_lse=True, BN=128, OVERLAP=overlap,
                                 role_order="random:7", **TURNS)
     check(o, lse, *reference(q, k, v, True))
+
+
+def _barrier_ops(stmts, env, ops):
+    """The named-barrier operations one thread runs through `stmts` (Ifs evaluated and For
+    loops unrolled in `env`, which binds tid and the trip count n): ("arrive"|"sync", id)."""
+    from tegula.emulate.exprs import compile_expr
+    for s in stmts:
+        if isinstance(s, NamedBarrier):
+            ops.append(("arrive" if s.arrive else "sync", s.id))
+        elif isinstance(s, If):
+            taken = s.then if compile_expr(s.cond)(env) else s.otherwise
+            _barrier_ops(taken, env, ops)
+        elif isinstance(s, For):
+            for j in range(compile_expr(s.start)(env), compile_expr(s.stop)(env), s.step):
+                _barrier_ops(s.body, dict(env, **{s.var.name: j}), ops)
+    return ops
+
+
+def _deadlocks(programs):
+    """Every interleaving of the warpgroups' barrier `programs` under the hardware's named
+    barriers (bar.sync / bar.arrive add 128 threads; the 256th releases the waiters and
+    resets the count): the first interleaving that deadlocks or leaves arrivals, or None."""
+    seen = set()
+
+    def explore(pcs, counts, waiting, trace):
+        key = (pcs, counts, waiting)
+        if key in seen:
+            return None
+        seen.add(key)
+        moved = False
+        for g, (pc, program) in enumerate(zip(pcs, programs)):
+            if waiting[g] is not None or pc == len(program):
+                continue
+            moved = True
+            kind, bar = program[pc]
+            count = dict(counts)
+            count[bar] = count.get(bar, 0) + 128
+            wait = list(waiting)
+            if kind == "sync":
+                wait[g] = bar
+            if count[bar] == 256:          # complete: release whoever waits on it
+                count[bar] = 0
+                wait = [None if w == bar else w for w in wait]
+            step = tuple(p + (i == g) for i, p in enumerate(pcs))
+            found = explore(step, tuple(sorted(count.items())), tuple(wait),
+                            trace + [(g, kind, bar)])
+            if found:
+                return found
+        if not moved and (any(w is not None for w in waiting) or any(c for _, c in counts)):
+            return trace
+        return None
+
+    return explore(tuple(0 for _ in programs), (), tuple(None for _ in programs), [])
+
+
+@pytest.mark.parametrize("trips", [0, 1, 2, 3, 5])
+def test_the_turns_never_deadlock_in_any_interleaving(trips):
+    """The plain loop's turn barriers, as each warpgroup runs them for `trips` key blocks,
+    under every interleaving of the two warpgroups with the hardware's counting named
+    barriers: none deadlocks or ends with arrivals. (The emulator switches roles only where
+    one blocks, so it never let warpgroup 1 run ahead during warpgroup 0's softmax: the
+    earlier arrive-then-sync order deadlocks here at 2 key blocks, and hung the H100.)"""
+    loop = For(Var("j"), Const(0), Var("n"), 1,
+               [WgmmaFence(), WgmmaCommit()] + [Assign(_R, RegRead(_R))] * 3
+               + [WgmmaFence(), WgmmaCommit()])
+    stmts = warp_roles._loop_with_turns(loop)
+    programs = [_barrier_ops(stmts, {"tid": tid, "n": trips}, []) for tid in (0, 128)]
+    assert [len(p) for p in programs] == [2 * trips] * 2
+    assert _deadlocks(programs) is None
+
+
+def test_the_model_finds_the_old_arrive_then_sync_deadlock():
+    """The checker itself: each iteration arriving on the other's barrier, then syncing on
+    its own (the order before), deadlocks at 3 trips."""
+    def old(tid, trips):
+        mine, other = (8, 9) if tid < 128 else (9, 8)
+        return [op for _ in range(trips) for op in (("arrive", other), ("sync", mine))]
+    assert _deadlocks([old(0, 3), old(128, 3)]) is not None
+    assert _deadlocks([old(0, 1), old(128, 1)]) is None
