@@ -22,11 +22,12 @@ TOLERANCE = 5e-3
 
 
 def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, split_extra: dict,
-                  parts: slice = slice(None)):
+                  parts: slice = slice(None), combine: dict | None = None):
     """A function launching the split and combine kernels for `config` (chunk, splits, BN)
     with `split_extra` merged into the split kernel's constexprs, as `attention_decode`
     launches them; returns o (B, H, 1, D). `parts`: which of the launches run (slice(0, 1):
-    the split kernel alone, to time the combine's share)."""
+    the split kernel alone, to time the combine's share); `combine`: the combine kernel's
+    BD (columns a program: the grid follows) and UNROLL overrides."""
     from tegula.build import launch
     from tegula.dtypes import f16
     from tegula.kernels.attention_decode import decode_launches
@@ -41,11 +42,14 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
                   block_table=table,
                   o_part=torch.empty((B, kv_heads, config["splits"], R, D), device="cuda"),
                   lse_part=torch.empty((B, kv_heads, config["splits"], R), device="cuda"),
-                  o=torch.empty((B, kv_heads, R, D), dtype=q.dtype, device="cuda"),
+                  o=torch.full((B, kv_heads, R, D), float("nan"), dtype=q.dtype,
+                               device="cuda"),  # poisoned: every element must be written
                   lse=torch.empty((B, kv_heads, R), device="cuda"))
     calls = []
     for i, (kernel, grid, names, scalars, constexprs) in enumerate(launches):
-        extra = split_extra if i == 0 else {}
+        extra = split_extra if i == 0 else (combine or {})
+        if i == 1 and "BD" in extra:
+            grid = (D // extra["BD"],) + tuple(grid[1:])
         calls.append((kernel, grid, (*(values[n] for n in names), *scalars),
                       dict(constexprs, **extra)))
 
@@ -57,10 +61,12 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
 
 
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
-              extras: list, copy_bw: float, warm: bool = False, parts: bool = False) -> str:
+              extras: list, copy_bw: float, warm: bool = False, parts: bool = False,
+              combines: tuple = ()) -> str:
     """One row: SDPA, then each (BN, split multiplier, split-kernel override); the
     configuration `decode_config` picks is starred. `parts`: also the split kernel timed
-    alone (µs, and the whole step's µs beside it)."""
+    alone (µs, and the whole step's µs beside it); `combines`: (BD, UNROLL) of the combine
+    kernel to time the whole step with (µs)."""
     import torch.nn.functional as F
 
     from tegula.bench import gpu
@@ -112,6 +118,16 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
                     alone = gpu.time_ms(decode_runner(torch, q, cache_k, cache_v, lengths,
                                                       table, config, extra, slice(0, 1)))
                     row += f" split alone {alone * 1e3:.1f} of {ms * 1e3:.1f} us |"
+                for bd, unroll in combines:
+                    alt = decode_runner(torch, q, cache_k, cache_v, lengths, table, config,
+                                        extra, combine=dict(BD=bd, UNROLL=unroll))
+                    out = alt()
+                    torch.cuda.synchronize()
+                    err = gpu.rel_error(out.float(), want)
+                    if torch.isnan(out).any() or err > TOLERANCE:
+                        row += f" combine {bd}:{unroll} FAIL err {err:.1e} |"
+                        continue
+                    row += f" combine {bd}:{unroll} {gpu.time_ms(alt) * 1e3:.1f} us |"
     return row
 
 
@@ -125,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", default="0", help="split-kernel K/V ring stages (0: its own)")
     parser.add_argument("--parts", action="store_true",
                         help="also time the split kernel alone (the combine's share)")
+    parser.add_argument("--combine", default="",
+                        help="combine kernels to time, BD:UNROLL comma-separated (e.g. 16:16)")
     parser.add_argument("--warm", action="store_true",
                         help="compile and check each configuration only (no timing)")
     args = parser.parse_args(argv)
@@ -136,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     multipliers = [float(x) for x in args.splits.split(",")]
     extras = [{k: v for k, v in (("threads", t), ("STAGES", st)) if v}
               for t in map(int, args.threads.split(",")) for st in map(int, args.stages.split(","))]
+    combines = tuple(tuple(int(x) for x in c.split(":")) for c in filter(None, args.combine.split(",")))
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
             print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm,
-                            args.parts), flush=True)
+                            args.parts, combines), flush=True)
     return 0
 
 
