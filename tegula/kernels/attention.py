@@ -523,6 +523,11 @@ def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
         # loop's 669 at 2x8x8192 (H100, session 10); at D = 128 and 64 it measured slower
         # (563 against 583, 404 against 410: more live registers where the gemms weigh less).
         configs += [dict(rows[0], BN=64, V_KMAJOR=False, P_SHARED=False, OVERLAP=True)]
+    if wgmma and head_dim == 128:
+        # Strict turns whose sync waits for p (session 12, H100, one process): 588 / 514
+        # TFLOP/s against the cooperative loop's 585 / 501 at 4x16x4096 full / causal.
+        configs += [dict(rows[0], BN=128, V_KMAJOR=False, P_SHARED=False, OVERLAP=False,
+                         consumers="pingpong")]
     if wgmma and head_dim == 64:
         # The two warpgroups taking turns at the tensor cores (FA3's ping-pong), with and
         # without the overlapped loop: at D = 64, where the softmax weighs most against the

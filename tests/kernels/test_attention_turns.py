@@ -174,7 +174,9 @@ def test_the_tuner_times_the_turns_at_head_dim_64_only():
     turns = [c for c in attention_candidates(64, True) if c.get("consumers") == "pingpong"]
     assert sorted(c["OVERLAP"] for c in turns) == [False, True]
     assert all(c["BM"] == 128 and c["threads"] == 256 and c["BN"] == 128 for c in turns)
-    for d, wgmma in ((128, True), (256, True), (64, False)):
+    assert [c["OVERLAP"] for c in attention_candidates(128, True)
+            if c.get("consumers") == "pingpong"] == [False]   # session 12: 1.01-1.02x
+    for d, wgmma in ((256, True), (64, False)):
         assert not any("consumers" in c for c in attention_candidates(d, wgmma))
 
 
