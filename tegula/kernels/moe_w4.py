@@ -238,15 +238,17 @@ def _check_chunk(fn: str, bk: int, group_size: int) -> None:
 
 def _w4_tiles(fn: str, group_size: int, config: dict, fragment: bool) -> dict:
     """The tiles of a launch: `config` over the defaults. FRAGMENT (fragment-ordered
-    weights, `moe_w4_fragment`): 128-token tiles (BM), WG=4 warpgroups of 64 weight rows
-    (BN = 64·WG, threads = 128·WG), KS=1 stored block a step, 3 stages, persistent (H100,
-    session 12 round 1, balanced Mixtral up / down / 64-expert top-6: 0.49 / 0.51 / 0.42x
-    dense bf16; two warpgroups 0.36-0.38x, with 256-token tiles 0.49 / 0.52 / 0.35x)."""
+    weights, `moe_w4_fragment`): 128-token tiles (BM), WG=2 warpgroups of 64 weight rows
+    (BN = 64·WG, threads = 128·WG), KS=2 stored blocks a step, 3 stages, the words into
+    registers (WSMEM=0), persistent (H100, session 12 round 2, balanced Mixtral up / down
+    / 64-expert top-6: 0.65 / 0.65 / 0.56x dense bf16; 4 warpgroups, words through shared
+    memory, 0.52 / 0.55 / 0.45x)."""
     if not fragment:
         tiles = {**default_tiles(group_size), **config}
         _check_chunk(fn, tiles["BK"], group_size)
         return tiles
-    tiles = {**dict(BM=128, WG=4, KS=1, STAGES=3, GROUP=8, PERSISTENT=True), **config,
+    tiles = {**dict(BM=128, WG=2, KS=2, STAGES=3, WSMEM=0, GROUP=8, PERSISTENT=True),
+             **config,
              "FRAGMENT": True}
     tiles["BN"] = FRAGMENT_ROWS * tiles["WG"]
     tiles.setdefault("threads", 128 * tiles["WG"])
