@@ -321,7 +321,9 @@ def test_blocks_per_sm_refuses_values_an_sm_cannot_hold(blocks, message):
 def test_blocks_per_sm_is_refused_where_warp_roles_set_register_budgets():
     from tegula.kernels.gemm import gemm_kernel
 
-    constexprs = dict(BM=128, BN=128, BK=64, STAGES=3, threads=256)
-    assert "setmaxnreg" in build(gemm_kernel(f16), constexprs).cuda_source()
+    # Warp roles forced: this shape alone would run in one role by the cost model's choice.
+    constexprs = dict(BM=128, BN=128, BK=64, STAGES=3, threads=256, warp_specialize=True)
+    specialized = build(gemm_kernel(f16), constexprs)
+    assert "setmaxnreg" in specialized.cuda_source()
     with pytest.raises(SynthesisError, match="setmaxnreg"):
         build(gemm_kernel(f16), dict(constexprs, blocks_per_sm=2))
