@@ -569,7 +569,11 @@ def fp8_candidates(m: int, n: int, k: int, block_scales: bool,
                   dict(BM=128, BN=128, STAGES=3, threads=256),
                   dict(BM=64, BN=128, STAGES=4)]
         if m <= 64:
-            chosen = [dict(BM=64, BN=128, STAGES=4), dict(BM=64, BN=64, STAGES=4)]
+            # Few rows: one block an SM at most, which the roles decision (a per-block
+            # model, blind to the grid) does not see; a producer warpgroup measured 1.12-1.16x
+            # faster here (H100, session 12, benchmarks/roles_check.py --one-gemm), so ask for it.
+            chosen = [dict(BM=64, BN=128, STAGES=4, warp_specialize=True),
+                      dict(BM=64, BN=64, STAGES=4, warp_specialize=True)]
         elif hopper and m * n > 1024 * 1024:
             chosen = [dict(kernel="persistent", BM=192, BN=128, STAGES=3, GROUP=8,
                            threads=384),
@@ -581,7 +585,9 @@ def fp8_candidates(m: int, n: int, k: int, block_scales: bool,
               dict(BM=128, BN=256, BK=64, STAGES=4, threads=256),
               dict(BM=128, BN=128, BK=64, STAGES=4)]
     if m <= 64:
-        chosen = [dict(BM=64, BN=128, BK=128, STAGES=4), dict(BM=64, BN=64, BK=128, STAGES=4)]
+        # As above: a producer warpgroup measured level to 1.04x faster at 64 rows.
+        chosen = [dict(BM=64, BN=128, BK=128, STAGES=4, warp_specialize=True),
+                  dict(BM=64, BN=64, BK=128, STAGES=4, warp_specialize=True)]
     elif hopper and m * n > 1024 * 1024:
         # 128x256 alone and in 2-CTA clusters multicasting b: 1.02-1.05x and 1.00-1.07x
         # torch._scaled_mm on an H100 (session 9; the tuner picks per shape).
