@@ -328,6 +328,11 @@ def main() -> None:
     if "--moe" in sys.argv:
         rows += moe_rows(float(sys.argv[sys.argv.index("--moe-budget") + 1])
                          if "--moe-budget" in sys.argv else 600)
+    print_table(rows)
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    """The round's short table, printed last: one (name, value) row a line, names aligned."""
     width = max(len(r[0]) for r in rows)
     print("== table")
     for name, value in rows:

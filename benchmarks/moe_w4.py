@@ -89,15 +89,13 @@ def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
 
 def main() -> None:
     from tegula.bench.moe import CASES
+    from fp8_blockwise import print_table   # benchmarks/ runs as the script's folder
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
     rows = []
     for label, *dims in CASES:
         rows += case_rows(label, tuple(dims), budget, "--bf16" in sys.argv)
-    width = max(len(r[0]) for r in rows)
-    print("== table")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_table(rows)
 
 
 if __name__ == "__main__":
