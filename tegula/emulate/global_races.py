@@ -33,9 +33,9 @@ asynchronously: the data is there only after the issuing thread's
 `cp.async.bulk.wait_group` (not `.read`, which only frees the shared source) retires its
 group. The emulator writes at issue but marks the box's elements *pending* until that
 wait (`issue_bulk` / `retire_bulk`, driven by `AsyncState.bulk_wait`); a load, cp.async,
-TMA load or generic store of a pending element is an error. A second TMA store of the same
-thread to a pending element is not (the async proxy does not promise their order, but
-the persistent epilogues' `.read` waits between tiles rely on it; left to the lowering).
+TMA load, generic store or second TMA store of a pending element is an error (the async
+proxy does not order two TMA stores to one address; the lowering's epilogue waits for the
+earlier stores' writes before its first round). TMA reduce-adds in flight commute.
 
 Kept cheap: the record exists only for tensors the kernel writes (made before the launch
 runs, `machine.run_thread_kernel`, so reads before the first store are seen); a tensor only
@@ -116,13 +116,12 @@ class GlobalRaces:
         `offs` of `tensor` (`commutes`: atomic adds, not compared with other stores;
         `bulk`: a TMA store): raise on a write after write of a different value, a write
         after another unit's read that changes the value, or a generic store to an element
-        a TMA store has in flight; then record the stores (call before the tensor is
-        written). Two TMA stores of one thread to one element, the first still in flight,
-        are not reported (see docs/compiler.md)."""
+        a TMA store has in flight (a second TMA store too; reduce-adds commute); then record the
+        stores (call before the tensor is written)."""
         from tegula.emulate.memory import block_writer
         block, unit = block_writer(state.bid, None), block_writer(state.bid, state.cluster)
         t = np.broadcast_to(tids, offs.shape)
-        if not bulk:
+        if not (bulk and commutes):  # TMA reduce-adds in flight commute with each other
             self._in_flight(tensor, offs, "stores to", what)
         if not commutes:
             bad = self._unordered(offs, t, block, state.smem.order)

@@ -106,7 +106,9 @@ tile -> global copy of a kernel with a nested ring, `copies.plan_tma_stores`): t
 cut into boxes of one 128-byte (64-, 32-) swizzle span by its rows, staged `slots` boxes
 at a time in a buffer after the kernel's own (1024-byte aligned, counted in the shared
 budget). Each round: thread 0 waits until the previous round's stores have read the
-buffer (`cp.async.bulk.wait_group.read 0`), barrier, every thread stores its registers of
+buffer (`cp.async.bulk.wait_group.read 0`; the first round waits without `.read`, for the
+global writes of earlier stores, which an earlier iteration may have made to the same
+elements), barrier, every thread stores its registers of
 the round's boxes at their swizzled addresses (`smem_matrix.swizzle_bytes_address`) —
 one `stmatrix.x4` per 8 registers where they form its fragment with 16-byte rows (the
 wgmma accumulator's layout does: `TmaStorePlan.stmatrix`), else `st.shared` —
@@ -479,7 +481,12 @@ def lower_tma_store(ctx: LoweringContext, op) -> list[Stmt]:
     what = "bulk add into" if plan.reduce else "epilogue of"
     stmts: list[Stmt] = [Comment(f"{what} {describe(view)}: {plan.describe()}")]
     for first in range(0, plan.boxes, plan.slots):
-        stmts += [If(issuer, [BulkWait(0, read_only=True)]), Barrier()]
+        # A round frees the staging buffer with `.read`; the first waits for the earlier
+        # stores' global writes too, since an earlier iteration may have stored to these
+        # elements (a tile map that revisits a tile) and the async proxy does not order two
+        # TMA stores to one address. The library's epilogues issued those a main loop ago.
+        read_only = first > 0 or bool(plan.reduce)  # reduce-adds commute
+        stmts += [If(issuer, [BulkWait(0, read_only=read_only)]), Barrier()]
         if plan.stmatrix:
             stmts += _stmatrix_round(ctx, tile, regs, buffer, box_of, first, plan)
         else:

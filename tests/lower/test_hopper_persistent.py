@@ -280,19 +280,30 @@ def test_epilogue_in_rounds_when_the_staging_buffer_holds_fewer_boxes(monkeypatc
     assert np.array_equal(bits(c), bits(one_round))
 
 
-INJECTED = {"a missing fence.proxy.async": (lambda s: isinstance(s, FenceProxyAsync),
+def _nth_bulk_wait(n: int):
+    """A predicate true for the n-th `BulkWait` met in program order: the consumer's first
+    is its epilogue's (in the tile loop, before the staging buffer is rewritten; it waits
+    for the earlier tile's writes too), its second the one before the block ends."""
+    seen = [0]
+
+    def pred(s) -> bool:
+        seen[0] += isinstance(s, BulkWait)
+        return isinstance(s, BulkWait) and seen[0] == n
+    return pred
+
+
+INJECTED = {"a missing fence.proxy.async": (lambda: lambda s: isinstance(s, FenceProxyAsync),
                                             "generic proxy with no fence.proxy.async"),
             "no wait before rewriting the staging buffer": (
-                lambda s: isinstance(s, BulkWait) and s.read_only,
-                "while a wgmma or TMA store still reads it"),
+                lambda: _nth_bulk_wait(1), "while a wgmma or TMA store still reads it"),
             "no wait before the block ends": (
-                lambda s: isinstance(s, BulkWait) and not s.read_only,
-                "TMA stores not waited for")}
+                lambda: _nth_bulk_wait(2), "TMA stores not waited for")}
 
 
 @pytest.mark.parametrize("bug", INJECTED)
 def test_an_epilogue_missing_a_fence_or_a_wait_is_reported(bug):
-    drop, message = INJECTED[bug]
+    make_drop, message = INJECTED[bug]
+    drop = make_drop()
     tk = copy.deepcopy(thread_kernel())
     assert remove(role_body(tk, "consumer"), drop) == 1
     rng = np.random.default_rng(2)
