@@ -9,8 +9,11 @@ blockwise FP8 GEMM's 64x128 tile, the README GEMM; `--one-gemm`: the bodies of o
 README GEMM tiles and the library's split-K and FP8 candidates at their shapes): both forms are built (`warp_specialize=False` / `True`) and compiled in
 worker processes, run once into outputs poisoned with NaN and checked element by element
 against a float32 torch reference, then timed (`triton.testing.do_bench`, median, one
-process). Printed last: measured specialized / one-role time, the model's ratio, the
-default's form, and whether the model's pick is the faster form. `--entry` instead times the library entry points as users call them
+process). Printed last: measured specialized / one-role time, the model's ratio for the
+case's launch grid (its block count passed as the `grid_blocks` build option), the grid's
+blocks, one role's blocks per SM, the default's form, and whether the model's pick is the
+faster form. `--recorded TEXT` prices the cases of an earlier run's table
+(no GPU). `--entry` instead times the library entry points as users call them
 (tuned `attention_backward` at 4x16x4096, D = 128, against torch's cuDNN and flash; the
 persistent GEMM at 4096^3 against cuBLAS): the no-regression check after the default
 changed. Nothing is asserted.
@@ -138,23 +141,26 @@ def kernel_and_setup(case: dict):
 
 
 def predict(index: int) -> dict:
-    """The model's price of both forms and the default's form (worker-safe, no GPU)."""
+    """The model's price of both forms for the case's launch grid (the `grid_blocks` build
+    option) and the default's form (worker-safe, no GPU)."""
     from tegula.build import build
     from tegula.ir.ops import ForLoop, walk_ops
     from tegula.recommend import _facts
     from tegula.synth.cost_roles import roles_cost
-    kernel, cx, _, shapes, _ = kernel_and_setup(CASES[index][1])
+    kernel, cx, _, shapes, grid = kernel_and_setup(CASES[index][1])
     facts = _facts(kernel, shapes)
+    blocks = math.prod(grid)
     forced = build(kernel, dict(cx, warp_specialize=True), facts, "sm_90a")
     loop = next(op for op in walk_ops(forced.traced.body)
                 if isinstance(op, ForLoop) and "roles" in op.choices)
-    priced = roles_cost(forced.traced, loop, forced.target)
-    default = build(kernel, dict(cx, warp_specialize=None), facts, "sm_90a")
+    priced = roles_cost(forced.traced, loop, forced.target, blocks)
+    default = build(kernel, dict(cx, warp_specialize=None, grid_blocks=blocks), facts,
+                    "sm_90a")
     specialized = any("roles" in op.choices for op in walk_ops(default.traced.body)
                       if isinstance(op, ForLoop))
     return dict(model_ratio=priced.specialized / priced.one_role,
                 default="specialized" if specialized else "one role",
-                blocks=priced.one_role_blocks)
+                blocks=priced.one_role_blocks, grid_blocks=blocks)
 
 
 def compile_case(index: int, form: bool) -> str:
@@ -384,6 +390,44 @@ def entry_points(log, jobs: int) -> None:
         f"err {err:.2e}{'' if err < 2e-2 else ' WRONG'}")
 
 
+def recorded_times(path: Path) -> dict:
+    """label -> {False: {"ms": one role}, True: {"ms": specialized}} from a results text
+    this script printed (the last row of each label wins)."""
+    times = {}
+    for line in path.read_text().splitlines():
+        label, rest = line[:30].strip(), line[30:].split()
+        if label in dict(CASES) and len(rest) >= 3:
+            try:
+                times[label] = {False: dict(ms=float(rest[0])), True: dict(ms=float(rest[1]))}
+            except ValueError:
+                continue
+    return times
+
+
+def print_rows(rows: list, log) -> None:
+    """The table: measured times and ratio, the model's ratio and pick, right or not."""
+    log(f"{'case':30s} {'1 role ms':>9s} {'spec ms':>8s} {'spec/1role':>10s} "
+        f"{'model':>6s} {'grid':>6s} {'1role blk':>9s} {'default':11s} right")
+    right = decided = 0
+    for label, got, model in rows:
+        one, spec = got[False].get("ms"), got[True].get("ms")
+        ratio = f"{spec / one:10.3f}" if one and spec else f"{'-':>10s}"
+        verdict = "-"
+        if one and spec:   # the model is right where it prices the faster form lower
+            decided += 1
+            ok = (model["model_ratio"] > 1) == (spec > one)
+            right += ok
+            verdict = "yes" if ok else "NO"
+        log(f"{label:30s} {one or float('nan'):9.3f} {spec or float('nan'):8.3f} {ratio} "
+            f"{model['model_ratio']:6.2f} {model['grid_blocks']:6d} {model['blocks']:9d} "
+            f"{model['default']:11s} {verdict}")
+        for form in (False, True):
+            if "error" in got[form]:
+                log(f"  warp_specialize={form}: {got[form]['error']}")
+    log(f"the model's pick (one role where its ratio > 1) right on {right} of {decided} "
+        f"cases measured both ways")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=None, help="case indices, e.g. 0,1,7")
@@ -391,6 +435,10 @@ def main() -> None:
     parser.add_argument("--entry", action="store_true")
     parser.add_argument("--one-gemm", action="store_true",
                         help="the one-gemm bodies: the README GEMM's and ONE_GEMM_CASES")
+    parser.add_argument("--recorded", default=None, metavar="TEXT",
+                        help="no GPU: today's model against the times of a results text "
+                             "this script printed (e.g. benchmarks/results/"
+                             "h100-2026-11-25-session12-roles.txt)")
     options = parser.parse_args()
 
     def log(text: str) -> None:
@@ -404,6 +452,11 @@ def main() -> None:
                     if case["family"] in ("gemm", "splitk", "fp8", "fp8bw")
                     and not case["family"].startswith("bwd")] if options.one_gemm
               else list(range(len(CASES))))
+    if options.recorded:
+        times = recorded_times(Path(options.recorded))
+        picked = [i for i in picked if CASES[i][0] in times]
+        print_rows([(CASES[i][0], times[CASES[i][0]], predict(i)) for i in picked], log)
+        return
     start = time.time()
     context = multiprocessing.get_context("spawn")
     jobs = [(i, f) for i in picked for f in (False, True)]
@@ -413,31 +466,12 @@ def main() -> None:
     log(f"compiled {len(jobs)} builds in {time.time() - start:.1f} s")
     rows = []
     for i, model in zip(picked, predicted):
-        label = CASES[i][0]
         got = {}
         for form in (False, True):
             problem = compiled[jobs.index((i, form))]
             got[form] = dict(error=problem) if problem else measure(i, form, log)
-        rows.append((label, got, model))
-    log(f"{'case':30s} {'1 role ms':>9s} {'spec ms':>8s} {'spec/1role':>10s} "
-        f"{'model':>6s} {'1role blk':>9s} {'default':11s} right")
-    right = decided = 0
-    for label, got, model in rows:
-        one, spec = got[False].get("ms"), got[True].get("ms")
-        ratio = f"{spec / one:10.3f}" if one and spec else f"{'-':>10s}"
-        verdict = "-"
-        if one and spec:   # the model is right where it prices the faster form lower
-            decided += 1
-            ok = (model["model_ratio"] > 1) == (spec > one)
-            right += ok
-            verdict = "yes" if ok else "NO"
-        log(f"{label:30s} {one or float('nan'):9.3f} {spec or float('nan'):8.3f} {ratio} "
-            f"{model['model_ratio']:6.2f} {model['blocks']:9d} {model['default']:11s} {verdict}")
-        for form in (False, True):
-            if "error" in got[form]:
-                log(f"  warp_specialize={form}: {got[form]['error']}")
-    log(f"the model's pick (one role where its ratio > 1) right on {right} of {decided} "
-        f"cases measured both ways")
+        rows.append((CASES[i][0], got, model))
+    print_rows(rows, log)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from tegula.layout.errors import LayoutError
 from tegula.lower.lower import lower
 from tegula.lower.thread_ir import ThreadKernel
 from tegula.synth.facts import TensorFacts
+from tegula.synth.cost_roles import grid_sm_blocks
 from tegula.synth.roles import CONSUMER_SCHEDULES
 from tegula.synth.synthesize import SynthesisResult, synthesize
 
@@ -37,9 +38,11 @@ DEFAULT_TARGET = "sm_90a"
 #: and the path of `tg.atomic_add`s of register tiles (`atomic_path=`: None for TMA
 #: reduce-adds staged in shared memory where they qualify, sm_90, and the staging costs no
 #: blocks per SM; "bulk" where they qualify even if it does; "red" for a `red.global.add`
-#: per element always; `synth/copies.py: plan_bulk_adds`).
+#: per element always; `synth/copies.py: plan_bulk_adds`), and the launch grid's block
+#: count where the caller knows it when building (`grid_blocks=`: the warp-roles decision
+#: counts the blocks each SM gets, `synth/cost_roles.py`; None: priced as a full grid).
 BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers", "blocks_per_sm",
-                 "atomic_path")
+                 "atomic_path", "grid_blocks")
 
 #: The values of the `load_path` build option.
 LOAD_PATHS = (None, "tma", "cp.async")
@@ -82,8 +85,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     """Compile `kernel` for these constexprs, argument facts and target (cached).
     `constexprs` may hold `threads` (the block size override), `warp_specialize` (None,
     True or False; overrides the kernel's option), `load_path` (`LOAD_PATHS`),
-    `consumers` (`CONSUMER_SCHEDULES`), `blocks_per_sm` (`check_blocks_per_sm`) and
-    `atomic_path` (`ATOMIC_PATHS`)."""
+    `consumers` (`CONSUMER_SCHEDULES`), `blocks_per_sm` (`check_blocks_per_sm`),
+    `atomic_path` (`ATOMIC_PATHS`) and `grid_blocks` (`check_grid_blocks`)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
     threads = kernel.check_threads(constexprs.pop("threads", None))
@@ -105,19 +108,23 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     if atomic_path not in ATOMIC_PATHS:
         raise TegulaError(f"kernel {kernel.name}: atomic_path={atomic_path!r} must be one of "
                           f"{', '.join(map(repr, ATOMIC_PATHS))}")
+    grid_blocks = check_grid_blocks(kernel, constexprs.pop("grid_blocks", None))
     values = kernel.constexpr_values(constexprs)
     if facts is None:
         facts = {p.name: TensorFacts.assume_row_major(p.spec.rank,
                                                       elem_bits=p.spec.dtype.bits)
                  for p in kernel.params if p.kind == "tensor"}
+    # Grids that give every SM the same number of blocks decide alike: one build.
+    grid_class = grid_sm_blocks(grid_blocks, target)
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
-           load_path, consumers, blocks_per_sm, atomic_path, _facts_key(facts), target.name)
+           load_path, consumers, blocks_per_sm, atomic_path, grid_class, _facts_key(facts),
+           target.name)
     cache = kernel.__dict__.setdefault("_builds", {})
     if key not in cache:
         traced = kernel.trace_fresh(threads, **values)
         try:
             result = synthesize(traced, target, facts, warp_specialize, load_path, consumers,
-                                atomic_path)
+                                atomic_path, grid_blocks)
             thread_kernel = lower(result)
             thread_kernel.blocks_per_sm = blocks_per_sm
             _check_register_budgets(kernel, thread_kernel)
@@ -135,6 +142,8 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
             options["blocks_per_sm"] = blocks_per_sm
         if atomic_path is not None:
             options["atomic_path"] = atomic_path
+        if grid_blocks is not None:
+            options["grid_blocks"] = grid_blocks
         cache[key] = Build(kernel, dict(values, **options), facts, target, traced, result,
                            thread_kernel)
     return cache[key]
@@ -154,6 +163,17 @@ def check_blocks_per_sm(kernel, target: Target, threads: int, blocks: Any) -> in
                           f"threads do not fit an SM of {target.name} (at most {most}: "
                           f"{target.max_threads_per_sm} threads, {target.max_blocks_per_sm} "
                           f"blocks)")
+    return blocks
+
+
+def check_grid_blocks(kernel, blocks: Any) -> int | None:
+    """The `grid_blocks` build option, validated: None, or the launch grid's positive block
+    count."""
+    if blocks is None:
+        return None
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise TegulaError(f"kernel {kernel.name}: grid_blocks={blocks!r} must be None or a "
+                          f"positive int (the blocks the kernel will be launched with)")
     return blocks
 
 

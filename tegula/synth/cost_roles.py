@@ -42,7 +42,17 @@ and fuzz programs that exercise the specialized lowering ask for it (`warp_speci
 Session 12 round 1: right on all 8 one-gemm bodies at full grids (README GEMM 128x128x32 S3
 1.62 [1.26]), wrong on all 6 small-grid library candidates (split-K and FP8 at 64-128 rows,
 at most one block an SM: 0.86-1.00 [1.05-1.39]) — one role's second block per SM needs a
-grid that has it, and the build does not know the grid.
+grid that has it.
+
+**The launch grid**, where the build knows it (the `grid_blocks` build option: an entry
+point that fixed its problem shape, `tg.recommend`, `roles_check`): the busiest SM runs
+`s = ⌈blocks / SMs⌉` blocks, so one role holds `min(r, s)` of them at once, in rounds (a
+last round of `s mod r` blocks runs at its own occupancy), and the specialized form runs
+them one after another; the two are compared per block of the busiest SM. At `s = 1`
+(split-K and FP8 candidates at 64-128 rows: 32-128 blocks on 132 SMs) one role has no
+second block to fill its stalls and pays a block barrier each iteration that the producer
+does not: the producer is kept. Without a grid (or with `s` at least the SM's block
+limit) one role is priced at its occupancy, the steady state of a full grid.
 """
 from __future__ import annotations
 
@@ -67,6 +77,9 @@ class RolesCost:
     tensor: float
     register_work: float
     load_wait: float
+    #: Blocks the busiest SM runs over the launch (None: the grid is not known, priced as
+    #: a full grid's steady state).
+    sm_blocks: int | None = None
 
     @property
     def producer_pays(self) -> bool:
@@ -74,6 +87,8 @@ class RolesCost:
         return self.specialized <= self.one_role
 
     def describe(self) -> str:
+        grid = ("" if self.sm_blocks is None else
+                f"; the launch grid gives the busiest SM {self.sm_blocks} block(s)")
         body = ("its gemms wait for their wgmmas before the register work that reads them "
                 "(tensor and register work one after the other in a block)" if self.serial
                 else "a lone gemm keeps its wgmmas in flight")
@@ -81,11 +96,13 @@ class RolesCost:
                 f"{self.one_role_blocks} block(s) per SM (limited by {self.one_role_limit}), "
                 f"warp-specialized {self.specialized:,.0f} at 1 block per SM; tensor "
                 f"{self.tensor:,.0f}, register work {self.register_work:,.0f}, a stage's "
-                f"load {self.load_wait:,.0f} cycles; {body}")
+                f"load {self.load_wait:,.0f} cycles; {body}{grid}")
 
 
-def roles_cost(kernel: TracedKernel, loop: ForLoop, target: Target) -> RolesCost:
-    """The two forms' cycles for the TMA pipeline `loop` of `kernel` (module docstring)."""
+def roles_cost(kernel: TracedKernel, loop: ForLoop, target: Target,
+               grid_blocks: int | None = None) -> RolesCost:
+    """The two forms' cycles for the TMA pipeline `loop` of `kernel`, launched on
+    `grid_blocks` blocks where that is known (module docstring)."""
     from tegula.synth import cost
     from tegula.synth.uses import (REGISTER_OVERHEAD, occupancy, op_uses,
                                    register_words_from_tiles)
@@ -124,25 +141,53 @@ def roles_cost(kernel: TracedKernel, loop: ForLoop, target: Target) -> RolesCost
     if _persistent(kernel, loop):
         blocks, limit = 1, "the grid (a persistent tile loop: one block per SM)"
     blocks = max(1, blocks)
+    sm_blocks = grid_sm_blocks(grid_blocks, target)
+    if sm_blocks is not None and sm_blocks < blocks:
+        blocks, limit = sm_blocks, (f"the launch grid ({grid_blocks} blocks on "
+                                    f"{target.sm_count} SMs)")
     # Both forms keep S - 1 stages in flight: a stage is refilled once the wgmmas of the
     # iteration after it were issued and its own retired (wait_group 1), whether thread 0
     # refills it after the block barrier or the producer after the consumers' release.
-    return RolesCost(one_role=per_iteration(blocks, stages - 1, cost.BARRIER_CYCLES),
+    one_role = lambda b: per_iteration(b, stages - 1, cost.BARRIER_CYCLES)  # noqa: E731
+    return RolesCost(one_role=_in_rounds(one_role, blocks, sm_blocks),
                      specialized=per_iteration(1, stages - 1, 0.0),
                      one_role_blocks=blocks, one_role_limit=limit, serial=serial, gemms=gemms,
-                     tensor=tensor, register_work=issue + sfu, load_wait=load)
+                     tensor=tensor, register_work=issue + sfu, load_wait=load,
+                     sm_blocks=sm_blocks)
 
 
-def why_no_producer(kernel: TracedKernel, loop: ForLoop, target: Target | None) -> str:
+def grid_sm_blocks(grid_blocks: int | None, target: Target) -> int | None:
+    """The blocks the busiest SM runs over a launch of `grid_blocks` blocks: ⌈blocks /
+    SMs⌉; None where the grid is unknown or gives every SM at least as many blocks as it
+    can hold at once (a full grid: its steady state is what the model prices)."""
+    if grid_blocks is None:
+        return None
+    on_sm = -(-int(grid_blocks) // target.sm_count)
+    return on_sm if on_sm < target.max_blocks_per_sm else None
+
+
+def _in_rounds(per_iteration, resident: int, sm_blocks: int | None) -> float:
+    """One role's cycles per block-iteration of the busiest SM: its `sm_blocks` run
+    `resident` at a time (`per_iteration(b)`: the SM's cycles per block-iteration with `b`
+    resident), a last round of the remainder at its own occupancy."""
+    if sm_blocks is None or sm_blocks % resident == 0:
+        return per_iteration(resident)
+    full, rest = divmod(sm_blocks, resident)
+    return (full * resident * per_iteration(resident) + rest * per_iteration(rest)) / sm_blocks
+
+
+def why_no_producer(kernel: TracedKernel, loop: ForLoop, target: Target | None,
+                    grid_blocks: int | None = None) -> str:
     """Why the cost model keeps the TMA pipeline `loop` in one role ("" where the producer
-    warpgroup pays, or without a target to price it)."""
+    warpgroup pays, or without a target to price it), launched on `grid_blocks` blocks
+    where the build knows it."""
     if target is None:
         return ""
     if _elements(kernel.cluster) > 1:
         # Launched in clusters: only a producer warpgroup's ring multicasts its boxes
         # (`synth/roles.py`), which is what the cluster was asked for; not priced.
         return ""
-    priced = roles_cost(kernel, loop, target)
+    priced = roles_cost(kernel, loop, target, grid_blocks)
     if priced.producer_pays:
         return ""
     return (f"a producer warpgroup does not pay here: {priced.describe()} "

@@ -20,7 +20,8 @@ consumer keeps the share (no `setmaxnreg` for it).
 `decide_warp_roles` records the decision on the loop: `choices["roles"]` (a `RolesPlan`)
 when specialized, otherwise `choices["roles_skipped"]`, the reason `tegula explain`
 prints. The kernel option `warp_specialize` (None: where the rule applies and the cost
-model prices the producer warpgroup below one role, `synth/cost_roles.py`; True: required,
+model prices the producer warpgroup below one role, `synth/cost_roles.py`, for the launch
+grid where the `grid_blocks` build option gives it; True: required,
 a `SynthesisError` with the reason where it cannot; False: never) chooses. A consumer
 schedule asked for (`consumers=`, `tg.consumer(schedule=)`), stated roles or a launch in
 clusters skip the price: they need the producer (only its ring multicasts).
@@ -185,9 +186,12 @@ def check_cluster(kernel: TracedKernel, target) -> None:
 
 
 def decide_warp_roles(kernel: TracedKernel, option: bool | None,
-                      consumers: str | None = None, target=None) -> None:
+                      consumers: str | None = None, target=None,
+                      grid_blocks: int | None = None) -> None:
     """Record on each TMA pipeline loop whether it is warp-specialized, and with which
-    consumer schedule (`consumers`, the build option: module docstring). A pipeline whose
+    consumer schedule (`consumers`, the build option: module docstring); the cost model
+    prices the producer for a launch of `grid_blocks` blocks where the build knows it
+    (the `grid_blocks` build option, `synth/cost_roles.py`). A pipeline whose
     source states its roles (`tg.producer` / `tg.consumer`, `lang/roles.py`) must be
     specialized, with the budgets it asks for (`check_stated_roles`, `stated_budgets`)."""
     check_stated_roles(kernel, option, target)
@@ -202,7 +206,8 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
         stated = loop.region("producer")
         problem = _why_not(kernel, loop, loops, True if stated else option)
         if not problem and option is None and consumers is None and not stated:
-            problem = why_no_producer(kernel, loop, target)  # the cost model's choice
+            # the cost model's choice
+            problem = why_no_producer(kernel, loop, target, grid_blocks)
         if problem and (option or consumers == "pingpong" or stated):
             what = ("tg.producer / tg.consumer" if stated else
                     "warp_specialize=True" if option else "consumers='pingpong'")

@@ -85,7 +85,8 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
                warp_specialize: bool | None = None,
                load_path: str | None = None,
                consumers: str | None = None,
-               atomic_path: str | None = None) -> SynthesisResult:
+               atomic_path: str | None = None,
+               grid_blocks: int | None = None) -> SynthesisResult:
     """Decide every layout and instruction of `kernel` for `target` under `facts`
     (tensor name → TensorFacts). Raises SynthesisError / ResourceError on bad input.
     `warp_specialize` is the kernel option (`synth/roles.py`): None splits a TMA + wgmma
@@ -95,7 +96,8 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     warp-specialized pipeline's consumer schedule (`synth/roles.py` `CONSUMER_SCHEDULES`).
     `atomic_path` is the build option of `tg.atomic_add`s: "red" keeps them element-wise,
     None stages them for TMA reduce-adds where they qualify without costing blocks per SM,
-    "bulk" where they qualify at all (`plan_bulk_adds`)."""
+    "bulk" where they qualify at all (`plan_bulk_adds`). `grid_blocks` is the build option
+    of the launch's block count where known (the warp-roles price, `synth/cost_roles.py`)."""
     _check_static_shapes(kernel)
     state = LayoutState()
     for tile in _register_tiles(kernel):
@@ -119,7 +121,7 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_global_copies(kernel, facts, target)
     _plan_tma_copies(kernel, facts, load_path, target)
     check_cluster(kernel, target)
-    decide_warp_roles(kernel, warp_specialize, consumers, target)
+    decide_warp_roles(kernel, warp_specialize, consumers, target, grid_blocks)
     result.cluster_unused = warn_if_nothing_is_multicast(kernel, target)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)

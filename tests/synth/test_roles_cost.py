@@ -164,3 +164,65 @@ def test_the_price_is_explained():
     (loop,) = tma_loops(result)
     text = roles_cost(result.traced, loop, get_target("sm_90a")).describe()
     assert "one role" in text and "2 block(s) per SM" in text and "warp-specialized" in text
+
+
+# ------------------------------------------------------------ the launch grid (grid_blocks)
+
+def split_k_build(**options):
+    tiles = dict(BM=64, BN=128, BK=64, STAGES=4, SPLIT=4)
+    return build(gemm.gemm_split_k_kernel(f16), dict(tiles, **options), None, "sm_90a")
+
+
+def test_a_grid_of_one_block_an_sm_keeps_the_producer():
+    """Split-K 64x128x64 in 4 stages, 4 splits at 64 x 4096 x 4096: 128 blocks on 132 SMs.
+    One role's second block per SM needs a grid that has it: without the grid the model
+    prices two (one role), with it one (the producer; measured 0.96-0.97x of one role on
+    an H100, session 12)."""
+    (full,) = tma_loops(split_k_build())
+    assert "roles" not in full.choices
+    (small,) = tma_loops(split_k_build(grid_blocks=128))
+    assert "roles" in small.choices
+    priced = roles_cost(split_k_build(warp_specialize=True).traced, small, get_target("sm_90a"),
+                        grid_blocks=128)
+    assert priced.sm_blocks == 1 and priced.one_role_blocks == 1 and priced.producer_pays
+    assert "the launch grid gives the busiest SM 1 block(s)" in priced.describe()
+
+
+@pytest.mark.parametrize("grid_blocks", [None, 1024, 264, 10**6])
+def test_a_full_grid_decides_as_without_one(grid_blocks):
+    """The README GEMM's default tile at 4096^3 (1024 blocks: 8 an SM) or any grid giving
+    every SM two blocks stays in one role, as priced without a grid."""
+    result = build(readme_gemm(), {} if grid_blocks is None else dict(grid_blocks=grid_blocks),
+                   None, "sm_90a")
+    (loop,) = tma_loops(result)
+    assert "roles" not in loop.choices
+
+
+def test_the_last_partial_round_runs_at_its_own_occupancy():
+    """Three blocks an SM at two resident: one round of two, one of one (which pays one
+    role's barrier with nothing to fill it), priced per block of the busiest SM."""
+    result = build(readme_gemm(), dict(warp_specialize=True), None, "sm_90a")
+    (loop,) = tma_loops(result)
+    target = get_target("sm_90a")
+    two = roles_cost(result.traced, loop, target, grid_blocks=2 * target.sm_count)
+    one = roles_cost(result.traced, loop, target, grid_blocks=target.sm_count)
+    three = roles_cost(result.traced, loop, target, grid_blocks=3 * target.sm_count)
+    assert (two.sm_blocks, one.sm_blocks, three.sm_blocks) == (2, 1, 3)
+    assert three.one_role == pytest.approx((2 * two.one_role + one.one_role) / 3)
+    assert one.one_role > two.one_role and three.specialized == two.specialized
+
+
+def test_grids_giving_each_sm_as_many_blocks_share_a_build():
+    target, kernel = get_target("sm_90a"), readme_gemm()
+    a = build(kernel, dict(grid_blocks=target.sm_count + 1), None, "sm_90a")
+    b = build(kernel, dict(grid_blocks=2 * target.sm_count), None, "sm_90a")
+    c = build(kernel, dict(grid_blocks=target.sm_count), None, "sm_90a")
+    assert a is b and a is not c
+    assert a.constexprs["grid_blocks"] == target.sm_count + 1
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "128"])
+def test_grid_blocks_must_be_a_positive_int(bad):
+    from tegula.errors import TegulaError
+    with pytest.raises(TegulaError, match=r"grid_blocks=.* must be None or a positive int"):
+        build(readme_gemm(), dict(grid_blocks=bad), None, "sm_90a")
