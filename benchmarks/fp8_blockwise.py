@@ -12,7 +12,8 @@ Frobenius error). `--moe`: the MoE grouped GEMM's 64-expert top-6 case (balanced
 several tilings against dense cuBLAS at equal FLOPs. `--variants`: the measurement-only
 variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows); `--ceilings`:
 per-tensor ceilings of other tiles (`CEILINGS`); `--wide`: the library's blockwise kernel on
-wider tiles with per-column b scales (`WIDE`). A table last (TFLOP/s; nothing is
+wider tiles with per-column b scales (`WIDE`); `--turns`: two consumer warpgroups taking
+turns in the K loop (`TURNS`). A table last (TFLOP/s; nothing is
 asserted about time).
 """
 from __future__ import annotations
@@ -167,11 +168,36 @@ WIDE = [("blockwise 192x128 S3 (session 11's pick)", "library", _T192, "random")
         ("per-tensor 128x192 S4 (ceiling)", None, {**_T128, "BN": 192, "BK": 128}, "unit")]
 
 
+#: Session 13: the two consumer warpgroups of a 128-row tile taking turns at the tensor
+#: cores in the K loop (`fp8_blockwise_variants.install_one_gemm_turns`; "turns" rows run
+#: consumers="pingpong", their A/B partner "cooperative"), persistent ("library") and one
+#: block per tile ("staged"), against the library's 192x128 on three warpgroups.
+_P2 = dict(BM=128, GROUP=8, threads=256)
+TURNS = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
+         ("blockwise 128x128 S4 cooperative", "library", {**_P2, "BN": 128, "STAGES": 4,
+                                                          "consumers": "cooperative"}, "random"),
+         ("blockwise 128x128 S4 turns", "library", {**_P2, "BN": 128, "STAGES": 4,
+                                                    "consumers": "pingpong"}, "random"),
+         ("blockwise 128x192 S3 cooperative", "library", {**_P2, "BN": 192, "STAGES": 3,
+                                                          "consumers": "cooperative"}, "random"),
+         ("blockwise 128x192 S3 turns", "library", {**_P2, "BN": 192, "STAGES": 3,
+                                                    "consumers": "pingpong"}, "random"),
+         ("blockwise 128x192 S4 turns", "library", {**_P2, "BN": 192, "STAGES": 4,
+                                                    "consumers": "pingpong"}, "random"),
+         ("blockwise 128x128 S5 turns", "library", {**_P2, "BN": 128, "STAGES": 5,
+                                                    "consumers": "pingpong"}, "random"),
+         ("blockwise staged 128x192 S4 turns", "staged", {**_P2, "BN": 192, "STAGES": 4,
+                                                          "consumers": "pingpong"}, "random"),
+         ("per-tensor 128x192 S4 (ceiling)", None, {**_T128, "BN": 192, "BK": 128}, "unit")]
+
+
 def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
     """`variants` at every shape, against the per-tensor 128x256 kernel in the same process;
     every output NaN-poisoned and checked against a float32 reference of its scales."""
-    from fp8_blockwise_variants import install_split_halves, variant_kernel
+    from fp8_blockwise_variants import (install_one_gemm_turns, install_split_halves,
+                                        variant_kernel)
     install_split_halves()
+    install_one_gemm_turns()
     from tegula.kernels import fp8
     from tegula.kernels.gemm import persistent_grid
     rows, out_t = [], tg.bf16
@@ -195,7 +221,10 @@ def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
         for label, mode, cfg, layout in variants:
             kernel = fp8.fp8_persistent_gemm_kernel(out_t) if mode is None else \
                 fp8.fp8_blockwise_persistent_kernel(out_t) if mode == "library" else \
+                fp8.fp8_blockwise_gemm_kernel(out_t) if mode == "staged" else \
                 variant_kernel(out_t, mode)
+            if mode == "staged":     # one block per tile: the grid is the tiles
+                cfg = {key: v for key, v in cfg.items() if key != "GROUP"}
             s = (torch.ones(1, 1, device="cuda"),) * 2 if mode is None else scales[layout]
             runs.append((label, kernel, cfg, s, ref_block if layout != "unit" else ref_unit))
         for label, kernel, cfg, (s1, s2), ref in runs:
@@ -204,7 +233,8 @@ def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
                 rows.append((label, "skipped (time)"))
                 continue
             try:
-                grid = persistent_grid(m, n, sms, cfg["BM"], cfg["BN"], cfg.get("CLUSTER", 1))
+                grid = persistent_grid(m, n, sms, cfg["BM"], cfg["BN"], cfg.get("CLUSTER", 1)) \
+                    if "GROUP" in cfg or "BK" in cfg else (tg.cdiv(m, cfg["BM"]), tg.cdiv(n, cfg["BN"]))
                 c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 kernel[grid](a, w, s1, s2, c, **cfg)
                 torch.cuda.synchronize()
@@ -320,9 +350,10 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     rows = []
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
-    if "--variants" in sys.argv or "--ceilings" in sys.argv or "--wide" in sys.argv:
-        rows += variant_rows(budget, VARIANTS if "--variants" in sys.argv else
-                             CEILINGS if "--ceilings" in sys.argv else WIDE)
+    lists = {"--variants": VARIANTS, "--ceilings": CEILINGS, "--wide": WIDE, "--turns": TURNS}
+    chosen = [v for flag, v in lists.items() if flag in sys.argv]
+    if chosen:
+        rows += variant_rows(budget, chosen[0])
     elif "--fp8" in sys.argv or "--moe" not in sys.argv:
         rows += fp8_rows(budget)
     if "--moe" in sys.argv:

@@ -20,7 +20,14 @@ to find what keeps it below the per-tensor kernel. Each variant is `kernels/fp8.
   ptxas's scheduling region; "halves_membar" has a memory fence there instead
   (`split_halves`, a source patch, measurement only).
 
-Used by `benchmarks/fp8_blockwise.py --variants`; nothing here is a library kernel.
+`install_one_gemm_turns` (session 13): lets `consumers="pingpong"` on a 2-warpgroup tile
+mean turns inside the loop for a one-gemm body, in the persistent kernel too (the rule,
+`synth/roles.py` `takes_turns_in_loop`, asks for two gemms and no tile loop): each
+warpgroup issues its K block's wgmmas in turn and promotes while the other's run, so the
+two stop issuing and promoting in step (`benchmarks/fp8_blockwise.py --turns`).
+
+Used by `benchmarks/fp8_blockwise.py --variants` / `--turns`; nothing here is a library
+kernel.
 """
 from __future__ import annotations
 
@@ -130,6 +137,38 @@ def install_split_halves() -> None:
         return source if how is None else split_halves(source, how)
     patched.split_halves = True
     launcher.emit_cuda = patched
+
+
+def install_one_gemm_turns() -> None:
+    """Patch the turns-in-the-loop rule and its lowering to take a one-gemm pipeline body,
+    in or out of a tile loop (this process only; measurement)."""
+    from tegula.ir.ops import Gemm
+    from tegula.lower import warp_roles
+    from tegula.lower.async_ir import WgmmaCommit
+    from tegula.lower.thread_ir import For
+    from tegula.synth import roles
+    if getattr(roles.takes_turns_in_loop, "one_gemm", False):
+        return
+
+    def takes(kernel, loop):
+        return (kernel.threads == 2 * roles.WARPGROUP
+                and any(isinstance(op, Gemm) for op in loop.body))
+
+    def take(body, loc):
+        found = []
+
+        def rewrite(s):
+            if isinstance(s, For) and any(isinstance(x, WgmmaCommit) for x in s.body):
+                found.append(s)
+                return warp_roles._loop_with_turns(s)
+            return None
+        out = warp_roles.map_stmts(body, rewrite)
+        if len(found) != 1:
+            raise ValueError(f"install_one_gemm_turns: {len(found)} pipeline loops")
+        return out
+    takes.one_gemm = True
+    roles.takes_turns_in_loop = takes
+    warp_roles.take_turns_in_loop = take
 
 
 @lru_cache(maxsize=None)

@@ -8,8 +8,10 @@ dense bf16 cuBLAS at equal FLOPs, in one process (session 12, issue 13):
 into a NaN-poisoned tensor and checked, every element, against the torch loop over experts
 on the weights the packed ones stand for (error relative to the largest |reference|),
 then timed with L2 flushed (`bench.gpu.time_ms`; the schedule launch included). `--bf16`
-adds the bf16 grouped GEMM as users call it (autotuned). A table last (TFLOP/s; nothing
-is asserted about time).
+adds the bf16 grouped GEMM as users call it (autotuned). `--profile`: where the default
+call's time goes, per case: each kernel's device time a call (CUPTI, torch.profiler: the
+schedule helper against the grouped GEMM) beside the whole call by CUDA events, and dense
+cuBLAS the same two ways. A table last (TFLOP/s; nothing is asserted about time).
 """
 from __future__ import annotations
 
@@ -87,6 +89,50 @@ def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
     return out
 
 
+def kernel_times(fn, calls: int = 10) -> dict[str, float]:
+    """Microseconds a call of each CUDA kernel `fn` launches (CUPTI device time, summed
+    over `calls` calls after a warm-up, divided by `calls`)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            times[e.name[:60]] = times.get(e.name[:60], 0.0) + e.device_time / calls
+    return times
+
+
+def profile_rows(label: str, dims: tuple) -> list:
+    """`--profile` for one case: the default fragment call and dense bf16, per kernel."""
+    from tegula.bench.gpu import time_ms
+    from tegula.bench.moe import W4_GROUP, make_problem
+    from tegula.kernels import moe_w4
+    from tegula.kernels.moe_w4_fragment import pack_experts_fragments
+    tokens, k, experts, kdim, n = dims
+    p = make_problem(torch, tokens, k, experts, kdim, n, True)
+    xs, w, offsets = p["x_sorted"], p["w"], p["routing"].expert_offsets
+    packed, scales, zeros = moe_w4.quantize_experts_w4(w, W4_GROUP)
+    stored = pack_experts_fragments(packed)
+    a = torch.randn(xs.shape[0], kdim, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(kdim, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(xs.shape[0], n, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for name, fn in (("w4 fragment default", lambda: moe_w4.moe_gemm_w4a16(
+            xs, stored, scales, zeros, W4_GROUP, offsets, out=c)),
+            ("dense bf16", lambda: torch.matmul(a, b, out=c))):
+        whole = time_ms(fn) * 1e3
+        parts = ", ".join(f"{k_} {v:.1f}" for k_, v in sorted(kernel_times(fn).items(),
+                                                              key=lambda kv: -kv[1]))
+        rows.append((f"{label} {name}", f"call {whole:.1f} us (events, L2 flushed); "
+                                        f"kernels us a call: {parts}"))
+        print(rows[-1], f"t={time.time() - START:.0f}s", flush=True)
+    return rows
+
+
 def main() -> None:
     from tegula.bench.moe import CASES
     from fp8_blockwise import print_table   # benchmarks/ runs as the script's folder
@@ -94,7 +140,10 @@ def main() -> None:
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
     rows = []
     for label, *dims in CASES:
-        rows += case_rows(label, tuple(dims), budget, "--bf16" in sys.argv)
+        if "--profile" in sys.argv:
+            rows += profile_rows(label, tuple(dims))
+        else:
+            rows += case_rows(label, tuple(dims), budget, "--bf16" in sys.argv)
     print_table(rows)
 
 
