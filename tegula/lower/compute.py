@@ -236,19 +236,28 @@ def lower_atomic_add(ctx: LoweringContext, op: AtomicAdd) -> list:
 def reduction_thread_bits(x_tv, out_tv, threads: int) -> list[int]:
     """Thread-index bits along which the reduction must combine values: flipping the bit
     keeps every register's output element but changes the input elements held."""
-    if threads & (threads - 1):
-        raise SynthesisError(f"reductions across threads need a power-of-two thread count, "
-                             f"not {threads}")
+    if threads & (threads - 1) and threads % 128:
+        raise SynthesisError(f"reductions across threads need a power-of-two thread count "
+                             f"or whole warpgroups, not {threads}")
     x_table, out_table = tv_table(x_tv), tv_table(out_tv)
-    tids = np.arange(threads)
     bits = []
-    for b in range(threads.bit_length() - 1):
+    for b in range((threads - 1).bit_length()):
+        # With whole warpgroups that are not a power of two (three: 384 threads) some
+        # threads have no partner along a high bit; such a bit may only separate distinct
+        # outputs (rows of a wgmma accumulator live within one warp's lanes).
+        tids = np.arange(threads)
         partner = tids ^ (1 << b)
-        if not np.array_equal(out_table[partner], out_table):
+        whole = bool(np.all(partner < threads))
+        tids, partner = tids[partner < threads], partner[partner < threads]
+        if not np.array_equal(out_table[partner], out_table[tids]):
             continue
-        same_input = np.all(x_table[partner] == x_table, axis=1)
+        same_input = np.all(x_table[partner] == x_table[tids], axis=1)
         if np.all(same_input):
             continue  # the bit only replicates data
+        if not whole:
+            raise SynthesisError(f"reductions across threads need a power-of-two thread "
+                                 f"count, not {threads}, where they combine along thread "
+                                 f"bit {b}")
         if np.any(same_input):
             raise SynthesisError("internal: a reduction layout mixes replicated and "
                                  "distinct data along one thread bit")
