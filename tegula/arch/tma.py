@@ -162,7 +162,8 @@ def tma_store_box(global_view: np.ndarray, coords: Sequence[int], data: np.ndarr
 class AsyncInstr(Instruction):
     """An asynchronous-copy, barrier, fence or register-budget instruction (Hopper).
 
-    `kind` is the family ("tma.load", "tma.store", "tma.reduce", "bulk.commit", "bulk.wait",
+    `kind` is the family ("tma.load", "tma.store", "tma.reduce", "tma.prefetch",
+    "bulk.commit", "bulk.wait",
     "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx", "mbarrier.arrive_remote",
     "mbarrier.wait", "cluster.arrive", "cluster.wait",
     "fence.proxy_async", "fence.mbarrier_init", "wgmma.fence", "wgmma.commit",
@@ -263,6 +264,10 @@ ASYNC_INSTRUCTIONS: tuple[AsyncInstr, ...] = (
     *[_tma_load(r, True) for r in range(1, MAX_RANK + 1)],
     *[_tma_store(r) for r in range(1, MAX_RANK + 1)],
     *[_tma_reduce_add(r) for r in range(1, MAX_RANK + 1)],
+    # A hint: the descriptor (a generic address of the __grid_constant__ parameter) is
+    # fetched into the SM's descriptor cache before the first copy needs it.
+    _entry("prefetch.tensormap", "tma.prefetch", "prefetch.tensormap [{tmap}];",
+           (_in("tmap", "l"),), pipe="tma", latency=1.0),
     _entry("cp.async.bulk.commit_group", "bulk.commit", "cp.async.bulk.commit_group;"),
     _entry("mbarrier.init", "mbarrier.init", "mbarrier.init.shared::cta.b64 [{bar}], {count};",
            (_in("bar"), _in("count"))),

@@ -30,7 +30,8 @@ from tegula.arch.tma import check_tma_box, get_async
 from tegula.errors import TegulaError
 from tegula.lower.async_ir import (
     ASYNC_STATEMENTS, BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
-    MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, Roles, SmemDesc, StMatrix,
+    MBarrierArray, MBarrierInit, MBarrierWait, NamedBarrier, PrefetchTensorMap, Roles,
+    SmemDesc, StMatrix,
     TensorMapParam,
     TmaLoad, TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
@@ -324,6 +325,11 @@ class AsyncStatements:
                                f"issued for {instr.dtype} tensors, not {tmap.dtype}")
         self.guarded(s.pred, instr.format_asm(tmap=ops["tmap"], coords=ops["coords"],
                                               src=ops["smem"]))
+
+    def _PrefetchTensorMap(self, s: PrefetchTensorMap) -> None:
+        tmap = self.tensor_map(s.tensor_map, s)
+        self.line(self.entry("prefetch.tensormap", s).format_asm(
+            tmap=f"reinterpret_cast<unsigned long long>(&{tmap.name})"))
 
     def _BulkCommit(self, s: BulkCommit) -> None:
         self.line(self.entry("cp.async.bulk.commit_group", s).format_asm())

@@ -218,6 +218,16 @@ class TmaStore(Stmt):
 
 
 @dataclass
+class PrefetchTensorMap(Stmt):
+    """`prefetch.tensormap`: bring the descriptor of `tensor_map` (a `TensorMapParam`'s name)
+    into the SM's descriptor cache ahead of the first TMA copy that reads it, so that copy
+    does not wait for the fetch. A hint: no memory effect and no ordering; issued by the
+    threads of an enclosing `If` (one thread)."""
+
+    tensor_map: str
+
+
+@dataclass
 class BulkCommit(Stmt):
     """`cp.async.bulk.commit_group`: close the thread's group of bulk (TMA store) copies."""
 
@@ -366,5 +376,6 @@ class Roles(Stmt):
 
 
 ASYNC_STATEMENTS = (MBarrierInit, FenceBarrierInit, MBarrierArrive, MBarrierWait, TmaLoad,
-                    TmaStore, BulkCommit, BulkWait, FenceProxyAsync, WgmmaFence, Wgmma,
-                    WgmmaCommit, WgmmaWait, NamedBarrier, ClusterBarrier, StMatrix, Roles)
+                    TmaStore, PrefetchTensorMap, BulkCommit, BulkWait, FenceProxyAsync,
+                    WgmmaFence, Wgmma, WgmmaCommit, WgmmaWait, NamedBarrier, ClusterBarrier,
+                    StMatrix, Roles)

@@ -18,8 +18,8 @@ from tegula.codegen.samples import HOPPER_SAMPLES, warp_specialized_gemm
 from tegula.dtypes import f16, f32
 from tegula.lower.async_ir import (
     BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit, FenceProxyAsync, MBarrierArray, MBarrierArrive,
-    MBarrierInit, MBarrierWait, NamedBarrier, Role, Roles, SmemDesc, StMatrix, TensorMapParam,
-    TmaLoad,
+    MBarrierInit, MBarrierWait, NamedBarrier, PrefetchTensorMap, Role, Roles, SmemDesc,
+    StMatrix, TensorMapParam, TmaLoad,
     TmaStore, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
 )
 from tegula.lower.thread_ir import (
@@ -71,6 +71,7 @@ STATEMENTS = {
                 "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"),
     "TmaStore": ([TmaStore("x_map", COORDS, "tile", Const(0), pred=ONE)],
                  "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"),
+    "PrefetchTensorMap": ([PrefetchTensorMap("x_map")], "prefetch.tensormap"),
     "BulkCommit": ([BulkCommit()], "cp.async.bulk.commit_group"),
     "BulkWait": ([BulkWait(1)], "cp.async.bulk.wait_group 1"),
     "BulkWait.read": ([BulkWait(0, read_only=True)], "cp.async.bulk.wait_group.read 0"),

@@ -203,6 +203,7 @@ def test_catalogue_entries_have_emitters():
                      # async_stmts.py (tests/codegen/test_async_emit.py compiles each)
                      "wgmma", "tma.load", "tma.store", "bulk.commit", "bulk.wait",
                      "tma.reduce",  # TmaStore(reduce="add") (tests/lower/test_bulk_add.py)
+                     "tma.prefetch",  # PrefetchTensorMap
                      "mbarrier.init", "mbarrier.arrive", "mbarrier.arrive_tx",
                      "mbarrier.wait", "fence.proxy_async", "fence.mbarrier_init",
                      "wgmma.fence", "wgmma.commit", "wgmma.wait", "bar.named", "setmaxnreg",
