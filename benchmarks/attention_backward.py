@@ -47,9 +47,11 @@ VARIANTS = {
     "at64x64": (False, dict(BM=64, BN=64)),
     "at64x128": (False, dict(BM=64, BN=128, threads=256)),
     "at64x128-1role": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False)),
+    "at64x128-1role-s3": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
+                                      STAGES=3)),
     "at32x128-1role": (False, dict(BM=32, BN=128, threads=256, warp_specialize=False)),
 }
-DEFAULT_VARIANTS = "det,at64x64,at64x128,at64x128-1role,at32x128-1role"
+DEFAULT_VARIANTS = "det,at64x64,at64x128,at64x128-1role,at64x128-1role-s3,at32x128-1role"
 
 _ab = importlib.import_module("tegula.kernels.attention_backward")
 
