@@ -319,7 +319,27 @@ def _resources(build: Any, compiled: Any = None) -> str:
 
 def _prediction(build: Any, grid: Any, shapes: dict | None, scalars: dict | None) -> str:
     cost = estimate(build, grid, shapes, scalars)
-    return "== predicted time (analytical model, tegula.synth.cost)\n" + str(cost)
+    text = "== predicted time (analytical model, tegula.synth.cost)\n" + str(cost)
+    if cost.blocks and "grid_blocks" not in build.constexprs:
+        text += "".join(f"\n  note: {n}" for n in _grid_roles_notes(build, cost.blocks))
+    return text
+
+
+def _grid_roles_notes(build: Any, blocks: int) -> list[str]:
+    """Where the cost model kept a TMA pipeline in one role for a full grid but would give
+    it a producer warpgroup for this launch's `blocks` (the build did not know the grid:
+    the `grid_blocks` build option tells it, `synth/cost_roles.py`)."""
+    from tegula.synth.cost_roles import grid_sm_blocks, why_no_producer
+    on_sm = grid_sm_blocks(blocks, build.target)
+    if on_sm is None:
+        return []
+    return [f"this grid gives an SM at most {on_sm} block(s): the cost model would give the "
+            f"pipeline at line {loop.loc.lineno if loop.loc else '?'} a producer warpgroup; "
+            f"build or launch with grid_blocks={blocks} for it"
+            for loop in walk_ops(build.traced.body)
+            if isinstance(loop, ForLoop) and loop.choices.get("roles_skipped", "").startswith(
+                "a producer warpgroup does not pay")
+            and not why_no_producer(build.traced, loop, build.target, blocks)]
 
 
 # --------------------------------------------------------------------------- pictures
