@@ -246,8 +246,14 @@ def main() -> None:
         print(text, flush=True)
 
     start = time.time()
-    jobs = [(c, v, i) for c in cases for v in variants
-            for i in range(len(launches(*CASES[c], *VARIANTS[v])))]
+    jobs, seen = [], set()
+    for c in cases:
+        for v in variants:
+            for i, (kernel, _, _, cx) in enumerate(launches(*CASES[c], *VARIANTS[v])):
+                key = (kernel.name, tuple(sorted(cx.items())))
+                if key not in seen:  # the preprocess and convert recur across variants
+                    seen.add(key)
+                    jobs.append((c, v, i))
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(options.jobs, mp_context=context) as pool:
         problems = [p for p in pool.map(compile_job, *zip(*jobs)) if p]
