@@ -481,11 +481,7 @@ def lower_tma_store(ctx: LoweringContext, op) -> list[Stmt]:
     what = "bulk add into" if plan.reduce else "epilogue of"
     stmts: list[Stmt] = [Comment(f"{what} {describe(view)}: {plan.describe()}")]
     for first in range(0, plan.boxes, plan.slots):
-        # A round frees the staging buffer with `.read`; the first waits for the earlier
-        # stores' global writes too, since an earlier iteration may have stored to these
-        # elements (a tile map that revisits a tile) and the async proxy does not order two
-        # TMA stores to one address. The library's epilogues issued those a main loop ago.
-        read_only = first > 0 or bool(plan.reduce)  # reduce-adds commute
+        read_only = first > 0 or not first_round_waits_for_writes(op, plan)
         stmts += [If(issuer, [BulkWait(0, read_only=read_only)]), Barrier()]
         if plan.stmatrix:
             stmts += _stmatrix_round(ctx, tile, regs, buffer, box_of, first, plan)
@@ -504,6 +500,16 @@ def lower_tma_store(ctx: LoweringContext, op) -> list[Stmt]:
         # orders all of them before thread 0's stores.
         stmts += [FenceProxyAsync(), Barrier(), If(issuer, stores + [BulkCommit()])]
     return stmts
+
+
+def first_round_waits_for_writes(op, plan) -> bool:
+    """Whether the epilogue's first round waits for the earlier TMA stores' global writes
+    (`cp.async.bulk.wait_group 0`), not only for their reads of the staging buffer
+    (`.read`, which every later round takes): an earlier iteration may have stored to
+    these elements (a tile map that revisits a tile), and the async proxy does not order
+    two TMA stores to one address. TMA reduce-adds commute, so they need not. The
+    library's epilogues issued the earlier stores a main loop before."""
+    return not plan.reduce
 
 
 def _stmatrix_round(ctx: LoweringContext, tile, regs, buffer: SharedBuffer, box_of,
