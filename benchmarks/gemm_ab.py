@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="compile the main variant's contenders first in this many "
                              "processes")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="with --jobs: only compile (no GPU use), then exit")
     args = parser.parse_args(argv)
-    import torch
-    torch.backends.cuda.matmul.allow_tf32 = False
     contenders = json.loads(args.contenders)
     shapes = [tuple(int(x) for x in text.split("x")) for text in args.shapes.split(",")]
     if args.jobs > 1:  # the main variant's cubins into the disk cache, in parallel
@@ -188,6 +188,20 @@ def main(argv: list[str] | None = None) -> int:
         plain = [c for c in contenders if "config" not in c or
                  c.get("variant", "main") == "main"]
         precompile([(shape, c.get("config", c)) for shape in shapes for c in plain], args.jobs)
+    if args.compile_only:  # the variants' cubins too, one by one (each patches modules)
+        from gemm_candidates import compile_job
+        for shape in shapes:
+            for c in contenders:
+                if "config" in c and c.get("variant", "main") != "main":
+                    try:
+                        with variant(c["variant"], shape, c["config"]):
+                            error = compile_job(shape, c["config"])
+                    except Exception as e:  # noqa: BLE001 — e.g. a hook not on this main
+                        error = f"{type(e).__name__}: {e}"
+                    print(f"compiled {c['variant']} at {shape}: {error or 'ok'}", flush=True)
+        return 0
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
     start = time.time()
     for shape in shapes:
         if time.time() - start > args.max_seconds:
