@@ -70,27 +70,42 @@ VARIANTS = {
 }
 
 
+#: Kernel objects built under a variant, by (variant, shape where the variant depends on
+#: it, factory, arguments): the main variant keeps the factories' own objects, and each
+#: other variant gets its own, reused across shapes (builds are cached on the kernel).
+_VARIANT_KERNELS: dict = {}
+_SHAPE_DEPENDENT = {"const_tiles"}
+
+
 @contextlib.contextmanager
 def variant(name: str, shape: tuple = (0, 0, 0), config: dict | None = None):
-    """Apply the variant's patches and give its builds fresh kernel objects (the kernel
-    factories' caches cleared before and after, so no build crosses variants)."""
+    """Apply the variant's patches while its contender is built; outside the main variant
+    the GEMM kernel factories hand out the variant's own kernel objects, so no build
+    crosses variants."""
     from tegula.kernels import gemm
-    factories = (gemm.persistent_gemm_kernel, gemm.staged_gemm_kernel, gemm.gemm_kernel)
+    patches = dict(VARIANTS[name](shape, config or {}))
+    if name != "main":
+        for factory in ("persistent_gemm_kernel", "staged_gemm_kernel", "gemm_kernel"):
+            original = getattr(gemm, factory)
+            key = (name, shape if name in _SHAPE_DEPENDENT else None, factory)
+
+            def fresh(*args, _original=original, _key=key):
+                found = _VARIANT_KERNELS.get((_key, args))
+                if found is None:
+                    found = _VARIANT_KERNELS[(_key, args)] = _original.__wrapped__(*args)
+                return found
+            patches[f"tegula.kernels.gemm:{factory}"] = fresh
     saved = []
-    for where, value in VARIANTS[name](shape, config or {}).items():
+    for where, value in patches.items():
         module, attr = where.split(":")
         mod = importlib.import_module(module)
         saved.append((mod, attr, getattr(mod, attr)))
         setattr(mod, attr, value)
-    for f in factories:
-        f.cache_clear()
     try:
         yield
     finally:
-        for mod, attr, old in saved:
+        for mod, attr, old in reversed(saved):
             setattr(mod, attr, old)
-        for f in factories:
-            f.cache_clear()
 
 
 def _short(config: dict, name: str) -> str:
