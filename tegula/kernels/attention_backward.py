@@ -315,6 +315,20 @@ def backward_candidates(head_dim: int) -> list[dict]:
             dict(BM=32, BN=64, threads=256)]
 
 
+def atomic_dq_candidates(head_dim: int) -> list[dict]:
+    """Configurations of the dK/dV kernel that adds dQ by TMA reduce-adds
+    (`deterministic=False`) the torch entry point times per shape bucket. 64 query rows by
+    128 keys on two warpgroups in one role is FlashAttention-3's tile at D <= 128 (ptxas,
+    sm_90a: 254 registers at D = 128, no spill; with a producer warpgroup 232 and 160 B
+    spilled); 64 x 64 on one warpgroup spills 52 B at D = 128. At D = 256 only the default
+    tiles (`backward_tiles`), 32 x 32."""
+    if head_dim > 128:
+        return [dict(BM=32, BN=32)]
+    one_role = dict(threads=256, warp_specialize=False)
+    return [dict(BM=64, BN=128, **one_role), dict(BM=64, BN=128, STAGES=3, **one_role),
+            dict(BM=32, BN=128, **one_role), dict(BM=64, BN=64)]
+
+
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
                       scale: float, causal: bool, deterministic: bool = True,
                       **tiles: int) -> list[tuple]:
@@ -402,8 +416,8 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float |
     dtype (f16/bf16), lse (B, H, Sq) float32 as `attention_forward` returns it. Any strides
     (inputs whose last dim is not contiguous are copied); the gradients are contiguous.
     `deterministic=False` adds dQ with float atomics from the dK/dV kernel (5 gemms, not
-    7; the sums' order, so dq's last bits, vary from run to run), untuned: `tiles` or
-    `backward_tiles`."""
+    7; the sums' order, so dq's last bits, vary from run to run), tuned over
+    `atomic_dq_candidates` unless `tiles` are given."""
     import torch
 
     from tegula.build import launch
@@ -429,35 +443,55 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float |
         return values["dq"], values["dk"], values["dv"]
     launches = backward_launches(dtype, B, H, Hkv, Sq, Sk, D, scale, causal,
                                  bool(deterministic), **tiles)
-    if not deterministic:  # every timed run would add into dq_accum again: no tuning
+    if not deterministic:
         values["dq_accum"] = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for kernel, grid, names, constexprs in launches:
-            launch(kernel, grid, *(values[n] for n in names), **constexprs)
-        return values["dq"], values["dk"], values["dv"]
-    preprocess, grid, names, constexprs = launches[0]
-    launch(preprocess, grid, *(values[n] for n in names), **constexprs)
-    for (kernel, grid, names, constexprs), grid_of in zip(launches[1:], (
-            lambda c: (tg.cdiv(Sk, c["BN"]), Hkv, B), lambda c: (tg.cdiv(Sq, c["BM"]), H, B))):
+    key_grid = lambda c: (tg.cdiv(Sk, c["BN"]), Hkv, B)  # noqa: E731
+    query_grid = lambda c: (tg.cdiv(Sq, c["BM"]), H, B)  # noqa: E731
+    tuned = {1: (key_grid, backward_candidates(D) if deterministic else
+                 atomic_dq_candidates(D))}
+    if deterministic:
+        tuned[2] = (query_grid, backward_candidates(D))
+    for index, (kernel, grid, names, constexprs) in enumerate(launches):
         args = [values[n] for n in names]
-        if tiles:   # the caller chose: no tuning
+        if tiles or index not in tuned:   # the caller chose, or nothing to tune
             launch(kernel, grid, *args, **constexprs)
-        else:
-            _tuned_launch(kernel, grid_of, args, constexprs, dtype, (B * H, Sq, Sk), q.device)
+            continue
+        grid_of, candidates = tuned[index]
+        prepare = None if deterministic else _fresh_accumulator(values["dq_accum"])
+        _tuned_launch(kernel, grid_of, args, constexprs, dtype, (B * H, Sq, Sk), q.device,
+                      candidates, prepare)
     return values["dq"], values["dk"], values["dv"]
 
 
+def _fresh_accumulator(dq_accum):
+    """What runs before each launch of the kernel adding dQ into `dq_accum` while it is
+    tuned: nothing the first time (zeros from the caller), zeros again after that, so that
+    the launch the tuner keeps (its last) adds into zeros (a timed run's memset costs every
+    configuration the same)."""
+    launched = []
+
+    def prepare():
+        if launched:
+            dq_accum.zero_()
+        launched.append(True)
+    return prepare
+
+
 def _tuned_launch(kernel, grid_of, args: list, constexprs: dict, dtype: DType, dims: tuple,
-                  device) -> None:
-    """Launch `kernel` (dK/dV or dQ) with the best of `backward_candidates`, timed once per
-    shape bucket by the library's autotuner (each timed run rewrites the same outputs).
-    `grid_of(tiles)`: the grid for a configuration."""
+                  device, candidates: list[dict], prepare=None) -> None:
+    """Launch `kernel` (dK/dV, dQ, or dK/dV adding dQ) with the best of `candidates`, timed
+    once per shape bucket by the library's autotuner (each timed run rewrites the same
+    outputs; `prepare()`, where given, runs before each launch). `grid_of(tiles)`: the grid
+    for a configuration."""
     from tegula.kernels import api
     from tegula.runtime.autotune import Autotuner, Config
     api.TUNERS.setdefault("attention_backward", Autotuner("attention_backward"))
     fixed = {k: constexprs[k] for k in ("D", "SCALE", "CAUSAL", "G")}
-    configs = tuple(Config.of(c) for c in backward_candidates(fixed["D"]))
+    configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config):
+        if prepare is not None:
+            prepare()
         return api._launch(kernel, grid_of(config.kwargs), args,
                            dict(fixed, **config.kwargs), config.threads)
 
@@ -520,4 +554,5 @@ __all__ = ["attention_backward_preprocess_kernel", "attention_backward_dkdv_kern
            "attention_backward_dq_convert_kernel", "attention_backward_emulated", "attention_backward",
            "attention_differentiable",
            "check_backward_shapes", "backward_launches", "default_scale",
+           "backward_candidates", "atomic_dq_candidates",
            "ATTENTION_BACKWARD_DTYPES"]
