@@ -8,11 +8,11 @@ against torch SDPA's cuDNN and flash backends timed in the same process.
 dim D (one process for every group: torch and the SDPA baselines load once).
 
 Each variant is `name:KEY=VALUE,...` over the defaults BM=128, threads=256, STAGES=2,
-V_KMAJOR=0, P_SHARED=0, OVERLAP=0 (`consumers`, `warp_specialize`, `load_path` are build
-options; `src=s10` took session 10's kernel from a copy of its module, removed after
+V_KMAJOR=0, P_SHARED=0, OVERLAP=0, REGS=0 (REGS: the consumer's stated registers a thread,
+producer 24; `consumers`, `warp_specialize`, `load_path` are build options; `src=s10` took session 10's kernel from a copy of its module, removed after
 the session-11 A/B). Shapes are the session-10 anchors
 (B, H, S): D=64 4x32x4096, D=128 4x16x4096, D=256 2x8x8192, Sq = Sk, so the bottom-right
-causal mask is SDPA's `is_causal`.
+causal mask is SDPA's `is_causal`; `--seq S` keeps the 16k tokens (B = 16384 / S).
 
 Every variant first writes into NaN-poisoned outputs and is compared with cuDNN's output
 (every element: no NaN left, max |o - cuDNN o| printed as e, FAIL above 1e-2); its timing
@@ -139,10 +139,14 @@ def sdpa_baselines(torch, q, k, v, causal: bool, profile: bool = False):
             best_ms(torch, backend(SDPBackend.FLASH_ATTENTION)))
 
 
-def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False) -> None:
+def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False,
+              seq: int | None = None) -> None:
     """Prints the SDPA baselines, then each variant's TFLOP/s and ratio to cuDNN as soon as
-    it is measured (`profile`: one cuDNN call and one checked launch of each, for ncu)."""
+    it is measured (`profile`: one cuDNN call and one checked launch of each, for ncu);
+    `seq`: S instead of SHAPES', with B·S kept."""
     b, h, s = SHAPES[d]
+    if seq:
+        b, s = max(1, b * s // seq), seq
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
     flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
@@ -171,11 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tokens", nargs="+", help="@D:CAUSAL, then name:KEY=VALUE,...")
     parser.add_argument("--profile", action="store_true",
                         help="no timing: one cuDNN call and one launch per variant (for ncu)")
+    parser.add_argument("--seq", type=int, default=None,
+                        help="sequence length S (B·S kept at the default shapes' 16k tokens)")
     args = parser.parse_args(argv)
     import torch
     for d, modes, variants in parse_groups(args.tokens):
         for causal in modes:
-            run_group(torch, d, causal, variants, args.profile)
+            run_group(torch, d, causal, variants, args.profile, args.seq)
     return 0
 
 

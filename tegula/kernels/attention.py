@@ -54,6 +54,13 @@ Variants, a constexpr each, so the autotuner can time them:
   and `s_{j+1} = q @ k_{j+1}.T` in its turn, then runs block j+1's softmax while the
   other's gemms run.
 
+* `REGS` (> 0): the kernel states its warp roles (`tg.producer` / `tg.consumer`) with REGS
+  registers a consumer thread and 24 a producer thread (FlashAttention-3's split) instead
+  of synthesis's 232 / 40; at D = 128 the overlapped loop on the cooperative consumer then
+  fits without spilling (ptxas: 237 of 240, against 60 B of spills at 232). 192-row query
+  blocks on three consumer warpgroups (BM=192, threads=384, FlashAttention-3's D = 64 tile)
+  get 152 (160 with REGS=160).
+
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
   operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
 * `P_SHARED`: the probabilities go through shared memory to the gemm (a shared wgmma A
@@ -66,6 +73,7 @@ by the offsets, which the kernel loads as scalars.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import lru_cache
 
@@ -115,7 +123,7 @@ def online_softmax_step(s, scale: float, m_i, l_i, acc):
 
 def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
             BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool,
-            OVERLAP: bool = False) -> None:
+            OVERLAP: bool = False, REGS: int = 0) -> None:
     """The body every forward kernel shares (traced inline): query block `m` of the
     (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
     V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,)."""
@@ -171,17 +179,34 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
             p = sp
         tg.gemm(acc, p, v_block if V_KMAJOR else v_block.T)
 
+    roles = _role_blocks(REGS)
     if OVERLAP:
         m_i, l_i, acc = _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype,
-                                             STAGES, masked_scores, needs_mask, pv_gemm)
+                                             STAGES, masked_scores, needs_mask, pv_gemm, roles)
     else:
         m_i, l_i, acc = _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                                  masked_scores, pv_gemm)
+                                  masked_scores, pv_gemm, roles)
     unseen = l_i == 0.0                                   # the row saw no key (NaN: it did)
     l_safe = tg.where(unseen, 1.0, l_i)
     tg.copy((acc * (1.0 / l_safe)).to(dtype), ov.tile((BM, D), (m, 0)))
     lse = tg.where(unseen, -INF, (m_i + tg.log2(l_safe)) * (1.0 / LOG2E))
     tg.copy(lse[:, 0], lse_v.tile((BM,), (m,)))
+
+
+#: The producer warpgroup's registers a thread where the kernel states its roles (`REGS`):
+#: it only issues TMA boxes, and FlashAttention-3 gives it 24 (32 beside three consumers).
+PRODUCER_REGS = 24
+
+
+def _role_blocks(regs: int):
+    """(producer, consumer): context managers for the key loop's copies and the rest of
+    its body. `regs` > 0 states the warp roles (`tg.producer` / `tg.consumer`, sm_90a) with
+    `regs` registers a consumer thread and PRODUCER_REGS a producer thread, where
+    synthesis would give 40 and what that frees (232 beside two consumer warpgroups);
+    0 leaves the roles and budgets to synthesis."""
+    if not regs:
+        return contextlib.nullcontext, contextlib.nullcontext
+    return (lambda: tg.producer(regs=PRODUCER_REGS)), (lambda: tg.consumer(regs=regs))
 
 
 def _softmax_state(sq):
@@ -193,7 +218,7 @@ def _softmax_state(sq):
 
 
 def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores,
-              pv_gemm):
+              pv_gemm, roles):
     """The key loop: block j's scores, their online softmax (rescaling acc), then
     acc += p_j @ v_j; returns (m_i, l_i, acc). With consumers="pingpong" each turn's
     sync waits for p's f16 fragment (`lower/warp_roles.py` `_turn_operands`), so this
@@ -202,19 +227,22 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
     above by copying the softmax into both sides of the mask's branch instead: 0.881x
     cuDNN against 0.895x at D = 128 (H100), reverted."""
     m_i, l_i, acc = _softmax_state(sq)
+    producer, consumer = roles
     for j in tg.pipeline(blocks, stages=STAGES):
-        tg.copy(keys[:, :, j], sk[j])
-        tg.copy(values[:, :, j], sv[j])
-        s = tg.zeros((sq.shape[0], BN), f32)
-        tg.gemm(s, sq, sk[j])                             # s = q @ k.T
-        p, m_new, l_i = online_softmax_step(*masked_scores(s, j), m_i, l_i, acc)
-        pv_gemm(p.to(dtype), sv[j], acc)                  # acc += p @ v
-        m_i = m_new
+        with producer():
+            tg.copy(keys[:, :, j], sk[j])
+            tg.copy(values[:, :, j], sv[j])
+        with consumer():
+            s = tg.zeros((sq.shape[0], BN), f32)
+            tg.gemm(s, sq, sk[j])                         # s = q @ k.T
+            p, m_new, l_i = online_softmax_step(*masked_scores(s, j), m_i, l_i, acc)
+            pv_gemm(p.to(dtype), sv[j], acc)              # acc += p @ v
+            m_i = m_new
     return m_i, l_i, acc
 
 
 def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                         masked_scores, needs_mask, pv_gemm):
+                         masked_scores, needs_mask, pv_gemm, roles):
     """The key loop software-pipelined by one block, in FlashAttention-3's order (its
     intra-warpgroup overlap). Iteration j issues s_{j+1} = q @ k_{j+1}.T, rescales acc by
     alpha_j, issues acc += p_j @ v_j, and runs block j+1's softmax while the tensor cores
@@ -247,26 +275,29 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     p, m_i, alpha = online_softmax_probs(*masked_scores(s, 0), m_i)
     l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: alpha_0 rescales nothing
     s.assign(p)
+    producer, consumer = roles
     for j in tg.pipeline(blocks, stages=STAGES):
-        tg.copy(keys[:, :, j + 1], sk[j])
-        tg.copy(values[:, :, j], sv[j])
-        p16 = s.to(dtype)
-        s.assign(0.0)
-        tg.gemm(s, sq, sk[j])                             # s_{j+1}          } both in flight
-        acc *= alpha                                      #                  } during block
-        pv_gemm(p16, sv[j], acc)                          # acc += p_j @ v_j } j+1's softmax
-        # The mask's branch holds the whole softmax (each side a copy of it), so the body
-        # ends in a join holding the wait for p_j @ v_j: ptxas places a WARPGROUP.DEPBAR
-        # anywhere before its first use within a basic block (at D = 64 it filled a stall
-        # of the row-max chain with it), never across blocks.
-        with tg.if_(needs_mask(j + 1)):
-            p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, True), m_i)
-            l_i = l_i * alpha + tg.sum(p, 1)
-            s.assign(p)
-        with tg.else_():
-            p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, False), m_i)
-            l_i = l_i * alpha + tg.sum(p, 1)
-            s.assign(p)
+        with producer():
+            tg.copy(keys[:, :, j + 1], sk[j])
+            tg.copy(values[:, :, j], sv[j])
+        with consumer():
+            p16 = s.to(dtype)
+            s.assign(0.0)
+            tg.gemm(s, sq, sk[j])                         # s_{j+1}          } both in flight
+            acc *= alpha                                  #                  } during block
+            pv_gemm(p16, sv[j], acc)                      # acc += p_j @ v_j } j+1's softmax
+            # The mask's branch holds the whole softmax (each side a copy of it), so the
+            # body ends in a join holding the wait for p_j @ v_j: ptxas places a
+            # WARPGROUP.DEPBAR anywhere before its first use within a basic block (at D = 64
+            # it filled a stall of the row-max chain with it), never across blocks.
+            with tg.if_(needs_mask(j + 1)):
+                p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, True), m_i)
+                l_i = l_i * alpha + tg.sum(p, 1)
+                s.assign(p)
+            with tg.else_():
+                p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, False), m_i)
+                l_i = l_i * alpha + tg.sum(p, 1)
+                s.assign(p)
     acc *= alpha                                          # the block past the last: 1 or 0
     return m_i, l_i, acc
 
@@ -281,13 +312,13 @@ def attention_kernel(dtype: DType) -> tg.Kernel:
                       D: tg.constexpr, QK_SCALE: tg.constexpr, CAUSAL: tg.constexpr = False,
                       BM: tg.constexpr = 64, BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                       V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
-                      OVERLAP: tg.constexpr = False):
+                      OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         if CAUSAL:  # the query blocks seeing the most keys first: the last wave runs short ones
             m = tg.num_programs(0) - 1 - m
         kv_head = h // (q.shape[1] // k.shape[1])
         _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
-                QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP)
+                QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS)
 
     return attention_fwd
 
@@ -307,14 +338,14 @@ def attention_varlen_kernel(dtype: DType) -> tg.Kernel:
                              CAUSAL: tg.constexpr = False, BM: tg.constexpr = 64,
                              BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                              V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
-                             OVERLAP: tg.constexpr = False):
+                             OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0):
         m, h, e = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         kv_head = h // (q.shape[1] // k.shape[1])
         q0, q1 = cu_seqlens_q[e], cu_seqlens_q[e + 1]
         k0, k1 = cu_seqlens_k[e], cu_seqlens_k[e + 1]
         vv = v[kv_head, :, k0:k1] if V_KMAJOR else v[k0:k1, kv_head, :]
         _attend(q[q0:q1, h, :], k[k0:k1, kv_head, :], vv, o[q0:q1, h, :], lse[h, q0:q1], m,
-                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP)
+                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS)
 
     return attention_varlen_fwd
 

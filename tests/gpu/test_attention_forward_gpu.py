@@ -152,6 +152,55 @@ def test_overlapped_loop_into_poisoned_outputs(d, bm, bn, causal, request):
               f"D={d} BM={bm} BN={bn} OVERLAP causal={causal} Sq={sq} Sk={sk}")
 
 
+# -- three consumer warpgroups and stated register budgets, in a child with a time limit -------
+# (D, constexprs): FlashAttention-3's D=64 tile (192 query rows on three consumer warpgroups,
+# with synthesis's budgets and with 160 registers a consumer thread), and the consumer
+# budget of 240 (producer 24) on the loops it lets fit: the overlapped loop on the
+# cooperative consumer at D=128 (which spills at 232), turns and 176-key blocks.
+BUDGET_CONFIGS = [
+    (64, dict(BM=192, BN=128, threads=384)),
+    (64, dict(BM=192, BN=128, threads=384, REGS=160)),
+    (128, dict(BM=128, BN=128, threads=256, OVERLAP=True, REGS=240)),
+    (128, dict(BM=128, BN=128, threads=256, OVERLAP=True, REGS=240, consumers="pingpong")),
+    (128, dict(BM=128, BN=176, threads=256, REGS=240, consumers="pingpong")),
+    (256, dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
+]
+
+
+def run_budget_configs() -> None:
+    """Every BUDGET_CONFIGS entry, causal and not, at Sq < Sk (many key blocks, a diagonal)
+    and Sq > Sk (rows that see no key), GQA 2:1, into NaN-poisoned outputs; one line each."""
+    for d, config in BUDGET_CONFIGS:
+        for causal in (False, True):
+            for sq, sk in ((203, 777), (777, 203)):
+                b, h, h_kv = 2, 4, 2
+                q, k, v = random_qkv(d + sq + causal, b, h, h_kv, sq, sk, d, torch.float16)
+                o = torch.full_like(q, float("nan"))
+                lse = torch.full((b, h, sq), float("nan"), device="cuda")
+                attention_kernel(f16)[(-(-sq // config["BM"]), h, b)](
+                    q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal,
+                    **config)
+                torch.cuda.synchronize()
+                what = f"D={d} {config} causal={causal} Sq={sq} Sk={sk}"
+                check(o, lse, *reference(q, k, v, causal), torch.float16, what)
+                print("ok", what, flush=True)
+
+
+def test_three_warpgroups_and_stated_budgets_into_poisoned_outputs():
+    """BUDGET_CONFIGS in a child process with a time limit, so that a hang (a barrier
+    protocol that deadlocks) fails this test instead of stalling the suite."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run([sys.executable, __file__, "budgets"], capture_output=True,
+                              text=True, env=env, timeout=240, check=False)
+    except subprocess.TimeoutExpired as e:
+        done = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"no result within 240 s (a hang?); finished before it:\n{done}")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout.count("ok ") == 4 * len(BUDGET_CONFIGS), proc.stdout
+
+
 # -- the torch entry points -----------------------------------------------------------------
 # (B, H, H_kv, Sq, Sk, D, causal, dtype)
 SHAPES = [
@@ -288,3 +337,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["smoke"]:
         smoke()
         print("ok")
+    elif sys.argv[1:] == ["budgets"]:
+        run_budget_configs()

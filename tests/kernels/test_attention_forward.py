@@ -125,6 +125,10 @@ CONFIGS = [
     ("sm_90a", dict(BM=128, BN=128, threads=256, OVERLAP=True)),
     ("sm_90a", dict(BM=64, BN=64, V_KMAJOR=True, P_SHARED=True, OVERLAP=True)),
     ("sm_80", dict(BM=16, BN=32, OVERLAP=True)),
+    # three consumer warpgroups (384 threads: the row reductions stay within warps), and
+    # stated budgets (producer 24, consumers 240 registers a thread)
+    ("sm_90a", dict(BM=192, BN=64, threads=384)),
+    ("sm_90a", dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
 ]
 
 
