@@ -21,22 +21,25 @@ import time
 import torch
 
 START = time.time()
-#: Session 11's kernel (one block per item, the dequantized weights through shared memory)
-#: first, then the swapped persistent kernel (weights the MMA's register operand, f32
-#: dequantization) and the fragment kernel (`moe_w4_fragment`: weights pre-packed in the
-#: MMA fragment's order, paired 16-bit dequantization overlapping the previous gemm).
-CONFIGS = [("shared-operand 64x64 (session 11)", dict(BM=64, BN=64, BK=64, STAGES=3,
-                                                      PERSISTENT=False)),
-           ("swapped BN128 BT128 S4", dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4,
-                                          threads=256)),
-           ("fragment WG4 BT128 S3 (default)", dict(FRAGMENT=True, BM=128, WG=4, STAGES=3)),
-           ("fragment WG4 BT128 S3 WSMEM=0", dict(FRAGMENT=True, BM=128, WG=4, STAGES=3,
-                                                  WSMEM=0)),
-           ("fragment WG2 BT256 S3 WSMEM=0", dict(FRAGMENT=True, BM=256, WG=2, STAGES=3,
-                                                  WSMEM=0)),
-           ("fragment WG2 BT128 KS2 S3 WSMEM=0", dict(FRAGMENT=True, BM=128, WG=2, KS=2,
-                                                      STAGES=3, WSMEM=0)),
-           ("fragment WG4 BT128 KS2 S2", dict(FRAGMENT=True, BM=128, WG=4, KS=2, STAGES=2))]
+#: The fragment kernel (`moe_w4_fragment`: weights pre-packed in the MMA fragment's order,
+#: paired 16-bit dequantization overlapping the previous gemm), its default first.
+CONFIGS = [("fragment WG2 BT128 KS2 S3 WSMEM=0 (default)", dict(FRAGMENT=True, BM=128, WG=2,
+                                                              KS=2, STAGES=3, WSMEM=0)),
+           ("fragment PAIRS KS2 S2", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=2,
+                                          WSMEM=0, PAIRS=1)),
+           ("fragment PAIRS KS2 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3,
+                                          WSMEM=0, PAIRS=1)),
+           ("fragment PAIRS KS1 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=3,
+                                          WSMEM=0, PAIRS=1)),
+           ("fragment PAIRS KS1 S4", dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=4,
+                                          WSMEM=0, PAIRS=1))]
+#: Session 13: PAIRS=1 (`moe_w4_fragment._paired_steps`: two register operands, so ptxas
+#: no longer waits for each wgmma before the next, C7513) against the default.
+#: Session 12 round 2 (x dense bf16, Mixtral up / down / 64-expert top-6): session 11's
+#: shared-operand 64x64 0.32 / 0.29 / 0.32; swapped BN128 BT128 S4 0.31 / 0.32 / 0.29;
+#: fragment WG4 BT128 S3 (WSMEM=1) 0.52 / 0.55 / 0.45, WSMEM=0 0.62 / 0.62 / 0.54; WG2
+#: BT256 S3 WSMEM=0 0.55 / 0.58 / 0.39; WG2 BT128 KS2 S3 WSMEM=0 0.65 / 0.65 / 0.56 (the
+#: default since); WG4 BT128 KS2 S2 0.60 / 0.62 / 0.50.
 #: Round 1 (session 12, H100, x dense bf16 at Mixtral up / down / 64-expert top-6):
 #: session 11's kernel 0.30 / 0.27 / 0.31; swapped BN128 BT128 S4 0.29 / 0.30 / 0.28
 #: (scales loaded where used, AHEAD=0: 0.31 / 0.30 / 0.29); fragment WG2 BT128 S4 0.36 /
@@ -142,6 +145,7 @@ def main() -> None:
     for label, *dims in CASES:
         if "--profile" in sys.argv:
             rows += profile_rows(label, tuple(dims))
+            break                                   # one case: where the time goes
         else:
             rows += case_rows(label, tuple(dims), budget, "--bf16" in sys.argv)
     print_table(rows)

@@ -30,8 +30,8 @@ from tegula.kernels.quant_fragment import (FRAGMENT_K, FRAGMENT_ROWS, STORED_WOR
 
 
 def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: Any, t: Any,
-                   sa: Any, sw: Any, dtype: DType, fractional: bool, G: int, BT: int, KS: int,
-                   WG: int, STAGES: int, PERSISTENT: bool) -> None:
+                   sa: Any, sw: Any, sb: Any, dtype: DType, fractional: bool, G: int,
+                   BT: int, KS: int, WG: int, STAGES: int, PERSISTENT: bool) -> None:
     """Work item t (trace time): outᵀ's (64·WG, BT) tile of rows first… of expert e at
     weight row block n, over K in steps of 64·KS. `sw` None: the words straight into
     registers, step k+1 dequantized after step k's gemm is issued (ptxas then serializes
@@ -67,6 +67,11 @@ def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: 
             ahead_constants = following
         tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
         return
+    if sb is not None:
+        acc = _paired_steps(ga, gw, words_tv, sa, sb, steps, acc, dequantized, constants,
+                            STAGES)
+        tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
+        return
     current = dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0))
     ahead = tg.load(gw[:, :, :, :, 1], layout=words_tv)
     for k in tg.pipeline(steps, stages=STAGES):
@@ -80,6 +85,33 @@ def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: 
     tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
 
 
+def _paired_steps(ga: Any, gw: Any, words_tv: Any, sa: Any, sb: Any, steps: Any, acc: Any,
+                  dequantized: Any, constants: Any, STAGES: int) -> Any:
+    """PAIRS=1 (words in registers): two k-steps an iteration, each its own token ring
+    (`sa` the even steps, `sb` the odd) and its own register A operand (`first` and
+    `second`), each dequantized while the other's wgmmas run. With one operand
+    reassigned every step (`_fragment_item`), the C compiler gives the next step's
+    weights the registers the in-flight wgmmas read, and ptxas then waits for every
+    wgmma before the next (C7513: 8 waits a step in the SASS); two operands keep them
+    apart. A pair past an odd step count reads zero tokens (TMA fills past K) and
+    masked words."""
+    first = dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0))
+    odd_words = tg.load(gw[:, :, :, :, 1], layout=words_tv)
+    even_words = tg.load(gw[:, :, :, :, 2], layout=words_tv)
+    for k in tg.pipeline((steps + 1) // 2, stages=STAGES):
+        tg.copy(ga[:, :, 2 * k], sa[k])
+        tg.copy(ga[:, :, 2 * k + 1], sb[k])
+        odd_constants, even_constants = constants(2 * k + 1), constants(2 * k + 2)
+        next_odd = tg.load(gw[:, :, :, :, 2 * k + 3], layout=words_tv)
+        next_even = tg.load(gw[:, :, :, :, 2 * k + 4], layout=words_tv)
+        tg.gemm(acc, first, sa[k])                       # step 2k
+        second = dequantized(odd_words, odd_constants)   # while step 2k's wgmmas run
+        tg.gemm(acc, second, sb[k])                      # step 2k + 1
+        first = dequantized(even_words, even_constants)  # while step 2k + 1's run
+        odd_words, even_words = next_odd, next_even
+    return acc
+
+
 @lru_cache(maxsize=None)
 def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     """out (R, N) = x_sorted (R, K) @ dequant(w[e]).T per expert e's rows, w the
@@ -87,7 +119,8 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     `as_words`), scales and zeros (E, N, K/G) of `dtype` (zeros unread without
     `has_zeros`: zero point 8). WSMEM=1: the words through a STAGES-deep shared ring
     (`_fragment_item`). WG warpgroups (threads = 128·WG) take 64 weight rows each; KS stored blocks a k-step (BK = 64·KS divides G or is a multiple of it);
-    INTEGER_ZEROS skips the fractional zero's residue step. PERSISTENT: a block walks
+    INTEGER_ZEROS skips the fractional zero's residue step. PAIRS (with WSMEM=0): two
+    k-steps an iteration, two register operands (`_paired_steps`). PERSISTENT: a block walks
     the work count's items; else one block an item. The schedule's row tile is BT."""
 
     @tg.kernel(threads=128)
@@ -98,13 +131,15 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
                              BT: tg.constexpr = 128, KS: tg.constexpr = 1,
                              WG: tg.constexpr = 2, STAGES: tg.constexpr = 4,
                              PERSISTENT: tg.constexpr = True, WSMEM: tg.constexpr = 1,
-                             INTEGER_ZEROS: tg.constexpr = 0):
+                             INTEGER_ZEROS: tg.constexpr = 0, PAIRS: tg.constexpr = 0):
         sa = tg.shared((BT, FRAGMENT_K * KS), dtype, stages=STAGES)
         sw = tg.shared((WG, KS) + STORED_WORDS, i32, stages=STAGES,
                        layout=stored_shared(KS, WG)) if WSMEM else None
+        sb = tg.shared((BT, FRAGMENT_K * KS), dtype, stages=STAGES) \
+            if PAIRS and not WSMEM else None
         z = zeros if has_zeros else None
         fractional = has_zeros and not INTEGER_ZEROS
-        args = (sa, sw, dtype, fractional, G, BT, KS, WG, STAGES)
+        args = (sa, sw, sb, dtype, fractional, G, BT, KS, WG, STAGES)
         if PERSISTENT:
             for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
                 _fragment_item(x, w, scales, z, schedule, out, t, *args, True)

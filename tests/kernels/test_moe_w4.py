@@ -89,13 +89,18 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
      dict(BM=16, WG=2, KS=2, STAGES=2)),                           # steps of four groups
     ([9, 0, 13, 5], 72, 256, 64, True, bf16, "sm_90a",             # words into registers,
      dict(BM=16, WG=1, STAGES=2, WSMEM=0)),                        # dequantized a step early
+    ([5, 0, 3, 1], 40, 192, 64, True, bf16, "sm_90a",              # two steps an iteration,
+     dict(BM=16, WG=1, STAGES=2, WSMEM=0, PAIRS=1)),               # three steps: a half pair
+    ([6, 1, 0, 4], 72, 384, 128, True, f16, "sm_90a",              # pairs of 128-k steps
+     dict(BM=16, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1, PERSISTENT=False)),
 ])
 def test_fragment_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
     """The fragment kernel (session 12: `moe_w4_fragment`, weights pre-packed in the MMA
     fragment's order, dequantized in paired 16-bit registers; their words through a
-    shared ring or, WSMEM=0, into registers two steps ahead), persistent on 3 SMs or one
-    block an item: N and K not multiples of the 64-row blocks' padding, empty experts,
-    every group size."""
+    shared ring or, WSMEM=0, into registers two steps ahead; PAIRS=1, two steps an
+    iteration, two register operands), persistent on 3 SMs or one block an item: N and K
+    not multiples of the 64-row blocks' padding, empty experts, an odd step count, every
+    group size."""
     rng = np.random.default_rng(n + group + 2)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     x = random_input(rng, (offsets[-1] + 3, k), dtype)
