@@ -14,7 +14,10 @@ checked element by element against the reference (largest |error| over the large
 launches is timed apart (median of CUDA-event pairs, L2 emptied before each run:
 `tegula.bench.gpu.time_ms`), and the whole sequence once more. cuDNN and flash are timed by
 `torch.autograd.grad` of SDPA's output (fresh gradients, no accumulation into .grad),
-their gradients checked against the same reference.
+their gradients checked against the same reference. The variants "entry" and
+"entry-atomic" (`ENTRIES`) time `attention_backward` as users call it, tuned on its first
+call (that call's seconds are printed), deterministic or not; an atomic variant's whole
+includes zeroing its accumulator, as the entry point does.
 
 TFLOP/s count the backward's five gemms (2.5x the forward's 4·B·H·S²·D, halved when
 causal), whichever number of gemms a variant runs. Nothing is asserted.
@@ -51,6 +54,8 @@ VARIANTS = {
                                       STAGES=3)),
     "at32x128-1role": (False, dict(BM=32, BN=128, threads=256, warp_specialize=False)),
 }
+#: The entry point as users call it (tuned), deterministic or not.
+ENTRIES = {"entry": True, "entry-atomic": False}
 DEFAULT_VARIANTS = "det,at64x64,at64x128,at64x128-1role,at64x128-1role-s3,at32x128-1role"
 
 _ab = importlib.import_module("tegula.kernels.attention_backward")
@@ -148,9 +153,31 @@ def run_variant(values: dict, ref: dict, D: int, causal: bool, variant: str, log
         log(f"  {variant}: WRONG {errors}")
         return {}
     times = {label(kernel): time_ms(call) for (kernel, *_), call in zip(plan, calls)}
+    if not deterministic:  # the whole includes zeroing the accumulator, as the entry does
+        calls.insert(0, values["dq_accum"].zero_)
     times["all"] = time_ms(lambda: [call() for call in calls])
     times["err"] = max(errors.values())
     return times
+
+
+def run_entry(values: dict, ref: dict, causal: bool, deterministic: bool, log) -> dict:
+    """`attention_backward` as users call it (tuned on this first call), checked, timed."""
+    from tegula.bench.gpu import time_ms
+    from tegula.kernels.attention_backward import attention_backward
+    args = [values[n] for n in ("q", "k", "v", "o", "lse", "do")]
+    call = lambda: attention_backward(*args, causal, deterministic=deterministic)  # noqa: E731
+    start = time.time()
+    try:
+        got = call()
+    except Exception as err:  # noqa: BLE001
+        log(f"  entry: ERROR {type(err).__name__}: {str(err)[:200]}")
+        return {}
+    errors = {n: worst_error(g, ref[n]) for n, g in zip(("dq", "dk", "dv"), got)}
+    if not all(e < 1e-2 for e in errors.values()):
+        log(f"  entry: WRONG {errors}")
+        return {}
+    return {"first call (tuning) s": time.time() - start, "all": time_ms(call),
+            "err": max(errors.values())}
 
 
 def sdpa_backward(torch, q, k, v, do, causal: bool, backend, ref: dict) -> tuple:
@@ -197,7 +224,10 @@ def measure_case(case: str, variants: list[str], log) -> list[str]:
     best = min(base.values()) if base else None
     rows = []
     for variant in variants:
-        t = run_variant(values, ref, D, causal, variant, log)
+        if variant in ENTRIES:
+            t = run_entry(values, ref, causal, ENTRIES[variant], log)
+        else:
+            t = run_variant(values, ref, D, causal, variant, log)
         if not t:
             continue
         parts = " | ".join(f"{n} {ms:.3f}" for n, ms in t.items() if n not in ("all", "err"))
@@ -215,7 +245,7 @@ def registers(cases: list[str], variants: list[str]) -> None:
     from benchmarks.register_table import measure
     for case in cases:
         D, causal = CASES[case]
-        for variant in variants:
+        for variant in (v for v in variants if v in VARIANTS):
             for kernel, _, _, cx in launches(D, causal, *VARIANTS[variant]):
                 try:
                     m = measure(kernel, cx, "sm_90a")
@@ -236,8 +266,9 @@ def main() -> None:
     options = parser.parse_args()
     cases, variants = options.cases.split(","), options.variants.split(",")
     for name in variants:
-        if name not in VARIANTS:
-            raise SystemExit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+        if name not in VARIANTS and name not in ENTRIES:
+            raise SystemExit(f"unknown variant {name!r}; known: "
+                             f"{', '.join([*VARIANTS, *ENTRIES])}")
     if options.registers:
         registers(cases, variants)
         return
@@ -248,7 +279,7 @@ def main() -> None:
     start = time.time()
     jobs, seen = [], set()
     for c in cases:
-        for v in variants:
+        for v in (v for v in variants if v in VARIANTS):
             for i, (kernel, _, _, cx) in enumerate(launches(*CASES[c], *VARIANTS[v])):
                 key = (kernel.name, tuple(sorted(cx.items())))
                 if key not in seen:  # the preprocess and convert recur across variants
