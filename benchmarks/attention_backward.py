@@ -181,7 +181,8 @@ def run_entry(values: dict, ref: dict, causal: bool, deterministic: bool, log) -
 
 
 def sdpa_backward(torch, q, k, v, do, causal: bool, backend, ref: dict) -> tuple:
-    """(ms, worst error) of SDPA's backward on `backend`, or (None, reason)."""
+    """(ms, worst error, whether a second run gives the same bits) of SDPA's backward on
+    `backend`, or (None, reason, None)."""
     from torch.nn.attention import sdpa_kernel
 
     from tegula.bench.gpu import time_ms
@@ -191,10 +192,13 @@ def sdpa_backward(torch, q, k, v, do, causal: bool, backend, ref: dict) -> tuple
             out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
             grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
             err = max(worst_error(g, ref[n]) for g, n in zip(grads, ("dq", "dk", "dv")))
+            again = torch.autograd.grad(out, leaves, do, retain_graph=True)
+            same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                       for a, b in zip(grads, again))
             ms = time_ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
     except RuntimeError as err:
-        return None, str(err)[:80]
-    return ms, err
+        return None, str(err)[:80], None
+    return ms, err, same
 
 
 def measure_case(case: str, variants: list[str], log) -> list[str]:
@@ -215,12 +219,13 @@ def measure_case(case: str, variants: list[str], log) -> list[str]:
     base = {}
     for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
                           ("flash", SDPBackend.FLASH_ATTENTION)):
-        ms, err = sdpa_backward(torch, q, k, v, do, causal, backend, ref)
+        ms, err, same = sdpa_backward(torch, q, k, v, do, causal, backend, ref)
         if ms is None:
             log(f"{tag} {name}: unavailable ({err})")
             continue
         base[name] = ms
-        log(f"{tag} {name:5} {ms:7.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.1e}")
+        log(f"{tag} {name:5} {ms:7.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.1e}  "
+            f"{'same bits on a second run' if same else 'NOT deterministic (second run differs)'}")
     best = min(base.values()) if base else None
     rows = []
     for variant in variants:
