@@ -188,7 +188,8 @@ TURNS = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
                                                     "consumers": "pingpong"}, "random"),
          ("blockwise staged 128x192 S4 turns", "staged", {**_P2, "BN": 192, "STAGES": 4,
                                                           "consumers": "pingpong"}, "random"),
-         ("per-tensor 128x192 S4 (ceiling)", None, {**_T128, "BN": 192, "BK": 128}, "unit")]
+         ("per-tensor 128x192 S4 (ceiling)", None, {**_T128, "BN": 192, "BK": 128}, "unit"),
+         ("per-tensor 128x128 S4 (ceiling)", None, {**_T128, "BK": 128}, "unit")]
 
 
 def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:

@@ -25,14 +25,16 @@ START = time.time()
 #: paired 16-bit dequantization overlapping the previous gemm), its default first.
 CONFIGS = [("fragment WG2 BT128 KS2 S3 WSMEM=0 (default)", dict(FRAGMENT=True, BM=128, WG=2,
                                                               KS=2, STAGES=3, WSMEM=0)),
-           ("fragment PAIRS KS2 S2", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=2,
-                                          WSMEM=0, PAIRS=1)),
            ("fragment PAIRS KS2 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3,
                                           WSMEM=0, PAIRS=1)),
            ("fragment PAIRS KS1 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=3,
                                           WSMEM=0, PAIRS=1)),
            ("fragment PAIRS KS1 S4", dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=4,
-                                          WSMEM=0, PAIRS=1))]
+                                          WSMEM=0, PAIRS=1)),
+           ("fragment PAIRS KS2 S2", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=2,
+                                          WSMEM=0, PAIRS=1)),
+           ("fragment PAIRS BT256 KS1 S3", dict(FRAGMENT=True, BM=256, WG=2, KS=1, STAGES=3,
+                                                WSMEM=0, PAIRS=1))]
 #: Session 13: PAIRS=1 (`moe_w4_fragment._paired_steps`: two register operands, so ptxas
 #: no longer waits for each wgmma before the next, C7513) against the default.
 #: Session 12 round 2 (x dense bf16, Mixtral up / down / 64-expert top-6): session 11's
