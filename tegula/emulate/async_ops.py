@@ -18,7 +18,7 @@ from tegula.emulate.errors import EmulationError
 from tegula.emulate.exprs import compile_expr
 from tegula.emulate.global_races import check_box, issue_tma_store
 from tegula.emulate.ops import Ctx, bytes_to_values, values_to_bytes, _check_dtype
-from tegula.emulate.roles import Wait, block_until, release_block
+from tegula.emulate.roles import Wait, block_until, release_block, stall_point
 from tegula.emulate.state import BlockState, lanes_doing, per_thread, uniform_int
 from tegula.emulate.stats import OpStats
 from tegula.emulate.values import from_bits, round_to, to_bits
@@ -26,8 +26,8 @@ from tegula.errors import TegulaError
 from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, FenceBarrierInit,
                                    FenceProxyAsync,
                                    MBarrierArrive, MBarrierInit, MBarrierWait, NamedBarrier,
-                                   SmemDesc, StMatrix, TmaLoad, TmaStore, Wgmma, WgmmaCommit,
-                                   WgmmaFence, WgmmaWait)
+                                   PrefetchTensorMap, SmemDesc, StMatrix, TmaLoad, TmaStore,
+                                   Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
 Run = Callable[[BlockState], None]
 
@@ -229,6 +229,7 @@ def compile_named_barrier(s: NamedBarrier, ctx: Ctx, st: OpStats, what: str) -> 
             raise EmulationError(f"{what}: named barrier {bar_id} used with {expected} threads "
                                  f"while {nb.arrived} threads wait at it with {nb.expected}")
         nb.expected = expected
+        _check_lapping(nb, lanes, bar_id, what)
         nb.arrived += 32 * len(warps)
         nb.lanes.append(lanes)
         if not s.arrive:
@@ -249,13 +250,34 @@ def compile_named_barrier(s: NamedBarrier, ctx: Ctx, st: OpStats, what: str) -> 
             state.smem.acquire(waiters, nb.released)
             nb.arrived, nb.lanes, nb.waiters, nb.released = 0, [], [], None
             nb.generation += 1
+        if s.arrive:  # bar.arrive: counted, goes on at once (a stall point, roles.py)
+            stall_point(state)
             return
-        if s.arrive:  # bar.arrive: counted, goes on at once
+        if nb.arrived == 0:  # this sync completed the barrier
             return
         gen = nb.generation
         block_until(state, Wait(lambda: nb.generation != gen,
                                 lambda: f"{what}: {nb.arrived} of {expected} threads arrived"))
     return run
+
+
+def _check_lapping(nb, lanes: np.ndarray, bar_id: int, what: str) -> None:
+    """Threads arriving at a named barrier they already arrived at in this generation: the
+    hardware counts every arrival, so a role that arrives twice (bar.arrive, then again)
+    completes the barrier without the threads it should meet, whose bar.sync then waits
+    for an arrival that never comes, or passes a generation early (a role lapping another;
+    the ping-pong turns of 2be99ba). Reported at the second arrival."""
+    if not nb.lanes:
+        return
+    again = np.intersect1d(lanes, np.concatenate(nb.lanes))
+    if again.size:
+        raise EmulationError(
+            f"{what}: threads {int(again[0])}..{int(again[-1])} arrive at named barrier "
+            f"{bar_id} a second time before it completed ({nb.arrived} of {nb.expected} "
+            "threads counted): every arrival counts, so these threads would complete it "
+            "without the others, whose bar.sync then waits for an arrival that never comes "
+            "(a role lapping another: it must wait for the other's turn before it arrives "
+            "again)")
 
 
 # ---------------------------------------------------------------------- TMA
@@ -609,6 +631,16 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
     return run
 
 
+def compile_prefetch_tensormap(s: PrefetchTensorMap, ctx: Ctx, st: OpStats, what: str) -> Run:
+    """`prefetch.tensormap`: a hint with no memory effect and no ordering, so nothing runs;
+    it must name a tensor map parameter of the kernel."""
+    _tensor_map(ctx, s.tensor_map, what)
+
+    def run(state: BlockState) -> None:
+        st.add(state.active_warps())
+    return run
+
+
 #: The compiler of each asynchronous statement but `Roles` (the machine compiles that one:
 #: it needs to compile the role bodies).
 ASYNC_COMPILERS = {
@@ -620,6 +652,7 @@ ASYNC_COMPILERS = {
     BulkCommit: compile_bulk_commit, BulkWait: compile_bulk_wait,
     FenceProxyAsync: compile_fence_proxy_async, WgmmaFence: compile_wgmma_fence,
     WgmmaCommit: compile_wgmma_commit, WgmmaWait: compile_wgmma_wait, Wgmma: compile_wgmma,
+    PrefetchTensorMap: compile_prefetch_tensormap,
 }
 
 __all__ = ["ASYNC_COMPILERS", "warpgroups"]

@@ -24,11 +24,25 @@ that stream too. The stream is seeded by (SEED, block), so a run is deterministi
 seed; yields wait on nothing, so deadlock reports are unchanged.
 
 **Warpgroups as units.** Under the listed order a role is one coroutine and its
-warpgroups run in lockstep. Under the reversed and random orders each warpgroup of a role
+warpgroups run in lockstep. Under the other orders (reversed, stall, random) each warpgroup of a role
 is a coroutine of its own (`scheduling_units`): two cooperative consumer warpgroups can
 drift apart, as on the GPU, so a stage one of them released while the other still had to
 read it is reported (the lockstep hides it). Races between them are judged by the
 happens-before model of `order.py`.
+
+**Stalls at arrivals** (`role_order="stall"` or `"stall-reversed"`). A role that keeps
+running until it blocks never lets another run *ahead* of it, and random yields rarely
+hold one back long enough: a warpgroup that arrives on the other's turn barrier and is
+then slow (its softmax) while the other passes its own sync and arrives a second time was
+never explored (the ping-pong deadlock of 2be99ba: two arrivals of 128 completed a
+256-thread barrier alone). Under these orders the roles start in listed (reversed) order
+and run until they block, but a role that has just arrived on a named barrier
+(`bar.arrive`) *stalls*: it goes on only when no role that has not stalled can run, the
+most recently stalled first. So the role that arrived first is held right after its
+arrive while the others (the producer too: its mbarrier arrives are no stall points) run
+as far ahead as they can: a role lapping another then arrives twice in one generation,
+which is reported (`async_ops._check_lapping`). Each warpgroup is a coroutine of its own,
+as under the reversed and random orders.
 
 Outside `Roles` the whole block is one coroutine: a wait whose condition does not hold
 can never be satisfied, and is the same deadlock report (`block_until`).
@@ -118,8 +132,13 @@ class Scheduler:
     """Runs a block's roles with one baton (see the module docstring). With `rng` (a
     random interleaving) the next coroutine is drawn from it; else round robin."""
 
-    def __init__(self, outer: RoleTask | None = None, rng: random.Random | None = None):
+    def __init__(self, outer: RoleTask | None = None, rng: random.Random | None = None,
+                 stall: bool = False):
         self.tasks: list[RoleTask] = []
+        # Roles stalled after an arrive (`stall_point`), the most recent last: they run
+        # only when no other role can (module docstring).
+        self.stall = stall
+        self.stalled: list[RoleTask] = []
         self.handback = threading.Semaphore(0)  # released by a role: "I stopped"
         self.aborted = False
         # The block's own task among its cluster's blocks (roles of a clustered block):
@@ -172,6 +191,8 @@ class Scheduler:
         chosen, self.chosen = self.chosen, None
         if chosen is not None and self._runnable(chosen):
             return chosen
+        if self.stall:
+            return self._next_runnable(last) or self._unstall()
         if self.rng is None:
             return self._next_runnable(last)
         runnable = self.runnable()
@@ -185,10 +206,19 @@ class Scheduler:
         return not t.done and (t.waiting is None or t.waiting.ready())
 
     def _next_runnable(self, last: int) -> RoleTask | None:
+        """The next runnable task after `last` in role order (none that is stalled)."""
         n = len(self.tasks)
         for step in range(1, n + 1):
             t = self.tasks[(last + step) % n]
+            if self._runnable(t) and t not in self.stalled:
+                return t
+        return None
+
+    def _unstall(self) -> RoleTask | None:
+        """The most recently stalled task, once no other can run (it stalls no more)."""
+        for t in reversed(self.stalled):
             if self._runnable(t):
+                self.stalled.remove(t)
                 return t
         return None
 
@@ -249,6 +279,20 @@ def yield_point(state) -> None:
     task.block(YIELDED)
 
 
+def stall_point(state) -> None:
+    """After an arrive, under the stall orders: hold this role until no other can run
+    (module docstring). Elsewhere nothing happens."""
+    task = state.task
+    if task is None or not task.scheduler.stall:
+        return
+    task.scheduler.stalled.append(task)
+    task.block(YIELDED)
+
+
+#: The role orders (`check_role_order`): "random:SEED" besides these.
+FIXED_ROLE_ORDERS = ("listed", "reversed", "stall", "stall-reversed")
+
+
 def random_interleaving(role_order: str, key: str) -> random.Random | None:
     """The random stream of a `role_order="random:SEED"` scheduler for `key` (the block
     or cluster), or None for the fixed orders."""
@@ -258,13 +302,14 @@ def random_interleaving(role_order: str, key: str) -> random.Random | None:
 
 
 def check_role_order(role_order) -> None:
-    """'listed', 'reversed' or 'random:SEED' (SEED an integer); else an EmulationError."""
+    """One of `FIXED_ROLE_ORDERS` or 'random:SEED' (SEED an integer); else an
+    EmulationError."""
     if isinstance(role_order, str) and (
-            role_order in ("listed", "reversed") or
+            role_order in FIXED_ROLE_ORDERS or
             (role_order.startswith("random:") and role_order[7:].lstrip("-").isdigit())):
         return
-    raise EmulationError(f"role_order must be 'listed', 'reversed' or 'random:SEED' (SEED an "
-                         f"integer), not {role_order!r}")
+    raise EmulationError(f"role_order must be one of {', '.join(map(repr, FIXED_ROLE_ORDERS))} "
+                         f"or 'random:SEED' (SEED an integer), not {role_order!r}")
 
 
 def block_until(state, wait: Wait) -> None:
@@ -298,7 +343,8 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
         taken = np.zeros(state.threads, dtype=bool)
         order = state.asyncs.role_order
         scheduler = Scheduler(outer=state.block_task,
-                              rng=random_interleaving(order, f"block {state.bid}"))
+                              rng=random_interleaving(order, f"block {state.bid}"),
+                              stall=order.startswith("stall"))
         for number, (name, loc, cond, body) in enumerate(roles, 1):
             c = cond(state.env)
             sel = np.broadcast_to(np.asarray(c).astype(bool), (state.threads,))
@@ -311,7 +357,7 @@ def compile_roles(s, compile_block: Callable, st, what: str) -> Callable:
             for unit, label in scheduling_units(mask, order, name):
                 role_state = state.for_role(unit)
                 role_state.task = scheduler.add(label, loc, body, role_state)
-        if order == "reversed":
+        if order.endswith("reversed"):
             scheduler.tasks.reverse()
         st.add(state.active_warps())
         scheduler.run(lambda: f"block {state.bid}")
@@ -423,7 +469,7 @@ def run_cluster(cluster: Cluster, run_block: Callable, role_order: str) -> None:
     for state in cluster.blocks:
         state.block_task = scheduler.add(f"block {state.bid}", "", run_block, state)
         state.block_task.kind = "block"
-    if role_order == "reversed":
+    if role_order.endswith("reversed"):
         scheduler.tasks.reverse()
     try:
         scheduler.run(cluster.label)
@@ -436,5 +482,5 @@ def run_cluster(cluster: Cluster, run_block: Callable, role_order: str) -> None:
 
 
 __all__ = ["Scheduler", "RoleTask", "Wait", "block_until", "compile_roles", "Cluster",
-           "run_cluster", "release_block", "yield_point", "check_role_order",
-           "random_interleaving", "YIELDED"]
+           "run_cluster", "release_block", "yield_point", "stall_point", "check_role_order",
+           "random_interleaving", "YIELDED", "FIXED_ROLE_ORDERS"]

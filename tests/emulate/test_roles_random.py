@@ -61,8 +61,8 @@ def _outcome(kernel_factory, role_order) -> str:
 @pytest.mark.parametrize("bad", ["random", "random:", "random:x", "shuffled", 3])
 def test_an_unknown_role_order_is_refused_naming_the_forms(bad):
     a, b, c = gemm_inputs(64, 64, 64)
-    with pytest.raises(EmulationError, match=r"role_order must be 'listed', 'reversed' or "
-                                             r"'random:SEED'"):
+    with pytest.raises(EmulationError, match=r"role_order must be one of 'listed', 'reversed', "
+                                             r"'stall', 'stall-reversed' or 'random:SEED'"):
         run_gemm(gemm_kernel(), a, b, c, role_order=bad)
 
 
