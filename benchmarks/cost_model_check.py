@@ -143,11 +143,12 @@ def row_family(which: str) -> dict:
     # each way) where fewer rows per SM leave occupancy and tails to matter (sessions 5-8,
     # where most configurations ran at copy speed); then (session 9) rows of 256 to 8192,
     # 8-32 MB, where waves, occupancy and latency separate the configurations; the last
-    # two held out of the session-9 fit; the last four held out of session 10's.
+    # two held out of the session-9 fit; the last four held out of session 10's; then
+    # (session 13) four shapes no model change has seen, measured after it (held out).
     shapes = [(131072, 1024), (32768, 4096), (262144, 512), (16384, 1024), (4096, 4096),
               (65536, 256), (8192, 2048), (2048, 8192), (4096, 1024), (1024, 4096),
               (32768, 512), (1536, 8192), (4096, 2048), (768, 8192), (2048, 2048),
-              (12288, 1024)]
+              (12288, 1024), (3072, 4096), (6144, 2048), (24576, 512), (1024, 16384)]
 
     def make(shape, device="cuda"):
         m, n = shape
@@ -158,11 +159,18 @@ def row_family(which: str) -> dict:
             return (x, y), dict(x=(m, n), y=(m, n)), {}, grid, {}
         w = torch.randn(1, n, device=device, dtype=torch.float16)
         return (x, w, y), dict(x=(m, n), w=(1, n), y=(m, n)), {}, grid, dict(N=n)
+
+    def reference(args):
+        """What y must hold (float32 torch), from the launch's inputs."""
+        x = args[0].float()
+        if which == "softmax":
+            return torch.softmax(x, 1)
+        return x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-6) * args[1].float()
     space_of = lambda shape: [c for c in _space(BM=[1, 2, 4, 8, 16], BN=[shape[1]],  # noqa: E731
                                                   threads=[32, 64, 128, 256, 512, 1024])
                               if c["BM"] * shape[1] // c["threads"] <= 256]
     return dict(name=which, kernel=kernel, target="sm_90a", space=space_of,
-                shapes=shapes, make=make)
+                shapes=shapes, make=make, reference=reference)
 
 
 def attention_family() -> dict:
@@ -293,8 +301,14 @@ def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = F
                     continue
                 g = grid(launch_cfg)
                 call = lambda: family["kernel"][g](*args, target=family["target"], **launch_cfg)  # noqa: E731
+                if "reference" in family:   # every element checked, output poisoned first
+                    args[-1].fill_(float("nan"))
                 call()
                 torch.cuda.synchronize()
+                if "reference" in family:
+                    point["max_error"] = _max_error(args[-1], family["reference"](args))
+                    if not point["max_error"] < 2e-2:
+                        raise AssertionError(f"wrong result: max error {point['max_error']}")
                 low, median, high = do_bench(call, warmup=10, rep=rep_ms,
                                              quantiles=[0.2, 0.5, 0.8])
                 # a dropped configuration's time is kept out of the ranking (`repredict`
@@ -306,6 +320,14 @@ def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = F
                 point["failed"] = f"{type(err).__name__}: {err}"[:300]
             record(point)
     return points
+
+
+def _max_error(got, want) -> float:
+    """Largest |got - want| over max(1, |want|), NaN where an element was not written."""
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return float(((got - want).abs() / want.abs().clamp_min(1.0)).max())
 
 
 def copy_calibration(sizes_mb: list[int], rep_ms: float) -> None:
