@@ -9,7 +9,7 @@ dim D (one process for every group: torch and the SDPA baselines load once).
 
 Each variant is `name:KEY=VALUE,...` over the defaults BM=128, threads=256, STAGES=2,
 V_KMAJOR=0, P_SHARED=0, OVERLAP=0, REGS=0 (REGS: the consumer's stated registers a thread,
-producer 24; `consumers`, `warp_specialize`, `load_path` are build options; `src=s10` took session 10's kernel from a copy of its module, removed after
+producer 24; PERSISTENT=1 launches one block an SM walking the tiles; `consumers`, `warp_specialize`, `load_path` are build options; `src=s10` took session 10's kernel from a copy of its module, removed after
 the session-11 A/B). Shapes are the session-10 anchors
 (B, H, S): D=64 4x32x4096, D=128 4x16x4096, D=256 2x8x8192, Sq = Sk, so the bottom-right
 causal mask is SDPA's `is_causal`; `--seq S` keeps the 16k tokens (B = 16384 / S).
@@ -51,7 +51,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key in BUILD_STRINGS or key == "src":
             config[key] = value
-        elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize", "noafter"):
+        elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize", "noafter",
+                     "PERSISTENT"):
             config[key] = bool(int(value))
         else:
             config[key] = int(value)
@@ -90,6 +91,8 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     # a kernel object of its own: its launch cache must not serve the unpatched variant
     kernel = attention_kernel.__wrapped__(f16) if patch else attention_kernel(f16)
     grid = (-(-s // values["BM"]), h, b)
+    if values.get("PERSISTENT"):  # one block an SM walking the tiles
+        grid = (min(grid[0] * h * b, torch.cuda.get_device_properties(0).multi_processor_count),)
 
     def launch():
         kernel[grid](q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal,

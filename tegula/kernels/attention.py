@@ -61,6 +61,15 @@ Variants, a constexpr each, so the autotuner can time them:
   blocks on three consumer warpgroups (BM=192, threads=384, FlashAttention-3's D = 64 tile)
   get 152 (160 with REGS=160).
 
+* `PERSISTENT`: one block an SM (grid (min(tiles, SMs),)) walks the query tiles, m fastest
+  within a head (the blocks running together share their heads' keys in L2), reversed
+  when causal (longest rows first). Without causality the key loop's trip count is the
+  same for every tile, so on sm_90a its TMA ring runs on across the tiles and the producer
+  loads the next tile's first keys while the consumers finish the current one (no block
+  launch, prologue or epilogue left idle between tiles); a causal tile's trip count
+  depends on m, so that ring is refused (`synth/copies.py`) and the loop falls back to
+  cp.async.
+
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
   operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
 * `P_SHARED`: the probabilities go through shared memory to the gemm (a shared wgmma A
@@ -123,10 +132,11 @@ def online_softmax_step(s, scale: float, m_i, l_i, acc):
 
 def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
             BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool,
-            OVERLAP: bool = False, REGS: int = 0) -> None:
+            OVERLAP: bool = False, REGS: int = 0, ragged: bool = True) -> None:
     """The body every forward kernel shares (traced inline): query block `m` of the
     (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
-    V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,)."""
+    V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,). `ragged`: the grid
+    may hold blocks past the view's rows (varlen)."""
     seq_q, seq_k = qv.shape[0], kv.shape[0]
     sq = tg.shared((BM, D), dtype)
     tg.copy(qv.tile((BM, D), (m, 0)), sq)
@@ -137,8 +147,12 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     sp = tg.shared((BM, BN), dtype) if P_SHARED else None
     rows = tg.arange(BM, offset=m * BM)
     # Varlen grids are sized by the longest sequence: a block past this one's rows skips
-    # its keys (its loads and stores are out of bounds anyway).
-    blocks = tg.cdiv(seq_k, BN) * tg.minimum(tg.maximum(seq_q - m * BM, 0), 1)
+    # its keys (its loads and stores are out of bounds anyway). Without that factor the
+    # non-causal trip count does not depend on m, so a persistent kernel's TMA ring can
+    # run on across its tiles (`synth/copies.py` `plan_nested_ring`).
+    blocks = tg.cdiv(seq_k, BN)
+    if ragged:
+        blocks = blocks * tg.minimum(tg.maximum(seq_q - m * BM, 0), 1)
     if CAUSAL:  # the last key any row of this block sees is (m+1)·BM - 1 + Sk - Sq
         blocks = tg.minimum(blocks, ((m + 1) * BM + seq_k - seq_q + BN - 1) // BN)
 
@@ -304,7 +318,8 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
 
 @lru_cache(maxsize=None)
 def attention_kernel(dtype: DType) -> tg.Kernel:
-    """The forward on (B, H, S, D) tensors of `dtype`; grid (cdiv(Sq, BM), H, B)."""
+    """The forward on (B, H, S, D) tensors of `dtype`; grid (cdiv(Sq, BM), H, B), or
+    (min(tiles, SMs),) with PERSISTENT."""
 
     @tg.kernel(threads=128)
     def attention_fwd(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4], v: tg.Tensor[dtype, 4],
@@ -312,13 +327,27 @@ def attention_kernel(dtype: DType) -> tg.Kernel:
                       D: tg.constexpr, QK_SCALE: tg.constexpr, CAUSAL: tg.constexpr = False,
                       BM: tg.constexpr = 64, BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                       V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
-                      OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0):
-        m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
-        if CAUSAL:  # the query blocks seeing the most keys first: the last wave runs short ones
-            m = tg.num_programs(0) - 1 - m
-        kv_head = h // (q.shape[1] // k.shape[1])
-        _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
-                QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS)
+                      OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0,
+                      PERSISTENT: tg.constexpr = False):
+        def attend(m, h, b):
+            kv_head = h // (q.shape[1] // k.shape[1])
+            _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
+                    QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS,
+                    ragged=False)
+
+        if PERSISTENT:
+            blocks_m = tg.cdiv(q.shape[2], BM)
+            for t in tg.range(tg.block_id(0), blocks_m * q.shape[1] * q.shape[0],
+                              tg.num_programs(0)):
+                m = t % blocks_m
+                if CAUSAL:
+                    m = blocks_m - 1 - m
+                attend(m, t // blocks_m % q.shape[1], t // blocks_m // q.shape[1])
+        else:
+            m = tg.block_id(0)
+            if CAUSAL:  # the query blocks seeing the most keys first: the last wave runs short
+                m = tg.num_programs(0) - 1 - m
+            attend(m, tg.block_id(1), tg.block_id(2))
 
     return attention_fwd
 

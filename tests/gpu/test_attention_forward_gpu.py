@@ -152,7 +152,7 @@ def test_overlapped_loop_into_poisoned_outputs(d, bm, bn, causal, request):
               f"D={d} BM={bm} BN={bn} OVERLAP causal={causal} Sq={sq} Sk={sk}")
 
 
-# -- three consumer warpgroups and stated register budgets, in a child with a time limit -------
+# -- three consumer warpgroups, stated register budgets, persistent blocks: in a child ---------
 # (D, constexprs): FlashAttention-3's D=64 tile (192 query rows on three consumer warpgroups,
 # with synthesis's budgets and with 160 registers a consumer thread), and the consumer
 # budget of 240 (producer 24) on the loops it lets fit: the overlapped loop on the
@@ -164,6 +164,10 @@ BUDGET_CONFIGS = [
     (128, dict(BM=128, BN=128, threads=256, OVERLAP=True, REGS=240, consumers="pingpong")),
     (128, dict(BM=128, BN=176, threads=256, REGS=240, consumers="pingpong")),
     (256, dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
+    # persistent: 5 blocks walking every tile, the TMA ring running on across them
+    (64, dict(BM=128, BN=128, threads=256, PERSISTENT=True)),
+    (64, dict(BM=192, BN=128, threads=384, PERSISTENT=True)),
+    (128, dict(BM=128, BN=128, threads=256, PERSISTENT=True)),
 ]
 
 
@@ -177,7 +181,8 @@ def run_budget_configs() -> None:
                 q, k, v = random_qkv(d + sq + causal, b, h, h_kv, sq, sk, d, torch.float16)
                 o = torch.full_like(q, float("nan"))
                 lse = torch.full((b, h, sq), float("nan"), device="cuda")
-                attention_kernel(f16)[(-(-sq // config["BM"]), h, b)](
+                grid = (5,) if config.get("PERSISTENT") else (-(-sq // config["BM"]), h, b)
+                attention_kernel(f16)[grid](
                     q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal,
                     **config)
                 torch.cuda.synchronize()

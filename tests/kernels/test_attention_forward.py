@@ -11,7 +11,8 @@ import pytest
 import tegula as tg
 from tegula.emulate.values import round_to
 from tegula.kernels.attention import (attention_emulated, attention_kernel,
-                                      attention_varlen_emulated)
+                                      attention_varlen_emulated, qk_scale)
+from tegula.kernels.common import launch_emulated, poisoned
 
 TARGETS = ("sm_90a", "sm_80")
 
@@ -130,6 +131,18 @@ CONFIGS = [
     ("sm_90a", dict(BM=192, BN=64, threads=384)),
     ("sm_90a", dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
 ]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_blocks_walk_every_tile(causal):
+    """PERSISTENT: 3 blocks walk the 2 x 3 x 2 query tiles of two batches and three heads
+    (GQA 3:1, Sq != Sk, ragged), the non-causal TMA ring running on across the tiles."""
+    q, k, v = inputs(9, 2, 3, 1, 70, 133, 64)
+    o, lse = poisoned(q.shape, tg.f16), poisoned((2, 3, 70), tg.f32)
+    launch_emulated(attention_kernel(tg.f16), (3,), q, k, v, o, lse, D=64,
+                    QK_SCALE=qk_scale(None, 64), CAUSAL=causal, BM=64, BN=64, PERSISTENT=True,
+                    target="sm_90a")
+    check(o, lse, *reference(q, k, v, causal))
 
 
 @pytest.mark.parametrize("target,tiles", CONFIGS)
