@@ -19,6 +19,7 @@ from tegula.dtypes import (DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, i4, i8,
 from tegula.errors import ClusterWarning, TegulaError, TraceError
 from tegula.lang import arange, argmax, argmin, indices
 from tegula.lang import cluster, num_programs, num_sms
+from tegula.lang import last_arrival
 from tegula.lang import cumsum, scan
 from tegula.lang import consumer, producer
 from tegula.lang import bitcast, permute, reshape
@@ -41,7 +42,7 @@ __all__ = ["__version__", "DType", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8
            "abs", "tanh", "sigmoid", "erf", "sin", "cos", "maximum", "minimum", "where", "reduce",
            "sum", "max", "min", "argmax", "argmin", "arange", "indices", "rearrange",
            "atomic_add", "range", "pipeline", "if_", "scan", "cumsum", "reshape", "permute", "bitcast",
-           "else_", "eq", "ne", "ClusterWarning"]
+           "else_", "eq", "ne", "ClusterWarning", "last_arrival"]
 
 from tegula.explain import explain  # noqa: E402 — tg.explain(kernel, **constexprs) -> str
 from tegula.recommend import recommend  # noqa: E402 — tg.recommend(kernel, shapes=...)

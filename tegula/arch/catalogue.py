@@ -21,13 +21,16 @@ Names are the catalogue keys thread IR uses:
 * conversions and 16-bit arithmetic (`tegula.arch.convert`): ``cvt.rn.bf16.f32``,
   ``add.rn.f16x2`` …; NaN-propagating ``max.NaN.f32`` / ``min.NaN.f32`` (`tegula.arch.minmax`);
   ``lop3.b32`` with constant operands (`tegula.arch.logic`);
-* special functions on the MUFU unit (`tegula.arch.special`): ``lg2.approx.f32``.
+* special functions on the MUFU unit (`tegula.arch.special`): ``lg2.approx.f32``;
+* `tg.last_arrival` (`tegula.arch.arrivals`): ``atom.acq_rel.gpu.global.inc.u32``,
+  ``bar.red.or.pred``.
 """
 from __future__ import annotations
 
 from types import MappingProxyType
 from typing import Mapping
 
+from tegula.arch.arrivals import ARRIVAL_INSTRUCTIONS
 from tegula.arch.convert import CONVERT_INSTRUCTIONS
 from tegula.arch.instructions import Instruction, MatrixInstr, MemInstr, MmaInstr, ShuffleInstr
 from tegula.arch.memory import (MATRIX_INSTRUCTIONS, MEMORY_INSTRUCTIONS, SHUFFLE_INSTRUCTIONS,
@@ -45,7 +48,7 @@ from tegula.errors import TegulaError
 ALL_INSTRUCTIONS: tuple[Instruction, ...] = (
     MMA_INSTRUCTIONS + MEMORY_INSTRUCTIONS + MATRIX_INSTRUCTIONS + SHUFFLE_INSTRUCTIONS
     + WGMMA_INSTRUCTIONS + ASYNC_INSTRUCTIONS + CONVERT_INSTRUCTIONS + MINMAX_INSTRUCTIONS
-    + LOGIC_INSTRUCTIONS + SPECIAL_INSTRUCTIONS)
+    + LOGIC_INSTRUCTIONS + SPECIAL_INSTRUCTIONS + ARRIVAL_INSTRUCTIONS)
 
 _BY_NAME: Mapping[str, Instruction] = MappingProxyType({i.name: i for i in ALL_INSTRUCTIONS})
 _SHUFFLE_BY_IR_MODE = {s.ir_mode: s for s in SHUFFLE_INSTRUCTIONS}

@@ -499,6 +499,10 @@ class _Emitter(AsyncStatements):
             return f"({b.name} + (({index_c(offset)}) >> 1))"
         return f"({b.name} + ({index_c(offset)}))"
 
+    def _LastArrivalStmt(self, s) -> None:
+        from tegula.codegen.arrivals import emit_last_arrival  # tg.last_arrival
+        emit_last_arrival(self, s)
+
     def _GlobalAtomicAdd(self, s: GlobalAtomicAdd) -> None:
         ptr, dtype = self.global_address(s.tensor, s.index)
         instr = RED_ADD.get(dtype.name)

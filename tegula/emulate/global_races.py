@@ -16,8 +16,10 @@ reports them with the same happens-before clocks, at element granularity:
 * **read after write**: an element last stored by another thread of the same block, that
   store not ordered before this read (a thread's own stores are always ordered).
 
-Between blocks. Blocks of one launch have no order at all (the language has no flag or
-acquire load to build one), yet the emulator runs them one after another. So a *unit*
+Between blocks. Blocks of one launch have no order at all (but for `tg.last_arrival`: an
+arrival orders the stores a block made before it before the reads of a block arriving
+later on the same counter, `emulate/arrivals.py`), yet the emulator runs them one after
+another. So a *unit*
 (a block, or a thread-block cluster, whose blocks can order their accesses) that
 
 * reads an element another unit stored (or added to atomically) in the same launch, or
@@ -65,6 +67,8 @@ class GlobalRaces:
         self.reader = np.full(size, -1, dtype=np.int64)
         self.readers = np.zeros(size, dtype=bool)
         self.pending: np.ndarray | None = None
+        # The storing block's tg.last_arrival count at the store (`emulate/arrivals.py`).
+        self.epoch = np.zeros(size, dtype=np.int32)
 
     def _unordered(self, offs: np.ndarray, tids: np.ndarray, block: int, order) -> np.ndarray:
         """Mask over `offs`: last stored by another thread of `block`, not ordered before
@@ -83,6 +87,7 @@ class GlobalRaces:
         """Threads `tids` of `state`'s block read elements `offs` of `tensor`: raise on a
         read after write (in the block, or by another unit) or of a TMA store in flight;
         record the reading unit."""
+        from tegula.emulate.arrivals import released_to
         from tegula.emulate.memory import block_writer
         block, unit = block_writer(state.bid, None), block_writer(state.bid, state.cluster)
         t = np.broadcast_to(tids, offs.shape)
@@ -98,6 +103,8 @@ class GlobalRaces:
                 f"may see the value before or after the store)")
         stored = self.unit[offs]
         other = (stored >= 0) & (stored != unit)
+        if other.any():  # unless an arrival (tg.last_arrival) ordered the store before
+            other &= ~released_to(state, stored, self.epoch[offs])
         if other.any():
             at = int(offs[other].ravel()[0])
             raise EmulationError(
@@ -118,6 +125,7 @@ class GlobalRaces:
         after another unit's read that changes the value, or a generic store to an element
         a TMA store has in flight (a second TMA store too; reduce-adds commute); then record the
         stores (call before the tensor is written)."""
+        from tegula.emulate.arrivals import release_epoch
         from tegula.emulate.memory import block_writer
         block, unit = block_writer(state.bid, None), block_writer(state.bid, state.cluster)
         t = np.broadcast_to(tids, offs.shape)
@@ -151,6 +159,7 @@ class GlobalRaces:
         self.tid[offs] = t
         self.stamp[offs] = state.smem.order.clock
         self.unit[offs] = unit
+        self.epoch[offs] = release_epoch(state)
 
     @staticmethod
     def _differs(tensor, offs, values, bad: np.ndarray, message, always: bool = False) -> None:

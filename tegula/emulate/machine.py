@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from tegula.emulate.async_ops import ASYNC_COMPILERS
+from tegula.emulate.arrivals import compile_last_arrival
 from tegula.emulate.async_state import AsyncState, check_shared_layout
 from tegula.emulate.describe import describe
 from tegula.emulate.errors import EmulationError
@@ -42,6 +43,7 @@ from tegula.lower.thread_ir import (Assign, Barrier, BinOp, Comment, CpAsync, Cp
                                     CpAsyncWait, For, GlobalAtomicAdd, GlobalLoad, GlobalStore,
                                     If, LdMatrix, Mma, ScalarParam, SharedLoad, SharedStore,
                                     Shuffle, Stmt, TensorParam, ThreadKernel, all_of, walk)
+from tegula.lower.arrivals import LastArrivalStmt
 from tegula.lower.async_ir import (ASYNC_STATEMENTS, Elect, Roles, TensorMapParam, Wgmma,
                                    contains_elect)
 
@@ -100,7 +102,8 @@ class Compiler:
         if isinstance(s, Roles):
             return compile_roles(s, self.block, st, what)
         compilers = {GlobalAtomicAdd: compile_atomic, CpAsync: compile_cp_async,
-                     LdMatrix: compile_ldmatrix, Mma: compile_mma, Shuffle: compile_shuffle}
+                     LdMatrix: compile_ldmatrix, Mma: compile_mma, Shuffle: compile_shuffle,
+                     LastArrivalStmt: compile_last_arrival}  # tg.last_arrival
         for cls, fn in compilers.items():
             if isinstance(s, cls):
                 return fn(s, self.ctx, st, what)

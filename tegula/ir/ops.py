@@ -167,6 +167,19 @@ class AtomicAdd(Op):
 
 
 @dataclass(eq=False)
+class LastArrival(Op):
+    """`tg.last_arrival(counter, count)`: the block arrives on the one-element i32 global
+    tile `counter` (an atomic increment that wraps to 0 at the `count`-th arrival);
+    `flag` is 1 in the block that arrived `count`-th, else 0. Everything the arriving
+    blocks stored before it is visible to the last one after it (release / acquire at
+    GPU scope)."""
+
+    counter: Tile
+    count: ScalarLike
+    flag: Any
+
+
+@dataclass(eq=False)
 class RoleRegion:
     """A `with tg.producer(): …` or `with tg.consumer(): …` block of a `tg.pipeline` body
     (`lang/roles.py`): the warp role that runs `ops`, and the register budget per thread
@@ -285,11 +298,13 @@ def tiles_written(op: Op) -> list[Tile]:
         return list(op.outs) + list(op.carries)
     if isinstance(op, AtomicAdd):
         return [op.dst]
+    if isinstance(op, LastArrival):
+        return [op.counter]
     return []
 
 
 __all__ = ["Op", "Copy", "Gemm", "Fill", "Elementwise", "Reduce", "Scan", "ScanCombine",
            "Indices", "Reshape", "Bitcast",
-           "Rearrange", "AtomicAdd",
+           "Rearrange", "AtomicAdd", "LastArrival",
            "ForLoop", "RoleRegion", "IfThen", "TracedKernel", "walk_ops", "tiles_read", "tiles_written",
            "DType"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
-                           Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
-                           tiles_read, tiles_written)
+                           Indices, LastArrival, Op, Rearrange, Reduce, Reshape, Scan,
+                           TracedKernel, tiles_read, tiles_written)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedAlloc, Tile, ViewDim, describe
 
 _INDENT = "  "
@@ -111,6 +111,8 @@ def op_text(op: Op) -> str:
         return f"{_operand(op.out)} = indices axis={op.axis}{offset}"
     if isinstance(op, AtomicAdd):
         return f"atomic_add {_operand(op.src)} -> {_operand(op.dst)}"
+    if isinstance(op, LastArrival):
+        return f"{op.flag} = last_arrival {_operand(op.counter)}, count={op.count}"
     return f"<{type(op).__name__}>"
 
 

@@ -139,6 +139,17 @@ class LoopIndex(Scalar):
 
 
 @dataclass(frozen=True, eq=False)
+class ArrivalFlag(Scalar):
+    """1 in the block that arrives last on a `tg.last_arrival` counter, else 0 (the op
+    `ir.ops.LastArrival` sets it; block-uniform, known from that op on)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
 class TensorExtent(Scalar):
     """Extent `dim` of global tensor argument `tensor` (known at launch)."""
 

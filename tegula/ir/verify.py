@@ -20,10 +20,10 @@ import math
 from tegula.dtypes import bool_, i32
 from tegula.errors import TegulaError
 from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
-                           Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
-                           tiles_read, tiles_written)
-from tegula.ir.scalar import (Condition, LoopIndex, Scalar, ScalarArg, ScalarBinOp,
-                              ScalarLoad, TensorExtent, constant_value)
+                           Indices, LastArrival, Op, Rearrange, Reduce, Reshape, Scan,
+                           TracedKernel, tiles_read, tiles_written)
+from tegula.ir.scalar import (ArrivalFlag, Condition, LoopIndex, Scalar, ScalarArg,
+                              ScalarBinOp, ScalarLoad, TensorExtent, constant_value)
 from tegula.ir.values import GlobalTile, RegisterTile, SharedTile, Tile, describe
 
 # Element-wise op names and their operand counts (thread IR's VALUE_UNARY_OPS and
@@ -56,6 +56,7 @@ class _Verifier:
         self.arg_names = {a.name: a for a in traced.args}
         self.written: set[int] = set()
         self.loop_vars: list[LoopIndex] = []
+        self.arrival_flags: list[ArrivalFlag] = []   # set by the LastArrivals seen so far
 
     def fail(self, op: Op | None, message: str) -> TegulaError:
         name = type(op).__name__ if op is not None else "kernel"
@@ -83,6 +84,9 @@ class _Verifier:
         elif isinstance(x, ScalarArg):
             if x.name not in self.traced.scalar_args:
                 raise self.fail(op, f"{x} is not a scalar argument of the kernel")
+        elif isinstance(x, ArrivalFlag):
+            if not any(f is x for f in self.arrival_flags):
+                raise self.fail(op, f"{x} is used before its last_arrival")
         elif isinstance(x, ScalarLoad):
             arg = self.arg_names.get(x.tensor)
             if arg is None or len(x.coords) != arg.rank:
@@ -300,6 +304,17 @@ def _check_rearrange(v: _Verifier, op: Rearrange) -> None:
         raise v.fail(op, f"{describe(op.x)} -> {describe(op.out)} changes shape or dtype")
 
 
+def _check_last_arrival(v: _Verifier, op: LastArrival) -> None:
+    t = op.counter
+    if not isinstance(t, GlobalTile) or t.dtype != i32 or \
+            not all(isinstance(e, int) and e == 1 for e in t.shape):
+        raise v.fail(op, f"the counter {describe(t)} is not one i32 element of a global tensor")
+    if not isinstance(op.flag, ArrivalFlag):
+        raise v.fail(op, f"{op.flag!r} is not an ArrivalFlag")
+    v.check_scalar(op.count, op)
+    v.arrival_flags.append(op.flag)
+
+
 def _check_atomic_add(v: _Verifier, op: AtomicAdd) -> None:
     if not isinstance(op.src, RegisterTile) or isinstance(op.dst, RegisterTile):
         raise v.fail(op, "atomic_add goes from a register tile to global or shared memory")
@@ -310,6 +325,7 @@ def _check_atomic_add(v: _Verifier, op: AtomicAdd) -> None:
 _OP_CHECKS = {Copy: _check_copy, Gemm: _check_gemm, Fill: _check_fill,
               Elementwise: _check_elementwise, Reduce: _check_reduce,
               Rearrange: _check_rearrange, AtomicAdd: _check_atomic_add,
+              LastArrival: _check_last_arrival,
               Indices: _check_indices, Reshape: _check_reshape, Scan: _check_scan,
               Bitcast: _check_bitcast}
 

@@ -10,6 +10,7 @@ records a tile IR op (tegula.ir). The pieces, one job per file:
 * `ops`         — making tiles, `copy`, `load`, `gemm`, reductions, `rearrange`, atomics;
 * `indexing`    — coordinates (`arange`, `indices`), `t[None, :]`, rank promotion;
 * `scalars`     — grid sizes, the SM count, scalar `min`/`max`, scalar loads (`offsets[e]`);
+* `arrivals`    — `last_arrival`: the block of a group that finishes last (a global counter);
 * `control`     — `range`, `pipeline`, `if_`, `else_`;
 * `roles`       — `producer` / `consumer` blocks of a `pipeline` (warp roles, sm_90a);
 * `carry`       — names rebound inside those blocks: carried values, and the errors.
@@ -34,6 +35,7 @@ from tegula.lang.kernel import Kernel, Tensor, TensorSpec, constexpr, kernel
 from tegula.lang.indexing import arange, bitcast, indices, permute, reshape
 from tegula.lang.roles import consumer, producer
 from tegula.lang.scalars import cluster, num_programs, num_sms
+from tegula.lang.arrivals import last_arrival
 from tegula.lang.scan import cumsum, scan
 from tegula.lang.ops import (argmax, argmin, atomic_add, block_id, copy, fill, full, gemm, load,
                              rearrange, reduce, reduce_max, reduce_min, reduce_sum, register,
@@ -48,4 +50,4 @@ __all__ = ["kernel", "Kernel", "Tensor", "TensorSpec", "constexpr", "block_id",
            "cos", "maximum", "minimum", "where", "reduce", "reduce_sum", "reduce_max",
            "reduce_min", "argmax", "argmin", "arange", "indices", "reshape", "permute", "bitcast", "rearrange", "atomic_add", "runtime_range", "pipeline", "if_",
            "else_", "eq", "ne", "GlobalTensor", "GlobalView", "SharedBuffer", "SharedView",
-           "RegisterValue", "scan", "cumsum", "producer", "consumer"]
+           "RegisterValue", "scan", "cumsum", "producer", "consumer", "last_arrival"]

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tegula.ir.scalar import (BlockIndex, GridSize, LoopIndex, ScalarArg, ScalarBinOp,
-                              ScalarConst, ScalarLoad, SMCount, TensorExtent,
+from tegula.ir.scalar import (ArrivalFlag, BlockIndex, GridSize, LoopIndex, ScalarArg,
+                              ScalarBinOp, ScalarConst, ScalarLoad, SMCount, TensorExtent,
                               known_non_negative, positive_constant)
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.layout.cute import Layout
@@ -45,7 +45,7 @@ def scalar_expr(x) -> Expr:
         return GRID_SIZES[x.axis]
     if isinstance(x, SMCount):
         return NUM_SMS
-    if isinstance(x, LoopIndex):
+    if isinstance(x, (LoopIndex, ArrivalFlag)):
         return Var(x.name)
     if isinstance(x, TensorExtent):
         return Var(f"{x.tensor}_shape{x.dim}")

@@ -13,12 +13,13 @@ import dataclasses
 
 from tegula.dtypes import i32
 from tegula.ir.ops import (AtomicAdd, Bitcast, Copy, Elementwise, Fill, ForLoop, Gemm, IfThen,
-                           Indices, Op, Rearrange, Reduce, Reshape, Scan, TracedKernel,
-                           walk_ops)
+                           Indices, LastArrival, Op, Rearrange, Reduce, Reshape, Scan,
+                           TracedKernel, walk_ops)
 from tegula.ir.scalar import LoopIndex, ScalarBinOp, ScalarConst
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
 from tegula.lower.arg_reduce import lower_any_reduce
+from tegula.lower.arrivals import lower_last_arrival
 from tegula.lower.compute import (lower_atomic_add, lower_bitcast, lower_elementwise,
                                   lower_fill, lower_indices, lower_rearrange, lower_reshape)
 from tegula.lower.context import LoweringContext
@@ -37,7 +38,7 @@ from tegula.lower.thread_ir import (Barrier, BinOp, CpAsyncWait, Expr, For, If, 
 _LOWER = {Copy: lower_copy, Gemm: lower_gemm, Fill: lower_fill, Elementwise: lower_elementwise,
           Reduce: lower_any_reduce, Rearrange: lower_rearrange, AtomicAdd: lower_atomic_add,
           Indices: lower_indices, Reshape: lower_reshape, Scan: lower_scan,
-          Bitcast: lower_bitcast}
+          Bitcast: lower_bitcast, LastArrival: lower_last_arrival}
 
 
 class SharedSync:

@@ -200,6 +200,8 @@ def test_catalogue_entries_have_emitters():
                      "minmax",  # float max/min helpers (tests/arch/test_minmax_entries.py)
                      "logic",  # lop3 of two chained bitwise ops (tests/codegen/test_lop3.py)
                      "sfu",  # tg.log2's helper (tests/arch/test_lg2_entry.py)
+                     # tg.last_arrival's statement (tests/lang/test_last_arrival.py)
+                     "atom.inc", "bar.red",
                      # async_stmts.py (tests/codegen/test_async_emit.py compiles each)
                      "wgmma", "tma.load", "tma.store", "bulk.commit", "bulk.wait",
                      "tma.reduce",  # TmaStore(reduce="add") (tests/lower/test_bulk_add.py)

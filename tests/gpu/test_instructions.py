@@ -266,6 +266,10 @@ def test_every_catalogue_entry_of_the_device_is_covered():
                      # lg2.approx.f32: tests/gpu/test_lg2_entry_gpu.py (its bound on random
                      # inputs and zeros, subnormals, infinities, NaN, negatives)
                      "sfu",
+                     # tg.last_arrival's atom.acq_rel.gpu.global.inc.u32 and
+                     # bar.red.or.pred: tests/gpu/test_last_arrival_gpu.py (300 rows of 33
+                     # blocks merged by the last, counters back at 0 after each launch)
+                     "atom.inc", "bar.red",
                      # Hopper entries: tests/gpu/test_hopper_instructions.py (TMA loads of
                      # rank 2 and stores of rank 1 run; other ranks and multicast are only
                      # assembled, by tests/arch/test_tma.py)
