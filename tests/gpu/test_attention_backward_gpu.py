@@ -180,6 +180,16 @@ def test_non_contiguous_gradient_and_inputs():
         assert_close(name, t.grad, w, "float16")
 
 
+def poisoned_launch_values(q, k, v, do, o, lse) -> dict:
+    """The backward launches' tensors by name: gradients and delta NaN-poisoned, the f32 dQ
+    accumulator (deterministic=False) zeros, o in q's type."""
+    return dict(q=q, k=k, v=v, do=do, o=o.to(q.dtype), lse=lse.contiguous(),
+                delta=poison(torch.empty(q.shape[:3], device="cuda")),
+                dq=poison(torch.empty_like(q)), dk=poison(torch.empty_like(k)),
+                dv=poison(torch.empty_like(v)),
+                dq_accum=torch.zeros(q.shape, dtype=torch.float32, device="cuda"))
+
+
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_every_tuning_candidate_on_the_gpu(D):
     """The entry point's autotuner may pick any of these: each, launched directly into
@@ -191,10 +201,7 @@ def test_every_tuning_candidate_on_the_gpu(D):
     scale = D ** -0.5
     o, lse, *want = reference_gradients(q, k, v, do, True, scale)
     for tiles in backward_candidates(D):
-        values = dict(q=q, k=k, v=v, do=do, o=o.half(), lse=lse.contiguous(),
-                      delta=poison(torch.empty(B, H, Sq, device="cuda")),
-                      dq=poison(torch.empty_like(q)), dk=poison(torch.empty_like(k)),
-                      dv=poison(torch.empty_like(v)))
+        values = poisoned_launch_values(q, k, v, do, o, lse)
         for kernel, grid, names, constexprs in backward_launches(f16, B, H, Hkv, Sq, Sk, D,
                                                                  scale, True, **tiles):
             launch(kernel, grid, *(values[n] for n in names), **constexprs)
@@ -215,11 +222,7 @@ def test_every_atomic_dq_candidate_on_the_gpu(D):
     scale = D ** -0.5
     o, lse, *want = reference_gradients(q, k, v, do, True, scale)
     for tiles in atomic_dq_candidates(D):
-        values = dict(q=q, k=k, v=v, do=do, o=o.half(), lse=lse.contiguous(),
-                      delta=poison(torch.empty(B, H, Sq, device="cuda")),
-                      dq=poison(torch.empty_like(q)), dk=poison(torch.empty_like(k)),
-                      dv=poison(torch.empty_like(v)),
-                      dq_accum=torch.zeros(q.shape, dtype=torch.float32, device="cuda"))
+        values = poisoned_launch_values(q, k, v, do, o, lse)
         for kernel, grid, names, constexprs in backward_launches(
                 f16, B, H, Hkv, Sq, Sk, D, scale, True, False, **tiles):
             launch(kernel, grid, *(values[n] for n in names), **constexprs)
