@@ -42,11 +42,17 @@ sys.path.insert(0, str(ROOT))
 B, H, S = 4, 16, 4096
 CASES = {"128": (128, False), "128c": (128, True), "64": (64, False), "64c": (64, True)}
 
-#: name -> (deterministic, tiles of the dK/dV (and dQ) kernels). "det" is the 64 x 64 pair
+#: name -> (deterministic, tiles of the dK/dV (and dQ) kernels[, the dQ kernel's]). "det" is the 64 x 64 pair
 #: the tuner picks at these shapes; "at*" add dQ with TMA reduce-adds (one kernel, 5 gemms).
 VARIANTS = {
     "det": (True, dict(BM=64, BN=64)),
     "det-dkdv64x128": (True, dict(BM=64, BN=128, threads=256)),
+    # dK/dV on two warpgroups of 64 keys in one role (230 registers, no spill; with the
+    # producer warpgroup it spills 28 B), dQ on two of 64 queries by 128 keys
+    "det-wide": (True, dict(BM=64, BN=128, threads=256, warp_specialize=False),
+                 dict(BM=128, BN=128, threads=256)),
+    "det-wide-1role": (True, dict(BM=64, BN=128, threads=256, warp_specialize=False),
+                       dict(BM=128, BN=128, threads=256, warp_specialize=False)),
     "at64x64": (False, dict(BM=64, BN=64)),
     "at64x128": (False, dict(BM=64, BN=128, threads=256)),
     "at64x128-1role": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False)),
@@ -56,16 +62,24 @@ VARIANTS = {
 }
 #: The entry point as users call it (tuned), deterministic or not.
 ENTRIES = {"entry": True, "entry-atomic": False}
-DEFAULT_VARIANTS = "det,at64x64,at64x128,at64x128-1role,at64x128-1role-s3,at32x128-1role"
+DEFAULT_VARIANTS = "det,det-wide,det-wide-1role,at64x64,at64x128,at64x128-1role,at64x128-1role-s3,at32x128-1role"
 
 _ab = importlib.import_module("tegula.kernels.attention_backward")
 
 
-def launches(D: int, causal: bool, deterministic: bool, tiles: dict) -> list[tuple]:
-    """`backward_launches` at the benchmark's shape (f16, Hkv = H)."""
+def launches(D: int, causal: bool, deterministic: bool, tiles: dict,
+             dq_tiles: dict | None = None) -> list[tuple]:
+    """`backward_launches` at the benchmark's shape (f16, Hkv = H); `dq_tiles`: other tiles
+    for the dQ kernel (deterministic) than the dK/dV kernel's."""
     from tegula.dtypes import f16
-    return _ab.backward_launches(f16, B, H, H, S, S, D, _ab.default_scale(None, D), causal,
-                                 deterministic, **tiles)
+
+    def plan(t):
+        return _ab.backward_launches(f16, B, H, H, S, S, D, _ab.default_scale(None, D),
+                                     causal, deterministic, **t)
+    out = plan(tiles)
+    if dq_tiles is not None:
+        out[2] = plan(dq_tiles)[2]
+    return out
 
 
 def label(kernel) -> str:
@@ -84,8 +98,7 @@ def compile_job(case: str, variant: str, index: int) -> str:
     from tegula.recommend import _facts
     from tegula.runtime import compile_kernel
     D, causal = CASES[case]
-    deterministic, tiles = VARIANTS[variant]
-    kernel, _, _, constexprs = launches(D, causal, deterministic, tiles)[index]
+    kernel, _, _, constexprs = launches(D, causal, *VARIANTS[variant])[index]
     try:
         built = build(kernel, dict(constexprs), _facts(kernel, shapes_of(kernel, D)), "sm_90a")
         compile_kernel(built.thread_kernel, built.target.sm)
@@ -133,8 +146,8 @@ def run_variant(values: dict, ref: dict, D: int, causal: bool, variant: str, log
 
     from tegula.bench.gpu import time_ms
     from tegula.build import launch
-    deterministic, tiles = VARIANTS[variant]
-    plan = launches(D, causal, deterministic, tiles)
+    deterministic = VARIANTS[variant][0]
+    plan = launches(D, causal, *VARIANTS[variant])
     for name in ("dq", "dk", "dv", "delta"):
         values[name].fill_(float("nan"))
     values["dq_accum"].zero_()
