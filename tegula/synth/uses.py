@@ -213,8 +213,11 @@ def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
     """Per-thread combines, then butterfly shuffles across the lanes of a warp that share
     an output element: log2(lanes holding it) rounds per distinct output register; then,
     where an output element's partials sit in several warps, lowering's exchange through a
-    shared scratch row (`lower/compute.py: _reduce_across_warps`): a store and a load per
-    distinct output register, and three block-wide barriers."""
+    shared scratch row (`lower/compute.py: _reduce_across_warps`): a store per distinct
+    output register, then every thread loads and combines the partials of the other warps
+    holding its element (`sharing - 1` loads and combines per distinct register: 31 each
+    at 1,024 threads over one row, where one had been counted), and three block-wide
+    barriers."""
     warps = _warps(kernel)
     alu = InstrUse("ALU", "alu", 1, 0, _values(op.x) * warps, "alu")
     if op.out.layout is None:
@@ -225,26 +228,24 @@ def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
     shuffles = int(math.log2(lanes)) * len(distinct) * warps
     shfl = get_instruction("shfl.sync.bfly.b32")
     uses = [alu] + ([InstrUse("ALU", shfl.name, 1, 4, shuffles, shfl.pipe)] if shuffles else [])
-    if _spans_warps(table, distinct):
+    sharing = _sharing_warps(table, distinct)
+    if sharing > 1:
         eb = 4  # partials are exchanged as 32-bit words
-        for op_name in ("st", "ld"):
+        for op_name, per_register in (("st", 1), ("ld", sharing - 1)):
             instr = vector_access(op_name, "shared", eb)
-            uses.append(InstrUse("RED", instr.name, 1, eb, len(distinct) * warps, instr.pipe,
-                                 len(distinct) * warps, len(distinct) * warps,
+            count = len(distinct) * warps * per_register
+            uses.append(InstrUse("RED", instr.name, 1, eb, count, instr.pipe, count, count,
                                  barriers=3 if op_name == "st" else 0))
+        uses.append(InstrUse("ALU", "alu", 1, 0, len(distinct) * warps * (sharing - 1), "alu"))
     return uses
 
 
-def _spans_warps(table: np.ndarray, values) -> bool:
-    """Whether some output element of a reduction is held by threads of different warps
-    (after the reduction every thread that held a partial holds the result)."""
+def _sharing_warps(table: np.ndarray, values) -> int:
+    """How many warps hold partials of one output element of a reduction (the most over
+    its elements; 1 where every element stays within a warp)."""
     warp_of = np.arange(table.shape[0]) // 32
-    for v in values:
-        elements = table[:, v]
-        for element in np.unique(elements):
-            if len(np.unique(warp_of[elements == element])) > 1:
-                return True
-    return False
+    return max((len(np.unique(warp_of[table[:, v] == element]))
+                for v in values for element in np.unique(table[:, v])), default=1)
 
 
 def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:
