@@ -287,6 +287,11 @@ def w4a16_config(m: int, n: int, k: int, group_size: int, **tiles: int
     BM=16 rows for M ≤ 16, else 64x64 tiles; BK = the group up to 128 (64 beyond 16
     rows), weights loaded one k-step ahead, a 3-stage activation pipeline."""
     threads = tiles.get("threads", 128)
+    if tiles.get("GEMV"):        # CUDA cores on the fragment-ordered weights (quant_gemv)
+        from tegula.kernels.quant_gemv import gemv_config
+        grid, constexprs = gemv_config(m, n, k, group_size, **{
+            name: value for name, value in tiles.items() if name not in ("GEMV", "FRAGMENT")})
+        return "gemv", grid, constexprs
     if tiles.get("FRAGMENT"):    # weights in the MMA fragment's order (quant_fragment)
         from tegula.kernels.quant_fragment import fragment_config
         grid, constexprs = fragment_config(m, n, k, group_size, **{
@@ -340,6 +345,9 @@ def w4a16_kernel(kind: str, dtype: DType, has_zeros: bool) -> tg.Kernel:
     if kind == "fragment":
         from tegula.kernels.quant_fragment import w4a16_fragment_kernel
         return w4a16_fragment_kernel(dtype, has_zeros)
+    if kind == "gemv":
+        from tegula.kernels.quant_gemv import w4a16_fragment_gemv_kernel
+        return w4a16_fragment_gemv_kernel(dtype, has_zeros)
     factory = {"rows": w4a16_rows_kernel, "gemm": w4a16_gemm_kernel,
                "swapped": w4a16_swapped_kernel}[kind]
     return factory(dtype, has_zeros)
@@ -357,6 +365,10 @@ def launch_w4a16(kind: str, grid: tuple, constexprs: dict, dtype: DType, has_zer
         from tegula.kernels.quant_fragment import launch_w4a16_fragment
         return launch_w4a16_fragment(grid, constexprs, dtype, has_zeros, operands, c, launch,
                                      empty_f32)
+    if kind == "gemv":
+        from tegula.kernels.quant_gemv import launch_w4a16_gemv
+        return launch_w4a16_gemv(grid, constexprs, dtype, has_zeros, operands, c, launch,
+                                 empty_f32)
     if kind != "split":
         return launch(w4a16_kernel(kind, dtype, has_zeros), grid, (*operands, c), constexprs)
     split, bn = constexprs["SPLIT"], constexprs["BN"]
@@ -384,11 +396,14 @@ def w4a16_operands(kind: str, a: Any, packed: Any, group_size: int) -> tuple[Any
     """The activation and packed-weight arguments a kernel kind takes (numpy or torch,
     contiguous): the GEMM kernel's (M, K) and (N, K/2) bytes as they are, the rows
     kernel's 4-D views (rows, K/G, G/32, 32 elements) of the same memory, the fragment
-    kernel's weights in fragment order (`pack_fragments`: a copy, unless `packed` is
-    already 6-D, pre-packed)."""
-    if kind == "fragment":
+    and GEMV kernels' weights in fragment order (`pack_fragments`: a copy, unless `packed`
+    is already 6-D, pre-packed), the GEMV kernel's activations as (M, K/16, 2, 8) (a
+    view)."""
+    if kind in ("fragment", "gemv"):
         from tegula.kernels.quant_fragment import as_words, pack_fragments
-        return a, as_words(packed if len(packed.shape) == 6 else pack_fragments(packed))
+        from tegula.kernels.quant_gemv import activation_quads
+        words = as_words(packed if len(packed.shape) == 6 else pack_fragments(packed))
+        return (activation_quads(a) if kind == "gemv" else a), words
     if kind != "rows":
         return a, packed
     (m, k), n = a.shape, packed.shape[0]
@@ -553,7 +568,7 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
     zeros_arg = (np.ascontiguousarray(zeros, dtype=storage) if zeros is not None
                  else np.zeros((1, 1), dtype=storage))  # unread: the kernel uses 8
     kind, grid, constexprs = w4a16_config(m, n, k, group_size, **tiles)
-    if kind == "fragment":   # integer zeros skip the residue step; fractional ones need it
+    if kind in ("fragment", "gemv"):   # integer zeros skip the residue step; fractional need it
         integer = zeros is not None and bool(np.all(zeros == np.round(zeros)))
         if constexprs.get("INTEGER_ZEROS") and not integer:
             raise ValueError(f"tegula.kernels.{fn}: INTEGER_ZEROS=1 needs integer zero "

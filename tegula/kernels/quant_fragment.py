@@ -425,7 +425,11 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
     21.5 µs unsplit at 16x14336x4096), split where the 128-row tiles are few; WG=2 at 64
     tokens (1.39x at 64x14336x4096). (SCALE_AFTER at KS=2 lost to KS=4 in session 9.)"""
     from tegula.kernels.quant import token_tile
+    from tegula.kernels.quant_gemv import gemv_candidates
     bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
+    # up to 4 tokens also the CUDA-core GEMV kernel on the same words (quant_gemv: as many
+    # warps as the SMs hold, where the tensor-core kernel has N/16 warps in all)
+    gemv = gemv_candidates(m, n, k, sms, group_size)
     token_tiles = -(-m // bt)
 
     def splits(step_k: int, fixed: tuple) -> tuple:
@@ -454,7 +458,7 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
             configs += [dict(c, SCALE_AFTER=1) for c in configs]
             configs += [dict(ring, KS=4, STAGES=4, WG=2, SCALE_AFTER=1, SPLIT=s)
                         for s in wide_splits()]
-        return configs + [dict(ring, STAGES=4, SPLIT=4)]
+        return gemv + configs + [dict(ring, STAGES=4, SPLIT=4)]
     configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
                dict(base, BT=bt, STAGES=2, SPLIT=2),
                dict(base, BT=bt, STAGES=3, SPLIT=2, load_path="cp.async")]
