@@ -48,6 +48,13 @@ Variants, a constexpr each, so the autotuner can time them:
   563 against 583 and D=64 404 against 410 (the two consumer warpgroups already overlap
   each other's softmax, and the loop holds more registers).
 
+* `OVERLAP=2`: the same loop with acc += p_j @ v_j issued before s_{j+1} = q @ k_{j+1}.T,
+  so one wait_group 0 precedes the softmax (no overlap within the warpgroup) but with
+  consumers="pingpong" a turn issues both gemms back to back: the plain loop's turn waits
+  for p_j @ v_j to complete before it issues the next block's q @ k.T (the stage's release
+  and the ring's wait sit between them), which idles the tensor cores for that latency
+  twice a pair of turns.
+
 * `consumers="pingpong"` (a build option, with BM=128 on 256 threads; sm_90a): the two
   consumer warpgroups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
   ping-pong, `lower/warp_roles.py` `take_turns_in_loop`): each issues `acc += p_j @ v_j`
@@ -196,7 +203,8 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     roles = _role_blocks(REGS)
     if OVERLAP:
         m_i, l_i, acc = _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype,
-                                             STAGES, masked_scores, needs_mask, pv_gemm, roles)
+                                             STAGES, masked_scores, needs_mask, pv_gemm, roles,
+                                             pv_first=OVERLAP == 2)
     else:
         m_i, l_i, acc = _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
                                   masked_scores, pv_gemm, roles)
@@ -256,7 +264,7 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
 
 
 def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                         masked_scores, needs_mask, pv_gemm, roles):
+                         masked_scores, needs_mask, pv_gemm, roles, pv_first=False):
     """The key loop software-pipelined by one block, in FlashAttention-3's order (its
     intra-warpgroup overlap). Iteration j issues s_{j+1} = q @ k_{j+1}.T, rescales acc by
     alpha_j, issues acc += p_j @ v_j, and runs block j+1's softmax while the tensor cores
@@ -296,10 +304,14 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
             tg.copy(values[:, :, j], sv[j])
         with consumer():
             p16 = s.to(dtype)
+            if pv_first:  # both gemms back to back, the softmax after both (module doc)
+                acc *= alpha
+                pv_gemm(p16, sv[j], acc)                  # acc += p_j @ v_j
             s.assign(0.0)
             tg.gemm(s, sq, sk[j])                         # s_{j+1}          } both in flight
-            acc *= alpha                                  #                  } during block
-            pv_gemm(p16, sv[j], acc)                      # acc += p_j @ v_j } j+1's softmax
+            if not pv_first:                              #                  } during block
+                acc *= alpha                              #                  } j+1's softmax
+                pv_gemm(p16, sv[j], acc)                  # acc += p_j @ v_j }
             # The mask's branch holds the whole softmax (each side a copy of it), so the
             # body ends in a join holding the wait for p_j @ v_j: ptxas places a
             # WARPGROUP.DEPBAR anywhere before its first use within a basic block (at D = 64

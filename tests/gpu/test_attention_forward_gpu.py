@@ -164,6 +164,9 @@ BUDGET_CONFIGS = [
     (128, dict(BM=128, BN=128, threads=256, OVERLAP=True, REGS=240, consumers="pingpong")),
     (128, dict(BM=128, BN=176, threads=256, REGS=240, consumers="pingpong")),
     (256, dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
+    # turns issuing p_j @ v_j and the next block's q @ k.T back to back
+    (64, dict(BM=128, BN=128, threads=256, OVERLAP=2, consumers="pingpong")),
+    (128, dict(BM=128, BN=128, threads=256, OVERLAP=2, REGS=240, consumers="pingpong")),
     # persistent: 5 blocks walking every tile, the TMA ring running on across them
     (64, dict(BM=128, BN=128, threads=256, PERSISTENT=True)),
     (64, dict(BM=192, BN=128, threads=384, PERSISTENT=True)),
@@ -171,10 +174,11 @@ BUDGET_CONFIGS = [
 ]
 
 
-def run_budget_configs() -> None:
-    """Every BUDGET_CONFIGS entry, causal and not, at Sq < Sk (many key blocks, a diagonal)
-    and Sq > Sk (rows that see no key), GQA 2:1, into NaN-poisoned outputs; one line each."""
-    for d, config in BUDGET_CONFIGS:
+def run_budget_configs(part: int = 0, parts: int = 1) -> None:
+    """Every BUDGET_CONFIGS entry (those i with i % parts == part), causal and not, at
+    Sq < Sk (many key blocks, a diagonal) and Sq > Sk (rows that see no key), GQA 2:1,
+    into NaN-poisoned outputs; one line each."""
+    for d, config in BUDGET_CONFIGS[part::parts]:
         for causal in (False, True):
             for sq, sk in ((203, 777), (777, 203)):
                 b, h, h_kv = 2, 4, 2
@@ -342,5 +346,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["smoke"]:
         smoke()
         print("ok")
-    elif sys.argv[1:] == ["budgets"]:
-        run_budget_configs()
+    elif sys.argv[1:2] == ["budgets"]:  # budgets [PART PARTS]: a share, for parallel runs
+        run_budget_configs(*map(int, sys.argv[2:4]))
