@@ -12,7 +12,6 @@ and the resources that set occupancy (`occupancy`, register words).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -210,42 +209,36 @@ def _values(tile: RegisterTile) -> int:
 
 
 def _reduce_uses(op: Reduce, kernel: TracedKernel) -> list[InstrUse]:
-    """Per-thread combines, then butterfly shuffles across the lanes of a warp that share
-    an output element: log2(lanes holding it) rounds per distinct output register; then,
-    where an output element's partials sit in several warps, lowering's exchange through a
-    shared scratch row (`lower/compute.py: _reduce_across_warps`): a store per distinct
-    output register, then every thread loads and combines the partials of the other warps
-    holding its element (`sharing - 1` loads and combines per distinct register: 31 each
-    at 1,024 threads over one row, where one had been counted), and three block-wide
-    barriers."""
+    """What lowering issues (`lower/compute.py: lower_reduce`): per-thread combines, then a
+    butterfly shuffle and combine per distinct output register along each lane bit the
+    reduction combines; then, along the warp bits it combines, the exchange through a
+    shared scratch row (`_reduce_across_warps`): a store per distinct output register,
+    then every thread loads and combines the partials of the `2^bits - 1` other warps of
+    its group (31 each at 1,024 threads over a row, where one had been counted), and three
+    block-wide barriers. Bits along which threads hold copies of the same data combine
+    nothing (`reduction_thread_bits`)."""
+    from tegula.lower.compute import reduction_thread_bits
     warps = _warps(kernel)
     alu = InstrUse("ALU", "alu", 1, 0, _values(op.x) * warps, "alu")
-    if op.out.layout is None:
+    if op.out.layout is None or op.x.layout is None:
         return [alu]
-    table = tv_table(op.out.layout)
-    distinct = distinct_values(op.out.layout)
-    lanes = max(np.unique(table[:32, v], return_counts=True)[1].max() for v in distinct)
-    shuffles = int(math.log2(lanes)) * len(distinct) * warps
+    rows = len(distinct_values(op.out.layout))
+    bits = reduction_thread_bits(op.x.layout, op.out.layout, kernel.threads)
+    lane_bits = sum(1 for b in bits if b < 5)
+    warp_bits = len(bits) - lane_bits
+    shuffles = lane_bits * rows * warps
     shfl = get_instruction("shfl.sync.bfly.b32")
-    uses = [alu] + ([InstrUse("ALU", shfl.name, 1, 4, shuffles, shfl.pipe)] if shuffles else [])
-    sharing = _sharing_warps(table, distinct)
-    if sharing > 1:
+    uses = [alu] + ([InstrUse("ALU", shfl.name, 1, 4, shuffles, shfl.pipe),
+                     InstrUse("ALU", "alu", 1, 0, shuffles, "alu")] if shuffles else [])
+    if warp_bits:
         eb = 4  # partials are exchanged as 32-bit words
-        for op_name, per_register in (("st", 1), ("ld", sharing - 1)):
+        for op_name, per_register in (("st", 1), ("ld", 2 ** warp_bits - 1)):
             instr = vector_access(op_name, "shared", eb)
-            count = len(distinct) * warps * per_register
+            count = rows * warps * per_register
             uses.append(InstrUse("RED", instr.name, 1, eb, count, instr.pipe, count, count,
                                  barriers=3 if op_name == "st" else 0))
-        uses.append(InstrUse("ALU", "alu", 1, 0, len(distinct) * warps * (sharing - 1), "alu"))
+        uses.append(InstrUse("ALU", "alu", 1, 0, rows * warps * (2 ** warp_bits - 1), "alu"))
     return uses
-
-
-def _sharing_warps(table: np.ndarray, values) -> int:
-    """How many warps hold partials of one output element of a reduction (the most over
-    its elements; 1 where every element stays within a warp)."""
-    warp_of = np.arange(table.shape[0]) // 32
-    return max((len(np.unique(warp_of[table[:, v] == element]))
-                for v in values for element in np.unique(table[:, v])), default=1)
 
 
 def _conversion_uses(op: Rearrange, kernel: TracedKernel) -> list[InstrUse]:

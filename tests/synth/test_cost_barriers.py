@@ -5,6 +5,8 @@ warpgroups share each row ~2x. A warp-local reduction has none. A barrier stalls
 (a latency the other resident blocks may fill)."""
 from __future__ import annotations
 
+import pytest
+
 import tegula as tg
 from tegula import f32
 from tegula.build import build
@@ -59,3 +61,30 @@ def test_few_warps_stretch_the_issue_slots():
     instrs_per_scheduler = one.warp_instructions / target.subpartitions
     assert one.issue_cycles == instrs_per_scheduler * _issue_stretch(kernel, one.blocks_per_sm,
                                                                      target)
+
+
+def _reduce_shared_loads(built) -> int:
+    return sum(c.use.warp_instructions for c in instruction_uses(built.traced, built.target)
+               if isinstance(c.op, Reduce) and c.use.instr.startswith("ld.shared"))
+
+
+def _lowered_shared_loads(built) -> int:
+    """Warp-level shared loads the thread IR issues (every warp runs the same program)."""
+    from tegula.lower.thread_ir import walk
+    per_thread = sum(1 for st in walk(built.thread_kernel.body)
+                     if type(st).__name__ == "SharedLoad")
+    return per_thread * built.thread_kernel.threads // 32
+
+
+@pytest.mark.parametrize("bm,bn,threads,loads", [
+    (1, 1024, 256, 8 * 7),     # one row over 8 warps: each combines the other 7
+    (1, 1024, 1024, 32 * 7),   # 256 threads hold the row's vectors, 3 copies replicate it
+    (1, 4096, 1024, 32 * 31),  # one row over all 32 warps
+    (4, 64, 256, 0)])          # rows within warps (the other threads hold copies)
+def test_the_model_counts_the_exchange_lowering_issues(bm, bn, threads, loads):
+    """Lowering's exchange (lower/compute.py `_reduce_across_warps`) loads, in each thread,
+    the partials of every other warp of its group: W (W - 1) warp loads for a row over W
+    warps (one per warp had been counted). The model's count is the thread IR's."""
+    built = build(_row_sum(bm, bn, threads), {}, None, "sm_90a")
+    assert _reduce_shared_loads(built) == _lowered_shared_loads(built) == loads
+    assert _reduce_barriers(built) == (3 if loads else 0)
