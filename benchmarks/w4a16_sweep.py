@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b|session13] [--only PREFIX]
 [--budget SECONDS] [--index ROW ...] [--profile]` (`--profile`: each selected row launched once more,
 untimed, for ncu).
 
@@ -215,9 +215,27 @@ SESSION12B = [("w4frag", shape, dict(c, warp_specialize=False)) for shape, c in 
     ((16, 14336, 4096), dict(_WG2, KS=4, STAGES=6)), ((16, 14336, 4096), dict(_WG2, KS=2, STAGES=6)),
     ((16, 14336, 4096), dict(_IZ, WG=2, KS=4, STAGES=4)),
     ((16, 11008, 4096), dict(_WG2, KS=4, STAGES=4)), ((16, 11008, 4096), dict(_SA, KS=4, STAGES=6)))]
+# Session 13: the CUDA-core kernel for a few tokens on the same fragment-ordered words
+# (`quant_gemv`, name "w4gemv": launched through `w4a16_config` with GEMV=1) — KS stored
+# blocks a step over KW warps — beside the tensor-core kernel's best configs of session 12
+# at each shape (the entry point's picks, round 2).
+_GV = dict(GEMV=1, INTEGER_ZEROS=1)
+_FRAG_1 = {(14336, 4096): dict(_SA, KS=4, STAGES=6), (11008, 4096): dict(_SA, KS=4, STAGES=6),
+           (4096, 4096): dict(_CP, INTEGER_ZEROS=1, KS=2, STAGES=4, SPLIT=4),
+           (4096, 14336): dict(_CP, INTEGER_ZEROS=1, KS=4, STAGES=3, SPLIT=4)}
+SESSION13 = [row for (n, k), gemv in (
+    ((14336, 4096), ((8, 8), (8, 4), (16, 8), (16, 4), (32, 8), (4, 4))),
+    ((4096, 4096), ((8, 8), (8, 4), (16, 8), (16, 4), (32, 8), (8, 4, 2))),
+    ((4096, 14336), ((8, 8), (16, 4), (32, 8))), ((11008, 4096), ((8, 8), (16, 4), (32, 8))))
+    for row in [("w4frag", (1, n, k), dict(_FRAG_1[n, k], BT=16, warp_specialize=False))]
+    + [("w4gemv", (1, n, k), dict(_GV, KS=c[0], KW=c[1], SPLIT=c[2] if len(c) > 2 else 1))
+       for c in gemv]] + [
+    ("w4gemv", (m, 14336, 4096), dict(_GV, KS=ks, KW=kw, MT=m))
+    for m in (4, 2) for ks, kw in ((8, 8), (16, 8))] + [
+    ("w4frag", (4, 14336, 4096), dict(_SA, KS=4, STAGES=6, BT=16, warp_specialize=False))]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
-        "session12": SESSION12, "session12b": SESSION12B}
+        "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13}
 
 
 GROUP = 128

@@ -420,3 +420,41 @@ def test_matmul_w4a16_fractional_zero_points(m, prepacked):
         check(out, a, w_q, scales, zeros, group, dequant_rounded=m > 2 or prepacked)
         check(tk.matmul_w4a16(a, weights, scales, zeros, group), a, w_q, scales, zeros,
               group, dequant_rounded=m > 2 or prepacked)
+
+
+@pytest.mark.parametrize("dtype,m,n,k,group,zero_point,tiles", [
+    ("f16", 1, 14336, 4096, 128, "int", dict(KS=16, KW=4)),
+    ("f16", 1, 4096, 4096, 128, "int", dict(KS=8, KW=8)),
+    ("f16", 1, 4096, 14336, 128, "int", dict(KS=8, KW=4, SPLIT=2)),
+    ("f16", 2, 11008, 4096, 64, None, dict(KS=16, KW=8)),
+    ("f16", 4, 4096, 4096, 128, "frac", dict(KS=32, KW=8)),
+    ("f16", 3, 300, 1088, 64, "frac", dict(KS=4, KW=2, SPLIT=3)),
+    ("bf16", 1, 4096, 4096, 128, "int", dict(KS=16, KW=4)),
+    ("bf16", 2, 70, 640, 128, "frac", dict(KS=2, KW=1))],
+    ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
+    if isinstance(v, dict) else None)
+def test_w4a16_gemv_matches_torch(dtype, m, n, k, group, zero_point, tiles):
+    """The CUDA-core kernel for a few tokens on fragment-ordered words (`quant_gemv`),
+    into NaN-poisoned outputs, every element against float64 with the f32 sum's bound
+    (its w − zero is exact, no dequantized weight rounded)."""
+    from tegula.dtypes import bf16, f16
+    from tegula.kernels import quant_fragment as qf
+    from tegula.kernels.quant import launch_w4a16, prepack, w4a16_config, w4a16_operands
+    g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point is not None,
+                                      m * 37 + n + k)
+    if zero_point == "frac":
+        zeros = fractional_zeros(zeros, g)
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    kind, grid, constexprs = w4a16_config(m, n, k, group, GEMV=1, **tiles)
+    if zero_point == "int":
+        constexprs["INTEGER_ZEROS"] = 1
+    zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
+                                                            dtype=DTYPES[dtype])
+    operands = (*w4a16_operands(kind, a, qf.pack_fragments(prepack(w_q)), group), scales,
+                zeros_arg)
+    launch_w4a16(kind, grid, constexprs, f16 if dtype == "f16" else bf16, zeros is not None,
+                 operands, c, lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
+                 lambda shape: torch.full(shape, float("nan"), device="cuda"))
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=False)
