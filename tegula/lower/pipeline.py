@@ -45,12 +45,15 @@ release it depends on, and the compute stage the acquire.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from tegula.errors import SynthesisError
 from tegula.ir.ops import ForLoop
 from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import FenceBarrierInit, MBarrierInit, MBarrierWait, WgmmaWait
 from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, CpAsyncCommit, CpAsyncWait,
-                                    Expr, For, If, Stmt, Var, _bin, all_of)
+                                    Expr, For, If, Let, LoadScalar, Select, Stmt, Var, _bin,
+                                    all_of, walk)
 
 
 class Ring:
@@ -124,11 +127,14 @@ def run_ahead(ring: Ring, protocol, steps: tuple[str, ...], compute) -> list[Stm
     prologue = [protocol.prologue_comment()]
     for j in range(ahead):
         prologue += protocol.issue(ring.start + j)
-    parts = {"refill": protocol.issue(k + ahead), "acquire": protocol.acquire(k),
+    early, refill = [], protocol.issue(k + ahead)
+    if hasattr(protocol, "table_loads_first"):   # cp.async: a page table's entries
+        early, refill = protocol.table_loads_first(refill, k + ahead)
+    parts = {"refill": refill, "acquire": protocol.acquire(k),
              "release": protocol.release(k - 1)}
     parts["compute"], drain = compute()
     _check_order(steps)
-    body = [s for step in steps for s in parts[step]]
+    body = early + [s for step in steps for s in parts[step]]
     return prologue + [For(k, ring.start, ring.stop, 1, body)] + drain
 
 
@@ -156,9 +162,12 @@ class CpAsyncGroups:
 
     def __init__(self, lowering, op: ForLoop, producers: tuple, ring: Ring):
         from tegula.lower.copy import lower_copy
-        self.ring, self.stages = ring, op.stages
+        from tegula.lower.lower import _tensor_written
+        self.ring, self.stages, self.ctx = ring, op.stages, lowering.ctx
         self.copies = [s for p in producers for s in lower_copy(lowering.ctx, p)
                        if not isinstance(s, CpAsyncCommit)]
+        self.read_only = {a.name for a in lowering.kernel.args
+                          if not _tensor_written(lowering.kernel, a.name)}
 
     def prologue_comment(self) -> Stmt:
         return Comment(f"pipeline prologue: {self.stages - 1} stages in flight")
@@ -175,6 +184,31 @@ class CpAsyncGroups:
             fetch = [If(exists, fetch, [])]
         return fetch + [CpAsyncCommit()]
 
+    def table_loads_first(self, refill: list[Stmt], it: Expr) -> tuple[list[Stmt], list[Stmt]]:
+        """(Lets, the refill reading them): the scalar loads of read-only tensors that the
+        refill's addresses read at an index moving with the loop (a paged cache's
+        block-table entry) read at the top of the
+        iteration, before the acquire's wait and barrier, so that their global-memory
+        round trip overlaps the wait instead of sitting between it and the cp.async issue.
+        Each is guarded like the refill (`Select(iteration exists, load, 0)`: a table is
+        read only for iterations that exist); its value is the same, the tensor being
+        read-only."""
+        from tegula.lower.hoist import variables
+        from tegula.lower.scalar_loads import _LoadBinder
+        binder = _LoadBinder(self.read_only)   # (loads the loop does not move stay there)
+        loads = [x for x in dict.fromkeys(x for st in walk(refill)
+                                          for x in binder._surely_read(st))
+                 if self.ring.var.name in variables(x)]
+        if not loads:
+            return [], refill
+        exists, bound, lets = self.ring.exists(it), {}, []
+        for load in loads:
+            var = Var(self.ctx.unique("tg_pre"))
+            lets.append(Let(var, Select(exists, _rebind(load, bound), Const(0)),
+                            wide=load.dtype.bits > 32))
+            bound[load] = var
+        return lets, _rebind(refill, bound)
+
     def acquire(self, k: Expr) -> list[Stmt]:
         return [CpAsyncWait(self.stages - 2), Barrier()]
 
@@ -183,6 +217,20 @@ class CpAsyncGroups:
 
     def drain(self) -> list[Stmt]:
         return [CpAsyncWait(0), Barrier()]
+
+
+def _rebind(node, bound: dict):
+    """`node` (statements included) with each load in `bound` read from its variable."""
+    if isinstance(node, LoadScalar) and node in bound:
+        return bound[node]
+    if isinstance(node, list):
+        return [_rebind(x, bound) for x in node]
+    if isinstance(node, tuple):
+        return tuple(_rebind(x, bound) for x in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return dataclasses.replace(node, **{f.name: _rebind(getattr(node, f.name), bound)
+                                            for f in dataclasses.fields(node) if f.init})
+    return node
 
 
 class MBarrierRing:
