@@ -2,7 +2,7 @@
 blocks (BN) and split counts, torch SDPA and the device's copy bandwidth, in one process.
 
     python benchmarks/attention_decode_sweep.py 1x32x8x128x131072 4x32x8x128x16384 \
-        --bn 64,128 --splits 0.5,1,2 --paged both
+        --bn 64,128 --splits 0.5,1,2 --paged both --form both
 
 Shapes are BxHxHkvxDxS (one query token per sequence, every sequence S keys long); paged
 caches are cut into 256-key pages in shuffled order (`tegula.bench.attention_decode`).
@@ -22,12 +22,15 @@ TOLERANCE = 5e-3
 
 
 def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, split_extra: dict,
-                  parts: slice = slice(None), combine: dict | None = None):
-    """A function launching the split and combine kernels for `config` (chunk, splits, BN)
-    with `split_extra` merged into the split kernel's constexprs, as `attention_decode`
-    launches them; returns o (B, H, 1, D). `parts`: which of the launches run (slice(0, 1):
-    the split kernel alone, to time the combine's share); `combine`: the combine kernel's
-    BD (columns a program: the grid follows) and UNROLL overrides."""
+                  parts: slice = slice(None), combine: dict | None = None,
+                  fused: bool = True):
+    """A function launching the kernels for `config` (chunk, splits, BN) with
+    `split_extra` merged into the split kernel's constexprs, as `attention_decode`
+    launches them; returns o (B, H, 1, D). `fused`: one launch whose last split block per
+    (batch, kv head) merges the partials, else the split and combine kernels. `parts`:
+    which of the launches run (slice(0, 1) of the two-launch form: the split kernel alone,
+    to time the combine's share); `combine`: the combine kernel's BD (columns a program:
+    the grid follows) and UNROLL overrides."""
     from tegula.build import launch
     from tegula.dtypes import f16
     from tegula.kernels.attention_decode import decode_launches
@@ -36,7 +39,7 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
     page = cache_k.shape[2] if table is not None else 0
     capacity = page * table.shape[1] if page else cache_k.shape[2]
     _, launches = decode_launches(f16, B, H, kv_heads, 1, D, capacity, page, D ** -0.5, False,
-                                  config["splits"], config["BN"])
+                                  config["splits"], config["BN"], fused=fused)
     R = H // kv_heads
     values = dict(q=q.view(B, kv_heads, R, D), k=cache_k, v=cache_v, seqlens=lengths,
                   block_table=table,
@@ -44,7 +47,8 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
                   lse_part=torch.empty((B, kv_heads, config["splits"], R), device="cuda"),
                   o=torch.full((B, kv_heads, R, D), float("nan"), dtype=q.dtype,
                                device="cuda"),  # poisoned: every element must be written
-                  lse=torch.empty((B, kv_heads, R), device="cuda"))
+                  lse=torch.empty((B, kv_heads, R), device="cuda"),
+                  counters=torch.zeros((B, kv_heads), dtype=torch.int32, device="cuda"))
     calls = []
     for i, (kernel, grid, names, scalars, constexprs) in enumerate(launches):
         extra = split_extra if i == 0 else (combine or {})
@@ -62,11 +66,11 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
 
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
               extras: list, copy_bw: float, warm: bool = False, parts: bool = False,
-              combines: tuple = ()) -> str:
-    """One row: SDPA, then each (BN, split multiplier, split-kernel override); the
-    configuration `decode_config` picks is starred. `parts`: also the split kernel timed
-    alone (µs, and the whole step's µs beside it); `combines`: (BD, UNROLL) of the combine
-    kernel to time the whole step with (µs)."""
+              combines: tuple = (), forms: tuple = (True,)) -> str:
+    """One row: SDPA, then each (BN, split multiplier, split-kernel override, form: fused
+    "F" or two launches "2L"); the configuration `decode_config` picks is starred.
+    `parts`: also the split kernel timed alone (µs, and the whole step's µs beside it);
+    `combines`: (BD, UNROLL) of the combine kernel to time the two-launch step with (µs)."""
     import torch.nn.functional as F
 
     from tegula.bench import gpu
@@ -92,13 +96,13 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
         for mult in multipliers:
             splits = max(1, round(base["splits"] * mult))
             config = decode_config(B, kv_heads, S, D, page, num_splits=splits, BN=bn or None)
-            for extra in extras:
+            for extra, fused in ((e, f) for e in extras for f in forms):
                 label = f"BN{config['BN']}/{config['splits']}" + "".join(
-                    f"/{k[0]}{v}" for k, v in extra.items()) + ("*" if config == picked and
-                                                                not extra else "")
+                    f"/{k[0]}{v}" for k, v in extra.items()) + ("/F" if fused else "/2L") + (
+                    "*" if config == picked and not extra else "")
                 try:
                     run = decode_runner(torch, q, cache_k, cache_v, lengths, table, config,
-                                        extra)
+                                        extra, fused=fused)
                     out = run()
                     torch.cuda.synchronize()
                 except Exception as e:  # a configuration that does not build is reported
@@ -116,11 +120,13 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
                 row += f" {label} {rate:.2f} {rate / copy_bw:.0%} {rate / sdpa:.2f}x |"
                 if parts:
                     alone = gpu.time_ms(decode_runner(torch, q, cache_k, cache_v, lengths,
-                                                      table, config, extra, slice(0, 1)))
+                                                      table, config, extra, slice(0, 1),
+                                                      fused=False))
                     row += f" split alone {alone * 1e3:.1f} of {ms * 1e3:.1f} us |"
-                for bd, unroll in combines:
+                for bd, unroll in combines if not fused else ():
                     alt = decode_runner(torch, q, cache_k, cache_v, lengths, table, config,
-                                        extra, combine=dict(BD=bd, UNROLL=unroll))
+                                        extra, combine=dict(BD=bd, UNROLL=unroll),
+                                        fused=False)
                     out = alt()
                     torch.cuda.synchronize()
                     err = gpu.rel_error(out.float(), want)
@@ -143,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the split kernel alone (the combine's share)")
     parser.add_argument("--combine", default="",
                         help="combine kernels to time, BD:UNROLL comma-separated (e.g. 16:16)")
+    parser.add_argument("--form", choices=("fused", "two", "both"), default="fused",
+                        help="the fused kernel (the last split block merges), the two "
+                             "launches (split, then combine), or both (an A/B in one process)")
     parser.add_argument("--warm", action="store_true",
                         help="compile and check each configuration only (no timing)")
     args = parser.parse_args(argv)
@@ -158,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
+            forms = {"fused": (True,), "two": (False,), "both": (True, False)}[args.form]
             print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm,
-                            args.parts, combines), flush=True)
+                            args.parts, combines, forms), flush=True)
     return 0
 
 

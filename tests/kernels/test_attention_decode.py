@@ -125,6 +125,47 @@ def test_decode_head_dim_128_one_split():
     run_case(1, 2, 2, 1, 128, 50, [41], False, seed=4, num_splits=1)
 
 
+def test_decode_fused_with_33_splits_of_gqa8():
+    """33 splits (the last block's merge loop: 9 steps of 4, the last partly past the
+    splits), 8 query heads a kv head, lengths 1 and 1000 (not a multiple of the block)."""
+    run_case(2, 8, 1, 1, 32, 1056, [1, 1000], False, seed=12, num_splits=33, BN=32)
+
+
+def test_decode_two_launch_form():
+    """The split kernel, then the combine kernel (`fused=False`)."""
+    run_case(2, 4, 2, 2, 32, 100, [100, 33], True, seed=13, num_splits=3, BN=32,
+             fused=False)
+
+
+def test_fused_calls_leave_the_counters_zero_and_repeat_exactly():
+    rng = np.random.default_rng(14)
+    q = random_input(rng, (2, 4, 1, 32), f16)
+    k, v = make_cache(rng, 2, 2, 96, 32, [96, 50], f16)
+    lengths = np.array([96, 50], np.int32)
+    counters = np.zeros((2, 2), np.int32)
+    first, lse = attention_decode_emulated(q, k, v, lengths, num_splits=3, BN=32,
+                                           counters=counters, return_lse=True)
+    assert (counters == 0).all()
+    again = attention_decode_emulated(q, k, v, lengths, num_splits=3, BN=32,
+                                      counters=counters)
+    np.testing.assert_array_equal(first, again)
+    want_o, want_lse = reference_decode(q, k, v, lengths, False, 32 ** -0.5)
+    check(first.reshape(want_o.shape), lse.reshape(want_lse.shape), want_o, want_lse, f16)
+
+
+def test_a_counter_left_half_way_is_reported_not_a_wrong_answer():
+    """A counter at 1 of 3 arrivals (a launch that stopped half-way): the second split
+    block would merge before the third stored its partial. The emulator reports the race
+    (on the GPU the answer would silently miss a split)."""
+    from tegula.emulate.errors import EmulationError
+    rng = np.random.default_rng(15)
+    q = random_input(rng, (1, 2, 1, 32), f16)
+    k, v = make_cache(rng, 1, 1, 96, 32, [96], f16)
+    with pytest.raises(EmulationError, match="race between blocks"):
+        attention_decode_emulated(q, k, v, np.array([96], np.int32), num_splits=3, BN=32,
+                                  counters=np.ones((1, 1), np.int32))
+
+
 def test_config_covers_every_key_block_once_within_the_limits():
     """Every key block falls in exactly one split, at most MAX_SPLITS of them; short
     caches take one or a few splits; paged caches' blocks never span a page."""
@@ -251,7 +292,8 @@ def test_kernels_clamp_lengths_to_the_cache():
     values = dict(q=q.reshape(2, 2, 1, 32), k=k, v=v,
                   seqlens=np.array([1000, -5], np.int32),
                   o_part=poisoned((2, 2, 2, 1, 32), f32), lse_part=poisoned((2, 2, 2, 1), f32),
-                  o=poisoned((2, 2, 1, 32), f16), lse=poisoned((2, 2, 1), f32))
+                  o=poisoned((2, 2, 1, 32), f16), lse=poisoned((2, 2, 1), f32),
+                  counters=np.zeros((2, 2), np.int32))
     for kernel, grid, names, scalars, constexprs in launches:
         with np.errstate(invalid="ignore", divide="ignore"):
             launch_emulated(kernel, grid, *(values[n] for n in names), *scalars, **constexprs)
