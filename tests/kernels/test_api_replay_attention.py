@@ -1,5 +1,5 @@
-"""The attention entry points' replays (`attention_decode`: a split and a combine launch
-through fresh workspaces; `attention_forward`: one launch, two outputs) as the driver sees
+"""The attention entry points' replays (`attention_decode`: one launch through fresh
+workspaces, or a split and a combine launch with `fused=False`; `attention_forward`: one launch, two outputs) as the driver sees
 them: on the CPU, compiler stubbed, a ctypes callback in place of cuLaunchKernel
 (tests/kernels/test_api_replay.py's `driver` fixture). Each call runs on fresh tensors:
 every launch must carry this call's own pointers and outputs it allocated afresh (the
@@ -115,8 +115,10 @@ def full_paths(monkeypatch):
 
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_decode_replays_two_launches_through_fresh_workspaces(driver, full_paths, paged,
-                                                               return_lse):
+def test_decode_replays_one_launch_through_fresh_workspaces(driver, full_paths, paged,
+                                                             return_lse):
+    """The fused form: one launch per call, fresh workspaces and outputs, and the same
+    arrival counters every call (one buffer per device and stream, left zero by each)."""
     recording, _ = driver
     kept = []  # every call's results stay alive: fresh outputs cannot reuse their memory
     for call in range(4):
@@ -124,25 +126,42 @@ def test_decode_replays_two_launches_through_fresh_workspaces(driver, full_paths
         result = tk.attention_decode(q, k, v, lens, table, return_lse=return_lse)
         o, lse = result if return_lse else (result, None)
         kept.append(result)
-        split, combine = recording.launches[-2:]
+        split = recording.launches[-1]
         inputs = [q, k, v, lens] + ([table] if paged else [])
-        sent_split, sent_combine = _pointers(split), _pointers(combine)
-        assert sent_split[:len(inputs)] == [t.data_ptr() for t in inputs], call
-        o_part, lse_part = sent_split[len(inputs):]
-        assert sent_combine[:2] == [o_part, lse_part], call  # the split's workspaces
-        assert sent_combine[2] == o.data_ptr(), call
+        sent = _pointers(split)
+        assert sent[:len(inputs)] == [t.data_ptr() for t in inputs], call
+        o_part, lse_part, o_sent, lse_sent, counters = sent[len(inputs):]
+        assert o_sent == o.data_ptr(), call
         if return_lse:
-            assert sent_combine[3] == lse.data_ptr() and lse.shape == (2, 4, 1), call
+            assert lse_sent == lse.data_ptr() and lse.shape == (2, 4, 1), call
             assert lse.dtype == torch.float32 and lse.is_contiguous()
         assert o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
-        assert len({o_part, lse_part, *sent_combine[2:], *(t.data_ptr() for t in inputs)}) \
-            == len(inputs) + 4, call  # workspaces and outputs: fresh, distinct memory
+        assert len({o_part, lse_part, o_sent, lse_sent, counters,
+                    *(t.data_ptr() for t in inputs)}) == len(inputs) + 5, call
         if call == 0:
-            first = (_others(split), _others(combine))
-        assert (_others(split), _others(combine)) == first, call
+            first, first_counters = _others(split), counters
+        assert _others(split) == first and counters == first_counters, call
         assert full_paths["decode"] == 1, call  # later calls replay
     tk.attention_decode(q, k, v, lens, table, causal=True, return_lse=return_lse)
     assert full_paths["decode"] == 2  # another option: another key, the full path
+
+
+def test_decode_two_launch_form_replays_through_fresh_workspaces(driver, full_paths):
+    recording, _ = driver
+    kept = []
+    for call in range(3):
+        q, k, v, lens, table = _decode_operands(10 * call, False)
+        o = tk.attention_decode(q, k, v, lens, fused=False)
+        kept.append(o)
+        split, combine = recording.launches[-2:]
+        sent_split, sent_combine = _pointers(split), _pointers(combine)
+        assert sent_split[:4] == [t.data_ptr() for t in (q, k, v, lens)], call
+        assert sent_combine[:2] == sent_split[4:6], call  # the split's workspaces
+        assert sent_combine[2] == o.data_ptr(), call
+        if call == 0:
+            first = (_others(split), _others(combine))
+        assert (_others(split), _others(combine)) == first, call
+        assert full_paths["decode"] == 1, call
 
 
 def test_decode_with_k_cache_as_v_cache_is_not_replayed(driver, full_paths):
