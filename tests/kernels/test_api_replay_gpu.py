@@ -107,7 +107,8 @@ def _pages(cache, table):
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_decode_replays_read_each_call_s_cache_and_lengths(paged):
-    """attention_decode's replays (split + combine through fresh workspaces) on fresh
+    """attention_decode's replays (one launch through fresh workspaces and the stream's
+    arrival counters; a side stream gets its own) on fresh
     tensors per call, the last two on a side stream, the C++ allocator ready or not:
     every element against float64, with each call's own lengths."""
     from tegula.kernels import api
