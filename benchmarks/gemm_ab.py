@@ -30,20 +30,21 @@ def _first_round_reads_only(op, plan) -> bool:
     return False
 
 
-def _with_prefetch(shape: tuple, config: dict) -> dict:
-    """`prefetch.tensormap` of every TMA descriptor by thread 0 at kernel start (before the
-    barrier inits), where the lowering does not issue it yet."""
+def _no_prefetch(shape: tuple, config: dict) -> dict:
+    """No `prefetch.tensormap` at kernel start (lowering issues one per TMA descriptor,
+    thread 0, before the barrier inits): what the prefetch saves."""
     from tegula.lower import lower
     from tegula.lower.async_ir import PrefetchTensorMap
-    from tegula.lower.thread_ir import TID, If, walk
+    from tegula.lower.thread_ir import If
     original = lower.finish_async
 
+    def prefetches(s) -> bool:
+        return isinstance(s, If) and s.then and all(isinstance(x, PrefetchTensorMap)
+                                                    for x in s.then)
+
     def finish_async(kernel, ctx, params, body):
-        maps = list(ctx.tensor_maps.values())
-        issued = any(isinstance(s, PrefetchTensorMap) for s in walk(ctx.setup))
-        if maps and not issued:
-            ctx.setup.insert(0, If(TID.eq(0), [PrefetchTensorMap(m.name) for m in maps]))
-        return original(kernel, ctx, params, body)
+        params, body = original(kernel, ctx, params, body)
+        return params, [s for s in body if not prefetches(s)]
     return {"tegula.lower.lower:finish_async": finish_async}
 
 
@@ -89,7 +90,7 @@ VARIANTS = {
     # full wait costs there.
     "first_read": lambda shape, config: {
         "tegula.lower.hopper:first_round_waits_for_writes": _first_round_reads_only},
-    "prefetch": _with_prefetch,
+    "no_prefetch": _no_prefetch,
     "exit_read": _exit_read,
     "const_tiles": _constant_tiles,
 }

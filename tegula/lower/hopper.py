@@ -19,7 +19,8 @@ just the gemm, which keeps one group in flight (below).
 `S` stages, iterations `start … stop-1` — the `MBarrierRing` instance of the one pipelining
 transformation, `lower/pipeline.py` (its ring, schedule and protocol live there):
 
-    kernel start:  thread 0: init full[0..S-1] (count 1); fence.mbarrier_init; barrier
+    kernel start:  thread 0: prefetch.tensormap of each TMA descriptor (`finish_async`);
+                   init full[0..S-1] (count 1); fence.mbarrier_init; barrier
     prologue:      thread 0: for j < S-1 with start+j < stop: expect_tx(full[(start+j)%S],
                    box bytes of one stage) and the TMA boxes of iteration start+j
     loop k:        wait full[k%S] with parity ((k - start) // S) % 2
@@ -141,7 +142,7 @@ from tegula.layout.tv import match_values, tv_table
 from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, Elect,
                                    FenceBarrierInit, FenceProxyAsync, MBarrierArrive,
-                                   MBarrierInit, contains_elect,
+                                   MBarrierInit, PrefetchTensorMap, contains_elect,
                                    SmemDesc, StMatrix, TensorMapParam, TmaLoad, TmaStore, Wgmma,
                                    WgmmaCommit, WgmmaFence, WgmmaWait)
 from tegula.lower.context import LoweringContext, reg
@@ -560,9 +561,13 @@ def fence_generic_writes(stmts: list) -> list:
 
 def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tuple[list, list]:
     """The kernel's parameters with each TMA tensor map after its tensor, and its body with
-    the kernel-start setup (mbarrier inits) first and proxy fences where generic writes
-    feed wgmma."""
+    the kernel-start setup first — thread 0's `prefetch.tensormap` of every map (so the
+    first TMA copy of each does not wait for its descriptor's fetch, which now overlaps the
+    barrier inits), the mbarrier inits — and proxy fences where generic writes feed
+    wgmma."""
     maps = list(ctx.tensor_maps.values())
+    if maps:
+        ctx.setup.insert(0, If(TID.eq(0), [PrefetchTensorMap(m.name) for m in maps]))
     with_maps: list = []
     for p in params:
         with_maps.append(p)
