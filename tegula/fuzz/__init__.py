@@ -20,7 +20,10 @@ shrink to a minimal kernel (`shrink`). `python -m tegula.fuzz --minutes N` is th
 mode; tests/fuzz runs a seeded sample in CI and tests/gpu/test_fuzz_gpu.py compares the
 GPU with the emulator on the same programs. `tile_loops` draws persistent tile loops with
 random tile maps and global reads (which ping-pong consumers must not split) and checks
-them against a sequential model; the long mode runs one every few programs.
+them against a sequential model; the long mode runs one every few programs. Pipelines
+that state no warp roles may ask for `warp_specialize=` / `consumers=` (`Program`), and
+`specialized` draws GEMM programs built with the producer warpgroup, which the cost model
+would mostly keep in one role; the long mode runs one every few programs too.
 
 Like `tegula.cli`, this package sits above the compiler and uses it only through the
 public language (`tegula.lang`) and `tg.emulate` (`tegula.build`).
@@ -33,6 +36,7 @@ from tegula.fuzz.generate import Generator, Switches
 from tegula.fuzz.program import Program
 from tegula.fuzz.reference import Features
 from tegula.fuzz.runner import TARGETS, Tally, Verdict, data_seed, run_program
+from tegula.fuzz.specialized import make_specialized_program
 
 
 def make_program(seed: int, index: int, switches: Switches | None = None) -> Program:
@@ -67,5 +71,5 @@ def fuzz(seed: int, count: int, switches: Switches | None = None,
     return tally, failures
 
 
-__all__ = ["make_program", "fuzz_program", "fuzz", "Generator", "Switches", "Features",
+__all__ = ["make_program", "make_specialized_program", "fuzz_program", "fuzz", "Generator", "Switches", "Features",
            "Program", "Verdict", "Tally", "TARGETS"]

@@ -7,6 +7,7 @@
     python -m tegula.fuzz --targets sm_90a,sm_80,sm_90  # targets each program runs for
     python -m tegula.fuzz --role-order listed           # warp roles in the fixed order
     python -m tegula.fuzz --seed 7 --tile-loop 12       # show and rerun one tile loop
+    python -m tegula.fuzz --seed 7 --specialized 12     # one warp-specialized program
 
 Every program runs for each target (default sm_90a and sm_80; sm_89 where sm_80 refuses,
 e.g. 8-bit float GEMMs), against numpy and the targets against each other; the warp roles
@@ -18,7 +19,9 @@ as source with the command that reproduces it. The exit status is 1 if any progr
 
 Every `TILE_LOOP_EVERY`-th program is followed by a persistent tile-loop program
 (`tile_loops`: tile maps and global reads that ping-pong consumers must not split), run
-for sm_90a (synthesis's choice and ping-pong forced) and sm_80 against a sequential model.
+for sm_90a (synthesis's choice and ping-pong forced) and sm_80 against a sequential model;
+every `SPECIALIZED_EVERY`-th by a warp-specialized GEMM program (`specialized`: built with
+`warp_specialize=True`, some with a consumer schedule), judged like the others.
 """
 from __future__ import annotations
 
@@ -32,10 +35,13 @@ from tegula.fuzz.reference import Features
 from tegula.fuzz.runner import ROLE_ORDERS, TARGETS, Tally
 from tegula.fuzz.shrink import shrink
 from tegula.fuzz.source import kernel_source
+from tegula.fuzz.specialized import make_specialized_program
 
 SHRINKS_PER_REASON = 2
 #: A tile-loop program after every this many generated programs (each ~3 emulations).
 TILE_LOOP_EVERY = 10
+#: A warp-specialized program after every this many (`specialized`; ~0.5 s each).
+SPECIALIZED_EVERY = 4
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -46,6 +52,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--program", type=int, default=None, help="show and run one program")
     ap.add_argument("--tile-loop", type=int, default=None,
                     help="show and run one tile-loop program")
+    ap.add_argument("--specialized", type=int, default=None,
+                    help="show and run one warp-specialized program")
     ap.add_argument("--start", type=int, default=0, help="index of the first program")
     ap.add_argument("--switches", default="", help="e.g. -loop_rebind,-pipelines,max_tile=256")
     ap.add_argument("--targets", default=",".join(TARGETS),
@@ -73,9 +81,11 @@ def _targets(args) -> tuple:
 
 
 def _show_one(args, switches: Switches) -> int:
-    program = make_program(args.seed, args.program, switches)
+    index = args.program if args.program is not None else args.specialized
+    make = make_program if args.program is not None else make_specialized_program
+    program = make(args.seed, index, switches)
     print(kernel_source(program))
-    verdict = fuzz_program(program, args.seed, args.program, _features(switches),
+    verdict = fuzz_program(program, args.seed, index, _features(switches),
                            _targets(args), args.role_order)
     print(f"verdict: {verdict.status} {verdict.reason}\n{verdict.detail}")
     for target, (status, reason, paths) in verdict.targets.items():
@@ -83,21 +93,23 @@ def _show_one(args, switches: Switches) -> int:
     return 1 if verdict.failed else 0
 
 
-def _report_failure(args, switches, index: int, program, verdict, shrunk: dict) -> None:
+def _report_failure(args, switches, index: int, program, verdict, shrunk: dict,
+                    option: str = "--program") -> None:
     try:
-        _print_failure(args, switches, index, program, verdict, shrunk)
+        _print_failure(args, switches, index, program, verdict, shrunk, option)
     finally:
         sys.stdout.flush()  # a long run's log shows each failure as it is found
 
 
-def _print_failure(args, switches, index: int, program, verdict, shrunk: dict) -> None:
-    print(f"\n=== program {index} (seed {args.seed}), target {verdict.target}: "
+def _print_failure(args, switches, index: int, program, verdict, shrunk: dict,
+                   option: str) -> None:
+    print(f"\n=== {option[2:]} program {index} (seed {args.seed}), target {verdict.target}: "
           f"{verdict.status}: {verdict.reason}")
     print(kernel_source(program).rstrip())
     print(verdict.detail.rstrip())
     key = (verdict.status, verdict.reason)
     if args.no_shrink or shrunk.get(key, 0) >= SHRINKS_PER_REASON:
-        print(f"reproduce: python -m tegula.fuzz --seed {args.seed} --program {index}"
+        print(f"reproduce: python -m tegula.fuzz --seed {args.seed} {option} {index}"
               + _flags(args))
         return
     shrunk[key] = shrunk.get(key, 0) + 1
@@ -109,21 +121,21 @@ def _print_failure(args, switches, index: int, program, verdict, shrunk: dict) -
     print(f"--- minimal kernel ({runs} shrink runs):")
     print(kernel_source(small).rstrip())
     print(small_verdict.detail.rstrip()[-2000:])
-    print(f"reproduce the original: python -m tegula.fuzz --seed {args.seed} --program {index}"
+    print(f"reproduce the original: python -m tegula.fuzz --seed {args.seed} {option} {index}"
           + _flags(args))
 
 
 def main(argv=None) -> int:
     args = _parse(argv)
     switches = Switches.parse(args.switches)
-    if args.program is not None:
+    if args.program is not None or args.specialized is not None:
         return _show_one(args, switches)
     if args.tile_loop is not None:
         return _run_tile_loop(args.seed, args.tile_loop, {}, show=True)
     if args.minutes is None and args.programs is None:
         args.programs = 100
     deadline = time.monotonic() + 60 * args.minutes if args.minutes is not None else None
-    tally, shrunk, loops = Tally(), {}, {}
+    tally, shrunk, loops, specialized = Tally(), {}, {}, Tally()
     features = _features(switches)
     index = args.start
     started = time.monotonic()
@@ -140,6 +152,8 @@ def main(argv=None) -> int:
             _report_failure(args, switches, index, program, verdict, shrunk)
         if index % TILE_LOOP_EVERY == 0:
             _run_tile_loop(args.seed, index // TILE_LOOP_EVERY, loops)
+        if index % SPECIALIZED_EVERY == 0:
+            _run_specialized(args, switches, index // SPECIALIZED_EVERY, specialized, shrunk)
         index += 1
         if tally.programs % 500 == 0:
             print(f"[{time.monotonic() - started:.0f}s] {tally.report().splitlines()[0]}",
@@ -148,7 +162,19 @@ def main(argv=None) -> int:
           f"{time.monotonic() - started:.0f} s")
     print(tally.report())
     print("tile loops: " + (", ".join(f"{k} {v}" for k, v in sorted(loops.items())) or "none"))
-    return 1 if tally.failures or loops.get("mismatch") or loops.get("internal") else 0
+    print("warp-specialized " + specialized.report())
+    return 1 if (tally.failures or specialized.failures or loops.get("mismatch")
+                 or loops.get("internal")) else 0
+
+
+def _run_specialized(args, switches: Switches, index: int, tally: Tally, shrunk: dict) -> None:
+    """Run warp-specialized program `index` of the seed, count it, report a failure."""
+    program = make_specialized_program(args.seed, index, switches)
+    verdict = fuzz_program(program, args.seed, index, _features(switches), _targets(args),
+                           args.role_order)
+    tally.add(verdict)
+    if verdict.failed:
+        _report_failure(args, switches, index, program, verdict, shrunk, "--specialized")
 
 
 def _run_tile_loop(seed: int, index: int, counts: dict, show: bool = False) -> int:

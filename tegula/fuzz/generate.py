@@ -43,6 +43,8 @@ GEMM_PROGRAM_SHARE = 0.35 # of programs: GEMM-shaped (the sm_90a TMA + wgmma can
 EPILOGUE_KINDS = ("unary", "binary", "binary", "cast", "cast", "where", "compare", "reduce",
                   "inplace")
 GEMM_ELEMENT_BYTES = {"f16": 2, "bf16": 2}  # the others are 8-bit
+#: The `consumers=` schedules a warp-specialized build may ask for (`build_options`).
+WARP_SPECIALIZED_SCHEDULES = ("cooperative", "pingpong")
 FLOAT_FILLS = (None, 0.0, -0.0, 1.5, -1.0, 3.0, float("inf"), -float("inf"), float("nan"))
 INT_FILLS = {"i32": (None, 0, 1, -1, 7), "i8": (None, 0, 1, -1, 7), "u8": (None, 0, 1, 7)}
 
@@ -70,6 +72,7 @@ class Switches:
     transposed_gemm: bool = True    # gemm operands stored K x M / K x N (read through .T)
     clusters: bool = True           # GEMM-shaped programs in clusters of 2 blocks (tg.cluster)
     roles: bool = True              # pipelines written as tg.producer / tg.consumer blocks
+    warp_specialize: bool = True    # sm_90a builds with warp_specialize= / consumers= drawn
     repeats: bool = True            # a K loop run again inside a tg.range, same accumulator
     bitcasts: bool = True           # some f32 <-> i32 casts are tg.bitcast instead
     scans: bool = True              # tg.cumsum (forward and reversed) of a value
@@ -96,6 +99,14 @@ class Switches:
 
 
 class Generator:
+    #: What a GEMM-shaped program's frame is drawn from (`gemm_program`).
+    GEMM_DRAWS = {"threads": (128, 128, 128, 256, 64), "npot_threads": (192,),
+                  "dtype": ("f16", "bf16", "f16", "bf16", "f8e4m3", "f8e5m2", "i8"),
+                  "bm": (64, 64, 64, 128, 32, 16), "bn": (8, 16, 24, 32, 48, 64, 128),
+                  "stages": (2, 3, 3, 4, 1, 0)}
+    #: Share of pipelined K extents rounded to rows of 16 bytes (what TMA boxes need).
+    TMA_ROWS_SHARE = 0.75
+
     def __init__(self, rng: random.Random, switches: Switches | None = None):
         self.rng = rng
         self.sw = switches or Switches()
@@ -447,7 +458,8 @@ class Generator:
         else:
             k_tiles = r.randint(1, 4)
             extent = r.randint((k_tiles - 1) * bk + 1, k_tiles * bk)
-            if r.random() < 0.75:  # rows a multiple of 16 bytes, as TMA needs: K still ragged
+            if r.random() < self.TMA_ROWS_SHARE:  # rows a multiple of 16 bytes, as TMA
+                # needs: K still ragged
                 grain = 16 // GEMM_ELEMENT_BYTES.get(dtype, 1)
                 extent = min(-(-extent // grain) * grain, k_tiles * bk)
         if not self.shared_ok():
@@ -466,6 +478,7 @@ class Generator:
         body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb, scratch,
                          self.role_blocks(stages, 0.6 if tma_like else 0.1),
                          self.repeat_count(stages)))
+        self.tma_like = tma_like
         return acc
 
     def repeat_count(self, stages: int) -> int:
@@ -514,11 +527,12 @@ class Generator:
         i8); M, N and K do not divide the tiles. One in five runs in clusters of two blocks
         along M (`tg.cluster(2)`: b's box multicast, stages released remotely; sm_80 and
         sm_89 refuse it, sm_90 takes the Ampere path's turn)."""
-        r = self.rng
-        threads = r.choice((128, 128, 128, 256, 64) + ((192,) if self.sw.npot_threads else ()))
-        dtype = r.choice(("f16", "bf16", "f16", "bf16", "f8e4m3", "f8e5m2", "i8"))
+        r, draws = self.rng, self.GEMM_DRAWS
+        threads = r.choice(draws["threads"] + (draws["npot_threads"] if self.sw.npot_threads
+                                                else ()))
+        dtype = r.choice(draws["dtype"])
         while True:
-            bm, bn = r.choice((64, 64, 64, 128, 32, 16)), r.choice((8, 16, 24, 32, 48, 64, 128))
+            bm, bn = r.choice(draws["bm"]), r.choice(draws["bn"])
             if self.sw.scratch and r.random() < 0.15:
                 bn = bm  # square: a K loop may go through a transposed scratch tile
             if bm * bn <= self.sw.gemm_max_tile:
@@ -533,7 +547,7 @@ class Generator:
         scope = Scope()
         if r.random() < 0.3:
             self.load_input(body, scope)  # a C operand for the epilogue
-        self.add_gemm(body, scope, dtype, r.choice((2, 3, 3, 4, 1, 0)), new_acc=1.0)
+        self.add_gemm(body, scope, dtype, r.choice(draws["stages"]), new_acc=1.0)
         if any(t.kind.endswith("_t") for t in self.tensors) and r.random() < 0.75:
             # A transposed operand's rows are M or N long: a multiple of 16 bytes (as TMA
             # needs) mostly, still not of the tile.
@@ -542,7 +556,27 @@ class Generator:
         for _ in range(r.randint(0, 4)):  # element-wise work on the latest values
             self.step(body, scope, in_loop=None, kinds=EPILOGUE_KINDS)
         self.stores(body, scope)
-        return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label, cluster)
+        return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label, cluster,
+                       *self.build_options(body))
+
+    def build_options(self, body: list) -> tuple:
+        """(`warp_specialize`, `consumers`) of the sm_90a build, for a pipeline whose body
+        states no roles: four in five of those that look like TMA + wgmma (the cost model keeps
+        most small tiles in one role, so the producer/consumer lowering would otherwise be
+        drawn only through role blocks) ask for the producer warpgroup or for one role,
+        some with a consumer schedule; a few near misses ask too (a clean refusal naming
+        the pipeline). Drawn from a stream of its own, seeded by the program's stream
+        without drawing from it, so a seed's programs stay what they were otherwise."""
+        pipeline = next((s for s in body if isinstance(s, Gemm) and s.stages > 1), None)
+        if not self.sw.warp_specialize or pipeline is None or pipeline.roles:
+            return None, None
+        side = random.Random(hash(self.rng.getstate()[1]) ^ 0x3A11)
+        if side.random() >= (0.8 if self.tma_like else 0.1):
+            return None, None
+        specialize = side.choice((True, True, False))
+        consumers = (side.choice(WARP_SPECIALIZED_SCHEDULES)
+                     if specialize and side.random() < 0.4 else None)
+        return specialize, consumers
 
     # -- loops ----------------------------------------------------------------------------
     def draw_loop(self, body, scope, in_loop) -> None:

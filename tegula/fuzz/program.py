@@ -307,8 +307,11 @@ class Program:
     cluster: int = 1
     #: The sm_90a build's `warp_specialize` (None: the cost model decides a TMA pipeline's
     #: roles, and keeps small one-gemm tiles in one role; True forces the producer
-    #: warpgroup). Other targets have no warp roles and build without it.
+    #: warpgroup; False one role). Other targets have no warp roles and build without it.
     warp_specialize: bool | None = None
+    #: The sm_90a build's `consumers=` schedule (None, "cooperative", "pingpong") of a
+    #: warp-specialized pipeline (`Generator.build_options`); other targets ignore it.
+    consumers: str | None = None
 
     @property
     def grid(self) -> tuple[int, int]:

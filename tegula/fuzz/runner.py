@@ -160,6 +160,16 @@ def role_order_for(role_order: str, data_seed: int) -> str:
     return f"random:{data_seed}" if role_order == "random" else role_order
 
 
+def build_options(program: Program, target: str) -> dict:
+    """The build options the program asks of `target` (`Program.warp_specialize`,
+    `Program.consumers`: sm_90a's warp roles; other targets have none and build without
+    them). The emulator and a GPU launch pass the same ones."""
+    if target != "sm_90a":
+        return {}
+    options = {"warp_specialize": program.warp_specialize, "consumers": program.consumers}
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def emulate_for(program: Program, inputs: dict, target: str, source: str | None = None,
                 role_order: str = "listed"):
     """(outputs, None, paths) from `tg.emulate(..., target=target, role_order=role_order)`,
@@ -183,10 +193,8 @@ def emulate_for(program: Program, inputs: dict, target: str, source: str | None 
             # program whose near-miss tiles take no multicasting pipeline
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", tg.ClusterWarning)
-                roles = ({} if program.warp_specialize is None or target != "sm_90a"
-                         else {"warp_specialize": program.warp_specialize})
                 report = tg.emulate(kernel, program.grid, *arrays, target=target,
-                                    role_order=role_order, **roles)
+                                    role_order=role_order, **build_options(program, target))
             # The CUDA the same build prints (no compiler needed): a program the emulator
             # runs but codegen refuses would fail only at a GPU launch.
             for built in list(getattr(kernel, "_builds", {}).values()):
@@ -391,6 +399,7 @@ class Tally:
 
 
 __all__ = ["Verdict", "Tally", "run_program", "run_emulator", "emulate_for", "check_outputs",
+           "build_options",
            "compare_targets", "TARGETS", "FALLBACK_TARGETS", "PATH_KINDS", "ROLE_ORDERS",
            "role_order_for",
            "program_inputs", "random_values", "classify_error", "compare", "data_seed",

@@ -183,6 +183,10 @@ def _smaller(p: Program) -> Iterator[Program]:
                                           replace(gemm, stages=0)))
     if p.cluster > 1:
         yield replace(p, cluster=1)
+    if p.consumers is not None:
+        yield replace(p, consumers=None)
+    if p.warp_specialize is not None and p.consumers is None:
+        yield replace(p, warp_specialize=None)
     for threads in (32, 64, 128):
         if threads < p.threads:
             yield replace(p, threads=threads)
@@ -240,7 +244,7 @@ def cost(p: Program) -> tuple:
                 for s in stmts)
     elements = p.M * p.N + sum(t.extent for t in p.tensors)
     non_f32 = sum(t.dtype != "f32" for t in p.tensors)
-    fancy += p.cluster > 1
+    fancy += (p.cluster > 1) + (p.warp_specialize is not None) + (p.consumers is not None)
     return (len(stmts), stored, tile_operands, fancy, len(p.tensors), elements,
             p.BM * p.BN, p.threads, non_f32)
 

@@ -79,6 +79,7 @@ def kernel_source(program: Program) -> str:
         f"# {program.label}".rstrip(),
         f"# grid {program.grid}; " + ", ".join(
             f"{t.name}: {t.dtype}{list(program.extents(t))}" for t in tensors),
+        *_build_comment(program),
         f"@tg.kernel(threads={program.threads})",
         f"def {KERNEL_NAME}(" + ", ".join(params) + "):",
     ]
@@ -88,6 +89,16 @@ def kernel_source(program: Program) -> str:
     for s in program.body:
         _statement(w, s, types)
     return "\n".join(header + w.lines) + "\n"
+
+
+def _build_comment(program: Program) -> list[str]:
+    """A comment line naming the sm_90a build options the program launches with (the
+    runner passes them at the launch: in the decorator sm_80 would refuse them)."""
+    options = [f"{name}={value!r}" for name, value in (("warp_specialize",
+                                                          program.warp_specialize),
+                                                         ("consumers", program.consumers))
+               if value is not None]
+    return [f"# sm_90a launch options: {', '.join(options)}"] if options else []
 
 
 def used_tensors(body) -> set[str]:

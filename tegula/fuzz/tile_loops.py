@@ -15,8 +15,10 @@ any map and any number of blocks: adds commute, so the model sums every iteratio
 tile into c.
 
 Each program runs in the emulator for sm_90a with synthesis's own choice and with
-`consumers="pingpong"` forced, and for sm_80, against a sequential numpy model (the last
-store of a tile wins, a read sees every earlier iteration's store). Failures: a wrong
+`consumers="pingpong"` forced (every other seed with each warpgroup held after its
+named-barrier arrives: `role_order="stall"`), and for sm_80, against a sequential numpy
+model (the last store of a tile wins, a read sees every earlier iteration's store).
+Failures: a wrong
 element, an internal error, ping-pong taken (by default or forced) where two iterations
 do depend on each other (a silent wrong result on the GPU even where the emulator's
 interleaving happened to agree). Ping-pong refused where they do not is counted
@@ -36,6 +38,8 @@ READS = ("none", "own", "previous")
 #: None), on TMA bulk reduce-adds, or per element with red.global.add.
 ADDS = ("", "auto", "bulk", "red")
 BM = BN = 64
+#: The role orders that hold a role after each named-barrier arrive (`emulate.roles`).
+STALL_ORDERS = ("stall", "stall-reversed")
 
 
 @dataclass(frozen=True)
@@ -276,8 +280,11 @@ def check_tile_loop(loop: TileLoop, seed: int, role_order: str = "random:0") -> 
     runs = [("sm_90a", None), ("sm_80", None), ("sm_90a", "pingpong")]
     forced_refused = False
     for target, consumers in runs:
+        # Every other seed runs the forced ping-pong under a stall order (`emulate.roles`):
+        # a warpgroup held after each bar.arrive while the other runs ahead (lapping).
+        order = STALL_ORDERS[seed // 2 % 2] if consumers and seed % 2 else role_order
         try:
-            got = _run(loop, x, target, role_order, consumers)
+            got = _run(loop, x, target, order, consumers)
         except SynthesisError as e:
             if consumers and loop.dependent():
                 continue   # refused, as it must be

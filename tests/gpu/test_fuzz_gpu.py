@@ -18,6 +18,7 @@ from tegula.fuzz import make_program
 from tegula.fuzz.generate import Switches
 from tegula.fuzz.runner import check_outputs, data_seed, program_inputs, run_emulator
 from tegula.fuzz.source import kernel_source
+from tegula.fuzz.specialized import make_specialized_program
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -25,11 +26,12 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import assert_fuzz_program_right_on_gpu  # noqa: E402
+from gpu_helpers import assert_fuzz_program_right_on_gpu, judge_fuzz_program_on_gpu  # noqa: E402
 
 SEED = 4242
 PROGRAMS = 150
 SWITCHES = Switches()  # everything, as tests/fuzz's CI run
+SPECIALIZED = 48  # warp-specialized programs (about 2 in 3 run in roles)
 
 
 @pytest.mark.parametrize("chunk", range(5))
@@ -48,3 +50,22 @@ def test_fuzz_programs_agree_on_gpu_and_emulator(chunk):
         assert_fuzz_program_right_on_gpu(program, inputs, emulated, where)
         compared += 1
     assert compared >= 5  # the sample must reach the GPU, not only collect refusals
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_warp_specialized_fuzz_programs_agree_on_gpu_and_emulator(chunk):
+    """`make_specialized_program`: built with warp_specialize=True (some with a consumer
+    schedule, some in clusters of two), emulated with the roles in an interleaving drawn
+    per program, then launched with the same build options into poisoned outputs."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("warp roles need sm_90a")
+    compared = 0
+    for index in range(chunk, SPECIALIZED, 4):
+        program = make_specialized_program(SEED, index, SWITCHES)
+        where = f"python -m tegula.fuzz --seed {SEED} --specialized {index}"
+        used = judge_fuzz_program_on_gpu(program, data_seed(SEED, index), "sm_90a", where,
+                                         role_order=f"random:{index}")
+        if used is not None:
+            assert "warp roles" in used, where
+            compared += 1
+    assert compared >= 4, compared

@@ -1,0 +1,93 @@
+"""The fuzzer draws warp-specialized builds (`warp_specialize=True`, `consumers=`):
+`specialized.make_specialized_program` and, for the ordinary generator's pipelines that
+state no roles, `Generator.build_options`. Session 12: small random sm_90a programs mostly
+built in one role (the cost model's choice), so the fuzzer never drew the producer /
+consumer lowering except through role blocks."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tegula.fuzz import fuzz_program, make_program
+from tegula.fuzz.generate import Switches
+from tegula.fuzz.program import Gemm, check
+from tegula.fuzz.runner import build_options
+from tegula.fuzz.shrink import shrink
+from tegula.fuzz.source import kernel_source
+from tegula.fuzz.specialized import make_specialized_program
+
+SEED = 1601
+
+
+def test_specialized_programs_are_valid_reproducible_gemm_pipelines():
+    programs = [make_specialized_program(SEED, i) for i in range(40)]
+    for index, p in enumerate(programs):
+        check(p)
+        assert make_specialized_program(SEED, index) == p
+        assert p.warp_specialize is True and p.threads in (128, 256) and p.BM in (64, 128)
+        assert any(isinstance(s, Gemm) and s.stages >= 2 for s in p.body)
+        assert "--specialized" in kernel_source(p)
+    assert {p.consumers for p in programs} == {None, "cooperative", "pingpong"}
+    assert any(p.cluster == 2 for p in programs)
+
+
+#: Programs of SEED: run in warp roles (a cluster of two, a consumer schedule asked for) /
+#: refused (a transposed box TMA cannot load, ping-pong outside a tile loop, no wgmma for
+#: the tile). Program 7 takes 11 s to emulate: left to the long mode.
+RUN_IN_ROLES, REFUSED = (0, 4, 6, 8), (2, 3, 5)
+
+
+@pytest.mark.parametrize("index", RUN_IN_ROLES + REFUSED)
+def test_seeded_programs_run_their_roles_right_or_are_refused_cleanly(index):
+    """Each against numpy, its roles in an interleaving drawn per program: none wrong,
+    none internal; a run goes through TMA + wgmma in warp roles, a refusal is a
+    `SynthesisError` naming what is missing."""
+    program = make_specialized_program(SEED, index)
+    verdict = fuzz_program(program, SEED, index)
+    where = f"python -m tegula.fuzz --seed {SEED} --specialized {index}\n{verdict.detail}"
+    assert not verdict.failed, where
+    status, reason, paths = verdict.targets["sm_90a"]
+    if index in RUN_IN_ROLES:
+        assert status == "pass" and {"warp roles", "TMA", "wgmma", "mbarrier"} <= paths, where
+    else:
+        assert status == "rejected" and reason.startswith("SynthesisError"), where
+
+
+def test_ordinary_pipelines_ask_for_roles_without_changing_the_programs():
+    """`build_options` draws from a stream of its own: switched off, every program is the
+    same but for the two options; on, some sm_90a pipelines ask for the producer (or for
+    one role), none that states its roles."""
+    drawn = 0
+    for index in range(300):
+        p = make_program(2, index)
+        q = make_program(2, index, Switches(warp_specialize=False))
+        assert replace(p, warp_specialize=None, consumers=None) == q
+        if p.warp_specialize is not None:
+            pipeline = next(s for s in p.body if isinstance(s, Gemm) and s.stages > 1)
+            assert not pipeline.roles
+            drawn += 1
+    assert drawn >= 3, drawn
+
+
+def test_the_options_reach_sm_90a_builds_only_and_the_printed_source_names_them():
+    p = replace(make_specialized_program(SEED, 0), consumers="cooperative")
+    assert build_options(p, "sm_90a") == {"warp_specialize": True, "consumers": "cooperative"}
+    assert build_options(p, "sm_80") == build_options(p, "sm_90") == {}
+    assert "# sm_90a launch options: warp_specialize=True, consumers='cooperative'" in \
+        kernel_source(p)
+    assert build_options(replace(p, warp_specialize=None, consumers=None), "sm_90a") == {}
+
+
+def test_the_shrinker_drops_options_that_do_not_matter():
+    """A failure that does not depend on the roles shrinks to a program without them."""
+    program = make_specialized_program(SEED, 1)
+    assert program.consumers is not None or program.warp_specialize
+
+    def run(p):  # "fails" while the program has a pipeline, whatever its options
+        from tegula.fuzz.runner import Verdict
+        found = any(isinstance(s, Gemm) and s.stages >= 2 for s in p.body)
+        return Verdict("mismatch", "pipeline") if found else Verdict("pass")
+    small, verdict, _ = shrink(program, run, run(program), budget_s=10)
+    assert verdict.status == "mismatch"
+    assert small.warp_specialize is None and small.consumers is None
