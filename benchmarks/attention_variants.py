@@ -78,7 +78,7 @@ def best_ms(torch, fn, passes: int = 3, calls: int = 8) -> float:
 def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     """(launch function, max error against `ref`, or a failure text)."""
     from tegula.dtypes import f16
-    from tegula.kernels.attention import attention_kernel, qk_scale
+    from tegula.kernels.attention import attention_kernel, forward_grid, qk_scale
     b, h, s, d = q.shape
     values = dict(config)
     threads = values.pop("threads")
@@ -90,9 +90,7 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     # a kernel object of its own: its launch cache must not serve the unpatched variant
     kernel = attention_kernel.__wrapped__(f16) if patch else attention_kernel(f16)
-    grid = (-(-s // values["BM"]), h, b)
-    if values.get("PERSISTENT"):  # one block an SM walking the tiles
-        grid = (min(grid[0] * h * b, torch.cuda.get_device_properties(0).multi_processor_count),)
+    grid = forward_grid(values, s, h, b, q.device)  # PERSISTENT: one block an SM
 
     def launch():
         kernel[grid](q, k, v, o, lse, D=d, QK_SCALE=qk_scale(None, d), CAUSAL=causal,

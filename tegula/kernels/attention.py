@@ -630,8 +630,9 @@ def _inner_contiguous(t):
 def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tuple,
                extra: str, constexprs: dict, head_dim: int, device):
     """Tune (once per shape bucket) and launch `kernel` on `tensors` with v inserted third
-    (transposed by `transpose_v` for the V_KMAJOR configurations); (the CompiledKernel
-    that ran, its grid, its arguments), for the entry point's replay."""
+    (transposed by `transpose_v` for the V_KMAJOR configurations) on the grid `grid(values)`
+    gives for a configuration's constexprs; (the CompiledKernel that ran, its grid, its
+    arguments), for the entry point's replay."""
     import torch
 
     from tegula.kernels.api import _launch, _tune_and_run
@@ -643,10 +644,22 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
         values = config.kwargs
         operand = transpose_v(v) if values["V_KMAJOR"] else v
         args = tensors[:2] + (operand,) + tensors[2:]
-        return (_launch(kernel, grid(values["BM"]), args, dict(values, **constexprs),
-                        config.threads), grid(values["BM"]), args)
+        return (_launch(kernel, grid(values), args, dict(values, **constexprs),
+                        config.threads), grid(values), args)
 
     return _tune_and_run(_tuner_name(), device.index, configs, dims, f"{fn}/{extra}", run)
+
+
+def forward_grid(values: dict, sq: int, h: int, b: int, device) -> tuple:
+    """`attention_kernel`'s grid for a configuration's constexprs `values`: a block per
+    query tile, or with PERSISTENT one an SM of `device` (fewer when there are fewer
+    tiles)."""
+    tiles = (-(-sq // values["BM"]), h, b)
+    if not values.get("PERSISTENT"):
+        return tiles
+    import torch
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return (min(tiles[0] * h * b, sms),)
 
 
 def attention_forward(q, k, v, causal: bool = False, scale: float | None = None):
@@ -681,7 +694,8 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None)
     inputs = (q, k, v)
     q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
     constexprs = dict(D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal))
-    launched = _run_tuned(fn, attention_kernel(dtype), lambda bm: (-(-sq // bm), h, b),
+    launched = _run_tuned(fn, attention_kernel(dtype),
+                          lambda values: forward_grid(values, sq, h, b, q.device),
                           (q, k, o, lse), v, lambda t: keys_last(t, (0, 1, 3, 2)),
                           (b * h, sq, k.shape[2]),
                           f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d,
@@ -739,7 +753,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         constexprs = dict(D=d, QK_SCALE=qk_scale(scale, d), CAUSAL=bool(causal))
         tensors = (q, k, o, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous())
         _run_tuned(fn, attention_varlen_kernel(dtype),
-                   lambda bm: (-(-max_seqlen_q // bm), h, sequences), tensors, v,
+                   lambda values: (-(-max_seqlen_q // values["BM"]), h, sequences), tensors, v,
                    lambda t: keys_last(t, (1, 2, 0)),
                    (total_q, max_seqlen_q, max_seqlen_k or max_seqlen_q),
                    f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device)
