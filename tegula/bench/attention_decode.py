@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
              for s in chosen for paged in (False, True) if s[4] % PAGE == 0 or not paged]
     records, skipped = gpu.run_cases(cases, gpu.Budget(args.max_seconds),
                                      timer=functools.partial(gpu.time_ms, flush=args.flush))
-    notes = ["tegula: tegula.kernels.attention_decode (split-KV + combine; no autotuning); "
+    notes = ["tegula: tegula.kernels.attention_decode (split-KV in one launch: the last "
+             "split block per (batch, kv head) merges the partials; no autotuning); "
              "sdpa: torch.nn.functional.scaled_dot_product_attention(enable_gqa=True) on the "
              "contiguous cache (for the paged rows too); median, L2 flushed before each run",
              "TB/s counts K and V read once (plus q and o); tegula/copy is the fraction of "
