@@ -43,6 +43,24 @@ def turn_syncs_without_operands():
     return lambda: setattr(warp_roles, "_turn_operands", real)
 
 
+# `ringturns=1`: ping-pong turns inside the key loop of a persistent kernel (PERSISTENT=1),
+# whose ring runs across the tiles; synthesis (`synth/roles.py` `takes_turns_in_loop`)
+# allows turns only for a ring of its own, and lowering balances them per tile.
+
+
+def turns_across_a_nested_ring():
+    """Build with in-loop turns allowed for a nested ring until the returned undo is called."""
+    from tegula.ir.ops import Gemm
+    from tegula.synth import roles
+    real = roles.takes_turns_in_loop
+
+    def takes_turns(kernel, loop):
+        return kernel.threads == 2 * roles.WARPGROUP and \
+            sum(isinstance(op, Gemm) for op in loop.body) >= 2
+    roles.takes_turns_in_loop = takes_turns
+    return lambda: setattr(roles, "takes_turns_in_loop", real)
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     """`name:KEY=VALUE,...` -> (name, constexprs over DEFAULTS); ints and 0/1 booleans."""
     name, _, rest = text.partition(":")
@@ -51,8 +69,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key in BUILD_STRINGS or key == "src":
             config[key] = value
-        elif key in ("V_KMAJOR", "P_SHARED", "OVERLAP", "warp_specialize", "noafter",
-                     "PERSISTENT"):
+        elif key in ("V_KMAJOR", "P_SHARED", "warp_specialize", "noafter", "PERSISTENT",
+                     "ringturns"):
             config[key] = bool(int(value))
         else:
             config[key] = int(value)
@@ -84,8 +102,10 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     threads = values.pop("threads")
     if values.pop("src", None):
         raise ValueError("src=: the session-10 copy of the kernel was removed after its A/B")
-    patch = values.pop("noafter", False)
-    restore = turn_syncs_without_operands() if patch else None
+    noafter, ringturns = values.pop("noafter", False), values.pop("ringturns", False)
+    patch = noafter or ringturns
+    restore = turn_syncs_without_operands() if noafter else \
+        turns_across_a_nested_ring() if ringturns else None
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     # a kernel object of its own: its launch cache must not serve the unpatched variant
