@@ -4,6 +4,7 @@ from __future__ import annotations
 from tegula.lower.async_ir import (BulkWait, MBarrierArrive, MBarrierInit, MBarrierWait,
                                    NamedBarrier, Role, Roles, SmemDesc, TmaLoad, TmaStore, Wgmma,
                                    WgmmaWait)
+from tegula.lower.arrivals import LastArrivalStmt
 from tegula.lower.thread_ir import (Assign, Barrier, Comment, CpAsync, CpAsyncCommit, CpAsyncWait,
                                     For, GlobalAtomicAdd, GlobalLoad, GlobalStore, If, LdMatrix,
                                     Mma, Reg, SharedLoad, SharedStore, Shuffle, Stmt)
@@ -104,4 +105,6 @@ def describe(s: Stmt) -> str:
         return f"If {s.cond}"
     if isinstance(s, Comment):
         return f"// {s.text}"
+    if isinstance(s, LastArrivalStmt):
+        return f"LastArrival {s.var} = last of {s.count} on {s.tensor}[{s.index}]"
     return type(s).__name__
