@@ -283,7 +283,8 @@ def _gemm_parts(acc, words_stages, activation_stages, words_tv, constants, dequa
 
 
 @lru_cache(maxsize=None)   # one kernel object per variant: its compiled builds and replays
-def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) -> tg.Kernel:
+def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False,
+                          fused: bool = False) -> tg.Kernel:
     """cᵀ (N, M) = dequant(w) (N, K) @ aᵀ in (64·WG, BT) tiles, the weights in fragment
     order (`pack_fragments`): each k-step one 16-byte load per thread and stored block of
     the weights (KS blocks along K), dequantized in registers into the MMA's register A
@@ -292,13 +293,35 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
     of the block's rows and share its activation tiles (at 128 tokens the activations
     re-read by every row block are 8x the weights' bytes). `partial`: split K, SPLIT
     slices of the k-steps (the grid's axis 2: a launch value, one build for every
-    split) into an f32 workspace that `w4a16_split_sum_kernel` sums. SCALE_AFTER
+    split) into an f32 workspace that `w4a16_split_sum_kernel` sums; `fused`: the same
+    split, its sum by the last block of each tile to arrive (`_store_and_sum_last`: one
+    launch, arguments a, w, scales, zeros, the workspace, an i32 counter a tile holding 0,
+    c). SCALE_AFTER
     (cp.async weights, G ≥ 64): the scale multiplies each group's f32 sums
     (`_gemm_scaled_after`), a step of several groups taken in parts of one group
     (rings, gemm and sum each): one FMA a thread and 2 tokens instead of one HMUL2 a
     weight pair (SASS a weight at 16 tokens: benchmarks/w4a16_sass.py). INTEGER_ZEROS:
     the zeros are integers (`zeros_are_integers`), no residue step (`dequantize_in`)."""
     out_type = f32 if partial else dtype
+    constexpr_names = ("G", "BT", "STAGES", "WSMEM", "KS", "WG", "SCALE_AFTER",
+                       "INTEGER_ZEROS")
+    if fused:
+        @tg.kernel(threads=128)
+        def w4a16_fragment_fused(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4],
+                                 scales: tg.Tensor[dtype], zeros: tg.Tensor[dtype],
+                                 parts: tg.Tensor[f32], counters: tg.Tensor[i32, 1],
+                                 c: tg.Tensor[dtype], G: tg.constexpr = 128,
+                                 BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
+                                 WSMEM: tg.constexpr = 1, KS: tg.constexpr = 1,
+                                 WG: tg.constexpr = 1, SCALE_AFTER: tg.constexpr = 0,
+                                 INTEGER_ZEROS: tg.constexpr = 0):
+            values = dict(zip(constexpr_names, (G, BT, STAGES, WSMEM, KS, WG, SCALE_AFTER,
+                                                INTEGER_ZEROS)))
+            acc, n, t = _fragment_product(a, w, scales, zeros, dtype, has_zeros, True,
+                                          **values)
+            _store_and_sum_last(acc, parts, counters, c, w, n, t, dtype, WG)
+
+        return w4a16_fragment_fused
 
     @tg.kernel(threads=128)
     def w4a16_fragment(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4], scales: tg.Tensor[dtype],
@@ -306,62 +329,92 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False) 
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        WSMEM: tg.constexpr = 1, KS: tg.constexpr = 1, WG: tg.constexpr = 1,
                        SCALE_AFTER: tg.constexpr = 0, INTEGER_ZEROS: tg.constexpr = 0):
-        n, t = tg.block_id(0), tg.block_id(1)
-        fractional = has_zeros and not INTEGER_ZEROS   # residue step needed (`dequantize_in`)
-        BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
-        BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
-        # SCALE_AFTER: a step of several groups in parts of one group (each its own rings,
-        # gemm and f32 sum); otherwise one part, S groups (2 for G = 32)
-        P = max(1, BK // G) if SCALE_AFTER else 1
-        PK = BK // P                               # k per part
-        S = max(1, PK // G)                        # groups per part
-        steps, start = a.tile((BT, BK), (t, None)).shape[2], 0
-        ga = a.tile((BT, PK), (t, None))
-        gw = w.tile((WG, KS // P) + STORED_WORDS, (n, None, 0, 0))
-        words_tv = stored_tv(KS // P, WG)
-        if partial:
-            start, steps = _split_slice(steps)
-        acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
-        sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(P)]
-
-        def dequantized(words, constants):   # the (BN, PK) weights of one part
-            packed = tg.reshape(fragment_weights(words, dtype), (BN, S, PK // S))
-            return tg.reshape(dequantize_in(packed, *constants, fractional), (BN, PK))
-
-        def constants(k):                     # step k's zeros and scales, a part each (loads)
-            return [group_constants(dtype, scales, zeros if has_zeros else None, n,
-                                    (k * P + part) // max(1, G // PK), (BN, S))
-                    for part in range(P)]
-
-        if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
-            sw = [tg.shared((WG, KS // P) + STORED_WORDS, i32, stages=STAGES,
-                            layout=stored_shared(KS // P, WG)) for _ in range(P)]
-            # scales and zeros a k-step ahead too (a DRAM miss in the step's path otherwise)
-            ahead_constants = constants(start)
-        else:       # in registers: step k+1 dequantized while step k's wgmmas run
-            current = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv),
-                                  constants(start)[0])
-            ahead = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
-        for k in tg.pipeline(start, steps, stages=STAGES):
-            for part in range(P):
-                tg.copy(ga[:, :, k * P + part], sa[part][k])
-            if WSMEM:
-                for part in range(P):
-                    tg.copy(gw[:, :, :, :, k * P + part], sw[part][k])
-                following_constants = constants(k + 1)              # past K: masked, unused
-                acc = _gemm_parts(acc, [ring[k] for ring in sw], [ring[k] for ring in sa],
-                                  words_tv, ahead_constants, dequantized, dtype,
-                                  SCALE_AFTER, fractional)
-                ahead_constants = following_constants
-            else:   # loads first, then the gemm, then register work only (overlaps it)
-                following_constants = constants(k + 1)[0]           # past K: masked, unused
-                after = tg.load(gw[:, :, :, :, k + 2], layout=words_tv)
-                tg.gemm(acc, current, sa[0][k])
-                current = dequantized(ahead, following_constants)
-                ahead = after
+        values = dict(zip(constexpr_names, (G, BT, STAGES, WSMEM, KS, WG, SCALE_AFTER,
+                                            INTEGER_ZEROS)))
+        acc, n, t = _fragment_product(a, w, scales, zeros, dtype, has_zeros, partial,
+                                      **values)
         _store_result(acc, c, w, n, t, dtype, partial, WG)
 
     return w4a16_fragment
+
+
+def _fragment_product(a, w, scales, zeros, dtype: DType, has_zeros: bool, split: bool,
+                      G: int, BT: int, STAGES: int, WSMEM: int, KS: int, WG: int,
+                      SCALE_AFTER: int, INTEGER_ZEROS: int):
+    """The fragment kernel's body up to its f32 cᵀ tile (`w4a16_fragment_kernel` says
+    what each constexpr does): (acc, row tile n, token tile t); `split`: this block's
+    slice of the k-steps only (grid axis 2)."""
+    n, t = tg.block_id(0), tg.block_id(1)
+    fractional = has_zeros and not INTEGER_ZEROS   # residue step needed (`dequantize_in`)
+    BN = FRAGMENT_ROWS * WG                    # weight rows per block: WG row blocks
+    BK = FRAGMENT_K * KS                       # k per step: KS stored blocks
+    # SCALE_AFTER: a step of several groups in parts of one group (each its own rings,
+    # gemm and f32 sum); otherwise one part, S groups (2 for G = 32)
+    P = max(1, BK // G) if SCALE_AFTER else 1
+    PK = BK // P                               # k per part
+    S = max(1, PK // G)                        # groups per part
+    steps, start = a.tile((BT, BK), (t, None)).shape[2], 0
+    ga = a.tile((BT, PK), (t, None))
+    gw = w.tile((WG, KS // P) + STORED_WORDS, (n, None, 0, 0))
+    words_tv = stored_tv(KS // P, WG)
+    if split:
+        start, steps = _split_slice(steps)
+    acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
+    sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(P)]
+
+    def dequantized(words, constants):   # the (BN, PK) weights of one part
+        packed = tg.reshape(fragment_weights(words, dtype), (BN, S, PK // S))
+        return tg.reshape(dequantize_in(packed, *constants, fractional), (BN, PK))
+
+    def constants(k):                     # step k's zeros and scales, a part each (loads)
+        return [group_constants(dtype, scales, zeros if has_zeros else None, n,
+                                (k * P + part) // max(1, G // PK), (BN, S))
+                for part in range(P)]
+
+    if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
+        sw = [tg.shared((WG, KS // P) + STORED_WORDS, i32, stages=STAGES,
+                        layout=stored_shared(KS // P, WG)) for _ in range(P)]
+        # scales and zeros a k-step ahead too (a DRAM miss in the step's path otherwise)
+        ahead_constants = constants(start)
+    else:       # in registers: step k+1 dequantized while step k's wgmmas run
+        current = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv),
+                              constants(start)[0])
+        ahead = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
+    for k in tg.pipeline(start, steps, stages=STAGES):
+        for part in range(P):
+            tg.copy(ga[:, :, k * P + part], sa[part][k])
+        if WSMEM:
+            for part in range(P):
+                tg.copy(gw[:, :, :, :, k * P + part], sw[part][k])
+            following_constants = constants(k + 1)              # past K: masked, unused
+            acc = _gemm_parts(acc, [ring[k] for ring in sw], [ring[k] for ring in sa],
+                              words_tv, ahead_constants, dequantized, dtype,
+                              SCALE_AFTER, fractional)
+            ahead_constants = following_constants
+        else:   # loads first, then the gemm, then register work only (overlaps it)
+            following_constants = constants(k + 1)[0]           # past K: masked, unused
+            after = tg.load(gw[:, :, :, :, k + 2], layout=words_tv)
+            tg.gemm(acc, current, sa[0][k])
+            current = dequantized(ahead, following_constants)
+            ahead = after
+    return acc, n, t
+
+
+def _store_and_sum_last(acc, parts, counters, c, w, n, t, dtype: DType, WG: int) -> None:
+    """Split K in one launch: the block's f32 cᵀ tile into slice z of the workspace
+    `parts`, then the tile's last block to arrive (`tg.last_arrival` on the tile's counter,
+    which it leaves at 0 again) adds the SPLIT slices in slice order — the same sum, in
+    the same order, as `w4a16_split_sum_kernel`, whichever block is last — rounds it once
+    to `dtype` and stores it (rearranged: c's rows are tokens)."""
+    row_tiles = (w.shape[0] + WG - 1) // WG     # slice z: tile rows z·row_tiles…
+    splits = tg.num_programs(2)
+    tg.copy(acc, parts.tile(acc.shape, (tg.block_id(2) * row_tiles + n, t)))
+    counter = counters.tile((1,), (n * tg.num_programs(1) + t,))
+    with tg.if_(tg.last_arrival(counter, splits)):
+        total = tg.load(parts.tile(acc.shape, (n, t)))
+        for z in tg.range(1, splits):
+            total = total + tg.load(parts.tile(acc.shape, (z * row_tiles + n, t)))
+        tg.copy(tg.rearrange(total.to(dtype)), c.T.tile(acc.shape, (n, t)))
 
 
 def _store_result(acc, c, w, n, t, dtype: DType, partial: bool, WG: int) -> None:
@@ -501,14 +554,28 @@ def zeros_are_integers(zeros: Any) -> bool:
 
 
 def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
-                          operands: tuple, c: Any, launch: Any, empty_f32: Any) -> Any:
+                          operands: tuple, c: Any, launch: Any, empty_f32: Any,
+                          zeroed_counters: Any = None) -> Any:
     """Run the fragment kernel (`launch(kernel, grid, args, constexprs)`) on `operands`
     (a, fragment-ordered weights, scales, zeros) into c; with SPLIT > 1 into an f32
-    workspace from `empty_f32(shape)` that `w4a16_split_sum_kernel` adds into c."""
+    workspace from `empty_f32(shape)` that `w4a16_split_sum_kernel` adds into c, or with
+    FUSED=1 that the last block of each tile adds in the same launch (its counters, one
+    i32 a tile, from `zeroed_counters(size)`: zeros, each launch leaves them zero; launches
+    sharing them must not overlap)."""
     from tegula.kernels.quant import launch_split_sum
-    split = constexprs.get("SPLIT", 1)
+    split, fused = constexprs.get("SPLIT", 1), constexprs.get("FUSED", 0)
     # SPLIT is the grid's axis 2, not a kernel constexpr: one build serves every split
-    constexprs = {name: value for name, value in constexprs.items() if name != "SPLIT"}
+    constexprs = {name: value for name, value in constexprs.items()
+                  if name not in ("SPLIT", "FUSED")}
+    if fused and split > 1:
+        if zeroed_counters is None:
+            raise ValueError("tegula.kernels.w4a16: FUSED=1 needs zeroed counters (one i32 "
+                             "a tile), and this caller gives none")
+        m, n = c.shape
+        parts = empty_f32((split * grid[0] * FRAGMENT_ROWS * constexprs.get("WG", 1), m))
+        return launch(w4a16_fragment_kernel(dtype, has_zeros, partial=True, fused=True),
+                      grid, (*operands, parts, zeroed_counters(grid[0] * grid[1]), c),
+                      constexprs)
     if split == 1:
         return launch(w4a16_fragment_kernel(dtype, has_zeros), grid, (*operands, c),
                       constexprs)

@@ -328,3 +328,38 @@ def test_a_pinned_row_major_stage_is_a_tma_box_only_on_whole_128_byte_lines():
 
     assert "tma.load" not in tg.explain(staged(3), warp_specialize=False)
     assert "tma.load.2d" in tg.explain(staged(128), warp_specialize=False)
+
+
+@pytest.mark.parametrize("m,n,k,group,tiles,target", [
+    (20, 70, 320, 64, dict(SPLIT=3), "sm_90a"),                       # a slice of 1 step
+    (33, 130, 224, 32, dict(BT=16, SPLIT=2), "sm_90a"),               # 3 x 3 tiles' counters
+    (7, 130, 512, 128, dict(KS=4, SCALE_AFTER=1, WG=2, SPLIT=2, INTEGER_ZEROS=1), "sm_80")])
+def test_fused_split_is_summed_by_each_tiles_last_block(m, n, k, group, tiles, target):
+    """FUSED=1: split K in one launch, the last block of each tile to arrive adding the
+    slices in order (`tg.last_arrival`); the emulator reports a read of a slice no arrival
+    orders. The counters are left at zero for the next launch."""
+    from tegula.kernels.common import launch_emulated
+    from tegula.kernels.quant_fragment import as_words, fragment_config, launch_w4a16_fragment
+    rng = np.random.default_rng(m + n + k)
+    a = random_input(rng, (m, k), f16)
+    w_q, scales, zeros = random_w4(rng, n, k, group, f16)
+    grid, constexprs = fragment_config(m, n, k, group, warp_specialize=False, FUSED=1,
+                                       **tiles)
+    operands = (a, as_words(pack_fragments(prepack(w_q))), scales, zeros)
+    c, counters, launches = np.full((m, n), np.nan, np.float16), [], []
+
+    def launch(kernel, grid, args, cx):
+        launches.append(kernel.name)
+        return launch_emulated(kernel, grid, *args, **cx, target=target)
+
+    def zeroed(size):
+        counters.append(np.zeros(size, np.int32))
+        return counters[-1]
+
+    empty = lambda shape: np.full(shape, np.nan, np.float32)  # noqa: E731
+    launch_w4a16_fragment(grid, constexprs, f16, True, operands, c, launch, empty, zeroed)
+    check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
+    assert launches == ["w4a16_fragment_fused"] and counters[0].shape == (grid[0] * grid[1],)
+    assert not counters[0].any()
+    with pytest.raises(ValueError, match="FUSED=1 needs zeroed counters"):
+        launch_w4a16_fragment(grid, constexprs, f16, True, operands, c, launch, empty)
