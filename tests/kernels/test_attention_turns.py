@@ -25,7 +25,8 @@ _R = Reg(RegArray("x", tg.f32, 1), Const(0))  # a register for synthetic loop bo
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("order", ["listed", "reversed", "random:1", "random:2"])
+@pytest.mark.parametrize("order", ["listed", "reversed", "random:1", "random:2", "stall",
+                                   "stall-reversed"])
 def test_turns_give_every_element_under_every_role_order(overlap, order):
     """Causal, Sq < Sk (odd lengths, a last key block cut short), GQA 2:1: the same answer
     whichever role the emulator runs first or switches to at each asynchronous step."""
@@ -33,6 +34,34 @@ def test_turns_give_every_element_under_every_role_order(overlap, order):
     o, lse = attention_emulated(q, k, v, True, return_lse=True, BN=64, OVERLAP=overlap,
                                 role_order=order, **TURNS)
     check(o, lse, *reference(q, k, v, True))
+
+
+@pytest.mark.parametrize("order", ["listed", "stall", "stall-reversed"])
+def test_turns_issuing_both_gemms_back_to_back_give_every_element(order):
+    """OVERLAP=2 (p_j @ v_j issued before the next block's scores, both in one turn)."""
+    q, k, v = inputs(24, 1, 2, 1, 150, 201, 64)
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, BN=64, OVERLAP=2,
+                                role_order=order, **TURNS)
+    check(o, lse, *reference(q, k, v, True))
+
+
+@pytest.mark.parametrize("order", ["listed", "stall", "stall-reversed"])
+def test_turns_in_a_persistent_kernel_are_balanced_per_tile(order, monkeypatch):
+    """PERSISTENT on 2 blocks walking 2 x 2 x 2 tiles, the ring running across them, with
+    in-loop turns (synthesis allows them only for a ring of its own: allowed here, as
+    `benchmarks/attention_variants.py` ringturns=1 does): each tile's key loop opens and
+    closes its turns, so no arrive is left over between tiles."""
+    from tegula.ir.ops import Gemm
+    from tegula.kernels.common import launch_emulated, poisoned
+    from tegula.synth import roles
+    monkeypatch.setattr(roles, "takes_turns_in_loop", lambda kernel, loop: sum(
+        isinstance(op, Gemm) for op in loop.body) >= 2 and kernel.threads == 256)
+    q, k, v = inputs(25, 2, 2, 1, 150, 201, 64)
+    o, lse = poisoned(q.shape, tg.f16), poisoned((2, 2, 150), tg.f32)
+    launch_emulated(attention_kernel.__wrapped__(tg.f16), (2,), q, k, v, o, lse, D=64,
+                    QK_SCALE=qk_scale(None, 64), BN=64, PERSISTENT=True, role_order=order,
+                    **TURNS)
+    check(o, lse, *reference(q, k, v, False))
 
 
 @pytest.mark.parametrize("overlap", [False, True])
