@@ -233,6 +233,18 @@ SESSION13 = [row for (n, k), gemv in (
     ("w4gemv", (m, 14336, 4096), dict(_GV, KS=ks, KW=kw, MT=m))
     for m in (4, 2) for ks, kw in ((8, 8), (16, 8))] + [
     ("w4frag", (4, 14336, 4096), dict(_SA, KS=4, STAGES=6, BT=16, warp_specialize=False))]
+# ... and split K summed in the same launch by each tile's last block (FUSED=1,
+# `tg.last_arrival`) against the two-launch split, at the entry point's split picks.
+SESSION13 += [("w4frag", shape, dict(c, FUSED=fused, warp_specialize=False))
+              for shape, c in (((16, 4096, 4096), dict(_CP, INTEGER_ZEROS=1, KS=4, SPLIT=4)),
+                               ((1, 4096, 4096), dict(_CP, INTEGER_ZEROS=1, KS=2, STAGES=4,
+                                                      SPLIT=4)),
+                               ((16, 4096, 14336), dict(_CP, INTEGER_ZEROS=1, KS=4, SPLIT=4)),
+                               ((128, 4096, 4096), dict(BT=128, KS=2, SPLIT=4,
+                                                        INTEGER_ZEROS=1)),
+                               ((64, 14336, 4096), dict(BT=64, KS=2, SPLIT=2, WG=2,
+                                                        INTEGER_ZEROS=1)))
+              for fused in (0, 1)]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
         "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13}
@@ -293,8 +305,11 @@ def _runner(name, shape, t, config):
             t["stored"] = qf.as_words(qf.pack_fragments(t["packed"]))
         grid, constexprs = qf.fragment_config(m, n, k, GROUP, **config)
         operands = (t["a"], t["stored"], t["scales"], t["zeros"])
+        def counters(size):   # FUSED=1's, zeroed once: each launch leaves them at zero
+            return t.setdefault(("counters", size),
+                                torch.zeros(size, dtype=torch.int32, device="cuda"))
         return lambda: qf.launch_w4a16_fragment(grid, constexprs, f16, True, operands,
-                                                t["out"], run, empty_f32)
+                                                t["out"], run, empty_f32, counters)
     kind, grid, constexprs = quant.w4a16_config(m, n, k, GROUP, **config)
     operands = (*quant.w4a16_operands(kind, t["a"], t["packed"], GROUP), t["scales"],
                 t["zeros"])

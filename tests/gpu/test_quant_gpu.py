@@ -458,3 +458,33 @@ def test_w4a16_gemv_matches_torch(dtype, m, n, k, group, zero_point, tiles):
                  lambda shape: torch.full(shape, float("nan"), device="cuda"))
     torch.cuda.synchronize()
     check(c, a, w_q, scales, zeros, group, dequant_rounded=False)
+
+
+@pytest.mark.parametrize("m,n,k,group,tiles", [
+    (16, 4096, 4096, 128, dict(KS=4, SPLIT=4, INTEGER_ZEROS=1, load_path="cp.async")),
+    (128, 4096, 4096, 128, dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1)),
+    (33, 300, 1024, 64, dict(BT=16, SPLIT=3, INTEGER_ZEROS=1))],
+    ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
+    if isinstance(v, dict) else None)
+def test_w4a16_fragment_fused_split_matches_torch(m, n, k, group, tiles):
+    """Split K summed in the same launch by each tile's last block (FUSED=1,
+    `tg.last_arrival`), into NaN-poisoned outputs, three launches on the same counters
+    (each leaves them at zero)."""
+    from tegula.dtypes import f16
+    from tegula.kernels import quant_fragment as qf
+    from tegula.kernels.quant import prepack
+    g, w_q, scales, zeros = random_w4(n, k, group, "f16", True, m * 13 + n + k)
+    grid, constexprs = qf.fragment_config(m, n, k, group, warp_specialize=False, FUSED=1,
+                                          **tiles)
+    counters = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device="cuda")
+    stored = qf.as_words(qf.pack_fragments(prepack(w_q)))
+    for _ in range(3):
+        a = torch.randn(m, k, device="cuda", generator=g, dtype=torch.float16)
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        qf.launch_w4a16_fragment(grid, constexprs, f16, True, (a, stored, scales, zeros), c,
+                                 lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
+                                 lambda shape: torch.full(shape, float("nan"), device="cuda"),
+                                 lambda size: counters)
+        torch.cuda.synchronize()
+        check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+        assert not counters.any()
