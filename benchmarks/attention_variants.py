@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
 SHAPES = {64: (4, 32, 4096), 128: (4, 16, 4096), 256: (2, 8, 8192)}
@@ -191,7 +192,22 @@ def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False
               f"({time.time() - t0:.0f}s)", flush=True)
 
 
+def candidate_tokens(d: int, causal: bool) -> list[str]:
+    """The tuner's sm_90a candidates at head dim `d` as variant tokens (`tuned0:...`), for a
+    round that compiles them ahead of `tegula bench attention`."""
+    from tegula.kernels.attention import attention_candidates
+    tokens = []
+    for i, config in enumerate(attention_candidates(d, True, causal)):
+        config = dict(config, threads=config.get("threads", 128))  # the kernel's default
+        items = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in config.items()]
+        tokens.append(f"tuned{i}:" + ",".join(items))
+    return tokens
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--candidates"]:  # --candidates D no|yes
+        print(" ".join(candidate_tokens(int(sys.argv[2]), sys.argv[3] == "yes")))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tokens", nargs="+", help="@D:CAUSAL, then name:KEY=VALUE,...")
     parser.add_argument("--profile", action="store_true",

@@ -573,8 +573,8 @@ def _tuner_name() -> str:
     return "attention"
 
 
-def attention_candidates(head_dim: int, wgmma: bool) -> list[dict]:
-    """Configurations worth timing for one head dim. 128-row query blocks take two
+def attention_candidates(head_dim: int, wgmma: bool, causal: bool = False) -> list[dict]:
+    """Configurations worth timing for one head dim (and causal setting). 128-row query blocks take two
     warpgroups (64 rows, and a 64-row accumulator slice, each); with D=256 that slice is
     already 128 f32 registers a thread. The default dataflow (v as it comes, p in
     registers: both gemms on wgmma on sm_90a) tries 64- and 128-key blocks where registers
@@ -638,7 +638,8 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
     from tegula.kernels.api import _launch, _tune_and_run
     from tegula.runtime.autotune import Config
     wgmma = torch.cuda.get_device_capability(device) >= (9, 0)
-    configs = tuple(Config.of(c) for c in attention_candidates(head_dim, wgmma))
+    configs = tuple(Config.of(c) for c in attention_candidates(head_dim, wgmma,
+                                                               constexprs["CAUSAL"]))
 
     def run(config: Config):
         values = config.kwargs
