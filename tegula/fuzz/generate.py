@@ -106,6 +106,8 @@ class Generator:
                   "stages": (2, 3, 3, 4, 1, 0)}
     #: Share of pipelined K extents rounded to rows of 16 bytes (what TMA boxes need).
     TMA_ROWS_SHARE = 0.75
+    #: How outputs are stored (`Store.route`).
+    STORE_ROUTES = ("copy", "shared", "shared_reg")
 
     def __init__(self, rng: random.Random, switches: Switches | None = None):
         self.rng = rng
@@ -206,7 +208,7 @@ class Generator:
                 name, t = out, scope.types[out]
             tensor = f"o{sum(1 for d in self.tensors if d.kind == 'out')}"
             self.tensors.append(TensorDecl(tensor, t.dtype, "out", shape=t.shape))
-            body.append(Store(tensor, name, r.choice(("copy", "shared", "shared_reg"))))
+            body.append(Store(tensor, name, r.choice(self.STORE_ROUTES)))
 
     # -- statements -----------------------------------------------------------------------
     def pick(self, scope: Scope, pred=lambda t: True, recent: float = 0.6) -> str | None:

@@ -10,7 +10,9 @@ clusters of two, TMA-store epilogues) was reached mostly through forced tests.
 `SpecializedGenerator` draws the same kind of program — a pipelined K loop with random
 tiles, types, transposed operands, clusters and epilogues — from a frame the TMA + wgmma
 path takes (threads 128 or 256, BM 64 or 128, 16- and 8-bit floats, K rows of 16
-bytes), and asks for the producer warpgroup (`Program.warp_specialize`), sometimes with a
+bytes; a third of the K loops inside a `tg.range`, so the ring spans it and the outputs, mostly
+stored straight from registers, go out through TMA-store epilogues), and asks for the
+producer warpgroup (`Program.warp_specialize`), sometimes with a
 consumer schedule (`Program.consumers`: "cooperative"; now and then "pingpong", which a
 pipeline outside a tile loop must refuse cleanly). Near misses still occur (a tile no
 wgmma covers, a transposed 8-bit operand): they must be refused with a clear error.
@@ -40,9 +42,21 @@ class SpecializedGenerator(Generator):
                   "bm": (64, 64, 128), "bn": (16, 24, 32, 48, 64, 64, 128, 128),
                   "stages": (2, 3, 3, 4)}
     TMA_ROWS_SHARE = 1.0
+    #: Mostly straight from registers: in a persistent kernel (a pipeline inside a loop,
+    #: `repeat_count`) those copies become TMA-store epilogues (`synth/copies.py`).
+    STORE_ROUTES = ("copy", "copy", "copy", "shared")
 
     def _draw(self, label: str) -> Program:
         return self.gemm_program(label)
+
+    def repeat_count(self, stages: int) -> int:
+        """A third of the pipelines run inside a `tg.range` (2 or 3 times into one accumulator):
+        the TMA ring then spans the enclosing loop, as in a persistent kernel, and the
+        register -> global stores after it go out through TMA-store epilogues."""
+        if not self.sw.repeats or stages < 1:
+            return 1
+        side = random.Random(hash(self.rng.getstate()[1]) ^ 0x7E9E)
+        return side.choice((2, 3)) if side.random() < 0.35 else 1
 
     def build_options(self, body: list) -> tuple:
         side = random.Random(hash(self.rng.getstate()[1]) ^ 0x5BEC)
