@@ -46,6 +46,7 @@ ROLE_ORDERS = ("random", "listed", "reversed")
 
 #: What a target's build used, from the emulator's statement kinds.
 PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"),
+              "TMA store": ("TmaStore",), "named barrier": ("NamedBarrier",),
               "mbarrier": ("MBarrierWait",), "warp roles": ("Roles",),
               "cp.async": ("CpAsync",), "mma.sync": ("Mma",), "ldmatrix": ("LdMatrix",)}
 
