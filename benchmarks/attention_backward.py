@@ -53,16 +53,29 @@ VARIANTS = {
                  dict(BM=128, BN=128, threads=256)),
     "det-wide-1role": (True, dict(BM=64, BN=128, threads=256, warp_specialize=False),
                        dict(BM=128, BN=128, threads=256, warp_specialize=False)),
+    # REGS=240: the roles stated (producer 24 registers, consumers 240), so the body's
+    # wgmma waits are deferred; EARLY_DP: dO Vᵀ issued with K Qᵀ, the exponentials run
+    # while it computes (ptxas: dK/dV 239, dQ 218 registers, no spill at D = 128)
+    "det-ws": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
+               dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True)),
     "at64x64": (False, dict(BM=64, BN=64)),
     "at64x128": (False, dict(BM=64, BN=128, threads=256)),
     "at64x128-1role": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False)),
     "at64x128-1role-s3": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
                                       STAGES=3)),
     "at32x128-1role": (False, dict(BM=32, BN=128, threads=256, warp_specialize=False)),
+    # no spill at D = 128 (237 registers)
+    "at32x128-ws": (False, dict(BM=32, BN=128, threads=256, REGS=240, EARLY_DP=True)),
+    # no spill at D = 64 (228); 120 B spilled at D = 128
+    "at64x128-ws": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True)),
+    # 104 B spilled at D = 128, none at D = 64
+    "at64x128-1role-early": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
+                                         EARLY_DP=True)),
 }
 #: The entry point as users call it (tuned), deterministic or not.
 ENTRIES = {"entry": True, "entry-atomic": False}
-DEFAULT_VARIANTS = "det,det-wide,det-wide-1role,at64x64,at64x128,at64x128-1role,at64x128-1role-s3,at32x128-1role"
+DEFAULT_VARIANTS = ("det,det-wide,det-ws,at64x64,at64x128-1role,at32x128-1role,at32x128-ws,"
+                    "at64x128-ws,at64x128-1role-early")
 
 _ab = importlib.import_module("tegula.kernels.attention_backward")
 

@@ -37,6 +37,7 @@ into a NaN). Causal programs also skip the blocks that are masked entirely.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import lru_cache
 
@@ -69,11 +70,15 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 
 def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
-                         STAGES: int):
+                         STAGES: int, EARLY_DP: bool = False, REGS: int = 0):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
-    float atomics (`attention_backward_dkdvdq_kernel`)."""
+    float atomics (`attention_backward_dkdvdq_kernel`). `EARLY_DP`: V dOᵀ is issued right
+    after K Qᵀ, before the exponentials (which run while it computes where the wgmma waits
+    are deferred: in a warp-specialized consumer). `REGS` > 0: the kernel states its warp
+    roles, a producer warpgroup of 24 registers a thread issuing the Q and dO boxes and the
+    consumers at REGS (synthesis would give 40 / 232)."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
     tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
@@ -86,42 +91,78 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     first = 0
     if CAUSAL:  # the first query block whose last row reaches this block's first key
         first = tg.maximum(n * BN - (seq_k - seq_q), 0) // BM
-    # Warp roles are the cost model's choice (`synth/cost_roles.py`): 64x64 blocks on 128
-    # threads keep one role, the block issuing its TMA ring (a producer warpgroup measured
-    # 1.17-1.73x slower: two blocks per SM in one role, one specialized, and four dependent
-    # gemms an iteration); 256-thread blocks, one per SM either way, get the producer
-    # (0.89-0.96x). One pipeline over (head, block) pairs was slower (session 9: 230
-    # TFLOP/s with the block issuing the ring, 163 with a producer warpgroup at 255
-    # registers, against 359 for this form).
+    producer, consumer = _role_blocks(REGS)
+    # Warp roles are the cost model's choice (`synth/cost_roles.py`) unless REGS states
+    # them: 64x64 blocks on 128 threads keep one role, the block issuing its TMA ring (a
+    # producer warpgroup measured 1.17-1.73x slower: two blocks per SM in one role, one
+    # specialized, and four dependent gemms an iteration); 256-thread blocks, one per SM
+    # either way, get the producer (0.89-0.96x). One pipeline over (head, block) pairs was
+    # slower (session 9: 230 TFLOP/s with the block issuing the ring, 163 with a producer
+    # warpgroup at 255 registers, against 359 for this form).
     for g in tg.range(G):
         h = hk * G + g
         q_blocks = q[b, h].tile((BM, D), (None, 0))
         do_blocks = dout[b, h].tile((BM, D), (None, 0))
         for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
-            tg.copy(q_blocks[:, :, m], sq[m])
-            tg.copy(do_blocks[:, :, m], sdo[m])
-            queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
-            # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
-            # FMA per score
-            lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
-            delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
-            s_t = tg.zeros((BN, BM), f32)
-            tg.gemm(s_t, sk, sq[m])                          # K Qᵀ
-            seen = (keys < seq_k) & (queries < seq_q)
-            if CAUSAL:
-                seen = seen & (keys <= queries + (seq_k - seq_q))
-            p_t = tg.where(seen, tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
-            tg.gemm(dv_acc, p_t.to(dtype), sdo[m].T)         # += Pᵀ dO
-            dp_t = tg.zeros((BN, BM), f32)
-            tg.gemm(dp_t, sv, sdo[m])                        # V dOᵀ
-            ds_t = (p_t * (dp_t - delta_m)).to(dtype)
-            tg.gemm(dk_acc, ds_t, sq[m].T)                   # += dSᵀ Q
-            if dq_accum is not None:                         # dQ += dS K, atomically
-                tg.copy(ds_t, sds)
-                dq_part = tg.zeros((BM, D), f32)
-                tg.gemm(dq_part, sds.T, sk.T)
-                tg.atomic_add(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
+            with producer():
+                tg.copy(q_blocks[:, :, m], sq[m])
+                tg.copy(do_blocks[:, :, m], sdo[m])
+            with consumer():
+                # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
+                # FMA per score
+                lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
+                delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
+
+                def seen(keys=keys, queries=queries):  # traced after K Qᵀ: fewer live
+                    visible = (keys < seq_k) & (queries < seq_q)
+                    if CAUSAL:
+                        visible = visible & (keys <= queries + (seq_k - seq_q))
+                    return visible
+                ds_t = _query_block_products(sk, sv, sq[m], sdo[m], seen, lse_m, delta_m,
+                                             dk_acc, dv_acc, dtype, SCALE, EARLY_DP)
+                if dq_accum is not None:                     # dQ += dS K, atomically
+                    tg.copy(ds_t, sds)
+                    dq_part = tg.zeros((BM, D), f32)
+                    tg.gemm(dq_part, sds.T, sk.T)
+                    tg.atomic_add(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
     return dk_acc, dv_acc
+
+
+#: The producer warpgroup's registers a thread where the kernels state their roles
+#: (`REGS`): it only issues TMA boxes (FlashAttention-3 gives it 24).
+PRODUCER_REGS = 24
+
+
+def _role_blocks(regs: int):
+    """(producer, consumer) context managers for a pipeline body: with `regs` > 0 the
+    warp roles stated (`tg.producer` / `tg.consumer`, sm_90a), PRODUCER_REGS and `regs`
+    registers a thread; 0 leaves the roles to synthesis."""
+    if not regs:
+        return contextlib.nullcontext, contextlib.nullcontext
+    return (lambda: tg.producer(regs=PRODUCER_REGS)), (lambda: tg.consumer(regs=regs))
+
+
+def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_acc,
+                          dtype: DType, SCALE: float, EARLY_DP: bool):
+    """One query block's share of key block's dK, dV (added into the accumulators), in the
+    transposed (key, query) orientation; `seen()` traces the (BN, BM) mask of visible
+    (key, query) pairs; returns dSᵀ in `dtype`:
+        Pᵀ = exp2(K Qᵀ · scale·log2 e − lse·log2 e) where seen, else 0
+        dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += dSᵀ Q."""
+    rows, cols = sk.shape[0], sq_m.shape[0]
+    s_t = tg.zeros((rows, cols), f32)
+    tg.gemm(s_t, sk, sq_m)                                   # K Qᵀ
+    dp_t = tg.zeros((rows, cols), f32)
+    if EARLY_DP:
+        tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
+    p_t = tg.where(seen(), tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+    tg.gemm(dv_acc, p_t.to(dtype), sdo_m.T)                  # += Pᵀ dO
+    if not EARLY_DP:
+        tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
+    ds_t = (p_t * (dp_t - delta_m)).to(dtype)
+    tg.gemm(dk_acc, ds_t, sq_m.T)                            # += dSᵀ Q
+    return ds_t
 
 
 @lru_cache(maxsize=None)
@@ -135,10 +176,12 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
                                 dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
                                 D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                 G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
+                                BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
+                                EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, None, n, hk, b,
-                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES)
+                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
+                                              EARLY_DP, REGS)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
@@ -159,10 +202,12 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
                                   dq_accum: tg.Tensor[f32, 4],
                                   D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                   G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                                  BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
+                                  BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
+                                  EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b,
-                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES)
+                                              dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
+                                              EARLY_DP, REGS)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
@@ -186,7 +231,8 @@ def attention_backward_dq_convert_kernel(dtype: DType) -> tg.Kernel:
 
 @lru_cache(maxsize=None)
 def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
-    """dQ of one (BM, D) query block of head `h`, walking the key blocks in order."""
+    """dQ of one (BM, D) query block of head `h`, walking the key blocks in order.
+    `EARLY_DP`, `REGS`: as the dK/dV kernel's (`_key_block_gradients`)."""
 
     @tg.kernel(threads=128)
     def attention_backward_dq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
@@ -195,7 +241,8 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
                               dq: tg.Tensor[dtype, 4],
                               D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                               G: tg.constexpr = 1, BM: tg.constexpr = 64,
-                              BN: tg.constexpr = 64, STAGES: tg.constexpr = 2):
+                              BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
+                              EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         hk = h // G
         seq_q, seq_k = q.shape[2], k.shape[2]
@@ -214,20 +261,26 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
         if CAUSAL:  # key blocks past the block's last row's diagonal are masked entirely
             last_key = m * BM + BM - 1 + (seq_k - seq_q)
             stop = tg.minimum(stop, tg.maximum(last_key, -1) // BN + 1)
+        producer, consumer = _role_blocks(REGS)
         for n in tg.pipeline(stop, stages=STAGES):
-            tg.copy(k_blocks[:, :, n], sk[n])
-            tg.copy(v_blocks[:, :, n], sv[n])
-            keys = tg.arange(BN, offset=n * BN)[None, :]         # (1, BN)
-            s = tg.zeros((BM, BN), f32)
-            tg.gemm(s, sq, sk[n])                                # Q Kᵀ
-            seen = (keys < seq_k) & (queries < seq_q)
-            if CAUSAL:
-                seen = seen & (keys <= queries + (seq_k - seq_q))
-            p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA a score
-            dp = tg.zeros((BM, BN), f32)
-            tg.gemm(dp, sdo, sv[n])                              # dO Vᵀ
-            ds = p * (dp - delta_m)
-            tg.gemm(dq_acc, ds.to(dtype), sk[n].T)               # += dS K
+            with producer():
+                tg.copy(k_blocks[:, :, n], sk[n])
+                tg.copy(v_blocks[:, :, n], sv[n])
+            with consumer():
+                keys = tg.arange(BN, offset=n * BN)[None, :]     # (1, BN)
+                s = tg.zeros((BM, BN), f32)
+                tg.gemm(s, sq, sk[n])                            # Q Kᵀ
+                dp = tg.zeros((BM, BN), f32)
+                if EARLY_DP:  # before the exponentials (see _key_block_gradients)
+                    tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
+                seen = (keys < seq_k) & (queries < seq_q)
+                if CAUSAL:
+                    seen = seen & (keys <= queries + (seq_k - seq_q))
+                p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA
+                if not EARLY_DP:
+                    tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
+                ds = p * (dp - delta_m)
+                tg.gemm(dq_acc, ds.to(dtype), sk[n].T)           # += dS K
         tg.copy((dq_acc * SCALE).to(dtype), dq[b, h].tile((BM, D), (m, 0)))
 
     return attention_backward_dq

@@ -328,3 +328,13 @@ def test_torch_entry_point_with_atomic_dq_matches_numpy(on_cpu, monkeypatch):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = np.abs(g.numpy().astype(np.float64) - w).max()
         assert err <= TOLERANCE[f16] * max(1.0, np.abs(w).max()), f"{name}: {err}"
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic-dq"])
+def test_stated_roles_and_early_dp_are_right(deterministic):
+    """REGS states the warp roles (a producer warpgroup of 24 registers issuing the boxes,
+    consumers deferring their wgmma waits) and EARLY_DP issues dO Vᵀ before the
+    exponentials: the same gradients, dK/dV and dQ kernels alike, at lengths dividing no
+    tile, causal with Sq < Sk, GQA 2."""
+    run_case(1, 2, 1, 37, 140, 64, True, seed=66, deterministic=deterministic, BM=64,
+             BN=128, threads=256, REGS=240, EARLY_DP=True)
