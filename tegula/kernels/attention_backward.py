@@ -108,11 +108,11 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                 tg.copy(q_blocks[:, :, m], sq[m])
                 tg.copy(do_blocks[:, :, m], sdo[m])
             with consumer():
+                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
                 # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
                 # FMA per score
                 lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
                 delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
-                queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
 
                 def seen(keys=keys, queries=queries):  # traced after K Qᵀ: fewer live
                     visible = (keys < seq_k) & (queries < seq_q)
@@ -153,12 +153,13 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_
     rows, cols = sk.shape[0], sq_m.shape[0]
     s_t = tg.zeros((rows, cols), f32)
     tg.gemm(s_t, sk, sq_m)                                   # K Qᵀ
-    dp_t = tg.zeros((rows, cols), f32)
     if EARLY_DP:
+        dp_t = tg.zeros((rows, cols), f32)
         tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
     p_t = tg.where(seen(), tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
     tg.gemm(dv_acc, p_t.to(dtype), sdo_m.T)                  # += Pᵀ dO
     if not EARLY_DP:
+        dp_t = tg.zeros((rows, cols), f32)
         tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
     ds_t = (p_t * (dp_t - delta_m)).to(dtype)
     tg.gemm(dk_acc, ds_t, sq_m.T)                            # += dSᵀ Q
@@ -270,14 +271,15 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
                 keys = tg.arange(BN, offset=n * BN)[None, :]     # (1, BN)
                 s = tg.zeros((BM, BN), f32)
                 tg.gemm(s, sq, sk[n])                            # Q Kᵀ
-                dp = tg.zeros((BM, BN), f32)
                 if EARLY_DP:  # before the exponentials (see _key_block_gradients)
+                    dp = tg.zeros((BM, BN), f32)
                     tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
                 seen = (keys < seq_k) & (queries < seq_q)
                 if CAUSAL:
                     seen = seen & (keys <= queries + (seq_k - seq_q))
                 p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA
                 if not EARLY_DP:
+                    dp = tg.zeros((BM, BN), f32)
                     tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
                 ds = p * (dp - delta_m)
                 tg.gemm(dq_acc, ds.to(dtype), sk[n].T)           # += dS K
