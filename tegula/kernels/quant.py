@@ -77,7 +77,7 @@ from tegula.kernels import api as _api
 from tegula.kernels.gemv import MAX_GEMV_ROWS
 from tegula.runtime.autotune import Autotuner
 from tegula.kernels.quant_fragment import fragment_candidates  # re-exported: it lives by its kernel
-from tegula.kernels.quant_fragment import zeros_are_integers
+from tegula.kernels.quant_fragment import split_counters, zeros_are_integers
 
 W4A16_DTYPES = (f16, bf16)
 GROUP_SIZES = (32, 64, 128)
@@ -354,17 +354,18 @@ def w4a16_kernel(kind: str, dtype: DType, has_zeros: bool) -> tg.Kernel:
 
 
 def launch_w4a16(kind: str, grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
-                 operands: tuple, c: Any, launch: Any, empty_f32: Any) -> Any:
+                 operands: tuple, c: Any, launch: Any, empty_f32: Any,
+                 zeroed_counters: Any = None) -> Any:
     """Run one config: `launch(kernel, grid, args, constexprs)` of its kernel on
     `operands` (a, packed, scales, zeros as `w4a16_operands` gives them) and the output c;
     for split K ("split") the partial products go to an f32 workspace from
     `empty_f32(shape)` and `w4a16_split_sum_kernel` adds them into c (the fragment kind
-    does the same through `quant_fragment.launch_w4a16_fragment`). Returns the last
-    launch's result."""
+    does the same through `quant_fragment.launch_w4a16_fragment`, or with FUSED=1 in one
+    launch on counters from `zeroed_counters(size)`). Returns the last launch's result."""
     if kind == "fragment":
         from tegula.kernels.quant_fragment import launch_w4a16_fragment
         return launch_w4a16_fragment(grid, constexprs, dtype, has_zeros, operands, c, launch,
-                                     empty_f32)
+                                     empty_f32, zeroed_counters)
     if kind == "gemv":
         from tegula.kernels.quant_gemv import launch_w4a16_gemv
         return launch_w4a16_gemv(grid, constexprs, dtype, has_zeros, operands, c, launch,
@@ -581,7 +582,8 @@ def w4a16_gemm_emulated(a: np.ndarray, w_q: np.ndarray, scales: np.ndarray,
     launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, c,
                  lambda kernel, grid, args, cx: launch_emulated(kernel, grid, *args, **cx,
                                                                 **options),
-                 lambda shape: np.full(shape, np.nan, np.float32))
+                 lambda shape: np.full(shape, np.nan, np.float32),
+                 lambda size: np.zeros(size, np.int32))
     return c
 
 
@@ -693,7 +695,8 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
             return ck
 
         launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, out, launch,
-                     lambda shape: torch.empty(shape, dtype=torch.float32, device=a.device))
+                     lambda shape: torch.empty(shape, dtype=torch.float32, device=a.device),
+                     lambda size: split_counters(torch, a.device, size))
         return launched
 
     launched = api._tune_and_run(
@@ -751,12 +754,20 @@ def _w4a16_replay(launched: list, m: int, n: int, unread: Any) -> Any:
     from tegula.kernels import api
 
     prepared = [api._replayer(ck, grid, args) for ck, grid, args in launched]
-    new_parts = (api.fast_empty(launched[0][2][0], tuple(launched[0][2][-1].shape),
-                                launched[0][2][-1].dtype) if len(launched) == 2 else None)
+    fused = len(launched[0][2]) == 7     # a, w, scales, zeros, parts, counters, c
+    workspace = launched[0][2][4] if fused else launched[0][2][-1]
+    new_parts = (api.fast_empty(launched[0][2][0], tuple(workspace.shape), workspace.dtype)
+                 if len(launched) == 2 or fused else None)
+    if fused:
+        torch, counters = api._torch(), launched[0][2][5]
 
     def replay_w4a16(a: Any, packed: Any, scales: Any, zeros: Any = unread) -> Any:
         c = a.new_empty((m, n))  # torch.empty(..., device=) costs ~5 µs more
         inputs = (a.data_ptr(), packed.data_ptr(), scales.data_ptr(), zeros.data_ptr())
+        if fused:   # the current stream's counters: launches on two streams may overlap
+            own = split_counters(torch, a.device, counters.numel())
+            prepared[0]((*inputs, new_parts(a).data_ptr(), own.data_ptr(), c.data_ptr()))
+            return c
         if new_parts is None:
             prepared[0]((*inputs, c.data_ptr()))
             return c

@@ -103,3 +103,29 @@ def test_gemv_on_the_matmul_replays_its_own_shapes_only(sent):
     replayed = check_sequence(sent, calls + calls)
     assert replayed[1], "new data in the first call's layout replays"
     assert not any(replayed[2:len(calls)]), "a variant replayed another's launch"
+
+
+@pytest.mark.parametrize("config", [
+    dict(FRAGMENT=1, BT=16, KS=2, STAGES=3, SPLIT=2, FUSED=1, load_path="cp.async",
+         warp_specialize=False),
+    dict(GEMV=1, KS=2, KW=2), dict(GEMV=1, KS=2, KW=2, SPLIT=2)],
+    ids=["fused-split", "gemv", "gemv-split"])
+def test_matmul_w4a16_prepacked_replays_fused_split_and_gemv(sent, monkeypatch, config):
+    """On fragment-ordered weights: the fused split is one launch (a fresh workspace and
+    the stream's counters each call), the GEMV kernel one launch on a's (M, K/16, 2, 8)
+    view (two with its split): each replayed with the full path's bytes."""
+    from tegula.kernels import quant
+    monkeypatch.setattr(quant, "fragment_candidates", lambda *args, **kw: [config])
+    monkeypatch.setattr(quant, "_sm_count", lambda torch, device: 132)
+    stored = tk.pack_fragments(torch.randint(0, 256, (70, 128), dtype=torch.uint8))
+    scales = _x((70, 2), dtype=torch.float16, seed=2).abs() + 0.01
+    zeros = torch.randint(0, 16, (70, 2)).to(torch.float16)
+    calls = [lambda: tk.matmul_w4a16(_x((1, 256), dtype=torch.float16), stored, scales,
+                                     zeros, 128),
+             lambda: tk.matmul_w4a16(_x((1, 256), torch.float16, seed=5), stored, scales,
+                                     zeros, 128)]
+    before = len(sent)
+    replayed = check_sequence(sent, calls)
+    assert replayed == [False, True]
+    launches = 2 if config.get("SPLIT", 1) > 1 and not config.get("FUSED") else 1
+    assert len(sent) - before == 2 * launches * len(calls)
