@@ -17,7 +17,7 @@ from tegula.ir.ops import LastArrival
 from tegula.ir.values import GlobalTile, describe
 from tegula.lower.addressing import global_address, scalar_expr
 from tegula.lower.context import LoweringContext
-from tegula.lower.thread_ir import Comment, Const, Expr, Stmt, Var
+from tegula.lower.thread_ir import Comment, Const, Expr, Stmt, Var, walk
 
 
 @dataclass
@@ -32,6 +32,7 @@ class LastArrivalStmt(Stmt):
     index: Expr
     count: Expr
     pred: Expr | None = None
+    loc: object = None      # the user's line (for refusals)
 
 
 def lower_last_arrival(ctx: LoweringContext, op: LastArrival) -> list:
@@ -41,7 +42,22 @@ def lower_last_arrival(ctx: LoweringContext, op: LastArrival) -> list:
     index, pred = global_address(op.counter, [Const(0)] * op.counter.rank, None)
     return [Comment(f"last_arrival {describe(op.counter)}, count={op.count}"),
             LastArrivalStmt(Var(op.flag.name), op.counter.arg.name, index,
-                            scalar_expr(op.count), pred)]
+                            scalar_expr(op.count), pred, op.loc)]
 
 
-__all__ = ["LastArrivalStmt", "lower_last_arrival"]
+def refuse_arrivals_in_roles(body: list[Stmt]) -> None:
+    """A warp-specialized pipeline splits the kernel body into roles around it
+    (`lower/hopper.py`), and an arrival after it lands in the consumer role: its block
+    barriers would wait forever for the producer warpgroup. Refused at the user's line."""
+    for s in walk(body):
+        for role in getattr(s, "roles", ()):
+            found = next((x for x in walk(role.body) if isinstance(x, LastArrivalStmt)), None)
+            if found is not None:
+                raise SynthesisError(
+                    "tg.last_arrival: the kernel runs in warp roles here (a producer warpgroup "
+                    "issues a tg.pipeline's copies), and every thread of the block must "
+                    "arrive; build with warp_specialize=False (or load_path=\"cp.async\")",
+                    loc=found.loc)
+
+
+__all__ = ["LastArrivalStmt", "lower_last_arrival", "refuse_arrivals_in_roles"]

@@ -19,7 +19,7 @@ from tegula.ir.scalar import LoopIndex, ScalarBinOp, ScalarConst
 from tegula.ir.values import GlobalTile, SharedTile
 from tegula.lower.addressing import condition_expr, scalar_expr
 from tegula.lower.arg_reduce import lower_any_reduce
-from tegula.lower.arrivals import lower_last_arrival
+from tegula.lower.arrivals import lower_last_arrival, refuse_arrivals_in_roles
 from tegula.lower.compute import (lower_atomic_add, lower_bitcast, lower_elementwise,
                                   lower_fill, lower_indices, lower_rearrange, lower_reshape)
 from tegula.lower.context import LoweringContext
@@ -308,6 +308,7 @@ def lower(result) -> ThreadKernel:
     wide = {f"{p.name}_stride{d}" for p in params
             if isinstance(p, TensorParam) and p.index_bits > 32 for d in range(p.rank)}
     params, body = finish_async(kernel, ctx, params, body)
+    refuse_arrivals_in_roles(body)
     body = hoist_loop_invariants(ctx.coords.prologue + body, wide)
     body = bind_scalar_loads(body, {p.name for p in params
                                     if isinstance(p, TensorParam) and not p.writes})

@@ -135,3 +135,36 @@ def test_the_cuda_holds_the_release_acquire_atomic_and_the_broadcast():
     assert "__trap()" in source
     from tegula.ir.printer import format_kernel
     assert "arrived0 = last_arrival %counters" in format_kernel(split_sum.trace(BN=64, S=8))
+
+
+@tg.kernel(threads=128)
+def gemm_then_arrive(a: tg.Tensor[tg.f16, 2], b: tg.Tensor[tg.f16, 2], c: tg.Tensor[f32, 2],
+                     counters: tg.Tensor[i32, 1], out: tg.Tensor[f32, 1]):
+    m = tg.block_id(0)
+    ga, gb = a.tile((64, 64), (m, None)), b.tile((64, 64), (0, None))
+    acc = tg.zeros((64, 64), f32)
+    sa, sb = tg.shared((64, 64), tg.f16, stages=2), tg.shared((64, 64), tg.f16, stages=2)
+    for k in tg.pipeline(ga.shape[2], stages=2):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        tg.gemm(acc, sa[k], sb[k])
+    tg.copy(acc, c.tile((64, 64), (m, 0)))
+    with tg.if_(tg.last_arrival(counters.tile((1,), (0,)), tg.num_programs(0))):
+        tg.copy(tg.load(c.tile((1, 1), (0, 0)))[0, :], out.tile((1,), (0,)))
+
+
+def test_an_arrival_in_a_warp_role_is_refused_at_its_line():
+    """After a warp-specialized pipeline the rest of the body runs in the consumer role:
+    its barriers would wait forever for the producer warpgroup."""
+    from tegula.build import build
+    with pytest.raises(TegulaError, match="tg.last_arrival: the kernel runs in warp roles") \
+            as info:
+        build(gemm_then_arrive, dict(warp_specialize=True), target="sm_90a")
+    assert "gemm_then_arrive" in str(info.value)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((128, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 64)).astype(np.float16)
+    c, out = np.zeros((128, 64), np.float32), np.zeros(1, np.float32)
+    tg.emulate(gemm_then_arrive, (2,), a, b, c, np.zeros(1, np.int32), out,
+               warp_specialize=False)
+    assert out[0] == c[0, 0] and np.isclose(c[0, 0], a[0].astype(np.float32) @ b[0])
