@@ -38,13 +38,20 @@ def _no_prefetch(shape: tuple, config: dict) -> dict:
     from tegula.lower.thread_ir import If
     original = lower.finish_async
 
-    def prefetches(s) -> bool:
-        return isinstance(s, If) and s.then and all(isinstance(x, PrefetchTensorMap)
-                                                    for x in s.then)
+    def without(stmts: list) -> list:
+        kept = []
+        for s in stmts:
+            if isinstance(s, If):
+                s = If(s.cond, without(s.then), without(s.otherwise))
+                if not (s.then or s.otherwise):
+                    continue
+            if not isinstance(s, PrefetchTensorMap):
+                kept.append(s)
+        return kept
 
     def finish_async(kernel, ctx, params, body):
         params, body = original(kernel, ctx, params, body)
-        return params, [s for s in body if not prefetches(s)]
+        return params, without(body)
     return {"tegula.lower.lower:finish_async": finish_async}
 
 

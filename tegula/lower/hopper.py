@@ -567,7 +567,12 @@ def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tupl
     wgmma."""
     maps = list(ctx.tensor_maps.values())
     if maps:
-        ctx.setup.insert(0, If(TID.eq(0), [PrefetchTensorMap(m.name) for m in maps]))
+        prefetch = [PrefetchTensorMap(m.name) for m in maps]
+        first = ctx.setup[0] if ctx.setup else None
+        if isinstance(first, If) and first.cond == TID.eq(0) and not first.otherwise:
+            first.then[:0] = prefetch  # ahead of the inits, in thread 0's one branch
+        else:
+            ctx.setup.insert(0, If(TID.eq(0), prefetch))
     with_maps: list = []
     for p in params:
         with_maps.append(p)
