@@ -223,15 +223,17 @@ _GV = dict(GEMV=1, INTEGER_ZEROS=1)
 _FRAG_1 = {(14336, 4096): dict(_SA, KS=4, STAGES=6), (11008, 4096): dict(_SA, KS=4, STAGES=6),
            (4096, 4096): dict(_CP, INTEGER_ZEROS=1, KS=2, STAGES=4, SPLIT=4),
            (4096, 14336): dict(_CP, INTEGER_ZEROS=1, KS=4, STAGES=3, SPLIT=4)}
-SESSION13 = [row for (n, k), gemv in (
-    ((14336, 4096), ((8, 8), (8, 4), (16, 8), (16, 4), (32, 8), (4, 4))),
-    ((4096, 4096), ((8, 8), (8, 4), (16, 8), (16, 4), (32, 8), (8, 4, 2))),
-    ((4096, 14336), ((8, 8), (16, 4), (32, 8))), ((11008, 4096), ((8, 8), (16, 4), (32, 8))))
+SESSION13 = [row for (n, k), gemv in (   # (KS, KW, ASTAGES[, SPLIT])
+    ((14336, 4096), ((8, 8, 0), (8, 8, 3), (16, 8, 0), (16, 8, 3), (16, 4, 0), (16, 4, 3),
+                     (32, 8, 3))),
+    ((4096, 4096), ((8, 8, 0), (8, 8, 3), (16, 8, 3), (16, 4, 0), (16, 4, 3), (8, 4, 3, 2))),
+    ((4096, 14336), ((16, 8, 3), (16, 4, 3), (32, 8, 3))),
+    ((11008, 4096), ((8, 8, 3), (16, 8, 3), (16, 4, 3))))
     for row in [("w4frag", (1, n, k), dict(_FRAG_1[n, k], BT=16, warp_specialize=False))]
-    + [("w4gemv", (1, n, k), dict(_GV, KS=c[0], KW=c[1], SPLIT=c[2] if len(c) > 2 else 1))
-       for c in gemv]] + [
-    ("w4gemv", (m, 14336, 4096), dict(_GV, KS=ks, KW=kw, MT=m))
-    for m in (4, 2) for ks, kw in ((8, 8), (16, 8))] + [
+    + [("w4gemv", (1, n, k), dict(_GV, KS=c[0], KW=c[1], ASTAGES=c[2],
+                                  SPLIT=c[3] if len(c) > 3 else 1)) for c in gemv]] + [
+    ("w4gemv", (m, 14336, 4096), dict(_GV, KS=ks, KW=8, ASTAGES=3, MT=m))
+    for m in (4, 2) for ks in (8, 16)] + [
     ("w4frag", (4, 14336, 4096), dict(_SA, KS=4, STAGES=6, BT=16, warp_specialize=False))]
 # ... and split K summed in the same launch by each tile's last block (FUSED=1,
 # `tg.last_arrival`) against the two-launch split, at the entry point's split picks.

@@ -120,6 +120,27 @@ def activation_quads(a: Any) -> Any:
     return a.reshape(m, k // 16, 2, 8)
 
 
+def _step_sums(sums: list, words: Any, constants: list, acts: list, dtype: DType,
+               groups: int, fractional: bool) -> list:
+    """The per-(token, row half) f32 sums after one k-step: per pair slot, w − zero times
+    the activations summed over the thread's (s, j) — one axis, so one FFMA chain (two
+    sums would add the pairs' sums with FADDs) — and the row's scale on the step's sum."""
+    blocks = words.shape[1]
+    flat = (groups, blocks // groups, 8, 4, 8)
+    sums = list(sums)
+    for i in range(2):                                 # rows 8i + r of the quarter
+        zero, scale = _row_constants(constants[2 * i]), _row_scale(constants[2 * i + 1])
+        unscaled = [_unscaled(_slot_pairs(words, dtype, 2 * h + i, groups), zero, 2 * h + i,
+                              fractional) for h in range(2)]
+        for t, token_acts in enumerate(acts):
+            part = None
+            for h in range(2):
+                products = tg.sum(tg.reshape(unscaled[h] * token_acts[h], flat), 4)
+                part = products if part is None else part + products
+            sums[2 * t + i] = sums[2 * t + i] + part * scale
+    return sums
+
+
 @lru_cache(maxsize=None)   # one kernel object per variant: its compiled builds and replays
 def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = False
                                ) -> tg.Kernel:
@@ -127,9 +148,10 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
     fragment order (`pack_fragments`, read as `as_words`), a as `activation_quads`. A
     block: one quarter (16 rows) of a stored 64-row block by KS stored blocks a k-step,
     KW warps (threads 32·KW, `words_tv`) of KS/KW blocks each; the words two steps ahead
-    in registers. Groups of G ≥ 64
-    (a stored block within one group). `partial`: split K over grid axis 2 into an f32
-    workspace (`w4a16_split_sum_kernel` sums it)."""
+    in registers; the activations loaded from global memory each step, or with ASTAGES ≥
+    2 through an ASTAGES-deep cp.async ring (read with ldmatrix; a block barrier a step).
+    Groups of G ≥ 64 (a stored block within one group). `partial`: split K over grid axis
+    2 into an f32 workspace (`w4a16_split_sum_kernel` sums it)."""
     out_type = f32 if partial else dtype
 
     @tg.kernel(threads=128)
@@ -137,7 +159,8 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
                             scales: tg.Tensor[dtype], zeros: tg.Tensor[dtype],
                             c: tg.Tensor[out_type], G: tg.constexpr = 128,
                             MT: tg.constexpr = 1, KS: tg.constexpr = 4,
-                            KW: tg.constexpr = 4, INTEGER_ZEROS: tg.constexpr = 0):
+                            KW: tg.constexpr = 4, INTEGER_ZEROS: tg.constexpr = 0,
+                            ASTAGES: tg.constexpr = 0):
         b = tg.block_id(0)                                  # 16-row quarter of the weights
         BK = FRAGMENT_K * KS
         S = max(1, BK // G)                                 # groups a step
@@ -164,29 +187,25 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
                 loaded += [zero, scale]
             return loaded
 
-        # a thread's (s, j) products of a row as one axis: one sum, an FFMA chain (two
-        # sums would add the pairs' sums with FADDs)
-        flat = (S, KS // S, 8, 4, 8)
         sums = [tg.zeros((S, KS // S, 8, 4, 1), f32) for _ in range(2 * MT)]
+        pairs = [(t, h) for t in range(MT) for h in range(2)]
+        if ASTAGES:   # activations through a cp.async ring: shared loads, no per-load address
+            sa = [[tg.shared((1, 4 * KS, 1, 8), dtype, stages=ASTAGES) for _ in range(2)]
+                  for _ in range(MT)]
         current = tg.load(gw[:, :, :, :, start], layout=tv)
         ahead = tg.load(gw[:, :, :, :, start + 1], layout=tv)
         current_constants = constants(start)
-        for k in tg.range(start, steps):
+        for k in (tg.pipeline(start, steps, stages=ASTAGES) if ASTAGES
+                  else tg.range(start, steps)):
             after = tg.load(gw[:, :, :, :, k + 2], layout=tv)        # past K: masked
             following_constants = constants(k + 1)
-            acts = [[_activations(tg.load(ga[t][h][:, :, :, :, k], layout=acts_tv), S, KS)
-                     for h in range(2)] for t in range(MT)]
-            for i in range(2):                                 # rows 8i + r of the quarter
-                zero = _row_constants(current_constants[2 * i])
-                scale = _row_scale(current_constants[2 * i + 1])
-                unscaled = [_unscaled(_slot_pairs(current, dtype, 2 * h + i, S), zero,
-                                      2 * h + i, fractional) for h in range(2)]
-                for t in range(MT):
-                    part = None
-                    for h in range(2):
-                        products = tg.sum(tg.reshape(unscaled[h] * acts[t][h], flat), 4)
-                        part = products if part is None else part + products
-                    sums[2 * t + i] = sums[2 * t + i] + part * scale
+            if ASTAGES:
+                for t, h in pairs:
+                    tg.copy(ga[t][h][:, :, :, :, k], sa[t][h][k])
+            acts = [[_activations(tg.load(sa[t][h][k] if ASTAGES else ga[t][h][:, :, :, :, k],
+                                          layout=acts_tv), S, KS) for h in range(2)]
+                    for t in range(MT)]
+            sums = _step_sums(sums, current, current_constants, acts, dtype, S, fractional)
             current.assign(ahead)               # (register moves: loop-carried tiles)
             ahead.assign(after)
             for now, following in zip(current_constants, following_constants):
@@ -244,14 +263,16 @@ def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
     """The GEMV kernel's configs worth timing for an (M, N, K) product on pre-packed
     weights: none beyond MAX_GEMV_TOKENS or for groups of 32 (a stored block would span
     two); KS stored blocks a step over KW warps (4-8 warps a block, one to four blocks a
-    thread: more 16-byte loads in flight a thread, fewer loop overheads a weight), split
-    K where the 16-row blocks are fewer than two an SM."""
+    thread: more 16-byte loads in flight a thread, fewer loop overheads a weight), the
+    activations through a 3-stage cp.async ring (ASTAGES: ldmatrix reads instead of a
+    predicated global load and its address per 4 bytes, 5.1 SASS a weight against 6.5 at
+    KS=16, KW=4), split K where the 16-row blocks are fewer than two an SM."""
     if m > MAX_GEMV_TOKENS or group_size < FRAGMENT_K:
         return []
-    configs = [dict(GEMV=1, KS=ks, KW=kw) for ks, kw in
-               ((8, 8), (8, 4), (16, 8), (16, 4), (32, 8))]
+    configs = [dict(GEMV=1, KS=ks, KW=kw, ASTAGES=3) for ks, kw in
+               ((8, 8), (16, 8), (16, 4), (32, 8))] + [dict(GEMV=1, KS=8, KW=8)]
     if n is not None and -(-n // QUARTER_ROWS) < 2 * sms:
-        configs.append(dict(GEMV=1, KS=8, KW=4, SPLIT=2))
+        configs.append(dict(GEMV=1, KS=8, KW=4, ASTAGES=3, SPLIT=2))
     return configs
 
 

@@ -424,11 +424,12 @@ def test_matmul_w4a16_fractional_zero_points(m, prepacked):
 
 @pytest.mark.parametrize("dtype,m,n,k,group,zero_point,tiles", [
     ("f16", 1, 14336, 4096, 128, "int", dict(KS=16, KW=4)),
+    ("f16", 1, 14336, 4096, 128, "int", dict(KS=16, KW=8, ASTAGES=3)),
     ("f16", 1, 4096, 4096, 128, "int", dict(KS=8, KW=8)),
     ("f16", 1, 4096, 14336, 128, "int", dict(KS=8, KW=4, SPLIT=2)),
     ("f16", 2, 11008, 4096, 64, None, dict(KS=16, KW=8)),
-    ("f16", 4, 4096, 4096, 128, "frac", dict(KS=32, KW=8)),
-    ("f16", 3, 300, 1088, 64, "frac", dict(KS=4, KW=2, SPLIT=3)),
+    ("f16", 4, 4096, 4096, 128, "frac", dict(KS=32, KW=8, ASTAGES=3)),
+    ("f16", 3, 300, 1088, 64, "frac", dict(KS=4, KW=2, SPLIT=3, ASTAGES=2)),
     ("bf16", 1, 4096, 4096, 128, "int", dict(KS=16, KW=4)),
     ("bf16", 2, 70, 640, 128, "frac", dict(KS=2, KW=1))],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")

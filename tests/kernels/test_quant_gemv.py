@@ -33,9 +33,10 @@ def _bf16_exact(x: np.ndarray) -> np.ndarray:
 
 CASES = [  # dtype, m, n, k, group, zeros ("int", "frac", None), tiles, target
     (f16, 1, 70, 320, 64, "int", dict(KS=4, KW=2), "sm_90a"),      # 1.25 steps, N ragged
-    (f16, 2, 70, 1024, 128, "frac", dict(KS=8, KW=2, SPLIT=3), "sm_90a"),   # a warp: 2 groups
+    (f16, 2, 70, 1024, 128, "frac", dict(KS=8, KW=2, SPLIT=3, ASTAGES=3), "sm_90a"),  # a
+    # warp's blocks span 2 groups; the activations through a ring
     (f16, 4, 33, 384, 128, None, dict(KS=2, KW=1), "sm_90a"),
-    (f16, 3, 77, 640, 128, "frac", dict(KS=2, KW=2), "sm_80"),
+    (f16, 3, 77, 640, 128, "frac", dict(KS=2, KW=2, ASTAGES=2), "sm_80"),
     (f16, 1, 64, 128, 64, "frac", dict(KS=1, KW=1), "sm_90a"),     # a zero's fine fraction
     (bf16, 2, 66, 192, 64, "frac", dict(KS=1, KW=1), "sm_90a"),
     (bf16, 1, 100, 512, 128, "int", dict(KS=4, KW=4), "sm_80"),
@@ -93,6 +94,7 @@ def test_gemv_candidates_only_where_they_apply():
                                                                     group_size=32) == []
     few_rows = gemv_candidates(1, 4096, 4096)          # 256 blocks of 16 rows < 2 an SM
     assert all(c["GEMV"] == 1 and c["KS"] % c["KW"] == 0 for c in few_rows)
+    assert any(c.get("ASTAGES") for c in few_rows)
     assert any(c.get("SPLIT", 1) > 1 for c in few_rows)
     assert not any(c.get("SPLIT", 1) > 1 for c in gemv_candidates(1, 14336, 4096))
     from tegula.kernels.quant import fragment_candidates
@@ -113,3 +115,15 @@ def test_gemv_layouts_need_no_conversion_and_load_16_bytes():
     loop = source[start:source.index("\n  }\n", start)]            # the k-loop's body
     assert "global<1x8x32x4, i32>" in loop and "ld.global, 4-element vectors" in loop
     assert "__syncthreads" not in loop and "round trip" not in loop
+
+
+def test_gemv_activation_ring_reads_shared_memory_with_ldmatrix():
+    """ASTAGES: the activations ride a cp.async ring, read with ldmatrix (no predicated
+    global load and address per 4 bytes: 5.1 SASS a weight against 6.5 at KS=16, KW=4)."""
+    from tegula.build import build
+    config = dict(G=128, MT=1, KS=16, KW=4, threads=128, INTEGER_ZEROS=1, ASTAGES=3)
+    assert "layout conversions: none" in tg.explain(w4a16_fragment_gemv_kernel(f16, True),
+                                                    **config)
+    source = build(w4a16_fragment_gemv_kernel(f16, True), config,
+                   target="sm_90a").cuda_source()
+    assert "cp.async" in source and "ldmatrix" in source
