@@ -247,6 +247,12 @@ SESSION13 += [("w4frag", shape, dict(c, FUSED=fused, warp_specialize=False))
                                ((64, 14336, 4096), dict(BT=64, KS=2, SPLIT=2, WG=2,
                                                         INTEGER_ZEROS=1)))
               for fused in (0, 1)]
+# ... and split K at the 16-token shapes that ran unsplit (21.5-22 µs at 16x14336x4096): its
+# second launch cost more than the warps it added; fused, it adds warps alone
+SESSION13 += [("w4frag", (16, n, 4096), dict(_SA, KS=4, STAGES=6 if split == 1 else 3,
+                                             SPLIT=split, FUSED=int(split > 1),
+                                             warp_specialize=False))
+              for n in (14336, 11008) for split in (1, 2, 3)]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
         "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13}
