@@ -55,17 +55,11 @@ def _no_prefetch(shape: tuple, config: dict) -> dict:
     return {"tegula.lower.lower:finish_async": finish_async}
 
 
-def _exit_read(shape: tuple, config: dict) -> dict:
-    """The block's last bulk wait (before it exits with TMA stores in flight) only until the
-    stores have read shared memory (`.read`, as CUTLASS's epilogue tail): the kernel's end
-    completes their global writes."""
-    from tegula.lower import hopper
+def _exit_full(shape: tuple, config: dict) -> dict:
+    """The block's last bulk wait without `.read` (until its TMA stores' global writes have
+    landed), as before the exit wait became `.read`: what that saves."""
     from tegula.lower.async_ir import BulkWait
-
-    def bulk_wait(pending, read_only=None):
-        # finish_async's exit wait is the only BulkWait(0) made without read_only
-        return BulkWait(pending, True if read_only is None else read_only)
-    return {"tegula.lower.hopper:BulkWait": bulk_wait}
+    return {"tegula.lower.hopper:exit_bulk_wait": lambda: BulkWait(0)}
 
 
 def _constant_tiles(shape: tuple, config: dict) -> dict:
@@ -98,7 +92,7 @@ VARIANTS = {
     "first_read": lambda shape, config: {
         "tegula.lower.hopper:first_round_waits_for_writes": _first_round_reads_only},
     "no_prefetch": _no_prefetch,
-    "exit_read": _exit_read,
+    "exit_full": _exit_full,
     "const_tiles": _constant_tiles,
 }
 

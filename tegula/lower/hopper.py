@@ -114,7 +114,8 @@ the round's boxes at their swizzled addresses (`smem_matrix.swizzle_bytes_addres
 one `stmatrix.x4` per 8 registers where they form its fragment with 16-byte rows (the
 wgmma accumulator's layout does: `TmaStorePlan.stmatrix`), else `st.shared` —
 `fence.proxy.async`, barrier, thread 0 issues one TMA store per box (clipped at the
-tensor's edge) and commits them; the block ends with thread 0's `wait_group 0`. The
+tensor's edge) and commits them; the block ends with thread 0's `wait_group.read 0` (the
+stores' global writes complete with the kernel, not the block). The
 consumer goes on at once (to the next tile's waits) while the stores drain. A
 `tg.atomic_add` with a bulk plan (`copies.plan_bulk_adds`, any sm_90 kernel) is lowered
 the same way, its boxes added into the tensor by TMA reduce-adds (`TmaStore.reduce`).
@@ -559,6 +560,14 @@ def fence_generic_writes(stmts: list) -> list:
     return map_barriers(stmts, lambda: [FenceProxyAsync(), Barrier()])
 
 
+def exit_bulk_wait() -> BulkWait:
+    """Thread 0's last bulk wait before the block exits: until its TMA stores have read
+    shared memory (`.read`), which may not be freed under them. Their global writes complete
+    with the kernel, not the block (CUTLASS's epilogue tail waits the same way); the full
+    wait held each block until its last writes had landed."""
+    return BulkWait(0, read_only=True)
+
+
 def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tuple[list, list]:
     """The kernel's parameters with each TMA tensor map after its tensor, and its body with
     the kernel-start setup first — thread 0's `prefetch.tensormap` of every map (so the
@@ -579,8 +588,8 @@ def finish_async(kernel, ctx: LoweringContext, params: list, body: list) -> tupl
         with_maps += [m for m in maps if m.tensor == p.name]
     if needs_proxy_fence(kernel):
         body = fence_generic_writes(body)
-    if has_tma_stores(kernel):  # the block may not exit with a TMA store in flight
-        body = body + [If(TID.eq(0), [BulkWait(0)])]
+    if has_tma_stores(kernel):
+        body = body + [If(TID.eq(0), [exit_bulk_wait()])]
     if ctx.warp_roles is not None:
         if getattr(ctx.warp_roles.plan, "pingpong", False):
             # The per-thread coordinate bases are Lets of `tid`: each consumer warpgroup

@@ -4,7 +4,9 @@ inits, so the producer's first TMA copy does not wait for the descriptor's fetch
 thread IR issues one prefetch per tensor map from thread 0 in the kernel's setup; the SASS
 holds one UTMACCTL.PF per map ahead of the first UTMALDG (persistent, staged, decode
 kernels); a kernel with no TMA has none; the emulated kernels stay right (a hint, no
-memory effect)."""
+memory effect). At the block's exit thread 0 waits for its TMA stores only until they
+have read shared memory (`wait_group.read 0`; their global writes complete with the
+kernel), and the emulator, which lands them at the block's end, finds the results right."""
 from __future__ import annotations
 
 import os
@@ -84,3 +86,11 @@ def test_emulated_kernels_with_the_prefetch_are_right(persistent):
                                                                          STAGES=2)
     c = gemm_emulated(a, b, persistent=persistent, staged=not persistent, **tiles)
     check_gemm(c, a, b, f16)
+
+
+@pytest.mark.parametrize("name", ["persistent", "staged"])
+def test_the_block_exits_once_its_stores_have_read_shared_memory(name):
+    source = _built(name).cuda_source()
+    tail = source[source.rindex("cp.async.bulk.commit_group;"):]
+    assert "cp.async.bulk.wait_group.read 0;" in tail
+    assert "cp.async.bulk.wait_group 0;" not in tail

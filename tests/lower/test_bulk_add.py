@@ -184,7 +184,7 @@ def test_emitted_cuda_issues_fenced_bulk_groups():
     fence = src.index("fence.proxy.async.shared::cta;")
     assert src.index("cp.async.bulk.wait_group.read 0;") < fence < src.index(reduce)
     assert src.index(reduce) < src.index("cp.async.bulk.commit_group;") \
-        < src.rindex("cp.async.bulk.wait_group 0;")
+        < src.rindex("cp.async.bulk.wait_group.read 0;")  # before the block exits
     assert "const __grid_constant__ tg_tensor_map out_tmap" in src
 
 
