@@ -21,7 +21,8 @@ Every `TILE_LOOP_EVERY`-th program is followed by a persistent tile-loop program
 (`tile_loops`: tile maps and global reads that ping-pong consumers must not split), run
 for sm_90a (synthesis's choice and ping-pong forced) and sm_80 against a sequential model;
 every `SPECIALIZED_EVERY`-th by a warp-specialized GEMM program (`specialized`: built with
-`warp_specialize=True`, some with a consumer schedule), judged like the others.
+`warp_specialize=True`, some with a consumer schedule), judged like the others (every
+other one under `--role-order stall` or `stall-reversed`).
 """
 from __future__ import annotations
 
@@ -168,8 +169,13 @@ def main(argv=None) -> int:
 
 
 def _run_specialized(args, switches: Switches, index: int, tally: Tally, shrunk: dict) -> None:
-    """Run warp-specialized program `index` of the seed, count it, report a failure."""
+    """Run warp-specialized program `index` of the seed, count it, report a failure. Under
+    the default random order, every other one runs under a stall order instead (a role
+    held after each named-barrier arrive while the others run ahead)."""
     program = make_specialized_program(args.seed, index, switches)
+    if args.role_order == "random" and index % 2:
+        args = argparse.Namespace(**vars(args))  # its reproducing command names the order
+        args.role_order = ("stall", "stall-reversed")[index // 2 % 2]
     verdict = fuzz_program(program, args.seed, index, _features(switches), _targets(args),
                            args.role_order)
     tally.add(verdict)

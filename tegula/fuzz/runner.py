@@ -41,8 +41,10 @@ FALLBACK_TARGETS = {"sm_80": "sm_89", "sm_89": "sm_90"}
 
 #: The order the warp roles of a warp-specialized build run in (`tg.emulate(role_order=)`):
 #: "random" draws a different interleaving per program (`random:<data seed>`), so a run
-#: explores many, each reproducible; "listed" and "reversed" are the two fixed ones.
-ROLE_ORDERS = ("random", "listed", "reversed")
+#: explores many, each reproducible; "listed" and "reversed" are the two fixed ones;
+#: "stall" / "stall-reversed" hold a role after each named-barrier arrive while the others
+#: run ahead (`emulate.roles`: a role lapping another).
+ROLE_ORDERS = ("random", "listed", "reversed", "stall", "stall-reversed")
 
 #: What a target's build used, from the emulator's statement kinds.
 PATH_KINDS = {"wgmma": ("Wgmma",), "TMA": ("TmaLoad", "TmaStore"),

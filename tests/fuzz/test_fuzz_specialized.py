@@ -93,3 +93,20 @@ def test_the_shrinker_drops_options_that_do_not_matter():
     small, verdict, _ = shrink(program, run, run(program), budget_s=10)
     assert verdict.status == "mismatch"
     assert small.warp_specialize is None and small.consumers is None
+
+
+def test_the_long_mode_runs_every_other_one_under_a_stall_order(monkeypatch):
+    """A role held after each named-barrier arrive while the others run ahead (the
+    emulator's stall orders, which find a role lapping another) for odd indices; the
+    order a program ran under is what its reproducing command repeats."""
+    import tegula.fuzz.__main__ as cli
+    from tegula.fuzz.runner import Tally, Verdict
+    seen = []
+    monkeypatch.setattr(cli, "make_specialized_program", lambda seed, index, sw: index)
+    monkeypatch.setattr(cli, "fuzz_program", lambda program, seed, index, features, targets,
+                        order: seen.append(order) or Verdict("pass"))
+    args = cli._parse(["--seed", "3"])
+    for index in range(4):
+        cli._run_specialized(args, Switches(), index, Tally(), {})
+    assert seen == ["random", "stall", "random", "stall-reversed"]
+    assert args.role_order == "random"
