@@ -120,6 +120,21 @@ def activation_quads(a: Any) -> Any:
     return a.reshape(m, k // 16, 2, 8)
 
 
+def _row_half_constants(scales: Any, zeros: Any, dtype: DType, b: Any, group: Any,
+                        groups: int, layout: Layout) -> list:
+    """[zero, scale] of rows 0-7, then of rows 8-15, of quarter `b`: (8, S) tiles at group
+    block `group` (S = `groups` a step), loaded as `constants_tv` says (zeros None: the
+    symmetric zero point)."""
+    from tegula.kernels.quant import SYMMETRIC_ZERO
+    shape, loaded = (8, groups), []
+    for i in range(2):
+        scale = tg.load(scales.tile(shape, (2 * b + i, group)), layout=layout)
+        zero = (tg.load(zeros.tile(shape, (2 * b + i, group)), layout=layout)
+                if zeros is not None else tg.full(shape, SYMMETRIC_ZERO, dtype, layout=layout))
+        loaded += [zero, scale]
+    return loaded
+
+
 def _step_sums(sums: list, words: Any, constants: list, acts: list, dtype: DType,
                groups: int, fractional: bool) -> list:
     """The per-(token, row half) f32 sums after one k-step: per pair slot, w − zero times
@@ -178,14 +193,8 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
             steps = tg.minimum(start + per_split, steps)
 
         def constants(k):   # step k's (zero, scale) tiles per row half i; past K: masked
-            group = k // max(1, G // BK) if S == 1 else k
-            loaded = []
-            for i in range(2):
-                scale = tg.load(scales.tile((8, S), (2 * b + i, group)), layout=rows_tv)
-                zero = (tg.load(zeros.tile((8, S), (2 * b + i, group)), layout=rows_tv)
-                        if has_zeros else tg.full((8, S), 8, dtype, layout=rows_tv))
-                loaded += [zero, scale]
-            return loaded
+            return _row_half_constants(scales, zeros if has_zeros else None, dtype, b,
+                                       k // max(1, G // BK) if S == 1 else k, S, rows_tv)
 
         sums = [tg.zeros((S, KS // S, 8, 4, 1), f32) for _ in range(2 * MT)]
         pairs = [(t, h) for t in range(MT) for h in range(2)]
