@@ -62,6 +62,25 @@ def turns_across_a_nested_ring():
     return lambda: setattr(roles, "takes_turns_in_loop", real)
 
 
+# `seqmax=1`: row max / min folded register by register as before 2026-11-25 (a chain as
+# long as a thread's row) instead of `lower/compute.py`'s balanced tree.
+
+
+def sequential_row_max():
+    """Build with max / min reductions folded in sequence until the returned undo is called."""
+    from tegula.lower import compute
+    from tegula.lower.thread_ir import Binary
+    real = compute._tree
+
+    def chain(combine, values, dtype):
+        out = values[0]
+        for value in values[1:]:
+            out = Binary(combine, out, value, dtype)
+        return out
+    compute._tree = chain
+    return lambda: setattr(compute, "_tree", real)
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     """`name:KEY=VALUE,...` -> (name, constexprs over DEFAULTS); ints and 0/1 booleans."""
     name, _, rest = text.partition(":")
@@ -71,7 +90,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         if key in BUILD_STRINGS or key == "src":
             config[key] = value
         elif key in ("V_KMAJOR", "P_SHARED", "warp_specialize", "noafter", "PERSISTENT",
-                     "ringturns"):
+                     "ringturns", "seqmax"):
             config[key] = bool(int(value))
         else:
             config[key] = int(value)
@@ -104,9 +123,11 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     if values.pop("src", None):
         raise ValueError("src=: the session-10 copy of the kernel was removed after its A/B")
     noafter, ringturns = values.pop("noafter", False), values.pop("ringturns", False)
-    patch = noafter or ringturns
+    seqmax = values.pop("seqmax", False)
+    patch = noafter or ringturns or seqmax
     restore = turn_syncs_without_operands() if noafter else \
-        turns_across_a_nested_ring() if ringturns else None
+        turns_across_a_nested_ring() if ringturns else \
+        sequential_row_max() if seqmax else None
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     # a kernel object of its own: its launch cache must not serve the unpatched variant
