@@ -30,7 +30,7 @@ else:
 
 from tegula.dtypes import bf16, f16  # noqa: E402
 from tegula.kernels.attention import (attention_candidates, attention_kernel,  # noqa: E402
-                                      keys_last, qk_scale)
+                                      forward_grid, keys_last, qk_scale)
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 TEGULA_DTYPES = {torch.float16: f16, torch.bfloat16: bf16}
@@ -87,12 +87,12 @@ def seed_of(request) -> int:
 # -- every candidate the autotuner may pick, launched directly into poisoned outputs ----------
 def _candidates():
     wgmma = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
-    return [(d, c) for d in (64, 128, 256) for c in attention_candidates(d, wgmma)]
+    return [(d, causal, c) for d in (64, 128, 256) for causal in (False, True)
+            for c in attention_candidates(d, wgmma, causal)]
 
 
-@pytest.mark.parametrize("d,config", _candidates() if torch.cuda.is_available() else [],
+@pytest.mark.parametrize("d,causal,config", _candidates() if torch.cuda.is_available() else [],
                          ids=lambda x: str(x))
-@pytest.mark.parametrize("causal", [False, True])
 def test_every_candidate_into_poisoned_outputs(d, config, causal, request):
     b, h, h_kv, sq, sk = 2, 4, 2, 203, 150   # divides no tile; Sq > Sk: masked rows if causal
     dtype = torch.float16 if d != 128 else torch.bfloat16
@@ -104,9 +104,9 @@ def test_every_candidate_into_poisoned_outputs(d, config, causal, request):
     operand = keys_last(v, (0, 1, 3, 2)) if values["V_KMAJOR"] else v  # as the entry does
     kernel = attention_kernel(TEGULA_DTYPES[dtype])
     extra = {"threads": threads} if threads else {}
-    kernel[(-(-sq // values["BM"]), h, b)](q, k, operand, o, lse, D=d,
-                                           QK_SCALE=qk_scale(None, d), CAUSAL=causal,
-                                           **values, **extra)
+    kernel[forward_grid(values, sq, h, b, q.device)](q, k, operand, o, lse, D=d,
+                                                     QK_SCALE=qk_scale(None, d),
+                                                     CAUSAL=causal, **values, **extra)
     torch.cuda.synchronize()
     check(o, lse, *reference(q, k, v, causal), dtype, f"D={d} {config} causal={causal}")
 
