@@ -222,6 +222,7 @@ class WgmmaPlan:
     a_tv: Layout | None = None  # None: A is read from shared memory by the instruction
     trans_a: int = 0
     trans_b: int = 0
+    joint: str = ""  # why the one search took this plan over the cheapest alone
     b_tv = None
     kind = "wgmma"  # what lowering dispatches on (`lower/hopper.py: is_wgmma`)
 
@@ -233,7 +234,8 @@ class WgmmaPlan:
                  else f"A{mn(self.trans_a)} and B{mn(self.trans_b)} read from shared memory "
                  f"through descriptors ({self.swizzle_a} B / {self.swizzle_b} B swizzle)")
         return (f"{self.atom.name} on a {self.grid.wm}x{self.grid.wn} warpgroup grid, "
-                f"{rm}x{rn}x{rk} wgmmas per warpgroup per gemm; {where}")
+                f"{rm}x{rn}x{rk} wgmmas per warpgroup per gemm; {where}"
+                + (f"; {self.joint}" if self.joint else ""))
 
 
 def has_wgmma(target: Target) -> bool:
@@ -318,9 +320,19 @@ def _wgmma_operand_problem(op: Gemm, threads: int) -> str:
 
 def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None, str]:
     """(the cheapest wgmma plan, "") for `op`, or (None, why wgmma does not fit)."""
+    plans, why = wgmma_plans(op, threads, target, every=False)
+    return (plans[0] if plans else None), why
+
+
+def wgmma_plans(op: Gemm, threads: int, target: Target,
+                every: bool = True) -> tuple[list[WgmmaPlan], str]:
+    """(every wgmma plan of `op` — one per warpgroup grid and instruction N width that
+    tile its C — cheapest first, "") or ([], why wgmma does not fit); `every=False`: the
+    cheapest only. The one search (`synth/search.py`) weighs them with the conversions
+    of chained gemms."""
     problem = _wgmma_operand_problem(op, threads)
     if problem:
-        return None, problem
+        return [], problem
     (bm, bn), (_, bk) = op.c.shape, op.a.shape
     k_step = WGMMA_K_BYTES * 8 // op.a.dtype.bits
     if bk % k_step:
@@ -350,17 +362,20 @@ def plan_wgmma(op: Gemm, threads: int, target: Target) -> tuple[WgmmaPlan | None
         why = "; ".join(reasons[:1]) or (
             f"the {bm}x{bn} C tile does not split into 64xN (N a multiple of 8) fragments "
             f"over {threads // WARPGROUP} warpgroup(s)")
-        return None, why
+        return [], why
     scored.sort(key=lambda c: c[:3])
-    _, _, _, atom, grid = scored[0]
-    n = atom.n
-    c_tv = mma_tiled_tv(atom.acc_tv, (WGMMA_M, n), (bm, bn), grid, "c")
-    a_tv = (mma_tiled_tv(atom.a_tv, (WGMMA_M, k_step), (bm, bk), grid, "a")
-            if isinstance(op.a, RegisterTile) else None)
-    repeats = (bm // (WGMMA_M * grid.wm), bn // (n * grid.wn), bk // k_step)
-    return WgmmaPlan(atom, grid, c_tv, repeats, swizzles[0], swizzles[1],
-                     tuple((c[3].name, f"{c[4].wm}x{c[4].wn} warpgroup grid",
-                            round(c[0][0], 1)) for c in scored), a_tv, *trans), ""
+    candidates = tuple((c[3].name, f"{c[4].wm}x{c[4].wn} warpgroup grid", round(c[0][0], 1))
+                       for c in scored)
+    plans = []
+    for _, _, _, atom, grid in scored if every else scored[:1]:
+        n = atom.n
+        c_tv = mma_tiled_tv(atom.acc_tv, (WGMMA_M, n), (bm, bn), grid, "c")
+        a_tv = (mma_tiled_tv(atom.a_tv, (WGMMA_M, k_step), (bm, bk), grid, "a")
+                if isinstance(op.a, RegisterTile) else None)
+        repeats = (bm // (WGMMA_M * grid.wm), bn // (n * grid.wn), bk // k_step)
+        plans.append(WgmmaPlan(atom, grid, c_tv, repeats, swizzles[0], swizzles[1],
+                               candidates, a_tv, *trans))
+    return plans, ""
 
 
 def _wgmma_widths(n_per_group: int) -> list[int]:

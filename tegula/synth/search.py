@@ -37,7 +37,8 @@ from tegula.errors import SynthesisError
 from tegula.ir.ops import Gemm
 from tegula.synth.chains import conversion_cycles
 from tegula.synth.gemm import (GemmPlan, WgmmaPlan, candidate_score, has_wgmma, mma_sync_plans,
-                               plan_gemm, plan_wgmma)
+                               plan_gemm, wgmma_plans)
+from tegula.synth.registers import per_thread_limit
 
 #: How many complete decision vectors the search may score. Past it the best vector found
 #: so far is kept and `JointSearch.truncated` says how many were neither scored nor pruned.
@@ -94,26 +95,31 @@ def accumulator_groups(gemms: list[Gemm]) -> list[list[Gemm]]:
     return list(groups.values())
 
 
-def gemm_options(group: list[Gemm], threads: int, target: Target) -> list[Option]:
+def gemm_options(group: list[Gemm], threads: int, target: Target,
+                 every_width: bool = False) -> list[Option]:
     """Every option of one group (module docstring), in no particular order. Raises the
-    per-op planner's `SynthesisError` where a gemm has no instruction at all."""
+    per-op planner's `SynthesisError` where a gemm has no instruction at all. With
+    `every_width` (a group chained to another: its C layout can make a conversion free or
+    not) each wgmma warpgroup grid and N width the group's gemms share is an option, at its
+    own cost (ties ordered as `wgmma_plans` ranks them), a plan whose operand registers
+    (`operand_words`) pass a thread's limit left out; otherwise the cheapest wgmma plan is
+    (without couplings no other can win)."""
     wgmma, mma = {}, {}
     for g in group:
-        plan, reason = plan_wgmma(g, threads, target) if has_wgmma(target) else (None, "")
-        wgmma[id(g)] = plan if plan is not None else reason
-        if plan is None:
+        plans, reason = (wgmma_plans(g, threads, target, every_width) if has_wgmma(target)
+                         else ([], ""))
+        wgmma[id(g)] = plans or reason
+        if not plans:
             plan_gemm(g, threads, target)  # raises where no mma.sync takes it either
         try:
             mma[id(g)] = mma_sync_plans(g, threads, target)
         except SynthesisError:
-            if plan is None:
+            if not plans:
                 raise
             mma[id(g)] = []
-    options = []
-    fits = all(isinstance(wgmma[id(g)], WgmmaPlan) for g in group)
-    if fits and len({str(wgmma[id(g)].c_tv) for g in group}) == 1:
-        options.append(Option({id(g): wgmma[id(g)] for g in group},
-                              sum(wgmma[id(g)].candidates[0][2] for g in group), (0,)))
+    fits = all(isinstance(wgmma[id(g)], list) for g in group)
+    best = {gid: (w[0] if isinstance(w, list) else w) for gid, w in wgmma.items()}
+    options = _wgmma_options(group, wgmma, target, threads) if fits else []
     ranked = [{(p.atom.name, p.grid): (rank, p) for rank, p in enumerate(mma[id(g)])}
               for g in group]
     for shared_key in [k for k in ranked[0] if all(k in r for r in ranked)]:
@@ -123,10 +129,44 @@ def gemm_options(group: list[Gemm], threads: int, target: Target) -> list[Option
             (bm, bn), (_, bk) = g.c.shape, g.a.shape
             cost += candidate_score(plan.atom, plan.grid, (bm, bn, bk), target)[0]
             plans[id(g)] = dataclasses.replace(plan, wgmma_skipped=_why_not_wgmma(
-                g, group, wgmma, fits))
+                g, group, best, fits))
             ranks.append(rank)
         options.append(Option(plans, cost, (1, *ranks)))
     return options
+
+
+def _wgmma_options(group: list[Gemm], wgmma: dict, target: Target,
+                   threads: int) -> list[Option]:
+    """The wgmma options of a group whose gemms all fit wgmma: each (N width, warpgroup
+    grid) every gemm has, where their accumulator layouts agree; cost the gemms' summed
+    scores, key (0, their ranks, operand words). A plan whose operand registers alone pass
+    a thread's limit is not offered."""
+    limit = per_thread_limit(target, threads)
+    by_key = [{(p.atom.n, p.grid.wm, p.grid.wn): (rank, p) for rank, p in enumerate(wgmma[id(g)])}
+              for g in group]
+    options = []
+    for key in by_key[0]:
+        if not all(key in b for b in by_key):
+            continue
+        chosen = [b[key] for b in by_key]
+        if len({str(p.c_tv) for _, p in chosen}) != 1:
+            continue
+        words = max(operand_words(p) for _, p in chosen)
+        if words > limit:
+            continue
+        options.append(Option({id(g): p for g, (_, p) in zip(group, chosen)},
+                              sum(p.candidates[rank][2] for rank, p in chosen),
+                              (0, *(rank for rank, _ in chosen), words)))
+    return options
+
+
+def operand_words(plan: WgmmaPlan) -> int:
+    """32-bit registers a thread holds for a wgmma plan's register operands: the
+    accumulator, and A where it is read from registers (warpgroups along N hold the same
+    rows of A: a grid with more of them holds more)."""
+    def words(tv, bits: int) -> int:
+        return 0 if tv is None else -(-tv[1].size * bits // 32)
+    return words(plan.c_tv, 32) + words(plan.a_tv, plan.atom.a_dtype.bits)
 
 
 def _why_not_wgmma(g: Gemm, group: list[Gemm], wgmma: dict, fits: bool) -> str:
@@ -154,7 +194,9 @@ def search_plans(gemms: list[Gemm], chains: list, threads: int, target: Target,
     option list before the search, which must not change the result."""
     groups = accumulator_groups(gemms)
     group_of = {id(g): i for i, group in enumerate(groups) for g in group}
-    options = [gemm_options(group, threads, target) for group in groups]
+    coupled = {group_of[id(g)] for pair in chains for g in pair}
+    options = [gemm_options(group, threads, target, i in coupled)
+               for i, group in enumerate(groups)]
     for group, listed in zip(groups, options):
         if not listed:  # wgmma layouts disagree and no mma.sync takes them all: say why
             for g in group:
@@ -176,16 +218,17 @@ def search_plans(gemms: list[Gemm], chains: list, threads: int, target: Target,
     for i, option in enumerate(chosen):
         alone = options[i][0]
         for gid, plan in option.plans.items():
-            if option is not alone and isinstance(plan, GemmPlan):
+            if option is not alone and isinstance(plan, (GemmPlan, WgmmaPlan)):
                 plan = dataclasses.replace(plan, joint=_joint_note(i, couplings, chosen,
-                                                                   threads, target))
+                                                                   threads, target, plan))
             plans[gid] = plan
     return plans, record
 
 
 def _joint_note(group: int, couplings: list, chosen: list, threads: int,
-                target: Target) -> str:
+                target: Target, plan=None) -> str:
     """Why a group's plan is not its cheapest alone: the chained gemm it was priced with."""
+    what = ("N width and warpgroup grid" if isinstance(plan, WgmmaPlan) else "warp grid")
     for g1, g2, first, second in couplings:
         if group in (g1, g2):
             other = second if group == g1 else first
@@ -193,7 +236,7 @@ def _joint_note(group: int, couplings: list, chosen: list, threads: int,
             how = ("its accumulator reaches the A operand by register renaming" if cost == 0
                    else f"converting its accumulator costs ~{cost:.0f} cycles")
             line = other.loc.lineno if other.loc else "?"
-            return f"warp grid chosen with the gemm at line {line} ({how})"
+            return f"{what} chosen with the gemm at line {line} ({how})"
     return ""
 
 

@@ -193,3 +193,55 @@ def test_golden_attention_backward_picks():
         "wgmma.m64n64k16.f32.f16.f16", "wgmma.m64n128k16.f32.f16.f16"] * 2
     _, gemms = _backward("dq", 64, "sm_80", BM=64, BN=64)
     assert _grids(gemms) == [("mma.sync", 2, 2)] * 3
+
+
+# ------------------------------------------------------------------ wgmma N width
+
+def _attention_block_sm90():
+    attention_block.__dict__.pop("_builds", None)
+    result = build(attention_block, {}, None, "sm_90a")
+    gemms = [op for op in walk_ops(result.traced.body) if isinstance(op, Gemm)]
+    return result, gemms
+
+
+def test_a_chained_gemm_offers_every_wgmma_width():
+    """S = Q Kᵀ feeds P V: each of its wgmma N widths (64, 32, 16, 8 on one warpgroup) is
+    a decision of the search, at its own cost; alone the widest is cheapest and is picked,
+    as before the widths were searched."""
+    result, (s, o) = _attention_block_sm90()
+    try:
+        widths = [p.atom.n for opt in search.gemm_options([s], 128, result.target, True)
+                  for p in opt.plans.values() if p.kind == "wgmma"]
+        assert sorted(widths) == [8, 16, 32, 64]
+        assert len(search.gemm_options([s], 128, result.target, False)) == \
+            len(search.gemm_options([s], 128, result.target, True)) - 3
+        assert (s.choices["plan"].atom.n, o.choices["plan"].atom.n) == (64, 64)
+        record = search_plans([s, o], gemm_chains([s, o], result.traced.body), 128,
+                              result.target)[1]
+        assert record.options[0] == len(widths) + 6    # + the six mma.sync options
+    finally:
+        attention_block.__dict__.pop("_builds", None)
+
+
+def test_the_conversion_can_pick_a_narrower_width(monkeypatch):
+    """Priced so that only S on m64n32 reaches P's A layout cheaply, the search takes that
+    width over the cheaper m64n64 alone, and says so in the plan (`tegula explain`)."""
+    def price(o1, o2, first, second, threads, target):
+        return 0.0 if o1.plans[id(first)].atom.n == 32 else 1000.0
+    monkeypatch.setattr(search, "_conversion", price)
+    result, (s, o) = _attention_block_sm90()
+    try:
+        plan = s.choices["plan"]
+        assert plan.kind == "wgmma" and plan.atom.n == 32
+        assert "N width and warpgroup grid chosen with the gemm at line" in plan.describe()
+        assert "wgmma.m64n32k16" in result.explain()
+    finally:
+        attention_block.__dict__.pop("_builds", None)
+
+
+def test_operand_words_count_the_accumulator_and_a_register_a():
+    """64x64 f32 accumulator on 128 threads: 32 words; P (64x64 f16) from registers: 16."""
+    _, (s, o) = _attention_block_sm90()
+    attention_block.__dict__.pop("_builds", None)
+    assert search.operand_words(s.choices["plan"]) == 32
+    assert search.operand_words(o.choices["plan"]) == 32 + 16
