@@ -62,23 +62,15 @@ def turns_across_a_nested_ring():
     return lambda: setattr(roles, "takes_turns_in_loop", real)
 
 
-# `seqmax=1`: row max / min folded register by register as before 2026-11-25 (a chain as
-# long as a thread's row) instead of `lower/compute.py`'s balanced tree.
+# `treemax=1`: row max / min folded as a balanced tree (`lower/compute.py` BALANCED_MINMAX)
+# instead of a chain as long as a thread's row.
 
 
-def sequential_row_max():
-    """Build with max / min reductions folded in sequence until the returned undo is called."""
+def balanced_row_max():
+    """Build with max / min reductions folded as a tree until the returned undo is called."""
     from tegula.lower import compute
-    from tegula.lower.thread_ir import Binary
-    real = compute._tree
-
-    def chain(combine, values, dtype):
-        out = values[0]
-        for value in values[1:]:
-            out = Binary(combine, out, value, dtype)
-        return out
-    compute._tree = chain
-    return lambda: setattr(compute, "_tree", real)
+    compute.BALANCED_MINMAX = True
+    return lambda: setattr(compute, "BALANCED_MINMAX", False)
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -90,7 +82,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         if key in BUILD_STRINGS or key == "src":
             config[key] = value
         elif key in ("V_KMAJOR", "P_SHARED", "warp_specialize", "noafter", "PERSISTENT",
-                     "ringturns", "seqmax"):
+                     "ringturns", "treemax"):
             config[key] = bool(int(value))
         else:
             config[key] = int(value)
@@ -123,11 +115,11 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     if values.pop("src", None):
         raise ValueError("src=: the session-10 copy of the kernel was removed after its A/B")
     noafter, ringturns = values.pop("noafter", False), values.pop("ringturns", False)
-    seqmax = values.pop("seqmax", False)
-    patch = noafter or ringturns or seqmax
+    treemax = values.pop("treemax", False)
+    patch = noafter or ringturns or treemax
     restore = turn_syncs_without_operands() if noafter else \
         turns_across_a_nested_ring() if ringturns else \
-        sequential_row_max() if seqmax else None
+        balanced_row_max() if treemax else None
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     # a kernel object of its own: its launch cache must not serve the unpatched variant

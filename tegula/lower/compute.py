@@ -32,6 +32,11 @@ from tegula.lower.thread_ir import (Assign, Barrier, Binary, Bits, Cast, Comment
 
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 _REDUCE_OP = {"sum": "add", "max": "max", "min": "min"}
+#: Fold a thread's registers into a row max / min as a balanced tree (log2 n deep) rather
+#: than in register order (n deep). Off: the register estimate's goldens and occupancy
+#: (tests/synth/test_cost_registers.py) count the chain; `benchmarks/attention_variants.py`
+#: treemax=1 turns it on for an A/B.
+BALANCED_MINMAX = False
 _REDUCE_IDENTITY = {"sum": 0.0, "max": -float("inf"), "min": float("inf")}
 
 
@@ -292,7 +297,7 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
         target = first_of[out_table[:, int(targets[xv])].tobytes()]
         inputs.setdefault(target, []).append(_as(RegRead(reg(x_regs, xv)), dtype))
     for target, values in inputs.items():
-        if op.kind == "sum":  # in register order: the rounding stays as it was
+        if op.kind == "sum" or not BALANCED_MINMAX:  # in register order
             for value in values:
                 stmts.append(Assign(reg(acc_regs, target), Binary(
                     combine, RegRead(reg(acc_regs, target)), value, dtype)))
