@@ -22,7 +22,8 @@ what CUDA keeps in registers (their indices are constants after unrolling). The 
    own (ptxas loads the next k-step's fragments while this one's mmas run):
    `_load_one_k_step_ahead`.
 6. Outside loops some values are computed where they are used (`_compute_at_use`): a
-   widening conversion (f16 to f32) at each of its reads, a product only a sum reads
+   widening conversion (f16 to f32) at each of its reads (where one statement combines
+   n of them, a balanced tree, about log2(n) + 1 at once), a product only a sum reads
    inside the sum.
 7. Compile-time constants (literals, constant indices, what only they compute) and index
    expressions (a scalar plus a constant per element) hold no registers:
@@ -319,6 +320,7 @@ def _compute_at_use(intervals: dict, defs: dict, loops: list) -> None:
         return any(start <= position <= stop for start, stop in loops)
 
     elements = defs.get("elements", {})
+    widened_at: dict = {}          # position -> the widened elements redone there
     for key, (position, operands) in sorted(elements.items(), key=lambda kv: -kv[1][0]):
         iv = intervals.get(key)
         if iv is None or in_loop(position):
@@ -334,6 +336,7 @@ def _compute_at_use(intervals: dict, defs: dict, loops: list) -> None:
             del intervals[key]
             for i, read in enumerate(reads):
                 intervals[key + (i,)] = _Interval(iv.bits, read, read, [(read, True)])
+                widened_at.setdefault(read, []).append(key + (i,))
             continue
         use = reads[0]
         if len(reads) != 1 or use not in defs.get("accumulations", ()) \
@@ -343,6 +346,11 @@ def _compute_at_use(intervals: dict, defs: dict, loops: list) -> None:
             _move_reads(intervals[op], position, [use])
         iv.first = iv.last = use
         iv.mentions = [(use, False), (use, True)]
+    # A statement that combines n redone conversions as one expression (a row's max as a
+    # balanced tree) holds about log2(n) + 1 of them at once, not n.
+    for keys in widened_at.values():
+        for key in keys[(len(keys)).bit_length():]:
+            del intervals[key]
 
 
 def _sink_elementwise(intervals: dict, defs: dict) -> None:

@@ -140,10 +140,13 @@ def _wgmma_options(group: list[Gemm], wgmma: dict, target: Target,
     """The wgmma options of a group whose gemms all fit wgmma: each (N width, warpgroup
     grid) every gemm has, where their accumulator layouts agree; cost the gemms' summed
     scores, key (0, their ranks, operand words). A plan whose operand registers alone pass
-    a thread's limit is not offered."""
-    limit = per_thread_limit(target, threads)
+    a thread's limit, and the cheapest plan's, is not offered."""
     by_key = [{(p.atom.n, p.grid.wm, p.grid.wn): (rank, p) for rank, p in enumerate(wgmma[id(g)])}
               for g in group]
+    # Past the limit only where the cheapest plan is not (which keeps its place, with the
+    # spill warning the register estimate gives).
+    limit = max(per_thread_limit(target, threads),
+                max(operand_words(wgmma[id(g)][0]) for g in group))
     options = []
     for key in by_key[0]:
         if not all(key in b for b in by_key):
