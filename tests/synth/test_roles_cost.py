@@ -243,3 +243,24 @@ def test_explain_says_when_the_grid_would_change_the_roles():
     told = explain(kernel, grid=(4, 8), shapes=shapes, grid_blocks=32)
     assert "grid_blocks=32 for it" not in told
     assert "roles: warp-specialized" in told and "roles: warp-specialized" not in small
+
+
+def test_the_grid_chosen_producer_computes_the_product():
+    """A small grid (6 blocks) launched with grid_blocks gets the producer warpgroup, and
+    the emulator's result is the product, every element, at a shape the tiles do not
+    divide."""
+    import numpy as np
+
+    import tegula as tg
+    kernel = readme_gemm()
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((200, 96)).astype(np.float16)
+    b = rng.standard_normal((136, 96)).astype(np.float16)
+    c = np.full((200, 136), np.nan, np.float16)
+    grid = (tg.cdiv(200, 128), tg.cdiv(136, 64))
+    cx = dict(BM=128, BN=64, BK=32, grid_blocks=grid[0] * grid[1])
+    (loop,) = tma_loops(build(kernel, cx, None, "sm_90a"))
+    assert "roles" in loop.choices
+    tg.emulate(kernel, grid, a, b, c, target="sm_90a", **cx)
+    want = a.astype(np.float32) @ b.astype(np.float32).T
+    assert np.all(np.abs(c.astype(np.float32) - want) <= 2e-2 * np.abs(want).max())
