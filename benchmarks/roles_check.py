@@ -6,7 +6,8 @@ by default (issue 11: the decision belongs to the model, not to a pin in the ker
 
 Per case (the attention backward's dK/dV and dQ kernels, the attention forward, the
 blockwise FP8 GEMM's 64x128 tile, the README GEMM; `--one-gemm`: the bodies of one gemm,
-README GEMM tiles and the library's split-K and FP8 candidates at their shapes): both forms are built (`warp_specialize=False` / `True`) and compiled in
+README GEMM tiles and the library's split-K and FP8 candidates at their shapes; `--grid`: the
+README GEMM at grids of one to three blocks an SM): both forms are built (`warp_specialize=False` / `True`) and compiled in
 worker processes, run once into outputs poisoned with NaN and checked element by element
 against a float32 torch reference, then timed (`triton.testing.do_bench`, median, one
 process). Printed last: measured specialized / one-role time, the model's ratio for the
@@ -89,7 +90,20 @@ ONE_GEMM_CASES = [
     ("fp8 blockwise 64x64 S4 @64", dict(family="fp8bw", mnk=(64, 4096, 4096),
                                         tiles=dict(BM=64, BN=64, STAGES=4))),
 ]
-CASES = CASES + ONE_GEMM_CASES
+#: Small grids the session-12 data did not have (session 13, held out of the grid_blocks
+#: change): the README GEMM's one-role tiles at shapes of at most one block an SM, at two,
+#: and at three (two rounds at two resident, the last of one block at its own occupancy).
+GRID_CASES = [
+    ("gemm 128x128x32 S3 @512x1024", dict(family="gemm", mnk=(512, 1024, 4096),
+                                          tiles=dict(BM=128, BN=128, BK=32, STAGES=3))),
+    ("gemm 128x128x64 S3 @1024x2048", dict(family="gemm", mnk=(1024, 2048, 4096),
+                                           tiles=dict(BM=128, BN=128, BK=64, STAGES=3))),
+    ("gemm 64x128x64 S4 @1024x2048", dict(family="gemm", mnk=(1024, 2048, 4096),
+                                          tiles=dict(BM=64, BN=128, BK=64, STAGES=4))),
+    ("gemm 128x128x32 S3 @2048x3072", dict(family="gemm", mnk=(2048, 3072, 4096),
+                                           tiles=dict(BM=128, BN=128, BK=32, STAGES=3))),
+]
+CASES = CASES + ONE_GEMM_CASES + GRID_CASES
 
 
 def kernel_and_setup(case: dict):
@@ -435,6 +449,8 @@ def main() -> None:
     parser.add_argument("--entry", action="store_true")
     parser.add_argument("--one-gemm", action="store_true",
                         help="the one-gemm bodies: the README GEMM's and ONE_GEMM_CASES")
+    parser.add_argument("--grid", action="store_true",
+                        help="GRID_CASES: the README GEMM at small grids (session 13)")
     parser.add_argument("--recorded", default=None, metavar="TEXT",
                         help="no GPU: today's model against the times of a results text "
                              "this script printed (e.g. benchmarks/results/"
@@ -447,10 +463,12 @@ def main() -> None:
     if options.entry:
         entry_points(log, options.jobs)
         return
+    grid_cases = [i for i, case in enumerate(CASES) if case in GRID_CASES]
     picked = ([int(i) for i in options.cases.split(",")] if options.cases
+              else grid_cases if options.grid
               else [i for i, (_, case) in enumerate(CASES)
                     if case["family"] in ("gemm", "splitk", "fp8", "fp8bw")
-                    and not case["family"].startswith("bwd")] if options.one_gemm
+                    and i not in grid_cases] if options.one_gemm
               else list(range(len(CASES))))
     if options.recorded:
         times = recorded_times(Path(options.recorded))
