@@ -127,6 +127,8 @@ def compile_mbarrier_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str)
             # next (the waiters acquire it, `compile_mbarrier_wait`), nothing else.
             a.arrive(bar, len(sub), tx, what, state.smem.release(sub))
         st.add(state.active_warps())
+        if len(lanes) and not tx:  # a release (not a producer's expect_tx): roles.py
+            stall_point(state)
     return run
 
 
@@ -151,6 +153,8 @@ def compile_remote_arrive(s: MBarrierArrive, ctx: Ctx, st: OpStats, what: str) -
                 # and orders no generic access of the peer's (its stages are TMA's).
                 peer.asyncs.arrive(bar, len(sub), 0, f"{what} (CTA {rank})")
         st.add(state.active_warps())
+        if len(lanes):  # a release to the cluster (roles.py: the stall orders)
+            stall_point(state)
     return run
 
 

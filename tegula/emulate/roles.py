@@ -36,13 +36,16 @@ hold one back long enough: a warpgroup that arrives on the other's turn barrier 
 then slow (its softmax) while the other passes its own sync and arrives a second time was
 never explored (the ping-pong deadlock of 2be99ba: two arrivals of 128 completed a
 256-thread barrier alone). Under these orders the roles start in listed (reversed) order
-and run until they block, but a role that has just arrived on a named barrier
-(`bar.arrive`) *stalls*: it goes on only when no role that has not stalled can run, the
-most recently stalled first. So the role that arrived first is held right after its
-arrive while the others (the producer too: its mbarrier arrives are no stall points) run
-as far ahead as they can: a role lapping another then arrives twice in one generation,
-which is reported (`async_ops._check_lapping`). Each warpgroup is a coroutine of its own,
-as under the reversed and random orders.
+and run until they block, but a role that has just arrived — `bar.arrive` on a named
+barrier, or an mbarrier arrive that carries no transaction bytes (a release: a consumer
+handing a stage back, locally or to a peer of its cluster) — *stalls*: it goes on only
+when no role that has not stalled can run, the most recently stalled first. So the role
+that arrived first is held right after its arrive while the others (the producer too: its
+`expect_tx` arrives are no stall points) run as far ahead as they can: a role lapping
+another then arrives twice in one generation, which is reported
+(`async_ops._check_lapping`), and a stage released before its wgmma read it is refilled
+while the read is still pending, which is reported too. Each warpgroup is a coroutine of
+its own, as under the reversed and random orders.
 
 Outside `Roles` the whole block is one coroutine: a wait whose condition does not hold
 can never be satisfied, and is the same deadlock report (`block_until`).

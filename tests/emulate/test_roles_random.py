@@ -152,6 +152,19 @@ def test_a_stage_released_early_is_missed_by_the_fixed_orders_and_found_by_rando
     assert found, "no random interleaving exposed the early release"
 
 
+@pytest.mark.parametrize("moved_before,report", [
+    (WgmmaWait, STAGE_STILL_READ),
+    (WgmmaFence, "before a wait observed phase")], ids=["before-the-wgmma-wait",
+                                                        "before-the-wgmma-issue"])
+@pytest.mark.parametrize("order", ["stall", "stall-reversed"])
+def test_a_stage_released_early_is_found_by_the_stall_orders(moved_before, report, order):
+    """Held right after its release (an mbarrier arrive with no transaction bytes), the
+    consumer lets the producer run ahead and refill the stage: under both stall orders,
+    with no seed to find, the refill lands under the wgmma still reading the stage, or
+    (released before the issue) the wgmma then reads the next copy's bytes unwaited."""
+    assert report in _outcome(_release_before(moved_before), order)
+
+
 def test_a_random_order_is_deterministic_per_seed():
     factory = _release_before(WgmmaWait)
     outcomes = [_outcome(factory, order) for order in SEEDS]
@@ -210,6 +223,8 @@ def test_a_cluster_stage_released_early_is_found_by_random_orders():
     for order in FIXED:
         assert outcome(order) == "ok", order
     assert any(STAGE_STILL_READ in outcome(order) for order in SEEDS)
+    # held after its remote release, the peers' producers multicast under the reads
+    assert any(STAGE_STILL_READ in outcome(order) for order in ("stall", "stall-reversed"))
 
 
 # ------------------------------------------------------------------ deadlocks

@@ -5,7 +5,9 @@ built in one role (the cost model's choice), so the fuzzer never drew the produc
 consumer lowering except through role blocks."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,9 @@ from tegula.fuzz.runner import build_options
 from tegula.fuzz.shrink import shrink
 from tegula.fuzz.source import kernel_source
 from tegula.fuzz.specialized import make_specialized_program
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_fuzz_interleavings import early_release_lowering  # noqa: E402,F401 (a fixture)
 
 SEED = 1601
 
@@ -110,3 +115,17 @@ def test_the_long_mode_runs_every_other_one_under_a_stall_order(monkeypatch):
         cli._run_specialized(args, Switches(), index, Tally(), {})
     assert seen == ["random", "stall", "random", "stall-reversed"]
     assert args.role_order == "random"
+
+
+def test_the_sample_finds_an_injected_early_release(early_release_lowering):
+    """A lowering whose consumers release each stage before their wgmma read it (a bug
+    one-role builds cannot have) is found by the warp-specialized programs above under a
+    stall order (the long mode's every other one), judged as the fuzzer judges them: a
+    race the emulator names, not a silent pass. (Programs whose K loop never wraps the
+    ring cannot show it.)"""
+    found = [index for index in RUN_IN_ROLES
+             if fuzz_program(make_specialized_program(SEED, index), SEED, index,
+                             targets=("sm_90a",), role_order="stall-reversed").status
+             == "internal"]
+    assert early_release_lowering and any(early_release_lowering)
+    assert found, "no warp-specialized program exposed the early release"
