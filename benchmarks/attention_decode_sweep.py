@@ -66,7 +66,7 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
 
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
               extras: list, copy_bw: float, warm: bool = False, parts: bool = False,
-              combines: tuple = (), forms: tuple = (True,)) -> str:
+              combines: tuple = (), forms: tuple = (True,), shuffled: bool = True) -> str:
     """One row: SDPA, then each (BN, split multiplier, split-kernel override, form: fused
     "F" or two launches "2L"); the configuration `decode_config` picks is starred.
     `parts`: also the split kernel timed alone (µs, and the whole step's µs beside it);
@@ -81,13 +81,14 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
     k, v = (torch.randn(B, kv_heads, S, D, device="cuda", dtype=torch.float16)
             for _ in range(2))
     lengths = torch.full((B,), S, dtype=torch.int32, device="cuda")
-    cache_k, cache_v, table = page_cache(torch, k, v) if paged else (k, v, None)
+    cache_k, cache_v, table = page_cache(torch, k, v, shuffled) if paged else (k, v, None)
     want = reference(torch, q, k, v)
     kv_bytes = 2 * B * kv_heads * S * D * 2
     tbps = lambda ms: kv_bytes / ms / 1e9  # noqa: E731
     sdpa = 1.0 if warm else tbps(gpu.time_ms(
         lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)))
-    row = (f"{B}x{H}/{kv_heads}x{D} S={S}{' paged' if paged else ''}: copy {copy_bw:.2f} "
+    kind = (" paged" + ("" if shuffled else " in order")) if paged else ""
+    row = (f"{B}x{H}/{kv_heads}x{D} S={S}{kind}: copy {copy_bw:.2f} "
            f"sdpa {sdpa:.2f} TB/s |")
     page = PAGE if paged else 0
     picked = decode_config(B, kv_heads, S, D, page)
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paged", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--threads", default="0", help="split-kernel block sizes (0: its own)")
     parser.add_argument("--stages", default="0", help="split-kernel K/V ring stages (0: its own)")
+    parser.add_argument("--touch", default="0",
+                        help="paged: touch the page this many key blocks ahead (the WARM "
+                             "constexpr; 0: off), comma-separated")
     parser.add_argument("--parts", action="store_true",
                         help="also time the split kernel alone (the combine's share)")
     parser.add_argument("--combine", default="",
@@ -152,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--form", choices=("fused", "two", "both"), default="fused",
                         help="the fused kernel (the last split block merges), the two "
                              "launches (split, then combine), or both (an A/B in one process)")
+    parser.add_argument("--in-order", action="store_true",
+                        help="paged caches with each sequence's pages in order (default: "
+                             "shuffled over the pool)")
     parser.add_argument("--warm", action="store_true",
                         help="compile and check each configuration only (no timing)")
     args = parser.parse_args(argv)
@@ -161,15 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = 1.0 if args.warm else gpu.copy_bandwidth(torch) / 1e12
     bns = [int(x) for x in args.bn.split(",")]
     multipliers = [float(x) for x in args.splits.split(",")]
-    extras = [{k: v for k, v in (("threads", t), ("STAGES", st)) if v}
-              for t in map(int, args.threads.split(",")) for st in map(int, args.stages.split(","))]
+    extras = [{k: v for k, v in (("threads", t), ("STAGES", st), ("WARM", w)) if v}
+              for t in map(int, args.threads.split(",")) for st in map(int, args.stages.split(","))
+              for w in map(int, args.touch.split(","))]
     combines = tuple(tuple(int(x) for x in c.split(":")) for c in filter(None, args.combine.split(",")))
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
             forms = {"fused": (True,), "two": (False,), "both": (True, False)}[args.form]
             print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm,
-                            args.parts, combines, forms), flush=True)
+                            args.parts, combines, forms, not args.in_order), flush=True)
     return 0
 
 

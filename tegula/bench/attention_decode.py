@@ -36,11 +36,13 @@ def reference(torch: Any, q, k, v):
     return (torch.softmax(s, -1) @ v.float()).view(B, H, 1, D)
 
 
-def page_cache(torch: Any, k, v):
-    """(k pool, v pool, block table): the cache cut into PAGE-key pages, shuffled."""
+def page_cache(torch: Any, k, v, shuffled: bool = True):
+    """(k pool, v pool, block table): the cache cut into PAGE-key pages, shuffled (or in
+    order: each sequence's pages side by side, as the contiguous cache)."""
     B, kv_heads, S, D = k.shape
     per_seq = S // PAGE
-    order = torch.randperm(B * per_seq, device=k.device)
+    order = torch.randperm(B * per_seq, device=k.device) if shuffled else \
+        torch.arange(B * per_seq, device=k.device)
     table = order.view(B, per_seq).to(torch.int32)
     pool_k = torch.empty(B * per_seq, kv_heads, PAGE, D, dtype=k.dtype, device=k.device)
     pool_v = torch.empty_like(pool_k)

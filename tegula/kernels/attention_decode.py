@@ -43,6 +43,7 @@ DECODE_HEAD_DIMS = (32, 64, 128, 256)
 MAX_QUERY_TOKENS = 16
 MAX_SPLITS = 128         # the combine holds every split's lse in one register tile
 COMBINE_COLUMNS = 32     # columns of o per combine program (D / 32 programs per kv head)
+MERGE_WORDS = 64         # f32 partials a thread of the last split block loads per merge step
 LN2 = 0.6931471805599453
 
 
@@ -88,7 +89,8 @@ def _contiguous_split_kernel(dtype: DType) -> tg.Kernel:
                                chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
                                SQ: tg.constexpr, CAUSAL: tg.constexpr,
                                BR: tg.constexpr = 16, BN: tg.constexpr = 64,
-                               STAGES: tg.constexpr = 3, SP: tg.constexpr = 0):
+                               STAGES: tg.constexpr = 3, SP: tg.constexpr = 0,
+                               MR: tg.constexpr = 16):
         s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         seqlen = tg.minimum(tg.maximum(seqlens[b], 0), k.shape[2])   # within the cache
         sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
@@ -106,7 +108,7 @@ def _contiguous_split_kernel(dtype: DType) -> tg.Kernel:
                                      dtype, SCALE, SQ, CAUSAL)
         _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
         if SP:
-            _combine_in_last_block(o_part, lse_part, o, lse, counters, BR, D, SP)
+            _combine_in_last_block(o_part, lse_part, o, lse, counters, MR, D, SP)
 
     return attention_decode_split
 
@@ -122,7 +124,8 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
                                      chunk: int, D: tg.constexpr, SCALE: tg.constexpr,
                                      SQ: tg.constexpr, CAUSAL: tg.constexpr, PAGE: tg.constexpr,
                                      BR: tg.constexpr = 16, BN: tg.constexpr = 64,
-                                     STAGES: tg.constexpr = 3, SP: tg.constexpr = 0):
+                                     STAGES: tg.constexpr = 3, SP: tg.constexpr = 0,
+                                     MR: tg.constexpr = 16, WARM: tg.constexpr = 0):
         s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         seqlen = tg.minimum(tg.maximum(seqlens[b], 0), block_table.shape[1] * PAGE)
         sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
@@ -130,7 +133,14 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
         sv = tg.shared((BN, D), dtype, stages=STAGES)
         start = s_id * chunk
         stop = tg.minimum(start + chunk, tg.cdiv(seqlen, BN))
+        if WARM:
+            touch = (tg.shared((1, 8), dtype, stages=STAGES),
+                     tg.shared((1, 8), dtype, stages=STAGES))
         for j in tg.pipeline(start, stop, stages=STAGES):
+            if WARM:  # (under test) the first 16 bytes of the page WARM blocks ahead
+                far = block_table[b, tg.minimum(j + WARM, stop - 1) * BN // PAGE]
+                tg.copy(k[far, hk].tile((1, 8), (0, 0)), touch[0][j])
+                tg.copy(v[far, hk].tile((1, 8), (0, 0)), touch[1][j])
             first_key = j * BN
             page = block_table[b, first_key // PAGE]
             in_page = first_key % PAGE                       # BN divides PAGE
@@ -142,7 +152,7 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
                                      dtype, SCALE, SQ, CAUSAL)
         _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
         if SP:
-            _combine_in_last_block(o_part, lse_part, o, lse, counters, BR, D, SP)
+            _combine_in_last_block(o_part, lse_part, o, lse, counters, MR, D, SP)
 
     return attention_decode_split_paged
 
@@ -157,15 +167,19 @@ def _store_partial(state, o_view, lse_view, BR: int, D: int) -> None:
     tg.copy(lse[:, 0], lse_view.tile((BR,), (0,)))
 
 
-def _combine_in_last_block(o_part, lse_part, o, lse, counters, BR: int, D: int,
+def _combine_in_last_block(o_part, lse_part, o, lse, counters, MR: int, D: int,
                            SP: int) -> None:
     """The split blocks of one (batch, kv head) arrive on its counter once their partials
     are stored; the last to arrive merges all of them (`tg.last_arrival`: its loads see
-    every other block's stores, and the counter is back at 0 for the next call)."""
+    every other block's stores, and the counter is back at 0 for the next call). The merge
+    is the step's tail, a chain of dependent L2 round trips: it reads only the MR rows
+    that hold query rows (not the split's BR-row tile) and MERGE_WORDS of partials a thread
+    per loop step (16 splits of 4 rows at D = 128: one step)."""
     hk, b = tg.block_id(1), tg.block_id(2)
+    unroll = max(2, min(16, MERGE_WORDS * 128 // (MR * D)))
     with tg.if_(tg.last_arrival(counters[b].tile((1,), (hk,)), tg.num_programs(0))):
-        _merge_splits(o_part[b, hk], lse_part[b, hk], o[b, hk], lse[b, hk], 0, BR, D, SP,
-                      unroll=4, writes_lse=True)
+        _merge_splits(o_part[b, hk], lse_part[b, hk], o[b, hk], lse[b, hk], 0, MR, D, SP,
+                      unroll=unroll, writes_lse=True)
 
 
 def _merge_splits(o_part, lse_part, o, lse, d, BR: int, BD: int, SP: int, unroll: int,
@@ -371,8 +385,9 @@ def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, cap
     config = decode_config(B, Hkv, capacity, D, page, num_splits, BN, BR, sms)
     splits = config["splits"]
     SP = max(2, 1 << (splits - 1).bit_length())   # the max over splits: one (SP, BR) tile
+    R = H // Hkv * Sq
     constexprs = dict(D=D, SCALE=scale, SQ=Sq, CAUSAL=bool(causal), BR=BR, BN=config["BN"],
-                      SP=SP if fused else 0)
+                      SP=SP if fused else 0, MR=1 << (R - 1).bit_length())
     tensors = ("q", "k", "v", "seqlens") + (("block_table",) if page else ()) + \
         ("o_part", "lse_part", "o", "lse", "counters")
     split = (attention_decode_split_kernel(dtype, bool(page)), (splits, Hkv, B), tensors,
