@@ -235,8 +235,12 @@ def _merge_tiles(fitted: list[dict], listed: list[dict]) -> list[dict]:
 #: sm_90a, outputs up to 1024×1024 (64 tiles of 128×128 leave half an H100 idle): tiles
 #: of 128×64 on two warpgroups or 64×128, 128 blocks, deep rings. At 1024³ (H100, session
 #: 10): 128×64 in 8 stages 0.88× cuBLAS, 64×128×128 in 4 0.81×, 64×128 in 8 0.79×, where
-#: 128×128 tiles ran 0.57–0.65× (the previous pick).
-SMALL_SQUARES = [dict(BM=128, BN=64, BK=64, STAGES=8, threads=256),
+#: 128×128 tiles ran 0.57–0.65× (the previous pick). First, the same 128×64×128 tile with
+#: the TMA-store epilogue (`kernel="staged"`): 9.4 µs, 1.015× cuBLAS, where the register
+#: epilogue ran 10.1 µs (0.94×) in the same process (session 13, round 1; ncu: 8.5 µs for
+#: the register-epilogue kernel, 7.6 µs for cuBLAS's 64×128 tile in 2-block clusters).
+SMALL_SQUARES = [dict(kernel="staged", BM=128, BN=64, BK=128, STAGES=4, threads=256),
+                 dict(BM=128, BN=64, BK=64, STAGES=8, threads=256),
                  dict(BM=128, BN=64, BK=128, STAGES=4, threads=256),
                  dict(BM=64, BN=128, BK=128, STAGES=4), dict(BM=64, BN=128, BK=64, STAGES=8),
                  dict(BM=128, BN=128, BK=64, STAGES=6, threads=256)]
