@@ -174,6 +174,33 @@ def test_lengths_past_the_capacity_are_clamped():
     assert_close(o, lse, want_o, want_lse, "float16")
 
 
+@pytest.mark.parametrize("case", [CASES[5], CASES[9]], ids=_id)
+def test_paged_decode_touching_pages_ahead(case):
+    """The paged split kernel with WARM=8 (it also copies the first 16 bytes of the page 8
+    key blocks ahead into a scratch ring): the same results into poisoned outputs."""
+    from tegula.build import launch
+    from tegula.kernels.attention_decode import decode_launches
+    B, H, Hkv, Sq, D, capacity, seqlens, causal, page, dtype = case
+    q, k, v, lengths = make_cache(B, H, Hkv, Sq, D, capacity, seqlens, dtype, 21)
+    want_o, want_lse = reference(q, k, v, lengths, causal, D ** -0.5)
+    k, v, table = paged(k, v, page, 21)
+    R = H // Hkv * Sq
+    config, launches = decode_launches(f16 if dtype == "float16" else bf16, B, H, Hkv, Sq, D,
+                                       capacity, page, D ** -0.5, causal)
+    splits = config["splits"]
+    values = dict(q=q.view(B, Hkv, R, D), k=k, v=v, seqlens=lengths, block_table=table,
+                  o_part=poison(torch.empty(B, Hkv, splits, R, D, device="cuda")),
+                  lse_part=poison(torch.empty(B, Hkv, splits, R, device="cuda")),
+                  o=poison(torch.empty(B, Hkv, R, D, dtype=q.dtype, device="cuda")),
+                  lse=poison(torch.empty(B, Hkv, R, device="cuda")),
+                  counters=torch.zeros(B, Hkv, dtype=torch.int32, device="cuda"))
+    (kernel, grid, names, scalars, constexprs), = launches
+    launch(kernel, grid, *(values[n] for n in names), *scalars, **dict(constexprs, WARM=8))
+    torch.cuda.synchronize()
+    assert_close(values["o"].view(B, H, Sq, D), values["lse"].view(B, H, Sq), want_o,
+                 want_lse, dtype)
+
+
 def test_entry_point_replays_and_streams_share_no_counters():
     """Repeated calls (the second and later replayed) on the default stream and on a
     second stream, all against the reference; the fused and two-launch forms agree."""
