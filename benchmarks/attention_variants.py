@@ -62,17 +62,6 @@ def turns_across_a_nested_ring():
     return lambda: setattr(roles, "takes_turns_in_loop", real)
 
 
-# `treemax=1`: row max / min folded as a balanced tree (`lower/compute.py` BALANCED_MINMAX)
-# instead of a chain as long as a thread's row.
-
-
-def balanced_row_max():
-    """Build with max / min reductions folded as a tree until the returned undo is called."""
-    from tegula.lower import compute
-    compute.BALANCED_MINMAX = True
-    return lambda: setattr(compute, "BALANCED_MINMAX", False)
-
-
 def parse_variant(text: str) -> tuple[str, dict]:
     """`name:KEY=VALUE,...` -> (name, constexprs over DEFAULTS); ints and 0/1 booleans."""
     name, _, rest = text.partition(":")
@@ -82,7 +71,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         if key in BUILD_STRINGS or key == "src":
             config[key] = value
         elif key in ("V_KMAJOR", "P_SHARED", "warp_specialize", "noafter", "PERSISTENT",
-                     "ringturns", "treemax"):
+                     "ringturns"):
             config[key] = bool(int(value))
         else:
             config[key] = int(value)
@@ -115,11 +104,9 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     if values.pop("src", None):
         raise ValueError("src=: the session-10 copy of the kernel was removed after its A/B")
     noafter, ringturns = values.pop("noafter", False), values.pop("ringturns", False)
-    treemax = values.pop("treemax", False)
-    patch = noafter or ringturns or treemax
+    patch = noafter or ringturns
     restore = turn_syncs_without_operands() if noafter else \
-        turns_across_a_nested_ring() if ringturns else \
-        balanced_row_max() if treemax else None
+        turns_across_a_nested_ring() if ringturns else None
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     # a kernel object of its own: its launch cache must not serve the unpatched variant

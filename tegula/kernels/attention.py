@@ -48,13 +48,6 @@ Variants, a constexpr each, so the autotuner can time them:
   563 against 583 and D=64 404 against 410 (the two consumer warpgroups already overlap
   each other's softmax, and the loop holds more registers).
 
-* `OVERLAP=2`: the same loop with acc += p_j @ v_j issued before s_{j+1} = q @ k_{j+1}.T,
-  so one wait_group 0 precedes the softmax (no overlap within the warpgroup) but with
-  consumers="pingpong" a turn issues both gemms back to back: the plain loop's turn waits
-  for p_j @ v_j to complete before it issues the next block's q @ k.T (the stage's release
-  and the ring's wait sit between them), which idles the tensor cores for that latency
-  twice a pair of turns.
-
 * `consumers="pingpong"` (a build option, with BM=128 on 256 threads; sm_90a): the two
   consumer warpgroups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
   ping-pong, `lower/warp_roles.py` `take_turns_in_loop`): each issues `acc += p_j @ v_j`
@@ -75,7 +68,10 @@ Variants, a constexpr each, so the autotuner can time them:
   loads the next tile's first keys while the consumers finish the current one (no block
   launch, prologue or epilogue left idle between tiles); a causal tile's trip count
   depends on m, so that ring is refused (`synth/copies.py`) and the loop falls back to
-  cp.async.
+  cp.async. Measured slower (H100, session 13: 0.62-0.76x the one-block-per-tile kernel
+  at D = 64 / 128, with or without turns): each tile still loads its q by cp.async and
+  stores o from registers on the consumer's path, and the tensor pipe ran 32-41% busy
+  against 44-65%; not a tuner candidate.
 
 * `V_KMAJOR`: v is passed transposed, (B, H_kv, D, Sk), so that its tile is a K-major
   operand of `p @ v` (the torch entry makes the transposed copy: one more pass over v).
@@ -203,8 +199,7 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     roles = _role_blocks(REGS)
     if OVERLAP:
         m_i, l_i, acc = _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype,
-                                             STAGES, masked_scores, needs_mask, pv_gemm, roles,
-                                             pv_first=OVERLAP == 2)
+                                             STAGES, masked_scores, needs_mask, pv_gemm, roles)
     else:
         m_i, l_i, acc = _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
                                   masked_scores, pv_gemm, roles)
@@ -264,7 +259,7 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
 
 
 def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                         masked_scores, needs_mask, pv_gemm, roles, pv_first=False):
+                         masked_scores, needs_mask, pv_gemm, roles):
     """The key loop software-pipelined by one block, in FlashAttention-3's order (its
     intra-warpgroup overlap). Iteration j issues s_{j+1} = q @ k_{j+1}.T, rescales acc by
     alpha_j, issues acc += p_j @ v_j, and runs block j+1's softmax while the tensor cores
@@ -304,14 +299,10 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
             tg.copy(values[:, :, j], sv[j])
         with consumer():
             p16 = s.to(dtype)
-            if pv_first:  # both gemms back to back, the softmax after both (module doc)
-                acc *= alpha
-                pv_gemm(p16, sv[j], acc)                  # acc += p_j @ v_j
             s.assign(0.0)
             tg.gemm(s, sq, sk[j])                         # s_{j+1}          } both in flight
-            if not pv_first:                              #                  } during block
-                acc *= alpha                              #                  } j+1's softmax
-                pv_gemm(p16, sv[j], acc)                  # acc += p_j @ v_j }
+            acc *= alpha                                  #                  } during block
+            pv_gemm(p16, sv[j], acc)                      # acc += p_j @ v_j } j+1's softmax
             # The mask's branch holds the whole softmax (each side a copy of it), so the
             # body ends in a join holding the wait for p_j @ v_j: ptxas places a
             # WARPGROUP.DEPBAR anywhere before its first use within a basic block (at D = 64
@@ -574,40 +565,50 @@ def _tuner_name() -> str:
 
 
 def attention_candidates(head_dim: int, wgmma: bool, causal: bool = False) -> list[dict]:
-    """Configurations worth timing for one head dim (and causal setting). 128-row query blocks take two
-    warpgroups (64 rows, and a 64-row accumulator slice, each); with D=256 that slice is
-    already 128 f32 registers a thread. The default dataflow (v as it comes, p in
-    registers: both gemms on wgmma on sm_90a) tries 64- and 128-key blocks where registers
-    allow; on sm_90a also p through shared memory and v transposed (the previous all-wgmma
-    form, kept for the tuner to compare), and the overlapped loop at D = 256."""
+    """Configurations worth timing for one head dim and causal setting: on sm_90a the
+    measured table of `_hopper_candidates`; elsewhere (mma.sync) 128-row query blocks on
+    two warpgroups (64 rows, and a 64-row accumulator slice, each) and 64-row blocks, with
+    64- and 128-key blocks where registers and shared memory allow."""
+    if wgmma:
+        return _hopper_candidates(head_dim, causal)
     rows = [dict(BM=128, threads=256), dict(BM=64)]
     # 128-key blocks: D=128 spills on mma.sync, and D=256's two stages of K and V
     # (4 x 64 KB) overflow the shared memory.
-    wide = head_dim == 64 or (head_dim == 128 and wgmma)
     configs = [dict(t, BN=bn, V_KMAJOR=False, P_SHARED=False)
-               for t in rows for bn in ((64, 128) if wide else (64,))]
-    if not wgmma and head_dim == 256:  # 128 x 256 query tiles overflow sm_80's shared memory
+               for t in rows for bn in ((64, 128) if head_dim == 64 else (64,))]
+    if head_dim == 256:  # 128 x 256 query tiles overflow sm_80's shared memory
         configs = [t for t in configs if t["BM"] == 64]
-    if wgmma:
-        configs += [dict(rows[0], BN=64, V_KMAJOR=True, P_SHARED=True)]
-    if wgmma and head_dim == 256:
-        # FlashAttention-3's overlap within a warpgroup: 698 TFLOP/s against the plain
-        # loop's 669 at 2x8x8192 (H100, session 10); at D = 128 and 64 it measured slower
-        # (563 against 583, 404 against 410: more live registers where the gemms weigh less).
-        configs += [dict(rows[0], BN=64, V_KMAJOR=False, P_SHARED=False, OVERLAP=True)]
-    if wgmma and head_dim == 128:
-        # Strict turns whose sync waits for p (session 12, H100, one process): 588 / 514
-        # TFLOP/s against the cooperative loop's 585 / 501 at 4x16x4096 full / causal.
-        configs += [dict(rows[0], BN=128, V_KMAJOR=False, P_SHARED=False, OVERLAP=False,
-                         consumers="pingpong")]
-    if wgmma and head_dim == 64:
-        # The two warpgroups taking turns at the tensor cores (FA3's ping-pong), with and
-        # without the overlapped loop: at D = 64, where the softmax weighs most against the
-        # gemms, 378 and 386 TFLOP/s against the plain loop's 367 (H100, 4x32x4096, session
-        # 8); at D = 128 and 256 they measured level or slower, so they are not timed there.
-        configs += [dict(rows[0], BN=128, V_KMAJOR=False, P_SHARED=False, OVERLAP=overlap,
-                         consumers="pingpong") for overlap in (False, True)]
     return [dict(c, STAGES=2) for c in configs]
+
+
+def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
+    """The sm_90a candidates. Measured on an H100 (session 13 round 1, one process, 16k
+    tokens, TFLOP/s against SDPA's cuDNN backend): at D = 64, 192-row blocks on three
+    consumer warpgroups (FlashAttention-3's D = 64 tile: more rows per key block, and the
+    three warpgroups' softmax and gemms interleave on their own) ran 493 / 535 at S = 4k /
+    8k (1.04x / 1.09x), the two warpgroups taking turns (consumers="pingpong") 428 / 450,
+    the cooperative 128-row block 405, the overlapped loop with turns 385. At D = 128 the
+    turns lead (593, 0.93x; causal 514, 0.95x); 176-key blocks with FlashAttention-3's
+    register split (REGS=240: consumers 240, producer 24) 600 (0.94x), the overlapped loop
+    559 (0.88x); three warpgroups of 64 rows with 64- or 96-key blocks (REGS=160) build
+    without spilling and are timed too. At D = 256 the overlapped loop: 698 / 610 at
+    2x8x8192 full / causal (0.985x / 1.007x), 80-key blocks 664. Persistent blocks
+    (PERSISTENT) measured 0.62-0.76x and are not timed. 64x64 blocks stay for short or
+    ragged sequences."""
+    wide, turns = dict(BM=128, threads=256), dict(BM=128, threads=256, consumers="pingpong")
+    three = dict(BM=192, threads=384)       # three consumer warpgroups of 64 rows
+    small = dict(BM=64, BN=64)
+    if head_dim == 64:
+        configs = [dict(three, BN=128), dict(three, BN=128, REGS=160),
+                   dict(three, BN=176, REGS=160), dict(turns, BN=128), small]
+    elif head_dim == 128:
+        configs = [dict(turns, BN=128), dict(three, BN=96, REGS=160),
+                   dict(three, BN=64, REGS=160), dict(wide, BN=128), small]
+        if not causal:  # FlashAttention-3's non-causal D = 128 tile
+            configs.insert(1, dict(turns, BN=176, REGS=240))
+    else:
+        configs = [dict(wide, BN=64, OVERLAP=True), dict(wide, BN=64), small]
+    return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
 
 
 def _check_torch(fn: str, ndim: int, **tensors) -> DType:

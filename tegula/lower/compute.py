@@ -32,11 +32,6 @@ from tegula.lower.thread_ir import (Assign, Barrier, Binary, Bits, Cast, Comment
 
 _COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 _REDUCE_OP = {"sum": "add", "max": "max", "min": "min"}
-#: Fold a thread's registers into a row max / min as a balanced tree (log2 n deep) rather
-#: than in register order (n deep). Off: the register estimate's goldens and occupancy
-#: (tests/synth/test_cost_registers.py) count the chain; `benchmarks/attention_variants.py`
-#: treemax=1 turns it on for an A/B.
-BALANCED_MINMAX = False
 _REDUCE_IDENTITY = {"sum": 0.0, "max": -float("inf"), "min": float("inf")}
 
 
@@ -292,19 +287,11 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
     first_of = {out_table[:, v].tobytes(): v for v in reversed(rows)}
     # Only registers holding an element no earlier register of the thread holds: a layout
     # that repeats an element in one thread (a broadcast value mode) must count it once.
-    inputs: dict[int, list] = {}
     for xv in distinct_values(x.layout):
         target = first_of[out_table[:, int(targets[xv])].tobytes()]
-        inputs.setdefault(target, []).append(_as(RegRead(reg(x_regs, xv)), dtype))
-    for target, values in inputs.items():
-        if op.kind == "sum" or not BALANCED_MINMAX:  # in register order
-            for value in values:
-                stmts.append(Assign(reg(acc_regs, target), Binary(
-                    combine, RegRead(reg(acc_regs, target)), value, dtype)))
-        else:  # max / min are exact: a balanced tree, log2(n) deep instead of n (the
-            # attention forward's row max precedes every exponential of its row); the
-            # identity (±inf) changes no value, NaN included, so the tree replaces it
-            stmts.append(Assign(reg(acc_regs, target), _tree(combine, values, dtype)))
+        value = _as(RegRead(reg(x_regs, xv)), dtype)
+        stmts.append(Assign(reg(acc_regs, target),
+                            Binary(combine, RegRead(reg(acc_regs, target)), value, dtype)))
     bits = reduction_thread_bits(x.layout, out.layout, ctx.threads)
     # 2. Across lanes of a warp: butterfly shuffles.
     for b in (b for b in bits if b < 5):
@@ -321,14 +308,6 @@ def lower_reduce(ctx: LoweringContext, op: Reduce) -> list:
         stmts += [Assign(reg(out_regs, v), Cast(RegRead(reg(acc_regs, v)), out.dtype))
                   for v in rows]
     return stmts + _fill_repeats(out_regs, out.layout)
-
-
-def _tree(combine: str, values: list, dtype: DType):
-    """`values` combined pairwise, as a balanced tree of `combine` (an exact operation)."""
-    while len(values) > 1:
-        values = [Binary(combine, values[i], values[i + 1], dtype) if i + 1 < len(values)
-                  else values[i] for i in range(0, len(values), 2)]
-    return values[0]
 
 
 def _as(value, dtype: DType):

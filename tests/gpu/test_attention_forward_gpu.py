@@ -164,9 +164,6 @@ BUDGET_CONFIGS = [
     (128, dict(BM=128, BN=128, threads=256, OVERLAP=True, REGS=240, consumers="pingpong")),
     (128, dict(BM=128, BN=176, threads=256, REGS=240, consumers="pingpong")),
     (256, dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
-    # turns issuing p_j @ v_j and the next block's q @ k.T back to back
-    (64, dict(BM=128, BN=128, threads=256, OVERLAP=2, consumers="pingpong")),
-    (128, dict(BM=128, BN=128, threads=256, OVERLAP=2, REGS=240, consumers="pingpong")),
     # persistent: 5 blocks walking every tile, the TMA ring running on across them
     (64, dict(BM=128, BN=128, threads=256, PERSISTENT=True)),
     (64, dict(BM=192, BN=128, threads=384, PERSISTENT=True)),

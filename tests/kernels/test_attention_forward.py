@@ -130,7 +130,6 @@ CONFIGS = [
     # stated budgets (producer 24, consumers 240 registers a thread)
     ("sm_90a", dict(BM=192, BN=64, threads=384)),
     ("sm_90a", dict(BM=128, BN=64, threads=256, OVERLAP=True, REGS=240)),
-    ("sm_90a", dict(BM=128, BN=64, threads=256, OVERLAP=2, consumers="pingpong")),
 ]
 
 
