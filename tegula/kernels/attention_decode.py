@@ -98,7 +98,7 @@ def _contiguous_split_kernel(dtype: DType) -> tg.Kernel:
         v_blocks = v[b, hk][0:seqlen, :].tile((BN, D), (None, 0))
         sk = tg.shared((BN, D), dtype, stages=STAGES)
         sv = tg.shared((BN, D), dtype, stages=STAGES)
-        start = s_id * chunk
+        start = s_id * tg.maximum(chunk, 0)   # known >= 0: C division on the key index
         stop = tg.minimum(start + chunk, k_blocks.shape[2])
         for j in tg.pipeline(start, stop, stages=STAGES):
             tg.copy(k_blocks[:, :, j], sk[j])
@@ -131,7 +131,7 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
         sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
         sk = tg.shared((BN, D), dtype, stages=STAGES)
         sv = tg.shared((BN, D), dtype, stages=STAGES)
-        start = s_id * chunk
+        start = s_id * tg.maximum(chunk, 0)   # known >= 0: C division on the key index
         stop = tg.minimum(start + chunk, tg.cdiv(seqlen, BN))
         if WARM:
             touch = (tg.shared((1, 8), dtype, stages=STAGES),
@@ -141,13 +141,12 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
                 far = block_table[b, tg.minimum(j + WARM, stop - 1) * BN // PAGE]
                 tg.copy(k[far, hk].tile((1, 8), (0, 0)), touch[0][j])
                 tg.copy(v[far, hk].tile((1, 8), (0, 0)), touch[1][j])
-            first_key = j * BN
-            page = block_table[b, first_key // PAGE]
-            in_page = first_key % PAGE                       # BN divides PAGE
-            valid = tg.minimum(seqlen - (first_key - in_page), PAGE)  # keys held in the page
-            tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sk[j])
-            tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page // BN, 0)), sv[j])
-            keys = tg.arange(BN, offset=first_key)[None, :]
+            page = block_table[b, j // (PAGE // BN)]           # BN divides PAGE
+            in_page = j % (PAGE // BN)                         # the block's place in it
+            valid = tg.minimum(seqlen - (j - in_page) * BN, PAGE)  # keys held in the page
+            tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page, 0)), sk[j])
+            tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page, 0)), sv[j])
+            keys = tg.arange(BN, offset=j * BN)[None, :]
             state = _partial_softmax(sq, sk[j], sv[j], keys, rows_token, seqlen, state,
                                      dtype, SCALE, SQ, CAUSAL)
         _store_partial(state, o_part[b, hk, s_id], lse_part[b, hk, s_id], BR, D)
