@@ -46,7 +46,12 @@ Variants, a constexpr each, so the autotuner can time them:
   branch, so every `MUFU.EX2` lies between the two waits. Measured (H100, session 10):
   D=256 698 TFLOP/s against the plain loop's 669 (an autotuner candidate there); D=128
   563 against 583 and D=64 404 against 410 (the two consumer warpgroups already overlap
-  each other's softmax, and the loop holds more registers).
+  each other's softmax, and the loop holds more registers); session 13, D=128 with REGS=240
+  (no spill) 559 against the turns' 593.
+
+* BM=192 on threads=384: three consumer warpgroups of 64 rows (FlashAttention-3's D = 64
+  tile): each key block serves 192 rows, and the warpgroups' softmax and gemms interleave
+  without turns. At D = 64 493 TFLOP/s against the turns' 428 (H100, session 13).
 
 * `consumers="pingpong"` (a build option, with BM=128 on 256 threads; sm_90a): the two
   consumer warpgroups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
