@@ -405,7 +405,12 @@ def _store_and_sum_last(acc, parts, counters, c, w, n, t, dtype: DType, WG: int)
     `parts`, then the tile's last block to arrive (`tg.last_arrival` on the tile's counter,
     which it leaves at 0 again) adds the SPLIT slices in slice order — the same sum, in
     the same order, as `w4a16_split_sum_kernel`, whichever block is last — rounds it once
-    to `dtype` and stores it (rearranged: c's rows are tokens)."""
+    to `dtype` and stores it (rearranged: c's rows are tokens). Not a tuner candidate: on
+    the H100 (session 13, round 1) it was slower than the two launches at every split
+    pick measured — 14.9 / 13.0 µs at 16x4096x4096 split 4, 24.7 / 22.1 at 16x4096x14336,
+    31.8 / 20.2 at 128x4096x4096, 37.7 / 32.5 at 64x14336x4096 (WG=2, split 2): the last
+    block reads the slices one after another while every other block idles, where the
+    sum kernel reads them with the whole GPU."""
     row_tiles = (w.shape[0] + WG - 1) // WG     # slice z: tile rows z·row_tiles…
     splits = tg.num_programs(2)
     tg.copy(acc, parts.tile(acc.shape, (tg.block_id(2) * row_tiles + n, t)))
@@ -480,8 +485,9 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
     from tegula.kernels.quant import token_tile
     from tegula.kernels.quant_gemv import gemv_candidates
     bt, base = token_tile(m), dict(FRAGMENT=1, warp_specialize=False, KS=2)
-    # up to 4 tokens also the CUDA-core GEMV kernel on the same words (quant_gemv: as many
-    # warps as the SMs hold, where the tensor-core kernel has N/16 warps in all)
+    # at one token also the CUDA-core GEMV kernel on the same words (quant_gemv: as many
+    # warps as the SMs hold, where the tensor-core kernel has N/16 warps in all; ahead at
+    # 1x4096x4096, behind at the wider shapes: session 13, round 1)
     gemv = gemv_candidates(m, n, k, sms, group_size)
     token_tiles = -(-m // bt)
 

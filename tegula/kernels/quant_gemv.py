@@ -263,26 +263,25 @@ def gemv_config(m: int, n: int, k: int, group_size: int, **tiles: int
 
 #: Tokens up to which the GEMV kernel is offered: each token costs a thread one FFMA a
 #: weight (and its activations' loads and conversions), where the tensor-core kernel
-#: pays for 16 tokens at once.
-MAX_GEMV_TOKENS = 4
+#: pays for 16 tokens at once (H100, session 13 round 1: 2 tokens 36.8 µs at 14336x4096,
+#: the tensor-core kernel ~21 µs at 1-4).
+MAX_GEMV_TOKENS = 1
 
 
 def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
                     group_size: int = 128) -> list[dict]:
     """The GEMV kernel's configs worth timing for an (M, N, K) product on pre-packed
     weights: none beyond MAX_GEMV_TOKENS or for groups of 32 (a stored block would span
-    two); KS stored blocks a step over KW warps (4-8 warps a block, one to four blocks a
-    thread: more 16-byte loads in flight a thread, fewer loop overheads a weight), the
-    activations through a 3-stage cp.async ring (ASTAGES: ldmatrix reads instead of a
-    predicated global load and its address per 4 bytes, 5.1 SASS a weight against 6.5 at
-    KS=16, KW=4), split K where the 16-row blocks are fewer than two an SM."""
+    two). From the H100 sweep of session 13 (round 1, one token, against the tensor-core
+    kernel's 13.7 / 21.5 / 22.1 / 19.9 µs): at 4096x4096 KS=8 over 8 warps 11.9 µs (1.57x
+    torch f16), KS=16 over 4 warps 12.6, with the activations' 3-stage ring (ASTAGES) over
+    8 warps 12.3; at 14336x4096 24.3 µs, 4096x14336 26.5 (ring, 4 warps), 11008x4096 26.7:
+    there the tensor-core kernel stays ahead, and the tuner keeps it. KS=32 and split K
+    lost everywhere."""
     if m > MAX_GEMV_TOKENS or group_size < FRAGMENT_K:
         return []
-    configs = [dict(GEMV=1, KS=ks, KW=kw, ASTAGES=3) for ks, kw in
-               ((8, 8), (16, 8), (16, 4), (32, 8))] + [dict(GEMV=1, KS=8, KW=8)]
-    if n is not None and -(-n // QUARTER_ROWS) < 2 * sms:
-        configs.append(dict(GEMV=1, KS=8, KW=4, ASTAGES=3, SPLIT=2))
-    return configs
+    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=16, KW=4),
+            dict(GEMV=1, KS=16, KW=8, ASTAGES=3), dict(GEMV=1, KS=16, KW=4, ASTAGES=3)]
 
 
 def launch_w4a16_gemv(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,

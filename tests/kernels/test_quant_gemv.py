@@ -90,16 +90,16 @@ def test_gemv_config_and_its_refusals():
 
 
 def test_gemv_candidates_only_where_they_apply():
-    assert gemv_candidates(5, 4096, 4096) == [] and gemv_candidates(1, 4096, 4096,
+    """One token only (at 2 the tensor-core kernel was ahead on the H100), groups of 64
+    or more, and beside the fragment kernel's configs in the tuner's list."""
+    assert gemv_candidates(2, 4096, 4096) == [] and gemv_candidates(1, 4096, 4096,
                                                                     group_size=32) == []
-    few_rows = gemv_candidates(1, 4096, 4096)          # 256 blocks of 16 rows < 2 an SM
-    assert all(c["GEMV"] == 1 and c["KS"] % c["KW"] == 0 for c in few_rows)
-    assert any(c.get("ASTAGES") for c in few_rows)
-    assert any(c.get("SPLIT", 1) > 1 for c in few_rows)
-    assert not any(c.get("SPLIT", 1) > 1 for c in gemv_candidates(1, 14336, 4096))
+    one = gemv_candidates(1, 4096, 4096)
+    assert one and all(c["GEMV"] == 1 and c["KS"] % c["KW"] == 0 for c in one)
+    assert any(c.get("ASTAGES") for c in one) and any(not c.get("ASTAGES") for c in one)
     from tegula.kernels.quant import fragment_candidates
-    assert few_rows[0] in fragment_candidates(1, 4096, 4096)
-    assert not any(c.get("GEMV") for c in fragment_candidates(16, 4096, 4096))
+    assert all(c in fragment_candidates(1, 4096, 4096) for c in one)
+    assert not any(c.get("GEMV") for c in fragment_candidates(2, 4096, 4096))
 
 
 def test_gemv_layouts_need_no_conversion_and_load_16_bytes():
