@@ -62,7 +62,7 @@ def test_no_tma_no_prefetch():
     assert not any(isinstance(s, PrefetchTensorMap) for s in walk(tk.body))
 
 
-@pytest.mark.parametrize("name", sorted(KERNELS))
+@pytest.mark.parametrize("name", ["persistent", "decode"])  # (staged: the same setup path)
 def test_sass_prefetches_each_descriptor_before_the_first_tma_load(name):
     from tegula.runtime.compiler import available_compilers, compile_cuda, disassemble
     if not available_compilers():
