@@ -13,7 +13,7 @@ several tilings against dense cuBLAS at equal FLOPs. `--variants`: the measureme
 variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows); `--ceilings`:
 per-tensor ceilings of other tiles (`CEILINGS`); `--wide`: the library's blockwise kernel on
 wider tiles with per-column b scales (`WIDE`); `--turns`: two consumer warpgroups taking
-turns in the K loop (`TURNS`). A table last (TFLOP/s; nothing is
+turns in the K loop (`TURNS`); `--pairs`: two K blocks an iteration (`PAIRS`). A table last (TFLOP/s; nothing is
 asserted about time).
 """
 from __future__ import annotations
@@ -172,6 +172,12 @@ WIDE = [("blockwise 192x128 S3 (session 11's pick)", "library", _T192, "random")
 #: cores in the K loop (`fp8_blockwise_variants.install_one_gemm_turns`; "turns" rows run
 #: consumers="pingpong", their A/B partner "cooperative"), persistent ("library") and one
 #: block per tile ("staged"), against the library's 192x128 on three warpgroups.
+#: Round 1 (H100, x per-tensor 128x256 at 4096^3 / 8192^3 / 4096x7168x2048): library
+#: 192x128 0.72 / 0.78 / 0.87; 128x192 S3 turns 0.70 / 0.78 / 0.82 (cooperative 0.63 /
+#: 0.72 / 0.75; S4 turns 0.71 / 0.77 / 0.83); 128x128 S4 turns 0.63 / 0.61 / 0.79, slower
+#: than cooperative 0.71 / 0.68 / 0.81 (a warpgroup's wgmma drain, promotion and turn sync
+#: outlast the other's 256-cycle K block); staged 128x192 S4 turns 0.62 / 0.70 / 0.68;
+#: per-tensor ceilings 128x192 0.92 / 1.02 / 1.05, 128x128 0.92 / 0.96 / 1.01.
 _P2 = dict(BM=128, GROUP=8, threads=256)
 TURNS = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
          ("blockwise 128x128 S4 cooperative", "library", {**_P2, "BN": 128, "STAGES": 4,
@@ -190,6 +196,16 @@ TURNS = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
                                                           "consumers": "pingpong"}, "random"),
          ("per-tensor 128x192 S4 (ceiling)", None, {**_T128, "BN": 192, "BK": 128}, "unit"),
          ("per-tensor 128x128 S4 (ceiling)", None, {**_T128, "BK": 128}, "unit")]
+
+
+#: Session 13 round 2: two K blocks an iteration, each promoted while the other's wgmmas
+#: run ("pairs", `fp8_blockwise_variants.pairs_product`), on two cooperative consumer
+#: warpgroups, against the library's pick and round 1's best turns tile.
+PAIRS = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
+         ("blockwise pairs 128x128 S2", "pairs", {**_P2, "BN": 128, "STAGES": 2}, "random"),
+         ("blockwise pairs 128x128 S3", "pairs", {**_P2, "BN": 128, "STAGES": 3}, "random"),
+         ("blockwise 128x192 S3 turns", "library", {**_P2, "BN": 192, "STAGES": 3,
+                                                    "consumers": "pingpong"}, "random")]
 
 
 def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
@@ -351,7 +367,8 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     rows = []
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
-    lists = {"--variants": VARIANTS, "--ceilings": CEILINGS, "--wide": WIDE, "--turns": TURNS}
+    lists = {"--variants": VARIANTS, "--ceilings": CEILINGS, "--wide": WIDE, "--turns": TURNS,
+             "--pairs": PAIRS}
     chosen = [v for flag, v in lists.items() if flag in sys.argv]
     if chosen:
         rows += variant_rows(budget, chosen[0])

@@ -39,7 +39,7 @@ from tegula.dtypes import DType, f8e4m3
 from tegula.kernels.fp8 import SCALE_BLOCK, blockwise_buffers
 from tegula.kernels.gemm import persistent_tiles
 
-MODES = ("base", "noscale", "tilescale", "ahead", "halves", "halves_membar")
+MODES = ("base", "noscale", "tilescale", "ahead", "halves", "halves_membar", "pairs")
 
 
 def variant_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
@@ -71,6 +71,42 @@ def variant_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
             acc += part
         else:
             acc += part * scale
+    return acc
+
+
+def pairs_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
+                  buffers: tuple):
+    """Mode "pairs" (session 13): two K blocks an iteration, each its own ring stage and
+    product tile, both issued back to back; K block 2j's product is promoted while
+    2j+1's wgmmas run, 2j+1's at the next iteration's start, so a warpgroup's tensor-core
+    queue runs dry once every two K blocks, not every one (BN must divide 128: one b
+    scale a tile)."""
+    sa0, sb0, sa1, sb1 = buffers
+    ga = a.tile((BM, SCALE_BLOCK), (m, None))
+    gb = b.tile((BN, SCALE_BLOCK), (n, None))
+    row_scales = scale_a.tile((BM, 1), (m, None))
+    block_scales = scale_b.tile((1, 1), ((n * BN) // SCALE_BLOCK, None))
+
+    def scales_of(k):        # past K: masked loads, zeros
+        return tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
+
+    acc = tg.zeros((BM, BN), f32)
+    odd = tg.zeros((BM, BN), f32)              # K block 2j-1's product, promoted in j
+    odd_scale = tg.zeros((BM, 1), f32)
+    for j in tg.pipeline((ga.shape[2] + 1) // 2, stages=STAGES):
+        tg.copy(ga[:, :, 2 * j], sa0[j])
+        tg.copy(gb[:, :, 2 * j], sb0[j])
+        tg.copy(ga[:, :, 2 * j + 1], sa1[j])
+        tg.copy(gb[:, :, 2 * j + 1], sb1[j])
+        even_scale, next_odd_scale = scales_of(2 * j), scales_of(2 * j + 1)
+        acc += odd * odd_scale                 # K block 2j-1's, before either gemm issues
+        odd.assign(0.0)                        # (ptxas waits for 2j's wgmmas before 2j+1's
+        even = tg.zeros((BM, BN), f32)         # where odd's registers are written between)
+        tg.gemm(even, sa0[j], sb0[j])
+        tg.gemm(odd, sa1[j], sb1[j])
+        acc += even * even_scale               # while 2j+1's run
+        odd_scale = next_odd_scale
+    acc += odd * odd_scale
     return acc
 
 
@@ -179,6 +215,8 @@ def variant_kernel(out_t: DType, mode: str) -> tg.Kernel:
         raise ValueError(f"fp8_blockwise_variants: mode {mode!r}, one of {MODES}")
     if mode.startswith("halves"):
         return halves_kernel(out_t, mode == "halves_membar")
+    if mode == "pairs":
+        return pairs_kernel(out_t)
 
     @tg.kernel(threads=128)
     def fp8_blockwise_variant(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
@@ -235,3 +273,26 @@ def halves_kernel(out_t: DType, membar: bool = False) -> tg.Kernel:
         halves_body(a, b, scale_a, scale_b, c, out_t, BM, BN, STAGES, GROUP, CLUSTER)
 
     return fp8_blockwise_halves_membar if membar else fp8_blockwise_halves
+
+
+@lru_cache(maxsize=None)
+def pairs_kernel(out_t: DType) -> tg.Kernel:
+    """Mode "pairs": the persistent walk around `pairs_product` (two rings of stages)."""
+
+    @tg.kernel(threads=128)
+    def fp8_blockwise_pairs(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
+                            scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
+                            c: tg.Tensor[out_t], BM: tg.constexpr = 128,
+                            BN: tg.constexpr = 128, STAGES: tg.constexpr = 2,
+                            GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
+        def make_product():
+            buffers = blockwise_buffers(BM, BN, STAGES) + blockwise_buffers(BM, BN, STAGES)
+            return lambda m, n: pairs_product(a, b, scale_a, scale_b, m, n, BM, BN, STAGES,
+                                              buffers)
+
+        def finish(acc, m, n):
+            tg.copy(acc.to(out_t), c.tile((BM, BN), (m, n)))
+        persistent_tiles(a, b, f8e4m3, BM, BN, SCALE_BLOCK, STAGES, GROUP, finish, CLUSTER,
+                         make_product)
+
+    return fp8_blockwise_pairs
