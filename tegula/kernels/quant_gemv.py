@@ -277,10 +277,11 @@ def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
     torch f16), KS=16 over 4 warps 12.6, with the activations' 3-stage ring (ASTAGES) over
     8 warps 12.3; at 14336x4096 24.3 µs, 4096x14336 26.5 (ring, 4 warps), 11008x4096 26.7:
     there the tensor-core kernel stays ahead, and the tuner keeps it. KS=32 and split K
-    lost everywhere."""
+    lost everywhere. Also 4 warps of one block a step (64 registers: 8 blocks an SM, so
+    the 896 blocks of N = 14336 run in one wave, where 8-warp blocks take 1.7)."""
     if m > MAX_GEMV_TOKENS or group_size < FRAGMENT_K:
         return []
-    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=16, KW=4),
+    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=16, KW=4), dict(GEMV=1, KS=4, KW=4),
             dict(GEMV=1, KS=16, KW=8, ASTAGES=3), dict(GEMV=1, KS=16, KW=4, ASTAGES=3)]
 
 
