@@ -109,7 +109,9 @@ def blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: in
     Where BN does not divide 128 (192: the 2-warpgroup tile whose per-tensor ceiling is
     0.91-1.08x the per-tensor 128x256, but whose blockwise form measured 0.59-0.76x, below
     192x128's 0.70-0.88x on three warpgroups: with two, one warpgroup's promotion is not
-    hidden by the other's wgmmas; session 12, H100), a tile's columns reach two of b's
+    hidden by the other's wgmmas; session 12, H100; the two taking turns at the tensor
+    cores, 0.70-0.82x: level with 192x128 at best, session 13, measured through a patched
+    turns rule, `benchmarks/fp8_blockwise.py --turns`), a tile's columns reach two of b's
     scale blocks, the boundary at a
     run-time column that is a multiple of gcd(BN, 128): the product is promoted in chunks
     of that many columns, each taking the first or the second block's scale (DeepGEMM's
