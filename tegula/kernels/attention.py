@@ -595,8 +595,8 @@ def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
     the cooperative 128-row block 405, the overlapped loop with turns 385. At D = 128 the
     turns lead (593, 0.93x; causal 514, 0.95x); 176-key blocks with FlashAttention-3's
     register split (REGS=240: consumers 240, producer 24) 600 (0.94x), the overlapped loop
-    559 (0.88x); three warpgroups of 64 rows with 64- or 96-key blocks (REGS=160) build
-    without spilling and are timed too. At D = 256 the overlapped loop: 698 / 610 at
+    559 (0.88x); three warpgroups of 64 rows with 64-, 96- or 128-key blocks (REGS=160;
+    ptxas: 125 / 148 / 157 registers, no spill) are timed too. At D = 256 the overlapped loop: 698 / 610 at
     2x8x8192 full / causal (0.985x / 1.007x), 80-key blocks 664. Persistent blocks
     (PERSISTENT) measured 0.62-0.76x and are not timed. 64x64 blocks stay for short or
     ragged sequences."""
@@ -607,8 +607,9 @@ def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
         configs = [dict(three, BN=128), dict(three, BN=128, REGS=160),
                    dict(three, BN=176, REGS=160), dict(turns, BN=128), small]
     elif head_dim == 128:
-        configs = [dict(turns, BN=128), dict(three, BN=96, REGS=160),
-                   dict(three, BN=64, REGS=160), dict(wide, BN=128), small]
+        configs = [dict(turns, BN=128), dict(three, BN=128, REGS=160),
+                   dict(three, BN=96, REGS=160), dict(three, BN=64, REGS=160),
+                   dict(wide, BN=128), small]
         if not causal:  # FlashAttention-3's non-causal D = 128 tile
             configs.insert(1, dict(turns, BN=176, REGS=240))
     else:
