@@ -93,6 +93,15 @@ def test_head_dim_128_bf16_with_an_explicit_scale(target):
     check(o, lse, *reference(q, k, v, True, 0.3), tg.bf16)
 
 
+def test_head_dim_128_on_three_warpgroups_with_stated_budgets():
+    """The D = 128 tuner candidate of three consumer warpgroups (192 rows, 96-key blocks,
+    consumers 160 / producer 24 registers): causal, Sq < Sk, ragged, GQA 2:1."""
+    q, k, v = inputs(4, 1, 2, 1, 130, 200, 128)
+    o, lse = attention_emulated(q, k, v, True, return_lse=True, BM=192, BN=96, threads=384,
+                                REGS=160)
+    check(o, lse, *reference(q, k, v, True))
+
+
 @pytest.mark.parametrize("scale", [-0.3, 0.0])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_zero_and_negative_scales(scale, overlap):
