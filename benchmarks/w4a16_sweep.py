@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b|session13] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b|session13|session13b] [--only PREFIX]
 [--budget SECONDS] [--index ROW ...] [--profile]` (`--profile`: each selected row launched once more,
 untimed, for ncu).
 
@@ -253,9 +253,15 @@ SESSION13 += [("w4frag", (16, n, 4096), dict(_SA, KS=4, STAGES=6 if split == 1 e
                                              SPLIT=split, FUSED=int(split > 1),
                                              warp_specialize=False))
               for n in (14336, 11008) for split in (1, 2, 3)]
+# Session 13, round 2: the GEMV configs added after round 1 (4 warps of one block a step:
+# one wave at N = 14336; the activations a step ahead) at the shapes it lost
+SESSION13B = [("w4gemv", (1, n, k), dict(_GV, KS=ks, KW=kw, AHEAD=ahead))
+              for n, k in ((14336, 4096), (4096, 14336))
+              for ks, kw, ahead in ((8, 8, 0), (8, 8, 1), (4, 4, 0), (4, 4, 1))]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
-        "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13}
+        "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13,
+        "session13b": SESSION13B}
 
 
 GROUP = 128

@@ -164,7 +164,9 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
     block: one quarter (16 rows) of a stored 64-row block by KS stored blocks a k-step,
     KW warps (threads 32·KW, `words_tv`) of KS/KW blocks each; the words two steps ahead
     in registers; the activations loaded from global memory each step, or with ASTAGES ≥
-    2 through an ASTAGES-deep cp.async ring (read with ldmatrix; a block barrier a step).
+    2 through an ASTAGES-deep cp.async ring (read with ldmatrix; a block barrier a step),
+    or with AHEAD=1 into registers a step before their use (their L2 latency off the
+    step's path, ~13 registers more).
     Groups of G ≥ 64 (a stored block within one group). `partial`: split K over grid axis
     2 into an f32 workspace (`w4a16_split_sum_kernel` sums it)."""
     out_type = f32 if partial else dtype
@@ -175,7 +177,7 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
                             c: tg.Tensor[out_type], G: tg.constexpr = 128,
                             MT: tg.constexpr = 1, KS: tg.constexpr = 4,
                             KW: tg.constexpr = 4, INTEGER_ZEROS: tg.constexpr = 0,
-                            ASTAGES: tg.constexpr = 0):
+                            ASTAGES: tg.constexpr = 0, AHEAD: tg.constexpr = 0):
         b = tg.block_id(0)                                  # 16-row quarter of the weights
         BK = FRAGMENT_K * KS
         S = max(1, BK // G)                                 # groups a step
@@ -204,6 +206,8 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
         current = tg.load(gw[:, :, :, :, start], layout=tv)
         ahead = tg.load(gw[:, :, :, :, start + 1], layout=tv)
         current_constants = constants(start)
+        if AHEAD:   # a step's activations loaded a step ahead too (an L2 round trip)
+            loaded = [tg.load(ga[t][h][:, :, :, :, start], layout=acts_tv) for t, h in pairs]
         for k in (tg.pipeline(start, steps, stages=ASTAGES) if ASTAGES
                   else tg.range(start, steps)):
             after = tg.load(gw[:, :, :, :, k + 2], layout=tv)        # past K: masked
@@ -211,14 +215,23 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
             if ASTAGES:
                 for t, h in pairs:
                     tg.copy(ga[t][h][:, :, :, :, k], sa[t][h][k])
-            acts = [[_activations(tg.load(sa[t][h][k] if ASTAGES else ga[t][h][:, :, :, :, k],
-                                          layout=acts_tv), S, KS) for h in range(2)]
+                now = [tg.load(sa[t][h][k], layout=acts_tv) for t, h in pairs]
+            elif AHEAD:
+                following_acts = [tg.load(ga[t][h][:, :, :, :, k + 1], layout=acts_tv)
+                                  for t, h in pairs]
+                now = loaded
+            else:
+                now = [tg.load(ga[t][h][:, :, :, :, k], layout=acts_tv) for t, h in pairs]
+            acts = [[_activations(now[2 * t + h], S, KS) for h in range(2)]
                     for t in range(MT)]
             sums = _step_sums(sums, current, current_constants, acts, dtype, S, fractional)
             current.assign(ahead)               # (register moves: loop-carried tiles)
             ahead.assign(after)
-            for now, following in zip(current_constants, following_constants):
-                now.assign(following)
+            for now_tile, following in zip(current_constants, following_constants):
+                now_tile.assign(following)
+            if AHEAD:
+                for now_tile, following in zip(loaded, following_acts):
+                    now_tile.assign(following)
         for t in range(MT):   # the threads of a row: four lanes (c), KS warps (kb)
             for i in range(2):
                 total = tg.reshape(tg.sum(tg.sum(tg.sum(sums[2 * t + i], 3), 1), 0), (8,))
@@ -278,11 +291,13 @@ def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
     8 warps 12.3; at 14336x4096 24.3 µs, 4096x14336 26.5 (ring, 4 warps), 11008x4096 26.7:
     there the tensor-core kernel stays ahead, and the tuner keeps it. KS=32 and split K
     lost everywhere. Also 4 warps of one block a step (64 registers: 8 blocks an SM, so
-    the 896 blocks of N = 14336 run in one wave, where 8-warp blocks take 1.7)."""
+    the 896 blocks of N = 14336 run in one wave, where 8-warp blocks take 1.7), and the
+    activations a step ahead (AHEAD: each step's loads had waited on L2 right away)."""
     if m > MAX_GEMV_TOKENS or group_size < FRAGMENT_K:
         return []
     return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=16, KW=4), dict(GEMV=1, KS=4, KW=4),
-            dict(GEMV=1, KS=16, KW=8, ASTAGES=3), dict(GEMV=1, KS=16, KW=4, ASTAGES=3)]
+            dict(GEMV=1, KS=8, KW=8, AHEAD=1), dict(GEMV=1, KS=4, KW=4, AHEAD=1),
+            dict(GEMV=1, KS=16, KW=8, ASTAGES=3)]
 
 
 def launch_w4a16_gemv(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,

@@ -35,7 +35,7 @@ CASES = [  # dtype, m, n, k, group, zeros ("int", "frac", None), tiles, target
     (f16, 1, 70, 320, 64, "int", dict(KS=4, KW=2), "sm_90a"),      # 1.25 steps, N ragged
     (f16, 2, 70, 1024, 128, "frac", dict(KS=8, KW=2, SPLIT=3, ASTAGES=3), "sm_90a"),  # a
     # warp's blocks span 2 groups; the activations through a ring
-    (f16, 4, 33, 384, 128, None, dict(KS=2, KW=1), "sm_90a"),
+    (f16, 4, 33, 384, 128, None, dict(KS=2, KW=1, AHEAD=1), "sm_90a"),  # acts a step ahead
     (f16, 3, 77, 640, 128, "frac", dict(KS=2, KW=2, ASTAGES=2), "sm_80"),
     (f16, 1, 64, 128, 64, "frac", dict(KS=1, KW=1), "sm_90a"),     # a zero's fine fraction
     (bf16, 2, 66, 192, 64, "frac", dict(KS=1, KW=1), "sm_90a"),
