@@ -52,7 +52,11 @@ them one after another; the two are compared per block of the busiest SM. At `s 
 (split-K and FP8 candidates at 64-128 rows: 32-128 blocks on 132 SMs) one role has no
 second block to fill its stalls and pays a block barrier each iteration that the producer
 does not: the producer is kept. Without a grid (or with `s` at least the SM's block
-limit) one role is priced at its occupancy, the steady state of a full grid.
+limit) one role is priced at its occupancy, the steady state of a full grid. Session 13
+round 1 (H100, `benchmarks/roles_check.py --one-gemm`, each case at its grid): 12 of the
+14 one-gemm bodies right (session 12: 8); per-tensor FP8 64x64 at 64 rows measured level
+(1.02) where the model prefers the producer, and split-K /4 at 64 rows ran its specialized
+kernel 3.2x slower than in session 12 (a kernel matter, re-timed in round 2).
 """
 from __future__ import annotations
 
