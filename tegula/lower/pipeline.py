@@ -51,9 +51,9 @@ from tegula.errors import SynthesisError
 from tegula.ir.ops import ForLoop
 from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import FenceBarrierInit, MBarrierInit, MBarrierWait, WgmmaWait
-from tegula.lower.thread_ir import (TID, Barrier, Comment, Const, CpAsyncCommit, CpAsyncWait,
-                                    Expr, For, If, Let, LoadScalar, Select, Stmt, Var, _bin,
-                                    all_of, walk)
+from tegula.lower.thread_ir import (TID, Barrier, BinOp, Comment, Const, CpAsyncCommit,
+                                    CpAsyncWait, Expr, For, If, Let, LoadScalar, Select, Stmt,
+                                    Var, _bin, all_of, walk)
 
 
 class Ring:
@@ -207,7 +207,10 @@ class CpAsyncGroups:
             lets.append(Let(var, Select(exists, _rebind(load, bound), Const(0)),
                             wide=load.dtype.bits > 32))
             bound[load] = var
-        return lets, _rebind(refill, bound)
+        per_thread = {TID.name, "tg_warp_tid"} | {s.var.name for s in self.ctx.coords.prologue}
+        moving = {self.ring.var.name} | {v.name for v in bound.values()}
+        return lets, [_iteration_terms(s, moving, per_thread, self.ctx.unique) if isinstance(s, If)
+                      else s for s in _rebind(refill, bound)]
 
     def acquire(self, k: Expr) -> list[Stmt]:
         return [CpAsyncWait(self.stages - 2), Barrier()]
@@ -217,6 +220,53 @@ class CpAsyncGroups:
 
     def drain(self) -> list[Stmt]:
         return [CpAsyncWait(0), Barrier()]
+
+
+def _iteration_terms(branch: If, moving: set, per_thread: set, unique) -> If:
+    """`branch` (a refill's `If(iteration exists, copies)`) with each index expression its
+    copies compute more than once, reading a `moving` variable (the loop's, a prefetched
+    table entry) and no `per_thread` one, bound once at the top of its body: a paged
+    copy's sixteen vectors each recomputed the page row (a signed `%`) in both their
+    predicate and their address, in the branches of the predicate's `&&`, where the CUDA
+    compiler does not share it."""
+    from collections import Counter
+
+    from tegula.lower.hoist import MEMORY, variables
+    counts: Counter = Counter()
+
+    def count(node) -> None:
+        if isinstance(node, (BinOp, Select)):
+            names = variables(node)
+            if names & moving and not names & per_thread and MEMORY not in names:
+                counts[node] += 1
+        if isinstance(node, (list, tuple)):
+            for x in node:
+                count(x)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            for f in dataclasses.fields(node):
+                count(getattr(node, f.name))
+
+    count(branch.then)
+    shared = {e for e, n in counts.items() if n > 1}
+    lets, names = [], {}
+
+    def bind(node):
+        if isinstance(node, (list, tuple)):
+            return type(node)(bind(x) for x in node)
+        if not dataclasses.is_dataclass(node) or isinstance(node, type):
+            return node
+        new = dataclasses.replace(node, **{f.name: bind(getattr(node, f.name))
+                                           for f in dataclasses.fields(node) if f.init})
+        if node in shared if isinstance(node, (BinOp, Select)) else False:
+            if node not in names:
+                names[node] = Var(unique("tg_it"))
+                lets.append(Let(names[node], new,
+                                wide=any("_stride" in v for v in variables(node))))
+            return names[node]
+        return new
+
+    then = bind(branch.then)
+    return dataclasses.replace(branch, then=lets + then) if lets else branch
 
 
 def _rebind(node, bound: dict):

@@ -380,3 +380,23 @@ def test_the_d64_split_count_is_near_the_measured_best_on_held_out_shapes(shape)
     measured = HELD_OUT_D64[shape]
     chosen = decode_config(B, Hkv, S, 64, 256 if paged else 0)["splits"]
     assert measured[chosen] >= 0.85 * max(measured.values()), (chosen, measured)
+
+
+def test_the_paged_refill_reads_its_page_early_and_computes_its_row_once():
+    """The refill of the paged split loop (thread IR, sm_90a): the block-table entry read
+    first in the iteration, before the stage wait (`CpAsyncGroups.table_loads_first`), and
+    the page row (a `%` of the moving block index) bound once for all 16 cp.async vectors
+    a thread issues (`_iteration_terms`), not in each one's predicate and address."""
+    from tegula.build import build
+    from tegula.kernels.attention_decode import decode_launches
+    from tegula.lower.thread_ir import CpAsync, CpAsyncWait, For, If, Let, walk
+    _, launches = decode_launches(f16, 1, 32, 8, 1, 128, 131072, 256, 128 ** -0.5, False)
+    kernel, _, _, _, constexprs = launches[0]
+    body = build(kernel, constexprs, target="sm_90a").thread_kernel.body
+    loop = next(s for s in walk(body) if isinstance(s, For) and not s.unroll)
+    assert isinstance(loop.body[0], Let) and "block_table" in str(loop.body[0].value)
+    assert isinstance(loop.body[1], CpAsyncWait)
+    refill = next(s for s in loop.body if isinstance(s, If))
+    copies = [s for s in walk(refill.then) if isinstance(s, CpAsync)]
+    assert len(copies) == 16 and "%" not in "".join(str(c.index) + str(c.pred) for c in copies)
+    assert sum(isinstance(s, Let) and "%" in str(s.value) for s in refill.then) == 2  # % 4, % 3
