@@ -156,13 +156,34 @@ def _step_sums(sums: list, words: Any, constants: list, acts: list, dtype: DType
     return sums
 
 
+def _store_sums(sums: list, c: Any, n: Any, quarters: list, tokens: int, row_quarters: int,
+                dtype: DType, partial: bool) -> None:
+    """Each quarter's rows out, once: a row's sums added over the threads holding it (four
+    lanes c, the KW warps) and the step's blocks, rounded once to `dtype` into c, or
+    (`partial`) into slice z of the f32 workspace (rows of a slice: N rounded up to the
+    block's 16·RW)."""
+    row_tiles = tg.cdiv(n, QUARTER_ROWS * row_quarters) * 2 * row_quarters   # 8-row tiles
+    for v, q in enumerate(quarters):
+        for t in range(tokens):
+            for i in range(2):
+                summed = sums[2 * tokens * v + 2 * t + i]
+                total = tg.reshape(tg.sum(tg.sum(tg.sum(summed, 3), 1), 0), (8,))
+                if partial:
+                    tg.copy(total, c.tile((8, 1), (tg.block_id(2) * row_tiles + 2 * q + i,
+                                                   t))[:, 0])
+                else:
+                    tg.copy(total.to(dtype), c.T.tile((8, 1), (2 * q + i, t))[:, 0])
+
+
 @lru_cache(maxsize=None)   # one kernel object per variant: its compiled builds and replays
 def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = False
                                ) -> tg.Kernel:
     """c (M, N) = a @ dequant(w).T for M ≤ MT tokens on the CUDA cores, the weights in
     fragment order (`pack_fragments`, read as `as_words`), a as `activation_quads`. A
-    block: one quarter (16 rows) of a stored 64-row block by KS stored blocks a k-step,
-    KW warps (threads 32·KW, `words_tv`) of KS/KW blocks each; the words two steps ahead
+    block: RW quarters (16 rows each) of stored 64-row blocks by KS stored blocks a
+    k-step, KW warps (threads 32·KW, `words_tv`) of KS/KW blocks each, a thread one run
+    of each quarter at the same k (RW runs meet one load and conversion of its
+    activations); the words two steps ahead
     in registers; the activations loaded from global memory each step, or with ASTAGES ≥
     2 through an ASTAGES-deep cp.async ring (read with ldmatrix; a block barrier a step),
     or with AHEAD=1 into registers a step before their use (their L2 latency off the
@@ -176,41 +197,44 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
                             scales: tg.Tensor[dtype], zeros: tg.Tensor[dtype],
                             c: tg.Tensor[out_type], G: tg.constexpr = 128,
                             MT: tg.constexpr = 1, KS: tg.constexpr = 4,
-                            KW: tg.constexpr = 4, INTEGER_ZEROS: tg.constexpr = 0,
+                            KW: tg.constexpr = 4, RW: tg.constexpr = 1,
+                            INTEGER_ZEROS: tg.constexpr = 0,
                             ASTAGES: tg.constexpr = 0, AHEAD: tg.constexpr = 0):
-        b = tg.block_id(0)                                  # 16-row quarter of the weights
+        quarters = [tg.block_id(0) * RW + v for v in range(RW)]   # 16-row quarters
         BK = FRAGMENT_K * KS
         S = max(1, BK // G)                                 # groups a step
         fractional = has_zeros and not INTEGER_ZEROS
-        gw = w.tile((1, KS, 32, STORED_WORDS[1]), (b // 4, None, b % 4, 0))
+        gws = [w.tile((1, KS, 32, STORED_WORDS[1]), (q // 4, None, q % 4, 0))
+               for q in quarters]
         ga = [[a.tile((1, 4 * KS, 1, 8), (t, None, h, 0)) for h in range(2)]
               for t in range(MT)]
         tv, acts_tv = words_tv(KS, KW), activations_tv(KS, KW)
         rows_tv = constants_tv(KS, KW, S)
-        steps, start = gw.shape[4], 0
+        steps, start = gws[0].shape[4], 0
         if partial:
             splits = tg.num_programs(2)
             per_split = (steps + splits - 1) // splits
             start = tg.block_id(2) * per_split
             steps = tg.minimum(start + per_split, steps)
 
-        def constants(k):   # step k's (zero, scale) tiles per row half i; past K: masked
-            return _row_half_constants(scales, zeros if has_zeros else None, dtype, b,
-                                       k // max(1, G // BK) if S == 1 else k, S, rows_tv)
+        def constants(k):   # step k's (zero, scale) tiles per quarter and row half; past K:
+            group = k // max(1, G // BK) if S == 1 else k               # masked, unused
+            return [x for q in quarters for x in _row_half_constants(
+                scales, zeros if has_zeros else None, dtype, q, group, S, rows_tv)]
 
-        sums = [tg.zeros((S, KS // S, 8, 4, 1), f32) for _ in range(2 * MT)]
+        sums = [tg.zeros((S, KS // S, 8, 4, 1), f32) for _ in range(2 * MT * RW)]
         pairs = [(t, h) for t in range(MT) for h in range(2)]
         if ASTAGES:   # activations through a cp.async ring: shared loads, no per-load address
             sa = [[tg.shared((1, 4 * KS, 1, 8), dtype, stages=ASTAGES) for _ in range(2)]
                   for _ in range(MT)]
-        current = tg.load(gw[:, :, :, :, start], layout=tv)
-        ahead = tg.load(gw[:, :, :, :, start + 1], layout=tv)
+        current = [tg.load(gw[:, :, :, :, start], layout=tv) for gw in gws]
+        ahead = [tg.load(gw[:, :, :, :, start + 1], layout=tv) for gw in gws]
         current_constants = constants(start)
         if AHEAD:   # a step's activations loaded a step ahead too (an L2 round trip)
             loaded = [tg.load(ga[t][h][:, :, :, :, start], layout=acts_tv) for t, h in pairs]
         for k in (tg.pipeline(start, steps, stages=ASTAGES) if ASTAGES
                   else tg.range(start, steps)):
-            after = tg.load(gw[:, :, :, :, k + 2], layout=tv)        # past K: masked
+            after = [tg.load(gw[:, :, :, :, k + 2], layout=tv) for gw in gws]  # past K: masked
             following_constants = constants(k + 1)
             if ASTAGES:
                 for t, h in pairs:
@@ -224,23 +248,18 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
                 now = [tg.load(ga[t][h][:, :, :, :, k], layout=acts_tv) for t, h in pairs]
             acts = [[_activations(now[2 * t + h], S, KS) for h in range(2)]
                     for t in range(MT)]
-            sums = _step_sums(sums, current, current_constants, acts, dtype, S, fractional)
-            current.assign(ahead)               # (register moves: loop-carried tiles)
-            ahead.assign(after)
-            for now_tile, following in zip(current_constants, following_constants):
-                now_tile.assign(following)
+            for v in range(RW):   # each quarter's runs meet the same activations
+                own = slice(2 * MT * v, 2 * MT * (v + 1))
+                sums[own] = _step_sums(sums[own], current[v],
+                                       current_constants[4 * v:4 * v + 4], acts, dtype, S,
+                                       fractional)
+            for now_tile, following in zip(current + ahead + current_constants,
+                                           ahead + after + following_constants):
+                now_tile.assign(following)      # (register moves: loop-carried tiles)
             if AHEAD:
                 for now_tile, following in zip(loaded, following_acts):
                     now_tile.assign(following)
-        for t in range(MT):   # the threads of a row: four lanes (c), KS warps (kb)
-            for i in range(2):
-                total = tg.reshape(tg.sum(tg.sum(tg.sum(sums[2 * t + i], 3), 1), 0), (8,))
-                if partial:
-                    row_tiles = tg.cdiv(scales.shape[0], QUARTER_ROWS) * 2
-                    tg.copy(total, c.tile((8, 1), (tg.block_id(2) * row_tiles + 2 * b + i,
-                                                   t))[:, 0])
-                else:
-                    tg.copy(total.to(dtype), c.T.tile((8, 1), (2 * b + i, t))[:, 0])
+        _store_sums(sums, c, scales.shape[0], quarters, MT, RW, dtype, partial)
 
     return w4a16_fragment_gemv
 
@@ -267,7 +286,11 @@ def gemv_config(m: int, n: int, k: int, group_size: int, **tiles: int
     if constexprs["threads"] != 32 * kw:
         raise ValueError(f"tegula.kernels.w4a16: the GEMV kernel's KW={kw} warps need "
                          f"threads={32 * kw}, got threads={constexprs['threads']}")
-    grid = (-(-n // QUARTER_ROWS),)
+    rw = constexprs.setdefault("RW", 1)
+    if rw not in (1, 2, 4):
+        raise ValueError(f"tegula.kernels.w4a16: the GEMV kernel's RW={rw} row quarters a "
+                         f"block must be 1, 2 or 4")
+    grid = (-(-n // (QUARTER_ROWS * rw)),)
     split = constexprs["SPLIT"]
     return (grid + (1, split) if split > 1 else grid), constexprs
 
@@ -292,11 +315,14 @@ def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
     there the tensor-core kernel stays ahead, and the tuner keeps it. KS=32 and split K
     lost everywhere. Also 4 warps of one block a step (64 registers: 8 blocks an SM, so
     the 896 blocks of N = 14336 run in one wave, where 8-warp blocks take 1.7), and the
-    activations a step ahead (AHEAD: each step's loads had waited on L2 right away)."""
+    activations a step ahead (AHEAD: each step's loads had waited on L2 right away), and
+    two row quarters a thread (RW=2: 6.0 SASS a weight against 7.3, its activations
+    loaded and converted once for two runs; 96-98 registers)."""
     if m > MAX_GEMV_TOKENS or group_size < FRAGMENT_K:
         return []
-    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=16, KW=4), dict(GEMV=1, KS=4, KW=4),
+    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=4, KW=4),
             dict(GEMV=1, KS=8, KW=8, AHEAD=1), dict(GEMV=1, KS=4, KW=4, AHEAD=1),
+            dict(GEMV=1, KS=4, KW=4, RW=2), dict(GEMV=1, KS=8, KW=8, RW=2),
             dict(GEMV=1, KS=16, KW=8, ASTAGES=3)]
 
 
@@ -313,7 +339,8 @@ def launch_w4a16_gemv(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bo
         return launch(w4a16_fragment_gemv_kernel(dtype, has_zeros), grid, (*operands, c),
                       constexprs)
     m, n = c.shape
-    parts = empty_f32((split * -(-n // QUARTER_ROWS) * QUARTER_ROWS, m))
+    rows = QUARTER_ROWS * constexprs.get("RW", 1)          # a block's
+    parts = empty_f32((split * -(-n // rows) * rows, m))
     launch(w4a16_fragment_gemv_kernel(dtype, has_zeros, partial=True), grid,
            (*operands, parts), constexprs)
     return launch_split_sum(dtype, split, parts, c, launch)

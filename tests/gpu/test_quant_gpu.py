@@ -427,6 +427,8 @@ def test_matmul_w4a16_fractional_zero_points(m, prepacked):
     ("f16", 1, 14336, 4096, 128, "int", dict(KS=16, KW=8, ASTAGES=3)),
     ("f16", 1, 4096, 4096, 128, "int", dict(KS=8, KW=8)),
     ("f16", 1, 14336, 4096, 128, "int", dict(KS=4, KW=4, AHEAD=1)),
+    ("f16", 1, 14336, 4096, 128, "int", dict(KS=4, KW=4, RW=2)),
+    ("f16", 2, 1000, 2048, 64, "frac", dict(KS=8, KW=8, RW=4, SPLIT=2)),
     ("f16", 1, 4096, 14336, 128, "int", dict(KS=8, KW=4, SPLIT=2)),
     ("f16", 2, 11008, 4096, 64, None, dict(KS=16, KW=8)),
     ("f16", 4, 4096, 4096, 128, "frac", dict(KS=32, KW=8, ASTAGES=3)),

@@ -38,6 +38,8 @@ CASES = [  # dtype, m, n, k, group, zeros ("int", "frac", None), tiles, target
     (f16, 4, 33, 384, 128, None, dict(KS=2, KW=1, AHEAD=1), "sm_90a"),  # acts a step ahead
     (f16, 3, 77, 640, 128, "frac", dict(KS=2, KW=2, ASTAGES=2), "sm_80"),
     (f16, 1, 64, 128, 64, "frac", dict(KS=1, KW=1), "sm_90a"),     # a zero's fine fraction
+    (f16, 1, 200, 512, 128, "int", dict(KS=4, KW=4, RW=4, SPLIT=2), "sm_90a"),  # 4 quarters
+    (f16, 2, 70, 320, 64, "frac", dict(KS=4, KW=2, RW=2, AHEAD=1), "sm_80"),    # a thread
     (bf16, 2, 66, 192, 64, "frac", dict(KS=1, KW=1), "sm_90a"),
     (bf16, 1, 100, 512, 128, "int", dict(KS=4, KW=4), "sm_80"),
 ]
@@ -76,8 +78,11 @@ def test_gemv_kernel_nan_and_inf_reach_only_their_outputs():
 def test_gemv_config_and_its_refusals():
     kind, grid, c = w4a16_config(1, 4096, 4096, 128, GEMV=1, KS=16, KW=4)
     assert kind == "gemv" and grid == (256,)
-    assert c == dict(G=128, MT=1, KS=16, KW=4, SPLIT=1, threads=128)
+    assert c == dict(G=128, MT=1, KS=16, KW=4, SPLIT=1, RW=1, threads=128)
     assert w4a16_config(2, 70, 512, 64, GEMV=1, KS=4, SPLIT=2)[1] == (5, 1, 2)
+    assert w4a16_config(1, 70, 512, 64, GEMV=1, KS=4, RW=4)[1] == (2,)
+    with pytest.raises(ValueError, match=r"RW=3 row quarters a block must be 1, 2 or 4"):
+        w4a16_config(1, 64, 256, 64, GEMV=1, RW=3)
     with pytest.raises(ValueError, match=r"groups of whole stored blocks \(group_size ≥ "
                                          r"64, got 32\)"):
         w4a16_config(1, 64, 256, 32, GEMV=1)
