@@ -52,8 +52,8 @@ from tegula.ir.ops import ForLoop
 from tegula.lower.addressing import scalar_expr
 from tegula.lower.async_ir import FenceBarrierInit, MBarrierInit, MBarrierWait, WgmmaWait
 from tegula.lower.thread_ir import (TID, Barrier, BinOp, Comment, Const, CpAsyncCommit,
-                                    CpAsyncWait, Expr, For, If, Let, LoadScalar, Select, Stmt,
-                                    Var, _bin, all_of, walk)
+                                    CpAsyncWait, Expr, For, If, Let, LoadScalar, Reg, RegArray,
+                                    Select, Stmt, Var, _bin, all_of, walk)
 
 
 class Ring:
@@ -242,7 +242,7 @@ def _iteration_terms(branch: If, moving: set, per_thread: set, unique) -> If:
         if isinstance(node, (list, tuple)):
             for x in node:
                 count(x)
-        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        elif dataclasses.is_dataclass(node) and not isinstance(node, (type, Reg, RegArray)):
             for f in dataclasses.fields(node):
                 count(getattr(node, f.name))
 
@@ -253,7 +253,7 @@ def _iteration_terms(branch: If, moving: set, per_thread: set, unique) -> If:
     def bind(node):
         if isinstance(node, (list, tuple)):
             return type(node)(bind(x) for x in node)
-        if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        if not dataclasses.is_dataclass(node) or isinstance(node, (type, Reg, RegArray)):
             return node
         new = dataclasses.replace(node, **{f.name: bind(getattr(node, f.name))
                                            for f in dataclasses.fields(node) if f.init})
@@ -277,10 +277,10 @@ def _rebind(node, bound: dict):
         return [_rebind(x, bound) for x in node]
     if isinstance(node, tuple):
         return tuple(_rebind(x, bound) for x in node)
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+    if dataclasses.is_dataclass(node) and not isinstance(node, (type, Reg, RegArray)):
         return dataclasses.replace(node, **{f.name: _rebind(getattr(node, f.name), bound)
                                             for f in dataclasses.fields(node) if f.init})
-    return node
+    return node  # (registers keep their identity: the emitter compares arrays by it)
 
 
 class MBarrierRing:
