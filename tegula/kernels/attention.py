@@ -635,25 +635,39 @@ def _inner_contiguous(t):
 
 
 def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tuple,
-               extra: str, constexprs: dict, head_dim: int, device):
+               extra: str, constexprs: dict, head_dim: int, device, boxes: bool = True):
     """Tune (once per shape bucket) and launch `kernel` on `tensors` with v inserted third
     (transposed by `transpose_v` for the V_KMAJOR configurations) on the grid `grid(values)`
     gives for a configuration's constexprs; (the CompiledKernel that ran, its grid, its
-    arguments), for the entry point's replay."""
+    arguments), for the entry point's replay. Stated warp roles (REGS) need the stage
+    loads to be TMA boxes: without `boxes` (varlen's narrowed views) the candidates drop
+    REGS, and a tensor TMA cannot address (alignment, strides) runs a REGS candidate with
+    synthesis's own roles instead of failing."""
     import torch
 
+    from tegula.errors import SynthesisError
     from tegula.kernels.api import _launch, _tune_and_run
     from tegula.runtime.autotune import Config
     wgmma = torch.cuda.get_device_capability(device) >= (9, 0)
-    configs = tuple(Config.of(c) for c in attention_candidates(head_dim, wgmma,
-                                                               constexprs["CAUSAL"]))
+    candidates = attention_candidates(head_dim, wgmma, constexprs["CAUSAL"])
+    if not boxes:
+        candidates = [c for c in candidates if not c.get("REGS")]
+    configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config):
         values = config.kwargs
         operand = transpose_v(v) if values["V_KMAJOR"] else v
         args = tensors[:2] + (operand,) + tensors[2:]
-        return (_launch(kernel, grid(values), args, dict(values, **constexprs),
-                        config.threads), grid(values), args)
+        try:
+            launched = _launch(kernel, grid(values), args, dict(values, **constexprs),
+                               config.threads)
+        except SynthesisError:
+            if not values.get("REGS"):
+                raise
+            values = dict(values, REGS=0)
+            launched = _launch(kernel, grid(values), args, dict(values, **constexprs),
+                               config.threads)
+        return launched, grid(values), args
 
     return _tune_and_run(_tuner_name(), device.index, configs, dims, f"{fn}/{extra}", run)
 
@@ -764,7 +778,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                    lambda values: (-(-max_seqlen_q // values["BM"]), h, sequences), tensors, v,
                    lambda t: keys_last(t, (1, 2, 0)),
                    (total_q, max_seqlen_q, max_seqlen_k or max_seqlen_q),
-                   f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device)
+                   f"{dtype}/D{d}/{'causal' if causal else 'full'}", constexprs, d, q.device,
+                   boxes=False)
     return (o, lse) if return_lse else o
 
 

@@ -4,6 +4,7 @@ lengths, Sq != Sk, bottom-right causal masks, fully masked rows, GQA/MQA, varlen
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -449,3 +450,42 @@ def test_varlen_blocks_past_a_sequence_do_no_gemms():
     want_o, _ = reference(q.transpose(1, 0, 2)[None], k.transpose(1, 0, 2)[None],
                           v.transpose(1, 0, 2)[None], False)
     np.testing.assert_allclose(outputs[0].transpose(1, 0, 2)[None], want_o, rtol=2e-3, atol=2e-3)
+
+
+def test_a_stated_budget_candidate_falls_back_where_tma_cannot_serve(monkeypatch):
+    """REGS states the warp roles, which need TMA boxes: a launch synthesis refuses (a
+    tensor TMA cannot address) reruns the candidate with synthesis's own roles, and the
+    varlen entry (narrowed views, never boxes) does not time REGS candidates at all."""
+    import importlib
+    import types
+
+    from tegula.errors import SynthesisError
+    from tegula.kernels import api
+    attention = importlib.import_module("tegula.kernels.attention")  # the module, not the op
+    launched, timed = [], []
+
+    def launch(kernel, grid, args, constexprs, threads):
+        launched.append(constexprs.get("REGS", 0))
+        if constexprs.get("REGS"):
+            raise SynthesisError("tg.producer: the copy is not a TMA box")
+        return "kernel"
+
+    def tune(name, index, configs, dims, key, run):
+        timed.extend(c.kwargs.get("REGS", 0) for c in configs)
+        return run(next(c for c in configs if c.kwargs.get("REGS", 0)) if any(
+            c.kwargs.get("REGS", 0) for c in configs) else configs[0])
+
+    monkeypatch.setattr(api, "_launch", launch)
+    monkeypatch.setattr(api, "_tune_and_run", tune)
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_device_capability=lambda device: (9, 0)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    device = types.SimpleNamespace(index=0)
+    run = lambda boxes: attention._run_tuned(  # noqa: E731
+        "attention", None, lambda values: (1,), ("q", "k", "o", "lse"), "v", None, (1, 1, 1),
+        "x", dict(D=128, QK_SCALE=1.0, CAUSAL=False), 128, device, boxes=boxes)
+    assert run(True)[0] == "kernel"
+    assert launched[0] > 0 and launched[1:] == [0]   # the REGS launch, then synthesis's roles
+    launched.clear(), timed.clear()
+    run(False)
+    assert not any(timed) and launched == [0]
