@@ -114,7 +114,8 @@ def variant(name: str, shape: tuple = (0, 0, 0), config: dict | None = None):
     for part in name.split("+"):  # "a+b": both variants' patches (they patch different hooks)
         patches.update(VARIANTS[part](shape, config or {}))
     if name != "main":
-        for factory in ("persistent_gemm_kernel", "staged_gemm_kernel", "gemm_kernel"):
+        for factory in ("persistent_gemm_kernel", "staged_gemm_kernel", "gemm_kernel",
+                        "gemm_split_k_kernel", "split_k_reduce_kernel"):
             original = getattr(gemm, factory)
             shaped = any(part in _SHAPE_DEPENDENT for part in name.split("+"))
             key = (name, shape if shaped else None, factory)
