@@ -10,9 +10,10 @@ into 16-bit magic + w by one lop3 a pair and dequantized two at a time
 loads and f32 arithmetic of `moe_w4`'s swapped kernel. A work item computes outᵀ's
 (64·WG, BT) tile: the dequantized weights are the MMA's register A operand, the BT token
 rows of the item the shared B operand in a STAGES-deep ring, the words in a ring of their
-own (WSMEM=1, default) or loaded straight into registers two steps ahead with step k+1
-dequantized while step k's wgmmas run (WSMEM=0: ptxas then serializes the register-A
-wgmmas, C7513).
+own (WSMEM=1, the kernel's default) or loaded straight into registers two steps ahead
+with step k+1 dequantized while step k's wgmmas run (WSMEM=0: with one register operand
+ptxas serializes the register-A wgmmas, C7513; PAIRS=1, the entry point's default, takes
+two steps an iteration with two operands and keeps them in flight, `_paired_steps`).
 """
 from __future__ import annotations
 

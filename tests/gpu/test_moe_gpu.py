@@ -127,8 +127,8 @@ W4_CONFIGS = [None,                       # the default tiles
               dict(SWAPPED=True, BM=128, BN=128, BK=64, STAGES=4, threads=256),
               dict(SWAPPED=True, BM=256, BN=128, BK=64, STAGES=3, threads=256),
               dict(SWAPPED=True, BM=64, BN=64, BK=64, STAGES=4, PERSISTENT=False),
-              dict(FRAGMENT=True, BM=128, WG=2, STAGES=4),
-              dict(FRAGMENT=True, BM=256, WG=2, KS=1, STAGES=3, WSMEM=0),  # KS=2 needs 262 KB
+              dict(FRAGMENT=True, BM=128, WG=2, STAGES=4, PAIRS=0),   # PAIRS=1: two rings,
+              dict(FRAGMENT=True, BM=256, WG=2, KS=1, STAGES=3, WSMEM=0, PAIRS=0),  # > 227 KB
               dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3, PERSISTENT=False),
               dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1),
               dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=4, WSMEM=0, PAIRS=1)]

@@ -88,7 +88,7 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
     ([9, 0, 13, 5], 72, 256, 32, True, f16, "sm_90a",              # two warpgroups, 128-k
      dict(BM=16, WG=2, KS=2, STAGES=2)),                           # steps of four groups
     ([9, 0, 13, 5], 72, 256, 64, True, bf16, "sm_90a",             # words into registers,
-     dict(BM=16, WG=1, STAGES=2, WSMEM=0)),                        # dequantized a step early
+     dict(BM=16, WG=1, STAGES=2, WSMEM=0, PAIRS=0)),               # dequantized a step early
     ([5, 0, 3, 1], 40, 192, 64, True, bf16, "sm_90a",              # two steps an iteration,
      dict(BM=16, WG=1, STAGES=2, WSMEM=0, PAIRS=1)),               # three steps: a half pair
     ([6, 1, 0, 4], 72, 384, 128, True, f16, "sm_90a",              # pairs of 128-k steps
