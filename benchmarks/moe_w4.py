@@ -23,16 +23,18 @@ import torch
 START = time.time()
 #: The fragment kernel (`moe_w4_fragment`: weights pre-packed in the MMA fragment's order,
 #: paired 16-bit dequantization overlapping the previous gemm), its default first.
-CONFIGS = [("fragment WG2 BT128 KS2 S3 WSMEM=0 (default)", dict(FRAGMENT=True, BM=128, WG=2,
-                                                              KS=2, STAGES=3, WSMEM=0)),
-           ("fragment PAIRS KS2 S3", dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3,
-                                          WSMEM=0, PAIRS=1)),
-           ("fragment PAIRS KS1 S4", dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=4,
-                                          WSMEM=0, PAIRS=1)),
-           ("fragment PAIRS BT256 KS1 S3", dict(FRAGMENT=True, BM=256, WG=2, KS=1, STAGES=3,
-                                                WSMEM=0, PAIRS=1))]
+CONFIGS = [("default (PAIRS KS2 S3)", None),
+           ("fragment PAIRS=0 (session 12's default)", dict(FRAGMENT=True, BM=128, WG=2, KS=2,
+                                                            STAGES=3, WSMEM=0, PAIRS=0)),
+           ("fragment PAIRS WG3 KS2 S2", dict(FRAGMENT=True, BM=128, WG=3, KS=2, STAGES=2,
+                                              WSMEM=0, PAIRS=1)),
+           ("fragment PAIRS WG3 KS1 S4", dict(FRAGMENT=True, BM=128, WG=3, KS=1, STAGES=4,
+                                              WSMEM=0, PAIRS=1))]
 #: Session 13: PAIRS=1 (`moe_w4_fragment._paired_steps`: two register operands, so ptxas
-#: no longer waits for each wgmma before the next, C7513) against the default.
+#: no longer waits for each wgmma before the next, C7513). Round 1 (x dense bf16, Mixtral
+#: up / down / 64-expert top-6): PAIRS KS2 S3 0.70 / 0.72 / 0.67 (the default since), KS1
+#: S3 0.63 / 0.66 / 0.59, KS1 S4 0.63 / 0.65, KS2 S2 0.65 / 0.66; PAIRS=0 0.60 / 0.62 /
+#: 0.55; 256-token tiles need 262 KB of shared memory with two rings (refused at launch).
 #: Session 12 round 2 (x dense bf16, Mixtral up / down / 64-expert top-6): session 11's
 #: shared-operand 64x64 0.32 / 0.29 / 0.32; swapped BN128 BT128 S4 0.31 / 0.32 / 0.29;
 #: fragment WG4 BT128 S3 (WSMEM=1) 0.52 / 0.55 / 0.45, WSMEM=0 0.62 / 0.62 / 0.54; WG2
@@ -62,9 +64,9 @@ def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
     dense = flops / time_ms(lambda: a @ b) / 1e9
     out = [(f"{label} dense bf16 cuBLAS", f"{dense:.0f} TFLOP/s")]
     print(out[-1], f"t={time.time() - START:.0f}s (problem, packing, reference)", flush=True)
-    runs = [(name, lambda c=cfg, o=None: moe_w4.moe_gemm_w4a16(
-        xs, stored if c.get("FRAGMENT") else packed, scales, zeros, W4_GROUP, offsets,
-        config=c, out=o)) for name, cfg in CONFIGS]
+    runs = [(name, lambda c=cfg, o=None: moe_w4.moe_gemm_w4a16(   # None: as users call it
+        xs, stored if c is None or c.get("FRAGMENT") else packed, scales, zeros, W4_GROUP,
+        offsets, config=c, out=o)) for name, cfg in CONFIGS]
     if with_bf16:
         bf16_ref = reference(torch, xs, w, offsets.tolist())
         runs.append(("bf16 moe_gemm (autotuned)", lambda o=None: moe.moe_gemm(xs, w, offsets,
