@@ -105,19 +105,31 @@ def shapes_of(kernel, D: int) -> dict:
             for p in kernel.params if p.kind == "tensor"}
 
 
-def compile_job(case: str, variant: str, index: int) -> str:
-    """Build and compile one launch into the disk cache: "" or the error (a worker)."""
+def compile_job(case: str, spec: tuple, index: int) -> str:
+    """Build and compile launch `index` of `launches(D, causal, *spec)` into the disk
+    cache: "" or the error (a worker)."""
     from tegula.build import build
     from tegula.recommend import _facts
     from tegula.runtime import compile_kernel
     D, causal = CASES[case]
-    kernel, _, _, constexprs = launches(D, causal, *VARIANTS[variant])[index]
+    kernel, _, _, constexprs = launches(D, causal, *spec)[index]
     try:
         built = build(kernel, dict(constexprs), _facts(kernel, shapes_of(kernel, D)), "sm_90a")
         compile_kernel(built.thread_kernel, built.target.sm)
     except Exception as err:  # noqa: BLE001 (reported; the launch raises it again)
-        return f"{case} {variant} {label(kernel)}: {type(err).__name__}: {err}"[:300]
+        return f"{case} {spec} {label(kernel)}: {type(err).__name__}: {err}"[:300]
     return ""
+
+
+def specs(D: int, variant: str) -> list[tuple]:
+    """The (deterministic, tiles[, dq tiles]) launch plans a variant may run: its own, or
+    for an entry point every candidate its tuner times."""
+    if variant in VARIANTS:
+        return [VARIANTS[variant]]
+    if ENTRIES[variant]:
+        return [(True, tiles) for tiles in _ab.backward_candidates(D, "dkdv")] + \
+            [(True, {}, tiles) for tiles in _ab.backward_candidates(D, "dq")]
+    return [(False, tiles) for tiles in _ab.atomic_dq_candidates(D)]
 
 
 def reference(q, k, v, do, causal: bool) -> dict:
@@ -310,12 +322,12 @@ def main() -> None:
     start = time.time()
     jobs, seen = [], set()
     for c in cases:
-        for v in (v for v in variants if v in VARIANTS):
-            for i, (kernel, _, _, cx) in enumerate(launches(*CASES[c], *VARIANTS[v])):
+        for spec in (spec for v in variants for spec in specs(CASES[c][0], v)):
+            for i, (kernel, _, _, cx) in enumerate(launches(*CASES[c], *spec)):
                 key = (kernel.name, tuple(sorted(cx.items())))
                 if key not in seen:  # the preprocess and convert recur across variants
                     seen.add(key)
-                    jobs.append((c, v, i))
+                    jobs.append((c, spec, i))
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(options.jobs, mp_context=context) as pool:
         problems = [p for p in pool.map(compile_job, *zip(*jobs)) if p]

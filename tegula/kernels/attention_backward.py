@@ -352,22 +352,39 @@ def backward_tiles(head_dim: int, seq_q: int, seq_k: int, **tiles: int) -> dict:
     return {"BM": bm, "BN": bn, **tiles}
 
 
-def backward_candidates(head_dim: int) -> list[dict]:
-    """Configurations of the dK/dV and dQ kernels the torch entry point times per shape
-    bucket (each kernel tuned on its own). On sm_90a blocks of 64 rows and columns put
-    every gemm of both kernels on wgmma (the transposed products read MN-major); ptxas
+def backward_candidates(head_dim: int, kernel: str = "dkdv") -> list[dict]:
+    """Configurations of the dK/dV (`kernel="dkdv"`) or dQ (`"dq"`) kernel the torch entry
+    point times per shape bucket (each kernel tuned on its own; the first runs where
+    nothing is timed, on any target). On sm_90a blocks of 64 rows and columns put every
+    gemm of both kernels on wgmma (the transposed products read MN-major); ptxas
     (2026-11-24): no spills at D = 128 with 128 threads (on mma.sync that dK/dV kernel
     spilled ~430 B a thread) nor at D = 256 with 256 threads (128 threads spill 2 KB
-    there). Narrower blocks (32 rows: mma.sync) stay for the tuner to compare, and on
-    targets without wgmma."""
-    if head_dim <= 64:
-        return [dict(BM=64, BN=64), dict(BM=64, BN=128, threads=256),
-                dict(BM=128, BN=64, threads=256)]
-    if head_dim <= 128:
-        return [dict(BM=64, BN=64), dict(BM=64, BN=128, threads=256),
-                dict(BM=128, BN=64, threads=256), dict(BM=64, BN=32)]
-    return [dict(BM=64, BN=64, threads=256), dict(BM=32, BN=32), dict(BM=16, BN=32),
-            dict(BM=32, BN=64, threads=256)]
+    there). `_STATED` (sm_90a): two consumer warpgroups of 240 registers beside a
+    24-register producer, dP issued before the exponentials, the consumers' wgmma waits
+    deferred: dK/dV 64 x 128, dQ 128 x 128 (239 / 218 registers, no spill at D = 128)
+    measured 2.01 / 1.35 ms against 64 x 64's 2.21 / 1.52 at 4x16x4096, D = 128 (H100,
+    session 13 round 1, `benchmarks/attention_backward.py` det-ws). Narrower blocks (32
+    rows: mma.sync) stay for the tuner to compare, and on targets without wgmma."""
+    if kernel not in ("dkdv", "dq"):
+        raise ValueError(f"backward_candidates: kernel must be 'dkdv' or 'dq', got {kernel!r}")
+    if head_dim > 128:
+        return [dict(BM=64, BN=64, threads=256), dict(BM=32, BN=32), dict(BM=16, BN=32),
+                dict(BM=32, BN=64, threads=256)]
+    if kernel == "dkdv":
+        stated = [dict(_STATED, BM=64, BN=128), dict(_STATED, BM=64, BN=128, STAGES=3)]
+        wide = [dict(BM=64, BN=128, threads=256)] + \
+            ([dict(BM=128, BN=64, threads=256)] if head_dim <= 64 else [])
+    else:
+        stated = [dict(_STATED, BM=128, BN=128), dict(_STATED, BM=128, BN=64)]
+        wide = [dict(BM=128, BN=64, threads=256)] + \
+            ([dict(BM=64, BN=128, threads=256)] if head_dim <= 64 else [])
+    narrow = [dict(BM=64, BN=32)] if head_dim > 64 else []
+    return [dict(BM=64, BN=64)] + stated + wide + narrow
+
+
+#: The stated-roles form of the backward's kernels (`_key_block_gradients`): two consumer
+#: warpgroups at 240 registers, dP issued with the first product.
+_STATED = dict(threads=256, REGS=240, EARLY_DP=True)
 
 
 def atomic_dq_candidates(head_dim: int) -> list[dict]:
@@ -386,14 +403,17 @@ def atomic_dq_candidates(head_dim: int) -> list[dict]:
 
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
                       scale: float, causal: bool, deterministic: bool = True,
-                      **tiles: int) -> list[tuple]:
+                      dq_tiles: dict | None = None, **tiles: int) -> list[tuple]:
     """The three launches of the backward as (kernel, grid, argument names, constexprs), in
     order; argument names refer to q, k, v, o, do, lse, delta, dq, dk, dv and, when not
     `deterministic`, dq_accum (f32 like q, zeros before the launches): the dK/dV kernel
     then adds dQ into it atomically and the last launch converts it. `tiles`: BM, BN,
-    STAGES and `threads` (the block size) of the dK/dV and dQ kernels."""
+    STAGES, EARLY_DP, REGS and the build options `threads`, `warp_specialize` of the dK/dV
+    and dQ kernels; `dq_tiles`: the dQ kernel's instead, where they differ."""
     t = backward_tiles(D, Sq, Sk, **tiles)
     common = dict(D=D, SCALE=scale, CAUSAL=bool(causal), G=H // Hkv, **t)
+    dq_common = common if dq_tiles is None else \
+        dict(common, **backward_tiles(D, Sq, Sk, **dq_tiles))
     preprocess = (attention_backward_preprocess_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
                   ("o", "do", "delta"), dict(D=D, BM=t["BM"]))
     key_blocks = (tg.cdiv(Sk, t["BN"]), Hkv, B)
@@ -407,8 +427,8 @@ def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, 
     return [
         preprocess,
         (attention_backward_dkdv_kernel(dtype), key_blocks, gradients, common),
-        (attention_backward_dq_kernel(dtype), (tg.cdiv(Sq, t["BM"]), H, B),
-         ("q", "k", "v", "do", "lse", "delta", "dq"), common),
+        (attention_backward_dq_kernel(dtype), (tg.cdiv(Sq, dq_common["BM"]), H, B),
+         ("q", "k", "v", "do", "lse", "delta", "dq"), dq_common),
     ]
 
 
@@ -416,12 +436,13 @@ def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: 
                                 lse: np.ndarray, do: np.ndarray, causal: bool = False,
                                 scale: float | None = None, dtype: DType | None = None,
                                 target: str | None = None, deterministic: bool = True,
-                                **tiles: int):
+                                dq_tiles: dict | None = None, **tiles: int):
     """(dq, dk, dv) by the emulated backward kernels. q, o, do: (B, H, Sq, D); k, v:
     (B, Hkv, Sk, D); lse: (B, H, Sq) float32 (natural log). float16 arrays are f16; bf16
     data comes as float32 arrays holding bf16 values with `dtype=bf16` (the gradients
     then come back the same way). `deterministic=False`: dQ by atomics from the dK/dV
-    kernel (`backward_launches`). `tiles`: BM, BN overrides."""
+    kernel (`backward_launches`). `tiles`: BM, BN overrides (`dq_tiles`: the dQ kernel's,
+    where they differ)."""
     fn = "attention_backward_emulated"
     arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do)
     for name, x in arrays.items():
@@ -448,7 +469,7 @@ def attention_backward_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: 
         extra = {} if target is None else {"target": target}
         for kernel, grid, names, constexprs in backward_launches(dtype, B, H, Hkv, Sq, Sk, D,
                                                                  scale, causal, deterministic,
-                                                                 **tiles):
+                                                                 dq_tiles, **tiles):
             with np.errstate(invalid="ignore", over="ignore"):  # padded rows: never stored
                 launch_emulated(kernel, grid, *(values[n] for n in names), **constexprs,
                                 **extra)
@@ -502,10 +523,10 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float |
         values["dq_accum"] = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     key_grid = lambda c: (tg.cdiv(Sk, c["BN"]), Hkv, B)  # noqa: E731
     query_grid = lambda c: (tg.cdiv(Sq, c["BM"]), H, B)  # noqa: E731
-    tuned = {1: (key_grid, backward_candidates(D) if deterministic else
+    tuned = {1: (key_grid, backward_candidates(D, "dkdv") if deterministic else
                  atomic_dq_candidates(D))}
     if deterministic:
-        tuned[2] = (query_grid, backward_candidates(D))
+        tuned[2] = (query_grid, backward_candidates(D, "dq"))
     for index, (kernel, grid, names, constexprs) in enumerate(launches):
         args = [values[n] for n in names]
         if tiles or index not in tuned:   # the caller chose, or nothing to tune
