@@ -4,7 +4,7 @@ W4A16's 4-bit weights are constant across calls, so how they are stored in globa
 is the caller's choice, made once: "plain" (row-major packed bytes, `quantize_w4` /
 `prepack`) read by the rows, GEMM and swapped kernels, or "fragment" (`pack_fragments`:
 the wgmma A fragment's order, one 16-byte load per thread and k-step) read by the
-fragment kernel. Each layout has its own kernels and configurations, and a split-K
+fragment kernel and, at one token, the CUDA-core GEMV kernel (`quant_gemv`). Each layout has its own kernels and configurations, and a split-K
 configuration runs two launches (the partial product and its sum), so the decision is
 scored as whole launch plans: `tegula.recommend.recommend_plans` ranks every plan of both
 layouts by the cost model, one ranking with `w_layout` a coordinate of the decision
