@@ -389,16 +389,20 @@ _STATED = dict(threads=256, REGS=240, EARLY_DP=True)
 
 def atomic_dq_candidates(head_dim: int) -> list[dict]:
     """Configurations of the dK/dV kernel that adds dQ by TMA reduce-adds
-    (`deterministic=False`) the torch entry point times per shape bucket. 64 query rows by
-    128 keys on two warpgroups in one role is FlashAttention-3's tile at D <= 128 (ptxas,
-    sm_90a: 254 registers at D = 128, no spill; with a producer warpgroup 232 and 160 B
-    spilled); 64 x 64 on one warpgroup spills 52 B at D = 128. At D = 256 only the default
-    tiles (`backward_tiles`), 32 x 32."""
+    (`deterministic=False`) the torch entry point times per shape bucket (the first runs
+    where nothing is timed). Round 1 of session 13 (H100, 4x16x4096, the kernel alone):
+    64 query rows by 128 keys on two warpgroups in one role (FlashAttention-3's tile; ptxas
+    254 registers at D = 128, no spill) 3.31 ms at D = 128, 1.82 causal, with dP issued
+    early (104 B spilled) 3.32 / 1.85; 64 x 64 4.15 / 2.16, but the fastest at D = 64
+    (2.26 / 1.19 against 2.59 / 1.42); 32 x 128 (5.3 ms) and a producer warpgroup (at 232
+    or 240 registers: 3.6 ms) were slower and are not candidates. At D = 256 only the
+    default tiles (`backward_tiles`), 32 x 32."""
     if head_dim > 128:
         return [dict(BM=32, BN=32)]
     one_role = dict(threads=256, warp_specialize=False)
-    return [dict(BM=64, BN=128, **one_role), dict(BM=64, BN=128, STAGES=3, **one_role),
-            dict(BM=32, BN=128, **one_role), dict(BM=64, BN=64)]
+    return [dict(BM=64, BN=64), dict(BM=64, BN=128, **one_role),
+            dict(BM=64, BN=128, EARLY_DP=True, **one_role),
+            dict(BM=64, BN=128, STAGES=3, **one_role)]
 
 
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
