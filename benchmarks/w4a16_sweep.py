@@ -259,7 +259,8 @@ SESSION13 += [("w4frag", (16, n, 4096), dict(_SA, KS=4, STAGES=6 if split == 1 e
 SESSION13B = [("w4gemv", (1, n, k), dict(_GV, KS=ks, KW=kw, AHEAD=ahead, RW=rw))
               for n, k in ((14336, 4096), (4096, 14336))
               for ks, kw, ahead, rw in ((8, 8, 0, 1), (8, 8, 1, 1), (4, 4, 0, 1),
-                                        (4, 4, 1, 1), (4, 4, 0, 2), (8, 8, 0, 2))]
+                                        (4, 4, 1, 1), (4, 4, 0, 2), (8, 8, 0, 2),
+                                        (4, 4, 1, 2))]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
         "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13,

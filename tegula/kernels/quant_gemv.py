@@ -323,6 +323,7 @@ def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
     return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=4, KW=4),
             dict(GEMV=1, KS=8, KW=8, AHEAD=1), dict(GEMV=1, KS=4, KW=4, AHEAD=1),
             dict(GEMV=1, KS=4, KW=4, RW=2), dict(GEMV=1, KS=8, KW=8, RW=2),
+            dict(GEMV=1, KS=4, KW=4, RW=2, AHEAD=1),
             dict(GEMV=1, KS=16, KW=8, ASTAGES=3)]
 
 
