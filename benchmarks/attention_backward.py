@@ -58,6 +58,16 @@ VARIANTS = {
     # while it computes (ptxas: dK/dV 239, dQ 218 registers, no spill at D = 128)
     "det-ws": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
                dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True)),
+    # the consumers' two warpgroups taking turns at the tensor cores in the loop
+    # (consumers="pingpong"): dQ's (218 registers, no spill), dK/dV's too (D = 64: 214;
+    # D = 128: 224 B spilled)
+    "det-ws-dqpp": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
+                    dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                         consumers="pingpong")),
+    "det-pp": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                          consumers="pingpong"),
+               dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                    consumers="pingpong")),
     "at64x64": (False, dict(BM=64, BN=64)),
     "at64x128": (False, dict(BM=64, BN=128, threads=256)),
     "at64x128-1role": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False)),

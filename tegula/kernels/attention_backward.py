@@ -99,7 +99,9 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     # either way, get the producer (0.89-0.96x). One pipeline over (head, block) pairs was
     # slower (session 9: 230 TFLOP/s with the block issuing the ring, 163 with a producer
     # warpgroup at 255 registers, against 359 for this form).
-    for g in tg.range(G):
+    # With stated roles and one query head a kv head, no loop over the heads: a ring nested
+    # in another loop keeps the consumers cooperative (no ping-pong turns).
+    for g in (range(1) if REGS and G == 1 else tg.range(G)):
         h = hk * G + g
         q_blocks = q[b, h].tile((BM, D), (None, 0))
         do_blocks = dout[b, h].tile((BM, D), (None, 0))

@@ -231,3 +231,28 @@ def test_every_atomic_dq_candidate_on_the_gpu(D):
         torch.cuda.synchronize()
         for name, w in zip(("dq", "dk", "dv"), want):
             assert_close(f"{name} {tiles}", values[name], w, "float16")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("turns", [False, True], ids=["cooperative", "pingpong"])
+def test_stated_roles_with_one_query_head_on_the_gpu(D, turns):
+    """One query head a kv head with the roles stated (REGS): the dK/dV kernel without a
+    loop over the heads, its and the dQ kernel's consumer warpgroups cooperating or taking
+    turns at the tensor cores; into poisoned outputs, causal, lengths dividing no tile."""
+    from tegula.build import launch
+    from tegula.kernels.attention_backward import backward_launches
+    B, H, Hkv, Sq, Sk = 2, 4, 4, 333, 301
+    q, k, v, do = make_case(B, H, Hkv, Sq, Sk, D, "float16", D + 2)
+    scale = D ** -0.5
+    o, lse, *want = reference_gradients(q, k, v, do, True, scale)
+    stated = dict(threads=256, REGS=240, EARLY_DP=True)
+    if turns:
+        stated["consumers"] = "pingpong"
+    values = poisoned_launch_values(q, k, v, do, o, lse)
+    for kernel, grid, names, constexprs in backward_launches(
+            f16, B, H, Hkv, Sq, Sk, D, scale, True, dq_tiles=dict(stated, BM=128, BN=128),
+            BM=64, BN=128, **stated):
+        launch(kernel, grid, *(values[n] for n in names), **constexprs)
+    torch.cuda.synchronize()
+    for name, w in zip(("dq", "dk", "dv"), want):
+        assert_close(name, values[name], w, "float16")

@@ -346,3 +346,12 @@ def test_stated_roles_and_early_dp_are_right(deterministic):
     tile, causal with Sq < Sk, GQA 2."""
     run_case(1, 2, 1, 37, 140, 64, True, seed=66, deterministic=deterministic, BM=64,
              BN=128, threads=256, REGS=240, EARLY_DP=True)
+
+
+def test_stated_roles_with_one_query_head_and_turns_are_right():
+    """One query head a kv head: with stated roles the dK/dV kernel has no loop over the
+    heads (the ring not nested), so its consumer warpgroups may take turns at the tensor
+    cores (consumers="pingpong"), as the dQ kernel's do; both right."""
+    turns = dict(threads=256, REGS=240, EARLY_DP=True, consumers="pingpong")
+    run_case(1, 1, 1, 37, 300, 64, True, seed=67, BM=64, BN=128,
+             dq_tiles=dict(turns, BM=128, BN=128), **turns)
