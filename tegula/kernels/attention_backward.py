@@ -25,11 +25,18 @@ Three kernels, none with atomics, so every result is the same bit for bit on eve
   key blocks: S = scale · Q Kᵀ, P = exp(S − lse), dP = dO Vᵀ, dS = P ∘ (dP − delta),
   dQ += scale · dS K. Recomputes S a second time rather than adding dQ with float atomics.
 
-With `deterministic=False` (an option; FlashAttention's default) the dK/dV kernel also adds
-each query block's dS K into an f32 dQ with `red.global.add` (`attention_backward_dkdvdq_
-kernel`: dS goes through shared memory as the wgmma's MN-major A operand) and
-`attention_backward_dq_convert_kernel` scales and converts it: 5 gemm passes instead of 7,
-but the additions' order, so dQ's last bits, vary from run to run.
+With `deterministic=False` (an option; FlashAttention's default, and cuDNN's backward gave
+different bits on a second run too, H100 session 13) the dK/dV kernel also adds each query
+block's dS K into an f32 dQ (`tg.atomic_add`: TMA reduce-adds on sm_90, `red.global.add`
+before; `attention_backward_dkdvdq_kernel`: dS goes through shared memory as the wgmma's
+MN-major A operand) and `attention_backward_dq_convert_kernel` scales and converts it: 5
+gemm passes instead of 7, but the additions' order, so dQ's last bits, vary from run to
+run. Measured no faster than the deterministic kernels (session 13).
+
+Forms the tuner times (`backward_candidates`): 64 x 64 blocks in one role, or (`REGS`)
+the roles stated, two consumer warpgroups of 240 registers beside a 24-register TMA
+producer, with `EARLY_DP` issuing dP's product beside the first one so the deferred wgmma
+waits let the exponentials run while it computes.
 
 Masks come from tile coordinates: keys past Sk, queries past Sq and (causal) keys after
 the query's diagonal get P = 0 (selected, so a fully masked row's lse of ±inf never turns
