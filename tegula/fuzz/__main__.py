@@ -104,7 +104,8 @@ def _report_failure(args, switches, index: int, program, verdict, shrunk: dict,
 
 def _print_failure(args, switches, index: int, program, verdict, shrunk: dict,
                    option: str) -> None:
-    print(f"\n=== {option[2:]} program {index} (seed {args.seed}), target {verdict.target}: "
+    kind = "warp-specialized program" if option == "--specialized" else "program"
+    print(f"\n=== {kind} {index} (seed {args.seed}), target {verdict.target}: "
           f"{verdict.status}: {verdict.reason}")
     print(kernel_source(program).rstrip())
     print(verdict.detail.rstrip())

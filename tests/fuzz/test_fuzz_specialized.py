@@ -129,3 +129,15 @@ def test_the_sample_finds_an_injected_early_release(early_release_lowering):
              == "internal"]
     assert early_release_lowering and any(early_release_lowering)
     assert found, "no warp-specialized program exposed the early release"
+
+
+def test_a_failure_is_reported_with_the_command_that_reproduces_it(capsys):
+    import tegula.fuzz.__main__ as cli
+    from tegula.fuzz.runner import Verdict
+    args = cli._parse(["--seed", "3", "--no-shrink", "--role-order", "stall"])
+    program = make_specialized_program(3, 5)
+    cli._report_failure(args, Switches(), 5, program, Verdict("mismatch", "mismatch", "x"),
+                        {}, "--specialized")
+    out = capsys.readouterr().out
+    assert "=== warp-specialized program 5 (seed 3)" in out
+    assert "reproduce: python -m tegula.fuzz --seed 3 --specialized 5 --role-order stall" in out
