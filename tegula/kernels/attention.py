@@ -596,8 +596,10 @@ def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
     turns lead (593, 0.93x; causal 514, 0.95x); 176-key blocks with FlashAttention-3's
     register split (REGS=240: consumers 240, producer 24) 600 (0.94x), the overlapped loop
     559 (0.88x); three warpgroups of 64 rows with 64-, 96- or 128-key blocks (REGS=160;
-    ptxas: 125 / 148 / 157 registers, no spill) are timed too. At D = 256 the overlapped loop: 698 / 610 at
-    2x8x8192 full / causal (0.985x / 1.007x), 80-key blocks 664. Persistent blocks
+    ptxas: 125 / 148 / 157 registers, no spill) are timed too; round 2, 128-key blocks on
+    three warpgroups 672 / 538 (1.021x / 0.954x), the tuner's pick at D = 128 S >= 4k. At
+    D = 256 the overlapped loop: 698 / 610 at 2x8x8192 full / causal (0.985x / 1.007x),
+    80-key blocks 664. Persistent blocks
     (PERSISTENT) measured 0.62-0.76x and are not timed. 64x64 blocks stay for short or
     ragged sequences."""
     wide, turns = dict(BM=128, threads=256), dict(BM=128, threads=256, consumers="pingpong")
@@ -639,10 +641,11 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
     """Tune (once per shape bucket) and launch `kernel` on `tensors` with v inserted third
     (transposed by `transpose_v` for the V_KMAJOR configurations) on the grid `grid(values)`
     gives for a configuration's constexprs; (the CompiledKernel that ran, its grid, its
-    arguments), for the entry point's replay. Stated warp roles (REGS) need the stage
-    loads to be TMA boxes: without `boxes` (varlen's narrowed views) the candidates drop
-    REGS, and a tensor TMA cannot address (alignment, strides) runs a REGS candidate with
-    synthesis's own roles instead of failing."""
+    arguments), for the entry point's replay. Stated warp roles (REGS) and turns
+    (consumers="pingpong") need the stage loads to be TMA boxes: without `boxes` (varlen's
+    narrowed views) candidates run without REGS and turns are not timed, and a tensor TMA
+    cannot address (alignment, strides) runs such a candidate with synthesis's own roles
+    instead of failing."""
     import torch
 
     from tegula.errors import SynthesisError
@@ -650,8 +653,9 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
     from tegula.runtime.autotune import Config
     wgmma = torch.cuda.get_device_capability(device) >= (9, 0)
     candidates = attention_candidates(head_dim, wgmma, constexprs["CAUSAL"])
-    if not boxes:
-        candidates = [c for c in candidates if not c.get("REGS")]
+    if not boxes:  # synthesis's roles and budgets, no turns; the first of equal ones
+        stripped = [dict(c, REGS=0) for c in candidates if "consumers" not in c]
+        candidates = [c for i, c in enumerate(stripped) if c not in stripped[:i]]
     configs = tuple(Config.of(c) for c in candidates)
 
     def run(config: Config):
@@ -662,9 +666,9 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
             launched = _launch(kernel, grid(values), args, dict(values, **constexprs),
                                config.threads)
         except SynthesisError:
-            if not values.get("REGS"):
+            if not values.get("REGS") and "consumers" not in values:
                 raise
-            values = dict(values, REGS=0)
+            values = {k: x for k, x in values.items() if k != "consumers"} | dict(REGS=0)
             launched = _launch(kernel, grid(values), args, dict(values, **constexprs),
                                config.threads)
         return launched, grid(values), args

@@ -453,9 +453,10 @@ def test_varlen_blocks_past_a_sequence_do_no_gemms():
 
 
 def test_a_stated_budget_candidate_falls_back_where_tma_cannot_serve(monkeypatch):
-    """REGS states the warp roles, which need TMA boxes: a launch synthesis refuses (a
+    """REGS (stated warp roles) and turns need TMA boxes: a launch synthesis refuses (a
     tensor TMA cannot address) reruns the candidate with synthesis's own roles, and the
-    varlen entry (narrowed views, never boxes) does not time REGS candidates at all."""
+    varlen entry (narrowed views, never boxes) does not time such candidates at all (a
+    varlen launch with turns raised in round 2)."""
     import importlib
     import types
 
@@ -466,12 +467,12 @@ def test_a_stated_budget_candidate_falls_back_where_tma_cannot_serve(monkeypatch
 
     def launch(kernel, grid, args, constexprs, threads):
         launched.append(constexprs.get("REGS", 0))
-        if constexprs.get("REGS"):
+        if constexprs.get("REGS") or "consumers" in constexprs:
             raise SynthesisError("tg.producer: the copy is not a TMA box")
         return "kernel"
 
     def tune(name, index, configs, dims, key, run):
-        timed.extend(c.kwargs.get("REGS", 0) for c in configs)
+        timed.extend(c.kwargs.get("REGS", 0) or "consumers" in c.kwargs for c in configs)
         return run(next(c for c in configs if c.kwargs.get("REGS", 0)) if any(
             c.kwargs.get("REGS", 0) for c in configs) else configs[0])
 
