@@ -313,18 +313,15 @@ def gemv_candidates(m: int, n: int | None, k: int | None, sms: int = 132,
     torch f16), KS=16 over 4 warps 12.6, with the activations' 3-stage ring (ASTAGES) over
     8 warps 12.3; at 14336x4096 24.3 µs, 4096x14336 26.5 (ring, 4 warps), 11008x4096 26.7:
     there the tensor-core kernel stays ahead, and the tuner keeps it. KS=32 and split K
-    lost everywhere. Also 4 warps of one block a step (64 registers: 8 blocks an SM, so
-    the 896 blocks of N = 14336 run in one wave, where 8-warp blocks take 1.7), and the
-    activations a step ahead (AHEAD: each step's loads had waited on L2 right away), and
-    two row quarters a thread (RW=2: 6.0 SASS a weight against 7.3, its activations
-    loaded and converted once for two runs; 96-98 registers)."""
+    lost everywhere. Round 2: two row quarters a thread (RW=2: 6.0 SASS a weight against
+    7.3, its activations loaded and converted once for two runs; 96-98 registers) level
+    at 14336x4096 (24.3 µs against 24.5); the activations a step ahead (AHEAD, +13
+    registers) and 4-warp blocks (one wave at N = 14336) slower (25.5-51 µs): not offered.
+    The entry point picked KS=8 over 8 warps at 1x4096x4096: 1.65x torch f16."""
     if m > MAX_GEMV_TOKENS or group_size < FRAGMENT_K:
         return []
-    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=4, KW=4),
-            dict(GEMV=1, KS=8, KW=8, AHEAD=1), dict(GEMV=1, KS=4, KW=4, AHEAD=1),
-            dict(GEMV=1, KS=4, KW=4, RW=2), dict(GEMV=1, KS=8, KW=8, RW=2),
-            dict(GEMV=1, KS=4, KW=4, RW=2, AHEAD=1),
-            dict(GEMV=1, KS=16, KW=8, ASTAGES=3)]
+    return [dict(GEMV=1, KS=8, KW=8), dict(GEMV=1, KS=4, KW=4, RW=2),
+            dict(GEMV=1, KS=8, KW=8, RW=2), dict(GEMV=1, KS=16, KW=8, ASTAGES=3)]
 
 
 def launch_w4a16_gemv(grid: tuple, constexprs: dict, dtype: DType, has_zeros: bool,
