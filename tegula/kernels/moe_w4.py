@@ -238,19 +238,18 @@ def _check_chunk(fn: str, bk: int, group_size: int) -> None:
 
 def _w4_tiles(fn: str, group_size: int, config: dict, fragment: bool) -> dict:
     """The tiles of a launch: `config` over the defaults. FRAGMENT (fragment-ordered
-    weights, `moe_w4_fragment`): 128-token tiles (BM), WG=2 warpgroups of 64 weight rows
-    (BN = 64·WG, threads = 128·WG), KS=2 stored blocks a step, 3 stages, the words into
+    weights, `moe_w4_fragment`): 128-token tiles (BM), WG=3 warpgroups of 64 weight rows
+    (BN = 64·WG, threads = 128·WG), KS=2 stored blocks a step, 2 stages, the words into
     registers (WSMEM=0), two steps an iteration with two register operands (PAIRS=1: two
     token rings, so 256-token tiles or 4 stages no longer fit shared memory; ask for
-    PAIRS=0 there), persistent (H100, session 13 round 1, balanced Mixtral up / down /
-    64-expert top-6: 0.70 / 0.72 / 0.67x dense bf16, against 0.60 / 0.62 / 0.55x for
-    PAIRS=0 in the same process; session 12: 4 warpgroups, words through shared memory,
-    0.52 / 0.55 / 0.45x)."""
+    PAIRS=0 there), persistent (H100, session 13 round 2, balanced Mixtral up / down /
+    64-expert top-6, x dense bf16 in one process: 0.74 / 0.78 / 0.69x; two warpgroups and
+    3 stages 0.68 / 0.73 / 0.67x; PAIRS=0, session 12's default, 0.58 / 0.62 / 0.56x)."""
     if not fragment:
         tiles = {**default_tiles(group_size), **config}
         _check_chunk(fn, tiles["BK"], group_size)
         return tiles
-    tiles = {**dict(BM=128, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1, GROUP=8,
+    tiles = {**dict(BM=128, WG=3, KS=2, STAGES=2, WSMEM=0, PAIRS=1, GROUP=8,
                     PERSISTENT=True),
              **config,
              "FRAGMENT": True}

@@ -130,15 +130,16 @@ W4_CONFIGS = [None,                       # the default tiles
               dict(FRAGMENT=True, BM=128, WG=2, STAGES=4, PAIRS=0),   # PAIRS=1: two rings,
               dict(FRAGMENT=True, BM=256, WG=2, KS=1, STAGES=3, WSMEM=0, PAIRS=0),  # > 227 KB
               dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3, PERSISTENT=False),
-              dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1),
-              dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=4, WSMEM=0, PAIRS=1)]
+              dict(FRAGMENT=True, BM=128, WG=3, KS=2, STAGES=2, WSMEM=0, PAIRS=1),
+              dict(FRAGMENT=True, BM=128, WG=2, KS=1, STAGES=4, WSMEM=0, PAIRS=1),
+              dict(FRAGMENT=True, BM=128, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1)]
 
 
 @pytest.mark.parametrize("config", W4_CONFIGS, ids=["default", "swapped128x128",
                                                     "swapped128x256", "swapped-np64",
                                                     "fragment128", "fragment256-wsmem0",
-                                                    "fragment-ks2-np", "pairs-ks2",
-                                                    "pairs-ks1"])
+                                                    "fragment-ks2-np", "pairs-wg3-ks2",
+                                                    "pairs-ks1", "pairs-wg2-ks2"])
 @pytest.mark.parametrize("counts, n, k", [([90, 0, 200, 33], 200, 256),
                                           ([300, 0, 517, 1, 129, 0, 64, 200], 1000, 512),
                                           ([40, 1, 0, 77], 136, 384)])     # 3 steps of 128

@@ -93,6 +93,8 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
      dict(BM=16, WG=1, STAGES=2, WSMEM=0, PAIRS=1)),               # three steps: a half pair
     ([6, 1, 0, 4], 72, 384, 128, True, f16, "sm_90a",              # pairs of 128-k steps
      dict(BM=16, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1, PERSISTENT=False)),
+    ([9, 0, 13, 1], 200, 384, 128, True, bf16, "sm_90a",            # the default's three
+     dict(BM=16, STAGES=2)),                                        # warpgroups, ragged N
 ])
 def test_fragment_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
     """The fragment kernel (session 12: `moe_w4_fragment`, weights pre-packed in the MMA
