@@ -294,8 +294,9 @@ def group_rows(num_heads: int, kv_heads: int, seq_q: int, block_keys: int) -> in
 # H100 (session 7, `benchmarks/results/attention-h100-2026-11-24-session7.txt`): the read
 # bandwidth (bytes/µs), the most one program streams and the most one SM streams however
 # many programs it holds (bytes/µs, contiguous and paged: a paged program waits on its
-# page table and copies in smaller pieces), the cost of one more split (µs: the combine
-# walks the splits in order) and a fixed cost (µs: two launches, ramp-up and tail).
+# page table and copies in smaller pieces), the cost of one more split (µs: the merge
+# walks the splits in order) and a fixed cost (µs: launch, ramp-up and tail; fitted when the
+# merge was a second kernel).
 DECODE_BANDWIDTH = 3.3e6
 PROGRAM_RATE = {False: 27e3, True: 11e3}   # contiguous, paged
 SM_RATE = {False: 30e3, True: 20e3}
