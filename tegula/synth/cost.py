@@ -38,8 +38,9 @@ so synthesis and the autotuner can use them before lowering:
      every SM (the SM's bytes do not drop), and each stage of its ring waits
      `CLUSTER_COUPLING_CYCLES` more (it is free only once every block released it);
    * loop-free load chain = where a block loads outside any loop (a row softmax or
-     norm: load, reduce, store), its latency, its DRAM bytes at its SM's share and its
-     work in series (`load_chain_cycles`), overlapped only by the blocks resident with it;
+     norm: load, reduce, store), its latency, the bytes it reads at its SM's DRAM share
+     (stores are posted) and its work in series (`load_chain_cycles`), overlapped only by
+     the blocks resident with it;
    * block launches = `BLOCK_LAUNCH_CYCLES` per block on its SM (tiny blocks are not free);
    * DRAM    = the grid's DRAM bytes at what a stream reaches of the GPU's DRAM bandwidth
      (`DRAM_STREAM_EFFICIENCY`), and every launch `LAUNCH_US` more (both fitted on torch's
@@ -48,7 +49,8 @@ so synthesis and the autotuner can use them before lowering:
    The grid takes what its busiest SM takes: it runs ⌈blocks / SMs⌉ blocks (a partial
    last wave costs its blocks, not a whole wave), so its time is the largest of those
    blocks' pipes, L2 and latency terms and the DRAM time, plus one global-load latency
-   per round of resident blocks (the pipeline fill, which nothing overlaps). When the tensors' shapes are known, DRAM
+   per round of resident blocks (the pipeline fill, which nothing overlaps; once where the
+   blocks' loads are a loop-free chain, which holds its latency). When the tensors' shapes are known, DRAM
    traffic for the grid is capped by their footprint (each byte read from DRAM once,
    re-reads hit L2) — the usual GEMM case, where per-block global bytes overstate DRAM
    traffic by the reuse factor. `block_cycles` is one block's time with `blocks_per_sm`
@@ -234,6 +236,8 @@ def estimate(build, grid=None, shapes: dict | None = None,
     totals["pipeline"] = pipeline_latency_cycles(uses, weights, target)
     totals["loop-free loads"] = sum(c.use.global_bytes for c in uses
                                     if not c.loops and c.use.role.startswith("G2"))
+    totals["loop loads"] = sum(c.use.global_bytes for c in uses
+                               if c.loops and c.use.role.startswith("G2"))
     if thread_kernel is not None:
         totals["drained"] = drained_loop_cycles(uses, weights, target,
                                                 drained_wgmma_loops(thread_kernel))
@@ -453,11 +457,16 @@ LAUNCH_US = 5.2
 BLOCK_LAUNCH_CYCLES = 144
 
 
-def load_chain_cycles(t: dict, pipe_cycles: float, dram_block: float) -> float:
+def load_chain_cycles(t: dict, pipe_cycles: float, read_block: float) -> float:
     """A block's serial chain where it loads from global memory outside any loop (a row
     softmax or norm: load the rows, reduce, store): one loaded load latency
-    (`LOADED_LOAD_LATENCY_CYCLES`), its DRAM bytes at its SM's share of the bandwidth,
-    then its work (pipes and barrier stalls), one after another. `_combine` divides it
+    (`LOADED_LOAD_LATENCY_CYCLES`), the bytes it reads at its SM's share of the DRAM
+    bandwidth (`read_block` cycles: all the block's bytes where a loop streams some too;
+    its stores are posted: the block retires once they
+    issue, and their bytes count in the grid's DRAM time, not in the chain — counted
+    here, one block per SM of 64 KB rows was predicted 1.5-1.75x the copy's time and
+    measured 1.07-1.16x, H100, sessions 9-10), then its work (pipes and barrier stalls),
+    one after another. `_combine` divides it
     among the blocks resident at once, whose chains overlap: with one block per SM
     nothing hides the latency and the work (H100, session 8: 8-row softmax blocks of
     4096, one per SM, ran 16% slower than the copy speed every multi-block one reached,
@@ -468,7 +477,7 @@ def load_chain_cycles(t: dict, pipe_cycles: float, dram_block: float) -> float:
     Spearman 0.94 → 0.72-0.85: its loop's work is throughput, not one warp's path.)"""
     if not t.get("loop-free loads"):
         return 0.0
-    return (LOADED_LOAD_LATENCY_CYCLES + dram_block + pipe_cycles
+    return (LOADED_LOAD_LATENCY_CYCLES + read_block + pipe_cycles
             + t["barriers"] * BARRIER_CYCLES)
 
 
@@ -536,7 +545,14 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     pipe_cycles = sum(v ** PIPE_OVERLAP_NORM for v in pipes.values()) ** (1 / PIPE_OVERLAP_NORM)
     latency = get_instruction("ld.global.v4.b32").latency_cycles if t["global_bytes"] else 0.0
     dram_block = dram_bytes * target.sm_count / dram_per_clk  # every SM running such blocks
-    chain = load_chain_cycles(t, pipe_cycles, dram_block)
+    # Where every load is outside loops (a row kernel) the chain waits for its reads only;
+    # where a loop streams bytes too (a GEMV) the chain keeps all the block's bytes at its
+    # share, as before (the loop's overlap is not modelled there): measured at W4A16
+    # 1x4096x4096 (H100, session 13 round 2) the reads-only chain ranked the fragment GEMV
+    # (13.0 us at best) over the rows kernel on plain bytes (12.5 us).
+    reads = (min(t.get("loop-free loads", 0.0), dram_bytes) if not t.get("loop loads")
+             else dram_bytes)
+    chain = load_chain_cycles(t, pipe_cycles, reads * target.sm_count / dram_per_clk)
     per_block = _per_block(t, target, pipe_cycles, chain, bps)
     resources = {**{k: bps * v for k, v in per_block.items()}, "DRAM": bps * dram_block}
     bound = max(resources, key=lambda k: resources[k])
@@ -565,8 +581,10 @@ def _combine(kernel: TracedKernel, target: Target, t: dict, bps: int, limit: str
     sm_cycles["DRAM"] = dram_block * blocks / target.sm_count
     sm_cycles["block launches"] = on_sm * BLOCK_LAUNCH_CYCLES
     grid_bound = max(sm_cycles, key=lambda k: sm_cycles[k])
-    # Each round of resident blocks waits for its first loads (the fill) unoverlapped.
-    rounds = -(-on_sm // resident)
+    # Each round of resident blocks waits for its first loads (the fill) unoverlapped; a
+    # loop-free chain holds its own load latency, and its blocks start as others retire:
+    # one fill (per round, it had ranked many small blocks below few large ones).
+    rounds = 1 if chain else -(-on_sm // resident)
     floor = max(on_sm * max(pipes["tensor"], per_block.get("L2", 0.0)), sm_cycles["DRAM"])
     launch = LAUNCH_US * 1e3 * target.clock_ghz
     return CostEstimate(**fields, grid=grid, blocks=blocks, waves=waves,
