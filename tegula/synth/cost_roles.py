@@ -46,9 +46,11 @@ grid that has it.
 
 **The launch grid**, where the build knows it (the `grid_blocks` build option: an entry
 point that fixed its problem shape, `tg.recommend`, `roles_check`): the busiest SM runs
-`s = ⌈blocks / SMs⌉` blocks, so one role holds `min(r, s)` of them at once, in rounds (a
-last round of `s mod r` blocks runs at its own occupancy), and the specialized form runs
-them one after another; the two are compared per block of the busiest SM. At `s = 1`
+`s = ⌈blocks / SMs⌉` blocks, so one role holds `min(r, s)` of them at once, and the
+specialized form runs them one after another; the two are compared per block of the
+busiest SM. (Pricing a last partial round at its own occupancy was tried: at 384 blocks,
+three an SM, it chose the producer, which measured 1.75x slower, H100 session 13 round 2:
+blocks start as others retire, not in rounds.) At `s = 1`
 (split-K and FP8 candidates at 64-128 rows: 32-128 blocks on 132 SMs) one role has no
 second block to fill its stalls and pays a block barrier each iteration that the producer
 does not: the producer is kept. Without a grid (or with `s` at least the SM's block
@@ -152,8 +154,7 @@ def roles_cost(kernel: TracedKernel, loop: ForLoop, target: Target,
     # Both forms keep S - 1 stages in flight: a stage is refilled once the wgmmas of the
     # iteration after it were issued and its own retired (wait_group 1), whether thread 0
     # refills it after the block barrier or the producer after the consumers' release.
-    one_role = lambda b: per_iteration(b, stages - 1, cost.BARRIER_CYCLES)  # noqa: E731
-    return RolesCost(one_role=_in_rounds(one_role, blocks, sm_blocks),
+    return RolesCost(one_role=per_iteration(blocks, stages - 1, cost.BARRIER_CYCLES),
                      specialized=per_iteration(1, stages - 1, 0.0),
                      one_role_blocks=blocks, one_role_limit=limit, serial=serial, gemms=gemms,
                      tensor=tensor, register_work=issue + sfu, load_wait=load,
@@ -168,16 +169,6 @@ def grid_sm_blocks(grid_blocks: int | None, target: Target) -> int | None:
         return None
     on_sm = -(-int(grid_blocks) // target.sm_count)
     return on_sm if on_sm < target.max_blocks_per_sm else None
-
-
-def _in_rounds(per_iteration, resident: int, sm_blocks: int | None) -> float:
-    """One role's cycles per block-iteration of the busiest SM: its `sm_blocks` run
-    `resident` at a time (`per_iteration(b)`: the SM's cycles per block-iteration with `b`
-    resident), a last round of the remainder at its own occupancy."""
-    if sm_blocks is None or sm_blocks % resident == 0:
-        return per_iteration(resident)
-    full, rest = divmod(sm_blocks, resident)
-    return (full * resident * per_iteration(resident) + rest * per_iteration(rest)) / sm_blocks
 
 
 def why_no_producer(kernel: TracedKernel, loop: ForLoop, target: Target | None,

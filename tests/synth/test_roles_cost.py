@@ -198,18 +198,17 @@ def test_a_full_grid_decides_as_without_one(grid_blocks):
     assert "roles" not in loop.choices
 
 
-def test_the_last_partial_round_runs_at_its_own_occupancy():
-    """Three blocks an SM at two resident: one round of two, one of one (which pays one
-    role's barrier with nothing to fill it), priced per block of the busiest SM."""
+def test_a_grid_of_three_blocks_an_sm_stays_in_one_role():
+    """README GEMM 128x128x32 S3 at 2048x3072 (384 blocks, three an SM at two resident):
+    one role, as at a full grid (measured 1.75x faster than the producer, H100, session 13
+    round 2; pricing the last block alone in its own round had chosen the producer)."""
     result = build(readme_gemm(), dict(warp_specialize=True), None, "sm_90a")
     (loop,) = tma_loops(result)
     target = get_target("sm_90a")
-    two = roles_cost(result.traced, loop, target, grid_blocks=2 * target.sm_count)
-    one = roles_cost(result.traced, loop, target, grid_blocks=target.sm_count)
     three = roles_cost(result.traced, loop, target, grid_blocks=3 * target.sm_count)
-    assert (two.sm_blocks, one.sm_blocks, three.sm_blocks) == (2, 1, 3)
-    assert three.one_role == pytest.approx((2 * two.one_role + one.one_role) / 3)
-    assert one.one_role > two.one_role and three.specialized == two.specialized
+    full = roles_cost(result.traced, loop, target)
+    assert three.sm_blocks == 3 and three.one_role == full.one_role
+    assert not three.producer_pays
 
 
 def test_grids_giving_each_sm_as_many_blocks_share_a_build():
