@@ -175,6 +175,20 @@ def _store_sums(sums: list, c: Any, n: Any, quarters: list, tokens: int, row_qua
                     tg.copy(total.to(dtype), c.T.tile((8, 1), (2 * q + i, t))[:, 0])
 
 
+def _step_activations(ga, sa, loaded, k, pairs, acts_tv) -> tuple[list, list | None]:
+    """Step k's activation tiles of `w4a16_fragment_gemv_kernel`, and with AHEAD the next
+    step's: copied through the cp.async ring `sa` and read back (ASTAGES), the tiles
+    `loaded` a step ago (AHEAD: the next step's loads issued now), or loaded now."""
+    if sa is not None:
+        for t, h in pairs:
+            tg.copy(ga[t][h][:, :, :, :, k], sa[t][h][k])
+        return [tg.load(sa[t][h][k], layout=acts_tv) for t, h in pairs], None
+    if loaded is not None:
+        return loaded, [tg.load(ga[t][h][:, :, :, :, k + 1], layout=acts_tv)
+                        for t, h in pairs]
+    return [tg.load(ga[t][h][:, :, :, :, k], layout=acts_tv) for t, h in pairs], None
+
+
 @lru_cache(maxsize=None)   # one kernel object per variant: its compiled builds and replays
 def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = False
                                ) -> tg.Kernel:
@@ -224,28 +238,20 @@ def w4a16_fragment_gemv_kernel(dtype: DType, has_zeros: bool, partial: bool = Fa
 
         sums = [tg.zeros((S, KS // S, 8, 4, 1), f32) for _ in range(2 * MT * RW)]
         pairs = [(t, h) for t in range(MT) for h in range(2)]
-        if ASTAGES:   # activations through a cp.async ring: shared loads, no per-load address
-            sa = [[tg.shared((1, 4 * KS, 1, 8), dtype, stages=ASTAGES) for _ in range(2)]
-                  for _ in range(MT)]
+        # ASTAGES: activations through a cp.async ring (shared loads, no per-load address)
+        sa = [[tg.shared((1, 4 * KS, 1, 8), dtype, stages=ASTAGES) for _ in range(2)]
+              for _ in range(MT)] if ASTAGES else None
         current = [tg.load(gw[:, :, :, :, start], layout=tv) for gw in gws]
         ahead = [tg.load(gw[:, :, :, :, start + 1], layout=tv) for gw in gws]
         current_constants = constants(start)
-        if AHEAD:   # a step's activations loaded a step ahead too (an L2 round trip)
-            loaded = [tg.load(ga[t][h][:, :, :, :, start], layout=acts_tv) for t, h in pairs]
+        # AHEAD: a step's activations loaded a step ahead too (an L2 round trip)
+        loaded = [tg.load(ga[t][h][:, :, :, :, start], layout=acts_tv)
+                  for t, h in pairs] if AHEAD else None
         for k in (tg.pipeline(start, steps, stages=ASTAGES) if ASTAGES
                   else tg.range(start, steps)):
             after = [tg.load(gw[:, :, :, :, k + 2], layout=tv) for gw in gws]  # past K: masked
             following_constants = constants(k + 1)
-            if ASTAGES:
-                for t, h in pairs:
-                    tg.copy(ga[t][h][:, :, :, :, k], sa[t][h][k])
-                now = [tg.load(sa[t][h][k], layout=acts_tv) for t, h in pairs]
-            elif AHEAD:
-                following_acts = [tg.load(ga[t][h][:, :, :, :, k + 1], layout=acts_tv)
-                                  for t, h in pairs]
-                now = loaded
-            else:
-                now = [tg.load(ga[t][h][:, :, :, :, k], layout=acts_tv) for t, h in pairs]
+            now, following_acts = _step_activations(ga, sa, loaded, k, pairs, acts_tv)
             acts = [[_activations(now[2 * t + h], S, KS) for h in range(2)]
                     for t in range(MT)]
             for v in range(RW):   # each quarter's runs meet the same activations
