@@ -37,6 +37,7 @@ from tegula.dtypes import DType, bf16, f16
 from tegula.kernels.attention import INF, LOG2E, masked_for_softmax, online_softmax_step
 from tegula.kernels.attention_backward import default_scale
 from tegula.kernels.common import launch_emulated, poisoned
+from tegula.runtime.arrivals import arrival_counters
 
 ATTENTION_DECODE_DTYPES = (f16, bf16)
 DECODE_HEAD_DIMS = (32, 64, 128, 256)
@@ -473,8 +474,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
     with `return_lse`). `num_splits`, `BN` override the configuration; `fused=False`
     runs the two-launch form (split, then combine) instead of one launch whose last split
     block per (batch, kv head) merges the partials. The fused form counts arrivals in a
-    (B, Hkv) int32 buffer kept per device and stream (`_arrival_counters`), which every
-    call leaves zero: calls on one stream run in order; two streams get two buffers."""
+    (B, Hkv) int32 view of the counters kept per device and stream
+    (`runtime.arrivals`), which every call leaves zero: calls on one stream run in order;
+    two streams get two buffers."""
     import torch
 
     from tegula.build import launch
@@ -522,7 +524,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
                                        device=device),
                   o=torch.empty((B, Hkv, R, D), dtype=q.dtype, device=device),
                   lse=torch.empty((B, Hkv, R), dtype=torch.float32, device=device),
-                  counters=_arrival_counters(device, B * Hkv).view(B, Hkv))
+                  counters=arrival_counters(device, B * Hkv).view(B, Hkv))
     launched = []
     if B:
         for kernel, grid, names, scalars, constexprs in launches:
@@ -540,27 +542,6 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
     return (o, lse) if return_lse else o
 
 
-#: (device, stream) -> a flat int32 buffer of arrival counters, all zero between calls.
-_COUNTERS: dict = {}
-
-
-def _arrival_counters(device, count: int):
-    """At least `count` zeroed int32 arrival counters (flat) for calls on `device` and
-    its current stream. The fused kernel's last block per (batch, kv head) wraps its
-    counter back to 0 (`tg.last_arrival`), so calls in stream order share them; a call on
-    another stream could run at the same time and gets its own."""
-    import torch
-
-    from tegula.runtime.launcher import _stream_handle
-    index = device.index if device.index is not None else 0
-    key = (device.type, index, _stream_handle(None, index) if device.type == "cuda" else 0)
-    found = _COUNTERS.get(key)
-    if found is None or found.numel() < count:
-        found = _COUNTERS[key] = torch.zeros(max(count, 256), dtype=torch.int32,
-                                             device=device)
-    return found[:count]
-
-
 class _CountedReplay:
     """A `PlanReplay` of the fused call whose last call tensor is the counter buffer:
     looked up for the replaying call's stream, then the plan replays."""
@@ -571,7 +552,7 @@ class _CountedReplay:
         self.plan, self.device, self.count = plan, device, count
 
     def __call__(self, tensors: tuple, pointers) -> object:
-        counters = _arrival_counters(self.device, self.count)
+        counters = arrival_counters(self.device, self.count)
         return self.plan(tensors, [*pointers, counters.data_ptr()])
 
 

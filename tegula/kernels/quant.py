@@ -77,7 +77,8 @@ from tegula.kernels import api as _api
 from tegula.kernels.gemv import MAX_GEMV_ROWS
 from tegula.runtime.autotune import Autotuner
 from tegula.kernels.quant_fragment import fragment_candidates  # re-exported: it lives by its kernel
-from tegula.kernels.quant_fragment import split_counters, zeros_are_integers
+from tegula.kernels.quant_fragment import zeros_are_integers
+from tegula.runtime.arrivals import arrival_counters
 
 W4A16_DTYPES = (f16, bf16)
 GROUP_SIZES = (32, 64, 128)
@@ -696,7 +697,7 @@ def matmul_w4a16(a: Any, packed: Any, scales: Any, zeros: Any, group_size: int, 
 
         launch_w4a16(kind, grid, constexprs, dtype, zeros is not None, operands, out, launch,
                      lambda shape: torch.empty(shape, dtype=torch.float32, device=a.device),
-                     lambda size: split_counters(torch, a.device, size))
+                     lambda size: arrival_counters(a.device, size))
         return launched
 
     launched = api._tune_and_run(
@@ -765,7 +766,7 @@ def _w4a16_replay(launched: list, m: int, n: int, unread: Any) -> Any:
         c = a.new_empty((m, n))  # torch.empty(..., device=) costs ~5 µs more
         inputs = (a.data_ptr(), packed.data_ptr(), scales.data_ptr(), zeros.data_ptr())
         if fused:   # the current stream's counters: launches on two streams may overlap
-            own = split_counters(torch, a.device, counters.numel())
+            own = arrival_counters(a.device, counters.numel())
             prepared[0]((*inputs, new_parts(a).data_ptr(), own.data_ptr(), c.data_ptr()))
             return c
         if new_parts is None:

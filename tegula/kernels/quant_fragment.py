@@ -529,27 +529,6 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
     return configs
 
 
-#: The fused split's counters (`quant_fragment._store_and_sum_last`), zeroed once and left
-#: at zero by every launch: (device index, stream, size) -> i32 tensor. One set a stream,
-#: since launches sharing counters must not overlap, and two streams' launches may.
-_COUNTERS: dict = {}
-
-
-def split_counters(torch: Any, device: Any, size: int) -> Any:
-    """Zeroed i32 counters of `size` for launches on the current stream of `device`."""
-    if device.type != "cuda":     # (tests' stubbed launches on CPU tensors: no streams)
-        key = (str(device), 0, size)
-    else:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        key = (index, raw(index) if raw is not None
-               else torch.cuda.current_stream(index).cuda_stream, size)
-    counters = _COUNTERS.get(key)
-    if counters is None:
-        counters = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return counters
-
-
 #: zeros_are_integers' answers: id(zeros) -> (weak reference, version, data pointer, answer)
 _INTEGER_ZEROS: dict = {}
 
@@ -614,5 +593,5 @@ def launch_w4a16_fragment(grid: tuple, constexprs: dict, dtype: DType, has_zeros
     return launch_split_sum(dtype, split, parts, c, launch)
 
 
-__all__ = ["fragment_config", "zeros_are_integers", "split_counters", "launch_w4a16_fragment", "fragment_candidates", "SPLITS", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
+__all__ = ["fragment_config", "zeros_are_integers", "launch_w4a16_fragment", "fragment_candidates", "SPLITS", "FRAGMENT_ROWS", "FRAGMENT_K", "FRAGMENT_SPLIT", "FRAGMENT_PERM", "MAGIC", "as_words", "stored_tv", "stored_shared", "fragment_shape",
            "pack_fragments", "unpack_fragments", "fragment_weights", "w4a16_fragment_kernel"]
