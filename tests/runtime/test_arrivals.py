@@ -3,7 +3,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tegula.runtime import arrivals  # noqa: E402
 from tegula.runtime.arrivals import arrival_counters  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters(monkeypatch):
+    monkeypatch.setattr(arrivals, "_COUNTERS", {})   # other tests' buffers stay theirs
 
 
 def test_calls_on_one_device_and_stream_share_one_zeroed_buffer():
