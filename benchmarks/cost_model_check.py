@@ -8,7 +8,9 @@ GPU) and on the wgmma path (sm_90a), row softmax, RMSNorm, and the attention for
 a few problem shapes, every configuration of a small space is built, its time predicted
 by `tegula.recommend.score` (the analytical model of `tegula.synth.cost`, what `explain`
 and `tg.recommend` print) and measured on the GPU (`triton.testing.do_bench`, median, in
-this one process). Configurations the compiler refuses or that fail to launch are listed,
+this one process), after one launch into an output poisoned with NaN is checked element by
+element against torch (the GEMMs against a float32 product, the rows against float32 torch,
+attention's o against torch's attention of the same inputs). Configurations the compiler refuses or that fail to launch are listed,
 not measured. Three families, not in the default run, each check one decision:
 `gemm_sm90a_load` the load path (the best sm_90a GEMM tiles on TMA and on cp.async),
 `gemm_sm90a_orient` the orientation (skinny shapes and their transposes) and
@@ -91,7 +93,8 @@ def gemm_family(target: str, load_paths: bool = False) -> dict:
         grid = lambda cfg: (tg.cdiv(m, cfg["BM"]), tg.cdiv(n, cfg["BN"]))  # noqa: E731
         return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
     return dict(name=f"gemm {target}" + (" load path" if load_paths else ""), kernel=gemm,
-                target=target, space=space, shapes=shapes, make=make)
+                target=target, space=space, shapes=shapes, make=make,
+                reference=lambda args: args[0].float() @ args[1].float().T)
 
 
 def orientation_family() -> dict:
@@ -131,7 +134,8 @@ def cluster_family() -> dict:
             m, n, sms, cfg["BM"], cfg["BN"], cfg["CLUSTER"])
         return (a, b, c), dict(a=(m, k), b=(n, k), c=(m, n)), {}, grid, {}
     return dict(name="persistent gemm sm_90a cluster", kernel=persistent_gemm_kernel(f16),
-                target="sm_90a", space=space, shapes=shapes, make=make)
+                target="sm_90a", space=space, shapes=shapes, make=make,
+                reference=lambda args: args[0].float() @ args[1].float().T)
 
 
 def row_family(which: str) -> dict:
@@ -194,8 +198,15 @@ def attention_family() -> dict:
     space = _space(BM=[64, 128], BN=[32, 64, 128], STAGES=[1, 2, 3], P_SHARED=[False, True],
                    threads=[128, 256])
     shapes = [(shape, v_kmajor) for shape in shapes for v_kmajor in (False, True)]
+
+    def reference(args):
+        """o (f16 inputs through torch's attention; v back to (B, H, S, D) if K-major)."""
+        q, k, v = args[:3]
+        v = v.transpose(-1, -2) if v.shape != q.shape else v
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).float()
     return dict(name="attention fwd", kernel=kernel, target="sm_90a", space=space,
-                shapes=shapes, make=lambda shape, device="cuda": make(*shape, device=device))
+                shapes=shapes, make=lambda shape, device="cuda": make(*shape, device=device),
+                reference=reference, output=3)
 
 
 # ------------------------------------------------------------------ measuring and ranking
@@ -274,6 +285,7 @@ def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = F
         shape = family["shapes"][index]
         args, shapes, scalars, grid, fixed = family["make"](shape)
         space = family["space"](shape) if callable(family["space"]) else family["space"]
+        want = None
         for cfg in space:
             point = dict(family=family["name"], shape=list(shape), config=cfg)
             launch_cfg = {**fixed, **cfg}
@@ -301,12 +313,15 @@ def run_family(family: dict, log, shape_indices, deadline: float, echo: bool = F
                     continue
                 g = grid(launch_cfg)
                 call = lambda: family["kernel"][g](*args, target=family["target"], **launch_cfg)  # noqa: E731
+                out = args[family.get("output", -1)]
                 if "reference" in family:   # every element checked, output poisoned first
-                    args[-1].fill_(float("nan"))
+                    out.fill_(float("nan"))
                 call()
                 torch.cuda.synchronize()
                 if "reference" in family:
-                    point["max_error"] = _max_error(args[-1], family["reference"](args))
+                    if want is None:  # one reference per shape: the inputs are the shape's
+                        want = family["reference"](args)
+                    point["max_error"] = _max_error(out, want)
                     if not point["max_error"] < 2e-2:
                         raise AssertionError(f"wrong result: max error {point['max_error']}")
                 low, median, high = do_bench(call, warmup=10, rep=rep_ms,
