@@ -137,6 +137,41 @@ def test_decode_two_launch_form():
              fused=False)
 
 
+def test_the_online_merge_of_hand_made_partials():
+    """The combine kernel on partials made by hand: 11 splits (two steps of 8, the second
+    partly past the splits), splits with no key (lse = −inf) before and after finite ones,
+    lse spread over ±40 so the running max grows in the second step (the first step's sums
+    rescale), and a row no split saw (o = 0, lse = −inf)."""
+    from tegula.kernels.attention_decode import attention_decode_combine_kernel
+    from tegula.kernels.common import launch_emulated, poisoned
+    from tegula.dtypes import f32
+    rng = np.random.default_rng(21)
+    splits, rows, D = 11, 4, 64
+    o_part = rng.standard_normal((1, 1, splits, rows, D)).astype(np.float32)
+    lse_part = rng.uniform(-40, 40, (1, 1, splits, rows)).astype(np.float32)
+    lse_part[0, 0, :3, 1] = -np.inf                     # row 1: no key in the first splits
+    lse_part[0, 0, 9, 1] = 45.0                         # ... and its max in the second step
+    lse_part[0, 0, [4, 10], 2] = -np.inf
+    lse_part[0, 0, :, 3] = -np.inf                      # row 3: no split saw a key
+    o_part[0, 0, :, 3] = 0.0                            # (as the split kernel stores it)
+    o = poisoned((1, 1, rows, D), f16)
+    lse = poisoned((1, 1, rows), f32)
+    launch_emulated(attention_decode_combine_kernel(f16), (D // 32, 1, 1), o_part, lse_part,
+                    o, lse, SP=16, BR=rows, BD=32, UNROLL=8)
+    part_lse = lse_part[0, 0].astype(np.float64)                   # (splits, rows)
+    top = part_lse.max(0)
+    top = np.where(np.isfinite(top), top, 0.0)
+    weights = np.exp(part_lse - top)
+    total = weights.sum(0)
+    want = np.einsum("sr,srd->rd", weights, o_part[0, 0].astype(np.float64))
+    want = np.where(total[:, None] > 0, want / np.where(total > 0, total, 1)[:, None], 0.0)
+    want_lse = np.where(total > 0, top + np.log(np.where(total > 0, total, 1)), -np.inf)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    np.testing.assert_allclose(o[0, 0].astype(np.float64), want, atol=2e-3, rtol=2e-3)
+    assert np.isneginf(lse[0, 0, 3]) and (o[0, 0, 3] == 0).all()
+    np.testing.assert_allclose(lse[0, 0, :3], want_lse[:3], rtol=1e-6)
+
+
 def test_fused_calls_leave_the_counters_zero_and_repeat_exactly():
     rng = np.random.default_rng(14)
     q = random_input(rng, (2, 4, 1, 32), f16)
