@@ -490,7 +490,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
     block per (batch, kv head) merges the partials. The fused form counts arrivals in a
     (B, Hkv) int32 view of the counters kept per device and stream
     (`runtime.arrivals`), which every call leaves zero: calls on one stream run in order;
-    two streams get two buffers."""
+    two streams get two buffers, and a call captured in a CUDA graph its own."""
     import torch
 
     from tegula.build import launch

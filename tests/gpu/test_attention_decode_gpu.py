@@ -216,3 +216,40 @@ def test_entry_point_replays_and_streams_share_no_counters():
         stream.synchronize()
     two, _ = attention_decode(q, k, v, lengths, return_lse=True, fused=False)
     assert (two.float() - o.float()).abs().max().item() <= 1e-3
+
+
+def test_captured_calls_get_counters_of_their_own():
+    """Under CUDA-graph capture each call's arrival counters are its own (zeroed by the
+    graph), not the capture stream's shared buffer: two graphs capture decode calls on
+    torch's one capture stream, then replay at once on two streams, 20 times, each against
+    its reference (shared counters would mix their arrivals)."""
+    from tegula.kernels.attention_decode import attention_decode
+    from tegula.runtime.arrivals import arrival_counters
+    cases = [make_cache(2, 32, 8, 1, 128, 8192, [8192, 3000], "float16", seed)
+             for seed in (31, 32)]
+    wants = [reference(q, k, v, lengths, False, 128 ** -0.5)[0] for q, k, v, lengths in cases]
+    for q, k, v, lengths in cases:
+        attention_decode(q, k, v, lengths)                 # compiles outside the capture
+    torch.cuda.synchronize()
+    graphs, outs, seen = [], [], []
+    for q, k, v, lengths in cases:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(attention_decode(q, k, v, lengths))
+            seen.append(arrival_counters(q.device, 16).data_ptr())
+        graphs.append(graph)
+    shared = arrival_counters(cases[0][0].device, 16).data_ptr()
+    assert len({*seen, shared}) == 3, "a captured call reused shared arrival counters"
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(20):
+        for out in outs:
+            out.fill_(float("nan"))                        # poisoned before each replay
+        torch.cuda.synchronize()
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+        torch.cuda.synchronize()
+        for out, want in zip(outs, wants):
+            assert not torch.isnan(out).any()
+            bound = 4e-3 * max(1.0, want.abs().max().item())
+            assert (out.float() - want).abs().max().item() <= bound
