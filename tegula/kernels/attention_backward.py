@@ -28,10 +28,13 @@ Three kernels, none with atomics, so every result is the same bit for bit on eve
 With `deterministic=False` (an option; FlashAttention's default, and cuDNN's backward gave
 different bits on a second run too, H100 session 13) the dK/dV kernel also adds each query
 block's dS K into an f32 dQ (`tg.atomic_add`: TMA reduce-adds on sm_90, `red.global.add`
-before; `attention_backward_dkdvdq_kernel`: dS goes through shared memory as the wgmma's
-MN-major A operand) and `attention_backward_dq_convert_kernel` scales and converts it: 5
-gemm passes instead of 7, but the additions' order, so dQ's last bits, vary from run to
-run. Measured no faster than the deterministic kernels (session 13).
+before; `attention_backward_dkdvdq_kernel`: dS goes to shared memory first, where dQ's
+product reads it as the wgmma's MN-major A operand and dK's as its A; dQ's is issued
+first, so the two products run back to back and dQ's wait leaves dK's in flight) and
+`attention_backward_dq_convert_kernel` scales and converts it: 5 gemm passes instead of 7,
+but the additions' order, so dQ's last bits, vary from run to run. Session 13 measured it
+no faster than the deterministic kernels with dS stored after dK's product (a wait for dK,
+a barrier, then dQ's product and a wait for it, all serial).
 
 Forms the tuner times (`backward_candidates`): 64 x 64 blocks in one role, or (`REGS`)
 the roles stated, two consumer warpgroups of 240 registers beside a 24-register TMA
@@ -128,12 +131,10 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                     if CAUSAL:
                         visible = visible & (keys <= queries + (seq_k - seq_q))
                     return visible
-                ds_t = _query_block_products(sk, sv, sq[m], sdo[m], seen, lse_m, delta_m,
-                                             dk_acc, dv_acc, dtype, SCALE, EARLY_DP)
+                dq_part = _query_block_products(sk, sv, sq[m], sdo[m], seen, lse_m,
+                                                delta_m, dk_acc, dv_acc, dtype, SCALE,
+                                                EARLY_DP, sds)
                 if dq_accum is not None:                     # dQ += dS K, atomically
-                    tg.copy(ds_t, sds)
-                    dq_part = tg.zeros((BM, D), f32)
-                    tg.gemm(dq_part, sds.T, sk.T)
                     tg.atomic_add(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
     return dk_acc, dv_acc
 
@@ -153,12 +154,15 @@ def _role_blocks(regs: int):
 
 
 def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_acc,
-                          dtype: DType, SCALE: float, EARLY_DP: bool):
+                          dtype: DType, SCALE: float, EARLY_DP: bool, sds=None):
     """One query block's share of key block's dK, dV (added into the accumulators), in the
     transposed (key, query) orientation; `seen()` traces the (BN, BM) mask of visible
-    (key, query) pairs; returns dSᵀ in `dtype`:
+    (key, query) pairs:
         Pᵀ = exp2(K Qᵀ · scale·log2 e − lse·log2 e) where seen, else 0
-        dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += dSᵀ Q."""
+        dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += dSᵀ Q.
+    With `sds` (a (BN, BM) shared tile: the atomic-dQ kernel) dSᵀ is stored there before
+    either product that reads it, and the block's (BM, D) f32 share of dQ, dS K, is
+    returned (issued before dK's product: the first to be waited for); else None."""
     rows, cols = sk.shape[0], sq_m.shape[0]
     s_t = tg.zeros((rows, cols), f32)
     tg.gemm(s_t, sk, sq_m)                                   # K Qᵀ
@@ -171,8 +175,14 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_
         dp_t = tg.zeros((rows, cols), f32)
         tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
     ds_t = (p_t * (dp_t - delta_m)).to(dtype)
-    tg.gemm(dk_acc, ds_t, sq_m.T)                            # += dSᵀ Q
-    return ds_t
+    if sds is None:
+        tg.gemm(dk_acc, ds_t, sq_m.T)                        # += dSᵀ Q
+        return None
+    tg.copy(ds_t, sds)
+    dq_part = tg.zeros((cols, sk.shape[1]), f32)
+    tg.gemm(dq_part, sds.T, sk.T)                            # dS K
+    tg.gemm(dk_acc, sds, sq_m.T)                             # += dSᵀ Q
+    return dq_part
 
 
 @lru_cache(maxsize=None)
