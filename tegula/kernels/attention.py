@@ -99,6 +99,7 @@ import numpy as np
 import tegula as tg
 from tegula import f32
 from tegula.dtypes import DType, bf16, f16, i32
+from tegula.kernels.attention_tiles import attention_candidates
 from tegula.kernels.common import check_array, launch_emulated, poisoned
 
 ATTENTION_DTYPES = (f16, bf16)
@@ -569,56 +570,6 @@ def _tuner_name() -> str:
     return "attention"
 
 
-def attention_candidates(head_dim: int, wgmma: bool, causal: bool = False) -> list[dict]:
-    """Configurations worth timing for one head dim and causal setting: on sm_90a the
-    measured table of `_hopper_candidates`; elsewhere (mma.sync) 128-row query blocks on
-    two warpgroups (64 rows, and a 64-row accumulator slice, each) and 64-row blocks, with
-    64- and 128-key blocks where registers and shared memory allow."""
-    if wgmma:
-        return _hopper_candidates(head_dim, causal)
-    rows = [dict(BM=128, threads=256), dict(BM=64)]
-    # 128-key blocks: D=128 spills on mma.sync, and D=256's two stages of K and V
-    # (4 x 64 KB) overflow the shared memory.
-    configs = [dict(t, BN=bn, V_KMAJOR=False, P_SHARED=False)
-               for t in rows for bn in ((64, 128) if head_dim == 64 else (64,))]
-    if head_dim == 256:  # 128 x 256 query tiles overflow sm_80's shared memory
-        configs = [t for t in configs if t["BM"] == 64]
-    return [dict(c, STAGES=2) for c in configs]
-
-
-def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
-    """The sm_90a candidates. Measured on an H100 (session 13 round 1, one process, 16k
-    tokens, TFLOP/s against SDPA's cuDNN backend): at D = 64, 192-row blocks on three
-    consumer warpgroups (FlashAttention-3's D = 64 tile: more rows per key block, and the
-    three warpgroups' softmax and gemms interleave on their own) ran 493 / 535 at S = 4k /
-    8k (1.04x / 1.09x), the two warpgroups taking turns (consumers="pingpong") 428 / 450,
-    the cooperative 128-row block 405, the overlapped loop with turns 385. At D = 128 the
-    turns lead (593, 0.93x; causal 514, 0.95x); 176-key blocks with FlashAttention-3's
-    register split (REGS=240: consumers 240, producer 24) 600 (0.94x), the overlapped loop
-    559 (0.88x); three warpgroups of 64 rows with 64-, 96- or 128-key blocks (REGS=160;
-    ptxas: 125 / 148 / 157 registers, no spill) are timed too; round 2, 128-key blocks on
-    three warpgroups 672 / 538 (1.021x / 0.954x), the tuner's pick at D = 128 S >= 4k. At
-    D = 256 the overlapped loop: 698 / 610 at 2x8x8192 full / causal (0.985x / 1.007x),
-    80-key blocks 664. Persistent blocks
-    (PERSISTENT) measured 0.62-0.76x and are not timed. 64x64 blocks stay for short or
-    ragged sequences."""
-    wide, turns = dict(BM=128, threads=256), dict(BM=128, threads=256, consumers="pingpong")
-    three = dict(BM=192, threads=384)       # three consumer warpgroups of 64 rows
-    small = dict(BM=64, BN=64)
-    if head_dim == 64:
-        configs = [dict(three, BN=128), dict(three, BN=128, REGS=160),
-                   dict(three, BN=176, REGS=160), dict(turns, BN=128), small]
-    elif head_dim == 128:
-        configs = [dict(turns, BN=128), dict(three, BN=128, REGS=160),
-                   dict(three, BN=96, REGS=160), dict(three, BN=64, REGS=160),
-                   dict(wide, BN=128), small]
-        if not causal:  # FlashAttention-3's non-causal D = 128 tile
-            configs.insert(1, dict(turns, BN=176, REGS=240))
-    else:
-        configs = [dict(wide, BN=64, OVERLAP=True), dict(wide, BN=64), small]
-    return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
-
-
 def _check_torch(fn: str, ndim: int, **tensors) -> DType:
     from tegula.kernels.api import _check_same_dtype, _check_tensor
     dtype = None
@@ -641,7 +592,9 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
     """Tune (once per shape bucket) and launch `kernel` on `tensors` with v inserted third
     (transposed by `transpose_v` for the V_KMAJOR configurations) on the grid `grid(values)`
     gives for a configuration's constexprs; (the CompiledKernel that ran, its grid, its
-    arguments), for the entry point's replay. Stated warp roles (REGS) and turns
+    arguments), for the entry point's replay. `dims` (rows, query length, key length)
+    buckets the tuner's choice; the key length also picks the candidates
+    (`attention_tiles.attention_candidates`). Stated warp roles (REGS) and turns
     (consumers="pingpong") need the stage loads to be TMA boxes: without `boxes` (varlen's
     narrowed views) candidates run without REGS and turns are not timed, and a tensor TMA
     cannot address (alignment, strides) runs such a candidate with synthesis's own roles
@@ -652,7 +605,7 @@ def _run_tuned(fn: str, kernel, grid, tensors: tuple, v, transpose_v, dims: tupl
     from tegula.kernels.api import _launch, _tune_and_run
     from tegula.runtime.autotune import Config
     wgmma = torch.cuda.get_device_capability(device) >= (9, 0)
-    candidates = attention_candidates(head_dim, wgmma, constexprs["CAUSAL"])
+    candidates = attention_candidates(head_dim, wgmma, constexprs["CAUSAL"], dims[2])
     if not boxes:  # synthesis's roles and budgets, no turns; the first of equal ones
         stripped = [dict(c, REGS=0) for c in candidates if "consumers" not in c]
         candidates = [c for i, c in enumerate(stripped) if c not in stripped[:i]]

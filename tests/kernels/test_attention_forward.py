@@ -143,6 +143,40 @@ CONFIGS = [
 ]
 
 
+# Session 14's candidates as the tuner launches them (`attention_tiles`): two 128-row blocks
+# an SM in one role for short key loops, 64-row blocks of 96 keys, and D = 256's 80-key
+# blocks (FlashAttention-3's tile) with and without turns. Ragged both ways, GQA 2:1 (one
+# head at D = 256, whose 128 x 256 tiles emulate slowly); causal with Sq > Sk (rows that see
+# no key) or Sq < Sk (a diagonal inside a key block).
+NEW_CANDIDATES = [
+    (64, dict(BM=128, BN=128, threads=256, warp_specialize=False, blocks_per_sm=2), True, 150, 70),
+    (128, dict(BM=128, BN=64, threads=256, warp_specialize=False, blocks_per_sm=2), False, 150, 70),
+    (128, dict(BM=64, BN=96), True, 60, 150),
+    (256, dict(BM=128, BN=80, threads=256, consumers="pingpong", REGS=240), True, 70, 150),
+    (256, dict(BM=128, BN=80, threads=256, REGS=240), False, 70, 150),
+]
+
+
+@pytest.mark.parametrize("d,tiles,causal,sq,sk", NEW_CANDIDATES)
+def test_session_14_candidates(d, tiles, causal, sq, sk):
+    heads = 1 if d == 256 else 2
+    q, k, v = inputs(d + sq, 1, heads, 1, sq, sk, d)
+    o, lse = attention_emulated(q, k, v, causal, return_lse=True, **tiles)
+    check(o, lse, *reference(q, k, v, causal))
+
+
+def test_short_key_loops_add_two_blocks_an_sm_candidates():
+    """Two-blocks-an-SM candidates are timed up to SHORT_KEYS keys (and listed for the GPU
+    tests, keys=None), not beyond, where each costs the tuner a compile for no gain."""
+    from tegula.kernels.attention_tiles import SHORT_KEYS, attention_candidates
+    for d in (64, 128):
+        two = lambda cs: [c for c in cs if c.get("blocks_per_sm") == 2]  # noqa: E731
+        assert two(attention_candidates(d, True, False, SHORT_KEYS))
+        assert two(attention_candidates(d, True, True, None))
+        assert not two(attention_candidates(d, True, False, SHORT_KEYS + 1))
+        assert all(not c["warp_specialize"] for c in two(attention_candidates(d, True)))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_blocks_walk_every_tile(causal):
     """PERSISTENT: 3 blocks walk the 2 x 3 x 2 query tiles of two batches and three heads

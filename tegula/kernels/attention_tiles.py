@@ -1,0 +1,89 @@
+"""The attention forward's autotuner candidates (`tegula.kernels.attention`): which
+configurations the torch entry points time, per head dim, causal setting and key length.
+
+On sm_90a the table is measured (H100; numbers in `_hopper_candidates` and
+docs/performance.md). Short key loops (`SHORT_KEYS`) add candidates that hold two blocks
+an SM (`_short_candidates`): a block of a 1k-token sequence runs only 8 key blocks of 128,
+so its prologue (q and the first keys loaded, the pipeline filled) and epilogue (o
+normalized and stored) weigh ~1.5 key blocks' time of ~9.5, and with one block an SM
+nothing else runs then; a second resident block computes through them. Longer loops
+amortize that and do not time these (each candidate costs the tuner a compile).
+"""
+from __future__ import annotations
+
+#: Key lengths up to which `attention_candidates` adds the two-blocks-an-SM candidates.
+SHORT_KEYS = 2048
+
+
+def attention_candidates(head_dim: int, wgmma: bool, causal: bool = False,
+                         keys: int | None = None) -> list[dict]:
+    """Configurations worth timing for one head dim and causal setting at `keys` keys a
+    sequence (None: every candidate of any length, as the GPU tests launch them): on
+    sm_90a the measured table of `_hopper_candidates`; elsewhere (mma.sync) 128-row query
+    blocks on two warpgroups (64 rows, and a 64-row accumulator slice, each) and 64-row
+    blocks, with 64- and 128-key blocks where registers and shared memory allow."""
+    if wgmma:
+        short = keys is None or keys <= SHORT_KEYS
+        return _hopper_candidates(head_dim, causal) + \
+            (_short_candidates(head_dim) if short else [])
+    rows = [dict(BM=128, threads=256), dict(BM=64)]
+    # 128-key blocks: D=128 spills on mma.sync, and D=256's two stages of K and V
+    # (4 x 64 KB) overflow the shared memory.
+    configs = [dict(t, BN=bn, V_KMAJOR=False, P_SHARED=False)
+               for t in rows for bn in ((64, 128) if head_dim == 64 else (64,))]
+    if head_dim == 256:  # 128 x 256 query tiles overflow sm_80's shared memory
+        configs = [t for t in configs if t["BM"] == 64]
+    return [dict(c, STAGES=2) for c in configs]
+
+
+def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
+    """The sm_90a candidates. Measured on an H100 (session 13 round 1, one process, 16k
+    tokens, TFLOP/s against SDPA's cuDNN backend): at D = 64, 192-row blocks on three
+    consumer warpgroups (FlashAttention-3's D = 64 tile: more rows per key block, and the
+    three warpgroups' softmax and gemms interleave on their own) ran 493 / 535 at S = 4k /
+    8k (1.04x / 1.09x), the two warpgroups taking turns (consumers="pingpong") 428 / 450,
+    the cooperative 128-row block 405, the overlapped loop with turns 385. At D = 128 the
+    turns lead (593, 0.93x; causal 514, 0.95x); 176-key blocks with FlashAttention-3's
+    register split (REGS=240: consumers 240, producer 24) 600 (0.94x), the overlapped loop
+    559 (0.88x); three warpgroups of 64 rows with 64-, 96- or 128-key blocks (REGS=160;
+    ptxas: 125 / 148 / 157 registers, no spill) are timed too; round 2, 128-key blocks on
+    three warpgroups 672 / 538 (1.021x / 0.954x), the tuner's pick at D = 128 S >= 4k. At
+    D = 256 the overlapped loop: 698 / 610 at 2x8x8192 full / causal (0.985x / 1.007x),
+    80-key blocks 664; FlashAttention-3's D = 256 tile is 128 x 80 (two warpgroups taking
+    turns, 240 registers: 64 + 2 x 80 KB of q, k and v fill the shared memory, so the
+    overlapped loop's extra key buffer does not fit at 80 keys), timed with and without
+    turns. Persistent blocks (PERSISTENT) measured 0.62-0.76x and are not timed. 64x64
+    blocks stay for short or ragged sequences."""
+    wide, turns = dict(BM=128, threads=256), dict(BM=128, threads=256, consumers="pingpong")
+    three = dict(BM=192, threads=384)       # three consumer warpgroups of 64 rows
+    small = dict(BM=64, BN=64)
+    if head_dim == 64:
+        configs = [dict(three, BN=128), dict(three, BN=128, REGS=160),
+                   dict(three, BN=176, REGS=160), dict(turns, BN=128), small]
+    elif head_dim == 128:
+        configs = [dict(turns, BN=128), dict(three, BN=128, REGS=160),
+                   dict(three, BN=96, REGS=160), dict(three, BN=64, REGS=160),
+                   dict(wide, BN=128), small]
+        if not causal:  # FlashAttention-3's non-causal D = 128 tile
+            configs.insert(1, dict(turns, BN=176, REGS=240))
+    else:
+        configs = [dict(wide, BN=64, OVERLAP=True), dict(wide, BN=64),
+                   dict(turns, BN=80, REGS=240), dict(wide, BN=80, REGS=240),
+                   dict(turns, BN=64), small]
+    return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
+
+
+def _short_candidates(head_dim: int) -> list[dict]:
+    """Candidates for short key loops (module docstring): two blocks an SM. 128 query rows
+    on two warpgroups in one role (no producer: `warp_specialize=False`, so that
+    `blocks_per_sm=2` may cap the registers at 128 a thread; ptxas: 126 at D = 64 with
+    128-key blocks and at D = 128 with 64-key blocks, no spill; 80 / 96 KB of shared
+    memory), and at D = 128 64-row blocks with 96-key blocks (one warpgroup, 112 KB).
+    D = 256's q tile alone is 32-64 KB: no second block fits beside its ring."""
+    two = dict(BM=128, threads=256, warp_specialize=False, blocks_per_sm=2)
+    configs = {64: [dict(two, BN=128), dict(two, BN=64)],
+               128: [dict(two, BN=64), dict(BM=64, BN=96)]}.get(head_dim, [])
+    return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
+
+
+__all__ = ["attention_candidates", "SHORT_KEYS"]
