@@ -1,5 +1,5 @@
 """Time fixed configurations of the W4A16 and GEMV kernels (no autotuning), to see where
-their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b|session13|session13b] [--only PREFIX]
+their time goes: `python benchmarks/w4a16_sweep.py [--set session6|swapped|refined|fragment|session9|session10|session11|session12|session12b|session13|session13b|session14] [--only PREFIX]
 [--budget SECONDS] [--index ROW ...] [--profile]` (`--profile`: each selected row launched once more,
 untimed, for ncu).
 
@@ -261,10 +261,29 @@ SESSION13B = [("w4gemv", (1, n, k), dict(_GV, KS=ks, KW=kw, AHEAD=ahead, RW=rw))
               for ks, kw, ahead, rw in ((8, 8, 0, 1), (8, 8, 1, 1), (4, 4, 0, 1),
                                         (4, 4, 1, 1), (4, 4, 0, 2), (8, 8, 0, 2),
                                         (4, 4, 1, 2))]
+# Session 14: two k-steps an iteration with two register A operands (PAIRS=1: the words
+# straight into registers, the tokens through the warp-specialized TMA ring, whose consumer
+# defers its wgmma waits, so each step's dequantization runs during the other step's
+# wgmmas), WG warpgroups of rows a block (one block an SM by registers), beside each
+# shape's best of sessions 12-13 (first row of each shape).
+_P = dict(WSMEM=0, PAIRS=1, warp_specialize=True, INTEGER_ZEROS=1, KS=2, STAGES=3)
+SESSION14 = [("w4frag", shape, c) for shape, configs in (
+    ((16, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),
+                         dict(_P, BT=16, WG=2), dict(_P, BT=16, WG=4, SPLIT=2))),
+    ((16, 4096, 4096), (dict(_IZ, KS=2, STAGES=4, SPLIT=4, warp_specialize=False),
+                        dict(_P, BT=16, WG=4, SPLIT=8), dict(_P, BT=16, WG=2, SPLIT=4))),
+    ((64, 14336, 4096), (dict(BT=64, KS=2, STAGES=3, SPLIT=2, WG=2, INTEGER_ZEROS=1,
+                              warp_specialize=False),
+                         dict(_P, BT=64, WG=2), dict(_P, BT=64, WG=4, SPLIT=2))),
+    ((128, 4096, 4096), (dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1, warp_specialize=False),
+                         dict(_P, BT=128, WG=2, SPLIT=4))),
+    ((1, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),
+                        dict(_P, BT=16, WG=2))))
+    for c in configs]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
         "session12": SESSION12, "session12b": SESSION12B, "session13": SESSION13,
-        "session13b": SESSION13B}
+        "session13b": SESSION13B, "session14": SESSION14}
 
 
 GROUP = 128

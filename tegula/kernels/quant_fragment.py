@@ -259,13 +259,51 @@ def _gemm_scaled_after(acc, words, constants, activations, dtype: DType,
     return acc + step * scale.to(f32)
 
 
-def _split_slice(steps):
+def _split_slice(steps, even: bool = False):
     """(first k-step, end) of this block's slice of `steps` k-steps under split K: grid
-    axis 2 holds the SPLIT slices (a launch value: one build serves any split)."""
+    axis 2 holds the SPLIT slices (a launch value: one build serves any split). `even`:
+    slices of an even count of steps (PAIRS: a pair never straddles two slices; only
+    the last slice may end on a half pair, past K)."""
     splits = tg.num_programs(2)
     per_split = (steps + splits - 1) // splits
+    if even:
+        per_split = (per_split + 1) // 2 * 2
     start = tg.block_id(2) * per_split
     return start, tg.minimum(start + per_split, steps)
+
+
+def _paired_register_steps(ga, gw, words_tv, sa, sb, start, steps, acc, dequantized,
+                           constants, STAGES: int):
+    """PAIRS=1 (words in registers, WSMEM=0): two k-steps an iteration, each its own
+    token ring (`sa` the even steps of the slice, `sb` the odd) and its own register A
+    operand (`first`, `second`). With one operand reassigned every step, the next step's
+    dequantization writes the registers the in-flight wgmmas read, so the wait comes
+    right after them and the dequantization never overlaps a wgmma (the SASS of the
+    WSMEM=0 loop: WARPGROUP.DEPBAR right after the HGMMAs). With two, and the waits
+    deferred (the warp-specialized consumer, `lower/wgmma_waits.py`; a one-role
+    pipeline waits right after each gemm), step 2p+1's dequantization runs during step
+    2p's wgmmas and step 2p+2's during step 2p+1's: two waits a loop in the SASS, each
+    before a gemm. That wait must stay: ptxas serializes every wgmma (C7513) where a
+    non-wgmma instruction defines a wgmma's A registers inside its pipeline stage (first
+    wgmma to the wait) — a second f32 sum for the odd steps, whose gemm needs no wait,
+    gave 16 waits a loop. `start` is even (`_split_slice(even=True)`); a pair past an odd
+    step count reads zero tokens (masked copies past K) and masked words. The pattern of
+    the W4 MoE kernel's `_paired_steps` (session 13, F)."""
+    first = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv), constants(start))
+    odd_words = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
+    even_words = tg.load(gw[:, :, :, :, start + 2], layout=words_tv)
+    for p in tg.pipeline(start // 2, (steps + 1) // 2, stages=STAGES):
+        tg.copy(ga[:, :, 2 * p], sa[p])
+        tg.copy(ga[:, :, 2 * p + 1], sb[p])
+        odd_constants, even_constants = constants(2 * p + 1), constants(2 * p + 2)
+        next_odd = tg.load(gw[:, :, :, :, 2 * p + 3], layout=words_tv)   # past K: masked
+        next_even = tg.load(gw[:, :, :, :, 2 * p + 4], layout=words_tv)
+        tg.gemm(acc, first, sa[p])                       # step 2p
+        second = dequantized(odd_words, odd_constants)   # while step 2p's wgmmas run
+        tg.gemm(acc, second, sb[p])                      # step 2p + 1
+        first = dequantized(even_words, even_constants)  # while step 2p + 1's run
+        odd_words, even_words = next_odd, next_even
+    return acc
 
 
 def _gemm_parts(acc, words_stages, activation_stages, words_tv, constants, dequantized,
@@ -301,10 +339,13 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False,
     (`_gemm_scaled_after`), a step of several groups taken in parts of one group
     (rings, gemm and sum each): one FMA a thread and 2 tokens instead of one HMUL2 a
     weight pair (SASS a weight at 16 tokens: benchmarks/w4a16_sass.py). INTEGER_ZEROS:
-    the zeros are integers (`zeros_are_integers`), no residue step (`dequantize_in`)."""
+    the zeros are integers (`zeros_are_integers`), no residue step (`dequantize_in`).
+    PAIRS (with WSMEM=0): two k-steps an iteration, two register A operands, so each
+    step's dequantization overlaps the other's wgmmas (`_paired_register_steps`; with
+    warp_specialize=True, whose consumer defers its waits)."""
     out_type = f32 if partial else dtype
     constexpr_names = ("G", "BT", "STAGES", "WSMEM", "KS", "WG", "SCALE_AFTER",
-                       "INTEGER_ZEROS")
+                       "INTEGER_ZEROS", "PAIRS")
     if fused:
         @tg.kernel(threads=128)
         def w4a16_fragment_fused(a: tg.Tensor[dtype], w: tg.Tensor[i32, 4],
@@ -314,9 +355,9 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False,
                                  BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                                  WSMEM: tg.constexpr = 1, KS: tg.constexpr = 1,
                                  WG: tg.constexpr = 1, SCALE_AFTER: tg.constexpr = 0,
-                                 INTEGER_ZEROS: tg.constexpr = 0):
+                                 INTEGER_ZEROS: tg.constexpr = 0, PAIRS: tg.constexpr = 0):
             values = dict(zip(constexpr_names, (G, BT, STAGES, WSMEM, KS, WG, SCALE_AFTER,
-                                                INTEGER_ZEROS)))
+                                                INTEGER_ZEROS, PAIRS)))
             acc, n, t = _fragment_product(a, w, scales, zeros, dtype, has_zeros, True,
                                           **values)
             _store_and_sum_last(acc, parts, counters, c, w, n, t, dtype, WG)
@@ -328,9 +369,10 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False,
                        zeros: tg.Tensor[dtype], c: tg.Tensor[out_type], G: tg.constexpr = 128,
                        BT: tg.constexpr = 64, STAGES: tg.constexpr = 3,
                        WSMEM: tg.constexpr = 1, KS: tg.constexpr = 1, WG: tg.constexpr = 1,
-                       SCALE_AFTER: tg.constexpr = 0, INTEGER_ZEROS: tg.constexpr = 0):
+                       SCALE_AFTER: tg.constexpr = 0, INTEGER_ZEROS: tg.constexpr = 0,
+                       PAIRS: tg.constexpr = 0):
         values = dict(zip(constexpr_names, (G, BT, STAGES, WSMEM, KS, WG, SCALE_AFTER,
-                                            INTEGER_ZEROS)))
+                                            INTEGER_ZEROS, PAIRS)))
         acc, n, t = _fragment_product(a, w, scales, zeros, dtype, has_zeros, partial,
                                       **values)
         _store_result(acc, c, w, n, t, dtype, partial, WG)
@@ -340,7 +382,7 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False,
 
 def _fragment_product(a, w, scales, zeros, dtype: DType, has_zeros: bool, split: bool,
                       G: int, BT: int, STAGES: int, WSMEM: int, KS: int, WG: int,
-                      SCALE_AFTER: int, INTEGER_ZEROS: int):
+                      SCALE_AFTER: int, INTEGER_ZEROS: int, PAIRS: int = 0):
     """The fragment kernel's body up to its f32 cᵀ tile (`w4a16_fragment_kernel` says
     what each constexpr does): (acc, row tile n, token tile t); `split`: this block's
     slice of the k-steps only (grid axis 2)."""
@@ -357,10 +399,11 @@ def _fragment_product(a, w, scales, zeros, dtype: DType, has_zeros: bool, split:
     ga = a.tile((BT, PK), (t, None))
     gw = w.tile((WG, KS // P) + STORED_WORDS, (n, None, 0, 0))
     words_tv = stored_tv(KS // P, WG)
+    paired = PAIRS and not WSMEM
     if split:
-        start, steps = _split_slice(steps)
+        start, steps = _split_slice(steps, even=paired)
     acc = tg.zeros((BN, BT), f32)                       # cᵀ: weight rows x tokens
-    sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(P)]
+    sa = [tg.shared((BT, PK), dtype, stages=STAGES) for _ in range(2 if paired else P)]
 
     def dequantized(words, constants):   # the (BN, PK) weights of one part
         packed = tg.reshape(fragment_weights(words, dtype), (BN, S, PK // S))
@@ -371,6 +414,10 @@ def _fragment_product(a, w, scales, zeros, dtype: DType, has_zeros: bool, split:
                                 (k * P + part) // max(1, G // PK), (BN, S))
                 for part in range(P)]
 
+    if paired:  # two steps an iteration, two register operands
+        return _paired_register_steps(ga, gw, words_tv, sa[0], sa[1], start, steps, acc,
+                                      dequantized, lambda k: constants(k)[0],
+                                      STAGES), n, t
     if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
         sw = [tg.shared((WG, KS // P) + STORED_WORDS, i32, stages=STAGES,
                         layout=stored_shared(KS // P, WG)) for _ in range(P)]
@@ -446,6 +493,10 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
                          f"stored blocks (group_size = {group_size} ≥ {FRAGMENT_K}: each "
                          f"group's gemm takes 64-k blocks) and the cp.async weights "
                          f"(WSMEM=1)")
+    if constexprs.get("PAIRS") and constexprs.get("WSMEM", 1):
+        raise ValueError("tegula.kernels.w4a16: PAIRS=1 (two k-steps an iteration, two "
+                         "register operands) takes the weights straight into registers: "
+                         "pass WSMEM=0")
     row_groups = constexprs.get("WG", 1)
     if row_groups > 1:
         if constexprs.setdefault("threads", 128 * row_groups) != 128 * row_groups:

@@ -492,3 +492,67 @@ def test_w4a16_fragment_fused_split_matches_torch(m, n, k, group, tiles):
         torch.cuda.synchronize()
         check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
         assert not counters.any()
+
+
+@pytest.mark.parametrize("dtype,m,n,k,group,zero_point,tiles", [
+    ("f16", 16, 14336, 4096, 128, True, dict(KS=2, WG=2, INTEGER_ZEROS=1)),
+    ("f16", 16, 4096, 4096, 128, True, dict(KS=2, WG=4, SPLIT=8, INTEGER_ZEROS=1)),
+    ("bf16", 64, 4096, 4096, 64, True, dict(BT=64, KS=2, WG=2, SPLIT=3)),
+    ("f16", 128, 4096, 4096, 128, False, dict(BT=128, KS=2, SPLIT=4)),
+    ("f16", 13, 70, 320, 64, True, dict(SPLIT=2)),            # 5 steps: slices of 4 and 1
+    ("bf16", 5, 300, 1344, 64, False, dict(KS=2, WG=2, SPLIT=3))],   # half pair past K
+    ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
+    if isinstance(v, dict) else None)
+def test_w4a16_fragment_paired_steps_match_torch(dtype, m, n, k, group, zero_point, tiles):
+    """PAIRS=1 (two k-steps an iteration, two register A operands, the words straight into
+    registers, a warp-specialized TMA ring for the tokens): split K into slices of an even
+    count of steps, odd step counts, NaN-poisoned outputs and workspace, every element."""
+    from tegula.dtypes import bf16, f16
+    from tegula.kernels import quant_fragment as qf
+    from tegula.kernels.quant import prepack
+    g, w_q, scales, zeros = random_w4(n, k, group, dtype, zero_point, m * 19 + n + k)
+    a = torch.randn(m, k, device="cuda", generator=g, dtype=DTYPES[dtype])
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[dtype])
+    stored = qf.as_words(qf.pack_fragments(prepack(w_q)))
+    grid, constexprs = qf.fragment_config(m, n, k, group, warp_specialize=True, WSMEM=0,
+                                          PAIRS=1, STAGES=3, **tiles)
+    zeros_arg = zeros if zeros is not None else torch.zeros(1, 1, device="cuda",
+                                                            dtype=DTYPES[dtype])
+    qf.launch_w4a16_fragment(grid, constexprs, f16 if dtype == "f16" else bf16,
+                             zeros is not None, (a, stored, scales, zeros_arg), c,
+                             lambda kernel, grid, args, cx: kernel[grid](*args, **cx),
+                             lambda shape: torch.full(shape, float("nan"), device="cuda"))
+    torch.cuda.synchronize()
+    check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+
+
+def test_matmul_w4a16_fused_split_on_the_shared_arrival_counters(monkeypatch):
+    """The entry point with a FUSED=1 pick (not a tuner candidate, so forced here) runs on
+    the stream's shared arrival counters (`runtime/arrivals.py`): its first call and two
+    replays, each output checked element by element (the replay allocates its output:
+    a freed NaN tensor of that size is what the allocator hands it), and the counters left
+    zero for the next entry point that merges in its last block."""
+    import tegula.kernels.quant as quant
+    from tegula.kernels.quant import matmul_w4a16, prepack
+    from tegula.kernels.quant_fragment import pack_fragments
+    from tegula.runtime.arrivals import arrival_counters
+    m, n, k, group = 16, 4160, 4096, 128       # a bucket no other test tunes
+    fused = dict(FRAGMENT=1, warp_specialize=False, BT=16, KS=4, STAGES=3, SPLIT=4,
+                 FUSED=1, load_path="cp.async")
+    monkeypatch.setattr(quant, "fragment_candidates", lambda *args, **kw: [fused])
+    monkeypatch.setenv("TEGULA_AUTOTUNE", "0")
+    g, w_q, scales, zeros = random_w4(n, k, group, "f16", True, 4160)
+    packed = pack_fragments(prepack(w_q))
+    for call in range(3):
+        a = torch.randn(m, k, device="cuda", generator=g, dtype=torch.float16)
+        if call == 0:
+            c = matmul_w4a16(a, packed, scales, zeros, group,
+                             out=torch.full((m, n), float("nan"), device="cuda",
+                                            dtype=torch.float16))
+        else:
+            poison = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            del poison
+            c = matmul_w4a16(a, packed, scales, zeros, group)
+        torch.cuda.synchronize()
+        check(c, a, w_q, scales, zeros, group, dequant_rounded=True)
+        assert not arrival_counters(a.device, -(-n // 64)).any()   # one a 64-row tile

@@ -275,7 +275,38 @@ def test_matmul_w4a16_names_a_mismatched_prepacked_weight():
         tk.matmul_w4a16(a, stored, scales, zeros, 64)
 
 
+PAIRED_CASES = [  # m, n, k, group, zero_point, tiles, target
+    (5, 64, 384, 128, True, dict(KS=2), "sm_90a"),            # 3 steps: the last pair half past K
+    (9, 130, 640, 64, True, dict(SPLIT=3), "sm_90a"),         # 10 steps: slices of 4, 4, 2
+    (13, 70, 320, 64, False, dict(SPLIT=2, WG=2, threads=256), "sm_90a"),  # 5 steps: 4 + 1
+    (20, 77, 448, 32, True, dict(KS=2, BT=64, SPLIT=2), "sm_90a"),  # 4 scales a step
+    (7, 70, 320, 64, True, dict(SPLIT=2, warp_specialize=False), "sm_80"),  # one role
+]
+
+
+@pytest.mark.parametrize("m,n,k,group,zero_point,tiles,target", PAIRED_CASES)
+def test_paired_steps_match_numpy(m, n, k, group, zero_point, tiles, target):
+    """PAIRS=1 (two k-steps an iteration, two register A operands, the words straight into
+    registers): an odd step count (the last pair's second step past K: zero tokens, masked
+    words), split K into slices of an even count of steps (a slice of an odd count would
+    hand its last step to the next slice's first pair too: counted twice), two
+    warpgroups of rows, groups of 32-128."""
+    rng = np.random.default_rng(m * 7919 + n * 31 + k + group)
+    a = random_input(rng, (m, k), f16)
+    w_q, scales, zeros = random_w4(rng, n, k, group, f16, zero_point)
+    config = dict(dict(warp_specialize=True, STAGES=2), **tiles)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, target=target, FRAGMENT=1,
+                            WSMEM=0, PAIRS=1, **config)
+    check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
+
+
+def test_paired_steps_need_the_register_path():
+    with pytest.raises(ValueError, match="PAIRS=1 .* WSMEM=0"):
+        w4a16_config(16, 256, 256, 128, FRAGMENT=1, PAIRS=1)
+
+
 @pytest.mark.parametrize("tiles", [dict(KS=1), dict(KS=2), dict(KS=2, WSMEM=0),
+                                   dict(KS=2, WSMEM=0, PAIRS=1, warp_specialize=True),
                                    dict(KS=2, BT=128, STAGES=3),
                                    dict(KS=2, STAGES=3, SCALE_AFTER=1, blocks_per_sm=7)],
                          ids=str)
