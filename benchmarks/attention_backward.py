@@ -2,7 +2,7 @@
 backward of cuDNN and flash, timed in the same process (issue 12).
 
     PYTHONPATH=. python3 benchmarks/attention_backward.py [--cases 128,128c,64,64c]
-        [--variants det,at64,...] [--jobs 16] [--registers]
+        [--variants det,at64,...] [--jobs 16] [--registers] [--compile-only]
 
 Per case (B = 4, H = 16, S = 4096, D = 128 / 64, causal or not; "c" = causal) q, k, v and
 dO are random f16; o and lse come from a float32 reference (per head, bottom-right causal
@@ -22,6 +22,10 @@ includes zeroing its accumulator, as the entry point does.
 TFLOP/s count the backward's five gemms (2.5x the forward's 4·B·H·S²·D, halved when
 causal), whichever number of gemms a variant runs. Nothing is asserted.
 
+Ablations (named st*): the atomic kernel with dQ's share stored, not added (dK and dV
+checked; dQ is wrong by design), to price the reduce-add apart. `--compile-only` fills the
+disk cache of compiled kernels and times nothing (a round script runs it beside the tests).
+
 `--registers` (no GPU; a local nvcc or NVRTC): ptxas's registers and spill bytes of each
 variant's kernels, as `benchmarks/register_table.py` measures them.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import importlib
 import math
 import multiprocessing
@@ -81,7 +86,18 @@ VARIANTS = {
     # 104 B spilled at D = 128, none at D = 64
     "at64x128-1role-early": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
                                          EARLY_DP=True)),
+    # dQ added by red.global from registers (atomic_path="red"): no staging through shared
+    # memory, so no barriers around it
+    "red64x128-1role": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
+                                    atomic_path="red")),
+    "red64x128-ws": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                                 atomic_path="red")),
 }
+# Ablations (`_STORE_DQ`): the atomic variant's kernel with dQ's reduce-add replaced by a
+# plain store of each block's share (the same staging through shared memory and TMA, no
+# add in L2; dQ is wrong, so only dK, dV are checked): the reduce-add's own cost.
+VARIANTS.update({"st64x128-1role": (False, dict(VARIANTS["at64x128-1role"][1], _STORE_DQ=1)),
+                 "st64x128-ws": (False, dict(VARIANTS["at64x128-ws"][1], _STORE_DQ=1))})
 #: The entry point as users call it (tuned), deterministic or not.
 ENTRIES = {"entry": True, "entry-atomic": False}
 DEFAULT_VARIANTS = ("det,det-wide,det-ws,at64x64,at64x128-1role,at32x128-1role,at32x128-ws,"
@@ -99,10 +115,43 @@ def launches(D: int, causal: bool, deterministic: bool, tiles: dict,
     def plan(t):
         return _ab.backward_launches(f16, B, H, H, S, S, D, _ab.default_scale(None, D),
                                      causal, deterministic, **t)
+    tiles = dict(tiles)
+    store_dq = tiles.pop("_STORE_DQ", 0)
     out = plan(tiles)
     if dq_tiles is not None:
         out[2] = plan(dq_tiles)[2]
+    if store_dq:
+        out[1] = (dkdvdq_store_kernel(f16),) + out[1][1:]
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def dkdvdq_store_kernel(dtype):
+    """`attention_backward_dkdvdq_kernel` with each block's dS K stored into `dq_accum`,
+    not added (an ablation: the reduce-add's cost; dQ comes out wrong)."""
+    import tegula as tg
+    from tegula import f32
+
+    @tg.kernel(threads=128)
+    def attention_backward_dkdvdq_store(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
+                                        v: tg.Tensor[dtype, 4], dout: tg.Tensor[dtype, 4],
+                                        lse: tg.Tensor[f32, 3], delta: tg.Tensor[f32, 3],
+                                        dk: tg.Tensor[dtype, 4], dv: tg.Tensor[dtype, 4],
+                                        dq_accum: tg.Tensor[f32, 4],
+                                        D: tg.constexpr, SCALE: tg.constexpr,
+                                        CAUSAL: tg.constexpr, G: tg.constexpr = 1,
+                                        BM: tg.constexpr = 64, BN: tg.constexpr = 64,
+                                        STAGES: tg.constexpr = 2,
+                                        EARLY_DP: tg.constexpr = False,
+                                        REGS: tg.constexpr = 0):
+        n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
+        dk_acc, dv_acc = _ab._key_block_gradients(
+            q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype, D, SCALE, CAUSAL, G, BM,
+            BN, STAGES, EARLY_DP, REGS, add_dq=tg.copy)
+        tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
+        tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
+
+    return attention_backward_dkdvdq_store
 
 
 def label(kernel) -> str:
@@ -196,7 +245,8 @@ def run_variant(values: dict, ref: dict, D: int, causal: bool, variant: str, log
     except Exception as err:  # noqa: BLE001
         log(f"  {variant}: ERROR {type(err).__name__}: {str(err)[:200]}")
         return {}
-    errors = {n: worst_error(values[n], ref[n]) for n in ("dq", "dk", "dv")}
+    checked = ("dk", "dv") if VARIANTS[variant][1].get("_STORE_DQ") else ("dq", "dk", "dv")
+    errors = {n: worst_error(values[n], ref[n]) for n in checked}
     if not all(e < 1e-2 for e in errors.values()):
         log(f"  {variant}: WRONG {errors}")
         return {}
@@ -316,6 +366,8 @@ def main() -> None:
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--registers", action="store_true")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="fill the disk cache of compiled kernels, time nothing")
     options = parser.parse_args()
     cases, variants = options.cases.split(","), options.variants.split(",")
     for name in variants:
@@ -343,6 +395,8 @@ def main() -> None:
         problems = [p for p in pool.map(compile_job, *zip(*jobs)) if p]
     log(f"compiled {len(jobs)} launches in {time.time() - start:.1f} s"
         + "".join(f"\n  {p}" for p in problems))
+    if options.compile_only:
+        return
     table = []
     for case in cases:
         table += measure_case(case, variants, log)

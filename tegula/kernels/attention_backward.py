@@ -80,11 +80,13 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 
 def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
-                         STAGES: int, EARLY_DP: bool = False, REGS: int = 0):
+                         STAGES: int, EARLY_DP: bool = False, REGS: int = 0,
+                         add_dq=tg.atomic_add):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
-    float atomics (`attention_backward_dkdvdq_kernel`). `EARLY_DP`: V dOᵀ is issued right
+    float atomics (`attention_backward_dkdvdq_kernel`; `add_dq(part, tile)` does the
+    adding: a benchmark's ablation stores instead). `EARLY_DP`: V dOᵀ is issued right
     after K Qᵀ, before the exponentials (which run while it computes where the wgmma waits
     are deferred: in a warp-specialized consumer). `REGS` > 0: the kernel states its warp
     roles, a producer warpgroup of 24 registers a thread issuing the Q and dO boxes and the
@@ -135,7 +137,7 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                                                 delta_m, dk_acc, dv_acc, dtype, SCALE,
                                                 EARLY_DP, sds)
                 if dq_accum is not None:                     # dQ += dS K, atomically
-                    tg.atomic_add(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
+                    add_dq(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
     return dk_acc, dv_acc
 
 
