@@ -126,7 +126,8 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
                                      SQ: tg.constexpr, CAUSAL: tg.constexpr, PAGE: tg.constexpr,
                                      BR: tg.constexpr = 16, BN: tg.constexpr = 64,
                                      STAGES: tg.constexpr = 3, SP: tg.constexpr = 0,
-                                     MR: tg.constexpr = 16, WARM: tg.constexpr = 0):
+                                     MR: tg.constexpr = 16, WARM: tg.constexpr = 0,
+                                     BOUND_K: tg.constexpr = 1):
         s_id, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         seqlen = tg.minimum(tg.maximum(seqlens[b], 0), block_table.shape[1] * PAGE)
         sq, rows_token, state = _query_rows(q[b, hk], dtype, BR, D, SQ)
@@ -144,10 +145,16 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
                 tg.copy(k[far, hk].tile((1, 8), (0, 0)), touch[0][j])
                 tg.copy(v[far, hk].tile((1, 8), (0, 0)), touch[1][j])
             page = block_table[b, j // (PAGE // BN)]           # BN divides PAGE
-            in_page = j % (PAGE // BN)                         # the block's place in it
-            valid = tg.minimum(seqlen - (j - in_page) * BN, PAGE)  # keys held in the page
-            tg.copy(k[page, hk][0:valid, :].tile((BN, D), (in_page, 0)), sk[j])
-            tg.copy(v[page, hk][0:valid, :].tile((BN, D), (in_page, 0)), sv[j])
+            first = j % (PAGE // BN) * BN                      # the block's first row in it
+            stop_row = seqlen - j * BN + first                 # rows of the page in use
+            # The block is the view's first tile: each 16-byte copy adds an offset fixed
+            # for the kernel to the block's origin and compares its row with one bound.
+            # BOUND_K=0: K's rows past the sequence's end load whatever the page holds
+            # (their scores are masked to −inf by a select, so not even NaN reaches o),
+            # one bound fewer; V's stay bounded (0 · NaN would be NaN in P V).
+            k_page = k[page, hk][first:stop_row, :] if BOUND_K else k[page, hk][first:, :]
+            tg.copy(k_page.tile((BN, D), (0, 0)), sk[j])
+            tg.copy(v[page, hk][first:stop_row, :].tile((BN, D), (0, 0)), sv[j])
             keys = tg.arange(BN, offset=j * BN)[None, :]
             state = _partial_softmax(sq, sk[j], sv[j], keys, rows_token, seqlen, state,
                                      dtype, SCALE, SQ, CAUSAL)

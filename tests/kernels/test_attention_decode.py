@@ -172,6 +172,37 @@ def test_the_online_merge_of_hand_made_partials():
     np.testing.assert_allclose(lse[0, 0, :3], want_lse[:3], rtol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_keys_unbounded_past_the_end_are_masked(causal):
+    """BOUND_K=0: the paged kernel loads K rows past a sequence's end as the page holds
+    them (NaN here, and pages nobody uses are NaN); the scores there are selected away, so
+    o and lse match the reference, every element. Lengths end mid-page and mid-block."""
+    from tegula.dtypes import f32
+    from tegula.kernels.attention_decode import decode_launches
+    from tegula.kernels.common import launch_emulated, poisoned
+    rng = np.random.default_rng(22 + causal)
+    B, H, Hkv, Sq, D, page, capacity = 2, 4, 2, 2, 32, 32, 160
+    seqlens = np.array([150, 37], np.int32)
+    q = random_input(rng, (B, H, Sq, D), f16)
+    k, v = make_cache(rng, B, Hkv, capacity, D, seqlens, f16)
+    want_o, want_lse = reference_decode(q, k, v, seqlens, causal, D ** -0.5)
+    k, v, table = paged(k, v, page, rng)
+    config, (split,) = decode_launches(f16, B, H, Hkv, Sq, D, capacity, page, D ** -0.5,
+                                       causal, num_splits=3, BN=16)
+    kernel, grid, names, scalars, constexprs = split
+    R = H // Hkv * Sq
+    values = dict(q=q.reshape(B, Hkv, R, D), k=k, v=v, seqlens=seqlens, block_table=table,
+                  counters=np.zeros((B, Hkv), np.int32),
+                  o_part=poisoned((B, Hkv, config["splits"], R, D), f32),
+                  lse_part=poisoned((B, Hkv, config["splits"], R), f32),
+                  o=poisoned((B, Hkv, R, D), f16), lse=poisoned((B, Hkv, R), f32))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        launch_emulated(kernel, grid, *(values[n] for n in names), *scalars,
+                        **dict(constexprs, BOUND_K=0))
+    check(values["o"].reshape(B, H, Sq, D), values["lse"].reshape(B, H, Sq), want_o,
+          want_lse, f16)
+
+
 def test_fused_calls_leave_the_counters_zero_and_repeat_exactly():
     rng = np.random.default_rng(14)
     q = random_input(rng, (2, 4, 1, 32), f16)
