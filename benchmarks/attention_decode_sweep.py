@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--touch", default="0",
                         help="paged: touch the page this many key blocks ahead (the WARM "
                              "constexpr; 0: off), comma-separated")
+    parser.add_argument("--bound-k", default="1",
+                        help="paged: the BOUND_K constexpr (0: K rows past the end load "
+                             "unbounded, their scores selected away), comma-separated")
     parser.add_argument("--parts", action="store_true",
                         help="also time the split kernel alone (the combine's share)")
     parser.add_argument("--combine", default="",
@@ -169,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     bns = [int(x) for x in args.bn.split(",")]
     multipliers = [float(x) for x in args.splits.split(",")]
     extras = [{k: v for k, v in (("threads", t), ("STAGES", st), ("WARM", w)) if v}
+              | ({} if bk else {"BOUND_K": 0})
               for t in map(int, args.threads.split(",")) for st in map(int, args.stages.split(","))
-              for w in map(int, args.touch.split(","))]
+              for w in map(int, args.touch.split(",")) for bk in map(int, args.bound_k.split(","))]
     combines = tuple(tuple(int(x) for x in c.split(":")) for c in filter(None, args.combine.split(",")))
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))

@@ -147,8 +147,8 @@ def _paged_split_kernel(dtype: DType) -> tg.Kernel:
             page = block_table[b, j // (PAGE // BN)]           # BN divides PAGE
             first = j % (PAGE // BN) * BN                      # the block's first row in it
             stop_row = seqlen - j * BN + first                 # rows of the page in use
-            # The block is the view's first tile: each 16-byte copy adds an offset fixed
-            # for the kernel to the block's origin and compares its row with one bound.
+            # The block as its page view's first tile: 656 SASS a loop iteration against
+            # 673 for the page's (in_page)-th tile of rows 0 … the end (sm_90a, D = 128).
             # BOUND_K=0: K's rows past the sequence's end load whatever the page holds
             # (their scores are masked to −inf by a select, so not even NaN reaches o),
             # one bound fewer; V's stay bounded (0 · NaN would be NaN in P V).
