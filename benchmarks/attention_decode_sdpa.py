@@ -78,8 +78,10 @@ def run_shape(torch, shape: tuple, repeats: int, copy_bw: float) -> None:
         kernels = f"(profiler failed: {type(e).__name__}: {str(e)[:80]})"
     print(f"== {label}: sdpa kernels: {kernels}", flush=True)
 
+    rows = table.long()
+
     def gathered():
-        pages = lambda pool: pool[table].transpose(1, 2).reshape(B, kv_heads, S, D)  # noqa: E731
+        pages = lambda pool: pool[rows].transpose(1, 2).reshape(B, kv_heads, S, D)  # noqa: E731
         return F.scaled_dot_product_attention(q, pages(pool_k), pages(pool_v), enable_gqa=True)
 
     runs = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
