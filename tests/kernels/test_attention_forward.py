@@ -177,6 +177,26 @@ def test_short_key_loops_add_two_blocks_an_sm_candidates():
         assert all(not c["warp_specialize"] for c in two(attention_candidates(d, True)))
 
 
+# The tuner's picks at long sequences (H100, session 13) as ptxas compiles them: their three
+# consumer warpgroups run at 160 registers a thread with a few to spare, so a lowering change
+# that keeps one more value live spills there (session 14: a pass clearing accumulators by
+# wgmma's scale-d spilled 32 B at D = 128 and 24 B at D = 64). A compile each (~1.5 s).
+NO_SPILL = [(128, dict(BM=192, BN=128, threads=384, REGS=160)),
+            (64, dict(BM=192, BN=176, threads=384, REGS=160))]
+
+
+@pytest.mark.parametrize("d,tiles", NO_SPILL)
+def test_the_tuned_configurations_compile_without_spills(d, tiles):
+    from tegula.build import build
+    from tegula.runtime.compiler import available_compilers, compile_cuda_report
+    if not available_compilers():
+        pytest.skip("neither NVRTC nor nvcc found")
+    result = build(attention_kernel(tg.f16), dict(tiles, D=d, QK_SCALE=qk_scale(None, d)),
+                   None, "sm_90a")
+    _, report = compile_cuda_report(result.cuda_source(), result.thread_kernel.name)
+    assert report is not None and not report.spills and not report.stack_frame, str(report)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_blocks_walk_every_tile(causal):
     """PERSISTENT: 3 blocks walk the 2 x 3 x 2 query tiles of two batches and three heads
