@@ -152,7 +152,8 @@ def test_overlapped_loop_into_poisoned_outputs(d, bm, bn, causal, request):
               f"D={d} BM={bm} BN={bn} OVERLAP causal={causal} Sq={sq} Sk={sk}")
 
 
-# -- three consumer warpgroups, stated register budgets, persistent blocks: in a child ---------
+# -- three consumer warpgroups, stated register budgets, persistent blocks, session 14's
+# candidates: in a child with a time limit (a hang fails the test) ---------------------------
 # (D, constexprs): FlashAttention-3's D=64 tile (192 query rows on three consumer warpgroups,
 # with synthesis's budgets and with 160 registers a consumer thread), and the consumer
 # budget of 240 (producer 24) on the loops it lets fit: the overlapped loop on the
@@ -168,6 +169,13 @@ BUDGET_CONFIGS = [
     (64, dict(BM=128, BN=128, threads=256, PERSISTENT=True)),
     (64, dict(BM=192, BN=128, threads=384, PERSISTENT=True)),
     (128, dict(BM=128, BN=128, threads=256, PERSISTENT=True)),
+    # session 14's candidates: D = 256's 128 x 80 tile (FlashAttention-3's) with and without
+    # turns, 64-key turns; two 128-row blocks an SM in one role (short sequences)
+    (256, dict(BM=128, BN=80, threads=256, REGS=240, consumers="pingpong")),
+    (256, dict(BM=128, BN=64, threads=256, consumers="pingpong")),
+    (256, dict(BM=128, BN=80, threads=256, REGS=240)),
+    (64, dict(BM=128, BN=128, threads=256, warp_specialize=False, blocks_per_sm=2)),
+    (128, dict(BM=128, BN=64, threads=256, warp_specialize=False, blocks_per_sm=2)),
 ]
 
 
