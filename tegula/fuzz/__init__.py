@@ -23,7 +23,9 @@ random tile maps and global reads (which ping-pong consumers must not split) and
 them against a sequential model; the long mode runs one every few programs. Pipelines
 that state no warp roles may ask for `warp_specialize=` / `consumers=` (`Program`), and
 `specialized` draws GEMM programs built with the producer warpgroup, which the cost model
-would mostly keep in one role; the long mode runs one every few programs too.
+would mostly keep in one role (a third of them persistent: a tile loop over the output
+tiles with the body inside, on ping-pong consumer warpgroups where it applies); the long
+mode runs one every few programs too.
 
 Like `tegula.cli`, this package sits above the compiler and uses it only through the
 public language (`tegula.lang`) and `tg.emulate` (`tegula.build`).

@@ -106,12 +106,19 @@ class Generator:
                   "stages": (2, 3, 3, 4, 1, 0)}
     #: Share of pipelined K extents rounded to rows of 16 bytes (what TMA boxes need).
     TMA_ROWS_SHARE = 0.75
+    #: Share of GEMM programs with a transposed operand whose M and N are rounded to rows of
+    #: 16 bytes (the stride TMA needs; the others are near misses that must fall back).
+    TRANSPOSED_ROWS_SHARE = 0.75
     #: How outputs are stored (`Store.route`).
     STORE_ROUTES = ("copy", "shared", "shared_reg")
 
     def __init__(self, rng: random.Random, switches: Switches | None = None):
         self.rng = rng
         self.sw = switches or Switches()
+        #: The body runs in a persistent tile loop (`Program.persistent`): its loads,
+        #: stores and K loops then mostly keep off shared memory beyond the ring, which
+        #: ping-pong consumer warpgroups (both running the body at once) cannot share.
+        self.in_tile_loop = False
 
     # -- the frame ------------------------------------------------------------------------
     def program(self, label: str = "") -> Program:
@@ -174,7 +181,9 @@ class Generator:
         r = self.rng
         dtype = r.choices(DTYPES, _DTYPE_WEIGHTS)[0]
         routes = ["load", "copy", "via_register"]
-        if self.shared_ok():
+        if self.in_tile_loop and r.random() < 0.9:
+            routes = ["load", "copy"]
+        elif self.shared_ok():
             routes += ["shared", "shared"] + (["transposed"] if self.sw.transposed else [])
             if self.sw.shared_to_shared and r.random() < 0.2:
                 routes.append("shared2")
@@ -208,7 +217,8 @@ class Generator:
                 name, t = out, scope.types[out]
             tensor = f"o{sum(1 for d in self.tensors if d.kind == 'out')}"
             self.tensors.append(TensorDecl(tensor, t.dtype, "out", shape=t.shape))
-            body.append(Store(tensor, name, r.choice(self.STORE_ROUTES)))
+            routes = ("copy",) if self.in_tile_loop and r.random() < 0.9 else self.STORE_ROUTES
+            body.append(Store(tensor, name, r.choice(routes)))
 
     # -- statements -----------------------------------------------------------------------
     def pick(self, scope: Scope, pred=lambda t: True, recent: float = 0.6) -> str | None:
@@ -474,7 +484,8 @@ class Generator:
             names.append(f"g{kind[-1]}{len(self.tensors)}")
             self.tensors.append(TensorDecl(names[-1], dtype, kind + ("_t" if trans else ""),
                                            extent))
-        scratch = self.sw.scratch and stages > 0 and self.bm == self.bn and r.random() < 0.5
+        scratch = self.sw.scratch and stages > 0 and self.bm == self.bn and \
+            r.random() < (0.05 if self.in_tile_loop else 0.5)
         tma_like = (self.threads % 128 == 0 and self.bm % 64 == 0 and dtype != "i8" and
                     extent * GEMM_ELEMENT_BYTES.get(dtype, 1) % 16 == 0)
         body.append(Gemm(acc, names[0], names[1], bk, route, stages, ta, tb, scratch,
@@ -530,6 +541,8 @@ class Generator:
         along M (`tg.cluster(2)`: b's box multicast, stages released remotely; sm_80 and
         sm_89 refuse it, sm_90 takes the Ampere path's turn)."""
         r, draws = self.rng, self.GEMM_DRAWS
+        persistent = self.tile_loop_blocks()
+        self.in_tile_loop = persistent > 0
         threads = r.choice(draws["threads"] + (draws["npot_threads"] if self.sw.npot_threads
                                                 else ()))
         dtype = r.choice(draws["dtype"])
@@ -537,9 +550,9 @@ class Generator:
             bm, bn = r.choice(draws["bm"]), r.choice(draws["bn"])
             if self.sw.scratch and r.random() < 0.15:
                 bn = bm  # square: a K loop may go through a transposed scratch tile
-            if bm * bn <= self.sw.gemm_max_tile:
+            if bm * bn <= self.sw.gemm_max_tile and self.tile_fits(threads, bm, bn):
                 break
-        cluster = 2 if self.sw.clusters and r.random() < 0.2 else 1
+        cluster = 2 if self.sw.clusters and r.random() < 0.2 and not persistent else 1
         gm, gn = (2 if cluster > 1 else r.randint(1, 2)), r.randint(1, 2)
         m = r.randint((gm - 1) * bm + 1, gm * bm)
         n = r.randint((gn - 1) * bn + 1, gn * bn)
@@ -550,7 +563,8 @@ class Generator:
         if r.random() < 0.3:
             self.load_input(body, scope)  # a C operand for the epilogue
         self.add_gemm(body, scope, dtype, r.choice(draws["stages"]), new_acc=1.0)
-        if any(t.kind.endswith("_t") for t in self.tensors) and r.random() < 0.75:
+        if any(t.kind.endswith("_t") for t in self.tensors) and \
+                r.random() < self.TRANSPOSED_ROWS_SHARE:
             # A transposed operand's rows are M or N long: a multiple of 16 bytes (as TMA
             # needs) mostly, still not of the tile.
             grain = 16 // GEMM_ELEMENT_BYTES.get(dtype, 1)
@@ -559,7 +573,17 @@ class Generator:
             self.step(body, scope, in_loop=None, kinds=EPILOGUE_KINDS)
         self.stores(body, scope)
         return Program(threads, bm, bn, m, n, tuple(self.tensors), tuple(body), label, cluster,
-                       *self.build_options(body))
+                       *self.build_options(body), persistent=persistent)
+
+    def tile_loop_blocks(self) -> int:
+        """`Program.persistent` of a GEMM program: 0 here (one block a tile); the
+        warp-specialized generator draws persistent tile loops."""
+        return 0
+
+    def tile_fits(self, threads: int, bm: int, bn: int) -> bool:
+        """Whether to keep a drawn (threads, BM, BN): every draw here (near misses that
+        must fall back or be refused included)."""
+        return True
 
     def build_options(self, body: list) -> tuple:
         """(`warp_specialize`, `consumers`) of the sm_90a build, for a pipeline whose body

@@ -312,10 +312,22 @@ class Program:
     #: The sm_90a build's `consumers=` schedule (None, "cooperative", "pingpong") of a
     #: warp-specialized pipeline (`Generator.build_options`); other targets ignore it.
     consumers: str | None = None
+    #: Blocks of a persistent launch (0: one block a tile). With P > 0 the kernel runs P
+    #: blocks, each walking the tiles `t = block, block + P, ...` of the (gm, gn) grid in
+    #: a tile loop, `m, n = t // gn, t % gn`, the whole body inside it: where the pipeline
+    #: sits directly in that loop, ping-pong consumer warpgroups take whole tiles in turn
+    #: (`consumers="pingpong"`), each running its own copy of the body's epilogue.
+    persistent: int = 0
 
     @property
     def grid(self) -> tuple[int, int]:
+        """The output's tiles (gm, gn): one block each unless `persistent`."""
         return (-(-self.M // self.BM), -(-self.N // self.BN))
+
+    @property
+    def launch_grid(self) -> tuple:
+        """The grid the kernel is launched on: `grid`, or (P,) for a persistent program."""
+        return (self.persistent,) if self.persistent else self.grid
 
     def tensor(self, name: str) -> TensorDecl:
         return next(t for t in self.tensors if t.name == name)
@@ -414,6 +426,8 @@ def check(program: Program) -> dict:
         raise Invalid("no output")
     if program.cluster not in (1, 2) or program.grid[0] % program.cluster:
         raise Invalid("a cluster of 1 or 2 blocks, dividing the grid's rows")
+    if program.persistent < 0 or (program.persistent and program.cluster > 1):
+        raise Invalid("a persistent launch of P >= 1 blocks, in no cluster")
     scope = Scope()
     _check_block(program, program.body, scope, loop=None, outputs=set())
     return scope.every_type

@@ -196,7 +196,7 @@ def emulate_for(program: Program, inputs: dict, target: str, source: str | None 
             # program whose near-miss tiles take no multicasting pipeline
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", tg.ClusterWarning)
-                report = tg.emulate(kernel, program.grid, *arrays, target=target,
+                report = tg.emulate(kernel, program.launch_grid, *arrays, target=target,
                                     role_order=role_order, **build_options(program, target))
             # The CUDA the same build prints (no compiler needed): a program the emulator
             # runs but codegen refuses would fail only at a GPU launch.

@@ -183,6 +183,10 @@ def _smaller(p: Program) -> Iterator[Program]:
                                           replace(gemm, stages=0)))
     if p.cluster > 1:
         yield replace(p, cluster=1)
+    if p.persistent:
+        yield replace(p, persistent=0)
+        if p.persistent > 1:
+            yield replace(p, persistent=1)
     if p.consumers is not None:
         yield replace(p, consumers=None)
     if p.warp_specialize is not None and p.consumers is None:
@@ -244,7 +248,8 @@ def cost(p: Program) -> tuple:
                 for s in stmts)
     elements = p.M * p.N + sum(t.extent for t in p.tensors)
     non_f32 = sum(t.dtype != "f32" for t in p.tensors)
-    fancy += (p.cluster > 1) + (p.warp_specialize is not None) + (p.consumers is not None)
+    fancy += (p.cluster > 1) + bool(p.persistent) + (p.warp_specialize is not None) + \
+        (p.consumers is not None)
     return (len(stmts), stored, tile_operands, fancy, len(p.tensors), elements,
             p.BM * p.BN, p.threads, non_f32)
 

@@ -77,7 +77,8 @@ def kernel_source(program: Program) -> str:
         "from tegula import f32, f16, bf16, f8e4m3, f8e5m2, i32, i8, u8",
         "",
         f"# {program.label}".rstrip(),
-        f"# grid {program.grid}; " + ", ".join(
+        f"# grid {program.launch_grid}"
+        + (f" over tiles {program.grid}" if program.persistent else "") + "; " + ", ".join(
             f"{t.name}: {t.dtype}{list(program.extents(t))}" for t in tensors),
         *_build_comment(program),
         f"@tg.kernel(threads={program.threads})",
@@ -85,7 +86,13 @@ def kernel_source(program: Program) -> str:
     ]
     if program.cluster > 1:
         w.emit(f"tg.cluster({program.cluster})")
-    w.emit("m, n = tg.block_id(0), tg.block_id(1)")
+    if program.persistent:  # the blocks walk the tiles in a tile loop (`Program.persistent`)
+        gm, gn = program.grid
+        w.emit(f"for t in tg.range(tg.block_id(0), {gm * gn}, tg.num_programs(0)):")
+        w.indent += 1
+        w.emit(f"m, n = t // {gn}, t % {gn}")
+    else:
+        w.emit("m, n = tg.block_id(0), tg.block_id(1)")
     for s in program.body:
         _statement(w, s, types)
     return "\n".join(header + w.lines) + "\n"

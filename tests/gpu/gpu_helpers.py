@@ -184,7 +184,7 @@ def launch_fuzz_program(program, inputs: dict, target: str | None = None) -> dic
         from tegula.runtime.launcher import default_target
         # the build options the emulator ran it with (warp_specialize=, consumers=)
         options = build_options(program, target or default_target())
-        kernel[program.grid](*args, target=target, **options)
+        kernel[program.launch_grid](*args, target=target, **options)
         torch.cuda.synchronize()
         return {name: values_of(t, dtype_from_name(program.tensor(name).dtype))
                 for name, t in outputs.items()}
