@@ -92,6 +92,12 @@ VARIANTS = {
                                     atomic_path="red")),
     "red64x128-ws": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
                                  atomic_path="red")),
+    # STAGGER: key block n starts at its n-th query block, so the blocks running at once
+    # reduce-add into different dQ rows
+    "stag64x128-1role": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
+                                     STAGGER=True)),
+    "stag64x128-ws": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                                  STAGGER=True)),
 }
 # Ablations (`_STORE_DQ`): the atomic variant's kernel with dQ's reduce-add replaced by a
 # plain store of each block's share (the same staging through shared memory and TMA, no

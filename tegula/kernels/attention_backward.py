@@ -81,7 +81,7 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
                          STAGES: int, EARLY_DP: bool = False, REGS: int = 0,
-                         add_dq=tg.atomic_add):
+                         add_dq=tg.atomic_add, STAGGER: bool = False):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
@@ -90,7 +90,10 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     after K Qᵀ, before the exponentials (which run while it computes where the wgmma waits
     are deferred: in a warp-specialized consumer). `REGS` > 0: the kernel states its warp
     roles, a producer warpgroup of 24 registers a thread issuing the Q and dO boxes and the
-    consumers at REGS (synthesis would give 40 / 232)."""
+    consumers at REGS (synthesis would give 40 / 232). `STAGGER`: key block n walks its
+    query blocks from its n-th on (cyclically), so the blocks running at once add their dQ
+    shares into different rows rather than all into the same ones (a fixed order per
+    program: dK and dV stay deterministic)."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
     tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
@@ -117,10 +120,13 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
         h = hk * G + g
         q_blocks = q[b, h].tile((BM, D), (None, 0))
         do_blocks = dout[b, h].tile((BM, D), (None, 0))
-        for m in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
+        for i in tg.pipeline(first, q_blocks.shape[2], stages=STAGES):
+            m = i   # the query block of iteration i (stage i of the ring holds it)
+            if STAGGER:
+                m = first + (i - first + n) % tg.maximum(q_blocks.shape[2] - first, 1)
             with producer():
-                tg.copy(q_blocks[:, :, m], sq[m])
-                tg.copy(do_blocks[:, :, m], sdo[m])
+                tg.copy(q_blocks[:, :, m], sq[i])
+                tg.copy(do_blocks[:, :, m], sdo[i])
             with consumer():
                 queries = tg.arange(BM, offset=m * BM)[None, :]  # (1, BM) query positions
                 # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
@@ -133,7 +139,7 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                     if CAUSAL:
                         visible = visible & (keys <= queries + (seq_k - seq_q))
                     return visible
-                dq_part = _query_block_products(sk, sv, sq[m], sdo[m], seen, lse_m,
+                dq_part = _query_block_products(sk, sv, sq[i], sdo[i], seen, lse_m,
                                                 delta_m, dk_acc, dv_acc, dtype, SCALE,
                                                 EARLY_DP, sds)
                 if dq_accum is not None:                     # dQ += dS K, atomically
@@ -214,7 +220,9 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
 def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
     """The dK/dV kernel that also adds each block's dS K into `dq_accum` (f32, zeros before)
     with float atomics: the backward without the dQ kernel's second pass over S and dP
-    (5 gemms instead of 7), at the price of an order of the additions that varies."""
+    (5 gemms instead of 7), at the price of an order of the additions that varies.
+    `STAGGER`: each key block starts its walk over the query blocks at its own
+    (`_key_block_gradients`)."""
 
     @tg.kernel(threads=128)
     def attention_backward_dkdvdq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
@@ -225,11 +233,12 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
                                   D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                   G: tg.constexpr = 1, BM: tg.constexpr = 64,
                                   BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
-                                  EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0):
+                                  EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0,
+                                  STAGGER: tg.constexpr = False):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b,
                                               dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
-                                              EARLY_DP, REGS)
+                                              EARLY_DP, REGS, STAGGER=STAGGER)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
