@@ -6,7 +6,8 @@ finds the k-loop (the backward branch whose body holds the HGMMAs), and prints t
 SASS per class — dequantization (LOP3/PRMT/SHF/HADD2/HMUL2/HFMA2), tensor core (HGMMA and
 the warpgroup fences), loads (LDGSTS/LDS/LDG), uniform datapath (U*: descriptors, loop
 counters), address and predicate arithmetic (IMAD/LEA/IADD3/ISETP/LDC ...), the rest —
-and each class per weight (a thread's weights of a k-step: 64·KS·WG·64 / (128·WG)).
+and each class per weight (a thread's weights of a k-step: 64·KS·WG·64 / (128·WG); two
+k-steps a loop with PAIRS=1).
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ DEFAULT = dict(G=128, BT=16, STAGES=6, KS=4, warp_specialize=False, load_path="c
 
 
 def loop_body(sass: str) -> list[str]:
-    """The opcodes (predicates stripped) of the loop whose body holds the HGMMAs."""
+    """The opcodes (predicates stripped) of the innermost loop whose body holds the
+    HGMMAs."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -43,7 +45,10 @@ def loop_body(sass: str) -> list[str]:
         if m and int(m.group(1), 16) < addr:
             body = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for a, t in ins
                     if int(m.group(1), 16) <= a <= addr]
-            if any(op.startswith("HGMMA") for op in body) and len(body) > len(best):
+            # the innermost such loop: a warp-specialized kernel's producer branches back
+            # around the consumer's loop too (its region held the prologue and the TMA issue)
+            if any(op.startswith("HGMMA") for op in body) and (not best
+                                                               or len(body) < len(best)):
                 best = body
     return best
 
@@ -72,6 +77,7 @@ def account(dtype_name: str, config: dict) -> tuple[dict, collections.Counter, f
         raise RuntimeError("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     ops = loop_body(sass)
     weights = 64 * constexprs["KS"] * 64 // 128      # a thread's weights of a k-step
+    weights *= 2 if constexprs.get("PAIRS") else 1    # PAIRS: two k-steps a loop
     return classify(ops), collections.Counter(ops), weights
 
 
@@ -88,7 +94,7 @@ def main() -> int:
     names = [c for c, _ in CLASSES] + ["other"]
     print(f"{'config':44} {'loop':>5} {'/w':>5}  " + "  ".join(f"{n:>10}" for n in names))
     for text in configs:
-        config = {k: int(v) if v.isdigit() else v
+        config = {k: int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
                   for k, v in (kv.split("=") for kv in text.split(",") if kv)}
         classes, opcodes, weights = account(args.dtype, config)
         total = sum(classes.values())

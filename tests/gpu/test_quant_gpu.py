@@ -500,7 +500,8 @@ def test_w4a16_fragment_fused_split_matches_torch(m, n, k, group, tiles):
     ("bf16", 64, 4096, 4096, 64, True, dict(BT=64, KS=2, WG=2, SPLIT=3)),
     ("f16", 128, 4096, 4096, 128, False, dict(BT=128, KS=2, SPLIT=4)),
     ("f16", 13, 70, 320, 64, True, dict(SPLIT=2)),            # 5 steps: slices of 4 and 1
-    ("bf16", 5, 300, 1344, 64, False, dict(KS=2, WG=2, SPLIT=3))],   # half pair past K
+    ("bf16", 5, 300, 1344, 64, False, dict(KS=2, WG=2, SPLIT=3)),    # half pair past K
+    ("f16", 128, 4096, 4096, 128, True, dict(BT=128, WG=2, SPLIT=4, consumers="pingpong"))],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_paired_steps_match_torch(dtype, m, n, k, group, zero_point, tiles):

@@ -8,16 +8,20 @@ import numpy as np
 from tegula.dtypes import f16
 from tegula.kernels.common import random_input
 from tegula.kernels.quant import dequantize_w4
+from tegula.emulate.values import round_to
 
 
 def random_w4(rng, n: int, k: int, group: int, dtype, zero_point: bool = True,
               fractional: bool = False):
-    """Random unpacked weights 0..15, positive scales of the type, integer zeros (or None);
-    `fractional`: zeros in (-0.5, 15.5) with fraction bits, exact in the type (f16: any
-    f16 value there; bf16: multiples of 1/16, what its 8 bits hold below 16)."""
+    """Random unpacked weights 0..15, positive scales exact in the type (bf16's in float32
+    storage, rounded to bf16: the values the kernels read, so the reference uses them
+    too), integer zeros (or None); `fractional`: zeros in (-0.5, 15.5) with fraction bits,
+    exact in the type (f16: any f16 value there; bf16: multiples of 1/16, what its 8 bits
+    hold below 16)."""
     w_q = rng.integers(0, 16, (n, k), dtype=np.uint8)
     scales = np.abs(random_input(rng, (n, k // group), dtype, 0.05)) + np.float32(2 ** -8)
-    scales = scales.astype(np.float16 if dtype == f16 else np.float32)
+    scales = round_to(scales.astype(np.float32), dtype).astype(
+        np.float16 if dtype == f16 else np.float32)
     zeros = (rng.integers(0, 16, (n, k // group)).astype(scales.dtype) if zero_point
              else None)
     if fractional and zeros is not None:
@@ -30,14 +34,17 @@ def random_w4(rng, n: int, k: int, group: int, dtype, zero_point: bool = True,
     return w_q, scales, zeros
 
 
-def check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded: bool) -> None:
-    """Every element within the output's rounding plus, for the GEMM kernel, which rounds
-    each dequantized weight to `dtype` for the tensor cores, half an ulp of every |a·w|."""
+def check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded: int) -> None:
+    """Every element within the output's rounding (half an ulp of |ref|) plus, where a
+    kernel rounds each dequantized weight to `dtype` for the tensor cores, half an ulp of
+    every |a·w| a rounding (`dequant_rounded`: True or 1 for (w − zero)·scale rounded once,
+    2 where a fractional zero's difference is rounded before the product), and 2^-16 of
+    Σ|a·w| for the f32 sums in another order."""
     w = dequantize_w4(w_q, scales, zeros, group)
     ref = a.astype(np.float64) @ w.T
     scale = np.abs(a.astype(np.float64)) @ np.abs(w).T
     ulp = 2.0 ** -dtype.mantissa_bits
-    bound = ulp * np.abs(ref) + (ulp if dequant_rounded else 2.0 ** -16) * scale
+    bound = ulp / 2 * np.abs(ref) + (ulp / 2 * int(dequant_rounded) + 2.0 ** -16) * scale
     assert not np.isnan(c).any(), "unwritten (poisoned) outputs remain"
     err = np.abs(c.astype(np.float64) - ref)
     assert np.all(err <= bound), f"max error {err.max():.3g}"
