@@ -271,9 +271,11 @@ _P = dict(WSMEM=0, PAIRS=1, warp_specialize=True, INTEGER_ZEROS=1, KS=2, STAGES=
 SESSION14 = [("w4frag", shape, c) for shape, configs in (
     ((16, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),
                          dict(_P, BT=16, WG=2), dict(_P, BT=16, WG=4, SPLIT=2),
-                         dict(_P, BT=16, WG=2, consumers="pingpong"))),
+                         dict(_P, BT=16, WG=2, consumers="pingpong"),
+                         dict(_P, BT=16, WG=2, KS=4))),
     ((16, 4096, 4096), (dict(_IZ, KS=2, STAGES=4, SPLIT=4, warp_specialize=False),
-                        dict(_P, BT=16, WG=4, SPLIT=8), dict(_P, BT=16, WG=2, SPLIT=4))),
+                        dict(_P, BT=16, WG=4, SPLIT=8), dict(_P, BT=16, WG=2, SPLIT=4),
+                        dict(_P, BT=16, WG=2, KS=4, SPLIT=4))),
     ((64, 14336, 4096), (dict(BT=64, KS=2, STAGES=3, SPLIT=2, WG=2, INTEGER_ZEROS=1,
                               warp_specialize=False),
                          dict(_P, BT=64, WG=2), dict(_P, BT=64, WG=4, SPLIT=2),
