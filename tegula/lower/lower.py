@@ -24,6 +24,7 @@ from tegula.lower.compute import (lower_atomic_add, lower_bitcast, lower_element
                                   lower_fill, lower_indices, lower_rearrange, lower_reshape)
 from tegula.lower.context import LoweringContext
 from tegula.lower.copy import lower_copy
+from tegula.lower.fresh_accumulators import clear_fresh_accumulators
 from tegula.lower.gemm import lower_gemm
 from tegula.lower.hoist import hoist_loop_invariants
 from tegula.lower.scalar_loads import bind_scalar_loads
@@ -309,6 +310,7 @@ def lower(result) -> ThreadKernel:
             if isinstance(p, TensorParam) and p.index_bits > 32 for d in range(p.rank)}
     params, body = finish_async(kernel, ctx, params, body)
     refuse_arrivals_in_roles(body)
+    body = clear_fresh_accumulators(body)
     body = hoist_loop_invariants(ctx.coords.prologue + body, wide)
     body = bind_scalar_loads(body, {p.name for p in params
                                     if isinstance(p, TensorParam) and not p.writes})
