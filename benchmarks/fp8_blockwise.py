@@ -13,7 +13,8 @@ several tilings against dense cuBLAS at equal FLOPs. `--variants`: the measureme
 variants of `benchmarks/fp8_blockwise_variants.py` (instead of the FP8 rows); `--ceilings`:
 per-tensor ceilings of other tiles (`CEILINGS`); `--wide`: the library's blockwise kernel on
 wider tiles with per-column b scales (`WIDE`); `--turns`: two consumer warpgroups taking
-turns in the K loop (`TURNS`); `--pairs`: two K blocks an iteration (`PAIRS`). A table last (TFLOP/s; nothing is
+turns in the K loop (`TURNS`); `--pairs`: two K blocks an iteration (`PAIRS`); `--twin`:
+two K blocks a stage, both in flight (`TWIN`). A table last (TFLOP/s; nothing is
 asserted about time).
 """
 from __future__ import annotations
@@ -208,6 +209,20 @@ PAIRS = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
                                                     "consumers": "pingpong"}, "random")]
 
 
+#: Session 14: two K blocks a stage, both products fresh and issued back to back, the
+#: first promoted while the second's wgmmas run (TWIN=1, `fp8.twin_blockwise_product`;
+#: the products cleared by `scale_d` 0, `lower/fresh_accumulators.py`, so ptxas keeps both
+#: in flight), on two cooperative consumer warpgroups at 128x128, against the library's
+#: 192x128 and the same tile one K block a stage.
+TWIN = [("blockwise 192x128 S3 (the library's)", "library", _T192, "random"),
+        ("blockwise 128x128 S4 (one K block a stage)", "library", _T128, "random"),
+        ("blockwise twin 128x128 S2", "library", {**_T128, "STAGES": 2, "TWIN": 1}, "random"),
+        ("blockwise twin 128x128 S3", "library", {**_T128, "STAGES": 3, "TWIN": 1}, "random"),
+        ("blockwise twin 128x128 S3 C2", "library", {**_T128, "STAGES": 3, "TWIN": 1,
+                                                      "CLUSTER": 2}, "random"),
+        ("per-tensor 128x128 S4 (ceiling)", None, {**_T128, "BK": 128}, "unit")]
+
+
 def variant_rows(budget: float, variants: list) -> list[tuple[str, str]]:
     """`variants` at every shape, against the per-tensor 128x256 kernel in the same process;
     every output NaN-poisoned and checked against a float32 reference of its scales."""
@@ -368,7 +383,7 @@ def main() -> None:
     rows = []
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
     lists = {"--variants": VARIANTS, "--ceilings": CEILINGS, "--wide": WIDE, "--turns": TURNS,
-             "--pairs": PAIRS}
+             "--pairs": PAIRS, "--twin": TWIN}
     chosen = [v for flag, v in lists.items() if flag in sys.argv]
     if chosen:
         rows += variant_rows(budget, chosen[0])

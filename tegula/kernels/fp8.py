@@ -170,6 +170,44 @@ def fp8_blockwise_gemm_kernel(out_t: DType) -> tg.Kernel:
     return fp8_blockwise_gemm
 
 
+def twin_blockwise_product(a, b, scale_a, scale_b, m, n, BM: int, BN: int, STAGES: int,
+                           buffers: tuple):
+    """`blockwise_product` two K blocks a stage (TWIN=1; BN must divide 128): both K
+    blocks' products are fresh and issued back to back, then K block 2j is promoted
+    (`wait_group 1`) while 2j+1's wgmmas still run, and 2j+1 after them. A warpgroup's
+    tensor-core queue runs dry once every two K blocks, not every one. Its three f32
+    tiles (the accumulator and two products, 192 registers a thread at 128x128 on two
+    warpgroups) fit under the consumers' register budget; at 192x128 on three they would
+    not. The products are cleared by their first wgmma (`scale_d` 0,
+    `lower/fresh_accumulators.py`): zeros written into the second product's registers
+    between the two issues made ptxas wait for the first product's wgmmas before issuing
+    the second's (session 13's K-block pairs, 0.56-0.72x per-tensor). An odd last K
+    block's twin reads zeros (TMA past K) times masked scales (zeros)."""
+    sa0, sb0, sa1, sb1 = buffers
+    ga = a.tile((BM, SCALE_BLOCK), (m, None))                  # (BM, 128, ⌈K/128⌉)
+    gb = b.tile((BN, SCALE_BLOCK), (n, None))
+    row_scales = scale_a.tile((BM, 1), (m, None))
+    block_scales = scale_b.tile((1, 1), ((n * BN) // SCALE_BLOCK, None))
+
+    def scales_of(k):                                          # past K: masked, zeros
+        return tg.load(row_scales[:, :, k]) * tg.load(block_scales[:, :, k])
+
+    acc = tg.zeros((BM, BN), f32)
+    for j in tg.pipeline((ga.shape[2] + 1) // 2, stages=STAGES):
+        tg.copy(ga[:, :, 2 * j], sa0[j])
+        tg.copy(gb[:, :, 2 * j], sb0[j])
+        tg.copy(ga[:, :, 2 * j + 1], sa1[j])
+        tg.copy(gb[:, :, 2 * j + 1], sb1[j])
+        even_scale, odd_scale = scales_of(2 * j), scales_of(2 * j + 1)
+        even = tg.zeros((BM, BN), f32)
+        odd = tg.zeros((BM, BN), f32)
+        tg.gemm(even, sa0[j], sb0[j])
+        tg.gemm(odd, sa1[j], sb1[j])
+        acc += even * even_scale                               # while odd's wgmmas run
+        acc += odd * odd_scale
+    return acc
+
+
 @lru_cache(maxsize=None)
 def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
     """The blockwise-scaled FP8 GEMM as a persistent kernel: `gemm.persistent_tiles`'s
@@ -177,16 +215,22 @@ def fp8_blockwise_persistent_kernel(out_t: DType) -> tg.Kernel:
     sm_90a, so the producer warpgroup loads the next tile while the consumers store this
     one) around `blockwise_product`. On sm_90a the scale loads and the promotion run in
     the consumer warpgroups, between each K block's wgmma wait and the next K block. On an
-    H100 its best tile is 192x128 on three consumer warpgroups (threads=384), 3 stages."""
+    H100 its best tile is 192x128 on three consumer warpgroups (threads=384), 3 stages.
+    TWIN=1: two K blocks a stage (`twin_blockwise_product`; each stage holds both)."""
 
     @tg.kernel(threads=128)
     def fp8_blockwise_persistent(a: tg.Tensor[f8e4m3], b: tg.Tensor[f8e4m3],
                                  scale_a: tg.Tensor[f32], scale_b: tg.Tensor[f32],
                                  c: tg.Tensor[out_t], BM: tg.constexpr = 128,
                                  BN: tg.constexpr = 128, STAGES: tg.constexpr = 4,
-                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1):
+                                 GROUP: tg.constexpr = 8, CLUSTER: tg.constexpr = 1,
+                                 TWIN: tg.constexpr = 0):
         def make_product():
             buffers = blockwise_buffers(BM, BN, STAGES)
+            if TWIN:
+                buffers += blockwise_buffers(BM, BN, STAGES)
+                return lambda m, n: twin_blockwise_product(a, b, scale_a, scale_b, m, n, BM,
+                                                           BN, STAGES, buffers)
             return lambda m, n: blockwise_product(a, b, scale_a, scale_b, m, n, BM, BN,
                                                   STAGES, buffers)
 
@@ -212,6 +256,10 @@ def fp8_config(m: int, n: int, block_scales: bool, **tiles: int) -> tuple[tuple,
     defaults = dict(BM=128, BN=128, STAGES=3) if block_scales else \
         dict(BM=128, BN=128, BK=64, STAGES=3)
     constexprs = {**defaults, **tiles}
+    if block_scales and constexprs.get("TWIN") and SCALE_BLOCK % constexprs["BN"]:
+        raise ValueError(f"tegula.kernels.fp8: the blockwise kernel's TWIN=1 needs a BN "
+                         f"dividing {SCALE_BLOCK} (one b scale a tile), got BN = "
+                         f"{constexprs['BN']}")
     if block_scales and not spans_two_scale_blocks(constexprs["BN"]):
         raise ValueError(f"tegula.kernels.fp8: the blockwise kernel needs a BN whose tiles "
                          f"reach at most two of b's {SCALE_BLOCK}-column scale blocks (BN "
@@ -307,7 +355,8 @@ def matmul_fp8_emulated(a: np.ndarray, b: np.ndarray, scale_a, scale_b,
 
 
 __all__ = ["fp8_gemm_kernel", "fp8_persistent_gemm_kernel", "fp8_blockwise_gemm_kernel",
-           "fp8_blockwise_persistent_kernel", "blockwise_product", "blockwise_buffers",
+           "fp8_blockwise_persistent_kernel", "blockwise_product", "twin_blockwise_product",
+           "blockwise_buffers",
            "fp8_config", "scale_shapes", "spans_two_scale_blocks",
            "check_fp8_shapes", "check_scales", "check_fp8_target", "matmul_fp8_emulated", "FP8_OUT_DTYPES",
            "SCALE_BLOCK", "K_ALIGN"]

@@ -170,7 +170,10 @@ BLOCKWISE_PERSISTENT_CONFIGS = [
     dict(BM=128, BN=128, STAGES=4, threads=256, CLUSTER=2),
     dict(BM=192, BN=128, STAGES=3, threads=384), dict(BM=64, BN=64, STAGES=2, GROUP=3),
     dict(BM=128, BN=192, STAGES=4, threads=256),                  # session 12: per-column
-    dict(BM=128, BN=192, STAGES=4, threads=256, CLUSTER=2)]       # b scales, one of two
+    dict(BM=128, BN=192, STAGES=4, threads=256, CLUSTER=2),       # b scales, one of two
+    dict(BM=128, BN=128, STAGES=2, threads=256, TWIN=1),          # session 14: two K
+    dict(BM=128, BN=128, STAGES=3, threads=256, TWIN=1),          # blocks a stage
+    dict(BM=64, BN=128, STAGES=2, TWIN=1)]
 
 
 @pytest.mark.parametrize("config", BLOCKWISE_PERSISTENT_CONFIGS,
