@@ -1,7 +1,8 @@
 """The 4-bit-weight MoE grouped GEMM (`tegula.kernels.moe_w4`) in several tilings against
 dense bf16 cuBLAS at equal FLOPs, in one process (session 12, issue 13):
 
-    PYTHONPATH=. python3 benchmarks/moe_w4.py [--budget S] [--bf16]
+    PYTHONPATH=. python3 benchmarks/moe_w4.py [--budget S] [--bf16] [--ksweep]
+        [--profile [CASE]] [--once CASE]
 
 `tegula bench moe`'s three balanced cases (Mixtral 8x7B's up and down projections, a
 64-expert top-6 model; 4096 tokens, group 128 with zero points). Every output is written
@@ -11,7 +12,9 @@ then timed with L2 flushed (`bench.gpu.time_ms`; the schedule launch included). 
 adds the bf16 grouped GEMM as users call it (autotuned). `--profile`: where the default
 call's time goes, per case: each kernel's device time a call (CUPTI, torch.profiler: the
 schedule helper against the grouped GEMM) beside the whole call by CUDA events, and dense
-cuBLAS the same two ways. A table last (TFLOP/s; nothing is asserted about time).
+cuBLAS the same two ways (the first case, or the one named). `--ksweep`: the default
+call at the 64-expert geometry over several K (`KSWEEP`). A table last (TFLOP/s;
+nothing is asserted about time).
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ CONFIGS = [("default (PAIRS KS2 S3)", None),
 #: 0.46 / 0.43, WG4 BT128 S3 0.49 / 0.51 / 0.42, BT192 S4 0.41 / 0.42 / 0.41.
 
 
-def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
+def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool,
+              configs: list | None = None) -> list:
     from tegula.bench.gpu import time_ms
     from tegula.bench.moe import W4_GROUP, dequantized_w4, make_problem, reference
     from tegula.kernels import moe, moe_w4
@@ -66,7 +70,7 @@ def case_rows(label: str, dims: tuple, budget: float, with_bf16: bool) -> list:
     print(out[-1], f"t={time.time() - START:.0f}s (problem, packing, reference)", flush=True)
     runs = [(name, lambda c=cfg, o=None: moe_w4.moe_gemm_w4a16(   # None: as users call it
         xs, stored if c is None or c.get("FRAGMENT") else packed, scales, zeros, W4_GROUP,
-        offsets, config=c, out=o)) for name, cfg in CONFIGS]
+        offsets, config=c, out=o)) for name, cfg in (configs or CONFIGS)]
     if with_bf16:
         bf16_ref = reference(torch, xs, w, offsets.tolist())
         runs.append(("bf16 moe_gemm (autotuned)", lambda o=None: moe.moe_gemm(xs, w, offsets,
@@ -137,14 +141,60 @@ def profile_rows(label: str, dims: tuple) -> list:
     return rows
 
 
+#: Session 14, `--ksweep`: the 64-expert top-6 case's geometry (4096 tokens, N = 1408)
+#: at several K. A work item's fixed cost (its words' first loads and dequantization, the
+#: token ring's refill, the epilogue through shared memory) weighs more the shorter K is:
+#: if time = items x (K-proportional part + fixed part), the ratio to dense bf16 climbs
+#: with K towards the kernel's steady-state ceiling.
+KSWEEP = (1024, 2048, 4096, 8192)
+
+
+def ksweep_rows(budget: float) -> list:
+    from tegula.bench.moe import CASES
+    label, tokens, k, experts, _, n = CASES[2]
+    rows = []
+    for kdim in KSWEEP:
+        if time.time() - START > budget:
+            rows.append((f"{label} K={kdim}", "skipped (time)"))
+            continue
+        part = case_rows(f"{label} K={kdim}", (tokens, k, experts, kdim, n), budget, False,
+                         CONFIGS[:1])
+        rows += part
+    return rows
+
+
+def run_once(case: str) -> None:
+    """`--once CASE`: the default call twice on CASE's problem, for a profiler to catch the
+    second launch (`ncu --launch-skip 1 --launch-count 1 --kernel-name
+    regex:moe_gemm_w4`)."""
+    from tegula.bench.moe import CASES, W4_GROUP, make_problem
+    from tegula.kernels import moe_w4
+    from tegula.kernels.moe_w4_fragment import pack_experts_fragments
+    tokens, k, experts, kdim, n = next(c[1:] for c in CASES if c[0] == case)
+    p = make_problem(torch, tokens, k, experts, kdim, n, True)
+    packed, scales, zeros = moe_w4.quantize_experts_w4(p["w"], W4_GROUP)
+    stored = pack_experts_fragments(packed)
+    for _ in range(2):
+        moe_w4.moe_gemm_w4a16(p["x_sorted"], stored, scales, zeros, W4_GROUP,
+                              p["routing"].expert_offsets)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
+    if "--once" in sys.argv:
+        return run_once(sys.argv[sys.argv.index("--once") + 1])
     from tegula.bench.moe import CASES
     from fp8_blockwise import print_table   # benchmarks/ runs as the script's folder
     print(torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d %H:%M"))
     budget = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 600
     rows = []
-    for label, *dims in CASES:
+    if "--ksweep" in sys.argv:
+        rows += ksweep_rows(budget)
+    for label, *dims in ([] if "--ksweep" in sys.argv else CASES):
         if "--profile" in sys.argv:
+            wanted = sys.argv[sys.argv.index("--profile") + 1:][:1]
+            if wanted and not wanted[0].startswith("-") and wanted[0] != label:
+                continue
             rows += profile_rows(label, tuple(dims))
             break                                   # one case: where the time goes
         else:
