@@ -8,6 +8,7 @@
     python -m tegula.fuzz --role-order listed           # warp roles in the fixed order
     python -m tegula.fuzz --seed 7 --tile-loop 12       # show and rerun one tile loop
     python -m tegula.fuzz --seed 7 --specialized 12     # one warp-specialized program
+    python -m tegula.fuzz --seed 7 --split-merge 3      # one tg.last_arrival split-K GEMM
 
 Every program runs for each target (default sm_90a and sm_80; sm_89 where sm_80 refuses,
 e.g. 8-bit float GEMMs), against numpy and the targets against each other; the warp roles
@@ -22,7 +23,9 @@ Every `TILE_LOOP_EVERY`-th program is followed by a persistent tile-loop program
 for sm_90a (synthesis's choice and ping-pong forced) and sm_80 against a sequential model;
 every `SPECIALIZED_EVERY`-th by a warp-specialized GEMM program (`specialized`: built with
 `warp_specialize=True`, some with a consumer schedule), judged like the others (every
-other one under `--role-order stall` or `stall-reversed`).
+other one under `--role-order stall` or `stall-reversed`); every `SPLIT_MERGE_EVERY`-th by a
+split-K GEMM whose last block merges the splits (`split_merge`: `tg.last_arrival`), run
+for sm_90a and sm_80 against a numpy model, relaunched on the same counters.
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ SHRINKS_PER_REASON = 2
 TILE_LOOP_EVERY = 10
 #: A warp-specialized program after every this many (`specialized`; ~0.5 s each).
 SPECIALIZED_EVERY = 4
+#: A split-K GEMM merged by its last block after every this many (~1 s each).
+SPLIT_MERGE_EVERY = 8
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -55,6 +60,8 @@ def _parse(argv) -> argparse.Namespace:
                     help="show and run one tile-loop program")
     ap.add_argument("--specialized", type=int, default=None,
                     help="show and run one warp-specialized program")
+    ap.add_argument("--split-merge", type=int, default=None,
+                    help="show and run one split-K GEMM merged by its last block")
     ap.add_argument("--start", type=int, default=0, help="index of the first program")
     ap.add_argument("--switches", default="", help="e.g. -loop_rebind,-pipelines,max_tile=256")
     ap.add_argument("--targets", default=",".join(TARGETS),
@@ -134,10 +141,12 @@ def main(argv=None) -> int:
         return _show_one(args, switches)
     if args.tile_loop is not None:
         return _run_tile_loop(args.seed, args.tile_loop, {}, show=True)
+    if args.split_merge is not None:
+        return _run_split_merge(args.seed, args.split_merge, {}, show=True)
     if args.minutes is None and args.programs is None:
         args.programs = 100
     deadline = time.monotonic() + 60 * args.minutes if args.minutes is not None else None
-    tally, shrunk, loops, specialized = Tally(), {}, {}, Tally()
+    tally, shrunk, loops, specialized, merges = Tally(), {}, {}, Tally(), {}
     features = _features(switches)
     index = args.start
     started = time.monotonic()
@@ -156,6 +165,8 @@ def main(argv=None) -> int:
             _run_tile_loop(args.seed, index // TILE_LOOP_EVERY, loops)
         if index % SPECIALIZED_EVERY == 0:
             _run_specialized(args, switches, index // SPECIALIZED_EVERY, specialized, shrunk)
+        if index % SPLIT_MERGE_EVERY == 0:
+            _run_split_merge(args.seed, index // SPLIT_MERGE_EVERY, merges)
         index += 1
         if tally.programs % 500 == 0:
             print(f"[{time.monotonic() - started:.0f}s] {tally.report().splitlines()[0]}",
@@ -165,8 +176,9 @@ def main(argv=None) -> int:
     print(tally.report())
     print("tile loops: " + (", ".join(f"{k} {v}" for k, v in sorted(loops.items())) or "none"))
     print("warp-specialized " + specialized.report())
-    return 1 if (tally.failures or specialized.failures or loops.get("mismatch")
-                 or loops.get("internal")) else 0
+    print("split merges: " + (", ".join(f"{k} {v}" for k, v in sorted(merges.items())) or "none"))
+    failed = [counts.get(s) for counts in (loops, merges) for s in ("mismatch", "internal")]
+    return 1 if tally.failures or specialized.failures or any(failed) else 0
 
 
 def _run_specialized(args, switches: Switches, index: int, tally: Tally, shrunk: dict) -> None:
@@ -193,6 +205,19 @@ def _run_tile_loop(seed: int, index: int, counts: dict, show: bool = False) -> i
     if show or status in ("mismatch", "internal"):
         print(f"\n=== tile loop {index} (seed {seed}): {status}: {reason}\n{detail}\n"
               f"reproduce: python -m tegula.fuzz --seed {seed} --tile-loop {index}", flush=True)
+    return 1 if status in ("mismatch", "internal") else 0
+
+
+def _run_split_merge(seed: int, index: int, counts: dict, show: bool = False) -> int:
+    """Run split-merge program `index` of `seed`, count its status, print a failure."""
+    from tegula.fuzz.split_merge import check_split_merge, make_split_merge
+    program = make_split_merge(seed, index)
+    status, reason, detail = check_split_merge(program, seed * 100003 + index)
+    counts[status] = counts.get(status, 0) + 1
+    if show or status in ("mismatch", "internal"):
+        print(f"\n=== split merge {index} (seed {seed}): {status}: {reason}\n{detail}\n"
+              f"reproduce: python -m tegula.fuzz --seed {seed} --split-merge {index}",
+              flush=True)
     return 1 if status in ("mismatch", "internal") else 0
 
 

@@ -7,6 +7,11 @@ emulator within the reference's bounds — the GPU judged against the reference 
 "loose" model (f32 multiply-adds may be contracted into FMAs, `expf` is not numpy's
 `exp`), the emulator against the strict one.
 
+Warp-specialized programs (`make_specialized_program`, a third of them persistent tile
+loops on ping-pong consumers) and the ordinary generator's role-block programs run in
+warp roles on sm_90a; split-K GEMMs merged by their last block (`split_merge`,
+`tg.last_arrival`) are relaunched on the same counters.
+
 A GPU round may run more seeds: `TEGULA_FUZZ_GPU_SEEDS=1621,1622` adds the ordinary and
 the warp-specialized samples of each (`-k extra`); unset, there are none.
 """
@@ -18,8 +23,13 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+
+from tegula.dtypes import dtype_from_name
 from tegula.fuzz import make_program
+from tegula.fuzz import split_merge as sm
 from tegula.fuzz.generate import Switches
+from tegula.fuzz.program import Gemm
 from tegula.fuzz.runner import check_outputs, data_seed, program_inputs, run_emulator
 from tegula.fuzz.source import kernel_source
 from tegula.fuzz.specialized import make_specialized_program
@@ -30,7 +40,8 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_helpers, beside us
-from gpu_helpers import assert_fuzz_program_right_on_gpu, judge_fuzz_program_on_gpu  # noqa: E402
+from gpu_helpers import (assert_fuzz_program_right_on_gpu, judge_fuzz_program_on_gpu,  # noqa: E402
+                         poison, to_device, values_of)
 
 SEED = 4242
 PROGRAMS = 150
@@ -67,20 +78,27 @@ def test_extra_fuzz_programs_agree_on_gpu_and_emulator(seed, chunk):
     _ordinary_programs_agree(seed, chunk)
 
 
-def _specialized_programs_agree(seed: int, chunk: int, least: int) -> None:
-    """Chunk `chunk` of seed's warp-specialized sample; at least `least` reach the GPU."""
+def _run_in_roles_on_gpu(programs, least: int) -> None:
+    """Each (program, data seed, reproducing command) judged on the GPU for sm_90a, its
+    roles emulated in an interleaving drawn per program; a program sm_90a runs must run in
+    warp roles, and at least `least` must reach the GPU."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("warp roles need sm_90a")
     compared = 0
-    for index in range(chunk, SPECIALIZED, 4):
-        program = make_specialized_program(seed, index, SWITCHES)
-        where = f"python -m tegula.fuzz --seed {seed} --specialized {index}"
-        used = judge_fuzz_program_on_gpu(program, data_seed(seed, index), "sm_90a", where,
-                                         role_order=f"random:{index}")
+    for program, data, where in programs:
+        used = judge_fuzz_program_on_gpu(program, data, "sm_90a", where,
+                                         role_order=f"random:{data}")
         if used is not None:
             assert "warp roles" in used, where
             compared += 1
     assert compared >= least, compared
+
+
+def _specialized_programs_agree(seed: int, chunk: int, least: int) -> None:
+    """Chunk `chunk` of seed's warp-specialized sample; at least `least` reach the GPU."""
+    _run_in_roles_on_gpu(((make_specialized_program(seed, i, SWITCHES), data_seed(seed, i),
+                           f"python -m tegula.fuzz --seed {seed} --specialized {i}")
+                          for i in range(chunk, SPECIALIZED, 4)), least)
 
 
 @pytest.mark.parametrize("chunk", range(4))
@@ -95,3 +113,57 @@ def test_warp_specialized_fuzz_programs_agree_on_gpu_and_emulator(chunk):
 @pytest.mark.parametrize("seed,chunk", [(s, c) for s in EXTRA_SEEDS for c in range(4)])
 def test_extra_warp_specialized_fuzz_programs_agree_on_gpu_and_emulator(seed, chunk):
     _specialized_programs_agree(seed, chunk, 1)  # another seed: 2-7 of 12 run in roles
+
+
+ROLE_BLOCK_SEED, ROLE_BLOCK_PROGRAMS = 2, 400  # tests/fuzz/test_fuzz_roles.py: 6+ in roles
+
+
+def test_role_block_fuzz_programs_agree_on_gpu_and_emulator():
+    """The ordinary generator's pipelines written as `tg.producer` / `tg.consumer` blocks."""
+    programs = (make_program(ROLE_BLOCK_SEED, i) for i in range(ROLE_BLOCK_PROGRAMS))
+    _run_in_roles_on_gpu(((p, data_seed(ROLE_BLOCK_SEED, i),
+                           f"python -m tegula.fuzz --seed {ROLE_BLOCK_SEED} --program {i}")
+                          for i, p in enumerate(programs)
+                          if any(isinstance(s, Gemm) and s.roles for s in p.body)), 4)
+
+
+SPLIT_MERGES = 24
+
+
+def _split_merge_on_gpu(p: sm.SplitMerge, x: dict) -> np.ndarray:
+    """c after `p.launches` launches on one set of counters (partials and c poisoned), each
+    leaving the counters zero and writing the c of the first."""
+    names = (p.dtype, p.dtype, "f32", p.out, "i32")
+    a, b, part, c, counters = (to_device(v, dtype_from_name(t))
+                               for v, t in zip(sm._arrays(p, x), names))
+    poison(part)
+    poison(c)
+    first = None
+    for launch in range(p.launches):
+        sm.kernel(p)[p.grid()](a, b, part, c, counters, **sm.constexprs(p))
+        torch.cuda.synchronize()
+        got = values_of(c, dtype_from_name(p.out)).astype(np.float64)
+        assert not counters.any().item(), f"launch {launch} left counters {counters.tolist()}"
+        assert first is None or np.array_equal(got, first, equal_nan=True), launch
+        first = got
+    return first
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_split_merges_agree_on_gpu_and_numpy(chunk):
+    """`tg.last_arrival` split-K GEMMs: emulated first (no race, counters zero), then on the
+    GPU every element of c within the model's bound after every launch."""
+    compared = 0
+    for index in range(chunk, SPLIT_MERGES, 2):
+        p = sm.make_split_merge(SEED, index)
+        where = f"python -m tegula.fuzz --seed {SEED} --split-merge {index}: {p.describe()}"
+        status, reason, detail = sm.check_split_merge(p, index, targets=("sm_90a",))
+        assert status in ("pass", "rejected"), f"{where}\n{reason}\n{detail}"
+        if status == "rejected":
+            continue
+        x = sm.inputs(p, index)
+        want, bound = sm.expected(p, x)
+        wrong = sm.judge(p, _split_merge_on_gpu(p, x), want, bound)
+        assert not wrong, f"{where}\n{wrong}"
+        compared += 1
+    assert compared >= SPLIT_MERGES // 4, compared
