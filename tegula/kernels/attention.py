@@ -49,6 +49,10 @@ Variants, a constexpr each, so the autotuner can time them:
   each other's softmax, and the loop holds more registers); session 13, D=128 with REGS=240
   (no spill) 559 against the turns' 593.
 
+* `FIRST_IN_RING` (with OVERLAP): block 0's keys come through the ring too, the ring shifted
+  by one block, instead of a buffer of their own (`_overlapped_key_loop`): FlashAttention-3's
+  D = 256 tile of 80-key blocks then fits the shared memory.
+
 * BM=192 on threads=384: three consumer warpgroups of 64 rows (FlashAttention-3's D = 64
   tile): each key block serves 192 rows, and the warpgroups' softmax and gemms interleave
   without turns. At D = 64 493 TFLOP/s against the turns' 428 (H100, session 13).
@@ -141,7 +145,8 @@ def online_softmax_step(s, scale: float, m_i, l_i, acc):
 
 def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAUSAL: bool,
             BM: int, BN: int, STAGES: int, V_KMAJOR: bool, P_SHARED: bool,
-            OVERLAP: bool = False, REGS: int = 0, ragged: bool = True) -> None:
+            OVERLAP: bool = False, REGS: int = 0, ragged: bool = True,
+            FIRST_IN_RING: bool = False) -> None:
     """The body every forward kernel shares (traced inline): query block `m` of the
     (Sq, D) view `qv` against the (Sk, D) keys `kv` and values `vv` ((D, Sk) when
     V_KMAJOR), writing its rows of `ov` (Sq, D) and `lse_v` (Sq,). `ragged`: the grid
@@ -205,7 +210,8 @@ def _attend(qv, kv, vv, ov, lse_v, m, dtype: DType, D: int, QK_SCALE: float, CAU
     roles = _role_blocks(REGS)
     if OVERLAP:
         m_i, l_i, acc = _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype,
-                                             STAGES, masked_scores, needs_mask, pv_gemm, roles)
+                                             STAGES, masked_scores, needs_mask, pv_gemm, roles,
+                                             FIRST_IN_RING)
     else:
         m_i, l_i, acc = _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
                                   masked_scores, pv_gemm, roles)
@@ -265,7 +271,7 @@ def _key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES, masked_scores
 
 
 def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
-                         masked_scores, needs_mask, pv_gemm, roles):
+                         masked_scores, needs_mask, pv_gemm, roles, first_in_ring=False):
     """The key loop software-pipelined by one block, in FlashAttention-3's order (its
     intra-warpgroup overlap). Iteration j issues s_{j+1} = q @ k_{j+1}.T, rescales acc by
     alpha_j, issues acc += p_j @ v_j, and runs block j+1's softmax while the tensor cores
@@ -289,21 +295,32 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     Σ_{i<j} exp2(s_i − m_{j−1})·v_i, p_j = exp2(s_j − m_j), alpha_j = exp2(m_{j−1} − m_j),
     l_i = Σ_{i≤j} exp2(s_i − m_j). The last iteration's scores are of the block past the
     last one (keys out of bounds load as 0, causally hidden keys are masked): all −inf,
-    so p = 0 and alpha = 1 (0 for a row that saw no key, whose acc is 0)."""
+    so p = 0 and alpha = 1 (0 for a row that saw no key, whose acc is 0).
+    `first_in_ring` (FIRST_IN_RING): block 0's keys come through the ring as well, shifted
+    by one — stage j holds k_j and v_{j-1} (at j = 0 the block past the last, zeros times
+    p = 0), the loop runs once more (s starts at 0, alpha at 1) — so no key buffer of their
+    own: at D = 256
+    q (64 KB) and two stages of 80-key k and v (160 KB) then fit FlashAttention-3's 128 x 80
+    tile, which the extra buffer (40 KB) did not. Costs one p @ v of zeros a block."""
     m_i, l_i, acc = _softmax_state(sq)
-    sk_first = tg.shared((BN, sq.shape[1]), dtype)
-    tg.copy(keys[:, :, 0], sk_first)
     s = tg.zeros((sq.shape[0], BN), f32)
-    tg.gemm(s, sq, sk_first)                              # s_0
-    p, m_i, alpha = online_softmax_probs(*masked_scores(s, 0), m_i)
-    l_i = l_i * alpha + tg.sum(p, 1)                      # acc is 0: alpha_0 rescales nothing
-    s.assign(p)
+    if first_in_ring:  # iteration j computes s_j: p_{-1} = 0, alpha_{-1} = 1, v_{-1} = 0
+        ahead, trips, alpha = 0, blocks + tg.minimum(blocks, 1), tg.full(m_i.shape, 1.0, f32)
+        past = values.shape[2] + 1  # v_{-1}: the block past the last (out of bounds: zeros)
+    else:
+        ahead, trips = 1, blocks
+        sk_first = tg.shared((BN, sq.shape[1]), dtype)
+        tg.copy(keys[:, :, 0], sk_first)
+        tg.gemm(s, sq, sk_first)                          # s_0
+        p, m_i, alpha = online_softmax_probs(*masked_scores(s, 0), m_i)
+        l_i = l_i * alpha + tg.sum(p, 1)                  # acc is 0: alpha_0 rescales nothing
+        s.assign(p)
     producer, consumer = roles
-    for j in tg.pipeline(blocks, stages=STAGES):
+    for j in tg.pipeline(trips, stages=STAGES):
         with producer():
-            tg.copy(keys[:, :, j + 1], sk[j])
-            tg.copy(values[:, :, j], sv[j])
-        with consumer():
+            tg.copy(keys[:, :, j + ahead], sk[j])
+            tg.copy(values[:, :, j if ahead else j - 1 + (1 - tg.minimum(j, 1)) * past], sv[j])
+        with consumer():  # (the comments' j: the loop's without first_in_ring, j - 1 with it)
             p16 = s.to(dtype)
             s.assign(0.0)
             tg.gemm(s, sq, sk[j])                         # s_{j+1}          } both in flight
@@ -313,12 +330,12 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
             # body ends in a join holding the wait for p_j @ v_j: ptxas places a
             # WARPGROUP.DEPBAR anywhere before its first use within a basic block (at D = 64
             # it filled a stall of the row-max chain with it), never across blocks.
-            with tg.if_(needs_mask(j + 1)):
-                p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, True), m_i)
+            with tg.if_(needs_mask(j + ahead)):
+                p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + ahead, True), m_i)
                 l_i = l_i * alpha + tg.sum(p, 1)
                 s.assign(p)
             with tg.else_():
-                p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + 1, False), m_i)
+                p, m_i, alpha = online_softmax_probs(*masked_scores(s, j + ahead, False), m_i)
                 l_i = l_i * alpha + tg.sum(p, 1)
                 s.assign(p)
     acc *= alpha                                          # the block past the last: 1 or 0
@@ -337,12 +354,12 @@ def attention_kernel(dtype: DType) -> tg.Kernel:
                       BM: tg.constexpr = 64, BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                       V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
                       OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0,
-                      PERSISTENT: tg.constexpr = False):
+                      PERSISTENT: tg.constexpr = False, FIRST_IN_RING: tg.constexpr = False):
         def attend(m, h, b):
             kv_head = h // (q.shape[1] // k.shape[1])
             _attend(q[b, h], k[b, kv_head], v[b, kv_head], o[b, h], lse[b, h], m, dtype, D,
                     QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS,
-                    ragged=False)
+                    ragged=False, FIRST_IN_RING=FIRST_IN_RING)
 
         if PERSISTENT:
             blocks_m = tg.cdiv(q.shape[2], BM)
@@ -376,14 +393,16 @@ def attention_varlen_kernel(dtype: DType) -> tg.Kernel:
                              CAUSAL: tg.constexpr = False, BM: tg.constexpr = 64,
                              BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                              V_KMAJOR: tg.constexpr = False, P_SHARED: tg.constexpr = False,
-                             OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0):
+                             OVERLAP: tg.constexpr = False, REGS: tg.constexpr = 0,
+                             FIRST_IN_RING: tg.constexpr = False):
         m, h, e = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         kv_head = h // (q.shape[1] // k.shape[1])
         q0, q1 = cu_seqlens_q[e], cu_seqlens_q[e + 1]
         k0, k1 = cu_seqlens_k[e], cu_seqlens_k[e + 1]
         vv = v[kv_head, :, k0:k1] if V_KMAJOR else v[k0:k1, kv_head, :]
         _attend(q[q0:q1, h, :], k[k0:k1, kv_head, :], vv, o[q0:q1, h, :], lse[h, q0:q1], m,
-                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS)
+                dtype, D, QK_SCALE, CAUSAL, BM, BN, STAGES, V_KMAJOR, P_SHARED, OVERLAP, REGS,
+                FIRST_IN_RING=FIRST_IN_RING)
 
     return attention_varlen_fwd
 

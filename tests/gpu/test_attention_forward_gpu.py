@@ -176,6 +176,9 @@ BUDGET_CONFIGS = [
     (256, dict(BM=128, BN=80, threads=256, REGS=240)),
     (64, dict(BM=128, BN=128, threads=256, warp_specialize=False, blocks_per_sm=2)),
     (128, dict(BM=128, BN=64, threads=256, warp_specialize=False, blocks_per_sm=2)),
+    # the overlapped loop with block 0's keys through the ring (FIRST_IN_RING)
+    (256, dict(BM=128, BN=80, threads=256, OVERLAP=True, FIRST_IN_RING=True, REGS=240)),
+    (64, dict(BM=128, BN=64, threads=256, OVERLAP=True, FIRST_IN_RING=True)),
 ]
 
 

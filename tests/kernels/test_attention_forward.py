@@ -152,6 +152,7 @@ NEW_CANDIDATES = [
     (64, dict(BM=128, BN=128, threads=256, warp_specialize=False, blocks_per_sm=2), True, 150, 70),
     (128, dict(BM=128, BN=64, threads=256, warp_specialize=False, blocks_per_sm=2), False, 150, 70),
     (128, dict(BM=64, BN=96), True, 60, 150),
+    (64, dict(BM=128, BN=64, threads=256, OVERLAP=True, FIRST_IN_RING=True), True, 150, 70),
     (256, dict(BM=128, BN=80, threads=256, consumers="pingpong", REGS=240), True, 70, 150),
     (256, dict(BM=128, BN=80, threads=256, REGS=240), False, 70, 150),
 ]
@@ -233,17 +234,20 @@ def test_causal_programs_skip_the_key_blocks_above_the_diagonal():
     assert np.isnan(o[:, :, 64:]).all()
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_the_overlapped_loop_never_uses_the_scores_it_computes_past_the_last_block(target):
+@pytest.mark.parametrize("target,first_in_ring", [("sm_90a", False), ("sm_80", False),
+                                                  ("sm_90a", True)])
+def test_the_overlapped_loop_never_uses_the_scores_it_computes_past_the_last_block(
+        target, first_in_ring):
     """OVERLAP computes one block of scores ahead, so the last iteration of a causal
     program multiplies q by the key block past the diagonal. Keys past 63 are NaN: rows
     0..63 (which see only keys < 64) must come out finite and right — those scores are
-    never used — and the rows that do see the NaN keys NaN, as in the reference."""
+    never used — and the rows that do see the NaN keys NaN, as in the reference (with
+    FIRST_IN_RING too: there the loop runs once more instead of computing block 0 first)."""
     q, k, v = inputs(16, 1, 2, 1, 128, 128, 64)
     k[:, :, 64:, :] = np.nan
     tiles = dict(BM=16, BN=32) if target == "sm_80" else dict(BM=64, BN=64)
     o, lse = attention_emulated(q, k, v, True, return_lse=True, target=target,
-                                OVERLAP=True, **tiles)
+                                OVERLAP=True, FIRST_IN_RING=first_in_ring, **tiles)
     want_o, want_lse = reference(q[:, :, :64], k[:, :, :64], v[:, :, :64], True)
     check(o[:, :, :64], lse[:, :, :64], want_o, want_lse)
     assert np.isnan(o[:, :, 64:]).all() and np.isnan(lse[:, :, 64:]).all()
@@ -270,14 +274,15 @@ def test_no_keys_gives_zero_output_and_minus_infinity():
     assert (o == 0).all() and np.isneginf(lse).all()
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target,overlap", [(t, o) for t in TARGETS for o in (False, True)]
+                         + [("sm_90a", "ring")])
 def test_varlen_matches_each_sequence_alone(target, overlap):
     """Four packed sequences (one empty, one of a single query, one longer than a block),
     GQA 2:1, then padding rows whose keys are NaN and values infinite: no sequence may
     read them, and rows of no sequence stay unwritten (NaN poison). OVERLAP computes the
     scores of one key block past each sequence's last (the next sequence's keys, or the
-    padding): they must never count."""
+    padding): they must never count; "ring" (FIRST_IN_RING) also multiplies p = 0 by the
+    values past each sequence's last block (zeros there, never the padding's inf)."""
     lengths_q, lengths_k = [5, 0, 70, 1], [9, 3, 64, 30]
     cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
@@ -288,7 +293,9 @@ def test_varlen_matches_each_sequence_alone(target, overlap):
     k[cu_k[-1]:], v[cu_k[-1]:] = np.nan, np.inf
     for causal in (False, True):
         o, lse = attention_varlen_emulated(q, k, v, cu_q, cu_k, max(lengths_q), causal,
-                                           return_lse=True, target=target, OVERLAP=overlap)
+                                           return_lse=True, target=target,
+                                           OVERLAP=bool(overlap),
+                                           FIRST_IN_RING=overlap == "ring")
         for e in range(len(lengths_q)):
             rows, keys = slice(cu_q[e], cu_q[e + 1]), slice(cu_k[e], cu_k[e + 1])
             want_o, want_lse = reference(q[rows].transpose(1, 0, 2)[None],
