@@ -273,22 +273,27 @@ def _split_slice(steps, even: bool = False):
 
 
 def _paired_register_steps(ga, gw, words_tv, sa, sb, start, steps, acc, dequantized,
-                           constants, STAGES: int):
+                           constants, STAGES: int, scale_after: bool = False):
     """PAIRS=1 (words in registers, WSMEM=0): two k-steps an iteration, each its own
     token ring (`sa` the even steps of the slice, `sb` the odd) and its own register A
     operand (`first`, `second`). With one operand reassigned every step, the next step's
-    dequantization writes the registers the in-flight wgmmas read, so the wait comes
-    right after them and the dequantization never overlaps a wgmma (the SASS of the
-    WSMEM=0 loop: WARPGROUP.DEPBAR right after the HGMMAs). With two, and the waits
-    deferred (the warp-specialized consumer, `lower/wgmma_waits.py`; a one-role
-    pipeline waits right after each gemm), step 2p+1's dequantization runs during step
-    2p's wgmmas and step 2p+2's during step 2p+1's: two waits a loop in the SASS, each
-    before a gemm. That wait must stay: ptxas serializes every wgmma (C7513) where a
-    non-wgmma instruction defines a wgmma's A registers inside its pipeline stage (first
-    wgmma to the wait) — a second f32 sum for the odd steps, whose gemm needs no wait,
-    gave 16 waits a loop. `start` is even (`_split_slice(even=True)`); a pair past an odd
-    step count reads zero tokens (masked copies past K) and masked words. The pattern of
-    the W4 MoE kernel's `_paired_steps` (session 13, F)."""
+    dequantization writes the registers the in-flight wgmmas read: in the
+    warp-specialized consumer (whose waits `lower/wgmma_waits.py` defers) ptxas then
+    serializes every wgmma (C7513: a non-wgmma instruction defines a wgmma's A registers
+    inside its pipeline stage, first wgmma to the wait; 8 waits a step in the SASS).
+    With two operands the PTX dequantizes step 2p+1 between step 2p's wgmmas and the
+    wait before step 2p+1's gemm (their accumulator is shared), one wait a step. The
+    wait must stay: a second f32 sum for the odd steps (no wait before their gemm) gave
+    16 waits a loop. But ptxas keeps its rule by itself: the SASS has the wait right
+    after the HGMMAs and most of the next operand's dequantization after it, so within
+    a warpgroup the dequantization does not overlap the wgmmas; what overlaps them is
+    the other warpgroups' work (WG, consumers="pingpong"). `start` is even
+    (`_split_slice(even=True)`); a pair past an odd step count reads zero tokens (masked
+    copies past K) and masked words. The pattern of the W4 MoE kernel's `_paired_steps`
+    (session 13, F). `scale_after` (one group a step): `_paired_scaled_after`."""
+    if scale_after:
+        return _paired_scaled_after(ga, gw, words_tv, sa, sb, start, steps, acc,
+                                    dequantized, constants, STAGES)
     first = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv), constants(start))
     odd_words = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
     even_words = tg.load(gw[:, :, :, :, start + 2], layout=words_tv)
@@ -302,6 +307,42 @@ def _paired_register_steps(ga, gw, words_tv, sa, sb, start, steps, acc, dequanti
         second = dequantized(odd_words, odd_constants)   # while step 2p's wgmmas run
         tg.gemm(acc, second, sb[p])                      # step 2p + 1
         first = dequantized(even_words, even_constants)  # while step 2p + 1's run
+        odd_words, even_words = next_odd, next_even
+    return acc
+
+
+def _paired_scaled_after(ga, gw, words_tv, sa, sb, start, steps, acc, dequantized,
+                         constants, STAGES: int):
+    """`_paired_register_steps` with the scale on each step's f32 sum (SCALE_AFTER, one
+    group a step): the MMA takes w − zero into a fresh sum, which the row's scale
+    multiplies as it is added — 8 FFMAs a thread at 16 tokens instead of one HMUL2 a
+    weight pair (2.86 SASS a weight in the loop at 16 tokens, 3.17 without), and no
+    scaled weight rounded. Step 2p's sum is added after step 2p+1's operand is
+    dequantized, so its wait still closes the first gemm's pipeline stage before the
+    second gemm (whose A registers the dequantization defined: C7513 otherwise); step
+    2p+1's is added at the end of the body."""
+    def unscaled(words, zero_scale):
+        return dequantized(words, (zero_scale[0], None))
+
+    first_zero, first_scale = constants(start)      # (names bound once: one is carried)
+    first = dequantized(tg.load(gw[:, :, :, :, start], layout=words_tv), (first_zero, None))
+    odd_words = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
+    even_words = tg.load(gw[:, :, :, :, start + 2], layout=words_tv)
+    for p in tg.pipeline(start // 2, (steps + 1) // 2, stages=STAGES):
+        tg.copy(ga[:, :, 2 * p], sa[p])
+        tg.copy(ga[:, :, 2 * p + 1], sb[p])
+        odd_constants, even_constants = constants(2 * p + 1), constants(2 * p + 2)
+        next_odd = tg.load(gw[:, :, :, :, 2 * p + 3], layout=words_tv)   # past K: masked
+        next_even = tg.load(gw[:, :, :, :, 2 * p + 4], layout=words_tv)
+        even_sum = tg.zeros(acc.shape, f32)
+        tg.gemm(even_sum, first, sa[p])                      # step 2p
+        second = unscaled(odd_words, odd_constants)          # while its wgmmas run
+        acc = acc + even_sum * first_scale.to(f32)           # waits for them
+        odd_sum = tg.zeros(acc.shape, f32)
+        tg.gemm(odd_sum, second, sb[p])                      # step 2p + 1
+        first = unscaled(even_words, even_constants)         # while its wgmmas run
+        first_scale = even_constants[1]
+        acc = acc + odd_sum * odd_constants[1].to(f32)
         odd_words, even_words = next_odd, next_even
     return acc
 
@@ -340,9 +381,9 @@ def w4a16_fragment_kernel(dtype: DType, has_zeros: bool, partial: bool = False,
     (rings, gemm and sum each): one FMA a thread and 2 tokens instead of one HMUL2 a
     weight pair (SASS a weight at 16 tokens: benchmarks/w4a16_sass.py). INTEGER_ZEROS:
     the zeros are integers (`zeros_are_integers`), no residue step (`dequantize_in`).
-    PAIRS (with WSMEM=0): two k-steps an iteration, two register A operands, so each
-    step's dequantization overlaps the other's wgmmas (`_paired_register_steps`; with
-    warp_specialize=True, whose consumer defers its waits)."""
+    PAIRS (with WSMEM=0): two k-steps an iteration, two register A operands, so the
+    warp-specialized consumer's wgmmas are not serialized (`_paired_register_steps`);
+    with SCALE_AFTER (one group a step) the scale on each step's f32 sum."""
     out_type = f32 if partial else dtype
     constexpr_names = ("G", "BT", "STAGES", "WSMEM", "KS", "WG", "SCALE_AFTER",
                        "INTEGER_ZEROS", "PAIRS")
@@ -417,7 +458,7 @@ def _fragment_product(a, w, scales, zeros, dtype: DType, has_zeros: bool, split:
     if paired:  # two steps an iteration, two register operands
         return _paired_register_steps(ga, gw, words_tv, sa[0], sa[1], start, steps, acc,
                                       dequantized, lambda k: constants(k)[0],
-                                      STAGES), n, t
+                                      STAGES, bool(SCALE_AFTER)), n, t
     if WSMEM:   # copied STAGES-1 k-steps ahead like the activations (cp.async)
         sw = [tg.shared((WG, KS // P) + STORED_WORDS, i32, stages=STAGES,
                         layout=stored_shared(KS // P, WG)) for _ in range(P)]
@@ -487,12 +528,17 @@ def fragment_config(m: int, n: int, k: int, group_size: int, **tiles: int
     from tegula.kernels.quant import token_tile
     constexprs = dict(G=group_size, BT=token_tile(m), STAGES=3, SPLIT=1)
     constexprs.update(tiles)
-    if constexprs.get("SCALE_AFTER") and (group_size < FRAGMENT_K
-                                          or not constexprs.get("WSMEM", 1)):
+    if constexprs.get("SCALE_AFTER") and constexprs.get("PAIRS") and \
+            FRAGMENT_K * constexprs.get("KS", 1) > group_size:
+        raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 with PAIRS=1 takes one group "
+                         f"a k-step: KS={constexprs.get('KS', 1)} stored blocks of "
+                         f"{FRAGMENT_K} k span more than group_size = {group_size}")
+    if constexprs.get("SCALE_AFTER") and (group_size < FRAGMENT_K or not (
+            constexprs.get("WSMEM", 1) or constexprs.get("PAIRS"))):
         raise ValueError(f"tegula.kernels.w4a16: SCALE_AFTER=1 needs groups of whole "
                          f"stored blocks (group_size = {group_size} ≥ {FRAGMENT_K}: each "
                          f"group's gemm takes 64-k blocks) and the cp.async weights "
-                         f"(WSMEM=1)")
+                         f"(WSMEM=1) or PAIRS=1")
     if constexprs.get("PAIRS") and constexprs.get("WSMEM", 1):
         raise ValueError("tegula.kernels.w4a16: PAIRS=1 (two k-steps an iteration, two "
                          "register operands) takes the weights straight into registers: "

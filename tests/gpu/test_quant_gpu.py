@@ -501,13 +501,17 @@ def test_w4a16_fragment_fused_split_matches_torch(m, n, k, group, tiles):
     ("f16", 128, 4096, 4096, 128, False, dict(BT=128, KS=2, SPLIT=4)),
     ("f16", 13, 70, 320, 64, True, dict(SPLIT=2)),            # 5 steps: slices of 4 and 1
     ("bf16", 5, 300, 1344, 64, False, dict(KS=2, WG=2, SPLIT=3)),    # half pair past K
-    ("f16", 128, 4096, 4096, 128, True, dict(BT=128, WG=2, SPLIT=4, consumers="pingpong"))],
+    ("f16", 128, 4096, 4096, 128, True, dict(BT=128, WG=2, SPLIT=4, consumers="pingpong")),
+    ("f16", 16, 14336, 4096, 128, True, dict(KS=2, WG=4, SPLIT=2, SCALE_AFTER=1,
+                                             INTEGER_ZEROS=1)),
+    ("bf16", 9, 300, 1344, 64, True, dict(WG=2, SPLIT=3, SCALE_AFTER=1))],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_paired_steps_match_torch(dtype, m, n, k, group, zero_point, tiles):
     """PAIRS=1 (two k-steps an iteration, two register A operands, the words straight into
-    registers, a warp-specialized TMA ring for the tokens): split K into slices of an even
-    count of steps, odd step counts, NaN-poisoned outputs and workspace, every element."""
+    registers, a warp-specialized TMA ring for the tokens; with the scale on each step's
+    f32 sum, two warpgroups taking turns): split K into slices of an even count of steps,
+    odd step counts, NaN-poisoned outputs and workspace, every element."""
     from tegula.dtypes import bf16, f16
     from tegula.kernels import quant_fragment as qf
     from tegula.kernels.quant import prepack

@@ -302,13 +302,35 @@ def test_paired_steps_match_numpy(m, n, k, group, zero_point, tiles, target):
     check_w4a16(c, a, w_q, scales, zeros, group, f16, dequant_rounded=True)
 
 
+@pytest.mark.parametrize("m,n,k,group,zero_point,dtype,tiles", [
+    (5, 64, 384, 128, True, f16, dict(KS=2)),                 # 3 steps: a half pair past K
+    (9, 70, 640, 64, True, bf16, dict(SPLIT=3)),              # slices of 4, 4, 2 steps
+    (13, 70, 448, 64, False, f16, dict(SPLIT=2, WG=2, threads=256))])
+def test_paired_steps_with_the_scale_after_are_exact(m, n, k, group, zero_point, dtype,
+                                                     tiles):
+    """PAIRS=1 with SCALE_AFTER=1: w − zero (exact for integer zeros) into each step's
+    fresh f32 sum, scaled as it is added: no weight rounded, so the bound is the f32 sums'
+    (2^-16 of Σ|a·w|), not the rounded weights' half ulp."""
+    rng = np.random.default_rng(m + n + k)
+    a = random_input(rng, (m, k), dtype)
+    w_q, scales, zeros = random_w4(rng, n, k, group, dtype, zero_point)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, dtype=dtype, target="sm_90a",
+                            FRAGMENT=1, warp_specialize=True, WSMEM=0, PAIRS=1,
+                            SCALE_AFTER=1, STAGES=2, **tiles)
+    check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded=False)
+
+
 def test_paired_steps_need_the_register_path():
     with pytest.raises(ValueError, match="PAIRS=1 .* WSMEM=0"):
         w4a16_config(16, 256, 256, 128, FRAGMENT=1, PAIRS=1)
+    with pytest.raises(ValueError, match="one group a k-step"):
+        w4a16_config(16, 256, 256, 64, FRAGMENT=1, PAIRS=1, WSMEM=0, SCALE_AFTER=1, KS=2)
 
 
 @pytest.mark.parametrize("tiles", [dict(KS=1), dict(KS=2), dict(KS=2, WSMEM=0),
                                    dict(KS=2, WSMEM=0, PAIRS=1, warp_specialize=True),
+                                   dict(KS=2, WSMEM=0, PAIRS=1, SCALE_AFTER=1, WG=4,
+                                        threads=512, warp_specialize=True),
                                    dict(KS=2, BT=128, STAGES=3),
                                    dict(KS=2, STAGES=3, SCALE_AFTER=1, blocks_per_sm=7)],
                          ids=str)
