@@ -22,6 +22,7 @@ from test_fp8 import check_close, e4m3, expanded_scales   # noqa: E402 (beside u
 @pytest.mark.parametrize("shape,tiles,sms", [
     ((130, 100, 384), dict(BM=64, BN=64, GROUP=2), 3),        # 3 K blocks: twin past K
     ((70, 129, 208), dict(BM=64, BN=128, GROUP=1), 2),        # K = 128 + 80
+    ((200, 150, 384), dict(BM=64, BN=64, GROUP=2, CLUSTER=2), 4),   # b multicast
     ((150, 70, 512), dict(BM=128, BN=64, GROUP=2, threads=256, role_order="random:5"), 2)])
 def test_twin_blockwise_matches_the_reference(shape, tiles, sms):
     m, n, k = shape
