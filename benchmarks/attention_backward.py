@@ -98,6 +98,10 @@ VARIANTS = {
                                      STAGGER=True)),
     "stag64x128-ws": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
                                   STAGGER=True)),
+    # LATE_DELTA: delta loaded after the exponentials (16 registers fewer at their peak:
+    # ptxas no longer serializes every wgmma, C7512; 104 B spilled at D = 128)
+    "at64x128-ws-ld": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                                   LATE_DELTA=True)),
 }
 # Ablations (`_STORE_DQ`): the atomic variant's kernel with dQ's reduce-add replaced by a
 # plain store of each block's share (the same staging through shared memory and TMA, no

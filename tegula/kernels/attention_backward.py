@@ -81,7 +81,8 @@ def attention_backward_preprocess_kernel(dtype: DType) -> tg.Kernel:
 def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: DType,
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
                          STAGES: int, EARLY_DP: bool = False, REGS: int = 0,
-                         add_dq=tg.atomic_add, STAGGER: bool = False):
+                         add_dq=tg.atomic_add, STAGGER: bool = False,
+                         LATE_DELTA: bool = False):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
@@ -93,7 +94,10 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     consumers at REGS (synthesis would give 40 / 232). `STAGGER`: key block n walks its
     query blocks from its n-th on (cyclically), so the blocks running at once add their dQ
     shares into different rows rather than all into the same ones (a fixed order per
-    program: dK and dV stay deterministic)."""
+    program: dK and dV stay deterministic). `LATE_DELTA`: delta is loaded after the
+    exponentials, not with lse before the block's first product, so its 16 registers a
+    thread are not live at the exponentials' peak (the stated-roles atomic kernel at D =
+    128: ptxas then no longer serializes every wgmma, C7512)."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
     tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
@@ -132,7 +136,8 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                 # log2 units: exp(s·scale − lse) = exp2(s·(scale·log2 e) − lse·log2 e), one
                 # FMA per score
                 lse_m = tg.load(lse[b, h].tile((BM,), (m,)))[None, :] * LOG2E
-                delta_m = tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
+                def delta_m(h=h, m=m):
+                    return tg.load(delta[b, h].tile((BM,), (m,)))[None, :]
 
                 def seen(keys=keys, queries=queries):  # traced after K Qᵀ: fewer live
                     visible = (keys < seq_k) & (queries < seq_q)
@@ -141,7 +146,7 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                     return visible
                 dq_part = _query_block_products(sk, sv, sq[i], sdo[i], seen, lse_m,
                                                 delta_m, dk_acc, dv_acc, dtype, SCALE,
-                                                EARLY_DP, sds)
+                                                EARLY_DP, sds, LATE_DELTA)
                 if dq_accum is not None:                     # dQ += dS K, atomically
                     add_dq(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
     return dk_acc, dv_acc
@@ -161,8 +166,9 @@ def _role_blocks(regs: int):
     return (lambda: tg.producer(regs=PRODUCER_REGS)), (lambda: tg.consumer(regs=regs))
 
 
-def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_acc,
-                          dtype: DType, SCALE: float, EARLY_DP: bool, sds=None):
+def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_of, dk_acc, dv_acc,
+                          dtype: DType, SCALE: float, EARLY_DP: bool, sds=None,
+                          LATE_DELTA: bool = False):
     """One query block's share of key block's dK, dV (added into the accumulators), in the
     transposed (key, query) orientation; `seen()` traces the (BN, BM) mask of visible
     (key, query) pairs:
@@ -170,7 +176,9 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_
         dV += Pᵀ dO,   dPᵀ = V dOᵀ,   dSᵀ = Pᵀ ∘ (dPᵀ − delta),   dK += dSᵀ Q.
     With `sds` (a (BN, BM) shared tile: the atomic-dQ kernel) dSᵀ is stored there before
     either product that reads it, and the block's (BM, D) f32 share of dQ, dS K, is
-    returned (issued before dK's product: the first to be waited for); else None."""
+    returned (issued before dK's product: the first to be waited for); else None.
+    `delta_of()` loads the block's delta, first or (`LATE_DELTA`) after the exponentials."""
+    delta_m = None if LATE_DELTA else delta_of()
     rows, cols = sk.shape[0], sq_m.shape[0]
     s_t = tg.zeros((rows, cols), f32)
     tg.gemm(s_t, sk, sq_m)                                   # K Qᵀ
@@ -178,6 +186,8 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_m, dk_acc, dv_
         dp_t = tg.zeros((rows, cols), f32)
         tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
     p_t = tg.where(seen(), tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+    if LATE_DELTA:
+        delta_m = delta_of()
     tg.gemm(dv_acc, p_t.to(dtype), sdo_m.T)                  # += Pᵀ dO
     if not EARLY_DP:
         dp_t = tg.zeros((rows, cols), f32)
@@ -221,8 +231,8 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
     """The dK/dV kernel that also adds each block's dS K into `dq_accum` (f32, zeros before)
     with float atomics: the backward without the dQ kernel's second pass over S and dP
     (5 gemms instead of 7), at the price of an order of the additions that varies.
-    `STAGGER`: each key block starts its walk over the query blocks at its own
-    (`_key_block_gradients`)."""
+    `STAGGER`: each key block starts its walk over the query blocks at its own;
+    `LATE_DELTA`: delta loaded after the exponentials (`_key_block_gradients`)."""
 
     @tg.kernel(threads=128)
     def attention_backward_dkdvdq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
@@ -234,11 +244,13 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
                                   G: tg.constexpr = 1, BM: tg.constexpr = 64,
                                   BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                                   EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0,
-                                  STAGGER: tg.constexpr = False):
+                                  STAGGER: tg.constexpr = False,
+                                  LATE_DELTA: tg.constexpr = False):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b,
                                               dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
-                                              EARLY_DP, REGS, STAGGER=STAGGER)
+                                              EARLY_DP, REGS, STAGGER=STAGGER,
+                                              LATE_DELTA=LATE_DELTA)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 

@@ -359,13 +359,14 @@ def test_stated_roles_with_one_query_head_and_turns_are_right():
 
 @pytest.mark.parametrize("Sq,Sk,tiles", [
     pytest.param(150, 140, dict(BM=32, BN=32, target="sm_80"), id="one-role-sm80"),
-    pytest.param(140, 150, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
-                 id="stated-roles"),
+    pytest.param(140, 150, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                                LATE_DELTA=True), id="stated-roles-late-delta"),
 ])
 def test_staggered_atomic_dq_is_right(Sq, Sk, tiles):
     """STAGGER: key block n walks its query blocks from its n-th on (the ring's stage i
     holding query block first + (i − first + n) mod count), so blocks running at once add
     into different dQ rows: the same gradients, causal (each key block its own first query
     block), GQA 2, several key and query blocks (a later key block walking two or more),
-    lengths dividing no tile."""
+    lengths dividing no tile. With stated roles also LATE_DELTA (delta loaded after the
+    exponentials)."""
     run_case(1, 2, 1, Sq, Sk, 32, True, seed=68, deterministic=False, STAGGER=True, **tiles)
