@@ -102,6 +102,9 @@ VARIANTS = {
     # ptxas no longer serializes every wgmma, C7512; 104 B spilled at D = 128)
     "at64x128-ws-ld": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
                                    LATE_DELTA=True)),
+    "at64x128-1role-early-ld": (False, dict(BM=64, BN=128, threads=256,
+                                            warp_specialize=False, EARLY_DP=True,
+                                            LATE_DELTA=True)),
 }
 # Ablations (`_STORE_DQ`): the atomic variant's kernel with dQ's reduce-add replaced by a
 # plain store of each block's share (the same staging through shared memory and TMA, no
