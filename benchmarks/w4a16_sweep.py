@@ -267,27 +267,34 @@ SESSION13B = [("w4gemv", (1, n, k), dict(_GV, KS=ks, KW=kw, AHEAD=ahead, RW=rw))
 # waits before dequantizing the next operand), SCALE_AFTER (each step's f32 sum scaled:
 # 2.86 SASS a weight at 16 tokens, 3.17 without), WG warpgroups of rows a block (one block
 # an SM by registers: 4-16 consumer warps), consumers="pingpong" (two warpgroups taking
-# turns at the tensor cores), beside each shape's best of sessions 12-13 (its first row).
+# turns at the tensor cores), and the same fragment kernel built for sm_90 without "a"
+# (`_M`: mma.sync, no wgmma: 66-99 registers, several blocks an SM, and no ptxas rule
+# against dequantizing while the HMMAs run), beside each shape's best of sessions 12-13
+# (its first row).
 _P = dict(WSMEM=0, PAIRS=1, warp_specialize=True, INTEGER_ZEROS=1, KS=2, STAGES=3)
+_M = dict(_IZ, target="sm_90", STAGES=4)   # mma.sync: sm_90 without "a" has no wgmma
 SESSION14 = [("w4frag", shape, c) for shape, configs in (
     ((16, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),
-                         dict(_P, BT=16, WG=2), dict(_P, BT=16, WG=4, SPLIT=2),
-                         dict(_P, BT=16, WG=2, consumers="pingpong"),
-                         dict(_P, BT=16, WG=2, KS=4), dict(_P, BT=16, WG=2, SCALE_AFTER=1),
-                         dict(_P, BT=16, WG=4, SPLIT=2, SCALE_AFTER=1))),
+                         dict(_P, BT=16, WG=2), dict(_P, BT=16, WG=4, SPLIT=2, SCALE_AFTER=1),
+                         dict(_M, KS=4, SCALE_AFTER=1, SPLIT=2),
+                         dict(_M, KS=4, SCALE_AFTER=1, WG=2, SPLIT=2),
+                         dict(_P, BT=16, WG=4, SPLIT=2), dict(_P, BT=16, WG=2, SCALE_AFTER=1),
+                         dict(_M, KS=2, SPLIT=2))),
     ((16, 4096, 4096), (dict(_IZ, KS=2, STAGES=4, SPLIT=4, warp_specialize=False),
-                        dict(_P, BT=16, WG=4, SPLIT=8), dict(_P, BT=16, WG=2, SPLIT=4),
-                        dict(_P, BT=16, WG=2, KS=4, SPLIT=4),
-                        dict(_P, BT=16, WG=4, SPLIT=8, SCALE_AFTER=1))),
+                        dict(_P, BT=16, WG=4, SPLIT=8, SCALE_AFTER=1),
+                        dict(_M, KS=4, SCALE_AFTER=1, SPLIT=4),
+                        dict(_P, BT=16, WG=4, SPLIT=8), dict(_P, BT=16, WG=2, SPLIT=4))),
     ((64, 14336, 4096), (dict(BT=64, KS=2, STAGES=3, SPLIT=2, WG=2, INTEGER_ZEROS=1,
                               warp_specialize=False),
                          dict(_P, BT=64, WG=2), dict(_P, BT=64, WG=4, SPLIT=2),
-                         dict(_P, BT=64, WG=2, consumers="pingpong"))),
+                         dict(_P, BT=64, WG=2, consumers="pingpong"),
+                         dict(_M, BT=64, KS=2, WG=2, SPLIT=2))),
     ((128, 4096, 4096), (dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1, warp_specialize=False),
                          dict(_P, BT=128, WG=2, SPLIT=4),
                          dict(_P, BT=128, WG=2, SPLIT=4, consumers="pingpong"))),
     ((1, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),
-                        dict(_P, BT=16, WG=2))))
+                        dict(_P, BT=16, WG=4, SPLIT=2, SCALE_AFTER=1),
+                        dict(_M, KS=4, SCALE_AFTER=1, SPLIT=2))))
     for c in configs]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
