@@ -320,6 +320,23 @@ def test_paired_steps_with_the_scale_after_are_exact(m, n, k, group, zero_point,
     check_w4a16(c, a, w_q, scales, zeros, group, dtype, dequant_rounded=False)
 
 
+@pytest.mark.parametrize("m,n,k,group,dtype,tiles", [
+    (13, 70, 640, 128, f16, dict(KS=4, SCALE_AFTER=1, WG=2, threads=256, INTEGER_ZEROS=1,
+                                 SPLIT=2)),
+    (9, 130, 320, 64, bf16, dict(KS=2, WG=2, threads=256))])
+def test_fragment_kernel_built_for_sm_90_runs_on_mma_sync(m, n, k, group, dtype, tiles):
+    """Built for sm_90 without "a" (no wgmma), the same kernel source runs on mma.sync with
+    the weights as its register A fragment: exact as on the other targets."""
+    rng = np.random.default_rng(m + n + k)
+    a = random_input(rng, (m, k), dtype)
+    w_q, scales, zeros = random_w4(rng, n, k, group, dtype, True)
+    c = w4a16_gemm_emulated(a, w_q, scales, zeros, group, dtype=dtype, target="sm_90",
+                            FRAGMENT=1, warp_specialize=False, load_path="cp.async", BT=16,
+                            STAGES=3, **tiles)
+    check_w4a16(c, a, w_q, scales, zeros, group, dtype,
+                dequant_rounded=not tiles.get("SCALE_AFTER"))
+
+
 def test_paired_steps_need_the_register_path():
     with pytest.raises(ValueError, match="PAIRS=1 .* WSMEM=0"):
         w4a16_config(16, 256, 256, 128, FRAGMENT=1, PAIRS=1)
