@@ -628,9 +628,12 @@ def compile_wgmma(s: Wgmma, ctx: Ctx, st: OpStats, what: str) -> Run:
             vals = round_to(out.T.ravel()[acc_table], acc_dt)  # [128, values]
             for v, (arr, col) in enumerate(d_where):
                 arr[lanes, col] = vals[:, v]
+            a_where = [] if a_regs is None else [(name, loc(state)[1])
+                                                 for name, loc in a_regs]
             a.wgmma_issued(g, what, lanes, [(name, col) for (name, _), (_, col)
                                             in zip(d_regs, d_where)],
-                           addrs if state.smem.check_races else np.zeros(0, dtype=np.int64))
+                           addrs if state.smem.check_races else np.zeros(0, dtype=np.int64),
+                           s.instr, a_where)
             st.add(4, int(addrs.size))
     return run
 

@@ -23,7 +23,10 @@ Model (the contract is `tegula/lower/async_ir.py`):
   followed by `fence.proxy.async` from its writer before the async proxy reads it.
 * **wgmma accumulators**: the result is computed at issue (in program order, so chained
   wgmmas on one accumulator are exact) but the `d` registers are *busy* until the
-  `WgmmaWait` that retires the group: any other statement touching them is an error.
+  `WgmmaWait` that retires the group: any other statement touching them is an error. A
+  later wgmma may accumulate into busy registers only as PTX orders it (wgmma.fence: the
+  accumulator accesses of wgmmas of one shape): the same instruction, each register at
+  the same position of its `d`; and its register A operand must not be busy at all.
 """
 from __future__ import annotations
 
@@ -119,6 +122,9 @@ class AsyncState:
         self.wg_needs_fence = np.ones(groups, dtype=bool)
         self.reg_busy: dict[str, np.ndarray] = {}  # array -> in-flight count [threads, size]
         self.reg_owner: dict[str, str] = {}        # array -> the wgmma that made it busy
+        #: (warpgroup, array, column) -> (instruction, position in its d, statement) of
+        #: the latest wgmma accumulating there (read while the register is busy)
+        self.reg_fragment: dict[tuple, tuple] = {}
         # TMA stores: per thread, the open group and committed groups (their source bytes).
         self.bulk_open: dict[int, list[np.ndarray]] = {}
         self.bulk_committed: dict[int, list[list[np.ndarray]]] = {}
@@ -386,12 +392,16 @@ class AsyncState:
         self.bulk_global_committed.clear()
 
     def wgmma_issued(self, group: int, what: str, lanes: np.ndarray,
-                     regs: list[tuple[str, int]], smem: np.ndarray) -> None:
-        """Warpgroup `group` issued a wgmma writing registers `regs` (array, column) and
-        reading shared bytes `smem`: busy until a WgmmaWait retires it."""
+                     regs: list[tuple[str, int]], smem: np.ndarray, instr: str = "",
+                     a_regs: list[tuple[str, int]] = ()) -> None:
+        """Warpgroup `group` issued a wgmma (`instr`) writing registers `regs` (array,
+        column: its d in order) and reading shared bytes `smem` and registers `a_regs`:
+        busy until a WgmmaWait retires it (`check_wgmma_registers` first)."""
+        self.check_wgmma_registers(group, what, lanes, regs, instr, a_regs)
         cols: dict[str, list[int]] = {}
-        for name, col in regs:
+        for position, (name, col) in enumerate(regs):
             cols.setdefault(name, []).append(col)
+            self.reg_fragment[(group, name, col)] = (instr, position, what)
         busy = []
         for name, cs in cols.items():
             if name not in self.reg_busy:
@@ -404,6 +414,28 @@ class AsyncState:
             busy.append((name, np.array(cs)))
         self._count_readers(smem, 1)
         self.wg_open[group].append(WgmmaRecord(what, busy, lanes, smem))
+
+    def check_wgmma_registers(self, group: int, what: str, lanes: np.ndarray,
+                              regs: list[tuple[str, int]], instr: str,
+                              a_regs: list[tuple[str, int]]) -> None:
+        """PTX (wgmma.fence) orders the accumulator accesses of in-flight wgmmas of one
+        shape, nothing else: a busy `d` register must belong to the same instruction at
+        the same position of its d, and no register A operand may be busy."""
+        for name, col in a_regs:
+            self.check_regs(name, slice(col, col + 1), lanes, f"{what} (register A)")
+        for position, (name, col) in enumerate(regs):
+            busy = self.reg_busy.get(name)
+            if busy is None or not busy[lanes, col].any():
+                continue
+            owner = self.reg_fragment.get((group, name, col))
+            if owner is None or owner[:2] != (instr, position):
+                held = (f"position {owner[1]} of the d of {owner[2]} ({owner[0]})" if owner
+                        else f"an accumulator of {self.reg_owner.get(name, '?')}")
+                raise EmulationError(
+                    f"{what}: accumulates into register {name}[{col}] (position {position} "
+                    f"of its d, {instr}), which is {held}, still in flight: PTX orders "
+                    "accumulator registers between in-flight wgmmas of one shape at one "
+                    "fragment position only (missing wgmma.wait_group before this wgmma)")
 
     def touch_regs(self, name: str, col: int, count: int, mask: np.ndarray, what: str) -> None:
         """A statement other than wgmma accesses registers of a wgmma fragment array: not

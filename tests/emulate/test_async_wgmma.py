@@ -38,10 +38,13 @@ def _fragment_coords(v: Var, t=TID):
 
 def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
             wgmma_fence: bool = True, wgmma_threads: int | None = None,
-            barrier: bool = True, trans_b: int = 0) -> ThreadKernel:
+            barrier: bool = True, trans_b: int = 0, then=None) -> ThreadKernel:
     """c (M x N, M <= 64) = a (M x K) @ b (N x K)^T, one block. B lands in the canonical
-    unswizzled K-major buffer: element (r, k) at the byte `canonical_byte_addresses` says."""
+    unswizzled K-major buffer: element (r, k) at the byte `canonical_byte_addresses` says.
+    `then(acc, a_regs, b, p)`: statements issued right after the wgmma, before its commit
+    and wait (`p`: a spare f16 array of 8 registers)."""
     a_regs, acc, bv = RegArray("a", f16, 8), RegArray("acc", f32, N // 2), RegArray("bv", f16, 1)
+    spare = RegArray("p", f16, 8)
     sb = SharedBuffer("sb", f16, N * K, 0)
     desc = operand_descriptor(N, K, f16, 0, 0, k_major=not trans_b)
     v, i = Var("v"), Var("i")
@@ -64,7 +67,11 @@ def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
     mma += [Wgmma(INSTR.name, d=[Reg(acc, Const(x)) for x in range(N // 2)],
                   a=[Reg(a_regs, Const(x)) for x in range(8)],
                   b=SmemDesc("sb", Const(0), desc.leading_bytes, desc.stride_bytes, 0),
-                  scale_d=Const(0), trans_b=trans_b), WgmmaCommit()]
+                  scale_d=Const(0), trans_b=trans_b)]
+    if then is not None:
+        mma += then(acc, a_regs, SmemDesc("sb", Const(0), desc.leading_bytes,
+                                          desc.stride_bytes, 0), spare)
+    mma += [WgmmaCommit()]
     mma += [WgmmaWait(0)] if wait else []
     if wgmma_threads is not None:
         mma = [If(TID.lt(wgmma_threads), mma)]
@@ -77,7 +84,7 @@ def _kernel(threads: int = 128, fence: bool = True, wait: bool = True,
     return ThreadKernel("wgmma_regs", threads,
                         [TensorParam("a", f16, 2), TensorParam("b", f16, 2),
                          TensorParam("c", f32, 2, writes=True)],
-                        [a_regs, acc, bv], [sb], body)
+                        [a_regs, acc, bv, spare], [sb], body)
 
 
 def _inputs(m: int = 50, seed: int = 0):
@@ -153,6 +160,44 @@ def test_wgmma_needs_whole_warpgroups():
     with pytest.raises(EmulationError, match="warpgroup 0 executes a warpgroup-collective "
                                              "instruction with only 64 of its 128 threads"):
         _run(_kernel(wgmma_threads=64), a, b, c)
+
+
+def _again(instr=INSTR.name, d=lambda acc: [Reg(acc, Const(x)) for x in range(N // 2)],
+           a=lambda a_regs, p: [Reg(a_regs, Const(x)) for x in range(8)]):
+    """`then` for `_kernel`: a second wgmma (scale-d 1) with no wait after the first."""
+    def then(acc, a_regs, b, p):
+        return [Wgmma(instr, d=d(acc) if callable(d) else d(p), a=a(a_regs, p), b=b,
+                      scale_d=Const(1))]
+    return then
+
+
+def test_a_second_wgmma_of_one_shape_into_the_busy_accumulator_needs_no_wait():
+    """PTX (wgmma.fence): accumulator accesses across wgmmas of one shape are ordered."""
+    a, b, c = _inputs()
+    _run(_kernel(then=_again()), a, b, c)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.allclose(c, 2 * ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["positions swapped", "another shape", "busy A"])
+def test_a_wgmma_on_busy_registers_other_than_its_own_shape_is_reported(case):
+    """Session 14 (G defers wgmma waits): a wgmma may accumulate into an in-flight wgmma's
+    registers only with the same instruction and each register at its position."""
+    swapped = lambda acc: [Reg(acc, Const(x ^ 1)) for x in range(N // 2)]  # noqa: E731
+    narrow = lambda acc: [Reg(acc, Const(x)) for x in range(4)]            # noqa: E731
+    then = {"positions swapped": _again(d=swapped),
+            "another shape": _again("wgmma.m64n8k16.f32.f16.f16", d=narrow),
+            # the first wgmma accumulates f16 into p; the second reads p as its A
+            "busy A": lambda acc, a_regs, b, p: [
+                Wgmma("wgmma.m64n16k16.f16.f16.f16", d=[Reg(p, Const(x)) for x in range(8)],
+                      a=[Reg(a_regs, Const(x)) for x in range(8)], b=b, scale_d=Const(0)),
+                Wgmma(INSTR.name, d=[Reg(acc, Const(x)) for x in range(N // 2)],
+                      a=[Reg(p, Const(x)) for x in range(8)], b=b, scale_d=Const(1))]}[case]
+    a, b, c = _inputs()
+    match = r"register p\[0\], an accumulator" if case == "busy A" else \
+        "PTX orders accumulator registers between in-flight wgmmas of one shape"
+    with pytest.raises(EmulationError, match=match):
+        _run(_kernel(then=then), a, b, c)
 
 
 def _two_group_kernel() -> ThreadKernel:
