@@ -310,7 +310,13 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
         ("bf16", 5, 300, 1280, 128, True, dict(KS=4, STAGES=4, WG=2, SCALE_AFTER=1, SPLIT=2,
                                                INTEGER_ZEROS=1, load_path="cp.async")),
         ("f16", 64, 14336, 4096, 128, True, dict(BT=64, KS=2, STAGES=3, SPLIT=2, WG=2,
-                                                 INTEGER_ZEROS=1))]],
+                                                 INTEGER_ZEROS=1)),
+        # session 14: built for sm_90 without "a": mma.sync, the weights its A fragment
+        ("f16", 16, 14336, 4096, 128, True, dict(KS=4, STAGES=4, SPLIT=2, SCALE_AFTER=1,
+                                                 INTEGER_ZEROS=1, load_path="cp.async",
+                                                 target="sm_90")),
+        ("bf16", 13, 300, 1344, 64, True, dict(KS=2, WG=2, SPLIT=3, load_path="cp.async",
+                                               target="sm_90"))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
