@@ -284,6 +284,11 @@ SESSION14 = [("w4frag", shape, c) for shape, configs in (
                         dict(_P, BT=16, WG=4, SPLIT=8, SCALE_AFTER=1),
                         dict(_M, KS=4, SCALE_AFTER=1, SPLIT=4),
                         dict(_P, BT=16, WG=4, SPLIT=8), dict(_P, BT=16, WG=2, SPLIT=4))),
+    ((1, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),   # 8-token tiles:
+                        dict(_M, KS=4, SCALE_AFTER=1, SPLIT=2),   # mma.sync n8 / wgmma n8
+                        dict(_M, KS=4, SCALE_AFTER=1, SPLIT=2, BT=8),
+                        dict(_SA, KS=4, STAGES=6, BT=8, warp_specialize=False),
+                        dict(_P, BT=16, WG=4, SPLIT=2, SCALE_AFTER=1))),
     ((64, 14336, 4096), (dict(BT=64, KS=2, STAGES=3, SPLIT=2, WG=2, INTEGER_ZEROS=1,
                               warp_specialize=False),
                          dict(_P, BT=64, WG=2), dict(_P, BT=64, WG=4, SPLIT=2),
@@ -292,9 +297,7 @@ SESSION14 = [("w4frag", shape, c) for shape, configs in (
     ((128, 4096, 4096), (dict(BT=128, KS=2, SPLIT=4, INTEGER_ZEROS=1, warp_specialize=False),
                          dict(_P, BT=128, WG=2, SPLIT=4),
                          dict(_P, BT=128, WG=2, SPLIT=4, consumers="pingpong"))),
-    ((1, 14336, 4096), (dict(_SA, KS=4, STAGES=6, warp_specialize=False),
-                        dict(_P, BT=16, WG=4, SPLIT=2, SCALE_AFTER=1),
-                        dict(_M, KS=4, SCALE_AFTER=1, SPLIT=2))))
+    )
     for c in configs]
 SETS = {"session6": SESSION6, "swapped": SWAPPED, "refined": REFINED, "fragment": FRAGMENT,
         "session9": SESSION9, "session10": SESSION10, "session11": SESSION11,
