@@ -5,7 +5,8 @@ against torch SDPA's cuDNN and flash backends timed in the same process.
         @64:no pp:BN=128,consumers=pingpong
 
 `@D:CAUSAL` (CAUSAL no, yes or both) starts a group: the variants after it run at head
-dim D (one process for every group: torch and the SDPA baselines load once).
+dim D (one process for every group: torch and the SDPA baselines load once);
+`@D:CAUSAL:S` also sets the group's sequence length S (as --seq does for every group).
 
 Each variant is `name:KEY=VALUE,...` over the defaults BM=128, threads=256, STAGES=2,
 V_KMAJOR=0, P_SHARED=0, OVERLAP=0, REGS=0 (REGS: the consumer's stated registers a thread,
@@ -128,14 +129,16 @@ def run_variant(torch, q, k, v, causal: bool, config: dict, ref):
     return launch, err if err <= TOLERANCE else f"FAIL: max error {err:.2e}"
 
 
-def parse_groups(tokens: list[str]) -> list[tuple[int, tuple[bool, ...], list]]:
-    """`@D:CAUSAL name:... name:... @D:CAUSAL ...` -> [(D, causal settings, variants)]."""
-    groups: list[tuple[int, tuple[bool, ...], list]] = []
+def parse_groups(tokens: list[str]) -> list[tuple[int, tuple[bool, ...], list, int | None]]:
+    """`@D:CAUSAL[:S] name:... name:... @D:CAUSAL ...` -> [(D, causal settings, variants,
+    S or None)]: S, where given, is the group's sequence length (B·S kept, as --seq)."""
+    groups: list[tuple[int, tuple[bool, ...], list, int | None]] = []
     for token in tokens:
         if token.startswith("@"):
-            d, _, causal = token[1:].partition(":")
+            d, _, rest = token[1:].partition(":")
+            causal, _, seq = rest.partition(":")
             modes = {"no": (False,), "yes": (True,), "both": (False, True)}[causal or "no"]
-            groups.append((int(d), modes, []))
+            groups.append((int(d), modes, [], int(seq) if seq else None))
         elif not groups:
             raise SystemExit(f"{token}: a variant before any @D:CAUSAL group")
         else:
@@ -216,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="sequence length S (B·S kept at the default shapes' 16k tokens)")
     args = parser.parse_args(argv)
     import torch
-    for d, modes, variants in parse_groups(args.tokens):
+    for d, modes, variants, seq in parse_groups(args.tokens):
         for causal in modes:
-            run_group(torch, d, causal, variants, args.profile, args.seq)
+            run_group(torch, d, causal, variants, args.profile, seq or args.seq)
     return 0
 
 
