@@ -195,12 +195,13 @@ def run_group(torch, d: int, causal: bool, variants: list, profile: bool = False
               f"({time.time() - t0:.0f}s)", flush=True)
 
 
-def candidate_tokens(d: int, causal: bool) -> list[str]:
-    """The tuner's sm_90a candidates at head dim `d` as variant tokens (`tuned0:...`), for a
-    round that compiles them ahead of `tegula bench attention`."""
+def candidate_tokens(d: int, causal: bool, keys: int | None = None) -> list[str]:
+    """The tuner's sm_90a candidates at head dim `d` (and `keys` keys a sequence: None, all
+    of them) as variant tokens (`tuned0:...`), for a round that compiles them ahead of
+    `tegula bench attention`."""
     from tegula.kernels.attention import attention_candidates
     tokens = []
-    for i, config in enumerate(attention_candidates(d, True, causal)):
+    for i, config in enumerate(attention_candidates(d, True, causal, keys)):
         config = dict(config, threads=config.get("threads", 128))  # the kernel's default
         items = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in config.items()]
         tokens.append(f"tuned{i}:" + ",".join(items))
@@ -208,8 +209,9 @@ def candidate_tokens(d: int, causal: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] == ["--candidates"]:  # --candidates D no|yes
-        print(" ".join(candidate_tokens(int(sys.argv[2]), sys.argv[3] == "yes")))
+    if argv is None and sys.argv[1:2] == ["--candidates"]:  # --candidates D no|yes [KEYS]
+        keys = int(sys.argv[4]) if len(sys.argv) > 4 else None
+        print(" ".join(candidate_tokens(int(sys.argv[2]), sys.argv[3] == "yes", keys)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tokens", nargs="+", help="@D:CAUSAL, then name:KEY=VALUE,...")
