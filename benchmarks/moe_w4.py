@@ -13,8 +13,8 @@ adds the bf16 grouped GEMM as users call it (autotuned). `--profile`: where the 
 call's time goes, per case: each kernel's device time a call (CUPTI, torch.profiler: the
 schedule helper against the grouped GEMM) beside the whole call by CUDA events, and dense
 cuBLAS the same two ways (the first case, or the one named). `--ksweep`: the default
-call at the 64-expert geometry over several K (`KSWEEP`). A table last (TFLOP/s;
-nothing is asserted about time).
+call and AHEAD=1 at the 64-expert geometry over several K (`KSWEEP`). A table last
+(TFLOP/s; nothing is asserted about time).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch
 START = time.time()
 #: The fragment kernel (`moe_w4_fragment`: weights pre-packed in the MMA fragment's order,
 #: paired 16-bit dequantization overlapping the previous gemm), its default first.
-CONFIGS = [("default (PAIRS KS2 S3)", None),
+CONFIGS = [("default (WG3 PAIRS KS2 S2)", None),
            ("fragment PAIRS=0 (session 12's default)", dict(FRAGMENT=True, BM=128, WG=2, KS=2,
                                                             STAGES=3, WSMEM=0, PAIRS=0)),
            ("fragment PAIRS WG3 KS2 S2", dict(FRAGMENT=True, BM=128, WG=3, KS=2, STAGES=2,
@@ -146,7 +146,10 @@ def profile_rows(label: str, dims: tuple) -> list:
 #: token ring's refill, the epilogue through shared memory) weighs more the shorter K is:
 #: if time = items x (K-proportional part + fixed part), the ratio to dense bf16 climbs
 #: with K towards the kernel's steady-state ceiling.
-KSWEEP = (1024, 2048, 4096, 8192)
+KSWEEP = (1024, 2048, 8192)
+#: The sweep's configurations: the default, and with each item's first weights loaded
+#: during the previous item's epilogue (AHEAD=1, session 14).
+KSWEEP_CONFIGS = [CONFIGS[0], ("default + AHEAD=1", dict(FRAGMENT=True, AHEAD=1))]
 
 
 def ksweep_rows(budget: float) -> list:
@@ -158,7 +161,7 @@ def ksweep_rows(budget: float) -> list:
             rows.append((f"{label} K={kdim}", "skipped (time)"))
             continue
         part = case_rows(f"{label} K={kdim}", (tokens, k, experts, kdim, n), budget, False,
-                         CONFIGS[:1])
+                         KSWEEP_CONFIGS)
         rows += part
     return rows
 

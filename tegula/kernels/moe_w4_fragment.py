@@ -32,30 +32,23 @@ from tegula.kernels.quant_fragment import (FRAGMENT_K, FRAGMENT_ROWS, STORED_WOR
 
 def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: Any, t: Any,
                    sa: Any, sw: Any, sb: Any, dtype: DType, fractional: bool, G: int,
-                   BT: int, KS: int, WG: int, STAGES: int, PERSISTENT: bool) -> None:
+                   BT: int, KS: int, WG: int, STAGES: int, PERSISTENT: bool,
+                   head: Any = None, next_t: Any = None) -> Any:
     """Work item t (trace time): outᵀ's (64·WG, BT) tile of rows first… of expert e at
     weight row block n, over K in steps of 64·KS. `sw` None: the words straight into
     registers, step k+1 dequantized after step k's gemm is issued (ptxas then serializes
     the register-A wgmmas, C7513, as for `w4a16_fragment_kernel`'s WSMEM=0); else the
     words' ring, each step dequantized before its gemm, the other warpgroup's wgmmas
-    filling the tensor cores meanwhile."""
+    filling the tensor cores meanwhile. `head` (PAIRS): this item's `_item_head`, loaded
+    by the previous item; then the head of item `next_t` is loaded before this item's
+    epilogue and returned (AHEAD=1)."""
     e, first, end = schedule[EXPERT, t], schedule[FIRST_ROW, t], schedule[END_ROW, t]
     n = schedule[COLUMN_TILE, t]
     BN, BK = FRAGMENT_ROWS * WG, FRAGMENT_K * KS
-    S = max(1, BK // G)                                  # groups a step
     ga = x[first:, :].tile((BT, BK), (0, None))
-    gw = w[e].tile((WG, KS) + STORED_WORDS, (n, None, 0, 0))
-    words_tv = stored_tv(KS, WG)
     steps = ga.shape[2] if PERSISTENT else ga.shape[2] * has_rows(first, end)
-    z_e = zeros[e] if zeros is not None else None
-
-    def dequantized(words, constants):                   # the (BN, BK) weights of a step
-        packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
-        return tg.reshape(dequantize_in(packed, *constants, fractional), (BN, BK))
-
-    def constants(k):                                    # step k's zeros and scales (loads)
-        return group_constants(dtype, scales[e], z_e, n, k // max(1, G // BK), (BN, S))
-
+    gw, words_tv, dequantized, constants = _item_weights(w, scales, zeros, e, n, dtype,
+                                                         fractional, G, KS, WG)
     acc = tg.zeros((BN, BT), f32)                        # outᵀ: weight rows x tokens
     if sw is not None:
         ahead_constants = constants(0)                   # a k-step ahead, as loaded
@@ -69,10 +62,17 @@ def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: 
         tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
         return
     if sb is not None:
+        if head is None:
+            head = _item_head(gw, words_tv, dequantized, constants)
         acc = _paired_steps(ga, gw, words_tv, sa, sb, steps, acc, dequantized, constants,
-                            STAGES)
+                            STAGES, head)
+        following = None
+        if next_t is not None:              # the next item's words fly during the epilogue
+            following = _item_head(*_item_weights(
+                w, scales, zeros, schedule[EXPERT, next_t], schedule[COLUMN_TILE, next_t],
+                dtype, fractional, G, KS, WG))
         tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
-        return
+        return following
     current = dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0))
     ahead = tg.load(gw[:, :, :, :, 1], layout=words_tv)
     for k in tg.pipeline(steps, stages=STAGES):
@@ -86,8 +86,35 @@ def _fragment_item(x: Any, w: Any, scales: Any, zeros: Any, schedule: Any, out: 
     tg.copy(tg.rearrange(acc.to(dtype)), out[first:end, :].T.tile((BN, BT), (n, 0)))
 
 
+def _item_weights(w: Any, scales: Any, zeros: Any, e: Any, n: Any, dtype: DType,
+                  fractional: bool, G: int, KS: int, WG: int) -> tuple:
+    """(gw, words_tv, dequantized, constants) of expert e's weight row block n (trace
+    time): its stored words as k-steps, their layout in registers, the dequantization of
+    a step's words, and step k's zeros and scales (loads)."""
+    BN, BK = FRAGMENT_ROWS * WG, FRAGMENT_K * KS
+    S = max(1, BK // G)
+    gw = w[e].tile((WG, KS) + STORED_WORDS, (n, None, 0, 0))
+    z_e = zeros[e] if zeros is not None else None
+
+    def dequantized(words, constants):                   # the (BN, BK) weights of a step
+        packed = tg.reshape(fragment_weights(words, dtype), (BN, S, BK // S))
+        return tg.reshape(dequantize_in(packed, *constants, fractional), (BN, BK))
+
+    def constants(k):                                    # step k's zeros and scales (loads)
+        return group_constants(dtype, scales[e], z_e, n, k // max(1, G // BK), (BN, S))
+    return gw, stored_tv(KS, WG), dequantized, constants
+
+
+def _item_head(gw: Any, words_tv: Any, dequantized: Any, constants: Any) -> tuple:
+    """What `_paired_steps` needs before its first iteration: step 0's weights
+    dequantized, steps 1 and 2's words (loads)."""
+    return (dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0)),
+            tg.load(gw[:, :, :, :, 1], layout=words_tv),
+            tg.load(gw[:, :, :, :, 2], layout=words_tv))
+
+
 def _paired_steps(ga: Any, gw: Any, words_tv: Any, sa: Any, sb: Any, steps: Any, acc: Any,
-                  dequantized: Any, constants: Any, STAGES: int) -> Any:
+                  dequantized: Any, constants: Any, STAGES: int, head: tuple) -> Any:
     """PAIRS=1 (words in registers): two k-steps an iteration, each its own token ring
     (`sa` the even steps, `sb` the odd) and its own register A operand (`first` and
     `second`), each dequantized while the other's wgmmas run. With one operand
@@ -95,10 +122,9 @@ def _paired_steps(ga: Any, gw: Any, words_tv: Any, sa: Any, sb: Any, steps: Any,
     weights the registers the in-flight wgmmas read, and ptxas then waits for every
     wgmma before the next (C7513: 8 waits a step in the SASS); two operands keep them
     apart. A pair past an odd step count reads zero tokens (TMA fills past K) and
-    masked words."""
-    first = dequantized(tg.load(gw[:, :, :, :, 0], layout=words_tv), constants(0))
-    odd_words = tg.load(gw[:, :, :, :, 1], layout=words_tv)
-    even_words = tg.load(gw[:, :, :, :, 2], layout=words_tv)
+    masked words. `head`: `_item_head` (step 0 dequantized, steps 1 and 2's words)."""
+    first, odd_words, even_words = head
+    del head                             # the loop carries `first` &c., not head's tiles
     for k in tg.pipeline((steps + 1) // 2, stages=STAGES):
         tg.copy(ga[:, :, 2 * k], sa[k])
         tg.copy(ga[:, :, 2 * k + 1], sb[k])
@@ -119,10 +145,13 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
     fragment-ordered words (E, N/64, K/64, 128, 4) i32 (`pack_experts_fragments`,
     `as_words`), scales and zeros (E, N, K/G) of `dtype` (zeros unread without
     `has_zeros`: zero point 8). WSMEM=1: the words through a STAGES-deep shared ring
-    (`_fragment_item`). WG warpgroups (threads = 128·WG) take 64 weight rows each; KS stored blocks a k-step (BK = 64·KS divides G or is a multiple of it);
-    INTEGER_ZEROS skips the fractional zero's residue step. PAIRS (with WSMEM=0): two
-    k-steps an iteration, two register operands (`_paired_steps`). PERSISTENT: a block walks
-    the work count's items; else one block an item. The schedule's row tile is BT."""
+    (`_fragment_item`). WG warpgroups (threads = 128·WG) take 64 weight rows each; KS
+    stored blocks a k-step (BK = 64·KS divides G or is a multiple of it); INTEGER_ZEROS
+    skips the fractional zero's residue step. PAIRS (with WSMEM=0): two k-steps an
+    iteration, two register operands (`_paired_steps`). PERSISTENT: a block walks the
+    work count's items; else one block an item. AHEAD (PERSISTENT, PAIRS): the next
+    item's first weights are loaded and dequantized before this item's epilogue, so their
+    latency is not paid at the item's start. The schedule's row tile is BT."""
 
     @tg.kernel(threads=128)
     def moe_gemm_w4_fragment(x: tg.Tensor[dtype], w: tg.Tensor[i32, 5],
@@ -132,7 +161,8 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
                              BT: tg.constexpr = 128, KS: tg.constexpr = 1,
                              WG: tg.constexpr = 2, STAGES: tg.constexpr = 4,
                              PERSISTENT: tg.constexpr = True, WSMEM: tg.constexpr = 1,
-                             INTEGER_ZEROS: tg.constexpr = 0, PAIRS: tg.constexpr = 0):
+                             INTEGER_ZEROS: tg.constexpr = 0, PAIRS: tg.constexpr = 0,
+                             AHEAD: tg.constexpr = 0):
         sa = tg.shared((BT, FRAGMENT_K * KS), dtype, stages=STAGES)
         sw = tg.shared((WG, KS) + STORED_WORDS, i32, stages=STAGES,
                        layout=stored_shared(KS, WG)) if WSMEM else None
@@ -141,7 +171,18 @@ def moe_gemm_w4_fragment_kernel(dtype: DType, has_zeros: bool) -> tg.Kernel:
         z = zeros if has_zeros else None
         fractional = has_zeros and not INTEGER_ZEROS
         args = (sa, sw, sb, dtype, fractional, G, BT, KS, WG, STAGES)
-        if PERSISTENT:
+        if PERSISTENT and AHEAD and sb is not None:
+            # Each item's head (`_item_head`) is loaded during the previous item's
+            # epilogue; the last item's follower is a clamped repeat, never used.
+            last = tg.maximum(work_count[0] - 1, 0)
+            t0 = tg.minimum(tg.block_id(0), last)
+            head = _item_head(*_item_weights(w, scales, z, schedule[EXPERT, t0],
+                                             schedule[COLUMN_TILE, t0], dtype, fractional,
+                                             G, KS, WG))
+            for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
+                head = _fragment_item(x, w, scales, z, schedule, out, t, *args, True, head,
+                                      tg.minimum(t + tg.num_programs(0), last))
+        elif PERSISTENT:
             for t in tg.range(tg.block_id(0), work_count[0], tg.num_programs(0)):
                 _fragment_item(x, w, scales, z, schedule, out, t, *args, True)
         else:

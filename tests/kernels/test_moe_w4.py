@@ -95,12 +95,17 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
      dict(BM=16, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1, PERSISTENT=False)),
     ([9, 0, 13, 1], 200, 384, 128, True, bf16, "sm_90a",            # the default's three
      dict(BM=16, STAGES=2)),                                        # warpgroups, ragged N
+    ([9, 0, 13, 1], 200, 256, 128, True, bf16, "sm_90a",            # AHEAD: the next item's
+     dict(BM=16, STAGES=2, AHEAD=1)),                               # head before the epilogue
+    ([0, 4, 0, 0], 40, 256, 64, False, f16, "sm_90a",               # one item, idle blocks:
+     dict(BM=16, WG=1, STAGES=2, WSMEM=0, PAIRS=1, AHEAD=1)),       # clamped heads unused
 ])
 def test_fragment_grouped_gemm(counts, n, k, group, zero_point, dtype, target, tiles):
     """The fragment kernel (session 12: `moe_w4_fragment`, weights pre-packed in the MMA
     fragment's order, dequantized in paired 16-bit registers; their words through a
     shared ring or, WSMEM=0, into registers two steps ahead; PAIRS=1, two steps an
-    iteration, two register operands), persistent on 3 SMs or one block an item: N and K
+    iteration, two register operands; AHEAD=1, each item's first weights loaded during
+    the previous item's epilogue), persistent on 3 SMs or one block an item: N and K
     not multiples of the 64-row blocks' padding, empty experts, an odd step count, every
     group size."""
     rng = np.random.default_rng(n + group + 2)
