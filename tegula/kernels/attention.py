@@ -299,9 +299,9 @@ def _overlapped_key_loop(sq, keys, values, sk, sv, blocks, BN, dtype, STAGES,
     `first_in_ring` (FIRST_IN_RING): block 0's keys come through the ring as well, shifted
     by one — stage j holds k_j and v_{j-1} (at j = 0 the block past the last, zeros times
     p = 0), the loop runs once more (s starts at 0, alpha at 1) — so no key buffer of their
-    own: at D = 256
-    q (64 KB) and two stages of 80-key k and v (160 KB) then fit FlashAttention-3's 128 x 80
-    tile, which the extra buffer (40 KB) did not. Costs one p @ v of zeros a block."""
+    own: at D = 256 q (64 KB) and two stages of 80-key k and v (160 KB) then fit
+    FlashAttention-3's 128 x 80 tile, which the extra buffer (40 KB) did not. Costs one
+    p @ v of zeros a block."""
     m_i, l_i, acc = _softmax_state(sq)
     s = tg.zeros((sq.shape[0], BN), f32)
     if first_in_ring:  # iteration j computes s_j: p_{-1} = 0, alpha_{-1} = 1, v_{-1} = 0
