@@ -63,6 +63,12 @@ VARIANTS = {
     # while it computes (ptxas: dK/dV 239, dQ 218 registers, no spill at D = 128)
     "det-ws": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
                dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True)),
+    # the dQ kernel's exponentials behind a branch on whether its key block needs the mask
+    # (MASK_BRANCH): ptxas then keeps dP's wait after them (det-ws's dQ SASS waits for dP
+    # right after S's wait, before any exponential)
+    "det-ws-mb": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
+                  dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                       MASK_BRANCH=True)),
     # the consumers' two warpgroups taking turns at the tensor cores in the loop
     # (consumers="pingpong"): dQ's (218 registers, no spill), dK/dV's too (D = 64: 214;
     # D = 128: 224 B spilled)

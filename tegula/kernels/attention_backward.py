@@ -275,7 +275,9 @@ def attention_backward_dq_convert_kernel(dtype: DType) -> tg.Kernel:
 @lru_cache(maxsize=None)
 def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
     """dQ of one (BM, D) query block of head `h`, walking the key blocks in order.
-    `EARLY_DP`, `REGS`: as the dK/dV kernel's (`_key_block_gradients`)."""
+    `EARLY_DP`, `REGS`: as the dK/dV kernel's (`_key_block_gradients`). `MASK_BRANCH`:
+    the exponentials behind a branch on whether the key block needs the mask at all
+    (`_masked_probabilities`)."""
 
     @tg.kernel(threads=128)
     def attention_backward_dq(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
@@ -285,7 +287,8 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
                               D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                               G: tg.constexpr = 1, BM: tg.constexpr = 64,
                               BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
-                              EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0):
+                              EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0,
+                              MASK_BRANCH: tg.constexpr = False):
         m, h, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         hk = h // G
         seq_q, seq_k = q.shape[2], k.shape[2]
@@ -319,7 +322,13 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
                 seen = (keys < seq_k) & (queries < seq_q)
                 if CAUSAL:
                     seen = seen & (keys <= queries + (seq_k - seq_q))
-                p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA
+                if MASK_BRANCH:
+                    # the first row's last visible key (causal), or the last key
+                    visible_to = m * BM + (seq_k - seq_q) if CAUSAL else seq_k - 1
+                    p = _masked_probabilities(s, seen, (n + 1) * BN - 1 > visible_to,
+                                              lse_m, SCALE)
+                else:
+                    p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA
                 if not EARLY_DP:
                     dp = tg.zeros((BM, BN), f32)
                     tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
@@ -328,6 +337,22 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
         tg.copy((dq_acc * SCALE).to(dtype), dq[b, h].tile((BM, D), (m, 0)))
 
     return attention_backward_dq
+
+
+def _masked_probabilities(s, seen, needs_mask, lse_m, SCALE: float):
+    """P = exp2(S · scale·log2 e − lse·log2 e), 0 where not `seen`, written into `s`'s
+    registers (returned) on one of two paths: the mask only where `needs_mask` (a scalar
+    comparison: the key block reaches past a row's last visible key). Besides sparing the
+    interior blocks the compares and selects, the branch's join keeps ptxas from moving a
+    later wgmma wait (dP's, issued with S) above the exponentials: it places its
+    `WARPGROUP.DEPBAR` anywhere in a basic block, never across one (the attention
+    forward's overlapped loop does the same). Rows past Sq (never stored; a row's dQ reads
+    only its own dS) go unmasked on the interior path."""
+    with tg.if_(needs_mask):
+        s.assign(tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0))
+    with tg.else_():
+        s.assign(tg.exp2(s * (SCALE * LOG2E) - lse_m))
+    return s
 
 
 # --------------------------------------------------------------------------------------

@@ -370,3 +370,13 @@ def test_staggered_atomic_dq_is_right(Sq, Sk, tiles):
     lengths dividing no tile. With stated roles also LATE_DELTA (delta loaded after the
     exponentials)."""
     run_case(1, 2, 1, Sq, Sk, 32, True, seed=68, deterministic=False, STAGGER=True, **tiles)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_dq_kernel_with_its_mask_behind_a_branch_is_right(causal, target):
+    """MASK_BRANCH: the dQ kernel masks only key blocks reaching past a row's last visible
+    key (or the keys' end); interior blocks take the unmasked path. Both paths run here:
+    several key blocks, Sq < Sk, lengths dividing no tile, GQA 2."""
+    run_case(1, 2, 1, 45, 70, 32, causal, target=target, seed=69,
+             dq_tiles=dict(BM=16, BN=32, MASK_BRANCH=True))
