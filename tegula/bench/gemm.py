@@ -179,6 +179,21 @@ def best_triton_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def triton_picks(triton_kernels: Any) -> list[str]:
+    """What the Triton kernels' autotuners chose per shape (tile, stages, warps): issue
+    10 compares tegula's tiles with them where Triton comes close (long-K projections)."""
+    lines = []
+    for label, fn in (("Triton", "_matmul_kernel"),
+                      ("Triton TMA", "_matmul_tma_persistent_kernel")):
+        cache = getattr(getattr(triton_kernels, fn, None), "cache", None) or {}
+        for key, config in sorted(cache.items(), key=lambda kv: str(kv[0])):
+            kw = config.kwargs
+            lines.append(f"{label} picked at {'x'.join(map(str, key[:3]))}: "
+                         f"{kw.get('BLOCK_M')}x{kw.get('BLOCK_N')}x{kw.get('BLOCK_K')}, "
+                         f"{config.num_stages} stages, {config.num_warps} warps")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tegula.bench gemm",
                                      description=__doc__.splitlines()[0])
@@ -224,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
              f"run ({args.flush}: {gpu.FLUSH_NOTE[args.flush]})",
              "b is " + ("the transpose of a K-major (N, K) tensor" if args.b_major == "k"
                         else "row-major (K, N)")] + gpu.autotune_notes("matmul") \
-        + peak_fractions(records, impls, PEAK_TFLOPS["f16"]) + best_triton_lines(records)
+        + peak_fractions(records, impls, PEAK_TFLOPS["f16"]) + best_triton_lines(records) \
+        + (triton_picks(triton_kernels) if triton_kernels is not None else [])
     groups = {"large": lambda r: "large" in r.get("tags", ()),
               "decode": lambda r: "decode" in r.get("tags", ()), "all": lambda r: True}
     return gpu.finish("gemm", torch, args, records, skipped, impls, peers, "tflops", notes,
@@ -266,5 +282,5 @@ def _main_fused(torch: Any, args: argparse.Namespace, shapes: list) -> int:
 
 
 __all__ = ["main", "make_case", "make_epilogue_case", "make_fp8_case", "peak_fractions",
-           "best_triton_lines",
+           "best_triton_lines", "triton_picks",
            "tags", "SQUARES", "LLM", "DECODE", "QUICK", "EPILOGUE_SHAPES", "FP8_SHAPES"]

@@ -30,9 +30,11 @@ transformation, `lower/pipeline.py` (its ring, schedule and protocol live there)
                    into stage (k+S-1) % S = (k-1) % S
     after:         wait_group 0 (the accumulator is complete), barrier
 
-When the body holds more than the one gemm (other ops might read its accumulator), the
-gemm waits for its own wgmmas (wait_group 0) and the barrier + refill come first in the
-iteration instead.
+When the body holds more than the one gemm (other ops might read its accumulator), its
+gemms wait for their wgmmas by the end of the body (each wait deferred to the first
+statement that needs it, `lower/wgmma_waits.py`) and the barrier + refill come first in
+the iteration instead; or, where the body's last groups are carried into the next
+iteration (`carry_wgmma_groups`), in the order above, the next iteration retiring them.
 
 **Warp-specialized** (synthesis put a `RolesPlan` on the loop, `synth/roles.py`; the same
 `Ring`, full barriers and boxes as one role, `lower/pipeline.py`): the block is the user's `T` threads plus one producer warpgroup, and after the setup the body
@@ -54,7 +56,10 @@ The producer's first round passes its waits at once (a fresh barrier's phase "-1
 parity 1), so it runs up to S iterations ahead, then each refill waits for the release of
 the stage's previous use. With more than the gemm in the body, the gemm waits for its own
 wgmmas and every consumer thread arrives on empty[k%S] at the end of iteration k, after
-its own reads (R = T), with the loop's shared-memory barrier, if any, before it.
+its own reads (R = T), with the loop's shared-memory barrier, if any, before it. Where
+the body's last groups are carried into the next iteration (`carry_wgmma_groups`, no
+barrier ending the body), iteration k instead releases stage (k-1) % S, right after the
+wait that retires the carried groups (`_carried_consumer_loop`).
 
 Stage `k % S` is the same convention as every other access of a multi-stage buffer
 (`addressing.shared_offset`), and the j-th use of stage s completes the barrier's j-th
@@ -149,7 +154,8 @@ from tegula.lower.async_ir import (BulkCommit, BulkWait, ClusterBarrier, Elect,
 from tegula.lower.context import LoweringContext, reg
 from tegula.lower.pipeline import MBarrierRing, Ring, nested_stage_slots
 from tegula.lower.warp_roles import WarpRoles, map_barriers, split_roles, take_turn
-from tegula.lower.wgmma_waits import defer_wgmma_waits, split_reused_products
+from tegula.lower.wgmma_waits import (carry_wgmma_groups, defer_wgmma_waits,
+                                      split_reused_products)
 from tegula.lower.thread_ir import (BLOCK_IDS, TID, Barrier, Comment, Const, Expr, For, If,
                                     SharedBuffer, SharedStore, Stmt, Var, all_of)
 
@@ -384,8 +390,9 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
             return [head] + take_turn(tile_loop, loop) + after + [Barrier()]
         return [head, loop] + after + [Barrier()]
     one_lane = Elect() if wgmma_reads_only else None
-    return [head] + _specialized_consumer_loop(lowering, op, ring, rest, producers, wait,
-                                               lambda index: release(index, one_lane))
+    return [head] + _specialized_consumer_loop(
+        lowering, op, ring, rest, producers, wait,
+        lambda index, guard=None: release(index, all_of([guard, one_lane])))
 
 
 def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
@@ -393,12 +400,14 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     """The consumer role's loop where the body is more than one lone gemm (any tile ops):
     each iteration waits for its stage, runs the body with its wgmma waits deferred and
     releases the stage; a barrier ends the body or follows the loop where its shared
-    accesses need one."""
+    accesses need one. Where the body's last wgmma groups need not be retired by its end
+    (the attention forward's p @ v) and no barrier ends it, they stay in flight into the
+    next iteration (`_carried_consumer_loop`)."""
     k = Var(op.var.name)
     nested_stage_slots(lowering.ctx, ring, op, rest, producers)
     from tegula.lower.lower import SharedSync
     inner = SharedSync()
-    body = [wait] + split_reused_products(defer_wgmma_waits(lowering.ops(rest, inner)), wait)
+    stmts = lowering.ops(rest, inner)
     # No refill barrier orders one iteration's shared accesses before the next's, so the
     # body ends in one where they could race: a consumer wrote shared memory since the
     # body's last barrier (or has cp.async copies in flight), or it reads a buffer there
@@ -412,13 +421,35 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     # GEMM went from 802 to 861 TFLOP/s on an H100, the attention forward (D=128) from
     # 467 to 505.
     stages = {p.dst.alloc.id for p in producers}
-    after: list[Stmt] = []
-    if inner.written or inner.async_pending or inner.carried_conflict(ignore=stages):
+    end_barrier = inner.written or inner.async_pending or \
+        inner.carried_conflict(ignore=stages)
+    after = inner.barrier() if not end_barrier and inner.read - stages else []
+    carried = None if end_barrier or ring.stages < 2 else carry_wgmma_groups(stmts)
+    if carried is not None:
+        return _carried_consumer_loop(ring, k, wait, *carried, release) + after
+    body = [wait] + split_reused_products(defer_wgmma_waits(stmts), wait)
+    if end_barrier:
         body += inner.barrier()
-    elif inner.read - stages:
-        after = inner.barrier()
     body += release(ring.slot(k))
     return [For(k, ring.start, ring.stop, 1, body)] + after
+
+
+def _carried_consumer_loop(ring: Ring, k: Var, wait: Stmt, body: list, at: int,
+                           release) -> list[Stmt]:
+    """The consumer's loop whose last wgmma groups run on into the next iteration
+    (`wgmma_waits.carry_wgmma_groups`): iteration k releases the previous iteration's
+    stage, slot(k-1), right after the wait that retired its carried groups — the only
+    readers of that stage left — and its own stage stays held by its groups in flight.
+    With two stages or more the producer never needs the stage being held (it fills
+    k+1 once iteration k-1 released its stage). After the loop wait_group 0, and, where
+    the ring goes on in the next run, the release of the last iteration's stage (as a
+    lone gemm's)."""
+    previous = release(ring.slot(k - 1), ring.start.lt(k))
+    loop = For(k, ring.start, ring.stop, 1, [wait] + body[:at] + previous + body[at:])
+    after: list[Stmt] = [WgmmaWait(0)]
+    if ring.nested:
+        after += release(ring.slot(ring.stop - 1), ring.start.lt(ring.stop))
+    return [loop] + after
 
 
 def stage_release(empty: str, index: Expr, pred: Expr | None, ctas: int) -> list[Stmt]:

@@ -37,7 +37,11 @@ release it depends on, and the compute stage the acquire.
   `parity(k)`; the release is a block barrier. A body that is one wgmma gemm keeps its
   group in flight (acquire, compute with `wait_group 1` — iteration k-1's wgmmas, the
   readers of slot(k-1), retired — release, refill); any other body waits for its own
-  wgmmas, so release and refill come first (release, refill, acquire, compute).
+  wgmmas by the body's end (its waits deferred within it, `lower/wgmma_waits.py`), so
+  release and refill come first (release, refill, acquire, compute) — unless its last
+  wgmma groups are carried into the next iteration (`carry_wgmma_groups`), which
+  retires them by its own end: then acquire, compute, release, refill, as for a lone
+  gemm.
   Warp-specialized (`lower/hopper.py` `lower_specialized_pipeline`), the same ring and
   `full` barriers serve a producer warpgroup, which issues iteration k once
   `empty[slot(k)]` completed the release of its previous use (`producer_wait`), and
@@ -133,6 +137,7 @@ def run_ahead(ring: Ring, protocol, steps: tuple[str, ...], compute) -> list[Stm
     parts = {"refill": refill, "acquire": protocol.acquire(k),
              "release": protocol.release(k - 1)}
     parts["compute"], drain = compute()
+    steps = steps() if callable(steps) else steps   # a body may decide its order
     _check_order(steps)
     body = early + [s for step in steps for s in parts[step]]
     return prologue + [For(k, ring.start, ring.stop, 1, body)] + drain
@@ -369,11 +374,33 @@ def _lower_tma_one_role(lowering, op: ForLoop, ring: Ring, producers: list,
                     [WgmmaWait(0), Barrier()])
         return run_ahead(ring, protocol, ("acquire", "compute", "release", "refill"), gemm)
     nested_stage_slots(ctx, ring, op, rest, producers)
+    order = ["release", "refill", "acquire", "compute"]
 
     def body():
+        # The body's gemms wait for their wgmmas where their registers are first needed,
+        # not right after them (`wgmma_waits.defer_wgmma_waits`). Where its last groups
+        # need not be retired by its end (the attention forward's p @ v), they stay in
+        # flight across the release barrier and the refill into the next iteration
+        # (`carry_wgmma_groups`), which retires them where it first needs them and at
+        # the latest before its own end: the release of stage slot(k-1) at the end of
+        # iteration k then follows the retirement of its readers, iteration k-1's
+        # wgmmas, in every thread (the barrier), as for a lone gemm. Otherwise every
+        # group is retired by the body's end, before the next iteration's release.
+        # Gemms with register A operands keep their waits (ptxas's C7513: the W4A16
+        # fragment kernel's one-role loop had every wgmma serialized with them deferred).
+        from tegula.lower.wgmma_waits import (carry_wgmma_groups, defer_wgmma_waits,
+                                              split_reused_products)
         stmts, inner = _lower_body(lowering, rest)
+        carried = carry_wgmma_groups(stmts, register_a=False) if ring.stages > 1 else None
+        if carried is not None:
+            order[:] = ["acquire", "compute", "release", "refill"]
+            return carried[0], [WgmmaWait(0)] + (inner.barrier() if inner.dirty
+                                                  else [Barrier()])
+        stage_wait, = protocol.acquire(ring.var)
+        stmts = split_reused_products(defer_wgmma_waits(stmts, register_a=False),
+                                      stage_wait)
         return stmts, (inner.barrier() if inner.dirty else [])
-    return run_ahead(ring, protocol, ("release", "refill", "acquire", "compute"), body)
+    return run_ahead(ring, protocol, lambda: tuple(order), body)
 
 
 def _lower_body(lowering, ops: list) -> tuple[list[Stmt], object]:

@@ -21,14 +21,30 @@ committed groups (the register arrays each one's wgmmas read or write: the accum
   those; `Comment`s pass freely) touching a group's registers: `wait_group n`, n the
   groups committed after that one, which stay in flight;
 * a later gemm's `WgmmaFence`, wgmmas and commit go by unless they touch an in-flight
-  group's registers (then its wait comes before the fence);
+  group's registers (then its wait comes before the fence) — except a wgmma accumulating
+  into exactly the registers of an in-flight wgmma of the same instruction (the same
+  `d` list, a K step of the same product): the PTX ISA orders accumulator accesses
+  across wgmma.mma_async instructions of the same shape by itself (`wgmma.fence`,
+  "an ordering guarantee is provided by default"), as a K loop's wgmmas into one
+  accumulator rely on. So a second gemm into an accumulator in flight (two k-steps an
+  iteration, each with its own register A operand) issues at once;
 * before anything else — memory accesses, barriers, branches, loops, other async
   operations — and at the end of the body: a wait retiring every group a dropped wait
   covered, so shared memory a wgmma reads and the stage release after the body keep
   their order.
 
+`carry_wgmma_groups` goes one step further for a pipeline loop's body: the groups still
+in flight at its end (the attention forward's p @ v, whose result the next iteration
+needs only after its own q @ kᵀ) are not waited for there; the next iteration starts
+with them in flight and retires them under the same rules, at the latest by its end, and
+the loop releases the stage they read only after that wait (`lower/hopper.py`
+`_carried_consumer_loop`; in one role, the release barrier ends the iteration). A body
+is carried only where that keeps the registers its wgmmas hold in flight at once within
+`CARRY_WORDS` (or does not raise them).
+
 The emulator checks the result: it keeps a wgmma's registers busy until the wait that
-retires it and reports any other statement touching them.
+retires it and reports any other statement touching them, and it reports a TMA write
+into shared bytes an in-flight wgmma still reads.
 
 `split_reused_products` serves a body that fills a product tile again for a second gemm
 after reading the first product: it repeats the stage's wait before the refill, which
@@ -40,7 +56,8 @@ from __future__ import annotations
 import dataclasses
 
 from tegula.lower.async_ir import MBarrierWait, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
-from tegula.lower.thread_ir import Assign, Comment, If, LoadScalar, Reg, Shuffle, Stmt, walk
+from tegula.lower.thread_ir import (Assign, Comment, Const, If, LoadScalar, Reg, Shuffle, Stmt,
+                                    walk)
 
 #: Statements a wait may move past: register-only arithmetic, warp shuffles (registers of
 #: the warp's lanes; no memory) and comments.
@@ -71,54 +88,181 @@ def _wgmma_arrays(stmt: Wgmma) -> set[str]:
     return arrays
 
 
-def defer_wgmma_waits(stmts: list[Stmt]) -> list[Stmt]:
+def defer_wgmma_waits(stmts: list[Stmt], register_a: bool = True) -> list[Stmt]:
     """`stmts` (one straight-line body) with each `WgmmaWait(0)` replaced by waits at the
     first statements that need its groups retired (module docstring): before a register
     statement touching a group's registers, `wait_group n` with n the groups committed
     after it (those stay in flight); before anything else — memory, barriers, branches —
     and at the end, a wait for every group the dropped wait covered. A later gemm's
-    fence, wgmmas and commit go by, unless they touch an in-flight group's registers.
-    Statements keep their relative order otherwise."""
-    out: list[Stmt] = []
-    committed: list[set[str]] = []  # registers of each group not known retired, oldest first
-    issued: set[str] = set()        # registers of the wgmmas issued since the last commit
-    owed = 0                        # the oldest `owed` groups: a dropped wait(0) covered them
+    fence, wgmmas and commit go by, unless they touch an in-flight group's registers
+    other than by accumulating into the same registers with the same instruction.
+    Statements keep their relative order otherwise. `register_a` False keeps each wait
+    that retires a wgmma reading A from registers where it is (the one-role pipeline:
+    ptxas serializes every wgmma, C7513, where its stage — first wgmma to the wait —
+    holds an instruction defining a wgmma's A registers, which the C compiler may give
+    the in-flight operand's registers)."""
+    return _Deferral(register_a, []).run(stmts, pay_at_end=True)
 
-    def retire_through(last: int) -> None:
+
+def carry_wgmma_groups(stmts: list[Stmt], register_a: bool = True) -> tuple | None:
+    """A pipeline loop body (`stmts`, straight-line, run once per iteration) whose last
+    wgmma groups stay in flight into the next iteration, or None where none would (every
+    group is needed before the body ends). Returns (body, at): `body` as
+    `defer_wgmma_waits` makes it, but with the groups still in flight at its end left
+    running, and every group carried in from the previous iteration (the same ones: the
+    body is the same each time) retired where its registers are first needed or, at the
+    latest, before a memory or control statement or at the end; `at` is the index in
+    `body` right after the wait that retires the last carried group, where the caller
+    releases the previous iteration's stage (its readers, the carried wgmmas, retired
+    there). The first iteration's waits find fewer groups in flight and return at once.
+    After the loop the caller waits for every group (wait_group 0). None also where the
+    carried groups would be retired before the next iteration issues a gemm of its own
+    (nothing would overlap them: the overlapped attention loop, whose first statement
+    writes the carried p @ v's A fragment)."""
+    first = _Deferral(register_a, [])
+    first.run(stmts, pay_at_end=False)
+    if not first.committed:
+        return None
+    carried = _Deferral(register_a, first.committed)
+    body = carried.run(stmts, pay_at_end=False)
+    if [g.arrays for g in carried.committed] != [g.arrays for g in first.committed]:
+        return None     # not a fixed point (cannot happen for a straight-line body)
+    if carried.peak > max(first.peak, CARRY_WORDS):
+        return None     # too many registers in flight at once (`CARRY_WORDS`)
+    at = carried.carried_retired_at
+    if not any(isinstance(stmt, WgmmaCommit) for stmt in body[:at]):
+        return None     # retired before the next iteration issues anything: no overlap
+    return body, at
+
+
+#: The most 32-bit registers a thread's in-flight wgmmas may own at once in a carrying
+#: body (where carrying raises that peak at all): ptxas needs them all allocated together,
+#: and serializes every wgmma where it cannot (C7512). Measured with ptxas (CUDA 13,
+#: sm_90a, 240 registers a consumer thread): the stated attention forward at D = 128
+#: carries p @ v into the next q @ k^T at 160, no warning; the stated dQ backward kernel
+#: would carry dS K into the next Q K^T and dO V^T at 224, C7512.
+CARRY_WORDS = 160
+
+
+class _Deferral:
+    """The pass of `defer_wgmma_waits` / `carry_wgmma_groups` over one body: `carried`,
+    groups in flight when it starts (the previous iteration's), owed from the start."""
+
+    def __init__(self, register_a: bool, carried: list):
+        self.register_a = register_a
+        self.committed: list[_Group] = list(carried)   # not known retired, oldest first
+        self.carried = len(carried)     # the oldest `carried` of them: the previous body's
+        self.owed = len(carried)        # the oldest `owed`: a dropped wait(0) covered them
+        self.carried_retired_at = 0 if not carried else None
+        self.out: list[Stmt] = []
+        self.peak = 0       # the most 32-bit registers a thread's groups in flight own
+
+    def retire_through(self, last: int) -> None:
         """Emit the wait that retires groups 0 … last (the newer ones stay in flight)."""
-        nonlocal committed, owed
-        out.append(WgmmaWait(len(committed) - 1 - last))
-        committed, owed = committed[last + 1:], max(0, owed - (last + 1))
+        self.out.append(WgmmaWait(len(self.committed) - 1 - last))
+        self._retired(last + 1)
 
-    for index, stmt in enumerate(stmts):
-        if isinstance(stmt, WgmmaWait):
-            if stmt.pending == 0 and committed:
-                owed = len(committed)       # dropped: paid where its groups are needed
+    def _retired(self, count: int) -> None:
+        self.committed = self.committed[count:]
+        self.owed = max(0, self.owed - count)
+        if self.carried and count >= self.carried:
+            self.carried_retired_at = len(self.out)
+        self.carried = max(0, self.carried - count)
+
+    def run(self, stmts: list[Stmt], pay_at_end: bool) -> list[Stmt]:
+        issued: list[Wgmma] = []        # the wgmmas issued since the last commit
+        for index, stmt in enumerate(stmts):
+            if isinstance(stmt, WgmmaWait):
+                if stmt.pending == 0 and self.committed and \
+                        (self.register_a or not any(g.register_a for g in self.committed)):
+                    self.owed = len(self.committed)  # dropped: paid where needed
+                    continue
+                self.out.append(stmt)
+                self._retired(max(0, len(self.committed) - stmt.pending))
                 continue
-            out.append(stmt)
-            kept = committed[len(committed) - stmt.pending:] if stmt.pending else []
-            owed = max(0, owed - (len(committed) - len(kept)))
-            committed = kept
-            continue
-        if isinstance(stmt, WgmmaFence):
-            touched = _touched_group(committed, _gemm_registers(stmts, index))
-        elif isinstance(stmt, (Wgmma, WgmmaCommit)):
-            touched = None                  # checked at the gemm's fence
-        elif isinstance(stmt, _REGISTER_ONLY) or _register_only_branch(stmt):
-            touched = _touched_group(committed, register_arrays(stmt))
-        else:
-            touched = owed - 1 if owed else None    # memory, control flow: pay every debt
-        if touched is not None:
-            retire_through(touched)
-        if isinstance(stmt, Wgmma):
-            issued |= _wgmma_arrays(stmt)
-        if isinstance(stmt, WgmmaCommit):
-            committed.append(issued)
-            issued = set()
-        out.append(stmt)
-    if owed:
-        retire_through(owed - 1)
-    return out
+            if isinstance(stmt, WgmmaFence):
+                touched = _hazard_group(self.committed, _gemm_wgmmas(stmts, index))
+            elif isinstance(stmt, (Wgmma, WgmmaCommit)):
+                touched = None                  # checked at the gemm's fence
+            elif isinstance(stmt, _REGISTER_ONLY) or _register_only_branch(stmt):
+                touched = _touched_group(self.committed, register_arrays(stmt))
+            else:               # memory, control flow: pay every debt
+                touched = self.owed - 1 if self.owed else None
+            if touched is not None:
+                self.retire_through(touched)
+            if isinstance(stmt, Wgmma):
+                issued.append(stmt)
+            if isinstance(stmt, WgmmaCommit):
+                self.committed.append(_Group(issued))
+                issued = []
+                self.peak = max(self.peak, _in_flight_words(self.committed))
+            self.out.append(stmt)
+        if pay_at_end and self.owed:
+            self.retire_through(self.owed - 1)
+        elif self.carried:
+            self.retire_through(self.carried - 1)
+        return self.out
+
+
+def _in_flight_words(groups: list) -> int:
+    """The 32-bit registers a thread's in-flight `groups` own (accumulators, register A
+    fragments), each counted once."""
+    owned = {(r.array.name, r.index) for g in groups for w in g.wgmmas for r in _owned(w)}
+    sizes = {r.array.name: r.array.dtype.bits for g in groups for w in g.wgmmas
+             for r in _owned(w)}
+    return sum(sizes[name] for name, _ in owned) // 32
+
+
+class _Group:
+    """One committed wgmma group: its wgmmas, and the register arrays they own while in
+    flight (each one's accumulator `d`, and its A fragment where A is in registers)."""
+
+    def __init__(self, wgmmas: list[Wgmma]):
+        self.wgmmas = wgmmas
+        self.arrays: set[str] = set().union(*map(_wgmma_arrays, wgmmas)) if wgmmas else set()
+        self.register_a = any(isinstance(w.a, list) for w in wgmmas)
+
+
+def _owned(stmt: Wgmma) -> list:
+    """The registers a wgmma owns while in flight (`d`, and A when in registers)."""
+    return list(stmt.d) + (list(stmt.a) if isinstance(stmt.a, list) else [])
+
+
+def _overlap(regs: list, others: list) -> bool:
+    """Whether two register lists share a register (an index that is not a constant
+    stands for its whole array)."""
+    (exact, whole), (exact2, whole2) = _register_keys(regs), _register_keys(others)
+    names = whole | {name for name, _ in exact}
+    names2 = whole2 | {name for name, _ in exact2}
+    return bool(exact & exact2 or whole & names2 or whole2 & names)
+
+
+def _register_keys(regs: list) -> tuple[set, set]:
+    """((array, index) of the registers at constant indices, arrays indexed otherwise)."""
+    exact = {(r.array.name, r.index.value) for r in regs if isinstance(r.index, Const)}
+    return exact, {r.array.name for r in regs if not isinstance(r.index, Const)}
+
+
+def _chained(new: Wgmma, old: Wgmma) -> bool:
+    """`new` accumulates into exactly `old`'s accumulator registers with the same
+    instruction (shape and types), both reading A from shared memory: the hardware
+    orders the two (module docstring), no wait needed between them. (A register A
+    operand would be defined between the first wgmma and its wait, inside ptxas's
+    pipeline stage, and ptxas then serializes every wgmma, C7513: the paired W4A16 and
+    4-bit MoE steps measured 16 waits a loop in the SASS against 2.)"""
+    return new.instr == old.instr and list(new.d) == list(old.d) and \
+        not isinstance(new.a, list) and not isinstance(old.a, list)
+
+
+def _hazard_group(committed: list[_Group], wgmmas: list[Wgmma]) -> int | None:
+    """The newest in-flight group one of whose wgmmas shares registers with one of
+    `wgmmas` (a later gemm's) other than as a same-instruction chain on one accumulator,
+    or None."""
+    hits = [i for i, group in enumerate(committed)
+            if any(_overlap(_owned(new), _owned(old)) and not _chained(new, old)
+                   for new in wgmmas for old in group.wgmmas
+                   if group.arrays & _wgmma_arrays(new))]
+    return hits[-1] if hits else None
 
 
 def _register_only_branch(stmt: Stmt) -> bool:
@@ -142,22 +286,22 @@ def _nodes(expr):
             stack.extend(x)
 
 
-def _touched_group(committed: list[set[str]], arrays: set[str]) -> int | None:
+def _touched_group(committed: list[_Group], arrays: set[str]) -> int | None:
     """The newest in-flight group owning one of `arrays` (waiting for it retires every
     older one too), or None."""
-    hits = [i for i, regs in enumerate(committed) if regs & arrays]
+    hits = [i for i, group in enumerate(committed) if group.arrays & arrays]
     return hits[-1] if hits else None
 
 
-def _gemm_registers(stmts: list[Stmt], fence: int) -> set[str]:
-    """The registers of the wgmmas from the fence at `fence` to their commit."""
-    arrays: set[str] = set()
+def _gemm_wgmmas(stmts: list[Stmt], fence: int) -> list[Wgmma]:
+    """The wgmmas from the fence at `fence` to their commit."""
+    found: list[Wgmma] = []
     for stmt in stmts[fence + 1:]:
         if isinstance(stmt, WgmmaCommit):
             break
         if isinstance(stmt, Wgmma):
-            arrays |= _wgmma_arrays(stmt)
-    return arrays
+            found.append(stmt)
+    return found
 
 
 def split_reused_products(stmts: list[Stmt], stage_wait: MBarrierWait) -> list[Stmt]:
@@ -191,4 +335,5 @@ def split_reused_products(stmts: list[Stmt], stage_wait: MBarrierWait) -> list[S
     return out
 
 
-__all__ = ["defer_wgmma_waits", "register_arrays", "split_reused_products"]
+__all__ = ["carry_wgmma_groups", "defer_wgmma_waits", "register_arrays",
+           "split_reused_products"]

@@ -18,7 +18,7 @@ from tegula.emulate import EmulationError
 from tegula.kernels.common import poisoned, random_input
 from tegula.lower.async_ir import Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
 from tegula.lower.thread_ir import (Assign, Barrier, Comment, Const, For, RegArray, Reg,
-                                    RegRead, Shuffle, walk)
+                                    RegRead, Shuffle, Var, walk)
 from tegula.lower.wgmma_waits import defer_wgmma_waits, register_arrays
 
 ACC, OTHER, SCALE = (RegArray(name, f32, 4) for name in ("acc", "other", "scale"))
@@ -79,17 +79,61 @@ def test_two_gemms_stay_in_flight_and_each_is_waited_for_at_its_first_use():
                      "WgmmaWait0", "Assign"]
 
 
-def test_a_gemm_on_an_accumulator_in_flight_waits_first_and_memory_waits_for_all():
-    """A second gemm into the first one's accumulator waits for it before its fence;
-    a barrier (anything but register arithmetic) retires every group before it."""
+def _kinds(out):
+    return [type(s).__name__ + (str(s.pending) if isinstance(s, WgmmaWait) else "")
+            for s in out]
+
+
+def test_a_gemm_into_an_accumulator_in_flight_with_the_same_instruction_issues_at_once():
+    """A second gemm into the first one's accumulator, by wgmmas of the same instruction
+    on the same registers (PTX orders accumulator accesses of same-shape wgmmas by
+    itself, `wgmma.fence`): no wait before its fence; both groups in flight up to the
+    barrier, which retires every group before it."""
     out = defer_wgmma_waits(_gemm(ACC) + _gemm(ACC) + [Barrier()])
-    kinds = [type(s).__name__ + (str(s.pending) if isinstance(s, WgmmaWait) else "")
-             for s in out]
-    assert kinds == ["WgmmaFence", "Wgmma", "WgmmaCommit", "WgmmaWait0", "WgmmaFence",
-                     "Wgmma", "WgmmaCommit", "WgmmaWait0", "Barrier"]
+    assert _kinds(out) == ["WgmmaFence", "Wgmma", "WgmmaCommit", "WgmmaFence", "Wgmma",
+                           "WgmmaCommit", "WgmmaWait0", "Barrier"]
     out = defer_wgmma_waits(_gemm(ACC) + _gemm(OTHER) + [_assign(SCALE, SCALE)])
     assert isinstance(out[-1], WgmmaWait) and out[-1].pending == 0  # the end pays too
     assert sum(isinstance(s, WgmmaWait) for s in out) == 1
+
+
+def _shaped(instr, d, a=None):
+    return [WgmmaFence(), Wgmma(instr, d, a, None, scale_d=Const(1)), WgmmaCommit(),
+            WgmmaWait(0)]
+
+
+N8 = "wgmma.m64n8k16.f32.f16.f16"
+N16 = "wgmma.m64n16k16.f32.f16.f16"
+WIDE = RegArray("wide", f32, 8)
+
+
+@pytest.mark.parametrize("second", [
+    _shaped(N16, [Reg(WIDE, Const(i)) for i in range(8)]),            # another shape
+    _shaped(N8, [Reg(WIDE, Const(i)) for i in (1, 0, 2, 3)]),         # registers reordered
+    _shaped(N8, [Reg(WIDE, Const(i)) for i in range(2, 6)]),          # overlapping, shifted
+    _shaped(N8, [Reg(OTHER, Const(i)) for i in range(4)],             # A = the acc in flight
+            [Reg(WIDE, Const(i)) for i in range(4)]),
+    _shaped(N8, [Reg(WIDE, Const(i)) for i in range(4)],              # same d, A in flight
+            [Reg(WIDE, Const(i)) for i in range(4)]),
+    _shaped(N8, [Reg(WIDE, Var("i")) for i in range(4)]),             # index unknown
+])
+def test_a_gemm_sharing_registers_with_a_wgmma_in_flight_otherwise_waits_first(second):
+    """Only the exact chain goes by: another instruction on the same registers, the
+    same instruction on other positions of them, a register A operand that is the
+    in-flight accumulator, or an index that is not a constant wait before the fence."""
+    first = _shaped(N8, [Reg(WIDE, Const(i)) for i in range(4)])
+    out = defer_wgmma_waits(first + second)
+    assert _kinds(out)[:5] == ["WgmmaFence", "Wgmma", "WgmmaCommit", "WgmmaWait0",
+                               "WgmmaFence"]
+
+
+def test_a_gemm_into_disjoint_registers_of_the_same_array_issues_at_once():
+    """The other half of a wide accumulator (disjoint registers of one array) is no
+    hazard: the array is compared register by register."""
+    first = _shaped(N8, [Reg(WIDE, Const(i)) for i in range(4)])
+    second = _shaped(N8, [Reg(WIDE, Const(i)) for i in range(4, 8)])
+    assert _kinds(defer_wgmma_waits(first + second))[:4] == [
+        "WgmmaFence", "Wgmma", "WgmmaCommit", "WgmmaFence"]
 
 
 @pytest.mark.parametrize("stop", [Barrier(), For(None, Const(0), Const(1), 1, [])])
@@ -278,8 +322,8 @@ def test_a_buffer_only_read_in_the_loop_gets_one_barrier_after_it_not_one_per_it
         loop = next(i for i, s in enumerate(consumer) if isinstance(s, For)
                     and any(isinstance(x, WgmmaCommit) for x in s.body))
         assert not any(isinstance(s, NamedBarrier) for s in consumer[loop].body)
-        assert isinstance(consumer[loop + 1], NamedBarrier) or \
-            isinstance(consumer[loop + 2], NamedBarrier)   # (a proxy fence first)
+        # (the carried groups' wait_group 0, a proxy fence first)
+        assert any(isinstance(s, NamedBarrier) for s in consumer[loop + 1:loop + 4])
     rng = np.random.default_rng(2)
     a, b = random_input(rng, (256, 64), f16), random_input(rng, (200, 64), f16)
     c, d = poisoned((128, 64), f32), poisoned((128, 64), f16)
@@ -336,12 +380,16 @@ def test_an_overlapped_attention_loop_with_a_wait_short_by_one_group_is_reported
     want = p @ v[0, 0].astype(np.float64) / p.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(o[0, 0].astype(np.float64), want, rtol=2e-3, atol=2e-3)
 
-    real = hopper.defer_wgmma_waits
+    real, real_carry = hopper.defer_wgmma_waits, hopper.carry_wgmma_groups
 
-    def one_short(stmts):
-        return [WgmmaWait(s.pending + 1) if isinstance(s, WgmmaWait) else s
-                for s in real(stmts)]
-    monkeypatch.setattr(hopper, "defer_wgmma_waits", one_short)
+    def short(stmts):
+        return [WgmmaWait(s.pending + 1) if isinstance(s, WgmmaWait) else s for s in stmts]
+
+    def carried_short(stmts):
+        found = real_carry(stmts)
+        return None if found is None else (short(found[0]), found[1])
+    monkeypatch.setattr(hopper, "defer_wgmma_waits", lambda stmts: short(real(stmts)))
+    monkeypatch.setattr(hopper, "carry_wgmma_groups", carried_short)
     with pytest.raises(EmulationError, match="still in flight"):   # scale: a fresh build
         attention_emulated(q, k, v, True, 0.12, target="sm_90a", OVERLAP=True,
                            warp_specialize=True)
@@ -374,3 +422,43 @@ def test_a_product_tile_refilled_for_a_second_gemm_gets_the_stage_wait_repeated(
     other_gemm = [WgmmaFence(), _wgmma(OTHER), WgmmaCommit()]
     overlapped = [fill, *gemm, *other_gemm, _assign(SCALE, ACC), fill, *gemm]
     assert split_reused_products(overlapped, stage) == overlapped
+
+
+# ------------------------------------------ two gemms an iteration into one accumulator
+
+@tg.kernel(threads=128, warp_specialize=True)
+def _two_steps_an_iteration(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                            BM: tg.constexpr = 64, BN: tg.constexpr = 64,
+                            BK: tg.constexpr = 32):
+    ga = a.tile((BM, BK), (0, None))
+    gb = b.tile((BN, BK), (0, None))
+    acc = tg.zeros((BM, BN), f32)
+    sa, sa2 = tg.shared((BM, BK), f16, stages=2), tg.shared((BM, BK), f16, stages=2)
+    sb, sb2 = tg.shared((BN, BK), f16, stages=2), tg.shared((BN, BK), f16, stages=2)
+    for k in tg.pipeline((ga.shape[2] + 1) // 2, stages=2):
+        tg.copy(ga[:, :, 2 * k], sa[k])
+        tg.copy(gb[:, :, 2 * k], sb[k])
+        tg.copy(ga[:, :, 2 * k + 1], sa2[k])
+        tg.copy(gb[:, :, 2 * k + 1], sb2[k])
+        tg.gemm(acc, sa[k], sb[k])               # step 2k
+        tg.gemm(acc, sa2[k], sb2[k])             # step 2k + 1: into acc, in flight
+    tg.copy(acc, c.tile((BM, BN), (0, 0)))
+
+
+def test_two_gemms_an_iteration_into_one_accumulator_chain_and_are_right():
+    """The consumer's body issues step 2k + 1's wgmmas right after step 2k's (no
+    wait_group between the two gemms: same instruction, same accumulator registers), the
+    two groups run on into the next iteration (`carry_wgmma_groups`), which retires them
+    at its end (wait_group 2: its own two stay in flight), and the sum is right in the
+    emulator (which keeps the accumulator busy until the wait that retires it) at a K
+    of 7 k-steps (the last pair half past K: TMA fills zeros)."""
+    loop = _loop_of(_two_steps_an_iteration, {})
+    kinds = [k for k in _kinds(loop.body) if k.startswith("Wgmma")]
+    assert kinds == ["WgmmaFence"] + ["Wgmma"] * 2 + ["WgmmaCommit", "WgmmaFence"] + \
+        ["Wgmma"] * 2 + ["WgmmaCommit", "WgmmaWait2"], kinds
+    rng = np.random.default_rng(7)
+    a, b = random_input(rng, (64, 224), f16), random_input(rng, (64, 224), f16)
+    c = poisoned((64, 64), f32)
+    tg.emulate(_two_steps_an_iteration, (1,), a, b, c, target="sm_90a")
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64).T,
+                               rtol=1e-5, atol=1e-3)
