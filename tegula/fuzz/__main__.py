@@ -9,6 +9,7 @@
     python -m tegula.fuzz --seed 7 --tile-loop 12       # show and rerun one tile loop
     python -m tegula.fuzz --seed 7 --specialized 12     # one warp-specialized program
     python -m tegula.fuzz --seed 7 --split-merge 3      # one tg.last_arrival split-K GEMM
+    python -m tegula.fuzz --seed 7 --gemm-chain 5       # one two-gemm chain (turns in its loop)
 
 Every program runs for each target (default sm_90a and sm_80; sm_89 where sm_80 refuses,
 e.g. 8-bit float GEMMs), against numpy and the targets against each other; the warp roles
@@ -25,7 +26,9 @@ every `SPECIALIZED_EVERY`-th by a warp-specialized GEMM program (`specialized`: 
 `warp_specialize=True`, some with a consumer schedule), judged like the others (every
 other one under `--role-order stall` or `stall-reversed`); every `SPLIT_MERGE_EVERY`-th by a
 split-K GEMM whose last block merges the splits (`split_merge`: `tg.last_arrival`), run
-for sm_90a and sm_80 against a numpy model, relaunched on the same counters.
+for sm_90a and sm_80 against a numpy model, relaunched on the same counters; and every
+`GEMM_CHAIN_EVERY`-th by an attention-shaped chain of two gemms in a pipeline
+(`gemm_chains`: on ping-pong consumers the two warpgroups take turns inside the loop).
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ TILE_LOOP_EVERY = 10
 SPECIALIZED_EVERY = 4
 #: A split-K GEMM merged by its last block after every this many (~1 s each).
 SPLIT_MERGE_EVERY = 8
+#: A two-gemm chain after every this many (~2 s each).
+GEMM_CHAIN_EVERY = 10
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -62,6 +67,8 @@ def _parse(argv) -> argparse.Namespace:
                     help="show and run one warp-specialized program")
     ap.add_argument("--split-merge", type=int, default=None,
                     help="show and run one split-K GEMM merged by its last block")
+    ap.add_argument("--gemm-chain", type=int, default=None,
+                    help="show and run one chain of two gemms in a pipeline")
     ap.add_argument("--start", type=int, default=0, help="index of the first program")
     ap.add_argument("--switches", default="", help="e.g. -loop_rebind,-pipelines,max_tile=256")
     ap.add_argument("--targets", default=",".join(TARGETS),
@@ -142,11 +149,14 @@ def main(argv=None) -> int:
     if args.tile_loop is not None:
         return _run_tile_loop(args.seed, args.tile_loop, {}, show=True)
     if args.split_merge is not None:
-        return _run_split_merge(args.seed, args.split_merge, {}, show=True)
+        return _run_extra("split_merge", args.seed, args.split_merge, {}, show=True)
+    if args.gemm_chain is not None:
+        return _run_extra("gemm_chain", args.seed, args.gemm_chain, {}, show=True)
     if args.minutes is None and args.programs is None:
         args.programs = 100
     deadline = time.monotonic() + 60 * args.minutes if args.minutes is not None else None
-    tally, shrunk, loops, specialized, merges = Tally(), {}, {}, Tally(), {}
+    tally, shrunk, loops, specialized = Tally(), {}, {}, Tally()
+    merges, chains = {}, {}
     features = _features(switches)
     index = args.start
     started = time.monotonic()
@@ -166,7 +176,9 @@ def main(argv=None) -> int:
         if index % SPECIALIZED_EVERY == 0:
             _run_specialized(args, switches, index // SPECIALIZED_EVERY, specialized, shrunk)
         if index % SPLIT_MERGE_EVERY == 0:
-            _run_split_merge(args.seed, index // SPLIT_MERGE_EVERY, merges)
+            _run_extra("split_merge", args.seed, index // SPLIT_MERGE_EVERY, merges)
+        if index % GEMM_CHAIN_EVERY == 5:
+            _run_extra("gemm_chain", args.seed, index // GEMM_CHAIN_EVERY, chains)
         index += 1
         if tally.programs % 500 == 0:
             print(f"[{time.monotonic() - started:.0f}s] {tally.report().splitlines()[0]}",
@@ -176,8 +188,10 @@ def main(argv=None) -> int:
     print(tally.report())
     print("tile loops: " + (", ".join(f"{k} {v}" for k, v in sorted(loops.items())) or "none"))
     print("warp-specialized " + specialized.report())
-    print("split merges: " + (", ".join(f"{k} {v}" for k, v in sorted(merges.items())) or "none"))
-    failed = [counts.get(s) for counts in (loops, merges) for s in ("mismatch", "internal")]
+    for name, counts in (("split merges", merges), ("gemm chains", chains)):
+        print(f"{name}: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+    failed = [counts.get(s) for counts in (loops, merges, chains)
+              for s in ("mismatch", "internal")]
     return 1 if tally.failures or specialized.failures or any(failed) else 0
 
 
@@ -208,15 +222,21 @@ def _run_tile_loop(seed: int, index: int, counts: dict, show: bool = False) -> i
     return 1 if status in ("mismatch", "internal") else 0
 
 
-def _run_split_merge(seed: int, index: int, counts: dict, show: bool = False) -> int:
-    """Run split-merge program `index` of `seed`, count its status, print a failure."""
-    from tegula.fuzz.split_merge import check_split_merge, make_split_merge
-    program = make_split_merge(seed, index)
-    status, reason, detail = check_split_merge(program, seed * 100003 + index)
+def _run_extra(kind: str, seed: int, index: int, counts: dict, show: bool = False) -> int:
+    """Run program `index` of `seed` of a template generator (`kind`: "split_merge",
+    `split_merge`; "gemm_chain", `gemm_chains`), count its status, print a failure."""
+    if kind == "split_merge":
+        from tegula.fuzz.split_merge import check_split_merge as check
+        from tegula.fuzz.split_merge import make_split_merge as make
+    else:
+        from tegula.fuzz.gemm_chains import check_gemm_chain as check
+        from tegula.fuzz.gemm_chains import make_gemm_chain as make
+    status, reason, detail = check(make(seed, index), seed * 100003 + index)
     counts[status] = counts.get(status, 0) + 1
     if show or status in ("mismatch", "internal"):
-        print(f"\n=== split merge {index} (seed {seed}): {status}: {reason}\n{detail}\n"
-              f"reproduce: python -m tegula.fuzz --seed {seed} --split-merge {index}",
+        option = "--" + kind.replace("_", "-")
+        print(f"\n=== {kind.replace('_', ' ')} {index} (seed {seed}): {status}: {reason}\n"
+              f"{detail}\nreproduce: python -m tegula.fuzz --seed {seed} {option} {index}",
               flush=True)
     return 1 if status in ("mismatch", "internal") else 0
 

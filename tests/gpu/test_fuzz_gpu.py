@@ -10,7 +10,8 @@ emulator within the reference's bounds — the GPU judged against the reference 
 Warp-specialized programs (`make_specialized_program`, a third of them persistent tile
 loops on ping-pong consumers) and the ordinary generator's role-block programs run in
 warp roles on sm_90a; split-K GEMMs merged by their last block (`split_merge`,
-`tg.last_arrival`) are relaunched on the same counters.
+`tg.last_arrival`) are relaunched on the same counters; chains of two gemms in a pipeline
+(`gemm_chains`) run with their two consumer warpgroups taking turns inside the loop.
 
 A GPU round may run more seeds: `TEGULA_FUZZ_GPU_SEEDS=1621,1622` adds the ordinary and
 the warp-specialized samples of each (`-k extra`); unset, there are none.
@@ -27,6 +28,7 @@ import numpy as np
 
 from tegula.dtypes import dtype_from_name
 from tegula.fuzz import make_program
+from tegula.fuzz import gemm_chains as gc
 from tegula.fuzz import split_merge as sm
 from tegula.fuzz.generate import Switches
 from tegula.fuzz.program import Gemm
@@ -167,3 +169,44 @@ def test_split_merges_agree_on_gpu_and_numpy(chunk):
         assert not wrong, f"{where}\n{wrong}"
         compared += 1
     assert compared >= SPLIT_MERGES // 4, compared
+
+
+GEMM_CHAINS = 8   # of each kind
+
+
+def _gemm_chains(turns: bool):
+    """The first GEMM_CHAINS chains of SEED in ping-pong's frame (turns) / outside it."""
+    frame = lambda p: p.consumers == "pingpong" and p.bm == 128 and not p.persistent  # noqa: E731
+    found = ((i, p) for i in range(400) if frame(p := gc.make_gemm_chain(SEED, i)) == turns)
+    return [next(found) for _ in range(GEMM_CHAINS)]
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_gemm_chains_agree_on_gpu_and_numpy(turns):
+    """Two gemms a pipeline iteration (q @ k_j.T, f, p @ v_j), most on ping-pong consumers
+    taking turns inside the loop: emulated first, then o (and the row sum) poisoned on the
+    GPU, every element within the model's bound."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("warp roles need sm_90a")
+    compared = 0
+    for index, p in _gemm_chains(turns):
+        where = f"python -m tegula.fuzz --seed {SEED} --gemm-chain {index}: {p.describe()}"
+        status, reason, detail = gc.check_gemm_chain(p, index, targets=("sm_90a",))
+        assert status in ("pass", "rejected"), f"{where}\n{reason}\n{detail}"
+        if status == "rejected":
+            continue
+        x = gc.inputs(p, index)
+        dt, out = gc._types(p)
+        q, k, v, o, rowsum = (to_device(a, dtype_from_name(t)) for a, t in
+                              zip(gc._arrays(p, x), (dt, dt, dt, out, "f32")))
+        poison(o)
+        poison(rowsum)
+        extra = dict(consumers=p.consumers) if p.consumers else {}
+        gc.kernel(p)[p.grid()](q, k, v, o, rowsum, **gc.options(p), **extra)
+        torch.cuda.synchronize()
+        got = (values_of(o, dtype_from_name(out)).astype(np.float64),
+               values_of(rowsum, dtype_from_name("f32")).astype(np.float64))
+        wrong = gc.judge(p, got, gc.expected(p, x))
+        assert not wrong, f"{where}\n{wrong}"
+        compared += 1
+    assert compared >= GEMM_CHAINS // 2, compared
