@@ -117,11 +117,14 @@ def _paired_steps(ga: Any, gw: Any, words_tv: Any, sa: Any, sb: Any, steps: Any,
                   dequantized: Any, constants: Any, STAGES: int, head: tuple) -> Any:
     """PAIRS=1 (words in registers): two k-steps an iteration, each its own token ring
     (`sa` the even steps, `sb` the odd) and its own register A operand (`first` and
-    `second`), each dequantized while the other's wgmmas run. With one operand
-    reassigned every step (`_fragment_item`), the C compiler gives the next step's
-    weights the registers the in-flight wgmmas read, and ptxas then waits for every
-    wgmma before the next (C7513: 8 waits a step in the SASS); two operands keep them
-    apart. A pair past an odd step count reads zero tokens (TMA fills past K) and
+    `second`). With one operand reassigned every step (`_fragment_item`), the C
+    compiler gives the next step's weights the registers the in-flight wgmmas read, and
+    ptxas then waits for every wgmma before the next (C7513: 8 waits a step in the
+    SASS); two operands keep them apart. Within a warpgroup the dequantization still
+    does not overlap its own wgmmas: ptxas puts the step's `WARPGROUP.DEPBAR` right
+    after its HGMMAs and dequantizes after it (nothing may define a later wgmma's A
+    registers inside a pipeline stage; session 14, SASS); the other warpgroups' wgmmas
+    fill the tensor cores meanwhile. A pair past an odd step count reads zero tokens (TMA fills past K) and
     masked words. `head`: `_item_head` (step 0 dequantized, steps 1 and 2's words)."""
     first, odd_words, even_words = head
     del head                             # the loop carries `first` &c., not head's tiles
@@ -132,9 +135,9 @@ def _paired_steps(ga: Any, gw: Any, words_tv: Any, sa: Any, sb: Any, steps: Any,
         next_odd = tg.load(gw[:, :, :, :, 2 * k + 3], layout=words_tv)
         next_even = tg.load(gw[:, :, :, :, 2 * k + 4], layout=words_tv)
         tg.gemm(acc, first, sa[k])                       # step 2k
-        second = dequantized(odd_words, odd_constants)   # while step 2k's wgmmas run
+        second = dequantized(odd_words, odd_constants)   # ptxas: after 2k's retire
         tg.gemm(acc, second, sb[k])                      # step 2k + 1
-        first = dequantized(even_words, even_constants)  # while step 2k + 1's run
+        first = dequantized(even_words, even_constants)  # ptxas: after 2k + 1's
         odd_words, even_words = next_odd, next_even
     return acc
 
