@@ -9,6 +9,12 @@ each TMA pipeline's decision printed: "specialized", or one role and why (what `
 explain` prints). A pipeline the model kept in one role was warp-specialized before the
 model decided (the rule alone applied), so those lines, marked CHANGED, are the diff of
 `tegula explain` before and after; `--all` prints the unchanged ones too.
+
+`--grid`: each configuration is also built for its launch grid at that shape (what every
+launch passes as the `grid_blocks` build option since session 14) and the pipelines whose
+form the grid changes are printed GRID (one role at a full grid, the producer on a grid
+giving an SM fewer blocks than one role holds): the library decisions the launch grid
+moves, each to be checked by `benchmarks/roles_check.py` at its shape.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PRICED = "a producer warpgroup does not pay"
+HEADS = {64: 32, 128: 16, 256: 8}  # tegula bench attention's heads per D (16k tokens)
 
 
 def _m(name: str):
@@ -31,7 +38,8 @@ def _m(name: str):
 def gemm_configs():
     from tegula.dtypes import f16
     api, gemm = _m("api_matmul"), _m("gemm")
-    factories = {"shared": gemm.gemm_kernel, "persistent": gemm.persistent_gemm_kernel}
+    factories = {"shared": gemm.gemm_kernel, "persistent": gemm.persistent_gemm_kernel,
+                 "staged": gemm.staged_gemm_kernel}
     seen = set()
     for m, n, k, fused in [(16, 4096, 4096, False), (64, 4096, 4096, False),
                            (128, 4096, 4096, False), (128, 14336, 4096, False),
@@ -46,9 +54,12 @@ def gemm_configs():
                 factories[which](f16, "gelu" if fused else None, fused and which != "persistent")
             cx = dict(c, SPLIT=split) if split > 1 else c
             key = (kernel.name, tuple(sorted(cx.items())))
+            blocks = None if which == "persistent" else \
+                -(-m // c["BM"]) * -(-n // c["BN"]) * split
             if key not in seen:
                 seen.add(key)
-                yield f"gemm {which} {m}x{n}x{k}{' bias+gelu' if fused else ''}", kernel, cx
+                yield (f"gemm {which} {m}x{n}x{k}{' bias+gelu' if fused else ''}", kernel, cx,
+                       blocks)
 
 
 def fp8_configs():
@@ -64,8 +75,10 @@ def fp8_configs():
                           ("tiles", True): fp8.fp8_blockwise_gemm_kernel,
                           ("persistent", True): fp8.fp8_blockwise_persistent_kernel}[
                               (which, blockwise)](bf16)
+                blocks = None if which == "persistent" else \
+                    -(-m // c["BM"]) * -(-4096 // c["BN"])
                 yield f"fp8 {'blockwise' if blockwise else 'per-tensor'} {which} m={m}", \
-                    kernel, c
+                    kernel, c, blocks
 
 
 def attention_configs():
@@ -74,14 +87,21 @@ def attention_configs():
     for d in (64, 128, 256):
         fixed = dict(D=d, QK_SCALE=at.qk_scale(None, d))
         for c in at.attention_candidates(d, True):
-            yield f"attention fwd D={d}", at.attention_kernel(f16), dict(fixed, **c)
+            # the benchmark's shapes at S = 1k (16k tokens: the fewest blocks) and one
+            # sequence of 1k with D's heads (a small batch)
+            for batch in (16, 1):
+                yield (f"attention fwd D={d} {batch}x1024", at.attention_kernel(f16),
+                       dict(fixed, **c), -(-1024 // c["BM"]) * HEADS[d] * batch)
         for c in ab.backward_candidates(d):
             cx = dict(c, D=d, SCALE=1 / math.sqrt(d), CAUSAL=False)
-            yield f"attention bwd dK/dV D={d}", ab.attention_backward_dkdv_kernel(f16), cx
-            yield f"attention bwd dQ D={d}", ab.attention_backward_dq_kernel(f16), cx
+            blocks = 4096 // c["BN"] * 16 * 4  # 4x16x4096: dK/dV blocks own key blocks
+            yield (f"attention bwd dK/dV D={d}", ab.attention_backward_dkdv_kernel(f16), cx,
+                   blocks)
+            yield (f"attention bwd dQ D={d}", ab.attention_backward_dq_kernel(f16), cx,
+                   4096 // c["BM"] * 16 * 4)
         yield (f"attention bwd dK/dV+dQ atomic D={d}", ab.attention_backward_dkdvdq_kernel(f16),
                dict(ab.backward_tiles(d, 4096, 4096), D=d, SCALE=1 / math.sqrt(d),
-                    CAUSAL=False))
+                    CAUSAL=False), None)
 
 
 def moe_configs():
@@ -90,17 +110,18 @@ def moe_configs():
     for rows, experts in ((8192, 8), (8192, 64)):
         for c in moe.moe_candidates(rows, experts, False, 14336):
             c = {k: v for k, v in c.items() if k != "GROUP"}   # the schedule's, not the kernel's
-            yield f"moe gemm {rows} rows {experts} experts", moe.moe_gemm_kernel(bf16), c
-    yield "moe gate_up", layer.moe_gate_up_kernel(bf16), {}
+            yield f"moe gemm {rows} rows {experts} experts", moe.moe_gemm_kernel(bf16), c, None
+    yield "moe gate_up", layer.moe_gate_up_kernel(bf16), {}, None
 
 
-def decisions(label, kernel, cx):
-    """(label, config, [(decision, changed)]) of one build."""
+def decisions(label, kernel, cx, blocks=None):
+    """[(decision, changed)] of one build (on `blocks` blocks where given)."""
     from tegula.build import build
     from tegula.errors import TegulaError
     from tegula.ir.ops import ForLoop, walk_ops
     try:
-        result = build(kernel, dict(cx), None, "sm_90a")
+        result = build(kernel, dict(cx, **({} if blocks is None else dict(grid_blocks=blocks))),
+                       None, "sm_90a")
     except TegulaError as err:
         return [("refused: " + str(err).splitlines()[0][:100], False)]
     out = []
@@ -119,20 +140,33 @@ def decisions(label, kernel, cx):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="print unchanged decisions too")
+    parser.add_argument("--grid", action="store_true",
+                        help="print the decisions each configuration's launch grid changes")
     options = parser.parse_args()
-    changed = total = 0
+    changed = total = moved = 0
     for source in (gemm_configs, fp8_configs, attention_configs, moe_configs):
-        for label, kernel, cx in source():
-            for decision, was_changed in decisions(label, kernel, cx):
+        for label, kernel, cx, blocks in source():
+            full = decisions(label, kernel, cx)
+            if options.grid and blocks is not None:
+                for (was, _), (now, _) in zip(full, decisions(label, kernel, cx, blocks)):
+                    if was != now:
+                        moved += 1
+                        print(f"GRID    {label} [{_config(cx)}] on {blocks} blocks: "
+                              f"{now.split(' (')[0]} (full grid: {was[:60]})", flush=True)
+            for decision, was_changed in full:
                 total += 1
                 changed += was_changed
                 if was_changed or options.all:
-                    config = ", ".join(f"{k}={v}" for k, v in cx.items()
-                                       if k not in ("SCALE", "QK_SCALE"))
-                    print(f"{'CHANGED ' if was_changed else '        '}{label} [{config}]: "
+                    print(f"{'CHANGED ' if was_changed else '        '}{label} [{_config(cx)}]: "
                           f"{decision}", flush=True)
     print(f"{changed} of {total} TMA pipelines changed by the cost model (were "
           f"warp-specialized, now one role)")
+    if options.grid:
+        print(f"{moved} of them change form on their launch grid")
+
+
+def _config(cx: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cx.items() if k not in ("SCALE", "QK_SCALE"))
 
 
 if __name__ == "__main__":

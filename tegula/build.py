@@ -40,7 +40,8 @@ DEFAULT_TARGET = "sm_90a"
 #: blocks per SM; "bulk" where they qualify even if it does; "red" for a `red.global.add`
 #: per element always; `synth/copies.py: plan_bulk_adds`), and the launch grid's block
 #: count where the caller knows it when building (`grid_blocks=`: the warp-roles decision
-#: counts the blocks each SM gets, `synth/cost_roles.py`; None: priced as a full grid).
+#: counts the blocks each SM gets, `synth/cost_roles.py`; None: priced as a full grid;
+#: every launch and `emulate` pass their grid's count unless given one).
 BUILD_OPTIONS = ("threads", "warp_specialize", "load_path", "consumers", "blocks_per_sm",
                  "atomic_path", "grid_blocks")
 
@@ -89,6 +90,7 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
     `atomic_path` (`ATOMIC_PATHS`) and `grid_blocks` (`check_grid_blocks`)."""
     target = get_target(target)
     constexprs = dict(constexprs or {})
+    given = dict(constexprs)
     threads = kernel.check_threads(constexprs.pop("threads", None))
     warp_specialize = constexprs.pop("warp_specialize", getattr(kernel, "warp_specialize", None))
     if not (warp_specialize is None or isinstance(warp_specialize, bool)):
@@ -116,6 +118,14 @@ def build(kernel, constexprs: dict | None = None, facts: dict | None = None,
                  for p in kernel.params if p.kind == "tensor"}
     # Grids that give every SM the same number of blocks decide alike: one build.
     grid_class = grid_sm_blocks(grid_blocks, target)
+    if grid_class is not None:
+        # The grid changes only the warp roles of a pipeline the cost model kept in one
+        # role, and only where it gives an SM fewer blocks than one role holds: any other
+        # launch is the full grid's build (one build and one compile for all its grids).
+        full = build(kernel, {k: v for k, v in given.items() if k != "grid_blocks"},
+                     facts, target)
+        if grid_class >= full.synthesis.roles_grid_limit:
+            return full
     key = (tuple(sorted((k, repr(v)) for k, v in values.items())), threads, warp_specialize,
            load_path, consumers, blocks_per_sm, atomic_path, grid_class, _facts_key(facts),
            target.name)
@@ -255,7 +265,8 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     """Run `kernel` on the CPU: numpy arrays in, results written into them in place.
 
     `tg.emulate(gemm, (2, 3), a, b, c, BM=64)` traces, synthesizes and lowers the kernel
-    exactly as for the GPU, then executes the thread IR for every block with numpy.
+    exactly as for the GPU (a launch on that grid: its block count is the `grid_blocks`
+    build fact there too), then executes the thread IR for every block with numpy.
     Returns the emulator's report (instructions, bytes moved, bank conflicts).
 
     `check_coverage` (default on): every output — a tensor the kernel stores to or adds
@@ -292,7 +303,7 @@ def emulate(kernel, grid, *args, target: str | Target = DEFAULT_TARGET, check_ra
     tensors, scalars, constexprs = split_arguments(kernel, args, kwargs)
     facts, shapes = _array_facts(kernel, tensors)
     grid3 = normalize_grid(grid)
-    result = build(kernel, constexprs, facts, target)
+    result = build(kernel, _with_grid(constexprs, grid3), facts, target)  # as a launch builds
     check_extents(kernel, result.traced, shapes)
     if num_sms is None:
         num_sms = result.target.sm_count
@@ -423,6 +434,21 @@ def _launch_facts(kernel, tensors: dict) -> tuple[dict, dict]:
     return facts, shapes
 
 
+def _with_grid(options: dict, grid3: tuple) -> dict:
+    """The build options of a launch on `grid3`: its block count is a build fact (the
+    `grid_blocks` option, unless the caller gave one; an empty grid builds as unknown)."""
+    if "grid_blocks" in options or 0 in grid3:
+        return options
+    return dict(options, grid_blocks=grid3[0] * grid3[1] * grid3[2])
+
+
+def _grid_of(built: Build) -> dict:
+    """`built`'s grid_blocks option, as a dict of it (empty where the build is the full
+    grid's: no decision of it depended on the grid)."""
+    blocks = built.constexprs.get("grid_blocks")
+    return {} if blocks is None else dict(grid_blocks=blocks)
+
+
 def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
     """The runtime's `CompiledKernel` for one specialization (cached on the kernel)."""
     from tegula.runtime import TensorRequirement, compile_kernel
@@ -445,7 +471,11 @@ def compiled(kernel, constexprs: dict, facts: dict, target: str | Target):
 
 def launch(kernel, grid, *args, target: str | Target | None = None, stream=None, **kwargs):
     """`kernel[grid](*args)`: compile for the arguments' facts (cached) and launch on the
-    current torch stream (or `stream`). A callable grid receives the constexpr values."""
+    current torch stream (or `stream`). A callable grid receives the constexpr values. The
+    grid's block count is a build fact (`grid_blocks`, for the warp-roles price); a replay
+    (`tegula.runtime.replay`: same argument shapes and constexprs) reuses the build of the
+    first launch it replays, whatever its grid (correct either way: only the roles' price
+    reads the grid)."""
     return launch_arguments(kernel, grid, args, kwargs, target, stream)
 
 
@@ -471,8 +501,11 @@ def full_launch(kernel, grid, args: tuple, kwargs: dict, target, stream):
     grid3 = normalize_grid(grid(values) if callable(grid) else grid)  # a bad grid: before compiling
     facts, shapes = _launch_facts(kernel, tensors)
     target = target or default_target()
-    check_extents(kernel, build(kernel, dict(values, **options), facts, target).traced, shapes)
-    ck = compiled(kernel, dict(values, **options), facts, target)
+    built = build(kernel, dict(values, **_with_grid(options, grid3)), facts, target)
+    check_extents(kernel, built.traced, shapes)
+    # the launches one build serves (grid_blocks) share its compiled kernel
+    options.pop("grid_blocks", None)
+    ck = compiled(kernel, dict(values, **options, **_grid_of(built)), facts, target)
     names = [p.name for p in kernel.params if p.kind == "tensor"]
     names += [p.name for p in kernel.params if p.kind == "scalar"]
     ordered = [tensors.get(n, scalars.get(n)) for n in names]

@@ -47,6 +47,7 @@ model weighs what a cluster changes: a multicast box read from L2 once for the c
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -366,7 +367,16 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     shapes = _oriented(shapes, combo.pop("orientation", "C"), gemm_names)
     try:
         built = build(kernel, {**fixed, **combo}, _facts(kernel, shapes), target=target)
+        launch_grid = _launch_grid(kernel, built, candidate, grid, shapes)
+        # the build a launch on this grid runs (its block count is a build fact: the same
+        # build unless the grid changes the warp roles the cost model decides)
+        blocks = math.prod((launch_grid,) if isinstance(launch_grid, int) else launch_grid)
+        if blocks > 0 and "grid_blocks" not in {**fixed, **combo}:
+            built = build(kernel, {**fixed, **combo, "grid_blocks": int(blocks)},
+                          _facts(kernel, shapes), target=target)
     except TegulaError as err:
+        if isinstance(err, GridError):
+            raise
         candidate.dropped = "the compiler refuses it: " + str(err).strip().splitlines()[0]
         return candidate
     tk, tgt = built.thread_kernel, built.target
@@ -388,8 +398,21 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     if over:
         candidate.dropped = over[0] + ": would spill"
         return candidate
-    # A callable grid sees every constexpr's value (defaults too), as a launch's does, and
-    # the orientation where it is searched.
+    candidate.build = built if keep_build else None
+    candidate.estimate = estimate(built, launch_grid, shapes, scalars, registers)
+    candidate.seconds = candidate.estimate.seconds
+    candidate.uses_tma = any(getattr(op, "choices", {}).get("instr") == "tma"
+                             for op in walk_ops(built.traced.body))
+    return candidate
+
+
+class GridError(TegulaError):
+    """recommend cannot tell a combination's launch grid."""
+
+
+def _launch_grid(kernel: Any, built: Any, candidate: Candidate, grid: Any, shapes: dict):
+    """The launch grid of `candidate`'s build: a callable grid sees every constexpr's value
+    (defaults too), as a launch's does, and the orientation where it is searched."""
     seen = dict(built.traced.constexprs)
     if "orientation" in candidate.config:
         seen["orientation"] = candidate.config["orientation"]
@@ -397,16 +420,11 @@ def score(kernel: Any, combo: dict, fixed: Mapping[str, Any], shapes: dict, scal
     if launch_grid is None:
         launch_grid = infer_grid(built.traced, shapes)
         if launch_grid is None:
-            raise TegulaError(f"recommend {kernel.name}: cannot infer the grid (no output "
-                              f"tile is placed at block_id(axis) * extent); pass grid= (a "
-                              f"tuple or a function of the config, e.g. lambda c: "
-                              f"(cdiv(M, c['BM']), cdiv(N, c['BN']))) or --grid")
-    candidate.build = built if keep_build else None
-    candidate.estimate = estimate(built, launch_grid, shapes, scalars, registers)
-    candidate.seconds = candidate.estimate.seconds
-    candidate.uses_tma = any(getattr(op, "choices", {}).get("instr") == "tma"
-                             for op in walk_ops(built.traced.body))
-    return candidate
+            raise GridError(f"recommend {kernel.name}: cannot infer the grid (no output "
+                            f"tile is placed at block_id(axis) * extent); pass grid= (a "
+                            f"tuple or a function of the config, e.g. lambda c: "
+                            f"(cdiv(M, c['BM']), cdiv(N, c['BN']))) or --grid")
+    return launch_grid
 
 
 @dataclass

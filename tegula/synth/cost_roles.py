@@ -44,8 +44,8 @@ Session 12 round 1: right on all 8 one-gemm bodies at full grids (README GEMM 12
 at most one block an SM: 0.86-1.00 [1.05-1.39]) — one role's second block per SM needs a
 grid that has it.
 
-**The launch grid**, where the build knows it (the `grid_blocks` build option: an entry
-point that fixed its problem shape, `tg.recommend`, `roles_check`): the busiest SM runs
+**The launch grid**, where the build knows it (the `grid_blocks` build option, which every
+launch and `tg.emulate` pass from their grid since session 14): the busiest SM runs
 `s = ⌈blocks / SMs⌉` blocks, so one role holds `min(r, s)` of them at once, and the
 specialized form runs them one after another; the two are compared per block of the
 busiest SM. (Pricing a last partial round at its own occupancy was tried: at 384 blocks,

@@ -50,7 +50,7 @@ from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read,
 from tegula.ir.values import GlobalTile, SharedTile, describe
 from tegula.synth.copies import cluster_uniform, enclosing_ops
 from tegula.synth.tile_map import global_dependence
-from tegula.synth.cost_roles import why_no_producer
+from tegula.synth.cost_roles import roles_cost, why_no_producer
 
 #: The producer warpgroup's register budget: a loop of mbarrier waits and TMA issues needs
 #: few (CUTLASS's warp-specialized GEMMs give their producer 40 as well).
@@ -187,11 +187,13 @@ def check_cluster(kernel: TracedKernel, target) -> None:
 
 def decide_warp_roles(kernel: TracedKernel, option: bool | None,
                       consumers: str | None = None, target=None,
-                      grid_blocks: int | None = None) -> None:
+                      grid_blocks: int | None = None) -> int:
     """Record on each TMA pipeline loop whether it is warp-specialized, and with which
     consumer schedule (`consumers`, the build option: module docstring); the cost model
     prices the producer for a launch of `grid_blocks` blocks where the build knows it
-    (the `grid_blocks` build option, `synth/cost_roles.py`). A pipeline whose
+    (the `grid_blocks` build option, `synth/cost_roles.py`). Returns the most blocks per SM
+    one role holds in a pipeline the cost model kept in one role (0 if none): the grid
+    changes a decision only where it gives an SM fewer (`build`). A pipeline whose
     source states its roles (`tg.producer` / `tg.consumer`, `lang/roles.py`) must be
     specialized, with the budgets it asks for (`check_stated_roles`, `stated_budgets`)."""
     check_stated_roles(kernel, option, target)
@@ -202,12 +204,17 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
         raise SynthesisError("consumers='pingpong': the kernel has no tg.pipeline whose "
                              "copies run on TMA into wgmma operands (sm_90a only)",
                              loc=kernel.loc)
+    grid_limit = 0
     for loop in loops:
         stated = loop.region("producer")
         problem = _why_not(kernel, loop, loops, True if stated else option)
         if not problem and option is None and consumers is None and not stated:
-            # the cost model's choice
+            # the cost model's choice; a grid only holds one role to fewer blocks (never
+            # the producer's one), so it can turn one role into the producer, not back
             problem = why_no_producer(kernel, loop, target, grid_blocks)
+            if problem:
+                grid_limit = max(grid_limit, roles_cost(kernel, loop, target,
+                                                        grid_blocks).one_role_blocks)
         if problem and (option or consumers == "pingpong" or stated):
             what = ("tg.producer / tg.consumer" if stated else
                     "warp_specialize=True" if option else "consumers='pingpong'")
@@ -231,6 +238,7 @@ def decide_warp_roles(kernel: TracedKernel, option: bool | None,
                                           stated_lines=tuple((r.role, r.loc.lineno)
                                                              for r in loop.regions if r.loc),
                                           turns=turns)
+    return grid_limit
 
 
 def stated_schedule(loop: ForLoop, consumers: str | None) -> tuple[str | None, str]:

@@ -67,6 +67,10 @@ class SynthesisResult:
     #: Why the kernel's `tg.cluster` multicasts no TMA box ("" if it does or there is
     #: none): warned as a `ClusterWarning` (`synth/multicast.py`).
     cluster_unused: str = ""
+    #: The most blocks per SM one role holds in a TMA pipeline the cost model kept in one
+    #: role (`synth/roles.py`; 0: none): a launch grid (`grid_blocks`) that gives an SM
+    #: fewer blocks may give it a producer warpgroup; no other grid changes the build.
+    roles_grid_limit: int = 0
 
     @property
     def shared_bytes(self) -> int:
@@ -121,7 +125,8 @@ def synthesize(kernel: TracedKernel, target: Target, facts: dict,
     _plan_global_copies(kernel, facts, target)
     _plan_tma_copies(kernel, facts, load_path, target)
     check_cluster(kernel, target)
-    decide_warp_roles(kernel, warp_specialize, consumers, target, grid_blocks)
+    result.roles_grid_limit = decide_warp_roles(kernel, warp_specialize, consumers, target,
+                                            grid_blocks)
     result.cluster_unused = warn_if_nothing_is_multicast(kernel, target)
     _plan_shared_copies(kernel)
     _synthesize_shared(kernel, result)

@@ -211,13 +211,52 @@ def test_a_grid_of_three_blocks_an_sm_stays_in_one_role():
     assert not three.producer_pays
 
 
-def test_grids_giving_each_sm_as_many_blocks_share_a_build():
+def test_grids_share_the_full_grids_build_unless_they_change_the_roles():
+    """The README GEMM's default tile holds two blocks an SM in one role: grids giving an
+    SM two or more are the full grid's build; grids giving each SM one block share one
+    build of their own (the producer's)."""
     target, kernel = get_target("sm_90a"), readme_gemm()
+    full = build(kernel, {}, None, "sm_90a")
+    assert full.synthesis.roles_grid_limit == 2
     a = build(kernel, dict(grid_blocks=target.sm_count + 1), None, "sm_90a")
     b = build(kernel, dict(grid_blocks=2 * target.sm_count), None, "sm_90a")
+    assert a is full and b is full and "grid_blocks" not in full.constexprs
     c = build(kernel, dict(grid_blocks=target.sm_count), None, "sm_90a")
-    assert a is b and a is not c
-    assert a.constexprs["grid_blocks"] == target.sm_count + 1
+    d = build(kernel, dict(grid_blocks=7), None, "sm_90a")
+    assert c is d and c is not full
+    assert c.constexprs["grid_blocks"] == target.sm_count
+    assert all("roles" in loop.choices for loop in tma_loops(c))
+
+
+def test_a_kernel_without_priced_roles_builds_once_for_every_grid():
+    """A pipeline the model gave the producer at a full grid, or a kernel with no TMA
+    pipeline, is the same build on any grid (a grid never takes the producer away)."""
+    from tegula.kernels.softmax import softmax_kernel
+    rows = softmax_kernel(f16)
+    full = build(rows, dict(BM=1, BN=1024), None, "sm_90a")
+    assert full.synthesis.roles_grid_limit == 0
+    assert build(rows, dict(BM=1, BN=1024, grid_blocks=5), None, "sm_90a") is full
+    wide, kernel = dict(BM=128, BN=256, BK=64, STAGES=3, threads=256), readme_gemm()
+    specialized = build(kernel, wide, None, "sm_90a")
+    assert all("roles" in loop.choices for loop in tma_loops(specialized))
+    assert build(kernel, dict(wide, grid_blocks=3), None, "sm_90a") is specialized
+
+
+def test_emulate_builds_for_its_grid_as_a_launch_does():
+    """tg.emulate of the README GEMM on 2 blocks runs the build a launch of that grid runs
+    (the producer's), and its result is right."""
+    import numpy as np
+    import tegula as tg
+    kernel = readme_gemm()
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((128, 64)).astype(np.float16)
+    b = rng.standard_normal((200, 64)).astype(np.float16)
+    c = np.zeros((128, 200), np.float16)
+    tg.emulate(kernel, (1, 2), a, b, c)
+    np.testing.assert_allclose(c.astype(np.float32), a.astype(np.float32) @ b.T.astype(np.float32),
+                               rtol=2e-2, atol=2e-2)
+    grids = [bld.constexprs.get("grid_blocks") for bld in kernel.__dict__["_builds"].values()]
+    assert 2 in grids
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "128"])
