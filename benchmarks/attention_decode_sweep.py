@@ -6,9 +6,10 @@ blocks (BN) and split counts, torch SDPA and the device's copy bandwidth, in one
 
 Shapes are BxHxHkvxDxS (one query token per sequence, every sequence S keys long); paged
 caches are cut into 256-key pages in shuffled order (`tegula.bench.attention_decode`).
-`--splits` multiplies the picked split count; `--threads` / `--stages` override the split
-kernel's block size (32: one warp per program, no cross-warp reductions per key block) and
-its K/V ring (the launches of `decode_launches`, run here as the entry point runs them).
+`--splits` multiplies the picked split count; `--threads` / `--stages` / `--br` override the
+split kernel's block size (32: one warp per program, no cross-warp reductions per key block),
+its K/V ring and its query tile's rows (the launches of `decode_launches`, run here as the
+entry point runs them).
 Every configuration is first checked against a float32 reference (relative error ≤ 5e-3,
 no NaN); the time is the median of `tegula.bench.gpu.time_ms` with L2 flushed before each
 run (a decode step reads the cache from DRAM). TB/s counts K and V read once; the
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--touch", default="0",
                         help="paged: touch the page this many key blocks ahead (the WARM "
                              "constexpr; 0: off), comma-separated")
+    parser.add_argument("--br", default="0",
+                        help="query-tile rows BR, comma-separated (0: the picked G*Sq rounded "
+                             "up; 64 takes wgmma on sm_90a: no cross-warp softmax reductions)")
     parser.add_argument("--bound-k", default="1",
                         help="paged: the BOUND_K constexpr (0: K rows past the end load "
                              "unbounded, their scores selected away), comma-separated")
@@ -172,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     bns = [int(x) for x in args.bn.split(",")]
     multipliers = [float(x) for x in args.splits.split(",")]
     extras = [{k: v for k, v in (("threads", t), ("STAGES", st), ("WARM", w)) if v}
-              | ({} if bk else {"BOUND_K": 0})
+              | ({} if bk else {"BOUND_K": 0}) | ({"BR": br} if br else {})
               for t in map(int, args.threads.split(",")) for st in map(int, args.stages.split(","))
-              for w in map(int, args.touch.split(",")) for bk in map(int, args.bound_k.split(","))]
+              for w in map(int, args.touch.split(",")) for bk in map(int, args.bound_k.split(","))
+              for br in map(int, args.br.split(","))]
     combines = tuple(tuple(int(x) for x in c.split(":")) for c in filter(None, args.combine.split(",")))
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
