@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from tegula.arch.tma import register_share
 from tegula.arch.wgmma import WARPGROUP
 from tegula.errors import SynthesisError
-from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, TracedKernel, tiles_read, tiles_written, \
-    walk_ops, wgmma_stage_reads_only
+from tegula.ir.ops import Copy, ForLoop, Gemm, IfThen, Rearrange, Reduce, Scan, TracedKernel, \
+    tiles_read, tiles_written, walk_ops, wgmma_stage_reads_only
 from tegula.ir.values import GlobalTile, SharedTile, describe
 from tegula.synth.copies import cluster_uniform, enclosing_ops
 from tegula.synth.tile_map import global_dependence
@@ -424,7 +424,30 @@ def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:
             if isinstance(tile, SharedTile) and tile.alloc.id not in stages:
                 return (f"{describe(tile)} (line {op.loc.lineno if op.loc else '?'}) is in "
                         f"shared memory, which both consumer warpgroups would use at once")
+        scratch = _shared_scratch(op, kernel.threads)
+        if scratch:
+            return (f"{scratch} (line {op.loc.lineno if op.loc else '?'}) goes through a "
+                    f"shared-memory scratch buffer, which both consumer warpgroups would use "
+                    f"at once")
     return _tile_loop_dependence(kernel, around[0])
+
+
+def _shared_scratch(op, threads: int) -> str:
+    """What of `op` lowering exchanges through shared scratch ("" if nothing): a reduction
+    whose threads span warps (`lower/compute.py`, `lower/arg_reduce.py`), a layout
+    conversion the planner sends through shared memory, any scan (conservatively: one
+    across warps does)."""
+    from tegula.lower.compute import reduction_thread_bits
+    if isinstance(op, Reduce) and op.x.layout is not None and op.out.layout is not None:
+        if any(b >= 5 for b in reduction_thread_bits(op.x.layout, op.out.layout, threads)):
+            return f"the {op.kind} of {describe(op.x)} across warps"
+    elif isinstance(op, Rearrange):
+        choice = op.choices.get("conversion")
+        if choice is None or choice.kind == "shared":
+            return f"the layout conversion of {describe(op.x)}"
+    elif isinstance(op, Scan):
+        return "the scan"
+    return ""
 
 
 def _tile_loop_dependence(kernel: TracedKernel, tile_loop: ForLoop) -> str:
