@@ -253,3 +253,33 @@ def test_captured_calls_get_counters_of_their_own():
             assert not torch.isnan(out).any()
             bound = 4e-3 * max(1.0, want.abs().max().item())
             assert (out.float() - want).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[6], CASES[9]], ids=_id)
+def test_decode_on_wgmma_with_64_query_rows(case):
+    """BR=64 (the query tile padded to 64 rows: wgmma on sm_90a, no cross-warp softmax
+    reductions) into poisoned outputs, twice on the same counters."""
+    from tegula.build import launch
+    from tegula.kernels.attention_decode import decode_launches
+    B, H, Hkv, Sq, D, capacity, seqlens, causal, page, dtype = case
+    q, k, v, lengths = make_cache(B, H, Hkv, Sq, D, capacity, seqlens, dtype, 41)
+    want_o, want_lse = reference(q, k, v, lengths, causal, D ** -0.5)
+    table = None
+    if page:
+        k, v, table = paged(k, v, page, 41)
+    R = H // Hkv * Sq
+    config, launches = decode_launches(f16 if dtype == "float16" else bf16, B, H, Hkv, Sq, D,
+                                       capacity, page, D ** -0.5, causal)
+    (kernel, grid, names, scalars, constexprs), = launches
+    counters = torch.zeros(B, Hkv, dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        values = dict(q=q.view(B, Hkv, R, D), k=k, v=v, seqlens=lengths, block_table=table,
+                      o_part=poison(torch.empty(B, Hkv, config["splits"], R, D, device="cuda")),
+                      lse_part=poison(torch.empty(B, Hkv, config["splits"], R, device="cuda")),
+                      o=poison(torch.empty(B, Hkv, R, D, dtype=q.dtype, device="cuda")),
+                      lse=poison(torch.empty(B, Hkv, R, device="cuda")), counters=counters)
+        launch(kernel, grid, *(values[n] for n in names), *scalars, **dict(constexprs, BR=64))
+        torch.cuda.synchronize()
+        assert_close(values["o"].view(B, H, Sq, D), values["lse"].view(B, H, Sq), want_o,
+                     want_lse, dtype)
+        assert int(counters.abs().sum()) == 0
