@@ -49,7 +49,9 @@ PERSISTENT_SHARE = 0.35
 PERSISTENT_BLOCKS = (1, 2, 2, 3)
 #: Shares of the near misses (see the module docstring).
 NEAR_MISS = {"gmem_transposed": 0.1, "f8_transposed": 0.1, "wide_tile": 0.03,
-             "pingpong_outside": 0.04, "contradiction": 0.1}
+             "pingpong_outside": 0.04, "contradiction": 0.1, "over_budget": 0.15}
+#: The producer's registers a thread where the source leaves its budget to synthesis.
+DEFAULT_PRODUCER_REGS = 40
 
 
 class SpecializedGenerator(Generator):
@@ -118,7 +120,24 @@ class SpecializedGenerator(Generator):
         if roles and roles[2] == "pingpong" and not self.pingpong_fits() and \
                 self._side(0x5C4E).random() >= NEAR_MISS["pingpong_outside"]:
             roles = roles[:2] + ("cooperative",)
+        if roles and self.over_budget(*roles) and \
+                self._side(0xB0D6).random() >= NEAR_MISS["over_budget"]:
+            roles = (None, None, roles[2])
         return roles
+
+    def over_budget(self, producer, consumer, schedule) -> bool:
+        """Whether stated budgets ask for more than the block's register file (producer
+        warpgroup + consumers; two consumer warpgroups of 128 threads on ping-pong):
+        128 p + T c > (T + 128) * the per-thread share, as `tg.consumer(regs=)` says."""
+        if producer is None and consumer is None:
+            return False
+        pingpong = schedule == "pingpong" or (schedule is None and self.pingpong_fits())
+        threads = 2 * self.threads if pingpong and self.threads == 128 else self.threads
+        total = threads + 128
+        share = min(255, 65536 // total) // 8 * 8
+        default = 232 if threads == 256 else share   # synthesis's consumer budget
+        asked = 128 * (producer or DEFAULT_PRODUCER_REGS) + threads * (consumer or default)
+        return asked > total * share
 
     def build_options(self, body: list) -> tuple:
         """(True, a consumer schedule): ping-pong mostly in its frame; where the source

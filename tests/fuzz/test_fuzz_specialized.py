@@ -57,9 +57,9 @@ def test_near_misses_are_a_minority_of_the_draws():
 
 
 #: Programs of SEED: run in warp roles (persistent with a TMA-store epilogue, a cluster of
-#: two, cooperative asked for, persistent on ping-pong consumers asked for) / refused (a
-#: transposing copy TMA cannot load, no TMA pipeline, ping-pong outside a tile loop, a
-#: stated budget over the register file). Program 7 takes 10+ s to emulate: left to the
+#: two, cooperative asked for, persistent on ping-pong consumers asked for) / refused
+#: (transposing copies TMA cannot load, no TMA pipeline, ping-pong asked for beside a
+#: shared tile both warpgroups would use). Program 7 takes 10+ s to emulate: left to the
 #: long mode.
 RUN_IN_ROLES, REFUSED = (0, 2, 4, 13), (3, 8, 14, 18)
 
