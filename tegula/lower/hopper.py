@@ -392,17 +392,19 @@ def lower_specialized_pipeline(lowering, op: ForLoop, producers: list[Copy],
     one_lane = Elect() if wgmma_reads_only else None
     return [head] + _specialized_consumer_loop(
         lowering, op, ring, rest, producers, wait,
-        lambda index, guard=None: release(index, all_of([guard, one_lane])))
+        lambda index, guard=None: release(index, all_of([guard, one_lane])),
+        getattr(plan, "consumer_registers", None))
 
 
 def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
-                               producers: list[Copy], wait: Stmt, release) -> list[Stmt]:
+                               producers: list[Copy], wait: Stmt, release,
+                               registers: int | None = None) -> list[Stmt]:
     """The consumer role's loop where the body is more than one lone gemm (any tile ops):
     each iteration waits for its stage, runs the body with its wgmma waits deferred and
     releases the stage; a barrier ends the body or follows the loop where its shared
     accesses need one. Where the body's last wgmma groups need not be retired by its end
     (the attention forward's p @ v) and no barrier ends it, they stay in flight into the
-    next iteration (`_carried_consumer_loop`)."""
+    next iteration (`_carried_consumer_loop`; `registers`: a consumer thread's budget)."""
     k = Var(op.var.name)
     nested_stage_slots(lowering.ctx, ring, op, rest, producers)
     from tegula.lower.lower import SharedSync
@@ -424,7 +426,8 @@ def _specialized_consumer_loop(lowering, op: ForLoop, ring: Ring, rest: list,
     end_barrier = inner.written or inner.async_pending or \
         inner.carried_conflict(ignore=stages)
     after = inner.barrier() if not end_barrier and inner.read - stages else []
-    carried = None if end_barrier or ring.stages < 2 else carry_wgmma_groups(stmts)
+    carried = None if end_barrier or ring.stages < 2 else \
+        carry_wgmma_groups(stmts, registers=registers)
     if carried is not None:
         return _carried_consumer_loop(ring, k, wait, *carried, release) + after
     body = [wait] + split_reused_products(defer_wgmma_waits(stmts), wait)

@@ -28,10 +28,14 @@ committed groups (the register arrays each one's wgmmas read or write: the accum
   "an ordering guarantee is provided by default"), as a K loop's wgmmas into one
   accumulator rely on. So a second gemm into an accumulator in flight (two k-steps an
   iteration, each with its own register A operand) issues at once;
-* before anything else — memory accesses, barriers, branches, loops, other async
+* before a global access, a shared load, a scalar `Let` or a proxy fence only where it
+  touches a group's registers (wgmmas read registers and shared memory only); before a
+  shared store or stmatrix also where a group's wgmmas read its buffer (the backward's
+  dQ staging store runs while dK's wgmmas do);
+* before anything else — barriers, mbarriers, TMA, branches, loops, other async
   operations — and at the end of the body: a wait retiring every group a dropped wait
-  covered, so shared memory a wgmma reads and the stage release after the body keep
-  their order.
+  covered, so shared memory a wgmma reads (another thread may write it past a barrier)
+  and the stage release after the body keep their order.
 
 `carry_wgmma_groups` goes one step further for a pipeline loop's body: the groups still
 in flight at its end (the attention forward's p @ v, whose result the next iteration
@@ -40,7 +44,7 @@ with them in flight and retires them under the same rules, at the latest by its 
 the loop releases the stage they read only after that wait (`lower/hopper.py`
 `_carried_consumer_loop`; in one role, the release barrier ends the iteration). A body
 is carried only where that keeps the registers its wgmmas hold in flight at once within
-`CARRY_WORDS` (or does not raise them).
+two thirds of a thread's register budget (or does not raise them).
 
 The emulator checks the result: it keeps a wgmma's registers busy until the wait that
 retires it and reports any other statement touching them, and it reports a TMA write
@@ -55,13 +59,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from tegula.lower.async_ir import MBarrierWait, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait
-from tegula.lower.thread_ir import (Assign, Comment, Const, If, LoadScalar, Reg, Shuffle, Stmt,
-                                    walk)
+from tegula.lower.async_ir import (FenceProxyAsync, MBarrierWait, SmemDesc, StMatrix, Wgmma,
+                                   WgmmaCommit, WgmmaFence, WgmmaWait)
+from tegula.lower.thread_ir import (Assign, Comment, Const, GlobalAtomicAdd, GlobalLoad,
+                                    GlobalStore, If, Let, LoadScalar, Reg, SharedLoad,
+                                    SharedStore, Shuffle, Stmt, walk)
 
 #: Statements a wait may move past: register-only arithmetic, warp shuffles (registers of
 #: the warp's lanes; no memory) and comments.
 _REGISTER_ONLY = (Assign, Shuffle, Comment)
+#: Memory statements a wait may move past unless they touch an in-flight group's registers:
+#: wgmmas read only registers and shared memory, so global accesses, shared loads, scalar
+#: lets and a proxy fence (this thread's generic writes made visible to later async reads)
+#: race with none of them.
+_NO_SHARED_WRITE = (GlobalLoad, GlobalStore, GlobalAtomicAdd, SharedLoad, Let,
+                    FenceProxyAsync)
+#: Shared stores: also not past a group whose wgmmas read their buffer.
+_SHARED_WRITE = (SharedStore, StMatrix)
 
 
 def register_arrays(node) -> set[str]:
@@ -104,7 +118,8 @@ def defer_wgmma_waits(stmts: list[Stmt], register_a: bool = True) -> list[Stmt]:
     return _Deferral(register_a, []).run(stmts, pay_at_end=True)
 
 
-def carry_wgmma_groups(stmts: list[Stmt], register_a: bool = True) -> tuple | None:
+def carry_wgmma_groups(stmts: list[Stmt], register_a: bool = True,
+                       registers: int | None = None) -> tuple | None:
     """A pipeline loop body (`stmts`, straight-line, run once per iteration) whose last
     wgmma groups stay in flight into the next iteration, or None where none would (every
     group is needed before the body ends). Returns (body, at): `body` as
@@ -118,7 +133,9 @@ def carry_wgmma_groups(stmts: list[Stmt], register_a: bool = True) -> tuple | No
     After the loop the caller waits for every group (wait_group 0). None also where the
     carried groups would be retired before the next iteration issues a gemm of its own
     (nothing would overlap them: the overlapped attention loop, whose first statement
-    writes the carried p @ v's A fragment)."""
+    writes the carried p @ v's A fragment), and where carrying would raise the registers
+    its in-flight wgmmas own at once above two thirds of `registers` (a thread's budget,
+    the consumer's setmaxnreg; by default `CARRY_WORDS`)."""
     first = _Deferral(register_a, [])
     first.run(stmts, pay_at_end=False)
     if not first.committed:
@@ -127,7 +144,8 @@ def carry_wgmma_groups(stmts: list[Stmt], register_a: bool = True) -> tuple | No
     body = carried.run(stmts, pay_at_end=False)
     if [g.arrays for g in carried.committed] != [g.arrays for g in first.committed]:
         return None     # not a fixed point (cannot happen for a straight-line body)
-    if carried.peak > max(first.peak, CARRY_WORDS):
+    limit = registers * 2 // 3 if registers else CARRY_WORDS
+    if carried.peak > max(first.peak, limit):
         return None     # too many registers in flight at once (`CARRY_WORDS`)
     at = carried.carried_retired_at
     if not any(isinstance(stmt, WgmmaCommit) for stmt in body[:at]):
@@ -136,11 +154,13 @@ def carry_wgmma_groups(stmts: list[Stmt], register_a: bool = True) -> tuple | No
 
 
 #: The most 32-bit registers a thread's in-flight wgmmas may own at once in a carrying
-#: body (where carrying raises that peak at all): ptxas needs them all allocated together,
-#: and serializes every wgmma where it cannot (C7512). Measured with ptxas (CUDA 13,
-#: sm_90a, 240 registers a consumer thread): the stated attention forward at D = 128
-#: carries p @ v into the next q @ k^T at 160, no warning; the stated dQ backward kernel
-#: would carry dS K into the next Q K^T and dO V^T at 224, C7512.
+#: body (where carrying raises that peak at all) when its register budget is not known;
+#: else two thirds of the budget. ptxas needs them all allocated together and serializes
+#: every wgmma where it cannot (C7511 / C7512). Measured with ptxas (CUDA 13, sm_90a): the
+#: stated attention forward at D = 128 carries p @ v into the next q @ k^T at 160 of 240
+#: registers, no warning; at 160 of 160 (three consumer warpgroups, 192-row tiles) C7511;
+#: the stated dQ backward kernel would carry dS K into the next Q K^T and dO V^T at 224 of
+#: 240, C7512.
 CARRY_WORDS = 160
 
 
@@ -169,6 +189,20 @@ class _Deferral:
             self.carried_retired_at = len(self.out)
         self.carried = max(0, self.carried - count)
 
+    def _memory_touch(self, stmt: Stmt) -> int | None:
+        """The newest group a memory or control statement must see retired: for a global
+        access, a shared load, a scalar `Let` or a proxy fence, only a group owning one of
+        its registers (none of them writes shared memory a wgmma reads); for a shared
+        store or stmatrix, also the newest group reading its buffer; for anything else
+        (barriers, mbarriers, TMA, branches, loops) every group a dropped wait covered."""
+        if not isinstance(stmt, _NO_SHARED_WRITE + _SHARED_WRITE):
+            return self.owed - 1 if self.owed else None
+        hits = [_touched_group(self.committed, register_arrays(stmt))]
+        if isinstance(stmt, _SHARED_WRITE):
+            hits.append(_reader_group(self.committed, stmt.buffer))
+        hits = [h for h in hits if h is not None]
+        return max(hits) if hits else None
+
     def run(self, stmts: list[Stmt], pay_at_end: bool) -> list[Stmt]:
         issued: list[Wgmma] = []        # the wgmmas issued since the last commit
         for index, stmt in enumerate(stmts):
@@ -186,8 +220,8 @@ class _Deferral:
                 touched = None                  # checked at the gemm's fence
             elif isinstance(stmt, _REGISTER_ONLY) or _register_only_branch(stmt):
                 touched = _touched_group(self.committed, register_arrays(stmt))
-            else:               # memory, control flow: pay every debt
-                touched = self.owed - 1 if self.owed else None
+            else:
+                touched = self._memory_touch(stmt)
             if touched is not None:
                 self.retire_through(touched)
             if isinstance(stmt, Wgmma):
@@ -202,6 +236,14 @@ class _Deferral:
         elif self.carried:
             self.retire_through(self.carried - 1)
         return self.out
+
+
+def _reader_group(committed: list, buffer: str) -> int | None:
+    """The newest in-flight group with a wgmma reading shared buffer `buffer`, or None."""
+    hits = [i for i, group in enumerate(committed)
+            if any(isinstance(x, SmemDesc) and x.buffer == buffer
+                   for w in group.wgmmas for x in (w.a, w.b))]
+    return hits[-1] if hits else None
 
 
 def _in_flight_words(groups: list) -> int:

@@ -2,8 +2,8 @@
 NaN-poisoned outputs against float references, at lengths that divide no tile:
 
 * carried groups (`carry_wgmma_groups`): the attention forward's p @ v stays in flight
-  into the next key block (stated roles, their overlapped loop, ping-pong turns), its
-  stage released after the wait that retires it;
+  into the next key block (stated roles, ping-pong turns), its stage released after the
+  wait that retires it (the overlapped loop, not carried, for comparison);
 * waits deferred in one-role pipelines: the backward's dK/dV kernel in one role with dP
   issued beside the first product (an atomic-dQ tuning candidate);
 * a second gemm into an accumulator in flight (same instruction, no wait between): a
@@ -31,7 +31,7 @@ from test_attention_backward_gpu import (assert_close, make_case,  # noqa: E402
                                          poisoned_launch_values, reference,
                                          reference_gradients)
 
-FORWARD = {  # (D, tiles): carried p @ v in each of the consumer forms
+FORWARD = {  # (D, tiles): the consumer forms
     "stated-D128": (128, dict(BM=128, BN=128, threads=256, REGS=240)),
     "stated-overlap-D128": (128, dict(BM=128, BN=112, threads=256, REGS=240, OVERLAP=True)),
     "pingpong-D64": (64, dict(BM=128, BN=128, threads=256, consumers="pingpong")),

@@ -72,6 +72,27 @@ def test_memory_retires_the_carried_groups_and_nothing_is_carried_where_nothing_
     assert carry_wgmma_groups([Barrier()] + _gemm(ACC)) is None
 
 
+def test_nothing_is_carried_past_two_thirds_of_the_register_budget():
+    """Carrying p v into the next s raises the registers in flight at once from 4 (one
+    4-register accumulator at a time) to 8 (both): allowed with 12 registers a thread
+    (two thirds: 8), not with 11 (7)."""
+    body = _gemm(S) + [_assign(P, S), _assign(ACC, ACC)] + _gemm(ACC) + [_assign(P, P)]
+    assert carry_wgmma_groups(body, registers=12) is not None
+    assert carry_wgmma_groups(body, registers=11) is None
+
+
+def test_the_three_warpgroup_forward_at_160_registers_is_not_carried():
+    """BM=192 on three consumer warpgroups at 160 registers: carrying p @ v (160 in flight)
+    made ptxas serialize the wgmmas (C7511); at 240 (BM=128, two) it is carried."""
+    from tegula.kernels.attention import attention_kernel
+    for tiles, carried in ((dict(BM=192, BN=128, threads=384, REGS=160), False),
+                           (dict(BM=128, BN=128, threads=256, REGS=240), True)):
+        body = build(attention_kernel(f16), dict(tiles, D=128, QK_SCALE=0.1), None,
+                     "sm_90a").thread_kernel.body
+        kinds = _kinds(_consumer_loop(body).body)
+        assert (kinds[-1] != "WgmmaWait0" and "WgmmaWait0" not in kinds[-3:]) == carried, kinds
+
+
 # ------------------------------------------------------------------ kernels, emulated
 
 def _consumer_loop(body):
@@ -134,8 +155,8 @@ def test_a_release_before_the_carried_wait_is_reported(monkeypatch):
     from tegula.lower import hopper
     real = hopper.carry_wgmma_groups
 
-    def too_early(stmts):
-        found = real(stmts)
+    def too_early(stmts, **limits):
+        found = real(stmts, **limits)
         return None if found is None else (found[0], 0)
     monkeypatch.setattr(hopper, "carry_wgmma_groups", too_early)
     rng = np.random.default_rng(12)

@@ -385,8 +385,8 @@ def test_an_overlapped_attention_loop_with_a_wait_short_by_one_group_is_reported
     def short(stmts):
         return [WgmmaWait(s.pending + 1) if isinstance(s, WgmmaWait) else s for s in stmts]
 
-    def carried_short(stmts):
-        found = real_carry(stmts)
+    def carried_short(stmts, **limits):
+        found = real_carry(stmts, **limits)
         return None if found is None else (short(found[0]), found[1])
     monkeypatch.setattr(hopper, "defer_wgmma_waits", lambda stmts: short(real(stmts)))
     monkeypatch.setattr(hopper, "carry_wgmma_groups", carried_short)
@@ -462,3 +462,70 @@ def test_two_gemms_an_iteration_into_one_accumulator_chain_and_are_right():
     tg.emulate(_two_steps_an_iteration, (1,), a, b, c, target="sm_90a")
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64).T,
                                rtol=1e-5, atol=1e-3)
+
+
+# ------------------------------------------------- memory statements between a gemm and its use
+
+def _reading(buffer):
+    """A gemm whose wgmma reads A and B from shared buffer `buffer`."""
+    from tegula.lower.async_ir import SmemDesc
+    desc = SmemDesc(buffer, Const(0), 16, 128, 128)
+    return [WgmmaFence(), Wgmma("wgmma.m64n8k16.f32.f16.f16", [Reg(ACC, Const(i))
+                                                              for i in range(4)],
+                                desc, desc, scale_d=Const(1)), WgmmaCommit(), WgmmaWait(0)]
+
+
+def test_global_accesses_and_stores_to_other_buffers_go_by_a_gemm_in_flight():
+    """wgmmas read registers and shared memory only: a global store of other registers, a
+    shared load, a proxy fence and a shared store into a buffer no in-flight wgmma reads
+    go by; a shared store into the buffer it reads, or a global store of its accumulator,
+    waits first; a barrier pays every debt."""
+    from tegula.lower.async_ir import FenceProxyAsync
+    from tegula.lower.thread_ir import GlobalStore, SharedLoad, SharedStore
+    other = Reg(OTHER, Const(0))
+    passing = [GlobalStore("c", Const(0), other, 1), SharedLoad(other, "sa", Const(0), 1),
+               FenceProxyAsync(), SharedStore("staging", Const(0), other, 1)]
+    for stmt in passing:
+        out = defer_wgmma_waits(_reading("sa") + [stmt])
+        assert _kinds(out)[3:] == [type(stmt).__name__, "WgmmaWait0"], stmt
+    for stop in (SharedStore("sa", Const(0), other, 1),
+                 GlobalStore("c", Const(0), Reg(ACC, Const(2)), 1), Barrier()):
+        out = defer_wgmma_waits(_reading("sa") + [stop])
+        assert _kinds(out)[3:] == ["WgmmaWait0", type(stop).__name__], stop
+
+
+@tg.kernel(threads=128, warp_specialize=True)
+def _stores_the_previous_product(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                                 BM: tg.constexpr = 64, BN: tg.constexpr = 64,
+                                 BK: tg.constexpr = 32):
+    """Each k-step's product stored to global memory (c's K-step slices) one step late:
+    the store of product k-1 goes out while product k's wgmmas run."""
+    ga = a.tile((BM, BK), (0, None))
+    gb = b.tile((BN, BK), (0, None))
+    prev = tg.zeros((BM, BN), f32)
+    sa = tg.shared((BM, BK), f16, stages=2)
+    sb = tg.shared((BN, BK), f16, stages=2)
+    for k in tg.pipeline(ga.shape[2], stages=2):
+        tg.copy(ga[:, :, k], sa[k])
+        tg.copy(gb[:, :, k], sb[k])
+        part = tg.zeros((BM, BN), f32)
+        tg.gemm(part, sa[k], sb[k])
+        tg.copy(prev, c.tile((BM, BN), (k, 0)))
+        prev = part
+    tg.copy(prev, c.tile((BM, BN), (ga.shape[2], 0)))
+
+
+@pytest.mark.parametrize("role_order", ["listed", "stall"])
+def test_a_global_store_runs_while_the_next_product_computes_and_is_right(role_order):
+    loop = _loop_of(_stores_the_previous_product, {})
+    kinds = _kinds(loop.body)
+    assert kinds.index("WgmmaWait0") > kinds.index("GlobalStore") > kinds.index("WgmmaCommit")
+    rng = np.random.default_rng(9)
+    a, b = random_input(rng, (64, 96), f16), random_input(rng, (64, 96), f16)
+    c = poisoned((64 * 4, 64), f32)
+    tg.emulate(_stores_the_previous_product, (1,), a, b, c, target="sm_90a",
+               role_order=role_order)
+    steps = [a[:, 32 * j:32 * j + 32].astype(np.float64) @ b[:, 32 * j:32 * j + 32].T
+             .astype(np.float64) for j in range(3)]
+    np.testing.assert_allclose(c, np.concatenate([np.zeros((64, 64))] + steps), rtol=1e-5,
+                               atol=1e-3)
