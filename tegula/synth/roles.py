@@ -397,7 +397,8 @@ def why_not_pingpong(kernel: TracedKernel, loop: ForLoop) -> str:
     the user's threads must be one warpgroup, the tiles an enclosing loop the
     warpgroups can split (one run-time loop around the pipeline, stepping forward, its
     iterations independent but for the ring), and nothing but the ring in shared memory
-    (the warpgroups would share it). Clusters compose: every block of a cluster walks the
+    (the warpgroups would share it), nor an exchange lowering makes through shared
+    scratch (`_shared_scratch`). Clusters compose: every block of a cluster walks the
     same tiles (multicast proved it), so warpgroup g of each takes the same ones."""
     if kernel.threads != WARPGROUP:
         return (f"the kernel's tiles span {kernel.threads} threads; each ping-pong consumer "
