@@ -23,6 +23,7 @@ buffer coloured by bank, on one page. This module sits above the pipeline (like
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -36,11 +37,16 @@ from tegula.synth.registers import estimate_registers, per_thread_limit
 def explain(kernel: Any, grid: Any = None, shapes: dict | None = None,
             target: str | None = None, compile: bool = False, **constexprs: Any) -> str:
     """Build `kernel` with these constexprs (default facts: row-major tensors) and explain
-    it; `grid` and `shapes` (tensor name -> shape) add a whole-grid time prediction;
-    `compile=True` also builds the cubin and adds the compiler's resource report (needs
-    NVRTC or nvcc, no GPU)."""
+    it; `grid` and `shapes` (tensor name -> shape) add a whole-grid time prediction, and a
+    grid of ints is built for as a launch on it is (its block count is the `grid_blocks`
+    build fact); `compile=True` also builds the cubin and adds the compiler's resource
+    report (needs NVRTC or nvcc, no GPU)."""
     from tegula.build import DEFAULT_TARGET, build
 
+    dims = (grid,) if isinstance(grid, int) else tuple(grid) if grid is not None else ()
+    if dims and all(isinstance(d, int) and d > 0 for d in dims) and \
+            "grid_blocks" not in constexprs:
+        constexprs = dict(constexprs, grid_blocks=math.prod(dims))
     result = build(kernel, constexprs, target=target or DEFAULT_TARGET)
     return explain_build(result, grid=grid, shapes=shapes,
                          compiled=compile_report(result) if compile else None)
@@ -327,15 +333,16 @@ def _prediction(build: Any, grid: Any, shapes: dict | None, scalars: dict | None
 
 def _grid_roles_notes(build: Any, blocks: int) -> list[str]:
     """Where the cost model kept a TMA pipeline in one role for a full grid but would give
-    it a producer warpgroup for this launch's `blocks` (the build did not know the grid:
-    the `grid_blocks` build option tells it, `synth/cost_roles.py`)."""
+    it a producer warpgroup for this launch's `blocks` (a build made without the grid, e.g.
+    by `tegula.build.build`; a launch passes its grid as the `grid_blocks` build option,
+    `synth/cost_roles.py`)."""
     from tegula.synth.cost_roles import grid_sm_blocks, why_no_producer
     on_sm = grid_sm_blocks(blocks, build.target)
     if on_sm is None:
         return []
     return [f"this grid gives an SM at most {on_sm} block(s): the cost model would give the "
             f"pipeline at line {loop.loc.lineno if loop.loc else '?'} a producer warpgroup; "
-            f"build or launch with grid_blocks={blocks} for it"
+            f"a launch on this grid builds for it (grid_blocks={blocks})"
             for loop in walk_ops(build.traced.body)
             if isinstance(loop, ForLoop) and loop.choices.get("roles_skipped", "").startswith(
                 "a producer warpgroup does not pay")

@@ -266,21 +266,22 @@ def test_grid_blocks_must_be_a_positive_int(bad):
         build(readme_gemm(), dict(grid_blocks=bad), None, "sm_90a")
 
 
-def test_explain_says_when_the_grid_would_change_the_roles():
-    """explain with a grid of 32 blocks (512 x 1024 at 128x128) notes that the build, not
-    told the grid, kept one role where the model would give this grid a producer."""
-    from tegula.explain import explain
+def test_explain_builds_for_its_grid_as_a_launch_does():
+    """explain with a grid of 32 blocks (512 x 1024 at 128x128) explains the build a launch
+    on it runs (the producer); a build made without the grid is told where the grid would
+    change its roles."""
+    from tegula.explain import explain, explain_build
     kernel = readme_gemm()
     shapes = dict(a=(512, 4096), b=(1024, 4096), c=(512, 1024))
     small = explain(kernel, grid=(4, 8), shapes=shapes)
-    assert ("this grid gives an SM at most 1 block(s): the cost model would give the "
-            "pipeline at line") in small and "grid_blocks=32 for it" in small
+    assert "roles: warp-specialized" in small and "grid_blocks=32" not in small
     full = explain(kernel, grid=(32, 32), shapes=dict(a=(4096, 4096), b=(4096, 4096),
                                                       c=(4096, 4096)))
-    assert "grid_blocks=" not in full
-    told = explain(kernel, grid=(4, 8), shapes=shapes, grid_blocks=32)
-    assert "grid_blocks=32 for it" not in told
-    assert "roles: warp-specialized" in told and "roles: warp-specialized" not in small
+    assert "grid_blocks=" not in full and "roles: warp-specialized" not in full
+    untold = explain_build(build(kernel, {}, None, "sm_90a"), grid=(4, 8), shapes=shapes)
+    assert ("this grid gives an SM at most 1 block(s): the cost model would give the "
+            "pipeline at line") in untold and "a launch on this grid builds for it " \
+        "(grid_blocks=32)" in untold
 
 
 def test_the_grid_chosen_producer_computes_the_product():
