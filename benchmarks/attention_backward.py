@@ -69,6 +69,11 @@ VARIANTS = {
     "det-ws-mb": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True),
                   dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True,
                        MASK_BRANCH=True)),
+    # both kernels' masks behind the branch
+    "det-ws-mb2": (True, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                              MASK_BRANCH=True),
+                   dict(BM=128, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                        MASK_BRANCH=True)),
     # the consumers' two warpgroups taking turns at the tensor cores in the loop
     # (consumers="pingpong"): dQ's (218 registers, no spill), dK/dV's too (D = 64: 214;
     # D = 128: 224 B spilled)
@@ -108,6 +113,10 @@ VARIANTS = {
     # ptxas no longer serializes every wgmma, C7512; 104 B spilled at D = 128)
     "at64x128-ws-ld": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
                                    LATE_DELTA=True)),
+    "at64x128-ws-ld-mb": (False, dict(BM=64, BN=128, threads=256, REGS=240, EARLY_DP=True,
+                                      LATE_DELTA=True, MASK_BRANCH=True)),
+    "at64x128-1role-mb": (False, dict(BM=64, BN=128, threads=256, warp_specialize=False,
+                                      MASK_BRANCH=True)),
     "at64x128-1role-early-ld": (False, dict(BM=64, BN=128, threads=256,
                                             warp_specialize=False, EARLY_DP=True,
                                             LATE_DELTA=True)),

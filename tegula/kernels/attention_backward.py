@@ -82,7 +82,7 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                          D: int, SCALE: float, CAUSAL: bool, G: int, BM: int, BN: int,
                          STAGES: int, EARLY_DP: bool = False, REGS: int = 0,
                          add_dq=tg.atomic_add, STAGGER: bool = False,
-                         LATE_DELTA: bool = False):
+                         LATE_DELTA: bool = False, MASK_BRANCH: bool = False):
     """The dK/dV kernels' body (traced inline): (dk_acc, dv_acc), the f32 sums over the G
     query heads of kv head `hk` for key block `n`, dK not yet scaled. With `dq_accum` (an
     f32 (B, H, Sq, D) tensor of zeros) it also adds each query block's dS K into it with
@@ -97,7 +97,9 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
     program: dK and dV stay deterministic). `LATE_DELTA`: delta is loaded after the
     exponentials, not with lse before the block's first product, so its 16 registers a
     thread are not live at the exponentials' peak (the stated-roles atomic kernel at D =
-    128: ptxas then no longer serializes every wgmma, C7512)."""
+    128: ptxas then no longer serializes every wgmma, C7512). `MASK_BRANCH`: the mask
+    only on blocks holding a key past Sk, a query past Sq or (causal) a pair past the
+    diagonal (`_masked_probabilities`)."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     sk, sv = tg.shared((BN, D), dtype), tg.shared((BN, D), dtype)
     tg.copy(k[b, hk].tile((BN, D), (n, 0)), sk)
@@ -144,9 +146,15 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                     if CAUSAL:
                         visible = visible & (keys <= queries + (seq_k - seq_q))
                     return visible
+                needs_mask = None
+                if MASK_BRANCH:  # one comparison: the largest overshoot past a limit
+                    over = tg.maximum((n + 1) * BN - seq_k, (m + 1) * BM - seq_q)
+                    if CAUSAL:
+                        over = tg.maximum(over, (n + 1) * BN - 1 - m * BM - (seq_k - seq_q))
+                    needs_mask = over > 0
                 dq_part = _query_block_products(sk, sv, sq[i], sdo[i], seen, lse_m,
                                                 delta_m, dk_acc, dv_acc, dtype, SCALE,
-                                                EARLY_DP, sds, LATE_DELTA)
+                                                EARLY_DP, sds, LATE_DELTA, needs_mask)
                 if dq_accum is not None:                     # dQ += dS K, atomically
                     add_dq(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
     return dk_acc, dv_acc
@@ -168,7 +176,7 @@ def _role_blocks(regs: int):
 
 def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_of, dk_acc, dv_acc,
                           dtype: DType, SCALE: float, EARLY_DP: bool, sds=None,
-                          LATE_DELTA: bool = False):
+                          LATE_DELTA: bool = False, needs_mask=None):
     """One query block's share of key block's dK, dV (added into the accumulators), in the
     transposed (key, query) orientation; `seen()` traces the (BN, BM) mask of visible
     (key, query) pairs:
@@ -177,7 +185,8 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_of, dk_acc, dv
     With `sds` (a (BN, BM) shared tile: the atomic-dQ kernel) dSᵀ is stored there before
     either product that reads it, and the block's (BM, D) f32 share of dQ, dS K, is
     returned (issued before dK's product: the first to be waited for); else None.
-    `delta_of()` loads the block's delta, first or (`LATE_DELTA`) after the exponentials."""
+    `delta_of()` loads the block's delta, first or (`LATE_DELTA`) after the exponentials.
+    `needs_mask` (a scalar comparison): the mask behind a branch (`_masked_probabilities`)."""
     delta_m = None if LATE_DELTA else delta_of()
     rows, cols = sk.shape[0], sq_m.shape[0]
     s_t = tg.zeros((rows, cols), f32)
@@ -185,7 +194,10 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_of, dk_acc, dv
     if EARLY_DP:
         dp_t = tg.zeros((rows, cols), f32)
         tg.gemm(dp_t, sv, sdo_m)                             # V dOᵀ
-    p_t = tg.where(seen(), tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+    if needs_mask is None:
+        p_t = tg.where(seen(), tg.exp2(s_t * (SCALE * LOG2E) - lse_m), 0.0)
+    else:
+        p_t = _masked_probabilities(s_t, seen, needs_mask, lse_m, SCALE)
     if LATE_DELTA:
         delta_m = delta_of()
     tg.gemm(dv_acc, p_t.to(dtype), sdo_m.T)                  # += Pᵀ dO
@@ -205,7 +217,8 @@ def _query_block_products(sk, sv, sq_m, sdo_m, seen, lse_m, delta_of, dk_acc, dv
 
 @lru_cache(maxsize=None)
 def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
-    """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads."""
+    """dK, dV of one (BN, D) key block of kv head `hk`, summed over its G query heads.
+    `MASK_BRANCH`: the mask only where a block needs it (`_key_block_gradients`)."""
 
     @tg.kernel(threads=128)
     def attention_backward_dkdv(q: tg.Tensor[dtype, 4], k: tg.Tensor[dtype, 4],
@@ -215,11 +228,12 @@ def attention_backward_dkdv_kernel(dtype: DType) -> tg.Kernel:
                                 D: tg.constexpr, SCALE: tg.constexpr, CAUSAL: tg.constexpr,
                                 G: tg.constexpr = 1, BM: tg.constexpr = 64,
                                 BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
-                                EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0):
+                                EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0,
+                                MASK_BRANCH: tg.constexpr = False):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, None, n, hk, b,
                                               dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
-                                              EARLY_DP, REGS)
+                                              EARLY_DP, REGS, MASK_BRANCH=MASK_BRANCH)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
@@ -245,12 +259,13 @@ def attention_backward_dkdvdq_kernel(dtype: DType) -> tg.Kernel:
                                   BN: tg.constexpr = 64, STAGES: tg.constexpr = 2,
                                   EARLY_DP: tg.constexpr = False, REGS: tg.constexpr = 0,
                                   STAGGER: tg.constexpr = False,
-                                  LATE_DELTA: tg.constexpr = False):
+                                  LATE_DELTA: tg.constexpr = False,
+                                  MASK_BRANCH: tg.constexpr = False):
         n, hk, b = tg.block_id(0), tg.block_id(1), tg.block_id(2)
         dk_acc, dv_acc = _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b,
                                               dtype, D, SCALE, CAUSAL, G, BM, BN, STAGES,
                                               EARLY_DP, REGS, STAGGER=STAGGER,
-                                              LATE_DELTA=LATE_DELTA)
+                                              LATE_DELTA=LATE_DELTA, MASK_BRANCH=MASK_BRANCH)
         tg.copy((dk_acc * SCALE).to(dtype), dk[b, hk].tile((BN, D), (n, 0)))
         tg.copy(dv_acc.to(dtype), dv[b, hk].tile((BN, D), (n, 0)))
 
@@ -319,16 +334,18 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
                 if EARLY_DP:  # before the exponentials (see _key_block_gradients)
                     dp = tg.zeros((BM, BN), f32)
                     tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
-                seen = (keys < seq_k) & (queries < seq_q)
-                if CAUSAL:
-                    seen = seen & (keys <= queries + (seq_k - seq_q))
+                def seen(keys=keys):
+                    visible = (keys < seq_k) & (queries < seq_q)
+                    if CAUSAL:
+                        visible = visible & (keys <= queries + (seq_k - seq_q))
+                    return visible
                 if MASK_BRANCH:
                     # the first row's last visible key (causal), or the last key
                     visible_to = m * BM + (seq_k - seq_q) if CAUSAL else seq_k - 1
                     p = _masked_probabilities(s, seen, (n + 1) * BN - 1 > visible_to,
                                               lse_m, SCALE)
                 else:
-                    p = tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # one FMA
+                    p = tg.where(seen(), tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0)  # 1 FMA
                 if not EARLY_DP:
                     dp = tg.zeros((BM, BN), f32)
                     tg.gemm(dp, sdo, sv[n])                      # dO Vᵀ
@@ -340,16 +357,17 @@ def attention_backward_dq_kernel(dtype: DType) -> tg.Kernel:
 
 
 def _masked_probabilities(s, seen, needs_mask, lse_m, SCALE: float):
-    """P = exp2(S · scale·log2 e − lse·log2 e), 0 where not `seen`, written into `s`'s
-    registers (returned) on one of two paths: the mask only where `needs_mask` (a scalar
-    comparison: the key block reaches past a row's last visible key). Besides sparing the
+    """P = exp2(S · scale·log2 e − lse·log2 e), 0 where not `seen()` (traced on the
+    masked path only), written into `s`'s registers (returned) on one of two paths: the
+    mask only where `needs_mask` (a scalar comparison: the block reaches past a limit,
+    `needs_mask` false means every pair it computes is seen). Besides sparing the
     interior blocks the compares and selects, the branch's join keeps ptxas from moving a
     later wgmma wait (dP's, issued with S) above the exponentials: it places its
     `WARPGROUP.DEPBAR` anywhere in a basic block, never across one (the attention
     forward's overlapped loop does the same). Rows past Sq (never stored; a row's dQ reads
     only its own dS) go unmasked on the interior path."""
     with tg.if_(needs_mask):
-        s.assign(tg.where(seen, tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0))
+        s.assign(tg.where(seen(), tg.exp2(s * (SCALE * LOG2E) - lse_m), 0.0))
     with tg.else_():
         s.assign(tg.exp2(s * (SCALE * LOG2E) - lse_m))
     return s

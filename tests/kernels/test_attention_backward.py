@@ -372,11 +372,16 @@ def test_staggered_atomic_dq_is_right(Sq, Sk, tiles):
     run_case(1, 2, 1, Sq, Sk, 32, True, seed=68, deterministic=False, STAGGER=True, **tiles)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
-def test_dq_kernel_with_its_mask_behind_a_branch_is_right(causal, target):
-    """MASK_BRANCH: the dQ kernel masks only key blocks reaching past a row's last visible
-    key (or the keys' end); interior blocks take the unmasked path. Both paths run here:
-    several key blocks, Sq < Sk, lengths dividing no tile, GQA 2."""
+@pytest.mark.parametrize("causal,target,deterministic", [
+    (True, "sm_90a", True), (True, "sm_80", False), (False, "sm_90a", False),
+    (False, "sm_80", True)])
+def test_mask_behind_a_branch_is_right(causal, target, deterministic):
+    """MASK_BRANCH: the dK/dV (or dK/dV-adding-dQ) and dQ kernels mask only blocks reaching
+    past a limit (a key past Sk, a query past Sq, or causally past a row's last visible
+    key); interior blocks take the unmasked path. Both paths run here: several key and
+    query blocks, Sq < Sk, lengths dividing no tile, GQA 2. (Pairs past Sq or Sk add
+    nothing either way, their Q, dO or K, V rows loading as zeros: only the causal
+    limit's error shows.)"""
     run_case(1, 2, 1, 45, 70, 32, causal, target=target, seed=69,
+             deterministic=deterministic, BM=16, BN=32, MASK_BRANCH=True,
              dq_tiles=dict(BM=16, BN=32, MASK_BRANCH=True))
