@@ -14,7 +14,8 @@ warp roles on sm_90a; split-K GEMMs merged by their last block (`split_merge`,
 (`gemm_chains`) run with their two consumer warpgroups taking turns inside the loop.
 
 A GPU round may run more seeds: `TEGULA_FUZZ_GPU_SEEDS=1621,1622` adds the ordinary and
-the warp-specialized samples of each (`-k extra`); unset, there are none.
+the warp-specialized samples of each (`-k extra`), and their split merges and gemm chains;
+unset, there are none.
 """
 from __future__ import annotations
 
@@ -151,14 +152,15 @@ def _split_merge_on_gpu(p: sm.SplitMerge, x: dict) -> np.ndarray:
     return first
 
 
-@pytest.mark.parametrize("chunk", range(2))
-def test_split_merges_agree_on_gpu_and_numpy(chunk):
+@pytest.mark.parametrize("seed,chunk", [(SEED, 0), (SEED, 1)] +
+                         [(s, c) for s in EXTRA_SEEDS for c in range(2)])
+def test_split_merges_agree_on_gpu_and_numpy(seed, chunk):
     """`tg.last_arrival` split-K GEMMs: emulated first (no race, counters zero), then on the
     GPU every element of c within the model's bound after every launch."""
     compared = 0
     for index in range(chunk, SPLIT_MERGES, 2):
-        p = sm.make_split_merge(SEED, index)
-        where = f"python -m tegula.fuzz --seed {SEED} --split-merge {index}: {p.describe()}"
+        p = sm.make_split_merge(seed, index)
+        where = f"python -m tegula.fuzz --seed {seed} --split-merge {index}: {p.describe()}"
         status, reason, detail = sm.check_split_merge(p, index, targets=("sm_90a",))
         assert status in ("pass", "rejected"), f"{where}\n{reason}\n{detail}"
         if status == "rejected":
@@ -174,23 +176,24 @@ def test_split_merges_agree_on_gpu_and_numpy(chunk):
 GEMM_CHAINS = 8   # of each kind
 
 
-def _gemm_chains(turns: bool):
-    """The first GEMM_CHAINS chains of SEED in ping-pong's frame (turns) / outside it."""
+def _gemm_chains(seed: int, turns: bool):
+    """The first GEMM_CHAINS chains of `seed` in ping-pong's frame (turns) / outside it."""
     frame = lambda p: p.consumers == "pingpong" and p.bm == 128 and not p.persistent  # noqa: E731
-    found = ((i, p) for i in range(400) if frame(p := gc.make_gemm_chain(SEED, i)) == turns)
+    found = ((i, p) for i in range(400) if frame(p := gc.make_gemm_chain(seed, i)) == turns)
     return [next(found) for _ in range(GEMM_CHAINS)]
 
 
-@pytest.mark.parametrize("turns", [True, False])
-def test_gemm_chains_agree_on_gpu_and_numpy(turns):
+@pytest.mark.parametrize("seed,turns", [(SEED, True), (SEED, False)] +
+                         [(s, t) for s in EXTRA_SEEDS for t in (True, False)])
+def test_gemm_chains_agree_on_gpu_and_numpy(seed, turns):
     """Two gemms a pipeline iteration (q @ k_j.T, f, p @ v_j), most on ping-pong consumers
     taking turns inside the loop: emulated first, then o (and the row sum) poisoned on the
     GPU, every element within the model's bound."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("warp roles need sm_90a")
     compared = 0
-    for index, p in _gemm_chains(turns):
-        where = f"python -m tegula.fuzz --seed {SEED} --gemm-chain {index}: {p.describe()}"
+    for index, p in _gemm_chains(seed, turns):
+        where = f"python -m tegula.fuzz --seed {seed} --gemm-chain {index}: {p.describe()}"
         status, reason, detail = gc.check_gemm_chain(p, index, targets=("sm_90a",))
         assert status in ("pass", "rejected"), f"{where}\n{reason}\n{detail}"
         if status == "rejected":
