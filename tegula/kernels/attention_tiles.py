@@ -49,11 +49,14 @@ def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
     ptxas: 125 / 148 / 157 registers, no spill) are timed too; round 2, 128-key blocks on
     three warpgroups 672 / 538 (1.021x / 0.954x), the tuner's pick at D = 128 S >= 4k. At
     D = 256 the overlapped loop: 698 / 610 at 2x8x8192 full / causal (0.985x / 1.007x),
-    80-key blocks 664; FlashAttention-3's D = 256 tile is 128 x 80 (two warpgroups taking
-    turns, 240 registers: 64 + 2 x 80 KB of q, k and v fill the shared memory, so the
-    overlapped loop's extra key buffer does not fit at 80 keys), timed with and without
-    turns. Persistent blocks (PERSISTENT) measured 0.62-0.76x and are not timed. 64x64
-    blocks stay for short or ragged sequences."""
+    80-key blocks 664. Session 14 round 1 (2x8x8192): FlashAttention-3's D = 256 tile, 128 x
+    80 with the overlapped loop at 240 registers, fits the shared memory with block 0's keys
+    through the ring (FIRST_IN_RING: 64 + 2 x 80 KB of q, k and v): 727 / 649 (1.008x /
+    1.068x; ptxas spills 44 B) against 64-key blocks' 698 / 623; without the overlap 680 /
+    604, taking turns 669 / 597 and turns with the overlap 436 / 396 (not timed). At S = 1k
+    (16x8x1024) the plain loop leads: 80-key blocks 506 / 357 (0.840x / 0.809x), 64-key 502
+    / 363, the overlapped loop 458 / 310. Persistent blocks (PERSISTENT) measured
+    0.62-0.76x and are not timed. 64x64 blocks stay for short or ragged sequences."""
     wide, turns = dict(BM=128, threads=256), dict(BM=128, threads=256, consumers="pingpong")
     three = dict(BM=192, threads=384)       # three consumer warpgroups of 64 rows
     small = dict(BM=64, BN=64)
@@ -66,23 +69,26 @@ def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
                    dict(wide, BN=128), small]
         if not causal:  # FlashAttention-3's non-causal D = 128 tile
             configs.insert(1, dict(turns, BN=176, REGS=240))
-    else:
-        configs = [dict(wide, BN=64, OVERLAP=True), dict(wide, BN=64),
-                   dict(turns, BN=80, REGS=240), dict(wide, BN=80, REGS=240),
-                   dict(turns, BN=64), small]
+    else:  # FlashAttention-3's 128 x 80 tile first: the long-sequence pick (session 14)
+        configs = [dict(wide, BN=80, OVERLAP=True, FIRST_IN_RING=True, REGS=240),
+                   dict(wide, BN=64, OVERLAP=True), dict(wide, BN=64),
+                   dict(wide, BN=80, REGS=240), small]
     return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
 
 
 def _short_candidates(head_dim: int) -> list[dict]:
-    """Candidates for short key loops (module docstring): two blocks an SM. 128 query rows
+    """Candidates for short key loops (module docstring): two blocks an SM, 128 query rows
     on two warpgroups in one role (no producer: `warp_specialize=False`, so that
     `blocks_per_sm=2` may cap the registers at 128 a thread; ptxas: 126 at D = 64 with
     128-key blocks and at D = 128 with 64-key blocks, no spill; 80 / 96 KB of shared
-    memory), and at D = 128 64-row blocks with 96-key blocks (one warpgroup, 112 KB).
-    D = 256's q tile alone is 32-64 KB: no second block fits beside its ring."""
+    memory). Measured (H100, session 14 round 1, 16 x H x 1024, one process, x cuDNN, full
+    / causal): D = 128 484 / 350 TFLOP/s (0.866x / 0.874x) against three warpgroups' 443 /
+    281 and the turns' 426 / 309; D = 64 with 128-key blocks 435 / 308 (1.030x / 0.913x)
+    against 64x64 blocks' 409 / 325. Slower, not timed: 64-key blocks at D = 64 (0.887x /
+    0.818x), 64 x 96 blocks at D = 128 (0.766x / 0.795x). D = 256's q tile alone is 32-64
+    KB: no second block fits beside its ring."""
     two = dict(BM=128, threads=256, warp_specialize=False, blocks_per_sm=2)
-    configs = {64: [dict(two, BN=128), dict(two, BN=64)],
-               128: [dict(two, BN=64), dict(BM=64, BN=96)]}.get(head_dim, [])
+    configs = {64: [dict(two, BN=128)], 128: [dict(two, BN=64)]}.get(head_dim, [])
     return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
 
 
