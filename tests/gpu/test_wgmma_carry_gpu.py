@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 import tegula as tg
-from tegula import f32
 from tegula.dtypes import f16
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +25,9 @@ if not torch.cuda.is_available():  # collected in CI (no GPU): every test skips
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs a CUDA GPU")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lower"))
 from gpu_helpers import poison  # noqa: E402
+from test_wgmma_waits import two_steps_an_iteration  # noqa: E402
 from test_attention_backward_gpu import (assert_close, make_case,  # noqa: E402
                                          poisoned_launch_values, reference,
                                          reference_gradients)
@@ -74,27 +75,6 @@ def test_backward_one_role_with_early_dp():
     torch.cuda.synchronize()
     for name, w in zip(("dq", "dk", "dv"), want):
         assert_close(name, values[name], w, "float16")
-
-
-@tg.kernel(threads=128)
-def two_steps_an_iteration(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
-                           BM: tg.constexpr = 64, BN: tg.constexpr = 128,
-                           BK: tg.constexpr = 64):
-    """c = a @ b.T, two k-steps an iteration into one accumulator (the second gemm is
-    issued while the first one's wgmmas run)."""
-    m, n = tg.block_id(0), tg.block_id(1)
-    ga, gb = a.tile((BM, BK), (m, None)), b.tile((BN, BK), (n, None))
-    acc = tg.zeros((BM, BN), f32)
-    sa, sa2 = tg.shared((BM, BK), f16, stages=2), tg.shared((BM, BK), f16, stages=2)
-    sb, sb2 = tg.shared((BN, BK), f16, stages=2), tg.shared((BN, BK), f16, stages=2)
-    for k in tg.pipeline((ga.shape[2] + 1) // 2, stages=2):
-        tg.copy(ga[:, :, 2 * k], sa[k])
-        tg.copy(gb[:, :, 2 * k], sb[k])
-        tg.copy(ga[:, :, 2 * k + 1], sa2[k])
-        tg.copy(gb[:, :, 2 * k + 1], sb2[k])
-        tg.gemm(acc, sa[k], sb[k])
-        tg.gemm(acc, sa2[k], sb2[k])
-    tg.copy(acc, c.tile((BM, BN), (m, n)))
 
 
 @pytest.mark.parametrize("warp_specialize", [True, False], ids=["roles", "one-role"])

@@ -426,12 +426,15 @@ def test_a_product_tile_refilled_for_a_second_gemm_gets_the_stage_wait_repeated(
 
 # ------------------------------------------ two gemms an iteration into one accumulator
 
-@tg.kernel(threads=128, warp_specialize=True)
-def _two_steps_an_iteration(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
-                            BM: tg.constexpr = 64, BN: tg.constexpr = 64,
-                            BK: tg.constexpr = 32):
-    ga = a.tile((BM, BK), (0, None))
-    gb = b.tile((BN, BK), (0, None))
+@tg.kernel(threads=128)
+def two_steps_an_iteration(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f32],
+                           BM: tg.constexpr = 64, BN: tg.constexpr = 128,
+                           BK: tg.constexpr = 64):
+    """c = a @ b.T, two k-steps an iteration into one accumulator (the second gemm is
+    issued while the first one's wgmmas run). Also the GPU test's kernel
+    (tests/gpu/test_wgmma_carry_gpu.py)."""
+    m, n = tg.block_id(0), tg.block_id(1)
+    ga, gb = a.tile((BM, BK), (m, None)), b.tile((BN, BK), (n, None))
     acc = tg.zeros((BM, BN), f32)
     sa, sa2 = tg.shared((BM, BK), f16, stages=2), tg.shared((BM, BK), f16, stages=2)
     sb, sb2 = tg.shared((BN, BK), f16, stages=2), tg.shared((BN, BK), f16, stages=2)
@@ -440,9 +443,9 @@ def _two_steps_an_iteration(a: tg.Tensor[f16], b: tg.Tensor[f16], c: tg.Tensor[f
         tg.copy(gb[:, :, 2 * k], sb[k])
         tg.copy(ga[:, :, 2 * k + 1], sa2[k])
         tg.copy(gb[:, :, 2 * k + 1], sb2[k])
-        tg.gemm(acc, sa[k], sb[k])               # step 2k
-        tg.gemm(acc, sa2[k], sb2[k])             # step 2k + 1: into acc, in flight
-    tg.copy(acc, c.tile((BM, BN), (0, 0)))
+        tg.gemm(acc, sa[k], sb[k])
+        tg.gemm(acc, sa2[k], sb2[k])
+    tg.copy(acc, c.tile((BM, BN), (m, n)))
 
 
 def test_two_gemms_an_iteration_into_one_accumulator_chain_and_are_right():
@@ -452,14 +455,15 @@ def test_two_gemms_an_iteration_into_one_accumulator_chain_and_are_right():
     at its end (wait_group 2: its own two stay in flight), and the sum is right in the
     emulator (which keeps the accumulator busy until the wait that retires it) at a K
     of 7 k-steps (the last pair half past K: TMA fills zeros)."""
-    loop = _loop_of(_two_steps_an_iteration, {})
+    tiles = dict(BN=64, BK=32, warp_specialize=True)
+    loop = _loop_of(two_steps_an_iteration, tiles)
     kinds = [k for k in _kinds(loop.body) if k.startswith("Wgmma")]
     assert kinds == ["WgmmaFence"] + ["Wgmma"] * 2 + ["WgmmaCommit", "WgmmaFence"] + \
         ["Wgmma"] * 2 + ["WgmmaCommit", "WgmmaWait2"], kinds
     rng = np.random.default_rng(7)
     a, b = random_input(rng, (64, 224), f16), random_input(rng, (64, 224), f16)
     c = poisoned((64, 64), f32)
-    tg.emulate(_two_steps_an_iteration, (1,), a, b, c, target="sm_90a")
+    tg.emulate(two_steps_an_iteration, (1, 1), a, b, c, target="sm_90a", **tiles)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64).T,
                                rtol=1e-5, atol=1e-3)
 
