@@ -614,8 +614,12 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
             configs += [dict(c, SCALE_AFTER=1) for c in configs]
             configs += [dict(ring, KS=4, STAGES=4, WG=2, SCALE_AFTER=1, SPLIT=s)
                         for s in wide_splits()]
+        if m <= 8 and n is not None and -(-n // FRAGMENT_ROWS) >= sms and group_size >= 128:
+            # 8-token tiles (wgmma n8): 21.0 against 21.7 µs at 1x14336x4096 (session 14)
+            configs.append(dict(ring, BT=8, KS=4, STAGES=6, SPLIT=1, SCALE_AFTER=1))
         return gemv + configs + [dict(ring, STAGES=4, SPLIT=4)]
-    configs = [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
+    configs = _paired_candidates(base, bt, m, n, k, sms)
+    configs += [dict(base, BT=bt, STAGES=3, SPLIT=2, WSMEM=0),
                dict(base, BT=bt, STAGES=2, SPLIT=2),
                dict(base, BT=bt, STAGES=3, SPLIT=2, load_path="cp.async")]
     configs += [dict(base, BT=bt, STAGES=3, SPLIT=s) for s in splits(128, (2, 4))]
@@ -623,6 +627,26 @@ def fragment_candidates(m: int, n: int | None = None, k: int | None = None,
         configs.append(dict(base, BT=64, STAGES=3, SPLIT=4))
     else:   # 128 rows a block: half the activations' L2 re-reads (session 12: 32.5 µs at
         configs.append(dict(base, BT=bt, STAGES=3, SPLIT=2, WG=2))   # 64x14336x4096, was 35.3)
+    return configs
+
+
+def _paired_candidates(base: dict, bt: int, m: int, n: int | None, k: int | None,
+                       sms: int) -> list[dict]:
+    """Beyond 16 tokens: PAIRS (`_paired_register_steps`) on two warpgroups of rows, the
+    tokens through the warp-specialized TMA ring (one block an SM by registers), unsplit or
+    split K where the 128-row tiles are fewer than the SMs (slices of at least two pairs),
+    and at 128 tokens 64-token tiles.
+    Session 14 (H100, round 1): 29.0 µs at 64x14336x4096 against 33.6 for session 13's
+    pick (1.58x torch f16); at 128x4096x4096 21.8 against 20.6 (split 4)."""
+    if n is None or k is None:
+        return []
+    row_tiles = -(-n // (2 * FRAGMENT_ROWS)) * -(-m // bt)
+    steps = -(-k // (2 * FRAGMENT_K))
+    paired = dict(base, WSMEM=0, PAIRS=1, warp_specialize=True, STAGES=3, WG=2)
+    configs = [dict(paired, BT=bt, SPLIT=s) for s in (1, 2, 4)
+               if s == 1 or (row_tiles * s <= 2 * sms and steps >= 4 * s)]
+    if bt > 64:    # 64-token tiles: twice the blocks (not measured yet)
+        configs.append(dict(paired, BT=64, SPLIT=1))
     return configs
 
 

@@ -316,7 +316,12 @@ def test_four_bit_rows_load_with_the_widest_vectors_their_facts_allow(k):
                                                  INTEGER_ZEROS=1, load_path="cp.async",
                                                  target="sm_90")),
         ("bf16", 13, 300, 1344, 64, True, dict(KS=2, WG=2, SPLIT=3, load_path="cp.async",
-                                               target="sm_90"))]],
+                                               target="sm_90")),
+        # 8-token tiles (wgmma n8) at one token, and a ragged 5
+        ("f16", 1, 14336, 4096, 128, True, dict(BT=8, KS=4, STAGES=6, SCALE_AFTER=1,
+                                                INTEGER_ZEROS=1, load_path="cp.async")),
+        ("bf16", 5, 300, 1280, 128, False, dict(BT=8, KS=4, STAGES=6, SCALE_AFTER=1,
+                                                load_path="cp.async"))]],
     ids=lambda v: ("-".join(f"{k}{x}" for k, x in v.items()) or "default")
     if isinstance(v, dict) else None)
 def test_w4a16_fragment_matches_torch(dtype, m, n, k, group, zero_point, tiles):
