@@ -32,9 +32,9 @@ before; `attention_backward_dkdvdq_kernel`: dS goes to shared memory first, wher
 product reads it as the wgmma's MN-major A operand and dK's as its A; dQ's is issued
 first, so the two products run back to back and dQ's wait leaves dK's in flight) and
 `attention_backward_dq_convert_kernel` scales and converts it: 5 gemm passes instead of 7,
-but the additions' order, so dQ's last bits, vary from run to run. Session 13 measured it
-no faster than the deterministic kernels with dS stored after dK's product (a wait for dK,
-a barrier, then dQ's product and a wait for it, all serial).
+but the additions' order, so dQ's last bits, vary from run to run. Measured no faster than
+the deterministic kernels (sessions 13 and 14: 3.32 ms against 3.33 at 4x16x4096, D = 128;
+the L2 reduce-adds cost ~1% of it, `atomic_dq_candidates`).
 
 Forms the tuner times (`backward_candidates`): 64 x 64 blocks in one role, or (`REGS`)
 the roles stated, two consumer warpgroups of 240 registers beside a 24-register TMA
@@ -448,8 +448,10 @@ def backward_candidates(head_dim: int, kernel: str = "dkdv") -> list[dict]:
     24-register producer, dP issued before the exponentials, the consumers' wgmma waits
     deferred: dK/dV 64 x 128, dQ 128 x 128 (239 / 218 registers, no spill at D = 128)
     measured 2.01 / 1.35 ms against 64 x 64's 2.21 / 1.52 at 4x16x4096, D = 128 (H100,
-    session 13 round 1, `benchmarks/attention_backward.py` det-ws). Narrower blocks (32
-    rows: mma.sync) stay for the tuner to compare, and on targets without wgmma."""
+    session 13 round 1, `benchmarks/attention_backward.py` det-ws). The dQ kernel's
+    128 x 128 also with MASK_BRANCH (session 14 round 1: 1.296 / 0.781 ms against 1.328 /
+    0.794, D = 128 full / causal). Narrower blocks (32 rows: mma.sync) stay for the tuner
+    to compare, and on targets without wgmma."""
     if kernel not in ("dkdv", "dq"):
         raise ValueError(f"backward_candidates: kernel must be 'dkdv' or 'dq', got {kernel!r}")
     if head_dim > 128:
@@ -460,7 +462,8 @@ def backward_candidates(head_dim: int, kernel: str = "dkdv") -> list[dict]:
         wide = [dict(BM=64, BN=128, threads=256)] + \
             ([dict(BM=128, BN=64, threads=256)] if head_dim <= 64 else [])
     else:
-        stated = [dict(_STATED, BM=128, BN=128), dict(_STATED, BM=128, BN=64)]
+        stated = [dict(_STATED, BM=128, BN=128), dict(_STATED, BM=128, BN=64),
+                  dict(_STATED, BM=128, BN=128, MASK_BRANCH=True)]
         wide = [dict(BM=128, BN=64, threads=256)] + \
             ([dict(BM=64, BN=128, threads=256)] if head_dim <= 64 else [])
     narrow = [dict(BM=64, BN=32)] if head_dim > 64 else []
@@ -481,13 +484,19 @@ def atomic_dq_candidates(head_dim: int) -> list[dict]:
     early (104 B spilled) 3.32 / 1.85; 64 x 64 4.15 / 2.16, but the fastest at D = 64
     (2.26 / 1.19 against 2.59 / 1.42); 32 x 128 (5.3 ms) and a producer warpgroup (at 232
     or 240 registers: 3.6 ms) were slower and are not candidates. At D = 256 only the
-    default tiles (`backward_tiles`), 32 x 32."""
+    default tiles (`backward_tiles`), 32 x 32. Session 14 round 1 (D = 128, the kernel
+    alone): dQ issued before dK 3.32 ms in one role (no change); the stated roles with
+    delta loaded late (`LATE_DELTA`: ptxas no longer serializes every wgmma, C7512) 3.39
+    against 3.73 without, so a candidate; dQ's share stored instead of added (an ablation)
+    3.30, so the L2 reduce-adds cost ~1%; element-wise `red.global.add` 5.16; staggered
+    walks (`STAGGER`) 3.35: no contention to spread."""
     if head_dim > 128:
         return [dict(BM=32, BN=32)]
     one_role = dict(threads=256, warp_specialize=False)
     return [dict(BM=64, BN=64), dict(BM=64, BN=128, **one_role),
             dict(BM=64, BN=128, EARLY_DP=True, **one_role),
-            dict(BM=64, BN=128, STAGES=3, **one_role)]
+            dict(BM=64, BN=128, STAGES=3, **one_role),
+            dict(_STATED, BM=64, BN=128, LATE_DELTA=True)]
 
 
 def backward_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int,
