@@ -13,7 +13,7 @@ adds the bf16 grouped GEMM as users call it (autotuned). `--profile`: where the 
 call's time goes, per case: each kernel's device time a call (CUPTI, torch.profiler: the
 schedule helper against the grouped GEMM) beside the whole call by CUDA events, and dense
 cuBLAS the same two ways (the first case, or the one named). `--ksweep`: the default
-call and AHEAD=1 at the 64-expert geometry over several K (`KSWEEP`). A table last
+call with and without AHEAD at the 64-expert geometry over several K (`KSWEEP`). A table last
 (TFLOP/s; nothing is asserted about time).
 """
 from __future__ import annotations
@@ -25,14 +25,14 @@ import torch
 
 START = time.time()
 #: The fragment kernel (`moe_w4_fragment`: weights pre-packed in the MMA fragment's order,
-#: paired 16-bit dequantization overlapping the previous gemm), its default first.
-CONFIGS = [("default (WG3 PAIRS KS2 S2)", None),
-           ("fragment PAIRS=0 (session 12's default)", dict(FRAGMENT=True, BM=128, WG=2, KS=2,
-                                                            STAGES=3, WSMEM=0, PAIRS=0)),
-           ("fragment PAIRS WG3 KS2 S2", dict(FRAGMENT=True, BM=128, WG=3, KS=2, STAGES=2,
-                                              WSMEM=0, PAIRS=1)),
-           ("fragment PAIRS WG3 KS1 S4", dict(FRAGMENT=True, BM=128, WG=3, KS=1, STAGES=4,
-                                              WSMEM=0, PAIRS=1))]
+#: paired 16-bit dequantization in registers), its default first.
+CONFIGS = [("default (WG3 PAIRS KS2 S2 AHEAD)", None),
+           ("AHEAD=0 (session 13's default)", dict(FRAGMENT=True, AHEAD=0))]
+#: Session 14 round 1 (H100, x dense bf16, the 64-expert geometry at K = 1024 / 2048 /
+#: 8192): AHEAD=1 0.55 / 0.69 / 0.73, AHEAD=0 0.55 / 0.67 / 0.71 (the default since).
+#: Session 13 round 2 (x dense bf16, Mixtral up / down / 64-expert top-6): WG3 KS2 S2
+#: 0.74 / 0.78 / 0.69 (the default since, AHEAD=0), WG2 KS2 S3 0.68 / 0.73 / 0.67, WG3
+#: KS1 S4 0.72 / 0.72 / 0.63, PAIRS=0 (session 12's default) 0.58 / 0.62 / 0.56.
 #: Session 13: PAIRS=1 (`moe_w4_fragment._paired_steps`: two register operands, so ptxas
 #: no longer waits for each wgmma before the next, C7513). Round 1 (x dense bf16, Mixtral
 #: up / down / 64-expert top-6): PAIRS KS2 S3 0.70 / 0.72 / 0.67 (the default since), KS1
@@ -147,9 +147,9 @@ def profile_rows(label: str, dims: tuple) -> list:
 #: if time = items x (K-proportional part + fixed part), the ratio to dense bf16 climbs
 #: with K towards the kernel's steady-state ceiling.
 KSWEEP = (1024, 2048, 8192)
-#: The sweep's configurations: the default, and with each item's first weights loaded
-#: during the previous item's epilogue (AHEAD=1, session 14).
-KSWEEP_CONFIGS = [CONFIGS[0], ("default + AHEAD=1", dict(FRAGMENT=True, AHEAD=1))]
+#: The sweep's configurations: the default (AHEAD=1: each item's first weights loaded
+#: during the previous item's epilogue, session 14) and without.
+KSWEEP_CONFIGS = CONFIGS[:2]
 
 
 def ksweep_rows(budget: float) -> list:

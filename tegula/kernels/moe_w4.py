@@ -244,13 +244,16 @@ def _w4_tiles(fn: str, group_size: int, config: dict, fragment: bool) -> dict:
     token rings, so 256-token tiles or 4 stages no longer fit shared memory; ask for
     PAIRS=0 there), persistent (H100, session 13 round 2, balanced Mixtral up / down /
     64-expert top-6, x dense bf16 in one process: 0.74 / 0.78 / 0.69x; two warpgroups and
-    3 stages 0.68 / 0.73 / 0.67x; PAIRS=0, session 12's default, 0.58 / 0.62 / 0.56x)."""
+    3 stages 0.68 / 0.73 / 0.67x; PAIRS=0, session 12's default, 0.58 / 0.62 / 0.56x),
+    each item's first weights loaded during the previous item's epilogue (AHEAD=1;
+    session 14 round 1, the 64-expert geometry at K = 1024 / 2048 / 8192: 0.55 / 0.69 /
+    0.73x against 0.55 / 0.67 / 0.71x without, one process)."""
     if not fragment:
         tiles = {**default_tiles(group_size), **config}
         _check_chunk(fn, tiles["BK"], group_size)
         return tiles
     tiles = {**dict(BM=128, WG=3, KS=2, STAGES=2, WSMEM=0, PAIRS=1, GROUP=8,
-                    PERSISTENT=True),
+                    PERSISTENT=True, AHEAD=1),
              **config,
              "FRAGMENT": True}
     tiles["BN"] = FRAGMENT_ROWS * tiles["WG"]

@@ -94,9 +94,9 @@ def test_swapped_grouped_gemm(counts, n, k, group, zero_point, dtype, target, ti
     ([6, 1, 0, 4], 72, 384, 128, True, f16, "sm_90a",              # pairs of 128-k steps
      dict(BM=16, WG=2, KS=2, STAGES=3, WSMEM=0, PAIRS=1, PERSISTENT=False)),
     ([9, 0, 13, 1], 200, 384, 128, True, bf16, "sm_90a",            # the default's three
-     dict(BM=16, STAGES=2)),                                        # warpgroups, ragged N
-    ([9, 0, 13, 1], 200, 256, 128, True, bf16, "sm_90a",            # AHEAD: the next item's
-     dict(BM=16, STAGES=2, AHEAD=1)),                               # head before the epilogue
+     dict(BM=16, STAGES=2)),                                        # warpgroups, AHEAD=1
+    ([9, 0, 13, 1], 200, 256, 128, True, bf16, "sm_90a",            # AHEAD=0: each item's
+     dict(BM=16, STAGES=2, AHEAD=0)),                               # head at its start
     ([0, 4, 0, 0], 40, 256, 64, False, f16, "sm_90a",               # one item, idle blocks:
      dict(BM=16, WG=1, STAGES=2, WSMEM=0, PAIRS=1, AHEAD=1)),       # clamped heads unused
 ])
