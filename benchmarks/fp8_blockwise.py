@@ -39,9 +39,13 @@ BLOCKWISE_TILES = dict(BM=128, BN=128, STAGES=4, threads=256)
 #: stages; 4: 825 / 894 / 930). Slower, dropped: scales carried a K block ahead (815 / 816 /
 #: 731), promotion a block late (800 / 783 / 755), two K blocks a stage (879-928 / 871-903 /
 #: 820-868), 2-CTA clusters (no gain), 128x256 as two column parts (341-399, spills).
+#: Session 14 round 1 (x per-tensor 128x256, 4096^3 / 8192^3 / 4096x7168x2048): 192x128
+#: S3 0.72 / 0.76 / 0.82; 128x128 S4 0.72 / 0.67 / 0.78; TWIN=1 128x128 S3 0.73 / 0.72 /
+#: 0.79 (S2 0.71 / 0.72 / 0.77, S3 C2 0.72 / 0.70 / 0.78); per-tensor 128x128 0.91 /
+#: 0.97 / 0.97.
 BLOCKWISE_PERSISTENT = [dict(BM=192, BN=128, STAGES=3, GROUP=8, threads=384),
                         dict(BM=128, BN=128, STAGES=4, GROUP=8, threads=256),
-                        dict(BM=192, BN=128, STAGES=2, GROUP=8, threads=384)]
+                        dict(BM=128, BN=128, STAGES=3, GROUP=8, threads=256, TWIN=1)]
 
 
 def bench(fn) -> float:
@@ -82,7 +86,8 @@ def fp8_rows(budget: float) -> list[tuple[str, str]]:
                      ref_block))
         for c in BLOCKWISE_PERSISTENT:
             runs.append((f"blockwise persistent {c['BM']}x{c['BN']} S{c['STAGES']} "
-                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}",
+                         f"G{c['GROUP']} C{c.get('CLUSTER', 1)}"
+                         + (" TWIN" if c.get("TWIN") else ""),
                          fp8.fp8_blockwise_persistent_kernel(out_t),
                          persistent_grid(m, n, sms, c["BM"], c["BN"], c.get("CLUSTER", 1)),
                          (block_a, block_b), c, ref_block))
