@@ -146,18 +146,23 @@ def _key_block_gradients(q, k, v, dout, lse, delta, dq_accum, n, hk, b, dtype: D
                     if CAUSAL:
                         visible = visible & (keys <= queries + (seq_k - seq_q))
                     return visible
-                needs_mask = None
-                if MASK_BRANCH:  # one comparison: the largest overshoot past a limit
-                    over = tg.maximum((n + 1) * BN - seq_k, (m + 1) * BM - seq_q)
-                    if CAUSAL:
-                        over = tg.maximum(over, (n + 1) * BN - 1 - m * BM - (seq_k - seq_q))
-                    needs_mask = over > 0
+                needs_mask = _block_needs_mask(n, m, BN, BM, seq_k, seq_q, CAUSAL) \
+                    if MASK_BRANCH else None
                 dq_part = _query_block_products(sk, sv, sq[i], sdo[i], seen, lse_m,
                                                 delta_m, dk_acc, dv_acc, dtype, SCALE,
                                                 EARLY_DP, sds, LATE_DELTA, needs_mask)
                 if dq_accum is not None:                     # dQ += dS K, atomically
                     add_dq(dq_part, dq_accum[b, h].tile((BM, D), (m, 0)))
     return dk_acc, dv_acc
+
+
+def _block_needs_mask(n, m, BN: int, BM: int, seq_k, seq_q, CAUSAL: bool):
+    """Whether key block n and query block m hold a key past Sk, a query past Sq or
+    (causal) a pair past the diagonal: one comparison, on the largest overshoot."""
+    over = tg.maximum((n + 1) * BN - seq_k, (m + 1) * BM - seq_q)
+    if CAUSAL:
+        over = tg.maximum(over, (n + 1) * BN - 1 - m * BM - (seq_k - seq_q))
+    return over > 0
 
 
 #: The producer warpgroup's registers a thread where the kernels state their roles
