@@ -40,7 +40,8 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
     page = cache_k.shape[2] if table is not None else 0
     capacity = page * table.shape[1] if page else cache_k.shape[2]
     _, launches = decode_launches(f16, B, H, kv_heads, 1, D, capacity, page, D ** -0.5, False,
-                                  config["splits"], config["BN"], fused=fused)
+                                  config["splits"], config["BN"], fused=fused,
+                                  wgmma=torch.cuda.get_device_capability() == (9, 0))
     R = H // kv_heads
     values = dict(q=q.view(B, kv_heads, R, D), k=cache_k, v=cache_v, seqlens=lengths,
                   block_table=table,
@@ -151,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="paged: touch the page this many key blocks ahead (the WARM "
                              "constexpr; 0: off), comma-separated")
     parser.add_argument("--br", default="0",
-                        help="query-tile rows BR, comma-separated (0: the picked G*Sq rounded "
-                             "up; 64 takes wgmma on sm_90a: no cross-warp softmax reductions)")
+                        help="query-tile rows BR, comma-separated (0: the entry point's: G*Sq "
+                             "rounded up, 64 paged at D=128 on sm_90a, where wgmma needs no "
+                             "cross-warp softmax reductions)")
     parser.add_argument("--bound-k", default="1",
                         help="paged: the BOUND_K constexpr (0: K rows past the end load "
                              "unbounded, their scores selected away), comma-separated")

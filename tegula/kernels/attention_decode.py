@@ -18,7 +18,9 @@ head)'s counter (`tg.last_arrival`); the last of them to arrive merges the split
 
 GQA: the G query heads sharing a kv head are one (G·Sq, D) tile of rows (q viewed as
 (B, Hkv, G·Sq, D), free for a contiguous q), so each program reads its K/V chunk once for
-all of them. Keys past the sequence's length are bounded views (they load as 0 and are
+all of them (paged at D = 128 on sm_90a the tile is padded to 64 rows: wgmma, whose warps
+hold whole rows, so the softmax needs no cross-warp reduction). Keys past the sequence's
+length are bounded views (they load as 0 and are
 masked to −inf), so whatever an unused cache slot holds — NaN included — never reaches
 the output. A sequence of length 0 gives o = 0 and lse = −inf. The kernels clamp each length to
 0 … the cache's capacity (S_max, or max_blocks · PAGE), so a bad length can never make
@@ -45,6 +47,12 @@ MAX_QUERY_TOKENS = 16
 MAX_SPLITS = 128         # the combine holds every split's lse in one register tile
 COMBINE_COLUMNS = 32     # columns of o per combine program (D / 32 programs per kv head)
 MERGE_WORDS = 64         # f32 partials a thread of the last split block loads per merge step
+# sm_90a, paged, D = 128: the query tile padded to 64 rows takes wgmma (each warp holds
+# whole rows: the softmax needs no cross-warp reduction, 1 barrier a key block against 10).
+# H100, session 14 round 1, one process: paged 2.86 / 2.72 TB/s against 2.84 / 2.69 for
+# 16 rows at 1x32/8 x 128k / 4x32/8 x 16k keys; contiguous level (2.93 / 2.79 against
+# 2.94 / 2.80), so it keeps 16.
+WGMMA_ROWS = 64
 LN2 = 0.6931471805599453
 
 
@@ -396,20 +404,24 @@ def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
 
 def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, capacity: int,
                     page: int, scale: float, causal: bool, num_splits: int | None = None,
-                    BN: int | None = None, sms: int = 132,
-                    fused: bool = True) -> tuple[dict, list[tuple]]:
+                    BN: int | None = None, sms: int = 132, fused: bool = True,
+                    wgmma: bool = False) -> tuple[dict, list[tuple]]:
     """(config, launches): the launches as (kernel, grid, argument names, run-time
     scalars, constexprs): the split kernel, whose last block per (batch, kv head) merges
     the partials (`fused`), or the split kernel and then the combine kernel. Names: q
     (B, Hkv, R, D), k, v, seqlens, block_table, o_part, lse_part, o (B, Hkv, R, D), lse
     (B, Hkv, R), counters (B, Hkv) i32, zero before the first call (each call leaves them
-    zero). `sms`: the device's SM count (the split count's model)."""
-    BR = group_rows(H, Hkv, Sq, key_block(D, page, BN))
-    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN, BR, sms)
+    zero). `sms`: the device's SM count (the split count's model); `wgmma`: the target has
+    wgmma (sm_90a), where a paged split kernel at D = 128 takes a WGMMA_ROWS-row query tile."""
+    BR = split_rows = group_rows(H, Hkv, Sq, key_block(D, page, BN))
+    if wgmma and page and D == 128 and BR <= WGMMA_ROWS:
+        split_rows = WGMMA_ROWS
+    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN, split_rows, sms)
     splits = config["splits"]
     SP = max(2, 1 << (splits - 1).bit_length())   # the max over splits: one (SP, BR) tile
     R = H // Hkv * Sq
-    constexprs = dict(D=D, SCALE=scale, SQ=Sq, CAUSAL=bool(causal), BR=BR, BN=config["BN"],
+    constexprs = dict(D=D, SCALE=scale, SQ=Sq, CAUSAL=bool(causal), BR=split_rows,
+                      BN=config["BN"],
                       SP=SP if fused else 0, MR=1 << (R - 1).bit_length())
     tensors = ("q", "k", "v", "seqlens") + (("block_table",) if page else ()) + \
         ("o_part", "lse_part", "o", "lse", "counters")
@@ -466,7 +478,7 @@ def attention_decode_emulated(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nd
     R = H // Hkv * Sq
     config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page,
                                        default_scale(scale, D, fn), causal, num_splits, BN,
-                                       fused=fused)
+                                       fused=fused, wgmma=_has_wgmma(target))
     if counters is None:
         counters = np.zeros((B, Hkv), np.int32)
     values = dict(q=np.ascontiguousarray(q).reshape(B, Hkv, R, D), k=k_cache, v=v_cache,
@@ -533,8 +545,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
     device = q.device
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
            if device.type == "cuda" else 132)   # (CPU tensors: the tests' emulated launch)
+    wgmma = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
     config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page, scale,
-                                       causal, num_splits, BN, sms, fused)
+                                       causal, num_splits, BN, sms, fused, wgmma)
     inner = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
     values = dict(q=q.contiguous().view(B, Hkv, R, D), k=inner(k_cache), v=inner(v_cache),
                   seqlens=cache_seqlens.contiguous(),
@@ -575,6 +588,13 @@ class _CountedReplay:
     def __call__(self, tensors: tuple, pointers) -> object:
         counters = arrival_counters(self.device, self.count)
         return self.plan(tensors, [*pointers, counters.data_ptr()])
+
+
+def _has_wgmma(target) -> bool:
+    """Whether an emulated launch's target (a name, a Target or None: sm_90a) is sm_90a."""
+    if target is None or isinstance(target, str):
+        return (target or "sm_90a") == "sm_90a"
+    return target.cc == 90 and target.arch_suffix == "a"
 
 
 def _check_lengths(fn: str, cache_seqlens, capacity: int) -> None:

@@ -125,6 +125,19 @@ def test_decode_head_dim_128_one_split():
     run_case(1, 2, 2, 1, 128, 50, [41], False, seed=4, num_splits=1)
 
 
+def test_paged_d128_takes_64_query_rows_on_wgmma():
+    """Paged at D = 128 on sm_90a the split kernel pads its query tile to 64 rows (wgmma);
+    emulated there against the reference (length mid-page, 2 query tokens, causal), and
+    sm_80 keeps the group's rows."""
+    from tegula.kernels.attention_decode import WGMMA_ROWS, decode_launches
+    for wgmma, rows in ((True, WGMMA_ROWS), (False, 16)):
+        _, (split,) = decode_launches(f16, 1, 4, 1, 2, 128, 96, 32, 0.1, True, wgmma=wgmma)
+        assert split[4]["BR"] == rows
+    _, (split,) = decode_launches(f16, 1, 4, 1, 2, 128, 96, 0, 0.1, True, wgmma=True)
+    assert split[4]["BR"] == 16                       # contiguous: measured level, keeps 16
+    run_case(1, 4, 1, 2, 128, 96, [77], True, 32, seed=23, num_splits=2)
+
+
 def test_decode_fused_with_33_splits_of_gqa8():
     """33 splits (the last block's merge loop: 9 steps of 4, the last partly past the
     splits), 8 query heads a kv head, lengths 1 and 1000 (not a multiple of the block)."""
