@@ -68,7 +68,8 @@ def decode_runner(torch, q, cache_k, cache_v, lengths, table, config: dict, spli
 
 def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
               extras: list, copy_bw: float, warm: bool = False, parts: bool = False,
-              combines: tuple = (), forms: tuple = (True,), shuffled: bool = True) -> str:
+              combines: tuple = (), forms: tuple = (True,), shuffled: bool = True,
+              page_keys: int = 0) -> str:
     """One row: SDPA, then each (BN, split multiplier, split-kernel override, form: fused
     "F" or two launches "2L"); the configuration `decode_config` picks is starred.
     `parts`: also the split kernel timed alone (µs, and the whole step's µs beside it);
@@ -83,16 +84,19 @@ def run_shape(torch, shape: tuple, paged: bool, bns: list, multipliers: list,
     k, v = (torch.randn(B, kv_heads, S, D, device="cuda", dtype=torch.float16)
             for _ in range(2))
     lengths = torch.full((B,), S, dtype=torch.int32, device="cuda")
-    cache_k, cache_v, table = page_cache(torch, k, v, shuffled) if paged else (k, v, None)
+    page_keys = page_keys or PAGE
+    cache_k, cache_v, table = page_cache(torch, k, v, shuffled, page_keys) if paged else \
+        (k, v, None)
     want = reference(torch, q, k, v)
     kv_bytes = 2 * B * kv_heads * S * D * 2
     tbps = lambda ms: kv_bytes / ms / 1e9  # noqa: E731
     sdpa = 1.0 if warm else tbps(gpu.time_ms(
         lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)))
-    kind = (" paged" + ("" if shuffled else " in order")) if paged else ""
+    kind = (f" paged{page_keys if page_keys != PAGE else ''}" +
+            ("" if shuffled else " in order")) if paged else ""
     row = (f"{B}x{H}/{kv_heads}x{D} S={S}{kind}: copy {copy_bw:.2f} "
            f"sdpa {sdpa:.2f} TB/s |")
-    page = PAGE if paged else 0
+    page = page_keys if paged else 0
     picked = decode_config(B, kv_heads, S, D, page)
     for bn in bns:
         base = decode_config(B, kv_heads, S, D, page, BN=bn or None)
@@ -165,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--form", choices=("fused", "two", "both"), default="fused",
                         help="the fused kernel (the last split block merges), the two "
                              "launches (split, then combine), or both (an A/B in one process)")
+    parser.add_argument("--page", type=int, default=0,
+                        help="keys a page of the paged caches (0: the bench's 256)")
     parser.add_argument("--in-order", action="store_true",
                         help="paged caches with each sequence's pages in order (default: "
                              "shuffled over the pool)")
@@ -188,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         for paged in {"no": (False,), "yes": (True,), "both": (False, True)}[args.paged]:
             forms = {"fused": (True,), "two": (False,), "both": (True, False)}[args.form]
             print(run_shape(torch, shape, paged, bns, multipliers, extras, copy_bw, args.warm,
-                            args.parts, combines, forms, not args.in_order), flush=True)
+                            args.parts, combines, forms, not args.in_order, args.page),
+                  flush=True)
     return 0
 
 

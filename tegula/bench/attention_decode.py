@@ -36,19 +36,19 @@ def reference(torch: Any, q, k, v):
     return (torch.softmax(s, -1) @ v.float()).view(B, H, 1, D)
 
 
-def page_cache(torch: Any, k, v, shuffled: bool = True):
-    """(k pool, v pool, block table): the cache cut into PAGE-key pages, shuffled (or in
+def page_cache(torch: Any, k, v, shuffled: bool = True, page: int = PAGE):
+    """(k pool, v pool, block table): the cache cut into `page`-key pages, shuffled (or in
     order: each sequence's pages side by side, as the contiguous cache)."""
     B, kv_heads, S, D = k.shape
-    per_seq = S // PAGE
+    per_seq = S // page
     order = torch.randperm(B * per_seq, device=k.device) if shuffled else \
         torch.arange(B * per_seq, device=k.device)
     table = order.view(B, per_seq).to(torch.int32)
-    pool_k = torch.empty(B * per_seq, kv_heads, PAGE, D, dtype=k.dtype, device=k.device)
+    pool_k = torch.empty(B * per_seq, kv_heads, page, D, dtype=k.dtype, device=k.device)
     pool_v = torch.empty_like(pool_k)
-    pages = lambda t: t.view(B, kv_heads, per_seq, PAGE, D).transpose(1, 2)  # noqa: E731
-    pool_k[order] = pages(k).reshape(B * per_seq, kv_heads, PAGE, D)
-    pool_v[order] = pages(v).reshape(B * per_seq, kv_heads, PAGE, D)
+    pages = lambda t: t.view(B, kv_heads, per_seq, page, D).transpose(1, 2)  # noqa: E731
+    pool_k[order] = pages(k).reshape(B * per_seq, kv_heads, page, D)
+    pool_v[order] = pages(v).reshape(B * per_seq, kv_heads, page, D)
     return pool_k, pool_v, table
 
 
