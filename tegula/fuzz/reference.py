@@ -379,6 +379,11 @@ class Model:
             # or the base is inexact (a gemm's -4596348.5 ± 739 ** itself: NaN here, -0.0
             # from the f32 integer the kernel holds).
             nan_differs |= ~exact_in & (x - ea <= 0) & np.isfinite(y)
+            # An infinite exponent gives 0, 1 or inf as |base| is above, at or below 1: the
+            # corners miss a base whose interval holds 1 inside it (cos(2137181.5 ± 40) =
+            # 1 ± 40, ** -inf: the kernel's 0.99999994 gave inf; seed 1804, specialized 483).
+            lowest = np.where(x - ea > 0, x - ea, np.where(x + ea < 0, -(x + ea), 0.0))
+            nan_differs |= ~exact_in & np.isinf(y) & (lowest <= 1) & (np.abs(x) + ea >= 1)
             big = np.abs(z)
             e = spread + 8 * nx.ulp(np.where(np.isfinite(big), big, 0), "f32")
         special = exact_in & (np.isnan(z) | np.isinf(x) | np.isinf(y) | (x == 0) | (y == 0)

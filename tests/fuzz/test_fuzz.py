@@ -304,6 +304,22 @@ def test_a_negative_inexact_base_makes_pow_undecidable():
     assert not exact.wild.any() and np.isnan(exact.val[0]) and not np.isnan(exact.val[1])
 
 
+def test_an_inexact_base_around_one_to_an_infinite_power_is_undecidable():
+    """cos(x) of a gemm's x = 2137181.5 ± 40 is 1 ± 40; its ** -inf is 0, 1 or inf as the
+    kernel's cos lands above, at or below 1 (it gave inf against the reference's 1 ± 2:
+    python -m tegula.fuzz --seed 1804 --specialized 483 --role-order stall-reversed). The
+    corners of the interval (0 at both ends) cannot see its inside."""
+    from tegula.fuzz.reference import Model, Value
+    p = _pipelined_gemm()
+    base = Value("f32", np.array([1.0, 1.0, 0.5, 3.0, 1.0]),
+                 np.array([40.0, 1e-3, 0.25, 0.5, 0.0]), np.zeros(5, bool))
+    inf = Value("f32", np.full(5, -np.inf), np.zeros(5), np.zeros(5, bool))
+    out = Model(p, {}).power(base, inf, np.zeros(5, bool))
+    assert out.wild[:2].all(), "an interval holding 1 decides nothing"
+    assert not out.wild[2:].any() and out.val[2] == np.inf and out.val[3] == 0.0
+    assert out.val[4] == 1.0 and out.err[4] == 0.0   # exactly 1: exactly 1
+
+
 def test_shrinker_drops_gemm_stages_and_k():
     """A stand-in bug: "a pipelined gemm fails". The minimal kernel keeps a two-stage
     pipeline over the shortest K."""
