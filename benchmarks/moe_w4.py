@@ -30,6 +30,8 @@ CONFIGS = [("default (WG3 PAIRS KS2 S2 AHEAD)", None),
            ("AHEAD=0 (session 13's default)", dict(FRAGMENT=True, AHEAD=0))]
 #: Session 14 round 1 (H100, x dense bf16, the 64-expert geometry at K = 1024 / 2048 /
 #: 8192): AHEAD=1 0.55 / 0.69 / 0.73, AHEAD=0 0.55 / 0.67 / 0.71 (the default since).
+#: Round 2 (an H200, Mixtral up / down / 64-expert top-6): AHEAD=1 0.80 / 0.81 / 0.71,
+#: AHEAD=0 0.81 / 0.81 / 0.71.
 #: Session 13 round 2 (x dense bf16, Mixtral up / down / 64-expert top-6): WG3 KS2 S2
 #: 0.74 / 0.78 / 0.69 (the default since, AHEAD=0), WG2 KS2 S3 0.68 / 0.73 / 0.67, WG3
 #: KS1 S4 0.72 / 0.72 / 0.63, PAIRS=0 (session 12's default) 0.58 / 0.62 / 0.56.

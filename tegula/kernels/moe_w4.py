@@ -246,8 +246,9 @@ def _w4_tiles(fn: str, group_size: int, config: dict, fragment: bool) -> dict:
     64-expert top-6, x dense bf16 in one process: 0.74 / 0.78 / 0.69x; two warpgroups and
     3 stages 0.68 / 0.73 / 0.67x; PAIRS=0, session 12's default, 0.58 / 0.62 / 0.56x),
     each item's first weights loaded during the previous item's epilogue (AHEAD=1;
-    session 14 round 1, the 64-expert geometry at K = 1024 / 2048 / 8192: 0.55 / 0.69 /
-    0.73x against 0.55 / 0.67 / 0.71x without, one process)."""
+    session 14 round 1, H100, the 64-expert geometry at K = 1024 / 2048 / 8192: 0.55 /
+    0.69 / 0.73x against 0.55 / 0.67 / 0.71x without, one process; round 2, H200, the
+    three cases: level, 0.80 / 0.81 / 0.71x either way)."""
     if not fragment:
         tiles = {**default_tiles(group_size), **config}
         _check_chunk(fn, tiles["BK"], group_size)
