@@ -120,13 +120,20 @@ def test_large_shape_candidates_include_the_clustered_persistent_kernel():
     ((130, 100, 512), dict(BM=64, BN=32, GROUP=2, role_order="random:3"), 3),
     ((9, 64, 128), dict(BM=64, BN=64), 2),                              # one block
     ((250, 100, 256), dict(BM=192, BN=64, GROUP=2, threads=384), 2),    # 3 consumers
-    ((70, 400, 208), dict(BM=64, BN=192, GROUP=1), 2)])                 # two b scales a tile
+    ((70, 400, 208), dict(BM=64, BN=192, GROUP=1), 2),                  # two b scales a tile
+    # TWIN=1 (session 14): two K blocks a stage, both products in flight
+    ((130, 100, 384), dict(BM=64, BN=64, GROUP=2, TWIN=1), 3),          # odd K blocks
+    ((70, 129, 208), dict(BM=64, BN=128, GROUP=1, TWIN=1), 2),          # K = 128 + 80
+    ((200, 150, 384), dict(BM=64, BN=64, GROUP=2, CLUSTER=2, TWIN=1), 4),
+    ((150, 70, 512), dict(BM=128, BN=64, GROUP=2, threads=256, role_order="random:5",
+                          TWIN=1), 2)])
 def test_blockwise_persistent(shape, tiles, sms):
     """The persistent warp-specialized blockwise kernel (session 10): more tiles than
     blocks, ragged M and N, 2-CTA clusters (b's boxes multicast, a stage released by each
     warp of both blocks once its wgmmas retired; an odd number of row tiles), random role
-    interleavings, three consumer warpgroups (threads=384), scales over four decades;
-    every element against the float64 reference."""
+    interleavings, three consumer warpgroups (threads=384), two K blocks a stage (TWIN=1:
+    an odd K block count, whose last twin lies past K), scales over four decades; every
+    element against the float64 reference."""
     m, n, k = shape
     rng = np.random.default_rng(m + 3 * n + k)
     a, b = e4m3(rng, (m, k)), e4m3(rng, (n, k))
