@@ -645,7 +645,7 @@ def _paired_candidates(base: dict, bt: int, m: int, n: int | None, k: int | None
     paired = dict(base, WSMEM=0, PAIRS=1, warp_specialize=True, STAGES=3, WG=2)
     configs = [dict(paired, BT=bt, SPLIT=s) for s in (1, 2, 4)
                if s == 1 or (row_tiles * s <= 2 * sms and steps >= 4 * s)]
-    if bt > 64:    # 64-token tiles: twice the blocks (not measured yet)
+    if bt > 64:    # 64-token tiles: twice the blocks (round 2, H200: 128-token tiles won)
         configs.append(dict(paired, BT=64, SPLIT=1))
     return configs
 
