@@ -289,30 +289,15 @@ def check_gemm_chain(p: GemmChain, seed: int, targets: tuple = ("sm_90a", "sm_80
     """(status, reason, detail): "pass", "rejected" (every target refused it cleanly: a
     SynthesisError naming the line), "mismatch" or "internal" (an emulation error, an
     error saying internal, a crash)."""
-    from tegula.emulate.errors import EmulationError
-    from tegula.errors import TegulaError
+    from tegula.fuzz.runner import check_template
     x = inputs(p, seed)
     want = expected(p, x)
     order = STALL_ORDERS[seed // 2 % 2] if seed % 2 else f"random:{seed}"
-    refused = []
-    for target in targets:
-        try:
-            got = run_emulated(p, x, target, order)
-        except EmulationError as e:
-            return "internal", f"EmulationError on {target}", f"{p.describe()}\n{e}"
-        except TegulaError as e:
-            if "internal" in str(e).lower():
-                return "internal", f"{type(e).__name__} on {target}", f"{p.describe()}\n{e}"
-            refused.append(f"{target}: {type(e).__name__}: {e}")
-            continue
-        except Exception as e:  # noqa: BLE001 — a crash inside the compiler
-            return "internal", f"{type(e).__name__} on {target}", f"{p.describe()}\n{e!r}"
-        wrong = judge(p, got, want)
-        if wrong:
-            return "mismatch", f"wrong element on {target} ({order})", f"{p.describe()}\n{wrong}"
-    if len(refused) == len(targets):
-        return "rejected", refused[0].split("\n")[0][:100], "\n".join(refused)
-    return "pass", "; ".join(r.split("\n")[0][:120] for r in refused), p.describe()
+
+    def wrong(got) -> str:
+        found = judge(p, got, want)
+        return found and f"{found} (roles in order {order})"
+    return check_template(p.describe(), targets, lambda t: run_emulated(p, x, t, order), wrong)
 
 
 __all__ = ["GemmChain", "make_gemm_chain", "check_gemm_chain", "kernel", "options", "inputs",

@@ -211,6 +211,38 @@ def emulate_for(program: Program, inputs: dict, target: str, source: str | None 
         forget_kernel(filename)
 
 
+def check_template(describe: str, targets: tuple, run, judge) -> tuple:
+    """(status, reason, detail) of a template generator's program (`split_merge`,
+    `gemm_chains`): `run(target)` emulates it and returns its outputs (an AssertionError
+    is the program's own check failing after the run: a mismatch), `judge(outputs)` names
+    the first wrong element or returns "". "rejected" where every target refused it with a
+    clean TegulaError; "internal" for an emulation error, an error saying internal or a
+    crash. A pass's reason lists the targets that refused it."""
+    from tegula.emulate.errors import EmulationError
+    from tegula.errors import TegulaError
+    refused = []
+    for target in targets:
+        try:
+            got = run(target)
+        except AssertionError as e:
+            return "mismatch", f"check after the run on {target}", f"{describe}\n{e}"
+        except EmulationError as e:
+            return "internal", f"EmulationError on {target}", f"{describe}\n{e}"
+        except TegulaError as e:
+            if "internal" in str(e).lower():
+                return "internal", f"{type(e).__name__} on {target}", f"{describe}\n{e}"
+            refused.append(f"{target}: {type(e).__name__}: {e}")
+            continue
+        except Exception as e:  # noqa: BLE001 — a crash inside the compiler
+            return "internal", f"{type(e).__name__} on {target}", f"{describe}\n{e!r}"
+        wrong = judge(got)
+        if wrong:
+            return "mismatch", f"wrong element on {target}", f"{describe}\n{wrong}"
+    if len(refused) == len(targets):
+        return "rejected", refused[0].split("\n")[0][:100], "\n".join(refused)
+    return "pass", "; ".join(r.split("\n")[0][:120] for r in refused), describe
+
+
 def check_outputs(program: Program, inputs: dict, outputs: dict, loose: bool = False,
                   features: Features | None = None, reference_outputs=None) -> Verdict:
     expected = reference_outputs or reference(program, inputs, loose, features)

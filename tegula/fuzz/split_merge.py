@@ -251,31 +251,11 @@ def check_split_merge(p: SplitMerge, seed: int,
     """(status, reason, detail): "pass", "rejected" (a clean refusal), "mismatch" or
     "internal" (an emulation error — a race, a counter out of range —, an error saying
     internal, or a crash)."""
-    from tegula.emulate.errors import EmulationError
-    from tegula.errors import TegulaError
+    from tegula.fuzz.runner import check_template
     x = inputs(p, seed)
     want, bound = expected(p, x)
-    refused = []
-    for target in targets:
-        try:
-            got, _ = run_emulated(p, x, target)
-        except AssertionError as e:
-            return "mismatch", f"counters or relaunch on {target}", f"{p.describe()}\n{e}"
-        except EmulationError as e:
-            return "internal", f"EmulationError on {target}", f"{p.describe()}\n{e}"
-        except TegulaError as e:
-            if "internal" in str(e).lower():
-                return "internal", f"{type(e).__name__} on {target}", f"{p.describe()}\n{e}"
-            refused.append(f"{target}: {type(e).__name__}: {e}")
-            continue
-        except Exception as e:  # noqa: BLE001 — a crash inside the compiler
-            return "internal", f"{type(e).__name__} on {target}", f"{p.describe()}\n{e!r}"
-        wrong = judge(p, got, want, bound)
-        if wrong:
-            return "mismatch", f"wrong element on {target}", f"{p.describe()}\n{wrong}"
-    if len(refused) == len(targets):
-        return "rejected", refused[0].split("\n")[0][:100], "\n".join(refused)
-    return "pass", "", p.describe()
+    return check_template(p.describe(), targets, lambda t: run_emulated(p, x, t)[0],
+                          lambda got: judge(p, got, want, bound))
 
 
 __all__ = ["SplitMerge", "make_split_merge", "check_split_merge", "kernel", "constexprs",
