@@ -328,6 +328,11 @@ def group_rows(num_heads: int, kv_heads: int, seq_q: int, block_keys: int) -> in
 # walks the splits in order) and a fixed cost (µs: launch, ramp-up and tail; fitted when the
 # merge was a second kernel).
 DECODE_BANDWIDTH = 3.3e6
+# Devices whose DRAM reads faster than the H100's the fit was taken on: their bandwidth
+# scaled by the datasheets' ratio (H200 4.8 against 3.35 TB/s). Session 14 round 2 (H200):
+# 16 splits at 128k contiguous streamed 3.24 TB/s (0.79x SDPA) where the paged kernel's 33
+# read 4.0; at 4.7e6 the model picks 33 / 8 splits at 128k / 16k contiguous (not measured).
+DEVICE_BANDWIDTH = {"H200": DECODE_BANDWIDTH * 4.8 / 3.35}
 PROGRAM_RATE = {False: 27e3, True: 11e3}   # contiguous, paged
 SM_RATE = {False: 30e3, True: 20e3}
 SPLIT_COST_US = 0.6
@@ -341,7 +346,7 @@ STAGES = 3                                 # the split kernels' K/V ring
 
 
 def split_time(splits: int, rows: int, blocks: int, BR: int, BN: int, D: int, paged: bool,
-               sms: int = 132) -> float:
+               sms: int = 132, bandwidth: float = DECODE_BANDWIDTH) -> float:
     """Modeled µs of the split and combine kernels with `splits` splits (normalized to
     whole chunks) of `blocks` key blocks for `rows` = B·Hkv (batch, kv head) pairs. The
     programs run in waves of as many as fit on the GPU at once (shared memory bounds
@@ -362,21 +367,22 @@ def split_time(splits: int, rows: int, blocks: int, BR: int, BN: int, D: int, pa
     while left > 0:
         wave = min(left, slots)
         fullest = -(-wave // sms)
-        rate = min(DECODE_BANDWIDTH / wave, PROGRAM_RATE[bool(paged)] * narrow,
+        rate = min(bandwidth / wave, PROGRAM_RATE[bool(paged)] * narrow,
                    SM_RATE[bool(paged)] / fullest)
         time += chunk_bytes / rate
         left -= wave
     partials = 2 * rows * splits * BR * D * 4
-    return time + partials / DECODE_BANDWIDTH + SPLIT_COST_US * splits + FIXED_US
+    return time + partials / bandwidth + SPLIT_COST_US * splits + FIXED_US
 
 
 @lru_cache(maxsize=4096)
 def best_split_count(rows: int, blocks: int, BR: int, BN: int, D: int, paged: bool,
-                     sms: int = 132) -> int:
+                     sms: int = 132, bandwidth: float = DECODE_BANDWIDTH) -> int:
     """The split count (1 … MAX_SPLITS) of least `split_time`; ties go to fewer splits
     (deterministic)."""
     counts = sorted({-(-blocks // -(-blocks // n)) for n in range(1, min(blocks, MAX_SPLITS) + 1)})
-    return min(counts, key=lambda n: (split_time(n, rows, blocks, BR, BN, D, paged, sms), n))
+    return min(counts, key=lambda n: (split_time(n, rows, blocks, BR, BN, D, paged, sms,
+                                                 bandwidth), n))
 
 
 def key_block(D: int, page: int = 0, BN: int | None = None) -> int:
@@ -388,16 +394,17 @@ def key_block(D: int, page: int = 0, BN: int | None = None) -> int:
 
 def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
                   num_splits: int | None = None, BN: int | None = None, BR: int = 16,
-                  sms: int = 132) -> dict:
+                  sms: int = 132, bandwidth: float = DECODE_BANDWIDTH) -> dict:
     """Key blocks per split (`chunk`), the split count and BN for a cache of `capacity`
     keys per sequence (its allocated length, not the current lengths, so that choosing
     needs no device sync; splits past a sequence's end return at once). The split count
     is the one `split_time` models fastest for B·Hkv programs per split on `sms` SMs
-    (BR: the query tile's rows), at most MAX_SPLITS."""
+    (BR: the query tile's rows; `bandwidth`: the device's DRAM reads, bytes/µs), at most
+    MAX_SPLITS."""
     BN = key_block(D, page, BN)
     blocks = max(1, tg.cdiv(capacity, BN))
     if num_splits is None:
-        num_splits = best_split_count(B * Hkv, blocks, BR, BN, D, bool(page), sms)
+        num_splits = best_split_count(B * Hkv, blocks, BR, BN, D, bool(page), sms, bandwidth)
     chunk = tg.cdiv(blocks, max(1, min(num_splits, blocks, MAX_SPLITS)))
     return dict(chunk=chunk, splits=tg.cdiv(blocks, chunk), BN=BN)
 
@@ -405,18 +412,21 @@ def decode_config(B: int, Hkv: int, capacity: int, D: int, page: int = 0,
 def decode_launches(dtype: DType, B: int, H: int, Hkv: int, Sq: int, D: int, capacity: int,
                     page: int, scale: float, causal: bool, num_splits: int | None = None,
                     BN: int | None = None, sms: int = 132, fused: bool = True,
-                    wgmma: bool = False) -> tuple[dict, list[tuple]]:
+                    wgmma: bool = False,
+                    bandwidth: float = DECODE_BANDWIDTH) -> tuple[dict, list[tuple]]:
     """(config, launches): the launches as (kernel, grid, argument names, run-time
     scalars, constexprs): the split kernel, whose last block per (batch, kv head) merges
     the partials (`fused`), or the split kernel and then the combine kernel. Names: q
     (B, Hkv, R, D), k, v, seqlens, block_table, o_part, lse_part, o (B, Hkv, R, D), lse
     (B, Hkv, R), counters (B, Hkv) i32, zero before the first call (each call leaves them
     zero). `sms`: the device's SM count (the split count's model); `wgmma`: the target has
-    wgmma (sm_90a), where a paged split kernel at D = 128 takes a WGMMA_ROWS-row query tile."""
+    wgmma (sm_90a), where a paged split kernel at D = 128 takes a WGMMA_ROWS-row query tile;
+    `bandwidth`: the device's DRAM reads (the split count's model, `DEVICE_BANDWIDTH`)."""
     BR = split_rows = group_rows(H, Hkv, Sq, key_block(D, page, BN))
     if wgmma and page and D == 128 and BR <= WGMMA_ROWS:
         split_rows = WGMMA_ROWS
-    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN, split_rows, sms)
+    config = decode_config(B, Hkv, capacity, D, page, num_splits, BN, split_rows, sms,
+                           bandwidth)
     splits = config["splits"]
     SP = max(2, 1 << (splits - 1).bit_length())   # the max over splits: one (SP, BR) tile
     R = H // Hkv * Sq
@@ -543,11 +553,10 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
     capacity = page * block_table.shape[1] if page else k_cache.shape[2]
     R = H // Hkv * Sq
     device = q.device
-    sms = (torch.cuda.get_device_properties(device).multi_processor_count
-           if device.type == "cuda" else 132)   # (CPU tensors: the tests' emulated launch)
-    wgmma = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    sms, bandwidth, wgmma = _device_model(torch, device)
     config, launches = decode_launches(dtype, B, H, Hkv, Sq, D, capacity, page, scale,
-                                       causal, num_splits, BN, sms, fused, wgmma)
+                                       causal, num_splits, BN, sms, fused, wgmma,
+                                       bandwidth)
     inner = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
     values = dict(q=q.contiguous().view(B, Hkv, R, D), k=inner(k_cache), v=inner(v_cache),
                   seqlens=cache_seqlens.contiguous(),
@@ -574,6 +583,18 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, block_table=None,
         if replay is not None:
             api._remember(found, _CountedReplay(replay, device, B * Hkv))
     return (o, lse) if return_lse else o
+
+
+def _device_model(torch, device) -> tuple[int, float, bool]:
+    """(SMs, DRAM read bandwidth in bytes/µs, sm_90a) of `device` for the split count and
+    the query tile (CPU tensors, the tests' emulated launch: an H100 without wgmma)."""
+    if device.type != "cuda":
+        return 132, DECODE_BANDWIDTH, False
+    props = torch.cuda.get_device_properties(device)
+    bandwidth = next((bw for name, bw in DEVICE_BANDWIDTH.items() if name in props.name),
+                     DECODE_BANDWIDTH)
+    return (props.multi_processor_count, bandwidth,
+            torch.cuda.get_device_capability(device) == (9, 0))
 
 
 class _CountedReplay:

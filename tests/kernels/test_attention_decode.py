@@ -138,6 +138,18 @@ def test_paged_d128_takes_64_query_rows_on_wgmma():
     run_case(1, 4, 1, 2, 128, 96, [77], True, 32, seed=23, num_splits=2)
 
 
+def test_a_faster_dram_takes_more_contiguous_splits():
+    """H200's bandwidth in the split model: 128 programs of one an SM are program-rate bound
+    there (round 2 measured 16 splits at 0.79x SDPA), so 1x8 kv heads x 128k takes 33
+    splits like the paged kernel; the H100 default keeps 16. The paged pick is the same."""
+    from tegula.kernels.attention_decode import DEVICE_BANDWIDTH
+    h200 = DEVICE_BANDWIDTH["H200"]
+    assert decode_config(1, 8, 131072, 128)["splits"] == 16
+    assert decode_config(1, 8, 131072, 128, bandwidth=h200)["splits"] == 33
+    assert decode_config(1, 8, 131072, 128, 256, BR=64, bandwidth=h200)["splits"] == \
+        decode_config(1, 8, 131072, 128, 256, BR=64)["splits"] == 33
+
+
 def test_decode_fused_with_33_splits_of_gqa8():
     """33 splits (the last block's merge loop: 9 steps of 4, the last partly past the
     splits), 8 query heads a kv head, lengths 1 and 1000 (not a multiple of the block)."""
