@@ -455,15 +455,19 @@ def backward_candidates(head_dim: int, kernel: str = "dkdv") -> list[dict]:
     measured 2.01 / 1.35 ms against 64 x 64's 2.21 / 1.52 at 4x16x4096, D = 128 (H100,
     session 13 round 1, `benchmarks/attention_backward.py` det-ws). The dQ kernel's
     128 x 128 also with MASK_BRANCH (session 14 round 1: 1.296 / 0.781 ms against 1.328 /
-    0.794, D = 128 full / causal). Narrower blocks (32 rows: mma.sync) stay for the tuner
-    to compare, and on targets without wgmma."""
+    0.794, D = 128 full / causal), and dK/dV's 64 x 128 with MASK_BRANCH (round 2, both
+    masks behind branches: dK/dV 1.988 / dQ 1.298 ms against 2.079 / 1.365, D = 128 full,
+    the first checked element by element on the GPU at that shape only, and emulated at
+    odd causal shapes). Narrower blocks (32 rows: mma.sync) stay for the tuner to compare,
+    and on targets without wgmma."""
     if kernel not in ("dkdv", "dq"):
         raise ValueError(f"backward_candidates: kernel must be 'dkdv' or 'dq', got {kernel!r}")
     if head_dim > 128:
         return [dict(BM=64, BN=64, threads=256), dict(BM=32, BN=32), dict(BM=16, BN=32),
                 dict(BM=32, BN=64, threads=256)]
     if kernel == "dkdv":
-        stated = [dict(_STATED, BM=64, BN=128), dict(_STATED, BM=64, BN=128, STAGES=3)]
+        stated = [dict(_STATED, BM=64, BN=128), dict(_STATED, BM=64, BN=128, STAGES=3),
+                  dict(_STATED, BM=64, BN=128, MASK_BRANCH=True)]
         wide = [dict(BM=64, BN=128, threads=256)] + \
             ([dict(BM=128, BN=64, threads=256)] if head_dim <= 64 else [])
     else:
