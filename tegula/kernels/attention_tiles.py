@@ -1,18 +1,22 @@
 """The attention forward's autotuner candidates (`tegula.kernels.attention`): which
 configurations the torch entry points time, per head dim, causal setting and key length.
 
-On sm_90a the table is measured (H100; numbers in `_hopper_candidates` and
-docs/performance.md). Short key loops (`SHORT_KEYS`) add candidates that hold two blocks
-an SM (`_short_candidates`): a block of a 1k-token sequence runs only 8 key blocks of 128,
-so its prologue (q and the first keys loaded, the pipeline filled) and epilogue (o
-normalized and stored) weigh ~1.5 key blocks' time of ~9.5, and with one block an SM
-nothing else runs then; a second resident block computes through them. Longer loops
-amortize that and do not time these (each candidate costs the tuner a compile).
+On sm_90a the table is measured (H100 and H200; numbers in `_hopper_candidates`,
+`_short_candidates` and docs/performance.md). Candidates holding two blocks an SM
+(`TWO_BLOCKS`): a block of a 1k-token sequence runs only 8 key blocks of 128, so its
+prologue (q and the first keys loaded, the pipeline filled) and epilogue (o normalized and
+stored) weigh ~1.5 key blocks' time of ~9.5, and with one block an SM nothing else runs
+then; a second resident block computes through them. D = 64 times one at every length (it
+led up to 4k); D = 128 only up to `SHORT_KEYS`, past which three warpgroups lead (each
+candidate costs the tuner a compile).
 """
 from __future__ import annotations
 
-#: Key lengths up to which `attention_candidates` adds the two-blocks-an-SM candidates.
+#: Key lengths up to which `attention_candidates` adds the D = 128 two-blocks-an-SM
+#: candidate (D = 64's is timed at every length).
 SHORT_KEYS = 2048
+#: 128 query rows on two warpgroups in one role, two blocks an SM (`_short_candidates`).
+TWO_BLOCKS = dict(BM=128, threads=256, warp_specialize=False, blocks_per_sm=2)
 
 
 def attention_candidates(head_dim: int, wgmma: bool, causal: bool = False,
@@ -60,9 +64,10 @@ def _hopper_candidates(head_dim: int, causal: bool) -> list[dict]:
     wide, turns = dict(BM=128, threads=256), dict(BM=128, threads=256, consumers="pingpong")
     three = dict(BM=192, threads=384)       # three consumer warpgroups of 64 rows
     small = dict(BM=64, BN=64)
-    if head_dim == 64:
+    if head_dim == 64:  # two blocks an SM at every length (session 14, `_short_candidates`)
         configs = [dict(three, BN=128), dict(three, BN=128, REGS=160),
-                   dict(three, BN=176, REGS=160), dict(turns, BN=128), small]
+                   dict(three, BN=176, REGS=160), dict(turns, BN=128), small,
+                   dict(TWO_BLOCKS, BN=128)]
     elif head_dim == 128:
         configs = [dict(turns, BN=128), dict(three, BN=128, REGS=160),
                    dict(three, BN=96, REGS=160), dict(three, BN=64, REGS=160),
@@ -85,10 +90,12 @@ def _short_candidates(head_dim: int) -> list[dict]:
     / causal): D = 128 484 / 350 TFLOP/s (0.866x / 0.874x) against three warpgroups' 443 /
     281 and the turns' 426 / 309; D = 64 with 128-key blocks 435 / 308 (1.030x / 0.913x)
     against 64x64 blocks' 409 / 325. Slower, not timed: 64-key blocks at D = 64 (0.887x /
-    0.818x), 64 x 96 blocks at D = 128 (0.766x / 0.795x). D = 256's q tile alone is 32-64
-    KB: no second block fits beside its ring."""
-    two = dict(BM=128, threads=256, warp_specialize=False, blocks_per_sm=2)
-    configs = {64: [dict(two, BN=128)], 128: [dict(two, BN=64)]}.get(head_dim, [])
+    0.818x), 64 x 96 blocks at D = 128 (0.766x / 0.795x). Round 2 (H200, B·S = 16k): at
+    D = 64 it also leads at S = 2k (1.034x / 0.999x) and 4k (1.048x / 1.063x, three
+    warpgroups 1.027x / 0.953x), so D = 64 times it at every length; at D = 128 three
+    warpgroups lead from 2k (0.968x / 0.904x against 0.889x / 0.894x). D = 256's q tile
+    alone is 32-64 KB: no second block fits beside its ring."""
+    configs = [dict(TWO_BLOCKS, BN=64)] if head_dim == 128 else []
     return [dict(c, V_KMAJOR=False, P_SHARED=False, STAGES=2) for c in configs]
 
 
