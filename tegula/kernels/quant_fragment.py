@@ -298,17 +298,26 @@ def _paired_register_steps(ga, gw, words_tv, sa, sb, start, steps, acc, dequanti
     odd_words = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
     even_words = tg.load(gw[:, :, :, :, start + 2], layout=words_tv)
     for p in tg.pipeline(start // 2, (steps + 1) // 2, stages=STAGES):
-        tg.copy(ga[:, :, 2 * p], sa[p])
-        tg.copy(ga[:, :, 2 * p + 1], sb[p])
-        odd_constants, even_constants = constants(2 * p + 1), constants(2 * p + 2)
-        next_odd = tg.load(gw[:, :, :, :, 2 * p + 3], layout=words_tv)   # past K: masked
-        next_even = tg.load(gw[:, :, :, :, 2 * p + 4], layout=words_tv)
+        odd_constants, even_constants, next_odd, next_even = _pair_inputs(
+            ga, gw, words_tv, sa, sb, p, constants)
         tg.gemm(acc, first, sa[p])                       # step 2p
         second = dequantized(odd_words, odd_constants)   # while step 2p's wgmmas run
         tg.gemm(acc, second, sb[p])                      # step 2p + 1
         first = dequantized(even_words, even_constants)  # while step 2p + 1's run
         odd_words, even_words = next_odd, next_even
     return acc
+
+
+def _pair_inputs(ga, gw, words_tv, sa, sb, p, constants):
+    """What pair p of the paired loops reads besides its operands: steps 2p and 2p+1's
+    activations copied into their stages, their groups' constants, and the next pair's
+    words (loaded a pair ahead; past K the loads are masked)."""
+    tg.copy(ga[:, :, 2 * p], sa[p])
+    tg.copy(ga[:, :, 2 * p + 1], sb[p])
+    odd_constants, even_constants = constants(2 * p + 1), constants(2 * p + 2)
+    next_odd = tg.load(gw[:, :, :, :, 2 * p + 3], layout=words_tv)
+    next_even = tg.load(gw[:, :, :, :, 2 * p + 4], layout=words_tv)
+    return odd_constants, even_constants, next_odd, next_even
 
 
 def _paired_scaled_after(ga, gw, words_tv, sa, sb, start, steps, acc, dequantized,
@@ -329,11 +338,8 @@ def _paired_scaled_after(ga, gw, words_tv, sa, sb, start, steps, acc, dequantize
     odd_words = tg.load(gw[:, :, :, :, start + 1], layout=words_tv)
     even_words = tg.load(gw[:, :, :, :, start + 2], layout=words_tv)
     for p in tg.pipeline(start // 2, (steps + 1) // 2, stages=STAGES):
-        tg.copy(ga[:, :, 2 * p], sa[p])
-        tg.copy(ga[:, :, 2 * p + 1], sb[p])
-        odd_constants, even_constants = constants(2 * p + 1), constants(2 * p + 2)
-        next_odd = tg.load(gw[:, :, :, :, 2 * p + 3], layout=words_tv)   # past K: masked
-        next_even = tg.load(gw[:, :, :, :, 2 * p + 4], layout=words_tv)
+        odd_constants, even_constants, next_odd, next_even = _pair_inputs(
+            ga, gw, words_tv, sa, sb, p, constants)
         even_sum = tg.zeros(acc.shape, f32)
         tg.gemm(even_sum, first, sa[p])                      # step 2p
         second = unscaled(odd_words, odd_constants)          # while its wgmmas run
